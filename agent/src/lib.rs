@@ -1,0 +1,1 @@
+//! # gantry-agent

@@ -1,0 +1,349 @@
+//! Every message that crosses the wire. Agents and frameworks each speak over one bidirectional
+//! QUIC stream to the master: the first frame is a [`Hello`], then [`AgentToMaster`] /
+//! [`MasterToAgent`] or [`FrameworkToMaster`] / [`MasterToFramework`] frames follow.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
+use super::resources::Resources;
+
+/// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Free-form `key: value` attributes of an agent (`rack:r1`, `zone:a`, `gpu_model:A100`).
+pub type Attributes = BTreeMap<String, String>;
+
+/// The first frame on every stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub peer: PeerKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerKind {
+    Agent,
+    Framework,
+}
+
+/// One physical GPU as measured by the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub uuid: String,
+    pub name: String,
+    pub memory_mib: u64,
+    pub compute_capability: (i32, i32),
+    pub minor: u32,
+    pub pci_bus_id: String,
+    pub numa_node: Option<u32>,
+    pub healthy: bool,
+}
+
+/// Resource usage of one task (or one GPU) as sampled by the agent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskUsage {
+    pub cpu_time_secs: f64,
+    pub mem_bytes: u64,
+    pub mem_peak_bytes: u64,
+    pub gpu_mem_bytes: u64,
+    pub gpu_util_percent: f64,
+}
+
+/// One GPU's latest sample.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub uuid: String,
+    pub util_percent: u32,
+    pub mem_used_bytes: u64,
+    pub temperature_c: u32,
+    pub power_mw: u32,
+}
+
+/// What a framework asks the agent to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    pub task_id: TaskId,
+    pub name: String,
+    /// Run with `/bin/sh -c`.
+    pub command: String,
+    pub resources: Resources,
+    pub env: BTreeMap<String, String>,
+    /// Seconds between SIGTERM and SIGKILL when the task is killed (agent default when `None`).
+    pub kill_grace_secs: Option<u32>,
+}
+
+/// A task's lifecycle state, as in Mesos.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaskState {
+    Staging,
+    Starting,
+    Running,
+    Finished,
+    Failed,
+    Killed,
+    Lost,
+    Error,
+}
+
+impl TaskState {
+    /// True for states a task never leaves.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Finished | TaskState::Failed | TaskState::Killed | TaskState::Lost | TaskState::Error
+        )
+    }
+
+    /// Upper-case name, as shown in `/state` (`RUNNING`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Staging => "STAGING",
+            TaskState::Starting => "STARTING",
+            TaskState::Running => "RUNNING",
+            TaskState::Finished => "FINISHED",
+            TaskState::Failed => "FAILED",
+            TaskState::Killed => "KILLED",
+            TaskState::Lost => "LOST",
+            TaskState::Error => "ERROR",
+        }
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a status update came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpdateSource {
+    Agent,
+    Master,
+}
+
+/// A change of a task's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusUpdate {
+    pub update_id: UpdateId,
+    pub task_id: TaskId,
+    pub framework_id: FrameworkId,
+    pub agent_id: Option<AgentId>,
+    pub state: TaskState,
+    pub source: UpdateSource,
+    /// Human-readable reason (`"exited with code 3"`, `"memory-limit"`, `"agent lost"`).
+    pub message: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Milliseconds since the Unix epoch when the update was made.
+    pub timestamp_ms: u64,
+    /// Set for reconciliation answers; those need no acknowledgement.
+    pub reconciliation: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agent <-> master
+
+/// A task the agent already runs, reported when (re-)registering.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningTask {
+    pub framework_id: FrameworkId,
+    pub task: TaskInfo,
+    pub state: TaskState,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentToMaster {
+    /// First message after the hello. The agent's name comes from its certificate, not from here.
+    Register {
+        /// Set when re-registering with an id a master gave earlier.
+        agent_id: Option<AgentId>,
+        hostname: String,
+        resources: Resources,
+        /// Statically reserved resources, per role (on top of `resources`).
+        reserved: BTreeMap<String, Resources>,
+        attributes: Attributes,
+        gpus: Vec<GpuInfo>,
+        running_tasks: Vec<RunningTask>,
+        /// Status updates not yet acknowledged, oldest first.
+        pending_updates: Vec<StatusUpdate>,
+    },
+    Heartbeat,
+    StatusUpdate(StatusUpdate),
+    Usage {
+        tasks: Vec<(TaskId, TaskUsage)>,
+        gpus: Vec<GpuSample>,
+    },
+    GpuHealth {
+        uuid: String,
+        healthy: bool,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MasterToAgent {
+    Registered {
+        agent_id: AgentId,
+        /// The master's leadership epoch; messages from an older epoch are ignored.
+        epoch: u64,
+        heartbeat_interval_ms: u64,
+    },
+    RunTask {
+        framework_id: FrameworkId,
+        task: TaskInfo,
+    },
+    KillTask {
+        framework_id: FrameworkId,
+        task_id: TaskId,
+    },
+    Acknowledge {
+        task_id: TaskId,
+        update_id: UpdateId,
+    },
+    /// Not the leader: connect to this address instead.
+    NotLeader { leader: Option<String> },
+    /// The master refused the registration or a message.
+    Error { message: String },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Framework <-> master
+
+/// The shape of a framework's pending tasks (demand-aware offers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Demand {
+    pub task: Resources,
+    pub count: u32,
+}
+
+/// Optional abilities a framework declares when subscribing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Capability {
+    /// Wants offers from agents with GPUs.
+    GpuResources,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FrameworkInfo {
+    /// Set when re-subscribing with the id a master gave earlier.
+    pub framework_id: Option<FrameworkId>,
+    pub name: String,
+    pub roles: Vec<String>,
+    pub capabilities: Vec<Capability>,
+    /// How long the master keeps the framework's tasks after it disconnects.
+    pub failover_timeout_secs: f64,
+}
+
+/// An operation inside an accept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Operation {
+    Launch { tasks: Vec<TaskInfo> },
+    /// Dynamically reserve unreserved offered resources for a role.
+    Reserve { role: String, resources: Resources },
+    /// Return reserved resources of a role to the unreserved pool.
+    Unreserve { role: String, resources: Resources },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FrameworkToMaster {
+    Subscribe(FrameworkInfo),
+    Accept {
+        offer_ids: Vec<OfferId>,
+        operations: Vec<Operation>,
+        /// Filter the unused part of the offers for this long (master default when `None`).
+        refuse_seconds: Option<f64>,
+    },
+    Decline {
+        offer_ids: Vec<OfferId>,
+        refuse_seconds: Option<f64>,
+    },
+    Kill {
+        task_id: TaskId,
+    },
+    /// Empty list: all of the framework's tasks (implicit reconciliation).
+    Reconcile {
+        task_ids: Vec<TaskId>,
+    },
+    /// Empty list: all of the framework's roles.
+    Suppress {
+        roles: Vec<String>,
+    },
+    Revive {
+        roles: Vec<String>,
+    },
+    Acknowledge {
+        task_id: TaskId,
+        update_id: UpdateId,
+    },
+    SetDemand {
+        demand: Option<Demand>,
+    },
+    /// The framework is done: kill its tasks and forget it.
+    Teardown,
+}
+
+/// Resources offered on one agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Offer {
+    pub id: OfferId,
+    pub framework_id: FrameworkId,
+    pub agent_id: AgentId,
+    pub hostname: String,
+    /// The role the offer is made to.
+    pub role: String,
+    /// Unreserved resources.
+    pub resources: Resources,
+    /// Reserved resources, per role.
+    pub reserved: BTreeMap<String, Resources>,
+    pub attributes: Attributes,
+    /// The healthy GPUs the offer's `gpus` amount can be drawn from.
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl Offer {
+    /// Everything offered: unreserved plus every reservation.
+    pub fn total(&self) -> Resources {
+        let mut t = self.resources.clone();
+        for r in self.reserved.values() {
+            t.add_assign(r);
+        }
+        t
+    }
+}
+
+/// What kind of mistake a framework made (so schedulers can react by kind, not by text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    UnknownOffer,
+    UnknownAgent,
+    UnknownTask,
+    InsufficientResources,
+    InvalidTask,
+    InvalidRequest,
+    NotSubscribed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MasterToFramework {
+    Subscribed {
+        framework_id: FrameworkId,
+        epoch: u64,
+        heartbeat_interval_ms: u64,
+    },
+    Offers(Vec<Offer>),
+    Rescind {
+        offer_id: OfferId,
+    },
+    Update(StatusUpdate),
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+    Heartbeat,
+    NotLeader {
+        leader: Option<String>,
+    },
+}

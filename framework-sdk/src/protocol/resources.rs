@@ -1,0 +1,312 @@
+//! Named scalar resources (`cpus`, `mem`, `disk`, `gpus`, ...) with exact arithmetic.
+//!
+//! Amounts are kept in fixed-point milli-units (`1.5 cpus` is `1500`), so sums and differences
+//! never drift the way floating point does. `mem` and `disk` are in MiB, as in Mesos.
+//!
+//! On the wire (bincode) a [`Resources`] is a map of milli-units; in human-readable formats
+//! (JSON, TOML) it is a map of plain numbers, e.g. `{"cpus":2.0,"mem":1024.0}`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Milli-units per unit.
+pub const MILLI: u64 = 1000;
+
+/// Why a resource string could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceParseError {
+    #[error("resource entry {0:?} is not of the form NAME:AMOUNT")]
+    Syntax(String),
+    #[error("resource name {0:?} is empty or has characters other than [A-Za-z0-9_.-]")]
+    BadName(String),
+    #[error("resource amount {0:?} is not a finite non-negative number")]
+    BadAmount(String),
+    #[error("resource {0:?} is given more than once")]
+    Duplicate(String),
+}
+
+/// A bag of named scalar amounts. Zero amounts are never stored, so two equal bags compare equal.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Resources {
+    amounts: BTreeMap<String, u64>,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+fn to_milli(amount: f64) -> Option<u64> {
+    if !amount.is_finite() || amount < 0.0 || amount > (u64::MAX / MILLI) as f64 {
+        return None;
+    }
+    Some((amount * MILLI as f64).round() as u64)
+}
+
+impl Resources {
+    /// An empty bag.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Parses `"cpus:2;mem:1024;gpus:1"`. Whitespace around entries is ignored; an empty string
+    /// is an empty bag; `name:0` entries are accepted and dropped.
+    pub fn parse(text: &str) -> Result<Self, ResourceParseError> {
+        let mut out = Resources::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (name, amount) = entry
+                .split_once(':')
+                .ok_or_else(|| ResourceParseError::Syntax(entry.to_string()))?;
+            let (name, amount) = (name.trim(), amount.trim());
+            if !valid_name(name) {
+                return Err(ResourceParseError::BadName(name.to_string()));
+            }
+            let value: f64 = amount
+                .parse()
+                .map_err(|_| ResourceParseError::BadAmount(amount.to_string()))?;
+            let milli = to_milli(value).ok_or_else(|| ResourceParseError::BadAmount(amount.to_string()))?;
+            if !seen.insert(name.to_string()) {
+                return Err(ResourceParseError::Duplicate(name.to_string()));
+            }
+            out.set_milli(name, milli);
+        }
+        Ok(out)
+    }
+
+    /// Builder-style: sets `name` to `amount` units (negative or non-finite amounts become 0).
+    pub fn with(mut self, name: &str, amount: f64) -> Self {
+        self.set_milli(name, to_milli(amount).unwrap_or(0));
+        self
+    }
+
+    /// Sets `name` to exactly `milli` milli-units.
+    pub fn set_milli(&mut self, name: &str, milli: u64) {
+        if milli == 0 {
+            self.amounts.remove(name);
+        } else {
+            self.amounts.insert(name.to_string(), milli);
+        }
+    }
+
+    /// The amount of `name` in milli-units (0 when absent).
+    pub fn milli(&self, name: &str) -> u64 {
+        self.amounts.get(name).copied().unwrap_or(0)
+    }
+
+    /// The amount of `name` in units (0.0 when absent).
+    pub fn get(&self, name: &str) -> f64 {
+        self.milli(name) as f64 / MILLI as f64
+    }
+
+    /// True when every amount is zero.
+    pub fn is_empty(&self) -> bool {
+        self.amounts.is_empty()
+    }
+
+    /// `(name, milli-units)` pairs in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.amounts.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+
+    /// Resource names present (non-zero) in this bag.
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.amounts.keys().map(String::as_str)
+    }
+
+    /// True when `other` fits inside `self` (every amount of `other` is at most ours).
+    pub fn contains(&self, other: &Resources) -> bool {
+        other.iter().all(|(name, milli)| self.milli(name) >= milli)
+    }
+
+    /// Adds `other` into `self` (saturating).
+    pub fn add_assign(&mut self, other: &Resources) {
+        for (name, milli) in other.iter() {
+            let v = self.milli(name).saturating_add(milli);
+            self.set_milli(name, v);
+        }
+    }
+
+    /// `self + other`.
+    pub fn plus(&self, other: &Resources) -> Resources {
+        let mut out = self.clone();
+        out.add_assign(other);
+        out
+    }
+
+    /// Subtracts `other`, returning `None` (and leaving `self` unchanged) if it does not fit.
+    pub fn checked_sub_assign(&mut self, other: &Resources) -> Option<()> {
+        if !self.contains(other) {
+            return None;
+        }
+        for (name, milli) in other.iter() {
+            let v = self.milli(name) - milli;
+            self.set_milli(name, v);
+        }
+        Some(())
+    }
+
+    /// `self - other`, with every amount floored at zero.
+    pub fn saturating_sub(&self, other: &Resources) -> Resources {
+        let mut out = self.clone();
+        for (name, milli) in other.iter() {
+            let v = out.milli(name).saturating_sub(milli);
+            out.set_milli(name, v);
+        }
+        out
+    }
+
+    /// The element-wise minimum of `self` and `other`.
+    pub fn min(&self, other: &Resources) -> Resources {
+        let mut out = Resources::new();
+        for (name, milli) in self.iter() {
+            out.set_milli(name, milli.min(other.milli(name)));
+        }
+        out
+    }
+
+    /// Keeps only the named resources.
+    pub fn filter(&self, mut keep: impl FnMut(&str) -> bool) -> Resources {
+        Resources {
+            amounts: self
+                .amounts
+                .iter()
+                .filter(|(k, _)| keep(k))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+        }
+    }
+
+    /// Whole units as a map of plain numbers (for JSON output).
+    pub fn to_units(&self) -> BTreeMap<String, f64> {
+        self.iter()
+            .map(|(k, v)| (k.to_string(), v as f64 / MILLI as f64))
+            .collect()
+    }
+}
+
+impl std::str::FromStr for Resources {
+    type Err = ResourceParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Resources::parse(s)
+    }
+}
+
+fn fmt_milli(milli: u64, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    if milli % MILLI == 0 {
+        write!(f, "{}", milli / MILLI)
+    } else {
+        let s = format!("{}.{:03}", milli / MILLI, milli % MILLI);
+        write!(f, "{}", s.trim_end_matches('0'))
+    }
+}
+
+impl fmt::Display for Resources {
+    /// Renders the same syntax [`Resources::parse`] accepts: `cpus:2;mem:1024`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (name, milli)) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(";")?;
+            }
+            write!(f, "{name}:")?;
+            fmt_milli(milli, f)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Resources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Resources({self})")
+    }
+}
+
+impl Serialize for Resources {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            self.to_units().serialize(s)
+        } else {
+            self.amounts.serialize(s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Resources {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut out = Resources::new();
+        if d.is_human_readable() {
+            let map = BTreeMap::<String, f64>::deserialize(d)?;
+            for (k, v) in map {
+                if !valid_name(&k) {
+                    return Err(D::Error::custom(ResourceParseError::BadName(k)));
+                }
+                let milli = to_milli(v).ok_or_else(|| D::Error::custom(ResourceParseError::BadAmount(v.to_string())))?;
+                out.set_milli(&k, milli);
+            }
+        } else {
+            let map = BTreeMap::<String, u64>::deserialize(d)?;
+            for (k, v) in map {
+                if !valid_name(&k) {
+                    return Err(D::Error::custom(ResourceParseError::BadName(k)));
+                }
+                out.set_milli(&k, v);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_display_round_trip() {
+        let r = Resources::parse("cpus:2.5; mem:1024;disk:0;gpus:1").unwrap();
+        assert_eq!(r.milli("cpus"), 2500);
+        assert_eq!(r.get("mem"), 1024.0);
+        assert_eq!(r.milli("disk"), 0);
+        assert_eq!(r.to_string(), "cpus:2.5;gpus:1;mem:1024");
+        assert_eq!(Resources::parse(&r.to_string()).unwrap(), r);
+    }
+
+    #[test]
+    fn parse_rejects_bad_input() {
+        assert!(matches!(Resources::parse("cpus"), Err(ResourceParseError::Syntax(_))));
+        assert!(matches!(Resources::parse("cpus:-1"), Err(ResourceParseError::BadAmount(_))));
+        assert!(matches!(Resources::parse("cpus:NaN"), Err(ResourceParseError::BadAmount(_))));
+        assert!(matches!(Resources::parse("c pus:1"), Err(ResourceParseError::BadName(_))));
+        assert!(matches!(Resources::parse("cpus:1;cpus:2"), Err(ResourceParseError::Duplicate(_))));
+        assert!(Resources::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn arithmetic_is_exact() {
+        let tenth = Resources::parse("cpus:0.1").unwrap();
+        let mut sum = Resources::new();
+        for _ in 0..10 {
+            sum.add_assign(&tenth);
+        }
+        assert_eq!(sum, Resources::parse("cpus:1").unwrap());
+        let mut total = Resources::parse("cpus:4;mem:100").unwrap();
+        assert!(total.checked_sub_assign(&Resources::parse("cpus:5").unwrap()).is_none());
+        assert_eq!(total, Resources::parse("cpus:4;mem:100").unwrap());
+        total.checked_sub_assign(&Resources::parse("cpus:4;mem:1").unwrap()).unwrap();
+        assert_eq!(total, Resources::parse("mem:99").unwrap());
+        assert!(total.contains(&Resources::new()));
+    }
+
+    #[test]
+    fn json_uses_plain_numbers() {
+        let r = Resources::parse("cpus:2;mem:1024").unwrap();
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"cpus":2.0,"mem":1024.0}"#);
+        let back: Resources = serde_json::from_str(r#"{"cpus":2.0,"mem":1024.0}"#).unwrap();
+        assert_eq!(back, r);
+    }
+}
