@@ -10,7 +10,7 @@
 
 pub mod protocol;
 // pub mod scheduler;
-// pub mod transport;
+pub mod transport;
 
 pub use protocol::Resources;
 // pub use scheduler::{Driver, DriverConfig, DriverHandle, Scheduler};
