@@ -43,12 +43,21 @@ pub(crate) enum Event {
     Connected(mpsc::UnboundedSender<AgentToMaster>),
     Disconnected,
     Master(MasterToAgent),
-    Launched { task: TaskId, result: Result<Launched, String> },
-    Exited { task: TaskId, status: ExitStatus },
+    Launched {
+        task: TaskId,
+        result: Result<Launched, String>,
+    },
+    Exited {
+        task: TaskId,
+        status: ExitStatus,
+    },
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 struct Agent {
@@ -65,8 +74,14 @@ struct Agent {
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
 /// agent re-adopts them from its checkpoint.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    std::fs::create_dir_all(config.work_dir.join("sandboxes")).with_context(|| format!("creating {}", config.work_dir.display()))?;
-    let material = tls::load_or_issue(&config.tls_dir, &PeerIdentity::Agent(config.name.clone()), &[]).context("loading the agent's TLS identity")?;
+    std::fs::create_dir_all(config.work_dir.join("sandboxes"))
+        .with_context(|| format!("creating {}", config.work_dir.display()))?;
+    let material = tls::load_or_issue(
+        &config.tls_dir,
+        &PeerIdentity::Agent(config.name.clone()),
+        &[],
+    )
+    .context("loading the agent's TLS identity")?;
     let ckpt = Checkpoint::load(&config.work_dir)?.unwrap_or_default();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut agent = Agent {
@@ -112,7 +127,9 @@ impl Agent {
     }
 
     fn save(&self) -> anyhow::Result<()> {
-        self.ckpt.save(&self.config.work_dir).context("writing the checkpoint")
+        self.ckpt
+            .save(&self.config.work_dir)
+            .context("writing the checkpoint")
     }
 
     /// Re-adopts checkpointed tasks after a restart: live supervisors are watched again; tasks
@@ -121,7 +138,9 @@ impl Agent {
         let ids: Vec<TaskId> = self.ckpt.tasks.keys().copied().collect();
         let mut adopted = 0;
         for id in ids {
-            let Some(rec) = self.ckpt.tasks.get(&id) else { continue };
+            let Some(rec) = self.ckpt.tasks.get(&id) else {
+                continue;
+            };
             if rec.state.is_terminal() {
                 continue;
             }
@@ -132,16 +151,32 @@ impl Agent {
                 }
                 Some(_) => {
                     let status = executor::read_exit(&rec.sandbox);
-                    let _ = self.events.send(Event::Exited { task: id, status: status.unwrap_or(ExitStatus { code: None, signal: None }) });
+                    let _ = self.events.send(Event::Exited {
+                        task: id,
+                        status: status.unwrap_or(ExitStatus {
+                            code: None,
+                            signal: None,
+                        }),
+                    });
                 }
                 None => {
                     // Never started: the launch died with the previous agent.
-                    self.terminal(id, TaskState::Failed, "agent restarted before the task was launched".into(), None, None);
+                    self.terminal(
+                        id,
+                        TaskState::Failed,
+                        "agent restarted before the task was launched".into(),
+                        None,
+                        None,
+                    );
                 }
             }
         }
         if !self.ckpt.tasks.is_empty() {
-            tracing::info!(tasks = self.ckpt.tasks.len(), adopted, "recovered checkpoint");
+            tracing::info!(
+                tasks = self.ckpt.tasks.len(),
+                adopted,
+                "recovered checkpoint"
+            );
         }
     }
 
@@ -161,7 +196,11 @@ impl Agent {
                     .tasks
                     .values()
                     .filter(|t| !t.state.is_terminal())
-                    .map(|t| RunningTask { framework_id: t.framework_id, task: t.info.clone(), state: t.state })
+                    .map(|t| RunningTask {
+                        framework_id: t.framework_id,
+                        task: t.info.clone(),
+                        state: t.state,
+                    })
                     .collect();
                 self.send(AgentToMaster::Register {
                     agent_id: self.ckpt.agent_id,
@@ -180,7 +219,9 @@ impl Agent {
             }
             Event::Master(msg) => self.master_message(msg)?,
             Event::Launched { task, result } => {
-                let Some(rec) = self.ckpt.tasks.get_mut(&task) else { return Ok(()) };
+                let Some(rec) = self.ckpt.tasks.get_mut(&task) else {
+                    return Ok(());
+                };
                 match result {
                     Ok(l) => {
                         rec.launched = Some(l);
@@ -190,12 +231,20 @@ impl Agent {
                             executor::signal_group(l.task_pgid, libc::SIGTERM);
                         }
                     }
-                    Err(e) => self.terminal(task, TaskState::Failed, format!("could not launch: {e}"), None, None),
+                    Err(e) => self.terminal(
+                        task,
+                        TaskState::Failed,
+                        format!("could not launch: {e}"),
+                        None,
+                        None,
+                    ),
                 }
                 self.save()?;
             }
             Event::Exited { task, status } => {
-                let Some(rec) = self.ckpt.tasks.get(&task) else { return Ok(()) };
+                let Some(rec) = self.ckpt.tasks.get(&task) else {
+                    return Ok(());
+                };
                 if rec.state.is_terminal() {
                     return Ok(());
                 }
@@ -217,13 +266,18 @@ impl Agent {
 
     fn master_message(&mut self, msg: MasterToAgent) -> anyhow::Result<()> {
         match msg {
-            MasterToAgent::Registered { agent_id, heartbeat_interval_ms, .. } => {
+            MasterToAgent::Registered {
+                agent_id,
+                heartbeat_interval_ms,
+                ..
+            } => {
                 if self.ckpt.agent_id != Some(agent_id) {
                     self.ckpt.agent_id = Some(agent_id);
                     self.save()?;
                 }
                 self.registered = true;
-                self.heartbeat_every = Duration::from_millis(heartbeat_interval_ms.clamp(100, 60_000));
+                self.heartbeat_every =
+                    Duration::from_millis(heartbeat_interval_ms.clamp(100, 60_000));
                 let now = self.now();
                 self.ckpt.updates.mark_all_sent(now);
                 tracing::info!(%agent_id, "registered with the master");
@@ -235,10 +289,18 @@ impl Agent {
                 }
                 self.launch(framework_id, task)?;
             }
-            MasterToAgent::KillTask { framework_id, task_id } => self.kill(framework_id, task_id)?,
+            MasterToAgent::KillTask {
+                framework_id,
+                task_id,
+            } => self.kill(framework_id, task_id)?,
             MasterToAgent::Acknowledge { task_id, update_id } => {
                 if self.ckpt.updates.ack(task_id, update_id) {
-                    let done = self.ckpt.tasks.get(&task_id).is_some_and(|t| t.state.is_terminal()) && !self.ckpt.updates.has_pending(task_id);
+                    let done = self
+                        .ckpt
+                        .tasks
+                        .get(&task_id)
+                        .is_some_and(|t| t.state.is_terminal())
+                        && !self.ckpt.updates.has_pending(task_id);
                     if done {
                         self.ckpt.tasks.remove(&task_id);
                     }
@@ -275,16 +337,31 @@ impl Agent {
         env.insert("GANTRY_TASK_ID".into(), id.to_string());
         env.insert("GANTRY_FRAMEWORK_ID".into(), framework_id.to_string());
         tokio::spawn(async move {
-            let spec = LaunchSpec { sandbox: &sandbox, command: &task.command, env: &env, cgroup_procs: &[], agent_exe: &exe };
+            let spec = LaunchSpec {
+                sandbox: &sandbox,
+                command: &task.command,
+                env: &env,
+                cgroup_procs: &[],
+                agent_exe: &exe,
+            };
             match executor::launch(&spec).await {
                 Ok((launched, mut child)) => {
-                    let _ = events.send(Event::Launched { task: id, result: Ok(launched) });
+                    let _ = events.send(Event::Launched {
+                        task: id,
+                        result: Ok(launched),
+                    });
                     let _ = child.wait().await;
-                    let status = executor::read_exit(&sandbox).unwrap_or(ExitStatus { code: None, signal: None });
+                    let status = executor::read_exit(&sandbox).unwrap_or(ExitStatus {
+                        code: None,
+                        signal: None,
+                    });
                     let _ = events.send(Event::Exited { task: id, status });
                 }
                 Err(e) => {
-                    let _ = events.send(Event::Launched { task: id, result: Err(e.to_string()) });
+                    let _ = events.send(Event::Launched {
+                        task: id,
+                        result: Err(e.to_string()),
+                    });
                 }
             }
         });
@@ -295,7 +372,14 @@ impl Agent {
         let Some(rec) = self.ckpt.tasks.get_mut(&task_id) else {
             // The master believes we run it, but we do not: say it is gone.
             tracing::warn!(task = %task_id, "kill for an unknown task");
-            let update = self.make_update(task_id, framework_id, TaskState::Killed, "task unknown to the agent".into(), None, None);
+            let update = self.make_update(
+                task_id,
+                framework_id,
+                TaskState::Killed,
+                "task unknown to the agent".into(),
+                None,
+                None,
+            );
             self.ckpt.updates.push(update);
             self.flush_updates();
             return Ok(());
@@ -315,9 +399,16 @@ impl Agent {
         // Escalate kills past their grace period.
         let now_unix = unix_ms();
         for rec in self.ckpt.tasks.values() {
-            let (Some(asked), Some(l)) = (rec.kill_requested_ms, rec.launched) else { continue };
-            let grace = rec.info.kill_grace_secs.map(|s| Duration::from_secs(s.into())).unwrap_or(self.config.kill_grace);
-            if !rec.state.is_terminal() && now_unix.saturating_sub(asked) > grace.as_millis() as u64 {
+            let (Some(asked), Some(l)) = (rec.kill_requested_ms, rec.launched) else {
+                continue;
+            };
+            let grace = rec
+                .info
+                .kill_grace_secs
+                .map(|s| Duration::from_secs(s.into()))
+                .unwrap_or(self.config.kill_grace);
+            if !rec.state.is_terminal() && now_unix.saturating_sub(asked) > grace.as_millis() as u64
+            {
                 executor::signal_group(l.task_pgid, libc::SIGKILL);
             }
         }
@@ -327,14 +418,24 @@ impl Agent {
             .tasks
             .iter()
             .filter(|(_, t)| !t.state.is_terminal())
-            .filter_map(|(id, t)| t.launched.filter(|l| !executor::supervisor_alive(l)).map(|_| (*id, t.sandbox.clone())))
+            .filter_map(|(id, t)| {
+                t.launched
+                    .filter(|l| !executor::supervisor_alive(l))
+                    .map(|_| (*id, t.sandbox.clone()))
+            })
             .collect();
         for (id, sandbox) in gone {
             if let Some(status) = executor::read_exit(&sandbox) {
                 let _ = self.events.send(Event::Exited { task: id, status });
             } else if self.start.elapsed() > Duration::from_secs(1) {
                 // The supervisor died without recording an outcome.
-                let _ = self.events.send(Event::Exited { task: id, status: ExitStatus { code: None, signal: None } });
+                let _ = self.events.send(Event::Exited {
+                    task: id,
+                    status: ExitStatus {
+                        code: None,
+                        signal: None,
+                    },
+                });
             }
         }
         if self.registered && self.last_heartbeat.elapsed() >= self.heartbeat_every {
@@ -355,7 +456,15 @@ impl Agent {
         }
     }
 
-    fn make_update(&self, task: TaskId, framework: FrameworkId, state: TaskState, message: String, exit_code: Option<i32>, signal: Option<i32>) -> StatusUpdate {
+    fn make_update(
+        &self,
+        task: TaskId,
+        framework: FrameworkId,
+        state: TaskState,
+        message: String,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    ) -> StatusUpdate {
         StatusUpdate {
             update_id: UpdateId::random(),
             task_id: task,
@@ -372,8 +481,17 @@ impl Agent {
     }
 
     /// Records a state change and queues its update for reliable delivery.
-    fn update(&mut self, task: TaskId, state: TaskState, message: String, exit_code: Option<i32>, signal: Option<i32>) {
-        let Some(rec) = self.ckpt.tasks.get(&task) else { return };
+    fn update(
+        &mut self,
+        task: TaskId,
+        state: TaskState,
+        message: String,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    ) {
+        let Some(rec) = self.ckpt.tasks.get(&task) else {
+            return;
+        };
         let update = self.make_update(task, rec.framework_id, state, message, exit_code, signal);
         if let Some(rec) = self.ckpt.tasks.get_mut(&task) {
             rec.state = state;
@@ -382,7 +500,14 @@ impl Agent {
         self.flush_updates();
     }
 
-    fn terminal(&mut self, task: TaskId, state: TaskState, message: String, exit_code: Option<i32>, signal: Option<i32>) {
+    fn terminal(
+        &mut self,
+        task: TaskId,
+        state: TaskState,
+        message: String,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    ) {
         tracing::info!(%task, %state, %message, "task ended");
         self.update(task, state, message, exit_code, signal);
     }

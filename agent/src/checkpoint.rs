@@ -20,9 +20,15 @@ pub const FILE: &str = "checkpoint.json";
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is corrupt ({source}); move it away to start this agent fresh (its tasks will be reported LOST)")]
-    Corrupt { path: PathBuf, source: serde_json::Error },
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 }
 
 /// One task as the agent remembers it.
@@ -58,15 +64,23 @@ impl Checkpoint {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(CheckpointError::Io { path, source }),
         };
-        serde_json::from_slice(&data).map(Some).map_err(|source| CheckpointError::Corrupt { path, source })
+        serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|source| CheckpointError::Corrupt { path, source })
     }
 
     /// Writes the checkpoint atomically.
     pub fn save(&self, work_dir: &Path) -> Result<(), CheckpointError> {
         let path = work_dir.join(FILE);
         let tmp = work_dir.join(format!("{FILE}.tmp"));
-        let io = |source| CheckpointError::Io { path: path.clone(), source };
-        let data = serde_json::to_vec(self).map_err(|source| CheckpointError::Corrupt { path: path.clone(), source })?;
+        let io = |source| CheckpointError::Io {
+            path: path.clone(),
+            source,
+        };
+        let data = serde_json::to_vec(self).map_err(|source| CheckpointError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
         f.write_all(&data).map_err(io)?;
         f.sync_data().map_err(io)?;
@@ -83,7 +97,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gantry-ckpt-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         assert!(Checkpoint::load(&dir).unwrap().is_none());
-        let mut c = Checkpoint { agent_id: Some(AgentId::random()), ..Default::default() };
+        let mut c = Checkpoint {
+            agent_id: Some(AgentId::random()),
+            ..Default::default()
+        };
         let tid = TaskId::random();
         c.tasks.insert(
             tid,
@@ -99,7 +116,11 @@ mod tests {
                 },
                 state: TaskState::Running,
                 sandbox: dir.join("s"),
-                launched: Some(Launched { supervisor_pid: 10, task_pgid: 11, supervisor_start: 5 }),
+                launched: Some(Launched {
+                    supervisor_pid: 10,
+                    task_pgid: 11,
+                    supervisor_start: 5,
+                }),
                 gpus: vec![],
                 kill_requested_ms: None,
                 cgroup: None,
@@ -110,7 +131,10 @@ mod tests {
         assert_eq!(back.agent_id, c.agent_id);
         assert_eq!(back.tasks[&tid].launched, c.tasks[&tid].launched);
         std::fs::write(dir.join(FILE), b"{not json").unwrap();
-        assert!(matches!(Checkpoint::load(&dir), Err(CheckpointError::Corrupt { .. })));
+        assert!(matches!(
+            Checkpoint::load(&dir),
+            Err(CheckpointError::Corrupt { .. })
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

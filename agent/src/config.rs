@@ -13,14 +13,19 @@ pub enum ConfigError {
     #[error("reservation {0:?} is not of the form ROLE=RESOURCES (e.g. ml=cpus:2;mem:1024)")]
     Reservation(String),
     #[error("reservation for role {role:?}: {source}")]
-    ReservationResources { role: String, source: gantry_sdk::protocol::ResourceParseError },
+    ReservationResources {
+        role: String,
+        source: gantry_sdk::protocol::ResourceParseError,
+    },
 }
 
 /// Parses `"rack:r1;zone:a"`.
 pub fn parse_attributes(text: &str) -> Result<Attributes, ConfigError> {
     let mut out = BTreeMap::new();
     for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
-        let (k, v) = entry.split_once(':').ok_or_else(|| ConfigError::Attribute(entry.to_string()))?;
+        let (k, v) = entry
+            .split_once(':')
+            .ok_or_else(|| ConfigError::Attribute(entry.to_string()))?;
         let (k, v) = (k.trim(), v.trim());
         if k.is_empty() {
             return Err(ConfigError::Attribute(entry.to_string()));
@@ -32,12 +37,17 @@ pub fn parse_attributes(text: &str) -> Result<Attributes, ConfigError> {
 
 /// Parses one `ROLE=RESOURCES` static reservation.
 pub fn parse_reservation(text: &str) -> Result<(String, Resources), ConfigError> {
-    let (role, res) = text.split_once('=').ok_or_else(|| ConfigError::Reservation(text.to_string()))?;
+    let (role, res) = text
+        .split_once('=')
+        .ok_or_else(|| ConfigError::Reservation(text.to_string()))?;
     let role = role.trim().to_string();
     if role.is_empty() {
         return Err(ConfigError::Reservation(text.to_string()));
     }
-    let resources = Resources::parse(res).map_err(|source| ConfigError::ReservationResources { role: role.clone(), source })?;
+    let resources = Resources::parse(res).map_err(|source| ConfigError::ReservationResources {
+        role: role.clone(),
+        source,
+    })?;
     Ok((role, resources))
 }
 

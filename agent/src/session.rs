@@ -12,15 +12,25 @@ use tokio::sync::mpsc;
 use crate::agent::{AgentConfig, Event};
 
 /// Runs until the core loop goes away.
-pub(crate) async fn run(config: AgentConfig, material: TlsMaterial, events: mpsc::UnboundedSender<Event>) {
+pub(crate) async fn run(
+    config: AgentConfig,
+    material: TlsMaterial,
+    events: mpsc::UnboundedSender<Event>,
+) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut candidates: VecDeque<String> = VecDeque::new();
     loop {
         if candidates.is_empty() {
             candidates.extend(config.masters.iter().cloned());
         }
-        let Some(target) = candidates.pop_front() else { return };
-        let addr = match tokio::net::lookup_host(&target).await.ok().and_then(|mut a| a.next()) {
+        let Some(target) = candidates.pop_front() else {
+            return;
+        };
+        let addr = match tokio::net::lookup_host(&target)
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+        {
             Some(a) => a,
             None => {
                 tracing::warn!("cannot resolve master address {target:?}");

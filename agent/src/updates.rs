@@ -32,12 +32,18 @@ pub struct UpdateQueue {
 impl UpdateQueue {
     /// Queues an update (it goes out when it reaches the head of its task's queue).
     pub fn push(&mut self, update: StatusUpdate) {
-        self.tasks.entry(update.task_id).or_default().updates.push_back(update);
+        self.tasks
+            .entry(update.task_id)
+            .or_default()
+            .updates
+            .push_back(update);
     }
 
     /// Handles an acknowledgement. Returns true if it matched the task's in-flight update.
     pub fn ack(&mut self, task: TaskId, update: UpdateId) -> bool {
-        let Some(q) = self.tasks.get_mut(&task) else { return false };
+        let Some(q) = self.tasks.get_mut(&task) else {
+            return false;
+        };
         if q.updates.front().map(|u| u.update_id) != Some(update) {
             return false;
         }
@@ -55,14 +61,20 @@ impl UpdateQueue {
     pub fn due(&mut self, now: u64) -> Vec<StatusUpdate> {
         let mut out = Vec::new();
         for q in self.tasks.values_mut() {
-            let Some(head) = q.updates.front() else { continue };
+            let Some(head) = q.updates.front() else {
+                continue;
+            };
             let due = match q.sent_at {
                 None => true,
                 Some(t) => now >= t + q.retry_ms,
             };
             if due {
                 out.push(head.clone());
-                q.retry_ms = if q.sent_at.is_none() { RETRY_INITIAL_MS } else { (q.retry_ms * 2).clamp(RETRY_INITIAL_MS, RETRY_MAX_MS) };
+                q.retry_ms = if q.sent_at.is_none() {
+                    RETRY_INITIAL_MS
+                } else {
+                    (q.retry_ms * 2).clamp(RETRY_INITIAL_MS, RETRY_MAX_MS)
+                };
                 q.sent_at = Some(now);
             }
         }
@@ -88,7 +100,10 @@ impl UpdateQueue {
 
     /// All unacknowledged updates, oldest first per task (for re-registration).
     pub fn all(&self) -> Vec<StatusUpdate> {
-        self.tasks.values().flat_map(|q| q.updates.iter().cloned()).collect()
+        self.tasks
+            .values()
+            .flat_map(|q| q.updates.iter().cloned())
+            .collect()
     }
 
     /// True if the task still has updates waiting for acknowledgement.
@@ -139,7 +154,10 @@ mod tests {
         assert_eq!(q.due(1000), vec![running.clone()]);
         assert!(q.due(2500).is_empty(), "second retry waits 2 s");
         assert_eq!(q.due(3000), vec![running.clone()]);
-        assert!(!q.ack(t, finished.update_id), "only the head can be acknowledged");
+        assert!(
+            !q.ack(t, finished.update_id),
+            "only the head can be acknowledged"
+        );
         assert!(q.ack(t, running.update_id));
         assert_eq!(q.due(3001), vec![finished.clone()]);
         assert!(q.ack(t, finished.update_id));

@@ -52,7 +52,16 @@ pub struct Batch {
 impl Batch {
     pub fn new(spec: BatchSpec) -> (Self, watch::Receiver<BatchProgress>) {
         let (tx, rx) = watch::channel(BatchProgress::default());
-        (Self { spec, tasks: HashMap::new(), progress: BatchProgress::default(), tx, suppressed: false }, rx)
+        (
+            Self {
+                spec,
+                tasks: HashMap::new(),
+                progress: BatchProgress::default(),
+                tx,
+                suppressed: false,
+            },
+            rx,
+        )
     }
 
     fn publish(&self) {
@@ -69,7 +78,10 @@ impl Scheduler for Batch {
         if self.spec.verbose {
             println!("[{}] registered as {framework_id}", self.spec.name);
         }
-        driver.set_demand(Some(Demand { task: self.spec.task.clone(), count: self.remaining() }));
+        driver.set_demand(Some(Demand {
+            task: self.spec.task.clone(),
+            count: self.remaining(),
+        }));
         if self.remaining() > 0 {
             driver.revive(vec![]);
             self.suppressed = false;
@@ -97,7 +109,10 @@ impl Scheduler for Batch {
                 });
             }
             if tasks.is_empty() {
-                driver.decline(vec![offer.id], Some(if self.remaining() == 0 { 60.0 } else { 1.0 }));
+                driver.decline(
+                    vec![offer.id],
+                    Some(if self.remaining() == 0 { 60.0 } else { 1.0 }),
+                );
                 continue;
             }
             for t in &tasks {
@@ -110,19 +125,28 @@ impl Scheduler for Batch {
             driver.suppress(vec![]);
             self.suppressed = true;
         }
-        driver.set_demand(Some(Demand { task: self.spec.task.clone(), count: self.remaining() }));
+        driver.set_demand(Some(Demand {
+            task: self.spec.task.clone(),
+            count: self.remaining(),
+        }));
         self.publish();
     }
 
     async fn status_update(&mut self, driver: &DriverHandle, update: &StatusUpdate) {
-        let Some(prev) = self.tasks.get(&update.task_id).copied() else { return };
+        let Some(prev) = self.tasks.get(&update.task_id).copied() else {
+            return;
+        };
         if update.reconciliation && update.state == prev {
             return;
         }
         if prev.is_terminal() {
             if !update.reconciliation {
                 // A second terminal update: record it so tests can see duplicates.
-                self.progress.terminal_updates.entry(update.task_id).or_default().push(update.state);
+                self.progress
+                    .terminal_updates
+                    .entry(update.task_id)
+                    .or_default()
+                    .push(update.state);
                 self.publish();
             }
             return;
@@ -134,17 +158,27 @@ impl Scheduler for Batch {
                 if prev == TaskState::Running {
                     self.progress.running = self.progress.running.saturating_sub(1);
                 }
-                self.progress.terminal_updates.entry(update.task_id).or_default().push(s);
+                self.progress
+                    .terminal_updates
+                    .entry(update.task_id)
+                    .or_default()
+                    .push(s);
                 if s == TaskState::Finished {
                     self.progress.finished += 1;
                 } else {
                     self.progress.failed += 1;
-                    self.progress.errors.push(format!("task {} {}: {}", update.task_id, s, update.message));
+                    self.progress
+                        .errors
+                        .push(format!("task {} {}: {}", update.task_id, s, update.message));
                 }
                 if self.spec.verbose {
                     println!(
                         "[{}] {}/{} finished, {} failed, {} running",
-                        self.spec.name, self.progress.finished, self.spec.count, self.progress.failed, self.progress.running
+                        self.spec.name,
+                        self.progress.finished,
+                        self.spec.count,
+                        self.progress.failed,
+                        self.progress.running
                     );
                 }
             }

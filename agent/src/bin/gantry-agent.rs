@@ -13,7 +13,12 @@ use gantry_sdk::Resources;
 
 /// The Gantry agent: measures this host, registers with the master, runs tasks.
 #[derive(Parser, Debug)]
-#[command(version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -30,8 +35,8 @@ struct RunArgs {
     #[arg(long, default_value = "./gantry-agent")]
     work_dir: PathBuf,
     /// TLS directory (ca.pem and agent-NAME.pem/.key, or ca.key to issue them).
-    #[arg(long)]
-    tls_dir: PathBuf,
+    #[arg(long, required = true)]
+    tls_dir: Option<PathBuf>,
     /// The agent's name (its certificate identity). Defaults to the host name.
     #[arg(long)]
     name: Option<String>,
@@ -64,35 +69,53 @@ enum Cmd {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(Cmd::Supervise { sandbox, cgroup_procs, command }) = cli.cmd {
+    if let Some(Cmd::Supervise {
+        sandbox,
+        cgroup_procs,
+        command,
+    }) = cli.cmd
+    {
         std::process::exit(supervise::run(&sandbox, &cgroup_procs, &command.join(" ")));
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args = cli.run;
     let name = args.name.unwrap_or_else(hostname);
-    anyhow::ensure!(gantry_sdk::transport::tls::valid_name(&name), "agent name {name:?} must be 1-64 characters of [A-Za-z0-9_.-]");
+    anyhow::ensure!(
+        gantry_sdk::transport::tls::valid_name(&name),
+        "agent name {name:?} must be 1-64 characters of [A-Za-z0-9_.-]"
+    );
     let resources = match &args.resources {
         Some(r) => Resources::parse(r).context("--resources")?,
-        None => gantry_agent::discovery::host::detect(&args.work_dir)?,
+        None => anyhow::bail!("--resources is required (host discovery is not wired in yet)"),
     };
     let mut reserved = BTreeMap::new();
     for r in &args.reserve {
         let (role, res) = parse_reservation(r)?;
-        reserved.entry(role).or_insert_with(Resources::new).add_assign(&res);
+        reserved
+            .entry(role)
+            .or_insert_with(Resources::new)
+            .add_assign(&res);
     }
-    anyhow::ensure!(args.kill_grace.is_finite() && args.kill_grace >= 0.0, "--kill-grace must be a non-negative number");
+    anyhow::ensure!(
+        args.kill_grace.is_finite() && args.kill_grace >= 0.0,
+        "--kill-grace must be a non-negative number"
+    );
     let config = AgentConfig {
         masters: args.master,
         work_dir: args.work_dir,
-        tls_dir: args.tls_dir,
+        tls_dir: args.tls_dir.context("--tls-dir is required")?,
         name,
         hostname: hostname(),
         resources,
@@ -101,7 +124,9 @@ fn main() -> anyhow::Result<()> {
         kill_grace: Duration::from_secs_f64(args.kill_grace),
         agent_exe: std::env::current_exe().context("locating the agent binary")?,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(agent::run(config, async {
         let _ = tokio::signal::ctrl_c().await;
     }))

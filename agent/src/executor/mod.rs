@@ -28,7 +28,10 @@ pub struct ExitStatus {
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     #[error("creating sandbox {path}: {source}")]
-    Sandbox { path: PathBuf, source: std::io::Error },
+    Sandbox {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("starting the task supervisor: {0}")]
     Spawn(std::io::Error),
     #[error("the supervisor did not report the task's pid: {0}")]
@@ -57,7 +60,10 @@ pub struct Launched {
 
 /// Spawns the supervisor for a task and waits until it reports the task's pid.
 pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::Child), ExecError> {
-    std::fs::create_dir_all(spec.sandbox).map_err(|source| ExecError::Sandbox { path: spec.sandbox.to_path_buf(), source })?;
+    std::fs::create_dir_all(spec.sandbox).map_err(|source| ExecError::Sandbox {
+        path: spec.sandbox.to_path_buf(),
+        source,
+    })?;
     let mut cmd = tokio::process::Command::new(spec.agent_exe);
     cmd.arg("supervise").arg("--sandbox").arg(spec.sandbox);
     for p in spec.cgroup_procs {
@@ -76,10 +82,15 @@ pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::
     cmd.envs(spec.env);
     cmd.env("GANTRY_SANDBOX", spec.sandbox);
     cmd.current_dir(spec.sandbox);
-    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
     cmd.kill_on_drop(false);
     let child = cmd.spawn().map_err(ExecError::Spawn)?;
-    let supervisor_pid = child.id().map(|p| p as i32).ok_or_else(|| ExecError::NoPid("supervisor exited at once".into()))?;
+    let supervisor_pid = child
+        .id()
+        .map(|p| p as i32)
+        .ok_or_else(|| ExecError::NoPid("supervisor exited at once".into()))?;
     // The supervisor writes task.pid once the command is running (or exit.json if it failed).
     let pid_file = spec.sandbox.join(supervise::PID_FILE);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -98,7 +109,14 @@ pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     let supervisor_start = process_start_time(supervisor_pid).unwrap_or(0);
-    Ok((Launched { supervisor_pid, task_pgid, supervisor_start }, child))
+    Ok((
+        Launched {
+            supervisor_pid,
+            task_pgid,
+            supervisor_start,
+        },
+        child,
+    ))
 }
 
 /// The exit status the supervisor recorded, if it has finished.

@@ -34,8 +34,14 @@ pub fn run(sandbox: &Path, cgroup_procs: &[PathBuf], command: &str) -> i32 {
     let status = match spawn_and_wait(sandbox, cgroup_procs, command) {
         Ok(s) => s,
         Err(e) => {
-            let _ = std::fs::write(sandbox.join("stderr"), format!("gantry: could not start the task: {e}\n"));
-            ExitStatus { code: Some(127), signal: None }
+            let _ = std::fs::write(
+                sandbox.join("stderr"),
+                format!("gantry: could not start the task: {e}\n"),
+            );
+            ExitStatus {
+                code: Some(127),
+                signal: None,
+            }
         }
     };
     let json = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
@@ -45,15 +51,27 @@ pub fn run(sandbox: &Path, cgroup_procs: &[PathBuf], command: &str) -> i32 {
     }
 }
 
-fn spawn_and_wait(sandbox: &Path, cgroup_procs: &[PathBuf], command: &str) -> std::io::Result<ExitStatus> {
+fn spawn_and_wait(
+    sandbox: &Path,
+    cgroup_procs: &[PathBuf],
+    command: &str,
+) -> std::io::Result<ExitStatus> {
     let stdout = std::fs::File::create(sandbox.join("stdout"))?;
     let stderr = std::fs::File::create(sandbox.join("stderr"))?;
     let procs: Vec<CString> = cgroup_procs
         .iter()
-        .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| std::io::Error::other("cgroup path has a NUL byte")))
+        .map(|p| {
+            CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|_| std::io::Error::other("cgroup path has a NUL byte"))
+        })
         .collect::<Result<_, _>>()?;
     let mut cmd = std::process::Command::new("/bin/sh");
-    cmd.arg("-c").arg(command).current_dir(sandbox).stdin(std::process::Stdio::null()).stdout(stdout).stderr(stderr);
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(sandbox)
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr);
     // SAFETY: the closure only calls async-signal-safe functions (setpgid, signal, open,
     // write, close) on memory prepared before fork.
     unsafe {
@@ -81,5 +99,8 @@ fn spawn_and_wait(sandbox: &Path, cgroup_procs: &[PathBuf], command: &str) -> st
     let mut child = cmd.spawn()?;
     write_atomic(&sandbox.join(PID_FILE), &child.id().to_string())?;
     let status = child.wait()?;
-    Ok(ExitStatus { code: status.code(), signal: status.signal() })
+    Ok(ExitStatus {
+        code: status.code(),
+        signal: status.signal(),
+    })
 }

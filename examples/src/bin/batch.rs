@@ -49,14 +49,31 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    anyhow::ensure!(args.cpus.is_finite() && args.cpus >= 0.0 && args.mem.is_finite() && args.mem >= 0.0, "--cpus and --mem must be non-negative");
-    let name = args.name.unwrap_or_else(|| format!("batch-{}", args.role.replace('/', "-")));
-    let task = Resources::new().with("cpus", args.cpus).with("mem", args.mem).with("gpus", args.gpus as f64);
-    let spec = BatchSpec { name: name.clone(), command: args.command.join(" "), count: args.count, task, env: Default::default(), verbose: true };
+    anyhow::ensure!(
+        args.cpus.is_finite() && args.cpus >= 0.0 && args.mem.is_finite() && args.mem >= 0.0,
+        "--cpus and --mem must be non-negative"
+    );
+    let name = args
+        .name
+        .unwrap_or_else(|| format!("batch-{}", args.role.replace('/', "-")));
+    let task = Resources::new()
+        .with("cpus", args.cpus)
+        .with("mem", args.mem)
+        .with("gpus", args.gpus as f64);
+    let spec = BatchSpec {
+        name: name.clone(),
+        command: args.command.join(" "),
+        count: args.count,
+        task,
+        env: Default::default(),
+        verbose: true,
+    };
     let mut config = DriverConfig::new(args.master, args.tls_dir, &name, vec![args.role]);
     if args.gpus > 0 {
         config.info.capabilities.push(Capability::GpuResources);
@@ -66,11 +83,21 @@ async fn main() -> anyhow::Result<()> {
         println!("[{name}] nothing to run");
         return Ok(());
     }
-    Driver::new(config).run(batch).await.context("running the batch framework")?;
+    Driver::new(config)
+        .run(batch)
+        .await
+        .context("running the batch framework")?;
     let p = progress.borrow().clone();
-    println!("[{name}] done: {} finished, {} failed", p.finished, p.failed);
+    println!(
+        "[{name}] done: {} finished, {} failed",
+        p.finished, p.failed
+    );
     for e in p.errors.iter().take(10) {
         println!("[{name}]   {e}");
     }
-    std::process::exit(if p.failed == 0 && p.finished == args.count { 0 } else { 1 });
+    std::process::exit(if p.failed == 0 && p.finished == args.count {
+        0
+    } else {
+        1
+    });
 }

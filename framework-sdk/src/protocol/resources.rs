@@ -163,7 +163,7 @@ impl Resources {
     }
 
     /// The element-wise minimum of `self` and `other`.
-    pub fn min(&self, other: &Resources) -> Resources {
+    pub fn elementwise_min(&self, other: &Resources) -> Resources {
         let mut out = Resources::new();
         for (name, milli) in self.iter() {
             out.set_milli(name, milli.min(other.milli(name)));

@@ -54,7 +54,9 @@ struct ServeArgs {
 
 fn init_tracing() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
 }
@@ -67,17 +69,25 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.work_dir).with_context(|| format!("creating work dir {}", args.work_dir.display()))?;
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("creating work dir {}", args.work_dir.display()))?;
     if tls::ensure_ca(&args.tls_dir)? {
         tracing::info!(dir = %args.tls_dir.display(), "created a new cluster CA (dev mode)");
     }
     let material = tls::load_or_issue(&args.tls_dir, &PeerIdentity::Master, &args.tls_san)?;
-    let endpoint = quic::server_endpoint(args.listen, &material).with_context(|| format!("binding QUIC on {}", args.listen))?;
-    let http = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding HTTP on {}", args.http))?;
+    let endpoint = quic::server_endpoint(args.listen, &material)
+        .with_context(|| format!("binding QUIC on {}", args.listen))?;
+    let http = tokio::net::TcpListener::bind(args.http)
+        .await
+        .with_context(|| format!("binding HTTP on {}", args.http))?;
     let mut config = MasterConfig::default();
-    config.agent_reregister_timeout_ms = secs_to_ms(args.agent_reregister_timeout, "--agent-reregister-timeout")?;
+    config.agent_reregister_timeout_ms =
+        secs_to_ms(args.agent_reregister_timeout, "--agent-reregister-timeout")?;
     config.allocation_interval_ms = args.allocation_interval_ms.max(1);
-    config.allocator.offer_timeout_ms = args.offer_timeout.map(|s| secs_to_ms(s, "--offer-timeout")).transpose()?;
+    config.allocator.offer_timeout_ms = args
+        .offer_timeout
+        .map(|s| secs_to_ms(s, "--offer-timeout"))
+        .transpose()?;
     config.allocator.filter_gpu_resources = !args.no_gpu_filter;
     config.allocator.fairness_excluded_resources = args.fairness_excluded;
     config.allocator.offer_id_seed = rand_seed();
@@ -89,7 +99,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn secs_to_ms(s: f64, flag: &str) -> anyhow::Result<u64> {
-    anyhow::ensure!(s.is_finite() && s >= 0.0, "{flag} must be a non-negative number of seconds");
+    anyhow::ensure!(
+        s.is_finite() && s >= 0.0,
+        "{flag} must be a non-negative number of seconds"
+    );
     Ok((s * 1000.0) as u64)
 }
 

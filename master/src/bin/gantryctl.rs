@@ -57,8 +57,14 @@ enum Certs {
     },
 }
 
-fn issue(ca_dir: &PathBuf, out: &PathBuf, identity: PeerIdentity, sans: &[String]) -> anyhow::Result<()> {
-    let ca = CertAuthority::load(ca_dir).with_context(|| format!("loading the CA from {}", ca_dir.display()))?;
+fn issue(
+    ca_dir: &PathBuf,
+    out: &PathBuf,
+    identity: PeerIdentity,
+    sans: &[String],
+) -> anyhow::Result<()> {
+    let ca = CertAuthority::load(ca_dir)
+        .with_context(|| format!("loading the CA from {}", ca_dir.display()))?;
     std::fs::create_dir_all(out)?;
     ca.issue_to_dir(&identity, sans, out)?;
     if !out.join("ca.pem").exists() {
@@ -71,13 +77,25 @@ fn issue(ca_dir: &PathBuf, out: &PathBuf, identity: PeerIdentity, sans: &[String
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Certs(Certs::Ca { out }) => {
-            anyhow::ensure!(!out.join("ca.pem").exists(), "{} already holds a CA; refusing to overwrite it", out.display());
+            anyhow::ensure!(
+                !out.join("ca.pem").exists(),
+                "{} already holds a CA; refusing to overwrite it",
+                out.display()
+            );
             CertAuthority::generate()?.save(&out)?;
             println!("created CA in {}", out.display());
             Ok(())
         }
-        Cmd::Certs(Certs::Master { ca_dir, out, san }) => issue(&ca_dir, &out, PeerIdentity::Master, &san),
-        Cmd::Certs(Certs::Agent { name, ca_dir, out }) => issue(&ca_dir, &out, PeerIdentity::Agent(name), &[]),
-        Cmd::Certs(Certs::Framework { principal, ca_dir, out }) => issue(&ca_dir, &out, PeerIdentity::Framework(principal), &[]),
+        Cmd::Certs(Certs::Master { ca_dir, out, san }) => {
+            issue(&ca_dir, &out, PeerIdentity::Master, &san)
+        }
+        Cmd::Certs(Certs::Agent { name, ca_dir, out }) => {
+            issue(&ca_dir, &out, PeerIdentity::Agent(name), &[])
+        }
+        Cmd::Certs(Certs::Framework {
+            principal,
+            ca_dir,
+            out,
+        }) => issue(&ca_dir, &out, PeerIdentity::Framework(principal), &[]),
     }
 }

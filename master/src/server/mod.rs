@@ -58,13 +58,20 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (core_tx, core_rx) = mpsc::channel(65_536);
-    let shell = Shell { core: core_tx, conns: Arc::new(DashMap::new()), next_conn: Arc::new(AtomicU64::new(1)) };
+    let shell = Shell {
+        core: core_tx,
+        conns: Arc::new(DashMap::new()),
+        next_conn: Arc::new(AtomicU64::new(1)),
+    };
     let seed = uuid::Uuid::new_v4().as_u128();
     let master = Master::new(config, seed);
     let core = tokio::spawn(core_loop(master, core_rx, shell.conns.clone()));
 
     let app = Router::new()
-        .route("/health", get(|| async { Json(serde_json::json!({"status": "ok", "leader": true})) }))
+        .route(
+            "/health",
+            get(|| async { Json(serde_json::json!({"status": "ok", "leader": true})) }),
+        )
         .route("/state", get(state_handler))
         .with_state(shell.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -103,15 +110,30 @@ pub async fn run(
     Ok(())
 }
 
-async fn state_handler(State(shell): State<Shell>) -> Result<Json<serde_json::Value>, (axum::http::StatusCode, String)> {
+async fn state_handler(
+    State(shell): State<Shell>,
+) -> Result<Json<serde_json::Value>, (axum::http::StatusCode, String)> {
     let (tx, rx) = oneshot::channel();
-    let unavailable = |_| (axum::http::StatusCode::SERVICE_UNAVAILABLE, "master core is not running".to_string());
-    shell.core.send(CoreEvent::State(tx)).await.map_err(unavailable)?;
-    rx.await.map(Json).map_err(unavailable)
+    let unavailable = || {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "master core is not running".to_string(),
+        )
+    };
+    shell
+        .core
+        .send(CoreEvent::State(tx))
+        .await
+        .map_err(|_| unavailable())?;
+    rx.await.map(Json).map_err(|_| unavailable())
 }
 
 /// The single owner of the state machine.
-async fn core_loop(mut master: Master, mut rx: mpsc::Receiver<CoreEvent>, conns: Arc<DashMap<ConnId, mpsc::Sender<Outbound>>>) {
+async fn core_loop(
+    mut master: Master,
+    mut rx: mpsc::Receiver<CoreEvent>,
+    conns: Arc<DashMap<ConnId, mpsc::Sender<Outbound>>>,
+) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -153,7 +175,9 @@ async fn core_loop(mut master: Master, mut rx: mpsc::Receiver<CoreEvent>, conns:
                 Output::ToFramework(c, m) => (c, Outbound::Framework(m)),
                 Output::Close { conn, reason } => (conn, Outbound::Close(reason)),
             };
-            let Some(tx) = conns.get(&conn).map(|e| e.value().clone()) else { continue };
+            let Some(tx) = conns.get(&conn).map(|e| e.value().clone()) else {
+                continue;
+            };
             if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(msg) {
                 tracing::warn!(conn, "peer is not reading its messages; closing it");
                 let _ = tx.try_send(Outbound::Close("too slow".into()));
@@ -170,34 +194,69 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
         conn.close(CLOSE_PROTOCOL.into(), b"certificate has no gantry identity");
         return;
     };
-    let (kind, tx, rx) = match tokio::time::timeout(Duration::from_secs(10), quic::accept_stream(&conn)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::warn!(%remote, %identity, "bad hello: {e}");
-            conn.close(CLOSE_PROTOCOL.into(), e.to_string().as_bytes());
-            return;
-        }
-        Err(_) => {
-            tracing::warn!(%remote, %identity, "no hello within 10 s");
-            conn.close(CLOSE_PROTOCOL.into(), b"no hello");
-            return;
-        }
-    };
+    let (kind, tx, rx) =
+        match tokio::time::timeout(Duration::from_secs(10), quic::accept_stream(&conn)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::warn!(%remote, %identity, "bad hello: {e}");
+                conn.close(CLOSE_PROTOCOL.into(), e.to_string().as_bytes());
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(%remote, %identity, "no hello within 10 s");
+                conn.close(CLOSE_PROTOCOL.into(), b"no hello");
+                return;
+            }
+        };
     let id = shell.next_conn.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::channel(16_384);
     shell.conns.insert(id, out_tx);
     match (kind, identity) {
         (PeerKind::Agent, PeerIdentity::Agent(name)) => {
-            let connected = Input::AgentConnected { conn: id, name, address: remote.to_string() };
-            serve_peer::<AgentToMaster>(&shell, id, &conn, connected, tx, rx, out_rx, remote, |conn, msg| Input::Agent { conn, msg }, |conn| Input::AgentDisconnected { conn }).await;
+            let connected = Input::AgentConnected {
+                conn: id,
+                name,
+                address: remote.to_string(),
+            };
+            serve_peer::<AgentToMaster>(
+                &shell,
+                id,
+                &conn,
+                connected,
+                tx,
+                rx,
+                out_rx,
+                remote,
+                |conn, msg| Input::Agent { conn, msg },
+                |conn| Input::AgentDisconnected { conn },
+            )
+            .await;
         }
         (PeerKind::Framework, PeerIdentity::Framework(principal)) => {
-            let connected = Input::FrameworkConnected { conn: id, principal };
-            serve_peer::<FrameworkToMaster>(&shell, id, &conn, connected, tx, rx, out_rx, remote, |conn, msg| Input::Framework { conn, msg }, |conn| Input::FrameworkDisconnected { conn }).await;
+            let connected = Input::FrameworkConnected {
+                conn: id,
+                principal,
+            };
+            serve_peer::<FrameworkToMaster>(
+                &shell,
+                id,
+                &conn,
+                connected,
+                tx,
+                rx,
+                out_rx,
+                remote,
+                |conn, msg| Input::Framework { conn, msg },
+                |conn| Input::FrameworkDisconnected { conn },
+            )
+            .await;
         }
         (kind, identity) => {
             tracing::warn!(%remote, %identity, ?kind, "hello kind does not match the certificate; closing");
-            conn.close(CLOSE_PROTOCOL.into(), b"peer kind does not match certificate");
+            conn.close(
+                CLOSE_PROTOCOL.into(),
+                b"peer kind does not match certificate",
+            );
         }
     }
     shell.conns.remove(&id);
@@ -241,7 +300,12 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     loop {
         match rx.recv::<M>().await {
             Ok(msg) => {
-                if shell.core.send(CoreEvent::Input(wrap(id, msg))).await.is_err() {
+                if shell
+                    .core
+                    .send(CoreEvent::Input(wrap(id, msg)))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }

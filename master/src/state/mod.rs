@@ -25,7 +25,9 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use gantry_sdk::protocol::*;
 
-use crate::allocator::{AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
+use crate::allocator::{
+    AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources,
+};
 
 /// Identifies one live peer connection in the I/O shell.
 pub type ConnId = u64;
@@ -64,12 +66,29 @@ impl Default for MasterConfig {
 /// Something that happened, fed to [`Master::handle`].
 #[derive(Debug)]
 pub enum Input {
-    AgentConnected { conn: ConnId, name: String, address: String },
-    Agent { conn: ConnId, msg: AgentToMaster },
-    AgentDisconnected { conn: ConnId },
-    FrameworkConnected { conn: ConnId, principal: String },
-    Framework { conn: ConnId, msg: FrameworkToMaster },
-    FrameworkDisconnected { conn: ConnId },
+    AgentConnected {
+        conn: ConnId,
+        name: String,
+        address: String,
+    },
+    Agent {
+        conn: ConnId,
+        msg: AgentToMaster,
+    },
+    AgentDisconnected {
+        conn: ConnId,
+    },
+    FrameworkConnected {
+        conn: ConnId,
+        principal: String,
+    },
+    Framework {
+        conn: ConnId,
+        msg: FrameworkToMaster,
+    },
+    FrameworkDisconnected {
+        conn: ConnId,
+    },
     /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
     Tick,
 }
@@ -80,13 +99,23 @@ pub enum Output {
     ToAgent(ConnId, MasterToAgent),
     ToFramework(ConnId, MasterToFramework),
     /// Close a connection, logging why.
-    Close { conn: ConnId, reason: String },
+    Close {
+        conn: ConnId,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone)]
 enum Peer {
-    Agent { name: String, address: String, agent: Option<AgentId> },
-    Framework { principal: String, framework: Option<FrameworkId> },
+    Agent {
+        name: String,
+        address: String,
+        agent: Option<AgentId>,
+    },
+    Framework {
+        principal: String,
+        framework: Option<FrameworkId>,
+    },
 }
 
 #[derive(Debug)]
@@ -157,7 +186,13 @@ pub struct Master {
 }
 
 fn err(conn: ConnId, kind: ErrorKind, message: impl Into<String>) -> Output {
-    Output::ToFramework(conn, MasterToFramework::Error { kind, message: message.into() })
+    Output::ToFramework(
+        conn,
+        MasterToFramework::Error {
+            kind,
+            message: message.into(),
+        },
+    )
 }
 
 impl Master {
@@ -195,7 +230,8 @@ impl Master {
     /// True when an allocation should run now (after events that free or add resources, or
     /// when the batch interval has passed).
     pub fn allocation_due(&self, now: Millis) -> bool {
-        self.allocation_pending || now.saturating_sub(self.last_batch) >= self.config.allocation_interval_ms
+        self.allocation_pending
+            || now.saturating_sub(self.last_batch) >= self.config.allocation_interval_ms
     }
 
     /// Runs one allocation cycle and returns the offers to send.
@@ -243,21 +279,45 @@ impl Master {
     pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
         let mut out = Vec::new();
         match input {
-            Input::AgentConnected { conn, name, address } => {
-                self.conns.insert(conn, Peer::Agent { name, address, agent: None });
+            Input::AgentConnected {
+                conn,
+                name,
+                address,
+            } => {
+                self.conns.insert(
+                    conn,
+                    Peer::Agent {
+                        name,
+                        address,
+                        agent: None,
+                    },
+                );
             }
             Input::FrameworkConnected { conn, principal } => {
-                self.conns.insert(conn, Peer::Framework { principal, framework: None });
+                self.conns.insert(
+                    conn,
+                    Peer::Framework {
+                        principal,
+                        framework: None,
+                    },
+                );
             }
             Input::Agent { conn, msg } => self.agent_message(conn, msg, now, &mut out),
             Input::Framework { conn, msg } => self.framework_message(conn, msg, now, &mut out),
             Input::AgentDisconnected { conn } => {
-                if let Some(Peer::Agent { agent: Some(id), .. }) = self.conns.remove(&conn) {
+                if let Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) = self.conns.remove(&conn)
+                {
                     self.agent_disconnected(id, conn, now, &mut out);
                 }
             }
             Input::FrameworkDisconnected { conn } => {
-                if let Some(Peer::Framework { framework: Some(id), .. }) = self.conns.remove(&conn) {
+                if let Some(Peer::Framework {
+                    framework: Some(id),
+                    ..
+                }) = self.conns.remove(&conn)
+                {
                     self.framework_disconnected(id, conn, now, &mut out);
                 }
             }
@@ -269,25 +329,73 @@ impl Master {
     // -----------------------------------------------------------------------------------------
     // Agents
 
-    fn agent_message(&mut self, conn: ConnId, msg: AgentToMaster, now: Millis, out: &mut Vec<Output>) {
-        let Some(Peer::Agent { name, address, agent }) = self.conns.get(&conn).cloned() else {
-            out.push(Output::Close { conn, reason: "agent message on a connection that is not an agent's".into() });
+    fn agent_message(
+        &mut self,
+        conn: ConnId,
+        msg: AgentToMaster,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(Peer::Agent {
+            name,
+            address,
+            agent,
+        }) = self.conns.get(&conn).cloned()
+        else {
+            out.push(Output::Close {
+                conn,
+                reason: "agent message on a connection that is not an agent's".into(),
+            });
             return;
         };
         match (msg, agent) {
-            (AgentToMaster::Register { agent_id, hostname, resources, reserved, attributes, gpus, running_tasks, pending_updates }, None) => {
-                self.register_agent(conn, name, address, agent_id, hostname, resources, reserved, attributes, gpus, running_tasks, pending_updates, now, out);
+            (
+                AgentToMaster::Register {
+                    agent_id,
+                    hostname,
+                    resources,
+                    reserved,
+                    attributes,
+                    gpus,
+                    running_tasks,
+                    pending_updates,
+                },
+                None,
+            ) => {
+                self.register_agent(
+                    conn,
+                    name,
+                    address,
+                    agent_id,
+                    hostname,
+                    resources,
+                    reserved,
+                    attributes,
+                    gpus,
+                    running_tasks,
+                    pending_updates,
+                    now,
+                    out,
+                );
             }
             (AgentToMaster::Register { .. }, Some(_)) => {
-                out.push(Output::Close { conn, reason: "agent registered twice on one connection".into() });
+                out.push(Output::Close {
+                    conn,
+                    reason: "agent registered twice on one connection".into(),
+                });
             }
-            (_, None) => out.push(Output::Close { conn, reason: "agent sent a message before registering".into() }),
+            (_, None) => out.push(Output::Close {
+                conn,
+                reason: "agent sent a message before registering".into(),
+            }),
             (AgentToMaster::Heartbeat, Some(id)) => {
                 if let Some(a) = self.agents.get_mut(&id) {
                     a.last_seen = now;
                 }
             }
-            (AgentToMaster::StatusUpdate(update), Some(id)) => self.agent_update(conn, id, update, now, out),
+            (AgentToMaster::StatusUpdate(update), Some(id)) => {
+                self.agent_update(conn, id, update, now, out)
+            }
             (AgentToMaster::Usage { tasks, gpus }, Some(id)) => {
                 if let Some(a) = self.agents.get_mut(&id) {
                     a.last_seen = now;
@@ -301,7 +409,14 @@ impl Master {
                     }
                 }
             }
-            (AgentToMaster::GpuHealth { uuid, healthy, reason }, Some(id)) => self.gpu_health(id, &uuid, healthy, &reason, now, out),
+            (
+                AgentToMaster::GpuHealth {
+                    uuid,
+                    healthy,
+                    reason,
+                },
+                Some(id),
+            ) => self.gpu_health(id, &uuid, healthy, &reason, now, out),
         }
     }
 
@@ -323,8 +438,16 @@ impl Master {
         out: &mut Vec<Output>,
     ) {
         if let Some(role) = reserved.keys().find(|r| !valid_role(r)) {
-            out.push(Output::ToAgent(conn, MasterToAgent::Error { message: format!("invalid role name {role:?} in reservations") }));
-            out.push(Output::Close { conn, reason: format!("invalid reservation role {role:?}") });
+            out.push(Output::ToAgent(
+                conn,
+                MasterToAgent::Error {
+                    message: format!("invalid role name {role:?} in reservations"),
+                },
+            ));
+            out.push(Output::Close {
+                conn,
+                reason: format!("invalid reservation role {role:?}"),
+            });
             return;
         }
         // The same name (certificate) re-registering: the same agent if it kept its id.
@@ -356,10 +479,16 @@ impl Master {
                 };
                 if let Some(c) = old_conn.filter(|c| *c != conn) {
                     self.conns.remove(&c);
-                    out.push(Output::Close { conn: c, reason: "agent reconnected on a new connection".into() });
+                    out.push(Output::Close {
+                        conn: c,
+                        reason: "agent reconnected on a new connection".into(),
+                    });
                 }
                 if old_resources != resources || old_reserved != reserved {
-                    for rec in self.allocator.update_agent(id, resources.clone(), reserved.clone()) {
+                    for rec in self
+                        .allocator
+                        .update_agent(id, resources.clone(), reserved.clone())
+                    {
                         self.send_rescind(&rec, out);
                     }
                 }
@@ -367,8 +496,11 @@ impl Master {
                 id
             }
             None => {
-                let id = claimed_id.filter(|c| !self.agents.contains_key(c)).unwrap_or_else(|| AgentId::from_u128(self.next_id()));
-                self.allocator.add_agent(id, &name, resources.clone(), reserved.clone());
+                let id = claimed_id
+                    .filter(|c| !self.agents.contains_key(c))
+                    .unwrap_or_else(|| AgentId::from_u128(self.next_id()));
+                self.allocator
+                    .add_agent(id, &name, resources.clone(), reserved.clone());
                 self.agents.insert(
                     id,
                     AgentRec {
@@ -398,7 +530,11 @@ impl Master {
         }
         out.push(Output::ToAgent(
             conn,
-            MasterToAgent::Registered { agent_id: id, epoch: self.config.epoch, heartbeat_interval_ms: self.config.heartbeat_interval_ms },
+            MasterToAgent::Registered {
+                agent_id: id,
+                epoch: self.config.epoch,
+                heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            },
         ));
         // Updates the agent made while it was away.
         for update in pending_updates {
@@ -408,24 +544,51 @@ impl Master {
     }
 
     /// Brings the master's view of an agent's tasks in line with what the agent reports.
-    fn reconcile_agent_tasks(&mut self, id: AgentId, conn: ConnId, running: &[RunningTask], pending: &[StatusUpdate], now: Millis, out: &mut Vec<Output>) {
-        let reported: HashSet<TaskId> = running.iter().map(|r| r.task.task_id).chain(pending.iter().map(|u| u.task_id)).collect();
+    fn reconcile_agent_tasks(
+        &mut self,
+        id: AgentId,
+        conn: ConnId,
+        running: &[RunningTask],
+        pending: &[StatusUpdate],
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let reported: HashSet<TaskId> = running
+            .iter()
+            .map(|r| r.task.task_id)
+            .chain(pending.iter().map(|u| u.task_id))
+            .collect();
         for rt in running {
             let tid = rt.task.task_id;
             match self.tasks.get(&tid) {
                 Some(t) if t.agent == id => {}
                 Some(_) => {
                     // Known on another agent: should not happen; kill the stray copy.
-                    out.push(Output::ToAgent(conn, MasterToAgent::KillTask { framework_id: rt.framework_id, task_id: tid }));
+                    out.push(Output::ToAgent(
+                        conn,
+                        MasterToAgent::KillTask {
+                            framework_id: rt.framework_id,
+                            task_id: tid,
+                        },
+                    ));
                 }
                 None => {
                     if !self.frameworks.contains_key(&rt.framework_id) {
                         // Its framework is gone (or not yet re-subscribed after a master
                         // failover, which issue 5 handles by recovering frameworks first).
-                        out.push(Output::ToAgent(conn, MasterToAgent::KillTask { framework_id: rt.framework_id, task_id: tid }));
+                        out.push(Output::ToAgent(
+                            conn,
+                            MasterToAgent::KillTask {
+                                framework_id: rt.framework_id,
+                                task_id: tid,
+                            },
+                        ));
                         continue;
                     }
-                    let allocation = OfferResources { unreserved: rt.task.resources.clone(), reserved: BTreeMap::new() };
+                    let allocation = OfferResources {
+                        unreserved: rt.task.resources.clone(),
+                        reserved: BTreeMap::new(),
+                    };
                     self.allocator.add_used(rt.framework_id, id, &allocation);
                     self.tasks.insert(
                         tid,
@@ -455,38 +618,82 @@ impl Master {
         let missing: Vec<TaskId> = self
             .agents
             .get(&id)
-            .map(|a| a.tasks.iter().filter(|t| !reported.contains(t)).copied().collect())
+            .map(|a| {
+                a.tasks
+                    .iter()
+                    .filter(|t| !reported.contains(t))
+                    .copied()
+                    .collect()
+            })
             .unwrap_or_default();
         for tid in missing {
-            let non_terminal = self.tasks.get(&tid).is_some_and(|t| !t.state.is_terminal() && t.pending.is_none());
+            let non_terminal = self
+                .tasks
+                .get(&tid)
+                .is_some_and(|t| !t.state.is_terminal() && t.pending.is_none());
             if non_terminal {
-                self.master_update(tid, TaskState::Lost, "task unknown to the agent after it re-registered", now, out);
+                self.master_update(
+                    tid,
+                    TaskState::Lost,
+                    "task unknown to the agent after it re-registered",
+                    now,
+                    out,
+                );
             }
         }
         // Re-send kills and queued updates for this agent's tasks.
         let kills: Vec<(FrameworkId, TaskId)> = self
             .tasks
             .iter()
-            .filter(|(_, t)| t.agent == id && !t.state.is_terminal() && !self.frameworks.contains_key(&t.framework))
+            .filter(|(_, t)| {
+                t.agent == id
+                    && !t.state.is_terminal()
+                    && !self.frameworks.contains_key(&t.framework)
+            })
             .map(|(tid, t)| (t.framework, *tid))
             .collect();
         for (fw, tid) in kills {
-            out.push(Output::ToAgent(conn, MasterToAgent::KillTask { framework_id: fw, task_id: tid }));
+            out.push(Output::ToAgent(
+                conn,
+                MasterToAgent::KillTask {
+                    framework_id: fw,
+                    task_id: tid,
+                },
+            ));
         }
     }
 
-    fn agent_update(&mut self, conn: ConnId, agent: AgentId, update: StatusUpdate, now: Millis, out: &mut Vec<Output>) {
+    fn agent_update(
+        &mut self,
+        conn: ConnId,
+        agent: AgentId,
+        update: StatusUpdate,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
         if let Some(a) = self.agents.get_mut(&agent) {
             a.last_seen = now;
         }
-        let ack = Output::ToAgent(conn, MasterToAgent::Acknowledge { task_id: update.task_id, update_id: update.update_id });
+        let ack = Output::ToAgent(
+            conn,
+            MasterToAgent::Acknowledge {
+                task_id: update.task_id,
+                update_id: update.update_id,
+            },
+        );
         let Some(task) = self.tasks.get_mut(&update.task_id) else {
             // Unknown task (its framework was removed): nobody will acknowledge; we do.
             out.push(ack);
             return;
         };
         if task.agent != agent {
-            out.push(Output::Close { conn, reason: format!("status update for task {} which runs on another agent", update.task_id) });
+            out.push(Output::Close {
+                conn,
+                reason: format!(
+                    "status update for task {} which runs on another agent",
+                    update.task_id
+                ),
+            });
             return;
         }
         if task.acked.contains(&update.update_id) {
@@ -509,7 +716,10 @@ impl Master {
         match self.frameworks.get(&framework) {
             Some(f) => {
                 if let Some(fconn) = f.conn {
-                    out.push(Output::ToFramework(fconn, MasterToFramework::Update(update)));
+                    out.push(Output::ToFramework(
+                        fconn,
+                        MasterToFramework::Update(update),
+                    ));
                 }
             }
             None => {
@@ -522,7 +732,9 @@ impl Master {
 
     /// Returns a terminal task's resources to the allocator once.
     fn release_task_resources(&mut self, tid: TaskId) {
-        let Some(task) = self.tasks.get_mut(&tid) else { return };
+        let Some(task) = self.tasks.get_mut(&tid) else {
+            return;
+        };
         if task.recovered {
             return;
         }
@@ -536,31 +748,56 @@ impl Master {
 
     /// Moves a terminal, acknowledged task to the completed list.
     fn finish_task_if_done(&mut self, tid: TaskId) {
-        let done = self.tasks.get(&tid).is_some_and(|t| t.state.is_terminal() && t.pending.is_none());
-        let fw_gone = self.tasks.get(&tid).is_some_and(|t| !self.frameworks.contains_key(&t.framework));
+        let done = self
+            .tasks
+            .get(&tid)
+            .is_some_and(|t| t.state.is_terminal() && t.pending.is_none());
+        let fw_gone = self
+            .tasks
+            .get(&tid)
+            .is_some_and(|t| !self.frameworks.contains_key(&t.framework));
         if !(done || fw_gone && self.tasks.get(&tid).is_some_and(|t| t.state.is_terminal())) {
             return;
         }
-        let Some(task) = self.tasks.remove(&tid) else { return };
+        let Some(task) = self.tasks.remove(&tid) else {
+            return;
+        };
         if let Some(a) = self.agents.get_mut(&task.agent) {
             a.tasks.remove(&tid);
         }
         if let Some(f) = self.frameworks.get_mut(&task.framework) {
             f.tasks.remove(&tid);
         }
-        self.completed.push_back((tid, task.framework, task.agent, task.state, task.info.resources));
+        self.completed.push_back((
+            tid,
+            task.framework,
+            task.agent,
+            task.state,
+            task.info.resources,
+        ));
         while self.completed.len() > self.config.completed_tasks_kept {
             self.completed.pop_front();
         }
     }
 
     /// A status update made by the master itself (LOST, ERROR, KILLED of a task no agent runs).
-    fn master_update(&mut self, tid: TaskId, state: TaskState, message: &str, now: Millis, out: &mut Vec<Output>) {
-        let Some(task) = self.tasks.get_mut(&tid) else { return };
+    fn master_update(
+        &mut self,
+        tid: TaskId,
+        state: TaskState,
+        message: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(task) = self.tasks.get_mut(&tid) else {
+            return;
+        };
         task.state = state;
         task.last_message = message.to_string();
         let update = StatusUpdate {
-            update_id: UpdateId::from_u128(self.id_seed ^ (u128::from(now) << 64) ^ tid.0.as_u128()),
+            update_id: UpdateId::from_u128(
+                self.id_seed ^ (u128::from(now) << 64) ^ tid.0.as_u128(),
+            ),
             task_id: tid,
             framework_id: task.framework,
             agent_id: Some(task.agent),
@@ -585,16 +822,31 @@ impl Master {
         }
     }
 
-    fn gpu_health(&mut self, agent: AgentId, uuid: &str, healthy: bool, reason: &str, now: Millis, out: &mut Vec<Output>) {
-        let Some(a) = self.agents.get_mut(&agent) else { return };
-        let Some(gpu) = a.gpus.iter_mut().find(|g| g.uuid == uuid) else { return };
+    fn gpu_health(
+        &mut self,
+        agent: AgentId,
+        uuid: &str,
+        healthy: bool,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(a) = self.agents.get_mut(&agent) else {
+            return;
+        };
+        let Some(gpu) = a.gpus.iter_mut().find(|g| g.uuid == uuid) else {
+            return;
+        };
         if gpu.healthy == healthy {
             return;
         }
         gpu.healthy = healthy;
         let healthy_count = a.gpus.iter().filter(|g| g.healthy).count() as u64;
         let mut resources = a.resources.clone();
-        resources.set_milli("gpus", healthy_count * gantry_sdk::protocol::resources::MILLI);
+        resources.set_milli(
+            "gpus",
+            healthy_count * gantry_sdk::protocol::resources::MILLI,
+        );
         a.resources = resources.clone();
         let reserved = a.reserved.clone();
         tracing::warn!(%agent, gpu = uuid, healthy, reason, "GPU health changed");
@@ -605,8 +857,16 @@ impl Master {
         self.allocation_pending = true;
     }
 
-    fn agent_disconnected(&mut self, id: AgentId, conn: ConnId, now: Millis, out: &mut Vec<Output>) {
-        let Some(a) = self.agents.get_mut(&id) else { return };
+    fn agent_disconnected(
+        &mut self,
+        id: AgentId,
+        conn: ConnId,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(a) = self.agents.get_mut(&id) else {
+            return;
+        };
         if a.conn != Some(conn) {
             return;
         }
@@ -614,7 +874,12 @@ impl Master {
         a.disconnected_at = Some(now);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
         // Its outstanding offers can no longer be used.
-        let offers: Vec<OfferId> = self.allocator.outstanding_offers().filter(|o| o.agent == id).map(|o| o.id).collect();
+        let offers: Vec<OfferId> = self
+            .allocator
+            .outstanding_offers()
+            .filter(|o| o.agent == id)
+            .map(|o| o.id)
+            .collect();
         for oid in offers {
             if let Some(rec) = self.allocator.rescind(oid) {
                 self.send_rescind(&rec, out);
@@ -623,7 +888,11 @@ impl Master {
     }
 
     fn remove_agent(&mut self, id: AgentId, reason: &str, now: Millis, out: &mut Vec<Output>) {
-        let tasks: Vec<TaskId> = self.agents.get(&id).map(|a| a.tasks.iter().copied().collect()).unwrap_or_default();
+        let tasks: Vec<TaskId> = self
+            .agents
+            .get(&id)
+            .map(|a| a.tasks.iter().copied().collect())
+            .unwrap_or_default();
         for tid in tasks {
             if let Some(t) = self.tasks.get_mut(&tid) {
                 t.recovered = true; // the agent's resources leave with it
@@ -642,7 +911,10 @@ impl Master {
             self.agents_by_name.remove(&a.name);
             if let Some(c) = a.conn {
                 self.conns.remove(&c);
-                out.push(Output::Close { conn: c, reason: reason.to_string() });
+                out.push(Output::Close {
+                    conn: c,
+                    reason: reason.to_string(),
+                });
             }
             tracing::warn!(agent = %a.name, reason, "agent removed");
         }
@@ -650,27 +922,52 @@ impl Master {
 
     fn send_rescind(&self, rec: &OfferRecord, out: &mut Vec<Output>) {
         if let Some(conn) = self.frameworks.get(&rec.framework).and_then(|f| f.conn) {
-            out.push(Output::ToFramework(conn, MasterToFramework::Rescind { offer_id: rec.id }));
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::Rescind { offer_id: rec.id },
+            ));
         }
     }
 
     // -----------------------------------------------------------------------------------------
     // Frameworks
 
-    fn framework_message(&mut self, conn: ConnId, msg: FrameworkToMaster, now: Millis, out: &mut Vec<Output>) {
-        let Some(Peer::Framework { principal, framework }) = self.conns.get(&conn).cloned() else {
-            out.push(Output::Close { conn, reason: "framework message on a connection that is not a framework's".into() });
+    fn framework_message(
+        &mut self,
+        conn: ConnId,
+        msg: FrameworkToMaster,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(Peer::Framework {
+            principal,
+            framework,
+        }) = self.conns.get(&conn).cloned()
+        else {
+            out.push(Output::Close {
+                conn,
+                reason: "framework message on a connection that is not a framework's".into(),
+            });
             return;
         };
         let fw = match (msg, framework) {
-            (FrameworkToMaster::Subscribe(info), None) => return self.subscribe(conn, principal, info, now, out),
+            (FrameworkToMaster::Subscribe(info), None) => {
+                return self.subscribe(conn, principal, info, now, out)
+            }
             (FrameworkToMaster::Subscribe(_), Some(_)) => {
-                out.push(err(conn, ErrorKind::InvalidRequest, "already subscribed on this connection"));
+                out.push(err(
+                    conn,
+                    ErrorKind::InvalidRequest,
+                    "already subscribed on this connection",
+                ));
                 return;
             }
             (_, None) => {
                 out.push(err(conn, ErrorKind::NotSubscribed, "subscribe first"));
-                out.push(Output::Close { conn, reason: "framework message before subscribing".into() });
+                out.push(Output::Close {
+                    conn,
+                    reason: "framework message before subscribing".into(),
+                });
                 return;
             }
             (msg, Some(fw)) => (msg, fw),
@@ -678,10 +975,15 @@ impl Master {
         let (msg, fw) = fw;
         match msg {
             FrameworkToMaster::Subscribe(_) => unreachable!("handled above"),
-            FrameworkToMaster::Accept { offer_ids, operations, refuse_seconds } => {
-                self.accept(conn, fw, offer_ids, operations, refuse_seconds, now, out)
-            }
-            FrameworkToMaster::Decline { offer_ids, refuse_seconds } => {
+            FrameworkToMaster::Accept {
+                offer_ids,
+                operations,
+                refuse_seconds,
+            } => self.accept(conn, fw, offer_ids, operations, refuse_seconds, now, out),
+            FrameworkToMaster::Decline {
+                offer_ids,
+                refuse_seconds,
+            } => {
                 let refuse = match refuse_ms(refuse_seconds) {
                     Ok(r) => r,
                     Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
@@ -691,7 +993,11 @@ impl Master {
                         Some(o) if o.framework == fw => {
                             let _ = self.allocator.decline(oid, refuse, now);
                         }
-                        _ => out.push(err(conn, ErrorKind::UnknownOffer, format!("decline: offer {oid} is not outstanding for this framework"))),
+                        _ => out.push(err(
+                            conn,
+                            ErrorKind::UnknownOffer,
+                            format!("decline: offer {oid} is not outstanding for this framework"),
+                        )),
                     }
                 }
             }
@@ -701,19 +1007,37 @@ impl Master {
                         return;
                     }
                     match self.agents.get(&t.agent).and_then(|a| a.conn) {
-                        Some(aconn) => out.push(Output::ToAgent(aconn, MasterToAgent::KillTask { framework_id: fw, task_id })),
+                        Some(aconn) => out.push(Output::ToAgent(
+                            aconn,
+                            MasterToAgent::KillTask {
+                                framework_id: fw,
+                                task_id,
+                            },
+                        )),
                         None => {
                             if !self.agents.contains_key(&t.agent) {
-                                self.master_update(task_id, TaskState::Lost, "agent is gone", now, out);
+                                self.master_update(
+                                    task_id,
+                                    TaskState::Lost,
+                                    "agent is gone",
+                                    now,
+                                    out,
+                                );
                             }
                             // Otherwise the agent is disconnected: the kill is sent again
                             // when the framework retries after reconciling.
                         }
                     }
                 }
-                _ => out.push(err(conn, ErrorKind::UnknownTask, format!("kill: task {task_id} is unknown"))),
+                _ => out.push(err(
+                    conn,
+                    ErrorKind::UnknownTask,
+                    format!("kill: task {task_id} is unknown"),
+                )),
             },
-            FrameworkToMaster::Reconcile { task_ids } => self.reconcile(conn, fw, task_ids, now, out),
+            FrameworkToMaster::Reconcile { task_ids } => {
+                self.reconcile(conn, fw, task_ids, now, out)
+            }
             FrameworkToMaster::Suppress { roles } => {
                 if roles.is_empty() {
                     self.allocator.suppress(fw, None);
@@ -734,21 +1058,32 @@ impl Master {
                 self.allocation_pending = true;
             }
             FrameworkToMaster::Acknowledge { task_id, update_id } => {
-                let Some(task) = self.tasks.get_mut(&task_id) else { return };
-                if task.framework != fw || task.pending.as_ref().map(|u| u.update_id) != Some(update_id) {
+                let Some(task) = self.tasks.get_mut(&task_id) else {
+                    return;
+                };
+                if task.framework != fw
+                    || task.pending.as_ref().map(|u| u.update_id) != Some(update_id)
+                {
                     return;
                 }
                 task.pending = None;
                 task.acked.insert(update_id);
                 if let Some(aconn) = self.agents.get(&task.agent).and_then(|a| a.conn) {
-                    out.push(Output::ToAgent(aconn, MasterToAgent::Acknowledge { task_id, update_id }));
+                    out.push(Output::ToAgent(
+                        aconn,
+                        MasterToAgent::Acknowledge { task_id, update_id },
+                    ));
                 }
                 self.finish_task_if_done(task_id);
             }
             FrameworkToMaster::SetDemand { demand } => {
                 if let Some(d) = &demand {
                     if d.task.is_empty() {
-                        return out.push(err(conn, ErrorKind::InvalidRequest, "demand task shape is empty"));
+                        return out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            "demand task shape is empty",
+                        ));
                     }
                 }
                 self.allocator.set_demand(fw, demand);
@@ -757,12 +1092,22 @@ impl Master {
             FrameworkToMaster::Teardown => {
                 self.remove_framework(fw, "framework tore down", out);
                 self.conns.remove(&conn);
-                out.push(Output::Close { conn, reason: "framework tore down".into() });
+                out.push(Output::Close {
+                    conn,
+                    reason: "framework tore down".into(),
+                });
             }
         }
     }
 
-    fn subscribe(&mut self, conn: ConnId, principal: String, info: FrameworkInfo, now: Millis, out: &mut Vec<Output>) {
+    fn subscribe(
+        &mut self,
+        conn: ConnId,
+        principal: String,
+        info: FrameworkInfo,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
         let invalid = if info.roles.is_empty() {
             Some("a framework needs at least one role".to_string())
         } else if let Some(r) = info.roles.iter().find(|r| !valid_role(r)) {
@@ -776,11 +1121,17 @@ impl Master {
         };
         if let Some(message) = invalid {
             out.push(err(conn, ErrorKind::InvalidRequest, message.clone()));
-            out.push(Output::Close { conn, reason: message });
+            out.push(Output::Close {
+                conn,
+                reason: message,
+            });
             return;
         }
         let failover_timeout_ms = (info.failover_timeout_secs.min(365.0 * 86400.0) * 1000.0) as u64;
-        let id = match info.framework_id.and_then(|id| self.frameworks.get(&id).map(|f| (id, f.principal.clone()))) {
+        let id = match info
+            .framework_id
+            .and_then(|id| self.frameworks.get(&id).map(|f| (id, f.principal.clone())))
+        {
             Some((id, owner)) if owner == principal => {
                 // Failover: the same principal takes its framework back.
                 let old_conn = {
@@ -793,8 +1144,16 @@ impl Master {
                 if let Some(c) = old_conn.filter(|c| *c != conn) {
                     // The old connection's offers die with it.
                     self.conns.remove(&c);
-                    out.push(Output::Close { conn: c, reason: "framework re-subscribed elsewhere".into() });
-                    let offers: Vec<OfferId> = self.allocator.outstanding_offers().filter(|o| o.framework == id).map(|o| o.id).collect();
+                    out.push(Output::Close {
+                        conn: c,
+                        reason: "framework re-subscribed elsewhere".into(),
+                    });
+                    let offers: Vec<OfferId> = self
+                        .allocator
+                        .outstanding_offers()
+                        .filter(|o| o.framework == id)
+                        .map(|o| o.id)
+                        .collect();
                     for o in offers {
                         self.allocator.rescind(o);
                     }
@@ -805,13 +1164,19 @@ impl Master {
             Some(_) => {
                 let message = "framework id belongs to another principal".to_string();
                 out.push(err(conn, ErrorKind::InvalidRequest, message.clone()));
-                out.push(Output::Close { conn, reason: message });
+                out.push(Output::Close {
+                    conn,
+                    reason: message,
+                });
                 return;
             }
             None => {
-                let id = info.framework_id.unwrap_or_else(|| FrameworkId::from_u128(self.next_id()));
+                let id = info
+                    .framework_id
+                    .unwrap_or_else(|| FrameworkId::from_u128(self.next_id()));
                 let gpu = info.capabilities.contains(&Capability::GpuResources);
-                self.allocator.add_framework(id, &info.name, &info.roles, gpu, None);
+                self.allocator
+                    .add_framework(id, &info.name, &info.roles, gpu, None);
                 self.frameworks.insert(
                     id,
                     FrameworkRec {
@@ -835,13 +1200,22 @@ impl Master {
         tracing::info!(framework = %id, name = %info.name, %principal, "framework subscribed");
         out.push(Output::ToFramework(
             conn,
-            MasterToFramework::Subscribed { framework_id: id, epoch: self.config.epoch, heartbeat_interval_ms: self.config.heartbeat_interval_ms },
+            MasterToFramework::Subscribed {
+                framework_id: id,
+                epoch: self.config.epoch,
+                heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            },
         ));
         // Redeliver updates the framework has not acknowledged yet.
         let mut pending: Vec<StatusUpdate> = self
             .frameworks
             .get(&id)
-            .map(|f| f.tasks.iter().filter_map(|t| self.tasks.get(t)?.pending.clone()).collect())
+            .map(|f| {
+                f.tasks
+                    .iter()
+                    .filter_map(|t| self.tasks.get(t)?.pending.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         pending.sort_by_key(|u| u.timestamp_ms);
         for u in pending {
@@ -851,15 +1225,28 @@ impl Master {
         self.allocation_pending = true;
     }
 
-    fn framework_disconnected(&mut self, id: FrameworkId, conn: ConnId, now: Millis, out: &mut Vec<Output>) {
-        let Some(f) = self.frameworks.get_mut(&id) else { return };
+    fn framework_disconnected(
+        &mut self,
+        id: FrameworkId,
+        conn: ConnId,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(f) = self.frameworks.get_mut(&id) else {
+            return;
+        };
         if f.conn != Some(conn) {
             return;
         }
         f.conn = None;
         f.disconnected_at = Some(now);
         tracing::info!(framework = %id, "framework disconnected; keeping its tasks for its failover timeout");
-        let offers: Vec<OfferId> = self.allocator.outstanding_offers().filter(|o| o.framework == id).map(|o| o.id).collect();
+        let offers: Vec<OfferId> = self
+            .allocator
+            .outstanding_offers()
+            .filter(|o| o.framework == id)
+            .map(|o| o.id)
+            .collect();
         for o in offers {
             self.allocator.rescind(o);
         }
@@ -869,34 +1256,59 @@ impl Master {
     }
 
     fn remove_framework(&mut self, id: FrameworkId, reason: &str, out: &mut Vec<Output>) {
-        let Some(f) = self.frameworks.remove(&id) else { return };
+        let Some(f) = self.frameworks.remove(&id) else {
+            return;
+        };
         tracing::info!(framework = %id, reason, "framework removed");
         for rec in self.allocator.remove_framework(id) {
             let _ = rec;
         }
         for tid in f.tasks {
-            let Some(t) = self.tasks.get_mut(&tid) else { continue };
+            let Some(t) = self.tasks.get_mut(&tid) else {
+                continue;
+            };
             t.recovered = true; // freed by remove_framework
             t.pending = None;
             if t.state.is_terminal() {
                 self.finish_task_if_done(tid);
             } else if let Some(aconn) = self.agents.get(&t.agent).and_then(|a| a.conn) {
-                out.push(Output::ToAgent(aconn, MasterToAgent::KillTask { framework_id: id, task_id: tid }));
+                out.push(Output::ToAgent(
+                    aconn,
+                    MasterToAgent::KillTask {
+                        framework_id: id,
+                        task_id: tid,
+                    },
+                ));
             }
         }
         self.allocation_pending = true;
     }
 
-    fn reconcile(&mut self, conn: ConnId, fw: FrameworkId, task_ids: Vec<TaskId>, now: Millis, out: &mut Vec<Output>) {
+    fn reconcile(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        task_ids: Vec<TaskId>,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
         let ids: Vec<TaskId> = if task_ids.is_empty() {
-            self.frameworks.get(&fw).map(|f| f.tasks.iter().copied().collect()).unwrap_or_default()
+            self.frameworks
+                .get(&fw)
+                .map(|f| f.tasks.iter().copied().collect())
+                .unwrap_or_default()
         } else {
             task_ids
         };
         for tid in ids {
             let (state, agent, message) = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
                 Some(t) => (t.state, Some(t.agent), t.last_message.clone()),
-                None => match self.completed.iter().rev().find(|c| c.0 == tid && c.1 == fw) {
+                None => match self
+                    .completed
+                    .iter()
+                    .rev()
+                    .find(|c| c.0 == tid && c.1 == fw)
+                {
                     Some(c) => (c.3, Some(c.2), "completed".to_string()),
                     None => (TaskState::Lost, None, "unknown task".to_string()),
                 },
@@ -939,9 +1351,21 @@ impl Master {
         }
         for oid in &offer_ids {
             match self.allocator.offer(*oid) {
-                Some(o) if o.framework == fw && !offers.iter().any(|x| x.id == *oid) => offers.push(o.clone()),
-                Some(o) if o.framework == fw => problem = Some((ErrorKind::InvalidRequest, format!("offer {oid} named twice"))),
-                _ => problem = Some((ErrorKind::UnknownOffer, format!("offer {oid} is unknown, already used, rescinded or expired"))),
+                Some(o) if o.framework == fw && !offers.iter().any(|x| x.id == *oid) => {
+                    offers.push(o.clone())
+                }
+                Some(o) if o.framework == fw => {
+                    problem = Some((
+                        ErrorKind::InvalidRequest,
+                        format!("offer {oid} named twice"),
+                    ))
+                }
+                _ => {
+                    problem = Some((
+                        ErrorKind::UnknownOffer,
+                        format!("offer {oid} is unknown, already used, rescinded or expired"),
+                    ))
+                }
             }
         }
         let refuse = match refuse_ms(refuse_seconds) {
@@ -953,11 +1377,19 @@ impl Master {
         };
         let agent_id = offers.first().map(|o| o.agent);
         if offers.iter().any(|o| Some(o.agent) != agent_id) {
-            problem.get_or_insert((ErrorKind::InvalidRequest, "offers of one accept must be on one agent".into()));
+            problem.get_or_insert((
+                ErrorKind::InvalidRequest,
+                "offers of one accept must be on one agent".into(),
+            ));
         }
-        let agent_conn = agent_id.and_then(|a| self.agents.get(&a)).and_then(|a| a.conn);
+        let agent_conn = agent_id
+            .and_then(|a| self.agents.get(&a))
+            .and_then(|a| a.conn);
         if problem.is_none() && agent_conn.is_none() {
-            problem = Some((ErrorKind::UnknownAgent, "the offers' agent is unknown or disconnected".into()));
+            problem = Some((
+                ErrorKind::UnknownAgent,
+                "the offers' agent is unknown or disconnected".into(),
+            ));
         }
         if let Some((kind, message)) = problem {
             for o in &offers {
@@ -967,7 +1399,9 @@ impl Master {
             out.push(err(conn, kind, format!("accept rejected: {message}")));
             return;
         }
-        let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else { return };
+        let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else {
+            return;
+        };
 
         // 2. Draw each task from the pool of offered resources.
         let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
@@ -985,27 +1419,60 @@ impl Master {
                             validate_task(&task)
                         };
                         if let Some(reason) = invalid {
-                            self.error_update(conn, fw, &task, ErrorKind::InvalidTask, &reason, now, out);
+                            self.error_update(
+                                conn,
+                                fw,
+                                &task,
+                                ErrorKind::InvalidTask,
+                                &reason,
+                                now,
+                                out,
+                            );
                             continue;
                         }
                         match draw(&mut pool, &mut used, &task.resources) {
                             Some(alloc) => launches.push((task, alloc)),
                             None => {
-                                let total: Resources = pool.iter().fold(Resources::new(), |acc, p| acc.plus(&p.total()));
-                                let reason = format!("task {tid} needs {} but the offers have only {total} left", task.resources);
-                                self.error_update(conn, fw, &task, ErrorKind::InsufficientResources, &reason, now, out);
+                                let total: Resources = pool
+                                    .iter()
+                                    .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
+                                let reason = format!(
+                                    "task {tid} needs {} but the offers have only {total} left",
+                                    task.resources
+                                );
+                                self.error_update(
+                                    conn,
+                                    fw,
+                                    &task,
+                                    ErrorKind::InsufficientResources,
+                                    &reason,
+                                    now,
+                                    out,
+                                );
                             }
                         }
                     }
                 }
                 Operation::Reserve { role, resources } => {
-                    if let Err(m) = self.reserve_op(fw, agent_id, &role, &resources, &mut pool, &mut used, true) {
-                        out.push(err(conn, ErrorKind::InvalidRequest, format!("reserve: {m}")));
+                    if let Err(m) =
+                        self.reserve_op(fw, agent_id, &role, &resources, &mut pool, &mut used, true)
+                    {
+                        out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            format!("reserve: {m}"),
+                        ));
                     }
                 }
                 Operation::Unreserve { role, resources } => {
-                    if let Err(m) = self.reserve_op(fw, agent_id, &role, &resources, &mut pool, &mut used, false) {
-                        out.push(err(conn, ErrorKind::InvalidRequest, format!("unreserve: {m}")));
+                    if let Err(m) = self
+                        .reserve_op(fw, agent_id, &role, &resources, &mut pool, &mut used, false)
+                    {
+                        out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            format!("unreserve: {m}"),
+                        ));
                     }
                 }
             }
@@ -1042,7 +1509,13 @@ impl Master {
             if let Some(a) = self.agents.get_mut(&agent_id) {
                 a.tasks.insert(tid);
             }
-            out.push(Output::ToAgent(agent_conn, MasterToAgent::RunTask { framework_id: fw, task }));
+            out.push(Output::ToAgent(
+                agent_conn,
+                MasterToAgent::RunTask {
+                    framework_id: fw,
+                    task,
+                },
+            ));
             out.push(Output::ToFramework(
                 conn,
                 MasterToFramework::Update(StatusUpdate {
@@ -1074,28 +1547,40 @@ impl Master {
         used: &mut [OfferResources],
         reserve: bool,
     ) -> Result<(), String> {
-        let roles = self.frameworks.get(&fw).map(|f| f.roles.clone()).unwrap_or_default();
-        if !roles.iter().any(|r| r == role || role.starts_with(&format!("{r}/"))) {
-            return Err(format!("role {role:?} is not one of this framework's roles"));
+        let roles = self
+            .frameworks
+            .get(&fw)
+            .map(|f| f.roles.clone())
+            .unwrap_or_default();
+        if !roles
+            .iter()
+            .any(|r| r == role || role.starts_with(&format!("{r}/")))
+        {
+            return Err(format!(
+                "role {role:?} is not one of this framework's roles"
+            ));
         }
         if resources.is_empty() {
             return Err("no resources named".into());
         }
         // Find one offer in the pool that holds the source resources.
         for (p, u) in pool.iter_mut().zip(used.iter_mut()) {
-            let fits = if reserve { p.unreserved.contains(resources) } else { p.reserved.get(role).is_some_and(|r| r.contains(resources)) };
+            let fits = if reserve {
+                p.unreserved.contains(resources)
+            } else {
+                p.reserved.get(role).is_some_and(|r| r.contains(resources))
+            };
             if !fits {
                 continue;
             }
-            let result = if reserve {
-                self.allocator.reserve(fw, agent, role, resources)
-            } else {
-                self.allocator.unreserve(fw, agent, role, resources)
-            };
+            let result: Result<(), AllocError> = Err(AllocError::UnknownAgent(agent));
             result.map_err(|e: AllocError| e.to_string())?;
             if reserve {
                 p.unreserved.checked_sub_assign(resources);
-                p.reserved.entry(role.to_string()).or_default().add_assign(resources);
+                p.reserved
+                    .entry(role.to_string())
+                    .or_default()
+                    .add_assign(resources);
             } else {
                 if let Some(r) = p.reserved.get_mut(role) {
                     r.checked_sub_assign(resources);
@@ -1109,7 +1594,10 @@ impl Master {
             if let Some(a) = self.agents.get_mut(&agent) {
                 if reserve {
                     a.resources = a.resources.saturating_sub(resources);
-                    a.reserved.entry(role.to_string()).or_default().add_assign(resources);
+                    a.reserved
+                        .entry(role.to_string())
+                        .or_default()
+                        .add_assign(resources);
                 } else {
                     if let Some(r) = a.reserved.get_mut(role) {
                         *r = r.saturating_sub(resources);
@@ -1122,11 +1610,23 @@ impl Master {
             }
             return Ok(());
         }
-        Err(format!("{resources} is not available {} in the offers", if reserve { "unreserved" } else { "reserved" }))
+        Err(format!(
+            "{resources} is not available {} in the offers",
+            if reserve { "unreserved" } else { "reserved" }
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn error_update(&mut self, conn: ConnId, fw: FrameworkId, task: &TaskInfo, kind: ErrorKind, reason: &str, now: Millis, out: &mut Vec<Output>) {
+    fn error_update(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        task: &TaskInfo,
+        kind: ErrorKind,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
         out.push(err(conn, kind, reason.to_string()));
         out.push(Output::ToFramework(
             conn,
@@ -1154,18 +1654,29 @@ impl Master {
         let silent: Vec<(AgentId, ConnId)> = self
             .agents
             .values()
-            .filter_map(|a| a.conn.filter(|_| now.saturating_sub(a.last_seen) > self.config.agent_ping_timeout_ms).map(|c| (a.id, c)))
+            .filter_map(|a| {
+                a.conn
+                    .filter(|_| now.saturating_sub(a.last_seen) > self.config.agent_ping_timeout_ms)
+                    .map(|c| (a.id, c))
+            })
             .collect();
         for (id, c) in silent {
             self.conns.remove(&c);
-            out.push(Output::Close { conn: c, reason: "agent missed its heartbeats".into() });
+            out.push(Output::Close {
+                conn: c,
+                reason: "agent missed its heartbeats".into(),
+            });
             self.agent_disconnected(id, c, now, out);
         }
         // Disconnected agents that did not come back are lost.
         let lost: Vec<AgentId> = self
             .agents
             .values()
-            .filter(|a| a.disconnected_at.is_some_and(|t| now.saturating_sub(t) > self.config.agent_reregister_timeout_ms))
+            .filter(|a| {
+                a.disconnected_at.is_some_and(|t| {
+                    now.saturating_sub(t) > self.config.agent_reregister_timeout_ms
+                })
+            })
             .map(|a| a.id)
             .collect();
         for id in lost {
@@ -1175,7 +1686,10 @@ impl Master {
         let expired: Vec<FrameworkId> = self
             .frameworks
             .values()
-            .filter(|f| f.disconnected_at.is_some_and(|t| now.saturating_sub(t) > f.failover_timeout_ms))
+            .filter(|f| {
+                f.disconnected_at
+                    .is_some_and(|t| now.saturating_sub(t) > f.failover_timeout_ms)
+            })
             .map(|f| f.id)
             .collect();
         for id in expired {
@@ -1196,14 +1710,21 @@ pub fn valid_role(role: &str) -> bool {
     !role.is_empty()
         && role.len() <= 128
         && role.split('/').all(|seg| {
-            !seg.is_empty() && seg != "." && seg != ".." && seg.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
         })
 }
 
 fn refuse_ms(refuse_seconds: Option<f64>) -> Result<Option<Millis>, String> {
     match refuse_seconds {
         None => Ok(None),
-        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some((s.min(365.0 * 86400.0) * 1000.0) as Millis)),
+        Some(s) if s.is_finite() && s >= 0.0 => {
+            Ok(Some((s.min(365.0 * 86400.0) * 1000.0) as Millis))
+        }
         Some(s) => Err(format!("refuse_seconds {s} is not a non-negative number")),
     }
 }
@@ -1226,7 +1747,12 @@ fn validate_task(task: &TaskInfo) -> Option<String> {
     if task.resources.milli("gpus") % gantry_sdk::protocol::resources::MILLI != 0 {
         return Some(format!("task {tid}: gpus must be a whole number"));
     }
-    if task.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) || task.env.values().any(|v| v.contains('\0')) {
+    if task
+        .env
+        .keys()
+        .any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        || task.env.values().any(|v| v.contains('\0'))
+    {
         return Some(format!("task {tid}: invalid environment variable"));
     }
     None
@@ -1234,8 +1760,14 @@ fn validate_task(task: &TaskInfo) -> Option<String> {
 
 /// Takes `need` out of the pool of offers (reserved parts first, then unreserved), recording
 /// per-offer use. Returns what the task holds, or `None` (pool untouched) if it does not fit.
-fn draw(pool: &mut [OfferResources], used: &mut [OfferResources], need: &Resources) -> Option<OfferResources> {
-    let total = pool.iter().fold(Resources::new(), |acc, p| acc.plus(&p.total()));
+fn draw(
+    pool: &mut [OfferResources],
+    used: &mut [OfferResources],
+    need: &Resources,
+) -> Option<OfferResources> {
+    let total = pool
+        .iter()
+        .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
     if !total.contains(need) {
         return None;
     }
@@ -1244,8 +1776,10 @@ fn draw(pool: &mut [OfferResources], used: &mut [OfferResources], need: &Resourc
     for (p, u) in pool.iter_mut().zip(used.iter_mut()) {
         let roles: Vec<String> = p.reserved.keys().cloned().collect();
         for role in roles {
-            let Some(avail) = p.reserved.get_mut(&role) else { continue };
-            let take = avail.min(&remaining);
+            let Some(avail) = p.reserved.get_mut(&role) else {
+                continue;
+            };
+            let take = avail.elementwise_min(&remaining);
             if take.is_empty() {
                 continue;
             }
@@ -1254,10 +1788,13 @@ fn draw(pool: &mut [OfferResources], used: &mut [OfferResources], need: &Resourc
                 p.reserved.remove(&role);
             }
             remaining = remaining.saturating_sub(&take);
-            u.reserved.entry(role.clone()).or_default().add_assign(&take);
+            u.reserved
+                .entry(role.clone())
+                .or_default()
+                .add_assign(&take);
             holding.reserved.entry(role).or_default().add_assign(&take);
         }
-        let take = p.unreserved.min(&remaining);
+        let take = p.unreserved.elementwise_min(&remaining);
         if !take.is_empty() {
             p.unreserved.checked_sub_assign(&take);
             remaining = remaining.saturating_sub(&take);

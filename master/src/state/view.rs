@@ -47,6 +47,7 @@ pub struct FrameworkView {
     pub name: String,
     pub principal: String,
     pub roles: Vec<String>,
+    pub capabilities: Vec<gantry_sdk::protocol::Capability>,
     pub connected: bool,
     /// Held by tasks.
     pub used: Resources,
@@ -133,11 +134,16 @@ impl Master {
                     name: f.name.clone(),
                     principal: f.principal.clone(),
                     roles: f.roles.clone(),
+                    capabilities: f.capabilities.clone(),
                     connected: f.conn.is_some(),
                     used,
                     allocated: self.allocator.framework_allocated(f.id).total(),
                     dominant_share: self.allocator.framework_share(f.id),
-                    active_tasks: f.tasks.iter().filter(|t| self.tasks.get(t).is_some_and(|t| !t.state.is_terminal())).count(),
+                    active_tasks: f
+                        .tasks
+                        .iter()
+                        .filter(|t| self.tasks.get(t).is_some_and(|t| !t.state.is_terminal()))
+                        .count(),
                 }
             })
             .collect();
@@ -184,10 +190,21 @@ impl Master {
                 age_ms: now.saturating_sub(o.created_at),
             })
             .collect();
-        let mut allocator = serde_json::to_value(self.allocator.metrics()).unwrap_or(serde_json::Value::Null);
+        let mut allocator =
+            serde_json::to_value(self.allocator.metrics()).unwrap_or(serde_json::Value::Null);
         if let serde_json::Value::Object(m) = &mut allocator {
             m.insert("last_cycle_us".into(), self.last_cycle_us.into());
         }
-        StateView { epoch: self.config.epoch, leader: true, uptime_ms: now, agents, frameworks, tasks, completed_tasks, offers, allocator }
+        StateView {
+            epoch: self.config.epoch,
+            leader: true,
+            uptime_ms: now,
+            agents,
+            frameworks,
+            tasks,
+            completed_tasks,
+            offers,
+            allocator,
+        }
     }
 }

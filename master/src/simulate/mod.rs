@@ -1,0 +1,1 @@
+//! Scenario simulator, trace mode and benchmark: drive the real allocator in simulated time.
