@@ -430,3 +430,104 @@ pub async fn run_batch(
     let p = progress.borrow().clone();
     Ok(p)
 }
+
+/// A scheduler for tests: launches the given tasks as offers allow (declining the rest) and
+/// forwards every status update and error into channels.
+pub struct Recorder {
+    pub to_launch: Vec<gantry_sdk::protocol::TaskInfo>,
+    pub updates: tokio::sync::mpsc::UnboundedSender<gantry_sdk::protocol::StatusUpdate>,
+    pub errors: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl gantry_sdk::Scheduler for Recorder {
+    async fn offers(&mut self, driver: &gantry_sdk::DriverHandle, offers: Vec<gantry_sdk::protocol::Offer>) {
+        for offer in offers {
+            let mut avail = offer.total();
+            let mut launch = Vec::new();
+            self.to_launch.retain(|t| {
+                if avail.contains(&t.resources) {
+                    let _ = avail.checked_sub_assign(&t.resources);
+                    launch.push(t.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            if launch.is_empty() {
+                driver.decline(vec![offer.id], Some(1.0));
+            } else {
+                driver.launch(offer.id, launch);
+            }
+        }
+    }
+
+    async fn status_update(&mut self, _driver: &gantry_sdk::DriverHandle, update: &gantry_sdk::protocol::StatusUpdate) {
+        let _ = self.updates.send(update.clone());
+    }
+
+    async fn error(&mut self, _driver: &gantry_sdk::DriverHandle, kind: gantry_sdk::protocol::ErrorKind, message: &str) {
+        let _ = self.errors.send(format!("{kind:?}: {message}"));
+    }
+}
+
+/// A task running `command` with `resources`.
+pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol::TaskInfo {
+    gantry_sdk::protocol::TaskInfo {
+        task_id: gantry_sdk::protocol::TaskId::random(),
+        name: name.to_string(),
+        command: command.to_string(),
+        resources: resources.parse().expect("valid resources"),
+        env: Default::default(),
+        kill_grace_secs: None,
+    }
+}
+
+/// Status updates received by a [`Recorder`], kept so they can be awaited in any order.
+pub struct Updates {
+    rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>,
+    pub seen: Vec<gantry_sdk::protocol::StatusUpdate>,
+}
+
+impl Updates {
+    pub fn new(rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>) -> Self {
+        Self { rx, seen: Vec::new() }
+    }
+
+    /// Waits until an update matching `pred` has arrived (or had arrived) and returns it.
+    pub async fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&gantry_sdk::protocol::StatusUpdate) -> bool,
+    ) -> anyhow::Result<gantry_sdk::protocol::StatusUpdate> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut checked = 0;
+        loop {
+            if let Some(u) = self.seen[checked..].iter().find(|u| pred(u)) {
+                return Ok(u.clone());
+            }
+            checked = self.seen.len();
+            let u = tokio::time::timeout_at(deadline, self.rx.recv())
+                .await
+                .with_context(|| format!("timed out waiting for {what}; seen: {:#?}", self.seen))?
+                .context("scheduler stopped")?;
+            self.seen.push(u);
+        }
+    }
+
+    /// Waits for `task` to reach `state`; fails early if it ends in another terminal state.
+    pub async fn wait(
+        &mut self,
+        task: gantry_sdk::protocol::TaskId,
+        state: gantry_sdk::protocol::TaskState,
+        timeout: Duration,
+    ) -> anyhow::Result<gantry_sdk::protocol::StatusUpdate> {
+        let u = self
+            .wait_for(&format!("task {task} to be {state}"), timeout, |u| u.task_id == task && (u.state == state || u.state.is_terminal()))
+            .await?;
+        if u.state != state {
+            bail!("task {task} ended {} ({}) instead of {state}", u.state, u.message);
+        }
+        Ok(u)
+    }
+}
