@@ -440,7 +440,11 @@ pub struct Recorder {
 }
 
 impl gantry_sdk::Scheduler for Recorder {
-    async fn offers(&mut self, driver: &gantry_sdk::DriverHandle, offers: Vec<gantry_sdk::protocol::Offer>) {
+    async fn offers(
+        &mut self,
+        driver: &gantry_sdk::DriverHandle,
+        offers: Vec<gantry_sdk::protocol::Offer>,
+    ) {
         for offer in offers {
             let mut avail = offer.total();
             let mut launch = Vec::new();
@@ -461,11 +465,20 @@ impl gantry_sdk::Scheduler for Recorder {
         }
     }
 
-    async fn status_update(&mut self, _driver: &gantry_sdk::DriverHandle, update: &gantry_sdk::protocol::StatusUpdate) {
+    async fn status_update(
+        &mut self,
+        _driver: &gantry_sdk::DriverHandle,
+        update: &gantry_sdk::protocol::StatusUpdate,
+    ) {
         let _ = self.updates.send(update.clone());
     }
 
-    async fn error(&mut self, _driver: &gantry_sdk::DriverHandle, kind: gantry_sdk::protocol::ErrorKind, message: &str) {
+    async fn error(
+        &mut self,
+        _driver: &gantry_sdk::DriverHandle,
+        kind: gantry_sdk::protocol::ErrorKind,
+        message: &str,
+    ) {
         let _ = self.errors.send(format!("{kind:?}: {message}"));
     }
 }
@@ -489,8 +502,13 @@ pub struct Updates {
 }
 
 impl Updates {
-    pub fn new(rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>) -> Self {
-        Self { rx, seen: Vec::new() }
+    pub fn new(
+        rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>,
+    ) -> Self {
+        Self {
+            rx,
+            seen: Vec::new(),
+        }
     }
 
     /// Waits until an update matching `pred` has arrived (or had arrived) and returns it.
@@ -523,10 +541,16 @@ impl Updates {
         timeout: Duration,
     ) -> anyhow::Result<gantry_sdk::protocol::StatusUpdate> {
         let u = self
-            .wait_for(&format!("task {task} to be {state}"), timeout, |u| u.task_id == task && (u.state == state || u.state.is_terminal()))
+            .wait_for(&format!("task {task} to be {state}"), timeout, |u| {
+                u.task_id == task && (u.state == state || u.state.is_terminal())
+            })
             .await?;
         if u.state != state {
-            bail!("task {task} ended {} ({}) instead of {state}", u.state, u.message);
+            bail!(
+                "task {task} ended {} ({}) instead of {state}",
+                u.state,
+                u.message
+            );
         }
         Ok(u)
     }

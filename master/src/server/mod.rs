@@ -286,7 +286,9 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
                 Outbound::Framework(m) => tx.send(&m).await,
                 Outbound::Close(reason) => {
                     tracing::info!(%remote, "closing connection: {reason}");
+                    // Let what we already sent (e.g. the error explaining the close) arrive.
                     let _ = tx.0.finish();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
                     writer_conn.close(CLOSE_NORMAL.into(), reason.as_bytes());
                     break;
                 }
