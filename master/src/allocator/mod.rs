@@ -12,7 +12,6 @@
 //! whose last visit found no possible offer, and where nothing relevant changed since, are
 //! skipped ("stable" agents, invalidated by an agent-local change or a global epoch bump).
 
-mod adopt;
 mod dense;
 
 use std::cmp::Reverse;
@@ -117,6 +116,12 @@ pub enum AllocError {
         offer: OfferId,
         requested: OfferResources,
         offered: OfferResources,
+    },
+    #[error("agent {agent}: {requested:?} does not fit in its free {free:?}")]
+    ExceedsAgent {
+        agent: AgentId,
+        requested: OfferResources,
+        free: OfferResources,
     },
     #[error("role {role:?} can not reserve in offer {offer}: the role must be the offer's role or one of its ancestors")]
     ReservationRole { offer: OfferId, role: String },
@@ -1685,6 +1690,193 @@ impl Allocator {
             self.charge(f, role, &take, false);
             self.return_to_agent(a, &take);
         }
+    }
+
+    /// RESERVE inside an offer: `resources`, unreserved in the offer, become reserved for `role`
+    /// (the offer's role or one of its ancestors). The offer stays outstanding with the new
+    /// shape; whatever of it is not used later returns to the pool as a reservation.
+    pub fn reserve(
+        &mut self,
+        offer: OfferId,
+        role: &str,
+        resources: &Resources,
+    ) -> Result<OfferRecord, AllocError> {
+        self.change_reservation(offer, role, resources, true)
+    }
+
+    /// UNRESERVE inside an offer: `resources` reserved for `role` in the offer become unreserved.
+    pub fn unreserve(
+        &mut self,
+        offer: OfferId,
+        role: &str,
+        resources: &Resources,
+    ) -> Result<OfferRecord, AllocError> {
+        self.change_reservation(offer, role, resources, false)
+    }
+
+    fn change_reservation(
+        &mut self,
+        offer: OfferId,
+        role: &str,
+        resources: &Resources,
+        reserve: bool,
+    ) -> Result<OfferRecord, AllocError> {
+        let st = self
+            .offers
+            .get(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        let (f, a, offer_role) = (st.fw, st.agent, st.role);
+        let exceeds = || AllocError::ExceedsOffer {
+            offer,
+            requested: if reserve {
+                OfferResources::unreserved(resources.clone())
+            } else {
+                OfferResources {
+                    unreserved: Resources::new(),
+                    reserved: BTreeMap::from([(role.to_string(), resources.clone())]),
+                }
+            },
+            offered: st.rec.resources.clone(),
+        };
+        let Some(amount) = self.names.try_rv(resources) else {
+            return Err(exceeds());
+        };
+        let target = self.role_ids.get(norm_role(role)).copied();
+        let Some(r) = target.filter(|r| *r != 0 && self.chain(offer_role).any(|n| n == *r)) else {
+            return Err(AllocError::ReservationRole {
+                offer,
+                role: role.to_string(),
+            });
+        };
+        let fits = if reserve {
+            dense::contains(&st.bundle.unres, &amount)
+        } else {
+            dense::contains(st.bundle.resv_of(r), &amount)
+        };
+        if !fits {
+            return Err(exceeds());
+        }
+        let mut delta_from = Bundle::default();
+        let mut delta_to = Bundle::default();
+        if reserve {
+            delta_from.unres = amount.clone();
+            delta_to.add_resv(r, &amount);
+        } else {
+            delta_from.add_resv(r, &amount);
+            delta_to.unres = amount.clone();
+        }
+        let old = st.bundle.clone();
+        let mut new = old.clone();
+        new.sub(&delta_from);
+        new.add(&delta_to);
+        self.charge(f, offer_role, &old, false);
+        // Reservations count toward the role's quota consumption whether allocated or not.
+        self.add_reserved_to_roles(&delta_from, false);
+        self.add_reserved_to_roles(&delta_to, true);
+        self.charge(f, offer_role, &new, true);
+        {
+            let agent = self.ag_mut(a);
+            agent.total.sub(&delta_from);
+            agent.total.add(&delta_to);
+            agent.stable = None;
+        }
+        let resources = self.offer_resources(&new);
+        let st = self
+            .offers
+            .get_mut(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        st.bundle = new;
+        st.rec.resources = resources;
+        self.epoch += 1;
+        Ok(st.rec.clone())
+    }
+
+    /// Records resources already in use by `framework` (in `role`) on `agent`: tasks that were
+    /// running before this allocator saw them (agent re-registration, master failover).
+    pub fn add_allocation(
+        &mut self,
+        framework: FrameworkId,
+        agent: AgentId,
+        role: &str,
+        resources: &OfferResources,
+    ) -> Result<(), AllocError> {
+        let f = *self
+            .fw_ids
+            .get(&framework)
+            .ok_or(AllocError::UnknownFramework(framework))?;
+        let a = *self
+            .agent_ids
+            .get(&agent)
+            .ok_or(AllocError::UnknownAgent(agent))?;
+        let r = self.role_index(role);
+        let b = self.bundle(resources);
+        let free = &self.ag(a).free;
+        if !free.contains(&b) {
+            return Err(AllocError::ExceedsAgent {
+                agent,
+                requested: resources.clone(),
+                free: self.offer_resources(free),
+            });
+        }
+        if !self.fw(f).roles.iter().any(|x| x.role == r) {
+            self.add_framework(
+                framework,
+                "",
+                &[role.to_string()],
+                self.fw(f).gpu_capable,
+                self.demand(framework),
+            );
+        }
+        dense::sub(&mut self.free_unres, &b.unres);
+        {
+            let agent = self.ag_mut(a);
+            agent.free.sub(&b);
+            agent.stable = None;
+            match agent.inuse.iter_mut().find(|(x, y, _)| *x == f && *y == r) {
+                Some((_, _, v)) => v.add(&b),
+                None => agent.inuse.push((f, r, b.clone())),
+            }
+        }
+        self.fw_mut(f).inuse_agents.insert(a);
+        self.charge(f, r, &b, true);
+        Ok(())
+    }
+
+    /// What `framework` has in use (accepted, not recovered) on `agent`.
+    pub fn in_use(&self, framework: FrameworkId, agent: AgentId) -> OfferResources {
+        let (Some(&f), Some(&a)) = (self.fw_ids.get(&framework), self.agent_ids.get(&agent)) else {
+            return OfferResources::default();
+        };
+        let mut b = Bundle::default();
+        for (x, _, v) in &self.ag(a).inuse {
+            if *x == f {
+                b.add(v);
+            }
+        }
+        self.offer_resources(&b)
+    }
+
+    /// The roles a framework is subscribed to.
+    pub fn framework_roles(&self, framework: FrameworkId) -> Vec<String> {
+        match self.fw_ids.get(&framework) {
+            Some(&f) => self
+                .fw(f)
+                .roles
+                .iter()
+                .map(|r| self.roles[r.role as usize].name.to_string())
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// A framework's remaining declared demand as (task shape, count).
+    pub fn demand(&self, framework: FrameworkId) -> Option<Demand> {
+        let f = *self.fw_ids.get(&framework)?;
+        let (task, count) = self.fw(f).demand.as_ref()?;
+        Some(Demand {
+            task: self.names.res(task),
+            count: (*count).min(u32::MAX as u64) as u32,
+        })
     }
 
     /// Rescinds offers older than the configured offer timeout (none when it is off).

@@ -5,17 +5,28 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use gantry_master::server;
 use gantry_master::state::MasterConfig;
+use gantry_master::{server, simulate};
 use gantry_sdk::transport::{quic, tls, PeerIdentity};
 
 /// The Gantry master: tracks agents and frameworks, offers resources by Dominant Resource
 /// Fairness, validates accepts and tracks tasks.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
     #[command(flatten)]
     serve: ServeArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Replay a scenario (or a job trace) against the allocator in simulated time.
+    Simulate(simulate::SimulateArgs),
+    /// Time allocation cycles (Mesos DeclineOffers setup and quota roles).
+    Bench(simulate::bench::BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -30,8 +41,8 @@ struct ServeArgs {
     #[arg(long, default_value = "./gantry-master")]
     work_dir: PathBuf,
     /// TLS directory (ca.pem, master.pem/.key). A CA is created here if none exists.
-    #[arg(long)]
-    tls_dir: PathBuf,
+    #[arg(long, required = true)]
+    tls_dir: Option<PathBuf>,
     /// Extra host names or IPs for the master certificate when the master issues it.
     #[arg(long, value_delimiter = ',')]
     tls_san: Vec<String>,
@@ -61,20 +72,29 @@ fn init_tracing() {
         .init();
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing();
-    serve(cli.serve).await
+    match cli.cmd {
+        Some(Cmd::Simulate(args)) => Ok(simulate::run(args)?),
+        Some(Cmd::Bench(args)) => Ok(simulate::bench::run(args)?),
+        None => {
+            init_tracing();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(serve(cli.serve))
+        }
+    }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.work_dir)
         .with_context(|| format!("creating work dir {}", args.work_dir.display()))?;
-    if tls::ensure_ca(&args.tls_dir)? {
-        tracing::info!(dir = %args.tls_dir.display(), "created a new cluster CA (dev mode)");
+    let tls_dir = args.tls_dir.context("--tls-dir is required")?;
+    if tls::ensure_ca(&tls_dir)? {
+        tracing::info!(dir = %tls_dir.display(), "created a new cluster CA (dev mode)");
     }
-    let material = tls::load_or_issue(&args.tls_dir, &PeerIdentity::Master, &args.tls_san)?;
+    let material = tls::load_or_issue(&tls_dir, &PeerIdentity::Master, &args.tls_san)?;
     let endpoint = quic::server_endpoint(args.listen, &material)
         .with_context(|| format!("binding QUIC on {}", args.listen))?;
     let http = tokio::net::TcpListener::bind(args.http)

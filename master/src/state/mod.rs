@@ -589,7 +589,17 @@ impl Master {
                         unreserved: rt.task.resources.clone(),
                         reserved: BTreeMap::new(),
                     };
-                    self.allocator.add_used(rt.framework_id, id, &allocation);
+                    let role = self
+                        .frameworks
+                        .get(&rt.framework_id)
+                        .and_then(|f| f.roles.first().cloned())
+                        .unwrap_or_default();
+                    if let Err(e) =
+                        self.allocator
+                            .add_allocation(rt.framework_id, id, &role, &allocation)
+                    {
+                        tracing::warn!(task = %tid, "adopted task's resources not charged: {e}");
+                    }
                     self.tasks.insert(
                         tid,
                         TaskRec {
@@ -1405,6 +1415,7 @@ impl Master {
 
         // 2. Draw each task from the pool of offered resources.
         let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
+        let offer_list: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
         let mut used: Vec<OfferResources> = vec![OfferResources::default(); offers.len()];
         let mut launches: Vec<(TaskInfo, OfferResources)> = Vec::new();
         let mut seen_ids: HashSet<TaskId> = HashSet::new();
@@ -1454,9 +1465,16 @@ impl Master {
                     }
                 }
                 Operation::Reserve { role, resources } => {
-                    if let Err(m) =
-                        self.reserve_op(fw, agent_id, &role, &resources, &mut pool, &mut used, true)
-                    {
+                    if let Err(m) = self.reserve_op(
+                        fw,
+                        agent_id,
+                        &role,
+                        &resources,
+                        &offer_list,
+                        &mut pool,
+                        &mut used,
+                        true,
+                    ) {
                         out.push(err(
                             conn,
                             ErrorKind::InvalidRequest,
@@ -1465,9 +1483,16 @@ impl Master {
                     }
                 }
                 Operation::Unreserve { role, resources } => {
-                    if let Err(m) = self
-                        .reserve_op(fw, agent_id, &role, &resources, &mut pool, &mut used, false)
-                    {
+                    if let Err(m) = self.reserve_op(
+                        fw,
+                        agent_id,
+                        &role,
+                        &resources,
+                        &offer_list,
+                        &mut pool,
+                        &mut used,
+                        false,
+                    ) {
                         out.push(err(
                             conn,
                             ErrorKind::InvalidRequest,
@@ -1543,6 +1568,7 @@ impl Master {
         agent: AgentId,
         role: &str,
         resources: &Resources,
+        offer_ids: &[OfferId],
         pool: &mut [OfferResources],
         used: &mut [OfferResources],
         reserve: bool,
@@ -1564,7 +1590,7 @@ impl Master {
             return Err("no resources named".into());
         }
         // Find one offer in the pool that holds the source resources.
-        for (p, u) in pool.iter_mut().zip(used.iter_mut()) {
+        for (i, (p, u)) in pool.iter_mut().zip(used.iter_mut()).enumerate() {
             let fits = if reserve {
                 p.unreserved.contains(resources)
             } else {
@@ -1573,7 +1599,11 @@ impl Master {
             if !fits {
                 continue;
             }
-            let result: Result<(), AllocError> = Err(AllocError::UnknownAgent(agent));
+            let result = if reserve {
+                self.allocator.reserve(offer_ids[i], role, resources)
+            } else {
+                self.allocator.unreserve(offer_ids[i], role, resources)
+            };
             result.map_err(|e: AllocError| e.to_string())?;
             if reserve {
                 p.unreserved.checked_sub_assign(resources);
