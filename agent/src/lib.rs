@@ -1,1 +1,3 @@
 //! # gantry-agent
+pub mod discovery;
+pub mod gpu;
