@@ -1,3 +1,4 @@
 //! # gantry-agent
 pub mod discovery;
 pub mod gpu;
+pub mod isolation;
