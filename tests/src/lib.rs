@@ -1,1 +1,4 @@
 //! Shared harness for cluster tests.
+
+pub mod etcd;
+pub mod proxy;

@@ -98,7 +98,10 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let hello = Hello { protocol_version: PROTOCOL_VERSION, peer: PeerKind::Framework };
+        let hello = Hello {
+            protocol_version: PROTOCOL_VERSION,
+            peer: PeerKind::Framework,
+        };
         let bytes = encode(&hello).unwrap();
         assert_eq!(decode::<Hello>(&bytes).unwrap(), hello);
     }
@@ -107,13 +110,18 @@ mod tests {
     fn trailing_bytes_are_rejected() {
         let mut bytes = encode(&FrameworkToMaster::Teardown).unwrap();
         bytes.push(0);
-        assert!(matches!(decode::<FrameworkToMaster>(&bytes), Err(CodecError::Malformed(_))));
+        assert!(matches!(
+            decode::<FrameworkToMaster>(&bytes),
+            Err(CodecError::Malformed(_))
+        ));
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         for seed in 0u8..=255 {
-            let bytes: Vec<u8> = (0..64).map(|i| seed.wrapping_mul(31).wrapping_add(i)).collect();
+            let bytes: Vec<u8> = (0..64)
+                .map(|i| seed.wrapping_mul(31).wrapping_add(i))
+                .collect();
             let _ = decode::<FrameworkToMaster>(&bytes);
         }
         // A huge claimed vector length must not allocate.
@@ -133,7 +141,9 @@ mod tests {
     #[tokio::test]
     async fn framed_round_trip_and_clean_close() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, &FrameworkToMaster::Teardown).await.unwrap();
+        write_frame(&mut buf, &FrameworkToMaster::Teardown)
+            .await
+            .unwrap();
         let mut r = &buf[..];
         let msg: FrameworkToMaster = read_frame(&mut r).await.unwrap();
         assert_eq!(msg, FrameworkToMaster::Teardown);

@@ -92,7 +92,11 @@ impl TaskState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            TaskState::Finished | TaskState::Failed | TaskState::Killed | TaskState::Lost | TaskState::Error
+            TaskState::Finished
+                | TaskState::Failed
+                | TaskState::Killed
+                | TaskState::Lost
+                | TaskState::Error
         )
     }
 
@@ -240,11 +244,19 @@ pub struct FrameworkInfo {
 /// An operation inside an accept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Operation {
-    Launch { tasks: Vec<TaskInfo> },
+    Launch {
+        tasks: Vec<TaskInfo>,
+    },
     /// Dynamically reserve unreserved offered resources for a role.
-    Reserve { role: String, resources: Resources },
+    Reserve {
+        role: String,
+        resources: Resources,
+    },
     /// Return reserved resources of a role to the unreserved pool.
-    Unreserve { role: String, resources: Resources },
+    Unreserve {
+        role: String,
+        resources: Resources,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -70,7 +70,8 @@ impl Resources {
             let value: f64 = amount
                 .parse()
                 .map_err(|_| ResourceParseError::BadAmount(amount.to_string()))?;
-            let milli = to_milli(value).ok_or_else(|| ResourceParseError::BadAmount(amount.to_string()))?;
+            let milli =
+                to_milli(value).ok_or_else(|| ResourceParseError::BadAmount(amount.to_string()))?;
             if !seen.insert(name.to_string()) {
                 return Err(ResourceParseError::Duplicate(name.to_string()));
             }
@@ -246,7 +247,9 @@ impl<'de> Deserialize<'de> for Resources {
                 if !valid_name(&k) {
                     return Err(D::Error::custom(ResourceParseError::BadName(k)));
                 }
-                let milli = to_milli(v).ok_or_else(|| D::Error::custom(ResourceParseError::BadAmount(v.to_string())))?;
+                let milli = to_milli(v).ok_or_else(|| {
+                    D::Error::custom(ResourceParseError::BadAmount(v.to_string()))
+                })?;
                 out.set_milli(&k, milli);
             }
         } else {
@@ -278,11 +281,26 @@ mod tests {
 
     #[test]
     fn parse_rejects_bad_input() {
-        assert!(matches!(Resources::parse("cpus"), Err(ResourceParseError::Syntax(_))));
-        assert!(matches!(Resources::parse("cpus:-1"), Err(ResourceParseError::BadAmount(_))));
-        assert!(matches!(Resources::parse("cpus:NaN"), Err(ResourceParseError::BadAmount(_))));
-        assert!(matches!(Resources::parse("c pus:1"), Err(ResourceParseError::BadName(_))));
-        assert!(matches!(Resources::parse("cpus:1;cpus:2"), Err(ResourceParseError::Duplicate(_))));
+        assert!(matches!(
+            Resources::parse("cpus"),
+            Err(ResourceParseError::Syntax(_))
+        ));
+        assert!(matches!(
+            Resources::parse("cpus:-1"),
+            Err(ResourceParseError::BadAmount(_))
+        ));
+        assert!(matches!(
+            Resources::parse("cpus:NaN"),
+            Err(ResourceParseError::BadAmount(_))
+        ));
+        assert!(matches!(
+            Resources::parse("c pus:1"),
+            Err(ResourceParseError::BadName(_))
+        ));
+        assert!(matches!(
+            Resources::parse("cpus:1;cpus:2"),
+            Err(ResourceParseError::Duplicate(_))
+        ));
         assert!(Resources::parse("").unwrap().is_empty());
     }
 
@@ -295,9 +313,13 @@ mod tests {
         }
         assert_eq!(sum, Resources::parse("cpus:1").unwrap());
         let mut total = Resources::parse("cpus:4;mem:100").unwrap();
-        assert!(total.checked_sub_assign(&Resources::parse("cpus:5").unwrap()).is_none());
+        assert!(total
+            .checked_sub_assign(&Resources::parse("cpus:5").unwrap())
+            .is_none());
         assert_eq!(total, Resources::parse("cpus:4;mem:100").unwrap());
-        total.checked_sub_assign(&Resources::parse("cpus:4;mem:1").unwrap()).unwrap();
+        total
+            .checked_sub_assign(&Resources::parse("cpus:4;mem:1").unwrap())
+            .unwrap();
         assert_eq!(total, Resources::parse("mem:99").unwrap());
         assert!(total.contains(&Resources::new()));
     }
@@ -305,7 +327,10 @@ mod tests {
     #[test]
     fn json_uses_plain_numbers() {
         let r = Resources::parse("cpus:2;mem:1024").unwrap();
-        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"cpus":2.0,"mem":1024.0}"#);
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"cpus":2.0,"mem":1024.0}"#
+        );
         let back: Resources = serde_json::from_str(r#"{"cpus":2.0,"mem":1024.0}"#).unwrap();
         assert_eq!(back, r);
     }
