@@ -496,7 +496,8 @@ async fn keep_alive_loop(
         loop {
             tokio::time::sleep(interval).await;
             let sent = Instant::now();
-            if keeper.keep_alive().await.is_err() {
+            if let Err(e) = keeper.keep_alive().await {
+                debug!("election: keep-alive send for {lease_id:x} failed ({e}); recreating");
                 tokio::time::sleep(KEEPER_RETRY).await;
                 continue 'stream;
             }
@@ -511,8 +512,16 @@ async fn keep_alive_loop(
                         return;
                     }
                 }
-                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                other => {
                     // Stream ended, failed or stalled (etcd 3.4 after a restart): a new one.
+                    let why = match other {
+                        Ok(Ok(_)) => "stream ended".to_string(),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => format!("no answer within {request_timeout:?}"),
+                    };
+                    debug!(
+                        "election: keep-alive stream for {lease_id:x} failed ({why}); recreating"
+                    );
                     tokio::time::sleep(KEEPER_RETRY).await;
                     continue 'stream;
                 }

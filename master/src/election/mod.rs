@@ -177,8 +177,9 @@ pub struct Election {
     events: mpsc::UnboundedReceiver<LeadershipEvent>,
     status: watch::Receiver<LeadershipStatus>,
     resign: Option<oneshot::Sender<()>>,
-    /// Kept so a standalone election can report `Lost` on resign.
-    sink: Sink,
+    /// Kept so a standalone election can report `Lost` on resign (None in etcd mode, so the
+    /// event channel closes once the etcd tasks end).
+    sink: Option<Sink>,
     tasks: Vec<JoinHandle<()>>,
     mode: Mode,
 }
@@ -225,7 +226,7 @@ impl Election {
             events,
             status,
             resign: None,
-            sink,
+            sink: Some(sink),
             tasks: Vec::new(),
             mode: Mode::Standalone,
         }
@@ -243,7 +244,7 @@ impl Election {
             events,
             status,
             resign: Some(resign_tx),
-            sink,
+            sink: None,
             tasks: vec![campaign, observer],
             mode: Mode::Etcd,
         })
@@ -269,13 +270,17 @@ impl Election {
         self.status.borrow().is_leader
     }
 
-    /// Gives up leadership cleanly (etcd: resign and revoke the lease so a standby takes over at
-    /// once instead of after the TTL) and stops the election. Waits at most `timeout`.
-    pub async fn resign(mut self, timeout: Duration) -> Result<(), ElectionError> {
+    /// Gives up leadership cleanly (etcd: emit `Lost`, resign and revoke the lease so a standby
+    /// takes over at once instead of after the TTL) and stops the election. Waits at most
+    /// `timeout`. Events emitted meanwhile (the final `Lost`) can still be read with
+    /// [`Election::next_event`], which then returns `None`.
+    pub async fn resign(&mut self, timeout: Duration) -> Result<(), ElectionError> {
         match self.mode {
             Mode::Standalone => {
-                if self.is_leader() {
-                    self.sink.lost("resigned".into());
+                if let Some(sink) = self.sink.take() {
+                    if self.status.borrow().is_leader {
+                        sink.lost("resigned".into());
+                    }
                 }
                 Ok(())
             }
@@ -284,6 +289,9 @@ impl Election {
                     let _ = tx.send(());
                 }
                 let mut tasks = std::mem::take(&mut self.tasks);
+                if tasks.is_empty() {
+                    return Ok(());
+                }
                 let campaign = tasks.remove(0);
                 for t in &tasks {
                     t.abort();
@@ -366,6 +374,15 @@ mod tests {
         let mut w = e.watch_status();
         e.resign(Duration::from_secs(1)).await.unwrap();
         assert!(!w.borrow_and_update().is_leader);
+        assert!(matches!(
+            e.next_event().await,
+            Some(LeadershipEvent::Lost { .. })
+        ));
+        assert_eq!(
+            e.next_event().await,
+            Some(LeadershipEvent::LeaderChanged { leader: None })
+        );
+        assert_eq!(e.next_event().await, None);
     }
 
     #[tokio::test]
