@@ -5,6 +5,9 @@
 //! The binaries are taken from the cargo target directory next to the test executable; build
 //! them first with `cargo build --workspace --bins` (the README's test command does).
 
+pub mod etcd;
+pub mod proxy;
+
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -8,7 +8,6 @@ use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic;
 use gantry_sdk::transport::tls::{self, CertAuthority, PeerIdentity};
 use gantry_tests::{run_batch, Cluster, TempDir};
-use tokio::io::AsyncWriteExt;
 
 const T: Duration = Duration::from_secs(20);
 
