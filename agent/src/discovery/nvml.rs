@@ -513,3 +513,14 @@ mod tests {
         assert_eq!(sysfs_numa_node(dir.path(), "0000:99:00.0"), None);
     }
 }
+
+#[cfg(test)]
+mod thread_safety {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_cross_threads() {
+        send_sync::<super::NvmlGpus>();
+        send_sync::<super::HealthWatcher>();
+    }
+}
