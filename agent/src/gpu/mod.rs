@@ -1,4 +1,4 @@
-//! GPU policy, all pure: topology-aware assignment ([`assign`]), health ([`health`]) and
+//! GPU policy, all pure: topology-aware assignment ([`mod@assign`]), health ([`health`]) and
 //! attribution of NVML-measured usage to tasks ([`usage`]).
 
 pub mod assign;

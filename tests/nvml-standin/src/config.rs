@@ -29,6 +29,15 @@ pub struct StandinConfig {
     /// Events to deliver, each once to every event set that registered for its GPU and kind.
     #[serde(default)]
     pub events: Vec<EventSpec>,
+    /// `true` (default): an event set also gets the events already listed when it was created
+    /// (so a test may list XIDs before the agent starts). `false`: like real NVML, only events
+    /// added after the set was created (so a restarted agent does not see old XIDs again).
+    #[serde(default = "default_replay")]
+    pub replay_events: bool,
+}
+
+fn default_replay() -> bool {
+    true
 }
 
 fn default_driver() -> String {
@@ -232,6 +241,7 @@ mod tests {
             cuda_version: 12000,
             gpus: vec![],
             events: vec![],
+            replay_events: true,
         };
         write_atomic(&p, &c).unwrap();
         assert_eq!(StandinConfig::load(&p).unwrap(), c);
