@@ -13,7 +13,7 @@
 //! call them from `spawn_blocking` or a dedicated thread.
 
 use std::ffi::OsStr;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -459,11 +459,6 @@ fn watch(nvml: &Nvml, gpus: &[(u32, String)], stop: &AtomicBool, tx: &UnboundedS
             break;
         }
     }
-}
-
-/// Where `--nvml-lib` points when not given.
-pub fn default_lib() -> PathBuf {
-    PathBuf::from(DEFAULT_NVML_LIB)
 }
 
 #[cfg(test)]
