@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gantry_agent::isolation::{
-    bpf, CgroupLayout, DeviceRule, IsolationMode, Isolator, Limits, NvidiaMajors, PreExecAttach,
-    TaskCgroup,
+    bpf, CgroupLayout, DeviceRule, IsolationError, IsolationMode, Isolator, Limits, NvidiaMajors,
+    PreExecAttach, TaskCgroup,
 };
 
 const SKIP_ENV: &str = "GANTRY_SKIP_CGROUP_TESTS";
@@ -354,6 +354,12 @@ fn reopen_and_cleanup_after_restart() {
     let i = fx.spawn(&a, "sleep 30");
     std::thread::sleep(Duration::from_millis(100));
     let child_pid = fx.children[i].id();
+    // Creating it again is refused and leaves the running task alone.
+    assert!(matches!(
+        fx.iso.create("task-a", &no_limits()),
+        Err(IsolationError::Busy { .. })
+    ));
+    assert!(a.pids().unwrap().contains(&child_pid));
     // A second isolator, as after an agent restart.
     let root = fx.iso.clone();
     assert_eq!(

@@ -69,6 +69,7 @@ async fn discovery_sampling_and_health_through_standin() {
         cuda_version: 12040,
         gpus: (0..4).map(gpu).collect(),
         events: vec![],
+        replay_events: true,
     };
     cfg.gpus[2].processes = vec![ProcessSpec {
         pid: 777,

@@ -13,7 +13,7 @@
 //! call them from `spawn_blocking` or a dedicated thread.
 
 use std::ffi::OsStr;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -461,11 +461,6 @@ fn watch(nvml: &Nvml, gpus: &[(u32, String)], stop: &AtomicBool, tx: &UnboundedS
     }
 }
 
-/// Where `--nvml-lib` points when not given.
-pub fn default_lib() -> PathBuf {
-    PathBuf::from(DEFAULT_NVML_LIB)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,5 +506,16 @@ mod tests {
         std::fs::write(real.join("numa_node"), "-1\n").unwrap();
         assert_eq!(sysfs_numa_node(dir.path(), "0000:11:00.0"), None);
         assert_eq!(sysfs_numa_node(dir.path(), "0000:99:00.0"), None);
+    }
+}
+
+#[cfg(test)]
+mod thread_safety {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_cross_threads() {
+        send_sync::<super::NvmlGpus>();
+        send_sync::<super::HealthWatcher>();
     }
 }

@@ -377,7 +377,7 @@ impl Isolator {
         };
         match result {
             Ok(()) => Ok(cg),
-            // Someone else's processes: leave them alone.
+            // Someone else's processes: leave them alone (setup removed what it created).
             Err(e @ IsolationError::Busy { .. }) => Err(e),
             Err(e) => {
                 if let Err(e2) = cg.destroy() {
@@ -439,8 +439,16 @@ impl Isolator {
         else {
             return Ok(());
         };
+        let mut made = Vec::new();
         for d in cg.dirs() {
-            make_task_dir(d)?;
+            if let Err(e) = make_task_dir(d) {
+                // Remove only what this call created; a busy directory is someone else's.
+                for m in made {
+                    let _ = rmdir(m);
+                }
+                return Err(e);
+            }
+            made.push(d);
         }
         write_file(
             &cpu.join("cpu.shares"),

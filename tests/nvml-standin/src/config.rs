@@ -29,6 +29,15 @@ pub struct StandinConfig {
     /// Events to deliver, each once to every event set that registered for its GPU and kind.
     #[serde(default)]
     pub events: Vec<EventSpec>,
+    /// `true` (default): an event set also gets the events already listed when it was created
+    /// (so a test may list XIDs before the agent starts). `false`: like real NVML, only events
+    /// added after the set was created (so a restarted agent does not see old XIDs again).
+    #[serde(default = "default_replay")]
+    pub replay_events: bool,
+}
+
+fn default_replay() -> bool {
+    true
 }
 
 fn default_driver() -> String {
@@ -207,4 +216,35 @@ pub fn library_path() -> Option<PathBuf> {
             .join(NAME),
     );
     candidates.into_iter().find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_parses() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/four-gpus.toml");
+        let c = StandinConfig::load(&p).unwrap();
+        assert_eq!(c.gpus.len(), 4);
+        let nodes: Vec<Option<u32>> = c.gpus.iter().map(|g| g.numa_node).collect();
+        assert_eq!(nodes, vec![Some(0), Some(0), Some(1), Some(1)]);
+        assert!(c.events.is_empty());
+    }
+
+    #[test]
+    fn atomic_write_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        let c = StandinConfig {
+            driver_version: "1".into(),
+            cuda_version: 12000,
+            gpus: vec![],
+            events: vec![],
+            replay_events: true,
+        };
+        write_atomic(&p, &c).unwrap();
+        assert_eq!(StandinConfig::load(&p).unwrap(), c);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 }

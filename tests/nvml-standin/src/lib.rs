@@ -769,11 +769,21 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlRet
         }
         let id = s.next_set;
         s.next_set += 1;
+        let delivered: HashSet<u64> = if s.config.replay_events {
+            HashSet::new()
+        } else {
+            s.config
+                .events
+                .iter()
+                .enumerate()
+                .map(|(pos, e)| e.key(pos))
+                .collect()
+        };
         s.sets.insert(
             id,
             EventSetState {
                 registered: HashMap::new(),
-                delivered: HashSet::new(),
+                delivered,
             },
         );
         unsafe { *set = id as nvmlEventSet_t };

@@ -68,6 +68,7 @@ fn standin_answers_through_nvml_wrapper() {
         cuda_version: 12040,
         gpus: (0..4).map(gpu).collect(),
         events: vec![],
+        replay_events: true,
     };
     cfg.gpus[1].processes = vec![ProcessSpec {
         pid: 4242,
@@ -165,6 +166,28 @@ fn standin_answers_through_nvml_wrapper() {
     assert!(e.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR));
     assert!(matches!(set.wait(50), Err(NvmlError::Timeout)));
     assert_eq!(d1.running_compute_processes().unwrap().len(), 2);
+
+    // Without replay, a new event set skips the events already listed, as real NVML would.
+    cfg.replay_events = false;
+    config::write_atomic(&path, &cfg).unwrap();
+    let fresh = d1
+        .register_events(
+            EventTypes::CRITICAL_XID_ERROR,
+            nvml.create_event_set().unwrap(),
+        )
+        .unwrap();
+    assert!(matches!(fresh.wait(50), Err(NvmlError::Timeout)));
+    cfg.events.push(EventSpec {
+        id: Some(9),
+        gpu: 1,
+        kind: EventKind::Xid,
+        xid: 94,
+    });
+    config::write_atomic(&path, &cfg).unwrap();
+    assert_eq!(xid_kind(&fresh.wait(1000).unwrap()), Some(94));
+    // The older set, created with replay, gets the new one too.
+    assert_eq!(xid_kind(&set.wait(1000).unwrap()), Some(94));
+    drop(fresh);
 
     // A half-written file keeps the last good configuration.
     std::fs::write(&path, "gpus = [").unwrap();
