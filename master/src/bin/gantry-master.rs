@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use gantry_master::allocator::AllocatorConfig;
 use gantry_master::state::MasterConfig;
 use gantry_master::{server, simulate};
 use gantry_sdk::transport::{quic, tls, PeerIdentity};
@@ -100,17 +101,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("binding HTTP on {}", args.http))?;
-    let mut config = MasterConfig::default();
-    config.agent_reregister_timeout_ms =
-        secs_to_ms(args.agent_reregister_timeout, "--agent-reregister-timeout")?;
-    config.allocation_interval_ms = args.allocation_interval_ms.max(1);
-    config.allocator.offer_timeout_ms = args
-        .offer_timeout
-        .map(|s| secs_to_ms(s, "--offer-timeout"))
-        .transpose()?;
-    config.allocator.filter_gpu_resources = !args.no_gpu_filter;
-    config.allocator.fairness_excluded_resources = args.fairness_excluded;
-    config.allocator.offer_id_seed = rand_seed();
+    let allocator = AllocatorConfig {
+        offer_timeout_ms: args
+            .offer_timeout
+            .map(|s| secs_to_ms(s, "--offer-timeout"))
+            .transpose()?,
+        filter_gpu_resources: !args.no_gpu_filter,
+        fairness_excluded_resources: args.fairness_excluded,
+        offer_id_seed: rand_seed(),
+        ..AllocatorConfig::default()
+    };
+    let config = MasterConfig {
+        allocator,
+        agent_reregister_timeout_ms: secs_to_ms(
+            args.agent_reregister_timeout,
+            "--agent-reregister-timeout",
+        )?,
+        allocation_interval_ms: args.allocation_interval_ms.max(1),
+        ..MasterConfig::default()
+    };
     tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");
     server::run(endpoint, http, config, async {
         let _ = tokio::signal::ctrl_c().await;

@@ -1,6 +1,6 @@
 //! `gantryctl`: operator tool. `gantryctl certs ...` issues the cluster's TLS certificates.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -57,12 +57,7 @@ enum Certs {
     },
 }
 
-fn issue(
-    ca_dir: &PathBuf,
-    out: &PathBuf,
-    identity: PeerIdentity,
-    sans: &[String],
-) -> anyhow::Result<()> {
+fn issue(ca_dir: &Path, out: &Path, identity: PeerIdentity, sans: &[String]) -> anyhow::Result<()> {
     let ca = CertAuthority::load(ca_dir)
         .with_context(|| format!("loading the CA from {}", ca_dir.display()))?;
     std::fs::create_dir_all(out)?;

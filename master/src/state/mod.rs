@@ -1774,7 +1774,11 @@ fn validate_task(task: &TaskInfo) -> Option<String> {
     if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
         return Some(format!("task {tid}: must request some cpus or mem"));
     }
-    if task.resources.milli("gpus") % gantry_sdk::protocol::resources::MILLI != 0 {
+    if !task
+        .resources
+        .milli("gpus")
+        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
+    {
         return Some(format!("task {tid}: gpus must be a whole number"));
     }
     if task
