@@ -1841,3 +1841,6 @@ fn draw(
     }
     Some(holding)
 }
+
+#[cfg(test)]
+mod tests;
