@@ -19,6 +19,26 @@ enum Cmd {
     /// Issue TLS certificates (files follow the --tls-dir naming convention).
     #[command(subcommand)]
     Certs(Certs),
+    /// Set a role's weight (its dominant share is divided by it).
+    Weight {
+        role: String,
+        #[arg(allow_negative_numbers = true)]
+        weight: f64,
+        #[arg(long, default_value = "127.0.0.1:5051")]
+        http: std::net::SocketAddr,
+    },
+    /// Set (replace) a role's quota: a guarantee held back for it and a limit it never exceeds.
+    Quota {
+        role: String,
+        /// e.g. "cpus:8;mem:16384" (omit to remove the guarantee).
+        #[arg(long)]
+        guarantee: Option<String>,
+        /// e.g. "cpus:16;gpus:4" (omit to remove the limit).
+        #[arg(long)]
+        limit: Option<String>,
+        #[arg(long, default_value = "127.0.0.1:5051")]
+        http: std::net::SocketAddr,
+    },
     /// Show the cluster: agents, frameworks with their dominant shares, tasks by state.
     State {
         /// The master's HTTP address.
@@ -144,6 +164,29 @@ fn print_state(http: std::net::SocketAddr, json: bool) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::State { http, json } => print_state(http, json),
+        Cmd::Weight { role, weight, http } => {
+            gantry_master::client::http_post_json(
+                http,
+                "/weights",
+                &serde_json::json!({"role": role, "weight": weight}),
+            )?;
+            println!("weight of {role} set to {weight}");
+            Ok(())
+        }
+        Cmd::Quota {
+            role,
+            guarantee,
+            limit,
+            http,
+        } => {
+            gantry_master::client::http_post_json(
+                http,
+                "/quota",
+                &serde_json::json!({"role": role, "guarantee": guarantee, "limit": limit}),
+            )?;
+            println!("quota of {role} set");
+            Ok(())
+        }
         Cmd::Certs(Certs::Ca { out }) => {
             anyhow::ensure!(
                 !out.join("ca.pem").exists(),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use dashmap::DashMap;
 use gantry_sdk::protocol::codec::CodecError;
@@ -25,7 +25,7 @@ use gantry_sdk::transport::quic::{self, FrameReceiver, FrameSender};
 use gantry_sdk::transport::PeerIdentity;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::state::{ConnId, Input, Master, MasterConfig, Output};
+use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
 
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;
@@ -34,6 +34,7 @@ const CLOSE_PROTOCOL: u32 = 1;
 enum CoreEvent {
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
+    Operator(OperatorCommand, oneshot::Sender<Result<(), String>>),
 }
 
 enum Outbound {
@@ -73,6 +74,8 @@ pub async fn run(
             get(|| async { Json(serde_json::json!({"status": "ok", "leader": true})) }),
         )
         .route("/state", get(state_handler))
+        .route("/weights", post(weights_handler))
+        .route("/quota", post(quota_handler))
         .with_state(shell.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();
@@ -128,6 +131,77 @@ async fn state_handler(
     rx.await.map(Json).map_err(|_| unavailable())
 }
 
+/// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
+#[derive(serde::Deserialize)]
+struct WeightRequest {
+    role: String,
+    weight: f64,
+}
+
+/// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
+/// an omitted part is removed.
+#[derive(serde::Deserialize)]
+struct QuotaRequest {
+    role: String,
+    guarantee: Option<String>,
+    limit: Option<String>,
+}
+
+type HttpResult = Result<Json<serde_json::Value>, (axum::http::StatusCode, String)>;
+
+async fn operator(shell: &Shell, cmd: OperatorCommand) -> HttpResult {
+    let (tx, rx) = oneshot::channel();
+    let unavailable = || {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "master core is not running".to_string(),
+        )
+    };
+    shell
+        .core
+        .send(CoreEvent::Operator(cmd, tx))
+        .await
+        .map_err(|_| unavailable())?;
+    match rx.await.map_err(|_| unavailable())? {
+        Ok(()) => Ok(Json(serde_json::json!({"ok": true}))),
+        Err(e) => Err((axum::http::StatusCode::BAD_REQUEST, e)),
+    }
+}
+
+async fn weights_handler(State(shell): State<Shell>, Json(req): Json<WeightRequest>) -> HttpResult {
+    operator(
+        &shell,
+        OperatorCommand::SetWeight {
+            role: req.role,
+            weight: req.weight,
+        },
+    )
+    .await
+}
+
+async fn quota_handler(State(shell): State<Shell>, Json(req): Json<QuotaRequest>) -> HttpResult {
+    let parse = |s: Option<String>,
+                 what: &str|
+     -> Result<Option<gantry_sdk::Resources>, (axum::http::StatusCode, String)> {
+        s.map(|s| {
+            s.parse()
+                .map_err(|e| (axum::http::StatusCode::BAD_REQUEST, format!("{what}: {e}")))
+        })
+        .transpose()
+    };
+    let guarantee = parse(req.guarantee, "guarantee")?;
+    let limit = parse(req.limit, "limit")?;
+    operator(
+        &shell,
+        OperatorCommand::SetQuota {
+            role: req.role,
+            guarantee,
+            limit,
+        },
+    )
+    .await
+}
+
 /// The single owner of the state machine.
 async fn core_loop(
     mut master: Master,
@@ -154,6 +228,9 @@ async fn core_loop(
                 for ev in batch {
                     match ev {
                         CoreEvent::Input(input) => out.extend(master.handle(input, now())),
+                        CoreEvent::Operator(cmd, reply) => {
+                            let _ = reply.send(master.operator(cmd));
+                        }
                         CoreEvent::State(reply) => {
                             let view = serde_json::to_value(master.view(now())).unwrap_or(serde_json::Value::Null);
                             let _ = reply.send(view);

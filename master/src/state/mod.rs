@@ -1844,3 +1844,57 @@ fn draw(
 
 #[cfg(test)]
 mod tests;
+
+/// An operator request (HTTP API / `gantryctl`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OperatorCommand {
+    SetWeight {
+        role: String,
+        weight: f64,
+    },
+    /// Replaces the role's quota; `None` parts are removed.
+    SetQuota {
+        role: String,
+        guarantee: Option<Resources>,
+        limit: Option<Resources>,
+    },
+}
+
+impl Master {
+    /// Applies an operator command. Weights and quotas take effect at the next batch
+    /// allocation (as in Mesos).
+    pub fn operator(&mut self, cmd: OperatorCommand) -> Result<(), String> {
+        match cmd {
+            OperatorCommand::SetWeight { role, weight } => {
+                if !valid_role(&role) {
+                    return Err(format!("invalid role name {role:?}"));
+                }
+                if !(weight.is_finite() && weight > 0.0) {
+                    return Err(format!("weight must be a positive number, not {weight}"));
+                }
+                tracing::info!(%role, weight, "role weight set");
+                self.allocator.set_weight(&role, weight);
+            }
+            OperatorCommand::SetQuota {
+                role,
+                guarantee,
+                limit,
+            } => {
+                if !valid_role(&role) {
+                    return Err(format!("invalid role name {role:?}"));
+                }
+                if let (Some(g), Some(l)) = (&guarantee, &limit) {
+                    if let Some(name) = g
+                        .names()
+                        .find(|n| l.names().any(|x| x == *n) && g.milli(n) > l.milli(n))
+                    {
+                        return Err(format!("quota guarantee of {name} exceeds its limit"));
+                    }
+                }
+                tracing::info!(%role, ?guarantee, ?limit, "role quota set");
+                self.allocator.set_quota(&role, guarantee, limit);
+            }
+        }
+        Ok(())
+    }
+}

@@ -460,3 +460,37 @@ fn role_names() {
         assert!(!valid_role(bad), "{bad}");
     }
 }
+
+#[test]
+fn operator_commands_are_validated() {
+    let mut h = Harness::new();
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetWeight {
+            role: "a".into(),
+            weight: 2.0
+        })
+        .is_ok());
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetWeight {
+            role: "a".into(),
+            weight: 0.0
+        })
+        .is_err());
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetWeight {
+            role: "a b".into(),
+            weight: 1.0
+        })
+        .is_err());
+    let q = |g: &str, l: &str| OperatorCommand::SetQuota {
+        role: "a".into(),
+        guarantee: Some(res(g)),
+        limit: Some(res(l)),
+    };
+    assert!(h.m.operator(q("cpus:2", "cpus:4")).is_ok());
+    assert!(h.m.operator(q("cpus:8", "cpus:4")).is_err());
+    assert_eq!(h.m.allocator.metrics().roles["a"].weight, 2.0);
+}
