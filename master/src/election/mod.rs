@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 
 use crate::registry::{EtcdStore, FileStore, RegistryError, RegistryStore};
 
-pub use self::etcd::EtcdElectionConfig;
+pub use self::etcd::{EtcdElectionConfig, LeaderWatch};
 
 /// Proof of leadership that registry writes are checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +80,24 @@ pub struct LeadershipStatus {
     pub leader: Option<String>,
     /// This master's own advertised address.
     pub advertise: String,
+    /// etcd mode: the local lease deadline (see [`lease`]). Past it this master must not act as
+    /// leader even if the election task has not run yet to emit `Lost` (a starved runtime).
+    #[serde(skip)]
+    pub lease_valid_until: Option<Instant>,
+}
+
+impl LeadershipStatus {
+    /// Whether this master may act as leader at `now`: elected, and (etcd) its lease deadline not
+    /// passed. Check this before every offer and every launch.
+    pub fn leads_at(&self, now: Instant) -> bool {
+        if !self.is_leader {
+            return false;
+        }
+        match self.lease_valid_until {
+            Some(deadline) => now < deadline,
+            None => true,
+        }
+    }
 }
 
 /// Why an election could not be started or ended cleanly.
@@ -130,6 +148,23 @@ impl Sink {
             fence,
             at: Instant::now(),
         });
+    }
+
+    /// A keep-alive succeeded: the lease is valid locally until `deadline`.
+    pub(crate) fn renewed(&self, deadline: Instant) {
+        self.status.send_if_modified(|s| {
+            if s.lease_valid_until.is_some_and(|d| d >= deadline) {
+                return false;
+            }
+            s.lease_valid_until = Some(deadline);
+            true
+        });
+    }
+
+    /// A new term starts: forget the previous lease's deadline.
+    pub(crate) fn new_lease(&self, deadline: Instant) {
+        self.status
+            .send_modify(|s| s.lease_valid_until = Some(deadline));
     }
 
     pub(crate) fn lost(&self, reason: String) {
@@ -265,9 +300,10 @@ impl Election {
         self.status.clone()
     }
 
-    /// Whether this master leads right now (cheap; check it before every offer or launch).
+    /// Whether this master may act as leader right now (cheap; check it before every offer or
+    /// launch). Also false once the lease deadline passed, even before `Lost` was processed.
     pub fn is_leader(&self) -> bool {
-        self.status.borrow().is_leader
+        self.status.borrow().leads_at(Instant::now())
     }
 
     /// Gives up leadership cleanly (etcd: emit `Lost`, resign and revoke the lease so a standby
