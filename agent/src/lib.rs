@@ -1,1 +1,24 @@
 //! # gantry-agent
+//!
+//! Runs on each (GPU) host: measures its resources, registers with the leading master,
+//! launches tasks in sandboxes, reports their status reliably and survives its own restart.
+//!
+//! - [`agent`]: the core event loop owning tasks, the update queue and the checkpoint.
+//! - [`session`]: the QUIC connection to the master (mutual TLS, redirects, reconnects).
+//! - [`executor`]: task launch under a per-task supervisor, exit status, kill.
+//! - [`updates`]: PURE status update manager (in-order, retried with backoff until acked).
+//! - [`checkpoint`]: on-disk state for recovery after an agent restart.
+//! - [`discovery`]: host resources and NVML GPUs (nvml-wrapper).
+//! - [`gpu`]: PURE GPU policy: topology-aware assignment, health, usage attribution.
+//! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
+//! - [`config`]: command-line parsing helpers (`--resources`, `--attributes`, `--reserve`).
+
+pub mod agent;
+pub mod checkpoint;
+pub mod config;
+pub mod discovery;
+pub mod executor;
+pub mod gpu;
+pub mod isolation;
+pub mod session;
+pub mod updates;

@@ -9,8 +9,8 @@
 //! - [`scheduler`]: the [`Scheduler`] trait and the [`Driver`] that runs it against a master.
 
 pub mod protocol;
-// pub mod scheduler;
-// pub mod transport;
+pub mod scheduler;
+pub mod transport;
 
 pub use protocol::Resources;
-// pub use scheduler::{Driver, DriverConfig, DriverHandle, Scheduler};
+pub use scheduler::{Driver, DriverConfig, DriverHandle, Scheduler};

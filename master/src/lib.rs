@@ -1,8 +1,21 @@
 //! # gantry-master
 //!
-//! - [`allocator`]: PURE hierarchical DRF allocator and the offer book (no I/O, time is an input).
+//! The master tracks agents and frameworks, decides offers by Dominant Resource Fairness,
+//! validates accepts and tracks tasks; several masters elect a leader through etcd.
+//!
+//! - [`allocator`]: PURE hierarchical DRF allocator and the offer book (no I/O; time is an input).
+//! - [`state`]: PURE-ish state machine of agents, frameworks and tasks; accept validation; the
+//!   `/state` view. Takes inputs and time, returns messages to send.
+//! - [`server`]: the I/O shell: QUIC accept loop, per-peer connection tasks, the core event
+//!   loop, HTTP (axum).
+//! - [`simulate`]: the scenario simulator, trace mode and benchmark driving the allocator in
+//!   simulated time.
 //! - [`election`]: standalone or etcd leader election (epoch, write fence, leader address).
 //! - [`registry`]: the persistent registry (work-dir file or etcd), fenced by leadership.
 
+pub mod allocator;
 pub mod election;
 pub mod registry;
+pub mod server;
+pub mod simulate;
+pub mod state;

@@ -1,4 +1,560 @@
-//! Shared harness for cluster tests.
+//! Harness for cluster tests over real sockets: starts real `gantry-master` and `gantry-agent`
+//! processes on free loopback ports in a temporary directory, reads the master's `/state`, and
+//! cleans up every process (including task supervisors and task process groups) on drop.
+//!
+//! The binaries are taken from the cargo target directory next to the test executable; build
+//! them first with `cargo build --workspace --bins` (the README's test command does).
 
 pub mod etcd;
 pub mod proxy;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// A temporary directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        let p = std::env::temp_dir().join(format!("{prefix}-{}", uuid_like()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn uuid_like() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{}-{:x}", std::process::id(), t)
+}
+
+/// The directory holding the workspace's binaries (target/debug).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/test-xxxx -> target/debug
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .expect("target dir")
+}
+
+/// Path of a workspace binary, with a clear error when it has not been built.
+pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
+    let p = bin_dir().join(name);
+    if !p.exists() {
+        bail!(
+            "{} is missing: run `cargo build --workspace --bins` before the cluster tests",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// A free loopback UDP port (for QUIC).
+pub fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("bind udp")
+}
+
+/// A free loopback TCP port.
+pub fn free_tcp() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("bind tcp")
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+        let out = std::fs::File::create(log)?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let child = cmd.spawn().with_context(|| format!("spawning {name}"))?;
+        Ok(Self {
+            child,
+            name: name.to_string(),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A running `gantry-master`.
+pub struct MasterProc {
+    pub proc: Proc,
+    pub quic: SocketAddr,
+    pub http: SocketAddr,
+    pub work_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl MasterProc {
+    /// Starts a master with `--tls-dir tls_dir` and waits until `/health` answers.
+    pub fn start(dir: &Path, tls_dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        let quic = free_udp();
+        let http = free_tcp();
+        let work_dir = dir.join(format!("master-{}", quic.port()));
+        let log = dir.join(format!("master-{}.log", quic.port()));
+        let mut cmd = Command::new(bin("gantry-master")?);
+        cmd.arg("--listen")
+            .arg(quic.to_string())
+            .arg("--http")
+            .arg(http.to_string());
+        cmd.arg("--work-dir")
+            .arg(&work_dir)
+            .arg("--tls-dir")
+            .arg(tls_dir);
+        cmd.args(extra);
+        let proc = Proc::spawn("gantry-master", cmd, &log)?;
+        let m = Self {
+            proc,
+            quic,
+            http,
+            work_dir,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_get(m.http, "/health").is_err() {
+            if Instant::now() > deadline {
+                bail!(
+                    "master did not come up; log:\n{}",
+                    std::fs::read_to_string(&m.log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(m)
+    }
+
+    /// `GET /state` as JSON.
+    pub fn state(&self) -> anyhow::Result<serde_json::Value> {
+        let body = http_get(self.http, "/state")?;
+        serde_json::from_str(&body).context("parsing /state")
+    }
+
+    /// Polls `/state` until `pred` holds or `timeout` passes.
+    pub fn wait_state(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> anyhow::Result<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(s) = self.state() {
+                if pred(&s) {
+                    return Ok(s);
+                }
+                if Instant::now() > deadline {
+                    bail!("timed out waiting for {what}; last /state: {s:#}");
+                }
+            } else if Instant::now() > deadline {
+                bail!("timed out waiting for {what}; /state unreachable");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A running `gantry-agent`.
+pub struct AgentProc {
+    pub proc: Proc,
+    pub name: String,
+    pub work_dir: PathBuf,
+    pub log: PathBuf,
+    args: Vec<String>,
+}
+
+impl AgentProc {
+    /// Starts an agent named `name` advertising `resources`.
+    pub fn start(
+        dir: &Path,
+        tls_dir: &Path,
+        master: SocketAddr,
+        name: &str,
+        resources: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let work_dir = dir.join(format!("agent-{name}"));
+        let log = dir.join(format!("agent-{name}.log"));
+        let mut args: Vec<String> = vec![
+            "--master".into(),
+            master.to_string(),
+            "--work-dir".into(),
+            work_dir.display().to_string(),
+            "--tls-dir".into(),
+            tls_dir.display().to_string(),
+            "--name".into(),
+            name.into(),
+            "--resources".into(),
+            resources.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let proc = Self::spawn_with(&args, &log, name)?;
+        Ok(Self {
+            proc,
+            name: name.to_string(),
+            work_dir,
+            log,
+            args,
+        })
+    }
+
+    fn spawn_with(args: &[String], log: &Path, name: &str) -> anyhow::Result<Proc> {
+        let mut cmd = Command::new(bin("gantry-agent")?);
+        cmd.args(args);
+        // Append: a restarted agent keeps its earlier log.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let err = file.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(file).stderr(err);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let child = cmd.spawn().context("spawning gantry-agent")?;
+        Ok(Proc {
+            child,
+            name: format!("agent {name}"),
+        })
+    }
+
+    /// `kill -9` the agent process only (its tasks keep running).
+    pub fn kill9(&mut self) {
+        self.proc.kill9();
+    }
+
+    /// Starts the agent again with the same arguments and work dir.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.proc.kill9();
+        self.proc = Self::spawn_with(&self.args, &self.log, &self.name)?;
+        Ok(())
+    }
+
+    /// Kills every task process group and supervisor this agent started (cleanup).
+    pub fn kill_tasks(&self) {
+        let Ok(entries) = std::fs::read_dir(self.work_dir.join("sandboxes")) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if let Ok(pid) = std::fs::read_to_string(e.path().join("task.pid")) {
+                if let Ok(pid) = pid.trim().parse::<i32>() {
+                    if pid > 1 {
+                        // SAFETY: kill(2) on a process group this agent created; no memory involved.
+                        unsafe {
+                            libc::kill(-pid, libc::SIGKILL);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.proc.kill9();
+        self.kill_tasks();
+    }
+}
+
+/// A minimal HTTP/1.1 GET over loopback (keeps the harness free of an HTTP client stack).
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP response")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or(""));
+    }
+    // axum sends Content-Length for JSON; handle chunked just in case.
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n").context("bad chunk")?;
+            let n = usize::from_str_radix(size.trim(), 16)?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = &after[n + 2..];
+        }
+        return Ok(out);
+    }
+    Ok(body.to_string())
+}
+
+/// A cluster: one master and some agents sharing one dev TLS directory.
+pub struct Cluster {
+    pub agents: Vec<AgentProc>,
+    pub master: MasterProc,
+    pub tls_dir: PathBuf,
+    pub dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts a master and one agent per `(name, resources)`, and waits until all registered.
+    pub fn start(agents: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_with(agents, &[], &[])
+    }
+
+    pub fn start_with(
+        agents: &[(&str, &str)],
+        master_args: &[&str],
+        agent_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let dir = TempDir::new("gantry-test")?;
+        let tls_dir = dir.path().join("tls");
+        let master = MasterProc::start(dir.path(), &tls_dir, master_args)?;
+        let mut procs = Vec::new();
+        for (name, res) in agents {
+            procs.push(AgentProc::start(
+                dir.path(),
+                &tls_dir,
+                master.quic,
+                name,
+                res,
+                agent_args,
+            )?);
+        }
+        let n = agents.len();
+        master.wait_state(Duration::from_secs(30), "agents to register", |s| {
+            s["agents"]
+                .as_array()
+                .is_some_and(|a| a.iter().filter(|a| a["connected"] == true).count() == n)
+        })?;
+        Ok(Self {
+            agents: procs,
+            master,
+            tls_dir,
+            dir,
+        })
+    }
+
+    /// Prints the logs of every process (for failing tests).
+    pub fn dump_logs(&self) {
+        eprintln!(
+            "---- master log ----\n{}",
+            std::fs::read_to_string(&self.master.log).unwrap_or_default()
+        );
+        for a in &self.agents {
+            eprintln!(
+                "---- agent {} log ----\n{}",
+                a.name,
+                std::fs::read_to_string(&a.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Runs the example batch framework in-process against `master` until it is done.
+pub async fn run_batch(
+    master: SocketAddr,
+    tls_dir: &Path,
+    name: &str,
+    role: &str,
+    count: u32,
+    task: &str,
+    command: &str,
+) -> anyhow::Result<gantry_examples::batch::BatchProgress> {
+    use gantry_examples::batch::{Batch, BatchSpec};
+    let spec = BatchSpec {
+        name: name.to_string(),
+        command: command.to_string(),
+        count,
+        task: task.parse()?,
+        env: Default::default(),
+        verbose: false,
+    };
+    let (batch, progress) = Batch::new(spec);
+    let config = gantry_sdk::DriverConfig::new(
+        vec![master.to_string()],
+        tls_dir.to_path_buf(),
+        name,
+        vec![role.to_string()],
+    );
+    gantry_sdk::Driver::new(config).run(batch).await?;
+    let p = progress.borrow().clone();
+    Ok(p)
+}
+
+/// A scheduler for tests: launches the given tasks as offers allow (declining the rest) and
+/// forwards every status update and error into channels.
+pub struct Recorder {
+    pub to_launch: Vec<gantry_sdk::protocol::TaskInfo>,
+    pub updates: tokio::sync::mpsc::UnboundedSender<gantry_sdk::protocol::StatusUpdate>,
+    pub errors: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl gantry_sdk::Scheduler for Recorder {
+    async fn offers(
+        &mut self,
+        driver: &gantry_sdk::DriverHandle,
+        offers: Vec<gantry_sdk::protocol::Offer>,
+    ) {
+        for offer in offers {
+            let mut avail = offer.total();
+            let mut launch = Vec::new();
+            self.to_launch.retain(|t| {
+                if avail.contains(&t.resources) {
+                    let _ = avail.checked_sub_assign(&t.resources);
+                    launch.push(t.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            if launch.is_empty() {
+                driver.decline(vec![offer.id], Some(1.0));
+            } else {
+                driver.launch(offer.id, launch);
+            }
+        }
+    }
+
+    async fn status_update(
+        &mut self,
+        _driver: &gantry_sdk::DriverHandle,
+        update: &gantry_sdk::protocol::StatusUpdate,
+    ) {
+        let _ = self.updates.send(update.clone());
+    }
+
+    async fn error(
+        &mut self,
+        _driver: &gantry_sdk::DriverHandle,
+        kind: gantry_sdk::protocol::ErrorKind,
+        message: &str,
+    ) {
+        let _ = self.errors.send(format!("{kind:?}: {message}"));
+    }
+}
+
+/// A task running `command` with `resources`.
+pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol::TaskInfo {
+    gantry_sdk::protocol::TaskInfo {
+        task_id: gantry_sdk::protocol::TaskId::random(),
+        name: name.to_string(),
+        command: command.to_string(),
+        resources: resources.parse().expect("valid resources"),
+        env: Default::default(),
+        kill_grace_secs: None,
+    }
+}
+
+/// Status updates received by a [`Recorder`], kept so they can be awaited in any order.
+pub struct Updates {
+    rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>,
+    pub seen: Vec<gantry_sdk::protocol::StatusUpdate>,
+}
+
+impl Updates {
+    pub fn new(
+        rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>,
+    ) -> Self {
+        Self {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until an update matching `pred` has arrived (or had arrived) and returns it.
+    pub async fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&gantry_sdk::protocol::StatusUpdate) -> bool,
+    ) -> anyhow::Result<gantry_sdk::protocol::StatusUpdate> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut checked = 0;
+        loop {
+            if let Some(u) = self.seen[checked..].iter().find(|u| pred(u)) {
+                return Ok(u.clone());
+            }
+            checked = self.seen.len();
+            let u = tokio::time::timeout_at(deadline, self.rx.recv())
+                .await
+                .with_context(|| format!("timed out waiting for {what}; seen: {:#?}", self.seen))?
+                .context("scheduler stopped")?;
+            self.seen.push(u);
+        }
+    }
+
+    /// Waits for `task` to reach `state`; fails early if it ends in another terminal state.
+    pub async fn wait(
+        &mut self,
+        task: gantry_sdk::protocol::TaskId,
+        state: gantry_sdk::protocol::TaskState,
+        timeout: Duration,
+    ) -> anyhow::Result<gantry_sdk::protocol::StatusUpdate> {
+        let u = self
+            .wait_for(&format!("task {task} to be {state}"), timeout, |u| {
+                u.task_id == task && (u.state == state || u.state.is_terminal())
+            })
+            .await?;
+        if u.state != state {
+            bail!(
+                "task {task} ended {} ({}) instead of {state}",
+                u.state,
+                u.message
+            );
+        }
+        Ok(u)
+    }
+}

@@ -1,1 +1,103 @@
-fn main() {}
+//! `batch`: run N copies of a command on a Gantry cluster.
+//!
+//! ```text
+//! batch --master 127.0.0.1:5050 --tls-dir DIR --role ROLE --count 10 --cpus 0.5 --mem 64 -- sleep 1
+//! ```
+//! Exits 0 when every copy finished successfully, 1 if any failed, was killed or lost.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use gantry_examples::batch::{Batch, BatchSpec};
+use gantry_sdk::protocol::Capability;
+use gantry_sdk::{Driver, DriverConfig, Resources};
+
+/// Run N copies of COMMAND on a Gantry cluster and wait for all of them.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Master address(es), host:port, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    master: Vec<String>,
+    /// TLS directory (ca.pem plus framework-NAME.pem/.key, or ca.key to issue them).
+    #[arg(long)]
+    tls_dir: PathBuf,
+    /// The role to run in.
+    #[arg(long, default_value = "default")]
+    role: String,
+    /// Framework name and certificate principal (default: batch-ROLE).
+    #[arg(long)]
+    name: Option<String>,
+    /// Number of copies.
+    #[arg(long, default_value_t = 1)]
+    count: u32,
+    /// CPUs per copy.
+    #[arg(long, default_value_t = 1.0)]
+    cpus: f64,
+    /// Memory per copy, MiB.
+    #[arg(long, default_value_t = 128.0)]
+    mem: f64,
+    /// GPUs per copy.
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// The command (run with /bin/sh -c).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.cpus.is_finite() && args.cpus >= 0.0 && args.mem.is_finite() && args.mem >= 0.0,
+        "--cpus and --mem must be non-negative"
+    );
+    let name = args
+        .name
+        .unwrap_or_else(|| format!("batch-{}", args.role.replace('/', "-")));
+    let task = Resources::new()
+        .with("cpus", args.cpus)
+        .with("mem", args.mem)
+        .with("gpus", args.gpus as f64);
+    let spec = BatchSpec {
+        name: name.clone(),
+        command: args.command.join(" "),
+        count: args.count,
+        task,
+        env: Default::default(),
+        verbose: true,
+    };
+    let mut config = DriverConfig::new(args.master, args.tls_dir, &name, vec![args.role]);
+    if args.gpus > 0 {
+        config.info.capabilities.push(Capability::GpuResources);
+    }
+    let (batch, progress) = Batch::new(spec);
+    if args.count == 0 {
+        println!("[{name}] nothing to run");
+        return Ok(());
+    }
+    Driver::new(config)
+        .run(batch)
+        .await
+        .context("running the batch framework")?;
+    let p = progress.borrow().clone();
+    println!(
+        "[{name}] done: {} finished, {} failed",
+        p.finished, p.failed
+    );
+    for e in p.errors.iter().take(10) {
+        println!("[{name}]   {e}");
+    }
+    std::process::exit(if p.failed == 0 && p.finished == args.count {
+        0
+    } else {
+        1
+    });
+}

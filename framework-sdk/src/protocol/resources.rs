@@ -163,7 +163,7 @@ impl Resources {
     }
 
     /// The element-wise minimum of `self` and `other`.
-    pub fn min(&self, other: &Resources) -> Resources {
+    pub fn elementwise_min(&self, other: &Resources) -> Resources {
         let mut out = Resources::new();
         for (name, milli) in self.iter() {
             out.set_milli(name, milli.min(other.milli(name)));
@@ -199,7 +199,7 @@ impl std::str::FromStr for Resources {
 }
 
 fn fmt_milli(milli: u64, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    if milli % MILLI == 0 {
+    if milli.is_multiple_of(MILLI) {
         write!(f, "{}", milli / MILLI)
     } else {
         let s = format!("{}.{:03}", milli / MILLI, milli % MILLI);

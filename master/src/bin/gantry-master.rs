@@ -1,1 +1,140 @@
-fn main() {}
+//! `gantry-master`: serve a cluster (default), or run the allocator simulator / benchmark.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use gantry_master::allocator::AllocatorConfig;
+use gantry_master::state::MasterConfig;
+use gantry_master::{server, simulate};
+use gantry_sdk::transport::{quic, tls, PeerIdentity};
+
+/// The Gantry master: tracks agents and frameworks, offers resources by Dominant Resource
+/// Fairness, validates accepts and tracks tasks.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Replay a scenario (or a job trace) against the allocator in simulated time.
+    Simulate(simulate::SimulateArgs),
+    /// Time allocation cycles (Mesos DeclineOffers setup and quota roles).
+    Bench(simulate::bench::BenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// QUIC address agents and frameworks connect to.
+    #[arg(long, default_value = "127.0.0.1:5050")]
+    listen: SocketAddr,
+    /// HTTP address for /health and /state.
+    #[arg(long, default_value = "127.0.0.1:5051")]
+    http: SocketAddr,
+    /// Directory for the master's persistent state.
+    #[arg(long, default_value = "./gantry-master")]
+    work_dir: PathBuf,
+    /// TLS directory (ca.pem, master.pem/.key). A CA is created here if none exists.
+    #[arg(long, required = true)]
+    tls_dir: Option<PathBuf>,
+    /// Extra host names or IPs for the master certificate when the master issues it.
+    #[arg(long, value_delimiter = ',')]
+    tls_san: Vec<String>,
+    /// Seconds a disconnected agent may take to re-register before its tasks are LOST.
+    #[arg(long, default_value_t = 10.0)]
+    agent_reregister_timeout: f64,
+    /// Batch allocation interval in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    allocation_interval_ms: u64,
+    /// Rescind offers not answered within this many seconds (off when unset).
+    #[arg(long)]
+    offer_timeout: Option<f64>,
+    /// Offer GPU agents to every framework, not only to GPU-capable ones.
+    #[arg(long)]
+    no_gpu_filter: bool,
+    /// Resource names left out of dominant-share computation (e.g. gpus).
+    #[arg(long, value_delimiter = ',')]
+    fairness_excluded: Vec<String>,
+}
+
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::Simulate(args)) => Ok(simulate::run(args)?),
+        Some(Cmd::Bench(args)) => Ok(simulate::bench::run(args)?),
+        None => {
+            init_tracing();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(serve(cli.serve))
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("creating work dir {}", args.work_dir.display()))?;
+    let tls_dir = args.tls_dir.context("--tls-dir is required")?;
+    if tls::ensure_ca(&tls_dir)? {
+        tracing::info!(dir = %tls_dir.display(), "created a new cluster CA (dev mode)");
+    }
+    let material = tls::load_or_issue(&tls_dir, &PeerIdentity::Master, &args.tls_san)?;
+    let endpoint = quic::server_endpoint(args.listen, &material)
+        .with_context(|| format!("binding QUIC on {}", args.listen))?;
+    let http = tokio::net::TcpListener::bind(args.http)
+        .await
+        .with_context(|| format!("binding HTTP on {}", args.http))?;
+    let allocator = AllocatorConfig {
+        offer_timeout_ms: args
+            .offer_timeout
+            .map(|s| secs_to_ms(s, "--offer-timeout"))
+            .transpose()?,
+        filter_gpu_resources: !args.no_gpu_filter,
+        fairness_excluded_resources: args.fairness_excluded,
+        offer_id_seed: rand_seed(),
+        ..AllocatorConfig::default()
+    };
+    let config = MasterConfig {
+        allocator,
+        agent_reregister_timeout_ms: secs_to_ms(
+            args.agent_reregister_timeout,
+            "--agent-reregister-timeout",
+        )?,
+        allocation_interval_ms: args.allocation_interval_ms.max(1),
+        ..MasterConfig::default()
+    };
+    tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");
+    server::run(endpoint, http, config, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+}
+
+fn secs_to_ms(s: f64, flag: &str) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        s.is_finite() && s >= 0.0,
+        "{flag} must be a non-negative number of seconds"
+    );
+    Ok((s * 1000.0) as u64)
+}
+
+fn rand_seed() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
+}

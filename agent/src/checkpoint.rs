@@ -1,0 +1,140 @@
+//! The agent's on-disk state, so a restarted agent re-adopts its running tasks.
+//!
+//! One JSON file, `WORK_DIR/checkpoint.json`, rewritten atomically (temp file, fsync, rename)
+//! whenever tasks or unacknowledged updates change. A corrupt checkpoint stops the agent with a
+//! clear error instead of silently forgetting running tasks.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gantry_sdk::protocol::{AgentId, FrameworkId, TaskId, TaskInfo, TaskState};
+use serde::{Deserialize, Serialize};
+
+use crate::executor::Launched;
+use crate::updates::UpdateQueue;
+
+pub const FILE: &str = "checkpoint.json";
+
+/// Errors reading or writing the checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is corrupt ({source}); move it away to start this agent fresh (its tasks will be reported LOST)")]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+/// One task as the agent remembers it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub framework_id: FrameworkId,
+    pub info: TaskInfo,
+    pub state: TaskState,
+    pub sandbox: PathBuf,
+    pub launched: Option<Launched>,
+    /// UUIDs of the GPUs assigned to the task.
+    pub gpus: Vec<String>,
+    /// Unix ms when a kill was requested (SIGKILL follows after the grace period).
+    pub kill_requested_ms: Option<u64>,
+    /// Task cgroup name, when isolated.
+    pub cgroup: Option<String>,
+}
+
+/// Everything the agent checkpoints.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub agent_id: Option<AgentId>,
+    pub tasks: BTreeMap<TaskId, TaskRecord>,
+    pub updates: UpdateQueue,
+}
+
+impl Checkpoint {
+    /// Loads the checkpoint in `work_dir`; `None` when there is none yet.
+    pub fn load(work_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
+        let path = work_dir.join(FILE);
+        let data = match std::fs::read(&path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(CheckpointError::Io { path, source }),
+        };
+        serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|source| CheckpointError::Corrupt { path, source })
+    }
+
+    /// Writes the checkpoint atomically.
+    pub fn save(&self, work_dir: &Path) -> Result<(), CheckpointError> {
+        let path = work_dir.join(FILE);
+        let tmp = work_dir.join(format!("{FILE}.tmp"));
+        let io = |source| CheckpointError::Io {
+            path: path.clone(),
+            source,
+        };
+        let data = serde_json::to_vec(self).map_err(|source| CheckpointError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(&data).map_err(io)?;
+        f.sync_data().map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let dir = std::env::temp_dir().join(format!("gantry-ckpt-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(Checkpoint::load(&dir).unwrap().is_none());
+        let mut c = Checkpoint {
+            agent_id: Some(AgentId::random()),
+            ..Default::default()
+        };
+        let tid = TaskId::random();
+        c.tasks.insert(
+            tid,
+            TaskRecord {
+                framework_id: FrameworkId::random(),
+                info: TaskInfo {
+                    task_id: tid,
+                    name: "t".into(),
+                    command: "true".into(),
+                    resources: "cpus:1".parse().unwrap(),
+                    env: Default::default(),
+                    kill_grace_secs: None,
+                },
+                state: TaskState::Running,
+                sandbox: dir.join("s"),
+                launched: Some(Launched {
+                    supervisor_pid: 10,
+                    task_pgid: 11,
+                    supervisor_start: 5,
+                }),
+                gpus: vec![],
+                kill_requested_ms: None,
+                cgroup: None,
+            },
+        );
+        c.save(&dir).unwrap();
+        let back = Checkpoint::load(&dir).unwrap().unwrap();
+        assert_eq!(back.agent_id, c.agent_id);
+        assert_eq!(back.tasks[&tid].launched, c.tasks[&tid].launched);
+        std::fs::write(dir.join(FILE), b"{not json").unwrap();
+        assert!(matches!(
+            Checkpoint::load(&dir),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

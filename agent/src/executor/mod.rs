@@ -1,0 +1,178 @@
+//! Task processes: launch in a sandbox under a supervisor, watch, kill.
+//!
+//! Every task runs under its own supervisor process (`gantry-agent supervise`, see
+//! [`supervise`]): the supervisor starts a new session so it survives the agent, starts the
+//! task's command as the leader of its own process group with stdout and stderr captured in the
+//! sandbox, waits for it, and writes the exit status to `exit.json` in the sandbox. The agent
+//! therefore learns the real outcome of a task even when the task ended while the agent itself
+//! was down.
+//!
+//! Killing sends SIGTERM to the task's whole process group, then SIGKILL after the grace period.
+
+pub mod supervise;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How a task's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// Errors launching a task.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("creating sandbox {path}: {source}")]
+    Sandbox {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("starting the task supervisor: {0}")]
+    Spawn(std::io::Error),
+    #[error("the supervisor did not report the task's pid: {0}")]
+    NoPid(String),
+}
+
+/// What the agent needs to launch one task.
+pub struct LaunchSpec<'a> {
+    pub sandbox: &'a Path,
+    pub command: &'a str,
+    pub env: &'a BTreeMap<String, String>,
+    /// `cgroup.procs` (v2) / `tasks` files the task must join before exec.
+    pub cgroup_procs: &'a [PathBuf],
+    /// The agent binary (re-executed as `supervise`).
+    pub agent_exe: &'a Path,
+}
+
+/// A launched task: the supervisor's pid and the task's process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launched {
+    pub supervisor_pid: i32,
+    pub task_pgid: i32,
+    /// Start time of the supervisor (clock ticks since boot), to detect pid reuse.
+    pub supervisor_start: u64,
+}
+
+/// Spawns the supervisor for a task and waits until it reports the task's pid.
+pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::Child), ExecError> {
+    std::fs::create_dir_all(spec.sandbox).map_err(|source| ExecError::Sandbox {
+        path: spec.sandbox.to_path_buf(),
+        source,
+    })?;
+    let mut cmd = tokio::process::Command::new(spec.agent_exe);
+    cmd.arg("supervise").arg("--sandbox").arg(spec.sandbox);
+    for p in spec.cgroup_procs {
+        cmd.arg("--cgroup-procs").arg(p);
+    }
+    cmd.arg("--").arg(spec.command);
+    cmd.env_clear();
+    for key in ["PATH", "LANG", "HOME", "TZ"] {
+        if let Ok(v) = std::env::var(key) {
+            cmd.env(key, v);
+        }
+    }
+    if std::env::var_os("PATH").is_none() {
+        cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
+    }
+    cmd.envs(spec.env);
+    cmd.env("GANTRY_SANDBOX", spec.sandbox);
+    cmd.current_dir(spec.sandbox);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    cmd.kill_on_drop(false);
+    let child = cmd.spawn().map_err(ExecError::Spawn)?;
+    let supervisor_pid = child
+        .id()
+        .map(|p| p as i32)
+        .ok_or_else(|| ExecError::NoPid("supervisor exited at once".into()))?;
+    // The supervisor writes task.pid once the command is running (or exit.json if it failed).
+    let pid_file = spec.sandbox.join(supervise::PID_FILE);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let task_pgid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            if let Ok(pid) = text.trim().parse::<i32>() {
+                break pid;
+            }
+        }
+        if spec.sandbox.join(supervise::EXIT_FILE).exists() {
+            break 0;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(ExecError::NoPid("timed out after 10 s".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let supervisor_start = process_start_time(supervisor_pid).unwrap_or(0);
+    Ok((
+        Launched {
+            supervisor_pid,
+            task_pgid,
+            supervisor_start,
+        },
+        child,
+    ))
+}
+
+/// The exit status the supervisor recorded, if it has finished.
+pub fn read_exit(sandbox: &Path) -> Option<ExitStatus> {
+    let text = std::fs::read_to_string(sandbox.join(supervise::EXIT_FILE)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// True while the supervisor of `launched` still runs (and is the same process, not a reused pid).
+pub fn supervisor_alive(launched: &Launched) -> bool {
+    match process_start_time(launched.supervisor_pid) {
+        Some(start) => launched.supervisor_start == 0 || start == launched.supervisor_start,
+        None => false,
+    }
+}
+
+/// Start time of a process in clock ticks since boot (`/proc/PID/stat` field 22), or `None`
+/// if there is no such (non-zombie) process.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Sends `signal` to a task's whole process group.
+pub fn signal_group(pgid: i32, signal: i32) {
+    if pgid > 1 {
+        // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+}
+
+/// A human-readable message for an exit status.
+pub fn describe(status: &ExitStatus) -> String {
+    match (status.code, status.signal) {
+        (Some(0), _) => "exited with code 0".into(),
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("terminated by signal {s} ({})", signal_name(s)),
+        (None, None) => "ended with unknown status".into(),
+    }
+}
+
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGINT => "SIGINT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}

@@ -1,0 +1,416 @@
+//! Topology-aware GPU assignment (pure).
+//!
+//! When a task asks for `k` GPUs, [`assign`] picks `k` free healthy GPUs so that future
+//! multi-GPU tasks stay placeable. Candidate choices are compared, in order, by:
+//!
+//! 1. the number of NUMA nodes they span (fewer is better);
+//! 2. the number of local groups (same NUMA node and PCI root) they span (fewer is better);
+//! 3. what stays free per NUMA node afterwards, largest first, compared lexicographically
+//!    (bigger is better) — so the largest free local group is not broken up when a smaller one
+//!    fits (best fit);
+//! 4. the same for local groups;
+//! 5. lowest GPU indices (determinism).
+//!
+//! GPUs within a local group are interchangeable, so the search enumerates how many GPUs to take
+//! from each group (not every subset); a bounded search falls back to a greedy best fit on
+//! hosts with very many groups.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+/// One GPU as assignment sees it (the slice index is the GPU's identity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSlot {
+    pub numa_node: Option<u32>,
+    /// The PCI root (host bridge / root port); `None` when unknown.
+    pub pci_root: Option<String>,
+    pub healthy: bool,
+    /// Not assigned to a running task.
+    pub free: bool,
+}
+
+type GroupKey = (Option<u32>, Option<String>);
+
+struct Group {
+    numa: usize,
+    members: Vec<usize>,
+}
+
+/// The score of a choice; smaller is better.
+type Score = (
+    usize,
+    usize,
+    Reverse<Vec<usize>>,
+    Reverse<Vec<usize>>,
+    Vec<usize>,
+);
+
+/// Bound on search nodes before the greedy fallback.
+const SEARCH_LIMIT: usize = 200_000;
+
+/// Picks `k` GPUs among the free healthy `gpus`; returns their indices (ascending), or `None`
+/// when fewer than `k` are available.
+pub fn assign(gpus: &[GpuSlot], k: usize) -> Option<Vec<usize>> {
+    let available: Vec<usize> = (0..gpus.len())
+        .filter(|&i| gpus[i].free && gpus[i].healthy)
+        .collect();
+    if available.len() < k {
+        return None;
+    }
+    if k == 0 {
+        return Some(Vec::new());
+    }
+    let mut by_key: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
+    for &i in &available {
+        by_key
+            .entry((gpus[i].numa_node, gpus[i].pci_root.clone()))
+            .or_default()
+            .push(i);
+    }
+    let numas: Vec<Option<u32>> = {
+        let mut v: Vec<Option<u32>> = by_key.keys().map(|k| k.0).collect();
+        v.dedup();
+        v
+    };
+    let groups: Vec<Group> = by_key
+        .into_iter()
+        .map(|((numa, _), members)| Group {
+            numa: numas.iter().position(|n| *n == numa).unwrap_or(0),
+            members,
+        })
+        .collect();
+
+    let mut search = Search {
+        groups: &groups,
+        numa_count: numas.len(),
+        take: vec![0; groups.len()],
+        best: None,
+        nodes: 0,
+    };
+    search.dfs(0, k);
+    let take = match search.best {
+        Some((_, take)) if search.nodes <= SEARCH_LIMIT => take,
+        _ => greedy(&groups, numas.len(), k),
+    };
+    let mut out: Vec<usize> = groups
+        .iter()
+        .zip(&take)
+        .flat_map(|(g, &t)| g.members[..t].iter().copied())
+        .collect();
+    out.sort_unstable();
+    Some(out)
+}
+
+struct Search<'a> {
+    groups: &'a [Group],
+    numa_count: usize,
+    take: Vec<usize>,
+    best: Option<(Score, Vec<usize>)>,
+    nodes: usize,
+}
+
+impl Search<'_> {
+    fn dfs(&mut self, i: usize, remaining: usize) {
+        self.nodes += 1;
+        if self.nodes > SEARCH_LIMIT {
+            return;
+        }
+        if remaining == 0 {
+            let s = score(self.groups, self.numa_count, &self.take);
+            let better = match &self.best {
+                Some((b, _)) => s < *b,
+                None => true,
+            };
+            if better {
+                self.best = Some((s, self.take.clone()));
+            }
+            return;
+        }
+        if i == self.groups.len() {
+            return;
+        }
+        let rest: usize = self.groups[i + 1..].iter().map(|g| g.members.len()).sum();
+        let max = self.groups[i].members.len().min(remaining);
+        let min = remaining.saturating_sub(rest);
+        for t in (min..=max).rev() {
+            self.take[i] = t;
+            self.dfs(i + 1, remaining - t);
+        }
+        self.take[i] = 0;
+    }
+}
+
+fn score(groups: &[Group], numa_count: usize, take: &[usize]) -> Score {
+    let mut numa_taken = vec![false; numa_count];
+    let mut numa_left = vec![0usize; numa_count];
+    let mut group_left = Vec::with_capacity(groups.len());
+    let mut spans = 0;
+    let mut chosen = Vec::new();
+    for (g, &t) in groups.iter().zip(take) {
+        if t > 0 {
+            numa_taken[g.numa] = true;
+            spans += 1;
+            chosen.extend_from_slice(&g.members[..t]);
+        }
+        numa_left[g.numa] += g.members.len() - t;
+        group_left.push(g.members.len() - t);
+    }
+    numa_left.sort_unstable_by(|a, b| b.cmp(a));
+    group_left.sort_unstable_by(|a, b| b.cmp(a));
+    chosen.sort_unstable();
+    let numa_span = numa_taken.iter().filter(|t| **t).count();
+    (
+        numa_span,
+        spans,
+        Reverse(numa_left),
+        Reverse(group_left),
+        chosen,
+    )
+}
+
+/// Best fit without search: the smallest NUMA node that fits `k` (else the largest nodes
+/// first), and within it the smallest groups that fit (else the largest first).
+fn greedy(groups: &[Group], numa_count: usize, k: usize) -> Vec<usize> {
+    let mut numa_free = vec![0usize; numa_count];
+    for g in groups {
+        numa_free[g.numa] += g.members.len();
+    }
+    let mut numa_order: Vec<usize> = (0..numa_count).collect();
+    match (0..numa_count)
+        .filter(|&n| numa_free[n] >= k)
+        .min_by_key(|&n| (numa_free[n], n))
+    {
+        Some(n) => numa_order = vec![n],
+        None => numa_order.sort_by_key(|&n| (Reverse(numa_free[n]), n)),
+    }
+    let mut take = vec![0; groups.len()];
+    let mut remaining = k;
+    for n in numa_order {
+        let mut idx: Vec<usize> = (0..groups.len()).filter(|&i| groups[i].numa == n).collect();
+        match idx
+            .iter()
+            .copied()
+            .filter(|&i| groups[i].members.len() >= remaining)
+            .min_by_key(|&i| (groups[i].members.len(), i))
+        {
+            Some(i) => idx = vec![i],
+            None => idx.sort_by_key(|&i| (Reverse(groups[i].members.len()), i)),
+        }
+        for i in idx {
+            let t = groups[i].members.len().min(remaining);
+            take[i] = t;
+            remaining -= t;
+            if remaining == 0 {
+                return take;
+            }
+        }
+    }
+    take
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn slot(numa: u32, root: &str) -> GpuSlot {
+        GpuSlot {
+            numa_node: Some(numa),
+            pci_root: Some(root.to_string()),
+            healthy: true,
+            free: true,
+        }
+    }
+
+    #[test]
+    fn two_of_four_on_one_numa_node() {
+        let gpus = vec![slot(0, "a"), slot(0, "a"), slot(1, "b"), slot(1, "b")];
+        let got = assign(&gpus, 2).unwrap();
+        assert_eq!(got, vec![0, 1]);
+        // With GPU 1 busy, the only same-node pair is on node 1.
+        let mut busy = gpus.clone();
+        busy[1].free = false;
+        assert_eq!(assign(&busy, 2).unwrap(), vec![2, 3]);
+        // Unhealthy GPUs are never picked.
+        busy[2].healthy = false;
+        assert_eq!(assign(&busy, 2).unwrap(), vec![0, 3]);
+        assert_eq!(assign(&busy, 3), None);
+    }
+
+    #[test]
+    fn does_not_break_the_largest_group() {
+        // Node 0 has 4 free, node 1 has 2 free: a 2-GPU task goes to node 1.
+        let gpus = vec![
+            slot(0, "a"),
+            slot(0, "a"),
+            slot(0, "a"),
+            slot(0, "a"),
+            slot(1, "b"),
+            slot(1, "b"),
+        ];
+        assert_eq!(assign(&gpus, 2).unwrap(), vec![4, 5]);
+        // A 1-GPU task too.
+        assert_eq!(assign(&gpus, 1).unwrap(), vec![4]);
+        // A 3-GPU task must use node 0.
+        assert_eq!(assign(&gpus, 3).unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn prefers_one_pci_root_within_a_node() {
+        let gpus = vec![
+            slot(0, "a"),
+            slot(0, "b"),
+            slot(0, "b"),
+            slot(0, "c"),
+            slot(0, "c"),
+            slot(0, "c"),
+        ];
+        assert_eq!(assign(&gpus, 2).unwrap(), vec![1, 2]);
+        assert_eq!(assign(&gpus, 3).unwrap(), vec![3, 4, 5]);
+        assert_eq!(assign(&gpus, 1).unwrap(), vec![0]);
+    }
+
+    #[test]
+    fn spans_nodes_only_when_needed() {
+        let gpus = vec![
+            slot(0, "a"),
+            slot(0, "a"),
+            slot(1, "b"),
+            slot(1, "b"),
+            slot(1, "b"),
+        ];
+        let got = assign(&gpus, 4).unwrap();
+        // Both ways of spanning the two nodes leave one GPU free: lowest indices win.
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        let mut gpus = gpus;
+        gpus.push(slot(1, "b"));
+        // Node 1 (4 free) holds the task alone.
+        assert_eq!(assign(&gpus, 4).unwrap(), vec![2, 3, 4, 5]);
+        assert_eq!(assign(&gpus, 0), Some(vec![]));
+        assert_eq!(assign(&gpus, 7), None);
+    }
+
+    #[test]
+    fn unknown_topology_is_one_group() {
+        let gpus: Vec<GpuSlot> = (0..4)
+            .map(|_| GpuSlot {
+                numa_node: None,
+                pci_root: None,
+                healthy: true,
+                free: true,
+            })
+            .collect();
+        assert_eq!(assign(&gpus, 3).unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn greedy_fallback_is_valid() {
+        let groups = vec![
+            Group {
+                numa: 0,
+                members: vec![0],
+            },
+            Group {
+                numa: 0,
+                members: vec![1, 2],
+            },
+            Group {
+                numa: 1,
+                members: vec![3, 4, 5],
+            },
+        ];
+        assert_eq!(greedy(&groups, 2, 2), vec![0, 2, 0]);
+        assert_eq!(greedy(&groups, 2, 3), vec![1, 2, 0]);
+        assert_eq!(greedy(&groups, 2, 1), vec![1, 0, 0]);
+        assert_eq!(greedy(&groups, 2, 5).iter().sum::<usize>(), 5);
+    }
+
+    fn arb_gpus() -> impl Strategy<Value = Vec<GpuSlot>> {
+        prop::collection::vec(
+            (
+                prop::option::of(0u32..3),
+                prop::option::of(0u8..3),
+                prop::bool::weighted(0.9),
+                prop::bool::weighted(0.8),
+            ),
+            0..10,
+        )
+        .prop_map(|v| {
+            v.into_iter()
+                .map(|(n, r, healthy, free)| GpuSlot {
+                    numa_node: n,
+                    pci_root: r.map(|r| format!("root{r}")),
+                    healthy,
+                    free,
+                })
+                .collect()
+        })
+    }
+
+    /// Brute-force score of a set, as [`score`] computes it for group takes.
+    fn subset_score(
+        gpus: &[GpuSlot],
+        set: &[usize],
+    ) -> (usize, usize, Reverse<Vec<usize>>, Reverse<Vec<usize>>) {
+        let avail: Vec<usize> = (0..gpus.len())
+            .filter(|&i| gpus[i].free && gpus[i].healthy)
+            .collect();
+        let mut numa: BTreeMap<Option<u32>, (usize, bool)> = BTreeMap::new();
+        let mut grp: BTreeMap<GroupKey, (usize, bool)> = BTreeMap::new();
+        for &i in &avail {
+            let chosen = set.contains(&i);
+            let e = numa.entry(gpus[i].numa_node).or_default();
+            e.0 += usize::from(!chosen);
+            e.1 |= chosen;
+            let e = grp
+                .entry((gpus[i].numa_node, gpus[i].pci_root.clone()))
+                .or_default();
+            e.0 += usize::from(!chosen);
+            e.1 |= chosen;
+        }
+        let mut nl: Vec<usize> = numa.values().map(|v| v.0).collect();
+        let mut gl: Vec<usize> = grp.values().map(|v| v.0).collect();
+        nl.sort_unstable_by(|a, b| b.cmp(a));
+        gl.sort_unstable_by(|a, b| b.cmp(a));
+        (
+            numa.values().filter(|v| v.1).count(),
+            grp.values().filter(|v| v.1).count(),
+            Reverse(nl),
+            Reverse(gl),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn assignment_is_valid_and_optimal(gpus in arb_gpus(), k in 0usize..6) {
+            let avail: Vec<usize> = (0..gpus.len()).filter(|&i| gpus[i].free && gpus[i].healthy).collect();
+            let got = assign(&gpus, k);
+            prop_assert_eq!(got.is_some(), avail.len() >= k);
+            let Some(got) = got else { return Ok(()) };
+            prop_assert_eq!(got.len(), k);
+            let mut dedup = got.clone();
+            dedup.dedup();
+            prop_assert_eq!(dedup.len(), k);
+            for &i in &got {
+                prop_assert!(gpus[i].free && gpus[i].healthy);
+            }
+            // Same NUMA node whenever one node can hold the task.
+            let mut per_node: BTreeMap<Option<u32>, usize> = BTreeMap::new();
+            for &i in &avail { *per_node.entry(gpus[i].numa_node).or_default() += 1; }
+            if k > 0 && per_node.values().any(|&c| c >= k) {
+                let nodes: std::collections::BTreeSet<_> = got.iter().map(|&i| gpus[i].numa_node).collect();
+                prop_assert_eq!(nodes.len(), 1);
+            }
+            // No subset of the available GPUs scores better.
+            let best = subset_score(&gpus, &got);
+            let n = avail.len();
+            for mask in 0u32..(1 << n) {
+                if mask.count_ones() as usize != k { continue; }
+                let set: Vec<usize> = (0..n).filter(|b| mask & (1 << b) != 0).map(|b| avail[b]).collect();
+                prop_assert!(subset_score(&gpus, &set) >= best, "{:?} beats {:?}", set, got);
+            }
+            // Deterministic.
+            prop_assert_eq!(assign(&gpus, k), Some(got));
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! GPU policy, all pure: topology-aware assignment ([`mod@assign`]), health ([`health`]) and
+//! attribution of NVML-measured usage to tasks ([`usage`]).
+
+pub mod assign;
+pub mod health;
+pub mod usage;
+
+pub use assign::{assign, GpuSlot};
+pub use health::{FaultKind, GpuFault, HealthChange, HealthTracker};
+pub use usage::{attribute, GpuTaskUsage};
+
+/// The environment a task with these GPUs gets: `CUDA_VISIBLE_DEVICES` and
+/// `NVIDIA_VISIBLE_DEVICES`, both the comma-separated UUIDs.
+pub fn visible_devices_env(uuids: &[String]) -> [(&'static str, String); 2] {
+    let list = uuids.join(",");
+    [
+        ("CUDA_VISIBLE_DEVICES", list.clone()),
+        ("NVIDIA_VISIBLE_DEVICES", list),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn visible_devices() {
+        let env = super::visible_devices_env(&["GPU-a".to_string(), "GPU-b".to_string()]);
+        assert_eq!(env[0], ("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b".to_string()));
+        assert_eq!(
+            env[1],
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b".to_string())
+        );
+    }
+}

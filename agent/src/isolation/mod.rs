@@ -1,0 +1,1065 @@
+//! Task isolation with cgroups, v1 and v2 (detected at start), or none.
+//!
+//! Every task gets its own cgroup `<hierarchy>/<root>/<task id>` (`root` is `--cgroup-root`,
+//! default `gantry`), with
+//!
+//! * cpu: shares (v1 `cpu.shares` = 1024 × cpus) or weight (v2 `cpu.weight`, the same value
+//!   mapped to 1..10000), plus an optional hard CFS quota (`cpu.cfs_quota_us` / `cpu.max`);
+//! * memory: a hard limit without swap (`memory.limit_in_bytes` + `memory.memsw.limit_in_bytes`
+//!   / `memory.max` + `memory.swap.max`); OOM kills are read back from `memory.oom_control` /
+//!   `memory.events`;
+//! * pids: `pids.max`;
+//! * devices: an allow list ([`devices::DeviceRule`]), v1 `devices.deny a` + `devices.allow`,
+//!   v2 an eBPF device program ([`bpf`]).
+//!
+//! The executor creates the cgroup before spawning, moves the child in from `pre_exec`
+//! ([`TaskCgroup::pre_exec_attach`]), reads [`TaskCgroup::usage`] / [`TaskCgroup::oom_killed`]
+//! when the task ends and then [`TaskCgroup::destroy`]s it. After an agent restart
+//! [`Isolator::reopen`] finds a task's cgroup again and [`Isolator::cleanup_except`] removes
+//! orphans.
+
+pub mod bpf;
+pub mod devices;
+pub mod layout;
+
+use std::ffi::CString;
+use std::io::{self, ErrorKind};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gantry_sdk::protocol::messages::TaskUsage;
+
+pub use devices::{DeviceRule, DeviceType, NvidiaMajors};
+pub use layout::CgroupLayout;
+
+/// Default `--cgroup-root`.
+pub const DEFAULT_CGROUP_ROOT: &str = "gantry";
+
+/// CFS period used for hard CPU limits (100 ms).
+pub const CFS_PERIOD_US: u64 = 100_000;
+
+/// How long [`TaskCgroup::destroy`] waits for killed processes to leave.
+const DESTROY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `--isolation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsolationMode {
+    /// cgroups (v1 or v2, whichever the host has).
+    Cgroups,
+    /// No isolation and no cgroup accounting.
+    None,
+}
+
+/// Isolation errors.
+#[derive(Debug, thiserror::Error)]
+pub enum IsolationError {
+    #[error("no cgroup hierarchy is mounted (checked /proc/self/mountinfo); use --isolation none to run without isolation")]
+    NoCgroups,
+    #[error("cgroup v1 controller {0:?} is not mounted")]
+    ControllerMissing(String),
+    #[error("cgroup v2 controller {controller:?} is not available in {path}")]
+    V2ControllerMissing { controller: String, path: String },
+    #[error("invalid cgroup root {0:?}: give a relative name (e.g. gantry) or a path inside the cgroup mount")]
+    BadRoot(String),
+    #[error("invalid task id for a cgroup name: {0:?}")]
+    BadTaskId(String),
+    #[error("invalid limits: {0}")]
+    BadLimits(String),
+    #[error("cgroup {path} already holds processes")]
+    Busy { path: String },
+    #[error("no cgroup for task {0}")]
+    NotFound(String),
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: String,
+        source: io::Error,
+    },
+    #[error("device filter: {0}")]
+    Bpf(#[from] bpf::BpfError),
+    #[error("processes still in {path} after {secs}s")]
+    NotEmpty { path: String, secs: u64 },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> IsolationError + 'a {
+    move |source| IsolationError::Io {
+        op,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Per-task limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Requested CPUs (shares/weight; and the quota when `cpu_hard_limit`).
+    pub cpus: f64,
+    /// Hard memory limit in MiB.
+    pub mem_mib: Option<u64>,
+    /// Maximum number of processes/threads.
+    pub pids_max: Option<u64>,
+    /// Enforce `cpus` as a CFS quota.
+    pub cpu_hard_limit: bool,
+    /// Device allow list; `None` leaves devices unrestricted.
+    pub devices: Option<Vec<DeviceRule>>,
+}
+
+/// `cpu.shares` for a number of CPUs (at least 2, as the kernel requires).
+pub fn cpu_shares(cpus: f64) -> u64 {
+    ((cpus * 1024.0).round() as u64).max(2)
+}
+
+/// `cpu.weight` (1..=10000) for the same request, with the kernel's shares mapping.
+pub fn cpu_weight(cpus: f64) -> u64 {
+    let shares = cpu_shares(cpus).min(262_144);
+    1 + ((shares - 2) * 9999) / 262_142
+}
+
+/// CFS quota (µs per [`CFS_PERIOD_US`]) for a number of CPUs (at least 1 ms).
+pub fn cfs_quota_us(cpus: f64) -> u64 {
+    ((cpus * CFS_PERIOD_US as f64).round() as u64).max(1000)
+}
+
+/// Creates and finds task cgroups.
+#[derive(Debug, Clone)]
+pub struct Isolator {
+    layout: Option<CgroupLayout>,
+    /// Relative path of the task cgroups' parent inside each hierarchy.
+    root: PathBuf,
+}
+
+/// A task's cgroup (one directory per hierarchy).
+#[derive(Debug, Clone)]
+pub struct TaskCgroup {
+    task_id: String,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    None,
+    V1 {
+        cpu: PathBuf,
+        cpuacct: PathBuf,
+        memory: PathBuf,
+        pids: Option<PathBuf>,
+        devices: Option<PathBuf>,
+        freezer: Option<PathBuf>,
+    },
+    V2 {
+        dir: PathBuf,
+    },
+}
+
+/// What [`TaskCgroup::pre_exec_attach`] returns: moves the calling process into the task's
+/// cgroups using only `open`/`write`/`close`, so it is safe between `fork` and `exec`.
+#[derive(Debug, Clone)]
+pub struct PreExecAttach {
+    procs_files: Vec<CString>,
+}
+
+impl PreExecAttach {
+    /// Attaches to the given cgroup directories (normally obtained from a [`TaskCgroup`]).
+    pub fn for_dirs(dirs: &[&Path]) -> PreExecAttach {
+        let procs_files = dirs
+            .iter()
+            .filter_map(|d| CString::new(d.join("cgroup.procs").as_os_str().as_bytes()).ok())
+            .collect();
+        PreExecAttach { procs_files }
+    }
+
+    /// Writes `0` (the caller) to each `cgroup.procs`. Async-signal-safe: no allocation, no locks.
+    pub fn attach_current(&self) -> io::Result<()> {
+        for f in &self.procs_files {
+            // SAFETY: plain syscalls on a NUL-terminated path and a static buffer.
+            unsafe {
+                let fd = libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = io::Error::last_os_error();
+                libc::close(fd);
+                if n != 1 {
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_task_id(id: &str) -> Result<(), IsolationError> {
+    let ok = !id.is_empty()
+        && id.len() <= 200
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(IsolationError::BadTaskId(id.to_string()))
+    }
+}
+
+fn relative_root(root: &Path, mounts: &[&Path]) -> Result<PathBuf, IsolationError> {
+    let bad = || IsolationError::BadRoot(root.display().to_string());
+    let rel = if root.is_absolute() {
+        mounts
+            .iter()
+            .find_map(|m| root.strip_prefix(m).ok())
+            .ok_or_else(bad)?
+            .to_path_buf()
+    } else {
+        root.to_path_buf()
+    };
+    if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(bad());
+    }
+    Ok(rel)
+}
+
+fn write_file(path: &Path, value: &str) -> Result<(), IsolationError> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    f.write_all(value.as_bytes()).map_err(io_err("write", path))
+}
+
+fn read_file(path: &Path) -> Result<String, IsolationError> {
+    std::fs::read_to_string(path).map_err(io_err("read", path))
+}
+
+fn read_u64(path: &Path) -> Result<u64, IsolationError> {
+    let t = read_file(path)?;
+    let t = t.trim();
+    if t == "max" {
+        return Ok(u64::MAX);
+    }
+    t.parse().map_err(|_| IsolationError::Io {
+        op: "parse",
+        path: path.display().to_string(),
+        source: io::Error::new(ErrorKind::InvalidData, format!("not a number: {t:?}")),
+    })
+}
+
+/// The value of `key` in a flat-keyed file (`memory.events`, `cpu.stat`, `memory.oom_control`).
+fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some(key))
+            .then(|| it.next()?.parse().ok())
+            .flatten()
+    })
+}
+
+fn read_pids(procs: &Path) -> Result<Vec<u32>, IsolationError> {
+    match std::fs::read_to_string(procs) {
+        Ok(t) => Ok(t.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io_err("read", procs)(e)),
+    }
+}
+
+/// Creates `dir`; an existing directory is reused only when it holds no process.
+fn make_task_dir(dir: &Path) -> Result<(), IsolationError> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            if read_pids(&dir.join("cgroup.procs"))?.is_empty() {
+                Ok(())
+            } else {
+                Err(IsolationError::Busy {
+                    path: dir.display().to_string(),
+                })
+            }
+        }
+        Err(e) => Err(io_err("mkdir", dir)(e)),
+    }
+}
+
+fn rmdir(dir: &Path) -> Result<(), IsolationError> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            // The kernel may still be tearing down exited tasks.
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(io_err("rmdir", dir)(e)),
+        }
+    }
+}
+
+impl Isolator {
+    /// An isolator. With [`IsolationMode::Cgroups`] the hierarchies are detected from
+    /// `/proc/self/mountinfo` (cgroup v1 needs cpu, cpuacct and memory; pids and devices are
+    /// needed only by limits that use them). `root` is `--cgroup-root` (default `gantry`):
+    /// a relative path inside each hierarchy, or an absolute path inside the cgroup mount.
+    /// [`IsolationMode::None`] logs a warning and isolates nothing.
+    pub fn new(mode: IsolationMode, root: Option<PathBuf>) -> Result<Isolator, IsolationError> {
+        match mode {
+            IsolationMode::None => {
+                tracing::warn!(
+                    "--isolation none: tasks run without cgroups (no limits, no cgroup accounting)"
+                );
+                Ok(Isolator {
+                    layout: None,
+                    root: PathBuf::from(DEFAULT_CGROUP_ROOT),
+                })
+            }
+            IsolationMode::Cgroups => {
+                let layout = CgroupLayout::detect().ok_or(IsolationError::NoCgroups)?;
+                Self::with_layout(layout, root)
+            }
+        }
+    }
+
+    /// An isolator on explicit hierarchies (tests use a fake v2 directory).
+    pub fn with_layout(
+        layout: CgroupLayout,
+        root: Option<PathBuf>,
+    ) -> Result<Isolator, IsolationError> {
+        let root = root.unwrap_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT));
+        let root = match &layout {
+            CgroupLayout::V1 { mounts } => {
+                for c in ["cpu", "cpuacct", "memory"] {
+                    if !mounts.contains_key(c) {
+                        return Err(IsolationError::ControllerMissing(c.to_string()));
+                    }
+                }
+                let ms: Vec<&Path> = mounts.values().map(PathBuf::as_path).collect();
+                relative_root(&root, &ms)?
+            }
+            CgroupLayout::V2 { mount } => relative_root(&root, &[mount.as_path()])?,
+        };
+        Ok(Isolator {
+            layout: Some(layout),
+            root,
+        })
+    }
+
+    /// The detected layout (`None` without isolation).
+    pub fn layout(&self) -> Option<&CgroupLayout> {
+        self.layout.as_ref()
+    }
+
+    /// Creates the task's cgroup with `limits`. On failure nothing is left behind.
+    pub fn create(&self, task_id: &str, limits: &Limits) -> Result<TaskCgroup, IsolationError> {
+        validate_task_id(task_id)?;
+        if !limits.cpus.is_finite() || limits.cpus <= 0.0 {
+            return Err(IsolationError::BadLimits(format!(
+                "cpus must be positive, got {}",
+                limits.cpus
+            )));
+        }
+        if limits.mem_mib == Some(0) {
+            return Err(IsolationError::BadLimits(
+                "mem must be positive".to_string(),
+            ));
+        }
+        let cg = self.task_cgroup(task_id, limits.pids_max.is_some(), limits.devices.is_some())?;
+        let result = match &self.layout {
+            None => Ok(()),
+            Some(CgroupLayout::V1 { .. }) => self.setup_v1(&cg, limits),
+            Some(CgroupLayout::V2 { mount }) => self.setup_v2(mount, &cg, limits),
+        };
+        match result {
+            Ok(()) => Ok(cg),
+            // Someone else's processes: leave them alone (setup removed what it created).
+            Err(e @ IsolationError::Busy { .. }) => Err(e),
+            Err(e) => {
+                if let Err(e2) = cg.destroy() {
+                    tracing::warn!(task = task_id, "cleanup after failed cgroup setup: {e2}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn task_cgroup(
+        &self,
+        task_id: &str,
+        pids: bool,
+        devices: bool,
+    ) -> Result<TaskCgroup, IsolationError> {
+        let kind = match &self.layout {
+            None => Kind::None,
+            Some(CgroupLayout::V1 { mounts }) => {
+                let dir = |c: &str| mounts.get(c).map(|m| m.join(&self.root).join(task_id));
+                let need = |c: &str| {
+                    dir(c).ok_or_else(|| IsolationError::ControllerMissing(c.to_string()))
+                };
+                Kind::V1 {
+                    cpu: need("cpu")?,
+                    cpuacct: need("cpuacct")?,
+                    memory: need("memory")?,
+                    pids: if pids {
+                        Some(need("pids")?)
+                    } else {
+                        dir("pids")
+                    },
+                    devices: if devices {
+                        Some(need("devices")?)
+                    } else {
+                        dir("devices")
+                    },
+                    freezer: dir("freezer"),
+                }
+            }
+            Some(CgroupLayout::V2 { mount }) => Kind::V2 {
+                dir: mount.join(&self.root).join(task_id),
+            },
+        };
+        Ok(TaskCgroup {
+            task_id: task_id.to_string(),
+            kind,
+        })
+    }
+
+    fn setup_v1(&self, cg: &TaskCgroup, limits: &Limits) -> Result<(), IsolationError> {
+        let Kind::V1 {
+            cpu,
+            memory,
+            pids,
+            devices,
+            ..
+        } = &cg.kind
+        else {
+            return Ok(());
+        };
+        let mut made = Vec::new();
+        for d in cg.dirs() {
+            if let Err(e) = make_task_dir(d) {
+                // Remove only what this call created; a busy directory is someone else's.
+                for m in made {
+                    let _ = rmdir(m);
+                }
+                return Err(e);
+            }
+            made.push(d);
+        }
+        write_file(
+            &cpu.join("cpu.shares"),
+            &cpu_shares(limits.cpus).to_string(),
+        )?;
+        if limits.cpu_hard_limit {
+            write_file(&cpu.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
+            write_file(
+                &cpu.join("cpu.cfs_quota_us"),
+                &cfs_quota_us(limits.cpus).to_string(),
+            )?;
+        }
+        if let Some(mib) = limits.mem_mib {
+            let bytes = mib.saturating_mul(1 << 20).to_string();
+            write_file(&memory.join("memory.limit_in_bytes"), &bytes)?;
+            let memsw = memory.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write_file(&memsw, &bytes)?;
+            }
+        }
+        if let (Some(max), Some(dir)) = (limits.pids_max, pids) {
+            write_file(&dir.join("pids.max"), &max.to_string())?;
+        }
+        if let (Some(rules), Some(dir)) = (&limits.devices, devices) {
+            write_file(&dir.join("devices.deny"), "a")?;
+            for r in rules {
+                write_file(&dir.join("devices.allow"), &r.v1_line())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn setup_v2(
+        &self,
+        mount: &Path,
+        cg: &TaskCgroup,
+        limits: &Limits,
+    ) -> Result<(), IsolationError> {
+        let Kind::V2 { dir } = &cg.kind else {
+            return Ok(());
+        };
+        let mut wanted = vec!["cpu"];
+        if limits.mem_mib.is_some() {
+            wanted.push("memory");
+        }
+        if limits.pids_max.is_some() {
+            wanted.push("pids");
+        }
+        // Enable the controllers from the mount down to the tasks' parent.
+        let parent = mount.join(&self.root);
+        std::fs::create_dir_all(&parent).map_err(io_err("mkdir", &parent))?;
+        let mut level = mount.to_path_buf();
+        let mut chain = vec![level.clone()];
+        for c in self.root.components() {
+            level = level.join(c);
+            chain.push(level.clone());
+        }
+        for d in &chain {
+            let available = read_file(&d.join("cgroup.controllers"))?;
+            for c in &wanted {
+                if !available.split_whitespace().any(|a| a == *c) {
+                    return Err(IsolationError::V2ControllerMissing {
+                        controller: c.to_string(),
+                        path: d.display().to_string(),
+                    });
+                }
+            }
+            let enabled = read_file(&d.join("cgroup.subtree_control"))?;
+            for c in &wanted {
+                if !enabled.split_whitespace().any(|a| a == *c) {
+                    write_file(&d.join("cgroup.subtree_control"), &format!("+{c}"))?;
+                }
+            }
+        }
+        make_task_dir(dir)?;
+        write_file(
+            &dir.join("cpu.weight"),
+            &cpu_weight(limits.cpus).to_string(),
+        )?;
+        if limits.cpu_hard_limit {
+            write_file(
+                &dir.join("cpu.max"),
+                &format!("{} {CFS_PERIOD_US}", cfs_quota_us(limits.cpus)),
+            )?;
+        }
+        if let Some(mib) = limits.mem_mib {
+            write_file(
+                &dir.join("memory.max"),
+                &mib.saturating_mul(1 << 20).to_string(),
+            )?;
+            let swap = dir.join("memory.swap.max");
+            if swap.exists() {
+                write_file(&swap, "0")?;
+            }
+        }
+        if let Some(max) = limits.pids_max {
+            write_file(&dir.join("pids.max"), &max.to_string())?;
+        }
+        if let Some(rules) = &limits.devices {
+            bpf::install(dir, rules)?;
+        }
+        Ok(())
+    }
+
+    /// Finds an existing task cgroup (after an agent restart).
+    pub fn reopen(&self, task_id: &str) -> Result<TaskCgroup, IsolationError> {
+        validate_task_id(task_id)?;
+        let mut cg = self.task_cgroup(task_id, false, false)?;
+        if let Kind::V1 {
+            pids,
+            devices,
+            freezer,
+            ..
+        } = &mut cg.kind
+        {
+            for d in [pids, devices, freezer] {
+                if d.as_ref().is_some_and(|p| !p.is_dir()) {
+                    *d = None;
+                }
+            }
+        }
+        if matches!(cg.kind, Kind::None) || cg.dirs().iter().any(|d| d.is_dir()) {
+            Ok(cg)
+        } else {
+            Err(IsolationError::NotFound(task_id.to_string()))
+        }
+    }
+
+    /// Task ids that have a cgroup under the root.
+    pub fn list(&self) -> Result<Vec<String>, IsolationError> {
+        let parents: Vec<PathBuf> = match &self.layout {
+            None => return Ok(Vec::new()),
+            Some(CgroupLayout::V1 { mounts }) => {
+                let mut v: Vec<PathBuf> = mounts.values().map(|m| m.join(&self.root)).collect();
+                v.sort();
+                v.dedup();
+                v
+            }
+            Some(CgroupLayout::V2 { mount }) => vec![mount.join(&self.root)],
+        };
+        let mut ids = std::collections::BTreeSet::new();
+        for p in parents {
+            let rd = match std::fs::read_dir(&p) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("readdir", &p)(e)),
+            };
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    if let Some(name) = e.file_name().to_str() {
+                        if validate_task_id(name).is_ok() {
+                            ids.insert(name.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ids.into_iter().collect())
+    }
+
+    /// Destroys every task cgroup under the root whose id is not in `keep` (orphans of tasks
+    /// that ended while the agent was down); returns the ids removed.
+    pub fn cleanup_except(&self, keep: &[&str]) -> Result<Vec<String>, IsolationError> {
+        let mut removed = Vec::new();
+        for id in self.list()? {
+            if !keep.contains(&id.as_str()) {
+                self.reopen(&id)?.destroy()?;
+                removed.push(id);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes the (empty) root directories themselves, e.g. when tests finish.
+    pub fn remove_root(&self) -> Result<(), IsolationError> {
+        let dirs: Vec<PathBuf> = match &self.layout {
+            None => return Ok(()),
+            Some(CgroupLayout::V1 { mounts }) => {
+                mounts.values().map(|m| m.join(&self.root)).collect()
+            }
+            Some(CgroupLayout::V2 { mount }) => vec![mount.join(&self.root)],
+        };
+        for d in dirs {
+            rmdir(&d)?;
+        }
+        Ok(())
+    }
+}
+
+impl TaskCgroup {
+    /// The task id.
+    pub fn task_id(&self) -> &str {
+        &self.task_id
+    }
+
+    /// Whether this is a real cgroup (not `--isolation none`).
+    pub fn is_isolated(&self) -> bool {
+        !matches!(self.kind, Kind::None)
+    }
+
+    /// Every directory of this cgroup (one per hierarchy, deduplicated).
+    pub fn dirs(&self) -> Vec<&Path> {
+        let mut v: Vec<&Path> = match &self.kind {
+            Kind::None => Vec::new(),
+            Kind::V1 {
+                cpu,
+                cpuacct,
+                memory,
+                pids,
+                devices,
+                freezer,
+            } => {
+                let mut v = vec![cpu.as_path(), cpuacct.as_path(), memory.as_path()];
+                v.extend(
+                    [pids, devices, freezer]
+                        .into_iter()
+                        .flatten()
+                        .map(PathBuf::as_path),
+                );
+                v
+            }
+            Kind::V2 { dir } => vec![dir.as_path()],
+        };
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// The directory of a v1 controller (or the v2 directory).
+    pub fn controller_dir(&self, controller: &str) -> Option<&Path> {
+        match &self.kind {
+            Kind::None => None,
+            Kind::V2 { dir } => Some(dir),
+            Kind::V1 {
+                cpu,
+                cpuacct,
+                memory,
+                pids,
+                devices,
+                freezer,
+            } => match controller {
+                "cpu" => Some(cpu),
+                "cpuacct" => Some(cpuacct),
+                "memory" => Some(memory),
+                "pids" => pids.as_deref(),
+                "devices" => devices.as_deref(),
+                "freezer" => freezer.as_deref(),
+                _ => None,
+            },
+        }
+    }
+
+    /// For `CommandExt::pre_exec`: `let a = cg.pre_exec_attach(); unsafe { cmd.pre_exec(move ||
+    /// a.attach_current()) };` — the child joins the cgroup before `exec`.
+    pub fn pre_exec_attach(&self) -> PreExecAttach {
+        PreExecAttach::for_dirs(&self.dirs())
+    }
+
+    /// Moves a running process into the cgroup.
+    pub fn attach(&self, pid: u32) -> Result<(), IsolationError> {
+        for d in self.dirs() {
+            write_file(&d.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Processes in the cgroup.
+    pub fn pids(&self) -> Result<Vec<u32>, IsolationError> {
+        match &self.kind {
+            Kind::None => Ok(Vec::new()),
+            Kind::V1 { memory, .. } => read_pids(&memory.join("cgroup.procs")),
+            Kind::V2 { dir } => read_pids(&dir.join("cgroup.procs")),
+        }
+    }
+
+    /// CPU time and memory (current and peak); GPU fields are 0 (see [`crate::gpu::usage`]).
+    pub fn usage(&self) -> Result<TaskUsage, IsolationError> {
+        match &self.kind {
+            Kind::None => Ok(TaskUsage::default()),
+            Kind::V1 {
+                cpuacct, memory, ..
+            } => Ok(TaskUsage {
+                cpu_time_secs: read_u64(&cpuacct.join("cpuacct.usage"))? as f64 / 1e9,
+                mem_bytes: read_u64(&memory.join("memory.usage_in_bytes"))?,
+                mem_peak_bytes: read_u64(&memory.join("memory.max_usage_in_bytes"))?,
+                ..TaskUsage::default()
+            }),
+            Kind::V2 { dir } => {
+                let stat = read_file(&dir.join("cpu.stat"))?;
+                let current = read_u64(&dir.join("memory.current"))?;
+                let peak = read_u64(&dir.join("memory.peak")).unwrap_or(current);
+                Ok(TaskUsage {
+                    cpu_time_secs: keyed(&stat, "usage_usec").unwrap_or(0) as f64 / 1e6,
+                    mem_bytes: current,
+                    mem_peak_bytes: peak.max(current),
+                    ..TaskUsage::default()
+                })
+            }
+        }
+    }
+
+    /// Whether the kernel's OOM killer killed a process of this cgroup (read before `destroy`).
+    pub fn oom_killed(&self) -> Result<bool, IsolationError> {
+        match &self.kind {
+            Kind::None => Ok(false),
+            Kind::V1 { memory, .. } => {
+                let ctl = read_file(&memory.join("memory.oom_control"))?;
+                match keyed(&ctl, "oom_kill") {
+                    Some(n) => Ok(n > 0),
+                    // Kernels before 4.13 have no counter: the limit was hit.
+                    None => Ok(read_u64(&memory.join("memory.failcnt"))? > 0
+                        || keyed(&ctl, "under_oom") == Some(1)),
+                }
+            }
+            Kind::V2 { dir } => {
+                let ev = read_file(&dir.join("memory.events"))?;
+                Ok(keyed(&ev, "oom_kill").unwrap_or(0) > 0
+                    || keyed(&ev, "oom_group_kill").unwrap_or(0) > 0)
+            }
+        }
+    }
+
+    /// Sends SIGKILL to every process in the cgroup (freezing it first on v1 when the freezer
+    /// is available, so nothing forks meanwhile; `cgroup.kill` on v2 when the kernel has it).
+    pub fn kill_all(&self) -> Result<(), IsolationError> {
+        match &self.kind {
+            Kind::None => Ok(()),
+            Kind::V2 { dir } => {
+                let kill = dir.join("cgroup.kill");
+                if kill.exists() && write_file(&kill, "1").is_ok() {
+                    return Ok(());
+                }
+                self.kill_listed(&dir.join("cgroup.procs"))
+            }
+            Kind::V1 {
+                memory, freezer, ..
+            } => {
+                let state = freezer
+                    .as_ref()
+                    .map(|f| f.join("freezer.state"))
+                    .filter(|s| s.exists());
+                if let Some(s) = &state {
+                    if write_file(s, "FROZEN").is_ok() {
+                        let deadline = Instant::now() + Duration::from_secs(1);
+                        while Instant::now() < deadline
+                            && read_file(s).map(|t| t.trim() != "FROZEN").unwrap_or(false)
+                        {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                    }
+                }
+                let r = self.kill_listed(&memory.join("cgroup.procs"));
+                if let Some(s) = &state {
+                    write_file(s, "THAWED")?;
+                }
+                r
+            }
+        }
+    }
+
+    fn kill_listed(&self, procs: &Path) -> Result<(), IsolationError> {
+        for pid in read_pids(procs)? {
+            let Ok(pid) = i32::try_from(pid) else {
+                continue;
+            };
+            // SAFETY: kill(2) with a pid read from the cgroup; ESRCH (already gone) is fine.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        Ok(())
+    }
+
+    /// Kills what is left, waits until the cgroup is empty and removes it from every hierarchy.
+    /// Idempotent.
+    pub fn destroy(&self) -> Result<(), IsolationError> {
+        let dirs = self.dirs();
+        if dirs.iter().all(|d| !d.exists()) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + DESTROY_TIMEOUT;
+        loop {
+            let mut busy = None;
+            for d in &dirs {
+                if !read_pids(&d.join("cgroup.procs"))?.is_empty() {
+                    busy = Some(*d);
+                }
+            }
+            let Some(d) = busy else { break };
+            if Instant::now() >= deadline {
+                return Err(IsolationError::NotEmpty {
+                    path: d.display().to_string(),
+                    secs: DESTROY_TIMEOUT.as_secs(),
+                });
+            }
+            self.kill_all()?;
+            if let Kind::V1 { .. } = self.kind {
+                for d in &dirs {
+                    self.kill_listed(&d.join("cgroup.procs"))?;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for d in dirs {
+            rmdir(d)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_conversions() {
+        assert_eq!(cpu_shares(1.0), 1024);
+        assert_eq!(cpu_shares(0.001), 2);
+        assert_eq!(cpu_weight(1.0), 39);
+        assert_eq!(cpu_weight(0.001), 1);
+        assert_eq!(cpu_weight(1000.0), 10000);
+        assert_eq!(cfs_quota_us(0.5), 50_000);
+        assert_eq!(cfs_quota_us(0.0001), 1000);
+    }
+
+    #[test]
+    fn roots_and_ids_are_validated() {
+        let m = Path::new("/sys/fs/cgroup");
+        assert_eq!(
+            relative_root(Path::new("gantry"), &[m]).unwrap(),
+            PathBuf::from("gantry")
+        );
+        assert_eq!(
+            relative_root(Path::new("/sys/fs/cgroup/a/b"), &[m]).unwrap(),
+            PathBuf::from("a/b")
+        );
+        assert!(relative_root(Path::new("/elsewhere"), &[m]).is_err());
+        assert!(relative_root(Path::new("../x"), &[m]).is_err());
+        assert!(relative_root(Path::new("/sys/fs/cgroup"), &[m]).is_err());
+        assert!(validate_task_id("0b7c-task_1.x").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b"] {
+            assert!(validate_task_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn keyed_files() {
+        let t = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(keyed(t, "oom_kill"), Some(3));
+        assert_eq!(keyed(t, "missing"), None);
+    }
+
+    #[test]
+    fn none_mode_isolates_nothing() {
+        let iso = Isolator::new(IsolationMode::None, None).unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: Some(10),
+            pids_max: None,
+            cpu_hard_limit: true,
+            devices: None,
+        };
+        let cg = iso.create("t1", &limits).unwrap();
+        assert!(!cg.is_isolated());
+        assert!(cg.pre_exec_attach().attach_current().is_ok());
+        assert_eq!(cg.usage().unwrap(), TaskUsage::default());
+        assert!(!cg.oom_killed().unwrap());
+        cg.destroy().unwrap();
+        assert!(iso.list().unwrap().is_empty());
+    }
+
+    /// A fake cgroup v2 file system in a temporary directory.
+    struct FakeV2 {
+        dir: tempfile::TempDir,
+    }
+
+    impl FakeV2 {
+        fn new(controllers: &str) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let m = dir.path();
+            std::fs::write(m.join("cgroup.controllers"), controllers).unwrap();
+            std::fs::write(m.join("cgroup.subtree_control"), "").unwrap();
+            std::fs::create_dir_all(m.join("gantry")).unwrap();
+            std::fs::write(m.join("gantry/cgroup.controllers"), controllers).unwrap();
+            std::fs::write(m.join("gantry/cgroup.subtree_control"), "").unwrap();
+            FakeV2 { dir }
+        }
+
+        /// What the kernel would show in a new child cgroup.
+        fn precreate_task(&self, id: &str) -> PathBuf {
+            let d = self.dir.path().join("gantry").join(id);
+            std::fs::create_dir_all(&d).unwrap();
+            for (f, v) in [
+                ("cgroup.procs", ""),
+                ("cpu.weight", "100"),
+                ("cpu.max", "max 100000"),
+                (
+                    "cpu.stat",
+                    "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
+                ),
+                ("memory.max", "max"),
+                ("memory.swap.max", "max"),
+                ("memory.current", "1048576"),
+                ("memory.peak", "4194304"),
+                ("memory.events", "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n"),
+                ("pids.max", "max"),
+            ] {
+                std::fs::write(d.join(f), v).unwrap();
+            }
+            d
+        }
+
+        fn isolator(&self) -> Isolator {
+            Isolator::with_layout(
+                CgroupLayout::V2 {
+                    mount: self.dir.path().to_path_buf(),
+                },
+                None,
+            )
+            .unwrap()
+        }
+    }
+
+    fn read(p: &Path) -> String {
+        std::fs::read_to_string(p).unwrap()
+    }
+
+    #[test]
+    fn v2_writes_limits_and_reads_usage() {
+        let fake = FakeV2::new("cpuset cpu io memory pids");
+        let d = fake.precreate_task("t1");
+        let iso = fake.isolator();
+        let limits = Limits {
+            cpus: 0.5,
+            mem_mib: Some(32),
+            pids_max: Some(50),
+            cpu_hard_limit: true,
+            devices: None,
+        };
+        let cg = iso.create("t1", &limits).unwrap();
+        assert_eq!(read(&d.join("cpu.weight")), cpu_weight(0.5).to_string());
+        assert_eq!(read(&d.join("cpu.max")), "50000 100000");
+        assert_eq!(read(&d.join("memory.max")), (32u64 << 20).to_string());
+        assert_eq!(read(&d.join("memory.swap.max")), "0");
+        assert_eq!(read(&d.join("pids.max")), "50");
+        // Controllers enabled on the way down (a real file would accumulate; ours keeps the last).
+        assert!(read(&fake.dir.path().join("gantry/cgroup.subtree_control")).starts_with('+'));
+        let u = cg.usage().unwrap();
+        assert_eq!(u.cpu_time_secs, 2.5);
+        assert_eq!((u.mem_bytes, u.mem_peak_bytes), (1 << 20, 4 << 20));
+        assert!(cg.oom_killed().unwrap());
+        std::fs::write(d.join("memory.events"), "oom 0\noom_kill 0\n").unwrap();
+        assert!(!cg.oom_killed().unwrap());
+        let a = cg.pre_exec_attach();
+        assert_eq!(
+            a.procs_files,
+            vec![CString::new(d.join("cgroup.procs").as_os_str().as_bytes()).unwrap()]
+        );
+        assert_eq!(iso.list().unwrap(), vec!["t1".to_string()]);
+        assert_eq!(iso.reopen("t1").unwrap().dirs(), vec![d.as_path()]);
+        assert!(matches!(iso.reopen("t2"), Err(IsolationError::NotFound(_))));
+        // A real cgroupfs directory has no regular files to remove; the fake one does.
+        for e in std::fs::read_dir(&d).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        assert_eq!(iso.cleanup_except(&["t1"]).unwrap(), Vec::<String>::new());
+        assert_eq!(iso.cleanup_except(&[]).unwrap(), vec!["t1".to_string()]);
+        assert!(!d.exists());
+        cg.destroy().unwrap(); // idempotent
+    }
+
+    #[test]
+    fn v2_missing_controller_is_a_clear_error() {
+        let fake = FakeV2::new("cpu pids");
+        fake.precreate_task("t1");
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: Some(32),
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let err = fake.isolator().create("t1", &limits).unwrap_err();
+        assert!(
+            matches!(err, IsolationError::V2ControllerMissing { ref controller, .. } if controller == "memory"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn v2_busy_directory_is_refused() {
+        let fake = FakeV2::new("cpu memory pids");
+        let d = fake.precreate_task("t1");
+        // A pid above the kernel's maximum (4194304): never a real process.
+        std::fs::write(d.join("cgroup.procs"), "999999999\n").unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        assert!(matches!(
+            fake.isolator().create("t1", &limits),
+            Err(IsolationError::Busy { .. })
+        ));
+    }
+
+    #[test]
+    fn v1_requires_core_controllers() {
+        let mut mounts = std::collections::BTreeMap::new();
+        mounts.insert("cpu".to_string(), PathBuf::from("/x/cpu"));
+        let err = Isolator::with_layout(CgroupLayout::V1 { mounts }, None).unwrap_err();
+        assert!(matches!(err, IsolationError::ControllerMissing(_)));
+    }
+}

@@ -1,0 +1,199 @@
+//! A batch framework: runs `count` copies of one command, each with the same resources, and
+//! finishes when every copy has ended. It declares its demand (task shape and count) so the
+//! master can offer it whole tasks, and suppresses offers once everything is launched.
+
+use std::collections::HashMap;
+
+use gantry_sdk::protocol::*;
+use gantry_sdk::{DriverHandle, Scheduler};
+use tokio::sync::watch;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BatchSpec {
+    pub name: String,
+    pub command: String,
+    pub count: u32,
+    pub task: Resources,
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Print a progress line to stdout on every terminal update.
+    pub verbose: bool,
+}
+
+/// Progress, observable while the framework runs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchProgress {
+    pub launched: u32,
+    pub running: u32,
+    pub finished: u32,
+    pub failed: u32,
+    /// Terminal updates seen per task (a correct cluster delivers exactly one per task).
+    pub terminal_updates: HashMap<TaskId, Vec<TaskState>>,
+    pub errors: Vec<String>,
+    pub done: bool,
+}
+
+impl BatchProgress {
+    /// Tasks that reached a terminal state.
+    pub fn ended(&self) -> u32 {
+        self.finished + self.failed
+    }
+}
+
+/// The scheduler. Create with [`Batch::new`]; watch progress with [`Batch::progress`].
+pub struct Batch {
+    spec: BatchSpec,
+    tasks: HashMap<TaskId, TaskState>,
+    progress: BatchProgress,
+    tx: watch::Sender<BatchProgress>,
+    suppressed: bool,
+}
+
+impl Batch {
+    pub fn new(spec: BatchSpec) -> (Self, watch::Receiver<BatchProgress>) {
+        let (tx, rx) = watch::channel(BatchProgress::default());
+        (
+            Self {
+                spec,
+                tasks: HashMap::new(),
+                progress: BatchProgress::default(),
+                tx,
+                suppressed: false,
+            },
+            rx,
+        )
+    }
+
+    fn publish(&self) {
+        let _ = self.tx.send(self.progress.clone());
+    }
+
+    fn remaining(&self) -> u32 {
+        self.spec.count.saturating_sub(self.progress.launched)
+    }
+}
+
+impl Scheduler for Batch {
+    async fn registered(&mut self, driver: &DriverHandle, framework_id: FrameworkId) {
+        if self.spec.verbose {
+            println!("[{}] registered as {framework_id}", self.spec.name);
+        }
+        driver.set_demand(Some(Demand {
+            task: self.spec.task.clone(),
+            count: self.remaining(),
+        }));
+        if self.remaining() > 0 {
+            driver.revive(vec![]);
+            self.suppressed = false;
+        }
+        // After a reconnect, learn what happened to our tasks meanwhile.
+        if !self.tasks.is_empty() {
+            driver.reconcile(vec![]);
+        }
+    }
+
+    async fn offers(&mut self, driver: &DriverHandle, offers: Vec<Offer>) {
+        for offer in offers {
+            let mut available = offer.total();
+            let mut tasks = Vec::new();
+            while self.remaining() > tasks.len() as u32 && available.contains(&self.spec.task) {
+                let _ = available.checked_sub_assign(&self.spec.task);
+                let n = self.progress.launched + tasks.len() as u32;
+                tasks.push(TaskInfo {
+                    task_id: TaskId::random(),
+                    name: format!("{}-{n}", self.spec.name),
+                    command: self.spec.command.clone(),
+                    resources: self.spec.task.clone(),
+                    env: self.spec.env.clone(),
+                    kill_grace_secs: None,
+                });
+            }
+            if tasks.is_empty() {
+                driver.decline(
+                    vec![offer.id],
+                    Some(if self.remaining() == 0 { 60.0 } else { 1.0 }),
+                );
+                continue;
+            }
+            for t in &tasks {
+                self.tasks.insert(t.task_id, TaskState::Staging);
+            }
+            self.progress.launched += tasks.len() as u32;
+            driver.launch(offer.id, tasks);
+        }
+        if self.remaining() == 0 && !self.suppressed {
+            driver.suppress(vec![]);
+            self.suppressed = true;
+        }
+        driver.set_demand(Some(Demand {
+            task: self.spec.task.clone(),
+            count: self.remaining(),
+        }));
+        self.publish();
+    }
+
+    async fn status_update(&mut self, driver: &DriverHandle, update: &StatusUpdate) {
+        let Some(prev) = self.tasks.get(&update.task_id).copied() else {
+            return;
+        };
+        if update.reconciliation && update.state == prev {
+            return;
+        }
+        if prev.is_terminal() {
+            if !update.reconciliation {
+                // A second terminal update: record it so tests can see duplicates.
+                self.progress
+                    .terminal_updates
+                    .entry(update.task_id)
+                    .or_default()
+                    .push(update.state);
+                self.publish();
+            }
+            return;
+        }
+        self.tasks.insert(update.task_id, update.state);
+        match update.state {
+            TaskState::Running => self.progress.running += 1,
+            s if s.is_terminal() => {
+                if prev == TaskState::Running {
+                    self.progress.running = self.progress.running.saturating_sub(1);
+                }
+                self.progress
+                    .terminal_updates
+                    .entry(update.task_id)
+                    .or_default()
+                    .push(s);
+                if s == TaskState::Finished {
+                    self.progress.finished += 1;
+                } else {
+                    self.progress.failed += 1;
+                    self.progress
+                        .errors
+                        .push(format!("task {} {}: {}", update.task_id, s, update.message));
+                }
+                if self.spec.verbose {
+                    println!(
+                        "[{}] {}/{} finished, {} failed, {} running",
+                        self.spec.name,
+                        self.progress.finished,
+                        self.spec.count,
+                        self.progress.failed,
+                        self.progress.running
+                    );
+                }
+            }
+            _ => {}
+        }
+        if self.progress.ended() >= self.spec.count {
+            self.progress.done = true;
+            driver.stop();
+        }
+        self.publish();
+    }
+
+    async fn error(&mut self, _driver: &DriverHandle, kind: ErrorKind, message: &str) {
+        self.progress.errors.push(format!("{kind:?}: {message}"));
+        eprintln!("[{}] master error {kind:?}: {message}", self.spec.name);
+        self.publish();
+    }
+}

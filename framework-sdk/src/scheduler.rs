@@ -1,0 +1,525 @@
+//! The framework author's API: implement [`Scheduler`] (policy), run it with a [`Driver`]
+//! (mechanism), and act through the cloneable [`DriverHandle`].
+//!
+//! The driver connects to the master over QUIC with mutual TLS, subscribes, calls the scheduler
+//! for every event, acknowledges each status update after its callback returns, and reconnects
+//! with backoff (keeping its framework id) when the connection drops or the master it reached is
+//! not the leader.
+//!
+//! ```no_run
+//! use gantry_sdk::protocol::*;
+//! use gantry_sdk::{Driver, DriverConfig, DriverHandle, Scheduler};
+//!
+//! struct Sleepy;
+//! impl Scheduler for Sleepy {
+//!     async fn offers(&mut self, driver: &DriverHandle, offers: Vec<Offer>) {
+//!         for offer in offers {
+//!             let task = TaskInfo {
+//!                 task_id: TaskId::random(),
+//!                 name: "sleep".into(),
+//!                 command: "sleep 1".into(),
+//!                 resources: "cpus:1;mem:128".parse().unwrap(),
+//!                 env: Default::default(),
+//!                 kill_grace_secs: None,
+//!             };
+//!             driver.launch(offer.id, vec![task]);
+//!         }
+//!     }
+//! }
+//!
+//! # async fn run() -> anyhow::Result<()> {
+//! let config = DriverConfig::new(vec!["127.0.0.1:5050".into()], "/tmp/gantry-tls".into(), "sleepy", vec!["default".into()]);
+//! Driver::new(config).run(Sleepy).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::protocol::*;
+use crate::transport::backoff::Backoff;
+use crate::transport::quic::{self, FrameReceiver, FrameSender};
+use crate::transport::tls::{self, PeerIdentity};
+
+/// Callbacks of a framework scheduler. Every method has a default that does nothing (offers
+/// are declined by default). Callbacks run one at a time, in the order events arrive.
+pub trait Scheduler: Send {
+    /// Subscribed (or re-subscribed after a reconnect) with this framework id.
+    fn registered(
+        &mut self,
+        driver: &DriverHandle,
+        framework_id: FrameworkId,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, framework_id);
+        async {}
+    }
+    /// New offers. Accept (launch), decline, or keep them for later.
+    fn offers(
+        &mut self,
+        driver: &DriverHandle,
+        offers: Vec<Offer>,
+    ) -> impl Future<Output = ()> + Send {
+        driver.decline(offers.iter().map(|o| o.id).collect(), None);
+        async {}
+    }
+    /// An offer is no longer valid.
+    fn offer_rescinded(
+        &mut self,
+        driver: &DriverHandle,
+        offer_id: OfferId,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, offer_id);
+        async {}
+    }
+    /// A task changed state. The driver acknowledges the update after this returns.
+    fn status_update(
+        &mut self,
+        driver: &DriverHandle,
+        update: &StatusUpdate,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, update);
+        async {}
+    }
+    /// The master rejected something this framework sent.
+    fn error(
+        &mut self,
+        driver: &DriverHandle,
+        kind: ErrorKind,
+        message: &str,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, kind, message);
+        async {}
+    }
+    /// The connection to the master dropped; the driver is reconnecting.
+    fn disconnected(&mut self, driver: &DriverHandle) -> impl Future<Output = ()> + Send {
+        let _ = driver;
+        async {}
+    }
+}
+
+/// How to reach the master and who this framework is.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// Master addresses (`host:port`); tried in turn, and redirected to the leader when one
+    /// answers that it is a standby.
+    pub masters: Vec<String>,
+    /// TLS directory (see [`crate::transport::tls`]).
+    pub tls_dir: PathBuf,
+    /// The framework's principal: the name in its certificate.
+    pub principal: String,
+    pub info: FrameworkInfo,
+    /// First and largest reconnect delay.
+    pub backoff: (Duration, Duration),
+    /// Give up when no master could be reached for this long (`None`: never).
+    pub give_up_after: Option<Duration>,
+}
+
+impl DriverConfig {
+    /// A framework named `principal` in `roles`, failover timeout 60 s.
+    pub fn new(
+        masters: Vec<String>,
+        tls_dir: PathBuf,
+        principal: &str,
+        roles: Vec<String>,
+    ) -> Self {
+        Self {
+            masters,
+            tls_dir,
+            principal: principal.to_string(),
+            info: FrameworkInfo {
+                framework_id: None,
+                name: principal.to_string(),
+                roles,
+                capabilities: Vec::new(),
+                failover_timeout_secs: 60.0,
+            },
+            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            give_up_after: None,
+        }
+    }
+}
+
+/// Errors that end a driver run.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error(transparent)]
+    Transport(#[from] quic::TransportError),
+    #[error("no master address given")]
+    NoMasters,
+    #[error("could not reach a leading master for {0:?}")]
+    Unreachable(Duration),
+    #[error("the master refused the subscription: {0}")]
+    Refused(String),
+}
+
+enum Command {
+    Send(FrameworkToMaster),
+    Stop { teardown: bool },
+}
+
+/// A cheap, cloneable handle for acting on the master. Calls never block: they are queued and
+/// sent in order by the driver.
+#[derive(Clone)]
+pub struct DriverHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    framework_id: Arc<Mutex<Option<FrameworkId>>>,
+}
+
+impl DriverHandle {
+    fn send(&self, msg: FrameworkToMaster) {
+        let _ = self.tx.send(Command::Send(msg));
+    }
+    /// The id the master gave this framework (after [`Scheduler::registered`]).
+    pub fn framework_id(&self) -> Option<FrameworkId> {
+        *self.framework_id.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Accept offers (all on one agent) with the given operations.
+    pub fn accept(
+        &self,
+        offer_ids: Vec<OfferId>,
+        operations: Vec<Operation>,
+        refuse_seconds: Option<f64>,
+    ) {
+        self.send(FrameworkToMaster::Accept {
+            offer_ids,
+            operations,
+            refuse_seconds,
+        });
+    }
+    /// Launch tasks on one offer; its unused part goes back with the default filter.
+    pub fn launch(&self, offer_id: OfferId, tasks: Vec<TaskInfo>) {
+        self.accept(vec![offer_id], vec![Operation::Launch { tasks }], None);
+    }
+    /// Decline offers; `refuse_seconds` keeps the agent's resources away from us that long
+    /// (master default when `None`).
+    pub fn decline(&self, offer_ids: Vec<OfferId>, refuse_seconds: Option<f64>) {
+        if !offer_ids.is_empty() {
+            self.send(FrameworkToMaster::Decline {
+                offer_ids,
+                refuse_seconds,
+            });
+        }
+    }
+    /// Kill a task (SIGTERM, then SIGKILL after its grace period).
+    pub fn kill(&self, task_id: TaskId) {
+        self.send(FrameworkToMaster::Kill { task_id });
+    }
+    /// Ask for the current state of these tasks (all of ours when empty).
+    pub fn reconcile(&self, task_ids: Vec<TaskId>) {
+        self.send(FrameworkToMaster::Reconcile { task_ids });
+    }
+    /// Stop offers for these roles (all when empty) until revived.
+    pub fn suppress(&self, roles: Vec<String>) {
+        self.send(FrameworkToMaster::Suppress { roles });
+    }
+    /// Resume offers for these roles (all when empty) and clear our filters.
+    pub fn revive(&self, roles: Vec<String>) {
+        self.send(FrameworkToMaster::Revive { roles });
+    }
+    /// Declare the shape and number of pending tasks (demand-aware offers), or clear it.
+    pub fn set_demand(&self, demand: Option<Demand>) {
+        self.send(FrameworkToMaster::SetDemand { demand });
+    }
+    /// Tear the framework down (its tasks are killed) and end [`Driver::run`].
+    pub fn stop(&self) {
+        let _ = self.tx.send(Command::Stop { teardown: true });
+    }
+    /// End [`Driver::run`] without tearing down: the master keeps our tasks for the failover
+    /// timeout, so a new driver with the same framework id can take over.
+    pub fn disconnect(&self) {
+        let _ = self.tx.send(Command::Stop { teardown: false });
+    }
+}
+
+/// Runs a [`Scheduler`] against the master.
+pub struct Driver {
+    config: DriverConfig,
+    handle: DriverHandle,
+    rx: mpsc::UnboundedReceiver<Command>,
+    /// Requests queued while disconnected, sent after the next subscription.
+    pending: Vec<FrameworkToMaster>,
+}
+
+/// How one connection ended.
+enum SessionEnd {
+    Stopped,
+    Lost(String),
+    Redirect(Option<String>),
+}
+
+/// Remembers recently seen update ids so a redelivered update reaches the scheduler once.
+struct SeenUpdates {
+    set: HashSet<UpdateId>,
+    order: VecDeque<UpdateId>,
+}
+
+impl SeenUpdates {
+    const CAP: usize = 65_536;
+    fn new() -> Self {
+        Self {
+            set: HashSet::new(),
+            order: VecDeque::new(),
+        }
+    }
+    /// True if `id` was not seen before.
+    fn insert(&mut self, id: UpdateId) -> bool {
+        if !self.set.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        if self.order.len() > Self::CAP {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+impl Driver {
+    pub fn new(config: DriverConfig) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let framework_id = Arc::new(Mutex::new(config.info.framework_id));
+        Self {
+            config,
+            handle: DriverHandle { tx, framework_id },
+            rx,
+            pending: Vec::new(),
+        }
+    }
+
+    /// A handle usable before and during [`Driver::run`].
+    pub fn handle(&self) -> DriverHandle {
+        self.handle.clone()
+    }
+
+    /// Connects, subscribes and serves the scheduler until [`DriverHandle::stop`] or
+    /// [`DriverHandle::disconnect`] is called (or no master is reachable within `give_up_after`).
+    pub async fn run<S: Scheduler>(mut self, mut scheduler: S) -> Result<(), DriverError> {
+        if self.config.masters.is_empty() {
+            return Err(DriverError::NoMasters);
+        }
+        let material = tls::load_or_issue(
+            &self.config.tls_dir,
+            &PeerIdentity::Framework(self.config.principal.clone()),
+            &[],
+        )?;
+        let mut backoff = Backoff::new(self.config.backoff.0, self.config.backoff.1);
+        let mut seen = SeenUpdates::new();
+        let mut candidates: VecDeque<String> = self.config.masters.iter().cloned().collect();
+        let mut unreachable_since = tokio::time::Instant::now();
+        let mut endpoints: Vec<(bool, quinn::Endpoint)> = Vec::new();
+        loop {
+            let target = candidates
+                .pop_front()
+                .unwrap_or_else(|| self.config.masters[0].clone());
+            if candidates.is_empty() {
+                candidates.extend(self.config.masters.iter().cloned());
+            }
+            let outcome = match resolve(&target).await {
+                Some(addr) => {
+                    let v6 = addr.is_ipv6();
+                    let ep = match endpoints.iter().find(|(is6, _)| *is6 == v6) {
+                        Some((_, ep)) => ep.clone(),
+                        None => {
+                            let ep = quic::client_endpoint(&material, addr)?;
+                            endpoints.push((v6, ep.clone()));
+                            ep
+                        }
+                    };
+                    match quic::connect(&ep, addr, PeerKind::Framework).await {
+                        Ok((conn, tx, rx)) => {
+                            let end = self
+                                .session(
+                                    &mut scheduler,
+                                    &mut seen,
+                                    tx,
+                                    rx,
+                                    &mut backoff,
+                                    &mut unreachable_since,
+                                )
+                                .await;
+                            conn.close(0u32.into(), b"bye");
+                            end?
+                        }
+                        Err(e) => SessionEnd::Lost(format!("connect to {target}: {e}")),
+                    }
+                }
+                None => SessionEnd::Lost(format!("cannot resolve master address {target:?}")),
+            };
+            match outcome {
+                SessionEnd::Stopped => {
+                    for (_, ep) in &endpoints {
+                        ep.wait_idle().await;
+                    }
+                    return Ok(());
+                }
+                SessionEnd::Redirect(leader) => {
+                    tracing::info!(?leader, "master {target} is not the leader");
+                    if let Some(l) = leader {
+                        candidates.push_front(l);
+                    }
+                }
+                SessionEnd::Lost(reason) => tracing::warn!("master connection: {reason}"),
+            }
+            if let Some(limit) = self.config.give_up_after {
+                if unreachable_since.elapsed() > limit {
+                    return Err(DriverError::Unreachable(limit));
+                }
+            }
+            // Requests made while disconnected: stop is honoured now; offer replies are void
+            // (the master rescinds a disconnected framework's offers); the rest is sent after
+            // re-subscribing.
+            while let Ok(cmd) = self.rx.try_recv() {
+                match cmd {
+                    Command::Stop { .. } => return Ok(()),
+                    Command::Send(
+                        FrameworkToMaster::Accept { .. } | FrameworkToMaster::Decline { .. },
+                    ) => {}
+                    Command::Send(msg) => self.pending.push(msg),
+                }
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    }
+
+    async fn session<S: Scheduler>(
+        &mut self,
+        scheduler: &mut S,
+        seen: &mut SeenUpdates,
+        mut tx: FrameSender,
+        mut rx: FrameReceiver,
+        backoff: &mut Backoff,
+        unreachable_since: &mut tokio::time::Instant,
+    ) -> Result<SessionEnd, DriverError> {
+        let mut info = self.config.info.clone();
+        info.framework_id = self.handle.framework_id();
+        if let Err(e) = tx.send(&FrameworkToMaster::Subscribe(info)).await {
+            return Ok(SessionEnd::Lost(e.to_string()));
+        }
+        // Reads run in their own task so a slow callback never stalls the QUIC stream reader
+        // and a frame is never lost to cancellation.
+        let (in_tx, mut inbox) = mpsc::channel::<Result<MasterToFramework, String>>(1024);
+        let reader = tokio::spawn(async move {
+            loop {
+                let msg = rx
+                    .recv::<MasterToFramework>()
+                    .await
+                    .map_err(|e| e.to_string());
+                let end = msg.is_err();
+                if in_tx.send(msg).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        let _abort = AbortOnDrop(reader);
+        let mut subscribed = false;
+        loop {
+            tokio::select! {
+                msg = inbox.recv() => {
+                    let msg = match msg {
+                        Some(Ok(m)) => m,
+                        Some(Err(e)) => {
+                            if subscribed { scheduler.disconnected(&self.handle).await; }
+                            return Ok(SessionEnd::Lost(e));
+                        }
+                        None => return Ok(SessionEnd::Lost("reader ended".into())),
+                    };
+                    match msg {
+                        MasterToFramework::Subscribed { framework_id, .. } => {
+                            *self.handle.framework_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(framework_id);
+                            subscribed = true;
+                            backoff.reset();
+                            *unreachable_since = tokio::time::Instant::now();
+                            for msg in std::mem::take(&mut self.pending) {
+                                if let Err(e) = tx.send(&msg).await {
+                                    return Ok(SessionEnd::Lost(e.to_string()));
+                                }
+                            }
+                            scheduler.registered(&self.handle, framework_id).await;
+                        }
+                        MasterToFramework::Offers(offers) => scheduler.offers(&self.handle, offers).await,
+                        MasterToFramework::Rescind { offer_id } => scheduler.offer_rescinded(&self.handle, offer_id).await,
+                        MasterToFramework::Update(update) => {
+                            if seen.insert(update.update_id) || update.reconciliation {
+                                scheduler.status_update(&self.handle, &update).await;
+                            }
+                            if !update.reconciliation {
+                                let ack = FrameworkToMaster::Acknowledge { task_id: update.task_id, update_id: update.update_id };
+                                if let Err(e) = tx.send(&ack).await {
+                                    scheduler.disconnected(&self.handle).await;
+                                    return Ok(SessionEnd::Lost(e.to_string()));
+                                }
+                            }
+                        }
+                        MasterToFramework::Error { kind, message } => {
+                            if !subscribed {
+                                return Err(DriverError::Refused(message));
+                            }
+                            scheduler.error(&self.handle, kind, &message).await;
+                        }
+                        MasterToFramework::Heartbeat => {}
+                        MasterToFramework::NotLeader { leader } => return Ok(SessionEnd::Redirect(leader)),
+                    }
+                }
+                cmd = self.rx.recv(), if subscribed => {
+                    match cmd {
+                        Some(Command::Send(msg)) => {
+                            if let Err(e) = tx.send(&msg).await {
+                                scheduler.disconnected(&self.handle).await;
+                                return Ok(SessionEnd::Lost(e.to_string()));
+                            }
+                        }
+                        Some(Command::Stop { teardown }) => {
+                            if teardown {
+                                let _ = tx.send(&FrameworkToMaster::Teardown).await;
+                            }
+                            let _ = tx.0.finish();
+                            let _ = tokio::time::timeout(Duration::from_secs(2), tx.0.stopped()).await;
+                            return Ok(SessionEnd::Stopped);
+                        }
+                        // Every handle is gone, including ours: impossible while we hold one.
+                        None => return Ok(SessionEnd::Stopped),
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn resolve(addr: &str) -> Option<SocketAddr> {
+    tokio::net::lookup_host(addr).await.ok()?.next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seen_updates_deduplicate_and_stay_bounded() {
+        let mut s = SeenUpdates::new();
+        let a = UpdateId::random();
+        assert!(s.insert(a));
+        assert!(!s.insert(a));
+        for _ in 0..SeenUpdates::CAP {
+            s.insert(UpdateId::random());
+        }
+        assert!(s.set.len() <= SeenUpdates::CAP);
+        assert!(s.insert(a), "oldest ids are forgotten");
+    }
+}

@@ -1,0 +1,277 @@
+//! Dense resource vectors used inside the allocator.
+//!
+//! Resource names are interned once ([`Names`]); inside the allocator an amount vector is a
+//! `Vec<u64>` of milli-units indexed by the interned name. Vectors may be shorter than the number
+//! of known names (a name interned later is simply absent, i.e. zero), so every helper treats a
+//! missing index as zero. A [`Bundle`] is an unreserved vector plus one vector per reservation
+//! role (role indices are the allocator's dense role indices).
+
+use std::collections::HashMap;
+
+use gantry_sdk::protocol::Resources;
+
+/// Milli-unit amounts indexed by interned resource name.
+pub(crate) type Rv = Vec<u64>;
+
+/// Amount at `i` (0 when absent).
+#[inline]
+pub(crate) fn at(v: &[u64], i: usize) -> u64 {
+    v.get(i).copied().unwrap_or(0)
+}
+
+/// `a += b` (saturating).
+pub(crate) fn add(a: &mut Rv, b: &[u64]) {
+    if a.len() < b.len() {
+        a.resize(b.len(), 0);
+    }
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.saturating_add(*y);
+    }
+}
+
+/// `a -= b`, floored at zero.
+pub(crate) fn sub(a: &mut Rv, b: &[u64]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.saturating_sub(*y);
+    }
+}
+
+/// True when `b` fits in `a`.
+pub(crate) fn contains(a: &[u64], b: &[u64]) -> bool {
+    b.iter().enumerate().all(|(i, y)| *y == 0 || at(a, i) >= *y)
+}
+
+/// True when every amount is zero.
+pub(crate) fn is_zero(a: &[u64]) -> bool {
+    a.iter().all(|x| *x == 0)
+}
+
+/// Element-wise minimum of `a` and `cap` written into `a` (`cap` missing = unlimited).
+pub(crate) fn cap_to(a: &mut Rv, cap: &[u64]) {
+    for (x, c) in a.iter_mut().zip(cap) {
+        if *x > *c {
+            *x = *c;
+        }
+    }
+}
+
+/// Interned resource names.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Names {
+    list: Vec<String>,
+    map: HashMap<String, usize>,
+}
+
+impl Names {
+    /// The index of `name`, interning it if new.
+    pub(crate) fn intern(&mut self, name: &str) -> usize {
+        if let Some(i) = self.map.get(name) {
+            return *i;
+        }
+        let i = self.list.len();
+        self.list.push(name.to_string());
+        self.map.insert(name.to_string(), i);
+        i
+    }
+
+    /// The index of `name` if it was interned.
+    pub(crate) fn lookup(&self, name: &str) -> Option<usize> {
+        self.map.get(name).copied()
+    }
+
+    /// Number of interned names.
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The name at `i`.
+    pub(crate) fn name(&self, i: usize) -> &str {
+        &self.list[i]
+    }
+
+    /// Converts, interning unknown names.
+    pub(crate) fn rv(&mut self, r: &Resources) -> Rv {
+        let mut v = Rv::new();
+        for (name, milli) in r.iter() {
+            let i = self.intern(name);
+            if v.len() <= i {
+                v.resize(i + 1, 0);
+            }
+            v[i] = milli;
+        }
+        v
+    }
+
+    /// Converts without interning; `None` if `r` names a resource never seen (non-zero).
+    pub(crate) fn try_rv(&self, r: &Resources) -> Option<Rv> {
+        let mut v = Rv::new();
+        for (name, milli) in r.iter() {
+            let i = self.lookup(name)?;
+            if v.len() <= i {
+                v.resize(i + 1, 0);
+            }
+            v[i] = milli;
+        }
+        Some(v)
+    }
+
+    /// Converts back to named resources.
+    pub(crate) fn res(&self, v: &[u64]) -> Resources {
+        let mut r = Resources::new();
+        for (i, m) in v.iter().enumerate() {
+            if *m > 0 {
+                r.set_milli(&self.list[i], *m);
+            }
+        }
+        r
+    }
+}
+
+/// Unreserved amounts plus reserved amounts per (dense) role index, sorted by role, no empty
+/// reservation entries.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Bundle {
+    pub(crate) unres: Rv,
+    pub(crate) resv: Vec<(u32, Rv)>,
+}
+
+impl Bundle {
+    /// Unreserved plus every reservation.
+    pub(crate) fn total(&self) -> Rv {
+        let mut t = self.unres.clone();
+        for (_, r) in &self.resv {
+            add(&mut t, r);
+        }
+        t
+    }
+
+    /// True when empty.
+    pub(crate) fn is_zero(&self) -> bool {
+        is_zero(&self.unres) && self.resv.iter().all(|(_, r)| is_zero(r))
+    }
+
+    /// The reservation of `role` (empty slice when none).
+    pub(crate) fn resv_of(&self, role: u32) -> &[u64] {
+        match self.resv.binary_search_by_key(&role, |(r, _)| *r) {
+            Ok(i) => &self.resv[i].1,
+            Err(_) => &[],
+        }
+    }
+
+    fn resv_mut(&mut self, role: u32) -> &mut Rv {
+        match self.resv.binary_search_by_key(&role, |(r, _)| *r) {
+            Ok(i) => &mut self.resv[i].1,
+            Err(i) => {
+                self.resv.insert(i, (role, Rv::new()));
+                &mut self.resv[i].1
+            }
+        }
+    }
+
+    /// Adds `amount` to the reservation of `role`.
+    pub(crate) fn add_resv(&mut self, role: u32, amount: &[u64]) {
+        if is_zero(amount) {
+            return;
+        }
+        add(self.resv_mut(role), amount);
+    }
+
+    /// `self += other`.
+    pub(crate) fn add(&mut self, other: &Bundle) {
+        add(&mut self.unres, &other.unres);
+        for (role, r) in &other.resv {
+            self.add_resv(*role, r);
+        }
+    }
+
+    /// `self -= other`, floored at zero per pool.
+    pub(crate) fn sub(&mut self, other: &Bundle) {
+        sub(&mut self.unres, &other.unres);
+        for (role, r) in &other.resv {
+            if let Ok(i) = self.resv.binary_search_by_key(role, |(x, _)| *x) {
+                sub(&mut self.resv[i].1, r);
+            }
+        }
+        self.resv.retain(|(_, r)| !is_zero(r));
+    }
+
+    /// True when every pool of `other` fits in the same pool of `self`.
+    pub(crate) fn contains(&self, other: &Bundle) -> bool {
+        contains(&self.unres, &other.unres)
+            && other
+                .resv
+                .iter()
+                .all(|(role, r)| contains(self.resv_of(*role), r))
+    }
+
+    /// The pool-wise minimum of `self` and `other`.
+    pub(crate) fn min(&self, other: &Bundle) -> Bundle {
+        let mut out = Bundle {
+            unres: self
+                .unres
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (*x).min(at(&other.unres, i)))
+                .collect(),
+            resv: Vec::new(),
+        };
+        for (role, r) in &self.resv {
+            let o = other.resv_of(*role);
+            let m: Rv = r
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (*x).min(at(o, i)))
+                .collect();
+            out.add_resv(*role, &m);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vectors_of_different_lengths_mix() {
+        let mut a: Rv = vec![5];
+        add(&mut a, &[1, 2]);
+        assert_eq!(a, vec![6, 2]);
+        assert!(contains(&a, &[6]));
+        assert!(!contains(&a, &[0, 0, 1]));
+        assert!(contains(&a, &[0, 0, 0]));
+        sub(&mut a, &[10]);
+        assert_eq!(a, vec![0, 2]);
+        let mut c: Rv = vec![3, 9];
+        cap_to(&mut c, &[1]);
+        assert_eq!(c, vec![1, 9]);
+    }
+
+    #[test]
+    fn bundles_keep_pools_apart() {
+        let mut b = Bundle {
+            unres: vec![4, 0],
+            resv: vec![],
+        };
+        b.add_resv(2, &[1]);
+        b.add_resv(1, &[0, 3]);
+        assert_eq!(
+            b.resv.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(b.total(), vec![5, 3]);
+        let small = Bundle {
+            unres: vec![1],
+            resv: vec![(2, vec![1])],
+        };
+        assert!(b.contains(&small));
+        let wrong_pool = Bundle {
+            unres: vec![],
+            resv: vec![(3, vec![1])],
+        };
+        assert!(!b.contains(&wrong_pool));
+        b.sub(&small);
+        assert_eq!(b.resv.len(), 1);
+        assert_eq!(b.unres, vec![3, 0]);
+    }
+}

@@ -1,0 +1,2081 @@
+//! The allocator: hierarchical weighted Dominant Resource Fairness with quotas, reservations,
+//! offer filters, GPU awareness and demand-aware (progressive-filling) offers.
+//!
+//! This module is PURE: no I/O, no clock, no randomness. Time is always an input ([`Millis`]);
+//! the live master, the simulator and the benchmark all drive the same code. Semantics are
+//! documented in `docs/allocator.md`.
+//!
+//! Internally every entity has a dense index (agents, frameworks, roles), resource names are
+//! interned into dense vectors of milli-units, and the fairness order is kept in incremental
+//! sorted sets (one per role node for its children, one per role for its frameworks), so an
+//! allocation cycle costs roughly one ordered scan per agent whose situation changed. Agents
+//! whose last visit found no possible offer, and where nothing relevant changed since, are
+//! skipped ("stable" agents, invalidated by an agent-local change or a global epoch bump).
+
+mod dense;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
+
+use gantry_sdk::protocol::messages::Demand;
+use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
+use serde::Serialize;
+
+use dense::{Bundle, Names, Rv};
+
+/// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
+pub type Millis = u64;
+
+/// The name frameworks use when they give an empty role.
+pub const DEFAULT_ROLE: &str = "*";
+
+/// Allocator settings.
+#[derive(Clone, Debug)]
+pub struct AllocatorConfig {
+    /// Agents with `gpus` are offered only to frameworks with the GPU capability.
+    pub filter_gpu_resources: bool,
+    /// Resource names ignored when computing dominant shares (e.g. `gpus`).
+    pub fairness_excluded_resources: Vec<String>,
+    /// Filter duration for declines and unused parts of accepts when none is given.
+    pub default_refuse_ms: Millis,
+    /// Outstanding offers older than this are rescinded by [`Allocator::expire_offers`].
+    pub offer_timeout_ms: Option<Millis>,
+    /// High 64 bits of generated offer ids (the master passes a random value, the simulator 0).
+    pub offer_id_seed: u64,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        Self {
+            filter_gpu_resources: true,
+            fairness_excluded_resources: Vec::new(),
+            default_refuse_ms: 5000,
+            offer_timeout_ms: None,
+            offer_id_seed: 0,
+        }
+    }
+}
+
+/// Resources of an offer (or an allocation): unreserved plus reserved per role.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct OfferResources {
+    /// Unreserved resources.
+    pub unreserved: Resources,
+    /// Reserved resources, per reservation role.
+    pub reserved: BTreeMap<String, Resources>,
+}
+
+impl OfferResources {
+    /// Unreserved plus every reservation.
+    pub fn total(&self) -> Resources {
+        let mut t = self.unreserved.clone();
+        for r in self.reserved.values() {
+            t.add_assign(r);
+        }
+        t
+    }
+
+    /// Only unreserved resources.
+    pub fn unreserved(resources: Resources) -> Self {
+        Self {
+            unreserved: resources,
+            reserved: BTreeMap::new(),
+        }
+    }
+
+    /// True when nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.unreserved.is_empty() && self.reserved.values().all(Resources::is_empty)
+    }
+}
+
+/// One offer the allocator made.
+#[derive(Clone, Debug)]
+pub struct OfferRecord {
+    pub id: OfferId,
+    pub framework: FrameworkId,
+    pub agent: AgentId,
+    /// The role the offer is made to.
+    pub role: String,
+    pub resources: OfferResources,
+    pub created_at: Millis,
+}
+
+/// Why an allocator call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    #[error("unknown offer {0} (never made, already used, rescinded or expired)")]
+    UnknownOffer(OfferId),
+    #[error("unknown agent {0}")]
+    UnknownAgent(AgentId),
+    #[error("unknown framework {0}")]
+    UnknownFramework(FrameworkId),
+    #[error("offer {offer}: requested {requested:?} does not fit in the offered {offered:?}")]
+    ExceedsOffer {
+        offer: OfferId,
+        requested: OfferResources,
+        offered: OfferResources,
+    },
+    #[error("agent {agent}: {requested:?} does not fit in its free {free:?}")]
+    ExceedsAgent {
+        agent: AgentId,
+        requested: OfferResources,
+        free: OfferResources,
+    },
+    #[error("role {role:?} can not reserve in offer {offer}: the role must be the offer's role or one of its ancestors")]
+    ReservationRole { offer: OfferId, role: String },
+}
+
+/// Counters and shares for the operator view. The caller measures cycle time.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AllocatorMetrics {
+    /// Per role: dominant share (divided by weight), weight, allocated (offered + in use).
+    pub roles: BTreeMap<String, RoleMetrics>,
+    /// Per framework id: name, dominant share, allocated.
+    pub frameworks: BTreeMap<String, FrameworkMetrics>,
+    /// (framework, agent) pairs with at least one active decline filter.
+    pub active_filters: usize,
+    pub offers_outstanding: usize,
+    pub offers_made: u64,
+    pub offers_accepted: u64,
+    pub offers_declined: u64,
+    pub offers_rescinded: u64,
+    pub offers_expired: u64,
+    pub allocation_cycles: u64,
+}
+
+/// Metrics of one role.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RoleMetrics {
+    pub dominant_share: f64,
+    pub weight: f64,
+    pub allocated: Resources,
+    pub offers_made: u64,
+    pub quota_guarantee: Option<Resources>,
+    pub quota_limit: Option<Resources>,
+}
+
+/// Metrics of one framework.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FrameworkMetrics {
+    pub name: String,
+    pub dominant_share: f64,
+    pub allocated: Resources,
+    pub offers_made: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Internal state
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct SortKey {
+    /// Non-negative f64 bits: ordering of bits equals numeric ordering.
+    share: u64,
+    offers: u64,
+    name: Arc<str>,
+    /// Framework index (framework sorters) or role node index (role sorters; the parent's own
+    /// index stands for its "self" leaf, i.e. the frameworks subscribed directly to it).
+    idx: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Filter {
+    refused: Rv,
+    expires: Millis,
+}
+
+#[derive(Debug)]
+struct Agent {
+    id: AgentId,
+    name: String,
+    gpu: bool,
+    total: Bundle,
+    free: Bundle,
+    /// Accepted resources in use, per (framework, role).
+    inuse: Vec<(u32, u32, Bundle)>,
+    offers: Vec<OfferId>,
+    filters: HashMap<u32, Vec<Filter>>,
+    /// The epoch at which a full visit found nothing to offer (unchanged since).
+    stable: Option<u64>,
+}
+
+#[derive(Debug)]
+struct FwRole {
+    role: u32,
+    alloc: Rv,
+    offers: u64,
+    suppressed: bool,
+    key: SortKey,
+}
+
+#[derive(Debug)]
+struct Framework {
+    id: FrameworkId,
+    name: Arc<str>,
+    gpu_capable: bool,
+    /// (task shape, remaining count)
+    demand: Option<(Rv, u64)>,
+    /// Tasks' worth currently sitting in outstanding offers.
+    offered_tasks: u64,
+    roles: Vec<FwRole>,
+    alloc: Bundle,
+    offers_made: u64,
+    offers: BTreeSet<OfferId>,
+    inuse_agents: HashSet<u32>,
+    filtered_agents: HashSet<u32>,
+}
+
+#[derive(Debug)]
+struct Role {
+    name: Arc<str>,
+    parent: Option<u32>,
+    weight: f64,
+    guarantee: Option<Rv>,
+    /// `u64::MAX` (or absent) = unlimited kind.
+    limit: Option<Rv>,
+    /// Subtree allocation (offered + in use), all pools.
+    alloc: Rv,
+    /// Allocation of frameworks subscribed directly to this role.
+    own_alloc: Rv,
+    /// Subtree allocation of unreserved resources.
+    alloc_unres: Rv,
+    /// Subtree reservations (allocated or not).
+    reserved: Rv,
+    offers: u64,
+    own_offers: u64,
+    /// Frameworks subscribed directly, in fair order.
+    frameworks: BTreeSet<SortKey>,
+    /// Children and (if it has frameworks) the self leaf, in fair order.
+    sorted: BTreeSet<SortKey>,
+    key: Option<SortKey>,
+    self_key: Option<SortKey>,
+    /// Frameworks subscribed in the subtree.
+    fw_count: usize,
+}
+
+#[derive(Debug)]
+struct OfferState {
+    rec: OfferRecord,
+    fw: u32,
+    agent: u32,
+    role: u32,
+    bundle: Bundle,
+    tasks: u64,
+}
+
+struct Pending {
+    fw: u32,
+    role: u32,
+    bundle: Bundle,
+    tasks: u64,
+}
+
+struct Candidate {
+    fw: u32,
+    role: u32,
+    grant: Bundle,
+    tasks: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    made: u64,
+    accepted: u64,
+    declined: u64,
+    rescinded: u64,
+    expired: u64,
+    cycles: u64,
+}
+
+/// The hierarchical DRF allocator and its offer book. See the module docs.
+pub struct Allocator {
+    config: AllocatorConfig,
+    names: Names,
+    excluded: Vec<bool>,
+    inv_total: Vec<f64>,
+    total: Rv,
+    /// Sum of all agents' free unreserved resources (what quota headroom can draw on).
+    free_unres: Rv,
+    /// Headroom still owed to quota guarantees, per kind.
+    required: Rv,
+    /// Kinds named in some guarantee.
+    guarded: Vec<bool>,
+    any_guarantee: bool,
+    agents: Vec<Option<Agent>>,
+    agent_ids: HashMap<AgentId, u32>,
+    agent_order: Vec<u32>,
+    free_agent_slots: Vec<u32>,
+    frameworks: Vec<Option<Framework>>,
+    fw_ids: HashMap<FrameworkId, u32>,
+    free_fw_slots: Vec<u32>,
+    roles: Vec<Role>,
+    role_ids: HashMap<String, u32>,
+    offers: BTreeMap<OfferId, OfferState>,
+    next_offer: u64,
+    filter_heap: BinaryHeap<Reverse<(Millis, u32, u32)>>,
+    epoch: u64,
+    keys_stale: bool,
+    counters: Counters,
+}
+
+fn share_bits(x: f64) -> u64 {
+    if x.is_finite() && x > 0.0 {
+        x.to_bits()
+    } else {
+        0
+    }
+}
+
+impl Allocator {
+    /// A new, empty allocator.
+    pub fn new(config: AllocatorConfig) -> Self {
+        let root = Role {
+            name: Arc::from(""),
+            parent: None,
+            weight: 1.0,
+            guarantee: None,
+            limit: None,
+            alloc: Rv::new(),
+            own_alloc: Rv::new(),
+            alloc_unres: Rv::new(),
+            reserved: Rv::new(),
+            offers: 0,
+            own_offers: 0,
+            frameworks: BTreeSet::new(),
+            sorted: BTreeSet::new(),
+            key: None,
+            self_key: None,
+            fw_count: 0,
+        };
+        let mut a = Self {
+            config,
+            names: Names::default(),
+            excluded: Vec::new(),
+            inv_total: Vec::new(),
+            total: Rv::new(),
+            free_unres: Rv::new(),
+            required: Rv::new(),
+            guarded: Vec::new(),
+            any_guarantee: false,
+            agents: Vec::new(),
+            agent_ids: HashMap::new(),
+            agent_order: Vec::new(),
+            free_agent_slots: Vec::new(),
+            frameworks: Vec::new(),
+            fw_ids: HashMap::new(),
+            free_fw_slots: Vec::new(),
+            roles: vec![root],
+            role_ids: HashMap::new(),
+            offers: BTreeMap::new(),
+            next_offer: 0,
+            filter_heap: BinaryHeap::new(),
+            epoch: 0,
+            keys_stale: false,
+            counters: Counters::default(),
+        };
+        a.role_ids.insert(String::new(), 0);
+        a
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // helpers: names, shares, roles
+
+    fn rv(&mut self, r: &Resources) -> Rv {
+        let v = self.names.rv(r);
+        self.sync_names();
+        v
+    }
+
+    fn sync_names(&mut self) {
+        while self.excluded.len() < self.names.len() {
+            let i = self.excluded.len();
+            let name = self.names.name(i).to_string();
+            self.excluded
+                .push(self.config.fairness_excluded_resources.contains(&name));
+        }
+    }
+
+    fn recompute_inv_total(&mut self) {
+        self.sync_names();
+        self.inv_total = (0..self.names.len())
+            .map(|i| {
+                let t = dense::at(&self.total, i);
+                if t == 0 || self.excluded[i] {
+                    0.0
+                } else {
+                    1.0 / t as f64
+                }
+            })
+            .collect();
+    }
+
+    fn share_of(&self, v: &[u64]) -> f64 {
+        let mut s = 0.0f64;
+        for (x, inv) in v.iter().zip(&self.inv_total) {
+            let c = *x as f64 * inv;
+            if c > s {
+                s = c;
+            }
+        }
+        s
+    }
+
+    fn bundle(&mut self, r: &OfferResources) -> Bundle {
+        let mut b = Bundle {
+            unres: self.rv(&r.unreserved),
+            resv: Vec::new(),
+        };
+        for (role, res) in &r.reserved {
+            let ri = self.role_index(role);
+            let v = self.rv(res);
+            b.add_resv(ri, &v);
+        }
+        b
+    }
+
+    /// Converts without creating names or roles; `None` if something unknown is named.
+    fn try_bundle(&self, r: &OfferResources) -> Option<Bundle> {
+        let mut b = Bundle {
+            unres: self.names.try_rv(&r.unreserved)?,
+            resv: Vec::new(),
+        };
+        for (role, res) in &r.reserved {
+            if res.is_empty() {
+                continue;
+            }
+            let ri = *self.role_ids.get(norm_role(role))?;
+            b.add_resv(ri, &self.names.try_rv(res)?);
+        }
+        Some(b)
+    }
+
+    fn offer_resources(&self, b: &Bundle) -> OfferResources {
+        OfferResources {
+            unreserved: self.names.res(&b.unres),
+            reserved: b
+                .resv
+                .iter()
+                .map(|(r, v)| (self.roles[*r as usize].name.to_string(), self.names.res(v)))
+                .collect(),
+        }
+    }
+
+    /// The node of `name`, created (with its ancestors) if new.
+    fn role_index(&mut self, name: &str) -> u32 {
+        let name = norm_role(name);
+        if let Some(i) = self.role_ids.get(name) {
+            return *i;
+        }
+        let parent = match name.rsplit_once('/') {
+            Some((p, _)) if !p.is_empty() => self.role_index(p),
+            _ => 0,
+        };
+        let idx = self.roles.len() as u32;
+        self.roles.push(Role {
+            name: Arc::from(name),
+            parent: Some(parent),
+            weight: 1.0,
+            guarantee: None,
+            limit: None,
+            alloc: Rv::new(),
+            own_alloc: Rv::new(),
+            alloc_unres: Rv::new(),
+            reserved: Rv::new(),
+            offers: 0,
+            own_offers: 0,
+            frameworks: BTreeSet::new(),
+            sorted: BTreeSet::new(),
+            key: None,
+            self_key: None,
+            fw_count: 0,
+        });
+        self.role_ids.insert(name.to_string(), idx);
+        let key = self.role_key(idx);
+        self.roles[parent as usize].sorted.insert(key.clone());
+        self.roles[idx as usize].key = Some(key);
+        idx
+    }
+
+    fn role_key(&self, r: u32) -> SortKey {
+        let role = &self.roles[r as usize];
+        SortKey {
+            share: share_bits(self.share_of(&role.alloc) / role.weight),
+            offers: role.offers,
+            name: role.name.clone(),
+            idx: r,
+        }
+    }
+
+    fn self_key(&self, r: u32) -> SortKey {
+        let role = &self.roles[r as usize];
+        SortKey {
+            share: share_bits(self.share_of(&role.own_alloc) / role.weight),
+            offers: role.own_offers,
+            name: role.name.clone(),
+            idx: r,
+        }
+    }
+
+    /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf).
+    fn refresh_role_chain(&mut self, r: u32) {
+        if self.roles[r as usize].self_key.is_some() {
+            let new = self.self_key(r);
+            let role = &mut self.roles[r as usize];
+            if role.self_key.as_ref() != Some(&new) {
+                if let Some(old) = role.self_key.take() {
+                    role.sorted.remove(&old);
+                }
+                role.sorted.insert(new.clone());
+                role.self_key = Some(new);
+            }
+        }
+        let mut node = r;
+        while let Some(parent) = self.roles[node as usize].parent {
+            let new = self.role_key(node);
+            if self.roles[node as usize].key.as_ref() != Some(&new) {
+                let old = self.roles[node as usize].key.take();
+                let p = &mut self.roles[parent as usize];
+                if let Some(old) = old {
+                    p.sorted.remove(&old);
+                }
+                p.sorted.insert(new.clone());
+                self.roles[node as usize].key = Some(new);
+            }
+            node = parent;
+        }
+    }
+
+    fn fw_key(&self, f: u32, ri: usize) -> SortKey {
+        let fw = self.fw(f);
+        let fr = &fw.roles[ri];
+        SortKey {
+            share: share_bits(self.share_of(&fr.alloc)),
+            offers: fr.offers,
+            name: fw.name.clone(),
+            idx: f,
+        }
+    }
+
+    fn refresh_fw_key(&mut self, f: u32, ri: usize) {
+        let new = self.fw_key(f, ri);
+        let (role, old) = {
+            let fr = &self.fw(f).roles[ri];
+            (fr.role, fr.key.clone())
+        };
+        if old != new {
+            let set = &mut self.roles[role as usize].frameworks;
+            set.remove(&old);
+            set.insert(new.clone());
+            self.fw_mut(f).roles[ri].key = new;
+        }
+    }
+
+    /// Recomputes every sort key (after the cluster total changed).
+    fn rekey_all(&mut self) {
+        self.recompute_inv_total();
+        for r in 0..self.roles.len() as u32 {
+            self.roles[r as usize].sorted.clear();
+            self.roles[r as usize].frameworks.clear();
+        }
+        for r in 1..self.roles.len() as u32 {
+            let key = self.role_key(r);
+            if let Some(p) = self.roles[r as usize].parent {
+                self.roles[p as usize].sorted.insert(key.clone());
+            }
+            self.roles[r as usize].key = Some(key);
+            if self.roles[r as usize].self_key.is_some() {
+                let sk = self.self_key(r);
+                self.roles[r as usize].sorted.insert(sk.clone());
+                self.roles[r as usize].self_key = Some(sk);
+            }
+        }
+        for f in 0..self.frameworks.len() as u32 {
+            if self.frameworks[f as usize].is_none() {
+                continue;
+            }
+            for ri in 0..self.fw(f).roles.len() {
+                let key = self.fw_key(f, ri);
+                let role = self.fw(f).roles[ri].role;
+                self.roles[role as usize].frameworks.insert(key.clone());
+                self.fw_mut(f).roles[ri].key = key;
+            }
+        }
+        self.keys_stale = false;
+    }
+
+    fn fw(&self, f: u32) -> &Framework {
+        self.frameworks[f as usize]
+            .as_ref()
+            .expect("allocator invariant: live framework slot")
+    }
+
+    fn fw_mut(&mut self, f: u32) -> &mut Framework {
+        self.frameworks[f as usize]
+            .as_mut()
+            .expect("allocator invariant: live framework slot")
+    }
+
+    fn ag(&self, a: u32) -> &Agent {
+        self.agents[a as usize]
+            .as_ref()
+            .expect("allocator invariant: live agent slot")
+    }
+
+    fn ag_mut(&mut self, a: u32) -> &mut Agent {
+        self.agents[a as usize]
+            .as_mut()
+            .expect("allocator invariant: live agent slot")
+    }
+
+    fn chain(&self, r: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(Some(r), move |n| self.roles[*n as usize].parent).filter(|n| *n != 0)
+    }
+
+    fn consumed(&self, r: u32) -> Rv {
+        let role = &self.roles[r as usize];
+        let mut c = role.alloc_unres.clone();
+        dense::add(&mut c, &role.reserved);
+        c
+    }
+
+    fn remaining_guarantee(&self, r: u32) -> Rv {
+        match &self.roles[r as usize].guarantee {
+            None => Rv::new(),
+            Some(g) => {
+                let mut rem = g.clone();
+                dense::sub(&mut rem, &self.consumed(r));
+                rem
+            }
+        }
+    }
+
+    fn below_guarantee(&self, r: u32) -> bool {
+        !dense::is_zero(&self.remaining_guarantee(r))
+    }
+
+    fn recompute_required(&mut self) {
+        let mut req = Rv::new();
+        let mut guarded = vec![false; self.names.len()];
+        let mut any = false;
+        for r in 1..self.roles.len() as u32 {
+            if let Some(g) = &self.roles[r as usize].guarantee {
+                any = true;
+                for (i, x) in g.iter().enumerate() {
+                    if *x > 0 {
+                        guarded[i] = true;
+                    }
+                }
+                dense::add(&mut req, &self.remaining_guarantee(r));
+            }
+        }
+        self.required = req;
+        self.guarded = guarded;
+        self.any_guarantee = any;
+    }
+
+    /// Changes an allocation (offered or in use) of framework `f` in role `role` by `b`.
+    fn charge(&mut self, f: u32, role: u32, b: &Bundle, add: bool) {
+        let total = b.total();
+        let guaranteed: Vec<u32> = if self.any_guarantee {
+            self.chain(role)
+                .filter(|r| self.roles[*r as usize].guarantee.is_some())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for r in &guaranteed {
+            let rem = self.remaining_guarantee(*r);
+            dense::sub(&mut self.required, &rem);
+        }
+        let ri = {
+            let fw = self.fw_mut(f);
+            if add {
+                fw.alloc.add(b);
+            } else {
+                fw.alloc.sub(b);
+            }
+            let ri = fw.roles.iter().position(|x| x.role == role);
+            if let Some(ri) = ri {
+                if add {
+                    dense::add(&mut fw.roles[ri].alloc, &total);
+                } else {
+                    dense::sub(&mut fw.roles[ri].alloc, &total);
+                }
+            }
+            ri
+        };
+        {
+            let r = &mut self.roles[role as usize];
+            if add {
+                dense::add(&mut r.own_alloc, &total);
+            } else {
+                dense::sub(&mut r.own_alloc, &total);
+            }
+        }
+        let mut node = Some(role);
+        while let Some(n) = node {
+            if n == 0 {
+                break;
+            }
+            let r = &mut self.roles[n as usize];
+            if add {
+                dense::add(&mut r.alloc, &total);
+                dense::add(&mut r.alloc_unres, &b.unres);
+            } else {
+                dense::sub(&mut r.alloc, &total);
+                dense::sub(&mut r.alloc_unres, &b.unres);
+            }
+            node = r.parent;
+        }
+        for r in &guaranteed {
+            let rem = self.remaining_guarantee(*r);
+            dense::add(&mut self.required, &rem);
+        }
+        if let Some(ri) = ri {
+            self.refresh_fw_key(f, ri);
+        }
+        self.refresh_role_chain(role);
+    }
+
+    fn add_reserved_to_roles(&mut self, b: &Bundle, add: bool) {
+        for (role, v) in &b.resv {
+            let mut node = Some(*role);
+            while let Some(n) = node {
+                if n == 0 {
+                    break;
+                }
+                let r = &mut self.roles[n as usize];
+                if add {
+                    dense::add(&mut r.reserved, v);
+                } else {
+                    dense::sub(&mut r.reserved, v);
+                }
+                node = r.parent;
+            }
+        }
+    }
+
+    fn next_offer_id(&mut self) -> OfferId {
+        self.next_offer += 1;
+        OfferId::from_u128(((self.config.offer_id_seed as u128) << 64) | self.next_offer as u128)
+    }
+
+    fn add_filter(&mut self, a: u32, f: u32, refused: Rv, refuse_ms: Option<Millis>, now: Millis) {
+        let ms = refuse_ms.unwrap_or(self.config.default_refuse_ms);
+        if ms == 0 || dense::is_zero(&refused) {
+            return;
+        }
+        let expires = now.saturating_add(ms);
+        self.ag_mut(a)
+            .filters
+            .entry(f)
+            .or_default()
+            .push(Filter { refused, expires });
+        self.fw_mut(f).filtered_agents.insert(a);
+        self.filter_heap.push(Reverse((expires, a, f)));
+    }
+
+    fn clear_filters(&mut self, f: u32) {
+        let agents: Vec<u32> = self.fw_mut(f).filtered_agents.drain().collect();
+        for a in agents {
+            if let Some(Some(agent)) = self.agents.get_mut(a as usize) {
+                if agent.filters.remove(&f).is_some() {
+                    agent.stable = None;
+                }
+            }
+        }
+    }
+
+    fn expire_filters(&mut self, now: Millis) {
+        while let Some(Reverse((expires, a, f))) = self.filter_heap.peek().copied() {
+            if expires > now {
+                break;
+            }
+            self.filter_heap.pop();
+            let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
+                continue;
+            };
+            let mut emptied = false;
+            if let Some(list) = agent.filters.get_mut(&f) {
+                let before = list.len();
+                list.retain(|x| x.expires > now);
+                if list.len() != before {
+                    agent.stable = None;
+                }
+                if list.is_empty() {
+                    agent.filters.remove(&f);
+                    emptied = true;
+                }
+            }
+            if emptied {
+                if let Some(Some(fw)) = self.frameworks.get_mut(f as usize) {
+                    fw.filtered_agents.remove(&a);
+                }
+            }
+        }
+    }
+
+    /// Removes an outstanding offer, returning its resources to the agent's free pool.
+    fn drop_offer(&mut self, id: OfferId) -> Option<OfferState> {
+        let st = self.offers.remove(&id)?;
+        self.charge(st.fw, st.role, &st.bundle, false);
+        self.return_to_agent(st.agent, &st.bundle);
+        let fw = self.fw_mut(st.fw);
+        fw.offers.remove(&id);
+        fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+        if st.tasks > 0 {
+            self.epoch += 1;
+        }
+        let agent = self.ag_mut(st.agent);
+        agent.offers.retain(|o| *o != id);
+        Some(st)
+    }
+
+    fn return_to_agent(&mut self, a: u32, b: &Bundle) {
+        dense::add(&mut self.free_unres, &b.unres);
+        let agent = self.ag_mut(a);
+        agent.free.add(b);
+        agent.stable = None;
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // agents
+
+    /// Adds an agent. `unreserved` is the unreserved part; `reserved` adds reserved parts per
+    /// role on top. An agent with `gpus` is a GPU agent. Adding an id that exists updates it
+    /// (see [`Allocator::update_agent`]).
+    pub fn add_agent(
+        &mut self,
+        id: AgentId,
+        name: &str,
+        unreserved: Resources,
+        reserved: BTreeMap<String, Resources>,
+    ) {
+        if self.agent_ids.contains_key(&id) {
+            let _ = self.update_agent(id, unreserved, reserved);
+            return;
+        }
+        let total = self.bundle(&OfferResources {
+            unreserved,
+            reserved,
+        });
+        let gpu = self
+            .names
+            .lookup("gpus")
+            .is_some_and(|g| dense::at(&total.total(), g) > 0);
+        dense::add(&mut self.total, &total.total());
+        dense::add(&mut self.free_unres, &total.unres);
+        self.add_reserved_to_roles(&total, true);
+        let agent = Agent {
+            id,
+            name: name.to_string(),
+            gpu,
+            free: total.clone(),
+            total,
+            inuse: Vec::new(),
+            offers: Vec::new(),
+            filters: HashMap::new(),
+            stable: None,
+        };
+        let slot = match self.free_agent_slots.pop() {
+            Some(s) => {
+                self.agents[s as usize] = Some(agent);
+                s
+            }
+            None => {
+                self.agents.push(Some(agent));
+                (self.agents.len() - 1) as u32
+            }
+        };
+        self.agent_ids.insert(id, slot);
+        self.agent_order.push(slot);
+        self.keys_stale = true;
+        self.epoch += 1;
+    }
+
+    /// Removes an agent: its outstanding offers are rescinded (returned), allocations on it
+    /// vanish, filters on it are dropped.
+    pub fn remove_agent(&mut self, id: AgentId) -> Vec<OfferRecord> {
+        let Some(&a) = self.agent_ids.get(&id) else {
+            return Vec::new();
+        };
+        let offers = self.ag(a).offers.clone();
+        let mut out = Vec::new();
+        for o in offers {
+            if let Some(st) = self.drop_offer(o) {
+                self.counters.rescinded += 1;
+                out.push(st.rec);
+            }
+        }
+        let inuse = std::mem::take(&mut self.ag_mut(a).inuse);
+        for (f, role, b) in inuse {
+            self.charge(f, role, &b, false);
+            self.fw_mut(f).inuse_agents.remove(&a);
+        }
+        let Some(agent) = self.agents[a as usize].take() else {
+            return out;
+        };
+        for f in agent.filters.keys() {
+            if let Some(Some(fw)) = self.frameworks.get_mut(*f as usize) {
+                fw.filtered_agents.remove(&a);
+            }
+        }
+        dense::sub(&mut self.total, &agent.total.total());
+        dense::sub(&mut self.free_unres, &agent.free.unres);
+        self.add_reserved_to_roles(&agent.total, false);
+        self.agent_ids.remove(&id);
+        self.agent_order.retain(|x| *x != a);
+        self.free_agent_slots.push(a);
+        self.keys_stale = true;
+        self.epoch += 1;
+        out
+    }
+
+    /// Replaces an agent's resources (e.g. a GPU withdrawn). Allocations in use stay; offers
+    /// that no longer fit are rescinded (returned), in offer order.
+    pub fn update_agent(
+        &mut self,
+        id: AgentId,
+        unreserved: Resources,
+        reserved: BTreeMap<String, Resources>,
+    ) -> Vec<OfferRecord> {
+        let Some(&a) = self.agent_ids.get(&id) else {
+            return Vec::new();
+        };
+        let new_total = self.bundle(&OfferResources {
+            unreserved,
+            reserved,
+        });
+        let mut avail = new_total.clone();
+        for (_, _, b) in &self.ag(a).inuse {
+            avail.sub(b);
+        }
+        let mut out = Vec::new();
+        for o in self.ag(a).offers.clone() {
+            let Some(st) = self.offers.get(&o) else {
+                continue;
+            };
+            if avail.contains(&st.bundle) {
+                avail.sub(&st.bundle);
+            } else if let Some(st) = self.offers.remove(&o) {
+                self.charge(st.fw, st.role, &st.bundle, false);
+                let fw = self.fw_mut(st.fw);
+                fw.offers.remove(&o);
+                fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+                self.ag_mut(a).offers.retain(|x| *x != o);
+                self.counters.rescinded += 1;
+                out.push(st.rec);
+            }
+        }
+        let old_total = self.ag(a).total.clone();
+        let old_free = self.ag(a).free.clone();
+        dense::sub(&mut self.total, &old_total.total());
+        dense::add(&mut self.total, &new_total.total());
+        dense::sub(&mut self.free_unres, &old_free.unres);
+        dense::add(&mut self.free_unres, &avail.unres);
+        self.add_reserved_to_roles(&old_total, false);
+        self.add_reserved_to_roles(&new_total, true);
+        let gpu = self
+            .names
+            .lookup("gpus")
+            .is_some_and(|g| dense::at(&new_total.total(), g) > 0);
+        let agent = self.ag_mut(a);
+        agent.total = new_total;
+        agent.free = avail;
+        agent.gpu = gpu;
+        agent.stable = None;
+        self.keys_stale = true;
+        self.epoch += 1;
+        out
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // frameworks
+
+    /// Adds a framework subscribed to `roles` (an empty role name means `*`). Adding an id that
+    /// exists updates its capability and demand and subscribes it to any new roles.
+    pub fn add_framework(
+        &mut self,
+        id: FrameworkId,
+        name: &str,
+        roles: &[String],
+        gpu_capable: bool,
+        demand: Option<Demand>,
+    ) {
+        let f = match self.fw_ids.get(&id) {
+            Some(&f) => {
+                self.fw_mut(f).gpu_capable = gpu_capable;
+                f
+            }
+            None => {
+                let fw = Framework {
+                    id,
+                    name: Arc::from(name),
+                    gpu_capable,
+                    demand: None,
+                    offered_tasks: 0,
+                    roles: Vec::new(),
+                    alloc: Bundle::default(),
+                    offers_made: 0,
+                    offers: BTreeSet::new(),
+                    inuse_agents: HashSet::new(),
+                    filtered_agents: HashSet::new(),
+                };
+                let slot = match self.free_fw_slots.pop() {
+                    Some(s) => {
+                        self.frameworks[s as usize] = Some(fw);
+                        s
+                    }
+                    None => {
+                        self.frameworks.push(Some(fw));
+                        (self.frameworks.len() - 1) as u32
+                    }
+                };
+                self.fw_ids.insert(id, slot);
+                slot
+            }
+        };
+        let mut role_list: Vec<&str> = if roles.is_empty() {
+            vec![DEFAULT_ROLE]
+        } else {
+            roles.iter().map(|r| norm_role(r)).collect()
+        };
+        role_list.dedup();
+        for role in role_list {
+            let r = self.role_index(role);
+            if self.fw(f).roles.iter().any(|x| x.role == r) {
+                continue;
+            }
+            let placeholder = SortKey {
+                share: 0,
+                offers: 0,
+                name: self.fw(f).name.clone(),
+                idx: f,
+            };
+            self.fw_mut(f).roles.push(FwRole {
+                role: r,
+                alloc: Rv::new(),
+                offers: 0,
+                suppressed: false,
+                key: placeholder.clone(),
+            });
+            let ri = self.fw(f).roles.len() - 1;
+            self.roles[r as usize].frameworks.insert(placeholder);
+            self.refresh_fw_key(f, ri);
+            for n in self.chain(r).collect::<Vec<_>>() {
+                self.roles[n as usize].fw_count += 1;
+            }
+            if self.roles[r as usize].self_key.is_none() {
+                let sk = self.self_key(r);
+                self.roles[r as usize].sorted.insert(sk.clone());
+                self.roles[r as usize].self_key = Some(sk);
+            }
+        }
+        self.set_demand_inner(f, demand);
+        self.epoch += 1;
+    }
+
+    /// Removes a framework: outstanding offers are dropped (returned), its allocations freed,
+    /// its filters forgotten.
+    pub fn remove_framework(&mut self, id: FrameworkId) -> Vec<OfferRecord> {
+        let Some(&f) = self.fw_ids.get(&id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for o in self.fw(f).offers.iter().copied().collect::<Vec<_>>() {
+            if let Some(st) = self.drop_offer(o) {
+                out.push(st.rec);
+            }
+        }
+        for a in self.fw(f).inuse_agents.iter().copied().collect::<Vec<_>>() {
+            let entries: Vec<(u32, u32, Bundle)> = {
+                let agent = self.ag_mut(a);
+                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut agent.inuse)
+                    .into_iter()
+                    .partition(|(x, _, _)| *x == f);
+                agent.inuse = rest;
+                mine
+            };
+            for (_, role, b) in entries {
+                self.charge(f, role, &b, false);
+                self.return_to_agent(a, &b);
+            }
+        }
+        self.clear_filters(f);
+        let roles: Vec<(u32, SortKey)> = self
+            .fw(f)
+            .roles
+            .iter()
+            .map(|x| (x.role, x.key.clone()))
+            .collect();
+        for (r, key) in roles {
+            self.roles[r as usize].frameworks.remove(&key);
+            for n in self.chain(r).collect::<Vec<_>>() {
+                self.roles[n as usize].fw_count -= 1;
+            }
+            if self.roles[r as usize].frameworks.is_empty() {
+                if let Some(sk) = self.roles[r as usize].self_key.take() {
+                    self.roles[r as usize].sorted.remove(&sk);
+                }
+            }
+        }
+        self.frameworks[f as usize] = None;
+        self.fw_ids.remove(&id);
+        self.free_fw_slots.push(f);
+        self.epoch += 1;
+        out
+    }
+
+    fn set_demand_inner(&mut self, f: u32, demand: Option<Demand>) {
+        let d = match demand {
+            Some(d) if !d.task.is_empty() => Some((self.rv(&d.task), d.count as u64)),
+            _ => None,
+        };
+        self.fw_mut(f).demand = d;
+    }
+
+    /// Replaces a framework's declared demand (`None`: Mesos behaviour, whole agents).
+    pub fn set_demand(&mut self, framework: FrameworkId, demand: Option<Demand>) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        self.set_demand_inner(f, demand);
+        self.epoch += 1;
+    }
+
+    /// Stops offers to the framework (in `role`, or all its roles) until revived.
+    pub fn suppress(&mut self, framework: FrameworkId, role: Option<&str>) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        let target = role
+            .map(norm_role)
+            .and_then(|r| self.role_ids.get(r).copied());
+        if role.is_some() && target.is_none() {
+            return;
+        }
+        for fr in &mut self.fw_mut(f).roles {
+            if target.is_none() || target == Some(fr.role) {
+                fr.suppressed = true;
+            }
+        }
+    }
+
+    /// Resumes offers (in `role`, or all its roles) and clears the framework's filters.
+    pub fn revive(&mut self, framework: FrameworkId, role: Option<&str>) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        let target = role
+            .map(norm_role)
+            .and_then(|r| self.role_ids.get(r).copied());
+        for fr in &mut self.fw_mut(f).roles {
+            if role.is_none() || target == Some(fr.role) {
+                fr.suppressed = false;
+            }
+        }
+        self.clear_filters(f);
+        self.epoch += 1;
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // roles
+
+    /// Sets a role's weight (its dominant share is divided by it). Non-positive or non-finite
+    /// weights are ignored.
+    pub fn set_weight(&mut self, role: &str, weight: f64) {
+        if !(weight.is_finite() && weight > 0.0) {
+            return;
+        }
+        let r = self.role_index(role);
+        self.roles[r as usize].weight = weight;
+        self.refresh_role_chain(r);
+        self.epoch += 1;
+    }
+
+    /// Replaces a role's quota: `guarantee` is held back as headroom for the role, `limit` caps
+    /// what it can hold (kinds not named are unlimited). `None` removes that part.
+    pub fn set_quota(
+        &mut self,
+        role: &str,
+        guarantee: Option<Resources>,
+        limit: Option<Resources>,
+    ) {
+        let r = self.role_index(role);
+        let g = guarantee.filter(|g| !g.is_empty()).map(|g| self.rv(&g));
+        let l = limit.map(|l| {
+            let names: Vec<String> = l.names().map(str::to_string).collect();
+            for n in &names {
+                self.names.intern(n);
+            }
+            self.sync_names();
+            let mut v = vec![u64::MAX; self.names.len()];
+            for n in &names {
+                if let Some(i) = self.names.lookup(n) {
+                    v[i] = l.milli(n);
+                }
+            }
+            v
+        });
+        self.roles[r as usize].guarantee = g;
+        self.roles[r as usize].limit = l;
+        self.recompute_required();
+        self.epoch += 1;
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // the allocation cycle
+
+    /// Runs one allocation cycle at time `now`: expired filters are dropped, then agents are
+    /// visited in the order they were added, first for roles below their quota guarantee, then
+    /// for everyone by fair share. Returns the new offers (their resources count as allocated).
+    pub fn allocate(&mut self, now: Millis) -> Vec<OfferRecord> {
+        self.counters.cycles += 1;
+        self.expire_filters(now);
+        if self.keys_stale {
+            self.rekey_all();
+        }
+        self.recompute_required();
+        let mut out = Vec::new();
+        if self.any_guarantee {
+            for i in 0..self.agent_order.len() {
+                let a = self.agent_order[i];
+                self.visit(a, true, now, &mut out);
+            }
+        }
+        for i in 0..self.agent_order.len() {
+            let a = self.agent_order[i];
+            self.visit(a, false, now, &mut out);
+        }
+        out
+    }
+
+    fn visit(&mut self, a: u32, stage1: bool, now: Millis, out: &mut Vec<OfferRecord>) {
+        let epoch = self.epoch;
+        {
+            let agent = self.ag_mut(a);
+            if agent.stable == Some(epoch) {
+                return;
+            }
+            if agent.free.is_zero() {
+                agent.stable = Some(epoch);
+                return;
+            }
+        }
+        let mut pending: Vec<Pending> = Vec::new();
+        loop {
+            let mut constrained = false;
+            match self.find(0, a, stage1, false, now, &pending, &mut constrained) {
+                Some(c) => self.grant(a, c, &mut pending),
+                None => {
+                    if !stage1 && !constrained {
+                        self.ag_mut(a).stable = Some(epoch);
+                    }
+                    break;
+                }
+            }
+            if self.ag(a).free.is_zero() {
+                break;
+            }
+        }
+        for p in pending {
+            let id = self.next_offer_id();
+            let rec = OfferRecord {
+                id,
+                framework: self.fw(p.fw).id,
+                agent: self.ag(a).id,
+                role: self.roles[p.role as usize].name.to_string(),
+                resources: self.offer_resources(&p.bundle),
+                created_at: now,
+            };
+            self.fw_mut(p.fw).offers.insert(id);
+            self.ag_mut(a).offers.push(id);
+            self.offers.insert(
+                id,
+                OfferState {
+                    rec: rec.clone(),
+                    fw: p.fw,
+                    agent: a,
+                    role: p.role,
+                    bundle: p.bundle,
+                    tasks: p.tasks,
+                },
+            );
+            self.counters.made += 1;
+            out.push(rec);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn find(
+        &self,
+        node: u32,
+        a: u32,
+        stage1: bool,
+        in_quota: bool,
+        now: Millis,
+        pending: &[Pending],
+        constrained: &mut bool,
+    ) -> Option<Candidate> {
+        for key in &self.roles[node as usize].sorted {
+            if key.idx == node {
+                if stage1 && !in_quota {
+                    continue;
+                }
+                if let Some(c) = self.find_fw(node, a, now, pending, constrained) {
+                    return Some(c);
+                }
+            } else {
+                let child = key.idx;
+                if self.roles[child as usize].fw_count == 0 {
+                    continue;
+                }
+                let q = in_quota || (stage1 && self.below_guarantee(child));
+                if let Some(c) = self.find(child, a, stage1, q, now, pending, constrained) {
+                    return Some(c);
+                }
+            }
+        }
+        None
+    }
+
+    /// What role `r` may be offered on agent `a`: free reservations of `r` and its ancestors,
+    /// and free unreserved resources capped by limits and by the headroom owed to guarantees.
+    fn role_avail(&self, r: u32, a: u32, constrained: &mut bool) -> Bundle {
+        let agent = self.ag(a);
+        let mut b = Bundle {
+            unres: agent.free.unres.clone(),
+            resv: Vec::new(),
+        };
+        for n in self.chain(r) {
+            let v = agent.free.resv_of(n);
+            if !dense::is_zero(v) {
+                b.add_resv(n, v);
+            }
+        }
+        if dense::is_zero(&b.unres) {
+            return b;
+        }
+        let mut cap: Option<Rv> = None;
+        let mut own_remaining = Rv::new();
+        for n in self.chain(r) {
+            let role = &self.roles[n as usize];
+            if let Some(limit) = &role.limit {
+                let consumed = self.consumed(n);
+                let room: Rv = limit
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| {
+                        if *l == u64::MAX {
+                            u64::MAX
+                        } else {
+                            l.saturating_sub(dense::at(&consumed, i))
+                        }
+                    })
+                    .collect();
+                match &mut cap {
+                    None => cap = Some(room),
+                    Some(c) => {
+                        dense::cap_to(c, &room);
+                        if c.len() < room.len() {
+                            c.extend_from_slice(&room[c.len()..]);
+                        }
+                    }
+                }
+            }
+            if role.guarantee.is_some() {
+                let rem = self.remaining_guarantee(n);
+                for (i, x) in rem.iter().enumerate() {
+                    if own_remaining.len() <= i {
+                        own_remaining.resize(i + 1, 0);
+                    }
+                    own_remaining[i] = own_remaining[i].max(*x);
+                }
+            }
+        }
+        if self.any_guarantee {
+            let room: Rv = (0..self.names.len())
+                .map(|i| {
+                    if self.guarded.get(i).copied().unwrap_or(false) {
+                        dense::at(&self.free_unres, i)
+                            .saturating_sub(dense::at(&self.required, i))
+                            .saturating_add(dense::at(&own_remaining, i))
+                    } else {
+                        u64::MAX
+                    }
+                })
+                .collect();
+            match &mut cap {
+                None => cap = Some(room),
+                Some(c) => {
+                    dense::cap_to(c, &room);
+                    if c.len() < room.len() {
+                        c.extend_from_slice(&room[c.len()..]);
+                    }
+                }
+            }
+        }
+        if let Some(cap) = cap {
+            let before = b.unres.clone();
+            dense::cap_to(&mut b.unres, &cap);
+            if b.unres != before {
+                *constrained = true;
+            }
+        }
+        b
+    }
+
+    fn find_fw(
+        &self,
+        r: u32,
+        a: u32,
+        now: Millis,
+        pending: &[Pending],
+        constrained: &mut bool,
+    ) -> Option<Candidate> {
+        let role = &self.roles[r as usize];
+        if role.frameworks.is_empty() {
+            return None;
+        }
+        let agent = self.ag(a);
+        let avail = self.role_avail(r, a, constrained);
+        if avail.is_zero() {
+            return None;
+        }
+        let gpu_blocked = self.config.filter_gpu_resources && agent.gpu;
+        let mut avail_total: Option<Rv> = None;
+        for key in &role.frameworks {
+            let f = key.idx;
+            let fw = self.fw(f);
+            if gpu_blocked && !fw.gpu_capable {
+                continue;
+            }
+            let Some(fr) = fw.roles.iter().find(|x| x.role == r) else {
+                continue;
+            };
+            if fr.suppressed {
+                continue;
+            }
+            let (grant, tasks) = match &fw.demand {
+                Some((task, count)) => {
+                    if fw.offered_tasks >= *count {
+                        continue;
+                    }
+                    match split_task(&avail, task) {
+                        Some(g) => (g, 1),
+                        None => continue,
+                    }
+                }
+                None => {
+                    if pending.iter().any(|p| p.fw == f && p.role == r) {
+                        continue;
+                    }
+                    (avail.clone(), 0)
+                }
+            };
+            if let Some(filters) = agent.filters.get(&f) {
+                let total = if tasks == 0 {
+                    avail_total.get_or_insert_with(|| avail.total()).clone()
+                } else {
+                    grant.total()
+                };
+                if filters
+                    .iter()
+                    .any(|x| x.expires > now && dense::contains(&x.refused, &total))
+                {
+                    continue;
+                }
+            }
+            return Some(Candidate {
+                fw: f,
+                role: r,
+                grant,
+                tasks,
+            });
+        }
+        None
+    }
+
+    fn grant(&mut self, a: u32, c: Candidate, pending: &mut Vec<Pending>) {
+        {
+            dense::sub(&mut self.free_unres, &c.grant.unres);
+            let agent = self.ag_mut(a);
+            agent.free.sub(&c.grant);
+            agent.stable = None;
+        }
+        let is_new = match pending
+            .iter_mut()
+            .find(|p| p.fw == c.fw && p.role == c.role)
+        {
+            Some(p) => {
+                p.bundle.add(&c.grant);
+                p.tasks += c.tasks;
+                false
+            }
+            None => {
+                pending.push(Pending {
+                    fw: c.fw,
+                    role: c.role,
+                    bundle: c.grant.clone(),
+                    tasks: c.tasks,
+                });
+                true
+            }
+        };
+        if is_new {
+            let fw = self.fw_mut(c.fw);
+            fw.offers_made += 1;
+            if let Some(fr) = fw.roles.iter_mut().find(|x| x.role == c.role) {
+                fr.offers += 1;
+            }
+            self.roles[c.role as usize].own_offers += 1;
+            for n in self.chain(c.role).collect::<Vec<_>>() {
+                self.roles[n as usize].offers += 1;
+            }
+        }
+        self.fw_mut(c.fw).offered_tasks += c.tasks;
+        self.charge(c.fw, c.role, &c.grant, true);
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // offers
+
+    /// An outstanding offer.
+    pub fn offer(&self, id: OfferId) -> Option<&OfferRecord> {
+        self.offers.get(&id).map(|s| &s.rec)
+    }
+
+    /// All outstanding offers, oldest first.
+    pub fn outstanding_offers(&self) -> impl Iterator<Item = &OfferRecord> {
+        self.offers.values().map(|s| &s.rec)
+    }
+
+    /// The offer is used up: `used` stays allocated to the framework (in use by tasks); the rest
+    /// returns to the pool and is filtered for `refuse_ms` (None = default, Some(0) = no filter).
+    /// Declared demand shrinks by the whole tasks' worth in `used`.
+    pub fn accept(
+        &mut self,
+        offer: OfferId,
+        used: &OfferResources,
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) -> Result<OfferRecord, AllocError> {
+        let st = self
+            .offers
+            .get(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        let used_b = match self.try_bundle(used) {
+            Some(b) if st.bundle.contains(&b) => b,
+            _ => {
+                return Err(AllocError::ExceedsOffer {
+                    offer,
+                    requested: used.clone(),
+                    offered: st.rec.resources.clone(),
+                });
+            }
+        };
+        let st = self
+            .offers
+            .remove(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        let (f, a, role) = (st.fw, st.agent, st.role);
+        let mut rest = st.bundle.clone();
+        rest.sub(&used_b);
+        self.charge(f, role, &rest, false);
+        self.return_to_agent(a, &rest);
+        if !used_b.is_zero() {
+            let agent = self.ag_mut(a);
+            match agent
+                .inuse
+                .iter_mut()
+                .find(|(x, r, _)| *x == f && *r == role)
+            {
+                Some((_, _, b)) => b.add(&used_b),
+                None => agent.inuse.push((f, role, used_b.clone())),
+            }
+            self.fw_mut(f).inuse_agents.insert(a);
+        }
+        {
+            let fw = self.fw_mut(f);
+            fw.offers.remove(&offer);
+            fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+            if let Some((task, count)) = &mut fw.demand {
+                *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
+            }
+        }
+        if st.tasks > 0 {
+            self.epoch += 1;
+        }
+        self.ag_mut(a).offers.retain(|o| *o != offer);
+        self.add_filter(a, f, rest.total(), refuse_ms, now);
+        self.counters.accepted += 1;
+        Ok(st.rec)
+    }
+
+    /// Declines an offer: everything returns to the pool and is filtered for that framework on
+    /// that agent for `refuse_ms` (None = default, Some(0) = no filter).
+    pub fn decline(
+        &mut self,
+        offer: OfferId,
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) -> Result<OfferRecord, AllocError> {
+        let st = self
+            .drop_offer(offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        self.add_filter(st.agent, st.fw, st.bundle.total(), refuse_ms, now);
+        self.counters.declined += 1;
+        Ok(st.rec)
+    }
+
+    /// Takes an offer back (no filter).
+    pub fn rescind(&mut self, offer: OfferId) -> Option<OfferRecord> {
+        let st = self.drop_offer(offer)?;
+        self.counters.rescinded += 1;
+        Some(st.rec)
+    }
+
+    /// Tasks of `framework` on `agent` ended: `resources` (at most what it has in use there)
+    /// return to the pool. Unknown framework or agent: nothing happens.
+    pub fn recover(&mut self, framework: FrameworkId, agent: AgentId, resources: &OfferResources) {
+        let (Some(&f), Some(&a)) = (self.fw_ids.get(&framework), self.agent_ids.get(&agent)) else {
+            return;
+        };
+        let Some(mut remaining) = self.try_bundle(resources).or_else(|| {
+            // Unknown names can not be in use; recover the known part.
+            let known = OfferResources {
+                unreserved: resources
+                    .unreserved
+                    .filter(|n| self.names.lookup(n).is_some()),
+                reserved: resources
+                    .reserved
+                    .iter()
+                    .filter(|(r, _)| self.role_ids.contains_key(norm_role(r)))
+                    .map(|(r, v)| (r.clone(), v.filter(|n| self.names.lookup(n).is_some())))
+                    .collect(),
+            };
+            self.try_bundle(&known)
+        }) else {
+            return;
+        };
+        let mut freed: Vec<(u32, Bundle)> = Vec::new();
+        {
+            let agent = self.ag_mut(a);
+            for (x, role, b) in agent.inuse.iter_mut() {
+                if *x != f {
+                    continue;
+                }
+                let take = b.min(&remaining);
+                if take.is_zero() {
+                    continue;
+                }
+                b.sub(&take);
+                remaining.sub(&take);
+                freed.push((*role, take));
+            }
+            agent.inuse.retain(|(_, _, b)| !b.is_zero());
+            if !agent.inuse.iter().any(|(x, _, _)| *x == f) {
+                if let Some(fw) = self.frameworks[f as usize].as_mut() {
+                    fw.inuse_agents.remove(&a);
+                }
+            }
+        }
+        for (role, take) in freed {
+            self.charge(f, role, &take, false);
+            self.return_to_agent(a, &take);
+        }
+    }
+
+    /// RESERVE inside an offer: `resources`, unreserved in the offer, become reserved for `role`
+    /// (the offer's role or one of its ancestors). The offer stays outstanding with the new
+    /// shape; whatever of it is not used later returns to the pool as a reservation.
+    pub fn reserve(
+        &mut self,
+        offer: OfferId,
+        role: &str,
+        resources: &Resources,
+    ) -> Result<OfferRecord, AllocError> {
+        self.change_reservation(offer, role, resources, true)
+    }
+
+    /// UNRESERVE inside an offer: `resources` reserved for `role` in the offer become unreserved.
+    pub fn unreserve(
+        &mut self,
+        offer: OfferId,
+        role: &str,
+        resources: &Resources,
+    ) -> Result<OfferRecord, AllocError> {
+        self.change_reservation(offer, role, resources, false)
+    }
+
+    fn change_reservation(
+        &mut self,
+        offer: OfferId,
+        role: &str,
+        resources: &Resources,
+        reserve: bool,
+    ) -> Result<OfferRecord, AllocError> {
+        let st = self
+            .offers
+            .get(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        let (f, a, offer_role) = (st.fw, st.agent, st.role);
+        let exceeds = || AllocError::ExceedsOffer {
+            offer,
+            requested: if reserve {
+                OfferResources::unreserved(resources.clone())
+            } else {
+                OfferResources {
+                    unreserved: Resources::new(),
+                    reserved: BTreeMap::from([(role.to_string(), resources.clone())]),
+                }
+            },
+            offered: st.rec.resources.clone(),
+        };
+        let Some(amount) = self.names.try_rv(resources) else {
+            return Err(exceeds());
+        };
+        let target = self.role_ids.get(norm_role(role)).copied();
+        let Some(r) = target.filter(|r| *r != 0 && self.chain(offer_role).any(|n| n == *r)) else {
+            return Err(AllocError::ReservationRole {
+                offer,
+                role: role.to_string(),
+            });
+        };
+        let fits = if reserve {
+            dense::contains(&st.bundle.unres, &amount)
+        } else {
+            dense::contains(st.bundle.resv_of(r), &amount)
+        };
+        if !fits {
+            return Err(exceeds());
+        }
+        let mut delta_from = Bundle::default();
+        let mut delta_to = Bundle::default();
+        if reserve {
+            delta_from.unres = amount.clone();
+            delta_to.add_resv(r, &amount);
+        } else {
+            delta_from.add_resv(r, &amount);
+            delta_to.unres = amount.clone();
+        }
+        let old = st.bundle.clone();
+        let mut new = old.clone();
+        new.sub(&delta_from);
+        new.add(&delta_to);
+        self.charge(f, offer_role, &old, false);
+        // Reservations count toward the role's quota consumption whether allocated or not.
+        self.add_reserved_to_roles(&delta_from, false);
+        self.add_reserved_to_roles(&delta_to, true);
+        self.charge(f, offer_role, &new, true);
+        {
+            let agent = self.ag_mut(a);
+            agent.total.sub(&delta_from);
+            agent.total.add(&delta_to);
+            agent.stable = None;
+        }
+        let resources = self.offer_resources(&new);
+        let st = self
+            .offers
+            .get_mut(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        st.bundle = new;
+        st.rec.resources = resources;
+        self.epoch += 1;
+        Ok(st.rec.clone())
+    }
+
+    /// Records resources already in use by `framework` (in `role`) on `agent`: tasks that were
+    /// running before this allocator saw them (agent re-registration, master failover).
+    pub fn add_allocation(
+        &mut self,
+        framework: FrameworkId,
+        agent: AgentId,
+        role: &str,
+        resources: &OfferResources,
+    ) -> Result<(), AllocError> {
+        let f = *self
+            .fw_ids
+            .get(&framework)
+            .ok_or(AllocError::UnknownFramework(framework))?;
+        let a = *self
+            .agent_ids
+            .get(&agent)
+            .ok_or(AllocError::UnknownAgent(agent))?;
+        let r = self.role_index(role);
+        let b = self.bundle(resources);
+        let free = &self.ag(a).free;
+        if !free.contains(&b) {
+            return Err(AllocError::ExceedsAgent {
+                agent,
+                requested: resources.clone(),
+                free: self.offer_resources(free),
+            });
+        }
+        if !self.fw(f).roles.iter().any(|x| x.role == r) {
+            self.add_framework(
+                framework,
+                "",
+                &[role.to_string()],
+                self.fw(f).gpu_capable,
+                self.demand(framework),
+            );
+        }
+        dense::sub(&mut self.free_unres, &b.unres);
+        {
+            let agent = self.ag_mut(a);
+            agent.free.sub(&b);
+            agent.stable = None;
+            match agent.inuse.iter_mut().find(|(x, y, _)| *x == f && *y == r) {
+                Some((_, _, v)) => v.add(&b),
+                None => agent.inuse.push((f, r, b.clone())),
+            }
+        }
+        self.fw_mut(f).inuse_agents.insert(a);
+        self.charge(f, r, &b, true);
+        Ok(())
+    }
+
+    /// What `framework` has in use (accepted, not recovered) on `agent`.
+    pub fn in_use(&self, framework: FrameworkId, agent: AgentId) -> OfferResources {
+        let (Some(&f), Some(&a)) = (self.fw_ids.get(&framework), self.agent_ids.get(&agent)) else {
+            return OfferResources::default();
+        };
+        let mut b = Bundle::default();
+        for (x, _, v) in &self.ag(a).inuse {
+            if *x == f {
+                b.add(v);
+            }
+        }
+        self.offer_resources(&b)
+    }
+
+    /// The roles a framework is subscribed to.
+    pub fn framework_roles(&self, framework: FrameworkId) -> Vec<String> {
+        match self.fw_ids.get(&framework) {
+            Some(&f) => self
+                .fw(f)
+                .roles
+                .iter()
+                .map(|r| self.roles[r.role as usize].name.to_string())
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// A framework's remaining declared demand as (task shape, count).
+    pub fn demand(&self, framework: FrameworkId) -> Option<Demand> {
+        let f = *self.fw_ids.get(&framework)?;
+        let (task, count) = self.fw(f).demand.as_ref()?;
+        Some(Demand {
+            task: self.names.res(task),
+            count: (*count).min(u32::MAX as u64) as u32,
+        })
+    }
+
+    /// Rescinds offers older than the configured offer timeout (none when it is off).
+    pub fn expire_offers(&mut self, now: Millis) -> Vec<OfferRecord> {
+        let Some(timeout) = self.config.offer_timeout_ms else {
+            return Vec::new();
+        };
+        let due: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|s| s.rec.created_at.saturating_add(timeout) <= now)
+            .map(|s| s.rec.id)
+            .collect();
+        let mut out = Vec::new();
+        for id in due {
+            if let Some(st) = self.drop_offer(id) {
+                self.counters.rescinded += 1;
+                self.counters.expired += 1;
+                out.push(st.rec);
+            }
+        }
+        out
+    }
+
+    /// When the oldest outstanding offer times out (None when the timeout is off or no offers).
+    pub fn next_offer_expiry(&self) -> Option<Millis> {
+        let t = self.config.offer_timeout_ms?;
+        self.offers
+            .values()
+            .map(|s| s.rec.created_at.saturating_add(t))
+            .min()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // views
+
+    /// What the framework holds: outstanding offers plus resources in use.
+    pub fn framework_allocated(&self, framework: FrameworkId) -> OfferResources {
+        match self.fw_ids.get(&framework) {
+            Some(&f) => self.offer_resources(&self.fw(f).alloc),
+            None => OfferResources::default(),
+        }
+    }
+
+    /// The framework's dominant share of the cluster (not divided by any weight).
+    pub fn framework_share(&self, framework: FrameworkId) -> f64 {
+        match self.fw_ids.get(&framework) {
+            Some(&f) => self.share_now(&self.fw(f).alloc.total()),
+            None => 0.0,
+        }
+    }
+
+    /// The role's dominant share (its subtree's allocation) divided by its weight.
+    pub fn role_share(&self, role: &str) -> f64 {
+        match self.role_ids.get(norm_role(role)) {
+            Some(&r) if r != 0 => {
+                let role = &self.roles[r as usize];
+                self.share_now(&role.alloc) / role.weight
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// The role's allocation (its subtree: offered + in use), all pools summed.
+    pub fn role_allocated(&self, role: &str) -> Resources {
+        match self.role_ids.get(norm_role(role)) {
+            Some(&r) if r != 0 => self.names.res(&self.roles[r as usize].alloc),
+            _ => Resources::new(),
+        }
+    }
+
+    /// Names of all roles known to the allocator (declared, used or reserved for).
+    pub fn role_names(&self) -> impl Iterator<Item = &str> {
+        self.roles.iter().skip(1).map(|r| &*r.name)
+    }
+
+    /// The name an agent was added with.
+    pub fn agent_name(&self, id: AgentId) -> Option<&str> {
+        self.agent_ids.get(&id).map(|a| self.ag(*a).name.as_str())
+    }
+
+    /// The sum of all agents' resources.
+    pub fn cluster_total(&self) -> Resources {
+        self.names.res(&self.total)
+    }
+
+    /// Share computed against the current total (does not depend on cached sort state).
+    fn share_now(&self, v: &[u64]) -> f64 {
+        let mut s = 0.0f64;
+        for (i, x) in v.iter().enumerate() {
+            let t = dense::at(&self.total, i);
+            if *x == 0 || t == 0 || self.excluded.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            s = s.max(*x as f64 / t as f64);
+        }
+        s
+    }
+
+    /// Shares, counters and filters for the operator view.
+    pub fn metrics(&self) -> AllocatorMetrics {
+        let mut m = AllocatorMetrics {
+            offers_outstanding: self.offers.len(),
+            offers_made: self.counters.made,
+            offers_accepted: self.counters.accepted,
+            offers_declined: self.counters.declined,
+            offers_rescinded: self.counters.rescinded,
+            offers_expired: self.counters.expired,
+            allocation_cycles: self.counters.cycles,
+            ..Default::default()
+        };
+        for (i, role) in self.roles.iter().enumerate().skip(1) {
+            m.roles.insert(
+                role.name.to_string(),
+                RoleMetrics {
+                    dominant_share: self.share_now(&role.alloc) / role.weight,
+                    weight: role.weight,
+                    allocated: self.names.res(&role.alloc),
+                    offers_made: role.offers,
+                    quota_guarantee: role.guarantee.as_ref().map(|g| self.names.res(g)),
+                    quota_limit: role.limit.as_ref().map(|l| {
+                        let finite: Rv = l
+                            .iter()
+                            .map(|x| if *x == u64::MAX { 0 } else { *x })
+                            .collect();
+                        let mut r = self.names.res(&finite);
+                        for (j, x) in l.iter().enumerate() {
+                            if *x == 0 {
+                                r.set_milli(self.names.name(j), 0);
+                            }
+                        }
+                        r
+                    }),
+                },
+            );
+            let _ = i;
+        }
+        for fw in self.frameworks.iter().flatten() {
+            m.active_filters += fw.filtered_agents.len();
+            m.frameworks.insert(
+                fw.id.to_string(),
+                FrameworkMetrics {
+                    name: fw.name.to_string(),
+                    dominant_share: self.share_now(&fw.alloc.total()),
+                    allocated: self.names.res(&fw.alloc.total()),
+                    offers_made: fw.offers_made,
+                },
+            );
+        }
+        m
+    }
+}
+
+fn norm_role(role: &str) -> &str {
+    let r = role.trim_matches('/');
+    if r.is_empty() {
+        DEFAULT_ROLE
+    } else {
+        r
+    }
+}
+
+/// One task's worth out of `avail`, drawing reservations first (in `avail.resv` order, which is
+/// by role index) and unreserved resources last. `None` when it does not fit.
+fn split_task(avail: &Bundle, task: &[u64]) -> Option<Bundle> {
+    let mut need: Rv = task.to_vec();
+    let mut out = Bundle::default();
+    for (role, pool) in &avail.resv {
+        let take: Rv = need
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (*n).min(dense::at(pool, i)))
+            .collect();
+        if !dense::is_zero(&take) {
+            dense::sub(&mut need, &take);
+            out.add_resv(*role, &take);
+        }
+    }
+    if !dense::contains(&avail.unres, &need) {
+        return None;
+    }
+    out.unres = need;
+    Some(out)
+}
+
+/// How many whole `task`s fit in `used`.
+fn whole_tasks(used: &[u64], task: &[u64]) -> u64 {
+    let mut n = u64::MAX;
+    for (i, t) in task.iter().enumerate() {
+        if *t > 0 {
+            n = n.min(dense::at(used, i) / t);
+        }
+    }
+    if n == u64::MAX {
+        0
+    } else {
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests;

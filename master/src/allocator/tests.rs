@@ -1,0 +1,347 @@
+//! Unit tests of the allocator core.
+
+use super::*;
+
+fn res(s: &str) -> Resources {
+    Resources::parse(s).unwrap()
+}
+
+fn aid(n: u128) -> AgentId {
+    AgentId::from_u128(n)
+}
+
+fn fid(n: u128) -> FrameworkId {
+    FrameworkId::from_u128(n)
+}
+
+fn roles(r: &[&str]) -> Vec<String> {
+    r.iter().map(|s| s.to_string()).collect()
+}
+
+fn alloc() -> Allocator {
+    Allocator::new(AllocatorConfig::default())
+}
+
+fn unres(s: &str) -> OfferResources {
+    OfferResources::unreserved(res(s))
+}
+
+#[test]
+fn whole_agent_goes_to_lowest_share_framework() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, None);
+    a.add_framework(fid(2), "f2", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4;mem:1024"), BTreeMap::new());
+    a.add_agent(aid(2), "h2", res("cpus:4;mem:1024"), BTreeMap::new());
+    let offers = a.allocate(0);
+    assert_eq!(offers.len(), 2);
+    // Tie at share 0 and 0 offers: name order, so f1 first; then f2 has the lower share.
+    assert_eq!(offers[0].framework, fid(1));
+    assert_eq!(offers[0].agent, aid(1));
+    assert_eq!(offers[1].framework, fid(2));
+    assert_eq!(offers[1].agent, aid(2));
+    assert_eq!(offers[0].resources.unreserved, res("cpus:4;mem:1024"));
+    assert!((a.framework_share(fid(1)) - 0.5).abs() < 1e-9);
+    // Nothing left: a second cycle makes no offers.
+    assert!(a.allocate(1).is_empty());
+}
+
+#[test]
+fn offers_are_single_use_and_validated() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4;mem:1024"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    let too_much = unres("cpus:5");
+    assert!(matches!(
+        a.accept(o.id, &too_much, None, 0),
+        Err(AllocError::ExceedsOffer { .. })
+    ));
+    let unknown_kind = unres("gpus:1");
+    assert!(matches!(
+        a.accept(o.id, &unknown_kind, None, 0),
+        Err(AllocError::ExceedsOffer { .. })
+    ));
+    a.accept(o.id, &unres("cpus:1;mem:100"), Some(0), 0)
+        .unwrap();
+    assert!(matches!(
+        a.accept(o.id, &unres("cpus:1"), None, 0),
+        Err(AllocError::UnknownOffer(_))
+    ));
+    assert!(matches!(
+        a.decline(o.id, None, 0),
+        Err(AllocError::UnknownOffer(_))
+    ));
+    assert!(a.rescind(o.id).is_none());
+    assert_eq!(a.framework_allocated(fid(1)).total(), res("cpus:1;mem:100"));
+    // The unused part comes back at the next cycle (no filter with refuse 0).
+    let next = a.allocate(1);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].resources.unreserved, res("cpus:3;mem:924"));
+}
+
+#[test]
+fn decline_filters_agent_for_that_framework_until_expiry() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4;mem:1024"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    a.decline(o.id, Some(1000), 10).unwrap();
+    assert!(a.allocate(500).is_empty());
+    assert_eq!(a.metrics().active_filters, 1);
+    assert!(a.allocate(1009).is_empty());
+    let again = a.allocate(1010);
+    assert_eq!(again.len(), 1);
+    assert_eq!(a.metrics().active_filters, 0);
+    assert_eq!(a.metrics().offers_declined, 1);
+}
+
+#[test]
+fn filtered_agent_goes_to_next_framework() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, None);
+    a.add_framework(fid(2), "f2", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    assert_eq!(o.framework, fid(1));
+    a.decline(o.id, None, 0).unwrap();
+    let o2 = a.allocate(1).remove(0);
+    assert_eq!(o2.framework, fid(2));
+}
+
+#[test]
+fn filter_does_not_block_resources_that_were_not_refused() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4;mem:1000"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    // Use 2 cpus, refuse the rest (2 cpus, 1000 mem) for a long time.
+    a.accept(o.id, &unres("cpus:2"), Some(1_000_000), 0)
+        .unwrap();
+    assert!(a.allocate(1).is_empty());
+    // Tasks end: the offer would now contain more than was refused.
+    a.recover(fid(1), aid(1), &unres("cpus:2"));
+    let o = a.allocate(2);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].resources.unreserved, res("cpus:4;mem:1000"));
+}
+
+#[test]
+fn drf_prefers_lower_dominant_share_across_kinds() {
+    let mut a = alloc();
+    a.add_agent(aid(1), "h1", res("cpus:10;mem:100"), BTreeMap::new());
+    a.add_framework(fid(1), "cpu-heavy", &roles(&["a"]), false, None);
+    a.add_framework(fid(2), "mem-heavy", &roles(&["b"]), false, None);
+    let first = a.allocate(0);
+    assert_eq!(first.len(), 1);
+    // cpu-heavy uses 6 cpus (share 0.6); mem-heavy nothing yet.
+    let o = &first[0];
+    let f_first = o.framework;
+    a.accept(o.id, &unres("cpus:6;mem:10"), Some(0), 0).unwrap();
+    a.add_agent(aid(2), "h2", res("cpus:10;mem:100"), BTreeMap::new());
+    let next = a.allocate(1);
+    // Both agents offered; the lower-share framework gets the first agent in order.
+    assert_eq!(next.len(), 2);
+    assert_ne!(next[0].framework, f_first);
+}
+
+#[test]
+fn tie_break_by_offer_count_then_name() {
+    let mut a = alloc();
+    a.add_framework(fid(2), "b", &roles(&["r"]), false, None);
+    a.add_framework(fid(1), "a", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:1"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    assert_eq!(o.framework, fid(1), "name order among equals");
+    a.accept(o.id, &OfferResources::default(), Some(0), 0)
+        .unwrap();
+    // Both have share 0 again, but "a" has one offer made: "b" goes first.
+    let o = a.allocate(1).remove(0);
+    assert_eq!(o.framework, fid(2));
+}
+
+#[test]
+fn demand_aware_drf_paper_example() {
+    let mut a = alloc();
+    a.add_framework(
+        fid(1),
+        "alice",
+        &roles(&["a"]),
+        false,
+        Some(Demand {
+            task: res("cpus:1;mem:4096"),
+            count: 100,
+        }),
+    );
+    a.add_framework(
+        fid(2),
+        "bob",
+        &roles(&["b"]),
+        false,
+        Some(Demand {
+            task: res("cpus:3;mem:1024"),
+            count: 100,
+        }),
+    );
+    a.add_agent(aid(1), "host1", res("cpus:9;mem:18432"), BTreeMap::new());
+    let offers = a.allocate(10);
+    assert_eq!(offers.len(), 2);
+    let alice = offers.iter().find(|o| o.framework == fid(1)).unwrap();
+    let bob = offers.iter().find(|o| o.framework == fid(2)).unwrap();
+    assert_eq!(alice.resources.unreserved, res("cpus:3;mem:12288"));
+    assert_eq!(bob.resources.unreserved, res("cpus:6;mem:2048"));
+    assert!((a.framework_share(fid(1)) - 2.0 / 3.0).abs() < 1e-9);
+    assert!((a.framework_share(fid(2)) - 2.0 / 3.0).abs() < 1e-9);
+    assert!((a.role_share("a") - 2.0 / 3.0).abs() < 1e-9);
+}
+
+#[test]
+fn demand_count_limits_offers_and_shrinks_on_accept() {
+    let mut a = alloc();
+    a.add_framework(
+        fid(1),
+        "f",
+        &roles(&["r"]),
+        false,
+        Some(Demand {
+            task: res("cpus:1"),
+            count: 2,
+        }),
+    );
+    a.add_agent(aid(1), "h1", res("cpus:8"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    assert_eq!(o.resources.unreserved, res("cpus:2"));
+    a.accept(o.id, &unres("cpus:2"), None, 0).unwrap();
+    // Both tasks accepted: demand is now 0, no more offers.
+    assert!(a.allocate(10_000).is_empty());
+    a.set_demand(
+        fid(1),
+        Some(Demand {
+            task: res("cpus:1"),
+            count: 3,
+        }),
+    );
+    let o = a.allocate(10_001).remove(0);
+    assert_eq!(o.resources.unreserved, res("cpus:3"));
+}
+
+#[test]
+fn gpu_agents_only_go_to_gpu_frameworks() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "plain", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "gpu-host", res("cpus:4;gpus:2"), BTreeMap::new());
+    assert!(a.allocate(0).is_empty());
+    a.add_framework(fid(2), "gpu", &roles(&["r"]), true, None);
+    let o = a.allocate(1);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].framework, fid(2));
+
+    let mut b = Allocator::new(AllocatorConfig {
+        filter_gpu_resources: false,
+        ..Default::default()
+    });
+    b.add_framework(fid(1), "plain", &roles(&["r"]), false, None);
+    b.add_agent(aid(1), "gpu-host", res("cpus:4;gpus:2"), BTreeMap::new());
+    assert_eq!(b.allocate(0).len(), 1);
+}
+
+#[test]
+fn suppress_and_revive() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f", &roles(&["r"]), false, None);
+    a.suppress(fid(1), None);
+    a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
+    assert!(a.allocate(0).is_empty());
+    a.revive(fid(1), None);
+    let o = a.allocate(1).remove(0);
+    a.decline(o.id, Some(1_000_000), 1).unwrap();
+    assert!(a.allocate(2).is_empty());
+    // Revive clears filters.
+    a.revive(fid(1), Some("r"));
+    assert_eq!(a.allocate(3).len(), 1);
+}
+
+#[test]
+fn remove_agent_rescinds_and_remove_framework_frees() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
+    a.add_agent(aid(2), "h2", res("cpus:4"), BTreeMap::new());
+    let offers = a.allocate(0);
+    assert_eq!(offers.len(), 2);
+    a.accept(offers[1].id, &unres("cpus:1"), Some(0), 0)
+        .unwrap();
+    let gone = a.remove_agent(aid(1));
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].id, offers[0].id);
+    assert!(a.offer(offers[0].id).is_none());
+    assert_eq!(a.framework_allocated(fid(1)).total(), res("cpus:1"));
+    let dropped = a.remove_framework(fid(1));
+    assert!(dropped.is_empty());
+    a.add_framework(fid(2), "g", &roles(&["r"]), false, None);
+    let o = a.allocate(1);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].resources.unreserved, res("cpus:4"));
+    assert_eq!(a.cluster_total(), res("cpus:4"));
+}
+
+#[test]
+fn update_agent_rescinds_offers_that_no_longer_fit() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f", &roles(&["r"]), true, None);
+    a.add_agent(aid(1), "h1", res("cpus:4;gpus:2"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    let gone = a.update_agent(aid(1), res("cpus:4;gpus:1"), BTreeMap::new());
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].id, o.id);
+    let o = a.allocate(1).remove(0);
+    assert_eq!(o.resources.unreserved, res("cpus:4;gpus:1"));
+}
+
+#[test]
+fn offer_ids_are_deterministic_and_seeded() {
+    let mut a = Allocator::new(AllocatorConfig {
+        offer_id_seed: 7,
+        ..Default::default()
+    });
+    a.add_framework(fid(1), "f", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    assert_eq!(o.id, OfferId::from_u128((7u128 << 64) | 1));
+}
+
+#[test]
+fn offer_timeout_rescinds_old_offers() {
+    let mut a = Allocator::new(AllocatorConfig {
+        offer_timeout_ms: Some(100),
+        ..Default::default()
+    });
+    a.add_framework(fid(1), "f", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    assert_eq!(a.next_offer_expiry(), Some(100));
+    assert!(a.expire_offers(99).is_empty());
+    let gone = a.expire_offers(100);
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].id, o.id);
+    assert_eq!(a.metrics().offers_expired, 1);
+    // No filter after a timeout.
+    assert_eq!(a.allocate(101).len(), 1);
+}
+
+#[test]
+fn unknown_ids_are_harmless() {
+    let mut a = alloc();
+    assert!(a.remove_agent(aid(9)).is_empty());
+    assert!(a.remove_framework(fid(9)).is_empty());
+    assert!(a
+        .update_agent(aid(9), res("cpus:1"), BTreeMap::new())
+        .is_empty());
+    a.recover(fid(9), aid(9), &unres("cpus:1"));
+    a.suppress(fid(9), None);
+    a.revive(fid(9), None);
+    a.set_demand(fid(9), None);
+    assert_eq!(a.framework_share(fid(9)), 0.0);
+    assert_eq!(a.role_share("nope"), 0.0);
+    assert!(a.allocate(0).is_empty());
+}

@@ -1,0 +1,320 @@
+//! `gantry-master bench`: allocation-cycle benchmarks on the real allocator.
+//!
+//! - **DeclineOffers** (Mesos's `HierarchicalAllocator_BENCHMARK_Test.DeclineOffers` setup):
+//!   every agent has `cpus:24;mem:4096;disk:4096`; framework `i % F` already holds `cpus:16` on
+//!   agent `i`; all frameworks are in one role and decline every offer with a very long filter.
+//!   Each cycle is one `allocate()`; the offers it makes are declined before the next cycle.
+//! - **Quota roles**: many roles, each with a quota guarantee and one framework, agents as above;
+//!   the frameworks decline with a long filter as well.
+//!
+//! Reported per setup: the first (cold) cycle, then the median and maximum of the following
+//! cycles, offers per cycle, and the growth of the process's resident memory while the allocator
+//! was built (allocator state plus the benchmark's id tables).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use gantry_sdk::protocol::{AgentId, FrameworkId, Resources};
+use serde::Serialize;
+
+use super::SimError;
+use crate::allocator::{Allocator, AllocatorConfig, OfferResources};
+
+/// Arguments of `gantry-master bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// DeclineOffers sizes as AGENTSxFRAMEWORKS, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000x100,10000x1000,20000x2000,50000x6000"
+    )]
+    pub sizes: Vec<String>,
+    /// Measured cycles per size after the first one (the median is reported).
+    #[arg(long, default_value_t = 9)]
+    pub cycles: usize,
+    /// Number of roles with a quota in the quota benchmark (0 skips it).
+    #[arg(long, default_value_t = 3000)]
+    pub quota_roles: usize,
+    /// Agents in the quota benchmark.
+    #[arg(long, default_value_t = 10000)]
+    pub quota_agents: usize,
+    /// Print one JSON object per result instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One benchmark result.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    pub name: String,
+    pub agents: usize,
+    pub frameworks: usize,
+    pub roles: usize,
+    pub first_cycle_ms: f64,
+    pub median_cycle_ms: f64,
+    pub max_cycle_ms: f64,
+    pub cycles: usize,
+    pub offers_first_cycle: usize,
+    pub offers_per_cycle_median: usize,
+    pub build_ms: f64,
+    pub rss_growth_mib: f64,
+}
+
+/// Resident set size of this process in KiB (Linux `/proc/self/status`), 0 when unknown.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn parse_size(s: &str) -> Result<(usize, usize), SimError> {
+    let (a, f) = s
+        .trim()
+        .split_once(['x', 'X', '/'])
+        .ok_or_else(|| SimError::Args(format!("size {s:?} is not AGENTSxFRAMEWORKS")))?;
+    let a: usize = a
+        .trim()
+        .parse()
+        .map_err(|_| SimError::Args(format!("bad agent count in {s:?}")))?;
+    let f: usize = f
+        .trim()
+        .parse()
+        .map_err(|_| SimError::Args(format!("bad framework count in {s:?}")))?;
+    if a == 0 || f == 0 {
+        return Err(SimError::Args(format!(
+            "size {s:?}: counts must be positive"
+        )));
+    }
+    Ok((a, f))
+}
+
+const LONG_FILTER_MS: u64 = 365 * 24 * 3600 * 1000;
+
+fn agent_resources() -> Resources {
+    Resources::new()
+        .with("cpus", 24.0)
+        .with("mem", 4096.0)
+        .with("disk", 4096.0)
+}
+
+/// Runs cycles: each `allocate()` is timed, then its offers are declined with a long filter.
+fn run_cycles(alloc: &mut Allocator, cycles: usize) -> (f64, usize, Vec<f64>, Vec<usize>) {
+    let mut now = 1_000;
+    let start = Instant::now();
+    let offers = alloc.allocate(now);
+    let first = start.elapsed().as_secs_f64() * 1000.0;
+    let first_offers = offers.len();
+    for o in offers {
+        let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
+    }
+    let mut times = Vec::with_capacity(cycles);
+    let mut counts = Vec::with_capacity(cycles);
+    for _ in 0..cycles {
+        now += 1_000;
+        let start = Instant::now();
+        let offers = alloc.allocate(now);
+        times.push(start.elapsed().as_secs_f64() * 1000.0);
+        counts.push(offers.len());
+        for o in offers {
+            let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
+        }
+    }
+    (first, first_offers, times, counts)
+}
+
+fn median_f(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[s.len() / 2]
+}
+
+fn median_u(v: &[usize]) -> usize {
+    if v.is_empty() {
+        return 0;
+    }
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s[s.len() / 2]
+}
+
+/// The DeclineOffers setup at `agents` / `frameworks`.
+pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchResult {
+    let rss0 = rss_kib();
+    let build = Instant::now();
+    let mut alloc = Allocator::new(AllocatorConfig::default());
+    let role = vec!["role1".to_string()];
+    let fids: Vec<FrameworkId> = (0..frameworks)
+        .map(|i| FrameworkId::from_u128(1 + i as u128))
+        .collect();
+    for (i, f) in fids.iter().enumerate() {
+        alloc.add_framework(*f, &format!("framework{i}"), &role, false, None);
+    }
+    let held = OfferResources::unreserved(Resources::new().with("cpus", 16.0));
+    for i in 0..agents {
+        let a = AgentId::from_u128((1u128 << 64) + i as u128);
+        alloc.add_agent(a, &format!("agent{i}"), agent_resources(), BTreeMap::new());
+        let _ = alloc.add_allocation(fids[i % frameworks], a, "role1", &held);
+    }
+    let build_ms = build.elapsed().as_secs_f64() * 1000.0;
+    let rss1 = rss_kib();
+    let (first, first_offers, times, counts) = run_cycles(&mut alloc, cycles);
+    BenchResult {
+        name: "DeclineOffers".into(),
+        agents,
+        frameworks,
+        roles: 1,
+        first_cycle_ms: first,
+        median_cycle_ms: median_f(&times),
+        max_cycle_ms: times.iter().copied().fold(0.0, f64::max),
+        cycles,
+        offers_first_cycle: first_offers,
+        offers_per_cycle_median: median_u(&counts),
+        build_ms,
+        rss_growth_mib: rss1.saturating_sub(rss0) as f64 / 1024.0,
+    }
+}
+
+/// `roles` roles, each with a quota guarantee and one framework, on `agents` agents.
+pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
+    let rss0 = rss_kib();
+    let build = Instant::now();
+    let mut alloc = Allocator::new(AllocatorConfig::default());
+    let guarantee = Resources::new().with("cpus", 8.0).with("mem", 1024.0);
+    for i in 0..roles {
+        let role = format!("quota-role{i}");
+        alloc.set_quota(&role, Some(guarantee.clone()), None);
+        alloc.add_framework(
+            FrameworkId::from_u128(1 + i as u128),
+            &format!("framework{i}"),
+            &[role],
+            false,
+            None,
+        );
+    }
+    for i in 0..agents {
+        let a = AgentId::from_u128((1u128 << 64) + i as u128);
+        alloc.add_agent(a, &format!("agent{i}"), agent_resources(), BTreeMap::new());
+    }
+    let build_ms = build.elapsed().as_secs_f64() * 1000.0;
+    let rss1 = rss_kib();
+    let (first, first_offers, times, counts) = run_cycles(&mut alloc, cycles);
+    BenchResult {
+        name: "QuotaRoles".into(),
+        agents,
+        frameworks: roles,
+        roles,
+        first_cycle_ms: first,
+        median_cycle_ms: median_f(&times),
+        max_cycle_ms: times.iter().copied().fold(0.0, f64::max),
+        cycles,
+        offers_first_cycle: first_offers,
+        offers_per_cycle_median: median_u(&counts),
+        build_ms,
+        rss_growth_mib: rss1.saturating_sub(rss0) as f64 / 1024.0,
+    }
+}
+
+/// Runs `gantry-master bench`, printing results to stdout.
+pub fn run(args: BenchArgs) -> Result<(), SimError> {
+    let sizes: Vec<(usize, usize)> = args
+        .sizes
+        .iter()
+        .map(|s| parse_size(s))
+        .collect::<Result<_, _>>()?;
+    if !args.json {
+        println!(
+            "{:<14} {:>7} {:>6} {:>6} {:>10} {:>11} {:>9} {:>8} {:>8} {:>9} {:>8}",
+            "benchmark",
+            "agents",
+            "fwks",
+            "roles",
+            "first ms",
+            "median ms",
+            "max ms",
+            "offers1",
+            "offers",
+            "build ms",
+            "rss MiB"
+        );
+    }
+    let mut results = Vec::new();
+    for (a, f) in sizes {
+        results.push(decline_offers(a, f, args.cycles));
+        print_result(results.last(), args.json)?;
+    }
+    if args.quota_roles > 0 {
+        results.push(quota_roles(
+            args.quota_agents,
+            args.quota_roles,
+            args.cycles,
+        ));
+        print_result(results.last(), args.json)?;
+    }
+    Ok(())
+}
+
+fn print_result(r: Option<&BenchResult>, json: bool) -> Result<(), SimError> {
+    let Some(r) = r else { return Ok(()) };
+    if json {
+        println!("{}", serde_json::to_string(r)?);
+    } else {
+        println!(
+            "{:<14} {:>7} {:>6} {:>6} {:>10.2} {:>11.3} {:>9.3} {:>8} {:>8} {:>9.0} {:>8.1}",
+            r.name,
+            r.agents,
+            r.frameworks,
+            r.roles,
+            r.first_cycle_ms,
+            r.median_cycle_ms,
+            r.max_cycle_ms,
+            r.offers_first_cycle,
+            r.offers_per_cycle_median,
+            r.build_ms,
+            r.rss_growth_mib
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_decline_offers_offers_every_agent_then_moves_on() {
+        let r = decline_offers(20, 4, 3);
+        // Every agent has cpus:8 free: 20 offers in the first cycle, and after declines the
+        // agents go to other frameworks (4 frameworks, so offers continue for 3 more cycles).
+        assert_eq!(r.offers_first_cycle, 20);
+        assert_eq!(r.offers_per_cycle_median, 20);
+        let done = decline_offers(20, 1, 3);
+        assert_eq!(done.offers_first_cycle, 20);
+        assert_eq!(
+            done.offers_per_cycle_median, 0,
+            "one framework, everything filtered"
+        );
+    }
+
+    #[test]
+    fn quota_roles_setup_offers_guarantees() {
+        let r = quota_roles(10, 5, 2);
+        assert!(r.offers_first_cycle >= 5);
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("10000x1000").unwrap(), (10000, 1000));
+        assert!(parse_size("10000").is_err());
+        assert!(parse_size("0x1").is_err());
+    }
+}

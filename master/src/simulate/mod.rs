@@ -1,0 +1,135 @@
+//! Scenario simulator, trace mode and benchmark: they drive the real [`crate::allocator`] in
+//! simulated time (the allocator itself never reads a clock; only the trace mode and the
+//! benchmark measure wall time around its calls).
+//!
+//! - [`scenario`]: `gantry-master simulate FILE.toml`, JSON lines of offers, rescinds, summary.
+//! - [`trace`]: `gantry-master simulate --trace JOBS.csv --cluster CLUSTER.toml`, plus a synthetic
+//!   trace generator.
+//! - [`bench`]: `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
+
+pub mod bench;
+pub mod scenario;
+pub mod trace;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Why a simulation stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid scenario: {0}")]
+    Parse(String),
+    #[error("event {index} ({kind}): {message}")]
+    Event {
+        index: usize,
+        kind: String,
+        message: String,
+    },
+    #[error("invalid trace: {0}")]
+    Trace(String),
+    #[error("invalid arguments: {0}")]
+    Args(String),
+    #[error("write failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("json output failed: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl SimError {
+    pub(crate) fn event(index: usize, kind: &str, message: String) -> Self {
+        SimError::Event {
+            index,
+            kind: kind.to_string(),
+            message,
+        }
+    }
+}
+
+/// Arguments of `gantry-master simulate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimulateArgs {
+    /// Scenario file (TOML) to replay.
+    #[arg(required_unless_present_any = ["trace", "generate_trace"])]
+    pub file: Option<PathBuf>,
+    /// Job trace (CSV: arrival_ms,role,task,count,duration_ms) for trace mode.
+    #[arg(long, requires = "cluster")]
+    pub trace: Option<PathBuf>,
+    /// Cluster file (TOML) for trace mode.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// Trace mode: also write the time series as CSV here.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write a synthetic job trace to this file and exit.
+    #[arg(long, value_name = "OUT.csv")]
+    pub generate_trace: Option<PathBuf>,
+    /// Synthetic trace: number of jobs.
+    #[arg(long, default_value_t = 200)]
+    pub jobs: usize,
+    /// Synthetic trace: number of roles.
+    #[arg(long, default_value_t = 3)]
+    pub roles: usize,
+    /// Synthetic trace: random seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Runs `gantry-master simulate` with output to stdout.
+pub fn run(args: SimulateArgs) -> Result<(), SimError> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let res = run_to(&args, &mut out);
+    out.flush()?;
+    res
+}
+
+/// Runs `gantry-master simulate` writing to `out`.
+pub fn run_to<W: Write>(args: &SimulateArgs, out: &mut W) -> Result<(), SimError> {
+    if let Some(path) = &args.generate_trace {
+        let text = trace::generate(args.jobs, args.roles, args.seed);
+        return std::fs::write(path, text).map_err(|source| SimError::Read {
+            path: path.clone(),
+            source,
+        });
+    }
+    if let Some(trace_path) = &args.trace {
+        let cluster_path = args
+            .cluster
+            .as_ref()
+            .ok_or_else(|| SimError::Args("--trace needs --cluster".into()))?;
+        let jobs = read(trace_path)?;
+        let cluster = read(cluster_path)?;
+        let report = trace::run_trace(
+            &trace::parse_jobs(&jobs)?,
+            &trace::TraceCluster::parse(&cluster)?,
+        )?;
+        serde_json::to_writer_pretty(&mut *out, &report.json)?;
+        out.write_all(b"\n")?;
+        if let Some(csv) = &args.csv {
+            std::fs::write(csv, &report.csv).map_err(|source| SimError::Read {
+                path: csv.clone(),
+                source,
+            })?;
+        }
+        return Ok(());
+    }
+    let file = args.file.as_ref().ok_or_else(|| {
+        SimError::Args("a scenario FILE, --trace or --generate-trace is needed".into())
+    })?;
+    let text = read(file)?;
+    let scenario = scenario::Scenario::parse(&text)?;
+    scenario::run_scenario(&scenario, out)?;
+    Ok(())
+}
+
+fn read(path: &PathBuf) -> Result<String, SimError> {
+    std::fs::read_to_string(path).map_err(|source| SimError::Read {
+        path: path.clone(),
+        source,
+    })
+}

@@ -1,0 +1,845 @@
+//! Scenario replay: a TOML scenario (cluster settings, roles, timed events) applied to the real
+//! allocator in simulated time, printing one JSON line per offer and rescind and a final summary.
+//! The format is documented in `docs/simulator.md`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+
+use gantry_sdk::protocol::messages::Demand;
+use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
+use serde::{Deserialize, Serialize};
+
+use super::SimError;
+use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
+
+/// `[cluster]` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    #[serde(default = "default_interval")]
+    pub allocation_interval_ms: Millis,
+    #[serde(default)]
+    pub offer_timeout_ms: Option<Millis>,
+    #[serde(default = "default_true")]
+    pub filter_gpu_resources: bool,
+    #[serde(default)]
+    pub fairness_excluded_resources: Vec<String>,
+    /// Run until this time instead of last event + one interval.
+    #[serde(default)]
+    pub end_ms: Option<Millis>,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            allocation_interval_ms: default_interval(),
+            offer_timeout_ms: None,
+            filter_gpu_resources: true,
+            fairness_excluded_resources: Vec::new(),
+            end_ms: None,
+        }
+    }
+}
+
+fn default_interval() -> Millis {
+    1000
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// A `[[roles]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleDecl {
+    pub name: String,
+    #[serde(default)]
+    pub weight: Option<f64>,
+    #[serde(default)]
+    pub quota_guarantee: Option<String>,
+    #[serde(default)]
+    pub quota_limit: Option<String>,
+}
+
+/// `demand = { task = "...", count = N }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemandDecl {
+    pub task: String,
+    pub count: u32,
+}
+
+/// One `[[events]]` entry (without `at_ms`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EventKind {
+    AddAgent {
+        agent: String,
+        resources: String,
+        #[serde(default)]
+        reserved: BTreeMap<String, String>,
+        #[serde(default)]
+        attributes: Option<toml::Value>,
+    },
+    RemoveAgent {
+        agent: String,
+    },
+    /// Replaces an agent's resources (e.g. a GPU withdrawn); offers that no longer fit are
+    /// rescinded.
+    UpdateAgent {
+        agent: String,
+        resources: String,
+        #[serde(default)]
+        reserved: BTreeMap<String, String>,
+    },
+    AddFramework {
+        framework: String,
+        roles: Vec<String>,
+        #[serde(default)]
+        capabilities: Vec<String>,
+        #[serde(default)]
+        demand: Option<DemandDecl>,
+    },
+    RemoveFramework {
+        framework: String,
+    },
+    Accept {
+        framework: String,
+        agent: String,
+        #[serde(default)]
+        resources: Option<String>,
+        #[serde(default)]
+        refuse_seconds: Option<f64>,
+        /// Dynamic reservations (RESERVE operations): role -> unreserved resources to reserve.
+        #[serde(default)]
+        reserve: BTreeMap<String, String>,
+        /// UNRESERVE operations: role -> reserved resources to release.
+        #[serde(default)]
+        unreserve: BTreeMap<String, String>,
+    },
+    Decline {
+        framework: String,
+        agent: String,
+        #[serde(default)]
+        refuse_seconds: Option<f64>,
+    },
+    Recover {
+        framework: String,
+        agent: String,
+        resources: String,
+    },
+    Suppress {
+        framework: String,
+        #[serde(default)]
+        role: Option<String>,
+    },
+    Revive {
+        framework: String,
+        #[serde(default)]
+        role: Option<String>,
+    },
+    SetWeight {
+        role: String,
+        weight: f64,
+    },
+    SetQuota {
+        role: String,
+        #[serde(default)]
+        guarantee: Option<String>,
+        #[serde(default)]
+        limit: Option<String>,
+    },
+    SetDemand {
+        framework: String,
+        task: String,
+        count: u32,
+    },
+}
+
+impl EventKind {
+    fn name(&self) -> &'static str {
+        match self {
+            EventKind::AddAgent { .. } => "add_agent",
+            EventKind::RemoveAgent { .. } => "remove_agent",
+            EventKind::UpdateAgent { .. } => "update_agent",
+            EventKind::AddFramework { .. } => "add_framework",
+            EventKind::RemoveFramework { .. } => "remove_framework",
+            EventKind::Accept { .. } => "accept",
+            EventKind::Decline { .. } => "decline",
+            EventKind::Recover { .. } => "recover",
+            EventKind::Suppress { .. } => "suppress",
+            EventKind::Revive { .. } => "revive",
+            EventKind::SetWeight { .. } => "set_weight",
+            EventKind::SetQuota { .. } => "set_quota",
+            EventKind::SetDemand { .. } => "set_demand",
+        }
+    }
+
+    /// Allocation runs right after these (Mesos: new resources or new interest).
+    fn triggers_allocation(&self) -> bool {
+        matches!(
+            self,
+            EventKind::AddAgent { .. }
+                | EventKind::UpdateAgent { .. }
+                | EventKind::AddFramework { .. }
+                | EventKind::Revive { .. }
+                | EventKind::Recover { .. }
+                | EventKind::SetDemand { .. }
+        )
+    }
+}
+
+/// A timed event, with its 0-based index in the file.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub index: usize,
+    pub at_ms: Millis,
+    pub kind: EventKind,
+}
+
+/// A parsed scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub cluster: ClusterSettings,
+    pub roles: Vec<RoleDecl>,
+    pub events: Vec<Event>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    #[serde(default)]
+    cluster: ClusterSettings,
+    #[serde(default)]
+    roles: Vec<RoleDecl>,
+    #[serde(default)]
+    events: Vec<toml::Table>,
+}
+
+impl Scenario {
+    /// Parses the TOML text of a scenario.
+    pub fn parse(text: &str) -> Result<Self, SimError> {
+        let raw: RawScenario = toml::from_str(text).map_err(|e| SimError::Parse(e.to_string()))?;
+        let mut events = Vec::with_capacity(raw.events.len());
+        for (index, mut table) in raw.events.into_iter().enumerate() {
+            let at = table
+                .remove("at_ms")
+                .ok_or_else(|| SimError::Parse(format!("event {index}: missing at_ms")))?;
+            let at_ms = at.as_integer().filter(|v| *v >= 0).ok_or_else(|| {
+                SimError::Parse(format!(
+                    "event {index}: at_ms must be a non-negative integer"
+                ))
+            })? as Millis;
+            let kind = EventKind::deserialize(toml::Value::Table(table))
+                .map_err(|e| SimError::Parse(format!("event {index}: {e}")))?;
+            events.push(Event { index, at_ms, kind });
+        }
+        // Events apply in file order within a millisecond; a stable sort keeps that order.
+        events.sort_by_key(|e| e.at_ms);
+        if raw.cluster.allocation_interval_ms == 0 {
+            return Err(SimError::Parse(
+                "cluster.allocation_interval_ms must be positive".into(),
+            ));
+        }
+        Ok(Scenario {
+            cluster: raw.cluster,
+            roles: raw.roles,
+            events,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// output lines
+
+#[derive(Serialize)]
+struct OfferLine<'a> {
+    at_ms: Millis,
+    offer: String,
+    framework: &'a str,
+    agent: &'a str,
+    resources: Resources,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    reserved: &'a BTreeMap<String, Resources>,
+}
+
+#[derive(Serialize)]
+struct RescindLine<'a> {
+    at_ms: Millis,
+    rescind: String,
+    framework: &'a str,
+    agent: &'a str,
+}
+
+/// Allocation and share of a role or framework in the summary.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ShareSummary {
+    pub allocated: Resources,
+    pub dominant_share: f64,
+}
+
+/// The final summary line's content.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Summary {
+    pub roles: BTreeMap<String, ShareSummary>,
+    pub frameworks: BTreeMap<String, ShareSummary>,
+}
+
+#[derive(Serialize)]
+struct SummaryLine<'a> {
+    summary: &'a Summary,
+}
+
+// ---------------------------------------------------------------------------------------------
+// the replay
+
+fn parse_res(index: usize, kind: &str, text: &str) -> Result<Resources, SimError> {
+    Resources::parse(text)
+        .map_err(|e| SimError::event(index, kind, format!("bad resources {text:?}: {e}")))
+}
+
+fn parse_reserved(
+    index: usize,
+    kind: &str,
+    map: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, Resources>, SimError> {
+    map.iter()
+        .map(|(role, text)| Ok((role.clone(), parse_res(index, kind, text)?)))
+        .collect()
+}
+
+fn refuse_ms(index: usize, kind: &str, secs: Option<f64>) -> Result<Option<Millis>, SimError> {
+    match secs {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => {
+            Ok(Some((s * 1000.0).round().min(u64::MAX as f64) as Millis))
+        }
+        Some(s) => Err(SimError::event(
+            index,
+            kind,
+            format!("refuse_seconds {s} must be a non-negative number"),
+        )),
+    }
+}
+
+/// Replays scenarios against an [`Allocator`], writing JSON lines.
+pub struct Replay<'w, W: Write> {
+    alloc: Allocator,
+    out: &'w mut W,
+    agents: HashMap<String, AgentId>,
+    agent_names: HashMap<AgentId, String>,
+    frameworks: HashMap<String, FrameworkId>,
+    framework_names: HashMap<FrameworkId, String>,
+    next_id: u128,
+    /// Offer lines written so far.
+    pub offers_printed: usize,
+}
+
+impl<'w, W: Write> Replay<'w, W> {
+    fn new(settings: &ClusterSettings, out: &'w mut W) -> Self {
+        let config = AllocatorConfig {
+            filter_gpu_resources: settings.filter_gpu_resources,
+            fairness_excluded_resources: settings.fairness_excluded_resources.clone(),
+            offer_timeout_ms: settings.offer_timeout_ms,
+            offer_id_seed: 0,
+            ..Default::default()
+        };
+        Self {
+            alloc: Allocator::new(config),
+            out,
+            agents: HashMap::new(),
+            agent_names: HashMap::new(),
+            frameworks: HashMap::new(),
+            framework_names: HashMap::new(),
+            next_id: 0,
+            offers_printed: 0,
+        }
+    }
+
+    fn agent(&self, index: usize, kind: &str, name: &str) -> Result<AgentId, SimError> {
+        self.agents
+            .get(name)
+            .copied()
+            .ok_or_else(|| SimError::event(index, kind, format!("no such agent {name:?}")))
+    }
+
+    fn framework(&self, index: usize, kind: &str, name: &str) -> Result<FrameworkId, SimError> {
+        self.frameworks
+            .get(name)
+            .copied()
+            .ok_or_else(|| SimError::event(index, kind, format!("no such framework {name:?}")))
+    }
+
+    fn offers_of(&self, f: FrameworkId, a: AgentId) -> Vec<OfferId> {
+        self.alloc
+            .outstanding_offers()
+            .filter(|o| o.framework == f && o.agent == a)
+            .map(|o| o.id)
+            .collect()
+    }
+
+    fn print_offers(&mut self, offers: &[OfferRecord]) -> Result<(), SimError> {
+        for o in offers {
+            let line = OfferLine {
+                at_ms: o.created_at,
+                offer: o.id.to_string(),
+                framework: self
+                    .framework_names
+                    .get(&o.framework)
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+                agent: self
+                    .agent_names
+                    .get(&o.agent)
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+                resources: o.resources.total(),
+                reserved: &o.resources.reserved,
+            };
+            serde_json::to_writer(&mut *self.out, &line)?;
+            self.out.write_all(b"\n")?;
+            self.offers_printed += 1;
+        }
+        Ok(())
+    }
+
+    fn print_rescinds(&mut self, at_ms: Millis, offers: &[OfferRecord]) -> Result<(), SimError> {
+        for o in offers {
+            let line = RescindLine {
+                at_ms,
+                rescind: o.id.to_string(),
+                framework: self
+                    .framework_names
+                    .get(&o.framework)
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+                agent: self
+                    .agent_names
+                    .get(&o.agent)
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+            };
+            serde_json::to_writer(&mut *self.out, &line)?;
+            self.out.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+
+    fn allocate(&mut self, now: Millis) -> Result<(), SimError> {
+        let offers = self.alloc.allocate(now);
+        self.print_offers(&offers)
+    }
+
+    fn expire(&mut self, now: Millis) -> Result<(), SimError> {
+        let gone = self.alloc.expire_offers(now);
+        self.print_rescinds(now, &gone)
+    }
+
+    fn apply(&mut self, ev: &Event) -> Result<(), SimError> {
+        let (i, k, now) = (ev.index, ev.kind.name(), ev.at_ms);
+        match &ev.kind {
+            EventKind::AddAgent {
+                agent,
+                resources,
+                reserved,
+                attributes: _,
+            } => {
+                if self.agents.contains_key(agent) {
+                    return Err(SimError::event(
+                        i,
+                        k,
+                        format!("agent {agent:?} already exists"),
+                    ));
+                }
+                let unres = parse_res(i, k, resources)?;
+                let resv = parse_reserved(i, k, reserved)?;
+                self.next_id += 1;
+                let id = AgentId::from_u128(self.next_id);
+                self.agents.insert(agent.clone(), id);
+                self.agent_names.insert(id, agent.clone());
+                self.alloc.add_agent(id, agent, unres, resv);
+            }
+            EventKind::RemoveAgent { agent } => {
+                let id = self.agent(i, k, agent)?;
+                let gone = self.alloc.remove_agent(id);
+                self.print_rescinds(now, &gone)?;
+                self.agents.remove(agent);
+            }
+            EventKind::UpdateAgent {
+                agent,
+                resources,
+                reserved,
+            } => {
+                let id = self.agent(i, k, agent)?;
+                let unres = parse_res(i, k, resources)?;
+                let resv = parse_reserved(i, k, reserved)?;
+                let gone = self.alloc.update_agent(id, unres, resv);
+                self.print_rescinds(now, &gone)?;
+            }
+            EventKind::AddFramework {
+                framework,
+                roles,
+                capabilities,
+                demand,
+            } => {
+                if self.frameworks.contains_key(framework) {
+                    return Err(SimError::event(
+                        i,
+                        k,
+                        format!("framework {framework:?} already exists"),
+                    ));
+                }
+                if roles.is_empty() {
+                    return Err(SimError::event(
+                        i,
+                        k,
+                        "a framework needs at least one role".to_string(),
+                    ));
+                }
+                let mut gpu = false;
+                for c in capabilities {
+                    match c.to_ascii_uppercase().as_str() {
+                        "GPU" | "GPU_RESOURCES" | "GPURESOURCES" => gpu = true,
+                        other => {
+                            return Err(SimError::event(
+                                i,
+                                k,
+                                format!("unknown capability {other:?} (known: GPU)"),
+                            ))
+                        }
+                    }
+                }
+                let demand = match demand {
+                    Some(d) => Some(Demand {
+                        task: parse_res(i, k, &d.task)?,
+                        count: d.count,
+                    }),
+                    None => None,
+                };
+                self.next_id += 1;
+                let id = FrameworkId::from_u128(self.next_id);
+                self.frameworks.insert(framework.clone(), id);
+                self.framework_names.insert(id, framework.clone());
+                self.alloc.add_framework(id, framework, roles, gpu, demand);
+            }
+            EventKind::RemoveFramework { framework } => {
+                let id = self.framework(i, k, framework)?;
+                self.alloc.remove_framework(id);
+                self.frameworks.remove(framework);
+            }
+            EventKind::Accept {
+                framework,
+                agent,
+                resources,
+                refuse_seconds,
+                reserve,
+                unreserve,
+            } => {
+                let f = self.framework(i, k, framework)?;
+                let a = self.agent(i, k, agent)?;
+                let offers = self.offers_of(f, a);
+                if offers.is_empty() {
+                    return Err(SimError::event(
+                        i,
+                        k,
+                        format!(
+                            "framework {framework:?} has no outstanding offer on agent {agent:?}"
+                        ),
+                    ));
+                }
+                let refuse = refuse_ms(i, k, *refuse_seconds)?;
+                for (role, text) in reserve {
+                    let amount = parse_res(i, k, text)?;
+                    self.change_reservation(i, k, &offers, role, &amount, true)?;
+                }
+                for (role, text) in unreserve {
+                    let amount = parse_res(i, k, text)?;
+                    self.change_reservation(i, k, &offers, role, &amount, false)?;
+                }
+                let mut want = match resources {
+                    Some(text) => Some(parse_res(i, k, text)?),
+                    None => None,
+                };
+                // Validate that the requested part fits in the offers together before using any.
+                if let Some(w) = &want {
+                    let mut all = Resources::new();
+                    for o in &offers {
+                        if let Some(rec) = self.alloc.offer(*o) {
+                            all.add_assign(&rec.resources.total());
+                        }
+                    }
+                    if !all.contains(w) {
+                        return Err(SimError::event(i, k, format!("resources {w} exceed the outstanding offers ({all}) of {framework:?} on {agent:?}")));
+                    }
+                }
+                for o in offers {
+                    let Some(rec) = self.alloc.offer(o) else {
+                        continue;
+                    };
+                    let used = match &mut want {
+                        None => rec.resources.clone(),
+                        Some(w) => take_from_offer(&rec.resources, w),
+                    };
+                    self.alloc
+                        .accept(o, &used, refuse, now)
+                        .map_err(|e| SimError::event(i, k, e.to_string()))?;
+                }
+            }
+            EventKind::Decline {
+                framework,
+                agent,
+                refuse_seconds,
+            } => {
+                let f = self.framework(i, k, framework)?;
+                let a = self.agent(i, k, agent)?;
+                let offers = self.offers_of(f, a);
+                if offers.is_empty() {
+                    return Err(SimError::event(
+                        i,
+                        k,
+                        format!(
+                            "framework {framework:?} has no outstanding offer on agent {agent:?}"
+                        ),
+                    ));
+                }
+                let refuse = refuse_ms(i, k, *refuse_seconds)?;
+                for o in offers {
+                    self.alloc
+                        .decline(o, refuse, now)
+                        .map_err(|e| SimError::event(i, k, e.to_string()))?;
+                }
+            }
+            EventKind::Recover {
+                framework,
+                agent,
+                resources,
+            } => {
+                let f = self.framework(i, k, framework)?;
+                let a = self.agent(i, k, agent)?;
+                let want = parse_res(i, k, resources)?;
+                let in_use = self.alloc.in_use(f, a);
+                if !in_use.total().contains(&want) {
+                    return Err(SimError::event(i, k, format!("framework {framework:?} has only {} in use on agent {agent:?}, can not recover {want}", in_use.total())));
+                }
+                let r = take_from_offer(&in_use, &mut want.clone());
+                self.alloc.recover(f, a, &r);
+            }
+            EventKind::Suppress { framework, role } | EventKind::Revive { framework, role } => {
+                let f = self.framework(i, k, framework)?;
+                if let Some(role) = role {
+                    if !self.alloc.framework_roles(f).iter().any(|r| r == role) {
+                        return Err(SimError::event(
+                            i,
+                            k,
+                            format!("framework {framework:?} is not subscribed to role {role:?}"),
+                        ));
+                    }
+                }
+                if matches!(ev.kind, EventKind::Suppress { .. }) {
+                    self.alloc.suppress(f, role.as_deref());
+                } else {
+                    self.alloc.revive(f, role.as_deref());
+                }
+            }
+            EventKind::SetWeight { role, weight } => {
+                if !(weight.is_finite() && *weight > 0.0) {
+                    return Err(SimError::event(
+                        i,
+                        k,
+                        format!("weight {weight} must be a positive number"),
+                    ));
+                }
+                self.alloc.set_weight(role, *weight);
+            }
+            EventKind::SetQuota {
+                role,
+                guarantee,
+                limit,
+            } => {
+                let g = guarantee
+                    .as_deref()
+                    .map(|t| parse_res(i, k, t))
+                    .transpose()?;
+                let l = limit.as_deref().map(|t| parse_res(i, k, t)).transpose()?;
+                self.alloc.set_quota(role, g, l);
+            }
+            EventKind::SetDemand {
+                framework,
+                task,
+                count,
+            } => {
+                let f = self.framework(i, k, framework)?;
+                let task = parse_res(i, k, task)?;
+                self.alloc.set_demand(
+                    f,
+                    Some(Demand {
+                        task,
+                        count: *count,
+                    }),
+                );
+            }
+        }
+        if ev.kind.triggers_allocation() {
+            self.allocate(now)?;
+        }
+        Ok(())
+    }
+
+    fn change_reservation(
+        &mut self,
+        i: usize,
+        k: &str,
+        offers: &[OfferId],
+        role: &str,
+        amount: &Resources,
+        reserve: bool,
+    ) -> Result<(), SimError> {
+        // Spread the operation over the offers on the agent, in offer order.
+        let mut left = amount.clone();
+        for o in offers {
+            if left.is_empty() {
+                break;
+            }
+            let Some(rec) = self.alloc.offer(*o) else {
+                continue;
+            };
+            let pool = if reserve {
+                rec.resources.unreserved.clone()
+            } else {
+                rec.resources
+                    .reserved
+                    .get(role)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let part = Resources::elementwise_min(&pool, &left);
+            if part.is_empty() {
+                continue;
+            }
+            let res = if reserve {
+                self.alloc.reserve(*o, role, &part)
+            } else {
+                self.alloc.unreserve(*o, role, &part)
+            };
+            res.map_err(|e| SimError::event(i, k, e.to_string()))?;
+            left = left.saturating_sub(&part);
+        }
+        if !left.is_empty() {
+            let op = if reserve { "reserve" } else { "unreserve" };
+            return Err(SimError::event(
+                i,
+                k,
+                format!("can not {op} {amount} for role {role:?}: not in the outstanding offers"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn summary(&self) -> Summary {
+        let mut s = Summary::default();
+        for role in self.alloc.role_names() {
+            s.roles.insert(
+                role.to_string(),
+                ShareSummary {
+                    allocated: self.alloc.role_allocated(role),
+                    dominant_share: self.alloc.role_share(role),
+                },
+            );
+        }
+        for (name, id) in &self.frameworks {
+            s.frameworks.insert(
+                name.clone(),
+                ShareSummary {
+                    allocated: self.alloc.framework_allocated(*id).total(),
+                    dominant_share: self.alloc.framework_share(*id),
+                },
+            );
+        }
+        s
+    }
+}
+
+/// Takes `want` (decremented) out of `from`, reservations first, then unreserved.
+pub(crate) fn take_from_offer(from: &OfferResources, want: &mut Resources) -> OfferResources {
+    let mut out = OfferResources::default();
+    for (role, r) in &from.reserved {
+        let part = Resources::elementwise_min(r, want);
+        if !part.is_empty() {
+            *want = want.saturating_sub(&part);
+            out.reserved.insert(role.clone(), part);
+        }
+    }
+    let part = Resources::elementwise_min(&from.unreserved, want);
+    *want = want.saturating_sub(&part);
+    out.unreserved = part;
+    out
+}
+
+/// Runs a scenario, writing offer and rescind lines and the final summary line to `out`.
+/// Lines written before an error stay written; the error names the event index.
+pub fn run_scenario<W: Write>(scenario: &Scenario, out: &mut W) -> Result<Summary, SimError> {
+    let c = &scenario.cluster;
+    let mut replay = Replay::new(c, out);
+    for r in &scenario.roles {
+        if let Some(w) = r.weight {
+            if !(w.is_finite() && w > 0.0) {
+                return Err(SimError::Parse(format!(
+                    "role {:?}: weight {w} must be a positive number",
+                    r.name
+                )));
+            }
+            replay.alloc.set_weight(&r.name, w);
+        }
+        let g = r
+            .quota_guarantee
+            .as_deref()
+            .map(Resources::parse)
+            .transpose();
+        let l = r.quota_limit.as_deref().map(Resources::parse).transpose();
+        let (g, l) = match (g, l) {
+            (Ok(g), Ok(l)) => (g, l),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(SimError::Parse(format!("role {:?}: {e}", r.name)))
+            }
+        };
+        if g.is_some() || l.is_some() {
+            replay.alloc.set_quota(&r.name, g, l);
+        } else {
+            replay.alloc.set_weight(&r.name, r.weight.unwrap_or(1.0));
+        }
+    }
+    let interval = c.allocation_interval_ms;
+    let last = scenario.events.last().map(|e| e.at_ms).unwrap_or(0);
+    let end = c.end_ms.unwrap_or(last.saturating_add(interval));
+    let mut next_event = 0usize;
+    let mut t: Millis = 0;
+    loop {
+        replay.expire(t)?;
+        while next_event < scenario.events.len() && scenario.events[next_event].at_ms == t {
+            let ev = scenario.events[next_event].clone();
+            replay.apply(&ev)?;
+            next_event += 1;
+        }
+        if t.is_multiple_of(interval) {
+            replay.allocate(t)?;
+        }
+        // Next point of interest: an event, a batch, an offer timeout.
+        let mut next = (t / interval + 1).saturating_mul(interval);
+        if let Some(e) = scenario.events.get(next_event) {
+            next = next.min(e.at_ms);
+        }
+        if let Some(x) = replay.alloc.next_offer_expiry() {
+            next = next.min(x.max(t + 1));
+        }
+        if next > end || next == t {
+            break;
+        }
+        t = next;
+    }
+    let summary = replay.summary();
+    serde_json::to_writer(&mut *replay.out, &SummaryLine { summary: &summary })?;
+    replay.out.write_all(b"\n")?;
+    replay.out.flush()?;
+    Ok(summary)
+}

@@ -1,0 +1,1843 @@
+//! The master's state machine: agents, frameworks, tasks and offers.
+//!
+//! PURE-ish: [`Master::handle`] takes an [`Input`] (a peer connected, sent a message,
+//! disconnected, or a timer tick) and the current time, and returns the [`Output`]s to send. It
+//! never touches a socket, a file or the clock, so it is tested without any I/O and the same
+//! code runs in the live master. Offers and fairness are delegated to the pure
+//! [`Allocator`](crate::allocator::Allocator).
+//!
+//! Rules it enforces (Mesos semantics unless noted):
+//! - An agent's name and a framework's principal come from the peer's certificate (given in
+//!   the `*Connected` inputs), never from messages.
+//! - Offers are single-use; an accept must name known, outstanding offers of the caller on one
+//!   agent, and every task must fit the offers. A bad offer rejects the whole accept (the valid
+//!   offers return to the pool); a bad task ends `ERROR` while the others launch.
+//! - Status updates from agents are forwarded to the framework and acknowledged back to the
+//!   agent only after the framework acknowledges them; an update the framework already
+//!   acknowledged is acknowledged again without redelivery.
+//! - A disconnected agent keeps its tasks for `agent_reregister_timeout_ms`; then it is lost and
+//!   its tasks are `LOST`. A disconnected framework keeps its tasks for its failover timeout;
+//!   then its tasks are killed and it is removed.
+
+pub mod view;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use gantry_sdk::protocol::*;
+
+use crate::allocator::{
+    AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources,
+};
+
+/// Identifies one live peer connection in the I/O shell.
+pub type ConnId = u64;
+
+/// Tunables of the state machine.
+#[derive(Debug, Clone)]
+pub struct MasterConfig {
+    pub allocator: AllocatorConfig,
+    /// Leadership epoch sent to peers.
+    pub epoch: u64,
+    pub heartbeat_interval_ms: u64,
+    /// An agent silent this long (no heartbeat) is disconnected.
+    pub agent_ping_timeout_ms: u64,
+    /// A disconnected agent not back within this long is lost.
+    pub agent_reregister_timeout_ms: u64,
+    /// Batch allocation interval.
+    pub allocation_interval_ms: u64,
+    /// Finished tasks kept for `/state`.
+    pub completed_tasks_kept: usize,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        Self {
+            allocator: AllocatorConfig::default(),
+            epoch: 1,
+            heartbeat_interval_ms: 1000,
+            agent_ping_timeout_ms: 15_000,
+            agent_reregister_timeout_ms: 10_000,
+            allocation_interval_ms: 1000,
+            completed_tasks_kept: 1000,
+        }
+    }
+}
+
+/// Something that happened, fed to [`Master::handle`].
+#[derive(Debug)]
+pub enum Input {
+    AgentConnected {
+        conn: ConnId,
+        name: String,
+        address: String,
+    },
+    Agent {
+        conn: ConnId,
+        msg: AgentToMaster,
+    },
+    AgentDisconnected {
+        conn: ConnId,
+    },
+    FrameworkConnected {
+        conn: ConnId,
+        principal: String,
+    },
+    Framework {
+        conn: ConnId,
+        msg: FrameworkToMaster,
+    },
+    FrameworkDisconnected {
+        conn: ConnId,
+    },
+    /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
+    Tick,
+}
+
+/// Something to do, returned by [`Master::handle`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    ToAgent(ConnId, MasterToAgent),
+    ToFramework(ConnId, MasterToFramework),
+    /// Close a connection, logging why.
+    Close {
+        conn: ConnId,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum Peer {
+    Agent {
+        name: String,
+        address: String,
+        agent: Option<AgentId>,
+    },
+    Framework {
+        principal: String,
+        framework: Option<FrameworkId>,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct AgentRec {
+    pub id: AgentId,
+    pub name: String,
+    pub hostname: String,
+    pub address: String,
+    pub conn: Option<ConnId>,
+    pub resources: Resources,
+    pub reserved: BTreeMap<String, Resources>,
+    pub attributes: Attributes,
+    pub gpus: Vec<GpuInfo>,
+    pub gpu_samples: Vec<GpuSample>,
+    pub last_seen: Millis,
+    pub disconnected_at: Option<Millis>,
+    pub tasks: HashSet<TaskId>,
+}
+
+#[derive(Debug)]
+pub(crate) struct FrameworkRec {
+    pub id: FrameworkId,
+    pub name: String,
+    pub principal: String,
+    pub roles: Vec<String>,
+    pub capabilities: Vec<Capability>,
+    pub failover_timeout_ms: u64,
+    pub conn: Option<ConnId>,
+    pub disconnected_at: Option<Millis>,
+    pub tasks: HashSet<TaskId>,
+}
+
+#[derive(Debug)]
+pub(crate) struct TaskRec {
+    pub info: TaskInfo,
+    pub framework: FrameworkId,
+    pub agent: AgentId,
+    pub state: TaskState,
+    /// What the task holds in the allocator (returned when it ends).
+    pub allocation: OfferResources,
+    /// True once `allocation` went back to the allocator.
+    pub recovered: bool,
+    /// The agent update forwarded to the framework and not yet acknowledged by it.
+    pub pending: Option<StatusUpdate>,
+    /// Updates the framework acknowledged (so agent retransmissions are not redelivered).
+    pub acked: HashSet<UpdateId>,
+    pub last_message: String,
+    pub usage: Option<TaskUsage>,
+}
+
+/// The master's state machine. See the module docs.
+pub struct Master {
+    pub(crate) config: MasterConfig,
+    pub(crate) allocator: Allocator,
+    conns: HashMap<ConnId, Peer>,
+    pub(crate) agents: HashMap<AgentId, AgentRec>,
+    agents_by_name: HashMap<String, AgentId>,
+    pub(crate) frameworks: HashMap<FrameworkId, FrameworkRec>,
+    pub(crate) tasks: HashMap<TaskId, TaskRec>,
+    pub(crate) completed: VecDeque<(TaskId, FrameworkId, AgentId, TaskState, Resources)>,
+    allocation_pending: bool,
+    last_batch: Millis,
+    /// Fresh ids: the shell seeds this with randomness; tests with a constant.
+    id_seed: u128,
+    id_counter: u128,
+    /// Microseconds the last allocation cycle took (measured by the shell).
+    pub last_cycle_us: u64,
+}
+
+fn err(conn: ConnId, kind: ErrorKind, message: impl Into<String>) -> Output {
+    Output::ToFramework(
+        conn,
+        MasterToFramework::Error {
+            kind,
+            message: message.into(),
+        },
+    )
+}
+
+impl Master {
+    /// A master with no agents or frameworks. `id_seed` makes generated ids unique per master
+    /// incarnation (pass random bits in production).
+    pub fn new(config: MasterConfig, id_seed: u128) -> Self {
+        let allocator = Allocator::new(config.allocator.clone());
+        Self {
+            config,
+            allocator,
+            conns: HashMap::new(),
+            agents: HashMap::new(),
+            agents_by_name: HashMap::new(),
+            frameworks: HashMap::new(),
+            tasks: HashMap::new(),
+            completed: VecDeque::new(),
+            allocation_pending: false,
+            last_batch: 0,
+            id_seed,
+            id_counter: 0,
+            last_cycle_us: 0,
+        }
+    }
+
+    fn next_id(&mut self) -> u128 {
+        self.id_counter += 1;
+        self.id_seed ^ self.id_counter
+    }
+
+    /// The allocator (read-only), for views and metrics.
+    pub fn allocator(&self) -> &Allocator {
+        &self.allocator
+    }
+
+    /// True when an allocation should run now (after events that free or add resources, or
+    /// when the batch interval has passed).
+    pub fn allocation_due(&self, now: Millis) -> bool {
+        self.allocation_pending
+            || now.saturating_sub(self.last_batch) >= self.config.allocation_interval_ms
+    }
+
+    /// Runs one allocation cycle and returns the offers to send.
+    pub fn allocate(&mut self, now: Millis, out: &mut Vec<Output>) {
+        self.allocation_pending = false;
+        self.last_batch = now;
+        let offers = self.allocator.allocate(now);
+        let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
+        for rec in offers {
+            match self.offer_message(&rec) {
+                Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
+                None => {
+                    self.allocator.rescind(rec.id);
+                }
+            }
+        }
+        for (fw, offers) in by_framework {
+            if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
+                out.push(Output::ToFramework(conn, MasterToFramework::Offers(offers)));
+            } else {
+                for o in offers {
+                    self.allocator.rescind(o.id);
+                }
+            }
+        }
+    }
+
+    fn offer_message(&self, rec: &OfferRecord) -> Option<Offer> {
+        let agent = self.agents.get(&rec.agent)?;
+        Some(Offer {
+            id: rec.id,
+            framework_id: rec.framework,
+            agent_id: rec.agent,
+            hostname: agent.hostname.clone(),
+            role: rec.role.clone(),
+            resources: rec.resources.unreserved.clone(),
+            reserved: rec.resources.reserved.clone(),
+            attributes: agent.attributes.clone(),
+            gpus: agent.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+        })
+    }
+
+    /// Applies one input. Offers are not made here: call [`Master::allocate`] when
+    /// [`Master::allocation_due`] says so (the shell measures the cycle time around it).
+    pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
+        let mut out = Vec::new();
+        match input {
+            Input::AgentConnected {
+                conn,
+                name,
+                address,
+            } => {
+                self.conns.insert(
+                    conn,
+                    Peer::Agent {
+                        name,
+                        address,
+                        agent: None,
+                    },
+                );
+            }
+            Input::FrameworkConnected { conn, principal } => {
+                self.conns.insert(
+                    conn,
+                    Peer::Framework {
+                        principal,
+                        framework: None,
+                    },
+                );
+            }
+            Input::Agent { conn, msg } => self.agent_message(conn, msg, now, &mut out),
+            Input::Framework { conn, msg } => self.framework_message(conn, msg, now, &mut out),
+            Input::AgentDisconnected { conn } => {
+                if let Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) = self.conns.remove(&conn)
+                {
+                    self.agent_disconnected(id, conn, now, &mut out);
+                }
+            }
+            Input::FrameworkDisconnected { conn } => {
+                if let Some(Peer::Framework {
+                    framework: Some(id),
+                    ..
+                }) = self.conns.remove(&conn)
+                {
+                    self.framework_disconnected(id, conn, now, &mut out);
+                }
+            }
+            Input::Tick => self.tick(now, &mut out),
+        }
+        out
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Agents
+
+    fn agent_message(
+        &mut self,
+        conn: ConnId,
+        msg: AgentToMaster,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(Peer::Agent {
+            name,
+            address,
+            agent,
+        }) = self.conns.get(&conn).cloned()
+        else {
+            out.push(Output::Close {
+                conn,
+                reason: "agent message on a connection that is not an agent's".into(),
+            });
+            return;
+        };
+        match (msg, agent) {
+            (
+                AgentToMaster::Register {
+                    agent_id,
+                    hostname,
+                    resources,
+                    reserved,
+                    attributes,
+                    gpus,
+                    running_tasks,
+                    pending_updates,
+                },
+                None,
+            ) => {
+                self.register_agent(
+                    conn,
+                    name,
+                    address,
+                    agent_id,
+                    hostname,
+                    resources,
+                    reserved,
+                    attributes,
+                    gpus,
+                    running_tasks,
+                    pending_updates,
+                    now,
+                    out,
+                );
+            }
+            (AgentToMaster::Register { .. }, Some(_)) => {
+                out.push(Output::Close {
+                    conn,
+                    reason: "agent registered twice on one connection".into(),
+                });
+            }
+            (_, None) => out.push(Output::Close {
+                conn,
+                reason: "agent sent a message before registering".into(),
+            }),
+            (AgentToMaster::Heartbeat, Some(id)) => {
+                if let Some(a) = self.agents.get_mut(&id) {
+                    a.last_seen = now;
+                }
+            }
+            (AgentToMaster::StatusUpdate(update), Some(id)) => {
+                self.agent_update(conn, id, update, now, out)
+            }
+            (AgentToMaster::Usage { tasks, gpus }, Some(id)) => {
+                if let Some(a) = self.agents.get_mut(&id) {
+                    a.last_seen = now;
+                    a.gpu_samples = gpus;
+                }
+                for (task_id, usage) in tasks {
+                    if let Some(t) = self.tasks.get_mut(&task_id) {
+                        if t.agent == id {
+                            t.usage = Some(usage);
+                        }
+                    }
+                }
+            }
+            (
+                AgentToMaster::GpuHealth {
+                    uuid,
+                    healthy,
+                    reason,
+                },
+                Some(id),
+            ) => self.gpu_health(id, &uuid, healthy, &reason, now, out),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn register_agent(
+        &mut self,
+        conn: ConnId,
+        name: String,
+        address: String,
+        claimed_id: Option<AgentId>,
+        hostname: String,
+        resources: Resources,
+        reserved: BTreeMap<String, Resources>,
+        attributes: Attributes,
+        gpus: Vec<GpuInfo>,
+        running: Vec<RunningTask>,
+        pending_updates: Vec<StatusUpdate>,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(role) = reserved.keys().find(|r| !valid_role(r)) {
+            out.push(Output::ToAgent(
+                conn,
+                MasterToAgent::Error {
+                    message: format!("invalid role name {role:?} in reservations"),
+                },
+            ));
+            out.push(Output::Close {
+                conn,
+                reason: format!("invalid reservation role {role:?}"),
+            });
+            return;
+        }
+        // The same name (certificate) re-registering: the same agent if it kept its id.
+        let existing = self.agents_by_name.get(&name).copied();
+        let id = match (existing, claimed_id) {
+            (Some(old), Some(claimed)) if old == claimed => Some(old),
+            (Some(old), _) => {
+                // Restarted without its state (or claims another id): the old incarnation is gone.
+                self.remove_agent(old, "agent re-registered as a new incarnation", now, out);
+                None
+            }
+            (None, _) => None,
+        };
+        let id = match id {
+            Some(id) => {
+                // Re-registration: replace the connection, reconcile tasks.
+                let (old_conn, old_resources, old_reserved) = {
+                    let a = self.agents.get_mut(&id).expect("indexed agent exists");
+                    let old = a.conn.replace(conn);
+                    a.address = address;
+                    a.hostname = hostname;
+                    a.attributes = attributes;
+                    a.gpus = gpus;
+                    a.last_seen = now;
+                    a.disconnected_at = None;
+                    let old_res = std::mem::replace(&mut a.resources, resources.clone());
+                    let old_reserved = std::mem::replace(&mut a.reserved, reserved.clone());
+                    (old, old_res, old_reserved)
+                };
+                if let Some(c) = old_conn.filter(|c| *c != conn) {
+                    self.conns.remove(&c);
+                    out.push(Output::Close {
+                        conn: c,
+                        reason: "agent reconnected on a new connection".into(),
+                    });
+                }
+                if old_resources != resources || old_reserved != reserved {
+                    for rec in self
+                        .allocator
+                        .update_agent(id, resources.clone(), reserved.clone())
+                    {
+                        self.send_rescind(&rec, out);
+                    }
+                }
+                self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                id
+            }
+            None => {
+                let id = claimed_id
+                    .filter(|c| !self.agents.contains_key(c))
+                    .unwrap_or_else(|| AgentId::from_u128(self.next_id()));
+                self.allocator
+                    .add_agent(id, &name, resources.clone(), reserved.clone());
+                self.agents.insert(
+                    id,
+                    AgentRec {
+                        id,
+                        name: name.clone(),
+                        hostname,
+                        address,
+                        conn: Some(conn),
+                        resources,
+                        reserved,
+                        attributes,
+                        gpus,
+                        gpu_samples: Vec::new(),
+                        last_seen: now,
+                        disconnected_at: None,
+                        tasks: HashSet::new(),
+                    },
+                );
+                self.agents_by_name.insert(name.clone(), id);
+                // An agent that comes back with tasks after a master restart: adopt them.
+                self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                id
+            }
+        };
+        if let Some(Peer::Agent { agent, .. }) = self.conns.get_mut(&conn) {
+            *agent = Some(id);
+        }
+        out.push(Output::ToAgent(
+            conn,
+            MasterToAgent::Registered {
+                agent_id: id,
+                epoch: self.config.epoch,
+                heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            },
+        ));
+        // Updates the agent made while it was away.
+        for update in pending_updates {
+            self.agent_update(conn, id, update, now, out);
+        }
+        self.allocation_pending = true;
+    }
+
+    /// Brings the master's view of an agent's tasks in line with what the agent reports.
+    fn reconcile_agent_tasks(
+        &mut self,
+        id: AgentId,
+        conn: ConnId,
+        running: &[RunningTask],
+        pending: &[StatusUpdate],
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let reported: HashSet<TaskId> = running
+            .iter()
+            .map(|r| r.task.task_id)
+            .chain(pending.iter().map(|u| u.task_id))
+            .collect();
+        for rt in running {
+            let tid = rt.task.task_id;
+            match self.tasks.get(&tid) {
+                Some(t) if t.agent == id => {}
+                Some(_) => {
+                    // Known on another agent: should not happen; kill the stray copy.
+                    out.push(Output::ToAgent(
+                        conn,
+                        MasterToAgent::KillTask {
+                            framework_id: rt.framework_id,
+                            task_id: tid,
+                        },
+                    ));
+                }
+                None => {
+                    if !self.frameworks.contains_key(&rt.framework_id) {
+                        // Its framework is gone (or not yet re-subscribed after a master
+                        // failover, which issue 5 handles by recovering frameworks first).
+                        out.push(Output::ToAgent(
+                            conn,
+                            MasterToAgent::KillTask {
+                                framework_id: rt.framework_id,
+                                task_id: tid,
+                            },
+                        ));
+                        continue;
+                    }
+                    let allocation = OfferResources {
+                        unreserved: rt.task.resources.clone(),
+                        reserved: BTreeMap::new(),
+                    };
+                    let role = self
+                        .frameworks
+                        .get(&rt.framework_id)
+                        .and_then(|f| f.roles.first().cloned())
+                        .unwrap_or_default();
+                    if let Err(e) =
+                        self.allocator
+                            .add_allocation(rt.framework_id, id, &role, &allocation)
+                    {
+                        tracing::warn!(task = %tid, "adopted task's resources not charged: {e}");
+                    }
+                    self.tasks.insert(
+                        tid,
+                        TaskRec {
+                            info: rt.task.clone(),
+                            framework: rt.framework_id,
+                            agent: id,
+                            state: rt.state,
+                            allocation,
+                            recovered: false,
+                            pending: None,
+                            acked: HashSet::new(),
+                            last_message: "adopted from re-registering agent".into(),
+                            usage: None,
+                        },
+                    );
+                    if let Some(f) = self.frameworks.get_mut(&rt.framework_id) {
+                        f.tasks.insert(tid);
+                    }
+                    if let Some(a) = self.agents.get_mut(&id) {
+                        a.tasks.insert(tid);
+                    }
+                }
+            }
+        }
+        // Tasks the master placed on this agent that the agent does not know: lost in flight.
+        let missing: Vec<TaskId> = self
+            .agents
+            .get(&id)
+            .map(|a| {
+                a.tasks
+                    .iter()
+                    .filter(|t| !reported.contains(t))
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for tid in missing {
+            let non_terminal = self
+                .tasks
+                .get(&tid)
+                .is_some_and(|t| !t.state.is_terminal() && t.pending.is_none());
+            if non_terminal {
+                self.master_update(
+                    tid,
+                    TaskState::Lost,
+                    "task unknown to the agent after it re-registered",
+                    now,
+                    out,
+                );
+            }
+        }
+        // Re-send kills and queued updates for this agent's tasks.
+        let kills: Vec<(FrameworkId, TaskId)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| {
+                t.agent == id
+                    && !t.state.is_terminal()
+                    && !self.frameworks.contains_key(&t.framework)
+            })
+            .map(|(tid, t)| (t.framework, *tid))
+            .collect();
+        for (fw, tid) in kills {
+            out.push(Output::ToAgent(
+                conn,
+                MasterToAgent::KillTask {
+                    framework_id: fw,
+                    task_id: tid,
+                },
+            ));
+        }
+    }
+
+    fn agent_update(
+        &mut self,
+        conn: ConnId,
+        agent: AgentId,
+        update: StatusUpdate,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(a) = self.agents.get_mut(&agent) {
+            a.last_seen = now;
+        }
+        let ack = Output::ToAgent(
+            conn,
+            MasterToAgent::Acknowledge {
+                task_id: update.task_id,
+                update_id: update.update_id,
+            },
+        );
+        let Some(task) = self.tasks.get_mut(&update.task_id) else {
+            // Unknown task (its framework was removed): nobody will acknowledge; we do.
+            out.push(ack);
+            return;
+        };
+        if task.agent != agent {
+            out.push(Output::Close {
+                conn,
+                reason: format!(
+                    "status update for task {} which runs on another agent",
+                    update.task_id
+                ),
+            });
+            return;
+        }
+        if task.acked.contains(&update.update_id) {
+            out.push(ack);
+            return;
+        }
+        let was_terminal = task.state.is_terminal();
+        if !was_terminal || update.state.is_terminal() {
+            task.state = update.state;
+        }
+        task.last_message = update.message.clone();
+        let framework = task.framework;
+        let mut update = update;
+        update.agent_id = Some(agent);
+        update.framework_id = framework;
+        task.pending = Some(update.clone());
+        if update.state.is_terminal() {
+            self.release_task_resources(update.task_id);
+        }
+        match self.frameworks.get(&framework) {
+            Some(f) => {
+                if let Some(fconn) = f.conn {
+                    out.push(Output::ToFramework(
+                        fconn,
+                        MasterToFramework::Update(update),
+                    ));
+                }
+            }
+            None => {
+                // Framework removed: acknowledge on its behalf.
+                out.push(ack);
+                self.finish_task_if_done(update_task_id(&update));
+            }
+        }
+    }
+
+    /// Returns a terminal task's resources to the allocator once.
+    fn release_task_resources(&mut self, tid: TaskId) {
+        let Some(task) = self.tasks.get_mut(&tid) else {
+            return;
+        };
+        if task.recovered {
+            return;
+        }
+        task.recovered = true;
+        let (fw, agent, alloc) = (task.framework, task.agent, task.allocation.clone());
+        if self.frameworks.contains_key(&fw) && self.agents.contains_key(&agent) {
+            self.allocator.recover(fw, agent, &alloc);
+            self.allocation_pending = true;
+        }
+    }
+
+    /// Moves a terminal, acknowledged task to the completed list.
+    fn finish_task_if_done(&mut self, tid: TaskId) {
+        let done = self
+            .tasks
+            .get(&tid)
+            .is_some_and(|t| t.state.is_terminal() && t.pending.is_none());
+        let fw_gone = self
+            .tasks
+            .get(&tid)
+            .is_some_and(|t| !self.frameworks.contains_key(&t.framework));
+        if !(done || fw_gone && self.tasks.get(&tid).is_some_and(|t| t.state.is_terminal())) {
+            return;
+        }
+        let Some(task) = self.tasks.remove(&tid) else {
+            return;
+        };
+        if let Some(a) = self.agents.get_mut(&task.agent) {
+            a.tasks.remove(&tid);
+        }
+        if let Some(f) = self.frameworks.get_mut(&task.framework) {
+            f.tasks.remove(&tid);
+        }
+        self.completed.push_back((
+            tid,
+            task.framework,
+            task.agent,
+            task.state,
+            task.info.resources,
+        ));
+        while self.completed.len() > self.config.completed_tasks_kept {
+            self.completed.pop_front();
+        }
+    }
+
+    /// A status update made by the master itself (LOST, ERROR, KILLED of a task no agent runs).
+    fn master_update(
+        &mut self,
+        tid: TaskId,
+        state: TaskState,
+        message: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(task) = self.tasks.get_mut(&tid) else {
+            return;
+        };
+        task.state = state;
+        task.last_message = message.to_string();
+        let update = StatusUpdate {
+            update_id: UpdateId::from_u128(
+                self.id_seed ^ (u128::from(now) << 64) ^ tid.0.as_u128(),
+            ),
+            task_id: tid,
+            framework_id: task.framework,
+            agent_id: Some(task.agent),
+            state,
+            source: UpdateSource::Master,
+            message: message.to_string(),
+            exit_code: None,
+            signal: None,
+            timestamp_ms: now,
+            reconciliation: false,
+        };
+        let fw = task.framework;
+        if state.is_terminal() {
+            task.pending = None;
+            self.release_task_resources(tid);
+        }
+        if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
+            out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+        }
+        if state.is_terminal() {
+            self.finish_task_if_done(tid);
+        }
+    }
+
+    fn gpu_health(
+        &mut self,
+        agent: AgentId,
+        uuid: &str,
+        healthy: bool,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(a) = self.agents.get_mut(&agent) else {
+            return;
+        };
+        let Some(gpu) = a.gpus.iter_mut().find(|g| g.uuid == uuid) else {
+            return;
+        };
+        if gpu.healthy == healthy {
+            return;
+        }
+        gpu.healthy = healthy;
+        let healthy_count = a.gpus.iter().filter(|g| g.healthy).count() as u64;
+        let mut resources = a.resources.clone();
+        resources.set_milli(
+            "gpus",
+            healthy_count * gantry_sdk::protocol::resources::MILLI,
+        );
+        a.resources = resources.clone();
+        let reserved = a.reserved.clone();
+        tracing::warn!(%agent, gpu = uuid, healthy, reason, "GPU health changed");
+        for rec in self.allocator.update_agent(agent, resources, reserved) {
+            self.send_rescind(&rec, out);
+        }
+        let _ = now;
+        self.allocation_pending = true;
+    }
+
+    fn agent_disconnected(
+        &mut self,
+        id: AgentId,
+        conn: ConnId,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(a) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if a.conn != Some(conn) {
+            return;
+        }
+        a.conn = None;
+        a.disconnected_at = Some(now);
+        tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
+        // Its outstanding offers can no longer be used.
+        let offers: Vec<OfferId> = self
+            .allocator
+            .outstanding_offers()
+            .filter(|o| o.agent == id)
+            .map(|o| o.id)
+            .collect();
+        for oid in offers {
+            if let Some(rec) = self.allocator.rescind(oid) {
+                self.send_rescind(&rec, out);
+            }
+        }
+    }
+
+    fn remove_agent(&mut self, id: AgentId, reason: &str, now: Millis, out: &mut Vec<Output>) {
+        let tasks: Vec<TaskId> = self
+            .agents
+            .get(&id)
+            .map(|a| a.tasks.iter().copied().collect())
+            .unwrap_or_default();
+        for tid in tasks {
+            if let Some(t) = self.tasks.get_mut(&tid) {
+                t.recovered = true; // the agent's resources leave with it
+                if !t.state.is_terminal() || t.pending.is_some() {
+                    t.pending = None;
+                    self.master_update(tid, TaskState::Lost, reason, now, out);
+                }
+                self.finish_task_if_done(tid);
+                self.tasks.remove(&tid);
+            }
+        }
+        for rec in self.allocator.remove_agent(id) {
+            self.send_rescind(&rec, out);
+        }
+        if let Some(a) = self.agents.remove(&id) {
+            self.agents_by_name.remove(&a.name);
+            if let Some(c) = a.conn {
+                self.conns.remove(&c);
+                out.push(Output::Close {
+                    conn: c,
+                    reason: reason.to_string(),
+                });
+            }
+            tracing::warn!(agent = %a.name, reason, "agent removed");
+        }
+    }
+
+    fn send_rescind(&self, rec: &OfferRecord, out: &mut Vec<Output>) {
+        if let Some(conn) = self.frameworks.get(&rec.framework).and_then(|f| f.conn) {
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::Rescind { offer_id: rec.id },
+            ));
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Frameworks
+
+    fn framework_message(
+        &mut self,
+        conn: ConnId,
+        msg: FrameworkToMaster,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(Peer::Framework {
+            principal,
+            framework,
+        }) = self.conns.get(&conn).cloned()
+        else {
+            out.push(Output::Close {
+                conn,
+                reason: "framework message on a connection that is not a framework's".into(),
+            });
+            return;
+        };
+        let fw = match (msg, framework) {
+            (FrameworkToMaster::Subscribe(info), None) => {
+                return self.subscribe(conn, principal, info, now, out)
+            }
+            (FrameworkToMaster::Subscribe(_), Some(_)) => {
+                out.push(err(
+                    conn,
+                    ErrorKind::InvalidRequest,
+                    "already subscribed on this connection",
+                ));
+                return;
+            }
+            (_, None) => {
+                out.push(err(conn, ErrorKind::NotSubscribed, "subscribe first"));
+                out.push(Output::Close {
+                    conn,
+                    reason: "framework message before subscribing".into(),
+                });
+                return;
+            }
+            (msg, Some(fw)) => (msg, fw),
+        };
+        let (msg, fw) = fw;
+        match msg {
+            FrameworkToMaster::Subscribe(_) => unreachable!("handled above"),
+            FrameworkToMaster::Accept {
+                offer_ids,
+                operations,
+                refuse_seconds,
+            } => self.accept(conn, fw, offer_ids, operations, refuse_seconds, now, out),
+            FrameworkToMaster::Decline {
+                offer_ids,
+                refuse_seconds,
+            } => {
+                let refuse = match refuse_ms(refuse_seconds) {
+                    Ok(r) => r,
+                    Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
+                };
+                for oid in offer_ids {
+                    match self.allocator.offer(oid) {
+                        Some(o) if o.framework == fw => {
+                            let _ = self.allocator.decline(oid, refuse, now);
+                        }
+                        _ => out.push(err(
+                            conn,
+                            ErrorKind::UnknownOffer,
+                            format!("decline: offer {oid} is not outstanding for this framework"),
+                        )),
+                    }
+                }
+            }
+            FrameworkToMaster::Kill { task_id } => match self.tasks.get(&task_id) {
+                Some(t) if t.framework == fw => {
+                    if t.state.is_terminal() {
+                        return;
+                    }
+                    match self.agents.get(&t.agent).and_then(|a| a.conn) {
+                        Some(aconn) => out.push(Output::ToAgent(
+                            aconn,
+                            MasterToAgent::KillTask {
+                                framework_id: fw,
+                                task_id,
+                            },
+                        )),
+                        None => {
+                            if !self.agents.contains_key(&t.agent) {
+                                self.master_update(
+                                    task_id,
+                                    TaskState::Lost,
+                                    "agent is gone",
+                                    now,
+                                    out,
+                                );
+                            }
+                            // Otherwise the agent is disconnected: the kill is sent again
+                            // when the framework retries after reconciling.
+                        }
+                    }
+                }
+                _ => out.push(err(
+                    conn,
+                    ErrorKind::UnknownTask,
+                    format!("kill: task {task_id} is unknown"),
+                )),
+            },
+            FrameworkToMaster::Reconcile { task_ids } => {
+                self.reconcile(conn, fw, task_ids, now, out)
+            }
+            FrameworkToMaster::Suppress { roles } => {
+                if roles.is_empty() {
+                    self.allocator.suppress(fw, None);
+                } else {
+                    for r in &roles {
+                        self.allocator.suppress(fw, Some(r));
+                    }
+                }
+            }
+            FrameworkToMaster::Revive { roles } => {
+                if roles.is_empty() {
+                    self.allocator.revive(fw, None);
+                } else {
+                    for r in &roles {
+                        self.allocator.revive(fw, Some(r));
+                    }
+                }
+                self.allocation_pending = true;
+            }
+            FrameworkToMaster::Acknowledge { task_id, update_id } => {
+                let Some(task) = self.tasks.get_mut(&task_id) else {
+                    return;
+                };
+                if task.framework != fw
+                    || task.pending.as_ref().map(|u| u.update_id) != Some(update_id)
+                {
+                    return;
+                }
+                task.pending = None;
+                task.acked.insert(update_id);
+                if let Some(aconn) = self.agents.get(&task.agent).and_then(|a| a.conn) {
+                    out.push(Output::ToAgent(
+                        aconn,
+                        MasterToAgent::Acknowledge { task_id, update_id },
+                    ));
+                }
+                self.finish_task_if_done(task_id);
+            }
+            FrameworkToMaster::SetDemand { demand } => {
+                if let Some(d) = &demand {
+                    if d.task.is_empty() {
+                        return out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            "demand task shape is empty",
+                        ));
+                    }
+                }
+                self.allocator.set_demand(fw, demand);
+                self.allocation_pending = true;
+            }
+            FrameworkToMaster::Teardown => {
+                self.remove_framework(fw, "framework tore down", out);
+                self.conns.remove(&conn);
+                out.push(Output::Close {
+                    conn,
+                    reason: "framework tore down".into(),
+                });
+            }
+        }
+    }
+
+    fn subscribe(
+        &mut self,
+        conn: ConnId,
+        principal: String,
+        info: FrameworkInfo,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let invalid = if info.roles.is_empty() {
+            Some("a framework needs at least one role".to_string())
+        } else if let Some(r) = info.roles.iter().find(|r| !valid_role(r)) {
+            Some(format!("invalid role name {r:?}"))
+        } else if info.name.is_empty() || info.name.len() > 256 {
+            Some("framework name must be 1-256 characters".to_string())
+        } else if !info.failover_timeout_secs.is_finite() || info.failover_timeout_secs < 0.0 {
+            Some("failover timeout must be a non-negative number of seconds".to_string())
+        } else {
+            None
+        };
+        if let Some(message) = invalid {
+            out.push(err(conn, ErrorKind::InvalidRequest, message.clone()));
+            out.push(Output::Close {
+                conn,
+                reason: message,
+            });
+            return;
+        }
+        let failover_timeout_ms = (info.failover_timeout_secs.min(365.0 * 86400.0) * 1000.0) as u64;
+        let id = match info
+            .framework_id
+            .and_then(|id| self.frameworks.get(&id).map(|f| (id, f.principal.clone())))
+        {
+            Some((id, owner)) if owner == principal => {
+                // Failover: the same principal takes its framework back.
+                let old_conn = {
+                    let f = self.frameworks.get_mut(&id).expect("checked above");
+                    f.name = info.name.clone();
+                    f.failover_timeout_ms = failover_timeout_ms;
+                    f.disconnected_at = None;
+                    f.conn.replace(conn)
+                };
+                if let Some(c) = old_conn.filter(|c| *c != conn) {
+                    // The old connection's offers die with it.
+                    self.conns.remove(&c);
+                    out.push(Output::Close {
+                        conn: c,
+                        reason: "framework re-subscribed elsewhere".into(),
+                    });
+                    let offers: Vec<OfferId> = self
+                        .allocator
+                        .outstanding_offers()
+                        .filter(|o| o.framework == id)
+                        .map(|o| o.id)
+                        .collect();
+                    for o in offers {
+                        self.allocator.rescind(o);
+                    }
+                }
+                self.allocator.revive(id, None);
+                id
+            }
+            Some(_) => {
+                let message = "framework id belongs to another principal".to_string();
+                out.push(err(conn, ErrorKind::InvalidRequest, message.clone()));
+                out.push(Output::Close {
+                    conn,
+                    reason: message,
+                });
+                return;
+            }
+            None => {
+                let id = info
+                    .framework_id
+                    .unwrap_or_else(|| FrameworkId::from_u128(self.next_id()));
+                let gpu = info.capabilities.contains(&Capability::GpuResources);
+                self.allocator
+                    .add_framework(id, &info.name, &info.roles, gpu, None);
+                self.frameworks.insert(
+                    id,
+                    FrameworkRec {
+                        id,
+                        name: info.name.clone(),
+                        principal: principal.clone(),
+                        roles: info.roles.clone(),
+                        capabilities: info.capabilities.clone(),
+                        failover_timeout_ms,
+                        conn: Some(conn),
+                        disconnected_at: None,
+                        tasks: HashSet::new(),
+                    },
+                );
+                id
+            }
+        };
+        if let Some(Peer::Framework { framework, .. }) = self.conns.get_mut(&conn) {
+            *framework = Some(id);
+        }
+        tracing::info!(framework = %id, name = %info.name, %principal, "framework subscribed");
+        out.push(Output::ToFramework(
+            conn,
+            MasterToFramework::Subscribed {
+                framework_id: id,
+                epoch: self.config.epoch,
+                heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            },
+        ));
+        // Redeliver updates the framework has not acknowledged yet.
+        let mut pending: Vec<StatusUpdate> = self
+            .frameworks
+            .get(&id)
+            .map(|f| {
+                f.tasks
+                    .iter()
+                    .filter_map(|t| self.tasks.get(t)?.pending.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        pending.sort_by_key(|u| u.timestamp_ms);
+        for u in pending {
+            out.push(Output::ToFramework(conn, MasterToFramework::Update(u)));
+        }
+        let _ = now;
+        self.allocation_pending = true;
+    }
+
+    fn framework_disconnected(
+        &mut self,
+        id: FrameworkId,
+        conn: ConnId,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(f) = self.frameworks.get_mut(&id) else {
+            return;
+        };
+        if f.conn != Some(conn) {
+            return;
+        }
+        f.conn = None;
+        f.disconnected_at = Some(now);
+        tracing::info!(framework = %id, "framework disconnected; keeping its tasks for its failover timeout");
+        let offers: Vec<OfferId> = self
+            .allocator
+            .outstanding_offers()
+            .filter(|o| o.framework == id)
+            .map(|o| o.id)
+            .collect();
+        for o in offers {
+            self.allocator.rescind(o);
+        }
+        // No offers while it is away.
+        self.allocator.suppress(id, None);
+        let _ = out;
+    }
+
+    fn remove_framework(&mut self, id: FrameworkId, reason: &str, out: &mut Vec<Output>) {
+        let Some(f) = self.frameworks.remove(&id) else {
+            return;
+        };
+        tracing::info!(framework = %id, reason, "framework removed");
+        for rec in self.allocator.remove_framework(id) {
+            let _ = rec;
+        }
+        for tid in f.tasks {
+            let Some(t) = self.tasks.get_mut(&tid) else {
+                continue;
+            };
+            t.recovered = true; // freed by remove_framework
+            t.pending = None;
+            if t.state.is_terminal() {
+                self.finish_task_if_done(tid);
+            } else if let Some(aconn) = self.agents.get(&t.agent).and_then(|a| a.conn) {
+                out.push(Output::ToAgent(
+                    aconn,
+                    MasterToAgent::KillTask {
+                        framework_id: id,
+                        task_id: tid,
+                    },
+                ));
+            }
+        }
+        self.allocation_pending = true;
+    }
+
+    fn reconcile(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        task_ids: Vec<TaskId>,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let ids: Vec<TaskId> = if task_ids.is_empty() {
+            self.frameworks
+                .get(&fw)
+                .map(|f| f.tasks.iter().copied().collect())
+                .unwrap_or_default()
+        } else {
+            task_ids
+        };
+        for tid in ids {
+            let (state, agent, message) = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
+                Some(t) => (t.state, Some(t.agent), t.last_message.clone()),
+                None => match self
+                    .completed
+                    .iter()
+                    .rev()
+                    .find(|c| c.0 == tid && c.1 == fw)
+                {
+                    Some(c) => (c.3, Some(c.2), "completed".to_string()),
+                    None => (TaskState::Lost, None, "unknown task".to_string()),
+                },
+            };
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::Update(StatusUpdate {
+                    update_id: UpdateId::from_u128(self.next_id()),
+                    task_id: tid,
+                    framework_id: fw,
+                    agent_id: agent,
+                    state,
+                    source: UpdateSource::Master,
+                    message,
+                    exit_code: None,
+                    signal: None,
+                    timestamp_ms: now,
+                    reconciliation: true,
+                }),
+            ));
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn accept(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        offer_ids: Vec<OfferId>,
+        operations: Vec<Operation>,
+        refuse_seconds: Option<f64>,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        // 1. The offers: known, ours, distinct, one agent.
+        let mut problem: Option<(ErrorKind, String)> = None;
+        let mut offers: Vec<OfferRecord> = Vec::new();
+        if offer_ids.is_empty() {
+            problem = Some((ErrorKind::InvalidRequest, "accept names no offer".into()));
+        }
+        for oid in &offer_ids {
+            match self.allocator.offer(*oid) {
+                Some(o) if o.framework == fw && !offers.iter().any(|x| x.id == *oid) => {
+                    offers.push(o.clone())
+                }
+                Some(o) if o.framework == fw => {
+                    problem = Some((
+                        ErrorKind::InvalidRequest,
+                        format!("offer {oid} named twice"),
+                    ))
+                }
+                _ => {
+                    problem = Some((
+                        ErrorKind::UnknownOffer,
+                        format!("offer {oid} is unknown, already used, rescinded or expired"),
+                    ))
+                }
+            }
+        }
+        let refuse = match refuse_ms(refuse_seconds) {
+            Ok(r) => r,
+            Err(m) => {
+                problem.get_or_insert((ErrorKind::InvalidRequest, m));
+                None
+            }
+        };
+        let agent_id = offers.first().map(|o| o.agent);
+        if offers.iter().any(|o| Some(o.agent) != agent_id) {
+            problem.get_or_insert((
+                ErrorKind::InvalidRequest,
+                "offers of one accept must be on one agent".into(),
+            ));
+        }
+        let agent_conn = agent_id
+            .and_then(|a| self.agents.get(&a))
+            .and_then(|a| a.conn);
+        if problem.is_none() && agent_conn.is_none() {
+            problem = Some((
+                ErrorKind::UnknownAgent,
+                "the offers' agent is unknown or disconnected".into(),
+            ));
+        }
+        if let Some((kind, message)) = problem {
+            for o in &offers {
+                let _ = self.allocator.decline(o.id, Some(0), now);
+            }
+            self.allocation_pending = true;
+            out.push(err(conn, kind, format!("accept rejected: {message}")));
+            return;
+        }
+        let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else {
+            return;
+        };
+
+        // 2. Draw each task from the pool of offered resources.
+        let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
+        let offer_list: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
+        let mut used: Vec<OfferResources> = vec![OfferResources::default(); offers.len()];
+        let mut launches: Vec<(TaskInfo, OfferResources)> = Vec::new();
+        let mut seen_ids: HashSet<TaskId> = HashSet::new();
+        for op in operations {
+            match op {
+                Operation::Launch { tasks } => {
+                    for task in tasks {
+                        let tid = task.task_id;
+                        let invalid = if self.tasks.contains_key(&tid) || !seen_ids.insert(tid) {
+                            Some(format!("task id {tid} is already in use"))
+                        } else {
+                            validate_task(&task)
+                        };
+                        if let Some(reason) = invalid {
+                            self.error_update(
+                                conn,
+                                fw,
+                                &task,
+                                ErrorKind::InvalidTask,
+                                &reason,
+                                now,
+                                out,
+                            );
+                            continue;
+                        }
+                        match draw(&mut pool, &mut used, &task.resources) {
+                            Some(alloc) => launches.push((task, alloc)),
+                            None => {
+                                let total: Resources = pool
+                                    .iter()
+                                    .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
+                                let reason = format!(
+                                    "task {tid} needs {} but the offers have only {total} left",
+                                    task.resources
+                                );
+                                self.error_update(
+                                    conn,
+                                    fw,
+                                    &task,
+                                    ErrorKind::InsufficientResources,
+                                    &reason,
+                                    now,
+                                    out,
+                                );
+                            }
+                        }
+                    }
+                }
+                Operation::Reserve { role, resources } => {
+                    if let Err(m) = self.reserve_op(
+                        fw,
+                        agent_id,
+                        &role,
+                        &resources,
+                        &offer_list,
+                        &mut pool,
+                        &mut used,
+                        true,
+                    ) {
+                        out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            format!("reserve: {m}"),
+                        ));
+                    }
+                }
+                Operation::Unreserve { role, resources } => {
+                    if let Err(m) = self.reserve_op(
+                        fw,
+                        agent_id,
+                        &role,
+                        &resources,
+                        &offer_list,
+                        &mut pool,
+                        &mut used,
+                        false,
+                    ) {
+                        out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            format!("unreserve: {m}"),
+                        ));
+                    }
+                }
+            }
+        }
+
+        // 3. Settle the offers with the allocator: used parts stay, the rest is filtered.
+        for (o, u) in offers.iter().zip(&used) {
+            if let Err(e) = self.allocator.accept(o.id, u, refuse, now) {
+                tracing::error!(offer = %o.id, "allocator refused a validated accept: {e}");
+            }
+        }
+
+        // 4. Launch.
+        for (task, allocation) in launches {
+            let tid = task.task_id;
+            self.tasks.insert(
+                tid,
+                TaskRec {
+                    info: task.clone(),
+                    framework: fw,
+                    agent: agent_id,
+                    state: TaskState::Staging,
+                    allocation,
+                    recovered: false,
+                    pending: None,
+                    acked: HashSet::new(),
+                    last_message: "launched".into(),
+                    usage: None,
+                },
+            );
+            if let Some(f) = self.frameworks.get_mut(&fw) {
+                f.tasks.insert(tid);
+            }
+            if let Some(a) = self.agents.get_mut(&agent_id) {
+                a.tasks.insert(tid);
+            }
+            out.push(Output::ToAgent(
+                agent_conn,
+                MasterToAgent::RunTask {
+                    framework_id: fw,
+                    task,
+                },
+            ));
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::Update(StatusUpdate {
+                    update_id: UpdateId::from_u128(self.next_id()),
+                    task_id: tid,
+                    framework_id: fw,
+                    agent_id: Some(agent_id),
+                    state: TaskState::Staging,
+                    source: UpdateSource::Master,
+                    message: "sent to agent".into(),
+                    exit_code: None,
+                    signal: None,
+                    timestamp_ms: now,
+                    reconciliation: false,
+                }),
+            ));
+        }
+    }
+
+    /// Applies a RESERVE (or UNRESERVE) operation to the accept's pool and the allocator.
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_op(
+        &mut self,
+        fw: FrameworkId,
+        agent: AgentId,
+        role: &str,
+        resources: &Resources,
+        offer_ids: &[OfferId],
+        pool: &mut [OfferResources],
+        used: &mut [OfferResources],
+        reserve: bool,
+    ) -> Result<(), String> {
+        let roles = self
+            .frameworks
+            .get(&fw)
+            .map(|f| f.roles.clone())
+            .unwrap_or_default();
+        if !roles
+            .iter()
+            .any(|r| r == role || role.starts_with(&format!("{r}/")))
+        {
+            return Err(format!(
+                "role {role:?} is not one of this framework's roles"
+            ));
+        }
+        if resources.is_empty() {
+            return Err("no resources named".into());
+        }
+        // Find one offer in the pool that holds the source resources.
+        for (i, (p, u)) in pool.iter_mut().zip(used.iter_mut()).enumerate() {
+            let fits = if reserve {
+                p.unreserved.contains(resources)
+            } else {
+                p.reserved.get(role).is_some_and(|r| r.contains(resources))
+            };
+            if !fits {
+                continue;
+            }
+            let result = if reserve {
+                self.allocator.reserve(offer_ids[i], role, resources)
+            } else {
+                self.allocator.unreserve(offer_ids[i], role, resources)
+            };
+            result.map_err(|e: AllocError| e.to_string())?;
+            if reserve {
+                p.unreserved.checked_sub_assign(resources);
+                p.reserved
+                    .entry(role.to_string())
+                    .or_default()
+                    .add_assign(resources);
+            } else {
+                if let Some(r) = p.reserved.get_mut(role) {
+                    r.checked_sub_assign(resources);
+                    if r.is_empty() {
+                        p.reserved.remove(role);
+                    }
+                }
+                p.unreserved.add_assign(resources);
+            }
+            let _ = u;
+            if let Some(a) = self.agents.get_mut(&agent) {
+                if reserve {
+                    a.resources = a.resources.saturating_sub(resources);
+                    a.reserved
+                        .entry(role.to_string())
+                        .or_default()
+                        .add_assign(resources);
+                } else {
+                    if let Some(r) = a.reserved.get_mut(role) {
+                        *r = r.saturating_sub(resources);
+                        if r.is_empty() {
+                            a.reserved.remove(role);
+                        }
+                    }
+                    a.resources.add_assign(resources);
+                }
+            }
+            return Ok(());
+        }
+        Err(format!(
+            "{resources} is not available {} in the offers",
+            if reserve { "unreserved" } else { "reserved" }
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn error_update(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        task: &TaskInfo,
+        kind: ErrorKind,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        out.push(err(conn, kind, reason.to_string()));
+        out.push(Output::ToFramework(
+            conn,
+            MasterToFramework::Update(StatusUpdate {
+                update_id: UpdateId::from_u128(self.next_id()),
+                task_id: task.task_id,
+                framework_id: fw,
+                agent_id: None,
+                state: TaskState::Error,
+                source: UpdateSource::Master,
+                message: reason.to_string(),
+                exit_code: None,
+                signal: None,
+                timestamp_ms: now,
+                reconciliation: false,
+            }),
+        ));
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Timers
+
+    fn tick(&mut self, now: Millis, out: &mut Vec<Output>) {
+        // Silent agents are disconnected.
+        let silent: Vec<(AgentId, ConnId)> = self
+            .agents
+            .values()
+            .filter_map(|a| {
+                a.conn
+                    .filter(|_| now.saturating_sub(a.last_seen) > self.config.agent_ping_timeout_ms)
+                    .map(|c| (a.id, c))
+            })
+            .collect();
+        for (id, c) in silent {
+            self.conns.remove(&c);
+            out.push(Output::Close {
+                conn: c,
+                reason: "agent missed its heartbeats".into(),
+            });
+            self.agent_disconnected(id, c, now, out);
+        }
+        // Disconnected agents that did not come back are lost.
+        let lost: Vec<AgentId> = self
+            .agents
+            .values()
+            .filter(|a| {
+                a.disconnected_at.is_some_and(|t| {
+                    now.saturating_sub(t) > self.config.agent_reregister_timeout_ms
+                })
+            })
+            .map(|a| a.id)
+            .collect();
+        for id in lost {
+            self.remove_agent(id, "agent lost: did not re-register in time", now, out);
+        }
+        // Frameworks past their failover timeout are removed and their tasks killed.
+        let expired: Vec<FrameworkId> = self
+            .frameworks
+            .values()
+            .filter(|f| {
+                f.disconnected_at
+                    .is_some_and(|t| now.saturating_sub(t) > f.failover_timeout_ms)
+            })
+            .map(|f| f.id)
+            .collect();
+        for id in expired {
+            self.remove_framework(id, "failover timeout expired", out);
+        }
+        for rec in self.allocator.expire_offers(now) {
+            self.send_rescind(&rec, out);
+        }
+    }
+}
+
+fn update_task_id(u: &StatusUpdate) -> TaskId {
+    u.task_id
+}
+
+/// Role names: `eng` or hierarchical `eng/ml`; segments of `[A-Za-z0-9_.-]`, not `.`/`..`.
+pub fn valid_role(role: &str) -> bool {
+    !role.is_empty()
+        && role.len() <= 128
+        && role.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        })
+}
+
+fn refuse_ms(refuse_seconds: Option<f64>) -> Result<Option<Millis>, String> {
+    match refuse_seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => {
+            Ok(Some((s.min(365.0 * 86400.0) * 1000.0) as Millis))
+        }
+        Some(s) => Err(format!("refuse_seconds {s} is not a non-negative number")),
+    }
+}
+
+/// Why a task is invalid on its own (before looking at offers), if it is.
+fn validate_task(task: &TaskInfo) -> Option<String> {
+    let tid = task.task_id;
+    if task.name.is_empty() || task.name.len() > 256 {
+        return Some(format!("task {tid}: name must be 1-256 characters"));
+    }
+    if task.command.trim().is_empty() {
+        return Some(format!("task {tid}: empty command"));
+    }
+    if task.command.len() > 64 * 1024 {
+        return Some(format!("task {tid}: command longer than 64 KiB"));
+    }
+    if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
+        return Some(format!("task {tid}: must request some cpus or mem"));
+    }
+    if !task
+        .resources
+        .milli("gpus")
+        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
+    {
+        return Some(format!("task {tid}: gpus must be a whole number"));
+    }
+    if task
+        .env
+        .keys()
+        .any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        || task.env.values().any(|v| v.contains('\0'))
+    {
+        return Some(format!("task {tid}: invalid environment variable"));
+    }
+    None
+}
+
+/// Takes `need` out of the pool of offers (reserved parts first, then unreserved), recording
+/// per-offer use. Returns what the task holds, or `None` (pool untouched) if it does not fit.
+fn draw(
+    pool: &mut [OfferResources],
+    used: &mut [OfferResources],
+    need: &Resources,
+) -> Option<OfferResources> {
+    let total = pool
+        .iter()
+        .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
+    if !total.contains(need) {
+        return None;
+    }
+    let mut remaining = need.clone();
+    let mut holding = OfferResources::default();
+    for (p, u) in pool.iter_mut().zip(used.iter_mut()) {
+        let roles: Vec<String> = p.reserved.keys().cloned().collect();
+        for role in roles {
+            let Some(avail) = p.reserved.get_mut(&role) else {
+                continue;
+            };
+            let take = avail.elementwise_min(&remaining);
+            if take.is_empty() {
+                continue;
+            }
+            avail.checked_sub_assign(&take);
+            if avail.is_empty() {
+                p.reserved.remove(&role);
+            }
+            remaining = remaining.saturating_sub(&take);
+            u.reserved
+                .entry(role.clone())
+                .or_default()
+                .add_assign(&take);
+            holding.reserved.entry(role).or_default().add_assign(&take);
+        }
+        let take = p.unreserved.elementwise_min(&remaining);
+        if !take.is_empty() {
+            p.unreserved.checked_sub_assign(&take);
+            remaining = remaining.saturating_sub(&take);
+            u.unreserved.add_assign(&take);
+            holding.unreserved.add_assign(&take);
+        }
+        if remaining.is_empty() {
+            break;
+        }
+    }
+    Some(holding)
+}

@@ -1,0 +1,971 @@
+//! # gantry-nvml-standin
+//!
+//! A stand-in for `libnvidia-ml.so` for machines without NVIDIA GPUs. Built as a `cdylib`, it
+//! exports (with the real NVML C ABI) every NVML function the Gantry agent calls through
+//! `nvml-wrapper`, answering from a configuration file named by the environment variable
+//! [`config::CONFIG_ENV`] (`GANTRY_NVML_STANDIN_CONFIG`). The agent loads it with
+//! `--nvml-lib target/debug/libgantry_nvml_standin.so`, so tests exercise the production path.
+//!
+//! Rules kept by every exported function: never unwind across `extern "C"` (each body runs in
+//! `catch_unwind` and a panic becomes `NVML_ERROR_UNKNOWN`); strings are NUL-terminated inside
+//! the caller's buffer, or `NVML_ERROR_INSUFFICIENT_SIZE` is returned; every call re-reads the
+//! configuration file, so tests inject XID events or change processes at run time.
+//!
+//! Build it with `cargo build -p gantry-nvml-standin`; [`config::library_path`] finds it.
+
+#![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
+
+pub mod config;
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_char, c_int, c_uint, c_ulong, c_ulonglong, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use config::{EventKind, GpuSpec, StandinConfig, CONFIG_ENV};
+
+/// `nvmlReturn_t`.
+pub type nvmlReturn_t = c_uint;
+/// Opaque device handle.
+pub type nvmlDevice_t = *mut c_void;
+/// Opaque event-set handle.
+pub type nvmlEventSet_t = *mut c_void;
+
+pub const NVML_SUCCESS: nvmlReturn_t = 0;
+pub const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
+pub const NVML_ERROR_NOT_SUPPORTED: nvmlReturn_t = 3;
+pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: nvmlReturn_t = 9;
+pub const NVML_ERROR_TIMEOUT: nvmlReturn_t = 10;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
+pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
+
+/// `nvmlEventTypeSingleBitEccError`.
+pub const EVENT_SINGLE_BIT_ECC: u64 = 0x1;
+/// `nvmlEventTypeDoubleBitEccError`.
+pub const EVENT_DOUBLE_BIT_ECC: u64 = 0x2;
+/// `nvmlEventTypeXidCriticalError`.
+pub const EVENT_XID: u64 = 0x8;
+const SUPPORTED_EVENTS: u64 = EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_XID;
+
+/// `nvmlPciInfo_t` (v3 layout).
+#[repr(C)]
+pub struct nvmlPciInfo_t {
+    pub busIdLegacy: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pciDeviceId: c_uint,
+    pub pciSubSystemId: c_uint,
+    pub busId: [c_char; 32],
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct nvmlMemory_t {
+    pub total: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: c_ulonglong,
+    pub reserved: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+pub struct nvmlUtilization_t {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// `nvmlProcessInfo_t` (v2/v3 layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct nvmlProcessInfo_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: c_ulonglong,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
+/// `nvmlEventData_t`.
+#[repr(C)]
+pub struct nvmlEventData_t {
+    pub device: nvmlDevice_t,
+    pub eventType: c_ulonglong,
+    pub eventData: c_ulonglong,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
+const MAX_GPUS: usize = 64;
+/// Device handles point into this array; the offset is the GPU index.
+static HANDLES: [u8; MAX_GPUS] = [0; MAX_GPUS];
+
+struct EventSetState {
+    /// GPU index -> registered event mask.
+    registered: HashMap<u32, u64>,
+    delivered: HashSet<u64>,
+}
+
+struct State {
+    init_count: u32,
+    path: PathBuf,
+    config: StandinConfig,
+    sets: HashMap<usize, EventSetState>,
+    next_set: usize,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl State {
+    /// Re-reads the configuration; a file that cannot be read or parsed keeps the last good one.
+    fn refresh(&mut self) {
+        if let Ok(c) = StandinConfig::load(&self.path) {
+            self.config = c;
+        }
+    }
+}
+
+/// Runs `f` on the initialized, refreshed state; `NVML_ERROR_UNINITIALIZED` otherwise.
+fn with_state(f: impl FnOnce(&mut State) -> nvmlReturn_t) -> nvmlReturn_t {
+    guard(|| {
+        let mut g = lock();
+        match g.as_mut() {
+            Some(s) if s.init_count > 0 => {
+                s.refresh();
+                f(s)
+            }
+            _ => NVML_ERROR_UNINITIALIZED,
+        }
+    })
+}
+
+fn guard(f: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(NVML_ERROR_UNKNOWN)
+}
+
+fn handle_of(index: u32) -> nvmlDevice_t {
+    HANDLES.as_ptr().wrapping_add(index as usize) as *mut c_void
+}
+
+fn index_of(handle: nvmlDevice_t) -> Option<u32> {
+    let base = HANDLES.as_ptr() as usize;
+    let p = handle as usize;
+    (p >= base && p < base + MAX_GPUS).then(|| (p - base) as u32)
+}
+
+/// Runs `f` with the GPU a device handle names.
+fn with_device(
+    device: nvmlDevice_t,
+    f: impl FnOnce(u32, &GpuSpec) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    with_state(|s| match index_of(device) {
+        Some(i) => match s.config.gpus.get(i as usize) {
+            Some(gpu) => f(i, gpu),
+            None => NVML_ERROR_INVALID_ARGUMENT,
+        },
+        None => NVML_ERROR_INVALID_ARGUMENT,
+    })
+}
+
+/// Copies `s` and a NUL into `buf` of `len` bytes.
+unsafe fn write_str(buf: *mut c_char, len: c_uint, s: &str) -> nvmlReturn_t {
+    if buf.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let bytes = s.as_bytes();
+    if bytes.len() + 1 > len as usize {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, buf, bytes.len());
+    *buf.add(bytes.len()) = 0;
+    NVML_SUCCESS
+}
+
+fn fill_array<const N: usize>(dst: &mut [c_char; N], s: &str) {
+    *dst = [0; N];
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(N - 1)) {
+        *d = b as c_char;
+    }
+}
+
+fn mib(v: u64) -> u64 {
+    v.saturating_mul(1024 * 1024)
+}
+
+fn used_bytes(gpu: &GpuSpec) -> u64 {
+    match gpu.memory_used_mib {
+        Some(m) => mib(m),
+        None => gpu.processes.iter().map(|p| mib(p.used_memory_mib)).sum(),
+    }
+    .min(mib(gpu.memory_mib))
+}
+
+fn init() -> nvmlReturn_t {
+    guard(|| {
+        let mut g = lock();
+        if let Some(s) = g.as_mut() {
+            if s.init_count > 0 {
+                s.init_count += 1;
+                s.refresh();
+                return NVML_SUCCESS;
+            }
+        }
+        let Some(path) = std::env::var_os(CONFIG_ENV) else {
+            eprintln!("gantry-nvml-standin: {CONFIG_ENV} is not set; behaving as a host without an NVIDIA driver");
+            return NVML_ERROR_DRIVER_NOT_LOADED;
+        };
+        let path = PathBuf::from(path);
+        match StandinConfig::load(&path) {
+            Ok(config) => {
+                *g = Some(State {
+                    init_count: 1,
+                    path,
+                    config,
+                    sets: HashMap::new(),
+                    next_set: 1,
+                });
+                NVML_SUCCESS
+            }
+            Err(e) => {
+                eprintln!("gantry-nvml-standin: {e}; behaving as a host without an NVIDIA driver");
+                NVML_ERROR_DRIVER_NOT_LOADED
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    init()
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+    init()
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    init()
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    guard(|| {
+        let mut g = lock();
+        match g.as_mut() {
+            Some(s) if s.init_count > 0 => {
+                s.init_count -= 1;
+                if s.init_count == 0 {
+                    *g = None;
+                }
+                NVML_SUCCESS
+            }
+            _ => NVML_ERROR_UNINITIALIZED,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        NVML_SUCCESS => c"Success",
+        NVML_ERROR_UNINITIALIZED => c"Uninitialized",
+        NVML_ERROR_INVALID_ARGUMENT => c"Invalid Argument",
+        NVML_ERROR_NOT_SUPPORTED => c"Not Supported",
+        NVML_ERROR_NOT_FOUND => c"Not Found",
+        NVML_ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
+        NVML_ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        NVML_ERROR_TIMEOUT => c"Timeout",
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument Version Mismatch",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_state(|s| unsafe { write_str(version, length, &s.config.driver_version) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_state(|s| {
+        let v = format!(
+            "{}.{}",
+            s.config.cuda_version / 1000,
+            s.config.driver_version
+        );
+        unsafe { write_str(version, length, &v) }
+    })
+}
+
+unsafe fn cuda_version(out: *mut c_int) -> nvmlReturn_t {
+    with_state(|s| {
+        if out.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *out = s.config.cuda_version };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) -> nvmlReturn_t {
+    cuda_version(v)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvmlReturn_t {
+    cuda_version(v)
+}
+
+unsafe fn device_count(count: *mut c_uint) -> nvmlReturn_t {
+    with_state(|s| {
+        if count.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *count = s.config.gpus.len().min(MAX_GPUS) as c_uint };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    device_count(count)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
+    device_count(count)
+}
+
+unsafe fn handle_by_index(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+    with_state(|s| {
+        if device.is_null() || index as usize >= s.config.gpus.len().min(MAX_GPUS) {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *device = handle_of(index) };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    handle_by_index(index, device)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    handle_by_index(index, device)
+}
+
+unsafe fn handle_by(
+    key: *const c_char,
+    device: *mut nvmlDevice_t,
+    pick: fn(&GpuSpec) -> &str,
+) -> nvmlReturn_t {
+    with_state(|s| {
+        if key.is_null() || device.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let Ok(key) = unsafe { CStr::from_ptr(key) }.to_str() else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        match s
+            .config
+            .gpus
+            .iter()
+            .take(MAX_GPUS)
+            .position(|g| pick(g).eq_ignore_ascii_case(key))
+        {
+            Some(i) => {
+                unsafe { *device = handle_of(i as u32) };
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_NOT_FOUND,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    handle_by(uuid, device, |g| &g.uuid)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    handle_by(bus_id, device, |g| &g.pci_bus_id)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |i, _| {
+        if index.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *index = i };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| unsafe { write_str(name, length, &g.name) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| unsafe { write_str(uuid, length, &g.uuid) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if minor.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *minor = g.minor };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if major.is_null() || minor.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe {
+            *major = g.compute_capability.0;
+            *minor = g.compute_capability.1;
+        }
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if memory.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let total = mib(g.memory_mib);
+        let used = used_bytes(g);
+        unsafe {
+            *memory = nvmlMemory_t {
+                total,
+                free: total - used,
+                used,
+            }
+        };
+        NVML_SUCCESS
+    })
+}
+
+/// `NVML_STRUCT_VERSION(Memory, 2)`.
+const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if memory.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if unsafe { (*memory).version } != MEMORY_V2_VERSION {
+            return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        }
+        let total = mib(g.memory_mib);
+        let used = used_bytes(g);
+        unsafe {
+            *memory = nvmlMemory_v2_t {
+                version: MEMORY_V2_VERSION,
+                total,
+                reserved: 0,
+                free: total - used,
+                used,
+            };
+        }
+        NVML_SUCCESS
+    })
+}
+
+/// Parses `DDDDDDDD:BB:DD.F` (or `DDDD:BB:DD.F`) into (domain, bus, device).
+fn parse_bus_id(id: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = id.split(':');
+    let domain = u32::from_str_radix(parts.next()?, 16).ok()?;
+    let bus = u32::from_str_radix(parts.next()?, 16).ok()?;
+    let dev = parts.next()?.split('.').next()?;
+    let device = u32::from_str_radix(dev, 16).ok()?;
+    Some((domain, bus, device))
+}
+
+unsafe fn pci_info(device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if pci.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let (domain, bus, dev) = parse_bus_id(&g.pci_bus_id).unwrap_or((0, 0, 0));
+        let legacy = format!("{:04X}:{:02X}:{:02X}.0", domain & 0xffff, bus, dev);
+        let out = unsafe { &mut *pci };
+        fill_array(&mut out.busIdLegacy, &legacy);
+        fill_array(&mut out.busId, &g.pci_bus_id);
+        out.domain = domain;
+        out.bus = bus;
+        out.device = dev;
+        out.pciDeviceId = 0x20B0_10DE;
+        out.pciSubSystemId = 0x1450_10DE;
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    pci_info(device, pci)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    pci_info(device, pci)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryAffinity(
+    device: nvmlDevice_t,
+    node_set_size: c_uint,
+    node_set: *mut c_ulong,
+    _scope: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        let Some(node) = g.numa_node else {
+            return NVML_ERROR_NOT_SUPPORTED;
+        };
+        if node_set.is_null() || node_set_size == 0 {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let bits = c_ulong::BITS;
+        let word = (node / bits) as usize;
+        if word >= node_set_size as usize {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        let words = unsafe { std::slice::from_raw_parts_mut(node_set, node_set_size as usize) };
+        words.fill(0);
+        words[word] = 1 << (node % bits);
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
+    device: nvmlDevice_t,
+    node: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| match g.numa_node {
+        None => NVML_ERROR_NOT_SUPPORTED,
+        Some(_) if node.is_null() => NVML_ERROR_INVALID_ARGUMENT,
+        Some(n) => {
+            unsafe { *node = n };
+            NVML_SUCCESS
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if utilization.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe {
+            *utilization = nvmlUtilization_t {
+                gpu: g.utilization_gpu,
+                memory: g.utilization_memory,
+            }
+        };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: c_uint,
+    temp: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if temp.is_null() || sensor != 0 {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *temp = g.temperature_c };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: nvmlDevice_t,
+    power: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if power.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *power = g.power_mw };
+        NVML_SUCCESS
+    })
+}
+
+unsafe fn processes(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+    graphics: bool,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if count.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let procs: &[config::ProcessSpec] = if graphics { &[] } else { &g.processes };
+        let n = procs.len() as c_uint;
+        let capacity = unsafe { *count };
+        unsafe { *count = n };
+        if capacity < n {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        if n == 0 {
+            return NVML_SUCCESS;
+        }
+        if infos.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        for (i, p) in procs.iter().enumerate() {
+            unsafe {
+                *infos.add(i) = nvmlProcessInfo_t {
+                    pid: p.pid,
+                    usedGpuMemory: mib(p.used_memory_mib),
+                    gpuInstanceId: u32::MAX,
+                    computeInstanceId: u32::MAX,
+                };
+            }
+        }
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    processes(device, count, infos, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    processes(device, count, infos, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    processes(device, count, infos, true)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_device(device, |_, _| {
+        if types.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *types = SUPPORTED_EVENTS };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    with_state(|s| {
+        if set.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let id = s.next_set;
+        s.next_set += 1;
+        let delivered: HashSet<u64> = if s.config.replay_events {
+            HashSet::new()
+        } else {
+            s.config
+                .events
+                .iter()
+                .enumerate()
+                .map(|(pos, e)| e.key(pos))
+                .collect()
+        };
+        s.sets.insert(
+            id,
+            EventSetState {
+                registered: HashMap::new(),
+                delivered,
+            },
+        );
+        unsafe { *set = id as nvmlEventSet_t };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    with_state(|s| {
+        let Some(i) = index_of(device).filter(|i| (*i as usize) < s.config.gpus.len()) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        if types & !SUPPORTED_EVENTS != 0 {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        match s.sets.get_mut(&(set as usize)) {
+            Some(es) => {
+                *es.registered.entry(i).or_insert(0) |= types;
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_INVALID_ARGUMENT,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    with_state(|s| match s.sets.remove(&(set as usize)) {
+        Some(_) => NVML_SUCCESS,
+        None => NVML_ERROR_INVALID_ARGUMENT,
+    })
+}
+
+/// Takes the next undelivered event for `set`, if any.
+fn next_event(s: &mut State, set: usize) -> Result<Option<(u32, u64, u64)>, nvmlReturn_t> {
+    let State { config, sets, .. } = s;
+    let es = sets.get_mut(&set).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    for (pos, ev) in config.events.iter().enumerate() {
+        let key = ev.key(pos);
+        if es.delivered.contains(&key) {
+            continue;
+        }
+        let bit = match ev.kind {
+            EventKind::Xid => EVENT_XID,
+            EventKind::DoubleBitEcc => EVENT_DOUBLE_BIT_ECC,
+            EventKind::SingleBitEcc => EVENT_SINGLE_BIT_ECC,
+        };
+        if es.registered.get(&ev.gpu).is_some_and(|m| m & bit != 0) {
+            es.delivered.insert(key);
+            let data = if ev.kind == EventKind::Xid { ev.xid } else { 0 };
+            return Ok(Some((ev.gpu, bit, data)));
+        }
+    }
+    Ok(None)
+}
+
+unsafe fn event_wait(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    if data.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
+    loop {
+        let mut found = None;
+        let rc = with_state(|s| match next_event(s, set as usize) {
+            Ok(e) => {
+                found = e;
+                NVML_SUCCESS
+            }
+            Err(rc) => rc,
+        });
+        if rc != NVML_SUCCESS {
+            return rc;
+        }
+        if let Some((gpu, kind, value)) = found {
+            unsafe {
+                *data = nvmlEventData_t {
+                    device: handle_of(gpu),
+                    eventType: kind,
+                    eventData: value,
+                    gpuInstanceId: u32::MAX,
+                    computeInstanceId: u32::MAX,
+                };
+            }
+            return NVML_SUCCESS;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return NVML_ERROR_TIMEOUT;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    guard(|| unsafe { event_wait(set, data, timeout_ms) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    guard(|| unsafe { event_wait(set, data, timeout_ms) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_parse() {
+        assert_eq!(parse_bus_id("00000000:3B:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(parse_bus_id("0001:af:1f.0"), Some((1, 0xaf, 0x1f)));
+        assert_eq!(parse_bus_id("junk"), None);
+    }
+
+    #[test]
+    fn strings_respect_buffer_size() {
+        let mut buf = [1 as c_char; 6];
+        assert_eq!(
+            unsafe { write_str(buf.as_mut_ptr(), 6, "hello!") },
+            NVML_ERROR_INSUFFICIENT_SIZE
+        );
+        assert_eq!(
+            unsafe { write_str(buf.as_mut_ptr(), 6, "hello") },
+            NVML_SUCCESS
+        );
+        assert_eq!(buf[5], 0);
+        assert_eq!(
+            unsafe { write_str(std::ptr::null_mut(), 6, "x") },
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+    }
+
+    #[test]
+    fn handles_round_trip() {
+        for i in [0u32, 1, 63] {
+            assert_eq!(index_of(handle_of(i)), Some(i));
+        }
+        assert_eq!(index_of(std::ptr::null_mut()), None);
+    }
+
+    #[test]
+    fn config_parses_toml_and_json() {
+        let toml_text = r#"
+            driver_version = "1.2.3"
+            [[gpus]]
+            uuid = "GPU-a"
+            name = "Sim"
+            memory_mib = 1024
+            minor = 0
+            pci_bus_id = "00000000:01:00.0"
+            numa_node = 1
+            processes = [{ pid = 7, used_memory_mib = 10 }]
+            [[events]]
+            gpu = 0
+            kind = "xid"
+            xid = 79
+        "#;
+        let c = StandinConfig::parse(std::path::Path::new("x.toml"), toml_text).unwrap();
+        assert_eq!(c.gpus[0].numa_node, Some(1));
+        assert_eq!(c.events[0].kind, EventKind::Xid);
+        let json = c.render(std::path::Path::new("x.json"));
+        assert_eq!(
+            StandinConfig::parse(std::path::Path::new("x.json"), &json).unwrap(),
+            c
+        );
+        assert!(StandinConfig::parse(std::path::Path::new("x.toml"), "gpus = 3").is_err());
+    }
+}
