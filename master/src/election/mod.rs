@@ -17,7 +17,54 @@
 //! load the registry, then serve (offers, launches) with `epoch` in `Registered`/`Subscribed`; on
 //! `Lost` stop offering and accepting at once, clear the fence, drop sessions (or turn standby);
 //! on `LeaderChanged` update the redirect target. `LeaderChanged` naming this master can arrive
-//! before its `Elected`: only `Elected` makes a master act as leader.
+//! before its `Elected`: only `Elected` makes a master act as leader. Before every offer and
+//! launch also check [`LeadershipStatus::leads_at`] (or [`Election::is_leader`]): it turns false
+//! at the lease deadline even if the `Lost` event has not been processed yet.
+//!
+//! Wiring sketch (one code path for both modes):
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use gantry_master::election::{self, health, EtcdElectionConfig, HaConfig, LeadershipEvent};
+//!
+//! async fn serve(
+//!     etcd: Option<String>,     // --etcd URL[,URL...]
+//!     advertise: String,        // --advertise ADDR
+//!     lease_ttl_secs: u64,      // --lease-ttl (default 3)
+//!     work_dir: std::path::PathBuf,
+//! ) -> anyhow::Result<()> {
+//!     let ha = match etcd {
+//!         None => HaConfig::Standalone { work_dir, advertise },
+//!         Some(list) => {
+//!             let endpoints = EtcdElectionConfig::parse_endpoints(&list)?;
+//!             let mut cfg = EtcdElectionConfig::new(endpoints, advertise);
+//!             cfg.lease_ttl = Duration::from_secs(lease_ttl_secs);
+//!             HaConfig::Etcd(cfg)
+//!         }
+//!     };
+//!     let (mut election, store) = election::start(ha).await?;
+//!     let status = election.watch_status();
+//!     // HTTP: GET /health -> Json(health::health(&status.borrow(), Instant::now()))
+//!     // Peer connects -> match health::redirect(&status.borrow(), Instant::now()) {
+//!     //     Admission::Serve { epoch } => register, answer with `epoch`,
+//!     //     Admission::Redirect { leader } => send NotLeader { leader } and close }
+//!     while let Some(event) = election.next_event().await {
+//!         match event {
+//!             LeadershipEvent::Elected { epoch, fence, .. } => {
+//!                 store.set_fence(fence);
+//!                 let registry = store.load().await?; // recover before serving
+//!                 let _ = (epoch, registry); // hand both to the core loop, then serve
+//!             }
+//!             LeadershipEvent::Lost { reason, .. } => {
+//!                 store.clear_fence();
+//!                 let _ = reason; // core: stop offers/launches, close sessions (NotLeader)
+//!             }
+//!             LeadershipEvent::LeaderChanged { .. } => {} // `status` already has it
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//! ```
 
 pub mod etcd;
 pub mod health;
