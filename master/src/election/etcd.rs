@@ -234,7 +234,10 @@ pub(crate) async fn run_campaign(
             TermEnd::Failed { lease, reason } => {
                 warn!("election: term ended: {reason}");
                 if lease.is_some() {
+                    // etcd answered this term: retry soon (a failover must not wait on an
+                    // old backoff); only unreachable etcd makes the pause grow.
                     stale_lease = lease;
+                    backoff = TERM_BACKOFF_MIN;
                 }
                 if let Some(id) = stale_lease {
                     if timed(cfg.request_timeout, client.lease_client().revoke(id))
