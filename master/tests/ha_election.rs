@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use gantry_master::election::{Fence, LeadershipEvent};
+use gantry_master::election::{Fence, LeaderWatch, LeadershipEvent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ha_one_of_two_wins_and_the_other_takes_over_when_the_leader_dies() {
@@ -193,6 +193,16 @@ async fn cut_off_leader_steps_down_first(stall: bool) {
     );
     assert!(reason.contains("lease"), "{reason}");
     assert!(!a.is_leader());
+    // Even a master whose election task were starved could not act past this deadline
+    // (`LeadershipStatus::leads_at`), and it too lies before the new leader's election.
+    let a_valid_until = a
+        .status()
+        .lease_valid_until
+        .expect("etcd mode tracks the deadline");
+    assert!(
+        a_valid_until <= *won_at,
+        "a's lease deadline is after b's election"
+    );
     assert_no_two_leaders(&log);
 
     // Back online: a stays standby and learns who leads.
@@ -237,8 +247,22 @@ async fn ha_leader_changed_events_follow_the_leader() {
             == Some("a:5050"))
         .await
     );
+    // A non-campaigning watcher (what a tool, agent or framework would use) sees the same.
+    let watcher = LeaderWatch::start(vec![etcd.client_url()], &p);
+    assert!(
+        wait_until(Duration::from_secs(5), || watcher.leader().as_deref()
+            == Some("a:5050"))
+        .await
+    );
     a.resign().await;
     assert!(wait_until(Duration::from_secs(5), || b.is_leader()).await);
+    assert!(
+        wait_until(Duration::from_secs(5), || watcher.leader().as_deref()
+            == Some("b:5050"))
+        .await,
+        "watcher still sees {:?}",
+        watcher.leader()
+    );
     let seen: Vec<Option<String>> = log
         .lock()
         .unwrap()
