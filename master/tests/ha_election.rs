@@ -276,3 +276,33 @@ async fn ha_leader_changed_events_follow_the_leader() {
     assert_eq!(seen.first(), Some(&Some("a:5050".to_string())), "{seen:?}");
     assert_eq!(b.status().leader.as_deref(), Some("b:5050"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_deleting_the_leader_key_makes_the_leader_step_down_and_campaign_again() {
+    let etcd = start_etcd();
+    let log = new_log();
+    let p = prefix("delete-key");
+    let a = Node::start("a", config(&etcd.client_url(), "a:5050", &p), log.clone());
+    assert!(wait_until(Duration::from_secs(10), || a.is_leader()).await);
+    let (epoch1, fence, _) = elections(&log, "a")[0].clone();
+    let Fence::Etcd { leader_key, .. } = fence else {
+        panic!("etcd fence expected");
+    };
+    let mut client = etcd_client::Client::connect([etcd.client_url()], None)
+        .await
+        .unwrap();
+    client.delete(leader_key, None).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || !losses(&log, "a").is_empty()).await,
+        "the leader did not notice its key was deleted"
+    );
+    assert!(
+        losses(&log, "a")[0].0.contains("deleted"),
+        "{:?}",
+        losses(&log, "a")
+    );
+    // It campaigns again and wins a new, higher epoch.
+    assert!(wait_until(Duration::from_secs(10), || elections(&log, "a").len() == 2).await);
+    assert!(elections(&log, "a")[1].0 > epoch1);
+    assert_no_two_leaders(&log);
+}
