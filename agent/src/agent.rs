@@ -195,7 +195,6 @@ impl Agent {
                     .ckpt
                     .tasks
                     .values()
-                    .filter(|t| !t.state.is_terminal())
                     .map(|t| RunningTask {
                         framework_id: t.framework_id,
                         task: t.info.clone(),

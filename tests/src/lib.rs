@@ -208,11 +208,33 @@ pub struct AgentProc {
 }
 
 impl AgentProc {
+    /// Starts an agent that knows several masters (`a,b,c`) and follows the leader.
+    pub fn start_multi(
+        dir: &Path,
+        tls_dir: &Path,
+        masters: &str,
+        name: &str,
+        resources: &str,
+    ) -> anyhow::Result<Self> {
+        Self::start_any(dir, tls_dir, masters, name, resources, &[])
+    }
+
     /// Starts an agent named `name` advertising `resources`.
     pub fn start(
         dir: &Path,
         tls_dir: &Path,
         master: SocketAddr,
+        name: &str,
+        resources: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start_any(dir, tls_dir, &master.to_string(), name, resources, extra)
+    }
+
+    fn start_any(
+        dir: &Path,
+        tls_dir: &Path,
+        master: &str,
         name: &str,
         resources: &str,
         extra: &[&str],
@@ -523,4 +545,43 @@ impl Updates {
         }
         Ok(u)
     }
+}
+
+impl MasterProc {
+    /// `GET /health` as JSON (`role` is `leader` or `standby`).
+    pub fn health(&self) -> anyhow::Result<serde_json::Value> {
+        Ok(serde_json::from_str(&http_get(self.http, "/health")?)?)
+    }
+
+    /// True when this master currently says it leads.
+    pub fn is_leader(&self) -> bool {
+        self.health().is_ok_and(|h| h["role"] == "leader")
+    }
+}
+
+/// Runs the batch framework against several masters (it follows the leader).
+pub async fn run_batch_ha(
+    masters: Vec<String>,
+    tls_dir: &Path,
+    name: &str,
+    role: &str,
+    count: u32,
+    task: &str,
+    command: &str,
+) -> anyhow::Result<gantry_examples::batch::BatchProgress> {
+    use gantry_examples::batch::{Batch, BatchSpec};
+    let spec = BatchSpec {
+        name: name.to_string(),
+        command: command.to_string(),
+        count,
+        task: task.parse()?,
+        env: Default::default(),
+        verbose: false,
+    };
+    let (batch, progress) = Batch::new(spec);
+    let config =
+        gantry_sdk::DriverConfig::new(masters, tls_dir.to_path_buf(), name, vec![role.to_string()]);
+    gantry_sdk::Driver::new(config).run(batch).await?;
+    let p = progress.borrow().clone();
+    Ok(p)
 }

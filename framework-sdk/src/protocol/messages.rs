@@ -150,7 +150,8 @@ pub struct StatusUpdate {
 // ---------------------------------------------------------------------------------------------
 // Agent <-> master
 
-/// A task the agent already runs, reported when (re-)registering.
+/// A task the agent holds, reported when (re-)registering: running, or ended with status
+/// updates not yet acknowledged (so a new leading master learns of it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunningTask {
     pub framework_id: FrameworkId,

@@ -629,11 +629,16 @@ impl Master {
                         .get(&rt.framework_id)
                         .and_then(|f| f.roles.first().cloned())
                         .unwrap_or_default();
-                    if let Err(e) =
-                        self.allocator
-                            .add_allocation(rt.framework_id, id, &role, &allocation)
-                    {
-                        tracing::warn!(task = %tid, "adopted task's resources not charged: {e}");
+                    // A task that already ended (its terminal update is still unacknowledged)
+                    // holds nothing.
+                    let ended = rt.state.is_terminal();
+                    if !ended {
+                        if let Err(e) =
+                            self.allocator
+                                .add_allocation(rt.framework_id, id, &role, &allocation)
+                        {
+                            tracing::warn!(task = %tid, "adopted task's resources not charged: {e}");
+                        }
                     }
                     self.tasks.insert(
                         tid,
@@ -643,7 +648,7 @@ impl Master {
                             agent: id,
                             state: rt.state,
                             allocation,
-                            recovered: false,
+                            recovered: ended,
                             pending: None,
                             acked: HashSet::new(),
                             last_message: "adopted from re-registering agent".into(),
@@ -1386,6 +1391,9 @@ impl Master {
                     .find(|c| c.0 == tid && c.1 == fw)
                 {
                     Some(c) => (c.3, Some(c.2), "completed".to_string()),
+                    // After a failover, agents still re-registering may hold it: say nothing
+                    // yet (as Mesos does) rather than a LOST that may be wrong.
+                    None if !self.recovered_agents.is_empty() => continue,
                     None => (TaskState::Lost, None, "unknown task".to_string()),
                 },
             };
