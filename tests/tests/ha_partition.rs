@@ -85,7 +85,7 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
                 &tls,
                 &addrs.join(","),
                 &format!("pt{i}"),
-                "cpus:20;mem:20480",
+                "cpus:15;mem:20480",
             )
             .unwrap()
         })
@@ -98,8 +98,9 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
     let t = tls.clone();
     let a = addrs.clone();
     let batch = tokio::spawn(async move {
-        run_batch_ha(a, &t, "part-fw", "part", 40, "cpus:1;mem:16", "sleep 6").await
+        run_batch_ha(a, &t, "part-fw", "part", 70, "cpus:1;mem:16", "sleep 5").await
     });
+    // 70 tasks on 45 cpus: some are still pending at the cut, so the new leader must offer.
     masters[0]
         .wait_state(Duration::from_secs(60), "40 running tasks", |s| {
             s["tasks"]
@@ -172,8 +173,8 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
         .collect();
     assert!(after_loss.is_empty(), "{after_loss:?}");
 
-    assert_eq!((p.finished, p.failed), (40, 0), "{:?}", p.errors);
-    assert_eq!(p.terminal_updates.len(), 40);
+    assert_eq!((p.finished, p.failed), (70, 0), "{:?}", p.errors);
+    assert_eq!(p.terminal_updates.len(), 70);
     for (task, states) in &p.terminal_updates {
         assert_eq!(states, &vec![TaskState::Finished], "task {task}");
     }
@@ -185,5 +186,5 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
                 .unwrap_or(0)
         })
         .sum();
-    assert_eq!(sandboxes, 40);
+    assert_eq!(sandboxes, 70);
 }

@@ -32,7 +32,14 @@ pub enum TransportError {
     Codec(#[from] CodecError),
     #[error("protocol violation: {0}")]
     Protocol(String),
+    #[error("no handshake with {0} within {1:?}")]
+    Timeout(SocketAddr, Duration),
 }
+
+/// How long [`connect`] waits for the handshake and stream. A master that is gone (e.g. a
+/// killed leader a standby still redirects to until its lease expires) never answers, and
+/// waiting for the 5 s idle timeout would stall failover.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Keep-alives every second; a silent peer is dropped after 5 s (fast failover detection).
 fn transport_config() -> Arc<quinn::TransportConfig> {
@@ -109,7 +116,10 @@ pub async fn connect(
     addr: SocketAddr,
     kind: PeerKind,
 ) -> Result<(quinn::Connection, FrameSender, FrameReceiver), TransportError> {
-    let conn = endpoint.connect(addr, tls::MASTER_SERVER_NAME)?.await?;
+    let connecting = endpoint.connect(addr, tls::MASTER_SERVER_NAME)?;
+    let conn = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        .await
+        .map_err(|_| TransportError::Timeout(addr, CONNECT_TIMEOUT))??;
     let (send, recv) = conn.open_bi().await?;
     let mut tx = FrameSender(send);
     tx.send(&Hello {
