@@ -112,11 +112,15 @@ async fn etcd_restart_under_load_no_split_brain_no_lost_task() {
 
     let mut new_leader = None;
     tokio::task::block_in_place(|| {
-        wait_for("a leader after the etcd restart", Duration::from_secs(30), || {
-            let l = leaders(&http);
-            new_leader = l.first().copied();
-            l.len() == 1
-        })
+        wait_for(
+            "a leader after the etcd restart",
+            Duration::from_secs(30),
+            || {
+                let l = leaders(&http);
+                new_leader = l.first().copied();
+                l.len() == 1
+            },
+        )
     });
     let new_leader = new_leader.unwrap();
     eprintln!(

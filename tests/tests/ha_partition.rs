@@ -59,12 +59,18 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
     // The master behind the proxy starts first and wins the election.
     let mut masters: Vec<MasterProc> = Vec::new();
     masters.push(
-        MasterProc::start(dir.path(), &tls, &[&["--etcd", &proxy.url()][..], &ttl].concat())
-            .unwrap(),
+        MasterProc::start(
+            dir.path(),
+            &tls,
+            &[&["--etcd", &proxy.url()][..], &ttl].concat(),
+        )
+        .unwrap(),
     );
-    wait_for("the proxied master to lead", Duration::from_secs(20), || {
-        masters[0].is_leader()
-    });
+    wait_for(
+        "the proxied master to lead",
+        Duration::from_secs(20),
+        || masters[0].is_leader(),
+    );
     for _ in 0..2 {
         masters.push(
             MasterProc::start(dir.path(), &tls, &[&["--etcd", &direct][..], &ttl].concat())
@@ -158,7 +164,9 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
         )
     });
     let elected = log_time(&m.log, "elected leader").expect("new leader's election logged");
-    eprintln!("old leader lost: {lost}; new leader elected: {elected}, first offers: {first_offer}");
+    eprintln!(
+        "old leader lost: {lost}; new leader elected: {elected}, first offers: {first_offer}"
+    );
     assert!(
         lost < elected && elected <= first_offer,
         "old leader stepped down at {lost}, new leader elected at {elected} and offered at {first_offer}"

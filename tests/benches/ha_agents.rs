@@ -1,0 +1,521 @@
+//! Failover benchmark of the whole HA master with many agents over real QUIC.
+//!
+//! One round per agent count (default 1,000 and 10,000):
+//!
+//! 1. a real etcd (the harness's [`EtcdServer`]) and three real `gantry-master` processes
+//!    (`--etcd`, `--lease-ttl $HA_BENCH_TTL`, default 3 s);
+//! 2. N emulated agents in this process, each with its own certificate issued from the dev TLS
+//!    directory (`agent:bench-N`) and its own QUIC connection (spread over a few client
+//!    endpoints), speaking the agent protocol with `gantry_sdk::transport` + `protocol`:
+//!    hello, `Register`, heartbeats at the master's interval; on a lost connection they
+//!    reconnect exactly as `gantry-agent` does (the master list in turn, `NotLeader`
+//!    redirects followed, 100 ms..5 s backoff reset on `Registered`, re-registering with their
+//!    agent id);
+//! 3. one SDK framework that keeps every offer it gets (so the master offers each agent once);
+//! 4. `kill -9` the leader, then time
+//!    - kill → the old leader key deleted in etcd (lease expiry; watched on the election prefix),
+//!    - lease expiry → a standby says `leader` on `/health` (polled every 10 ms),
+//!    - → the framework's first offer from the new leader ("serving offers"),
+//!    - → the first and the last of the N agents `Registered` by the new leader (epoch higher
+//!      than before the kill).
+//!
+//! An agent only notices that a killed master is gone through QUIC's idle timeout (5 s with
+//! 1 s keep-alives, as the real agent): that, not the master, bounds "kill → agents back".
+//! The report therefore also gives "re-registration spread": first → last agent re-registered.
+//!
+//! Run (release; build the master first so the bench finds it next to itself):
+//! ```text
+//! cargo build --release -p gantry-master --bins
+//! cargo bench -p gantry-tests --bench ha_agents
+//! ```
+//! Environment: `HA_BENCH_AGENTS` (default `1000,10000`), `HA_BENCH_TTL` (default 3),
+//! `HA_BENCH_ENDPOINTS` (client UDP sockets, default 16), `HA_BENCH_AGENT_MODE`: `gantry`
+//! (default: reconnect exactly as `gantry-agent` does today) or `skip-lost` (after losing a
+//! master, try every other master before it again, and never queue the same master twice:
+//! a proposed agent change, measured here to show what it buys).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use gantry_sdk::protocol::*;
+use gantry_sdk::transport::backoff::Backoff;
+use gantry_sdk::transport::quic::{FrameReceiver, FrameSender, CONNECT_TIMEOUT};
+use gantry_sdk::transport::tls::{self, PeerIdentity};
+use gantry_tests::etcd::EtcdServer;
+use gantry_tests::{MasterProc, TempDir};
+use quinn::crypto::rustls::QuicClientConfig;
+use tokio::sync::mpsc;
+
+/// What an emulated agent reports.
+enum AgentEvent {
+    Registered {
+        idx: usize,
+        epoch: u64,
+        at: Instant,
+    },
+    /// The connection to a master it was registered with ended.
+    Lost {
+        idx: usize,
+        at: Instant,
+    },
+}
+
+/// The same QUIC transport settings as gantry's peers (1 s keep-alive, 5 s idle timeout).
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(Duration::from_secs(1)));
+    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(
+        5_000,
+    ))));
+    Arc::new(t)
+}
+
+/// Issues (or loads) the certificates of `n` agents; returns their QUIC client configs.
+fn agent_configs(tls_dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<quinn::ClientConfig>> {
+    let transport = transport();
+    let chunks: Vec<Vec<usize>> = (0..n)
+        .collect::<Vec<_>>()
+        .chunks(n.div_ceil(2).max(1))
+        .map(|c| c.to_vec())
+        .collect();
+    let handles: Vec<_> = chunks
+        .into_iter()
+        .map(|idxs| {
+            let dir = tls_dir.to_path_buf();
+            let transport = transport.clone();
+            std::thread::spawn(move || -> anyhow::Result<Vec<quinn::ClientConfig>> {
+                idxs.into_iter()
+                    .map(|i| {
+                        let m = tls::load_or_issue(
+                            &dir,
+                            &PeerIdentity::Agent(format!("bench-{i}")),
+                            &[],
+                        )?;
+                        let crypto = QuicClientConfig::try_from(tls::client_config(&m)?)
+                            .map_err(|e| anyhow::anyhow!("{e}"))?;
+                        let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+                        cfg.transport_config(transport.clone());
+                        Ok(cfg)
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for h in handles {
+        out.extend(h.join().map_err(|_| anyhow::anyhow!("issuer thread"))??);
+    }
+    Ok(out)
+}
+
+/// One emulated agent: connects, registers, heartbeats, and reconnects like `gantry-agent`.
+async fn agent(
+    idx: usize,
+    endpoint: quinn::Endpoint,
+    cfg: quinn::ClientConfig,
+    masters: Vec<String>,
+    skip_lost: bool,
+    events: mpsc::UnboundedSender<AgentEvent>,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut candidates: VecDeque<String> = VecDeque::new();
+    let mut agent_id: Option<AgentId> = None;
+    let resources: Resources = "cpus:8;mem:16384".parse().expect("literal");
+    loop {
+        if candidates.is_empty() {
+            candidates.extend(masters.iter().cloned());
+        }
+        let Some(target) = candidates.pop_front() else {
+            return;
+        };
+        let Ok(addr) = target.parse::<SocketAddr>() else {
+            return;
+        };
+        let mut was_registered = false;
+        let session = async {
+            let connecting = endpoint
+                .connect_with(cfg.clone(), addr, tls::MASTER_SERVER_NAME)
+                .map_err(|e| e.to_string())?;
+            let conn = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+                .await
+                .map_err(|_| "handshake timeout".to_string())?
+                .map_err(|e| e.to_string())?;
+            let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+            let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
+            let hello = Hello {
+                protocol_version: PROTOCOL_VERSION,
+                peer: PeerKind::Agent,
+            };
+            tx.send(&hello).await.map_err(|e| e.to_string())?;
+            tx.send(&AgentToMaster::Register {
+                agent_id,
+                hostname: format!("bench-{idx}.example"),
+                resources: resources.clone(),
+                reserved: Default::default(),
+                attributes: Default::default(),
+                gpus: Vec::new(),
+                running_tasks: Vec::new(),
+                pending_updates: Vec::new(),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            let mut beat = tokio::time::interval(Duration::from_secs(1));
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut registered = false;
+            loop {
+                tokio::select! {
+                    msg = rx.recv::<MasterToAgent>() => match msg.map_err(|e| e.to_string())? {
+                        MasterToAgent::Registered { agent_id: id, epoch, heartbeat_interval_ms } => {
+                            agent_id = Some(id);
+                            registered = true;
+                            was_registered = true;
+                            backoff.reset();
+                            beat = tokio::time::interval(Duration::from_millis(heartbeat_interval_ms.max(100)));
+                            let _ = events.send(AgentEvent::Registered { idx, epoch, at: Instant::now() });
+                        }
+                        MasterToAgent::NotLeader { leader } => {
+                            conn.close(0u32.into(), b"redirected");
+                            return Ok::<_, String>(leader);
+                        }
+                        MasterToAgent::Error { message } => return Err(message),
+                        _ => {}
+                    },
+                    _ = beat.tick(), if registered => {
+                        tx.send(&AgentToMaster::Heartbeat).await.map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+        };
+        let result = session.await;
+        if was_registered && result.is_err() {
+            let _ = events.send(AgentEvent::Lost {
+                idx,
+                at: Instant::now(),
+            });
+        }
+        match result {
+            Ok(Some(leader)) => {
+                if skip_lost {
+                    candidates.retain(|c| *c != leader);
+                }
+                candidates.push_front(leader);
+            }
+            Ok(None) => {}
+            Err(_) if skip_lost => {
+                // Try every other master before the one just lost.
+                candidates = masters.iter().filter(|m| **m != target).cloned().collect();
+                candidates.push_back(target);
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Holds every offer (so each agent is offered once) and records when offers arrive.
+struct Holder {
+    offers: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl gantry_sdk::Scheduler for Holder {
+    async fn offers(&mut self, _driver: &gantry_sdk::DriverHandle, _offers: Vec<Offer>) {
+        self.offers.lock().expect("lock").push(Instant::now());
+    }
+}
+
+fn health(m: &MasterProc) -> Option<serde_json::Value> {
+    m.health().ok()
+}
+
+struct Figures {
+    agents: usize,
+    initial_registration: Duration,
+    kill_to_expiry: Duration,
+    expiry_to_leader: Duration,
+    leader_to_offer: Duration,
+    kill_to_first_agent: Duration,
+    kill_to_all_agents: Duration,
+    spread: Duration,
+    /// Kill -> the last agent noticed its master was gone (QUIC idle timeout).
+    kill_to_last_lost: Duration,
+    /// Per agent: connection lost -> re-registered with the new leader (p50, p99, max).
+    rereg: (Duration, Duration, Duration),
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:>6.0}", d.as_secs_f64() * 1000.0)
+}
+
+async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow::Result<Figures> {
+    let etcd = tokio::task::block_in_place(EtcdServer::start)?;
+    let dir = TempDir::new("gantry-ha-bench")?;
+    let tls_dir = dir.path().join("tls");
+    let ttl_s = ttl.to_string();
+    let args = [
+        "--etcd",
+        &etcd.client_url(),
+        "--lease-ttl",
+        &ttl_s,
+        "--agent-reregister-timeout",
+        "60",
+    ];
+    let mut masters = Vec::new();
+    for _ in 0..3 {
+        masters.push(tokio::task::block_in_place(|| {
+            MasterProc::start(dir.path(), &tls_dir, &args)
+        })?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let leader = loop {
+        if let Some(i) = masters.iter().position(|m| m.is_leader()) {
+            break i;
+        }
+        if Instant::now() > deadline {
+            bail!("no leader elected");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let addrs: Vec<String> = masters.iter().map(|m| m.quic.to_string()).collect();
+
+    let t = Instant::now();
+    let configs = tokio::task::block_in_place(|| agent_configs(&tls_dir, n))?;
+    eprintln!("  {n} agent certificates in {:?}", t.elapsed());
+
+    // The framework.
+    let offers = Arc::new(Mutex::new(Vec::new()));
+    let fw = {
+        let config = gantry_sdk::DriverConfig::new(
+            addrs.clone(),
+            tls_dir.clone(),
+            "bench-fw",
+            vec!["bench".into()],
+        );
+        let driver = gantry_sdk::Driver::new(config);
+        let holder = Holder {
+            offers: offers.clone(),
+        };
+        tokio::spawn(driver.run(holder))
+    };
+
+    // The agents, spread over a few client endpoints (UDP sockets).
+    let eps: Vec<quinn::Endpoint> = (0..endpoints)
+        .map(|_| quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal")))
+        .collect::<Result<_, _>>()?;
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+    let start = Instant::now();
+    let tasks: Vec<_> = configs
+        .into_iter()
+        .enumerate()
+        .map(|(i, cfg)| {
+            tokio::spawn(agent(
+                i,
+                eps[i % eps.len()].clone(),
+                cfg,
+                addrs.clone(),
+                skip_lost,
+                ev_tx.clone(),
+            ))
+        })
+        .collect();
+    let mut epoch_of = vec![0u64; n];
+    let mut registered = 0;
+    while registered < n {
+        let AgentEvent::Registered { idx, epoch, .. } =
+            tokio::time::timeout(Duration::from_secs(120), ev_rx.recv())
+                .await
+                .context("agents did not all register within 120 s")?
+                .context("agents ended")?
+        else {
+            continue;
+        };
+        if epoch_of[idx] == 0 {
+            registered += 1;
+        }
+        epoch_of[idx] = epoch;
+    }
+    let initial_registration = start.elapsed();
+    eprintln!("  {n} agents registered in {initial_registration:?}");
+    let old_epoch = *epoch_of.iter().max().unwrap_or(&0);
+    // Let the registry writes and first offers settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Watch the election for the old leader key's deletion.
+    let client = etcd_client::Client::connect([etcd.client_url()], None).await?;
+    let (expired_tx, expired_rx) = tokio::sync::oneshot::channel::<Instant>();
+    let mut watch = client
+        .watch_client()
+        .watch(
+            "/gantry/leader/",
+            Some(etcd_client::WatchOptions::new().with_prefix()),
+        )
+        .await?;
+    tokio::spawn(async move {
+        while let Ok(Some(resp)) = watch.message().await {
+            if resp
+                .events()
+                .iter()
+                .any(|e| e.event_type() == etcd_client::EventType::Delete)
+            {
+                let _ = expired_tx.send(Instant::now());
+                return;
+            }
+        }
+    });
+
+    // kill -9 the leader.
+    let killed = Instant::now();
+    masters[leader].proc.kill9();
+    let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let new_leader_at = loop {
+        if others
+            .iter()
+            .any(|i| health(&masters[*i]).is_some_and(|h| h["role"] == "leader"))
+        {
+            break Instant::now();
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            bail!("no new leader within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let mut first_agent = None;
+    let mut back = 0;
+    let mut lost_at: Vec<Option<Instant>> = vec![None; n];
+    let mut last_lost = killed;
+    let mut latencies = Vec::with_capacity(n);
+    while back < n {
+        let ev = tokio::time::timeout(Duration::from_secs(60), ev_rx.recv())
+            .await
+            .with_context(|| format!("only {back} of {n} agents re-registered within 60 s"))?
+            .context("agents ended")?;
+        match ev {
+            AgentEvent::Lost { idx, at } => {
+                if lost_at[idx].is_none() && epoch_of[idx] <= old_epoch {
+                    lost_at[idx] = Some(at);
+                    last_lost = last_lost.max(at);
+                }
+            }
+            AgentEvent::Registered { idx, epoch, at } => {
+                if epoch > old_epoch && epoch_of[idx] <= old_epoch {
+                    back += 1;
+                    first_agent.get_or_insert(at);
+                    if let Some(l) = lost_at[idx] {
+                        latencies.push(at - l);
+                    }
+                }
+                epoch_of[idx] = epoch_of[idx].max(epoch);
+            }
+        }
+    }
+    latencies.sort();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    let all_agents = Instant::now();
+    let expired_at = tokio::time::timeout(Duration::from_secs(1), expired_rx)
+        .await
+        .context("no delete of the leader key seen")??;
+    let first_offer = offers
+        .lock()
+        .expect("lock")
+        .iter()
+        .copied()
+        .find(|t| *t > killed)
+        .context("no offer after the failover")?;
+    let first_agent = first_agent.unwrap_or(all_agents);
+
+    for t in tasks {
+        t.abort();
+    }
+    fw.abort();
+    for ep in &eps {
+        ep.close(0u32.into(), b"bench done");
+    }
+    drop(masters);
+    drop(etcd);
+    Ok(Figures {
+        agents: n,
+        initial_registration,
+        kill_to_expiry: expired_at - killed,
+        expiry_to_leader: new_leader_at.saturating_duration_since(expired_at),
+        leader_to_offer: first_offer.saturating_duration_since(new_leader_at),
+        kill_to_first_agent: first_agent - killed,
+        kill_to_all_agents: all_agents - killed,
+        spread: all_agents - first_agent,
+        kill_to_last_lost: last_lost - killed,
+        rereg: (
+            pct(0.5),
+            pct(0.99),
+            latencies.last().copied().unwrap_or_default(),
+        ),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let counts: Vec<usize> = std::env::var("HA_BENCH_AGENTS")
+        .unwrap_or_else(|_| "1000,10000".into())
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()
+        .context("HA_BENCH_AGENTS: comma-separated agent counts")?;
+    let ttl: u64 = std::env::var("HA_BENCH_TTL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let endpoints: usize = std::env::var("HA_BENCH_ENDPOINTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(16)
+        .max(1);
+    let skip_lost = match std::env::var("HA_BENCH_AGENT_MODE").as_deref() {
+        Ok("skip-lost") => true,
+        Ok("gantry") | Err(_) => false,
+        Ok(other) => bail!("HA_BENCH_AGENT_MODE: `gantry` or `skip-lost`, not {other:?}"),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    for n in counts {
+        eprintln!("round: {n} agents, lease TTL {ttl} s, skip_lost {skip_lost}");
+        rows.push(rt.block_on(round(n, ttl, endpoints, skip_lost))?);
+    }
+    println!(
+        "\nHA failover, 3 masters on etcd, lease TTL {ttl} s, agents over QUIC, agent mode {} (ms)\n\
+         {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        if skip_lost { "skip-lost" } else { "gantry" },
+        "agents", "initreg", "kill>exp", "exp>lead", "lead>off", "kill>1st", "kill>all", "spread",
+        "kill>det", "rr p50", "rr p99", "rr max"
+    );
+    for f in &rows {
+        println!(
+            "{:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            f.agents,
+            ms(f.initial_registration),
+            ms(f.kill_to_expiry),
+            ms(f.expiry_to_leader),
+            ms(f.leader_to_offer),
+            ms(f.kill_to_first_agent),
+            ms(f.kill_to_all_agents),
+            ms(f.spread),
+            ms(f.kill_to_last_lost),
+            ms(f.rereg.0),
+            ms(f.rereg.1),
+            ms(f.rereg.2),
+        );
+    }
+    println!(
+        "initreg: first registration of all agents; kill>exp: kill -9 -> old lease expired \
+         (leader key deleted); exp>lead: -> a standby leads (/health); lead>off: -> the \
+         framework's first offer; kill>1st / kill>all: -> first / last agent re-registered; \
+         spread: first -> last agent re-registered; kill>det: -> the last agent noticed the loss \
+         (QUIC idle timeout); rr p50/p99/max: per agent, loss noticed -> re-registered"
+    );
+    Ok(())
+}
