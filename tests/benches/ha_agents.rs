@@ -255,6 +255,9 @@ struct Figures {
     rereg: (Duration, Duration, Duration),
 }
 
+/// Agents started at once during setup.
+const WAVE: usize = 500;
+
 fn ms(d: Duration) -> String {
     format!("{:>6.0}", d.as_secs_f64() * 1000.0)
 }
@@ -316,23 +319,25 @@ async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow:
         .collect::<Result<_, _>>()?;
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let start = Instant::now();
-    let tasks: Vec<_> = configs
-        .into_iter()
-        .enumerate()
-        .map(|(i, cfg)| {
-            tokio::spawn(agent(
-                i,
-                eps[i % eps.len()].clone(),
-                cfg,
-                addrs.clone(),
-                skip_lost,
-                ev_tx.clone(),
-            ))
-        })
-        .collect();
+    // Start the agents in waves (setup only: a real cluster does not boot 10,000 agents in the
+    // same second); the failover below is the herd we measure.
+    let mut tasks = Vec::with_capacity(n);
+    let mut configs = configs.into_iter().enumerate();
     let mut epoch_of = vec![0u64; n];
     let mut registered = 0;
     while registered < n {
+        if tasks.len() < n && tasks.len() < registered + WAVE {
+            for (i, cfg) in configs.by_ref().take(WAVE) {
+                tasks.push(tokio::spawn(agent(
+                    i,
+                    eps[i % eps.len()].clone(),
+                    cfg,
+                    addrs.clone(),
+                    skip_lost,
+                    ev_tx.clone(),
+                )));
+            }
+        }
         let AgentEvent::Registered { idx, epoch, .. } =
             tokio::time::timeout(Duration::from_secs(120), ev_rx.recv())
                 .await

@@ -33,6 +33,9 @@ use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output}
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;
 const CLOSE_PROTOCOL: u32 = 1;
+/// TLS handshakes in progress at once. A herd of reconnecting agents (after a failover) would
+/// otherwise share the CPU among thousands of handshakes that then all time out and retry.
+const MAX_HANDSHAKES: usize = 64;
 
 enum CoreEvent {
     /// This master was elected: recover the registry and start serving with `epoch`.
@@ -111,6 +114,7 @@ pub async fn run(
         }
     });
 
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::pin!(shutdown);
     let result = loop {
         tokio::select! {
@@ -122,10 +126,19 @@ pub async fn run(
             }
             incoming = endpoint.accept() => {
                 let Some(incoming) = incoming else { break Ok(()) };
+                // Past the handshake limit, refuse at once (the peer backs off and retries)
+                // rather than slow every handshake down until they all time out.
+                let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                    tracing::debug!(remote = %incoming.remote_address(), "too many handshakes in progress; refused");
+                    incoming.refuse();
+                    continue;
+                };
                 let shell = shell.clone();
                 tokio::spawn(async move {
                     let remote = incoming.remote_address();
-                    match incoming.await {
+                    let handshake = incoming.await;
+                    drop(permit);
+                    match handshake {
                         Ok(conn) => serve_connection(shell, conn).await,
                         Err(e) => tracing::info!(%remote, "handshake failed: {e}"),
                     }
