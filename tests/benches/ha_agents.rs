@@ -29,7 +29,7 @@
 //! cargo bench -p gantry-tests --bench ha_agents
 //! ```
 //! Environment: `HA_BENCH_AGENTS` (default `1000,10000`), `HA_BENCH_TTL` (default 3),
-//! `HA_BENCH_ENDPOINTS` (client UDP sockets, default 16), `HA_BENCH_AGENT_MODE`: `gantry`
+//! `HA_BENCH_ENDPOINTS` (client UDP sockets, default 64), `HA_BENCH_AGENT_MODE`: `gantry`
 //! (default: reconnect exactly as `gantry-agent` does today) or `skip-lost` (after losing a
 //! master, try every other master before it again, and never queue the same master twice:
 //! a proposed agent change, measured here to show what it buys), `HA_BENCH_IDLE_MS` (the
@@ -81,6 +81,19 @@ fn transport() -> Arc<quinn::TransportConfig> {
         idle_ms,
     ))));
     Arc::new(t)
+}
+
+/// A client endpoint on loopback with a large receive buffer (it carries many agents).
+fn client_endpoint() -> anyhow::Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    socket2::SockRef::from(&socket).set_recv_buffer_size(8 << 20)?;
+    let runtime = quinn::default_runtime().context("no tokio runtime")?;
+    Ok(quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        None,
+        socket,
+        runtime,
+    )?)
 }
 
 /// Issues (or loads) the certificates of `n` agents; returns their QUIC client configs.
@@ -315,8 +328,8 @@ async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow:
 
     // The agents, spread over a few client endpoints (UDP sockets).
     let eps: Vec<quinn::Endpoint> = (0..endpoints)
-        .map(|_| quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal")))
-        .collect::<Result<_, _>>()?;
+        .map(|_| client_endpoint())
+        .collect::<anyhow::Result<_>>()?;
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let start = Instant::now();
     // Start the agents in waves (setup only: a real cluster does not boot 10,000 agents in the
@@ -486,7 +499,7 @@ fn main() -> anyhow::Result<()> {
     let endpoints: usize = std::env::var("HA_BENCH_ENDPOINTS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(16)
+        .unwrap_or(64)
         .max(1);
     let skip_lost = match std::env::var("HA_BENCH_AGENT_MODE").as_deref() {
         Ok("skip-lost") => true,

@@ -62,8 +62,23 @@ pub fn server_endpoint(
         .map_err(|e| TransportError::Config(e.to_string()))?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     cfg.transport_config(transport_config());
-    Ok(quinn::Endpoint::server(cfg, addr)?)
+    let socket = std::net::UdpSocket::bind(addr)?;
+    // One socket carries every agent's and framework's packets (keep-alives, heartbeats): with
+    // thousands of peers the default buffer (~200 KB) overflows in bursts, and the packets
+    // dropped there turn into idle timeouts. The kernel caps this at net.core.rmem_max.
+    let _ = socket2::SockRef::from(&socket).set_recv_buffer_size(SERVER_RECV_BUFFER);
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| TransportError::Config("no async runtime for QUIC".into()))?;
+    Ok(quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(cfg),
+        socket,
+        runtime,
+    )?)
 }
+
+/// Receive buffer requested for the master's UDP socket.
+pub const SERVER_RECV_BUFFER: usize = 8 << 20;
 
 /// A client endpoint (agent or framework) on an ephemeral port of the right address family.
 pub fn client_endpoint(
