@@ -249,6 +249,21 @@ impl gantry_sdk::Scheduler for Holder {
     }
 }
 
+/// CPU time (user + system) a process has used so far, from /proc.
+fn cpu_time(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which ends with ')'): utime and stime are the 12th and
+    // 13th of them, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    Duration::from_millis(f.iter().sum::<u64>() * 10)
+}
+
 fn health(m: &MasterProc) -> Option<serde_json::Value> {
     m.health().ok()
 }
@@ -266,6 +281,10 @@ struct Figures {
     kill_to_last_lost: Duration,
     /// Per agent: connection lost -> re-registered with the new leader (p50, p99, max).
     rereg: (Duration, Duration, Duration),
+    /// CPU used from the kill until all agents were back: the two remaining masters, and this
+    /// process (the emulated agents and the framework).
+    masters_cpu: Duration,
+    bench_cpu: Duration,
 }
 
 /// Agents started at once during setup.
@@ -394,6 +413,12 @@ async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow:
     });
 
     // kill -9 the leader.
+    let others_pids: Vec<String> = (0..3)
+        .filter(|i| *i != leader)
+        .map(|i| masters[i].proc.pid().to_string())
+        .collect();
+    let cpu_before: Vec<Duration> = others_pids.iter().map(|p| cpu_time(p)).collect();
+    let self_before = cpu_time("self");
     let killed = Instant::now();
     masters[leader].proc.kill9();
     let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
@@ -446,6 +471,12 @@ async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow:
             .unwrap_or_default()
     };
     let all_agents = Instant::now();
+    let masters_cpu: Duration = others_pids
+        .iter()
+        .zip(&cpu_before)
+        .map(|(p, b)| cpu_time(p).saturating_sub(*b))
+        .sum();
+    let bench_cpu = cpu_time("self").saturating_sub(self_before);
     let expired_at = tokio::time::timeout(Duration::from_secs(1), expired_rx)
         .await
         .context("no delete of the leader key seen")??;
@@ -482,6 +513,8 @@ async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow:
             pct(0.99),
             latencies.last().copied().unwrap_or_default(),
         ),
+        masters_cpu,
+        bench_cpu,
     })
 }
 
@@ -509,21 +542,39 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let mut rows = Vec::new();
+    println!(
+        "HA failover, 3 masters on etcd, lease TTL {ttl} s, agents over QUIC, agent mode {} (ms)\n\
+         {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        if skip_lost { "skip-lost" } else { "gantry" },
+        "agents",
+        "initreg",
+        "kill>exp",
+        "exp>lead",
+        "lead>off",
+        "kill>1st",
+        "kill>all",
+        "spread",
+        "kill>det",
+        "rr p50",
+        "rr p99",
+        "rr max",
+        "cpu mst",
+        "cpu emu"
+    );
+    let mut failed = None;
     for n in counts {
         eprintln!("round: {n} agents, lease TTL {ttl} s, skip_lost {skip_lost}");
-        rows.push(rt.block_on(round(n, ttl, endpoints, skip_lost))?);
-    }
-    println!(
-        "\nHA failover, 3 masters on etcd, lease TTL {ttl} s, agents over QUIC, agent mode {} (ms)\n\
-         {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        if skip_lost { "skip-lost" } else { "gantry" },
-        "agents", "initreg", "kill>exp", "exp>lead", "lead>off", "kill>1st", "kill>all", "spread",
-        "kill>det", "rr p50", "rr p99", "rr max"
-    );
-    for f in &rows {
+        // Print each row as soon as it is measured; a failed round does not hide the others.
+        let f = match rt.block_on(round(n, ttl, endpoints, skip_lost)) {
+            Ok(f) => f,
+            Err(e) => {
+                println!("{n:>7} failed: {e:#}");
+                failed = Some(e);
+                continue;
+            }
+        };
         println!(
-            "{:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "{:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
             f.agents,
             ms(f.initial_registration),
             ms(f.kill_to_expiry),
@@ -536,6 +587,8 @@ fn main() -> anyhow::Result<()> {
             ms(f.rereg.0),
             ms(f.rereg.1),
             ms(f.rereg.2),
+            ms(f.masters_cpu),
+            ms(f.bench_cpu),
         );
     }
     println!(
@@ -543,7 +596,9 @@ fn main() -> anyhow::Result<()> {
          (leader key deleted); exp>lead: -> a standby leads (/health); lead>off: -> the \
          framework's first offer; kill>1st / kill>all: -> first / last agent re-registered; \
          spread: first -> last agent re-registered; kill>det: -> the last agent noticed the loss \
-         (QUIC idle timeout); rr p50/p99/max: per agent, loss noticed -> re-registered"
+         (QUIC idle timeout); rr p50/p99/max: per agent, loss noticed -> re-registered; \
+         cpu mst / cpu emu: CPU time used from the kill to the last re-registration by the two \
+         remaining masters / by this process (emulated agents + framework)"
     );
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
