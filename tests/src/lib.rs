@@ -401,25 +401,16 @@ pub async fn run_batch(
     task: &str,
     command: &str,
 ) -> anyhow::Result<gantry_examples::batch::BatchProgress> {
-    use gantry_examples::batch::{Batch, BatchSpec};
-    let spec = BatchSpec {
-        name: name.to_string(),
-        command: command.to_string(),
-        count,
-        task: task.parse()?,
-        env: Default::default(),
-        verbose: false,
-    };
-    let (batch, progress) = Batch::new(spec);
-    let config = gantry_sdk::DriverConfig::new(
+    run_batch_ha(
         vec![master.to_string()],
-        tls_dir.to_path_buf(),
+        tls_dir,
         name,
-        vec![role.to_string()],
-    );
-    gantry_sdk::Driver::new(config).run(batch).await?;
-    let p = progress.borrow().clone();
-    Ok(p)
+        role,
+        count,
+        task,
+        command,
+    )
+    .await
 }
 
 /// A scheduler for tests: launches the given tasks as offers allow (declining the rest) and

@@ -298,7 +298,7 @@ async fn core_loop(
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut master: Option<Master> = None;
-        let mut held: Vec<Input> = Vec::new();
+    let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
     let mut out = Vec::new();
     loop {
@@ -353,11 +353,15 @@ async fn core_loop(
             let t = now();
             // Never offer past the lease deadline, even before the Lost event arrives.
             if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
-                                let started = Instant::now();
+                let started = Instant::now();
                 let before = out.len();
                 m.allocate(t, &mut out);
                 m.last_cycle_us = started.elapsed().as_micros() as u64;
-                if !offered && out[before..].iter().any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Offers(_)))) {
+                if !offered
+                    && out[before..]
+                        .iter()
+                        .any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Offers(_))))
+                {
                     offered = true;
                     tracing::info!(epoch = config.epoch, "first offers made as leader");
                 }

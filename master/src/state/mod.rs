@@ -844,22 +844,11 @@ impl Master {
         };
         task.state = state;
         task.last_message = message.to_string();
-        let update = StatusUpdate {
-            update_id: UpdateId::from_u128(
-                self.id_seed ^ (u128::from(now) << 64) ^ tid.0.as_u128(),
-            ),
-            task_id: tid,
-            framework_id: task.framework,
-            agent_id: Some(task.agent),
-            state,
-            source: UpdateSource::Master,
-            message: message.to_string(),
-            exit_code: None,
-            signal: None,
-            timestamp_ms: now,
-            reconciliation: false,
+        let (fw, agent) = (task.framework, task.agent);
+        let update = self.new_update(tid, fw, Some(agent), state, message.to_string(), now);
+        let Some(task) = self.tasks.get_mut(&tid) else {
+            return;
         };
-        let fw = task.framework;
         if state.is_terminal() {
             task.pending = None;
             self.release_task_resources(tid);
@@ -869,6 +858,31 @@ impl Master {
         }
         if state.is_terminal() {
             self.finish_task_if_done(tid);
+        }
+    }
+
+    /// A status update made by the master (not relayed from an agent).
+    fn new_update(
+        &mut self,
+        task_id: TaskId,
+        framework_id: FrameworkId,
+        agent_id: Option<AgentId>,
+        state: TaskState,
+        message: String,
+        now: Millis,
+    ) -> StatusUpdate {
+        StatusUpdate {
+            update_id: UpdateId::from_u128(self.next_id()),
+            task_id,
+            framework_id,
+            agent_id,
+            state,
+            source: UpdateSource::Master,
+            message,
+            exit_code: None,
+            signal: None,
+            timestamp_ms: now,
+            reconciliation: false,
         }
     }
 
@@ -1397,22 +1411,9 @@ impl Master {
                     None => (TaskState::Lost, None, "unknown task".to_string()),
                 },
             };
-            out.push(Output::ToFramework(
-                conn,
-                MasterToFramework::Update(StatusUpdate {
-                    update_id: UpdateId::from_u128(self.next_id()),
-                    task_id: tid,
-                    framework_id: fw,
-                    agent_id: agent,
-                    state,
-                    source: UpdateSource::Master,
-                    message,
-                    exit_code: None,
-                    signal: None,
-                    timestamp_ms: now,
-                    reconciliation: true,
-                }),
-            ));
+            let mut update = self.new_update(tid, fw, agent, state, message, now);
+            update.reconciliation = true;
+            out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }
     }
 
@@ -1617,21 +1618,17 @@ impl Master {
                     task,
                 },
             ));
+            let staging = self.new_update(
+                tid,
+                fw,
+                Some(agent_id),
+                TaskState::Staging,
+                "sent to agent".into(),
+                now,
+            );
             out.push(Output::ToFramework(
                 conn,
-                MasterToFramework::Update(StatusUpdate {
-                    update_id: UpdateId::from_u128(self.next_id()),
-                    task_id: tid,
-                    framework_id: fw,
-                    agent_id: Some(agent_id),
-                    state: TaskState::Staging,
-                    source: UpdateSource::Master,
-                    message: "sent to agent".into(),
-                    exit_code: None,
-                    signal: None,
-                    timestamp_ms: now,
-                    reconciliation: false,
-                }),
+                MasterToFramework::Update(staging),
             ));
         }
     }
@@ -1753,22 +1750,15 @@ impl Master {
         out: &mut Vec<Output>,
     ) {
         out.push(err(conn, kind, reason.to_string()));
-        out.push(Output::ToFramework(
-            conn,
-            MasterToFramework::Update(StatusUpdate {
-                update_id: UpdateId::from_u128(self.next_id()),
-                task_id: task.task_id,
-                framework_id: fw,
-                agent_id: None,
-                state: TaskState::Error,
-                source: UpdateSource::Master,
-                message: reason.to_string(),
-                exit_code: None,
-                signal: None,
-                timestamp_ms: now,
-                reconciliation: false,
-            }),
-        ));
+        let update = self.new_update(
+            task.task_id,
+            fw,
+            None,
+            TaskState::Error,
+            reason.to_string(),
+            now,
+        );
+        out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
     }
 
     // -----------------------------------------------------------------------------------------
