@@ -15,14 +15,16 @@
 mod dense;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use gantry_sdk::protocol::messages::Demand;
 use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
 use serde::Serialize;
 
-use dense::{Bundle, Names, Rv};
+use dense::{Bundle, Names, Rv, VecMap};
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
 pub type Millis = u64;
@@ -195,7 +197,8 @@ struct Agent {
     /// Accepted resources in use, per (framework, role).
     inuse: Vec<(u32, u32, Bundle)>,
     offers: Vec<OfferId>,
-    filters: HashMap<u32, Vec<Filter>>,
+    /// Decline filters per framework index.
+    filters: VecMap<Vec<Filter>>,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
 }
@@ -221,7 +224,7 @@ struct Framework {
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
-    offers: BTreeSet<OfferId>,
+    offers: HashSet<OfferId>,
     inuse_agents: HashSet<u32>,
     filtered_agents: HashSet<u32>,
 }
@@ -256,7 +259,11 @@ struct Role {
 
 #[derive(Debug)]
 struct OfferState {
-    rec: OfferRecord,
+    id: OfferId,
+    framework: FrameworkId,
+    created_at: Millis,
+    /// The public record, built on first request (most offers are only returned once).
+    rec: std::sync::OnceLock<Box<OfferRecord>>,
     fw: u32,
     agent: u32,
     role: u32,
@@ -307,16 +314,22 @@ pub struct Allocator {
     agent_order: Vec<u32>,
     free_agent_slots: Vec<u32>,
     frameworks: Vec<Option<Framework>>,
+    /// [`FW_GPU`] / [`FW_DEMAND`] per framework slot (hot path of the scan).
+    fw_flags: Vec<u8>,
     fw_ids: HashMap<FrameworkId, u32>,
     free_fw_slots: Vec<u32>,
     roles: Vec<Role>,
     role_ids: HashMap<String, u32>,
-    offers: BTreeMap<OfferId, OfferState>,
+    offers: HashMap<OfferId, OfferState>,
     next_offer: u64,
     filter_heap: BinaryHeap<Reverse<(Millis, u32, u32)>>,
     epoch: u64,
     keys_stale: bool,
     counters: Counters,
+    /// Size hint for the next cycle's output.
+    last_cycle_offers: usize,
+    /// Reused per-visit buffer of offers being assembled on one agent.
+    pending_buf: Vec<Pending>,
 }
 
 fn share_bits(x: f64) -> u64 {
@@ -359,20 +372,23 @@ impl Allocator {
             guarded: Vec::new(),
             any_guarantee: false,
             agents: Vec::new(),
-            agent_ids: HashMap::new(),
+            agent_ids: HashMap::default(),
             agent_order: Vec::new(),
             free_agent_slots: Vec::new(),
             frameworks: Vec::new(),
-            fw_ids: HashMap::new(),
+            fw_flags: Vec::new(),
+            fw_ids: HashMap::default(),
             free_fw_slots: Vec::new(),
             roles: vec![root],
-            role_ids: HashMap::new(),
-            offers: BTreeMap::new(),
+            role_ids: HashMap::default(),
+            offers: HashMap::default(),
             next_offer: 0,
             filter_heap: BinaryHeap::new(),
             epoch: 0,
             keys_stale: false,
             counters: Counters::default(),
+            last_cycle_offers: 0,
+            pending_buf: Vec::new(),
         };
         a.role_ids.insert(String::new(), 0);
         a
@@ -564,15 +580,17 @@ impl Allocator {
 
     fn refresh_fw_key(&mut self, f: u32, ri: usize) {
         let new = self.fw_key(f, ri);
-        let (role, old) = {
-            let fr = &self.fw(f).roles[ri];
-            (fr.role, fr.key.clone())
-        };
-        if old != new {
-            let set = &mut self.roles[role as usize].frameworks;
-            set.remove(&old);
-            set.insert(new.clone());
-            self.fw_mut(f).roles[ri].key = new;
+        let fr = &mut self.frameworks[f as usize]
+            .as_mut()
+            .expect("allocator invariant: live framework slot")
+            .roles[ri];
+        if fr.key != new {
+            let old = std::mem::replace(&mut fr.key, new.clone());
+            if !fr.suppressed {
+                let set = &mut self.roles[fr.role as usize].frameworks;
+                set.remove(&old);
+                set.insert(new);
+            }
         }
     }
 
@@ -602,7 +620,9 @@ impl Allocator {
             for ri in 0..self.fw(f).roles.len() {
                 let key = self.fw_key(f, ri);
                 let role = self.fw(f).roles[ri].role;
-                self.roles[role as usize].frameworks.insert(key.clone());
+                if !self.fw(f).roles[ri].suppressed {
+                    self.roles[role as usize].frameworks.insert(key.clone());
+                }
                 self.fw_mut(f).roles[ri].key = key;
             }
         }
@@ -761,6 +781,29 @@ impl Allocator {
         }
     }
 
+    fn build_record(&self, st: &OfferState) -> OfferRecord {
+        OfferRecord {
+            id: st.id,
+            framework: st.framework,
+            agent: self.ag(st.agent).id,
+            role: self.roles[st.role as usize].name.to_string(),
+            resources: self.offer_resources(&st.bundle),
+            created_at: st.created_at,
+        }
+    }
+
+    fn record_of<'a>(&self, st: &'a OfferState) -> &'a OfferRecord {
+        st.rec.get_or_init(|| Box::new(self.build_record(st)))
+    }
+
+    /// The record of an offer that was just removed from the book.
+    fn take_record(&self, mut st: OfferState) -> OfferRecord {
+        match st.rec.take() {
+            Some(r) => *r,
+            None => self.build_record(&st),
+        }
+    }
+
     fn next_offer_id(&mut self) -> OfferId {
         self.next_offer += 1;
         OfferId::from_u128(((self.config.offer_id_seed as u128) << 64) | self.next_offer as u128)
@@ -774,8 +817,7 @@ impl Allocator {
         let expires = now.saturating_add(ms);
         self.ag_mut(a)
             .filters
-            .entry(f)
-            .or_default()
+            .or_default(f)
             .push(Filter { refused, expires });
         self.fw_mut(f).filtered_agents.insert(a);
         self.filter_heap.push(Reverse((expires, a, f)));
@@ -880,7 +922,7 @@ impl Allocator {
             total,
             inuse: Vec::new(),
             offers: Vec::new(),
-            filters: HashMap::new(),
+            filters: VecMap::default(),
             stable: None,
         };
         let slot = match self.free_agent_slots.pop() {
@@ -910,7 +952,7 @@ impl Allocator {
         for o in offers {
             if let Some(st) = self.drop_offer(o) {
                 self.counters.rescinded += 1;
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         let inuse = std::mem::take(&mut self.ag_mut(a).inuse);
@@ -970,7 +1012,7 @@ impl Allocator {
                 fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
                 self.ag_mut(a).offers.retain(|x| *x != o);
                 self.counters.rescinded += 1;
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         let old_total = self.ag(a).total.clone();
@@ -1023,9 +1065,9 @@ impl Allocator {
                     roles: Vec::new(),
                     alloc: Bundle::default(),
                     offers_made: 0,
-                    offers: BTreeSet::new(),
-                    inuse_agents: HashSet::new(),
-                    filtered_agents: HashSet::new(),
+                    offers: HashSet::default(),
+                    inuse_agents: HashSet::default(),
+                    filtered_agents: HashSet::default(),
                 };
                 let slot = match self.free_fw_slots.pop() {
                     Some(s) => {
@@ -1038,9 +1080,13 @@ impl Allocator {
                     }
                 };
                 self.fw_ids.insert(id, slot);
+                if self.fw_flags.len() <= slot as usize {
+                    self.fw_flags.resize(slot as usize + 1, 0);
+                }
                 slot
             }
         };
+        self.fw_flags[f as usize] = if gpu_capable { FW_GPU } else { 0 };
         let mut role_list: Vec<&str> = if roles.is_empty() {
             vec![DEFAULT_ROLE]
         } else {
@@ -1090,7 +1136,7 @@ impl Allocator {
         let mut out = Vec::new();
         for o in self.fw(f).offers.iter().copied().collect::<Vec<_>>() {
             if let Some(st) = self.drop_offer(o) {
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         for a in self.fw(f).inuse_agents.iter().copied().collect::<Vec<_>>() {
@@ -1137,7 +1183,9 @@ impl Allocator {
             Some(d) if !d.task.is_empty() => Some((self.rv(&d.task), d.count as u64)),
             _ => None,
         };
+        let flag = if d.is_some() { FW_DEMAND } else { 0 };
         self.fw_mut(f).demand = d;
+        self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_DEMAND) | flag;
     }
 
     /// Replaces a framework's declared demand (`None`: Mesos behaviour, whole agents).
@@ -1160,10 +1208,16 @@ impl Allocator {
         if role.is_some() && target.is_none() {
             return;
         }
+        // Suppressed frameworks leave their roles' fair-order sets (the scan never sees them).
+        let mut removed = Vec::new();
         for fr in &mut self.fw_mut(f).roles {
-            if target.is_none() || target == Some(fr.role) {
+            if (target.is_none() || target == Some(fr.role)) && !fr.suppressed {
                 fr.suppressed = true;
+                removed.push((fr.role, fr.key.clone()));
             }
+        }
+        for (r, key) in removed {
+            self.roles[r as usize].frameworks.remove(&key);
         }
     }
 
@@ -1175,9 +1229,22 @@ impl Allocator {
         let target = role
             .map(norm_role)
             .and_then(|r| self.role_ids.get(r).copied());
-        for fr in &mut self.fw_mut(f).roles {
-            if role.is_none() || target == Some(fr.role) {
+        let mut revived = Vec::new();
+        for (ri, fr) in self.fw_mut(f).roles.iter_mut().enumerate() {
+            if (role.is_none() || target == Some(fr.role)) && fr.suppressed {
                 fr.suppressed = false;
+                revived.push(ri);
+            }
+        }
+        for ri in revived {
+            let key = self.fw_key(f, ri);
+            let r = self.fw(f).roles[ri].role;
+            self.roles[r as usize].frameworks.insert(key.clone());
+            self.fw_mut(f).roles[ri].key = key;
+            if self.roles[r as usize].self_key.is_none() {
+                let sk = self.self_key(r);
+                self.roles[r as usize].sorted.insert(sk.clone());
+                self.roles[r as usize].self_key = Some(sk);
             }
         }
         self.clear_filters(f);
@@ -1215,7 +1282,7 @@ impl Allocator {
                 self.names.intern(n);
             }
             self.sync_names();
-            let mut v = vec![u64::MAX; self.names.len()];
+            let mut v: Rv = smallvec::smallvec![u64::MAX; self.names.len()];
             for n in &names {
                 if let Some(i) = self.names.lookup(n) {
                     v[i] = l.milli(n);
@@ -1242,7 +1309,7 @@ impl Allocator {
             self.rekey_all();
         }
         self.recompute_required();
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.last_cycle_offers);
         if self.any_guarantee {
             for i in 0..self.agent_order.len() {
                 let a = self.agent_order[i];
@@ -1253,6 +1320,7 @@ impl Allocator {
             let a = self.agent_order[i];
             self.visit(a, false, now, &mut out);
         }
+        self.last_cycle_offers = out.len();
         out
     }
 
@@ -1268,7 +1336,8 @@ impl Allocator {
                 return;
             }
         }
-        let mut pending: Vec<Pending> = Vec::new();
+        let mut pending = std::mem::take(&mut self.pending_buf);
+        pending.clear();
         loop {
             let mut constrained = false;
             match self.find(0, a, stage1, false, now, &pending, &mut constrained) {
@@ -1284,7 +1353,10 @@ impl Allocator {
                 break;
             }
         }
-        for p in pending {
+        if self.offers.capacity() < self.offers.len() + pending.len() {
+            self.offers.reserve(self.offers.len().max(1024));
+        }
+        for p in pending.drain(..) {
             let id = self.next_offer_id();
             let rec = OfferRecord {
                 id,
@@ -1299,7 +1371,10 @@ impl Allocator {
             self.offers.insert(
                 id,
                 OfferState {
-                    rec: rec.clone(),
+                    id,
+                    framework: rec.framework,
+                    created_at: now,
+                    rec: std::sync::OnceLock::new(),
                     fw: p.fw,
                     agent: a,
                     role: p.role,
@@ -1310,6 +1385,7 @@ impl Allocator {
             self.counters.made += 1;
             out.push(rec);
         }
+        self.pending_buf = pending;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1450,53 +1526,53 @@ impl Allocator {
         }
         let gpu_blocked = self.config.filter_gpu_resources && agent.gpu;
         let mut avail_total: Option<Rv> = None;
+        let filtered = |f: u32, total: &[u64]| {
+            agent.filters.get(&f).is_some_and(|list| {
+                list.iter()
+                    .any(|x| x.expires > now && dense::contains(&x.refused, total))
+            })
+        };
+        // Suppressed frameworks are not in the set at all; flags avoid touching the framework
+        // record for the common (non-demand) case.
         for key in &role.frameworks {
             let f = key.idx;
-            let fw = self.fw(f);
-            if gpu_blocked && !fw.gpu_capable {
+            let flags = self.fw_flags[f as usize];
+            if gpu_blocked && flags & FW_GPU == 0 {
                 continue;
             }
-            let Some(fr) = fw.roles.iter().find(|x| x.role == r) else {
-                continue;
-            };
-            if fr.suppressed {
-                continue;
-            }
-            let (grant, tasks) = match &fw.demand {
-                Some((task, count)) => {
-                    if fw.offered_tasks >= *count {
-                        continue;
-                    }
-                    match split_task(&avail, task) {
-                        Some(g) => (g, 1),
-                        None => continue,
-                    }
-                }
-                None => {
-                    if pending.iter().any(|p| p.fw == f && p.role == r) {
-                        continue;
-                    }
-                    (avail.clone(), 0)
-                }
-            };
-            if let Some(filters) = agent.filters.get(&f) {
-                let total = if tasks == 0 {
-                    avail_total.get_or_insert_with(|| avail.total()).clone()
-                } else {
-                    grant.total()
-                };
-                if filters
-                    .iter()
-                    .any(|x| x.expires > now && dense::contains(&x.refused, &total))
-                {
+            if flags & FW_DEMAND == 0 {
+                if pending.iter().any(|p| p.fw == f && p.role == r) {
                     continue;
                 }
+                let total = avail_total.get_or_insert_with(|| avail.total());
+                if filtered(f, total) {
+                    continue;
+                }
+                return Some(Candidate {
+                    fw: f,
+                    role: r,
+                    grant: avail,
+                    tasks: 0,
+                });
+            }
+            let fw = self.fw(f);
+            let Some((task, count)) = &fw.demand else {
+                continue;
+            };
+            if fw.offered_tasks >= *count {
+                continue;
+            }
+            let Some(grant) = split_task(&avail, task) else {
+                continue;
+            };
+            if filtered(f, &grant.total()) {
+                continue;
             }
             return Some(Candidate {
                 fw: f,
                 role: r,
                 grant,
-                tasks,
+                tasks: 1,
             });
         }
         None
@@ -1548,12 +1624,27 @@ impl Allocator {
 
     /// An outstanding offer.
     pub fn offer(&self, id: OfferId) -> Option<&OfferRecord> {
-        self.offers.get(&id).map(|s| &s.rec)
+        self.offers.get(&id).map(|s| self.record_of(s))
     }
 
     /// All outstanding offers, oldest first.
     pub fn outstanding_offers(&self) -> impl Iterator<Item = &OfferRecord> {
-        self.offers.values().map(|s| &s.rec)
+        let mut v: Vec<&OfferRecord> = self.offers.values().map(|s| self.record_of(s)).collect();
+        v.sort_unstable_by_key(|r| r.id);
+        v.into_iter()
+    }
+
+    /// Outstanding offers of `framework` on `agent`, oldest first.
+    pub fn offers_on(&self, framework: FrameworkId, agent: AgentId) -> Vec<OfferId> {
+        let Some(&a) = self.agent_ids.get(&agent) else {
+            return Vec::new();
+        };
+        self.ag(a)
+            .offers
+            .iter()
+            .copied()
+            .filter(|o| self.offers.get(o).is_some_and(|s| s.framework == framework))
+            .collect()
     }
 
     /// The offer is used up: `used` stays allocated to the framework (in use by tasks); the rest
@@ -1576,7 +1667,7 @@ impl Allocator {
                 return Err(AllocError::ExceedsOffer {
                     offer,
                     requested: used.clone(),
-                    offered: st.rec.resources.clone(),
+                    offered: self.offer_resources(&st.bundle),
                 });
             }
         };
@@ -1615,7 +1706,7 @@ impl Allocator {
         self.ag_mut(a).offers.retain(|o| *o != offer);
         self.add_filter(a, f, rest.total(), refuse_ms, now);
         self.counters.accepted += 1;
-        Ok(st.rec)
+        Ok(self.take_record(st))
     }
 
     /// Declines an offer: everything returns to the pool and is filtered for that framework on
@@ -1631,14 +1722,14 @@ impl Allocator {
             .ok_or(AllocError::UnknownOffer(offer))?;
         self.add_filter(st.agent, st.fw, st.bundle.total(), refuse_ms, now);
         self.counters.declined += 1;
-        Ok(st.rec)
+        Ok(self.take_record(st))
     }
 
     /// Takes an offer back (no filter).
     pub fn rescind(&mut self, offer: OfferId) -> Option<OfferRecord> {
         let st = self.drop_offer(offer)?;
         self.counters.rescinded += 1;
-        Some(st.rec)
+        Some(self.take_record(st))
     }
 
     /// Tasks of `framework` on `agent` ended: `resources` (at most what it has in use there)
@@ -1736,7 +1827,7 @@ impl Allocator {
                     reserved: BTreeMap::from([(role.to_string(), resources.clone())]),
                 }
             },
-            offered: st.rec.resources.clone(),
+            offered: self.offer_resources(&st.bundle),
         };
         let Some(amount) = self.names.try_rv(resources) else {
             return Err(exceeds());
@@ -1780,15 +1871,18 @@ impl Allocator {
             agent.total.add(&delta_to);
             agent.stable = None;
         }
-        let resources = self.offer_resources(&new);
         let st = self
             .offers
             .get_mut(&offer)
             .ok_or(AllocError::UnknownOffer(offer))?;
         st.bundle = new;
-        st.rec.resources = resources;
+        st.rec = std::sync::OnceLock::new();
         self.epoch += 1;
-        Ok(st.rec.clone())
+        let st = self
+            .offers
+            .get(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        Ok(self.record_of(st).clone())
     }
 
     /// Records resources already in use by `framework` (in `role`) on `agent`: tasks that were
@@ -1884,18 +1978,19 @@ impl Allocator {
         let Some(timeout) = self.config.offer_timeout_ms else {
             return Vec::new();
         };
-        let due: Vec<OfferId> = self
+        let mut due: Vec<OfferId> = self
             .offers
             .values()
-            .filter(|s| s.rec.created_at.saturating_add(timeout) <= now)
-            .map(|s| s.rec.id)
+            .filter(|s| s.created_at.saturating_add(timeout) <= now)
+            .map(|s| s.id)
             .collect();
+        due.sort_unstable();
         let mut out = Vec::new();
         for id in due {
             if let Some(st) = self.drop_offer(id) {
                 self.counters.rescinded += 1;
                 self.counters.expired += 1;
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         out
@@ -1906,7 +2001,7 @@ impl Allocator {
         let t = self.config.offer_timeout_ms?;
         self.offers
             .values()
-            .map(|s| s.rec.created_at.saturating_add(t))
+            .map(|s| s.created_at.saturating_add(t))
             .min()
     }
 
@@ -2030,6 +2125,11 @@ impl Allocator {
     }
 }
 
+/// Framework flag: declared the GPU capability.
+const FW_GPU: u8 = 1;
+/// Framework flag: declared a demand.
+const FW_DEMAND: u8 = 2;
+
 fn norm_role(role: &str) -> &str {
     let r = role.trim_matches('/');
     if r.is_empty() {
@@ -2042,7 +2142,7 @@ fn norm_role(role: &str) -> &str {
 /// One task's worth out of `avail`, drawing reservations first (in `avail.resv` order, which is
 /// by role index) and unreserved resources last. `None` when it does not fit.
 fn split_task(avail: &Bundle, task: &[u64]) -> Option<Bundle> {
-    let mut need: Rv = task.to_vec();
+    let mut need: Rv = Rv::from_slice(task);
     let mut out = Bundle::default();
     for (role, pool) in &avail.resv {
         let take: Rv = need

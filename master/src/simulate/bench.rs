@@ -53,12 +53,29 @@ pub struct BenchResult {
     pub roles: usize,
     pub first_cycle_ms: f64,
     pub median_cycle_ms: f64,
+    /// Median thread CPU time of a cycle.
+    pub median_cycle_cpu_ms: f64,
     pub max_cycle_ms: f64,
     pub cycles: usize,
     pub offers_first_cycle: usize,
     pub offers_per_cycle_median: usize,
     pub build_ms: f64,
     pub rss_growth_mib: f64,
+}
+
+/// CPU time consumed by the calling thread, in milliseconds (`CLOCK_THREAD_CPUTIME_ID`): unlike
+/// wall time it does not count time the thread waited for a core on a busy machine.
+pub fn thread_cpu_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass and has no other effects.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 * 1000.0 + ts.tv_nsec as f64 / 1e6
 }
 
 /// Resident set size of this process in KiB (Linux `/proc/self/status`), 0 when unknown.
@@ -105,7 +122,15 @@ fn agent_resources() -> Resources {
 }
 
 /// Runs cycles: each `allocate()` is timed, then its offers are declined with a long filter.
-fn run_cycles(alloc: &mut Allocator, cycles: usize) -> (f64, usize, Vec<f64>, Vec<usize>) {
+struct Cycles {
+    first_ms: f64,
+    first_offers: usize,
+    wall_ms: Vec<f64>,
+    cpu_ms: Vec<f64>,
+    offers: Vec<usize>,
+}
+
+fn run_cycles(alloc: &mut Allocator, cycles: usize) -> Cycles {
     let mut now = 1_000;
     let start = Instant::now();
     let offers = alloc.allocate(now);
@@ -115,18 +140,27 @@ fn run_cycles(alloc: &mut Allocator, cycles: usize) -> (f64, usize, Vec<f64>, Ve
         let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
     }
     let mut times = Vec::with_capacity(cycles);
+    let mut cpu = Vec::with_capacity(cycles);
     let mut counts = Vec::with_capacity(cycles);
     for _ in 0..cycles {
         now += 1_000;
+        let cpu0 = thread_cpu_ms();
         let start = Instant::now();
         let offers = alloc.allocate(now);
         times.push(start.elapsed().as_secs_f64() * 1000.0);
+        cpu.push(thread_cpu_ms() - cpu0);
         counts.push(offers.len());
         for o in offers {
             let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
         }
     }
-    (first, first_offers, times, counts)
+    Cycles {
+        first_ms: first,
+        first_offers,
+        wall_ms: times,
+        cpu_ms: cpu,
+        offers: counts,
+    }
 }
 
 fn median_f(v: &[f64]) -> f64 {
@@ -167,18 +201,19 @@ pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchR
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
     let rss1 = rss_kib();
-    let (first, first_offers, times, counts) = run_cycles(&mut alloc, cycles);
+    let c = run_cycles(&mut alloc, cycles);
     BenchResult {
         name: "DeclineOffers".into(),
         agents,
         frameworks,
         roles: 1,
-        first_cycle_ms: first,
-        median_cycle_ms: median_f(&times),
-        max_cycle_ms: times.iter().copied().fold(0.0, f64::max),
+        first_cycle_ms: c.first_ms,
+        median_cycle_ms: median_f(&c.wall_ms),
+        median_cycle_cpu_ms: median_f(&c.cpu_ms),
+        max_cycle_ms: c.wall_ms.iter().copied().fold(0.0, f64::max),
         cycles,
-        offers_first_cycle: first_offers,
-        offers_per_cycle_median: median_u(&counts),
+        offers_first_cycle: c.first_offers,
+        offers_per_cycle_median: median_u(&c.offers),
         build_ms,
         rss_growth_mib: rss1.saturating_sub(rss0) as f64 / 1024.0,
     }
@@ -207,18 +242,19 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
     let rss1 = rss_kib();
-    let (first, first_offers, times, counts) = run_cycles(&mut alloc, cycles);
+    let c = run_cycles(&mut alloc, cycles);
     BenchResult {
         name: "QuotaRoles".into(),
         agents,
         frameworks: roles,
         roles,
-        first_cycle_ms: first,
-        median_cycle_ms: median_f(&times),
-        max_cycle_ms: times.iter().copied().fold(0.0, f64::max),
+        first_cycle_ms: c.first_ms,
+        median_cycle_ms: median_f(&c.wall_ms),
+        median_cycle_cpu_ms: median_f(&c.cpu_ms),
+        max_cycle_ms: c.wall_ms.iter().copied().fold(0.0, f64::max),
         cycles,
-        offers_first_cycle: first_offers,
-        offers_per_cycle_median: median_u(&counts),
+        offers_first_cycle: c.first_offers,
+        offers_per_cycle_median: median_u(&c.offers),
         build_ms,
         rss_growth_mib: rss1.saturating_sub(rss0) as f64 / 1024.0,
     }
@@ -233,13 +269,14 @@ pub fn run(args: BenchArgs) -> Result<(), SimError> {
         .collect::<Result<_, _>>()?;
     if !args.json {
         println!(
-            "{:<14} {:>7} {:>6} {:>6} {:>10} {:>11} {:>9} {:>8} {:>8} {:>9} {:>8}",
+            "{:<14} {:>7} {:>6} {:>6} {:>10} {:>11} {:>10} {:>9} {:>8} {:>8} {:>9} {:>8}",
             "benchmark",
             "agents",
             "fwks",
             "roles",
             "first ms",
             "median ms",
+            "cpu ms",
             "max ms",
             "offers1",
             "offers",
@@ -269,13 +306,14 @@ fn print_result(r: Option<&BenchResult>, json: bool) -> Result<(), SimError> {
         println!("{}", serde_json::to_string(r)?);
     } else {
         println!(
-            "{:<14} {:>7} {:>6} {:>6} {:>10.2} {:>11.3} {:>9.3} {:>8} {:>8} {:>9.0} {:>8.1}",
+            "{:<14} {:>7} {:>6} {:>6} {:>10.2} {:>11.3} {:>10.3} {:>9.3} {:>8} {:>8} {:>9.0} {:>8.1}",
             r.name,
             r.agents,
             r.frameworks,
             r.roles,
             r.first_cycle_ms,
             r.median_cycle_ms,
+            r.median_cycle_cpu_ms,
             r.max_cycle_ms,
             r.offers_first_cycle,
             r.offers_per_cycle_median,
