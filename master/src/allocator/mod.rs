@@ -308,6 +308,10 @@ pub struct Allocator {
     required: Rv,
     /// Kinds named in some guarantee.
     guarded: Vec<bool>,
+    /// Per role: below its quota guarantee (maintained during a cycle).
+    below: Vec<bool>,
+    /// Roles with frameworks that are below their guarantee.
+    n_below: usize,
     any_guarantee: bool,
     agents: Vec<Option<Agent>>,
     agent_ids: HashMap<AgentId, u32>,
@@ -370,6 +374,8 @@ impl Allocator {
             free_unres: Rv::new(),
             required: Rv::new(),
             guarded: Vec::new(),
+            below: Vec::new(),
+            n_below: 0,
             any_guarantee: false,
             agents: Vec::new(),
             agent_ids: HashMap::default(),
@@ -675,8 +681,25 @@ impl Allocator {
         }
     }
 
+    /// Cached during a cycle (see [`Allocator::recompute_required`] and `charge`).
     fn below_guarantee(&self, r: u32) -> bool {
-        !dense::is_zero(&self.remaining_guarantee(r))
+        self.below.get(r as usize).copied().unwrap_or(false)
+    }
+
+    fn set_below(&mut self, r: u32) {
+        let now_below = self.roles[r as usize].guarantee.is_some()
+            && !dense::is_zero(&self.remaining_guarantee(r));
+        if self.below.len() <= r as usize {
+            self.below.resize(r as usize + 1, false);
+        }
+        let was = std::mem::replace(&mut self.below[r as usize], now_below);
+        if self.roles[r as usize].fw_count > 0 && was != now_below {
+            if now_below {
+                self.n_below += 1;
+            } else {
+                self.n_below -= 1;
+            }
+        }
     }
 
     fn recompute_required(&mut self) {
@@ -697,6 +720,14 @@ impl Allocator {
         self.required = req;
         self.guarded = guarded;
         self.any_guarantee = any;
+        self.below.clear();
+        self.below.resize(self.roles.len(), false);
+        self.n_below = 0;
+        if any {
+            for r in 1..self.roles.len() as u32 {
+                self.set_below(r);
+            }
+        }
     }
 
     /// Changes an allocation (offered or in use) of framework `f` in role `role` by `b`.
@@ -756,6 +787,7 @@ impl Allocator {
         for r in &guaranteed {
             let rem = self.remaining_guarantee(*r);
             dense::add(&mut self.required, &rem);
+            self.set_below(*r);
         }
         if let Some(ri) = ri {
             self.refresh_fw_key(f, ri);
@@ -1312,6 +1344,10 @@ impl Allocator {
         let mut out = Vec::with_capacity(self.last_cycle_offers);
         if self.any_guarantee {
             for i in 0..self.agent_order.len() {
+                // Stage 1 ends as soon as no role with frameworks is below its guarantee.
+                if self.n_below == 0 {
+                    break;
+                }
                 let a = self.agent_order[i];
                 self.visit(a, true, now, &mut out);
             }
