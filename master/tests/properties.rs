@@ -401,11 +401,11 @@ proptest! {
             alloc.set_weight(roles[i], *w as f64);
         }
         let mut fws = Vec::new();
-        for r in 0..3 {
+        for (r, role) in roles.iter().enumerate() {
             for k in 0..2 {
                 let id = FrameworkId::from_u128((r * 2 + k + 1) as u128);
-                alloc.add_framework(id, &format!("f{r}{k}"), &[roles[r].to_string()], false, None);
-                fws.push((id, roles[r]));
+                alloc.add_framework(id, &format!("f{r}{k}"), &[role.to_string()], false, None);
+                fws.push((id, *role));
             }
         }
         // Existing allocations (running tasks) exactly filling a big agent, so it has nothing
