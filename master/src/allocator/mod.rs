@@ -198,7 +198,7 @@ struct Agent {
     inuse: Vec<(u32, u32, Bundle)>,
     offers: Vec<OfferId>,
     /// Decline filters per framework index.
-    filters: VecMap<Vec<Filter>>,
+    filters: VecMap<smallvec::SmallVec<[Filter; 1]>>,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
 }
@@ -271,6 +271,92 @@ struct OfferState {
     tasks: u64,
 }
 
+/// Outstanding offers in a slab. An offer id carries its slot (low 24 bits) under a global
+/// sequence number (next 40 bits) and the configured seed (high 64 bits), so lookups need no
+/// hashing and ids still sort by age.
+struct OfferBook {
+    slots: Vec<Option<OfferState>>,
+    free: Vec<u32>,
+    len: usize,
+    seq: u64,
+    seed: u64,
+}
+
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+
+impl OfferBook {
+    fn new(seed: u64) -> Self {
+        Self { slots: Vec::new(), free: Vec::new(), len: 0, seq: 0, seed }
+    }
+
+    /// True when fewer than 4096 slots are left (a visit makes only a few offers).
+    fn is_full(&self) -> bool {
+        self.free.len() < 4096 && self.slots.len() as u64 + 4096 > SLOT_MASK
+    }
+
+    /// Reserves a slot and returns the id for the offer that will be put there.
+    fn next_id(&mut self) -> OfferId {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.seq += 1;
+        let low = ((self.seq & ((1 << (64 - SLOT_BITS)) - 1)) << SLOT_BITS) | slot as u64;
+        OfferId::from_u128(((self.seed as u128) << 64) | low as u128)
+    }
+
+    fn slot(&self, id: &OfferId) -> Option<usize> {
+        let v = id.0.as_u128();
+        if (v >> 64) as u64 != self.seed {
+            return None;
+        }
+        let s = (v as u64 & SLOT_MASK) as usize;
+        (s < self.slots.len()).then_some(s)
+    }
+
+    fn insert(&mut self, id: OfferId, st: OfferState) {
+        if let Some(s) = self.slot(&id) {
+            if self.slots[s].is_none() {
+                self.len += 1;
+            }
+            self.slots[s] = Some(st);
+        }
+    }
+
+    fn get(&self, id: &OfferId) -> Option<&OfferState> {
+        let s = self.slot(id)?;
+        self.slots[s].as_ref().filter(|st| st.id == *id)
+    }
+
+    fn get_mut(&mut self, id: &OfferId) -> Option<&mut OfferState> {
+        let s = self.slot(id)?;
+        self.slots[s].as_mut().filter(|st| st.id == *id)
+    }
+
+    fn remove(&mut self, id: &OfferId) -> Option<OfferState> {
+        let s = self.slot(id)?;
+        if self.slots[s].as_ref().is_some_and(|st| st.id == *id) {
+            self.len -= 1;
+            self.free.push(s as u32);
+            self.slots[s].take()
+        } else {
+            None
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &OfferState> {
+        self.slots.iter().flatten()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 struct Pending {
     fw: u32,
     role: u32,
@@ -324,8 +410,7 @@ pub struct Allocator {
     free_fw_slots: Vec<u32>,
     roles: Vec<Role>,
     role_ids: HashMap<String, u32>,
-    offers: HashMap<OfferId, OfferState>,
-    next_offer: u64,
+    offers: OfferBook,
     filter_heap: BinaryHeap<Reverse<(Millis, u32, u32)>>,
     epoch: u64,
     keys_stale: bool,
@@ -365,6 +450,7 @@ impl Allocator {
             self_key: None,
             fw_count: 0,
         };
+        let seed = config.offer_id_seed;
         let mut a = Self {
             config,
             names: Names::default(),
@@ -387,8 +473,7 @@ impl Allocator {
             free_fw_slots: Vec::new(),
             roles: vec![root],
             role_ids: HashMap::default(),
-            offers: HashMap::default(),
-            next_offer: 0,
+            offers: OfferBook::new(seed),
             filter_heap: BinaryHeap::new(),
             epoch: 0,
             keys_stale: false,
@@ -733,12 +818,12 @@ impl Allocator {
     /// Changes an allocation (offered or in use) of framework `f` in role `role` by `b`.
     fn charge(&mut self, f: u32, role: u32, b: &Bundle, add: bool) {
         let total = b.total();
-        let guaranteed: Vec<u32> = if self.any_guarantee {
+        let guaranteed: smallvec::SmallVec<[u32; 4]> = if self.any_guarantee {
             self.chain(role)
                 .filter(|r| self.roles[*r as usize].guarantee.is_some())
                 .collect()
         } else {
-            Vec::new()
+            smallvec::SmallVec::new()
         };
         for r in &guaranteed {
             let rem = self.remaining_guarantee(*r);
@@ -836,10 +921,6 @@ impl Allocator {
         }
     }
 
-    fn next_offer_id(&mut self) -> OfferId {
-        self.next_offer += 1;
-        OfferId::from_u128(((self.config.offer_id_seed as u128) << 64) | self.next_offer as u128)
-    }
 
     fn add_filter(&mut self, a: u32, f: u32, refused: Rv, refuse_ms: Option<Millis>, now: Millis) {
         let ms = refuse_ms.unwrap_or(self.config.default_refuse_ms);
@@ -1362,6 +1443,9 @@ impl Allocator {
 
     fn visit(&mut self, a: u32, stage1: bool, now: Millis, out: &mut Vec<OfferRecord>) {
         let epoch = self.epoch;
+        if self.offers.is_full() {
+            return;
+        }
         {
             let agent = self.ag_mut(a);
             if agent.stable == Some(epoch) {
@@ -1389,11 +1473,8 @@ impl Allocator {
                 break;
             }
         }
-        if self.offers.capacity() < self.offers.len() + pending.len() {
-            self.offers.reserve(self.offers.len().max(1024));
-        }
         for p in pending.drain(..) {
-            let id = self.next_offer_id();
+            let id = self.offers.next_id();
             let rec = OfferRecord {
                 id,
                 framework: self.fw(p.fw).id,
@@ -1647,8 +1728,10 @@ impl Allocator {
                 fr.offers += 1;
             }
             self.roles[c.role as usize].own_offers += 1;
-            for n in self.chain(c.role).collect::<Vec<_>>() {
+            let mut node = Some(c.role);
+            while let Some(n) = node.filter(|n| *n != 0) {
                 self.roles[n as usize].offers += 1;
+                node = self.roles[n as usize].parent;
             }
         }
         self.fw_mut(c.fw).offered_tasks += c.tasks;
