@@ -57,17 +57,20 @@ pub(crate) fn cap_to(a: &mut Rv, cap: &[u64]) {
     }
 }
 
-/// A small map from dense indices to values, kept as a sorted vector (cache friendly for the
-/// few entries an agent usually has, e.g. its decline filters per framework).
+/// A small map from dense indices to values, kept as sorted parallel vectors (the key vector is
+/// searched; values are touched only on a hit). Cache friendly for the few entries an agent
+/// usually has, e.g. its decline filters per framework.
 #[derive(Debug, Clone)]
 pub(crate) struct VecMap<V> {
-    entries: Vec<(u32, V)>,
+    keys: Vec<u32>,
+    values: Vec<V>,
 }
 
 impl<V> Default for VecMap<V> {
     fn default() -> Self {
         Self {
-            entries: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::new(),
         }
     }
 }
@@ -76,46 +79,47 @@ impl<V: Default> VecMap<V> {
     /// The value of `k`.
     #[inline]
     pub(crate) fn get(&self, k: &u32) -> Option<&V> {
-        if self.entries.is_empty() {
+        if self.keys.is_empty() {
             return None;
         }
-        self.entries
-            .binary_search_by_key(k, |(x, _)| *x)
-            .ok()
-            .map(|i| &self.entries[i].1)
+        self.keys.binary_search(k).ok().map(|i| &self.values[i])
     }
 
     /// The value of `k`, mutable.
     pub(crate) fn get_mut(&mut self, k: &u32) -> Option<&mut V> {
-        match self.entries.binary_search_by_key(k, |(x, _)| *x) {
-            Ok(i) => Some(&mut self.entries[i].1),
+        match self.keys.binary_search(k) {
+            Ok(i) => Some(&mut self.values[i]),
             Err(_) => None,
         }
     }
 
     /// The value of `k`, inserted as default if absent.
     pub(crate) fn or_default(&mut self, k: u32) -> &mut V {
-        let i = match self.entries.binary_search_by_key(&k, |(x, _)| *x) {
+        let i = match self.keys.binary_search(&k) {
             Ok(i) => i,
             Err(i) => {
-                self.entries.insert(i, (k, V::default()));
+                self.keys.insert(i, k);
+                self.values.insert(i, V::default());
                 i
             }
         };
-        &mut self.entries[i].1
+        &mut self.values[i]
     }
 
     /// Removes `k`.
     pub(crate) fn remove(&mut self, k: &u32) -> Option<V> {
-        match self.entries.binary_search_by_key(k, |(x, _)| *x) {
-            Ok(i) => Some(self.entries.remove(i).1),
+        match self.keys.binary_search(k) {
+            Ok(i) => {
+                self.keys.remove(i);
+                Some(self.values.remove(i))
+            }
             Err(_) => None,
         }
     }
 
     /// Keys in order.
     pub(crate) fn keys(&self) -> impl Iterator<Item = &u32> {
-        self.entries.iter().map(|(k, _)| k)
+        self.keys.iter()
     }
 }
 

@@ -175,6 +175,8 @@ struct SortKey {
     /// Non-negative f64 bits: ordering of bits equals numeric ordering.
     share: u64,
     offers: u64,
+    /// The name's first 16 bytes, big-endian: most name comparisons end here.
+    prefix: u128,
     name: Arc<str>,
     /// Framework index (framework sorters) or role node index (role sorters; the parent's own
     /// index stands for its "self" leaf, i.e. the frameworks subscribed directly to it).
@@ -287,7 +289,13 @@ const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 impl OfferBook {
     fn new(seed: u64) -> Self {
-        Self { slots: Vec::new(), free: Vec::new(), len: 0, seq: 0, seed }
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+            seq: 0,
+            seed,
+        }
     }
 
     /// True when fewer than 4096 slots are left (a visit makes only a few offers).
@@ -419,6 +427,8 @@ pub struct Allocator {
     last_cycle_offers: usize,
     /// Reused per-visit buffer of offers being assembled on one agent.
     pending_buf: Vec<Pending>,
+    /// Last unreserved vector converted to named resources.
+    res_cache: Option<(Rv, Resources)>,
 }
 
 fn share_bits(x: f64) -> u64 {
@@ -480,6 +490,7 @@ impl Allocator {
             counters: Counters::default(),
             last_cycle_offers: 0,
             pending_buf: Vec::new(),
+            res_cache: None,
         };
         a.role_ids.insert(String::new(), 0);
         a
@@ -562,6 +573,22 @@ impl Allocator {
         Some(b)
     }
 
+    /// Like `offer_resources`, reusing the last conversion when the amounts repeat (many
+    /// offers of a cycle have the same shape); cloning skips the map searches.
+    fn cached_offer_resources(&mut self, b: &Bundle) -> OfferResources {
+        if !b.resv.is_empty() {
+            return self.offer_resources(b);
+        }
+        if let Some((key, res)) = &self.res_cache {
+            if *key == b.unres {
+                return OfferResources::unreserved(res.clone());
+            }
+        }
+        let res = self.names.res(&b.unres);
+        self.res_cache = Some((b.unres.clone(), res.clone()));
+        OfferResources::unreserved(res)
+    }
+
     fn offer_resources(&self, b: &Bundle) -> OfferResources {
         OfferResources {
             unreserved: self.names.res(&b.unres),
@@ -603,6 +630,7 @@ impl Allocator {
             fw_count: 0,
         });
         self.role_ids.insert(name.to_string(), idx);
+        self.refresh_sorted_singleton(parent);
         let key = self.role_key(idx);
         self.roles[parent as usize].sorted.insert(key.clone());
         self.roles[idx as usize].key = Some(key);
@@ -614,6 +642,7 @@ impl Allocator {
         SortKey {
             share: share_bits(self.share_of(&role.alloc) / role.weight),
             offers: role.offers,
+            prefix: name_prefix(&role.name),
             name: role.name.clone(),
             idx: r,
         }
@@ -624,14 +653,18 @@ impl Allocator {
         SortKey {
             share: share_bits(self.share_of(&role.own_alloc) / role.weight),
             offers: role.own_offers,
+            prefix: name_prefix(&role.name),
             name: role.name.clone(),
             idx: r,
         }
     }
 
     /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf).
+    /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf). A set with a single
+    /// element needs no order, so its element's key is left as is (refreshed by
+    /// [`Allocator::refresh_sorted_singleton`] before anything else joins that set).
     fn refresh_role_chain(&mut self, r: u32) {
-        if self.roles[r as usize].self_key.is_some() {
+        if self.roles[r as usize].self_key.is_some() && self.roles[r as usize].sorted.len() > 1 {
             let new = self.self_key(r);
             let role = &mut self.roles[r as usize];
             if role.self_key.as_ref() != Some(&new) {
@@ -644,18 +677,62 @@ impl Allocator {
         }
         let mut node = r;
         while let Some(parent) = self.roles[node as usize].parent {
-            let new = self.role_key(node);
-            if self.roles[node as usize].key.as_ref() != Some(&new) {
-                let old = self.roles[node as usize].key.take();
-                let p = &mut self.roles[parent as usize];
-                if let Some(old) = old {
-                    p.sorted.remove(&old);
+            if self.roles[parent as usize].sorted.len() > 1 {
+                let new = self.role_key(node);
+                if self.roles[node as usize].key.as_ref() != Some(&new) {
+                    let old = self.roles[node as usize].key.take();
+                    let p = &mut self.roles[parent as usize];
+                    if let Some(old) = old {
+                        p.sorted.remove(&old);
+                    }
+                    p.sorted.insert(new.clone());
+                    self.roles[node as usize].key = Some(new);
                 }
-                p.sorted.insert(new.clone());
-                self.roles[node as usize].key = Some(new);
             }
             node = parent;
         }
+    }
+
+    /// Brings the key of a role set's only element up to date (before a second one joins).
+    fn refresh_sorted_singleton(&mut self, r: u32) {
+        if self.roles[r as usize].sorted.len() != 1 {
+            return;
+        }
+        let Some(old) = self.roles[r as usize].sorted.first().cloned() else {
+            return;
+        };
+        let new = if old.idx == r {
+            self.self_key(r)
+        } else {
+            self.role_key(old.idx)
+        };
+        let role = &mut self.roles[r as usize];
+        role.sorted.clear();
+        role.sorted.insert(new.clone());
+        if old.idx == r {
+            role.self_key = Some(new);
+        } else {
+            self.roles[old.idx as usize].key = Some(new);
+        }
+    }
+
+    /// Brings the key of a framework set's only element up to date (before a second one joins).
+    fn refresh_fw_singleton(&mut self, r: u32) {
+        if self.roles[r as usize].frameworks.len() != 1 {
+            return;
+        }
+        let Some(old) = self.roles[r as usize].frameworks.first().cloned() else {
+            return;
+        };
+        let f = old.idx;
+        let Some(ri) = self.fw(f).roles.iter().position(|x| x.role == r) else {
+            return;
+        };
+        let new = self.fw_key(f, ri);
+        let set = &mut self.roles[r as usize].frameworks;
+        set.clear();
+        set.insert(new.clone());
+        self.fw_mut(f).roles[ri].key = new;
     }
 
     fn fw_key(&self, f: u32, ri: usize) -> SortKey {
@@ -664,6 +741,7 @@ impl Allocator {
         SortKey {
             share: share_bits(self.share_of(&fr.alloc)),
             offers: fr.offers,
+            prefix: name_prefix(&fw.name),
             name: fw.name.clone(),
             idx: f,
         }
@@ -676,11 +754,16 @@ impl Allocator {
             .expect("allocator invariant: live framework slot")
             .roles[ri];
         if fr.key != new {
-            let old = std::mem::replace(&mut fr.key, new.clone());
-            if !fr.suppressed {
+            if fr.suppressed {
+                fr.key = new;
+            } else {
                 let set = &mut self.roles[fr.role as usize].frameworks;
-                set.remove(&old);
-                set.insert(new);
+                // A lone framework needs no order: its key is refreshed when another joins.
+                if set.len() > 1 {
+                    let old = std::mem::replace(&mut fr.key, new.clone());
+                    set.remove(&old);
+                    set.insert(new);
+                }
             }
         }
     }
@@ -920,7 +1003,6 @@ impl Allocator {
             None => self.build_record(&st),
         }
     }
-
 
     fn add_filter(&mut self, a: u32, f: u32, refused: Rv, refuse_ms: Option<Millis>, now: Millis) {
         let ms = refuse_ms.unwrap_or(self.config.default_refuse_ms);
@@ -1214,6 +1296,7 @@ impl Allocator {
             let placeholder = SortKey {
                 share: 0,
                 offers: 0,
+                prefix: name_prefix(&self.fw(f).name),
                 name: self.fw(f).name.clone(),
                 idx: f,
             };
@@ -1225,12 +1308,14 @@ impl Allocator {
                 key: placeholder.clone(),
             });
             let ri = self.fw(f).roles.len() - 1;
+            self.refresh_fw_singleton(r);
             self.roles[r as usize].frameworks.insert(placeholder);
             self.refresh_fw_key(f, ri);
             for n in self.chain(r).collect::<Vec<_>>() {
                 self.roles[n as usize].fw_count += 1;
             }
             if self.roles[r as usize].self_key.is_none() {
+                self.refresh_sorted_singleton(r);
                 let sk = self.self_key(r);
                 self.roles[r as usize].sorted.insert(sk.clone());
                 self.roles[r as usize].self_key = Some(sk);
@@ -1352,9 +1437,11 @@ impl Allocator {
         for ri in revived {
             let key = self.fw_key(f, ri);
             let r = self.fw(f).roles[ri].role;
+            self.refresh_fw_singleton(r);
             self.roles[r as usize].frameworks.insert(key.clone());
             self.fw_mut(f).roles[ri].key = key;
             if self.roles[r as usize].self_key.is_none() {
+                self.refresh_sorted_singleton(r);
                 let sk = self.self_key(r);
                 self.roles[r as usize].sorted.insert(sk.clone());
                 self.roles[r as usize].self_key = Some(sk);
@@ -1480,7 +1567,7 @@ impl Allocator {
                 framework: self.fw(p.fw).id,
                 agent: self.ag(a).id,
                 role: self.roles[p.role as usize].name.to_string(),
-                resources: self.offer_resources(&p.bundle),
+                resources: self.cached_offer_resources(&p.bundle),
                 created_at: now,
             };
             self.fw_mut(p.fw).offers.insert(id);
@@ -2248,6 +2335,14 @@ impl Allocator {
 const FW_GPU: u8 = 1;
 /// Framework flag: declared a demand.
 const FW_DEMAND: u8 = 2;
+
+/// The first 16 bytes of a name as a big-endian number (same order as the bytes).
+fn name_prefix(name: &str) -> u128 {
+    let mut b = [0u8; 16];
+    let n = name.len().min(16);
+    b[..n].copy_from_slice(&name.as_bytes()[..n]);
+    u128::from_be_bytes(b)
+}
 
 fn norm_role(role: &str) -> &str {
     let r = role.trim_matches('/');

@@ -314,7 +314,11 @@ fn offer_ids_are_deterministic_and_seeded() {
     assert!(o2.id > o.id);
     assert!(a.offer(o.id).is_none());
     assert!(a.offer(o2.id).is_some());
-    assert!(a.offer(OfferId::from_u128(o2.id.0.as_u128() & u64::MAX as u128)).is_none(), "other seed");
+    assert!(
+        a.offer(OfferId::from_u128(o2.id.0.as_u128() & u64::MAX as u128))
+            .is_none(),
+        "other seed"
+    );
 }
 
 #[test]
