@@ -42,10 +42,40 @@ pub struct BenchArgs {
     /// Print one JSON object per result instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Run each setup in-process instead of in a fresh child process (memory figures are then
+    /// distorted by the previous setups' freed memory).
+    #[arg(long)]
+    pub in_process: bool,
+    /// Internal: run one setup (`AGENTSxFRAMEWORKS` or `quota`) and print its JSON result.
+    #[arg(long, hide = true)]
+    pub one: Option<String>,
+}
+
+/// Runs one setup in a child process of this executable (fresh heap, so the resident-memory
+/// growth is the allocator's own), falling back to in-process when that is not possible.
+fn isolated(args: &BenchArgs, one: &str, fallback: impl FnOnce() -> BenchResult) -> BenchResult {
+    let child = std::env::current_exe().ok().and_then(|exe| {
+        std::process::Command::new(exe)
+            .args(["bench", "--one", one, "--cycles", &args.cycles.to_string()])
+            .args(["--quota-roles", &args.quota_roles.to_string()])
+            .args(["--quota-agents", &args.quota_agents.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .ok()
+    });
+    child
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|text| {
+            text.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<BenchResult>(l).ok())
+        })
+        .unwrap_or_else(fallback)
 }
 
 /// One benchmark result.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct BenchResult {
     pub name: String,
     pub agents: usize,
@@ -200,8 +230,8 @@ pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchR
         let _ = alloc.add_allocation(fids[i % frameworks], a, "role1", &held);
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
-    let rss1 = rss_kib();
     let c = run_cycles(&mut alloc, cycles);
+    let rss1 = rss_kib();
     BenchResult {
         name: "DeclineOffers".into(),
         agents,
@@ -241,8 +271,8 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
         alloc.add_agent(a, &format!("agent{i}"), agent_resources(), BTreeMap::new());
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
-    let rss1 = rss_kib();
     let c = run_cycles(&mut alloc, cycles);
+    let rss1 = rss_kib();
     BenchResult {
         name: "QuotaRoles".into(),
         agents,
@@ -262,6 +292,16 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
 
 /// Runs `gantry-master bench`, printing results to stdout.
 pub fn run(args: BenchArgs) -> Result<(), SimError> {
+    if let Some(one) = &args.one {
+        let r = if one == "quota" {
+            quota_roles(args.quota_agents, args.quota_roles, args.cycles)
+        } else {
+            let (a, f) = parse_size(one)?;
+            decline_offers(a, f, args.cycles)
+        };
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
     let sizes: Vec<(usize, usize)> = args
         .sizes
         .iter()
@@ -286,15 +326,23 @@ pub fn run(args: BenchArgs) -> Result<(), SimError> {
     }
     let mut results = Vec::new();
     for (a, f) in sizes {
-        results.push(decline_offers(a, f, args.cycles));
+        let r = if args.in_process {
+            decline_offers(a, f, args.cycles)
+        } else {
+            isolated(&args, &format!("{a}x{f}"), || {
+                decline_offers(a, f, args.cycles)
+            })
+        };
+        results.push(r);
         print_result(results.last(), args.json)?;
     }
     if args.quota_roles > 0 {
-        results.push(quota_roles(
-            args.quota_agents,
-            args.quota_roles,
-            args.cycles,
-        ));
+        let (qa, qr, c) = (args.quota_agents, args.quota_roles, args.cycles);
+        results.push(if args.in_process {
+            quota_roles(qa, qr, c)
+        } else {
+            isolated(&args, "quota", || quota_roles(qa, qr, c))
+        });
         print_result(results.last(), args.json)?;
     }
     Ok(())
