@@ -422,3 +422,37 @@ fn same_scenario_same_output() {
     run_scenario(&s, &mut b).unwrap();
     assert_eq!(a, b);
 }
+
+#[test]
+fn trace_mode_runs_the_shipped_example_and_writes_csv() {
+    let bin = env!("CARGO_BIN_EXE_gantry-master");
+    let csv = std::env::temp_dir().join(format!("gantry-trace-{}.csv", std::process::id()));
+    let out = Command::new(bin)
+        .args(["simulate", "--trace"])
+        .arg(path("trace-jobs.csv"))
+        .arg("--cluster")
+        .arg(path("trace-cluster.toml"))
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(&csv);
+    let _ = std::fs::remove_file(&csv);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["jobs"], 120);
+    assert_eq!(report["jobs_finished"], 120);
+    assert!(num(&report["jain_fairness_mean"]) > 0.5);
+    assert!(num(&report["job_completion_ms"]["p99"]) >= num(&report["job_completion_ms"]["p50"]));
+    assert!(report["allocation_ms"]["cycles"].as_u64().unwrap() > 0);
+    let text = text.unwrap();
+    assert!(text.starts_with("t_ms,util_cpus,util_mem,share_role0,share_role1,share_role2,jain\n"));
+    assert_eq!(
+        text.lines().count(),
+        report["series"].as_array().unwrap().len() + 1
+    );
+}

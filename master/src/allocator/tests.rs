@@ -307,7 +307,18 @@ fn offer_ids_are_deterministic_and_seeded() {
     a.add_framework(fid(1), "f", &roles(&["r"]), false, None);
     a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
     let o = a.allocate(0).remove(0);
-    assert_eq!(o.id, OfferId::from_u128((7u128 << 64) | 1));
+    assert_eq!(o.id, OfferId::from_u128((7u128 << 64) | (1 << 24)));
+    // Ids sort by age even when slots are reused.
+    a.rescind(o.id).unwrap();
+    let o2 = a.allocate(1).remove(0);
+    assert!(o2.id > o.id);
+    assert!(a.offer(o.id).is_none());
+    assert!(a.offer(o2.id).is_some());
+    assert!(
+        a.offer(OfferId::from_u128(o2.id.0.as_u128() & u64::MAX as u128))
+            .is_none(),
+        "other seed"
+    );
 }
 
 #[test]

@@ -372,11 +372,7 @@ impl<'w, W: Write> Replay<'w, W> {
     }
 
     fn offers_of(&self, f: FrameworkId, a: AgentId) -> Vec<OfferId> {
-        self.alloc
-            .outstanding_offers()
-            .filter(|o| o.framework == f && o.agent == a)
-            .map(|o| o.id)
-            .collect()
+        self.alloc.offers_on(f, a)
     }
 
     fn print_offers(&mut self, offers: &[OfferRecord]) -> Result<(), SimError> {
