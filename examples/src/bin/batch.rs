@@ -15,7 +15,7 @@ use gantry_sdk::{Driver, DriverConfig, Resources};
 
 /// Run N copies of COMMAND on a Gantry cluster and wait for all of them.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, args_override_self = true)]
 struct Args {
     /// Master address(es), host:port, comma separated.
     #[arg(long, value_delimiter = ',', required = true)]
@@ -53,8 +53,9 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let args = Args::parse();
+    let args = Args::parse_from(gantry_sdk::config_file::expand_args()?);
     anyhow::ensure!(
         args.cpus.is_finite() && args.cpus >= 0.0 && args.mem.is_finite() && args.mem >= 0.0,
         "--cpus and --mem must be non-negative"
