@@ -99,8 +99,9 @@ fn drf_paper_example_converges_in_one_cycle() {
 
 #[test]
 fn public_scenario_file_matches_expected_result() {
-    // The shared copy (when present on this machine) must behave like ours.
-    let shared = PathBuf::from("/work/shared/scenarios/drf-paper-example.toml");
+    // The shared copy (beside the repository, where CI and developers have it) must behave
+    // like ours.
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios/drf-paper-example.toml");
     let text = match std::fs::read_to_string(&shared) {
         Ok(t) => t,
         Err(_) => std::fs::read_to_string(path("drf-paper-example.toml")).unwrap(),
