@@ -203,6 +203,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     if let Err(e) = agent.handle(ev) {
                         break Err(e);
                     }
+                    agent.flush_updates();
                 }
                 None => break Ok(()),
             },
@@ -1089,8 +1090,9 @@ impl Agent {
         if let Some(rec) = self.ckpt.tasks.get_mut(&task) {
             rec.state = state;
         }
+        // Sent by the caller's next flush, after it has saved the checkpoint: an update never
+        // reaches the master before the state it reports is on disk.
         self.ckpt.updates.push(update);
-        self.flush_updates();
     }
 
     /// A terminal state: the task's GPUs are free from now on (occupancy counts only tasks
