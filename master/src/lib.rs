@@ -8,12 +8,14 @@
 //!   `/state` view. Takes inputs and time, returns messages to send.
 //! - [`server`]: the I/O shell: QUIC accept loop, per-peer connection tasks, the core event
 //!   loop, HTTP (axum).
+//! - [`client`]: a minimal blocking client for the operator HTTP endpoints.
 //! - [`simulate`]: the scenario simulator, trace mode and benchmark driving the allocator in
 //!   simulated time.
 //! - [`election`]: standalone or etcd leader election (epoch, write fence, leader address).
 //! - [`registry`]: the persistent registry (work-dir file or etcd), fenced by leadership.
 
 pub mod allocator;
+pub mod client;
 pub mod election;
 pub mod registry;
 pub mod server;

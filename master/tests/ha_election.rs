@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use gantry_master::election::{Fence, LeadershipEvent};
+use gantry_master::election::{Fence, LeaderWatch, LeadershipEvent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ha_one_of_two_wins_and_the_other_takes_over_when_the_leader_dies() {
@@ -193,6 +193,16 @@ async fn cut_off_leader_steps_down_first(stall: bool) {
     );
     assert!(reason.contains("lease"), "{reason}");
     assert!(!a.is_leader());
+    // Even a master whose election task were starved could not act past this deadline
+    // (`LeadershipStatus::leads_at`), and it too lies before the new leader's election.
+    let a_valid_until = a
+        .status()
+        .lease_valid_until
+        .expect("etcd mode tracks the deadline");
+    assert!(
+        a_valid_until <= *won_at,
+        "a's lease deadline is after b's election"
+    );
     assert_no_two_leaders(&log);
 
     // Back online: a stays standby and learns who leads.
@@ -237,8 +247,22 @@ async fn ha_leader_changed_events_follow_the_leader() {
             == Some("a:5050"))
         .await
     );
+    // A non-campaigning watcher (what a tool, agent or framework would use) sees the same.
+    let watcher = LeaderWatch::start(vec![etcd.client_url()], &p);
+    assert!(
+        wait_until(Duration::from_secs(5), || watcher.leader().as_deref()
+            == Some("a:5050"))
+        .await
+    );
     a.resign().await;
     assert!(wait_until(Duration::from_secs(5), || b.is_leader()).await);
+    assert!(
+        wait_until(Duration::from_secs(5), || watcher.leader().as_deref()
+            == Some("b:5050"))
+        .await,
+        "watcher still sees {:?}",
+        watcher.leader()
+    );
     let seen: Vec<Option<String>> = log
         .lock()
         .unwrap()
@@ -251,4 +275,34 @@ async fn ha_leader_changed_events_follow_the_leader() {
         .collect();
     assert_eq!(seen.first(), Some(&Some("a:5050".to_string())), "{seen:?}");
     assert_eq!(b.status().leader.as_deref(), Some("b:5050"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_deleting_the_leader_key_makes_the_leader_step_down_and_campaign_again() {
+    let etcd = start_etcd();
+    let log = new_log();
+    let p = prefix("delete-key");
+    let a = Node::start("a", config(&etcd.client_url(), "a:5050", &p), log.clone());
+    assert!(wait_until(Duration::from_secs(10), || a.is_leader()).await);
+    let (epoch1, fence, _) = elections(&log, "a")[0].clone();
+    let Fence::Etcd { leader_key, .. } = fence else {
+        panic!("etcd fence expected");
+    };
+    let mut client = etcd_client::Client::connect([etcd.client_url()], None)
+        .await
+        .unwrap();
+    client.delete(leader_key, None).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || !losses(&log, "a").is_empty()).await,
+        "the leader did not notice its key was deleted"
+    );
+    assert!(
+        losses(&log, "a")[0].0.contains("deleted"),
+        "{:?}",
+        losses(&log, "a")
+    );
+    // It campaigns again and wins a new, higher epoch.
+    assert!(wait_until(Duration::from_secs(10), || elections(&log, "a").len() == 2).await);
+    assert!(elections(&log, "a")[1].0 > epoch1);
+    assert_no_two_leaders(&log);
 }

@@ -9,7 +9,7 @@ use common::*;
 use gantry_master::election::{Fence, LeadershipEvent};
 use gantry_master::registry::{
     AgentRecord, EtcdStore, FileStore, FrameworkRecord, Mutation, Quota, Registry, RegistryError,
-    RegistryStore, Reservation,
+    RegistryStore, RegistryWriter, Reservation,
 };
 use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
 use gantry_sdk::protocol::resources::Resources;
@@ -302,4 +302,42 @@ async fn registry_file_round_trip_and_corrupt_snapshot_is_an_error_not_overwritt
         damaged,
         "corrupt file must not be overwritten"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_writer_group_commits_many_admissions_to_etcd() {
+    let etcd = start_etcd();
+    let p = prefix("registry-writer");
+    let cfg = config(&etcd.client_url(), "a:5050", &p);
+    let mut election = gantry_master::election::Election::etcd(cfg.clone()).unwrap();
+    let store = RegistryStore::Etcd(
+        EtcdStore::connect(&cfg.endpoints, &p, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    store.set_fence(elected_fence(&mut election).await);
+    let writer = RegistryWriter::spawn(store.clone());
+    // 2,000 agents admitted one submission each, as a burst of registrations would.
+    let pending: Vec<_> = (0..2000u128)
+        .map(|i| {
+            writer.submit(vec![Mutation::PutAgent(AgentRecord {
+                id: AgentId::from_u128(i + 1),
+                name: format!("agent-{i}"),
+                hostname: format!("host-{i}"),
+            })])
+        })
+        .collect();
+    for p in pending {
+        p.await.unwrap();
+    }
+    assert_eq!(store.load().await.unwrap().agents.len(), 2000);
+    let commits = writer
+        .stats()
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        commits < 200,
+        "{commits} transactions for 2,000 submissions"
+    );
+    election.resign(Duration::from_secs(5)).await.unwrap();
 }

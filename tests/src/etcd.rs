@@ -243,20 +243,18 @@ impl Drop for EtcdServer {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn starts_kills_and_restarts_on_the_same_port() {
-        let mut etcd = EtcdServer::start().expect("etcd starts");
-        assert!(health_ok(etcd.client_addr()));
+        let mut etcd = super::EtcdServer::start().expect("etcd starts");
+        assert!(super::health_ok(etcd.client_addr()));
         let url = etcd.client_url();
         etcd.kill();
         assert!(!etcd.is_running());
-        assert!(!health_ok(etcd.client_addr()));
+        assert!(!super::health_ok(etcd.client_addr()));
         etcd.restart().expect("etcd restarts");
         assert_eq!(url, etcd.client_url());
         assert!(etcd.is_running());
-        assert!(health_ok(etcd.client_addr()));
+        assert!(super::health_ok(etcd.client_addr()));
         let dir = etcd.dir().to_path_buf();
         drop(etcd);
         assert!(!dir.exists(), "data dir removed on drop");

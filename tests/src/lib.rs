@@ -301,43 +301,9 @@ impl Drop for AgentProc {
     }
 }
 
-/// A minimal HTTP/1.1 GET over loopback (keeps the harness free of an HTTP client stack).
+/// `GET path` from the master's HTTP endpoint.
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP response")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or(""));
-    }
-    // axum sends Content-Length for JSON; handle chunked just in case.
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut rest = body;
-        loop {
-            let (size, after) = rest.split_once("\r\n").context("bad chunk")?;
-            let n = usize::from_str_radix(size.trim(), 16)?;
-            if n == 0 {
-                break;
-            }
-            out.push_str(&after[..n]);
-            rest = &after[n + 2..];
-        }
-        return Ok(out);
-    }
-    Ok(body.to_string())
+    Ok(gantry_master::client::http_get(addr, path)?)
 }
 
 /// A cluster: one master and some agents sharing one dev TLS directory.

@@ -3,8 +3,9 @@
 //! Used to partition one process from another (typically a master from etcd) while everything
 //! else keeps talking to it. Two failure shapes:
 //!
-//! - [`TcpProxy::cut`]: existing connections are shut down and new ones are refused
-//!   (connection refused), like a crashed peer or a firewall sending resets.
+//! - [`TcpProxy::cut`]: existing connections are shut down and new ones are closed as soon as
+//!   they are accepted, like a crashed peer or a firewall sending resets. (The port stays bound,
+//!   so no other socket can take it over while the link is cut.)
 //! - [`TcpProxy::stall`]: existing connections stay open but no byte is forwarded and new
 //!   connections are accepted but go nowhere, like a silent network partition; requests hang.
 //!
@@ -87,10 +88,9 @@ impl TcpProxy {
         format!("http://{}", self.addr)
     }
 
-    /// Shuts down every connection and refuses new ones until [`TcpProxy::restore`].
+    /// Shuts down every connection and closes new ones at once until [`TcpProxy::restore`].
     pub fn cut(&mut self) {
         self.shared.mode.store(CUT, Ordering::SeqCst);
-        self.stop_acceptor();
         self.shared.shutdown_all();
     }
 
@@ -99,17 +99,9 @@ impl TcpProxy {
         self.shared.mode.store(STALL, Ordering::SeqCst);
     }
 
-    /// Forwards again. After a `cut` the same port is listened on again.
+    /// Forwards again (new connections; connections cut earlier stay closed).
     pub fn restore(&mut self) -> anyhow::Result<()> {
-        if self.shared.mode() == CUT {
-            self.stop_acceptor();
-            let listener = TcpListener::bind(self.addr)
-                .with_context(|| format!("re-binding the proxy port {}", self.addr))?;
-            self.shared.mode.store(FORWARD, Ordering::SeqCst);
-            self.spawn_acceptor(listener)?;
-        } else {
-            self.shared.mode.store(FORWARD, Ordering::SeqCst);
-        }
+        self.shared.mode.store(FORWARD, Ordering::SeqCst);
         Ok(())
     }
 
@@ -124,7 +116,7 @@ impl TcpProxy {
         Ok(())
     }
 
-    /// Joins the accept thread; it exits (closing the listener) once the mode is CUT or STOP.
+    /// Joins the accept thread; it exits (closing the listener) once the mode is STOP.
     fn stop_acceptor(&mut self) {
         if let Some(handle) = self.acceptor.take() {
             let _ = handle.join();
@@ -143,10 +135,13 @@ impl Drop for TcpProxy {
 fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shared>) {
     loop {
         let mode = shared.mode();
-        if mode == CUT || mode == STOP {
-            return; // dropping the listener refuses further connections
+        if mode == STOP {
+            return;
         }
         match listener.accept() {
+            Ok((client, _)) if shared.mode() == CUT => {
+                let _ = client.shutdown(Shutdown::Both);
+            }
             Ok((client, _)) => {
                 let _ = client.set_nonblocking(false);
                 if let Err(e) = open_pair(client, target, &shared) {
@@ -254,9 +249,14 @@ mod tests {
         proxy.cut();
         // The existing connection is closed ...
         assert!(roundtrip(&mut s, b"again").is_err());
-        // ... and new ones are refused.
-        let err = TcpStream::connect(proxy.addr()).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+        // ... and new ones are closed at once, never forwarded.
+        let mut s1 = TcpStream::connect(proxy.addr()).unwrap();
+        s1.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let err = roundtrip(&mut s1, b"nope").unwrap_err();
+        assert!(
+            !matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+            "closed, not merely slow: {err}"
+        );
 
         proxy.restore().unwrap();
         let mut s2 = TcpStream::connect(proxy.addr()).unwrap();

@@ -199,7 +199,7 @@ impl std::str::FromStr for Resources {
 }
 
 fn fmt_milli(milli: u64, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    if milli % MILLI == 0 {
+    if milli.is_multiple_of(MILLI) {
         write!(f, "{}", milli / MILLI)
     } else {
         let s = format!("{}.{:03}", milli / MILLI, milli % MILLI);

@@ -34,15 +34,11 @@ pub enum TransportError {
     Protocol(String),
 }
 
-/// Keep-alives every 2 s; a silent peer is dropped after 10 s.
+/// Keep-alives every second; a silent peer is dropped after 5 s (fast failover detection).
 fn transport_config() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
-    t.keep_alive_interval(Some(Duration::from_secs(2)));
-    t.max_idle_timeout(Some(
-        Duration::from_secs(10)
-            .try_into()
-            .expect("10 s is a valid idle timeout"),
-    ));
+    t.keep_alive_interval(Some(Duration::from_secs(1)));
+    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(5_000))));
     t.max_concurrent_bidi_streams(4u32.into());
     t.max_concurrent_uni_streams(0u32.into());
     Arc::new(t)

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use gantry_master::allocator::AllocatorConfig;
+use gantry_master::election::{EtcdElectionConfig, HaConfig};
 use gantry_master::state::MasterConfig;
 use gantry_master::{server, simulate};
 use gantry_sdk::transport::{quic, tls, PeerIdentity};
@@ -61,6 +63,19 @@ struct ServeArgs {
     /// Resource names left out of dominant-share computation (e.g. gpus).
     #[arg(long, value_delimiter = ',')]
     fairness_excluded: Vec<String>,
+    /// etcd endpoints (URL[,URL...]) for leader election and the registry; without it the
+    /// master runs standalone with its registry in --work-dir.
+    #[arg(long)]
+    etcd: Option<String>,
+    /// The QUIC address other masters redirect agents and frameworks to (default: --listen).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Leader lease TTL in seconds (etcd mode).
+    #[arg(long, default_value_t = 3)]
+    lease_ttl: u64,
+    /// Key prefix in etcd.
+    #[arg(long, default_value = "/gantry")]
+    etcd_prefix: String,
 }
 
 fn init_tracing() {
@@ -100,19 +115,42 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("binding HTTP on {}", args.http))?;
-    let mut config = MasterConfig::default();
-    config.agent_reregister_timeout_ms =
-        secs_to_ms(args.agent_reregister_timeout, "--agent-reregister-timeout")?;
-    config.allocation_interval_ms = args.allocation_interval_ms.max(1);
-    config.allocator.offer_timeout_ms = args
-        .offer_timeout
-        .map(|s| secs_to_ms(s, "--offer-timeout"))
-        .transpose()?;
-    config.allocator.filter_gpu_resources = !args.no_gpu_filter;
-    config.allocator.fairness_excluded_resources = args.fairness_excluded;
-    config.allocator.offer_id_seed = rand_seed();
+    let allocator = AllocatorConfig {
+        offer_timeout_ms: args
+            .offer_timeout
+            .map(|s| secs_to_ms(s, "--offer-timeout"))
+            .transpose()?,
+        filter_gpu_resources: !args.no_gpu_filter,
+        fairness_excluded_resources: args.fairness_excluded,
+        offer_id_seed: rand_seed(),
+        ..AllocatorConfig::default()
+    };
+    let config = MasterConfig {
+        allocator,
+        agent_reregister_timeout_ms: secs_to_ms(
+            args.agent_reregister_timeout,
+            "--agent-reregister-timeout",
+        )?,
+        allocation_interval_ms: args.allocation_interval_ms.max(1),
+        ..MasterConfig::default()
+    };
     tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");
-    server::run(endpoint, http, config, async {
+    let advertise = args.advertise.unwrap_or_else(|| args.listen.to_string());
+    let ha = match args.etcd {
+        None => HaConfig::Standalone {
+            work_dir: args.work_dir.clone(),
+            advertise,
+        },
+        Some(list) => {
+            anyhow::ensure!(args.lease_ttl >= 1, "--lease-ttl must be at least 1 second");
+            let mut c =
+                EtcdElectionConfig::new(EtcdElectionConfig::parse_endpoints(&list)?, advertise);
+            c.lease_ttl = std::time::Duration::from_secs(args.lease_ttl);
+            c.prefix = args.etcd_prefix;
+            HaConfig::Etcd(c)
+        }
+    };
+    server::run(endpoint, http, config, ha, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await

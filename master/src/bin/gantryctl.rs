@@ -1,6 +1,6 @@
 //! `gantryctl`: operator tool. `gantryctl certs ...` issues the cluster's TLS certificates.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -19,6 +19,35 @@ enum Cmd {
     /// Issue TLS certificates (files follow the --tls-dir naming convention).
     #[command(subcommand)]
     Certs(Certs),
+    /// Set a role's weight (its dominant share is divided by it).
+    Weight {
+        role: String,
+        #[arg(allow_negative_numbers = true)]
+        weight: f64,
+        #[arg(long, default_value = "127.0.0.1:5051")]
+        http: std::net::SocketAddr,
+    },
+    /// Set (replace) a role's quota: a guarantee held back for it and a limit it never exceeds.
+    Quota {
+        role: String,
+        /// e.g. "cpus:8;mem:16384" (omit to remove the guarantee).
+        #[arg(long)]
+        guarantee: Option<String>,
+        /// e.g. "cpus:16;gpus:4" (omit to remove the limit).
+        #[arg(long)]
+        limit: Option<String>,
+        #[arg(long, default_value = "127.0.0.1:5051")]
+        http: std::net::SocketAddr,
+    },
+    /// Show the cluster: agents, frameworks with their dominant shares, tasks by state.
+    State {
+        /// The master's HTTP address.
+        #[arg(long, default_value = "127.0.0.1:5051")]
+        http: std::net::SocketAddr,
+        /// Print the raw /state JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -57,12 +86,7 @@ enum Certs {
     },
 }
 
-fn issue(
-    ca_dir: &PathBuf,
-    out: &PathBuf,
-    identity: PeerIdentity,
-    sans: &[String],
-) -> anyhow::Result<()> {
+fn issue(ca_dir: &Path, out: &Path, identity: PeerIdentity, sans: &[String]) -> anyhow::Result<()> {
     let ca = CertAuthority::load(ca_dir)
         .with_context(|| format!("loading the CA from {}", ca_dir.display()))?;
     std::fs::create_dir_all(out)?;
@@ -74,8 +98,95 @@ fn issue(
     Ok(())
 }
 
+fn print_state(http: std::net::SocketAddr, json: bool) -> anyhow::Result<()> {
+    let body = gantry_master::client::http_get(http, "/state")?;
+    if json {
+        println!("{body}");
+        return Ok(());
+    }
+    let s: serde_json::Value = serde_json::from_str(&body).context("parsing /state")?;
+    let empty = Vec::new();
+    let res = |v: &serde_json::Value| -> String {
+        v.as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}:{v}"))
+                    .collect::<Vec<_>>()
+                    .join(";")
+            })
+            .unwrap_or_default()
+    };
+    println!("agents:");
+    for a in s["agents"].as_array().unwrap_or(&empty) {
+        println!(
+            "  {:<16} total {:<40} used {}",
+            a["name"].as_str().unwrap_or("?"),
+            res(&a["total"]),
+            res(&a["used"])
+        );
+    }
+    println!("frameworks:");
+    for f in s["frameworks"].as_array().unwrap_or(&empty) {
+        println!(
+            "  {:<16} roles {:<20} share {:.3}  tasks {:<4} allocated {}",
+            f["name"].as_str().unwrap_or("?"),
+            f["roles"]
+                .as_array()
+                .map(|r| r
+                    .iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","))
+                .unwrap_or_default(),
+            f["dominant_share"].as_f64().unwrap_or(0.0),
+            f["active_tasks"],
+            res(&f["allocated"])
+        );
+    }
+    let mut by_state = std::collections::BTreeMap::<String, usize>::new();
+    for t in s["tasks"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .chain(s["completed_tasks"].as_array().unwrap_or(&empty))
+    {
+        *by_state
+            .entry(t["state"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    println!(
+        "tasks: {by_state:?}   outstanding offers: {}",
+        s["offers"].as_array().map_or(0, Vec::len)
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::State { http, json } => print_state(http, json),
+        Cmd::Weight { role, weight, http } => {
+            gantry_master::client::http_post_json(
+                http,
+                "/weights",
+                &serde_json::json!({"role": role, "weight": weight}),
+            )?;
+            println!("weight of {role} set to {weight}");
+            Ok(())
+        }
+        Cmd::Quota {
+            role,
+            guarantee,
+            limit,
+            http,
+        } => {
+            gantry_master::client::http_post_json(
+                http,
+                "/quota",
+                &serde_json::json!({"role": role, "guarantee": guarantee, "limit": limit}),
+            )?;
+            println!("quota of {role} set");
+            Ok(())
+        }
         Cmd::Certs(Certs::Ca { out }) => {
             anyhow::ensure!(
                 !out.join("ca.pem").exists(),

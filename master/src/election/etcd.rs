@@ -234,7 +234,10 @@ pub(crate) async fn run_campaign(
             TermEnd::Failed { lease, reason } => {
                 warn!("election: term ended: {reason}");
                 if lease.is_some() {
+                    // etcd answered this term: retry soon (a failover must not wait on an
+                    // old backoff); only unreachable etcd makes the pause grow.
                     stale_lease = lease;
+                    backoff = TERM_BACKOFF_MIN;
                 }
                 if let Some(id) = stale_lease {
                     if timed(cfg.request_timeout, client.lease_client().revoke(id))
@@ -327,14 +330,18 @@ async fn run_term(
     }
     let granted = Duration::from_secs(grant.ttl() as u64);
     let initial = LeaseDeadline::granted(sent, granted, margin);
+    sink.new_lease(initial.deadline());
     let (state_tx, mut state_rx) = watch::channel(KeepState::Alive(initial));
     let _keeper = AbortOnDrop(tokio::spawn(keep_alive_loop(
         client.clone(),
-        lease_id,
-        initial,
-        granted,
-        cfg.request_timeout,
-        keepalive_interval(granted, margin),
+        sink.clone(),
+        LeaseSpec {
+            id: lease_id,
+            granted,
+            initial,
+            request_timeout: cfg.request_timeout,
+            interval: keepalive_interval(granted, margin),
+        },
         state_tx,
     )));
     debug!("election: lease {lease_id:x} granted for {granted:?}; campaigning");
@@ -454,16 +461,29 @@ async fn run_term(
     }
 }
 
+/// One lease as the keep-alive loop needs it.
+struct LeaseSpec {
+    id: i64,
+    granted: Duration,
+    initial: LeaseDeadline,
+    request_timeout: Duration,
+    interval: Duration,
+}
+
 /// Keeps the lease alive, one request at a time, publishing the local deadline.
 async fn keep_alive_loop(
     client: Client,
-    lease_id: i64,
-    mut deadline: LeaseDeadline,
-    granted: Duration,
-    request_timeout: Duration,
-    interval: Duration,
+    sink: Sink,
+    lease: LeaseSpec,
     state: watch::Sender<KeepState>,
 ) {
+    let LeaseSpec {
+        id: lease_id,
+        granted,
+        initial: mut deadline,
+        request_timeout,
+        interval,
+    } = lease;
     let mut leases = client.lease_client();
     'stream: loop {
         // Opening the stream sends a first keep-alive and waits for its answer.
@@ -490,6 +510,7 @@ async fn keep_alive_loop(
             };
         // The first answer (consumed inside `keep_alive`) renewed the lease to its full TTL.
         deadline.renewed(sent, granted);
+        sink.renewed(deadline.deadline());
         if state.send(KeepState::Alive(deadline)).is_err() {
             return;
         }
@@ -508,6 +529,7 @@ async fn keep_alive_loop(
                         return;
                     }
                     deadline.renewed(sent, Duration::from_secs(resp.ttl() as u64));
+                    sink.renewed(deadline.deadline());
                     if state.send(KeepState::Alive(deadline)).is_err() {
                         return;
                     }
@@ -556,12 +578,44 @@ async fn watch_own_key(
     }
 }
 
+/// Where an observer reports the leader it sees.
+pub(crate) trait LeaderReport: Send + Sync + 'static {
+    fn report(&self, leader: Option<String>);
+    /// True when nobody listens any more (the observer then stops).
+    fn closed(&self) -> bool;
+}
+
+impl LeaderReport for Sink {
+    fn report(&self, leader: Option<String>) {
+        self.leader_changed(leader);
+    }
+    fn closed(&self) -> bool {
+        self.is_closed()
+    }
+}
+
+impl LeaderReport for watch::Sender<Option<String>> {
+    fn report(&self, leader: Option<String>) {
+        self.send_if_modified(|cur| {
+            if *cur == leader {
+                false
+            } else {
+                *cur = leader;
+                true
+            }
+        });
+    }
+    fn closed(&self) -> bool {
+        self.is_closed()
+    }
+}
+
 /// The observer task: reports the current leader's advertised address on every change.
-pub(crate) async fn run_observer(cfg: EtcdElectionConfig, sink: Sink) {
+pub(crate) async fn run_observer<R: LeaderReport>(cfg: EtcdElectionConfig, sink: R) {
     let prefix = format!("{}/", cfg.election_name());
     let mut backoff = TERM_BACKOFF_MIN;
     loop {
-        if sink.is_closed() {
+        if sink.closed() {
             return;
         }
         match connect(&cfg).await {
@@ -574,6 +628,41 @@ pub(crate) async fn run_observer(cfg: EtcdElectionConfig, sink: Sink) {
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(TERM_BACKOFF_MAX);
+    }
+}
+
+/// Follows the elected leader's advertised address without campaigning: for standbys' tools,
+/// agents or frameworks that can reach etcd and want to find the leader. Stops when dropped.
+pub struct LeaderWatch {
+    rx: watch::Receiver<Option<String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaderWatch {
+    /// Starts watching the election of the cluster under `prefix` (e.g. `/gantry`). Must be
+    /// called inside a Tokio runtime; connection problems are retried in the background.
+    pub fn start(endpoints: Vec<String>, prefix: &str) -> LeaderWatch {
+        let mut cfg = EtcdElectionConfig::new(endpoints, "");
+        cfg.prefix = prefix.to_string();
+        let (tx, rx) = watch::channel(None);
+        let task = tokio::spawn(run_observer(cfg, tx));
+        LeaderWatch { rx, task }
+    }
+
+    /// The leader's advertised address as last seen (`None`: no leader, or not known yet).
+    pub fn leader(&self) -> Option<String> {
+        self.rx.borrow().clone()
+    }
+
+    /// A receiver that wakes on every leader change.
+    pub fn subscribe(&self) -> watch::Receiver<Option<String>> {
+        self.rx.clone()
+    }
+}
+
+impl Drop for LeaderWatch {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -599,12 +688,17 @@ pub async fn read_leader(
 /// Reads the leader, then watches the election prefix and re-reads on every change, and at
 /// least once per TTL (a stalled watch must not leave a stale answer forever). Returns why it
 /// stopped.
-async fn observe(client: &Client, prefix: &str, sink: &Sink, cfg: &EtcdElectionConfig) -> String {
+async fn observe<R: LeaderReport>(
+    client: &Client,
+    prefix: &str,
+    sink: &R,
+    cfg: &EtcdElectionConfig,
+) -> String {
     let (leader, revision) = match read_leader(client, prefix, cfg.request_timeout).await {
         Ok(v) => v,
         Err(e) => return format!("reading the leader: {e}"),
     };
-    sink.leader_changed(leader);
+    sink.report(leader);
     let opts = WatchOptions::new()
         .with_prefix()
         .with_start_revision(revision + 1);
@@ -618,7 +712,7 @@ async fn observe(client: &Client, prefix: &str, sink: &Sink, cfg: &EtcdElectionC
         Err(e) => return format!("watching the election: {e}"),
     };
     loop {
-        if sink.is_closed() {
+        if sink.closed() {
             return "election ended".into();
         }
         tokio::select! {
@@ -634,7 +728,7 @@ async fn observe(client: &Client, prefix: &str, sink: &Sink, cfg: &EtcdElectionC
             _ = tokio::time::sleep(cfg.lease_ttl) => {}
         }
         match read_leader(client, prefix, cfg.request_timeout).await {
-            Ok((leader, _)) => sink.leader_changed(leader),
+            Ok((leader, _)) => sink.report(leader),
             Err(e) => return format!("reading the leader: {e}"),
         }
     }

@@ -1,7 +1,10 @@
 //! What a master answers on `/health` and how it redirects peers, from its leadership view.
 //!
-//! Pure functions of [`LeadershipStatus`]: the HTTP handler serialises [`health`], and the
-//! agent/framework session handlers call [`redirect`] before accepting a registration.
+//! Pure functions of [`LeadershipStatus`] and the current time: the HTTP handler serialises
+//! [`health`], and the agent/framework session handlers call [`redirect`] before accepting a
+//! registration.
+
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -22,17 +25,18 @@ pub struct Health {
     pub advertise: String,
 }
 
-/// The `/health` answer for this leadership view.
-pub fn health(status: &LeadershipStatus) -> Health {
+/// The `/health` answer for this leadership view at `now`.
+pub fn health(status: &LeadershipStatus, now: Instant) -> Health {
+    let leads = status.leads_at(now);
     Health {
         status: "ok",
-        role: if status.is_leader {
-            "leader"
+        role: if leads { "leader" } else { "standby" },
+        leader: if leads {
+            Some(status.advertise.clone())
         } else {
-            "standby"
+            status.leader.clone().filter(|l| *l != status.advertise)
         },
-        leader: status.leader.clone(),
-        epoch: status.epoch,
+        epoch: if leads { status.epoch } else { None },
         advertise: status.advertise.clone(),
     }
 }
@@ -47,9 +51,9 @@ pub enum Admission {
     Redirect { leader: Option<String> },
 }
 
-/// Serve or redirect, for a peer connecting now.
-pub fn redirect(status: &LeadershipStatus) -> Admission {
-    match (status.is_leader, status.epoch) {
+/// Serve or redirect, for a peer connecting at `now`.
+pub fn redirect(status: &LeadershipStatus, now: Instant) -> Admission {
+    match (status.leads_at(now), status.epoch) {
         (true, Some(epoch)) => Admission::Serve { epoch },
         _ => Admission::Redirect {
             // Never redirect a peer to ourselves while we are not leading.
@@ -68,29 +72,45 @@ mod tests {
             epoch,
             leader: leader.map(str::to_string),
             advertise: "m1:5050".into(),
+            lease_valid_until: None,
         }
     }
 
     #[test]
     fn leader_serves_and_reports_epoch() {
+        let now = Instant::now();
         let s = st(true, Some(42), Some("m1:5050"));
-        assert_eq!(redirect(&s), Admission::Serve { epoch: 42 });
-        let h = serde_json::to_value(health(&s)).unwrap();
+        assert_eq!(redirect(&s, now), Admission::Serve { epoch: 42 });
+        let h = serde_json::to_value(health(&s, now)).unwrap();
         assert_eq!(h["role"], "leader");
         assert_eq!(h["epoch"], 42);
     }
 
     #[test]
     fn standby_redirects_to_the_leader_never_to_itself() {
+        let now = Instant::now();
         let s = st(false, None, Some("m2:5050"));
         assert_eq!(
-            redirect(&s),
+            redirect(&s, now),
             Admission::Redirect {
                 leader: Some("m2:5050".into())
             }
         );
-        assert_eq!(health(&s).role, "standby");
+        assert_eq!(health(&s, now).role, "standby");
         let stale = st(false, None, Some("m1:5050"));
-        assert_eq!(redirect(&stale), Admission::Redirect { leader: None });
+        assert_eq!(redirect(&stale, now), Admission::Redirect { leader: None });
+    }
+
+    #[test]
+    fn a_leader_past_its_lease_deadline_redirects_even_before_lost() {
+        let t0 = Instant::now();
+        let mut s = st(true, Some(7), Some("m1:5050"));
+        s.lease_valid_until = Some(t0 + std::time::Duration::from_secs(1));
+        assert_eq!(redirect(&s, t0), Admission::Serve { epoch: 7 });
+        let late = t0 + std::time::Duration::from_secs(1);
+        assert_eq!(redirect(&s, late), Admission::Redirect { leader: None });
+        let h = health(&s, late);
+        assert_eq!(h.role, "standby");
+        assert_eq!(h.epoch, None);
     }
 }

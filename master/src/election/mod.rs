@@ -17,7 +17,54 @@
 //! load the registry, then serve (offers, launches) with `epoch` in `Registered`/`Subscribed`; on
 //! `Lost` stop offering and accepting at once, clear the fence, drop sessions (or turn standby);
 //! on `LeaderChanged` update the redirect target. `LeaderChanged` naming this master can arrive
-//! before its `Elected`: only `Elected` makes a master act as leader.
+//! before its `Elected`: only `Elected` makes a master act as leader. Before every offer and
+//! launch also check [`LeadershipStatus::leads_at`] (or [`Election::is_leader`]): it turns false
+//! at the lease deadline even if the `Lost` event has not been processed yet.
+//!
+//! Wiring sketch (one code path for both modes):
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use gantry_master::election::{self, health, EtcdElectionConfig, HaConfig, LeadershipEvent};
+//!
+//! async fn serve(
+//!     etcd: Option<String>,     // --etcd URL[,URL...]
+//!     advertise: String,        // --advertise ADDR
+//!     lease_ttl_secs: u64,      // --lease-ttl (default 3)
+//!     work_dir: std::path::PathBuf,
+//! ) -> anyhow::Result<()> {
+//!     let ha = match etcd {
+//!         None => HaConfig::Standalone { work_dir, advertise },
+//!         Some(list) => {
+//!             let endpoints = EtcdElectionConfig::parse_endpoints(&list)?;
+//!             let mut cfg = EtcdElectionConfig::new(endpoints, advertise);
+//!             cfg.lease_ttl = Duration::from_secs(lease_ttl_secs);
+//!             HaConfig::Etcd(cfg)
+//!         }
+//!     };
+//!     let (mut election, store) = election::start(ha).await?;
+//!     let status = election.watch_status();
+//!     // HTTP: GET /health -> Json(health::health(&status.borrow(), Instant::now()))
+//!     // Peer connects -> match health::redirect(&status.borrow(), Instant::now()) {
+//!     //     Admission::Serve { epoch } => register, answer with `epoch`,
+//!     //     Admission::Redirect { leader } => send NotLeader { leader } and close }
+//!     while let Some(event) = election.next_event().await {
+//!         match event {
+//!             LeadershipEvent::Elected { epoch, fence, .. } => {
+//!                 store.set_fence(fence);
+//!                 let registry = store.load().await?; // recover before serving
+//!                 let _ = (epoch, registry); // hand both to the core loop, then serve
+//!             }
+//!             LeadershipEvent::Lost { reason, .. } => {
+//!                 store.clear_fence();
+//!                 let _ = reason; // core: stop offers/launches, close sessions (NotLeader)
+//!             }
+//!             LeadershipEvent::LeaderChanged { .. } => {} // `status` already has it
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//! ```
 
 pub mod etcd;
 pub mod health;
@@ -33,7 +80,7 @@ use tokio::task::JoinHandle;
 
 use crate::registry::{EtcdStore, FileStore, RegistryError, RegistryStore};
 
-pub use self::etcd::EtcdElectionConfig;
+pub use self::etcd::{EtcdElectionConfig, LeaderWatch};
 
 /// Proof of leadership that registry writes are checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +127,24 @@ pub struct LeadershipStatus {
     pub leader: Option<String>,
     /// This master's own advertised address.
     pub advertise: String,
+    /// etcd mode: the local lease deadline (see [`lease`]). Past it this master must not act as
+    /// leader even if the election task has not run yet to emit `Lost` (a starved runtime).
+    #[serde(skip)]
+    pub lease_valid_until: Option<Instant>,
+}
+
+impl LeadershipStatus {
+    /// Whether this master may act as leader at `now`: elected, and (etcd) its lease deadline not
+    /// passed. Check this before every offer and every launch.
+    pub fn leads_at(&self, now: Instant) -> bool {
+        if !self.is_leader {
+            return false;
+        }
+        match self.lease_valid_until {
+            Some(deadline) => now < deadline,
+            None => true,
+        }
+    }
 }
 
 /// Why an election could not be started or ended cleanly.
@@ -130,6 +195,23 @@ impl Sink {
             fence,
             at: Instant::now(),
         });
+    }
+
+    /// A keep-alive succeeded: the lease is valid locally until `deadline`.
+    pub(crate) fn renewed(&self, deadline: Instant) {
+        self.status.send_if_modified(|s| {
+            if s.lease_valid_until.is_some_and(|d| d >= deadline) {
+                return false;
+            }
+            s.lease_valid_until = Some(deadline);
+            true
+        });
+    }
+
+    /// A new term starts: forget the previous lease's deadline.
+    pub(crate) fn new_lease(&self, deadline: Instant) {
+        self.status
+            .send_modify(|s| s.lease_valid_until = Some(deadline));
     }
 
     pub(crate) fn lost(&self, reason: String) {
@@ -265,9 +347,10 @@ impl Election {
         self.status.clone()
     }
 
-    /// Whether this master leads right now (cheap; check it before every offer or launch).
+    /// Whether this master may act as leader right now (cheap; check it before every offer or
+    /// launch). Also false once the lease deadline passed, even before `Lost` was processed.
     pub fn is_leader(&self) -> bool {
-        self.status.borrow().is_leader
+        self.status.borrow().leads_at(Instant::now())
     }
 
     /// Gives up leadership cleanly (etcd: emit `Lost`, resign and revoke the lease so a standby

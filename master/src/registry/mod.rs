@@ -13,9 +13,12 @@
 //!   - [`EtcdStore`] (HA mode): one JSON value per record under a key prefix; every write is an
 //!     etcd transaction fenced by the writer's leadership ([`Fence`]), so a deposed leader's write
 //!     fails with [`RegistryError::Fenced`] instead of landing.
+//! - [`RegistryWriter`] queues writes from the server's event loop and applies them in order,
+//!   group-committing consecutive submissions (one etcd transaction / one fsync per group).
 
 mod etcd;
 mod file;
+mod writer;
 
 use std::collections::BTreeMap;
 
@@ -23,8 +26,9 @@ use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
 use gantry_sdk::protocol::resources::Resources;
 use serde::{Deserialize, Serialize};
 
-pub use self::etcd::EtcdStore;
+pub use self::etcd::{EtcdStore, MAX_TXN_OPS};
 pub use self::file::FileStore;
+pub use self::writer::{PendingWrite, RegistryWriter, WriterStats, MAX_GROUP_OPS};
 pub use crate::election::Fence;
 
 /// An admitted agent.

@@ -16,24 +16,33 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use dashmap::DashMap;
 use gantry_sdk::protocol::codec::CodecError;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic::{self, FrameReceiver, FrameSender};
 use gantry_sdk::transport::PeerIdentity;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::state::{ConnId, Input, Master, MasterConfig, Output};
+use crate::election::{self, health, Election, HaConfig, LeadershipEvent, LeadershipStatus};
+use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
+
+use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
 
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;
 const CLOSE_PROTOCOL: u32 = 1;
 
 enum CoreEvent {
+    /// This master was elected: recover the registry and start serving with `epoch`.
+    Lead {
+        epoch: u64,
+        registry: Registry,
+    },
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
+    Operator(OperatorCommand, oneshot::Sender<Result<(), String>>),
 }
 
 enum Outbound {
@@ -48,31 +57,48 @@ struct Shell {
     core: mpsc::Sender<CoreEvent>,
     conns: Arc<DashMap<ConnId, mpsc::Sender<Outbound>>>,
     next_conn: Arc<AtomicU64>,
+    status: watch::Receiver<LeadershipStatus>,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
+///
+/// `ha` selects standalone (always leader, registry in the work dir) or etcd election. The
+/// master serves agents and frameworks only while it leads; as a standby it redirects them to
+/// the leader. When it loses leadership it stops at once and `run` returns an error (as a Mesos
+/// master does): the process supervisor restarts it as a standby.
 pub async fn run(
     endpoint: quinn::Endpoint,
     http: tokio::net::TcpListener,
     config: MasterConfig,
+    ha: HaConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let (election, store) = election::start(ha).await?;
+    let status = election.watch_status();
     let (core_tx, core_rx) = mpsc::channel(65_536);
     let shell = Shell {
-        core: core_tx,
+        core: core_tx.clone(),
         conns: Arc::new(DashMap::new()),
         next_conn: Arc::new(AtomicU64::new(1)),
+        status: status.clone(),
     };
-    let seed = uuid::Uuid::new_v4().as_u128();
-    let master = Master::new(config, seed);
-    let core = tokio::spawn(core_loop(master, core_rx, shell.conns.clone()));
+    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
+    let writer = RegistryWriter::spawn(store.clone());
+    let core = tokio::spawn(core_loop(
+        config,
+        core_rx,
+        shell.conns.clone(),
+        writer,
+        status.clone(),
+        lost_tx.clone(),
+    ));
+    let leadership = tokio::spawn(follow_election(election, store, core_tx, lost_tx));
 
     let app = Router::new()
-        .route(
-            "/health",
-            get(|| async { Json(serde_json::json!({"status": "ok", "leader": true})) }),
-        )
+        .route("/health", get(health_handler))
         .route("/state", get(state_handler))
+        .route("/weights", post(weights_handler))
+        .route("/quota", post(quota_handler))
         .with_state(shell.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();
@@ -86,11 +112,16 @@ pub async fn run(
     });
 
     tokio::pin!(shutdown);
-    loop {
+    let result = loop {
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut shutdown => break Ok(()),
+            reason = lost_rx.recv() => {
+                let reason = reason.unwrap_or_else(|| "election ended".into());
+                tracing::error!("lost leadership: {reason}; stopping (restart this master to rejoin as a standby)");
+                break Err(anyhow::anyhow!("lost leadership: {reason}"));
+            }
             incoming = endpoint.accept() => {
-                let Some(incoming) = incoming else { break };
+                let Some(incoming) = incoming else { break Ok(()) };
                 let shell = shell.clone();
                 tokio::spawn(async move {
                     let remote = incoming.remote_address();
@@ -101,13 +132,65 @@ pub async fn run(
                 });
             }
         }
-    }
-    let _ = stop_tx.send(true);
-    endpoint.close(CLOSE_NORMAL.into(), b"master shutting down");
+    };
     core.abort();
+    leadership.abort();
+    let _ = stop_tx.send(true);
+    endpoint.close(CLOSE_NORMAL.into(), b"master stopping");
     let _ = http_task.await;
-    endpoint.wait_idle().await;
-    Ok(())
+    let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+    result
+}
+
+/// Turns leadership events into core events: on election, load the registry (after the fence
+/// is installed) and hand it to the core; on loss, report it (the master stops).
+async fn follow_election(
+    mut election: Election,
+    store: RegistryStore,
+    core: mpsc::Sender<CoreEvent>,
+    lost: mpsc::UnboundedSender<String>,
+) {
+    let mut led = false;
+    while let Some(event) = election.next_event().await {
+        match event {
+            LeadershipEvent::Elected { epoch, fence, .. } => {
+                store.set_fence(fence);
+                match store.load().await {
+                    Ok(registry) => {
+                        tracing::info!(epoch, "elected leader; registry recovered");
+                        led = true;
+                        if core
+                            .send(CoreEvent::Lead { epoch, registry })
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = lost.send(format!("could not load the registry: {e}"));
+                        return;
+                    }
+                }
+            }
+            LeadershipEvent::Lost { reason, .. } => {
+                store.clear_fence();
+                if led {
+                    let _ = lost.send(reason);
+                    return;
+                }
+            }
+            LeadershipEvent::LeaderChanged { leader } => {
+                tracing::info!(?leader, "leader changed");
+            }
+        }
+    }
+    let _ = lost.send("the election ended".into());
+}
+
+async fn health_handler(State(shell): State<Shell>) -> Json<health::Health> {
+    let st = shell.status.borrow().clone();
+    Json(health::health(&st, std::time::Instant::now()))
 }
 
 async fn state_handler(
@@ -128,16 +211,94 @@ async fn state_handler(
     rx.await.map(Json).map_err(|_| unavailable())
 }
 
-/// The single owner of the state machine.
+/// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
+#[derive(serde::Deserialize)]
+struct WeightRequest {
+    role: String,
+    weight: f64,
+}
+
+/// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
+/// an omitted part is removed.
+#[derive(serde::Deserialize)]
+struct QuotaRequest {
+    role: String,
+    guarantee: Option<String>,
+    limit: Option<String>,
+}
+
+type HttpResult = Result<Json<serde_json::Value>, (axum::http::StatusCode, String)>;
+
+async fn operator(shell: &Shell, cmd: OperatorCommand) -> HttpResult {
+    let (tx, rx) = oneshot::channel();
+    let unavailable = || {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "master core is not running".to_string(),
+        )
+    };
+    shell
+        .core
+        .send(CoreEvent::Operator(cmd, tx))
+        .await
+        .map_err(|_| unavailable())?;
+    match rx.await.map_err(|_| unavailable())? {
+        Ok(()) => Ok(Json(serde_json::json!({"ok": true}))),
+        Err(e) => Err((axum::http::StatusCode::BAD_REQUEST, e)),
+    }
+}
+
+async fn weights_handler(State(shell): State<Shell>, Json(req): Json<WeightRequest>) -> HttpResult {
+    operator(
+        &shell,
+        OperatorCommand::SetWeight {
+            role: req.role,
+            weight: req.weight,
+        },
+    )
+    .await
+}
+
+async fn quota_handler(State(shell): State<Shell>, Json(req): Json<QuotaRequest>) -> HttpResult {
+    let parse = |s: Option<String>,
+                 what: &str|
+     -> Result<Option<gantry_sdk::Resources>, (axum::http::StatusCode, String)> {
+        s.map(|s| {
+            s.parse()
+                .map_err(|e| (axum::http::StatusCode::BAD_REQUEST, format!("{what}: {e}")))
+        })
+        .transpose()
+    };
+    let guarantee = parse(req.guarantee, "guarantee")?;
+    let limit = parse(req.limit, "limit")?;
+    operator(
+        &shell,
+        OperatorCommand::SetQuota {
+            role: req.role,
+            guarantee,
+            limit,
+        },
+    )
+    .await
+}
+
+/// The single owner of the state machine. Before this master leads, inputs are held back
+/// (peers are redirected anyway); registry mutations go to the writer in order, and a fenced
+/// write (another master leads now) stops the master.
 async fn core_loop(
-    mut master: Master,
+    mut config: MasterConfig,
     mut rx: mpsc::Receiver<CoreEvent>,
     conns: Arc<DashMap<ConnId, mpsc::Sender<Outbound>>>,
+    writer: RegistryWriter,
+    status: watch::Receiver<LeadershipStatus>,
+    lost: mpsc::UnboundedSender<String>,
 ) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut master: Option<Master> = None;
+    let mut held: Vec<Input> = Vec::new();
     let mut out = Vec::new();
     loop {
         tokio::select! {
@@ -152,28 +313,60 @@ async fn core_loop(
                     }
                 }
                 for ev in batch {
-                    match ev {
-                        CoreEvent::Input(input) => out.extend(master.handle(input, now())),
-                        CoreEvent::State(reply) => {
-                            let view = serde_json::to_value(master.view(now())).unwrap_or(serde_json::Value::Null);
+                    match (ev, master.as_mut()) {
+                        (CoreEvent::Lead { epoch, registry }, None) => {
+                            config.epoch = epoch;
+                            let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
+                            m.recover(registry, now());
+                            for input in held.drain(..) {
+                                out.extend(m.handle(input, now()));
+                            }
+                            master = Some(m);
+                        }
+                        (CoreEvent::Lead { .. }, Some(_)) => {}
+                        (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
+                        (CoreEvent::Input(input), None) => held.push(input),
+                        (CoreEvent::Operator(cmd, reply), Some(m)) => {
+                            let _ = reply.send(m.operator(cmd).map(|o| out.extend(o)));
+                        }
+                        (CoreEvent::Operator(_, reply), None) => {
+                            let _ = reply.send(Err("this master is not the leader".into()));
+                        }
+                        (CoreEvent::State(reply), m) => {
+                            let view = match m {
+                                Some(m) => serde_json::to_value(m.view(now())).unwrap_or(serde_json::Value::Null),
+                                None => serde_json::json!({"leader": false, "status": status.borrow().clone()}),
+                            };
                             let _ = reply.send(view);
                         }
                     }
                 }
             }
-            _ = tick.tick() => out.extend(master.handle(Input::Tick, now())),
+            _ = tick.tick() => {
+                if let Some(m) = master.as_mut() {
+                    out.extend(m.handle(Input::Tick, now()));
+                }
+            }
         }
-        let t = now();
-        if master.allocation_due(t) {
-            let started = Instant::now();
-            master.allocate(t, &mut out);
-            master.last_cycle_us = started.elapsed().as_micros() as u64;
+        if let Some(m) = master.as_mut() {
+            let t = now();
+            // Never offer past the lease deadline, even before the Lost event arrives.
+            if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
+                let started = Instant::now();
+                m.allocate(t, &mut out);
+                m.last_cycle_us = started.elapsed().as_micros() as u64;
+            }
         }
+        let mut mutations = Vec::new();
         for o in out.drain(..) {
             let (conn, msg) = match o {
                 Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
                 Output::ToFramework(c, m) => (c, Outbound::Framework(m)),
                 Output::Close { conn, reason } => (conn, Outbound::Close(reason)),
+                Output::Persist(m) => {
+                    mutations.push(m);
+                    continue;
+                }
             };
             let Some(tx) = conns.get(&conn).map(|e| e.value().clone()) else {
                 continue;
@@ -183,6 +376,19 @@ async fn core_loop(
                 let _ = tx.try_send(Outbound::Close("too slow".into()));
                 conns.remove(&conn);
             }
+        }
+        if !mutations.is_empty() {
+            let pending = writer.submit(mutations);
+            let lost = lost.clone();
+            tokio::spawn(async move {
+                match pending.await {
+                    Ok(()) => {}
+                    Err(RegistryError::Fenced(e)) => {
+                        let _ = lost.send(format!("a registry write was fenced off: {e}"));
+                    }
+                    Err(e) => tracing::error!("registry write failed: {e}"),
+                }
+            });
         }
     }
 }
@@ -208,6 +414,33 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 return;
             }
         };
+    // Only the leader serves peers; a standby tells them where the leader is.
+    let admission = health::redirect(&shell.status.borrow().clone(), std::time::Instant::now());
+    if let health::Admission::Redirect { leader } = admission {
+        let mut tx = tx;
+        let res = match kind {
+            PeerKind::Agent => {
+                tx.send(&MasterToAgent::NotLeader {
+                    leader: leader.clone(),
+                })
+                .await
+            }
+            PeerKind::Framework => {
+                tx.send(&MasterToFramework::NotLeader {
+                    leader: leader.clone(),
+                })
+                .await
+            }
+        };
+        if res.is_ok() {
+            let _ = tx.0.finish();
+            let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
+        }
+        tracing::debug!(%remote, ?leader, "redirected a peer to the leader");
+        conn.close(CLOSE_NORMAL.into(), b"not the leader");
+        drop(rx);
+        return;
+    }
     let id = shell.next_conn.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::channel(16_384);
     shell.conns.insert(id, out_tx);

@@ -28,6 +28,7 @@ use gantry_sdk::protocol::*;
 use crate::allocator::{
     AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources,
 };
+use crate::registry::{AgentRecord, FrameworkRecord, Mutation, Quota, Registry, Reservation};
 
 /// Identifies one live peer connection in the I/O shell.
 pub type ConnId = u64;
@@ -103,6 +104,8 @@ pub enum Output {
         conn: ConnId,
         reason: String,
     },
+    /// Record a change in the persistent registry (in order).
+    Persist(Mutation),
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +130,9 @@ pub(crate) struct AgentRec {
     pub conn: Option<ConnId>,
     pub resources: Resources,
     pub reserved: BTreeMap<String, Resources>,
+    /// Dynamic reservations (RESERVE operations), included in `reserved` and taken out of
+    /// `resources`; persisted in the registry.
+    pub dynamic: BTreeMap<String, Resources>,
     pub attributes: Attributes,
     pub gpus: Vec<GpuInfo>,
     pub gpu_samples: Vec<GpuSample>,
@@ -176,6 +182,9 @@ pub struct Master {
     pub(crate) frameworks: HashMap<FrameworkId, FrameworkRec>,
     pub(crate) tasks: HashMap<TaskId, TaskRec>,
     pub(crate) completed: VecDeque<(TaskId, FrameworkId, AgentId, TaskState, Resources)>,
+    /// Agents known from the registry (after a failover) that have not re-registered yet,
+    /// with their dynamic reservations and the time they must be back by.
+    recovered_agents: HashMap<AgentId, (AgentRecord, BTreeMap<String, Resources>, Millis)>,
     allocation_pending: bool,
     last_batch: Millis,
     /// Fresh ids: the shell seeds this with randomness; tests with a constant.
@@ -209,6 +218,7 @@ impl Master {
             frameworks: HashMap::new(),
             tasks: HashMap::new(),
             completed: VecDeque::new(),
+            recovered_agents: HashMap::new(),
             allocation_pending: false,
             last_batch: 0,
             id_seed,
@@ -450,6 +460,20 @@ impl Master {
             });
             return;
         }
+        // Dynamic reservations this agent had (before an agent restart or a master failover).
+        let dynamic = match claimed_id {
+            Some(c) => match self.agents.get(&c) {
+                Some(a) if a.name == name => a.dynamic.clone(),
+                _ => self
+                    .recovered_agents
+                    .remove(&c)
+                    .filter(|(rec, _, _)| rec.name == name)
+                    .map(|(_, d, _)| d)
+                    .unwrap_or_default(),
+            },
+            None => BTreeMap::new(),
+        };
+        let (resources, reserved) = with_dynamic(resources, reserved, &dynamic);
         // The same name (certificate) re-registering: the same agent if it kept its id.
         let existing = self.agents_by_name.get(&name).copied();
         let id = match (existing, claimed_id) {
@@ -511,6 +535,7 @@ impl Master {
                         conn: Some(conn),
                         resources,
                         reserved,
+                        dynamic: dynamic.clone(),
                         attributes,
                         gpus,
                         gpu_samples: Vec::new(),
@@ -520,6 +545,16 @@ impl Master {
                     },
                 );
                 self.agents_by_name.insert(name.clone(), id);
+                let hostname = self
+                    .agents
+                    .get(&id)
+                    .map(|a| a.hostname.clone())
+                    .unwrap_or_default();
+                out.push(Output::Persist(Mutation::PutAgent(AgentRecord {
+                    id,
+                    name: name.clone(),
+                    hostname,
+                })));
                 // An agent that comes back with tasks after a master restart: adopt them.
                 self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
                 id
@@ -927,6 +962,13 @@ impl Master {
                 });
             }
             tracing::warn!(agent = %a.name, reason, "agent removed");
+            for role in a.dynamic.keys() {
+                out.push(Output::Persist(Mutation::RemoveReservation {
+                    agent_id: id,
+                    role: role.clone(),
+                }));
+            }
+            out.push(Output::Persist(Mutation::RemoveAgent(id)));
         }
     }
 
@@ -1148,6 +1190,12 @@ impl Master {
                     let f = self.frameworks.get_mut(&id).expect("checked above");
                     f.name = info.name.clone();
                     f.failover_timeout_ms = failover_timeout_ms;
+                    f.capabilities = info.capabilities.clone();
+                    for r in &info.roles {
+                        if !f.roles.contains(r) {
+                            f.roles.push(r.clone());
+                        }
+                    }
                     f.disconnected_at = None;
                     f.conn.replace(conn)
                 };
@@ -1168,6 +1216,14 @@ impl Master {
                         self.allocator.rescind(o);
                     }
                 }
+                // Capabilities and new roles may change on failover (as in Mesos).
+                let (name, roles) = self
+                    .frameworks
+                    .get(&id)
+                    .map(|f| (f.name.clone(), f.roles.clone()))
+                    .unwrap_or_default();
+                let gpu = info.capabilities.contains(&Capability::GpuResources);
+                self.allocator.add_framework(id, &name, &roles, gpu, None);
                 self.allocator.revive(id, None);
                 id
             }
@@ -1208,6 +1264,15 @@ impl Master {
             *framework = Some(id);
         }
         tracing::info!(framework = %id, name = %info.name, %principal, "framework subscribed");
+        if let Some(f) = self.frameworks.get(&id) {
+            out.push(Output::Persist(Mutation::PutFramework(FrameworkRecord {
+                id,
+                name: f.name.clone(),
+                roles: f.roles.clone(),
+                principal: f.principal.clone(),
+                failover_timeout_secs: f.failover_timeout_ms as f64 / 1000.0,
+            })));
+        }
         out.push(Output::ToFramework(
             conn,
             MasterToFramework::Subscribed {
@@ -1269,6 +1334,7 @@ impl Master {
         let Some(f) = self.frameworks.remove(&id) else {
             return;
         };
+        out.push(Output::Persist(Mutation::RemoveFramework(id)));
         tracing::info!(framework = %id, reason, "framework removed");
         for rec in self.allocator.remove_framework(id) {
             let _ = rec;
@@ -1474,6 +1540,7 @@ impl Master {
                         &mut pool,
                         &mut used,
                         true,
+                        out,
                     ) {
                         out.push(err(
                             conn,
@@ -1492,6 +1559,7 @@ impl Master {
                         &mut pool,
                         &mut used,
                         false,
+                        out,
                     ) {
                         out.push(err(
                             conn,
@@ -1572,6 +1640,7 @@ impl Master {
         pool: &mut [OfferResources],
         used: &mut [OfferResources],
         reserve: bool,
+        out: &mut Vec<Output>,
     ) -> Result<(), String> {
         let roles = self
             .frameworks
@@ -1588,6 +1657,12 @@ impl Master {
         }
         if resources.is_empty() {
             return Err("no resources named".into());
+        }
+        if !reserve {
+            let dynamic = self.agents.get(&agent).and_then(|a| a.dynamic.get(role));
+            if !dynamic.is_some_and(|d| d.contains(resources)) {
+                return Err(format!("{resources} is not dynamically reserved for {role:?} on this agent (static reservations belong to the agent's configuration)"));
+            }
         }
         // Find one offer in the pool that holds the source resources.
         for (i, (p, u)) in pool.iter_mut().zip(used.iter_mut()).enumerate() {
@@ -1628,15 +1703,27 @@ impl Master {
                         .entry(role.to_string())
                         .or_default()
                         .add_assign(resources);
+                    a.dynamic
+                        .entry(role.to_string())
+                        .or_default()
+                        .add_assign(resources);
                 } else {
-                    if let Some(r) = a.reserved.get_mut(role) {
-                        *r = r.saturating_sub(resources);
-                        if r.is_empty() {
-                            a.reserved.remove(role);
+                    for map in [&mut a.reserved, &mut a.dynamic] {
+                        if let Some(r) = map.get_mut(role) {
+                            *r = r.saturating_sub(resources);
+                            if r.is_empty() {
+                                map.remove(role);
+                            }
                         }
                     }
                     a.resources.add_assign(resources);
                 }
+                let now_reserved = a.dynamic.get(role).cloned().unwrap_or_default();
+                out.push(Output::Persist(Mutation::SetReservation(Reservation {
+                    agent_id: agent,
+                    role: role.to_string(),
+                    resources: now_reserved,
+                })));
             }
             return Ok(());
         }
@@ -1680,6 +1767,25 @@ impl Master {
     // Timers
 
     fn tick(&mut self, now: Millis, out: &mut Vec<Output>) {
+        // Agents from the registry that never came back after a failover are forgotten.
+        let gone: Vec<AgentId> = self
+            .recovered_agents
+            .iter()
+            .filter(|(_, (_, _, deadline))| now > *deadline)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            if let Some((rec, dynamic, _)) = self.recovered_agents.remove(&id) {
+                tracing::warn!(agent = %rec.name, "agent did not re-register after failover; removed");
+                for role in dynamic.keys() {
+                    out.push(Output::Persist(Mutation::RemoveReservation {
+                        agent_id: id,
+                        role: role.clone(),
+                    }));
+                }
+                out.push(Output::Persist(Mutation::RemoveAgent(id)));
+            }
+        }
         // Silent agents are disconnected.
         let silent: Vec<(AgentId, ConnId)> = self
             .agents
@@ -1774,7 +1880,11 @@ fn validate_task(task: &TaskInfo) -> Option<String> {
     if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
         return Some(format!("task {tid}: must request some cpus or mem"));
     }
-    if task.resources.milli("gpus") % gantry_sdk::protocol::resources::MILLI != 0 {
+    if !task
+        .resources
+        .milli("gpus")
+        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
+    {
         return Some(format!("task {tid}: gpus must be a whole number"));
     }
     if task
@@ -1836,4 +1946,143 @@ fn draw(
         }
     }
     Some(holding)
+}
+
+#[cfg(test)]
+mod tests;
+
+/// An operator request (HTTP API / `gantryctl`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OperatorCommand {
+    SetWeight {
+        role: String,
+        weight: f64,
+    },
+    /// Replaces the role's quota; `None` parts are removed.
+    SetQuota {
+        role: String,
+        guarantee: Option<Resources>,
+        limit: Option<Resources>,
+    },
+}
+
+impl Master {
+    /// Applies an operator command. Weights and quotas take effect at the next batch
+    /// allocation (as in Mesos).
+    pub fn operator(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, String> {
+        match cmd {
+            OperatorCommand::SetWeight { role, weight } => {
+                if !valid_role(&role) {
+                    return Err(format!("invalid role name {role:?}"));
+                }
+                if !(weight.is_finite() && weight > 0.0) {
+                    return Err(format!("weight must be a positive number, not {weight}"));
+                }
+                tracing::info!(%role, weight, "role weight set");
+                self.allocator.set_weight(&role, weight);
+                Ok(vec![Output::Persist(Mutation::SetWeight { role, weight })])
+            }
+            OperatorCommand::SetQuota {
+                role,
+                guarantee,
+                limit,
+            } => {
+                if !valid_role(&role) {
+                    return Err(format!("invalid role name {role:?}"));
+                }
+                if let (Some(g), Some(l)) = (&guarantee, &limit) {
+                    if let Some(name) = g
+                        .names()
+                        .find(|n| l.names().any(|x| x == *n) && g.milli(n) > l.milli(n))
+                    {
+                        return Err(format!("quota guarantee of {name} exceeds its limit"));
+                    }
+                }
+                tracing::info!(%role, ?guarantee, ?limit, "role quota set");
+                self.allocator
+                    .set_quota(&role, guarantee.clone(), limit.clone());
+                let m = if guarantee.is_none() && limit.is_none() {
+                    Mutation::RemoveQuota { role }
+                } else {
+                    Mutation::SetQuota {
+                        role,
+                        quota: Quota {
+                            guarantee: guarantee.unwrap_or_default(),
+                            limit: limit.unwrap_or_default(),
+                        },
+                    }
+                };
+                Ok(vec![Output::Persist(m)])
+            }
+        }
+    }
+}
+
+/// Moves an agent's dynamic reservations out of its unreserved resources into `reserved`.
+fn with_dynamic(
+    mut resources: Resources,
+    mut reserved: BTreeMap<String, Resources>,
+    dynamic: &BTreeMap<String, Resources>,
+) -> (Resources, BTreeMap<String, Resources>) {
+    for (role, r) in dynamic {
+        let take = resources.elementwise_min(r);
+        resources = resources.saturating_sub(&take);
+        reserved.entry(role.clone()).or_default().add_assign(&take);
+    }
+    (resources, reserved)
+}
+
+impl Master {
+    /// Restores the persistent registry when this master becomes the leader: frameworks (as
+    /// disconnected, so their failover timeouts run from now), weights, quotas, and the agents
+    /// expected to re-register (with their dynamic reservations) within the re-register
+    /// timeout. Tasks are rebuilt from the agents' re-registrations.
+    pub fn recover(&mut self, registry: Registry, now: Millis) {
+        for (role, weight) in &registry.weights {
+            self.allocator.set_weight(role, *weight);
+        }
+        for (role, q) in &registry.quotas {
+            let g = Some(q.guarantee.clone()).filter(|g| !g.is_empty());
+            let l = Some(q.limit.clone()).filter(|l| !l.is_empty());
+            self.allocator.set_quota(role, g, l);
+        }
+        for f in registry.frameworks.values() {
+            let gpu = false;
+            self.allocator
+                .add_framework(f.id, &f.name, &f.roles, gpu, None);
+            self.allocator.suppress(f.id, None);
+            self.frameworks.insert(
+                f.id,
+                FrameworkRec {
+                    id: f.id,
+                    name: f.name.clone(),
+                    principal: f.principal.clone(),
+                    roles: f.roles.clone(),
+                    capabilities: Vec::new(),
+                    failover_timeout_ms: (f.failover_timeout_secs.clamp(0.0, 365.0 * 86400.0)
+                        * 1000.0) as u64,
+                    conn: None,
+                    disconnected_at: Some(now),
+                    tasks: HashSet::new(),
+                },
+            );
+        }
+        let deadline = now + self.config.agent_reregister_timeout_ms;
+        for a in registry.agents.values() {
+            let dynamic = registry
+                .reservations
+                .get(&a.id)
+                .cloned()
+                .unwrap_or_default();
+            self.recovered_agents
+                .insert(a.id, (a.clone(), dynamic, deadline));
+        }
+        tracing::info!(
+            frameworks = registry.frameworks.len(),
+            agents = registry.agents.len(),
+            weights = registry.weights.len(),
+            quotas = registry.quotas.len(),
+            "recovered the registry; waiting for agents to re-register"
+        );
+    }
 }

@@ -1,0 +1,496 @@
+//! Unit tests of the pure state machine: inputs and time in, messages out.
+
+use super::*;
+
+const A: ConnId = 1;
+const F: ConnId = 2;
+
+fn res(s: &str) -> Resources {
+    s.parse().unwrap()
+}
+
+struct Harness {
+    m: Master,
+    now: Millis,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self {
+            m: Master::new(MasterConfig::default(), 7),
+            now: 0,
+        }
+    }
+
+    fn input(&mut self, i: Input) -> Vec<Output> {
+        let mut out = self.m.handle(i, self.now);
+        if self.m.allocation_due(self.now) {
+            self.m.allocate(self.now, &mut out);
+        }
+        out
+    }
+
+    fn agent(&mut self, conn: ConnId, name: &str, resources: &str) -> AgentId {
+        self.input(Input::AgentConnected {
+            conn,
+            name: name.into(),
+            address: "127.0.0.1:1".into(),
+        });
+        let out = self.input(Input::Agent {
+            conn,
+            msg: register(None, resources),
+        });
+        out.iter()
+            .find_map(|o| match o {
+                Output::ToAgent(c, MasterToAgent::Registered { agent_id, .. }) if *c == conn => {
+                    Some(*agent_id)
+                }
+                _ => None,
+            })
+            .expect("registered")
+    }
+
+    fn framework(
+        &mut self,
+        conn: ConnId,
+        principal: &str,
+        role: &str,
+    ) -> (FrameworkId, Vec<Offer>) {
+        self.input(Input::FrameworkConnected {
+            conn,
+            principal: principal.into(),
+        });
+        let out = self.input(Input::Framework {
+            conn,
+            msg: FrameworkToMaster::Subscribe(info(principal, role, None)),
+        });
+        let id = out
+            .iter()
+            .find_map(|o| match o {
+                Output::ToFramework(c, MasterToFramework::Subscribed { framework_id, .. })
+                    if *c == conn =>
+                {
+                    Some(*framework_id)
+                }
+                _ => None,
+            })
+            .expect("subscribed");
+        (id, offers(&out, conn))
+    }
+}
+
+fn register(agent_id: Option<AgentId>, resources: &str) -> AgentToMaster {
+    AgentToMaster::Register {
+        agent_id,
+        hostname: "h".into(),
+        resources: res(resources),
+        reserved: Default::default(),
+        attributes: Default::default(),
+        gpus: vec![],
+        running_tasks: vec![],
+        pending_updates: vec![],
+    }
+}
+
+fn info(name: &str, role: &str, id: Option<FrameworkId>) -> FrameworkInfo {
+    FrameworkInfo {
+        framework_id: id,
+        name: name.into(),
+        roles: vec![role.into()],
+        capabilities: vec![],
+        failover_timeout_secs: 10.0,
+    }
+}
+
+fn offers(out: &[Output], conn: ConnId) -> Vec<Offer> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(c, MasterToFramework::Offers(v)) if *c == conn => Some(v.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn errors(out: &[Output]) -> Vec<ErrorKind> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Error { kind, .. }) => Some(*kind),
+            _ => None,
+        })
+        .collect()
+}
+
+fn task(r: &str) -> TaskInfo {
+    TaskInfo {
+        task_id: TaskId::random(),
+        name: "t".into(),
+        command: "true".into(),
+        resources: res(r),
+        env: Default::default(),
+        kill_grace_secs: None,
+    }
+}
+
+fn launch(offer: OfferId, tasks: Vec<TaskInfo>) -> FrameworkToMaster {
+    FrameworkToMaster::Accept {
+        offer_ids: vec![offer],
+        operations: vec![Operation::Launch { tasks }],
+        refuse_seconds: Some(0.0),
+    }
+}
+
+fn agent_update(task: &TaskInfo, fw: FrameworkId, state: TaskState) -> StatusUpdate {
+    StatusUpdate {
+        update_id: UpdateId::random(),
+        task_id: task.task_id,
+        framework_id: fw,
+        agent_id: None,
+        state,
+        source: UpdateSource::Agent,
+        message: String::new(),
+        exit_code: None,
+        signal: None,
+        timestamp_ms: 0,
+        reconciliation: false,
+    }
+}
+
+#[test]
+fn offers_are_single_use_and_must_fit() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    assert_eq!(offers.len(), 1);
+    let offer = offers[0].id;
+    // Too big: ERROR update, offer consumed, nothing launched.
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offer, vec![task("cpus:5")]),
+    });
+    assert_eq!(errors(&out), vec![ErrorKind::InsufficientResources]);
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::ToAgent(_, MasterToAgent::RunTask { .. }))));
+    // The same offer again: unknown.
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offer, vec![task("cpus:1")]),
+    });
+    assert!(errors(&out).contains(&ErrorKind::UnknownOffer), "{out:?}");
+    // A fresh offer (resources came back) launches.
+    let mut offers = offers_of(&out);
+    if offers.is_empty() {
+        offers = offers_after_revive(&mut h);
+    }
+    let t = task("cpus:1;mem:100");
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    assert!(out.iter().any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::RunTask { task, .. }) if task.task_id == t.task_id)));
+    assert_eq!(h.m.tasks[&t.task_id].state, TaskState::Staging);
+}
+
+fn offers_after_revive(h: &mut Harness) -> Vec<Offer> {
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Revive { roles: vec![] },
+    });
+    offers(&out, F)
+}
+
+#[test]
+fn invalid_tasks_are_errors_and_valid_ones_launch() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    let good = task("cpus:1");
+    let mut empty_cmd = task("cpus:1");
+    empty_cmd.command = " ".into();
+    let no_res = task("disk:1");
+    let mut frac_gpu = task("cpus:1;gpus:0.5");
+    frac_gpu.name = "g".into();
+    let dup = good.clone();
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(
+            offers[0].id,
+            vec![good.clone(), empty_cmd, no_res, frac_gpu, dup],
+        ),
+    });
+    let runs = out
+        .iter()
+        .filter(|o| matches!(o, Output::ToAgent(_, MasterToAgent::RunTask { .. })))
+        .count();
+    assert_eq!(runs, 1);
+    assert_eq!(errors(&out).len(), 4, "{out:?}");
+}
+
+#[test]
+fn accepted_resources_return_when_tasks_end_and_acks_flow_back() {
+    let mut h = Harness::new();
+    let agent = h.agent(A, "a1", "cpus:2;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:2;mem:1024");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    assert!(h.m.allocator.framework_allocated(fw).total() == res("cpus:2;mem:1024"));
+    // FINISHED from the agent goes to the framework, not yet acked to the agent.
+    let done = agent_update(&t, fw, TaskState::Finished);
+    let out = h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(done.clone()),
+    });
+    assert!(out.iter().any(|o| matches!(o, Output::ToFramework(F, MasterToFramework::Update(u)) if u.update_id == done.update_id && u.agent_id == Some(agent))));
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::ToAgent(_, MasterToAgent::Acknowledge { .. }))));
+    // Resources are back and offered again at once.
+    assert!(!offers_of(&out).is_empty());
+    // The framework's ack reaches the agent; the task completes.
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Acknowledge {
+            task_id: t.task_id,
+            update_id: done.update_id,
+        },
+    });
+    assert!(out.iter().any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::Acknowledge { update_id, .. }) if *update_id == done.update_id)));
+    assert!(!h.m.tasks.contains_key(&t.task_id));
+    assert_eq!(h.m.completed.back().map(|c| c.3), Some(TaskState::Finished));
+    // A retransmission of an acknowledged update is acknowledged, not redelivered.
+    let out = h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(done),
+    });
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::Acknowledge { .. }))));
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Update(_)))));
+}
+
+fn offers_of(out: &[Output]) -> Vec<Offer> {
+    offers(out, F)
+}
+
+#[test]
+fn lost_agent_loses_its_tasks_after_the_reregister_timeout() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:2;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:1");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(agent_update(&t, fw, TaskState::Running)),
+    });
+    h.input(Input::AgentDisconnected { conn: A });
+    h.now += 5_000;
+    let out = h.input(Input::Tick);
+    assert!(!out.iter().any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Lost)));
+    h.now += 6_000;
+    let out = h.input(Input::Tick);
+    assert!(out.iter().any(|o| matches!(o, Output::ToFramework(F, MasterToFramework::Update(u)) if u.state == TaskState::Lost && u.task_id == t.task_id)));
+    assert!(h.m.agents.is_empty());
+    assert!(h.m.allocator.framework_allocated(fw).is_empty());
+}
+
+#[test]
+fn agent_reregistering_in_time_keeps_its_tasks() {
+    let mut h = Harness::new();
+    let agent = h.agent(A, "a1", "cpus:2;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:1");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    h.input(Input::AgentDisconnected { conn: A });
+    h.now += 5_000;
+    h.input(Input::AgentConnected {
+        conn: 9,
+        name: "a1".into(),
+        address: "x".into(),
+    });
+    let running = RunningTask {
+        framework_id: fw,
+        task: t.clone(),
+        state: TaskState::Running,
+    };
+    let AgentToMaster::Register { resources, .. } = register(None, "cpus:2;mem:1024") else {
+        unreachable!()
+    };
+    let out = h.input(Input::Agent {
+        conn: 9,
+        msg: AgentToMaster::Register {
+            agent_id: Some(agent),
+            hostname: "h".into(),
+            resources,
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: vec![],
+            running_tasks: vec![running],
+            pending_updates: vec![],
+        },
+    });
+    assert!(out.iter().any(|o| matches!(o, Output::ToAgent(9, MasterToAgent::Registered { agent_id, .. }) if *agent_id == agent)));
+    h.now += 20_000;
+    let out = h.input(Input::Tick);
+    assert!(!out.iter().any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Lost)));
+    assert!(h.m.tasks.contains_key(&t.task_id));
+}
+
+#[test]
+fn framework_failover_within_timeout_keeps_tasks_and_gets_pending_updates() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:2;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:1");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    h.input(Input::FrameworkDisconnected { conn: F });
+    // An update while it is away waits for it.
+    let running = agent_update(&t, fw, TaskState::Running);
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(running.clone()),
+    });
+    h.now += 5_000;
+    h.input(Input::Tick);
+    // Another principal can not take the framework id.
+    h.input(Input::FrameworkConnected {
+        conn: 30,
+        principal: "thief".into(),
+    });
+    let out = h.input(Input::Framework {
+        conn: 30,
+        msg: FrameworkToMaster::Subscribe(info("thief", "r", Some(fw))),
+    });
+    assert_eq!(errors(&out), vec![ErrorKind::InvalidRequest]);
+    // The owner comes back in time.
+    h.input(Input::FrameworkConnected {
+        conn: 31,
+        principal: "f".into(),
+    });
+    let out = h.input(Input::Framework {
+        conn: 31,
+        msg: FrameworkToMaster::Subscribe(info("f", "r", Some(fw))),
+    });
+    assert!(out.iter().any(|o| matches!(o, Output::ToFramework(31, MasterToFramework::Update(u)) if u.update_id == running.update_id)));
+    h.now += 60_000;
+    let out = h.input(Input::Tick);
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::ToAgent(_, MasterToAgent::KillTask { .. }))));
+}
+
+#[test]
+fn framework_not_back_in_time_has_its_tasks_killed() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:2;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:1");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    h.input(Input::FrameworkDisconnected { conn: F });
+    h.now += 10_001;
+    let out = h.input(Input::Tick);
+    assert!(out.iter().any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::KillTask { task_id, .. }) if *task_id == t.task_id)));
+    assert!(h.m.frameworks.is_empty());
+}
+
+#[test]
+fn peers_out_of_place_are_closed() {
+    let mut h = Harness::new();
+    h.input(Input::AgentConnected {
+        conn: A,
+        name: "a".into(),
+        address: "x".into(),
+    });
+    let out = h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::Heartbeat,
+    });
+    assert!(matches!(out.as_slice(), [Output::Close { conn: A, .. }]));
+    h.input(Input::FrameworkConnected {
+        conn: F,
+        principal: "f".into(),
+    });
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Teardown,
+    });
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Close { conn: F, .. })));
+    let out = h.input(Input::Framework {
+        conn: 77,
+        msg: FrameworkToMaster::Teardown,
+    });
+    assert!(matches!(out.as_slice(), [Output::Close { conn: 77, .. }]));
+    // Invalid subscriptions are refused with a reason.
+    h.input(Input::FrameworkConnected {
+        conn: 5,
+        principal: "g".into(),
+    });
+    let out = h.input(Input::Framework {
+        conn: 5,
+        msg: FrameworkToMaster::Subscribe(info("g", "../etc", None)),
+    });
+    assert_eq!(errors(&out), vec![ErrorKind::InvalidRequest]);
+}
+
+#[test]
+fn role_names() {
+    assert!(valid_role("eng"));
+    assert!(valid_role("eng/ml"));
+    for bad in ["", "/eng", "eng/", "eng//ml", "..", "a b", "eng/.."] {
+        assert!(!valid_role(bad), "{bad}");
+    }
+}
+
+#[test]
+fn operator_commands_are_validated() {
+    let mut h = Harness::new();
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetWeight {
+            role: "a".into(),
+            weight: 2.0
+        })
+        .is_ok());
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetWeight {
+            role: "a".into(),
+            weight: 0.0
+        })
+        .is_err());
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetWeight {
+            role: "a b".into(),
+            weight: 1.0
+        })
+        .is_err());
+    let q = |g: &str, l: &str| OperatorCommand::SetQuota {
+        role: "a".into(),
+        guarantee: Some(res(g)),
+        limit: Some(res(l)),
+    };
+    assert!(h.m.operator(q("cpus:2", "cpus:4")).is_ok());
+    assert!(h.m.operator(q("cpus:8", "cpus:4")).is_err());
+    assert_eq!(h.m.allocator.metrics().roles["a"].weight, 2.0);
+}
