@@ -729,7 +729,7 @@ impl Agent {
         if gpus_milli == 0 {
             return Ok(Vec::new());
         }
-        if gpus_milli % MILLI != 0 {
+        if !gpus_milli.is_multiple_of(MILLI) {
             return Err(format!(
                 "gpus must be a whole number, got {}",
                 gpus_milli as f64 / MILLI as f64

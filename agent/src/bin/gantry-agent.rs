@@ -200,16 +200,13 @@ fn main() -> anyhow::Result<()> {
     let mut reserved: BTreeMap<String, Resources> = BTreeMap::new();
     for r in &args.reserve {
         let (role, res) = parse_reservation(r)?;
-        reserved
-            .entry(role)
-            .or_insert_with(Resources::new)
-            .add_assign(&res);
+        reserved.entry(role).or_default().add_assign(&res);
     }
     // Reserved GPUs are carved out of the discovered ones (they carry identities).
     let reserved_gpus: u64 = reserved.values().map(|r| r.milli("gpus")).sum();
     if reserved_gpus > 0 {
         anyhow::ensure!(
-            reserved_gpus % MILLI == 0 && reserved_gpus <= resources.milli("gpus"),
+            reserved_gpus.is_multiple_of(MILLI) && reserved_gpus <= resources.milli("gpus"),
             "--reserve asks for {} GPUs but this agent has {}",
             reserved_gpus as f64 / MILLI as f64,
             resources.get("gpus")
