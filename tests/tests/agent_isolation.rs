@@ -205,3 +205,59 @@ async fn pids_limit_stops_process_creation() {
     assert!(err.to_lowercase().contains("fork"), "{err}");
     s.finish().await;
 }
+
+/// `--isolation none` and a host without NVML: tasks still run (no cgroup is made), and the
+/// agent says once why it has no GPUs and that tasks are not isolated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_isolation_or_nvml_tasks_still_run() {
+    let root = CgroupRoot::new("none");
+    let cluster = Cluster::start_with(
+        &[("plain", "cpus:2;mem:1024")],
+        &[],
+        &[
+            "--isolation",
+            "none",
+            "--cgroup-root",
+            &root.name,
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+        ],
+    )
+    .unwrap();
+    let hello = task("hello", "echo hello", "cpus:0.5;mem:32");
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (err_tx, _err_rx) = mpsc::unbounded_channel();
+    let config = DriverConfig::new(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        "plain",
+        vec!["batch".into()],
+    );
+    let driver = Driver::new(config);
+    let handle = driver.handle();
+    let run = tokio::spawn(driver.run(Recorder {
+        to_launch: vec![hello.clone()],
+        updates: up_tx,
+        errors: err_tx,
+    }));
+    let mut updates = Updates::new(up_rx);
+    updates
+        .wait(hello.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    let out =
+        std::fs::read_to_string(cluster.agents[0].sandbox_file(hello.task_id, "stdout")).unwrap();
+    assert_eq!(out, "hello\n");
+    assert!(root.dirs().is_empty(), "cgroups made without isolation");
+    let state = cluster.master.state().unwrap();
+    assert_eq!(state["agents"][0]["total"]["gpus"], serde_json::Value::Null);
+    let log = std::fs::read_to_string(&cluster.agents[0].log).unwrap();
+    assert_eq!(log.matches("running as a CPU agent").count(), 1, "{log}");
+    assert!(log.contains("--isolation none"), "{log}");
+    handle.stop();
+    tokio::time::timeout(T, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
