@@ -1127,7 +1127,12 @@ fn sample(
     let mut out = Vec::with_capacity(tasks.len());
     for (id, cg, pgid, uuids) in tasks {
         let cg = cg.as_ref().filter(|c| c.is_isolated());
-        let usage = cg.and_then(|c| c.usage().ok()).unwrap_or_default();
+        let usage = match cg.map(TaskCgroup::usage) {
+            None => TaskUsage::default(),
+            Some(Ok(u)) => u,
+            // Gone meanwhile (the task is ending): its final usage is sent when it settles.
+            Some(Err(_)) => continue,
+        };
         if !procs.is_empty() {
             let pids = match cg {
                 Some(c) => c.pids().unwrap_or_default(),
@@ -1150,4 +1155,64 @@ fn sample(
         }
     }
     (out, samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isolation::IsolationMode;
+
+    #[test]
+    fn settled_outcome_survives_a_missing_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing recorded, no cgroup: no OOM, no usage.
+        let o = settle_cgroup(None, dir.path());
+        assert!(!o.oom_killed && o.usage.is_none());
+        // A recorded outcome (written before the cgroup was destroyed) is read back.
+        let recorded = CgroupOutcome {
+            oom_killed: true,
+            usage: Some(TaskUsage {
+                mem_peak_bytes: 64 << 20,
+                ..TaskUsage::default()
+            }),
+        };
+        std::fs::write(
+            dir.path().join(FINAL_FILE),
+            serde_json::to_vec(&recorded).unwrap(),
+        )
+        .unwrap();
+        let o = settle_cgroup(None, dir.path());
+        assert!(o.oom_killed);
+        assert_eq!(o.usage.unwrap().mem_peak_bytes, 64 << 20);
+        // Without isolation the task "cgroup" is not one: the record is used as well.
+        let iso = Isolator::new(IsolationMode::None, None).unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("t", &limits).unwrap();
+        assert!(settle_cgroup(Some(&cg), dir.path()).oom_killed);
+    }
+
+    #[test]
+    fn sampling_without_gpus_or_cgroups() {
+        let iso = Isolator::new(IsolationMode::None, None).unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("t", &limits).unwrap();
+        let id = TaskId::random();
+        // SAFETY: getpgrp has no preconditions.
+        let pgid = unsafe { libc::getpgrp() };
+        let (tasks, gpus) = sample(None, &[(id, Some(cg), pgid, Vec::new())]);
+        assert!(gpus.is_empty());
+        assert_eq!(tasks, vec![(id, TaskUsage::default())]);
+    }
 }
