@@ -225,12 +225,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
 /// cgroup (blocking). Without a cgroup (gone already), the recorded outcome is returned.
 fn settle_cgroup(cg: Option<&TaskCgroup>, sandbox: &Path) -> CgroupOutcome {
     let final_file = sandbox.join(FINAL_FILE);
+    let recorded: Option<CgroupOutcome> = std::fs::read(&final_file)
+        .ok()
+        .and_then(|d| serde_json::from_slice(&d).ok());
     let Some(cg) = cg.filter(|c| c.is_isolated()) else {
-        return std::fs::read(&final_file)
-            .ok()
-            .and_then(|d| serde_json::from_slice(&d).ok())
-            .unwrap_or_default();
+        return recorded.unwrap_or_default();
     };
+    // Recorded by an earlier incarnation that died while destroying the cgroup: that reading
+    // was taken from the whole cgroup and stays authoritative.
+    if let Some(outcome) = recorded {
+        destroy_cgroup(cg);
+        return outcome;
+    }
     let outcome = CgroupOutcome {
         oom_killed: cg.oom_killed().unwrap_or_else(|e| {
             tracing::warn!(task = cg.task_id(), "reading the OOM flag: {e}");
@@ -247,17 +253,25 @@ fn settle_cgroup(cg: Option<&TaskCgroup>, sandbox: &Path) -> CgroupOutcome {
             tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome");
         }
     }
+    destroy_cgroup(cg);
+    outcome
+}
+
+/// Destroys a task cgroup, retrying; a cgroup that cannot be removed is logged (the next
+/// agent start removes it).
+fn destroy_cgroup(cg: &TaskCgroup) {
     for attempt in 1..=3 {
         match cg.destroy() {
-            Ok(()) => break,
-            Err(e) => tracing::error!(
-                task = cg.task_id(),
-                attempt,
-                "destroying the task cgroup: {e}"
-            ),
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(
+                    task = cg.task_id(),
+                    attempt,
+                    "destroying the task cgroup: {e}"
+                )
+            }
         }
     }
-    outcome
 }
 
 impl Agent {
