@@ -144,7 +144,7 @@ async fn busy_loop_with_half_a_cpu_gets_half_a_core() {
     let cores = (u1 - u0) / (t1 - t0).as_secs_f64();
     eprintln!("busy loop with cpus 0.5 and a hard limit: {cores:.3} cores over 3 s");
     assert!(cores <= 0.6, "CFS quota not enforced: {cores:.3} cores");
-    assert!(cores >= 0.3, "the busy loop barely ran: {cores:.3} cores");
+    assert!(cores >= 0.25, "the busy loop barely ran: {cores:.3} cores");
     // The agent reports the same accounting to the master.
     let state = s
         .cluster

@@ -90,18 +90,33 @@ async fn agent_killed_and_restarted_keeps_its_tasks() {
     .unwrap();
 
     // 5 tasks end while the agent is down (one of them fails), 5 outlive the outage; two of
-    // the long ones hold a GPU each.
+    // the long ones hold a GPU each. Each group waits for a trigger file the test creates, so
+    // the timeline does not depend on the machine's speed.
+    let short_go = scratch.path().join("short-go");
+    let long_go = scratch.path().join("long-go");
+    let waiting = |name: &str, trigger: &std::path::Path, then: &str, res: &str| {
+        let mut t = task(
+            name,
+            &format!("{then}while [ ! -e \"$GO\" ]; do sleep 0.1; done"),
+            res,
+        );
+        t.env.insert("GO".into(), trigger.display().to_string());
+        t
+    };
     let mut short: Vec<TaskInfo> = (0..4)
-        .map(|i| task(&format!("short{i}"), "sleep 2", "cpus:0.5;mem:32"))
+        .map(|i| waiting(&format!("short{i}"), &short_go, "", "cpus:0.5;mem:32"))
         .collect();
-    short.push(task("short-fail", "sleep 2; exit 3", "cpus:0.5;mem:32"));
+    let mut fail = waiting("short-fail", &short_go, "", "cpus:0.5;mem:32");
+    fail.command.push_str("; exit 3");
+    short.push(fail);
     let mut long: Vec<TaskInfo> = (0..3)
-        .map(|i| task(&format!("long{i}"), "sleep 9", "cpus:0.5;mem:32"))
+        .map(|i| waiting(&format!("long{i}"), &long_go, "", "cpus:0.5;mem:32"))
         .collect();
     for i in 0..2 {
-        long.push(task(
+        long.push(waiting(
             &format!("long-gpu{i}"),
-            "env > env.txt; sleep 9",
+            &long_go,
+            "env > env.txt; ",
             "cpus:0.5;mem:32;gpus:1",
         ));
     }
@@ -140,6 +155,7 @@ async fn agent_killed_and_restarted_keeps_its_tasks() {
         assert!(process_alive(*pid), "task {t} died with the agent");
     }
     // The short tasks end meanwhile.
+    std::fs::write(&short_go, b"").unwrap();
     let deadline = std::time::Instant::now() + T;
     while short.iter().any(|t| process_alive(pids[&t.task_id])) {
         assert!(
@@ -199,6 +215,7 @@ async fn agent_killed_and_restarted_keeps_its_tasks() {
     assert!(got.is_disjoint(&held), "GPUs {got:?} are held by {held:?}");
 
     // The long tasks finish; every task's terminal update arrives exactly once.
+    std::fs::write(&long_go, b"").unwrap();
     for t in &long {
         updates
             .wait(t.task_id, TaskState::Finished, T)
