@@ -59,7 +59,8 @@ struct RunArgs {
     /// removes one; gpus may only be 0 or the number of GPUs NVML found).
     #[arg(long)]
     resources: Option<String>,
-    /// Static reservation ROLE=RESOURCES (repeatable), carved out of the resources.
+    /// Static reservation ROLE=RESOURCES (repeatable), on top of the resources; reserved gpus
+    /// are taken from the discovered GPUs.
     #[arg(long = "reserve")]
     reserve: Vec<String>,
     /// Attributes, e.g. "rack:r1;zone:a".
