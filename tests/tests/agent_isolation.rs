@@ -261,3 +261,62 @@ async fn without_isolation_or_nvml_tasks_still_run() {
         .unwrap()
         .unwrap();
 }
+
+/// Killing a task reaches processes that left its process group (`setsid`): after the grace
+/// period every process in the task's cgroup is SIGKILLed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_reaches_processes_that_left_the_process_group() {
+    let mut stubborn = task(
+        "escapee",
+        "setsid sleep 600 & echo $! > escaped.pid; trap '' TERM; while :; do sleep 0.1; done",
+        "cpus:0.5;mem:64",
+    );
+    stubborn.kill_grace_secs = Some(1);
+    let Some(mut s) = setup("kill", &[], vec![stubborn.clone()]) else {
+        return;
+    };
+    s.updates
+        .wait(stubborn.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    let agent = &s.cluster.agents[0];
+    let escaped: i32 = agent
+        .wait_sandbox_file(stubborn.task_id, "escaped.pid", T)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let task_pid: i32 = agent
+        .wait_sandbox_file(stubborn.task_id, "task.pid", T)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(gantry_tests::process_alive(escaped));
+    // The child calls setsid(2) right after it is started.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // SAFETY: getpgid has no memory effects.
+    while unsafe { libc::getpgid(escaped) == libc::getpgid(task_pid) } {
+        assert!(
+            Instant::now() < deadline,
+            "the child did not leave the process group"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.handle.kill(stubborn.task_id);
+    let killed = s
+        .updates
+        .wait(stubborn.task_id, TaskState::Killed, T)
+        .await
+        .unwrap();
+    assert_eq!(killed.signal, Some(9), "{killed:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gantry_tests::process_alive(escaped) {
+        assert!(
+            Instant::now() < deadline,
+            "the escaped process survived the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.finish().await;
+}
