@@ -101,7 +101,8 @@ fn drf_paper_example_converges_in_one_cycle() {
 fn public_scenario_file_matches_expected_result() {
     // The shared copy (beside the repository, where CI and developers have it) must behave
     // like ours.
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios/drf-paper-example.toml");
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/scenarios/drf-paper-example.toml");
     let text = match std::fs::read_to_string(&shared) {
         Ok(t) => t,
         Err(_) => std::fs::read_to_string(path("drf-paper-example.toml")).unwrap(),

@@ -906,10 +906,12 @@ impl Master {
         }
         gpu.healthy = healthy;
         let healthy_count = a.gpus.iter().filter(|g| g.healthy).count() as u64;
+        // Statically reserved GPUs stay reserved; the unreserved pool absorbs the change.
+        let reserved_gpus: u64 = a.reserved.values().map(|r| r.milli("gpus")).sum();
         let mut resources = a.resources.clone();
         resources.set_milli(
             "gpus",
-            healthy_count * gantry_sdk::protocol::resources::MILLI,
+            (healthy_count * gantry_sdk::protocol::resources::MILLI).saturating_sub(reserved_gpus),
         );
         a.resources = resources.clone();
         let reserved = a.reserved.clone();
