@@ -23,7 +23,8 @@ use gantry_sdk::Resources;
     version,
     about,
     args_conflicts_with_subcommands = true,
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -153,7 +154,7 @@ fn clear_gpus(work_dir: &std::path::Path, gpus: &[String]) -> anyhow::Result<()>
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
     match cli.cmd {
         Some(Cmd::Supervise {
             sandbox,
@@ -168,6 +169,7 @@ fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = cli.run;
     let name = args.name.unwrap_or_else(hostname);
