@@ -738,7 +738,11 @@ impl Agent {
     }
 
     /// Picks GPUs for a task asking for `gpus` (milli-units); `Err` says why it cannot run.
-    fn pick_gpus(&self, gpus_milli: u64) -> Result<Vec<usize>, String> {
+    fn pick_gpus(
+        &self,
+        gpus_milli: u64,
+        selector: Option<&GpuSelector>,
+    ) -> Result<Vec<usize>, String> {
         if gpus_milli == 0 {
             return Ok(Vec::new());
         }
@@ -749,19 +753,24 @@ impl Agent {
             ));
         }
         let k = (gpus_milli / MILLI) as usize;
-        let slots = self.gpu_slots();
+        let mut slots = self.gpu_slots();
+        // GPUs that do not match the task's selector are not candidates.
+        if let Some(sel) = selector {
+            for (slot, g) in slots.iter_mut().zip(self.inventory()) {
+                slot.free &= sel.matches(&g.info);
+            }
+        }
         gpu::assign(&slots, k).ok_or_else(|| {
             let free = slots.iter().filter(|s| s.free && s.healthy).count();
-            format!(
-                "the task asks for {k} GPUs but only {free} healthy GPUs are free on this agent"
-            )
+                        let matching = if selector.is_some() { " matching its selector" } else { "" };
+            format!("the task asks for {k} GPUs but only {free} healthy GPUs{matching} are free on this agent")
         })
     }
 
     fn launch(&mut self, framework_id: FrameworkId, task: TaskInfo) -> anyhow::Result<()> {
         let id = task.task_id;
         let sandbox = self.config.work_dir.join("sandboxes").join(id.to_string());
-        let picked = self.pick_gpus(task.resources.milli("gpus"));
+        let picked = self.pick_gpus(task.resources.milli("gpus"), task.gpu_selector.as_ref());
         let chosen: Vec<GpuInfo> = picked
             .as_deref()
             .unwrap_or(&[])

@@ -117,6 +117,7 @@ mod tests {
                     resources: "cpus:1".parse().unwrap(),
                     env: Default::default(),
                     kill_grace_secs: None,
+                    gpu_selector: None,
                 },
                 state: TaskState::Running,
                 sandbox: dir.join("s"),

@@ -474,6 +474,7 @@ pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol:
         resources: resources.parse().expect("valid resources"),
         env: Default::default(),
         kill_grace_secs: None,
+        gpu_selector: None,
     }
 }
 
@@ -568,6 +569,7 @@ pub async fn run_batch_ha(
         task: task.parse()?,
         env: Default::default(),
         verbose: false,
+        gpu_selector: None,
     };
     let (batch, progress) = Batch::new(spec);
     let config =

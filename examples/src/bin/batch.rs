@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use gantry_examples::batch::{Batch, BatchSpec};
-use gantry_sdk::protocol::Capability;
+use gantry_sdk::protocol::{Capability, GpuSelector};
 use gantry_sdk::{Driver, DriverConfig, Resources};
 
 /// Run N copies of COMMAND on a Gantry cluster and wait for all of them.
@@ -41,6 +41,12 @@ struct Args {
     /// GPUs per copy.
     #[arg(long, default_value_t = 0)]
     gpus: u32,
+    /// Only GPUs whose model name contains this (case-insensitive), e.g. A100.
+    #[arg(long)]
+    gpu_model: Option<String>,
+    /// Only GPUs with at least this much memory, MiB.
+    #[arg(long)]
+    gpu_min_memory: Option<u64>,
     /// The command (run with /bin/sh -c).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -67,6 +73,11 @@ async fn main() -> anyhow::Result<()> {
         .with("cpus", args.cpus)
         .with("mem", args.mem)
         .with("gpus", args.gpus as f64);
+    let gpu_selector =
+        (args.gpu_model.is_some() || args.gpu_min_memory.is_some()).then(|| GpuSelector {
+            model: args.gpu_model.clone(),
+            min_memory_mib: args.gpu_min_memory,
+        });
     let spec = BatchSpec {
         name: name.clone(),
         command: args.command.join(" "),
@@ -74,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         task,
         env: Default::default(),
         verbose: true,
+        gpu_selector,
     };
     let mut config = DriverConfig::new(args.master, args.tls_dir, &name, vec![args.role]);
     if args.gpus > 0 {

@@ -1506,6 +1506,18 @@ impl Master {
                         } else {
                             validate_task(&task)
                         };
+                        let invalid = invalid.or_else(|| {
+                            let sel = task.gpu_selector.as_ref()?;
+                            let want = task.resources.milli("gpus") / gantry_sdk::protocol::resources::MILLI;
+                            if want == 0 {
+                                return Some(format!("task {tid}: a GPU selector needs gpus"));
+                            }
+                            let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
+                            let matching = gpus.iter().filter(|g| g.healthy && sel.matches(g)).count() as u64;
+                            (matching < want).then(|| {
+                                format!("task {tid}: the agent has {matching} healthy GPUs matching {sel:?}, the task asks for {want}")
+                            })
+                        });
                         if let Some(reason) = invalid {
                             self.error_update(
                                 conn,

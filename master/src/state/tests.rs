@@ -129,6 +129,7 @@ fn task(r: &str) -> TaskInfo {
         resources: res(r),
         env: Default::default(),
         kill_grace_secs: None,
+        gpu_selector: None,
     }
 }
 
