@@ -328,7 +328,7 @@ impl Master {
                     ..
                 }) = self.conns.remove(&conn)
                 {
-                    self.framework_disconnected(id, conn, now, &mut out);
+                    self.framework_disconnected(id, conn, now);
                 }
             }
             Input::Tick => self.tick(now, &mut out),
@@ -426,7 +426,7 @@ impl Master {
                     reason,
                 },
                 Some(id),
-            ) => self.gpu_health(id, &uuid, healthy, &reason, now, out),
+            ) => self.gpu_health(id, &uuid, healthy, &reason, out),
         }
     }
 
@@ -775,7 +775,7 @@ impl Master {
             None => {
                 // Framework removed: acknowledge on its behalf.
                 out.push(ack);
-                self.finish_task_if_done(update_task_id(&update));
+                self.finish_task_if_done(update.task_id);
             }
         }
     }
@@ -892,7 +892,6 @@ impl Master {
         uuid: &str,
         healthy: bool,
         reason: &str,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
         let Some(a) = self.agents.get_mut(&agent) else {
@@ -919,7 +918,6 @@ impl Master {
         for rec in self.allocator.update_agent(agent, resources, reserved) {
             self.send_rescind(&rec, out);
         }
-        let _ = now;
         self.allocation_pending = true;
     }
 
@@ -1025,7 +1023,7 @@ impl Master {
         };
         let fw = match (msg, framework) {
             (FrameworkToMaster::Subscribe(info), None) => {
-                return self.subscribe(conn, principal, info, now, out)
+                return self.subscribe(conn, principal, info, out)
             }
             (FrameworkToMaster::Subscribe(_), Some(_)) => {
                 out.push(err(
@@ -1178,7 +1176,6 @@ impl Master {
         conn: ConnId,
         principal: String,
         info: FrameworkInfo,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
         let invalid = if info.roles.is_empty() {
@@ -1317,17 +1314,10 @@ impl Master {
         for u in pending {
             out.push(Output::ToFramework(conn, MasterToFramework::Update(u)));
         }
-        let _ = now;
         self.allocation_pending = true;
     }
 
-    fn framework_disconnected(
-        &mut self,
-        id: FrameworkId,
-        conn: ConnId,
-        now: Millis,
-        out: &mut Vec<Output>,
-    ) {
+    fn framework_disconnected(&mut self, id: FrameworkId, conn: ConnId, now: Millis) {
         let Some(f) = self.frameworks.get_mut(&id) else {
             return;
         };
@@ -1348,7 +1338,6 @@ impl Master {
         }
         // No offers while it is away.
         self.allocator.suppress(id, None);
-        let _ = out;
     }
 
     fn remove_framework(&mut self, id: FrameworkId, reason: &str, out: &mut Vec<Output>) {
@@ -1357,9 +1346,8 @@ impl Master {
         };
         out.push(Output::Persist(Mutation::RemoveFramework(id)));
         tracing::info!(framework = %id, reason, "framework removed");
-        for rec in self.allocator.remove_framework(id) {
-            let _ = rec;
-        }
+        // Its outstanding offers go with it; nobody is left to tell.
+        self.allocator.remove_framework(id);
         for tid in f.tasks {
             let Some(t) = self.tasks.get_mut(&tid) else {
                 continue;
@@ -1561,7 +1549,6 @@ impl Master {
                         &resources,
                         &offer_list,
                         &mut pool,
-                        &mut used,
                         true,
                         out,
                     ) {
@@ -1580,7 +1567,6 @@ impl Master {
                         &resources,
                         &offer_list,
                         &mut pool,
-                        &mut used,
                         false,
                         out,
                     ) {
@@ -1657,7 +1643,6 @@ impl Master {
         resources: &Resources,
         offer_ids: &[OfferId],
         pool: &mut [OfferResources],
-        used: &mut [OfferResources],
         reserve: bool,
         out: &mut Vec<Output>,
     ) -> Result<(), String> {
@@ -1684,7 +1669,7 @@ impl Master {
             }
         }
         // Find one offer in the pool that holds the source resources.
-        for (i, (p, u)) in pool.iter_mut().zip(used.iter_mut()).enumerate() {
+        for (i, p) in pool.iter_mut().enumerate() {
             let fits = if reserve {
                 p.unreserved.contains(resources)
             } else {
@@ -1714,7 +1699,6 @@ impl Master {
                 }
                 p.unreserved.add_assign(resources);
             }
-            let _ = u;
             if let Some(a) = self.agents.get_mut(&agent) {
                 if reserve {
                     a.resources = a.resources.saturating_sub(resources);
@@ -1847,10 +1831,6 @@ impl Master {
             self.send_rescind(&rec, out);
         }
     }
-}
-
-fn update_task_id(u: &StatusUpdate) -> TaskId {
-    u.task_id
 }
 
 /// Role names: `eng` or hierarchical `eng/ml`; segments of `[A-Za-z0-9_.-]`, not `.`/`..`.
