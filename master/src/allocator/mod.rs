@@ -13,6 +13,7 @@
 //! skipped ("stable" agents, invalidated by an agent-local change or a global epoch bump).
 
 mod dense;
+mod filters;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -24,7 +25,8 @@ use gantry_sdk::protocol::messages::Demand;
 use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
 use serde::Serialize;
 
-use dense::{Bundle, Names, Rv, VecMap};
+use dense::{Bundle, Names, Rv};
+use filters::{AgentFilters, Filter, RefusedPool};
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
 pub type Millis = u64;
@@ -183,12 +185,6 @@ struct SortKey {
     idx: u32,
 }
 
-#[derive(Debug, Clone)]
-struct Filter {
-    refused: Rv,
-    expires: Millis,
-}
-
 #[derive(Debug)]
 struct Agent {
     id: AgentId,
@@ -200,7 +196,7 @@ struct Agent {
     inuse: Vec<(u32, u32, Bundle)>,
     offers: Vec<OfferId>,
     /// Decline filters per framework index.
-    filters: VecMap<smallvec::SmallVec<[Filter; 1]>>,
+    filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
 }
@@ -228,7 +224,8 @@ struct Framework {
     offers_made: u64,
     offers: HashSet<OfferId>,
     inuse_agents: HashSet<u32>,
-    filtered_agents: HashSet<u32>,
+    /// Number of agents where this framework has filters.
+    filtered_agents: usize,
 }
 
 #[derive(Debug)]
@@ -420,6 +417,7 @@ pub struct Allocator {
     role_ids: HashMap<String, u32>,
     offers: OfferBook,
     filter_heap: BinaryHeap<Reverse<(Millis, u32, u32)>>,
+    refused: RefusedPool,
     epoch: u64,
     keys_stale: bool,
     counters: Counters,
@@ -485,6 +483,7 @@ impl Allocator {
             role_ids: HashMap::default(),
             offers: OfferBook::new(seed),
             filter_heap: BinaryHeap::new(),
+            refused: RefusedPool::default(),
             epoch: 0,
             keys_stale: false,
             counters: Counters::default(),
@@ -1010,23 +1009,41 @@ impl Allocator {
             return;
         }
         let expires = now.saturating_add(ms);
-        self.ag_mut(a)
-            .filters
-            .or_default(f)
-            .push(Filter { refused, expires });
-        self.fw_mut(f).filtered_agents.insert(a);
+        let id = self.refused.intern(refused);
+        let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
+            self.refused.release(id);
+            return;
+        };
+        let total = agent.total.total();
+        let new_pair = !agent.filters.has(f);
+        agent.filters.add(
+            f,
+            Filter {
+                refused: id,
+                expires,
+            },
+            &total,
+            &self.refused,
+        );
+        if new_pair {
+            self.fw_mut(f).filtered_agents += 1;
+        }
         self.filter_heap.push(Reverse((expires, a, f)));
     }
 
     fn clear_filters(&mut self, f: u32) {
-        let agents: Vec<u32> = self.fw_mut(f).filtered_agents.drain().collect();
-        for a in agents {
-            if let Some(Some(agent)) = self.agents.get_mut(a as usize) {
-                if agent.filters.remove(&f).is_some() {
+        if self.fw(f).filtered_agents == 0 {
+            return;
+        }
+        for i in 0..self.agent_order.len() {
+            let a = self.agent_order[i] as usize;
+            if let Some(Some(agent)) = self.agents.get_mut(a) {
+                if agent.filters.remove(f, &mut self.refused) {
                     agent.stable = None;
                 }
             }
         }
+        self.fw_mut(f).filtered_agents = 0;
     }
 
     fn expire_filters(&mut self, now: Millis) {
@@ -1038,21 +1055,14 @@ impl Allocator {
             let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
                 continue;
             };
-            let mut emptied = false;
-            if let Some(list) = agent.filters.get_mut(&f) {
-                let before = list.len();
-                list.retain(|x| x.expires > now);
-                if list.len() != before {
-                    agent.stable = None;
-                }
-                if list.is_empty() {
-                    agent.filters.remove(&f);
-                    emptied = true;
-                }
+            let total = agent.total.total();
+            let (changed, emptied) = agent.filters.expire(f, now, &total, &mut self.refused);
+            if changed {
+                agent.stable = None;
             }
             if emptied {
                 if let Some(Some(fw)) = self.frameworks.get_mut(f as usize) {
-                    fw.filtered_agents.remove(&a);
+                    fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
                 }
             }
         }
@@ -1117,7 +1127,7 @@ impl Allocator {
             total,
             inuse: Vec::new(),
             offers: Vec::new(),
-            filters: VecMap::default(),
+            filters: AgentFilters::default(),
             stable: None,
         };
         let slot = match self.free_agent_slots.pop() {
@@ -1158,11 +1168,13 @@ impl Allocator {
         let Some(agent) = self.agents[a as usize].take() else {
             return out;
         };
-        for f in agent.filters.keys() {
+        let mut agent = agent;
+        for f in agent.filters.frameworks() {
             if let Some(Some(fw)) = self.frameworks.get_mut(*f as usize) {
-                fw.filtered_agents.remove(&a);
+                fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
             }
         }
+        agent.filters.clear(&mut self.refused);
         dense::sub(&mut self.total, &agent.total.total());
         dense::sub(&mut self.free_unres, &agent.free.unres);
         self.add_reserved_to_roles(&agent.total, false);
@@ -1222,7 +1234,11 @@ impl Allocator {
             .names
             .lookup("gpus")
             .is_some_and(|g| dense::at(&new_total.total(), g) > 0);
-        let agent = self.ag_mut(a);
+        let agent = self.agents[a as usize]
+            .as_mut()
+            .expect("allocator invariant: live agent slot");
+        let t = new_total.total();
+        agent.filters.rebuild(&t, &self.refused);
         agent.total = new_total;
         agent.free = avail;
         agent.gpu = gpu;
@@ -1262,7 +1278,7 @@ impl Allocator {
                     offers_made: 0,
                     offers: HashSet::default(),
                     inuse_agents: HashSet::default(),
-                    filtered_agents: HashSet::default(),
+                    filtered_agents: 0,
                 };
                 let slot = match self.free_fw_slots.pop() {
                     Some(s) => {
@@ -1730,12 +1746,7 @@ impl Allocator {
         }
         let gpu_blocked = self.config.filter_gpu_resources && agent.gpu;
         let mut avail_total: Option<Rv> = None;
-        let filtered = |f: u32, total: &[u64]| {
-            agent.filters.get(&f).is_some_and(|list| {
-                list.iter()
-                    .any(|x| x.expires > now && dense::contains(&x.refused, total))
-            })
-        };
+        let filtered = |f: u32, total: &[u64]| agent.filters.blocks(f, total, now, &self.refused);
         // Suppressed frameworks are not in the set at all; flags avoid touching the framework
         // record for the common (non-demand) case.
         for key in &role.frameworks {
@@ -2072,9 +2083,13 @@ impl Allocator {
         self.add_reserved_to_roles(&delta_to, true);
         self.charge(f, offer_role, &new, true);
         {
-            let agent = self.ag_mut(a);
+            let agent = self.agents[a as usize]
+                .as_mut()
+                .expect("allocator invariant: live agent slot");
             agent.total.sub(&delta_from);
             agent.total.add(&delta_to);
+            let t = agent.total.total();
+            agent.filters.rebuild(&t, &self.refused);
             agent.stable = None;
         }
         let st = self
@@ -2316,7 +2331,7 @@ impl Allocator {
             let _ = i;
         }
         for fw in self.frameworks.iter().flatten() {
-            m.active_filters += fw.filtered_agents.len();
+            m.active_filters += fw.filtered_agents;
             m.frameworks.insert(
                 fw.id.to_string(),
                 FrameworkMetrics {
