@@ -222,7 +222,6 @@ struct Framework {
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
-    offers: HashSet<OfferId>,
     inuse_agents: HashSet<u32>,
     /// Number of agents where this framework has filters.
     filtered_agents: usize,
@@ -1074,7 +1073,6 @@ impl Allocator {
         self.charge(st.fw, st.role, &st.bundle, false);
         self.return_to_agent(st.agent, &st.bundle);
         let fw = self.fw_mut(st.fw);
-        fw.offers.remove(&id);
         fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
         if st.tasks > 0 {
             self.epoch += 1;
@@ -1215,7 +1213,6 @@ impl Allocator {
             } else if let Some(st) = self.offers.remove(&o) {
                 self.charge(st.fw, st.role, &st.bundle, false);
                 let fw = self.fw_mut(st.fw);
-                fw.offers.remove(&o);
                 fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
                 self.ag_mut(a).offers.retain(|x| *x != o);
                 self.counters.rescinded += 1;
@@ -1276,7 +1273,6 @@ impl Allocator {
                     roles: Vec::new(),
                     alloc: Bundle::default(),
                     offers_made: 0,
-                    offers: HashSet::default(),
                     inuse_agents: HashSet::default(),
                     filtered_agents: 0,
                 };
@@ -1348,7 +1344,14 @@ impl Allocator {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for o in self.fw(f).offers.iter().copied().collect::<Vec<_>>() {
+        let mut mine: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|s| s.fw == f)
+            .map(|s| s.id)
+            .collect();
+        mine.sort_unstable();
+        for o in mine {
             if let Some(st) = self.drop_offer(o) {
                 out.push(self.take_record(st));
             }
@@ -1586,7 +1589,6 @@ impl Allocator {
                 resources: self.cached_offer_resources(&p.bundle),
                 created_at: now,
             };
-            self.fw_mut(p.fw).offers.insert(id);
             self.ag_mut(a).offers.push(id);
             self.offers.insert(
                 id,
@@ -1911,7 +1913,6 @@ impl Allocator {
         }
         {
             let fw = self.fw_mut(f);
-            fw.offers.remove(&offer);
             fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
             if let Some((task, count)) = &mut fw.demand {
                 *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
