@@ -68,6 +68,8 @@ impl RefusedPool {
 pub(crate) struct Filter {
     pub(crate) refused: u32,
     pub(crate) expires: Millis,
+    /// The refused resources cover the agent's whole total (set by [`AgentFilters`]).
+    pub(crate) covers: bool,
 }
 
 /// From this many filtered frameworks on, the bitsets are kept.
@@ -127,8 +129,9 @@ impl AgentFilters {
     }
 
     /// Adds a filter for framework `f`; `total` is the agent's current total.
-    pub(crate) fn add(&mut self, f: u32, filter: Filter, total: &[u64], pool: &RefusedPool) {
+    pub(crate) fn add(&mut self, f: u32, mut filter: Filter, total: &[u64], pool: &RefusedPool) {
         let covers = dense::contains(pool.get(filter.refused), total);
+        filter.covers = covers;
         self.map.or_default(f).push(filter);
         if self.bits_on {
             set_bit(&mut self.any, f, true);
@@ -142,6 +145,11 @@ impl AgentFilters {
 
     /// Recomputes the bitsets (after the agent's total changed, or when turning them on).
     pub(crate) fn rebuild(&mut self, total: &[u64], pool: &RefusedPool) {
+        for list in self.map.values_mut() {
+            for x in list.iter_mut() {
+                x.covers = dense::contains(pool.get(x.refused), total);
+            }
+        }
         self.any.clear();
         self.full.clear();
         self.bits_on = self.map.len() >= BITS_FROM;
@@ -253,12 +261,14 @@ mod tests {
                 let filter = Filter {
                     refused: pool.intern(refused.clone()),
                     expires,
+                    covers: false,
                 };
                 small.add(f, filter, &total, &pool);
             }
             let filter = Filter {
                 refused: pool.intern(refused),
                 expires,
+                covers: false,
             };
             large.add(f, filter, &total, &pool);
         }

@@ -1020,6 +1020,7 @@ impl Allocator {
             Filter {
                 refused: id,
                 expires,
+                covers: false,
             },
             &total,
             &self.refused,
