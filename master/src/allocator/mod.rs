@@ -2219,6 +2219,12 @@ impl Allocator {
         out
     }
 
+    /// The earliest time a decline filter may expire (None when there are no filters). May be
+    /// early (a filter dropped by a revive), never late.
+    pub fn next_filter_expiry(&self) -> Option<Millis> {
+        self.filter_heap.peek().map(|Reverse((t, _, _))| *t)
+    }
+
     /// When the oldest outstanding offer times out (None when the timeout is off or no offers).
     pub fn next_offer_expiry(&self) -> Option<Millis> {
         let t = self.config.offer_timeout_ms?;
