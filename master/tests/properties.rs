@@ -359,7 +359,10 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn invariants_hold_over_random_event_sequences(ops in proptest::collection::vec(op(), 1..60)) {

@@ -863,7 +863,7 @@ impl Allocator {
             if now_below {
                 self.n_below += 1;
             } else {
-                self.n_below -= 1;
+                self.n_below = self.n_below.saturating_sub(1);
             }
         }
     }

@@ -397,3 +397,25 @@ fn many_filters_on_one_agent() {
     a.add_agent(aid(2), "h2", res("cpus:1"), BTreeMap::new());
     assert_eq!(a.allocate(2_000_001).len(), 1);
 }
+
+#[test]
+fn quota_bookkeeping_survives_changes_outside_a_cycle() {
+    let mut a = alloc();
+    a.set_quota("q", Some(res("cpus:2")), None);
+    a.add_agent(aid(1), "h1", res("cpus:8"), BTreeMap::new());
+    assert!(a.allocate(0).is_empty());
+    // A framework of q appears, and tasks it already runs are re-registered before any cycle.
+    a.add_framework(fid(1), "q-fw", &roles(&["q"]), false, None);
+    a.add_allocation(fid(1), aid(1), "q", &unres("cpus:3"))
+        .unwrap();
+    a.recover(fid(1), aid(1), &unres("cpus:3"));
+    a.add_allocation(fid(1), aid(1), "q", &unres("cpus:1"))
+        .unwrap();
+    let o = a.allocate(1);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].resources.unreserved, res("cpus:7"));
+    assert!(matches!(
+        a.add_allocation(fid(1), aid(1), "q", &unres("cpus:1")),
+        Err(AllocError::ExceedsAgent { .. })
+    ));
+}
