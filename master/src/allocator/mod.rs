@@ -97,12 +97,17 @@ impl OfferResources {
 /// One offer the allocator made.
 #[derive(Clone, Debug)]
 pub struct OfferRecord {
+    /// Unique, sorts by age; the high 64 bits are the configured seed.
     pub id: OfferId,
+    /// Who the offer is for.
     pub framework: FrameworkId,
+    /// Where the resources are.
     pub agent: AgentId,
     /// The role the offer is made to.
     pub role: String,
+    /// What is offered (unreserved, and reserved per role).
     pub resources: OfferResources,
+    /// When the offer was made.
     pub created_at: Millis,
 }
 
@@ -140,32 +145,49 @@ pub struct AllocatorMetrics {
     pub frameworks: BTreeMap<String, FrameworkMetrics>,
     /// (framework, agent) pairs with at least one active decline filter.
     pub active_filters: usize,
+    /// Offers made and not yet accepted, declined or rescinded.
     pub offers_outstanding: usize,
+    /// Offers made since start.
     pub offers_made: u64,
+    /// Offers accepted since start.
     pub offers_accepted: u64,
+    /// Offers declined since start.
     pub offers_declined: u64,
+    /// Offers rescinded since start (including expired ones and those of removed agents).
     pub offers_rescinded: u64,
+    /// Offers rescinded by the offer timeout since start.
     pub offers_expired: u64,
+    /// Allocation cycles run since start.
     pub allocation_cycles: u64,
 }
 
 /// Metrics of one role.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RoleMetrics {
+    /// Dominant share of the role's subtree, divided by its weight.
     pub dominant_share: f64,
+    /// The role's weight.
     pub weight: f64,
+    /// Offered plus in use, whole subtree.
     pub allocated: Resources,
+    /// Offers made to the role's subtree since start.
     pub offers_made: u64,
+    /// Quota guarantee, if any.
     pub quota_guarantee: Option<Resources>,
+    /// Quota limit, if any (kinds not listed are unlimited).
     pub quota_limit: Option<Resources>,
 }
 
 /// Metrics of one framework.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FrameworkMetrics {
+    /// The framework's name.
     pub name: String,
+    /// Dominant share of the cluster (not weighted).
     pub dominant_share: f64,
+    /// Offered plus in use.
     pub allocated: Resources,
+    /// Offers made to it since start.
     pub offers_made: u64,
 }
 
