@@ -81,6 +81,8 @@ struct Model {
     agents: Vec<(AgentId, OfferResources)>,
     /// Live frameworks and their role.
     frameworks: Vec<(FrameworkId, String)>,
+    /// Task shapes of frameworks that declared a demand.
+    demands: BTreeMap<FrameworkId, Resources>,
 }
 
 fn cpus_mem(cpus: u8, mem: u8) -> Resources {
@@ -122,6 +124,7 @@ impl Model {
             next: 0,
             agents: Vec::new(),
             frameworks: Vec::new(),
+            demands: BTreeMap::new(),
         }
     }
 
@@ -278,6 +281,18 @@ impl Model {
         }
         for o in &made {
             prop_assert!(!o.resources.is_empty(), "empty offer");
+            if let Some(task) = self.demands.get(&o.framework) {
+                // Demand-aware offers hold whole tasks, nothing else.
+                let total = o.resources.total();
+                let (k, per) = task.iter().next().unwrap();
+                let n = total.milli(k) / per;
+                prop_assert!(n >= 1, "offer {total} holds no whole task {task}");
+                let mut want = Resources::new();
+                for (name, milli) in task.iter() {
+                    want.set_milli(name, milli * n);
+                }
+                prop_assert_eq!(total, want, "offer is not {} whole tasks", n);
+            }
             prop_assert!(
                 self.frameworks
                     .iter()
@@ -344,7 +359,10 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn invariants_hold_over_random_event_sequences(ops in proptest::collection::vec(op(), 1..60)) {

@@ -458,3 +458,27 @@ fn trace_mode_runs_the_shipped_example_and_writes_csv() {
         report["series"].as_array().unwrap().len() + 1
     );
 }
+
+#[test]
+fn long_quiet_stretches_are_skipped_not_iterated() {
+    // One event a trillion milliseconds in: the run must not walk a billion empty batches.
+    let text = "[[events]]\nat_ms = 0\nkind = \"add_framework\"\nframework = \"f\"\nroles = [\"r\"]\n\
+                [[events]]\nat_ms = 0\nkind = \"add_agent\"\nagent = \"h\"\nresources = \"cpus:1\"\n\
+                [[events]]\nat_ms = 1\nkind = \"decline\"\nframework = \"f\"\nagent = \"h\"\nrefuse_seconds = 3600\n\
+                [[events]]\nat_ms = 1000000000000\nkind = \"add_agent\"\nagent = \"h2\"\nresources = \"cpus:1\"\n";
+    let mut out = Vec::new();
+    run_scenario(&Scenario::parse(text).unwrap(), &mut out).unwrap();
+    let lines: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let at: Vec<i64> = lines
+        .iter()
+        .filter(|l| l.get("offer").is_some())
+        .map(|l| l["at_ms"].as_i64().unwrap())
+        .collect();
+    // The filter (1 ms + 1 h) expires at 3,600,001 ms: re-offered at the next batch, then the
+    // new agent at its event.
+    assert_eq!(at, vec![0, 3_601_000, 1_000_000_000_000]);
+}

@@ -121,6 +121,21 @@ impl<V: Default> VecMap<V> {
     pub(crate) fn keys(&self) -> impl Iterator<Item = &u32> {
         self.keys.iter()
     }
+
+    /// Number of entries.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Values, mutable, in key order.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.values.iter_mut()
+    }
+
+    /// (key, value) pairs in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u32, &V)> {
+        self.keys.iter().zip(self.values.iter())
+    }
 }
 
 /// Interned resource names.

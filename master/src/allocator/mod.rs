@@ -13,6 +13,7 @@
 //! skipped ("stable" agents, invalidated by an agent-local change or a global epoch bump).
 
 mod dense;
+mod filters;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -24,7 +25,8 @@ use gantry_sdk::protocol::messages::Demand;
 use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
 use serde::Serialize;
 
-use dense::{Bundle, Names, Rv, VecMap};
+use dense::{Bundle, Names, Rv};
+use filters::{AgentFilters, Filter, RefusedPool};
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
 pub type Millis = u64;
@@ -95,12 +97,17 @@ impl OfferResources {
 /// One offer the allocator made.
 #[derive(Clone, Debug)]
 pub struct OfferRecord {
+    /// Unique, sorts by age; the high 64 bits are the configured seed.
     pub id: OfferId,
+    /// Who the offer is for.
     pub framework: FrameworkId,
+    /// Where the resources are.
     pub agent: AgentId,
     /// The role the offer is made to.
     pub role: String,
+    /// What is offered (unreserved, and reserved per role).
     pub resources: OfferResources,
+    /// When the offer was made.
     pub created_at: Millis,
 }
 
@@ -138,32 +145,49 @@ pub struct AllocatorMetrics {
     pub frameworks: BTreeMap<String, FrameworkMetrics>,
     /// (framework, agent) pairs with at least one active decline filter.
     pub active_filters: usize,
+    /// Offers made and not yet accepted, declined or rescinded.
     pub offers_outstanding: usize,
+    /// Offers made since start.
     pub offers_made: u64,
+    /// Offers accepted since start.
     pub offers_accepted: u64,
+    /// Offers declined since start.
     pub offers_declined: u64,
+    /// Offers rescinded since start (including expired ones and those of removed agents).
     pub offers_rescinded: u64,
+    /// Offers rescinded by the offer timeout since start.
     pub offers_expired: u64,
+    /// Allocation cycles run since start.
     pub allocation_cycles: u64,
 }
 
 /// Metrics of one role.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RoleMetrics {
+    /// Dominant share of the role's subtree, divided by its weight.
     pub dominant_share: f64,
+    /// The role's weight.
     pub weight: f64,
+    /// Offered plus in use, whole subtree.
     pub allocated: Resources,
+    /// Offers made to the role's subtree since start.
     pub offers_made: u64,
+    /// Quota guarantee, if any.
     pub quota_guarantee: Option<Resources>,
+    /// Quota limit, if any (kinds not listed are unlimited).
     pub quota_limit: Option<Resources>,
 }
 
 /// Metrics of one framework.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FrameworkMetrics {
+    /// The framework's name.
     pub name: String,
+    /// Dominant share of the cluster (not weighted).
     pub dominant_share: f64,
+    /// Offered plus in use.
     pub allocated: Resources,
+    /// Offers made to it since start.
     pub offers_made: u64,
 }
 
@@ -183,12 +207,6 @@ struct SortKey {
     idx: u32,
 }
 
-#[derive(Debug, Clone)]
-struct Filter {
-    refused: Rv,
-    expires: Millis,
-}
-
 #[derive(Debug)]
 struct Agent {
     id: AgentId,
@@ -200,7 +218,7 @@ struct Agent {
     inuse: Vec<(u32, u32, Bundle)>,
     offers: Vec<OfferId>,
     /// Decline filters per framework index.
-    filters: VecMap<smallvec::SmallVec<[Filter; 1]>>,
+    filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
 }
@@ -226,9 +244,9 @@ struct Framework {
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
-    offers: HashSet<OfferId>,
     inuse_agents: HashSet<u32>,
-    filtered_agents: HashSet<u32>,
+    /// Number of agents where this framework has filters.
+    filtered_agents: usize,
 }
 
 #[derive(Debug)]
@@ -420,6 +438,7 @@ pub struct Allocator {
     role_ids: HashMap<String, u32>,
     offers: OfferBook,
     filter_heap: BinaryHeap<Reverse<(Millis, u32, u32)>>,
+    refused: RefusedPool,
     epoch: u64,
     keys_stale: bool,
     counters: Counters,
@@ -485,6 +504,7 @@ impl Allocator {
             role_ids: HashMap::default(),
             offers: OfferBook::new(seed),
             filter_heap: BinaryHeap::new(),
+            refused: RefusedPool::default(),
             epoch: 0,
             keys_stale: false,
             counters: Counters::default(),
@@ -865,7 +885,7 @@ impl Allocator {
             if now_below {
                 self.n_below += 1;
             } else {
-                self.n_below -= 1;
+                self.n_below = self.n_below.saturating_sub(1);
             }
         }
     }
@@ -1010,23 +1030,42 @@ impl Allocator {
             return;
         }
         let expires = now.saturating_add(ms);
-        self.ag_mut(a)
-            .filters
-            .or_default(f)
-            .push(Filter { refused, expires });
-        self.fw_mut(f).filtered_agents.insert(a);
+        let id = self.refused.intern(refused);
+        let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
+            self.refused.release(id);
+            return;
+        };
+        let total = agent.total.total();
+        let new_pair = !agent.filters.has(f);
+        agent.filters.add(
+            f,
+            Filter {
+                refused: id,
+                expires,
+                covers: false,
+            },
+            &total,
+            &self.refused,
+        );
+        if new_pair {
+            self.fw_mut(f).filtered_agents += 1;
+        }
         self.filter_heap.push(Reverse((expires, a, f)));
     }
 
     fn clear_filters(&mut self, f: u32) {
-        let agents: Vec<u32> = self.fw_mut(f).filtered_agents.drain().collect();
-        for a in agents {
-            if let Some(Some(agent)) = self.agents.get_mut(a as usize) {
-                if agent.filters.remove(&f).is_some() {
+        if self.fw(f).filtered_agents == 0 {
+            return;
+        }
+        for i in 0..self.agent_order.len() {
+            let a = self.agent_order[i] as usize;
+            if let Some(Some(agent)) = self.agents.get_mut(a) {
+                if agent.filters.remove(f, &mut self.refused) {
                     agent.stable = None;
                 }
             }
         }
+        self.fw_mut(f).filtered_agents = 0;
     }
 
     fn expire_filters(&mut self, now: Millis) {
@@ -1038,21 +1077,14 @@ impl Allocator {
             let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
                 continue;
             };
-            let mut emptied = false;
-            if let Some(list) = agent.filters.get_mut(&f) {
-                let before = list.len();
-                list.retain(|x| x.expires > now);
-                if list.len() != before {
-                    agent.stable = None;
-                }
-                if list.is_empty() {
-                    agent.filters.remove(&f);
-                    emptied = true;
-                }
+            let total = agent.total.total();
+            let (changed, emptied) = agent.filters.expire(f, now, &total, &mut self.refused);
+            if changed {
+                agent.stable = None;
             }
             if emptied {
                 if let Some(Some(fw)) = self.frameworks.get_mut(f as usize) {
-                    fw.filtered_agents.remove(&a);
+                    fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
                 }
             }
         }
@@ -1064,7 +1096,6 @@ impl Allocator {
         self.charge(st.fw, st.role, &st.bundle, false);
         self.return_to_agent(st.agent, &st.bundle);
         let fw = self.fw_mut(st.fw);
-        fw.offers.remove(&id);
         fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
         if st.tasks > 0 {
             self.epoch += 1;
@@ -1117,7 +1148,7 @@ impl Allocator {
             total,
             inuse: Vec::new(),
             offers: Vec::new(),
-            filters: VecMap::default(),
+            filters: AgentFilters::default(),
             stable: None,
         };
         let slot = match self.free_agent_slots.pop() {
@@ -1158,11 +1189,13 @@ impl Allocator {
         let Some(agent) = self.agents[a as usize].take() else {
             return out;
         };
-        for f in agent.filters.keys() {
+        let mut agent = agent;
+        for f in agent.filters.frameworks() {
             if let Some(Some(fw)) = self.frameworks.get_mut(*f as usize) {
-                fw.filtered_agents.remove(&a);
+                fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
             }
         }
+        agent.filters.clear(&mut self.refused);
         dense::sub(&mut self.total, &agent.total.total());
         dense::sub(&mut self.free_unres, &agent.free.unres);
         self.add_reserved_to_roles(&agent.total, false);
@@ -1203,7 +1236,6 @@ impl Allocator {
             } else if let Some(st) = self.offers.remove(&o) {
                 self.charge(st.fw, st.role, &st.bundle, false);
                 let fw = self.fw_mut(st.fw);
-                fw.offers.remove(&o);
                 fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
                 self.ag_mut(a).offers.retain(|x| *x != o);
                 self.counters.rescinded += 1;
@@ -1222,7 +1254,11 @@ impl Allocator {
             .names
             .lookup("gpus")
             .is_some_and(|g| dense::at(&new_total.total(), g) > 0);
-        let agent = self.ag_mut(a);
+        let agent = self.agents[a as usize]
+            .as_mut()
+            .expect("allocator invariant: live agent slot");
+        let t = new_total.total();
+        agent.filters.rebuild(&t, &self.refused);
         agent.total = new_total;
         agent.free = avail;
         agent.gpu = gpu;
@@ -1260,9 +1296,8 @@ impl Allocator {
                     roles: Vec::new(),
                     alloc: Bundle::default(),
                     offers_made: 0,
-                    offers: HashSet::default(),
                     inuse_agents: HashSet::default(),
-                    filtered_agents: HashSet::default(),
+                    filtered_agents: 0,
                 };
                 let slot = match self.free_fw_slots.pop() {
                     Some(s) => {
@@ -1332,7 +1367,14 @@ impl Allocator {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for o in self.fw(f).offers.iter().copied().collect::<Vec<_>>() {
+        let mut mine: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|s| s.fw == f)
+            .map(|s| s.id)
+            .collect();
+        mine.sort_unstable();
+        for o in mine {
             if let Some(st) = self.drop_offer(o) {
                 out.push(self.take_record(st));
             }
@@ -1570,7 +1612,6 @@ impl Allocator {
                 resources: self.cached_offer_resources(&p.bundle),
                 created_at: now,
             };
-            self.fw_mut(p.fw).offers.insert(id);
             self.ag_mut(a).offers.push(id);
             self.offers.insert(
                 id,
@@ -1730,12 +1771,7 @@ impl Allocator {
         }
         let gpu_blocked = self.config.filter_gpu_resources && agent.gpu;
         let mut avail_total: Option<Rv> = None;
-        let filtered = |f: u32, total: &[u64]| {
-            agent.filters.get(&f).is_some_and(|list| {
-                list.iter()
-                    .any(|x| x.expires > now && dense::contains(&x.refused, total))
-            })
-        };
+        let filtered = |f: u32, total: &[u64]| agent.filters.blocks(f, total, now, &self.refused);
         // Suppressed frameworks are not in the set at all; flags avoid touching the framework
         // record for the common (non-demand) case.
         for key in &role.frameworks {
@@ -1900,7 +1936,6 @@ impl Allocator {
         }
         {
             let fw = self.fw_mut(f);
-            fw.offers.remove(&offer);
             fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
             if let Some((task, count)) = &mut fw.demand {
                 *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
@@ -2072,9 +2107,13 @@ impl Allocator {
         self.add_reserved_to_roles(&delta_to, true);
         self.charge(f, offer_role, &new, true);
         {
-            let agent = self.ag_mut(a);
+            let agent = self.agents[a as usize]
+                .as_mut()
+                .expect("allocator invariant: live agent slot");
             agent.total.sub(&delta_from);
             agent.total.add(&delta_to);
+            let t = agent.total.total();
+            agent.filters.rebuild(&t, &self.refused);
             agent.stable = None;
         }
         let st = self
@@ -2202,6 +2241,12 @@ impl Allocator {
         out
     }
 
+    /// The earliest time a decline filter may expire (None when there are no filters). May be
+    /// early (a filter dropped by a revive), never late.
+    pub fn next_filter_expiry(&self) -> Option<Millis> {
+        self.filter_heap.peek().map(|Reverse((t, _, _))| *t)
+    }
+
     /// When the oldest outstanding offer times out (None when the timeout is off or no offers).
     pub fn next_offer_expiry(&self) -> Option<Millis> {
         let t = self.config.offer_timeout_ms?;
@@ -2316,7 +2361,7 @@ impl Allocator {
             let _ = i;
         }
         for fw in self.frameworks.iter().flatten() {
-            m.active_filters += fw.filtered_agents.len();
+            m.active_filters += fw.filtered_agents;
             m.frameworks.insert(
                 fw.id.to_string(),
                 FrameworkMetrics {

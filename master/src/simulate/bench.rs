@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Measured cycles per size after the first one (the median is reported).
     #[arg(long, default_value_t = 9)]
     pub cycles: usize,
+    /// Unmeasured cycles (offers declined with a long filter) before the measured ones, to see
+    /// cycles where agents already carry many filters.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
     /// Number of roles with a quota in the quota benchmark (0 skips it).
     #[arg(long, default_value_t = 3000)]
     pub quota_roles: usize,
@@ -58,6 +62,7 @@ fn isolated(args: &BenchArgs, one: &str, fallback: impl FnOnce() -> BenchResult)
         std::process::Command::new(exe)
             .args(["bench", "--one", one, "--cycles", &args.cycles.to_string()])
             .args(["--quota-roles", &args.quota_roles.to_string()])
+            .args(["--warmup", &args.warmup.to_string()])
             .args(["--quota-agents", &args.quota_agents.to_string()])
             .stderr(std::process::Stdio::inherit())
             .output()
@@ -87,6 +92,8 @@ pub struct BenchResult {
     pub median_cycle_cpu_ms: f64,
     pub max_cycle_ms: f64,
     pub cycles: usize,
+    #[serde(default)]
+    pub warmup_cycles: usize,
     pub offers_first_cycle: usize,
     pub offers_per_cycle_median: usize,
     pub build_ms: f64,
@@ -160,8 +167,14 @@ struct Cycles {
     offers: Vec<usize>,
 }
 
-fn run_cycles(alloc: &mut Allocator, cycles: usize) -> Cycles {
+fn run_cycles(alloc: &mut Allocator, warmup: usize, cycles: usize) -> Cycles {
     let mut now = 1_000;
+    for _ in 0..warmup {
+        for o in alloc.allocate(now) {
+            let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
+        }
+        now += 1_000;
+    }
     let start = Instant::now();
     let offers = alloc.allocate(now);
     let first = start.elapsed().as_secs_f64() * 1000.0;
@@ -212,7 +225,12 @@ fn median_u(v: &[usize]) -> usize {
 }
 
 /// The DeclineOffers setup at `agents` / `frameworks`.
-pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchResult {
+pub fn decline_offers(
+    agents: usize,
+    frameworks: usize,
+    warmup: usize,
+    cycles: usize,
+) -> BenchResult {
     let rss0 = rss_kib();
     let build = Instant::now();
     let mut alloc = Allocator::new(AllocatorConfig::default());
@@ -230,7 +248,7 @@ pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchR
         let _ = alloc.add_allocation(fids[i % frameworks], a, "role1", &held);
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
-    let c = run_cycles(&mut alloc, cycles);
+    let c = run_cycles(&mut alloc, warmup, cycles);
     let rss1 = rss_kib();
     BenchResult {
         name: "DeclineOffers".into(),
@@ -242,6 +260,7 @@ pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchR
         median_cycle_cpu_ms: median_f(&c.cpu_ms),
         max_cycle_ms: c.wall_ms.iter().copied().fold(0.0, f64::max),
         cycles,
+        warmup_cycles: warmup,
         offers_first_cycle: c.first_offers,
         offers_per_cycle_median: median_u(&c.offers),
         build_ms,
@@ -250,7 +269,7 @@ pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchR
 }
 
 /// `roles` roles, each with a quota guarantee and one framework, on `agents` agents.
-pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
+pub fn quota_roles(agents: usize, roles: usize, warmup: usize, cycles: usize) -> BenchResult {
     let rss0 = rss_kib();
     let build = Instant::now();
     let mut alloc = Allocator::new(AllocatorConfig::default());
@@ -271,7 +290,7 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
         alloc.add_agent(a, &format!("agent{i}"), agent_resources(), BTreeMap::new());
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
-    let c = run_cycles(&mut alloc, cycles);
+    let c = run_cycles(&mut alloc, warmup, cycles);
     let rss1 = rss_kib();
     BenchResult {
         name: "QuotaRoles".into(),
@@ -283,6 +302,7 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
         median_cycle_cpu_ms: median_f(&c.cpu_ms),
         max_cycle_ms: c.wall_ms.iter().copied().fold(0.0, f64::max),
         cycles,
+        warmup_cycles: warmup,
         offers_first_cycle: c.first_offers,
         offers_per_cycle_median: median_u(&c.offers),
         build_ms,
@@ -294,10 +314,15 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
 pub fn run(args: BenchArgs) -> Result<(), SimError> {
     if let Some(one) = &args.one {
         let r = if one == "quota" {
-            quota_roles(args.quota_agents, args.quota_roles, args.cycles)
+            quota_roles(
+                args.quota_agents,
+                args.quota_roles,
+                args.warmup,
+                args.cycles,
+            )
         } else {
             let (a, f) = parse_size(one)?;
-            decline_offers(a, f, args.cycles)
+            decline_offers(a, f, args.warmup, args.cycles)
         };
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
@@ -327,21 +352,26 @@ pub fn run(args: BenchArgs) -> Result<(), SimError> {
     let mut results = Vec::new();
     for (a, f) in sizes {
         let r = if args.in_process {
-            decline_offers(a, f, args.cycles)
+            decline_offers(a, f, args.warmup, args.cycles)
         } else {
             isolated(&args, &format!("{a}x{f}"), || {
-                decline_offers(a, f, args.cycles)
+                decline_offers(a, f, args.warmup, args.cycles)
             })
         };
         results.push(r);
         print_result(results.last(), args.json)?;
     }
     if args.quota_roles > 0 {
-        let (qa, qr, c) = (args.quota_agents, args.quota_roles, args.cycles);
+        let (qa, qr, w, c) = (
+            args.quota_agents,
+            args.quota_roles,
+            args.warmup,
+            args.cycles,
+        );
         results.push(if args.in_process {
-            quota_roles(qa, qr, c)
+            quota_roles(qa, qr, w, c)
         } else {
-            isolated(&args, "quota", || quota_roles(qa, qr, c))
+            isolated(&args, "quota", || quota_roles(qa, qr, w, c))
         });
         print_result(results.last(), args.json)?;
     }
@@ -378,12 +408,12 @@ mod tests {
 
     #[test]
     fn small_decline_offers_offers_every_agent_then_moves_on() {
-        let r = decline_offers(20, 4, 3);
+        let r = decline_offers(20, 4, 0, 3);
         // Every agent has cpus:8 free: 20 offers in the first cycle, and after declines the
         // agents go to other frameworks (4 frameworks, so offers continue for 3 more cycles).
         assert_eq!(r.offers_first_cycle, 20);
         assert_eq!(r.offers_per_cycle_median, 20);
-        let done = decline_offers(20, 1, 3);
+        let done = decline_offers(20, 1, 0, 3);
         assert_eq!(done.offers_first_cycle, 20);
         assert_eq!(
             done.offers_per_cycle_median, 0,
@@ -393,7 +423,7 @@ mod tests {
 
     #[test]
     fn quota_roles_setup_offers_guarantees() {
-        let r = quota_roles(10, 5, 2);
+        let r = quota_roles(10, 5, 0, 2);
         assert!(r.offers_first_cycle >= 5);
     }
 
