@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps.sh
 cargo build --workspace --bins
+cargo build -p gantry-nvml-standin   # the stand-in libnvidia-ml.so that gives agent-2 simulated GPUs
 BIN=target/debug
 DIR=$(mktemp -d /tmp/gantry-demo.XXXXXX)
 PIDS=()
@@ -45,10 +46,13 @@ PIDS+=($!)
 sleep 1
 $BIN/gantryctl state --http "$HTTP"
 
-echo "== running batch frameworks: 'analytics' (20 x 1 cpu, 512 MiB) and 'training' (12 x 2 cpus, 128 MiB)"
+GPUS=0
+if [ ${#EXTRA[@]} -gt 0 ]; then GPUS=1; fi
+echo "== running batch frameworks: 'analytics' (20 x 1 cpu, 512 MiB) and 'training' (12 x 1 cpu, 128 MiB, $GPUS GPU)"
 $BIN/batch --master "$QUIC" --tls-dir "$DIR/tls" --role analytics --count 20 --cpus 1 --mem 512 -- 'sleep 1' &
 A=$!
-$BIN/batch --master "$QUIC" --tls-dir "$DIR/tls" --role training --count 12 --cpus 2 --mem 128 -- 'sleep 1' &
+$BIN/batch --master "$QUIC" --tls-dir "$DIR/tls" --role training --count 12 --cpus 1 --mem 128 --gpus "$GPUS" \
+  -- 'echo "GPUs: ${CUDA_VISIBLE_DEVICES:-none}"; sleep 1' &
 B=$!
 for _ in 1 2 3; do
   sleep 1
@@ -60,5 +64,7 @@ wait "$A" || status=1
 wait "$B" || status=1
 echo "---- final state"
 $BIN/gantryctl state --http "$HTTP"
+echo "---- what one training task saw:"
+cat "$(ls -d "$DIR"/agent-2/sandboxes/*/ | head -n 1)stdout" 2>/dev/null || true
 if [ $status = 0 ]; then echo "== demo finished: every task FINISHED"; else echo "== some tasks failed; logs: $DIR"; fi
 exit $status

@@ -1,20 +1,41 @@
-//! The agent's event loop: one task owns the agent's state (tasks, the update queue, the
-//! checkpoint) and reacts to master messages, task exits and timer ticks. The master session
-//! ([`crate::session`]) and the task watchers only send it events.
+//! The agent's event loop: one task owns the agent's state (tasks, GPU assignments and health,
+//! task cgroups, the update queue, the checkpoint) and reacts to master messages, task exits,
+//! GPU faults and timer ticks. The master session ([`crate::session`]), the task watchers, the
+//! NVML health watcher and blocking helpers (cgroup teardown, sampling) only send it events.
+//!
+//! Task life: the launch assigns GPUs (topology-aware, [`crate::gpu::assign`]) and checkpoints
+//! them with the task's cgroup name *before* creating the cgroup, so a restarted agent knows
+//! everything it may have created. The task joins its cgroup between `fork` and `exec` (the
+//! supervisor writes `0` to each `cgroup.procs`). When it ends, the OOM flag and final usage are
+//! read, recorded in the sandbox, and the cgroup is destroyed before the terminal update is
+//! queued; the GPUs are free once the task is terminal.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::{tls, PeerIdentity};
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::checkpoint::{Checkpoint, TaskRecord};
+use crate::discovery::NvmlGpus;
 use crate::executor::{self, ExitStatus, LaunchSpec, Launched};
+use crate::gpu::{self, GpuFault, GpuSlot, HealthChange, HealthTracker};
+use crate::isolation::{DeviceRule, Isolator, Limits, NvidiaMajors, TaskCgroup};
 use crate::session;
+
+/// Directory (under the work dir) where `gantry-agent clear-gpu` drops clear requests.
+pub const CLEAR_DIR: &str = "gpu-clear";
+
+/// File in a task's sandbox recording its cgroup's final OOM flag and usage, written before the
+/// cgroup is destroyed (so a restarted agent still reports the real outcome).
+const FINAL_FILE: &str = "cgroup-final.json";
 
 /// Everything the agent is configured with.
 #[derive(Debug, Clone)]
@@ -26,7 +47,7 @@ pub struct AgentConfig {
     /// The agent's name: the identity in its certificate.
     pub name: String,
     pub hostname: String,
-    /// Unreserved resources advertised.
+    /// Unreserved resources advertised (with `gpus` = the GPUs found, before health).
     pub resources: Resources,
     /// Statically reserved resources per role (on top of `resources`).
     pub reserved: BTreeMap<String, Resources>,
@@ -35,6 +56,27 @@ pub struct AgentConfig {
     pub kill_grace: Duration,
     /// The binary re-executed as the per-task supervisor (normally the agent itself).
     pub agent_exe: PathBuf,
+    /// Task isolation (cgroups v1/v2, or none).
+    pub isolator: Isolator,
+    /// NVML and its GPUs; `None` on a CPU agent.
+    pub gpus: Option<Arc<NvmlGpus>>,
+    /// Enforce each task's `cpus` as a hard CFS quota.
+    pub cpu_hard_limit: bool,
+    /// `pids.max` of every task cgroup.
+    pub task_pids_max: Option<u64>,
+    /// How often GPUs and task cgroups are sampled.
+    pub usage_interval: Duration,
+    /// With a value, an unhealthy GPU is re-checked this long after its last fault.
+    pub gpu_recovery_after: Option<Duration>,
+    /// Device majors of the NVIDIA driver (for the device allow lists).
+    pub nvidia_majors: NvidiaMajors,
+}
+
+/// What a task's cgroup said when the task ended.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct CgroupOutcome {
+    oom_killed: bool,
+    usage: Option<TaskUsage>,
 }
 
 /// Events the core loop reacts to.
@@ -45,11 +87,28 @@ pub(crate) enum Event {
     Master(MasterToAgent),
     Launched {
         task: TaskId,
+        /// The task's cgroup (`None` when the launch failed: it destroyed the cgroup first).
+        cgroup: Option<TaskCgroup>,
         result: Result<Launched, String>,
     },
     Exited {
         task: TaskId,
         status: ExitStatus,
+    },
+    /// The task's cgroup has been read and destroyed: the task can be reported terminal.
+    Settled {
+        task: TaskId,
+        status: ExitStatus,
+        outcome: CgroupOutcome,
+    },
+    Sampled {
+        tasks: Vec<(TaskId, TaskUsage)>,
+        gpus: Vec<GpuSample>,
+    },
+    GpuFault(GpuFault),
+    RecoveryChecked {
+        uuid: String,
+        passed: bool,
     },
 }
 
@@ -69,6 +128,20 @@ struct Agent {
     last_heartbeat: tokio::time::Instant,
     events: mpsc::UnboundedSender<Event>,
     start: tokio::time::Instant,
+    /// GPU health (pure policy; faults come from the NVML watcher).
+    health: HealthTracker,
+    /// Cgroups of live tasks.
+    cgroups: HashMap<TaskId, TaskCgroup>,
+    /// Tasks whose cgroup is being read and destroyed.
+    settling: HashSet<TaskId>,
+    /// When a killed task's cgroup was last SIGKILLed.
+    escalated: HashMap<TaskId, tokio::time::Instant>,
+    sampling: bool,
+    last_sample: tokio::time::Instant,
+    last_gpu_samples: Vec<GpuSample>,
+    /// GPUs whose recovery check is running.
+    checking: HashSet<String>,
+    last_clear_poll: tokio::time::Instant,
 }
 
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
@@ -84,17 +157,40 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     .context("loading the agent's TLS identity")?;
     let ckpt = Checkpoint::load(&config.work_dir)?.unwrap_or_default();
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let now = tokio::time::Instant::now();
     let mut agent = Agent {
         config: config.clone(),
         ckpt,
         master: None,
         registered: false,
         heartbeat_every: Duration::from_secs(1),
-        last_heartbeat: tokio::time::Instant::now(),
+        last_heartbeat: now,
         events: tx.clone(),
-        start: tokio::time::Instant::now(),
+        start: now,
+        health: HealthTracker::new(config.gpu_recovery_after),
+        cgroups: HashMap::new(),
+        settling: HashSet::new(),
+        escalated: HashMap::new(),
+        sampling: false,
+        last_sample: now,
+        last_gpu_samples: Vec::new(),
+        checking: HashSet::new(),
+        last_clear_poll: now,
     };
-    agent.recover();
+    agent.recover()?;
+    // GPU faults: the NVML watcher thread -> this loop.
+    let watcher = config.gpus.as_ref().map(|g| {
+        let (ftx, mut frx) = mpsc::unbounded_channel();
+        let events = tx.clone();
+        tokio::spawn(async move {
+            while let Some(f) = frx.recv().await {
+                if events.send(Event::GpuFault(f)).is_err() {
+                    break;
+                }
+            }
+        });
+        g.watch_health(ftx)
+    });
     let session = tokio::spawn(session::run(config, material, tx.clone()));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -107,6 +203,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     if let Err(e) = agent.handle(ev) {
                         break Err(e);
                     }
+                    agent.flush_updates();
                 }
                 None => break Ok(()),
             },
@@ -118,7 +215,63 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }
     };
     session.abort();
+    if let Some(w) = watcher {
+        tokio::task::spawn_blocking(move || w.stop()).await.ok();
+    }
     result
+}
+
+/// Reads a task cgroup's OOM flag and usage, records them in the sandbox and destroys the
+/// cgroup (blocking). Without a cgroup (gone already), the recorded outcome is returned.
+fn settle_cgroup(cg: Option<&TaskCgroup>, sandbox: &Path) -> CgroupOutcome {
+    let final_file = sandbox.join(FINAL_FILE);
+    let recorded: Option<CgroupOutcome> = std::fs::read(&final_file)
+        .ok()
+        .and_then(|d| serde_json::from_slice(&d).ok());
+    let Some(cg) = cg.filter(|c| c.is_isolated()) else {
+        return recorded.unwrap_or_default();
+    };
+    // Recorded by an earlier incarnation that died while destroying the cgroup: that reading
+    // was taken from the whole cgroup and stays authoritative.
+    if let Some(outcome) = recorded {
+        destroy_cgroup(cg);
+        return outcome;
+    }
+    let outcome = CgroupOutcome {
+        oom_killed: cg.oom_killed().unwrap_or_else(|e| {
+            tracing::warn!(task = cg.task_id(), "reading the OOM flag: {e}");
+            false
+        }),
+        usage: cg.usage().ok(),
+    };
+    if let Ok(json) = serde_json::to_vec(&outcome) {
+        let tmp = sandbox.join(format!("{FINAL_FILE}.tmp"));
+        if std::fs::write(&tmp, json)
+            .and_then(|_| std::fs::rename(&tmp, &final_file))
+            .is_err()
+        {
+            tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome");
+        }
+    }
+    destroy_cgroup(cg);
+    outcome
+}
+
+/// Destroys a task cgroup, retrying; a cgroup that cannot be removed is logged (the next
+/// agent start removes it).
+fn destroy_cgroup(cg: &TaskCgroup) {
+    for attempt in 1..=3 {
+        match cg.destroy() {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(
+                    task = cg.task_id(),
+                    attempt,
+                    "destroying the task cgroup: {e}"
+                )
+            }
+        }
+    }
 }
 
 impl Agent {
@@ -132,9 +285,31 @@ impl Agent {
             .context("writing the checkpoint")
     }
 
-    /// Re-adopts checkpointed tasks after a restart: live supervisors are watched again; tasks
-    /// whose supervisor is gone are settled from the exit status they recorded.
-    fn recover(&mut self) {
+    fn inventory(&self) -> &[crate::discovery::DiscoveredGpu] {
+        self.config
+            .gpus
+            .as_ref()
+            .map(|g| g.inventory().gpus.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// Re-adopts checkpointed tasks after a restart: live supervisors are watched again (and
+    /// their cgroups reopened); tasks whose supervisor is gone are settled from the exit status
+    /// they recorded; cgroups nobody owns any more are destroyed. GPU occupancy follows from the
+    /// checkpointed assignments of the tasks that are not terminal.
+    fn recover(&mut self) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let known: Vec<String> = self
+            .inventory()
+            .iter()
+            .map(|g| g.info.uuid.clone())
+            .collect();
+        for (uuid, reason) in &self.ckpt.unhealthy_gpus {
+            if known.contains(uuid) {
+                self.health.mark_unhealthy(uuid, reason, now);
+                tracing::warn!(gpu = %uuid, %reason, "GPU still unhealthy from before the restart");
+            }
+        }
         let ids: Vec<TaskId> = self.ckpt.tasks.keys().copied().collect();
         let mut adopted = 0;
         for id in ids {
@@ -148,6 +323,14 @@ impl Agent {
                 Some(l) if executor::supervisor_alive(&l) => {
                     adopted += 1;
                     tracing::info!(task = %id, pid = l.task_pgid, "re-adopted running task");
+                    if let Some(name) = &rec.cgroup {
+                        match self.config.isolator.reopen(name) {
+                            Ok(cg) => {
+                                self.cgroups.insert(id, cg);
+                            }
+                            Err(e) => tracing::warn!(task = %id, "task cgroup not found: {e}"),
+                        }
+                    }
                 }
                 Some(_) => {
                     let status = executor::read_exit(&rec.sandbox);
@@ -160,7 +343,8 @@ impl Agent {
                     });
                 }
                 None => {
-                    // Never started: the launch died with the previous agent.
+                    // Never started: the launch died with the previous agent (its cgroup, and
+                    // anything that made it into it, is removed below).
                     self.terminal(
                         id,
                         TaskState::Failed,
@@ -171,6 +355,7 @@ impl Agent {
                 }
             }
         }
+        self.cleanup_cgroups();
         if !self.ckpt.tasks.is_empty() {
             tracing::info!(
                 tasks = self.ckpt.tasks.len(),
@@ -178,12 +363,118 @@ impl Agent {
                 "recovered checkpoint"
             );
         }
+        self.save()
+    }
+
+    /// Destroys the task cgroups under our root that no live task of ours needs. A busy cgroup
+    /// this checkpoint has never heard of is someone else's (another agent sharing the root)
+    /// and is left alone.
+    fn cleanup_cgroups(&self) {
+        let iso = &self.config.isolator;
+        if iso.layout().is_none() {
+            return;
+        }
+        let mut keep: Vec<String> = self
+            .ckpt
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal() && t.launched.is_some())
+            .filter_map(|t| t.cgroup.clone())
+            .collect();
+        let ours: HashSet<&str> = self
+            .ckpt
+            .tasks
+            .values()
+            .filter_map(|t| t.cgroup.as_deref())
+            .collect();
+        match iso.list() {
+            Ok(ids) => {
+                for id in ids {
+                    if ours.contains(id.as_str()) || keep.contains(&id) {
+                        continue;
+                    }
+                    let busy = iso
+                        .reopen(&id)
+                        .and_then(|cg| cg.pids())
+                        .is_ok_and(|p| !p.is_empty());
+                    if busy {
+                        tracing::warn!(cgroup = %id, "leaving a busy task cgroup this agent does not know (another agent on the same --cgroup-root?)");
+                        keep.push(id);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("listing task cgroups: {e}"),
+        }
+        let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+        match iso.cleanup_except(&keep) {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(
+                    ?removed,
+                    "removed task cgroups left from before the restart"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!("removing orphan task cgroups: {e}"),
+        }
     }
 
     fn send(&self, msg: AgentToMaster) {
         if let Some(m) = &self.master {
             let _ = m.send(msg);
         }
+    }
+
+    /// Sends a message that needs a registered session (the master closes connections that
+    /// send anything but `Register` first).
+    fn send_registered(&self, msg: AgentToMaster) {
+        if self.registered {
+            self.send(msg);
+        }
+    }
+
+    /// What to advertise: `gpus` counts the healthy GPUs only.
+    fn advertised_resources(&self) -> Resources {
+        let mut r = self.config.resources.clone();
+        let base = r.milli("gpus");
+        if base > 0 {
+            let unhealthy = self
+                .inventory()
+                .iter()
+                .filter(|g| !self.health.is_healthy(&g.info.uuid))
+                .count() as u64;
+            r.set_milli("gpus", base.saturating_sub(unhealthy * MILLI));
+        }
+        r
+    }
+
+    fn gpu_infos(&self) -> Vec<GpuInfo> {
+        self.inventory()
+            .iter()
+            .map(|g| GpuInfo {
+                healthy: self.health.is_healthy(&g.info.uuid),
+                ..g.info.clone()
+            })
+            .collect()
+    }
+
+    /// Assignment view of the GPUs: occupancy from the tasks that are not terminal.
+    fn gpu_slots(&self) -> Vec<GpuSlot> {
+        let held: HashSet<&str> = self
+            .ckpt
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal())
+            .flat_map(|t| t.gpus.iter().map(String::as_str))
+            .collect();
+        self.inventory()
+            .iter()
+            .map(|g| GpuSlot {
+                numa_node: g.info.numa_node,
+                pci_root: g.pci_root.clone(),
+                healthy: self.health.is_healthy(&g.info.uuid),
+                free: !held.contains(g.info.uuid.as_str()),
+            })
+            .collect()
     }
 
     fn handle(&mut self, ev: Event) -> anyhow::Result<()> {
@@ -204,10 +495,10 @@ impl Agent {
                 self.send(AgentToMaster::Register {
                     agent_id: self.ckpt.agent_id,
                     hostname: self.config.hostname.clone(),
-                    resources: self.config.resources.clone(),
+                    resources: self.advertised_resources(),
                     reserved: self.config.reserved.clone(),
                     attributes: self.config.attributes.clone(),
-                    gpus: Vec::new(),
+                    gpus: self.gpu_infos(),
                     running_tasks,
                     pending_updates: self.ckpt.updates.all(),
                 });
@@ -217,10 +508,20 @@ impl Agent {
                 self.registered = false;
             }
             Event::Master(msg) => self.master_message(msg)?,
-            Event::Launched { task, result } => {
+            Event::Launched {
+                task,
+                cgroup,
+                result,
+            } => {
                 let Some(rec) = self.ckpt.tasks.get_mut(&task) else {
+                    if let Some(cg) = cgroup {
+                        tokio::task::spawn_blocking(move || cg.destroy());
+                    }
                     return Ok(());
                 };
+                if let Some(cg) = cgroup {
+                    self.cgroups.insert(task, cg);
+                }
                 match result {
                     Ok(l) => {
                         rec.launched = Some(l);
@@ -244,6 +545,35 @@ impl Agent {
                 let Some(rec) = self.ckpt.tasks.get(&task) else {
                     return Ok(());
                 };
+                if rec.state.is_terminal() || !self.settling.insert(task) {
+                    return Ok(());
+                }
+                let cg = self.cgroups.remove(&task).or_else(|| {
+                    rec.cgroup
+                        .as_deref()
+                        .and_then(|n| self.config.isolator.reopen(n).ok())
+                });
+                let sandbox = rec.sandbox.clone();
+                let events = self.events.clone();
+                tokio::task::spawn_blocking(move || {
+                    let outcome = settle_cgroup(cg.as_ref(), &sandbox);
+                    let _ = events.send(Event::Settled {
+                        task,
+                        status,
+                        outcome,
+                    });
+                });
+            }
+            Event::Settled {
+                task,
+                status,
+                outcome,
+            } => {
+                self.settling.remove(&task);
+                self.escalated.remove(&task);
+                let Some(rec) = self.ckpt.tasks.get(&task) else {
+                    return Ok(());
+                };
                 if rec.state.is_terminal() {
                     return Ok(());
                 }
@@ -251,16 +581,111 @@ impl Agent {
                 let msg = executor::describe(&status);
                 let (state, msg) = if killed {
                     (TaskState::Killed, format!("killed: {msg}"))
+                } else if outcome.oom_killed {
+                    (
+                        TaskState::Failed,
+                        format!(
+                            "memory-limit: the task exceeded its memory limit of {} MiB and was killed by the kernel's OOM killer ({msg})",
+                            rec.info.resources.get("mem")
+                        ),
+                    )
                 } else if status.code == Some(0) {
                     (TaskState::Finished, msg)
                 } else {
                     (TaskState::Failed, msg)
                 };
+                if let Some(u) = outcome.usage {
+                    self.send_registered(AgentToMaster::Usage {
+                        tasks: vec![(task, u)],
+                        gpus: self.last_gpu_samples.clone(),
+                    });
+                }
                 self.terminal(task, state, msg, status.code, status.signal);
                 self.save()?;
             }
+            Event::Sampled { tasks, gpus } => {
+                self.sampling = false;
+                self.last_sample = tokio::time::Instant::now();
+                // Tasks that ended while sampling ran are not reported.
+                let tasks: Vec<(TaskId, TaskUsage)> = tasks
+                    .into_iter()
+                    .filter(|(id, _)| {
+                        self.ckpt
+                            .tasks
+                            .get(id)
+                            .is_some_and(|t| !t.state.is_terminal())
+                    })
+                    .collect();
+                self.last_gpu_samples = gpus.clone();
+                if !tasks.is_empty() || !gpus.is_empty() {
+                    self.send_registered(AgentToMaster::Usage { tasks, gpus });
+                }
+            }
+            Event::GpuFault(fault) => {
+                if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
+                    self.health_changed(change)?;
+                }
+            }
+            Event::RecoveryChecked { uuid, passed } => {
+                self.checking.remove(&uuid);
+                if !passed {
+                    tracing::warn!(gpu = %uuid, "GPU recovery check failed; it stays unhealthy");
+                }
+                if let Some(change) = self.health.recovery_checked(&uuid, passed, Instant::now()) {
+                    self.health_changed(change)?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// A GPU became unhealthy or healthy again: checkpoint it, tell the master (which withdraws
+    /// or restores it in offers) and tell the tasks holding it.
+    fn health_changed(&mut self, change: HealthChange) -> anyhow::Result<()> {
+        let minor = self
+            .inventory()
+            .iter()
+            .find(|g| g.info.uuid == change.uuid)
+            .map(|g| g.info.minor);
+        if change.healthy {
+            tracing::info!(gpu = %change.uuid, reason = %change.reason, "GPU healthy again");
+            self.ckpt.unhealthy_gpus.remove(&change.uuid);
+        } else {
+            tracing::warn!(gpu = %change.uuid, reason = %change.reason, "GPU unhealthy: withdrawn from offers");
+            self.ckpt
+                .unhealthy_gpus
+                .insert(change.uuid.clone(), change.reason.clone());
+        }
+        self.send_registered(AgentToMaster::GpuHealth {
+            uuid: change.uuid.clone(),
+            healthy: change.healthy,
+            reason: change.reason.clone(),
+        });
+        let holders: Vec<(TaskId, TaskState)> = self
+            .ckpt
+            .tasks
+            .iter()
+            .filter(|(_, t)| !t.state.is_terminal() && t.gpus.contains(&change.uuid))
+            .map(|(id, t)| (*id, t.state))
+            .collect();
+        let node = minor
+            .map(|m| format!(" (/dev/nvidia{m})"))
+            .unwrap_or_default();
+        for (id, state) in holders {
+            let message = if change.healthy {
+                format!(
+                    "GPU {}{node} is healthy again: {}",
+                    change.uuid, change.reason
+                )
+            } else {
+                format!(
+                    "GPU {}{node} failed: {}; it is withdrawn from offers (the task keeps running)",
+                    change.uuid, change.reason
+                )
+            };
+            self.update(id, state, message, None, None);
+        }
+        self.save()
     }
 
     fn master_message(&mut self, msg: MasterToAgent) -> anyhow::Result<()> {
@@ -312,9 +737,51 @@ impl Agent {
         Ok(())
     }
 
+    /// Picks GPUs for a task asking for `gpus` (milli-units); `Err` says why it cannot run.
+    fn pick_gpus(
+        &self,
+        gpus_milli: u64,
+        selector: Option<&GpuSelector>,
+    ) -> Result<Vec<usize>, String> {
+        if gpus_milli == 0 {
+            return Ok(Vec::new());
+        }
+        if !gpus_milli.is_multiple_of(MILLI) {
+            return Err(format!(
+                "gpus must be a whole number, got {}",
+                gpus_milli as f64 / MILLI as f64
+            ));
+        }
+        let k = (gpus_milli / MILLI) as usize;
+        let mut slots = self.gpu_slots();
+        // GPUs that do not match the task's selector are not candidates.
+        if let Some(sel) = selector {
+            for (slot, g) in slots.iter_mut().zip(self.inventory()) {
+                slot.free &= sel.matches(&g.info);
+            }
+        }
+        gpu::assign(&slots, k).ok_or_else(|| {
+            let free = slots.iter().filter(|s| s.free && s.healthy).count();
+                        let matching = if selector.is_some() { " matching its selector" } else { "" };
+            format!("the task asks for {k} GPUs but only {free} healthy GPUs{matching} are free on this agent")
+        })
+    }
+
     fn launch(&mut self, framework_id: FrameworkId, task: TaskInfo) -> anyhow::Result<()> {
         let id = task.task_id;
         let sandbox = self.config.work_dir.join("sandboxes").join(id.to_string());
+        let picked = self.pick_gpus(task.resources.milli("gpus"), task.gpu_selector.as_ref());
+        let chosen: Vec<GpuInfo> = picked
+            .as_deref()
+            .unwrap_or(&[])
+            .iter()
+            .filter_map(|&i| self.inventory().get(i).map(|g| g.info.clone()))
+            .collect();
+        let uuids: Vec<String> = chosen.iter().map(|g| g.uuid.clone()).collect();
+        let minors: Vec<u32> = chosen.iter().map(|g| g.minor).collect();
+        let isolated = self.config.isolator.layout().is_some();
+        let cgroup_name = id.to_string();
+        // Checkpointed before the cgroup exists: a restarted agent knows all it may have made.
         self.ckpt.tasks.insert(
             id,
             TaskRecord {
@@ -323,11 +790,18 @@ impl Agent {
                 state: TaskState::Staging,
                 sandbox: sandbox.clone(),
                 launched: None,
-                gpus: Vec::new(),
+                gpus: uuids.clone(),
                 kill_requested_ms: None,
-                cgroup: None,
+                cgroup: isolated.then(|| cgroup_name.clone()),
             },
         );
+        if let Err(why) = picked {
+            self.terminal(id, TaskState::Failed, why, None, None);
+            return self.save();
+        }
+        if !uuids.is_empty() {
+            tracing::info!(task = %id, gpus = ?uuids, "assigned GPUs");
+        }
         self.update(id, TaskState::Starting, "starting".into(), None, None);
         self.save()?;
         let events = self.events.clone();
@@ -335,18 +809,50 @@ impl Agent {
         let mut env = task.env.clone();
         env.insert("GANTRY_TASK_ID".into(), id.to_string());
         env.insert("GANTRY_FRAMEWORK_ID".into(), framework_id.to_string());
+        if self.config.gpus.is_some() {
+            for (k, v) in gpu::visible_devices_env(&uuids) {
+                env.insert(k.to_string(), v);
+            }
+        }
+        let mem_milli = task.resources.milli("mem");
+        let limits = Limits {
+            cpus: task.resources.get("cpus").max(0.01),
+            mem_mib: (mem_milli > 0).then(|| mem_milli.div_ceil(MILLI)),
+            pids_max: self.config.task_pids_max,
+            cpu_hard_limit: self.config.cpu_hard_limit,
+            devices: Some(DeviceRule::for_task(&minors, &self.config.nvidia_majors)),
+        };
+        let isolator = self.config.isolator.clone();
         tokio::spawn(async move {
+            let created =
+                tokio::task::spawn_blocking(move || isolator.create(&cgroup_name, &limits))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| format!("task cgroup: {e}")));
+            let cg = match created {
+                Ok(cg) => cg,
+                Err(e) => {
+                    let _ = events.send(Event::Launched {
+                        task: id,
+                        cgroup: None,
+                        result: Err(e),
+                    });
+                    return;
+                }
+            };
+            let procs: Vec<PathBuf> = cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
             let spec = LaunchSpec {
                 sandbox: &sandbox,
                 command: &task.command,
                 env: &env,
-                cgroup_procs: &[],
+                cgroup_procs: &procs,
                 agent_exe: &exe,
             };
             match executor::launch(&spec).await {
                 Ok((launched, mut child)) => {
                     let _ = events.send(Event::Launched {
                         task: id,
+                        cgroup: Some(cg),
                         result: Ok(launched),
                     });
                     let _ = child.wait().await;
@@ -357,8 +863,10 @@ impl Agent {
                     let _ = events.send(Event::Exited { task: id, status });
                 }
                 Err(e) => {
+                    let _ = tokio::task::spawn_blocking(move || cg.destroy()).await;
                     let _ = events.send(Event::Launched {
                         task: id,
+                        cgroup: None,
                         result: Err(e.to_string()),
                     });
                 }
@@ -395,9 +903,12 @@ impl Agent {
     }
 
     fn tick(&mut self) -> anyhow::Result<()> {
-        // Escalate kills past their grace period.
+        // Escalate kills past their grace period: SIGKILL the process group, and every process
+        // in the task's cgroup (a process group can be left; a cgroup cannot).
         let now_unix = unix_ms();
-        for rec in self.ckpt.tasks.values() {
+        let now = tokio::time::Instant::now();
+        let mut escalate = Vec::new();
+        for (id, rec) in &self.ckpt.tasks {
             let (Some(asked), Some(l)) = (rec.kill_requested_ms, rec.launched) else {
                 continue;
             };
@@ -409,6 +920,23 @@ impl Agent {
             if !rec.state.is_terminal() && now_unix.saturating_sub(asked) > grace.as_millis() as u64
             {
                 executor::signal_group(l.task_pgid, libc::SIGKILL);
+                let recent = self
+                    .escalated
+                    .get(id)
+                    .is_some_and(|t| now.duration_since(*t) < Duration::from_secs(1));
+                if !recent {
+                    escalate.push(*id);
+                }
+            }
+        }
+        for id in escalate {
+            self.escalated.insert(id, now);
+            if let Some(cg) = self.cgroups.get(&id).cloned() {
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = cg.kill_all() {
+                        tracing::warn!(task = cg.task_id(), "killing the task cgroup: {e}");
+                    }
+                });
             }
         }
         // Adopted tasks (not our children): poll their supervisors.
@@ -416,7 +944,7 @@ impl Agent {
             .ckpt
             .tasks
             .iter()
-            .filter(|(_, t)| !t.state.is_terminal())
+            .filter(|(id, t)| !t.state.is_terminal() && !self.settling.contains(id))
             .filter_map(|(id, t)| {
                 t.launched
                     .filter(|l| !executor::supervisor_alive(l))
@@ -441,7 +969,96 @@ impl Agent {
             self.last_heartbeat = tokio::time::Instant::now();
             self.send(AgentToMaster::Heartbeat);
         }
+        self.sample_if_due();
+        self.gpu_health_tick()?;
         self.flush_updates();
+        Ok(())
+    }
+
+    /// Every `--usage-interval`: samples GPUs and task cgroups on a blocking thread.
+    fn sample_if_due(&mut self) {
+        if self.sampling
+            || !self.registered
+            || self.last_sample.elapsed() < self.config.usage_interval
+        {
+            return;
+        }
+        let snapshot: Vec<(TaskId, Option<TaskCgroup>, i32, Vec<String>)> = self
+            .ckpt
+            .tasks
+            .iter()
+            .filter(|(id, t)| !t.state.is_terminal() && !self.settling.contains(id))
+            .filter_map(|(id, t)| {
+                let l = t.launched?;
+                Some((
+                    *id,
+                    self.cgroups.get(id).cloned(),
+                    l.task_pgid,
+                    t.gpus.clone(),
+                ))
+            })
+            .collect();
+        if snapshot.is_empty() && self.config.gpus.is_none() {
+            self.last_sample = tokio::time::Instant::now();
+            return;
+        }
+        self.sampling = true;
+        let gpus = self.config.gpus.clone();
+        let events = self.events.clone();
+        tokio::task::spawn_blocking(move || {
+            let (tasks, gpus) = sample(gpus.as_deref(), &snapshot);
+            let _ = events.send(Event::Sampled { tasks, gpus });
+        });
+    }
+
+    /// Operator clear requests and due recovery checks.
+    fn gpu_health_tick(&mut self) -> anyhow::Result<()> {
+        let Some(gpus) = self.config.gpus.clone() else {
+            return Ok(());
+        };
+        for uuid in self.health.recovery_due(Instant::now()) {
+            if self.checking.insert(uuid.clone()) {
+                let gpus = gpus.clone();
+                let events = self.events.clone();
+                tokio::task::spawn_blocking(move || {
+                    let passed = gpus.recovery_check(&uuid);
+                    let _ = events.send(Event::RecoveryChecked { uuid, passed });
+                });
+            }
+        }
+        if self.last_clear_poll.elapsed() < Duration::from_secs(1) {
+            return Ok(());
+        }
+        self.last_clear_poll = tokio::time::Instant::now();
+        let dir = self.config.work_dir.join(CLEAR_DIR);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                continue;
+            }
+            if let Err(err) = std::fs::remove_file(e.path()) {
+                tracing::warn!("removing clear request {}: {err}", e.path().display());
+            }
+            let targets: Vec<String> = if name == "all" {
+                self.health
+                    .unhealthy()
+                    .map(|(u, _)| u.to_string())
+                    .collect()
+            } else {
+                vec![name.clone()]
+            };
+            for uuid in targets {
+                match self.health.clear(&uuid) {
+                    Some(change) => self.health_changed(change)?,
+                    None => {
+                        tracing::warn!(gpu = %uuid, "clear request for a GPU that is not unhealthy (or unknown)")
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -495,10 +1112,13 @@ impl Agent {
         if let Some(rec) = self.ckpt.tasks.get_mut(&task) {
             rec.state = state;
         }
+        // Sent by the caller's next flush, after it has saved the checkpoint: an update never
+        // reaches the master before the state it reports is on disk.
         self.ckpt.updates.push(update);
-        self.flush_updates();
     }
 
+    /// A terminal state: the task's GPUs are free from now on (occupancy counts only tasks
+    /// that are not terminal).
     fn terminal(
         &mut self,
         task: TaskId,
@@ -508,6 +1128,113 @@ impl Agent {
         signal: Option<i32>,
     ) {
         tracing::info!(%task, %state, %message, "task ended");
+        self.cgroups.remove(&task);
         self.update(task, state, message, exit_code, signal);
+    }
+}
+
+/// One usage sample (blocking): GPU samples and processes from NVML, cpu/memory from each
+/// task's cgroup, GPU figures attributed to tasks through the pids of their cgroups (or process
+/// groups without isolation).
+fn sample(
+    gpus: Option<&NvmlGpus>,
+    tasks: &[(TaskId, Option<TaskCgroup>, i32, Vec<String>)],
+) -> (Vec<(TaskId, TaskUsage)>, Vec<GpuSample>) {
+    let (samples, procs) = match gpus {
+        Some(g) => (g.sample(), g.processes()),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut pid_task = HashMap::new();
+    let mut assigned = HashMap::new();
+    let mut out = Vec::with_capacity(tasks.len());
+    for (id, cg, pgid, uuids) in tasks {
+        let cg = cg.as_ref().filter(|c| c.is_isolated());
+        let usage = match cg.map(TaskCgroup::usage) {
+            None => TaskUsage::default(),
+            Some(Ok(u)) => u,
+            // Gone meanwhile (the task is ending): its final usage is sent when it settles.
+            Some(Err(_)) => continue,
+        };
+        if !procs.is_empty() {
+            let pids = match cg {
+                Some(c) => c.pids().unwrap_or_default(),
+                None => executor::group_pids(*pgid),
+            };
+            for p in pids {
+                pid_task.insert(p, *id);
+            }
+        }
+        for u in uuids {
+            assigned.insert(u.clone(), *id);
+        }
+        out.push((*id, usage));
+    }
+    let attributed = gpu::attribute(&samples, &procs, &pid_task, &assigned);
+    for (id, u) in &mut out {
+        if let Some(g) = attributed.get(id) {
+            u.gpu_mem_bytes = g.mem_bytes;
+            u.gpu_util_percent = g.util_percent;
+        }
+    }
+    (out, samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isolation::IsolationMode;
+
+    #[test]
+    fn settled_outcome_survives_a_missing_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing recorded, no cgroup: no OOM, no usage.
+        let o = settle_cgroup(None, dir.path());
+        assert!(!o.oom_killed && o.usage.is_none());
+        // A recorded outcome (written before the cgroup was destroyed) is read back.
+        let recorded = CgroupOutcome {
+            oom_killed: true,
+            usage: Some(TaskUsage {
+                mem_peak_bytes: 64 << 20,
+                ..TaskUsage::default()
+            }),
+        };
+        std::fs::write(
+            dir.path().join(FINAL_FILE),
+            serde_json::to_vec(&recorded).unwrap(),
+        )
+        .unwrap();
+        let o = settle_cgroup(None, dir.path());
+        assert!(o.oom_killed);
+        assert_eq!(o.usage.unwrap().mem_peak_bytes, 64 << 20);
+        // Without isolation the task "cgroup" is not one: the record is used as well.
+        let iso = Isolator::new(IsolationMode::None, None).unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("t", &limits).unwrap();
+        assert!(settle_cgroup(Some(&cg), dir.path()).oom_killed);
+    }
+
+    #[test]
+    fn sampling_without_gpus_or_cgroups() {
+        let iso = Isolator::new(IsolationMode::None, None).unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("t", &limits).unwrap();
+        let id = TaskId::random();
+        // SAFETY: getpgrp has no preconditions.
+        let pgid = unsafe { libc::getpgrp() };
+        let (tasks, gpus) = sample(None, &[(id, Some(cg), pgid, Vec::new())]);
+        assert!(gpus.is_empty());
+        assert_eq!(tasks, vec![(id, TaskUsage::default())]);
     }
 }

@@ -53,6 +53,10 @@ pub struct Checkpoint {
     pub agent_id: Option<AgentId>,
     pub tasks: BTreeMap<TaskId, TaskRecord>,
     pub updates: UpdateQueue,
+    /// GPUs marked unhealthy (UUID -> reason), so a restarted agent keeps them withdrawn until
+    /// an operator clears them or the recovery check passes.
+    #[serde(default)]
+    pub unhealthy_gpus: BTreeMap<String, String>,
 }
 
 impl Checkpoint {
@@ -113,6 +117,7 @@ mod tests {
                     resources: "cpus:1".parse().unwrap(),
                     env: Default::default(),
                     kill_grace_secs: None,
+                    gpu_selector: None,
                 },
                 state: TaskState::Running,
                 sandbox: dir.join("s"),

@@ -18,6 +18,8 @@ pub struct BatchSpec {
     pub env: std::collections::BTreeMap<String, String>,
     /// Print a progress line to stdout on every terminal update.
     pub verbose: bool,
+    /// Which GPUs the tasks may get (model, memory).
+    pub gpu_selector: Option<GpuSelector>,
 }
 
 /// Progress, observable while the framework runs.
@@ -106,6 +108,7 @@ impl Scheduler for Batch {
                     resources: self.spec.task.clone(),
                     env: self.spec.env.clone(),
                     kill_grace_secs: None,
+                    gpu_selector: self.spec.gpu_selector.clone(),
                 });
             }
             if tasks.is_empty() {

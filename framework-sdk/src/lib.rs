@@ -6,8 +6,10 @@
 //!   encoding).
 //! - [`transport`]: QUIC endpoints with mutual TLS (rustls, `ring` provider), certificate
 //!   issuing for the dev `--tls-dir` convention and for `gantryctl certs`, and framing.
+//! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
 //! - [`scheduler`]: the [`Scheduler`] trait and the [`Driver`] that runs it against a master.
 
+pub mod config_file;
 pub mod protocol;
 pub mod scheduler;
 pub mod transport;

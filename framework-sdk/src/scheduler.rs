@@ -21,6 +21,7 @@
 //!                 resources: "cpus:1;mem:128".parse().unwrap(),
 //!                 env: Default::default(),
 //!                 kill_grace_secs: None,
+//!                 gpu_selector: None,
 //!             };
 //!             driver.launch(offer.id, vec![task]);
 //!         }

@@ -401,25 +401,16 @@ pub async fn run_batch(
     task: &str,
     command: &str,
 ) -> anyhow::Result<gantry_examples::batch::BatchProgress> {
-    use gantry_examples::batch::{Batch, BatchSpec};
-    let spec = BatchSpec {
-        name: name.to_string(),
-        command: command.to_string(),
-        count,
-        task: task.parse()?,
-        env: Default::default(),
-        verbose: false,
-    };
-    let (batch, progress) = Batch::new(spec);
-    let config = gantry_sdk::DriverConfig::new(
+    run_batch_ha(
         vec![master.to_string()],
-        tls_dir.to_path_buf(),
+        tls_dir,
         name,
-        vec![role.to_string()],
-    );
-    gantry_sdk::Driver::new(config).run(batch).await?;
-    let p = progress.borrow().clone();
-    Ok(p)
+        role,
+        count,
+        task,
+        command,
+    )
+    .await
 }
 
 /// A scheduler for tests: launches the given tasks as offers allow (declining the rest) and
@@ -483,6 +474,7 @@ pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol:
         resources: resources.parse().expect("valid resources"),
         env: Default::default(),
         kill_grace_secs: None,
+        gpu_selector: None,
     }
 }
 
@@ -577,6 +569,7 @@ pub async fn run_batch_ha(
         task: task.parse()?,
         env: Default::default(),
         verbose: false,
+        gpu_selector: None,
     };
     let (batch, progress) = Batch::new(spec);
     let config =
@@ -584,4 +577,236 @@ pub async fn run_batch_ha(
     gantry_sdk::Driver::new(config).run(batch).await?;
     let p = progress.borrow().clone();
     Ok(p)
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU agent tests: real cgroups and the stand-in NVML.
+
+/// Set to `1` to skip (explicitly) the tests that need real cgroups; CI never sets it.
+pub const SKIP_CGROUP_TESTS: &str = "GANTRY_SKIP_CGROUP_TESTS";
+
+/// Where cgroup hierarchies are mounted.
+pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+
+/// Whether this test can use real cgroups. Returns `false` (after saying so) only when
+/// [`SKIP_CGROUP_TESTS`]`=1`; otherwise panics with a clear message when cgroups are unusable
+/// (not root, nothing mounted, read-only hierarchy).
+pub fn cgroups_available(test: &str) -> bool {
+    let why = cgroup_probe(test).err();
+    match why {
+        None => true,
+        Some(why) if std::env::var(SKIP_CGROUP_TESTS).as_deref() == Ok("1") => {
+            eprintln!("SKIPPED ({SKIP_CGROUP_TESTS}=1): {test}: cgroups are unavailable: {why}");
+            false
+        }
+        Some(why) => panic!(
+            "{test}: cgroups are unavailable: {why}. This test needs root and mounted cgroups \
+             (v1 or v2); set {SKIP_CGROUP_TESTS}=1 to skip it explicitly."
+        ),
+    }
+}
+
+fn cgroup_probe(test: &str) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("not running as root");
+    }
+    let mount = Path::new(CGROUP_MOUNT);
+    let hierarchy = if mount.join("memory/cgroup.procs").exists() {
+        mount.join("memory")
+    } else if mount.join("cgroup.controllers").exists() {
+        mount.to_path_buf()
+    } else {
+        bail!("no cgroup v1 memory hierarchy or cgroup v2 mount under {CGROUP_MOUNT}");
+    };
+    let probe = hierarchy.join(format!("gantry-probe-{}-{test}", std::process::id()));
+    std::fs::create_dir(&probe)
+        .with_context(|| format!("cannot create a cgroup ({})", probe.display()))?;
+    std::fs::remove_dir(&probe).with_context(|| format!("removing {}", probe.display()))?;
+    Ok(())
+}
+
+/// A per-test `--cgroup-root` (relative, e.g. `gantry-test-123-restart`). Dropping it kills
+/// whatever is left in its task cgroups and removes them and the root from every hierarchy.
+pub struct CgroupRoot {
+    pub name: String,
+}
+
+impl CgroupRoot {
+    pub fn new(test: &str) -> Self {
+        Self {
+            name: format!("gantry-test-{}-{test}", std::process::id()),
+        }
+    }
+
+    /// The root's directory in every mounted hierarchy that has it.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let v2 = Path::new(CGROUP_MOUNT).join(&self.name);
+        if v2.is_dir() {
+            out.push(v2);
+        }
+        if let Ok(entries) = std::fs::read_dir(CGROUP_MOUNT) {
+            for e in entries.flatten() {
+                let d = e.path().join(&self.name);
+                if d.is_dir() {
+                    out.push(d);
+                }
+            }
+        }
+        out
+    }
+
+    /// Task cgroups still present under the root (in any hierarchy).
+    pub fn task_cgroups(&self) -> Vec<PathBuf> {
+        self.dirs()
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|rd| rd.flatten())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    }
+
+    /// A task's cgroup directory in a v1 controller's hierarchy (or the v2 directory when
+    /// `controller` is `""`).
+    pub fn task_dir(&self, controller: &str, task: gantry_sdk::protocol::TaskId) -> PathBuf {
+        Path::new(CGROUP_MOUNT)
+            .join(controller)
+            .join(&self.name)
+            .join(task.to_string())
+    }
+
+    fn kill_and_remove(&self) {
+        let tasks = self.task_cgroups();
+        for dir in &tasks {
+            for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok())
+            {
+                // SAFETY: kill(2) on a process inside this test's own cgroup.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for dir in tasks.iter().chain(self.dirs().iter()) {
+            while std::fs::remove_dir(dir).is_err() && dir.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        self.kill_and_remove();
+    }
+}
+
+/// The stand-in NVML library (`libgantry_nvml_standin.so`, built as a dependency of this crate).
+pub fn standin_lib() -> PathBuf {
+    gantry_nvml_standin::config::library_path().expect(
+        "libgantry_nvml_standin.so not found: run `cargo build --workspace --bins` / cargo test",
+    )
+}
+
+/// A stand-in NVML configuration file the tests rewrite while the agent runs.
+pub struct Standin {
+    pub path: PathBuf,
+    pub config: gantry_nvml_standin::config::StandinConfig,
+}
+
+impl Standin {
+    /// The shipped example (4 GPUs, two models, two NUMA nodes), written to `dir/gpus.toml`.
+    /// Sets `GANTRY_NVML_STANDIN_CONFIG` for agents started afterwards by this process: use
+    /// one stand-in per test binary (the variable is process-wide).
+    pub fn four_gpus(dir: &Path) -> anyhow::Result<Self> {
+        use gantry_nvml_standin::config;
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("nvml-standin/examples/four-gpus.toml");
+        let cfg = config::StandinConfig::load(&example)
+            .map_err(|e| anyhow::anyhow!("loading {}: {e:?}", example.display()))?;
+        let s = Self {
+            path: dir.join("gpus.toml"),
+            config: cfg,
+        };
+        s.write()?;
+        std::env::set_var(config::CONFIG_ENV, &s.path);
+        Ok(s)
+    }
+
+    /// Writes the current configuration atomically (the library re-reads it on every call).
+    pub fn write(&self) -> anyhow::Result<()> {
+        gantry_nvml_standin::config::write_atomic(&self.path, &self.config)
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+
+    /// Appends an XID event for GPU `gpu` (NVML index) and writes the file.
+    pub fn inject_xid(&mut self, gpu: u32, xid: u64) -> anyhow::Result<()> {
+        use gantry_nvml_standin::config::{EventKind, EventSpec};
+        let id = self.config.events.len() as u64 + 1;
+        self.config.events.push(EventSpec {
+            id: Some(id),
+            gpu,
+            kind: EventKind::Xid,
+            xid,
+        });
+        self.write()
+    }
+}
+
+impl AgentProc {
+    /// A file in a task's sandbox.
+    pub fn sandbox_file(&self, task: gantry_sdk::protocol::TaskId, name: &str) -> PathBuf {
+        self.work_dir
+            .join("sandboxes")
+            .join(task.to_string())
+            .join(name)
+    }
+
+    /// Waits until a task's sandbox file exists and is non-empty; returns its contents.
+    pub fn wait_sandbox_file(
+        &self,
+        task: gantry_sdk::protocol::TaskId,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        let path = self.sandbox_file(task, name);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                if !text.is_empty() {
+                    return Ok(text);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("{} did not appear within {timeout:?}", path.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The `/state` entry of a task.
+pub fn state_task(
+    state: &serde_json::Value,
+    task: gantry_sdk::protocol::TaskId,
+) -> serde_json::Value {
+    state["tasks"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["id"] == task.to_string()).cloned())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// True while a process exists and is not a zombie.
+pub fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }

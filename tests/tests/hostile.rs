@@ -216,6 +216,7 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
             resources: "cpus:0.1;mem:8".parse().unwrap(),
             env: Default::default(),
             kill_grace_secs: None,
+            gpu_selector: None,
         };
         tx.send(&FrameworkToMaster::Accept {
             offer_ids: vec![offer.id],

@@ -75,6 +75,7 @@ impl Scheduler for Reserver {
                     resources: "cpus:2;mem:64".parse().unwrap(),
                     env: Default::default(),
                     kill_grace_secs: None,
+                    gpu_selector: None,
                 };
                 let reserve = Operation::Reserve {
                     role: self.role.clone(),

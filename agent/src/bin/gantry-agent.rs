@@ -1,14 +1,20 @@
-//! `gantry-agent`: run an agent on this host (or, internally, supervise one task).
+//! `gantry-agent`: run an agent on this host (or, internally, supervise one task; or ask a
+//! running agent to bring an unhealthy GPU back).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
-use gantry_agent::agent::{self, AgentConfig};
+use clap::{Parser, Subcommand, ValueEnum};
+use gantry_agent::agent::{self, AgentConfig, CLEAR_DIR};
 use gantry_agent::config::{parse_attributes, parse_reservation};
+use gantry_agent::discovery::host::apply_overrides;
+use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
 use gantry_agent::executor::supervise;
+use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
+use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::Resources;
 
 /// The Gantry agent: measures this host, registers with the master, runs tasks.
@@ -17,13 +23,23 @@ use gantry_sdk::Resources;
     version,
     about,
     args_conflicts_with_subcommands = true,
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
     #[command(flatten)]
     run: RunArgs,
+}
+
+/// `--isolation`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Isolation {
+    /// cgroups v1 or v2 (detected): cpu, memory, pids and device limits per task.
+    Cgroups,
+    /// No isolation (a warning is logged): no limits, no cgroup accounting.
+    None,
 }
 
 #[derive(clap::Args, Debug)]
@@ -40,10 +56,12 @@ struct RunArgs {
     /// The agent's name (its certificate identity). Defaults to the host name.
     #[arg(long)]
     name: Option<String>,
-    /// Resources to advertise instead of measuring, e.g. "cpus:4;mem:8192;disk:10000".
+    /// Override measured resources, e.g. "cpus:4;mem:8192" (others stay measured; name:0
+    /// removes one; gpus may only be 0 or the number of GPUs NVML found).
     #[arg(long)]
     resources: Option<String>,
-    /// Static reservation ROLE=RESOURCES (repeatable), on top of --resources.
+    /// Static reservation ROLE=RESOURCES (repeatable), on top of the resources; reserved gpus
+    /// are taken from the discovered GPUs.
     #[arg(long = "reserve")]
     reserve: Vec<String>,
     /// Attributes, e.g. "rack:r1;zone:a".
@@ -52,6 +70,30 @@ struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL when a task is killed.
     #[arg(long, default_value_t = 3.0)]
     kill_grace: f64,
+    /// The NVML library to load (a host without it runs as a CPU agent).
+    #[arg(long, default_value = DEFAULT_NVML_LIB)]
+    nvml_lib: PathBuf,
+    /// How tasks are isolated.
+    #[arg(long, value_enum, default_value_t = Isolation::Cgroups)]
+    isolation: Isolation,
+    /// Where task cgroups live: a path relative to each cgroup hierarchy, or an absolute path
+    /// inside the cgroup mount. Default: gantry/<agent name>. The agent owns everything below
+    /// it: give every agent on a host its own root.
+    #[arg(long)]
+    cgroup_root: Option<PathBuf>,
+    /// Enforce each task's cpus as a hard CFS quota (otherwise cpus only sets its share).
+    #[arg(long)]
+    cgroups_enable_cfs: bool,
+    /// Maximum number of processes (and threads) per task; 0 for no limit.
+    #[arg(long, default_value_t = 4096)]
+    task_pids_max: u64,
+    /// Seconds between usage samples of GPUs and tasks.
+    #[arg(long, default_value_t = 5.0)]
+    usage_interval: f64,
+    /// Re-check an unhealthy GPU this many seconds after its last fault and bring it back if
+    /// it answers NVML normally. Without it only `gantry-agent clear-gpu` brings GPUs back.
+    #[arg(long)]
+    gpu_recovery_after: Option<f64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,6 +108,16 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Bring unhealthy GPUs back (operator clear): the agent running on WORK_DIR picks the
+    /// request up within a second, marks the GPUs healthy and offers them again.
+    ClearGpu {
+        /// The agent's work directory.
+        #[arg(long, default_value = "./gantry-agent")]
+        work_dir: PathBuf,
+        /// GPU UUIDs (as in /state), or `all`.
+        #[arg(required = true)]
+        gpus: Vec<String>,
+    },
 }
 
 fn hostname() -> String {
@@ -74,21 +126,50 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
+fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
+    anyhow::ensure!(
+        v.is_finite() && v >= 0.0,
+        "--{name} must be a non-negative number of seconds"
+    );
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn clear_gpus(work_dir: &std::path::Path, gpus: &[String]) -> anyhow::Result<()> {
+    let dir = work_dir.join(CLEAR_DIR);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for g in gpus {
+        anyhow::ensure!(
+            !g.is_empty()
+                && g.len() <= 128
+                && g.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "{g:?} is not a GPU UUID"
+        );
+        let tmp = dir.join(format!("{g}.tmp"));
+        std::fs::write(&tmp, b"").with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, dir.join(g))?;
+        println!("requested clear of {g}; the agent applies it within a second");
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    if let Some(Cmd::Supervise {
-        sandbox,
-        cgroup_procs,
-        command,
-    }) = cli.cmd
-    {
-        std::process::exit(supervise::run(&sandbox, &cgroup_procs, &command.join(" ")));
+    let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
+    match cli.cmd {
+        Some(Cmd::Supervise {
+            sandbox,
+            cgroup_procs,
+            command,
+        }) => std::process::exit(supervise::run(&sandbox, &cgroup_procs, &command.join(" "))),
+        Some(Cmd::ClearGpu { work_dir, gpus }) => return clear_gpus(&work_dir, &gpus),
+        None => {}
     }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = cli.run;
     let name = args.name.unwrap_or_else(hostname);
@@ -96,22 +177,57 @@ fn main() -> anyhow::Result<()> {
         gantry_sdk::transport::tls::valid_name(&name),
         "agent name {name:?} must be 1-64 characters of [A-Za-z0-9_.-]"
     );
-    let resources = match &args.resources {
-        Some(r) => Resources::parse(r).context("--resources")?,
-        None => anyhow::bail!("--resources is required (host discovery is not wired in yet)"),
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("creating {}", args.work_dir.display()))?;
+
+    // Resources: measured host + NVML GPUs, then the operator's overrides.
+    let nvml = NvmlGpus::open(&args.nvml_lib);
+    let found = nvml
+        .as_ref()
+        .map(|g| g.inventory().gpus.len() as u32)
+        .unwrap_or(0);
+    let host = HostResources::detect(&args.work_dir).context("measuring the host")?;
+    let detected = host.to_resources(found);
+    let mut resources = match &args.resources {
+        Some(text) => apply_overrides(&detected, text, found)?,
+        None => detected,
     };
-    let mut reserved = BTreeMap::new();
+    let gpus = if resources.milli("gpus") == 0 {
+        if nvml.is_some() {
+            tracing::info!("--resources gpus:0: running this GPU host as a CPU agent");
+        }
+        None
+    } else {
+        nvml.map(Arc::new)
+    };
+    let mut reserved: BTreeMap<String, Resources> = BTreeMap::new();
     for r in &args.reserve {
         let (role, res) = parse_reservation(r)?;
-        reserved
-            .entry(role)
-            .or_insert_with(Resources::new)
-            .add_assign(&res);
+        reserved.entry(role).or_default().add_assign(&res);
     }
-    anyhow::ensure!(
-        args.kill_grace.is_finite() && args.kill_grace >= 0.0,
-        "--kill-grace must be a non-negative number"
-    );
+    // Reserved GPUs are carved out of the discovered ones (they carry identities).
+    let reserved_gpus: u64 = reserved.values().map(|r| r.milli("gpus")).sum();
+    if reserved_gpus > 0 {
+        anyhow::ensure!(
+            reserved_gpus.is_multiple_of(MILLI) && reserved_gpus <= resources.milli("gpus"),
+            "--reserve asks for {} GPUs but this agent has {}",
+            reserved_gpus as f64 / MILLI as f64,
+            resources.get("gpus")
+        );
+        let left = resources.milli("gpus") - reserved_gpus;
+        resources.set_milli("gpus", left);
+    }
+
+    let mode = match args.isolation {
+        Isolation::Cgroups => IsolationMode::Cgroups,
+        Isolation::None => IsolationMode::None,
+    };
+    let root = args
+        .cgroup_root
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT).join(&name));
+    let isolator = Isolator::new(mode, Some(root)).context("--isolation cgroups")?;
+    let usage_interval =
+        seconds("usage-interval", args.usage_interval)?.max(Duration::from_millis(200));
     let config = AgentConfig {
         masters: args.master,
         work_dir: args.work_dir,
@@ -121,9 +237,25 @@ fn main() -> anyhow::Result<()> {
         resources,
         reserved,
         attributes: parse_attributes(&args.attributes)?,
-        kill_grace: Duration::from_secs_f64(args.kill_grace),
+        kill_grace: seconds("kill-grace", args.kill_grace)?,
         agent_exe: std::env::current_exe().context("locating the agent binary")?,
+        isolator,
+        gpus,
+        cpu_hard_limit: args.cgroups_enable_cfs,
+        task_pids_max: (args.task_pids_max > 0).then_some(args.task_pids_max),
+        usage_interval,
+        gpu_recovery_after: args
+            .gpu_recovery_after
+            .map(|s| seconds("gpu-recovery-after", s))
+            .transpose()?,
+        nvidia_majors: NvidiaMajors::detect(),
     };
+    tracing::info!(
+        resources = %config.resources,
+        gpus = config.gpus.as_ref().map(|g| g.inventory().gpus.len()).unwrap_or(0),
+        isolation = if config.isolator.layout().is_some() { "cgroups" } else { "none" },
+        "agent configured"
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -176,3 +176,47 @@ fn signal_name(s: i32) -> &'static str {
         _ => "signal",
     }
 }
+
+/// The processes of a process group (scans `/proc`; used to attribute GPU processes to tasks
+/// when they run without cgroups).
+pub fn group_pids(pgid: i32) -> Vec<u32> {
+    if pgid <= 1 {
+        return Vec::new();
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| process_group(*pid) == Some(pgid))
+        .collect()
+}
+
+/// The process group of a process (`/proc/PID/stat` field 5).
+fn process_group(pid: u32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(2)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_group_is_listed() {
+        // SAFETY: getpgrp has no preconditions.
+        let pgid = unsafe { libc::getpgrp() };
+        assert!(group_pids(pgid).contains(&std::process::id()));
+        assert!(group_pids(0).is_empty());
+        assert!(process_start_time(std::process::id() as i32).is_some());
+    }
+
+    #[test]
+    fn exit_descriptions() {
+        let s = |code, signal| describe(&ExitStatus { code, signal });
+        assert_eq!(s(Some(3), None), "exited with code 3");
+        assert_eq!(s(None, Some(9)), "terminated by signal 9 (SIGKILL)");
+    }
+}

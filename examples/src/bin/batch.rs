@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use gantry_examples::batch::{Batch, BatchSpec};
-use gantry_sdk::protocol::Capability;
+use gantry_sdk::protocol::{Capability, GpuSelector};
 use gantry_sdk::{Driver, DriverConfig, Resources};
 
 /// Run N copies of COMMAND on a Gantry cluster and wait for all of them.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, args_override_self = true)]
 struct Args {
     /// Master address(es), host:port, comma separated.
     #[arg(long, value_delimiter = ',', required = true)]
@@ -41,6 +41,12 @@ struct Args {
     /// GPUs per copy.
     #[arg(long, default_value_t = 0)]
     gpus: u32,
+    /// Only GPUs whose model name contains this (case-insensitive), e.g. A100.
+    #[arg(long)]
+    gpu_model: Option<String>,
+    /// Only GPUs with at least this much memory, MiB.
+    #[arg(long)]
+    gpu_min_memory: Option<u64>,
     /// The command (run with /bin/sh -c).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -53,8 +59,9 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let args = Args::parse();
+    let args = Args::parse_from(gantry_sdk::config_file::expand_args()?);
     anyhow::ensure!(
         args.cpus.is_finite() && args.cpus >= 0.0 && args.mem.is_finite() && args.mem >= 0.0,
         "--cpus and --mem must be non-negative"
@@ -66,6 +73,11 @@ async fn main() -> anyhow::Result<()> {
         .with("cpus", args.cpus)
         .with("mem", args.mem)
         .with("gpus", args.gpus as f64);
+    let gpu_selector =
+        (args.gpu_model.is_some() || args.gpu_min_memory.is_some()).then(|| GpuSelector {
+            model: args.gpu_model.clone(),
+            min_memory_mib: args.gpu_min_memory,
+        });
     let spec = BatchSpec {
         name: name.clone(),
         command: args.command.join(" "),
@@ -73,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         task,
         env: Default::default(),
         verbose: true,
+        gpu_selector,
     };
     let mut config = DriverConfig::new(args.master, args.tls_dir, &name, vec![args.role]);
     if args.gpus > 0 {

@@ -72,6 +72,30 @@ pub struct TaskInfo {
     pub env: BTreeMap<String, String>,
     /// Seconds between SIGTERM and SIGKILL when the task is killed (agent default when `None`).
     pub kill_grace_secs: Option<u32>,
+    /// Which GPUs the task's `gpus` may be drawn from (any when `None`).
+    pub gpu_selector: Option<GpuSelector>,
+}
+
+/// Constraints on the GPUs a task gets; every GPU given to the task matches all of them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSelector {
+    /// Case-insensitive substring of the model name (`"A100"` matches
+    /// `"NVIDIA A100-SXM4-80GB"`).
+    pub model: Option<String>,
+    /// Least memory per GPU, MiB.
+    pub min_memory_mib: Option<u64>,
+}
+
+impl GpuSelector {
+    /// True when `gpu` satisfies every constraint.
+    pub fn matches(&self, gpu: &GpuInfo) -> bool {
+        let model_ok = self
+            .model
+            .as_ref()
+            .is_none_or(|m| gpu.name.to_lowercase().contains(&m.to_lowercase()));
+        let mem_ok = self.min_memory_mib.is_none_or(|min| gpu.memory_mib >= min);
+        model_ok && mem_ok
+    }
 }
 
 /// A task's lifecycle state, as in Mesos.
@@ -359,4 +383,39 @@ pub enum MasterToFramework {
     NotLeader {
         leader: Option<String>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_selector_matches_model_and_memory() {
+        let gpu = GpuInfo {
+            uuid: "GPU-1".into(),
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            memory_mib: 81920,
+            compute_capability: (8, 0),
+            minor: 0,
+            pci_bus_id: "0".into(),
+            numa_node: Some(0),
+            healthy: true,
+        };
+        assert!(GpuSelector::default().matches(&gpu));
+        assert!(GpuSelector {
+            model: Some("a100".into()),
+            min_memory_mib: Some(80000)
+        }
+        .matches(&gpu));
+        assert!(!GpuSelector {
+            model: Some("H100".into()),
+            min_memory_mib: None
+        }
+        .matches(&gpu));
+        assert!(!GpuSelector {
+            model: None,
+            min_memory_mib: Some(100_000)
+        }
+        .matches(&gpu));
+    }
 }

@@ -9,9 +9,11 @@
 use std::collections::HashMap;
 
 use gantry_sdk::protocol::Resources;
+use smallvec::SmallVec;
 
-/// Milli-unit amounts indexed by interned resource name.
-pub(crate) type Rv = Vec<u64>;
+/// Milli-unit amounts indexed by interned resource name (inline up to 6 kinds: no allocation
+/// for the usual cpus/mem/disk/gpus).
+pub(crate) type Rv = SmallVec<[u64; 6]>;
 
 /// Amount at `i` (0 when absent).
 #[inline]
@@ -52,6 +54,87 @@ pub(crate) fn cap_to(a: &mut Rv, cap: &[u64]) {
         if *x > *c {
             *x = *c;
         }
+    }
+}
+
+/// A small map from dense indices to values, kept as sorted parallel vectors (the key vector is
+/// searched; values are touched only on a hit). Cache friendly for the few entries an agent
+/// usually has, e.g. its decline filters per framework.
+#[derive(Debug, Clone)]
+pub(crate) struct VecMap<V> {
+    keys: Vec<u32>,
+    values: Vec<V>,
+}
+
+impl<V> Default for VecMap<V> {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+}
+
+impl<V: Default> VecMap<V> {
+    /// The value of `k`.
+    #[inline]
+    pub(crate) fn get(&self, k: &u32) -> Option<&V> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        self.keys.binary_search(k).ok().map(|i| &self.values[i])
+    }
+
+    /// The value of `k`, mutable.
+    pub(crate) fn get_mut(&mut self, k: &u32) -> Option<&mut V> {
+        match self.keys.binary_search(k) {
+            Ok(i) => Some(&mut self.values[i]),
+            Err(_) => None,
+        }
+    }
+
+    /// The value of `k`, inserted as default if absent.
+    pub(crate) fn or_default(&mut self, k: u32) -> &mut V {
+        let i = match self.keys.binary_search(&k) {
+            Ok(i) => i,
+            Err(i) => {
+                self.keys.insert(i, k);
+                self.values.insert(i, V::default());
+                i
+            }
+        };
+        &mut self.values[i]
+    }
+
+    /// Removes `k`.
+    pub(crate) fn remove(&mut self, k: &u32) -> Option<V> {
+        match self.keys.binary_search(k) {
+            Ok(i) => {
+                self.keys.remove(i);
+                Some(self.values.remove(i))
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Keys in order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &u32> {
+        self.keys.iter()
+    }
+
+    /// Number of entries.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Values, mutable, in key order.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.values.iter_mut()
+    }
+
+    /// (key, value) pairs in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u32, &V)> {
+        self.keys.iter().zip(self.values.iter())
     }
 }
 
@@ -234,23 +317,23 @@ mod tests {
 
     #[test]
     fn vectors_of_different_lengths_mix() {
-        let mut a: Rv = vec![5];
+        let mut a: Rv = Rv::from_slice(&[5]);
         add(&mut a, &[1, 2]);
-        assert_eq!(a, vec![6, 2]);
+        assert_eq!(&a[..], &[6, 2]);
         assert!(contains(&a, &[6]));
         assert!(!contains(&a, &[0, 0, 1]));
         assert!(contains(&a, &[0, 0, 0]));
         sub(&mut a, &[10]);
-        assert_eq!(a, vec![0, 2]);
-        let mut c: Rv = vec![3, 9];
+        assert_eq!(&a[..], &[0, 2]);
+        let mut c: Rv = Rv::from_slice(&[3, 9]);
         cap_to(&mut c, &[1]);
-        assert_eq!(c, vec![1, 9]);
+        assert_eq!(&c[..], &[1, 9]);
     }
 
     #[test]
     fn bundles_keep_pools_apart() {
         let mut b = Bundle {
-            unres: vec![4, 0],
+            unres: Rv::from_slice(&[4, 0]),
             resv: vec![],
         };
         b.add_resv(2, &[1]);
@@ -259,19 +342,19 @@ mod tests {
             b.resv.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
             vec![1, 2]
         );
-        assert_eq!(b.total(), vec![5, 3]);
+        assert_eq!(&b.total()[..], &[5, 3]);
         let small = Bundle {
-            unres: vec![1],
-            resv: vec![(2, vec![1])],
+            unres: Rv::from_slice(&[1]),
+            resv: vec![(2, Rv::from_slice(&[1]))],
         };
         assert!(b.contains(&small));
         let wrong_pool = Bundle {
-            unres: vec![],
-            resv: vec![(3, vec![1])],
+            unres: Rv::new(),
+            resv: vec![(3, Rv::from_slice(&[1]))],
         };
         assert!(!b.contains(&wrong_pool));
         b.sub(&small);
         assert_eq!(b.resv.len(), 1);
-        assert_eq!(b.unres, vec![3, 0]);
+        assert_eq!(&b.unres[..], &[3, 0]);
     }
 }

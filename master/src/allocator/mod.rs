@@ -13,9 +13,12 @@
 //! skipped ("stable" agents, invalidated by an agent-local change or a global epoch bump).
 
 mod dense;
+mod filters;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use gantry_sdk::protocol::messages::Demand;
@@ -23,6 +26,7 @@ use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
 use serde::Serialize;
 
 use dense::{Bundle, Names, Rv};
+use filters::{AgentFilters, Filter, RefusedPool};
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
 pub type Millis = u64;
@@ -93,12 +97,17 @@ impl OfferResources {
 /// One offer the allocator made.
 #[derive(Clone, Debug)]
 pub struct OfferRecord {
+    /// Unique, sorts by age; the high 64 bits are the configured seed.
     pub id: OfferId,
+    /// Who the offer is for.
     pub framework: FrameworkId,
+    /// Where the resources are.
     pub agent: AgentId,
     /// The role the offer is made to.
     pub role: String,
+    /// What is offered (unreserved, and reserved per role).
     pub resources: OfferResources,
+    /// When the offer was made.
     pub created_at: Millis,
 }
 
@@ -136,32 +145,49 @@ pub struct AllocatorMetrics {
     pub frameworks: BTreeMap<String, FrameworkMetrics>,
     /// (framework, agent) pairs with at least one active decline filter.
     pub active_filters: usize,
+    /// Offers made and not yet accepted, declined or rescinded.
     pub offers_outstanding: usize,
+    /// Offers made since start.
     pub offers_made: u64,
+    /// Offers accepted since start.
     pub offers_accepted: u64,
+    /// Offers declined since start.
     pub offers_declined: u64,
+    /// Offers rescinded since start (including expired ones and those of removed agents).
     pub offers_rescinded: u64,
+    /// Offers rescinded by the offer timeout since start.
     pub offers_expired: u64,
+    /// Allocation cycles run since start.
     pub allocation_cycles: u64,
 }
 
 /// Metrics of one role.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RoleMetrics {
+    /// Dominant share of the role's subtree, divided by its weight.
     pub dominant_share: f64,
+    /// The role's weight.
     pub weight: f64,
+    /// Offered plus in use, whole subtree.
     pub allocated: Resources,
+    /// Offers made to the role's subtree since start.
     pub offers_made: u64,
+    /// Quota guarantee, if any.
     pub quota_guarantee: Option<Resources>,
+    /// Quota limit, if any (kinds not listed are unlimited).
     pub quota_limit: Option<Resources>,
 }
 
 /// Metrics of one framework.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FrameworkMetrics {
+    /// The framework's name.
     pub name: String,
+    /// Dominant share of the cluster (not weighted).
     pub dominant_share: f64,
+    /// Offered plus in use.
     pub allocated: Resources,
+    /// Offers made to it since start.
     pub offers_made: u64,
 }
 
@@ -173,16 +199,12 @@ struct SortKey {
     /// Non-negative f64 bits: ordering of bits equals numeric ordering.
     share: u64,
     offers: u64,
+    /// The name's first 16 bytes, big-endian: most name comparisons end here.
+    prefix: u128,
     name: Arc<str>,
     /// Framework index (framework sorters) or role node index (role sorters; the parent's own
     /// index stands for its "self" leaf, i.e. the frameworks subscribed directly to it).
     idx: u32,
-}
-
-#[derive(Debug, Clone)]
-struct Filter {
-    refused: Rv,
-    expires: Millis,
 }
 
 #[derive(Debug)]
@@ -195,7 +217,8 @@ struct Agent {
     /// Accepted resources in use, per (framework, role).
     inuse: Vec<(u32, u32, Bundle)>,
     offers: Vec<OfferId>,
-    filters: HashMap<u32, Vec<Filter>>,
+    /// Decline filters per framework index.
+    filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
 }
@@ -221,9 +244,9 @@ struct Framework {
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
-    offers: BTreeSet<OfferId>,
     inuse_agents: HashSet<u32>,
-    filtered_agents: HashSet<u32>,
+    /// Number of agents where this framework has filters.
+    filtered_agents: usize,
 }
 
 #[derive(Debug)]
@@ -256,12 +279,108 @@ struct Role {
 
 #[derive(Debug)]
 struct OfferState {
-    rec: OfferRecord,
+    id: OfferId,
+    framework: FrameworkId,
+    created_at: Millis,
+    /// The public record, built on first request (most offers are only returned once).
+    rec: std::sync::OnceLock<Box<OfferRecord>>,
     fw: u32,
     agent: u32,
     role: u32,
     bundle: Bundle,
     tasks: u64,
+}
+
+/// Outstanding offers in a slab. An offer id carries its slot (low 24 bits) under a global
+/// sequence number (next 40 bits) and the configured seed (high 64 bits), so lookups need no
+/// hashing and ids still sort by age.
+struct OfferBook {
+    slots: Vec<Option<OfferState>>,
+    free: Vec<u32>,
+    len: usize,
+    seq: u64,
+    seed: u64,
+}
+
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+
+impl OfferBook {
+    fn new(seed: u64) -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+            seq: 0,
+            seed,
+        }
+    }
+
+    /// True when fewer than 4096 slots are left (a visit makes only a few offers).
+    fn is_full(&self) -> bool {
+        self.free.len() < 4096 && self.slots.len() as u64 + 4096 > SLOT_MASK
+    }
+
+    /// Reserves a slot and returns the id for the offer that will be put there.
+    fn next_id(&mut self) -> OfferId {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.seq += 1;
+        let low = ((self.seq & ((1 << (64 - SLOT_BITS)) - 1)) << SLOT_BITS) | slot as u64;
+        OfferId::from_u128(((self.seed as u128) << 64) | low as u128)
+    }
+
+    fn slot(&self, id: &OfferId) -> Option<usize> {
+        let v = id.0.as_u128();
+        if (v >> 64) as u64 != self.seed {
+            return None;
+        }
+        let s = (v as u64 & SLOT_MASK) as usize;
+        (s < self.slots.len()).then_some(s)
+    }
+
+    fn insert(&mut self, id: OfferId, st: OfferState) {
+        if let Some(s) = self.slot(&id) {
+            if self.slots[s].is_none() {
+                self.len += 1;
+            }
+            self.slots[s] = Some(st);
+        }
+    }
+
+    fn get(&self, id: &OfferId) -> Option<&OfferState> {
+        let s = self.slot(id)?;
+        self.slots[s].as_ref().filter(|st| st.id == *id)
+    }
+
+    fn get_mut(&mut self, id: &OfferId) -> Option<&mut OfferState> {
+        let s = self.slot(id)?;
+        self.slots[s].as_mut().filter(|st| st.id == *id)
+    }
+
+    fn remove(&mut self, id: &OfferId) -> Option<OfferState> {
+        let s = self.slot(id)?;
+        if self.slots[s].as_ref().is_some_and(|st| st.id == *id) {
+            self.len -= 1;
+            self.free.push(s as u32);
+            self.slots[s].take()
+        } else {
+            None
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &OfferState> {
+        self.slots.iter().flatten()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
 }
 
 struct Pending {
@@ -301,22 +420,34 @@ pub struct Allocator {
     required: Rv,
     /// Kinds named in some guarantee.
     guarded: Vec<bool>,
+    /// Per role: below its quota guarantee (maintained during a cycle).
+    below: Vec<bool>,
+    /// Roles with frameworks that are below their guarantee.
+    n_below: usize,
     any_guarantee: bool,
     agents: Vec<Option<Agent>>,
     agent_ids: HashMap<AgentId, u32>,
     agent_order: Vec<u32>,
     free_agent_slots: Vec<u32>,
     frameworks: Vec<Option<Framework>>,
+    /// [`FW_GPU`] / [`FW_DEMAND`] per framework slot (hot path of the scan).
+    fw_flags: Vec<u8>,
     fw_ids: HashMap<FrameworkId, u32>,
     free_fw_slots: Vec<u32>,
     roles: Vec<Role>,
     role_ids: HashMap<String, u32>,
-    offers: BTreeMap<OfferId, OfferState>,
-    next_offer: u64,
+    offers: OfferBook,
     filter_heap: BinaryHeap<Reverse<(Millis, u32, u32)>>,
+    refused: RefusedPool,
     epoch: u64,
     keys_stale: bool,
     counters: Counters,
+    /// Size hint for the next cycle's output.
+    last_cycle_offers: usize,
+    /// Reused per-visit buffer of offers being assembled on one agent.
+    pending_buf: Vec<Pending>,
+    /// Last unreserved vector converted to named resources.
+    res_cache: Option<(Rv, Resources)>,
 }
 
 fn share_bits(x: f64) -> u64 {
@@ -348,6 +479,7 @@ impl Allocator {
             self_key: None,
             fw_count: 0,
         };
+        let seed = config.offer_id_seed;
         let mut a = Self {
             config,
             names: Names::default(),
@@ -357,22 +489,28 @@ impl Allocator {
             free_unres: Rv::new(),
             required: Rv::new(),
             guarded: Vec::new(),
+            below: Vec::new(),
+            n_below: 0,
             any_guarantee: false,
             agents: Vec::new(),
-            agent_ids: HashMap::new(),
+            agent_ids: HashMap::default(),
             agent_order: Vec::new(),
             free_agent_slots: Vec::new(),
             frameworks: Vec::new(),
-            fw_ids: HashMap::new(),
+            fw_flags: Vec::new(),
+            fw_ids: HashMap::default(),
             free_fw_slots: Vec::new(),
             roles: vec![root],
-            role_ids: HashMap::new(),
-            offers: BTreeMap::new(),
-            next_offer: 0,
+            role_ids: HashMap::default(),
+            offers: OfferBook::new(seed),
             filter_heap: BinaryHeap::new(),
+            refused: RefusedPool::default(),
             epoch: 0,
             keys_stale: false,
             counters: Counters::default(),
+            last_cycle_offers: 0,
+            pending_buf: Vec::new(),
+            res_cache: None,
         };
         a.role_ids.insert(String::new(), 0);
         a
@@ -455,6 +593,22 @@ impl Allocator {
         Some(b)
     }
 
+    /// Like `offer_resources`, reusing the last conversion when the amounts repeat (many
+    /// offers of a cycle have the same shape); cloning skips the map searches.
+    fn cached_offer_resources(&mut self, b: &Bundle) -> OfferResources {
+        if !b.resv.is_empty() {
+            return self.offer_resources(b);
+        }
+        if let Some((key, res)) = &self.res_cache {
+            if *key == b.unres {
+                return OfferResources::unreserved(res.clone());
+            }
+        }
+        let res = self.names.res(&b.unres);
+        self.res_cache = Some((b.unres.clone(), res.clone()));
+        OfferResources::unreserved(res)
+    }
+
     fn offer_resources(&self, b: &Bundle) -> OfferResources {
         OfferResources {
             unreserved: self.names.res(&b.unres),
@@ -496,6 +650,7 @@ impl Allocator {
             fw_count: 0,
         });
         self.role_ids.insert(name.to_string(), idx);
+        self.refresh_sorted_singleton(parent);
         let key = self.role_key(idx);
         self.roles[parent as usize].sorted.insert(key.clone());
         self.roles[idx as usize].key = Some(key);
@@ -507,6 +662,7 @@ impl Allocator {
         SortKey {
             share: share_bits(self.share_of(&role.alloc) / role.weight),
             offers: role.offers,
+            prefix: name_prefix(&role.name),
             name: role.name.clone(),
             idx: r,
         }
@@ -517,14 +673,18 @@ impl Allocator {
         SortKey {
             share: share_bits(self.share_of(&role.own_alloc) / role.weight),
             offers: role.own_offers,
+            prefix: name_prefix(&role.name),
             name: role.name.clone(),
             idx: r,
         }
     }
 
     /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf).
+    /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf). A set with a single
+    /// element needs no order, so its element's key is left as is (refreshed by
+    /// [`Allocator::refresh_sorted_singleton`] before anything else joins that set).
     fn refresh_role_chain(&mut self, r: u32) {
-        if self.roles[r as usize].self_key.is_some() {
+        if self.roles[r as usize].self_key.is_some() && self.roles[r as usize].sorted.len() > 1 {
             let new = self.self_key(r);
             let role = &mut self.roles[r as usize];
             if role.self_key.as_ref() != Some(&new) {
@@ -537,18 +697,62 @@ impl Allocator {
         }
         let mut node = r;
         while let Some(parent) = self.roles[node as usize].parent {
-            let new = self.role_key(node);
-            if self.roles[node as usize].key.as_ref() != Some(&new) {
-                let old = self.roles[node as usize].key.take();
-                let p = &mut self.roles[parent as usize];
-                if let Some(old) = old {
-                    p.sorted.remove(&old);
+            if self.roles[parent as usize].sorted.len() > 1 {
+                let new = self.role_key(node);
+                if self.roles[node as usize].key.as_ref() != Some(&new) {
+                    let old = self.roles[node as usize].key.take();
+                    let p = &mut self.roles[parent as usize];
+                    if let Some(old) = old {
+                        p.sorted.remove(&old);
+                    }
+                    p.sorted.insert(new.clone());
+                    self.roles[node as usize].key = Some(new);
                 }
-                p.sorted.insert(new.clone());
-                self.roles[node as usize].key = Some(new);
             }
             node = parent;
         }
+    }
+
+    /// Brings the key of a role set's only element up to date (before a second one joins).
+    fn refresh_sorted_singleton(&mut self, r: u32) {
+        if self.roles[r as usize].sorted.len() != 1 {
+            return;
+        }
+        let Some(old) = self.roles[r as usize].sorted.first().cloned() else {
+            return;
+        };
+        let new = if old.idx == r {
+            self.self_key(r)
+        } else {
+            self.role_key(old.idx)
+        };
+        let role = &mut self.roles[r as usize];
+        role.sorted.clear();
+        role.sorted.insert(new.clone());
+        if old.idx == r {
+            role.self_key = Some(new);
+        } else {
+            self.roles[old.idx as usize].key = Some(new);
+        }
+    }
+
+    /// Brings the key of a framework set's only element up to date (before a second one joins).
+    fn refresh_fw_singleton(&mut self, r: u32) {
+        if self.roles[r as usize].frameworks.len() != 1 {
+            return;
+        }
+        let Some(old) = self.roles[r as usize].frameworks.first().cloned() else {
+            return;
+        };
+        let f = old.idx;
+        let Some(ri) = self.fw(f).roles.iter().position(|x| x.role == r) else {
+            return;
+        };
+        let new = self.fw_key(f, ri);
+        let set = &mut self.roles[r as usize].frameworks;
+        set.clear();
+        set.insert(new.clone());
+        self.fw_mut(f).roles[ri].key = new;
     }
 
     fn fw_key(&self, f: u32, ri: usize) -> SortKey {
@@ -557,6 +761,7 @@ impl Allocator {
         SortKey {
             share: share_bits(self.share_of(&fr.alloc)),
             offers: fr.offers,
+            prefix: name_prefix(&fw.name),
             name: fw.name.clone(),
             idx: f,
         }
@@ -564,15 +769,22 @@ impl Allocator {
 
     fn refresh_fw_key(&mut self, f: u32, ri: usize) {
         let new = self.fw_key(f, ri);
-        let (role, old) = {
-            let fr = &self.fw(f).roles[ri];
-            (fr.role, fr.key.clone())
-        };
-        if old != new {
-            let set = &mut self.roles[role as usize].frameworks;
-            set.remove(&old);
-            set.insert(new.clone());
-            self.fw_mut(f).roles[ri].key = new;
+        let fr = &mut self.frameworks[f as usize]
+            .as_mut()
+            .expect("allocator invariant: live framework slot")
+            .roles[ri];
+        if fr.key != new {
+            if fr.suppressed {
+                fr.key = new;
+            } else {
+                let set = &mut self.roles[fr.role as usize].frameworks;
+                // A lone framework needs no order: its key is refreshed when another joins.
+                if set.len() > 1 {
+                    let old = std::mem::replace(&mut fr.key, new.clone());
+                    set.remove(&old);
+                    set.insert(new);
+                }
+            }
         }
     }
 
@@ -602,7 +814,9 @@ impl Allocator {
             for ri in 0..self.fw(f).roles.len() {
                 let key = self.fw_key(f, ri);
                 let role = self.fw(f).roles[ri].role;
-                self.roles[role as usize].frameworks.insert(key.clone());
+                if !self.fw(f).roles[ri].suppressed {
+                    self.roles[role as usize].frameworks.insert(key.clone());
+                }
                 self.fw_mut(f).roles[ri].key = key;
             }
         }
@@ -655,8 +869,25 @@ impl Allocator {
         }
     }
 
+    /// Cached during a cycle (see [`Allocator::recompute_required`] and `charge`).
     fn below_guarantee(&self, r: u32) -> bool {
-        !dense::is_zero(&self.remaining_guarantee(r))
+        self.below.get(r as usize).copied().unwrap_or(false)
+    }
+
+    fn set_below(&mut self, r: u32) {
+        let now_below = self.roles[r as usize].guarantee.is_some()
+            && !dense::is_zero(&self.remaining_guarantee(r));
+        if self.below.len() <= r as usize {
+            self.below.resize(r as usize + 1, false);
+        }
+        let was = std::mem::replace(&mut self.below[r as usize], now_below);
+        if self.roles[r as usize].fw_count > 0 && was != now_below {
+            if now_below {
+                self.n_below += 1;
+            } else {
+                self.n_below = self.n_below.saturating_sub(1);
+            }
+        }
     }
 
     fn recompute_required(&mut self) {
@@ -677,17 +908,25 @@ impl Allocator {
         self.required = req;
         self.guarded = guarded;
         self.any_guarantee = any;
+        self.below.clear();
+        self.below.resize(self.roles.len(), false);
+        self.n_below = 0;
+        if any {
+            for r in 1..self.roles.len() as u32 {
+                self.set_below(r);
+            }
+        }
     }
 
     /// Changes an allocation (offered or in use) of framework `f` in role `role` by `b`.
     fn charge(&mut self, f: u32, role: u32, b: &Bundle, add: bool) {
         let total = b.total();
-        let guaranteed: Vec<u32> = if self.any_guarantee {
+        let guaranteed: smallvec::SmallVec<[u32; 4]> = if self.any_guarantee {
             self.chain(role)
                 .filter(|r| self.roles[*r as usize].guarantee.is_some())
                 .collect()
         } else {
-            Vec::new()
+            smallvec::SmallVec::new()
         };
         for r in &guaranteed {
             let rem = self.remaining_guarantee(*r);
@@ -736,6 +975,7 @@ impl Allocator {
         for r in &guaranteed {
             let rem = self.remaining_guarantee(*r);
             dense::add(&mut self.required, &rem);
+            self.set_below(*r);
         }
         if let Some(ri) = ri {
             self.refresh_fw_key(f, ri);
@@ -761,9 +1001,27 @@ impl Allocator {
         }
     }
 
-    fn next_offer_id(&mut self) -> OfferId {
-        self.next_offer += 1;
-        OfferId::from_u128(((self.config.offer_id_seed as u128) << 64) | self.next_offer as u128)
+    fn build_record(&self, st: &OfferState) -> OfferRecord {
+        OfferRecord {
+            id: st.id,
+            framework: st.framework,
+            agent: self.ag(st.agent).id,
+            role: self.roles[st.role as usize].name.to_string(),
+            resources: self.offer_resources(&st.bundle),
+            created_at: st.created_at,
+        }
+    }
+
+    fn record_of<'a>(&self, st: &'a OfferState) -> &'a OfferRecord {
+        st.rec.get_or_init(|| Box::new(self.build_record(st)))
+    }
+
+    /// The record of an offer that was just removed from the book.
+    fn take_record(&self, mut st: OfferState) -> OfferRecord {
+        match st.rec.take() {
+            Some(r) => *r,
+            None => self.build_record(&st),
+        }
     }
 
     fn add_filter(&mut self, a: u32, f: u32, refused: Rv, refuse_ms: Option<Millis>, now: Millis) {
@@ -772,24 +1030,42 @@ impl Allocator {
             return;
         }
         let expires = now.saturating_add(ms);
-        self.ag_mut(a)
-            .filters
-            .entry(f)
-            .or_default()
-            .push(Filter { refused, expires });
-        self.fw_mut(f).filtered_agents.insert(a);
+        let id = self.refused.intern(refused);
+        let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
+            self.refused.release(id);
+            return;
+        };
+        let total = agent.total.total();
+        let new_pair = !agent.filters.has(f);
+        agent.filters.add(
+            f,
+            Filter {
+                refused: id,
+                expires,
+                covers: false,
+            },
+            &total,
+            &self.refused,
+        );
+        if new_pair {
+            self.fw_mut(f).filtered_agents += 1;
+        }
         self.filter_heap.push(Reverse((expires, a, f)));
     }
 
     fn clear_filters(&mut self, f: u32) {
-        let agents: Vec<u32> = self.fw_mut(f).filtered_agents.drain().collect();
-        for a in agents {
-            if let Some(Some(agent)) = self.agents.get_mut(a as usize) {
-                if agent.filters.remove(&f).is_some() {
+        if self.fw(f).filtered_agents == 0 {
+            return;
+        }
+        for i in 0..self.agent_order.len() {
+            let a = self.agent_order[i] as usize;
+            if let Some(Some(agent)) = self.agents.get_mut(a) {
+                if agent.filters.remove(f, &mut self.refused) {
                     agent.stable = None;
                 }
             }
         }
+        self.fw_mut(f).filtered_agents = 0;
     }
 
     fn expire_filters(&mut self, now: Millis) {
@@ -801,21 +1077,14 @@ impl Allocator {
             let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
                 continue;
             };
-            let mut emptied = false;
-            if let Some(list) = agent.filters.get_mut(&f) {
-                let before = list.len();
-                list.retain(|x| x.expires > now);
-                if list.len() != before {
-                    agent.stable = None;
-                }
-                if list.is_empty() {
-                    agent.filters.remove(&f);
-                    emptied = true;
-                }
+            let total = agent.total.total();
+            let (changed, emptied) = agent.filters.expire(f, now, &total, &mut self.refused);
+            if changed {
+                agent.stable = None;
             }
             if emptied {
                 if let Some(Some(fw)) = self.frameworks.get_mut(f as usize) {
-                    fw.filtered_agents.remove(&a);
+                    fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
                 }
             }
         }
@@ -827,7 +1096,6 @@ impl Allocator {
         self.charge(st.fw, st.role, &st.bundle, false);
         self.return_to_agent(st.agent, &st.bundle);
         let fw = self.fw_mut(st.fw);
-        fw.offers.remove(&id);
         fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
         if st.tasks > 0 {
             self.epoch += 1;
@@ -880,7 +1148,7 @@ impl Allocator {
             total,
             inuse: Vec::new(),
             offers: Vec::new(),
-            filters: HashMap::new(),
+            filters: AgentFilters::default(),
             stable: None,
         };
         let slot = match self.free_agent_slots.pop() {
@@ -910,7 +1178,7 @@ impl Allocator {
         for o in offers {
             if let Some(st) = self.drop_offer(o) {
                 self.counters.rescinded += 1;
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         let inuse = std::mem::take(&mut self.ag_mut(a).inuse);
@@ -921,11 +1189,13 @@ impl Allocator {
         let Some(agent) = self.agents[a as usize].take() else {
             return out;
         };
-        for f in agent.filters.keys() {
+        let mut agent = agent;
+        for f in agent.filters.frameworks() {
             if let Some(Some(fw)) = self.frameworks.get_mut(*f as usize) {
-                fw.filtered_agents.remove(&a);
+                fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
             }
         }
+        agent.filters.clear(&mut self.refused);
         dense::sub(&mut self.total, &agent.total.total());
         dense::sub(&mut self.free_unres, &agent.free.unres);
         self.add_reserved_to_roles(&agent.total, false);
@@ -966,11 +1236,10 @@ impl Allocator {
             } else if let Some(st) = self.offers.remove(&o) {
                 self.charge(st.fw, st.role, &st.bundle, false);
                 let fw = self.fw_mut(st.fw);
-                fw.offers.remove(&o);
                 fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
                 self.ag_mut(a).offers.retain(|x| *x != o);
                 self.counters.rescinded += 1;
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         let old_total = self.ag(a).total.clone();
@@ -985,7 +1254,11 @@ impl Allocator {
             .names
             .lookup("gpus")
             .is_some_and(|g| dense::at(&new_total.total(), g) > 0);
-        let agent = self.ag_mut(a);
+        let agent = self.agents[a as usize]
+            .as_mut()
+            .expect("allocator invariant: live agent slot");
+        let t = new_total.total();
+        agent.filters.rebuild(&t, &self.refused);
         agent.total = new_total;
         agent.free = avail;
         agent.gpu = gpu;
@@ -1023,9 +1296,8 @@ impl Allocator {
                     roles: Vec::new(),
                     alloc: Bundle::default(),
                     offers_made: 0,
-                    offers: BTreeSet::new(),
-                    inuse_agents: HashSet::new(),
-                    filtered_agents: HashSet::new(),
+                    inuse_agents: HashSet::default(),
+                    filtered_agents: 0,
                 };
                 let slot = match self.free_fw_slots.pop() {
                     Some(s) => {
@@ -1038,9 +1310,13 @@ impl Allocator {
                     }
                 };
                 self.fw_ids.insert(id, slot);
+                if self.fw_flags.len() <= slot as usize {
+                    self.fw_flags.resize(slot as usize + 1, 0);
+                }
                 slot
             }
         };
+        self.fw_flags[f as usize] = if gpu_capable { FW_GPU } else { 0 };
         let mut role_list: Vec<&str> = if roles.is_empty() {
             vec![DEFAULT_ROLE]
         } else {
@@ -1055,6 +1331,7 @@ impl Allocator {
             let placeholder = SortKey {
                 share: 0,
                 offers: 0,
+                prefix: name_prefix(&self.fw(f).name),
                 name: self.fw(f).name.clone(),
                 idx: f,
             };
@@ -1066,12 +1343,14 @@ impl Allocator {
                 key: placeholder.clone(),
             });
             let ri = self.fw(f).roles.len() - 1;
+            self.refresh_fw_singleton(r);
             self.roles[r as usize].frameworks.insert(placeholder);
             self.refresh_fw_key(f, ri);
             for n in self.chain(r).collect::<Vec<_>>() {
                 self.roles[n as usize].fw_count += 1;
             }
             if self.roles[r as usize].self_key.is_none() {
+                self.refresh_sorted_singleton(r);
                 let sk = self.self_key(r);
                 self.roles[r as usize].sorted.insert(sk.clone());
                 self.roles[r as usize].self_key = Some(sk);
@@ -1088,9 +1367,16 @@ impl Allocator {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for o in self.fw(f).offers.iter().copied().collect::<Vec<_>>() {
+        let mut mine: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|s| s.fw == f)
+            .map(|s| s.id)
+            .collect();
+        mine.sort_unstable();
+        for o in mine {
             if let Some(st) = self.drop_offer(o) {
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         for a in self.fw(f).inuse_agents.iter().copied().collect::<Vec<_>>() {
@@ -1137,7 +1423,9 @@ impl Allocator {
             Some(d) if !d.task.is_empty() => Some((self.rv(&d.task), d.count as u64)),
             _ => None,
         };
+        let flag = if d.is_some() { FW_DEMAND } else { 0 };
         self.fw_mut(f).demand = d;
+        self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_DEMAND) | flag;
     }
 
     /// Replaces a framework's declared demand (`None`: Mesos behaviour, whole agents).
@@ -1160,10 +1448,16 @@ impl Allocator {
         if role.is_some() && target.is_none() {
             return;
         }
+        // Suppressed frameworks leave their roles' fair-order sets (the scan never sees them).
+        let mut removed = Vec::new();
         for fr in &mut self.fw_mut(f).roles {
-            if target.is_none() || target == Some(fr.role) {
+            if (target.is_none() || target == Some(fr.role)) && !fr.suppressed {
                 fr.suppressed = true;
+                removed.push((fr.role, fr.key.clone()));
             }
+        }
+        for (r, key) in removed {
+            self.roles[r as usize].frameworks.remove(&key);
         }
     }
 
@@ -1175,9 +1469,24 @@ impl Allocator {
         let target = role
             .map(norm_role)
             .and_then(|r| self.role_ids.get(r).copied());
-        for fr in &mut self.fw_mut(f).roles {
-            if role.is_none() || target == Some(fr.role) {
+        let mut revived = Vec::new();
+        for (ri, fr) in self.fw_mut(f).roles.iter_mut().enumerate() {
+            if (role.is_none() || target == Some(fr.role)) && fr.suppressed {
                 fr.suppressed = false;
+                revived.push(ri);
+            }
+        }
+        for ri in revived {
+            let key = self.fw_key(f, ri);
+            let r = self.fw(f).roles[ri].role;
+            self.refresh_fw_singleton(r);
+            self.roles[r as usize].frameworks.insert(key.clone());
+            self.fw_mut(f).roles[ri].key = key;
+            if self.roles[r as usize].self_key.is_none() {
+                self.refresh_sorted_singleton(r);
+                let sk = self.self_key(r);
+                self.roles[r as usize].sorted.insert(sk.clone());
+                self.roles[r as usize].self_key = Some(sk);
             }
         }
         self.clear_filters(f);
@@ -1215,7 +1524,7 @@ impl Allocator {
                 self.names.intern(n);
             }
             self.sync_names();
-            let mut v = vec![u64::MAX; self.names.len()];
+            let mut v: Rv = smallvec::smallvec![u64::MAX; self.names.len()];
             for n in &names {
                 if let Some(i) = self.names.lookup(n) {
                     v[i] = l.milli(n);
@@ -1242,9 +1551,13 @@ impl Allocator {
             self.rekey_all();
         }
         self.recompute_required();
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.last_cycle_offers);
         if self.any_guarantee {
             for i in 0..self.agent_order.len() {
+                // Stage 1 ends as soon as no role with frameworks is below its guarantee.
+                if self.n_below == 0 {
+                    break;
+                }
                 let a = self.agent_order[i];
                 self.visit(a, true, now, &mut out);
             }
@@ -1253,11 +1566,15 @@ impl Allocator {
             let a = self.agent_order[i];
             self.visit(a, false, now, &mut out);
         }
+        self.last_cycle_offers = out.len();
         out
     }
 
     fn visit(&mut self, a: u32, stage1: bool, now: Millis, out: &mut Vec<OfferRecord>) {
         let epoch = self.epoch;
+        if self.offers.is_full() {
+            return;
+        }
         {
             let agent = self.ag_mut(a);
             if agent.stable == Some(epoch) {
@@ -1268,7 +1585,8 @@ impl Allocator {
                 return;
             }
         }
-        let mut pending: Vec<Pending> = Vec::new();
+        let mut pending = std::mem::take(&mut self.pending_buf);
+        pending.clear();
         loop {
             let mut constrained = false;
             match self.find(0, a, stage1, false, now, &pending, &mut constrained) {
@@ -1284,22 +1602,24 @@ impl Allocator {
                 break;
             }
         }
-        for p in pending {
-            let id = self.next_offer_id();
+        for p in pending.drain(..) {
+            let id = self.offers.next_id();
             let rec = OfferRecord {
                 id,
                 framework: self.fw(p.fw).id,
                 agent: self.ag(a).id,
                 role: self.roles[p.role as usize].name.to_string(),
-                resources: self.offer_resources(&p.bundle),
+                resources: self.cached_offer_resources(&p.bundle),
                 created_at: now,
             };
-            self.fw_mut(p.fw).offers.insert(id);
             self.ag_mut(a).offers.push(id);
             self.offers.insert(
                 id,
                 OfferState {
-                    rec: rec.clone(),
+                    id,
+                    framework: rec.framework,
+                    created_at: now,
+                    rec: std::sync::OnceLock::new(),
                     fw: p.fw,
                     agent: a,
                     role: p.role,
@@ -1310,6 +1630,7 @@ impl Allocator {
             self.counters.made += 1;
             out.push(rec);
         }
+        self.pending_buf = pending;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1450,53 +1771,48 @@ impl Allocator {
         }
         let gpu_blocked = self.config.filter_gpu_resources && agent.gpu;
         let mut avail_total: Option<Rv> = None;
+        let filtered = |f: u32, total: &[u64]| agent.filters.blocks(f, total, now, &self.refused);
+        // Suppressed frameworks are not in the set at all; flags avoid touching the framework
+        // record for the common (non-demand) case.
         for key in &role.frameworks {
             let f = key.idx;
-            let fw = self.fw(f);
-            if gpu_blocked && !fw.gpu_capable {
+            let flags = self.fw_flags[f as usize];
+            if gpu_blocked && flags & FW_GPU == 0 {
                 continue;
             }
-            let Some(fr) = fw.roles.iter().find(|x| x.role == r) else {
-                continue;
-            };
-            if fr.suppressed {
-                continue;
-            }
-            let (grant, tasks) = match &fw.demand {
-                Some((task, count)) => {
-                    if fw.offered_tasks >= *count {
-                        continue;
-                    }
-                    match split_task(&avail, task) {
-                        Some(g) => (g, 1),
-                        None => continue,
-                    }
-                }
-                None => {
-                    if pending.iter().any(|p| p.fw == f && p.role == r) {
-                        continue;
-                    }
-                    (avail.clone(), 0)
-                }
-            };
-            if let Some(filters) = agent.filters.get(&f) {
-                let total = if tasks == 0 {
-                    avail_total.get_or_insert_with(|| avail.total()).clone()
-                } else {
-                    grant.total()
-                };
-                if filters
-                    .iter()
-                    .any(|x| x.expires > now && dense::contains(&x.refused, &total))
-                {
+            if flags & FW_DEMAND == 0 {
+                if pending.iter().any(|p| p.fw == f && p.role == r) {
                     continue;
                 }
+                let total = avail_total.get_or_insert_with(|| avail.total());
+                if filtered(f, total) {
+                    continue;
+                }
+                return Some(Candidate {
+                    fw: f,
+                    role: r,
+                    grant: avail,
+                    tasks: 0,
+                });
+            }
+            let fw = self.fw(f);
+            let Some((task, count)) = &fw.demand else {
+                continue;
+            };
+            if fw.offered_tasks >= *count {
+                continue;
+            }
+            let Some(grant) = split_task(&avail, task) else {
+                continue;
+            };
+            if filtered(f, &grant.total()) {
+                continue;
             }
             return Some(Candidate {
                 fw: f,
                 role: r,
                 grant,
-                tasks,
+                tasks: 1,
             });
         }
         None
@@ -1535,8 +1851,10 @@ impl Allocator {
                 fr.offers += 1;
             }
             self.roles[c.role as usize].own_offers += 1;
-            for n in self.chain(c.role).collect::<Vec<_>>() {
+            let mut node = Some(c.role);
+            while let Some(n) = node.filter(|n| *n != 0) {
                 self.roles[n as usize].offers += 1;
+                node = self.roles[n as usize].parent;
             }
         }
         self.fw_mut(c.fw).offered_tasks += c.tasks;
@@ -1548,12 +1866,27 @@ impl Allocator {
 
     /// An outstanding offer.
     pub fn offer(&self, id: OfferId) -> Option<&OfferRecord> {
-        self.offers.get(&id).map(|s| &s.rec)
+        self.offers.get(&id).map(|s| self.record_of(s))
     }
 
     /// All outstanding offers, oldest first.
     pub fn outstanding_offers(&self) -> impl Iterator<Item = &OfferRecord> {
-        self.offers.values().map(|s| &s.rec)
+        let mut v: Vec<&OfferRecord> = self.offers.values().map(|s| self.record_of(s)).collect();
+        v.sort_unstable_by_key(|r| r.id);
+        v.into_iter()
+    }
+
+    /// Outstanding offers of `framework` on `agent`, oldest first.
+    pub fn offers_on(&self, framework: FrameworkId, agent: AgentId) -> Vec<OfferId> {
+        let Some(&a) = self.agent_ids.get(&agent) else {
+            return Vec::new();
+        };
+        self.ag(a)
+            .offers
+            .iter()
+            .copied()
+            .filter(|o| self.offers.get(o).is_some_and(|s| s.framework == framework))
+            .collect()
     }
 
     /// The offer is used up: `used` stays allocated to the framework (in use by tasks); the rest
@@ -1576,7 +1909,7 @@ impl Allocator {
                 return Err(AllocError::ExceedsOffer {
                     offer,
                     requested: used.clone(),
-                    offered: st.rec.resources.clone(),
+                    offered: self.offer_resources(&st.bundle),
                 });
             }
         };
@@ -1603,7 +1936,6 @@ impl Allocator {
         }
         {
             let fw = self.fw_mut(f);
-            fw.offers.remove(&offer);
             fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
             if let Some((task, count)) = &mut fw.demand {
                 *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
@@ -1615,7 +1947,7 @@ impl Allocator {
         self.ag_mut(a).offers.retain(|o| *o != offer);
         self.add_filter(a, f, rest.total(), refuse_ms, now);
         self.counters.accepted += 1;
-        Ok(st.rec)
+        Ok(self.take_record(st))
     }
 
     /// Declines an offer: everything returns to the pool and is filtered for that framework on
@@ -1631,14 +1963,14 @@ impl Allocator {
             .ok_or(AllocError::UnknownOffer(offer))?;
         self.add_filter(st.agent, st.fw, st.bundle.total(), refuse_ms, now);
         self.counters.declined += 1;
-        Ok(st.rec)
+        Ok(self.take_record(st))
     }
 
     /// Takes an offer back (no filter).
     pub fn rescind(&mut self, offer: OfferId) -> Option<OfferRecord> {
         let st = self.drop_offer(offer)?;
         self.counters.rescinded += 1;
-        Some(st.rec)
+        Some(self.take_record(st))
     }
 
     /// Tasks of `framework` on `agent` ended: `resources` (at most what it has in use there)
@@ -1736,7 +2068,7 @@ impl Allocator {
                     reserved: BTreeMap::from([(role.to_string(), resources.clone())]),
                 }
             },
-            offered: st.rec.resources.clone(),
+            offered: self.offer_resources(&st.bundle),
         };
         let Some(amount) = self.names.try_rv(resources) else {
             return Err(exceeds());
@@ -1775,20 +2107,27 @@ impl Allocator {
         self.add_reserved_to_roles(&delta_to, true);
         self.charge(f, offer_role, &new, true);
         {
-            let agent = self.ag_mut(a);
+            let agent = self.agents[a as usize]
+                .as_mut()
+                .expect("allocator invariant: live agent slot");
             agent.total.sub(&delta_from);
             agent.total.add(&delta_to);
+            let t = agent.total.total();
+            agent.filters.rebuild(&t, &self.refused);
             agent.stable = None;
         }
-        let resources = self.offer_resources(&new);
         let st = self
             .offers
             .get_mut(&offer)
             .ok_or(AllocError::UnknownOffer(offer))?;
         st.bundle = new;
-        st.rec.resources = resources;
+        st.rec = std::sync::OnceLock::new();
         self.epoch += 1;
-        Ok(st.rec.clone())
+        let st = self
+            .offers
+            .get(&offer)
+            .ok_or(AllocError::UnknownOffer(offer))?;
+        Ok(self.record_of(st).clone())
     }
 
     /// Records resources already in use by `framework` (in `role`) on `agent`: tasks that were
@@ -1884,21 +2223,28 @@ impl Allocator {
         let Some(timeout) = self.config.offer_timeout_ms else {
             return Vec::new();
         };
-        let due: Vec<OfferId> = self
+        let mut due: Vec<OfferId> = self
             .offers
             .values()
-            .filter(|s| s.rec.created_at.saturating_add(timeout) <= now)
-            .map(|s| s.rec.id)
+            .filter(|s| s.created_at.saturating_add(timeout) <= now)
+            .map(|s| s.id)
             .collect();
+        due.sort_unstable();
         let mut out = Vec::new();
         for id in due {
             if let Some(st) = self.drop_offer(id) {
                 self.counters.rescinded += 1;
                 self.counters.expired += 1;
-                out.push(st.rec);
+                out.push(self.take_record(st));
             }
         }
         out
+    }
+
+    /// The earliest time a decline filter may expire (None when there are no filters). May be
+    /// early (a filter dropped by a revive), never late.
+    pub fn next_filter_expiry(&self) -> Option<Millis> {
+        self.filter_heap.peek().map(|Reverse((t, _, _))| *t)
     }
 
     /// When the oldest outstanding offer times out (None when the timeout is off or no offers).
@@ -1906,7 +2252,7 @@ impl Allocator {
         let t = self.config.offer_timeout_ms?;
         self.offers
             .values()
-            .map(|s| s.rec.created_at.saturating_add(t))
+            .map(|s| s.created_at.saturating_add(t))
             .min()
     }
 
@@ -2015,7 +2361,7 @@ impl Allocator {
             let _ = i;
         }
         for fw in self.frameworks.iter().flatten() {
-            m.active_filters += fw.filtered_agents.len();
+            m.active_filters += fw.filtered_agents;
             m.frameworks.insert(
                 fw.id.to_string(),
                 FrameworkMetrics {
@@ -2030,6 +2376,19 @@ impl Allocator {
     }
 }
 
+/// Framework flag: declared the GPU capability.
+const FW_GPU: u8 = 1;
+/// Framework flag: declared a demand.
+const FW_DEMAND: u8 = 2;
+
+/// The first 16 bytes of a name as a big-endian number (same order as the bytes).
+fn name_prefix(name: &str) -> u128 {
+    let mut b = [0u8; 16];
+    let n = name.len().min(16);
+    b[..n].copy_from_slice(&name.as_bytes()[..n]);
+    u128::from_be_bytes(b)
+}
+
 fn norm_role(role: &str) -> &str {
     let r = role.trim_matches('/');
     if r.is_empty() {
@@ -2042,7 +2401,7 @@ fn norm_role(role: &str) -> &str {
 /// One task's worth out of `avail`, drawing reservations first (in `avail.resv` order, which is
 /// by role index) and unreserved resources last. `None` when it does not fit.
 fn split_task(avail: &Bundle, task: &[u64]) -> Option<Bundle> {
-    let mut need: Rv = task.to_vec();
+    let mut need: Rv = Rv::from_slice(task);
     let mut out = Bundle::default();
     for (role, pool) in &avail.resv {
         let take: Rv = need

@@ -307,7 +307,18 @@ fn offer_ids_are_deterministic_and_seeded() {
     a.add_framework(fid(1), "f", &roles(&["r"]), false, None);
     a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
     let o = a.allocate(0).remove(0);
-    assert_eq!(o.id, OfferId::from_u128((7u128 << 64) | 1));
+    assert_eq!(o.id, OfferId::from_u128((7u128 << 64) | (1 << 24)));
+    // Ids sort by age even when slots are reused.
+    a.rescind(o.id).unwrap();
+    let o2 = a.allocate(1).remove(0);
+    assert!(o2.id > o.id);
+    assert!(a.offer(o.id).is_none());
+    assert!(a.offer(o2.id).is_some());
+    assert!(
+        a.offer(OfferId::from_u128(o2.id.0.as_u128() & u64::MAX as u128))
+            .is_none(),
+        "other seed"
+    );
 }
 
 #[test]
@@ -344,4 +355,67 @@ fn unknown_ids_are_harmless() {
     assert_eq!(a.framework_share(fid(9)), 0.0);
     assert_eq!(a.role_share("nope"), 0.0);
     assert!(a.allocate(0).is_empty());
+}
+
+#[test]
+fn many_filters_on_one_agent() {
+    // More frameworks than the threshold at which an agent's filters switch to bitsets.
+    let mut a = alloc();
+    let n = 70u128;
+    for i in 1..=n {
+        a.add_framework(fid(i), &format!("f{i:03}"), &roles(&["r"]), false, None);
+    }
+    a.add_agent(aid(1), "h1", res("cpus:4;mem:100"), BTreeMap::new());
+    let mut seen = std::collections::BTreeSet::new();
+    for t in 0..n as u64 {
+        let o = a.allocate(t).remove(0);
+        assert!(seen.insert(o.framework), "each framework once");
+        a.decline(o.id, Some(1_000_000), t).unwrap();
+    }
+    assert!(a.allocate(100).is_empty(), "everyone filtered");
+    assert_eq!(a.metrics().active_filters, n as usize);
+    // Revive clears one framework's filter.
+    a.revive(fid(42), None);
+    let o = a.allocate(101).remove(0);
+    assert_eq!(o.framework, fid(42));
+    a.decline(o.id, Some(1_000_000), 101).unwrap();
+    // The agent grows: offers would now contain resources nobody refused.
+    let gone = a.update_agent(aid(1), res("cpus:8;mem:100"), BTreeMap::new());
+    assert!(gone.is_empty());
+    let o = a.allocate(102);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].resources.unreserved, res("cpus:8;mem:100"));
+    // Filters expire.
+    a.rescind(o[0].id).unwrap();
+    a.update_agent(aid(1), res("cpus:4;mem:100"), BTreeMap::new());
+    let before = a.metrics().active_filters;
+    assert!(before >= n as usize - 1);
+    assert_eq!(a.allocate(2_000_000).len(), 1);
+    assert_eq!(a.metrics().active_filters, 0);
+    // Removing the agent forgets everything about it.
+    a.remove_agent(aid(1));
+    a.add_agent(aid(2), "h2", res("cpus:1"), BTreeMap::new());
+    assert_eq!(a.allocate(2_000_001).len(), 1);
+}
+
+#[test]
+fn quota_bookkeeping_survives_changes_outside_a_cycle() {
+    let mut a = alloc();
+    a.set_quota("q", Some(res("cpus:2")), None);
+    a.add_agent(aid(1), "h1", res("cpus:8"), BTreeMap::new());
+    assert!(a.allocate(0).is_empty());
+    // A framework of q appears, and tasks it already runs are re-registered before any cycle.
+    a.add_framework(fid(1), "q-fw", &roles(&["q"]), false, None);
+    a.add_allocation(fid(1), aid(1), "q", &unres("cpus:3"))
+        .unwrap();
+    a.recover(fid(1), aid(1), &unres("cpus:3"));
+    a.add_allocation(fid(1), aid(1), "q", &unres("cpus:1"))
+        .unwrap();
+    let o = a.allocate(1);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].resources.unreserved, res("cpus:7"));
+    assert!(matches!(
+        a.add_allocation(fid(1), aid(1), "q", &unres("cpus:1")),
+        Err(AllocError::ExceedsAgent { .. })
+    ));
 }

@@ -15,7 +15,11 @@ use gantry_sdk::transport::{quic, tls, PeerIdentity};
 /// Fairness, validates accepts and tracks tasks.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -84,11 +88,12 @@ fn init_tracing() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
     match cli.cmd {
         Some(Cmd::Simulate(args)) => Ok(simulate::run(args)?),
         Some(Cmd::Bench(args)) => Ok(simulate::bench::run(args)?),

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Measured cycles per size after the first one (the median is reported).
     #[arg(long, default_value_t = 9)]
     pub cycles: usize,
+    /// Unmeasured cycles (offers declined with a long filter) before the measured ones, to see
+    /// cycles where agents already carry many filters.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
     /// Number of roles with a quota in the quota benchmark (0 skips it).
     #[arg(long, default_value_t = 3000)]
     pub quota_roles: usize,
@@ -42,10 +46,41 @@ pub struct BenchArgs {
     /// Print one JSON object per result instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Run each setup in-process instead of in a fresh child process (memory figures are then
+    /// distorted by the previous setups' freed memory).
+    #[arg(long)]
+    pub in_process: bool,
+    /// Internal: run one setup (`AGENTSxFRAMEWORKS` or `quota`) and print its JSON result.
+    #[arg(long, hide = true)]
+    pub one: Option<String>,
+}
+
+/// Runs one setup in a child process of this executable (fresh heap, so the resident-memory
+/// growth is the allocator's own), falling back to in-process when that is not possible.
+fn isolated(args: &BenchArgs, one: &str, fallback: impl FnOnce() -> BenchResult) -> BenchResult {
+    let child = std::env::current_exe().ok().and_then(|exe| {
+        std::process::Command::new(exe)
+            .args(["bench", "--one", one, "--cycles", &args.cycles.to_string()])
+            .args(["--quota-roles", &args.quota_roles.to_string()])
+            .args(["--warmup", &args.warmup.to_string()])
+            .args(["--quota-agents", &args.quota_agents.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .ok()
+    });
+    child
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|text| {
+            text.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<BenchResult>(l).ok())
+        })
+        .unwrap_or_else(fallback)
 }
 
 /// One benchmark result.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct BenchResult {
     pub name: String,
     pub agents: usize,
@@ -53,12 +88,31 @@ pub struct BenchResult {
     pub roles: usize,
     pub first_cycle_ms: f64,
     pub median_cycle_ms: f64,
+    /// Median thread CPU time of a cycle.
+    pub median_cycle_cpu_ms: f64,
     pub max_cycle_ms: f64,
     pub cycles: usize,
+    #[serde(default)]
+    pub warmup_cycles: usize,
     pub offers_first_cycle: usize,
     pub offers_per_cycle_median: usize,
     pub build_ms: f64,
     pub rss_growth_mib: f64,
+}
+
+/// CPU time consumed by the calling thread, in milliseconds (`CLOCK_THREAD_CPUTIME_ID`): unlike
+/// wall time it does not count time the thread waited for a core on a busy machine.
+pub fn thread_cpu_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass and has no other effects.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 * 1000.0 + ts.tv_nsec as f64 / 1e6
 }
 
 /// Resident set size of this process in KiB (Linux `/proc/self/status`), 0 when unknown.
@@ -105,8 +159,22 @@ fn agent_resources() -> Resources {
 }
 
 /// Runs cycles: each `allocate()` is timed, then its offers are declined with a long filter.
-fn run_cycles(alloc: &mut Allocator, cycles: usize) -> (f64, usize, Vec<f64>, Vec<usize>) {
+struct Cycles {
+    first_ms: f64,
+    first_offers: usize,
+    wall_ms: Vec<f64>,
+    cpu_ms: Vec<f64>,
+    offers: Vec<usize>,
+}
+
+fn run_cycles(alloc: &mut Allocator, warmup: usize, cycles: usize) -> Cycles {
     let mut now = 1_000;
+    for _ in 0..warmup {
+        for o in alloc.allocate(now) {
+            let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
+        }
+        now += 1_000;
+    }
     let start = Instant::now();
     let offers = alloc.allocate(now);
     let first = start.elapsed().as_secs_f64() * 1000.0;
@@ -115,18 +183,27 @@ fn run_cycles(alloc: &mut Allocator, cycles: usize) -> (f64, usize, Vec<f64>, Ve
         let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
     }
     let mut times = Vec::with_capacity(cycles);
+    let mut cpu = Vec::with_capacity(cycles);
     let mut counts = Vec::with_capacity(cycles);
     for _ in 0..cycles {
         now += 1_000;
+        let cpu0 = thread_cpu_ms();
         let start = Instant::now();
         let offers = alloc.allocate(now);
         times.push(start.elapsed().as_secs_f64() * 1000.0);
+        cpu.push(thread_cpu_ms() - cpu0);
         counts.push(offers.len());
         for o in offers {
             let _ = alloc.decline(o.id, Some(LONG_FILTER_MS), now);
         }
     }
-    (first, first_offers, times, counts)
+    Cycles {
+        first_ms: first,
+        first_offers,
+        wall_ms: times,
+        cpu_ms: cpu,
+        offers: counts,
+    }
 }
 
 fn median_f(v: &[f64]) -> f64 {
@@ -148,7 +225,12 @@ fn median_u(v: &[usize]) -> usize {
 }
 
 /// The DeclineOffers setup at `agents` / `frameworks`.
-pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchResult {
+pub fn decline_offers(
+    agents: usize,
+    frameworks: usize,
+    warmup: usize,
+    cycles: usize,
+) -> BenchResult {
     let rss0 = rss_kib();
     let build = Instant::now();
     let mut alloc = Allocator::new(AllocatorConfig::default());
@@ -166,26 +248,28 @@ pub fn decline_offers(agents: usize, frameworks: usize, cycles: usize) -> BenchR
         let _ = alloc.add_allocation(fids[i % frameworks], a, "role1", &held);
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
+    let c = run_cycles(&mut alloc, warmup, cycles);
     let rss1 = rss_kib();
-    let (first, first_offers, times, counts) = run_cycles(&mut alloc, cycles);
     BenchResult {
         name: "DeclineOffers".into(),
         agents,
         frameworks,
         roles: 1,
-        first_cycle_ms: first,
-        median_cycle_ms: median_f(&times),
-        max_cycle_ms: times.iter().copied().fold(0.0, f64::max),
+        first_cycle_ms: c.first_ms,
+        median_cycle_ms: median_f(&c.wall_ms),
+        median_cycle_cpu_ms: median_f(&c.cpu_ms),
+        max_cycle_ms: c.wall_ms.iter().copied().fold(0.0, f64::max),
         cycles,
-        offers_first_cycle: first_offers,
-        offers_per_cycle_median: median_u(&counts),
+        warmup_cycles: warmup,
+        offers_first_cycle: c.first_offers,
+        offers_per_cycle_median: median_u(&c.offers),
         build_ms,
         rss_growth_mib: rss1.saturating_sub(rss0) as f64 / 1024.0,
     }
 }
 
 /// `roles` roles, each with a quota guarantee and one framework, on `agents` agents.
-pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
+pub fn quota_roles(agents: usize, roles: usize, warmup: usize, cycles: usize) -> BenchResult {
     let rss0 = rss_kib();
     let build = Instant::now();
     let mut alloc = Allocator::new(AllocatorConfig::default());
@@ -206,19 +290,21 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
         alloc.add_agent(a, &format!("agent{i}"), agent_resources(), BTreeMap::new());
     }
     let build_ms = build.elapsed().as_secs_f64() * 1000.0;
+    let c = run_cycles(&mut alloc, warmup, cycles);
     let rss1 = rss_kib();
-    let (first, first_offers, times, counts) = run_cycles(&mut alloc, cycles);
     BenchResult {
         name: "QuotaRoles".into(),
         agents,
         frameworks: roles,
         roles,
-        first_cycle_ms: first,
-        median_cycle_ms: median_f(&times),
-        max_cycle_ms: times.iter().copied().fold(0.0, f64::max),
+        first_cycle_ms: c.first_ms,
+        median_cycle_ms: median_f(&c.wall_ms),
+        median_cycle_cpu_ms: median_f(&c.cpu_ms),
+        max_cycle_ms: c.wall_ms.iter().copied().fold(0.0, f64::max),
         cycles,
-        offers_first_cycle: first_offers,
-        offers_per_cycle_median: median_u(&counts),
+        warmup_cycles: warmup,
+        offers_first_cycle: c.first_offers,
+        offers_per_cycle_median: median_u(&c.offers),
         build_ms,
         rss_growth_mib: rss1.saturating_sub(rss0) as f64 / 1024.0,
     }
@@ -226,6 +312,21 @@ pub fn quota_roles(agents: usize, roles: usize, cycles: usize) -> BenchResult {
 
 /// Runs `gantry-master bench`, printing results to stdout.
 pub fn run(args: BenchArgs) -> Result<(), SimError> {
+    if let Some(one) = &args.one {
+        let r = if one == "quota" {
+            quota_roles(
+                args.quota_agents,
+                args.quota_roles,
+                args.warmup,
+                args.cycles,
+            )
+        } else {
+            let (a, f) = parse_size(one)?;
+            decline_offers(a, f, args.warmup, args.cycles)
+        };
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
     let sizes: Vec<(usize, usize)> = args
         .sizes
         .iter()
@@ -233,13 +334,14 @@ pub fn run(args: BenchArgs) -> Result<(), SimError> {
         .collect::<Result<_, _>>()?;
     if !args.json {
         println!(
-            "{:<14} {:>7} {:>6} {:>6} {:>10} {:>11} {:>9} {:>8} {:>8} {:>9} {:>8}",
+            "{:<14} {:>7} {:>6} {:>6} {:>10} {:>11} {:>10} {:>9} {:>8} {:>8} {:>9} {:>8}",
             "benchmark",
             "agents",
             "fwks",
             "roles",
             "first ms",
             "median ms",
+            "cpu ms",
             "max ms",
             "offers1",
             "offers",
@@ -249,15 +351,28 @@ pub fn run(args: BenchArgs) -> Result<(), SimError> {
     }
     let mut results = Vec::new();
     for (a, f) in sizes {
-        results.push(decline_offers(a, f, args.cycles));
+        let r = if args.in_process {
+            decline_offers(a, f, args.warmup, args.cycles)
+        } else {
+            isolated(&args, &format!("{a}x{f}"), || {
+                decline_offers(a, f, args.warmup, args.cycles)
+            })
+        };
+        results.push(r);
         print_result(results.last(), args.json)?;
     }
     if args.quota_roles > 0 {
-        results.push(quota_roles(
+        let (qa, qr, w, c) = (
             args.quota_agents,
             args.quota_roles,
+            args.warmup,
             args.cycles,
-        ));
+        );
+        results.push(if args.in_process {
+            quota_roles(qa, qr, w, c)
+        } else {
+            isolated(&args, "quota", || quota_roles(qa, qr, w, c))
+        });
         print_result(results.last(), args.json)?;
     }
     Ok(())
@@ -269,13 +384,14 @@ fn print_result(r: Option<&BenchResult>, json: bool) -> Result<(), SimError> {
         println!("{}", serde_json::to_string(r)?);
     } else {
         println!(
-            "{:<14} {:>7} {:>6} {:>6} {:>10.2} {:>11.3} {:>9.3} {:>8} {:>8} {:>9.0} {:>8.1}",
+            "{:<14} {:>7} {:>6} {:>6} {:>10.2} {:>11.3} {:>10.3} {:>9.3} {:>8} {:>8} {:>9.0} {:>8.1}",
             r.name,
             r.agents,
             r.frameworks,
             r.roles,
             r.first_cycle_ms,
             r.median_cycle_ms,
+            r.median_cycle_cpu_ms,
             r.max_cycle_ms,
             r.offers_first_cycle,
             r.offers_per_cycle_median,
@@ -292,12 +408,12 @@ mod tests {
 
     #[test]
     fn small_decline_offers_offers_every_agent_then_moves_on() {
-        let r = decline_offers(20, 4, 3);
+        let r = decline_offers(20, 4, 0, 3);
         // Every agent has cpus:8 free: 20 offers in the first cycle, and after declines the
         // agents go to other frameworks (4 frameworks, so offers continue for 3 more cycles).
         assert_eq!(r.offers_first_cycle, 20);
         assert_eq!(r.offers_per_cycle_median, 20);
-        let done = decline_offers(20, 1, 3);
+        let done = decline_offers(20, 1, 0, 3);
         assert_eq!(done.offers_first_cycle, 20);
         assert_eq!(
             done.offers_per_cycle_median, 0,
@@ -307,7 +423,7 @@ mod tests {
 
     #[test]
     fn quota_roles_setup_offers_guarantees() {
-        let r = quota_roles(10, 5, 2);
+        let r = quota_roles(10, 5, 0, 2);
         assert!(r.offers_first_cycle >= 5);
     }
 

@@ -372,11 +372,7 @@ impl<'w, W: Write> Replay<'w, W> {
     }
 
     fn offers_of(&self, f: FrameworkId, a: AgentId) -> Vec<OfferId> {
-        self.alloc
-            .outstanding_offers()
-            .filter(|o| o.framework == f && o.agent == a)
-            .map(|o| o.id)
-            .collect()
+        self.alloc.offers_on(f, a)
     }
 
     fn print_offers(&mut self, offers: &[OfferRecord]) -> Result<(), SimError> {
@@ -821,16 +817,30 @@ pub fn run_scenario<W: Write>(scenario: &Scenario, out: &mut W) -> Result<Summar
             replay.apply(&ev)?;
             next_event += 1;
         }
+        // "Quiet": this millisecond's batch made no offer. Allocation is a function of the
+        // state and, through filter expiry only, of time, so until an event, an offer timeout or
+        // a filter expiry, later batches would make none either and are skipped.
+        let mut quiet = false;
         if t.is_multiple_of(interval) {
+            let before = replay.offers_printed;
             replay.allocate(t)?;
+            quiet = replay.offers_printed == before;
         }
         // Next point of interest: an event, a batch, an offer timeout.
-        let mut next = (t / interval + 1).saturating_mul(interval);
+        let first_batch_from = |x: Millis| x.div_ceil(interval).saturating_mul(interval);
+        let mut next = if quiet {
+            match replay.alloc.next_filter_expiry() {
+                Some(e) => first_batch_from(e.max(t.saturating_add(1))),
+                None => Millis::MAX,
+            }
+        } else {
+            (t / interval + 1).saturating_mul(interval)
+        };
         if let Some(e) = scenario.events.get(next_event) {
             next = next.min(e.at_ms);
         }
         if let Some(x) = replay.alloc.next_offer_expiry() {
-            next = next.min(x.max(t + 1));
+            next = next.min(x.max(t.saturating_add(1)));
         }
         if next > end || next == t {
             break;

@@ -328,7 +328,7 @@ impl Master {
                     ..
                 }) = self.conns.remove(&conn)
                 {
-                    self.framework_disconnected(id, conn, now, &mut out);
+                    self.framework_disconnected(id, conn, now);
                 }
             }
             Input::Tick => self.tick(now, &mut out),
@@ -426,7 +426,7 @@ impl Master {
                     reason,
                 },
                 Some(id),
-            ) => self.gpu_health(id, &uuid, healthy, &reason, now, out),
+            ) => self.gpu_health(id, &uuid, healthy, &reason, out),
         }
     }
 
@@ -775,7 +775,7 @@ impl Master {
             None => {
                 // Framework removed: acknowledge on its behalf.
                 out.push(ack);
-                self.finish_task_if_done(update_task_id(&update));
+                self.finish_task_if_done(update.task_id);
             }
         }
     }
@@ -844,22 +844,11 @@ impl Master {
         };
         task.state = state;
         task.last_message = message.to_string();
-        let update = StatusUpdate {
-            update_id: UpdateId::from_u128(
-                self.id_seed ^ (u128::from(now) << 64) ^ tid.0.as_u128(),
-            ),
-            task_id: tid,
-            framework_id: task.framework,
-            agent_id: Some(task.agent),
-            state,
-            source: UpdateSource::Master,
-            message: message.to_string(),
-            exit_code: None,
-            signal: None,
-            timestamp_ms: now,
-            reconciliation: false,
+        let (fw, agent) = (task.framework, task.agent);
+        let update = self.new_update(tid, fw, Some(agent), state, message.to_string(), now);
+        let Some(task) = self.tasks.get_mut(&tid) else {
+            return;
         };
-        let fw = task.framework;
         if state.is_terminal() {
             task.pending = None;
             self.release_task_resources(tid);
@@ -872,13 +861,37 @@ impl Master {
         }
     }
 
+    /// A status update made by the master (not relayed from an agent).
+    fn new_update(
+        &mut self,
+        task_id: TaskId,
+        framework_id: FrameworkId,
+        agent_id: Option<AgentId>,
+        state: TaskState,
+        message: String,
+        now: Millis,
+    ) -> StatusUpdate {
+        StatusUpdate {
+            update_id: UpdateId::from_u128(self.next_id()),
+            task_id,
+            framework_id,
+            agent_id,
+            state,
+            source: UpdateSource::Master,
+            message,
+            exit_code: None,
+            signal: None,
+            timestamp_ms: now,
+            reconciliation: false,
+        }
+    }
+
     fn gpu_health(
         &mut self,
         agent: AgentId,
         uuid: &str,
         healthy: bool,
         reason: &str,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
         let Some(a) = self.agents.get_mut(&agent) else {
@@ -892,10 +905,12 @@ impl Master {
         }
         gpu.healthy = healthy;
         let healthy_count = a.gpus.iter().filter(|g| g.healthy).count() as u64;
+        // Statically reserved GPUs stay reserved; the unreserved pool absorbs the change.
+        let reserved_gpus: u64 = a.reserved.values().map(|r| r.milli("gpus")).sum();
         let mut resources = a.resources.clone();
         resources.set_milli(
             "gpus",
-            healthy_count * gantry_sdk::protocol::resources::MILLI,
+            (healthy_count * gantry_sdk::protocol::resources::MILLI).saturating_sub(reserved_gpus),
         );
         a.resources = resources.clone();
         let reserved = a.reserved.clone();
@@ -903,7 +918,6 @@ impl Master {
         for rec in self.allocator.update_agent(agent, resources, reserved) {
             self.send_rescind(&rec, out);
         }
-        let _ = now;
         self.allocation_pending = true;
     }
 
@@ -1009,7 +1023,7 @@ impl Master {
         };
         let fw = match (msg, framework) {
             (FrameworkToMaster::Subscribe(info), None) => {
-                return self.subscribe(conn, principal, info, now, out)
+                return self.subscribe(conn, principal, info, out)
             }
             (FrameworkToMaster::Subscribe(_), Some(_)) => {
                 out.push(err(
@@ -1162,7 +1176,6 @@ impl Master {
         conn: ConnId,
         principal: String,
         info: FrameworkInfo,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
         let invalid = if info.roles.is_empty() {
@@ -1301,17 +1314,10 @@ impl Master {
         for u in pending {
             out.push(Output::ToFramework(conn, MasterToFramework::Update(u)));
         }
-        let _ = now;
         self.allocation_pending = true;
     }
 
-    fn framework_disconnected(
-        &mut self,
-        id: FrameworkId,
-        conn: ConnId,
-        now: Millis,
-        out: &mut Vec<Output>,
-    ) {
+    fn framework_disconnected(&mut self, id: FrameworkId, conn: ConnId, now: Millis) {
         let Some(f) = self.frameworks.get_mut(&id) else {
             return;
         };
@@ -1332,7 +1338,6 @@ impl Master {
         }
         // No offers while it is away.
         self.allocator.suppress(id, None);
-        let _ = out;
     }
 
     fn remove_framework(&mut self, id: FrameworkId, reason: &str, out: &mut Vec<Output>) {
@@ -1341,9 +1346,8 @@ impl Master {
         };
         out.push(Output::Persist(Mutation::RemoveFramework(id)));
         tracing::info!(framework = %id, reason, "framework removed");
-        for rec in self.allocator.remove_framework(id) {
-            let _ = rec;
-        }
+        // Its outstanding offers go with it; nobody is left to tell.
+        self.allocator.remove_framework(id);
         for tid in f.tasks {
             let Some(t) = self.tasks.get_mut(&tid) else {
                 continue;
@@ -1397,22 +1401,9 @@ impl Master {
                     None => (TaskState::Lost, None, "unknown task".to_string()),
                 },
             };
-            out.push(Output::ToFramework(
-                conn,
-                MasterToFramework::Update(StatusUpdate {
-                    update_id: UpdateId::from_u128(self.next_id()),
-                    task_id: tid,
-                    framework_id: fw,
-                    agent_id: agent,
-                    state,
-                    source: UpdateSource::Master,
-                    message,
-                    exit_code: None,
-                    signal: None,
-                    timestamp_ms: now,
-                    reconciliation: true,
-                }),
-            ));
+            let mut update = self.new_update(tid, fw, agent, state, message, now);
+            update.reconciliation = true;
+            out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }
     }
 
@@ -1503,6 +1494,18 @@ impl Master {
                         } else {
                             validate_task(&task)
                         };
+                        let invalid = invalid.or_else(|| {
+                            let sel = task.gpu_selector.as_ref()?;
+                            let want = task.resources.milli("gpus") / gantry_sdk::protocol::resources::MILLI;
+                            if want == 0 {
+                                return Some(format!("task {tid}: a GPU selector needs gpus"));
+                            }
+                            let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
+                            let matching = gpus.iter().filter(|g| g.healthy && sel.matches(g)).count() as u64;
+                            (matching < want).then(|| {
+                                format!("task {tid}: the agent has {matching} healthy GPUs matching {sel:?}, the task asks for {want}")
+                            })
+                        });
                         if let Some(reason) = invalid {
                             self.error_update(
                                 conn,
@@ -1546,7 +1549,6 @@ impl Master {
                         &resources,
                         &offer_list,
                         &mut pool,
-                        &mut used,
                         true,
                         out,
                     ) {
@@ -1565,7 +1567,6 @@ impl Master {
                         &resources,
                         &offer_list,
                         &mut pool,
-                        &mut used,
                         false,
                         out,
                     ) {
@@ -1617,21 +1618,17 @@ impl Master {
                     task,
                 },
             ));
+            let staging = self.new_update(
+                tid,
+                fw,
+                Some(agent_id),
+                TaskState::Staging,
+                "sent to agent".into(),
+                now,
+            );
             out.push(Output::ToFramework(
                 conn,
-                MasterToFramework::Update(StatusUpdate {
-                    update_id: UpdateId::from_u128(self.next_id()),
-                    task_id: tid,
-                    framework_id: fw,
-                    agent_id: Some(agent_id),
-                    state: TaskState::Staging,
-                    source: UpdateSource::Master,
-                    message: "sent to agent".into(),
-                    exit_code: None,
-                    signal: None,
-                    timestamp_ms: now,
-                    reconciliation: false,
-                }),
+                MasterToFramework::Update(staging),
             ));
         }
     }
@@ -1646,7 +1643,6 @@ impl Master {
         resources: &Resources,
         offer_ids: &[OfferId],
         pool: &mut [OfferResources],
-        used: &mut [OfferResources],
         reserve: bool,
         out: &mut Vec<Output>,
     ) -> Result<(), String> {
@@ -1673,7 +1669,7 @@ impl Master {
             }
         }
         // Find one offer in the pool that holds the source resources.
-        for (i, (p, u)) in pool.iter_mut().zip(used.iter_mut()).enumerate() {
+        for (i, p) in pool.iter_mut().enumerate() {
             let fits = if reserve {
                 p.unreserved.contains(resources)
             } else {
@@ -1703,7 +1699,6 @@ impl Master {
                 }
                 p.unreserved.add_assign(resources);
             }
-            let _ = u;
             if let Some(a) = self.agents.get_mut(&agent) {
                 if reserve {
                     a.resources = a.resources.saturating_sub(resources);
@@ -1753,22 +1748,15 @@ impl Master {
         out: &mut Vec<Output>,
     ) {
         out.push(err(conn, kind, reason.to_string()));
-        out.push(Output::ToFramework(
-            conn,
-            MasterToFramework::Update(StatusUpdate {
-                update_id: UpdateId::from_u128(self.next_id()),
-                task_id: task.task_id,
-                framework_id: fw,
-                agent_id: None,
-                state: TaskState::Error,
-                source: UpdateSource::Master,
-                message: reason.to_string(),
-                exit_code: None,
-                signal: None,
-                timestamp_ms: now,
-                reconciliation: false,
-            }),
-        ));
+        let update = self.new_update(
+            task.task_id,
+            fw,
+            None,
+            TaskState::Error,
+            reason.to_string(),
+            now,
+        );
+        out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1843,10 +1831,6 @@ impl Master {
             self.send_rescind(&rec, out);
         }
     }
-}
-
-fn update_task_id(u: &StatusUpdate) -> TaskId {
-    u.task_id
 }
 
 /// Role names: `eng` or hierarchical `eng/ml`; segments of `[A-Za-z0-9_.-]`, not `.`/`..`.

@@ -129,6 +129,7 @@ fn task(r: &str) -> TaskInfo {
         resources: res(r),
         env: Default::default(),
         kill_grace_secs: None,
+        gpu_selector: None,
     }
 }
 
@@ -493,4 +494,104 @@ fn operator_commands_are_validated() {
     assert!(h.m.operator(q("cpus:2", "cpus:4")).is_ok());
     assert!(h.m.operator(q("cpus:8", "cpus:4")).is_err());
     assert_eq!(h.m.allocator.metrics().roles["a"].weight, 2.0);
+}
+
+fn gpu_info(i: u32) -> GpuInfo {
+    GpuInfo {
+        uuid: format!("GPU-{i}"),
+        name: "NVIDIA A100".into(),
+        memory_mib: 40960,
+        compute_capability: (8, 0),
+        minor: i,
+        pci_bus_id: format!("00000000:0{i}:00.0"),
+        numa_node: Some(0),
+        healthy: true,
+    }
+}
+
+#[test]
+fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
+    let mut h = Harness::new();
+    h.input(Input::AgentConnected {
+        conn: A,
+        name: "g1".into(),
+        address: "127.0.0.1:1".into(),
+    });
+    let mut reserved = BTreeMap::new();
+    reserved.insert("ml".to_string(), res("gpus:1"));
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::Register {
+            agent_id: None,
+            hostname: "h".into(),
+            resources: res("cpus:4;mem:1024;gpus:3"),
+            reserved,
+            attributes: Default::default(),
+            gpus: (0..4).map(gpu_info).collect(),
+            running_tasks: vec![],
+            pending_updates: vec![],
+        },
+    });
+    h.input(Input::FrameworkConnected {
+        conn: F,
+        principal: "f".into(),
+    });
+    let mut fw = info("f", "ml", None);
+    fw.capabilities = vec![Capability::GpuResources];
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Subscribe(fw),
+    });
+    let offered = offers(&out, F);
+    assert_eq!(offered.len(), 1);
+    assert_eq!(offered[0].total().get("gpus"), 4.0);
+    assert_eq!(offered[0].gpus.len(), 4);
+
+    let out = h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::GpuHealth {
+            uuid: "GPU-2".into(),
+            healthy: false,
+            reason: "critical XID 79".into(),
+        },
+    });
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            Output::ToFramework(F, MasterToFramework::Rescind { offer_id }) if *offer_id == offered[0].id
+        )),
+        "{out:?}"
+    );
+    let view = h.m.view(h.now);
+    let agent = &view.agents[0];
+    assert_eq!(agent.total.get("gpus"), 3.0, "2 unreserved + 1 reserved");
+    assert_eq!(agent.reserved["ml"].get("gpus"), 1.0);
+    assert_eq!(
+        agent.gpus.iter().filter(|g| !g.healthy).count(),
+        1,
+        "{:?}",
+        agent.gpus
+    );
+    // Reported again (e.g. after an agent restart): nothing changes.
+    let again = h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::GpuHealth {
+            uuid: "GPU-2".into(),
+            healthy: false,
+            reason: "critical XID 79".into(),
+        },
+    });
+    assert!(!again
+        .iter()
+        .any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Rescind { .. }))));
+    // Cleared: back in the pool.
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::GpuHealth {
+            uuid: "GPU-2".into(),
+            healthy: true,
+            reason: "cleared by operator".into(),
+        },
+    });
+    assert_eq!(h.m.view(h.now).agents[0].total.get("gpus"), 4.0);
 }

@@ -1,0 +1,322 @@
+//! Task isolation through a real agent and real cgroups: the memory limit (an OOM kill ends
+//! the task FAILED with the memory-limit reason), the hard CPU quota (a busy loop with cpus 0.5
+//! gets about half a core, measured from cgroup cpu accounting), and the pids limit (process
+//! creation fails past it; bounded, never a real fork bomb). Each test has its own cluster and
+//! its own `--cgroup-root`, and checks that no task cgroup is left behind.
+
+use std::time::{Duration, Instant};
+
+use gantry_sdk::protocol::{TaskInfo, TaskState};
+use gantry_sdk::{Driver, DriverConfig, DriverHandle};
+use gantry_tests::{cgroups_available, state_task, task, CgroupRoot, Cluster, Recorder, Updates};
+use tokio::sync::mpsc;
+
+const T: Duration = Duration::from_secs(30);
+
+struct Setup {
+    cluster: Cluster,
+    root: CgroupRoot,
+    updates: Updates,
+    handle: DriverHandle,
+    run: tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
+}
+
+/// A one-agent cluster with its own cgroup root, running `tasks` through a [`Recorder`].
+fn setup(test: &str, agent_args: &[&str], tasks: Vec<TaskInfo>) -> Option<Setup> {
+    if !cgroups_available(test) {
+        return None;
+    }
+    let root = CgroupRoot::new(test);
+    let mut args = vec!["--cgroup-root", &root.name, "--usage-interval", "0.5"];
+    args.extend_from_slice(agent_args);
+    let cluster = Cluster::start_with(&[(test, "cpus:2;mem:2048")], &[], &args).unwrap();
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (err_tx, _err_rx) = mpsc::unbounded_channel();
+    let rec = Recorder {
+        to_launch: tasks,
+        updates: up_tx,
+        errors: err_tx,
+    };
+    let config = DriverConfig::new(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        test,
+        vec!["batch".into()],
+    );
+    let driver = Driver::new(config);
+    let handle = driver.handle();
+    let run = tokio::spawn(driver.run(rec));
+    Some(Setup {
+        cluster,
+        root,
+        updates: Updates::new(up_rx),
+        handle,
+        run,
+    })
+}
+
+impl Setup {
+    async fn finish(self) {
+        assert!(
+            self.root.task_cgroups().is_empty(),
+            "task cgroups left behind: {:?}",
+            self.root.task_cgroups()
+        );
+        self.handle.stop();
+        tokio::time::timeout(T, self.run)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_hog_fails_with_memory_limit() {
+    // 256 MiB really allocated (and touched) under a 64 MiB limit.
+    let hog = task(
+        "hog",
+        "perl -e '$x = \"a\" x (256 * 1024 * 1024); print length($x), \"\\n\"'",
+        "cpus:0.5;mem:64",
+    );
+    let small = task(
+        "small",
+        "perl -e '$x = \"a\" x (8 * 1024 * 1024); print length($x), \"\\n\"'",
+        "cpus:0.5;mem:64",
+    );
+    let Some(mut s) = setup("mem", &[], vec![hog.clone(), small.clone()]) else {
+        return;
+    };
+    let failed = match s.updates.wait(hog.task_id, TaskState::Failed, T).await {
+        Ok(u) => u,
+        Err(e) => {
+            s.cluster.dump_logs();
+            panic!("{e}");
+        }
+    };
+    assert!(
+        failed.message.contains("memory-limit"),
+        "{}",
+        failed.message
+    );
+    // The OOM killer's SIGKILL: seen directly, or as 128+9 from the task's shell.
+    assert!(
+        failed.signal == Some(9) || failed.exit_code == Some(137),
+        "{failed:?}"
+    );
+    // A task within its limit is unaffected.
+    s.updates
+        .wait(small.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_loop_with_half_a_cpu_gets_half_a_core() {
+    let busy = task("busy", "while :; do :; done", "cpus:0.5;mem:32");
+    let Some(mut s) = setup("cpu", &["--cgroups-enable-cfs"], vec![busy.clone()]) else {
+        return;
+    };
+    s.updates
+        .wait(busy.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    let cpu = s.root.task_dir("cpu", busy.task_id);
+    let quota = std::fs::read_to_string(cpu.join("cpu.cfs_quota_us")).unwrap();
+    assert_eq!(quota.trim(), "50000");
+    let acct = s
+        .root
+        .task_dir("cpuacct", busy.task_id)
+        .join("cpuacct.usage");
+    let read = || -> f64 {
+        std::fs::read_to_string(&acct)
+            .unwrap()
+            .trim()
+            .parse::<f64>()
+            .unwrap()
+            / 1e9
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (u0, t0) = (read(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (u1, t1) = (read(), Instant::now());
+    let cores = (u1 - u0) / (t1 - t0).as_secs_f64();
+    eprintln!("busy loop with cpus 0.5 and a hard limit: {cores:.3} cores over 3 s");
+    assert!(cores <= 0.6, "CFS quota not enforced: {cores:.3} cores");
+    assert!(cores >= 0.25, "the busy loop barely ran: {cores:.3} cores");
+    // The agent reports the same accounting to the master.
+    let state = s
+        .cluster
+        .master
+        .wait_state(T, "cpu usage in /state", |st| {
+            state_task(st, busy.task_id)["usage"]["cpu_time_secs"]
+                .as_f64()
+                .is_some_and(|c| c >= u0)
+        })
+        .unwrap();
+    eprintln!(
+        "usage in /state: {}",
+        state_task(&state, busy.task_id)["usage"]
+    );
+    s.handle.kill(busy.task_id);
+    s.updates
+        .wait(busy.task_id, TaskState::Killed, T)
+        .await
+        .unwrap();
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pids_limit_stops_process_creation() {
+    // Bounded: at most 200 sleeps, each ending by itself after 20 s.
+    let forks = task(
+        "forks",
+        "i=0; while [ $i -lt 200 ]; do sleep 20 >/dev/null 2>&1 & echo started; i=$((i+1)); done",
+        "cpus:0.5;mem:256",
+    );
+    let Some(mut s) = setup("pids", &["--task-pids-max", "50"], vec![forks.clone()]) else {
+        return;
+    };
+    let done = s
+        .updates
+        .wait_for("the fork task to end", T, |u| {
+            u.task_id == forks.task_id && u.state.is_terminal()
+        })
+        .await
+        .unwrap();
+    assert_eq!(done.state, TaskState::Failed, "{done:?}");
+    let agent = &s.cluster.agents[0];
+    let out = std::fs::read_to_string(agent.sandbox_file(forks.task_id, "stdout")).unwrap();
+    let err = std::fs::read_to_string(agent.sandbox_file(forks.task_id, "stderr")).unwrap();
+    let started = out.lines().filter(|l| *l == "started").count();
+    eprintln!(
+        "started {started} of 200 under pids.max 50; stderr: {}",
+        err.lines().next().unwrap_or("")
+    );
+    assert!(
+        started < 200,
+        "the pids limit did not stop process creation"
+    );
+    assert!(
+        started <= 50,
+        "{started} processes started under pids.max 50"
+    );
+    assert!(err.to_lowercase().contains("fork"), "{err}");
+    s.finish().await;
+}
+
+/// `--isolation none` and a host without NVML: tasks still run (no cgroup is made), and the
+/// agent says once why it has no GPUs and that tasks are not isolated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_isolation_or_nvml_tasks_still_run() {
+    let root = CgroupRoot::new("none");
+    let cluster = Cluster::start_with(
+        &[("plain", "cpus:2;mem:1024")],
+        &[],
+        &[
+            "--isolation",
+            "none",
+            "--cgroup-root",
+            &root.name,
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+        ],
+    )
+    .unwrap();
+    let hello = task("hello", "echo hello", "cpus:0.5;mem:32");
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (err_tx, _err_rx) = mpsc::unbounded_channel();
+    let config = DriverConfig::new(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        "plain",
+        vec!["batch".into()],
+    );
+    let driver = Driver::new(config);
+    let handle = driver.handle();
+    let run = tokio::spawn(driver.run(Recorder {
+        to_launch: vec![hello.clone()],
+        updates: up_tx,
+        errors: err_tx,
+    }));
+    let mut updates = Updates::new(up_rx);
+    updates
+        .wait(hello.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    let out =
+        std::fs::read_to_string(cluster.agents[0].sandbox_file(hello.task_id, "stdout")).unwrap();
+    assert_eq!(out, "hello\n");
+    assert!(root.dirs().is_empty(), "cgroups made without isolation");
+    let state = cluster.master.state().unwrap();
+    assert_eq!(state["agents"][0]["total"]["gpus"], serde_json::Value::Null);
+    let log = std::fs::read_to_string(&cluster.agents[0].log).unwrap();
+    assert_eq!(log.matches("running as a CPU agent").count(), 1, "{log}");
+    assert!(log.contains("--isolation none"), "{log}");
+    handle.stop();
+    tokio::time::timeout(T, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Killing a task reaches processes that left its process group (`setsid`): after the grace
+/// period every process in the task's cgroup is SIGKILLed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_reaches_processes_that_left_the_process_group() {
+    let mut stubborn = task(
+        "escapee",
+        "setsid sleep 600 & echo $! > escaped.pid; trap '' TERM; while :; do sleep 0.1; done",
+        "cpus:0.5;mem:64",
+    );
+    stubborn.kill_grace_secs = Some(1);
+    let Some(mut s) = setup("kill", &[], vec![stubborn.clone()]) else {
+        return;
+    };
+    s.updates
+        .wait(stubborn.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    let agent = &s.cluster.agents[0];
+    let escaped: i32 = agent
+        .wait_sandbox_file(stubborn.task_id, "escaped.pid", T)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let task_pid: i32 = agent
+        .wait_sandbox_file(stubborn.task_id, "task.pid", T)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(gantry_tests::process_alive(escaped));
+    // The child calls setsid(2) right after it is started.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // SAFETY: getpgid has no memory effects.
+    while unsafe { libc::getpgid(escaped) == libc::getpgid(task_pid) } {
+        assert!(
+            Instant::now() < deadline,
+            "the child did not leave the process group"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.handle.kill(stubborn.task_id);
+    let killed = s
+        .updates
+        .wait(stubborn.task_id, TaskState::Killed, T)
+        .await
+        .unwrap();
+    assert_eq!(killed.signal, Some(9), "{killed:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gantry_tests::process_alive(escaped) {
+        assert!(
+            Instant::now() < deadline,
+            "the escaped process survived the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.finish().await;
+}

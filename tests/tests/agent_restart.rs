@@ -1,0 +1,255 @@
+//! `kill -9` of a GPU agent while 10 tasks run, then a restart from its checkpoint: the tasks
+//! kept running and are re-adopted, tasks that ended while the agent was down are reported with
+//! their real outcome, the framework sees each terminal update exactly once, GPU occupancy is
+//! rebuilt from the checkpoint (a new 2-GPU task gets the two GPUs nobody holds), and no task
+//! cgroup is left behind.
+//!
+//! One test in this binary: the stand-in's configuration path is a process-wide variable.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use gantry_sdk::protocol::{Capability, StatusUpdate, TaskId, TaskInfo, TaskState};
+use gantry_sdk::{Driver, DriverConfig};
+use gantry_tests::{
+    cgroups_available, process_alive, standin_lib, state_task, task, CgroupRoot, Cluster, Recorder,
+    Standin, TempDir, Updates,
+};
+use tokio::sync::mpsc;
+
+const T: Duration = Duration::from_secs(30);
+
+fn framework(
+    cluster: &Cluster,
+    name: &str,
+    tasks: Vec<TaskInfo>,
+) -> (
+    Updates,
+    gantry_sdk::DriverHandle,
+    tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
+) {
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (err_tx, _err_rx) = mpsc::unbounded_channel();
+    let rec = Recorder {
+        to_launch: tasks,
+        updates: up_tx,
+        errors: err_tx,
+    };
+    let mut config = DriverConfig::new(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        name,
+        vec!["batch".into()],
+    );
+    config.info.capabilities = vec![Capability::GpuResources];
+    let driver = Driver::new(config);
+    let handle = driver.handle();
+    (Updates::new(up_rx), handle, tokio::spawn(driver.run(rec)))
+}
+
+fn terminal_counts(seen: &[StatusUpdate]) -> BTreeMap<TaskId, Vec<TaskState>> {
+    let mut out: BTreeMap<TaskId, Vec<TaskState>> = BTreeMap::new();
+    for u in seen
+        .iter()
+        .filter(|u| u.state.is_terminal() && !u.reconciliation)
+    {
+        out.entry(u.task_id).or_default().push(u.state);
+    }
+    out
+}
+
+fn visible(env: &str) -> Vec<String> {
+    env.lines()
+        .find_map(|l| l.strip_prefix("CUDA_VISIBLE_DEVICES="))
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_and_restarted_keeps_its_tasks() {
+    if !cgroups_available("agent_restart") {
+        return;
+    }
+    let scratch = TempDir::new("gantry-restart").unwrap();
+    let _standin = Standin::four_gpus(scratch.path()).unwrap();
+    let root = CgroupRoot::new("restart");
+    let lib = standin_lib();
+    let mut cluster = Cluster::start_with(
+        &[("restart1", "cpus:8;mem:4096")],
+        &["--agent-reregister-timeout", "30"],
+        &[
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--cgroup-root",
+            &root.name,
+        ],
+    )
+    .unwrap();
+
+    // 5 tasks end while the agent is down (one of them fails), 5 outlive the outage; two of
+    // the long ones hold a GPU each. Each group waits for a trigger file the test creates, so
+    // the timeline does not depend on the machine's speed.
+    let short_go = scratch.path().join("short-go");
+    let long_go = scratch.path().join("long-go");
+    let waiting = |name: &str, trigger: &std::path::Path, then: &str, res: &str| {
+        let mut t = task(
+            name,
+            &format!("{then}while [ ! -e \"$GO\" ]; do sleep 0.1; done"),
+            res,
+        );
+        t.env.insert("GO".into(), trigger.display().to_string());
+        t
+    };
+    let mut short: Vec<TaskInfo> = (0..4)
+        .map(|i| waiting(&format!("short{i}"), &short_go, "", "cpus:0.5;mem:32"))
+        .collect();
+    let mut fail = waiting("short-fail", &short_go, "", "cpus:0.5;mem:32");
+    fail.command.push_str("; exit 3");
+    short.push(fail);
+    let mut long: Vec<TaskInfo> = (0..3)
+        .map(|i| waiting(&format!("long{i}"), &long_go, "", "cpus:0.5;mem:32"))
+        .collect();
+    for i in 0..2 {
+        long.push(waiting(
+            &format!("long-gpu{i}"),
+            &long_go,
+            "env > env.txt; ",
+            "cpus:0.5;mem:32;gpus:1",
+        ));
+    }
+    let all: Vec<TaskInfo> = short.iter().chain(&long).cloned().collect();
+    let (mut updates, handle, run) = framework(&cluster, "restart-fw", all.clone());
+    for t in &all {
+        if let Err(e) = updates.wait(t.task_id, TaskState::Running, T).await {
+            cluster.dump_logs();
+            panic!("{e}");
+        }
+    }
+    let pids: BTreeMap<TaskId, i32> = all
+        .iter()
+        .map(|t| {
+            let pid = cluster.agents[0]
+                .wait_sandbox_file(t.task_id, "task.pid", T)
+                .unwrap();
+            (t.task_id, pid.trim().parse().unwrap())
+        })
+        .collect();
+    let held: BTreeSet<String> = long[3..]
+        .iter()
+        .flat_map(|t| {
+            visible(
+                &cluster.agents[0]
+                    .wait_sandbox_file(t.task_id, "env.txt", T)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(held.len(), 2, "{held:?}");
+
+    // kill -9 the agent; its tasks keep running without it.
+    cluster.agents[0].kill9();
+    for (t, pid) in &pids {
+        assert!(process_alive(*pid), "task {t} died with the agent");
+    }
+    // The short tasks end meanwhile.
+    std::fs::write(&short_go, b"").unwrap();
+    let deadline = std::time::Instant::now() + T;
+    while short.iter().any(|t| process_alive(pids[&t.task_id])) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "short tasks still running"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.agents[0].restart().unwrap();
+
+    // The short tasks are reported with their real outcome...
+    for t in &short[..4] {
+        updates
+            .wait(t.task_id, TaskState::Finished, T)
+            .await
+            .unwrap_or_else(|e| {
+                cluster.dump_logs();
+                panic!("{e}")
+            });
+    }
+    let failed = updates
+        .wait(short[4].task_id, TaskState::Failed, T)
+        .await
+        .unwrap();
+    assert_eq!(failed.exit_code, Some(3), "{failed:?}");
+    // ...while the long ones are still running, re-adopted.
+    let state = cluster
+        .master
+        .wait_state(T, "the agent back", |s| s["agents"][0]["connected"] == true)
+        .unwrap();
+    for t in &long {
+        if !process_alive(pids[&t.task_id]) {
+            cluster.dump_logs();
+            panic!("task {} died", t.name);
+        }
+        assert_eq!(
+            state_task(&state, t.task_id)["state"],
+            "RUNNING",
+            "{state:#}"
+        );
+    }
+
+    // GPU occupancy survived the restart: a new 2-GPU task gets the two free GPUs.
+    let extra = task("extra-gpus", "env > env.txt", "cpus:0.5;mem:32;gpus:2");
+    let (mut extra_updates, extra_handle, extra_run) =
+        framework(&cluster, "restart-extra", vec![extra.clone()]);
+    extra_updates
+        .wait(extra.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    let got: BTreeSet<String> = visible(
+        &std::fs::read_to_string(cluster.agents[0].sandbox_file(extra.task_id, "env.txt")).unwrap(),
+    )
+    .into_iter()
+    .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got.is_disjoint(&held), "GPUs {got:?} are held by {held:?}");
+
+    // The long tasks finish; every task's terminal update arrives exactly once.
+    std::fs::write(&long_go, b"").unwrap();
+    for t in &long {
+        updates
+            .wait(t.task_id, TaskState::Finished, T)
+            .await
+            .unwrap();
+    }
+    // Give duplicates a chance to show up (agent retries back off from 1 s).
+    let _ = updates
+        .wait_for("no more updates", Duration::from_secs(3), |_| false)
+        .await;
+    let counts = terminal_counts(&updates.seen);
+    assert_eq!(counts.len(), 10, "{counts:?}");
+    for t in &all {
+        assert_eq!(
+            counts[&t.task_id].len(),
+            1,
+            "task {} terminal updates: {:?}",
+            t.name,
+            counts[&t.task_id]
+        );
+    }
+    cluster
+        .master
+        .wait_state(T, "no tasks left", |s| {
+            s["tasks"].as_array().is_some_and(|t| t.is_empty())
+        })
+        .unwrap();
+    assert!(
+        root.task_cgroups().is_empty(),
+        "task cgroups left behind: {:?}",
+        root.task_cgroups()
+    );
+    for (h, r) in [(handle, run), (extra_handle, extra_run)] {
+        h.stop();
+        tokio::time::timeout(T, r).await.unwrap().unwrap().unwrap();
+    }
+}
