@@ -1,11 +1,11 @@
 //! The agent's connection to the leading master: connect with mutual TLS, hand the core loop
 //! an outbox, forward master messages to it, follow leader redirects, reconnect with backoff.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::backoff::Backoff;
+use gantry_sdk::transport::candidates::MasterCandidates;
 use gantry_sdk::transport::{quic, TlsMaterial};
 use tokio::sync::mpsc;
 
@@ -18,12 +18,9 @@ pub(crate) async fn run(
     events: mpsc::UnboundedSender<Event>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut candidates: VecDeque<String> = VecDeque::new();
+    let mut candidates = MasterCandidates::new(config.masters.clone());
     loop {
-        if candidates.is_empty() {
-            candidates.extend(config.masters.iter().cloned());
-        }
-        let Some(target) = candidates.pop_front() else {
+        let Some(target) = candidates.next_target() else {
             return;
         };
         let addr = match tokio::net::lookup_host(&target)
@@ -70,6 +67,7 @@ pub(crate) async fn run(
                         Ok(msg) => {
                             if matches!(msg, MasterToAgent::Registered { .. }) {
                                 backoff.reset();
+                                candidates.connected();
                             }
                             if events.send(Event::Master(msg)).is_err() {
                                 writer.abort();
@@ -87,12 +85,20 @@ pub(crate) async fn run(
                 if events.send(Event::Disconnected).is_err() {
                     return;
                 }
-                if let Some(Some(leader)) = redirect {
-                    tracing::info!(%leader, "redirected to the leading master");
-                    candidates.push_front(leader);
+                match redirect {
+                    Some(leader) => {
+                        tracing::info!(?leader, "redirected to the leading master");
+                        if candidates.redirect(leader.as_deref()) {
+                            continue;
+                        }
+                    }
+                    None => candidates.lost(&target),
                 }
             }
-            Err(e) => tracing::warn!("connecting to master {target}: {e}"),
+            Err(e) => {
+                tracing::warn!("connecting to master {target}: {e}");
+                candidates.lost(&target);
+            }
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }

@@ -45,6 +45,7 @@ use tokio::sync::mpsc;
 
 use crate::protocol::*;
 use crate::transport::backoff::Backoff;
+use crate::transport::candidates::MasterCandidates;
 use crate::transport::quic::{self, FrameReceiver, FrameSender};
 use crate::transport::tls::{self, PeerIdentity};
 
@@ -315,16 +316,13 @@ impl Driver {
         )?;
         let mut backoff = Backoff::new(self.config.backoff.0, self.config.backoff.1);
         let mut seen = SeenUpdates::new();
-        let mut candidates: VecDeque<String> = self.config.masters.iter().cloned().collect();
+        let mut candidates = MasterCandidates::new(self.config.masters.clone());
         let mut unreachable_since = tokio::time::Instant::now();
         let mut endpoints: Vec<(bool, quinn::Endpoint)> = Vec::new();
         loop {
-            let target = candidates
-                .pop_front()
-                .unwrap_or_else(|| self.config.masters[0].clone());
-            if candidates.is_empty() {
-                candidates.extend(self.config.masters.iter().cloned());
-            }
+            let Some(target) = candidates.next_target() else {
+                return Err(DriverError::NoMasters);
+            };
             let outcome = match resolve(&target).await {
                 Some(addr) => {
                     let v6 = addr.is_ipv6();
@@ -365,11 +363,14 @@ impl Driver {
                 }
                 SessionEnd::Redirect(leader) => {
                     tracing::info!(?leader, "master {target} is not the leader");
-                    if let Some(l) = leader {
-                        candidates.push_front(l);
+                    if candidates.redirect(leader.as_deref()) {
+                        continue;
                     }
                 }
-                SessionEnd::Lost(reason) => tracing::warn!("master connection: {reason}"),
+                SessionEnd::Lost(reason) => {
+                    tracing::warn!("master connection: {reason}");
+                    candidates.lost(&target);
+                }
             }
             if let Some(limit) = self.config.give_up_after {
                 if unreachable_since.elapsed() > limit {

@@ -55,7 +55,7 @@ impl Default for MasterConfig {
         Self {
             allocator: AllocatorConfig::default(),
             epoch: 1,
-            heartbeat_interval_ms: 1000,
+            heartbeat_interval_ms: 5000,
             agent_ping_timeout_ms: 15_000,
             agent_reregister_timeout_ms: 10_000,
             allocation_interval_ms: 1000,
