@@ -29,14 +29,11 @@
 //! cargo bench -p gantry-tests --bench ha_agents
 //! ```
 //! Environment: `HA_BENCH_AGENTS` (default `1000,10000`), `HA_BENCH_TTL` (default 3),
-//! `HA_BENCH_ENDPOINTS` (client UDP sockets, default 64), `HA_BENCH_AGENT_MODE`: `gantry`
-//! (default: reconnect exactly as `gantry-agent` does today) or `skip-lost` (after losing a
-//! master, try every other master before it again, and never queue the same master twice:
-//! a proposed agent change, measured here to show what it buys), `HA_BENCH_IDLE_MS` (the
+//! `HA_BENCH_ENDPOINTS` (client UDP sockets, default 64), the emulated agents reconnect
+//! exactly as `gantry-agent` does (`gantry_sdk::transport::candidates::MasterCandidates`), `HA_BENCH_IDLE_MS` (the
 //! emulated agents' QUIC idle timeout, default 5000 as gantry's transport; a smaller value shows
 //! what faster loss detection buys).
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,6 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::backoff::Backoff;
+use gantry_sdk::transport::candidates::MasterCandidates;
 use gantry_sdk::transport::quic::{FrameReceiver, FrameSender, CONNECT_TIMEOUT};
 use gantry_sdk::transport::tls::{self, PeerIdentity};
 use gantry_tests::etcd::EtcdServer;
@@ -140,18 +138,14 @@ async fn agent(
     endpoint: quinn::Endpoint,
     cfg: quinn::ClientConfig,
     masters: Vec<String>,
-    skip_lost: bool,
     events: mpsc::UnboundedSender<AgentEvent>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut candidates: VecDeque<String> = VecDeque::new();
+    let mut candidates = MasterCandidates::new(masters);
     let mut agent_id: Option<AgentId> = None;
     let resources: Resources = "cpus:8;mem:16384".parse().expect("literal");
     loop {
-        if candidates.is_empty() {
-            candidates.extend(masters.iter().cloned());
-        }
-        let Some(target) = candidates.pop_front() else {
+        let Some(target) = candidates.next_target() else {
             return;
         };
         let Ok(addr) = target.parse::<SocketAddr>() else {
@@ -219,20 +213,14 @@ async fn agent(
                 at: Instant::now(),
             });
         }
+        // Exactly as gantry-agent: the shared MasterCandidates rules.
         match result {
-            Ok(Some(leader)) => {
-                if skip_lost {
-                    candidates.retain(|c| *c != leader);
+            Ok(leader) => {
+                if candidates.redirect(leader.as_deref()) {
+                    continue;
                 }
-                candidates.push_front(leader);
             }
-            Ok(None) => {}
-            Err(_) if skip_lost => {
-                // Try every other master before the one just lost.
-                candidates = masters.iter().filter(|m| **m != target).cloned().collect();
-                candidates.push_back(target);
-            }
-            Err(_) => {}
+            Err(_) => candidates.lost(&target),
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }
@@ -294,7 +282,7 @@ fn ms(d: Duration) -> String {
     format!("{:>6.0}", d.as_secs_f64() * 1000.0)
 }
 
-async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow::Result<Figures> {
+async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> {
     let etcd = tokio::task::block_in_place(EtcdServer::start)?;
     let dir = TempDir::new("gantry-ha-bench")?;
     let tls_dir = dir.path().join("tls");
@@ -365,7 +353,6 @@ async fn round(n: usize, ttl: u64, endpoints: usize, skip_lost: bool) -> anyhow:
                     eps[i % eps.len()].clone(),
                     cfg,
                     addrs.clone(),
-                    skip_lost,
                     ev_tx.clone(),
                 )));
             }
@@ -534,18 +521,13 @@ fn main() -> anyhow::Result<()> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(64)
         .max(1);
-    let skip_lost = match std::env::var("HA_BENCH_AGENT_MODE").as_deref() {
-        Ok("skip-lost") => true,
-        Ok("gantry") | Err(_) => false,
-        Ok(other) => bail!("HA_BENCH_AGENT_MODE: `gantry` or `skip-lost`, not {other:?}"),
-    };
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     println!(
-        "HA failover, 3 masters on etcd, lease TTL {ttl} s, agents over QUIC, agent mode {} (ms)\n\
+        "HA failover, 3 masters on etcd, lease TTL {ttl} s, agents over QUIC (ms)\n\
          {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        if skip_lost { "skip-lost" } else { "gantry" },
         "agents",
         "initreg",
         "kill>exp",
@@ -563,9 +545,9 @@ fn main() -> anyhow::Result<()> {
     );
     let mut failed = None;
     for n in counts {
-        eprintln!("round: {n} agents, lease TTL {ttl} s, skip_lost {skip_lost}");
+        eprintln!("round: {n} agents, lease TTL {ttl} s");
         // Print each row as soon as it is measured; a failed round does not hide the others.
-        let f = match rt.block_on(round(n, ttl, endpoints, skip_lost)) {
+        let f = match rt.block_on(round(n, ttl, endpoints)) {
             Ok(f) => f,
             Err(e) => {
                 println!("{n:>7} failed: {e:#}");
