@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -30,7 +31,21 @@ pub enum ResourceParseError {
 /// A bag of named scalar amounts. Zero amounts are never stored, so two equal bags compare equal.
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Resources {
-    amounts: BTreeMap<String, u64>,
+    amounts: BTreeMap<Name, u64>,
+}
+
+/// A resource name. Shared (`Arc`), so copying a bag copies no strings; the well-known names
+/// are interned once per process, so building the common bags allocates no strings at all.
+type Name = Arc<str>;
+
+fn name_of(name: &str) -> Name {
+    static WELL_KNOWN: OnceLock<[Name; 4]> = OnceLock::new();
+    let known = WELL_KNOWN.get_or_init(|| ["cpus", "mem", "disk", "gpus"].map(Name::from));
+    known
+        .iter()
+        .find(|k| &***k == name)
+        .cloned()
+        .unwrap_or_else(|| Name::from(name))
 }
 
 fn valid_name(name: &str) -> bool {
@@ -91,7 +106,12 @@ impl Resources {
         if milli == 0 {
             self.amounts.remove(name);
         } else {
-            self.amounts.insert(name.to_string(), milli);
+            match self.amounts.get_mut(name) {
+                Some(v) => *v = milli,
+                None => {
+                    self.amounts.insert(name_of(name), milli);
+                }
+            }
         }
     }
 
@@ -112,12 +132,12 @@ impl Resources {
 
     /// `(name, milli-units)` pairs in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
-        self.amounts.iter().map(|(k, v)| (k.as_str(), *v))
+        self.amounts.iter().map(|(k, v)| (&**k, *v))
     }
 
     /// Resource names present (non-zero) in this bag.
     pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
-        self.amounts.keys().map(String::as_str)
+        self.amounts.keys().map(|k| &**k)
     }
 
     /// True when `other` fits inside `self` (every amount of `other` is at most ours).
@@ -127,9 +147,9 @@ impl Resources {
 
     /// Adds `other` into `self` (saturating).
     pub fn add_assign(&mut self, other: &Resources) {
-        for (name, milli) in other.iter() {
-            let v = self.milli(name).saturating_add(milli);
-            self.set_milli(name, v);
+        for (name, milli) in &other.amounts {
+            let v = self.amounts.entry(Name::clone(name)).or_insert(0);
+            *v = v.saturating_add(*milli);
         }
     }
 
@@ -232,7 +252,12 @@ impl Serialize for Resources {
         if s.is_human_readable() {
             self.to_units().serialize(s)
         } else {
-            self.amounts.serialize(s)
+            use serde::ser::SerializeMap;
+            let mut m = s.serialize_map(Some(self.amounts.len()))?;
+            for (k, v) in &self.amounts {
+                m.serialize_entry(&**k, v)?;
+            }
+            m.end()
         }
     }
 }
