@@ -218,6 +218,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     if let Some(w) = watcher {
         tokio::task::spawn_blocking(move || w.stop()).await.ok();
     }
+    // A clean stop with no live task leaves no empty cgroup root behind; with live tasks the
+    // root stays for the next start to re-adopt them.
+    if agent.ckpt.tasks.values().all(|t| t.state.is_terminal()) {
+        if let Err(e) = agent.config.isolator.remove_root() {
+            tracing::debug!("cgroup root not removed: {e}");
+        }
+    }
     result
 }
 

@@ -7,9 +7,11 @@
 //! - [`transport`]: QUIC endpoints with mutual TLS (rustls, `ring` provider), certificate
 //!   issuing for the dev `--tls-dir` convention and for `gantryctl certs`, and framing.
 //! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
+//! - [`process`]: shutdown on SIGINT or SIGTERM.
 //! - [`scheduler`]: the [`Scheduler`] trait and the [`Driver`] that runs it against a master.
 
 pub mod config_file;
+pub mod process;
 pub mod protocol;
 pub mod scheduler;
 pub mod transport;

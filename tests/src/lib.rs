@@ -320,6 +320,13 @@ impl Drop for AgentProc {
     fn drop(&mut self) {
         self.proc.kill9();
         self.kill_tasks();
+        // An agent with the default cgroup root (`gantry/NAME`) leaves it behind when killed:
+        // remove it (and any task cgroup in it). Tests with their own root use `CgroupRoot`.
+        if !self.args.iter().any(|a| a == "--cgroup-root") {
+            drop(CgroupRoot {
+                name: format!("gantry/{}", self.name),
+            });
+        }
     }
 }
 

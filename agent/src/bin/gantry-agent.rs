@@ -259,7 +259,5 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(agent::run(config, async {
-        let _ = tokio::signal::ctrl_c().await;
-    }))
+    rt.block_on(agent::run(config, gantry_sdk::process::shutdown_signal()))
 }

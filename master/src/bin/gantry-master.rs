@@ -155,9 +155,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             HaConfig::Etcd(c)
         }
     };
-    server::run(endpoint, http, config, ha, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    server::run(
+        endpoint,
+        http,
+        config,
+        ha,
+        gantry_sdk::process::shutdown_signal(),
+    )
     .await
 }
 
