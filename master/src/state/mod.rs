@@ -485,11 +485,15 @@ impl Master {
             }
             (None, _) => None,
         };
+        // The name index and the agent table change together; never trust that blindly.
+        let id = id.filter(|i| self.agents.contains_key(i));
         let id = match id {
             Some(id) => {
                 // Re-registration: replace the connection, reconcile tasks.
                 let (old_conn, old_resources, old_reserved) = {
-                    let a = self.agents.get_mut(&id).expect("indexed agent exists");
+                    let Some(a) = self.agents.get_mut(&id) else {
+                        return;
+                    };
                     let old = a.conn.replace(conn);
                     a.address = address;
                     a.hostname = hostname;
