@@ -215,7 +215,7 @@ impl CertAuthority {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        let key = KeyPair::generate()?;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
         let cert = params.self_signed(&key)?;
         Ok(Self { cert, key })
     }
@@ -286,7 +286,7 @@ impl CertAuthority {
                 params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
             }
         }
-        let key = KeyPair::generate()?;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
         let cert = params.signed_by(&key, &self.cert, &self.key)?;
         Ok((cert.pem(), key.serialize_pem()))
     }
