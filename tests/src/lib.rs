@@ -817,3 +817,29 @@ pub fn process_alive(pid: i32) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// Asserts that a batch framework ran `count` tasks and saw exactly one terminal update,
+/// FINISHED, for each (`what` names it in failure messages).
+pub fn assert_finished_once(what: &str, p: &gantry_examples::batch::BatchProgress, count: u32) {
+    assert_eq!((p.finished, p.failed), (count, 0), "{what}: {:?}", p.errors);
+    assert_eq!(p.terminal_updates.len(), count as usize, "{what}");
+    for (task, states) in &p.terminal_updates {
+        assert_eq!(
+            states,
+            &vec![gantry_sdk::protocol::TaskState::Finished],
+            "{what}: task {task}"
+        );
+    }
+}
+
+/// Task sandboxes the agents created (one per launch: a task launched twice shows as two).
+pub fn sandbox_count(agents: &[AgentProc]) -> usize {
+    agents
+        .iter()
+        .map(|a| {
+            std::fs::read_dir(a.work_dir.join("sandboxes"))
+                .map(|d| d.count())
+                .unwrap_or(0)
+        })
+        .sum()
+}

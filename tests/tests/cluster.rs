@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use gantry_sdk::protocol::TaskState;
-use gantry_tests::{run_batch, Cluster};
+use gantry_tests::{assert_finished_once, run_batch, Cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_frameworks_run_fifty_tasks_each_exactly_once() {
@@ -49,16 +48,7 @@ async fn two_frameworks_run_fifty_tasks_each_exactly_once() {
         }
     };
     for (name, p) in [("alpha", &alpha), ("beta", &beta)] {
-        assert_eq!(p.finished, 50, "{name}: {p:?}");
-        assert_eq!(p.failed, 0, "{name}: {:?}", p.errors);
-        assert_eq!(p.terminal_updates.len(), 50, "{name}");
-        for (task, states) in &p.terminal_updates {
-            assert_eq!(
-                states,
-                &vec![TaskState::Finished],
-                "{name}: task {task} terminal updates"
-            );
-        }
+        assert_finished_once(name, p, 50);
     }
     // Every resource is free again, and /state agrees.
     let state = cluster

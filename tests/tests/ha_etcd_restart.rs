@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::TaskState;
 use gantry_tests::etcd::EtcdServer;
-use gantry_tests::{http_get, run_batch_ha, AgentProc, MasterProc, TempDir};
+use gantry_tests::{
+    assert_finished_once, http_get, run_batch_ha, sandbox_count, AgentProc, MasterProc, TempDir,
+};
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -147,19 +148,8 @@ async fn etcd_restart_under_load_no_split_brain_no_lost_task() {
     assert!(n > 40, "too few samples ({n})");
     assert!(split.is_empty(), "two leaders at once: {split:?}");
 
-    assert_eq!((p.finished, p.failed), (40, 0), "{:?}", p.errors);
-    assert_eq!(p.terminal_updates.len(), 40);
-    for (task, states) in &p.terminal_updates {
-        assert_eq!(states, &vec![TaskState::Finished], "task {task}");
-    }
+    assert_finished_once("batch", &p, 40);
     // Nothing launched twice.
-    let sandboxes: usize = agents
-        .iter()
-        .map(|a| {
-            std::fs::read_dir(a.work_dir.join("sandboxes"))
-                .map(|d| d.count())
-                .unwrap_or(0)
-        })
-        .sum();
+    let sandboxes = sandbox_count(&agents);
     assert_eq!(sandboxes, 40);
 }

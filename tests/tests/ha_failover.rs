@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::TaskState;
 use gantry_tests::etcd::EtcdServer;
-use gantry_tests::{bin, run_batch_ha, AgentProc, MasterProc, TempDir};
+use gantry_tests::{
+    assert_finished_once, bin, run_batch_ha, sandbox_count, AgentProc, MasterProc, TempDir,
+};
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -130,11 +131,7 @@ async fn leader_killed_under_load_loses_nothing() {
         .unwrap()
         .unwrap();
     for (name, p) in [("blue", &blue), ("green", &green)] {
-        assert_eq!((p.finished, p.failed), (60, 0), "{name}: {:?}", p.errors);
-        assert_eq!(p.terminal_updates.len(), 60, "{name}");
-        for (task, states) in &p.terminal_updates {
-            assert_eq!(states, &vec![TaskState::Finished], "{name}: task {task}");
-        }
+        assert_finished_once(name, p, 60);
     }
     // Settings survived.
     let s = m.state().unwrap();
@@ -149,13 +146,6 @@ async fn leader_killed_under_load_loses_nothing() {
         s["allocator"]
     );
     // Nothing launched twice: every agent's sandboxes hold exactly the 120 tasks.
-    let sandboxes: usize = _agents
-        .iter()
-        .map(|a| {
-            std::fs::read_dir(a.work_dir.join("sandboxes"))
-                .map(|d| d.count())
-                .unwrap_or(0)
-        })
-        .sum();
+    let sandboxes = sandbox_count(&_agents);
     assert_eq!(sandboxes, 120);
 }

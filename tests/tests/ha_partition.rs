@@ -7,10 +7,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::TaskState;
 use gantry_tests::etcd::EtcdServer;
 use gantry_tests::proxy::TcpProxy;
-use gantry_tests::{run_batch_ha, AgentProc, MasterProc, TempDir};
+use gantry_tests::{
+    assert_finished_once, run_batch_ha, sandbox_count, AgentProc, MasterProc, TempDir,
+};
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -181,18 +182,7 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
         .collect();
     assert!(after_loss.is_empty(), "{after_loss:?}");
 
-    assert_eq!((p.finished, p.failed), (70, 0), "{:?}", p.errors);
-    assert_eq!(p.terminal_updates.len(), 70);
-    for (task, states) in &p.terminal_updates {
-        assert_eq!(states, &vec![TaskState::Finished], "task {task}");
-    }
-    let sandboxes: usize = agents
-        .iter()
-        .map(|a| {
-            std::fs::read_dir(a.work_dir.join("sandboxes"))
-                .map(|d| d.count())
-                .unwrap_or(0)
-        })
-        .sum();
+    assert_finished_once("batch", &p, 70);
+    let sandboxes = sandbox_count(&agents);
     assert_eq!(sandboxes, 70);
 }

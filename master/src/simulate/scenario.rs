@@ -371,8 +371,25 @@ impl<'w, W: Write> Replay<'w, W> {
             .ok_or_else(|| SimError::event(index, kind, format!("no such framework {name:?}")))
     }
 
-    fn offers_of(&self, f: FrameworkId, a: AgentId) -> Vec<OfferId> {
-        self.alloc.offers_on(f, a)
+    /// The framework's outstanding offers on the agent named by event `i` (an error if none).
+    fn event_offers(
+        &self,
+        i: usize,
+        k: &str,
+        framework: &str,
+        agent: &str,
+    ) -> Result<Vec<OfferId>, SimError> {
+        let f = self.framework(i, k, framework)?;
+        let a = self.agent(i, k, agent)?;
+        let offers = self.alloc.offers_on(f, a);
+        if offers.is_empty() {
+            return Err(SimError::event(
+                i,
+                k,
+                format!("framework {framework:?} has no outstanding offer on agent {agent:?}"),
+            ));
+        }
+        Ok(offers)
     }
 
     fn print_offers(&mut self, offers: &[OfferRecord]) -> Result<(), SimError> {
@@ -532,18 +549,7 @@ impl<'w, W: Write> Replay<'w, W> {
                 reserve,
                 unreserve,
             } => {
-                let f = self.framework(i, k, framework)?;
-                let a = self.agent(i, k, agent)?;
-                let offers = self.offers_of(f, a);
-                if offers.is_empty() {
-                    return Err(SimError::event(
-                        i,
-                        k,
-                        format!(
-                            "framework {framework:?} has no outstanding offer on agent {agent:?}"
-                        ),
-                    ));
-                }
+                let offers = self.event_offers(i, k, framework, agent)?;
                 let refuse = refuse_ms(i, k, *refuse_seconds)?;
                 for (role, text) in reserve {
                     let amount = parse_res(i, k, text)?;
@@ -587,18 +593,7 @@ impl<'w, W: Write> Replay<'w, W> {
                 agent,
                 refuse_seconds,
             } => {
-                let f = self.framework(i, k, framework)?;
-                let a = self.agent(i, k, agent)?;
-                let offers = self.offers_of(f, a);
-                if offers.is_empty() {
-                    return Err(SimError::event(
-                        i,
-                        k,
-                        format!(
-                            "framework {framework:?} has no outstanding offer on agent {agent:?}"
-                        ),
-                    ));
-                }
+                let offers = self.event_offers(i, k, framework, agent)?;
                 let refuse = refuse_ms(i, k, *refuse_seconds)?;
                 for o in offers {
                     self.alloc
