@@ -277,6 +277,30 @@ struct Role {
     fw_count: usize,
 }
 
+impl Role {
+    /// A role with weight 1, no quota and nothing allocated.
+    fn new(name: &str, parent: Option<u32>) -> Self {
+        Role {
+            name: Arc::from(name),
+            parent,
+            weight: 1.0,
+            guarantee: None,
+            limit: None,
+            alloc: Rv::new(),
+            own_alloc: Rv::new(),
+            alloc_unres: Rv::new(),
+            reserved: Rv::new(),
+            offers: 0,
+            own_offers: 0,
+            frameworks: BTreeSet::new(),
+            sorted: BTreeSet::new(),
+            key: None,
+            self_key: None,
+            fw_count: 0,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct OfferState {
     id: OfferId,
@@ -461,24 +485,7 @@ fn share_bits(x: f64) -> u64 {
 impl Allocator {
     /// A new, empty allocator.
     pub fn new(config: AllocatorConfig) -> Self {
-        let root = Role {
-            name: Arc::from(""),
-            parent: None,
-            weight: 1.0,
-            guarantee: None,
-            limit: None,
-            alloc: Rv::new(),
-            own_alloc: Rv::new(),
-            alloc_unres: Rv::new(),
-            reserved: Rv::new(),
-            offers: 0,
-            own_offers: 0,
-            frameworks: BTreeSet::new(),
-            sorted: BTreeSet::new(),
-            key: None,
-            self_key: None,
-            fw_count: 0,
-        };
+        let root = Role::new("", None);
         let seed = config.offer_id_seed;
         let mut a = Self {
             config,
@@ -631,24 +638,7 @@ impl Allocator {
             _ => 0,
         };
         let idx = self.roles.len() as u32;
-        self.roles.push(Role {
-            name: Arc::from(name),
-            parent: Some(parent),
-            weight: 1.0,
-            guarantee: None,
-            limit: None,
-            alloc: Rv::new(),
-            own_alloc: Rv::new(),
-            alloc_unres: Rv::new(),
-            reserved: Rv::new(),
-            offers: 0,
-            own_offers: 0,
-            frameworks: BTreeSet::new(),
-            sorted: BTreeSet::new(),
-            key: None,
-            self_key: None,
-            fw_count: 0,
-        });
+        self.roles.push(Role::new(name, Some(parent)));
         self.role_ids.insert(name.to_string(), idx);
         self.refresh_sorted_singleton(parent);
         let key = self.role_key(idx);
