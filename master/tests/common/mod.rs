@@ -37,6 +37,7 @@ pub fn new_log() -> Log {
 pub struct Node {
     pub name: String,
     status: watch::Receiver<LeadershipStatus>,
+    log: Log,
     stop: Option<oneshot::Sender<Stop>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -73,6 +74,7 @@ impl Node {
         let status = election.watch_status();
         let (stop_tx, mut stop_rx) = oneshot::channel::<Stop>();
         let node = name.to_string();
+        let node_log = log.clone();
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -113,6 +115,7 @@ impl Node {
         Node {
             name: name.to_string(),
             status,
+            log: node_log,
             stop: Some(stop_tx),
             task: Some(task),
         }
@@ -122,8 +125,15 @@ impl Node {
         self.status.borrow().clone()
     }
 
+    /// Leader by its status, and its `Elected` event for this term already in the log (the
+    /// status flips a moment before the driver task logs the event; tests read both).
     pub fn is_leader(&self) -> bool {
-        self.status.borrow().is_leader
+        let st = self.status.borrow().clone();
+        st.is_leader
+            && self.log.lock().unwrap().iter().any(|l| {
+                l.node == self.name
+                    && matches!(&l.event, LeadershipEvent::Elected { epoch, .. } if Some(*epoch) == st.epoch)
+            })
     }
 
     /// Drops the election without resigning, as a crash would.
