@@ -738,7 +738,6 @@ impl Agent {
                     self.save()?;
                 }
             }
-            MasterToAgent::NotLeader { .. } => {} // the session follows the redirect
             MasterToAgent::Error { message } => tracing::error!("master refused us: {message}"),
         }
         Ok(())

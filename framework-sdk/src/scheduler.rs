@@ -36,7 +36,6 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,9 +43,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::protocol::*;
-use crate::transport::backoff::Backoff;
-use crate::transport::candidates::MasterCandidates;
-use crate::transport::quic::{self, FrameReceiver, FrameSender};
+use crate::transport::masters::{LeaderSession, Masters, MastersConfig};
+use crate::transport::quic;
 use crate::transport::tls::{self, PeerIdentity};
 
 /// Callbacks of a framework scheduler. Every method has a default that does nothing (offers
@@ -108,15 +106,15 @@ pub trait Scheduler: Send {
 /// How to reach the master and who this framework is.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
-    /// Master addresses (`host:port`); tried in turn, and redirected to the leader when one
-    /// answers that it is a standby.
+    /// Master addresses (`host:port`). The driver keeps a connection to each (see
+    /// [`crate::transport::masters`]) and subscribes with the one that leads.
     pub masters: Vec<String>,
     /// TLS directory (see [`crate::transport::tls`]).
     pub tls_dir: PathBuf,
     /// The framework's principal: the name in its certificate.
     pub principal: String,
     pub info: FrameworkInfo,
-    /// First and largest reconnect delay.
+    /// First and largest reconnect delay (per master).
     pub backoff: (Duration, Duration),
     /// Give up when no master could be reached for this long (`None`: never).
     pub give_up_after: Option<Duration>,
@@ -254,7 +252,8 @@ pub struct Driver {
 enum SessionEnd {
     Stopped,
     Lost(String),
-    Redirect(Option<String>),
+    /// A master with a higher epoch announced that it leads.
+    NewLeader(LeaderSession),
 }
 
 /// Remembers recently seen update ids so a redelivered update reaches the scheduler once.
@@ -314,82 +313,103 @@ impl Driver {
             &PeerIdentity::Framework(self.config.principal.clone()),
             &[],
         )?;
-        let mut backoff = Backoff::new(self.config.backoff.0, self.config.backoff.1);
+        let mut links = MastersConfig::new(
+            self.config.masters.clone(),
+            PeerKind::Framework,
+            quic::client_config(&material)?,
+        );
+        links.backoff = self.config.backoff;
+        let mut masters = Masters::start(links)?;
         let mut seen = SeenUpdates::new();
-        let mut candidates = MasterCandidates::new(self.config.masters.clone());
         let mut unreachable_since = tokio::time::Instant::now();
-        let mut endpoints: Vec<(bool, quinn::Endpoint)> = Vec::new();
+        let mut min_epoch = 0;
+        let mut next: Option<LeaderSession> = None;
         loop {
-            let Some(target) = candidates.next_target() else {
-                return Err(DriverError::NoMasters);
+            let session = match next.take() {
+                Some(s) => s,
+                None => match self
+                    .wait_for_leader(&mut masters, min_epoch, unreachable_since)
+                    .await?
+                {
+                    Some(s) => s,
+                    None => return Ok(()),
+                },
             };
-            let outcome = match resolve(&target).await {
-                Some(addr) => {
-                    let v6 = addr.is_ipv6();
-                    let ep = match endpoints.iter().find(|(is6, _)| *is6 == v6) {
-                        Some((_, ep)) => ep.clone(),
-                        None => {
-                            let ep = quic::client_endpoint(&material, addr)?;
-                            endpoints.push((v6, ep.clone()));
-                            ep
-                        }
-                    };
-                    match quic::connect(&ep, addr, PeerKind::Framework).await {
-                        Ok((conn, tx, rx)) => {
-                            let end = self
-                                .session(
-                                    &mut scheduler,
-                                    &mut seen,
-                                    tx,
-                                    rx,
-                                    &mut backoff,
-                                    &mut unreachable_since,
-                                )
-                                .await;
-                            conn.close(0u32.into(), b"bye");
-                            end?
-                        }
-                        Err(e) => SessionEnd::Lost(format!("connect to {target}: {e}")),
-                    }
-                }
-                None => SessionEnd::Lost(format!("cannot resolve master address {target:?}")),
-            };
-            match outcome {
+            min_epoch = session.epoch;
+            let (addr, conn) = (session.addr, session.conn.clone());
+            tracing::info!(master = %addr, epoch = session.epoch, "connected to the leading master");
+            let end = self
+                .session(
+                    &mut scheduler,
+                    &mut seen,
+                    session,
+                    &mut masters,
+                    &mut unreachable_since,
+                )
+                .await;
+            conn.close(0u32.into(), b"bye");
+            match end? {
                 SessionEnd::Stopped => {
-                    for (_, ep) in &endpoints {
-                        ep.wait_idle().await;
-                    }
+                    masters.shutdown().await;
                     return Ok(());
                 }
-                SessionEnd::Redirect(leader) => {
-                    tracing::info!(?leader, "master {target} is not the leader");
-                    if candidates.redirect(leader.as_deref()) {
-                        continue;
-                    }
+                SessionEnd::NewLeader(s) => {
+                    tracing::info!(old = %addr, new = %s.addr, epoch = s.epoch, "a new master leads; switching to it");
+                    next = Some(s);
                 }
-                SessionEnd::Lost(reason) => {
-                    tracing::warn!("master connection: {reason}");
-                    candidates.lost(&target);
-                }
-            }
-            if let Some(limit) = self.config.give_up_after {
-                if unreachable_since.elapsed() > limit {
-                    return Err(DriverError::Unreachable(limit));
-                }
+                SessionEnd::Lost(reason) => tracing::warn!("master connection: {reason}"),
             }
             // Requests made while disconnected: stop is honoured now; offer replies are void
             // (the master rescinds a disconnected framework's offers); the rest is sent after
             // re-subscribing.
             while let Ok(cmd) = self.rx.try_recv() {
-                match cmd {
-                    Command::Stop { .. } => return Ok(()),
-                    Command::Send(
-                        FrameworkToMaster::Accept { .. } | FrameworkToMaster::Decline { .. },
-                    ) => {}
-                    Command::Send(msg) => self.pending.push(msg),
+                if !self.hold_while_disconnected(cmd) {
+                    masters.shutdown().await;
+                    return Ok(());
                 }
             }
-            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    }
+
+    /// Queues a request made while no session is up; false for a stop.
+    fn hold_while_disconnected(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Stop { .. } => false,
+            Command::Send(FrameworkToMaster::Accept { .. } | FrameworkToMaster::Decline { .. }) => {
+                true
+            }
+            Command::Send(msg) => {
+                self.pending.push(msg);
+                true
+            }
+        }
+    }
+
+    /// Waits for a leading master (epoch at least `min_epoch`) while honouring stop requests
+    /// and `give_up_after`. `None`: stopped.
+    async fn wait_for_leader(
+        &mut self,
+        masters: &mut Masters,
+        min_epoch: u64,
+        unreachable_since: tokio::time::Instant,
+    ) -> Result<Option<LeaderSession>, DriverError> {
+        let limit = self.config.give_up_after;
+        let deadline = limit.map(|l| unreachable_since + l);
+        loop {
+            tokio::select! {
+                s = masters.leader(min_epoch) => return Ok(Some(s)),
+                cmd = self.rx.recv() => match cmd {
+                    Some(cmd) => if !self.hold_while_disconnected(cmd) {
+                        masters.shutdown().await;
+                        return Ok(None);
+                    },
+                    // Every handle is gone, including ours: impossible while we hold one.
+                    None => return Ok(None),
+                },
+                _ = sleep_until_opt(deadline) => {
+                    return Err(DriverError::Unreachable(limit.unwrap_or_default()));
+                }
+            }
         }
     }
 
@@ -397,11 +417,16 @@ impl Driver {
         &mut self,
         scheduler: &mut S,
         seen: &mut SeenUpdates,
-        mut tx: FrameSender,
-        mut rx: FrameReceiver,
-        backoff: &mut Backoff,
+        session: LeaderSession,
+        masters: &mut Masters,
         unreachable_since: &mut tokio::time::Instant,
     ) -> Result<SessionEnd, DriverError> {
+        let LeaderSession {
+            mut tx,
+            mut rx,
+            epoch,
+            ..
+        } = session;
         let mut info = self.config.info.clone();
         info.framework_id = self.handle.framework_id();
         if let Err(e) = tx.send(&FrameworkToMaster::Subscribe(info)).await {
@@ -439,7 +464,6 @@ impl Driver {
                         MasterToFramework::Subscribed { framework_id, .. } => {
                             *self.handle.framework_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(framework_id);
                             subscribed = true;
-                            backoff.reset();
                             *unreachable_since = tokio::time::Instant::now();
                             for msg in std::mem::take(&mut self.pending) {
                                 if let Err(e) = tx.send(&msg).await {
@@ -469,8 +493,11 @@ impl Driver {
                             scheduler.error(&self.handle, kind, &message).await;
                         }
                         MasterToFramework::Heartbeat => {}
-                        MasterToFramework::NotLeader { leader } => return Ok(SessionEnd::Redirect(leader)),
                     }
+                }
+                newer = masters.leader(epoch + 1) => {
+                    if subscribed { scheduler.disconnected(&self.handle).await; }
+                    return Ok(SessionEnd::NewLeader(newer));
                 }
                 cmd = self.rx.recv(), if subscribed => {
                     match cmd {
@@ -504,8 +531,11 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn resolve(addr: &str) -> Option<SocketAddr> {
-    tokio::net::lookup_host(addr).await.ok()?.next()
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

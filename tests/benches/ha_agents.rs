@@ -5,12 +5,13 @@
 //! 1. a real etcd (the harness's [`EtcdServer`]) and three real `gantry-master` processes
 //!    (`--etcd`, `--lease-ttl $HA_BENCH_TTL`, default 3 s);
 //! 2. N emulated agents in this process, each with its own certificate issued from the dev TLS
-//!    directory (`agent:bench-N`) and its own QUIC connection (spread over a few client
-//!    endpoints), speaking the agent protocol with `gantry_sdk::transport` + `protocol`:
-//!    hello, `Register`, heartbeats at the master's interval; on a lost connection they
-//!    reconnect exactly as `gantry-agent` does (the master list in turn, `NotLeader`
-//!    redirects followed, 100 ms..5 s backoff reset on `Registered`, re-registering with their
-//!    agent id);
+//!    directory (`agent:bench-N`), speaking the agent protocol with `gantry_sdk::transport` +
+//!    `protocol` exactly as `gantry-agent` does: a link to every master
+//!    (`gantry_sdk::transport::masters`, the same code and QUIC settings as the real agent:
+//!    standbys keep the link open and announce their election on it), `Register` on the
+//!    leader's stream, heartbeats at the master's interval, re-registration with its agent id
+//!    when a new leader announces itself. Each agent has its own QUIC connections; they share a
+//!    few client UDP sockets (`HA_BENCH_ENDPOINTS`, default 64);
 //! 3. one SDK framework that keeps every offer it gets (so the master offers each agent once);
 //! 4. `kill -9` the leader, then time
 //!    - kill → the old leader key deleted in etcd (lease expiry; watched on the election prefix),
@@ -19,34 +20,24 @@
 //!    - → the first and the last of the N agents `Registered` by the new leader (epoch higher
 //!      than before the kill).
 //!
-//! An agent only notices that a killed master is gone through QUIC's idle timeout (5 s with
-//! 1 s keep-alives, as the real agent): that, not the master, bounds "kill → agents back".
-//! The report therefore also gives "re-registration spread": first → last agent re-registered.
-//!
 //! Run (release; build the master first so the bench finds it next to itself):
 //! ```text
 //! cargo build --release -p gantry-master --bins
 //! cargo bench -p gantry-tests --bench ha_agents
 //! ```
 //! Environment: `HA_BENCH_AGENTS` (default `1000,10000`), `HA_BENCH_TTL` (default 3),
-//! `HA_BENCH_ENDPOINTS` (client UDP sockets, default 64), the emulated agents reconnect
-//! exactly as `gantry-agent` does (`gantry_sdk::transport::candidates::MasterCandidates`), `HA_BENCH_IDLE_MS` (the
-//! emulated agents' QUIC idle timeout, default 5000 as gantry's transport; a smaller value shows
-//! what faster loss detection buys).
+//! `HA_BENCH_ENDPOINTS` (client UDP sockets, default 64).
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use gantry_sdk::protocol::*;
-use gantry_sdk::transport::backoff::Backoff;
-use gantry_sdk::transport::candidates::MasterCandidates;
-use gantry_sdk::transport::quic::{FrameReceiver, FrameSender, CONNECT_TIMEOUT};
+use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
+use gantry_sdk::transport::quic;
 use gantry_sdk::transport::tls::{self, PeerIdentity};
 use gantry_tests::etcd::EtcdServer;
 use gantry_tests::{MasterProc, TempDir};
-use quinn::crypto::rustls::QuicClientConfig;
 use tokio::sync::mpsc;
 
 /// What an emulated agent reports.
@@ -61,24 +52,6 @@ enum AgentEvent {
         idx: usize,
         at: Instant,
     },
-}
-
-/// The same QUIC transport settings as gantry's peers (1 s keep-alive, 5 s idle timeout), or a
-/// shorter idle timeout (`HA_BENCH_IDLE_MS`; QUIC uses the smaller of both sides' values) with
-/// keep-alives at a quarter of it.
-fn transport() -> Arc<quinn::TransportConfig> {
-    let idle_ms: u32 = std::env::var("HA_BENCH_IDLE_MS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5_000);
-    let mut t = quinn::TransportConfig::default();
-    t.keep_alive_interval(Some(Duration::from_millis(
-        u64::from(idle_ms / 4).min(1000),
-    )));
-    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(
-        idle_ms,
-    ))));
-    Arc::new(t)
 }
 
 /// A client endpoint on loopback with a large receive buffer (it carries many agents).
@@ -96,7 +69,6 @@ fn client_endpoint() -> anyhow::Result<quinn::Endpoint> {
 
 /// Issues (or loads) the certificates of `n` agents; returns their QUIC client configs.
 fn agent_configs(tls_dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<quinn::ClientConfig>> {
-    let transport = transport();
     let chunks: Vec<Vec<usize>> = (0..n)
         .collect::<Vec<_>>()
         .chunks(n.div_ceil(2).max(1))
@@ -106,7 +78,6 @@ fn agent_configs(tls_dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<quin
         .into_iter()
         .map(|idxs| {
             let dir = tls_dir.to_path_buf();
-            let transport = transport.clone();
             std::thread::spawn(move || -> anyhow::Result<Vec<quinn::ClientConfig>> {
                 idxs.into_iter()
                     .map(|i| {
@@ -115,11 +86,7 @@ fn agent_configs(tls_dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<quin
                             &PeerIdentity::Agent(format!("bench-{i}")),
                             &[],
                         )?;
-                        let crypto = QuicClientConfig::try_from(tls::client_config(&m)?)
-                            .map_err(|e| anyhow::anyhow!("{e}"))?;
-                        let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-                        cfg.transport_config(transport.clone());
-                        Ok(cfg)
+                        Ok(quic::client_config(&m)?)
                     })
                     .collect()
             })
@@ -132,7 +99,8 @@ fn agent_configs(tls_dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<quin
     Ok(out)
 }
 
-/// One emulated agent: connects, registers, heartbeats, and reconnects like `gantry-agent`.
+/// One emulated agent: links to every master, registers with the leader, heartbeats, and
+/// switches to a newly elected leader, like `gantry-agent`.
 async fn agent(
     idx: usize,
     endpoint: quinn::Endpoint,
@@ -140,89 +108,87 @@ async fn agent(
     masters: Vec<String>,
     events: mpsc::UnboundedSender<AgentEvent>,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut candidates = MasterCandidates::new(masters);
+    let mut config = MastersConfig::new(masters, PeerKind::Agent, cfg);
+    config.endpoint = Some(endpoint);
+    let Ok(mut masters) = Masters::start(config) else {
+        return;
+    };
     let mut agent_id: Option<AgentId> = None;
-    let resources: Resources = "cpus:8;mem:16384".parse().expect("literal");
+    let mut min_epoch = 0;
+    let mut next: Option<LeaderSession> = None;
     loop {
-        let Some(target) = candidates.next_target() else {
-            return;
+        let session = match next.take() {
+            Some(s) => s,
+            None => masters.leader(min_epoch).await,
         };
-        let Ok(addr) = target.parse::<SocketAddr>() else {
-            return;
-        };
-        let mut was_registered = false;
-        let session = async {
-            let connecting = endpoint
-                .connect_with(cfg.clone(), addr, tls::MASTER_SERVER_NAME)
-                .map_err(|e| e.to_string())?;
-            let conn = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
-                .await
-                .map_err(|_| "handshake timeout".to_string())?
-                .map_err(|e| e.to_string())?;
-            let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-            let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
-            let hello = Hello {
-                protocol_version: PROTOCOL_VERSION,
-                peer: PeerKind::Agent,
-            };
-            tx.send(&hello).await.map_err(|e| e.to_string())?;
-            tx.send(&AgentToMaster::Register {
-                agent_id,
-                hostname: format!("bench-{idx}.example"),
-                resources: resources.clone(),
-                reserved: Default::default(),
-                attributes: Default::default(),
-                gpus: Vec::new(),
-                running_tasks: Vec::new(),
-                pending_updates: Vec::new(),
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-            let mut beat = tokio::time::interval(Duration::from_secs(1));
-            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut registered = false;
-            loop {
-                tokio::select! {
-                    msg = rx.recv::<MasterToAgent>() => match msg.map_err(|e| e.to_string())? {
-                        MasterToAgent::Registered { agent_id: id, epoch, heartbeat_interval_ms } => {
-                            agent_id = Some(id);
-                            registered = true;
-                            was_registered = true;
-                            backoff.reset();
-                            beat = tokio::time::interval(Duration::from_millis(heartbeat_interval_ms.max(100)));
-                            let _ = events.send(AgentEvent::Registered { idx, epoch, at: Instant::now() });
-                        }
-                        MasterToAgent::NotLeader { leader } => {
-                            conn.close(0u32.into(), b"redirected");
-                            return Ok::<_, String>(leader);
-                        }
-                        MasterToAgent::Error { message } => return Err(message),
-                        _ => {}
-                    },
-                    _ = beat.tick(), if registered => {
-                        tx.send(&AgentToMaster::Heartbeat).await.map_err(|e| e.to_string())?;
-                    }
-                }
-            }
-        };
-        let result = session.await;
-        if was_registered && result.is_err() {
+        min_epoch = session.epoch;
+        let conn = session.conn.clone();
+        let (registered, ended) =
+            agent_session(idx, session, &mut masters, &mut agent_id, &events).await;
+        conn.close(0u32.into(), b"reconnecting");
+        if registered {
             let _ = events.send(AgentEvent::Lost {
                 idx,
                 at: Instant::now(),
             });
         }
-        // Exactly as gantry-agent: the shared MasterCandidates rules.
-        match result {
-            Ok(leader) => {
-                if candidates.redirect(leader.as_deref()) {
-                    continue;
+        next = ended;
+    }
+}
+
+/// One session with a leader. Returns whether it registered, and the newer leader's session
+/// when one announced itself.
+async fn agent_session(
+    idx: usize,
+    session: LeaderSession,
+    masters: &mut Masters,
+    agent_id: &mut Option<AgentId>,
+    events: &mpsc::UnboundedSender<AgentEvent>,
+) -> (bool, Option<LeaderSession>) {
+    let LeaderSession {
+        epoch,
+        mut tx,
+        mut rx,
+        ..
+    } = session;
+    let resources: Resources = "cpus:8;mem:16384".parse().expect("literal");
+    let register = AgentToMaster::Register {
+        agent_id: *agent_id,
+        hostname: format!("bench-{idx}.example"),
+        resources,
+        reserved: Default::default(),
+        attributes: Default::default(),
+        gpus: Vec::new(),
+        running_tasks: Vec::new(),
+        pending_updates: Vec::new(),
+    };
+    if tx.send(&register).await.is_err() {
+        return (false, None);
+    }
+    let mut beat = tokio::time::interval(Duration::from_secs(5));
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut registered = false;
+    loop {
+        tokio::select! {
+            msg = rx.recv::<MasterToAgent>() => match msg {
+                Ok(MasterToAgent::Registered { agent_id: id, epoch, heartbeat_interval_ms }) => {
+                    *agent_id = Some(id);
+                    registered = true;
+                    beat = tokio::time::interval(Duration::from_millis(heartbeat_interval_ms.max(100)));
+                    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    beat.reset();
+                    let _ = events.send(AgentEvent::Registered { idx, epoch, at: Instant::now() });
+                }
+                Ok(MasterToAgent::Error { .. }) | Err(_) => return (registered, None),
+                Ok(_) => {}
+            },
+            _ = beat.tick(), if registered => {
+                if tx.send(&AgentToMaster::Heartbeat).await.is_err() {
+                    return (registered, None);
                 }
             }
-            Err(_) => candidates.lost(&target),
+            newer = masters.leader(epoch + 1) => return (registered, Some(newer)),
         }
-        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
@@ -265,8 +231,8 @@ struct Figures {
     kill_to_first_agent: Duration,
     kill_to_all_agents: Duration,
     spread: Duration,
-    /// Kill -> the last agent noticed its master was gone (QUIC idle timeout).
-    kill_to_last_lost: Duration,
+    /// Old lease expired -> the last agent re-registered with the new leader.
+    expiry_to_all_agents: Duration,
     /// Per agent: connection lost -> re-registered with the new leader (p50, p99, max).
     rereg: (Duration, Duration, Duration),
     /// CPU used from the kill until all agents were back: the two remaining masters, and this
@@ -424,7 +390,6 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
     let mut first_agent = None;
     let mut back = 0;
     let mut lost_at: Vec<Option<Instant>> = vec![None; n];
-    let mut last_lost = killed;
     let mut latencies = Vec::with_capacity(n);
     while back < n {
         let ev = tokio::time::timeout(Duration::from_secs(60), ev_rx.recv())
@@ -435,7 +400,6 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
             AgentEvent::Lost { idx, at } => {
                 if lost_at[idx].is_none() && epoch_of[idx] <= old_epoch {
                     lost_at[idx] = Some(at);
-                    last_lost = last_lost.max(at);
                 }
             }
             AgentEvent::Registered { idx, epoch, at } => {
@@ -494,7 +458,7 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
         kill_to_first_agent: first_agent - killed,
         kill_to_all_agents: all_agents - killed,
         spread: all_agents - first_agent,
-        kill_to_last_lost: last_lost - killed,
+        expiry_to_all_agents: all_agents.saturating_duration_since(expired_at),
         rereg: (
             pct(0.5),
             pct(0.99),
@@ -536,7 +500,7 @@ fn main() -> anyhow::Result<()> {
         "kill>1st",
         "kill>all",
         "spread",
-        "kill>det",
+        "exp>all",
         "rr p50",
         "rr p99",
         "rr max",
@@ -565,7 +529,7 @@ fn main() -> anyhow::Result<()> {
             ms(f.kill_to_first_agent),
             ms(f.kill_to_all_agents),
             ms(f.spread),
-            ms(f.kill_to_last_lost),
+            ms(f.expiry_to_all_agents),
             ms(f.rereg.0),
             ms(f.rereg.1),
             ms(f.rereg.2),
@@ -577,8 +541,8 @@ fn main() -> anyhow::Result<()> {
         "initreg: first registration of all agents; kill>exp: kill -9 -> old lease expired \
          (leader key deleted); exp>lead: -> a standby leads (/health); lead>off: -> the \
          framework's first offer; kill>1st / kill>all: -> first / last agent re-registered; \
-         spread: first -> last agent re-registered; kill>det: -> the last agent noticed the loss \
-         (QUIC idle timeout); rr p50/p99/max: per agent, loss noticed -> re-registered; \
+         spread: first -> last agent re-registered; exp>all: old lease expired -> last agent \
+         re-registered; rr p50/p99/max: per agent, left the old leader -> re-registered; \
          cpu mst / cpu emu: CPU time used from the kill to the last re-registration by the two \
          remaining masters / by this process (emulated agents + framework)"
     );

@@ -27,9 +27,10 @@ async fn raw_framework(
     )
     .unwrap();
     let ep = quic::client_endpoint(&material, cluster.master.quic).unwrap();
-    let (conn, tx, rx) = quic::connect(&ep, cluster.master.quic, PeerKind::Framework)
+    let (conn, tx, rx, role) = quic::connect(&ep, cluster.master.quic, PeerKind::Framework)
         .await
         .unwrap();
+    assert!(matches!(role, MasterRole::Leading { .. }), "{role:?}");
     (ep, conn, tx, rx)
 }
 
@@ -184,19 +185,19 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
         )
         .unwrap();
         let ep = quic::client_endpoint(&material, m).unwrap();
-        let (conn, mut tx, _rx) = quic::connect(&ep, m, PeerKind::Agent).await.unwrap();
-        let _ = tx
-            .send(&AgentToMaster::Register {
-                agent_id: None,
-                hostname: "x".into(),
-                resources: "cpus:1000".parse().unwrap(),
-                reserved: Default::default(),
-                attributes: Default::default(),
-                gpus: vec![],
-                running_tasks: vec![],
-                pending_updates: vec![],
-            })
-            .await;
+        let conn = ep
+            .connect(m, tls::MASTER_SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let (send, _recv) = conn.open_bi().await.unwrap();
+        let mut tx = quic::FrameSender(send);
+        tx.send(&Hello {
+            protocol_version: PROTOCOL_VERSION,
+            peer: PeerKind::Agent,
+        })
+        .await
+        .unwrap();
         let reason = expect_closed(&conn).await;
         assert!(reason.contains("does not match certificate"), "{reason}");
     }

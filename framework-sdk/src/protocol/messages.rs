@@ -1,6 +1,8 @@
 //! Every message that crosses the wire. Agents and frameworks each speak over one bidirectional
-//! QUIC stream to the master: the first frame is a [`Hello`], then [`AgentToMaster`] /
-//! [`MasterToAgent`] or [`FrameworkToMaster`] / [`MasterToFramework`] frames follow.
+//! QUIC stream to the master: the first frame is a [`Hello`], the master answers with its
+//! [`MasterRole`] (a standby keeps the stream open and sends `Leading` when it is elected), then
+//! [`AgentToMaster`] / [`MasterToAgent`] or [`FrameworkToMaster`] / [`MasterToFramework`]
+//! frames follow.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +12,7 @@ use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
 use super::resources::Resources;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Free-form `key: value` attributes of an agent (`rack:r1`, `zone:a`, `gpu_model:A100`).
 pub type Attributes = BTreeMap<String, String>;
@@ -20,6 +22,22 @@ pub type Attributes = BTreeMap<String, String>;
 pub struct Hello {
     pub protocol_version: u32,
     pub peer: PeerKind,
+}
+
+/// The master's answer to a [`Hello`] and, on a standby's open stream, news of an election.
+///
+/// A peer keeps a stream open to every master: the leader's carries its session, the
+/// standbys' wait. When a standby is elected it sends `Leading` on every waiting stream, so
+/// peers re-register over connections that already exist (no handshake herd after a failover,
+/// and no waiting for the dead leader's connection to time out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MasterRole {
+    /// This master leads, in term `epoch`: register / subscribe on this stream now.
+    Leading { epoch: u64 },
+    /// A standby. `leader` is the leading master's advertised address, if known. The stream
+    /// stays open; `Leading` follows if this master is elected, `Standby` again when the leader
+    /// it knows changes.
+    Standby { leader: Option<String> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,8 +250,6 @@ pub enum MasterToAgent {
         task_id: TaskId,
         update_id: UpdateId,
     },
-    /// Not the leader: connect to this address instead.
-    NotLeader { leader: Option<String> },
     /// The master refused the registration or a message.
     Error { message: String },
 }
@@ -380,9 +396,6 @@ pub enum MasterToFramework {
         message: String,
     },
     Heartbeat,
-    NotLeader {
-        leader: Option<String>,
-    },
 }
 
 #[cfg(test)]

@@ -2,11 +2,12 @@
 //!
 //! - [`tls`]: the cluster CA, certificate issuing, the TLS directory convention, identities.
 //! - [`quic`]: endpoints, the hello, and framed message streams.
-//! - [`candidates`]: which master to try next (lost masters last, redirects first).
+//! - [`masters`]: a link to every master; the session with the leader, switched when a standby
+//!   announces it was elected.
 //! - [`backoff`]: capped exponential backoff with jitter for reconnects and retries.
 
 pub mod backoff;
-pub mod candidates;
+pub mod masters;
 pub mod quic;
 pub mod tls;
 

@@ -1,7 +1,9 @@
 //! QUIC endpoints and the framed message stream every peer speaks.
 //!
-//! One connection per peer; the client opens one bidirectional stream, sends a
-//! [`Hello`](crate::protocol::Hello) and then messages flow in both directions as codec frames.
+//! One connection per peer and master; the client opens one bidirectional stream and sends a
+//! [`Hello`](crate::protocol::Hello), the master answers with its
+//! [`MasterRole`](crate::protocol::MasterRole), then messages flow in both directions as codec
+//! frames.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use serde::Serialize;
 
 use super::tls::{self, PeerIdentity, TlsMaterial};
 use crate::protocol::codec::{self, CodecError};
-use crate::protocol::{Hello, PeerKind, PROTOCOL_VERSION};
+use crate::protocol::{Hello, MasterRole, PeerKind, PROTOCOL_VERSION};
 
 /// Errors opening or using a QUIC connection.
 #[derive(Debug, thiserror::Error)]
@@ -36,17 +38,23 @@ pub enum TransportError {
     Timeout(SocketAddr, Duration),
 }
 
-/// How long [`connect`] waits for the handshake and stream. A master that is gone (e.g. a
-/// killed leader a standby still redirects to until its lease expires) never answers, and
-/// waiting for the 5 s idle timeout would stall failover.
+/// How long [`connect`] waits for the handshake, the stream and the master's role: a master
+/// that is gone never answers, and the link retries (with backoff) rather than hang.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Keep-alives every second; a silent peer is dropped after 5 s (fast failover detection).
-fn transport_config() -> Arc<quinn::TransportConfig> {
+/// How often a peer pings an otherwise quiet connection (agents and frameworks; the master
+/// only answers). Leader changes are pushed by the newly elected master
+/// ([`MasterRole::Leading`]), so failover does not wait for this.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// A connection silent for this long is dead: a crashed agent is noticed by the master, a
+/// crashed master by its peers (when no election follows, e.g. a standalone master).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn transport_config(keep_alive: Option<Duration>) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
-    t.keep_alive_interval(Some(Duration::from_secs(1)));
+    t.keep_alive_interval(keep_alive);
     t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(
-        5_000,
+        IDLE_TIMEOUT.as_millis() as u32,
     ))));
     t.max_concurrent_bidi_streams(4u32.into());
     t.max_concurrent_uni_streams(0u32.into());
@@ -61,7 +69,8 @@ pub fn server_endpoint(
     let crypto = QuicServerConfig::try_from(tls::server_config(material)?)
         .map_err(|e| TransportError::Config(e.to_string()))?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    cfg.transport_config(transport_config());
+    // Peers send the keep-alives: one ping per connection per interval instead of two.
+    cfg.transport_config(transport_config(None));
     let socket = std::net::UdpSocket::bind(addr)?;
     // One socket carries every agent's and framework's packets (keep-alives, heartbeats): with
     // thousands of peers the default buffer (~200 KB) overflows in bursts, and the packets
@@ -80,22 +89,35 @@ pub fn server_endpoint(
 /// Receive buffer requested for the master's UDP socket.
 pub const SERVER_RECV_BUFFER: usize = 8 << 20;
 
-/// A client endpoint (agent or framework) on an ephemeral port of the right address family.
+/// The QUIC client configuration of an agent or framework: mutual TLS with `material`,
+/// keep-alives every [`KEEP_ALIVE`].
+pub fn client_config(material: &TlsMaterial) -> Result<quinn::ClientConfig, TransportError> {
+    let crypto = QuicClientConfig::try_from(tls::client_config(material)?)
+        .map_err(|e| TransportError::Config(e.to_string()))?;
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    cfg.transport_config(transport_config(Some(KEEP_ALIVE)));
+    Ok(cfg)
+}
+
+/// A client endpoint on an ephemeral port of `for_addr`'s address family (no default client
+/// configuration: connect with [`connect_with`]).
+pub fn bind_client(for_addr: SocketAddr) -> Result<quinn::Endpoint, TransportError> {
+    let bind: SocketAddr = if for_addr.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    Ok(quinn::Endpoint::client(bind)?)
+}
+
+/// A client endpoint (agent or framework) for `for_addr`'s address family whose default client
+/// configuration is [`client_config`]`(material)`, for [`connect`].
 pub fn client_endpoint(
     material: &TlsMaterial,
     for_addr: SocketAddr,
 ) -> Result<quinn::Endpoint, TransportError> {
-    let crypto = QuicClientConfig::try_from(tls::client_config(material)?)
-        .map_err(|e| TransportError::Config(e.to_string()))?;
-    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    cfg.transport_config(transport_config());
-    let bind: SocketAddr = if for_addr.is_ipv6() {
-        "[::]:0".parse().expect("literal")
-    } else {
-        "0.0.0.0:0".parse().expect("literal")
-    };
-    let mut ep = quinn::Endpoint::client(bind)?;
-    ep.set_default_client_config(cfg);
+    let mut ep = bind_client(for_addr)?;
+    ep.set_default_client_config(client_config(material)?);
     Ok(ep)
 }
 
@@ -125,24 +147,49 @@ impl FrameReceiver {
     }
 }
 
-/// Connects to the master at `addr` as `kind`: handshake, open the stream, send the hello.
+/// Connects to the master at `addr` as `kind` with the endpoint's default client
+/// configuration; see [`connect_with`].
 pub async fn connect(
     endpoint: &quinn::Endpoint,
     addr: SocketAddr,
     kind: PeerKind,
-) -> Result<(quinn::Connection, FrameSender, FrameReceiver), TransportError> {
+) -> Result<(quinn::Connection, FrameSender, FrameReceiver, MasterRole), TransportError> {
     let connecting = endpoint.connect(addr, tls::MASTER_SERVER_NAME)?;
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+    finish_connect(connecting, addr, kind).await
+}
+
+/// Connects to the master at `addr` as `kind`: handshake (within [`CONNECT_TIMEOUT`]), open
+/// the stream, send the hello and read the master's [`MasterRole`].
+pub async fn connect_with(
+    endpoint: &quinn::Endpoint,
+    config: quinn::ClientConfig,
+    addr: SocketAddr,
+    kind: PeerKind,
+) -> Result<(quinn::Connection, FrameSender, FrameReceiver, MasterRole), TransportError> {
+    let connecting = endpoint.connect_with(config, addr, tls::MASTER_SERVER_NAME)?;
+    finish_connect(connecting, addr, kind).await
+}
+
+async fn finish_connect(
+    connecting: quinn::Connecting,
+    addr: SocketAddr,
+    kind: PeerKind,
+) -> Result<(quinn::Connection, FrameSender, FrameReceiver, MasterRole), TransportError> {
+    let setup = async {
+        let conn = connecting.await?;
+        let (send, recv) = conn.open_bi().await?;
+        let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
+        tx.send(&Hello {
+            protocol_version: PROTOCOL_VERSION,
+            peer: kind,
+        })
+        .await?;
+        let role: MasterRole = rx.recv().await?;
+        Ok::<_, TransportError>((conn, tx, rx, role))
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, setup)
         .await
-        .map_err(|_| TransportError::Timeout(addr, CONNECT_TIMEOUT))??;
-    let (send, recv) = conn.open_bi().await?;
-    let mut tx = FrameSender(send);
-    tx.send(&Hello {
-        protocol_version: PROTOCOL_VERSION,
-        peer: kind,
-    })
-    .await?;
-    Ok((conn, tx, FrameReceiver(recv)))
+        .map_err(|_| TransportError::Timeout(addr, CONNECT_TIMEOUT))?
 }
 
 /// Server side: accept the peer's stream and check its hello. Returns the peer kind.

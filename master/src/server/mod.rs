@@ -61,6 +61,9 @@ struct Shell {
     conns: Arc<DashMap<ConnId, mpsc::Sender<Outbound>>>,
     next_conn: Arc<AtomicU64>,
     status: watch::Receiver<LeadershipStatus>,
+    /// Changes only when this master's role or the leader it knows changes (not on every lease
+    /// renewal): what parked standby connections wait on.
+    role: watch::Receiver<health::Admission>,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -84,6 +87,7 @@ pub async fn run(
         conns: Arc::new(DashMap::new()),
         next_conn: Arc::new(AtomicU64::new(1)),
         status: status.clone(),
+        role: follow_role(status.clone()),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -153,6 +157,28 @@ pub async fn run(
     let _ = http_task.await;
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
     result
+}
+
+/// A watch of [`health::redirect`] that changes only when its value does.
+fn follow_role(
+    mut status: watch::Receiver<LeadershipStatus>,
+) -> watch::Receiver<health::Admission> {
+    let role_of = |s: &LeadershipStatus| health::redirect(s, std::time::Instant::now());
+    let (tx, rx) = watch::channel(role_of(&status.borrow_and_update()));
+    tokio::spawn(async move {
+        while status.changed().await.is_ok() {
+            let now = role_of(&status.borrow_and_update());
+            tx.send_if_modified(|cur| {
+                let changed = *cur != now;
+                *cur = now;
+                changed
+            });
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// Turns leadership events into core events: on election, load the registry (after the fence
@@ -437,33 +463,47 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 return;
             }
         };
-    // Only the leader serves peers; a standby tells them where the leader is.
-    let admission = health::redirect(&shell.status.borrow().clone(), std::time::Instant::now());
-    if let health::Admission::Redirect { leader } = admission {
-        let mut tx = tx;
-        let res = match kind {
-            PeerKind::Agent => {
-                tx.send(&MasterToAgent::NotLeader {
-                    leader: leader.clone(),
-                })
-                .await
-            }
-            PeerKind::Framework => {
-                tx.send(&MasterToFramework::NotLeader {
-                    leader: leader.clone(),
-                })
-                .await
-            }
-        };
-        if res.is_ok() {
-            let _ = tx.0.finish();
-            let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
-        }
-        tracing::debug!(%remote, ?leader, "redirected a peer to the leader");
-        conn.close(CLOSE_NORMAL.into(), b"not the leader");
-        drop(rx);
+    let kind_matches = matches!(
+        (kind, &identity),
+        (PeerKind::Agent, PeerIdentity::Agent(_))
+            | (PeerKind::Framework, PeerIdentity::Framework(_))
+    );
+    if !kind_matches {
+        tracing::warn!(%remote, %identity, ?kind, "hello kind does not match the certificate; closing");
+        conn.close(
+            CLOSE_PROTOCOL.into(),
+            b"peer kind does not match certificate",
+        );
         return;
     }
+    // Only the leader serves peers. A standby says so, names the leader, and keeps the
+    // connection open: the moment it is elected it says `Leading` here and the peer registers
+    // without a new handshake.
+    let mut tx = tx;
+    let mut role = shell.role.clone();
+    let mut told: Option<MasterRole> = None;
+    let epoch = loop {
+        let now_role = match health::redirect(&shell.status.borrow(), std::time::Instant::now()) {
+            health::Admission::Serve { epoch } => MasterRole::Leading { epoch },
+            health::Admission::Redirect { leader } => MasterRole::Standby { leader },
+        };
+        role.borrow_and_update();
+        if told.as_ref() != Some(&now_role) {
+            if let Err(e) = tx.send(&now_role).await {
+                tracing::debug!(%remote, "peer gone before it was served: {e}");
+                return;
+            }
+            told = Some(now_role.clone());
+        }
+        if let MasterRole::Leading { epoch } = now_role {
+            break epoch;
+        }
+        tokio::select! {
+            changed = role.changed() => if changed.is_err() { return },
+            _ = conn.closed() => return,
+        }
+    };
+    tracing::debug!(%remote, %identity, epoch, "serving a peer");
     let id = shell.next_conn.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::channel(16_384);
     shell.conns.insert(id, out_tx);
@@ -508,6 +548,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
             .await;
         }
         (kind, identity) => {
+            // Checked before the role was sent.
             tracing::warn!(%remote, %identity, ?kind, "hello kind does not match the certificate; closing");
             conn.close(
                 CLOSE_PROTOCOL.into(),
