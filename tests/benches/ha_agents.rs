@@ -339,8 +339,22 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
     let initial_registration = start.elapsed();
     eprintln!("  {n} agents registered in {initial_registration:?}");
     let old_epoch = *epoch_of.iter().max().unwrap_or(&0);
-    // Let the registry writes and first offers settle.
+    // Let the registry writes and first offers settle, then measure the steady-state cost of
+    // N connected agents (keep-alives, heartbeats, standby links).
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let all_pids: Vec<String> = masters.iter().map(|m| m.proc.pid().to_string()).collect();
+    let (m0, e0) = (
+        all_pids.iter().map(|p| cpu_time(p)).sum::<Duration>(),
+        cpu_time("self"),
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle_masters = (all_pids.iter().map(|p| cpu_time(p)).sum::<Duration>() - m0) / 5;
+    let idle_emulator = (cpu_time("self") - e0) / 5;
+    eprintln!(
+        "  steady state with {n} agents: masters {:.0} ms CPU/s (all three), emulator {:.0} ms CPU/s",
+        idle_masters.as_secs_f64() * 1000.0,
+        idle_emulator.as_secs_f64() * 1000.0
+    );
 
     // Watch the election for the old leader key's deletion.
     let client = etcd_client::Client::connect([etcd.client_url()], None).await?;

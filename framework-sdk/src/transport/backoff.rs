@@ -32,6 +32,11 @@ impl Backoff {
         Duration::from_nanos(nanos - jitter)
     }
 
+    /// Jump to the largest delay (the peer is known to be down for a while).
+    pub fn hold_off(&mut self) {
+        self.current = self.max;
+    }
+
     /// Back to the initial delay (after a success).
     pub fn reset(&mut self) {
         self.current = self.initial;

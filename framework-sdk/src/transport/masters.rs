@@ -35,6 +35,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -102,6 +103,8 @@ struct Shared {
     /// Resolved addresses with a link: a second link to the same master (configured twice, or
     /// discovered under another name) ends itself.
     claimed: Mutex<HashSet<SocketAddr>>,
+    /// The highest epoch any master announced.
+    newest_epoch: AtomicU64,
     events: mpsc::UnboundedSender<LinkEvent>,
 }
 
@@ -156,6 +159,7 @@ impl Masters {
                 ..Default::default()
             }),
             claimed: Mutex::new(HashSet::new()),
+            newest_epoch: AtomicU64::new(0),
             events: tx,
         });
         let mut masters = Self {
@@ -273,6 +277,7 @@ async fn session(
         match role {
             MasterRole::Leading { epoch } => {
                 tracing::debug!(master = %addr, epoch, "master leads");
+                shared.newest_epoch.fetch_max(epoch, Ordering::Relaxed);
                 let closed = conn.clone();
                 let session = LeaderSession {
                     addr,
@@ -285,6 +290,12 @@ async fn session(
                     return Ok(());
                 }
                 closed.closed().await;
+                if shared.newest_epoch.load(Ordering::Relaxed) > epoch {
+                    // Deposed (a newer leader announced itself): it is dead or stepping down
+                    // and restarting. Give it time instead of a herd of handshakes to a dead
+                    // address.
+                    backoff.hold_off();
+                }
                 return Ok(());
             }
             MasterRole::Standby { leader } => {

@@ -1,7 +1,7 @@
-//! What a master answers on `/health` and how it redirects peers, from its leadership view.
+//! What a master answers on `/health` and tells connecting peers, from its leadership view.
 //!
 //! Pure functions of [`LeadershipStatus`] and the current time: the HTTP handler serialises
-//! [`health`], and the agent/framework session handlers call [`redirect`] before accepting a
+//! [`health`], and the agent/framework session handlers call [`admission`] before accepting a
 //! registration.
 
 use std::time::Instant;
@@ -46,17 +46,17 @@ pub fn health(status: &LeadershipStatus, now: Instant) -> Health {
 pub enum Admission {
     /// This master leads: serve the peer, stamping messages with `epoch`.
     Serve { epoch: u64 },
-    /// Not the leader: answer `NotLeader { leader }` (`None`: no leader known yet, retry later)
-    /// and close the connection.
-    Redirect { leader: Option<String> },
+    /// Not the leader: answer `MasterRole::Standby { leader }` (`None`: no leader known yet)
+    /// and park the connection until this master is elected.
+    Standby { leader: Option<String> },
 }
 
-/// Serve or redirect, for a peer connecting at `now`.
-pub fn redirect(status: &LeadershipStatus, now: Instant) -> Admission {
+/// Serve or park, for a peer connecting at `now`.
+pub fn admission(status: &LeadershipStatus, now: Instant) -> Admission {
     match (status.leads_at(now), status.epoch) {
         (true, Some(epoch)) => Admission::Serve { epoch },
-        _ => Admission::Redirect {
-            // Never redirect a peer to ourselves while we are not leading.
+        _ => Admission::Standby {
+            // Never name ourselves as the leader while we are not leading.
             leader: status.leader.clone().filter(|l| *l != status.advertise),
         },
     }
@@ -80,35 +80,35 @@ mod tests {
     fn leader_serves_and_reports_epoch() {
         let now = Instant::now();
         let s = st(true, Some(42), Some("m1:5050"));
-        assert_eq!(redirect(&s, now), Admission::Serve { epoch: 42 });
+        assert_eq!(admission(&s, now), Admission::Serve { epoch: 42 });
         let h = serde_json::to_value(health(&s, now)).unwrap();
         assert_eq!(h["role"], "leader");
         assert_eq!(h["epoch"], 42);
     }
 
     #[test]
-    fn standby_redirects_to_the_leader_never_to_itself() {
+    fn standby_names_the_leader_never_itself() {
         let now = Instant::now();
         let s = st(false, None, Some("m2:5050"));
         assert_eq!(
-            redirect(&s, now),
-            Admission::Redirect {
+            admission(&s, now),
+            Admission::Standby {
                 leader: Some("m2:5050".into())
             }
         );
         assert_eq!(health(&s, now).role, "standby");
         let stale = st(false, None, Some("m1:5050"));
-        assert_eq!(redirect(&stale, now), Admission::Redirect { leader: None });
+        assert_eq!(admission(&stale, now), Admission::Standby { leader: None });
     }
 
     #[test]
-    fn a_leader_past_its_lease_deadline_redirects_even_before_lost() {
+    fn a_leader_past_its_lease_deadline_is_a_standby_even_before_lost() {
         let t0 = Instant::now();
         let mut s = st(true, Some(7), Some("m1:5050"));
         s.lease_valid_until = Some(t0 + std::time::Duration::from_secs(1));
-        assert_eq!(redirect(&s, t0), Admission::Serve { epoch: 7 });
+        assert_eq!(admission(&s, t0), Admission::Serve { epoch: 7 });
         let late = t0 + std::time::Duration::from_secs(1);
-        assert_eq!(redirect(&s, late), Admission::Redirect { leader: None });
+        assert_eq!(admission(&s, late), Admission::Standby { leader: None });
         let h = health(&s, late);
         assert_eq!(h.role, "standby");
         assert_eq!(h.epoch, None);

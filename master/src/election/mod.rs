@@ -11,12 +11,12 @@
 //!
 //! Both report [`LeadershipEvent`]s on a channel ([`Election::next_event`]) and keep a
 //! [`LeadershipStatus`] snapshot ([`Election::status`], [`Election::watch_status`]) that the HTTP
-//! `/health` handler and the peer-redirect logic read ([`health`]).
+//! `/health` handler and the peer admission logic read ([`health`]).
 //!
 //! How the server uses it: on `Elected { epoch, fence }` install the fence in the registry store,
 //! load the registry, then serve (offers, launches) with `epoch` in `Registered`/`Subscribed`; on
 //! `Lost` stop offering and accepting at once, clear the fence, drop sessions (or turn standby);
-//! on `LeaderChanged` update the redirect target. `LeaderChanged` naming this master can arrive
+//! on `LeaderChanged` tell parked peers. `LeaderChanged` naming this master can arrive
 //! before its `Elected`: only `Elected` makes a master act as leader. Before every offer and
 //! launch also check [`LeadershipStatus::leads_at`] (or [`Election::is_leader`]): it turns false
 //! at the lease deadline even if the `Lost` event has not been processed yet.
@@ -45,9 +45,9 @@
 //!     let (mut election, store) = election::start(ha).await?;
 //!     let status = election.watch_status();
 //!     // HTTP: GET /health -> Json(health::health(&status.borrow(), Instant::now()))
-//!     // Peer connects -> match health::redirect(&status.borrow(), Instant::now()) {
+//!     // Peer connects -> match health::admission(&status.borrow(), Instant::now()) {
 //!     //     Admission::Serve { epoch } => register, answer with `epoch`,
-//!     //     Admission::Redirect { leader } => send NotLeader { leader } and close }
+//!     //     Admission::Standby { leader } => send MasterRole::Standby { leader }, park }
 //!     while let Some(event) = election.next_event().await {
 //!         match event {
 //!             LeadershipEvent::Elected { epoch, fence, .. } => {
@@ -57,7 +57,7 @@
 //!             }
 //!             LeadershipEvent::Lost { reason, .. } => {
 //!                 store.clear_fence();
-//!                 let _ = reason; // core: stop offers/launches, close sessions (NotLeader)
+//!                 let _ = reason; // core: stop offers/launches, close sessions
 //!             }
 //!             LeadershipEvent::LeaderChanged { .. } => {} // `status` already has it
 //!         }

@@ -36,6 +36,8 @@ const CLOSE_PROTOCOL: u32 = 1;
 /// TLS handshakes in progress at once. A herd of reconnecting agents (after a failover) would
 /// otherwise share the CPU among thousands of handshakes that then all time out and retry.
 const MAX_HANDSHAKES: usize = 64;
+/// The shortest time between two allocation cycles triggered by events.
+const ALLOCATION_GAP: Duration = Duration::from_millis(20);
 
 enum CoreEvent {
     /// This master was elected: recover the registry and start serving with `epoch`.
@@ -163,7 +165,7 @@ pub async fn run(
 fn follow_role(
     mut status: watch::Receiver<LeadershipStatus>,
 ) -> watch::Receiver<health::Admission> {
-    let role_of = |s: &LeadershipStatus| health::redirect(s, std::time::Instant::now());
+    let role_of = |s: &LeadershipStatus| health::admission(s, std::time::Instant::now());
     let (tx, rx) = watch::channel(role_of(&status.borrow_and_update()));
     tokio::spawn(async move {
         while status.changed().await.is_ok() {
@@ -336,6 +338,10 @@ async fn core_loop(
     let now = || start.elapsed().as_millis() as u64;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Event-triggered allocation cycles are at least ALLOCATION_GAP apart: a herd of
+    // re-registering agents then costs a few cycles over all agents, not one per message batch.
+    let mut last_cycle = Instant::now();
+    let mut cycle_waiting = false;
     let mut master: Option<Master> = None;
     let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
@@ -387,12 +393,17 @@ async fn core_loop(
                     out.extend(m.handle(Input::Tick, now()));
                 }
             }
+            _ = tokio::time::sleep_until((last_cycle + ALLOCATION_GAP).into()), if cycle_waiting => {}
         }
+        cycle_waiting = false;
         if let Some(m) = master.as_mut() {
             let t = now();
             // Never offer past the lease deadline, even before the Lost event arrives.
-            if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
+            if m.allocation_due(t) && last_cycle.elapsed() < ALLOCATION_GAP {
+                cycle_waiting = true;
+            } else if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
                 let started = Instant::now();
+                last_cycle = started;
                 let before = out.len();
                 m.allocate(t, &mut out);
                 m.last_cycle_us = started.elapsed().as_micros() as u64;
@@ -483,12 +494,20 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     let mut role = shell.role.clone();
     let mut told: Option<MasterRole> = None;
     let epoch = loop {
-        let now_role = match health::redirect(&shell.status.borrow(), std::time::Instant::now()) {
+        let now_role = match health::admission(&shell.status.borrow(), std::time::Instant::now()) {
             health::Admission::Serve { epoch } => MasterRole::Leading { epoch },
-            health::Admission::Redirect { leader } => MasterRole::Standby { leader },
+            health::Admission::Standby { leader } => MasterRole::Standby { leader },
         };
         role.borrow_and_update();
-        if told.as_ref() != Some(&now_role) {
+        // A parked peer hears of a new leader or of our election; "no leader right now"
+        // (between terms) is not worth 10,000 messages.
+        let worth_telling = match (&told, &now_role) {
+            (None, _) => true,
+            (Some(t), r) if t == r => false,
+            (Some(_), MasterRole::Standby { leader: None }) => false,
+            _ => true,
+        };
+        if worth_telling {
             if let Err(e) = tx.send(&now_role).await {
                 tracing::debug!(%remote, "peer gone before it was served: {e}");
                 return;

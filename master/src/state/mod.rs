@@ -460,16 +460,19 @@ impl Master {
             });
             return;
         }
-        // Dynamic reservations this agent had (before an agent restart or a master failover).
+        // Dynamic reservations this agent had (before an agent restart or a master failover),
+        // and its registry record if this master recovered it from the registry.
+        let mut recovered: Option<AgentRecord> = None;
         let dynamic = match claimed_id {
             Some(c) => match self.agents.get(&c) {
                 Some(a) if a.name == name => a.dynamic.clone(),
-                _ => self
-                    .recovered_agents
-                    .remove(&c)
-                    .filter(|(rec, _, _)| rec.name == name)
-                    .map(|(_, d, _)| d)
-                    .unwrap_or_default(),
+                _ => match self.recovered_agents.remove(&c) {
+                    Some((rec, d, _)) if rec.name == name => {
+                        recovered = Some(rec);
+                        d
+                    }
+                    _ => BTreeMap::new(),
+                },
             },
             None => BTreeMap::new(),
         };
@@ -554,11 +557,16 @@ impl Master {
                     .get(&id)
                     .map(|a| a.hostname.clone())
                     .unwrap_or_default();
-                out.push(Output::Persist(Mutation::PutAgent(AgentRecord {
+                let record = AgentRecord {
                     id,
                     name: name.clone(),
                     hostname,
-                })));
+                };
+                // After a failover the registry already holds most re-registering agents:
+                // write only what changed (10,000 agents must not mean 10,000 etcd writes).
+                if recovered.as_ref() != Some(&record) {
+                    out.push(Output::Persist(Mutation::PutAgent(record)));
+                }
                 // An agent that comes back with tasks after a master restart: adopt them.
                 self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
                 id

@@ -595,3 +595,65 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
     });
     assert_eq!(h.m.view(h.now).agents[0].total.get("gpus"), 4.0);
 }
+
+#[test]
+fn recovered_agents_reregister_without_rewriting_the_registry() {
+    let mut h = Harness::new();
+    let a = h.agent(1, "a1", "cpus:4");
+    // A new leader recovers the registry that holds a1, then a1 re-registers with its id.
+    let mut registry = crate::registry::Registry::default();
+    registry.agents.insert(
+        a,
+        crate::registry::AgentRecord {
+            id: a,
+            name: "a1".into(),
+            hostname: "h".into(),
+        },
+    );
+    let mut next = Harness::new();
+    next.m.recover(registry, 0);
+    let persists = |out: &[Output]| {
+        out.iter()
+            .filter(|o| matches!(o, Output::Persist(_)))
+            .count()
+    };
+    next.input(Input::AgentConnected {
+        conn: 5,
+        name: "a1".into(),
+        address: "127.0.0.1:1".into(),
+    });
+    let out = next.input(Input::Agent {
+        conn: 5,
+        msg: register(Some(a), "cpus:4"),
+    });
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::ToAgent(5, MasterToAgent::Registered { agent_id, .. }) if *agent_id == a)));
+    assert_eq!(
+        persists(&out),
+        0,
+        "unchanged record is not rewritten: {out:?}"
+    );
+    // A changed hostname is written.
+    let mut registry = crate::registry::Registry::default();
+    registry.agents.insert(
+        a,
+        crate::registry::AgentRecord {
+            id: a,
+            name: "a1".into(),
+            hostname: "old-host".into(),
+        },
+    );
+    let mut third = Harness::new();
+    third.m.recover(registry, 0);
+    third.input(Input::AgentConnected {
+        conn: 6,
+        name: "a1".into(),
+        address: "127.0.0.1:1".into(),
+    });
+    let out = third.input(Input::Agent {
+        conn: 6,
+        msg: register(Some(a), "cpus:4"),
+    });
+    assert_eq!(persists(&out), 1, "{out:?}");
+}
