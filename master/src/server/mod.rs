@@ -66,6 +66,8 @@ struct Shell {
     /// Changes only when this master's role or the leader it knows changes (not on every lease
     /// renewal): what parked standby connections wait on.
     role: watch::Receiver<health::Admission>,
+    /// The epoch whose registry the core has recovered (it serves peers from then on).
+    ready: watch::Receiver<Option<u64>>,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -84,12 +86,14 @@ pub async fn run(
     let (election, store) = election::start(ha).await?;
     let status = election.watch_status();
     let (core_tx, core_rx) = mpsc::channel(65_536);
+    let (ready_tx, ready_rx) = watch::channel(None);
     let shell = Shell {
         core: core_tx.clone(),
         conns: Arc::new(DashMap::new()),
         next_conn: Arc::new(AtomicU64::new(1)),
         status: status.clone(),
-        role: follow_role(status.clone()),
+        role: follow_role(status.clone(), ready_rx.clone()),
+        ready: ready_rx,
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -100,6 +104,7 @@ pub async fn run(
         writer,
         status.clone(),
         lost_tx.clone(),
+        ready_tx,
     ));
     let leadership = tokio::spawn(follow_election(election, store, core_tx, lost_tx));
 
@@ -164,12 +169,19 @@ pub async fn run(
 /// A watch of [`health::redirect`] that changes only when its value does.
 fn follow_role(
     mut status: watch::Receiver<LeadershipStatus>,
+    mut ready: watch::Receiver<Option<u64>>,
 ) -> watch::Receiver<health::Admission> {
-    let role_of = |s: &LeadershipStatus| health::admission(s, std::time::Instant::now());
-    let (tx, rx) = watch::channel(role_of(&status.borrow_and_update()));
+    let (tx, rx) = watch::channel(peer_admission(
+        &status.borrow_and_update(),
+        *ready.borrow_and_update(),
+    ));
     tokio::spawn(async move {
-        while status.changed().await.is_ok() {
-            let now = role_of(&status.borrow_and_update());
+        loop {
+            tokio::select! {
+                r = status.changed() => if r.is_err() { return },
+                r = ready.changed() => if r.is_err() { return },
+            }
+            let now = peer_admission(&status.borrow_and_update(), *ready.borrow_and_update());
             tx.send_if_modified(|cur| {
                 let changed = *cur != now;
                 *cur = now;
@@ -181,6 +193,19 @@ fn follow_role(
         }
     });
     rx
+}
+
+/// What a connecting peer is told: served only once this master leads *and* its core has
+/// recovered the registry for that epoch (`ready`), so a herd of peers parked with a freshly
+/// elected standby does not compete with the registry load; until then they stay parked.
+fn peer_admission(status: &LeadershipStatus, ready: Option<u64>) -> health::Admission {
+    match health::admission(status, std::time::Instant::now()) {
+        health::Admission::Serve { epoch } if ready == Some(epoch) => {
+            health::Admission::Serve { epoch }
+        }
+        health::Admission::Serve { .. } => health::Admission::Standby { leader: None },
+        standby => standby,
+    }
 }
 
 /// Turns leadership events into core events: on election, load the registry (after the fence
@@ -333,6 +358,7 @@ async fn core_loop(
     writer: RegistryWriter,
     status: watch::Receiver<LeadershipStatus>,
     lost: mpsc::UnboundedSender<String>,
+    ready: watch::Sender<Option<u64>>,
 ) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
@@ -368,6 +394,7 @@ async fn core_loop(
                                 out.extend(m.handle(input, now()));
                             }
                             master = Some(m);
+                            ready.send_replace(Some(epoch));
                         }
                         (CoreEvent::Lead { .. }, Some(_)) => {}
                         (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
@@ -494,7 +521,8 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     let mut role = shell.role.clone();
     let mut told: Option<MasterRole> = None;
     let epoch = loop {
-        let now_role = match health::admission(&shell.status.borrow(), std::time::Instant::now()) {
+        let ready = *shell.ready.borrow();
+        let now_role = match peer_admission(&shell.status.borrow(), ready) {
             health::Admission::Serve { epoch } => MasterRole::Leading { epoch },
             health::Admission::Standby { leader } => MasterRole::Standby { leader },
         };
