@@ -128,6 +128,8 @@ pub struct MasterProc {
     pub http: SocketAddr,
     pub work_dir: PathBuf,
     pub log: PathBuf,
+    tls_dir: PathBuf,
+    extra: Vec<String>,
 }
 
 impl MasterProc {
@@ -137,35 +139,71 @@ impl MasterProc {
         let http = free_tcp();
         let work_dir = dir.join(format!("master-{}", quic.port()));
         let log = dir.join(format!("master-{}.log", quic.port()));
-        let mut cmd = Command::new(bin("gantry-master")?);
-        cmd.arg("--listen")
-            .arg(quic.to_string())
-            .arg("--http")
-            .arg(http.to_string());
-        cmd.arg("--work-dir")
-            .arg(&work_dir)
-            .arg("--tls-dir")
-            .arg(tls_dir);
-        cmd.args(extra);
-        let proc = Proc::spawn("gantry-master", cmd, &log)?;
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let proc = Self::spawn(quic, http, &work_dir, tls_dir, &extra, &log)?;
         let m = Self {
             proc,
             quic,
             http,
             work_dir,
             log,
+            tls_dir: tls_dir.to_path_buf(),
+            extra,
         };
+        m.wait_up()?;
+        Ok(m)
+    }
+
+    /// `kill -9` and start again on the same addresses and work dir (its log is appended to
+    /// `<log>.1`); waits until `/health` answers.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.proc.kill9();
+        let log = self.log.with_extension("log.1");
+        self.proc = Self::spawn(
+            self.quic,
+            self.http,
+            &self.work_dir,
+            &self.tls_dir,
+            &self.extra,
+            &log,
+        )?;
+        self.log = log;
+        self.wait_up()
+    }
+
+    fn spawn(
+        quic: SocketAddr,
+        http: SocketAddr,
+        work_dir: &Path,
+        tls_dir: &Path,
+        extra: &[String],
+        log: &Path,
+    ) -> anyhow::Result<Proc> {
+        let mut cmd = Command::new(bin("gantry-master")?);
+        cmd.arg("--listen")
+            .arg(quic.to_string())
+            .arg("--http")
+            .arg(http.to_string());
+        cmd.arg("--work-dir")
+            .arg(work_dir)
+            .arg("--tls-dir")
+            .arg(tls_dir);
+        cmd.args(extra);
+        Proc::spawn("gantry-master", cmd, log)
+    }
+
+    fn wait_up(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while http_get(m.http, "/health").is_err() {
+        while http_get(self.http, "/health").is_err() {
             if Instant::now() > deadline {
                 bail!(
                     "master did not come up; log:\n{}",
-                    std::fs::read_to_string(&m.log).unwrap_or_default()
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(m)
+        Ok(())
     }
 
     /// `GET /state` as JSON.

@@ -62,9 +62,15 @@ fn transport_config(keep_alive: Option<Duration>) -> Arc<quinn::TransportConfig>
 }
 
 /// A server endpoint (the master) bound to `addr`, requiring client certificates.
+///
+/// `reset_key` (at least 32 bytes, kept across restarts: see [`load_or_create_reset_key`])
+/// keys QUIC stateless resets. A master restarted on the same address then answers packets of
+/// its previous incarnation's connections with a reset the peers accept, so they notice the
+/// restart at their next keep-alive instead of after the idle timeout.
 pub fn server_endpoint(
     addr: SocketAddr,
     material: &TlsMaterial,
+    reset_key: &[u8],
 ) -> Result<quinn::Endpoint, TransportError> {
     let crypto = QuicServerConfig::try_from(tls::server_config(material)?)
         .map_err(|e| TransportError::Config(e.to_string()))?;
@@ -78,12 +84,66 @@ pub fn server_endpoint(
     let _ = socket2::SockRef::from(&socket).set_recv_buffer_size(SERVER_RECV_BUFFER);
     let runtime = quinn::default_runtime()
         .ok_or_else(|| TransportError::Config("no async runtime for QUIC".into()))?;
+    if reset_key.len() < 32 {
+        return Err(TransportError::Config(
+            "the stateless reset key must have at least 32 bytes".into(),
+        ));
+    }
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, reset_key);
+    // Connection ids carry a keyed hash the endpoint checks before answering a packet of an
+    // unknown connection: the key must survive restarts too, or the new incarnation drops the
+    // old connections' packets instead of resetting them.
+    let cid_key = {
+        let tag = ring::hmac::sign(&key, b"gantry connection id key");
+        let mut k = [0u8; 8];
+        k.copy_from_slice(&tag.as_ref()[..8]);
+        u64::from_le_bytes(k)
+    };
+    let mut endpoint_config = quinn::EndpointConfig::new(Arc::new(key));
+    endpoint_config.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    // Resets are smaller than the packet that caused them (no amplification); after a restart
+    // every peer needs one, so do not rate-limit them to one per 20 ms (quinn's default).
+    endpoint_config.min_reset_interval(Duration::from_micros(50));
     Ok(quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        endpoint_config,
         Some(cfg),
         socket,
         runtime,
     )?)
+}
+
+/// Reads the stateless-reset key from `path`, creating it (32 random bytes, mode 0600) when
+/// missing.
+pub fn load_or_create_reset_key(path: &std::path::Path) -> Result<Vec<u8>, TransportError> {
+    match std::fs::read(path) {
+        Ok(key) if key.len() >= 32 => return Ok(key),
+        Ok(_) => {
+            return Err(TransportError::Config(format!(
+                "{} is shorter than 32 bytes; delete it to create a new key",
+                path.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut key = vec![0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key)
+        .map_err(|_| TransportError::Config("no system randomness".into()))?;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(&key)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(key)
 }
 
 /// Receive buffer requested for the master's UDP socket.

@@ -115,7 +115,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(dir = %tls_dir.display(), "created a new cluster CA (dev mode)");
     }
     let material = tls::load_or_issue(&tls_dir, &PeerIdentity::Master, &args.tls_san)?;
-    let endpoint = quic::server_endpoint(args.listen, &material)
+    let reset_key = quic::load_or_create_reset_key(&args.work_dir.join("quic-reset.key"))?;
+    let endpoint = quic::server_endpoint(args.listen, &material, &reset_key)
         .with_context(|| format!("binding QUIC on {}", args.listen))?;
     let http = tokio::net::TcpListener::bind(args.http)
         .await

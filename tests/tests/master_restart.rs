@@ -1,0 +1,107 @@
+//! A standalone master killed with `kill -9` and restarted on the same address and work dir.
+//! Its QUIC stateless-reset key is kept in the work dir, so the agent's and framework's next
+//! packets on their old connections are answered with a reset they accept: both notice the
+//! restart within a keep-alive interval (not after the 15 s idle timeout), the agent
+//! re-registers with its task well inside the default 10 s re-register timeout, the framework
+//! re-subscribes with its id, and the task is never reported LOST and finishes exactly once.
+
+use std::time::{Duration, Instant};
+
+use gantry_sdk::protocol::{StatusUpdate, TaskState};
+use gantry_sdk::{Driver, DriverConfig};
+use gantry_tests::{state_task, task, Cluster, Recorder, Updates};
+use tokio::sync::mpsc;
+
+const T: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_master_restart_keeps_agents_frameworks_and_tasks() {
+    let mut cluster = Cluster::start(&[("mr1", "cpus:4;mem:1024")]).unwrap();
+    let go = cluster.dir.path().join("go");
+    let mut t = task(
+        "outlives-the-master",
+        "while [ ! -e \"$GO\" ]; do sleep 0.1; done",
+        "cpus:1;mem:64",
+    );
+    t.env.insert("GO".into(), go.display().to_string());
+
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (err_tx, _err_rx) = mpsc::unbounded_channel();
+    let rec = Recorder {
+        to_launch: vec![t.clone()],
+        updates: up_tx,
+        errors: err_tx,
+    };
+    let config = DriverConfig::new(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        "restart-fw",
+        vec!["batch".into()],
+    );
+    let driver = Driver::new(config);
+    let handle = driver.handle();
+    let run = tokio::spawn(driver.run(rec));
+    let mut updates = Updates::new(up_rx);
+    updates
+        .wait(t.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    let before = cluster.master.state().unwrap();
+    let agent_id = before["agents"][0]["id"].clone();
+    let framework_id = before["frameworks"][0]["id"].clone();
+
+    let restarted = Instant::now();
+    cluster.master.restart().unwrap();
+    let state = match cluster
+        .master
+        .wait_state(T, "agent and framework back", |s| {
+            s["agents"][0]["connected"] == true
+                && s["frameworks"][0]["connected"] == true
+                && state_task(s, t.task_id)["state"] == "RUNNING"
+        }) {
+        Ok(s) => s,
+        Err(e) => {
+            cluster.dump_logs();
+            panic!("{e}");
+        }
+    };
+    let back = restarted.elapsed();
+    assert_eq!(state["agents"][0]["id"], agent_id, "{state:#}");
+    assert_eq!(state["frameworks"][0]["id"], framework_id, "{state:#}");
+    // Functional bound, not a speed target: later than the re-register timeout the master
+    // would have declared the agent lost (and its task LOST, checked below).
+    if back >= Duration::from_secs(10) {
+        cluster.dump_logs();
+    }
+    assert!(
+        back < Duration::from_secs(10),
+        "agent back only after {back:?}"
+    );
+    let agent_log = std::fs::read_to_string(&cluster.agents[0].log).unwrap_or_default();
+    assert!(
+        agent_log.contains("master connection lost"),
+        "the agent noticed the restart through its connection: {agent_log}"
+    );
+
+    std::fs::write(&go, b"").unwrap();
+    updates
+        .wait(t.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    let _ = updates
+        .wait_for("no more updates", Duration::from_secs(2), |_| false)
+        .await;
+    let terminal: Vec<&StatusUpdate> = updates
+        .seen
+        .iter()
+        .filter(|u| u.task_id == t.task_id && u.state.is_terminal() && !u.reconciliation)
+        .collect();
+    assert_eq!(terminal.len(), 1, "{:?}", updates.seen);
+    assert!(
+        !updates.seen.iter().any(|u| u.state == TaskState::Lost),
+        "{:?}",
+        updates.seen
+    );
+    handle.stop();
+    let _ = tokio::time::timeout(T, run).await;
+}
