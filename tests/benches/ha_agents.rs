@@ -445,13 +445,23 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
     let expired_at = tokio::time::timeout(Duration::from_secs(1), expired_rx)
         .await
         .context("no delete of the leader key seen")??;
-    let first_offer = offers
-        .lock()
-        .expect("lock")
-        .iter()
-        .copied()
-        .find(|t| *t > killed)
-        .context("no offer after the failover")?;
+    // The framework may come back after the last agent: wait for its first offer.
+    let offer_deadline = Instant::now() + Duration::from_secs(30);
+    let first_offer = loop {
+        let first = offers
+            .lock()
+            .expect("lock")
+            .iter()
+            .copied()
+            .find(|t| *t > killed);
+        match first {
+            Some(t) => break t,
+            None if Instant::now() > offer_deadline => {
+                bail!("no offer within 30 s after the failover")
+            }
+            None => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
     let first_agent = first_agent.unwrap_or(all_agents);
 
     for t in tasks {
@@ -500,6 +510,15 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(64)
         .max(1);
 
+    // Peers' warnings (lost links, refused subscriptions) go to stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,quinn=warn,quinn_proto=warn")
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

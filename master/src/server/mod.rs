@@ -195,6 +195,11 @@ fn follow_role(
     rx
 }
 
+/// A uniformly distributed delay in `0..max_ms`.
+fn jitter_ms(max_ms: u64) -> u64 {
+    (uuid::Uuid::new_v4().as_u128() % u128::from(max_ms.max(1))) as u64
+}
+
 /// What a connecting peer is told: served only once this master leads *and* its core has
 /// recovered the registry for that epoch (`ready`), so a herd of peers parked with a freshly
 /// elected standby does not compete with the registry load; until then they stay parked.
@@ -520,6 +525,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     let mut tx = tx;
     let mut role = shell.role.clone();
     let mut told: Option<MasterRole> = None;
+    let mut news_due: Option<tokio::time::Instant> = None;
     let epoch = loop {
         let ready = *shell.ready.borrow();
         let now_role = match peer_admission(&shell.status.borrow(), ready) {
@@ -535,6 +541,23 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
             (Some(_), MasterRole::Standby { leader: None }) => false,
             _ => true,
         };
+        // News of another master's election only matters to peers that do not know it (it
+        // announces itself to those parked with it): spread it over a few seconds instead of
+        // adding 10,000 messages to the re-registration herd at the new leader.
+        if worth_telling && told.is_some() && matches!(now_role, MasterRole::Standby { .. }) {
+            let due = *news_due.get_or_insert_with(|| {
+                tokio::time::Instant::now() + Duration::from_millis(2_000 + jitter_ms(3_000))
+            });
+            if tokio::time::Instant::now() < due {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => {}
+                    changed = role.changed() => if changed.is_err() { return },
+                    _ = conn.closed() => return,
+                }
+                continue;
+            }
+        }
+        news_due = None;
         if worth_telling {
             if let Err(e) = tx.send(&now_role).await {
                 tracing::debug!(%remote, "peer gone before it was served: {e}");
