@@ -36,8 +36,6 @@ const CLOSE_PROTOCOL: u32 = 1;
 /// TLS handshakes in progress at once. A herd of reconnecting agents (after a failover) would
 /// otherwise share the CPU among thousands of handshakes that then all time out and retry.
 const MAX_HANDSHAKES: usize = 64;
-/// The shortest time between two allocation cycles triggered by events.
-const ALLOCATION_GAP: Duration = Duration::from_millis(20);
 
 enum CoreEvent {
     /// This master was elected: recover the registry and start serving with `epoch`.
@@ -369,10 +367,9 @@ async fn core_loop(
     let now = || start.elapsed().as_millis() as u64;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Event-triggered allocation cycles are at least ALLOCATION_GAP apart: a herd of
-    // re-registering agents then costs a few cycles over all agents, not one per message batch.
-    let mut last_cycle = Instant::now();
-    let mut cycle_waiting = false;
+    // When an event-triggered allocation cycle that is not due yet will be (the state machine
+    // spaces them by `allocation_min_gap_ms`).
+    let mut next_cycle: Option<u64> = None;
     let mut master: Option<Master> = None;
     let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
@@ -425,17 +422,13 @@ async fn core_loop(
                     out.extend(m.handle(Input::Tick, now()));
                 }
             }
-            _ = tokio::time::sleep_until((last_cycle + ALLOCATION_GAP).into()), if cycle_waiting => {}
+            _ = tokio::time::sleep_until((start + Duration::from_millis(next_cycle.unwrap_or_default())).into()), if next_cycle.is_some() => {}
         }
-        cycle_waiting = false;
         if let Some(m) = master.as_mut() {
             let t = now();
             // Never offer past the lease deadline, even before the Lost event arrives.
-            if m.allocation_due(t) && last_cycle.elapsed() < ALLOCATION_GAP {
-                cycle_waiting = true;
-            } else if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
+            if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
                 let started = Instant::now();
-                last_cycle = started;
                 let before = out.len();
                 m.allocate(t, &mut out);
                 m.last_cycle_us = started.elapsed().as_micros() as u64;
@@ -448,6 +441,9 @@ async fn core_loop(
                     tracing::info!(epoch = config.epoch, "first offers made as leader");
                 }
             }
+            // Only a future time: a cycle that is due but may not run (lease deadline passed)
+            // waits for the tick instead of spinning.
+            next_cycle = m.next_allocation_at().filter(|at| *at > t);
         }
         let mut mutations = Vec::new();
         for o in out.drain(..) {

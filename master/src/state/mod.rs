@@ -46,6 +46,9 @@ pub struct MasterConfig {
     pub agent_reregister_timeout_ms: u64,
     /// Batch allocation interval.
     pub allocation_interval_ms: u64,
+    /// Allocation cycles triggered by events are at least this far apart: a herd of
+    /// re-registering agents then costs a few cycles over all agents, not one per message batch.
+    pub allocation_min_gap_ms: u64,
     /// Finished tasks kept for `/state`.
     pub completed_tasks_kept: usize,
 }
@@ -59,6 +62,7 @@ impl Default for MasterConfig {
             agent_ping_timeout_ms: 15_000,
             agent_reregister_timeout_ms: 10_000,
             allocation_interval_ms: 1000,
+            allocation_min_gap_ms: 20,
             completed_tasks_kept: 1000,
         }
     }
@@ -237,11 +241,18 @@ impl Master {
         &self.allocator
     }
 
-    /// True when an allocation should run now (after events that free or add resources, or
-    /// when the batch interval has passed).
+    /// True when an allocation should run now: after events that free or add resources (at
+    /// most once per `allocation_min_gap_ms`), or when the batch interval has passed.
     pub fn allocation_due(&self, now: Millis) -> bool {
+        let since = now.saturating_sub(self.last_batch);
+        (self.allocation_pending && since >= self.config.allocation_min_gap_ms)
+            || since >= self.config.allocation_interval_ms
+    }
+
+    /// When an event-triggered allocation that is not due yet will be (for the shell's timer).
+    pub fn next_allocation_at(&self) -> Option<Millis> {
         self.allocation_pending
-            || now.saturating_sub(self.last_batch) >= self.config.allocation_interval_ms
+            .then(|| self.last_batch + self.config.allocation_min_gap_ms)
     }
 
     /// Runs one allocation cycle and returns the offers to send.

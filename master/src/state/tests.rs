@@ -17,7 +17,13 @@ struct Harness {
 impl Harness {
     fn new() -> Self {
         Self {
-            m: Master::new(MasterConfig::default(), 7),
+            m: Master::new(
+                MasterConfig {
+                    allocation_min_gap_ms: 0,
+                    ..MasterConfig::default()
+                },
+                7,
+            ),
             now: 0,
         }
     }
@@ -656,4 +662,41 @@ fn recovered_agents_reregister_without_rewriting_the_registry() {
         msg: register(Some(a), "cpus:4"),
     });
     assert_eq!(persists(&out), 1, "{out:?}");
+}
+
+#[test]
+fn event_triggered_allocations_are_spaced_by_the_minimum_gap() {
+    let mut m = Master::new(
+        MasterConfig {
+            allocation_min_gap_ms: 20,
+            allocation_interval_ms: 1000,
+            ..MasterConfig::default()
+        },
+        7,
+    );
+    let mut out = Vec::new();
+    m.allocate(100, &mut out);
+    assert!(!m.allocation_due(105), "nothing happened");
+    assert_eq!(m.next_allocation_at(), None);
+    m.handle(
+        Input::AgentConnected {
+            conn: 1,
+            name: "a1".into(),
+            address: "127.0.0.1:1".into(),
+        },
+        105,
+    );
+    m.handle(
+        Input::Agent {
+            conn: 1,
+            msg: register(None, "cpus:1"),
+        },
+        105,
+    );
+    assert!(!m.allocation_due(105), "within the gap of the last cycle");
+    assert_eq!(m.next_allocation_at(), Some(120));
+    assert!(m.allocation_due(120));
+    m.allocate(120, &mut out);
+    assert!(!m.allocation_due(121));
+    assert!(m.allocation_due(1120), "the batch interval still applies");
 }
