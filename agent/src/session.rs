@@ -30,21 +30,14 @@ pub(crate) async fn run(
             return;
         }
     };
-    let mut min_epoch = 0;
-    let mut next: Option<LeaderSession> = None;
     loop {
-        let session = match next.take() {
-            Some(s) => s,
-            None => masters.leader(min_epoch).await,
-        };
-        min_epoch = session.epoch;
         let LeaderSession {
             addr,
             epoch,
             conn,
             mut tx,
             mut rx,
-        } = session;
+        } = masters.next_session().await;
         tracing::info!(master = %addr, epoch, "connected to the leading master");
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<AgentToMaster>();
         if events.send(Event::Connected(out_tx)).is_err() {
@@ -71,9 +64,8 @@ pub(crate) async fn run(
                         break;
                     }
                 },
-                newer = masters.leader(epoch + 1) => {
-                    tracing::info!(old = %addr, new = %newer.addr, epoch = newer.epoch, "a new master leads; switching to it");
-                    next = Some(newer);
+                _ = masters.newer_leader() => {
+                    tracing::info!(old = %addr, "a new master leads; switching to it");
                     break;
                 }
             }

@@ -252,8 +252,9 @@ pub struct Driver {
 enum SessionEnd {
     Stopped,
     Lost(String),
-    /// A master with a higher epoch announced that it leads.
-    NewLeader(LeaderSession),
+    /// A master with a higher epoch announced that it leads ([`Masters::next_session`]
+    /// returns its session).
+    NewLeader,
 }
 
 /// Remembers recently seen update ids so a redelivered update reaches the scheduler once.
@@ -322,20 +323,13 @@ impl Driver {
         let mut masters = Masters::start(links)?;
         let mut seen = SeenUpdates::new();
         let mut unreachable_since = tokio::time::Instant::now();
-        let mut min_epoch = 0;
-        let mut next: Option<LeaderSession> = None;
         loop {
-            let session = match next.take() {
-                Some(s) => s,
-                None => match self
-                    .wait_for_leader(&mut masters, min_epoch, unreachable_since)
-                    .await?
-                {
-                    Some(s) => s,
-                    None => return Ok(()),
-                },
+            let Some(session) = self
+                .wait_for_leader(&mut masters, unreachable_since)
+                .await?
+            else {
+                return Ok(());
             };
-            min_epoch = session.epoch;
             let (addr, conn) = (session.addr, session.conn.clone());
             tracing::info!(master = %addr, epoch = session.epoch, "connected to the leading master");
             let end = self
@@ -353,9 +347,8 @@ impl Driver {
                     masters.shutdown().await;
                     return Ok(());
                 }
-                SessionEnd::NewLeader(s) => {
-                    tracing::info!(old = %addr, new = %s.addr, epoch = s.epoch, "a new master leads; switching to it");
-                    next = Some(s);
+                SessionEnd::NewLeader => {
+                    tracing::info!(old = %addr, "a new master leads; switching to it");
                 }
                 SessionEnd::Lost(reason) => tracing::warn!("master connection: {reason}"),
             }
@@ -385,19 +378,18 @@ impl Driver {
         }
     }
 
-    /// Waits for a leading master (epoch at least `min_epoch`) while honouring stop requests
-    /// and `give_up_after`. `None`: stopped.
+    /// The next session with a leading master ([`Masters::next_session`]), while honouring stop
+    /// requests and `give_up_after`. `None`: stopped.
     async fn wait_for_leader(
         &mut self,
         masters: &mut Masters,
-        min_epoch: u64,
         unreachable_since: tokio::time::Instant,
     ) -> Result<Option<LeaderSession>, DriverError> {
         let limit = self.config.give_up_after;
         let deadline = limit.map(|l| unreachable_since + l);
         loop {
             tokio::select! {
-                s = masters.leader(min_epoch) => return Ok(Some(s)),
+                s = masters.next_session() => return Ok(Some(s)),
                 cmd = self.rx.recv() => match cmd {
                     Some(cmd) => if !self.hold_while_disconnected(cmd) {
                         masters.shutdown().await;
@@ -421,12 +413,7 @@ impl Driver {
         masters: &mut Masters,
         unreachable_since: &mut tokio::time::Instant,
     ) -> Result<SessionEnd, DriverError> {
-        let LeaderSession {
-            mut tx,
-            mut rx,
-            epoch,
-            ..
-        } = session;
+        let LeaderSession { mut tx, mut rx, .. } = session;
         let mut info = self.config.info.clone();
         info.framework_id = self.handle.framework_id();
         if let Err(e) = tx.send(&FrameworkToMaster::Subscribe(info)).await {
@@ -495,9 +482,9 @@ impl Driver {
                         MasterToFramework::Heartbeat => {}
                     }
                 }
-                newer = masters.leader(epoch + 1) => {
+                _ = masters.newer_leader() => {
                     if subscribed { scheduler.disconnected(&self.handle).await; }
-                    return Ok(SessionEnd::NewLeader(newer));
+                    return Ok(SessionEnd::NewLeader);
                 }
                 cmd = self.rx.recv(), if subscribed => {
                     match cmd {

@@ -114,17 +114,10 @@ async fn agent(
         return;
     };
     let mut agent_id: Option<AgentId> = None;
-    let mut min_epoch = 0;
-    let mut next: Option<LeaderSession> = None;
     loop {
-        let session = match next.take() {
-            Some(s) => s,
-            None => masters.leader(min_epoch).await,
-        };
-        min_epoch = session.epoch;
+        let session = masters.next_session().await;
         let conn = session.conn.clone();
-        let (registered, ended) =
-            agent_session(idx, session, &mut masters, &mut agent_id, &events).await;
+        let registered = agent_session(idx, session, &mut masters, &mut agent_id, &events).await;
         conn.close(0u32.into(), b"reconnecting");
         if registered {
             let _ = events.send(AgentEvent::Lost {
@@ -132,25 +125,19 @@ async fn agent(
                 at: Instant::now(),
             });
         }
-        next = ended;
     }
 }
 
-/// One session with a leader. Returns whether it registered, and the newer leader's session
-/// when one announced itself.
+/// One session with a leader, until it is lost or a newer leader announces itself. Returns
+/// whether it registered.
 async fn agent_session(
     idx: usize,
     session: LeaderSession,
     masters: &mut Masters,
     agent_id: &mut Option<AgentId>,
     events: &mpsc::UnboundedSender<AgentEvent>,
-) -> (bool, Option<LeaderSession>) {
-    let LeaderSession {
-        epoch,
-        mut tx,
-        mut rx,
-        ..
-    } = session;
+) -> bool {
+    let LeaderSession { mut tx, mut rx, .. } = session;
     let resources: Resources = "cpus:8;mem:16384".parse().expect("literal");
     let register = AgentToMaster::Register {
         agent_id: *agent_id,
@@ -163,7 +150,7 @@ async fn agent_session(
         pending_updates: Vec::new(),
     };
     if tx.send(&register).await.is_err() {
-        return (false, None);
+        return false;
     }
     let mut beat = tokio::time::interval(Duration::from_secs(5));
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -179,15 +166,15 @@ async fn agent_session(
                     beat.reset();
                     let _ = events.send(AgentEvent::Registered { idx, epoch, at: Instant::now() });
                 }
-                Ok(MasterToAgent::Error { .. }) | Err(_) => return (registered, None),
+                Ok(MasterToAgent::Error { .. }) | Err(_) => return registered,
                 Ok(_) => {}
             },
             _ = beat.tick(), if registered => {
                 if tx.send(&AgentToMaster::Heartbeat).await.is_err() {
-                    return (registered, None);
+                    return registered;
                 }
             }
-            newer = masters.leader(epoch + 1) => return (registered, Some(newer)),
+            _ = masters.newer_leader() => return registered,
         }
     }
 }

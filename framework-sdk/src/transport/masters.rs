@@ -24,11 +24,15 @@
 //!     quic::client_config(&material)?,
 //! );
 //! let mut masters = Masters::start(config)?;
-//! let mut session = masters.leader(0).await;
 //! loop {
-//!     // ... register on `session.tx`, read `session.rx` ...
-//!     // and when a newer leader announces itself, switch to it:
-//!     session = masters.leader(session.epoch + 1).await;
+//!     let mut session = masters.next_session().await;
+//!     // ... register on `session.tx`, then read `session.rx` until the connection is lost
+//!     // or a newer leader announces itself:
+//!     tokio::select! {
+//!         _ = session.rx.recv::<gantry_sdk::protocol::MasterToAgent>() => {}
+//!         _ = masters.newer_leader() => {}
+//!     }
+//!     session.conn.close(0u32.into(), b"bye");
 //! }
 //! # }
 //! ```
@@ -141,6 +145,10 @@ pub struct Masters {
     events: mpsc::UnboundedReceiver<LinkEvent>,
     known: HashSet<String>,
     links: Vec<tokio::task::JoinHandle<()>>,
+    /// Epoch of the session last handed out: never go back to an older one.
+    epoch: u64,
+    /// A newer leader's session, found by [`Masters::newer_leader`].
+    newer: Option<LeaderSession>,
 }
 
 impl Masters {
@@ -167,6 +175,8 @@ impl Masters {
             events,
             known: HashSet::new(),
             links: Vec::new(),
+            epoch: 0,
+            newer: None,
         };
         for addr in config.masters {
             masters.add(addr);
@@ -181,10 +191,30 @@ impl Masters {
         }
     }
 
-    /// The session with the leading master, as soon as one with an epoch of at least
-    /// `min_epoch` says it leads. Cancel-safe: use it in `select!` next to a session's reads
-    /// (with the session's epoch + 1) to switch to a newly elected leader.
-    pub async fn leader(&mut self, min_epoch: u64) -> LeaderSession {
+    /// The session to use next: the newer leader [`newer_leader`](Self::newer_leader) found,
+    /// or else the first master that says it leads with at least the epoch of the previous
+    /// session (the same leader after a lost connection, or a newer one). Cancel-safe.
+    pub async fn next_session(&mut self) -> LeaderSession {
+        let s = match self.newer.take() {
+            Some(s) => s,
+            None => self.leader(self.epoch).await,
+        };
+        self.epoch = s.epoch;
+        s
+    }
+
+    /// Resolves when a master with a higher epoch than the current session's says it leads;
+    /// [`next_session`](Self::next_session) then returns its session. Cancel-safe: use it in
+    /// `select!` next to the session's reads, and end the session when it resolves.
+    pub async fn newer_leader(&mut self) {
+        if self.newer.is_none() {
+            self.newer = Some(self.leader(self.epoch + 1).await);
+        }
+    }
+
+    /// The first session from a master that says it leads with an epoch of at least
+    /// `min_epoch`.
+    async fn leader(&mut self, min_epoch: u64) -> LeaderSession {
         loop {
             // `self.shared` keeps a sender alive: `recv` never returns `None`.
             let Some(event) = self.events.recv().await else {
@@ -370,14 +400,14 @@ mod tests {
         let deposed = scripted(
             &dir.0,
             MasterRole::Standby { leader: None },
-            Some((Duration::from_millis(100), MasterRole::Leading { epoch: 2 })),
+            Some((Duration::from_millis(300), MasterRole::Leading { epoch: 2 })),
         );
         let elected = scripted(
             &dir.0,
             MasterRole::Standby {
                 leader: Some(leader.to_string()),
             },
-            Some((Duration::from_millis(500), MasterRole::Leading { epoch: 4 })),
+            Some((Duration::from_millis(800), MasterRole::Leading { epoch: 4 })),
         );
         let material =
             tls::load_or_issue(&dir.0, &PeerIdentity::Agent("a1".into()), &[]).expect("agent tls");
@@ -388,15 +418,24 @@ mod tests {
         );
         let mut masters = Masters::start(config).expect("start");
         let t = Duration::from_secs(10);
-        let first = tokio::time::timeout(t, masters.leader(3))
+        let first = tokio::time::timeout(t, masters.next_session())
             .await
             .expect("a leader");
         assert_eq!((first.addr, first.epoch), (leader, 3));
         // The deposed master's Leading { epoch: 2 } is ignored; the standby's election is not.
-        let next = tokio::time::timeout(t, masters.leader(first.epoch + 1))
+        tokio::time::timeout(t, masters.newer_leader())
             .await
             .expect("the newly elected master");
+        let next = masters.next_session().await;
         assert_eq!((next.addr, next.epoch), (elected, 4));
+        // Losing that session does not take the peer back to an older leader, even when the
+        // old one answers again.
+        first.conn.close(0u32.into(), b"superseded");
+        next.conn.close(0u32.into(), b"lost");
+        let again = tokio::time::timeout(t, masters.next_session())
+            .await
+            .expect("the elected master again");
+        assert_eq!((again.addr, again.epoch), (elected, 4));
         masters.shutdown().await;
     }
 
