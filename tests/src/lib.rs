@@ -458,6 +458,28 @@ pub async fn run_batch(
     .await
 }
 
+/// A framework run by a [`Recorder`] that launches `tasks` (errors are dropped): its status
+/// updates, a handle, and the running driver. Call inside a tokio runtime.
+pub fn start_recorder(
+    config: gantry_sdk::DriverConfig,
+    tasks: Vec<gantry_sdk::protocol::TaskInfo>,
+) -> (
+    Updates,
+    gantry_sdk::DriverHandle,
+    tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
+) {
+    let (updates, up_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (errors, _) = tokio::sync::mpsc::unbounded_channel();
+    let driver = gantry_sdk::Driver::new(config);
+    let handle = driver.handle();
+    let rec = Recorder {
+        to_launch: tasks,
+        updates,
+        errors,
+    };
+    (Updates::new(up_rx), handle, tokio::spawn(driver.run(rec)))
+}
+
 /// A scheduler for tests: launches the given tasks as offers allow (declining the rest) and
 /// forwards every status update and error into channels.
 pub struct Recorder {

@@ -10,12 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gantry_sdk::protocol::{Capability, StatusUpdate, TaskId, TaskInfo, TaskState};
-use gantry_sdk::{Driver, DriverConfig};
+use gantry_sdk::DriverConfig;
 use gantry_tests::{
-    cgroups_available, process_alive, standin_lib, state_task, task, CgroupRoot, Cluster, Recorder,
-    Standin, TempDir, Updates,
+    cgroups_available, process_alive, standin_lib, start_recorder, state_task, task, CgroupRoot,
+    Cluster, Standin, TempDir, Updates,
 };
-use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -28,13 +27,6 @@ fn framework(
     gantry_sdk::DriverHandle,
     tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
 ) {
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let rec = Recorder {
-        to_launch: tasks,
-        updates: up_tx,
-        errors: err_tx,
-    };
     let mut config = DriverConfig::new(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
@@ -42,9 +34,7 @@ fn framework(
         vec!["batch".into()],
     );
     config.info.capabilities = vec![Capability::GpuResources];
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    (Updates::new(up_rx), handle, tokio::spawn(driver.run(rec)))
+    start_recorder(config, tasks)
 }
 
 fn terminal_counts(seen: &[StatusUpdate]) -> BTreeMap<TaskId, Vec<TaskState>> {

@@ -34,6 +34,28 @@ async fn raw_framework(
     (ep, conn, tx, rx)
 }
 
+/// A QUIC connection to the master with `identity`'s certificate and one open stream, before
+/// any hello.
+async fn raw_stream(
+    cluster: &Cluster,
+    identity: PeerIdentity,
+) -> (
+    quinn::Endpoint,
+    quinn::Connection,
+    quinn::SendStream,
+    quinn::RecvStream,
+) {
+    let material = tls::load_or_issue(&cluster.tls_dir, &identity, &[]).unwrap();
+    let ep = quic::client_endpoint(&material, cluster.master.quic).unwrap();
+    let conn = ep
+        .connect(cluster.master.quic, tls::MASTER_SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    let (send, recv) = conn.open_bi().await.unwrap();
+    (ep, conn, send, recv)
+}
+
 /// Waits until the master closes the connection; returns its reason. Panics if it stays open.
 async fn expect_closed(conn: &quinn::Connection) -> String {
     match tokio::time::timeout(T, conn.closed()).await {
@@ -109,19 +131,8 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
 
     // 1. Garbage instead of a hello.
     {
-        let material = tls::load_or_issue(
-            &cluster.tls_dir,
-            &PeerIdentity::Framework("garbage".into()),
-            &[],
-        )
-        .unwrap();
-        let ep = quic::client_endpoint(&material, m).unwrap();
-        let conn = ep
-            .connect(m, tls::MASTER_SERVER_NAME)
-            .unwrap()
-            .await
-            .unwrap();
-        let (mut send, recv) = conn.open_bi().await.unwrap();
+        let (_ep, conn, mut send, recv) =
+            raw_stream(&cluster, PeerIdentity::Framework("garbage".into())).await;
         send.write_all(&[0, 0, 0, 5, 0xde, 0xad, 0xbe, 0xef, 0xff])
             .await
             .unwrap();
@@ -178,19 +189,8 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
     }
     // 5. A framework certificate speaking as an agent is refused.
     {
-        let material = tls::load_or_issue(
-            &cluster.tls_dir,
-            &PeerIdentity::Framework("impostor".into()),
-            &[],
-        )
-        .unwrap();
-        let ep = quic::client_endpoint(&material, m).unwrap();
-        let conn = ep
-            .connect(m, tls::MASTER_SERVER_NAME)
-            .unwrap()
-            .await
-            .unwrap();
-        let (send, _recv) = conn.open_bi().await.unwrap();
+        let (_ep, conn, send, _recv) =
+            raw_stream(&cluster, PeerIdentity::Framework("impostor".into())).await;
         let mut tx = quic::FrameSender(send);
         tx.send(&Hello {
             protocol_version: PROTOCOL_VERSION,

@@ -8,9 +8,8 @@
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::{StatusUpdate, TaskState};
-use gantry_sdk::{Driver, DriverConfig};
-use gantry_tests::{state_task, task, Cluster, Recorder, Updates};
-use tokio::sync::mpsc;
+use gantry_sdk::DriverConfig;
+use gantry_tests::{start_recorder, state_task, task, Cluster};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -25,23 +24,13 @@ async fn standalone_master_restart_keeps_agents_frameworks_and_tasks() {
     );
     t.env.insert("GO".into(), go.display().to_string());
 
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let rec = Recorder {
-        to_launch: vec![t.clone()],
-        updates: up_tx,
-        errors: err_tx,
-    };
     let config = DriverConfig::new(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "restart-fw",
         vec!["batch".into()],
     );
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    let run = tokio::spawn(driver.run(rec));
-    let mut updates = Updates::new(up_rx);
+    let (mut updates, handle, run) = start_recorder(config, vec![t.clone()]);
     updates
         .wait(t.task_id, TaskState::Running, T)
         .await

@@ -602,36 +602,42 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
     assert_eq!(h.m.view(h.now).agents[0].total.get("gpus"), 4.0);
 }
 
+/// A new leader that recovered a registry holding agent `a1` (`id`, recorded `hostname`),
+/// after `a1` re-registered with its id (hostname "h") on `conn`: the outputs.
+fn reregister_after_recovery(id: AgentId, hostname: &str, conn: ConnId) -> Vec<Output> {
+    let mut registry = crate::registry::Registry::default();
+    registry.agents.insert(
+        id,
+        crate::registry::AgentRecord {
+            id,
+            name: "a1".into(),
+            hostname: hostname.into(),
+        },
+    );
+    let mut h = Harness::new();
+    h.m.recover(registry, 0);
+    h.input(Input::AgentConnected {
+        conn,
+        name: "a1".into(),
+        address: "127.0.0.1:1".into(),
+    });
+    h.input(Input::Agent {
+        conn,
+        msg: register(Some(id), "cpus:4"),
+    })
+}
+
 #[test]
 fn recovered_agents_reregister_without_rewriting_the_registry() {
     let mut h = Harness::new();
     let a = h.agent(1, "a1", "cpus:4");
-    // A new leader recovers the registry that holds a1, then a1 re-registers with its id.
-    let mut registry = crate::registry::Registry::default();
-    registry.agents.insert(
-        a,
-        crate::registry::AgentRecord {
-            id: a,
-            name: "a1".into(),
-            hostname: "h".into(),
-        },
-    );
-    let mut next = Harness::new();
-    next.m.recover(registry, 0);
     let persists = |out: &[Output]| {
         out.iter()
             .filter(|o| matches!(o, Output::Persist(_)))
             .count()
     };
-    next.input(Input::AgentConnected {
-        conn: 5,
-        name: "a1".into(),
-        address: "127.0.0.1:1".into(),
-    });
-    let out = next.input(Input::Agent {
-        conn: 5,
-        msg: register(Some(a), "cpus:4"),
-    });
+    // A new leader recovers the registry that holds a1, then a1 re-registers with its id.
+    let out = reregister_after_recovery(a, "h", 5);
     assert!(out
         .iter()
         .any(|o| matches!(o, Output::ToAgent(5, MasterToAgent::Registered { agent_id, .. }) if *agent_id == a)));
@@ -641,26 +647,7 @@ fn recovered_agents_reregister_without_rewriting_the_registry() {
         "unchanged record is not rewritten: {out:?}"
     );
     // A changed hostname is written.
-    let mut registry = crate::registry::Registry::default();
-    registry.agents.insert(
-        a,
-        crate::registry::AgentRecord {
-            id: a,
-            name: "a1".into(),
-            hostname: "old-host".into(),
-        },
-    );
-    let mut third = Harness::new();
-    third.m.recover(registry, 0);
-    third.input(Input::AgentConnected {
-        conn: 6,
-        name: "a1".into(),
-        address: "127.0.0.1:1".into(),
-    });
-    let out = third.input(Input::Agent {
-        conn: 6,
-        msg: register(Some(a), "cpus:4"),
-    });
+    let out = reregister_after_recovery(a, "old-host", 6);
     assert_eq!(persists(&out), 1, "{out:?}");
 }
 
