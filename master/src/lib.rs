@@ -3,6 +3,8 @@
 //! The master tracks agents and frameworks, decides offers by Dominant Resource Fairness,
 //! validates accepts and tracks tasks; several masters elect a leader through etcd.
 //!
+//! - [`acl`]: PURE access-control lists: which principals may subscribe with which roles, run
+//!   tasks as which users, and perform which operator actions (deny by default once given).
 //! - [`allocator`]: PURE hierarchical DRF allocator and the offer book (no I/O; time is an input).
 //! - [`state`]: PURE-ish state machine of agents, frameworks and tasks; accept validation; the
 //!   `/state` view. Takes inputs and time, returns messages to send.
@@ -14,6 +16,7 @@
 //! - [`election`]: standalone or etcd leader election (epoch, write fence, leader address).
 //! - [`registry`]: the persistent registry (work-dir file or etcd), fenced by leadership.
 
+pub mod acl;
 pub mod allocator;
 pub mod client;
 pub mod election;
