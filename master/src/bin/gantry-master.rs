@@ -80,6 +80,10 @@ struct ServeArgs {
     /// Key prefix in etcd.
     #[arg(long, default_value = "/gantry")]
     etcd_prefix: String,
+    /// Access-control lists (TOML, docs/security.md). Without it the master runs in dev mode
+    /// and allows every principal every role, user and operator action.
+    #[arg(long)]
+    acls: Option<PathBuf>,
 }
 
 fn init_tracing() {
@@ -131,8 +135,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         offer_id_seed: rand_seed(),
         ..AllocatorConfig::default()
     };
+    let acls = match &args.acls {
+        Some(path) => gantry_master::acl::Acls::load(path)?,
+        None => {
+            tracing::warn!(
+                "no --acls file: dev mode, every principal may use every role, run as any user \
+                 and perform every operator action"
+            );
+            gantry_master::acl::Acls::allow_all()
+        }
+    };
     let config = MasterConfig {
         allocator,
+        acls,
         agent_reregister_timeout_ms: secs_to_ms(
             args.agent_reregister_timeout,
             "--agent-reregister-timeout",

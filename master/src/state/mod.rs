@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use gantry_sdk::protocol::*;
 
+use crate::acl::Acls;
 use crate::allocator::{
     AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources,
 };
@@ -51,6 +52,9 @@ pub struct MasterConfig {
     pub allocation_min_gap_ms: u64,
     /// Finished tasks kept for `/state`.
     pub completed_tasks_kept: usize,
+    /// Who may subscribe with which roles, run tasks as which users, and operate
+    /// ([`Acls::allow_all`] in dev mode).
+    pub acls: Acls,
 }
 
 impl Default for MasterConfig {
@@ -64,6 +68,7 @@ impl Default for MasterConfig {
             allocation_interval_ms: 1000,
             allocation_min_gap_ms: 20,
             completed_tasks_kept: 1000,
+            acls: Acls::allow_all(),
         }
     }
 }
