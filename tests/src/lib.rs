@@ -189,7 +189,24 @@ impl MasterProc {
             .arg("--tls-dir")
             .arg(tls_dir);
         cmd.args(extra);
+        register_http(http, tls_dir, extra.iter().any(|a| a == "--http-insecure"));
         Proc::spawn("gantry-master", cmd, log)
+    }
+
+    /// Runs `gantryctl ARGS` against this master (HTTPS, dev operator certificate `admin`).
+    pub fn gantryctl(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        Ok(Command::new(bin("gantryctl")?)
+            .args(args)
+            .arg("--master")
+            .arg(format!("https://{}", self.http))
+            .arg("--tls-dir")
+            .arg(&self.tls_dir)
+            .output()?)
+    }
+
+    /// The master's TLS directory.
+    pub fn tls_dir(&self) -> &Path {
+        &self.tls_dir
     }
 
     fn wait_up(&self) -> anyhow::Result<()> {
@@ -368,9 +385,55 @@ impl Drop for AgentProc {
     }
 }
 
-/// `GET path` from the master's HTTP endpoint.
+/// How the harness reaches each master's operator API it started: `https` with the dev
+/// operator certificate from the master's TLS directory, or plain `http` (`--http-insecure`).
+fn endpoints() -> &'static std::sync::Mutex<std::collections::HashMap<SocketAddr, (PathBuf, bool)>>
+{
+    static ENDPOINTS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<SocketAddr, (PathBuf, bool)>>,
+    > = std::sync::OnceLock::new();
+    ENDPOINTS.get_or_init(Default::default)
+}
+
+/// Registers a master's operator API address: [`http_get`] then speaks HTTPS to it with the
+/// operator certificate `operator-admin` from `tls_dir` (or plain HTTP when `insecure`).
+pub fn register_http(addr: SocketAddr, tls_dir: &Path, insecure: bool) {
+    if let Ok(mut m) = endpoints().lock() {
+        m.insert(addr, (tls_dir.to_path_buf(), insecure));
+    }
+}
+
+/// The operator client configuration for a master the harness started (dev operator
+/// certificate `admin`).
+pub fn operator_client(addr: SocketAddr) -> anyhow::Result<gantry_master::client::ClientConfig> {
+    let (tls_dir, insecure) = endpoints()
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&addr).cloned())
+        .with_context(|| format!("no master started by the harness serves {addr}"))?;
+    Ok(if insecure {
+        gantry_master::client::ClientConfig {
+            master: format!("http://{addr}"),
+            tls_dir: None,
+            credentials: gantry_master::client::Credentials::None,
+            timeout: Duration::from_secs(10),
+        }
+    } else {
+        gantry_master::client::ClientConfig::with_certificate(
+            format!("https://{addr}"),
+            &tls_dir,
+            "admin",
+        )
+    })
+}
+
+/// `GET path` from the operator API of a master the harness started (HTTPS with the dev
+/// operator certificate).
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    Ok(gantry_master::client::http_get(addr, path)?)
+    Ok(gantry_master::client::get_blocking(
+        operator_client(addr)?,
+        path,
+    )?)
 }
 
 /// A cluster: one master and some agents sharing one dev TLS directory.
