@@ -142,8 +142,15 @@ mod tests {
             },
         );
         c.save(&dir).unwrap();
-        let mode = std::fs::metadata(dir.join(FILE)).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600, "the checkpoint is private to the agent");
+        let mode = std::fs::metadata(dir.join(FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the checkpoint is private to the agent"
+        );
         let back = Checkpoint::load(&dir).unwrap().unwrap();
         assert_eq!(back.agent_id, c.agent_id);
         assert_eq!(back.tasks[&tid].launched, c.tasks[&tid].launched);

@@ -110,10 +110,8 @@ impl OperatorClient {
                 )?),
                 _ => None,
             };
-            builder = builder.use_preconfigured_tls(tls::https_client_config(
-                roots,
-                identity.as_ref(),
-            )?);
+            builder =
+                builder.use_preconfigured_tls(tls::https_client_config(roots, identity.as_ref())?);
         }
         let token = match &config.credentials {
             Credentials::Token(t) => Some(t.clone()),
@@ -185,9 +183,9 @@ pub fn blocking<T: Send + 'static>(
     config: ClientConfig,
     f: impl FnOnce(
             OperatorClient,
-        )
-            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, ClientError>> + Send>>
-        + Send
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<T, ClientError>> + Send>,
+        > + Send
         + 'static,
 ) -> Result<T, ClientError> {
     std::thread::spawn(move || {

@@ -57,7 +57,9 @@ pub enum TlsError {
     Verifier(String),
     #[error("invalid name {0:?}: use 1-64 characters of [A-Za-z0-9_.-], not starting with a dot and without \"..\"")]
     BadName(String),
-    #[error("{path} is writable by {who} (mode {mode:o}); run `chmod go-w {path}` (keys: `chmod 600`)")]
+    #[error(
+        "{path} is writable by {who} (mode {mode:o}); run `chmod go-w {path}` (keys: `chmod 600`)"
+    )]
     Permissions {
         path: PathBuf,
         who: &'static str,
@@ -726,12 +728,18 @@ mod tests {
         set(&dir.join("ca.key"), 0o620);
         assert!(matches!(
             check_dir_permissions(&dir),
-            Err(TlsError::Permissions { who: "its group", .. })
+            Err(TlsError::Permissions {
+                who: "its group",
+                ..
+            })
         ));
         set(&dir.join("ca.key"), 0o600);
         set(&dir, 0o777);
         let err = check_dir_permissions(&dir).unwrap_err();
-        assert!(matches!(err, TlsError::Permissions { who: "others", .. }), "{err}");
+        assert!(
+            matches!(err, TlsError::Permissions { who: "others", .. }),
+            "{err}"
+        );
         set(&dir, 0o755);
         assert!(check_dir_permissions(&dir).unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -27,7 +27,12 @@ struct Cli {
 #[derive(clap::Args, Debug)]
 struct Connection {
     /// The master's operator API.
-    #[arg(long, global = true, env = "GANTRY_MASTER", default_value = "https://127.0.0.1:5051")]
+    #[arg(
+        long,
+        global = true,
+        env = "GANTRY_MASTER",
+        default_value = "https://127.0.0.1:5051"
+    )]
     master: String,
     /// TLS directory with ca.pem and the operator certificate operator-NAME.pem/.key (a dev
     /// master writes operator-admin into its own --tls-dir).
@@ -275,7 +280,8 @@ fn token(cmd: Token) -> anyhow::Result<()> {
                         .mode(0o600)
                         .open(&path)
                         .with_context(|| format!("opening {}", path.display()))?;
-                    writeln!(f, "{entry}").with_context(|| format!("writing {}", path.display()))?;
+                    writeln!(f, "{entry}")
+                        .with_context(|| format!("writing {}", path.display()))?;
                     eprintln!(
                         "added operator {name} to {} (the master reads it at start)",
                         path.display()
@@ -345,7 +351,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            let status = e.downcast_ref::<ClientError>().and_then(ClientError::status);
+            let status = e
+                .downcast_ref::<ClientError>()
+                .and_then(ClientError::status);
             ExitCode::from(match status {
                 Some(401 | 403) => EXIT_FORBIDDEN,
                 Some(404) => EXIT_NOT_FOUND,

@@ -213,18 +213,19 @@ pub(super) async fn serve(
     let slots = Arc::new(Semaphore::new(config.limits.max_connections.max(1)));
     let mut conns = tokio::task::JoinSet::new();
     loop {
-        let (tcp, remote) = tokio::select! {
+        let accepted = tokio::select! {
             _ = stop.wait_for(|s| *s) => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and the like: back off instead of spinning.
-                    tracing::warn!("http accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning.
+                tracing::warn!("http accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::debug!(%remote, "too many HTTP connections; closed");
@@ -268,18 +269,17 @@ async fn serve_connection(
         Ok(Ok(1)) => {}
         _ => return,
     }
-    let stream =
-        match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                tracing::info!(%remote, "operator API: TLS handshake failed: {e}");
-                return;
-            }
-            Err(_) => {
-                tracing::info!(%remote, "operator API: TLS handshake timed out");
-                return;
-            }
-        };
+    let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::info!(%remote, "operator API: TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%remote, "operator API: TLS handshake timed out");
+            return;
+        }
+    };
     let certificate = stream
         .get_ref()
         .1
@@ -348,11 +348,8 @@ async fn bounded_body(State(app): State<App>, req: Request, next: Next) -> Respo
         )
         .into_response();
     }
-    let bytes = match tokio::time::timeout(
-        app.limits.body_timeout,
-        axum::body::to_bytes(body, max),
-    )
-    .await
+    let bytes = match tokio::time::timeout(app.limits.body_timeout, axum::body::to_bytes(body, max))
+        .await
     {
         Ok(Ok(b)) => b,
         Ok(Err(_)) => {
@@ -373,7 +370,8 @@ async fn bounded_body(State(app): State<App>, req: Request, next: Next) -> Respo
             .into_response()
         }
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 /// Works out who is calling and attaches a [`Caller`] to the request.
@@ -553,13 +551,14 @@ async fn quota_handler(
 ) -> ApiResult {
     let who = app.may_write(&caller_of(caller), OperatorAction::SetQuota)?;
     let req: QuotaRequest = parse_json(&body)?;
-    let parse = |s: Option<String>, what: &str| -> Result<Option<gantry_sdk::Resources>, ApiError> {
-        s.map(|s| {
-            s.parse()
-                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
-        })
-        .transpose()
-    };
+    let parse =
+        |s: Option<String>, what: &str| -> Result<Option<gantry_sdk::Resources>, ApiError> {
+            s.map(|s| {
+                s.parse()
+                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
+            })
+            .transpose()
+        };
     let guarantee = parse(req.guarantee, "guarantee")?;
     let limit = parse(req.limit, "limit")?;
     operator(

@@ -514,9 +514,8 @@ fn weights_and_quotas_outside_sane_bounds_are_refused_and_change_nothing() {
         MAX_WEIGHT * 2.0,
         1e300,
     ] {
-        let err = h
-            .m
-            .operator(OperatorCommand::SetWeight {
+        let err =
+            h.m.operator(OperatorCommand::SetWeight {
                 role: "a".into(),
                 weight,
             })
