@@ -188,6 +188,7 @@ async fn the_operator_api_refuses_attackers_and_serves_operators() {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
+            .truncate(true)
             .mode(0o600)
             .open(&tokens)
             .unwrap();
