@@ -738,7 +738,13 @@ impl Agent {
                     self.save()?;
                 }
             }
-            MasterToAgent::Error { message } => tracing::error!("master refused us: {message}"),
+            MasterToAgent::Error { message } => {
+                // A refusal (a name in use by another agent, an id of another agent, invalid
+                // reservations): retrying cannot help, so stop (non-zero) instead of flapping.
+                // Running tasks are left alone.
+                tracing::error!("the master refused this agent: {message}");
+                anyhow::bail!("the master refused this agent: {message}");
+            }
         }
         Ok(())
     }
