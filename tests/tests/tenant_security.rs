@@ -354,7 +354,7 @@ async fn a_second_agent_under_a_live_name_and_a_squatter_are_refused() {
         .as_array()
         .unwrap()
         .iter()
-        .any(|t| t["state"] == "TASK_LOST" || t["state"] == "LOST"));
+        .any(|t| t["state"] == "LOST"));
 }
 
 const ACLS: &str = r#"

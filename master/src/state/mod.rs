@@ -2298,6 +2298,10 @@ impl Master {
                 }
                 tracing::info!(%role, weight, "role weight set");
                 self.allocator.set_weight(&role, weight);
+                if weight == 1.0 {
+                    // Back to the default: a role kept only by its weight is unused now.
+                    self.forget_role(&role);
+                }
                 Ok(vec![Output::Persist(Mutation::SetWeight { role, weight })])
             }
             OperatorCommand::SetQuota {

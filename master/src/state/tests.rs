@@ -1079,4 +1079,11 @@ fn roles_nothing_uses_are_forgotten() {
         h.m.allocator.role_names().collect::<Vec<_>>(),
         vec!["weighted"]
     );
+    // A weight back at the default keeps nothing either.
+    h.m.operator(OperatorCommand::SetWeight {
+        role: "weighted".into(),
+        weight: 1.0,
+    })
+    .unwrap();
+    assert_eq!(h.m.allocator.role_names().count(), 0);
 }
