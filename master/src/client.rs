@@ -112,6 +112,13 @@ impl OperatorClient {
             };
             builder =
                 builder.use_preconfigured_tls(tls::https_client_config(roots, identity.as_ref())?);
+        } else {
+            // Plain HTTP: no TLS is used, but reqwest still builds a TLS configuration and,
+            // without one given, would look for a process-wide rustls provider.
+            builder = builder.use_preconfigured_tls(tls::https_client_config(
+                rustls::RootCertStore::empty(),
+                None,
+            )?);
         }
         let token = match &config.credentials {
             Credentials::Token(t) => Some(t.clone()),

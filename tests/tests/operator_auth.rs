@@ -546,3 +546,60 @@ async fn gantryctl_speaks_https_with_certificates_and_tokens() {
     let s = cluster.master.state().unwrap();
     assert_eq!(weight_of(&s, "ml"), Some(5.0), "{s:#}");
 }
+
+/// `--http-insecure` on loopback: plain HTTP (with a warning), authentication unchanged — a
+/// token is needed for writes; `/health` and public reads still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_http_on_loopback_still_needs_credentials() {
+    let conf = TempDir::new("gantry-opauth-insecure").unwrap();
+    let token = gantry_master::tokens::generate().unwrap();
+    let tokens = conf.path().join("tokens.toml");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tokens)
+            .unwrap();
+        std::io::Write::write_all(
+            &mut f,
+            gantry_master::tokens::file_entry("ci", &token).as_bytes(),
+        )
+        .unwrap();
+    }
+    let cluster = Cluster::start_with(
+        &[("in1", "cpus:1;mem:256")],
+        &[
+            "--http-insecure",
+            "--http-public-reads",
+            "--operator-tokens",
+            tokens.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .unwrap();
+    let log = std::fs::read_to_string(&cluster.master.log).unwrap();
+    assert!(log.contains("--http-insecure"), "{log}");
+    let plain = |credentials| {
+        OperatorClient::new(&ClientConfig {
+            master: format!("http://{}", cluster.master.http),
+            tls_dir: None,
+            credentials,
+            timeout: Duration::from_secs(20),
+        })
+        .unwrap()
+    };
+    let body = serde_json::json!({"role": "x", "weight": 2});
+    let (status, _) = refused(
+        "anonymous plain write",
+        plain(Credentials::None).post_json("/weights", &body).await,
+    );
+    assert_eq!(status, 401);
+    plain(Credentials::Token(token))
+        .post_json("/weights", &body)
+        .await
+        .unwrap();
+    assert_eq!(weight_of(&cluster.master.state().unwrap(), "x"), Some(2.0));
+}
