@@ -472,6 +472,28 @@ fn the_master_refuses_unsafe_http_and_tls_settings() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("ca.key") && err.contains("its group"), "{err}");
+
+    // The agent refuses the same.
+    std::fs::set_permissions(
+        tls_dir.join("ca.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tls_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = std::process::Command::new(bin("gantry-agent").unwrap())
+        .arg("--master")
+        .arg(free_udp().to_string())
+        .arg("--work-dir")
+        .arg(dir.path().join("agent"))
+        .arg("--tls-dir")
+        .arg(&tls_dir)
+        .args(["--name", "perm", "--resources", "cpus:1;mem:64"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("writable by others"), "{err}");
 }
 
 /// `gantryctl` exit codes: 4 when the ACLs refuse, 2 for usage errors; tokens from
