@@ -572,3 +572,45 @@ async fn quota_handler(
     )
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_auth(value: &str) -> Request {
+        Request::builder()
+            .header(header::AUTHORIZATION, value)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_strictly() {
+        assert_eq!(bearer(&with_auth("Bearer abc")), Some(Ok("abc")));
+        assert_eq!(bearer(&with_auth("bearer  abc ")), Some(Ok("abc")));
+        for bad in [
+            "Basic YWxhZGRpbjpvcGVuc2VzYW1l",
+            "Bearer",
+            "Bearer   ",
+            "abc",
+        ] {
+            assert!(matches!(bearer(&with_auth(bad)), Some(Err(_))), "{bad:?}");
+        }
+        let none = Request::builder().body(Body::empty()).unwrap();
+        assert_eq!(bearer(&none), None);
+    }
+
+    #[test]
+    fn errors_carry_a_code_and_the_right_headers() {
+        let e = ApiError::new(StatusCode::UNAUTHORIZED, "who?");
+        assert_eq!(e.code(), "unauthorized");
+        let resp = e.into_response();
+        assert!(resp.headers().contains_key(header::WWW_AUTHENTICATE));
+        let resp = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "big").into_response();
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
+        assert_eq!(
+            ApiError::new(StatusCode::FORBIDDEN, "no").code(),
+            "forbidden"
+        );
+    }
+}
