@@ -98,6 +98,9 @@ impl OperatorClient {
             .timeout(config.timeout)
             .connect_timeout(Duration::from_secs(5))
             .http1_only()
+            // Well under the master's 10 s header deadline, which also closes idle
+            // connections: never send on a connection the master is closing.
+            .pool_idle_timeout(Duration::from_secs(4))
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none());
         if https {
@@ -184,43 +187,64 @@ impl OperatorClient {
     }
 }
 
-/// Runs `f` with a fresh client on a thread of its own (with its own runtime), so blocking
-/// callers work from anywhere, including inside another tokio runtime.
-pub fn blocking<T: Send + 'static>(
-    config: ClientConfig,
-    f: impl FnOnce(
-            OperatorClient,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<T, ClientError>> + Send>,
-        > + Send
-        + 'static,
-) -> Result<T, ClientError> {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| ClientError::Runtime(e.to_string()))?;
-        let client = OperatorClient::new(&config)?;
-        rt.block_on(f(client))
-    })
-    .join()
-    .unwrap_or_else(|_| Err(ClientError::Runtime("the client thread panicked".into())))
+/// A blocking wrapper for callers outside async code or inside another runtime (the cluster
+/// tests): requests run on one process-wide background runtime and the caller waits on a
+/// channel, so keep-alive connections are reused across calls and no runtime is ever dropped
+/// inside an async context.
+#[derive(Debug, Clone)]
+pub struct BlockingClient {
+    client: OperatorClient,
 }
 
-/// Blocking `GET path` (see [`blocking`]).
-pub fn get_blocking(config: ClientConfig, path: &str) -> Result<String, ClientError> {
-    let path = path.to_string();
-    blocking(config, move |c| Box::pin(async move { c.get(&path).await }))
+fn background() -> Result<&'static tokio::runtime::Runtime, ClientError> {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("gantry-operator-client")
+        .enable_all()
+        .build()
+        .map_err(|e| ClientError::Runtime(e.to_string()))?;
+    // A runtime that lost the race is leaked rather than dropped (dropping one inside an async
+    // context panics).
+    if let Err(rt) = RT.set(rt) {
+        std::mem::forget(rt);
+    }
+    RT.get()
+        .ok_or_else(|| ClientError::Runtime("no background runtime".into()))
 }
 
-/// Blocking `POST path` with a JSON body (see [`blocking`]).
-pub fn post_json_blocking(
-    config: ClientConfig,
-    path: &str,
-    body: serde_json::Value,
-) -> Result<String, ClientError> {
-    let path = path.to_string();
-    blocking(config, move |c| {
-        Box::pin(async move { c.post_json(&path, &body).await })
-    })
+impl BlockingClient {
+    pub fn new(config: &ClientConfig) -> Result<Self, ClientError> {
+        let _guard = background()?.enter();
+        Ok(Self {
+            client: OperatorClient::new(config)?,
+        })
+    }
+
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, ClientError>> + Send + 'static,
+    ) -> Result<T, ClientError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        background()?.spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err(ClientError::Runtime("the request task ended".into())))
+    }
+
+    /// Blocking `GET path`.
+    pub fn get(&self, path: &str) -> Result<String, ClientError> {
+        let (c, path) = (self.client.clone(), path.to_string());
+        self.run(async move { c.get(&path).await })
+    }
+
+    /// Blocking `POST path` with a JSON body.
+    pub fn post_json(&self, path: &str, body: serde_json::Value) -> Result<String, ClientError> {
+        let (c, path) = (self.client.clone(), path.to_string());
+        self.run(async move { c.post_json(&path, &body).await })
+    }
 }
