@@ -567,6 +567,29 @@ async fn gantryctl_speaks_https_with_certificates_and_tokens() {
     assert_eq!(usage.status.code(), Some(2));
     let s = cluster.master.state().unwrap();
     assert_eq!(weight_of(&s, "ml"), Some(5.0), "{s:#}");
+
+    // Revoking: replace the token file and send SIGHUP; the old token stops working at once,
+    // the new one works, and the master keeps running.
+    let new_token = gantry_master::tokens::generate().unwrap();
+    std::fs::write(&tokens, gantry_master::tokens::file_entry("ci", &new_token)).unwrap();
+    // SAFETY: kill(2) on the master process this test started.
+    unsafe {
+        libc::kill(cluster.master.proc.pid(), libc::SIGHUP);
+    }
+    let with = |t: &str| {
+        client(
+            cluster.master.http,
+            cluster.master.tls_dir(),
+            Credentials::Token(t.into()),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while with(&token).get("/state").await.is_ok() {
+        assert!(Instant::now() < deadline, "the revoked token still works");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refused("revoked", with(&token).get("/state").await).0, 401);
+    with(&new_token).get("/state").await.unwrap();
 }
 
 /// `--http-insecure` on loopback: plain HTTP (with a warning), authentication unchanged — a

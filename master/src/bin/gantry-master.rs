@@ -52,7 +52,7 @@ struct ServeArgs {
     #[arg(long)]
     http_public_reads: bool,
     /// Operator bearer tokens (TOML: [[tokens]] name, sha256; mode 0600). Create entries with
-    /// `gantryctl token create NAME --file FILE`.
+    /// `gantryctl token create NAME --file FILE`; SIGHUP re-reads the file.
     #[arg(long)]
     operator_tokens: Option<PathBuf>,
     /// Directory for the master's persistent state.
@@ -181,7 +181,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         server::HttpConfig {
             tls: None,
-            tokens: Default::default(),
+            tokens: server::SharedTokens::default(),
             public_reads: false,
             limits: Default::default(),
         }
@@ -190,9 +190,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     http_config.public_reads = args.http_public_reads;
     if let Some(path) = &args.operator_tokens {
-        http_config.tokens = gantry_master::tokens::OperatorTokens::load(path)?;
+        http_config.tokens =
+            server::SharedTokens::new(gantry_master::tokens::OperatorTokens::load(path)?);
         tracing::info!(tokens = http_config.tokens.len(), "operator tokens loaded");
     }
+    reload_tokens_on_sighup(args.operator_tokens.clone(), http_config.tokens.clone())?;
     let reset_key = quic::load_or_create_reset_key(&args.work_dir.join("quic-reset.key"))?;
     let endpoint = quic::server_endpoint(args.listen, &material, &reset_key)
         .with_context(|| format!("binding QUIC on {}", args.listen))?;
@@ -273,6 +275,35 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         gantry_sdk::process::shutdown_signal(),
     )
     .await
+}
+
+/// SIGHUP re-reads `--operator-tokens` (added and revoked tokens take effect at once); a file
+/// that no longer loads keeps the tokens in force, with an error logged.
+fn reload_tokens_on_sighup(
+    path: Option<PathBuf>,
+    tokens: server::SharedTokens,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let Some(path) = &path else {
+                tracing::info!("SIGHUP: no --operator-tokens file to reload");
+                continue;
+            };
+            match gantry_master::tokens::OperatorTokens::load(path) {
+                Ok(t) => {
+                    let n = t.len();
+                    tokens.replace(t);
+                    tracing::info!(tokens = n, "SIGHUP: operator tokens reloaded");
+                }
+                Err(e) => {
+                    tracing::error!("SIGHUP: keeping the operator tokens in force: {e}");
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 fn secs_to_ms(s: f64, flag: &str) -> anyhow::Result<u64> {

@@ -71,8 +71,9 @@ impl Default for HttpLimits {
 pub struct HttpConfig {
     /// HTTPS with this configuration; `None` is plain HTTP (loopback only, `--http-insecure`).
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Bearer tokens accepted (hashed).
-    pub tokens: OperatorTokens,
+    /// Bearer tokens accepted (hashed); the shell may replace them while serving (the
+    /// binary reloads `--operator-tokens` on SIGHUP).
+    pub tokens: SharedTokens,
     /// Serve `/state` to unauthenticated callers too.
     pub public_reads: bool,
     pub limits: HttpLimits,
@@ -83,10 +84,44 @@ impl HttpConfig {
     pub fn https(material: &tls::TlsMaterial) -> Result<Self, tls::TlsError> {
         Ok(Self {
             tls: Some(Arc::new(tls::https_server_config(material)?)),
-            tokens: OperatorTokens::none(),
+            tokens: SharedTokens::default(),
             public_reads: false,
             limits: HttpLimits::default(),
         })
+    }
+}
+
+/// Operator tokens shared with the shell, which may replace them (reload) while serving.
+#[derive(Clone, Debug, Default)]
+pub struct SharedTokens(Arc<std::sync::RwLock<OperatorTokens>>);
+
+impl SharedTokens {
+    pub fn new(tokens: OperatorTokens) -> Self {
+        Self(Arc::new(std::sync::RwLock::new(tokens)))
+    }
+
+    /// Replaces the tokens (requests from now on see the new set).
+    pub fn replace(&self, tokens: OperatorTokens) {
+        match self.0.write() {
+            Ok(mut t) => *t = tokens,
+            Err(poisoned) => *poisoned.into_inner() = tokens,
+        }
+    }
+
+    /// How many tokens are configured.
+    pub fn len(&self) -> usize {
+        self.0.read().map(|t| t.len()).unwrap_or(0)
+    }
+
+    /// True when no token is configured.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The operator a presented token stands for.
+    pub fn verify(&self, token: &str) -> Option<String> {
+        let t = self.0.read().ok()?;
+        t.verify(token).map(str::to_string)
     }
 }
 
@@ -101,7 +136,7 @@ pub struct HttpEndpoint {
 struct App {
     shell: Shell,
     acls: Arc<Acls>,
-    tokens: Arc<OperatorTokens>,
+    tokens: SharedTokens,
     public_reads: bool,
     limits: HttpLimits,
 }
@@ -204,7 +239,7 @@ pub(super) async fn serve(
     let app = App {
         shell,
         acls: Arc::new(acls),
-        tokens: Arc::new(config.tokens),
+        tokens: config.tokens,
         public_reads: config.public_reads,
         limits: config.limits.clone(),
     };
@@ -380,10 +415,7 @@ async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> R
     let caller = match bearer(&req) {
         Some(Err(why)) => return ApiError::new(StatusCode::UNAUTHORIZED, why).into_response(),
         Some(Ok(token)) => match app.tokens.verify(token) {
-            Some(name) => Caller::Operator {
-                name: name.to_string(),
-                how: "token",
-            },
+            Some(name) => Caller::Operator { name, how: "token" },
             None => {
                 return ApiError::new(StatusCode::UNAUTHORIZED, "unknown bearer token")
                     .into_response()

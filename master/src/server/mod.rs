@@ -32,7 +32,7 @@ use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
 
 pub mod http;
-pub use http::{HttpConfig, HttpEndpoint, HttpLimits};
+pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;
