@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::{tls, PeerIdentity};
@@ -124,6 +125,9 @@ struct Agent {
     ckpt: Checkpoint,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
     registered: bool,
+    /// The last `Register` left its pending updates out (too large for one frame): they go
+    /// out one by one once registered.
+    updates_left_out: bool,
     heartbeat_every: Duration,
     last_heartbeat: tokio::time::Instant,
     events: mpsc::UnboundedSender<Event>,
@@ -163,6 +167,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         ckpt,
         master: None,
         registered: false,
+        updates_left_out: false,
         heartbeat_every: Duration::from_secs(1),
         last_heartbeat: now,
         events: tx.clone(),
@@ -499,7 +504,7 @@ impl Agent {
                         state: t.state,
                     })
                     .collect();
-                self.send(AgentToMaster::Register {
+                let (register, left_out) = fit_register(AgentToMaster::Register {
                     agent_id: self.ckpt.agent_id,
                     hostname: self.config.hostname.clone(),
                     resources: self.advertised_resources(),
@@ -509,6 +514,8 @@ impl Agent {
                     running_tasks,
                     pending_updates: self.ckpt.updates.all(),
                 });
+                self.updates_left_out = left_out;
+                self.send(register);
             }
             Event::Disconnected => {
                 self.master = None;
@@ -625,7 +632,20 @@ impl Agent {
                     .collect();
                 self.last_gpu_samples = gpus.clone();
                 if !tasks.is_empty() || !gpus.is_empty() {
-                    self.send_registered(AgentToMaster::Usage { tasks, gpus });
+                    // Many tasks: as many messages as the frame limit needs.
+                    let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
+                        tasks,
+                        gpus: gpus.clone(),
+                    });
+                    if !split.oversized.is_empty() {
+                        tracing::warn!(
+                            n = split.oversized.len(),
+                            "usage samples too large to send; dropped"
+                        );
+                    }
+                    for msg in split.batches {
+                        self.send_registered(msg);
+                    }
                 }
             }
             Event::GpuFault(fault) => {
@@ -710,7 +730,13 @@ impl Agent {
                 self.heartbeat_every =
                     Duration::from_millis(heartbeat_interval_ms.clamp(100, 60_000));
                 let now = self.now();
-                self.ckpt.updates.mark_all_sent(now);
+                if std::mem::take(&mut self.updates_left_out) {
+                    // Not in the registration: send them now, one by one.
+                    self.ckpt.updates.reset_connection();
+                    self.flush_updates();
+                } else {
+                    self.ckpt.updates.mark_all_sent(now);
+                }
                 tracing::info!(%agent_id, "registered with the master");
             }
             MasterToAgent::RunTask { framework_id, task } => {
@@ -1243,4 +1269,73 @@ mod tests {
         assert!(gpus.is_empty());
         assert_eq!(tasks, vec![(id, TaskUsage::default())]);
     }
+}
+
+/// Makes a `Register` fit in one frame: first without its pending updates (they are sent one
+/// by one after registering; returns true then), then, for thousands of tasks with long
+/// commands, without the tasks' commands and environments (the master needs their ids and
+/// resources to adopt them). Logs what it left out.
+fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
+    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+        return (msg, false);
+    }
+    let (
+        agent_id,
+        hostname,
+        resources,
+        reserved,
+        attributes,
+        gpus,
+        mut running_tasks,
+        pending_updates,
+    ) = match msg {
+        AgentToMaster::Register {
+            agent_id,
+            hostname,
+            resources,
+            reserved,
+            attributes,
+            gpus,
+            running_tasks,
+            pending_updates,
+        } => (
+            agent_id,
+            hostname,
+            resources,
+            reserved,
+            attributes,
+            gpus,
+            running_tasks,
+            pending_updates,
+        ),
+        other => return (other, false),
+    };
+    tracing::warn!(
+        updates = pending_updates.len(),
+        "registration too large for one frame; pending status updates follow it one by one"
+    );
+    let left_out = !pending_updates.is_empty();
+    let rebuild = |running_tasks: Vec<RunningTask>| AgentToMaster::Register {
+        agent_id,
+        hostname: hostname.clone(),
+        resources: resources.clone(),
+        reserved: reserved.clone(),
+        attributes: attributes.clone(),
+        gpus: gpus.clone(),
+        running_tasks,
+        pending_updates: Vec::new(),
+    };
+    let msg = rebuild(running_tasks.clone());
+    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+        return (msg, left_out);
+    }
+    tracing::warn!(
+        tasks = running_tasks.len(),
+        "registration still too large; reporting the tasks without their commands and environments"
+    );
+    for t in &mut running_tasks {
+        t.task.command = String::new();
+        t.task.env.clear();
+    }
+    (rebuild(running_tasks), left_out)
 }

@@ -205,6 +205,15 @@ impl FrameReceiver {
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<T, CodecError> {
         codec::read_frame(&mut self.0).await
     }
+
+    /// Receives from an untrusted peer under `limits` (body deadline and a shared budget for
+    /// large frame bodies): see [`codec::read_frame_limited`].
+    pub async fn recv_limited<T: DeserializeOwned>(
+        &mut self,
+        limits: &codec::ReadLimits,
+    ) -> Result<T, CodecError> {
+        codec::read_frame_limited(&mut self.0, limits).await
+    }
 }
 
 /// Connects to the master at `addr` as `kind` with the endpoint's default client
@@ -258,7 +267,8 @@ pub async fn accept_stream(
 ) -> Result<(PeerKind, FrameSender, FrameReceiver), TransportError> {
     let (send, recv) = conn.accept_bi().await?;
     let mut rx = FrameReceiver(recv);
-    let hello: Hello = rx.recv().await?;
+    // A hello is a few bytes: never hold a large claimed frame for it.
+    let hello: Hello = codec::read_frame_max(&mut rx.0, codec::MAX_HELLO).await?;
     if hello.protocol_version != PROTOCOL_VERSION {
         return Err(TransportError::Protocol(format!(
             "protocol version {} is not supported (this master speaks {PROTOCOL_VERSION})",

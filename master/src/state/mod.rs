@@ -18,11 +18,18 @@
 //! - A disconnected agent keeps its tasks for `agent_reregister_timeout_ms`; then it is lost and
 //!   its tasks are `LOST`. A disconnected framework keeps its tasks for its failover timeout;
 //!   then its tasks are killed and it is removed.
+//! - Bounded peers: a registration past [`register_limits`] is refused; offers to a framework
+//!   are split into as many messages as the frame limit needs; a reconcile names at most
+//!   [`MAX_RECONCILE_IDS`] ids and is answered in slices of [`RECONCILE_SLICE`]
+//!   ([`Master::work_backlog`]) so one framework never holds the core for long; a peer the
+//!   shell gave up on ([`Input::PeerStalled`]) is disconnected at once (offers rescinded,
+//!   failover / re-register timeout running).
 
 pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
@@ -55,6 +62,12 @@ pub struct MasterConfig {
     /// Who may subscribe with which roles, run tasks as which users, and operate
     /// ([`Acls::allow_all`] in dev mode).
     pub acls: Acls,
+    /// Once a frame's length has arrived, its body must arrive within this long, or the shell
+    /// closes the peer (`--frame-body-timeout`).
+    pub frame_body_timeout_ms: u64,
+    /// Bytes of large frame bodies (over 64 KiB) all peers together may be sending at once;
+    /// past it readers wait (`--frame-budget-mib`).
+    pub frame_budget_bytes: usize,
 }
 
 impl Default for MasterConfig {
@@ -69,6 +82,8 @@ impl Default for MasterConfig {
             allocation_min_gap_ms: 20,
             completed_tasks_kept: 1000,
             acls: Acls::allow_all(),
+            frame_body_timeout_ms: 10_000,
+            frame_budget_bytes: 128 << 20,
         }
     }
 }
@@ -97,6 +112,12 @@ pub enum Input {
         msg: FrameworkToMaster,
     },
     FrameworkDisconnected {
+        conn: ConnId,
+    },
+    /// The shell closed this peer's connection because it did not read its messages (its
+    /// outbox overflowed): handled as a disconnect, now (offers rescinded, the framework's
+    /// failover timeout or the agent's re-register timeout starts).
+    PeerStalled {
         conn: ConnId,
     },
     /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
@@ -201,6 +222,25 @@ pub struct Master {
     id_counter: u128,
     /// Microseconds the last allocation cycle took (measured by the shell).
     pub last_cycle_us: u64,
+    /// How many entries of `completed` each task id has (reconcile looks ids up there).
+    completed_count: HashMap<TaskId, u32>,
+    /// Reconciliations being answered slice by slice, round robin.
+    reconciles: VecDeque<Reconciling>,
+}
+
+/// Task ids answered per slice of a reconciliation (a few hundred microseconds of core time).
+pub const RECONCILE_SLICE: usize = 1024;
+/// Task ids one framework may have waiting for reconciliation answers; a reconcile past it is
+/// refused (the framework asks again once answered).
+pub const MAX_PENDING_RECONCILE_IDS: usize = 8 * MAX_RECONCILE_IDS;
+
+/// A reconciliation with answers still to send.
+#[derive(Debug)]
+struct Reconciling {
+    conn: ConnId,
+    framework: FrameworkId,
+    ids: Vec<TaskId>,
+    next: usize,
 }
 
 fn err(conn: ConnId, kind: ErrorKind, message: impl Into<String>) -> Output {
@@ -233,6 +273,8 @@ impl Master {
             id_seed,
             id_counter: 0,
             last_cycle_us: 0,
+            completed_count: HashMap::new(),
+            reconciles: VecDeque::new(),
         }
     }
 
@@ -276,7 +318,16 @@ impl Master {
         }
         for (fw, offers) in by_framework {
             if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
-                out.push(Output::ToFramework(conn, MasterToFramework::Offers(offers)));
+                // As many messages as the frame limit needs (many agents, large attributes).
+                let split = codec::split_batches(offers, MasterToFramework::Offers);
+                for o in split.oversized {
+                    // Registration bounds make this unreachable; never send what can not go.
+                    tracing::warn!(framework = %fw, agent = %o.agent_id, "an offer does not fit in a frame; rescinded");
+                    self.allocator.rescind(o.id);
+                }
+                for batch in split.batches {
+                    out.push(Output::ToFramework(conn, batch));
+                }
             } else {
                 for o in offers {
                     self.allocator.rescind(o.id);
@@ -347,9 +398,63 @@ impl Master {
                     self.framework_disconnected(id, conn, now);
                 }
             }
+            Input::PeerStalled { conn } => match self.conns.remove(&conn) {
+                Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) => self.agent_disconnected(id, conn, now, &mut out),
+                Some(Peer::Framework {
+                    framework: Some(id),
+                    ..
+                }) => {
+                    self.framework_disconnected(id, conn, now);
+                    self.allocation_pending = true;
+                }
+                _ => {}
+            },
             Input::Tick => self.tick(now, &mut out),
         }
         out
+    }
+
+    /// True when reconciliation answers are waiting to be sent ([`Master::work_backlog`]).
+    pub fn has_backlog(&self) -> bool {
+        !self.reconciles.is_empty()
+    }
+
+    /// Answers one slice (at most [`RECONCILE_SLICE`] ids) of the next reconciliation whose
+    /// connection can take messages: `room(conn)` says how many more messages it can queue.
+    /// Returns false when no waiting reconciliation could make progress (the shell retries at
+    /// its next tick).
+    pub fn work_backlog(
+        &mut self,
+        now: Millis,
+        out: &mut Vec<Output>,
+        room: impl Fn(ConnId) -> usize,
+    ) -> bool {
+        for _ in 0..self.reconciles.len() {
+            let Some(mut job) = self.reconciles.pop_front() else {
+                return false;
+            };
+            // A framework that went away (or reconnected elsewhere) gets no more answers.
+            let live = self
+                .frameworks
+                .get(&job.framework)
+                .is_some_and(|f| f.conn == Some(job.conn));
+            if !live {
+                continue;
+            }
+            let n = room(job.conn).min(RECONCILE_SLICE);
+            if n == 0 {
+                self.reconciles.push_back(job);
+                continue;
+            }
+            self.reconcile_slice(&mut job, n, now, out);
+            if job.next < job.ids.len() {
+                self.reconciles.push_back(job);
+            }
+            return true;
+        }
+        false
     }
 
     // -----------------------------------------------------------------------------------------
@@ -463,16 +568,21 @@ impl Master {
         now: Millis,
         out: &mut Vec<Output>,
     ) {
-        if let Some(role) = reserved.keys().find(|r| !valid_role(r)) {
+        let invalid = match reserved.keys().find(|r| !valid_role(r)) {
+            Some(role) => Some(format!("invalid role name {role:?} in reservations")),
+            None => register_limits::check(&hostname, &attributes, &gpus, &reserved).err(),
+        };
+        if let Some(message) = invalid {
+            tracing::warn!(agent = %name, %address, "registration refused: {message}");
             out.push(Output::ToAgent(
                 conn,
                 MasterToAgent::Error {
-                    message: format!("invalid role name {role:?} in reservations"),
+                    message: format!("registration refused: {message}"),
                 },
             ));
             out.push(Output::Close {
                 conn,
-                reason: format!("invalid reservation role {role:?}"),
+                reason: format!("registration refused: {message}"),
             });
             return;
         }
@@ -853,8 +963,16 @@ impl Master {
             task.state,
             task.info.resources,
         ));
+        *self.completed_count.entry(tid).or_default() += 1;
         while self.completed.len() > self.config.completed_tasks_kept {
-            self.completed.pop_front();
+            if let Some(c) = self.completed.pop_front() {
+                if let Some(n) = self.completed_count.get_mut(&c.0) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.completed_count.remove(&c.0);
+                    }
+                }
+            }
         }
     }
 
@@ -1405,6 +1523,22 @@ impl Master {
         now: Millis,
         out: &mut Vec<Output>,
     ) {
+        if task_ids.len() > MAX_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "reconcile names {} task ids; at most {MAX_RECONCILE_IDS} per message",
+                    task_ids.len()
+                ),
+            ));
+        }
+        let waiting: usize = self
+            .reconciles
+            .iter()
+            .filter(|j| j.framework == fw)
+            .map(|j| j.ids.len() - j.next)
+            .sum();
         let ids: Vec<TaskId> = if task_ids.is_empty() {
             self.frameworks
                 .get(&fw)
@@ -1413,14 +1547,53 @@ impl Master {
         } else {
             task_ids
         };
-        for tid in ids {
+        if waiting > 0 && waiting + ids.len() > MAX_PENDING_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "{waiting} task ids of earlier reconciles are still being answered; \
+                     at most {MAX_PENDING_RECONCILE_IDS} may wait: ask again later"
+                ),
+            ));
+        }
+        // The first slice now; the rest from the backlog, between other peers' messages.
+        let mut job = Reconciling {
+            conn,
+            framework: fw,
+            ids,
+            next: 0,
+        };
+        self.reconcile_slice(&mut job, RECONCILE_SLICE, now, out);
+        if job.next < job.ids.len() {
+            self.reconciles.push_back(job);
+        }
+    }
+
+    /// Answers up to `n` more ids of `job`.
+    fn reconcile_slice(
+        &mut self,
+        job: &mut Reconciling,
+        n: usize,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let (conn, fw) = (job.conn, job.framework);
+        let end = (job.next + n).min(job.ids.len());
+        for i in job.next..end {
+            let tid = job.ids[i];
             let (state, agent, message) = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
                 Some(t) => (t.state, Some(t.agent), t.last_message.clone()),
                 None => match self
-                    .completed
-                    .iter()
-                    .rev()
-                    .find(|c| c.0 == tid && c.1 == fw)
+                    .completed_count
+                    .contains_key(&tid)
+                    .then(|| {
+                        self.completed
+                            .iter()
+                            .rev()
+                            .find(|c| c.0 == tid && c.1 == fw)
+                    })
+                    .flatten()
                 {
                     Some(c) => (c.3, Some(c.2), "completed".to_string()),
                     // After a failover, agents still re-registering may hold it: say nothing
@@ -1433,6 +1606,7 @@ impl Master {
             update.reconciliation = true;
             out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }
+        job.next = end;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1968,6 +2142,8 @@ fn draw(
     Some(holding)
 }
 
+#[cfg(test)]
+mod bounded_tests;
 #[cfg(test)]
 mod tests;
 
