@@ -77,9 +77,15 @@ pub struct Split<M, T> {
     pub oversized: Vec<T>,
 }
 
-/// The most bytes a sequence length takes beyond the one byte of an empty sequence (bincode
-/// varints: up to 9 bytes).
-const SEQ_LEN_SLACK: usize = 8;
+/// Bytes of a bincode varint length: one below 251, then a marker and 2, 4 or 8 bytes.
+fn varint_len(n: usize) -> usize {
+    match n as u64 {
+        0..=250 => 1,
+        251..=0xffff => 3,
+        0x1_0000..=0xffff_ffff => 5,
+        _ => 9,
+    }
+}
 
 /// Cuts `items` into consecutive batches, in order, such that `wrap(batch)` encodes within
 /// [`MAX_FRAME`]: one message when everything fits, more when not. `wrap` must put the batch
@@ -109,23 +115,24 @@ where
         batches: Vec::new(),
         oversized: Vec::new(),
     };
-    // What the message costs around its items.
-    let overhead = encoded_len(&wrap(Vec::new())).unwrap_or(limit) + SEQ_LEN_SLACK;
+    // What the message costs around its items, but for the sequence length (exact: a
+    // sequence encodes as its varint length followed by its items).
+    let around = encoded_len(&wrap(Vec::new())).map_or(limit, |n| n - varint_len(0));
     let mut batch: Vec<T> = Vec::new();
-    let mut size = overhead;
+    let mut items_size = 0;
     for item in items {
         let n = match encoded_len(&item) {
-            Ok(n) if overhead + n <= limit => n,
+            Ok(n) if around + varint_len(1) + n <= limit => n,
             _ => {
                 split.oversized.push(item);
                 continue;
             }
         };
-        if size + n > limit && !batch.is_empty() {
+        if around + varint_len(batch.len() + 1) + items_size + n > limit && !batch.is_empty() {
             split.batches.push(wrap(std::mem::take(&mut batch)));
-            size = overhead;
+            items_size = 0;
         }
-        size += n;
+        items_size += n;
         batch.push(item);
     }
     if !batch.is_empty() {
@@ -494,8 +501,18 @@ mod tests {
             let expected: Vec<String> = items.iter().filter(|i| !split.oversized.contains(i)).cloned().collect();
             proptest::prop_assert_eq!(kept, expected);
             for o in &split.oversized {
-                let alone = encode(&FrameworkToMaster::Suppress { roles: vec![o.clone()] }).unwrap().len();
+                let one = FrameworkToMaster::Suppress { roles: vec![o.clone()] };
+                let alone = encode(&one).unwrap().len();
                 proptest::prop_assert!(alone > limit);
+            }
+            // No batch could have taken the next one's first item.
+            for w in split.batches.windows(2) {
+                if let (FrameworkToMaster::Suppress { roles: a }, FrameworkToMaster::Suppress { roles: b }) = (&w[0], &w[1]) {
+                    let mut more = a.clone();
+                    more.push(b[0].clone());
+                    let joined = encode(&FrameworkToMaster::Suppress { roles: more }).unwrap().len();
+                    proptest::prop_assert!(joined > limit);
+                }
             }
         }
     }
@@ -566,13 +583,13 @@ mod tests {
         // The first peer gives up: its reservation returns and the second reader proceeds.
         drop(c1);
         assert!(first.await.unwrap().is_err());
-        // 200_000-byte frame carrying a Vec<u8> of 199_997 bytes (3-byte varint length).
-        let mut payload = encode(&vec![1u8; 199_997]).unwrap();
+        // 200_000-byte frame carrying a Vec<u8> of 199_995 bytes (5-byte varint length).
+        let mut payload = encode(&vec![1u8; 199_995]).unwrap();
         assert_eq!(payload.len(), 200_000);
         c2.write_all(&payload).await.unwrap();
         payload.clear();
         let got = second.await.unwrap().unwrap();
-        assert_eq!(got.len(), 199_997);
+        assert_eq!(got.len(), 199_995);
         let s = l.budget.stats();
         assert_eq!((s.reserved_bytes, s.waiting_readers), (0, 0));
     }

@@ -335,10 +335,7 @@ fn a_stalled_agent_is_disconnected_and_its_offers_rescinded() {
     assert!(out.iter().any(|o| matches!(o,
         Output::ToFramework(c, MasterToFramework::Rescind { offer_id }) if *c == F && *offer_id == offer)));
     // The re-register timeout applies.
-    step(
-        &mut m,
-        Input::Tick,
-        5 + m.config.agent_reregister_timeout_ms + 1,
-    );
+    let at = 5 + m.config.agent_reregister_timeout_ms + 1;
+    step(&mut m, Input::Tick, at);
     assert!(m.agents.is_empty());
 }
