@@ -364,26 +364,24 @@ async fn stalled_partial_frames_hold_at_most_the_budget_and_time_out() {
     // wait their turn.
     let mut saw_waiting = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut peak = 0;
-    let mut budget = 0;
-    loop {
+    let (peak, budget) = loop {
         let s = state(&cluster).await;
         let f = &s["peers"]["frames"];
-        budget = f["budget_bytes"].as_u64().unwrap();
+        let budget = f["budget_bytes"].as_u64().unwrap();
         assert_eq!(budget, 16 << 20);
         assert!(f["reserved_bytes"].as_u64().unwrap() <= budget, "{f}");
         assert!(f["buffered_bytes"].as_u64().unwrap() <= budget, "{f}");
         saw_waiting |= f["waiting_readers"].as_u64().unwrap() > 0;
-        peak = f["peak_buffered_bytes"].as_u64().unwrap();
+        let peak = f["peak_buffered_bytes"].as_u64().unwrap();
         if f["body_timeouts"].as_u64().unwrap() >= 20 {
-            break;
+            break (peak, budget);
         }
         assert!(
             tokio::time::Instant::now() < deadline,
             "stalled frames did not time out: {f}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
     assert!(saw_waiting, "no reader ever waited for the budget");
     assert!(peak > 0 && peak <= budget, "peak {peak} of {budget}");
     // Every stalled peer was closed, with the reason.
