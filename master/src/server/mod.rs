@@ -537,11 +537,13 @@ async fn core_loop(
                         stalled.push(conn);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {
-                        tracing::warn!(conn, peer = %peer.label, "message not sent: the peer's writer has stopped");
+                        // Its connection is ending (the disconnect follows): warn once.
+                        tracing::warn!(conn, peer = %peer.label, "message not sent: the connection is closing");
                         shell
                             .counters
                             .dropped_messages
                             .fetch_add(1, Ordering::Relaxed);
+                        conns.remove(&conn);
                     }
                 }
             }
