@@ -516,6 +516,7 @@ async fn core_loop(
                 };
                 // A peer already gone: its disconnect is on its way to the core.
                 let Some(peer) = conns.get(&conn).map(|e| e.value().clone()) else {
+                    tracing::debug!(conn, "message for a connection that is gone; not sent");
                     continue;
                 };
                 match peer.outbox.try_send(msg) {

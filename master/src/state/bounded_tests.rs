@@ -339,3 +339,22 @@ fn a_stalled_agent_is_disconnected_and_its_offers_rescinded() {
     step(&mut m, Input::Tick, at);
     assert!(m.agents.is_empty());
 }
+
+#[test]
+fn a_decline_of_many_unknown_offers_is_one_error() {
+    let mut m = master();
+    subscribe(&mut m, F, "fw");
+    let out = step(
+        &mut m,
+        Input::Framework {
+            conn: F,
+            msg: FrameworkToMaster::Decline {
+                offer_ids: (0..100_000).map(OfferId::from_u128).collect(),
+                refuse_seconds: None,
+            },
+        },
+        1,
+    );
+    assert_eq!(out.len(), 1, "{} messages", out.len());
+    assert_eq!(errors_containing(&out, "100000 offers"), 1, "{out:?}");
+}

@@ -1205,17 +1205,30 @@ impl Master {
                     Ok(r) => r,
                     Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
                 };
+                // One error for all unknown ids: a long list of them is not a long answer.
+                let mut unknown: Option<(OfferId, usize)> = None;
                 for oid in offer_ids {
                     match self.allocator.offer(oid) {
                         Some(o) if o.framework == fw => {
                             let _ = self.allocator.decline(oid, refuse, now);
                         }
-                        _ => out.push(err(
-                            conn,
-                            ErrorKind::UnknownOffer,
-                            format!("decline: offer {oid} is not outstanding for this framework"),
-                        )),
+                        _ => unknown.get_or_insert((oid, 0)).1 += 1,
                     }
+                }
+                match unknown {
+                    Some((oid, 1)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!("decline: offer {oid} is not outstanding for this framework"),
+                    )),
+                    Some((oid, n)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!(
+                            "decline: {n} offers (the first {oid}) are not outstanding for this framework"
+                        ),
+                    )),
+                    None => {}
                 }
             }
             FrameworkToMaster::Kill { task_id } => match self.tasks.get(&task_id) {
@@ -1623,14 +1636,14 @@ impl Master {
         // 1. The offers: known, ours, distinct, one agent.
         let mut problem: Option<(ErrorKind, String)> = None;
         let mut offers: Vec<OfferRecord> = Vec::new();
+        // Distinct ids in O(1) each: an accept may name many.
+        let mut named: HashSet<OfferId> = HashSet::new();
         if offer_ids.is_empty() {
             problem = Some((ErrorKind::InvalidRequest, "accept names no offer".into()));
         }
         for oid in &offer_ids {
             match self.allocator.offer(*oid) {
-                Some(o) if o.framework == fw && !offers.iter().any(|x| x.id == *oid) => {
-                    offers.push(o.clone())
-                }
+                Some(o) if o.framework == fw && named.insert(*oid) => offers.push(o.clone()),
                 Some(o) if o.framework == fw => {
                     problem = Some((
                         ErrorKind::InvalidRequest,
