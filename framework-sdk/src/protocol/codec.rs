@@ -321,10 +321,18 @@ where
     }
     let budget = &*limits.budget;
     let _permit = if len > UNCHARGED_FRAME {
+        // Counted while waiting, also if the read is abandoned meanwhile.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         budget.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(&budget.waiting);
         // `len` <= MAX_FRAME fits a u32; the semaphore is never closed.
         let permit = budget.permits.acquire_many(len as u32).await;
-        budget.waiting.fetch_sub(1, Ordering::Relaxed);
+        drop(waiting);
         let permit = permit.map_err(|_| CodecError::Closed)?;
         budget.reserved.fetch_add(len, Ordering::Relaxed);
         Some(permit)
