@@ -7,17 +7,21 @@
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
-//! connection, with the reason logged.
+//! connection, with the reason logged. [`conn_limits`] bounds open connections per certificate
+//! identity and per source address.
 //!
 //! Bounded peers (docs/security.md, "Message and peer limits"):
-//! - Reads use [`read_frame_limited`](gantry_sdk::protocol::codec::read_frame_limited): a frame body must arrive within
-//!   `frame_body_timeout_ms` of its length, and large bodies share one [`FrameBudget`].
+//! - Reads use [`read_frame_limited`](gantry_sdk::protocol::codec::read_frame_limited): a frame
+//!   body must arrive within `frame_body_timeout_ms` of its length, and large bodies share one
+//!   [`FrameBudget`].
 //! - Each peer has an outbox of [`OUTBOX`] messages. A peer that lets it overflow is closed at
 //!   once (not through the full outbox) and the core hears [`Input::PeerStalled`]: its offers
 //!   are rescinded and its failover / re-register timeout starts.
 //! - A message that can not be sent is never dropped silently: the warning names the peer.
 //! - Long requests (reconciliation) are answered in slices ([`Master::work_backlog`]) between
 //!   other events, and only as fast as the peer's outbox has room.
+
+mod conn_limits;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,7 +95,7 @@ struct Shell {
     core: mpsc::Sender<CoreEvent>,
     conns: Conns,
     /// How frames are read from peers (body deadline, shared budget).
-    limits: ReadLimits,
+    frame_limits: ReadLimits,
     counters: Arc<PeerCounters>,
     next_conn: Arc<AtomicU64>,
     status: watch::Receiver<LeadershipStatus>,
@@ -100,6 +104,7 @@ struct Shell {
     role: watch::Receiver<health::Admission>,
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
+    limits: conn_limits::ConnLimits,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -122,7 +127,7 @@ pub async fn run(
     let shell = Shell {
         core: core_tx.clone(),
         conns: Arc::new(DashMap::new()),
-        limits: ReadLimits {
+        frame_limits: ReadLimits {
             body_timeout: Duration::from_millis(config.frame_body_timeout_ms),
             budget: Arc::new(FrameBudget::new(config.frame_budget_bytes)),
         },
@@ -131,6 +136,7 @@ pub async fn run(
         status: status.clone(),
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
+        limits: conn_limits::ConnLimits::new(&config.limits),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -572,11 +578,11 @@ async fn core_loop(
 
 /// The `peers` part of `/state`: the frame budget and what the shell did to stalled peers.
 fn peer_stats(shell: &Shell) -> serde_json::Value {
-    let budget = shell.limits.budget.stats();
+    let budget = shell.frame_limits.budget.stats();
     serde_json::json!({
         "connected": shell.conns.len(),
         "outbox_messages": OUTBOX,
-        "frame_body_timeout_ms": shell.limits.body_timeout.as_millis() as u64,
+        "frame_body_timeout_ms": shell.frame_limits.body_timeout.as_millis() as u64,
         "frames": budget,
         "stalled_closed": shell.counters.stalled_closed.load(Ordering::Relaxed),
         "dropped_messages": shell.counters.dropped_messages.load(Ordering::Relaxed),
@@ -589,6 +595,14 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
         tracing::warn!(%remote, "peer certificate carries no Gantry identity; closing");
         conn.close(CLOSE_PROTOCOL.into(), b"certificate has no gantry identity");
         return;
+    };
+    let _slot = match shell.limits.admit(&identity.to_string(), remote.ip()) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            tracing::warn!(%remote, %identity, "{reason}; closing");
+            conn.close(CLOSE_PROTOCOL.into(), reason.as_bytes());
+            return;
+        }
     };
     let (kind, tx, rx) =
         match tokio::time::timeout(Duration::from_secs(10), quic::accept_stream(&conn)).await {
@@ -797,7 +811,7 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     });
     let remote = &peer;
     loop {
-        match rx.recv_limited::<M>(&shell.limits).await {
+        match rx.recv_limited::<M>(&shell.frame_limits).await {
             Ok(msg) => {
                 if shell
                     .core
