@@ -153,7 +153,7 @@ pub fn load_or_create_reset_key(path: &std::path::Path) -> Result<Vec<u8>, Trans
 
 /// Bytes one peer connection may send the master ahead of what it read (all streams together;
 /// QUIC flow control holds the rest back). Partial frames beyond it wait in the peer.
-pub const SERVER_CONNECTION_WINDOW: u32 = 1536 * 1024;
+pub const SERVER_CONNECTION_WINDOW: u32 = 512 * 1024;
 
 /// Receive buffer requested for the master's UDP socket.
 pub const SERVER_RECV_BUFFER: usize = 8 << 20;

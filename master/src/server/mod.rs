@@ -428,7 +428,13 @@ async fn core_loop(
             // One slice of a long request, then back to everyone else's events.
             _ = std::future::ready(()), if backlog => {
                 if let Some(m) = master.as_mut() {
-                    let room = |c: ConnId| conns.get(&c).map_or(0, |p| p.outbox.capacity());
+                    // Answers may fill half an outbox: the rest stays for offers and updates,
+                    // so a framework reading its answers is never taken for a stalled one.
+                    let room = |c: ConnId| {
+                        conns
+                            .get(&c)
+                            .map_or(0, |p| p.outbox.capacity().saturating_sub(OUTBOX / 2))
+                    };
                     backlog_blocked = !m.work_backlog(now(), &mut out, room);
                 }
             }

@@ -30,8 +30,9 @@
 //!   then its tasks are killed and it is removed.
 //! - Bounded peers: a registration past [`register_limits`] is refused; offers to a framework
 //!   are split into as many messages as the frame limit needs; a reconcile names at most
-//!   [`MAX_RECONCILE_IDS`] ids and is answered in slices of [`RECONCILE_SLICE`]
-//!   ([`Master::work_backlog`]) so one framework never holds the core for long; a peer the
+//!   [`MAX_RECONCILE_IDS`] ids and is answered in slices of [`RECONCILE_SLICE`] by
+//!   [`Master::work_backlog`] (only as fast as the framework reads: the shell says how much room
+//!   its outbox has), so one framework never holds the core for long; a peer the
 //!   shell gave up on ([`Input::PeerStalled`]) is disconnected at once (offers rescinded,
 //!   failover / re-register timeout running).
 
@@ -1498,9 +1499,7 @@ impl Master {
                     format!("kill: task {task_id} is unknown"),
                 )),
             },
-            FrameworkToMaster::Reconcile { task_ids } => {
-                self.reconcile(conn, fw, task_ids, now, out)
-            }
+            FrameworkToMaster::Reconcile { task_ids } => self.reconcile(conn, fw, task_ids, out),
             FrameworkToMaster::Suppress { roles } => {
                 if roles.is_empty() {
                     self.allocator.suppress(fw, None);
@@ -1825,7 +1824,6 @@ impl Master {
         conn: ConnId,
         fw: FrameworkId,
         task_ids: Vec<TaskId>,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
         if task_ids.len() > MAX_RECONCILE_IDS {
@@ -1862,16 +1860,14 @@ impl Master {
                 ),
             ));
         }
-        // The first slice now; the rest from the backlog, between other peers' messages.
-        let mut job = Reconciling {
-            conn,
-            framework: fw,
-            ids,
-            next: 0,
-        };
-        self.reconcile_slice(&mut job, RECONCILE_SLICE, now, out);
-        if job.next < job.ids.len() {
-            self.reconciles.push_back(job);
+        // Answered from the backlog, a slice at a time, as fast as the framework reads.
+        if !ids.is_empty() {
+            self.reconciles.push_back(Reconciling {
+                conn,
+                framework: fw,
+                ids,
+                next: 0,
+            });
         }
     }
 
