@@ -165,7 +165,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             tracing::warn!("{warning}");
         }
     }
-    let material = tls::load_or_issue(
+    let material = gantry_pki::load_or_issue(
         &config.tls_dir,
         &PeerIdentity::Agent(config.name.clone()),
         &[],

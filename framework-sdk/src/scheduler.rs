@@ -110,7 +110,10 @@ pub struct DriverConfig {
     /// Master addresses (`host:port`). The driver keeps a connection to each (see
     /// [`crate::transport::masters`]) and subscribes with the one that leads.
     pub masters: Vec<String>,
-    /// TLS directory (see [`crate::transport::tls`]).
+    /// TLS directory (see [`crate::transport::tls`]): `ca.pem` and this framework's
+    /// `framework-PRINCIPAL.pem`/`.key`. The driver only reads it; issue the certificate with
+    /// `gantryctl certs framework PRINCIPAL` (or, in development, `gantry_pki::load_or_issue`
+    /// before running the driver).
     pub tls_dir: PathBuf,
     /// The framework's principal: the name in its certificate.
     pub principal: String,
@@ -318,10 +321,9 @@ impl Driver {
         if self.config.masters.is_empty() {
             return Err(DriverError::NoMasters);
         }
-        let material = tls::load_or_issue(
+        let material = tls::load(
             &self.config.tls_dir,
             &PeerIdentity::Framework(self.config.principal.clone()),
-            &[],
         )?;
         let mut links = MastersConfig::new(
             self.config.masters.clone(),

@@ -35,7 +35,7 @@ use anyhow::{bail, Context};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
 use gantry_sdk::transport::quic;
-use gantry_sdk::transport::tls::{self, PeerIdentity};
+use gantry_sdk::transport::tls::PeerIdentity;
 use gantry_tests::etcd::EtcdServer;
 use gantry_tests::{MasterProc, TempDir};
 use tokio::sync::mpsc;
@@ -81,7 +81,7 @@ fn agent_configs(tls_dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<quin
             std::thread::spawn(move || -> anyhow::Result<Vec<quinn::ClientConfig>> {
                 idxs.into_iter()
                     .map(|i| {
-                        let m = tls::load_or_issue(
+                        let m = gantry_pki::load_or_issue(
                             &dir,
                             &PeerIdentity::Agent(format!("bench-{i}")),
                             &[],
@@ -276,7 +276,7 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
     // The framework.
     let offers = Arc::new(Mutex::new(Vec::new()));
     let fw = {
-        let config = gantry_sdk::DriverConfig::new(
+        let config = gantry_tests::driver_config(
             addrs.clone(),
             tls_dir.clone(),
             "bench-fw",
