@@ -13,10 +13,10 @@
 //! deposed master that still claims to lead is ignored.
 //!
 //! ```no_run
-//! # async fn run(material: gantry_sdk::transport::TlsMaterial) -> anyhow::Result<()> {
-//! use gantry_sdk::protocol::PeerKind;
-//! use gantry_sdk::transport::masters::{Masters, MastersConfig};
-//! use gantry_sdk::transport::quic;
+//! # async fn run(material: gantry_transport::TlsMaterial) -> Result<(), Box<dyn std::error::Error>> {
+//! use gantry_proto::PeerKind;
+//! use gantry_transport::masters::{Masters, MastersConfig};
+//! use gantry_transport::quic;
 //!
 //! let config = MastersConfig::new(
 //!     vec!["10.0.0.1:5050".into(), "10.0.0.2:5050".into()],
@@ -29,7 +29,7 @@
 //!     // ... register on `session.tx`, then read `session.rx` until the connection is lost
 //!     // or a newer leader announces itself:
 //!     tokio::select! {
-//!         _ = session.rx.recv::<gantry_sdk::protocol::MasterToAgent>() => {}
+//!         _ = session.rx.recv::<gantry_proto::MasterToAgent>() => {}
 //!         _ = masters.newer_leader() => {}
 //!     }
 //!     session.conn.close(0u32.into(), b"bye");
