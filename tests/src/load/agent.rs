@@ -1,0 +1,266 @@
+//! An emulated agent: speaks the agent protocol over its own QUIC connection and mutual TLS
+//! (its own certificate), exactly as `gantry-agent` does on the wire, and "runs" every task it
+//! is given for a fixed time without a process: STARTING and RUNNING at once, FINISHED after
+//! the duration, KILLED when killed. Status updates stay pending until the master forwards the
+//! framework's acknowledgement.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_sdk::protocol::*;
+use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::Shared;
+
+/// What one emulated agent advertises.
+#[derive(Clone)]
+pub struct AgentShape {
+    pub resources: Resources,
+    pub gpus: usize,
+    pub task_time: Duration,
+}
+
+/// The hostname of agent `idx` (frameworks map offers back to agents by it).
+pub fn hostname(idx: usize) -> String {
+    format!("load-{idx}.example")
+}
+
+/// The agent index in a [`hostname`].
+pub fn index_of(hostname: &str) -> Option<usize> {
+    hostname.strip_prefix("load-")?.strip_suffix(".example")?.parse().ok()
+}
+
+fn gpus(idx: usize, n: usize) -> Vec<GpuInfo> {
+    (0..n)
+        .map(|g| GpuInfo {
+            uuid: format!("GPU-load-{idx}-{g}"),
+            name: "Emulated H100 80GB".into(),
+            memory_mib: 81_920,
+            compute_capability: (9, 0),
+            minor: g as u32,
+            pci_bus_id: format!("00000000:{:02X}:00.0", g + 1),
+            numa_node: Some((g * 2 / n.max(1)) as u32),
+            healthy: true,
+        })
+        .collect()
+}
+
+/// Runs agent `idx` until aborted: one session per leading master (re-registering with its
+/// id after a lost connection, which the report counts).
+pub async fn run(
+    idx: usize,
+    endpoint: quinn::Endpoint,
+    cfg: quinn::ClientConfig,
+    masters: Vec<String>,
+    shape: AgentShape,
+    shared: Arc<Shared>,
+) {
+    let mut config = MastersConfig::new(masters, PeerKind::Agent, cfg);
+    config.endpoint = Some(endpoint);
+    let Ok(mut masters) = Masters::start(config) else {
+        return;
+    };
+    let mut agent = Agent {
+        idx,
+        id: None,
+        shape,
+        shared,
+        finishing: VecDeque::new(),
+        running: HashMap::new(),
+        pending: HashMap::new(),
+    };
+    loop {
+        let session = masters.next_session().await;
+        let conn = session.conn.clone();
+        agent.session(session, &mut masters).await;
+        conn.close(0u32.into(), b"reconnecting");
+        agent.shared.agent_reconnects.fetch_add(1, Relaxed);
+    }
+}
+
+struct Agent {
+    idx: usize,
+    id: Option<AgentId>,
+    shape: AgentShape,
+    shared: Arc<Shared>,
+    /// Tasks in the order they finish (every task runs for the same time).
+    finishing: VecDeque<(Instant, TaskId)>,
+    /// Running tasks and their framework.
+    running: HashMap<TaskId, FrameworkId>,
+    /// Unacknowledged updates: their state and when they were sent.
+    pending: HashMap<UpdateId, (TaskState, Instant)>,
+}
+
+impl Agent {
+    async fn session(&mut self, session: LeaderSession, masters: &mut Masters) {
+        let LeaderSession { mut tx, mut rx, .. } = session;
+        let register = AgentToMaster::Register {
+            agent_id: self.id,
+            hostname: hostname(self.idx),
+            resources: self.shape.resources.clone(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: gpus(self.idx, self.shape.gpus),
+            running_tasks: Vec::new(),
+            pending_updates: Vec::new(),
+        };
+        if tx.send(&register).await.is_err() {
+            return;
+        }
+        // Reads in their own task: a frame is never cut by cancellation in the select below.
+        let (in_tx, mut inbox) = mpsc::channel::<MasterToAgent>(1024);
+        let reader = tokio::spawn(async move {
+            while let Ok(msg) = rx.recv::<MasterToAgent>().await {
+                if in_tx.send(msg).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let _reader = super::AbortOnDrop(reader);
+        let mut beat = tokio::time::interval(Duration::from_secs(5));
+        let mut registered = false;
+        loop {
+            let next_finish = self.finishing.front().map(|(t, _)| *t);
+            let mut out: Vec<AgentToMaster> = Vec::new();
+            tokio::select! {
+                msg = inbox.recv() => match msg {
+                    None => return,
+                    Some(msg) => self.handle(msg, &mut registered, &mut beat, &mut out),
+                },
+                _ = beat.tick(), if registered => out.push(AgentToMaster::Heartbeat),
+                _ = sleep_until_opt(next_finish) => self.finish_due(&mut out),
+                _ = masters.newer_leader() => return,
+            }
+            for m in &out {
+                if tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(
+        &mut self,
+        msg: MasterToAgent,
+        registered: &mut bool,
+        beat: &mut tokio::time::Interval,
+        out: &mut Vec<AgentToMaster>,
+    ) {
+        match msg {
+            MasterToAgent::Registered {
+                agent_id,
+                heartbeat_interval_ms,
+                ..
+            } => {
+                if self.id.is_none() {
+                    self.shared.agents_registered.fetch_add(1, Relaxed);
+                }
+                self.id = Some(agent_id);
+                *registered = true;
+                *beat = tokio::time::interval(Duration::from_millis(heartbeat_interval_ms.max(100)));
+                beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                beat.reset();
+            }
+            MasterToAgent::RunTask { framework_id, task } => {
+                self.shared.run_tasks.fetch_add(1, Relaxed);
+                if self.running.contains_key(&task.task_id) {
+                    return;
+                }
+                self.running.insert(task.task_id, framework_id);
+                out.push(self.update(task.task_id, framework_id, TaskState::Starting, None));
+                out.push(self.update(task.task_id, framework_id, TaskState::Running, None));
+                self.finishing
+                    .push_back((Instant::now() + self.shape.task_time, task.task_id));
+            }
+            MasterToAgent::KillTask { task_id, .. } => {
+                if let Some(fw) = self.running.remove(&task_id) {
+                    self.shared.kills.fetch_add(1, Relaxed);
+                    self.finishing.retain(|(_, t)| *t != task_id);
+                    self.shared.freed(self.idx);
+                    out.push(self.update(task_id, fw, TaskState::Killed, None));
+                }
+            }
+            MasterToAgent::Acknowledge { update_id, .. } => {
+                if let Some((state, sent)) = self.pending.remove(&update_id) {
+                    self.shared.acks.fetch_add(1, Relaxed);
+                    if state == TaskState::Running {
+                        self.shared.running_to_ack.record(sent.elapsed());
+                    }
+                }
+            }
+            MasterToAgent::Error { message } => {
+                self.shared.agent_errors.fetch_add(1, Relaxed);
+                tracing::warn!(agent = self.idx, "master: {message}");
+            }
+        }
+    }
+
+    fn finish_due(&mut self, out: &mut Vec<AgentToMaster>) {
+        let now = Instant::now();
+        while let Some((t, task_id)) = self.finishing.front().copied() {
+            if t > now {
+                break;
+            }
+            self.finishing.pop_front();
+            if let Some(fw) = self.running.remove(&task_id) {
+                // The resources are free from the moment this update leaves.
+                self.shared.freed(self.idx);
+                out.push(self.update(task_id, fw, TaskState::Finished, Some(0)));
+            }
+        }
+    }
+
+    fn update(
+        &mut self,
+        task_id: TaskId,
+        framework_id: FrameworkId,
+        state: TaskState,
+        exit_code: Option<i32>,
+    ) -> AgentToMaster {
+        let update_id = UpdateId::random();
+        self.pending.insert(update_id, (state, Instant::now()));
+        let timestamp_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        AgentToMaster::StatusUpdate(StatusUpdate {
+            update_id,
+            task_id,
+            framework_id,
+            agent_id: self.id,
+            state,
+            source: UpdateSource::Agent,
+            message: String::new(),
+            exit_code,
+            signal: None,
+            timestamp_ms,
+            reconciliation: false,
+        })
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostnames_map_back_to_agents() {
+        assert_eq!(index_of(&hostname(9_999)), Some(9_999));
+        assert_eq!(index_of("node-1"), None);
+        assert_eq!(index_of("load-x.example"), None);
+        let g = gpus(3, 8);
+        assert_eq!(g.len(), 8);
+        assert_eq!(g.iter().filter(|g| g.numa_node == Some(1)).count(), 4);
+    }
+}
