@@ -1,8 +1,9 @@
 //! An emulated agent: speaks the agent protocol over its own QUIC connection and mutual TLS
 //! (its own certificate), exactly as `gantry-agent` does on the wire, and "runs" every task it
 //! is given for a fixed time without a process: STARTING and RUNNING at once, FINISHED after
-//! the duration, KILLED when killed. Status updates stay pending until the master forwards the
-//! framework's acknowledgement.
+//! the duration, KILLED when killed. Like the real agent's status update stream, each task has
+//! one update in flight at a time: the next is sent when the master forwards the framework's
+//! acknowledgement of the previous one.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -71,7 +72,7 @@ pub async fn run(
         shared,
         finishing: VecDeque::new(),
         running: HashMap::new(),
-        pending: HashMap::new(),
+        streams: HashMap::new(),
     };
     loop {
         let session = masters.next_session().await;
@@ -91,8 +92,8 @@ struct Agent {
     finishing: VecDeque<(Instant, TaskId)>,
     /// Running tasks and their framework.
     running: HashMap<TaskId, FrameworkId>,
-    /// Unacknowledged updates: their state and when they were sent.
-    pending: HashMap<UpdateId, (TaskState, Instant)>,
+    /// Per task, its unacknowledged updates, oldest first; the head is in flight (sent at).
+    streams: HashMap<TaskId, (VecDeque<StatusUpdate>, Instant)>,
 }
 
 impl Agent {
@@ -171,8 +172,8 @@ impl Agent {
                     return;
                 }
                 self.running.insert(task.task_id, framework_id);
-                out.push(self.update(task.task_id, framework_id, TaskState::Starting, None));
-                out.push(self.update(task.task_id, framework_id, TaskState::Running, None));
+                self.update(task.task_id, framework_id, TaskState::Starting, None, out);
+                self.update(task.task_id, framework_id, TaskState::Running, None, out);
                 self.finishing
                     .push_back((Instant::now() + self.shape.task_time, task.task_id));
             }
@@ -180,15 +181,29 @@ impl Agent {
                 if let Some(fw) = self.running.remove(&task_id) {
                     self.shared.kills.fetch_add(1, Relaxed);
                     self.finishing.retain(|(_, t)| *t != task_id);
-                    self.shared.freed(self.idx);
-                    out.push(self.update(task_id, fw, TaskState::Killed, None));
+                    self.update(task_id, fw, TaskState::Killed, None, out);
                 }
             }
-            MasterToAgent::Acknowledge { update_id, .. } => {
-                if let Some((state, sent)) = self.pending.remove(&update_id) {
-                    self.shared.acks.fetch_add(1, Relaxed);
-                    if state == TaskState::Running {
-                        self.shared.running_to_ack.record(sent.elapsed());
+            MasterToAgent::Acknowledge { task_id, update_id } => {
+                let Some((queue, sent)) = self.streams.get_mut(&task_id) else {
+                    return;
+                };
+                if queue.front().map(|u| u.update_id) != Some(update_id) {
+                    return;
+                }
+                self.shared.acks.fetch_add(1, Relaxed);
+                if queue.pop_front().is_some_and(|u| u.state == TaskState::Running) {
+                    self.shared.running_to_ack.record(sent.elapsed());
+                }
+                match queue.front() {
+                    Some(next) => {
+                        *sent = Instant::now();
+                        let next = next.clone();
+                        self.sending(&next);
+                        out.push(AgentToMaster::StatusUpdate(next));
+                    }
+                    None => {
+                        self.streams.remove(&task_id);
                     }
                 }
             }
@@ -207,28 +222,26 @@ impl Agent {
             }
             self.finishing.pop_front();
             if let Some(fw) = self.running.remove(&task_id) {
-                // The resources are free from the moment this update leaves.
-                self.shared.freed(self.idx);
-                out.push(self.update(task_id, fw, TaskState::Finished, Some(0)));
+                self.update(task_id, fw, TaskState::Finished, Some(0), out);
             }
         }
     }
 
+    /// Queues a status update on the task's stream; sends it now if nothing is in flight.
     fn update(
         &mut self,
         task_id: TaskId,
         framework_id: FrameworkId,
         state: TaskState,
         exit_code: Option<i32>,
-    ) -> AgentToMaster {
-        let update_id = UpdateId::random();
-        self.pending.insert(update_id, (state, Instant::now()));
+        out: &mut Vec<AgentToMaster>,
+    ) {
         let timestamp_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        AgentToMaster::StatusUpdate(StatusUpdate {
-            update_id,
+        let update = StatusUpdate {
+            update_id: UpdateId::random(),
             task_id,
             framework_id,
             agent_id: self.id,
@@ -239,7 +252,24 @@ impl Agent {
             signal: None,
             timestamp_ms,
             reconciliation: false,
-        })
+        };
+        let (queue, sent) = self
+            .streams
+            .entry(task_id)
+            .or_insert_with(|| (VecDeque::new(), Instant::now()));
+        queue.push_back(update.clone());
+        if queue.len() == 1 {
+            *sent = Instant::now();
+            self.sending(&update);
+            out.push(AgentToMaster::StatusUpdate(update));
+        }
+    }
+
+    /// An update is leaving: a terminal one frees the task's resources at the master.
+    fn sending(&self, update: &StatusUpdate) {
+        if update.state.is_terminal() {
+            self.shared.freed(self.idx);
+        }
     }
 }
 
