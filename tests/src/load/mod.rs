@@ -203,6 +203,8 @@ pub struct Report {
     pub harness_cpu_load_pct: f64,
     pub master_rss_idle_mib: f64,
     pub master_rss_peak_mib: f64,
+    /// `/proc/loadavg` (1 minute) at the end of the launch window: other work on the machine.
+    pub load_average: f64,
 }
 
 impl Report {
@@ -264,6 +266,7 @@ impl Report {
             "master_rss_idle_mib": self.master_rss_idle_mib,
             "master_rss_peak_mib": self.master_rss_peak_mib,
             "master_rss_peak_mib_per_1000_agents": self.master_rss_peak_mib / per_k,
+            "load_average_1m": self.load_average,
         })
     }
 
@@ -299,10 +302,10 @@ impl Report {
             self.offers, self.declined_offers, self.framework_errors, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
         );
         t += &format!(
-            "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s\n",
+            "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s; load average {:.1}\n",
             self.master_cpu_idle_pct, self.master_cpu_load_pct, self.master_cpu_load_pct / per_k,
             self.master_rss_idle_mib, self.master_rss_peak_mib, self.master_rss_peak_mib / per_k,
-            self.harness_cpu_load_pct, self.registration_s
+            self.harness_cpu_load_pct, self.registration_s, self.load_average
         );
         t
     }
@@ -495,6 +498,10 @@ async fn drive(
     report.master_cpu_load_pct = cpu_window.as_secs_f64() / window.as_secs_f64() * 100.0;
     report.harness_cpu_load_pct = harness_cpu.as_secs_f64() / window.as_secs_f64() * 100.0;
     report.cycle = Summary::of(&mut cycles_us);
+    report.load_average = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0);
 
     // Drain: every launched task ends.
     let drain_deadline = Instant::now() + cfg.task_time + cfg.drain_timeout;
