@@ -46,6 +46,10 @@ struct Args {
     /// Filter on declined or unused offered resources, seconds.
     #[arg(long, default_value_t = 1.0)]
     refuse_seconds: f64,
+    /// Launches per second across all frameworks at most (default: launch on every offer,
+    /// which saturates the cluster; latencies are then queueing under saturation).
+    #[arg(long)]
+    rate: Option<f64>,
     /// Client UDP sockets the emulated agents share.
     #[arg(long, default_value_t = 64)]
     client_endpoints: usize,
@@ -111,6 +115,7 @@ fn main() -> anyhow::Result<()> {
         master_args: a.master_arg,
         external,
         drain_timeout: Duration::from_secs(a.drain_timeout),
+        rate: a.rate,
     };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = a.threads {

@@ -104,14 +104,18 @@ impl gantry_sdk::Scheduler for LoadFramework {
                 .budget
                 .map_or(u64::MAX, |b| b.saturating_sub(self.counters.launched.load(Relaxed)));
             let mut avail = offer.total();
-            let mut tasks = Vec::new();
+            let mut fit = 0usize;
             while launching
-                && tasks.len() < self.shape.max_tasks_per_offer
-                && (tasks.len() as u64) < budget
+                && fit < self.shape.max_tasks_per_offer
+                && (fit as u64) < budget
                 && avail.checked_sub_assign(&self.shape.task).is_some()
             {
-                tasks.push(self.task());
+                fit += 1;
             }
+            if let Some(bucket) = &self.shared.bucket {
+                fit = bucket.take(fit);
+            }
+            let tasks: Vec<TaskInfo> = (0..fit).map(|_| self.task()).collect();
             if tasks.is_empty() {
                 declined.push(offer.id);
                 continue;

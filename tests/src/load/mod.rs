@@ -18,7 +18,7 @@
 //! - RUNNING → acknowledged: the agent sends RUNNING → the master forwards the framework's
 //!   acknowledgement to the agent;
 //! - launches/s: RUNNING updates reaching frameworks during the launch window, per second;
-//! - allocation cycle: the master's `last_cycle_us` from `/state`, sampled once a second;
+//! - allocation cycle: the master's `last_cycle_us` from `/state`, sampled every 4 s;
 //! - master CPU (`/proc/PID/stat`) and VmRSS, per 1,000 agents, idle and under load;
 //! - the floor: bare QUIC ping round trips, idle before the load and paced during it.
 
@@ -68,6 +68,9 @@ pub struct LoadConfig {
     pub external: Option<ExternalMaster>,
     /// How long to wait for launched tasks to end after the window.
     pub drain_timeout: Duration,
+    /// Launches per second across all frameworks at most (`None`: as fast as offers come, which
+    /// saturates the cluster and measures latency under saturation).
+    pub rate: Option<f64>,
 }
 
 /// A master started elsewhere.
@@ -98,6 +101,7 @@ impl Default for LoadConfig {
             master_args: Vec::new(),
             external: None,
             drain_timeout: Duration::from_secs(60),
+            rate: None,
         }
     }
 }
@@ -120,11 +124,42 @@ pub struct Shared {
     pub running_total: AtomicU64,
     /// Frameworks stop launching.
     pub stop: AtomicBool,
+    /// The launch budget when the rate is capped.
+    pub bucket: Option<TokenBucket>,
+}
+
+/// A token bucket shared by all frameworks: `rate` tokens a second, at most a tenth of a
+/// second's worth saved up.
+pub struct TokenBucket {
+    rate: f64,
+    state: std::sync::Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    pub fn new(rate: f64) -> Self {
+        Self {
+            rate,
+            state: std::sync::Mutex::new((0.0, Instant::now())),
+        }
+    }
+
+    /// Takes up to `want` tokens; returns how many it got.
+    pub fn take(&self, want: usize) -> usize {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let cap = (self.rate / 10.0).max(1.0);
+        st.0 = (st.0 + now.duration_since(st.1).as_secs_f64() * self.rate).min(cap);
+        st.1 = now;
+        let got = (st.0.floor() as usize).min(want);
+        st.0 -= got as f64;
+        got
+    }
 }
 
 impl Shared {
-    fn new(agents: usize) -> Self {
+    fn new(agents: usize, rate: Option<f64>) -> Self {
         Self {
+            bucket: rate.filter(|r| *r > 0.0).map(TokenBucket::new),
             t0: Instant::now(),
             freed: (0..agents).map(|_| AtomicU64::new(0)).collect(),
             offer_latency: Samples::default(),
@@ -175,6 +210,8 @@ pub struct Report {
     pub gpus_per_agent: usize,
     pub task: String,
     pub task_time_ms: u64,
+    /// The launch-rate cap, if any.
+    pub rate: Option<f64>,
     pub window_s: f64,
     pub registration_s: f64,
     pub launched: u64,
@@ -235,6 +272,7 @@ impl Report {
             "gpus_per_agent": self.gpus_per_agent,
             "task": self.task,
             "task_time_ms": self.task_time_ms,
+            "rate_cap_per_s": self.rate,
             "window_s": self.window_s,
             "registration_s": self.registration_s,
             "tasks": {
@@ -280,8 +318,9 @@ impl Report {
             )
         };
         let mut t = format!(
-            "gantry-load: {} agents ({} GPUs each), {} frameworks, task {} for {} ms, launch window {:.1} s\n",
-            self.agents, self.gpus_per_agent, self.frameworks, self.task, self.task_time_ms, self.window_s
+            "gantry-load: {} agents ({} GPUs each), {} frameworks, task {} for {} ms, launch window {:.1} s, {}\n",
+            self.agents, self.gpus_per_agent, self.frameworks, self.task, self.task_time_ms, self.window_s,
+            self.rate.map_or("no rate cap".to_string(), |r| format!("at most {r:.0} launches/s"))
         );
         t += &format!(
             "{:<34} {:>9} {:>9} {:>9} {:>9}\n",
@@ -313,6 +352,11 @@ impl Report {
 
 /// Agents started at once while setting up (setup is not measured).
 const WAVE: usize = 500;
+
+/// How often `/state` is read in the launch window. The master builds the whole view (every
+/// agent and task, sorted) on its core loop: with 10,000 agents and tens of thousands of tasks
+/// that is itself a visible load, so the harness reads it sparingly.
+const STATE_EVERY: Duration = Duration::from_secs(4);
 
 /// Runs the load and returns what it measured. Needs a multi-threaded tokio runtime.
 pub async fn run(cfg: LoadConfig) -> anyhow::Result<Report> {
@@ -366,6 +410,7 @@ async fn drive(
         gpus_per_agent: cfg.gpus_per_agent,
         task: cfg.task.clone(),
         task_time_ms: cfg.task_time.as_millis() as u64,
+        rate: cfg.rate,
         ..Report::default()
     };
     let task: Resources = cfg.task.parse().context("--task")?;
@@ -386,7 +431,7 @@ async fn drive(
     let t = Instant::now();
     let configs = tokio::task::block_in_place(|| emu::agent_configs(tls_dir, "load", cfg.agents))?;
     eprintln!("{} agent certificates in {:.1?}", cfg.agents, t.elapsed());
-    let shared = Arc::new(Shared::new(cfg.agents));
+    let shared = Arc::new(Shared::new(cfg.agents, cfg.rate));
     let eps: Vec<quinn::Endpoint> = (0..cfg.client_endpoints.max(1))
         .map(|_| emu::client_endpoint())
         .collect::<anyhow::Result<_>>()?;
@@ -478,14 +523,19 @@ async fn drive(
     let mut cycles_us = Vec::new();
     let mut rss_peak = report.master_rss_idle_mib;
     let window_end = w0 + cfg.launch_window;
+    let mut next_state = w0 + STATE_EVERY / 2;
     while Instant::now() < window_end {
         tokio::time::sleep(Duration::from_secs(1).min(window_end - Instant::now())).await;
+        rss_peak = rss_peak.max(master_rss());
+        if Instant::now() < next_state {
+            continue;
+        }
+        next_state += STATE_EVERY;
         if let Ok(s) = tokio::task::block_in_place(|| get_state(http_addr)) {
             if let Some(us) = s["allocator"]["last_cycle_us"].as_u64() {
                 cycles_us.push(u32::try_from(us).unwrap_or(u32::MAX));
             }
         }
-        rss_peak = rss_peak.max(master_rss());
     }
     let window = w0.elapsed();
     let launched_in_window = shared.running_total.load(Relaxed) - r0;
@@ -505,7 +555,16 @@ async fn drive(
 
     // Drain: every launched task ends.
     let drain_deadline = Instant::now() + cfg.task_time + cfg.drain_timeout;
-    while counters.iter().any(|c| c.in_flight() > 0) && Instant::now() < drain_deadline {
+    let mut said = Instant::now();
+    loop {
+        let in_flight: u64 = counters.iter().map(|c| c.in_flight()).sum();
+        if in_flight == 0 || Instant::now() >= drain_deadline {
+            break;
+        }
+        if said.elapsed() >= Duration::from_secs(10) {
+            said = Instant::now();
+            eprintln!("draining: {in_flight} tasks in flight");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
         rss_peak = rss_peak.max(master_rss());
     }
