@@ -72,6 +72,7 @@ pub async fn run(
         shared,
         finishing: VecDeque::new(),
         running: HashMap::new(),
+        held: HashMap::new(),
         streams: HashMap::new(),
     };
     loop {
@@ -92,6 +93,9 @@ struct Agent {
     finishing: VecDeque<(Instant, TaskId)>,
     /// Running tasks and their framework.
     running: HashMap<TaskId, FrameworkId>,
+    /// Every task held (running, or ended with updates not yet acknowledged), reported when
+    /// re-registering.
+    held: HashMap<TaskId, (FrameworkId, TaskInfo, TaskState)>,
     /// Per task, its unacknowledged updates, oldest first; the head is in flight (sent at).
     streams: HashMap<TaskId, (VecDeque<StatusUpdate>, Instant)>,
 }
@@ -106,7 +110,15 @@ impl Agent {
             reserved: Default::default(),
             attributes: Default::default(),
             gpus: gpus(self.idx, self.shape.gpus),
-            running_tasks: Vec::new(),
+            running_tasks: self
+                .held
+                .values()
+                .map(|(framework_id, task, state)| RunningTask {
+                    framework_id: *framework_id,
+                    task: task.clone(),
+                    state: *state,
+                })
+                .collect(),
             pending_updates: Vec::new(),
         };
         if tx.send(&register).await.is_err() {
@@ -162,6 +174,17 @@ impl Agent {
                 }
                 self.id = Some(agent_id);
                 *registered = true;
+                // Heads sent on an earlier connection go again on this one (as the agent's
+                // update stream does); the master deduplicates by update id.
+                let now = Instant::now();
+                for (queue, sent) in self.streams.values_mut() {
+                    if let Some(head) = queue.front() {
+                        *sent = now;
+                        let mut head = head.clone();
+                        head.agent_id = Some(agent_id);
+                        out.push(AgentToMaster::StatusUpdate(head));
+                    }
+                }
                 *beat = tokio::time::interval(Duration::from_millis(heartbeat_interval_ms.max(100)));
                 beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 beat.reset();
@@ -172,6 +195,8 @@ impl Agent {
                     return;
                 }
                 self.running.insert(task.task_id, framework_id);
+                self.held
+                    .insert(task.task_id, (framework_id, task.clone(), TaskState::Running));
                 self.update(task.task_id, framework_id, TaskState::Starting, None, out);
                 self.update(task.task_id, framework_id, TaskState::Running, None, out);
                 self.finishing
@@ -204,6 +229,9 @@ impl Agent {
                     }
                     None => {
                         self.streams.remove(&task_id);
+                        if !self.running.contains_key(&task_id) {
+                            self.held.remove(&task_id);
+                        }
                     }
                 }
             }
@@ -253,6 +281,9 @@ impl Agent {
             timestamp_ms,
             reconciliation: false,
         };
+        if let Some(h) = self.held.get_mut(&task_id) {
+            h.2 = state;
+        }
         let (queue, sent) = self
             .streams
             .entry(task_id)

@@ -25,6 +25,8 @@ pub struct FrameworkCounters {
     /// Terminal states other than FINISHED (LOST, FAILED, KILLED, ERROR).
     pub not_finished: AtomicU64,
     pub errors: AtomicU64,
+    /// Connections to the master lost (the driver re-subscribes).
+    pub reconnects: AtomicU64,
 }
 
 impl FrameworkCounters {
@@ -55,6 +57,8 @@ pub struct LoadFramework {
     /// When each launched task's accept was handed to the driver.
     accepted: HashMap<TaskId, Instant>,
     suppressed: bool,
+    /// The driver lost its connection since the last subscription.
+    lost: bool,
 }
 
 impl LoadFramework {
@@ -71,6 +75,7 @@ impl LoadFramework {
             counters,
             accepted: HashMap::new(),
             suppressed: false,
+            lost: false,
         }
     }
 
@@ -88,6 +93,23 @@ impl LoadFramework {
 }
 
 impl gantry_sdk::Scheduler for LoadFramework {
+    async fn registered(&mut self, driver: &DriverHandle, _framework_id: FrameworkId) {
+        // After a lost connection: accepts made while disconnected were dropped by the driver
+        // and updates may have been missed. Ask for every task we wait on; unknown ones come
+        // back LOST.
+        if std::mem::take(&mut self.lost) && !self.accepted.is_empty() {
+            driver.reconcile(self.accepted.keys().copied().collect());
+        }
+        if self.suppressed {
+            driver.suppress(Vec::new());
+        }
+    }
+
+    async fn disconnected(&mut self, _driver: &DriverHandle) {
+        self.lost = true;
+        self.counters.reconnects.fetch_add(1, Relaxed);
+    }
+
     async fn offers(&mut self, driver: &DriverHandle, offers: Vec<Offer>) {
         let now = Instant::now();
         self.counters.offers.fetch_add(offers.len() as u64, Relaxed);

@@ -220,6 +220,7 @@ pub struct Report {
     pub not_finished: u64,
     pub in_flight_at_end: u64,
     pub framework_errors: u64,
+    pub framework_reconnects: u64,
     pub frameworks_without_offers: usize,
     pub offers: u64,
     pub declined_offers: u64,
@@ -286,6 +287,7 @@ impl Report {
             "offers": self.offers,
             "declined_offers": self.declined_offers,
             "framework_errors": self.framework_errors,
+            "framework_reconnects": self.framework_reconnects,
             "frameworks_without_offers": self.frameworks_without_offers,
             "agent_reconnects": self.agent_reconnects,
             "agent_errors": self.agent_errors,
@@ -337,8 +339,8 @@ impl Report {
             self.launches_per_s, self.launched, self.running, self.finished, self.not_finished, self.in_flight_at_end
         );
         t += &format!(
-            "offers {} (declined {}), framework errors {}, frameworks without offers {}, agent reconnects {}, allocation cycles {}\n",
-            self.offers, self.declined_offers, self.framework_errors, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
+            "offers {} (declined {}), framework errors {}, framework reconnects {}, frameworks without offers {}, agent reconnects {}, allocation cycles {}\n",
+            self.offers, self.declined_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
         );
         t += &format!(
             "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s; load average {:.1}\n",
@@ -586,6 +588,7 @@ async fn drive(
     report.not_finished = sum(|c| c.not_finished.load(Relaxed));
     report.in_flight_at_end = sum(|c| c.in_flight());
     report.framework_errors = sum(|c| c.errors.load(Relaxed));
+    report.framework_reconnects = sum(|c| c.reconnects.load(Relaxed));
     report.offers = sum(|c| c.offers.load(Relaxed));
     report.declined_offers = sum(|c| c.declined.load(Relaxed));
     report.frameworks_without_offers = counters
