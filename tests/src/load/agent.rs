@@ -32,7 +32,11 @@ pub fn hostname(idx: usize) -> String {
 
 /// The agent index in a [`hostname`].
 pub fn index_of(hostname: &str) -> Option<usize> {
-    hostname.strip_prefix("load-")?.strip_suffix(".example")?.parse().ok()
+    hostname
+        .strip_prefix("load-")?
+        .strip_suffix(".example")?
+        .parse()
+        .ok()
 }
 
 fn gpus(idx: usize, n: usize) -> Vec<GpuInfo> {
@@ -185,7 +189,8 @@ impl Agent {
                         out.push(AgentToMaster::StatusUpdate(head));
                     }
                 }
-                *beat = tokio::time::interval(Duration::from_millis(heartbeat_interval_ms.max(100)));
+                *beat =
+                    tokio::time::interval(Duration::from_millis(heartbeat_interval_ms.max(100)));
                 beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 beat.reset();
             }
@@ -195,8 +200,10 @@ impl Agent {
                     return;
                 }
                 self.running.insert(task.task_id, framework_id);
-                self.held
-                    .insert(task.task_id, (framework_id, task.clone(), TaskState::Running));
+                self.held.insert(
+                    task.task_id,
+                    (framework_id, task.clone(), TaskState::Running),
+                );
                 self.update(task.task_id, framework_id, TaskState::Starting, None, out);
                 self.update(task.task_id, framework_id, TaskState::Running, None, out);
                 self.finishing
@@ -217,7 +224,10 @@ impl Agent {
                     return;
                 }
                 self.shared.acks.fetch_add(1, Relaxed);
-                if queue.pop_front().is_some_and(|u| u.state == TaskState::Running) {
+                if queue
+                    .pop_front()
+                    .is_some_and(|u| u.state == TaskState::Running)
+                {
                     self.shared.running_to_ack.record(sent.elapsed());
                 }
                 match queue.front() {

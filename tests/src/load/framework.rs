@@ -121,10 +121,9 @@ impl gantry_sdk::Scheduler for LoadFramework {
         let launching = !self.shared.stop.load(Relaxed);
         let mut declined = Vec::new();
         for offer in offers {
-            let budget = self
-                .shape
-                .budget
-                .map_or(u64::MAX, |b| b.saturating_sub(self.counters.launched.load(Relaxed)));
+            let budget = self.shape.budget.map_or(u64::MAX, |b| {
+                b.saturating_sub(self.counters.launched.load(Relaxed))
+            });
             let mut avail = offer.total();
             let mut fit = 0usize;
             while launching
@@ -142,7 +141,9 @@ impl gantry_sdk::Scheduler for LoadFramework {
                 declined.push(offer.id);
                 continue;
             }
-            self.counters.launched.fetch_add(tasks.len() as u64, Relaxed);
+            self.counters
+                .launched
+                .fetch_add(tasks.len() as u64, Relaxed);
             for t in &tasks {
                 self.accepted.insert(t.task_id, now);
             }
@@ -153,7 +154,9 @@ impl gantry_sdk::Scheduler for LoadFramework {
             );
         }
         if !declined.is_empty() {
-            self.counters.declined.fetch_add(declined.len() as u64, Relaxed);
+            self.counters
+                .declined
+                .fetch_add(declined.len() as u64, Relaxed);
             driver.decline(declined, Some(self.shape.refuse_seconds));
         }
         let spent = self
@@ -167,26 +170,21 @@ impl gantry_sdk::Scheduler for LoadFramework {
     }
 
     async fn status_update(&mut self, _driver: &DriverHandle, update: &StatusUpdate) {
-        match update.state {
-            TaskState::Running => {
-                if let Some(t) = self.accepted.get(&update.task_id) {
-                    self.shared.accept_to_running.record(t.elapsed());
-                    self.counters.running.fetch_add(1, Relaxed);
-                    self.shared.running_total.fetch_add(1, Relaxed);
-                }
+        let id = update.task_id;
+        let state = update.state;
+        if state == TaskState::Running && !update.reconciliation {
+            if let Some(t) = self.accepted.get(&id) {
+                self.shared.accept_to_running.record(t.elapsed());
+                self.counters.running.fetch_add(1, Relaxed);
+                self.shared.running_total.fetch_add(1, Relaxed);
             }
-            TaskState::Finished => {
-                if self.accepted.remove(&update.task_id).is_some() {
-                    self.counters.finished.fetch_add(1, Relaxed);
-                }
+        } else if state.is_terminal() && self.accepted.remove(&id).is_some() {
+            if state == TaskState::Finished {
+                self.counters.finished.fetch_add(1, Relaxed);
+            } else {
+                self.counters.not_finished.fetch_add(1, Relaxed);
+                tracing::warn!(framework = self.idx, task = %id, %state, "{}", update.message);
             }
-            s if s.is_terminal() => {
-                if self.accepted.remove(&update.task_id).is_some() {
-                    self.counters.not_finished.fetch_add(1, Relaxed);
-                    tracing::warn!(framework = self.idx, task = %update.task_id, state = %s, "{}", update.message);
-                }
-            }
-            _ => {}
         }
     }
 

@@ -190,7 +190,8 @@ impl Shared {
         let ns = f.swap(0, Relaxed);
         if ns > 0 {
             let freed = self.t0 + Duration::from_nanos(ns - 1);
-            self.offer_latency.record(at.saturating_duration_since(freed));
+            self.offer_latency
+                .record(at.saturating_duration_since(freed));
         }
     }
 }
@@ -471,7 +472,10 @@ async fn drive(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     report.registration_s = t.elapsed().as_secs_f64();
-    eprintln!("{} agents registered in {:.1} s", cfg.agents, report.registration_s);
+    eprintln!(
+        "{} agents registered in {:.1} s",
+        cfg.agents, report.registration_s
+    );
 
     // Idle cost of the connected agents.
     tokio::time::sleep(Duration::from_secs(2)).await;
