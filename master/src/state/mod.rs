@@ -28,11 +28,19 @@
 //! - A disconnected agent keeps its tasks for `agent_reregister_timeout_ms`; then it is lost and
 //!   its tasks are `LOST`. A disconnected framework keeps its tasks for its failover timeout;
 //!   then its tasks are killed and it is removed.
+//! - Bounded peers: a registration past [`register_limits`] is refused; offers to a framework
+//!   are split into as many messages as the frame limit needs; a reconcile names at most
+//!   [`MAX_RECONCILE_IDS`] ids and is answered in slices of [`RECONCILE_SLICE`] by
+//!   [`Master::work_backlog`] (only as fast as the framework reads: the shell says how much room
+//!   its outbox has), so one framework never holds the core for long; a peer the
+//!   shell gave up on ([`Input::PeerStalled`]) is disconnected at once (offers rescinded,
+//!   failover / re-register timeout running).
 
 pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
@@ -65,6 +73,12 @@ pub struct MasterConfig {
     /// Who may subscribe with which roles, run tasks as which users, and operate
     /// ([`Acls::allow_all`] in dev mode).
     pub acls: Acls,
+    /// Once a frame's length has arrived, its body must arrive within this long, or the shell
+    /// closes the peer (`--frame-body-timeout`).
+    pub frame_body_timeout_ms: u64,
+    /// Bytes of large frame bodies (over 64 KiB) all peers together may be sending at once;
+    /// past it readers wait (`--frame-budget-mib`).
+    pub frame_budget_bytes: usize,
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
 }
@@ -151,6 +165,8 @@ impl Default for MasterConfig {
             allocation_min_gap_ms: 20,
             completed_tasks_kept: 1000,
             acls: Acls::allow_all(),
+            frame_body_timeout_ms: 10_000,
+            frame_budget_bytes: 128 << 20,
             limits: Limits::default(),
         }
     }
@@ -180,6 +196,12 @@ pub enum Input {
         msg: FrameworkToMaster,
     },
     FrameworkDisconnected {
+        conn: ConnId,
+    },
+    /// The shell closed this peer's connection because it did not read its messages (its
+    /// outbox overflowed): handled as a disconnect, now (offers rescinded, the framework's
+    /// failover timeout or the agent's re-register timeout starts).
+    PeerStalled {
         conn: ConnId,
     },
     /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
@@ -301,6 +323,25 @@ pub struct Master {
     id_source: fn() -> u128,
     /// Microseconds the last allocation cycle took (measured by the shell).
     pub last_cycle_us: u64,
+    /// How many entries of `completed` each task id has (reconcile looks ids up there).
+    completed_count: HashMap<TaskId, u32>,
+    /// Reconciliations being answered slice by slice, round robin.
+    reconciles: VecDeque<Reconciling>,
+}
+
+/// Task ids answered per slice of a reconciliation (a few hundred microseconds of core time).
+pub const RECONCILE_SLICE: usize = 1024;
+/// Task ids one framework may have waiting for reconciliation answers; a reconcile past it is
+/// refused (the framework asks again once answered).
+pub const MAX_PENDING_RECONCILE_IDS: usize = 8 * MAX_RECONCILE_IDS;
+
+/// A reconciliation with answers still to send.
+#[derive(Debug)]
+struct Reconciling {
+    conn: ConnId,
+    framework: FrameworkId,
+    ids: Vec<TaskId>,
+    next: usize,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -345,6 +386,8 @@ impl Master {
             id_counter: 0,
             id_source: || uuid::Uuid::new_v4().as_u128(),
             last_cycle_us: 0,
+            completed_count: HashMap::new(),
+            reconciles: VecDeque::new(),
         }
     }
 
@@ -431,7 +474,16 @@ impl Master {
         }
         for (fw, offers) in by_framework {
             if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
-                out.push(Output::ToFramework(conn, MasterToFramework::Offers(offers)));
+                // As many messages as the frame limit needs (many agents, large attributes).
+                let split = codec::split_batches(offers, MasterToFramework::Offers);
+                for o in split.oversized {
+                    // Registration bounds make this unreachable; never send what can not go.
+                    tracing::warn!(framework = %fw, agent = %o.agent_id, "an offer does not fit in a frame; rescinded");
+                    self.allocator.rescind(o.id);
+                }
+                for batch in split.batches {
+                    out.push(Output::ToFramework(conn, batch));
+                }
             } else {
                 for o in offers {
                     self.allocator.rescind(o.id);
@@ -502,9 +554,63 @@ impl Master {
                     self.framework_disconnected(id, conn, now);
                 }
             }
+            Input::PeerStalled { conn } => match self.conns.remove(&conn) {
+                Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) => self.agent_disconnected(id, conn, now, &mut out),
+                Some(Peer::Framework {
+                    framework: Some(id),
+                    ..
+                }) => {
+                    self.framework_disconnected(id, conn, now);
+                    self.allocation_pending = true;
+                }
+                _ => {}
+            },
             Input::Tick => self.tick(now, &mut out),
         }
         out
+    }
+
+    /// True when reconciliation answers are waiting to be sent ([`Master::work_backlog`]).
+    pub fn has_backlog(&self) -> bool {
+        !self.reconciles.is_empty()
+    }
+
+    /// Answers one slice (at most [`RECONCILE_SLICE`] ids) of the next reconciliation whose
+    /// connection can take messages: `room(conn)` says how many more messages it can queue.
+    /// Returns false when no waiting reconciliation could make progress (the shell retries at
+    /// its next tick).
+    pub fn work_backlog(
+        &mut self,
+        now: Millis,
+        out: &mut Vec<Output>,
+        room: impl Fn(ConnId) -> usize,
+    ) -> bool {
+        for _ in 0..self.reconciles.len() {
+            let Some(mut job) = self.reconciles.pop_front() else {
+                return false;
+            };
+            // A framework that went away (or reconnected elsewhere) gets no more answers.
+            let live = self
+                .frameworks
+                .get(&job.framework)
+                .is_some_and(|f| f.conn == Some(job.conn));
+            if !live {
+                continue;
+            }
+            let n = room(job.conn).min(RECONCILE_SLICE);
+            if n == 0 {
+                self.reconciles.push_back(job);
+                continue;
+            }
+            self.reconcile_slice(&mut job, n, now, out);
+            if job.next < job.ids.len() {
+                self.reconciles.push_back(job);
+            }
+            return true;
+        }
+        false
     }
 
     // -----------------------------------------------------------------------------------------
@@ -623,6 +729,9 @@ impl Master {
             .find_map(|r| self.config.limits.check_role(r).err())
         {
             return self.refuse_agent(conn, format!("reservations: {e}"), out);
+        }
+        if let Err(e) = register_limits::check(&hostname, &attributes, &gpus, &reserved) {
+            return self.refuse_agent(conn, format!("registration refused: {e}"), out);
         }
         // Who this is: its certificate name plus the id it checkpointed. An id belongs to one
         // name; a name to one live agent (see docs/security.md).
@@ -1078,8 +1187,16 @@ impl Master {
             task.state,
             task.info.resources,
         ));
+        *self.completed_count.entry(tid).or_default() += 1;
         while self.completed.len() > self.config.completed_tasks_kept {
-            self.completed.pop_front();
+            if let Some(c) = self.completed.pop_front() {
+                if let Some(n) = self.completed_count.get_mut(&c.0) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.completed_count.remove(&c.0);
+                    }
+                }
+            }
         }
     }
 
@@ -1322,17 +1439,30 @@ impl Master {
                     Ok(r) => r,
                     Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
                 };
+                // One error for all unknown ids: a long list of them is not a long answer.
+                let mut unknown: Option<(OfferId, usize)> = None;
                 for oid in offer_ids {
                     match self.allocator.offer(oid) {
                         Some(o) if o.framework == fw => {
                             let _ = self.allocator.decline(oid, refuse, now);
                         }
-                        _ => out.push(err(
-                            conn,
-                            ErrorKind::UnknownOffer,
-                            format!("decline: offer {oid} is not outstanding for this framework"),
-                        )),
+                        _ => unknown.get_or_insert((oid, 0)).1 += 1,
                     }
+                }
+                match unknown {
+                    Some((oid, 1)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!("decline: offer {oid} is not outstanding for this framework"),
+                    )),
+                    Some((oid, n)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!(
+                            "decline: {n} offers (the first {oid}) are not outstanding for this framework"
+                        ),
+                    )),
+                    None => {}
                 }
             }
             FrameworkToMaster::Kill { task_id } => match self.tasks.get(&task_id) {
@@ -1369,9 +1499,7 @@ impl Master {
                     format!("kill: task {task_id} is unknown"),
                 )),
             },
-            FrameworkToMaster::Reconcile { task_ids } => {
-                self.reconcile(conn, fw, task_ids, now, out)
-            }
+            FrameworkToMaster::Reconcile { task_ids } => self.reconcile(conn, fw, task_ids, out),
             FrameworkToMaster::Suppress { roles } => {
                 if roles.is_empty() {
                     self.allocator.suppress(fw, None);
@@ -1696,9 +1824,24 @@ impl Master {
         conn: ConnId,
         fw: FrameworkId,
         task_ids: Vec<TaskId>,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
+        if task_ids.len() > MAX_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "reconcile names {} task ids; at most {MAX_RECONCILE_IDS} per message",
+                    task_ids.len()
+                ),
+            ));
+        }
+        let waiting: usize = self
+            .reconciles
+            .iter()
+            .filter(|j| j.framework == fw)
+            .map(|j| j.ids.len() - j.next)
+            .sum();
         let ids: Vec<TaskId> = if task_ids.is_empty() {
             self.frameworks
                 .get(&fw)
@@ -1707,14 +1850,51 @@ impl Master {
         } else {
             task_ids
         };
-        for tid in ids {
+        if waiting > 0 && waiting + ids.len() > MAX_PENDING_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "{waiting} task ids of earlier reconciles are still being answered; \
+                     at most {MAX_PENDING_RECONCILE_IDS} may wait: ask again later"
+                ),
+            ));
+        }
+        // Answered from the backlog, a slice at a time, as fast as the framework reads.
+        if !ids.is_empty() {
+            self.reconciles.push_back(Reconciling {
+                conn,
+                framework: fw,
+                ids,
+                next: 0,
+            });
+        }
+    }
+
+    /// Answers up to `n` more ids of `job`.
+    fn reconcile_slice(
+        &mut self,
+        job: &mut Reconciling,
+        n: usize,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let (conn, fw) = (job.conn, job.framework);
+        let end = (job.next + n).min(job.ids.len());
+        for i in job.next..end {
+            let tid = job.ids[i];
             let (state, agent, message) = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
                 Some(t) => (t.state, Some(t.agent), t.last_message.clone()),
                 None => match self
-                    .completed
-                    .iter()
-                    .rev()
-                    .find(|c| c.0 == tid && c.1 == fw)
+                    .completed_count
+                    .contains_key(&tid)
+                    .then(|| {
+                        self.completed
+                            .iter()
+                            .rev()
+                            .find(|c| c.0 == tid && c.1 == fw)
+                    })
+                    .flatten()
                 {
                     Some(c) => (c.3, Some(c.2), "completed".to_string()),
                     // After a failover, agents still re-registering may hold it: say nothing
@@ -1727,6 +1907,7 @@ impl Master {
             update.reconciliation = true;
             out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }
+        job.next = end;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1743,14 +1924,14 @@ impl Master {
         // 1. The offers: known, ours, distinct, one agent.
         let mut problem: Option<(ErrorKind, String)> = None;
         let mut offers: Vec<OfferRecord> = Vec::new();
+        // Distinct ids in O(1) each: an accept may name many.
+        let mut named: HashSet<OfferId> = HashSet::new();
         if offer_ids.is_empty() {
             problem = Some((ErrorKind::InvalidRequest, "accept names no offer".into()));
         }
         for oid in &offer_ids {
             match self.allocator.offer(*oid) {
-                Some(o) if o.framework == fw && !offers.iter().any(|x| x.id == *oid) => {
-                    offers.push(o.clone())
-                }
+                Some(o) if o.framework == fw && named.insert(*oid) => offers.push(o.clone()),
                 Some(o) if o.framework == fw => {
                     problem = Some((
                         ErrorKind::InvalidRequest,
@@ -2269,7 +2450,18 @@ fn draw(
 }
 
 #[cfg(test)]
+mod bounded_tests;
+#[cfg(test)]
 mod tests;
+
+/// Smallest and largest role weight an operator may set (shares are divided by the weight; the
+/// bounds keep them finite and comparable).
+pub const MIN_WEIGHT: f64 = 0.001;
+pub const MAX_WEIGHT: f64 = 1_000_000.0;
+/// Resource kinds one quota guarantee or limit may name.
+pub const MAX_QUOTA_KINDS: usize = 32;
+/// Largest amount of one resource in a quota, in milli-units (10^12 units).
+pub const MAX_QUOTA_MILLI: u64 = 1_000_000_000_000_000;
 
 /// An operator request (HTTP API / `gantryctl`).
 #[derive(Debug, Clone, PartialEq)]
@@ -2293,8 +2485,10 @@ impl Master {
         match cmd {
             OperatorCommand::SetWeight { role, weight } => {
                 self.config.limits.check_role(&role)?;
-                if !(weight.is_finite() && weight > 0.0) {
-                    return Err(format!("weight must be a positive number, not {weight}"));
+                if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
+                    return Err(format!(
+                        "weight must be a positive number from {MIN_WEIGHT} to {MAX_WEIGHT}, not {weight}"
+                    ));
                 }
                 tracing::info!(%role, weight, "role weight set");
                 self.allocator.set_weight(&role, weight);
@@ -2310,6 +2504,20 @@ impl Master {
                 limit,
             } => {
                 self.config.limits.check_role(&role)?;
+                for (part, r) in [("guarantee", &guarantee), ("limit", &limit)] {
+                    let Some(r) = r else { continue };
+                    if r.names().count() > MAX_QUOTA_KINDS {
+                        return Err(format!(
+                            "a quota {part} names at most {MAX_QUOTA_KINDS} resource kinds"
+                        ));
+                    }
+                    if let Some(name) = r.names().find(|n| r.milli(n) > MAX_QUOTA_MILLI) {
+                        return Err(format!(
+                            "quota {part} of {name} exceeds {} units",
+                            MAX_QUOTA_MILLI / 1000
+                        ));
+                    }
+                }
                 if let (Some(g), Some(l)) = (&guarantee, &limit) {
                     if let Some(name) = g
                         .names()

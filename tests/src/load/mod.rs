@@ -366,7 +366,11 @@ pub async fn run(cfg: LoadConfig) -> anyhow::Result<Report> {
     let dir = TempDir::new("gantry-load")?;
     let mut own_master = None;
     let (quic_addr, http_addr, pid, tls_dir) = match &cfg.external {
-        Some(e) => (e.quic, e.http, e.pid, e.tls_dir.clone()),
+        Some(e) => {
+            // The operator API speaks HTTPS with the dev operator certificate from its TLS dir.
+            crate::register_http(e.http, &e.tls_dir, false);
+            (e.quic, e.http, e.pid, e.tls_dir.clone())
+        }
         None => {
             let tls_dir = dir.path().join("tls");
             let mut args: Vec<&str> = vec!["--max-connections-per-address", "0"];
