@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use gantry_master::allocator::{Allocator, AllocatorConfig, OfferRecord, OfferResources};
 use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, Resources};
+use gantry_sdk::protocol::{AgentId, FrameworkId, ResourceLimits, Resources};
 use proptest::prelude::*;
 
 const ROLES: [&str; 6] = ["a", "b", "c", "a/x", "lim", "q"];
@@ -245,16 +245,22 @@ impl Model {
                 self.check_allocate()?;
             }
             Op::SetWeight { role, weight } => self.alloc.set_weight(ROLES[*role], *weight as f64),
-            Op::SetLimit(l) => self.alloc.set_quota(
-                "lim",
-                None,
-                l.map(|c| Resources::new().with("cpus", c as f64)),
-            ),
-            Op::SetGuarantee(g) => self.alloc.set_quota(
-                "q",
-                g.map(|c| Resources::new().with("cpus", c as f64)),
-                None,
-            ),
+            Op::SetLimit(l) => self
+                .alloc
+                .set_quota(
+                    "lim",
+                    None,
+                    l.map(|c| ResourceLimits::from(&Resources::new().with("cpus", c as f64))),
+                )
+                .map_err(|e| TestCaseError::fail(e.to_string()))?,
+            Op::SetGuarantee(g) => self
+                .alloc
+                .set_quota(
+                    "q",
+                    g.map(|c| Resources::new().with("cpus", c as f64)),
+                    None,
+                )
+                .map_err(|e| TestCaseError::fail(e.to_string()))?,
             _ => {}
         }
         self.check_invariants()
@@ -383,7 +389,7 @@ proptest! {
         let mut alloc = Allocator::new(AllocatorConfig::default());
         let total_cpus: u32 = agents.iter().map(|c| *c as u32).sum();
         let g = (total_cpus * guarantee_percent as u32 / 100).max(1);
-        alloc.set_quota("q", Some(Resources::new().with("cpus", g as f64)), None);
+        alloc.set_quota("q", Some(Resources::new().with("cpus", g as f64)), None).unwrap();
         for (i, c) in agents.iter().enumerate() {
             alloc.add_agent(AgentId::from_u128(100 + i as u128), "h", cpus_mem(*c, 4), BTreeMap::new());
         }

@@ -22,10 +22,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
+use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
 use serde::Serialize;
 
-use dense::{Bundle, Names, Rv};
+use dense::{Bundle, Names, Rv, Share};
 use filters::{AgentFilters, Filter, RefusedPool};
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
@@ -111,6 +111,18 @@ pub struct OfferRecord {
     pub created_at: Millis,
 }
 
+/// What an accept or a decline settled. One accept or decline acts on ALL of the framework's
+/// outstanding offers on the agent: the offers it named, and the others, folded in (their
+/// resources returned and refused with the rest). The caller tells the framework that the
+/// folded offers are gone (a rescind).
+#[derive(Clone, Debug, Default)]
+pub struct Settled {
+    /// The offers named, in the order given (duplicates once).
+    pub named: Vec<OfferRecord>,
+    /// The framework's other outstanding offers on the same agents, oldest first.
+    pub folded: Vec<OfferRecord>,
+}
+
 /// Why an allocator call was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocError {
@@ -134,6 +146,10 @@ pub enum AllocError {
     },
     #[error("role {role:?} can not reserve in offer {offer}: the role must be the offer's role or one of its ancestors")]
     ReservationRole { offer: OfferId, role: String },
+    #[error("invalid quota: {0}")]
+    InvalidQuota(String),
+    #[error("the offers of one {0} must belong to one framework (and, for an accept, one agent)")]
+    MixedOffers(&'static str),
 }
 
 /// Counters and shares for the operator view. The caller measures cycle time.
@@ -174,8 +190,8 @@ pub struct RoleMetrics {
     pub offers_made: u64,
     /// Quota guarantee, if any.
     pub quota_guarantee: Option<Resources>,
-    /// Quota limit, if any (kinds not listed are unlimited).
-    pub quota_limit: Option<Resources>,
+    /// Quota limit, if any (kinds not listed are unlimited; a listed zero is a limit of zero).
+    pub quota_limit: Option<ResourceLimits>,
 }
 
 /// Metrics of one framework.
@@ -196,14 +212,14 @@ pub struct FrameworkMetrics {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct SortKey {
-    /// Non-negative f64 bits: ordering of bits equals numeric ordering.
-    share: u64,
+    /// Exact dominant share (divided by the weight for role entries).
+    share: Share,
     offers: u64,
     /// The name's first 16 bytes, big-endian: most name comparisons end here.
     prefix: u128,
     name: Arc<str>,
     /// Framework index (framework sorters) or role node index (role sorters; the parent's own
-    /// index stands for its "self" leaf, i.e. the frameworks subscribed directly to it).
+    /// index stands for its "self" leaf `r/.`, i.e. the frameworks subscribed directly to it).
     idx: u32,
 }
 
@@ -252,6 +268,8 @@ struct Framework {
 #[derive(Debug)]
 struct Role {
     name: Arc<str>,
+    /// `name/.`: the virtual leaf of the frameworks subscribed directly (Mesos's `r/.`).
+    self_name: Arc<str>,
     parent: Option<u32>,
     weight: f64,
     guarantee: Option<Rv>,
@@ -282,6 +300,7 @@ impl Role {
     fn new(name: &str, parent: Option<u32>) -> Self {
         Role {
             name: Arc::from(name),
+            self_name: Arc::from(format!("{name}/.")),
             parent,
             weight: 1.0,
             guarantee: None,
@@ -436,7 +455,9 @@ pub struct Allocator {
     config: AllocatorConfig,
     names: Names,
     excluded: Vec<bool>,
-    inv_total: Vec<f64>,
+    /// The cluster total with excluded kinds zeroed: the denominators of shares (refreshed with
+    /// the sort keys).
+    share_total: Rv,
     total: Rv,
     /// Sum of all agents' free unreserved resources (what quota headroom can draw on).
     free_unres: Rv,
@@ -474,13 +495,14 @@ pub struct Allocator {
     res_cache: Option<(Rv, Resources)>,
 }
 
-fn share_bits(x: f64) -> u64 {
-    if x.is_finite() && x > 0.0 {
-        x.to_bits()
-    } else {
-        0
-    }
+/// A weight in thousandths, as the exact share arithmetic uses it (at least 1).
+fn weight_milli(w: f64) -> u64 {
+    ((w * 1000.0).round() as u64).max(1)
 }
+
+/// The weight of a role's self leaf `r/.` (Mesos: 1; the role's weight applies to the role as a
+/// whole against its siblings).
+const SELF_LEAF_WEIGHT_MILLI: u64 = 1000;
 
 impl Allocator {
     /// A new, empty allocator.
@@ -491,7 +513,7 @@ impl Allocator {
             config,
             names: Names::default(),
             excluded: Vec::new(),
-            inv_total: Vec::new(),
+            share_total: Rv::new(),
             total: Rv::new(),
             free_unres: Rv::new(),
             required: Rv::new(),
@@ -546,29 +568,22 @@ impl Allocator {
         }
     }
 
-    fn recompute_inv_total(&mut self) {
+    fn recompute_share_total(&mut self) {
         self.sync_names();
-        self.inv_total = (0..self.names.len())
+        self.share_total = (0..self.names.len())
             .map(|i| {
-                let t = dense::at(&self.total, i);
-                if t == 0 || self.excluded[i] {
-                    0.0
+                if self.excluded[i] {
+                    0
                 } else {
-                    1.0 / t as f64
+                    dense::at(&self.total, i)
                 }
             })
             .collect();
     }
 
-    fn share_of(&self, v: &[u64]) -> f64 {
-        let mut s = 0.0f64;
-        for (x, inv) in v.iter().zip(&self.inv_total) {
-            let c = *x as f64 * inv;
-            if c > s {
-                s = c;
-            }
-        }
-        s
+    /// The exact dominant share of `v`, divided by the weight `weight_milli / 1000`.
+    fn share_of(&self, v: &[u64], weight_milli: u64) -> Share {
+        Share::dominant(v, &self.share_total, weight_milli)
     }
 
     fn bundle(&mut self, r: &OfferResources) -> Bundle {
@@ -650,7 +665,7 @@ impl Allocator {
     fn role_key(&self, r: u32) -> SortKey {
         let role = &self.roles[r as usize];
         SortKey {
-            share: share_bits(self.share_of(&role.alloc) / role.weight),
+            share: self.share_of(&role.alloc, weight_milli(role.weight)),
             offers: role.offers,
             prefix: name_prefix(&role.name),
             name: role.name.clone(),
@@ -661,15 +676,14 @@ impl Allocator {
     fn self_key(&self, r: u32) -> SortKey {
         let role = &self.roles[r as usize];
         SortKey {
-            share: share_bits(self.share_of(&role.own_alloc) / role.weight),
+            share: self.share_of(&role.own_alloc, SELF_LEAF_WEIGHT_MILLI),
             offers: role.own_offers,
-            prefix: name_prefix(&role.name),
-            name: role.name.clone(),
+            prefix: name_prefix(&role.self_name),
+            name: role.self_name.clone(),
             idx: r,
         }
     }
 
-    /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf).
     /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf). A set with a single
     /// element needs no order, so its element's key is left as is (refreshed by
     /// [`Allocator::refresh_sorted_singleton`] before anything else joins that set).
@@ -749,7 +763,7 @@ impl Allocator {
         let fw = self.fw(f);
         let fr = &fw.roles[ri];
         SortKey {
-            share: share_bits(self.share_of(&fr.alloc)),
+            share: self.share_of(&fr.alloc, 1000),
             offers: fr.offers,
             prefix: name_prefix(&fw.name),
             name: fw.name.clone(),
@@ -780,7 +794,7 @@ impl Allocator {
 
     /// Recomputes every sort key (after the cluster total changed).
     fn rekey_all(&mut self) {
-        self.recompute_inv_total();
+        self.recompute_share_total();
         for r in 0..self.roles.len() as u32 {
             self.roles[r as usize].sorted.clear();
             self.roles[r as usize].frameworks.clear();
@@ -880,6 +894,16 @@ impl Allocator {
         }
     }
 
+    /// True when `r` has a guarantee and none of its ancestors has one: nested guarantees are
+    /// included in their ancestor's, so headroom is held back once per such subtree.
+    fn top_guaranteed(&self, r: u32) -> bool {
+        self.roles[r as usize].guarantee.is_some()
+            && self
+                .chain(r)
+                .skip(1)
+                .all(|n| self.roles[n as usize].guarantee.is_none())
+    }
+
     fn recompute_required(&mut self) {
         let mut req = Rv::new();
         let mut guarded = vec![false; self.names.len()];
@@ -892,7 +916,9 @@ impl Allocator {
                         guarded[i] = true;
                     }
                 }
-                dense::add(&mut req, &self.remaining_guarantee(r));
+                if self.top_guaranteed(r) {
+                    dense::add(&mut req, &self.remaining_guarantee(r));
+                }
             }
         }
         self.required = req;
@@ -918,8 +944,11 @@ impl Allocator {
         } else {
             smallvec::SmallVec::new()
         };
-        for r in &guaranteed {
-            let rem = self.remaining_guarantee(*r);
+        // The chain runs upwards: its last guaranteed role is the top one, the only one whose
+        // remaining guarantee counts toward the required headroom.
+        let top = guaranteed.last().copied();
+        if let Some(t) = top {
+            let rem = self.remaining_guarantee(t);
             dense::sub(&mut self.required, &rem);
         }
         let ri = {
@@ -962,9 +991,11 @@ impl Allocator {
             }
             node = r.parent;
         }
-        for r in &guaranteed {
-            let rem = self.remaining_guarantee(*r);
+        if let Some(t) = top {
+            let rem = self.remaining_guarantee(t);
             dense::add(&mut self.required, &rem);
+        }
+        for r in &guaranteed {
             self.set_below(*r);
         }
         if let Some(ri) = ri {
@@ -1014,9 +1045,16 @@ impl Allocator {
         }
     }
 
-    fn add_filter(&mut self, a: u32, f: u32, refused: Rv, refuse_ms: Option<Millis>, now: Millis) {
+    fn add_filter(
+        &mut self,
+        a: u32,
+        f: u32,
+        refused: Bundle,
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) {
         let ms = refuse_ms.unwrap_or(self.config.default_refuse_ms);
-        if ms == 0 || dense::is_zero(&refused) {
+        if ms == 0 || refused.is_zero() {
             return;
         }
         let expires = now.saturating_add(ms);
@@ -1025,7 +1063,6 @@ impl Allocator {
             self.refused.release(id);
             return;
         };
-        let total = agent.total.total();
         let new_pair = !agent.filters.has(f);
         agent.filters.add(
             f,
@@ -1034,7 +1071,7 @@ impl Allocator {
                 expires,
                 covers: false,
             },
-            &total,
+            &agent.total,
             &self.refused,
         );
         if new_pair {
@@ -1067,8 +1104,10 @@ impl Allocator {
             let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
                 continue;
             };
-            let total = agent.total.total();
-            let (changed, emptied) = agent.filters.expire(f, now, &total, &mut self.refused);
+            let (changed, emptied) =
+                agent
+                    .filters
+                    .expire(f, now, &agent.total, &mut self.refused);
             if changed {
                 agent.stable = None;
             }
@@ -1247,8 +1286,7 @@ impl Allocator {
         let agent = self.agents[a as usize]
             .as_mut()
             .expect("allocator invariant: live agent slot");
-        let t = new_total.total();
-        agent.filters.rebuild(&t, &self.refused);
+        agent.filters.rebuild(&new_total, &self.refused);
         agent.total = new_total;
         agent.free = avail;
         agent.gpu = gpu;
@@ -1319,7 +1357,7 @@ impl Allocator {
                 continue;
             }
             let placeholder = SortKey {
-                share: 0,
+                share: Share::ZERO,
                 offers: 0,
                 prefix: name_prefix(&self.fw(f).name),
                 name: self.fw(f).name.clone(),
@@ -1414,8 +1452,40 @@ impl Allocator {
             _ => None,
         };
         let flag = if d.is_some() { FW_DEMAND } else { 0 };
+        let same_shape = match (&self.fw(f).demand, &d) {
+            (Some((old, _)), Some((new, _))) => old == new,
+            (None, None) => true,
+            _ => false,
+        };
         self.fw_mut(f).demand = d;
         self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_DEMAND) | flag;
+        if !same_shape {
+            self.recount_offered_tasks(f);
+        }
+    }
+
+    /// Recounts the whole tasks' worth (of the current demand's shape) in each of the
+    /// framework's outstanding offers, whatever made them: eligibility for more compares the
+    /// declared count with that.
+    fn recount_offered_tasks(&mut self, f: u32) {
+        let task = self.fw(f).demand.as_ref().map(|(t, _)| t.clone());
+        let mine: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|st| st.fw == f)
+            .map(|st| st.id)
+            .collect();
+        let mut sum = 0u64;
+        for id in mine {
+            if let Some(st) = self.offers.get_mut(&id) {
+                st.tasks = match &task {
+                    Some(t) => whole_tasks(&st.bundle.total(), t),
+                    None => 0,
+                };
+                sum = sum.saturating_add(st.tasks);
+            }
+        }
+        self.fw_mut(f).offered_tasks = sum;
     }
 
     /// Replaces a framework's declared demand (`None`: Mesos behaviour, whole agents).
@@ -1499,25 +1569,32 @@ impl Allocator {
     }
 
     /// Replaces a role's quota: `guarantee` is held back as headroom for the role, `limit` caps
-    /// what it can hold (kinds not named are unlimited). `None` removes that part.
+    /// what it can hold (kinds not named are unlimited; a kind named with zero is a limit of
+    /// zero). `None` removes that part.
+    ///
+    /// Guarantees nest (a parent's guarantee includes its subroles'): a guarantee below the sum
+    /// of the guarantees of the role's nearest guaranteed subroles, or one that would push the
+    /// sum of its siblings' guarantees above the nearest guaranteed ancestor's, is refused with
+    /// [`AllocError::InvalidQuota`] and changes nothing.
     pub fn set_quota(
         &mut self,
         role: &str,
         guarantee: Option<Resources>,
-        limit: Option<Resources>,
-    ) {
+        limit: Option<ResourceLimits>,
+    ) -> Result<(), AllocError> {
+        let guarantee = guarantee.filter(|g| !g.is_empty());
+        self.check_nested_guarantee(role, guarantee.as_ref())?;
         let r = self.role_index(role);
-        let g = guarantee.filter(|g| !g.is_empty()).map(|g| self.rv(&g));
-        let l = limit.map(|l| {
-            let names: Vec<String> = l.names().map(str::to_string).collect();
-            for n in &names {
+        let g = guarantee.map(|g| self.rv(&g));
+        let l = limit.filter(|l| !l.is_empty()).map(|l| {
+            for (n, _) in l.iter() {
                 self.names.intern(n);
             }
             self.sync_names();
             let mut v: Rv = smallvec::smallvec![u64::MAX; self.names.len()];
-            for n in &names {
+            for (n, milli) in l.iter() {
                 if let Some(i) = self.names.lookup(n) {
-                    v[i] = l.milli(n);
+                    v[i] = milli;
                 }
             }
             v
@@ -1526,6 +1603,62 @@ impl Allocator {
         self.roles[r as usize].limit = l;
         self.recompute_required();
         self.epoch += 1;
+        Ok(())
+    }
+
+    /// Checks that giving `role` the guarantee `guarantee` keeps guarantees nested: for every
+    /// guaranteed role, the guarantees of its nearest guaranteed subroles sum to at most its own
+    /// (per kind; a kind its guarantee does not name counts as zero).
+    fn check_nested_guarantee(
+        &self,
+        role: &str,
+        guarantee: Option<&Resources>,
+    ) -> Result<(), AllocError> {
+        let role = norm_role(role);
+        // Guarantees by role name, with the proposed one in place.
+        let mut all: BTreeMap<String, Resources> = self
+            .roles
+            .iter()
+            .skip(1)
+            .filter(|x| &*x.name != role)
+            .filter_map(|x| Some((x.name.to_string(), self.names.res(x.guarantee.as_ref()?))))
+            .collect();
+        if let Some(g) = guarantee {
+            all.insert(role.to_string(), g.clone());
+        }
+        let parent_of = |name: &str| -> Option<String> {
+            let mut cur = name;
+            while let Some((p, _)) = cur.rsplit_once('/') {
+                if all.contains_key(p) {
+                    return Some(p.to_string());
+                }
+                cur = p;
+            }
+            None
+        };
+        let mut sums: BTreeMap<String, Resources> = BTreeMap::new();
+        for name in all.keys() {
+            if let Some(p) = parent_of(name) {
+                sums.entry(p).or_default().add_assign(&all[name]);
+            }
+        }
+        for (parent, sum) in &sums {
+            let own = &all[parent];
+            if own.contains(sum) {
+                continue;
+            }
+            let message = if parent == role {
+                format!(
+                    "the guarantee of role {parent:?} ({own}) is below the sum of its subroles' guarantees ({sum}); a parent's guarantee includes its subroles'"
+                )
+            } else {
+                format!(
+                    "the guarantees of the subroles of {parent:?} would sum to {sum}, above its guarantee ({own}); a parent's guarantee includes its subroles'"
+                )
+            };
+            return Err(AllocError::InvalidQuota(message));
+        }
+        Ok(())
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1542,6 +1675,9 @@ impl Allocator {
         }
         self.recompute_required();
         let mut out = Vec::with_capacity(self.last_cycle_offers);
+        // What the quota stage grants on an agent is held and merged with what the fair-share
+        // stage grants there: one offer per (framework, agent, role) per cycle.
+        let mut held: Vec<(u32, Vec<Pending>)> = Vec::new();
         if self.any_guarantee {
             for i in 0..self.agent_order.len() {
                 // Stage 1 ends as soon as no role with frameworks is below its guarantee.
@@ -1549,18 +1685,34 @@ impl Allocator {
                     break;
                 }
                 let a = self.agent_order[i];
-                self.visit(a, true, now, &mut out);
+                let mut pending = Vec::new();
+                self.visit(a, true, now, &mut pending);
+                if !pending.is_empty() {
+                    held.push((a, pending));
+                }
             }
         }
+        let mut held = held.into_iter().peekable();
         for i in 0..self.agent_order.len() {
             let a = self.agent_order[i];
-            self.visit(a, false, now, &mut out);
+            let mut pending = match held.next_if(|(x, _)| *x == a) {
+                Some((_, p)) => p,
+                None => {
+                    let mut p = std::mem::take(&mut self.pending_buf);
+                    p.clear();
+                    p
+                }
+            };
+            self.visit(a, false, now, &mut pending);
+            self.emit(a, &mut pending, now, &mut out);
+            self.pending_buf = pending;
         }
         self.last_cycle_offers = out.len();
         out
     }
 
-    fn visit(&mut self, a: u32, stage1: bool, now: Millis, out: &mut Vec<OfferRecord>) {
+    /// Grants on agent `a` in one stage, adding to the offers being assembled in `pending`.
+    fn visit(&mut self, a: u32, stage1: bool, now: Millis, pending: &mut Vec<Pending>) {
         let epoch = self.epoch;
         if self.offers.is_full() {
             return;
@@ -1575,12 +1727,10 @@ impl Allocator {
                 return;
             }
         }
-        let mut pending = std::mem::take(&mut self.pending_buf);
-        pending.clear();
         loop {
             let mut constrained = false;
-            match self.find(0, a, stage1, false, now, &pending, &mut constrained) {
-                Some(c) => self.grant(a, c, &mut pending),
+            match self.find(0, a, stage1, false, now, pending, &mut constrained) {
+                Some(c) => self.grant(a, c, pending),
                 None => {
                     if !stage1 && !constrained {
                         self.ag_mut(a).stable = Some(epoch);
@@ -1592,6 +1742,10 @@ impl Allocator {
                 break;
             }
         }
+    }
+
+    /// Turns the offers assembled on agent `a` into outstanding offers.
+    fn emit(&mut self, a: u32, pending: &mut Vec<Pending>, now: Millis, out: &mut Vec<OfferRecord>) {
         for p in pending.drain(..) {
             let id = self.offers.next_id();
             let rec = OfferRecord {
@@ -1620,7 +1774,6 @@ impl Allocator {
             self.counters.made += 1;
             out.push(rec);
         }
-        self.pending_buf = pending;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1639,7 +1792,7 @@ impl Allocator {
                 if stage1 && !in_quota {
                     continue;
                 }
-                if let Some(c) = self.find_fw(node, a, now, pending, constrained) {
+                if let Some(c) = self.find_fw(node, a, stage1, now, pending, constrained) {
                     return Some(c);
                 }
             } else {
@@ -1742,10 +1895,25 @@ impl Allocator {
         b
     }
 
+    /// True when the agent's `avail` has some of a kind that a role below its guarantee in
+    /// `r`'s chain is still owed (the quota stage serves a role only where it can progress).
+    fn has_owed_kind(&self, r: u32, avail: &Bundle) -> bool {
+        let avail = avail.total();
+        self.chain(r)
+            .filter(|n| self.below_guarantee(*n))
+            .any(|n| {
+                self.remaining_guarantee(n)
+                    .iter()
+                    .enumerate()
+                    .any(|(i, owed)| *owed > 0 && dense::at(&avail, i) > 0)
+            })
+    }
+
     fn find_fw(
         &self,
         r: u32,
         a: u32,
+        stage1: bool,
         now: Millis,
         pending: &[Pending],
         constrained: &mut bool,
@@ -1759,9 +1927,11 @@ impl Allocator {
         if avail.is_zero() {
             return None;
         }
+        if stage1 && !self.has_owed_kind(r, &avail) {
+            return None;
+        }
         let gpu_blocked = self.config.filter_gpu_resources && agent.gpu;
-        let mut avail_total: Option<Rv> = None;
-        let filtered = |f: u32, total: &[u64]| agent.filters.blocks(f, total, now, &self.refused);
+        let filtered = |f: u32, offer: &Bundle| agent.filters.blocks(f, offer, now, &self.refused);
         // Suppressed frameworks are not in the set at all; flags avoid touching the framework
         // record for the common (non-demand) case.
         for key in &role.frameworks {
@@ -1774,8 +1944,7 @@ impl Allocator {
                 if pending.iter().any(|p| p.fw == f && p.role == r) {
                     continue;
                 }
-                let total = avail_total.get_or_insert_with(|| avail.total());
-                if filtered(f, total) {
+                if filtered(f, &avail) {
                     continue;
                 }
                 return Some(Candidate {
@@ -1795,7 +1964,7 @@ impl Allocator {
             let Some(grant) = split_task(&avail, task) else {
                 continue;
             };
-            if filtered(f, &grant.total()) {
+            if filtered(f, &grant) {
                 continue;
             }
             return Some(Candidate {
@@ -1880,8 +2049,8 @@ impl Allocator {
     }
 
     /// The offer is used up: `used` stays allocated to the framework (in use by tasks); the rest
-    /// returns to the pool and is filtered for `refuse_ms` (None = default, Some(0) = no filter).
-    /// Declared demand shrinks by the whole tasks' worth in `used`.
+    /// returns to the pool. Like every accept, it acts on all of the framework's outstanding
+    /// offers on that agent (see [`Allocator::accept_offers`]); this returns the named one.
     pub fn accept(
         &mut self,
         offer: OfferId,
@@ -1889,71 +2058,174 @@ impl Allocator {
         refuse_ms: Option<Millis>,
         now: Millis,
     ) -> Result<OfferRecord, AllocError> {
-        let st = self
-            .offers
-            .get(&offer)
-            .ok_or(AllocError::UnknownOffer(offer))?;
-        let used_b = match self.try_bundle(used) {
-            Some(b) if st.bundle.contains(&b) => b,
-            _ => {
-                return Err(AllocError::ExceedsOffer {
-                    offer,
-                    requested: used.clone(),
-                    offered: self.offer_resources(&st.bundle),
-                });
-            }
-        };
-        let st = self
-            .offers
-            .remove(&offer)
-            .ok_or(AllocError::UnknownOffer(offer))?;
-        let (f, a, role) = (st.fw, st.agent, st.role);
-        let mut rest = st.bundle.clone();
-        rest.sub(&used_b);
-        self.charge(f, role, &rest, false);
-        self.return_to_agent(a, &rest);
-        if !used_b.is_zero() {
-            let agent = self.ag_mut(a);
-            match agent
-                .inuse
-                .iter_mut()
-                .find(|(x, r, _)| *x == f && *r == role)
-            {
-                Some((_, _, b)) => b.add(&used_b),
-                None => agent.inuse.push((f, role, used_b.clone())),
-            }
-            self.fw_mut(f).inuse_agents.insert(a);
-        }
-        {
-            let fw = self.fw_mut(f);
-            fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
-            if let Some((task, count)) = &mut fw.demand {
-                *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
-            }
-        }
-        if st.tasks > 0 {
-            self.epoch += 1;
-        }
-        self.ag_mut(a).offers.retain(|o| *o != offer);
-        self.add_filter(a, f, rest.total(), refuse_ms, now);
-        self.counters.accepted += 1;
-        Ok(self.take_record(st))
+        let mut settled = self.accept_offers(&[(offer, used.clone())], refuse_ms, now)?;
+        Ok(settled.named.remove(0))
     }
 
-    /// Declines an offer: everything returns to the pool and is filtered for that framework on
-    /// that agent for `refuse_ms` (None = default, Some(0) = no filter).
+    /// Accepts offers of one framework on one agent: each offer's `used` part stays allocated
+    /// (in use by tasks); everything else returns to the pool: the unused parts, and the
+    /// framework's other outstanding offers on that agent, which the accept folds in. ONE filter
+    /// over the union of what returns is installed for `refuse_ms` (None = default, Some(0) =
+    /// no filter). Declared demand shrinks by the whole tasks' worth in the used parts. Nothing
+    /// changes when an offer is unknown, the offers are mixed, or a `used` does not fit its
+    /// offer (pool by pool).
+    pub fn accept_offers(
+        &mut self,
+        offers: &[(OfferId, OfferResources)],
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) -> Result<Settled, AllocError> {
+        let mut owner: Option<(u32, u32)> = None;
+        let mut parts: Vec<(OfferId, Bundle)> = Vec::with_capacity(offers.len());
+        for (offer, used) in offers {
+            let st = self
+                .offers
+                .get(offer)
+                .ok_or(AllocError::UnknownOffer(*offer))?;
+            if *owner.get_or_insert((st.fw, st.agent)) != (st.fw, st.agent) {
+                return Err(AllocError::MixedOffers("accept"));
+            }
+            if parts.iter().any(|(o, _)| o == offer) {
+                continue;
+            }
+            match self.try_bundle(used) {
+                Some(b) if st.bundle.contains(&b) => parts.push((*offer, b)),
+                _ => {
+                    return Err(AllocError::ExceedsOffer {
+                        offer: *offer,
+                        requested: used.clone(),
+                        offered: self.offer_resources(&st.bundle),
+                    });
+                }
+            }
+        }
+        let Some((f, a)) = owner else {
+            return Ok(Settled::default());
+        };
+        let mut settled = Settled::default();
+        let mut returned = Bundle::default();
+        for (offer, used_b) in parts {
+            let Some(st) = self.offers.remove(&offer) else {
+                continue;
+            };
+            let role = st.role;
+            let mut rest = st.bundle.clone();
+            rest.sub(&used_b);
+            self.charge(f, role, &rest, false);
+            self.return_to_agent(a, &rest);
+            returned.add(&rest);
+            if !used_b.is_zero() {
+                let agent = self.ag_mut(a);
+                match agent
+                    .inuse
+                    .iter_mut()
+                    .find(|(x, r, _)| *x == f && *r == role)
+                {
+                    Some((_, _, b)) => b.add(&used_b),
+                    None => agent.inuse.push((f, role, used_b.clone())),
+                }
+                self.fw_mut(f).inuse_agents.insert(a);
+            }
+            {
+                let fw = self.fw_mut(f);
+                fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+                if let Some((task, count)) = &mut fw.demand {
+                    *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
+                }
+            }
+            if st.tasks > 0 {
+                self.epoch += 1;
+            }
+            self.ag_mut(a).offers.retain(|o| *o != offer);
+            self.counters.accepted += 1;
+            settled.named.push(self.take_record(st));
+        }
+        for st in self.fold_offers(f, a) {
+            returned.add(&st.bundle);
+            self.counters.declined += 1;
+            settled.folded.push(self.take_record(st));
+        }
+        self.add_filter(a, f, returned, refuse_ms, now);
+        Ok(settled)
+    }
+
+    /// Drops the framework's remaining outstanding offers on the agent (folded into an accept
+    /// or a decline), oldest first.
+    fn fold_offers(&mut self, f: u32, a: u32) -> Vec<OfferState> {
+        let others: Vec<OfferId> = self
+            .ag(a)
+            .offers
+            .iter()
+            .copied()
+            .filter(|o| self.offers.get(o).is_some_and(|st| st.fw == f))
+            .collect();
+        others
+            .into_iter()
+            .filter_map(|o| self.drop_offer(o))
+            .collect()
+    }
+
+    /// Declines an offer: everything returns to the pool. Like every decline, it acts on all
+    /// of the framework's outstanding offers on that agent (see
+    /// [`Allocator::decline_offers`]); this returns the named one.
     pub fn decline(
         &mut self,
         offer: OfferId,
         refuse_ms: Option<Millis>,
         now: Millis,
     ) -> Result<OfferRecord, AllocError> {
-        let st = self
-            .drop_offer(offer)
-            .ok_or(AllocError::UnknownOffer(offer))?;
-        self.add_filter(st.agent, st.fw, st.bundle.total(), refuse_ms, now);
-        self.counters.declined += 1;
-        Ok(self.take_record(st))
+        let mut settled = self.decline_offers(&[offer], refuse_ms, now)?;
+        Ok(settled.named.remove(0))
+    }
+
+    /// Declines offers of one framework: on each of their agents, ALL of the framework's
+    /// outstanding offers return to the pool (the named ones and any others, which are folded
+    /// in) and ONE filter over their union is installed for `refuse_ms` (None = default,
+    /// Some(0) = no filter). Nothing changes when an offer is unknown or the offers belong to
+    /// several frameworks.
+    pub fn decline_offers(
+        &mut self,
+        offers: &[OfferId],
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) -> Result<Settled, AllocError> {
+        let mut framework: Option<u32> = None;
+        let mut agents: Vec<u32> = Vec::new();
+        for offer in offers {
+            let st = self
+                .offers
+                .get(offer)
+                .ok_or(AllocError::UnknownOffer(*offer))?;
+            if *framework.get_or_insert(st.fw) != st.fw {
+                return Err(AllocError::MixedOffers("decline"));
+            }
+            if !agents.contains(&st.agent) {
+                agents.push(st.agent);
+            }
+        }
+        let Some(f) = framework else {
+            return Ok(Settled::default());
+        };
+        let mut settled = Settled::default();
+        let mut by_id: Vec<(OfferId, OfferRecord)> = Vec::new();
+        for a in agents {
+            let mut refused = Bundle::default();
+            for st in self.fold_offers(f, a) {
+                refused.add(&st.bundle);
+                self.counters.declined += 1;
+                let id = st.id;
+                by_id.push((id, self.take_record(st)));
+            }
+            self.add_filter(a, f, refused, refuse_ms, now);
+        }
+        for offer in offers {
+            if let Some(i) = by_id.iter().position(|(id, _)| id == offer) {
+                settled.named.push(by_id.swap_remove(i).1);
+            }
+        }
+        by_id.sort_unstable_by_key(|(id, _)| *id);
+        settled.folded = by_id.into_iter().map(|(_, r)| r).collect();
+        Ok(settled)
     }
 
     /// Takes an offer back (no filter).
@@ -2102,8 +2374,7 @@ impl Allocator {
                 .expect("allocator invariant: live agent slot");
             agent.total.sub(&delta_from);
             agent.total.add(&delta_to);
-            let t = agent.total.total();
-            agent.filters.rebuild(&t, &self.refused);
+            agent.filters.rebuild(&agent.total, &self.refused);
             agent.stable = None;
         }
         let st = self
@@ -2334,14 +2605,10 @@ impl Allocator {
                     offers_made: role.offers,
                     quota_guarantee: role.guarantee.as_ref().map(|g| self.names.res(g)),
                     quota_limit: role.limit.as_ref().map(|l| {
-                        let finite: Rv = l
-                            .iter()
-                            .map(|x| if *x == u64::MAX { 0 } else { *x })
-                            .collect();
-                        let mut r = self.names.res(&finite);
+                        let mut r = ResourceLimits::new();
                         for (j, x) in l.iter().enumerate() {
-                            if *x == 0 {
-                                r.set_milli(self.names.name(j), 0);
+                            if *x != u64::MAX {
+                                r.set_milli(self.names.name(j), *x);
                             }
                         }
                         r

@@ -401,7 +401,7 @@ fn many_filters_on_one_agent() {
 #[test]
 fn quota_bookkeeping_survives_changes_outside_a_cycle() {
     let mut a = alloc();
-    a.set_quota("q", Some(res("cpus:2")), None);
+    a.set_quota("q", Some(res("cpus:2")), None).unwrap();
     a.add_agent(aid(1), "h1", res("cpus:8"), BTreeMap::new());
     assert!(a.allocate(0).is_empty());
     // A framework of q appears, and tasks it already runs are re-registered before any cycle.

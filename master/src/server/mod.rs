@@ -288,7 +288,8 @@ struct WeightRequest {
 }
 
 /// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
-/// an omitted part is removed.
+/// an omitted part is removed; `cpus:0` in a limit is a limit of zero. Invalid quotas (bad
+/// syntax, guarantee above limit, guarantees that do not nest) are answered 400 with the reason.
 #[derive(serde::Deserialize)]
 struct QuotaRequest {
     role: String,
@@ -329,17 +330,19 @@ async fn weights_handler(State(shell): State<Shell>, Json(req): Json<WeightReque
 }
 
 async fn quota_handler(State(shell): State<Shell>, Json(req): Json<QuotaRequest>) -> HttpResult {
-    let parse = |s: Option<String>,
-                 what: &str|
-     -> Result<Option<gantry_sdk::Resources>, (axum::http::StatusCode, String)> {
+    fn parse<T: std::str::FromStr<Err = gantry_sdk::protocol::ResourceParseError>>(
+        s: Option<String>,
+        what: &str,
+    ) -> Result<Option<T>, (axum::http::StatusCode, String)> {
         s.map(|s| {
             s.parse()
                 .map_err(|e| (axum::http::StatusCode::BAD_REQUEST, format!("{what}: {e}")))
         })
         .transpose()
-    };
-    let guarantee = parse(req.guarantee, "guarantee")?;
-    let limit = parse(req.limit, "limit")?;
+    }
+    let guarantee: Option<gantry_sdk::Resources> = parse(req.guarantee, "guarantee")?;
+    // A limit keeps explicit zeros: "cpus:0" means no cpus at all.
+    let limit: Option<gantry_sdk::protocol::ResourceLimits> = parse(req.limit, "limit")?;
     operator(
         &shell,
         OperatorCommand::SetQuota {

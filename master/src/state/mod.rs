@@ -1087,16 +1087,22 @@ impl Master {
                     Ok(r) => r,
                     Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
                 };
+                let mut mine = Vec::with_capacity(offer_ids.len());
                 for oid in offer_ids {
                     match self.allocator.offer(oid) {
-                        Some(o) if o.framework == fw => {
-                            let _ = self.allocator.decline(oid, refuse, now);
-                        }
+                        Some(o) if o.framework == fw => mine.push(oid),
                         _ => out.push(err(
                             conn,
                             ErrorKind::UnknownOffer,
                             format!("decline: offer {oid} is not outstanding for this framework"),
                         )),
+                    }
+                }
+                // One decline acts on all of the framework's offers on each agent, with one
+                // filter over their union; offers it folds in are rescinded.
+                if let Ok(settled) = self.allocator.decline_offers(&mine, refuse, now) {
+                    for rec in &settled.folded {
+                        self.send_rescind(rec, out);
                     }
                 }
             }
@@ -1495,8 +1501,11 @@ impl Master {
             ));
         }
         if let Some((kind, message)) = problem {
-            for o in &offers {
-                let _ = self.allocator.decline(o.id, Some(0), now);
+            let ids: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
+            if let Ok(settled) = self.allocator.decline_offers(&ids, Some(0), now) {
+                for rec in &settled.folded {
+                    self.send_rescind(rec, out);
+                }
             }
             self.allocation_pending = true;
             out.push(err(conn, kind, format!("accept rejected: {message}")));
@@ -1608,11 +1617,18 @@ impl Master {
             }
         }
 
-        // 3. Settle the offers with the allocator: used parts stay, the rest is filtered.
-        for (o, u) in offers.iter().zip(&used) {
-            if let Err(e) = self.allocator.accept(o.id, u, refuse, now) {
-                tracing::error!(offer = %o.id, "allocator refused a validated accept: {e}");
+        // 3. Settle the offers with the allocator: used parts stay; the rest, and the
+        //    framework's other offers on the agent (folded in and rescinded), return under one
+        //    filter.
+        let parts: Vec<(OfferId, OfferResources)> =
+            offers.iter().map(|o| o.id).zip(used.iter().cloned()).collect();
+        match self.allocator.accept_offers(&parts, refuse, now) {
+            Ok(settled) => {
+                for rec in &settled.folded {
+                    self.send_rescind(rec, out);
+                }
             }
+            Err(e) => tracing::error!("allocator refused a validated accept: {e}"),
         }
 
         // 4. Launch.
@@ -1982,7 +1998,8 @@ pub enum OperatorCommand {
     SetQuota {
         role: String,
         guarantee: Option<Resources>,
-        limit: Option<Resources>,
+        /// Kinds named with zero are limited to zero.
+        limit: Option<ResourceLimits>,
     },
 }
 
@@ -2013,14 +2030,16 @@ impl Master {
                 if let (Some(g), Some(l)) = (&guarantee, &limit) {
                     if let Some(name) = g
                         .names()
-                        .find(|n| l.names().any(|x| x == *n) && g.milli(n) > l.milli(n))
+                        .find(|n| l.limit(n).is_some_and(|max| g.milli(n) > max))
                     {
                         return Err(format!("quota guarantee of {name} exceeds its limit"));
                     }
                 }
-                tracing::info!(%role, ?guarantee, ?limit, "role quota set");
+                // Refused (nothing changes) when guarantees would not nest.
                 self.allocator
-                    .set_quota(&role, guarantee.clone(), limit.clone());
+                    .set_quota(&role, guarantee.clone(), limit.clone())
+                    .map_err(|e| e.to_string())?;
+                tracing::info!(%role, ?guarantee, ?limit, "role quota set");
                 let m = if guarantee.is_none() && limit.is_none() {
                     Mutation::RemoveQuota { role }
                 } else {
@@ -2064,7 +2083,9 @@ impl Master {
         for (role, q) in &registry.quotas {
             let g = Some(q.guarantee.clone()).filter(|g| !g.is_empty());
             let l = Some(q.limit.clone()).filter(|l| !l.is_empty());
-            self.allocator.set_quota(role, g, l);
+            if let Err(e) = self.allocator.set_quota(role, g, l) {
+                tracing::error!(%role, "persisted quota not applied: {e}");
+            }
         }
         for f in registry.frameworks.values() {
             let gpu = false;
