@@ -521,9 +521,10 @@ fn amounts_match(a: &Value, b: &Value) -> bool {
         a.as_object().unwrap_or(&empty),
         b.as_object().unwrap_or(&empty),
     );
-    a.keys()
-        .chain(b.keys())
-        .all(|k| (num(a.get(k).unwrap_or(&Value::Null)) - num(b.get(k).unwrap_or(&Value::Null))).abs() <= 1e-6)
+    a.keys().chain(b.keys()).all(|k| {
+        (num(a.get(k).unwrap_or(&Value::Null)) - num(b.get(k).unwrap_or(&Value::Null))).abs()
+            <= 1e-6
+    })
 }
 
 fn reserved_match(a: &Value, b: &Value) -> bool {
@@ -532,9 +533,12 @@ fn reserved_match(a: &Value, b: &Value) -> bool {
         a.as_object().unwrap_or(&empty),
         b.as_object().unwrap_or(&empty),
     );
-    a.keys()
-        .chain(b.keys())
-        .all(|k| amounts_match(a.get(k).unwrap_or(&Value::Null), b.get(k).unwrap_or(&Value::Null)))
+    a.keys().chain(b.keys()).all(|k| {
+        amounts_match(
+            a.get(k).unwrap_or(&Value::Null),
+            b.get(k).unwrap_or(&Value::Null),
+        )
+    })
 }
 
 fn offer_matches(actual: &Value, expected: &Value) -> bool {
@@ -558,7 +562,10 @@ fn compare_conformance(actual: &str, expected: &str) -> Result<(), String> {
     let kind = |v: &Value, k: &str| v.get(k).is_some();
     // Offers: multisets per at_ms.
     let mut unmatched: Vec<&Value> = actual.iter().filter(|l| kind(l, "offer")).collect();
-    for e in expected.iter().filter(|l| kind(l, "framework") && !kind(l, "rescind")) {
+    for e in expected
+        .iter()
+        .filter(|l| kind(l, "framework") && !kind(l, "rescind"))
+    {
         match unmatched.iter().position(|a| offer_matches(a, e)) {
             Some(i) => {
                 unmatched.remove(i);
@@ -570,7 +577,13 @@ fn compare_conformance(actual: &str, expected: &str) -> Result<(), String> {
         problems.push(format!("unexpected offer {a}"));
     }
     // Rescinds: multisets of (at_ms, framework, agent).
-    let key = |v: &Value| (v["at_ms"].clone(), v["framework"].clone(), v["agent"].clone());
+    let key = |v: &Value| {
+        (
+            v["at_ms"].clone(),
+            v["framework"].clone(),
+            v["agent"].clone(),
+        )
+    };
     let mut unmatched: Vec<&Value> = actual.iter().filter(|l| kind(l, "rescind")).collect();
     for e in expected.iter().filter(|l| kind(l, "rescind")) {
         match unmatched.iter().position(|a| key(a) == key(e)) {
@@ -606,8 +619,7 @@ fn check_conformance_dir(dir: &std::path::Path) -> usize {
     let mut failures = Vec::new();
     for name in &names {
         let text = std::fs::read_to_string(dir.join(format!("{name}.toml"))).unwrap();
-        let expected =
-            std::fs::read_to_string(dir.join(format!("{name}.expected.jsonl"))).unwrap();
+        let expected = std::fs::read_to_string(dir.join(format!("{name}.expected.jsonl"))).unwrap();
         let mut out = Vec::new();
         let result = Scenario::parse(&text).and_then(|s| run_scenario(&s, &mut out));
         let actual = String::from_utf8(out).unwrap();
@@ -634,7 +646,10 @@ fn check_conformance_dir(dir: &std::path::Path) -> usize {
 #[test]
 fn conformance_scenarios_produce_their_expected_output() {
     let n = check_conformance_dir(&conformance_dir());
-    assert!(n >= 10, "the repository has the conformance scenarios ({n})");
+    assert!(
+        n >= 10,
+        "the repository has the conformance scenarios ({n})"
+    );
 }
 
 #[test]
@@ -663,7 +678,8 @@ fn shared_conformance_scenarios_match_the_repository_copy_and_pass() {
 
 #[test]
 fn the_conformance_comparison_can_fail() {
-    let expected = "{\"agent\":\"a1\",\"at_ms\":0,\"framework\":\"f1\",\"resources\":{\"cpus\":2.0}}\n\
+    let expected =
+        "{\"agent\":\"a1\",\"at_ms\":0,\"framework\":\"f1\",\"resources\":{\"cpus\":2.0}}\n\
                     {\"summary\":{\"frameworks\":{},\"roles\":{}}}\n";
     let same = "{\"at_ms\":0,\"offer\":\"x\",\"framework\":\"f1\",\"agent\":\"a1\",\"resources\":{\"cpus\":2.0000001}}\n\
                 {\"summary\":{\"roles\":{},\"frameworks\":{}}}\n";

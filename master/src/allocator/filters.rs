@@ -330,7 +330,10 @@ mod pool_tests {
         filters.add(7, filter, &total, &pool);
         let mut reserved = Bundle::default();
         reserved.add_resv(1, &[1000, 1024]);
-        assert!(!filters.blocks(7, &reserved, 50, &pool), "reserved was not refused");
+        assert!(
+            !filters.blocks(7, &reserved, 50, &pool),
+            "reserved was not refused"
+        );
         let unreserved = Bundle {
             unres: Rv::from_slice(&[1000, 1024]),
             resv: Vec::new(),

@@ -1104,10 +1104,9 @@ impl Allocator {
             let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
                 continue;
             };
-            let (changed, emptied) =
-                agent
-                    .filters
-                    .expire(f, now, &agent.total, &mut self.refused);
+            let (changed, emptied) = agent
+                .filters
+                .expire(f, now, &agent.total, &mut self.refused);
             if changed {
                 agent.stable = None;
             }
@@ -1745,7 +1744,13 @@ impl Allocator {
     }
 
     /// Turns the offers assembled on agent `a` into outstanding offers.
-    fn emit(&mut self, a: u32, pending: &mut Vec<Pending>, now: Millis, out: &mut Vec<OfferRecord>) {
+    fn emit(
+        &mut self,
+        a: u32,
+        pending: &mut Vec<Pending>,
+        now: Millis,
+        out: &mut Vec<OfferRecord>,
+    ) {
         for p in pending.drain(..) {
             let id = self.offers.next_id();
             let rec = OfferRecord {
@@ -1899,14 +1904,12 @@ impl Allocator {
     /// `r`'s chain is still owed (the quota stage serves a role only where it can progress).
     fn has_owed_kind(&self, r: u32, avail: &Bundle) -> bool {
         let avail = avail.total();
-        self.chain(r)
-            .filter(|n| self.below_guarantee(*n))
-            .any(|n| {
-                self.remaining_guarantee(n)
-                    .iter()
-                    .enumerate()
-                    .any(|(i, owed)| *owed > 0 && dense::at(&avail, i) > 0)
-            })
+        self.chain(r).filter(|n| self.below_guarantee(*n)).any(|n| {
+            self.remaining_guarantee(n)
+                .iter()
+                .enumerate()
+                .any(|(i, owed)| *owed > 0 && dense::at(&avail, i) > 0)
+        })
     }
 
     fn find_fw(

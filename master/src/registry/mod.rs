@@ -439,7 +439,7 @@ mod tests {
                 role: "prod".into(),
                 quota: Quota {
                     guarantee: res("cpus:4;mem:4096"),
-                    limit: ResourceLimits::parse("cpus:8;mem:0;gpus:2").unwrap(),
+                    limit: ResourceLimits::parse("cpus:8;mem:8192;gpus:2;disk:0").unwrap(),
                 },
             },
             Mutation::SetReservation(Reservation {

@@ -658,9 +658,8 @@ impl<'w, W: Write> Replay<'w, W> {
                 let l = limit
                     .as_deref()
                     .map(|t| {
-                        ResourceLimits::parse(t).map_err(|e| {
-                            SimError::event(i, k, format!("bad limit {t:?}: {e}"))
-                        })
+                        ResourceLimits::parse(t)
+                            .map_err(|e| SimError::event(i, k, format!("bad limit {t:?}: {e}")))
                     })
                     .transpose()?;
                 self.alloc

@@ -1620,8 +1620,11 @@ impl Master {
         // 3. Settle the offers with the allocator: used parts stay; the rest, and the
         //    framework's other offers on the agent (folded in and rescinded), return under one
         //    filter.
-        let parts: Vec<(OfferId, OfferResources)> =
-            offers.iter().map(|o| o.id).zip(used.iter().cloned()).collect();
+        let parts: Vec<(OfferId, OfferResources)> = offers
+            .iter()
+            .map(|o| o.id)
+            .zip(used.iter().cloned())
+            .collect();
         match self.allocator.accept_offers(&parts, refuse, now) {
             Ok(settled) => {
                 for rec in &settled.folded {
