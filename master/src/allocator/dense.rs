@@ -110,6 +110,11 @@ impl Ord for Share {
         if self.den == other.den {
             return self.num.cmp(&other.num);
         }
+        // Products of 64-bit factors fit in 128 bits (the usual case: amounts in milli-units
+        // times 1000 stay far below 2^64).
+        if (self.num | self.den | other.num | other.den) >> 64 == 0 {
+            return (self.num * other.den).cmp(&(other.num * self.den));
+        }
         mul_wide(self.num, other.den).cmp(&mul_wide(other.num, self.den))
     }
 }
@@ -448,5 +453,13 @@ mod tests {
         let bigger = Share::dominant(&[u64::MAX], &[u64::MAX], 1);
         assert!(big < bigger);
         assert_eq!(mul_wide(u128::MAX, 2), (1, u128::MAX - 1));
+        // The 64-bit fast path and the wide path agree.
+        let small = Share { num: 3, den: 9 };
+        let wide = Share {
+            num: 1 << 70,
+            den: 3 << 70,
+        };
+        assert_eq!(small, wide);
+        assert!(Share { num: 4, den: 9 } > wide);
     }
 }
