@@ -7,10 +7,16 @@
 //!
 //! Internally every entity has a dense index (agents, frameworks, roles), resource names are
 //! interned into dense vectors of milli-units, and the fairness order is kept in incremental
-//! sorted sets (one per role node for its children, one per role for its frameworks), so an
-//! allocation cycle costs roughly one ordered scan per agent whose situation changed. Agents
-//! whose last visit found no possible offer, and where nothing relevant changed since, are
-//! skipped ("stable" agents, invalidated by an agent-local change or a global epoch bump).
+//! sorted sets (one per role node for its children and its `r/.` leaf, one per role for its
+//! frameworks) keyed by exact rational shares, so an allocation cycle costs roughly one ordered
+//! scan per agent whose situation changed. Agents whose last visit found no possible offer, and
+//! where nothing relevant changed since, are skipped ("stable" agents, invalidated by an
+//! agent-local change or a global epoch bump).
+//!
+//! - `dense`: milli-unit vectors, `Bundle`s of unreserved and reserved pools, exact `Share`s.
+//! - `filters`: decline filters per agent, refusing bundles (pools kept apart).
+//! - `tests`: unit tests; the conformance rules of issue 11 are pinned by the scenarios in
+//!   `master/tests/conformance/` (see `docs/allocator.md`).
 
 mod dense;
 mod filters;
