@@ -1613,55 +1613,76 @@ impl Allocator {
 
     /// Checks that giving `role` the guarantee `guarantee` keeps guarantees nested: for every
     /// guaranteed role, the guarantees of its nearest guaranteed subroles sum to at most its own
-    /// (per kind; a kind its guarantee does not name counts as zero).
+    /// (per kind; a kind its guarantee does not name counts as zero). Only two constraints can
+    /// change: the role's own, and that of its nearest guaranteed ancestor; the cost is the size
+    /// of those subtrees.
     fn check_nested_guarantee(
         &self,
         role: &str,
         guarantee: Option<&Resources>,
     ) -> Result<(), AllocError> {
         let role = norm_role(role);
-        // Guarantees by role name, with the proposed one in place.
-        let mut all: BTreeMap<String, Resources> = self
-            .roles
-            .iter()
-            .skip(1)
-            .filter(|x| &*x.name != role)
-            .filter_map(|x| Some((x.name.to_string(), self.names.res(x.guarantee.as_ref()?))))
-            .collect();
-        if let Some(g) = guarantee {
-            all.insert(role.to_string(), g.clone());
-        }
-        let parent_of = |name: &str| -> Option<String> {
-            let mut cur = name;
-            while let Some((p, _)) = cur.rsplit_once('/') {
-                if all.contains_key(p) {
-                    return Some(p.to_string());
-                }
-                cur = p;
-            }
-            None
-        };
-        let mut sums: BTreeMap<String, Resources> = BTreeMap::new();
-        for name in all.keys() {
-            if let Some(p) = parent_of(name) {
-                sums.entry(p).or_default().add_assign(&all[name]);
-            }
-        }
-        for (parent, sum) in &sums {
-            let own = &all[parent];
-            if own.contains(sum) {
-                continue;
-            }
-            let message = if parent == role {
-                format!(
-                    "the guarantee of role {parent:?} ({own}) is below the sum of its subroles' guarantees ({sum}); a parent's guarantee includes its subroles'"
-                )
+        let me = self.role_ids.get(role).copied().filter(|r| *r != 0);
+        let guarantee_of = |n: u32| -> Option<Resources> {
+            if Some(n) == me {
+                guarantee.cloned()
             } else {
-                format!(
-                    "the guarantees of the subroles of {parent:?} would sum to {sum}, above its guarantee ({own}); a parent's guarantee includes its subroles'"
-                )
+                self.roles[n as usize]
+                    .guarantee
+                    .as_ref()
+                    .map(|g| self.names.res(g))
+            }
+        };
+        // The sum of the guarantees of `n`'s nearest guaranteed subroles.
+        let sum_below = |n: u32| -> Resources {
+            let children = |x: u32| {
+                self.roles[x as usize]
+                    .sorted
+                    .iter()
+                    .filter(move |k| k.idx != x)
+                    .map(|k| k.idx)
             };
-            return Err(AllocError::InvalidQuota(message));
+            let mut sum = Resources::new();
+            let mut stack: Vec<u32> = children(n).collect();
+            while let Some(c) = stack.pop() {
+                match guarantee_of(c) {
+                    Some(g) => sum.add_assign(&g),
+                    None => stack.extend(children(c)),
+                }
+            }
+            sum
+        };
+        let nested = "a parent's guarantee includes its subroles'";
+        if let (Some(g), Some(r)) = (guarantee, me) {
+            let sum = sum_below(r);
+            if !g.contains(&sum) {
+                return Err(AllocError::InvalidQuota(format!(
+                    "the guarantee of role {role:?} ({g}) is below the sum of its subroles' guarantees ({sum}); {nested}"
+                )));
+            }
+        }
+        let mut cur = role;
+        while let Some((parent, _)) = cur.rsplit_once('/') {
+            cur = parent;
+            let Some(&p) = self.role_ids.get(parent) else {
+                continue;
+            };
+            let Some(pg) = guarantee_of(p) else {
+                continue;
+            };
+            let mut sum = sum_below(p);
+            if me.is_none() {
+                // A new role: not in the tree yet.
+                if let Some(g) = guarantee {
+                    sum.add_assign(g);
+                }
+            }
+            if !pg.contains(&sum) {
+                return Err(AllocError::InvalidQuota(format!(
+                    "the guarantees of the subroles of {parent:?} would sum to {sum}, above its guarantee ({pg}); {nested}"
+                )));
+            }
+            break;
         }
         Ok(())
     }
