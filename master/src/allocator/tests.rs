@@ -552,6 +552,7 @@ fn refused_nested_guarantee_changes_nothing() {
     a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
     let o = a.allocate(0);
     assert_eq!(o[0].resources.unreserved, res("cpus:3"));
+}
 
 #[test]
 fn unused_roles_are_forgotten_and_their_slots_reused() {
