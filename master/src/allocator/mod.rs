@@ -117,18 +117,6 @@ pub struct OfferRecord {
     pub created_at: Millis,
 }
 
-/// What an accept or a decline settled. One accept or decline acts on ALL of the framework's
-/// outstanding offers on the agent: the offers it named, and the others, folded in (their
-/// resources returned and refused with the rest). The caller tells the framework that the
-/// folded offers are gone (a rescind).
-#[derive(Clone, Debug, Default)]
-pub struct Settled {
-    /// The offers named, in the order given (duplicates once).
-    pub named: Vec<OfferRecord>,
-    /// The framework's other outstanding offers on the same agents, oldest first.
-    pub folded: Vec<OfferRecord>,
-}
-
 /// Why an allocator call was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocError {
@@ -154,7 +142,9 @@ pub enum AllocError {
     ReservationRole { offer: OfferId, role: String },
     #[error("invalid quota: {0}")]
     InvalidQuota(String),
-    #[error("the offers of one {0} must belong to one framework (and, for an accept, one agent)")]
+    #[error(
+        "the offers of one {0} must belong to one framework (and, for an accept, to one agent)"
+    )]
     MixedOffers(&'static str),
 }
 
@@ -2090,8 +2080,7 @@ impl Allocator {
     }
 
     /// The offer is used up: `used` stays allocated to the framework (in use by tasks); the rest
-    /// returns to the pool. Like every accept, it acts on all of the framework's outstanding
-    /// offers on that agent (see [`Allocator::accept_offers`]); this returns the named one.
+    /// returns to the pool and is filtered for `refuse_ms` (see [`Allocator::accept_offers`]).
     pub fn accept(
         &mut self,
         offer: OfferId,
@@ -2099,23 +2088,22 @@ impl Allocator {
         refuse_ms: Option<Millis>,
         now: Millis,
     ) -> Result<OfferRecord, AllocError> {
-        let mut settled = self.accept_offers(&[(offer, used.clone())], refuse_ms, now)?;
-        Ok(settled.named.remove(0))
+        let mut done = self.accept_offers(&[(offer, used.clone())], refuse_ms, now)?;
+        Ok(done.remove(0))
     }
 
-    /// Accepts offers of one framework on one agent: each offer's `used` part stays allocated
-    /// (in use by tasks); everything else returns to the pool: the unused parts, and the
-    /// framework's other outstanding offers on that agent, which the accept folds in. ONE filter
-    /// over the union of what returns is installed for `refuse_ms` (None = default, Some(0) =
-    /// no filter). Declared demand shrinks by the whole tasks' worth in the used parts. Nothing
-    /// changes when an offer is unknown, the offers are mixed, or a `used` does not fit its
-    /// offer (pool by pool).
+    /// Accepts offers of one framework on one agent as ONE accept: each offer's `used` part
+    /// stays allocated (in use by tasks); the unused parts return to the pool under ONE filter
+    /// over their union for `refuse_ms` (None = default, Some(0) = no filter). Declared demand
+    /// shrinks by the whole tasks' worth in the used parts. Nothing changes when an offer is
+    /// unknown, the offers are mixed, or a `used` does not fit its offer (pool by pool). Returns
+    /// the offers' records in the order given (duplicates once).
     pub fn accept_offers(
         &mut self,
         offers: &[(OfferId, OfferResources)],
         refuse_ms: Option<Millis>,
         now: Millis,
-    ) -> Result<Settled, AllocError> {
+    ) -> Result<Vec<OfferRecord>, AllocError> {
         let mut owner: Option<(u32, u32)> = None;
         let mut parts: Vec<(OfferId, Bundle)> = Vec::with_capacity(offers.len());
         for (offer, used) in offers {
@@ -2141,9 +2129,9 @@ impl Allocator {
             }
         }
         let Some((f, a)) = owner else {
-            return Ok(Settled::default());
+            return Ok(Vec::new());
         };
-        let mut settled = Settled::default();
+        let mut done = Vec::with_capacity(parts.len());
         let mut returned = Bundle::default();
         for (offer, used_b) in parts {
             let Some(st) = self.offers.remove(&offer) else {
@@ -2179,59 +2167,38 @@ impl Allocator {
             }
             self.ag_mut(a).offers.retain(|o| *o != offer);
             self.counters.accepted += 1;
-            settled.named.push(self.take_record(st));
-        }
-        for st in self.fold_offers(f, a) {
-            returned.add(&st.bundle);
-            self.counters.declined += 1;
-            settled.folded.push(self.take_record(st));
+            done.push(self.take_record(st));
         }
         self.add_filter(a, f, returned, refuse_ms, now);
-        Ok(settled)
+        Ok(done)
     }
 
-    /// Drops the framework's remaining outstanding offers on the agent (folded into an accept
-    /// or a decline), oldest first.
-    fn fold_offers(&mut self, f: u32, a: u32) -> Vec<OfferState> {
-        let others: Vec<OfferId> = self
-            .ag(a)
-            .offers
-            .iter()
-            .copied()
-            .filter(|o| self.offers.get(o).is_some_and(|st| st.fw == f))
-            .collect();
-        others
-            .into_iter()
-            .filter_map(|o| self.drop_offer(o))
-            .collect()
-    }
-
-    /// Declines an offer: everything returns to the pool. Like every decline, it acts on all
-    /// of the framework's outstanding offers on that agent (see
-    /// [`Allocator::decline_offers`]); this returns the named one.
+    /// Declines an offer: everything returns to the pool and is filtered for that framework on
+    /// that agent for `refuse_ms` (see [`Allocator::decline_offers`]).
     pub fn decline(
         &mut self,
         offer: OfferId,
         refuse_ms: Option<Millis>,
         now: Millis,
     ) -> Result<OfferRecord, AllocError> {
-        let mut settled = self.decline_offers(&[offer], refuse_ms, now)?;
-        Ok(settled.named.remove(0))
+        let mut done = self.decline_offers(&[offer], refuse_ms, now)?;
+        Ok(done.remove(0))
     }
 
-    /// Declines offers of one framework: on each of their agents, ALL of the framework's
-    /// outstanding offers return to the pool (the named ones and any others, which are folded
-    /// in) and ONE filter over their union is installed for `refuse_ms` (None = default,
-    /// Some(0) = no filter). Nothing changes when an offer is unknown or the offers belong to
-    /// several frameworks.
+    /// Declines offers of one framework as ONE decline: everything returns to the pool and, on
+    /// each of their agents, ONE filter over the union of the offers declined there is installed
+    /// for `refuse_ms` (None = default, Some(0) = no filter): declining all of its offers on an
+    /// agent keeps the framework from being offered their union again until it expires (with a
+    /// filter per offer, no single filter would cover the union). Nothing changes when an offer
+    /// is unknown or the offers belong to several frameworks. Returns the offers' records in the
+    /// order given (duplicates once).
     pub fn decline_offers(
         &mut self,
         offers: &[OfferId],
         refuse_ms: Option<Millis>,
         now: Millis,
-    ) -> Result<Settled, AllocError> {
+    ) -> Result<Vec<OfferRecord>, AllocError> {
         let mut framework: Option<u32> = None;
-        let mut agents: Vec<u32> = Vec::new();
         for offer in offers {
             let st = self
                 .offers
@@ -2240,33 +2207,27 @@ impl Allocator {
             if *framework.get_or_insert(st.fw) != st.fw {
                 return Err(AllocError::MixedOffers("decline"));
             }
-            if !agents.contains(&st.agent) {
-                agents.push(st.agent);
-            }
         }
         let Some(f) = framework else {
-            return Ok(Settled::default());
+            return Ok(Vec::new());
         };
-        let mut settled = Settled::default();
-        let mut by_id: Vec<(OfferId, OfferRecord)> = Vec::new();
-        for a in agents {
-            let mut refused = Bundle::default();
-            for st in self.fold_offers(f, a) {
-                refused.add(&st.bundle);
-                self.counters.declined += 1;
-                let id = st.id;
-                by_id.push((id, self.take_record(st)));
-            }
-            self.add_filter(a, f, refused, refuse_ms, now);
-        }
+        let mut done = Vec::with_capacity(offers.len());
+        let mut refused: Vec<(u32, Bundle)> = Vec::new();
         for offer in offers {
-            if let Some(i) = by_id.iter().position(|(id, _)| id == offer) {
-                settled.named.push(by_id.swap_remove(i).1);
+            let Some(st) = self.drop_offer(*offer) else {
+                continue;
+            };
+            match refused.iter_mut().find(|(a, _)| *a == st.agent) {
+                Some((_, b)) => b.add(&st.bundle),
+                None => refused.push((st.agent, st.bundle.clone())),
             }
+            self.counters.declined += 1;
+            done.push(self.take_record(st));
         }
-        by_id.sort_unstable_by_key(|(id, _)| *id);
-        settled.folded = by_id.into_iter().map(|(_, r)| r).collect();
-        Ok(settled)
+        for (a, b) in refused {
+            self.add_filter(a, f, b, refuse_ms, now);
+        }
+        Ok(done)
     }
 
     /// Takes an offer back (no filter).

@@ -437,15 +437,15 @@ fn two_offers_on_one_agent() -> (Allocator, OfferRecord, OfferRecord) {
 }
 
 #[test]
-fn one_decline_covers_all_offers_on_the_agent_with_one_filter() {
+fn one_decline_of_all_offers_on_the_agent_installs_one_filter() {
     let (mut a, o1, o2) = two_offers_on_one_agent();
-    let settled = a.decline_offers(&[o1.id], Some(30_000), 10).unwrap();
-    assert_eq!(settled.named.len(), 1);
-    assert_eq!(settled.named[0].id, o1.id);
-    assert_eq!(settled.folded.len(), 1, "the other offer is folded in");
-    assert_eq!(settled.folded[0].id, o2.id);
-    assert!(a.offer(o2.id).is_none());
-    // One filter over the union: the whole agent stays filtered for 30 s.
+    let done = a.decline_offers(&[o2.id, o1.id], Some(30_000), 10).unwrap();
+    assert_eq!(
+        done.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![o2.id, o1.id]
+    );
+    // One filter over the union: the whole agent stays filtered for 30 s (a filter per offer
+    // would cover neither half's union).
     assert_eq!(a.metrics().active_filters, 1);
     assert!(a.allocate(1000).is_empty());
     assert!(a.allocate(30_009).is_empty());
@@ -453,18 +453,30 @@ fn one_decline_covers_all_offers_on_the_agent_with_one_filter() {
 }
 
 #[test]
-fn one_accept_covers_all_offers_on_the_agent_with_one_filter() {
+fn a_decline_leaves_the_offers_it_does_not_name() {
     let (mut a, o1, o2) = two_offers_on_one_agent();
-    let settled = a
-        .accept_offers(&[(o2.id, unres("cpus:0.5"))], Some(30_000), 10)
+    a.decline(o1.id, Some(30_000), 10).unwrap();
+    assert!(a.offer(o2.id).is_some(), "the framework may be using it");
+    a.accept(o2.id, &unres("cpus:1;mem:1024"), Some(0), 11)
         .unwrap();
-    assert_eq!(settled.named.len(), 1);
-    assert_eq!(
-        settled.folded.iter().map(|r| r.id).collect::<Vec<_>>(),
-        vec![o1.id]
-    );
+}
+
+#[test]
+fn one_accept_of_several_offers_installs_one_filter_over_the_unused_parts() {
+    let (mut a, o1, o2) = two_offers_on_one_agent();
+    let done = a
+        .accept_offers(
+            &[
+                (o1.id, OfferResources::default()),
+                (o2.id, unres("cpus:0.5")),
+            ],
+            Some(30_000),
+            10,
+        )
+        .unwrap();
+    assert_eq!(done.len(), 2);
     assert_eq!(a.in_use(fid(1), aid(1)).total(), res("cpus:0.5"));
-    // The unused 0.5 cpus + 1024 mem and the folded offer are refused together.
+    // The unused parts (1.5 cpus, 2048 mem) are refused together.
     assert!(a.allocate(1000).is_empty());
     let back = a.allocate(30_010);
     assert_eq!(back.len(), 1);

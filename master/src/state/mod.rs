@@ -1448,13 +1448,8 @@ impl Master {
                         _ => unknown.get_or_insert((oid, 0)).1 += 1,
                     }
                 }
-                // One decline acts on all of the framework's offers on each agent, with one
-                // filter over their union; offers it folds in are rescinded.
-                if let Ok(settled) = self.allocator.decline_offers(&mine, refuse, now) {
-                    for rec in &settled.folded {
-                        self.send_rescind(rec, out);
-                    }
-                }
+                // One decline: on each agent, one filter over the union of its offers there.
+                let _ = self.allocator.decline_offers(&mine, refuse, now);
                 match unknown {
                     Some((oid, 1)) => out.push(err(
                         conn,
@@ -1977,11 +1972,7 @@ impl Master {
         }
         if let Some((kind, message)) = problem {
             let ids: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
-            if let Ok(settled) = self.allocator.decline_offers(&ids, Some(0), now) {
-                for rec in &settled.folded {
-                    self.send_rescind(rec, out);
-                }
-            }
+            let _ = self.allocator.decline_offers(&ids, Some(0), now);
             self.allocation_pending = true;
             out.push(err(conn, kind, format!("accept rejected: {message}")));
             return;
@@ -2092,21 +2083,15 @@ impl Master {
             }
         }
 
-        // 3. Settle the offers with the allocator: used parts stay; the rest, and the
-        //    framework's other offers on the agent (folded in and rescinded), return under one
-        //    filter.
+        // 3. Settle the offers with the allocator as one accept: used parts stay, the unused
+        //    parts return under one filter over their union.
         let parts: Vec<(OfferId, OfferResources)> = offers
             .iter()
             .map(|o| o.id)
             .zip(used.iter().cloned())
             .collect();
-        match self.allocator.accept_offers(&parts, refuse, now) {
-            Ok(settled) => {
-                for rec in &settled.folded {
-                    self.send_rescind(rec, out);
-                }
-            }
-            Err(e) => tracing::error!("allocator refused a validated accept: {e}"),
+        if let Err(e) = self.allocator.accept_offers(&parts, refuse, now) {
+            tracing::error!("allocator refused a validated accept: {e}");
         }
 
         // 4. Launch.
