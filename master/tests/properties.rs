@@ -1,7 +1,8 @@
 //! Property tests (proptest) of allocator invariants over random event sequences:
 //! agents are never over-allocated (offers never overlap), reserved resources only go to their
-//! role, quota limits are never exceeded by new offers, guarantees are honoured while their role
-//! has demand, and the next offer goes to the lowest-share eligible role and framework.
+//! role, quota limits are never exceeded by new offers, a cycle makes at most one offer per
+//! (framework, agent, role), guarantees are honoured while their role has demand, and the next
+//! offer goes to the lowest-share eligible role and framework.
 
 use std::collections::BTreeMap;
 
@@ -284,6 +285,17 @@ impl Model {
                     "limit {limit} exceeded by new offers: {before_lim} -> {after}"
                 );
             }
+        }
+        // One offer per (framework, agent, role) per cycle, whatever stage granted it.
+        let mut seen = std::collections::BTreeSet::new();
+        for o in &made {
+            prop_assert!(
+                seen.insert((o.framework, o.agent, o.role.clone())),
+                "two offers to {} on {} in role {} in one cycle",
+                o.framework,
+                o.agent,
+                o.role
+            );
         }
         for o in &made {
             prop_assert!(!o.resources.is_empty(), "empty offer");
