@@ -5,21 +5,15 @@
 //! The other rules live in the allocator core the master shares with `gantry-master simulate`;
 //! the conformance scenarios in `master/tests/conformance/` pin them.
 
-use std::process::Command;
 use std::time::Duration;
 
 use gantry_sdk::protocol::*;
 use gantry_sdk::{Driver, DriverConfig, DriverHandle, Scheduler};
-use gantry_tests::{bin, Cluster};
+use gantry_tests::Cluster;
 use tokio::sync::mpsc;
 
 fn gantryctl(cluster: &Cluster, args: &[&str]) -> std::process::Output {
-    Command::new(bin("gantryctl").unwrap())
-        .args(args)
-        .arg("--http")
-        .arg(cluster.master.http.to_string())
-        .output()
-        .unwrap()
+    cluster.master.gantryctl(args).unwrap()
 }
 
 fn stderr(o: &std::process::Output) -> String {

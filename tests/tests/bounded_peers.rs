@@ -220,7 +220,7 @@ async fn offers_of_200_agents_with_large_attributes_reach_the_framework() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_framework_that_stops_reading_is_closed_and_its_offers_go_to_another() {
-    let cluster = Cluster::start(&[("a1", "cpus:2;mem:512")]).unwrap();
+    let cluster = Cluster::start(&[("bp-stall", "cpus:2;mem:512")]).unwrap();
     // The stalled framework takes the whole agent in an offer and never answers it.
     let (_ep, conn, mut tx, mut rx) = raw_framework(&cluster, "stalled").await;
     subscribed(&mut tx, &mut rx, "stalled").await;
@@ -286,7 +286,7 @@ async fn a_framework_that_stops_reading_is_closed_and_its_offers_go_to_another()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_reconcile_is_refused_and_long_ones_do_not_stall_others() {
-    let cluster = Cluster::start(&[("a1", "cpus:4;mem:1024")]).unwrap();
+    let cluster = Cluster::start(&[("bp-reconcile", "cpus:4;mem:1024")]).unwrap();
     let (m, tls_dir) = (cluster.master.quic, cluster.tls_dir.clone());
     let honest = tokio::spawn(async move {
         run_batch(
@@ -349,7 +349,7 @@ async fn a_huge_reconcile_is_refused_and_long_ones_do_not_stall_others() {
 async fn stalled_partial_frames_hold_at_most_the_budget_and_time_out() {
     // A small budget (16 MiB) and deadline (2 s) for the test.
     let cluster = Cluster::start_with(
-        &[("a1", "cpus:4;mem:1024")],
+        &[("bp-frames", "cpus:4;mem:1024")],
         &["--frame-budget-mib", "16", "--frame-body-timeout", "2"],
         &[],
     )
