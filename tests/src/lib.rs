@@ -5,7 +5,9 @@
 //! The binaries are taken from the cargo target directory next to the test executable; build
 //! them first with `cargo build --workspace --bins` (the README's test command does).
 
+pub mod emu;
 pub mod etcd;
+pub mod load;
 pub mod proxy;
 
 use std::net::{SocketAddr, UdpSocket};
@@ -53,8 +55,15 @@ pub fn bin_dir() -> PathBuf {
         .expect("target dir")
 }
 
-/// Path of a workspace binary, with a clear error when it has not been built.
+/// Path of a workspace binary, with a clear error when it has not been built. A binary next to
+/// the running executable (e.g. `target/release/gantry-load`) is preferred.
 pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join(name)));
+    if let Some(p) = beside.filter(|p| p.is_file()) {
+        return Ok(p);
+    }
     let p = bin_dir().join(name);
     if !p.exists() {
         bail!(
