@@ -11,12 +11,16 @@
 //! - [`frameworks`]: frameworks run in-process (batch, a recording scheduler), their configs.
 //! - [`cgroups`]: real cgroups for the isolation tests.
 //! - [`standin`]: the stand-in NVML library for GPU tests.
+//! - [`emu`], [`load`]: emulated agents and frameworks over real QUIC (the `gantry-load`
+//!   harness and the HA benchmarks).
 //! - [`etcd`], [`proxy`]: a real etcd server and a cuttable TCP proxy, from the dev-only
 //!   `gantry-test-support` crate (shared with `gantry-master`'s own tests).
 
 pub mod cgroups;
 pub mod cluster;
+pub mod emu;
 pub mod frameworks;
+pub mod load;
 pub mod processes;
 pub mod standin;
 

@@ -38,8 +38,15 @@ pub fn bin_dir() -> PathBuf {
         .expect("target dir")
 }
 
-/// Path of a workspace binary, with a clear error when it has not been built.
+/// Path of a workspace binary, with a clear error when it has not been built. A binary next to
+/// the running executable (e.g. `target/release/gantry-load`) is preferred.
 pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join(name)));
+    if let Some(p) = beside.filter(|p| p.is_file()) {
+        return Ok(p);
+    }
     let p = bin_dir().join(name);
     if !p.exists() {
         bail!(

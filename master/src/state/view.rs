@@ -83,6 +83,16 @@ pub struct OfferView {
 impl Master {
     /// A consistent snapshot for `/state`.
     pub fn view(&self, now: Millis) -> StateView {
+        // Offered resources per agent in one pass over the offers (not one sorted pass per
+        // agent: with 10,000 agents and as many offers that blocked the core loop for seconds).
+        let mut offered_on: std::collections::HashMap<_, Resources> =
+            std::collections::HashMap::new();
+        for o in self.allocator.outstanding_offers() {
+            offered_on
+                .entry(o.agent)
+                .or_default()
+                .add_assign(&o.resources.total());
+        }
         let mut agents: Vec<AgentView> = self
             .agents
             .values()
@@ -97,11 +107,7 @@ impl Master {
                     .filter_map(|t| self.tasks.get(t))
                     .filter(|t| !t.recovered)
                     .fold(Resources::new(), |acc, t| acc.plus(&t.info.resources));
-                let offered = self
-                    .allocator
-                    .outstanding_offers()
-                    .filter(|o| o.agent == a.id)
-                    .fold(Resources::new(), |acc, o| acc.plus(&o.resources.total()));
+                let offered = offered_on.get(&a.id).cloned().unwrap_or_default();
                 AgentView {
                     id: a.id.to_string(),
                     name: a.name.clone(),
