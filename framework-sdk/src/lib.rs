@@ -16,6 +16,8 @@
 //! - [`process`]: shutdown on SIGINT or SIGTERM.
 //! - [`scheduler`]: the [`Scheduler`] trait and the [`Driver`] that runs it against a master.
 
+#![warn(missing_docs)]
+
 pub mod config_file;
 pub mod process;
 pub mod scheduler;

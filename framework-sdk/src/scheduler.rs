@@ -117,6 +117,7 @@ pub struct DriverConfig {
     pub tls_dir: PathBuf,
     /// The framework's principal: the name in its certificate.
     pub principal: String,
+    /// What the framework subscribes with (name, roles, capabilities, failover timeout).
     pub info: FrameworkInfo,
     /// First and largest reconnect delay (per master).
     pub backoff: (Duration, Duration),
@@ -153,14 +154,19 @@ impl DriverConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     #[error(transparent)]
+    /// The TLS directory has no usable material for this framework.
     Tls(#[from] tls::TlsError),
     #[error(transparent)]
+    /// QUIC setup failed.
     Transport(#[from] quic::TransportError),
     #[error("no master address given")]
+    /// The configuration names no master.
     NoMasters,
     #[error("could not reach a leading master for {0:?}")]
+    /// No master could be reached for this long (`give_up_after`).
     Unreachable(Duration),
     #[error("the master refused the subscription: {0}")]
+    /// The master refused the subscription.
     Refused(String),
 }
 
@@ -299,6 +305,7 @@ impl SeenUpdates {
 }
 
 impl Driver {
+    /// A driver for `config`; [`Driver::run`] starts it.
     pub fn new(config: DriverConfig) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let framework_id = Arc::new(Mutex::new(config.info.framework_id));

@@ -14,6 +14,8 @@
 //!   is missing and `ca.key` is present.
 //! - [`create_private_dir`]: a 0700 directory for keys.
 
+#![warn(missing_docs)]
+
 use std::path::{Path, PathBuf};
 
 use gantry_transport::tls::{

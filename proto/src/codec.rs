@@ -26,14 +26,19 @@ pub const MAX_FRAME: usize = 4 * 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
     #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    /// A frame (or its announced length) past the bound.
     TooLarge(usize),
     #[error("malformed frame: {0}")]
+    /// Bytes that do not decode to the expected message.
     Malformed(String),
     #[error("connection closed")]
+    /// The stream ended cleanly before a frame started.
     Closed,
     #[error("the body of a {0}-byte frame did not arrive within {1:?}")]
+    /// A frame body did not arrive within the reader's deadline.
     BodyTimeout(usize, Duration),
     #[error("i/o error: {0}")]
+    /// Reading or writing the stream failed.
     Io(#[from] std::io::Error),
 }
 
@@ -72,7 +77,9 @@ pub fn encoded_len<T: Serialize + ?Sized>(msg: &T) -> Result<usize, CodecError> 
 /// The batches [`split_batches`] made, and the items too large for a frame even alone.
 #[derive(Debug)]
 pub struct Split<M, T> {
+    /// The messages to send, in order, each within the bound.
     pub batches: Vec<M>,
+    /// Items too large for a frame even alone (never sent).
     pub oversized: Vec<T>,
 }
 

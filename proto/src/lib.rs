@@ -16,6 +16,8 @@
 //!   ([`codec::split_batches`]) and checks a frame's length prefix before its body is read
 //!   ([`codec::frame_len`]).
 
+#![warn(missing_docs)]
+
 pub mod codec;
 pub mod ids;
 pub mod messages;

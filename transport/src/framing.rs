@@ -113,6 +113,7 @@ impl FrameBudget {
         }
     }
 
+    /// A snapshot of the budget's counters.
     pub fn stats(&self) -> FrameBudgetStats {
         FrameBudgetStats {
             budget_bytes: self.capacity,

@@ -15,6 +15,8 @@
 //!   announces it was elected.
 //! - [`backoff`]: capped exponential backoff with jitter for reconnects and retries.
 
+#![warn(missing_docs)]
+
 pub mod backoff;
 pub mod framing;
 pub mod masters;

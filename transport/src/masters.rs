@@ -52,10 +52,15 @@ use gantry_proto::{MasterRole, PeerKind};
 /// A ready stream to the leading master: the hello is done and the master said it leads in
 /// `epoch`; register / subscribe next.
 pub struct LeaderSession {
+    /// The leading master's address.
     pub addr: SocketAddr,
+    /// Its term (only grows).
     pub epoch: u64,
+    /// The QUIC connection.
     pub conn: quinn::Connection,
+    /// Frames to the leader.
     pub tx: FrameSender,
+    /// Frames from the leader.
     pub rx: FrameReceiver,
 }
 
@@ -72,6 +77,7 @@ impl std::fmt::Debug for LeaderSession {
 pub struct MastersConfig {
     /// Master addresses (`host:port`), as configured.
     pub masters: Vec<String>,
+    /// Agent or framework (sent in the hello).
     pub kind: PeerKind,
     /// From [`quic::client_config`].
     pub client: quinn::ClientConfig,
@@ -83,6 +89,7 @@ pub struct MastersConfig {
 }
 
 impl MastersConfig {
+    /// Links to `masters` (`host:port`) as `kind`, with the QUIC client configuration `client`.
     pub fn new(masters: Vec<String>, kind: PeerKind, client: quinn::ClientConfig) -> Self {
         Self {
             masters,

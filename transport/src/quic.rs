@@ -24,20 +24,28 @@ use gantry_proto::{Hello, MasterRole, PeerKind, PROTOCOL_VERSION};
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     #[error(transparent)]
+    /// The TLS material could not be loaded or configured.
     Tls(#[from] tls::TlsError),
     #[error("QUIC configuration: {0}")]
+    /// A QUIC configuration was refused.
     Config(String),
     #[error("i/o: {0}")]
+    /// Binding or using the UDP socket failed.
     Io(#[from] std::io::Error),
     #[error("connect: {0}")]
+    /// The connection could not be started.
     Connect(#[from] quinn::ConnectError),
     #[error("connection: {0}")]
+    /// The connection failed or was closed.
     Connection(#[from] quinn::ConnectionError),
     #[error(transparent)]
+    /// A frame could not be encoded or decoded.
     Codec(#[from] CodecError),
     #[error("protocol violation: {0}")]
+    /// The peer broke the protocol (e.g. a bad hello).
     Protocol(String),
     #[error("no handshake with {0} within {1:?}")]
+    /// The peer did not answer in time.
     Timeout(SocketAddr, Duration),
 }
 
@@ -212,12 +220,14 @@ pub struct FrameSender(pub quinn::SendStream);
 pub struct FrameReceiver(pub quinn::RecvStream);
 
 impl FrameSender {
+    /// Sends `msg` as one frame.
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), CodecError> {
         framing::write_frame(&mut self.0, msg).await
     }
 }
 
 impl FrameReceiver {
+    /// Receives one frame (at most `MAX_FRAME`).
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<T, CodecError> {
         framing::read_frame(&mut self.0).await
     }

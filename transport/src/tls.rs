@@ -37,35 +37,56 @@ pub const ALPN: &[u8] = b"gantry/1";
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{path}: {source}")]
+    /// Reading or writing a file failed.
     Io {
+        /// The file.
         path: PathBuf,
+        /// The error.
         source: std::io::Error,
     },
     #[error("{path}: no PEM {what} found")]
-    NoPem { path: PathBuf, what: &'static str },
+    /// A file holds no PEM block of the expected kind.
+    NoPem {
+        /// The file.
+        path: PathBuf,
+        /// `certificate` or `private key`.
+        what: &'static str,
+    },
     #[error("no certificate for {identity} in {dir} and no CA key there to issue one; issue it with `gantryctl certs {kind} ...` (see docs/operations.md)")]
+    /// The identity has no certificate and nothing can issue one.
     MissingIdentity {
+        /// The identity (common name).
         identity: String,
+        /// The TLS directory.
         dir: PathBuf,
+        /// Its `gantryctl certs` kind.
         kind: &'static str,
     },
     #[error("no CA certificate {0} (start the master with this --tls-dir first, or run `gantryctl certs ca`)")]
+    /// The directory has no `ca.pem`.
     MissingCa(PathBuf),
     /// Creating a key or certificate failed (`gantry_pki`, which owns certificate issuing).
     #[error("certificate generation failed: {0}")]
     Generate(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("TLS configuration failed: {0}")]
+    /// rustls refused the configuration.
     Rustls(#[from] rustls::Error),
     #[error("client verifier: {0}")]
+    /// The client certificate verifier could not be built.
     Verifier(String),
     #[error("invalid name {0:?}: use 1-64 characters of [A-Za-z0-9_.-], not starting with a dot and without \"..\"")]
+    /// A name outside [`valid_name`].
     BadName(String),
     #[error(
         "{path} is writable by {who} (mode {mode:o}); run `chmod go-w {path}` (keys: `chmod 600`)"
     )]
+    /// A directory or key file is writable by others.
     Permissions {
+        /// The file or directory.
         path: PathBuf,
+        /// `its group` or `others`.
         who: &'static str,
+        /// Its mode bits.
         mode: u32,
     },
 }
@@ -73,8 +94,11 @@ pub enum TlsError {
 /// Who a certificate belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum PeerIdentity {
+    /// The master (common name `master`).
     Master,
+    /// An agent (`agent:NAME`).
     Agent(String),
+    /// A framework principal (`framework:NAME`).
     Framework(String),
     /// A user of the operator HTTP API (`gantryctl`).
     Operator(String),
@@ -161,7 +185,9 @@ pub fn valid_name(name: &str) -> bool {
 /// A certificate chain and its private key, ready for rustls.
 #[derive(Debug)]
 pub struct Identity {
+    /// The certificate, then any intermediates.
     pub chain: Vec<CertificateDer<'static>>,
+    /// Its private key.
     pub key: PrivateKeyDer<'static>,
 }
 
@@ -170,6 +196,7 @@ pub struct Identity {
 pub struct TlsMaterial {
     /// Trust anchors: the cluster CA.
     pub roots: Arc<rustls::RootCertStore>,
+    /// This peer's certificate and key.
     pub identity: Identity,
 }
 
