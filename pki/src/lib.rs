@@ -254,7 +254,7 @@ fn write_atomic(path: &Path, data: &str, secret: bool) -> Result<(), TlsError> {
 }
 
 /// Creates `dir` (and missing parents) with mode 0700 when it does not exist yet; an existing
-/// directory keeps its mode ([`check_dir_permissions`] judges it).
+/// directory keeps its mode ([`check_dir_permissions`](tls::check_dir_permissions) judges it).
 pub fn create_private_dir(dir: &Path) -> Result<(), TlsError> {
     use std::os::unix::fs::DirBuilderExt;
     if dir.is_dir() {

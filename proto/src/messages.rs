@@ -37,7 +37,7 @@ pub mod register_limits {
     /// Roles with static reservations on one agent.
     pub const MAX_RESERVED_ROLES: usize = 64;
 
-    /// Checks an agent's registration against [`register_limits`]; the error names the bound.
+    /// Checks an agent's registration against [`register_limits`](super::register_limits); the error names the bound.
     pub fn check(
         hostname: &str,
         attributes: &super::Attributes,

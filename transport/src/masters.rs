@@ -9,7 +9,7 @@
 //! no waiting for the dead leader's connection to time out. A standby that names a leader no
 //! link knows adds a link to it, so one reachable address is enough to find the cluster.
 //!
-//! Epochs only grow: [`Masters::leader`] never returns a session older than asked for, so a
+//! Epochs only grow: [`Masters::next_session`] never returns a session older than asked for, so a
 //! deposed master that still claims to lead is ignored.
 //!
 //! ```no_run

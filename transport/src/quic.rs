@@ -1,8 +1,8 @@
 //! QUIC endpoints and the framed message stream every peer speaks.
 //!
 //! One connection per peer and master; the client opens one bidirectional stream and sends a
-//! [`Hello`](crate::protocol::Hello), the master answers with its
-//! [`MasterRole`](crate::protocol::MasterRole), then messages flow in both directions as codec
+//! [`Hello`], the master answers with its
+//! [`MasterRole`], then messages flow in both directions as codec
 //! frames.
 
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! - [`scenario`]: `gantry-master simulate FILE.toml`, JSON lines of offers, rescinds, summary.
 //! - [`trace`]: `gantry-master simulate --trace JOBS.csv --cluster CLUSTER.toml`, plus a synthetic
 //!   trace generator.
-//! - [`bench`]: `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
+//! - [`bench`](mod@bench): `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
 
 pub mod bench;
 pub mod scenario;
