@@ -287,7 +287,7 @@ async fn kill_reaches_processes_that_left_the_process_group() {
         .parse()
         .unwrap();
     let task_pid: i32 = agent
-        .wait_sandbox_file(stubborn.task_id, "task.pid", T)
+        .wait_meta_file(stubborn.task_id, "task.pid", T)
         .unwrap()
         .trim()
         .parse()

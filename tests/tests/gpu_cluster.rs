@@ -173,7 +173,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
 
     // Usage: NVML shows the pair's process on GPU 2; /state attributes it to the task.
     let pid: u32 = agent
-        .wait_sandbox_file(pair.task_id, "task.pid", T)
+        .wait_meta_file(pair.task_id, "task.pid", T)
         .unwrap()
         .trim()
         .parse()

@@ -84,6 +84,12 @@ struct ServeArgs {
     /// and allows every principal every role, user and operator action.
     #[arg(long)]
     acls: Option<PathBuf>,
+    /// Completed tasks kept per framework in /state and for reconciliation (oldest dropped).
+    #[arg(long, default_value_t = 1000)]
+    max_completed_tasks_per_framework: usize,
+    /// Removed frameworks kept in /state with their completed tasks (oldest dropped).
+    #[arg(long, default_value_t = 50)]
+    max_completed_frameworks: usize,
 }
 
 fn init_tracing() {
@@ -153,6 +159,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "--agent-reregister-timeout",
         )?,
         allocation_interval_ms: args.allocation_interval_ms.max(1),
+        max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
+        max_completed_frameworks: args.max_completed_frameworks,
         ..MasterConfig::default()
     };
     tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");

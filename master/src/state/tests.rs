@@ -95,6 +95,7 @@ fn register(agent_id: Option<AgentId>, resources: &str) -> AgentToMaster {
         gpus: vec![],
         running_tasks: vec![],
         pending_updates: vec![],
+        task_user: "nobody".into(),
     }
 }
 
@@ -155,9 +156,11 @@ fn agent_update(task: &TaskInfo, fw: FrameworkId, state: TaskState) -> StatusUpd
         agent_id: None,
         state,
         source: UpdateSource::Agent,
+        reason: None,
         message: String::new(),
         exit_code: None,
         signal: None,
+        gpus: vec![],
         timestamp_ms: 0,
         reconciliation: false,
     }
@@ -267,7 +270,10 @@ fn accepted_resources_return_when_tasks_end_and_acks_flow_back() {
     });
     assert!(out.iter().any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::Acknowledge { update_id, .. }) if *update_id == done.update_id)));
     assert!(!h.m.tasks.contains_key(&t.task_id));
-    assert_eq!(h.m.completed.back().map(|c| c.3), Some(TaskState::Finished));
+    assert_eq!(
+        h.m.completed_task(fw, t.task_id).map(|c| c.state),
+        Some(TaskState::Finished)
+    );
     // A retransmission of an acknowledged update is acknowledged, not redelivered.
     let out = h.input(Input::Agent {
         conn: A,
@@ -331,6 +337,7 @@ fn agent_reregistering_in_time_keeps_its_tasks() {
         framework_id: fw,
         task: t.clone(),
         state: TaskState::Running,
+        gpus: vec![],
     };
     let AgentToMaster::Register { resources, .. } = register(None, "cpus:2;mem:1024") else {
         unreachable!()
@@ -346,6 +353,7 @@ fn agent_reregistering_in_time_keeps_its_tasks() {
             gpus: vec![],
             running_tasks: vec![running],
             pending_updates: vec![],
+            task_user: "nobody".into(),
         },
     });
     assert!(out.iter().any(|o| matches!(o, Output::ToAgent(9, MasterToAgent::Registered { agent_id, .. }) if *agent_id == agent)));
@@ -536,6 +544,7 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
             gpus: (0..4).map(gpu_info).collect(),
             running_tasks: vec![],
             pending_updates: vec![],
+            task_user: "nobody".into(),
         },
     });
     h.input(Input::FrameworkConnected {
@@ -568,7 +577,7 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
         )),
         "{out:?}"
     );
-    let view = h.m.view(h.now);
+    let view = h.m.view(h.now, 0);
     let agent = &view.agents[0];
     assert_eq!(agent.total.get("gpus"), 3.0, "2 unreserved + 1 reserved");
     assert_eq!(agent.reserved["ml"].get("gpus"), 1.0);
@@ -599,7 +608,7 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
             reason: "cleared by operator".into(),
         },
     });
-    assert_eq!(h.m.view(h.now).agents[0].total.get("gpus"), 4.0);
+    assert_eq!(h.m.view(h.now, 0).agents[0].total.get("gpus"), 4.0);
 }
 
 /// A new leader that recovered a registry holding agent `a1` (`id`, recorded `hostname`),
