@@ -584,6 +584,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn commands_say_what_is_wrong_and_display_quoted() {
+        assert_eq!(CommandInfo::shell("sleep 1").problem(), None);
+        assert_eq!(CommandInfo::argv(["sh", "-c", "sleep 0.2"]).problem(), None);
+        let problem = |c: CommandInfo| c.problem().unwrap_or_default();
+        assert_eq!(problem(CommandInfo::shell("  ")), "empty shell command");
+        assert!(problem(CommandInfo::argv(Vec::<String>::new())).starts_with("empty argv"));
+        assert!(problem(CommandInfo::argv(["", "x"])).starts_with("empty program"));
+        assert!(problem(CommandInfo::argv(["a\0b"])).contains("NUL"));
+        assert!(problem(CommandInfo::shell("x".repeat(MAX_COMMAND_BYTES + 1))).contains("64 KiB"));
+        assert_eq!(CommandInfo::from("true"), CommandInfo::shell("true"));
+        assert_eq!(
+            CommandInfo::argv(["python3", "-c", "a=[1]; print(a)", "it's"])
+                .with_user("alice")
+                .to_string(),
+            "python3 -c 'a=[1]; print(a)' 'it'\\''s' (as alice)"
+        );
+        assert_eq!(CommandInfo::shell("echo $X").to_string(), "sh -c 'echo $X'");
+    }
+
+    #[test]
     fn gpu_selector_matches_model_and_memory() {
         let gpu = GpuInfo {
             uuid: "GPU-1".into(),
