@@ -89,7 +89,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
     // A 1-GPU task, then a 2-GPU task: the pair must come from one NUMA node, and not break
     // up the node the 1-GPU task left whole.
     let one = task("one", "env > env.txt; sleep 60", "cpus:0.5;mem:64;gpus:1");
-    let pair = task(
+    let mut pair = task(
         "pair",
         "env > env.txt; \
          mknod mine c 195 2 && mknod other c 195 0; \
@@ -97,6 +97,9 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
          echo done > probed.txt; sleep 60",
         "cpus:0.5;mem:64;gpus:2",
     );
+    // mknod needs root: this probe runs as root (the master is in dev mode, which allows it),
+    // so it is the device cgroup, not file permissions, that refuses the other GPU.
+    pair.command.user = Some("root".into());
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let mut updates = Updates::new(up_rx);
     let (err_tx, _err_rx) = mpsc::unbounded_channel();
