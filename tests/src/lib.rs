@@ -836,10 +836,7 @@ impl AgentProc {
 
     /// A file in a task's meta directory (the supervisor's `task.pid`, `exit.json`).
     pub fn meta_file(&self, task: gantry_sdk::protocol::TaskId, name: &str) -> PathBuf {
-        self.work_dir
-            .join("meta")
-            .join(task.to_string())
-            .join(name)
+        self.work_dir.join("meta").join(task.to_string()).join(name)
     }
 
     /// Waits until a task's meta file (`task.pid`, `exit.json`) exists and is non-empty;

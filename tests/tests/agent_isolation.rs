@@ -135,7 +135,10 @@ async fn memory_hog_fails_with_memory_limit() {
     );
     assert!(rec["signal"] == 9 || rec["exit_code"] == 137, "{rec:#}");
     assert_eq!(rec["role"], "batch", "{rec:#}");
-    assert!(rec["ended_at_ms"].as_u64() >= rec["staged_at_ms"].as_u64(), "{rec:#}");
+    assert!(
+        rec["ended_at_ms"].as_u64() >= rec["staged_at_ms"].as_u64(),
+        "{rec:#}"
+    );
     s.finish().await;
 }
 

@@ -72,7 +72,10 @@ fn batch_runs_shell_strings_and_argv_exactly_as_typed() {
     // `sleep: missing operand`).
     check("sh-c", &["sh", "-c", "sleep 0.2"]);
     // One word: a shell string, with the shell's syntax.
-    check("one-string", &["sleep 0.2 && test -n \"$GANTRY_SANDBOX\" && echo ok > ok.txt"]);
+    check(
+        "one-string",
+        &["sleep 0.2 && test -n \"$GANTRY_SANDBOX\" && echo ok > ok.txt"],
+    );
     assert_eq!(sandbox_file(&cluster, "one-string-0", "ok.txt"), "ok\n");
     // argv with Python's own syntax in one word.
     check("python", &["python3", "-c", "a=[1]; print(a)"]);

@@ -79,7 +79,15 @@ async fn completed_tasks_are_recorded_and_bounded() {
     // A second framework completes: the first one and its history are dropped.
     let second = tokio::time::timeout(
         T,
-        run_batch(m, &tls, "second", "records", 2, "cpus:1;mem:32", "echo no >&2; exit 3"),
+        run_batch(
+            m,
+            &tls,
+            "second",
+            "records",
+            2,
+            "cpus:1;mem:32",
+            "echo no >&2; exit 3",
+        ),
     )
     .await
     .unwrap()

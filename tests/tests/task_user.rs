@@ -114,7 +114,11 @@ async fn tasks_run_as_the_task_user_and_cannot_read_the_agents_keys() {
         let stderr = std::fs::read_to_string(agent.sandbox_file(t.task_id, "stderr")).unwrap();
         assert!(stderr.contains("Permission denied"), "{}: {stderr}", t.name);
         let stdout = std::fs::read_to_string(agent.sandbox_file(t.task_id, "stdout")).unwrap();
-        assert!(!stdout.contains("PRIVATE KEY"), "{}: the key leaked", t.name);
+        assert!(
+            !stdout.contains("PRIVATE KEY"),
+            "{}: the key leaked",
+            t.name
+        );
     }
 
     let refused = updates

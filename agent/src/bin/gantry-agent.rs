@@ -13,8 +13,8 @@ use gantry_agent::config::{parse_attributes, parse_reservation};
 use gantry_agent::discovery::host::apply_overrides;
 use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
 use gantry_agent::executor::supervise;
-use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
 use gantry_agent::executor::user;
+use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::Program;
 use gantry_sdk::Resources;
@@ -170,7 +170,9 @@ fn resolve_task_user(flag: Option<String>) -> anyhow::Result<String> {
         "--task-user {name}: the agent runs as {own}, not root, so it can only run tasks as {own}"
     );
     if name == "root" {
-        tracing::warn!("--task-user root: tasks run as root unless their command names another user");
+        tracing::warn!(
+            "--task-user root: tasks run as root unless their command names another user"
+        );
     }
     Ok(name)
 }
@@ -212,7 +214,9 @@ fn main() -> anyhow::Result<()> {
             } else {
                 Program::Shell(command.join(" "))
             };
-            let identity = uid.zip(gid).map(|(uid, gid)| supervise::Identity { uid, gid, groups });
+            let identity = uid
+                .zip(gid)
+                .map(|(uid, gid)| supervise::Identity { uid, gid, groups });
             std::process::exit(supervise::run(&supervise::Supervised {
                 sandbox,
                 meta,

@@ -67,7 +67,9 @@ pub fn run(spec: &Supervised) -> i32 {
                 Program::Argv(v) => format!(" {:?}", v.first().map(String::as_str).unwrap_or("")),
                 Program::Shell(_) => String::new(),
             };
-            if let Ok(mut f) = open_output(&spec.sandbox.join("stderr"), spec.identity.as_ref(), true) {
+            if let Ok(mut f) =
+                open_output(&spec.sandbox.join("stderr"), spec.identity.as_ref(), true)
+            {
                 use std::io::Write;
                 let _ = writeln!(f, "gantry: could not start the task{what}: {e}");
             }
@@ -138,7 +140,10 @@ fn spawn_and_wait(spec: &Supervised) -> std::io::Result<ExitStatus> {
         .stderr(stderr);
     // The user switch happens in the closure, after joining the cgroups (which needs root),
     // not through Command::uid/gid (std runs those before pre_exec closures).
-    let groups: Vec<libc::gid_t> = identity.as_ref().map(|i| i.groups.clone()).unwrap_or_default();
+    let groups: Vec<libc::gid_t> = identity
+        .as_ref()
+        .map(|i| i.groups.clone())
+        .unwrap_or_default();
     // SAFETY: the closure only calls async-signal-safe functions (setpgid, signal, open,
     // write, close, setgroups, setgid, setuid) on memory prepared before fork.
     unsafe {

@@ -152,7 +152,9 @@ impl CommandInfo {
             Program::Shell(_) => None,
             Program::Argv(v) if v.is_empty() => Some("empty argv: no program to run".into()),
             Program::Argv(v) if v[0].is_empty() => Some("empty program (argv[0] is \"\")".into()),
-            Program::Argv(v) if v.iter().map(|a| a.len() + 1).sum::<usize>() > MAX_COMMAND_BYTES => {
+            Program::Argv(v)
+                if v.iter().map(|a| a.len() + 1).sum::<usize>() > MAX_COMMAND_BYTES =>
+            {
                 Some(format!("argv longer than {} KiB", MAX_COMMAND_BYTES / 1024))
             }
             Program::Argv(v) if v.iter().any(|a| nul(a)) => {

@@ -522,7 +522,10 @@ impl Master {
                     now,
                     out,
                 );
-                if let Some(Peer::Agent { agent: Some(id), .. }) = self.conns.get(&conn) {
+                if let Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) = self.conns.get(&conn)
+                {
                     if let Some(a) = self.agents.get_mut(id) {
                         a.task_user = task_user;
                     }
@@ -1145,7 +1148,14 @@ impl Master {
                 t.recovered = true; // the agent's resources leave with it
                 if !t.state.is_terminal() || t.pending.is_some() {
                     t.pending = None;
-                    self.master_update(tid, TaskState::Lost, TaskReason::AgentLost, reason, now, out);
+                    self.master_update(
+                        tid,
+                        TaskState::Lost,
+                        TaskReason::AgentLost,
+                        reason,
+                        now,
+                        out,
+                    );
                 }
                 self.finish_task_if_done(tid);
                 self.tasks.remove(&tid);

@@ -260,13 +260,25 @@ fn invalid_tasks_are_errors_and_valid_ones_launch() {
             _ => None,
         })
         .collect();
-    for want in ["empty shell command", "empty argv", "empty program", "invalid user name"] {
-        assert!(messages.iter().any(|m| m.contains(want)), "{want}: {messages:?}");
+    for want in [
+        "empty shell command",
+        "empty argv",
+        "empty program",
+        "invalid user name",
+    ] {
+        assert!(
+            messages.iter().any(|m| m.contains(want)),
+            "{want}: {messages:?}"
+        );
     }
 }
 
 /// Launches `tasks` with the framework on `F` and returns what the agent was asked to run.
-fn run_tasks(h: &mut Harness, offer: OfferId, tasks: Vec<TaskInfo>) -> (Vec<TaskInfo>, Vec<Output>) {
+fn run_tasks(
+    h: &mut Harness,
+    offer: OfferId,
+    tasks: Vec<TaskInfo>,
+) -> (Vec<TaskInfo>, Vec<Output>) {
     let out = h.input(Input::Framework {
         conn: F,
         msg: launch(offer, tasks),
@@ -323,7 +335,10 @@ users = ["nobody", "alice"]
             (alice.task_id, Some("alice".to_string())),
         ]
     );
-    assert_eq!(h.m.tasks[&default_user.task_id].record().user.as_deref(), Some("nobody"));
+    assert_eq!(
+        h.m.tasks[&default_user.task_id].record().user.as_deref(),
+        Some("nobody")
+    );
     let refused: Vec<String> = out
         .iter()
         .filter_map(|o| match o {
@@ -334,7 +349,10 @@ users = ["nobody", "alice"]
         })
         .collect();
     assert_eq!(refused.len(), 2, "{refused:?}");
-    assert!(refused[0].contains("may not run tasks as user \"root\""), "{refused:?}");
+    assert!(
+        refused[0].contains("may not run tasks as user \"root\""),
+        "{refused:?}"
+    );
     assert!(refused[1].contains("\"bob\""), "{refused:?}");
 }
 
@@ -373,7 +391,10 @@ fn task_records_keep_reason_exit_times_and_gpus() {
     // Ended but not yet acknowledged: still among the tasks, with its end recorded.
     let view = h.m.view(h.now, 1_000_000);
     let v = &view.tasks[0];
-    assert_eq!((v.state.as_str(), v.reason.as_deref()), ("FAILED", Some("memory-limit")));
+    assert_eq!(
+        (v.state.as_str(), v.reason.as_deref()),
+        ("FAILED", Some("memory-limit"))
+    );
     h.input(Input::Framework {
         conn: F,
         msg: FrameworkToMaster::Acknowledge {
@@ -447,13 +468,12 @@ fn completed_history_is_bounded_per_framework_and_by_completed_frameworks() {
     h.agent(A, "a1", "cpus:4;mem:1024");
     let (fw, offers) = h.framework(F, "f", "r");
     let ids = finish_tasks(&mut h, fw, offers, 5);
-    let kept: Vec<String> = h
-        .m
-        .view(h.now, 0)
-        .completed_tasks
-        .iter()
-        .map(|c| c.id.clone())
-        .collect();
+    let kept: Vec<String> =
+        h.m.view(h.now, 0)
+            .completed_tasks
+            .iter()
+            .map(|c| c.id.clone())
+            .collect();
     let newest: Vec<String> = ids[2..].iter().map(|i| i.to_string()).collect();
     assert_eq!(kept, newest, "the oldest are dropped first");
     // Torn down: the framework and its history stay, as a completed framework.
@@ -473,7 +493,11 @@ fn completed_history_is_bounded_per_framework_and_by_completed_frameworks() {
         msg: FrameworkToMaster::Teardown,
     });
     let view = h.m.view(h.now, 0);
-    let gone: Vec<String> = view.completed_frameworks.iter().map(|f| f.id.clone()).collect();
+    let gone: Vec<String> = view
+        .completed_frameworks
+        .iter()
+        .map(|f| f.id.clone())
+        .collect();
     assert_eq!(gone, vec![fw2.to_string()]);
     assert!(view.completed_tasks.is_empty());
     assert!(h.m.completed.is_empty());
