@@ -193,6 +193,15 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
             state_task(s, pair.task_id)["usage"]["gpu_mem_bytes"] == 1024u64 << 20
         })
         .unwrap();
+    // /state records which GPUs the agent gave each task.
+    assert_eq!(
+        state_task(&state, pair.task_id)["gpus"],
+        serde_json::json!([uuid(2), uuid(3)])
+    );
+    assert_eq!(
+        state_task(&state, one.task_id)["gpus"],
+        serde_json::json!([uuid(0)])
+    );
     let usage = &state_task(&state, pair.task_id)["usage"];
     assert_eq!(usage["gpu_util_percent"].as_f64(), Some(60.0), "{usage}");
     assert!(usage["mem_bytes"].as_u64().unwrap() > 0, "{usage}");
