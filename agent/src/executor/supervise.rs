@@ -86,8 +86,8 @@ pub fn run(spec: &Supervised) -> i32 {
     }
 }
 
-/// Opens a task's output file in its (user-owned) sandbox without following symlinks, owned
-/// by the task's user.
+/// Opens a task's output file in its (user-owned) sandbox without following symlinks, checks
+/// that it is a plain file with one link before truncating it, and hands it to the task's user.
 fn open_output(
     path: &Path,
     identity: Option<&Identity>,
@@ -97,10 +97,22 @@ fn open_output(
         .write(true)
         .create(true)
         .append(append)
-        .truncate(!append)
+        .truncate(false)
         .mode(0o640)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
+    // Only a plain file of ours: never a hard link to some other file (which fchown would
+    // hand to the task's user).
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a plain file of its own",
+            path.display()
+        )));
+    }
+    if !append {
+        file.set_len(0)?;
+    }
     if let Some(id) = identity {
         std::os::unix::fs::fchown(&file, Some(id.uid), Some(id.gid))?;
     }
@@ -183,4 +195,68 @@ fn spawn_and_wait(spec: &Supervised) -> std::io::Result<ExitStatus> {
         code: status.code(),
         signal: status.signal(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &Path, program: Program) -> Supervised {
+        let sandbox = dir.join("sandbox");
+        let meta = dir.join("meta");
+        std::fs::create_dir_all(&sandbox).unwrap();
+        std::fs::create_dir_all(&meta).unwrap();
+        Supervised {
+            sandbox,
+            meta,
+            cgroup_procs: Vec::new(),
+            program,
+            identity: None,
+        }
+    }
+
+    #[test]
+    fn argv_reaches_the_program_exactly_and_shell_strings_use_the_shell() {
+        let dir = tempfile::tempdir().unwrap();
+        let words = ["a b", "it's", "$HOME", "*", ""];
+        let mut argv = vec!["printf".to_string(), "[%s]\\n".to_string()];
+        argv.extend(words.iter().map(|w| w.to_string()));
+        let s = spec(dir.path(), Program::Argv(argv));
+        let status = spawn_and_wait(&s).unwrap();
+        assert_eq!(status.code, Some(0));
+        let out = std::fs::read_to_string(s.sandbox.join("stdout")).unwrap();
+        let expected: String = words.iter().map(|w| format!("[{w}]\n")).collect();
+        assert_eq!(out, expected);
+        assert!(s.meta.join(PID_FILE).exists());
+        assert!(!s.sandbox.join(PID_FILE).exists());
+
+        let s = spec(dir.path(), Program::Shell("echo $((1 + 2)); exit 3".into()));
+        assert_eq!(spawn_and_wait(&s).unwrap().code, Some(3));
+        assert_eq!(
+            std::fs::read_to_string(s.sandbox.join("stdout")).unwrap(),
+            "3\n"
+        );
+    }
+
+    #[test]
+    fn planted_links_and_missing_programs_do_not_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path(), Program::Shell("true".into()));
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep me").unwrap();
+        // A symlink where stdout goes is not followed.
+        std::os::unix::fs::symlink(&victim, s.sandbox.join("stdout")).unwrap();
+        assert!(spawn_and_wait(&s).is_err());
+        std::fs::remove_file(s.sandbox.join("stdout")).unwrap();
+        // Nor is a hard link truncated.
+        std::fs::hard_link(&victim, s.sandbox.join("stdout")).unwrap();
+        assert!(spawn_and_wait(&s).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+
+        let missing = spec(
+            &dir.path().join("m"),
+            Program::Argv(vec!["/no/such/program".into()]),
+        );
+        assert!(spawn_and_wait(&missing).is_err());
+    }
 }
