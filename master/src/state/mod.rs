@@ -18,6 +18,12 @@
 //! - A disconnected agent keeps its tasks for `agent_reregister_timeout_ms`; then it is lost and
 //!   its tasks are `LOST`. A disconnected framework keeps its tasks for its failover timeout;
 //!   then its tasks are killed and it is removed.
+//! - A task runs as its command's user or, when it names none, as its agent's default (reported
+//!   at registration and filled in here); the framework's principal must be allowed that user
+//!   by the `run_tasks` ACL, or the task ends `ERROR`.
+//! - Completed tasks are kept as `TaskRecord`s per framework (bounded by
+//!   `max_completed_tasks_per_framework`), and removed frameworks with their records (bounded
+//!   by `max_completed_frameworks`); the oldest go first.
 
 pub mod view;
 
