@@ -230,9 +230,11 @@ impl TaskRec {
         }
     }
 
-    /// Records what an update says about the task (state changes are the caller's).
+    /// Records what an update says about the task (state changes are the caller's). Messages
+    /// are kept up to [`MAX_KEPT_MESSAGE`] bytes (history is long; an agent's text is not
+    /// trusted to be short).
     fn note(&mut self, state: TaskState, update: &StatusUpdate, now: Millis) {
-        self.last_message = update.message.clone();
+        self.last_message = truncated(&update.message, MAX_KEPT_MESSAGE);
         if update.reason.is_some() || state.is_terminal() {
             self.reason = update.reason;
         }
@@ -240,7 +242,7 @@ impl TaskRec {
             self.exit_code = update.exit_code;
             self.signal = update.signal;
         }
-        if !update.gpus.is_empty() {
+        if !update.gpus.is_empty() && update.gpus.len() <= 1024 {
             self.gpus = update.gpus.clone();
         }
         if state == TaskState::Running && self.started_at.is_none() {
@@ -250,6 +252,21 @@ impl TaskRec {
             self.ended_at = Some(now);
         }
     }
+}
+
+/// Longest task message kept in records, bytes.
+pub const MAX_KEPT_MESSAGE: usize = 1024;
+
+/// `text` cut to at most `max` bytes on a character boundary (with `…` when cut).
+fn truncated(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// A task as an operator sees it: kept while it runs and, once completed, in its framework's

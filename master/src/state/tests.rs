@@ -461,6 +461,18 @@ fn finish_tasks(h: &mut Harness, fw: FrameworkId, mut offers: Vec<Offer>, n: usi
 }
 
 #[test]
+fn kept_messages_are_bounded() {
+    assert_eq!(truncated("short", 10), "short");
+    let long = "é".repeat(1000);
+    let cut = truncated(&long, MAX_KEPT_MESSAGE);
+    assert!(
+        cut.len() <= MAX_KEPT_MESSAGE && cut.ends_with('…'),
+        "{}",
+        cut.len()
+    );
+}
+
+#[test]
 fn completed_history_is_bounded_per_framework_and_by_completed_frameworks() {
     let mut h = Harness::new();
     h.m.config.max_completed_tasks_per_framework = 3;
