@@ -44,6 +44,8 @@ pub struct AgentView {
     pub attributes: Attributes,
     pub gpus: Vec<GpuInfo>,
     pub gpu_samples: Vec<GpuSample>,
+    /// The user its tasks run as when their command names none (`--task-user`).
+    pub task_user: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -172,6 +174,7 @@ impl Master {
                     attributes: a.attributes.clone(),
                     gpus: a.gpus.clone(),
                     gpu_samples: a.gpu_samples.clone(),
+                    task_user: a.task_user.clone(),
                 }
             })
             .collect();
