@@ -162,6 +162,7 @@ async fn tasks_run_as_the_task_user_and_cannot_read_the_agents_keys() {
     for c in state["completed_tasks"].as_array().unwrap() {
         assert_eq!(c["user"], "nobody", "{c:#}");
     }
+    assert_eq!(state["agents"][0]["task_user"], "nobody");
     handle.stop();
     let _ = run.await;
 
