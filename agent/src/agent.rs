@@ -71,7 +71,8 @@ pub struct AgentConfig {
     pub gpu_recovery_after: Option<Duration>,
     /// Device majors of the NVIDIA driver (for the device allow lists).
     pub nvidia_majors: NvidiaMajors,
-    /// The user tasks run as when their command names none (`--task-user`).
+    /// The user tasks run as when their command names none (`--task-user`). An agent that is
+    /// not root runs every task as itself, so this must then be its own user.
     pub task_user: String,
 }
 
@@ -786,22 +787,21 @@ impl Agent {
         })
     }
 
-    /// The user a task runs as (its command's, else `--task-user`), resolved; `None` when the
-    /// agent is not root and runs the task as itself. `Err` says why the task cannot run.
-    fn task_user(&self, command: &CommandInfo) -> Result<Option<TaskUser>, String> {
+    /// The user a task runs as (its command's, else `--task-user`): `Some(name)` to switch to
+    /// (looked up at launch, off the event loop), `None` when the agent is not root and runs
+    /// the task as itself (its `--task-user` is then its own user). `Err` says why it cannot run.
+    fn task_user(&self, command: &CommandInfo) -> Result<Option<String>, String> {
         let name = command.user.as_deref().unwrap_or(&self.config.task_user);
-        if !user::is_root() {
-            let own = user::current_name().map_err(|e| e.to_string())?;
-            if name != own {
-                return Err(format!(
-                    "the agent runs as {own}, not root, and cannot run tasks as user {name:?}"
-                ));
-            }
-            return Ok(None);
+        if user::is_root() {
+            return Ok(Some(name.to_string()));
         }
-        user::lookup(name)
-            .map(Some)
-            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))
+        if name != self.config.task_user {
+            return Err(format!(
+                "the agent runs as {}, not root, and cannot run tasks as user {name:?}",
+                self.config.task_user
+            ));
+        }
+        Ok(None)
     }
 
     fn launch(&mut self, framework_id: FrameworkId, task: TaskInfo) -> anyhow::Result<()> {
@@ -875,6 +875,31 @@ impl Agent {
         };
         let isolator = self.config.isolator.clone();
         tokio::spawn(async move {
+            // The user first (a passwd look-up may be slow: NSS, LDAP), so an unknown user
+            // costs no cgroup.
+            let user: Option<TaskUser> = match user {
+                None => None,
+                Some(name) => {
+                    let found = tokio::task::spawn_blocking(move || {
+                        user::lookup(&name)
+                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+                    match found {
+                        Ok(u) => Some(u),
+                        Err(e) => {
+                            let _ = events.send(Event::Launched {
+                                task: id,
+                                cgroup: None,
+                                result: Err(e),
+                            });
+                            return;
+                        }
+                    }
+                }
+            };
             let created =
                 tokio::task::spawn_blocking(move || isolator.create(&cgroup_name, &limits))
                     .await
