@@ -128,6 +128,9 @@ struct Agent {
     ckpt: Checkpoint,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
     registered: bool,
+    /// Set once a master accepted this agent: only then are cgroups it does not know removed
+    /// (a second agent refused for using a live agent's name must not touch that agent's).
+    accepted: bool,
     heartbeat_every: Duration,
     last_heartbeat: tokio::time::Instant,
     events: mpsc::UnboundedSender<Event>,
@@ -167,6 +170,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         ckpt,
         master: None,
         registered: false,
+        accepted: false,
         heartbeat_every: Duration::from_secs(1),
         last_heartbeat: now,
         events: tx.clone(),
@@ -223,8 +227,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         tokio::task::spawn_blocking(move || w.stop()).await.ok();
     }
     // A clean stop with no live task leaves no empty cgroup root behind; with live tasks the
-    // root stays for the next start to re-adopt them.
-    if agent.ckpt.tasks.values().all(|t| t.state.is_terminal()) {
+    // root stays for the next start to re-adopt them. An agent no master accepted leaves it
+    // alone: it may share the root of the agent whose name it collided with.
+    if agent.accepted && agent.ckpt.tasks.values().all(|t| t.state.is_terminal()) {
         if let Err(e) = agent.config.isolator.remove_root() {
             tracing::debug!("cgroup root not removed: {e}");
         }
@@ -307,8 +312,9 @@ impl Agent {
 
     /// Re-adopts checkpointed tasks after a restart: live supervisors are watched again (and
     /// their cgroups reopened); tasks whose supervisor is gone are settled from the exit status
-    /// they recorded; cgroups nobody owns any more are destroyed. GPU occupancy follows from the
-    /// checkpointed assignments of the tasks that are not terminal.
+    /// they recorded. GPU occupancy follows from the checkpointed assignments of the tasks that
+    /// are not terminal. Cgroups nobody owns any more are destroyed once a master accepts this
+    /// agent ([`Agent::cleanup_cgroups`]).
     fn recover(&mut self) -> anyhow::Result<()> {
         let now = Instant::now();
         let known: Vec<String> = self
@@ -368,7 +374,6 @@ impl Agent {
                 }
             }
         }
-        self.cleanup_cgroups();
         if !self.ckpt.tasks.is_empty() {
             tracing::info!(
                 tasks = self.ckpt.tasks.len(),
@@ -721,6 +726,10 @@ impl Agent {
                     self.save()?;
                 }
                 self.registered = true;
+                if !self.accepted {
+                    self.accepted = true;
+                    self.cleanup_cgroups();
+                }
                 self.heartbeat_every =
                     Duration::from_millis(heartbeat_interval_ms.clamp(100, 60_000));
                 let now = self.now();
@@ -752,7 +761,13 @@ impl Agent {
                     self.save()?;
                 }
             }
-            MasterToAgent::Error { message } => tracing::error!("master refused us: {message}"),
+            MasterToAgent::Error { message } => {
+                // A refusal (a name in use by another agent, an id of another agent, invalid
+                // reservations): retrying cannot help, so stop (non-zero) instead of flapping.
+                // Running tasks are left alone.
+                tracing::error!("the master refused this agent: {message}");
+                anyhow::bail!("the master refused this agent: {message}");
+            }
         }
         Ok(())
     }

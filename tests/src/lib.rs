@@ -392,7 +392,36 @@ impl Cluster {
         master_args: &[&str],
         agent_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_in(
+            TempDir::new("gantry-test")?,
+            agents,
+            master_args,
+            agent_args,
+        )
+    }
+
+    /// Like [`Cluster::start_with`], with the master enforcing the access-control lists in
+    /// `acls_toml` (written to `acls.toml` in the test directory and passed as `--acls`).
+    pub fn start_with_acls(
+        agents: &[(&str, &str)],
+        acls_toml: &str,
+        master_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new("gantry-test")?;
+        let acls = dir.path().join("acls.toml");
+        std::fs::write(&acls, acls_toml)?;
+        let acls = acls.display().to_string();
+        let mut args = vec!["--acls", acls.as_str()];
+        args.extend_from_slice(master_args);
+        Self::start_in(dir, agents, &args, &[])
+    }
+
+    fn start_in(
+        dir: TempDir,
+        agents: &[(&str, &str)],
+        master_args: &[&str],
+        agent_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let tls_dir = dir.path().join("tls");
         let master = MasterProc::start(dir.path(), &tls_dir, master_args)?;
         let mut procs = Vec::new();

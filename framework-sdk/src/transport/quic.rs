@@ -237,15 +237,22 @@ async fn finish_connect(
 ) -> Result<(quinn::Connection, FrameSender, FrameReceiver, MasterRole), TransportError> {
     let setup = async {
         let conn = connecting.await?;
-        let (send, recv) = conn.open_bi().await?;
-        let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
-        tx.send(&Hello {
-            protocol_version: PROTOCOL_VERSION,
-            peer: kind,
-        })
-        .await?;
-        let role: MasterRole = rx.recv().await?;
-        Ok::<_, TransportError>((conn, tx, rx, role))
+        let hello = async {
+            let (send, recv) = conn.open_bi().await?;
+            let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
+            tx.send(&Hello {
+                protocol_version: PROTOCOL_VERSION,
+                peer: kind,
+            })
+            .await?;
+            let role: MasterRole = rx.recv().await?;
+            Ok::<_, TransportError>((tx, rx, role))
+        };
+        match hello.await {
+            Ok((tx, rx, role)) => Ok((conn, tx, rx, role)),
+            // Closed by the master (e.g. past a connection limit): its reason says why.
+            Err(e) => Err(conn.close_reason().map_or(e, TransportError::Connection)),
+        }
     };
     tokio::time::timeout(CONNECT_TIMEOUT, setup)
         .await

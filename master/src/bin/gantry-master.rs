@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use gantry_master::allocator::AllocatorConfig;
 use gantry_master::election::{EtcdElectionConfig, HaConfig};
-use gantry_master::state::MasterConfig;
+use gantry_master::state::{Limits, MasterConfig};
 use gantry_master::{server, simulate};
 use gantry_sdk::transport::{quic, tls, PeerIdentity};
 
@@ -84,6 +84,26 @@ struct ServeArgs {
     /// and allows every principal every role, user and operator action.
     #[arg(long)]
     acls: Option<PathBuf>,
+    /// Frameworks one principal may have registered at once (a disconnected framework counts
+    /// until its failover timeout ends).
+    #[arg(long, default_value_t = Limits::default().frameworks_per_principal)]
+    max_frameworks_per_principal: usize,
+    /// Distinct roles one framework may subscribe to.
+    #[arg(long, default_value_t = Limits::default().roles_per_framework)]
+    max_roles_per_framework: usize,
+    /// Longest role name in bytes (at most 128).
+    #[arg(long, default_value_t = Limits::default().role_name_length)]
+    max_role_name_length: usize,
+    /// Most `/`-separated levels in a role name.
+    #[arg(long, default_value_t = Limits::default().role_depth)]
+    max_role_depth: usize,
+    /// Open QUIC connections per certificate identity (agent name or framework principal);
+    /// 0 = unlimited.
+    #[arg(long, default_value_t = Limits::default().connections_per_principal)]
+    max_connections_per_principal: usize,
+    /// Open QUIC connections per source IP address; 0 = unlimited.
+    #[arg(long, default_value_t = Limits::default().connections_per_address)]
+    max_connections_per_address: usize,
     /// Completed tasks kept per framework in /state and for reconciliation (oldest dropped).
     #[arg(long, default_value_t = 1000)]
     max_completed_tasks_per_framework: usize,
@@ -151,9 +171,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             gantry_master::acl::Acls::allow_all()
         }
     };
+    anyhow::ensure!(
+        args.max_frameworks_per_principal >= 1
+            && args.max_roles_per_framework >= 1
+            && (1..=128).contains(&args.max_role_name_length)
+            && args.max_role_depth >= 1,
+        "--max-frameworks-per-principal, --max-roles-per-framework and --max-role-depth must \
+         be at least 1, --max-role-name-length 1 to 128"
+    );
+    let limits = Limits {
+        frameworks_per_principal: args.max_frameworks_per_principal,
+        roles_per_framework: args.max_roles_per_framework,
+        role_name_length: args.max_role_name_length,
+        role_depth: args.max_role_depth,
+        connections_per_principal: args.max_connections_per_principal,
+        connections_per_address: args.max_connections_per_address,
+    };
     let config = MasterConfig {
         allocator,
         acls,
+        limits,
         agent_reregister_timeout_ms: secs_to_ms(
             args.agent_reregister_timeout,
             "--agent-reregister-timeout",

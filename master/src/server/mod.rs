@@ -7,7 +7,10 @@
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
-//! connection, with the reason logged.
+//! connection, with the reason logged. [`conn_limits`] bounds open connections per certificate
+//! identity and per source address.
+
+mod conn_limits;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -66,6 +69,7 @@ struct Shell {
     role: watch::Receiver<health::Admission>,
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
+    limits: conn_limits::ConnLimits,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -92,6 +96,7 @@ pub async fn run(
         status: status.clone(),
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
+        limits: conn_limits::ConnLimits::new(&config.limits),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -487,6 +492,14 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
         tracing::warn!(%remote, "peer certificate carries no Gantry identity; closing");
         conn.close(CLOSE_PROTOCOL.into(), b"certificate has no gantry identity");
         return;
+    };
+    let _slot = match shell.limits.admit(&identity.to_string(), remote.ip()) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            tracing::warn!(%remote, %identity, "{reason}; closing");
+            conn.close(CLOSE_PROTOCOL.into(), reason.as_bytes());
+            return;
+        }
     };
     let (kind, tx, rx) =
         match tokio::time::timeout(Duration::from_secs(10), quic::accept_stream(&conn)).await {
