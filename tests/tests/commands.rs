@@ -10,7 +10,13 @@ use gantry_tests::{bin, Cluster};
 /// Runs the `batch` binary with one copy of `command` as framework `name`; returns its exit
 /// code and output.
 fn batch(cluster: &Cluster, name: &str, command: &[&str]) -> (i32, String) {
+    batch_with(cluster, name, &[], command)
+}
+
+/// [`batch`] with extra `batch` flags before the `--`.
+fn batch_with(cluster: &Cluster, name: &str, flags: &[&str], command: &[&str]) -> (i32, String) {
     let out = Command::new(bin("batch").unwrap())
+        .args(flags)
         .arg("--master")
         .arg(cluster.master.quic.to_string())
         .arg("--tls-dir")
@@ -87,6 +93,20 @@ fn batch_runs_shell_strings_and_argv_exactly_as_typed() {
     check("argv", &argv);
     let expected: String = words.iter().map(|w| format!("[{w}]\n")).collect();
     assert_eq!(sandbox_file(&cluster, "argv-0", "stdout"), expected);
+    // `--user` names the task's user (dev mode allows any; root only for a root agent).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let (code, out) = batch_with(&cluster, "as-root", &["--user", "root"], &["id", "-un"]);
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(sandbox_file(&cluster, "as-root-0", "stdout"), "root\n");
+        assert_eq!(completed(&cluster, "as-root-0")["user"], "root");
+        let (code, out) = batch(&cluster, "default-user", &["id", "-un"]);
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(
+            sandbox_file(&cluster, "default-user-0", "stdout"),
+            "nobody\n"
+        );
+    }
 }
 
 #[test]
