@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::{tls, PeerIdentity};
@@ -128,6 +129,9 @@ struct Agent {
     ckpt: Checkpoint,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
     registered: bool,
+    /// The last `Register` left its pending updates out (too large for one frame): they go
+    /// out one by one once registered.
+    updates_left_out: bool,
     /// Set once a master accepted this agent: only then are cgroups it does not know removed
     /// (a second agent refused for using a live agent's name must not touch that agent's).
     accepted: bool,
@@ -170,6 +174,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         ckpt,
         master: None,
         registered: false,
+        updates_left_out: false,
         accepted: false,
         heartbeat_every: Duration::from_secs(1),
         last_heartbeat: now,
@@ -511,7 +516,7 @@ impl Agent {
                         gpus: t.gpus.clone(),
                     })
                     .collect();
-                self.send(AgentToMaster::Register {
+                let (register, left_out) = fit_register(AgentToMaster::Register {
                     agent_id: self.ckpt.agent_id,
                     hostname: self.config.hostname.clone(),
                     resources: self.advertised_resources(),
@@ -522,6 +527,8 @@ impl Agent {
                     pending_updates: self.ckpt.updates.all(),
                     task_user: self.config.task_user.clone(),
                 });
+                self.updates_left_out = left_out;
+                self.send(register);
             }
             Event::Disconnected => {
                 self.master = None;
@@ -644,7 +651,20 @@ impl Agent {
                     .collect();
                 self.last_gpu_samples = gpus.clone();
                 if !tasks.is_empty() || !gpus.is_empty() {
-                    self.send_registered(AgentToMaster::Usage { tasks, gpus });
+                    // Many tasks: as many messages as the frame limit needs.
+                    let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
+                        tasks,
+                        gpus: gpus.clone(),
+                    });
+                    if !split.oversized.is_empty() {
+                        tracing::warn!(
+                            n = split.oversized.len(),
+                            "usage samples too large to send; dropped"
+                        );
+                    }
+                    for msg in split.batches {
+                        self.send_registered(msg);
+                    }
                 }
             }
             Event::GpuFault(fault) => {
@@ -733,7 +753,13 @@ impl Agent {
                 self.heartbeat_every =
                     Duration::from_millis(heartbeat_interval_ms.clamp(100, 60_000));
                 let now = self.now();
-                self.ckpt.updates.mark_all_sent(now);
+                if std::mem::take(&mut self.updates_left_out) {
+                    // Not in the registration: send them now, one by one.
+                    self.ckpt.updates.reset_connection();
+                    self.flush_updates();
+                } else {
+                    self.ckpt.updates.mark_all_sent(now);
+                }
                 tracing::info!(%agent_id, "registered with the master");
             }
             MasterToAgent::RunTask { framework_id, task } => {
@@ -1341,5 +1367,176 @@ mod tests {
         let (tasks, gpus) = sample(None, &[(id, Some(cg), pgid, Vec::new())]);
         assert!(gpus.is_empty());
         assert_eq!(tasks, vec![(id, TaskUsage::default())]);
+    }
+}
+
+/// Makes a `Register` fit in one frame: first without its pending updates (they are sent one
+/// by one after registering; returns true then), then, for thousands of tasks with long
+/// commands, without the tasks' commands and environments (the master needs their ids and
+/// resources to adopt them). Logs what it left out.
+fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
+    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+        return (msg, false);
+    }
+    let (
+        agent_id,
+        hostname,
+        resources,
+        reserved,
+        attributes,
+        gpus,
+        mut running_tasks,
+        pending_updates,
+        task_user,
+    ) = match msg {
+        AgentToMaster::Register {
+            agent_id,
+            hostname,
+            resources,
+            reserved,
+            attributes,
+            gpus,
+            running_tasks,
+            pending_updates,
+            task_user,
+        } => (
+            agent_id,
+            hostname,
+            resources,
+            reserved,
+            attributes,
+            gpus,
+            running_tasks,
+            pending_updates,
+            task_user,
+        ),
+        other => return (other, false),
+    };
+    tracing::warn!(
+        updates = pending_updates.len(),
+        "registration too large for one frame; pending status updates follow it one by one"
+    );
+    let left_out = !pending_updates.is_empty();
+    let rebuild = |running_tasks: Vec<RunningTask>| AgentToMaster::Register {
+        agent_id,
+        hostname: hostname.clone(),
+        resources: resources.clone(),
+        reserved: reserved.clone(),
+        attributes: attributes.clone(),
+        gpus: gpus.clone(),
+        running_tasks,
+        pending_updates: Vec::new(),
+        task_user: task_user.clone(),
+    };
+    let msg = rebuild(running_tasks.clone());
+    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+        return (msg, left_out);
+    }
+    tracing::warn!(
+        tasks = running_tasks.len(),
+        "registration still too large; reporting the tasks without their commands and environments"
+    );
+    for t in &mut running_tasks {
+        // The program goes; the user stays (the master shows who the task runs as).
+        t.task.command.program = Program::Shell(String::new());
+        t.task.env.clear();
+    }
+    (rebuild(running_tasks), left_out)
+}
+
+#[cfg(test)]
+mod fit_register_tests {
+    use super::*;
+
+    fn register(tasks: usize, command_bytes: usize, updates: usize) -> AgentToMaster {
+        let fw = FrameworkId::random();
+        let running_tasks: Vec<RunningTask> = (0..tasks)
+            .map(|i| RunningTask {
+                framework_id: fw,
+                task: TaskInfo {
+                    task_id: TaskId::random(),
+                    name: format!("t{i}"),
+                    command: "x".repeat(command_bytes).into(),
+                    resources: "cpus:0.1".parse().unwrap(),
+                    env: Default::default(),
+                    kill_grace_secs: None,
+                    gpu_selector: None,
+                },
+                state: TaskState::Running,
+                gpus: vec![],
+            })
+            .collect();
+        let pending_updates = running_tasks
+            .iter()
+            .take(updates)
+            .map(|t| StatusUpdate {
+                update_id: UpdateId::random(),
+                task_id: t.task.task_id,
+                framework_id: fw,
+                agent_id: None,
+                state: TaskState::Running,
+                source: UpdateSource::Agent,
+                reason: None,
+                message: "m".repeat(command_bytes),
+                exit_code: None,
+                signal: None,
+                gpus: vec![],
+                timestamp_ms: 0,
+                reconciliation: false,
+            })
+            .collect();
+        AgentToMaster::Register {
+            agent_id: None,
+            hostname: "h".into(),
+            resources: "cpus:1".parse().unwrap(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: vec![],
+            running_tasks,
+            pending_updates,
+            task_user: "nobody".into(),
+        }
+    }
+
+    fn parts(msg: &AgentToMaster) -> (usize, usize, usize) {
+        match msg {
+            AgentToMaster::Register {
+                running_tasks,
+                pending_updates,
+                ..
+            } => (
+                running_tasks.len(),
+                pending_updates.len(),
+                running_tasks
+                    .iter()
+                    .map(|t| match &t.task.command.program {
+                        Program::Shell(s) => s.len(),
+                        Program::Argv(v) => v.iter().map(String::len).sum(),
+                    })
+                    .sum(),
+            ),
+            _ => panic!("not a registration"),
+        }
+    }
+
+    #[test]
+    fn a_registration_that_fits_is_unchanged() {
+        let msg = register(10, 100, 10);
+        let (fitted, left_out) = fit_register(msg.clone());
+        assert_eq!((fitted, left_out), (msg, false));
+    }
+
+    #[test]
+    fn pending_updates_are_left_out_first_then_commands() {
+        // 1,000 tasks with 3 KB commands and 3 KB update messages: ~6 MB.
+        let (fitted, left_out) = fit_register(register(1000, 3000, 1000));
+        assert!(left_out);
+        assert_eq!(parts(&fitted), (1000, 0, 3_000_000));
+        assert!(codec::encode(&fitted).is_ok());
+        // 2,000 tasks with 3 KB commands: the commands go too, every task is still reported.
+        let (fitted, left_out) = fit_register(register(2000, 3000, 0));
+        assert!(!left_out);
+        assert_eq!(parts(&fitted), (2000, 0, 0));
+        assert!(codec::encode(&fitted).is_ok());
     }
 }

@@ -84,6 +84,14 @@ struct ServeArgs {
     /// and allows every principal every role, user and operator action.
     #[arg(long)]
     acls: Option<PathBuf>,
+    /// Seconds a peer has to deliver the body of a frame once its length arrived; a peer that
+    /// stalls mid-frame is closed (docs/security.md, "Message and peer limits").
+    #[arg(long, default_value_t = 10.0)]
+    frame_body_timeout: f64,
+    /// MiB of large frame bodies (over 64 KiB) all peers together may be sending at once;
+    /// readers past it wait their turn (at least 4).
+    #[arg(long, default_value_t = 128)]
+    frame_budget_mib: usize,
     /// Frameworks one principal may have registered at once (a disconnected framework counts
     /// until its failover timeout ends).
     #[arg(long, default_value_t = Limits::default().frameworks_per_principal)]
@@ -196,6 +204,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "--agent-reregister-timeout",
         )?,
         allocation_interval_ms: args.allocation_interval_ms.max(1),
+        frame_body_timeout_ms: secs_to_ms(args.frame_body_timeout, "--frame-body-timeout")?.max(1),
+        frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
         max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
         max_completed_frameworks: args.max_completed_frameworks,
         ..MasterConfig::default()

@@ -34,11 +34,19 @@
 //! - Completed tasks are kept as `TaskRecord`s per framework (bounded by
 //!   `max_completed_tasks_per_framework`), and removed frameworks with their records (bounded
 //!   by `max_completed_frameworks`); the oldest go first.
+//! - Bounded peers: a registration past [`register_limits`] is refused; offers to a framework
+//!   are split into as many messages as the frame limit needs; a reconcile names at most
+//!   [`MAX_RECONCILE_IDS`] ids and is answered in slices of [`RECONCILE_SLICE`] by
+//!   [`Master::work_backlog`] (only as fast as the framework reads: the shell says how much room
+//!   its outbox has), so one framework never holds the core for long; a peer the
+//!   shell gave up on ([`Input::PeerStalled`]) is disconnected at once (offers rescinded,
+//!   failover / re-register timeout running).
 
 pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
@@ -75,6 +83,12 @@ pub struct MasterConfig {
     /// Who may subscribe with which roles, run tasks as which users, and operate
     /// ([`Acls::allow_all`] in dev mode).
     pub acls: Acls,
+    /// Once a frame's length has arrived, its body must arrive within this long, or the shell
+    /// closes the peer (`--frame-body-timeout`).
+    pub frame_body_timeout_ms: u64,
+    /// Bytes of large frame bodies (over 64 KiB) all peers together may be sending at once;
+    /// past it readers wait (`--frame-budget-mib`).
+    pub frame_budget_bytes: usize,
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
 }
@@ -162,6 +176,8 @@ impl Default for MasterConfig {
             max_completed_tasks_per_framework: 1000,
             max_completed_frameworks: 50,
             acls: Acls::allow_all(),
+            frame_body_timeout_ms: 10_000,
+            frame_budget_bytes: 128 << 20,
             limits: Limits::default(),
         }
     }
@@ -191,6 +207,12 @@ pub enum Input {
         msg: FrameworkToMaster,
     },
     FrameworkDisconnected {
+        conn: ConnId,
+    },
+    /// The shell closed this peer's connection because it did not read its messages (its
+    /// outbox overflowed): handled as a disconnect, now (offers rescinded, the framework's
+    /// failover timeout or the agent's re-register timeout starts).
+    PeerStalled {
         conn: ConnId,
     },
     /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
@@ -423,6 +445,25 @@ pub struct Master {
     id_source: fn() -> u128,
     /// Microseconds the last allocation cycle took (measured by the shell).
     pub last_cycle_us: u64,
+    /// How many records of `completed` each task id has (reconcile looks ids up there).
+    completed_count: HashMap<TaskId, u32>,
+    /// Reconciliations being answered slice by slice, round robin.
+    reconciles: VecDeque<Reconciling>,
+}
+
+/// Task ids answered per slice of a reconciliation (a few hundred microseconds of core time).
+pub const RECONCILE_SLICE: usize = 1024;
+/// Task ids one framework may have waiting for reconciliation answers; a reconcile past it is
+/// refused (the framework asks again once answered).
+pub const MAX_PENDING_RECONCILE_IDS: usize = 8 * MAX_RECONCILE_IDS;
+
+/// A reconciliation with answers still to send.
+#[derive(Debug)]
+struct Reconciling {
+    conn: ConnId,
+    framework: FrameworkId,
+    ids: Vec<TaskId>,
+    next: usize,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -468,6 +509,8 @@ impl Master {
             id_counter: 0,
             id_source: || uuid::Uuid::new_v4().as_u128(),
             last_cycle_us: 0,
+            completed_count: HashMap::new(),
+            reconciles: VecDeque::new(),
         }
     }
 
@@ -554,7 +597,16 @@ impl Master {
         }
         for (fw, offers) in by_framework {
             if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
-                out.push(Output::ToFramework(conn, MasterToFramework::Offers(offers)));
+                // As many messages as the frame limit needs (many agents, large attributes).
+                let split = codec::split_batches(offers, MasterToFramework::Offers);
+                for o in split.oversized {
+                    // Registration bounds make this unreachable; never send what can not go.
+                    tracing::warn!(framework = %fw, agent = %o.agent_id, "an offer does not fit in a frame; rescinded");
+                    self.allocator.rescind(o.id);
+                }
+                for batch in split.batches {
+                    out.push(Output::ToFramework(conn, batch));
+                }
             } else {
                 for o in offers {
                     self.allocator.rescind(o.id);
@@ -625,9 +677,63 @@ impl Master {
                     self.framework_disconnected(id, conn, now);
                 }
             }
+            Input::PeerStalled { conn } => match self.conns.remove(&conn) {
+                Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) => self.agent_disconnected(id, conn, now, &mut out),
+                Some(Peer::Framework {
+                    framework: Some(id),
+                    ..
+                }) => {
+                    self.framework_disconnected(id, conn, now);
+                    self.allocation_pending = true;
+                }
+                _ => {}
+            },
             Input::Tick => self.tick(now, &mut out),
         }
         out
+    }
+
+    /// True when reconciliation answers are waiting to be sent ([`Master::work_backlog`]).
+    pub fn has_backlog(&self) -> bool {
+        !self.reconciles.is_empty()
+    }
+
+    /// Answers one slice (at most [`RECONCILE_SLICE`] ids) of the next reconciliation whose
+    /// connection can take messages: `room(conn)` says how many more messages it can queue.
+    /// Returns false when no waiting reconciliation could make progress (the shell retries at
+    /// its next tick).
+    pub fn work_backlog(
+        &mut self,
+        now: Millis,
+        out: &mut Vec<Output>,
+        room: impl Fn(ConnId) -> usize,
+    ) -> bool {
+        for _ in 0..self.reconciles.len() {
+            let Some(mut job) = self.reconciles.pop_front() else {
+                return false;
+            };
+            // A framework that went away (or reconnected elsewhere) gets no more answers.
+            let live = self
+                .frameworks
+                .get(&job.framework)
+                .is_some_and(|f| f.conn == Some(job.conn));
+            if !live {
+                continue;
+            }
+            let n = room(job.conn).min(RECONCILE_SLICE);
+            if n == 0 {
+                self.reconciles.push_back(job);
+                continue;
+            }
+            self.reconcile_slice(&mut job, n, now, out);
+            if job.next < job.ids.len() {
+                self.reconciles.push_back(job);
+            }
+            return true;
+        }
+        false
     }
 
     // -----------------------------------------------------------------------------------------
@@ -769,6 +875,9 @@ impl Master {
             .find_map(|r| self.config.limits.check_role(r).err())
         {
             return self.refuse_agent(conn, format!("reservations: {e}"), out);
+        }
+        if let Err(e) = register_limits::check(&hostname, &attributes, &gpus, &reserved) {
+            return self.refuse_agent(conn, format!("registration refused: {e}"), out);
         }
         // Who this is: its certificate name plus the id it checkpointed. An id belongs to one
         // name; a name to one live agent (see docs/security.md).
@@ -1241,15 +1350,36 @@ impl Master {
         if !known || max == 0 {
             return;
         }
+        *self.completed_count.entry(record.id).or_default() += 1;
         let list = self.completed.entry(fw).or_default();
         list.push_back(record);
+        let mut dropped = Vec::new();
         while list.len() > max {
-            list.pop_front();
+            if let Some(old) = list.pop_front() {
+                dropped.push(old.id);
+            }
+        }
+        self.forget_completed(dropped);
+    }
+
+    /// Uncounts completed records that were dropped.
+    fn forget_completed(&mut self, ids: impl IntoIterator<Item = TaskId>) {
+        for id in ids {
+            if let Some(n) = self.completed_count.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.completed_count.remove(&id);
+                }
+            }
         }
     }
 
-    /// The completed record of `tid` in `fw`'s history, if kept.
+    /// The completed record of `tid` in `fw`'s history, if kept (a map look-up for ids that
+    /// were never completed, so a reconcile of many unknown ids stays cheap).
     pub(crate) fn completed_task(&self, fw: FrameworkId, tid: TaskId) -> Option<&TaskRecord> {
+        if !self.completed_count.contains_key(&tid) {
+            return None;
+        }
         self.completed.get(&fw)?.iter().rev().find(|c| c.id == tid)
     }
 
@@ -1506,17 +1636,30 @@ impl Master {
                     Ok(r) => r,
                     Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
                 };
+                // One error for all unknown ids: a long list of them is not a long answer.
+                let mut unknown: Option<(OfferId, usize)> = None;
                 for oid in offer_ids {
                     match self.allocator.offer(oid) {
                         Some(o) if o.framework == fw => {
                             let _ = self.allocator.decline(oid, refuse, now);
                         }
-                        _ => out.push(err(
-                            conn,
-                            ErrorKind::UnknownOffer,
-                            format!("decline: offer {oid} is not outstanding for this framework"),
-                        )),
+                        _ => unknown.get_or_insert((oid, 0)).1 += 1,
                     }
+                }
+                match unknown {
+                    Some((oid, 1)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!("decline: offer {oid} is not outstanding for this framework"),
+                    )),
+                    Some((oid, n)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!(
+                            "decline: {n} offers (the first {oid}) are not outstanding for this framework"
+                        ),
+                    )),
+                    None => {}
                 }
             }
             FrameworkToMaster::Kill { task_id } => match self.tasks.get(&task_id) {
@@ -1554,9 +1697,7 @@ impl Master {
                     format!("kill: task {task_id} is unknown"),
                 )),
             },
-            FrameworkToMaster::Reconcile { task_ids } => {
-                self.reconcile(conn, fw, task_ids, now, out)
-            }
+            FrameworkToMaster::Reconcile { task_ids } => self.reconcile(conn, fw, task_ids, out),
             FrameworkToMaster::Suppress { roles } => {
                 if roles.is_empty() {
                     self.allocator.suppress(fw, None);
@@ -1864,7 +2005,9 @@ impl Master {
         });
         while self.completed_frameworks.len() > self.config.max_completed_frameworks {
             if let Some(old) = self.completed_frameworks.pop_front() {
-                self.completed.remove(&old.id);
+                if let Some(list) = self.completed.remove(&old.id) {
+                    self.forget_completed(list.into_iter().map(|r| r.id));
+                }
             }
         }
         out.push(Output::Persist(Mutation::RemoveFramework(id)));
@@ -1900,9 +2043,24 @@ impl Master {
         conn: ConnId,
         fw: FrameworkId,
         task_ids: Vec<TaskId>,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
+        if task_ids.len() > MAX_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "reconcile names {} task ids; at most {MAX_RECONCILE_IDS} per message",
+                    task_ids.len()
+                ),
+            ));
+        }
+        let waiting: usize = self
+            .reconciles
+            .iter()
+            .filter(|j| j.framework == fw)
+            .map(|j| j.ids.len() - j.next)
+            .sum();
         let ids: Vec<TaskId> = if task_ids.is_empty() {
             self.frameworks
                 .get(&fw)
@@ -1911,7 +2069,39 @@ impl Master {
         } else {
             task_ids
         };
-        for tid in ids {
+        if waiting > 0 && waiting + ids.len() > MAX_PENDING_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "{waiting} task ids of earlier reconciles are still being answered; \
+                     at most {MAX_PENDING_RECONCILE_IDS} may wait: ask again later"
+                ),
+            ));
+        }
+        // Answered from the backlog, a slice at a time, as fast as the framework reads.
+        if !ids.is_empty() {
+            self.reconciles.push_back(Reconciling {
+                conn,
+                framework: fw,
+                ids,
+                next: 0,
+            });
+        }
+    }
+
+    /// Answers up to `n` more ids of `job`.
+    fn reconcile_slice(
+        &mut self,
+        job: &mut Reconciling,
+        n: usize,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let (conn, fw) = (job.conn, job.framework);
+        let end = (job.next + n).min(job.ids.len());
+        for i in job.next..end {
+            let tid = job.ids[i];
             let known = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
                 Some(t) => Some(t.record()),
                 None => self.completed_task(fw, tid).cloned(),
@@ -1938,6 +2128,7 @@ impl Master {
             update.reconciliation = true;
             out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }
+        job.next = end;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1954,14 +2145,14 @@ impl Master {
         // 1. The offers: known, ours, distinct, one agent.
         let mut problem: Option<(ErrorKind, String)> = None;
         let mut offers: Vec<OfferRecord> = Vec::new();
+        // Distinct ids in O(1) each: an accept may name many.
+        let mut named: HashSet<OfferId> = HashSet::new();
         if offer_ids.is_empty() {
             problem = Some((ErrorKind::InvalidRequest, "accept names no offer".into()));
         }
         for oid in &offer_ids {
             match self.allocator.offer(*oid) {
-                Some(o) if o.framework == fw && !offers.iter().any(|x| x.id == *oid) => {
-                    offers.push(o.clone())
-                }
+                Some(o) if o.framework == fw && named.insert(*oid) => offers.push(o.clone()),
                 Some(o) if o.framework == fw => {
                     problem = Some((
                         ErrorKind::InvalidRequest,
@@ -2510,6 +2701,8 @@ fn draw(
     Some(holding)
 }
 
+#[cfg(test)]
+mod bounded_tests;
 #[cfg(test)]
 mod tests;
 

@@ -419,13 +419,14 @@ fn task_records_keep_reason_exit_times_and_gpus() {
         (c.staged_at_ms, c.started_at_ms, c.ended_at_ms),
         (996_000, Some(997_000), Some(1_000_000))
     );
-    // Reconciliation answers from the record.
-    let out = h.input(Input::Framework {
+    // Reconciliation answers from the record (from the backlog, as the framework reads).
+    let mut out = h.input(Input::Framework {
         conn: F,
         msg: FrameworkToMaster::Reconcile {
             task_ids: vec![t.task_id],
         },
     });
+    h.m.work_backlog(h.now, &mut out, |_| usize::MAX);
     assert!(out.iter().any(|o| matches!(o, Output::ToFramework(F, MasterToFramework::Update(u))
         if u.reconciliation && u.state == TaskState::Failed && u.reason == Some(TaskReason::MemoryLimit) && u.signal == Some(9))));
 }
