@@ -160,6 +160,15 @@ struct Agent {
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     std::fs::create_dir_all(config.work_dir.join("sandboxes"))
         .with_context(|| format!("creating {}", config.work_dir.display()))?;
+    // Refuse a TLS directory or key others may write (they could replace our identity or the
+    // CA); warn about keys others may read.
+    if config.tls_dir.exists() {
+        for warning in tls::check_dir_permissions(&config.tls_dir)
+            .context("checking the TLS directory's permissions")?
+        {
+            tracing::warn!("{warning}");
+        }
+    }
     let material = tls::load_or_issue(
         &config.tls_dir,
         &PeerIdentity::Agent(config.name.clone()),

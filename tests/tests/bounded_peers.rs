@@ -221,7 +221,7 @@ async fn offers_of_200_agents_with_large_attributes_reach_the_framework() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_framework_that_stops_reading_is_closed_and_its_offers_go_to_another() {
-    let cluster = Cluster::start(&[("bp-reader", "cpus:2;mem:512")]).unwrap();
+    let cluster = Cluster::start(&[("bp-stall", "cpus:2;mem:512")]).unwrap();
     // The stalled framework takes the whole agent in an offer and never answers it.
     let (_ep, conn, mut tx, mut rx) = raw_framework(&cluster, "stalled").await;
     subscribed(&mut tx, &mut rx, "stalled").await;

@@ -1,5 +1,6 @@
 //! The master's I/O shell: QUIC accept loop, one task per peer connection, the single event
-//! loop that owns the [`Master`] state machine, and the HTTP operator endpoints.
+//! loop that owns the [`Master`] state machine, and the operator HTTPS API ([`http`]:
+//! authentication, ACLs and request bounds).
 //!
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
@@ -28,9 +29,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use dashmap::DashMap;
 use gantry_sdk::protocol::codec::{CodecError, FrameBudget, ReadLimits};
 use gantry_sdk::protocol::*;
@@ -42,6 +40,9 @@ use crate::election::{self, health, Election, HaConfig, LeadershipEvent, Leaders
 use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
 use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
+
+pub mod http;
+pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;
@@ -115,11 +116,12 @@ struct Shell {
 /// master does): the process supervisor restarts it as a standby.
 pub async fn run(
     endpoint: quinn::Endpoint,
-    http: tokio::net::TcpListener,
+    http: HttpEndpoint,
     config: MasterConfig,
     ha: HaConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let acls = config.acls.clone();
     let (election, store) = election::start(ha).await?;
     let status = election.watch_status();
     let (core_tx, core_rx) = mpsc::channel(65_536);
@@ -151,22 +153,8 @@ pub async fn run(
     ));
     let leadership = tokio::spawn(follow_election(election, store, core_tx, lost_tx));
 
-    let app = Router::new()
-        .route("/health", get(health_handler))
-        .route("/state", get(state_handler))
-        .route("/weights", post(weights_handler))
-        .route("/quota", post(quota_handler))
-        .with_state(shell.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut http_stop = stop_rx.clone();
-    let http_task = tokio::spawn(async move {
-        let serve = axum::serve(http, app).with_graceful_shutdown(async move {
-            let _ = http_stop.wait_for(|s| *s).await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!("http server: {e}");
-        }
-    });
+    let http_task = tokio::spawn(http::serve(http, shell.clone(), acls, stop_rx));
 
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::pin!(shutdown);
@@ -300,100 +288,6 @@ async fn follow_election(
         }
     }
     let _ = lost.send("the election ended".into());
-}
-
-async fn health_handler(State(shell): State<Shell>) -> Json<health::Health> {
-    let st = shell.status.borrow().clone();
-    Json(health::health(&st, std::time::Instant::now()))
-}
-
-async fn state_handler(
-    State(shell): State<Shell>,
-) -> Result<Json<serde_json::Value>, (axum::http::StatusCode, String)> {
-    let (tx, rx) = oneshot::channel();
-    let unavailable = || {
-        (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "master core is not running".to_string(),
-        )
-    };
-    shell
-        .core
-        .send(CoreEvent::State(tx))
-        .await
-        .map_err(|_| unavailable())?;
-    rx.await.map(Json).map_err(|_| unavailable())
-}
-
-/// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
-#[derive(serde::Deserialize)]
-struct WeightRequest {
-    role: String,
-    weight: f64,
-}
-
-/// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
-/// an omitted part is removed.
-#[derive(serde::Deserialize)]
-struct QuotaRequest {
-    role: String,
-    guarantee: Option<String>,
-    limit: Option<String>,
-}
-
-type HttpResult = Result<Json<serde_json::Value>, (axum::http::StatusCode, String)>;
-
-async fn operator(shell: &Shell, cmd: OperatorCommand) -> HttpResult {
-    let (tx, rx) = oneshot::channel();
-    let unavailable = || {
-        (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "master core is not running".to_string(),
-        )
-    };
-    shell
-        .core
-        .send(CoreEvent::Operator(cmd, tx))
-        .await
-        .map_err(|_| unavailable())?;
-    match rx.await.map_err(|_| unavailable())? {
-        Ok(()) => Ok(Json(serde_json::json!({"ok": true}))),
-        Err(e) => Err((axum::http::StatusCode::BAD_REQUEST, e)),
-    }
-}
-
-async fn weights_handler(State(shell): State<Shell>, Json(req): Json<WeightRequest>) -> HttpResult {
-    operator(
-        &shell,
-        OperatorCommand::SetWeight {
-            role: req.role,
-            weight: req.weight,
-        },
-    )
-    .await
-}
-
-async fn quota_handler(State(shell): State<Shell>, Json(req): Json<QuotaRequest>) -> HttpResult {
-    let parse = |s: Option<String>,
-                 what: &str|
-     -> Result<Option<gantry_sdk::Resources>, (axum::http::StatusCode, String)> {
-        s.map(|s| {
-            s.parse()
-                .map_err(|e| (axum::http::StatusCode::BAD_REQUEST, format!("{what}: {e}")))
-        })
-        .transpose()
-    };
-    let guarantee = parse(req.guarantee, "guarantee")?;
-    let limit = parse(req.limit, "limit")?;
-    operator(
-        &shell,
-        OperatorCommand::SetQuota {
-            role: req.role,
-            guarantee,
-            limit,
-        },
-    )
-    .await
 }
 
 /// The single owner of the state machine. Before this master leads, inputs are held back

@@ -2706,6 +2706,15 @@ mod bounded_tests;
 #[cfg(test)]
 mod tests;
 
+/// Smallest and largest role weight an operator may set (shares are divided by the weight; the
+/// bounds keep them finite and comparable).
+pub const MIN_WEIGHT: f64 = 0.001;
+pub const MAX_WEIGHT: f64 = 1_000_000.0;
+/// Resource kinds one quota guarantee or limit may name.
+pub const MAX_QUOTA_KINDS: usize = 32;
+/// Largest amount of one resource in a quota, in milli-units (10^12 units).
+pub const MAX_QUOTA_MILLI: u64 = 1_000_000_000_000_000;
+
 /// An operator request (HTTP API / `gantryctl`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum OperatorCommand {
@@ -2728,8 +2737,10 @@ impl Master {
         match cmd {
             OperatorCommand::SetWeight { role, weight } => {
                 self.config.limits.check_role(&role)?;
-                if !(weight.is_finite() && weight > 0.0) {
-                    return Err(format!("weight must be a positive number, not {weight}"));
+                if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
+                    return Err(format!(
+                        "weight must be a positive number from {MIN_WEIGHT} to {MAX_WEIGHT}, not {weight}"
+                    ));
                 }
                 tracing::info!(%role, weight, "role weight set");
                 self.allocator.set_weight(&role, weight);
@@ -2745,6 +2756,20 @@ impl Master {
                 limit,
             } => {
                 self.config.limits.check_role(&role)?;
+                for (part, r) in [("guarantee", &guarantee), ("limit", &limit)] {
+                    let Some(r) = r else { continue };
+                    if r.names().count() > MAX_QUOTA_KINDS {
+                        return Err(format!(
+                            "a quota {part} names at most {MAX_QUOTA_KINDS} resource kinds"
+                        ));
+                    }
+                    if let Some(name) = r.names().find(|n| r.milli(n) > MAX_QUOTA_MILLI) {
+                        return Err(format!(
+                            "quota {part} of {name} exceeds {} units",
+                            MAX_QUOTA_MILLI / 1000
+                        ));
+                    }
+                }
                 if let (Some(g), Some(l)) = (&guarantee, &limit) {
                     if let Some(name) = g
                         .names()

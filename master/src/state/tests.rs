@@ -789,6 +789,58 @@ fn operator_commands_are_validated() {
     assert_eq!(h.m.allocator.metrics().roles["a"].weight, 2.0);
 }
 
+#[test]
+fn weights_and_quotas_outside_sane_bounds_are_refused_and_change_nothing() {
+    let mut h = Harness::new();
+    for weight in [
+        f64::NAN,
+        f64::INFINITY,
+        -1.0,
+        0.0,
+        MIN_WEIGHT / 2.0,
+        MAX_WEIGHT * 2.0,
+        1e300,
+    ] {
+        let err =
+            h.m.operator(OperatorCommand::SetWeight {
+                role: "a".into(),
+                weight,
+            })
+            .unwrap_err();
+        assert!(err.contains("positive"), "{weight}: {err}");
+    }
+    for weight in [MIN_WEIGHT, MAX_WEIGHT] {
+        assert!(h
+            .m
+            .operator(OperatorCommand::SetWeight {
+                role: "b".into(),
+                weight,
+            })
+            .is_ok());
+    }
+    assert!(!h.m.allocator.metrics().roles.contains_key("a"));
+    let huge = Resources::new().with("cpus", 2e12);
+    for (guarantee, limit) in [(Some(huge.clone()), None), (None, Some(huge))] {
+        assert!(h
+            .m
+            .operator(OperatorCommand::SetQuota {
+                role: "a".into(),
+                guarantee,
+                limit,
+            })
+            .is_err());
+    }
+    let many = (0..=MAX_QUOTA_KINDS).fold(Resources::new(), |r, i| r.with(&format!("r{i}"), 1.0));
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetQuota {
+            role: "a".into(),
+            guarantee: None,
+            limit: Some(many),
+        })
+        .is_err());
+}
+
 fn gpu_info(i: u32) -> GpuInfo {
     GpuInfo {
         uuid: format!("GPU-{i}"),
