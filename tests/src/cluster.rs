@@ -244,7 +244,7 @@ impl AgentProc {
 
     /// Kills every task process group and supervisor this agent started (cleanup).
     pub fn kill_tasks(&self) {
-        let Ok(entries) = std::fs::read_dir(self.work_dir.join("sandboxes")) else {
+        let Ok(entries) = std::fs::read_dir(self.work_dir.join("meta")) else {
             return;
         };
         for e in entries.flatten() {

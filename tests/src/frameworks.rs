@@ -123,12 +123,12 @@ impl gantry_sdk::Scheduler for Recorder {
     }
 }
 
-/// A task running `command` with `resources`.
+/// A task running the shell command `command` with `resources` (as the agent's default user).
 pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol::TaskInfo {
     gantry_sdk::protocol::TaskInfo {
         task_id: gantry_sdk::protocol::TaskId::random(),
         name: name.to_string(),
-        command: command.to_string(),
+        command: gantry_sdk::protocol::CommandInfo::shell(command),
         resources: resources.parse().expect("valid resources"),
         env: Default::default(),
         kill_grace_secs: None,
@@ -210,7 +210,7 @@ pub async fn run_batch_ha(
     use gantry_examples::batch::{Batch, BatchSpec};
     let spec = BatchSpec {
         name: name.to_string(),
-        command: command.to_string(),
+        command: gantry_sdk::protocol::CommandInfo::shell(command),
         count,
         task: task.parse()?,
         env: Default::default(),

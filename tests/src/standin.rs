@@ -70,6 +70,22 @@ impl AgentProc {
             .join(name)
     }
 
+    /// A file in a task's meta directory (the supervisor's `task.pid`, `exit.json`).
+    pub fn meta_file(&self, task: gantry_sdk::protocol::TaskId, name: &str) -> PathBuf {
+        self.work_dir.join("meta").join(task.to_string()).join(name)
+    }
+
+    /// Waits until a task's meta file (`task.pid`, `exit.json`) exists and is non-empty;
+    /// returns its contents.
+    pub fn wait_meta_file(
+        &self,
+        task: gantry_sdk::protocol::TaskId,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        wait_file(&self.meta_file(task, name), timeout)
+    }
+
     /// Waits until a task's sandbox file exists and is non-empty; returns its contents.
     pub fn wait_sandbox_file(
         &self,
@@ -77,18 +93,22 @@ impl AgentProc {
         name: &str,
         timeout: Duration,
     ) -> anyhow::Result<String> {
-        let path = self.sandbox_file(task, name);
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                if !text.is_empty() {
-                    return Ok(text);
-                }
+        wait_file(&self.sandbox_file(task, name), timeout)
+    }
+}
+
+/// Waits until `path` exists and is non-empty; returns its contents.
+fn wait_file(path: &Path, timeout: Duration) -> anyhow::Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if !text.is_empty() {
+                return Ok(text);
             }
-            if Instant::now() > deadline {
-                bail!("{} did not appear within {timeout:?}", path.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
+        if Instant::now() > deadline {
+            bail!("{} did not appear within {timeout:?}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -121,9 +121,11 @@ impl Agent {
                     framework_id: *framework_id,
                     task: task.clone(),
                     state: *state,
+                    gpus: Vec::new(),
                 })
                 .collect(),
             pending_updates: Vec::new(),
+            task_user: "nobody".into(),
         };
         if tx.send(&register).await.is_err() {
             return;
@@ -285,9 +287,11 @@ impl Agent {
             agent_id: self.id,
             state,
             source: UpdateSource::Agent,
+            reason: None,
             message: String::new(),
             exit_code,
             signal: None,
+            gpus: Vec::new(),
             timestamp_ms,
             reconciliation: false,
         };
