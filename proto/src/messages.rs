@@ -192,7 +192,7 @@ pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// What a task runs and as whom (Mesos `CommandInfo`).
 ///
 /// ```
-/// use gantry_sdk::protocol::{CommandInfo, Program};
+/// use gantry_proto::{CommandInfo, Program};
 /// // A shell string, run with `/bin/sh -c` (pipes, `&&`, `$VAR` work):
 /// let sh = CommandInfo::shell("echo $HOSTNAME > host.txt && sleep 1");
 /// // An argv vector, executed directly: every element reaches the program exactly as given.
