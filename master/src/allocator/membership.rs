@@ -41,16 +41,7 @@ impl Allocator {
             filters: AgentFilters::default(),
             stable: None,
         };
-        let slot = match self.free_agent_slots.pop() {
-            Some(s) => {
-                self.agents[s as usize] = Some(agent);
-                s
-            }
-            None => {
-                self.agents.push(Some(agent));
-                (self.agents.len() - 1) as u32
-            }
-        };
+        let slot = self.agents.insert(agent);
         self.agent_ids.insert(id, slot);
         self.agent_order.push(slot);
         self.keys_stale = true;
@@ -76,12 +67,12 @@ impl Allocator {
             self.charge(f, role, &b, false);
             self.fw_mut(f).inuse_agents.remove(&a);
         }
-        let Some(agent) = self.agents[a as usize].take() else {
+        let Some(agent) = self.agents.remove(a) else {
             return out;
         };
         let mut agent = agent;
         for f in agent.filters.frameworks() {
-            if let Some(Some(fw)) = self.frameworks.get_mut(*f as usize) {
+            if let Some(fw) = self.frameworks.get_mut(*f) {
                 fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
             }
         }
@@ -91,7 +82,6 @@ impl Allocator {
         self.add_reserved_to_roles(&agent.total, false);
         self.agent_ids.remove(&id);
         self.agent_order.retain(|x| *x != a);
-        self.free_agent_slots.push(a);
         self.keys_stale = true;
         self.epoch += 1;
         out
@@ -144,8 +134,9 @@ impl Allocator {
             .names
             .lookup("gpus")
             .is_some_and(|g| dense::at(&new_total.total(), g) > 0);
-        let agent = self.agents[a as usize]
-            .as_mut()
+        let agent = self
+            .agents
+            .get_mut(a)
             .expect("allocator invariant: live agent slot");
         agent.filters.rebuild(&new_total, &self.refused);
         agent.total = new_total;
@@ -185,16 +176,7 @@ impl Allocator {
                     inuse_agents: HashSet::default(),
                     filtered_agents: 0,
                 };
-                let slot = match self.free_fw_slots.pop() {
-                    Some(s) => {
-                        self.frameworks[s as usize] = Some(fw);
-                        s
-                    }
-                    None => {
-                        self.frameworks.push(Some(fw));
-                        (self.frameworks.len() - 1) as u32
-                    }
-                };
+                let slot = self.frameworks.insert(fw);
                 self.fw_ids.insert(id, slot);
                 if self.fw_flags.len() <= slot as usize {
                     self.fw_flags.resize(slot as usize + 1, 0);
@@ -297,9 +279,8 @@ impl Allocator {
                 }
             }
         }
-        self.frameworks[f as usize] = None;
+        self.frameworks.remove(f);
         self.fw_ids.remove(&id);
-        self.free_fw_slots.push(f);
         self.epoch += 1;
         out
     }

@@ -37,6 +37,7 @@ mod filters;
 mod membership;
 mod offers;
 mod quota;
+mod slab;
 mod sort;
 mod views;
 
@@ -53,6 +54,7 @@ use serde::Serialize;
 use book::{OfferBook, OfferState};
 use dense::{Bundle, Names, Rv, Share};
 use filters::{AgentFilters, Filter, RefusedPool};
+use slab::Slab;
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
 pub type Millis = u64;
@@ -380,15 +382,13 @@ pub struct Allocator {
     /// Roles with frameworks that are below their guarantee.
     n_below: usize,
     any_guarantee: bool,
-    agents: Vec<Option<Agent>>,
+    agents: Slab<Agent>,
     agent_ids: HashMap<AgentId, u32>,
     agent_order: Vec<u32>,
-    free_agent_slots: Vec<u32>,
-    frameworks: Vec<Option<Framework>>,
+    frameworks: Slab<Framework>,
     /// [`FW_GPU`] / [`FW_DEMAND`] per framework slot (hot path of the scan).
     fw_flags: Vec<u8>,
     fw_ids: HashMap<FrameworkId, u32>,
-    free_fw_slots: Vec<u32>,
     roles: Vec<Role>,
     role_ids: HashMap<String, u32>,
     /// Slots of forgotten roles ([`Allocator::forget_role`]), reused by new roles.
@@ -433,14 +433,12 @@ impl Allocator {
             below: Vec::new(),
             n_below: 0,
             any_guarantee: false,
-            agents: Vec::new(),
+            agents: Slab::default(),
             agent_ids: HashMap::default(),
             agent_order: Vec::new(),
-            free_agent_slots: Vec::new(),
-            frameworks: Vec::new(),
+            frameworks: Slab::default(),
             fw_flags: Vec::new(),
             fw_ids: HashMap::default(),
-            free_fw_slots: Vec::new(),
             roles: vec![root],
             role_ids: HashMap::default(),
             free_role_slots: Vec::new(),
@@ -464,26 +462,26 @@ impl Allocator {
     }
 
     fn fw(&self, f: u32) -> &Framework {
-        self.frameworks[f as usize]
-            .as_ref()
+        self.frameworks
+            .get(f)
             .expect("allocator invariant: live framework slot")
     }
 
     fn fw_mut(&mut self, f: u32) -> &mut Framework {
-        self.frameworks[f as usize]
-            .as_mut()
+        self.frameworks
+            .get_mut(f)
             .expect("allocator invariant: live framework slot")
     }
 
     fn ag(&self, a: u32) -> &Agent {
-        self.agents[a as usize]
-            .as_ref()
+        self.agents
+            .get(a)
             .expect("allocator invariant: live agent slot")
     }
 
     fn ag_mut(&mut self, a: u32) -> &mut Agent {
-        self.agents[a as usize]
-            .as_mut()
+        self.agents
+            .get_mut(a)
             .expect("allocator invariant: live agent slot")
     }
 }

@@ -19,7 +19,7 @@ impl Allocator {
         }
         let expires = now.saturating_add(ms);
         let id = self.refused.intern(refused);
-        let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
+        let Some(agent) = self.agents.get_mut(a) else {
             self.refused.release(id);
             return;
         };
@@ -45,8 +45,8 @@ impl Allocator {
             return;
         }
         for i in 0..self.agent_order.len() {
-            let a = self.agent_order[i] as usize;
-            if let Some(Some(agent)) = self.agents.get_mut(a) {
+            let a = self.agent_order[i];
+            if let Some(agent) = self.agents.get_mut(a) {
                 if agent.filters.remove(f, &mut self.refused) {
                     agent.stable = None;
                 }
@@ -61,7 +61,7 @@ impl Allocator {
                 break;
             }
             self.filter_heap.pop();
-            let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
+            let Some(agent) = self.agents.get_mut(a) else {
                 continue;
             };
             let (changed, emptied) = agent
@@ -71,7 +71,7 @@ impl Allocator {
                 agent.stable = None;
             }
             if emptied {
-                if let Some(Some(fw)) = self.frameworks.get_mut(f as usize) {
+                if let Some(fw) = self.frameworks.get_mut(f) {
                     fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
                 }
             }
@@ -301,7 +301,7 @@ impl Allocator {
             }
             agent.inuse.retain(|(_, _, b)| !b.is_zero());
             if !agent.inuse.iter().any(|(x, _, _)| *x == f) {
-                if let Some(fw) = self.frameworks[f as usize].as_mut() {
+                if let Some(fw) = self.frameworks.get_mut(f) {
                     fw.inuse_agents.remove(&a);
                 }
             }
@@ -395,8 +395,9 @@ impl Allocator {
         self.add_reserved_to_roles(&delta_to, true);
         self.charge(f, offer_role, &new, true);
         {
-            let agent = self.agents[a as usize]
-                .as_mut()
+            let agent = self
+                .agents
+                .get_mut(a)
                 .expect("allocator invariant: live agent slot");
             agent.total.sub(&delta_from);
             agent.total.add(&delta_to);

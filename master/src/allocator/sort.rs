@@ -232,8 +232,9 @@ impl Allocator {
 
     pub(super) fn refresh_fw_key(&mut self, f: u32, ri: usize) {
         let new = self.fw_key(f, ri);
-        let fr = &mut self.frameworks[f as usize]
-            .as_mut()
+        let fr = &mut self
+            .frameworks
+            .get_mut(f)
             .expect("allocator invariant: live framework slot")
             .roles[ri];
         if fr.key != new {
@@ -270,8 +271,8 @@ impl Allocator {
                 self.roles[r as usize].self_key = Some(sk);
             }
         }
-        for f in 0..self.frameworks.len() as u32 {
-            if self.frameworks[f as usize].is_none() {
+        for f in 0..self.frameworks.capacity() as u32 {
+            if self.frameworks.get(f).is_none() {
                 continue;
             }
             for ri in 0..self.fw(f).roles.len() {

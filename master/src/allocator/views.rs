@@ -107,7 +107,7 @@ impl Allocator {
             );
             let _ = i;
         }
-        for fw in self.frameworks.iter().flatten() {
+        for fw in self.frameworks.values() {
             m.active_filters += fw.filtered_agents;
             m.frameworks.insert(
                 fw.id.to_string(),
