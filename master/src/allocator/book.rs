@@ -17,13 +17,11 @@ pub(super) struct OfferState {
     pub(super) tasks: u64,
 }
 
-/// Outstanding offers in a slab. An offer id carries its slot (low 24 bits) under a global
+/// Outstanding offers in a [`Slab`]. An offer id carries its slot (low 24 bits) under a global
 /// sequence number (next 40 bits) and the configured seed (high 64 bits), so lookups need no
-/// hashing and ids still sort by age.
+/// hashing, ids still sort by age, and the stored id doubles as the slot's generation check.
 pub(super) struct OfferBook {
-    slots: Vec<Option<OfferState>>,
-    free: Vec<u32>,
-    len: usize,
+    slots: Slab<OfferState>,
     seq: u64,
     seed: u64,
 }
@@ -34,9 +32,7 @@ const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 impl OfferBook {
     pub(super) fn new(seed: u64) -> Self {
         Self {
-            slots: Vec::new(),
-            free: Vec::new(),
-            len: 0,
+            slots: Slab::default(),
             seq: 0,
             seed,
         }
@@ -44,68 +40,59 @@ impl OfferBook {
 
     /// True when fewer than 4096 slots are left (a visit makes only a few offers).
     pub(super) fn is_full(&self) -> bool {
-        self.free.len() < 4096 && self.slots.len() as u64 + 4096 > SLOT_MASK
+        self.slots.vacant() < 4096 && self.slots.capacity() as u64 + 4096 > SLOT_MASK
     }
 
-    /// Reserves a slot and returns the id for the offer that will be put there.
+    /// The id for the next offer [`OfferBook::insert`]ed (it names the slot it will take).
     pub(super) fn next_id(&mut self) -> OfferId {
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                self.slots.push(None);
-                (self.slots.len() - 1) as u32
-            }
-        };
+        let slot = self.slots.next_key();
         self.seq += 1;
         let low = ((self.seq & ((1 << (64 - SLOT_BITS)) - 1)) << SLOT_BITS) | slot as u64;
         OfferId::from_u128(((self.seed as u128) << 64) | low as u128)
     }
 
-    pub(super) fn slot(&self, id: &OfferId) -> Option<usize> {
+    pub(super) fn slot(&self, id: &OfferId) -> Option<u32> {
         let v = id.0.as_u128();
         if (v >> 64) as u64 != self.seed {
             return None;
         }
-        let s = (v as u64 & SLOT_MASK) as usize;
-        (s < self.slots.len()).then_some(s)
+        Some((v as u64 & SLOT_MASK) as u32)
     }
 
+    /// Stores the offer made with the id [`OfferBook::next_id`] just returned.
     pub(super) fn insert(&mut self, id: OfferId, st: OfferState) {
-        if let Some(s) = self.slot(&id) {
-            if self.slots[s].is_none() {
-                self.len += 1;
-            }
-            self.slots[s] = Some(st);
-        }
+        let slot = self.slots.insert(st);
+        debug_assert_eq!(
+            Some(slot),
+            self.slot(&id),
+            "offer inserted right after next_id"
+        );
     }
 
     pub(super) fn get(&self, id: &OfferId) -> Option<&OfferState> {
-        let s = self.slot(id)?;
-        self.slots[s].as_ref().filter(|st| st.id == *id)
+        self.slots.get(self.slot(id)?).filter(|st| st.id == *id)
     }
 
     pub(super) fn get_mut(&mut self, id: &OfferId) -> Option<&mut OfferState> {
         let s = self.slot(id)?;
-        self.slots[s].as_mut().filter(|st| st.id == *id)
+        self.slots.get_mut(s).filter(|st| st.id == *id)
     }
 
     pub(super) fn remove(&mut self, id: &OfferId) -> Option<OfferState> {
         let s = self.slot(id)?;
-        if self.slots[s].as_ref().is_some_and(|st| st.id == *id) {
-            self.len -= 1;
-            self.free.push(s as u32);
-            self.slots[s].take()
+        if self.slots.get(s).is_some_and(|st| st.id == *id) {
+            self.slots.remove(s)
         } else {
             None
         }
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &OfferState> {
-        self.slots.iter().flatten()
+        self.slots.values()
     }
 
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.slots.len()
     }
 }
 

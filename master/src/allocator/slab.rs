@@ -49,6 +49,24 @@ impl<T> Slab<T> {
         self.slots.get_mut(key as usize)?.as_mut()
     }
 
+    /// The key the next [`Slab::insert`] will return.
+    pub(super) fn next_key(&self) -> u32 {
+        match self.free.last() {
+            Some(k) => *k,
+            None => self.slots.len() as u32,
+        }
+    }
+
+    /// Number of live values.
+    pub(super) fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Number of free slots (below [`Slab::capacity`]).
+    pub(super) fn vacant(&self) -> usize {
+        self.free.len()
+    }
+
     /// Number of slots, live or free (keys are below this).
     pub(super) fn capacity(&self) -> usize {
         self.slots.len()
@@ -74,10 +92,11 @@ mod tests {
         assert_eq!(s.remove(2), Some("c"));
         assert_eq!(s.remove(2), None);
         assert_eq!(s.get(0), None);
+        assert_eq!((s.len(), s.vacant(), s.next_key()), (1, 2, 2));
         assert_eq!(s.insert("d"), 2);
         assert_eq!(s.insert("e"), 0);
         assert_eq!(s.insert("f"), 3);
-        assert_eq!(s.capacity(), 4);
+        assert_eq!((s.capacity(), s.len(), s.next_key()), (4, 4, 4));
         assert_eq!(
             s.values().copied().collect::<Vec<_>>(),
             ["e", "b", "d", "f"]
