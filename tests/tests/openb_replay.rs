@@ -51,7 +51,10 @@ fn openb_default_one_seed() {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["policy"], "fgd-fill", "the best policy for this mix by default");
+    assert_eq!(
+        report["policy"], "fgd-fill",
+        "the best policy for this mix by default"
+    );
     assert_eq!(report["nodes"], 1213);
     assert_eq!(report["gpus"], 6212);
     assert_eq!(report["pod_list_tasks"], 8152);

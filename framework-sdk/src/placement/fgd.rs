@@ -165,7 +165,13 @@ impl Workload {
 
     /// `F(n)`: the node's expected fragmented milli-GPU, weighted by shape counts.
     pub fn fragmentation(&self, measure: Measure, node: &Node) -> i64 {
-        self.fragmentation_of(measure, node, node.cpu_free, node.memory_free, &node.gpu_free)
+        self.fragmentation_of(
+            measure,
+            node,
+            node.cpu_free,
+            node.memory_free,
+            &node.gpu_free,
+        )
     }
 
     fn fragmentation_of(
@@ -186,12 +192,8 @@ impl Workload {
         let fill = measure == Measure::FgdFill;
         let max_free = gpus.iter().copied().max().unwrap_or(0);
         let idle = gpus.iter().filter(|&&f| f == GPU_MILLI).count() as u64;
-        let below = |d: u32| -> u64 {
-            gpus.iter()
-                .filter(|&&f| f < d)
-                .map(|&f| u64::from(f))
-                .sum()
-        };
+        let below =
+            |d: u32| -> u64 { gpus.iter().filter(|&&f| f < d).map(|&f| u64::from(f)).sum() };
         let rejecting = if fill { 2 } else { 1 } * view.rejecting;
         let mut frag = rejecting * total;
         for group in &view.groups {
@@ -247,15 +249,23 @@ impl Workload {
         let cpu = node.cpu_free - task.cpu_milli;
         let memory = node.memory_free - task.memory_mib;
         match task.gpu {
-            GpuDemand::None => {
-                Some((self.fragmentation_of(measure, node, cpu, memory, &node.gpu_free) - now, None))
-            }
+            GpuDemand::None => Some((
+                self.fragmentation_of(measure, node, cpu, memory, &node.gpu_free) - now,
+                None,
+            )),
             GpuDemand::Whole(k) => {
                 let mut after = node.gpu_free.clone();
-                for f in after.iter_mut().filter(|f| **f == GPU_MILLI).take(k as usize) {
+                for f in after
+                    .iter_mut()
+                    .filter(|f| **f == GPU_MILLI)
+                    .take(k as usize)
+                {
                     *f = 0;
                 }
-                Some((self.fragmentation_of(measure, node, cpu, memory, &after) - now, None))
+                Some((
+                    self.fragmentation_of(measure, node, cpu, memory, &after) - now,
+                    None,
+                ))
             }
             GpuDemand::Fraction(d) => {
                 let mut after = node.gpu_free.clone();

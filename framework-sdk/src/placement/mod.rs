@@ -34,6 +34,7 @@ pub mod fgd;
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -58,7 +59,9 @@ pub enum PlacementError {
     BadGpu { node: usize, gpu: usize, free: u32 },
     #[error("node {node}: free resources above its capacity")]
     FreeAboveCapacity { node: usize },
-    #[error("unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd, best-fit or random)")]
+    #[error(
+        "unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd, best-fit or random)"
+    )]
     UnknownPolicy(String),
     #[error("placement does not match node {0}'s free resources")]
     Mismatch(usize),
@@ -203,7 +206,7 @@ pub struct TaskShape {
 }
 
 /// A candidate node: capacity and what is free now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Node {
     pub model: ModelId,
     pub cpu_capacity: u64,
@@ -480,6 +483,9 @@ impl Placer {
         };
         let mut best: Option<(Score, usize, usize)> = None;
         let mut ties = 0u64;
+        // Nodes in the same state score the same: on a cold cache (a shape's first task, when
+        // every node is evaluated) identical nodes are evaluated once.
+        let mut same_state: HashMap<Node, Option<Eval>> = HashMap::new();
         for i in 0..self.nodes.len() {
             let eval = match shape {
                 Some(s) => {
@@ -488,7 +494,14 @@ impl Placer {
                     if cached.stamp == self.stamp[i] {
                         cached.eval
                     } else {
-                        let eval = self.evaluate(i, task);
+                        let eval = match same_state.get(&self.nodes[i]) {
+                            Some(&eval) => eval,
+                            None => {
+                                let eval = self.evaluate(i, task);
+                                same_state.insert(self.nodes[i].clone(), eval);
+                                eval
+                            }
+                        };
                         self.cache[slot] = Cached {
                             stamp: self.stamp[i],
                             eval,
@@ -546,13 +559,22 @@ impl Placer {
     }
 
     /// Takes what `placement` gives `task` from its node.
-    pub fn commit(&mut self, placement: &Placement, task: &TaskShape) -> Result<(), PlacementError> {
+    pub fn commit(
+        &mut self,
+        placement: &Placement,
+        task: &TaskShape,
+    ) -> Result<(), PlacementError> {
         let node = self
             .nodes
             .get(placement.node)
             .ok_or(PlacementError::Mismatch(placement.node))?;
         let ok = node.fits_host(task)
-            && placement.gpus.iter().map(|g| u64::from(g.milli)).sum::<u64>() == task.gpu.milli()
+            && placement
+                .gpus
+                .iter()
+                .map(|g| u64::from(g.milli))
+                .sum::<u64>()
+                == task.gpu.milli()
             && placement
                 .gpus
                 .iter()
@@ -572,7 +594,11 @@ impl Placer {
     }
 
     /// Gives back what `placement` took for `task` (a task ended).
-    pub fn release(&mut self, placement: &Placement, task: &TaskShape) -> Result<(), PlacementError> {
+    pub fn release(
+        &mut self,
+        placement: &Placement,
+        task: &TaskShape,
+    ) -> Result<(), PlacementError> {
         let node = self
             .nodes
             .get(placement.node)
@@ -609,7 +635,9 @@ impl Placer {
     fn touched(&mut self, node: usize) {
         self.frag[node] = self.workload.fragmentation(Measure::Fgd, &self.nodes[node]);
         if let Some(f) = self.fill.get_mut(node) {
-            *f = self.workload.fragmentation(Measure::FgdFill, &self.nodes[node]);
+            *f = self
+                .workload
+                .fragmentation(Measure::FgdFill, &self.nodes[node]);
         }
         self.stamp[node] = self.stamp[node].wrapping_add(1).max(NO_STAMP + 1);
     }

@@ -49,7 +49,10 @@ fn the_best_policy_depends_on_the_mix() {
     assert_eq!(Policy::best_for(&mix(&[(frac, 100)])), Policy::FgdFill);
     assert_eq!(Policy::best_for(&Workload::default()), Policy::FgdFill);
     // 8 GPUs of 16 + 8 = 16.5 GPUs requested: multi-GPU heavy.
-    assert_eq!(Policy::best_for(&mix(&[(frac, 1), (eight, 2)])), Policy::FgdPack);
+    assert_eq!(
+        Policy::best_for(&mix(&[(frac, 1), (eight, 2)])),
+        Policy::FgdPack
+    );
     let w = mix(&[(frac, 70), (only_a, 30)]);
     assert!((w.constrained_share() - 0.3).abs() < 1e-9);
     assert_eq!(Policy::best_for(&w), Policy::FgdPack);
@@ -60,7 +63,10 @@ fn demands_are_checked() {
     assert_eq!(GpuDemand::fraction(250), Ok(GpuDemand::Fraction(250)));
     assert_eq!(GpuDemand::fraction(1000), Ok(GpuDemand::Whole(1)));
     assert_eq!(GpuDemand::fraction(0), Err(PlacementError::BadFraction(0)));
-    assert_eq!(GpuDemand::fraction(1500), Err(PlacementError::BadFraction(1500)));
+    assert_eq!(
+        GpuDemand::fraction(1500),
+        Err(PlacementError::BadFraction(1500))
+    );
     assert_eq!(GpuDemand::whole(0), GpuDemand::None);
     assert_eq!(GpuDemand::Whole(3).milli(), 3000);
 }
@@ -93,7 +99,10 @@ fn too_many_models_is_an_error() {
         models.intern(&format!("M{i}")).expect("fits");
     }
     assert_eq!(models.intern("M0"), Ok(ModelId(0)));
-    assert_eq!(models.intern("one-more"), Err(PlacementError::TooManyModels));
+    assert_eq!(
+        models.intern("one-more"),
+        Err(PlacementError::TooManyModels)
+    );
 }
 
 /// Hand-checked expected fragmentation (see fgd.rs for the definition).
@@ -106,11 +115,20 @@ fn fragmentation_by_hand() {
     let w = Workload::from_tasks(&[half, whole]);
     // [500, 1000]: the half-GPU shape uses both GPUs (nothing below 500 free); the whole-GPU
     // shape cannot use the half-free GPU: 500.
-    assert_eq!(w.fragmentation(Measure::Fgd, &node_with(a, &[500, 1000])), 500);
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[500, 1000])),
+        500
+    );
     // [500, 500]: the whole-GPU shape does not fit at all: all 1000 free milli-GPU.
-    assert_eq!(w.fragmentation(Measure::Fgd, &node_with(a, &[500, 500])), 1000);
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[500, 500])),
+        1000
+    );
     // [300, 1000]: the half shape cannot use 300, the whole shape cannot either: 300 + 300.
-    assert_eq!(w.fragmentation(Measure::Fgd, &node_with(a, &[300, 1000])), 600);
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[300, 1000])),
+        600
+    );
     // Nothing free: nothing fragmented.
     assert_eq!(w.fragmentation(Measure::Fgd, &node_with(a, &[0, 0])), 0);
     // CPU exhausted: every shape is blocked, all free GPU is fragmented for both.
@@ -151,8 +169,14 @@ fn shapes_that_reject_the_model_see_all_free_gpu_as_fragmented() {
         ..task(1000, 1000, GpuDemand::Whole(1))
     };
     let w = Workload::from_tasks(&[only_b, only_b]);
-    assert_eq!(w.fragmentation(Measure::Fgd, &node_with(a, &[1000, 400])), 2 * 1400);
-    assert_eq!(w.fragmentation(Measure::Fgd, &node_with(b, &[1000, 400])), 2 * 400);
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[1000, 400])),
+        2 * 1400
+    );
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(b, &[1000, 400])),
+        2 * 400
+    );
 }
 
 #[test]
@@ -165,7 +189,11 @@ fn fractions_pack_onto_one_gpu() {
         let placed: Vec<Placement> = (0..8).map(|_| p.place(&quarter).expect("fits")).collect();
         // Four quarters fill GPU 0 or 1 completely before the other one is touched.
         let first = placed[0].gpus[0].gpu;
-        assert!(placed[..4].iter().all(|pl| pl.gpus == vec![GpuShare { gpu: first, milli: 250 }]));
+        assert!(placed[..4].iter().all(|pl| pl.gpus
+            == vec![GpuShare {
+                gpu: first,
+                milli: 250
+            }]));
         assert!(placed[4..].iter().all(|pl| pl.gpus[0].gpu != first));
         assert_eq!(p.nodes()[0].gpu_free, vec![0, 0], "{policy}");
         assert_eq!(p.place(&quarter), None, "{policy}: the cluster is full");
@@ -196,7 +224,11 @@ fn fgd_picks_the_gpu_on_the_node() {
     let half = task(1000, 1000, GpuDemand::Fraction(500));
     let whole = task(1000, 1000, GpuDemand::Whole(1));
     // On [500, 1000], the half task on GPU 0 keeps GPU 1 idle for whole-GPU tasks.
-    let mut p = placer(vec![node_with(a, &[500, 1000])], Policy::Fgd, &[half, whole]);
+    let mut p = placer(
+        vec![node_with(a, &[500, 1000])],
+        Policy::Fgd,
+        &[half, whole],
+    );
     assert_eq!(
         p.choose(&half),
         Some(Placement {
@@ -212,7 +244,10 @@ fn fgd_pack_breaks_ties_toward_the_fuller_node() {
     let a = model(&mut models, "A");
     let whole = task(1000, 1000, GpuDemand::Whole(1));
     // Whole-GPU tasks on idle GPUs never fragment: every node ties for FGD.
-    let mut nodes = vec![node_with(a, &[1000; 8]), node_with(a, &[0, 0, 0, 0, 0, 0, 1000, 1000])];
+    let mut nodes = vec![
+        node_with(a, &[1000; 8]),
+        node_with(a, &[0, 0, 0, 0, 0, 0, 1000, 1000]),
+    ];
     nodes.push(node_with(a, &[1000; 4]));
     for seed in 0..20 {
         let mut p = Placer::new(
@@ -260,7 +295,10 @@ fn multi_gpu_tasks_take_idle_gpus_on_one_node() {
     let a = model(&mut models, "A");
     let three = task(1000, 1000, GpuDemand::Whole(3));
     for policy in Policy::ALL {
-        let nodes = vec![node_with(a, &[1000, 600, 1000, 1000]), node_with(a, &[1000, 1000])];
+        let nodes = vec![
+            node_with(a, &[1000, 600, 1000, 1000]),
+            node_with(a, &[1000, 1000]),
+        ];
         let mut p = placer(nodes, policy, &[three]);
         let pl = p.place(&three).expect("fits on node 0");
         assert_eq!(pl.node, 0);
@@ -283,7 +321,11 @@ fn cpu_and_memory_limit_placement() {
     let roomy = node_with(a, &[0, 1000]);
     let t = task(4000, 4096, GpuDemand::Fraction(100));
     for policy in Policy::ALL {
-        let mut p = placer(vec![low_cpu.clone(), low_mem.clone(), roomy.clone()], policy, &[t]);
+        let mut p = placer(
+            vec![low_cpu.clone(), low_mem.clone(), roomy.clone()],
+            policy,
+            &[t],
+        );
         assert_eq!(p.place(&t).map(|pl| pl.node), Some(2), "{policy}");
         let big = task(100_000, 1, GpuDemand::None);
         assert_eq!(p.place(&big), None, "{policy}");
@@ -328,8 +370,8 @@ fn random_is_deterministic_per_seed() {
     let nodes: Vec<Node> = (0..20).map(|_| node_with(a, &[1000; 4])).collect();
     let t = task(1000, 1000, GpuDemand::Fraction(300));
     let run = |policy: Policy, seed: u64| -> Vec<Placement> {
-        let mut p = Placer::new(nodes.clone(), policy, Workload::from_tasks(&[t]), seed)
-            .expect("placer");
+        let mut p =
+            Placer::new(nodes.clone(), policy, Workload::from_tasks(&[t]), seed).expect("placer");
         (0..30).map(|_| p.place(&t).expect("fits")).collect()
     };
     for policy in Policy::ALL {
@@ -358,16 +400,20 @@ fn arb_task() -> impl Strategy<Value = TaskShape> {
 }
 
 fn arb_node() -> impl Strategy<Value = Node> {
-    (0u8..3, 1u64..64_000, 1u64..128_000, prop::collection::vec(0u32..=1000, 0..9)).prop_map(
-        |(model, cpu, mem, gpus)| Node {
+    (
+        0u8..3,
+        1u64..64_000,
+        1u64..128_000,
+        prop::collection::vec(0u32..=1000, 0..9),
+    )
+        .prop_map(|(model, cpu, mem, gpus)| Node {
             model: ModelId(model),
             cpu_capacity: cpu,
             memory_capacity: mem,
             cpu_free: cpu - cpu / 3,
             memory_free: mem,
             gpu_free: gpus,
-        },
-    )
+        })
 }
 
 proptest! {

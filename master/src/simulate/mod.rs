@@ -117,12 +117,13 @@ pub fn run_to<W: Write>(args: &SimulateArgs, out: &mut W) -> Result<(), SimError
         let [nodes, pods] = paths.as_slice() else {
             return Err(SimError::Args("--openb needs NODES.csv PODS.csv".into()));
         };
-        let policy: Option<gantry_sdk::placement::Policy> = match &args.policy {
-            Some(p) => Some(p.parse().map_err(
-                |e: gantry_sdk::placement::PlacementError| SimError::Args(e.to_string()),
-            )?),
-            None => None,
-        };
+        let policy: Option<gantry_sdk::placement::Policy> =
+            match &args.policy {
+                Some(p) => Some(p.parse().map_err(
+                    |e: gantry_sdk::placement::PlacementError| SimError::Args(e.to_string()),
+                )?),
+                None => None,
+            };
         let seeds = openb::parse_seeds(&args.seeds)?;
         let trace = openb::OpenbTrace::parse(&read(nodes)?, &read(pods)?)?;
         let report = openb::run(&trace, policy, &seeds)?;

@@ -47,9 +47,7 @@ impl OpenbTrace {
         for (line, row) in node_rows.rows() {
             let bad = |what: &str| SimError::Trace(format!("node list line {line}: {what}"));
             let model_name = row.get(model).copied().unwrap_or("");
-            let model = models
-                .intern(model_name)
-                .map_err(|e| bad(&e.to_string()))?;
+            let model = models.intern(model_name).map_err(|e| bad(&e.to_string()))?;
             let gpus: usize = number(&row, gpu).ok_or_else(|| bad("bad gpu"))?;
             if gpus > 64 {
                 return Err(bad("more than 64 GPUs"));
@@ -156,7 +154,11 @@ impl<'a> Csv<'a> {
 
 /// Parses `42-51`, `42` or `1,5,9` (and mixes: `1-3,7`).
 pub fn parse_seeds(text: &str) -> Result<Vec<u64>, SimError> {
-    let bad = || SimError::Args(format!("--seeds {text:?}: expected e.g. 42-51, 42 or 1,5,9"));
+    let bad = || {
+        SimError::Args(format!(
+            "--seeds {text:?}: expected e.g. 42-51, 42 or 1,5,9"
+        ))
+    };
     let mut seeds = Vec::new();
     for part in text.split(',') {
         let part = part.trim();
@@ -410,7 +412,11 @@ impl OpenbReport {
         for (x, m) in mean.iter().enumerate() {
             write!(out, "{x:>8} {m:>7.2}")?;
             for r in &self.runs {
-                write!(out, " {:>7.2}", r.allocation_percent.get(x).copied().unwrap_or(0.0))?;
+                write!(
+                    out,
+                    " {:>7.2}",
+                    r.allocation_percent.get(x).copied().unwrap_or(0.0)
+                )?;
             }
             writeln!(out)?;
         }
@@ -476,15 +482,24 @@ mod tests {
     #[test]
     fn bad_files_are_clear_errors() {
         let e = OpenbTrace::parse("sn,cpu\n", PODS).expect_err("no columns");
-        assert!(e.to_string().contains("\"memory_mib\""), "{e}");
-        let e = OpenbTrace::parse(NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,x\n")
-            .expect_err("bad number");
+        assert!(e.to_string().contains("no \"cpu_milli\" column"), "{e}");
+        let e = OpenbTrace::parse(
+            NODES,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,x\n",
+        )
+        .expect_err("bad number");
         assert!(e.to_string().contains("line 2"), "{e}");
-        let e = OpenbTrace::parse(NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,0\n")
-            .expect_err("zero fraction");
+        let e = OpenbTrace::parse(
+            NODES,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,0\n",
+        )
+        .expect_err("zero fraction");
         assert!(e.to_string().contains("milli"), "{e}");
-        let e = OpenbTrace::parse(NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,0,0\n")
-            .expect_err("no GPU task");
+        let e = OpenbTrace::parse(
+            NODES,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,0,0\n",
+        )
+        .expect_err("no GPU task");
         assert!(e.to_string().contains("no GPU task"), "{e}");
         assert!(OpenbTrace::parse("", PODS).is_err());
     }
