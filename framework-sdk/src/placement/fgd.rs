@@ -219,14 +219,11 @@ impl Workload {
                         _ => total,
                     };
                 if fill {
-                    let mut n = copies;
-                    if c > 0 {
-                        n = n.min(cpu / c);
-                    }
-                    if m > 0 {
-                        n = n.min(memory / m);
-                    }
-                    frag += count * (total - (n * unit).min(total));
+                    // A shape asking for no CPU (memory) is not limited by it.
+                    let n = copies
+                        .min(cpu.checked_div(c).unwrap_or(u64::MAX))
+                        .min(memory.checked_div(m).unwrap_or(u64::MAX));
+                    frag += count * (total - n.saturating_mul(unit).min(total));
                 }
             }
         }
@@ -281,7 +278,11 @@ impl Workload {
                     after[g] = f - d;
                     let delta = self.fragmentation_of(measure, node, cpu, memory, &after) - now;
                     after[g] = f;
-                    if best.map_or(true, |(bd, bf, _)| (delta, f) < (bd, bf)) {
+                    let better = match best {
+                        None => true,
+                        Some((bd, bf, _)) => (delta, f) < (bd, bf),
+                    };
+                    if better {
                         best = Some((delta, f, g));
                     }
                 }

@@ -705,7 +705,7 @@ fn tightest_gpu(node: &Node, demand: GpuDemand) -> Option<usize> {
 /// GPU left on the node after the task, summed, in millionths.
 fn best_fit(node: &Node, task: &TaskShape) -> u64 {
     const SCALE: u64 = 1_000_000;
-    let frac = |free: u64, cap: u64| if cap == 0 { 0 } else { free * SCALE / cap };
+    let frac = |free: u64, cap: u64| free.saturating_mul(SCALE).checked_div(cap).unwrap_or(0);
     let gpu_cap = node.gpu_free.len() as u64 * u64::from(GPU_MILLI);
     frac(node.cpu_free - task.cpu_milli, node.cpu_capacity)
         + frac(node.memory_free - task.memory_mib, node.memory_capacity)
