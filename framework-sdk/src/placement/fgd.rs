@@ -61,6 +61,9 @@ struct ModelView {
 pub struct Workload {
     shapes: Vec<(TaskShape, u64)>,
     index: HashMap<TaskShape, usize>,
+    /// Shapes by what scoring sees (CPU, memory, GPU demand; not the model list, which only
+    /// decides where a task may go): the placer caches evaluations per class.
+    classes: HashMap<(u64, u64, GpuDemand), usize>,
     views: Vec<ModelView>,
 }
 
@@ -106,8 +109,16 @@ impl Workload {
                 view
             })
             .collect();
+        let mut classes = HashMap::new();
+        for (shape, _) in &merged {
+            let next = classes.len();
+            classes
+                .entry((shape.cpu_milli, shape.memory_mib, shape.gpu))
+                .or_insert(next);
+        }
         Workload {
             shapes: merged,
+            classes,
             index,
             views,
         }
@@ -161,6 +172,18 @@ impl Workload {
     /// The index of `task`'s shape, when the workload has it.
     pub fn shape_index(&self, task: &TaskShape) -> Option<usize> {
         self.index.get(task).copied()
+    }
+
+    /// Number of distinct (CPU, memory, GPU demand) classes of shapes.
+    pub fn classes(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// The class of `task` (its shape without the model list), when the workload has one.
+    pub fn class_index(&self, task: &TaskShape) -> Option<usize> {
+        self.classes
+            .get(&(task.cpu_milli, task.memory_mib, task.gpu))
+            .copied()
     }
 
     /// `F(n)`: the node's expected fragmented milli-GPU, weighted by shape counts.

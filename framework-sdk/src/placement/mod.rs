@@ -402,7 +402,7 @@ pub struct Placer {
     fill: Vec<i64>,
     /// Bumped whenever a node changes; cache entries of older stamps are stale.
     stamp: Vec<u32>,
-    /// `nodes × workload shapes` cached evaluations (fragmentation-aware policies only).
+    /// `nodes × workload classes` cached evaluations (fragmentation-aware policies only).
     cache: Vec<Cached>,
 }
 
@@ -436,7 +436,7 @@ impl Placer {
             Vec::new()
         };
         let cache_len = if policy.needs_workload() {
-            nodes.len() * workload.shapes()
+            nodes.len() * workload.classes()
         } else {
             0
         };
@@ -476,10 +476,15 @@ impl Placer {
         if task.gpu == GpuDemand::Whole(0) {
             return None;
         }
-        let shape = if self.policy.needs_workload() {
-            self.workload.shape_index(task)
+        let class = if self.policy.needs_workload() {
+            self.workload.class_index(task)
         } else {
             None
+        };
+        // Evaluations are cached per class (the model list aside), so check it first.
+        let any_model = TaskShape {
+            models: ModelSet::ANY,
+            ..*task
         };
         let mut best: Option<(Score, usize, usize)> = None;
         let mut ties = 0u64;
@@ -487,9 +492,12 @@ impl Placer {
         // every node is evaluated) identical nodes are evaluated once.
         let mut same_state: HashMap<Node, Option<Eval>> = HashMap::new();
         for i in 0..self.nodes.len() {
-            let eval = match shape {
-                Some(s) => {
-                    let slot = i * self.workload.shapes() + s;
+            let eval = match class {
+                Some(c) => {
+                    if task.gpu != GpuDemand::None && !task.models.accepts(self.nodes[i].model) {
+                        continue;
+                    }
+                    let slot = i * self.workload.classes() + c;
                     let cached = self.cache[slot];
                     if cached.stamp == self.stamp[i] {
                         cached.eval
@@ -497,7 +505,7 @@ impl Placer {
                         let eval = match same_state.get(&self.nodes[i]) {
                             Some(&eval) => eval,
                             None => {
-                                let eval = self.evaluate(i, task);
+                                let eval = self.evaluate(i, &any_model);
                                 same_state.insert(self.nodes[i].clone(), eval);
                                 eval
                             }

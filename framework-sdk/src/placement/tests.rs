@@ -456,3 +456,34 @@ proptest! {
         }
     }
 }
+
+/// Shapes differing only in their model list share cached evaluations; the model list is
+/// still honoured for each task.
+#[test]
+fn cached_classes_still_honour_models() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let b = model(&mut models, "B");
+    let base = task(1000, 1000, GpuDemand::Fraction(400));
+    let only_a = TaskShape {
+        models: ModelSet::ANY.with(a),
+        ..base
+    };
+    let only_b = TaskShape {
+        models: ModelSet::ANY.with(b),
+        ..base
+    };
+    let w = Workload::from_tasks(&[only_a, only_b, base]);
+    assert_eq!(w.shapes(), 3);
+    assert_eq!(w.classes(), 1);
+    for policy in [Policy::Fgd, Policy::FgdPack, Policy::FgdFill] {
+        let nodes = vec![node_with(a, &[1000, 1000]), node_with(b, &[1000, 1000])];
+        let mut p = Placer::new(nodes, policy, w.clone(), 3).expect("placer");
+        for _ in 0..4 {
+            assert_eq!(p.place(&only_a).map(|pl| pl.node), Some(0), "{policy}");
+            assert_eq!(p.place(&only_b).map(|pl| pl.node), Some(1), "{policy}");
+        }
+        assert_eq!(p.place(&only_a), None, "{policy}: A is full");
+        assert_eq!(p.place(&base), None, "{policy}: both are full");
+    }
+}
