@@ -24,11 +24,14 @@ if [ "$(id -u)" != 0 ]; then ISOLATION=(--isolation none); fi
 # Use cgroups only where the agent supports the flag (always, once built).
 if ! $BIN/gantry-agent --help | grep -q -- "--isolation"; then ISOLATION=(); fi
 
-echo "== starting master on $QUIC (HTTP $HTTP), logs in $DIR"
+# gantryctl reaches the operator API over HTTPS with the operator certificate the dev master
+# writes into its TLS directory (operator-admin.pem).
+export GANTRY_MASTER="https://$HTTP" GANTRY_TLS_DIR="$DIR/tls"
+echo "== starting master on $QUIC (operator API https://$HTTP), logs in $DIR"
 $BIN/gantry-master --listen "$QUIC" --http "$HTTP" --work-dir "$DIR/master" --tls-dir "$DIR/tls" \
   >"$DIR/master.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 100); do $BIN/gantryctl state --http "$HTTP" >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 100); do $BIN/gantryctl state >/dev/null 2>&1 && break; sleep 0.1; done
 
 EXTRA=()
 if $BIN/gantry-agent --help | grep -q -- "--nvml-lib" && [ -e "$BIN/libgantry_nvml_standin.so" ]; then
@@ -44,7 +47,7 @@ $BIN/gantry-agent --master "$QUIC" --work-dir "$DIR/agent-2" --tls-dir "$DIR/tls
   --resources "cpus:4;mem:4096;disk:10000" "${ISOLATION[@]}" "${EXTRA[@]}" >"$DIR/agent-2.log" 2>&1 &
 PIDS+=($!)
 sleep 1
-$BIN/gantryctl state --http "$HTTP"
+$BIN/gantryctl state
 
 GPUS=0
 if [ ${#EXTRA[@]} -gt 0 ]; then GPUS=1; fi
@@ -57,13 +60,13 @@ B=$!
 for _ in 1 2 3; do
   sleep 1
   echo "---- cluster state (dominant shares are DRF's fairness measure)"
-  $BIN/gantryctl state --http "$HTTP" || true
+  $BIN/gantryctl state || true
 done
 status=0
 wait "$A" || status=1
 wait "$B" || status=1
 echo "---- final state"
-$BIN/gantryctl state --http "$HTTP"
+$BIN/gantryctl state
 echo "---- what one training task saw:"
 cat "$(ls -d "$DIR"/agent-2/sandboxes/*/ | head -n 1)stdout" 2>/dev/null || true
 if [ $status = 0 ]; then echo "== demo finished: every task FINISHED"; else echo "== some tasks failed; logs: $DIR"; fi

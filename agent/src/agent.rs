@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::{tls, PeerIdentity};
@@ -124,6 +125,12 @@ struct Agent {
     ckpt: Checkpoint,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
     registered: bool,
+    /// The last `Register` left its pending updates out (too large for one frame): they go
+    /// out one by one once registered.
+    updates_left_out: bool,
+    /// Set once a master accepted this agent: only then are cgroups it does not know removed
+    /// (a second agent refused for using a live agent's name must not touch that agent's).
+    accepted: bool,
     heartbeat_every: Duration,
     last_heartbeat: tokio::time::Instant,
     events: mpsc::UnboundedSender<Event>,
@@ -149,6 +156,15 @@ struct Agent {
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     std::fs::create_dir_all(config.work_dir.join("sandboxes"))
         .with_context(|| format!("creating {}", config.work_dir.display()))?;
+    // Refuse a TLS directory or key others may write (they could replace our identity or the
+    // CA); warn about keys others may read.
+    if config.tls_dir.exists() {
+        for warning in tls::check_dir_permissions(&config.tls_dir)
+            .context("checking the TLS directory's permissions")?
+        {
+            tracing::warn!("{warning}");
+        }
+    }
     let material = tls::load_or_issue(
         &config.tls_dir,
         &PeerIdentity::Agent(config.name.clone()),
@@ -163,6 +179,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         ckpt,
         master: None,
         registered: false,
+        updates_left_out: false,
+        accepted: false,
         heartbeat_every: Duration::from_secs(1),
         last_heartbeat: now,
         events: tx.clone(),
@@ -219,8 +237,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         tokio::task::spawn_blocking(move || w.stop()).await.ok();
     }
     // A clean stop with no live task leaves no empty cgroup root behind; with live tasks the
-    // root stays for the next start to re-adopt them.
-    if agent.ckpt.tasks.values().all(|t| t.state.is_terminal()) {
+    // root stays for the next start to re-adopt them. An agent no master accepted leaves it
+    // alone: it may share the root of the agent whose name it collided with.
+    if agent.accepted && agent.ckpt.tasks.values().all(|t| t.state.is_terminal()) {
         if let Err(e) = agent.config.isolator.remove_root() {
             tracing::debug!("cgroup root not removed: {e}");
         }
@@ -302,8 +321,9 @@ impl Agent {
 
     /// Re-adopts checkpointed tasks after a restart: live supervisors are watched again (and
     /// their cgroups reopened); tasks whose supervisor is gone are settled from the exit status
-    /// they recorded; cgroups nobody owns any more are destroyed. GPU occupancy follows from the
-    /// checkpointed assignments of the tasks that are not terminal.
+    /// they recorded. GPU occupancy follows from the checkpointed assignments of the tasks that
+    /// are not terminal. Cgroups nobody owns any more are destroyed once a master accepts this
+    /// agent ([`Agent::cleanup_cgroups`]).
     fn recover(&mut self) -> anyhow::Result<()> {
         let now = Instant::now();
         let known: Vec<String> = self
@@ -362,7 +382,6 @@ impl Agent {
                 }
             }
         }
-        self.cleanup_cgroups();
         if !self.ckpt.tasks.is_empty() {
             tracing::info!(
                 tasks = self.ckpt.tasks.len(),
@@ -499,7 +518,7 @@ impl Agent {
                         state: t.state,
                     })
                     .collect();
-                self.send(AgentToMaster::Register {
+                let (register, left_out) = fit_register(AgentToMaster::Register {
                     agent_id: self.ckpt.agent_id,
                     hostname: self.config.hostname.clone(),
                     resources: self.advertised_resources(),
@@ -509,6 +528,8 @@ impl Agent {
                     running_tasks,
                     pending_updates: self.ckpt.updates.all(),
                 });
+                self.updates_left_out = left_out;
+                self.send(register);
             }
             Event::Disconnected => {
                 self.master = None;
@@ -625,7 +646,20 @@ impl Agent {
                     .collect();
                 self.last_gpu_samples = gpus.clone();
                 if !tasks.is_empty() || !gpus.is_empty() {
-                    self.send_registered(AgentToMaster::Usage { tasks, gpus });
+                    // Many tasks: as many messages as the frame limit needs.
+                    let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
+                        tasks,
+                        gpus: gpus.clone(),
+                    });
+                    if !split.oversized.is_empty() {
+                        tracing::warn!(
+                            n = split.oversized.len(),
+                            "usage samples too large to send; dropped"
+                        );
+                    }
+                    for msg in split.batches {
+                        self.send_registered(msg);
+                    }
                 }
             }
             Event::GpuFault(fault) => {
@@ -707,10 +741,20 @@ impl Agent {
                     self.save()?;
                 }
                 self.registered = true;
+                if !self.accepted {
+                    self.accepted = true;
+                    self.cleanup_cgroups();
+                }
                 self.heartbeat_every =
                     Duration::from_millis(heartbeat_interval_ms.clamp(100, 60_000));
                 let now = self.now();
-                self.ckpt.updates.mark_all_sent(now);
+                if std::mem::take(&mut self.updates_left_out) {
+                    // Not in the registration: send them now, one by one.
+                    self.ckpt.updates.reset_connection();
+                    self.flush_updates();
+                } else {
+                    self.ckpt.updates.mark_all_sent(now);
+                }
                 tracing::info!(%agent_id, "registered with the master");
             }
             MasterToAgent::RunTask { framework_id, task } => {
@@ -738,7 +782,13 @@ impl Agent {
                     self.save()?;
                 }
             }
-            MasterToAgent::Error { message } => tracing::error!("master refused us: {message}"),
+            MasterToAgent::Error { message } => {
+                // A refusal (a name in use by another agent, an id of another agent, invalid
+                // reservations): retrying cannot help, so stop (non-zero) instead of flapping.
+                // Running tasks are left alone.
+                tracing::error!("the master refused this agent: {message}");
+                anyhow::bail!("the master refused this agent: {message}");
+            }
         }
         Ok(())
     }
@@ -1242,5 +1292,161 @@ mod tests {
         let (tasks, gpus) = sample(None, &[(id, Some(cg), pgid, Vec::new())]);
         assert!(gpus.is_empty());
         assert_eq!(tasks, vec![(id, TaskUsage::default())]);
+    }
+}
+
+/// Makes a `Register` fit in one frame: first without its pending updates (they are sent one
+/// by one after registering; returns true then), then, for thousands of tasks with long
+/// commands, without the tasks' commands and environments (the master needs their ids and
+/// resources to adopt them). Logs what it left out.
+fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
+    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+        return (msg, false);
+    }
+    let (
+        agent_id,
+        hostname,
+        resources,
+        reserved,
+        attributes,
+        gpus,
+        mut running_tasks,
+        pending_updates,
+    ) = match msg {
+        AgentToMaster::Register {
+            agent_id,
+            hostname,
+            resources,
+            reserved,
+            attributes,
+            gpus,
+            running_tasks,
+            pending_updates,
+        } => (
+            agent_id,
+            hostname,
+            resources,
+            reserved,
+            attributes,
+            gpus,
+            running_tasks,
+            pending_updates,
+        ),
+        other => return (other, false),
+    };
+    tracing::warn!(
+        updates = pending_updates.len(),
+        "registration too large for one frame; pending status updates follow it one by one"
+    );
+    let left_out = !pending_updates.is_empty();
+    let rebuild = |running_tasks: Vec<RunningTask>| AgentToMaster::Register {
+        agent_id,
+        hostname: hostname.clone(),
+        resources: resources.clone(),
+        reserved: reserved.clone(),
+        attributes: attributes.clone(),
+        gpus: gpus.clone(),
+        running_tasks,
+        pending_updates: Vec::new(),
+    };
+    let msg = rebuild(running_tasks.clone());
+    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+        return (msg, left_out);
+    }
+    tracing::warn!(
+        tasks = running_tasks.len(),
+        "registration still too large; reporting the tasks without their commands and environments"
+    );
+    for t in &mut running_tasks {
+        t.task.command = String::new();
+        t.task.env.clear();
+    }
+    (rebuild(running_tasks), left_out)
+}
+
+#[cfg(test)]
+mod fit_register_tests {
+    use super::*;
+
+    fn register(tasks: usize, command_bytes: usize, updates: usize) -> AgentToMaster {
+        let fw = FrameworkId::random();
+        let running_tasks: Vec<RunningTask> = (0..tasks)
+            .map(|i| RunningTask {
+                framework_id: fw,
+                task: TaskInfo {
+                    task_id: TaskId::random(),
+                    name: format!("t{i}"),
+                    command: "x".repeat(command_bytes),
+                    resources: "cpus:0.1".parse().unwrap(),
+                    env: Default::default(),
+                    kill_grace_secs: None,
+                    gpu_selector: None,
+                },
+                state: TaskState::Running,
+            })
+            .collect();
+        let pending_updates = running_tasks
+            .iter()
+            .take(updates)
+            .map(|t| StatusUpdate {
+                update_id: UpdateId::random(),
+                task_id: t.task.task_id,
+                framework_id: fw,
+                agent_id: None,
+                state: TaskState::Running,
+                source: UpdateSource::Agent,
+                message: "m".repeat(command_bytes),
+                exit_code: None,
+                signal: None,
+                timestamp_ms: 0,
+                reconciliation: false,
+            })
+            .collect();
+        AgentToMaster::Register {
+            agent_id: None,
+            hostname: "h".into(),
+            resources: "cpus:1".parse().unwrap(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: vec![],
+            running_tasks,
+            pending_updates,
+        }
+    }
+
+    fn parts(msg: &AgentToMaster) -> (usize, usize, usize) {
+        match msg {
+            AgentToMaster::Register {
+                running_tasks,
+                pending_updates,
+                ..
+            } => (
+                running_tasks.len(),
+                pending_updates.len(),
+                running_tasks.iter().map(|t| t.task.command.len()).sum(),
+            ),
+            _ => panic!("not a registration"),
+        }
+    }
+
+    #[test]
+    fn a_registration_that_fits_is_unchanged() {
+        let msg = register(10, 100, 10);
+        let (fitted, left_out) = fit_register(msg.clone());
+        assert_eq!((fitted, left_out), (msg, false));
+    }
+
+    #[test]
+    fn pending_updates_are_left_out_first_then_commands() {
+        // 1,000 tasks with 3 KB commands and 3 KB update messages: ~6 MB.
+        let (fitted, left_out) = fit_register(register(1000, 3000, 1000));
+        assert!(left_out);
+        assert_eq!(parts(&fitted), (1000, 0, 3_000_000));
+        assert!(codec::encode(&fitted).is_ok());
+        // 2,000 tasks with 3 KB commands: the commands go too, every task is still reported.
+        let (fitted, left_out) = fit_register(register(2000, 3000, 0));
+        assert!(!left_out);
+        assert_eq!(parts(&fitted), (2000, 0, 0));
+        assert!(codec::encode(&fitted).is_ok());
     }
 }

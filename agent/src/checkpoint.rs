@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use gantry_sdk::protocol::{AgentId, FrameworkId, TaskId, TaskInfo, TaskState};
@@ -85,7 +86,16 @@ impl Checkpoint {
             path: path.clone(),
             source,
         })?;
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        // 0600: the checkpoint names every task, its command and environment.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io)?;
         f.write_all(&data).map_err(io)?;
         f.sync_data().map_err(io)?;
         std::fs::rename(&tmp, &path).map_err(io)
@@ -132,6 +142,15 @@ mod tests {
             },
         );
         c.save(&dir).unwrap();
+        let mode = std::fs::metadata(dir.join(FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the checkpoint is private to the agent"
+        );
         let back = Checkpoint::load(&dir).unwrap().unwrap();
         assert_eq!(back.agent_id, c.agent_id);
         assert_eq!(back.tasks[&tid].launched, c.tasks[&tid].launched);

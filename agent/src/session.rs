@@ -3,6 +3,7 @@
 //! forward the leader's messages to it, and switch at once when a standby announces that it
 //! was elected.
 
+use gantry_sdk::protocol::codec::CodecError;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
 use gantry_sdk::transport::{quic, TlsMaterial};
@@ -43,10 +44,21 @@ pub(crate) async fn run(
         if events.send(Event::Connected(out_tx)).is_err() {
             return;
         }
+        let writer_conn = conn.clone();
         let writer = tokio::spawn(async move {
             while let Some(m) = out_rx.recv().await {
-                if tx.send(&m).await.is_err() {
-                    break;
+                match tx.send(&m).await {
+                    Ok(()) => {}
+                    // Messages are split under the frame limit; one that still does not fit
+                    // is lost alone, loudly, and the session goes on.
+                    Err(e @ CodecError::TooLarge(_)) => {
+                        tracing::warn!(master = %addr, "message not sent: {e}")
+                    }
+                    Err(e) => {
+                        tracing::warn!(master = %addr, "write to the master failed: {e}; reconnecting");
+                        writer_conn.close(0u32.into(), b"write failed");
+                        break;
+                    }
                 }
             }
         });

@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::protocol::codec::CodecError;
 use crate::protocol::*;
 use crate::transport::masters::{LeaderSession, Masters, MastersConfig};
 use crate::transport::quic;
@@ -212,9 +213,17 @@ impl DriverHandle {
     pub fn kill(&self, task_id: TaskId) {
         self.send(FrameworkToMaster::Kill { task_id });
     }
-    /// Ask for the current state of these tasks (all of ours when empty).
+    /// Ask for the current state of these tasks (all of ours when empty). Sent as several
+    /// messages of at most [`MAX_RECONCILE_IDS`] ids each (the master's bound).
     pub fn reconcile(&self, task_ids: Vec<TaskId>) {
-        self.send(FrameworkToMaster::Reconcile { task_ids });
+        if task_ids.len() <= MAX_RECONCILE_IDS {
+            return self.send(FrameworkToMaster::Reconcile { task_ids });
+        }
+        for chunk in task_ids.chunks(MAX_RECONCILE_IDS) {
+            self.send(FrameworkToMaster::Reconcile {
+                task_ids: chunk.to_vec(),
+            });
+        }
     }
     /// Stop offers for these roles (all when empty) until revived.
     pub fn suppress(&self, roles: Vec<String>) {
@@ -488,12 +497,20 @@ impl Driver {
                 }
                 cmd = self.rx.recv(), if subscribed => {
                     match cmd {
-                        Some(Command::Send(msg)) => {
-                            if let Err(e) = tx.send(&msg).await {
+                        Some(Command::Send(msg)) => match tx.send(&msg).await {
+                            Ok(()) => {}
+                            // Too large to send (e.g. an accept launching thousands of tasks):
+                            // nothing went out, the session is fine; tell the scheduler.
+                            Err(e @ CodecError::TooLarge(_)) => {
+                                tracing::warn!("message not sent to the master: {e}");
+                                let message = format!("not sent: {e}; split it into smaller messages");
+                                scheduler.error(&self.handle, ErrorKind::InvalidRequest, &message).await;
+                            }
+                            Err(e) => {
                                 scheduler.disconnected(&self.handle).await;
                                 return Ok(SessionEnd::Lost(e.to_string()));
                             }
-                        }
+                        },
                         Some(Command::Stop { teardown }) => {
                             if teardown {
                                 let _ = tx.send(&FrameworkToMaster::Teardown).await;

@@ -188,11 +188,7 @@ struct OperatorEntry {
     actions: Vec<String>,
 }
 
-fn names(
-    section: &'static str,
-    index: usize,
-    principals: Vec<String>,
-) -> Result<Names, AclError> {
+fn names(section: &'static str, index: usize, principals: Vec<String>) -> Result<Names, AclError> {
     if principals.is_empty() {
         return Err(AclError::Invalid {
             section,

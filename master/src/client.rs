@@ -1,111 +1,250 @@
-//! A minimal blocking HTTP/1.1 client for the master's operator endpoints (`/health`,
-//! `/state`, `/weights`, `/quota`), used by `gantryctl` and the cluster tests. No TLS: the
-//! operator endpoint is meant for loopback or a management network.
+//! A client for the master's operator API (`/health`, `/state`, `/weights`, `/quota`) over
+//! HTTPS, used by `gantryctl` and the cluster tests: reqwest with rustls on the `ring`
+//! provider, trusting only the cluster CA, authenticating with an operator certificate
+//! (`operator-NAME.pem/.key` in a TLS directory) or a bearer token.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Errors talking to the operator endpoints.
+use gantry_sdk::transport::tls::{self, PeerIdentity, TlsError};
+
+/// Errors talking to the operator API.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("{addr}: {source}")]
-    Io {
-        addr: SocketAddr,
-        source: std::io::Error,
+    #[error("invalid master address {0:?}: use https://HOST:PORT (or http://127.0.0.1:PORT for a master started with --http-insecure)")]
+    BadUrl(String),
+    #[error("HTTPS to the master needs the cluster CA: give --tls-dir DIR (holding ca.pem)")]
+    NoTlsDir,
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("request to the master failed")]
+    Http(#[from] reqwest::Error),
+    #[error("client runtime: {0}")]
+    Runtime(String),
+    /// The master answered with an error status.
+    #[error("{path}: {status} {code}: {message}")]
+    Status {
+        path: String,
+        status: u16,
+        code: String,
+        message: String,
     },
-    #[error("{path}: {status}")]
-    Status { path: String, status: String },
-    #[error("malformed HTTP response from {0}")]
-    Malformed(SocketAddr),
 }
 
-/// `GET path` and return the body of a 200 response.
-pub fn http_get(addr: SocketAddr, path: &str) -> Result<String, ClientError> {
-    request(addr, "GET", path, None)
-}
-
-/// `POST path` with a JSON body and return the body of a 200 response.
-pub fn http_post_json(
-    addr: SocketAddr,
-    path: &str,
-    body: &serde_json::Value,
-) -> Result<String, ClientError> {
-    request(addr, "POST", path, Some(&body.to_string()))
-}
-
-fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> Result<String, ClientError> {
-    let io = |source| ClientError::Io { addr, source };
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(io)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(io)?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(b) = body {
-        req.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
-            b.len()
-        ));
-    } else {
-        req.push_str("\r\n");
-    }
-    s.write_all(req.as_bytes()).map_err(io)?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).map_err(io)?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or(ClientError::Malformed(addr))?;
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body).ok_or(ClientError::Malformed(addr))?
-    } else {
-        body.to_string()
-    };
-    let status = head.lines().next().unwrap_or_default();
-    if !status.starts_with("HTTP/1.1 200") {
-        let detail = if body.trim().is_empty() {
-            String::new()
-        } else {
-            format!(": {}", body.trim())
-        };
-        return Err(ClientError::Status {
-            path: path.to_string(),
-            status: format!("{status}{detail}"),
-        });
-    }
-    Ok(body)
-}
-
-fn dechunk(mut rest: &str) -> Option<String> {
-    let mut out = String::new();
-    loop {
-        let (size, after) = rest.split_once("\r\n")?;
-        let n = usize::from_str_radix(size.trim(), 16).ok()?;
-        if n == 0 {
-            return Some(out);
+impl ClientError {
+    /// The HTTP status the master answered with, if it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            _ => None,
         }
-        out.push_str(after.get(..n)?);
-        rest = after.get(n + 2..)?;
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// How the client proves who it is.
+#[derive(Debug, Clone)]
+pub enum Credentials {
+    /// The operator certificate `operator-NAME.pem/.key` from the TLS directory.
+    Certificate(String),
+    /// `Authorization: Bearer TOKEN`.
+    Token(String),
+    /// Nothing (only `/health`, or reads on a master with `--http-public-reads`).
+    None,
+}
 
-    #[test]
-    fn dechunks() {
-        assert_eq!(
-            dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").as_deref(),
-            Some("abcde")
-        );
-        assert_eq!(dechunk("ff\r\nabc"), None);
+/// Where and how to reach the operator API.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `https://HOST:PORT` (or `http://` for a loopback master with `--http-insecure`).
+    pub master: String,
+    /// The TLS directory holding `ca.pem` (and the operator's certificate).
+    pub tls_dir: Option<PathBuf>,
+    pub credentials: Credentials,
+    /// Per-request deadline.
+    pub timeout: Duration,
+}
+
+impl ClientConfig {
+    /// `https://ADDR` with the operator certificate `NAME` from `tls_dir`.
+    pub fn with_certificate(master: impl Into<String>, tls_dir: &Path, operator: &str) -> Self {
+        Self {
+            master: master.into(),
+            tls_dir: Some(tls_dir.to_path_buf()),
+            credentials: Credentials::Certificate(operator.to_string()),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// An operator API client.
+#[derive(Debug, Clone)]
+pub struct OperatorClient {
+    base: String,
+    http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl OperatorClient {
+    pub fn new(config: &ClientConfig) -> Result<Self, ClientError> {
+        let base = config.master.trim_end_matches('/').to_string();
+        let https = if base.starts_with("https://") {
+            true
+        } else if base.starts_with("http://") {
+            false
+        } else {
+            return Err(ClientError::BadUrl(config.master.clone()));
+        };
+        let mut builder = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(Duration::from_secs(5))
+            .http1_only()
+            // Well under the master's 10 s header deadline, which also closes idle
+            // connections: never send on a connection the master is closing.
+            .pool_idle_timeout(Duration::from_secs(4))
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none());
+        if https {
+            let dir = config.tls_dir.as_deref().ok_or(ClientError::NoTlsDir)?;
+            let roots = tls::load_roots(dir)?;
+            let identity = match &config.credentials {
+                Credentials::Certificate(name) => Some(tls::load_identity(
+                    dir,
+                    &PeerIdentity::Operator(name.clone()),
+                )?),
+                _ => None,
+            };
+            builder =
+                builder.use_preconfigured_tls(tls::https_client_config(roots, identity.as_ref())?);
+        } else {
+            // Plain HTTP: no TLS is used, but reqwest still builds a TLS configuration and,
+            // without one given, would look for a process-wide rustls provider.
+            builder = builder.use_preconfigured_tls(tls::https_client_config(
+                rustls::RootCertStore::empty(),
+                None,
+            )?);
+        }
+        let token = match &config.credentials {
+            Credentials::Token(t) => Some(t.clone()),
+            _ => None,
+        };
+        Ok(Self {
+            base,
+            http: builder.build()?,
+            token,
+        })
+    }
+
+    /// `GET path` and return the body of a 2xx response.
+    pub async fn get(&self, path: &str) -> Result<String, ClientError> {
+        self.send(path, self.http.get(self.url(path))).await
+    }
+
+    /// `POST path` with a JSON body and return the body of a 2xx response.
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<String, ClientError> {
+        let req = self
+            .http
+            .post(self.url(path))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string());
+        self.send(path, req).await
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn send(
+        &self,
+        path: &str,
+        mut req: reqwest::RequestBuilder,
+    ) -> Result<String, ClientError> {
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        if status.is_success() {
+            return Ok(text);
+        }
+        let (code, message) = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) if v["error"].is_string() => (
+                v["error"].as_str().unwrap_or_default().to_string(),
+                v["message"].as_str().unwrap_or_default().to_string(),
+            ),
+            _ => (String::new(), text.trim().to_string()),
+        };
+        Err(ClientError::Status {
+            path: path.to_string(),
+            status: status.as_u16(),
+            code,
+            message,
+        })
+    }
+}
+
+/// A blocking wrapper for callers outside async code or inside another runtime (the cluster
+/// tests): requests run on one process-wide background runtime and the caller waits on a
+/// channel, so keep-alive connections are reused across calls and no runtime is ever dropped
+/// inside an async context.
+#[derive(Debug, Clone)]
+pub struct BlockingClient {
+    client: OperatorClient,
+}
+
+fn background() -> Result<&'static tokio::runtime::Runtime, ClientError> {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("gantry-operator-client")
+        .enable_all()
+        .build()
+        .map_err(|e| ClientError::Runtime(e.to_string()))?;
+    // A runtime that lost the race is leaked rather than dropped (dropping one inside an async
+    // context panics).
+    if let Err(rt) = RT.set(rt) {
+        std::mem::forget(rt);
+    }
+    RT.get()
+        .ok_or_else(|| ClientError::Runtime("no background runtime".into()))
+}
+
+impl BlockingClient {
+    pub fn new(config: &ClientConfig) -> Result<Self, ClientError> {
+        let _guard = background()?.enter();
+        Ok(Self {
+            client: OperatorClient::new(config)?,
+        })
+    }
+
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, ClientError>> + Send + 'static,
+    ) -> Result<T, ClientError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        background()?.spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err(ClientError::Runtime("the request task ended".into())))
+    }
+
+    /// Blocking `GET path`.
+    pub fn get(&self, path: &str) -> Result<String, ClientError> {
+        let (c, path) = (self.client.clone(), path.to_string());
+        self.run(async move { c.get(&path).await })
+    }
+
+    /// Blocking `POST path` with a JSON body.
+    pub fn post_json(&self, path: &str, body: serde_json::Value) -> Result<String, ClientError> {
+        let (c, path) = (self.client.clone(), path.to_string());
+        self.run(async move { c.post_json(&path, &body).await })
     }
 }

@@ -9,8 +9,11 @@
 //! - [`state`]: PURE-ish state machine of agents, frameworks and tasks; accept validation; the
 //!   `/state` view. Takes inputs and time, returns messages to send.
 //! - [`server`]: the I/O shell: QUIC accept loop, per-peer connection tasks, the core event
-//!   loop, HTTP (axum).
-//! - [`client`]: a minimal blocking client for the operator HTTP endpoints.
+//!   loop, and the operator API over HTTPS (`server::http`: operator certificates and tokens,
+//!   ACL-checked writes, bounded requests; axum on hyper with tokio-rustls).
+//! - [`client`]: the HTTPS client for the operator API (reqwest, rustls on ring), used by
+//!   `gantryctl` and the cluster tests.
+//! - [`tokens`]: PURE operator bearer tokens: stored as SHA-256, compared in constant time.
 //! - [`simulate`]: the scenario simulator, trace mode and benchmark driving the allocator in
 //!   simulated time.
 //! - [`election`]: standalone or etcd leader election (epoch, write fence, leader address).
@@ -24,3 +27,4 @@ pub mod registry;
 pub mod server;
 pub mod simulate;
 pub mod state;
+pub mod tokens;

@@ -247,6 +247,9 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
         &ttl_s,
         "--agent-reregister-timeout",
         "60",
+        // Every emulated agent connects from 127.0.0.1.
+        "--max-connections-per-address",
+        "0",
     ];
     let mut masters = Vec::new();
     for _ in 0..3 {

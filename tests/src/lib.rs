@@ -189,7 +189,24 @@ impl MasterProc {
             .arg("--tls-dir")
             .arg(tls_dir);
         cmd.args(extra);
+        register_http(http, tls_dir, extra.iter().any(|a| a == "--http-insecure"));
         Proc::spawn("gantry-master", cmd, log)
+    }
+
+    /// Runs `gantryctl ARGS` against this master (HTTPS, dev operator certificate `admin`).
+    pub fn gantryctl(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        Ok(Command::new(bin("gantryctl")?)
+            .args(args)
+            .arg("--master")
+            .arg(format!("https://{}", self.http))
+            .arg("--tls-dir")
+            .arg(&self.tls_dir)
+            .output()?)
+    }
+
+    /// The master's TLS directory.
+    pub fn tls_dir(&self) -> &Path {
+        &self.tls_dir
     }
 
     fn wait_up(&self) -> anyhow::Result<()> {
@@ -368,9 +385,84 @@ impl Drop for AgentProc {
     }
 }
 
-/// `GET path` from the master's HTTP endpoint.
+/// How the harness reaches a master's operator API: `https` with the dev operator certificate
+/// from the master's TLS directory, or plain `http` (`--http-insecure`); and the client, once
+/// made (kept for keep-alive connections).
+#[derive(Clone)]
+struct HttpEndpoint {
+    tls_dir: PathBuf,
+    insecure: bool,
+    client: Option<gantry_master::client::BlockingClient>,
+}
+
+fn endpoints() -> &'static std::sync::Mutex<std::collections::HashMap<SocketAddr, HttpEndpoint>> {
+    static ENDPOINTS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<SocketAddr, HttpEndpoint>>,
+    > = std::sync::OnceLock::new();
+    ENDPOINTS.get_or_init(Default::default)
+}
+
+/// Registers a master's operator API address: [`http_get`] then speaks HTTPS to it with the
+/// operator certificate `operator-admin` from `tls_dir` (or plain HTTP when `insecure`).
+/// Registering an address again (a restart, or a port reused by another test) drops its client.
+pub fn register_http(addr: SocketAddr, tls_dir: &Path, insecure: bool) {
+    if let Ok(mut m) = endpoints().lock() {
+        m.insert(
+            addr,
+            HttpEndpoint {
+                tls_dir: tls_dir.to_path_buf(),
+                insecure,
+                client: None,
+            },
+        );
+    }
+}
+
+fn endpoint(addr: SocketAddr) -> anyhow::Result<HttpEndpoint> {
+    endpoints()
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&addr).cloned())
+        .with_context(|| format!("no master started by the harness serves {addr}"))
+}
+
+/// The operator client configuration for a master the harness started (dev operator
+/// certificate `admin`).
+pub fn operator_client(addr: SocketAddr) -> anyhow::Result<gantry_master::client::ClientConfig> {
+    let e = endpoint(addr)?;
+    Ok(if e.insecure {
+        gantry_master::client::ClientConfig {
+            master: format!("http://{addr}"),
+            tls_dir: None,
+            credentials: gantry_master::client::Credentials::None,
+            timeout: Duration::from_secs(10),
+        }
+    } else {
+        gantry_master::client::ClientConfig::with_certificate(
+            format!("https://{addr}"),
+            &e.tls_dir,
+            "admin",
+        )
+    })
+}
+
+/// `GET path` from the operator API of a master the harness started (HTTPS with the dev
+/// operator certificate). The client is made once the master's TLS directory holds the CA and
+/// the operator certificate, then kept.
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    Ok(gantry_master::client::http_get(addr, path)?)
+    let client = match endpoint(addr)?.client {
+        Some(c) => c,
+        None => {
+            let c = gantry_master::client::BlockingClient::new(&operator_client(addr)?)?;
+            if let Ok(mut m) = endpoints().lock() {
+                if let Some(e) = m.get_mut(&addr) {
+                    e.client = Some(c.clone());
+                }
+            }
+            c
+        }
+    };
+    Ok(client.get(path)?)
 }
 
 /// A cluster: one master and some agents sharing one dev TLS directory.
@@ -392,7 +484,36 @@ impl Cluster {
         master_args: &[&str],
         agent_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_in(
+            TempDir::new("gantry-test")?,
+            agents,
+            master_args,
+            agent_args,
+        )
+    }
+
+    /// Like [`Cluster::start_with`], with the master enforcing the access-control lists in
+    /// `acls_toml` (written to `acls.toml` in the test directory and passed as `--acls`).
+    pub fn start_with_acls(
+        agents: &[(&str, &str)],
+        acls_toml: &str,
+        master_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new("gantry-test")?;
+        let acls = dir.path().join("acls.toml");
+        std::fs::write(&acls, acls_toml)?;
+        let acls = acls.display().to_string();
+        let mut args = vec!["--acls", acls.as_str()];
+        args.extend_from_slice(master_args);
+        Self::start_in(dir, agents, &args, &[])
+    }
+
+    fn start_in(
+        dir: TempDir,
+        agents: &[(&str, &str)],
+        master_args: &[&str],
+        agent_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let tls_dir = dir.path().join("tls");
         let master = MasterProc::start(dir.path(), &tls_dir, master_args)?;
         let mut procs = Vec::new();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use gantry_tests::etcd::EtcdServer;
 use gantry_tests::{
-    assert_finished_once, bin, run_batch_ha, sandbox_count, AgentProc, MasterProc, TempDir,
+    assert_finished_once, run_batch_ha, sandbox_count, AgentProc, MasterProc, TempDir,
 };
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
@@ -55,12 +55,7 @@ async fn leader_killed_under_load_loses_nothing() {
         .unwrap();
     // Operator settings before the failover.
     let ctl = |m: &MasterProc, args: &[&str]| {
-        let out = std::process::Command::new(bin("gantryctl").unwrap())
-            .args(args)
-            .arg("--http")
-            .arg(m.http.to_string())
-            .output()
-            .unwrap();
+        let out = m.gantryctl(args).unwrap();
         assert!(
             out.status.success(),
             "{}",

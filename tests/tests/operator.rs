@@ -1,21 +1,16 @@
 //! Operator controls on a live cluster: weights and quotas through `gantryctl`, static and
 //! dynamic reservations through agents and accepts.
 
-use std::process::Command;
 use std::time::Duration;
 
 use gantry_sdk::protocol::*;
 use gantry_sdk::{Driver, DriverConfig, DriverHandle, Scheduler};
-use gantry_tests::{bin, Cluster};
+use gantry_tests::Cluster;
 use tokio::sync::mpsc;
 
+/// `gantryctl` over HTTPS with the dev operator certificate the master issued.
 fn gantryctl(cluster: &Cluster, args: &[&str]) -> std::process::Output {
-    Command::new(bin("gantryctl").unwrap())
-        .args(args)
-        .arg("--http")
-        .arg(cluster.master.http.to_string())
-        .output()
-        .unwrap()
+    cluster.master.gantryctl(args).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

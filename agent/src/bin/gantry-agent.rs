@@ -250,6 +250,14 @@ fn main() -> anyhow::Result<()> {
             .transpose()?,
         nvidia_majors: NvidiaMajors::detect(),
     };
+    // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
+    gantry_sdk::protocol::register_limits::check(
+        &config.hostname,
+        &config.attributes,
+        &[],
+        &config.reserved,
+    )
+    .map_err(|e| anyhow::anyhow!("--attributes / --reserved / host name: {e}"))?;
     tracing::info!(
         resources = %config.resources,
         gpus = config.gpus.as_ref().map(|g| g.inventory().gpus.len()).unwrap_or(0),

@@ -14,6 +14,84 @@ use super::resources::Resources;
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
 pub const PROTOCOL_VERSION: u32 = 2;
 
+/// The most task ids one [`FrameworkToMaster::Reconcile`] may name; the master refuses more
+/// with an [`ErrorKind::InvalidRequest`] error (the SDK's driver splits longer lists).
+pub const MAX_RECONCILE_IDS: usize = 10_000;
+
+/// Bounds on what an agent registers with ([`AgentToMaster::Register`]); the master refuses a
+/// registration past any of them with a [`MasterToAgent::Error`] naming it. They keep every
+/// offer (which repeats the agent's hostname, attributes and GPUs) far below the frame limit.
+pub mod register_limits {
+    /// Bytes of the hostname (a DNS name has at most 253).
+    pub const MAX_HOSTNAME: usize = 255;
+    /// Number of attributes.
+    pub const MAX_ATTRIBUTES: usize = 128;
+    /// Bytes of one attribute name.
+    pub const MAX_ATTRIBUTE_NAME: usize = 128;
+    /// Bytes of all attribute names and values together.
+    pub const MAX_ATTRIBUTES_BYTES: usize = 64 * 1024;
+    /// GPUs of one agent.
+    pub const MAX_GPUS: usize = 256;
+    /// Bytes of each GPU string (uuid, model name, PCI bus id).
+    pub const MAX_GPU_FIELD: usize = 256;
+    /// Roles with static reservations on one agent.
+    pub const MAX_RESERVED_ROLES: usize = 64;
+
+    /// Checks an agent's registration against [`register_limits`]; the error names the bound.
+    pub fn check(
+        hostname: &str,
+        attributes: &super::Attributes,
+        gpus: &[super::GpuInfo],
+        reserved: &std::collections::BTreeMap<String, super::Resources>,
+    ) -> Result<(), String> {
+        if hostname.len() > MAX_HOSTNAME {
+            return Err(format!(
+                "hostname has {} bytes; at most {MAX_HOSTNAME}",
+                hostname.len()
+            ));
+        }
+        if attributes.len() > MAX_ATTRIBUTES {
+            return Err(format!(
+                "{} attributes; at most {MAX_ATTRIBUTES}",
+                attributes.len()
+            ));
+        }
+        if let Some(k) = attributes.keys().find(|k| k.len() > MAX_ATTRIBUTE_NAME) {
+            return Err(format!(
+                "attribute name {:?}... has {} bytes; at most {MAX_ATTRIBUTE_NAME}",
+                k.chars().take(32).collect::<String>(),
+                k.len()
+            ));
+        }
+        let total: usize = attributes.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if total > MAX_ATTRIBUTES_BYTES {
+            return Err(format!(
+                "attributes have {total} bytes of names and values; at most {MAX_ATTRIBUTES_BYTES}"
+            ));
+        }
+        if gpus.len() > MAX_GPUS {
+            return Err(format!("{} GPUs; at most {MAX_GPUS}", gpus.len()));
+        }
+        if let Some(g) = gpus.iter().find(|g| {
+            g.uuid.len() > MAX_GPU_FIELD
+                || g.name.len() > MAX_GPU_FIELD
+                || g.pci_bus_id.len() > MAX_GPU_FIELD
+        }) {
+            return Err(format!(
+                "a GPU's uuid, name or PCI bus id ({:?}...) is longer than {MAX_GPU_FIELD} bytes",
+                g.uuid.chars().take(32).collect::<String>()
+            ));
+        }
+        if reserved.len() > MAX_RESERVED_ROLES {
+            return Err(format!(
+                "reservations for {} roles; at most {MAX_RESERVED_ROLES}",
+                reserved.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Free-form `key: value` attributes of an agent (`rack:r1`, `zone:a`, `gpu_model:A100`).
 pub type Attributes = BTreeMap<String, String>;
 

@@ -2,8 +2,12 @@
 //!
 //! - [`ids`]: uuid newtypes (`FrameworkId`, `AgentId`, `OfferId`, `TaskId`, `UpdateId`).
 //! - [`resources`]: [`Resources`], named scalars in exact milli-units.
-//! - [`messages`]: every message agents, frameworks and masters exchange.
-//! - [`codec`]: bounded, length-prefixed bincode frames; the only module that encodes.
+//! - [`messages`]: every message agents, frameworks and masters exchange, and the bounds on
+//!   them (`MAX_RECONCILE_IDS`, [`register_limits`]).
+//! - [`codec`]: bounded, length-prefixed bincode frames; the only module that encodes. It also
+//!   sizes messages in advance and splits list-carrying ones under the bound
+//!   ([`codec::split_batches`]), and reads untrusted peers under a body deadline and a shared
+//!   budget ([`codec::read_frame_limited`]).
 
 pub mod codec;
 pub mod ids;

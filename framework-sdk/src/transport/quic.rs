@@ -50,7 +50,7 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// crashed master by its peers (when no election follows, e.g. a standalone master).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 
-fn transport_config(keep_alive: Option<Duration>) -> Arc<quinn::TransportConfig> {
+fn transport_config(keep_alive: Option<Duration>) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(keep_alive);
     t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(
@@ -58,7 +58,7 @@ fn transport_config(keep_alive: Option<Duration>) -> Arc<quinn::TransportConfig>
     ))));
     t.max_concurrent_bidi_streams(4u32.into());
     t.max_concurrent_uni_streams(0u32.into());
-    Arc::new(t)
+    t
 }
 
 /// A server endpoint (the master) bound to `addr`, requiring client certificates.
@@ -76,7 +76,12 @@ pub fn server_endpoint(
         .map_err(|e| TransportError::Config(e.to_string()))?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     // Peers send the keep-alives: one ping per connection per interval instead of two.
-    cfg.transport_config(transport_config(None));
+    let mut transport = transport_config(None);
+    // What one connection can make the master buffer before it reads: a bounded window for
+    // all its streams together, and no datagrams (the master never reads any).
+    transport.receive_window(quinn::VarInt::from_u32(SERVER_CONNECTION_WINDOW));
+    transport.datagram_receive_buffer_size(None);
+    cfg.transport_config(Arc::new(transport));
     let socket = std::net::UdpSocket::bind(addr)?;
     // One socket carries every agent's and framework's packets (keep-alives, heartbeats): with
     // thousands of peers the default buffer (~200 KB) overflows in bursts, and the packets
@@ -146,6 +151,10 @@ pub fn load_or_create_reset_key(path: &std::path::Path) -> Result<Vec<u8>, Trans
     Ok(key)
 }
 
+/// Bytes one peer connection may send the master ahead of what it read (all streams together;
+/// QUIC flow control holds the rest back). Partial frames beyond it wait in the peer.
+pub const SERVER_CONNECTION_WINDOW: u32 = 512 * 1024;
+
 /// Receive buffer requested for the master's UDP socket.
 pub const SERVER_RECV_BUFFER: usize = 8 << 20;
 
@@ -155,7 +164,7 @@ pub fn client_config(material: &TlsMaterial) -> Result<quinn::ClientConfig, Tran
     let crypto = QuicClientConfig::try_from(tls::client_config(material)?)
         .map_err(|e| TransportError::Config(e.to_string()))?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    cfg.transport_config(transport_config(Some(KEEP_ALIVE)));
+    cfg.transport_config(Arc::new(transport_config(Some(KEEP_ALIVE))));
     Ok(cfg)
 }
 
@@ -205,6 +214,15 @@ impl FrameReceiver {
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<T, CodecError> {
         codec::read_frame(&mut self.0).await
     }
+
+    /// Receives from an untrusted peer under `limits` (body deadline and a shared budget for
+    /// large frame bodies): see [`codec::read_frame_limited`].
+    pub async fn recv_limited<T: DeserializeOwned>(
+        &mut self,
+        limits: &codec::ReadLimits,
+    ) -> Result<T, CodecError> {
+        codec::read_frame_limited(&mut self.0, limits).await
+    }
 }
 
 /// Connects to the master at `addr` as `kind` with the endpoint's default client
@@ -237,15 +255,22 @@ async fn finish_connect(
 ) -> Result<(quinn::Connection, FrameSender, FrameReceiver, MasterRole), TransportError> {
     let setup = async {
         let conn = connecting.await?;
-        let (send, recv) = conn.open_bi().await?;
-        let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
-        tx.send(&Hello {
-            protocol_version: PROTOCOL_VERSION,
-            peer: kind,
-        })
-        .await?;
-        let role: MasterRole = rx.recv().await?;
-        Ok::<_, TransportError>((conn, tx, rx, role))
+        let hello = async {
+            let (send, recv) = conn.open_bi().await?;
+            let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
+            tx.send(&Hello {
+                protocol_version: PROTOCOL_VERSION,
+                peer: kind,
+            })
+            .await?;
+            let role: MasterRole = rx.recv().await?;
+            Ok::<_, TransportError>((tx, rx, role))
+        };
+        match hello.await {
+            Ok((tx, rx, role)) => Ok((conn, tx, rx, role)),
+            // Closed by the master (e.g. past a connection limit): its reason says why.
+            Err(e) => Err(conn.close_reason().map_or(e, TransportError::Connection)),
+        }
     };
     tokio::time::timeout(CONNECT_TIMEOUT, setup)
         .await
@@ -258,7 +283,8 @@ pub async fn accept_stream(
 ) -> Result<(PeerKind, FrameSender, FrameReceiver), TransportError> {
     let (send, recv) = conn.accept_bi().await?;
     let mut rx = FrameReceiver(recv);
-    let hello: Hello = rx.recv().await?;
+    // A hello is a few bytes: never hold a large claimed frame for it.
+    let hello: Hello = codec::read_frame_max(&mut rx.0, codec::MAX_HELLO).await?;
     if hello.protocol_version != PROTOCOL_VERSION {
         return Err(TransportError::Protocol(format!(
             "protocol version {} is not supported (this master speaks {PROTOCOL_VERSION})",

@@ -1,14 +1,17 @@
 //! Mutual TLS for every Gantry connection: a cluster CA signs the master's, each agent's and each
 //! framework's certificate, and a peer's identity is read from its certificate.
 //!
-//! Identities live in the certificate's subject common name: `master`, `agent:NAME` or
-//! `framework:PRINCIPAL`. Master certificates also carry the DNS name [`MASTER_SERVER_NAME`],
-//! which clients verify; agent and framework certificates never do, so they can not pose as a
-//! master.
+//! Identities live in the certificate's subject common name: `master`, `agent:NAME`,
+//! `framework:PRINCIPAL` or `operator:NAME` (a person or tool using the master's HTTPS operator
+//! API). Master certificates also carry the DNS name [`MASTER_SERVER_NAME`], which clients
+//! verify; no other certificate does, so none can pose as a master. Every certificate carries
+//! the clientAuth extended key usage, and [`identity_from_cert`] accepts no certificate without
+//! it.
 //!
 //! A TLS directory holds PEM files named by convention: `ca.pem` (the CA certificate), `ca.key`
 //! (the CA key; only on hosts allowed to issue), `master.pem`/`master.key`,
-//! `agent-NAME.pem`/`.key`, `framework-NAME.pem`/`.key`. In development every binary is pointed
+//! `agent-NAME.pem`/`.key`, `framework-NAME.pem`/`.key`, `operator-NAME.pem`/`.key`.
+//! [`check_dir_permissions`] refuses a directory or key file others may write. In development every binary is pointed
 //! at the same directory: the master creates the CA when none exists, and agents and frameworks
 //! issue their own certificates from `ca.key`. In production `gantryctl certs` writes the same
 //! files and each host gets only `ca.pem` plus its own pair.
@@ -52,8 +55,16 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("client verifier: {0}")]
     Verifier(String),
-    #[error("invalid name {0:?}: use 1-64 characters of [A-Za-z0-9_.-]")]
+    #[error("invalid name {0:?}: use 1-64 characters of [A-Za-z0-9_.-], not starting with a dot and without \"..\"")]
     BadName(String),
+    #[error(
+        "{path} is writable by {who} (mode {mode:o}); run `chmod go-w {path}` (keys: `chmod 600`)"
+    )]
+    Permissions {
+        path: PathBuf,
+        who: &'static str,
+        mode: u32,
+    },
 }
 
 /// Who a certificate belongs to.
@@ -62,6 +73,8 @@ pub enum PeerIdentity {
     Master,
     Agent(String),
     Framework(String),
+    /// A user of the operator HTTP API (`gantryctl`).
+    Operator(String),
 }
 
 impl PeerIdentity {
@@ -71,6 +84,7 @@ impl PeerIdentity {
             PeerIdentity::Master => "master".to_string(),
             PeerIdentity::Agent(n) => format!("agent:{n}"),
             PeerIdentity::Framework(n) => format!("framework:{n}"),
+            PeerIdentity::Operator(n) => format!("operator:{n}"),
         }
     }
 
@@ -86,16 +100,19 @@ impl PeerIdentity {
         match kind {
             "agent" => Some(PeerIdentity::Agent(name.to_string())),
             "framework" => Some(PeerIdentity::Framework(name.to_string())),
+            "operator" => Some(PeerIdentity::Operator(name.to_string())),
             _ => None,
         }
     }
 
-    /// File stem in a TLS directory: `master`, `agent-NAME`, `framework-NAME`.
+    /// File stem in a TLS directory: `master`, `agent-NAME`, `framework-NAME`,
+    /// `operator-NAME`.
     pub fn file_stem(&self) -> String {
         match self {
             PeerIdentity::Master => "master".to_string(),
             PeerIdentity::Agent(n) => format!("agent-{n}"),
             PeerIdentity::Framework(n) => format!("framework-{n}"),
+            PeerIdentity::Operator(n) => format!("operator-{n}"),
         }
     }
 
@@ -104,6 +121,17 @@ impl PeerIdentity {
             PeerIdentity::Master => "master",
             PeerIdentity::Agent(_) => "agent",
             PeerIdentity::Framework(_) => "framework",
+            PeerIdentity::Operator(_) => "operator",
+        }
+    }
+
+    /// The name in an agent, framework or operator identity (none for the master).
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            PeerIdentity::Master => None,
+            PeerIdentity::Agent(n) | PeerIdentity::Framework(n) | PeerIdentity::Operator(n) => {
+                Some(n)
+            }
         }
     }
 }
@@ -114,10 +142,13 @@ impl std::fmt::Display for PeerIdentity {
     }
 }
 
-/// Names of agents and framework principals: 1-64 characters of `[A-Za-z0-9_.-]`.
+/// Names of agents, framework principals and operators: 1-64 characters of `[A-Za-z0-9_.-]`,
+/// not starting with a dot and without `..` (names become file names in TLS directories).
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
+        && !name.starts_with('.')
+        && !name.contains("..")
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
@@ -165,6 +196,23 @@ fn write_atomic(path: &Path, data: &str, secret: bool) -> Result<(), TlsError> {
         f.sync_all().map_err(io)?;
     }
     std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Creates `dir` (and missing parents) with mode 0700 when it does not exist yet; an existing
+/// directory keeps its mode ([`check_dir_permissions`] judges it).
+pub fn create_private_dir(dir: &Path) -> Result<(), TlsError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| TlsError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
 }
 
 fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -233,10 +281,7 @@ impl CertAuthority {
 
     /// Writes `ca.pem` and `ca.key` into `dir`.
     pub fn save(&self, dir: &Path) -> Result<(), TlsError> {
-        std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        create_private_dir(dir)?;
         write_atomic(&dir.join("ca.key"), &self.key.serialize_pem(), true)?;
         write_atomic(&dir.join("ca.pem"), &self.cert.pem(), false)
     }
@@ -248,9 +293,9 @@ impl CertAuthority {
         identity: &PeerIdentity,
         extra_sans: &[String],
     ) -> Result<(String, String), TlsError> {
-        if let PeerIdentity::Agent(n) | PeerIdentity::Framework(n) = identity {
+        if let Some(n) = identity.name() {
             if !valid_name(n) {
-                return Err(TlsError::BadName(n.clone()));
+                return Err(TlsError::BadName(n.to_string()));
             }
         }
         let mut params = CertificateParams::new(Vec::<String>::new())?;
@@ -316,10 +361,7 @@ pub fn ensure_ca(dir: &Path) -> Result<bool, TlsError> {
     if dir.join("ca.pem").exists() {
         return Ok(false);
     }
-    std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    create_private_dir(dir)?;
     // Several processes may race here: take an exclusive lock file so only one CA is made.
     let lock = dir.join("ca.lock");
     let _guard = DirLock::acquire(&lock)?;
@@ -446,11 +488,135 @@ pub fn client_config(material: &TlsMaterial) -> Result<rustls::ClientConfig, Tls
     Ok(cfg)
 }
 
-/// Reads the peer identity from a DER certificate's subject common name.
+/// Reads the peer identity from a DER certificate's subject common name. A certificate without
+/// the clientAuth extended key usage identifies nobody (the TLS verifiers accept a certificate
+/// with no extended key usage at all; Gantry never issues one).
 pub fn identity_from_cert(der: &[u8]) -> Option<PeerIdentity> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let eku = cert.extended_key_usage().ok()??;
+    if !eku.value.client_auth {
+        return None;
+    }
     let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
     PeerIdentity::from_common_name(cn)
+}
+
+/// Checks a TLS directory before use: an error when the directory or a key file (`*.key`) is
+/// writable by group or others (anyone who can replace a key or certificate can impersonate
+/// this host); the returned warnings name key files others can read.
+pub fn check_dir_permissions(dir: &Path) -> Result<Vec<String>, TlsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TlsError::Io { path, source }
+    };
+    let writable = |path: &Path, mode: u32| -> Result<(), TlsError> {
+        let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+            (_, true) => "others",
+            (true, false) => "its group",
+            _ => return Ok(()),
+        };
+        Err(TlsError::Permissions {
+            path: path.to_path_buf(),
+            who,
+            mode: mode & 0o7777,
+        })
+    };
+    let meta = std::fs::metadata(dir).map_err(io(dir))?;
+    writable(dir, meta.permissions().mode())?;
+    let mut warnings = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("key") {
+            continue;
+        }
+        let mode = std::fs::metadata(&path)
+            .map_err(io(&path))?
+            .permissions()
+            .mode();
+        writable(&path, mode)?;
+        if mode & 0o004 != 0 {
+            warnings.push(format!(
+                "{} is readable by every user (mode {:o}); run `chmod 600 {}`",
+                path.display(),
+                mode & 0o7777,
+                path.display()
+            ));
+        }
+    }
+    Ok(warnings)
+}
+
+/// rustls server configuration for the master's HTTPS operator API: the master's certificate,
+/// TLS 1.2 and 1.3 (for ordinary HTTP clients), ALPN `http/1.1`, and an *optional* client
+/// certificate from the cluster CA (operators may use a bearer token instead; the server reads
+/// the identity with [`identity_from_cert`]).
+pub fn https_server_config(material: &TlsMaterial) -> Result<rustls::ServerConfig, TlsError> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        material.roots.clone(),
+        provider(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| TlsError::Verifier(e.to_string()))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            material.identity.chain.clone(),
+            material.identity.key.clone_key(),
+        )?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// The cluster CA from `DIR/ca.pem`, as trust roots for an HTTPS client.
+pub fn load_roots(dir: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let ca_pem = dir.join("ca.pem");
+    if !ca_pem.exists() {
+        return Err(TlsError::MissingCa(ca_pem));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in load_certs(&ca_pem)? {
+        roots.add(cert)?;
+    }
+    Ok(roots)
+}
+
+/// Loads an existing identity from `dir` (`STEM.pem` and `STEM.key`) without issuing anything.
+pub fn load_identity(dir: &Path, identity: &PeerIdentity) -> Result<Identity, TlsError> {
+    let stem = identity.file_stem();
+    let cert_path = dir.join(format!("{stem}.pem"));
+    let key_path = dir.join(format!("{stem}.key"));
+    if !cert_path.exists() || !key_path.exists() {
+        return Err(TlsError::MissingIdentity {
+            identity: identity.to_string(),
+            dir: dir.to_path_buf(),
+            kind: identity.kind(),
+        });
+    }
+    Ok(Identity {
+        chain: load_certs(&cert_path)?,
+        key: load_key(&key_path)?,
+    })
+}
+
+/// rustls client configuration for HTTPS to the master (ring provider, TLS 1.2/1.3, ALPN
+/// `http/1.1`), trusting `roots` and presenting `identity` when given.
+pub fn https_client_config(
+    roots: rustls::RootCertStore,
+    identity: Option<&Identity>,
+) -> Result<rustls::ClientConfig, TlsError> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let mut cfg = match identity {
+        Some(id) => builder.with_client_auth_cert(id.chain.clone(), id.key.clone_key())?,
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
 }
 
 #[cfg(test)]
@@ -490,5 +656,92 @@ mod tests {
             ca.issue(&PeerIdentity::Agent("../x".into()), &[]),
             Err(TlsError::BadName(_))
         ));
+    }
+
+    #[test]
+    fn names_with_dot_dot_or_a_leading_dot_are_refused() {
+        for bad in ["..", "../x", "a..b", ".hidden", ".", ""] {
+            assert!(!valid_name(bad), "{bad:?}");
+            assert_eq!(
+                PeerIdentity::from_common_name(&format!("operator:{bad}")),
+                None
+            );
+        }
+        for good in ["a.b", "gpu-node-17", "x_y.z"] {
+            assert!(valid_name(good), "{good:?}");
+        }
+        let ca = CertAuthority::generate().unwrap();
+        assert!(matches!(
+            ca.issue(&PeerIdentity::Operator(".admin".into()), &[]),
+            Err(TlsError::BadName(_))
+        ));
+    }
+
+    #[test]
+    fn operator_certificates_carry_client_auth_and_their_identity() {
+        let ca = CertAuthority::generate().unwrap();
+        let (pem, _) = ca
+            .issue(&PeerIdentity::Operator("alice".into()), &[])
+            .unwrap();
+        let der = rustls_pemfile_certs(pem.as_bytes());
+        assert_eq!(
+            identity_from_cert(&der[0]),
+            Some(PeerIdentity::Operator("alice".into()))
+        );
+        assert_eq!(
+            PeerIdentity::Operator("alice".into()).file_stem(),
+            "operator-alice"
+        );
+    }
+
+    #[test]
+    fn a_certificate_without_client_auth_identifies_nobody() {
+        let ca = CertAuthority::generate().unwrap();
+        for ekus in [vec![], vec![ExtendedKeyUsagePurpose::ServerAuth]] {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            let mut dn = DistinguishedName::new();
+            dn.push(DnType::CommonName, "operator:mallory");
+            params.distinguished_name = dn;
+            params.extended_key_usages = ekus;
+            let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+            let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
+            assert_eq!(identity_from_cert(cert.der()), None);
+        }
+    }
+
+    #[test]
+    fn tls_dirs_and_keys_writable_by_others_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gantry-tls-perm-{}", uuid::Uuid::new_v4()));
+        assert!(ensure_ca(&dir).unwrap());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "a created TLS directory is private");
+        assert_eq!(mode(&dir.join("ca.key")), 0o600);
+        assert!(check_dir_permissions(&dir).unwrap().is_empty());
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        set(&dir.join("ca.key"), 0o644);
+        let warnings = check_dir_permissions(&dir).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("ca.key"), "{warnings:?}");
+        set(&dir.join("ca.key"), 0o620);
+        assert!(matches!(
+            check_dir_permissions(&dir),
+            Err(TlsError::Permissions {
+                who: "its group",
+                ..
+            })
+        ));
+        set(&dir.join("ca.key"), 0o600);
+        set(&dir, 0o777);
+        let err = check_dir_permissions(&dir).unwrap_err();
+        assert!(
+            matches!(err, TlsError::Permissions { who: "others", .. }),
+            "{err}"
+        );
+        set(&dir, 0o755);
+        assert!(check_dir_permissions(&dir).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -460,6 +460,8 @@ pub struct Allocator {
     free_fw_slots: Vec<u32>,
     roles: Vec<Role>,
     role_ids: HashMap<String, u32>,
+    /// Slots of forgotten roles ([`Allocator::forget_role`]), reused by new roles.
+    free_role_slots: Vec<u32>,
     offers: OfferBook,
     filter_heap: BinaryHeap<Reverse<(Millis, u32, u32)>>,
     refused: RefusedPool,
@@ -509,6 +511,7 @@ impl Allocator {
             free_fw_slots: Vec::new(),
             roles: vec![root],
             role_ids: HashMap::default(),
+            free_role_slots: Vec::new(),
             offers: OfferBook::new(seed),
             filter_heap: BinaryHeap::new(),
             refused: RefusedPool::default(),
@@ -637,8 +640,16 @@ impl Allocator {
             Some((p, _)) if !p.is_empty() => self.role_index(p),
             _ => 0,
         };
-        let idx = self.roles.len() as u32;
-        self.roles.push(Role::new(name, Some(parent)));
+        let idx = match self.free_role_slots.pop() {
+            Some(slot) => {
+                self.roles[slot as usize] = Role::new(name, Some(parent));
+                slot
+            }
+            None => {
+                self.roles.push(Role::new(name, Some(parent)));
+                (self.roles.len() - 1) as u32
+            }
+        };
         self.role_ids.insert(name.to_string(), idx);
         self.refresh_sorted_singleton(parent);
         let key = self.role_key(idx);
@@ -2286,7 +2297,57 @@ impl Allocator {
 
     /// Names of all roles known to the allocator (declared, used or reserved for).
     pub fn role_names(&self) -> impl Iterator<Item = &str> {
-        self.roles.iter().skip(1).map(|r| &*r.name)
+        self.roles
+            .iter()
+            .skip(1)
+            .filter(|r| r.parent.is_some())
+            .map(|r| &*r.name)
+    }
+
+    /// Forgets `role`, then each of its ancestors, while nothing uses it: no framework
+    /// subscribed to it, no child role, no quota, no weight other than 1, no reservation, and
+    /// nothing allocated or offered in it. Returns the names forgotten (none if it is in use or
+    /// unknown). Its slot is reused by the next new role, so roles that came and went cost
+    /// nothing.
+    pub fn forget_role(&mut self, role: &str) -> Vec<String> {
+        let mut forgotten = Vec::new();
+        let mut name = norm_role(role).to_string();
+        while let Some(&r) = self.role_ids.get(name.as_str()) {
+            let node = &self.roles[r as usize];
+            let unused = r != 0
+                && node.fw_count == 0
+                && node.frameworks.is_empty()
+                && node.self_key.is_none()
+                && node.sorted.is_empty()
+                && node.guarantee.is_none()
+                && node.limit.is_none()
+                && node.weight == 1.0
+                && node.alloc.iter().all(|x| *x == 0)
+                && node.reserved.iter().all(|x| *x == 0);
+            if !unused {
+                break;
+            }
+            let parent = node.parent.unwrap_or(0);
+            if let Some(key) = self.roles[r as usize].key.take() {
+                self.roles[parent as usize].sorted.remove(&key);
+            }
+            self.role_ids.remove(name.as_str());
+            // A dead slot: no parent, so no cycle, sort or view ever reaches it.
+            self.roles[r as usize] = Role::new("", None);
+            self.free_role_slots.push(r);
+            let next = match name.rsplit_once('/') {
+                Some((p, _)) if !p.is_empty() => Some(p.to_string()),
+                _ => None,
+            };
+            forgotten.push(std::mem::replace(&mut name, next.unwrap_or_default()));
+            if name.is_empty() {
+                break;
+            }
+        }
+        if !forgotten.is_empty() {
+            self.epoch += 1;
+        }
+        forgotten
     }
 
     /// The name an agent was added with.
@@ -2325,6 +2386,9 @@ impl Allocator {
             ..Default::default()
         };
         for (i, role) in self.roles.iter().enumerate().skip(1) {
+            if role.parent.is_none() {
+                continue; // a forgotten role's slot
+            }
             m.roles.insert(
                 role.name.to_string(),
                 RoleMetrics {

@@ -419,3 +419,56 @@ fn quota_bookkeeping_survives_changes_outside_a_cycle() {
         Err(AllocError::ExceedsAgent { .. })
     ));
 }
+
+#[test]
+fn unused_roles_are_forgotten_and_their_slots_reused() {
+    let mut a = alloc();
+    a.add_agent(aid(1), "h1", res("cpus:4;mem:1024"), BTreeMap::new());
+    a.add_framework(fid(1), "f1", &roles(&["eng/ml", "eng/web"]), false, None);
+    a.add_framework(fid(2), "f2", &roles(&["ops"]), false, None);
+    a.set_weight("weighted", 2.0);
+    a.set_quota("quota", Some(res("cpus:1")), None);
+    // In use: nothing is forgotten.
+    for r in ["eng/ml", "eng", "ops", "weighted", "quota", "unknown"] {
+        assert!(a.forget_role(r).is_empty(), "{r}");
+    }
+    let o = a.allocate(0).remove(0);
+    a.remove_framework(fid(1));
+    a.remove_framework(fid(2));
+    // `ops` or `eng/*` may hold the offer; the offer died with its framework.
+    assert!(a.offer(o.id).is_none());
+    assert_eq!(a.forget_role("eng/ml"), vec!["eng/ml".to_string()]);
+    // `eng` still has a child.
+    assert!(a.forget_role("eng").is_empty());
+    assert_eq!(
+        a.forget_role("eng/web"),
+        vec!["eng/web".to_string(), "eng".to_string()]
+    );
+    assert_eq!(a.forget_role("ops"), vec!["ops".to_string()]);
+    let names: Vec<&str> = a.role_names().collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.contains(&"weighted") && names.contains(&"quota"));
+    // Removing the quota frees its role too.
+    a.set_quota("quota", None, None);
+    assert_eq!(a.forget_role("quota"), vec!["quota".to_string()]);
+    assert!(!a.metrics().roles.contains_key("quota"));
+    // Slots are reused: a thousand roles that come and go do not grow the table.
+    let before = a.roles.len();
+    for i in 0..1000 {
+        let role = format!("tmp/{i}");
+        a.add_framework(fid(10), "tmp", &roles(&[&role]), false, None);
+        a.remove_framework(fid(10));
+        assert_eq!(a.forget_role(&role).len(), 2);
+    }
+    assert!(
+        a.roles.len() <= before + 2,
+        "{} > {before} + 2",
+        a.roles.len()
+    );
+    // And a reused slot works: a new framework in a new role gets the whole agent.
+    a.add_framework(fid(11), "late", &roles(&["late/role"]), false, None);
+    let offers = a.allocate(1);
+    assert_eq!(offers.len(), 1);
+    assert_eq!(offers[0].framework, fid(11));
+    assert_eq!(offers[0].role, "late/role");
+}

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use gantry_master::allocator::AllocatorConfig;
 use gantry_master::election::{EtcdElectionConfig, HaConfig};
-use gantry_master::state::MasterConfig;
+use gantry_master::state::{Limits, MasterConfig};
 use gantry_master::{server, simulate};
 use gantry_sdk::transport::{quic, tls, PeerIdentity};
 
@@ -40,9 +40,21 @@ struct ServeArgs {
     /// QUIC address agents and frameworks connect to.
     #[arg(long, default_value = "127.0.0.1:5050")]
     listen: SocketAddr,
-    /// HTTP address for /health and /state.
+    /// Address of the operator API (HTTPS with the cluster CA): /health, /state, /weights,
+    /// /quota.
     #[arg(long, default_value = "127.0.0.1:5051")]
     http: SocketAddr,
+    /// Serve the operator API as plain HTTP (only on a loopback --http address; for demos).
+    /// Authentication still applies: use a bearer token.
+    #[arg(long)]
+    http_insecure: bool,
+    /// Let unauthenticated callers read /state (writes always need an operator).
+    #[arg(long)]
+    http_public_reads: bool,
+    /// Operator bearer tokens (TOML: [[tokens]] name, sha256; mode 0600). Create entries with
+    /// `gantryctl token create NAME --file FILE`; SIGHUP re-reads the file.
+    #[arg(long)]
+    operator_tokens: Option<PathBuf>,
     /// Directory for the master's persistent state.
     #[arg(long, default_value = "./gantry-master")]
     work_dir: PathBuf,
@@ -84,6 +96,34 @@ struct ServeArgs {
     /// and allows every principal every role, user and operator action.
     #[arg(long)]
     acls: Option<PathBuf>,
+    /// Seconds a peer has to deliver the body of a frame once its length arrived; a peer that
+    /// stalls mid-frame is closed (docs/security.md, "Message and peer limits").
+    #[arg(long, default_value_t = 10.0)]
+    frame_body_timeout: f64,
+    /// MiB of large frame bodies (over 64 KiB) all peers together may be sending at once;
+    /// readers past it wait their turn (at least 4).
+    #[arg(long, default_value_t = 128)]
+    frame_budget_mib: usize,
+    /// Frameworks one principal may have registered at once (a disconnected framework counts
+    /// until its failover timeout ends).
+    #[arg(long, default_value_t = Limits::default().frameworks_per_principal)]
+    max_frameworks_per_principal: usize,
+    /// Distinct roles one framework may subscribe to.
+    #[arg(long, default_value_t = Limits::default().roles_per_framework)]
+    max_roles_per_framework: usize,
+    /// Longest role name in bytes (at most 128).
+    #[arg(long, default_value_t = Limits::default().role_name_length)]
+    max_role_name_length: usize,
+    /// Most `/`-separated levels in a role name.
+    #[arg(long, default_value_t = Limits::default().role_depth)]
+    max_role_depth: usize,
+    /// Open QUIC connections per certificate identity (agent name or framework principal);
+    /// 0 = unlimited.
+    #[arg(long, default_value_t = Limits::default().connections_per_principal)]
+    max_connections_per_principal: usize,
+    /// Open QUIC connections per source IP address; 0 = unlimited.
+    #[arg(long, default_value_t = Limits::default().connections_per_address)]
+    max_connections_per_address: usize,
 }
 
 fn init_tracing() {
@@ -115,10 +155,54 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.work_dir)
         .with_context(|| format!("creating work dir {}", args.work_dir.display()))?;
     let tls_dir = args.tls_dir.context("--tls-dir is required")?;
+    if args.http_insecure {
+        anyhow::ensure!(
+            args.http.ip().is_loopback(),
+            "--http-insecure serves the operator API without TLS: refused on {}, allowed only on \
+             a loopback address (127.0.0.1 or ::1)",
+            args.http
+        );
+    }
     if tls::ensure_ca(&tls_dir)? {
         tracing::info!(dir = %tls_dir.display(), "created a new cluster CA (dev mode)");
     }
+    for warning in tls::check_dir_permissions(&tls_dir)
+        .with_context(|| format!("checking the TLS directory {}", tls_dir.display()))?
+    {
+        tracing::warn!("{warning}");
+    }
     let material = tls::load_or_issue(&tls_dir, &PeerIdentity::Master, &args.tls_san)?;
+    if tls_dir.join("ca.key").exists() {
+        // Dev mode (this directory can issue): an operator certificate for gantryctl, so the
+        // operator API works with no set-up (`gantryctl --tls-dir DIR state`).
+        let admin = PeerIdentity::Operator("admin".into());
+        if !tls_dir.join(format!("{}.pem", admin.file_stem())).exists() {
+            tls::load_or_issue(&tls_dir, &admin, &[])?;
+            tracing::info!(dir = %tls_dir.display(), "issued operator-admin.pem for gantryctl (dev mode)");
+        }
+    }
+    let mut http_config = if args.http_insecure {
+        tracing::warn!(
+            http = %args.http,
+            "--http-insecure: the operator API is plain HTTP (no TLS, no client certificates); \
+             use it only for demos"
+        );
+        server::HttpConfig {
+            tls: None,
+            tokens: server::SharedTokens::default(),
+            public_reads: false,
+            limits: Default::default(),
+        }
+    } else {
+        server::HttpConfig::https(&material)?
+    };
+    http_config.public_reads = args.http_public_reads;
+    if let Some(path) = &args.operator_tokens {
+        http_config.tokens =
+            server::SharedTokens::new(gantry_master::tokens::OperatorTokens::load(path)?);
+        tracing::info!(tokens = http_config.tokens.len(), "operator tokens loaded");
+    }
+    reload_tokens_on_sighup(args.operator_tokens.clone(), http_config.tokens.clone())?;
     let reset_key = quic::load_or_create_reset_key(&args.work_dir.join("quic-reset.key"))?;
     let endpoint = quic::server_endpoint(args.listen, &material, &reset_key)
         .with_context(|| format!("binding QUIC on {}", args.listen))?;
@@ -145,14 +229,33 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             gantry_master::acl::Acls::allow_all()
         }
     };
+    anyhow::ensure!(
+        args.max_frameworks_per_principal >= 1
+            && args.max_roles_per_framework >= 1
+            && (1..=128).contains(&args.max_role_name_length)
+            && args.max_role_depth >= 1,
+        "--max-frameworks-per-principal, --max-roles-per-framework and --max-role-depth must \
+         be at least 1, --max-role-name-length 1 to 128"
+    );
+    let limits = Limits {
+        frameworks_per_principal: args.max_frameworks_per_principal,
+        roles_per_framework: args.max_roles_per_framework,
+        role_name_length: args.max_role_name_length,
+        role_depth: args.max_role_depth,
+        connections_per_principal: args.max_connections_per_principal,
+        connections_per_address: args.max_connections_per_address,
+    };
     let config = MasterConfig {
         allocator,
         acls,
+        limits,
         agent_reregister_timeout_ms: secs_to_ms(
             args.agent_reregister_timeout,
             "--agent-reregister-timeout",
         )?,
         allocation_interval_ms: args.allocation_interval_ms.max(1),
+        frame_body_timeout_ms: secs_to_ms(args.frame_body_timeout, "--frame-body-timeout")?.max(1),
+        frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
         ..MasterConfig::default()
     };
     tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");
@@ -173,12 +276,44 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     server::run(
         endpoint,
-        http,
+        server::HttpEndpoint {
+            listener: http,
+            config: http_config,
+        },
         config,
         ha,
         gantry_sdk::process::shutdown_signal(),
     )
     .await
+}
+
+/// SIGHUP re-reads `--operator-tokens` (added and revoked tokens take effect at once); a file
+/// that no longer loads keeps the tokens in force, with an error logged.
+fn reload_tokens_on_sighup(
+    path: Option<PathBuf>,
+    tokens: server::SharedTokens,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let Some(path) = &path else {
+                tracing::info!("SIGHUP: no --operator-tokens file to reload");
+                continue;
+            };
+            match gantry_master::tokens::OperatorTokens::load(path) {
+                Ok(t) => {
+                    let n = t.len();
+                    tokens.replace(t);
+                    tracing::info!(tokens = n, "SIGHUP: operator tokens reloaded");
+                }
+                Err(e) => {
+                    tracing::error!("SIGHUP: keeping the operator tokens in force: {e}");
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 fn secs_to_ms(s: f64, flag: &str) -> anyhow::Result<u64> {

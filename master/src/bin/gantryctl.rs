@@ -1,17 +1,49 @@
-//! `gantryctl`: operator tool. `gantryctl certs ...` issues the cluster's TLS certificates.
+//! `gantryctl`: operator tool. Talks to the master's HTTPS operator API (`state`, `weight`,
+//! `quota`) with an operator certificate or a bearer token, and issues certificates (`certs`)
+//! and tokens (`token`) offline.
+//!
+//! Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 forbidden (not authenticated or not
+//! allowed by the ACLs).
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
 use gantry_sdk::transport::tls::{CertAuthority, PeerIdentity};
 
 /// Operator tool for Gantry clusters.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, args_override_self = true)]
 struct Cli {
+    #[command(flatten)]
+    conn: Connection,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// Where the master is and who we are (also from `--config FILE.toml` or the environment).
+#[derive(clap::Args, Debug)]
+struct Connection {
+    /// The master's operator API.
+    #[arg(
+        long,
+        global = true,
+        env = "GANTRY_MASTER",
+        default_value = "https://127.0.0.1:5051"
+    )]
+    master: String,
+    /// TLS directory with ca.pem and the operator certificate operator-NAME.pem/.key (a dev
+    /// master writes operator-admin into its own --tls-dir).
+    #[arg(long, global = true, env = "GANTRY_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
+    /// Operator certificate name in --tls-dir.
+    #[arg(long, global = true, env = "GANTRY_OPERATOR", default_value = "admin")]
+    operator: String,
+    /// Bearer token (instead of a certificate); see `gantryctl token create`.
+    #[arg(long, global = true, env = "GANTRY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -19,13 +51,14 @@ enum Cmd {
     /// Issue TLS certificates (files follow the --tls-dir naming convention).
     #[command(subcommand)]
     Certs(Certs),
+    /// Create operator bearer tokens for the master's --operator-tokens file.
+    #[command(subcommand)]
+    Token(Token),
     /// Set a role's weight (its dominant share is divided by it).
     Weight {
         role: String,
         #[arg(allow_negative_numbers = true)]
         weight: f64,
-        #[arg(long, default_value = "127.0.0.1:5051")]
-        http: std::net::SocketAddr,
     },
     /// Set (replace) a role's quota: a guarantee held back for it and a limit it never exceeds.
     Quota {
@@ -36,18 +69,27 @@ enum Cmd {
         /// e.g. "cpus:16;gpus:4" (omit to remove the limit).
         #[arg(long)]
         limit: Option<String>,
-        #[arg(long, default_value = "127.0.0.1:5051")]
-        http: std::net::SocketAddr,
     },
     /// Show the cluster: agents, frameworks with their dominant shares, tasks by state.
     State {
-        /// The master's HTTP address.
-        #[arg(long, default_value = "127.0.0.1:5051")]
-        http: std::net::SocketAddr,
         /// Print the raw /state JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum Token {
+    /// Generate a token for operator NAME: prints the token (give it to the operator) and adds
+    /// its SHA-256 to FILE (created with mode 0600), or prints the entry to add.
+    Create {
+        name: String,
+        /// The master's --operator-tokens file to append the entry to.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Print the token file entry for a token read from standard input.
+    Hash { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -84,12 +126,20 @@ enum Certs {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Issue an operator certificate (DIR/operator-NAME.pem, .key) for gantryctl.
+    Operator {
+        name: String,
+        #[arg(long)]
+        ca_dir: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn issue(ca_dir: &Path, out: &Path, identity: PeerIdentity, sans: &[String]) -> anyhow::Result<()> {
     let ca = CertAuthority::load(ca_dir)
         .with_context(|| format!("loading the CA from {}", ca_dir.display()))?;
-    std::fs::create_dir_all(out)?;
+    gantry_sdk::transport::tls::create_private_dir(out)?;
     ca.issue_to_dir(&identity, sans, out)?;
     if !out.join("ca.pem").exists() {
         std::fs::write(out.join("ca.pem"), ca.cert_pem())?;
@@ -98,8 +148,7 @@ fn issue(ca_dir: &Path, out: &Path, identity: PeerIdentity, sans: &[String]) -> 
     Ok(())
 }
 
-fn print_state(http: std::net::SocketAddr, json: bool) -> anyhow::Result<()> {
-    let body = gantry_master::client::http_get(http, "/state")?;
+fn print_state(body: String, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{body}");
         return Ok(());
@@ -161,15 +210,36 @@ fn print_state(http: std::net::SocketAddr, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
-        Cmd::State { http, json } => print_state(http, json),
-        Cmd::Weight { role, weight, http } => {
-            gantry_master::client::http_post_json(
-                http,
+/// Exit codes (documented in docs/operations.md).
+const EXIT_ERROR: u8 = 1;
+const EXIT_NOT_FOUND: u8 = 3;
+const EXIT_FORBIDDEN: u8 = 4;
+
+fn client(conn: &Connection) -> anyhow::Result<OperatorClient> {
+    let credentials = match &conn.token {
+        Some(t) => Credentials::Token(t.clone()),
+        None if conn.master.starts_with("http://") && conn.tls_dir.is_none() => Credentials::None,
+        None => Credentials::Certificate(conn.operator.clone()),
+    };
+    let config = ClientConfig {
+        master: conn.master.clone(),
+        tls_dir: conn.tls_dir.clone(),
+        credentials,
+        timeout: std::time::Duration::from_secs(30),
+    };
+    Ok(OperatorClient::new(&config)?)
+}
+
+async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
+    let c = client(conn)?;
+    match cmd {
+        Cmd::State { json } => print_state(c.get("/state").await?, json),
+        Cmd::Weight { role, weight } => {
+            c.post_json(
                 "/weights",
                 &serde_json::json!({"role": role, "weight": weight}),
-            )?;
+            )
+            .await?;
             println!("weight of {role} set to {weight}");
             Ok(())
         }
@@ -177,17 +247,65 @@ fn main() -> anyhow::Result<()> {
             role,
             guarantee,
             limit,
-            http,
         } => {
-            gantry_master::client::http_post_json(
-                http,
+            c.post_json(
                 "/quota",
                 &serde_json::json!({"role": role, "guarantee": guarantee, "limit": limit}),
-            )?;
+            )
+            .await?;
             println!("quota of {role} set");
             Ok(())
         }
-        Cmd::Certs(Certs::Ca { out }) => {
+        Cmd::Certs(_) | Cmd::Token(_) => anyhow::bail!("offline commands do not reach the master"),
+    }
+}
+
+fn token(cmd: Token) -> anyhow::Result<()> {
+    use gantry_master::tokens;
+    match cmd {
+        Token::Create { name, file } => {
+            anyhow::ensure!(
+                gantry_sdk::transport::tls::valid_name(&name),
+                "invalid operator name {name:?}: use 1-64 characters of [A-Za-z0-9_.-]"
+            );
+            let token = tokens::generate()?;
+            let entry = tokens::file_entry(&name, &token);
+            match file {
+                Some(path) => {
+                    use std::io::Write;
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .mode(0o600)
+                        .open(&path)
+                        .with_context(|| format!("opening {}", path.display()))?;
+                    writeln!(f, "{entry}")
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    eprintln!(
+                        "added operator {name} to {} (the master reads it at start)",
+                        path.display()
+                    );
+                }
+                None => eprintln!("add this to the master's --operator-tokens file:\n\n{entry}"),
+            }
+            println!("{token}");
+            Ok(())
+        }
+        Token::Hash { name } => {
+            let mut token = String::new();
+            std::io::stdin().read_line(&mut token)?;
+            let token = token.trim();
+            anyhow::ensure!(!token.is_empty(), "no token on standard input");
+            print!("{}", tokens::file_entry(&name, token));
+            Ok(())
+        }
+    }
+}
+
+fn certs(cmd: Certs) -> anyhow::Result<()> {
+    match cmd {
+        Certs::Ca { out } => {
             anyhow::ensure!(
                 !out.join("ca.pem").exists(),
                 "{} already holds a CA; refusing to overwrite it",
@@ -197,16 +315,50 @@ fn main() -> anyhow::Result<()> {
             println!("created CA in {}", out.display());
             Ok(())
         }
-        Cmd::Certs(Certs::Master { ca_dir, out, san }) => {
-            issue(&ca_dir, &out, PeerIdentity::Master, &san)
-        }
-        Cmd::Certs(Certs::Agent { name, ca_dir, out }) => {
-            issue(&ca_dir, &out, PeerIdentity::Agent(name), &[])
-        }
-        Cmd::Certs(Certs::Framework {
+        Certs::Master { ca_dir, out, san } => issue(&ca_dir, &out, PeerIdentity::Master, &san),
+        Certs::Agent { name, ca_dir, out } => issue(&ca_dir, &out, PeerIdentity::Agent(name), &[]),
+        Certs::Framework {
             principal,
             ca_dir,
             out,
-        }) => issue(&ca_dir, &out, PeerIdentity::Framework(principal), &[]),
+        } => issue(&ca_dir, &out, PeerIdentity::Framework(principal), &[]),
+        Certs::Operator { name, ca_dir, out } => {
+            issue(&ca_dir, &out, PeerIdentity::Operator(name), &[])
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match gantry_sdk::config_file::expand_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Usage errors exit with 2 (clap's convention).
+    let cli = Cli::parse_from(args);
+    let result = match cli.cmd {
+        Cmd::Certs(c) => certs(c),
+        Cmd::Token(t) => token(t),
+        cmd => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")
+            .and_then(|rt| rt.block_on(remote(&cli.conn, cmd))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let status = e
+                .downcast_ref::<ClientError>()
+                .and_then(ClientError::status);
+            ExitCode::from(match status {
+                Some(401 | 403) => EXIT_FORBIDDEN,
+                Some(404) => EXIT_NOT_FOUND,
+                _ => EXIT_ERROR,
+            })
+        }
     }
 }

@@ -16,6 +16,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,7 +90,13 @@ impl FileStore {
             .create(true)
             .read(true)
             .append(true)
+            .mode(0o600)
             .open(&journal_path)
+            .map_err(|e| io_err(&journal_path, e))?;
+        // A journal written by an older master may be readable by others: it holds every
+        // framework's principal and role.
+        journal
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(|e| io_err(&journal_path, e))?;
         if let Some(len) = valid_len {
             // Cut off a torn final line left by a crash.
@@ -275,7 +282,15 @@ fn write_snapshot(dir: &Path, registry: &Registry) -> Result<(), RegistryError> 
     };
     let text =
         serde_json::to_vec_pretty(&snap).map_err(|e| RegistryError::Invalid(e.to_string()))?;
-    let mut f = File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| io_err(&tmp, e))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io_err(&tmp, e))?;
     f.write_all(&text)
         .and_then(|_| f.sync_all())
         .map_err(|e| io_err(&tmp, e))?;
@@ -314,6 +329,13 @@ mod tests {
         );
         let snap = std::fs::read_to_string(dir.path().join(SNAPSHOT_FILE)).unwrap();
         assert!(snap.contains("batch-principal"));
+        for f in [SNAPSHOT_FILE, JOURNAL_FILE] {
+            let mode = std::fs::metadata(dir.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{f} is private to the master");
+        }
     }
 
     #[tokio::test]

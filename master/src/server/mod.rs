@@ -1,5 +1,6 @@
 //! The master's I/O shell: QUIC accept loop, one task per peer connection, the single event
-//! loop that owns the [`Master`] state machine, and the HTTP operator endpoints.
+//! loop that owns the [`Master`] state machine, and the operator HTTPS API ([`http`]:
+//! authentication, ACLs and request bounds).
 //!
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
@@ -7,19 +8,29 @@
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
-//! connection, with the reason logged.
+//! connection, with the reason logged. [`conn_limits`] bounds open connections per certificate
+//! identity and per source address.
+//!
+//! Bounded peers (docs/security.md, "Message and peer limits"):
+//! - Reads use [`read_frame_limited`](gantry_sdk::protocol::codec::read_frame_limited): a frame
+//!   body must arrive within `frame_body_timeout_ms` of its length, and large bodies share one
+//!   [`FrameBudget`].
+//! - Each peer has an outbox of [`OUTBOX`] messages. A peer that lets it overflow is closed at
+//!   once (not through the full outbox) and the core hears [`Input::PeerStalled`]: its offers
+//!   are rescinded and its failover / re-register timeout starts.
+//! - A message that can not be sent is never dropped silently: the warning names the peer.
+//! - Long requests (reconciliation) are answered in slices ([`Master::work_backlog`]) between
+//!   other events, and only as fast as the peer's outbox has room.
+
+mod conn_limits;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use dashmap::DashMap;
-use gantry_sdk::protocol::codec::CodecError;
+use gantry_sdk::protocol::codec::{CodecError, FrameBudget, ReadLimits};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic::{self, FrameReceiver, FrameSender};
 use gantry_sdk::transport::PeerIdentity;
@@ -30,9 +41,14 @@ use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
 use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
 
+pub mod http;
+pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
+
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;
 const CLOSE_PROTOCOL: u32 = 1;
+/// Messages queued for one peer; a peer that lets more pile up is not reading and is closed.
+const OUTBOX: usize = 16_384;
 /// TLS handshakes in progress at once. A herd of reconnecting agents (after a failover) would
 /// otherwise share the CPU among thousands of handshakes that then all time out and retry.
 const MAX_HANDSHAKES: usize = 64;
@@ -54,11 +70,34 @@ enum Outbound {
     Close(String),
 }
 
+/// One served peer, as the core loop sees it.
+#[derive(Clone)]
+struct PeerHandle {
+    outbox: mpsc::Sender<Outbound>,
+    conn: quinn::Connection,
+    /// `agent NAME at ADDR` / `framework PRINCIPAL at ADDR`, for warnings.
+    label: Arc<str>,
+}
+
+/// Counters of what the shell did to bounded peers, shown in `/state` under `peers`.
+#[derive(Default)]
+struct PeerCounters {
+    /// Peers closed because their outbox overflowed.
+    stalled_closed: AtomicU64,
+    /// Messages not sent to a peer (each with a warning naming it).
+    dropped_messages: AtomicU64,
+}
+
+type Conns = Arc<DashMap<ConnId, PeerHandle>>;
+
 /// Shared between connection tasks: where to send inputs, and each connection's outbox.
 #[derive(Clone)]
 struct Shell {
     core: mpsc::Sender<CoreEvent>,
-    conns: Arc<DashMap<ConnId, mpsc::Sender<Outbound>>>,
+    conns: Conns,
+    /// How frames are read from peers (body deadline, shared budget).
+    frame_limits: ReadLimits,
+    counters: Arc<PeerCounters>,
     next_conn: Arc<AtomicU64>,
     status: watch::Receiver<LeadershipStatus>,
     /// Changes only when this master's role or the leader it knows changes (not on every lease
@@ -66,6 +105,7 @@ struct Shell {
     role: watch::Receiver<health::Admission>,
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
+    limits: conn_limits::ConnLimits,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -76,11 +116,12 @@ struct Shell {
 /// master does): the process supervisor restarts it as a standby.
 pub async fn run(
     endpoint: quinn::Endpoint,
-    http: tokio::net::TcpListener,
+    http: HttpEndpoint,
     config: MasterConfig,
     ha: HaConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let acls = config.acls.clone();
     let (election, store) = election::start(ha).await?;
     let status = election.watch_status();
     let (core_tx, core_rx) = mpsc::channel(65_536);
@@ -88,17 +129,23 @@ pub async fn run(
     let shell = Shell {
         core: core_tx.clone(),
         conns: Arc::new(DashMap::new()),
+        frame_limits: ReadLimits {
+            body_timeout: Duration::from_millis(config.frame_body_timeout_ms),
+            budget: Arc::new(FrameBudget::new(config.frame_budget_bytes)),
+        },
+        counters: Arc::new(PeerCounters::default()),
         next_conn: Arc::new(AtomicU64::new(1)),
         status: status.clone(),
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
+        limits: conn_limits::ConnLimits::new(&config.limits),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
     let core = tokio::spawn(core_loop(
         config,
         core_rx,
-        shell.conns.clone(),
+        shell.clone(),
         writer,
         status.clone(),
         lost_tx.clone(),
@@ -106,22 +153,8 @@ pub async fn run(
     ));
     let leadership = tokio::spawn(follow_election(election, store, core_tx, lost_tx));
 
-    let app = Router::new()
-        .route("/health", get(health_handler))
-        .route("/state", get(state_handler))
-        .route("/weights", post(weights_handler))
-        .route("/quota", post(quota_handler))
-        .with_state(shell.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut http_stop = stop_rx.clone();
-    let http_task = tokio::spawn(async move {
-        let serve = axum::serve(http, app).with_graceful_shutdown(async move {
-            let _ = http_stop.wait_for(|s| *s).await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!("http server: {e}");
-        }
-    });
+    let http_task = tokio::spawn(http::serve(http, shell.clone(), acls, stop_rx));
 
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::pin!(shutdown);
@@ -257,107 +290,13 @@ async fn follow_election(
     let _ = lost.send("the election ended".into());
 }
 
-async fn health_handler(State(shell): State<Shell>) -> Json<health::Health> {
-    let st = shell.status.borrow().clone();
-    Json(health::health(&st, std::time::Instant::now()))
-}
-
-async fn state_handler(
-    State(shell): State<Shell>,
-) -> Result<Json<serde_json::Value>, (axum::http::StatusCode, String)> {
-    let (tx, rx) = oneshot::channel();
-    let unavailable = || {
-        (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "master core is not running".to_string(),
-        )
-    };
-    shell
-        .core
-        .send(CoreEvent::State(tx))
-        .await
-        .map_err(|_| unavailable())?;
-    rx.await.map(Json).map_err(|_| unavailable())
-}
-
-/// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
-#[derive(serde::Deserialize)]
-struct WeightRequest {
-    role: String,
-    weight: f64,
-}
-
-/// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
-/// an omitted part is removed.
-#[derive(serde::Deserialize)]
-struct QuotaRequest {
-    role: String,
-    guarantee: Option<String>,
-    limit: Option<String>,
-}
-
-type HttpResult = Result<Json<serde_json::Value>, (axum::http::StatusCode, String)>;
-
-async fn operator(shell: &Shell, cmd: OperatorCommand) -> HttpResult {
-    let (tx, rx) = oneshot::channel();
-    let unavailable = || {
-        (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "master core is not running".to_string(),
-        )
-    };
-    shell
-        .core
-        .send(CoreEvent::Operator(cmd, tx))
-        .await
-        .map_err(|_| unavailable())?;
-    match rx.await.map_err(|_| unavailable())? {
-        Ok(()) => Ok(Json(serde_json::json!({"ok": true}))),
-        Err(e) => Err((axum::http::StatusCode::BAD_REQUEST, e)),
-    }
-}
-
-async fn weights_handler(State(shell): State<Shell>, Json(req): Json<WeightRequest>) -> HttpResult {
-    operator(
-        &shell,
-        OperatorCommand::SetWeight {
-            role: req.role,
-            weight: req.weight,
-        },
-    )
-    .await
-}
-
-async fn quota_handler(State(shell): State<Shell>, Json(req): Json<QuotaRequest>) -> HttpResult {
-    let parse = |s: Option<String>,
-                 what: &str|
-     -> Result<Option<gantry_sdk::Resources>, (axum::http::StatusCode, String)> {
-        s.map(|s| {
-            s.parse()
-                .map_err(|e| (axum::http::StatusCode::BAD_REQUEST, format!("{what}: {e}")))
-        })
-        .transpose()
-    };
-    let guarantee = parse(req.guarantee, "guarantee")?;
-    let limit = parse(req.limit, "limit")?;
-    operator(
-        &shell,
-        OperatorCommand::SetQuota {
-            role: req.role,
-            guarantee,
-            limit,
-        },
-    )
-    .await
-}
-
 /// The single owner of the state machine. Before this master leads, inputs are held back
 /// (peers are redirected anyway); registry mutations go to the writer in order, and a fenced
 /// write (another master leads now) stops the master.
 async fn core_loop(
     mut config: MasterConfig,
     mut rx: mpsc::Receiver<CoreEvent>,
-    conns: Arc<DashMap<ConnId, mpsc::Sender<Outbound>>>,
+    shell: Shell,
     writer: RegistryWriter,
     status: watch::Receiver<LeadershipStatus>,
     lost: mpsc::UnboundedSender<String>,
@@ -374,9 +313,27 @@ async fn core_loop(
     let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
     let mut out = Vec::new();
+    let conns = shell.conns.clone();
+    // Reconciliation answers wait for room in their peers' outboxes; retried at the next event.
+    let mut backlog_blocked = false;
     loop {
+        let backlog = !backlog_blocked && master.as_ref().is_some_and(|m| m.has_backlog());
         tokio::select! {
+            // One slice of a long request, then back to everyone else's events.
+            _ = std::future::ready(()), if backlog => {
+                if let Some(m) = master.as_mut() {
+                    // Answers may fill half an outbox: the rest stays for offers and updates,
+                    // so a framework reading its answers is never taken for a stalled one.
+                    let room = |c: ConnId| {
+                        conns
+                            .get(&c)
+                            .map_or(0, |p| p.outbox.capacity().saturating_sub(OUTBOX / 2))
+                    };
+                    backlog_blocked = !m.work_backlog(now(), &mut out, room);
+                }
+            }
             ev = rx.recv() => {
+                backlog_blocked = false;
                 let Some(ev) = ev else { return };
                 // Take what is queued so one allocation serves a burst of events.
                 let mut batch = vec![ev];
@@ -408,16 +365,20 @@ async fn core_loop(
                             let _ = reply.send(Err("this master is not the leader".into()));
                         }
                         (CoreEvent::State(reply), m) => {
-                            let view = match m {
+                            let mut view = match m {
                                 Some(m) => serde_json::to_value(m.view(now())).unwrap_or(serde_json::Value::Null),
                                 None => serde_json::json!({"leader": false, "status": status.borrow().clone()}),
                             };
+                            if let Some(obj) = view.as_object_mut() {
+                                obj.insert("peers".into(), peer_stats(&shell));
+                            }
                             let _ = reply.send(view);
                         }
                     }
                 }
             }
             _ = tick.tick() => {
+                backlog_blocked = false;
                 if let Some(m) = master.as_mut() {
                     out.extend(m.handle(Input::Tick, now()));
                 }
@@ -446,23 +407,57 @@ async fn core_loop(
             next_cycle = m.next_allocation_at().filter(|at| *at > t);
         }
         let mut mutations = Vec::new();
-        for o in out.drain(..) {
-            let (conn, msg) = match o {
-                Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
-                Output::ToFramework(c, m) => (c, Outbound::Framework(m)),
-                Output::Close { conn, reason } => (conn, Outbound::Close(reason)),
-                Output::Persist(m) => {
-                    mutations.push(m);
+        // Stalled peers are disconnected in the core at once, which may send more (rescinds).
+        while !out.is_empty() {
+            let mut stalled = Vec::new();
+            for o in out.drain(..) {
+                let (conn, msg) = match o {
+                    Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
+                    Output::ToFramework(c, m) => (c, Outbound::Framework(m)),
+                    Output::Close { conn, reason } => (conn, Outbound::Close(reason)),
+                    Output::Persist(m) => {
+                        mutations.push(m);
+                        continue;
+                    }
+                };
+                // A peer already gone: its disconnect is on its way to the core.
+                let Some(peer) = conns.get(&conn).map(|e| e.value().clone()) else {
+                    tracing::debug!(conn, "message for a connection that is gone; not sent");
                     continue;
+                };
+                match peer.outbox.try_send(msg) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        tracing::warn!(conn, peer = %peer.label, "peer is not reading its messages ({OUTBOX} queued); closing it");
+                        shell
+                            .counters
+                            .stalled_closed
+                            .fetch_add(1, Ordering::Relaxed);
+                        shell
+                            .counters
+                            .dropped_messages
+                            .fetch_add(1, Ordering::Relaxed);
+                        // Not through the full outbox: close the connection itself.
+                        peer.conn
+                            .close(CLOSE_PROTOCOL.into(), b"not reading its messages");
+                        conns.remove(&conn);
+                        stalled.push(conn);
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        // Its connection is ending (the disconnect follows): warn once.
+                        tracing::warn!(conn, peer = %peer.label, "message not sent: the connection is closing");
+                        shell
+                            .counters
+                            .dropped_messages
+                            .fetch_add(1, Ordering::Relaxed);
+                        conns.remove(&conn);
+                    }
                 }
-            };
-            let Some(tx) = conns.get(&conn).map(|e| e.value().clone()) else {
-                continue;
-            };
-            if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(msg) {
-                tracing::warn!(conn, "peer is not reading its messages; closing it");
-                let _ = tx.try_send(Outbound::Close("too slow".into()));
-                conns.remove(&conn);
+            }
+            if let Some(m) = master.as_mut() {
+                for conn in stalled {
+                    out.extend(m.handle(Input::PeerStalled { conn }, now()));
+                }
             }
         }
         if !mutations.is_empty() {
@@ -481,12 +476,33 @@ async fn core_loop(
     }
 }
 
+/// The `peers` part of `/state`: the frame budget and what the shell did to stalled peers.
+fn peer_stats(shell: &Shell) -> serde_json::Value {
+    let budget = shell.frame_limits.budget.stats();
+    serde_json::json!({
+        "connected": shell.conns.len(),
+        "outbox_messages": OUTBOX,
+        "frame_body_timeout_ms": shell.frame_limits.body_timeout.as_millis() as u64,
+        "frames": budget,
+        "stalled_closed": shell.counters.stalled_closed.load(Ordering::Relaxed),
+        "dropped_messages": shell.counters.dropped_messages.load(Ordering::Relaxed),
+    })
+}
+
 async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     let remote = conn.remote_address();
     let Some(identity) = quic::peer_identity(&conn) else {
         tracing::warn!(%remote, "peer certificate carries no Gantry identity; closing");
         conn.close(CLOSE_PROTOCOL.into(), b"certificate has no gantry identity");
         return;
+    };
+    let _slot = match shell.limits.admit(&identity.to_string(), remote.ip()) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            tracing::warn!(%remote, %identity, "{reason}; closing");
+            conn.close(CLOSE_PROTOCOL.into(), reason.as_bytes());
+            return;
+        }
     };
     let (kind, tx, rx) =
         match tokio::time::timeout(Duration::from_secs(10), quic::accept_stream(&conn)).await {
@@ -571,8 +587,21 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     };
     tracing::debug!(%remote, %identity, epoch, "serving a peer");
     let id = shell.next_conn.fetch_add(1, Ordering::Relaxed);
-    let (out_tx, out_rx) = mpsc::channel(16_384);
-    shell.conns.insert(id, out_tx);
+    let (out_tx, out_rx) = mpsc::channel(OUTBOX);
+    let label: Arc<str> = match &identity {
+        PeerIdentity::Agent(n) => format!("agent {n} at {remote}"),
+        PeerIdentity::Framework(p) => format!("framework {p} at {remote}"),
+        other => format!("{other} at {remote}"),
+    }
+    .into();
+    shell.conns.insert(
+        id,
+        PeerHandle {
+            outbox: out_tx,
+            conn: conn.clone(),
+            label: label.clone(),
+        },
+    );
     match (kind, identity) {
         (PeerKind::Agent, PeerIdentity::Agent(name)) => {
             let connected = Input::AgentConnected {
@@ -588,7 +617,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 tx,
                 rx,
                 out_rx,
-                remote,
+                label,
                 |conn, msg| Input::Agent { conn, msg },
                 |conn| Input::AgentDisconnected { conn },
             )
@@ -607,7 +636,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 tx,
                 rx,
                 out_rx,
-                remote,
+                label,
                 |conn, msg| Input::Framework { conn, msg },
                 |conn| Input::FrameworkDisconnected { conn },
             )
@@ -634,7 +663,7 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     mut tx: FrameSender,
     mut rx: FrameReceiver,
     mut out_rx: mpsc::Receiver<Outbound>,
-    remote: SocketAddr,
+    peer: Arc<str>,
     wrap: fn(ConnId, M) -> Input,
     disconnected: fn(ConnId) -> Input,
 ) {
@@ -642,13 +671,16 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
         return;
     }
     let writer_conn = conn.clone();
+    let writer_peer = peer.clone();
+    let counters = shell.counters.clone();
     let writer = tokio::spawn(async move {
+        let peer = writer_peer;
         while let Some(o) = out_rx.recv().await {
             let res = match o {
                 Outbound::Agent(m) => tx.send(&m).await,
                 Outbound::Framework(m) => tx.send(&m).await,
                 Outbound::Close(reason) => {
-                    tracing::info!(%remote, "closing connection: {reason}");
+                    tracing::info!(%peer, "closing connection: {reason}");
                     // Let what we already sent (e.g. the error explaining the close) arrive.
                     let _ = tx.0.finish();
                     let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
@@ -656,14 +688,30 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
                     break;
                 }
             };
-            if let Err(e) = res {
-                tracing::debug!(%remote, "write failed: {e}");
-                break;
+            match res {
+                Ok(()) => {}
+                // The core splits every list under the frame limit; should one message still
+                // not fit, it alone is lost, loudly, and the session goes on.
+                Err(e @ (CodecError::TooLarge(_) | CodecError::Malformed(_))) => {
+                    counters.dropped_messages.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "message not sent: {e}");
+                }
+                Err(e) => {
+                    // The stream is broken: end the connection so the reader sees it too.
+                    let left = out_rx.len();
+                    counters
+                        .dropped_messages
+                        .fetch_add(1 + left as u64, Ordering::Relaxed);
+                    tracing::warn!(%peer, "write failed ({left} more messages not sent): {e}; closing");
+                    writer_conn.close(CLOSE_PROTOCOL.into(), b"write failed");
+                    break;
+                }
             }
         }
     });
+    let remote = &peer;
     loop {
-        match rx.recv::<M>().await {
+        match rx.recv_limited::<M>(&shell.frame_limits).await {
             Ok(msg) => {
                 if shell
                     .core
@@ -678,7 +726,11 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
                 tracing::info!(%remote, "peer closed its stream");
                 break;
             }
-            Err(e @ (CodecError::Malformed(_) | CodecError::TooLarge(_))) => {
+            Err(
+                e @ (CodecError::Malformed(_)
+                | CodecError::TooLarge(_)
+                | CodecError::BodyTimeout(..)),
+            ) => {
                 tracing::warn!(%remote, "closing peer: {e}");
                 conn.close(CLOSE_PROTOCOL.into(), e.to_string().as_bytes());
                 break;

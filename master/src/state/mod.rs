@@ -9,6 +9,16 @@
 //! Rules it enforces (Mesos semantics unless noted):
 //! - An agent's name and a framework's principal come from the peer's certificate (given in
 //!   the `*Connected` inputs), never from messages.
+//! - Identity (docs/security.md): framework and agent ids are unguessable (uuid v4) and never
+//!   handed out twice. A framework id is resumed only by its own principal and only while this
+//!   master (or its registry) knows it. An agent is its name plus its checkpointed id: the same
+//!   pair re-registering replaces the old connection; an id claimed under another name is
+//!   refused; a second agent under a name in use is refused (`MasterToAgent::Error`, the agent
+//!   stops) until the old one has been gone for the re-register timeout; an unknown id joins as
+//!   a new agent whose reported tasks are killed.
+//! - Authorization and limits: every role of a subscription must be granted to the principal
+//!   by the ACLs ([`Acls::may_register`]) and pass [`Limits`] (roles per framework, name length
+//!   and depth, frameworks per principal). Roles nothing uses any more are forgotten.
 //! - Offers are single-use; an accept must name known, outstanding offers of the caller on one
 //!   agent, and every task must fit the offers. A bad offer rejects the whole accept (the valid
 //!   offers return to the pool); a bad task ends `ERROR` while the others launch.
@@ -18,11 +28,19 @@
 //! - A disconnected agent keeps its tasks for `agent_reregister_timeout_ms`; then it is lost and
 //!   its tasks are `LOST`. A disconnected framework keeps its tasks for its failover timeout;
 //!   then its tasks are killed and it is removed.
+//! - Bounded peers: a registration past [`register_limits`] is refused; offers to a framework
+//!   are split into as many messages as the frame limit needs; a reconcile names at most
+//!   [`MAX_RECONCILE_IDS`] ids and is answered in slices of [`RECONCILE_SLICE`] by
+//!   [`Master::work_backlog`] (only as fast as the framework reads: the shell says how much room
+//!   its outbox has), so one framework never holds the core for long; a peer the
+//!   shell gave up on ([`Input::PeerStalled`]) is disconnected at once (offers rescinded,
+//!   failover / re-register timeout running).
 
 pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
@@ -55,6 +73,84 @@ pub struct MasterConfig {
     /// Who may subscribe with which roles, run tasks as which users, and operate
     /// ([`Acls::allow_all`] in dev mode).
     pub acls: Acls,
+    /// Once a frame's length has arrived, its body must arrive within this long, or the shell
+    /// closes the peer (`--frame-body-timeout`).
+    pub frame_body_timeout_ms: u64,
+    /// Bytes of large frame bodies (over 64 KiB) all peers together may be sending at once;
+    /// past it readers wait (`--frame-budget-mib`).
+    pub frame_budget_bytes: usize,
+    /// What one principal may hold (docs/security.md).
+    pub limits: Limits,
+}
+
+/// Bounds on what one tenant may make the master hold (docs/security.md lists the defaults and
+/// the `gantry-master` flags). The connection limits are enforced by the I/O shell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Frameworks one principal may have registered at once (connected or failing over).
+    pub frameworks_per_principal: usize,
+    /// Distinct roles one framework may subscribe to (over its subscription and failovers).
+    pub roles_per_framework: usize,
+    /// Longest role name, in bytes (at most 128, the syntax limit).
+    pub role_name_length: usize,
+    /// Most `/`-separated levels in a role name.
+    pub role_depth: usize,
+    /// Open connections per certificate identity (`agent:NAME`, `framework:PRINCIPAL`).
+    pub connections_per_principal: usize,
+    /// Open connections per source IP address; 0 = unlimited.
+    pub connections_per_address: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            frameworks_per_principal: 100,
+            roles_per_framework: 64,
+            role_name_length: 128,
+            role_depth: 8,
+            connections_per_principal: 128,
+            connections_per_address: 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// Why `role` may not be used (syntax, length or depth), if it may not.
+    pub fn check_role(&self, role: &str) -> Result<(), String> {
+        if !valid_role(role) {
+            return Err(format!(
+                "invalid role name {:?}: use segments of [A-Za-z0-9_.-] separated by '/', \
+                 at most 128 bytes",
+                truncated(role, 64)
+            ));
+        }
+        if role.len() > self.role_name_length {
+            return Err(format!(
+                "role name {:?} is {} bytes long; the limit is {}",
+                truncated(role, 64),
+                role.len(),
+                self.role_name_length
+            ));
+        }
+        let depth = role.split('/').count();
+        if depth > self.role_depth {
+            return Err(format!(
+                "role {:?} is {depth} levels deep; the limit is {}",
+                truncated(role, 64),
+                self.role_depth
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// At most `max` bytes of `s` (on a char boundary), for error messages about peer input.
+fn truncated(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 impl Default for MasterConfig {
@@ -69,6 +165,9 @@ impl Default for MasterConfig {
             allocation_min_gap_ms: 20,
             completed_tasks_kept: 1000,
             acls: Acls::allow_all(),
+            frame_body_timeout_ms: 10_000,
+            frame_budget_bytes: 128 << 20,
+            limits: Limits::default(),
         }
     }
 }
@@ -97,6 +196,12 @@ pub enum Input {
         msg: FrameworkToMaster,
     },
     FrameworkDisconnected {
+        conn: ConnId,
+    },
+    /// The shell closed this peer's connection because it did not read its messages (its
+    /// outbox overflowed): handled as a disconnect, now (offers rescinded, the framework's
+    /// failover timeout or the agent's re-register timeout starts).
+    PeerStalled {
         conn: ConnId,
     },
     /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
@@ -128,6 +233,17 @@ enum Peer {
         principal: String,
         framework: Option<FrameworkId>,
     },
+}
+
+/// What a registering agent's claimed id turned out to be.
+#[derive(Debug, Clone, Copy)]
+enum Claim {
+    /// The id of a known agent with the same name: a restart or reconnection.
+    Live(AgentId),
+    /// The id of an agent with the same name recovered from the registry after a failover.
+    Recovered(AgentId),
+    /// No id, or one nobody vouches for: a new agent with a fresh id.
+    New,
 }
 
 #[derive(Debug)]
@@ -194,13 +310,48 @@ pub struct Master {
     /// Agents known from the registry (after a failover) that have not re-registered yet,
     /// with their dynamic reservations and the time they must be back by.
     recovered_agents: HashMap<AgentId, (AgentRecord, BTreeMap<String, Resources>, Millis)>,
+    /// Names of `recovered_agents` (a name stays taken until its agent is back or given up).
+    recovered_by_name: HashMap<String, AgentId>,
     allocation_pending: bool,
     last_batch: Millis,
-    /// Fresh ids: the shell seeds this with randomness; tests with a constant.
+    /// Status update ids: unique per master incarnation (the shell seeds this with randomness;
+    /// tests with a constant). They need not be secret.
     id_seed: u128,
     id_counter: u128,
+    /// Framework and agent ids: unguessable (a uuid v4 from the OS CSPRNG); tests may replace
+    /// it ([`Master::set_id_source`]). Every id drawn is checked to be free.
+    id_source: fn() -> u128,
     /// Microseconds the last allocation cycle took (measured by the shell).
     pub last_cycle_us: u64,
+    /// How many entries of `completed` each task id has (reconcile looks ids up there).
+    completed_count: HashMap<TaskId, u32>,
+    /// Reconciliations being answered slice by slice, round robin.
+    reconciles: VecDeque<Reconciling>,
+}
+
+/// Task ids answered per slice of a reconciliation (a few hundred microseconds of core time).
+pub const RECONCILE_SLICE: usize = 1024;
+/// Task ids one framework may have waiting for reconciliation answers; a reconcile past it is
+/// refused (the framework asks again once answered).
+pub const MAX_PENDING_RECONCILE_IDS: usize = 8 * MAX_RECONCILE_IDS;
+
+/// A reconciliation with answers still to send.
+#[derive(Debug)]
+struct Reconciling {
+    conn: ConnId,
+    framework: FrameworkId,
+    ids: Vec<TaskId>,
+    next: usize,
+}
+
+/// Refuses a subscription: the reason goes to the framework, then the connection closes.
+fn refuse_framework(conn: ConnId, message: String, out: &mut Vec<Output>) {
+    tracing::info!(conn, "subscription refused: {message}");
+    out.push(err(conn, ErrorKind::InvalidRequest, message.clone()));
+    out.push(Output::Close {
+        conn,
+        reason: message,
+    });
 }
 
 fn err(conn: ConnId, kind: ErrorKind, message: impl Into<String>) -> Output {
@@ -228,17 +379,64 @@ impl Master {
             tasks: HashMap::new(),
             completed: VecDeque::new(),
             recovered_agents: HashMap::new(),
+            recovered_by_name: HashMap::new(),
             allocation_pending: false,
             last_batch: 0,
             id_seed,
             id_counter: 0,
+            id_source: || uuid::Uuid::new_v4().as_u128(),
             last_cycle_us: 0,
+            completed_count: HashMap::new(),
+            reconciles: VecDeque::new(),
         }
     }
 
     fn next_id(&mut self) -> u128 {
         self.id_counter += 1;
         self.id_seed ^ self.id_counter
+    }
+
+    /// Replaces where framework and agent ids come from (tests: to force collisions).
+    pub fn set_id_source(&mut self, source: fn() -> u128) {
+        self.id_source = source;
+    }
+
+    /// An unguessable framework id no framework has (a peer cannot pre-claim it).
+    fn fresh_framework_id(&mut self) -> FrameworkId {
+        loop {
+            let id = FrameworkId::from_u128((self.id_source)());
+            if !self.frameworks.contains_key(&id) {
+                return id;
+            }
+            tracing::warn!(framework = %id, "fresh framework id already in use; drawing another");
+        }
+    }
+
+    /// An unguessable agent id no live or recovering agent has.
+    fn fresh_agent_id(&mut self) -> AgentId {
+        loop {
+            let id = AgentId::from_u128((self.id_source)());
+            if !self.agents.contains_key(&id) && !self.recovered_agents.contains_key(&id) {
+                return id;
+            }
+            tracing::warn!(agent = %id, "fresh agent id already in use; drawing another");
+        }
+    }
+
+    /// Refuses a registering agent: the reason goes to the agent (which stops) and the log.
+    fn refuse_agent(&mut self, conn: ConnId, message: String, out: &mut Vec<Output>) {
+        tracing::warn!("agent refused: {message}");
+        self.conns.remove(&conn);
+        out.push(Output::ToAgent(
+            conn,
+            MasterToAgent::Error {
+                message: message.clone(),
+            },
+        ));
+        out.push(Output::Close {
+            conn,
+            reason: message,
+        });
     }
 
     /// The allocator (read-only), for views and metrics.
@@ -276,7 +474,16 @@ impl Master {
         }
         for (fw, offers) in by_framework {
             if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
-                out.push(Output::ToFramework(conn, MasterToFramework::Offers(offers)));
+                // As many messages as the frame limit needs (many agents, large attributes).
+                let split = codec::split_batches(offers, MasterToFramework::Offers);
+                for o in split.oversized {
+                    // Registration bounds make this unreachable; never send what can not go.
+                    tracing::warn!(framework = %fw, agent = %o.agent_id, "an offer does not fit in a frame; rescinded");
+                    self.allocator.rescind(o.id);
+                }
+                for batch in split.batches {
+                    out.push(Output::ToFramework(conn, batch));
+                }
             } else {
                 for o in offers {
                     self.allocator.rescind(o.id);
@@ -347,9 +554,63 @@ impl Master {
                     self.framework_disconnected(id, conn, now);
                 }
             }
+            Input::PeerStalled { conn } => match self.conns.remove(&conn) {
+                Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) => self.agent_disconnected(id, conn, now, &mut out),
+                Some(Peer::Framework {
+                    framework: Some(id),
+                    ..
+                }) => {
+                    self.framework_disconnected(id, conn, now);
+                    self.allocation_pending = true;
+                }
+                _ => {}
+            },
             Input::Tick => self.tick(now, &mut out),
         }
         out
+    }
+
+    /// True when reconciliation answers are waiting to be sent ([`Master::work_backlog`]).
+    pub fn has_backlog(&self) -> bool {
+        !self.reconciles.is_empty()
+    }
+
+    /// Answers one slice (at most [`RECONCILE_SLICE`] ids) of the next reconciliation whose
+    /// connection can take messages: `room(conn)` says how many more messages it can queue.
+    /// Returns false when no waiting reconciliation could make progress (the shell retries at
+    /// its next tick).
+    pub fn work_backlog(
+        &mut self,
+        now: Millis,
+        out: &mut Vec<Output>,
+        room: impl Fn(ConnId) -> usize,
+    ) -> bool {
+        for _ in 0..self.reconciles.len() {
+            let Some(mut job) = self.reconciles.pop_front() else {
+                return false;
+            };
+            // A framework that went away (or reconnected elsewhere) gets no more answers.
+            let live = self
+                .frameworks
+                .get(&job.framework)
+                .is_some_and(|f| f.conn == Some(job.conn));
+            if !live {
+                continue;
+            }
+            let n = room(job.conn).min(RECONCILE_SLICE);
+            if n == 0 {
+                self.reconciles.push_back(job);
+                continue;
+            }
+            self.reconcile_slice(&mut job, n, now, out);
+            if job.next < job.ids.len() {
+                self.reconciles.push_back(job);
+            }
+            return true;
+        }
+        false
     }
 
     // -----------------------------------------------------------------------------------------
@@ -463,49 +724,108 @@ impl Master {
         now: Millis,
         out: &mut Vec<Output>,
     ) {
-        if let Some(role) = reserved.keys().find(|r| !valid_role(r)) {
-            out.push(Output::ToAgent(
-                conn,
-                MasterToAgent::Error {
-                    message: format!("invalid role name {role:?} in reservations"),
+        if let Some(e) = reserved
+            .keys()
+            .find_map(|r| self.config.limits.check_role(r).err())
+        {
+            return self.refuse_agent(conn, format!("reservations: {e}"), out);
+        }
+        if let Err(e) = register_limits::check(&hostname, &attributes, &gpus, &reserved) {
+            return self.refuse_agent(conn, format!("registration refused: {e}"), out);
+        }
+        // Who this is: its certificate name plus the id it checkpointed. An id belongs to one
+        // name; a name to one live agent (see docs/security.md).
+        let claim = match claimed_id {
+            Some(c) => match (self.agents.get(&c), self.recovered_agents.get(&c)) {
+                (Some(a), _) if a.name == name => Claim::Live(c),
+                (Some(a), _) => {
+                    let owner = a.name.clone();
+                    return self.refuse_agent(
+                        conn,
+                        format!(
+                            "agent id {c} belongs to agent {owner:?}; agent {name:?} (at \
+                             {address}) may not claim it"
+                        ),
+                        out,
+                    );
+                }
+                (None, Some((rec, _, _))) if rec.name == name => Claim::Recovered(c),
+                (None, Some((rec, _, _))) => {
+                    let owner = rec.name.clone();
+                    return self.refuse_agent(
+                        conn,
+                        format!(
+                            "agent id {c} belongs to agent {owner:?} (expected back after a \
+                             failover); agent {name:?} (at {address}) may not claim it"
+                        ),
+                        out,
+                    );
+                }
+                (None, None) => {
+                    // Not an id this master (or its registry) vouches for: removed after the
+                    // re-register timeout, or never issued. The agent joins as a new agent and
+                    // the tasks it reports are killed (their frameworks were told they are LOST).
+                    tracing::warn!(agent = %name, %address, claimed = %c,
+                        "agent claims an unknown id; registering it as a new agent");
+                    Claim::New
+                }
+            },
+            None => Claim::New,
+        };
+        // A second agent under a name in use (by a live agent, or one expected back after a
+        // failover) is refused: only one that has been gone for the re-register timeout (and so
+        // was removed) may be replaced by a new incarnation.
+        let holder = self.agents_by_name.get(&name).copied().or_else(|| {
+            matches!(claim, Claim::New)
+                .then(|| self.recovered_by_name.get(&name).copied())
+                .flatten()
+        });
+        if let Some(other) = holder.filter(|o| Some(*o) != claimed_id) {
+            let state = match self.agents.get(&other) {
+                Some(a) => match (a.conn, a.disconnected_at) {
+                    (Some(_), _) => format!("connected from {}", a.address),
+                    (None, Some(t)) => format!(
+                        "last at {}, disconnected {} s ago",
+                        a.address,
+                        now.saturating_sub(t) / 1000
+                    ),
+                    (None, None) => format!("last at {}", a.address),
                 },
-            ));
-            out.push(Output::Close {
-                conn,
-                reason: format!("invalid reservation role {role:?}"),
-            });
-            return;
+                None => "expected back after a master failover".to_string(),
+            };
+            let message = format!(
+                "agent name {name:?} is in use by another agent (id {other}, {state}); this agent \
+                 at {address} claims {}. Give each agent its own --name; a new incarnation is \
+                 admitted only once the old one has been gone for the re-register timeout ({} s)",
+                claimed_id.map_or("no id".to_string(), |c| format!("id {c}")),
+                self.config.agent_reregister_timeout_ms / 1000
+            );
+            return self.refuse_agent(conn, message, out);
         }
         // Dynamic reservations this agent had (before an agent restart or a master failover),
         // and its registry record if this master recovered it from the registry.
         let mut recovered: Option<AgentRecord> = None;
-        let dynamic = match claimed_id {
-            Some(c) => match self.agents.get(&c) {
-                Some(a) if a.name == name => a.dynamic.clone(),
-                _ => match self.recovered_agents.remove(&c) {
-                    Some((rec, d, _)) if rec.name == name => {
-                        recovered = Some(rec);
-                        d
-                    }
-                    _ => BTreeMap::new(),
-                },
+        let dynamic = match claim {
+            Claim::Live(c) => self
+                .agents
+                .get(&c)
+                .map(|a| a.dynamic.clone())
+                .unwrap_or_default(),
+            Claim::Recovered(c) => match self.recovered_agents.remove(&c) {
+                Some((rec, d, _)) => {
+                    self.recovered_by_name.remove(&rec.name);
+                    recovered = Some(rec);
+                    d
+                }
+                None => BTreeMap::new(),
             },
-            None => BTreeMap::new(),
+            Claim::New => BTreeMap::new(),
         };
         let (resources, reserved) = with_dynamic(resources, reserved, &dynamic);
-        // The same name (certificate) re-registering: the same agent if it kept its id.
-        let existing = self.agents_by_name.get(&name).copied();
-        let id = match (existing, claimed_id) {
-            (Some(old), Some(claimed)) if old == claimed => Some(old),
-            (Some(old), _) => {
-                // Restarted without its state (or claims another id): the old incarnation is gone.
-                self.remove_agent(old, "agent re-registered as a new incarnation", now, out);
-                None
-            }
-            (None, _) => None,
+        let id = match claim {
+            Claim::Live(c) => Some(c),
+            Claim::Recovered(_) | Claim::New => None,
         };
-        // The name index and the agent table change together; never trust that blindly.
-        let id = id.filter(|i| self.agents.contains_key(i));
         let id = match id {
             Some(id) => {
                 // Re-registration: replace the connection, reconcile tasks.
@@ -543,9 +863,10 @@ impl Master {
                 id
             }
             None => {
-                let id = claimed_id
-                    .filter(|c| !self.agents.contains_key(c))
-                    .unwrap_or_else(|| AgentId::from_u128(self.next_id()));
+                let id = match claim {
+                    Claim::Recovered(c) => c,
+                    _ => self.fresh_agent_id(),
+                };
                 self.allocator
                     .add_agent(id, &name, resources.clone(), reserved.clone());
                 self.agents.insert(
@@ -583,8 +904,21 @@ impl Master {
                 if recovered.as_ref() != Some(&record) {
                     out.push(Output::Persist(Mutation::PutAgent(record)));
                 }
-                // An agent that comes back with tasks after a master restart: adopt them.
-                self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                if matches!(claim, Claim::Recovered(_)) {
+                    // An agent that comes back with tasks after a master restart: adopt them.
+                    self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                } else {
+                    // Nobody vouches for tasks a new agent reports: they are killed.
+                    for rt in running.iter().filter(|rt| !rt.state.is_terminal()) {
+                        out.push(Output::ToAgent(
+                            conn,
+                            MasterToAgent::KillTask {
+                                framework_id: rt.framework_id,
+                                task_id: rt.task.task_id,
+                            },
+                        ));
+                    }
+                }
                 id
             }
         };
@@ -853,8 +1187,16 @@ impl Master {
             task.state,
             task.info.resources,
         ));
+        *self.completed_count.entry(tid).or_default() += 1;
         while self.completed.len() > self.config.completed_tasks_kept {
-            self.completed.pop_front();
+            if let Some(c) = self.completed.pop_front() {
+                if let Some(n) = self.completed_count.get_mut(&c.0) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.completed_count.remove(&c.0);
+                    }
+                }
+            }
         }
     }
 
@@ -1001,6 +1343,9 @@ impl Master {
         }
         if let Some(a) = self.agents.remove(&id) {
             self.agents_by_name.remove(&a.name);
+            for role in a.reserved.keys() {
+                self.forget_role(role);
+            }
             if let Some(c) = a.conn {
                 self.conns.remove(&c);
                 out.push(Output::Close {
@@ -1016,6 +1361,13 @@ impl Master {
                 }));
             }
             out.push(Output::Persist(Mutation::RemoveAgent(id)));
+        }
+    }
+
+    /// Forgets `role` in the allocator if no framework, quota, weight or reservation uses it.
+    fn forget_role(&mut self, role: &str) {
+        for r in self.allocator.forget_role(role) {
+            tracing::debug!(role = %r, "role forgotten: nothing uses it any more");
         }
     }
 
@@ -1087,17 +1439,30 @@ impl Master {
                     Ok(r) => r,
                     Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
                 };
+                // One error for all unknown ids: a long list of them is not a long answer.
+                let mut unknown: Option<(OfferId, usize)> = None;
                 for oid in offer_ids {
                     match self.allocator.offer(oid) {
                         Some(o) if o.framework == fw => {
                             let _ = self.allocator.decline(oid, refuse, now);
                         }
-                        _ => out.push(err(
-                            conn,
-                            ErrorKind::UnknownOffer,
-                            format!("decline: offer {oid} is not outstanding for this framework"),
-                        )),
+                        _ => unknown.get_or_insert((oid, 0)).1 += 1,
                     }
+                }
+                match unknown {
+                    Some((oid, 1)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!("decline: offer {oid} is not outstanding for this framework"),
+                    )),
+                    Some((oid, n)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!(
+                            "decline: {n} offers (the first {oid}) are not outstanding for this framework"
+                        ),
+                    )),
+                    None => {}
                 }
             }
             FrameworkToMaster::Kill { task_id } => match self.tasks.get(&task_id) {
@@ -1134,9 +1499,7 @@ impl Master {
                     format!("kill: task {task_id} is unknown"),
                 )),
             },
-            FrameworkToMaster::Reconcile { task_ids } => {
-                self.reconcile(conn, fw, task_ids, now, out)
-            }
+            FrameworkToMaster::Reconcile { task_ids } => self.reconcile(conn, fw, task_ids, out),
             FrameworkToMaster::Suppress { roles } => {
                 if roles.is_empty() {
                     self.allocator.suppress(fw, None);
@@ -1206,24 +1569,8 @@ impl Master {
         info: FrameworkInfo,
         out: &mut Vec<Output>,
     ) {
-        let invalid = if info.roles.is_empty() {
-            Some("a framework needs at least one role".to_string())
-        } else if let Some(r) = info.roles.iter().find(|r| !valid_role(r)) {
-            Some(format!("invalid role name {r:?}"))
-        } else if info.name.is_empty() || info.name.len() > 256 {
-            Some("framework name must be 1-256 characters".to_string())
-        } else if !info.failover_timeout_secs.is_finite() || info.failover_timeout_secs < 0.0 {
-            Some("failover timeout must be a non-negative number of seconds".to_string())
-        } else {
-            None
-        };
-        if let Some(message) = invalid {
-            out.push(err(conn, ErrorKind::InvalidRequest, message.clone()));
-            out.push(Output::Close {
-                conn,
-                reason: message,
-            });
-            return;
+        if let Err(message) = self.check_subscribe(&principal, &info) {
+            return refuse_framework(conn, message, out);
         }
         let failover_timeout_ms = (info.failover_timeout_secs.min(365.0 * 86400.0) * 1000.0) as u64;
         let id = match info
@@ -1274,18 +1621,15 @@ impl Master {
                 id
             }
             Some(_) => {
-                let message = "framework id belongs to another principal".to_string();
-                out.push(err(conn, ErrorKind::InvalidRequest, message.clone()));
-                out.push(Output::Close {
+                // Checked by `check_subscribe`.
+                return refuse_framework(
                     conn,
-                    reason: message,
-                });
-                return;
+                    "framework id belongs to another principal".into(),
+                    out,
+                );
             }
             None => {
-                let id = info
-                    .framework_id
-                    .unwrap_or_else(|| FrameworkId::from_u128(self.next_id()));
+                let id = self.fresh_framework_id();
                 let gpu = info.capabilities.contains(&Capability::GpuResources);
                 self.allocator
                     .add_framework(id, &info.name, &info.roles, gpu, None);
@@ -1345,6 +1689,81 @@ impl Master {
         self.allocation_pending = true;
     }
 
+    /// Why `principal` may not subscribe `info` (validity, identity, ACLs, limits), if so.
+    fn check_subscribe(&self, principal: &str, info: &FrameworkInfo) -> Result<(), String> {
+        let limits = &self.config.limits;
+        if info.name.is_empty() || info.name.len() > 256 {
+            return Err("framework name must be 1-256 characters".into());
+        }
+        if !info.failover_timeout_secs.is_finite() || info.failover_timeout_secs < 0.0 {
+            return Err("failover timeout must be a non-negative number of seconds".into());
+        }
+        if info.roles.is_empty() {
+            return Err("a framework needs at least one role".into());
+        }
+        // Counted before anything else is looked at, so 50,000 roles cost one comparison.
+        if info.roles.len() > limits.roles_per_framework {
+            return Err(format!(
+                "{} roles in one subscription; the limit is {} per framework",
+                info.roles.len(),
+                limits.roles_per_framework
+            ));
+        }
+        for role in &info.roles {
+            limits.check_role(role)?;
+            if !self.config.acls.may_register(principal, role) {
+                return Err(format!(
+                    "principal {principal:?} is not allowed to subscribe with role {role:?} \
+                     (ACL register_frameworks)"
+                ));
+            }
+        }
+        match info.framework_id {
+            Some(id) => {
+                let Some(f) = self.frameworks.get(&id) else {
+                    return Err(format!(
+                        "framework id {id} is not registered with this master (removed after \
+                         its failover timeout, or never issued); subscribe without an id to \
+                         register a new framework"
+                    ));
+                };
+                if f.principal != principal {
+                    tracing::warn!(framework = %id, owner = %f.principal, %principal,
+                        "subscribe with another principal's framework id refused");
+                    return Err(format!(
+                        "framework id {id} belongs to another principal; principal \
+                         {principal:?} may not resume it"
+                    ));
+                }
+                let mut roles: HashSet<&str> = f.roles.iter().map(String::as_str).collect();
+                roles.extend(info.roles.iter().map(String::as_str));
+                if roles.len() > limits.roles_per_framework {
+                    return Err(format!(
+                        "framework {id} would hold {} roles; the limit is {} per framework",
+                        roles.len(),
+                        limits.roles_per_framework
+                    ));
+                }
+            }
+            None => {
+                let mine = self
+                    .frameworks
+                    .values()
+                    .filter(|f| f.principal == principal)
+                    .count();
+                if mine >= limits.frameworks_per_principal {
+                    return Err(format!(
+                        "principal {principal:?} already has {mine} frameworks registered; the \
+                         limit is {} (frameworks that disconnected count until their failover \
+                         timeout ends)",
+                        limits.frameworks_per_principal
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn framework_disconnected(&mut self, id: FrameworkId, conn: ConnId, now: Millis) {
         let Some(f) = self.frameworks.get_mut(&id) else {
             return;
@@ -1376,6 +1795,9 @@ impl Master {
         tracing::info!(framework = %id, reason, "framework removed");
         // Its outstanding offers go with it; nobody is left to tell.
         self.allocator.remove_framework(id);
+        for role in &f.roles {
+            self.forget_role(role);
+        }
         for tid in f.tasks {
             let Some(t) = self.tasks.get_mut(&tid) else {
                 continue;
@@ -1402,9 +1824,24 @@ impl Master {
         conn: ConnId,
         fw: FrameworkId,
         task_ids: Vec<TaskId>,
-        now: Millis,
         out: &mut Vec<Output>,
     ) {
+        if task_ids.len() > MAX_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "reconcile names {} task ids; at most {MAX_RECONCILE_IDS} per message",
+                    task_ids.len()
+                ),
+            ));
+        }
+        let waiting: usize = self
+            .reconciles
+            .iter()
+            .filter(|j| j.framework == fw)
+            .map(|j| j.ids.len() - j.next)
+            .sum();
         let ids: Vec<TaskId> = if task_ids.is_empty() {
             self.frameworks
                 .get(&fw)
@@ -1413,14 +1850,51 @@ impl Master {
         } else {
             task_ids
         };
-        for tid in ids {
+        if waiting > 0 && waiting + ids.len() > MAX_PENDING_RECONCILE_IDS {
+            return out.push(err(
+                conn,
+                ErrorKind::InvalidRequest,
+                format!(
+                    "{waiting} task ids of earlier reconciles are still being answered; \
+                     at most {MAX_PENDING_RECONCILE_IDS} may wait: ask again later"
+                ),
+            ));
+        }
+        // Answered from the backlog, a slice at a time, as fast as the framework reads.
+        if !ids.is_empty() {
+            self.reconciles.push_back(Reconciling {
+                conn,
+                framework: fw,
+                ids,
+                next: 0,
+            });
+        }
+    }
+
+    /// Answers up to `n` more ids of `job`.
+    fn reconcile_slice(
+        &mut self,
+        job: &mut Reconciling,
+        n: usize,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let (conn, fw) = (job.conn, job.framework);
+        let end = (job.next + n).min(job.ids.len());
+        for i in job.next..end {
+            let tid = job.ids[i];
             let (state, agent, message) = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
                 Some(t) => (t.state, Some(t.agent), t.last_message.clone()),
                 None => match self
-                    .completed
-                    .iter()
-                    .rev()
-                    .find(|c| c.0 == tid && c.1 == fw)
+                    .completed_count
+                    .contains_key(&tid)
+                    .then(|| {
+                        self.completed
+                            .iter()
+                            .rev()
+                            .find(|c| c.0 == tid && c.1 == fw)
+                    })
+                    .flatten()
                 {
                     Some(c) => (c.3, Some(c.2), "completed".to_string()),
                     // After a failover, agents still re-registering may hold it: say nothing
@@ -1433,6 +1907,7 @@ impl Master {
             update.reconciliation = true;
             out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }
+        job.next = end;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1449,14 +1924,14 @@ impl Master {
         // 1. The offers: known, ours, distinct, one agent.
         let mut problem: Option<(ErrorKind, String)> = None;
         let mut offers: Vec<OfferRecord> = Vec::new();
+        // Distinct ids in O(1) each: an accept may name many.
+        let mut named: HashSet<OfferId> = HashSet::new();
         if offer_ids.is_empty() {
             problem = Some((ErrorKind::InvalidRequest, "accept names no offer".into()));
         }
         for oid in &offer_ids {
             match self.allocator.offer(*oid) {
-                Some(o) if o.framework == fw && !offers.iter().any(|x| x.id == *oid) => {
-                    offers.push(o.clone())
-                }
+                Some(o) if o.framework == fw && named.insert(*oid) => offers.push(o.clone()),
                 Some(o) if o.framework == fw => {
                     problem = Some((
                         ErrorKind::InvalidRequest,
@@ -1756,6 +2231,9 @@ impl Master {
                     resources: now_reserved,
                 })));
             }
+            if !reserve {
+                self.forget_role(role);
+            }
             return Ok(());
         }
         Err(format!(
@@ -1800,6 +2278,9 @@ impl Master {
             .collect();
         for id in gone {
             if let Some((rec, dynamic, _)) = self.recovered_agents.remove(&id) {
+                if self.recovered_by_name.get(&rec.name) == Some(&id) {
+                    self.recovered_by_name.remove(&rec.name);
+                }
                 tracing::warn!(agent = %rec.name, "agent did not re-register after failover; removed");
                 for role in dynamic.keys() {
                     out.push(Output::Persist(Mutation::RemoveReservation {
@@ -1969,7 +2450,18 @@ fn draw(
 }
 
 #[cfg(test)]
+mod bounded_tests;
+#[cfg(test)]
 mod tests;
+
+/// Smallest and largest role weight an operator may set (shares are divided by the weight; the
+/// bounds keep them finite and comparable).
+pub const MIN_WEIGHT: f64 = 0.001;
+pub const MAX_WEIGHT: f64 = 1_000_000.0;
+/// Resource kinds one quota guarantee or limit may name.
+pub const MAX_QUOTA_KINDS: usize = 32;
+/// Largest amount of one resource in a quota, in milli-units (10^12 units).
+pub const MAX_QUOTA_MILLI: u64 = 1_000_000_000_000_000;
 
 /// An operator request (HTTP API / `gantryctl`).
 #[derive(Debug, Clone, PartialEq)]
@@ -1992,14 +2484,18 @@ impl Master {
     pub fn operator(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, String> {
         match cmd {
             OperatorCommand::SetWeight { role, weight } => {
-                if !valid_role(&role) {
-                    return Err(format!("invalid role name {role:?}"));
-                }
-                if !(weight.is_finite() && weight > 0.0) {
-                    return Err(format!("weight must be a positive number, not {weight}"));
+                self.config.limits.check_role(&role)?;
+                if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
+                    return Err(format!(
+                        "weight must be a positive number from {MIN_WEIGHT} to {MAX_WEIGHT}, not {weight}"
+                    ));
                 }
                 tracing::info!(%role, weight, "role weight set");
                 self.allocator.set_weight(&role, weight);
+                if weight == 1.0 {
+                    // Back to the default: a role kept only by its weight is unused now.
+                    self.forget_role(&role);
+                }
                 Ok(vec![Output::Persist(Mutation::SetWeight { role, weight })])
             }
             OperatorCommand::SetQuota {
@@ -2007,8 +2503,20 @@ impl Master {
                 guarantee,
                 limit,
             } => {
-                if !valid_role(&role) {
-                    return Err(format!("invalid role name {role:?}"));
+                self.config.limits.check_role(&role)?;
+                for (part, r) in [("guarantee", &guarantee), ("limit", &limit)] {
+                    let Some(r) = r else { continue };
+                    if r.names().count() > MAX_QUOTA_KINDS {
+                        return Err(format!(
+                            "a quota {part} names at most {MAX_QUOTA_KINDS} resource kinds"
+                        ));
+                    }
+                    if let Some(name) = r.names().find(|n| r.milli(n) > MAX_QUOTA_MILLI) {
+                        return Err(format!(
+                            "quota {part} of {name} exceeds {} units",
+                            MAX_QUOTA_MILLI / 1000
+                        ));
+                    }
                 }
                 if let (Some(g), Some(l)) = (&guarantee, &limit) {
                     if let Some(name) = g
@@ -2021,6 +2529,9 @@ impl Master {
                 tracing::info!(%role, ?guarantee, ?limit, "role quota set");
                 self.allocator
                     .set_quota(&role, guarantee.clone(), limit.clone());
+                if guarantee.is_none() && limit.is_none() {
+                    self.forget_role(&role);
+                }
                 let m = if guarantee.is_none() && limit.is_none() {
                     Mutation::RemoveQuota { role }
                 } else {
@@ -2094,6 +2605,7 @@ impl Master {
                 .get(&a.id)
                 .cloned()
                 .unwrap_or_default();
+            self.recovered_by_name.insert(a.name.clone(), a.id);
             self.recovered_agents
                 .insert(a.id, (a.clone(), dynamic, deadline));
         }

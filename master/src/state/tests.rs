@@ -502,6 +502,58 @@ fn operator_commands_are_validated() {
     assert_eq!(h.m.allocator.metrics().roles["a"].weight, 2.0);
 }
 
+#[test]
+fn weights_and_quotas_outside_sane_bounds_are_refused_and_change_nothing() {
+    let mut h = Harness::new();
+    for weight in [
+        f64::NAN,
+        f64::INFINITY,
+        -1.0,
+        0.0,
+        MIN_WEIGHT / 2.0,
+        MAX_WEIGHT * 2.0,
+        1e300,
+    ] {
+        let err =
+            h.m.operator(OperatorCommand::SetWeight {
+                role: "a".into(),
+                weight,
+            })
+            .unwrap_err();
+        assert!(err.contains("positive"), "{weight}: {err}");
+    }
+    for weight in [MIN_WEIGHT, MAX_WEIGHT] {
+        assert!(h
+            .m
+            .operator(OperatorCommand::SetWeight {
+                role: "b".into(),
+                weight,
+            })
+            .is_ok());
+    }
+    assert!(!h.m.allocator.metrics().roles.contains_key("a"));
+    let huge = Resources::new().with("cpus", 2e12);
+    for (guarantee, limit) in [(Some(huge.clone()), None), (None, Some(huge))] {
+        assert!(h
+            .m
+            .operator(OperatorCommand::SetQuota {
+                role: "a".into(),
+                guarantee,
+                limit,
+            })
+            .is_err());
+    }
+    let many = (0..=MAX_QUOTA_KINDS).fold(Resources::new(), |r, i| r.with(&format!("r{i}"), 1.0));
+    assert!(h
+        .m
+        .operator(OperatorCommand::SetQuota {
+            role: "a".into(),
+            guarantee: None,
+            limit: Some(many),
+        })
+        .is_err());
+}
+
 fn gpu_info(i: u32) -> GpuInfo {
     GpuInfo {
         uuid: format!("GPU-{i}"),
@@ -686,4 +738,404 @@ fn event_triggered_allocations_are_spaced_by_the_minimum_gap() {
     m.allocate(120, &mut out);
     assert!(!m.allocation_due(121));
     assert!(m.allocation_due(1120), "the batch interval still applies");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Security between tenants (docs/security.md): identities, ACLs, limits.
+
+/// The subscription refusal on `conn`, if any: the error text, and whether it closes.
+fn refusal(out: &[Output], conn: ConnId) -> Option<String> {
+    let message = out.iter().find_map(|o| match o {
+        Output::ToFramework(c, MasterToFramework::Error { message, .. }) if *c == conn => {
+            Some(message.clone())
+        }
+        _ => None,
+    })?;
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::Close { conn: c, .. } if *c == conn)),
+        "refused but not closed: {out:?}"
+    );
+    assert!(
+        !out.iter().any(|o| matches!(
+            o,
+            Output::ToFramework(c, MasterToFramework::Subscribed { .. }) if *c == conn
+        )),
+        "refused and subscribed: {out:?}"
+    );
+    Some(message)
+}
+
+/// The agent refusal on `conn`, if any.
+fn agent_refusal(out: &[Output], conn: ConnId) -> Option<String> {
+    let message = out.iter().find_map(|o| match o {
+        Output::ToAgent(c, MasterToAgent::Error { message }) if *c == conn => Some(message.clone()),
+        _ => None,
+    })?;
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::Close { conn: c, .. } if *c == conn)),
+        "refused but not closed: {out:?}"
+    );
+    assert!(
+        !out.iter().any(|o| matches!(
+            o,
+            Output::ToAgent(c, MasterToAgent::Registered { .. }) if *c == conn
+        )),
+        "refused and registered: {out:?}"
+    );
+    Some(message)
+}
+
+impl Harness {
+    fn with_config(config: MasterConfig) -> Self {
+        Self {
+            m: Master::new(
+                MasterConfig {
+                    allocation_min_gap_ms: 0,
+                    ..config
+                },
+                7,
+            ),
+            now: 0,
+        }
+    }
+
+    /// A raw subscribe by `principal` on a new connection `conn`.
+    fn subscribe(&mut self, conn: ConnId, principal: &str, info: FrameworkInfo) -> Vec<Output> {
+        self.input(Input::FrameworkConnected {
+            conn,
+            principal: principal.into(),
+        });
+        self.input(Input::Framework {
+            conn,
+            msg: FrameworkToMaster::Subscribe(info),
+        })
+    }
+
+    /// A raw registration by agent `name` on a new connection `conn`.
+    fn register(&mut self, conn: ConnId, name: &str, msg: AgentToMaster) -> Vec<Output> {
+        self.input(Input::AgentConnected {
+            conn,
+            name: name.into(),
+            address: format!("10.0.0.{conn}:5051"),
+        });
+        self.input(Input::Agent { conn, msg })
+    }
+}
+
+#[test]
+fn framework_ids_cannot_be_preclaimed_or_taken_over() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:2;mem:1024");
+    let (victim, _) = h.framework(F, "victim", "r");
+    // A made-up id (say, the "next" one): refused, nothing registered under it.
+    let guess = FrameworkId::from_u128(victim.0.as_u128().wrapping_add(1));
+    let out = h.subscribe(10, "attacker", info("x", "r", Some(guess)));
+    let m = refusal(&out, 10).expect("unknown id refused");
+    assert!(m.contains("not registered"), "{m}");
+    assert!(!h.m.frameworks.contains_key(&guess));
+    // The victim's id under another principal: refused, the victim keeps its connection.
+    let out = h.subscribe(11, "attacker", info("x", "r", Some(victim)));
+    let m = refusal(&out, 11).expect("foreign id refused");
+    assert!(m.contains("another principal"), "{m}");
+    assert_eq!(h.m.frameworks[&victim].conn, Some(F));
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::Close { conn: F, .. })));
+    // Its own principal resumes it (failover).
+    let out = h.subscribe(12, "victim", info("victim", "r", Some(victim)));
+    assert!(refusal(&out, 12).is_none(), "{out:?}");
+    assert_eq!(h.m.frameworks[&victim].conn, Some(12));
+    // Fresh ids are random (not seed ^ counter) and distinct.
+    let (a, _) = h.framework(13, "p", "r");
+    let (b, _) = h.framework(14, "p", "r");
+    assert_ne!(a, b);
+    assert_ne!(a.0.as_u128() ^ b.0.as_u128(), 3, "ids look sequential");
+}
+
+#[test]
+fn a_generated_id_already_in_use_is_never_handed_out_again() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    // The first three draws collide; then fresh values.
+    fn source() -> u128 {
+        let n = DRAWS.fetch_add(1, Ordering::Relaxed);
+        if n < 3 {
+            42
+        } else {
+            1000 + u128::from(n)
+        }
+    }
+    let mut h = Harness::new();
+    h.m.set_id_source(source);
+    let (first, _) = h.framework(F, "one", "r");
+    assert_eq!(first.0.as_u128(), 42);
+    let (second, _) = h.framework(10, "two", "r");
+    assert_ne!(second, first);
+    assert_eq!(h.m.frameworks[&first].principal, "one");
+    let agent = h.agent(A, "a1", "cpus:1");
+    let other = h.agent(11, "a2", "cpus:1");
+    assert_ne!(agent, other);
+    assert_eq!(h.m.agents.len(), 2);
+}
+
+#[test]
+fn agent_identity_is_its_name_plus_its_id() {
+    let mut h = Harness::new();
+    let a1 = h.agent(A, "a1", "cpus:2;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:1");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    // A second live agent under the same name, without an id or with another one: refused
+    // with the conflict named; the first keeps its connection and its task.
+    for (conn, claim) in [(10, None), (11, Some(AgentId::random()))] {
+        let out = h.register(conn, "a1", register(claim, "cpus:8"));
+        let m = agent_refusal(&out, conn).expect("name conflict refused");
+        assert!(m.contains("\"a1\"") && m.contains(&a1.to_string()), "{m}");
+        assert!(!out
+            .iter()
+            .any(|o| matches!(o, Output::Close { conn: A, .. })));
+        assert!(!out.iter().any(|o| matches!(
+            o,
+            Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Lost
+        )));
+    }
+    assert_eq!(h.m.agents[&a1].conn, Some(A));
+    assert!(h.m.tasks.contains_key(&t.task_id));
+    // Another certificate claiming a1's id (a squatter): refused; it cannot forge a1's updates.
+    let out = h.register(12, "squatter", register(Some(a1), "cpus:1"));
+    let m = agent_refusal(&out, 12).expect("foreign id refused");
+    assert!(m.contains("belongs to agent \"a1\""), "{m}");
+    let out = h.input(Input::Agent {
+        conn: 12,
+        msg: AgentToMaster::StatusUpdate(agent_update(&t, fw, TaskState::Finished)),
+    });
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Close { conn: 12, .. })));
+    assert_eq!(h.m.tasks[&t.task_id].state, TaskState::Staging);
+    // The same agent restarting (same name, same id) replaces its old connection.
+    let out = h.register(13, "a1", register(Some(a1), "cpus:2;mem:1024"));
+    assert!(agent_refusal(&out, 13).is_none(), "{out:?}");
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Close { conn: A, .. })));
+    assert_eq!(h.m.agents[&a1].conn, Some(13));
+    // Disconnected but within the re-register timeout: still refused for a new incarnation.
+    h.input(Input::AgentDisconnected { conn: 13 });
+    h.now += 5_000;
+    h.input(Input::Tick);
+    let out = h.register(14, "a1", register(None, "cpus:8"));
+    let m = agent_refusal(&out, 14).expect("refused while the old one may come back");
+    assert!(m.contains("disconnected 5 s ago"), "{m}");
+    // Gone for the re-register timeout: removed, and a new incarnation is admitted.
+    h.now += 6_000;
+    h.input(Input::Tick);
+    let out = h.register(15, "a1", register(None, "cpus:8"));
+    assert!(agent_refusal(&out, 15).is_none(), "{out:?}");
+    assert_eq!(h.m.agents.len(), 1);
+    assert!(!h.m.agents.contains_key(&a1));
+}
+
+#[test]
+fn an_unknown_agent_id_joins_as_a_new_agent_and_its_tasks_are_killed() {
+    let mut h = Harness::new();
+    let (fw, _) = h.framework(F, "f", "r");
+    let claimed = AgentId::random();
+    let stray = task("cpus:1");
+    let AgentToMaster::Register { resources, .. } = register(None, "cpus:2") else {
+        unreachable!()
+    };
+    let out = h.register(
+        A,
+        "a1",
+        AgentToMaster::Register {
+            agent_id: Some(claimed),
+            hostname: "h".into(),
+            resources,
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: vec![],
+            running_tasks: vec![RunningTask {
+                framework_id: fw,
+                task: stray.clone(),
+                state: TaskState::Running,
+            }],
+            pending_updates: vec![],
+        },
+    );
+    let id = out
+        .iter()
+        .find_map(|o| match o {
+            Output::ToAgent(A, MasterToAgent::Registered { agent_id, .. }) => Some(*agent_id),
+            _ => None,
+        })
+        .expect("registered");
+    assert_ne!(id, claimed, "an unknown id is not granted");
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Output::ToAgent(A, MasterToAgent::KillTask { task_id, .. }) if *task_id == stray.task_id
+    )));
+    assert!(!h.m.tasks.contains_key(&stray.task_id), "not adopted");
+    assert!(h.m.allocator.in_use(fw, id).is_empty(), "nothing charged");
+}
+
+#[test]
+fn a_recovered_agents_name_is_kept_for_it_until_its_deadline() {
+    let id = AgentId::random();
+    let mut registry = crate::registry::Registry::default();
+    registry.agents.insert(
+        id,
+        crate::registry::AgentRecord {
+            id,
+            name: "a1".into(),
+            hostname: "h".into(),
+        },
+    );
+    let mut h = Harness::new();
+    h.m.recover(registry, 0);
+    let out = h.register(10, "a1", register(None, "cpus:4"));
+    let m = agent_refusal(&out, 10).expect("name kept for the recovering agent");
+    assert!(m.contains("failover"), "{m}");
+    let out = h.register(11, "other", register(Some(id), "cpus:4"));
+    assert!(agent_refusal(&out, 11).is_some());
+    let out = h.register(12, "a1", register(Some(id), "cpus:4"));
+    assert!(out.iter().any(
+        |o| matches!(o, Output::ToAgent(12, MasterToAgent::Registered { agent_id, .. }) if *agent_id == id)
+    ));
+}
+
+#[test]
+fn roles_need_an_acl_grant_once_acls_exist() {
+    let acls = crate::acl::Acls::from_toml(
+        r#"
+        [[register_frameworks]]
+        principals = ["alice"]
+        roles = ["analytics", "eng/*"]
+        "#,
+    )
+    .unwrap();
+    let mut h = Harness::with_config(MasterConfig {
+        acls,
+        ..MasterConfig::default()
+    });
+    let out = h.subscribe(10, "mallory", info("m", "analytics", None));
+    let m = refusal(&out, 10).expect("denied");
+    assert!(
+        m.contains("\"mallory\"") && m.contains("\"analytics\""),
+        "{m}"
+    );
+    // One denied role refuses the whole subscription.
+    let mut two = info("a", "analytics", None);
+    two.roles.push("eng".into());
+    let out = h.subscribe(11, "alice", two);
+    let m = refusal(&out, 11).expect("eng itself is not granted");
+    assert!(m.contains("\"eng\""), "{m}");
+    let mut ok = info("a", "analytics", None);
+    ok.roles.push("eng/ml".into());
+    let out = h.subscribe(12, "alice", ok.clone());
+    assert!(refusal(&out, 12).is_none(), "{out:?}");
+    let id = out
+        .iter()
+        .find_map(|o| match o {
+            Output::ToFramework(12, MasterToFramework::Subscribed { framework_id, .. }) => {
+                Some(*framework_id)
+            }
+            _ => None,
+        })
+        .expect("subscribed");
+    // A failover may not add a role the principal lacks.
+    ok.framework_id = Some(id);
+    ok.roles.push("prod".into());
+    let out = h.subscribe(13, "alice", ok);
+    assert!(refusal(&out, 13).is_some());
+    assert_eq!(h.m.frameworks[&id].roles, vec!["analytics", "eng/ml"]);
+    assert_eq!(h.m.frameworks.len(), 1);
+}
+
+#[test]
+fn subscriptions_are_bounded_per_principal() {
+    let mut h = Harness::with_config(MasterConfig {
+        limits: Limits {
+            frameworks_per_principal: 2,
+            roles_per_framework: 4,
+            role_depth: 3,
+            role_name_length: 20,
+            ..Limits::default()
+        },
+        ..MasterConfig::default()
+    });
+    let mut many = info("m", "r0", None);
+    many.roles = (0..50_000).map(|i| format!("r{i}")).collect();
+    let out = h.subscribe(10, "p", many);
+    let m = refusal(&out, 10).expect("too many roles");
+    assert!(m.contains("50000 roles") && m.contains("limit is 4"), "{m}");
+    assert_eq!(h.m.allocator.role_names().count(), 0, "no role was created");
+    let out = h.subscribe(11, "p", info("m", "a/b/c/d", None));
+    assert!(refusal(&out, 11).expect("too deep").contains("4 levels"));
+    let out = h.subscribe(12, "p", info("m", &"x".repeat(21), None));
+    assert!(refusal(&out, 12).expect("too long").contains("21 bytes"));
+    let (a, _) = h.framework(13, "p", "r");
+    h.framework(14, "p", "r");
+    let out = h.subscribe(15, "p", info("third", "r", None));
+    let m = refusal(&out, 15).expect("third framework");
+    assert!(m.contains("already has 2 frameworks"), "{m}");
+    // Another principal is not affected.
+    h.framework(16, "q", "r");
+    // Once one is gone, the principal may register another.
+    h.input(Input::Framework {
+        conn: 13,
+        msg: FrameworkToMaster::Teardown,
+    });
+    assert!(!h.m.frameworks.contains_key(&a));
+    h.framework(17, "p", "r");
+    // A failover may not grow a framework past the role limit either.
+    let (b, _) = h.framework(18, "q", "r");
+    let mut more = info("q", "r", Some(b));
+    more.roles = vec!["s1".into(), "s2".into(), "s3".into(), "s4".into()];
+    let out = h.subscribe(19, "q", more);
+    assert!(refusal(&out, 19).expect("5 roles").contains("5 roles"));
+}
+
+#[test]
+fn roles_nothing_uses_are_forgotten() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:2;mem:1024");
+    let mut many = info("m", "r0", None);
+    many.roles = (0..50).map(|i| format!("tmp/r{i}")).collect();
+    let out = h.subscribe(10, "p", many);
+    assert!(refusal(&out, 10).is_none());
+    h.framework(11, "keep", "kept");
+    h.m.operator(OperatorCommand::SetWeight {
+        role: "weighted".into(),
+        weight: 2.0,
+    })
+    .unwrap();
+    assert_eq!(h.m.allocator.role_names().count(), 53);
+    h.input(Input::Framework {
+        conn: 10,
+        msg: FrameworkToMaster::Teardown,
+    });
+    let mut names: Vec<&str> = h.m.allocator.role_names().collect();
+    names.sort();
+    assert_eq!(names, vec!["kept", "weighted"]);
+    // A framework whose failover timeout ends is forgotten with its roles too.
+    h.input(Input::FrameworkDisconnected { conn: 11 });
+    h.now += 11_000;
+    h.input(Input::Tick);
+    assert_eq!(
+        h.m.allocator.role_names().collect::<Vec<_>>(),
+        vec!["weighted"]
+    );
+    // A weight back at the default keeps nothing either.
+    h.m.operator(OperatorCommand::SetWeight {
+        role: "weighted".into(),
+        weight: 1.0,
+    })
+    .unwrap();
+    assert_eq!(h.m.allocator.role_names().count(), 0);
 }

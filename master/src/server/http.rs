@@ -1,0 +1,648 @@
+//! The operator HTTP API: `/health` (public), `/state` (a read), `POST /weights` and
+//! `POST /quota` (writes), served over HTTPS with the cluster CA.
+//!
+//! ```text
+//! TCP accept (connection limit) -> TLS handshake (deadline; optional client certificate)
+//!   -> hyper HTTP/1.1 (header read deadline) -> bounded body (size + read deadline)
+//!   -> authenticate (operator certificate or bearer token) -> authorize (ACL) -> core loop
+//! ```
+//!
+//! Who is calling: a client certificate of kind `operator:NAME` signed by the cluster CA, or
+//! `Authorization: Bearer TOKEN` with a token from `--operator-tokens` (a presented token wins
+//! over a certificate; a wrong one is refused even with a good certificate). Every write needs
+//! the ACL grant ([`Acls::may_operate`]); reads need an authenticated caller unless
+//! `public_reads`; `/health` is open to load balancers. Errors are JSON
+//! `{"error": CODE, "message": TEXT}`.
+//!
+//! Plain HTTP ([`HttpConfig::tls`] `None`) is for a loopback address only (the binary refuses
+//! anything else); the same authentication applies (a token, since there are no certificates).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use gantry_sdk::transport::tls;
+use gantry_sdk::transport::PeerIdentity;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{oneshot, watch, Semaphore};
+
+use super::{CoreEvent, Shell};
+use crate::acl::{Acls, OperatorAction};
+use crate::election::health;
+use crate::state::OperatorCommand;
+use crate::tokens::OperatorTokens;
+
+/// Bounds on what one HTTP client may hold.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// Time allowed for the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time allowed to send a request's headers (slowloris).
+    pub header_timeout: Duration,
+    /// Time allowed to send a request's body.
+    pub body_timeout: Duration,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Connections served at once; past it new connections are closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            max_body_bytes: 64 * 1024,
+            max_connections: 256,
+        }
+    }
+}
+
+/// How the operator API is served.
+#[derive(Clone)]
+pub struct HttpConfig {
+    /// HTTPS with this configuration; `None` is plain HTTP (loopback only, `--http-insecure`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Bearer tokens accepted (hashed); the shell may replace them while serving (the
+    /// binary reloads `--operator-tokens` on SIGHUP).
+    pub tokens: SharedTokens,
+    /// Serve `/state` to unauthenticated callers too.
+    pub public_reads: bool,
+    pub limits: HttpLimits,
+}
+
+impl HttpConfig {
+    /// HTTPS with the master's TLS material (client certificates optional).
+    pub fn https(material: &tls::TlsMaterial) -> Result<Self, tls::TlsError> {
+        Ok(Self {
+            tls: Some(Arc::new(tls::https_server_config(material)?)),
+            tokens: SharedTokens::default(),
+            public_reads: false,
+            limits: HttpLimits::default(),
+        })
+    }
+}
+
+/// Operator tokens shared with the shell, which may replace them (reload) while serving.
+#[derive(Clone, Debug, Default)]
+pub struct SharedTokens(Arc<std::sync::RwLock<OperatorTokens>>);
+
+impl SharedTokens {
+    pub fn new(tokens: OperatorTokens) -> Self {
+        Self(Arc::new(std::sync::RwLock::new(tokens)))
+    }
+
+    /// Replaces the tokens (requests from now on see the new set).
+    pub fn replace(&self, tokens: OperatorTokens) {
+        match self.0.write() {
+            Ok(mut t) => *t = tokens,
+            Err(poisoned) => *poisoned.into_inner() = tokens,
+        }
+    }
+
+    /// How many tokens are configured.
+    pub fn len(&self) -> usize {
+        self.0.read().map(|t| t.len()).unwrap_or(0)
+    }
+
+    /// True when no token is configured.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The operator a presented token stands for.
+    pub fn verify(&self, token: &str) -> Option<String> {
+        let t = self.0.read().ok()?;
+        t.verify(token).map(str::to_string)
+    }
+}
+
+/// The HTTP listener and how to serve it: what [`super::run`] takes.
+pub struct HttpEndpoint {
+    pub listener: tokio::net::TcpListener,
+    pub config: HttpConfig,
+}
+
+/// Shared by the handlers.
+#[derive(Clone)]
+struct App {
+    shell: Shell,
+    acls: Arc<Acls>,
+    tokens: SharedTokens,
+    public_reads: bool,
+    limits: HttpLimits,
+}
+
+/// What the connection knows before any request: the operator named by its client certificate
+/// (or what else the certificate was, to explain a refusal).
+#[derive(Clone, Debug)]
+struct ConnInfo {
+    remote: SocketAddr,
+    certificate: Option<PeerIdentity>,
+}
+
+/// The authenticated caller of one request.
+#[derive(Clone, Debug)]
+enum Caller {
+    Operator { name: String, how: &'static str },
+    Anonymous { why: String },
+}
+
+/// A JSON error response `{"error": CODE, "message": TEXT}`.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST => "bad_request",
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::FORBIDDEN => "forbidden",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::REQUEST_TIMEOUT => "request_timeout",
+            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            _ => "error",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": self.code(), "message": self.message});
+        let mut resp = (self.status, Json(body)).into_response();
+        match self.status {
+            StatusCode::UNAUTHORIZED => {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"gantry\""),
+                );
+            }
+            // The rest of the request was not read: do not reuse the connection.
+            StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE => {
+                resp.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+type ApiResult = Result<Json<serde_json::Value>, ApiError>;
+
+fn router(app: App) -> Router {
+    Router::new()
+        .route("/health", get(health_handler))
+        .route("/state", get(state_handler))
+        .route("/weights", post(weights_handler))
+        .route("/quota", post(quota_handler))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        // Outermost first: who is calling (before reading a body), then the bounded body.
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            bounded_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            authenticate,
+        ))
+        .with_state(app)
+}
+
+/// Serves the operator API until `stop` turns true.
+pub(super) async fn serve(
+    endpoint: HttpEndpoint,
+    shell: Shell,
+    acls: Acls,
+    mut stop: watch::Receiver<bool>,
+) {
+    let HttpEndpoint { listener, config } = endpoint;
+    let app = App {
+        shell,
+        acls: Arc::new(acls),
+        tokens: config.tokens,
+        public_reads: config.public_reads,
+        limits: config.limits.clone(),
+    };
+    let router = router(app);
+    let acceptor = config.tls.map(tokio_rustls::TlsAcceptor::from);
+    let slots = Arc::new(Semaphore::new(config.limits.max_connections.max(1)));
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning.
+                tracing::warn!("http accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%remote, "too many HTTP connections; closed");
+            continue;
+        };
+        let router = router.clone();
+        let acceptor = acceptor.clone();
+        let limits = config.limits.clone();
+        conns.spawn(async move {
+            let _permit = permit;
+            serve_connection(tcp, remote, acceptor, router, limits).await;
+        });
+    }
+    conns.abort_all();
+}
+
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    remote: SocketAddr,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    router: Router,
+    limits: HttpLimits,
+) {
+    let _ = tcp.set_nodelay(true);
+    let Some(acceptor) = acceptor else {
+        let info = ConnInfo {
+            remote,
+            certificate: None,
+        };
+        serve_http(tcp, info, router, &limits).await;
+        return;
+    };
+    // A TLS client starts with a handshake record (0x16). Tell a plain-HTTP client what is
+    // wrong instead of failing its handshake without a word.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(limits.handshake_timeout, tcp.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] != 0x16 => {
+            refuse_plain_http(tcp, remote).await;
+            return;
+        }
+        Ok(Ok(1)) => {}
+        _ => return,
+    }
+    let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::info!(%remote, "operator API: TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%remote, "operator API: TLS handshake timed out");
+            return;
+        }
+    };
+    let certificate = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| tls::identity_from_cert(c));
+    let info = ConnInfo {
+        remote,
+        certificate,
+    };
+    serve_http(stream, info, router, &limits).await;
+}
+
+async fn refuse_plain_http(mut tcp: tokio::net::TcpStream, remote: SocketAddr) {
+    use tokio::io::AsyncWriteExt;
+    tracing::info!(%remote, "operator API: plain HTTP on the HTTPS port; refused");
+    let body = "{\"error\":\"https_required\",\"message\":\"this port speaks HTTPS only\"}";
+    let resp = format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = tcp.write_all(resp.as_bytes()).await;
+        let _ = tcp.shutdown().await;
+    })
+    .await;
+}
+
+async fn serve_http<S>(stream: S, info: ConnInfo, router: Router, limits: &HttpLimits)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let remote = info.remote;
+    let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(info.clone());
+        let mut router = router.clone();
+        async move {
+            use tower::Service;
+            router.call(req.map(Body::new)).await
+        }
+    });
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(64 * 1024)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
+    if let Err(e) = result {
+        tracing::debug!(%remote, "operator API connection ended: {e}");
+    }
+}
+
+/// Reads the whole body under the size limit and the body deadline before any handler runs.
+async fn bounded_body(State(app): State<App>, req: Request, next: Next) -> Response {
+    let max = app.limits.max_body_bytes;
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request bodies are limited to {max} bytes"),
+        )
+        .into_response();
+    }
+    let bytes = match tokio::time::timeout(app.limits.body_timeout, axum::body::to_bytes(body, max))
+        .await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request bodies are limited to {max} bytes"),
+            )
+            .into_response()
+        }
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {:?}",
+                    app.limits.body_timeout
+                ),
+            )
+            .into_response()
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// Works out who is calling and attaches a [`Caller`] to the request.
+async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> Response {
+    let info = req.extensions().get::<ConnInfo>().cloned();
+    let caller = match bearer(&req) {
+        Some(Err(why)) => return ApiError::new(StatusCode::UNAUTHORIZED, why).into_response(),
+        Some(Ok(token)) => match app.tokens.verify(token) {
+            Some(name) => Caller::Operator { name, how: "token" },
+            None => {
+                return ApiError::new(StatusCode::UNAUTHORIZED, "unknown bearer token")
+                    .into_response()
+            }
+        },
+        None => match info.and_then(|i| i.certificate) {
+            Some(PeerIdentity::Operator(name)) => Caller::Operator {
+                name,
+                how: "certificate",
+            },
+            Some(other) => Caller::Anonymous {
+                why: format!("{other} is not an operator certificate (operator:NAME)"),
+            },
+            None => Caller::Anonymous {
+                why: "no operator certificate or bearer token".into(),
+            },
+        },
+    };
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+/// The bearer token in `Authorization`, if any (an error when the header is malformed).
+fn bearer(req: &Request) -> Option<Result<&str, &'static str>> {
+    let value = req.headers().get(header::AUTHORIZATION)?;
+    let Ok(text) = value.to_str() else {
+        return Some(Err("malformed Authorization header"));
+    };
+    let (scheme, token) = text.split_once(' ').unwrap_or((text, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Some(Err("Authorization must be \"Bearer TOKEN\""));
+    }
+    Some(Ok(token.trim()))
+}
+
+impl App {
+    /// The operator allowed to read, or 401.
+    fn may_read(&self, caller: &Caller) -> Result<(), ApiError> {
+        match caller {
+            Caller::Operator { .. } => Ok(()),
+            Caller::Anonymous { .. } if self.public_reads => Ok(()),
+            Caller::Anonymous { why } => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                format!("authentication required: {why}"),
+            )),
+        }
+    }
+
+    /// 401 without an operator, 403 when the ACLs do not grant `action`.
+    fn may_write(&self, caller: &Caller, action: OperatorAction) -> Result<String, ApiError> {
+        match caller {
+            Caller::Anonymous { why } => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                format!("authentication required: {why}"),
+            )),
+            Caller::Operator { name, how } => {
+                if self.acls.may_operate(name, action) {
+                    Ok(name.clone())
+                } else {
+                    tracing::warn!(operator = %name, via = how, action = action.name(), "operator action denied by ACL");
+                    Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        format!("operator {name} may not {}", action.name()),
+                    ))
+                }
+            }
+        }
+    }
+}
+
+fn caller_of(req_caller: Option<axum::Extension<Caller>>) -> Caller {
+    req_caller.map(|c| c.0).unwrap_or(Caller::Anonymous {
+        why: "no operator certificate or bearer token".into(),
+    })
+}
+
+async fn health_handler(State(app): State<App>) -> Json<health::Health> {
+    let st = app.shell.status.borrow().clone();
+    Json(health::health(&st, std::time::Instant::now()))
+}
+
+fn unavailable() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "master core is not running",
+    )
+}
+
+async fn state_handler(
+    State(app): State<App>,
+    caller: Option<axum::Extension<Caller>>,
+) -> ApiResult {
+    app.may_read(&caller_of(caller))?;
+    let (tx, rx) = oneshot::channel();
+    app.shell
+        .core
+        .send(CoreEvent::State(tx))
+        .await
+        .map_err(|_| unavailable())?;
+    rx.await.map(Json).map_err(|_| unavailable())
+}
+
+/// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightRequest {
+    role: String,
+    weight: f64,
+}
+
+/// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
+/// an omitted part is removed.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaRequest {
+    role: String,
+    guarantee: Option<String>,
+    limit: Option<String>,
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))
+}
+
+async fn operator(app: &App, who: String, cmd: OperatorCommand) -> ApiResult {
+    let (tx, rx) = oneshot::channel();
+    let what = format!("{cmd:?}");
+    app.shell
+        .core
+        .send(CoreEvent::Operator(cmd, tx))
+        .await
+        .map_err(|_| unavailable())?;
+    match rx.await.map_err(|_| unavailable())? {
+        Ok(()) => {
+            tracing::info!(operator = %who, "operator change: {what}");
+            Ok(Json(serde_json::json!({"ok": true})))
+        }
+        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e)),
+    }
+}
+
+async fn weights_handler(
+    State(app): State<App>,
+    caller: Option<axum::Extension<Caller>>,
+    body: Bytes,
+) -> ApiResult {
+    let who = app.may_write(&caller_of(caller), OperatorAction::SetWeight)?;
+    let req: WeightRequest = parse_json(&body)?;
+    operator(
+        &app,
+        who,
+        OperatorCommand::SetWeight {
+            role: req.role,
+            weight: req.weight,
+        },
+    )
+    .await
+}
+
+async fn quota_handler(
+    State(app): State<App>,
+    caller: Option<axum::Extension<Caller>>,
+    body: Bytes,
+) -> ApiResult {
+    let who = app.may_write(&caller_of(caller), OperatorAction::SetQuota)?;
+    let req: QuotaRequest = parse_json(&body)?;
+    let parse =
+        |s: Option<String>, what: &str| -> Result<Option<gantry_sdk::Resources>, ApiError> {
+            s.map(|s| {
+                s.parse()
+                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
+            })
+            .transpose()
+        };
+    let guarantee = parse(req.guarantee, "guarantee")?;
+    let limit = parse(req.limit, "limit")?;
+    operator(
+        &app,
+        who,
+        OperatorCommand::SetQuota {
+            role: req.role,
+            guarantee,
+            limit,
+        },
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_auth(value: &str) -> Request {
+        Request::builder()
+            .header(header::AUTHORIZATION, value)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_strictly() {
+        assert_eq!(bearer(&with_auth("Bearer abc")), Some(Ok("abc")));
+        assert_eq!(bearer(&with_auth("bearer  abc ")), Some(Ok("abc")));
+        for bad in [
+            "Basic YWxhZGRpbjpvcGVuc2VzYW1l",
+            "Bearer",
+            "Bearer   ",
+            "abc",
+        ] {
+            assert!(matches!(bearer(&with_auth(bad)), Some(Err(_))), "{bad:?}");
+        }
+        let none = Request::builder().body(Body::empty()).unwrap();
+        assert_eq!(bearer(&none), None);
+    }
+
+    #[test]
+    fn errors_carry_a_code_and_the_right_headers() {
+        let e = ApiError::new(StatusCode::UNAUTHORIZED, "who?");
+        assert_eq!(e.code(), "unauthorized");
+        let resp = e.into_response();
+        assert!(resp.headers().contains_key(header::WWW_AUTHENTICATE));
+        let resp = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "big").into_response();
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
+        assert_eq!(
+            ApiError::new(StatusCode::FORBIDDEN, "no").code(),
+            "forbidden"
+        );
+    }
+}
