@@ -1,6 +1,7 @@
 //! Scenario simulator, trace mode and benchmark: they drive the real [`crate::allocator`] in
 //! simulated time (the allocator itself never reads a clock; only the trace mode and the
-//! benchmark measure wall time around its calls).
+//! benchmark measure wall time around its calls). The openb replay drives
+//! [`gantry_sdk::placement`] instead, timing each placement decision.
 //!
 //! - [`scenario`]: `gantry-master simulate FILE.toml`, JSON lines of offers, rescinds, summary.
 //! - [`trace`]: `gantry-master simulate --trace JOBS.csv --cluster CLUSTER.toml`, plus a synthetic
