@@ -25,7 +25,7 @@ use gantry_master::registry::{
     AgentRecord, EtcdStore, Mutation, Quota, RegistryStore, RegistryWriter,
 };
 use gantry_sdk::protocol::ids::AgentId;
-use gantry_sdk::protocol::resources::Resources;
+use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
 
 struct Round {
     kill_to_expiry: Duration,
@@ -83,7 +83,7 @@ async fn seed(url: &str, prefix: &str, agents: usize, fence: Fence) -> anyhow::R
                 role,
                 Quota {
                     guarantee: Resources::parse("cpus:10;mem:10240")?,
-                    limit: Resources::parse("cpus:100;mem:102400")?,
+                    limit: ResourceLimits::parse("cpus:100;mem:102400")?,
                 },
             )
             .await?;

@@ -1,13 +1,14 @@
 //! Property tests (proptest) of allocator invariants over random event sequences:
 //! agents are never over-allocated (offers never overlap), reserved resources only go to their
-//! role, quota limits are never exceeded by new offers, guarantees are honoured while their role
-//! has demand, and the next offer goes to the lowest-share eligible role and framework.
+//! role, quota limits are never exceeded by new offers, a cycle makes at most one offer per
+//! (framework, agent, role), guarantees are honoured while their role has demand, and the next
+//! offer goes to the lowest-share eligible role and framework.
 
 use std::collections::BTreeMap;
 
 use gantry_master::allocator::{Allocator, AllocatorConfig, OfferRecord, OfferResources};
 use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, Resources};
+use gantry_sdk::protocol::{AgentId, FrameworkId, ResourceLimits, Resources};
 use proptest::prelude::*;
 
 const ROLES: [&str; 6] = ["a", "b", "c", "a/x", "lim", "q"];
@@ -245,16 +246,22 @@ impl Model {
                 self.check_allocate()?;
             }
             Op::SetWeight { role, weight } => self.alloc.set_weight(ROLES[*role], *weight as f64),
-            Op::SetLimit(l) => self.alloc.set_quota(
-                "lim",
-                None,
-                l.map(|c| Resources::new().with("cpus", c as f64)),
-            ),
-            Op::SetGuarantee(g) => self.alloc.set_quota(
-                "q",
-                g.map(|c| Resources::new().with("cpus", c as f64)),
-                None,
-            ),
+            Op::SetLimit(l) => self
+                .alloc
+                .set_quota(
+                    "lim",
+                    None,
+                    l.map(|c| ResourceLimits::from(&Resources::new().with("cpus", c as f64))),
+                )
+                .map_err(|e| TestCaseError::fail(e.to_string()))?,
+            Op::SetGuarantee(g) => self
+                .alloc
+                .set_quota(
+                    "q",
+                    g.map(|c| Resources::new().with("cpus", c as f64)),
+                    None,
+                )
+                .map_err(|e| TestCaseError::fail(e.to_string()))?,
             _ => {}
         }
         self.check_invariants()
@@ -278,6 +285,17 @@ impl Model {
                     "limit {limit} exceeded by new offers: {before_lim} -> {after}"
                 );
             }
+        }
+        // One offer per (framework, agent, role) per cycle, whatever stage granted it.
+        let mut seen = std::collections::BTreeSet::new();
+        for o in &made {
+            prop_assert!(
+                seen.insert((o.framework, o.agent, o.role.clone())),
+                "two offers to {} on {} in role {} in one cycle",
+                o.framework,
+                o.agent,
+                o.role
+            );
         }
         for o in &made {
             prop_assert!(!o.resources.is_empty(), "empty offer");
@@ -383,7 +401,7 @@ proptest! {
         let mut alloc = Allocator::new(AllocatorConfig::default());
         let total_cpus: u32 = agents.iter().map(|c| *c as u32).sum();
         let g = (total_cpus * guarantee_percent as u32 / 100).max(1);
-        alloc.set_quota("q", Some(Resources::new().with("cpus", g as f64)), None);
+        alloc.set_quota("q", Some(Resources::new().with("cpus", g as f64)), None).unwrap();
         for (i, c) in agents.iter().enumerate() {
             alloc.add_agent(AgentId::from_u128(100 + i as u128), "h", cpus_mem(*c, 4), BTreeMap::new());
         }

@@ -12,7 +12,7 @@ use gantry_master::registry::{
     RegistryStore, RegistryWriter, Reservation,
 };
 use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
-use gantry_sdk::protocol::resources::Resources;
+use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
 
 fn res(s: &str) -> Resources {
     Resources::parse(s).unwrap()
@@ -45,7 +45,7 @@ fn sample() -> Vec<Mutation> {
             role: "prod".into(),
             quota: Quota {
                 guarantee: res("cpus:8;mem:16384;gpus:1"),
-                limit: res("cpus:16;mem:32768;gpus:4"),
+                limit: ResourceLimits::parse("cpus:16;mem:32768;gpus:4;disk:0").unwrap(),
             },
         },
         Mutation::SetReservation(Reservation {

@@ -1,5 +1,7 @@
 //! Scenario tests: every allocator feature, exercised black-box through the simulator on the
-//! scenario files in `tests/scenarios/`, plus the `gantry-master simulate` binary itself.
+//! scenario files in `tests/scenarios/`, plus the `gantry-master simulate` binary itself, and the
+//! conformance scenarios of issue 11 (`tests/conformance/`, a copy of
+//! `../shared/scenarios/conformance/`) compared with their exact expected output.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -481,4 +483,251 @@ fn long_quiet_stretches_are_skipped_not_iterated() {
     // The filter (1 ms + 1 h) expires at 3,600,001 ms: re-offered at the next batch, then the
     // new agent at its event.
     assert_eq!(at, vec![0, 3_601_000, 1_000_000_000_000]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conformance scenarios (issue 11): each `NAME.toml` with its exact expected output
+// `NAME.expected.jsonl` (offer ids left out, rescind ids `*`). Offers made at the same `at_ms` are
+// compared as multisets of framework, agent, resources and reserved part, amounts within 1e-6;
+// rescinds as multisets of (at_ms, framework, agent); the summary line exactly.
+
+/// The repository's copy (always present).
+fn conformance_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")
+}
+
+/// The shared originals, beside the clone (`../shared/scenarios/conformance/` from the
+/// repository root), where CI and developers have them.
+fn shared_conformance_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios/conformance")
+}
+
+fn scenario_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_suffix(".toml").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Amount maps (`{"cpus": 2.0}`) equal within 1e-6 (a missing kind is zero).
+fn amounts_match(a: &Value, b: &Value) -> bool {
+    let empty = serde_json::Map::new();
+    let (a, b) = (
+        a.as_object().unwrap_or(&empty),
+        b.as_object().unwrap_or(&empty),
+    );
+    a.keys().chain(b.keys()).all(|k| {
+        (num(a.get(k).unwrap_or(&Value::Null)) - num(b.get(k).unwrap_or(&Value::Null))).abs()
+            <= 1e-6
+    })
+}
+
+fn reserved_match(a: &Value, b: &Value) -> bool {
+    let empty = serde_json::Map::new();
+    let (a, b) = (
+        a.as_object().unwrap_or(&empty),
+        b.as_object().unwrap_or(&empty),
+    );
+    a.keys().chain(b.keys()).all(|k| {
+        amounts_match(
+            a.get(k).unwrap_or(&Value::Null),
+            b.get(k).unwrap_or(&Value::Null),
+        )
+    })
+}
+
+fn offer_matches(actual: &Value, expected: &Value) -> bool {
+    actual["at_ms"] == expected["at_ms"]
+        && actual["framework"] == expected["framework"]
+        && actual["agent"] == expected["agent"]
+        && amounts_match(&actual["resources"], &expected["resources"])
+        && reserved_match(&actual["reserved"], &expected["reserved"])
+}
+
+/// Compares a run's output with the expected lines; `Err` describes every difference.
+fn compare_conformance(actual: &str, expected: &str) -> Result<(), String> {
+    let parse = |text: &str| -> Vec<Value> {
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect()
+    };
+    let (actual, expected) = (parse(actual), parse(expected));
+    let mut problems = Vec::new();
+    let kind = |v: &Value, k: &str| v.get(k).is_some();
+    // Offers: multisets per at_ms.
+    let mut unmatched: Vec<&Value> = actual.iter().filter(|l| kind(l, "offer")).collect();
+    for e in expected
+        .iter()
+        .filter(|l| kind(l, "framework") && !kind(l, "rescind"))
+    {
+        match unmatched.iter().position(|a| offer_matches(a, e)) {
+            Some(i) => {
+                unmatched.remove(i);
+            }
+            None => problems.push(format!("missing offer {e}")),
+        }
+    }
+    for a in unmatched {
+        problems.push(format!("unexpected offer {a}"));
+    }
+    // Rescinds: multisets of (at_ms, framework, agent).
+    let key = |v: &Value| {
+        (
+            v["at_ms"].clone(),
+            v["framework"].clone(),
+            v["agent"].clone(),
+        )
+    };
+    let mut unmatched: Vec<&Value> = actual.iter().filter(|l| kind(l, "rescind")).collect();
+    for e in expected.iter().filter(|l| kind(l, "rescind")) {
+        match unmatched.iter().position(|a| key(a) == key(e)) {
+            Some(i) => {
+                unmatched.remove(i);
+            }
+            None => problems.push(format!("missing rescind {e}")),
+        }
+    }
+    for a in unmatched {
+        problems.push(format!("unexpected rescind {a}"));
+    }
+    // The summary, exactly.
+    let summary = |lines: &[Value]| lines.iter().find(|l| kind(l, "summary")).cloned();
+    let (a, e) = (summary(&actual), summary(&expected));
+    if a != e {
+        problems.push(format!(
+            "summary differs:\n  actual   {}\n  expected {}",
+            a.unwrap_or_default(),
+            e.unwrap_or_default()
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// Runs every scenario in `dir` and compares it with its expected output.
+fn check_conformance_dir(dir: &std::path::Path) -> usize {
+    let names = scenario_names(dir);
+    let mut failures = Vec::new();
+    for name in &names {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.toml"))).unwrap();
+        let expected = std::fs::read_to_string(dir.join(format!("{name}.expected.jsonl"))).unwrap();
+        let mut out = Vec::new();
+        let result = Scenario::parse(&text).and_then(|s| run_scenario(&s, &mut out));
+        let actual = String::from_utf8(out).unwrap();
+        match result {
+            Err(e) => failures.push(format!("{name}: the run failed: {e}")),
+            Ok(_) => {
+                if let Err(diff) = compare_conformance(&actual, &expected) {
+                    failures.push(format!("{name}:\n{diff}\n-- actual output:\n{actual}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} conformance scenarios in {} differ:\n\n{}",
+        failures.len(),
+        names.len(),
+        dir.display(),
+        failures.join("\n\n")
+    );
+    names.len()
+}
+
+#[test]
+fn conformance_scenarios_produce_their_expected_output() {
+    let n = check_conformance_dir(&conformance_dir());
+    assert!(
+        n >= 10,
+        "the repository has the conformance scenarios ({n})"
+    );
+}
+
+#[test]
+fn shared_conformance_scenarios_match_the_repository_copy_and_pass() {
+    let shared = shared_conformance_dir();
+    if !shared.is_dir() {
+        eprintln!(
+            "{} is absent: only the repository copy was checked",
+            shared.display()
+        );
+        return;
+    }
+    check_conformance_dir(&shared);
+    for name in scenario_names(&shared) {
+        for file in [format!("{name}.toml"), format!("{name}.expected.jsonl")] {
+            let ours = std::fs::read_to_string(conformance_dir().join(&file));
+            let theirs = std::fs::read_to_string(shared.join(&file)).unwrap();
+            assert_eq!(
+                ours.ok().as_deref(),
+                Some(theirs.as_str()),
+                "master/tests/conformance/{file} is missing or differs from the shared copy"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_conformance_comparison_can_fail() {
+    let expected =
+        "{\"agent\":\"a1\",\"at_ms\":0,\"framework\":\"f1\",\"resources\":{\"cpus\":2.0}}\n\
+                    {\"summary\":{\"frameworks\":{},\"roles\":{}}}\n";
+    let same = "{\"at_ms\":0,\"offer\":\"x\",\"framework\":\"f1\",\"agent\":\"a1\",\"resources\":{\"cpus\":2.0000001}}\n\
+                {\"summary\":{\"roles\":{},\"frameworks\":{}}}\n";
+    assert!(compare_conformance(same, expected).is_ok());
+    let other_amount = same.replace("2.0000001", "2.5");
+    assert!(compare_conformance(&other_amount, expected).is_err());
+    let other_time = same.replace("\"at_ms\":0", "\"at_ms\":1000");
+    assert!(compare_conformance(&other_time, expected).is_err());
+    let reserved = same.replace(
+        "\"resources\"",
+        "\"reserved\":{\"r\":{\"cpus\":2.0}},\"resources\"",
+    );
+    assert!(compare_conformance(&reserved, expected).is_err());
+    let extra = format!("{}\n{same}", same.lines().next().unwrap());
+    assert!(compare_conformance(&extra, expected).is_err());
+    let summary = same.replace("\"roles\":{}", "\"roles\":{\"r\":{}}");
+    assert!(compare_conformance(&summary, expected).is_err());
+}
+
+#[test]
+fn nested_guarantees_that_do_not_nest_stop_the_run_with_the_event_index() {
+    let base = "[[roles]]\nname = \"r1\"\nquota_guarantee = \"cpus:2\"\n\
+                [[roles]]\nname = \"r1/a\"\nquota_guarantee = \"cpus:1\"\n";
+    // A sibling that would push the subroles' sum above the parent's guarantee.
+    let (_, err) = run_err(&format!(
+        "{base}[[events]]\nat_ms = 0\nkind = \"set_quota\"\nrole = \"r1/b\"\nguarantee = \"cpus:1.5\"\n"
+    ));
+    let msg = err.to_string();
+    assert!(msg.contains("event 0") && msg.contains("r1"), "{msg}");
+    // A parent lowered below its subroles' sum.
+    let (_, err) = run_err(&format!(
+        "{base}[[events]]\nat_ms = 0\nkind = \"add_framework\"\nframework = \"f\"\nroles = [\"r\"]\n\
+         [[events]]\nat_ms = 5\nkind = \"set_quota\"\nrole = \"r1\"\nguarantee = \"cpus:0.5\"\n"
+    ));
+    let msg = err.to_string();
+    assert!(msg.contains("event 1") && msg.contains("below"), "{msg}");
+    // Declared roles are checked too, naming the role.
+    let err = {
+        let s = Scenario::parse(&format!(
+            "{base}[[roles]]\nname = \"r1/a/deep\"\nquota_guarantee = \"cpus:1;mem:1\"\n"
+        ))
+        .unwrap();
+        run_scenario(&s, &mut Vec::new()).unwrap_err().to_string()
+    };
+    assert!(err.contains("r1/a/deep"), "{err}");
+    // Within the parent's guarantee is fine.
+    let ok = format!(
+        "{base}[[events]]\nat_ms = 0\nkind = \"set_quota\"\nrole = \"r1/b\"\nguarantee = \"cpus:1\"\n"
+    );
+    run_scenario(&Scenario::parse(&ok).unwrap(), &mut Vec::new()).unwrap();
 }

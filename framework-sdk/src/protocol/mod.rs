@@ -1,7 +1,8 @@
 //! The public wire protocol: identifiers, resources, messages and the codec.
 //!
 //! - [`ids`]: uuid newtypes (`FrameworkId`, `AgentId`, `OfferId`, `TaskId`, `UpdateId`).
-//! - [`resources`]: [`Resources`], named scalars in exact milli-units.
+//! - [`resources`]: [`Resources`], named scalars in exact milli-units; [`ResourceLimits`], upper
+//!   bounds per kind that keep explicit zeros (quota limits).
 //! - [`messages`]: every message agents, frameworks and masters exchange, and the bounds on
 //!   them (`MAX_RECONCILE_IDS`, [`register_limits`]).
 //! - [`codec`]: bounded, length-prefixed bincode frames; the only module that encodes. It also
@@ -16,4 +17,4 @@ pub mod resources;
 
 pub use ids::*;
 pub use messages::*;
-pub use resources::{ResourceParseError, Resources};
+pub use resources::{ResourceLimits, ResourceParseError, Resources};

@@ -5,6 +5,9 @@
 //!
 //! On the wire (bincode) a [`Resources`] is a map of milli-units; in human-readable formats
 //! (JSON, TOML) it is a map of plain numbers, e.g. `{"cpus":2.0,"mem":1024.0}`.
+//!
+//! A bag is sparse (`cpus:0` is the empty bag). [`ResourceLimits`] (quota limits) keeps explicit
+//! zeros, because there `cpus:0` means "no cpus at all" while an unnamed kind is unlimited.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -70,26 +73,11 @@ impl Resources {
     }
 
     /// Parses `"cpus:2;mem:1024;gpus:1"`. Whitespace around entries is ignored; an empty string
-    /// is an empty bag; `name:0` entries are accepted and dropped.
+    /// is an empty bag; `name:0` entries are accepted and dropped (a bag is sparse; where an
+    /// explicit zero means something, as in a quota limit, use [`ResourceLimits::parse`]).
     pub fn parse(text: &str) -> Result<Self, ResourceParseError> {
         let mut out = Resources::new();
-        let mut seen = std::collections::BTreeSet::new();
-        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
-            let (name, amount) = entry
-                .split_once(':')
-                .ok_or_else(|| ResourceParseError::Syntax(entry.to_string()))?;
-            let (name, amount) = (name.trim(), amount.trim());
-            if !valid_name(name) {
-                return Err(ResourceParseError::BadName(name.to_string()));
-            }
-            let value: f64 = amount
-                .parse()
-                .map_err(|_| ResourceParseError::BadAmount(amount.to_string()))?;
-            let milli =
-                to_milli(value).ok_or_else(|| ResourceParseError::BadAmount(amount.to_string()))?;
-            if !seen.insert(name.to_string()) {
-                return Err(ResourceParseError::Duplicate(name.to_string()));
-            }
+        for (name, milli) in parse_entries(text)? {
             out.set_milli(name, milli);
         }
         Ok(out)
@@ -290,6 +278,157 @@ impl<'de> Deserialize<'de> for Resources {
     }
 }
 
+/// `NAME:AMOUNT` entries of a resource string, in order, validated, zeros kept.
+fn parse_entries(text: &str) -> Result<Vec<(&str, u64)>, ResourceParseError> {
+    let mut out: Vec<(&str, u64)> = Vec::new();
+    for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, amount) = entry
+            .split_once(':')
+            .ok_or_else(|| ResourceParseError::Syntax(entry.to_string()))?;
+        let (name, amount) = (name.trim(), amount.trim());
+        if !valid_name(name) {
+            return Err(ResourceParseError::BadName(name.to_string()));
+        }
+        let value: f64 = amount
+            .parse()
+            .map_err(|_| ResourceParseError::BadAmount(amount.to_string()))?;
+        let milli =
+            to_milli(value).ok_or_else(|| ResourceParseError::BadAmount(amount.to_string()))?;
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(ResourceParseError::Duplicate(name.to_string()));
+        }
+        out.push((name, milli));
+    }
+    Ok(out)
+}
+
+/// Upper bounds per resource kind, e.g. a quota limit. Unlike a [`Resources`] bag, an explicit
+/// zero is kept and means "none of this kind" (`cpus:0;mem:1024`); a kind that is not named is
+/// unlimited. Serialized like [`Resources`] (a map of numbers), zeros included.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct ResourceLimits {
+    amounts: BTreeMap<Name, u64>,
+}
+
+impl ResourceLimits {
+    /// No limit on any kind.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Parses `"cpus:0;mem:1024"`, keeping zero amounts (a limit of zero).
+    pub fn parse(text: &str) -> Result<Self, ResourceParseError> {
+        let mut out = ResourceLimits::new();
+        for (name, milli) in parse_entries(text)? {
+            out.amounts.insert(name_of(name), milli);
+        }
+        Ok(out)
+    }
+
+    /// Sets the limit of `name` to `milli` milli-units (zero is kept: a limit of zero).
+    pub fn set_milli(&mut self, name: &str, milli: u64) {
+        self.amounts.insert(name_of(name), milli);
+    }
+
+    /// The limit of `name` in milli-units, `None` when the kind is unlimited.
+    pub fn limit(&self, name: &str) -> Option<u64> {
+        self.amounts.get(name).copied()
+    }
+
+    /// True when no kind is limited.
+    pub fn is_empty(&self) -> bool {
+        self.amounts.is_empty()
+    }
+
+    /// `(name, milli-units)` pairs of the limited kinds, in name order (zeros included).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.amounts.iter().map(|(k, v)| (&**k, *v))
+    }
+
+    /// True when `r` is within every limit.
+    pub fn allows(&self, r: &Resources) -> bool {
+        self.iter().all(|(name, limit)| r.milli(name) <= limit)
+    }
+}
+
+impl From<&Resources> for ResourceLimits {
+    /// Limits at the amounts of a bag (kinds absent from the bag stay unlimited).
+    fn from(r: &Resources) -> Self {
+        ResourceLimits {
+            amounts: r.amounts.clone(),
+        }
+    }
+}
+
+impl std::str::FromStr for ResourceLimits {
+    type Err = ResourceParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ResourceLimits::parse(s)
+    }
+}
+
+impl fmt::Display for ResourceLimits {
+    /// The syntax [`ResourceLimits::parse`] accepts, zeros included: `cpus:0;mem:1024`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (name, milli)) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(";")?;
+            }
+            write!(f, "{name}:")?;
+            fmt_milli(milli, f)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ResourceLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ResourceLimits({self})")
+    }
+}
+
+impl Serialize for ResourceLimits {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let human = s.is_human_readable();
+        let mut m = s.serialize_map(Some(self.amounts.len()))?;
+        for (k, v) in &self.amounts {
+            if human {
+                m.serialize_entry(&**k, &(*v as f64 / MILLI as f64))?;
+            } else {
+                m.serialize_entry(&**k, v)?;
+            }
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for ResourceLimits {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut out = ResourceLimits::new();
+        if d.is_human_readable() {
+            for (k, v) in BTreeMap::<String, f64>::deserialize(d)? {
+                if !valid_name(&k) {
+                    return Err(D::Error::custom(ResourceParseError::BadName(k)));
+                }
+                let milli = to_milli(v).ok_or_else(|| {
+                    D::Error::custom(ResourceParseError::BadAmount(v.to_string()))
+                })?;
+                out.set_milli(&k, milli);
+            }
+        } else {
+            for (k, v) in BTreeMap::<String, u64>::deserialize(d)? {
+                if !valid_name(&k) {
+                    return Err(D::Error::custom(ResourceParseError::BadName(k)));
+                }
+                out.set_milli(&k, v);
+            }
+        }
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,5 +497,28 @@ mod tests {
         );
         let back: Resources = serde_json::from_str(r#"{"cpus":2.0,"mem":1024.0}"#).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn limits_keep_explicit_zeros() {
+        let l = ResourceLimits::parse("cpus:0; mem:1024").unwrap();
+        assert_eq!(l.limit("cpus"), Some(0));
+        assert_eq!(l.limit("mem"), Some(1_024_000));
+        assert_eq!(l.limit("gpus"), None, "kinds not named are unlimited");
+        assert_eq!(l.to_string(), "cpus:0;mem:1024");
+        assert_eq!(ResourceLimits::parse(&l.to_string()).unwrap(), l);
+        assert!(!l.allows(&Resources::parse("cpus:0.001").unwrap()));
+        assert!(l.allows(&Resources::parse("mem:1024;gpus:8").unwrap()));
+        let json = serde_json::to_string(&l).unwrap();
+        assert_eq!(json, r#"{"cpus":0.0,"mem":1024.0}"#);
+        let back: ResourceLimits = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, l);
+        // A bag drops the zero: the same text is a different thing as resources.
+        assert!(Resources::parse("cpus:0").unwrap().is_empty());
+        assert!(matches!(
+            ResourceLimits::parse("cpus:1;cpus:0"),
+            Err(ResourceParseError::Duplicate(_))
+        ));
+        assert!(ResourceLimits::parse("").unwrap().is_empty());
     }
 }

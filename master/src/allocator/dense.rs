@@ -57,6 +57,82 @@ pub(crate) fn cap_to(a: &mut Rv, cap: &[u64]) {
     }
 }
 
+/// A dominant share as an exact fraction `num / den` of milli-unit amounts (`den > 0`). Shares
+/// are compared by exact cross-multiplication (in 256 bits), so shares that are equal as
+/// fractions are equal, whatever their floating-point renderings would say.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Share {
+    num: u128,
+    den: u128,
+}
+
+impl Share {
+    /// Nothing allocated.
+    pub(crate) const ZERO: Share = Share { num: 0, den: 1 };
+
+    /// The largest `alloc[i] / total[i]` over kinds with a positive `total` (give excluded kinds
+    /// a zero total), divided by the weight `weight_milli / 1000`.
+    pub(crate) fn dominant(alloc: &[u64], total: &[u64], weight_milli: u64) -> Share {
+        let mut best: Option<(u64, u64)> = None;
+        for (i, a) in alloc.iter().enumerate() {
+            let t = at(total, i);
+            if *a == 0 || t == 0 {
+                continue;
+            }
+            match best {
+                Some((ba, bt)) if (*a as u128) * (bt as u128) <= (ba as u128) * (t as u128) => {}
+                _ => best = Some((*a, t)),
+            }
+        }
+        match best {
+            None => Share::ZERO,
+            Some((a, t)) => Share {
+                num: a as u128 * 1000,
+                den: t as u128 * weight_milli.max(1) as u128,
+            },
+        }
+    }
+}
+
+/// `a * b` as (high, low) 128-bit halves.
+fn mul_wide(a: u128, b: u128) -> (u128, u128) {
+    const M: u128 = u64::MAX as u128;
+    let (a1, a0, b1, b0) = (a >> 64, a & M, b >> 64, b & M);
+    let (p00, p01, p10, p11) = (a0 * b0, a0 * b1, a1 * b0, a1 * b1);
+    let mid = (p00 >> 64) + (p01 & M) + (p10 & M);
+    let lo = (p00 & M) | (mid << 64);
+    let hi = p11 + (p01 >> 64) + (p10 >> 64) + (mid >> 64);
+    (hi, lo)
+}
+
+impl Ord for Share {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if self.den == other.den {
+            return self.num.cmp(&other.num);
+        }
+        // Products of 64-bit factors fit in 128 bits (the usual case: amounts in milli-units
+        // times 1000 stay far below 2^64).
+        if (self.num | self.den | other.num | other.den) >> 64 == 0 {
+            return (self.num * other.den).cmp(&(other.num * self.den));
+        }
+        mul_wide(self.num, other.den).cmp(&mul_wide(other.num, self.den))
+    }
+}
+
+impl PartialOrd for Share {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Share {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Share {}
+
 /// A small map from dense indices to values, kept as sorted parallel vectors (the key vector is
 /// searched; values are touched only on a hit). Cache friendly for the few entries an agent
 /// usually has, e.g. its decline filters per framework.
@@ -212,7 +288,7 @@ impl Names {
 
 /// Unreserved amounts plus reserved amounts per (dense) role index, sorted by role, no empty
 /// reservation entries.
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Bundle {
     pub(crate) unres: Rv,
     pub(crate) resv: Vec<(u32, Rv)>,
@@ -356,5 +432,34 @@ mod tests {
         b.sub(&small);
         assert_eq!(b.resv.len(), 1);
         assert_eq!(&b.unres[..], &[3, 0]);
+    }
+
+    #[test]
+    fn shares_compare_exactly() {
+        // 1000/3000 and 1536000/4608000 are both exactly 1/3 (as floats they may differ).
+        let a = Share::dominant(&[1000, 1_536_000], &[3000, 4_608_000], 1000);
+        let b = Share::dominant(&[1000, 1_024_000], &[3000, 4_608_000], 1000);
+        assert_eq!(a, b);
+        assert!(Share::dominant(&[1001], &[3000], 1000) > a);
+        // Weight 3: a third of the share; the weight applies to the dominant kind.
+        assert_eq!(
+            Share::dominant(&[3000, 0], &[3000, 10], 3000),
+            Share::dominant(&[1000], &[3000], 1000)
+        );
+        // Excluded kinds have a zero total; nothing allocated is zero.
+        assert_eq!(Share::dominant(&[5, 0], &[0, 10], 1000), Share::ZERO);
+        // Large amounts do not overflow the comparison.
+        let big = Share::dominant(&[u64::MAX - 1], &[u64::MAX], 1);
+        let bigger = Share::dominant(&[u64::MAX], &[u64::MAX], 1);
+        assert!(big < bigger);
+        assert_eq!(mul_wide(u128::MAX, 2), (1, u128::MAX - 1));
+        // The 64-bit fast path and the wide path agree.
+        let small = Share { num: 3, den: 9 };
+        let wide = Share {
+            num: 1 << 70,
+            den: 3 << 70,
+        };
+        assert_eq!(small, wide);
+        assert!(Share { num: 4, den: 9 } > wide);
     }
 }

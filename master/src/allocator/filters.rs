@@ -1,5 +1,8 @@
 //! Decline filters of one agent, indexed by framework.
 //!
+//! A filter refuses a [`Bundle`]: unreserved resources and each role's reserved resources are
+//! kept apart, so refusing unreserved resources does not refuse the same amounts reserved.
+//!
 //! Filters are kept as sorted parallel vectors (framework indices, then the filters inline). An
 //! agent that collected many filters (e.g. thousands of frameworks that all declined it with a
 //! long filter) also gets two bitsets over framework indices: "has a filter" and "has a filter
@@ -9,22 +12,22 @@
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use super::dense::{self, Rv, VecMap};
+use super::dense::{Bundle, VecMap};
 use super::Millis;
 
-/// Refused resource vectors, interned and reference counted: declines tend to refuse the same
+/// Refused resource bundles, interned and reference counted: declines tend to refuse the same
 /// shapes over and over, and an agent can carry thousands of filters.
 #[derive(Debug, Default)]
 pub(crate) struct RefusedPool {
-    vecs: Vec<Rv>,
+    vecs: Vec<Bundle>,
     counts: Vec<u32>,
-    map: FxHashMap<Rv, u32>,
+    map: FxHashMap<Bundle, u32>,
     free: Vec<u32>,
 }
 
 impl RefusedPool {
     /// The id of `v`, with one more reference.
-    pub(crate) fn intern(&mut self, v: Rv) -> u32 {
+    pub(crate) fn intern(&mut self, v: Bundle) -> u32 {
         if let Some(&id) = self.map.get(&v) {
             self.counts[id as usize] += 1;
             return id;
@@ -56,9 +59,9 @@ impl RefusedPool {
         }
     }
 
-    /// The vector of `id`.
+    /// The bundle of `id`.
     #[inline]
-    pub(crate) fn get(&self, id: u32) -> &[u64] {
+    pub(crate) fn get(&self, id: u32) -> &Bundle {
         &self.vecs[id as usize]
     }
 }
@@ -129,8 +132,8 @@ impl AgentFilters {
     }
 
     /// Adds a filter for framework `f`; `total` is the agent's current total.
-    pub(crate) fn add(&mut self, f: u32, mut filter: Filter, total: &[u64], pool: &RefusedPool) {
-        let covers = dense::contains(pool.get(filter.refused), total);
+    pub(crate) fn add(&mut self, f: u32, mut filter: Filter, total: &Bundle, pool: &RefusedPool) {
+        let covers = pool.get(filter.refused).contains(total);
         filter.covers = covers;
         self.map.or_default(f).push(filter);
         if self.bits_on {
@@ -144,10 +147,10 @@ impl AgentFilters {
     }
 
     /// Recomputes the bitsets (after the agent's total changed, or when turning them on).
-    pub(crate) fn rebuild(&mut self, total: &[u64], pool: &RefusedPool) {
+    pub(crate) fn rebuild(&mut self, total: &Bundle, pool: &RefusedPool) {
         for list in self.map.values_mut() {
             for x in list.iter_mut() {
-                x.covers = dense::contains(pool.get(x.refused), total);
+                x.covers = pool.get(x.refused).contains(total);
             }
         }
         self.any.clear();
@@ -158,10 +161,7 @@ impl AgentFilters {
         }
         for (f, list) in self.map.iter() {
             set_bit(&mut self.any, *f, true);
-            if list
-                .iter()
-                .any(|x| dense::contains(pool.get(x.refused), total))
-            {
+            if list.iter().any(|x| pool.get(x.refused).contains(total)) {
                 set_bit(&mut self.full, *f, true);
             }
         }
@@ -186,7 +186,7 @@ impl AgentFilters {
         &mut self,
         f: u32,
         now: Millis,
-        total: &[u64],
+        total: &Bundle,
         pool: &mut RefusedPool,
     ) -> (bool, bool) {
         let Some(list) = self.map.get_mut(&f) else {
@@ -206,9 +206,7 @@ impl AgentFilters {
             return (changed, true);
         }
         if changed && self.bits_on {
-            let covers = list
-                .iter()
-                .any(|x| dense::contains(pool.get(x.refused), total));
+            let covers = list.iter().any(|x| pool.get(x.refused).contains(total));
             set_bit(&mut self.full, f, covers);
         }
         (changed, false)
@@ -218,7 +216,7 @@ impl AgentFilters {
     /// Filters that expired by `now` must have been dropped with [`AgentFilters::expire`]
     /// before (the allocation cycle does that first), so a "covers everything" bit is trusted.
     #[inline]
-    pub(crate) fn blocks(&self, f: u32, offer: &[u64], now: Millis, pool: &RefusedPool) -> bool {
+    pub(crate) fn blocks(&self, f: u32, offer: &Bundle, now: Millis, pool: &RefusedPool) -> bool {
         if self.bits_on {
             if !bit(&self.any, f) {
                 return false;
@@ -231,7 +229,7 @@ impl AgentFilters {
         }
         self.map.get(&f).is_some_and(|list| {
             list.iter()
-                .any(|x| x.expires > now && dense::contains(pool.get(x.refused), offer))
+                .any(|x| x.expires > now && pool.get(x.refused).contains(offer))
         })
     }
 }
@@ -240,8 +238,11 @@ impl AgentFilters {
 mod tests {
     use super::*;
 
-    fn rv(v: &[u64]) -> Rv {
-        Rv::from_slice(v)
+    fn rv(v: &[u64]) -> Bundle {
+        Bundle {
+            unres: v.iter().copied().collect(),
+            resv: Vec::new(),
+        }
     }
 
     #[test]
@@ -300,5 +301,44 @@ mod tests {
         small.clear(&mut pool);
         assert!(pool.map.is_empty(), "every reference released");
         assert!(pool.counts.iter().all(|c| *c == 0));
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+    use crate::allocator::dense::Rv;
+
+    #[test]
+    fn reserved_and_unreserved_are_refused_apart() {
+        let mut pool = RefusedPool::default();
+        let mut filters = AgentFilters::default();
+        let mut total = Bundle {
+            unres: Rv::from_slice(&[2000, 2048]),
+            resv: Vec::new(),
+        };
+        total.add_resv(1, &[1000, 1024]);
+        let refused = Bundle {
+            unres: Rv::from_slice(&[2000, 2048]),
+            resv: Vec::new(),
+        };
+        let filter = Filter {
+            refused: pool.intern(refused),
+            expires: 100,
+            covers: false,
+        };
+        filters.add(7, filter, &total, &pool);
+        let mut reserved = Bundle::default();
+        reserved.add_resv(1, &[1000, 1024]);
+        assert!(
+            !filters.blocks(7, &reserved, 50, &pool),
+            "reserved was not refused"
+        );
+        let unreserved = Bundle {
+            unres: Rv::from_slice(&[1000, 1024]),
+            resv: Vec::new(),
+        };
+        assert!(filters.blocks(7, &unreserved, 50, &pool));
+        filters.clear(&mut pool);
     }
 }

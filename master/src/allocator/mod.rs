@@ -7,10 +7,16 @@
 //!
 //! Internally every entity has a dense index (agents, frameworks, roles), resource names are
 //! interned into dense vectors of milli-units, and the fairness order is kept in incremental
-//! sorted sets (one per role node for its children, one per role for its frameworks), so an
-//! allocation cycle costs roughly one ordered scan per agent whose situation changed. Agents
-//! whose last visit found no possible offer, and where nothing relevant changed since, are
-//! skipped ("stable" agents, invalidated by an agent-local change or a global epoch bump).
+//! sorted sets (one per role node for its children and its `r/.` leaf, one per role for its
+//! frameworks) keyed by exact rational shares, so an allocation cycle costs roughly one ordered
+//! scan per agent whose situation changed. Agents whose last visit found no possible offer, and
+//! where nothing relevant changed since, are skipped ("stable" agents, invalidated by an
+//! agent-local change or a global epoch bump).
+//!
+//! - `dense`: milli-unit vectors, `Bundle`s of unreserved and reserved pools, exact `Share`s.
+//! - `filters`: decline filters per agent, refusing bundles (pools kept apart).
+//! - `tests`: unit tests; the conformance rules of issue 11 are pinned by the scenarios in
+//!   `master/tests/conformance/` (see `docs/allocator.md`).
 
 mod dense;
 mod filters;
@@ -22,10 +28,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
+use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
 use serde::Serialize;
 
-use dense::{Bundle, Names, Rv};
+use dense::{Bundle, Names, Rv, Share};
 use filters::{AgentFilters, Filter, RefusedPool};
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
@@ -134,6 +140,12 @@ pub enum AllocError {
     },
     #[error("role {role:?} can not reserve in offer {offer}: the role must be the offer's role or one of its ancestors")]
     ReservationRole { offer: OfferId, role: String },
+    #[error("invalid quota: {0}")]
+    InvalidQuota(String),
+    #[error(
+        "the offers of one {0} must belong to one framework (and, for an accept, to one agent)"
+    )]
+    MixedOffers(&'static str),
 }
 
 /// Counters and shares for the operator view. The caller measures cycle time.
@@ -174,8 +186,8 @@ pub struct RoleMetrics {
     pub offers_made: u64,
     /// Quota guarantee, if any.
     pub quota_guarantee: Option<Resources>,
-    /// Quota limit, if any (kinds not listed are unlimited).
-    pub quota_limit: Option<Resources>,
+    /// Quota limit, if any (kinds not listed are unlimited; a listed zero is a limit of zero).
+    pub quota_limit: Option<ResourceLimits>,
 }
 
 /// Metrics of one framework.
@@ -196,14 +208,14 @@ pub struct FrameworkMetrics {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct SortKey {
-    /// Non-negative f64 bits: ordering of bits equals numeric ordering.
-    share: u64,
+    /// Exact dominant share (divided by the weight for role entries).
+    share: Share,
     offers: u64,
     /// The name's first 16 bytes, big-endian: most name comparisons end here.
     prefix: u128,
     name: Arc<str>,
     /// Framework index (framework sorters) or role node index (role sorters; the parent's own
-    /// index stands for its "self" leaf, i.e. the frameworks subscribed directly to it).
+    /// index stands for its "self" leaf `r/.`, i.e. the frameworks subscribed directly to it).
     idx: u32,
 }
 
@@ -252,6 +264,8 @@ struct Framework {
 #[derive(Debug)]
 struct Role {
     name: Arc<str>,
+    /// `name/.`: the virtual leaf of the frameworks subscribed directly (Mesos's `r/.`).
+    self_name: Arc<str>,
     parent: Option<u32>,
     weight: f64,
     guarantee: Option<Rv>,
@@ -282,6 +296,7 @@ impl Role {
     fn new(name: &str, parent: Option<u32>) -> Self {
         Role {
             name: Arc::from(name),
+            self_name: Arc::from(format!("{name}/.")),
             parent,
             weight: 1.0,
             guarantee: None,
@@ -436,7 +451,9 @@ pub struct Allocator {
     config: AllocatorConfig,
     names: Names,
     excluded: Vec<bool>,
-    inv_total: Vec<f64>,
+    /// The cluster total with excluded kinds zeroed: the denominators of shares (refreshed with
+    /// the sort keys).
+    share_total: Rv,
     total: Rv,
     /// Sum of all agents' free unreserved resources (what quota headroom can draw on).
     free_unres: Rv,
@@ -476,13 +493,14 @@ pub struct Allocator {
     res_cache: Option<(Rv, Resources)>,
 }
 
-fn share_bits(x: f64) -> u64 {
-    if x.is_finite() && x > 0.0 {
-        x.to_bits()
-    } else {
-        0
-    }
+/// A weight in thousandths, as the exact share arithmetic uses it (at least 1).
+fn weight_milli(w: f64) -> u64 {
+    ((w * 1000.0).round() as u64).max(1)
 }
+
+/// The weight of a role's self leaf `r/.` (Mesos: 1; the role's weight applies to the role as a
+/// whole against its siblings).
+const SELF_LEAF_WEIGHT_MILLI: u64 = 1000;
 
 impl Allocator {
     /// A new, empty allocator.
@@ -493,7 +511,7 @@ impl Allocator {
             config,
             names: Names::default(),
             excluded: Vec::new(),
-            inv_total: Vec::new(),
+            share_total: Rv::new(),
             total: Rv::new(),
             free_unres: Rv::new(),
             required: Rv::new(),
@@ -549,29 +567,22 @@ impl Allocator {
         }
     }
 
-    fn recompute_inv_total(&mut self) {
+    fn recompute_share_total(&mut self) {
         self.sync_names();
-        self.inv_total = (0..self.names.len())
+        self.share_total = (0..self.names.len())
             .map(|i| {
-                let t = dense::at(&self.total, i);
-                if t == 0 || self.excluded[i] {
-                    0.0
+                if self.excluded[i] {
+                    0
                 } else {
-                    1.0 / t as f64
+                    dense::at(&self.total, i)
                 }
             })
             .collect();
     }
 
-    fn share_of(&self, v: &[u64]) -> f64 {
-        let mut s = 0.0f64;
-        for (x, inv) in v.iter().zip(&self.inv_total) {
-            let c = *x as f64 * inv;
-            if c > s {
-                s = c;
-            }
-        }
-        s
+    /// The exact dominant share of `v`, divided by the weight `weight_milli / 1000`.
+    fn share_of(&self, v: &[u64], weight_milli: u64) -> Share {
+        Share::dominant(v, &self.share_total, weight_milli)
     }
 
     fn bundle(&mut self, r: &OfferResources) -> Bundle {
@@ -661,7 +672,7 @@ impl Allocator {
     fn role_key(&self, r: u32) -> SortKey {
         let role = &self.roles[r as usize];
         SortKey {
-            share: share_bits(self.share_of(&role.alloc) / role.weight),
+            share: self.share_of(&role.alloc, weight_milli(role.weight)),
             offers: role.offers,
             prefix: name_prefix(&role.name),
             name: role.name.clone(),
@@ -672,15 +683,14 @@ impl Allocator {
     fn self_key(&self, r: u32) -> SortKey {
         let role = &self.roles[r as usize];
         SortKey {
-            share: share_bits(self.share_of(&role.own_alloc) / role.weight),
+            share: self.share_of(&role.own_alloc, SELF_LEAF_WEIGHT_MILLI),
             offers: role.own_offers,
-            prefix: name_prefix(&role.name),
-            name: role.name.clone(),
+            prefix: name_prefix(&role.self_name),
+            name: role.self_name.clone(),
             idx: r,
         }
     }
 
-    /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf).
     /// Re-sorts `r` and its ancestors in their parents (and `r`'s self leaf). A set with a single
     /// element needs no order, so its element's key is left as is (refreshed by
     /// [`Allocator::refresh_sorted_singleton`] before anything else joins that set).
@@ -760,7 +770,7 @@ impl Allocator {
         let fw = self.fw(f);
         let fr = &fw.roles[ri];
         SortKey {
-            share: share_bits(self.share_of(&fr.alloc)),
+            share: self.share_of(&fr.alloc, 1000),
             offers: fr.offers,
             prefix: name_prefix(&fw.name),
             name: fw.name.clone(),
@@ -791,7 +801,7 @@ impl Allocator {
 
     /// Recomputes every sort key (after the cluster total changed).
     fn rekey_all(&mut self) {
-        self.recompute_inv_total();
+        self.recompute_share_total();
         for r in 0..self.roles.len() as u32 {
             self.roles[r as usize].sorted.clear();
             self.roles[r as usize].frameworks.clear();
@@ -891,6 +901,16 @@ impl Allocator {
         }
     }
 
+    /// True when `r` has a guarantee and none of its ancestors has one: nested guarantees are
+    /// included in their ancestor's, so headroom is held back once per such subtree.
+    fn top_guaranteed(&self, r: u32) -> bool {
+        self.roles[r as usize].guarantee.is_some()
+            && self
+                .chain(r)
+                .skip(1)
+                .all(|n| self.roles[n as usize].guarantee.is_none())
+    }
+
     fn recompute_required(&mut self) {
         let mut req = Rv::new();
         let mut guarded = vec![false; self.names.len()];
@@ -903,7 +923,9 @@ impl Allocator {
                         guarded[i] = true;
                     }
                 }
-                dense::add(&mut req, &self.remaining_guarantee(r));
+                if self.top_guaranteed(r) {
+                    dense::add(&mut req, &self.remaining_guarantee(r));
+                }
             }
         }
         self.required = req;
@@ -929,8 +951,11 @@ impl Allocator {
         } else {
             smallvec::SmallVec::new()
         };
-        for r in &guaranteed {
-            let rem = self.remaining_guarantee(*r);
+        // The chain runs upwards: its last guaranteed role is the top one, the only one whose
+        // remaining guarantee counts toward the required headroom.
+        let top = guaranteed.last().copied();
+        if let Some(t) = top {
+            let rem = self.remaining_guarantee(t);
             dense::sub(&mut self.required, &rem);
         }
         let ri = {
@@ -973,9 +998,11 @@ impl Allocator {
             }
             node = r.parent;
         }
-        for r in &guaranteed {
-            let rem = self.remaining_guarantee(*r);
+        if let Some(t) = top {
+            let rem = self.remaining_guarantee(t);
             dense::add(&mut self.required, &rem);
+        }
+        for r in &guaranteed {
             self.set_below(*r);
         }
         if let Some(ri) = ri {
@@ -1025,9 +1052,16 @@ impl Allocator {
         }
     }
 
-    fn add_filter(&mut self, a: u32, f: u32, refused: Rv, refuse_ms: Option<Millis>, now: Millis) {
+    fn add_filter(
+        &mut self,
+        a: u32,
+        f: u32,
+        refused: Bundle,
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) {
         let ms = refuse_ms.unwrap_or(self.config.default_refuse_ms);
-        if ms == 0 || dense::is_zero(&refused) {
+        if ms == 0 || refused.is_zero() {
             return;
         }
         let expires = now.saturating_add(ms);
@@ -1036,7 +1070,6 @@ impl Allocator {
             self.refused.release(id);
             return;
         };
-        let total = agent.total.total();
         let new_pair = !agent.filters.has(f);
         agent.filters.add(
             f,
@@ -1045,7 +1078,7 @@ impl Allocator {
                 expires,
                 covers: false,
             },
-            &total,
+            &agent.total,
             &self.refused,
         );
         if new_pair {
@@ -1078,8 +1111,9 @@ impl Allocator {
             let Some(Some(agent)) = self.agents.get_mut(a as usize) else {
                 continue;
             };
-            let total = agent.total.total();
-            let (changed, emptied) = agent.filters.expire(f, now, &total, &mut self.refused);
+            let (changed, emptied) = agent
+                .filters
+                .expire(f, now, &agent.total, &mut self.refused);
             if changed {
                 agent.stable = None;
             }
@@ -1258,8 +1292,7 @@ impl Allocator {
         let agent = self.agents[a as usize]
             .as_mut()
             .expect("allocator invariant: live agent slot");
-        let t = new_total.total();
-        agent.filters.rebuild(&t, &self.refused);
+        agent.filters.rebuild(&new_total, &self.refused);
         agent.total = new_total;
         agent.free = avail;
         agent.gpu = gpu;
@@ -1330,7 +1363,7 @@ impl Allocator {
                 continue;
             }
             let placeholder = SortKey {
-                share: 0,
+                share: Share::ZERO,
                 offers: 0,
                 prefix: name_prefix(&self.fw(f).name),
                 name: self.fw(f).name.clone(),
@@ -1425,8 +1458,40 @@ impl Allocator {
             _ => None,
         };
         let flag = if d.is_some() { FW_DEMAND } else { 0 };
+        let same_shape = match (&self.fw(f).demand, &d) {
+            (Some((old, _)), Some((new, _))) => old == new,
+            (None, None) => true,
+            _ => false,
+        };
         self.fw_mut(f).demand = d;
         self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_DEMAND) | flag;
+        if !same_shape {
+            self.recount_offered_tasks(f);
+        }
+    }
+
+    /// Recounts the whole tasks' worth (of the current demand's shape) in each of the
+    /// framework's outstanding offers, whatever made them: eligibility for more compares the
+    /// declared count with that.
+    fn recount_offered_tasks(&mut self, f: u32) {
+        let task = self.fw(f).demand.as_ref().map(|(t, _)| t.clone());
+        let mine: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|st| st.fw == f)
+            .map(|st| st.id)
+            .collect();
+        let mut sum = 0u64;
+        for id in mine {
+            if let Some(st) = self.offers.get_mut(&id) {
+                st.tasks = match &task {
+                    Some(t) => whole_tasks(&st.bundle.total(), t),
+                    None => 0,
+                };
+                sum = sum.saturating_add(st.tasks);
+            }
+        }
+        self.fw_mut(f).offered_tasks = sum;
     }
 
     /// Replaces a framework's declared demand (`None`: Mesos behaviour, whole agents).
@@ -1510,25 +1575,32 @@ impl Allocator {
     }
 
     /// Replaces a role's quota: `guarantee` is held back as headroom for the role, `limit` caps
-    /// what it can hold (kinds not named are unlimited). `None` removes that part.
+    /// what it can hold (kinds not named are unlimited; a kind named with zero is a limit of
+    /// zero). `None` removes that part.
+    ///
+    /// Guarantees nest (a parent's guarantee includes its subroles'): a guarantee below the sum
+    /// of the guarantees of the role's nearest guaranteed subroles, or one that would push the
+    /// sum of its siblings' guarantees above the nearest guaranteed ancestor's, is refused with
+    /// [`AllocError::InvalidQuota`] and changes nothing.
     pub fn set_quota(
         &mut self,
         role: &str,
         guarantee: Option<Resources>,
-        limit: Option<Resources>,
-    ) {
+        limit: Option<ResourceLimits>,
+    ) -> Result<(), AllocError> {
+        let guarantee = guarantee.filter(|g| !g.is_empty());
+        self.check_nested_guarantee(role, guarantee.as_ref())?;
         let r = self.role_index(role);
-        let g = guarantee.filter(|g| !g.is_empty()).map(|g| self.rv(&g));
-        let l = limit.map(|l| {
-            let names: Vec<String> = l.names().map(str::to_string).collect();
-            for n in &names {
+        let g = guarantee.map(|g| self.rv(&g));
+        let l = limit.filter(|l| !l.is_empty()).map(|l| {
+            for (n, _) in l.iter() {
                 self.names.intern(n);
             }
             self.sync_names();
             let mut v: Rv = smallvec::smallvec![u64::MAX; self.names.len()];
-            for n in &names {
+            for (n, milli) in l.iter() {
                 if let Some(i) = self.names.lookup(n) {
-                    v[i] = l.milli(n);
+                    v[i] = milli;
                 }
             }
             v
@@ -1537,6 +1609,83 @@ impl Allocator {
         self.roles[r as usize].limit = l;
         self.recompute_required();
         self.epoch += 1;
+        Ok(())
+    }
+
+    /// Checks that giving `role` the guarantee `guarantee` keeps guarantees nested: for every
+    /// guaranteed role, the guarantees of its nearest guaranteed subroles sum to at most its own
+    /// (per kind; a kind its guarantee does not name counts as zero). Only two constraints can
+    /// change: the role's own, and that of its nearest guaranteed ancestor; the cost is the size
+    /// of those subtrees.
+    fn check_nested_guarantee(
+        &self,
+        role: &str,
+        guarantee: Option<&Resources>,
+    ) -> Result<(), AllocError> {
+        let role = norm_role(role);
+        let me = self.role_ids.get(role).copied().filter(|r| *r != 0);
+        let guarantee_of = |n: u32| -> Option<Resources> {
+            if Some(n) == me {
+                guarantee.cloned()
+            } else {
+                self.roles[n as usize]
+                    .guarantee
+                    .as_ref()
+                    .map(|g| self.names.res(g))
+            }
+        };
+        // The sum of the guarantees of `n`'s nearest guaranteed subroles.
+        let sum_below = |n: u32| -> Resources {
+            let children = |x: u32| {
+                self.roles[x as usize]
+                    .sorted
+                    .iter()
+                    .filter(move |k| k.idx != x)
+                    .map(|k| k.idx)
+            };
+            let mut sum = Resources::new();
+            let mut stack: Vec<u32> = children(n).collect();
+            while let Some(c) = stack.pop() {
+                match guarantee_of(c) {
+                    Some(g) => sum.add_assign(&g),
+                    None => stack.extend(children(c)),
+                }
+            }
+            sum
+        };
+        let nested = "a parent's guarantee includes its subroles'";
+        if let (Some(g), Some(r)) = (guarantee, me) {
+            let sum = sum_below(r);
+            if !g.contains(&sum) {
+                return Err(AllocError::InvalidQuota(format!(
+                    "the guarantee of role {role:?} ({g}) is below the sum of its subroles' guarantees ({sum}); {nested}"
+                )));
+            }
+        }
+        let mut cur = role;
+        while let Some((parent, _)) = cur.rsplit_once('/') {
+            cur = parent;
+            let Some(&p) = self.role_ids.get(parent) else {
+                continue;
+            };
+            let Some(pg) = guarantee_of(p) else {
+                continue;
+            };
+            let mut sum = sum_below(p);
+            if me.is_none() {
+                // A new role: not in the tree yet.
+                if let Some(g) = guarantee {
+                    sum.add_assign(g);
+                }
+            }
+            if !pg.contains(&sum) {
+                return Err(AllocError::InvalidQuota(format!(
+                    "the guarantees of the subroles of {parent:?} would sum to {sum}, above its guarantee ({pg}); {nested}"
+                )));
+            }
+            break;
+        }
+        Ok(())
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1553,6 +1702,9 @@ impl Allocator {
         }
         self.recompute_required();
         let mut out = Vec::with_capacity(self.last_cycle_offers);
+        // What the quota stage grants on an agent is held and merged with what the fair-share
+        // stage grants there: one offer per (framework, agent, role) per cycle.
+        let mut held: Vec<(u32, Vec<Pending>)> = Vec::new();
         if self.any_guarantee {
             for i in 0..self.agent_order.len() {
                 // Stage 1 ends as soon as no role with frameworks is below its guarantee.
@@ -1560,18 +1712,34 @@ impl Allocator {
                     break;
                 }
                 let a = self.agent_order[i];
-                self.visit(a, true, now, &mut out);
+                let mut pending = Vec::new();
+                self.visit(a, true, now, &mut pending);
+                if !pending.is_empty() {
+                    held.push((a, pending));
+                }
             }
         }
+        let mut held = held.into_iter().peekable();
         for i in 0..self.agent_order.len() {
             let a = self.agent_order[i];
-            self.visit(a, false, now, &mut out);
+            let mut pending = match held.next_if(|(x, _)| *x == a) {
+                Some((_, p)) => p,
+                None => {
+                    let mut p = std::mem::take(&mut self.pending_buf);
+                    p.clear();
+                    p
+                }
+            };
+            self.visit(a, false, now, &mut pending);
+            self.emit(a, &mut pending, now, &mut out);
+            self.pending_buf = pending;
         }
         self.last_cycle_offers = out.len();
         out
     }
 
-    fn visit(&mut self, a: u32, stage1: bool, now: Millis, out: &mut Vec<OfferRecord>) {
+    /// Grants on agent `a` in one stage, adding to the offers being assembled in `pending`.
+    fn visit(&mut self, a: u32, stage1: bool, now: Millis, pending: &mut Vec<Pending>) {
         let epoch = self.epoch;
         if self.offers.is_full() {
             return;
@@ -1586,12 +1754,10 @@ impl Allocator {
                 return;
             }
         }
-        let mut pending = std::mem::take(&mut self.pending_buf);
-        pending.clear();
         loop {
             let mut constrained = false;
-            match self.find(0, a, stage1, false, now, &pending, &mut constrained) {
-                Some(c) => self.grant(a, c, &mut pending),
+            match self.find(0, a, stage1, false, now, pending, &mut constrained) {
+                Some(c) => self.grant(a, c, pending),
                 None => {
                     if !stage1 && !constrained {
                         self.ag_mut(a).stable = Some(epoch);
@@ -1603,6 +1769,16 @@ impl Allocator {
                 break;
             }
         }
+    }
+
+    /// Turns the offers assembled on agent `a` into outstanding offers.
+    fn emit(
+        &mut self,
+        a: u32,
+        pending: &mut Vec<Pending>,
+        now: Millis,
+        out: &mut Vec<OfferRecord>,
+    ) {
         for p in pending.drain(..) {
             let id = self.offers.next_id();
             let rec = OfferRecord {
@@ -1631,7 +1807,6 @@ impl Allocator {
             self.counters.made += 1;
             out.push(rec);
         }
-        self.pending_buf = pending;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1650,7 +1825,7 @@ impl Allocator {
                 if stage1 && !in_quota {
                     continue;
                 }
-                if let Some(c) = self.find_fw(node, a, now, pending, constrained) {
+                if let Some(c) = self.find_fw(node, a, stage1, now, pending, constrained) {
                     return Some(c);
                 }
             } else {
@@ -1753,10 +1928,23 @@ impl Allocator {
         b
     }
 
+    /// True when the agent's `avail` has some of a kind that a role below its guarantee in
+    /// `r`'s chain is still owed (the quota stage serves a role only where it can progress).
+    fn has_owed_kind(&self, r: u32, avail: &Bundle) -> bool {
+        let avail = avail.total();
+        self.chain(r).filter(|n| self.below_guarantee(*n)).any(|n| {
+            self.remaining_guarantee(n)
+                .iter()
+                .enumerate()
+                .any(|(i, owed)| *owed > 0 && dense::at(&avail, i) > 0)
+        })
+    }
+
     fn find_fw(
         &self,
         r: u32,
         a: u32,
+        stage1: bool,
         now: Millis,
         pending: &[Pending],
         constrained: &mut bool,
@@ -1770,9 +1958,11 @@ impl Allocator {
         if avail.is_zero() {
             return None;
         }
+        if stage1 && !self.has_owed_kind(r, &avail) {
+            return None;
+        }
         let gpu_blocked = self.config.filter_gpu_resources && agent.gpu;
-        let mut avail_total: Option<Rv> = None;
-        let filtered = |f: u32, total: &[u64]| agent.filters.blocks(f, total, now, &self.refused);
+        let filtered = |f: u32, offer: &Bundle| agent.filters.blocks(f, offer, now, &self.refused);
         // Suppressed frameworks are not in the set at all; flags avoid touching the framework
         // record for the common (non-demand) case.
         for key in &role.frameworks {
@@ -1785,8 +1975,7 @@ impl Allocator {
                 if pending.iter().any(|p| p.fw == f && p.role == r) {
                     continue;
                 }
-                let total = avail_total.get_or_insert_with(|| avail.total());
-                if filtered(f, total) {
+                if filtered(f, &avail) {
                     continue;
                 }
                 return Some(Candidate {
@@ -1806,7 +1995,7 @@ impl Allocator {
             let Some(grant) = split_task(&avail, task) else {
                 continue;
             };
-            if filtered(f, &grant.total()) {
+            if filtered(f, &grant) {
                 continue;
             }
             return Some(Candidate {
@@ -1891,8 +2080,7 @@ impl Allocator {
     }
 
     /// The offer is used up: `used` stays allocated to the framework (in use by tasks); the rest
-    /// returns to the pool and is filtered for `refuse_ms` (None = default, Some(0) = no filter).
-    /// Declared demand shrinks by the whole tasks' worth in `used`.
+    /// returns to the pool and is filtered for `refuse_ms` (see [`Allocator::accept_offers`]).
     pub fn accept(
         &mut self,
         offer: OfferId,
@@ -1900,71 +2088,146 @@ impl Allocator {
         refuse_ms: Option<Millis>,
         now: Millis,
     ) -> Result<OfferRecord, AllocError> {
-        let st = self
-            .offers
-            .get(&offer)
-            .ok_or(AllocError::UnknownOffer(offer))?;
-        let used_b = match self.try_bundle(used) {
-            Some(b) if st.bundle.contains(&b) => b,
-            _ => {
-                return Err(AllocError::ExceedsOffer {
-                    offer,
-                    requested: used.clone(),
-                    offered: self.offer_resources(&st.bundle),
-                });
+        let mut done = self.accept_offers(&[(offer, used.clone())], refuse_ms, now)?;
+        Ok(done.remove(0))
+    }
+
+    /// Accepts offers of one framework on one agent as ONE accept: each offer's `used` part
+    /// stays allocated (in use by tasks); the unused parts return to the pool under ONE filter
+    /// over their union for `refuse_ms` (None = default, Some(0) = no filter). Declared demand
+    /// shrinks by the whole tasks' worth in the used parts. Nothing changes when an offer is
+    /// unknown, the offers are mixed, or a `used` does not fit its offer (pool by pool). Returns
+    /// the offers' records in the order given (duplicates once).
+    pub fn accept_offers(
+        &mut self,
+        offers: &[(OfferId, OfferResources)],
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) -> Result<Vec<OfferRecord>, AllocError> {
+        let mut owner: Option<(u32, u32)> = None;
+        let mut parts: Vec<(OfferId, Bundle)> = Vec::with_capacity(offers.len());
+        for (offer, used) in offers {
+            let st = self
+                .offers
+                .get(offer)
+                .ok_or(AllocError::UnknownOffer(*offer))?;
+            if *owner.get_or_insert((st.fw, st.agent)) != (st.fw, st.agent) {
+                return Err(AllocError::MixedOffers("accept"));
             }
+            if parts.iter().any(|(o, _)| o == offer) {
+                continue;
+            }
+            match self.try_bundle(used) {
+                Some(b) if st.bundle.contains(&b) => parts.push((*offer, b)),
+                _ => {
+                    return Err(AllocError::ExceedsOffer {
+                        offer: *offer,
+                        requested: used.clone(),
+                        offered: self.offer_resources(&st.bundle),
+                    });
+                }
+            }
+        }
+        let Some((f, a)) = owner else {
+            return Ok(Vec::new());
         };
-        let st = self
-            .offers
-            .remove(&offer)
-            .ok_or(AllocError::UnknownOffer(offer))?;
-        let (f, a, role) = (st.fw, st.agent, st.role);
-        let mut rest = st.bundle.clone();
-        rest.sub(&used_b);
-        self.charge(f, role, &rest, false);
-        self.return_to_agent(a, &rest);
-        if !used_b.is_zero() {
-            let agent = self.ag_mut(a);
-            match agent
-                .inuse
-                .iter_mut()
-                .find(|(x, r, _)| *x == f && *r == role)
+        let mut done = Vec::with_capacity(parts.len());
+        let mut returned = Bundle::default();
+        for (offer, used_b) in parts {
+            let Some(st) = self.offers.remove(&offer) else {
+                continue;
+            };
+            let role = st.role;
+            let mut rest = st.bundle.clone();
+            rest.sub(&used_b);
+            self.charge(f, role, &rest, false);
+            self.return_to_agent(a, &rest);
+            returned.add(&rest);
+            if !used_b.is_zero() {
+                let agent = self.ag_mut(a);
+                match agent
+                    .inuse
+                    .iter_mut()
+                    .find(|(x, r, _)| *x == f && *r == role)
+                {
+                    Some((_, _, b)) => b.add(&used_b),
+                    None => agent.inuse.push((f, role, used_b.clone())),
+                }
+                self.fw_mut(f).inuse_agents.insert(a);
+            }
             {
-                Some((_, _, b)) => b.add(&used_b),
-                None => agent.inuse.push((f, role, used_b.clone())),
+                let fw = self.fw_mut(f);
+                fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+                if let Some((task, count)) = &mut fw.demand {
+                    *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
+                }
             }
-            self.fw_mut(f).inuse_agents.insert(a);
-        }
-        {
-            let fw = self.fw_mut(f);
-            fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
-            if let Some((task, count)) = &mut fw.demand {
-                *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
+            if st.tasks > 0 {
+                self.epoch += 1;
             }
+            self.ag_mut(a).offers.retain(|o| *o != offer);
+            self.counters.accepted += 1;
+            done.push(self.take_record(st));
         }
-        if st.tasks > 0 {
-            self.epoch += 1;
-        }
-        self.ag_mut(a).offers.retain(|o| *o != offer);
-        self.add_filter(a, f, rest.total(), refuse_ms, now);
-        self.counters.accepted += 1;
-        Ok(self.take_record(st))
+        self.add_filter(a, f, returned, refuse_ms, now);
+        Ok(done)
     }
 
     /// Declines an offer: everything returns to the pool and is filtered for that framework on
-    /// that agent for `refuse_ms` (None = default, Some(0) = no filter).
+    /// that agent for `refuse_ms` (see [`Allocator::decline_offers`]).
     pub fn decline(
         &mut self,
         offer: OfferId,
         refuse_ms: Option<Millis>,
         now: Millis,
     ) -> Result<OfferRecord, AllocError> {
-        let st = self
-            .drop_offer(offer)
-            .ok_or(AllocError::UnknownOffer(offer))?;
-        self.add_filter(st.agent, st.fw, st.bundle.total(), refuse_ms, now);
-        self.counters.declined += 1;
-        Ok(self.take_record(st))
+        let mut done = self.decline_offers(&[offer], refuse_ms, now)?;
+        Ok(done.remove(0))
+    }
+
+    /// Declines offers of one framework as ONE decline: everything returns to the pool and, on
+    /// each of their agents, ONE filter over the union of the offers declined there is installed
+    /// for `refuse_ms` (None = default, Some(0) = no filter): declining all of its offers on an
+    /// agent keeps the framework from being offered their union again until it expires (with a
+    /// filter per offer, no single filter would cover the union). Nothing changes when an offer
+    /// is unknown or the offers belong to several frameworks. Returns the offers' records in the
+    /// order given (duplicates once).
+    pub fn decline_offers(
+        &mut self,
+        offers: &[OfferId],
+        refuse_ms: Option<Millis>,
+        now: Millis,
+    ) -> Result<Vec<OfferRecord>, AllocError> {
+        let mut framework: Option<u32> = None;
+        for offer in offers {
+            let st = self
+                .offers
+                .get(offer)
+                .ok_or(AllocError::UnknownOffer(*offer))?;
+            if *framework.get_or_insert(st.fw) != st.fw {
+                return Err(AllocError::MixedOffers("decline"));
+            }
+        }
+        let Some(f) = framework else {
+            return Ok(Vec::new());
+        };
+        let mut done = Vec::with_capacity(offers.len());
+        let mut refused: Vec<(u32, Bundle)> = Vec::new();
+        for offer in offers {
+            let Some(st) = self.drop_offer(*offer) else {
+                continue;
+            };
+            match refused.iter_mut().find(|(a, _)| *a == st.agent) {
+                Some((_, b)) => b.add(&st.bundle),
+                None => refused.push((st.agent, st.bundle.clone())),
+            }
+            self.counters.declined += 1;
+            done.push(self.take_record(st));
+        }
+        for (a, b) in refused {
+            self.add_filter(a, f, b, refuse_ms, now);
+        }
+        Ok(done)
     }
 
     /// Takes an offer back (no filter).
@@ -2113,8 +2376,7 @@ impl Allocator {
                 .expect("allocator invariant: live agent slot");
             agent.total.sub(&delta_from);
             agent.total.add(&delta_to);
-            let t = agent.total.total();
-            agent.filters.rebuild(&t, &self.refused);
+            agent.filters.rebuild(&agent.total, &self.refused);
             agent.stable = None;
         }
         let st = self
@@ -2398,14 +2660,10 @@ impl Allocator {
                     offers_made: role.offers,
                     quota_guarantee: role.guarantee.as_ref().map(|g| self.names.res(g)),
                     quota_limit: role.limit.as_ref().map(|l| {
-                        let finite: Rv = l
-                            .iter()
-                            .map(|x| if *x == u64::MAX { 0 } else { *x })
-                            .collect();
-                        let mut r = self.names.res(&finite);
+                        let mut r = ResourceLimits::new();
                         for (j, x) in l.iter().enumerate() {
-                            if *x == 0 {
-                                r.set_milli(self.names.name(j), 0);
+                            if *x != u64::MAX {
+                                r.set_milli(self.names.name(j), *x);
                             }
                         }
                         r

@@ -63,10 +63,12 @@ enum Cmd {
     /// Set (replace) a role's quota: a guarantee held back for it and a limit it never exceeds.
     Quota {
         role: String,
-        /// e.g. "cpus:8;mem:16384" (omit to remove the guarantee).
+        /// e.g. "cpus:8;mem:16384" (omit to remove the guarantee). A parent role's guarantee
+        /// includes its subroles': the sum of the subroles' guarantees may not exceed it.
         #[arg(long)]
         guarantee: Option<String>,
-        /// e.g. "cpus:16;gpus:4" (omit to remove the limit).
+        /// e.g. "cpus:16;gpus:4" (omit to remove the limit); "cpus:0" means no cpus at all,
+        /// kinds not named are unlimited.
         #[arg(long)]
         limit: Option<String>,
     },

@@ -23,7 +23,7 @@ mod writer;
 use std::collections::BTreeMap;
 
 use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
-use gantry_sdk::protocol::resources::Resources;
+use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
 use serde::{Deserialize, Serialize};
 
 pub use self::etcd::{EtcdStore, MAX_TXN_OPS};
@@ -44,7 +44,7 @@ pub struct AgentRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Quota {
     pub guarantee: Resources,
-    pub limit: Resources,
+    pub limit: ResourceLimits,
 }
 
 /// A dynamic reservation: the total of `resources` reserved for `role` on one agent.
@@ -439,7 +439,7 @@ mod tests {
                 role: "prod".into(),
                 quota: Quota {
                     guarantee: res("cpus:4;mem:4096"),
-                    limit: res("cpus:8;mem:8192;gpus:2"),
+                    limit: ResourceLimits::parse("cpus:8;mem:8192;gpus:2;disk:0").unwrap(),
                 },
             },
             Mutation::SetReservation(Reservation {

@@ -527,7 +527,8 @@ struct WeightRequest {
 }
 
 /// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
-/// an omitted part is removed.
+/// an omitted part is removed; `cpus:0` in a limit is a limit of zero. Invalid quotas (bad
+/// syntax, guarantee above limit, guarantees that do not nest) are answered 400 with the reason.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct QuotaRequest {
@@ -583,16 +584,19 @@ async fn quota_handler(
 ) -> ApiResult {
     let who = app.may_write(&caller_of(caller), OperatorAction::SetQuota)?;
     let req: QuotaRequest = parse_json(&body)?;
-    let parse =
-        |s: Option<String>, what: &str| -> Result<Option<gantry_sdk::Resources>, ApiError> {
-            s.map(|s| {
-                s.parse()
-                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
-            })
-            .transpose()
-        };
-    let guarantee = parse(req.guarantee, "guarantee")?;
-    let limit = parse(req.limit, "limit")?;
+    fn parse<T: std::str::FromStr<Err = gantry_sdk::protocol::ResourceParseError>>(
+        s: Option<String>,
+        what: &str,
+    ) -> Result<Option<T>, ApiError> {
+        s.map(|s| {
+            s.parse()
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
+        })
+        .transpose()
+    }
+    let guarantee: Option<gantry_sdk::Resources> = parse(req.guarantee, "guarantee")?;
+    // A limit keeps explicit zeros: "cpus:0" means no cpus at all.
+    let limit: Option<gantry_sdk::protocol::ResourceLimits> = parse(req.limit, "limit")?;
     operator(
         &app,
         who,

@@ -276,7 +276,9 @@ pub fn quota_roles(agents: usize, roles: usize, warmup: usize, cycles: usize) ->
     let guarantee = Resources::new().with("cpus", 8.0).with("mem", 1024.0);
     for i in 0..roles {
         let role = format!("quota-role{i}");
-        alloc.set_quota(&role, Some(guarantee.clone()), None);
+        alloc
+            .set_quota(&role, Some(guarantee.clone()), None)
+            .expect("top-level guarantees always nest");
         alloc.add_framework(
             FrameworkId::from_u128(1 + i as u128),
             &format!("framework{i}"),

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, Resources};
+use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
 use serde::{Deserialize, Serialize};
 
 use super::SimError;
@@ -563,6 +563,8 @@ impl<'w, W: Write> Replay<'w, W> {
                     Some(text) => Some(parse_res(i, k, text)?),
                     None => None,
                 };
+                // The accept acts on all of the framework's offers on the agent, with one filter
+                // over the union of what it does not use.
                 // Validate that the requested part fits in the offers together before using any.
                 if let Some(w) = &want {
                     let mut all = Resources::new();
@@ -575,6 +577,7 @@ impl<'w, W: Write> Replay<'w, W> {
                         return Err(SimError::event(i, k, format!("resources {w} exceed the outstanding offers ({all}) of {framework:?} on {agent:?}")));
                     }
                 }
+                let mut parts = Vec::with_capacity(offers.len());
                 for o in offers {
                     let Some(rec) = self.alloc.offer(o) else {
                         continue;
@@ -583,10 +586,11 @@ impl<'w, W: Write> Replay<'w, W> {
                         None => rec.resources.clone(),
                         Some(w) => take_from_offer(&rec.resources, w),
                     };
-                    self.alloc
-                        .accept(o, &used, refuse, now)
-                        .map_err(|e| SimError::event(i, k, e.to_string()))?;
+                    parts.push((o, used));
                 }
+                self.alloc
+                    .accept_offers(&parts, refuse, now)
+                    .map_err(|e| SimError::event(i, k, e.to_string()))?;
             }
             EventKind::Decline {
                 framework,
@@ -595,11 +599,10 @@ impl<'w, W: Write> Replay<'w, W> {
             } => {
                 let offers = self.event_offers(i, k, framework, agent)?;
                 let refuse = refuse_ms(i, k, *refuse_seconds)?;
-                for o in offers {
-                    self.alloc
-                        .decline(o, refuse, now)
-                        .map_err(|e| SimError::event(i, k, e.to_string()))?;
-                }
+                // One decline: all the offers on the agent, one filter over their union.
+                self.alloc
+                    .decline_offers(&offers, refuse, now)
+                    .map_err(|e| SimError::event(i, k, e.to_string()))?;
             }
             EventKind::Recover {
                 framework,
@@ -652,8 +655,16 @@ impl<'w, W: Write> Replay<'w, W> {
                     .as_deref()
                     .map(|t| parse_res(i, k, t))
                     .transpose()?;
-                let l = limit.as_deref().map(|t| parse_res(i, k, t)).transpose()?;
-                self.alloc.set_quota(role, g, l);
+                let l = limit
+                    .as_deref()
+                    .map(|t| {
+                        ResourceLimits::parse(t)
+                            .map_err(|e| SimError::event(i, k, format!("bad limit {t:?}: {e}")))
+                    })
+                    .transpose()?;
+                self.alloc
+                    .set_quota(role, g, l)
+                    .map_err(|e| SimError::event(i, k, e.to_string()))?;
             }
             EventKind::SetDemand {
                 framework,
@@ -787,7 +798,11 @@ pub fn run_scenario<W: Write>(scenario: &Scenario, out: &mut W) -> Result<Summar
             .as_deref()
             .map(Resources::parse)
             .transpose();
-        let l = r.quota_limit.as_deref().map(Resources::parse).transpose();
+        let l = r
+            .quota_limit
+            .as_deref()
+            .map(ResourceLimits::parse)
+            .transpose();
         let (g, l) = match (g, l) {
             (Ok(g), Ok(l)) => (g, l),
             (Err(e), _) | (_, Err(e)) => {
@@ -795,7 +810,10 @@ pub fn run_scenario<W: Write>(scenario: &Scenario, out: &mut W) -> Result<Summar
             }
         };
         if g.is_some() || l.is_some() {
-            replay.alloc.set_quota(&r.name, g, l);
+            replay
+                .alloc
+                .set_quota(&r.name, g, l)
+                .map_err(|e| SimError::Parse(format!("role {:?}: {e}", r.name)))?;
         } else {
             replay.alloc.set_weight(&r.name, r.weight.unwrap_or(1.0));
         }

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::Instant;
 
 use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, Resources};
+use gantry_sdk::protocol::{AgentId, FrameworkId, ResourceLimits, Resources};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -202,15 +202,23 @@ pub fn run_trace(jobs: &[Job], cluster: &TraceCluster) -> Result<TraceReport, Si
             }
             alloc.set_weight(&r.name, w);
         }
-        let parse = |t: &Option<String>| {
-            t.as_deref()
-                .map(Resources::parse)
-                .transpose()
-                .map_err(|e| SimError::Parse(format!("role {:?}: {e}", r.name)))
-        };
-        let (g, l) = (parse(&r.quota_guarantee)?, parse(&r.quota_limit)?);
+        let bad = |e: String| SimError::Parse(format!("role {:?}: {e}", r.name));
+        let g = r
+            .quota_guarantee
+            .as_deref()
+            .map(Resources::parse)
+            .transpose()
+            .map_err(|e| bad(e.to_string()))?;
+        let l = r
+            .quota_limit
+            .as_deref()
+            .map(ResourceLimits::parse)
+            .transpose()
+            .map_err(|e| bad(e.to_string()))?;
         if g.is_some() || l.is_some() {
-            alloc.set_quota(&r.name, g, l);
+            alloc
+                .set_quota(&r.name, g, l)
+                .map_err(|e| bad(e.to_string()))?;
         }
     }
     let mut agent_ids = Vec::new();

@@ -1441,14 +1441,15 @@ impl Master {
                 };
                 // One error for all unknown ids: a long list of them is not a long answer.
                 let mut unknown: Option<(OfferId, usize)> = None;
+                let mut mine = Vec::with_capacity(offer_ids.len());
                 for oid in offer_ids {
                     match self.allocator.offer(oid) {
-                        Some(o) if o.framework == fw => {
-                            let _ = self.allocator.decline(oid, refuse, now);
-                        }
+                        Some(o) if o.framework == fw => mine.push(oid),
                         _ => unknown.get_or_insert((oid, 0)).1 += 1,
                     }
                 }
+                // One decline: on each agent, one filter over the union of its offers there.
+                let _ = self.allocator.decline_offers(&mine, refuse, now);
                 match unknown {
                     Some((oid, 1)) => out.push(err(
                         conn,
@@ -1970,9 +1971,8 @@ impl Master {
             ));
         }
         if let Some((kind, message)) = problem {
-            for o in &offers {
-                let _ = self.allocator.decline(o.id, Some(0), now);
-            }
+            let ids: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
+            let _ = self.allocator.decline_offers(&ids, Some(0), now);
             self.allocation_pending = true;
             out.push(err(conn, kind, format!("accept rejected: {message}")));
             return;
@@ -2083,11 +2083,15 @@ impl Master {
             }
         }
 
-        // 3. Settle the offers with the allocator: used parts stay, the rest is filtered.
-        for (o, u) in offers.iter().zip(&used) {
-            if let Err(e) = self.allocator.accept(o.id, u, refuse, now) {
-                tracing::error!(offer = %o.id, "allocator refused a validated accept: {e}");
-            }
+        // 3. Settle the offers with the allocator as one accept: used parts stay, the unused
+        //    parts return under one filter over their union.
+        let parts: Vec<(OfferId, OfferResources)> = offers
+            .iter()
+            .map(|o| o.id)
+            .zip(used.iter().cloned())
+            .collect();
+        if let Err(e) = self.allocator.accept_offers(&parts, refuse, now) {
+            tracing::error!("allocator refused a validated accept: {e}");
         }
 
         // 4. Launch.
@@ -2474,7 +2478,8 @@ pub enum OperatorCommand {
     SetQuota {
         role: String,
         guarantee: Option<Resources>,
-        limit: Option<Resources>,
+        /// Kinds named with zero are limited to zero.
+        limit: Option<ResourceLimits>,
     },
 }
 
@@ -2504,14 +2509,20 @@ impl Master {
                 limit,
             } => {
                 self.config.limits.check_role(&role)?;
-                for (part, r) in [("guarantee", &guarantee), ("limit", &limit)] {
-                    let Some(r) = r else { continue };
-                    if r.names().count() > MAX_QUOTA_KINDS {
+                let parts: [(&str, Vec<(&str, u64)>); 2] = [
+                    (
+                        "guarantee",
+                        guarantee.iter().flat_map(|g| g.iter()).collect(),
+                    ),
+                    ("limit", limit.iter().flat_map(|l| l.iter()).collect()),
+                ];
+                for (part, r) in parts {
+                    if r.len() > MAX_QUOTA_KINDS {
                         return Err(format!(
                             "a quota {part} names at most {MAX_QUOTA_KINDS} resource kinds"
                         ));
                     }
-                    if let Some(name) = r.names().find(|n| r.milli(n) > MAX_QUOTA_MILLI) {
+                    if let Some((name, _)) = r.iter().find(|(_, milli)| *milli > MAX_QUOTA_MILLI) {
                         return Err(format!(
                             "quota {part} of {name} exceeds {} units",
                             MAX_QUOTA_MILLI / 1000
@@ -2521,14 +2532,16 @@ impl Master {
                 if let (Some(g), Some(l)) = (&guarantee, &limit) {
                     if let Some(name) = g
                         .names()
-                        .find(|n| l.names().any(|x| x == *n) && g.milli(n) > l.milli(n))
+                        .find(|n| l.limit(n).is_some_and(|max| g.milli(n) > max))
                     {
                         return Err(format!("quota guarantee of {name} exceeds its limit"));
                     }
                 }
-                tracing::info!(%role, ?guarantee, ?limit, "role quota set");
+                // Refused (nothing changes) when guarantees would not nest.
                 self.allocator
-                    .set_quota(&role, guarantee.clone(), limit.clone());
+                    .set_quota(&role, guarantee.clone(), limit.clone())
+                    .map_err(|e| e.to_string())?;
+                tracing::info!(%role, ?guarantee, ?limit, "role quota set");
                 if guarantee.is_none() && limit.is_none() {
                     self.forget_role(&role);
                 }
@@ -2575,7 +2588,9 @@ impl Master {
         for (role, q) in &registry.quotas {
             let g = Some(q.guarantee.clone()).filter(|g| !g.is_empty());
             let l = Some(q.limit.clone()).filter(|l| !l.is_empty());
-            self.allocator.set_quota(role, g, l);
+            if let Err(e) = self.allocator.set_quota(role, g, l) {
+                tracing::error!(%role, "persisted quota not applied: {e}");
+            }
         }
         for f in registry.frameworks.values() {
             let gpu = false;

@@ -492,14 +492,35 @@ fn operator_commands_are_validated() {
             weight: 1.0
         })
         .is_err());
-    let q = |g: &str, l: &str| OperatorCommand::SetQuota {
-        role: "a".into(),
+    let q = |role: &str, g: &str, l: &str| OperatorCommand::SetQuota {
+        role: role.into(),
         guarantee: Some(res(g)),
-        limit: Some(res(l)),
+        limit: Some(ResourceLimits::parse(l).unwrap()),
     };
-    assert!(h.m.operator(q("cpus:2", "cpus:4")).is_ok());
-    assert!(h.m.operator(q("cpus:8", "cpus:4")).is_err());
+    assert!(h.m.operator(q("a", "cpus:2", "cpus:4")).is_ok());
+    assert!(h.m.operator(q("a", "cpus:8", "cpus:4")).is_err());
+    assert!(
+        h.m.operator(q("a", "mem:1", "mem:0")).is_err(),
+        "a zero limit is a limit"
+    );
     assert_eq!(h.m.allocator.metrics().roles["a"].weight, 2.0);
+    // Nested guarantees: the subroles' sum may not exceed the parent's, and the parent may not
+    // go below it; a refused quota changes nothing.
+    assert!(h.m.operator(q("a/x", "cpus:1.5", "")).is_ok());
+    let err = h.m.operator(q("a/y", "cpus:1", "")).unwrap_err();
+    assert!(err.contains("\"a\"") && err.contains("cpus:2.5"), "{err}");
+    let err = h.m.operator(q("a", "cpus:1", "")).unwrap_err();
+    assert!(err.contains("below"), "{err}");
+    let roles = h.m.allocator.metrics().roles;
+    assert_eq!(roles["a"].quota_guarantee, Some(res("cpus:2")));
+    assert_eq!(
+        roles["a"].quota_limit,
+        Some(ResourceLimits::parse("cpus:4").unwrap())
+    );
+    assert_eq!(
+        roles.get("a/y").and_then(|r| r.quota_guarantee.clone()),
+        None
+    );
 }
 
 #[test]
@@ -533,7 +554,10 @@ fn weights_and_quotas_outside_sane_bounds_are_refused_and_change_nothing() {
     }
     assert!(!h.m.allocator.metrics().roles.contains_key("a"));
     let huge = Resources::new().with("cpus", 2e12);
-    for (guarantee, limit) in [(Some(huge.clone()), None), (None, Some(huge))] {
+    for (guarantee, limit) in [
+        (Some(huge.clone()), None),
+        (None, Some(ResourceLimits::from(&huge))),
+    ] {
         assert!(h
             .m
             .operator(OperatorCommand::SetQuota {
@@ -549,7 +573,7 @@ fn weights_and_quotas_outside_sane_bounds_are_refused_and_change_nothing() {
         .operator(OperatorCommand::SetQuota {
             role: "a".into(),
             guarantee: None,
-            limit: Some(many),
+            limit: Some(ResourceLimits::from(&many)),
         })
         .is_err());
 }
