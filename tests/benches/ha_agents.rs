@@ -34,8 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
-use gantry_sdk::transport::quic;
-use gantry_sdk::transport::tls::{self, PeerIdentity};
+use gantry_tests::emu::{self, agent_configs, cpu_time};
 use gantry_tests::etcd::EtcdServer;
 use gantry_tests::{MasterProc, TempDir};
 use tokio::sync::mpsc;
@@ -52,51 +51,6 @@ enum AgentEvent {
         idx: usize,
         at: Instant,
     },
-}
-
-/// A client endpoint on loopback with a large receive buffer (it carries many agents).
-fn client_endpoint() -> anyhow::Result<quinn::Endpoint> {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    socket2::SockRef::from(&socket).set_recv_buffer_size(8 << 20)?;
-    let runtime = quinn::default_runtime().context("no tokio runtime")?;
-    Ok(quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        None,
-        socket,
-        runtime,
-    )?)
-}
-
-/// Issues (or loads) the certificates of `n` agents; returns their QUIC client configs.
-fn agent_configs(tls_dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<quinn::ClientConfig>> {
-    let chunks: Vec<Vec<usize>> = (0..n)
-        .collect::<Vec<_>>()
-        .chunks(n.div_ceil(2).max(1))
-        .map(|c| c.to_vec())
-        .collect();
-    let handles: Vec<_> = chunks
-        .into_iter()
-        .map(|idxs| {
-            let dir = tls_dir.to_path_buf();
-            std::thread::spawn(move || -> anyhow::Result<Vec<quinn::ClientConfig>> {
-                idxs.into_iter()
-                    .map(|i| {
-                        let m = tls::load_or_issue(
-                            &dir,
-                            &PeerIdentity::Agent(format!("bench-{i}")),
-                            &[],
-                        )?;
-                        Ok(quic::client_config(&m)?)
-                    })
-                    .collect()
-            })
-        })
-        .collect();
-    let mut out = Vec::with_capacity(n);
-    for h in handles {
-        out.extend(h.join().map_err(|_| anyhow::anyhow!("issuer thread"))??);
-    }
-    Ok(out)
 }
 
 /// One emulated agent: links to every master, registers with the leader, heartbeats, and
@@ -148,6 +102,7 @@ async fn agent_session(
         gpus: Vec::new(),
         running_tasks: Vec::new(),
         pending_updates: Vec::new(),
+        task_user: "nobody".into(),
     };
     if tx.send(&register).await.is_err() {
         return false;
@@ -188,21 +143,6 @@ impl gantry_sdk::Scheduler for Holder {
     async fn offers(&mut self, _driver: &gantry_sdk::DriverHandle, _offers: Vec<Offer>) {
         self.offers.lock().expect("lock").push(Instant::now());
     }
-}
-
-/// CPU time (user + system) a process has used so far, from /proc.
-fn cpu_time(pid: &str) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which ends with ')'): utime and stime are the 12th and
-    // 13th of them, in clock ticks (100 per second on Linux).
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    Duration::from_millis(f.iter().sum::<u64>() * 10)
 }
 
 fn health(m: &MasterProc) -> Option<serde_json::Value> {
@@ -270,7 +210,7 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
     let addrs: Vec<String> = masters.iter().map(|m| m.quic.to_string()).collect();
 
     let t = Instant::now();
-    let configs = tokio::task::block_in_place(|| agent_configs(&tls_dir, n))?;
+    let configs = tokio::task::block_in_place(|| agent_configs(&tls_dir, "bench", n))?;
     eprintln!("  {n} agent certificates in {:?}", t.elapsed());
 
     // The framework.
@@ -291,7 +231,7 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
 
     // The agents, spread over a few client endpoints (UDP sockets).
     let eps: Vec<quinn::Endpoint> = (0..endpoints)
-        .map(|_| client_endpoint())
+        .map(|_| emu::client_endpoint())
         .collect::<anyhow::Result<_>>()?;
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let start = Instant::now();

@@ -1,0 +1,195 @@
+//! An emulated framework on the SDK's [`Driver`](gantry_sdk::Driver) (the code path users
+//! run): it accepts every offer with as many tasks of its shape as fit (up to a per-offer cap),
+//! declines what it does not use with a filter, and when the run stops launching (or its task
+//! budget is spent) it declines everything and suppresses its offers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use gantry_sdk::protocol::*;
+use gantry_sdk::DriverHandle;
+
+use super::Shared;
+
+/// Counters of one framework.
+#[derive(Default)]
+pub struct FrameworkCounters {
+    pub offers: AtomicU64,
+    pub declined: AtomicU64,
+    /// Tasks sent in accepts.
+    pub launched: AtomicU64,
+    pub running: AtomicU64,
+    pub finished: AtomicU64,
+    /// Terminal states other than FINISHED (LOST, FAILED, KILLED, ERROR).
+    pub not_finished: AtomicU64,
+    pub errors: AtomicU64,
+    /// Connections to the master lost (the driver re-subscribes).
+    pub reconnects: AtomicU64,
+}
+
+impl FrameworkCounters {
+    /// Tasks launched and not yet in a terminal state.
+    pub fn in_flight(&self) -> u64 {
+        self.launched
+            .load(Relaxed)
+            .saturating_sub(self.finished.load(Relaxed) + self.not_finished.load(Relaxed))
+    }
+}
+
+/// Policy and shape of an emulated framework.
+#[derive(Clone)]
+pub struct FrameworkShape {
+    pub task: Resources,
+    pub max_tasks_per_offer: usize,
+    /// Tasks this framework launches at most (`None`: until the run stops launching).
+    pub budget: Option<u64>,
+    /// Filter for declined (unused) resources, seconds.
+    pub refuse_seconds: f64,
+}
+
+pub struct LoadFramework {
+    pub idx: usize,
+    pub shape: FrameworkShape,
+    pub shared: Arc<Shared>,
+    pub counters: Arc<FrameworkCounters>,
+    /// When each launched task's accept was handed to the driver.
+    accepted: HashMap<TaskId, Instant>,
+    suppressed: bool,
+    /// The driver lost its connection since the last subscription.
+    lost: bool,
+}
+
+impl LoadFramework {
+    pub fn new(
+        idx: usize,
+        shape: FrameworkShape,
+        shared: Arc<Shared>,
+        counters: Arc<FrameworkCounters>,
+    ) -> Self {
+        Self {
+            idx,
+            shape,
+            shared,
+            counters,
+            accepted: HashMap::new(),
+            suppressed: false,
+            lost: false,
+        }
+    }
+
+    fn task(&self) -> TaskInfo {
+        TaskInfo {
+            task_id: TaskId::random(),
+            name: format!("load-{}", self.idx),
+            command: "true".into(),
+            resources: self.shape.task.clone(),
+            env: Default::default(),
+            kill_grace_secs: None,
+            gpu_selector: None,
+        }
+    }
+}
+
+impl gantry_sdk::Scheduler for LoadFramework {
+    async fn registered(&mut self, driver: &DriverHandle, _framework_id: FrameworkId) {
+        // After a lost connection: accepts made while disconnected were dropped by the driver
+        // and updates may have been missed. Ask for every task we wait on; unknown ones come
+        // back LOST.
+        if std::mem::take(&mut self.lost) && !self.accepted.is_empty() {
+            driver.reconcile(self.accepted.keys().copied().collect());
+        }
+        if self.suppressed {
+            driver.suppress(Vec::new());
+        }
+    }
+
+    async fn disconnected(&mut self, _driver: &DriverHandle) {
+        self.lost = true;
+        self.counters.reconnects.fetch_add(1, Relaxed);
+    }
+
+    async fn offers(&mut self, driver: &DriverHandle, offers: Vec<Offer>) {
+        let now = Instant::now();
+        self.counters.offers.fetch_add(offers.len() as u64, Relaxed);
+        for offer in &offers {
+            if let Some(idx) = super::agent::index_of(&offer.hostname) {
+                self.shared.offered(idx, now);
+            }
+        }
+        let launching = !self.shared.stop.load(Relaxed);
+        let mut declined = Vec::new();
+        for offer in offers {
+            let budget = self.shape.budget.map_or(u64::MAX, |b| {
+                b.saturating_sub(self.counters.launched.load(Relaxed))
+            });
+            let mut avail = offer.total();
+            let mut fit = 0usize;
+            while launching
+                && fit < self.shape.max_tasks_per_offer
+                && (fit as u64) < budget
+                && avail.checked_sub_assign(&self.shape.task).is_some()
+            {
+                fit += 1;
+            }
+            if let Some(bucket) = &self.shared.bucket {
+                fit = bucket.take(fit);
+            }
+            let tasks: Vec<TaskInfo> = (0..fit).map(|_| self.task()).collect();
+            if tasks.is_empty() {
+                declined.push(offer.id);
+                continue;
+            }
+            self.counters
+                .launched
+                .fetch_add(tasks.len() as u64, Relaxed);
+            for t in &tasks {
+                self.accepted.insert(t.task_id, now);
+            }
+            driver.accept(
+                vec![offer.id],
+                vec![Operation::Launch { tasks }],
+                Some(self.shape.refuse_seconds),
+            );
+        }
+        if !declined.is_empty() {
+            self.counters
+                .declined
+                .fetch_add(declined.len() as u64, Relaxed);
+            driver.decline(declined, Some(self.shape.refuse_seconds));
+        }
+        let spent = self
+            .shape
+            .budget
+            .is_some_and(|b| self.counters.launched.load(Relaxed) >= b);
+        if (!launching || spent) && !self.suppressed {
+            self.suppressed = true;
+            driver.suppress(Vec::new());
+        }
+    }
+
+    async fn status_update(&mut self, _driver: &DriverHandle, update: &StatusUpdate) {
+        let id = update.task_id;
+        let state = update.state;
+        if state == TaskState::Running && !update.reconciliation {
+            if let Some(t) = self.accepted.get(&id) {
+                self.shared.accept_to_running.record(t.elapsed());
+                self.counters.running.fetch_add(1, Relaxed);
+                self.shared.running_total.fetch_add(1, Relaxed);
+            }
+        } else if state.is_terminal() && self.accepted.remove(&id).is_some() {
+            if state == TaskState::Finished {
+                self.counters.finished.fetch_add(1, Relaxed);
+            } else {
+                self.counters.not_finished.fetch_add(1, Relaxed);
+                tracing::warn!(framework = self.idx, task = %id, %state, "{}", update.message);
+            }
+        }
+    }
+
+    async fn error(&mut self, _driver: &DriverHandle, kind: ErrorKind, message: &str) {
+        self.counters.errors.fetch_add(1, Relaxed);
+        tracing::warn!(framework = self.idx, ?kind, "master: {message}");
+    }
+}

@@ -1,0 +1,32 @@
+//! The load harness in small (docs/benchmarks.md, "Launch throughput"): a real master, 200
+//! emulated agents (8 GPUs each) and 20 emulated SDK frameworks over real QUIC and TLS for a
+//! few seconds. Asserts only that every task is accounted for — launched == FINISHED, none
+//! lost, failed or still in flight, every framework got offers — never a timing.
+
+use std::time::Duration;
+
+use gantry_tests::load::{self, LoadConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_task_of_a_small_load_is_accounted_for() {
+    let cfg = LoadConfig {
+        agents: 200,
+        frameworks: 20,
+        gpus_per_agent: 8,
+        task: "cpus:1;mem:1024;gpus:1".into(),
+        task_time: Duration::from_millis(300),
+        launch_window: Duration::from_secs(4),
+        client_endpoints: 8,
+        drain_timeout: Duration::from_secs(120),
+        ..LoadConfig::default()
+    };
+    let report = load::run(cfg).await.expect("load run");
+    println!("{}", report.table());
+    report.accounted().expect("every task accounted for");
+    assert_eq!(
+        report.agent_run_tasks, report.launched,
+        "each launched task reached its agent exactly once"
+    );
+    assert_eq!(report.agent_reconnects, 0, "no agent lost its connection");
+    assert_eq!(report.framework_errors, 0, "no accept was refused");
+}
