@@ -13,12 +13,15 @@
 //! - [`transport`]: `gantry-transport` re-exported: QUIC endpoints with mutual TLS, the TLS
 //!   directory convention, the masters list.
 //! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
+//! - [`placement`]: fragmentation-aware GPU placement (pure): `fgd-pack`, `fgd`, `best-fit`,
+//!   `random`, shared by schedulers and the master's `simulate --openb` replay.
 //! - [`process`]: shutdown on SIGINT or SIGTERM.
 //! - [`scheduler`]: the [`Scheduler`] trait and the [`Driver`] that runs it against a master.
 
 #![warn(missing_docs)]
 
 pub mod config_file;
+pub mod placement;
 pub mod process;
 pub mod scheduler;
 

@@ -287,13 +287,13 @@ impl Agent {
             agent_id: self.id,
             state,
             source: UpdateSource::Agent,
-            reason: None,
             message: String::new(),
             exit_code,
             signal: None,
-            gpus: Vec::new(),
             timestamp_ms,
             reconciliation: false,
+            reason: None,
+            gpus: Vec::new(),
         };
         if let Some(h) = self.held.get_mut(&task_id) {
             h.2 = state;
