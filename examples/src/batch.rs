@@ -43,7 +43,8 @@ impl BatchProgress {
     }
 }
 
-/// The scheduler. Create with [`Batch::new`]; watch progress with [`Batch::progress`].
+/// The scheduler. Create with [`Batch::new`], which also returns the receiver to watch its
+/// [`BatchProgress`] with.
 pub struct Batch {
     spec: BatchSpec,
     tasks: HashMap<TaskId, TaskState>,

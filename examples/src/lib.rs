@@ -1,4 +1,5 @@
-//! Example Gantry frameworks, built only on `gantry-sdk`.
+//! Example Gantry frameworks, built on `gantry-sdk` (the `batch` binary also uses `gantry-pki`
+//! in dev mode, to issue its certificate from the TLS directory's CA key).
 //!
 //! - [`batch`]: run N copies of a command and report how they ended (binary `batch`).
 

@@ -10,19 +10,32 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigFileError {
     #[error("--config needs a file name")]
+    /// `--config` without a file.
     MissingPath,
     #[error("reading config file {path}: {source}")]
+    /// The file could not be read.
     Read {
+        /// The file.
         path: PathBuf,
+        /// The error.
         source: std::io::Error,
     },
     #[error("config file {path} is not valid TOML: {source}")]
+    /// The file is not valid TOML.
     Parse {
+        /// The file.
         path: PathBuf,
+        /// The error.
         source: toml::de::Error,
     },
     #[error("config file {path}: key {key:?} has a value of a kind flags can not take (tables and dates are not supported)")]
-    Unsupported { path: PathBuf, key: String },
+    /// A key that is not a flag of this binary (or not a scalar or list).
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+    },
 }
 
 /// The process arguments with any `--config FILE` expanded into flags.

@@ -1,23 +1,47 @@
 //! # gantry-sdk
 //!
-//! The public protocol of Gantry and the async client framework authors write schedulers with.
+//! The async client framework authors write schedulers with, and the public protocol it
+//! speaks. Crate graph: `gantry-proto` (messages, codec; no I/O) <- `gantry-transport` (QUIC,
+//! mutual TLS, the masters list) <- `gantry-sdk`. The certificate authority (`gantry-pki`) and
+//! the master's server endpoint are not in this crate's dependency tree: a framework's
+//! certificate is issued by `gantryctl certs framework NAME` (or, in development, by the
+//! binary with `gantry_pki::load_or_issue`, as the `batch` example does).
 //!
-//! - [`protocol`]: message types, ids, [`protocol::Resources`] and the codec (one module owns
-//!   encoding).
-//! - [`transport`]: QUIC endpoints with mutual TLS (rustls, `ring` provider), certificate
-//!   issuing for the dev `--tls-dir` convention and for `gantryctl certs`, and framing.
+//! - [`protocol`]: message types, ids, [`protocol::Resources`] and the codec (re-exported from
+//!   `gantry-proto`; [`protocol::codec`] adds the async frame I/O of
+//!   `gantry_transport::framing`).
+//! - [`transport`]: `gantry-transport` re-exported: QUIC endpoints with mutual TLS, the TLS
+//!   directory convention, the masters list.
 //! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
 //! - [`placement`]: fragmentation-aware GPU placement (pure): `fgd-pack`, `fgd`, `best-fit`,
 //!   `random`, shared by schedulers and the master's `simulate --openb` replay.
 //! - [`process`]: shutdown on SIGINT or SIGTERM.
 //! - [`scheduler`]: the [`Scheduler`] trait and the [`Driver`] that runs it against a master.
 
+#![warn(missing_docs)]
+
 pub mod config_file;
 pub mod placement;
 pub mod process;
-pub mod protocol;
 pub mod scheduler;
-pub mod transport;
+
+/// The wire protocol: `gantry-proto` re-exported, so `gantry_sdk::protocol::...` paths work.
+pub mod protocol {
+    pub use gantry_proto::*;
+
+    /// The codec (`gantry_proto::codec`) and the async frame I/O on top of it
+    /// (`gantry_transport::framing`) under one path.
+    pub mod codec {
+        pub use gantry_proto::codec::*;
+        pub use gantry_transport::framing::*;
+    }
+}
+
+/// QUIC and mutual TLS: `gantry-transport` re-exported, so `gantry_sdk::transport::...` paths
+/// work.
+pub mod transport {
+    pub use gantry_transport::*;
+}
 
 pub use protocol::Resources;
 pub use scheduler::{Driver, DriverConfig, DriverHandle, Scheduler};

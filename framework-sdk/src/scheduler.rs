@@ -110,10 +110,14 @@ pub struct DriverConfig {
     /// Master addresses (`host:port`). The driver keeps a connection to each (see
     /// [`crate::transport::masters`]) and subscribes with the one that leads.
     pub masters: Vec<String>,
-    /// TLS directory (see [`crate::transport::tls`]).
+    /// TLS directory (see [`crate::transport::tls`]): `ca.pem` and this framework's
+    /// `framework-PRINCIPAL.pem`/`.key`. The driver only reads it; issue the certificate with
+    /// `gantryctl certs framework PRINCIPAL` (or, in development, `gantry_pki::load_or_issue`
+    /// before running the driver).
     pub tls_dir: PathBuf,
     /// The framework's principal: the name in its certificate.
     pub principal: String,
+    /// What the framework subscribes with (name, roles, capabilities, failover timeout).
     pub info: FrameworkInfo,
     /// First and largest reconnect delay (per master).
     pub backoff: (Duration, Duration),
@@ -150,14 +154,19 @@ impl DriverConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     #[error(transparent)]
+    /// The TLS directory has no usable material for this framework.
     Tls(#[from] tls::TlsError),
     #[error(transparent)]
+    /// QUIC setup failed.
     Transport(#[from] quic::TransportError),
     #[error("no master address given")]
+    /// The configuration names no master.
     NoMasters,
     #[error("could not reach a leading master for {0:?}")]
+    /// No master could be reached for this long (`give_up_after`).
     Unreachable(Duration),
     #[error("the master refused the subscription: {0}")]
+    /// The master refused the subscription.
     Refused(String),
 }
 
@@ -296,6 +305,7 @@ impl SeenUpdates {
 }
 
 impl Driver {
+    /// A driver for `config`; [`Driver::run`] starts it.
     pub fn new(config: DriverConfig) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let framework_id = Arc::new(Mutex::new(config.info.framework_id));
@@ -318,10 +328,9 @@ impl Driver {
         if self.config.masters.is_empty() {
             return Err(DriverError::NoMasters);
         }
-        let material = tls::load_or_issue(
+        let material = tls::load(
             &self.config.tls_dir,
             &PeerIdentity::Framework(self.config.principal.clone()),
-            &[],
         )?;
         let mut links = MastersConfig::new(
             self.config.masters.clone(),

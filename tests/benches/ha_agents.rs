@@ -216,7 +216,7 @@ async fn round(n: usize, ttl: u64, endpoints: usize) -> anyhow::Result<Figures> 
     // The framework.
     let offers = Arc::new(Mutex::new(Vec::new()));
     let fw = {
-        let config = gantry_sdk::DriverConfig::new(
+        let config = gantry_tests::driver_config(
             addrs.clone(),
             tls_dir.clone(),
             "bench-fw",

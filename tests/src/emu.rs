@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gantry_sdk::transport::quic;
-use gantry_sdk::transport::tls::{self, PeerIdentity};
+use gantry_sdk::transport::tls::PeerIdentity;
 
 /// A client endpoint on loopback with a large receive buffer (it carries many peers'
 /// connections).
@@ -44,7 +44,7 @@ pub fn agent_configs(
             std::thread::spawn(move || -> anyhow::Result<Vec<quinn::ClientConfig>> {
                 idxs.into_iter()
                     .map(|i| {
-                        let m = tls::load_or_issue(
+                        let m = gantry_pki::load_or_issue(
                             &dir,
                             &PeerIdentity::Agent(format!("{prefix}-{i}")),
                             &[],

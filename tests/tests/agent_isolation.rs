@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::{TaskInfo, TaskReason, TaskState};
-use gantry_sdk::{Driver, DriverConfig, DriverHandle};
+use gantry_sdk::{Driver, DriverHandle};
 use gantry_tests::{cgroups_available, state_task, task, CgroupRoot, Cluster, Recorder, Updates};
 use tokio::sync::mpsc;
 
@@ -37,7 +37,7 @@ fn setup(test: &str, agent_args: &[&str], tasks: Vec<TaskInfo>) -> Option<Setup>
         updates: up_tx,
         errors: err_tx,
     };
-    let config = DriverConfig::new(
+    let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         test,
@@ -257,7 +257,7 @@ async fn without_isolation_or_nvml_tasks_still_run() {
     let hello = task("hello", "echo hello", "cpus:0.5;mem:32");
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let config = DriverConfig::new(
+    let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "plain",

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gantry_sdk::protocol::{Capability, Program, StatusUpdate, TaskId, TaskInfo, TaskState};
-use gantry_sdk::DriverConfig;
 use gantry_tests::{
     cgroups_available, process_alive, standin_lib, start_recorder, state_task, task, CgroupRoot,
     Cluster, Standin, TempDir, Updates,
@@ -27,7 +26,7 @@ fn framework(
     gantry_sdk::DriverHandle,
     tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
 ) {
-    let mut config = DriverConfig::new(
+    let mut config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         name,

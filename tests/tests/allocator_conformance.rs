@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use gantry_sdk::protocol::*;
-use gantry_sdk::{Driver, DriverConfig, DriverHandle, Scheduler};
+use gantry_sdk::{Driver, DriverHandle, Scheduler};
 use gantry_tests::Cluster;
 use tokio::sync::mpsc;
 
@@ -53,7 +53,7 @@ fn start_framework(
     tokio::task::JoinHandle<()>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let cfg = DriverConfig::new(
+    let cfg = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         name,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic;
-use gantry_sdk::transport::tls::{self, PeerIdentity};
+use gantry_sdk::transport::tls::PeerIdentity;
 use gantry_tests::{run_batch, Cluster};
 
 const T: Duration = Duration::from_secs(30);
@@ -24,7 +24,7 @@ async fn raw_framework(
     quic::FrameSender,
     quic::FrameReceiver,
 ) {
-    let material = tls::load_or_issue(
+    let material = gantry_pki::load_or_issue(
         &cluster.tls_dir,
         &PeerIdentity::Framework(principal.into()),
         &[],
@@ -170,7 +170,7 @@ async fn offers_of_200_agents_with_large_attributes_reach_the_framework() {
     let ep = quic::bind_client(m).unwrap();
     let mut agents = Vec::new();
     for i in 0..200 {
-        let material = tls::load_or_issue(
+        let material = gantry_pki::load_or_issue(
             &cluster.tls_dir,
             &PeerIdentity::Agent(format!("emulated-{i}")),
             &[],

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use gantry_sdk::protocol::{Capability, TaskId, TaskState};
-use gantry_sdk::{Driver, DriverConfig};
+use gantry_sdk::Driver;
 use gantry_tests::{
     bin, cgroups_available, standin_lib, state_task, task, CgroupRoot, Cluster, Recorder, Standin,
     TempDir, Updates,
@@ -108,7 +108,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
         updates: up_tx,
         errors: err_tx,
     };
-    let mut config = DriverConfig::new(
+    let mut config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "gpu-test",

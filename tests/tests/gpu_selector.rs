@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use gantry_sdk::protocol::{Capability, GpuSelector, TaskState};
-use gantry_sdk::{Driver, DriverConfig};
+use gantry_sdk::Driver;
 use gantry_tests::{
     cgroups_available, standin_lib, task, CgroupRoot, Cluster, Recorder, Standin, TempDir, Updates,
 };
@@ -76,7 +76,7 @@ async fn gpu_selectors_pick_models_and_memory() {
         updates: up_tx,
         errors: err_tx,
     };
-    let mut config = DriverConfig::new(
+    let mut config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "selector",

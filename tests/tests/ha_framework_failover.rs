@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::{TaskId, TaskState};
-use gantry_sdk::{Driver, DriverConfig};
+use gantry_sdk::Driver;
 use gantry_tests::{task, Cluster, Recorder, Updates};
 use tokio::sync::mpsc;
 
@@ -17,7 +17,7 @@ fn driver(
     failover_secs: f64,
     id: Option<gantry_sdk::protocol::FrameworkId>,
 ) -> Driver {
-    let mut config = DriverConfig::new(
+    let mut config = gantry_tests::driver_config(
         vec![c.master.quic.to_string()],
         c.tls_dir.clone(),
         principal,

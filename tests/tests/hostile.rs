@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use gantry_pki::CertAuthority;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic;
-use gantry_sdk::transport::tls::{self, CertAuthority, PeerIdentity};
+use gantry_sdk::transport::tls::{self, PeerIdentity};
 use gantry_tests::{run_batch, Cluster, TempDir};
 
 const T: Duration = Duration::from_secs(20);
@@ -20,7 +21,7 @@ async fn raw_framework(
     quic::FrameSender,
     quic::FrameReceiver,
 ) {
-    let material = tls::load_or_issue(
+    let material = gantry_pki::load_or_issue(
         &cluster.tls_dir,
         &PeerIdentity::Framework(principal.into()),
         &[],
@@ -45,7 +46,7 @@ async fn raw_stream(
     quinn::SendStream,
     quinn::RecvStream,
 ) {
-    let material = tls::load_or_issue(&cluster.tls_dir, &identity, &[]).unwrap();
+    let material = gantry_pki::load_or_issue(&cluster.tls_dir, &identity, &[]).unwrap();
     let ep = quic::client_endpoint(&material, cluster.master.quic).unwrap();
     let conn = ep
         .connect(cluster.master.quic, tls::MASTER_SERVER_NAME)
@@ -318,13 +319,13 @@ async fn certificate_from_another_ca_is_refused_in_the_handshake() {
         other.path().join("trusted-ca.pem"),
     )
     .unwrap();
-    let stranger = tls::load_or_issue(
+    let stranger = gantry_pki::load_or_issue(
         other.path(),
         &PeerIdentity::Framework("stranger".into()),
         &[],
     )
     .unwrap();
-    let cluster_ca = tls::load_or_issue(
+    let cluster_ca = gantry_pki::load_or_issue(
         &cluster.tls_dir,
         &PeerIdentity::Framework("probe".into()),
         &[],

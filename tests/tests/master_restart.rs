@@ -8,7 +8,6 @@
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::{StatusUpdate, TaskState};
-use gantry_sdk::DriverConfig;
 use gantry_tests::{start_recorder, state_task, task, Cluster};
 
 const T: Duration = Duration::from_secs(30);
@@ -24,7 +23,7 @@ async fn standalone_master_restart_keeps_agents_frameworks_and_tasks() {
     );
     t.env.insert("GO".into(), go.display().to_string());
 
-    let config = DriverConfig::new(
+    let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "restart-fw",

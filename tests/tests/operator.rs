@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use gantry_sdk::protocol::*;
-use gantry_sdk::{Driver, DriverConfig, DriverHandle, Scheduler};
+use gantry_sdk::{Driver, DriverHandle, Scheduler};
 use gantry_tests::Cluster;
 use tokio::sync::mpsc;
 
@@ -101,7 +101,7 @@ async fn static_and_dynamic_reservations_reach_only_their_role() {
     assert_eq!(s["agents"][0]["total"]["cpus"], 5.0);
 
     let (tx, mut offers) = mpsc::unbounded_channel();
-    let cfg = DriverConfig::new(
+    let cfg = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "reserver",
@@ -130,7 +130,7 @@ async fn static_and_dynamic_reservations_reach_only_their_role() {
 
     // Another role is never offered the reserved cpus.
     let (tx2, mut other) = mpsc::unbounded_channel();
-    let cfg = DriverConfig::new(
+    let cfg = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "other",

@@ -212,7 +212,7 @@ async fn the_operator_api_refuses_attackers_and_serves_operators() {
     let addr = cluster.master.http;
     let tls_dir = cluster.tls_dir.clone();
     // An operator certificate signed by the cluster CA but granted nothing by the ACLs.
-    tls::load_or_issue(&tls_dir, &PeerIdentity::Operator("viewer".into()), &[]).unwrap();
+    gantry_pki::load_or_issue(&tls_dir, &PeerIdentity::Operator("viewer".into()), &[]).unwrap();
     assert!(
         tls_dir.join("operator-admin.pem").exists(),
         "the dev master issues operator-admin"
@@ -455,7 +455,7 @@ fn the_master_refuses_unsafe_http_and_tls_settings() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("loopback"), "{err}");
 
-    tls::ensure_ca(&tls_dir).unwrap();
+    gantry_pki::ensure_ca(&tls_dir).unwrap();
     std::fs::set_permissions(&tls_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let out = master_cmd(dir.path(), &tls_dir, &free_tcp().to_string(), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -528,7 +528,7 @@ async fn gantryctl_speaks_https_with_certificates_and_tokens() {
         &[],
     )
     .unwrap();
-    tls::load_or_issue(
+    gantry_pki::load_or_issue(
         &cluster.tls_dir,
         &PeerIdentity::Operator("viewer".into()),
         &[],

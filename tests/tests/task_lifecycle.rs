@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use gantry_sdk::protocol::TaskState;
-use gantry_sdk::{Driver, DriverConfig};
+use gantry_sdk::Driver;
 use gantry_tests::{task, Cluster, Recorder, Updates};
 use tokio::sync::mpsc;
 
@@ -27,7 +27,7 @@ async fn kill_fail_and_escalation() {
         updates: up_tx,
         errors: err_tx,
     };
-    let config = DriverConfig::new(
+    let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "lifecycle",

@@ -12,7 +12,6 @@ use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use gantry_sdk::protocol::{CommandInfo, TaskInfo, TaskReason, TaskState};
-use gantry_sdk::DriverConfig;
 use gantry_tests::{start_recorder, task, Cluster, TempDir};
 
 const T: Duration = Duration::from_secs(60);
@@ -82,7 +81,7 @@ async fn tasks_run_as_the_task_user_and_cannot_read_the_agents_keys() {
     let steal_ca = reader("steal-ca-key", &ca_key);
     let mut as_root = reader("as-root", &ca_key);
     as_root.command = CommandInfo::shell("cat \"$SECRET\"").with_user("root");
-    let tenant = DriverConfig::new(
+    let tenant = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "tenant",
@@ -168,7 +167,7 @@ async fn tasks_run_as_the_task_user_and_cannot_read_the_agents_keys() {
 
     // Root only when granted explicitly: the admin principal may, and then the read works
     // (which is what the tenant's attack did before tasks stopped running as root).
-    let admin = DriverConfig::new(
+    let admin = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "admin",
@@ -198,7 +197,7 @@ async fn an_unknown_task_user_fails_the_task_with_a_clear_message() {
     let mut ghost = task("ghost", "true", "cpus:0.5;mem:32");
     ghost.command.user = Some("no-such-user-gantry".into());
     let fine = task("fine", "true", "cpus:0.5;mem:32");
-    let config = DriverConfig::new(
+    let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "dev",

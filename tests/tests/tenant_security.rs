@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic;
-use gantry_sdk::transport::tls::{self, PeerIdentity};
+use gantry_sdk::transport::tls::PeerIdentity;
 use gantry_tests::{bin, run_batch, Cluster, Proc};
 
 const T: Duration = Duration::from_secs(30);
@@ -38,7 +38,7 @@ async fn raw_peer(
         _ => PeerKind::Framework,
     };
     let material =
-        tls::load_or_issue(&cluster.tls_dir, &identity, &[]).map_err(|e| e.to_string())?;
+        gantry_pki::load_or_issue(&cluster.tls_dir, &identity, &[]).map_err(|e| e.to_string())?;
     let ep = quic::client_endpoint(&material, cluster.master.quic).map_err(|e| e.to_string())?;
     let (conn, tx, rx, role) = quic::connect(&ep, cluster.master.quic, kind)
         .await
@@ -394,7 +394,7 @@ async fn roles_the_acls_do_not_grant_are_refused() {
         "{e}"
     );
     // The SDK driver reports the refusal and stops (no retry loop).
-    let config = gantry_sdk::DriverConfig::new(
+    let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "mallory",

@@ -13,6 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use gantry_examples::batch::{Batch, BatchSpec};
 use gantry_sdk::protocol::{Capability, CommandInfo, GpuSelector};
+use gantry_sdk::transport::PeerIdentity;
 use gantry_sdk::{Driver, DriverConfig, Resources};
 
 /// Run N copies of COMMAND on a Gantry cluster and wait for all of them.
@@ -104,6 +105,13 @@ async fn main() -> anyhow::Result<()> {
         verbose: true,
         gpu_selector,
     };
+    // Development: with the CA key in the TLS directory, issue this framework's certificate
+    // when it is missing (in production, `gantryctl certs framework NAME` does). The SDK only
+    // reads the directory.
+    if args.tls_dir.join("ca.key").exists() {
+        gantry_pki::load_or_issue(&args.tls_dir, &PeerIdentity::Framework(name.clone()), &[])
+            .context("issuing the framework certificate from the CA key")?;
+    }
     let mut config = DriverConfig::new(args.master, args.tls_dir, &name, vec![args.role]);
     if args.gpus > 0 {
         config.info.capabilities.push(Capability::GpuResources);

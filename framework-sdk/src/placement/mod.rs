@@ -50,20 +50,37 @@ pub const MAX_MODELS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
     #[error("more than {MAX_MODELS} distinct GPU models")]
+    /// Too many distinct GPU models.
     TooManyModels,
     #[error("a GPU fraction must be 1..=999 milli-GPUs, got {0}")]
+    /// A GPU fraction outside 1..=999 milli-GPUs.
     BadFraction(u32),
     #[error("a whole-GPU demand must be at least 1 GPU")]
+    /// A whole-GPU demand of zero GPUs.
     ZeroGpus,
     #[error("node {node}: GPU {gpu} has {free} milli-GPUs free, above {GPU_MILLI}")]
-    BadGpu { node: usize, gpu: usize, free: u32 },
+    /// A GPU with more milli-GPUs free than a GPU has.
+    BadGpu {
+        /// The node's index.
+        node: usize,
+        /// The GPU's index on the node.
+        gpu: usize,
+        /// The milli-GPUs it claims free.
+        free: u32,
+    },
     #[error("node {node}: free resources above its capacity")]
-    FreeAboveCapacity { node: usize },
+    /// A node with more free than its capacity.
+    FreeAboveCapacity {
+        /// The node's index.
+        node: usize,
+    },
     #[error(
         "unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd, best-fit or random)"
     )]
+    /// A policy name that is not known.
     UnknownPolicy(String),
     #[error("placement does not match node {0}'s free resources")]
+    /// A placement that does not fit the node it names.
     Mismatch(usize),
 }
 
@@ -72,6 +89,7 @@ pub enum PlacementError {
 pub struct ModelId(u8);
 
 impl ModelId {
+    /// The model's index in its [`Models`].
     pub fn index(self) -> usize {
         usize::from(self.0)
     }
@@ -82,16 +100,20 @@ impl ModelId {
 pub struct ModelSet(u64);
 
 impl ModelSet {
+    /// Any model.
     pub const ANY: ModelSet = ModelSet(0);
 
+    /// This set plus `model`.
     pub fn with(self, model: ModelId) -> ModelSet {
         ModelSet(self.0 | (1u64 << model.0))
     }
 
+    /// Whether a GPU of `model` is acceptable.
     pub fn accepts(self, model: ModelId) -> bool {
         self.0 == 0 || self.0 & (1u64 << model.0) != 0
     }
 
+    /// Whether any model is acceptable.
     pub fn is_any(self) -> bool {
         self.0 == 0
     }
@@ -104,6 +126,7 @@ pub struct Models {
 }
 
 impl Models {
+    /// No models yet.
     pub fn new() -> Self {
         Self::default()
     }
@@ -121,6 +144,7 @@ impl Models {
         Ok(ModelId(id))
     }
 
+    /// The id of `name`, if interned.
     pub fn get(&self, name: &str) -> Option<ModelId> {
         self.names
             .iter()
@@ -129,14 +153,17 @@ impl Models {
             .map(ModelId)
     }
 
+    /// The name of `id`.
     pub fn name(&self, id: ModelId) -> Option<&str> {
         self.names.get(id.index()).map(String::as_str)
     }
 
+    /// How many models are interned.
     pub fn len(&self) -> usize {
         self.names.len()
     }
 
+    /// Whether no model is interned.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
     }
@@ -160,6 +187,7 @@ impl Models {
 /// A task's GPU demand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GpuDemand {
+    /// No GPU.
     None,
     /// A share of one GPU, 1..=999 milli-GPUs.
     Fraction(u32),
@@ -199,19 +227,28 @@ impl GpuDemand {
 /// What a task asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TaskShape {
+    /// CPU, milli-cores.
     pub cpu_milli: u64,
+    /// Memory, MiB.
     pub memory_mib: u64,
+    /// GPUs.
     pub gpu: GpuDemand,
+    /// Acceptable GPU models.
     pub models: ModelSet,
 }
 
 /// A candidate node: capacity and what is free now.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Node {
+    /// The node's GPU model.
     pub model: ModelId,
+    /// CPU capacity, milli-cores.
     pub cpu_capacity: u64,
+    /// Memory capacity, MiB.
     pub memory_capacity: u64,
+    /// Free CPU, milli-cores.
     pub cpu_free: u64,
+    /// Free memory, MiB.
     pub memory_free: u64,
     /// Free milli-GPUs of each GPU (its capacity is [`GPU_MILLI`]).
     pub gpu_free: Vec<u32>,
@@ -292,13 +329,16 @@ impl Node {
 pub struct GpuShare {
     /// Index into [`Node::gpu_free`].
     pub gpu: usize,
+    /// Milli-GPUs taken from it.
     pub milli: u32,
 }
 
 /// Where a task goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
+    /// Index of the chosen node.
     pub node: usize,
+    /// The GPU shares given to the task (empty without GPUs).
     pub gpus: Vec<GpuShare>,
 }
 
@@ -311,11 +351,14 @@ pub enum Policy {
     FgdPack,
     /// Fragmentation Gradient Descent.
     Fgd,
+    /// The node that leaves the least free after placing (classic best fit).
     BestFit,
+    /// A uniformly random feasible node (the baseline).
     Random,
 }
 
 impl Policy {
+    /// Every policy.
     pub const ALL: [Policy; 5] = [
         Policy::FgdFill,
         Policy::FgdPack,
@@ -337,6 +380,7 @@ impl Policy {
         }
     }
 
+    /// The policy's name on the command line (`fgd-fill`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Policy::FgdFill => "fgd-fill",
@@ -458,10 +502,12 @@ impl Placer {
         })
     }
 
+    /// The candidate nodes, as they are now.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }
 
+    /// The policy in use.
     pub fn policy(&self) -> Policy {
         self.policy
     }

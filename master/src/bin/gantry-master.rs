@@ -169,7 +169,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.http
         );
     }
-    if tls::ensure_ca(&tls_dir)? {
+    if gantry_pki::ensure_ca(&tls_dir)? {
         tracing::info!(dir = %tls_dir.display(), "created a new cluster CA (dev mode)");
     }
     for warning in tls::check_dir_permissions(&tls_dir)
@@ -177,13 +177,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     {
         tracing::warn!("{warning}");
     }
-    let material = tls::load_or_issue(&tls_dir, &PeerIdentity::Master, &args.tls_san)?;
+    let material = gantry_pki::load_or_issue(&tls_dir, &PeerIdentity::Master, &args.tls_san)?;
     if tls_dir.join("ca.key").exists() {
         // Dev mode (this directory can issue): an operator certificate for gantryctl, so the
         // operator API works with no set-up (`gantryctl --tls-dir DIR state`).
         let admin = PeerIdentity::Operator("admin".into());
         if !tls_dir.join(format!("{}.pem", admin.file_stem())).exists() {
-            tls::load_or_issue(&tls_dir, &admin, &[])?;
+            gantry_pki::load_or_issue(&tls_dir, &admin, &[])?;
             tracing::info!(dir = %tls_dir.display(), "issued operator-admin.pem for gantryctl (dev mode)");
         }
     }

@@ -11,7 +11,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
-use gantry_sdk::transport::tls::{CertAuthority, PeerIdentity};
+use gantry_pki::CertAuthority;
+use gantry_sdk::transport::tls::PeerIdentity;
 
 /// Operator tool for Gantry clusters.
 #[derive(Parser, Debug)]
@@ -141,7 +142,7 @@ enum Certs {
 fn issue(ca_dir: &Path, out: &Path, identity: PeerIdentity, sans: &[String]) -> anyhow::Result<()> {
     let ca = CertAuthority::load(ca_dir)
         .with_context(|| format!("loading the CA from {}", ca_dir.display()))?;
-    gantry_sdk::transport::tls::create_private_dir(out)?;
+    gantry_pki::create_private_dir(out)?;
     ca.issue_to_dir(&identity, sans, out)?;
     if !out.join("ca.pem").exists() {
         std::fs::write(out.join("ca.pem"), ca.cert_pem())?;

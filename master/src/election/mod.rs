@@ -78,22 +78,10 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+pub use crate::registry::Fence;
 use crate::registry::{EtcdStore, FileStore, RegistryError, RegistryStore};
 
 pub use self::etcd::{EtcdElectionConfig, LeaderWatch};
-
-/// Proof of leadership that registry writes are checked against.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fence {
-    /// Standalone mode: the only master, nothing to fence against (the work dir is `flock`ed).
-    Standalone,
-    /// etcd mode: writes succeed only while `leader_key` still has `create_revision`.
-    Etcd {
-        leader_key: Vec<u8>,
-        create_revision: i64,
-        lease: i64,
-    },
-}
 
 /// What the election reports to the server.
 #[derive(Debug, Clone, PartialEq, Eq)]

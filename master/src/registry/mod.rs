@@ -29,7 +29,21 @@ use serde::{Deserialize, Serialize};
 pub use self::etcd::{EtcdStore, MAX_TXN_OPS};
 pub use self::file::FileStore;
 pub use self::writer::{PendingWrite, RegistryWriter, WriterStats, MAX_GROUP_OPS};
-pub use crate::election::Fence;
+
+/// Proof of leadership that registry writes are checked against. It lives with the registry
+/// (which checks it); the election (`crate::election`) produces it, so the arrow points one
+/// way: election -> registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    /// Standalone mode: the only master, nothing to fence against (the work dir is `flock`ed).
+    Standalone,
+    /// etcd mode: writes succeed only while `leader_key` still has `create_revision`.
+    Etcd {
+        leader_key: Vec<u8>,
+        create_revision: i64,
+        lease: i64,
+    },
+}
 
 /// An admitted agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

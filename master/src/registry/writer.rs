@@ -161,7 +161,7 @@ async fn run(store: RegistryStore, mut rx: mpsc::UnboundedReceiver<Job>, stats: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::election::Fence;
+    use crate::registry::Fence;
     use crate::registry::{AgentRecord, FileStore};
     use gantry_sdk::protocol::ids::AgentId;
 

@@ -8,14 +8,14 @@
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
-//! connection, with the reason logged. [`conn_limits`] bounds open connections per certificate
+//! connection, with the reason logged. `conn_limits` bounds open connections per certificate
 //! identity and per source address.
 //!
 //! Bounded peers (docs/security.md, "Message and peer limits"):
 //! - Reads use [`read_frame_limited`](gantry_sdk::protocol::codec::read_frame_limited): a frame
 //!   body must arrive within `frame_body_timeout_ms` of its length, and large bodies share one
 //!   [`FrameBudget`].
-//! - Each peer has an outbox of [`OUTBOX`] messages. A peer that lets it overflow is closed at
+//! - Each peer has an outbox of `OUTBOX` messages. A peer that lets it overflow is closed at
 //!   once (not through the full outbox) and the core hears [`Input::PeerStalled`]: its offers
 //!   are rescinded and its failover / re-register timeout starts.
 //! - A message that can not be sent is never dropped silently: the warning names the peer.

@@ -6,7 +6,7 @@
 //! - [`scenario`]: `gantry-master simulate FILE.toml`, JSON lines of offers, rescinds, summary.
 //! - [`trace`]: `gantry-master simulate --trace JOBS.csv --cluster CLUSTER.toml`, plus a synthetic
 //!   trace generator.
-//! - [`bench`]: `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
+//! - [`bench`](mod@bench): `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
 //! - [`openb`]: `gantry-master simulate --openb NODES.csv PODS.csv`, the FGD paper's experiment
 //!   on Alibaba's GPU trace, run on [`gantry_sdk::placement`].
 

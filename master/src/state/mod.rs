@@ -4,7 +4,7 @@
 //! disconnected, or a timer tick) and the current time, and returns the [`Output`]s to send. It
 //! never touches a socket, a file or the clock, so it is tested without any I/O and the same
 //! code runs in the live master. Offers and fairness are delegated to the pure
-//! [`Allocator`](crate::allocator::Allocator).
+//! [`Allocator`].
 //!
 //! Rules it enforces (Mesos semantics unless noted):
 //! - An agent's name and a framework's principal come from the peer's certificate (given in

@@ -1,13 +1,12 @@
-//! Shared pieces of the HA integration tests: the real-etcd and TCP-proxy harnesses from the
-//! `gantry-tests` crate (compiled in by path, so `gantry-master` needs no dependency cycle) and a
-//! driver that runs one election and logs its events with their emission instants.
+//! Shared pieces of the HA integration tests: the real-etcd and TCP-proxy harnesses (from the
+//! dev-only `gantry-test-support` crate) and a driver that runs one election and logs its
+//! events with their emission instants.
 
 #![allow(dead_code)]
 
-#[path = "../../../tests/src/etcd.rs"]
-pub mod etcd;
-#[path = "../../../tests/src/proxy.rs"]
-pub mod proxy;
+// Each test or bench binary uses some of them.
+#[allow(unused_imports)]
+pub use gantry_test_support::{etcd, proxy};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -23,7 +23,7 @@ pub struct EchoServer {
 impl EchoServer {
     /// Binds a loopback port with the master's TLS material from `tls_dir`.
     pub fn start(tls_dir: &Path) -> anyhow::Result<Self> {
-        let material = tls::load_or_issue(tls_dir, &PeerIdentity::Master, &[])?;
+        let material = gantry_pki::load_or_issue(tls_dir, &PeerIdentity::Master, &[])?;
         let mut key = vec![0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key)
             .map_err(|_| anyhow::anyhow!("no system randomness"))?;
@@ -68,7 +68,7 @@ pub struct Pinger {
 impl Pinger {
     pub async fn connect(tls_dir: &Path, server: SocketAddr) -> anyhow::Result<Self> {
         let material = tokio::task::block_in_place(|| {
-            tls::load_or_issue(tls_dir, &PeerIdentity::Framework("load-ping".into()), &[])
+            gantry_pki::load_or_issue(tls_dir, &PeerIdentity::Framework("load-ping".into()), &[])
         })?;
         let endpoint = quic::bind_client(server)?;
         let conn = endpoint

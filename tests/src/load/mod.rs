@@ -501,7 +501,7 @@ async fn drive(
     for i in 0..cfg.frameworks {
         let c = Arc::new(framework::FrameworkCounters::default());
         counters.push(c.clone());
-        let mut dc = gantry_sdk::DriverConfig::new(
+        let mut dc = crate::driver_config(
             masters.clone(),
             tls_dir.to_path_buf(),
             &format!("load-fw-{i}"),

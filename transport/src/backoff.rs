@@ -11,6 +11,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// Starts at `initial` and doubles up to `max`.
     pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,

@@ -9,14 +9,14 @@
 //! no waiting for the dead leader's connection to time out. A standby that names a leader no
 //! link knows adds a link to it, so one reachable address is enough to find the cluster.
 //!
-//! Epochs only grow: [`Masters::leader`] never returns a session older than asked for, so a
+//! Epochs only grow: [`Masters::next_session`] never returns a session older than asked for, so a
 //! deposed master that still claims to lead is ignored.
 //!
 //! ```no_run
-//! # async fn run(material: gantry_sdk::transport::TlsMaterial) -> anyhow::Result<()> {
-//! use gantry_sdk::protocol::PeerKind;
-//! use gantry_sdk::transport::masters::{Masters, MastersConfig};
-//! use gantry_sdk::transport::quic;
+//! # async fn run(material: gantry_transport::TlsMaterial) -> Result<(), Box<dyn std::error::Error>> {
+//! use gantry_proto::PeerKind;
+//! use gantry_transport::masters::{Masters, MastersConfig};
+//! use gantry_transport::quic;
 //!
 //! let config = MastersConfig::new(
 //!     vec!["10.0.0.1:5050".into(), "10.0.0.2:5050".into()],
@@ -29,7 +29,7 @@
 //!     // ... register on `session.tx`, then read `session.rx` until the connection is lost
 //!     // or a newer leader announces itself:
 //!     tokio::select! {
-//!         _ = session.rx.recv::<gantry_sdk::protocol::MasterToAgent>() => {}
+//!         _ = session.rx.recv::<gantry_proto::MasterToAgent>() => {}
 //!         _ = masters.newer_leader() => {}
 //!     }
 //!     session.conn.close(0u32.into(), b"bye");
@@ -47,15 +47,20 @@ use tokio::sync::mpsc;
 
 use super::backoff::Backoff;
 use super::quic::{self, FrameReceiver, FrameSender, TransportError};
-use crate::protocol::{MasterRole, PeerKind};
+use gantry_proto::{MasterRole, PeerKind};
 
 /// A ready stream to the leading master: the hello is done and the master said it leads in
 /// `epoch`; register / subscribe next.
 pub struct LeaderSession {
+    /// The leading master's address.
     pub addr: SocketAddr,
+    /// Its term (only grows).
     pub epoch: u64,
+    /// The QUIC connection.
     pub conn: quinn::Connection,
+    /// Frames to the leader.
     pub tx: FrameSender,
+    /// Frames from the leader.
     pub rx: FrameReceiver,
 }
 
@@ -72,6 +77,7 @@ impl std::fmt::Debug for LeaderSession {
 pub struct MastersConfig {
     /// Master addresses (`host:port`), as configured.
     pub masters: Vec<String>,
+    /// Agent or framework (sent in the hello).
     pub kind: PeerKind,
     /// From [`quic::client_config`].
     pub client: quinn::ClientConfig,
@@ -83,6 +89,7 @@ pub struct MastersConfig {
 }
 
 impl MastersConfig {
+    /// Links to `masters` (`host:port`) as `kind`, with the QUIC client configuration `client`.
     pub fn new(masters: Vec<String>, kind: PeerKind, client: quinn::ClientConfig) -> Self {
         Self {
             masters,
@@ -336,132 +343,5 @@ async fn session(
                 role = rx.recv().await?;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! Scripted masters over real QUIC on loopback: each answers the hello with a sequence of
-    //! roles, so the links' rules can be checked without a cluster.
-
-    use super::*;
-    use crate::protocol::Hello;
-    use crate::transport::tls::{self, PeerIdentity};
-
-    struct Dir(std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    /// A master that answers every connection with `first`, then (after `delay`) with `then`.
-    fn scripted(
-        dir: &std::path::Path,
-        first: MasterRole,
-        then: Option<(Duration, MasterRole)>,
-    ) -> SocketAddr {
-        let material = tls::load_or_issue(dir, &PeerIdentity::Master, &[]).expect("master tls");
-        let ep = quic::server_endpoint("127.0.0.1:0".parse().expect("addr"), &material, &[7; 32])
-            .expect("endpoint");
-        let addr = ep.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Some(incoming) = ep.accept().await {
-                let (first, then) = (first.clone(), then.clone());
-                tokio::spawn(async move {
-                    let Ok(conn) = incoming.await else { return };
-                    let Ok((mut tx, mut rx)) = conn
-                        .accept_bi()
-                        .await
-                        .map(|(s, r)| (FrameSender(s), FrameReceiver(r)))
-                    else {
-                        return;
-                    };
-                    let _hello: Hello = rx.recv().await.expect("hello");
-                    tx.send(&first).await.expect("role");
-                    if let Some((delay, role)) = then {
-                        tokio::time::sleep(delay).await;
-                        tx.send(&role).await.expect("role");
-                    }
-                    conn.closed().await;
-                });
-            }
-        });
-        addr
-    }
-
-    #[tokio::test]
-    async fn follows_the_leader_switches_on_election_and_ignores_deposed_masters() {
-        let dir =
-            Dir(std::env::temp_dir().join(format!("gantry-masters-{}", uuid::Uuid::new_v4())));
-        std::fs::create_dir_all(&dir.0).expect("dir");
-        tls::ensure_ca(&dir.0).expect("ca");
-        let leader = scripted(&dir.0, MasterRole::Leading { epoch: 3 }, None);
-        let deposed = scripted(
-            &dir.0,
-            MasterRole::Standby { leader: None },
-            Some((Duration::from_millis(300), MasterRole::Leading { epoch: 2 })),
-        );
-        let elected = scripted(
-            &dir.0,
-            MasterRole::Standby {
-                leader: Some(leader.to_string()),
-            },
-            Some((Duration::from_millis(800), MasterRole::Leading { epoch: 4 })),
-        );
-        let material =
-            tls::load_or_issue(&dir.0, &PeerIdentity::Agent("a1".into()), &[]).expect("agent tls");
-        let config = MastersConfig::new(
-            vec![deposed.to_string(), elected.to_string(), leader.to_string()],
-            PeerKind::Agent,
-            quic::client_config(&material).expect("client"),
-        );
-        let mut masters = Masters::start(config).expect("start");
-        let t = Duration::from_secs(10);
-        let first = tokio::time::timeout(t, masters.next_session())
-            .await
-            .expect("a leader");
-        assert_eq!((first.addr, first.epoch), (leader, 3));
-        // The deposed master's Leading { epoch: 2 } is ignored; the standby's election is not.
-        tokio::time::timeout(t, masters.newer_leader())
-            .await
-            .expect("the newly elected master");
-        let next = masters.next_session().await;
-        assert_eq!((next.addr, next.epoch), (elected, 4));
-        // Losing that session does not take the peer back to an older leader, even when the
-        // old one answers again.
-        first.conn.close(0u32.into(), b"superseded");
-        next.conn.close(0u32.into(), b"lost");
-        let again = tokio::time::timeout(t, masters.next_session())
-            .await
-            .expect("the elected master again");
-        assert_eq!((again.addr, again.epoch), (elected, 4));
-        masters.shutdown().await;
-    }
-
-    #[test]
-    fn no_masters_is_an_error() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("rt");
-        rt.block_on(async {
-            let material = {
-                let dir =
-                    std::env::temp_dir().join(format!("gantry-masters-{}", uuid::Uuid::new_v4()));
-                std::fs::create_dir_all(&dir).expect("dir");
-                tls::ensure_ca(&dir).expect("ca");
-                let m =
-                    tls::load_or_issue(&dir, &PeerIdentity::Agent("a".into()), &[]).expect("tls");
-                let _ = std::fs::remove_dir_all(&dir);
-                m
-            };
-            let config = MastersConfig::new(
-                vec![],
-                PeerKind::Agent,
-                quic::client_config(&material).expect("client"),
-            );
-            assert!(Masters::start(config).is_err());
-        });
     }
 }

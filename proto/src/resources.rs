@@ -22,12 +22,16 @@ pub const MILLI: u64 = 1000;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResourceParseError {
     #[error("resource entry {0:?} is not of the form NAME:AMOUNT")]
+    /// Not `name:amount;name:amount`.
     Syntax(String),
     #[error("resource name {0:?} is empty or has characters other than [A-Za-z0-9_.-]")]
+    /// A resource name outside `[a-z0-9_.-]`.
     BadName(String),
     #[error("resource amount {0:?} is not a finite non-negative number")]
+    /// An amount that is not a finite, non-negative number.
     BadAmount(String),
     #[error("resource {0:?} is given more than once")]
+    /// The same name twice.
     Duplicate(String),
 }
 

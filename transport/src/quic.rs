@@ -1,40 +1,51 @@
 //! QUIC endpoints and the framed message stream every peer speaks.
 //!
 //! One connection per peer and master; the client opens one bidirectional stream and sends a
-//! [`Hello`](crate::protocol::Hello), the master answers with its
-//! [`MasterRole`](crate::protocol::MasterRole), then messages flow in both directions as codec
+//! [`Hello`], the master answers with its
+//! [`MasterRole`], then messages flow in both directions as codec
 //! frames.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::crypto::rustls::QuicClientConfig;
+#[cfg(feature = "server")]
+use quinn::crypto::rustls::QuicServerConfig;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::tls::{self, PeerIdentity, TlsMaterial};
-use crate::protocol::codec::{self, CodecError};
-use crate::protocol::{Hello, MasterRole, PeerKind, PROTOCOL_VERSION};
+use crate::framing;
+use gantry_proto::codec::{CodecError, MAX_HELLO};
+use gantry_proto::{Hello, MasterRole, PeerKind, PROTOCOL_VERSION};
 
 /// Errors opening or using a QUIC connection.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     #[error(transparent)]
+    /// The TLS material could not be loaded or configured.
     Tls(#[from] tls::TlsError),
     #[error("QUIC configuration: {0}")]
+    /// A QUIC configuration was refused.
     Config(String),
     #[error("i/o: {0}")]
+    /// Binding or using the UDP socket failed.
     Io(#[from] std::io::Error),
     #[error("connect: {0}")]
+    /// The connection could not be started.
     Connect(#[from] quinn::ConnectError),
     #[error("connection: {0}")]
+    /// The connection failed or was closed.
     Connection(#[from] quinn::ConnectionError),
     #[error(transparent)]
+    /// A frame could not be encoded or decoded.
     Codec(#[from] CodecError),
     #[error("protocol violation: {0}")]
+    /// The peer broke the protocol (e.g. a bad hello).
     Protocol(String),
     #[error("no handshake with {0} within {1:?}")]
+    /// The peer did not answer in time.
     Timeout(SocketAddr, Duration),
 }
 
@@ -61,6 +72,7 @@ fn transport_config(keep_alive: Option<Duration>) -> quinn::TransportConfig {
     t
 }
 
+#[cfg(feature = "server")]
 /// A server endpoint (the master) bound to `addr`, requiring client certificates.
 ///
 /// `reset_key` (at least 32 bytes, kept across restarts: see [`load_or_create_reset_key`])
@@ -119,6 +131,7 @@ pub fn server_endpoint(
     )?)
 }
 
+#[cfg(feature = "server")]
 /// Reads the stateless-reset key from `path`, creating it (32 random bytes, mode 0600) when
 /// missing.
 pub fn load_or_create_reset_key(path: &std::path::Path) -> Result<Vec<u8>, TransportError> {
@@ -151,10 +164,12 @@ pub fn load_or_create_reset_key(path: &std::path::Path) -> Result<Vec<u8>, Trans
     Ok(key)
 }
 
+#[cfg(feature = "server")]
 /// Bytes one peer connection may send the master ahead of what it read (all streams together;
 /// QUIC flow control holds the rest back). Partial frames beyond it wait in the peer.
 pub const SERVER_CONNECTION_WINDOW: u32 = 512 * 1024;
 
+#[cfg(feature = "server")]
 /// Receive buffer requested for the master's UDP socket.
 pub const SERVER_RECV_BUFFER: usize = 8 << 20;
 
@@ -205,23 +220,25 @@ pub struct FrameSender(pub quinn::SendStream);
 pub struct FrameReceiver(pub quinn::RecvStream);
 
 impl FrameSender {
+    /// Sends `msg` as one frame.
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), CodecError> {
-        codec::write_frame(&mut self.0, msg).await
+        framing::write_frame(&mut self.0, msg).await
     }
 }
 
 impl FrameReceiver {
+    /// Receives one frame (at most `MAX_FRAME`).
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<T, CodecError> {
-        codec::read_frame(&mut self.0).await
+        framing::read_frame(&mut self.0).await
     }
 
     /// Receives from an untrusted peer under `limits` (body deadline and a shared budget for
-    /// large frame bodies): see [`codec::read_frame_limited`].
+    /// large frame bodies): see [`framing::read_frame_limited`].
     pub async fn recv_limited<T: DeserializeOwned>(
         &mut self,
-        limits: &codec::ReadLimits,
+        limits: &framing::ReadLimits,
     ) -> Result<T, CodecError> {
-        codec::read_frame_limited(&mut self.0, limits).await
+        framing::read_frame_limited(&mut self.0, limits).await
     }
 }
 
@@ -284,7 +301,7 @@ pub async fn accept_stream(
     let (send, recv) = conn.accept_bi().await?;
     let mut rx = FrameReceiver(recv);
     // A hello is a few bytes: never hold a large claimed frame for it.
-    let hello: Hello = codec::read_frame_max(&mut rx.0, codec::MAX_HELLO).await?;
+    let hello: Hello = framing::read_frame_max(&mut rx.0, MAX_HELLO).await?;
     if hello.protocol_version != PROTOCOL_VERSION {
         return Err(TransportError::Protocol(format!(
             "protocol version {} is not supported (this master speaks {PROTOCOL_VERSION})",

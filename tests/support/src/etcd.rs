@@ -10,8 +10,8 @@
 //! tokio tests alike; inside a multi-threaded tokio runtime wrap the slow calls (`start`,
 //! `restart`) in `tokio::task::block_in_place`.
 //!
-//! This file is also compiled into `gantry-master`'s integration tests through `#[path]`, so it
-//! depends only on `std`, `anyhow` and `tempfile`.
+//! Part of the dev-only `gantry-test-support` crate, used by `gantry-master`'s integration tests
+//! and benchmarks and by the cluster tests of `gantry-tests`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

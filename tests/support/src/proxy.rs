@@ -12,8 +12,7 @@
 //! [`TcpProxy::restore`] returns to forwarding. The proxy runs on plain threads (no async runtime
 //! needed) and stops, closing every connection, when dropped.
 //!
-//! This file is also compiled into `gantry-master`'s integration tests through `#[path]`, so it
-//! depends only on `std` and `anyhow`.
+//! Part of the dev-only `gantry-test-support` crate (see [`crate::etcd`]).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

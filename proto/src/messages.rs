@@ -37,7 +37,7 @@ pub mod register_limits {
     /// Roles with static reservations on one agent.
     pub const MAX_RESERVED_ROLES: usize = 64;
 
-    /// Checks an agent's registration against [`register_limits`]; the error names the bound.
+    /// Checks an agent's registration against [`register_limits`](super::register_limits); the error names the bound.
     pub fn check(
         hostname: &str,
         attributes: &super::Attributes,
@@ -98,7 +98,9 @@ pub type Attributes = BTreeMap<String, String>;
 /// The first frame on every stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
+    /// The sender's [`PROTOCOL_VERSION`].
     pub protocol_version: u32,
+    /// Whether an agent or a framework is connecting.
     pub peer: PeerKind,
 }
 
@@ -111,49 +113,76 @@ pub struct Hello {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MasterRole {
     /// This master leads, in term `epoch`: register / subscribe on this stream now.
-    Leading { epoch: u64 },
+    Leading {
+        /// The leader's term.
+        epoch: u64,
+    },
     /// A standby. `leader` is the leading master's advertised address, if known. The stream
     /// stays open; `Leading` follows if this master is elected, `Standby` again when the leader
     /// it knows changes.
-    Standby { leader: Option<String> },
+    Standby {
+        /// The leader's advertised address, if this standby knows it.
+        leader: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Who opens a stream to the master.
 pub enum PeerKind {
+    /// An agent (a host offering resources and running tasks).
     Agent,
+    /// A framework (a scheduler accepting offers and launching tasks).
     Framework,
 }
 
 /// One physical GPU as measured by the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuInfo {
+    /// NVML uuid (`GPU-...`): the stable identity of the device.
     pub uuid: String,
+    /// Model name (`NVIDIA A100-SXM4-80GB`).
     pub name: String,
+    /// Total device memory, MiB.
     pub memory_mib: u64,
+    /// CUDA compute capability (major, minor).
     pub compute_capability: (i32, i32),
+    /// The device minor number (`/dev/nvidiaN`).
     pub minor: u32,
+    /// PCI bus id.
     pub pci_bus_id: String,
+    /// The NUMA node the device is attached to, when known.
     pub numa_node: Option<u32>,
+    /// False after an XID error or a failed health check: not offered.
     pub healthy: bool,
 }
 
 /// Resource usage of one task (or one GPU) as sampled by the agent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TaskUsage {
+    /// CPU time used so far (user + system), seconds.
     pub cpu_time_secs: f64,
+    /// Memory in use now, bytes.
     pub mem_bytes: u64,
+    /// The most memory the task has used, bytes.
     pub mem_peak_bytes: u64,
+    /// GPU memory used by the task's processes, bytes.
     pub gpu_mem_bytes: u64,
+    /// Utilization of the task's GPUs, percent.
     pub gpu_util_percent: f64,
 }
 
 /// One GPU's latest sample.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuSample {
+    /// The GPU's uuid.
     pub uuid: String,
+    /// Utilization, percent.
     pub util_percent: u32,
+    /// Device memory in use, bytes.
     pub mem_used_bytes: u64,
+    /// Temperature, degrees Celsius.
     pub temperature_c: u32,
+    /// Power draw, milliwatts.
     pub power_mw: u32,
 }
 
@@ -163,7 +192,7 @@ pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// What a task runs and as whom (Mesos `CommandInfo`).
 ///
 /// ```
-/// use gantry_sdk::protocol::{CommandInfo, Program};
+/// use gantry_proto::{CommandInfo, Program};
 /// // A shell string, run with `/bin/sh -c` (pipes, `&&`, `$VAR` work):
 /// let sh = CommandInfo::shell("echo $HOSTNAME > host.txt && sleep 1");
 /// // An argv vector, executed directly: every element reaches the program exactly as given.
@@ -173,6 +202,7 @@ pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommandInfo {
+    /// The program: a shell string or an argv.
     pub program: Program,
     /// The Unix user the task runs as. `None`: the agent's `--task-user` (the master fills in
     /// the agent's default before launching, so the ACL check and `/state` see the real user).
@@ -288,11 +318,15 @@ fn quote(s: &str) -> String {
 /// What a framework asks the agent to run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskInfo {
+    /// Chosen by the framework; unique among its tasks.
     pub task_id: TaskId,
+    /// A human-readable name (logs, `/state`).
     pub name: String,
     /// What to run (shell string or argv) and as which user.
     pub command: CommandInfo,
+    /// What the task may use (taken from the accepted offers; enforced by cgroups).
     pub resources: Resources,
+    /// Environment variables added to the agent's task environment.
     pub env: BTreeMap<String, String>,
     /// Seconds between SIGTERM and SIGKILL when the task is killed (agent default when `None`).
     pub kill_grace_secs: Option<u32>,
@@ -325,13 +359,21 @@ impl GpuSelector {
 /// A task's lifecycle state, as in Mesos.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TaskState {
+    /// Accepted by the master, not yet started by the agent.
     Staging,
+    /// The agent is setting up the sandbox and cgroups.
     Starting,
+    /// The process runs.
     Running,
+    /// Exited with status 0 (terminal).
     Finished,
+    /// Exited non-zero or was killed by a signal it did not ask for (terminal).
     Failed,
+    /// Killed on request (terminal).
     Killed,
+    /// Its agent was lost or the task is unknown to it (terminal).
     Lost,
+    /// Could not be launched (terminal).
     Error,
 }
 
@@ -419,24 +461,34 @@ impl std::fmt::Display for TaskReason {
 /// Where a status update came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UpdateSource {
+    /// Sent by the agent running the task.
     Agent,
+    /// Generated by the master (lost agents, invalid launches, reconciliation).
     Master,
 }
 
 /// A change of a task's state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusUpdate {
+    /// Identifies this update for acknowledgement.
     pub update_id: UpdateId,
+    /// The task the update is about.
     pub task_id: TaskId,
+    /// The framework that owns the task.
     pub framework_id: FrameworkId,
+    /// The agent the task was on, when known.
     pub agent_id: Option<AgentId>,
+    /// The task's new state.
     pub state: TaskState,
+    /// Who generated the update.
     pub source: UpdateSource,
     /// Why the task is in this state, by kind (`None` for ordinary progress and success).
     pub reason: Option<TaskReason>,
     /// Human-readable detail (`"exited with code 3"`, `"memory-limit: ..."`, `"agent lost"`).
     pub message: String,
+    /// The exit code, when the process exited.
     pub exit_code: Option<i32>,
+    /// The signal that ended the process, when it was killed by one.
     pub signal: Option<i32>,
     /// The GPUs (UUIDs) the agent gave the task (set on agent updates).
     pub gpus: Vec<String>,
@@ -453,66 +505,100 @@ pub struct StatusUpdate {
 /// updates not yet acknowledged (so a new leading master learns of it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunningTask {
+    /// The framework that owns the task.
     pub framework_id: FrameworkId,
+    /// The task as launched.
     pub task: TaskInfo,
+    /// Its state on the agent now.
     pub state: TaskState,
     /// The GPUs (UUIDs) the agent gave the task.
     pub gpus: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What an agent sends the master.
 pub enum AgentToMaster {
     /// First message after the hello. The agent's name comes from its certificate, not from here.
     Register {
         /// Set when re-registering with an id a master gave earlier.
         agent_id: Option<AgentId>,
+        /// The host's name, as frameworks see it in offers.
         hostname: String,
+        /// Unreserved resources the agent offers.
         resources: Resources,
         /// Statically reserved resources, per role (on top of `resources`).
         reserved: BTreeMap<String, Resources>,
+        /// Free-form attributes (bounded by [`register_limits`]).
         attributes: Attributes,
+        /// The GPUs found by NVML.
         gpus: Vec<GpuInfo>,
+        /// Tasks still running from before (after an agent or master restart).
         running_tasks: Vec<RunningTask>,
         /// Status updates not yet acknowledged, oldest first.
         pending_updates: Vec<StatusUpdate>,
         /// The Unix user tasks run as when their command names none (`--task-user`).
         task_user: String,
     },
+    /// Liveness, every `heartbeat_interval_ms`.
     Heartbeat,
+    /// A task changed state; retried until the master acknowledges it.
     StatusUpdate(StatusUpdate),
+    /// Resource usage samples.
     Usage {
+        /// Per running task.
         tasks: Vec<(TaskId, TaskUsage)>,
+        /// Per GPU.
         gpus: Vec<GpuSample>,
     },
+    /// A GPU became unhealthy (or healthy again).
     GpuHealth {
+        /// The GPU's uuid.
         uuid: String,
+        /// Whether it may be offered.
         healthy: bool,
+        /// Why (e.g. the XID error).
         reason: String,
     },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What the master sends an agent.
 pub enum MasterToAgent {
+    /// The registration was accepted.
     Registered {
+        /// The id to re-register with.
         agent_id: AgentId,
         /// The master's leadership epoch; messages from an older epoch are ignored.
         epoch: u64,
+        /// How often to send [`AgentToMaster::Heartbeat`].
         heartbeat_interval_ms: u64,
     },
+    /// Launch a task.
     RunTask {
+        /// The framework that owns it.
         framework_id: FrameworkId,
+        /// What to run.
         task: TaskInfo,
     },
+    /// Kill a task (SIGTERM, then SIGKILL after its grace period).
     KillTask {
+        /// The framework that owns it.
         framework_id: FrameworkId,
+        /// The task to kill.
         task_id: TaskId,
     },
+    /// The master recorded a status update: stop retrying it.
     Acknowledge {
+        /// The task the update was about.
         task_id: TaskId,
+        /// The acknowledged update.
         update_id: UpdateId,
     },
     /// The master refused the registration or a message.
-    Error { message: String },
+    Error {
+        /// What was refused, and why.
+        message: String,
+    },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -521,7 +607,9 @@ pub enum MasterToAgent {
 /// The shape of a framework's pending tasks (demand-aware offers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Demand {
+    /// The resources of one pending task.
     pub task: Resources,
+    /// How many such tasks are pending.
     pub count: u32,
 }
 
@@ -533,11 +621,15 @@ pub enum Capability {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Who a framework is, sent in [`FrameworkToMaster::Subscribe`].
 pub struct FrameworkInfo {
     /// Set when re-subscribing with the id a master gave earlier.
     pub framework_id: Option<FrameworkId>,
+    /// A human-readable name.
     pub name: String,
+    /// The roles it receives offers for (allowed by the master's ACLs for its principal).
     pub roles: Vec<String>,
+    /// Optional abilities.
     pub capabilities: Vec<Capability>,
     /// How long the master keeps the framework's tasks after it disconnects.
     pub failover_timeout_secs: f64,
@@ -546,53 +638,78 @@ pub struct FrameworkInfo {
 /// An operation inside an accept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Operation {
+    /// Launch tasks on the offers' agent.
     Launch {
+        /// The tasks; their resources come out of the accepted offers.
         tasks: Vec<TaskInfo>,
     },
     /// Dynamically reserve unreserved offered resources for a role.
     Reserve {
+        /// The role to reserve for.
         role: String,
+        /// What to reserve.
         resources: Resources,
     },
     /// Return reserved resources of a role to the unreserved pool.
     Unreserve {
+        /// The role whose reservation shrinks.
         role: String,
+        /// What to return.
         resources: Resources,
     },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What a framework sends the master.
 pub enum FrameworkToMaster {
+    /// First message after the hello.
     Subscribe(FrameworkInfo),
+    /// Use offers (all on one agent) for operations; what is left is declined.
     Accept {
+        /// The offers, all on one agent.
         offer_ids: Vec<OfferId>,
+        /// Applied in order.
         operations: Vec<Operation>,
         /// Filter the unused part of the offers for this long (master default when `None`).
         refuse_seconds: Option<f64>,
     },
+    /// Return offers unused.
     Decline {
+        /// The offers.
         offer_ids: Vec<OfferId>,
+        /// Do not offer these resources again for this long (master default when `None`).
         refuse_seconds: Option<f64>,
     },
+    /// Kill a task.
     Kill {
+        /// The task.
         task_id: TaskId,
     },
     /// Empty list: all of the framework's tasks (implicit reconciliation).
     Reconcile {
+        /// The tasks to report on (at most [`MAX_RECONCILE_IDS`]).
         task_ids: Vec<TaskId>,
     },
     /// Empty list: all of the framework's roles.
     Suppress {
+        /// The roles to stop receiving offers for.
         roles: Vec<String>,
     },
+    /// Clear filters and resume offers (empty list: all of the framework's roles).
     Revive {
+        /// The roles.
         roles: Vec<String>,
     },
+    /// A status update was handled: the master stops resending it.
     Acknowledge {
+        /// The task the update was about.
         task_id: TaskId,
+        /// The update.
         update_id: UpdateId,
     },
+    /// Declare (or clear, `None`) the shape of pending work, for demand-aware offers.
     SetDemand {
+        /// The demand.
         demand: Option<Demand>,
     },
     /// The framework is done: kill its tasks and forget it.
@@ -602,9 +719,13 @@ pub enum FrameworkToMaster {
 /// Resources offered on one agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Offer {
+    /// Identifies the offer in an accept or decline.
     pub id: OfferId,
+    /// The framework it is made to.
     pub framework_id: FrameworkId,
+    /// The agent the resources are on.
     pub agent_id: AgentId,
+    /// The agent's hostname.
     pub hostname: String,
     /// The role the offer is made to.
     pub role: String,
@@ -612,6 +733,7 @@ pub struct Offer {
     pub resources: Resources,
     /// Reserved resources, per role.
     pub reserved: BTreeMap<String, Resources>,
+    /// The agent's attributes.
     pub attributes: Attributes,
     /// The healthy GPUs the offer's `gpus` amount can be drawn from.
     pub gpus: Vec<GpuInfo>,
@@ -631,31 +753,51 @@ impl Offer {
 /// What kind of mistake a framework made (so schedulers can react by kind, not by text).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorKind {
+    /// The offer does not exist (any more): rescinded, declined or already used.
     UnknownOffer,
+    /// The agent is not registered.
     UnknownAgent,
+    /// The task is not known.
     UnknownTask,
+    /// The operations need more than the offers hold.
     InsufficientResources,
+    /// A task is malformed (duplicate id, bad resources, ...).
     InvalidTask,
+    /// The request is malformed or not allowed (ACLs, bounds).
     InvalidRequest,
+    /// The framework must subscribe first.
     NotSubscribed,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What the master sends a framework.
 pub enum MasterToFramework {
+    /// The subscription was accepted.
     Subscribed {
+        /// The id to re-subscribe with after a disconnect.
         framework_id: FrameworkId,
+        /// The leading master's term.
         epoch: u64,
+        /// How often the master sends [`MasterToFramework::Heartbeat`].
         heartbeat_interval_ms: u64,
     },
+    /// New offers.
     Offers(Vec<Offer>),
+    /// An offer is withdrawn (its agent left, or it timed out).
     Rescind {
+        /// The offer.
         offer_id: OfferId,
     },
+    /// A task status update; acknowledge it.
     Update(StatusUpdate),
+    /// A request was refused.
     Error {
+        /// What kind of refusal.
         kind: ErrorKind,
+        /// Details for humans.
         message: String,
     },
+    /// Liveness, every `heartbeat_interval_ms`.
     Heartbeat,
 }
 

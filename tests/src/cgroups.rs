@@ -1,0 +1,131 @@
+//! Real cgroups for the isolation tests: whether this machine has them ([`cgroups_available`])
+//! and [`CgroupRoot`], a per-test cgroup parent removed (after killing what is left) on drop.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// Set to `1` to skip (explicitly) the tests that need real cgroups; CI never sets it.
+pub const SKIP_CGROUP_TESTS: &str = "GANTRY_SKIP_CGROUP_TESTS";
+
+/// Where cgroup hierarchies are mounted.
+pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+
+/// Whether this test can use real cgroups. Returns `false` (after saying so) only when
+/// [`SKIP_CGROUP_TESTS`]`=1`; otherwise panics with a clear message when cgroups are unusable
+/// (not root, nothing mounted, read-only hierarchy).
+pub fn cgroups_available(test: &str) -> bool {
+    let why = cgroup_probe(test).err();
+    match why {
+        None => true,
+        Some(why) if std::env::var(SKIP_CGROUP_TESTS).as_deref() == Ok("1") => {
+            eprintln!("SKIPPED ({SKIP_CGROUP_TESTS}=1): {test}: cgroups are unavailable: {why}");
+            false
+        }
+        Some(why) => panic!(
+            "{test}: cgroups are unavailable: {why}. This test needs root and mounted cgroups \
+             (v1 or v2); set {SKIP_CGROUP_TESTS}=1 to skip it explicitly."
+        ),
+    }
+}
+
+fn cgroup_probe(test: &str) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("not running as root");
+    }
+    let mount = Path::new(CGROUP_MOUNT);
+    let hierarchy = if mount.join("memory/cgroup.procs").exists() {
+        mount.join("memory")
+    } else if mount.join("cgroup.controllers").exists() {
+        mount.to_path_buf()
+    } else {
+        bail!("no cgroup v1 memory hierarchy or cgroup v2 mount under {CGROUP_MOUNT}");
+    };
+    let probe = hierarchy.join(format!("gantry-probe-{}-{test}", std::process::id()));
+    std::fs::create_dir(&probe)
+        .with_context(|| format!("cannot create a cgroup ({})", probe.display()))?;
+    std::fs::remove_dir(&probe).with_context(|| format!("removing {}", probe.display()))?;
+    Ok(())
+}
+
+/// A per-test `--cgroup-root` (relative, e.g. `gantry-test-123-restart`). Dropping it kills
+/// whatever is left in its task cgroups and removes them and the root from every hierarchy.
+pub struct CgroupRoot {
+    pub name: String,
+}
+
+impl CgroupRoot {
+    pub fn new(test: &str) -> Self {
+        Self {
+            name: format!("gantry-test-{}-{test}", std::process::id()),
+        }
+    }
+
+    /// The root's directory in every mounted hierarchy that has it.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let v2 = Path::new(CGROUP_MOUNT).join(&self.name);
+        if v2.is_dir() {
+            out.push(v2);
+        }
+        if let Ok(entries) = std::fs::read_dir(CGROUP_MOUNT) {
+            for e in entries.flatten() {
+                let d = e.path().join(&self.name);
+                if d.is_dir() {
+                    out.push(d);
+                }
+            }
+        }
+        out
+    }
+
+    /// Task cgroups still present under the root (in any hierarchy).
+    pub fn task_cgroups(&self) -> Vec<PathBuf> {
+        self.dirs()
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|rd| rd.flatten())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    }
+
+    /// A task's cgroup directory in a v1 controller's hierarchy (or the v2 directory when
+    /// `controller` is `""`).
+    pub fn task_dir(&self, controller: &str, task: gantry_sdk::protocol::TaskId) -> PathBuf {
+        Path::new(CGROUP_MOUNT)
+            .join(controller)
+            .join(&self.name)
+            .join(task.to_string())
+    }
+
+    fn kill_and_remove(&self) {
+        let tasks = self.task_cgroups();
+        for dir in &tasks {
+            for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok())
+            {
+                // SAFETY: kill(2) on a process inside this test's own cgroup.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for dir in tasks.iter().chain(self.dirs().iter()) {
+            while std::fs::remove_dir(dir).is_err() && dir.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        self.kill_and_remove();
+    }
+}

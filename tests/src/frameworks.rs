@@ -1,0 +1,239 @@
+//! Frameworks run in-process with `gantry-sdk`: the example batch framework ([`run_batch`]),
+//! a [`Recorder`] that launches given tasks and records their updates, and [`driver_config`]
+//! (which issues the framework's certificate with `gantry-pki` first, as the SDK only reads
+//! the TLS directory).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+/// A [`gantry_sdk::DriverConfig`] for the framework `principal`, after issuing its certificate
+/// into `tls_dir` from the CA key there (`gantry_pki`, as the dev mode of the `batch` example
+/// does: the SDK itself only reads the directory).
+pub fn driver_config(
+    masters: Vec<String>,
+    tls_dir: PathBuf,
+    principal: &str,
+    roles: Vec<String>,
+) -> gantry_sdk::DriverConfig {
+    gantry_pki::load_or_issue(
+        &tls_dir,
+        &gantry_sdk::transport::PeerIdentity::Framework(principal.to_string()),
+        &[],
+    )
+    .expect("issue the framework certificate from the test cluster's CA key");
+    gantry_sdk::DriverConfig::new(masters, tls_dir, principal, roles)
+}
+
+/// Runs the example batch framework in-process against `master` until it is done.
+pub async fn run_batch(
+    master: SocketAddr,
+    tls_dir: &Path,
+    name: &str,
+    role: &str,
+    count: u32,
+    task: &str,
+    command: &str,
+) -> anyhow::Result<gantry_examples::batch::BatchProgress> {
+    run_batch_ha(
+        vec![master.to_string()],
+        tls_dir,
+        name,
+        role,
+        count,
+        task,
+        command,
+    )
+    .await
+}
+
+/// A framework run by a [`Recorder`] that launches `tasks` (errors are dropped): its status
+/// updates, a handle, and the running driver. Call inside a tokio runtime.
+pub fn start_recorder(
+    config: gantry_sdk::DriverConfig,
+    tasks: Vec<gantry_sdk::protocol::TaskInfo>,
+) -> (
+    Updates,
+    gantry_sdk::DriverHandle,
+    tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
+) {
+    let (updates, up_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (errors, _) = tokio::sync::mpsc::unbounded_channel();
+    let driver = gantry_sdk::Driver::new(config);
+    let handle = driver.handle();
+    let rec = Recorder {
+        to_launch: tasks,
+        updates,
+        errors,
+    };
+    (Updates::new(up_rx), handle, tokio::spawn(driver.run(rec)))
+}
+
+/// A scheduler for tests: launches the given tasks as offers allow (declining the rest) and
+/// forwards every status update and error into channels.
+pub struct Recorder {
+    pub to_launch: Vec<gantry_sdk::protocol::TaskInfo>,
+    pub updates: tokio::sync::mpsc::UnboundedSender<gantry_sdk::protocol::StatusUpdate>,
+    pub errors: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl gantry_sdk::Scheduler for Recorder {
+    async fn offers(
+        &mut self,
+        driver: &gantry_sdk::DriverHandle,
+        offers: Vec<gantry_sdk::protocol::Offer>,
+    ) {
+        for offer in offers {
+            let mut avail = offer.total();
+            let mut launch = Vec::new();
+            self.to_launch.retain(|t| {
+                if avail.contains(&t.resources) {
+                    let _ = avail.checked_sub_assign(&t.resources);
+                    launch.push(t.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            if launch.is_empty() {
+                driver.decline(vec![offer.id], Some(1.0));
+            } else {
+                driver.launch(offer.id, launch);
+            }
+        }
+    }
+
+    async fn status_update(
+        &mut self,
+        _driver: &gantry_sdk::DriverHandle,
+        update: &gantry_sdk::protocol::StatusUpdate,
+    ) {
+        let _ = self.updates.send(update.clone());
+    }
+
+    async fn error(
+        &mut self,
+        _driver: &gantry_sdk::DriverHandle,
+        kind: gantry_sdk::protocol::ErrorKind,
+        message: &str,
+    ) {
+        let _ = self.errors.send(format!("{kind:?}: {message}"));
+    }
+}
+
+/// A task running the shell command `command` with `resources` (as the agent's default user).
+pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol::TaskInfo {
+    gantry_sdk::protocol::TaskInfo {
+        task_id: gantry_sdk::protocol::TaskId::random(),
+        name: name.to_string(),
+        command: gantry_sdk::protocol::CommandInfo::shell(command),
+        resources: resources.parse().expect("valid resources"),
+        env: Default::default(),
+        kill_grace_secs: None,
+        gpu_selector: None,
+    }
+}
+
+/// Status updates received by a [`Recorder`], kept so they can be awaited in any order.
+pub struct Updates {
+    rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>,
+    pub seen: Vec<gantry_sdk::protocol::StatusUpdate>,
+}
+
+impl Updates {
+    pub fn new(
+        rx: tokio::sync::mpsc::UnboundedReceiver<gantry_sdk::protocol::StatusUpdate>,
+    ) -> Self {
+        Self {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until an update matching `pred` has arrived (or had arrived) and returns it.
+    pub async fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&gantry_sdk::protocol::StatusUpdate) -> bool,
+    ) -> anyhow::Result<gantry_sdk::protocol::StatusUpdate> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut checked = 0;
+        loop {
+            if let Some(u) = self.seen[checked..].iter().find(|u| pred(u)) {
+                return Ok(u.clone());
+            }
+            checked = self.seen.len();
+            let u = tokio::time::timeout_at(deadline, self.rx.recv())
+                .await
+                .with_context(|| format!("timed out waiting for {what}; seen: {:#?}", self.seen))?
+                .context("scheduler stopped")?;
+            self.seen.push(u);
+        }
+    }
+
+    /// Waits for `task` to reach `state`; fails early if it ends in another terminal state.
+    pub async fn wait(
+        &mut self,
+        task: gantry_sdk::protocol::TaskId,
+        state: gantry_sdk::protocol::TaskState,
+        timeout: Duration,
+    ) -> anyhow::Result<gantry_sdk::protocol::StatusUpdate> {
+        let u = self
+            .wait_for(&format!("task {task} to be {state}"), timeout, |u| {
+                u.task_id == task && (u.state == state || u.state.is_terminal())
+            })
+            .await?;
+        if u.state != state {
+            bail!(
+                "task {task} ended {} ({}) instead of {state}",
+                u.state,
+                u.message
+            );
+        }
+        Ok(u)
+    }
+}
+
+/// Runs the batch framework against several masters (it follows the leader).
+pub async fn run_batch_ha(
+    masters: Vec<String>,
+    tls_dir: &Path,
+    name: &str,
+    role: &str,
+    count: u32,
+    task: &str,
+    command: &str,
+) -> anyhow::Result<gantry_examples::batch::BatchProgress> {
+    use gantry_examples::batch::{Batch, BatchSpec};
+    let spec = BatchSpec {
+        name: name.to_string(),
+        command: gantry_sdk::protocol::CommandInfo::shell(command),
+        count,
+        task: task.parse()?,
+        env: Default::default(),
+        verbose: false,
+        gpu_selector: None,
+    };
+    let (batch, progress) = Batch::new(spec);
+    let config = crate::driver_config(masters, tls_dir.to_path_buf(), name, vec![role.to_string()]);
+    gantry_sdk::Driver::new(config).run(batch).await?;
+    let p = progress.borrow().clone();
+    Ok(p)
+}
+
+/// Asserts that a batch framework ran `count` tasks and saw exactly one terminal update,
+/// FINISHED, for each (`what` names it in failure messages).
+pub fn assert_finished_once(what: &str, p: &gantry_examples::batch::BatchProgress, count: u32) {
+    assert_eq!((p.finished, p.failed), (count, 0), "{what}: {:?}", p.errors);
+    assert_eq!(p.terminal_updates.len(), count as usize, "{what}");
+    for (task, states) in &p.terminal_updates {
+        assert_eq!(
+            states,
+            &vec![gantry_sdk::protocol::TaskState::Finished],
+            "{what}: task {task}"
+        );
+    }
+}

@@ -1,0 +1,114 @@
+//! The stand-in NVML library (`gantry-nvml-standin`): GPUs described by a JSON file an agent
+//! loads instead of the vendor library, so GPU tests run without GPUs, and errors (XIDs) can be
+//! injected; plus the agent-side sandbox helpers the GPU tests read.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::cluster::AgentProc;
+
+/// The stand-in NVML library (`libgantry_nvml_standin.so`, built as a dependency of this crate).
+pub fn standin_lib() -> PathBuf {
+    gantry_nvml_standin::config::library_path().expect(
+        "libgantry_nvml_standin.so not found: run `cargo build --workspace --bins` / cargo test",
+    )
+}
+
+/// A stand-in NVML configuration file the tests rewrite while the agent runs.
+pub struct Standin {
+    pub path: PathBuf,
+    pub config: gantry_nvml_standin::config::StandinConfig,
+}
+
+impl Standin {
+    /// The shipped example (4 GPUs, two models, two NUMA nodes), written to `dir/gpus.toml`.
+    /// Sets `GANTRY_NVML_STANDIN_CONFIG` for agents started afterwards by this process: use
+    /// one stand-in per test binary (the variable is process-wide).
+    pub fn four_gpus(dir: &Path) -> anyhow::Result<Self> {
+        use gantry_nvml_standin::config;
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("nvml-standin/examples/four-gpus.toml");
+        let cfg = config::StandinConfig::load(&example)
+            .map_err(|e| anyhow::anyhow!("loading {}: {e:?}", example.display()))?;
+        let s = Self {
+            path: dir.join("gpus.toml"),
+            config: cfg,
+        };
+        s.write()?;
+        std::env::set_var(config::CONFIG_ENV, &s.path);
+        Ok(s)
+    }
+
+    /// Writes the current configuration atomically (the library re-reads it on every call).
+    pub fn write(&self) -> anyhow::Result<()> {
+        gantry_nvml_standin::config::write_atomic(&self.path, &self.config)
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+
+    /// Appends an XID event for GPU `gpu` (NVML index) and writes the file.
+    pub fn inject_xid(&mut self, gpu: u32, xid: u64) -> anyhow::Result<()> {
+        use gantry_nvml_standin::config::{EventKind, EventSpec};
+        let id = self.config.events.len() as u64 + 1;
+        self.config.events.push(EventSpec {
+            id: Some(id),
+            gpu,
+            kind: EventKind::Xid,
+            xid,
+        });
+        self.write()
+    }
+}
+
+impl AgentProc {
+    /// A file in a task's sandbox.
+    pub fn sandbox_file(&self, task: gantry_sdk::protocol::TaskId, name: &str) -> PathBuf {
+        self.work_dir
+            .join("sandboxes")
+            .join(task.to_string())
+            .join(name)
+    }
+
+    /// A file in a task's meta directory (the supervisor's `task.pid`, `exit.json`).
+    pub fn meta_file(&self, task: gantry_sdk::protocol::TaskId, name: &str) -> PathBuf {
+        self.work_dir.join("meta").join(task.to_string()).join(name)
+    }
+
+    /// Waits until a task's meta file (`task.pid`, `exit.json`) exists and is non-empty;
+    /// returns its contents.
+    pub fn wait_meta_file(
+        &self,
+        task: gantry_sdk::protocol::TaskId,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        wait_file(&self.meta_file(task, name), timeout)
+    }
+
+    /// Waits until a task's sandbox file exists and is non-empty; returns its contents.
+    pub fn wait_sandbox_file(
+        &self,
+        task: gantry_sdk::protocol::TaskId,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        wait_file(&self.sandbox_file(task, name), timeout)
+    }
+}
+
+/// Waits until `path` exists and is non-empty; returns its contents.
+fn wait_file(path: &Path, timeout: Duration) -> anyhow::Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if !text.is_empty() {
+                return Ok(text);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{} did not appear within {timeout:?}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

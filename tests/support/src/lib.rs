@@ -1,0 +1,11 @@
+//! # gantry-test-support
+//!
+//! Dev-only helpers shared by `gantry-master`'s integration tests and benchmarks and by the
+//! cluster tests of `gantry-tests` (a dev-dependency of both; nothing ships it). Synchronous
+//! (std processes, sockets and threads), so plain tests and tokio tests alike can use them.
+//!
+//! - [`etcd`]: a real single-member etcd server on free ports that can be killed and restarted.
+//! - [`proxy`]: a TCP proxy on a free loopback port that can cut, stall and restore a link.
+
+pub mod etcd;
+pub mod proxy;
