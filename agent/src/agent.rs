@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use crate::checkpoint::{Checkpoint, TaskRecord};
 use crate::discovery::NvmlGpus;
+use crate::executor::user::{self, TaskUser};
 use crate::executor::{self, ExitStatus, LaunchSpec, Launched};
 use crate::gpu::{self, GpuFault, GpuSlot, HealthChange, HealthTracker};
 use crate::isolation::{DeviceRule, Isolator, Limits, NvidiaMajors, TaskCgroup};
@@ -34,8 +35,8 @@ use crate::session;
 /// Directory (under the work dir) where `gantry-agent clear-gpu` drops clear requests.
 pub const CLEAR_DIR: &str = "gpu-clear";
 
-/// File in a task's sandbox recording its cgroup's final OOM flag and usage, written before the
-/// cgroup is destroyed (so a restarted agent still reports the real outcome).
+/// File in a task's meta directory recording its cgroup's final OOM flag and usage, written
+/// before the cgroup is destroyed (so a restarted agent still reports the real outcome).
 const FINAL_FILE: &str = "cgroup-final.json";
 
 /// Everything the agent is configured with.
@@ -71,6 +72,9 @@ pub struct AgentConfig {
     pub gpu_recovery_after: Option<Duration>,
     /// Device majors of the NVIDIA driver (for the device allow lists).
     pub nvidia_majors: NvidiaMajors,
+    /// The user tasks run as when their command names none (`--task-user`). An agent that is
+    /// not root runs every task as itself, so this must then be its own user.
+    pub task_user: String,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -247,10 +251,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     result
 }
 
-/// Reads a task cgroup's OOM flag and usage, records them in the sandbox and destroys the
-/// cgroup (blocking). Without a cgroup (gone already), the recorded outcome is returned.
-fn settle_cgroup(cg: Option<&TaskCgroup>, sandbox: &Path) -> CgroupOutcome {
-    let final_file = sandbox.join(FINAL_FILE);
+/// Reads a task cgroup's OOM flag and usage, records them in the task's meta directory and
+/// destroys the cgroup (blocking). Without a cgroup (gone already), the recorded outcome is
+/// returned.
+fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutcome {
+    let final_file = meta.join(FINAL_FILE);
     let recorded: Option<CgroupOutcome> = std::fs::read(&final_file)
         .ok()
         .and_then(|d| serde_json::from_slice(&d).ok());
@@ -271,7 +276,7 @@ fn settle_cgroup(cg: Option<&TaskCgroup>, sandbox: &Path) -> CgroupOutcome {
         usage: cg.usage().ok(),
     };
     if let Ok(json) = serde_json::to_vec(&outcome) {
-        let tmp = sandbox.join(format!("{FINAL_FILE}.tmp"));
+        let tmp = meta.join(format!("{FINAL_FILE}.tmp"));
         if std::fs::write(&tmp, json)
             .and_then(|_| std::fs::rename(&tmp, &final_file))
             .is_err()
@@ -360,7 +365,7 @@ impl Agent {
                     }
                 }
                 Some(_) => {
-                    let status = executor::read_exit(&rec.sandbox);
+                    let status = executor::read_exit(rec.meta_dir());
                     let _ = self.events.send(Event::Exited {
                         task: id,
                         status: status.unwrap_or(ExitStatus {
@@ -375,6 +380,7 @@ impl Agent {
                     self.terminal(
                         id,
                         TaskState::Failed,
+                        Some(TaskReason::AgentRestarted),
                         "agent restarted before the task was launched".into(),
                         None,
                         None,
@@ -516,6 +522,7 @@ impl Agent {
                         framework_id: t.framework_id,
                         task: t.info.clone(),
                         state: t.state,
+                        gpus: t.gpus.clone(),
                     })
                     .collect();
                 let (register, left_out) = fit_register(AgentToMaster::Register {
@@ -527,6 +534,7 @@ impl Agent {
                     gpus: self.gpu_infos(),
                     running_tasks,
                     pending_updates: self.ckpt.updates.all(),
+                    task_user: self.config.task_user.clone(),
                 });
                 self.updates_left_out = left_out;
                 self.send(register);
@@ -554,7 +562,7 @@ impl Agent {
                     Ok(l) => {
                         rec.launched = Some(l);
                         let kill = rec.kill_requested_ms.is_some();
-                        self.update(task, TaskState::Running, "running".into(), None, None);
+                        self.update(task, TaskState::Running, None, "running".into(), None, None);
                         if kill {
                             executor::signal_group(l.task_pgid, libc::SIGTERM);
                         }
@@ -562,6 +570,7 @@ impl Agent {
                     Err(e) => self.terminal(
                         task,
                         TaskState::Failed,
+                        Some(TaskReason::LaunchFailed),
                         format!("could not launch: {e}"),
                         None,
                         None,
@@ -581,10 +590,10 @@ impl Agent {
                         .as_deref()
                         .and_then(|n| self.config.isolator.reopen(n).ok())
                 });
-                let sandbox = rec.sandbox.clone();
+                let meta = rec.meta_dir().to_path_buf();
                 let events = self.events.clone();
                 tokio::task::spawn_blocking(move || {
-                    let outcome = settle_cgroup(cg.as_ref(), &sandbox);
+                    let outcome = settle_cgroup(cg.as_ref(), &meta);
                     let _ = events.send(Event::Settled {
                         task,
                         status,
@@ -607,20 +616,25 @@ impl Agent {
                 }
                 let killed = rec.kill_requested_ms.is_some();
                 let msg = executor::describe(&status);
-                let (state, msg) = if killed {
-                    (TaskState::Killed, format!("killed: {msg}"))
+                let (state, reason, msg) = if killed {
+                    (
+                        TaskState::Killed,
+                        Some(TaskReason::KilledByRequest),
+                        format!("killed: {msg}"),
+                    )
                 } else if outcome.oom_killed {
                     (
                         TaskState::Failed,
+                        Some(TaskReason::MemoryLimit),
                         format!(
                             "memory-limit: the task exceeded its memory limit of {} MiB and was killed by the kernel's OOM killer ({msg})",
                             rec.info.resources.get("mem")
                         ),
                     )
                 } else if status.code == Some(0) {
-                    (TaskState::Finished, msg)
+                    (TaskState::Finished, None, msg)
                 } else {
-                    (TaskState::Failed, msg)
+                    (TaskState::Failed, Some(TaskReason::CommandFailed), msg)
                 };
                 if let Some(u) = outcome.usage {
                     self.send_registered(AgentToMaster::Usage {
@@ -628,7 +642,7 @@ impl Agent {
                         gpus: self.last_gpu_samples.clone(),
                     });
                 }
-                self.terminal(task, state, msg, status.code, status.signal);
+                self.terminal(task, state, reason, msg, status.code, status.signal);
                 self.save()?;
             }
             Event::Sampled { tasks, gpus } => {
@@ -724,7 +738,7 @@ impl Agent {
                     change.uuid, change.reason
                 )
             };
-            self.update(id, state, message, None, None);
+            self.update(id, state, Some(TaskReason::GpuHealth), message, None, None);
         }
         self.save()
     }
@@ -823,9 +837,27 @@ impl Agent {
         })
     }
 
+    /// The user a task runs as (its command's, else `--task-user`): `Some(name)` to switch to
+    /// (looked up at launch, off the event loop), `None` when the agent is not root and runs
+    /// the task as itself (its `--task-user` is then its own user). `Err` says why it cannot run.
+    fn task_user(&self, command: &CommandInfo) -> Result<Option<String>, String> {
+        let name = command.user.as_deref().unwrap_or(&self.config.task_user);
+        if user::is_root() {
+            return Ok(Some(name.to_string()));
+        }
+        if name != self.config.task_user {
+            return Err(format!(
+                "the agent runs as {}, not root, and cannot run tasks as user {name:?}",
+                self.config.task_user
+            ));
+        }
+        Ok(None)
+    }
+
     fn launch(&mut self, framework_id: FrameworkId, task: TaskInfo) -> anyhow::Result<()> {
         let id = task.task_id;
         let sandbox = self.config.work_dir.join("sandboxes").join(id.to_string());
+        let meta = self.config.work_dir.join("meta").join(id.to_string());
         let picked = self.pick_gpus(task.resources.milli("gpus"), task.gpu_selector.as_ref());
         let chosen: Vec<GpuInfo> = picked
             .as_deref()
@@ -845,20 +877,33 @@ impl Agent {
                 info: task.clone(),
                 state: TaskState::Staging,
                 sandbox: sandbox.clone(),
+                meta: meta.clone(),
                 launched: None,
                 gpus: uuids.clone(),
                 kill_requested_ms: None,
                 cgroup: isolated.then(|| cgroup_name.clone()),
             },
         );
-        if let Err(why) = picked {
-            self.terminal(id, TaskState::Failed, why, None, None);
-            return self.save();
-        }
+        // The user the task runs as: its command's, or this agent's default.
+        let ready = picked.and_then(|_| self.task_user(&task.command));
+        let user = match ready {
+            Ok(user) => user,
+            Err(why) => {
+                self.terminal(
+                    id,
+                    TaskState::Failed,
+                    Some(TaskReason::LaunchFailed),
+                    why,
+                    None,
+                    None,
+                );
+                return self.save();
+            }
+        };
         if !uuids.is_empty() {
             tracing::info!(task = %id, gpus = ?uuids, "assigned GPUs");
         }
-        self.update(id, TaskState::Starting, "starting".into(), None, None);
+        self.update(id, TaskState::Starting, None, "starting".into(), None, None);
         self.save()?;
         let events = self.events.clone();
         let exe = self.config.agent_exe.clone();
@@ -880,6 +925,31 @@ impl Agent {
         };
         let isolator = self.config.isolator.clone();
         tokio::spawn(async move {
+            // The user first (a passwd look-up may be slow: NSS, LDAP), so an unknown user
+            // costs no cgroup.
+            let user: Option<TaskUser> = match user {
+                None => None,
+                Some(name) => {
+                    let found = tokio::task::spawn_blocking(move || {
+                        user::lookup(&name)
+                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+                    match found {
+                        Ok(u) => Some(u),
+                        Err(e) => {
+                            let _ = events.send(Event::Launched {
+                                task: id,
+                                cgroup: None,
+                                result: Err(e),
+                            });
+                            return;
+                        }
+                    }
+                }
+            };
             let created =
                 tokio::task::spawn_blocking(move || isolator.create(&cgroup_name, &limits))
                     .await
@@ -899,7 +969,9 @@ impl Agent {
             let procs: Vec<PathBuf> = cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
             let spec = LaunchSpec {
                 sandbox: &sandbox,
-                command: &task.command,
+                meta: &meta,
+                program: &task.command.program,
+                user: user.as_ref(),
                 env: &env,
                 cgroup_procs: &procs,
                 agent_exe: &exe,
@@ -912,7 +984,7 @@ impl Agent {
                         result: Ok(launched),
                     });
                     let _ = child.wait().await;
-                    let status = executor::read_exit(&sandbox).unwrap_or(ExitStatus {
+                    let status = executor::read_exit(&meta).unwrap_or(ExitStatus {
                         code: None,
                         signal: None,
                     });
@@ -935,7 +1007,7 @@ impl Agent {
         let Some(rec) = self.ckpt.tasks.get_mut(&task_id) else {
             // The master believes we run it, but we do not: say it is gone.
             tracing::warn!(task = %task_id, "kill for an unknown task");
-            let update = self.make_update(
+            let mut update = self.make_update(
                 task_id,
                 framework_id,
                 TaskState::Killed,
@@ -943,6 +1015,7 @@ impl Agent {
                 None,
                 None,
             );
+            update.reason = Some(TaskReason::KilledByRequest);
             self.ckpt.updates.push(update);
             self.flush_updates();
             return Ok(());
@@ -1004,11 +1077,11 @@ impl Agent {
             .filter_map(|(id, t)| {
                 t.launched
                     .filter(|l| !executor::supervisor_alive(l))
-                    .map(|_| (*id, t.sandbox.clone()))
+                    .map(|_| (*id, t.meta_dir().to_path_buf()))
             })
             .collect();
-        for (id, sandbox) in gone {
-            if let Some(status) = executor::read_exit(&sandbox) {
+        for (id, meta) in gone {
+            if let Some(status) = executor::read_exit(&meta) {
                 let _ = self.events.send(Event::Exited { task: id, status });
             } else if self.start.elapsed() > Duration::from_secs(1) {
                 // The supervisor died without recording an outcome.
@@ -1144,9 +1217,16 @@ impl Agent {
             agent_id: self.ckpt.agent_id,
             state,
             source: UpdateSource::Agent,
+            reason: None,
             message,
             exit_code,
             signal,
+            gpus: self
+                .ckpt
+                .tasks
+                .get(&task)
+                .map(|t| t.gpus.clone())
+                .unwrap_or_default(),
             timestamp_ms: unix_ms(),
             reconciliation: false,
         }
@@ -1157,6 +1237,7 @@ impl Agent {
         &mut self,
         task: TaskId,
         state: TaskState,
+        reason: Option<TaskReason>,
         message: String,
         exit_code: Option<i32>,
         signal: Option<i32>,
@@ -1164,7 +1245,9 @@ impl Agent {
         let Some(rec) = self.ckpt.tasks.get(&task) else {
             return;
         };
-        let update = self.make_update(task, rec.framework_id, state, message, exit_code, signal);
+        let mut update =
+            self.make_update(task, rec.framework_id, state, message, exit_code, signal);
+        update.reason = reason;
         if let Some(rec) = self.ckpt.tasks.get_mut(&task) {
             rec.state = state;
         }
@@ -1179,13 +1262,14 @@ impl Agent {
         &mut self,
         task: TaskId,
         state: TaskState,
+        reason: Option<TaskReason>,
         message: String,
         exit_code: Option<i32>,
         signal: Option<i32>,
     ) {
         tracing::info!(%task, %state, %message, "task ended");
         self.cgroups.remove(&task);
-        self.update(task, state, message, exit_code, signal);
+        self.update(task, state, reason, message, exit_code, signal);
     }
 }
 
@@ -1312,6 +1396,7 @@ fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
         gpus,
         mut running_tasks,
         pending_updates,
+        task_user,
     ) = match msg {
         AgentToMaster::Register {
             agent_id,
@@ -1322,6 +1407,7 @@ fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
             gpus,
             running_tasks,
             pending_updates,
+            task_user,
         } => (
             agent_id,
             hostname,
@@ -1331,6 +1417,7 @@ fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
             gpus,
             running_tasks,
             pending_updates,
+            task_user,
         ),
         other => return (other, false),
     };
@@ -1348,6 +1435,7 @@ fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
         gpus: gpus.clone(),
         running_tasks,
         pending_updates: Vec::new(),
+        task_user: task_user.clone(),
     };
     let msg = rebuild(running_tasks.clone());
     if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
@@ -1358,7 +1446,8 @@ fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
         "registration still too large; reporting the tasks without their commands and environments"
     );
     for t in &mut running_tasks {
-        t.task.command = String::new();
+        // The program goes; the user stays (the master shows who the task runs as).
+        t.task.command.program = Program::Shell(String::new());
         t.task.env.clear();
     }
     (rebuild(running_tasks), left_out)
@@ -1376,13 +1465,14 @@ mod fit_register_tests {
                 task: TaskInfo {
                     task_id: TaskId::random(),
                     name: format!("t{i}"),
-                    command: "x".repeat(command_bytes),
+                    command: "x".repeat(command_bytes).into(),
                     resources: "cpus:0.1".parse().unwrap(),
                     env: Default::default(),
                     kill_grace_secs: None,
                     gpu_selector: None,
                 },
                 state: TaskState::Running,
+                gpus: vec![],
             })
             .collect();
         let pending_updates = running_tasks
@@ -1395,9 +1485,11 @@ mod fit_register_tests {
                 agent_id: None,
                 state: TaskState::Running,
                 source: UpdateSource::Agent,
+                reason: None,
                 message: "m".repeat(command_bytes),
                 exit_code: None,
                 signal: None,
+                gpus: vec![],
                 timestamp_ms: 0,
                 reconciliation: false,
             })
@@ -1411,6 +1503,7 @@ mod fit_register_tests {
             gpus: vec![],
             running_tasks,
             pending_updates,
+            task_user: "nobody".into(),
         }
     }
 
@@ -1423,7 +1516,13 @@ mod fit_register_tests {
             } => (
                 running_tasks.len(),
                 pending_updates.len(),
-                running_tasks.iter().map(|t| t.task.command.len()).sum(),
+                running_tasks
+                    .iter()
+                    .map(|t| match &t.task.command.program {
+                        Program::Shell(s) => s.len(),
+                        Program::Argv(v) => v.iter().map(String::len).sum(),
+                    })
+                    .sum(),
             ),
             _ => panic!("not a registration"),
         }

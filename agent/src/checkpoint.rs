@@ -39,6 +39,10 @@ pub struct TaskRecord {
     pub info: TaskInfo,
     pub state: TaskState,
     pub sandbox: PathBuf,
+    /// The supervisor's root-owned pid/exit directory (empty in checkpoints written before it
+    /// existed: those kept the files in the sandbox).
+    #[serde(default)]
+    pub meta: PathBuf,
     pub launched: Option<Launched>,
     /// UUIDs of the GPUs assigned to the task.
     pub gpus: Vec<String>,
@@ -46,6 +50,17 @@ pub struct TaskRecord {
     pub kill_requested_ms: Option<u64>,
     /// Task cgroup name, when isolated.
     pub cgroup: Option<String>,
+}
+
+impl TaskRecord {
+    /// Where the supervisor's `task.pid` and `exit.json` are.
+    pub fn meta_dir(&self) -> &Path {
+        if self.meta.as_os_str().is_empty() {
+            &self.sandbox
+        } else {
+            &self.meta
+        }
+    }
 }
 
 /// Everything the agent checkpoints.
@@ -131,6 +146,7 @@ mod tests {
                 },
                 state: TaskState::Running,
                 sandbox: dir.join("s"),
+                meta: dir.join("m"),
                 launched: Some(Launched {
                     supervisor_pid: 10,
                     task_pgid: 11,

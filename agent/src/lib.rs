@@ -5,7 +5,8 @@
 //!
 //! - [`agent`]: the core event loop owning tasks, the update queue and the checkpoint.
 //! - [`session`]: the QUIC connection to the master (mutual TLS, redirects, reconnects).
-//! - [`executor`]: task launch under a per-task supervisor, exit status, kill.
+//! - [`executor`]: task launch under a per-task supervisor (shell string or argv, as the task's
+//!   Unix user: [`executor::user`]), exit status, kill.
 //! - [`updates`]: PURE status update manager (in-order, retried with backoff until acked).
 //! - [`checkpoint`]: on-disk state for recovery after an agent restart.
 //! - [`discovery`]: host resources and NVML GPUs (nvml-wrapper).

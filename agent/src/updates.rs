@@ -133,9 +133,11 @@ mod tests {
             agent_id: None,
             state,
             source: UpdateSource::Agent,
+            reason: None,
             message: String::new(),
             exit_code: None,
             signal: None,
+            gpus: vec![],
             timestamp_ms: 0,
             reconciliation: false,
         }

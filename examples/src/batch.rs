@@ -12,7 +12,8 @@ use tokio::sync::watch;
 #[derive(Debug, Clone)]
 pub struct BatchSpec {
     pub name: String,
-    pub command: String,
+    /// What every copy runs (shell string or argv) and as which user.
+    pub command: CommandInfo,
     pub count: u32,
     pub task: Resources,
     pub env: std::collections::BTreeMap<String, String>,

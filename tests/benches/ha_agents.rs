@@ -102,6 +102,7 @@ async fn agent_session(
         gpus: Vec::new(),
         running_tasks: Vec::new(),
         pending_updates: Vec::new(),
+        task_user: "nobody".into(),
     };
     if tx.send(&register).await.is_err() {
         return false;

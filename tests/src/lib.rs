@@ -362,7 +362,7 @@ impl AgentProc {
 
     /// Kills every task process group and supervisor this agent started (cleanup).
     pub fn kill_tasks(&self) {
-        let Ok(entries) = std::fs::read_dir(self.work_dir.join("sandboxes")) else {
+        let Ok(entries) = std::fs::read_dir(self.work_dir.join("meta")) else {
             return;
         };
         for e in entries.flatten() {
@@ -662,12 +662,12 @@ impl gantry_sdk::Scheduler for Recorder {
     }
 }
 
-/// A task running `command` with `resources`.
+/// A task running the shell command `command` with `resources` (as the agent's default user).
 pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol::TaskInfo {
     gantry_sdk::protocol::TaskInfo {
         task_id: gantry_sdk::protocol::TaskId::random(),
         name: name.to_string(),
-        command: command.to_string(),
+        command: gantry_sdk::protocol::CommandInfo::shell(command),
         resources: resources.parse().expect("valid resources"),
         env: Default::default(),
         kill_grace_secs: None,
@@ -761,7 +761,7 @@ pub async fn run_batch_ha(
     use gantry_examples::batch::{Batch, BatchSpec};
     let spec = BatchSpec {
         name: name.to_string(),
-        command: command.to_string(),
+        command: gantry_sdk::protocol::CommandInfo::shell(command),
         count,
         task: task.parse()?,
         env: Default::default(),
@@ -964,6 +964,22 @@ impl AgentProc {
             .join(name)
     }
 
+    /// A file in a task's meta directory (the supervisor's `task.pid`, `exit.json`).
+    pub fn meta_file(&self, task: gantry_sdk::protocol::TaskId, name: &str) -> PathBuf {
+        self.work_dir.join("meta").join(task.to_string()).join(name)
+    }
+
+    /// Waits until a task's meta file (`task.pid`, `exit.json`) exists and is non-empty;
+    /// returns its contents.
+    pub fn wait_meta_file(
+        &self,
+        task: gantry_sdk::protocol::TaskId,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        wait_file(&self.meta_file(task, name), timeout)
+    }
+
     /// Waits until a task's sandbox file exists and is non-empty; returns its contents.
     pub fn wait_sandbox_file(
         &self,
@@ -971,19 +987,23 @@ impl AgentProc {
         name: &str,
         timeout: Duration,
     ) -> anyhow::Result<String> {
-        let path = self.sandbox_file(task, name);
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                if !text.is_empty() {
-                    return Ok(text);
-                }
+        wait_file(&self.sandbox_file(task, name), timeout)
+    }
+}
+
+/// Waits until `path` exists and is non-empty; returns its contents.
+fn wait_file(path: &Path, timeout: Duration) -> anyhow::Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if !text.is_empty() {
+                return Ok(text);
             }
-            if Instant::now() > deadline {
-                bail!("{} did not appear within {timeout:?}", path.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
+        if Instant::now() > deadline {
+            bail!("{} did not appear within {timeout:?}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

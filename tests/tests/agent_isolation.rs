@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::{TaskInfo, TaskState};
+use gantry_sdk::protocol::{TaskInfo, TaskReason, TaskState};
 use gantry_sdk::{Driver, DriverConfig, DriverHandle};
 use gantry_tests::{cgroups_available, state_task, task, CgroupRoot, Cluster, Recorder, Updates};
 use tokio::sync::mpsc;
@@ -99,6 +99,7 @@ async fn memory_hog_fails_with_memory_limit() {
         "{}",
         failed.message
     );
+    assert_eq!(failed.reason, Some(TaskReason::MemoryLimit));
     // The OOM killer's SIGKILL: seen directly, or as 128+9 from the task's shell.
     assert!(
         failed.signal == Some(9) || failed.exit_code == Some(137),
@@ -109,6 +110,35 @@ async fn memory_hog_fails_with_memory_limit() {
         .wait(small.task_id, TaskState::Finished, T)
         .await
         .unwrap();
+    // The operator sees why in /state: the completed task keeps reason, message and status.
+    let state = s
+        .cluster
+        .master
+        .wait_state(T, "the hog among the completed tasks", |st| {
+            st["completed_tasks"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|t| t["id"] == hog.task_id.to_string()))
+        })
+        .unwrap();
+    let rec = state["completed_tasks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|t| t["id"] == hog.task_id.to_string()))
+        .unwrap();
+    assert_eq!(rec["name"], "hog", "{rec:#}");
+    assert_eq!(rec["state"], "FAILED", "{rec:#}");
+    assert_eq!(rec["reason"], "memory-limit", "{rec:#}");
+    assert!(
+        rec["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("exceeded its memory limit of 64 MiB")),
+        "{rec:#}"
+    );
+    assert!(rec["signal"] == 9 || rec["exit_code"] == 137, "{rec:#}");
+    assert_eq!(rec["role"], "batch", "{rec:#}");
+    assert!(
+        rec["ended_at_ms"].as_u64() >= rec["staged_at_ms"].as_u64(),
+        "{rec:#}"
+    );
     s.finish().await;
 }
 
@@ -287,7 +317,7 @@ async fn kill_reaches_processes_that_left_the_process_group() {
         .parse()
         .unwrap();
     let task_pid: i32 = agent
-        .wait_sandbox_file(stubborn.task_id, "task.pid", T)
+        .wait_meta_file(stubborn.task_id, "task.pid", T)
         .unwrap()
         .trim()
         .parse()

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use gantry_sdk::protocol::{Capability, StatusUpdate, TaskId, TaskInfo, TaskState};
+use gantry_sdk::protocol::{Capability, Program, StatusUpdate, TaskId, TaskInfo, TaskState};
 use gantry_sdk::DriverConfig;
 use gantry_tests::{
     cgroups_available, process_alive, standin_lib, start_recorder, state_task, task, CgroupRoot,
@@ -97,7 +97,9 @@ async fn agent_killed_and_restarted_keeps_its_tasks() {
         .map(|i| waiting(&format!("short{i}"), &short_go, "", "cpus:0.5;mem:32"))
         .collect();
     let mut fail = waiting("short-fail", &short_go, "", "cpus:0.5;mem:32");
-    fail.command.push_str("; exit 3");
+    if let Program::Shell(cmd) = &mut fail.command.program {
+        cmd.push_str("; exit 3");
+    }
     short.push(fail);
     let mut long: Vec<TaskInfo> = (0..3)
         .map(|i| waiting(&format!("long{i}"), &long_go, "", "cpus:0.5;mem:32"))
@@ -122,7 +124,7 @@ async fn agent_killed_and_restarted_keeps_its_tasks() {
         .iter()
         .map(|t| {
             let pid = cluster.agents[0]
-                .wait_sandbox_file(t.task_id, "task.pid", T)
+                .wait_meta_file(t.task_id, "task.pid", T)
                 .unwrap();
             (t.task_id, pid.trim().parse().unwrap())
         })

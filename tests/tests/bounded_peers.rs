@@ -122,6 +122,7 @@ async fn emulated_agent(
         gpus: vec![],
         running_tasks: vec![],
         pending_updates: vec![],
+        task_user: "nobody".into(),
     })
     .await
     .unwrap();

@@ -89,7 +89,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
     // A 1-GPU task, then a 2-GPU task: the pair must come from one NUMA node, and not break
     // up the node the 1-GPU task left whole.
     let one = task("one", "env > env.txt; sleep 60", "cpus:0.5;mem:64;gpus:1");
-    let pair = task(
+    let mut pair = task(
         "pair",
         "env > env.txt; \
          mknod mine c 195 2 && mknod other c 195 0; \
@@ -97,6 +97,9 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
          echo done > probed.txt; sleep 60",
         "cpus:0.5;mem:64;gpus:2",
     );
+    // mknod needs root: this probe runs as root (the master is in dev mode, which allows it),
+    // so it is the device cgroup, not file permissions, that refuses the other GPU.
+    pair.command.user = Some("root".into());
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let mut updates = Updates::new(up_rx);
     let (err_tx, _err_rx) = mpsc::unbounded_channel();
@@ -173,7 +176,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
 
     // Usage: NVML shows the pair's process on GPU 2; /state attributes it to the task.
     let pid: u32 = agent
-        .wait_sandbox_file(pair.task_id, "task.pid", T)
+        .wait_meta_file(pair.task_id, "task.pid", T)
         .unwrap()
         .trim()
         .parse()
@@ -190,6 +193,15 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
             state_task(s, pair.task_id)["usage"]["gpu_mem_bytes"] == 1024u64 << 20
         })
         .unwrap();
+    // /state records which GPUs the agent gave each task.
+    assert_eq!(
+        state_task(&state, pair.task_id)["gpus"],
+        serde_json::json!([uuid(2), uuid(3)])
+    );
+    assert_eq!(
+        state_task(&state, one.task_id)["gpus"],
+        serde_json::json!([uuid(0)])
+    );
     let usage = &state_task(&state, pair.task_id)["usage"];
     assert_eq!(usage["gpu_util_percent"].as_f64(), Some(60.0), "{usage}");
     assert!(usage["mem_bytes"].as_u64().unwrap() > 0, "{usage}");

@@ -183,11 +183,11 @@ async fn framework_not_returning_has_its_tasks_killed() {
             .is_some_and(|f| f.iter().all(|f| f["name"] != "leaver")),
         "framework removed: {s:#}"
     );
-    // The processes are really gone: each sandbox has its exit record.
-    let sandboxes = c.agents[0].work_dir.join("sandboxes");
+    // The processes are really gone: each task's meta directory has its exit record.
+    let metas = c.agents[0].work_dir.join("meta");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let exited = std::fs::read_dir(&sandboxes)
+        let exited = std::fs::read_dir(&metas)
             .map(|d| {
                 d.flatten()
                     .filter(|e| e.path().join("exit.json").exists())
@@ -199,7 +199,7 @@ async fn framework_not_returning_has_its_tasks_killed() {
         }
         assert!(
             Instant::now() < deadline,
-            "sandboxes without exit.json after the kill"
+            "tasks without exit.json after the kill"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -254,6 +254,7 @@ async fn register_raw(
         gpus: vec![],
         running_tasks: vec![],
         pending_updates: vec![],
+        task_user: "nobody".into(),
     })
     .await
     .unwrap();

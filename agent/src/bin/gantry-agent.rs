@@ -13,8 +13,10 @@ use gantry_agent::config::{parse_attributes, parse_reservation};
 use gantry_agent::discovery::host::apply_overrides;
 use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
 use gantry_agent::executor::supervise;
+use gantry_agent::executor::user;
 use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
 use gantry_sdk::protocol::resources::MILLI;
+use gantry_sdk::protocol::Program;
 use gantry_sdk::Resources;
 
 /// The Gantry agent: measures this host, registers with the master, runs tasks.
@@ -94,6 +96,11 @@ struct RunArgs {
     /// it answers NVML normally. Without it only `gantry-agent clear-gpu` brings GPUs back.
     #[arg(long)]
     gpu_recovery_after: Option<f64>,
+    /// The Unix user tasks run as when their command names none. Default: `nobody` when the
+    /// agent runs as root, the agent's own user otherwise (an agent that is not root can only
+    /// run tasks as itself).
+    #[arg(long)]
+    task_user: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -103,8 +110,21 @@ enum Cmd {
     Supervise {
         #[arg(long)]
         sandbox: PathBuf,
+        /// Root-owned directory for task.pid and exit.json.
+        #[arg(long)]
+        meta: PathBuf,
         #[arg(long = "cgroup-procs")]
         cgroup_procs: Vec<PathBuf>,
+        /// Switch to this uid (with --gid and --groups) before exec.
+        #[arg(long, requires = "gid")]
+        uid: Option<u32>,
+        #[arg(long, requires = "uid")]
+        gid: Option<u32>,
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<u32>,
+        /// Execute the words after `--` directly (argv) instead of `/bin/sh -c WORD`.
+        #[arg(long)]
+        argv: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -134,6 +154,29 @@ fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(v))
 }
 
+/// `--task-user`, or its default: `nobody` for a root agent, the agent's own user otherwise.
+/// The user must exist; an agent that is not root can only run tasks as itself.
+fn resolve_task_user(flag: Option<String>) -> anyhow::Result<String> {
+    let own = user::current_name().context("looking up the agent's own user")?;
+    let root = user::is_root();
+    let name = match flag {
+        Some(n) => n,
+        None if root => "nobody".to_string(),
+        None => own.clone(),
+    };
+    user::lookup(&name).with_context(|| format!("--task-user {name}"))?;
+    anyhow::ensure!(
+        root || name == own,
+        "--task-user {name}: the agent runs as {own}, not root, so it can only run tasks as {own}"
+    );
+    if name == "root" {
+        tracing::warn!(
+            "--task-user root: tasks run as root unless their command names another user"
+        );
+    }
+    Ok(name)
+}
+
 fn clear_gpus(work_dir: &std::path::Path, gpus: &[String]) -> anyhow::Result<()> {
     let dir = work_dir.join(CLEAR_DIR);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -158,9 +201,30 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Some(Cmd::Supervise {
             sandbox,
+            meta,
             cgroup_procs,
+            uid,
+            gid,
+            groups,
+            argv,
             command,
-        }) => std::process::exit(supervise::run(&sandbox, &cgroup_procs, &command.join(" "))),
+        }) => {
+            let program = if argv {
+                Program::Argv(command)
+            } else {
+                Program::Shell(command.join(" "))
+            };
+            let identity = uid
+                .zip(gid)
+                .map(|(uid, gid)| supervise::Identity { uid, gid, groups });
+            std::process::exit(supervise::run(&supervise::Supervised {
+                sandbox,
+                meta,
+                cgroup_procs,
+                program,
+                identity,
+            }))
+        }
         Some(Cmd::ClearGpu { work_dir, gpus }) => return clear_gpus(&work_dir, &gpus),
         None => {}
     }
@@ -228,6 +292,7 @@ fn main() -> anyhow::Result<()> {
     let isolator = Isolator::new(mode, Some(root)).context("--isolation cgroups")?;
     let usage_interval =
         seconds("usage-interval", args.usage_interval)?.max(Duration::from_millis(200));
+    let task_user = resolve_task_user(args.task_user)?;
     let config = AgentConfig {
         masters: args.master,
         work_dir: args.work_dir,
@@ -249,6 +314,7 @@ fn main() -> anyhow::Result<()> {
             .map(|s| seconds("gpu-recovery-after", s))
             .transpose()?,
         nvidia_majors: NvidiaMajors::detect(),
+        task_user,
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(
@@ -262,6 +328,7 @@ fn main() -> anyhow::Result<()> {
         resources = %config.resources,
         gpus = config.gpus.as_ref().map(|g| g.inventory().gpus.len()).unwrap_or(0),
         isolation = if config.isolator.layout().is_some() { "cgroups" } else { "none" },
+        task_user = %config.task_user,
         "agent configured"
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

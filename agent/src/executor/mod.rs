@@ -2,20 +2,27 @@
 //!
 //! Every task runs under its own supervisor process (`gantry-agent supervise`, see
 //! [`supervise`]): the supervisor starts a new session so it survives the agent, starts the
-//! task's command as the leader of its own process group with stdout and stderr captured in the
-//! sandbox, waits for it, and writes the exit status to `exit.json` in the sandbox. The agent
-//! therefore learns the real outcome of a task even when the task ended while the agent itself
-//! was down.
+//! task's command (shell string or argv) as the leader of its own process group, as the task's
+//! user ([`user`]), with stdout and stderr captured in the sandbox, waits for it, and writes
+//! the exit status to `exit.json` in the task's root-owned meta directory. The agent therefore
+//! learns the real outcome of a task even when the task ended while the agent itself was down.
+//!
+//! The sandbox (`WORK_DIR/sandboxes/TASK_ID`, mode 0750) belongs to the task's user; the meta
+//! directory (`WORK_DIR/meta/TASK_ID`, mode 0700) to the agent.
 //!
 //! Killing sends SIGTERM to the task's whole process group, then SIGKILL after the grace period.
 
 pub mod supervise;
+pub mod user;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gantry_sdk::protocol::Program;
 use serde::{Deserialize, Serialize};
+
+use self::user::TaskUser;
 
 /// How a task's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,7 +48,11 @@ pub enum ExecError {
 /// What the agent needs to launch one task.
 pub struct LaunchSpec<'a> {
     pub sandbox: &'a Path,
-    pub command: &'a str,
+    /// Root-owned directory for the supervisor's pid and exit files.
+    pub meta: &'a Path,
+    pub program: &'a Program,
+    /// The user to switch to (`None`: run as the agent's own user, which is not root).
+    pub user: Option<&'a TaskUser>,
     pub env: &'a BTreeMap<String, String>,
     /// `cgroup.procs` (v2) / `tasks` files the task must join before exec.
     pub cgroup_procs: &'a [PathBuf],
@@ -60,16 +71,30 @@ pub struct Launched {
 
 /// Spawns the supervisor for a task and waits until it reports the task's pid.
 pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::Child), ExecError> {
-    std::fs::create_dir_all(spec.sandbox).map_err(|source| ExecError::Sandbox {
-        path: spec.sandbox.to_path_buf(),
-        source,
-    })?;
+    make_dirs(spec).map_err(|(path, source)| ExecError::Sandbox { path, source })?;
     let mut cmd = tokio::process::Command::new(spec.agent_exe);
-    cmd.arg("supervise").arg("--sandbox").arg(spec.sandbox);
+    cmd.arg("supervise")
+        .arg("--sandbox")
+        .arg(spec.sandbox)
+        .arg("--meta")
+        .arg(spec.meta);
     for p in spec.cgroup_procs {
         cmd.arg("--cgroup-procs").arg(p);
     }
-    cmd.arg("--").arg(spec.command);
+    if let Some(u) = spec.user {
+        let groups: Vec<String> = u.groups.iter().map(u32::to_string).collect();
+        cmd.arg("--uid").arg(u.uid.to_string());
+        cmd.arg("--gid").arg(u.gid.to_string());
+        cmd.arg("--groups").arg(groups.join(","));
+    }
+    match spec.program {
+        Program::Shell(s) => {
+            cmd.arg("--").arg(s);
+        }
+        Program::Argv(v) => {
+            cmd.arg("--argv").arg("--").args(v);
+        }
+    }
     cmd.env_clear();
     for key in ["PATH", "LANG", "HOME", "TZ"] {
         if let Ok(v) = std::env::var(key) {
@@ -78,6 +103,11 @@ pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::
     }
     if std::env::var_os("PATH").is_none() {
         cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
+    }
+    if let Some(u) = spec.user {
+        cmd.env("USER", &u.name)
+            .env("LOGNAME", &u.name)
+            .env("HOME", &u.home);
     }
     cmd.envs(spec.env);
     cmd.env("GANTRY_SANDBOX", spec.sandbox);
@@ -92,7 +122,7 @@ pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::
         .map(|p| p as i32)
         .ok_or_else(|| ExecError::NoPid("supervisor exited at once".into()))?;
     // The supervisor writes task.pid once the command is running (or exit.json if it failed).
-    let pid_file = spec.sandbox.join(supervise::PID_FILE);
+    let pid_file = spec.meta.join(supervise::PID_FILE);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let task_pgid = loop {
         if let Ok(text) = std::fs::read_to_string(&pid_file) {
@@ -100,7 +130,7 @@ pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::
                 break pid;
             }
         }
-        if spec.sandbox.join(supervise::EXIT_FILE).exists() {
+        if spec.meta.join(supervise::EXIT_FILE).exists() {
             break 0;
         }
         if tokio::time::Instant::now() > deadline {
@@ -119,9 +149,31 @@ pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::
     ))
 }
 
-/// The exit status the supervisor recorded, if it has finished.
-pub fn read_exit(sandbox: &Path) -> Option<ExitStatus> {
-    let text = std::fs::read_to_string(sandbox.join(supervise::EXIT_FILE)).ok()?;
+/// Creates the meta directory (0700, the agent's) and the sandbox (0750, the task user's).
+fn make_dirs(spec: &LaunchSpec<'_>) -> Result<(), (PathBuf, std::io::Error)> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |p: &Path| {
+        let p = p.to_path_buf();
+        move |e| (p, e)
+    };
+    for (dir, mode) in [(spec.meta, 0o700), (spec.sandbox, 0o750)] {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(dir)
+            .map_err(err(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(err(dir))?;
+    }
+    if let Some(u) = spec.user {
+        std::os::unix::fs::chown(spec.sandbox, Some(u.uid), Some(u.gid))
+            .map_err(err(spec.sandbox))?;
+    }
+    Ok(())
+}
+
+/// The exit status the supervisor recorded in `meta`, if it has finished.
+pub fn read_exit(meta: &Path) -> Option<ExitStatus> {
+    let text = std::fs::read_to_string(meta.join(supervise::EXIT_FILE)).ok()?;
     serde_json::from_str(&text).ok()
 }
 

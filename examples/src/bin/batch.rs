@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! batch --master 127.0.0.1:5050 --tls-dir DIR --role ROLE --count 10 --cpus 0.5 --mem 64 -- sleep 1
+//! batch ... -- 'echo $HOSTNAME; sleep 1'        # one word: a shell command (/bin/sh -c)
+//! batch ... -- python3 -c 'a=[1]; print(a)'    # several words: argv, executed exactly as typed
 //! ```
 //! Exits 0 when every copy finished successfully, 1 if any failed, was killed or lost.
 
@@ -10,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use gantry_examples::batch::{Batch, BatchSpec};
-use gantry_sdk::protocol::{Capability, GpuSelector};
+use gantry_sdk::protocol::{Capability, CommandInfo, GpuSelector};
 use gantry_sdk::{Driver, DriverConfig, Resources};
 
 /// Run N copies of COMMAND on a Gantry cluster and wait for all of them.
@@ -47,9 +49,24 @@ struct Args {
     /// Only GPUs with at least this much memory, MiB.
     #[arg(long)]
     gpu_min_memory: Option<u64>,
-    /// The command (run with /bin/sh -c).
+    /// The Unix user the tasks run as (default: the agent's --task-user).
+    #[arg(long)]
+    user: Option<String>,
+    /// The command. One word is a shell command (`/bin/sh -c WORD`); several words are an
+    /// argv executed directly, each word passed exactly as given (no shell).
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+/// `-- ONE_STRING` runs the string with the shell; `-- PROG ARG...` executes the argv exactly.
+fn command(words: Vec<String>, user: Option<String>) -> CommandInfo {
+    let mut c = if words.len() == 1 {
+        CommandInfo::shell(words.into_iter().next().unwrap_or_default())
+    } else {
+        CommandInfo::argv(words)
+    };
+    c.user = user;
+    c
 }
 
 #[tokio::main]
@@ -80,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
         });
     let spec = BatchSpec {
         name: name.clone(),
-        command: args.command.join(" "),
+        command: command(args.command, args.user),
         count: args.count,
         task,
         env: Default::default(),

@@ -12,7 +12,7 @@ use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
 use super::resources::Resources;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The most task ids one [`FrameworkToMaster::Reconcile`] may name; the master refuses more
 /// with an [`ErrorKind::InvalidRequest`] error (the SDK's driver splits longer lists).
@@ -157,13 +157,141 @@ pub struct GpuSample {
     pub power_mw: u32,
 }
 
+/// Longest command the master accepts (shell string, or all argv elements together), bytes.
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+
+/// What a task runs and as whom (Mesos `CommandInfo`).
+///
+/// ```
+/// use gantry_sdk::protocol::{CommandInfo, Program};
+/// // A shell string, run with `/bin/sh -c` (pipes, `&&`, `$VAR` work):
+/// let sh = CommandInfo::shell("echo $HOSTNAME > host.txt && sleep 1");
+/// // An argv vector, executed directly: every element reaches the program exactly as given.
+/// let argv = CommandInfo::argv(["python3", "-c", "a=[1]; print(a)"]).with_user("alice");
+/// assert_eq!(argv.program, Program::Argv(vec!["python3".into(), "-c".into(), "a=[1]; print(a)".into()]));
+/// assert_eq!(sh.user, None);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandInfo {
+    pub program: Program,
+    /// The Unix user the task runs as. `None`: the agent's `--task-user` (the master fills in
+    /// the agent's default before launching, so the ACL check and `/state` see the real user).
+    pub user: Option<String>,
+}
+
+/// The two kinds of command (Mesos `CommandInfo.shell`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Program {
+    /// Run with `/bin/sh -c STRING` (Mesos `shell: true`).
+    Shell(String),
+    /// Executed directly, without a shell (Mesos `shell: false`): `argv[0]` is the program (a
+    /// path, or a name looked up in the task's `PATH`) and its `argv[0]`; every element is
+    /// passed exactly as given (spaces, quotes and `$` are not interpreted).
+    Argv(Vec<String>),
+}
+
+impl CommandInfo {
+    /// A shell command (`/bin/sh -c command`), run as the agent's default task user.
+    pub fn shell(command: impl Into<String>) -> Self {
+        Self {
+            program: Program::Shell(command.into()),
+            user: None,
+        }
+    }
+
+    /// An argv vector executed directly, run as the agent's default task user.
+    pub fn argv<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            program: Program::Argv(argv.into_iter().map(Into::into).collect()),
+            user: None,
+        }
+    }
+
+    /// The same command run as `user`.
+    pub fn with_user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// Why the command cannot run (empty, too long, a NUL byte), if it cannot.
+    pub fn problem(&self) -> Option<String> {
+        let nul = |s: &str| s.contains('\0');
+        match &self.program {
+            Program::Shell(s) if s.trim().is_empty() => Some("empty shell command".into()),
+            Program::Shell(s) if s.len() > MAX_COMMAND_BYTES => Some(format!(
+                "command longer than {} KiB",
+                MAX_COMMAND_BYTES / 1024
+            )),
+            Program::Shell(s) if nul(s) => Some("command contains a NUL byte".into()),
+            Program::Shell(_) => None,
+            Program::Argv(v) if v.is_empty() => Some("empty argv: no program to run".into()),
+            Program::Argv(v) if v[0].is_empty() => Some("empty program (argv[0] is \"\")".into()),
+            Program::Argv(v)
+                if v.iter().map(|a| a.len() + 1).sum::<usize>() > MAX_COMMAND_BYTES =>
+            {
+                Some(format!("argv longer than {} KiB", MAX_COMMAND_BYTES / 1024))
+            }
+            Program::Argv(v) if v.iter().any(|a| nul(a)) => {
+                Some("an argv element contains a NUL byte".into())
+            }
+            Program::Argv(_) => None,
+        }
+    }
+}
+
+/// A shell command (what `"sleep 1".into()` means, as Mesos's default `shell: true`).
+impl From<&str> for CommandInfo {
+    fn from(s: &str) -> Self {
+        Self::shell(s)
+    }
+}
+
+impl From<String> for CommandInfo {
+    fn from(s: String) -> Self {
+        Self::shell(s)
+    }
+}
+
+/// For logs: a shell command as written, an argv vector shell-quoted.
+impl std::fmt::Display for CommandInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.program {
+            Program::Shell(s) => write!(f, "sh -c {}", quote(s))?,
+            Program::Argv(v) => {
+                let words: Vec<String> = v.iter().map(|a| quote(a)).collect();
+                f.write_str(&words.join(" "))?;
+            }
+        }
+        if let Some(u) = &self.user {
+            write!(f, " (as {u})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Single-quotes a word for display when it is not plain.
+fn quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 /// What a framework asks the agent to run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskInfo {
     pub task_id: TaskId,
     pub name: String,
-    /// Run with `/bin/sh -c`.
-    pub command: String,
+    /// What to run (shell string or argv) and as which user.
+    pub command: CommandInfo,
     pub resources: Resources,
     pub env: BTreeMap<String, String>,
     /// Seconds between SIGTERM and SIGKILL when the task is killed (agent default when `None`).
@@ -241,6 +369,53 @@ impl std::fmt::Display for TaskState {
     }
 }
 
+/// Why a task reached a state, by kind (Mesos `TaskStatus.Reason`), so schedulers and
+/// operators react by kind, not by parsing messages. Shown in `/state` as [`TaskReason::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaskReason {
+    /// The command exited non-zero or was ended by a signal.
+    CommandFailed,
+    /// The kernel's OOM killer ended the task: it exceeded its `mem`.
+    MemoryLimit,
+    /// Killed on request (the framework, its teardown or failover timeout, an operator).
+    KilledByRequest,
+    /// The agent could not start the task (no matching GPUs, unknown user, cgroup error).
+    LaunchFailed,
+    /// The master refused the task (invalid, too big for the offers, a user not allowed).
+    InvalidTask,
+    /// The agent was lost (did not re-register in time) or no longer knows the task.
+    AgentLost,
+    /// The agent restarted before the task was launched.
+    AgentRestarted,
+    /// One of the task's GPUs changed health (a non-terminal update).
+    GpuHealth,
+    /// Reconciliation of a task the master does not know.
+    Unknown,
+}
+
+impl TaskReason {
+    /// Kebab-case name, as shown in `/state` (`memory-limit`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskReason::CommandFailed => "command-failed",
+            TaskReason::MemoryLimit => "memory-limit",
+            TaskReason::KilledByRequest => "killed-by-request",
+            TaskReason::LaunchFailed => "launch-failed",
+            TaskReason::InvalidTask => "invalid-task",
+            TaskReason::AgentLost => "agent-lost",
+            TaskReason::AgentRestarted => "agent-restarted",
+            TaskReason::GpuHealth => "gpu-health",
+            TaskReason::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for TaskReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a status update came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UpdateSource {
@@ -257,10 +432,14 @@ pub struct StatusUpdate {
     pub agent_id: Option<AgentId>,
     pub state: TaskState,
     pub source: UpdateSource,
-    /// Human-readable reason (`"exited with code 3"`, `"memory-limit"`, `"agent lost"`).
+    /// Why the task is in this state, by kind (`None` for ordinary progress and success).
+    pub reason: Option<TaskReason>,
+    /// Human-readable detail (`"exited with code 3"`, `"memory-limit: ..."`, `"agent lost"`).
     pub message: String,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
+    /// The GPUs (UUIDs) the agent gave the task (set on agent updates).
+    pub gpus: Vec<String>,
     /// Milliseconds since the Unix epoch when the update was made.
     pub timestamp_ms: u64,
     /// Set for reconciliation answers; those need no acknowledgement.
@@ -277,6 +456,8 @@ pub struct RunningTask {
     pub framework_id: FrameworkId,
     pub task: TaskInfo,
     pub state: TaskState,
+    /// The GPUs (UUIDs) the agent gave the task.
+    pub gpus: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -294,6 +475,8 @@ pub enum AgentToMaster {
         running_tasks: Vec<RunningTask>,
         /// Status updates not yet acknowledged, oldest first.
         pending_updates: Vec<StatusUpdate>,
+        /// The Unix user tasks run as when their command names none (`--task-user`).
+        task_user: String,
     },
     Heartbeat,
     StatusUpdate(StatusUpdate),
@@ -479,6 +662,26 @@ pub enum MasterToFramework {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commands_say_what_is_wrong_and_display_quoted() {
+        assert_eq!(CommandInfo::shell("sleep 1").problem(), None);
+        assert_eq!(CommandInfo::argv(["sh", "-c", "sleep 0.2"]).problem(), None);
+        let problem = |c: CommandInfo| c.problem().unwrap_or_default();
+        assert_eq!(problem(CommandInfo::shell("  ")), "empty shell command");
+        assert!(problem(CommandInfo::argv(Vec::<String>::new())).starts_with("empty argv"));
+        assert!(problem(CommandInfo::argv(["", "x"])).starts_with("empty program"));
+        assert!(problem(CommandInfo::argv(["a\0b"])).contains("NUL"));
+        assert!(problem(CommandInfo::shell("x".repeat(MAX_COMMAND_BYTES + 1))).contains("64 KiB"));
+        assert_eq!(CommandInfo::from("true"), CommandInfo::shell("true"));
+        assert_eq!(
+            CommandInfo::argv(["python3", "-c", "a=[1]; print(a)", "it's"])
+                .with_user("alice")
+                .to_string(),
+            "python3 -c 'a=[1]; print(a)' 'it'\\''s' (as alice)"
+        );
+        assert_eq!(CommandInfo::shell("echo $X").to_string(), "sh -c 'echo $X'");
+    }
 
     #[test]
     fn gpu_selector_matches_model_and_memory() {

@@ -124,6 +124,12 @@ struct ServeArgs {
     /// Open QUIC connections per source IP address; 0 = unlimited.
     #[arg(long, default_value_t = Limits::default().connections_per_address)]
     max_connections_per_address: usize,
+    /// Completed tasks kept per framework in /state and for reconciliation (oldest dropped).
+    #[arg(long, default_value_t = 1000)]
+    max_completed_tasks_per_framework: usize,
+    /// Removed frameworks kept in /state with their completed tasks (oldest dropped).
+    #[arg(long, default_value_t = 50)]
+    max_completed_frameworks: usize,
 }
 
 fn init_tracing() {
@@ -256,6 +262,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         allocation_interval_ms: args.allocation_interval_ms.max(1),
         frame_body_timeout_ms: secs_to_ms(args.frame_body_timeout, "--frame-body-timeout")?.max(1),
         frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
+        max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
+        max_completed_frameworks: args.max_completed_frameworks,
         ..MasterConfig::default()
     };
     tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");

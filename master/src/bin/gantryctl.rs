@@ -209,6 +209,25 @@ fn print_state(body: String, json: bool) -> anyhow::Result<()> {
         "tasks: {by_state:?}   outstanding offers: {}",
         s["offers"].as_array().map_or(0, Vec::len)
     );
+    // Why the latest unsuccessful tasks ended (the full records are in `--json`).
+    let failed: Vec<&serde_json::Value> = s["completed_tasks"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .filter(|t| t["state"] != "FINISHED")
+        .collect();
+    if !failed.is_empty() {
+        println!("latest unsuccessful tasks:");
+        for t in failed.iter().rev().take(5) {
+            println!(
+                "  {:<24} {:<8} {:<18} {}",
+                t["name"].as_str().unwrap_or("?"),
+                t["state"].as_str().unwrap_or("?"),
+                t["reason"].as_str().unwrap_or("-"),
+                t["message"].as_str().unwrap_or("")
+            );
+        }
+    }
     Ok(())
 }
 

@@ -366,7 +366,7 @@ async fn core_loop(
                         }
                         (CoreEvent::State(reply), m) => {
                             let mut view = match m {
-                                Some(m) => serde_json::to_value(m.view(now())).unwrap_or(serde_json::Value::Null),
+                                Some(m) => serde_json::to_value(m.view(now(), unix_ms())).unwrap_or(serde_json::Value::Null),
                                 None => serde_json::json!({"leader": false, "status": status.borrow().clone()}),
                             };
                             if let Some(obj) = view.as_object_mut() {
@@ -744,4 +744,12 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     let _ = shell.core.send(CoreEvent::Input(disconnected(id))).await;
     shell.conns.remove(&id);
     writer.abort();
+}
+
+/// The wall clock in Unix milliseconds (for `/state`'s task times).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

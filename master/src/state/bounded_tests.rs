@@ -33,6 +33,7 @@ fn register(hostname: &str, attributes: Attributes) -> AgentToMaster {
         gpus: vec![],
         running_tasks: vec![],
         pending_updates: vec![],
+        task_user: "nobody".into(),
     }
 }
 

@@ -28,6 +28,12 @@
 //! - A disconnected agent keeps its tasks for `agent_reregister_timeout_ms`; then it is lost and
 //!   its tasks are `LOST`. A disconnected framework keeps its tasks for its failover timeout;
 //!   then its tasks are killed and it is removed.
+//! - A task runs as its command's user or, when it names none, as its agent's default (reported
+//!   at registration and filled in here); the framework's principal must be allowed that user
+//!   by the `run_tasks` ACL, or the task ends `ERROR`.
+//! - Completed tasks are kept as `TaskRecord`s per framework (bounded by
+//!   `max_completed_tasks_per_framework`), and removed frameworks with their records (bounded
+//!   by `max_completed_frameworks`); the oldest go first.
 //! - Bounded peers: a registration past [`register_limits`] is refused; offers to a framework
 //!   are split into as many messages as the frame limit needs; a reconcile names at most
 //!   [`MAX_RECONCILE_IDS`] ids and is answered in slices of [`RECONCILE_SLICE`] by
@@ -68,8 +74,12 @@ pub struct MasterConfig {
     /// Allocation cycles triggered by events are at least this far apart: a herd of
     /// re-registering agents then costs a few cycles over all agents, not one per message batch.
     pub allocation_min_gap_ms: u64,
-    /// Finished tasks kept for `/state`.
-    pub completed_tasks_kept: usize,
+    /// Completed tasks kept per framework for `/state` and reconciliation (oldest dropped
+    /// first; Mesos `--max_completed_tasks_per_framework`).
+    pub max_completed_tasks_per_framework: usize,
+    /// Removed frameworks kept, with their completed tasks, for `/state` (oldest dropped first;
+    /// Mesos `--max_completed_frameworks`).
+    pub max_completed_frameworks: usize,
     /// Who may subscribe with which roles, run tasks as which users, and operate
     /// ([`Acls::allow_all`] in dev mode).
     pub acls: Acls,
@@ -163,7 +173,8 @@ impl Default for MasterConfig {
             agent_reregister_timeout_ms: 10_000,
             allocation_interval_ms: 1000,
             allocation_min_gap_ms: 20,
-            completed_tasks_kept: 1000,
+            max_completed_tasks_per_framework: 1000,
+            max_completed_frameworks: 50,
             acls: Acls::allow_all(),
             frame_body_timeout_ms: 10_000,
             frame_budget_bytes: 128 << 20,
@@ -264,6 +275,8 @@ pub(crate) struct AgentRec {
     pub last_seen: Millis,
     pub disconnected_at: Option<Millis>,
     pub tasks: HashSet<TaskId>,
+    /// The user its tasks run as when their command names none (reported at registration).
+    pub task_user: String,
 }
 
 #[derive(Debug)]
@@ -295,6 +308,111 @@ pub(crate) struct TaskRec {
     pub acked: HashSet<UpdateId>,
     pub last_message: String,
     pub usage: Option<TaskUsage>,
+    /// The role whose resources the task holds.
+    pub role: String,
+    /// GPUs the agent gave the task (UUIDs).
+    pub gpus: Vec<String>,
+    pub reason: Option<TaskReason>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// When the master sent the task to its agent (or adopted it).
+    pub staged_at: Millis,
+    /// When the task was first reported `RUNNING`.
+    pub started_at: Option<Millis>,
+    /// When the task first became terminal.
+    pub ended_at: Option<Millis>,
+}
+
+impl TaskRec {
+    /// The operator's record of this task (what `/state` shows and history keeps).
+    pub(crate) fn record(&self) -> TaskRecord {
+        TaskRecord {
+            id: self.info.task_id,
+            name: self.info.name.clone(),
+            framework: self.framework,
+            agent: self.agent,
+            role: self.role.clone(),
+            user: self.info.command.user.clone(),
+            resources: self.info.resources.clone(),
+            gpus: self.gpus.clone(),
+            state: self.state,
+            reason: self.reason,
+            message: self.last_message.clone(),
+            exit_code: self.exit_code,
+            signal: self.signal,
+            staged_at: self.staged_at,
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+        }
+    }
+
+    /// Records what an update says about the task (state changes are the caller's). Messages
+    /// are kept up to [`MAX_KEPT_MESSAGE`] bytes (history is long; an agent's text is not
+    /// trusted to be short).
+    fn note(&mut self, state: TaskState, update: &StatusUpdate, now: Millis) {
+        self.last_message = kept_message(&update.message);
+        if update.reason.is_some() || state.is_terminal() {
+            self.reason = update.reason;
+        }
+        if update.exit_code.is_some() || update.signal.is_some() {
+            self.exit_code = update.exit_code;
+            self.signal = update.signal;
+        }
+        if !update.gpus.is_empty() && update.gpus.len() <= 1024 {
+            self.gpus = update.gpus.clone();
+        }
+        if state == TaskState::Running && self.started_at.is_none() {
+            self.started_at = Some(now);
+        }
+        if state.is_terminal() && self.ended_at.is_none() {
+            self.ended_at = Some(now);
+        }
+    }
+}
+
+/// Longest task message kept in records, bytes.
+pub const MAX_KEPT_MESSAGE: usize = 1024;
+
+/// A task message as kept in records: at most [`MAX_KEPT_MESSAGE`] bytes, `…` when cut.
+fn kept_message(text: &str) -> String {
+    if text.len() <= MAX_KEPT_MESSAGE {
+        return text.to_string();
+    }
+    format!("{}…", truncated(text, MAX_KEPT_MESSAGE - '…'.len_utf8()))
+}
+
+/// A task as an operator sees it: kept while it runs and, once completed, in its framework's
+/// bounded history (times are the master's clock; `/state` shows them as Unix milliseconds).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TaskRecord {
+    pub id: TaskId,
+    pub name: String,
+    pub framework: FrameworkId,
+    pub agent: AgentId,
+    pub role: String,
+    pub user: Option<String>,
+    pub resources: Resources,
+    pub gpus: Vec<String>,
+    pub state: TaskState,
+    pub reason: Option<TaskReason>,
+    pub message: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub staged_at: Millis,
+    pub started_at: Option<Millis>,
+    pub ended_at: Option<Millis>,
+}
+
+/// A framework that was removed (teardown or failover timeout), kept for `/state` with its
+/// completed tasks until `max_completed_frameworks` newer ones push it out.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CompletedFramework {
+    pub id: FrameworkId,
+    pub name: String,
+    pub principal: String,
+    pub roles: Vec<String>,
+    pub removed_at: Millis,
+    pub reason: String,
 }
 
 /// The master's state machine. See the module docs.
@@ -306,7 +424,11 @@ pub struct Master {
     agents_by_name: HashMap<String, AgentId>,
     pub(crate) frameworks: HashMap<FrameworkId, FrameworkRec>,
     pub(crate) tasks: HashMap<TaskId, TaskRec>,
-    pub(crate) completed: VecDeque<(TaskId, FrameworkId, AgentId, TaskState, Resources)>,
+    /// Completed tasks per framework (active or completed), oldest first, each list bounded
+    /// by `max_completed_tasks_per_framework`.
+    pub(crate) completed: HashMap<FrameworkId, VecDeque<TaskRecord>>,
+    /// Removed frameworks, oldest first, bounded by `max_completed_frameworks`.
+    pub(crate) completed_frameworks: VecDeque<CompletedFramework>,
     /// Agents known from the registry (after a failover) that have not re-registered yet,
     /// with their dynamic reservations and the time they must be back by.
     recovered_agents: HashMap<AgentId, (AgentRecord, BTreeMap<String, Resources>, Millis)>,
@@ -323,7 +445,7 @@ pub struct Master {
     id_source: fn() -> u128,
     /// Microseconds the last allocation cycle took (measured by the shell).
     pub last_cycle_us: u64,
-    /// How many entries of `completed` each task id has (reconcile looks ids up there).
+    /// How many records of `completed` each task id has (reconcile looks ids up there).
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
@@ -377,7 +499,8 @@ impl Master {
             agents_by_name: HashMap::new(),
             frameworks: HashMap::new(),
             tasks: HashMap::new(),
-            completed: VecDeque::new(),
+            completed: HashMap::new(),
+            completed_frameworks: VecDeque::new(),
             recovered_agents: HashMap::new(),
             recovered_by_name: HashMap::new(),
             allocation_pending: false,
@@ -646,9 +769,24 @@ impl Master {
                     gpus,
                     running_tasks,
                     pending_updates,
+                    task_user,
                 },
                 None,
             ) => {
+                if !crate::acl::valid_user(&task_user) {
+                    let message = format!("invalid task user {task_user:?}");
+                    out.push(Output::ToAgent(
+                        conn,
+                        MasterToAgent::Error {
+                            message: message.clone(),
+                        },
+                    ));
+                    out.push(Output::Close {
+                        conn,
+                        reason: message,
+                    });
+                    return;
+                }
                 self.register_agent(
                     conn,
                     name,
@@ -664,6 +802,14 @@ impl Master {
                     now,
                     out,
                 );
+                if let Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) = self.conns.get(&conn)
+                {
+                    if let Some(a) = self.agents.get_mut(id) {
+                        a.task_user = task_user;
+                    }
+                }
             }
             (AgentToMaster::Register { .. }, Some(_)) => {
                 out.push(Output::Close {
@@ -886,6 +1032,7 @@ impl Master {
                         last_seen: now,
                         disconnected_at: None,
                         tasks: HashSet::new(),
+                        task_user: String::new(),
                     },
                 );
                 self.agents_by_name.insert(name.clone(), id);
@@ -1015,6 +1162,14 @@ impl Master {
                             acked: HashSet::new(),
                             last_message: "adopted from re-registering agent".into(),
                             usage: None,
+                            role: role.clone(),
+                            gpus: rt.gpus.clone(),
+                            reason: None,
+                            exit_code: None,
+                            signal: None,
+                            staged_at: now,
+                            started_at: (rt.state == TaskState::Running).then_some(now),
+                            ended_at: ended.then_some(now),
                         },
                     );
                     if let Some(f) = self.frameworks.get_mut(&rt.framework_id) {
@@ -1047,6 +1202,7 @@ impl Master {
                 self.master_update(
                     tid,
                     TaskState::Lost,
+                    TaskReason::AgentLost,
                     "task unknown to the agent after it re-registered",
                     now,
                     out,
@@ -1116,7 +1272,8 @@ impl Master {
         if !was_terminal || update.state.is_terminal() {
             task.state = update.state;
         }
-        task.last_message = update.message.clone();
+        let state = task.state;
+        task.note(state, &update, now);
         let framework = task.framework;
         let mut update = update;
         update.agent_id = Some(agent);
@@ -1180,24 +1337,50 @@ impl Master {
         if let Some(f) = self.frameworks.get_mut(&task.framework) {
             f.tasks.remove(&tid);
         }
-        self.completed.push_back((
-            tid,
-            task.framework,
-            task.agent,
-            task.state,
-            task.info.resources,
-        ));
-        *self.completed_count.entry(tid).or_default() += 1;
-        while self.completed.len() > self.config.completed_tasks_kept {
-            if let Some(c) = self.completed.pop_front() {
-                if let Some(n) = self.completed_count.get_mut(&c.0) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.completed_count.remove(&c.0);
-                    }
+        self.remember_completed(task.record());
+    }
+
+    /// Adds a completed task to its framework's history, dropping the oldest past the bound.
+    /// A framework that is neither active nor among the completed ones keeps no history.
+    fn remember_completed(&mut self, record: TaskRecord) {
+        let fw = record.framework;
+        let known = self.frameworks.contains_key(&fw)
+            || self.completed_frameworks.iter().any(|f| f.id == fw);
+        let max = self.config.max_completed_tasks_per_framework;
+        if !known || max == 0 {
+            return;
+        }
+        *self.completed_count.entry(record.id).or_default() += 1;
+        let list = self.completed.entry(fw).or_default();
+        list.push_back(record);
+        let mut dropped = Vec::new();
+        while list.len() > max {
+            if let Some(old) = list.pop_front() {
+                dropped.push(old.id);
+            }
+        }
+        self.forget_completed(dropped);
+    }
+
+    /// Uncounts completed records that were dropped.
+    fn forget_completed(&mut self, ids: impl IntoIterator<Item = TaskId>) {
+        for id in ids {
+            if let Some(n) = self.completed_count.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.completed_count.remove(&id);
                 }
             }
         }
+    }
+
+    /// The completed record of `tid` in `fw`'s history, if kept (a map look-up for ids that
+    /// were never completed, so a reconcile of many unknown ids stays cheap).
+    pub(crate) fn completed_task(&self, fw: FrameworkId, tid: TaskId) -> Option<&TaskRecord> {
+        if !self.completed_count.contains_key(&tid) {
+            return None;
+        }
+        self.completed.get(&fw)?.iter().rev().find(|c| c.id == tid)
     }
 
     /// A status update made by the master itself (LOST, ERROR, KILLED of a task no agent runs).
@@ -1205,17 +1388,22 @@ impl Master {
         &mut self,
         tid: TaskId,
         state: TaskState,
+        reason: TaskReason,
         message: &str,
         now: Millis,
         out: &mut Vec<Output>,
     ) {
+        let Some(task) = self.tasks.get(&tid) else {
+            return;
+        };
+        let (fw, agent) = (task.framework, task.agent);
+        let mut update = self.new_update(tid, fw, Some(agent), state, message.to_string(), now);
+        update.reason = Some(reason);
         let Some(task) = self.tasks.get_mut(&tid) else {
             return;
         };
         task.state = state;
-        task.last_message = message.to_string();
-        let (fw, agent) = (task.framework, task.agent);
-        let update = self.new_update(tid, fw, Some(agent), state, message.to_string(), now);
+        task.note(state, &update, now);
         let Some(task) = self.tasks.get_mut(&tid) else {
             return;
         };
@@ -1248,9 +1436,11 @@ impl Master {
             agent_id,
             state,
             source: UpdateSource::Master,
+            reason: None,
             message,
             exit_code: None,
             signal: None,
+            gpus: Vec::new(),
             timestamp_ms: now,
             reconciliation: false,
         }
@@ -1332,7 +1522,14 @@ impl Master {
                 t.recovered = true; // the agent's resources leave with it
                 if !t.state.is_terminal() || t.pending.is_some() {
                     t.pending = None;
-                    self.master_update(tid, TaskState::Lost, reason, now, out);
+                    self.master_update(
+                        tid,
+                        TaskState::Lost,
+                        TaskReason::AgentLost,
+                        reason,
+                        now,
+                        out,
+                    );
                 }
                 self.finish_task_if_done(tid);
                 self.tasks.remove(&tid);
@@ -1484,6 +1681,7 @@ impl Master {
                                 self.master_update(
                                     task_id,
                                     TaskState::Lost,
+                                    TaskReason::AgentLost,
                                     "agent is gone",
                                     now,
                                     out,
@@ -1553,7 +1751,7 @@ impl Master {
                 self.allocation_pending = true;
             }
             FrameworkToMaster::Teardown => {
-                self.remove_framework(fw, "framework tore down", out);
+                self.remove_framework(fw, "framework tore down", now, out);
                 self.conns.remove(&conn);
                 out.push(Output::Close {
                     conn,
@@ -1788,10 +1986,31 @@ impl Master {
         self.allocator.suppress(id, None);
     }
 
-    fn remove_framework(&mut self, id: FrameworkId, reason: &str, out: &mut Vec<Output>) {
+    fn remove_framework(
+        &mut self,
+        id: FrameworkId,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
         let Some(f) = self.frameworks.remove(&id) else {
             return;
         };
+        self.completed_frameworks.push_back(CompletedFramework {
+            id,
+            name: f.name.clone(),
+            principal: f.principal.clone(),
+            roles: f.roles.clone(),
+            removed_at: now,
+            reason: reason.to_string(),
+        });
+        while self.completed_frameworks.len() > self.config.max_completed_frameworks {
+            if let Some(old) = self.completed_frameworks.pop_front() {
+                if let Some(list) = self.completed.remove(&old.id) {
+                    self.forget_completed(list.into_iter().map(|r| r.id));
+                }
+            }
+        }
         out.push(Output::Persist(Mutation::RemoveFramework(id)));
         tracing::info!(framework = %id, reason, "framework removed");
         // Its outstanding offers go with it; nobody is left to tell.
@@ -1884,27 +2103,29 @@ impl Master {
         let end = (job.next + n).min(job.ids.len());
         for i in job.next..end {
             let tid = job.ids[i];
-            let (state, agent, message) = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
-                Some(t) => (t.state, Some(t.agent), t.last_message.clone()),
-                None => match self
-                    .completed_count
-                    .contains_key(&tid)
-                    .then(|| {
-                        self.completed
-                            .iter()
-                            .rev()
-                            .find(|c| c.0 == tid && c.1 == fw)
-                    })
-                    .flatten()
-                {
-                    Some(c) => (c.3, Some(c.2), "completed".to_string()),
-                    // After a failover, agents still re-registering may hold it: say nothing
-                    // yet (as Mesos does) rather than a LOST that may be wrong.
-                    None if !self.recovered_agents.is_empty() => continue,
-                    None => (TaskState::Lost, None, "unknown task".to_string()),
-                },
+            let known = match self.tasks.get(&tid).filter(|t| t.framework == fw) {
+                Some(t) => Some(t.record()),
+                None => self.completed_task(fw, tid).cloned(),
+            };
+            let (state, agent, message, reason) = match &known {
+                Some(r) => (r.state, Some(r.agent), r.message.clone(), r.reason),
+                // After a failover, agents still re-registering may hold it: say nothing
+                // yet (as Mesos does) rather than a LOST that may be wrong.
+                None if !self.recovered_agents.is_empty() => continue,
+                None => (
+                    TaskState::Lost,
+                    None,
+                    "unknown task".to_string(),
+                    Some(TaskReason::Unknown),
+                ),
             };
             let mut update = self.new_update(tid, fw, agent, state, message, now);
+            update.reason = reason;
+            if let Some(r) = &known {
+                update.exit_code = r.exit_code;
+                update.signal = r.signal;
+                update.gpus = r.gpus.clone();
+            }
             update.reconciliation = true;
             out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }
@@ -1980,6 +2201,19 @@ impl Master {
         let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else {
             return;
         };
+        // Who may run as whom: the task's user, or the agent's default filled in here (the
+        // agent reported it at registration), checked against the principal's ACL.
+        let principal = self
+            .frameworks
+            .get(&fw)
+            .map(|f| f.principal.clone())
+            .unwrap_or_default();
+        let agent_user = self
+            .agents
+            .get(&agent_id)
+            .map(|a| a.task_user.clone())
+            .unwrap_or_default();
+        let role = offers.first().map(|o| o.role.clone()).unwrap_or_default();
 
         // 2. Draw each task from the pool of offered resources.
         let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
@@ -1992,11 +2226,23 @@ impl Master {
                 Operation::Launch { tasks } => {
                     for task in tasks {
                         let tid = task.task_id;
+                        let mut task = task;
                         let invalid = if self.tasks.contains_key(&tid) || !seen_ids.insert(tid) {
                             Some(format!("task id {tid} is already in use"))
                         } else {
                             validate_task(&task)
                         };
+                        let invalid = invalid.or_else(|| {
+                            let user = task.command.user.get_or_insert_with(|| agent_user.clone());
+                            if !crate::acl::valid_user(user) {
+                                return Some(format!("task {tid}: invalid user name {user:?}"));
+                            }
+                            (!self.config.acls.may_run_as(&principal, user)).then(|| {
+                                format!(
+                                    "task {tid}: principal {principal:?} may not run tasks as user {user:?} (run_tasks ACL)"
+                                )
+                            })
+                        });
                         let invalid = invalid.or_else(|| {
                             let sel = task.gpu_selector.as_ref()?;
                             let want = task.resources.milli("gpus") / gantry_sdk::protocol::resources::MILLI;
@@ -2110,6 +2356,14 @@ impl Master {
                     acked: HashSet::new(),
                     last_message: "launched".into(),
                     usage: None,
+                    role: role.clone(),
+                    gpus: Vec::new(),
+                    reason: None,
+                    exit_code: None,
+                    signal: None,
+                    staged_at: now,
+                    started_at: None,
+                    ended_at: None,
                 },
             );
             if let Some(f) = self.frameworks.get_mut(&fw) {
@@ -2258,7 +2512,7 @@ impl Master {
         out: &mut Vec<Output>,
     ) {
         out.push(err(conn, kind, reason.to_string()));
-        let update = self.new_update(
+        let mut update = self.new_update(
             task.task_id,
             fw,
             None,
@@ -2266,6 +2520,7 @@ impl Master {
             reason.to_string(),
             now,
         );
+        update.reason = Some(TaskReason::InvalidTask);
         out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
     }
 
@@ -2338,7 +2593,7 @@ impl Master {
             .map(|f| f.id)
             .collect();
         for id in expired {
-            self.remove_framework(id, "failover timeout expired", out);
+            self.remove_framework(id, "failover timeout expired", now, out);
         }
         for rec in self.allocator.expire_offers(now) {
             self.send_rescind(&rec, out);
@@ -2376,11 +2631,8 @@ fn validate_task(task: &TaskInfo) -> Option<String> {
     if task.name.is_empty() || task.name.len() > 256 {
         return Some(format!("task {tid}: name must be 1-256 characters"));
     }
-    if task.command.trim().is_empty() {
-        return Some(format!("task {tid}: empty command"));
-    }
-    if task.command.len() > 64 * 1024 {
-        return Some(format!("task {tid}: command longer than 64 KiB"));
+    if let Some(problem) = task.command.problem() {
+        return Some(format!("task {tid}: {problem}"));
     }
     if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
         return Some(format!("task {tid}: must request some cpus or mem"));

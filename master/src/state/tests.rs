@@ -95,6 +95,7 @@ fn register(agent_id: Option<AgentId>, resources: &str) -> AgentToMaster {
         gpus: vec![],
         running_tasks: vec![],
         pending_updates: vec![],
+        task_user: "nobody".into(),
     }
 }
 
@@ -155,9 +156,11 @@ fn agent_update(task: &TaskInfo, fw: FrameworkId, state: TaskState) -> StatusUpd
         agent_id: None,
         state,
         source: UpdateSource::Agent,
+        reason: None,
         message: String::new(),
         exit_code: None,
         signal: None,
+        gpus: vec![],
         timestamp_ms: 0,
         reconciliation: false,
     }
@@ -219,11 +222,26 @@ fn invalid_tasks_are_errors_and_valid_ones_launch() {
     let mut frac_gpu = task("cpus:1;gpus:0.5");
     frac_gpu.name = "g".into();
     let dup = good.clone();
+    let mut empty_argv = task("cpus:1");
+    empty_argv.command = CommandInfo::argv(Vec::<String>::new());
+    let mut empty_program = task("cpus:1");
+    empty_program.command = CommandInfo::argv(["", "x"]);
+    let mut bad_user = task("cpus:1");
+    bad_user.command = CommandInfo::shell("true").with_user("../root");
     let out = h.input(Input::Framework {
         conn: F,
         msg: launch(
             offers[0].id,
-            vec![good.clone(), empty_cmd, no_res, frac_gpu, dup],
+            vec![
+                good.clone(),
+                empty_cmd,
+                no_res,
+                frac_gpu,
+                dup,
+                empty_argv,
+                empty_program,
+                bad_user,
+            ],
         ),
     });
     let runs = out
@@ -231,7 +249,271 @@ fn invalid_tasks_are_errors_and_valid_ones_launch() {
         .filter(|o| matches!(o, Output::ToAgent(_, MasterToAgent::RunTask { .. })))
         .count();
     assert_eq!(runs, 1);
-    assert_eq!(errors(&out).len(), 4, "{out:?}");
+    assert_eq!(errors(&out).len(), 7, "{out:?}");
+    let messages: Vec<String> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Error => {
+                assert_eq!(u.reason, Some(TaskReason::InvalidTask));
+                Some(u.message.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    for want in [
+        "empty shell command",
+        "empty argv",
+        "empty program",
+        "invalid user name",
+    ] {
+        assert!(
+            messages.iter().any(|m| m.contains(want)),
+            "{want}: {messages:?}"
+        );
+    }
+}
+
+/// Launches `tasks` with the framework on `F` and returns what the agent was asked to run.
+fn run_tasks(
+    h: &mut Harness,
+    offer: OfferId,
+    tasks: Vec<TaskInfo>,
+) -> (Vec<TaskInfo>, Vec<Output>) {
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offer, tasks),
+    });
+    let sent = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToAgent(_, MasterToAgent::RunTask { task, .. }) => Some(task.clone()),
+            _ => None,
+        })
+        .collect();
+    (sent, out)
+}
+
+#[test]
+fn task_users_default_to_the_agents_and_are_checked_against_run_tasks_acls() {
+    let acls = crate::acl::Acls::from_toml(
+        r#"
+[[register_frameworks]]
+principals = ["*"]
+roles = ["*"]
+
+[[run_tasks]]
+principals = ["f"]
+users = ["nobody", "alice"]
+"#,
+    )
+    .unwrap();
+    let mut h = Harness::new();
+    h.m.config.acls = acls;
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    let default_user = task("cpus:1");
+    let mut alice = task("cpus:1");
+    alice.command = CommandInfo::argv(["id", "-u"]).with_user("alice");
+    let mut root = task("cpus:1");
+    root.command = CommandInfo::shell("cat /etc/shadow").with_user("root");
+    let mut bob = task("cpus:1");
+    bob.command = CommandInfo::shell("true").with_user("bob");
+    let (sent, out) = run_tasks(
+        &mut h,
+        offers[0].id,
+        vec![default_user.clone(), alice.clone(), root.clone(), bob],
+    );
+    // The default is filled in before launching (the agent reported `nobody`).
+    let users: Vec<(TaskId, Option<String>)> = sent
+        .iter()
+        .map(|t| (t.task_id, t.command.user.clone()))
+        .collect();
+    assert_eq!(
+        users,
+        vec![
+            (default_user.task_id, Some("nobody".to_string())),
+            (alice.task_id, Some("alice".to_string())),
+        ]
+    );
+    assert_eq!(
+        h.m.tasks[&default_user.task_id].record().user.as_deref(),
+        Some("nobody")
+    );
+    let refused: Vec<String> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Error => {
+                Some(u.message.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused[0].contains("may not run tasks as user \"root\""),
+        "{refused:?}"
+    );
+    assert!(refused[1].contains("\"bob\""), "{refused:?}");
+}
+
+#[test]
+fn task_records_keep_reason_exit_times_and_gpus() {
+    let mut h = Harness::new();
+    let agent = h.agent(A, "a1", "cpus:4;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:1;mem:64");
+    h.now = 1_000;
+    run_tasks(&mut h, offers[0].id, vec![t.clone()]);
+    h.now = 2_000;
+    let mut running = agent_update(&t, fw, TaskState::Running);
+    running.gpus = vec!["GPU-1".into()];
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(running.clone()),
+    });
+    h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Acknowledge {
+            task_id: t.task_id,
+            update_id: running.update_id,
+        },
+    });
+    h.now = 5_000;
+    let mut oom = agent_update(&t, fw, TaskState::Failed);
+    oom.reason = Some(TaskReason::MemoryLimit);
+    oom.message = "memory-limit: the task exceeded its memory limit of 64 MiB".into();
+    oom.signal = Some(9);
+    oom.gpus = vec!["GPU-1".into()];
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(oom.clone()),
+    });
+    // Ended but not yet acknowledged: still among the tasks, with its end recorded.
+    let view = h.m.view(h.now, 1_000_000);
+    let v = &view.tasks[0];
+    assert_eq!(
+        (v.state.as_str(), v.reason.as_deref()),
+        ("FAILED", Some("memory-limit"))
+    );
+    h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Acknowledge {
+            task_id: t.task_id,
+            update_id: oom.update_id,
+        },
+    });
+    let view = h.m.view(h.now, 1_000_000);
+    assert!(view.tasks.is_empty());
+    let c = &view.completed_tasks[0];
+    assert_eq!(c.id, t.task_id.to_string());
+    assert_eq!(c.name, t.name);
+    assert_eq!(c.agent_id, agent.to_string());
+    assert_eq!(c.role, "r");
+    assert_eq!(c.user.as_deref(), Some("nobody"));
+    assert_eq!(c.gpus, vec!["GPU-1".to_string()]);
+    assert_eq!(c.reason.as_deref(), Some("memory-limit"));
+    assert!(c.message.contains("64 MiB"));
+    assert_eq!((c.exit_code, c.signal), (None, Some(9)));
+    // Master clock 1 s, 2 s, 5 s; the wall clock reads 1,000,000 at 5 s.
+    assert_eq!(
+        (c.staged_at_ms, c.started_at_ms, c.ended_at_ms),
+        (996_000, Some(997_000), Some(1_000_000))
+    );
+    // Reconciliation answers from the record (from the backlog, as the framework reads).
+    let mut out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Reconcile {
+            task_ids: vec![t.task_id],
+        },
+    });
+    h.m.work_backlog(h.now, &mut out, |_| usize::MAX);
+    assert!(out.iter().any(|o| matches!(o, Output::ToFramework(F, MasterToFramework::Update(u))
+        if u.reconciliation && u.state == TaskState::Failed && u.reason == Some(TaskReason::MemoryLimit) && u.signal == Some(9))));
+}
+
+/// Runs `n` one-cpu tasks of the framework on `F` to FINISHED (acknowledged), each on an
+/// offer outstanding at the time (starting with `offers`); returns their ids.
+fn finish_tasks(h: &mut Harness, fw: FrameworkId, mut offers: Vec<Offer>, n: usize) -> Vec<TaskId> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let offer = offers.pop().expect("an outstanding offer");
+        let t = task("cpus:1");
+        let (sent, out) = run_tasks(h, offer.id, vec![t.clone()]);
+        assert_eq!(sent.len(), 1);
+        offers.extend(offers_of(&out));
+        let done = agent_update(&t, fw, TaskState::Finished);
+        let out = h.input(Input::Agent {
+            conn: A,
+            msg: AgentToMaster::StatusUpdate(done.clone()),
+        });
+        offers.extend(offers_of(&out));
+        let out = h.input(Input::Framework {
+            conn: F,
+            msg: FrameworkToMaster::Acknowledge {
+                task_id: t.task_id,
+                update_id: done.update_id,
+            },
+        });
+        offers.extend(offers_of(&out));
+        h.now += 1;
+        ids.push(t.task_id);
+    }
+    ids
+}
+
+#[test]
+fn kept_messages_are_bounded() {
+    assert_eq!(kept_message("short"), "short");
+    let long = "é".repeat(1000);
+    let cut = kept_message(&long);
+    assert!(
+        cut.len() <= MAX_KEPT_MESSAGE && cut.ends_with('…'),
+        "{}",
+        cut.len()
+    );
+}
+
+#[test]
+fn completed_history_is_bounded_per_framework_and_by_completed_frameworks() {
+    let mut h = Harness::new();
+    h.m.config.max_completed_tasks_per_framework = 3;
+    h.m.config.max_completed_frameworks = 1;
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let ids = finish_tasks(&mut h, fw, offers, 5);
+    let kept: Vec<String> =
+        h.m.view(h.now, 0)
+            .completed_tasks
+            .iter()
+            .map(|c| c.id.clone())
+            .collect();
+    let newest: Vec<String> = ids[2..].iter().map(|i| i.to_string()).collect();
+    assert_eq!(kept, newest, "the oldest are dropped first");
+    // Torn down: the framework and its history stay, as a completed framework.
+    h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Teardown,
+    });
+    let view = h.m.view(h.now, 0);
+    assert_eq!(view.completed_frameworks.len(), 1);
+    assert_eq!(view.completed_frameworks[0].id, fw.to_string());
+    assert_eq!(view.completed_tasks.len(), 3);
+    // A second framework completes: the first (oldest) goes, with its tasks.
+    h.input(Input::FrameworkDisconnected { conn: F });
+    let (fw2, _) = h.framework(F + 10, "g", "r");
+    h.input(Input::Framework {
+        conn: F + 10,
+        msg: FrameworkToMaster::Teardown,
+    });
+    let view = h.m.view(h.now, 0);
+    let gone: Vec<String> = view
+        .completed_frameworks
+        .iter()
+        .map(|f| f.id.clone())
+        .collect();
+    assert_eq!(gone, vec![fw2.to_string()]);
+    assert!(view.completed_tasks.is_empty());
+    assert!(h.m.completed.is_empty());
 }
 
 #[test]
@@ -267,7 +549,10 @@ fn accepted_resources_return_when_tasks_end_and_acks_flow_back() {
     });
     assert!(out.iter().any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::Acknowledge { update_id, .. }) if *update_id == done.update_id)));
     assert!(!h.m.tasks.contains_key(&t.task_id));
-    assert_eq!(h.m.completed.back().map(|c| c.3), Some(TaskState::Finished));
+    assert_eq!(
+        h.m.completed_task(fw, t.task_id).map(|c| c.state),
+        Some(TaskState::Finished)
+    );
     // A retransmission of an acknowledged update is acknowledged, not redelivered.
     let out = h.input(Input::Agent {
         conn: A,
@@ -331,6 +616,7 @@ fn agent_reregistering_in_time_keeps_its_tasks() {
         framework_id: fw,
         task: t.clone(),
         state: TaskState::Running,
+        gpus: vec![],
     };
     let AgentToMaster::Register { resources, .. } = register(None, "cpus:2;mem:1024") else {
         unreachable!()
@@ -346,6 +632,7 @@ fn agent_reregistering_in_time_keeps_its_tasks() {
             gpus: vec![],
             running_tasks: vec![running],
             pending_updates: vec![],
+            task_user: "nobody".into(),
         },
     });
     assert!(out.iter().any(|o| matches!(o, Output::ToAgent(9, MasterToAgent::Registered { agent_id, .. }) if *agent_id == agent)));
@@ -612,6 +899,7 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
             gpus: (0..4).map(gpu_info).collect(),
             running_tasks: vec![],
             pending_updates: vec![],
+            task_user: "nobody".into(),
         },
     });
     h.input(Input::FrameworkConnected {
@@ -644,7 +932,7 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
         )),
         "{out:?}"
     );
-    let view = h.m.view(h.now);
+    let view = h.m.view(h.now, 0);
     let agent = &view.agents[0];
     assert_eq!(agent.total.get("gpus"), 3.0, "2 unreserved + 1 reserved");
     assert_eq!(agent.reserved["ml"].get("gpus"), 1.0);
@@ -675,7 +963,7 @@ fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
             reason: "cleared by operator".into(),
         },
     });
-    assert_eq!(h.m.view(h.now).agents[0].total.get("gpus"), 4.0);
+    assert_eq!(h.m.view(h.now, 0).agents[0].total.get("gpus"), 4.0);
 }
 
 /// A new leader that recovered a registry holding agent `a1` (`id`, recorded `hostname`),
@@ -988,8 +1276,10 @@ fn an_unknown_agent_id_joins_as_a_new_agent_and_its_tasks_are_killed() {
                 framework_id: fw,
                 task: stray.clone(),
                 state: TaskState::Running,
+                gpus: vec![],
             }],
             pending_updates: vec![],
+            task_user: "nobody".into(),
         },
     );
     let id = out

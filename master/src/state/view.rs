@@ -6,7 +6,7 @@ use gantry_sdk::protocol::{Attributes, GpuInfo, GpuSample, TaskUsage};
 use gantry_sdk::Resources;
 use serde::Serialize;
 
-use super::Master;
+use super::{Master, TaskRecord};
 use crate::allocator::Millis;
 
 #[derive(Debug, Serialize)]
@@ -16,8 +16,13 @@ pub struct StateView {
     pub uptime_ms: Millis,
     pub agents: Vec<AgentView>,
     pub frameworks: Vec<FrameworkView>,
+    /// Tasks not yet completed (running, or ended with the end not yet acknowledged).
     pub tasks: Vec<TaskView>,
+    /// Completed tasks of active and completed frameworks, oldest end first (bounded per
+    /// framework by `--max-completed-tasks-per-framework`).
     pub completed_tasks: Vec<TaskView>,
+    /// Removed frameworks, oldest first (bounded by `--max-completed-frameworks`).
+    pub completed_frameworks: Vec<CompletedFrameworkView>,
     pub offers: Vec<OfferView>,
     pub allocator: serde_json::Value,
 }
@@ -39,6 +44,8 @@ pub struct AgentView {
     pub attributes: Attributes,
     pub gpus: Vec<GpuInfo>,
     pub gpu_samples: Vec<GpuSample>,
+    /// The user its tasks run as when their command names none (`--task-user`).
+    pub task_user: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -57,16 +64,66 @@ pub struct FrameworkView {
     pub active_tasks: usize,
 }
 
+/// One task, running or completed. Times are Unix milliseconds (as the master saw them).
 #[derive(Debug, Serialize)]
 pub struct TaskView {
     pub id: String,
     pub name: String,
     pub framework_id: String,
     pub agent_id: String,
-    pub state: String,
+    /// The role whose resources the task holds.
+    pub role: String,
+    /// The Unix user it runs as.
+    pub user: Option<String>,
     pub resources: Resources,
+    /// GPUs (UUIDs) the agent gave it.
+    pub gpus: Vec<String>,
+    pub state: String,
+    /// Why it is in this state, by kind (`memory-limit`, `command-failed`, ...).
+    pub reason: Option<String>,
     pub message: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub staged_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
     pub usage: Option<TaskUsage>,
+}
+
+/// A framework that was removed (teardown or failover timeout).
+#[derive(Debug, Serialize)]
+pub struct CompletedFrameworkView {
+    pub id: String,
+    pub name: String,
+    pub principal: String,
+    pub roles: Vec<String>,
+    pub removed_at_ms: u64,
+    pub reason: String,
+}
+
+impl TaskView {
+    /// `wall` converts the master's clock to Unix milliseconds.
+    fn new(r: &TaskRecord, usage: Option<TaskUsage>, wall: impl Fn(Millis) -> u64) -> Self {
+        TaskView {
+            id: r.id.to_string(),
+            name: r.name.clone(),
+            framework_id: r.framework.to_string(),
+            agent_id: r.agent.to_string(),
+            role: r.role.clone(),
+            user: r.user.clone(),
+            resources: r.resources.clone(),
+            gpus: r.gpus.clone(),
+            state: r.state.as_str().to_string(),
+            reason: r.reason.map(|r| r.as_str().to_string()),
+            message: r.message.clone(),
+            exit_code: r.exit_code,
+            signal: r.signal,
+            staged_at_ms: wall(r.staged_at),
+            started_at_ms: r.started_at.map(&wall),
+            ended_at_ms: r.ended_at.map(&wall),
+            usage,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -81,8 +138,10 @@ pub struct OfferView {
 }
 
 impl Master {
-    /// A consistent snapshot for `/state`.
-    pub fn view(&self, now: Millis) -> StateView {
+    /// A consistent snapshot for `/state`. `unix_now_ms` is the wall clock at `now` (the core
+    /// keeps its own clock; the view shows task times as Unix milliseconds).
+    pub fn view(&self, now: Millis, unix_now_ms: u64) -> StateView {
+        let wall = |t: Millis| unix_now_ms.saturating_sub(now.saturating_sub(t));
         // Offered resources per agent in one pass over the offers (not one sorted pass per
         // agent: with 10,000 agents and as many offers that blocked the core loop for seconds).
         let mut offered_on: std::collections::HashMap<_, Resources> =
@@ -121,6 +180,7 @@ impl Master {
                     attributes: a.attributes.clone(),
                     gpus: a.gpus.clone(),
                     gpu_samples: a.gpu_samples.clone(),
+                    task_user: a.task_user.clone(),
                 }
             })
             .collect();
@@ -156,31 +216,26 @@ impl Master {
         frameworks.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
         let mut tasks: Vec<TaskView> = self
             .tasks
-            .iter()
-            .map(|(id, t)| TaskView {
-                id: id.to_string(),
-                name: t.info.name.clone(),
-                framework_id: t.framework.to_string(),
-                agent_id: t.agent.to_string(),
-                state: t.state.as_str().to_string(),
-                resources: t.info.resources.clone(),
-                message: t.last_message.clone(),
-                usage: t.usage.clone(),
-            })
+            .values()
+            .map(|t| TaskView::new(&t.record(), t.usage.clone(), wall))
             .collect();
         tasks.sort_by(|a, b| a.id.cmp(&b.id));
-        let completed_tasks = self
-            .completed
+        let mut completed: Vec<&TaskRecord> = self.completed.values().flatten().collect();
+        completed.sort_by_key(|r| (r.ended_at, r.staged_at));
+        let completed_tasks = completed
+            .into_iter()
+            .map(|r| TaskView::new(r, None, wall))
+            .collect();
+        let completed_frameworks = self
+            .completed_frameworks
             .iter()
-            .map(|(id, fw, agent, state, res)| TaskView {
-                id: id.to_string(),
-                name: String::new(),
-                framework_id: fw.to_string(),
-                agent_id: agent.to_string(),
-                state: state.as_str().to_string(),
-                resources: res.clone(),
-                message: String::new(),
-                usage: None,
+            .map(|f| CompletedFrameworkView {
+                id: f.id.to_string(),
+                name: f.name.clone(),
+                principal: f.principal.clone(),
+                roles: f.roles.clone(),
+                removed_at_ms: wall(f.removed_at),
+                reason: f.reason.clone(),
             })
             .collect();
         let offers = self
@@ -209,6 +264,7 @@ impl Master {
             frameworks,
             tasks,
             completed_tasks,
+            completed_frameworks,
             offers,
             allocator,
         }

@@ -1,0 +1,162 @@
+//! The Unix users tasks run as: look-ups with `getpwnam_r` / `getpwuid_r` / `getgrouplist`
+//! (thread-safe, done before `fork`; the supervisor only calls `setgroups`, `setgid` and
+//! `setuid` between `fork` and `exec`).
+
+use std::ffi::{CStr, CString};
+use std::path::PathBuf;
+
+/// A resolved user: what the supervisor switches to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (including the primary group).
+    pub groups: Vec<u32>,
+    pub home: PathBuf,
+}
+
+/// Why a user cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("unknown user {0:?} on this agent")]
+    Unknown(String),
+    #[error("invalid user name {0:?}")]
+    InvalidName(String),
+    #[error("looking up user {name:?}: {source}")]
+    Lookup {
+        name: String,
+        source: std::io::Error,
+    },
+}
+
+/// The passwd entry of `name`.
+pub fn lookup(name: &str) -> Result<TaskUser, UserError> {
+    let cname = CString::new(name).map_err(|_| UserError::InvalidName(name.to_string()))?;
+    let entry = passwd(|pwd, buf, len, result| {
+        // SAFETY: all pointers are valid for the call; buf has len bytes.
+        unsafe { libc::getpwnam_r(cname.as_ptr(), pwd, buf, len, result) }
+    })
+    .map_err(|source| UserError::Lookup {
+        name: name.to_string(),
+        source,
+    })?;
+    let (_, uid, gid, home) = entry.ok_or_else(|| UserError::Unknown(name.to_string()))?;
+    let groups = group_list(&cname, gid);
+    Ok(TaskUser {
+        name: name.to_string(),
+        uid,
+        gid,
+        groups,
+        home,
+    })
+}
+
+/// The name of the user this process runs as (its effective uid).
+pub fn current_name() -> Result<String, UserError> {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let entry = passwd(|pwd, buf, len, result| {
+        // SAFETY: all pointers are valid for the call; buf has len bytes.
+        unsafe { libc::getpwuid_r(uid, pwd, buf, len, result) }
+    })
+    .map_err(|source| UserError::Lookup {
+        name: format!("uid {uid}"),
+        source,
+    })?;
+    entry
+        .map(|(name, ..)| name)
+        .ok_or_else(|| UserError::Unknown(format!("uid {uid}")))
+}
+
+/// True when this process may switch to other users (it runs as root).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Calls a `getpw*_r` function with a growing buffer; returns name, uid, gid and home.
+fn passwd(
+    mut call: impl FnMut(
+        *mut libc::passwd,
+        *mut libc::c_char,
+        libc::size_t,
+        *mut *mut libc::passwd,
+    ) -> libc::c_int,
+) -> std::io::Result<Option<(String, u32, u32, PathBuf)>> {
+    let mut len = 1024usize;
+    loop {
+        let mut buf = vec![0 as libc::c_char; len];
+        // SAFETY: passwd is plain old data; zeroed is a valid (empty) value.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = call(&mut pwd, buf.as_mut_ptr(), len, &mut result);
+        if rc == libc::ERANGE && len < 1 << 20 {
+            len *= 4;
+            continue;
+        }
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        if result.is_null() {
+            return Ok(None);
+        }
+        let text = |p: *const libc::c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: the entry's strings are NUL-terminated and live in buf, alive here.
+                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+            }
+        };
+        let home = Some(text(pwd.pw_dir))
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "/".into());
+        return Ok(Some((
+            text(pwd.pw_name),
+            pwd.pw_uid,
+            pwd.pw_gid,
+            PathBuf::from(home),
+        )));
+    }
+}
+
+/// The user's groups (`getgrouplist`), always including `gid`.
+fn group_list(name: &CStr, gid: u32) -> Vec<u32> {
+    let mut n: libc::c_int = 32;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; n as usize];
+        let mut count = n;
+        // SAFETY: groups has room for `count` entries; getgrouplist updates count.
+        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        if rc >= 0 {
+            groups.truncate(count.max(0) as usize);
+            if !groups.contains(&gid) {
+                groups.push(gid);
+            }
+            return groups;
+        }
+        if count <= n || n > 65536 {
+            return vec![gid];
+        }
+        n = count;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_and_unknown_users() {
+        let root = lookup("root").unwrap();
+        assert_eq!((root.uid, root.gid), (0, 0));
+        assert!(root.groups.contains(&0));
+        assert!(matches!(
+            lookup("no-such-user-gantry"),
+            Err(UserError::Unknown(_))
+        ));
+        assert!(matches!(lookup("a\0b"), Err(UserError::InvalidName(_))));
+        assert!(!current_name().unwrap().is_empty());
+    }
+}
