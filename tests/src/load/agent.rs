@@ -121,9 +121,13 @@ impl Agent {
                     framework_id: *framework_id,
                     task: task.clone(),
                     state: *state,
+                    // Emulated: no real GPUs are handed to tasks.
+                    gpus: Vec::new(),
                 })
                 .collect(),
             pending_updates: Vec::new(),
+            // Emulated: tasks run nowhere; the default user of a root agent.
+            task_user: "nobody".into(),
         };
         if tx.send(&register).await.is_err() {
             return;
@@ -290,6 +294,8 @@ impl Agent {
             signal: None,
             timestamp_ms,
             reconciliation: false,
+            reason: None,
+            gpus: Vec::new(),
         };
         if let Some(h) = self.held.get_mut(&task_id) {
             h.2 = state;
