@@ -43,7 +43,7 @@ impl Master {
         let refuse = match refuse_ms(refuse_seconds) {
             Ok(r) => r,
             Err(m) => {
-                problem.get_or_insert((ErrorKind::InvalidRequest, m));
+                problem.get_or_insert((ErrorKind::InvalidRequest, m.to_string()));
                 None
             }
         };
@@ -373,13 +373,24 @@ impl Master {
     }
 }
 
-pub(super) fn refuse_ms(refuse_seconds: Option<f64>) -> Result<Option<Millis>, String> {
+/// The longest filter a framework can set: a `refuse_seconds` past it is "forever" (Mesos
+/// caps filters at a year too).
+pub const FOREVER_MS: Millis = 365 * 86_400 * 1000;
+
+/// A `refuse_seconds` that is not a duration.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("refuse_seconds {0} is not a non-negative number")]
+pub struct BadRefuseSeconds(pub f64);
+
+/// A filter duration in milliseconds (`None`: the allocator's default), capped at
+/// [`FOREVER_MS`].
+pub(super) fn refuse_ms(refuse_seconds: Option<f64>) -> Result<Option<Millis>, BadRefuseSeconds> {
     match refuse_seconds {
         None => Ok(None),
         Some(s) if s.is_finite() && s >= 0.0 => {
-            Ok(Some((s.min(365.0 * 86400.0) * 1000.0) as Millis))
+            Ok(Some((s.min((FOREVER_MS / 1000) as f64) * 1000.0) as Millis))
         }
-        Some(s) => Err(format!("refuse_seconds {s} is not a non-negative number")),
+        Some(s) => Err(BadRefuseSeconds(s)),
     }
 }
 

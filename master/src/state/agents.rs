@@ -161,8 +161,10 @@ impl Master {
                         out,
                     );
                 }
-                (None, Some((rec, _, _))) if rec.name == name => Claim::Recovered(c),
-                (None, Some((rec, _, _))) => {
+                (None, Some(RecoveredAgent { record: rec, .. })) if rec.name == name => {
+                    Claim::Recovered(c)
+                }
+                (None, Some(RecoveredAgent { record: rec, .. })) => {
                     let owner = rec.name.clone();
                     return self.refuse_agent(
                         conn,
@@ -224,7 +226,11 @@ impl Master {
                 .map(|a| a.dynamic.clone())
                 .unwrap_or_default(),
             Claim::Recovered(c) => match self.recovered_agents.remove(&c) {
-                Some((rec, d, _)) => {
+                Some(RecoveredAgent {
+                    record: rec,
+                    dynamic: d,
+                    ..
+                }) => {
                     self.recovered_by_name.remove(&rec.name);
                     recovered = Some(rec);
                     d

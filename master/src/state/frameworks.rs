@@ -58,7 +58,7 @@ impl Master {
             } => {
                 let refuse = match refuse_ms(refuse_seconds) {
                     Ok(r) => r,
-                    Err(m) => return out.push(err(conn, ErrorKind::InvalidRequest, m)),
+                    Err(e) => return out.push(err(conn, ErrorKind::InvalidRequest, e.to_string())),
                 };
                 // One error for all unknown ids: a long list of them is not a long answer.
                 let mut unknown: Option<(OfferId, usize)> = None;

@@ -68,10 +68,11 @@ mod timers;
 pub mod view;
 
 use accept::refuse_ms;
+pub use accept::{BadRefuseSeconds, FOREVER_MS};
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
-use recovery::with_dynamic;
+use recovery::{with_dynamic, RecoveredAgent};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -460,7 +461,7 @@ pub struct Master {
     pub(crate) completed_frameworks: VecDeque<CompletedFramework>,
     /// Agents known from the registry (after a failover) that have not re-registered yet,
     /// with their dynamic reservations and the time they must be back by.
-    recovered_agents: HashMap<AgentId, (AgentRecord, BTreeMap<String, Resources>, Millis)>,
+    recovered_agents: HashMap<AgentId, RecoveredAgent>,
     /// Names of `recovered_agents` (a name stays taken until its agent is back or given up).
     recovered_by_name: HashMap<String, AgentId>,
     allocation_pending: bool,

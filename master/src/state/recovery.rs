@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// An agent known from the registry (after a failover) that has not re-registered yet.
+#[derive(Debug)]
+pub(super) struct RecoveredAgent {
+    /// What the registry holds about it.
+    pub(super) record: AgentRecord,
+    /// Its dynamic reservations, per role.
+    pub(super) dynamic: BTreeMap<String, Resources>,
+    /// When it must be back by; then it is forgotten.
+    pub(super) deadline: Millis,
+}
+
 impl Master {
     /// Restores the persistent registry when this master becomes the leader: frameworks (as
     /// disconnected, so their failover timeouts run from now), weights, quotas, and the agents
@@ -47,8 +58,14 @@ impl Master {
                 .cloned()
                 .unwrap_or_default();
             self.recovered_by_name.insert(a.name.clone(), a.id);
-            self.recovered_agents
-                .insert(a.id, (a.clone(), dynamic, deadline));
+            self.recovered_agents.insert(
+                a.id,
+                RecoveredAgent {
+                    record: a.clone(),
+                    dynamic,
+                    deadline,
+                },
+            );
         }
         tracing::info!(
             frameworks = registry.frameworks.len(),

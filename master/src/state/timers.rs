@@ -9,11 +9,16 @@ impl Master {
         let gone: Vec<AgentId> = self
             .recovered_agents
             .iter()
-            .filter(|(_, (_, _, deadline))| now > *deadline)
+            .filter(|(_, r)| now > r.deadline)
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
-            if let Some((rec, dynamic, _)) = self.recovered_agents.remove(&id) {
+            if let Some(RecoveredAgent {
+                record: rec,
+                dynamic,
+                ..
+            }) = self.recovered_agents.remove(&id)
+            {
                 if self.recovered_by_name.get(&rec.name) == Some(&id) {
                     self.recovered_by_name.remove(&rec.name);
                 }
