@@ -15,7 +15,7 @@
 //!   `gantryctl` and the cluster tests.
 //! - [`tokens`]: PURE operator bearer tokens: stored as SHA-256, compared in constant time.
 //! - [`simulate`]: the scenario simulator, trace mode and benchmark driving the allocator in
-//!   simulated time.
+//!   simulated time, and the GPU placement replay of Alibaba's openb trace (`--openb`).
 //! - [`election`]: standalone or etcd leader election (epoch, write fence, leader address).
 //! - [`registry`]: the persistent registry (work-dir file or etcd), fenced by leadership.
 

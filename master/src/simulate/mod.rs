@@ -1,13 +1,17 @@
 //! Scenario simulator, trace mode and benchmark: they drive the real [`crate::allocator`] in
 //! simulated time (the allocator itself never reads a clock; only the trace mode and the
-//! benchmark measure wall time around its calls).
+//! benchmark measure wall time around its calls). The openb replay drives
+//! [`gantry_sdk::placement`] instead, timing each placement decision.
 //!
 //! - [`scenario`]: `gantry-master simulate FILE.toml`, JSON lines of offers, rescinds, summary.
 //! - [`trace`]: `gantry-master simulate --trace JOBS.csv --cluster CLUSTER.toml`, plus a synthetic
 //!   trace generator.
 //! - [`bench`]: `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
+//! - [`openb`]: `gantry-master simulate --openb NODES.csv PODS.csv`, the FGD paper's experiment
+//!   on Alibaba's GPU trace, run on [`gantry_sdk::placement`].
 
 pub mod bench;
+pub mod openb;
 pub mod scenario;
 pub mod trace;
 
@@ -54,7 +58,7 @@ impl SimError {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
     /// Scenario file (TOML) to replay.
-    #[arg(required_unless_present_any = ["trace", "generate_trace"])]
+    #[arg(required_unless_present_any = ["trace", "generate_trace", "openb"])]
     pub file: Option<PathBuf>,
     /// Job trace (CSV: arrival_ms,role,task,count,duration_ms) for trace mode.
     #[arg(long, requires = "cluster")]
@@ -77,6 +81,19 @@ pub struct SimulateArgs {
     /// Synthetic trace: random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Replay the FGD paper's experiment on Alibaba's openb trace: node list and pod list (CSV).
+    #[arg(long, num_args = 2, value_names = ["NODES.csv", "PODS.csv"])]
+    pub openb: Option<Vec<PathBuf>>,
+    /// openb replay: placement policy (fgd-fill, fgd-pack, fgd, best-fit, random); default:
+    /// the best for the pod list's task mix.
+    #[arg(long, requires = "openb")]
+    pub policy: Option<String>,
+    /// openb replay: seeds, e.g. 42-51, 42 or 1,5,9.
+    #[arg(long, default_value = "42-51")]
+    pub seeds: String,
+    /// openb replay: print one JSON object instead of the table.
+    #[arg(long, requires = "openb")]
+    pub json: bool,
 }
 
 /// Runs `gantry-master simulate` with output to stdout.
@@ -96,6 +113,28 @@ pub fn run_to<W: Write>(args: &SimulateArgs, out: &mut W) -> Result<(), SimError
             path: path.clone(),
             source,
         });
+    }
+    if let Some(paths) = &args.openb {
+        let [nodes, pods] = paths.as_slice() else {
+            return Err(SimError::Args("--openb needs NODES.csv PODS.csv".into()));
+        };
+        let policy: Option<gantry_sdk::placement::Policy> =
+            match &args.policy {
+                Some(p) => Some(p.parse().map_err(
+                    |e: gantry_sdk::placement::PlacementError| SimError::Args(e.to_string()),
+                )?),
+                None => None,
+            };
+        let seeds = openb::parse_seeds(&args.seeds)?;
+        let trace = openb::OpenbTrace::parse(&read(nodes)?, &read(pods)?)?;
+        let report = openb::run(&trace, policy, &seeds)?;
+        if args.json {
+            serde_json::to_writer(&mut *out, &report.to_json())?;
+            out.write_all(b"\n")?;
+        } else {
+            report.write_text(out)?;
+        }
+        return Ok(());
     }
     if let Some(trace_path) = &args.trace {
         let cluster_path = args

@@ -121,12 +121,10 @@ impl Agent {
                     framework_id: *framework_id,
                     task: task.clone(),
                     state: *state,
-                    // Emulated: no real GPUs are handed to tasks.
                     gpus: Vec::new(),
                 })
                 .collect(),
             pending_updates: Vec::new(),
-            // Emulated: tasks run nowhere; the default user of a root agent.
             task_user: "nobody".into(),
         };
         if tx.send(&register).await.is_err() {

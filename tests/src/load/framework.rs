@@ -83,7 +83,7 @@ impl LoadFramework {
         TaskInfo {
             task_id: TaskId::random(),
             name: format!("load-{}", self.idx),
-            command: CommandInfo::shell("true"),
+            command: "true".into(),
             resources: self.shape.task.clone(),
             env: Default::default(),
             kill_grace_secs: None,

@@ -1,0 +1,316 @@
+//! The expected-fragmentation measure behind `fgd` and `fgd-pack` (Fragmentation Gradient
+//! Descent, Weng et al., USENIX ATC 2023), implemented from the paper's description.
+//!
+//! For a node `n` and a task shape `m` of the workload, `frag(n, m)` is the free milli-GPU on `n`
+//! that `m` cannot use:
+//! - all of the node's free GPU when `m` cannot run there at all (CPU or memory short, GPU model
+//!   not accepted, no GPU with room for its fraction, or fewer idle GPUs than its whole GPUs);
+//! - otherwise the free amount of every GPU with less room than `m`'s per-GPU demand (a
+//!   fraction `d`: GPUs with less than `d` free; whole GPUs: partly used GPUs); a CPU-only shape
+//!   that fits fragments nothing.
+//!
+//!
+//! As in the paper, a CPU-only shape cannot use any GPU: all free GPU is fragmented for it (a
+//! constant for every GPU placement, so it only matters through its weight).
+//!
+//! A node's expected fragmentation is `F(n) = Σ_m count_m · frag(n, m)` (the counts are the
+//! popularity `p_m` up to a constant, so integer arithmetic keeps ties exact). A placement's
+//! score is `F(n after) − F(n before)`; the GPU choice on the node is part of the candidate.
+//!
+//! [`Measure::FgdFill`] (ours) adds `fill(n, m)`: the free milli-GPU left over after filling the
+//! node with as many copies of `m` as fit at once, counting GPU room (`⌊free/d⌋` per GPU for a
+//! fraction `d`, idle GPUs for whole GPUs) and the node's free CPU and memory; all free GPU for
+//! a shape that rejects the model or uses no GPU. FGD only asks whether one more task of each
+//! shape fits; `fill` also sees the leftover that repeated tasks strand (e.g. two 0.47-GPU tasks
+//! leave 0.06 of a GPU) and GPUs stranded by CPU or memory running out before them (a node
+//! whose CPU is taken by CPU-only tasks cannot use its idle GPUs).
+//!
+//! Shapes are grouped per GPU model and per GPU demand so that one evaluation costs one pass
+//! over the node's GPUs per demand plus one comparison per shape.
+
+use super::{GpuDemand, Node, TaskShape, GPU_MILLI, MAX_MODELS};
+
+/// Which fragmentation measure to score with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Measure {
+    /// The paper's `frag`.
+    Fgd,
+    /// `frag + fill` (see the module documentation).
+    FgdFill,
+}
+use std::collections::HashMap;
+
+/// Shapes with one GPU demand, as seen from one GPU model.
+#[derive(Debug, Clone)]
+struct Group {
+    demand: GpuDemand,
+    /// `(count, cpu_milli, memory_mib)` of each shape.
+    shapes: Vec<(u64, u64, u64)>,
+}
+
+/// The workload as seen from nodes of one GPU model.
+#[derive(Debug, Clone, Default)]
+struct ModelView {
+    groups: Vec<Group>,
+    /// Count of GPU shapes that do not accept this model: all free GPU is fragmented for them.
+    rejecting: u64,
+}
+
+/// The expected task mix: task shapes and how often each occurs.
+#[derive(Debug, Clone, Default)]
+pub struct Workload {
+    shapes: Vec<(TaskShape, u64)>,
+    index: HashMap<TaskShape, usize>,
+    /// Shapes by what scoring sees (CPU, memory, GPU demand; not the model list, which only
+    /// decides where a task may go): the placer caches evaluations per class.
+    classes: HashMap<(u64, u64, GpuDemand), usize>,
+    views: Vec<ModelView>,
+}
+
+impl Workload {
+    /// A workload of `(shape, count)` pairs (repeated shapes add up; zero counts are dropped).
+    pub fn new(shapes: impl IntoIterator<Item = (TaskShape, u64)>) -> Workload {
+        let mut merged: Vec<(TaskShape, u64)> = Vec::new();
+        let mut index = HashMap::new();
+        for (shape, count) in shapes {
+            if count == 0 {
+                continue;
+            }
+            match index.get(&shape) {
+                Some(&i) => {
+                    let entry: &mut (TaskShape, u64) = &mut merged[i];
+                    entry.1 += count;
+                }
+                None => {
+                    index.insert(shape, merged.len());
+                    merged.push((shape, count));
+                }
+            }
+        }
+        let views = (0..MAX_MODELS)
+            .map(|m| {
+                // MAX_MODELS is 64: every index fits a ModelId.
+                let model = super::ModelId(m as u8);
+                let mut view = ModelView::default();
+                for (shape, count) in &merged {
+                    if shape.gpu != GpuDemand::None && !shape.models.accepts(model) {
+                        view.rejecting += count;
+                        continue;
+                    }
+                    let item = (*count, shape.cpu_milli, shape.memory_mib);
+                    match view.groups.iter_mut().find(|g| g.demand == shape.gpu) {
+                        Some(g) => g.shapes.push(item),
+                        None => view.groups.push(Group {
+                            demand: shape.gpu,
+                            shapes: vec![item],
+                        }),
+                    }
+                }
+                view
+            })
+            .collect();
+        let mut classes = HashMap::new();
+        for (shape, _) in &merged {
+            let next = classes.len();
+            classes
+                .entry((shape.cpu_milli, shape.memory_mib, shape.gpu))
+                .or_insert(next);
+        }
+        Workload {
+            shapes: merged,
+            classes,
+            index,
+            views,
+        }
+    }
+
+    /// A workload counting each task once.
+    pub fn from_tasks<'a>(tasks: impl IntoIterator<Item = &'a TaskShape>) -> Workload {
+        Workload::new(tasks.into_iter().map(|t| (*t, 1)))
+    }
+
+    /// The share of GPU tasks that accept only some GPU models (0 when there is no GPU task).
+    pub fn constrained_share(&self) -> f64 {
+        let gpu = |s: &&(TaskShape, u64)| s.0.gpu != GpuDemand::None;
+        let all: u64 = self.shapes.iter().filter(gpu).map(|s| s.1).sum();
+        let constrained: u64 = self
+            .shapes
+            .iter()
+            .filter(gpu)
+            .filter(|s| !s.0.models.is_any())
+            .map(|s| s.1)
+            .sum();
+        if all == 0 {
+            0.0
+        } else {
+            constrained as f64 / all as f64
+        }
+    }
+
+    /// The share of the GPU request (milli-GPUs) made by tasks of 2 or more GPUs.
+    pub fn multi_gpu_share(&self) -> f64 {
+        let milli = |s: &(TaskShape, u64)| s.0.gpu.milli() * s.1;
+        let all: u64 = self.shapes.iter().map(milli).sum();
+        let multi: u64 = self
+            .shapes
+            .iter()
+            .filter(|s| matches!(s.0.gpu, GpuDemand::Whole(k) if k >= 2))
+            .map(milli)
+            .sum();
+        if all == 0 {
+            0.0
+        } else {
+            multi as f64 / all as f64
+        }
+    }
+
+    /// Number of distinct shapes.
+    pub fn shapes(&self) -> usize {
+        self.shapes.len()
+    }
+
+    /// The index of `task`'s shape, when the workload has it.
+    pub fn shape_index(&self, task: &TaskShape) -> Option<usize> {
+        self.index.get(task).copied()
+    }
+
+    /// Number of distinct (CPU, memory, GPU demand) classes of shapes.
+    pub fn classes(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// The class of `task` (its shape without the model list), when the workload has one.
+    pub fn class_index(&self, task: &TaskShape) -> Option<usize> {
+        self.classes
+            .get(&(task.cpu_milli, task.memory_mib, task.gpu))
+            .copied()
+    }
+
+    /// `F(n)`: the node's expected fragmented milli-GPU, weighted by shape counts.
+    pub fn fragmentation(&self, measure: Measure, node: &Node) -> i64 {
+        self.fragmentation_of(
+            measure,
+            node,
+            node.cpu_free,
+            node.memory_free,
+            &node.gpu_free,
+        )
+    }
+
+    fn fragmentation_of(
+        &self,
+        measure: Measure,
+        node: &Node,
+        cpu: u64,
+        memory: u64,
+        gpus: &[u32],
+    ) -> i64 {
+        let Some(view) = self.views.get(node.model.index()) else {
+            return 0;
+        };
+        let total: u64 = gpus.iter().map(|&f| u64::from(f)).sum();
+        if total == 0 {
+            return 0;
+        }
+        let fill = measure == Measure::FgdFill;
+        let max_free = gpus.iter().copied().max().unwrap_or(0);
+        let idle = gpus.iter().filter(|&&f| f == GPU_MILLI).count() as u64;
+        let below =
+            |d: u32| -> u64 { gpus.iter().filter(|&&f| f < d).map(|&f| u64::from(f)).sum() };
+        let rejecting = if fill { 2 } else { 1 } * view.rejecting;
+        let mut frag = rejecting * total;
+        for group in &view.groups {
+            // (usable by one more task when the host fits, copies by GPU room, milli per copy)
+            let (usable, copies, unit) = match group.demand {
+                GpuDemand::None => (None, 0, 0),
+                GpuDemand::Fraction(d) => (
+                    (max_free >= d).then(|| below(d)),
+                    gpus.iter().map(|&f| u64::from(f / d)).sum(),
+                    u64::from(d),
+                ),
+                GpuDemand::Whole(k) => (
+                    (idle >= u64::from(k)).then(|| below(GPU_MILLI)),
+                    idle / u64::from(k),
+                    u64::from(k) * u64::from(GPU_MILLI),
+                ),
+            };
+            for &(count, c, m) in &group.shapes {
+                let fits = c <= cpu && m <= memory;
+                frag += count
+                    * match usable {
+                        Some(left) if fits => left,
+                        _ => total,
+                    };
+                if fill {
+                    // A shape asking for no CPU (memory) is not limited by it.
+                    let n = copies
+                        .min(cpu.checked_div(c).unwrap_or(u64::MAX))
+                        .min(memory.checked_div(m).unwrap_or(u64::MAX));
+                    frag += count * (total - n.saturating_mul(unit).min(total));
+                }
+            }
+        }
+        i64::try_from(frag).unwrap_or(i64::MAX)
+    }
+
+    /// The least increase of `F` from placing `task` on `node` (whose `F` is `now`), and for a
+    /// fraction the GPU that achieves it (the fullest such GPU, then the lowest index).
+    /// `None` when the task does not fit.
+    pub(super) fn best_delta(
+        &self,
+        measure: Measure,
+        node: &Node,
+        now: i64,
+        task: &TaskShape,
+    ) -> Option<(i64, Option<usize>)> {
+        if !node.fits(task) {
+            return None;
+        }
+        let cpu = node.cpu_free - task.cpu_milli;
+        let memory = node.memory_free - task.memory_mib;
+        match task.gpu {
+            GpuDemand::None => Some((
+                self.fragmentation_of(measure, node, cpu, memory, &node.gpu_free) - now,
+                None,
+            )),
+            GpuDemand::Whole(k) => {
+                let mut after = node.gpu_free.clone();
+                for f in after
+                    .iter_mut()
+                    .filter(|f| **f == GPU_MILLI)
+                    .take(k as usize)
+                {
+                    *f = 0;
+                }
+                Some((
+                    self.fragmentation_of(measure, node, cpu, memory, &after) - now,
+                    None,
+                ))
+            }
+            GpuDemand::Fraction(d) => {
+                let mut after = node.gpu_free.clone();
+                let mut best: Option<(i64, u32, usize)> = None;
+                for (g, &f) in node.gpu_free.iter().enumerate() {
+                    if f < d {
+                        continue;
+                    }
+                    // GPUs with the same free amount score the same: try the first only.
+                    if node.gpu_free[..g].contains(&f) {
+                        continue;
+                    }
+                    after[g] = f - d;
+                    let delta = self.fragmentation_of(measure, node, cpu, memory, &after) - now;
+                    after[g] = f;
+                    let better = match best {
+                        None => true,
+                        Some((bd, bf, _)) => (delta, f) < (bd, bf),
+                    };
+                    if better {
+                        best = Some((delta, f, g));
+                    }
+                }
+                best.map(|(delta, _, g)| (delta, Some(g)))
+            }
+        }
+    }
+}

@@ -1,0 +1,724 @@
+//! Fragmentation-aware GPU placement: pure (no I/O, no clock), shared by framework schedulers
+//! (pick an agent and its GPUs from offers) and the master's simulator (`simulate --openb`).
+//!
+//! - [`Node`]: a candidate node's free CPU (milli-cores), memory (MiB), GPU model and the free
+//!   milli-GPU of each of its GPUs (1000 = a whole idle GPU), beside its capacity.
+//! - [`TaskShape`]: what a task asks for: CPU, memory, a [`GpuDemand`] (none, a fraction of one
+//!   GPU in milli-GPUs, or whole GPUs) and the acceptable GPU models ([`ModelSet`]).
+//! - [`Workload`]: the expected task mix (task shapes with their counts) that the
+//!   fragmentation-aware policies score against; [`fgd`] holds the fragmentation measure.
+//! - [`Policy`]: `fgd-fill` and `fgd-pack` (ours; [`Policy::best_for`] picks one for a task mix),
+//!   `fgd`, `best-fit`, `random`.
+//! - [`Placer`]: the cluster's nodes plus the policy; [`Placer::choose`] picks a node and GPUs,
+//!   [`Placer::commit`] / [`Placer::release`] keep the free amounts, and per-node results are
+//!   cached so that a decision at 1,000+ nodes stays well under a millisecond.
+//!
+//! Scoring (lower is better; ties go to a seeded random choice among the best, as in the
+//! Kubernetes scheduler the paper's baselines ran in):
+//! - `random`: every feasible node scores the same; a random GPU with room for a fraction.
+//! - `best-fit`: the sum over CPU, memory and GPU of the fraction of the node left free after
+//!   placing (the fullest node wins); a fraction goes to the fullest GPU it fits on.
+//! - `fgd` (Weng et al., USENIX ATC 2023): the increase of the node's expected fragmented GPU
+//!   amount `F(n) = Σ_m p_m · frag(n, m)` over the workload's task shapes `m`, where
+//!   `frag(n, m)` is the node's free milli-GPU that shape `m` cannot use (all of it when `m` does
+//!   not fit on the node at all; else the free amount of the GPUs with less room than `m`'s
+//!   per-GPU demand). The GPU choice on the node is part of the candidate.
+//! - `fgd-pack`: `fgd`'s increase of fragmentation, then (on a tie) the best-fit score instead
+//!   of a random choice: among moves that fragment equally, fill the fullest node first, which
+//!   keeps whole idle nodes for multi-GPU and large-CPU tasks.
+//! - `fgd-fill`: like `fgd-pack`, with the fragmentation measure extended by the leftover of
+//!   filling the node with copies of each shape, CPU and memory included ([`fgd`] explains it):
+//!   it sees GPU slivers that repeated tasks strand and GPUs stranded by CPU running out.
+
+pub mod fgd;
+
+use rand::{RngExt, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+pub use fgd::{Measure, Workload};
+
+/// Milli-GPUs in one whole GPU.
+pub const GPU_MILLI: u32 = 1000;
+
+/// At most this many distinct GPU models (a [`ModelSet`] is a 64-bit mask).
+pub const MAX_MODELS: usize = 64;
+
+/// Invalid placement input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("more than {MAX_MODELS} distinct GPU models")]
+    TooManyModels,
+    #[error("a GPU fraction must be 1..=999 milli-GPUs, got {0}")]
+    BadFraction(u32),
+    #[error("a whole-GPU demand must be at least 1 GPU")]
+    ZeroGpus,
+    #[error("node {node}: GPU {gpu} has {free} milli-GPUs free, above {GPU_MILLI}")]
+    BadGpu { node: usize, gpu: usize, free: u32 },
+    #[error("node {node}: free resources above its capacity")]
+    FreeAboveCapacity { node: usize },
+    #[error(
+        "unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd, best-fit or random)"
+    )]
+    UnknownPolicy(String),
+    #[error("placement does not match node {0}'s free resources")]
+    Mismatch(usize),
+}
+
+/// A GPU model, interned by [`Models`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelId(u8);
+
+impl ModelId {
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+/// The GPU models a task accepts; empty means any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ModelSet(u64);
+
+impl ModelSet {
+    pub const ANY: ModelSet = ModelSet(0);
+
+    pub fn with(self, model: ModelId) -> ModelSet {
+        ModelSet(self.0 | (1u64 << model.0))
+    }
+
+    pub fn accepts(self, model: ModelId) -> bool {
+        self.0 == 0 || self.0 & (1u64 << model.0) != 0
+    }
+
+    pub fn is_any(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// Interns GPU model names.
+#[derive(Debug, Clone, Default)]
+pub struct Models {
+    names: Vec<String>,
+}
+
+impl Models {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The id of `name`, adding it when new.
+    pub fn intern(&mut self, name: &str) -> Result<ModelId, PlacementError> {
+        if let Some(id) = self.get(name) {
+            return Ok(id);
+        }
+        if self.names.len() >= MAX_MODELS {
+            return Err(PlacementError::TooManyModels);
+        }
+        let id = u8::try_from(self.names.len()).map_err(|_| PlacementError::TooManyModels)?;
+        self.names.push(name.to_string());
+        Ok(ModelId(id))
+    }
+
+    pub fn get(&self, name: &str) -> Option<ModelId> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .and_then(|i| u8::try_from(i).ok())
+            .map(ModelId)
+    }
+
+    pub fn name(&self, id: ModelId) -> Option<&str> {
+        self.names.get(id.index()).map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The set of the given model names (interning them); no names is [`ModelSet::ANY`].
+    pub fn set<'a>(
+        &mut self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Result<ModelSet, PlacementError> {
+        let mut set = ModelSet::ANY;
+        for name in names {
+            let name = name.trim();
+            if !name.is_empty() {
+                set = set.with(self.intern(name)?);
+            }
+        }
+        Ok(set)
+    }
+}
+
+/// A task's GPU demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpuDemand {
+    None,
+    /// A share of one GPU, 1..=999 milli-GPUs.
+    Fraction(u32),
+    /// Whole idle GPUs on one node.
+    Whole(u32),
+}
+
+impl GpuDemand {
+    /// A checked fraction (1..=999); 1000 is `Whole(1)`.
+    pub fn fraction(milli: u32) -> Result<GpuDemand, PlacementError> {
+        match milli {
+            GPU_MILLI => Ok(GpuDemand::Whole(1)),
+            1..=999 => Ok(GpuDemand::Fraction(milli)),
+            _ => Err(PlacementError::BadFraction(milli)),
+        }
+    }
+
+    /// A checked number of whole GPUs (0 is `None`).
+    pub fn whole(count: u32) -> GpuDemand {
+        if count == 0 {
+            GpuDemand::None
+        } else {
+            GpuDemand::Whole(count)
+        }
+    }
+
+    /// Total milli-GPUs asked for.
+    pub fn milli(self) -> u64 {
+        match self {
+            GpuDemand::None => 0,
+            GpuDemand::Fraction(m) => u64::from(m),
+            GpuDemand::Whole(n) => u64::from(n) * u64::from(GPU_MILLI),
+        }
+    }
+}
+
+/// What a task asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskShape {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub gpu: GpuDemand,
+    pub models: ModelSet,
+}
+
+/// A candidate node: capacity and what is free now.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub model: ModelId,
+    pub cpu_capacity: u64,
+    pub memory_capacity: u64,
+    pub cpu_free: u64,
+    pub memory_free: u64,
+    /// Free milli-GPUs of each GPU (its capacity is [`GPU_MILLI`]).
+    pub gpu_free: Vec<u32>,
+}
+
+impl Node {
+    /// An idle node.
+    pub fn idle(model: ModelId, cpu_milli: u64, memory_mib: u64, gpus: usize) -> Node {
+        Node {
+            model,
+            cpu_capacity: cpu_milli,
+            memory_capacity: memory_mib,
+            cpu_free: cpu_milli,
+            memory_free: memory_mib,
+            gpu_free: vec![GPU_MILLI; gpus],
+        }
+    }
+
+    fn check(&self, index: usize) -> Result<(), PlacementError> {
+        if self.cpu_free > self.cpu_capacity || self.memory_free > self.memory_capacity {
+            return Err(PlacementError::FreeAboveCapacity { node: index });
+        }
+        for (gpu, &free) in self.gpu_free.iter().enumerate() {
+            if free > GPU_MILLI {
+                return Err(PlacementError::BadGpu {
+                    node: index,
+                    gpu,
+                    free,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Free milli-GPUs over all GPUs.
+    pub fn gpu_free_total(&self) -> u64 {
+        self.gpu_free.iter().map(|&f| u64::from(f)).sum()
+    }
+
+    /// Whether CPU, memory and model allow `task` here (GPU room aside).
+    fn fits_host(&self, task: &TaskShape) -> bool {
+        task.cpu_milli <= self.cpu_free
+            && task.memory_mib <= self.memory_free
+            && (task.gpu == GpuDemand::None || task.models.accepts(self.model))
+    }
+
+    /// Whether `task` fits here.
+    pub fn fits(&self, task: &TaskShape) -> bool {
+        self.fits_host(task)
+            && match task.gpu {
+                GpuDemand::None => true,
+                GpuDemand::Fraction(d) => self.gpu_free.iter().any(|&f| f >= d),
+                GpuDemand::Whole(k) => self.idle_gpus() >= k as usize,
+            }
+    }
+
+    fn idle_gpus(&self) -> usize {
+        self.gpu_free.iter().filter(|&&f| f == GPU_MILLI).count()
+    }
+
+    /// The first `k` idle GPUs.
+    fn first_idle(&self, k: u32) -> Vec<GpuShare> {
+        self.gpu_free
+            .iter()
+            .enumerate()
+            .filter(|(_, &f)| f == GPU_MILLI)
+            .take(k as usize)
+            .map(|(i, _)| GpuShare {
+                gpu: i,
+                milli: GPU_MILLI,
+            })
+            .collect()
+    }
+}
+
+/// A share of one GPU given to a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuShare {
+    /// Index into [`Node::gpu_free`].
+    pub gpu: usize,
+    pub milli: u32,
+}
+
+/// Where a task goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub node: usize,
+    pub gpus: Vec<GpuShare>,
+}
+
+/// A placement policy (see the module documentation for the scoring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// FGD plus the repeated-fill leftover, then best-fit on ties (ours).
+    FgdFill,
+    /// FGD then best-fit on ties (ours).
+    FgdPack,
+    /// Fragmentation Gradient Descent.
+    Fgd,
+    BestFit,
+    Random,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 5] = [
+        Policy::FgdFill,
+        Policy::FgdPack,
+        Policy::Fgd,
+        Policy::BestFit,
+        Policy::Random,
+    ];
+
+    /// The best policy we measured for a workload like `workload` (docs/benchmarks.md):
+    /// `fgd-fill`, except when more than a fifth of the GPU tasks constrain the GPU model or
+    /// more than 15% of the GPU request is multi-GPU tasks, where `fgd-pack` did better (the
+    /// fill term steers tasks toward CPU-rich nodes, which model-constrained and 8-GPU tasks
+    /// need whole).
+    pub fn best_for(workload: &Workload) -> Policy {
+        if workload.constrained_share() > 0.2 || workload.multi_gpu_share() > 0.15 {
+            Policy::FgdPack
+        } else {
+            Policy::FgdFill
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::FgdFill => "fgd-fill",
+            Policy::FgdPack => "fgd-pack",
+            Policy::Fgd => "fgd",
+            Policy::BestFit => "best-fit",
+            Policy::Random => "random",
+        }
+    }
+
+    /// Whether the policy scores against a [`Workload`].
+    pub fn needs_workload(self) -> bool {
+        matches!(self, Policy::Fgd | Policy::FgdPack | Policy::FgdFill)
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = PlacementError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| PlacementError::UnknownPolicy(s.to_string()))
+    }
+}
+
+/// A candidate's score: compared lexicographically, lower is better.
+type Score = (i64, u64);
+
+/// One node's best candidate for a task: the score and, for a fraction, the GPU.
+#[derive(Debug, Clone, Copy)]
+struct Eval {
+    score: Score,
+    gpu: usize,
+}
+
+/// A cached [`Eval`] for a (node, workload shape) pair, valid while the node's stamp matches.
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    stamp: u32,
+    eval: Option<Eval>,
+}
+
+const NO_STAMP: u32 = 0;
+
+/// The cluster's nodes and a policy: chooses placements and tracks what they take.
+#[derive(Debug, Clone)]
+pub struct Placer {
+    nodes: Vec<Node>,
+    policy: Policy,
+    workload: Workload,
+    rng: Pcg64Mcg,
+    /// Each node's expected fragmentation now ([`Workload::fragmentation`]).
+    frag: Vec<i64>,
+    /// Each node's fragmentation under [`Measure::FgdFill`] (`fgd-fill` only).
+    fill: Vec<i64>,
+    /// Bumped whenever a node changes; cache entries of older stamps are stale.
+    stamp: Vec<u32>,
+    /// `nodes × workload classes` cached evaluations (fragmentation-aware policies only).
+    cache: Vec<Cached>,
+}
+
+impl Placer {
+    /// A placer over `nodes`. `workload` is the expected task mix (used by `fgd` and `fgd-pack`;
+    /// an empty one makes them plain best-fit / random); `seed` drives random choices.
+    pub fn new(
+        nodes: Vec<Node>,
+        policy: Policy,
+        workload: Workload,
+        seed: u64,
+    ) -> Result<Placer, PlacementError> {
+        for (i, node) in nodes.iter().enumerate() {
+            node.check(i)?;
+        }
+        let measure = if policy == Policy::FgdFill {
+            Measure::FgdFill
+        } else {
+            Measure::Fgd
+        };
+        let frag = nodes
+            .iter()
+            .map(|n| workload.fragmentation(Measure::Fgd, n))
+            .collect();
+        let fill = if measure == Measure::FgdFill {
+            nodes
+                .iter()
+                .map(|n| workload.fragmentation(Measure::FgdFill, n))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let cache_len = if policy.needs_workload() {
+            nodes.len() * workload.classes()
+        } else {
+            0
+        };
+        Ok(Placer {
+            stamp: vec![NO_STAMP + 1; nodes.len()],
+            frag,
+            fill,
+            cache: vec![
+                Cached {
+                    stamp: NO_STAMP,
+                    eval: None
+                };
+                cache_len
+            ],
+            nodes,
+            policy,
+            workload,
+            rng: Pcg64Mcg::seed_from_u64(seed),
+        })
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Chooses where `task` goes, or `None` when it fits nowhere. Does not commit.
+    pub fn choose(&mut self, task: &TaskShape) -> Option<Placement> {
+        if let GpuDemand::Fraction(d) = task.gpu {
+            if d == 0 || d >= GPU_MILLI {
+                return None;
+            }
+        }
+        if task.gpu == GpuDemand::Whole(0) {
+            return None;
+        }
+        let class = if self.policy.needs_workload() {
+            self.workload.class_index(task)
+        } else {
+            None
+        };
+        // Evaluations are cached per class (the model list aside), so check it first.
+        let any_model = TaskShape {
+            models: ModelSet::ANY,
+            ..*task
+        };
+        let mut best: Option<(Score, usize, usize)> = None;
+        let mut ties = 0u64;
+        // Nodes in the same state score the same: on a cold cache (a shape's first task, when
+        // every node is evaluated) identical nodes are evaluated once.
+        let mut same_state: HashMap<Node, Option<Eval>> = HashMap::new();
+        for i in 0..self.nodes.len() {
+            let eval = match class {
+                Some(c) => {
+                    if task.gpu != GpuDemand::None && !task.models.accepts(self.nodes[i].model) {
+                        continue;
+                    }
+                    let slot = i * self.workload.classes() + c;
+                    let cached = self.cache[slot];
+                    if cached.stamp == self.stamp[i] {
+                        cached.eval
+                    } else {
+                        let eval = match same_state.get(&self.nodes[i]) {
+                            Some(&eval) => eval,
+                            None => {
+                                let eval = self.evaluate(i, &any_model);
+                                same_state.insert(self.nodes[i].clone(), eval);
+                                eval
+                            }
+                        };
+                        self.cache[slot] = Cached {
+                            stamp: self.stamp[i],
+                            eval,
+                        };
+                        eval
+                    }
+                }
+                None => self.evaluate(i, task),
+            };
+            let Some(eval) = eval else { continue };
+            match best {
+                Some((score, _, _)) if eval.score > score => {}
+                Some((score, _, _)) if eval.score == score => {
+                    // Reservoir sampling keeps a uniform choice among equal scores.
+                    ties += 1;
+                    if self.rng.random_range(0..ties) == 0 {
+                        best = Some((eval.score, i, eval.gpu));
+                    }
+                }
+                _ => {
+                    ties = 1;
+                    best = Some((eval.score, i, eval.gpu));
+                }
+            }
+        }
+        let (_, node, gpu) = best?;
+        let gpus = match task.gpu {
+            GpuDemand::None => Vec::new(),
+            GpuDemand::Fraction(d) => {
+                let gpu = if self.policy == Policy::Random {
+                    // A random GPU with room, as the random policy promises.
+                    let fitting: Vec<usize> = self.nodes[node]
+                        .gpu_free
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &f)| f >= d)
+                        .map(|(g, _)| g)
+                        .collect();
+                    fitting[self.rng.random_range(0..fitting.len())]
+                } else {
+                    gpu
+                };
+                vec![GpuShare { gpu, milli: d }]
+            }
+            GpuDemand::Whole(k) => self.nodes[node].first_idle(k),
+        };
+        Some(Placement { node, gpus })
+    }
+
+    /// Chooses and commits; `None` when the task fits nowhere.
+    pub fn place(&mut self, task: &TaskShape) -> Option<Placement> {
+        let placement = self.choose(task)?;
+        self.commit(&placement, task).ok()?;
+        Some(placement)
+    }
+
+    /// Takes what `placement` gives `task` from its node.
+    pub fn commit(
+        &mut self,
+        placement: &Placement,
+        task: &TaskShape,
+    ) -> Result<(), PlacementError> {
+        let node = self
+            .nodes
+            .get(placement.node)
+            .ok_or(PlacementError::Mismatch(placement.node))?;
+        let ok = node.fits_host(task)
+            && placement
+                .gpus
+                .iter()
+                .map(|g| u64::from(g.milli))
+                .sum::<u64>()
+                == task.gpu.milli()
+            && placement
+                .gpus
+                .iter()
+                .all(|g| node.gpu_free.get(g.gpu).is_some_and(|&f| f >= g.milli))
+            && distinct(&placement.gpus);
+        if !ok {
+            return Err(PlacementError::Mismatch(placement.node));
+        }
+        let node = &mut self.nodes[placement.node];
+        node.cpu_free -= task.cpu_milli;
+        node.memory_free -= task.memory_mib;
+        for g in &placement.gpus {
+            node.gpu_free[g.gpu] -= g.milli;
+        }
+        self.touched(placement.node);
+        Ok(())
+    }
+
+    /// Gives back what `placement` took for `task` (a task ended).
+    pub fn release(
+        &mut self,
+        placement: &Placement,
+        task: &TaskShape,
+    ) -> Result<(), PlacementError> {
+        let node = self
+            .nodes
+            .get(placement.node)
+            .ok_or(PlacementError::Mismatch(placement.node))?;
+        let ok = node.cpu_free + task.cpu_milli <= node.cpu_capacity
+            && node.memory_free + task.memory_mib <= node.memory_capacity
+            && placement.gpus.iter().all(|g| {
+                node.gpu_free
+                    .get(g.gpu)
+                    .is_some_and(|&f| f + g.milli <= GPU_MILLI)
+            })
+            && distinct(&placement.gpus);
+        if !ok {
+            return Err(PlacementError::Mismatch(placement.node));
+        }
+        let node = &mut self.nodes[placement.node];
+        node.cpu_free += task.cpu_milli;
+        node.memory_free += task.memory_mib;
+        for g in &placement.gpus {
+            node.gpu_free[g.gpu] += g.milli;
+        }
+        self.touched(placement.node);
+        Ok(())
+    }
+
+    fn measure(&self) -> Measure {
+        if self.policy == Policy::FgdFill {
+            Measure::FgdFill
+        } else {
+            Measure::Fgd
+        }
+    }
+
+    fn touched(&mut self, node: usize) {
+        self.frag[node] = self.workload.fragmentation(Measure::Fgd, &self.nodes[node]);
+        if let Some(f) = self.fill.get_mut(node) {
+            *f = self
+                .workload
+                .fragmentation(Measure::FgdFill, &self.nodes[node]);
+        }
+        self.stamp[node] = self.stamp[node].wrapping_add(1).max(NO_STAMP + 1);
+    }
+
+    /// The best candidate on node `i` for `task` under the policy.
+    fn evaluate(&self, i: usize, task: &TaskShape) -> Option<Eval> {
+        let node = &self.nodes[i];
+        if !node.fits(task) {
+            return None;
+        }
+        match self.policy {
+            Policy::Random => Some(Eval {
+                score: (0, 0),
+                gpu: 0,
+            }),
+            Policy::BestFit => {
+                let gpu = tightest_gpu(node, task.gpu);
+                Some(Eval {
+                    score: (0, best_fit(node, task)),
+                    gpu: gpu.unwrap_or(0),
+                })
+            }
+            Policy::Fgd | Policy::FgdPack | Policy::FgdFill => {
+                let (delta, gpu) = if self.measure() == Measure::FgdFill {
+                    self.workload
+                        .best_delta(Measure::FgdFill, node, self.fill[i], task)?
+                } else {
+                    self.workload
+                        .best_delta(Measure::Fgd, node, self.frag[i], task)?
+                };
+                let pack = if self.policy != Policy::Fgd {
+                    best_fit(node, task)
+                } else {
+                    0
+                };
+                Some(Eval {
+                    score: (delta, pack),
+                    gpu: gpu.unwrap_or(0),
+                })
+            }
+        }
+    }
+}
+
+fn distinct(gpus: &[GpuShare]) -> bool {
+    gpus.iter()
+        .enumerate()
+        .all(|(i, a)| gpus[..i].iter().all(|b| b.gpu != a.gpu))
+}
+
+/// For a fraction, the fitting GPU with the least room (first on ties).
+fn tightest_gpu(node: &Node, demand: GpuDemand) -> Option<usize> {
+    let GpuDemand::Fraction(d) = demand else {
+        return None;
+    };
+    node.gpu_free
+        .iter()
+        .enumerate()
+        .filter(|(_, &f)| f >= d)
+        .min_by_key(|(g, &f)| (f, *g))
+        .map(|(g, _)| g)
+}
+
+/// Best-fit score (lower = fuller node after placing): the free fraction of CPU, memory and
+/// GPU left on the node after the task, summed, in millionths.
+fn best_fit(node: &Node, task: &TaskShape) -> u64 {
+    const SCALE: u64 = 1_000_000;
+    let frac = |free: u64, cap: u64| free.saturating_mul(SCALE).checked_div(cap).unwrap_or(0);
+    let gpu_cap = node.gpu_free.len() as u64 * u64::from(GPU_MILLI);
+    frac(node.cpu_free - task.cpu_milli, node.cpu_capacity)
+        + frac(node.memory_free - task.memory_mib, node.memory_capacity)
+        + frac(node.gpu_free_total() - task.gpu.milli(), gpu_cap)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,489 @@
+use super::*;
+use proptest::prelude::*;
+
+fn model(models: &mut Models, name: &str) -> ModelId {
+    models.intern(name).expect("model")
+}
+
+fn task(cpu: u64, mem: u64, gpu: GpuDemand) -> TaskShape {
+    TaskShape {
+        cpu_milli: cpu,
+        memory_mib: mem,
+        gpu,
+        models: ModelSet::ANY,
+    }
+}
+
+fn node_with(model: ModelId, gpu_free: &[u32]) -> Node {
+    let mut n = Node::idle(model, 64_000, 256_000, gpu_free.len());
+    n.gpu_free = gpu_free.to_vec();
+    n
+}
+
+fn placer(nodes: Vec<Node>, policy: Policy, workload: &[TaskShape]) -> Placer {
+    Placer::new(nodes, policy, Workload::from_tasks(workload), 7).expect("placer")
+}
+
+#[test]
+fn policies_parse_and_print() {
+    for p in Policy::ALL {
+        assert_eq!(p.name().parse::<Policy>(), Ok(p));
+    }
+    assert!(matches!(
+        "tetris".parse::<Policy>(),
+        Err(PlacementError::UnknownPolicy(_))
+    ));
+}
+
+#[test]
+fn the_best_policy_depends_on_the_mix() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let frac = task(1000, 1000, GpuDemand::Fraction(500));
+    let eight = task(1000, 1000, GpuDemand::Whole(8));
+    let only_a = TaskShape {
+        models: ModelSet::ANY.with(a),
+        ..frac
+    };
+    let mix = |shapes: &[(TaskShape, u64)]| Workload::new(shapes.iter().copied());
+    assert_eq!(Policy::best_for(&mix(&[(frac, 100)])), Policy::FgdFill);
+    assert_eq!(Policy::best_for(&Workload::default()), Policy::FgdFill);
+    // 8 GPUs of 16 + 8 = 16.5 GPUs requested: multi-GPU heavy.
+    assert_eq!(
+        Policy::best_for(&mix(&[(frac, 1), (eight, 2)])),
+        Policy::FgdPack
+    );
+    let w = mix(&[(frac, 70), (only_a, 30)]);
+    assert!((w.constrained_share() - 0.3).abs() < 1e-9);
+    assert_eq!(Policy::best_for(&w), Policy::FgdPack);
+}
+
+#[test]
+fn demands_are_checked() {
+    assert_eq!(GpuDemand::fraction(250), Ok(GpuDemand::Fraction(250)));
+    assert_eq!(GpuDemand::fraction(1000), Ok(GpuDemand::Whole(1)));
+    assert_eq!(GpuDemand::fraction(0), Err(PlacementError::BadFraction(0)));
+    assert_eq!(
+        GpuDemand::fraction(1500),
+        Err(PlacementError::BadFraction(1500))
+    );
+    assert_eq!(GpuDemand::whole(0), GpuDemand::None);
+    assert_eq!(GpuDemand::Whole(3).milli(), 3000);
+}
+
+#[test]
+fn bad_nodes_are_refused() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let bad = node_with(a, &[1000, 1200]);
+    assert_eq!(
+        Placer::new(vec![bad], Policy::Fgd, Workload::default(), 1).err(),
+        Some(PlacementError::BadGpu {
+            node: 0,
+            gpu: 1,
+            free: 1200
+        })
+    );
+    let mut over = node_with(a, &[1000]);
+    over.cpu_free = over.cpu_capacity + 1;
+    assert_eq!(
+        Placer::new(vec![over], Policy::Random, Workload::default(), 1).err(),
+        Some(PlacementError::FreeAboveCapacity { node: 0 })
+    );
+}
+
+#[test]
+fn too_many_models_is_an_error() {
+    let mut models = Models::new();
+    for i in 0..MAX_MODELS {
+        models.intern(&format!("M{i}")).expect("fits");
+    }
+    assert_eq!(models.intern("M0"), Ok(ModelId(0)));
+    assert_eq!(
+        models.intern("one-more"),
+        Err(PlacementError::TooManyModels)
+    );
+}
+
+/// Hand-checked expected fragmentation (see fgd.rs for the definition).
+#[test]
+fn fragmentation_by_hand() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let half = task(1000, 1000, GpuDemand::Fraction(500));
+    let whole = task(1000, 1000, GpuDemand::Whole(1));
+    let w = Workload::from_tasks(&[half, whole]);
+    // [500, 1000]: the half-GPU shape uses both GPUs (nothing below 500 free); the whole-GPU
+    // shape cannot use the half-free GPU: 500.
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[500, 1000])),
+        500
+    );
+    // [500, 500]: the whole-GPU shape does not fit at all: all 1000 free milli-GPU.
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[500, 500])),
+        1000
+    );
+    // [300, 1000]: the half shape cannot use 300, the whole shape cannot either: 300 + 300.
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[300, 1000])),
+        600
+    );
+    // Nothing free: nothing fragmented.
+    assert_eq!(w.fragmentation(Measure::Fgd, &node_with(a, &[0, 0])), 0);
+    // CPU exhausted: every shape is blocked, all free GPU is fragmented for both.
+    let mut starved = node_with(a, &[1000, 1000]);
+    starved.cpu_free = 500;
+    assert_eq!(w.fragmentation(Measure::Fgd, &starved), 4000);
+}
+
+#[test]
+fn fill_by_hand() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let t = task(1000, 1000, GpuDemand::Fraction(470));
+    let cpu_only = task(1000, 1000, GpuDemand::None);
+    let w = Workload::from_tasks(&[t]);
+    let mut n = node_with(a, &[1000, 1000]);
+    // One more 0.47 task fits: FGD sees nothing fragmented. Four copies fit (two per GPU),
+    // leaving 2 × 0.06 GPU stranded.
+    assert_eq!(w.fragmentation(Measure::Fgd, &n), 0);
+    assert_eq!(w.fragmentation(Measure::FgdFill, &n), 120);
+    // CPU for one copy only: the fill leaves 2000 - 470 stranded.
+    n.cpu_free = 1500;
+    assert_eq!(w.fragmentation(Measure::Fgd, &n), 0);
+    assert_eq!(w.fragmentation(Measure::FgdFill, &n), 1530);
+    // A CPU-only shape cannot use any GPU: all free GPU, under both measures (twice with fill).
+    let w = Workload::from_tasks(&[cpu_only]);
+    assert_eq!(w.fragmentation(Measure::Fgd, &n), 2000);
+    assert_eq!(w.fragmentation(Measure::FgdFill, &n), 4000);
+}
+
+#[test]
+fn shapes_that_reject_the_model_see_all_free_gpu_as_fragmented() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let b = model(&mut models, "B");
+    let only_b = TaskShape {
+        models: ModelSet::ANY.with(b),
+        ..task(1000, 1000, GpuDemand::Whole(1))
+    };
+    let w = Workload::from_tasks(&[only_b, only_b]);
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(a, &[1000, 400])),
+        2 * 1400
+    );
+    assert_eq!(
+        w.fragmentation(Measure::Fgd, &node_with(b, &[1000, 400])),
+        2 * 400
+    );
+}
+
+#[test]
+fn fractions_pack_onto_one_gpu() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let quarter = task(1000, 1000, GpuDemand::Fraction(250));
+    for policy in [Policy::Fgd, Policy::FgdPack, Policy::BestFit] {
+        let mut p = placer(vec![node_with(a, &[1000, 1000])], policy, &[quarter]);
+        let placed: Vec<Placement> = (0..8).map(|_| p.place(&quarter).expect("fits")).collect();
+        // Four quarters fill GPU 0 or 1 completely before the other one is touched.
+        let first = placed[0].gpus[0].gpu;
+        assert!(placed[..4].iter().all(|pl| pl.gpus
+            == vec![GpuShare {
+                gpu: first,
+                milli: 250
+            }]));
+        assert!(placed[4..].iter().all(|pl| pl.gpus[0].gpu != first));
+        assert_eq!(p.nodes()[0].gpu_free, vec![0, 0], "{policy}");
+        assert_eq!(p.place(&quarter), None, "{policy}: the cluster is full");
+    }
+}
+
+/// FGD keeps a GPU usable by the common 0.6-GPU tasks where best-fit fills the fuller one.
+#[test]
+fn fgd_differs_from_best_fit_by_hand() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let common = task(1000, 1000, GpuDemand::Fraction(600));
+    let small = task(1000, 1000, GpuDemand::Fraction(300));
+    let workload = [common, common, common, small];
+    let nodes = || vec![node_with(a, &[700]), node_with(a, &[1000])];
+    // Node 0 after: 400 free, useless for the 0.6 shape (+3·400 fragmented); node 1 after: 700,
+    // still fits a 0.6 task (0 change for it).
+    let mut fgd = placer(nodes(), Policy::Fgd, &workload);
+    assert_eq!(fgd.choose(&small).map(|p| p.node), Some(1));
+    let mut bf = placer(nodes(), Policy::BestFit, &workload);
+    assert_eq!(bf.choose(&small).map(|p| p.node), Some(0));
+}
+
+#[test]
+fn fgd_picks_the_gpu_on_the_node() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let half = task(1000, 1000, GpuDemand::Fraction(500));
+    let whole = task(1000, 1000, GpuDemand::Whole(1));
+    // On [500, 1000], the half task on GPU 0 keeps GPU 1 idle for whole-GPU tasks.
+    let mut p = placer(
+        vec![node_with(a, &[500, 1000])],
+        Policy::Fgd,
+        &[half, whole],
+    );
+    assert_eq!(
+        p.choose(&half),
+        Some(Placement {
+            node: 0,
+            gpus: vec![GpuShare { gpu: 0, milli: 500 }]
+        })
+    );
+}
+
+#[test]
+fn fgd_pack_breaks_ties_toward_the_fuller_node() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let whole = task(1000, 1000, GpuDemand::Whole(1));
+    // Whole-GPU tasks on idle GPUs never fragment: every node ties for FGD.
+    let mut nodes = vec![
+        node_with(a, &[1000; 8]),
+        node_with(a, &[0, 0, 0, 0, 0, 0, 1000, 1000]),
+    ];
+    nodes.push(node_with(a, &[1000; 4]));
+    for seed in 0..20 {
+        let mut p = Placer::new(
+            nodes.clone(),
+            Policy::FgdPack,
+            Workload::from_tasks(&[whole]),
+            seed,
+        )
+        .expect("placer");
+        assert_eq!(p.choose(&whole).map(|pl| pl.node), Some(1));
+    }
+}
+
+#[test]
+fn model_constraints_are_honoured() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let b = model(&mut models, "B");
+    let c = model(&mut models, "C");
+    let on_b = TaskShape {
+        models: models.set(["B", "C"]).expect("set"),
+        ..task(1000, 1000, GpuDemand::Fraction(500))
+    };
+    let cpu_only = TaskShape {
+        models: ModelSet::ANY.with(c),
+        ..task(1000, 1000, GpuDemand::None)
+    };
+    for policy in Policy::ALL {
+        for seed in 0..10 {
+            let nodes = vec![node_with(a, &[1000; 4]), node_with(b, &[1000])];
+            let mut p =
+                Placer::new(nodes, policy, Workload::from_tasks(&[on_b]), seed).expect("placer");
+            assert_eq!(p.place(&on_b).map(|pl| pl.node), Some(1), "{policy}");
+            assert_eq!(p.place(&on_b).map(|pl| pl.node), Some(1), "{policy}");
+            assert_eq!(p.place(&on_b), None, "{policy}: no B GPU has room left");
+            // A model list only constrains GPU tasks.
+            assert!(p.place(&cpu_only).is_some());
+        }
+    }
+}
+
+#[test]
+fn multi_gpu_tasks_take_idle_gpus_on_one_node() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let three = task(1000, 1000, GpuDemand::Whole(3));
+    for policy in Policy::ALL {
+        let nodes = vec![
+            node_with(a, &[1000, 600, 1000, 1000]),
+            node_with(a, &[1000, 1000]),
+        ];
+        let mut p = placer(nodes, policy, &[three]);
+        let pl = p.place(&three).expect("fits on node 0");
+        assert_eq!(pl.node, 0);
+        let gpus: Vec<usize> = pl.gpus.iter().map(|g| g.gpu).collect();
+        assert_eq!(gpus, vec![0, 2, 3]);
+        assert!(pl.gpus.iter().all(|g| g.milli == GPU_MILLI));
+        // Two idle GPUs are left in all, never three on one node.
+        assert_eq!(p.place(&three), None, "{policy}");
+    }
+}
+
+#[test]
+fn cpu_and_memory_limit_placement() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let mut low_cpu = node_with(a, &[1000, 1000]);
+    low_cpu.cpu_free = 2000;
+    let mut low_mem = node_with(a, &[1000, 1000]);
+    low_mem.memory_free = 100;
+    let roomy = node_with(a, &[0, 1000]);
+    let t = task(4000, 4096, GpuDemand::Fraction(100));
+    for policy in Policy::ALL {
+        let mut p = placer(
+            vec![low_cpu.clone(), low_mem.clone(), roomy.clone()],
+            policy,
+            &[t],
+        );
+        assert_eq!(p.place(&t).map(|pl| pl.node), Some(2), "{policy}");
+        let big = task(100_000, 1, GpuDemand::None);
+        assert_eq!(p.place(&big), None, "{policy}");
+    }
+}
+
+#[test]
+fn release_gives_resources_back() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let t = task(1000, 1000, GpuDemand::Fraction(700));
+    let mut p = placer(vec![node_with(a, &[1000])], Policy::FgdPack, &[t]);
+    let pl = p.place(&t).expect("fits");
+    assert_eq!(p.place(&t), None);
+    p.release(&pl, &t).expect("release");
+    assert_eq!(p.nodes()[0], node_with(a, &[1000]));
+    assert!(p.place(&t).is_some(), "the cache saw the release");
+    // Releasing more than was taken is refused and changes nothing.
+    p.release(&pl, &t).expect("one release is fine");
+    assert!(p.release(&pl, &t).is_err());
+    // A commit that does not match the free resources is refused.
+    let wrong = Placement {
+        node: 0,
+        gpus: vec![GpuShare { gpu: 0, milli: 300 }],
+    };
+    assert!(p.commit(&wrong, &t).is_err());
+    assert!(p
+        .commit(
+            &Placement {
+                node: 9,
+                gpus: vec![]
+            },
+            &t
+        )
+        .is_err());
+}
+
+#[test]
+fn random_is_deterministic_per_seed() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let nodes: Vec<Node> = (0..20).map(|_| node_with(a, &[1000; 4])).collect();
+    let t = task(1000, 1000, GpuDemand::Fraction(300));
+    let run = |policy: Policy, seed: u64| -> Vec<Placement> {
+        let mut p =
+            Placer::new(nodes.clone(), policy, Workload::from_tasks(&[t]), seed).expect("placer");
+        (0..30).map(|_| p.place(&t).expect("fits")).collect()
+    };
+    for policy in Policy::ALL {
+        assert_eq!(run(policy, 42), run(policy, 42), "{policy}");
+    }
+    assert_ne!(run(Policy::Random, 42), run(Policy::Random, 43));
+}
+
+fn arb_demand() -> impl Strategy<Value = GpuDemand> {
+    prop_oneof![
+        Just(GpuDemand::None),
+        (1u32..1000).prop_map(GpuDemand::Fraction),
+        (1u32..5).prop_map(GpuDemand::Whole),
+    ]
+}
+
+fn arb_task() -> impl Strategy<Value = TaskShape> {
+    (0u64..20_000, 0u64..40_000, arb_demand(), 0u64..8).prop_map(|(cpu, mem, gpu, models)| {
+        TaskShape {
+            cpu_milli: cpu,
+            memory_mib: mem,
+            gpu,
+            models: ModelSet(models & 0b11),
+        }
+    })
+}
+
+fn arb_node() -> impl Strategy<Value = Node> {
+    (
+        0u8..3,
+        1u64..64_000,
+        1u64..128_000,
+        prop::collection::vec(0u32..=1000, 0..9),
+    )
+        .prop_map(|(model, cpu, mem, gpus)| Node {
+            model: ModelId(model),
+            cpu_capacity: cpu,
+            memory_capacity: mem,
+            cpu_free: cpu - cpu / 3,
+            memory_free: mem,
+            gpu_free: gpus,
+        })
+}
+
+proptest! {
+    /// Whatever the policy, a placement never takes more than a node, or one of its GPUs, has
+    /// free; and "fits nowhere" is only said when no node fits.
+    #[test]
+    fn placements_never_overcommit(
+        nodes in prop::collection::vec(arb_node(), 1..6),
+        tasks in prop::collection::vec(arb_task(), 1..40),
+        policy in prop::sample::select(Policy::ALL.to_vec()),
+        seed in any::<u64>(),
+    ) {
+        let workload = Workload::from_tasks(&tasks[..tasks.len() / 2]);
+        let mut p = Placer::new(nodes.clone(), policy, workload, seed).expect("valid nodes");
+        let mut shadow = nodes;
+        for t in &tasks {
+            match p.place(t) {
+                Some(pl) => {
+                    let n = &mut shadow[pl.node];
+                    prop_assert!(t.gpu == GpuDemand::None || t.models.accepts(n.model));
+                    n.cpu_free = n.cpu_free.checked_sub(t.cpu_milli).expect("cpu overcommitted");
+                    n.memory_free =
+                        n.memory_free.checked_sub(t.memory_mib).expect("memory overcommitted");
+                    let mut seen = Vec::new();
+                    for g in &pl.gpus {
+                        prop_assert!(!seen.contains(&g.gpu), "a GPU given twice");
+                        seen.push(g.gpu);
+                        n.gpu_free[g.gpu] =
+                            n.gpu_free[g.gpu].checked_sub(g.milli).expect("GPU overcommitted");
+                    }
+                    let total: u64 = pl.gpus.iter().map(|g| u64::from(g.milli)).sum();
+                    prop_assert_eq!(total, t.gpu.milli());
+                    if let GpuDemand::Whole(_) = t.gpu {
+                        prop_assert!(pl.gpus.iter().all(|g| g.milli == GPU_MILLI));
+                    }
+                }
+                None => prop_assert!(!shadow.iter().any(|n| n.fits(t)), "a fitting task refused"),
+            }
+            prop_assert_eq!(p.nodes(), &shadow[..]);
+        }
+    }
+}
+
+/// Shapes differing only in their model list share cached evaluations; the model list is
+/// still honoured for each task.
+#[test]
+fn cached_classes_still_honour_models() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let b = model(&mut models, "B");
+    let base = task(1000, 1000, GpuDemand::Fraction(400));
+    let only_a = TaskShape {
+        models: ModelSet::ANY.with(a),
+        ..base
+    };
+    let only_b = TaskShape {
+        models: ModelSet::ANY.with(b),
+        ..base
+    };
+    let w = Workload::from_tasks(&[only_a, only_b, base]);
+    assert_eq!(w.shapes(), 3);
+    assert_eq!(w.classes(), 1);
+    for policy in [Policy::Fgd, Policy::FgdPack, Policy::FgdFill] {
+        let nodes = vec![node_with(a, &[1000, 1000]), node_with(b, &[1000, 1000])];
+        let mut p = Placer::new(nodes, policy, w.clone(), 3).expect("placer");
+        for _ in 0..4 {
+            assert_eq!(p.place(&only_a).map(|pl| pl.node), Some(0), "{policy}");
+            assert_eq!(p.place(&only_b).map(|pl| pl.node), Some(1), "{policy}");
+        }
+        assert_eq!(p.place(&only_a), None, "{policy}: A is full");
+        assert_eq!(p.place(&base), None, "{policy}: both are full");
+    }
+}

@@ -1,0 +1,96 @@
+//! `gantry-master simulate --openb` on Alibaba's real openb trace (the FGD paper's experiment):
+//! the real binary replays the default pod list for one seed and prints one JSON object with
+//! the expected shape and sane values; a bad policy is a clear error.
+//!
+//! The trace lives outside the repository (`shared/traces/alibaba-openb`, beside the clone or
+//! higher up, or `$GANTRY_OPENB_DIR`); without it the test prints a note and passes.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use gantry_tests::bin;
+
+fn trace_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("GANTRY_OPENB_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .map(|a| a.join("shared/traces/alibaba-openb"))
+        .find(|d| d.join("openb_node_list_gpu_node.csv").exists())
+}
+
+fn values(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .expect("a list")
+        .iter()
+        .map(|x| x.as_f64().expect("a number"))
+        .collect()
+}
+
+#[test]
+fn openb_default_one_seed() {
+    let Some(dir) = trace_dir() else {
+        eprintln!("openb_replay: shared/traces/alibaba-openb not found; skipping");
+        return;
+    };
+    let nodes = dir.join("openb_node_list_gpu_node.csv");
+    let pods = dir.join("openb_pod_list_default.csv");
+    let master = bin("gantry-master").unwrap();
+    let out = Command::new(&master)
+        .arg("simulate")
+        .arg("--openb")
+        .arg(&nodes)
+        .arg(&pods)
+        .args(["--seeds", "42", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["policy"], "fgd-fill",
+        "the best policy for this mix by default"
+    );
+    assert_eq!(report["nodes"], 1213);
+    assert_eq!(report["gpus"], 6212);
+    assert_eq!(report["pod_list_tasks"], 8152);
+    let mean = values(&report["mean_allocation_percent"]);
+    assert_eq!(mean.len(), 131);
+    assert_eq!(mean[0], 0.0);
+    assert!(mean.windows(2).all(|w| w[0] <= w[1]), "{mean:?}");
+    // Up to ~60% arrived nothing can fail on this cluster: allocated tracks arrived closely.
+    assert!((mean[50] - 50.0).abs() < 1.0, "{}", mean[50]);
+    // The paper's FGD reaches 95.2% at 100% arrived (mean of 10 seeds); one seed of ours must be
+    // in that league (95.6% in docs/benchmarks.md), and never above capacity.
+    assert!(mean[100] > 94.5 && mean[100] <= 100.0, "{}", mean[100]);
+    assert!(mean[130] >= mean[100] && mean[130] <= 100.0);
+    let seeds = report["seeds"].as_array().unwrap();
+    assert_eq!(seeds.len(), 1);
+    assert_eq!(seeds[0]["seed"], 42);
+    assert_eq!(values(&seeds[0]["allocation_percent"]), mean);
+    let arrived = seeds[0]["arrived_tasks"].as_u64().unwrap();
+    let failed = seeds[0]["failed_tasks"].as_u64().unwrap();
+    // 130% of capacity is requested: the list (8,152 tasks, ~98%) plus draws; some fail.
+    assert!(arrived > 8152 && arrived < 14_000, "{arrived}");
+    assert!(failed > 0 && failed < arrived / 4, "{failed}");
+    let p50 = report["placement_us"]["p50"].as_f64().unwrap();
+    let p99 = report["placement_us"]["p99"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p50 <= p99, "{p50} {p99}");
+
+    // A policy that does not exist is refused with a clear message.
+    let out = Command::new(&master)
+        .arg("simulate")
+        .arg("--openb")
+        .arg(&nodes)
+        .arg(&pods)
+        .args(["--policy", "tetris"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown placement policy"), "{err}");
+}
