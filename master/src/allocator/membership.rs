@@ -1,0 +1,452 @@
+//! Membership: adding, updating and removing agents, frameworks (with their roles, demand,
+//! suppression) and roles (weights, forgetting unused ones).
+
+use super::cycle::whole_tasks;
+use super::*;
+
+impl Allocator {
+    /// Adds an agent. `unreserved` is the unreserved part; `reserved` adds reserved parts per
+    /// role on top. An agent with `gpus` is a GPU agent. Adding an id that exists updates it
+    /// (see [`Allocator::update_agent`]).
+    pub fn add_agent(
+        &mut self,
+        id: AgentId,
+        name: &str,
+        unreserved: Resources,
+        reserved: BTreeMap<String, Resources>,
+    ) {
+        if self.agent_ids.contains_key(&id) {
+            let _ = self.update_agent(id, unreserved, reserved);
+            return;
+        }
+        let total = self.bundle(&OfferResources {
+            unreserved,
+            reserved,
+        });
+        let gpu = self
+            .names
+            .lookup("gpus")
+            .is_some_and(|g| dense::at(&total.total(), g) > 0);
+        dense::add(&mut self.total, &total.total());
+        dense::add(&mut self.free_unres, &total.unres);
+        self.add_reserved_to_roles(&total, true);
+        let agent = Agent {
+            id,
+            name: name.to_string(),
+            gpu,
+            free: total.clone(),
+            total,
+            inuse: Vec::new(),
+            offers: Vec::new(),
+            filters: AgentFilters::default(),
+            stable: None,
+        };
+        let slot = self.agents.insert(agent);
+        self.agent_ids.insert(id, slot);
+        self.agent_order.push(slot);
+        self.keys_stale = true;
+        self.epoch += 1;
+    }
+
+    /// Removes an agent: its outstanding offers are rescinded (returned), allocations on it
+    /// vanish, filters on it are dropped.
+    pub fn remove_agent(&mut self, id: AgentId) -> Vec<OfferRecord> {
+        let Some(&a) = self.agent_ids.get(&id) else {
+            return Vec::new();
+        };
+        let offers = self.ag(a).offers.clone();
+        let mut out = Vec::new();
+        for o in offers {
+            if let Some(st) = self.drop_offer(o) {
+                self.counters.rescinded += 1;
+                out.push(self.take_record(st));
+            }
+        }
+        let inuse = std::mem::take(&mut self.ag_mut(a).inuse);
+        for (f, role, b) in inuse {
+            self.charge(f, role, &b, false);
+            self.fw_mut(f).inuse_agents.remove(&a);
+        }
+        let Some(agent) = self.agents.remove(a) else {
+            return out;
+        };
+        let mut agent = agent;
+        for f in agent.filters.frameworks() {
+            if let Some(fw) = self.frameworks.get_mut(*f) {
+                fw.filtered_agents = fw.filtered_agents.saturating_sub(1);
+            }
+        }
+        agent.filters.clear(&mut self.refused);
+        dense::sub(&mut self.total, &agent.total.total());
+        dense::sub(&mut self.free_unres, &agent.free.unres);
+        self.add_reserved_to_roles(&agent.total, false);
+        self.agent_ids.remove(&id);
+        self.agent_order.retain(|x| *x != a);
+        self.keys_stale = true;
+        self.epoch += 1;
+        out
+    }
+
+    /// Replaces an agent's resources (e.g. a GPU withdrawn). Allocations in use stay; offers
+    /// that no longer fit are rescinded (returned), in offer order.
+    pub fn update_agent(
+        &mut self,
+        id: AgentId,
+        unreserved: Resources,
+        reserved: BTreeMap<String, Resources>,
+    ) -> Vec<OfferRecord> {
+        let Some(&a) = self.agent_ids.get(&id) else {
+            return Vec::new();
+        };
+        let new_total = self.bundle(&OfferResources {
+            unreserved,
+            reserved,
+        });
+        let mut avail = new_total.clone();
+        for (_, _, b) in &self.ag(a).inuse {
+            avail.sub(b);
+        }
+        let mut out = Vec::new();
+        for o in self.ag(a).offers.clone() {
+            let Some(st) = self.offers.get(&o) else {
+                continue;
+            };
+            if avail.contains(&st.bundle) {
+                avail.sub(&st.bundle);
+            } else if let Some(st) = self.offers.remove(&o) {
+                self.charge(st.fw, st.role, &st.bundle, false);
+                let fw = self.fw_mut(st.fw);
+                fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+                self.ag_mut(a).offers.retain(|x| *x != o);
+                self.counters.rescinded += 1;
+                out.push(self.take_record(st));
+            }
+        }
+        let old_total = self.ag(a).total.clone();
+        let old_free = self.ag(a).free.clone();
+        dense::sub(&mut self.total, &old_total.total());
+        dense::add(&mut self.total, &new_total.total());
+        dense::sub(&mut self.free_unres, &old_free.unres);
+        dense::add(&mut self.free_unres, &avail.unres);
+        self.add_reserved_to_roles(&old_total, false);
+        self.add_reserved_to_roles(&new_total, true);
+        let gpu = self
+            .names
+            .lookup("gpus")
+            .is_some_and(|g| dense::at(&new_total.total(), g) > 0);
+        let agent = self
+            .agents
+            .get_mut(a)
+            .expect("allocator invariant: live agent slot");
+        agent.filters.rebuild(&new_total, &self.refused);
+        agent.total = new_total;
+        agent.free = avail;
+        agent.gpu = gpu;
+        agent.stable = None;
+        self.keys_stale = true;
+        self.epoch += 1;
+        out
+    }
+
+    /// Adds a framework subscribed to `roles` (an empty role name means `*`). Adding an id that
+    /// exists updates its capability and demand and subscribes it to any new roles.
+    pub fn add_framework(
+        &mut self,
+        id: FrameworkId,
+        name: &str,
+        roles: &[String],
+        gpu_capable: bool,
+        demand: Option<Demand>,
+    ) {
+        let f = match self.fw_ids.get(&id) {
+            Some(&f) => {
+                self.fw_mut(f).gpu_capable = gpu_capable;
+                f
+            }
+            None => {
+                let fw = Framework {
+                    id,
+                    name: Arc::from(name),
+                    gpu_capable,
+                    demand: None,
+                    offered_tasks: 0,
+                    roles: Vec::new(),
+                    alloc: Bundle::default(),
+                    offers_made: 0,
+                    inuse_agents: HashSet::default(),
+                    filtered_agents: 0,
+                };
+                let slot = self.frameworks.insert(fw);
+                self.fw_ids.insert(id, slot);
+                if self.fw_flags.len() <= slot as usize {
+                    self.fw_flags.resize(slot as usize + 1, 0);
+                }
+                slot
+            }
+        };
+        self.fw_flags[f as usize] = if gpu_capable { FW_GPU } else { 0 };
+        let mut role_list: Vec<&str> = if roles.is_empty() {
+            vec![DEFAULT_ROLE]
+        } else {
+            roles.iter().map(|r| norm_role(r)).collect()
+        };
+        role_list.dedup();
+        for role in role_list {
+            let r = self.role_index(role);
+            if self.fw(f).roles.iter().any(|x| x.role == r) {
+                continue;
+            }
+            let placeholder = SortKey {
+                share: Share::ZERO,
+                offers: 0,
+                prefix: name_prefix(&self.fw(f).name),
+                name: self.fw(f).name.clone(),
+                idx: f,
+            };
+            self.fw_mut(f).roles.push(FwRole {
+                role: r,
+                alloc: Rv::new(),
+                offers: 0,
+                suppressed: false,
+                key: placeholder.clone(),
+            });
+            let ri = self.fw(f).roles.len() - 1;
+            self.refresh_fw_singleton(r);
+            self.roles[r as usize].frameworks.insert(placeholder);
+            self.refresh_fw_key(f, ri);
+            for n in self.chain(r).collect::<Vec<_>>() {
+                self.roles[n as usize].fw_count += 1;
+            }
+            if self.roles[r as usize].self_key.is_none() {
+                self.refresh_sorted_singleton(r);
+                let sk = self.self_key(r);
+                self.roles[r as usize].sorted.insert(sk.clone());
+                self.roles[r as usize].self_key = Some(sk);
+            }
+        }
+        self.set_demand_inner(f, demand);
+        self.epoch += 1;
+    }
+
+    /// Removes a framework: outstanding offers are dropped (returned), its allocations freed,
+    /// its filters forgotten.
+    pub fn remove_framework(&mut self, id: FrameworkId) -> Vec<OfferRecord> {
+        let Some(&f) = self.fw_ids.get(&id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut mine: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|s| s.fw == f)
+            .map(|s| s.id)
+            .collect();
+        mine.sort_unstable();
+        for o in mine {
+            if let Some(st) = self.drop_offer(o) {
+                out.push(self.take_record(st));
+            }
+        }
+        for a in self.fw(f).inuse_agents.iter().copied().collect::<Vec<_>>() {
+            let entries: Vec<(u32, u32, Bundle)> = {
+                let agent = self.ag_mut(a);
+                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut agent.inuse)
+                    .into_iter()
+                    .partition(|(x, _, _)| *x == f);
+                agent.inuse = rest;
+                mine
+            };
+            for (_, role, b) in entries {
+                self.charge(f, role, &b, false);
+                self.return_to_agent(a, &b);
+            }
+        }
+        self.clear_filters(f);
+        let roles: Vec<(u32, SortKey)> = self
+            .fw(f)
+            .roles
+            .iter()
+            .map(|x| (x.role, x.key.clone()))
+            .collect();
+        for (r, key) in roles {
+            self.roles[r as usize].frameworks.remove(&key);
+            for n in self.chain(r).collect::<Vec<_>>() {
+                self.roles[n as usize].fw_count -= 1;
+            }
+            if self.roles[r as usize].frameworks.is_empty() {
+                if let Some(sk) = self.roles[r as usize].self_key.take() {
+                    self.roles[r as usize].sorted.remove(&sk);
+                }
+            }
+        }
+        self.frameworks.remove(f);
+        self.fw_ids.remove(&id);
+        self.epoch += 1;
+        out
+    }
+
+    pub(super) fn set_demand_inner(&mut self, f: u32, demand: Option<Demand>) {
+        let d = match demand {
+            Some(d) if !d.task.is_empty() => Some((self.rv(&d.task), d.count as u64)),
+            _ => None,
+        };
+        let flag = if d.is_some() { FW_DEMAND } else { 0 };
+        let same_shape = match (&self.fw(f).demand, &d) {
+            (Some((old, _)), Some((new, _))) => old == new,
+            (None, None) => true,
+            _ => false,
+        };
+        self.fw_mut(f).demand = d;
+        self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_DEMAND) | flag;
+        if !same_shape {
+            self.recount_offered_tasks(f);
+        }
+    }
+
+    /// Recounts the whole tasks' worth (of the current demand's shape) in each of the
+    /// framework's outstanding offers, whatever made them: eligibility for more compares the
+    /// declared count with that.
+    pub(super) fn recount_offered_tasks(&mut self, f: u32) {
+        let task = self.fw(f).demand.as_ref().map(|(t, _)| t.clone());
+        let mine: Vec<OfferId> = self
+            .offers
+            .values()
+            .filter(|st| st.fw == f)
+            .map(|st| st.id)
+            .collect();
+        let mut sum = 0u64;
+        for id in mine {
+            if let Some(st) = self.offers.get_mut(&id) {
+                st.tasks = match &task {
+                    Some(t) => whole_tasks(&st.bundle.total(), t),
+                    None => 0,
+                };
+                sum = sum.saturating_add(st.tasks);
+            }
+        }
+        self.fw_mut(f).offered_tasks = sum;
+    }
+
+    /// Replaces a framework's declared demand (`None`: Mesos behaviour, whole agents).
+    pub fn set_demand(&mut self, framework: FrameworkId, demand: Option<Demand>) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        self.set_demand_inner(f, demand);
+        self.epoch += 1;
+    }
+
+    /// Stops offers to the framework (in `role`, or all its roles) until revived.
+    pub fn suppress(&mut self, framework: FrameworkId, role: Option<&str>) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        let target = role
+            .map(norm_role)
+            .and_then(|r| self.role_ids.get(r).copied());
+        if role.is_some() && target.is_none() {
+            return;
+        }
+        // Suppressed frameworks leave their roles' fair-order sets (the scan never sees them).
+        let mut removed = Vec::new();
+        for fr in &mut self.fw_mut(f).roles {
+            if (target.is_none() || target == Some(fr.role)) && !fr.suppressed {
+                fr.suppressed = true;
+                removed.push((fr.role, fr.key.clone()));
+            }
+        }
+        for (r, key) in removed {
+            self.roles[r as usize].frameworks.remove(&key);
+        }
+    }
+
+    /// Resumes offers (in `role`, or all its roles) and clears the framework's filters.
+    pub fn revive(&mut self, framework: FrameworkId, role: Option<&str>) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        let target = role
+            .map(norm_role)
+            .and_then(|r| self.role_ids.get(r).copied());
+        let mut revived = Vec::new();
+        for (ri, fr) in self.fw_mut(f).roles.iter_mut().enumerate() {
+            if (role.is_none() || target == Some(fr.role)) && fr.suppressed {
+                fr.suppressed = false;
+                revived.push(ri);
+            }
+        }
+        for ri in revived {
+            let key = self.fw_key(f, ri);
+            let r = self.fw(f).roles[ri].role;
+            self.refresh_fw_singleton(r);
+            self.roles[r as usize].frameworks.insert(key.clone());
+            self.fw_mut(f).roles[ri].key = key;
+            if self.roles[r as usize].self_key.is_none() {
+                self.refresh_sorted_singleton(r);
+                let sk = self.self_key(r);
+                self.roles[r as usize].sorted.insert(sk.clone());
+                self.roles[r as usize].self_key = Some(sk);
+            }
+        }
+        self.clear_filters(f);
+        self.epoch += 1;
+    }
+
+    /// Sets a role's weight (its dominant share is divided by it). Non-positive or non-finite
+    /// weights are ignored.
+    pub fn set_weight(&mut self, role: &str, weight: f64) {
+        if !(weight.is_finite() && weight > 0.0) {
+            return;
+        }
+        let r = self.role_index(role);
+        self.roles[r as usize].weight = weight;
+        self.refresh_role_chain(r);
+        self.epoch += 1;
+    }
+
+    /// Forgets `role`, then each of its ancestors, while nothing uses it: no framework
+    /// subscribed to it, no child role, no quota, no weight other than 1, no reservation, and
+    /// nothing allocated or offered in it. Returns the names forgotten (none if it is in use or
+    /// unknown). Its slot is reused by the next new role, so roles that came and went cost
+    /// nothing.
+    pub fn forget_role(&mut self, role: &str) -> Vec<String> {
+        let mut forgotten = Vec::new();
+        let mut name = norm_role(role).to_string();
+        while let Some(&r) = self.role_ids.get(name.as_str()) {
+            let node = &self.roles[r as usize];
+            let unused = r != 0
+                && node.fw_count == 0
+                && node.frameworks.is_empty()
+                && node.self_key.is_none()
+                && node.sorted.is_empty()
+                && node.guarantee.is_none()
+                && node.limit.is_none()
+                && node.weight == 1.0
+                && node.alloc.iter().all(|x| *x == 0)
+                && node.reserved.iter().all(|x| *x == 0);
+            if !unused {
+                break;
+            }
+            let parent = node.parent.unwrap_or(0);
+            if let Some(key) = self.roles[r as usize].key.take() {
+                self.roles[parent as usize].sorted.remove(&key);
+            }
+            self.role_ids.remove(name.as_str());
+            // A dead slot: no parent, so no cycle, sort or view ever reaches it.
+            self.roles[r as usize] = Role::new("", None);
+            self.free_role_slots.push(r);
+            let next = match name.rsplit_once('/') {
+                Some((p, _)) if !p.is_empty() => Some(p.to_string()),
+                _ => None,
+            };
+            forgotten.push(std::mem::replace(&mut name, next.unwrap_or_default()));
+            if name.is_empty() {
+                break;
+            }
+        }
+        if !forgotten.is_empty() {
+            self.epoch += 1;
+        }
+        forgotten
+    }
+}
