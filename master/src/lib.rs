@@ -7,7 +7,9 @@
 //!   tasks as which users, and perform which operator actions (deny by default once given).
 //! - [`allocator`]: PURE hierarchical DRF allocator and the offer book (no I/O; time is an input).
 //! - [`state`]: PURE-ish state machine of agents, frameworks and tasks; accept validation; the
-//!   `/state` view. Takes inputs and time, returns messages to send.
+//!   `/state` view. Takes inputs and time, returns messages to send. One `Master`, its handlers
+//!   split by concern (`agents`, `frameworks`, `accept`, `tasks`, `reconcile`, `timers`,
+//!   `operator`, `recovery`; see its module map).
 //! - [`server`]: the I/O shell: QUIC accept loop, per-peer connection tasks, the core event
 //!   loop, and the operator API over HTTPS (`server::http`: operator certificates and tokens,
 //!   ACL-checked writes, bounded requests; axum on hyper with tokio-rustls).

@@ -1,0 +1,475 @@
+//! Accepting offers: validating the offers and tasks, carving each task's resources out of
+//! the offers ([`draw`]), RESERVE / UNRESERVE operations, and launching.
+
+use super::*;
+
+impl Master {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn accept(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        offer_ids: Vec<OfferId>,
+        operations: Vec<Operation>,
+        refuse_seconds: Option<f64>,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        // 1. The offers: known, ours, distinct, one agent.
+        let mut problem: Option<(ErrorKind, String)> = None;
+        let mut offers: Vec<OfferRecord> = Vec::new();
+        // Distinct ids in O(1) each: an accept may name many.
+        let mut named: HashSet<OfferId> = HashSet::new();
+        if offer_ids.is_empty() {
+            problem = Some((ErrorKind::InvalidRequest, "accept names no offer".into()));
+        }
+        for oid in &offer_ids {
+            match self.allocator.offer(*oid) {
+                Some(o) if o.framework == fw && named.insert(*oid) => offers.push(o.clone()),
+                Some(o) if o.framework == fw => {
+                    problem = Some((
+                        ErrorKind::InvalidRequest,
+                        format!("offer {oid} named twice"),
+                    ))
+                }
+                _ => {
+                    problem = Some((
+                        ErrorKind::UnknownOffer,
+                        format!("offer {oid} is unknown, already used, rescinded or expired"),
+                    ))
+                }
+            }
+        }
+        let refuse = match refuse_ms(refuse_seconds) {
+            Ok(r) => r,
+            Err(m) => {
+                problem.get_or_insert((ErrorKind::InvalidRequest, m.to_string()));
+                None
+            }
+        };
+        let agent_id = offers.first().map(|o| o.agent);
+        if offers.iter().any(|o| Some(o.agent) != agent_id) {
+            problem.get_or_insert((
+                ErrorKind::InvalidRequest,
+                "offers of one accept must be on one agent".into(),
+            ));
+        }
+        let agent_conn = agent_id
+            .and_then(|a| self.agents.get(&a))
+            .and_then(|a| a.conn);
+        if problem.is_none() && agent_conn.is_none() {
+            problem = Some((
+                ErrorKind::UnknownAgent,
+                "the offers' agent is unknown or disconnected".into(),
+            ));
+        }
+        if let Some((kind, message)) = problem {
+            let ids: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
+            let _ = self.allocator.decline_offers(&ids, Some(0), now);
+            self.allocation_pending = true;
+            out.push(err(conn, kind, format!("accept rejected: {message}")));
+            return;
+        }
+        let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else {
+            return;
+        };
+        // Who may run as whom: the task's user, or the agent's default filled in here (the
+        // agent reported it at registration), checked against the principal's ACL.
+        let principal = self
+            .frameworks
+            .get(&fw)
+            .map(|f| f.principal.clone())
+            .unwrap_or_default();
+        let agent_user = self
+            .agents
+            .get(&agent_id)
+            .map(|a| a.task_user.clone())
+            .unwrap_or_default();
+        let role = offers.first().map(|o| o.role.clone()).unwrap_or_default();
+
+        // 2. Draw each task from the pool of offered resources.
+        let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
+        let offer_list: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
+        let mut used: Vec<OfferResources> = vec![OfferResources::default(); offers.len()];
+        let mut launches: Vec<(TaskInfo, OfferResources)> = Vec::new();
+        let mut seen_ids: HashSet<TaskId> = HashSet::new();
+        for op in operations {
+            match op {
+                Operation::Launch { tasks } => {
+                    for task in tasks {
+                        let tid = task.task_id;
+                        let mut task = task;
+                        let invalid = if self.tasks.contains_key(&tid) || !seen_ids.insert(tid) {
+                            Some(format!("task id {tid} is already in use"))
+                        } else {
+                            validate_task(&task)
+                        };
+                        let invalid = invalid.or_else(|| {
+                            let user = task.command.user.get_or_insert_with(|| agent_user.clone());
+                            if !crate::acl::valid_user(user) {
+                                return Some(format!("task {tid}: invalid user name {user:?}"));
+                            }
+                            (!self.config.acls.may_run_as(&principal, user)).then(|| {
+                                format!(
+                                    "task {tid}: principal {principal:?} may not run tasks as user {user:?} (run_tasks ACL)"
+                                )
+                            })
+                        });
+                        let invalid = invalid.or_else(|| {
+                            let sel = task.gpu_selector.as_ref()?;
+                            let want = task.resources.milli("gpus") / gantry_sdk::protocol::resources::MILLI;
+                            if want == 0 {
+                                return Some(format!("task {tid}: a GPU selector needs gpus"));
+                            }
+                            let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
+                            let matching = gpus.iter().filter(|g| g.healthy && sel.matches(g)).count() as u64;
+                            (matching < want).then(|| {
+                                format!("task {tid}: the agent has {matching} healthy GPUs matching {sel:?}, the task asks for {want}")
+                            })
+                        });
+                        if let Some(reason) = invalid {
+                            self.error_update(
+                                conn,
+                                fw,
+                                &task,
+                                ErrorKind::InvalidTask,
+                                &reason,
+                                now,
+                                out,
+                            );
+                            continue;
+                        }
+                        match draw(&mut pool, &mut used, &task.resources) {
+                            Some(alloc) => launches.push((task, alloc)),
+                            None => {
+                                let total: Resources = pool
+                                    .iter()
+                                    .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
+                                let reason = format!(
+                                    "task {tid} needs {} but the offers have only {total} left",
+                                    task.resources
+                                );
+                                self.error_update(
+                                    conn,
+                                    fw,
+                                    &task,
+                                    ErrorKind::InsufficientResources,
+                                    &reason,
+                                    now,
+                                    out,
+                                );
+                            }
+                        }
+                    }
+                }
+                Operation::Reserve { role, resources } => {
+                    if let Err(m) = self.reserve_op(
+                        fw,
+                        agent_id,
+                        &role,
+                        &resources,
+                        &offer_list,
+                        &mut pool,
+                        true,
+                        out,
+                    ) {
+                        out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            format!("reserve: {m}"),
+                        ));
+                    }
+                }
+                Operation::Unreserve { role, resources } => {
+                    if let Err(m) = self.reserve_op(
+                        fw,
+                        agent_id,
+                        &role,
+                        &resources,
+                        &offer_list,
+                        &mut pool,
+                        false,
+                        out,
+                    ) {
+                        out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            format!("unreserve: {m}"),
+                        ));
+                    }
+                }
+            }
+        }
+
+        // 3. Settle the offers with the allocator as one accept: used parts stay, the unused
+        //    parts return under one filter over their union.
+        let parts: Vec<(OfferId, OfferResources)> = offers
+            .iter()
+            .map(|o| o.id)
+            .zip(used.iter().cloned())
+            .collect();
+        if let Err(e) = self.allocator.accept_offers(&parts, refuse, now) {
+            tracing::error!("allocator refused a validated accept: {e}");
+        }
+
+        // 4. Launch.
+        for (task, allocation) in launches {
+            let tid = task.task_id;
+            self.tasks.insert(
+                tid,
+                TaskRec {
+                    info: task.clone(),
+                    framework: fw,
+                    agent: agent_id,
+                    state: TaskState::Staging,
+                    allocation,
+                    recovered: false,
+                    pending: None,
+                    acked: HashSet::new(),
+                    last_message: "launched".into(),
+                    usage: None,
+                    role: role.clone(),
+                    gpus: Vec::new(),
+                    reason: None,
+                    exit_code: None,
+                    signal: None,
+                    staged_at: now,
+                    started_at: None,
+                    ended_at: None,
+                },
+            );
+            if let Some(f) = self.frameworks.get_mut(&fw) {
+                f.tasks.insert(tid);
+            }
+            if let Some(a) = self.agents.get_mut(&agent_id) {
+                a.tasks.insert(tid);
+            }
+            out.push(Output::ToAgent(
+                agent_conn,
+                MasterToAgent::RunTask {
+                    framework_id: fw,
+                    task,
+                },
+            ));
+            let staging = self.new_update(
+                tid,
+                fw,
+                Some(agent_id),
+                TaskState::Staging,
+                "sent to agent".into(),
+                now,
+            );
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::Update(staging),
+            ));
+        }
+    }
+
+    /// Applies a RESERVE (or UNRESERVE) operation to the accept's pool and the allocator.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reserve_op(
+        &mut self,
+        fw: FrameworkId,
+        agent: AgentId,
+        role: &str,
+        resources: &Resources,
+        offer_ids: &[OfferId],
+        pool: &mut [OfferResources],
+        reserve: bool,
+        out: &mut Vec<Output>,
+    ) -> Result<(), String> {
+        let roles = self
+            .frameworks
+            .get(&fw)
+            .map(|f| f.roles.clone())
+            .unwrap_or_default();
+        if !roles
+            .iter()
+            .any(|r| r == role || role.starts_with(&format!("{r}/")))
+        {
+            return Err(format!(
+                "role {role:?} is not one of this framework's roles"
+            ));
+        }
+        if resources.is_empty() {
+            return Err("no resources named".into());
+        }
+        if !reserve {
+            let dynamic = self.agents.get(&agent).and_then(|a| a.dynamic.get(role));
+            if !dynamic.is_some_and(|d| d.contains(resources)) {
+                return Err(format!("{resources} is not dynamically reserved for {role:?} on this agent (static reservations belong to the agent's configuration)"));
+            }
+        }
+        // Find one offer in the pool that holds the source resources.
+        for (i, p) in pool.iter_mut().enumerate() {
+            let fits = if reserve {
+                p.unreserved.contains(resources)
+            } else {
+                p.reserved.get(role).is_some_and(|r| r.contains(resources))
+            };
+            if !fits {
+                continue;
+            }
+            let result = if reserve {
+                self.allocator.reserve(offer_ids[i], role, resources)
+            } else {
+                self.allocator.unreserve(offer_ids[i], role, resources)
+            };
+            result.map_err(|e: AllocError| e.to_string())?;
+            if reserve {
+                p.unreserved.checked_sub_assign(resources);
+                p.reserved
+                    .entry(role.to_string())
+                    .or_default()
+                    .add_assign(resources);
+            } else {
+                if let Some(r) = p.reserved.get_mut(role) {
+                    r.checked_sub_assign(resources);
+                    if r.is_empty() {
+                        p.reserved.remove(role);
+                    }
+                }
+                p.unreserved.add_assign(resources);
+            }
+            if let Some(a) = self.agents.get_mut(&agent) {
+                if reserve {
+                    a.resources = a.resources.saturating_sub(resources);
+                    a.reserved
+                        .entry(role.to_string())
+                        .or_default()
+                        .add_assign(resources);
+                    a.dynamic
+                        .entry(role.to_string())
+                        .or_default()
+                        .add_assign(resources);
+                } else {
+                    for map in [&mut a.reserved, &mut a.dynamic] {
+                        if let Some(r) = map.get_mut(role) {
+                            *r = r.saturating_sub(resources);
+                            if r.is_empty() {
+                                map.remove(role);
+                            }
+                        }
+                    }
+                    a.resources.add_assign(resources);
+                }
+                let now_reserved = a.dynamic.get(role).cloned().unwrap_or_default();
+                out.push(Output::Persist(Mutation::SetReservation(Reservation {
+                    agent_id: agent,
+                    role: role.to_string(),
+                    resources: now_reserved,
+                })));
+            }
+            if !reserve {
+                self.forget_role(role);
+            }
+            return Ok(());
+        }
+        Err(format!(
+            "{resources} is not available {} in the offers",
+            if reserve { "unreserved" } else { "reserved" }
+        ))
+    }
+}
+
+/// The longest filter a framework can set: a `refuse_seconds` past it is "forever" (Mesos
+/// caps filters at a year too).
+pub const FOREVER_MS: Millis = 365 * 86_400 * 1000;
+
+/// A `refuse_seconds` that is not a duration.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("refuse_seconds {0} is not a non-negative number")]
+pub struct BadRefuseSeconds(pub f64);
+
+/// A filter duration in milliseconds (`None`: the allocator's default), capped at
+/// [`FOREVER_MS`].
+pub(super) fn refuse_ms(refuse_seconds: Option<f64>) -> Result<Option<Millis>, BadRefuseSeconds> {
+    match refuse_seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => {
+            Ok(Some((s.min((FOREVER_MS / 1000) as f64) * 1000.0) as Millis))
+        }
+        Some(s) => Err(BadRefuseSeconds(s)),
+    }
+}
+
+/// Why a task is invalid on its own (before looking at offers), if it is.
+pub(super) fn validate_task(task: &TaskInfo) -> Option<String> {
+    let tid = task.task_id;
+    if task.name.is_empty() || task.name.len() > 256 {
+        return Some(format!("task {tid}: name must be 1-256 characters"));
+    }
+    if let Some(problem) = task.command.problem() {
+        return Some(format!("task {tid}: {problem}"));
+    }
+    if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
+        return Some(format!("task {tid}: must request some cpus or mem"));
+    }
+    if !task
+        .resources
+        .milli("gpus")
+        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
+    {
+        return Some(format!("task {tid}: gpus must be a whole number"));
+    }
+    if task
+        .env
+        .keys()
+        .any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        || task.env.values().any(|v| v.contains('\0'))
+    {
+        return Some(format!("task {tid}: invalid environment variable"));
+    }
+    None
+}
+
+/// Takes `need` out of the pool of offers (reserved parts first, then unreserved), recording
+/// per-offer use. Returns what the task holds, or `None` (pool untouched) if it does not fit.
+pub(super) fn draw(
+    pool: &mut [OfferResources],
+    used: &mut [OfferResources],
+    need: &Resources,
+) -> Option<OfferResources> {
+    let total = pool
+        .iter()
+        .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
+    if !total.contains(need) {
+        return None;
+    }
+    let mut remaining = need.clone();
+    let mut holding = OfferResources::default();
+    for (p, u) in pool.iter_mut().zip(used.iter_mut()) {
+        let roles: Vec<String> = p.reserved.keys().cloned().collect();
+        for role in roles {
+            let Some(avail) = p.reserved.get_mut(&role) else {
+                continue;
+            };
+            let take = avail.elementwise_min(&remaining);
+            if take.is_empty() {
+                continue;
+            }
+            avail.checked_sub_assign(&take);
+            if avail.is_empty() {
+                p.reserved.remove(&role);
+            }
+            remaining = remaining.saturating_sub(&take);
+            u.reserved
+                .entry(role.clone())
+                .or_default()
+                .add_assign(&take);
+            holding.reserved.entry(role).or_default().add_assign(&take);
+        }
+        let take = p.unreserved.elementwise_min(&remaining);
+        if !take.is_empty() {
+            p.unreserved.checked_sub_assign(&take);
+            remaining = remaining.saturating_sub(&take);
+            u.unreserved.add_assign(&take);
+            holding.unreserved.add_assign(&take);
+        }
+        if remaining.is_empty() {
+            break;
+        }
+    }
+    Some(holding)
+}

@@ -1,0 +1,694 @@
+//! Agents: registration and re-registration (identity by certificate name plus checkpointed
+//! id), reconciliation of the tasks an agent reports, status updates and GPU health from
+//! agents, disconnection and removal (tasks `LOST`).
+
+use super::*;
+
+impl Master {
+    pub(super) fn agent_message(
+        &mut self,
+        conn: ConnId,
+        msg: AgentToMaster,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(Peer::Agent {
+            name,
+            address,
+            agent,
+        }) = self.conns.get(&conn).cloned()
+        else {
+            out.push(Output::Close {
+                conn,
+                reason: "agent message on a connection that is not an agent's".into(),
+            });
+            return;
+        };
+        match (msg, agent) {
+            (
+                AgentToMaster::Register {
+                    agent_id,
+                    hostname,
+                    resources,
+                    reserved,
+                    attributes,
+                    gpus,
+                    running_tasks,
+                    pending_updates,
+                    task_user,
+                },
+                None,
+            ) => {
+                if !crate::acl::valid_user(&task_user) {
+                    let message = format!("invalid task user {task_user:?}");
+                    out.push(Output::ToAgent(
+                        conn,
+                        MasterToAgent::Error {
+                            message: message.clone(),
+                        },
+                    ));
+                    out.push(Output::Close {
+                        conn,
+                        reason: message,
+                    });
+                    return;
+                }
+                self.register_agent(
+                    conn,
+                    name,
+                    address,
+                    agent_id,
+                    hostname,
+                    resources,
+                    reserved,
+                    attributes,
+                    gpus,
+                    running_tasks,
+                    pending_updates,
+                    now,
+                    out,
+                );
+                if let Some(Peer::Agent {
+                    agent: Some(id), ..
+                }) = self.conns.get(&conn)
+                {
+                    if let Some(a) = self.agents.get_mut(id) {
+                        a.task_user = task_user;
+                    }
+                }
+            }
+            (AgentToMaster::Register { .. }, Some(_)) => {
+                out.push(Output::Close {
+                    conn,
+                    reason: "agent registered twice on one connection".into(),
+                });
+            }
+            (_, None) => out.push(Output::Close {
+                conn,
+                reason: "agent sent a message before registering".into(),
+            }),
+            (AgentToMaster::Heartbeat, Some(id)) => {
+                if let Some(a) = self.agents.get_mut(&id) {
+                    a.last_seen = now;
+                }
+            }
+            (AgentToMaster::StatusUpdate(update), Some(id)) => {
+                self.agent_update(conn, id, update, now, out)
+            }
+            (AgentToMaster::Usage { tasks, gpus }, Some(id)) => {
+                if let Some(a) = self.agents.get_mut(&id) {
+                    a.last_seen = now;
+                    a.gpu_samples = gpus;
+                }
+                for (task_id, usage) in tasks {
+                    if let Some(t) = self.tasks.get_mut(&task_id) {
+                        if t.agent == id {
+                            t.usage = Some(usage);
+                        }
+                    }
+                }
+            }
+            (
+                AgentToMaster::GpuHealth {
+                    uuid,
+                    healthy,
+                    reason,
+                },
+                Some(id),
+            ) => self.gpu_health(id, &uuid, healthy, &reason, out),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn register_agent(
+        &mut self,
+        conn: ConnId,
+        name: String,
+        address: String,
+        claimed_id: Option<AgentId>,
+        hostname: String,
+        resources: Resources,
+        reserved: BTreeMap<String, Resources>,
+        attributes: Attributes,
+        gpus: Vec<GpuInfo>,
+        running: Vec<RunningTask>,
+        pending_updates: Vec<StatusUpdate>,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(e) = reserved
+            .keys()
+            .find_map(|r| self.config.limits.check_role(r).err())
+        {
+            return self.refuse_agent(conn, format!("reservations: {e}"), out);
+        }
+        if let Err(e) = register_limits::check(&hostname, &attributes, &gpus, &reserved) {
+            return self.refuse_agent(conn, format!("registration refused: {e}"), out);
+        }
+        // Who this is: its certificate name plus the id it checkpointed. An id belongs to one
+        // name; a name to one live agent (see docs/security.md).
+        let claim = match claimed_id {
+            Some(c) => match (self.agents.get(&c), self.recovered_agents.get(&c)) {
+                (Some(a), _) if a.name == name => Claim::Live(c),
+                (Some(a), _) => {
+                    let owner = a.name.clone();
+                    return self.refuse_agent(
+                        conn,
+                        format!(
+                            "agent id {c} belongs to agent {owner:?}; agent {name:?} (at \
+                             {address}) may not claim it"
+                        ),
+                        out,
+                    );
+                }
+                (None, Some(RecoveredAgent { record: rec, .. })) if rec.name == name => {
+                    Claim::Recovered(c)
+                }
+                (None, Some(RecoveredAgent { record: rec, .. })) => {
+                    let owner = rec.name.clone();
+                    return self.refuse_agent(
+                        conn,
+                        format!(
+                            "agent id {c} belongs to agent {owner:?} (expected back after a \
+                             failover); agent {name:?} (at {address}) may not claim it"
+                        ),
+                        out,
+                    );
+                }
+                (None, None) => {
+                    // Not an id this master (or its registry) vouches for: removed after the
+                    // re-register timeout, or never issued. The agent joins as a new agent and
+                    // the tasks it reports are killed (their frameworks were told they are LOST).
+                    tracing::warn!(agent = %name, %address, claimed = %c,
+                        "agent claims an unknown id; registering it as a new agent");
+                    Claim::New
+                }
+            },
+            None => Claim::New,
+        };
+        // A second agent under a name in use (by a live agent, or one expected back after a
+        // failover) is refused: only one that has been gone for the re-register timeout (and so
+        // was removed) may be replaced by a new incarnation.
+        let holder = self.agents_by_name.get(&name).copied().or_else(|| {
+            matches!(claim, Claim::New)
+                .then(|| self.recovered_by_name.get(&name).copied())
+                .flatten()
+        });
+        if let Some(other) = holder.filter(|o| Some(*o) != claimed_id) {
+            let state = match self.agents.get(&other) {
+                Some(a) => match (a.conn, a.disconnected_at) {
+                    (Some(_), _) => format!("connected from {}", a.address),
+                    (None, Some(t)) => format!(
+                        "last at {}, disconnected {} s ago",
+                        a.address,
+                        now.saturating_sub(t) / 1000
+                    ),
+                    (None, None) => format!("last at {}", a.address),
+                },
+                None => "expected back after a master failover".to_string(),
+            };
+            let message = format!(
+                "agent name {name:?} is in use by another agent (id {other}, {state}); this agent \
+                 at {address} claims {}. Give each agent its own --name; a new incarnation is \
+                 admitted only once the old one has been gone for the re-register timeout ({} s)",
+                claimed_id.map_or("no id".to_string(), |c| format!("id {c}")),
+                self.config.agent_reregister_timeout_ms / 1000
+            );
+            return self.refuse_agent(conn, message, out);
+        }
+        // Dynamic reservations this agent had (before an agent restart or a master failover),
+        // and its registry record if this master recovered it from the registry.
+        let mut recovered: Option<AgentRecord> = None;
+        let dynamic = match claim {
+            Claim::Live(c) => self
+                .agents
+                .get(&c)
+                .map(|a| a.dynamic.clone())
+                .unwrap_or_default(),
+            Claim::Recovered(c) => match self.recovered_agents.remove(&c) {
+                Some(RecoveredAgent {
+                    record: rec,
+                    dynamic: d,
+                    ..
+                }) => {
+                    self.recovered_by_name.remove(&rec.name);
+                    recovered = Some(rec);
+                    d
+                }
+                None => BTreeMap::new(),
+            },
+            Claim::New => BTreeMap::new(),
+        };
+        let (resources, reserved) = with_dynamic(resources, reserved, &dynamic);
+        let id = match claim {
+            Claim::Live(c) => Some(c),
+            Claim::Recovered(_) | Claim::New => None,
+        };
+        let id = match id {
+            Some(id) => {
+                // Re-registration: replace the connection, reconcile tasks.
+                let (old_conn, old_resources, old_reserved) = {
+                    let Some(a) = self.agents.get_mut(&id) else {
+                        return;
+                    };
+                    let old = a.conn.replace(conn);
+                    a.address = address;
+                    a.hostname = hostname;
+                    a.attributes = attributes;
+                    a.gpus = gpus;
+                    a.last_seen = now;
+                    a.disconnected_at = None;
+                    let old_res = std::mem::replace(&mut a.resources, resources.clone());
+                    let old_reserved = std::mem::replace(&mut a.reserved, reserved.clone());
+                    (old, old_res, old_reserved)
+                };
+                if let Some(c) = old_conn.filter(|c| *c != conn) {
+                    self.conns.remove(&c);
+                    out.push(Output::Close {
+                        conn: c,
+                        reason: "agent reconnected on a new connection".into(),
+                    });
+                }
+                if old_resources != resources || old_reserved != reserved {
+                    for rec in self
+                        .allocator
+                        .update_agent(id, resources.clone(), reserved.clone())
+                    {
+                        self.send_rescind(&rec, out);
+                    }
+                }
+                self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                id
+            }
+            None => {
+                let id = match claim {
+                    Claim::Recovered(c) => c,
+                    _ => self.fresh_agent_id(),
+                };
+                self.allocator
+                    .add_agent(id, &name, resources.clone(), reserved.clone());
+                self.agents.insert(
+                    id,
+                    AgentRec {
+                        id,
+                        name: name.clone(),
+                        hostname,
+                        address,
+                        conn: Some(conn),
+                        resources,
+                        reserved,
+                        dynamic: dynamic.clone(),
+                        attributes,
+                        gpus,
+                        gpu_samples: Vec::new(),
+                        last_seen: now,
+                        disconnected_at: None,
+                        tasks: HashSet::new(),
+                        task_user: String::new(),
+                    },
+                );
+                self.agents_by_name.insert(name.clone(), id);
+                let hostname = self
+                    .agents
+                    .get(&id)
+                    .map(|a| a.hostname.clone())
+                    .unwrap_or_default();
+                let record = AgentRecord {
+                    id,
+                    name: name.clone(),
+                    hostname,
+                };
+                // After a failover the registry already holds most re-registering agents:
+                // write only what changed (10,000 agents must not mean 10,000 etcd writes).
+                if recovered.as_ref() != Some(&record) {
+                    out.push(Output::Persist(Mutation::PutAgent(record)));
+                }
+                if matches!(claim, Claim::Recovered(_)) {
+                    // An agent that comes back with tasks after a master restart: adopt them.
+                    self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                } else {
+                    // Nobody vouches for tasks a new agent reports: they are killed.
+                    for rt in running.iter().filter(|rt| !rt.state.is_terminal()) {
+                        out.push(Output::ToAgent(
+                            conn,
+                            MasterToAgent::KillTask {
+                                framework_id: rt.framework_id,
+                                task_id: rt.task.task_id,
+                            },
+                        ));
+                    }
+                }
+                id
+            }
+        };
+        if let Some(Peer::Agent { agent, .. }) = self.conns.get_mut(&conn) {
+            *agent = Some(id);
+        }
+        out.push(Output::ToAgent(
+            conn,
+            MasterToAgent::Registered {
+                agent_id: id,
+                epoch: self.config.epoch,
+                heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            },
+        ));
+        // Updates the agent made while it was away.
+        for update in pending_updates {
+            self.agent_update(conn, id, update, now, out);
+        }
+        self.allocation_pending = true;
+    }
+
+    /// Brings the master's view of an agent's tasks in line with what the agent reports.
+    pub(super) fn reconcile_agent_tasks(
+        &mut self,
+        id: AgentId,
+        conn: ConnId,
+        running: &[RunningTask],
+        pending: &[StatusUpdate],
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let reported: HashSet<TaskId> = running
+            .iter()
+            .map(|r| r.task.task_id)
+            .chain(pending.iter().map(|u| u.task_id))
+            .collect();
+        for rt in running {
+            let tid = rt.task.task_id;
+            match self.tasks.get(&tid) {
+                Some(t) if t.agent == id => {}
+                Some(_) => {
+                    // Known on another agent: should not happen; kill the stray copy.
+                    out.push(Output::ToAgent(
+                        conn,
+                        MasterToAgent::KillTask {
+                            framework_id: rt.framework_id,
+                            task_id: tid,
+                        },
+                    ));
+                }
+                None => {
+                    if !self.frameworks.contains_key(&rt.framework_id) {
+                        // Its framework is gone (or not yet re-subscribed after a master
+                        // failover, which issue 5 handles by recovering frameworks first).
+                        out.push(Output::ToAgent(
+                            conn,
+                            MasterToAgent::KillTask {
+                                framework_id: rt.framework_id,
+                                task_id: tid,
+                            },
+                        ));
+                        continue;
+                    }
+                    let allocation = OfferResources {
+                        unreserved: rt.task.resources.clone(),
+                        reserved: BTreeMap::new(),
+                    };
+                    let role = self
+                        .frameworks
+                        .get(&rt.framework_id)
+                        .and_then(|f| f.roles.first().cloned())
+                        .unwrap_or_default();
+                    // A task that already ended (its terminal update is still unacknowledged)
+                    // holds nothing.
+                    let ended = rt.state.is_terminal();
+                    if !ended {
+                        if let Err(e) =
+                            self.allocator
+                                .add_allocation(rt.framework_id, id, &role, &allocation)
+                        {
+                            tracing::warn!(task = %tid, "adopted task's resources not charged: {e}");
+                        }
+                    }
+                    self.tasks.insert(
+                        tid,
+                        TaskRec {
+                            info: rt.task.clone(),
+                            framework: rt.framework_id,
+                            agent: id,
+                            state: rt.state,
+                            allocation,
+                            recovered: ended,
+                            pending: None,
+                            acked: HashSet::new(),
+                            last_message: "adopted from re-registering agent".into(),
+                            usage: None,
+                            role: role.clone(),
+                            gpus: rt.gpus.clone(),
+                            reason: None,
+                            exit_code: None,
+                            signal: None,
+                            staged_at: now,
+                            started_at: (rt.state == TaskState::Running).then_some(now),
+                            ended_at: ended.then_some(now),
+                        },
+                    );
+                    if let Some(f) = self.frameworks.get_mut(&rt.framework_id) {
+                        f.tasks.insert(tid);
+                    }
+                    if let Some(a) = self.agents.get_mut(&id) {
+                        a.tasks.insert(tid);
+                    }
+                }
+            }
+        }
+        // Tasks the master placed on this agent that the agent does not know: lost in flight.
+        let missing: Vec<TaskId> = self
+            .agents
+            .get(&id)
+            .map(|a| {
+                a.tasks
+                    .iter()
+                    .filter(|t| !reported.contains(t))
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for tid in missing {
+            let non_terminal = self
+                .tasks
+                .get(&tid)
+                .is_some_and(|t| !t.state.is_terminal() && t.pending.is_none());
+            if non_terminal {
+                self.master_update(
+                    tid,
+                    TaskState::Lost,
+                    TaskReason::AgentLost,
+                    "task unknown to the agent after it re-registered",
+                    now,
+                    out,
+                );
+            }
+        }
+        // Re-send kills and queued updates for this agent's tasks.
+        let kills: Vec<(FrameworkId, TaskId)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| {
+                t.agent == id
+                    && !t.state.is_terminal()
+                    && !self.frameworks.contains_key(&t.framework)
+            })
+            .map(|(tid, t)| (t.framework, *tid))
+            .collect();
+        for (fw, tid) in kills {
+            out.push(Output::ToAgent(
+                conn,
+                MasterToAgent::KillTask {
+                    framework_id: fw,
+                    task_id: tid,
+                },
+            ));
+        }
+    }
+
+    pub(super) fn agent_update(
+        &mut self,
+        conn: ConnId,
+        agent: AgentId,
+        update: StatusUpdate,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(a) = self.agents.get_mut(&agent) {
+            a.last_seen = now;
+        }
+        let ack = Output::ToAgent(
+            conn,
+            MasterToAgent::Acknowledge {
+                task_id: update.task_id,
+                update_id: update.update_id,
+            },
+        );
+        let Some(task) = self.tasks.get_mut(&update.task_id) else {
+            // Unknown task (its framework was removed): nobody will acknowledge; we do.
+            out.push(ack);
+            return;
+        };
+        if task.agent != agent {
+            out.push(Output::Close {
+                conn,
+                reason: format!(
+                    "status update for task {} which runs on another agent",
+                    update.task_id
+                ),
+            });
+            return;
+        }
+        if task.acked.contains(&update.update_id) {
+            out.push(ack);
+            return;
+        }
+        let was_terminal = task.state.is_terminal();
+        if !was_terminal || update.state.is_terminal() {
+            task.state = update.state;
+        }
+        let state = task.state;
+        task.note(state, &update, now);
+        let framework = task.framework;
+        let mut update = update;
+        update.agent_id = Some(agent);
+        update.framework_id = framework;
+        task.pending = Some(update.clone());
+        if update.state.is_terminal() {
+            self.release_task_resources(update.task_id);
+        }
+        match self.frameworks.get(&framework) {
+            Some(f) => {
+                if let Some(fconn) = f.conn {
+                    out.push(Output::ToFramework(
+                        fconn,
+                        MasterToFramework::Update(update),
+                    ));
+                }
+            }
+            None => {
+                // Framework removed: acknowledge on its behalf.
+                out.push(ack);
+                self.finish_task_if_done(update.task_id);
+            }
+        }
+    }
+
+    pub(super) fn gpu_health(
+        &mut self,
+        agent: AgentId,
+        uuid: &str,
+        healthy: bool,
+        reason: &str,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(a) = self.agents.get_mut(&agent) else {
+            return;
+        };
+        let Some(gpu) = a.gpus.iter_mut().find(|g| g.uuid == uuid) else {
+            return;
+        };
+        if gpu.healthy == healthy {
+            return;
+        }
+        gpu.healthy = healthy;
+        let healthy_count = a.gpus.iter().filter(|g| g.healthy).count() as u64;
+        // Statically reserved GPUs stay reserved; the unreserved pool absorbs the change.
+        let reserved_gpus: u64 = a.reserved.values().map(|r| r.milli("gpus")).sum();
+        let mut resources = a.resources.clone();
+        resources.set_milli(
+            "gpus",
+            (healthy_count * gantry_sdk::protocol::resources::MILLI).saturating_sub(reserved_gpus),
+        );
+        a.resources = resources.clone();
+        let reserved = a.reserved.clone();
+        tracing::warn!(%agent, gpu = uuid, healthy, reason, "GPU health changed");
+        for rec in self.allocator.update_agent(agent, resources, reserved) {
+            self.send_rescind(&rec, out);
+        }
+        self.allocation_pending = true;
+    }
+
+    pub(super) fn agent_disconnected(
+        &mut self,
+        id: AgentId,
+        conn: ConnId,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(a) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if a.conn != Some(conn) {
+            return;
+        }
+        a.conn = None;
+        a.disconnected_at = Some(now);
+        tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
+        // Its outstanding offers can no longer be used.
+        let offers: Vec<OfferId> = self
+            .allocator
+            .outstanding_offers()
+            .filter(|o| o.agent == id)
+            .map(|o| o.id)
+            .collect();
+        for oid in offers {
+            if let Some(rec) = self.allocator.rescind(oid) {
+                self.send_rescind(&rec, out);
+            }
+        }
+    }
+
+    pub(super) fn remove_agent(
+        &mut self,
+        id: AgentId,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let tasks: Vec<TaskId> = self
+            .agents
+            .get(&id)
+            .map(|a| a.tasks.iter().copied().collect())
+            .unwrap_or_default();
+        for tid in tasks {
+            if let Some(t) = self.tasks.get_mut(&tid) {
+                t.recovered = true; // the agent's resources leave with it
+                if !t.state.is_terminal() || t.pending.is_some() {
+                    t.pending = None;
+                    self.master_update(
+                        tid,
+                        TaskState::Lost,
+                        TaskReason::AgentLost,
+                        reason,
+                        now,
+                        out,
+                    );
+                }
+                self.finish_task_if_done(tid);
+                self.tasks.remove(&tid);
+            }
+        }
+        for rec in self.allocator.remove_agent(id) {
+            self.send_rescind(&rec, out);
+        }
+        if let Some(a) = self.agents.remove(&id) {
+            self.agents_by_name.remove(&a.name);
+            for role in a.reserved.keys() {
+                self.forget_role(role);
+            }
+            if let Some(c) = a.conn {
+                self.conns.remove(&c);
+                out.push(Output::Close {
+                    conn: c,
+                    reason: reason.to_string(),
+                });
+            }
+            tracing::warn!(agent = %a.name, reason, "agent removed");
+            for role in a.dynamic.keys() {
+                out.push(Output::Persist(Mutation::RemoveReservation {
+                    agent_id: id,
+                    role: role.clone(),
+                }));
+            }
+            out.push(Output::Persist(Mutation::RemoveAgent(id)));
+        }
+    }
+}

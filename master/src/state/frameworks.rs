@@ -1,0 +1,469 @@
+//! Frameworks: the message dispatch for framework connections, subscription (validation,
+//! ACLs, limits, failover by id), disconnection (failover timeout running) and removal.
+
+use super::*;
+
+impl Master {
+    pub(super) fn framework_message(
+        &mut self,
+        conn: ConnId,
+        msg: FrameworkToMaster,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(Peer::Framework {
+            principal,
+            framework,
+        }) = self.conns.get(&conn).cloned()
+        else {
+            out.push(Output::Close {
+                conn,
+                reason: "framework message on a connection that is not a framework's".into(),
+            });
+            return;
+        };
+        let fw = match (msg, framework) {
+            (FrameworkToMaster::Subscribe(info), None) => {
+                return self.subscribe(conn, principal, info, out)
+            }
+            (FrameworkToMaster::Subscribe(_), Some(_)) => {
+                out.push(err(
+                    conn,
+                    ErrorKind::InvalidRequest,
+                    "already subscribed on this connection",
+                ));
+                return;
+            }
+            (_, None) => {
+                out.push(err(conn, ErrorKind::NotSubscribed, "subscribe first"));
+                out.push(Output::Close {
+                    conn,
+                    reason: "framework message before subscribing".into(),
+                });
+                return;
+            }
+            (msg, Some(fw)) => (msg, fw),
+        };
+        let (msg, fw) = fw;
+        match msg {
+            FrameworkToMaster::Subscribe(_) => unreachable!("handled above"),
+            FrameworkToMaster::Accept {
+                offer_ids,
+                operations,
+                refuse_seconds,
+            } => self.accept(conn, fw, offer_ids, operations, refuse_seconds, now, out),
+            FrameworkToMaster::Decline {
+                offer_ids,
+                refuse_seconds,
+            } => {
+                let refuse = match refuse_ms(refuse_seconds) {
+                    Ok(r) => r,
+                    Err(e) => return out.push(err(conn, ErrorKind::InvalidRequest, e.to_string())),
+                };
+                // One error for all unknown ids: a long list of them is not a long answer.
+                let mut unknown: Option<(OfferId, usize)> = None;
+                let mut mine = Vec::with_capacity(offer_ids.len());
+                for oid in offer_ids {
+                    match self.allocator.offer(oid) {
+                        Some(o) if o.framework == fw => mine.push(oid),
+                        _ => unknown.get_or_insert((oid, 0)).1 += 1,
+                    }
+                }
+                // One decline: on each agent, one filter over the union of its offers there.
+                let _ = self.allocator.decline_offers(&mine, refuse, now);
+                match unknown {
+                    Some((oid, 1)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!("decline: offer {oid} is not outstanding for this framework"),
+                    )),
+                    Some((oid, n)) => out.push(err(
+                        conn,
+                        ErrorKind::UnknownOffer,
+                        format!(
+                            "decline: {n} offers (the first {oid}) are not outstanding for this framework"
+                        ),
+                    )),
+                    None => {}
+                }
+            }
+            FrameworkToMaster::Kill { task_id } => match self.tasks.get(&task_id) {
+                Some(t) if t.framework == fw => {
+                    if t.state.is_terminal() {
+                        return;
+                    }
+                    match self.agents.get(&t.agent).and_then(|a| a.conn) {
+                        Some(aconn) => out.push(Output::ToAgent(
+                            aconn,
+                            MasterToAgent::KillTask {
+                                framework_id: fw,
+                                task_id,
+                            },
+                        )),
+                        None => {
+                            if !self.agents.contains_key(&t.agent) {
+                                self.master_update(
+                                    task_id,
+                                    TaskState::Lost,
+                                    TaskReason::AgentLost,
+                                    "agent is gone",
+                                    now,
+                                    out,
+                                );
+                            }
+                            // Otherwise the agent is disconnected: the kill is sent again
+                            // when the framework retries after reconciling.
+                        }
+                    }
+                }
+                _ => out.push(err(
+                    conn,
+                    ErrorKind::UnknownTask,
+                    format!("kill: task {task_id} is unknown"),
+                )),
+            },
+            FrameworkToMaster::Reconcile { task_ids } => self.reconcile(conn, fw, task_ids, out),
+            FrameworkToMaster::Suppress { roles } => {
+                if roles.is_empty() {
+                    self.allocator.suppress(fw, None);
+                } else {
+                    for r in &roles {
+                        self.allocator.suppress(fw, Some(r));
+                    }
+                }
+            }
+            FrameworkToMaster::Revive { roles } => {
+                if roles.is_empty() {
+                    self.allocator.revive(fw, None);
+                } else {
+                    for r in &roles {
+                        self.allocator.revive(fw, Some(r));
+                    }
+                }
+                self.allocation_pending = true;
+            }
+            FrameworkToMaster::Acknowledge { task_id, update_id } => {
+                let Some(task) = self.tasks.get_mut(&task_id) else {
+                    return;
+                };
+                if task.framework != fw
+                    || task.pending.as_ref().map(|u| u.update_id) != Some(update_id)
+                {
+                    return;
+                }
+                task.pending = None;
+                task.acked.insert(update_id);
+                if let Some(aconn) = self.agents.get(&task.agent).and_then(|a| a.conn) {
+                    out.push(Output::ToAgent(
+                        aconn,
+                        MasterToAgent::Acknowledge { task_id, update_id },
+                    ));
+                }
+                self.finish_task_if_done(task_id);
+            }
+            FrameworkToMaster::SetDemand { demand } => {
+                if let Some(d) = &demand {
+                    if d.task.is_empty() {
+                        return out.push(err(
+                            conn,
+                            ErrorKind::InvalidRequest,
+                            "demand task shape is empty",
+                        ));
+                    }
+                }
+                self.allocator.set_demand(fw, demand);
+                self.allocation_pending = true;
+            }
+            FrameworkToMaster::Teardown => {
+                self.remove_framework(fw, "framework tore down", now, out);
+                self.conns.remove(&conn);
+                out.push(Output::Close {
+                    conn,
+                    reason: "framework tore down".into(),
+                });
+            }
+        }
+    }
+
+    pub(super) fn subscribe(
+        &mut self,
+        conn: ConnId,
+        principal: String,
+        info: FrameworkInfo,
+        out: &mut Vec<Output>,
+    ) {
+        if let Err(message) = self.check_subscribe(&principal, &info) {
+            return refuse_framework(conn, message, out);
+        }
+        let failover_timeout_ms = (info.failover_timeout_secs.min(365.0 * 86400.0) * 1000.0) as u64;
+        let id = match info
+            .framework_id
+            .and_then(|id| self.frameworks.get(&id).map(|f| (id, f.principal.clone())))
+        {
+            Some((id, owner)) if owner == principal => {
+                // Failover: the same principal takes its framework back.
+                let old_conn = {
+                    let f = self.frameworks.get_mut(&id).expect("checked above");
+                    f.name = info.name.clone();
+                    f.failover_timeout_ms = failover_timeout_ms;
+                    f.capabilities = info.capabilities.clone();
+                    for r in &info.roles {
+                        if !f.roles.contains(r) {
+                            f.roles.push(r.clone());
+                        }
+                    }
+                    f.disconnected_at = None;
+                    f.conn.replace(conn)
+                };
+                if let Some(c) = old_conn.filter(|c| *c != conn) {
+                    // The old connection's offers die with it.
+                    self.conns.remove(&c);
+                    out.push(Output::Close {
+                        conn: c,
+                        reason: "framework re-subscribed elsewhere".into(),
+                    });
+                    let offers: Vec<OfferId> = self
+                        .allocator
+                        .outstanding_offers()
+                        .filter(|o| o.framework == id)
+                        .map(|o| o.id)
+                        .collect();
+                    for o in offers {
+                        self.allocator.rescind(o);
+                    }
+                }
+                // Capabilities and new roles may change on failover (as in Mesos).
+                let (name, roles) = self
+                    .frameworks
+                    .get(&id)
+                    .map(|f| (f.name.clone(), f.roles.clone()))
+                    .unwrap_or_default();
+                let gpu = info.capabilities.contains(&Capability::GpuResources);
+                self.allocator.add_framework(id, &name, &roles, gpu, None);
+                self.allocator.revive(id, None);
+                id
+            }
+            Some(_) => {
+                // Checked by `check_subscribe`.
+                return refuse_framework(
+                    conn,
+                    "framework id belongs to another principal".into(),
+                    out,
+                );
+            }
+            None => {
+                let id = self.fresh_framework_id();
+                let gpu = info.capabilities.contains(&Capability::GpuResources);
+                self.allocator
+                    .add_framework(id, &info.name, &info.roles, gpu, None);
+                self.frameworks.insert(
+                    id,
+                    FrameworkRec {
+                        id,
+                        name: info.name.clone(),
+                        principal: principal.clone(),
+                        roles: info.roles.clone(),
+                        capabilities: info.capabilities.clone(),
+                        failover_timeout_ms,
+                        conn: Some(conn),
+                        disconnected_at: None,
+                        tasks: HashSet::new(),
+                    },
+                );
+                id
+            }
+        };
+        if let Some(Peer::Framework { framework, .. }) = self.conns.get_mut(&conn) {
+            *framework = Some(id);
+        }
+        tracing::info!(framework = %id, name = %info.name, %principal, "framework subscribed");
+        if let Some(f) = self.frameworks.get(&id) {
+            out.push(Output::Persist(Mutation::PutFramework(FrameworkRecord {
+                id,
+                name: f.name.clone(),
+                roles: f.roles.clone(),
+                principal: f.principal.clone(),
+                failover_timeout_secs: f.failover_timeout_ms as f64 / 1000.0,
+            })));
+        }
+        out.push(Output::ToFramework(
+            conn,
+            MasterToFramework::Subscribed {
+                framework_id: id,
+                epoch: self.config.epoch,
+                heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            },
+        ));
+        // Redeliver updates the framework has not acknowledged yet.
+        let mut pending: Vec<StatusUpdate> = self
+            .frameworks
+            .get(&id)
+            .map(|f| {
+                f.tasks
+                    .iter()
+                    .filter_map(|t| self.tasks.get(t)?.pending.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        pending.sort_by_key(|u| u.timestamp_ms);
+        for u in pending {
+            out.push(Output::ToFramework(conn, MasterToFramework::Update(u)));
+        }
+        self.allocation_pending = true;
+    }
+
+    /// Why `principal` may not subscribe `info` (validity, identity, ACLs, limits), if so.
+    pub(super) fn check_subscribe(
+        &self,
+        principal: &str,
+        info: &FrameworkInfo,
+    ) -> Result<(), String> {
+        let limits = &self.config.limits;
+        if info.name.is_empty() || info.name.len() > 256 {
+            return Err("framework name must be 1-256 characters".into());
+        }
+        if !info.failover_timeout_secs.is_finite() || info.failover_timeout_secs < 0.0 {
+            return Err("failover timeout must be a non-negative number of seconds".into());
+        }
+        if info.roles.is_empty() {
+            return Err("a framework needs at least one role".into());
+        }
+        // Counted before anything else is looked at, so 50,000 roles cost one comparison.
+        if info.roles.len() > limits.roles_per_framework {
+            return Err(format!(
+                "{} roles in one subscription; the limit is {} per framework",
+                info.roles.len(),
+                limits.roles_per_framework
+            ));
+        }
+        for role in &info.roles {
+            limits.check_role(role)?;
+            if !self.config.acls.may_register(principal, role) {
+                return Err(format!(
+                    "principal {principal:?} is not allowed to subscribe with role {role:?} \
+                     (ACL register_frameworks)"
+                ));
+            }
+        }
+        match info.framework_id {
+            Some(id) => {
+                let Some(f) = self.frameworks.get(&id) else {
+                    return Err(format!(
+                        "framework id {id} is not registered with this master (removed after \
+                         its failover timeout, or never issued); subscribe without an id to \
+                         register a new framework"
+                    ));
+                };
+                if f.principal != principal {
+                    tracing::warn!(framework = %id, owner = %f.principal, %principal,
+                        "subscribe with another principal's framework id refused");
+                    return Err(format!(
+                        "framework id {id} belongs to another principal; principal \
+                         {principal:?} may not resume it"
+                    ));
+                }
+                let mut roles: HashSet<&str> = f.roles.iter().map(String::as_str).collect();
+                roles.extend(info.roles.iter().map(String::as_str));
+                if roles.len() > limits.roles_per_framework {
+                    return Err(format!(
+                        "framework {id} would hold {} roles; the limit is {} per framework",
+                        roles.len(),
+                        limits.roles_per_framework
+                    ));
+                }
+            }
+            None => {
+                let mine = self
+                    .frameworks
+                    .values()
+                    .filter(|f| f.principal == principal)
+                    .count();
+                if mine >= limits.frameworks_per_principal {
+                    return Err(format!(
+                        "principal {principal:?} already has {mine} frameworks registered; the \
+                         limit is {} (frameworks that disconnected count until their failover \
+                         timeout ends)",
+                        limits.frameworks_per_principal
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn framework_disconnected(&mut self, id: FrameworkId, conn: ConnId, now: Millis) {
+        let Some(f) = self.frameworks.get_mut(&id) else {
+            return;
+        };
+        if f.conn != Some(conn) {
+            return;
+        }
+        f.conn = None;
+        f.disconnected_at = Some(now);
+        tracing::info!(framework = %id, "framework disconnected; keeping its tasks for its failover timeout");
+        let offers: Vec<OfferId> = self
+            .allocator
+            .outstanding_offers()
+            .filter(|o| o.framework == id)
+            .map(|o| o.id)
+            .collect();
+        for o in offers {
+            self.allocator.rescind(o);
+        }
+        // No offers while it is away.
+        self.allocator.suppress(id, None);
+    }
+
+    pub(super) fn remove_framework(
+        &mut self,
+        id: FrameworkId,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(f) = self.frameworks.remove(&id) else {
+            return;
+        };
+        self.completed_frameworks.push_back(CompletedFramework {
+            id,
+            name: f.name.clone(),
+            principal: f.principal.clone(),
+            roles: f.roles.clone(),
+            removed_at: now,
+            reason: reason.to_string(),
+        });
+        while self.completed_frameworks.len() > self.config.max_completed_frameworks {
+            if let Some(old) = self.completed_frameworks.pop_front() {
+                if let Some(list) = self.completed.remove(&old.id) {
+                    self.forget_completed(list.into_iter().map(|r| r.id));
+                }
+            }
+        }
+        out.push(Output::Persist(Mutation::RemoveFramework(id)));
+        tracing::info!(framework = %id, reason, "framework removed");
+        // Its outstanding offers go with it; nobody is left to tell.
+        self.allocator.remove_framework(id);
+        for role in &f.roles {
+            self.forget_role(role);
+        }
+        for tid in f.tasks {
+            let Some(t) = self.tasks.get_mut(&tid) else {
+                continue;
+            };
+            t.recovered = true; // freed by remove_framework
+            t.pending = None;
+            if t.state.is_terminal() {
+                self.finish_task_if_done(tid);
+            } else if let Some(aconn) = self.agents.get(&t.agent).and_then(|a| a.conn) {
+                out.push(Output::ToAgent(
+                    aconn,
+                    MasterToAgent::KillTask {
+                        framework_id: id,
+                        task_id: tid,
+                    },
+                ));
+            }
+        }
+        self.allocation_pending = true;
+    }
+}
