@@ -9,6 +9,9 @@
 //! supervisor writes `0` to each `cgroup.procs`). When it ends, the OOM flag and final usage are
 //! read, recorded in the sandbox, and the cgroup is destroyed before the terminal update is
 //! queued; the GPUs are free once the task is terminal.
+//!
+//! Over 800 lines: the agent's loop still holds task lifecycle, GPU health and recovery together;
+//! issue 13 splits it into a pure `AgentCore` plus a thin runtime.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;

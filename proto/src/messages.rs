@@ -3,6 +3,9 @@
 //! [`MasterRole`] (a standby keeps the stream open and sends `Leading` when it is elected), then
 //! [`AgentToMaster`] / [`MasterToAgent`] or [`FrameworkToMaster`] / [`MasterToFramework`]
 //! frames follow.
+//!
+//! Over 800 lines on purpose: every wire message in one file, so the protocol reads as one
+//! document in the order a session uses it.
 
 use std::collections::BTreeMap;
 

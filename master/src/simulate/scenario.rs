@@ -1,6 +1,9 @@
 //! Scenario replay: a TOML scenario (cluster settings, roles, timed events) applied to the real
 //! allocator in simulated time, printing one JSON line per offer and rescind and a final summary.
 //! The format is documented in `docs/simulator.md`.
+//!
+//! Over 800 lines: parsing, replay and output of one scenario format kept together; the carving of
+//! accepted resources is to be shared with the state machine (issue 12).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
