@@ -237,3 +237,37 @@ pub fn assert_finished_once(what: &str, p: &gantry_examples::batch::BatchProgres
         );
     }
 }
+
+/// A raw QUIC peer of the master at `quic` with `identity`'s certificate (issued from the CA key
+/// in `tls_dir`), after the hello and the master's answer that it leads: for attack tests that
+/// send what the SDK or the agent never would. Returns the endpoint (keep it alive), the
+/// connection and the framed stream.
+pub async fn raw_peer(
+    quic: SocketAddr,
+    tls_dir: &Path,
+    identity: gantry_sdk::transport::PeerIdentity,
+) -> Result<
+    (
+        quinn::Endpoint,
+        quinn::Connection,
+        gantry_sdk::transport::quic::FrameSender,
+        gantry_sdk::transport::quic::FrameReceiver,
+    ),
+    String,
+> {
+    use gantry_sdk::protocol::{MasterRole, PeerKind};
+    use gantry_sdk::transport::{quic as q, PeerIdentity};
+    let kind = match identity {
+        PeerIdentity::Agent(_) => PeerKind::Agent,
+        _ => PeerKind::Framework,
+    };
+    let material = gantry_pki::load_or_issue(tls_dir, &identity, &[]).map_err(|e| e.to_string())?;
+    let ep = q::client_endpoint(&material, quic).map_err(|e| e.to_string())?;
+    let (conn, tx, rx, role) = q::connect(&ep, quic, kind)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !matches!(role, MasterRole::Leading { .. }) {
+        return Err(format!("master does not lead: {role:?}"));
+    }
+    Ok((ep, conn, tx, rx))
+}

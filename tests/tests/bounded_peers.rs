@@ -24,18 +24,13 @@ async fn raw_framework(
     quic::FrameSender,
     quic::FrameReceiver,
 ) {
-    let material = gantry_pki::load_or_issue(
+    gantry_tests::raw_peer(
+        cluster.master.quic,
         &cluster.tls_dir,
-        &PeerIdentity::Framework(principal.into()),
-        &[],
+        PeerIdentity::Framework(principal.into()),
     )
-    .unwrap();
-    let ep = quic::client_endpoint(&material, cluster.master.quic).unwrap();
-    let (conn, tx, rx, role) = quic::connect(&ep, cluster.master.quic, PeerKind::Framework)
-        .await
-        .unwrap();
-    assert!(matches!(role, MasterRole::Leading { .. }), "{role:?}");
-    (ep, conn, tx, rx)
+    .await
+    .unwrap()
 }
 
 async fn subscribed(tx: &mut quic::FrameSender, rx: &mut quic::FrameReceiver, name: &str) {

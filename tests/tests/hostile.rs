@@ -21,18 +21,13 @@ async fn raw_framework(
     quic::FrameSender,
     quic::FrameReceiver,
 ) {
-    let material = gantry_pki::load_or_issue(
+    gantry_tests::raw_peer(
+        cluster.master.quic,
         &cluster.tls_dir,
-        &PeerIdentity::Framework(principal.into()),
-        &[],
+        PeerIdentity::Framework(principal.into()),
     )
-    .unwrap();
-    let ep = quic::client_endpoint(&material, cluster.master.quic).unwrap();
-    let (conn, tx, rx, role) = quic::connect(&ep, cluster.master.quic, PeerKind::Framework)
-        .await
-        .unwrap();
-    assert!(matches!(role, MasterRole::Leading { .. }), "{role:?}");
-    (ep, conn, tx, rx)
+    .await
+    .unwrap()
 }
 
 /// A QUIC connection to the master with `identity`'s certificate and one open stream, before

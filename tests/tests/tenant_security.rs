@@ -33,20 +33,7 @@ async fn raw_peer(
     ),
     String,
 > {
-    let kind = match identity {
-        PeerIdentity::Agent(_) => PeerKind::Agent,
-        _ => PeerKind::Framework,
-    };
-    let material =
-        gantry_pki::load_or_issue(&cluster.tls_dir, &identity, &[]).map_err(|e| e.to_string())?;
-    let ep = quic::client_endpoint(&material, cluster.master.quic).map_err(|e| e.to_string())?;
-    let (conn, tx, rx, role) = quic::connect(&ep, cluster.master.quic, kind)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !matches!(role, MasterRole::Leading { .. }) {
-        return Err(format!("master does not lead: {role:?}"));
-    }
-    Ok((ep, conn, tx, rx))
+    gantry_tests::raw_peer(cluster.master.quic, &cluster.tls_dir, identity).await
 }
 
 /// The master's answer to a raw subscribe: `Ok(id)` or `Err(error message)` (then the
