@@ -1386,74 +1386,41 @@ mod tests {
 /// by one after registering; returns true then), then, for thousands of tasks with long
 /// commands, without the tasks' commands and environments (the master needs their ids and
 /// resources to adopt them). Logs what it left out.
-fn fit_register(msg: AgentToMaster) -> (AgentToMaster, bool) {
-    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+fn fit_register(mut msg: AgentToMaster) -> (AgentToMaster, bool) {
+    let fits = |m: &AgentToMaster| codec::encoded_len(m).is_ok_and(|n| n <= codec::MAX_FRAME);
+    if fits(&msg) {
         return (msg, false);
     }
-    let (
-        agent_id,
-        hostname,
-        resources,
-        reserved,
-        attributes,
-        gpus,
-        mut running_tasks,
+    let AgentToMaster::Register {
+        running_tasks,
         pending_updates,
-        task_user,
-    ) = match msg {
-        AgentToMaster::Register {
-            agent_id,
-            hostname,
-            resources,
-            reserved,
-            attributes,
-            gpus,
-            running_tasks,
-            pending_updates,
-            task_user,
-        } => (
-            agent_id,
-            hostname,
-            resources,
-            reserved,
-            attributes,
-            gpus,
-            running_tasks,
-            pending_updates,
-            task_user,
-        ),
-        other => return (other, false),
+        ..
+    } = &mut msg
+    else {
+        return (msg, false);
     };
     tracing::warn!(
         updates = pending_updates.len(),
         "registration too large for one frame; pending status updates follow it one by one"
     );
     let left_out = !pending_updates.is_empty();
-    let rebuild = |running_tasks: Vec<RunningTask>| AgentToMaster::Register {
-        agent_id,
-        hostname: hostname.clone(),
-        resources: resources.clone(),
-        reserved: reserved.clone(),
-        attributes: attributes.clone(),
-        gpus: gpus.clone(),
-        running_tasks,
-        pending_updates: Vec::new(),
-        task_user: task_user.clone(),
-    };
-    let msg = rebuild(running_tasks.clone());
-    if codec::encoded_len(&msg).is_ok_and(|n| n <= codec::MAX_FRAME) {
+    pending_updates.clear();
+    let tasks = running_tasks.len();
+    if fits(&msg) {
         return (msg, left_out);
     }
     tracing::warn!(
-        tasks = running_tasks.len(),
+        tasks,
         "registration still too large; reporting the tasks without their commands and environments"
     );
-    for t in &mut running_tasks {
-        // The program goes; the user stays (the master shows who the task runs as).
-        t.task.command.program = Program::Shell(String::new());
-        t.task.env.clear();
+    if let AgentToMaster::Register { running_tasks, .. } = &mut msg {
+        for t in running_tasks {
+            // The program goes; the user stays (the master shows who the task runs as).
+            t.task.command.program = Program::Shell(String::new());
+            t.task.env.clear();
+        }
     }
-    (rebuild(running_tasks), left_out)
+    (msg, left_out)
 }
 
 #[cfg(test)]

@@ -210,6 +210,21 @@ impl std::str::FromStr for Resources {
     }
 }
 
+/// `name:amount;name:amount`, the syntax the parsers accept.
+fn fmt_amounts<'a>(
+    amounts: impl Iterator<Item = (&'a str, u64)>,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    for (i, (name, milli)) in amounts.enumerate() {
+        if i > 0 {
+            f.write_str(";")?;
+        }
+        write!(f, "{name}:")?;
+        fmt_milli(milli, f)?;
+    }
+    Ok(())
+}
+
 fn fmt_milli(milli: u64, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     if milli.is_multiple_of(MILLI) {
         write!(f, "{}", milli / MILLI)
@@ -222,14 +237,7 @@ fn fmt_milli(milli: u64, f: &mut fmt::Formatter<'_>) -> fmt::Result {
 impl fmt::Display for Resources {
     /// Renders the same syntax [`Resources::parse`] accepts: `cpus:2;mem:1024`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (name, milli)) in self.iter().enumerate() {
-            if i > 0 {
-                f.write_str(";")?;
-            }
-            write!(f, "{name}:")?;
-            fmt_milli(milli, f)?;
-        }
-        Ok(())
+        fmt_amounts(self.iter(), f)
     }
 }
 
@@ -374,14 +382,7 @@ impl std::str::FromStr for ResourceLimits {
 impl fmt::Display for ResourceLimits {
     /// The syntax [`ResourceLimits::parse`] accepts, zeros included: `cpus:0;mem:1024`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (name, milli)) in self.iter().enumerate() {
-            if i > 0 {
-                f.write_str(";")?;
-            }
-            write!(f, "{name}:")?;
-            fmt_milli(milli, f)?;
-        }
-        Ok(())
+        fmt_amounts(self.iter(), f)
     }
 }
 
