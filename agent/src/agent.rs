@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,6 +35,7 @@ use crate::executor::{self, ExitStatus, LaunchSpec, Launched};
 use crate::gpu::{self, GpuFault, GpuSlot, HealthChange, HealthTracker};
 use crate::isolation::{DeviceRule, Isolator, Limits, NvidiaMajors, TaskCgroup};
 use crate::session;
+use crate::wal::{self, Record, Wal};
 
 /// Directory (under the work dir) where `gantry-agent clear-gpu` drops clear requests.
 pub const CLEAR_DIR: &str = "gpu-clear";
@@ -118,7 +120,12 @@ pub(crate) enum Event {
         uuid: String,
         passed: bool,
     },
+    /// A background snapshot of the state (log compaction) is written, or failed.
+    Compacted(Result<(), String>),
 }
+
+/// A launch waiting for the commit of the records that announce it.
+type PendingLaunch = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -129,7 +136,18 @@ fn unix_ms() -> u64 {
 
 struct Agent {
     config: AgentConfig,
+    /// The checkpointed state; every change to it is also recorded in `wal` (tasks through
+    /// `dirty`) and committed before the messages and launches it protects leave the agent.
     ckpt: Checkpoint,
+    wal: Wal,
+    /// Tasks whose record changed since the last commit.
+    dirty: HashSet<TaskId>,
+    /// Messages to the master, sent after the next commit.
+    outbox: Vec<AgentToMaster>,
+    /// Launches started after the next commit.
+    launches: Vec<PendingLaunch>,
+    /// A background snapshot is being written.
+    compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
     registered: bool,
     /// The last `Register` left its pending updates out (too large for one frame): they go
@@ -178,12 +196,17 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         &[],
     )
     .context("loading the agent's TLS identity")?;
-    let ckpt = Checkpoint::load(&config.work_dir)?.unwrap_or_default();
+    let (ckpt, wal) = Wal::open(&config.work_dir).context("recovering the agent's state")?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let now = tokio::time::Instant::now();
     let mut agent = Agent {
         config: config.clone(),
         ckpt,
+        wal,
+        dirty: HashSet::new(),
+        outbox: Vec::new(),
+        launches: Vec::new(),
+        compacting: false,
         master: None,
         registered: false,
         updates_left_out: false,
@@ -203,6 +226,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         last_clear_poll: now,
     };
     agent.recover()?;
+    agent.commit()?;
     // GPU faults: the NVML watcher thread -> this loop.
     let watcher = config.gpus.as_ref().map(|g| {
         let (ftx, mut frx) = mpsc::unbounded_channel();
@@ -225,15 +249,27 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             _ = &mut shutdown => break Ok(()),
             ev = rx.recv() => match ev {
                 Some(ev) => {
-                    if let Err(e) = agent.handle(ev) {
+                    // Group commit: handle every event already waiting, then write their
+                    // records with one fsync before anything they produced leaves.
+                    let mut handled = agent.handle(ev);
+                    let mut n = 1;
+                    while handled.is_ok() && n < MAX_BATCH {
+                        let Ok(ev) = rx.try_recv() else { break };
+                        handled = agent.handle(ev);
+                        n += 1;
+                    }
+                    if let Err(e) = handled {
                         break Err(e);
                     }
                     agent.flush_updates();
+                    if let Err(e) = agent.commit() {
+                        break Err(e);
+                    }
                 }
                 None => break Ok(()),
             },
             _ = tick.tick() => {
-                if let Err(e) = agent.tick() {
+                if let Err(e) = agent.tick().and_then(|_| agent.commit()) {
                     break Err(e);
                 }
             }
@@ -253,6 +289,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     }
     result
 }
+
+/// Events handled (at most) per commit.
+const MAX_BATCH: usize = 4096;
 
 /// Reads a task cgroup's OOM flag and usage, records them in the task's meta directory and
 /// destroys the cgroup (blocking). Without a cgroup (gone already), the recorded outcome is
@@ -313,10 +352,49 @@ impl Agent {
         self.start.elapsed().as_millis() as u64
     }
 
-    fn save(&self) -> anyhow::Result<()> {
-        self.ckpt
-            .save(&self.config.work_dir)
-            .context("writing the checkpoint")
+    /// Commits the batch: the changed task records and queued changes go to the log with one
+    /// fsync; then the messages and launches they protect go out. Starts a background
+    /// compaction when the log has grown past [`wal::COMPACT_BYTES`].
+    fn commit(&mut self) -> anyhow::Result<()> {
+        for id in std::mem::take(&mut self.dirty) {
+            self.wal.append(match self.ckpt.tasks.get(&id) {
+                Some(rec) => Record::Task(Box::new(rec.clone())),
+                None => Record::TaskRemoved(id),
+            });
+        }
+        self.wal
+            .commit()
+            .context("writing the agent's write-ahead log")?;
+        if let Some(m) = &self.master {
+            for msg in self.outbox.drain(..) {
+                let _ = m.send(msg);
+            }
+        } else {
+            self.outbox.clear();
+        }
+        for launch in self.launches.drain(..) {
+            tokio::spawn(launch);
+        }
+        if !self.compacting && self.wal.size() > wal::COMPACT_BYTES {
+            let gen = self.wal.rotate().context("starting a new log")?;
+            let mut snapshot = self.ckpt.clone();
+            snapshot.log_gen = gen;
+            self.ckpt.log_gen = gen;
+            self.compacting = true;
+            let dir = self.config.work_dir.clone();
+            let events = self.events.clone();
+            tokio::task::spawn_blocking(move || {
+                let result = wal::write_snapshot(&dir, &snapshot).map_err(|e| e.to_string());
+                let _ = events.send(Event::Compacted(result));
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues an update for reliable delivery (recorded in the log).
+    fn push_update(&mut self, update: StatusUpdate) {
+        self.wal.append(Record::Update(Box::new(update.clone())));
+        self.ckpt.updates.push(update);
     }
 
     fn inventory(&self) -> &[crate::discovery::DiscoveredGpu] {
@@ -346,6 +424,23 @@ impl Agent {
             }
         }
         let ids: Vec<TaskId> = self.ckpt.tasks.keys().copied().collect();
+        // Launches the previous agent started but died before recording: their supervisors
+        // say where they are.
+        for id in &ids {
+            let Some(rec) = self.ckpt.tasks.get_mut(id) else {
+                continue;
+            };
+            // (Checkpoints from before the meta directory kept no claim: nothing to find.)
+            if rec.state.is_terminal() || rec.launched.is_some() || rec.meta.as_os_str().is_empty()
+            {
+                continue;
+            }
+            if let Some(l) = executor::find_launched(&rec.meta) {
+                tracing::info!(task = %id, pid = l.supervisor_pid, "found the supervisor of a launch the previous agent did not record");
+                rec.launched = Some(l);
+                self.update(*id, TaskState::Running, None, "running".into(), None, None);
+            }
+        }
         let mut adopted = 0;
         for id in ids {
             let Some(rec) = self.ckpt.tasks.get(&id) else {
@@ -398,7 +493,7 @@ impl Agent {
                 "recovered checkpoint"
             );
         }
-        self.save()
+        Ok(())
     }
 
     /// Destroys the task cgroups under our root that no live task of ours needs. A busy cgroup
@@ -453,15 +548,16 @@ impl Agent {
         }
     }
 
-    fn send(&self, msg: AgentToMaster) {
-        if let Some(m) = &self.master {
-            let _ = m.send(msg);
+    /// Queues a message for the master; it leaves after the next commit.
+    fn send(&mut self, msg: AgentToMaster) {
+        if self.master.is_some() {
+            self.outbox.push(msg);
         }
     }
 
     /// Sends a message that needs a registered session (the master closes connections that
     /// send anything but `Register` first).
-    fn send_registered(&self, msg: AgentToMaster) {
+    fn send_registered(&mut self, msg: AgentToMaster) {
         if self.registered {
             self.send(msg);
         }
@@ -517,6 +613,8 @@ impl Agent {
             Event::Connected(tx) => {
                 self.master = Some(tx);
                 self.registered = false;
+                // Whatever was queued for the previous connection: Register goes first.
+                self.outbox.clear();
                 let running_tasks = self
                     .ckpt
                     .tasks
@@ -545,6 +643,7 @@ impl Agent {
             Event::Disconnected => {
                 self.master = None;
                 self.registered = false;
+                self.outbox.clear();
             }
             Event::Master(msg) => self.master_message(msg)?,
             Event::Launched {
@@ -564,6 +663,7 @@ impl Agent {
                 match result {
                     Ok(l) => {
                         rec.launched = Some(l);
+                        self.dirty.insert(task);
                         let kill = rec.kill_requested_ms.is_some();
                         self.update(task, TaskState::Running, None, "running".into(), None, None);
                         if kill {
@@ -579,7 +679,6 @@ impl Agent {
                         None,
                     ),
                 }
-                self.save()?;
             }
             Event::Exited { task, status } => {
                 let Some(rec) = self.ckpt.tasks.get(&task) else {
@@ -646,7 +745,6 @@ impl Agent {
                     });
                 }
                 self.terminal(task, state, reason, msg, status.code, status.signal);
-                self.save()?;
             }
             Event::Sampled { tasks, gpus } => {
                 self.sampling = false;
@@ -693,6 +791,16 @@ impl Agent {
                     self.health_changed(change)?;
                 }
             }
+            Event::Compacted(result) => {
+                self.compacting = false;
+                match result {
+                    Ok(()) => {
+                        tracing::debug!(generation = self.ckpt.log_gen, "compacted the agent's log")
+                    }
+                    // The logs stay: nothing is lost, the next compaction tries again.
+                    Err(e) => tracing::warn!("compacting the agent's log: {e}"),
+                }
+            }
         }
         Ok(())
     }
@@ -708,11 +816,18 @@ impl Agent {
         if change.healthy {
             tracing::info!(gpu = %change.uuid, reason = %change.reason, "GPU healthy again");
             self.ckpt.unhealthy_gpus.remove(&change.uuid);
+            self.wal.append(Record::GpuHealthy {
+                uuid: change.uuid.clone(),
+            });
         } else {
             tracing::warn!(gpu = %change.uuid, reason = %change.reason, "GPU unhealthy: withdrawn from offers");
             self.ckpt
                 .unhealthy_gpus
                 .insert(change.uuid.clone(), change.reason.clone());
+            self.wal.append(Record::GpuUnhealthy {
+                uuid: change.uuid.clone(),
+                reason: change.reason.clone(),
+            });
         }
         self.send_registered(AgentToMaster::GpuHealth {
             uuid: change.uuid.clone(),
@@ -743,7 +858,7 @@ impl Agent {
             };
             self.update(id, state, Some(TaskReason::GpuHealth), message, None, None);
         }
-        self.save()
+        Ok(())
     }
 
     fn master_message(&mut self, msg: MasterToAgent) -> anyhow::Result<()> {
@@ -755,7 +870,7 @@ impl Agent {
             } => {
                 if self.ckpt.agent_id != Some(agent_id) {
                     self.ckpt.agent_id = Some(agent_id);
-                    self.save()?;
+                    self.wal.append(Record::AgentId(agent_id));
                 }
                 self.registered = true;
                 if !self.accepted {
@@ -787,6 +902,10 @@ impl Agent {
             } => self.kill(framework_id, task_id)?,
             MasterToAgent::Acknowledge { task_id, update_id } => {
                 if self.ckpt.updates.ack(task_id, update_id) {
+                    self.wal.append(Record::Acked {
+                        task: task_id,
+                        update: update_id,
+                    });
                     let done = self
                         .ckpt
                         .tasks
@@ -795,8 +914,8 @@ impl Agent {
                         && !self.ckpt.updates.has_pending(task_id);
                     if done {
                         self.ckpt.tasks.remove(&task_id);
+                        self.dirty.insert(task_id);
                     }
-                    self.save()?;
                 }
             }
             MasterToAgent::Error { message } => {
@@ -887,6 +1006,7 @@ impl Agent {
                 cgroup: isolated.then(|| cgroup_name.clone()),
             },
         );
+        self.dirty.insert(id);
         // The user the task runs as: its command's, or this agent's default.
         let ready = picked.and_then(|_| self.task_user(&task.command));
         let user = match ready {
@@ -900,14 +1020,13 @@ impl Agent {
                     None,
                     None,
                 );
-                return self.save();
+                return Ok(());
             }
         };
         if !uuids.is_empty() {
             tracing::info!(task = %id, gpus = ?uuids, "assigned GPUs");
         }
         self.update(id, TaskState::Starting, None, "starting".into(), None, None);
-        self.save()?;
         let events = self.events.clone();
         let exe = self.config.agent_exe.clone();
         let mut env = task.env.clone();
@@ -927,7 +1046,9 @@ impl Agent {
             devices: Some(DeviceRule::for_task(&minors, &self.config.nvidia_majors)),
         };
         let isolator = self.config.isolator.clone();
-        tokio::spawn(async move {
+        // Started after the commit of the task's record (a restarted agent knows every task
+        // it may have started, and every cgroup it may have made).
+        self.launches.push(Box::pin(async move {
             // The user first (a passwd look-up may be slow: NSS, LDAP), so an unknown user
             // costs no cgroup.
             let user: Option<TaskUser> = match user {
@@ -1002,7 +1123,7 @@ impl Agent {
                     });
                 }
             }
-        });
+        }));
         Ok(())
     }
 
@@ -1019,7 +1140,7 @@ impl Agent {
                 None,
             );
             update.reason = Some(TaskReason::KilledByRequest);
-            self.ckpt.updates.push(update);
+            self.push_update(update);
             self.flush_updates();
             return Ok(());
         };
@@ -1031,7 +1152,8 @@ impl Agent {
             tracing::info!(task = %task_id, pgid = l.task_pgid, "killing task (SIGTERM)");
             executor::signal_group(l.task_pgid, libc::SIGTERM);
         }
-        self.save()
+        self.dirty.insert(task_id);
+        Ok(())
     }
 
     fn tick(&mut self) -> anyhow::Result<()> {
@@ -1069,6 +1191,27 @@ impl Agent {
                         tracing::warn!(task = cg.task_id(), "killing the task cgroup: {e}");
                     }
                 });
+            }
+        }
+        // Adopted launches recorded before their task had started: its process group.
+        let unknown_pgid: Vec<(TaskId, PathBuf)> = self
+            .ckpt
+            .tasks
+            .iter()
+            .filter(|(_, t)| !t.state.is_terminal() && t.launched.is_some_and(|l| l.task_pgid == 0))
+            .map(|(id, t)| (*id, t.meta_dir().to_path_buf()))
+            .collect();
+        for (id, meta) in unknown_pgid {
+            if let Some(pgid) = executor::read_task_pgid(&meta) {
+                if let Some(l) = self
+                    .ckpt
+                    .tasks
+                    .get_mut(&id)
+                    .and_then(|t| t.launched.as_mut())
+                {
+                    l.task_pgid = pgid;
+                    self.dirty.insert(id);
+                }
             }
         }
         // Adopted tasks (not our children): poll their supervisors.
@@ -1254,9 +1397,10 @@ impl Agent {
         if let Some(rec) = self.ckpt.tasks.get_mut(&task) {
             rec.state = state;
         }
-        // Sent by the caller's next flush, after it has saved the checkpoint: an update never
-        // reaches the master before the state it reports is on disk.
-        self.ckpt.updates.push(update);
+        self.dirty.insert(task);
+        // Sent after the next commit: an update never reaches the master before the state it
+        // reports is on disk.
+        self.push_update(update);
     }
 
     /// A terminal state: the task's GPUs are free from now on (occupancy counts only tasks

@@ -171,6 +171,43 @@ fn make_dirs(spec: &LaunchSpec<'_>) -> Result<(), (PathBuf, std::io::Error)> {
     Ok(())
 }
 
+/// Claims a launch's fate ([`supervise::CLAIM_FILE`]): true for the first caller only.
+pub fn claim(meta: &Path) -> bool {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(meta.join(supervise::CLAIM_FILE))
+        .is_ok()
+}
+
+/// Decides the fate of a launch a previous agent started but did not record: the supervisor
+/// that claimed it (its pid and start time, and the task's process group, 0 until the task has
+/// started), or `None` when no supervisor did — then none ever will run it (the agent holds the
+/// claim, or the launch never got as far as its meta directory).
+pub fn find_launched(meta: &Path) -> Option<Launched> {
+    if !meta.is_dir() || claim(meta) {
+        return None;
+    }
+    // The supervisor writes its pid file before it claims.
+    let text = std::fs::read_to_string(meta.join(supervise::SUPERVISOR_FILE)).ok()?;
+    let (pid, start) = text.trim().split_once(' ')?;
+    Some(Launched {
+        supervisor_pid: pid.parse().ok().filter(|&p: &i32| p > 1)?,
+        task_pgid: read_task_pgid(meta).unwrap_or(0),
+        supervisor_start: start.parse().ok()?,
+    })
+}
+
+/// The task's process group, once its supervisor has started it.
+pub fn read_task_pgid(meta: &Path) -> Option<i32> {
+    std::fs::read_to_string(meta.join(supervise::PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&p: &i32| p > 1)
+}
+
 /// The exit status the supervisor recorded in `meta`, if it has finished.
 pub fn read_exit(meta: &Path) -> Option<ExitStatus> {
     let text = std::fs::read_to_string(meta.join(supervise::EXIT_FILE)).ok()?;

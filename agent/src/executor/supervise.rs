@@ -40,6 +40,13 @@ pub struct Supervised {
 }
 
 pub const PID_FILE: &str = "task.pid";
+/// The supervisor's own pid and start time (`PID START`), written first: an agent killed
+/// between starting the supervisor and recording it finds its task through this file.
+pub const SUPERVISOR_FILE: &str = "supervisor.pid";
+/// Created (exclusively) by whoever decides the launch's fate first: the supervisor, before it
+/// starts the task, or a restarted agent that found the launch unrecorded and reports it
+/// FAILED. The loser backs off, so a task never runs unseen.
+pub const CLAIM_FILE: &str = "launch.claim";
 pub const EXIT_FILE: &str = "exit.json";
 
 fn write_atomic(path: &Path, data: &str) -> std::io::Result<()> {
@@ -59,6 +66,15 @@ pub fn run(spec: &Supervised) -> i32 {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let me = std::process::id() as i32;
+    let start = super::process_start_time(me).unwrap_or(0);
+    if write_atomic(&spec.meta.join(SUPERVISOR_FILE), &format!("{me} {start}")).is_err() {
+        return 1;
+    }
+    if !super::claim(&spec.meta) {
+        // A restarted agent gave this launch up (and reported it) before we got here.
+        return 0;
     }
     let status = match spawn_and_wait(spec) {
         Ok(s) => s,
