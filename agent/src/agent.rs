@@ -61,7 +61,8 @@ pub struct AgentConfig {
     pub attributes: Attributes,
     /// Default SIGTERM-to-SIGKILL grace period.
     pub kill_grace: Duration,
-    /// The binary re-executed as the per-task supervisor (normally the agent itself).
+    /// The agent binary: each task's supervisor is `gantry-supervise` beside it, or it
+    /// re-executed as `gantry-agent supervise` when that is not installed.
     pub agent_exe: PathBuf,
     /// Task isolation (cgroups v1/v2, or none).
     pub isolator: Isolator,
@@ -174,6 +175,8 @@ struct Agent {
     /// GPUs whose recovery check is running.
     checking: HashSet<String>,
     last_clear_poll: tokio::time::Instant,
+    /// What runs as each task's supervisor.
+    supervisor: Arc<executor::SupervisorCommand>,
 }
 
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
@@ -224,6 +227,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         last_gpu_samples: Vec::new(),
         checking: HashSet::new(),
         last_clear_poll: now,
+        supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
     };
     agent.recover()?;
     agent.commit()?;
@@ -1028,7 +1032,6 @@ impl Agent {
         }
         self.update(id, TaskState::Starting, None, "starting".into(), None, None);
         let events = self.events.clone();
-        let exe = self.config.agent_exe.clone();
         let mut env = task.env.clone();
         env.insert("GANTRY_TASK_ID".into(), id.to_string());
         env.insert("GANTRY_FRAMEWORK_ID".into(), framework_id.to_string());
@@ -1046,42 +1049,49 @@ impl Agent {
             devices: Some(DeviceRule::for_task(&minors, &self.config.nvidia_majors)),
         };
         let isolator = self.config.isolator.clone();
+        let supervisor = self.supervisor.clone();
         // Started after the commit of the task's record (a restarted agent knows every task
-        // it may have started, and every cgroup it may have made).
+        // it may have started, and every cgroup it may have made). The blocking part — the
+        // user look-up (NSS, LDAP), the cgroup, the directories, fork and exec — runs on a
+        // blocking thread, so no launch holds up the event loop or another task's messages.
         self.launches.push(Box::pin(async move {
-            // The user first (a passwd look-up may be slow: NSS, LDAP), so an unknown user
-            // costs no cgroup.
-            let user: Option<TaskUser> = match user {
-                None => None,
-                Some(name) => {
-                    let found = tokio::task::spawn_blocking(move || {
-                        user::lookup(&name)
-                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))
-                    })
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r);
-                    match found {
-                        Ok(u) => Some(u),
-                        Err(e) => {
-                            let _ = events.send(Event::Launched {
-                                task: id,
-                                cgroup: None,
-                                result: Err(e),
-                            });
-                            return;
-                        }
-                    }
+            let blocking_meta = meta.clone();
+            let spawned = tokio::task::spawn_blocking(move || {
+                // The user first, so an unknown user costs no cgroup.
+                let user: Option<TaskUser> = match user {
+                    None => None,
+                    Some(name) => Some(user::lookup(&name).map_err(|e| {
+                        (None, format!("cannot run the task as user {name:?}: {e}"))
+                    })?),
+                };
+                let cg = isolator
+                    .create(&cgroup_name, &limits)
+                    .map_err(|e| (None, format!("task cgroup: {e}")))?;
+                let procs: Vec<PathBuf> =
+                    cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
+                let spec = LaunchSpec {
+                    sandbox: &sandbox,
+                    meta: &blocking_meta,
+                    program: &task.command.program,
+                    user: user.as_ref(),
+                    env: &env,
+                    cgroup_procs: &procs,
+                    supervisor: &supervisor,
+                };
+                match executor::spawn_supervisor(&spec) {
+                    Ok(child) => Ok((cg, child)),
+                    Err(e) => Err((Some(cg), e.to_string())),
                 }
-            };
-            let created =
-                tokio::task::spawn_blocking(move || isolator.create(&cgroup_name, &limits))
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r.map_err(|e| format!("task cgroup: {e}")));
-            let cg = match created {
-                Ok(cg) => cg,
-                Err(e) => {
+            })
+            .await
+            .map_err(|e| (None, e.to_string()))
+            .and_then(|r| r);
+            let (cg, mut child) = match spawned {
+                Ok(ok) => ok,
+                Err((cg, e)) => {
+                    if let Some(cg) = cg {
+                        let _ = tokio::task::spawn_blocking(move || cg.destroy()).await;
+                    }
                     let _ = events.send(Event::Launched {
                         task: id,
                         cgroup: None,
@@ -1090,18 +1100,8 @@ impl Agent {
                     return;
                 }
             };
-            let procs: Vec<PathBuf> = cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
-            let spec = LaunchSpec {
-                sandbox: &sandbox,
-                meta: &meta,
-                program: &task.command.program,
-                user: user.as_ref(),
-                env: &env,
-                cgroup_procs: &procs,
-                agent_exe: &exe,
-            };
-            match executor::launch(&spec).await {
-                Ok((launched, mut child)) => {
+            match executor::started(&mut child, &meta).await {
+                Ok(launched) => {
                     let _ = events.send(Event::Launched {
                         task: id,
                         cgroup: Some(cg),

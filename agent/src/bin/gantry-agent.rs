@@ -1,5 +1,5 @@
-//! `gantry-agent`: run an agent on this host (or, internally, supervise one task; or ask a
-//! running agent to bring an unhealthy GPU back).
+//! `gantry-agent`: run an agent on this host (or ask a running agent to bring an unhealthy GPU
+//! back; or, internally, supervise one task when `gantry-supervise` is not installed).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,7 +16,6 @@ use gantry_agent::executor::supervise;
 use gantry_agent::executor::user;
 use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
 use gantry_sdk::protocol::resources::MILLI;
-use gantry_sdk::protocol::Program;
 use gantry_sdk::Resources;
 
 /// The Gantry agent: measures this host, registers with the master, runs tasks.
@@ -105,29 +104,6 @@ struct RunArgs {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Internal: supervise one task (started by the agent).
-    #[command(hide = true)]
-    Supervise {
-        #[arg(long)]
-        sandbox: PathBuf,
-        /// Root-owned directory for task.pid and exit.json.
-        #[arg(long)]
-        meta: PathBuf,
-        #[arg(long = "cgroup-procs")]
-        cgroup_procs: Vec<PathBuf>,
-        /// Switch to this uid (with --gid and --groups) before exec.
-        #[arg(long, requires = "gid")]
-        uid: Option<u32>,
-        #[arg(long, requires = "uid")]
-        gid: Option<u32>,
-        #[arg(long, value_delimiter = ',')]
-        groups: Vec<u32>,
-        /// Execute the words after `--` directly (argv) instead of `/bin/sh -c WORD`.
-        #[arg(long)]
-        argv: bool,
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
     /// Bring unhealthy GPUs back (operator clear): the agent running on WORK_DIR picks the
     /// request up within a second, marks the GPUs healthy and offers them again.
     ClearGpu {
@@ -197,34 +173,15 @@ fn clear_gpus(work_dir: &std::path::Path, gpus: &[String]) -> anyhow::Result<()>
 }
 
 fn main() -> anyhow::Result<()> {
+    // Internal: supervise one task (when `gantry-supervise` is not installed beside the agent),
+    // with the supervisor's own argument reader, before anything else is set up.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "supervise") {
+        let spec = supervise::parse_args(std::env::args_os().skip(2))
+            .map_err(|e| anyhow::anyhow!("supervise: {e}"))?;
+        std::process::exit(supervise::run(&spec));
+    }
     let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
     match cli.cmd {
-        Some(Cmd::Supervise {
-            sandbox,
-            meta,
-            cgroup_procs,
-            uid,
-            gid,
-            groups,
-            argv,
-            command,
-        }) => {
-            let program = if argv {
-                Program::Argv(command)
-            } else {
-                Program::Shell(command.join(" "))
-            };
-            let identity = uid
-                .zip(gid)
-                .map(|(uid, gid)| supervise::Identity { uid, gid, groups });
-            std::process::exit(supervise::run(&supervise::Supervised {
-                sandbox,
-                meta,
-                cgroup_procs,
-                program,
-                identity,
-            }))
-        }
         Some(Cmd::ClearGpu { work_dir, gpus }) => return clear_gpus(&work_dir, &gpus),
         None => {}
     }
