@@ -1060,13 +1060,14 @@ impl Agent {
                 // The user first, so an unknown user costs no cgroup.
                 let user: Option<TaskUser> = match user {
                     None => None,
-                    Some(name) => Some(user::lookup(&name).map_err(|e| {
-                        (None, format!("cannot run the task as user {name:?}: {e}"))
-                    })?),
+                    Some(name) => Some(
+                        user::lookup(&name)
+                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))?,
+                    ),
                 };
                 let cg = isolator
                     .create(&cgroup_name, &limits)
-                    .map_err(|e| (None, format!("task cgroup: {e}")))?;
+                    .map_err(|e| format!("task cgroup: {e}"))?;
                 let procs: Vec<PathBuf> =
                     cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
                 let spec = LaunchSpec {
@@ -1080,18 +1081,18 @@ impl Agent {
                 };
                 match executor::spawn_supervisor(&spec) {
                     Ok(child) => Ok((cg, child)),
-                    Err(e) => Err((Some(cg), e.to_string())),
+                    Err(e) => {
+                        let _ = cg.destroy();
+                        Err(e.to_string())
+                    }
                 }
             })
             .await
-            .map_err(|e| (None, e.to_string()))
+            .map_err(|e| e.to_string())
             .and_then(|r| r);
             let (cg, mut child) = match spawned {
                 Ok(ok) => ok,
-                Err((cg, e)) => {
-                    if let Some(cg) = cg {
-                        let _ = tokio::task::spawn_blocking(move || cg.destroy()).await;
-                    }
+                Err(e) => {
                     let _ = events.send(Event::Launched {
                         task: id,
                         cgroup: None,
