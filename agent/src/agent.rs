@@ -13,7 +13,7 @@
 //! Over 800 lines: the agent's loop still holds task lifecycle, GPU health and recovery together;
 //! issue 13 splits it into a pure `AgentCore` plus a thin runtime.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -32,6 +32,7 @@ use crate::checkpoint::{Checkpoint, TaskRecord};
 use crate::discovery::NvmlGpus;
 use crate::executor::user::{self, TaskUser};
 use crate::executor::{self, ExitStatus, LaunchSpec, Launched};
+use crate::gc::{self, GcPolicy};
 use crate::gpu::{self, GpuFault, GpuSlot, HealthChange, HealthTracker};
 use crate::isolation::{DeviceRule, Isolator, Limits, NvidiaMajors, TaskCgroup};
 use crate::session;
@@ -81,6 +82,9 @@ pub struct AgentConfig {
     /// The user tasks run as when their command names none (`--task-user`). An agent that is
     /// not root runs every task as itself, so this must then be its own user.
     pub task_user: String,
+    /// When ended tasks' sandboxes are removed (`--gc-delay`, `--gc-disk-headroom`,
+    /// `--gc-keep`).
+    pub gc: GcPolicy,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -123,6 +127,12 @@ pub(crate) enum Event {
     },
     /// A background snapshot of the state (log compaction) is written, or failed.
     Compacted(Result<(), String>),
+    /// Sandboxes found on disk at start.
+    GcScanned(Vec<gc::Ended>),
+    /// A garbage collection pass ended (with the disk usage it measured).
+    GcDone {
+        disk_used: Option<f64>,
+    },
 }
 
 /// A launch waiting for the commit of the records that announce it.
@@ -177,6 +187,13 @@ struct Agent {
     last_clear_poll: tokio::time::Instant,
     /// What runs as each task's supervisor.
     supervisor: Arc<executor::SupervisorCommand>,
+    /// Sandboxes of forgotten tasks, oldest first, waiting for garbage collection.
+    gc_queue: VecDeque<gc::Ended>,
+    /// A collection pass (or the start-up scan) is running.
+    gc_busy: bool,
+    /// Disk usage of the work directory as last measured (0.0 to 1.0).
+    disk_used: f64,
+    last_gc: tokio::time::Instant,
 }
 
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
@@ -228,9 +245,21 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         checking: HashSet::new(),
         last_clear_poll: now,
         supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
+        gc_queue: VecDeque::new(),
+        gc_busy: true,
+        disk_used: 0.0,
+        last_gc: now,
     };
     agent.recover()?;
     agent.commit()?;
+    // Sandboxes left from earlier runs join the collection queue.
+    {
+        let dir = config.work_dir.clone();
+        let events = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = events.send(Event::GcScanned(gc::scan(&dir)));
+        });
+    }
     // GPU faults: the NVML watcher thread -> this loop.
     let watcher = config.gpus.as_ref().map(|g| {
         let (ftx, mut frx) = mpsc::unbounded_channel();
@@ -795,6 +824,21 @@ impl Agent {
                     self.health_changed(change)?;
                 }
             }
+            Event::GcScanned(found) => {
+                self.gc_busy = false;
+                // Tasks known now (launched since the scan began) are not garbage.
+                let found = found
+                    .into_iter()
+                    .filter(|e| !self.ckpt.tasks.contains_key(&e.task))
+                    .collect();
+                gc::merge(&mut self.gc_queue, found);
+            }
+            Event::GcDone { disk_used } => {
+                self.gc_busy = false;
+                if let Some(u) = disk_used {
+                    self.disk_used = u;
+                }
+            }
             Event::Compacted(result) => {
                 self.compacting = false;
                 match result {
@@ -919,6 +963,10 @@ impl Agent {
                     if done {
                         self.ckpt.tasks.remove(&task_id);
                         self.dirty.insert(task_id);
+                        self.gc_queue.push_back(gc::Ended {
+                            task: task_id,
+                            at_ms: gc::now_ms(),
+                        });
                     }
                 }
             }
@@ -1246,9 +1294,40 @@ impl Agent {
             self.send(AgentToMaster::Heartbeat);
         }
         self.sample_if_due();
+        self.collect_garbage();
         self.gpu_health_tick()?;
         self.flush_updates();
         Ok(())
+    }
+
+    /// Removes the sandboxes due for collection ([`gc`]) on a blocking thread, at most once a
+    /// second, and measures the disk there every few seconds.
+    fn collect_garbage(&mut self) {
+        if self.gc_busy || self.last_gc.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        let mut due = self
+            .config
+            .gc
+            .due(&mut self.gc_queue, gc::now_ms(), self.disk_used);
+        // A task id launched again meanwhile owns its directories.
+        due.retain(|t| !self.ckpt.tasks.contains_key(t));
+        if due.is_empty() && self.last_gc.elapsed() < Duration::from_secs(5) {
+            return;
+        }
+        self.gc_busy = true;
+        self.last_gc = tokio::time::Instant::now();
+        let dir = self.config.work_dir.clone();
+        let events = self.events.clone();
+        tokio::task::spawn_blocking(move || {
+            if !due.is_empty() {
+                let removed = gc::remove(&dir, &due);
+                tracing::debug!(removed, "removed the sandboxes of ended tasks");
+            }
+            let _ = events.send(Event::GcDone {
+                disk_used: gc::disk_used(&dir),
+            });
+        });
     }
 
     /// Every `--usage-interval`: samples GPUs and task cgroups on a blocking thread.

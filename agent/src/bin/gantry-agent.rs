@@ -14,6 +14,7 @@ use gantry_agent::discovery::host::apply_overrides;
 use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
 use gantry_agent::executor::supervise;
 use gantry_agent::executor::user;
+use gantry_agent::gc;
 use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::Resources;
@@ -100,6 +101,17 @@ struct RunArgs {
     /// run tasks as itself).
     #[arg(long)]
     task_user: Option<String>,
+    /// Seconds after a task ended (and its last update was acknowledged) before its sandbox
+    /// and control files are removed; shorter when the disk fills (see --gc-disk-headroom).
+    #[arg(long, default_value_t = gc::DEFAULT_DELAY.as_secs_f64())]
+    gc_delay: f64,
+    /// Fraction of the work directory's disk to keep free: the delay is scaled by
+    /// max(0, 1 - headroom - used), reaching 0 when the disk is (1 - headroom) full.
+    #[arg(long, default_value_t = gc::DEFAULT_HEADROOM)]
+    gc_disk_headroom: f64,
+    /// The sandboxes of the newest ended tasks kept for inspection, whatever their age.
+    #[arg(long, default_value_t = gc::DEFAULT_KEEP)]
+    gc_keep: usize,
 }
 
 #[derive(Subcommand, Debug)]
@@ -272,6 +284,17 @@ fn main() -> anyhow::Result<()> {
             .transpose()?,
         nvidia_majors: NvidiaMajors::detect(),
         task_user,
+        gc: gc::GcPolicy {
+            delay: seconds("gc-delay", args.gc_delay)?,
+            disk_headroom: {
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&args.gc_disk_headroom),
+                    "--gc-disk-headroom must be between 0 and 1"
+                );
+                args.gc_disk_headroom
+            },
+            keep: args.gc_keep,
+        },
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(
