@@ -1,7 +1,13 @@
 //! The agent's event loop: one task owns the agent's state (tasks, GPU assignments and health,
 //! task cgroups, the update queue, the checkpoint) and reacts to master messages, task exits,
 //! GPU faults and timer ticks. The master session ([`crate::session`]), the task watchers, the
-//! NVML health watcher and blocking helpers (cgroup teardown, sampling) only send it events.
+//! NVML health watcher and blocking helpers (launches, cgroup teardown, sampling, sandbox
+//! garbage collection) only send it events.
+//!
+//! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
+//! event already waiting, records what changed (changed tasks through `dirty`, queued and
+//! acknowledged updates, GPU health, the agent id), commits the batch with one `fdatasync`, and
+//! only then sends the messages and starts the launches the batch produced ([`Agent::commit`]).
 //!
 //! Task life: the launch assigns GPUs (topology-aware, [`crate::gpu::assign`](fn@crate::gpu::assign)) and checkpoints
 //! them with the task's cgroup name *before* creating the cgroup, so a restarted agent knows
