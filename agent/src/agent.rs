@@ -193,6 +193,8 @@ struct Agent {
     last_clear_poll: tokio::time::Instant,
     /// What runs as each task's supervisor.
     supervisor: Arc<executor::SupervisorCommand>,
+    /// Tasks re-adopted after a restart (their supervisors are polled; ours are awaited).
+    adopted: HashSet<TaskId>,
     /// Sandboxes of forgotten tasks, oldest first, waiting for garbage collection.
     gc_queue: VecDeque<gc::Ended>,
     /// A collection pass (or the start-up scan) is running.
@@ -251,6 +253,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         checking: HashSet::new(),
         last_clear_poll: now,
         supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
+        adopted: HashSet::new(),
         gc_queue: VecDeque::new(),
         gc_busy: true,
         disk_used: 0.0,
@@ -491,6 +494,7 @@ impl Agent {
             match rec.launched {
                 Some(l) if executor::supervisor_alive(&l) => {
                     adopted += 1;
+                    self.adopted.insert(id);
                     tracing::info!(task = %id, pid = l.task_pgid, "re-adopted running task");
                     if let Some(name) = &rec.cgroup {
                         match self.config.isolator.reopen(name) {
@@ -1269,12 +1273,19 @@ impl Agent {
                 }
             }
         }
-        // Adopted tasks (not our children): poll their supervisors.
+        // Adopted tasks (not our children: ours are awaited by their launch): poll their
+        // supervisors. Only they cost a /proc read per tick.
+        self.adopted.retain(|id| {
+            self.ckpt
+                .tasks
+                .get(id)
+                .is_some_and(|t| !t.state.is_terminal())
+        });
         let gone: Vec<(TaskId, PathBuf)> = self
-            .ckpt
-            .tasks
+            .adopted
             .iter()
-            .filter(|(id, t)| !t.state.is_terminal() && !self.settling.contains(id))
+            .filter(|id| !self.settling.contains(id))
+            .filter_map(|id| self.ckpt.tasks.get(id).map(|t| (id, t)))
             .filter_map(|(id, t)| {
                 t.launched
                     .filter(|l| !executor::supervisor_alive(l))

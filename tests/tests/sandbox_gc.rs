@@ -14,7 +14,13 @@ const T: Duration = Duration::from_secs(60);
 /// Runs `n` tasks to FINISHED through a framework named `name`; returns their ids.
 async fn run_wave(cluster: &Cluster, name: &str, n: usize) -> Vec<TaskId> {
     let tasks: Vec<_> = (0..n)
-        .map(|i| task(&format!("{name}-{i}"), "echo out; echo err >&2", "cpus:0.1;mem:8"))
+        .map(|i| {
+            task(
+                &format!("{name}-{i}"),
+                "echo out; echo err >&2",
+                "cpus:0.1;mem:8",
+            )
+        })
         .collect();
     let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
@@ -37,7 +43,11 @@ async fn run_wave(cluster: &Cluster, name: &str, n: usize) -> Vec<TaskId> {
         })
         .unwrap();
     handle.stop();
-    tokio::time::timeout(T, run).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(T, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     tasks.iter().map(|t| t.task_id).collect()
 }
 
@@ -93,7 +103,14 @@ async fn a_full_disk_collects_at_once() {
     // Headroom 1: the disk always counts as full, so the hour-long delay is zero.
     let cluster = cluster(
         "gc-full",
-        &["--gc-delay", "3600", "--gc-disk-headroom", "1", "--gc-keep", "1"],
+        &[
+            "--gc-delay",
+            "3600",
+            "--gc-disk-headroom",
+            "1",
+            "--gc-keep",
+            "1",
+        ],
     );
     run_wave(&cluster, "gc-full-a", 3).await;
     let last = run_wave(&cluster, "gc-full-b", 1).await;
