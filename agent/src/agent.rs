@@ -91,6 +91,9 @@ pub struct AgentConfig {
     /// When ended tasks' sandboxes are removed (`--gc-delay`, `--gc-disk-headroom`,
     /// `--gc-keep`).
     pub gc: GcPolicy,
+    /// Log size past which the write-ahead log is compacted into a snapshot
+    /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
+    pub wal_compact_bytes: u64,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -417,7 +420,7 @@ impl Agent {
         for launch in self.launches.drain(..) {
             tokio::spawn(launch);
         }
-        if !self.compacting && self.wal.size() > wal::COMPACT_BYTES {
+        if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
             let gen = self.wal.rotate().context("starting a new log")?;
             let mut snapshot = self.ckpt.clone();
             snapshot.log_gen = gen;
@@ -853,7 +856,7 @@ impl Agent {
                 self.compacting = false;
                 match result {
                     Ok(()) => {
-                        tracing::debug!(generation = self.ckpt.log_gen, "compacted the agent's log")
+                        tracing::info!(generation = self.ckpt.log_gen, "compacted the agent's log")
                     }
                     // The logs stay: nothing is lost, the next compaction tries again.
                     Err(e) => tracing::warn!("compacting the agent's log: {e}"),

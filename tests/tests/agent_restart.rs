@@ -4,8 +4,8 @@
 //! rebuilt from the checkpoint (a new 2-GPU task gets the two GPUs nobody holds), and no task
 //! cgroup is left behind.
 //!
-//! A second test kills the agent (`--isolation none`, room for 40 tasks) three times during a
-//! stream of 300 launches: every task is accounted for (exactly one terminal update each), and every task
+//! A second test kills the agent (`--isolation none`, room for 40 tasks, its log compacted every
+//! 64 KiB) three times during a stream of 300 launches: every task is accounted for (exactly one terminal update each), and every task
 //! whose process ran to completion is reported FINISHED (its outcome survived in the agent's
 //! write-ahead log or in the supervisor's exit file), none of it is lost.
 //!
@@ -261,7 +261,8 @@ async fn kill9_during_a_burst_of_launches_loses_no_task() {
     let mut cluster = Cluster::start_with(
         &[("burst1", "cpus:4;mem:65536;gpus:0")],
         &["--agent-reregister-timeout", "60"],
-        &["--isolation", "none"],
+        // Compaction every 64 KiB of log: many snapshots, some cut short by the kills.
+        &["--isolation", "none", "--wal-compact-bytes", "65536"],
     )
     .unwrap();
     // Short tasks, so that launches, exits and acknowledgements all overlap the kills.
@@ -350,6 +351,11 @@ async fn kill9_during_a_burst_of_launches_loses_no_task() {
             s["tasks"].as_array().is_some_and(|t| t.is_empty())
         })
         .unwrap();
+    let log = std::fs::read_to_string(&cluster.agents[0].log).unwrap();
+    assert!(
+        log.contains("compacted the agent's log"),
+        "the log was never compacted"
+    );
     handle.stop();
     tokio::time::timeout(T, run)
         .await

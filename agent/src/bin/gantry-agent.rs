@@ -112,6 +112,10 @@ struct RunArgs {
     /// The sandboxes of the newest ended tasks kept for inspection, whatever their age.
     #[arg(long, default_value_t = gc::DEFAULT_KEEP)]
     gc_keep: usize,
+    /// Compact the agent's write-ahead log into a snapshot of its state once the log has grown
+    /// past this many bytes (in the background).
+    #[arg(long, default_value_t = gantry_agent::wal::COMPACT_BYTES)]
+    wal_compact_bytes: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -295,6 +299,7 @@ fn main() -> anyhow::Result<()> {
             },
             keep: args.gc_keep,
         },
+        wal_compact_bytes: args.wal_compact_bytes,
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(
