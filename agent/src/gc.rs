@@ -85,9 +85,14 @@ pub fn merge(queue: &mut VecDeque<Ended>, found: Vec<Ended>) {
     if found.is_empty() {
         return;
     }
-    let mut all: Vec<Ended> = queue.drain(..).chain(found).collect();
+    let mut seen = std::collections::HashSet::new();
+    // What is queued already wins (its time is when the task was forgotten).
+    let mut all: Vec<Ended> = queue
+        .drain(..)
+        .chain(found)
+        .filter(|e| seen.insert(e.task))
+        .collect();
     all.sort_by_key(|e| e.at_ms);
-    all.dedup_by_key(|e| e.task);
     queue.extend(all);
 }
 
@@ -218,7 +223,9 @@ mod tests {
     fn merged_sandboxes_stay_in_end_order_without_duplicates() {
         let (a, b, c) = (ended(5), ended(1), ended(3));
         let mut q: VecDeque<Ended> = [a].into_iter().collect();
-        merge(&mut q, vec![b, c, a]);
+        // The same task found again with another time (the start-up scan racing its ack).
+        let a_again = Ended { at_ms: 0, ..a };
+        merge(&mut q, vec![b, a_again, c, a]);
         assert_eq!(q.iter().map(|e| e.at_ms).collect::<Vec<_>>(), vec![1, 3, 5]);
     }
 
