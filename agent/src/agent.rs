@@ -1257,11 +1257,11 @@ impl Agent {
         }
         // Adopted launches recorded before their task had started: its process group.
         let unknown_pgid: Vec<(TaskId, PathBuf)> = self
-            .ckpt
-            .tasks
+            .adopted
             .iter()
+            .filter_map(|id| self.ckpt.tasks.get(id).map(|t| (*id, t)))
             .filter(|(_, t)| !t.state.is_terminal() && t.launched.is_some_and(|l| l.task_pgid == 0))
-            .map(|(id, t)| (*id, t.meta_dir().to_path_buf()))
+            .map(|(id, t)| (id, t.meta_dir().to_path_buf()))
             .collect();
         for (id, meta) in unknown_pgid {
             if let Some(pgid) = executor::read_task_pgid(&meta) {
