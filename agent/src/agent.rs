@@ -7,7 +7,7 @@
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
 //! event already waiting, records what changed (changed tasks through `dirty`, queued and
 //! acknowledged updates, GPU health, the agent id), commits the batch with one `fdatasync`, and
-//! only then sends the messages and starts the launches the batch produced ([`Agent::commit`]).
+//! only then sends the messages and starts the launches the batch produced (`Agent::commit`).
 //!
 //! Task life: the launch assigns GPUs (topology-aware, [`crate::gpu::assign`](fn@crate::gpu::assign)) and checkpoints
 //! them with the task's cgroup name *before* creating the cgroup, so a restarted agent knows
