@@ -336,6 +336,41 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_is_claimed_once_by_the_supervisor_or_the_restarted_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        // The launch never got as far as its meta directory: nothing to find, nothing claimed.
+        let meta = dir.path().join("meta");
+        assert_eq!(find_launched(&meta), None);
+        assert!(!meta.exists());
+        // A supervisor started, wrote its pid and claimed the launch; the task runs as 4242.
+        std::fs::create_dir_all(&meta).unwrap();
+        let me = std::process::id() as i32;
+        let start = process_start_time(me).unwrap();
+        std::fs::write(
+            meta.join(supervise::SUPERVISOR_FILE),
+            format!("{me} {start}"),
+        )
+        .unwrap();
+        assert!(claim(&meta));
+        std::fs::write(meta.join(supervise::PID_FILE), "4242").unwrap();
+        let found = find_launched(&meta).unwrap();
+        assert_eq!(
+            found,
+            Launched {
+                supervisor_pid: me,
+                task_pgid: 4242,
+                supervisor_start: start,
+            }
+        );
+        assert!(supervisor_alive(&found));
+        // No supervisor claimed it yet: the agent does, and a late supervisor backs off.
+        let late = dir.path().join("late");
+        std::fs::create_dir_all(&late).unwrap();
+        assert_eq!(find_launched(&late), None);
+        assert!(!claim(&late), "the agent holds the claim");
+    }
+
+    #[test]
     fn exit_descriptions() {
         let s = |code, signal| describe(&ExitStatus { code, signal });
         assert_eq!(s(Some(3), None), "exited with code 3");
