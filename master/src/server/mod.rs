@@ -5,6 +5,7 @@
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
 //!                                 ^  Query(/state) from axum
+//!                                 ^  LeaseUntil from the election, Tick at Master::next_deadline
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
@@ -297,7 +298,9 @@ async fn follow_election(
 
 /// The single owner of the state machine. Before this master leads, inputs are held back
 /// (peers are redirected anyway); registry mutations go to the writer in order, and a fenced
-/// write (another master leads now) stops the master.
+/// write (another master leads now) stops the master. No fixed tick: the loop sleeps until an
+/// input or the core's own [`Master::next_deadline`], and passes every lease renewal on as
+/// [`Input::LeaseUntil`] (the core then refuses to offer or launch past it by itself).
 async fn core_loop(
     mut config: MasterConfig,
     mut rx: mpsc::Receiver<CoreEvent>,

@@ -2,8 +2,9 @@
 //! allocator in simulated time, printing one JSON line per offer and rescind and a final summary.
 //! The format is documented in `docs/simulator.md`.
 //!
-//! Over 800 lines: parsing, replay and output of one scenario format kept together; the carving of
-//! accepted resources is to be shared with the state machine (issue 12).
+//! Over 800 lines: parsing, replay and output of one scenario format kept together. Accepted and
+//! recovered resources are carved with [`OfferResources::carve`](crate::allocator::OfferResources::carve),
+//! the same function the state machine's accepts use.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
