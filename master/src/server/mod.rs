@@ -420,15 +420,6 @@ async fn core_loop(
                     tracing::info!(epoch = config.epoch, "first offers made as leader");
                 }
             }
-            // Never a time already handled (no spinning should a deadline not be cleared);
-            // reconciliation answers blocked on full outboxes are retried within 100 ms.
-            let retry_backlog = (backlog_blocked && m.has_backlog()).then_some(t + 100);
-            deadline = m
-                .next_deadline(t)
-                .map(|d| d.max(t + 1))
-                .into_iter()
-                .chain(retry_backlog)
-                .min();
         }
         let mut mutations = Vec::new();
         // Stalled peers are disconnected in the core at once, which may send more (rescinds).
@@ -483,6 +474,19 @@ async fn core_loop(
                     out.extend(m.handle(Input::PeerStalled { conn }, now()));
                 }
             }
+        }
+        // Asked last: stalled peers handled above may have started timers. Never a time already
+        // handled (no spinning should a deadline not be cleared); reconciliation answers
+        // blocked on full outboxes are retried within 100 ms.
+        if let Some(m) = master.as_ref() {
+            let t = now();
+            let retry_backlog = (backlog_blocked && m.has_backlog()).then_some(t + 100);
+            deadline = m
+                .next_deadline(t)
+                .map(|d| d.max(t + 1))
+                .into_iter()
+                .chain(retry_backlog)
+                .min();
         }
         if !mutations.is_empty() {
             let pending = writer.submit(mutations);

@@ -17,9 +17,11 @@ impl Master {
     /// timeout, an offer past its timeout. The shell sends [`Input::Tick`] (and allocates when
     /// [`Master::allocation_due`]) once it has come; `None`: nothing until the next input.
     ///
-    /// Call it after allocating: a cycle due at `now` is not reported again. Decline filters
-    /// need no wake-up of their own: they only matter to the next cycle, which is due anyway.
-    /// Reconciliation slices ([`Master::has_backlog`]) are the shell's to schedule.
+    /// Call it after allocating: a cycle that is due and was not run is reported at its due
+    /// time (at or before `now`). Decline filters need no wake-up of their own: they only
+    /// matter to the next cycle, which is due anyway. Reconciliation slices
+    /// ([`Master::has_backlog`]) are the shell's to schedule. Cost: one pass over agents,
+    /// frameworks and outstanding offers.
     pub fn next_deadline(&self, now: Millis) -> Option<Millis> {
         // The timer conditions in `tick` are strict (`now > at`): due one millisecond later.
         let after = |at: Millis, timeout: u64| at.saturating_add(timeout).saturating_add(1);
