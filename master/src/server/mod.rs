@@ -528,7 +528,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
         Ok(slot) => slot,
         Err(reason) => {
             tracing::warn!(%remote, %identity, "{reason}; closing");
-            conn.close(CLOSE_PROTOCOL.into(), reason.as_bytes());
+            conn.close(CLOSE_PROTOCOL.into(), reason.to_string().as_bytes());
             return;
         }
     };
