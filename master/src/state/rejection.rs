@@ -29,7 +29,7 @@ pub enum RoleRejection {
     },
 }
 
-/// Why a framework may not subscribe ([`super::Master::check_subscribe`]); the framework hears
+/// Why a framework may not subscribe (`Master::check_subscribe`); the framework hears
 /// the text, then its connection closes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubscribeRejection {
@@ -72,7 +72,7 @@ pub enum SubscribeRejection {
 }
 
 /// Why a task is invalid on its own, before any offer is looked at
-/// ([`super::accept::validate_task`]); the task ends `ERROR` with the text.
+/// (`accept::validate_task`); the task ends `ERROR` with the text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TaskRejection {
     #[error("task {0}: name must be 1-256 characters")]
@@ -87,7 +87,7 @@ pub enum TaskRejection {
     Environment(TaskId),
 }
 
-/// Why a RESERVE or UNRESERVE operation was not applied ([`super::Master::reserve_op`]); the
+/// Why a RESERVE or UNRESERVE operation was not applied (`Master::reserve_op`); the
 /// framework hears `reserve: TEXT` / `unreserve: TEXT`.
 #[derive(Debug, thiserror::Error)]
 pub enum ReservationRejection {
