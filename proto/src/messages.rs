@@ -378,6 +378,10 @@ pub enum TaskState {
     Lost,
     /// Could not be launched (terminal).
     Error,
+    /// Never launched because the accept that carried it was invalid, e.g. it named an offer
+    /// that was already used, declined or rescinded (terminal; Mesos `TASK_DROPPED`). Nothing
+    /// of the task ran: launch it again on a later offer.
+    Dropped,
 }
 
 impl TaskState {
@@ -390,6 +394,7 @@ impl TaskState {
                 | TaskState::Killed
                 | TaskState::Lost
                 | TaskState::Error
+                | TaskState::Dropped
         )
     }
 
@@ -404,6 +409,7 @@ impl TaskState {
             TaskState::Killed => "KILLED",
             TaskState::Lost => "LOST",
             TaskState::Error => "ERROR",
+            TaskState::Dropped => "DROPPED",
         }
     }
 }
@@ -436,6 +442,10 @@ pub enum TaskReason {
     GpuHealth,
     /// Reconciliation of a task the master does not know.
     Unknown,
+    /// The accept named an offer that is not outstanding (used, declined, rescinded, expired,
+    /// another framework's) or was otherwise invalid: its tasks are [`TaskState::Dropped`]
+    /// (Mesos `REASON_INVALID_OFFERS`).
+    InvalidOffers,
 }
 
 impl TaskReason {
@@ -451,6 +461,7 @@ impl TaskReason {
             TaskReason::AgentRestarted => "agent-restarted",
             TaskReason::GpuHealth => "gpu-health",
             TaskReason::Unknown => "unknown",
+            TaskReason::InvalidOffers => "invalid-offers",
         }
     }
 }
