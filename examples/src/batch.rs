@@ -243,3 +243,91 @@ impl Scheduler for Batch {
         self.publish();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(agent: AgentId, resources: &str) -> Offer {
+        Offer {
+            id: OfferId::random(),
+            framework_id: FrameworkId::random(),
+            agent_id: agent,
+            hostname: "h".into(),
+            role: "default".into(),
+            resources: resources.parse().unwrap_or_default(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: Vec::new(),
+        }
+    }
+
+    fn update(task_id: TaskId, state: TaskState) -> StatusUpdate {
+        StatusUpdate {
+            update_id: UpdateId::random(),
+            task_id,
+            framework_id: FrameworkId::random(),
+            agent_id: None,
+            state,
+            source: UpdateSource::Master,
+            reason: (state == TaskState::Dropped).then_some(TaskReason::InvalidOffers),
+            message: String::new(),
+            exit_code: None,
+            signal: None,
+            gpus: Vec::new(),
+            timestamp_ms: 0,
+            reconciliation: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn dropped_tasks_are_launched_again_and_the_batch_still_finishes() {
+        let driver = gantry_sdk::Driver::new(gantry_sdk::DriverConfig::new(
+            vec![],
+            "/nonexistent".into(),
+            "t",
+            vec!["default".into()],
+        ));
+        let handle = driver.handle();
+        let (mut b, rx) = Batch::new(BatchSpec {
+            name: "b".into(),
+            command: CommandInfo::shell("true"),
+            count: 3,
+            task: "cpus:1;mem:10".parse().unwrap_or_default(),
+            env: Default::default(),
+            verbose: false,
+            gpu_selector: None,
+        });
+        // Two offers on one agent are used together: 3 tasks from 2 + 1 cpus.
+        let agent = AgentId::random();
+        b.offers(
+            &handle,
+            vec![
+                offer(agent, "cpus:2;mem:100"),
+                offer(agent, "cpus:1;mem:100"),
+            ],
+        )
+        .await;
+        assert_eq!(rx.borrow().launched, 3);
+        let first: Vec<TaskId> = b.tasks.keys().copied().collect();
+        // One is dropped (its accept named a gone offer): it is owed again, not failed.
+        b.status_update(&handle, &update(first[0], TaskState::Dropped))
+            .await;
+        assert_eq!((rx.borrow().launched, rx.borrow().dropped), (2, 1));
+        assert_eq!(rx.borrow().failed, 0);
+        // A later offer launches one more copy.
+        b.offers(&handle, vec![offer(agent, "cpus:4;mem:100")])
+            .await;
+        assert_eq!(rx.borrow().launched, 3);
+        let now: Vec<TaskId> = b.tasks.keys().copied().collect();
+        assert_eq!(now.len(), 3);
+        assert!(!now.contains(&first[0]));
+        for t in now {
+            b.status_update(&handle, &update(t, TaskState::Finished))
+                .await;
+        }
+        let p = rx.borrow().clone();
+        assert!(p.done, "{p:?}");
+        assert_eq!((p.finished, p.failed, p.dropped), (3, 0, 1));
+    }
+}

@@ -127,6 +127,7 @@ impl Allocator {
         self.return_to_agent(st.agent, &st.bundle);
         let fw = self.fw_mut(st.fw);
         fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+        fw.offer_ids.remove(&id);
         if st.tasks > 0 {
             self.epoch += 1;
         }

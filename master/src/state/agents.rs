@@ -623,12 +623,7 @@ impl Master {
         a.disconnected_at = Some(now);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
         // Its outstanding offers can no longer be used.
-        let offers: Vec<OfferId> = self
-            .allocator
-            .outstanding_offers()
-            .filter(|o| o.agent == id)
-            .map(|o| o.id)
-            .collect();
+        let offers = self.allocator.agent_offers(id);
         for oid in offers {
             if let Some(rec) = self.allocator.rescind(oid) {
                 self.send_rescind(&rec, out);

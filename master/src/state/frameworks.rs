@@ -244,12 +244,7 @@ impl Master {
                         conn: c,
                         reason: "framework re-subscribed elsewhere".into(),
                     });
-                    let offers: Vec<OfferId> = self
-                        .allocator
-                        .outstanding_offers()
-                        .filter(|o| o.framework == id)
-                        .map(|o| o.id)
-                        .collect();
+                    let offers = self.allocator.framework_offers(id);
                     for o in offers {
                         self.allocator.rescind(o);
                     }
@@ -423,12 +418,7 @@ impl Master {
         f.conn = None;
         f.disconnected_at = Some(now);
         tracing::info!(framework = %id, "framework disconnected; keeping its tasks for its failover timeout");
-        let offers: Vec<OfferId> = self
-            .allocator
-            .outstanding_offers()
-            .filter(|o| o.framework == id)
-            .map(|o| o.id)
-            .collect();
+        let offers = self.allocator.framework_offers(id);
         for o in offers {
             self.allocator.rescind(o);
         }
