@@ -258,7 +258,7 @@ mod tests {
             resources: resources.parse().unwrap_or_default(),
             reserved: Default::default(),
             attributes: Default::default(),
-            gpus: Vec::new(),
+            gpus: Vec::new().into(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! document in the order a session uses it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -747,10 +748,43 @@ pub struct Offer {
     pub resources: Resources,
     /// Reserved resources, per role.
     pub reserved: BTreeMap<String, Resources>,
-    /// The agent's attributes.
-    pub attributes: Attributes,
-    /// The healthy GPUs the offer's `gpus` amount can be drawn from.
-    pub gpus: Vec<GpuInfo>,
+    /// The agent's attributes (shared by every offer of the agent: the master builds them
+    /// once per agent, not per offer; on the wire this is the plain map).
+    #[serde(with = "shared_map")]
+    pub attributes: Arc<Attributes>,
+    /// The healthy GPUs the offer's `gpus` amount can be drawn from (shared like
+    /// `attributes`; on the wire a plain list).
+    #[serde(with = "shared_list")]
+    pub gpus: Arc<[GpuInfo]>,
+}
+
+/// `Arc<Attributes>` on the wire as the plain map (serde's `rc` feature would do the same, for
+/// every crate of the workspace).
+pub(crate) mod shared_map {
+    use super::{Arc, Attributes};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Arc<Attributes>, s: S) -> Result<S::Ok, S::Error> {
+        (**v).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Attributes>, D::Error> {
+        Attributes::deserialize(d).map(Arc::new)
+    }
+}
+
+/// `Arc<[GpuInfo]>` on the wire as the plain list.
+pub(crate) mod shared_list {
+    use super::{Arc, GpuInfo};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Arc<[GpuInfo]>, s: S) -> Result<S::Ok, S::Error> {
+        (**v).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<[GpuInfo]>, D::Error> {
+        Vec::<GpuInfo>::deserialize(d).map(Arc::from)
+    }
 }
 
 impl Offer {
