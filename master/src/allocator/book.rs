@@ -1,5 +1,7 @@
 //! The offer book: outstanding offers in a slab, offer ids that carry their slot, and the
-//! public records built from them.
+//! public records built from them. Each agent lists its outstanding offers and each framework
+//! keeps a set of its own (the per-agent and per-framework indexes: a disconnect or removal
+//! visits only those, never every offer).
 
 use super::*;
 
