@@ -173,6 +173,7 @@ impl Allocator {
                     roles: Vec::new(),
                     alloc: Bundle::default(),
                     offers_made: 0,
+                    offer_ids: HashSet::default(),
                     inuse_agents: HashSet::default(),
                     filtered_agents: 0,
                 };
@@ -235,12 +236,7 @@ impl Allocator {
             return Vec::new();
         };
         let mut out = Vec::new();
-        let mut mine: Vec<OfferId> = self
-            .offers
-            .values()
-            .filter(|s| s.fw == f)
-            .map(|s| s.id)
-            .collect();
+        let mut mine: Vec<OfferId> = self.fw(f).offer_ids.iter().copied().collect();
         mine.sort_unstable();
         for o in mine {
             if let Some(st) = self.drop_offer(o) {

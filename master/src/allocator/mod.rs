@@ -311,6 +311,9 @@ struct Framework {
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
+    /// Its outstanding offers (the per-framework index of the offer book: disconnects and
+    /// removals visit these, not every offer).
+    offer_ids: HashSet<OfferId>,
     inuse_agents: HashSet<u32>,
     /// Number of agents where this framework has filters.
     filtered_agents: usize,

@@ -256,6 +256,7 @@ impl Master {
                     a.hostname = hostname;
                     a.attributes = attributes;
                     a.gpus = gpus;
+                    a.offer_parts = Default::default();
                     a.last_seen = now;
                     a.disconnected_at = None;
                     let old_res = std::mem::replace(&mut a.resources, resources.clone());
@@ -300,6 +301,7 @@ impl Master {
                         dynamic: dynamic.clone(),
                         attributes,
                         gpus,
+                        offer_parts: Default::default(),
                         gpu_samples: Vec::new(),
                         last_seen: now,
                         disconnected_at: None,
@@ -589,6 +591,7 @@ impl Master {
             return;
         }
         gpu.healthy = healthy;
+        a.offer_parts = Default::default();
         let healthy_count = a.gpus.iter().filter(|g| g.healthy).count() as u64;
         // Statically reserved GPUs stay reserved; the unreserved pool absorbs the change.
         let reserved_gpus: u64 = a.reserved.values().map(|r| r.milli("gpus")).sum();
@@ -623,12 +626,7 @@ impl Master {
         a.disconnected_at = Some(now);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
         // Its outstanding offers can no longer be used.
-        let offers: Vec<OfferId> = self
-            .allocator
-            .outstanding_offers()
-            .filter(|o| o.agent == id)
-            .map(|o| o.id)
-            .collect();
+        let offers = self.allocator.agent_offers(id);
         for oid in offers {
             if let Some(rec) = self.allocator.rescind(oid) {
                 self.send_rescind(&rec, out);

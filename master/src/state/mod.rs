@@ -301,6 +301,23 @@ enum Claim {
     New,
 }
 
+/// An agent's attributes and healthy GPUs as offers carry them (shared, not copied per offer).
+#[derive(Debug, Clone)]
+pub(crate) struct OfferParts {
+    pub attributes: std::sync::Arc<Attributes>,
+    pub gpus: std::sync::Arc<[GpuInfo]>,
+}
+
+impl AgentRec {
+    /// The shared [`OfferParts`], built on first use after a change.
+    pub(crate) fn offer_parts(&self) -> &OfferParts {
+        self.offer_parts.get_or_init(|| OfferParts {
+            attributes: std::sync::Arc::new(self.attributes.clone()),
+            gpus: self.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct AgentRec {
     pub id: AgentId,
@@ -315,6 +332,9 @@ pub(crate) struct AgentRec {
     pub dynamic: BTreeMap<String, Resources>,
     pub attributes: Attributes,
     pub gpus: Vec<GpuInfo>,
+    /// What every offer of this agent carries besides resources (attributes, healthy GPUs),
+    /// built once and shared by its offers; reset whenever `attributes` or `gpus` change.
+    pub offer_parts: std::sync::OnceLock<OfferParts>,
     pub gpu_samples: Vec<GpuSample>,
     pub last_seen: Millis,
     pub disconnected_at: Option<Millis>,
@@ -661,8 +681,8 @@ impl Master {
             role: rec.role.clone(),
             resources: rec.resources.unreserved.clone(),
             reserved: rec.resources.reserved.clone(),
-            attributes: agent.attributes.clone(),
-            gpus: agent.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+            attributes: agent.offer_parts().attributes.clone(),
+            gpus: agent.offer_parts().gpus.clone(),
         })
     }
 
