@@ -281,6 +281,7 @@ impl Allocator {
         }
         self.frameworks.remove(f);
         self.fw_ids.remove(&id);
+        self.forget_framework_usage(id);
         self.epoch += 1;
         out
     }

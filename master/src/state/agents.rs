@@ -537,8 +537,17 @@ impl Master {
             return;
         }
         if task.acked.contains(&update.update_id) {
+            self.status_update_retries += 1;
             out.push(ack);
             return;
+        }
+        if task
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.update_id == update.update_id)
+        {
+            // A retransmission of the update the framework has not acknowledged yet.
+            self.status_update_retries += 1;
         }
         let was_terminal = task.state.is_terminal();
         if !was_terminal || update.state.is_terminal() {

@@ -55,11 +55,13 @@
 //! - `timers`: re-register, failover and offer timeouts;
 //! - `operator`: operator commands (weights, quotas);
 //! - `recovery`: restoring the registry after a failover;
-//! - `view`: the read-only `/state` view.
+//! - `view`: the read-only `/state` view;
+//! - `metrics`: the numbers behind `/metrics` (counts, resources, shares, resource-seconds).
 
 mod accept;
 mod agents;
 mod frameworks;
+pub mod metrics;
 mod operator;
 mod reconcile;
 mod recovery;
@@ -479,6 +481,8 @@ pub struct Master {
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
+    /// Status updates an agent sent again that the master already had (`/metrics`).
+    pub(crate) status_update_retries: u64,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -526,6 +530,7 @@ impl Master {
             last_cycle_us: 0,
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
+            status_update_retries: 0,
         }
     }
 
@@ -598,6 +603,7 @@ impl Master {
 
     /// Runs one allocation cycle and returns the offers to send.
     pub fn allocate(&mut self, now: Millis, out: &mut Vec<Output>) {
+        self.allocator.accrue(now);
         self.allocation_pending = false;
         self.last_batch = now;
         let offers = self.allocator.allocate(now);
@@ -648,6 +654,8 @@ impl Master {
     /// Applies one input. Offers are not made here: call [`Master::allocate`] when
     /// [`Master::allocation_due`] says so (the shell measures the cycle time around it).
     pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
+        // Allocations change only at `now` from here on: integrate them up to it first.
+        self.allocator.accrue(now);
         let mut out = Vec::new();
         match input {
             Input::AgentConnected {
