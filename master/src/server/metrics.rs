@@ -99,7 +99,13 @@ fn register_snapshot(reg: &mut Registry, s: &MetricsSnapshot) {
     let role_share = Family::<Labels, FloatGauge>::default();
     let weight = Family::<Labels, FloatGauge>::default();
     let quota = Family::<Labels, FloatGauge>::default();
+    let role_alloc = Family::<Labels, FloatGauge>::default();
     for (role, m) in &a.roles {
+        for (kind, milli) in m.allocated.iter() {
+            role_alloc
+                .get_or_create(&labels(&[("role", role), ("kind", kind)]))
+                .set(milli as f64 / 1000.0);
+        }
         role_share
             .get_or_create(&labels(&[("role", role)]))
             .set(m.dominant_share);
@@ -135,6 +141,11 @@ fn register_snapshot(reg: &mut Registry, s: &MetricsSnapshot) {
         role_share,
     );
     reg.register("role_weight", "The role's weight", weight);
+    reg.register(
+        "role_allocated",
+        "Resources allocated to the role's subtree (offered + in use) by kind",
+        role_alloc,
+    );
     reg.register(
         "quota",
         "Quota per role and resource kind (kind_of: guarantee or limit)",
