@@ -385,9 +385,9 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
             .filter(|v| *v > first)
     });
     assert!(
-        prom.value(&format!(
-            "gantry_framework_resource_seconds_total{{framework=\"metrics-ml\",kind=\"gpus\"}}"
-        )) > Some(0.0)
+        prom.value(
+            "gantry_framework_resource_seconds_total{framework=\"metrics-ml\",kind=\"gpus\"}"
+        ) > Some(0.0)
     );
 
     // The agent: the task's GPU carries its task and framework, with dcgm-exporter labels.
