@@ -249,3 +249,58 @@ fn register_snapshot(reg: &mut Registry, s: &MetricsSnapshot) {
         by_fw,
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::metrics::FrameworkShare;
+
+    #[test]
+    fn series_have_the_names_operators_expect() {
+        let shell = ShellMetrics::default();
+        shell.allocation_cycle.observe(0.002);
+        let standby = render(&shell, None);
+        assert!(standby.contains("gantry_leader 0"), "{standby}");
+        assert!(
+            standby.contains("gantry_allocation_cycle_seconds_count 1"),
+            "{standby}"
+        );
+        assert!(!standby.contains("gantry_tasks"), "{standby}");
+
+        let mut s = MetricsSnapshot::default();
+        s.allocator.offers_made = 3;
+        s.tasks.insert("RUNNING", 2);
+        s.resources.insert(
+            "total",
+            gantry_sdk::Resources::parse("cpus:4;gpus:2").unwrap(),
+        );
+        s.resources.insert("used", gantry_sdk::Resources::new());
+        s.framework_shares.push(FrameworkShare {
+            id: "fw-1".into(),
+            name: "train".into(),
+            role: "ml".into(),
+            share: 0.5,
+        });
+        s.resource_seconds.push(crate::allocator::ResourceSeconds {
+            role: "ml".into(),
+            framework: None,
+            seconds: [("gpus".to_string(), 7200.0)].into(),
+        });
+        s.status_update_retries = 4;
+        let text = render(&shell, Some(&s));
+        for line in [
+            "gantry_leader 1",
+            "gantry_offers_total{result=\"made\"} 3",
+            "gantry_offers_total{result=\"expired\"} 0",
+            "gantry_tasks{state=\"RUNNING\"} 2",
+            "gantry_resources{kind=\"gpus\",state=\"total\"} 2.0",
+            "gantry_resources{kind=\"gpus\",state=\"used\"} 0.0",
+            "gantry_framework_dominant_share{framework=\"train\",framework_id=\"fw-1\",role=\"ml\"} 0.5",
+            "gantry_role_resource_seconds_total{role=\"ml\",kind=\"gpus\"} 7200.0",
+            "gantry_status_update_retries_total 4",
+            "# TYPE gantry_allocation_cycle_seconds histogram",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+}

@@ -522,6 +522,10 @@ impl Master {
             },
         );
         let Some(task) = self.tasks.get_mut(&update.task_id) else {
+            // A completed task's update again: its acknowledgement was lost on the way.
+            if self.completed_count.contains_key(&update.task_id) {
+                self.status_update_retries += 1;
+            }
             // Unknown task (its framework was removed): nobody will acknowledge; we do.
             out.push(ack);
             return;
