@@ -8,7 +8,9 @@
 //! Prometheus's query API the test checks that task counts and dominant shares equal `/state`,
 //! that the GPU series of the task's GPU carries its `task` and `framework` labels and the
 //! stand-in's utilization, that per-task memory is measured, that GPU-seconds accrue for the
-//! role, and that the quota set through the API shows. `/metrics` without credentials is 401.
+//! role, and that the quota set through the API shows; a critical XID shows in the XID and
+//! health series and fires the example `GantryGpuUnhealthy` alert. `/metrics` without
+//! credentials is 401.
 //!
 //! One test in this binary: the stand-in's configuration path is a process-wide variable.
 
@@ -456,6 +458,37 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
     let rules_api = prom.client.get("/api/v1/rules").unwrap();
     assert!(rules_api.contains("GantryQuotaExceeded"), "{rules_api}");
     assert!(!rules_api.contains("\"health\":\"err\""), "{rules_api}");
+
+    // A critical XID on a GPU nobody holds: its XID series shows it, it turns unhealthy, and
+    // the example GantryGpuUnhealthy alert fires (pending: `for: 1m`) for that GPU.
+    let other = (index + 1) % standin.config.gpus.len();
+    standin.inject_xid(other as u32, 79).unwrap();
+    let other_uuid = standin.config.gpus[other].uuid.clone();
+    prom.wait("the XID series", |p| {
+        (p.value(&format!("DCGM_FI_DEV_XID_ERRORS{{UUID=\"{other_uuid}\"}}")) == Some(79.0))
+            .then_some(())
+    });
+    prom.wait("the GPU unhealthy", |p| {
+        (p.value(&format!("gantry_gpu_healthy{{UUID=\"{other_uuid}\"}}")) == Some(0.0))
+            .then_some(())
+    });
+    prom.wait("the GantryGpuUnhealthy alert", |p| {
+        let alerts: serde_json::Value =
+            serde_json::from_str(&p.client.get("/api/v1/alerts").ok()?).ok()?;
+        alerts["data"]["alerts"]
+            .as_array()?
+            .iter()
+            .any(|a| {
+                a["labels"]["alertname"] == "GantryGpuUnhealthy"
+                    && a["labels"]["UUID"] == other_uuid.as_str()
+            })
+            .then_some(())
+    });
+    // The task's GPU is still healthy and still reports its task.
+    assert_eq!(
+        prom.value(&format!("gantry_gpu_healthy{{UUID=\"{gpu_uuid}\"}}")),
+        Some(1.0)
+    );
 
     ml_run.abort();
     web_run.abort();
