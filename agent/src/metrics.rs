@@ -268,19 +268,59 @@ pub fn render(s: &Snapshot) -> String {
     text
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped or aborted.
+/// Connections the metrics listener serves at once; past it new ones are closed at once.
+const MAX_CONNECTIONS: usize = 32;
+/// Time a client has to send a request's headers (slowloris), and to be served.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves `GET /metrics` on `listener` until the task is dropped or aborted: HTTP/1.1 with a
+/// header-read deadline, at most [`MAX_CONNECTIONS`] connections, no request bodies read.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: AgentMetrics) {
     use axum::http::header;
     use axum::routing::get;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let metrics = metrics.clone();
-            async move { ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.render()) }
-        }),
-    );
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::warn!("metrics listener stopped: {e}");
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.render()) }
+            }),
+        )
+        .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "only GET /metrics\n") });
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (tcp, remote) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!("metrics accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%remote, "too many metrics connections; closed");
+            continue;
+        };
+        let app = app.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req| {
+                let mut app = app.clone();
+                async move {
+                    use tower::Service;
+                    app.call(req).await
+                }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(REQUEST_TIMEOUT)
+                .max_buf_size(16 * 1024)
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+            // A client that keeps the connection open is cut off after a while.
+            if let Ok(Err(e)) = tokio::time::timeout(REQUEST_TIMEOUT * 6, conn).await {
+                tracing::debug!(%remote, "metrics connection ended: {e}");
+            }
+        });
     }
 }
 
@@ -352,5 +392,50 @@ mod tests {
         assert!(text.contains("gantry_task_cpu_seconds{task="), "{text}");
         assert!(text.contains("gantry_task_memory_bytes{task="), "{text}");
         assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn the_listener_serves_the_latest_snapshot_and_nothing_else() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = AgentMetrics::default();
+        let server = tokio::spawn(serve(listener, metrics.clone()));
+        metrics.record_xid("GPU-0", 48);
+        metrics.publish(Snapshot {
+            hostname: "h".into(),
+            gpus: vec![GpuSeries {
+                index: 0,
+                uuid: "GPU-0".into(),
+                pci_bus_id: "00000000:07:00.0".into(),
+                model: "m".into(),
+                memory_total_bytes: 1 << 30,
+                sample: None,
+                healthy: false,
+                last_xid: 0,
+                task: None,
+            }],
+            tasks: vec![],
+        });
+        let ok = get(addr, "/metrics").await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains("application/openmetrics-text"), "{ok}");
+        assert!(ok.contains("Hostname=\"h\"} 48"), "the recorded XID: {ok}");
+        assert!(ok.contains("gantry_gpu_healthy{gpu=\"0\""), "{ok}");
+        let other = get(addr, "/state").await;
+        assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+        server.abort();
     }
 }
