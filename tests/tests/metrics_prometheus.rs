@@ -10,7 +10,7 @@
 //! stand-in's utilization, that per-task memory is measured, that GPU-seconds accrue for the
 //! role, and that the quota set through the API shows; a critical XID shows in the XID and
 //! health series and fires the example `GantryGpuUnhealthy` alert. `/metrics` without
-//! credentials is 401.
+//! credentials is 401. The quota and the running tasks show again after a master restart.
 //!
 //! One test in this binary: the stand-in's configuration path is a process-wide variable.
 
@@ -184,7 +184,7 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
     let root = CgroupRoot::new("metrics");
     let lib = standin_lib();
     let gpu_metrics = free_tcp();
-    let cluster = Cluster::start_with(
+    let mut cluster = Cluster::start_with(
         &[("met-gpu", "cpus:4;mem:4096")],
         &[],
         &[
@@ -489,6 +489,21 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         prom.value(&format!("gantry_gpu_healthy{{UUID=\"{gpu_uuid}\"}}")),
         Some(1.0)
     );
+
+    // The quota survives a master restart (kill -9): the new master serves it from the
+    // registry, and the agents' tasks are counted again once they re-register.
+    cluster.master.restart().unwrap();
+    prom.wait("a scrape of the restarted master", |p| {
+        p.value("resets(gantry_allocation_cycles_total[5m])")
+            .filter(|v| *v >= 1.0)
+    });
+    prom.wait("the quota after the restart", |p| {
+        (p.value("gantry_quota{role=\"ml\",kind=\"gpus\",kind_of=\"limit\"}") == Some(2.0))
+            .then_some(())
+    });
+    prom.wait("both tasks running after the restart", |p| {
+        (p.value("gantry_tasks{state=\"RUNNING\"}") == Some(2.0)).then_some(())
+    });
 
     ml_run.abort();
     web_run.abort();
