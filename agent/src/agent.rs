@@ -1169,6 +1169,8 @@ impl Agent {
             .collect();
         if snapshot.is_empty() && self.config.gpus.is_none() {
             self.last_sample = tokio::time::Instant::now();
+            // Nothing to sample: /metrics drops the tasks that ended.
+            self.publish_metrics(&[]);
             return;
         }
         self.sampling = true;
