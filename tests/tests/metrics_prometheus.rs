@@ -10,7 +10,8 @@
 //! stand-in's utilization, that per-task memory is measured, that GPU-seconds accrue for the
 //! role, and that the quota set through the API shows; a critical XID shows in the XID and
 //! health series and fires the example `GantryGpuUnhealthy` alert. `/metrics` without
-//! credentials is 401. The quota and the running tasks show again after a master restart.
+//! credentials is 401. A killed task leaves the agent's series; the quota and the running task show again after a
+//! master restart.
 //!
 //! One test in this binary: the stand-in's configuration path is a process-wide variable.
 
@@ -490,6 +491,22 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         Some(1.0)
     );
 
+    // A task that ends leaves the agent's series (the CPU agent then has nothing to sample).
+    web_handle.kill(serve.task_id);
+    if let Err(e) = web_updates.wait(serve.task_id, TaskState::Killed, T).await {
+        cluster.dump_logs();
+        panic!("{e}");
+    }
+    prom.wait("the killed task's series to go", |p| {
+        (p.query(&format!(
+            "gantry_task_memory_bytes{{task=\"{}\"}}",
+            serve.task_id
+        ))
+        .is_empty()
+            && p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0))
+        .then_some(())
+    });
+
     // The quota survives a master restart (kill -9): the new master serves it from the
     // registry, and the agents' tasks are counted again once they re-register.
     cluster.master.restart().unwrap();
@@ -501,8 +518,8 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         (p.value("gantry_quota{role=\"ml\",kind=\"gpus\",kind_of=\"limit\"}") == Some(2.0))
             .then_some(())
     });
-    prom.wait("both tasks running after the restart", |p| {
-        (p.value("gantry_tasks{state=\"RUNNING\"}") == Some(2.0)).then_some(())
+    prom.wait("the running task counted after the restart", |p| {
+        (p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0)).then_some(())
     });
 
     ml_run.abort();
