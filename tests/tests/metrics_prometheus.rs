@@ -503,7 +503,8 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
             serve.task_id
         ))
         .is_empty()
-            && p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0))
+            && p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0)
+            && p.value("gantry_tasks_completed_total{state=\"KILLED\"}") == Some(1.0))
         .then_some(())
     });
 

@@ -207,6 +207,18 @@ fn register_snapshot(reg: &mut Registry, s: &MetricsSnapshot) {
         resources,
     );
 
+    let completed = Family::<Labels, Counter>::default();
+    for (state, n) in &s.tasks_completed {
+        completed
+            .get_or_create(&labels(&[("state", state)]))
+            .inc_by(*n);
+    }
+    reg.register(
+        "tasks_completed",
+        "Tasks completed (ended and acknowledged) by final state",
+        completed,
+    );
+
     let retries = Counter::<u64>::default();
     retries.inc_by(s.status_update_retries);
     reg.register(

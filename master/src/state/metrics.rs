@@ -52,6 +52,8 @@ pub struct MetricsSnapshot {
     pub resource_seconds: Vec<ResourceSeconds>,
     /// Status updates agents sent again that the master already had (retransmissions).
     pub status_update_retries: u64,
+    /// Tasks completed since this master leads, by final state (every terminal state listed).
+    pub tasks_completed: BTreeMap<&'static str, u64>,
 }
 
 impl Master {
@@ -131,6 +133,14 @@ impl Master {
             framework_shares,
             resource_seconds: self.allocator.resource_seconds(),
             status_update_retries: self.status_update_retries,
+            tasks_completed: TASK_STATES
+                .iter()
+                .filter(|s| s.is_terminal())
+                .map(|s| {
+                    let name = s.as_str();
+                    (name, self.tasks_completed.get(name).copied().unwrap_or(0))
+                })
+                .collect(),
         }
     }
 }

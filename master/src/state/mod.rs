@@ -483,6 +483,8 @@ pub struct Master {
     reconciles: VecDeque<Reconciling>,
     /// Status updates an agent sent again that the master already had (`/metrics`).
     pub(crate) status_update_retries: u64,
+    /// Tasks completed (ended and acknowledged) since this master leads, by final state.
+    pub(crate) tasks_completed: BTreeMap<&'static str, u64>,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -531,6 +533,7 @@ impl Master {
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
             status_update_retries: 0,
+            tasks_completed: BTreeMap::new(),
         }
     }
 
