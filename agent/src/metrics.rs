@@ -274,7 +274,7 @@ const MAX_CONNECTIONS: usize = 32;
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves `GET /metrics` on `listener` until the task is dropped or aborted: HTTP/1.1 with a
-/// header-read deadline, at most [`MAX_CONNECTIONS`] connections, no request bodies read.
+/// header-read deadline, at most 32 connections at once, no request bodies read.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: AgentMetrics) {
     use axum::http::header;
     use axum::routing::get;
