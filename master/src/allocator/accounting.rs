@@ -96,6 +96,12 @@ impl Allocator {
         self.accounting.frameworks.retain(|(f, _), _| *f != id);
     }
 
+    /// Forgets a forgotten role's series (what is kept is bounded by the live roles, however
+    /// many role names come and go; Prometheus keeps what it scraped).
+    pub(super) fn forget_role_usage(&mut self, name: &str) {
+        self.accounting.roles.remove(name);
+    }
+
     fn seconds(&self, acc: &[u128]) -> BTreeMap<String, f64> {
         acc.iter()
             .enumerate()
@@ -194,5 +200,12 @@ mod tests {
         a.accrue(30_000);
         assert_eq!(seconds(&a, "eng/ml", Some("train"), "gpus"), 0.0);
         assert_eq!(seconds(&a, "eng/ml", None, "gpus"), 23.0);
+        // ...until the role itself is forgotten (nothing uses it any more): then it goes too,
+        // with its parent's.
+        assert_eq!(
+            a.forget_role("eng/ml"),
+            vec!["eng/ml".to_string(), "eng".to_string()]
+        );
+        assert!(a.resource_seconds().is_empty());
     }
 }
