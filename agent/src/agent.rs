@@ -724,14 +724,17 @@ impl Agent {
 
     /// Publishes what `/metrics` shows after a usage sample ([`crate::metrics`]).
     fn publish_metrics(&self, usage: &[(TaskId, TaskUsage)]) {
-        self.metrics.publish(crate::metrics::snapshot(
+        let mut snapshot = crate::metrics::snapshot(
             &self.config.hostname,
             self.inventory(),
             &self.last_gpu_samples,
             |uuid| self.health.is_healthy(uuid),
             &self.ckpt.tasks,
             usage,
-        ));
+        );
+        snapshot.status_update_retries = self.ckpt.updates.retries();
+        snapshot.status_updates_pending = self.ckpt.updates.len();
+        self.metrics.publish(snapshot);
     }
 
     /// A GPU became unhealthy or healthy again: checkpoint it, tell the master (which withdraws

@@ -63,6 +63,9 @@ pub struct Snapshot {
     pub gpus: Vec<GpuSeries>,
     /// Live tasks with their last sampled usage.
     pub tasks: Vec<(TaskLabel, TaskUsage)>,
+    /// Status updates sent again for want of an acknowledgement, and those still unacknowledged.
+    pub status_update_retries: u64,
+    pub status_updates_pending: usize,
 }
 
 /// The shared latest snapshot and the XIDs seen (cheap to clone).
@@ -150,6 +153,8 @@ pub fn snapshot<'a>(
         hostname: hostname.to_string(),
         gpus,
         tasks: live.into_values().collect(),
+        status_update_retries: 0,
+        status_updates_pending: 0,
     }
 }
 
@@ -260,6 +265,20 @@ pub fn render(s: &Snapshot) -> String {
         "gantry_task_gpu_utilization_percent",
         "Utilization of the task's GPUs attributed to it (sum over its GPUs)",
         gpu_util,
+    );
+    let retries = prometheus_client::metrics::counter::Counter::<u64>::default();
+    retries.inc_by(s.status_update_retries);
+    reg.register(
+        "gantry_agent_status_update_retries",
+        "Status updates the agent sent again because no acknowledgement came in time",
+        retries,
+    );
+    let pending = Gauge::<i64>::default();
+    pending.set(s.status_updates_pending as i64);
+    reg.register(
+        "gantry_agent_status_updates_pending",
+        "Status updates waiting for the master's acknowledgement",
+        pending,
     );
     let mut text = String::new();
     if let Err(e) = encode(&mut text, &reg) {
@@ -372,6 +391,7 @@ mod tests {
                     ..Default::default()
                 },
             )],
+            ..Default::default()
         };
         let text = render(&s);
         let held = format!(
@@ -428,12 +448,19 @@ mod tests {
                 task: None,
             }],
             tasks: vec![],
+            status_update_retries: 3,
+            status_updates_pending: 1,
         });
         let ok = get(addr, "/metrics").await;
         assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
         assert!(ok.contains("application/openmetrics-text"), "{ok}");
         assert!(ok.contains("Hostname=\"h\"} 48"), "the recorded XID: {ok}");
         assert!(ok.contains("gantry_gpu_healthy{gpu=\"0\""), "{ok}");
+        assert!(
+            ok.contains("gantry_agent_status_update_retries_total 3"),
+            "{ok}"
+        );
+        assert!(ok.contains("gantry_agent_status_updates_pending 1"), "{ok}");
         let other = get(addr, "/state").await;
         assert!(other.starts_with("HTTP/1.1 404"), "{other}");
         server.abort();

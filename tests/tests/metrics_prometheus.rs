@@ -455,6 +455,12 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
             t.name
         );
     }
+    // Both agents report their status update queues.
+    prom.wait("both agents' update queues", |p| {
+        (p.value("count(gantry_agent_status_updates_pending)") == Some(2.0)
+            && p.value("count(gantry_agent_status_update_retries_total)") == Some(2.0))
+        .then_some(())
+    });
     // The example rules load and evaluate.
     let rules_api = prom.client.get("/api/v1/rules").unwrap();
     assert!(rules_api.contains("GantryQuotaExceeded"), "{rules_api}");
