@@ -45,6 +45,7 @@ use crate::state::{
 };
 
 pub mod http;
+pub mod metrics;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
 /// QUIC application close codes.
@@ -64,6 +65,8 @@ enum CoreEvent {
     },
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
+    /// `/metrics`: the core's snapshot (`None` when this master does not lead).
+    Metrics(oneshot::Sender<Option<crate::state::metrics::MetricsSnapshot>>),
     Operator(
         OperatorCommand,
         oneshot::Sender<Result<(), OperatorRejection>>,
@@ -112,6 +115,8 @@ struct Shell {
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
     limits: conn_limits::ConnLimits,
+    /// What the shell measures for `/metrics` (allocation cycle times).
+    metrics: metrics::ShellMetrics,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -145,6 +150,7 @@ pub async fn run(
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
         limits: conn_limits::ConnLimits::new(&config.limits),
+        metrics: metrics::ShellMetrics::default(),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -373,6 +379,9 @@ async fn core_loop(
                         (CoreEvent::Operator(_, reply), None) => {
                             let _ = reply.send(Err(OperatorRejection::NotLeader));
                         }
+                        (CoreEvent::Metrics(reply), m) => {
+                            let _ = reply.send(m.map(|m| m.metrics(now())));
+                        }
                         (CoreEvent::State(reply), m) => {
                             let mut view = match m {
                                 Some(m) => serde_json::to_value(m.view(now(), unix_ms())).unwrap_or(serde_json::Value::Null),
@@ -410,7 +419,9 @@ async fn core_loop(
                 let started = Instant::now();
                 let before = out.len();
                 m.allocate(t, &mut out);
-                m.last_cycle_us = started.elapsed().as_micros() as u64;
+                let took = started.elapsed();
+                m.last_cycle_us = took.as_micros() as u64;
+                shell.metrics.allocation_cycle.observe(took.as_secs_f64());
                 if !offered
                     && out[before..]
                         .iter()

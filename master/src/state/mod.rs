@@ -64,11 +64,13 @@
 //! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
 //!   and operator commands (their text is what peers and operators read);
 //! - `recovery`: restoring the registry after a failover;
-//! - `view`: the read-only `/state` view.
+//! - `view`: the read-only `/state` view;
+//! - `metrics`: the numbers behind `/metrics` (counts, resources, shares, resource-seconds).
 
 mod accept;
 mod agents;
 mod frameworks;
+pub mod metrics;
 mod operator;
 mod reconcile;
 mod recovery;
@@ -515,6 +517,10 @@ pub struct Master {
     reconciles: VecDeque<Reconciling>,
     /// Until when this master may act as leader ([`Input::LeaseUntil`]; `None`: always).
     lease_until: Option<Millis>,
+    /// Status updates an agent sent again that the master already had (`/metrics`).
+    pub(crate) status_update_retries: u64,
+    /// Tasks completed (ended and acknowledged) since this master leads, by final state.
+    pub(crate) tasks_completed: BTreeMap<&'static str, u64>,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -563,6 +569,8 @@ impl Master {
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
             lease_until: None,
+            status_update_retries: 0,
+            tasks_completed: BTreeMap::new(),
         }
     }
 
@@ -639,6 +647,7 @@ impl Master {
 
     /// Runs one allocation cycle and returns the offers to send.
     pub fn allocate(&mut self, now: Millis, out: &mut Vec<Output>) {
+        self.allocator.accrue(now);
         self.allocation_pending = false;
         self.last_batch = now;
         let offers = self.allocator.allocate(now);
@@ -689,6 +698,8 @@ impl Master {
     /// Applies one input. Offers are not made here: call [`Master::allocate`] when
     /// [`Master::allocation_due`] says so (the shell measures the cycle time around it).
     pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
+        // Allocations change only at `now` from here on: integrate them up to it first.
+        self.allocator.accrue(now);
         let mut out = Vec::new();
         match input {
             Input::AgentConnected {
