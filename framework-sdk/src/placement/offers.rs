@@ -106,13 +106,13 @@ pub struct AgentView {
 
 impl AgentView {
     /// One view per agent from `offers` (several offers of one agent are merged, in the order
-    /// agents first appear). `busy` says which GPU UUIDs are known to be in use (e.g. by the
-    /// framework's own running tasks); they are left out of [`AgentView::gpus`]. When more GPUs
+    /// agents first appear). `busy(agent, uuid)` says which GPUs are known to be in use (e.g.
+    /// by the framework's own running tasks); they are left out of [`AgentView::gpus`]. When more GPUs
     /// remain than the offered whole `gpus`, the list is kept whole (which of them are free is
     /// unknown) and only the count limits placements.
     pub fn from_offers<'a>(
         offers: impl IntoIterator<Item = &'a Offer>,
-        busy: &dyn Fn(&str) -> bool,
+        busy: &dyn Fn(AgentId, &str) -> bool,
     ) -> Vec<AgentView> {
         let mut views: Vec<AgentView> = Vec::new();
         for offer in offers {
@@ -122,7 +122,7 @@ impl AgentView {
                     let mut gpus: Vec<FreeGpu> = offer
                         .gpus
                         .iter()
-                        .filter(|g| g.healthy && !busy(&g.uuid))
+                        .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
                         .map(FreeGpu::from)
                         .collect();
                     gpus.sort_by(|a, b| {
@@ -600,7 +600,7 @@ pub(crate) mod tests {
             gpus: gpus.clone(),
         };
         let offers = [offer("cpus:2;gpus:1"), offer("cpus:1;gpus:2")];
-        let views = AgentView::from_offers(&offers, &|u: &str| u == "GPU-0");
+        let views = AgentView::from_offers(&offers, &|_, u: &str| u == "GPU-0");
         assert_eq!(views.len(), 1);
         assert_eq!(views[0].offer_ids.len(), 2);
         assert_eq!(views[0].resources.milli("cpus"), 3000);
