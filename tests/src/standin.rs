@@ -55,7 +55,11 @@ impl Standin {
         let h100 = cfg.gpus[2].clone();
         cfg.gpus = (0..count)
             .map(|i| {
-                let mut g = if i < count / 2 { a100.clone() } else { h100.clone() };
+                let mut g = if i < count / 2 {
+                    a100.clone()
+                } else {
+                    h100.clone()
+                };
                 g.uuid = format!("GPU-{tag:08x}-0000-4000-8000-{i:012x}");
                 g.minor = i;
                 g.pci_bus_id = format!("00000000:{:02X}:00.0", 0x07 + 4 * i);

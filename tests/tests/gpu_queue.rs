@@ -63,7 +63,9 @@ fn start(tag: &str, teams: &[&str]) -> Option<Env> {
         .wait_state(Duration::from_secs(30), "agents with 8 GPUs", |s| {
             s["agents"].as_array().is_some_and(|a| {
                 a.iter()
-                    .filter(|a| a["connected"] == true && a["gpus"].as_array().map(Vec::len) == Some(8))
+                    .filter(|a| {
+                        a["connected"] == true && a["gpus"].as_array().map(Vec::len) == Some(8)
+                    })
                     .count()
                     == AGENTS as usize
             })
@@ -87,9 +89,14 @@ impl Queue {
     fn start(cluster: &Cluster, teams: &[&str]) -> Queue {
         let addr = free_tcp();
         let mut cmd = Command::new(bin("gpu-queue").unwrap());
-        cmd.args(["serve", "--master", &cluster.master.quic.to_string(), "--tls-dir"])
-            .arg(&cluster.tls_dir)
-            .args(["--listen", &addr.to_string(), "--hold-secs", "20"]);
+        cmd.args([
+            "serve",
+            "--master",
+            &cluster.master.quic.to_string(),
+            "--tls-dir",
+        ])
+        .arg(&cluster.tls_dir)
+        .args(["--listen", &addr.to_string(), "--hold-secs", "20"]);
         for t in teams {
             cmd.args(["--team", t]);
         }
@@ -126,15 +133,42 @@ impl Queue {
     }
 
     /// Submits; returns the job id.
-    fn submit(&self, name: &str, team: &str, prio: &str, gpus: u32, workers: &str, cmd: &str) -> u64 {
+    fn submit(
+        &self,
+        name: &str,
+        team: &str,
+        prio: &str,
+        gpus: u32,
+        workers: &str,
+        cmd: &str,
+    ) -> u64 {
         let gpus = gpus.to_string();
         let out = self
             .cli(&[
-                "submit", "--name", name, "--team", team, "--priority", prio, "--gpus", &gpus,
-                "--workers", workers, "--cpus", "0.5", "--mem", "64", "--grace-secs", "5", "--", cmd,
+                "submit",
+                "--name",
+                name,
+                "--team",
+                team,
+                "--priority",
+                prio,
+                "--gpus",
+                &gpus,
+                "--workers",
+                workers,
+                "--cpus",
+                "0.5",
+                "--mem",
+                "64",
+                "--grace-secs",
+                "5",
+                "--",
+                cmd,
             ])
             .unwrap();
-        out.trim().parse().unwrap_or_else(|_| panic!("submit printed {out:?}"))
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("submit printed {out:?}"))
     }
 
     fn try_jobs(&self) -> anyhow::Result<Vec<Value>> {
@@ -156,7 +190,9 @@ impl Queue {
         let deadline = Instant::now() + timeout;
         loop {
             let jobs = self.jobs();
-            if jobs.iter().all(|j| ["FINISHED", "FAILED", "CANCELLED"].contains(&j["state"].as_str().unwrap_or(""))) {
+            if jobs.iter().all(|j| {
+                ["FINISHED", "FAILED", "CANCELLED"].contains(&j["state"].as_str().unwrap_or(""))
+            }) {
                 return jobs;
             }
             if Instant::now() > deadline {
@@ -164,7 +200,8 @@ impl Queue {
                 env.dump_logs();
                 eprintln!(
                     "---- gpu-queue log ----\n{}",
-                    std::fs::read_to_string(env.dir.path().join("gpu-queue.log")).unwrap_or_default()
+                    std::fs::read_to_string(env.dir.path().join("gpu-queue.log"))
+                        .unwrap_or_default()
                 );
                 panic!("jobs did not all end within {timeout:?}");
             }
@@ -181,25 +218,54 @@ fn master_tasks(cluster: &Cluster) -> Vec<Value> {
     all
 }
 
-/// From the master's records: every launch of a rigid gang `name` (tasks `name/i` staged in
-/// the same accept) has a multiple of `workers` members, each index once per launch.
+/// From the master's records: the tasks of rigid gang `name` (named `name/INDEX`), in staging
+/// order, form whole launches: each run of `workers` tasks has every index once, was staged
+/// within one second (one pass of the queue: one accept per agent, sent together), and was
+/// fully staged before any of its members ended.
 fn assert_no_partial_gang(tasks: &[Value], name: &str, workers: usize) {
-    let mut launches: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    for t in tasks {
-        let tn = t["name"].as_str().unwrap_or("");
-        if tn.rsplit_once('/').is_some_and(|(j, _)| j == name) {
-            launches
-                .entry(t["staged_at_ms"].as_u64().unwrap_or(0))
-                .or_default()
-                .push(tn.to_string());
-        }
-    }
-    assert!(!launches.is_empty(), "no task of gang {name} in the master's records");
-    for (at, names) in &launches {
+    let mut mine: Vec<(u64, u64, String)> = tasks
+        .iter()
+        .filter_map(|t| {
+            let tn = t["name"].as_str()?;
+            let (job, index) = tn.rsplit_once('/')?;
+            (job == name).then(|| {
+                (
+                    t["staged_at_ms"].as_u64().unwrap_or(0),
+                    t["ended_at_ms"].as_u64().unwrap_or(u64::MAX),
+                    index.to_string(),
+                )
+            })
+        })
+        .collect();
+    assert!(
+        !mine.is_empty(),
+        "no task of gang {name} in the master's records"
+    );
+    mine.sort();
+    assert!(
+        mine.len() % workers == 0,
+        "gang {name}: {} tasks launched, not a multiple of {workers}: {mine:?}",
+        mine.len()
+    );
+    for launch in mine.chunks(workers) {
+        let mut indices: Vec<usize> = launch.iter().filter_map(|t| t.2.parse().ok()).collect();
+        indices.sort_unstable();
+        assert_eq!(
+            indices,
+            (0..workers).collect::<Vec<_>>(),
+            "gang {name}: {launch:?}"
+        );
+        let first = launch[0].0;
+        let last = launch[workers - 1].0;
+        let first_end = launch.iter().map(|t| t.1).min().unwrap_or(u64::MAX);
         assert!(
-            names.len() % workers == 0,
-            "partial gang {name}: {} members staged at {at} ms: {names:?}",
-            names.len()
+            last - first < 1000,
+            "gang {name} staged over {} ms: {launch:?}",
+            last - first
+        );
+        assert!(
+            last <= first_end,
+            "gang {name}: a member ended before the last was staged: {launch:?}"
         );
     }
 }
@@ -229,8 +295,21 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
                 let cmd = "sleep 2";
                 if model == "a100" && gpus <= 4 {
                     q.cli(&[
-                        "submit", "--name", &name, "--team", team, "--gpus", &gpus.to_string(),
-                        "--gpu-model", "A100", "--cpus", "0.5", "--mem", "64", "--", cmd,
+                        "submit",
+                        "--name",
+                        &name,
+                        "--team",
+                        team,
+                        "--gpus",
+                        &gpus.to_string(),
+                        "--gpu-model",
+                        "A100",
+                        "--cpus",
+                        "0.5",
+                        "--mem",
+                        "64",
+                        "--",
+                        cmd,
                     ])
                     .unwrap();
                 } else {
@@ -255,9 +334,16 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
     // A100-only jobs ran on A100s (the stand-in's first four GPUs of each agent).
     let stats = q.stats();
     let idle = stats["idle_while_eligible_gpu_secs"].as_f64().unwrap();
-    let used: f64 = stats["gpu_secs"].as_object().unwrap().values().filter_map(Value::as_f64).sum();
-    eprintln!("GPU-idle-while-eligible-work-waits: {idle:.1} GPU-s ({:.1} s), GPU-s used: {used:.1}",
-        stats["idle_while_eligible_secs"].as_f64().unwrap());
+    let used: f64 = stats["gpu_secs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(Value::as_f64)
+        .sum();
+    eprintln!(
+        "GPU-idle-while-eligible-work-waits: {idle:.1} GPU-s ({:.1} s), GPU-s used: {used:.1}",
+        stats["idle_while_eligible_secs"].as_f64().unwrap()
+    );
     assert!(used > 0.0);
     assert!(
         idle <= used * 0.5,
@@ -294,18 +380,30 @@ fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
     // Fill all 32 GPUs with 1-GPU preemptible jobs; a requeued one resumes and ends quickly.
     let victim_cmd = r#"if [ "$GPU_QUEUE_PREEMPTIONS" -gt 0 ]; then sleep 1; exit 0; fi; sleep 25"#;
     for i in 0..32 {
-        q.submit(&format!("pre-{i}"), "research", "preemptible", 1, "1", victim_cmd);
+        q.submit(
+            &format!("pre-{i}"),
+            "research",
+            "preemptible",
+            1,
+            "1",
+            victim_cmd,
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while q.jobs().iter().filter(|j| j["state"] == "RUNNING").count() < 32 {
-        assert!(Instant::now() < deadline, "the preemptible jobs did not all start");
+        assert!(
+            Instant::now() < deadline,
+            "the preemptible jobs did not all start"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     // Every task running (the master says so) before the critical job arrives.
     env.cluster
         .master
         .wait_state(Duration::from_secs(30), "32 running tasks", |s| {
-            s["tasks"].as_array().is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() == 32)
+            s["tasks"]
+                .as_array()
+                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() == 32)
         })
         .unwrap();
     let before: BTreeMap<String, (String, String)> = q
@@ -315,7 +413,10 @@ fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
             let m = &j["members"][0];
             (
                 j["name"].as_str().unwrap().to_string(),
-                (m["agent"].as_str().unwrap().to_string(), m["task_id"].as_str().unwrap().to_string()),
+                (
+                    m["agent"].as_str().unwrap().to_string(),
+                    m["task_id"].as_str().unwrap().to_string(),
+                ),
             )
         })
         .collect();
@@ -324,8 +425,15 @@ fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
     for j in &jobs {
         assert_eq!(j["state"], "FINISHED", "{j:#}");
     }
-    let victims: Vec<&Value> = jobs.iter().filter(|j| j["preemptions"].as_u64() > Some(0)).collect();
-    assert_eq!(victims.len(), 8, "exactly the eight 1-GPU jobs one agent needs: {victims:#?}");
+    let victims: Vec<&Value> = jobs
+        .iter()
+        .filter(|j| j["preemptions"].as_u64() > Some(0))
+        .collect();
+    assert_eq!(
+        victims.len(),
+        8,
+        "exactly the eight 1-GPU jobs one agent needs: {victims:#?}"
+    );
     let agents: BTreeSet<&String> = victims
         .iter()
         .map(|v| &before[v["name"].as_str().unwrap()].0)
@@ -362,7 +470,10 @@ fn team_gpu_time_follows_weights() {
     let deadline = Instant::now() + Duration::from_secs(180);
     let shares = loop {
         let jobs = q.jobs();
-        let pending = |t: &str| jobs.iter().any(|j| j["team"] == t && j["state"] == "PENDING");
+        let pending = |t: &str| {
+            jobs.iter()
+                .any(|j| j["team"] == t && j["state"] == "PENDING")
+        };
         let stats = q.stats();
         if !(pending("a") && pending("b") && pending("c")) {
             break stats["gpu_secs"].clone();

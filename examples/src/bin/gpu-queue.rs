@@ -216,13 +216,19 @@ async fn call(
     if let Some(b) = body {
         req = req.header("content-type", "application/json").body(b);
     }
-    let resp = req.send().await.with_context(|| format!("reaching {url}"))?;
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("reaching {url}"))?;
     let status = resp.status();
     let text = resp.text().await?;
     let value: serde_json::Value =
         serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
     if !status.is_success() {
-        let msg = value["error"].as_str().map(str::to_string).unwrap_or_else(|| value.to_string());
+        let msg = value["error"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| value.to_string());
         bail!("{status}: {msg}");
     }
     Ok(value)
@@ -364,7 +370,13 @@ async fn main() -> anyhow::Result<()> {
                 let j: JobView = serde_json::from_value(v)?;
                 table(std::slice::from_ref(&j));
                 for m in &j.members {
-                    println!("  {:<28} {:<9} {:<16} {}", m.task, m.state, m.agent, m.gpus.join(","));
+                    println!(
+                        "  {:<28} {:<9} {:<16} {}",
+                        m.task,
+                        m.state,
+                        m.agent,
+                        m.gpus.join(",")
+                    );
                 }
                 if !j.message.is_empty() {
                     println!("  {}", j.message);

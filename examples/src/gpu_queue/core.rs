@@ -148,6 +148,10 @@ pub struct Core {
     /// reservation): its id → (hostname, attributes, every GPU seen, capacity).
     agents: BTreeMap<AgentId, KnownAgent>,
     holds: Holds<u64>,
+    /// A preemption under way: the job it is for, where it will go (agent, amount, GPUs), and
+    /// when it started. Those amounts are reserved for it until it launches (or a minute
+    /// passes), and no other preemption starts meanwhile.
+    preempt_for: Option<(u64, Parts, Instant)>,
     suppressed: bool,
     last_tick: Option<Instant>,
     /// Statistics.
@@ -187,6 +191,7 @@ impl Core {
             tasks: HashMap::new(),
             agents: BTreeMap::new(),
             holds,
+            preempt_for: None,
             suppressed: false,
             last_tick: None,
             stats: Stats::default(),
@@ -299,7 +304,11 @@ impl Core {
         let killing = m.killing;
         let gpus = m.gpus.len() as f64;
         let ran = now.saturating_duration_since(m.started).as_secs_f64();
-        *self.stats.gpu_secs.entry(job.spec.team.clone()).or_default() += gpus * ran;
+        *self
+            .stats
+            .gpu_secs
+            .entry(job.spec.team.clone())
+            .or_default() += gpus * ran;
         job.members.remove(&index);
         self.tasks.remove(&u.task_id);
         match (job.state, u.state) {
@@ -405,16 +414,17 @@ impl Core {
             }
         }
         for v in &mut views {
-            v.gpus.sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
+            v.gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
         }
         views
     }
 
     /// Whether members we killed on purpose (preemption, shrinking) have not ended yet.
     fn kills_in_flight(&self) -> bool {
-        self.jobs.values().any(|j| {
-            j.state == JobState::Running && j.members.values().any(|m| m.killing)
-        })
+        self.jobs
+            .values()
+            .any(|j| j.state == JobState::Running && j.members.values().any(|m| m.killing))
     }
 
     fn busy_gpus(&self) -> BTreeSet<(AgentId, String)> {
@@ -436,7 +446,13 @@ impl Core {
         }
         let waited = now.saturating_duration_since(job.waiting_since);
         let steps = (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as u8;
-        Priority::from_rank(job.spec.priority.rank().saturating_add(steps).min(Priority::High.rank()))
+        Priority::from_rank(
+            job.spec
+                .priority
+                .rank()
+                .saturating_add(steps)
+                .min(Priority::High.rank()),
+        )
     }
 
     /// Team usage (GPUs, CPUs milli) of running members plus `extra`.
@@ -491,7 +507,10 @@ impl Core {
 
     fn totals(&self) -> (u64, u64) {
         self.agents.values().fold((0, 0), |(g, c), a| {
-            (g + a.capacity.milli("gpus") / MILLI, c + a.capacity.milli("cpus"))
+            (
+                g + a.capacity.milli("gpus") / MILLI,
+                c + a.capacity.milli("cpus"),
+            )
         })
     }
 
@@ -525,7 +544,8 @@ impl Core {
         self.learn_capacity();
         let busy = self.busy_gpus();
         let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
-        let mut views = AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
+        let mut views =
+            AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
         let totals = self.totals();
         let mut launched: HashMap<String, (u64, u64)> = HashMap::new();
         let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
@@ -543,9 +563,23 @@ impl Core {
         let not_fitting: Vec<u64> = self
             .order(now)
             .into_iter()
-            .filter(|id| gang::place_gang(&mut views.clone(), &gang_of(&self.jobs[id].spec)).is_none())
+            .filter(|id| {
+                gang::place_gang(&mut views.clone(), &gang_of(&self.jobs[id].spec)).is_none()
+            })
             .collect();
         let holder = self.holds.update(&not_fitting, now).holder;
+        if let Some((id, _, since)) = &self.preempt_for {
+            let pending = self
+                .jobs
+                .get(id)
+                .is_some_and(|j| j.state == JobState::Pending);
+            if !pending || now.saturating_duration_since(*since) > PREEMPT_RESERVATION {
+                self.preempt_for = None;
+            }
+        }
+        if let Some((id, parts, _)) = &self.preempt_for {
+            reservation = Some((*id, parts.clone()));
+        }
         while !pending.is_empty() {
             let usage = self.usage(&launched);
             let Some(id) = pending
@@ -585,7 +619,7 @@ impl Core {
                 }
                 None => {
                     blocked.push(id);
-                    if reservation.is_none() && holder == Some(id) {
+                    if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
                         reservation = self.reserve(id, &gang);
                     }
                 }
@@ -614,12 +648,12 @@ impl Core {
             }
         }
         // Preemption for the first blocked critical/high job, unless one is under way.
-        if !self.kills_in_flight() {
+        if !self.kills_in_flight() && self.preempt_for.is_none() {
             if let Some(&id) = blocked
                 .iter()
                 .find(|id| self.jobs[id].spec.priority >= Priority::High)
             {
-                out.extend(self.preempt(id, &views));
+                out.extend(self.preempt(id, &views, now));
             }
         }
         // Elastic growth when nothing waits.
@@ -676,7 +710,13 @@ impl Core {
     ) -> Option<(u64, Vec<(AgentId, Resources, Vec<String>)>)> {
         // While kills are under way, what they free; else what every running job frees.
         let mut eventual = self.eventual_views(!self.kills_in_flight());
-        let plan = gang::place_gang(&mut eventual, &GangRequest { max: gang.min, ..gang.clone() })?;
+        let plan = gang::place_gang(
+            &mut eventual,
+            &GangRequest {
+                max: gang.min,
+                ..gang.clone()
+            },
+        )?;
         let mut parts: Vec<(AgentId, Resources, Vec<String>)> = Vec::new();
         for a in &plan.assignments {
             let agent = eventual[a.agent].agent_id;
@@ -719,7 +759,10 @@ impl Core {
             let index = job.next_index;
             job.next_index += 1;
             let task_id = TaskId::random();
-            let (agent_id, hostname) = agents.get(a.agent).cloned().unwrap_or((AgentId::random(), String::new()));
+            let (agent_id, hostname) = agents
+                .get(a.agent)
+                .cloned()
+                .unwrap_or((AgentId::random(), String::new()));
             let mut env = job.spec.env.clone();
             env.insert("GPU_QUEUE_JOB".into(), job.spec.name.clone());
             env.insert("GPU_QUEUE_JOB_ID".into(), id.to_string());
@@ -727,7 +770,10 @@ impl Core {
             env.insert("GPU_QUEUE_WORKERS".into(), workers.to_string());
             env.insert("GPU_QUEUE_PREEMPTIONS".into(), job.preemptions.to_string());
             env.insert("GPU_QUEUE_PREEMPT_FILE".into(), preempt_file.clone());
-            env.insert("GPU_QUEUE_GRACE_SECS".into(), job.spec.grace_secs.to_string());
+            env.insert(
+                "GPU_QUEUE_GRACE_SECS".into(),
+                job.spec.grace_secs.to_string(),
+            );
             let task = TaskInfo {
                 task_id,
                 name: format!("{}/{index}", job.spec.name),
@@ -795,7 +841,7 @@ impl Core {
     }
 
     /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
-    fn preempt(&mut self, id: u64, free: &[AgentView]) -> Vec<Action> {
+    fn preempt(&mut self, id: u64, free: &[AgentView], now: Instant) -> Vec<Action> {
         let spec = self.jobs[&id].spec.clone();
         let member = request(&spec);
         // Victim units: an elastic gang's members above its minimum one by one (highest index
@@ -819,20 +865,36 @@ impl Core {
             .agents
             .iter()
             .map(|(aid, a)| {
-                free.iter().find(|v| v.agent_id == *aid).cloned().unwrap_or(AgentView {
-                    agent_id: *aid,
-                    hostname: a.hostname.clone(),
-                    offer_ids: Vec::new(),
-                    resources: Resources::new(),
-                    attributes: a.attributes.clone(),
-                    gpus: Vec::new(),
-                })
+                free.iter()
+                    .find(|v| v.agent_id == *aid)
+                    .cloned()
+                    .unwrap_or(AgentView {
+                        agent_id: *aid,
+                        hostname: a.hostname.clone(),
+                        offer_ids: Vec::new(),
+                        resources: Resources::new(),
+                        attributes: a.attributes.clone(),
+                        gpus: Vec::new(),
+                    })
             })
             .collect();
         let mut chosen: Vec<usize> = Vec::new();
+        let mut parts: Parts = Vec::new();
+        let reserve = |parts: &mut Parts, agent: AgentId, gpus: Vec<String>| match parts
+            .iter_mut()
+            .find(|p| p.0 == agent)
+        {
+            Some(p) => {
+                p.1.add_assign(&member.resources);
+                p.2.extend(gpus);
+            }
+            None => parts.push((agent, member.resources.clone(), gpus)),
+        };
         for _ in 0..spec.min_workers.max(1) {
             if let Some(c) = gantry_sdk::placement::offers::place_one(&work, &member) {
-                gantry_sdk::placement::offers::take(&mut work, &member, &c);
+                let agent = work[c.agent].agent_id;
+                let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
+                reserve(&mut parts, agent, gpus);
                 continue;
             }
             // Per agent: add units (lowest class, then fewest GPUs) until the member fits.
@@ -841,23 +903,36 @@ impl Core {
                 let mut trial = view.clone();
                 let mut picked = Vec::new();
                 let mut order: Vec<usize> = (0..units.len())
-                    .filter(|u| !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0)
+                    .filter(|u| {
+                        !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0
+                    })
                     .collect();
-                order.sort_by_key(|&u| (units[u].2, self.unit_on(&units[u], view.agent_id).1.milli("gpus"), units[u].1.len()));
-                let mut fits = gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                order.sort_by_key(|&u| {
+                    (
+                        units[u].2,
+                        self.unit_on(&units[u], view.agent_id).1.milli("gpus"),
+                        units[u].1.len(),
+                    )
+                });
+                let mut fits =
+                    gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
                 for u in order {
                     if fits {
                         break;
                     }
                     // A whole job whose members were already picked one by one adds the rest.
                     let (_, res, gpus) = self.unit_on(&units[u], view.agent_id);
-                    let dup = picked.iter().any(|&p: &usize| units[p].0 == units[u].0 && units[p].1.len() >= units[u].1.len());
+                    let dup = picked.iter().any(|&p: &usize| {
+                        units[p].0 == units[u].0 && units[p].1.len() >= units[u].1.len()
+                    });
                     if dup {
                         continue;
                     }
                     trial.resources.add_assign(&res);
                     for g in gpus {
-                        if let Some(info) = self.agents.get(&view.agent_id).and_then(|a| a.gpus.get(&g)) {
+                        if let Some(info) =
+                            self.agents.get(&view.agent_id).and_then(|a| a.gpus.get(&g))
+                        {
                             if !trial.gpus.iter().any(|x| x.uuid == g) {
                                 trial.gpus.push(info.clone());
                             }
@@ -884,25 +959,39 @@ impl Core {
                 let (_, res, gpus) = self.unit_on(&units[u], work[ai].agent_id);
                 work[ai].resources.add_assign(&res);
                 for g in gpus {
-                    if let Some(info) = self.agents.get(&work[ai].agent_id).and_then(|a| a.gpus.get(&g)) {
+                    if let Some(info) = self
+                        .agents
+                        .get(&work[ai].agent_id)
+                        .and_then(|a| a.gpus.get(&g))
+                    {
                         work[ai].gpus.push(info.clone());
                     }
                 }
                 chosen.push(u);
             }
-            work[ai].gpus.sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
+            work[ai]
+                .gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
             let Some(c) = gantry_sdk::placement::offers::evaluate(ai, &work[ai], &member) else {
                 return Vec::new();
             };
-            gantry_sdk::placement::offers::take(&mut work, &member, &c);
+            let agent = work[ai].agent_id;
+            let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
+            reserve(&mut parts, agent, gpus);
         }
+        if chosen.is_empty() {
+            return Vec::new();
+        }
+        self.preempt_for = Some((id, parts, now));
         // Kill the chosen units: whole jobs are requeued when their members end; single
         // members of elastic gangs just stop.
         let mut out = Vec::new();
         let mut whole: BTreeSet<u64> = BTreeSet::new();
         for &u in &chosen {
             let (job_id, members, _) = &units[u];
-            let Some(job) = self.jobs.get_mut(job_id) else { continue };
+            let Some(job) = self.jobs.get_mut(job_id) else {
+                continue;
+            };
             // The whole-job unit lists every member; shrink units one member of a larger gang.
             if members.len() as u32 == job.running_members() {
                 whole.insert(*job_id);
@@ -932,7 +1021,11 @@ impl Core {
     }
 
     /// A unit's members on `agent`: (count, resources, GPUs).
-    fn unit_on(&self, unit: &(u64, Vec<u32>, Priority), agent: AgentId) -> (usize, Resources, Vec<String>) {
+    fn unit_on(
+        &self,
+        unit: &(u64, Vec<u32>, Priority),
+        agent: AgentId,
+    ) -> (usize, Resources, Vec<String>) {
         let Some(job) = self.jobs.get(&unit.0) else {
             return (0, Resources::new(), Vec::new());
         };
@@ -1029,6 +1122,12 @@ impl Core {
     }
 }
 
+/// Per agent: the amount and GPUs reserved there.
+type Parts = Vec<(AgentId, Resources, Vec<String>)>;
+
+/// How long a preemption's reservation lasts at most.
+const PREEMPT_RESERVATION: Duration = Duration::from_secs(60);
+
 fn gang_of(spec: &JobSpec) -> GangRequest {
     GangRequest {
         member: request(spec),
@@ -1038,7 +1137,10 @@ fn gang_of(spec: &JobSpec) -> GangRequest {
 }
 
 fn avail_ids(views: &[AgentView]) -> Vec<(AgentId, String)> {
-    views.iter().map(|v| (v.agent_id, v.hostname.clone())).collect()
+    views
+        .iter()
+        .map(|v| (v.agent_id, v.hostname.clone()))
+        .collect()
 }
 
 /// Removes `res` and the GPUs `uuids` from the view of `agent`.

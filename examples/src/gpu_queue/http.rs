@@ -85,13 +85,18 @@ async fn stats(State(s): State<Arc<Shared>>) -> Response {
 }
 
 /// Wait histogram buckets, seconds.
-const BUCKETS: [f64; 10] = [1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0];
+const BUCKETS: [f64; 10] = [
+    1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0,
+];
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
     let core = s.core();
     let now = Instant::now();
     let mut out = String::new();
-    let _ = writeln!(out, "# HELP gpu_queue_depth Pending jobs per team and priority.");
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_depth Pending jobs per team and priority."
+    );
     let _ = writeln!(out, "# TYPE gpu_queue_depth gauge");
     for ((team, prio), n) in core.depth() {
         let _ = writeln!(
@@ -100,7 +105,10 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
             escape(&team)
         );
     }
-    let _ = writeln!(out, "# HELP gpu_queue_wait_seconds Time jobs waited before starting.");
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_wait_seconds Time jobs waited before starting."
+    );
     let _ = writeln!(out, "# TYPE gpu_queue_wait_seconds histogram");
     let waits = &core.stats.waits;
     for b in BUCKETS {
@@ -112,12 +120,26 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         "gpu_queue_wait_seconds_bucket{{le=\"+Inf\"}} {}",
         waits.len()
     );
-    let _ = writeln!(out, "gpu_queue_wait_seconds_sum {}", waits.iter().sum::<f64>());
+    let _ = writeln!(
+        out,
+        "gpu_queue_wait_seconds_sum {}",
+        waits.iter().sum::<f64>()
+    );
     let _ = writeln!(out, "gpu_queue_wait_seconds_count {}", waits.len());
-    let _ = writeln!(out, "# HELP gpu_queue_preemptions_total Jobs preempted (requeued) and elastic workers shrunk.");
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_preemptions_total Jobs preempted (requeued) and elastic workers shrunk."
+    );
     let _ = writeln!(out, "# TYPE gpu_queue_preemptions_total counter");
-    let _ = writeln!(out, "gpu_queue_preemptions_total {}", core.stats.preemptions);
-    let _ = writeln!(out, "# HELP gpu_queue_gpu_hours_total GPU-hours used per team.");
+    let _ = writeln!(
+        out,
+        "gpu_queue_preemptions_total {}",
+        core.stats.preemptions
+    );
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_gpu_hours_total GPU-hours used per team."
+    );
     let _ = writeln!(out, "# TYPE gpu_queue_gpu_hours_total counter");
     for (team, secs) in core.gpu_secs(now) {
         let _ = writeln!(
@@ -128,7 +150,10 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         );
     }
     let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle while a waiting job could have used them.");
-    let _ = writeln!(out, "# TYPE gpu_queue_idle_while_eligible_gpu_seconds_total counter");
+    let _ = writeln!(
+        out,
+        "# TYPE gpu_queue_idle_while_eligible_gpu_seconds_total counter"
+    );
     let _ = writeln!(
         out,
         "gpu_queue_idle_while_eligible_gpu_seconds_total {}",

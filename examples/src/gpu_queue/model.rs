@@ -204,12 +204,10 @@ impl JobSpec {
         if self.team.is_empty() || self.team.len() > MAX_NAME {
             return Some(format!("team must be 1..={MAX_NAME} characters"));
         }
-        if !(self.cpus.is_finite() && self.cpus >= 0.0 && self.mem.is_finite() && self.mem >= 0.0)
-        {
+        if !(self.cpus.is_finite() && self.cpus >= 0.0 && self.mem.is_finite() && self.mem >= 0.0) {
             return Some("cpus and mem must be non-negative numbers".into());
         }
-        if self.min_workers == 0 || self.max_workers < self.min_workers || self.max_workers > 1024
-        {
+        if self.min_workers == 0 || self.max_workers < self.min_workers || self.max_workers > 1024 {
             return Some("workers must be MIN..MAX with 1 <= MIN <= MAX <= 1024".into());
         }
         if self.gpus > 64 {

@@ -142,6 +142,18 @@ impl AgentView {
             let v = &mut views[at];
             v.offer_ids.push(offer.id);
             v.resources.add_assign(&offer.total());
+            // Offers of one agent list the same GPUs; take the union all the same.
+            for g in offer
+                .gpus
+                .iter()
+                .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
+            {
+                if !v.gpus.iter().any(|x| x.uuid == g.uuid) {
+                    v.gpus.push(FreeGpu::from(g));
+                }
+            }
+            v.gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
         }
         views
     }

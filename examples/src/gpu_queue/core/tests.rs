@@ -39,7 +39,9 @@ impl Cluster {
                 agent_id: *a,
                 hostname: format!("h{i}"),
                 role: "default".into(),
-                resources: format!("cpus:{f};mem:{};gpus:{f}", f * 1024).parse().unwrap(),
+                resources: format!("cpus:{f};mem:{};gpus:{f}", f * 1024)
+                    .parse()
+                    .unwrap(),
                 reserved: Default::default(),
                 attributes: Default::default(),
                 gpus: gpus(i as u32),
@@ -108,7 +110,12 @@ fn a_gang_launches_whole_in_one_pass_or_waits() {
     let tasks = launched(&a);
     let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["g/0", "g/1"]);
-    assert_eq!(a.iter().filter(|a| matches!(a, Action::Launch { .. })).count(), 2);
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a, Action::Launch { .. }))
+            .count(),
+        2
+    );
 }
 
 #[test]
@@ -120,17 +127,32 @@ fn backfill_never_takes_the_reserved_gpus() {
     q.submit(spec("run", "t", Priority::Normal, 4, 1), now);
     let a = q.offers(c.offers(&[8]), now);
     let run = launched(&a).remove(0);
-    q.update(&update(&run, TaskState::Running, vec!["GPU-0-0".into(), "GPU-0-1".into(), "GPU-0-2".into(), "GPU-0-3".into()]), now);
+    q.update(
+        &update(
+            &run,
+            TaskState::Running,
+            vec![
+                "GPU-0-0".into(),
+                "GPU-0-1".into(),
+                "GPU-0-2".into(),
+                "GPU-0-3".into(),
+            ],
+        ),
+        now,
+    );
     q.submit(spec("big", "t", Priority::Normal, 8, 1), now);
     q.submit(spec("small", "t", Priority::Normal, 1, 1), now);
     let mut offer = c.offers(&[4]);
     offer[0].gpus.retain(|g| g.numa_node == Some(1));
     let a = q.offers(offer, now);
-    assert!(launched(&a).is_empty(), "the free GPUs are reserved for big: {a:?}");
+    assert!(
+        launched(&a).is_empty(),
+        "the free GPUs are reserved for big: {a:?}"
+    );
     // When the 4-GPU job ends, big starts; small follows later.
     let a = q.update(&update(&run, TaskState::Finished, vec![]), now);
     assert!(launched(&a).is_empty());
-    let a = q.offers(c.offers(&[8]), now);
+    let a = q.offers(c.offers(&[4]), now);
     let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
     assert_eq!(names, ["big/0"]);
 }
@@ -141,7 +163,10 @@ fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
     let mut q = Core::new(CoreConfig::default());
     let now = Instant::now();
     for i in 0..16 {
-        q.submit(spec(&format!("p{i}"), "r", Priority::Preemptible, 1, 1), now);
+        q.submit(
+            spec(&format!("p{i}"), "r", Priority::Preemptible, 1, 1),
+            now,
+        );
     }
     let offers = c.offers(&[8, 8]);
     let a = q.offers(offers.clone(), now);
@@ -154,7 +179,10 @@ fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
             let agent = offers.iter().position(|o| o.id == ids[0]).unwrap();
             for t in tasks {
                 let n = per_agent.entry(agent).or_default();
-                q.update(&update(t, TaskState::Running, vec![format!("GPU-{agent}-{n}")]), now);
+                q.update(
+                    &update(t, TaskState::Running, vec![format!("GPU-{agent}-{n}")]),
+                    now,
+                );
                 *n += 1;
             }
         }
@@ -180,7 +208,11 @@ fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
     let (_, a) = q.submit(spec("other", "p", Priority::High, 8, 1), now);
     assert!(!a.iter().any(|a| matches!(a, Action::Kill(_))));
     // Victims end: they are requeued, and urgent goes first on the freed agent.
-    let victims: Vec<TaskInfo> = tasks.iter().filter(|t| kills.contains(&t.task_id)).cloned().collect();
+    let victims: Vec<TaskInfo> = tasks
+        .iter()
+        .filter(|t| kills.contains(&t.task_id))
+        .cloned()
+        .collect();
     for v in &victims {
         q.update(&update(v, TaskState::Killed, vec![]), now);
     }
@@ -188,11 +220,19 @@ fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
     let idx = c.agents.iter().position(|a| *a == agent).unwrap();
     let mut free = [0, 0];
     free[idx] = 8;
-    let offers: Vec<Offer> = c.offers(&free).into_iter().filter(|o| o.agent_id == agent).collect();
+    let offers: Vec<Offer> = c
+        .offers(&free)
+        .into_iter()
+        .filter(|o| o.agent_id == agent)
+        .collect();
     let a = q.offers(offers, now);
     let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
     assert_eq!(names, ["urgent/0"]);
-    let requeued = q.views(now).into_iter().filter(|j| j.preemptions == 1 && j.state == JobState::Pending).count();
+    let requeued = q
+        .views(now)
+        .into_iter()
+        .filter(|j| j.preemptions == 1 && j.state == JobState::Pending)
+        .count();
     assert_eq!(requeued, 8);
 }
 
@@ -200,9 +240,24 @@ fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
 fn teams_are_ordered_by_weighted_share_and_priority_first() {
     let c = Cluster::new(1);
     let mut teams = BTreeMap::new();
-    teams.insert("a".to_string(), TeamConfig { weight: 3.0, gpu_quota: None });
-    teams.insert("b".to_string(), TeamConfig { weight: 1.0, gpu_quota: None });
-    let mut q = Core::new(CoreConfig { teams, ..Default::default() });
+    teams.insert(
+        "a".to_string(),
+        TeamConfig {
+            weight: 3.0,
+            gpu_quota: None,
+        },
+    );
+    teams.insert(
+        "b".to_string(),
+        TeamConfig {
+            weight: 1.0,
+            gpu_quota: None,
+        },
+    );
+    let mut q = Core::new(CoreConfig {
+        teams,
+        ..Default::default()
+    });
     let now = Instant::now();
     for i in 0..8 {
         q.submit(spec(&format!("a{i}"), "a", Priority::Normal, 1, 1), now);
