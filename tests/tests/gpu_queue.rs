@@ -243,7 +243,7 @@ fn assert_no_partial_gang(tasks: &[Value], name: &str, workers: usize) {
     );
     mine.sort();
     assert!(
-        mine.len() % workers == 0,
+        mine.len().is_multiple_of(workers),
         "gang {name}: {} tasks launched, not a multiple of {workers}: {mine:?}",
         mine.len()
     );

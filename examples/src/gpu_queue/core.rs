@@ -556,7 +556,7 @@ impl Core {
             .map(|j| j.id)
             .collect();
         // Reservation: (job, per-agent amount and GPUs) subtracted for everyone else.
-        let mut reservation: Option<(u64, Vec<(AgentId, Resources, Vec<String>)>)> = None;
+        let mut reservation: Option<(u64, Parts)> = None;
         let mut blocked: Vec<u64> = Vec::new();
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]).
@@ -703,11 +703,7 @@ impl Core {
 
     /// The reservation for blocked job `id`: where its gang goes once running jobs end (or,
     /// while its preemption is under way, once its victims end).
-    fn reserve(
-        &self,
-        id: u64,
-        gang: &GangRequest,
-    ) -> Option<(u64, Vec<(AgentId, Resources, Vec<String>)>)> {
+    fn reserve(&self, id: u64, gang: &GangRequest) -> Option<(u64, Parts)> {
         // While kills are under way, what they free; else what every running job frees.
         let mut eventual = self.eventual_views(!self.kills_in_flight());
         let plan = gang::place_gang(
