@@ -331,7 +331,31 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
     for (g, w) in &gangs {
         assert_no_partial_gang(&tasks, g, *w);
     }
-    // A100-only jobs ran on A100s (the stand-in's first four GPUs of each agent).
+    // A100-only jobs ran on A100s (the stand-in's first four GPUs of each agent: UUIDs end in
+    // 0..3), and every multi-GPU worker stayed on one NUMA node (GPUs 0..3 or 4..7).
+    let index =
+        |uuid: &str| u64::from_str_radix(uuid.rsplit('-').next().unwrap_or(""), 16).unwrap();
+    let mut checked = 0;
+    for t in &tasks {
+        let name = t["name"].as_str().unwrap_or("");
+        let gpus: Vec<u64> = t["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| index(g.as_str().unwrap()))
+            .collect();
+        if name.contains("-a100/") {
+            assert!(gpus.iter().all(|&i| i < 4), "{name} got {gpus:?}");
+            checked += 1;
+        }
+        if gpus.len() > 1 && gpus.len() <= 4 {
+            assert!(
+                gpus.iter().all(|&i| i < 4) || gpus.iter().all(|&i| i >= 4),
+                "{name} spans NUMA nodes: {gpus:?}"
+            );
+        }
+    }
+    assert!(checked > 0, "no A100-only job in the master's records");
     let stats = q.stats();
     let idle = stats["idle_while_eligible_gpu_secs"].as_f64().unwrap();
     let used: f64 = stats["gpu_secs"]

@@ -107,8 +107,11 @@ struct Job {
     /// Waiting time before the current wait.
     waited: Duration,
     preemptions: u32,
-    /// Being preempted: every member killed, requeued when all have ended.
+    /// Being preempted (or requeued after losing a worker): every member killed, requeued
+    /// when all have ended.
     preempting: bool,
+    /// The requeue is for a lost worker, not a preemption (not counted as one).
+    lost: bool,
     members: BTreeMap<u32, Member>,
     /// Members that finished successfully (the job finishes when none is left running).
     finished_members: u32,
@@ -213,6 +216,7 @@ impl Core {
                 waited: Duration::ZERO,
                 preemptions: 0,
                 preempting: false,
+                lost: false,
                 members: BTreeMap::new(),
                 finished_members: 0,
                 next_index: 0,
@@ -322,6 +326,7 @@ impl Core {
             (_, TaskState::Lost | TaskState::Killed) if !killing => {
                 // Lost with its agent (or killed by someone else): requeue the whole job.
                 job.preempting = true;
+                job.lost = true;
                 for m in job.members.values_mut() {
                     m.killing = true;
                     out.push(Action::Kill(m.task_id));
@@ -341,11 +346,13 @@ impl Core {
             if job.preempting {
                 job.preempting = false;
                 job.state = JobState::Pending;
-                job.preemptions += 1;
+                if !std::mem::take(&mut job.lost) {
+                    job.preemptions += 1;
+                    self.stats.preemptions += 1;
+                }
                 job.waiting_since = now;
                 job.next_index = 0;
                 job.finished_members = 0;
-                self.stats.preemptions += 1;
             } else if job.state == JobState::Running {
                 job.state = JobState::Finished;
             }
@@ -547,7 +554,6 @@ impl Core {
         let mut views =
             AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
         let totals = self.totals();
-        let mut launched: HashMap<String, (u64, u64)> = HashMap::new();
         let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
         let mut pending: BTreeSet<u64> = self
             .jobs
@@ -581,7 +587,8 @@ impl Core {
             reservation = Some((*id, parts.clone()));
         }
         while !pending.is_empty() {
-            let usage = self.usage(&launched);
+            // Members launched earlier in this pass are already recorded in their jobs.
+            let usage = self.usage(&HashMap::new());
             let Some(id) = pending
                 .iter()
                 .copied()
@@ -608,10 +615,6 @@ impl Core {
                     for (agent, task) in tasks {
                         launches.entry(agent).or_default().push(task);
                     }
-                    let e = launched.entry(spec.team.clone()).or_default();
-                    let n = plan.assignments.len() as u64;
-                    e.0 += u64::from(spec.gpus) * n;
-                    e.1 += (spec.cpus * MILLI as f64) as u64 * n;
                     if reservation.as_ref().is_some_and(|(h, _)| *h == id) {
                         reservation = None;
                     }
@@ -875,6 +878,9 @@ impl Core {
             })
             .collect();
         let mut chosen: Vec<usize> = Vec::new();
+        // Members already counted as freed (a whole-job unit after some of its members were
+        // picked one by one adds only the rest).
+        let mut covered: BTreeSet<(u64, u32)> = BTreeSet::new();
         let mut parts: Parts = Vec::new();
         let reserve = |parts: &mut Parts, agent: AgentId, gpus: Vec<String>| match parts
             .iter_mut()
@@ -912,18 +918,17 @@ impl Core {
                 });
                 let mut fits =
                     gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                let mut counted = covered.clone();
                 for u in order {
                     if fits {
                         break;
                     }
-                    // A whole job whose members were already picked one by one adds the rest.
-                    let (_, res, gpus) = self.unit_on(&units[u], view.agent_id);
-                    let dup = picked.iter().any(|&p: &usize| {
-                        units[p].0 == units[u].0 && units[p].1.len() >= units[u].1.len()
-                    });
-                    if dup {
+                    let rest = rest_of(&units[u], &counted);
+                    let (n, res, gpus) = self.unit_on(&rest, view.agent_id);
+                    if n == 0 {
                         continue;
                     }
+                    counted.extend(rest.1.iter().map(|&i| (rest.0, i)));
                     trial.resources.add_assign(&res);
                     for g in gpus {
                         if let Some(info) =
@@ -952,7 +957,9 @@ impl Core {
             // Apply: the picked units' resources on that agent join its free view, then the
             // member takes its share.
             for &u in &picked {
-                let (_, res, gpus) = self.unit_on(&units[u], work[ai].agent_id);
+                let rest = rest_of(&units[u], &covered);
+                let (_, res, gpus) = self.unit_on(&rest, work[ai].agent_id);
+                covered.extend(rest.1.iter().map(|&i| (rest.0, i)));
                 work[ai].resources.add_assign(&res);
                 for g in gpus {
                     if let Some(info) = self
@@ -1116,6 +1123,20 @@ impl Core {
         }
         out
     }
+}
+
+/// A victim unit without the members already in `covered`.
+fn rest_of(
+    unit: &(u64, Vec<u32>, Priority),
+    covered: &BTreeSet<(u64, u32)>,
+) -> (u64, Vec<u32>, Priority) {
+    let members = unit
+        .1
+        .iter()
+        .copied()
+        .filter(|&i| !covered.contains(&(unit.0, i)))
+        .collect();
+    (unit.0, members, unit.2)
 }
 
 /// Per agent: the amount and GPUs reserved there.

@@ -271,3 +271,159 @@ fn teams_are_ordered_by_weighted_share_and_priority_first() {
     let from_a = names.iter().filter(|n| n.starts_with('a')).count();
     assert!((4..=6).contains(&from_a), "3:1 weights: {names:?}");
 }
+
+#[test]
+fn aging_and_deadlines_order_the_queue() {
+    let mut q = Core::new(CoreConfig {
+        aging: Duration::from_secs(60),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let (low, _) = q.submit(spec("old-low", "t", Priority::Low, 1, 1), t0);
+    let later = t0 + Duration::from_secs(30);
+    let (normal, _) = q.submit(spec("normal", "t", Priority::Normal, 1, 1), later);
+    let mut dl = spec("deadline", "t", Priority::Normal, 1, 1);
+    dl.deadline_unix = Some(1);
+    let (deadline, _) = q.submit(dl, later);
+    assert_eq!(q.order(later), [deadline, normal, low]);
+    // After 60 s of waiting the low job counts as normal; it is older, but the deadline
+    // still goes first.
+    let t2 = t0 + Duration::from_secs(61);
+    assert_eq!(q.order(t2), [deadline, low, normal]);
+    // 180 s: high (aging stops there).
+    let t3 = t0 + Duration::from_secs(180);
+    assert_eq!(q.view(low, t3).unwrap().effective_priority, Priority::High);
+    assert_eq!(
+        q.view(low, t0 + Duration::from_secs(10_000))
+            .unwrap()
+            .effective_priority,
+        Priority::High
+    );
+}
+
+#[test]
+fn teams_within_quota_go_before_borrowers() {
+    let mut teams = BTreeMap::new();
+    teams.insert(
+        "big".to_string(),
+        TeamConfig {
+            weight: 10.0,
+            gpu_quota: Some(2),
+        },
+    );
+    teams.insert(
+        "small".to_string(),
+        TeamConfig {
+            weight: 1.0,
+            gpu_quota: Some(8),
+        },
+    );
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        teams,
+        ..Default::default()
+    });
+    let now = Instant::now();
+    for i in 0..6 {
+        q.submit(spec(&format!("big{i}"), "big", Priority::Normal, 1, 1), now);
+    }
+    for i in 0..3 {
+        q.submit(
+            spec(&format!("small{i}"), "small", Priority::Normal, 1, 1),
+            now,
+        );
+    }
+    let a = q.offers(c.offers(&[8]), now);
+    let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
+    // Weighted DRF alternates while both are within quota; once big holds its quota of 2, the
+    // rest of small (within its quota) goes first, then big borrows what is left.
+    assert_eq!(names.len(), 8);
+    let small_at: Vec<usize> = names
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.starts_with("small"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(small_at, [1, 3, 4], "{names:?}");
+}
+
+#[test]
+fn elastic_gang_starts_with_what_fits_grows_and_shrinks_for_a_critical_job() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let mut e = spec("ddp", "t", Priority::Low, 2, 1);
+    e.min_workers = 1;
+    e.max_workers = 4;
+    q.submit(e, now);
+    let a = q.offers(c.offers(&[4]), now);
+    let first = launched(&a);
+    assert_eq!(first.len(), 2, "as many as fit");
+    for (i, t) in first.iter().enumerate() {
+        q.update(
+            &update(
+                t,
+                TaskState::Running,
+                vec![format!("GPU-0-{}", 2 * i), format!("GPU-0-{}", 2 * i + 1)],
+            ),
+            now,
+        );
+    }
+    // More GPUs appear (the agent's other NUMA node): the gang grows to four.
+    let mut more = c.offers(&[4]);
+    more[0].gpus.retain(|g| g.numa_node == Some(1));
+    let a = q.offers(more, now);
+    let grown = launched(&a);
+    assert_eq!(
+        grown.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["ddp/2", "ddp/3"]
+    );
+    for (i, t) in grown.iter().enumerate() {
+        q.update(
+            &update(
+                t,
+                TaskState::Running,
+                vec![
+                    format!("GPU-0-{}", 4 + 2 * i),
+                    format!("GPU-0-{}", 5 + 2 * i),
+                ],
+            ),
+            now,
+        );
+    }
+    // A critical 4-GPU job: the gang shrinks by its last two members, and is not requeued.
+    let (_, a) = q.submit(spec("urgent", "p", Priority::Critical, 4, 1), now);
+    let kills: Vec<TaskId> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Kill(t) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    let killed: Vec<String> = grown
+        .iter()
+        .chain(&first)
+        .filter(|t| kills.contains(&t.task_id))
+        .map(|t| t.name.clone())
+        .collect();
+    assert_eq!(killed.len(), 2, "{killed:?}");
+    assert!(
+        killed
+            .iter()
+            .all(|n| n == "ddp/2" || n == "ddp/3" || n == "ddp/1"),
+        "{killed:?}"
+    );
+    assert!(!killed.contains(&"ddp/0".to_string()));
+    for t in grown
+        .iter()
+        .chain(&first)
+        .filter(|t| kills.contains(&t.task_id))
+    {
+        q.update(&update(t, TaskState::Killed, vec![]), now);
+    }
+    let ddp = q.views(now).into_iter().find(|j| j.name == "ddp").unwrap();
+    assert_eq!(
+        (ddp.state, ddp.workers, ddp.preemptions),
+        (JobState::Running, 2, 0)
+    );
+}
