@@ -290,10 +290,14 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
         for (t, team) in teams.iter().enumerate() {
             for gpus in [1, 2, 4, 8] {
                 n += 1;
-                let model = if (n + t) % 3 == 0 { "a100" } else { "any" };
+                let model = if (n + t) % 3 == 0 && gpus <= 4 {
+                    "a100"
+                } else {
+                    "any"
+                };
                 let name = format!("{team}-{gpus}g-{round}-{model}");
                 let cmd = "sleep 2";
-                if model == "a100" && gpus <= 4 {
+                if model == "a100" {
                     q.cli(&[
                         "submit",
                         "--name",
@@ -323,6 +327,8 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
     }
     q.submit("gang4x8", "speech", "normal", 8, "4", "sleep 3");
     gangs.push(("gang4x8".to_string(), 4));
+    // An elastic gang: 1..3 workers of 4 GPUs, as many as fit when it starts.
+    q.submit("elastic", "nlp", "normal", 4, "1..3", "sleep 3");
     let jobs = q.wait_all_ended(&env.cluster, Duration::from_secs(240));
     for j in &jobs {
         assert_eq!(j["state"], "FINISHED", "{j:#}");
@@ -356,6 +362,18 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
         }
     }
     assert!(checked > 0, "no A100-only job in the master's records");
+    let elastic = tasks
+        .iter()
+        .filter(|t| {
+            t["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("elastic/"))
+        })
+        .count();
+    assert!(
+        (1..=3).contains(&elastic),
+        "elastic gang ran {elastic} workers"
+    );
     let stats = q.stats();
     let idle = stats["idle_while_eligible_gpu_secs"].as_f64().unwrap();
     let used: f64 = stats["gpu_secs"]
@@ -484,6 +502,14 @@ fn team_gpu_time_follows_weights() {
         return;
     };
     let q = &env.queue;
+    // A gang holding all 32 GPUs first, so the teams' jobs are all queued when GPUs free up
+    // (submitting takes a while; jobs submitted into an idle cluster would just start).
+    q.submit("warmup", "w", "normal", 8, "4", "sleep 15");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !q.jobs().iter().any(|j| j["state"] == "RUNNING") {
+        assert!(Instant::now() < deadline, "the warm-up gang did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // 1-GPU jobs, more than fit for every team: 32 GPUs, 3:2:1.
     for i in 0..40 {
         for team in ["a", "b", "c"] {
