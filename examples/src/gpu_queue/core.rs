@@ -564,6 +564,8 @@ impl Core {
         // Reservation: (job, per-agent amount and GPUs) subtracted for everyone else.
         let mut reservation: Option<(u64, Parts)> = None;
         let mut blocked: Vec<u64> = Vec::new();
+        // Jobs launched in this pass: never preempted in the same pass.
+        let mut started: BTreeSet<u64> = BTreeSet::new();
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]).
         let not_fitting: Vec<u64> = self
@@ -611,6 +613,7 @@ impl Core {
                         let agent = views[a.agent].agent_id;
                         remove(&mut views, agent, &gang.member.resources, &a.gpus);
                     }
+                    started.insert(id);
                     let tasks = self.start(id, &plan, &avail_ids(&avail), now);
                     for (agent, task) in tasks {
                         launches.entry(agent).or_default().push(task);
@@ -656,7 +659,7 @@ impl Core {
                 .iter()
                 .find(|id| self.jobs[id].spec.priority >= Priority::High)
             {
-                out.extend(self.preempt(id, &views, now));
+                out.extend(self.preempt(id, &views, &started, now));
             }
         }
         // Elastic growth when nothing waits.
@@ -840,14 +843,24 @@ impl Core {
     }
 
     /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
-    fn preempt(&mut self, id: u64, free: &[AgentView], now: Instant) -> Vec<Action> {
+    fn preempt(
+        &mut self,
+        id: u64,
+        free: &[AgentView],
+        started: &BTreeSet<u64>,
+        now: Instant,
+    ) -> Vec<Action> {
         let spec = self.jobs[&id].spec.clone();
         let member = request(&spec);
         // Victim units: an elastic gang's members above its minimum one by one (highest index
         // first), else whole jobs. (job, members, priority).
         let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
         for j in self.jobs.values() {
-            if j.state != JobState::Running || j.preempting || j.spec.priority >= spec.priority {
+            if j.state != JobState::Running
+                || j.preempting
+                || j.spec.priority >= spec.priority
+                || started.contains(&j.id)
+            {
                 continue;
             }
             let n = j.running_members();

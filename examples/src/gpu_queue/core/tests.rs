@@ -427,3 +427,220 @@ fn elastic_gang_starts_with_what_fits_grows_and_shrinks_for_a_critical_job() {
         (JobState::Running, 2, 0)
     );
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    enum Ev {
+        Submit {
+            gpus: u32,
+            min: u32,
+            extra: u32,
+            prio: u8,
+        },
+        Offer(usize),
+        Finish(usize),
+        Tick(u64),
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            (1u32..=8, 1u32..=3, 0u32..=1, 0u8..5).prop_map(|(gpus, min, extra, prio)| {
+                Ev::Submit {
+                    gpus,
+                    min,
+                    extra,
+                    prio,
+                }
+            }),
+            (0usize..3).prop_map(Ev::Offer),
+            (0usize..8).prop_map(Ev::Finish),
+            (0u64..90).prop_map(Ev::Tick),
+        ]
+    }
+
+    /// A three-agent, 8-GPU cluster the core talks to, checking every action it returns.
+    struct Sim {
+        agents: Vec<AgentId>,
+        busy: Vec<Vec<bool>>,
+        cpus_used: Vec<u64>,
+        offered: HashMap<OfferId, usize>,
+        running: BTreeMap<TaskId, (usize, Vec<usize>, String)>,
+        jobs: HashMap<String, (u32, u32)>,
+        alive: HashMap<String, u32>,
+        now: Instant,
+    }
+
+    impl Sim {
+        fn offer(&mut self, a: usize) -> Option<Offer> {
+            if self.offered.values().any(|&x| x == a) {
+                return None;
+            }
+            let free = self.busy[a].iter().filter(|b| !**b).count() as u64;
+            let id = OfferId::random();
+            self.offered.insert(id, a);
+            Some(Offer {
+                id,
+                framework_id: FrameworkId::random(),
+                agent_id: self.agents[a],
+                hostname: format!("h{a}"),
+                role: "default".into(),
+                resources: format!("cpus:{};mem:65536;gpus:{free}", 64 - self.cpus_used[a])
+                    .parse()
+                    .unwrap(),
+                reserved: Default::default(),
+                attributes: Default::default(),
+                gpus: gpus(a as u32),
+            })
+        }
+
+        /// Applies actions; returns the updates they cause. Panics (fails the property) on a
+        /// launch the offers do not cover or a partial gang.
+        fn apply(&mut self, actions: Vec<Action>) -> Vec<StatusUpdate> {
+            let mut ups = Vec::new();
+            let mut per_job: HashMap<String, (u32, u32)> = HashMap::new();
+            for a in actions {
+                match a {
+                    Action::Launch { offers, tasks } => {
+                        let agents: BTreeSet<usize> = offers
+                            .iter()
+                            .map(|o| self.offered.remove(o).expect("unknown offer"))
+                            .collect();
+                        assert_eq!(agents.len(), 1, "an accept spans agents");
+                        let a = *agents.iter().next().unwrap();
+                        for t in tasks {
+                            let k = (t.resources.milli("gpus") / 1000) as usize;
+                            let free: Vec<usize> =
+                                (0..8).filter(|&i| !self.busy[a][i]).take(k).collect();
+                            assert_eq!(free.len(), k, "launch beyond the offer on h{a}");
+                            assert!(self.cpus_used[a] < 64, "CPU over-commit");
+                            for &i in &free {
+                                self.busy[a][i] = true;
+                            }
+                            self.cpus_used[a] += 1;
+                            let job = t.name.rsplit_once('/').unwrap().0.to_string();
+                            let alive = self.alive.entry(job.clone()).or_default();
+                            per_job.entry(job.clone()).or_insert((*alive, 0)).1 += 1;
+                            *alive += 1;
+                            let mut u = update(
+                                &t,
+                                TaskState::Running,
+                                free.iter().map(|i| format!("GPU-{a}-{i}")).collect(),
+                            );
+                            u.agent_id = Some(self.agents[a]);
+                            ups.push(u);
+                            self.running.insert(t.task_id, (a, free, job));
+                        }
+                    }
+                    Action::Decline(ids, _) => {
+                        for id in ids {
+                            self.offered.remove(&id);
+                        }
+                    }
+                    Action::Kill(t) => {
+                        if let Some(u) = self.end(t, TaskState::Killed) {
+                            ups.push(u);
+                        }
+                    }
+                    Action::Revive | Action::Suppress => {}
+                }
+            }
+            for (job, (before, n)) in per_job {
+                let (min, max) = self.jobs[&job];
+                assert!(
+                    before + n <= max,
+                    "{job}: {before} + {n} workers above max {max}"
+                );
+                assert!(
+                    before > 0 || n >= min,
+                    "partial gang {job}: {n} of min {min}"
+                );
+            }
+            ups
+        }
+
+        fn end(&mut self, t: TaskId, state: TaskState) -> Option<StatusUpdate> {
+            let (a, gpus, job) = self.running.remove(&t)?;
+            for i in gpus {
+                self.busy[a][i] = false;
+            }
+            self.cpus_used[a] -= 1;
+            if let Some(n) = self.alive.get_mut(&job) {
+                *n -= 1;
+            }
+            let mut u = update(
+                &TaskInfo {
+                    task_id: t,
+                    name: String::new(),
+                    command: CommandInfo::shell("x"),
+                    resources: Resources::new(),
+                    env: Default::default(),
+                    kill_grace_secs: None,
+                    gpu_selector: None,
+                },
+                state,
+                vec![],
+            );
+            u.agent_id = Some(self.agents[a]);
+            Some(u)
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Whatever arrives in whatever order, the queue never launches a partial gang, never
+        /// more than a gang's maximum, and never beyond what it was offered.
+        #[test]
+        fn never_a_partial_gang_or_an_over_commit(events in prop::collection::vec(ev(), 1..60)) {
+            let mut q = Core::new(CoreConfig {
+                aging: Duration::from_secs(60),
+                ..Default::default()
+            });
+            let mut sim = Sim {
+                agents: (0..3).map(|_| AgentId::random()).collect(),
+                busy: vec![vec![false; 8]; 3],
+                cpus_used: vec![0; 3],
+                offered: HashMap::new(),
+                running: BTreeMap::new(),
+                jobs: HashMap::new(),
+                alive: HashMap::new(),
+                now: Instant::now(),
+            };
+            for (n, e) in events.into_iter().enumerate() {
+                let actions = match e {
+                    Ev::Submit { gpus, min, extra, prio } => {
+                        let name = format!("j{n}");
+                        let mut s = spec(&name, ["a", "b"][n % 2], Priority::from_rank(prio), gpus, min);
+                        s.max_workers = min + extra;
+                        sim.jobs.insert(name, (min, min + extra));
+                        q.submit(s, sim.now).1
+                    }
+                    Ev::Offer(a) => match sim.offer(a) {
+                        Some(o) => q.offers(vec![o], sim.now),
+                        None => Vec::new(),
+                    },
+                    Ev::Finish(k) => {
+                        let t = sim.running.keys().nth(k).copied();
+                        match t.and_then(|t| sim.end(t, TaskState::Finished)) {
+                            Some(u) => q.update(&u, sim.now),
+                            None => Vec::new(),
+                        }
+                    }
+                    Ev::Tick(secs) => {
+                        sim.now += Duration::from_secs(secs);
+                        q.tick(sim.now)
+                    }
+                };
+                let mut ups = sim.apply(actions);
+                while let Some(u) = ups.pop() {
+                    let more = q.update(&u, sim.now);
+                    ups.extend(sim.apply(more));
+                }
+            }
+        }
+    }
+}
