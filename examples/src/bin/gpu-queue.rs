@@ -306,7 +306,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let args = Args::parse_from(gantry_sdk::config_file::expand_args()?);
     match args.command {
         Cmd::Serve(s) => serve(s).await,
         Cmd::Submit(s) => {
