@@ -316,7 +316,7 @@ impl Core {
         job.members.remove(&index);
         self.tasks.remove(&u.task_id);
         match (job.state, u.state) {
-            (JobState::Cancelled, _) => {}
+            (JobState::Cancelled | JobState::Failed, _) => {}
             (_, TaskState::Finished) => job.finished_members += 1,
             _ if killing && !job.preempting => {
                 // A shrunk elastic member: the job goes on with the rest.
@@ -361,8 +361,25 @@ impl Core {
         out
     }
 
+    /// Forgets the oldest ended jobs beyond [`MAX_ENDED_JOBS`].
+    fn trim(&mut self) {
+        let ended: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_terminal() && j.members.is_empty())
+            .map(|j| j.id)
+            .collect();
+        for id in ended
+            .iter()
+            .take(ended.len().saturating_sub(MAX_ENDED_JOBS))
+        {
+            self.jobs.remove(id);
+        }
+    }
+
     /// Periodic: statistics, hold timeouts, stale offers.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        self.trim();
         let dt = self
             .last_tick
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
@@ -1154,6 +1171,9 @@ fn rest_of(
 
 /// Per agent: the amount and GPUs reserved there.
 type Parts = Vec<(AgentId, Resources, Vec<String>)>;
+
+/// Ended jobs kept for the API (the oldest are forgotten first).
+pub const MAX_ENDED_JOBS: usize = 10_000;
 
 /// How long a preemption's reservation lasts at most.
 const PREEMPT_RESERVATION: Duration = Duration::from_secs(60);

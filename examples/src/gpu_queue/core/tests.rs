@@ -644,3 +644,21 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_failed_worker_fails_the_gang_and_stops_the_rest() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let (id, _) = q.submit(spec("g", "t", Priority::Normal, 2, 2), now);
+    let tasks = launched(&q.offers(c.offers(&[8]), now));
+    assert_eq!(tasks.len(), 2);
+    let a = q.update(&update(&tasks[0], TaskState::Failed, vec![]), now);
+    assert!(a.contains(&Action::Kill(tasks[1].task_id)), "{a:?}");
+    q.update(&update(&tasks[1], TaskState::Killed, vec![]), now);
+    let v = q.view(id, now).unwrap();
+    assert_eq!(
+        (v.state, v.preemptions, q.stats.preemptions),
+        (JobState::Failed, 0, 0)
+    );
+}
