@@ -361,6 +361,14 @@ impl Core {
         out
     }
 
+    /// Jobs not yet ended.
+    pub fn active_jobs(&self) -> usize {
+        self.jobs
+            .values()
+            .filter(|j| !j.state.is_terminal())
+            .count()
+    }
+
     /// Forgets the oldest ended jobs beyond [`MAX_ENDED_JOBS`].
     fn trim(&mut self) {
         let ended: Vec<u64> = self

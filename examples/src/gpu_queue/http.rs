@@ -24,7 +24,11 @@ use serde_json::json;
 use super::framework::Shared;
 use super::model::{JobSpec, JobView};
 
-/// The API's routes.
+/// Jobs not yet ended the queue accepts; more submissions get 429.
+pub const MAX_ACTIVE_JOBS: usize = 50_000;
+
+/// The API's routes. The API has no authentication: bind it to a loopback or otherwise
+/// protected address (the default is 127.0.0.1:8700), or put an authenticating proxy in front.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/jobs", get(list).post(submit))
@@ -41,6 +45,12 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 async fn submit(State(s): State<Arc<Shared>>, Json(spec): Json<JobSpec>) -> Response {
     if let Some(problem) = spec.problem() {
         return error(StatusCode::BAD_REQUEST, problem);
+    }
+    if s.core().active_jobs() >= MAX_ACTIVE_JOBS {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),
+        );
     }
     let id = s.with(|core, now| core.submit(spec, now));
     (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
