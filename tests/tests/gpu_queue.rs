@@ -410,6 +410,49 @@ fn two_large_gangs_submitted_together_both_finish() {
     let tasks = master_tasks(&env.cluster);
     assert_no_partial_gang(&tasks, "big-a", 3);
     assert_no_partial_gang(&tasks, "big-b", 3);
+
+    // The rest of the interface: show, cancel (the worker is killed), metrics.
+    let long = q.submit("long", "a", "low", 1, "1", "sleep 600");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !q
+        .jobs()
+        .iter()
+        .any(|j| j["id"] == long && j["state"] == "RUNNING")
+    {
+        assert!(Instant::now() < deadline, "long did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let shown = q.cli(&["show", &long.to_string()]).unwrap();
+    assert!(
+        shown.contains("long/0") && shown.contains("RUNNING"),
+        "{shown}"
+    );
+    q.cli(&["cancel", &long.to_string()]).unwrap();
+    env.cluster
+        .master
+        .wait_state(Duration::from_secs(30), "long/0 killed", |s| {
+            s["completed_tasks"].as_array().is_some_and(|t| {
+                t.iter()
+                    .any(|t| t["name"] == "long/0" && t["state"] == "KILLED")
+            })
+        })
+        .unwrap();
+    let job: Value =
+        serde_json::from_str(&q.cli(&["show", &long.to_string(), "--json"]).unwrap()).unwrap();
+    assert_eq!(job["state"], "CANCELLED");
+    assert!(
+        q.cli(&["cancel", &long.to_string()]).is_err(),
+        "cancelling twice is an error"
+    );
+    let metrics = gantry_tests::http_get(q.addr, "/metrics").unwrap();
+    for m in [
+        "gpu_queue_wait_seconds_count 3",
+        "gpu_queue_preemptions_total 0",
+        "gpu_queue_gpu_hours_total{team=\"a\"}",
+        "gpu_queue_idle_while_eligible_gpu_seconds_total",
+    ] {
+        assert!(metrics.contains(m), "{m} not in\n{metrics}");
+    }
 }
 
 #[test]
