@@ -18,8 +18,10 @@
 //! 4. A blocked `critical` or `high` job preempts: victims are running jobs of a lower class,
 //!    chosen agent by agent so that what they free forms the job's placement with what is free
 //!    (fewest GPUs killed, then fewest jobs); elastic gangs above their minimum shrink first.
-//!    Nothing is killed unless the whole job then fits. Victims get SIGTERM (their wrapper
-//!    writes the preemption file), a grace period, then SIGKILL, and are requeued.
+//!    Nothing is killed unless the whole job then fits, and a job launched in the same pass is
+//!    never a victim. Victims get SIGTERM (their wrapper writes the preemption file), a grace
+//!    period, then SIGKILL, and are requeued. Until the preemptor launches (at most a minute),
+//!    where it will go is reserved for it and no other preemption starts.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
 //! 6. Offers nobody can use are declined (offers held past the hold timeout too).
 
@@ -403,7 +405,7 @@ impl Core {
     /// Free GPUs (capacity minus ours, assuming the cluster is ours) while a waiting job's gang
     /// would fit in them, ignoring the reservation: how many sit idle. 0 when none would fit.
     fn idle_while_eligible(&self) -> u64 {
-        let mut views = self.eventual_views(false);
+        let views = self.eventual_views(false);
         let free: u64 = views.iter().map(AgentView::gpu_count).sum();
         if free == 0 {
             return 0;
@@ -413,7 +415,6 @@ impl Core {
             .values()
             .filter(|j| j.state == JobState::Pending)
             .any(|j| gang::place_gang(&mut views.clone(), &gang_of(&j.spec)).is_some());
-        views.clear();
         if fits {
             free
         } else {
@@ -421,8 +422,9 @@ impl Core {
         }
     }
 
-    /// Per known agent: capacity minus what our members use, plus what members of jobs for
-    /// which `ending` is true use (they are about to end).
+    /// Per known agent: its capacity minus what our members use, members being killed on
+    /// purpose counted as ended (they are about to end); with `all_end`, every member counted
+    /// as ended (what the agent will have once running work ends).
     fn eventual_views(&self, all_end: bool) -> Vec<AgentView> {
         let mut views: Vec<AgentView> = self
             .agents
