@@ -94,6 +94,8 @@ pub struct AgentConfig {
     /// Log size past which the write-ahead log is compacted into a snapshot
     /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
     pub wal_compact_bytes: u64,
+    /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -205,6 +207,8 @@ struct Agent {
     /// Disk usage of the work directory as last measured (0.0 to 1.0).
     disk_used: f64,
     last_gc: tokio::time::Instant,
+    /// What `/metrics` shows (published after each usage sample).
+    metrics: crate::metrics::AgentMetrics,
 }
 
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
@@ -261,6 +265,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         gc_busy: true,
         disk_used: 0.0,
         last_gc: now,
+        metrics: crate::metrics::AgentMetrics::default(),
     };
     agent.recover()?;
     agent.commit()?;
@@ -285,6 +290,19 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         });
         g.watch_health(ftx)
     });
+    let metrics_server = match config.metrics_listen {
+        Some(addr) => {
+            let listener = crate::metrics::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}"))?;
+            tracing::info!(%addr, "serving /metrics");
+            Some(tokio::spawn(crate::metrics::serve(
+                listener,
+                agent.metrics.clone(),
+            )))
+        }
+        None => None,
+    };
     let session = tokio::spawn(session::run(config, material, tx.clone()));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -321,6 +339,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }
     };
     session.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     if let Some(w) = watcher {
         tokio::task::spawn_blocking(move || w.stop()).await.ok();
     }
@@ -806,6 +827,7 @@ impl Agent {
                     })
                     .collect();
                 self.last_gpu_samples = gpus.clone();
+                self.publish_metrics(&tasks);
                 if !tasks.is_empty() || !gpus.is_empty() {
                     // Many tasks: as many messages as the frame limit needs.
                     let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
@@ -824,6 +846,9 @@ impl Agent {
                 }
             }
             Event::GpuFault(fault) => {
+                if let gpu::FaultKind::Xid(x) = fault.kind {
+                    self.metrics.record_xid(&fault.uuid, x);
+                }
                 if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
                     self.health_changed(change)?;
                 }
@@ -864,6 +889,21 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Publishes what `/metrics` shows after a usage sample ([`crate::metrics`]).
+    fn publish_metrics(&self, usage: &[(TaskId, TaskUsage)]) {
+        let mut snapshot = crate::metrics::snapshot(
+            &self.config.hostname,
+            self.inventory(),
+            &self.last_gpu_samples,
+            |uuid| self.health.is_healthy(uuid),
+            &self.ckpt.tasks,
+            usage,
+        );
+        snapshot.status_update_retries = self.ckpt.updates.retries();
+        snapshot.status_updates_pending = self.ckpt.updates.len();
+        self.metrics.publish(snapshot);
     }
 
     /// A GPU became unhealthy or healthy again: checkpoint it, tell the master (which withdraws
@@ -1375,6 +1415,8 @@ impl Agent {
             .collect();
         if snapshot.is_empty() && self.config.gpus.is_none() {
             self.last_sample = tokio::time::Instant::now();
+            // Nothing to sample: /metrics drops the tasks that ended.
+            self.publish_metrics(&[]);
             return;
         }
         self.sampling = true;

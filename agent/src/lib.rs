@@ -14,6 +14,8 @@
 //! - [`discovery`]: host resources and NVML GPUs (nvml-wrapper).
 //! - [`gpu`]: PURE GPU policy: topology-aware assignment, health, usage attribution.
 //! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
+//! - [`metrics`]: `GET /metrics` (`--metrics-listen`): dcgm-exporter GPU series with the task
+//!   holding each GPU, GPU health, per-task CPU and memory.
 //! - [`config`]: command-line parsing helpers (`--resources`, `--attributes`, `--reserve`).
 
 pub mod agent;
@@ -24,6 +26,7 @@ pub mod executor;
 pub mod gc;
 pub mod gpu;
 pub mod isolation;
+pub mod metrics;
 pub mod session;
 pub mod updates;
 pub mod wal;

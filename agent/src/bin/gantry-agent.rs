@@ -116,6 +116,11 @@ struct RunArgs {
     /// past this many bytes (in the background).
     #[arg(long, default_value_t = gantry_agent::wal::COMPACT_BYTES)]
     wal_compact_bytes: u64,
+    /// Serve Prometheus metrics (`GET /metrics`: dcgm-exporter GPU series with the task holding
+    /// each GPU, GPU health, per-task CPU and memory) on HOST:PORT, plain HTTP without
+    /// authentication: keep it on loopback or reachable by Prometheus only. Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -300,6 +305,7 @@ fn main() -> anyhow::Result<()> {
             keep: args.gc_keep,
         },
         wal_compact_bytes: args.wal_compact_bytes,
+        metrics_listen: args.metrics_listen,
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(
