@@ -39,8 +39,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::election::{self, health, Election, HaConfig, LeadershipEvent, LeadershipStatus};
 use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
-use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
+use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, OperatorError, Output};
 
+pub mod api;
 pub mod http;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
@@ -61,8 +62,12 @@ enum CoreEvent {
     },
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
-    Operator(OperatorCommand, oneshot::Sender<Result<(), String>>),
+    Operator(OperatorCommand, oneshot::Sender<Result<(), OperatorError>>),
 }
+
+/// Events buffered for the event stream's subscribers together; a subscriber that falls this
+/// far behind is dropped (it reconnects and starts again from a snapshot).
+const EVENT_BUFFER: usize = 4096;
 
 enum Outbound {
     Agent(MasterToAgent),
@@ -106,6 +111,8 @@ struct Shell {
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
     limits: conn_limits::ConnLimits,
+    /// Cluster events (JSON) for `GET /api/v1/events`: the core never waits for a subscriber.
+    events: tokio::sync::broadcast::Sender<Arc<str>>,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -139,6 +146,7 @@ pub async fn run(
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
         limits: conn_limits::ConnLimits::new(&config.limits),
+        events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -359,10 +367,10 @@ async fn core_loop(
                         (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
                         (CoreEvent::Input(input), None) => held.push(input),
                         (CoreEvent::Operator(cmd, reply), Some(m)) => {
-                            let _ = reply.send(m.operator(cmd).map(|o| out.extend(o)));
+                            let _ = reply.send(m.operator_at(cmd, now()).map(|o| out.extend(o)));
                         }
                         (CoreEvent::Operator(_, reply), None) => {
-                            let _ = reply.send(Err("this master is not the leader".into()));
+                            let _ = reply.send(Err(OperatorError::NotLeader));
                         }
                         (CoreEvent::State(reply), m) => {
                             let mut view = match m {
@@ -405,6 +413,15 @@ async fn core_loop(
             // Only a future time: a cycle that is due but may not run (lease deadline passed)
             // waits for the tick instead of spinning.
             next_cycle = m.next_allocation_at().filter(|at| *at > t);
+            // Always drained (the queue is bounded anyway); serialized only for subscribers.
+            let events = m.take_events();
+            if shell.events.receiver_count() > 0 {
+                for e in events {
+                    if let Ok(json) = serde_json::to_string(&e) {
+                        let _ = shell.events.send(json.into());
+                    }
+                }
+            }
         }
         let mut mutations = Vec::new();
         // Stalled peers are disconnected in the core at once, which may send more (rescinds).

@@ -278,6 +278,7 @@ impl Master {
                     }
                 }
                 self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                self.emit_agent(id, "re-registered");
                 id
             }
             None => {
@@ -305,9 +306,14 @@ impl Master {
                         disconnected_at: None,
                         tasks: HashSet::new(),
                         task_user: String::new(),
+                        active: true,
                     },
                 );
                 self.agents_by_name.insert(name.clone(), id);
+                self.emit(ClusterEvent::AgentAdded {
+                    agent_id: id.to_string(),
+                    name: name.clone(),
+                });
                 let hostname = self
                     .agents
                     .get(&id)
@@ -554,6 +560,7 @@ impl Master {
         if update.state.is_terminal() {
             self.release_task_resources(update.task_id);
         }
+        self.emit_task(update.task_id);
         match self.frameworks.get(&framework) {
             Some(f) => {
                 if let Some(fconn) = f.conn {
@@ -604,6 +611,12 @@ impl Master {
             self.send_rescind(&rec, out);
         }
         self.allocation_pending = true;
+        let what = if healthy {
+            format!("GPU {uuid} healthy again")
+        } else {
+            format!("GPU {uuid} unhealthy: {reason}")
+        };
+        self.emit_agent(agent, &what);
     }
 
     pub(super) fn agent_disconnected(
@@ -622,6 +635,7 @@ impl Master {
         a.conn = None;
         a.disconnected_at = Some(now);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
+        self.emit_agent(id, "disconnected");
         // Its outstanding offers can no longer be used.
         let offers: Vec<OfferId> = self
             .allocator
@@ -682,6 +696,11 @@ impl Master {
                 });
             }
             tracing::warn!(agent = %a.name, reason, "agent removed");
+            self.emit(ClusterEvent::AgentRemoved {
+                agent_id: id.to_string(),
+                name: a.name.clone(),
+                reason: reason.to_string(),
+            });
             for role in a.dynamic.keys() {
                 out.push(Output::Persist(Mutation::RemoveReservation {
                     agent_id: id,

@@ -53,12 +53,15 @@
 //! - `tasks`: task lifecycle (releasing resources, completed history, master-made updates);
 //! - `reconcile`: framework reconciliation answered in bounded slices;
 //! - `timers`: re-register, failover and offer timeouts;
-//! - `operator`: operator commands (weights, quotas);
+//! - `operator`: operator commands (weights, quotas, reservations, agent activation and
+//!   removal, framework teardown, GPU clears);
+//! - `events`: the changes recorded for the operator event stream;
 //! - `recovery`: restoring the registry after a failover;
 //! - `view`: the read-only `/state` view.
 
 mod accept;
 mod agents;
+mod events;
 mod frameworks;
 mod operator;
 mod reconcile;
@@ -69,7 +72,10 @@ pub mod view;
 
 use accept::refuse_ms;
 pub use accept::{BadRefuseSeconds, FOREVER_MS};
-pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
+pub use events::{ClusterEvent, MAX_PENDING_EVENTS};
+pub use operator::{
+    OperatorCommand, OperatorError, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT,
+};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};
@@ -307,6 +313,8 @@ pub(crate) struct AgentRec {
     pub tasks: HashSet<TaskId>,
     /// The user its tasks run as when their command names none (reported at registration).
     pub task_user: String,
+    /// False while an operator has deactivated it: nothing of it is offered (its tasks run on).
+    pub active: bool,
 }
 
 #[derive(Debug)]
@@ -479,6 +487,8 @@ pub struct Master {
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
+    /// Changes for the operator event stream, until the shell takes them.
+    events: events::EventQueue,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -526,6 +536,7 @@ impl Master {
             last_cycle_us: 0,
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
+            events: events::EventQueue::default(),
         }
     }
 
