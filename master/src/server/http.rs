@@ -223,7 +223,7 @@ fn router(app: App) -> Router {
         // Operator API v1 and its event stream (helper hapi; drain routes: hdrain).
         .merge(super::api::routes())
         // Web dashboard (helper hapi).
-        //UI .merge(super::ui::routes())
+        .merge(super::ui::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
         .layer(axum::middleware::from_fn_with_state(

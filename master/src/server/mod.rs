@@ -43,6 +43,7 @@ use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Operato
 
 pub mod api;
 pub mod http;
+mod ui;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
 /// QUIC application close codes.
