@@ -1456,3 +1456,6 @@ fn roles_nothing_uses_are_forgotten() {
     .unwrap();
     assert_eq!(h.m.allocator.role_names().count(), 0);
 }
+
+#[path = "operator_tests.rs"]
+mod operator_tests;
