@@ -1,0 +1,192 @@
+//! The web dashboard `/ui` in headless Chromium (issue 14 item 5) against a live cluster with
+//! stand-in GPUs: the browser logs in with an operator token (cookie), and the page shows the
+//! agent, its four GPUs with utilization, health and the task holding each, and the tasks;
+//! later loads show the changes (a task finished, a GPU turned unhealthy). A screenshot is saved
+//! and its path printed. Needs Debian's `chromium` (scripts/setup-deps.sh installs it).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gantry_tests::{driver_config, standin_lib, start_recorder, task, Cluster, Standin, TempDir};
+
+const T: Duration = Duration::from_secs(60);
+
+fn chromium() -> PathBuf {
+    for c in ["chromium", "chromium-browser", "google-chrome"] {
+        for dir in ["/usr/bin", "/usr/local/bin", "/snap/bin"] {
+            let p = Path::new(dir).join(c);
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    panic!("chromium not found: run scripts/setup-deps.sh (Debian package `chromium`)");
+}
+
+/// Headless Chromium on `url` with `extra` flags (`--dump-dom`, `--screenshot=…`); its stdout.
+fn browse(profile: &Path, url: &str, extra: &[&str]) -> String {
+    let mut child = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            // The cluster's CA is not in the browser's store.
+            "--ignore-certificate-errors",
+            "--window-size=1400,2000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start chromium");
+    let deadline = Instant::now() + T;
+    loop {
+        match child.try_wait().unwrap() {
+            Some(_) => break,
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("chromium did not finish within {T:?} on {url}");
+            }
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Loads the dashboard (logging in with the token) until `pred` holds on its DOM.
+fn wait_dom(profile: &Path, url: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + T;
+    loop {
+        let dom = browse(profile, url, &["--dump-dom"]);
+        if pred(&dom) {
+            return dom;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard never showed {what}; last DOM:\n{dom}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The `<tr …>` row that carries `attr` (e.g. `data-name="x"`), up to its end.
+fn row<'a>(dom: &'a str, attr: &str) -> &'a str {
+    let start = dom
+        .find(attr)
+        .unwrap_or_else(|| panic!("no row with {attr} in:\n{dom}"));
+    let rest = &dom[start..];
+    &rest[..rest.find("</tr>").unwrap_or(rest.len())]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
+    let scratch = TempDir::new("gantry-dash").unwrap();
+    let mut standin = Standin::four_gpus(scratch.path()).unwrap();
+    for g in &mut standin.config.gpus {
+        g.utilization_gpu = 77;
+    }
+    standin.write().unwrap();
+    let token = gantry_master::tokens::generate().unwrap();
+    let tokens = scratch.path().join("tokens");
+    std::fs::write(&tokens, gantry_master::tokens::file_entry("dash", &token)).unwrap();
+    let lib = standin_lib();
+    let cluster = Cluster::start_with(
+        &[("dash-gpu1", "cpus:4;mem:4096")],
+        &["--operator-tokens", tokens.to_str().unwrap()],
+        &[
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--isolation",
+            "none",
+            "--usage-interval",
+            "0.5",
+        ],
+    )
+    .unwrap();
+    cluster
+        .master
+        .wait_state(T, "4 GPUs", |s| {
+            s["agents"][0]["gpus"].as_array().is_some_and(|g| g.len() == 4)
+        })
+        .unwrap();
+
+    let cfg = driver_config(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        "dash-fw",
+        vec!["ml".into()],
+    );
+    let (_updates, _handle, _driver) = start_recorder(
+        cfg,
+        vec![
+            task("short-train", "sleep 4", "cpus:1;mem:64;gpus:1"),
+            task("long-train", "sleep 120", "cpus:1;mem:64;gpus:1"),
+        ],
+    );
+    cluster
+        .master
+        .wait_state(T, "both tasks running", |s| {
+            s["tasks"]
+                .as_array()
+                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() == 2)
+        })
+        .unwrap();
+
+    let profile = scratch.path().join("chromium");
+    let base = format!("https://{}", cluster.master.http);
+    let login = format!("{base}/ui/login?token={token}");
+
+    // Without a login the browser lands on the login form.
+    let dom = browse(&profile.join("anonymous"), &format!("{base}/ui"), &["--dump-dom"]);
+    assert!(dom.contains("name=\"token\""), "no login form:\n{dom}");
+    assert!(!dom.contains("dash-gpu1"), "the dashboard leaked without a login:\n{dom}");
+
+    // Logged in: the agent, its GPUs (model, utilization, the task holding one) and the tasks.
+    let dom = wait_dom(&profile, &login, "the GPUs in use with their utilization", |d| {
+        d.contains("class=\"gpu-task\">long-train") && d.contains("77%")
+    });
+    assert!(dom.contains("data-name=\"dash-gpu1\""), "{dom}");
+    assert_eq!(dom.matches("<tr class=\"gpu\"").count(), 4, "{dom}");
+    for g in &standin.config.gpus {
+        let r = row(&dom, &format!("data-uuid=\"{}\"", g.uuid));
+        assert!(r.contains(&g.name), "GPU model missing: {r}");
+        assert!(r.contains("data-healthy=\"true\""), "{r}");
+    }
+    assert!(row(&dom, "data-name=\"dash-gpu1\"").contains("connected"));
+    assert!(dom.contains("long-train"), "{dom}");
+    assert!(dom.contains("dash-fw"), "frameworks table: {dom}");
+    assert!(dom.contains("data-name=\"ml\""), "roles table: {dom}");
+    assert!(dom.contains("id=\"shares\""), "share chart: {dom}");
+    assert!(dom.contains("/ui/app.js"), "{dom}");
+
+    // Updates: the short task finishes, a GPU fails (XID 79).
+    standin.inject_xid(0, 79).unwrap();
+    let dom = wait_dom(&profile, &login, "a finished task and an unhealthy GPU", |d| {
+        d.contains("data-state=\"FINISHED\"") && d.contains("data-healthy=\"false\"")
+    });
+    let finished = row(&dom, "data-state=\"FINISHED\"");
+    assert!(finished.contains("short-train"), "{finished}");
+    assert!(dom.contains("unhealthy"), "{dom}");
+
+    // The live script and stylesheet are served.
+    let js = browse(&profile, &format!("{base}/ui/app.js"), &["--dump-dom"]);
+    assert!(js.contains("EventSource"), "{js}");
+
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    browse(
+        &profile,
+        &login,
+        &[&format!("--screenshot={}", shot.display())],
+    );
+    let meta = std::fs::metadata(&shot).expect("chromium saved no screenshot");
+    assert!(meta.len() > 10_000, "screenshot too small: {} bytes", meta.len());
+    println!("dashboard screenshot: {}", shot.display());
+}
