@@ -96,6 +96,10 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     let token = gantry_master::tokens::generate().unwrap();
     let tokens = scratch.path().join("tokens");
     std::fs::write(&tokens, gantry_master::tokens::file_entry("dash", &token)).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let lib = standin_lib();
     let cluster = Cluster::start_with(
         &[("dash-gpu1", "cpus:4;mem:4096")],
@@ -117,12 +121,14 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         })
         .unwrap();
 
-    let cfg = driver_config(
+    let mut cfg = driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         "dash-fw",
         vec!["ml".into()],
     );
+    // GPU agents are offered only to frameworks that ask for GPUs.
+    cfg.info.capabilities = vec![gantry_sdk::protocol::Capability::GpuResources];
     let (_updates, _handle, _driver) = start_recorder(
         cfg,
         vec![

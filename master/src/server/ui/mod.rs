@@ -367,7 +367,12 @@ pub fn render_main(state: &Value) -> String {
             .and_then(|id| agent_names.get(id).copied())
             .map(esc)
             .unwrap_or_else(|| short(&t["agent_id"]));
-        let gpus: Vec<String> = arr(&t["gpus"]).iter().map(short).collect();
+        // GPU UUIDs share their prefix: show their ends.
+        let gpus: Vec<String> = arr(&t["gpus"])
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|u| esc(&u[u.len().saturating_sub(8)..]))
+            .collect();
         h.push_str(&format!(
             "<tr class=\"task\" data-id=\"{}\" data-state=\"{}\"><td>{}</td><td class=\"state-{}\">{}</td><td>{}</td><td>{}</td><td>{agent}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             text(&t["id"]),
