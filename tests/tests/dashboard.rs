@@ -117,7 +117,9 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     cluster
         .master
         .wait_state(T, "4 GPUs", |s| {
-            s["agents"][0]["gpus"].as_array().is_some_and(|g| g.len() == 4)
+            s["agents"][0]["gpus"]
+                .as_array()
+                .is_some_and(|g| g.len() == 4)
         })
         .unwrap();
 
@@ -150,14 +152,24 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     let login = format!("{base}/ui/login?token={token}");
 
     // Without a login the browser lands on the login form.
-    let dom = browse(&profile.join("anonymous"), &format!("{base}/ui"), &["--dump-dom"]);
+    let dom = browse(
+        &profile.join("anonymous"),
+        &format!("{base}/ui"),
+        &["--dump-dom"],
+    );
     assert!(dom.contains("name=\"token\""), "no login form:\n{dom}");
-    assert!(!dom.contains("dash-gpu1"), "the dashboard leaked without a login:\n{dom}");
+    assert!(
+        !dom.contains("dash-gpu1"),
+        "the dashboard leaked without a login:\n{dom}"
+    );
 
     // Logged in: the agent, its GPUs (model, utilization, the task holding one) and the tasks.
-    let dom = wait_dom(&profile, &login, "the GPUs in use with their utilization", |d| {
-        d.contains("class=\"gpu-task\">long-train") && d.contains("77%")
-    });
+    let dom = wait_dom(
+        &profile,
+        &login,
+        "the GPUs in use with their utilization",
+        |d| d.contains("class=\"gpu-task\">long-train") && d.contains("77%"),
+    );
     assert!(dom.contains("data-name=\"dash-gpu1\""), "{dom}");
     assert_eq!(dom.matches("<tr class=\"gpu\"").count(), 4, "{dom}");
     for g in &standin.config.gpus {
@@ -174,9 +186,12 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
 
     // Updates: the short task finishes, a GPU fails (XID 79).
     standin.inject_xid(0, 79).unwrap();
-    let dom = wait_dom(&profile, &login, "a finished task and an unhealthy GPU", |d| {
-        d.contains("data-state=\"FINISHED\"") && d.contains("data-healthy=\"false\"")
-    });
+    let dom = wait_dom(
+        &profile,
+        &login,
+        "a finished task and an unhealthy GPU",
+        |d| d.contains("data-state=\"FINISHED\"") && d.contains("data-healthy=\"false\""),
+    );
     let finished = row(&dom, "data-state=\"FINISHED\"");
     assert!(finished.contains("short-train"), "{finished}");
     assert!(dom.contains("unhealthy"), "{dom}");
@@ -193,6 +208,10 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         &[&format!("--screenshot={}", shot.display())],
     );
     let meta = std::fs::metadata(&shot).expect("chromium saved no screenshot");
-    assert!(meta.len() > 10_000, "screenshot too small: {} bytes", meta.len());
+    assert!(
+        meta.len() > 10_000,
+        "screenshot too small: {} bytes",
+        meta.len()
+    );
     println!("dashboard screenshot: {}", shot.display());
 }

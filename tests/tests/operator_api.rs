@@ -72,7 +72,12 @@ fn refused(what: &str, r: Result<String, ClientError>) -> (u16, String) {
 }
 
 /// Polls `GET path` until `pred` holds.
-async fn wait_for(c: &OperatorClient, path: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+async fn wait_for(
+    c: &OperatorClient,
+    path: &str,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + T;
     loop {
         if let Ok(body) = c.get(path).await {
@@ -144,7 +149,9 @@ impl EventFollower {
                             return;
                         }
                     }
-                    Err(e) => panic!("gantryctl events printed a line that is not JSON ({e}): {line}"),
+                    Err(e) => {
+                        panic!("gantryctl events printed a line that is not JSON ({e}): {line}")
+                    }
                 }
             }
         });
@@ -220,18 +227,26 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
         task("long-2", "sleep 120", "cpus:3;mem:64"),
     ];
     let (_updates, _handle, _driver) = start_recorder(cfg, tasks);
-    let running = wait_for(&admin, "/api/v1/tasks?state=RUNNING", "2 running tasks", |v| {
-        v["total"] == 2
-    })
+    let running = wait_for(
+        &admin,
+        "/api/v1/tasks?state=RUNNING",
+        "2 running tasks",
+        |v| v["total"] == 2,
+    )
     .await;
-    let fw_id = running["tasks"][0]["framework_id"].as_str().unwrap().to_string();
+    let fw_id = running["tasks"][0]["framework_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     events
         .wait("a RUNNING task", |e| {
             e["type"] == "task_updated" && e["state"] == "RUNNING"
         })
         .await;
     events
-        .wait("framework_added", |e| e["type"] == "framework_added" && e["name"] == "api-fw")
+        .wait("framework_added", |e| {
+            e["type"] == "framework_added" && e["name"] == "api-fw"
+        })
         .await;
 
     // Reads.
@@ -254,28 +269,47 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     assert!(agents[0]["drain"].is_null());
     let a2 = get(&admin, "/api/v1/agents/api-a2").await;
     let a2_id = a2["id"].as_str().unwrap().to_string();
-    assert_eq!(get(&admin, &format!("/api/v1/agents/{a2_id}")).await["name"], "api-a2");
+    assert_eq!(
+        get(&admin, &format!("/api/v1/agents/{a2_id}")).await["name"],
+        "api-a2"
+    );
     let (st, code) = refused("unknown agent", admin.get("/api/v1/agents/nope").await);
     assert_eq!((st, code.as_str()), (404, "not_found"));
     let fws = get(&admin, "/api/v1/frameworks").await;
     assert_eq!(fws["frameworks"][0]["name"], "api-fw");
     assert!(fws["frameworks"][0]["dominant_share"].as_f64().unwrap() > 0.0);
-    assert_eq!(get(&admin, &format!("/api/v1/frameworks/{fw_id}")).await["name"], "api-fw");
+    assert_eq!(
+        get(&admin, &format!("/api/v1/frameworks/{fw_id}")).await["name"],
+        "api-fw"
+    );
     let on_a1 = get(&admin, "/api/v1/tasks?agent=api-a1").await;
     assert_eq!(on_a1["total"], 1, "{on_a1:#}");
-    let of_fw = get(&admin, &format!("/api/v1/tasks?framework={fw_id}&limit=1&offset=1")).await;
+    let of_fw = get(
+        &admin,
+        &format!("/api/v1/tasks?framework={fw_id}&limit=1&offset=1"),
+    )
+    .await;
     assert_eq!(of_fw["total"], 2);
     assert_eq!(of_fw["tasks"].as_array().unwrap().len(), 1);
     let (st, _) = refused("bad query", admin.get("/api/v1/tasks?limit=many").await);
     assert_eq!(st, 400);
-    let (st, _) = refused("unknown filter", admin.get("/api/v1/tasks?colour=red").await);
+    let (st, _) = refused(
+        "unknown filter",
+        admin.get("/api/v1/tasks?colour=red").await,
+    );
     assert_eq!(st, 400);
     let roles = get(&admin, "/api/v1/roles").await;
-    assert!(roles.as_array().unwrap().iter().any(|r| r["name"] == "eng"), "{roles:#}");
+    assert!(
+        roles.as_array().unwrap().iter().any(|r| r["name"] == "eng"),
+        "{roles:#}"
+    );
     assert!(get(&admin, "/api/v1/offers").await.is_array());
     assert!(get(&admin, "/api/v1/quotas").await.is_array());
     assert!(get(&admin, "/api/v1/weights").await.is_array());
-    assert_eq!(get(&admin, "/api/v1/maintenance").await["agents"], serde_json::json!([]));
+    assert_eq!(
+        get(&admin, "/api/v1/maintenance").await["agents"],
+        serde_json::json!([])
+    );
     // Reads need an operator.
     let (st, _) = refused("anonymous read", nobody.get("/api/v1/summary").await);
     assert_eq!(st, 401);
@@ -283,19 +317,50 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
 
     // Every write: 401 anonymous, 403 for an operator the ACLs grant nothing; nothing changes.
     let writes: Vec<(String, Value)> = vec![
-        ("/api/v1/weights".into(), serde_json::json!({"role": "eng", "weight": 2.0})),
-        ("/api/v1/quotas".into(), serde_json::json!({"role": "eng", "guarantee": "cpus:1"})),
-        (format!("/api/v1/agents/{a2_id}/reserve"), serde_json::json!({"role": "ops", "resources": "cpus:1"})),
-        (format!("/api/v1/agents/{a2_id}/unreserve"), serde_json::json!({"role": "ops", "resources": "cpus:1"})),
-        (format!("/api/v1/agents/{a2_id}/deactivate"), serde_json::json!({})),
-        (format!("/api/v1/agents/{a2_id}/reactivate"), serde_json::json!({})),
-        (format!("/api/v1/agents/{a2_id}/gone"), serde_json::json!({})),
-        (format!("/api/v1/agents/{a2_id}/gpus/GPU-x/clear"), serde_json::json!({})),
-        (format!("/api/v1/frameworks/{fw_id}/teardown"), serde_json::json!({})),
+        (
+            "/api/v1/weights".into(),
+            serde_json::json!({"role": "eng", "weight": 2.0}),
+        ),
+        (
+            "/api/v1/quotas".into(),
+            serde_json::json!({"role": "eng", "guarantee": "cpus:1"}),
+        ),
+        (
+            format!("/api/v1/agents/{a2_id}/reserve"),
+            serde_json::json!({"role": "ops", "resources": "cpus:1"}),
+        ),
+        (
+            format!("/api/v1/agents/{a2_id}/unreserve"),
+            serde_json::json!({"role": "ops", "resources": "cpus:1"}),
+        ),
+        (
+            format!("/api/v1/agents/{a2_id}/deactivate"),
+            serde_json::json!({}),
+        ),
+        (
+            format!("/api/v1/agents/{a2_id}/reactivate"),
+            serde_json::json!({}),
+        ),
+        (
+            format!("/api/v1/agents/{a2_id}/gone"),
+            serde_json::json!({}),
+        ),
+        (
+            format!("/api/v1/agents/{a2_id}/gpus/GPU-x/clear"),
+            serde_json::json!({}),
+        ),
+        (
+            format!("/api/v1/frameworks/{fw_id}/teardown"),
+            serde_json::json!({}),
+        ),
     ];
     for (path, body) in &writes {
         let (st, code) = refused(path, viewer.post_json(path, body).await);
-        assert_eq!((st, code.as_str()), (403, "forbidden"), "viewer POST {path}");
+        assert_eq!(
+            (st, code.as_str()),
+            (403, "forbidden"),
+            "viewer POST {path}"
+        );
         let (st, _) = refused(path, nobody.post_json(path, body).await);
         assert_eq!(st, 401, "anonymous POST {path}");
     }
@@ -303,10 +368,19 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     assert_eq!(s["agents"]["total"], 3);
     assert_eq!(s["agents"]["deactivated"], 0);
     assert_eq!(s["frameworks"]["active"], 1);
-    assert!(get(&admin, "/api/v1/weights").await.as_array().unwrap().is_empty());
+    assert!(get(&admin, "/api/v1/weights")
+        .await
+        .as_array()
+        .unwrap()
+        .is_empty());
 
     // Writes by the admin.
-    post(&admin, "/api/v1/weights", serde_json::json!({"role": "eng/x", "weight": 2.5})).await;
+    post(
+        &admin,
+        "/api/v1/weights",
+        serde_json::json!({"role": "eng/x", "weight": 2.5}),
+    )
+    .await;
     post(
         &admin,
         "/api/v1/quotas",
@@ -314,12 +388,17 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     )
     .await;
     events
-        .wait("role_updated weight", |e| e["type"] == "role_updated" && e["role"] == "eng/x")
+        .wait("role_updated weight", |e| {
+            e["type"] == "role_updated" && e["role"] == "eng/x"
+        })
         .await;
     let (st, _) = refused(
         "a weight out of bounds",
         admin
-            .post_json("/api/v1/weights", &serde_json::json!({"role": "eng", "weight": -1}))
+            .post_json(
+                "/api/v1/weights",
+                &serde_json::json!({"role": "eng", "weight": -1}),
+            )
             .await,
     );
     assert_eq!(st, 400);
@@ -353,7 +432,12 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     let a2 = get(&admin, "/api/v1/agents/api-a2").await;
     assert_eq!(a2["reserved"]["ops"]["cpus"], 1.0, "{a2:#}");
     // Deactivate: no offers of it, listed under maintenance; reactivate.
-    post(&admin, "/api/v1/agents/api-a3/deactivate", serde_json::json!({})).await;
+    post(
+        &admin,
+        "/api/v1/agents/api-a3/deactivate",
+        serde_json::json!({}),
+    )
+    .await;
     events
         .wait("agent deactivated", |e| {
             e["type"] == "agent_updated" && e["name"] == "api-a3" && e["active"] == false
@@ -365,15 +449,32 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let offers = get(&admin, "/api/v1/offers").await;
     assert!(
-        !offers.as_array().unwrap().iter().any(|o| o["agent_id"] == a3_id.as_str()),
+        !offers
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["agent_id"] == a3_id.as_str()),
         "a deactivated agent is offered: {offers:#}"
     );
-    post(&admin, "/api/v1/agents/api-a3/reactivate", serde_json::json!({})).await;
-    assert_eq!(get(&admin, "/api/v1/summary").await["agents"]["deactivated"], 0);
+    post(
+        &admin,
+        "/api/v1/agents/api-a3/reactivate",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(
+        get(&admin, "/api/v1/summary").await["agents"]["deactivated"],
+        0
+    );
     // A GPU an agent does not have.
     let (st, _) = refused(
         "clearing a GPU that does not exist",
-        admin.post_json("/api/v1/agents/api-a3/gpus/GPU-nope/clear", &serde_json::json!({})).await,
+        admin
+            .post_json(
+                "/api/v1/agents/api-a3/gpus/GPU-nope/clear",
+                &serde_json::json!({}),
+            )
+            .await,
     );
     assert_eq!(st, 404);
 
@@ -387,7 +488,11 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     let (code, out, _) = gantryctl(&cluster, "admin", &["frameworks"]);
     assert_eq!(code, 0);
     assert!(out.contains("api-fw"), "{out}");
-    let (code, out, _) = gantryctl(&cluster, "admin", &["--json", "tasks", "--state", "running"]);
+    let (code, out, _) = gantryctl(
+        &cluster,
+        "admin",
+        &["--json", "tasks", "--state", "running"],
+    );
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["total"], 2);
@@ -409,25 +514,45 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     let (code, _, err) = gantryctl(&cluster, "admin", &["mark-gone", &a3_id]);
     assert_eq!(code, 0, "{err}");
     events
-        .wait("agent_removed", |e| e["type"] == "agent_removed" && e["agent_id"] == a3_id.as_str())
+        .wait("agent_removed", |e| {
+            e["type"] == "agent_removed" && e["agent_id"] == a3_id.as_str()
+        })
         .await;
-    let (st, _) = refused("a removed agent", admin.get(&format!("/api/v1/agents/{a3_id}")).await);
+    let (st, _) = refused(
+        "a removed agent",
+        admin.get(&format!("/api/v1/agents/{a3_id}")).await,
+    );
     assert_eq!(st, 404);
 
     // Tear the framework down: its tasks are killed.
     let (code, _, err) = gantryctl(&cluster, "admin", &["teardown", &fw_id]);
     assert_eq!(code, 0, "{err}");
     events
-        .wait("framework_removed", |e| e["type"] == "framework_removed" && e["framework_id"] == fw_id.as_str())
+        .wait("framework_removed", |e| {
+            e["type"] == "framework_removed" && e["framework_id"] == fw_id.as_str()
+        })
         .await;
-    wait_for(&admin, "/api/v1/tasks?state=KILLED", "2 killed tasks", |v| v["total"] == 2).await;
+    wait_for(
+        &admin,
+        "/api/v1/tasks?state=KILLED",
+        "2 killed tasks",
+        |v| v["total"] == 2,
+    )
+    .await;
     let (st, _) = refused(
         "a second teardown",
-        admin.post_json(&format!("/api/v1/frameworks/{fw_id}/teardown"), &serde_json::json!({})).await,
+        admin
+            .post_json(
+                &format!("/api/v1/frameworks/{fw_id}/teardown"),
+                &serde_json::json!({}),
+            )
+            .await,
     );
     assert_eq!(st, 404);
     events
-        .wait("a KILLED task", |e| e["type"] == "task_updated" && e["state"] == "KILLED")
+        .wait("a KILLED task", |e| {
+            e["type"] == "task_updated" && e["state"] == "KILLED"
+        })
         .await;
     drop(events);
 
@@ -439,15 +564,24 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     .await;
     let w = get(&admin, "/api/v1/weights").await;
     assert!(
-        w.as_array().unwrap().iter().any(|r| r["role"] == "eng/x" && r["weight"] == 2.5),
+        w.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["role"] == "eng/x" && r["weight"] == 2.5),
         "{w:#}"
     );
     let q = get(&admin, "/api/v1/quotas").await;
     assert!(
-        q.as_array().unwrap().iter().any(|r| r["role"] == "eng" && r["limit"]["cpus"] == 8.0),
+        q.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["role"] == "eng" && r["limit"]["cpus"] == 8.0),
         "{q:#}"
     );
-    let a2 = wait_for(&admin, "/api/v1/agents/api-a2", "api-a2 back", |a| a["connected"] == true).await;
+    let a2 = wait_for(&admin, "/api/v1/agents/api-a2", "api-a2 back", |a| {
+        a["connected"] == true
+    })
+    .await;
     assert_eq!(a2["reserved"]["ops"]["cpus"], 1.0, "{a2:#}");
     // Unreserve it again (persisted as well).
     post(

@@ -503,7 +503,11 @@ impl App {
     }
 
     /// 401 without an operator, 403 when the ACLs do not grant `action`.
-    pub(super) fn may_write(&self, caller: &Caller, action: OperatorAction) -> Result<String, ApiError> {
+    pub(super) fn may_write(
+        &self,
+        caller: &Caller,
+        action: OperatorAction,
+    ) -> Result<String, ApiError> {
         match caller {
             Caller::Anonymous { why } => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,

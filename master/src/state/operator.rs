@@ -44,16 +44,27 @@ pub enum OperatorCommand {
         resources: Resources,
     },
     /// Stops offering an agent (its tasks run on) until reactivated.
-    DeactivateAgent { agent_id: AgentId },
+    DeactivateAgent {
+        agent_id: AgentId,
+    },
     /// Offers a deactivated agent again.
-    ReactivateAgent { agent_id: AgentId },
+    ReactivateAgent {
+        agent_id: AgentId,
+    },
     /// Removes an agent for good: its tasks are `LOST`, its connection closed.
-    MarkAgentGone { agent_id: AgentId },
+    MarkAgentGone {
+        agent_id: AgentId,
+    },
     /// Removes a framework: its tasks are killed, its offers rescinded (Mesos TEARDOWN).
-    Teardown { framework_id: FrameworkId },
+    Teardown {
+        framework_id: FrameworkId,
+    },
     /// Asks the agent to bring an unhealthy GPU back (as `gantry-agent clear-gpu` does); the
     /// agent reports the GPU healthy and the master offers it again.
-    ClearGpu { agent_id: AgentId, uuid: String },
+    ClearGpu {
+        agent_id: AgentId,
+        uuid: String,
+    },
 }
 
 /// Why an operator command was refused (nothing changed).
@@ -162,7 +173,10 @@ impl Master {
         active: bool,
         out: &mut Vec<Output>,
     ) -> Result<(), OperatorError> {
-        let a = self.agents.get_mut(&id).ok_or_else(|| not_found_agent(id))?;
+        let a = self
+            .agents
+            .get_mut(&id)
+            .ok_or_else(|| not_found_agent(id))?;
         if a.active == active {
             return Ok(());
         }

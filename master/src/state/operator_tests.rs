@@ -38,7 +38,10 @@ fn deactivated_agents_are_not_offered_until_reactivated() {
     assert_eq!(again.len(), 1, "offered again after reactivation");
     let unknown = AgentId::random();
     assert!(matches!(
-        op(&mut h, OperatorCommand::DeactivateAgent { agent_id: unknown }),
+        op(
+            &mut h,
+            OperatorCommand::DeactivateAgent { agent_id: unknown }
+        ),
         Err(OperatorError::NotFound(_))
     ));
 }
@@ -62,7 +65,10 @@ fn operator_reservations_persist_and_refuse_what_is_in_use() {
             resources: res("cpus:2"),
         },
     );
-    assert!(matches!(too_much, Err(OperatorError::Conflict(_))), "{too_much:?}");
+    assert!(
+        matches!(too_much, Err(OperatorError::Conflict(_))),
+        "{too_much:?}"
+    );
     let out = op(
         &mut h,
         OperatorCommand::Reserve {
@@ -136,7 +142,9 @@ fn teardown_kills_the_tasks_and_mark_gone_loses_them() {
     assert!(out
         .iter()
         .any(|o| matches!(o, Output::Persist(Mutation::RemoveAgent(id)) if *id == a)));
-    assert!(out.iter().any(|o| matches!(o, Output::Close { conn: A, .. })));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Close { conn: A, .. })));
     assert!(h.m.view(h.now, 0).agents.is_empty());
     assert!(h
         .m
@@ -178,8 +186,14 @@ fn clear_gpu_asks_the_agent_only_for_an_unhealthy_gpu() {
         agent_id: a,
         uuid: uuid.into(),
     };
-    assert!(matches!(op(&mut h, clear("GPU-0")), Err(OperatorError::Conflict(_))));
-    assert!(matches!(op(&mut h, clear("GPU-9")), Err(OperatorError::NotFound(_))));
+    assert!(matches!(
+        op(&mut h, clear("GPU-0")),
+        Err(OperatorError::Conflict(_))
+    ));
+    assert!(matches!(
+        op(&mut h, clear("GPU-9")),
+        Err(OperatorError::NotFound(_))
+    ));
     h.input(Input::Agent {
         conn: A,
         msg: AgentToMaster::GpuHealth {
@@ -221,7 +235,12 @@ fn task_agent_and_framework_changes_are_events() {
     let events = h.m.take_events();
     let kinds: Vec<String> = events
         .iter()
-        .map(|e| serde_json::to_value(e).unwrap()["type"].as_str().unwrap().to_string())
+        .map(|e| {
+            serde_json::to_value(e).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert!(kinds.contains(&"agent_added".to_string()), "{kinds:?}");
     assert!(kinds.contains(&"framework_added".to_string()), "{kinds:?}");
@@ -236,6 +255,9 @@ fn task_agent_and_framework_changes_are_events() {
     h.input(Input::FrameworkDisconnected { conn: F });
     assert!(h.m.take_events().iter().any(|e| matches!(
         e,
-        ClusterEvent::FrameworkUpdated { connected: false, .. }
+        ClusterEvent::FrameworkUpdated {
+            connected: false,
+            ..
+        }
     )));
 }

@@ -146,7 +146,8 @@ pub fn agents(agents: &Value) -> String {
         .flat_map(|a| {
             arr(&a["gpus"]).iter().map(move |g| {
                 let smp = &g["sample"];
-                let tasks: Vec<String> = arr(&g["tasks"]).iter().map(|t| cell(&t["name"])).collect();
+                let tasks: Vec<String> =
+                    arr(&g["tasks"]).iter().map(|t| cell(&t["name"])).collect();
                 vec![
                     cell(&a["name"]),
                     cell(&g["uuid"]),
@@ -160,8 +161,17 @@ pub fn agents(agents: &Value) -> String {
                         .as_u64()
                         .map(|b| format!("{} MiB", b >> 20))
                         .unwrap_or_else(|| "-".into()),
-                    if g["healthy"] == true { "healthy" } else { "UNHEALTHY" }.into(),
-                    if tasks.is_empty() { "-".into() } else { tasks.join(",") },
+                    if g["healthy"] == true {
+                        "healthy"
+                    } else {
+                        "UNHEALTHY"
+                    }
+                    .into(),
+                    if tasks.is_empty() {
+                        "-".into()
+                    } else {
+                        tasks.join(",")
+                    },
                 ]
             })
         })
@@ -169,7 +179,9 @@ pub fn agents(agents: &Value) -> String {
     if !gpu_rows.is_empty() {
         out.push('\n');
         out.push_str(&table(
-            &["AGENT", "GPU", "MODEL", "MEMORY", "UTIL", "MEM USED", "HEALTH", "TASK"],
+            &[
+                "AGENT", "GPU", "MODEL", "MEMORY", "UTIL", "MEM USED", "HEALTH", "TASK",
+            ],
             &gpu_rows,
         ));
     }
@@ -185,7 +197,11 @@ pub fn frameworks(v: &Value) -> String {
                 cell(&f["name"]),
                 cell(&f["id"]),
                 cell(&f["principal"]),
-                arr(&f["roles"]).iter().map(cell).collect::<Vec<_>>().join(","),
+                arr(&f["roles"])
+                    .iter()
+                    .map(cell)
+                    .collect::<Vec<_>>()
+                    .join(","),
                 format!("{:.3}", f["dominant_share"].as_f64().unwrap_or(0.0)),
                 cell(&f["active_tasks"]),
                 res(&f["allocated"]),
@@ -194,7 +210,16 @@ pub fn frameworks(v: &Value) -> String {
         })
         .collect();
     table(
-        &["FRAMEWORK", "ID", "PRINCIPAL", "ROLES", "SHARE", "TASKS", "ALLOCATED", "CONNECTED"],
+        &[
+            "FRAMEWORK",
+            "ID",
+            "PRINCIPAL",
+            "ROLES",
+            "SHARE",
+            "TASKS",
+            "ALLOCATED",
+            "CONNECTED",
+        ],
         &rows,
     )
 }
@@ -212,13 +237,26 @@ pub fn tasks(v: &Value) -> String {
                 short(&t["framework_id"]),
                 short(&t["agent_id"]),
                 res(&t["resources"]),
-                arr(&t["gpus"]).iter().map(short).collect::<Vec<_>>().join(","),
+                arr(&t["gpus"])
+                    .iter()
+                    .map(short)
+                    .collect::<Vec<_>>()
+                    .join(","),
             ]
         })
         .collect();
     let shown = rows.len();
     let mut out = table(
-        &["TASK", "ID", "STATE", "REASON", "FRAMEWORK", "AGENT", "RESOURCES", "GPUS"],
+        &[
+            "TASK",
+            "ID",
+            "STATE",
+            "REASON",
+            "FRAMEWORK",
+            "AGENT",
+            "RESOURCES",
+            "GPUS",
+        ],
         &rows,
     );
     let offset = v["offset"].as_u64().unwrap_or(0);
@@ -284,7 +322,11 @@ pub fn event(e: &Value) -> String {
             s
         }
         "framework_added" | "framework_removed" | "framework_updated" => {
-            let mut s = format!("{kind} {} ({})", cell(&e["name"]), short(&e["framework_id"]));
+            let mut s = format!(
+                "{kind} {} ({})",
+                cell(&e["name"]),
+                short(&e["framework_id"])
+            );
             if let Some(c) = e["connected"].as_bool() {
                 s.push_str(if c { ": connected" } else { ": disconnected" });
             }
@@ -307,7 +349,10 @@ mod tests {
     fn tables_align_columns() {
         let t = table(
             &["A", "LONGER"],
-            &[vec!["xyz".into(), "1".into()], vec!["q".into(), "22".into()]],
+            &[
+                vec!["xyz".into(), "1".into()],
+                vec!["q".into(), "22".into()],
+            ],
         );
         assert_eq!(t, "A    LONGER\nxyz  1\nq    22\n");
     }
@@ -320,7 +365,10 @@ mod tests {
                       "sample": {"util_percent": 42, "mem_used_bytes": 2097152},
                       "tasks": [{"name": "train"}]}]}]);
         let out = agents(&a);
-        assert!(out.contains("GPU-1  A100   40960 MiB  42%   2 MiB     UNHEALTHY  train"), "{out}");
+        assert!(
+            out.contains("GPU-1  A100   40960 MiB  42%   2 MiB     UNHEALTHY  train"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -122,11 +122,7 @@ async fn frameworks(State(app): State<App>, caller: CallerExt) -> ApiResult {
     })))
 }
 
-async fn framework(
-    State(app): State<App>,
-    caller: CallerExt,
-    Path(id): Path<String>,
-) -> ApiResult {
+async fn framework(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
     let state = read(&app, caller).await?;
     views::find_framework(&state, &id)
         .cloned()
@@ -262,14 +258,22 @@ async fn agent_command(
     operator(&app, who, cmd(id)).await
 }
 
-async fn deactivate(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
+async fn deactivate(
+    State(app): State<App>,
+    caller: CallerExt,
+    Path(id): Path<String>,
+) -> ApiResult {
     agent_command(app, caller, id, OperatorAction::Deactivate, |agent_id| {
         OperatorCommand::DeactivateAgent { agent_id }
     })
     .await
 }
 
-async fn reactivate(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
+async fn reactivate(
+    State(app): State<App>,
+    caller: CallerExt,
+    Path(id): Path<String>,
+) -> ApiResult {
     agent_command(app, caller, id, OperatorAction::Reactivate, |agent_id| {
         OperatorCommand::ReactivateAgent { agent_id }
     })
@@ -307,14 +311,20 @@ async fn events(State(app): State<App>, caller: CallerExt) -> Result<impl IntoRe
     let state = app.state().await?;
     let snapshot = serde_json::json!({"type": "snapshot", "state": state}).to_string();
     enum Step {
-        Snapshot(String, tokio::sync::broadcast::Receiver<std::sync::Arc<str>>),
+        Snapshot(
+            String,
+            tokio::sync::broadcast::Receiver<std::sync::Arc<str>>,
+        ),
         Live(tokio::sync::broadcast::Receiver<std::sync::Arc<str>>),
         Done,
     }
     let stream = futures_util::stream::unfold(Step::Snapshot(snapshot, rx), |step| async move {
         use tokio::sync::broadcast::error::RecvError;
         match step {
-            Step::Snapshot(s, rx) => Some((Ok::<_, Infallible>(Event::default().data(s)), Step::Live(rx))),
+            Step::Snapshot(s, rx) => Some((
+                Ok::<_, Infallible>(Event::default().data(s)),
+                Step::Live(rx),
+            )),
             Step::Live(mut rx) => match rx.recv().await {
                 Ok(e) => Some((Ok(Event::default().data(&*e)), Step::Live(rx))),
                 Err(RecvError::Lagged(n)) => {

@@ -118,7 +118,12 @@ pub fn agent(a: &Value, tasks: &[Value]) -> Value {
 /// `GET /api/v1/agents`.
 pub fn agents(state: &Value) -> Value {
     let tasks = arr(&state["tasks"]);
-    Value::Array(arr(&state["agents"]).iter().map(|a| agent(a, tasks)).collect())
+    Value::Array(
+        arr(&state["agents"])
+            .iter()
+            .map(|a| agent(a, tasks))
+            .collect(),
+    )
 }
 
 /// The agent named by `key`: its id or its name.
@@ -246,10 +251,14 @@ pub fn tasks(state: &Value, q: &TaskQuery) -> Value {
         .iter()
         .chain(completed)
         .filter(|t| {
-            q.state
+            q.state.as_deref().is_none_or(|s| {
+                t["state"]
+                    .as_str()
+                    .is_some_and(|x| x.eq_ignore_ascii_case(s))
+            }) && q
+                .framework
                 .as_deref()
-                .is_none_or(|s| t["state"].as_str().is_some_and(|x| x.eq_ignore_ascii_case(s)))
-                && q.framework.as_deref().is_none_or(|f| t["framework_id"] == f)
+                .is_none_or(|f| t["framework_id"] == f)
                 && agent_id.as_deref().is_none_or(|a| t["agent_id"] == a)
         })
         .collect();

@@ -46,8 +46,14 @@ pub(super) fn routes() -> Router<App> {
         .route("/ui/fragment", get(fragment))
         .route("/ui/login", get(login_page).post(login_form))
         .route("/ui/logout", get(logout))
-        .route("/ui/app.js", get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }))
-        .route("/ui/style.css", get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }))
+        .route(
+            "/ui/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/ui/style.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
+        )
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -135,7 +141,9 @@ async fn logout() -> Response {
     let mut resp = see_other("/ui/login");
     resp.headers_mut().insert(
         header::SET_COOKIE,
-        HeaderValue::from_static("gantry_token=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict"),
+        HeaderValue::from_static(
+            "gantry_token=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict",
+        ),
     );
     resp
 }
@@ -167,12 +175,11 @@ fn text(v: &Value) -> String {
 /// `cpus:2;mem:1024` from a resources object.
 fn res(v: &Value) -> String {
     match v.as_object() {
-        Some(m) if !m.is_empty() => esc(
-            &m.iter()
-                .map(|(k, v)| format!("{k}:{v}"))
-                .collect::<Vec<_>>()
-                .join(";"),
-        ),
+        Some(m) if !m.is_empty() => esc(&m
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect::<Vec<_>>()
+            .join(";")),
         _ => "-".into(),
     }
 }
@@ -182,7 +189,12 @@ fn arr(v: &Value) -> &[Value] {
 }
 
 fn short(id: &Value) -> String {
-    esc(&id.as_str().unwrap_or("-").chars().take(8).collect::<String>())
+    esc(&id
+        .as_str()
+        .unwrap_or("-")
+        .chars()
+        .take(8)
+        .collect::<String>())
 }
 
 fn share_bar(share: f64) -> String {
@@ -332,7 +344,8 @@ pub fn render_main(state: &Value) -> String {
                     .as_u64()
                     .map(|b| format!("{} MiB", b >> 20))
                     .unwrap_or_else(|| "-".into());
-                let tasks: Vec<String> = arr(&g["tasks"]).iter().map(|t| text(&t["name"])).collect();
+                let tasks: Vec<String> =
+                    arr(&g["tasks"]).iter().map(|t| text(&t["name"])).collect();
                 h.push_str(&format!(
                     "<tr class=\"gpu\" data-uuid=\"{}\" data-healthy=\"{}\"><td>{}</td><td>{}</td><td>{} MiB</td><td class=\"util\">{util}</td><td>{mem_used}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"gpu-task\">{}</td></tr>",
                     text(&g["uuid"]),
