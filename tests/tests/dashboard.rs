@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gantry_tests::{driver_config, standin_lib, start_recorder, task, Cluster, Standin, TempDir};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -74,6 +75,20 @@ fn wait_dom(profile: &Path, url: &str, what: &str, pred: impl Fn(&str) -> bool) 
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// Sends one raw HTTPS request (no client certificate) and returns the status line and body.
+async fn raw_request(addr: std::net::SocketAddr, tls_dir: &Path, request: String) -> String {
+    let roots = gantry_sdk::transport::tls::load_roots(tls_dir).unwrap();
+    let cfg = gantry_sdk::transport::tls::https_client_config(roots, None).unwrap();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let mut s = connector.connect(name, tcp).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(T, s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The `<tr …>` row that carries `attr` (e.g. `data-name="x"`), up to its end.
@@ -195,6 +210,44 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     let finished = row(&dom, "data-state=\"FINISHED\"");
     assert!(finished.contains("short-train"), "{finished}");
     assert!(dom.contains("unhealthy"), "{dom}");
+
+    // What the page's script swaps in on each event: the tables, with the same cookie.
+    let fragment = browse(&profile, &format!("{base}/ui/fragment"), &["--dump-dom"]);
+    assert!(fragment.contains("data-name=\"dash-gpu1\""), "{fragment}");
+    assert!(!fragment.contains("<header>"), "{fragment}");
+
+    // Attack: a forged cross-site write carrying the dashboard's cookie. The cookie stands for
+    // the token on reads only: the write is refused and the weight unchanged.
+    let body = r#"{"role":"ml","weight":7}"#;
+    let forged = raw_request(
+        cluster.master.http,
+        &cluster.tls_dir,
+        format!(
+            "POST /api/v1/weights HTTP/1.1\r\nHost: master\r\nCookie: gantry_token={token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await;
+    assert!(forged.starts_with("HTTP/1.1 401"), "{forged}");
+    let read = raw_request(
+        cluster.master.http,
+        &cluster.tls_dir,
+        format!(
+            "GET /api/v1/summary HTTP/1.1\r\nHost: master\r\nCookie: gantry_token={token}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(read.starts_with("HTTP/1.1 200"), "{read}");
+    let bad = raw_request(
+        cluster.master.http,
+        &cluster.tls_dir,
+        "GET /api/v1/summary HTTP/1.1\r\nHost: master\r\nCookie: gantry_token=wrong\r\nConnection: close\r\n\r\n".into(),
+    )
+    .await;
+    assert!(bad.starts_with("HTTP/1.1 401"), "{bad}");
+    let weight = cluster.master.state().unwrap()["allocator"]["roles"]["ml"]["weight"].clone();
+    assert_eq!(weight, 1.0);
 
     // The live script and stylesheet are served.
     let js = browse(&profile, &format!("{base}/ui/app.js"), &["--dump-dom"]);

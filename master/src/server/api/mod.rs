@@ -310,35 +310,82 @@ async fn events(State(app): State<App>, caller: CallerExt) -> Result<impl IntoRe
     let rx = app.shell.events.subscribe();
     let state = app.state().await?;
     let snapshot = serde_json::json!({"type": "snapshot", "state": state}).to_string();
+    let stream = event_stream(snapshot, rx);
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+type Events = tokio::sync::broadcast::Receiver<std::sync::Arc<str>>;
+
+/// The data of each event a subscriber is sent: the snapshot, then the broadcast events until
+/// the subscriber falls behind the buffer (then one `dropped` and the end) or the master stops.
+fn event_data(
+    snapshot: String,
+    rx: Events,
+) -> impl futures_util::Stream<Item = String> + Send + 'static {
     enum Step {
-        Snapshot(
-            String,
-            tokio::sync::broadcast::Receiver<std::sync::Arc<str>>,
-        ),
-        Live(tokio::sync::broadcast::Receiver<std::sync::Arc<str>>),
+        Snapshot(String, Events),
+        Live(Events),
         Done,
     }
-    let stream = futures_util::stream::unfold(Step::Snapshot(snapshot, rx), |step| async move {
+    futures_util::stream::unfold(Step::Snapshot(snapshot, rx), |step| async move {
         use tokio::sync::broadcast::error::RecvError;
         match step {
-            Step::Snapshot(s, rx) => Some((
-                Ok::<_, Infallible>(Event::default().data(s)),
-                Step::Live(rx),
-            )),
+            Step::Snapshot(s, rx) => Some((s, Step::Live(rx))),
             Step::Live(mut rx) => match rx.recv().await {
-                Ok(e) => Some((Ok(Event::default().data(&*e)), Step::Live(rx))),
+                Ok(e) => Some((e.to_string(), Step::Live(rx))),
                 Err(RecvError::Lagged(n)) => {
                     tracing::info!(missed = n, "event stream subscriber fell behind; dropped");
                     let msg = serde_json::json!({
                         "type": "dropped",
                         "message": format!("this subscriber fell {n} events behind; reconnect for a new snapshot"),
                     });
-                    Some((Ok(Event::default().data(msg.to_string())), Step::Done))
+                    Some((msg.to_string(), Step::Done))
                 }
                 Err(RecvError::Closed) => None,
             },
             Step::Done => None,
         }
-    });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    })
+}
+
+fn event_stream(
+    snapshot: String,
+    rx: Events,
+) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    use futures_util::StreamExt;
+    event_data(snapshot, rx).map(|d| Ok(Event::default().data(d)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+
+    #[tokio::test]
+    async fn a_subscriber_gets_the_snapshot_then_events_in_order() {
+        let (tx, rx) = tokio::sync::broadcast::channel(8);
+        tx.send("{\"n\":1}".into()).unwrap();
+        tx.send("{\"n\":2}".into()).unwrap();
+        drop(tx);
+        let got: Vec<String> = event_data("snap".into(), rx).collect().await;
+        assert_eq!(got, ["snap", "{\"n\":1}", "{\"n\":2}"]);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_dropped_without_holding_the_sender() {
+        let (tx, rx) = tokio::sync::broadcast::channel(4);
+        // The sender never waits: it overwrites what the slow subscriber did not read.
+        for i in 0..100 {
+            tx.send(format!("{{\"n\":{i}}}").into()).unwrap();
+        }
+        let got: Vec<String> = event_data("snap".into(), rx).collect().await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], "snap");
+        let last: Value = serde_json::from_str(&got[1]).unwrap();
+        assert_eq!(last["type"], "dropped");
+        assert!(last["message"]
+            .as_str()
+            .unwrap()
+            .contains("96 events behind"));
+    }
 }
