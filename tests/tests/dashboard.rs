@@ -1,7 +1,8 @@
 //! The web dashboard `/ui` in headless Chromium (issue 14 item 5) against a live cluster with
 //! stand-in GPUs: the browser logs in with an operator token (cookie), and the page shows the
 //! agent, its four GPUs with utilization, health and the task holding each, and the tasks;
-//! later loads show the changes (a task finished, a GPU turned unhealthy). A screenshot is saved
+//! later loads show the changes (a task finished, a GPU turned unhealthy, then cleared with
+//! `gantryctl clear-gpu` through the master). A screenshot is saved
 //! and its path printed. Needs Debian's `chromium` (scripts/setup-deps.sh installs it).
 
 use std::path::{Path, PathBuf};
@@ -210,6 +211,30 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     let finished = row(&dom, "data-state=\"FINISHED\"");
     assert!(finished.contains("short-train"), "{finished}");
     assert!(dom.contains("unhealthy"), "{dom}");
+
+    // An operator clears the GPU through the API (the master asks the agent): healthy again.
+    let gpu0 = standin.config.gpus[0].uuid.clone();
+    let out = cluster
+        .master
+        .gantryctl(&["clear-gpu", "dash-gpu1", &gpu0])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_dom(&profile, &login, "the cleared GPU healthy again", |d| {
+        d.contains(&format!("data-uuid=\"{gpu0}\" data-healthy=\"true\""))
+    });
+    let again = cluster
+        .master
+        .gantryctl(&["clear-gpu", "dash-gpu1", &gpu0])
+        .unwrap();
+    assert_eq!(
+        again.status.code(),
+        Some(1),
+        "clearing a healthy GPU is a conflict"
+    );
 
     // What the page's script swaps in on each event: the tables, with the same cookie.
     let fragment = browse(&profile, &format!("{base}/ui/fragment"), &["--dump-dom"]);

@@ -1,10 +1,12 @@
 //! The master's I/O shell: QUIC accept loop, one task per peer connection, the single event
 //! loop that owns the [`Master`] state machine, and the operator HTTPS API ([`http`]:
-//! authentication, ACLs and request bounds).
+//! authentication, ACLs and request bounds; [`api`]: `/api/v1` and its event stream; `ui`: the
+//! `/ui` dashboard).
 //!
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
-//!                                 ^  Query(/state) from axum
+//!                                 ^  State(/state) and Operator commands from axum
+//!                                 |  cluster events --> broadcast --> /api/v1/events subscribers
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
