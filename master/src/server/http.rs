@@ -1,6 +1,6 @@
 //! The operator HTTP API: `/health` (public), `/state` (a read), `POST /weights` and
 //! `POST /quota` (writes), the versioned API `/api/v1/…` with its event stream
-//! ([`super::api`]) and the web dashboard `/ui` ([`super::ui`]), served over HTTPS with the
+//! ([`super::api`]) and the web dashboard `/ui` (`ui`), served over HTTPS with the
 //! cluster CA.
 //!
 //! ```text
