@@ -3,7 +3,8 @@
 //! clear), 401 without credentials and 403 for an operator the ACLs grant nothing, the event
 //! stream followed by `gantryctl events` (a snapshot, then task, agent, framework and role
 //! changes), `gantryctl` tables and exit codes, and the writes the registry holds still there
-//! after a master restart.
+//! after a master restart and after an HA failover (masters on a real etcd; a standby refuses
+//! writes with 503).
 
 use std::io::BufRead;
 use std::net::SocketAddr;
@@ -14,7 +15,10 @@ use std::time::{Duration, Instant};
 
 use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
 use gantry_sdk::transport::tls::PeerIdentity;
-use gantry_tests::{bin, driver_config, start_recorder, task, Cluster};
+use gantry_tests::etcd::EtcdServer;
+use gantry_tests::{
+    bin, driver_config, start_recorder, task, AgentProc, Cluster, MasterProc, TempDir,
+};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(60);
@@ -592,4 +596,111 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     .await;
     let a2 = get(&admin, "/api/v1/agents/api-a2").await;
     assert!(a2["reserved"].get("ops").is_none(), "{a2:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_writes_survive_an_ha_failover() {
+    let etcd = EtcdServer::start().unwrap();
+    let dir = TempDir::new("gantry-api-ha").unwrap();
+    let tls = dir.path().join("tls");
+    let url = etcd.client_url();
+    let mut masters: Vec<MasterProc> = (0..2)
+        .map(|_| {
+            MasterProc::start(dir.path(), &tls, &["--etcd", &url, "--lease-ttl", "2"]).unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + T;
+    let leader = loop {
+        if let Some(i) = masters.iter().position(|m| m.is_leader()) {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let standby = 1 - leader;
+    let list: Vec<String> = masters.iter().map(|m| m.quic.to_string()).collect();
+    let _agent = AgentProc::start_multi(
+        dir.path(),
+        &tls,
+        &list.join(","),
+        "api-ha0",
+        "cpus:4;mem:2048",
+    )
+    .unwrap();
+    let https: Vec<SocketAddr> = masters.iter().map(|m| m.http).collect();
+    let api = |i: usize| client(https[i], &tls, Credentials::Certificate("admin".into()));
+    let lead = api(leader);
+    wait_for(&lead, "/api/v1/agents", "the agent", |a| {
+        a.as_array()
+            .is_some_and(|a| a.len() == 1 && a[0]["connected"] == true)
+    })
+    .await;
+
+    // A standby does not take writes.
+    let (st, code) = refused(
+        "a write to the standby",
+        api(standby)
+            .post_json(
+                "/api/v1/weights",
+                &serde_json::json!({"role": "ha", "weight": 2}),
+            )
+            .await,
+    );
+    assert_eq!((st, code.as_str()), (503, "unavailable"));
+
+    post(
+        &lead,
+        "/api/v1/weights",
+        serde_json::json!({"role": "ha", "weight": 4}),
+    )
+    .await;
+    post(
+        &lead,
+        "/api/v1/quotas",
+        serde_json::json!({"role": "ha", "limit": "cpus:3"}),
+    )
+    .await;
+    post(
+        &lead,
+        "/api/v1/agents/api-ha0/reserve",
+        serde_json::json!({"role": "ha-ops", "resources": "cpus:2;mem:512"}),
+    )
+    .await;
+
+    // Kill the leader: the standby takes over with the registry's view.
+    masters[leader].proc.kill9();
+    let next = api(standby);
+    let a = wait_for(
+        &next,
+        "/api/v1/agents/api-ha0",
+        "the agent at the new leader",
+        |a| a["connected"] == true,
+    )
+    .await;
+    assert_eq!(a["reserved"]["ha-ops"]["cpus"], 2.0, "{a:#}");
+    assert_eq!(a["reserved"]["ha-ops"]["mem"], 512.0, "{a:#}");
+    let w = get(&next, "/api/v1/weights").await;
+    assert!(
+        w.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["role"] == "ha" && r["weight"] == 4.0),
+        "{w:#}"
+    );
+    let q = get(&next, "/api/v1/quotas").await;
+    assert!(
+        q.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["role"] == "ha" && r["limit"]["cpus"] == 3.0),
+        "{q:#}"
+    );
+    // And the new leader takes writes.
+    post(
+        &next,
+        "/api/v1/agents/api-ha0/unreserve",
+        serde_json::json!({"role": "ha-ops", "resources": "cpus:2;mem:512"}),
+    )
+    .await;
+    drop(masters);
 }

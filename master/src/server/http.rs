@@ -609,7 +609,9 @@ pub(super) async fn operator(app: &App, who: String, cmd: OperatorCommand) -> Ap
                 OperatorError::Invalid(_) => StatusCode::BAD_REQUEST,
                 OperatorError::NotFound(_) => StatusCode::NOT_FOUND,
                 OperatorError::Conflict(_) => StatusCode::CONFLICT,
-                OperatorError::NotLeader => StatusCode::SERVICE_UNAVAILABLE,
+                OperatorError::NotLeader | OperatorError::NotPersisted(_) => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
             };
             Err(ApiError::new(status, e.to_string()))
         }

@@ -72,6 +72,9 @@ enum CoreEvent {
 /// far behind is dropped (it reconnects and starts again from a snapshot).
 const EVENT_BUFFER: usize = 4096;
 
+/// Where an operator command's outcome goes.
+type OperatorReply = oneshot::Sender<Result<(), OperatorError>>;
+
 enum Outbound {
     Agent(MasterToAgent),
     Framework(MasterToFramework),
@@ -324,6 +327,9 @@ async fn core_loop(
     let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
     let mut out = Vec::new();
+    // Operator commands answered once their registry writes are durable (a change an operator
+    // was told about survives a crash right after).
+    let mut replies: Vec<(OperatorReply, Result<(), OperatorError>)> = Vec::new();
     let conns = shell.conns.clone();
     // Reconciliation answers wait for room in their peers' outboxes; retried at the next event.
     let mut backlog_blocked = false;
@@ -370,7 +376,8 @@ async fn core_loop(
                         (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
                         (CoreEvent::Input(input), None) => held.push(input),
                         (CoreEvent::Operator(cmd, reply), Some(m)) => {
-                            let _ = reply.send(m.operator_at(cmd, now()).map(|o| out.extend(o)));
+                            let result = m.operator_at(cmd, now()).map(|o| out.extend(o));
+                            replies.push((reply, result));
                         }
                         (CoreEvent::Operator(_, reply), None) => {
                             let _ = reply.send(Err(OperatorError::NotLeader));
@@ -483,15 +490,30 @@ async fn core_loop(
         if !mutations.is_empty() {
             let pending = writer.submit(mutations);
             let lost = lost.clone();
+            // Every operator reply of this batch waits for its writes (they are in order).
+            let replies = std::mem::take(&mut replies);
             tokio::spawn(async move {
-                match pending.await {
-                    Ok(()) => {}
+                let failed = match pending.await {
+                    Ok(()) => None,
                     Err(RegistryError::Fenced(e)) => {
                         let _ = lost.send(format!("a registry write was fenced off: {e}"));
+                        Some(OperatorError::NotLeader)
                     }
-                    Err(e) => tracing::error!("registry write failed: {e}"),
+                    Err(e) => {
+                        tracing::error!("registry write failed: {e}");
+                        Some(OperatorError::NotPersisted(e.to_string()))
+                    }
+                };
+                for (reply, result) in replies {
+                    let _ = reply.send(match (&failed, result) {
+                        (Some(e), Ok(())) => Err(e.clone()),
+                        (_, result) => result,
+                    });
                 }
             });
+        }
+        for (reply, result) in replies.drain(..) {
+            let _ = reply.send(result);
         }
     }
 }

@@ -82,6 +82,9 @@ pub enum OperatorError {
     /// This master does not lead (HTTP 503).
     #[error("this master is not the leader")]
     NotLeader,
+    /// Applied, but the registry did not record it: it may not survive a restart (HTTP 503).
+    #[error("the change could not be recorded in the registry: {0}")]
+    NotPersisted(String),
 }
 
 impl From<String> for OperatorError {
