@@ -421,20 +421,11 @@ async fn bounded_body(State(app): State<App>, req: Request, next: Next) -> Respo
 /// Works out who is calling and attaches a [`Caller`] to the request.
 async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> Response {
     let info = req.extensions().get::<ConnInfo>().cloned();
-    // The dashboard's cookie stands for its token on reads only.
+    // The dashboard's cookie stands for its token on reads only (a certificate wins over it).
     let cookie = (req.method() == axum::http::Method::GET)
         .then(|| cookie_token(&req))
         .flatten();
     let caller = match bearer(&req) {
-        None if cookie.is_some() => match cookie.and_then(|t| app.tokens.verify(&t)) {
-            Some(name) => Caller::Operator {
-                name,
-                how: "cookie",
-            },
-            None => Caller::Anonymous {
-                why: "the dashboard login (cookie) is not valid; log in again".into(),
-            },
-        },
         Some(Err(why)) => return ApiError::new(StatusCode::UNAUTHORIZED, why).into_response(),
         Some(Ok(token)) => match app.tokens.verify(token) {
             Some(name) => Caller::Operator { name, how: "token" },
@@ -443,15 +434,24 @@ async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> R
                     .into_response()
             }
         },
-        None => match info.and_then(|i| i.certificate) {
-            Some(PeerIdentity::Operator(name)) => Caller::Operator {
+        None => match (info.and_then(|i| i.certificate), cookie) {
+            (Some(PeerIdentity::Operator(name)), _) => Caller::Operator {
                 name,
                 how: "certificate",
             },
-            Some(other) => Caller::Anonymous {
+            (_, Some(token)) => match app.tokens.verify(&token) {
+                Some(name) => Caller::Operator {
+                    name,
+                    how: "cookie",
+                },
+                None => Caller::Anonymous {
+                    why: "the dashboard login (cookie) is not valid; log in again".into(),
+                },
+            },
+            (Some(other), None) => Caller::Anonymous {
                 why: format!("{other} is not an operator certificate (operator:NAME)"),
             },
-            None => Caller::Anonymous {
+            (None, None) => Caller::Anonymous {
                 why: "no operator certificate or bearer token".into(),
             },
         },
@@ -693,6 +693,28 @@ mod tests {
         }
         let none = Request::builder().body(Body::empty()).unwrap();
         assert_eq!(bearer(&none), None);
+    }
+
+    #[test]
+    fn the_dashboard_cookie_is_found_among_others() {
+        let req = |cookies: &[&str]| {
+            let mut b = Request::builder();
+            for c in cookies {
+                b = b.header(header::COOKIE, *c);
+            }
+            b.body(Body::empty()).unwrap()
+        };
+        assert_eq!(
+            cookie_token(&req(&["a=1; gantry_token=tok; b=2"])),
+            Some("tok".into())
+        );
+        assert_eq!(
+            cookie_token(&req(&["a=1", "gantry_token=t2"])),
+            Some("t2".into())
+        );
+        assert_eq!(cookie_token(&req(&["gantry_token="])), None);
+        assert_eq!(cookie_token(&req(&["xgantry_token=t"])), None);
+        assert_eq!(cookie_token(&req(&[])), None);
     }
 
     #[test]
