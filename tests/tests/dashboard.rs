@@ -2,7 +2,9 @@
 //! stand-in GPUs: the browser logs in with an operator token (cookie), and the page shows the
 //! agent, its four GPUs with utilization, health and the task holding each, and the tasks;
 //! later loads show the changes (a task finished, a GPU turned unhealthy, then cleared with
-//! `gantryctl clear-gpu` through the master). A screenshot is saved
+//! `gantryctl clear-gpu` through the master); an open page (driven over the DevTools protocol on
+//! `--remote-debugging-pipe`) updates itself from the event stream, without a reload, when an
+//! operator changes a weight and deactivates the agent. A screenshot is saved
 //! and its path printed. Needs Debian's `chromium` (scripts/setup-deps.sh installs it).
 
 use std::path::{Path, PathBuf};
@@ -90,6 +92,151 @@ async fn raw_request(addr: std::net::SocketAddr, tls_dir: &Path, request: String
     let mut out = Vec::new();
     let _ = tokio::time::timeout(T, s.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Headless Chromium driven over the DevTools protocol on `--remote-debugging-pipe` (fd 3: our
+/// commands, fd 4: its answers, each a JSON message ended by NUL).
+struct Devtools {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: std::sync::mpsc::Receiver<serde_json::Value>,
+    next: u64,
+}
+
+impl Devtools {
+    fn start(profile: &Path) -> Self {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::process::CommandExt;
+        let pipe = || {
+            let mut fds = [0i32; 2];
+            // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+            let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+            assert_eq!(r, 0, "pipe2: {}", std::io::Error::last_os_error());
+            (fds[0], fds[1])
+        };
+        let (cmd_r, cmd_w) = pipe();
+        let (ans_r, ans_w) = pipe();
+        let mut cmd = Command::new(chromium());
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--ignore-certificate-errors",
+            "--window-size=1400,2000",
+            "--remote-debugging-pipe",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("about:blank")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        // SAFETY: only async-signal-safe calls (dup2) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(cmd_r, 3) < 0 || libc::dup2(ans_w, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("start chromium");
+        // SAFETY: the descriptors are ours (from pipe2) and owned by one File each from here on.
+        let (to, from_file) = unsafe {
+            libc::close(cmd_r);
+            libc::close(ans_w);
+            (
+                std::fs::File::from_raw_fd(cmd_w),
+                std::fs::File::from_raw_fd(ans_r),
+            )
+        };
+        let (tx, from) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut r = std::io::BufReader::new(from_file);
+            loop {
+                let mut msg = Vec::new();
+                match r.read_until(0, &mut msg) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {
+                        msg.pop();
+                        if let Ok(v) = serde_json::from_slice(&msg) {
+                            if tx.send(v).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Self {
+            child,
+            to,
+            from,
+            next: 0,
+        }
+    }
+
+    /// Sends a command (to a page's `session`, or the browser) and waits for its result.
+    fn call(
+        &mut self,
+        session: Option<&str>,
+        method: &str,
+        params: serde_json::Value,
+    ) -> serde_json::Value {
+        use std::io::Write;
+        self.next += 1;
+        let id = self.next;
+        let mut msg = serde_json::json!({"id": id, "method": method, "params": params});
+        if let Some(s) = session {
+            msg["sessionId"] = s.into();
+        }
+        let mut bytes = msg.to_string().into_bytes();
+        bytes.push(0);
+        self.to.write_all(&bytes).expect("write to chromium");
+        let deadline = Instant::now() + T;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let v = self
+                .from
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("chromium did not answer {method}"));
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates `expr` in the page; its value.
+    fn eval(&mut self, session: &str, expr: &str) -> serde_json::Value {
+        let r = self.call(
+            Some(session),
+            "Runtime.evaluate",
+            serde_json::json!({"expression": expr, "returnByValue": true}),
+        );
+        r["result"]["value"].clone()
+    }
+
+    /// Polls `expr` in the page until it is `true`.
+    fn wait_true(&mut self, session: &str, what: &str, expr: &str) {
+        let deadline = Instant::now() + T;
+        while self.eval(session, expr) != true {
+            assert!(
+                Instant::now() < deadline,
+                "the open page never showed {what} ({expr}); body: {}",
+                self.eval(session, "document.body ? document.body.outerHTML : ''")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Devtools {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The `<tr …>` row that carries `attr` (e.g. `data-name="x"`), up to its end.
@@ -273,6 +420,68 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     assert!(bad.starts_with("HTTP/1.1 401"), "{bad}");
     let weight = cluster.master.state().unwrap()["allocator"]["roles"]["ml"]["weight"].clone();
     assert_eq!(weight, 1.0);
+
+    // Live: an open page follows the event stream and re-renders without a reload.
+    let mut dt = Devtools::start(&scratch.path().join("chromium-live"));
+    let target = dt.call(
+        None,
+        "Target.createTarget",
+        serde_json::json!({"url": login}),
+    );
+    let attached = dt.call(
+        None,
+        "Target.attachToTarget",
+        serde_json::json!({"targetId": target["targetId"], "flatten": true}),
+    );
+    let session = attached["sessionId"].as_str().unwrap().to_string();
+    dt.wait_true(
+        &session,
+        "the event stream connected",
+        "document.body && document.body.dataset.live === 'connected'",
+    );
+    dt.wait_true(
+        &session,
+        "the agent",
+        "!!document.querySelector('tr.agent[data-name=\"dash-gpu1\"]')",
+    );
+    let ctl = |args: &[&str]| {
+        let out = cluster.master.gantryctl(args).unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ctl(&["weight", "ml", "3"]);
+    dt.wait_true(
+        &session,
+        "the new weight",
+        "(() => { const r = document.querySelector('tr.role[data-name=\"ml\"]'); \
+          return !!r && r.children[2].textContent === '3.0'; })()",
+    );
+    ctl(&["deactivate", "dash-gpu1"]);
+    dt.wait_true(
+        &session,
+        "the agent deactivated",
+        "document.querySelector('tr.agent[data-name=\"dash-gpu1\"]').textContent.includes('deactivated')",
+    );
+    dt.wait_true(
+        &session,
+        "the changes in the event log",
+        "[...document.querySelectorAll('#events li')].some(l => l.textContent.includes('deactivated'))",
+    );
+    ctl(&["reactivate", "dash-gpu1"]);
+    dt.wait_true(
+        &session,
+        "the agent active again",
+        "document.querySelector('tr.agent[data-name=\"dash-gpu1\"]').textContent.includes('connected')",
+    );
+    dt.wait_true(
+        &session,
+        "a share chart line",
+        "document.querySelectorAll('#shares polyline').length >= 1",
+    );
+    drop(dt);
 
     // The live script and stylesheet are served.
     let js = browse(&profile, &format!("{base}/ui/app.js"), &["--dump-dom"]);
