@@ -666,6 +666,12 @@ async fn operator_writes_survive_an_ha_failover() {
         serde_json::json!({"role": "ha-ops", "resources": "cpus:2;mem:512"}),
     )
     .await;
+    post(
+        &lead,
+        "/api/v1/agents/api-ha0/deactivate",
+        serde_json::json!({}),
+    )
+    .await;
 
     // Kill the leader: the standby takes over with the registry's view.
     masters[leader].proc.kill9();
@@ -679,6 +685,16 @@ async fn operator_writes_survive_an_ha_failover() {
     .await;
     assert_eq!(a["reserved"]["ha-ops"]["cpus"], 2.0, "{a:#}");
     assert_eq!(a["reserved"]["ha-ops"]["mem"], 512.0, "{a:#}");
+    assert_eq!(a["active"], false, "still deactivated: {a:#}");
+    let m = get(&next, "/api/v1/maintenance").await;
+    assert_eq!(m["agents"][0]["name"], "api-ha0", "{m:#}");
+    post(
+        &next,
+        "/api/v1/agents/api-ha0/reactivate",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(get(&next, "/api/v1/agents/api-ha0").await["active"], true);
     let w = get(&next, "/api/v1/weights").await;
     assert!(
         w.as_array()

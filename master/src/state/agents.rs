@@ -319,10 +319,19 @@ impl Master {
                     .get(&id)
                     .map(|a| a.hostname.clone())
                     .unwrap_or_default();
+                let deactivated = recovered.as_ref().is_some_and(|r| r.deactivated);
+                if deactivated {
+                    // Deactivated by an operator before the failover: still not offered.
+                    if let Some(a) = self.agents.get_mut(&id) {
+                        a.active = false;
+                    }
+                    self.allocator.set_agent_active(id, false);
+                }
                 let record = AgentRecord {
                     id,
                     name: name.clone(),
                     hostname,
+                    deactivated,
                 };
                 // After a failover the registry already holds most re-registering agents:
                 // write only what changed (10,000 agents must not mean 10,000 etcd writes).

@@ -1,8 +1,8 @@
 //! Operator commands (HTTP API / `gantryctl`): role weights and quotas, reservations on an
 //! agent, deactivating / reactivating and removing agents, tearing down frameworks and
-//! clearing unhealthy GPUs. What the registry holds (weights, quotas, dynamic reservations,
-//! removals) survives a restart or failover; deactivation lasts until reactivated or the master
-//! restarts.
+//! clearing unhealthy GPUs. What they change is persisted (weights, quotas, dynamic
+//! reservations, deactivation in the agent's record, removals) and survives a restart or
+//! failover; a GPU clear is the agent's to keep.
 
 use super::*;
 
@@ -185,6 +185,12 @@ impl Master {
         }
         a.active = active;
         tracing::warn!(agent = %a.name, active, "agent activity changed by an operator");
+        out.push(Output::Persist(Mutation::PutAgent(AgentRecord {
+            id,
+            name: a.name.clone(),
+            hostname: a.hostname.clone(),
+            deactivated: !active,
+        })));
         for rec in self.allocator.set_agent_active(id, active) {
             self.send_rescind(&rec, out);
         }

@@ -979,6 +979,7 @@ fn reregister_after_recovery(id: AgentId, hostname: &str, conn: ConnId) -> Vec<O
             id,
             name: "a1".into(),
             hostname: hostname.into(),
+            deactivated: false,
         },
     );
     let mut h = Harness::new();
@@ -1311,6 +1312,7 @@ fn a_recovered_agents_name_is_kept_for_it_until_its_deadline() {
             id,
             name: "a1".into(),
             hostname: "h".into(),
+            deactivated: false,
         },
     );
     let mut h = Harness::new();
