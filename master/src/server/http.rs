@@ -1,5 +1,5 @@
-//! The operator HTTP API: `/health` (public), `/state` (a read), `POST /weights` and
-//! `POST /quota` (writes), the versioned API `/api/v1/…` with its event stream
+//! The operator HTTP API: `/health` (public), `/state` and `/metrics` (reads), `POST /weights`
+//! and `POST /quota` (writes), the versioned API `/api/v1/…` with its event stream
 //! ([`super::api`]) and the web dashboard `/ui` (`ui`), served over HTTPS with the
 //! cluster CA.
 //!
@@ -40,7 +40,7 @@ use tokio::sync::{oneshot, watch, Semaphore};
 use super::{CoreEvent, Shell};
 use crate::acl::{Acls, OperatorAction};
 use crate::election::health;
-use crate::state::{OperatorCommand, OperatorError};
+use crate::state::{OperatorCommand, OperatorRejection};
 use crate::tokens::OperatorTokens;
 
 /// Bounds on what one HTTP client may hold.
@@ -220,6 +220,8 @@ fn router(app: App) -> Router {
         .route("/state", get(state_handler))
         .route("/weights", post(weights_handler))
         .route("/quota", post(quota_handler))
+        // Metrics (issue 14 item 1): Prometheus text exposition, a read.
+        .route("/metrics", get(metrics_handler))
         // Operator API v1 and its event stream (helper hapi; drain routes: hdrain).
         .merge(super::api::routes())
         // Web dashboard (helper hapi).
@@ -567,6 +569,23 @@ impl App {
     }
 }
 
+/// `GET /metrics`: the Prometheus exposition (a read: same authentication as `/state`).
+async fn metrics_handler(
+    State(app): State<App>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Result<Response, ApiError> {
+    app.may_read(&caller_of(caller))?;
+    let (tx, rx) = oneshot::channel();
+    app.shell
+        .core
+        .send(CoreEvent::Metrics(tx))
+        .await
+        .map_err(|_| unavailable())?;
+    let snapshot = rx.await.map_err(|_| unavailable())?;
+    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref());
+    Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
+}
+
 /// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -606,12 +625,12 @@ pub(super) async fn operator(app: &App, who: String, cmd: OperatorCommand) -> Ap
         }
         Err(e) => {
             let status = match e {
-                OperatorError::Invalid(_) => StatusCode::BAD_REQUEST,
-                OperatorError::NotFound(_) => StatusCode::NOT_FOUND,
-                OperatorError::Conflict(_) => StatusCode::CONFLICT,
-                OperatorError::NotLeader | OperatorError::NotPersisted(_) => {
+                OperatorRejection::NotFound(_) => StatusCode::NOT_FOUND,
+                OperatorRejection::Conflict(_) => StatusCode::CONFLICT,
+                OperatorRejection::NotLeader | OperatorRejection::NotPersisted(_) => {
                     StatusCode::SERVICE_UNAVAILABLE
                 }
+                _ => StatusCode::BAD_REQUEST,
             };
             Err(ApiError::new(status, e.to_string()))
         }

@@ -67,37 +67,11 @@ pub enum OperatorCommand {
     },
 }
 
-/// Why an operator command was refused (nothing changed).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OperatorError {
-    /// The request is not valid (HTTP 400).
-    #[error("{0}")]
-    Invalid(String),
-    /// It names an agent, framework or GPU the master does not know (HTTP 404).
-    #[error("{0}")]
-    NotFound(String),
-    /// It does not apply in the current state (HTTP 409).
-    #[error("{0}")]
-    Conflict(String),
-    /// This master does not lead (HTTP 503).
-    #[error("this master is not the leader")]
-    NotLeader,
-    /// Applied, but the registry did not record it: it may not survive a restart (HTTP 503).
-    #[error("the change could not be recorded in the registry: {0}")]
-    NotPersisted(String),
-}
-
-impl From<String> for OperatorError {
-    fn from(s: String) -> Self {
-        OperatorError::Invalid(s)
-    }
-}
-
 impl Master {
     /// Applies a weight or quota command (which do not depend on the time); see
     /// [`Master::operator_at`].
-    pub fn operator(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, String> {
-        self.operator_at(cmd, 0).map_err(|e| e.to_string())
+    pub fn operator(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorRejection> {
+        self.operator_at(cmd, 0)
     }
 
     /// Applies an operator command at `now`. Weights and quotas take effect at the next batch
@@ -106,11 +80,11 @@ impl Master {
         &mut self,
         cmd: OperatorCommand,
         now: Millis,
-    ) -> Result<Vec<Output>, OperatorError> {
+    ) -> Result<Vec<Output>, OperatorRejection> {
         let mut out = Vec::new();
         match cmd {
             OperatorCommand::SetWeight { .. } | OperatorCommand::SetQuota { .. } => {
-                return self.role_command(cmd).map_err(OperatorError::Invalid);
+                return self.role_command(cmd);
             }
             OperatorCommand::Reserve {
                 agent_id,
@@ -136,7 +110,7 @@ impl Master {
             }
             OperatorCommand::Teardown { framework_id } => {
                 if !self.frameworks.contains_key(&framework_id) {
-                    return Err(OperatorError::NotFound(format!(
+                    return Err(OperatorRejection::NotFound(format!(
                         "no framework {framework_id}"
                     )));
                 }
@@ -149,16 +123,16 @@ impl Master {
                     .get(&agent_id)
                     .ok_or_else(|| not_found_agent(agent_id))?;
                 let gpu = a.gpus.iter().find(|g| g.uuid == uuid).ok_or_else(|| {
-                    OperatorError::NotFound(format!("agent {} has no GPU {uuid:?}", a.name))
+                    OperatorRejection::NotFound(format!("agent {} has no GPU {uuid:?}", a.name))
                 })?;
                 if gpu.healthy {
-                    return Err(OperatorError::Conflict(format!(
+                    return Err(OperatorRejection::Conflict(format!(
                         "GPU {uuid} of agent {} is healthy",
                         a.name
                     )));
                 }
                 let conn = a.conn.ok_or_else(|| {
-                    OperatorError::Conflict(format!(
+                    OperatorRejection::Conflict(format!(
                         "agent {} is disconnected; clear the GPU on the host (gantry-agent clear-gpu)",
                         a.name
                     ))
@@ -175,7 +149,7 @@ impl Master {
         id: AgentId,
         active: bool,
         out: &mut Vec<Output>,
-    ) -> Result<(), OperatorError> {
+    ) -> Result<(), OperatorRejection> {
         let a = self
             .agents
             .get_mut(&id)
@@ -207,10 +181,10 @@ impl Master {
         resources: &Resources,
         reserve: bool,
         out: &mut Vec<Output>,
-    ) -> Result<(), OperatorError> {
+    ) -> Result<(), OperatorRejection> {
         self.config.limits.check_role(role)?;
         if resources.is_empty() {
-            return Err(OperatorError::Invalid("no resources named".into()));
+            return Err(OperatorRejection::Invalid("no resources named".into()));
         }
         let a = self.agents.get(&id).ok_or_else(|| not_found_agent(id))?;
         // What the agent's tasks hold, by pool.
@@ -228,7 +202,7 @@ impl Master {
         if reserve {
             let free = a.resources.saturating_sub(&used_unreserved);
             if !free.contains(resources) {
-                return Err(OperatorError::Conflict(format!(
+                return Err(OperatorRejection::Conflict(format!(
                     "agent {} has {free} unreserved and not in use; {resources} can not be reserved",
                     a.name
                 )));
@@ -236,14 +210,14 @@ impl Master {
         } else {
             let dynamic = a.dynamic.get(role).cloned().unwrap_or_default();
             if !dynamic.contains(resources) {
-                return Err(OperatorError::Conflict(format!(
+                return Err(OperatorRejection::Conflict(format!(
                     "{resources} is not dynamically reserved for {role:?} on agent {} (static reservations belong to the agent's configuration)",
                     a.name
                 )));
             }
             let reserved = a.reserved.get(role).cloned().unwrap_or_default();
             if !reserved.saturating_sub(&used_role).contains(resources) {
-                return Err(OperatorError::Conflict(format!(
+                return Err(OperatorRejection::Conflict(format!(
                     "{resources} of {role:?} on agent {} is in use by tasks",
                     a.name
                 )));
@@ -295,14 +269,12 @@ impl Master {
         Ok(())
     }
 
-    fn role_command(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, String> {
+    fn role_command(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorRejection> {
         match cmd {
             OperatorCommand::SetWeight { role, weight } => {
                 self.config.limits.check_role(&role)?;
                 if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
-                    return Err(format!(
-                        "weight must be a positive number from {MIN_WEIGHT} to {MAX_WEIGHT}, not {weight}"
-                    ));
+                    return Err(OperatorRejection::Weight(weight));
                 }
                 tracing::info!(%role, weight, "role weight set");
                 self.allocator.set_weight(&role, weight);
@@ -331,15 +303,13 @@ impl Master {
                 ];
                 for (part, r) in parts {
                     if r.len() > MAX_QUOTA_KINDS {
-                        return Err(format!(
-                            "a quota {part} names at most {MAX_QUOTA_KINDS} resource kinds"
-                        ));
+                        return Err(OperatorRejection::QuotaKinds(part));
                     }
                     if let Some((name, _)) = r.iter().find(|(_, milli)| *milli > MAX_QUOTA_MILLI) {
-                        return Err(format!(
-                            "quota {part} of {name} exceeds {} units",
-                            MAX_QUOTA_MILLI / 1000
-                        ));
+                        return Err(OperatorRejection::QuotaAmount {
+                            part,
+                            name: name.to_string(),
+                        });
                     }
                 }
                 if let (Some(g), Some(l)) = (&guarantee, &limit) {
@@ -347,13 +317,12 @@ impl Master {
                         .names()
                         .find(|n| l.limit(n).is_some_and(|max| g.milli(n) > max))
                     {
-                        return Err(format!("quota guarantee of {name} exceeds its limit"));
+                        return Err(OperatorRejection::GuaranteeOverLimit(name.to_string()));
                     }
                 }
                 // Refused (nothing changes) when guarantees would not nest.
                 self.allocator
-                    .set_quota(&role, guarantee.clone(), limit.clone())
-                    .map_err(|e| e.to_string())?;
+                    .set_quota(&role, guarantee.clone(), limit.clone())?;
                 tracing::info!(%role, ?guarantee, ?limit, "role quota set");
                 if guarantee.is_none() && limit.is_none() {
                     self.forget_role(&role);
@@ -380,11 +349,11 @@ impl Master {
                 });
                 Ok(vec![Output::Persist(m)])
             }
-            _ => Err("not a role command".into()),
+            _ => Err(OperatorRejection::Invalid("not a role command".into())),
         }
     }
 }
 
-fn not_found_agent(id: AgentId) -> OperatorError {
-    OperatorError::NotFound(format!("no agent {id}"))
+fn not_found_agent(id: AgentId) -> OperatorRejection {
+    OperatorRejection::NotFound(format!("no agent {id}"))
 }

@@ -1,9 +1,9 @@
 //! Operator commands of the `/api/v1` writes (reserve, deactivate, mark gone, teardown, GPU
-//! clears) and the events they and the peers cause (shares the harness of `tests.rs`).
+//! clears) and the events they and the peers cause (the harness is `tests/mod.rs`).
 
 use super::*;
 
-fn op(h: &mut Harness, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorError> {
+fn op(h: &mut Harness, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorRejection> {
     let mut out = h.m.operator_at(cmd, h.now)?;
     if h.m.allocation_due(h.now) {
         h.m.allocate(h.now, &mut out);
@@ -42,7 +42,7 @@ fn deactivated_agents_are_not_offered_until_reactivated() {
             &mut h,
             OperatorCommand::DeactivateAgent { agent_id: unknown }
         ),
-        Err(OperatorError::NotFound(_))
+        Err(OperatorRejection::NotFound(_))
     ));
 }
 
@@ -66,7 +66,7 @@ fn operator_reservations_persist_and_refuse_what_is_in_use() {
         },
     );
     assert!(
-        matches!(too_much, Err(OperatorError::Conflict(_))),
+        matches!(too_much, Err(OperatorRejection::Conflict(_))),
         "{too_much:?}"
     );
     let out = op(
@@ -136,7 +136,7 @@ fn teardown_kills_the_tasks_and_mark_gone_loses_them() {
         .any(|e| matches!(e, ClusterEvent::FrameworkRemoved { reason, .. } if reason.contains("operator"))));
     assert!(matches!(
         op(&mut h, OperatorCommand::Teardown { framework_id: fw }),
-        Err(OperatorError::NotFound(_))
+        Err(OperatorRejection::NotFound(_))
     ));
     let out = op(&mut h, OperatorCommand::MarkAgentGone { agent_id: a }).unwrap();
     assert!(out
@@ -188,11 +188,11 @@ fn clear_gpu_asks_the_agent_only_for_an_unhealthy_gpu() {
     };
     assert!(matches!(
         op(&mut h, clear("GPU-0")),
-        Err(OperatorError::Conflict(_))
+        Err(OperatorRejection::Conflict(_))
     ));
     assert!(matches!(
         op(&mut h, clear("GPU-9")),
-        Err(OperatorError::NotFound(_))
+        Err(OperatorRejection::NotFound(_))
     ));
     h.input(Input::Agent {
         conn: A,
