@@ -260,7 +260,7 @@ impl Core {
         for o in offers {
             let known = self.agents.entry(o.agent_id).or_insert_with(|| KnownAgent {
                 hostname: o.hostname.clone(),
-                attributes: o.attributes.clone(),
+                attributes: (*o.attributes).clone(),
                 gpus: BTreeMap::new(),
                 capacity: Resources::new(),
             });

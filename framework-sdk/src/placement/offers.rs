@@ -133,7 +133,7 @@ impl AgentView {
                         hostname: offer.hostname.clone(),
                         offer_ids: Vec::new(),
                         resources: Resources::new(),
-                        attributes: offer.attributes.clone(),
+                        attributes: (*offer.attributes).clone(),
                         gpus,
                     });
                     views.len() - 1
@@ -609,7 +609,7 @@ pub(crate) mod tests {
             resources: res.parse().unwrap(),
             reserved: Default::default(),
             attributes: Default::default(),
-            gpus: gpus.clone(),
+            gpus: gpus.clone().into(),
         };
         let offers = [offer("cpus:2;gpus:1"), offer("cpus:1;gpus:2")];
         let views = AgentView::from_offers(&offers, &|_, u: &str| u == "GPU-0");

@@ -44,7 +44,7 @@ impl Cluster {
                     .unwrap(),
                 reserved: Default::default(),
                 attributes: Default::default(),
-                gpus: gpus(i as u32),
+                gpus: gpus(i as u32).into(),
             })
             .collect()
     }
@@ -143,7 +143,12 @@ fn backfill_never_takes_the_reserved_gpus() {
     q.submit(spec("big", "t", Priority::Normal, 8, 1), now);
     q.submit(spec("small", "t", Priority::Normal, 1, 1), now);
     let mut offer = c.offers(&[4]);
-    offer[0].gpus.retain(|g| g.numa_node == Some(1));
+    offer[0].gpus = offer[0]
+        .gpus
+        .iter()
+        .filter(|g| g.numa_node == Some(1))
+        .cloned()
+        .collect();
     let a = q.offers(offer, now);
     assert!(
         launched(&a).is_empty(),
@@ -371,7 +376,12 @@ fn elastic_gang_starts_with_what_fits_grows_and_shrinks_for_a_critical_job() {
     }
     // More GPUs appear (the agent's other NUMA node): the gang grows to four.
     let mut more = c.offers(&[4]);
-    more[0].gpus.retain(|g| g.numa_node == Some(1));
+    more[0].gpus = more[0]
+        .gpus
+        .iter()
+        .filter(|g| g.numa_node == Some(1))
+        .cloned()
+        .collect();
     let a = q.offers(more, now);
     let grown = launched(&a);
     assert_eq!(
@@ -493,7 +503,7 @@ mod properties {
                     .unwrap(),
                 reserved: Default::default(),
                 attributes: Default::default(),
-                gpus: gpus(a as u32),
+                gpus: gpus(a as u32).into(),
             })
         }
 
