@@ -703,13 +703,21 @@ impl Core {
             .flat_map(|(_, parts)| parts.iter().map(|p| p.0))
             .collect();
         let waiting = !blocked.is_empty();
+        // Per agent: the master's accept and decline act on all of a framework's offers on an
+        // agent, so an agent's offers are kept or declined together (kept while its newest
+        // offer is fresh).
+        let mut fresh: BTreeMap<AgentId, bool> = BTreeMap::new();
+        for (o, at) in self.offers.values() {
+            let f = now.saturating_duration_since(*at) < self.config.offer_hold;
+            *fresh.entry(o.agent_id).or_default() |= f;
+        }
         let mut decline = Vec::new();
-        for (id, (o, at)) in &self.offers {
+        for (id, (o, _)) in &self.offers {
             if used_offers.contains(id) {
                 continue;
             }
-            let stale = now.saturating_duration_since(*at) >= self.config.offer_hold;
-            let keep = reserved.contains(&o.agent_id) || (waiting && !stale);
+            let keep = reserved.contains(&o.agent_id)
+                || (waiting && fresh.get(&o.agent_id).copied().unwrap_or(false));
             if !keep {
                 decline.push(*id);
             }
