@@ -277,6 +277,7 @@ impl Allocator {
         }
         self.frameworks.remove(f);
         self.fw_ids.remove(&id);
+        self.forget_framework_usage(id);
         self.epoch += 1;
         out
     }
@@ -428,6 +429,7 @@ impl Allocator {
                 self.roles[parent as usize].sorted.remove(&key);
             }
             self.role_ids.remove(name.as_str());
+            self.forget_role_usage(&name);
             // A dead slot: no parent, so no cycle, sort or view ever reaches it.
             self.roles[r as usize] = Role::new("", None);
             self.free_role_slots.push(r);

@@ -524,6 +524,10 @@ impl Master {
             },
         );
         let Some(task) = self.tasks.get_mut(&update.task_id) else {
+            // A completed task's update again: its acknowledgement was lost on the way.
+            if self.completed_count.contains_key(&update.task_id) {
+                self.status_update_retries += 1;
+            }
             // Unknown task (its framework was removed): nobody will acknowledge; we do.
             out.push(ack);
             return;
@@ -539,8 +543,17 @@ impl Master {
             return;
         }
         if task.acked.contains(&update.update_id) {
+            self.status_update_retries += 1;
             out.push(ack);
             return;
+        }
+        if task
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.update_id == update.update_id)
+        {
+            // A retransmission of the update the framework has not acknowledged yet.
+            self.status_update_retries += 1;
         }
         let was_terminal = task.state.is_terminal();
         if !was_terminal || update.state.is_terminal() {

@@ -42,6 +42,7 @@ impl Master {
         if let Some(f) = self.frameworks.get_mut(&task.framework) {
             f.tasks.remove(&tid);
         }
+        *self.tasks_completed.entry(task.state.as_str()).or_default() += 1;
         self.remember_completed(task.record());
     }
 
