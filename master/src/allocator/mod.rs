@@ -291,6 +291,8 @@ struct Agent {
     filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
+    /// Deactivated by an operator: never offered (its allocations stay).
+    inactive: bool,
 }
 
 #[derive(Debug)]

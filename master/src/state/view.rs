@@ -46,6 +46,8 @@ pub struct AgentView {
     pub gpu_samples: Vec<GpuSample>,
     /// The user its tasks run as when their command names none (`--task-user`).
     pub task_user: String,
+    /// False while an operator has deactivated it (nothing of it is offered).
+    pub active: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -181,6 +183,7 @@ impl Master {
                     gpus: a.gpus.clone(),
                     gpu_samples: a.gpu_samples.clone(),
                     task_user: a.task_user.clone(),
+                    active: a.active,
                 }
             })
             .collect();
