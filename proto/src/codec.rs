@@ -237,6 +237,7 @@ mod tests {
             reserved: Default::default(),
             attributes: [("blob".to_string(), "x".repeat(attr_bytes))].into(),
             gpus: vec![],
+            gpu_free: vec![],
         }
     }
 

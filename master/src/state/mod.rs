@@ -50,6 +50,8 @@
 //!   disconnection and removal;
 //! - `frameworks`: subscription, failover, disconnection and removal;
 //! - `accept`: accepting offers (validation, carving resources out of offers, reservations);
+//! - `gpus`: GPU sharing: per-GPU shares held by tasks, free fractions in offers, the
+//!   fragmentation-aware choice of the GPU for a fractional task;
 //! - `tasks`: task lifecycle (releasing resources, completed history, master-made updates);
 //! - `reconcile`: framework reconciliation answered in bounded slices;
 //! - `timers`: re-register, failover and offer timeouts;
@@ -60,6 +62,7 @@
 mod accept;
 mod agents;
 mod frameworks;
+pub mod gpus;
 mod operator;
 mod reconcile;
 mod recovery;
@@ -121,6 +124,8 @@ pub struct MasterConfig {
     pub frame_budget_bytes: usize,
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
+    /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
+    pub gpu_placement: gantry_sdk::placement::Policy,
 }
 
 /// Bounds on what one tenant may make the master hold (docs/security.md lists the defaults and
@@ -209,6 +214,7 @@ impl Default for MasterConfig {
             frame_body_timeout_ms: 10_000,
             frame_budget_bytes: 128 << 20,
             limits: Limits::default(),
+            gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }
     }
 }
@@ -642,6 +648,7 @@ impl Master {
             reserved: rec.resources.reserved.clone(),
             attributes: agent.attributes.clone(),
             gpus: agent.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+            gpu_free: self.gpu_free(rec.agent),
         })
     }
 
@@ -743,5 +750,7 @@ pub fn valid_role(role: &str) -> bool {
 
 #[cfg(test)]
 mod bounded_tests;
+#[cfg(test)]
+mod gpu_tests;
 #[cfg(test)]
 mod tests;
