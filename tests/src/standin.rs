@@ -41,6 +41,21 @@ impl Standin {
         Ok(s)
     }
 
+    /// `config`, written to `dir/gpus.toml`; sets `GANTRY_NVML_STANDIN_CONFIG` like
+    /// [`Standin::four_gpus`].
+    pub fn with_config(
+        dir: &Path,
+        config: gantry_nvml_standin::config::StandinConfig,
+    ) -> anyhow::Result<Self> {
+        let s = Self {
+            path: dir.join("gpus.toml"),
+            config,
+        };
+        s.write()?;
+        std::env::set_var(gantry_nvml_standin::config::CONFIG_ENV, &s.path);
+        Ok(s)
+    }
+
     /// Writes the current configuration atomically (the library re-reads it on every call).
     pub fn write(&self) -> anyhow::Result<()> {
         gantry_nvml_standin::config::write_atomic(&self.path, &self.config)

@@ -122,7 +122,7 @@ pub fn memory_share_bytes(milli: u64, gpus: &[&GpuInfo]) -> u64 {
             .unwrap_or(GPU_MILLI),
     );
     gpus.iter()
-        .map(|g| g.memory_mib * 1024 * 1024 / u64::from(GPU_MILLI) * per_gpu)
+        .map(|g| g.memory_mib * 1024 * 1024 * per_gpu / u64::from(GPU_MILLI))
         .sum()
 }
 

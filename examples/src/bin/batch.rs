@@ -95,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
         (args.gpu_model.is_some() || args.gpu_min_memory.is_some()).then(|| GpuSelector {
             model: args.gpu_model.clone(),
             min_memory_mib: args.gpu_min_memory,
+            mig_profile: None,
         });
     let spec = BatchSpec {
         name: name.clone(),

@@ -168,7 +168,9 @@ impl Master {
                                             accept_gpus.take(uuid, m);
                                         }
                                     }
-                                    Ok(GpuAmount::Whole(k)) => accept_gpus.pending_whole += k,
+                                    Ok(GpuAmount::Whole(k)) => accept_gpus
+                                        .pending_whole
+                                        .push((k, task.gpu_selector.clone())),
                                     _ => {}
                                 }
                                 launches.push((task, alloc, chosen));

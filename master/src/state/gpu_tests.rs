@@ -259,12 +259,38 @@ fn gpus_above_one_must_be_whole_and_mig_needs_its_profile() {
         mig_profile: Some("3g.40gb".into()),
         ..GpuSelector::default()
     });
-    // Plain tasks never get MIG devices: two whole GPUs do not fit on one physical GPU.
+    // Plain tasks never get MIG devices: two whole GPUs do not fit on one physical GPU, one
+    // does (the MIG slice being launched does not hold it).
     let (launched, errors, _) = h.launch(
         offers[0].id,
-        vec![slice, two_slices, wrong, task("cpus:1;gpus:2")],
+        vec![
+            slice,
+            two_slices,
+            wrong,
+            task("cpus:1;gpus:2"),
+            task("cpus:1;gpus:1"),
+        ],
     );
-    assert_eq!(launched.len(), 1, "{errors:?}");
+    assert_eq!(launched.len(), 2, "{errors:?}");
     assert_eq!(errors.len(), 3, "{errors:?}");
     assert!(errors.iter().all(|e| e.contains("matching") || e.contains("idle GPUs")));
+}
+
+#[test]
+fn fractions_keep_whole_gpus_idle() {
+    // A quarter, a half and a quarter: one GPU, the other stays idle for a whole-GPU task
+    // (FGD with only the half in its mix would spread them).
+    let (mut h, offers) = H::new(vec![gpu(0), gpu(1)]);
+    let (launched, errors, _) = h.launch(
+        offers[0].id,
+        vec![
+            task("cpus:1;gpus:0.25"),
+            task("cpus:1;gpus:0.5"),
+            task("cpus:1;gpus:0.25"),
+            task("cpus:1;gpus:1"),
+        ],
+    );
+    assert_eq!(launched.len(), 4, "{errors:?}");
+    assert_eq!(launched[0].1, launched[1].1);
+    assert_eq!(launched[1].1, launched[2].1);
 }

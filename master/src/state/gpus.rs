@@ -8,8 +8,10 @@
 //!
 //! The master chooses the GPU for a fraction at accept time with the same fragmentation-aware
 //! scoring as the SDK's placement helper ([`gantry_sdk::placement`], policy
-//! `--gpu-placement`, default `fgd-pack`), scored against the task mix the frameworks declared
-//! in their demands plus the task itself, and sends the choice with `RunTask` (the agent checks
+//! `--gpu-placement`, default `fgd-pack`), scored against the expected task mix: the shapes
+//! the frameworks declared in their demands, the GPU tasks live on the agent, the task itself
+//! and one whole GPU (so whole GPUs are not broken up while a partly used GPU has room), and
+//! sends the choice with `RunTask` (the agent checks
 //! it and falls back to its own choice when it no longer fits). Whole GPUs are left to the
 //! agent's topology-aware assignment, as before; the master learns them from the task's
 //! status updates. A task whose GPUs are not known yet (whole GPUs, not yet reported) holds
@@ -25,18 +27,31 @@ use gantry_sdk::protocol::{GpuAmount, GpuFree, GpuInfo, GpuSelector, TaskInfo};
 use super::{AgentId, Master};
 
 /// What the tasks of one agent hold of its GPUs.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct GpuLedger {
     /// Milli-GPUs taken per GPU uuid (1000 = whole).
     pub used: BTreeMap<String, u32>,
-    /// Whole GPUs of tasks whose GPUs the agent has not reported yet.
-    pub pending_whole: u64,
+    /// Whole GPUs of tasks whose GPUs the agent has not reported yet, with their selectors.
+    pub pending_whole: Vec<(u64, Option<GpuSelector>)>,
 }
 
 impl GpuLedger {
     /// Milli-GPUs free on `uuid`.
     pub fn free(&self, uuid: &str) -> u32 {
         GPU_MILLI.saturating_sub(self.used.get(uuid).copied().unwrap_or(0))
+    }
+
+    /// Whole GPUs pending for tasks that could use one of `candidates`.
+    fn pending_on(&self, candidates: &[&GpuInfo]) -> u64 {
+        self.pending_whole
+            .iter()
+            .filter(|(_, sel)| {
+                candidates
+                    .iter()
+                    .any(|g| GpuSelector::admits(sel.as_ref(), g))
+            })
+            .map(|(k, _)| k)
+            .sum()
     }
 
     /// Records `milli` taken of `uuid`.
@@ -64,10 +79,11 @@ impl Master {
                 continue;
             }
             if t.gpus.is_empty() {
-                ledger.pending_whole += match amount {
-                    GpuAmount::Whole(k) => k,
-                    _ => 0,
-                };
+                if let GpuAmount::Whole(k) = amount {
+                    ledger
+                        .pending_whole
+                        .push((k, t.info.gpu_selector.clone()));
+                }
                 continue;
             }
             for uuid in &t.gpus {
@@ -116,7 +132,7 @@ impl Master {
             for (uuid, milli) in &taken.used {
                 l.take(uuid, *milli);
             }
-            l.pending_whole += taken.pending_whole;
+            l.pending_whole.extend(taken.pending_whole.iter().cloned());
             l
         };
         let gpus: Vec<&GpuInfo> = self
@@ -137,13 +153,14 @@ impl Master {
                     .iter()
                     .filter(|g| ledger.free(&g.uuid) == GPU_MILLI)
                     .count() as u64;
-                let needed = k + ledger.pending_whole;
+                let pending = ledger.pending_on(&candidates);
+                let needed = k + pending;
                 if idle < needed {
                     return Err(format!(
                         "task {tid}: asks for {k} whole GPUs{}; the agent has {idle} idle GPUs it may use{}",
                         describe(selector),
-                        if ledger.pending_whole > 0 {
-                            format!(", {} of them promised to tasks being launched", ledger.pending_whole)
+                        if pending > 0 {
+                            format!(", {pending} of them promised to tasks being launched")
                         } else {
                             String::new()
                         }
@@ -159,13 +176,14 @@ impl Master {
             .iter()
             .filter(|g| ledger.free(&g.uuid) == GPU_MILLI)
             .count() as u64;
+        let pending = ledger.pending_on(&candidates);
         // The GPUs the placement may consider: every admissible one except idle GPUs owed to
         // whole-GPU tasks being launched (partly used ones count for the fragmentation measure
         // even when the fraction does not fit them).
         let usable: Vec<&GpuInfo> = candidates
             .iter()
             .copied()
-            .filter(|g| ledger.free(&g.uuid) < GPU_MILLI || idle > ledger.pending_whole)
+            .filter(|g| ledger.free(&g.uuid) < GPU_MILLI || idle > pending)
             .collect();
         if !usable.iter().any(|g| ledger.free(&g.uuid) >= milli) {
             return Err(format!(
@@ -181,10 +199,17 @@ impl Master {
             gpu: GpuDemand::Fraction(milli),
             models: ModelSet::ANY,
         };
+        // The expected mix: what the frameworks declared, what runs on this agent, this task,
+        // and one whole GPU (keeping whole GPUs usable is always worth something).
+        let whole = TaskShape {
+            gpu: GpuDemand::Whole(1),
+            ..shape
+        };
         let workload = Workload::new(
             self.declared_gpu_shapes()
                 .into_iter()
-                .chain(std::iter::once((shape, 1))),
+                .chain(self.agent_gpu_shapes(agent))
+                .chain([(shape, 1), (whole, 1)]),
         );
         let mut models = Models::new();
         let model: ModelId = models.intern("gpu").map_err(|e| e.to_string())?;
@@ -202,31 +227,45 @@ impl Master {
         Ok(chosen)
     }
 
-    /// GPU task shapes the frameworks declared (`Demand`), with their counts, as the workload
-    /// the fragmentation-aware policies score against.
+    /// GPU task shapes the frameworks declared (`Demand`), with their counts, as part of the
+    /// workload the fragmentation-aware policies score against.
     fn declared_gpu_shapes(&self) -> Vec<(TaskShape, u64)> {
         self.frameworks
             .keys()
             .filter_map(|f| self.allocator.demand(*f))
-            .filter_map(|d| {
-                let gpu = match d.task.gpu_amount().ok()? {
-                    GpuAmount::None => return None,
-                    GpuAmount::Fraction(m) => GpuDemand::Fraction(m),
-                    GpuAmount::Whole(k) => GpuDemand::Whole(u32::try_from(k).ok()?),
-                };
-                Some((
-                    TaskShape {
-                        cpu_milli: 0,
-                        memory_mib: 0,
-                        gpu,
-                        models: ModelSet::ANY,
-                    },
-                    u64::from(d.count),
-                ))
-            })
+            .filter_map(|d| Some((gpu_shape(&d.task)?, u64::from(d.count))))
+            .collect()
+    }
+
+    /// GPU task shapes of the live tasks on `agent` (each counted once).
+    fn agent_gpu_shapes(&self, agent: AgentId) -> Vec<(TaskShape, u64)> {
+        let Some(a) = self.agents.get(&agent) else {
+            return Vec::new();
+        };
+        a.tasks
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .filter(|t| !t.state.is_terminal())
+            .filter_map(|t| Some((gpu_shape(&t.info.resources)?, 1)))
             .collect()
     }
 }
+
+/// The placement shape of a task's GPU demand (CPU and memory are the allocator's business).
+fn gpu_shape(r: &gantry_sdk::protocol::Resources) -> Option<TaskShape> {
+    let gpu = match r.gpu_amount().ok()? {
+        GpuAmount::None => return None,
+        GpuAmount::Fraction(m) => GpuDemand::Fraction(m),
+        GpuAmount::Whole(k) => GpuDemand::Whole(u32::try_from(k).ok()?),
+    };
+    Some(TaskShape {
+        cpu_milli: 0,
+        memory_mib: 0,
+        gpu,
+        models: ModelSet::ANY,
+    })
+}
+
 
 fn describe(selector: Option<&GpuSelector>) -> String {
     match selector {
