@@ -863,8 +863,9 @@ impl Agent {
                         let ok = self.health.is_healthy(&g.info.uuid)
                             && GpuSelector::admits(selector, &g.info);
                         ok.then(|| {
-                            gpu::share::GPU_MILLI
-                                .saturating_sub(held.get(g.info.uuid.as_str()).copied().unwrap_or(0))
+                            gpu::share::GPU_MILLI.saturating_sub(
+                                held.get(g.info.uuid.as_str()).copied().unwrap_or(0),
+                            )
                         })
                     })
                     .collect();
@@ -1084,7 +1085,10 @@ impl Agent {
     /// Sets each sampled task's GPU-memory share and acts on tasks above it: a non-terminal
     /// update (reason `gpu-memory`) once per excursion and, with `--gpu-memory-enforce kill`,
     /// the kill (the task ends `FAILED`, reason `gpu-memory`).
-    fn gpu_memory_check(&mut self, mut tasks: Vec<(TaskId, TaskUsage)>) -> Vec<(TaskId, TaskUsage)> {
+    fn gpu_memory_check(
+        &mut self,
+        mut tasks: Vec<(TaskId, TaskUsage)>,
+    ) -> Vec<(TaskId, TaskUsage)> {
         let mut over = Vec::new();
         for (id, usage) in &mut tasks {
             let Some(rec) = self.ckpt.tasks.get(id) else {
@@ -1103,7 +1107,13 @@ impl Agent {
             if !is_over {
                 self.gpu_mem_over.remove(id);
             } else if self.gpu_mem_over.insert(*id) {
-                over.push((*id, rec.framework_id, rec.state, usage.gpu_mem_bytes, usage.gpu_mem_share_bytes));
+                over.push((
+                    *id,
+                    rec.framework_id,
+                    rec.state,
+                    usage.gpu_mem_bytes,
+                    usage.gpu_mem_share_bytes,
+                ));
             }
         }
         for (id, framework_id, state, used, share) in over {
@@ -1113,10 +1123,21 @@ impl Agent {
                 "gpu-memory: the task uses {} MiB of GPU memory, above its share of {} MiB{}",
                 mib(used),
                 mib(share),
-                if kill { "; killed (--gpu-memory-enforce kill)" } else { "" }
+                if kill {
+                    "; killed (--gpu-memory-enforce kill)"
+                } else {
+                    ""
+                }
             );
             tracing::warn!(task = %id, "{message}");
-            self.update(id, state, Some(TaskReason::GpuMemory), message.clone(), None, None);
+            self.update(
+                id,
+                state,
+                Some(TaskReason::GpuMemory),
+                message.clone(),
+                None,
+                None,
+            );
             if kill {
                 if let Some(rec) = self.ckpt.tasks.get_mut(&id) {
                     rec.gpu_memory_kill = Some(message);

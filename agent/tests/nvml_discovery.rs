@@ -213,7 +213,10 @@ async fn discovery_sampling_and_health_through_standin() {
     assert_eq!(migs[0].mig_profile.as_deref(), Some("1g.10gb"));
     assert_eq!(migs[0].name, "NVIDIA H100 80GB HBM3 MIG 1g.10gb");
     assert_eq!(migs[0].memory_mib, 9856);
-    assert_eq!(migs[0].parent_uuid.as_deref(), Some(cfg.gpus[3].uuid.as_str()));
+    assert_eq!(
+        migs[0].parent_uuid.as_deref(),
+        Some(cfg.gpus[3].uuid.as_str())
+    );
     assert_eq!(migs[1].mig_profile.as_deref(), Some("3g.40gb"));
     assert_eq!(migs[1].minor, 3, "the parent's device node");
     assert_eq!(gpus.sample().len(), 4, "the physical GPUs are sampled");

@@ -612,6 +612,9 @@ pub enum AgentToMaster {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 /// What the master sends an agent.
+// `RunTask` (a task and its GPUs) is the large variant and the common one: boxing it would
+// allocate on every launch to save a few bytes on rare control messages.
+#[allow(clippy::large_enum_variant)]
 pub enum MasterToAgent {
     /// The registration was accepted.
     Registered {

@@ -190,7 +190,11 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
     // The fractions share one physical GPU, fractions summing to 1.
     let shared = env_of(q1.task_id)["CUDA_VISIBLE_DEVICES"].clone();
     assert!(shared == g0 || shared == g1, "{shared}");
-    for (t, percent, mem) in [(&q1, "25", 20_480), (&q2, "50", 40_960), (&q3, "25", 20_480)] {
+    for (t, percent, mem) in [
+        (&q1, "25", 20_480),
+        (&q2, "50", 40_960),
+        (&q3, "25", 20_480),
+    ] {
         let env = env_of(t.task_id);
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], shared, "{}", t.name);
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], shared, "{}", t.name);
@@ -202,7 +206,11 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
     }
     let daemon = agent.work_dir.join("mps").join(&shared).join("daemon.txt");
     let deadline = std::time::Instant::now() + T;
-    while std::fs::read_to_string(&daemon).ok().map(|s| s.trim().to_string()) != Some(shared.clone()) {
+    while std::fs::read_to_string(&daemon)
+        .ok()
+        .map(|s| s.trim().to_string())
+        != Some(shared.clone())
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "no MPS control daemon for {shared}"
@@ -212,13 +220,19 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
     let state = cluster
         .master
         .wait_state(T, "the GPUs of every task", |s| {
-            all.iter()
-                .all(|t| state_task(s, t.task_id)["gpus"].as_array().is_some_and(|g| !g.is_empty()))
+            all.iter().all(|t| {
+                state_task(s, t.task_id)["gpus"]
+                    .as_array()
+                    .is_some_and(|g| !g.is_empty())
+            })
         })
         .unwrap();
     let mut on_shared = 0.0;
     for t in [&q1, &q2, &q3] {
-        assert_eq!(state_task(&state, t.task_id)["gpus"], serde_json::json!([shared]));
+        assert_eq!(
+            state_task(&state, t.task_id)["gpus"],
+            serde_json::json!([shared])
+        );
         on_shared += t.resources.get("gpus");
     }
     assert!(on_shared <= 1.0, "{on_shared}");
@@ -282,7 +296,12 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
     // Its GPU neighbours are untouched.
     let state = cluster.master.state().unwrap();
     for t in [&q2, &q3] {
-        assert_eq!(state_task(&state, t.task_id)["state"], "RUNNING", "{}", t.name);
+        assert_eq!(
+            state_task(&state, t.task_id)["state"],
+            "RUNNING",
+            "{}",
+            t.name
+        );
     }
 
     for t in [&q2, &q3, &slice, &whole] {

@@ -368,7 +368,9 @@ fn mig_devices(
                 info,
                 pci_root: parent.pci_root.clone(),
             }),
-            Err(e) => tracing::warn!(gpu = %parent.info.uuid, mig = i, "MIG device query failed: {e}"),
+            Err(e) => {
+                tracing::warn!(gpu = %parent.info.uuid, mig = i, "MIG device query failed: {e}")
+            }
         }
     }
     out

@@ -172,7 +172,11 @@ mod tests {
     fn occupancy_sums_fractions_and_whole_gpus() {
         let a = vec!["GPU-a".to_string()];
         let b = vec!["GPU-b".to_string(), "GPU-c".to_string()];
-        let occ = occupancy([(250, a.as_slice()), (500, a.as_slice()), (2000, b.as_slice())]);
+        let occ = occupancy([
+            (250, a.as_slice()),
+            (500, a.as_slice()),
+            (2000, b.as_slice()),
+        ]);
         assert_eq!(occ["GPU-a"], 750);
         assert_eq!(occ["GPU-b"], 1000);
         assert_eq!(occ["GPU-c"], 1000);

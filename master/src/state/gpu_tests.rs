@@ -33,6 +33,9 @@ fn mig(i: u32) -> GpuInfo {
     }
 }
 
+/// Per launch (task, GPUs the master chose), the error texts, the new offers.
+type Launched = (Vec<(TaskId, Vec<String>)>, Vec<String>, Vec<Offer>);
+
 struct H {
     m: Master,
     fw: Option<FrameworkId>,
@@ -106,11 +109,7 @@ impl H {
 
     /// Accepts `offer` with `tasks`; returns (task, GPUs chosen by the master) per launch and
     /// the error texts, and the new offers.
-    fn launch(
-        &mut self,
-        offer: OfferId,
-        tasks: Vec<TaskInfo>,
-    ) -> (Vec<(TaskId, Vec<String>)>, Vec<String>, Vec<Offer>) {
+    fn launch(&mut self, offer: OfferId, tasks: Vec<TaskInfo>) -> Launched {
         let out = self.input(Input::Framework {
             conn: F,
             msg: FrameworkToMaster::Accept {
@@ -233,7 +232,10 @@ fn whole_gpus_being_launched_keep_their_idle_gpus() {
         ],
     );
     assert_eq!(launched.len(), 2, "{errors:?}");
-    assert!(launched[0].1.is_empty(), "whole GPUs are the agent's choice");
+    assert!(
+        launched[0].1.is_empty(),
+        "whole GPUs are the agent's choice"
+    );
     assert_eq!(launched[1].1.len(), 1);
     assert!(errors[0].contains("600 milli-GPUs"), "{errors:?}");
 }
@@ -273,7 +275,9 @@ fn gpus_above_one_must_be_whole_and_mig_needs_its_profile() {
     );
     assert_eq!(launched.len(), 2, "{errors:?}");
     assert_eq!(errors.len(), 3, "{errors:?}");
-    assert!(errors.iter().all(|e| e.contains("matching") || e.contains("idle GPUs")));
+    assert!(errors
+        .iter()
+        .all(|e| e.contains("matching") || e.contains("idle GPUs")));
 }
 
 #[test]

@@ -80,9 +80,7 @@ impl Master {
             }
             if t.gpus.is_empty() {
                 if let GpuAmount::Whole(k) = amount {
-                    ledger
-                        .pending_whole
-                        .push((k, t.info.gpu_selector.clone()));
+                    ledger.pending_whole.push((k, t.info.gpu_selector.clone()));
                 }
                 continue;
             }
@@ -265,7 +263,6 @@ fn gpu_shape(r: &gantry_sdk::protocol::Resources) -> Option<TaskShape> {
         models: ModelSet::ANY,
     })
 }
-
 
 fn describe(selector: Option<&GpuSelector>) -> String {
     match selector {
