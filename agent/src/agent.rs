@@ -707,8 +707,13 @@ impl Agent {
                 }
             }
             Event::GpuFault(fault) => {
-                if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
-                    self.health_changed(change)?;
+                // A GPU in MIG mode: the fault is its MIG devices' (what is offered).
+                let faults =
+                    gpu::share::mig_fan_out(fault, self.inventory().iter().map(|g| &g.info));
+                for fault in faults {
+                    if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
+                        self.health_changed(change)?;
+                    }
                 }
             }
             Event::RecoveryChecked { uuid, passed } => {

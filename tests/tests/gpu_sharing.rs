@@ -11,6 +11,7 @@
 //! - A fractional task whose process uses more GPU memory than its share (NVML's process list)
 //!   is reported (`gpu-memory` update while running) and killed (`FAILED`, reason `gpu-memory`
 //!   in `/state`); the tasks sharing its GPU keep running.
+//! - A critical XID on the GPU in MIG mode withdraws its MIG devices and tells the slice's task.
 //!
 //! One test in this binary: the stand-in's configuration path and `PATH` are process-wide.
 
@@ -303,6 +304,27 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
             t.name
         );
     }
+
+    // A critical XID on the GPU in MIG mode withdraws its MIG devices, and the slice's task
+    // hears about it.
+    standin.inject_xid(2, 79).unwrap();
+    cluster
+        .master
+        .wait_state(T, "the MIG devices withdrawn", |s| {
+            s["agents"][0]["total"]["gpus"].as_f64() == Some(2.0)
+        })
+        .unwrap();
+    let note = updates
+        .wait_for("the MIG device's failure notice", T, |u| {
+            u.task_id == slice.task_id && u.reason == Some(TaskReason::GpuHealth)
+        })
+        .await
+        .unwrap();
+    assert!(
+        note.message.contains(slice_uuid.as_str()),
+        "{}",
+        note.message
+    );
 
     for t in [&q2, &q3, &slice, &whole] {
         handle.kill(t.task_id);

@@ -230,7 +230,8 @@ impl NvmlGpus {
             let d = self.nvml.device_by_index(g.index)?;
             d.memory_info()?;
             d.temperature(TemperatureSensor::Gpu)?;
-            Ok(d.uuid()? == uuid)
+            // A MIG device is checked through its parent GPU.
+            Ok(d.uuid()? == g.info.parent_uuid.as_deref().unwrap_or(uuid))
         };
         check().unwrap_or(false)
     }

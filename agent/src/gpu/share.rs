@@ -21,6 +21,8 @@ use std::str::FromStr;
 
 use gantry_sdk::protocol::{GpuAmount, GpuInfo};
 
+use super::health::GpuFault;
+
 /// Milli-GPUs in a whole GPU.
 pub const GPU_MILLI: u32 = 1000;
 
@@ -154,6 +156,28 @@ pub fn mps_env(
     env
 }
 
+/// A fault NVML reports on a GPU in MIG mode concerns every MIG device carved from it (those
+/// are what tasks hold and what is offered): one fault per MIG device of `fault.uuid`, or the
+/// fault itself for a GPU that is not in MIG mode.
+pub fn mig_fan_out<'a>(
+    fault: GpuFault,
+    gpus: impl IntoIterator<Item = &'a GpuInfo>,
+) -> Vec<GpuFault> {
+    let children: Vec<GpuFault> = gpus
+        .into_iter()
+        .filter(|g| g.parent_uuid.as_deref() == Some(fault.uuid.as_str()))
+        .map(|g| GpuFault {
+            uuid: g.uuid.clone(),
+            kind: fault.kind,
+        })
+        .collect();
+    if children.is_empty() {
+        vec![fault]
+    } else {
+        children
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +244,22 @@ mod tests {
         );
         assert!(mps_env(Sharing::TimeSlice, 250, 40_000, None).is_empty());
         assert!(mps_env(Sharing::Mps, 1000, 40_000, None).is_empty());
+
+        // A fault on a GPU in MIG mode is a fault of each of its MIG devices.
+        let child = |u: &str| GpuInfo {
+            uuid: u.into(),
+            mig_profile: Some("1g.10gb".into()),
+            parent_uuid: Some("GPU-p".into()),
+            ..g.clone()
+        };
+        let gpus = [g.clone(), child("MIG-1"), child("MIG-2")];
+        let fault = |u: &str| GpuFault {
+            uuid: u.into(),
+            kind: crate::gpu::FaultKind::Xid(79),
+        };
+        let out = mig_fan_out(fault("GPU-p"), &gpus);
+        let uuids: Vec<&str> = out.iter().map(|f| f.uuid.as_str()).collect();
+        assert_eq!(uuids, ["MIG-1", "MIG-2"]);
+        assert_eq!(mig_fan_out(fault("GPU-a"), &gpus), vec![fault("GPU-a")]);
     }
 }
