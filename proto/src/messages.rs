@@ -35,7 +35,7 @@ pub mod register_limits {
     pub const MAX_ATTRIBUTES_BYTES: usize = 64 * 1024;
     /// GPUs of one agent.
     pub const MAX_GPUS: usize = 256;
-    /// Bytes of each GPU string (uuid, model name, PCI bus id).
+    /// Bytes of each GPU string (uuid, model name, PCI bus id, MIG profile, parent uuid).
     pub const MAX_GPU_FIELD: usize = 256;
     /// Roles with static reservations on one agent.
     pub const MAX_RESERVED_ROLES: usize = 64;
@@ -79,9 +79,15 @@ pub mod register_limits {
             g.uuid.len() > MAX_GPU_FIELD
                 || g.name.len() > MAX_GPU_FIELD
                 || g.pci_bus_id.len() > MAX_GPU_FIELD
+                || g.mig_profile
+                    .as_ref()
+                    .is_some_and(|p| p.len() > MAX_GPU_FIELD)
+                || g.parent_uuid
+                    .as_ref()
+                    .is_some_and(|p| p.len() > MAX_GPU_FIELD)
         }) {
             return Err(format!(
-                "a GPU's uuid, name or PCI bus id ({:?}...) is longer than {MAX_GPU_FIELD} bytes",
+                "a GPU's uuid, name, PCI bus id, MIG profile or parent uuid ({:?}...) is longer than {MAX_GPU_FIELD} bytes",
                 g.uuid.chars().take(32).collect::<String>()
             ));
         }

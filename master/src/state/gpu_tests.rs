@@ -298,3 +298,40 @@ fn fractions_keep_whole_gpus_idle() {
     assert_eq!(launched[0].1, launched[1].1);
     assert_eq!(launched[1].1, launched[2].1);
 }
+
+#[test]
+fn oversized_mig_fields_are_refused_at_registration() {
+    let mut m = Master::new(MasterConfig::default(), 7);
+    m.handle(
+        Input::AgentConnected {
+            conn: A,
+            name: "big-mig".into(),
+            address: "127.0.0.1:1".into(),
+        },
+        0,
+    );
+    let mut g = mig(1);
+    g.mig_profile = Some("x".repeat(register_limits::MAX_GPU_FIELD + 1));
+    let out = m.handle(
+        Input::Agent {
+            conn: A,
+            msg: AgentToMaster::Register {
+                agent_id: None,
+                hostname: "h".into(),
+                resources: "cpus:1;gpus:1".parse().unwrap(),
+                reserved: Default::default(),
+                attributes: Default::default(),
+                gpus: vec![g],
+                running_tasks: vec![],
+                pending_updates: vec![],
+                task_user: "nobody".into(),
+            },
+        },
+        0,
+    );
+    assert!(
+        out.iter().any(|o| matches!(o,
+            Output::ToAgent(_, MasterToAgent::Error { message }) if message.contains("MIG profile"))),
+        "{out:?}"
+    );
+}
