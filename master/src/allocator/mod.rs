@@ -27,6 +27,8 @@
 //! - `views`: read-only views and the operator metrics.
 //! - `dense`: milli-unit vectors, `Bundle`s of unreserved and reserved pools, exact `Share`s.
 //! - `filters`: decline filters per agent, refusing bundles (pools kept apart).
+//! - `gpus`: GPU fractions in demand-aware splitting (a task's worth needs one GPU with room,
+//!   chosen with the SDK's fragmentation-aware scoring; earmarked while offered).
 //! - `tests`: unit tests; the conformance rules of issue 11 are pinned by the scenarios in
 //!   `master/tests/conformance/` (see `docs/allocator.md`).
 
@@ -34,6 +36,7 @@ mod book;
 mod cycle;
 mod dense;
 mod filters;
+mod gpus;
 mod membership;
 mod offers;
 mod quota;
@@ -75,6 +78,8 @@ pub struct AllocatorConfig {
     pub offer_timeout_ms: Option<Millis>,
     /// High 64 bits of generated offer ids (the master passes a random value, the simulator 0).
     pub offer_id_seed: u64,
+    /// How demand-aware splitting picks the GPU for a fraction of one GPU (`--gpu-placement`).
+    pub gpu_placement: gantry_sdk::placement::Policy,
 }
 
 impl Default for AllocatorConfig {
@@ -85,6 +90,7 @@ impl Default for AllocatorConfig {
             default_refuse_ms: 5000,
             offer_timeout_ms: None,
             offer_id_seed: 0,
+            gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }
     }
 }
@@ -255,6 +261,10 @@ struct Agent {
     filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
+    /// Free milli-GPUs per GPU net of running tasks (`set_agent_gpus`; empty: no per-GPU view).
+    gpu_free: Vec<u32>,
+    /// Milli-GPUs per GPU earmarked by outstanding demand-split offers.
+    gpu_offered: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -343,6 +353,8 @@ struct Pending {
     role: u32,
     bundle: Bundle,
     tasks: u64,
+    /// GPU shares earmarked for its tasks' worth (`gpus`).
+    gpus: Vec<(u32, u32)>,
 }
 
 struct Candidate {
@@ -350,6 +362,7 @@ struct Candidate {
     role: u32,
     grant: Bundle,
     tasks: u64,
+    gpu: Option<(u32, u32)>,
 }
 
 #[derive(Default)]

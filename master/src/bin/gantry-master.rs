@@ -227,6 +227,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         filter_gpu_resources: !args.no_gpu_filter,
         fairness_excluded_resources: args.fairness_excluded,
         offer_id_seed: rand_seed(),
+        gpu_placement: args.gpu_placement,
         ..AllocatorConfig::default()
     };
     let acls = match &args.acls {

@@ -91,6 +91,38 @@ impl Master {
         ledger
     }
 
+    /// Gives the allocator each GPU agent's free share per GPU, when some framework declared a
+    /// demand for fractions of one GPU (demand-aware splitting then counts a task's worth only
+    /// where one GPU has room; `allocator::gpus`). Without such a demand nothing is computed.
+    pub(crate) fn sync_gpu_views(&mut self) {
+        let fractional = self
+            .frameworks
+            .keys()
+            .filter_map(|f| self.allocator.demand(*f))
+            .any(|d| matches!(d.task.gpu_amount(), Ok(GpuAmount::Fraction(_))));
+        if !fractional {
+            return;
+        }
+        let views: Vec<(AgentId, Vec<u32>)> = self
+            .agents
+            .values()
+            .filter(|a| !a.gpus.is_empty())
+            .map(|a| {
+                let ledger = self.gpu_ledger(a.id);
+                let free = a
+                    .gpus
+                    .iter()
+                    .filter(|g| g.healthy && g.mig_profile.is_none())
+                    .map(|g| ledger.free(&g.uuid))
+                    .collect();
+                (a.id, free)
+            })
+            .collect();
+        for (id, free) in views {
+            self.allocator.set_agent_gpus(id, free);
+        }
+    }
+
     /// Free share and memory of each healthy GPU of `agent`, for offers.
     pub(crate) fn gpu_free(&self, agent: AgentId) -> Vec<GpuFree> {
         let Some(a) = self.agents.get(&agent).filter(|a| !a.gpus.is_empty()) else {

@@ -606,6 +606,7 @@ impl Master {
     pub fn allocate(&mut self, now: Millis, out: &mut Vec<Output>) {
         self.allocation_pending = false;
         self.last_batch = now;
+        self.sync_gpu_views();
         let offers = self.allocator.allocate(now);
         let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
         for rec in offers {
