@@ -294,6 +294,13 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
             })
         })
         .unwrap();
+    // /state shows each task's GPU-memory share beside its use.
+    cluster
+        .master
+        .wait_state(T, "q2's GPU-memory share in /state", |s| {
+            state_task(s, q2.task_id)["usage"]["gpu_mem_share_bytes"] == 40_960u64 << 20
+        })
+        .unwrap();
     // Its GPU neighbours are untouched.
     let state = cluster.master.state().unwrap();
     for t in [&q2, &q3] {
