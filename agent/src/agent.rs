@@ -1251,8 +1251,23 @@ impl Agent {
             self.send(AgentToMaster::Heartbeat);
         }
         self.sample_if_due();
-        if let Some(m) = self.mps.as_mut() {
-            m.supervise();
+        if self.mps.is_some() {
+            // Every GPU holding a live fractional task has its MPS control daemon (also after
+            // an agent restart), restarted when it exited.
+            let shared: Vec<String> = self
+                .ckpt
+                .tasks
+                .values()
+                .filter(|t| !t.state.is_terminal())
+                .filter(|t| matches!(t.info.resources.gpu_amount(), Ok(GpuAmount::Fraction(_))))
+                .flat_map(|t| t.gpus.iter().cloned())
+                .collect();
+            if let Some(m) = self.mps.as_mut() {
+                for uuid in &shared {
+                    m.ensure(uuid);
+                }
+                m.supervise();
+            }
         }
         self.gpu_health_tick()?;
         self.flush_updates();

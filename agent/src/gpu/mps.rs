@@ -2,6 +2,11 @@
 //! holds fractional tasks, started on the first such task, restarted when it exits (checked on
 //! every agent tick), stopped with the agent.
 //!
+//! After an agent restart the daemons of GPUs that still hold fractional tasks are started again
+//! on the first tick. A daemon left over from a killed agent (real MPS daemons outlive their
+//! parent) keeps serving its pipe directory; the new one then fails to start and is retried
+//! every 2 s with a warning until the old one is gone.
+//!
 //! Each daemon runs in the foreground (`-f`, so the agent is its parent and sees it exit) with
 //! `CUDA_VISIBLE_DEVICES` set to its GPU and its own pipe and log directories under
 //! `<work_dir>/mps/<uuid>/`; tasks on that GPU get `CUDA_MPS_PIPE_DIRECTORY` pointing at the
