@@ -294,6 +294,19 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
             })
         })
         .unwrap();
+    // /state shows what is left of each GPU: q1's quarter is free again on the shared GPU.
+    cluster
+        .master
+        .wait_state(T, "the shared GPU's free share in /state", |s| {
+            s["agents"][0]["gpu_free"].as_array().is_some_and(|gs| {
+                gs.iter().any(|g| {
+                    g["uuid"] == shared.as_str()
+                        && g["free_milli"] == 250
+                        && g["free_memory_mib"] == 20_480
+                })
+            })
+        })
+        .unwrap();
     // /state shows each task's GPU-memory share beside its use.
     cluster
         .master

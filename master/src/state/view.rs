@@ -46,6 +46,8 @@ pub struct AgentView {
     pub gpu_samples: Vec<GpuSample>,
     /// The user its tasks run as when their command names none (`--task-user`).
     pub task_user: String,
+    /// What is free of each healthy GPU (fraction and memory), as offers show it.
+    pub gpu_free: Vec<gantry_sdk::protocol::GpuFree>,
 }
 
 #[derive(Debug, Serialize)]
@@ -181,6 +183,7 @@ impl Master {
                     gpus: a.gpus.clone(),
                     gpu_samples: a.gpu_samples.clone(),
                     task_user: a.task_user.clone(),
+                    gpu_free: self.gpu_free(a.id),
                 }
             })
             .collect();
