@@ -157,6 +157,10 @@ impl Master {
             .resources
             .gpu_amount()
             .map_err(|e| format!("task {tid}: {e}"))?;
+        if amount == GpuAmount::None {
+            // CPU tasks cost nothing here (an accept may launch many).
+            return Ok(None);
+        }
         let ledger = {
             let mut l = self.gpu_ledger(agent);
             for (uuid, milli) in &taken.used {
