@@ -9,6 +9,8 @@
 //!   fragmentation-aware policies score against; [`fgd`] holds the fragmentation measure.
 //! - [`Policy`]: `fgd-fill` and `fgd-pack` (ours; [`Policy::best_for`] picks one for a task mix),
 //!   `fgd`, `best-fit`, `random`.
+//! - [`offers`]: a [`Node`] per offer (with each offered GPU's free share) and a task's shape
+//!   from its resources, to place over the offers a scheduler holds.
 //! - [`Placer`]: the cluster's nodes plus the policy; [`Placer::choose`] picks a node and GPUs,
 //!   [`Placer::commit`] / [`Placer::release`] keep the free amounts, and per-node results are
 //!   cached so that a decision at 1,000+ nodes stays well under a millisecond.
@@ -31,6 +33,7 @@
 //!   it sees GPU slivers that repeated tasks strand and GPUs stranded by CPU running out.
 
 pub mod fgd;
+pub mod offers;
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
