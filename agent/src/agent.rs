@@ -82,6 +82,8 @@ pub struct AgentConfig {
     pub gpu_sharing: gpu::share::Sharing,
     /// What happens to a task over its GPU-memory share (`--gpu-memory-enforce`).
     pub gpu_memory_enforce: gpu::share::MemoryEnforce,
+    /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -164,6 +166,8 @@ struct Agent {
     mps: Option<gpu::mps::MpsDaemons>,
     /// Tasks already reported over their GPU-memory share (reported once per excursion).
     gpu_mem_over: HashSet<TaskId>,
+    /// What `/metrics` shows (published after each usage sample).
+    metrics: crate::metrics::AgentMetrics,
 }
 
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
@@ -216,6 +220,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             )
         }),
         gpu_mem_over: HashSet::new(),
+        metrics: crate::metrics::AgentMetrics::default(),
     };
     agent.recover()?;
     // GPU faults: the NVML watcher thread -> this loop.
@@ -231,6 +236,19 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         });
         g.watch_health(ftx)
     });
+    let metrics_server = match config.metrics_listen {
+        Some(addr) => {
+            let listener = crate::metrics::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}"))?;
+            tracing::info!(%addr, "serving /metrics");
+            Some(tokio::spawn(crate::metrics::serve(
+                listener,
+                agent.metrics.clone(),
+            )))
+        }
+        None => None,
+    };
     let session = tokio::spawn(session::run(config, material, tx.clone()));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -255,6 +273,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }
     };
     session.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     if let Some(w) = watcher {
         tokio::task::spawn_blocking(move || w.stop()).await.ok();
     }
@@ -689,6 +710,7 @@ impl Agent {
                     .collect();
                 let tasks = self.gpu_memory_check(tasks);
                 self.last_gpu_samples = gpus.clone();
+                self.publish_metrics(&tasks);
                 if !tasks.is_empty() || !gpus.is_empty() {
                     // Many tasks: as many messages as the frame limit needs.
                     let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
@@ -707,6 +729,9 @@ impl Agent {
                 }
             }
             Event::GpuFault(fault) => {
+                if let gpu::FaultKind::Xid(x) = fault.kind {
+                    self.metrics.record_xid(&fault.uuid, x);
+                }
                 // A GPU in MIG mode: the fault is its MIG devices' (what is offered).
                 let faults =
                     gpu::share::mig_fan_out(fault, self.inventory().iter().map(|g| &g.info));
@@ -727,6 +752,21 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Publishes what `/metrics` shows after a usage sample ([`crate::metrics`]).
+    fn publish_metrics(&self, usage: &[(TaskId, TaskUsage)]) {
+        let mut snapshot = crate::metrics::snapshot(
+            &self.config.hostname,
+            self.inventory(),
+            &self.last_gpu_samples,
+            |uuid| self.health.is_healthy(uuid),
+            &self.ckpt.tasks,
+            usage,
+        );
+        snapshot.status_update_retries = self.ckpt.updates.retries();
+        snapshot.status_updates_pending = self.ckpt.updates.len();
+        self.metrics.publish(snapshot);
     }
 
     /// A GPU became unhealthy or healthy again: checkpoint it, tell the master (which withdraws
@@ -1299,6 +1339,8 @@ impl Agent {
             .collect();
         if snapshot.is_empty() && self.config.gpus.is_none() {
             self.last_sample = tokio::time::Instant::now();
+            // Nothing to sample: /metrics drops the tasks that ended.
+            self.publish_metrics(&[]);
             return;
         }
         self.sampling = true;

@@ -2,5 +2,8 @@
 //! in dev mode, to issue its certificate from the TLS directory's CA key).
 //!
 //! - [`batch`]: run N copies of a command and report how they ended (binary `batch`).
+//! - [`gpu_queue`]: an ML job queue with priorities, gangs, team fair share, backfill and
+//!   preemption (binary `gpu-queue`).
 
 pub mod batch;
+pub mod gpu_queue;

@@ -159,6 +159,7 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
         to_launch: all.iter().map(|t| (*t).clone()).collect(),
         updates: up_tx,
         errors: err_tx,
+        in_flight: Default::default(),
     };
     let mut config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],

@@ -111,6 +111,11 @@ struct RunArgs {
     /// of the GPU's memory): `report` (a status update and /state) or `kill`.
     #[arg(long, default_value = "report")]
     gpu_memory_enforce: gantry_agent::gpu::share::MemoryEnforce,
+    /// Serve Prometheus metrics (`GET /metrics`: dcgm-exporter GPU series with the task holding
+    /// each GPU, GPU health, per-task CPU and memory) on HOST:PORT, plain HTTP without
+    /// authentication: keep it on loopback or reachable by Prometheus only. Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -327,6 +332,7 @@ fn main() -> anyhow::Result<()> {
         task_user,
         gpu_sharing: args.gpu_sharing,
         gpu_memory_enforce: args.gpu_memory_enforce,
+        metrics_listen: args.metrics_listen,
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(

@@ -9,8 +9,6 @@
 //!   fragmentation-aware policies score against; [`fgd`] holds the fragmentation measure.
 //! - [`Policy`]: `fgd-fill` and `fgd-pack` (ours; [`Policy::best_for`] picks one for a task mix),
 //!   `fgd`, `best-fit`, `random`.
-//! - [`offers`]: a [`Node`] per offer (with each offered GPU's free share) and a task's shape
-//!   from its resources, to place over the offers a scheduler holds.
 //! - [`Placer`]: the cluster's nodes plus the policy; [`Placer::choose`] picks a node and GPUs,
 //!   [`Placer::commit`] / [`Placer::release`] keep the free amounts, and per-node results are
 //!   cached so that a decision at 1,000+ nodes stays well under a millisecond.
@@ -31,9 +29,18 @@
 //! - `fgd-fill`: like `fgd-pack`, with the fragmentation measure extended by the leftover of
 //!   filling the node with copies of each shape, CPU and memory included ([`fgd`] explains it):
 //!   it sees GPU slivers that repeated tasks strand and GPUs stranded by CPU running out.
+//!
+//! Offer-level building blocks for framework schedulers (whole GPUs, every resource kind):
+//! - [`offers`]: fit task requests into the offers held (selectors, attributes, NUMA locality;
+//!   least-unusable-leftover scoring).
+//! - [`gang`]: all-or-nothing gangs (elastic `min..max`) and which gang may hold offers.
+//! - [`shares`]: a [`Node`] per offer with each offered GPU's free share (`offer.gpu_free`) and
+//!   a task's shape from its resources, fractions of one GPU included, for the [`Placer`].
 
 pub mod fgd;
+pub mod gang;
 pub mod offers;
+pub mod shares;
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;

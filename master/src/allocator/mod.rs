@@ -25,6 +25,7 @@
 //!   allocations, offer and filter expiry.
 //! - `book`: the offer book (outstanding offers in a slab; ids carry their slot) and records.
 //! - `views`: read-only views and the operator metrics.
+//! - `accounting`: allocations integrated over time (resource-seconds per role and framework).
 //! - `dense`: milli-unit vectors, `Bundle`s of unreserved and reserved pools, exact `Share`s.
 //! - `filters`: decline filters per agent, refusing bundles (pools kept apart).
 //! - `gpus`: GPU fractions in demand-aware splitting (a task's worth needs one GPU with room,
@@ -32,6 +33,7 @@
 //! - `tests`: unit tests; the conformance rules of issue 11 are pinned by the scenarios in
 //!   `master/tests/conformance/` (see `docs/allocator.md`).
 
+mod accounting;
 mod book;
 mod cycle;
 mod dense;
@@ -54,6 +56,7 @@ use gantry_sdk::protocol::messages::Demand;
 use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
 use serde::Serialize;
 
+pub use accounting::ResourceSeconds;
 use book::{OfferBook, OfferState};
 use dense::{Bundle, Names, Rv, Share};
 use filters::{AgentFilters, Filter, RefusedPool};
@@ -125,6 +128,39 @@ impl OfferResources {
     /// True when nothing at all.
     pub fn is_empty(&self) -> bool {
         self.unreserved.is_empty() && self.reserved.values().all(Resources::is_empty)
+    }
+
+    /// Adds `other`, part by part.
+    pub fn add_assign(&mut self, other: &OfferResources) {
+        self.unreserved.add_assign(&other.unreserved);
+        for (role, r) in &other.reserved {
+            self.reserved.entry(role.clone()).or_default().add_assign(r);
+        }
+    }
+
+    /// Carves up to `want` out of these resources, reservations first (in role order), then
+    /// unreserved: what is taken leaves `self` and `want` and is returned. The one way
+    /// resources are cut out of offers: the master's accepts and the simulator's launches and
+    /// recoveries.
+    pub fn carve(&mut self, want: &mut Resources) -> OfferResources {
+        let mut taken = OfferResources::default();
+        self.reserved.retain(|role, avail| {
+            let take = avail.elementwise_min(want);
+            if take.is_empty() {
+                return true;
+            }
+            avail.checked_sub_assign(&take);
+            *want = want.saturating_sub(&take);
+            taken.reserved.insert(role.clone(), take);
+            !avail.is_empty()
+        });
+        let take = self.unreserved.elementwise_min(want);
+        if !take.is_empty() {
+            self.unreserved.checked_sub_assign(&take);
+            *want = want.saturating_sub(&take);
+            taken.unreserved = take;
+        }
+        taken
     }
 }
 
@@ -288,6 +324,9 @@ struct Framework {
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
+    /// Its outstanding offers (the per-framework index of the offer book: disconnects and
+    /// removals visit these, not every offer).
+    offer_ids: HashSet<OfferId>,
     inuse_agents: HashSet<u32>,
     /// Number of agents where this framework has filters.
     filtered_agents: usize,
@@ -418,6 +457,8 @@ pub struct Allocator {
     pending_buf: Vec<Pending>,
     /// Last unreserved vector converted to named resources.
     res_cache: Option<(Rv, Resources)>,
+    /// Allocations integrated over time (resource-seconds), see `accounting`.
+    accounting: accounting::Accounting,
 }
 
 /// A weight in thousandths, as the exact share arithmetic uses it (at least 1).
@@ -464,6 +505,7 @@ impl Allocator {
             last_cycle_offers: 0,
             pending_buf: Vec::new(),
             res_cache: None,
+            accounting: accounting::Accounting::default(),
         };
         a.role_ids.insert(String::new(), 0);
         a

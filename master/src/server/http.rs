@@ -1,4 +1,4 @@
-//! The operator HTTP API: `/health` (public), `/state` (a read), `POST /weights` and
+//! The operator HTTP API: `/health` (public), `/state` and `/metrics` (reads), `POST /weights` and
 //! `POST /quota` (writes), served over HTTPS with the cluster CA.
 //!
 //! ```text
@@ -215,6 +215,8 @@ fn router(app: App) -> Router {
         .route("/state", get(state_handler))
         .route("/weights", post(weights_handler))
         .route("/quota", post(quota_handler))
+        // Metrics (issue 14 item 1): Prometheus text exposition, a read.
+        .route("/metrics", get(metrics_handler))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
         .layer(axum::middleware::from_fn_with_state(
@@ -518,6 +520,23 @@ async fn state_handler(
     rx.await.map(Json).map_err(|_| unavailable())
 }
 
+/// `GET /metrics`: the Prometheus exposition (a read: same authentication as `/state`).
+async fn metrics_handler(
+    State(app): State<App>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Result<Response, ApiError> {
+    app.may_read(&caller_of(caller))?;
+    let (tx, rx) = oneshot::channel();
+    app.shell
+        .core
+        .send(CoreEvent::Metrics(tx))
+        .await
+        .map_err(|_| unavailable())?;
+    let snapshot = rx.await.map_err(|_| unavailable())?;
+    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref());
+    Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
+}
+
 /// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -555,7 +574,7 @@ async fn operator(app: &App, who: String, cmd: OperatorCommand) -> ApiResult {
             tracing::info!(operator = %who, "operator change: {what}");
             Ok(Json(serde_json::json!({"ok": true})))
         }
-        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e)),
+        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string())),
     }
 }
 

@@ -5,6 +5,7 @@
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
 //!                                 ^  Query(/state) from axum
+//!                                 ^  LeaseUntil from the election, Tick at Master::next_deadline
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
@@ -39,9 +40,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::election::{self, health, Election, HaConfig, LeadershipEvent, LeadershipStatus};
 use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
-use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
+use crate::state::{
+    ConnId, Input, Master, MasterConfig, OperatorCommand, OperatorRejection, Output,
+};
 
 pub mod http;
+pub mod metrics;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
 /// QUIC application close codes.
@@ -61,7 +65,12 @@ enum CoreEvent {
     },
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
-    Operator(OperatorCommand, oneshot::Sender<Result<(), String>>),
+    /// `/metrics`: the core's snapshot (`None` when this master does not lead).
+    Metrics(oneshot::Sender<Option<crate::state::metrics::MetricsSnapshot>>),
+    Operator(
+        OperatorCommand,
+        oneshot::Sender<Result<(), OperatorRejection>>,
+    ),
 }
 
 enum Outbound {
@@ -106,6 +115,8 @@ struct Shell {
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
     limits: conn_limits::ConnLimits,
+    /// What the shell measures for `/metrics` (allocation cycle times).
+    metrics: metrics::ShellMetrics,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -139,6 +150,7 @@ pub async fn run(
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
         limits: conn_limits::ConnLimits::new(&config.limits),
+        metrics: metrics::ShellMetrics::default(),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -226,9 +238,9 @@ fn follow_role(
     rx
 }
 
-/// A uniformly distributed delay in `0..max_ms`.
-fn jitter_ms(max_ms: u64) -> u64 {
-    (uuid::Uuid::new_v4().as_u128() % u128::from(max_ms.max(1))) as u64
+/// Random bits (where parked peers' news falls in its spread window).
+fn random_u64() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
 }
 
 /// What a connecting peer is told: served only once this master leads *and* its core has
@@ -292,7 +304,9 @@ async fn follow_election(
 
 /// The single owner of the state machine. Before this master leads, inputs are held back
 /// (peers are redirected anyway); registry mutations go to the writer in order, and a fenced
-/// write (another master leads now) stops the master.
+/// write (another master leads now) stops the master. No fixed tick: the loop sleeps until an
+/// input or the core's own [`Master::next_deadline`], and passes every lease renewal on as
+/// [`Input::LeaseUntil`] (the core then refuses to offer or launch past it by itself).
 async fn core_loop(
     mut config: MasterConfig,
     mut rx: mpsc::Receiver<CoreEvent>,
@@ -304,11 +318,10 @@ async fn core_loop(
 ) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When an event-triggered allocation cycle that is not due yet will be (the state machine
-    // spaces them by `allocation_min_gap_ms`).
-    let mut next_cycle: Option<u64> = None;
+    // When the core wants its next `Tick` ([`Master::next_deadline`]); `None`: not before an
+    // input. The lease deadline reaches the core as an input whenever the election renews it.
+    let mut deadline: Option<u64> = None;
+    let mut lease = status.clone();
     let mut master: Option<Master> = None;
     let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
@@ -348,6 +361,8 @@ async fn core_loop(
                         (CoreEvent::Lead { epoch, registry }, None) => {
                             config.epoch = epoch;
                             let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
+                            let until = health::lease_until_ms(&lease.borrow_and_update(), start);
+                            m.handle(Input::LeaseUntil { until }, now());
                             m.recover(registry, now());
                             for input in held.drain(..) {
                                 out.extend(m.handle(input, now()));
@@ -362,7 +377,10 @@ async fn core_loop(
                             let _ = reply.send(m.operator(cmd).map(|o| out.extend(o)));
                         }
                         (CoreEvent::Operator(_, reply), None) => {
-                            let _ = reply.send(Err("this master is not the leader".into()));
+                            let _ = reply.send(Err(OperatorRejection::NotLeader));
+                        }
+                        (CoreEvent::Metrics(reply), m) => {
+                            let _ = reply.send(m.map(|m| m.metrics(now())));
                         }
                         (CoreEvent::State(reply), m) => {
                             let mut view = match m {
@@ -377,22 +395,33 @@ async fn core_loop(
                     }
                 }
             }
-            _ = tick.tick() => {
+            changed = lease.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Marked seen even before leading (the core reads it when elected).
+                let until = health::lease_until_ms(&lease.borrow_and_update(), start);
+                if let Some(m) = master.as_mut() {
+                    out.extend(m.handle(Input::LeaseUntil { until }, now()));
+                }
+            }
+            _ = tokio::time::sleep_until((start + Duration::from_millis(deadline.unwrap_or_default())).into()), if deadline.is_some() => {
                 backlog_blocked = false;
                 if let Some(m) = master.as_mut() {
                     out.extend(m.handle(Input::Tick, now()));
                 }
             }
-            _ = tokio::time::sleep_until((start + Duration::from_millis(next_cycle.unwrap_or_default())).into()), if next_cycle.is_some() => {}
         }
         if let Some(m) = master.as_mut() {
             let t = now();
-            // Never offer past the lease deadline, even before the Lost event arrives.
-            if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
+            // The core says no once its lease deadline has passed, even before `Lost` arrives.
+            if m.allocation_due(t) {
                 let started = Instant::now();
                 let before = out.len();
                 m.allocate(t, &mut out);
-                m.last_cycle_us = started.elapsed().as_micros() as u64;
+                let took = started.elapsed();
+                m.last_cycle_us = took.as_micros() as u64;
+                shell.metrics.allocation_cycle.observe(took.as_secs_f64());
                 if !offered
                     && out[before..]
                         .iter()
@@ -402,9 +431,6 @@ async fn core_loop(
                     tracing::info!(epoch = config.epoch, "first offers made as leader");
                 }
             }
-            // Only a future time: a cycle that is due but may not run (lease deadline passed)
-            // waits for the tick instead of spinning.
-            next_cycle = m.next_allocation_at().filter(|at| *at > t);
         }
         let mut mutations = Vec::new();
         // Stalled peers are disconnected in the core at once, which may send more (rescinds).
@@ -460,6 +486,19 @@ async fn core_loop(
                 }
             }
         }
+        // Asked last: stalled peers handled above may have started timers. Never a time already
+        // handled (no spinning should a deadline not be cleared); reconciliation answers
+        // blocked on full outboxes are retried within 100 ms.
+        if let Some(m) = master.as_ref() {
+            let t = now();
+            let retry_backlog = (backlog_blocked && m.has_backlog()).then_some(t + 100);
+            deadline = m
+                .next_deadline(t)
+                .map(|d| d.max(t + 1))
+                .into_iter()
+                .chain(retry_backlog)
+                .min();
+        }
         if !mutations.is_empty() {
             let pending = writer.submit(mutations);
             let lost = lost.clone();
@@ -500,7 +539,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
         Ok(slot) => slot,
         Err(reason) => {
             tracing::warn!(%remote, %identity, "{reason}; closing");
-            conn.close(CLOSE_PROTOCOL.into(), reason.as_bytes());
+            conn.close(CLOSE_PROTOCOL.into(), reason.to_string().as_bytes());
             return;
         }
     };
@@ -534,55 +573,38 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     // Only the leader serves peers. A standby says so, names the leader, and keeps the
     // connection open: the moment it is elected it says `Leading` here and the peer registers
     // without a new handshake.
+    // What to say and when is [`health::Parked`]'s decision; this loop sends and waits.
     let mut tx = tx;
     let mut role = shell.role.clone();
-    let mut told: Option<MasterRole> = None;
-    let mut news_due: Option<tokio::time::Instant> = None;
+    let mut parked = health::Parked::new();
     let epoch = loop {
         let ready = *shell.ready.borrow();
-        let now_role = match peer_admission(&shell.status.borrow(), ready) {
-            health::Admission::Serve { epoch } => MasterRole::Leading { epoch },
-            health::Admission::Standby { leader } => MasterRole::Standby { leader },
-        };
+        let now_role = health::role_for(&peer_admission(&shell.status.borrow(), ready));
         role.borrow_and_update();
-        // A parked peer hears of a new leader or of our election; "no leader right now"
-        // (between terms) is not worth 10,000 messages.
-        let worth_telling = match (&told, &now_role) {
-            (None, _) => true,
-            (Some(t), r) if t == r => false,
-            (Some(_), MasterRole::Standby { leader: None }) => false,
-            _ => true,
-        };
-        // News of another master's election only matters to peers that do not know it (it
-        // announces itself to those parked with it): spread it over a few seconds instead of
-        // adding 10,000 messages to the re-registration herd at the new leader.
-        if worth_telling && told.is_some() && matches!(now_role, MasterRole::Standby { .. }) {
-            let due = *news_due.get_or_insert_with(|| {
-                tokio::time::Instant::now() + Duration::from_millis(2_000 + jitter_ms(3_000))
-            });
-            if tokio::time::Instant::now() < due {
+        match parked.step(&now_role, Instant::now(), random_u64()) {
+            health::ParkedStep::Tell(told) => {
+                if let Err(e) = tx.send(&told).await {
+                    tracing::debug!(%remote, "peer gone before it was served: {e}");
+                    return;
+                }
+                if let MasterRole::Leading { epoch } = told {
+                    break epoch;
+                }
+            }
+            health::ParkedStep::Serve { epoch } => break epoch,
+            health::ParkedStep::WaitUntil(due) => {
                 tokio::select! {
-                    _ = tokio::time::sleep_until(due) => {}
+                    _ = tokio::time::sleep_until(due.into()) => {}
                     changed = role.changed() => if changed.is_err() { return },
                     _ = conn.closed() => return,
                 }
-                continue;
             }
-        }
-        news_due = None;
-        if worth_telling {
-            if let Err(e) = tx.send(&now_role).await {
-                tracing::debug!(%remote, "peer gone before it was served: {e}");
-                return;
+            health::ParkedStep::Wait => {
+                tokio::select! {
+                    changed = role.changed() => if changed.is_err() { return },
+                    _ = conn.closed() => return,
+                }
             }
-            told = Some(now_role.clone());
-        }
-        if let MasterRole::Leading { epoch } = now_role {
-            break epoch;
-        }
-        tokio::select! {
-            changed = role.changed() => if changed.is_err() { return },
-            _ = conn.closed() => return,
         }
     };
     tracing::debug!(%remote, %identity, epoch, "serving a peer");
@@ -654,6 +676,11 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     shell.conns.remove(&id);
 }
 
+/// At most this many queued messages go out in one stream write ...
+const WRITE_BATCH: usize = 256;
+/// ... or about this many bytes (a write may pass it by one frame).
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
 #[allow(clippy::too_many_arguments)]
 async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     shell: &Shell,
@@ -675,37 +702,57 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     let counters = shell.counters.clone();
     let writer = tokio::spawn(async move {
         let peer = writer_peer;
-        while let Some(o) = out_rx.recv().await {
-            let res = match o {
-                Outbound::Agent(m) => tx.send(&m).await,
-                Outbound::Framework(m) => tx.send(&m).await,
-                Outbound::Close(reason) => {
-                    tracing::info!(%peer, "closing connection: {reason}");
-                    // Let what we already sent (e.g. the error explaining the close) arrive.
-                    let _ = tx.0.finish();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
-                    writer_conn.close(CLOSE_NORMAL.into(), reason.as_bytes());
-                    break;
+        // What is queued goes out as one write: the frames of up to WRITE_BATCH messages (or
+        // WRITE_BATCH_BYTES) are encoded into one buffer, so a burst of status updates or
+        // offers to one peer costs one stream write, not one per message.
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(first) = out_rx.recv().await {
+            buf.clear();
+            let mut close = None;
+            let mut next = Some(first);
+            let mut taken = 0usize;
+            while let Some(o) = next.take() {
+                let frame = match o {
+                    Outbound::Agent(m) => gantry_sdk::protocol::codec::encode_frame(&m),
+                    Outbound::Framework(m) => gantry_sdk::protocol::codec::encode_frame(&m),
+                    Outbound::Close(reason) => {
+                        close = Some(reason);
+                        break;
+                    }
+                };
+                match frame {
+                    Ok(f) => buf.extend_from_slice(&f),
+                    // The core splits every list under the frame limit; should one message
+                    // still not fit, it alone is lost, loudly, and the session goes on.
+                    Err(e) => {
+                        counters.dropped_messages.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%peer, "message not sent: {e}");
+                    }
                 }
-            };
-            match res {
-                Ok(()) => {}
-                // The core splits every list under the frame limit; should one message still
-                // not fit, it alone is lost, loudly, and the session goes on.
-                Err(e @ (CodecError::TooLarge(_) | CodecError::Malformed(_))) => {
-                    counters.dropped_messages.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, "message not sent: {e}");
+                taken += 1;
+                if taken < WRITE_BATCH && buf.len() < WRITE_BATCH_BYTES {
+                    next = out_rx.try_recv().ok();
                 }
-                Err(e) => {
+            }
+            if !buf.is_empty() {
+                if let Err(e) = tx.0.write_all(&buf).await {
                     // The stream is broken: end the connection so the reader sees it too.
                     let left = out_rx.len();
                     counters
                         .dropped_messages
-                        .fetch_add(1 + left as u64, Ordering::Relaxed);
-                    tracing::warn!(%peer, "write failed ({left} more messages not sent): {e}; closing");
+                        .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
+                    tracing::warn!(%peer, "write failed ({taken} messages in the write, {left} more not sent): {e}; closing");
                     writer_conn.close(CLOSE_PROTOCOL.into(), b"write failed");
                     break;
                 }
+            }
+            if let Some(reason) = close {
+                tracing::info!(%peer, "closing connection: {reason}");
+                // Let what we already sent (e.g. the error explaining the close) arrive.
+                let _ = tx.0.finish();
+                let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
+                writer_conn.close(CLOSE_NORMAL.into(), reason.as_bytes());
+                break;
             }
         }
     });

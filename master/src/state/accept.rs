@@ -15,7 +15,9 @@ impl Master {
         now: Millis,
         out: &mut Vec<Output>,
     ) {
-        // 1. The offers: known, ours, distinct, one agent.
+        // 1. The offers: known, ours, distinct, one agent, one role. An invalid accept drops
+        //    its tasks (TASK_DROPPED, Mesos `REASON_INVALID_OFFERS`) so the framework launches
+        //    them again on later offers; the valid offers it named return to the pool unfiltered.
         let mut problem: Option<(ErrorKind, String)> = None;
         let mut offers: Vec<OfferRecord> = Vec::new();
         // Distinct ids in O(1) each: an accept may name many.
@@ -35,23 +37,25 @@ impl Master {
                 _ => {
                     problem = Some((
                         ErrorKind::UnknownOffer,
-                        format!("offer {oid} is unknown, already used, rescinded or expired"),
+                        format!(
+                            "offer {oid} is unknown, already used, declined, rescinded or expired"
+                        ),
                     ))
                 }
             }
         }
-        let refuse = match refuse_ms(refuse_seconds) {
-            Ok(r) => r,
-            Err(m) => {
-                problem.get_or_insert((ErrorKind::InvalidRequest, m.to_string()));
-                None
-            }
-        };
         let agent_id = offers.first().map(|o| o.agent);
         if offers.iter().any(|o| Some(o.agent) != agent_id) {
             problem.get_or_insert((
                 ErrorKind::InvalidRequest,
                 "offers of one accept must be on one agent".into(),
+            ));
+        }
+        let role = offers.first().map(|o| o.role.clone()).unwrap_or_default();
+        if offers.iter().any(|o| o.role != role) {
+            problem.get_or_insert((
+                ErrorKind::InvalidRequest,
+                "offers of one accept must be for one role".into(),
             ));
         }
         let agent_conn = agent_id
@@ -63,16 +67,62 @@ impl Master {
                 "the offers' agent is unknown or disconnected".into(),
             ));
         }
+        let mut problem = problem.map(|(kind, m)| (kind, format!("invalid offers: {m}")));
+        let refuse = match refuse_ms(refuse_seconds) {
+            Ok(r) => r,
+            Err(m) => {
+                let _ = problem
+                    .get_or_insert((ErrorKind::InvalidRequest, format!("invalid accept: {m}")));
+                None
+            }
+        };
+        // Past the lease deadline another master may lead already: launching now could run a
+        // task twice, so nothing is launched (the framework hears why, and each task ends).
+        let lapsed = !self.leads_at(now);
+        if lapsed {
+            problem = Some((
+                ErrorKind::InvalidRequest,
+                "this master's leadership lease has lapsed (another master may lead now); no task was launched".into(),
+            ));
+        }
         if let Some((kind, message)) = problem {
             let ids: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
             let _ = self.allocator.decline_offers(&ids, Some(0), now);
             self.allocation_pending = true;
             out.push(err(conn, kind, format!("accept rejected: {message}")));
+            if lapsed {
+                self.not_launched(conn, fw, &operations, now, out);
+            } else {
+                self.drop_tasks(conn, fw, &operations, &message, now, out);
+            }
             return;
         }
         let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else {
             return;
         };
+        // Rule 2 (docs/allocator.md): one accept acts on ALL of the framework's outstanding
+        // offers on the agent. Those of the same role join the pool (after the named ones);
+        // every offer not named is settled with the accept (its unused part under the one
+        // filter) and rescinded at the framework, which learns so before it could use it.
+        let mut others: Vec<OfferRecord> = Vec::new();
+        for oid in self.allocator.offers_on(fw, agent_id) {
+            if named.contains(&oid) {
+                continue;
+            }
+            if let Some(o) = self.allocator.offer(oid) {
+                others.push(o.clone());
+            }
+        }
+        let foreign_role: Vec<OfferRecord> =
+            others.iter().filter(|o| o.role != role).cloned().collect();
+        others.retain(|o| o.role == role);
+        for o in others.iter().chain(&foreign_role) {
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::Rescind { offer_id: o.id },
+            ));
+        }
+        offers.extend(others);
         // Who may run as whom: the task's user, or the agent's default filled in here (the
         // agent reported it at registration), checked against the principal's ACL.
         let principal = self
@@ -85,7 +135,6 @@ impl Master {
             .get(&agent_id)
             .map(|a| a.task_user.clone())
             .unwrap_or_default();
-        let role = offers.first().map(|o| o.role.clone()).unwrap_or_default();
 
         // 2. Draw each task from the pool of offered resources.
         let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
@@ -104,7 +153,7 @@ impl Master {
                         let invalid = if self.tasks.contains_key(&tid) || !seen_ids.insert(tid) {
                             Some(format!("task id {tid} is already in use"))
                         } else {
-                            validate_task(&task)
+                            validate_task(&task).err().map(|e| e.to_string())
                         };
                         let invalid = invalid.or_else(|| {
                             let user = task.command.user.get_or_insert_with(|| agent_user.clone());
@@ -197,7 +246,7 @@ impl Master {
                     }
                 }
                 Operation::Reserve { role, resources } => {
-                    if let Err(m) = self.reserve_op(
+                    if let Err(rejection) = self.reserve_op(
                         fw,
                         agent_id,
                         &role,
@@ -210,12 +259,12 @@ impl Master {
                         out.push(err(
                             conn,
                             ErrorKind::InvalidRequest,
-                            format!("reserve: {m}"),
+                            format!("reserve: {rejection}"),
                         ));
                     }
                 }
                 Operation::Unreserve { role, resources } => {
-                    if let Err(m) = self.reserve_op(
+                    if let Err(rejection) = self.reserve_op(
                         fw,
                         agent_id,
                         &role,
@@ -228,7 +277,7 @@ impl Master {
                         out.push(err(
                             conn,
                             ErrorKind::InvalidRequest,
-                            format!("unreserve: {m}"),
+                            format!("unreserve: {rejection}"),
                         ));
                     }
                 }
@@ -241,6 +290,11 @@ impl Master {
             .iter()
             .map(|o| o.id)
             .zip(used.iter().cloned())
+            .chain(
+                foreign_role
+                    .iter()
+                    .map(|o| (o.id, OfferResources::default())),
+            )
             .collect();
         if let Err(e) = self.allocator.accept_offers(&parts, refuse, now) {
             tracing::error!("allocator refused a validated accept: {e}");
@@ -301,6 +355,39 @@ impl Master {
         }
     }
 
+    /// Ends every task of an accept that was not carried out because the lease lapsed:
+    /// `ERROR` / `launch-failed` (the task never reached an agent; launching it again with
+    /// the leader is safe).
+    fn not_launched(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        operations: &[Operation],
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        for op in operations {
+            let Operation::Launch { tasks } = op else {
+                continue;
+            };
+            for task in tasks {
+                let mut update = self.new_update(
+                    task.task_id,
+                    fw,
+                    None,
+                    TaskState::Error,
+                    format!(
+                        "task {} not launched: this master's leadership lease has lapsed",
+                        task.task_id
+                    ),
+                    now,
+                );
+                update.reason = Some(TaskReason::LaunchFailed);
+                out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+            }
+        }
+    }
+
     /// Applies a RESERVE (or UNRESERVE) operation to the accept's pool and the allocator.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn reserve_op(
@@ -313,7 +400,7 @@ impl Master {
         pool: &mut [OfferResources],
         reserve: bool,
         out: &mut Vec<Output>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReservationRejection> {
         let roles = self
             .frameworks
             .get(&fw)
@@ -323,17 +410,18 @@ impl Master {
             .iter()
             .any(|r| r == role || role.starts_with(&format!("{r}/")))
         {
-            return Err(format!(
-                "role {role:?} is not one of this framework's roles"
-            ));
+            return Err(ReservationRejection::NotFrameworkRole(role.to_string()));
         }
         if resources.is_empty() {
-            return Err("no resources named".into());
+            return Err(ReservationRejection::NoResources);
         }
         if !reserve {
             let dynamic = self.agents.get(&agent).and_then(|a| a.dynamic.get(role));
             if !dynamic.is_some_and(|d| d.contains(resources)) {
-                return Err(format!("{resources} is not dynamically reserved for {role:?} on this agent (static reservations belong to the agent's configuration)"));
+                return Err(ReservationRejection::NotDynamicallyReserved {
+                    resources: resources.clone(),
+                    role: role.to_string(),
+                });
             }
         }
         // Find one offer in the pool that holds the source resources.
@@ -351,7 +439,7 @@ impl Master {
             } else {
                 self.allocator.unreserve(offer_ids[i], role, resources)
             };
-            result.map_err(|e: AllocError| e.to_string())?;
+            result?;
             if reserve {
                 p.unreserved.checked_sub_assign(resources);
                 p.reserved
@@ -401,10 +489,10 @@ impl Master {
             }
             return Ok(());
         }
-        Err(format!(
-            "{resources} is not available {} in the offers",
-            if reserve { "unreserved" } else { "reserved" }
-        ))
+        Err(ReservationRejection::NotInOffers {
+            resources: resources.clone(),
+            reserve,
+        })
     }
 }
 
@@ -430,19 +518,19 @@ pub(super) fn refuse_ms(refuse_seconds: Option<f64>) -> Result<Option<Millis>, B
 }
 
 /// Why a task is invalid on its own (before looking at offers), if it is.
-pub(super) fn validate_task(task: &TaskInfo) -> Option<String> {
+pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
     let tid = task.task_id;
     if task.name.is_empty() || task.name.len() > 256 {
-        return Some(format!("task {tid}: name must be 1-256 characters"));
+        return Err(TaskRejection::Name(tid));
     }
     if let Some(problem) = task.command.problem() {
-        return Some(format!("task {tid}: {problem}"));
+        return Err(TaskRejection::Command { task: tid, problem });
     }
     if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
-        return Some(format!("task {tid}: must request some cpus or mem"));
+        return Err(TaskRejection::NoCpusOrMem(tid));
     }
     if let Err(e) = task.resources.gpu_amount() {
-        return Some(format!("task {tid}: {e}"));
+        return Err(TaskRejection::FractionalGpus(tid, e));
     }
     if task
         .env
@@ -450,13 +538,13 @@ pub(super) fn validate_task(task: &TaskInfo) -> Option<String> {
         .any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
         || task.env.values().any(|v| v.contains('\0'))
     {
-        return Some(format!("task {tid}: invalid environment variable"));
+        return Err(TaskRejection::Environment(tid));
     }
-    None
+    Ok(())
 }
 
-/// Takes `need` out of the pool of offers (reserved parts first, then unreserved), recording
-/// per-offer use. Returns what the task holds, or `None` (pool untouched) if it does not fit.
+/// Takes `need` out of the pool of offers (each with [`OfferResources::carve`]: reserved parts
+/// first, then unreserved), recording per-offer use. Returns what the task holds, or `None` (pool untouched) if it does not fit.
 pub(super) fn draw(
     pool: &mut [OfferResources],
     used: &mut [OfferResources],
@@ -471,33 +559,9 @@ pub(super) fn draw(
     let mut remaining = need.clone();
     let mut holding = OfferResources::default();
     for (p, u) in pool.iter_mut().zip(used.iter_mut()) {
-        let roles: Vec<String> = p.reserved.keys().cloned().collect();
-        for role in roles {
-            let Some(avail) = p.reserved.get_mut(&role) else {
-                continue;
-            };
-            let take = avail.elementwise_min(&remaining);
-            if take.is_empty() {
-                continue;
-            }
-            avail.checked_sub_assign(&take);
-            if avail.is_empty() {
-                p.reserved.remove(&role);
-            }
-            remaining = remaining.saturating_sub(&take);
-            u.reserved
-                .entry(role.clone())
-                .or_default()
-                .add_assign(&take);
-            holding.reserved.entry(role).or_default().add_assign(&take);
-        }
-        let take = p.unreserved.elementwise_min(&remaining);
-        if !take.is_empty() {
-            p.unreserved.checked_sub_assign(&take);
-            remaining = remaining.saturating_sub(&take);
-            u.unreserved.add_assign(&take);
-            holding.unreserved.add_assign(&take);
-        }
+        let taken = p.carve(&mut remaining);
+        u.add_assign(&taken);
+        holding.add_assign(&taken);
         if remaining.is_empty() {
             break;
         }

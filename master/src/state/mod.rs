@@ -6,6 +6,12 @@
 //! code runs in the live master. Offers and fairness are delegated to the pure
 //! [`Allocator`].
 //!
+//! Driving contract (quinn-proto's `poll_timeout` style): the shell feeds every event to
+//! [`Master::handle`], runs [`Master::allocate`] whenever [`Master::allocation_due`], sends
+//! [`Input::Tick`] once [`Master::next_deadline`] has come, and otherwise sleeps until the
+//! next deadline or input. The leadership lease is an input too ([`Input::LeaseUntil`]): past
+//! it the core neither offers nor launches.
+//!
 //! Rules it enforces (Mesos semantics unless noted):
 //! - An agent's name and a framework's principal come from the peer's certificate (given in
 //!   the `*Connected` inputs), never from messages.
@@ -54,18 +60,24 @@
 //!   fragmentation-aware choice of the GPU for a fractional task;
 //! - `tasks`: task lifecycle (releasing resources, completed history, master-made updates);
 //! - `reconcile`: framework reconciliation answered in bounded slices;
-//! - `timers`: re-register, failover and offer timeouts;
+//! - `timers`: re-register, failover and offer timeouts, the leadership lease, and
+//!   [`Master::next_deadline`] (when the shell must wake the core next);
 //! - `operator`: operator commands (weights, quotas);
+//! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
+//!   and operator commands (their text is what peers and operators read);
 //! - `recovery`: restoring the registry after a failover;
-//! - `view`: the read-only `/state` view.
+//! - `view`: the read-only `/state` view;
+//! - `metrics`: the numbers behind `/metrics` (counts, resources, shares, resource-seconds).
 
 mod accept;
 mod agents;
 mod frameworks;
 pub mod gpus;
+pub mod metrics;
 mod operator;
 mod reconcile;
 mod recovery;
+mod rejection;
 mod tasks;
 mod timers;
 pub mod view;
@@ -76,6 +88,9 @@ pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};
+pub use rejection::{
+    OperatorRejection, ReservationRejection, RoleRejection, SubscribeRejection, TaskRejection,
+};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -83,9 +98,7 @@ use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
-use crate::allocator::{
-    AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources,
-};
+use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
 use crate::registry::{AgentRecord, FrameworkRecord, Mutation, Quota, Registry, Reservation};
 
 /// Identifies one live peer connection in the I/O shell.
@@ -161,29 +174,25 @@ impl Default for Limits {
 
 impl Limits {
     /// Why `role` may not be used (syntax, length or depth), if it may not.
-    pub fn check_role(&self, role: &str) -> Result<(), String> {
+    pub fn check_role(&self, role: &str) -> Result<(), RoleRejection> {
+        let shown = || truncated(role, 64).to_string();
         if !valid_role(role) {
-            return Err(format!(
-                "invalid role name {:?}: use segments of [A-Za-z0-9_.-] separated by '/', \
-                 at most 128 bytes",
-                truncated(role, 64)
-            ));
+            return Err(RoleRejection::Syntax(shown()));
         }
         if role.len() > self.role_name_length {
-            return Err(format!(
-                "role name {:?} is {} bytes long; the limit is {}",
-                truncated(role, 64),
-                role.len(),
-                self.role_name_length
-            ));
+            return Err(RoleRejection::TooLong {
+                role: shown(),
+                len: role.len(),
+                limit: self.role_name_length,
+            });
         }
         let depth = role.split('/').count();
         if depth > self.role_depth {
-            return Err(format!(
-                "role {:?} is {depth} levels deep; the limit is {}",
-                truncated(role, 64),
-                self.role_depth
-            ));
+            return Err(RoleRejection::TooDeep {
+                role: shown(),
+                depth,
+                limit: self.role_depth,
+            });
         }
         Ok(())
     }
@@ -251,8 +260,15 @@ pub enum Input {
     PeerStalled {
         conn: ConnId,
     },
-    /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
+    /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation. The shell
+    /// sends it at [`Master::next_deadline`] (sending it earlier or more often is harmless).
     Tick,
+    /// The leadership lease: this master may act as leader until `until` (the core's clock;
+    /// `None`: no lease, e.g. standalone). From the deadline on the core makes no offers and
+    /// launches no tasks, even before the election reports the loss.
+    LeaseUntil {
+        until: Option<Millis>,
+    },
 }
 
 /// Something to do, returned by [`Master::handle`].
@@ -293,6 +309,23 @@ enum Claim {
     New,
 }
 
+/// An agent's attributes and healthy GPUs as offers carry them (shared, not copied per offer).
+#[derive(Debug, Clone)]
+pub(crate) struct OfferParts {
+    pub attributes: std::sync::Arc<Attributes>,
+    pub gpus: std::sync::Arc<[GpuInfo]>,
+}
+
+impl AgentRec {
+    /// The shared [`OfferParts`], built on first use after a change.
+    pub(crate) fn offer_parts(&self) -> &OfferParts {
+        self.offer_parts.get_or_init(|| OfferParts {
+            attributes: std::sync::Arc::new(self.attributes.clone()),
+            gpus: self.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct AgentRec {
     pub id: AgentId,
@@ -307,6 +340,9 @@ pub(crate) struct AgentRec {
     pub dynamic: BTreeMap<String, Resources>,
     pub attributes: Attributes,
     pub gpus: Vec<GpuInfo>,
+    /// What every offer of this agent carries besides resources (attributes, healthy GPUs),
+    /// built once and shared by its offers; reset whenever `attributes` or `gpus` change.
+    pub offer_parts: std::sync::OnceLock<OfferParts>,
     pub gpu_samples: Vec<GpuSample>,
     pub last_seen: Millis,
     pub disconnected_at: Option<Millis>,
@@ -485,6 +521,12 @@ pub struct Master {
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
+    /// Until when this master may act as leader ([`Input::LeaseUntil`]; `None`: always).
+    lease_until: Option<Millis>,
+    /// Status updates an agent sent again that the master already had (`/metrics`).
+    pub(crate) status_update_retries: u64,
+    /// Tasks completed (ended and acknowledged) since this master leads, by final state.
+    pub(crate) tasks_completed: BTreeMap<&'static str, u64>,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -532,6 +574,9 @@ impl Master {
             last_cycle_us: 0,
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
+            lease_until: None,
+            status_update_retries: 0,
+            tasks_completed: BTreeMap::new(),
         }
     }
 
@@ -590,7 +635,11 @@ impl Master {
 
     /// True when an allocation should run now: after events that free or add resources (at
     /// most once per `allocation_min_gap_ms`), or when the batch interval has passed.
+    /// Never once the leadership lease has lapsed ([`Master::leads_at`]).
     pub fn allocation_due(&self, now: Millis) -> bool {
+        if !self.leads_at(now) {
+            return false;
+        }
         let since = now.saturating_sub(self.last_batch);
         (self.allocation_pending && since >= self.config.allocation_min_gap_ms)
             || since >= self.config.allocation_interval_ms
@@ -604,6 +653,7 @@ impl Master {
 
     /// Runs one allocation cycle and returns the offers to send.
     pub fn allocate(&mut self, now: Millis, out: &mut Vec<Output>) {
+        self.allocator.accrue(now);
         self.allocation_pending = false;
         self.last_batch = now;
         self.sync_gpu_views();
@@ -647,8 +697,8 @@ impl Master {
             role: rec.role.clone(),
             resources: rec.resources.unreserved.clone(),
             reserved: rec.resources.reserved.clone(),
-            attributes: agent.attributes.clone(),
-            gpus: agent.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+            attributes: agent.offer_parts().attributes.clone(),
+            gpus: agent.offer_parts().gpus.clone(),
             gpu_free: self.gpu_free(rec.agent),
         })
     }
@@ -656,6 +706,8 @@ impl Master {
     /// Applies one input. Offers are not made here: call [`Master::allocate`] when
     /// [`Master::allocation_due`] says so (the shell measures the cycle time around it).
     pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
+        // Allocations change only at `now` from here on: integrate them up to it first.
+        self.allocator.accrue(now);
         let mut out = Vec::new();
         match input {
             Input::AgentConnected {
@@ -714,6 +766,7 @@ impl Master {
                 _ => {}
             },
             Input::Tick => self.tick(now, &mut out),
+            Input::LeaseUntil { until } => self.lease_until = until,
         }
         out
     }
