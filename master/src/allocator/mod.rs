@@ -301,6 +301,8 @@ struct Agent {
     gpu_free: Vec<u32>,
     /// Milli-GPUs per GPU earmarked by outstanding demand-split offers.
     gpu_offered: Vec<u32>,
+    /// Deactivated by an operator: never offered (its allocations stay).
+    inactive: bool,
 }
 
 #[derive(Debug)]

@@ -48,6 +48,8 @@ pub struct AgentView {
     pub task_user: String,
     /// What is free of each healthy GPU (fraction and memory), as offers show it.
     pub gpu_free: Vec<gantry_sdk::protocol::GpuFree>,
+    /// False while an operator has deactivated it (nothing of it is offered).
+    pub active: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -184,6 +186,7 @@ impl Master {
                     gpu_samples: a.gpu_samples.clone(),
                     task_user: a.task_user.clone(),
                     gpu_free: self.gpu_free(a.id),
+                    active: a.active,
                 }
             })
             .collect();

@@ -151,8 +151,7 @@ fn backfill_never_takes_the_reserved_gpus() {
         .iter()
         .filter(|g| g.numa_node == Some(1))
         .cloned()
-        .collect::<Vec<_>>()
-        .into();
+        .collect();
     let a = q.offers(offer, now);
     assert!(
         launched(&a).is_empty(),
@@ -385,8 +384,7 @@ fn elastic_gang_starts_with_what_fits_grows_and_shrinks_for_a_critical_job() {
         .iter()
         .filter(|g| g.numa_node == Some(1))
         .cloned()
-        .collect::<Vec<_>>()
-        .into();
+        .collect();
     let a = q.offers(more, now);
     let grown = launched(&a);
     assert_eq!(
