@@ -88,6 +88,10 @@ pub struct AgentConfig {
     /// The user tasks run as when their command names none (`--task-user`). An agent that is
     /// not root runs every task as itself, so this must then be its own user.
     pub task_user: String,
+    /// How tasks holding fractions of one GPU share it (`--gpu-sharing`).
+    pub gpu_sharing: gpu::share::Sharing,
+    /// What happens to a task over its GPU-memory share (`--gpu-memory-enforce`).
+    pub gpu_memory_enforce: gpu::share::MemoryEnforce,
     /// When ended tasks' sandboxes are removed (`--gc-delay`, `--gc-disk-headroom`,
     /// `--gc-keep`).
     pub gc: GcPolicy,
@@ -196,6 +200,10 @@ struct Agent {
     /// GPUs whose recovery check is running.
     checking: HashSet<String>,
     last_clear_poll: tokio::time::Instant,
+    /// MPS control daemons (`--gpu-sharing mps` on a GPU agent).
+    mps: Option<gpu::mps::MpsDaemons>,
+    /// Tasks already reported over their GPU-memory share (reported once per excursion).
+    gpu_mem_over: HashSet<TaskId>,
     /// What runs as each task's supervisor.
     supervisor: Arc<executor::SupervisorCommand>,
     /// Tasks re-adopted after a restart (their supervisors are polled; ours are awaited).
@@ -259,6 +267,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         last_gpu_samples: Vec::new(),
         checking: HashSet::new(),
         last_clear_poll: now,
+        mps: (config.gpu_sharing == gpu::share::Sharing::Mps && config.gpus.is_some()).then(|| {
+            gpu::mps::MpsDaemons::new(
+                gpu::mps::find_in_path(gpu::mps::MPS_CONTROL),
+                &config.work_dir.join("mps"),
+            )
+        }),
+        gpu_mem_over: HashSet::new(),
         supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
         adopted: HashSet::new(),
         gc_queue: VecDeque::new(),
@@ -655,22 +670,27 @@ impl Agent {
             .collect()
     }
 
-    /// Assignment view of the GPUs: occupancy from the tasks that are not terminal.
+    /// Milli-GPUs held per GPU by the tasks that are not terminal (fractions add up).
+    fn gpu_occupancy(&self) -> BTreeMap<&str, u32> {
+        gpu::share::occupancy(
+            self.ckpt
+                .tasks
+                .values()
+                .filter(|t| !t.state.is_terminal())
+                .map(|t| (t.info.resources.milli("gpus"), t.gpus.as_slice())),
+        )
+    }
+
+    /// Assignment view of the GPUs: a GPU is free when no live task holds any share of it.
     fn gpu_slots(&self) -> Vec<GpuSlot> {
-        let held: HashSet<&str> = self
-            .ckpt
-            .tasks
-            .values()
-            .filter(|t| !t.state.is_terminal())
-            .flat_map(|t| t.gpus.iter().map(String::as_str))
-            .collect();
+        let held = self.gpu_occupancy();
         self.inventory()
             .iter()
             .map(|g| GpuSlot {
                 numa_node: g.info.numa_node,
                 pci_root: g.pci_root.clone(),
                 healthy: self.health.is_healthy(&g.info.uuid),
-                free: !held.contains(g.info.uuid.as_str()),
+                free: !held.contains_key(g.info.uuid.as_str()),
             })
             .collect()
     }
@@ -785,7 +805,13 @@ impl Agent {
                 }
                 let killed = rec.kill_requested_ms.is_some();
                 let msg = executor::describe(&status);
-                let (state, reason, msg) = if killed {
+                let (state, reason, msg) = if let Some(why) = rec.gpu_memory_kill.clone() {
+                    (
+                        TaskState::Failed,
+                        Some(TaskReason::GpuMemory),
+                        format!("{why} ({msg})"),
+                    )
+                } else if killed {
                     (
                         TaskState::Killed,
                         Some(TaskReason::KilledByRequest),
@@ -826,6 +852,7 @@ impl Agent {
                             .is_some_and(|t| !t.state.is_terminal())
                     })
                     .collect();
+                let tasks = self.gpu_memory_check(tasks);
                 self.last_gpu_samples = gpus.clone();
                 self.publish_metrics(&tasks);
                 if !tasks.is_empty() || !gpus.is_empty() {
@@ -849,8 +876,13 @@ impl Agent {
                 if let gpu::FaultKind::Xid(x) = fault.kind {
                     self.metrics.record_xid(&fault.uuid, x);
                 }
-                if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
-                    self.health_changed(change)?;
+                // A GPU in MIG mode: the fault is its MIG devices' (what is offered).
+                let faults =
+                    gpu::share::mig_fan_out(fault, self.inventory().iter().map(|g| &g.info));
+                for fault in faults {
+                    if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
+                        self.health_changed(change)?;
+                    }
                 }
             }
             Event::RecoveryChecked { uuid, passed } => {
@@ -990,12 +1022,16 @@ impl Agent {
                 }
                 tracing::info!(%agent_id, "registered with the master");
             }
-            MasterToAgent::RunTask { framework_id, task } => {
+            MasterToAgent::RunTask {
+                framework_id,
+                task,
+                gpus,
+            } => {
                 if self.ckpt.tasks.contains_key(&task.task_id) {
                     tracing::warn!(task = %task.task_id, "duplicate launch ignored");
                     return Ok(());
                 }
-                self.launch(framework_id, task)?;
+                self.launch(framework_id, task, &gpus)?;
             }
             MasterToAgent::KillTask {
                 framework_id,
@@ -1043,28 +1079,49 @@ impl Agent {
         Ok(())
     }
 
-    /// Picks GPUs for a task asking for `gpus` (milli-units); `Err` says why it cannot run.
+    /// Picks GPUs for a task asking for `gpus` (milli-units): below one, a GPU with room for
+    /// the fraction (`preferred`, the master's choice, when it still fits); else whole idle
+    /// GPUs, topology-aware. `Err` says why it cannot run.
     fn pick_gpus(
         &self,
         gpus_milli: u64,
         selector: Option<&GpuSelector>,
+        preferred: &[String],
     ) -> Result<Vec<usize>, String> {
-        if gpus_milli == 0 {
-            return Ok(Vec::new());
-        }
-        if !gpus_milli.is_multiple_of(MILLI) {
-            return Err(format!(
-                "gpus must be a whole number, got {}",
-                gpus_milli as f64 / MILLI as f64
-            ));
-        }
-        let k = (gpus_milli / MILLI) as usize;
-        let mut slots = self.gpu_slots();
-        // GPUs that do not match the task's selector are not candidates.
-        if let Some(sel) = selector {
-            for (slot, g) in slots.iter_mut().zip(self.inventory()) {
-                slot.free &= sel.matches(&g.info);
+        let amount = GpuAmount::from_milli(gpus_milli).map_err(|e| e.to_string())?;
+        let k = match amount {
+            GpuAmount::None => return Ok(Vec::new()),
+            GpuAmount::Whole(k) => k as usize,
+            GpuAmount::Fraction(m) => {
+                let held = self.gpu_occupancy();
+                let free: Vec<Option<u32>> = self
+                    .inventory()
+                    .iter()
+                    .map(|g| {
+                        let ok = self.health.is_healthy(&g.info.uuid)
+                            && GpuSelector::admits(selector, &g.info);
+                        ok.then(|| {
+                            gpu::share::GPU_MILLI.saturating_sub(
+                                held.get(g.info.uuid.as_str()).copied().unwrap_or(0),
+                            )
+                        })
+                    })
+                    .collect();
+                let want = preferred
+                    .first()
+                    .and_then(|u| self.inventory().iter().position(|g| &g.info.uuid == u));
+                return gpu::share::pick_fraction(&free, m, want)
+                    .map(|i| vec![i])
+                    .ok_or_else(|| {
+                        format!("the task asks for {m} milli-GPUs of one GPU but no healthy GPU{} on this agent has that much free", if selector.is_some() { " matching its selector" } else { "" })
+                    });
             }
+        };
+        let mut slots = self.gpu_slots();
+        // GPUs that do not match the task's selector (MIG devices unless it names their
+        // profile) are not candidates.
+        for (slot, g) in slots.iter_mut().zip(self.inventory()) {
+            slot.free &= GpuSelector::admits(selector, &g.info);
         }
         gpu::assign(&slots, k).ok_or_else(|| {
             let free = slots.iter().filter(|s| s.free && s.healthy).count();
@@ -1090,11 +1147,20 @@ impl Agent {
         Ok(None)
     }
 
-    fn launch(&mut self, framework_id: FrameworkId, task: TaskInfo) -> anyhow::Result<()> {
+    fn launch(
+        &mut self,
+        framework_id: FrameworkId,
+        task: TaskInfo,
+        master_gpus: &[String],
+    ) -> anyhow::Result<()> {
         let id = task.task_id;
         let sandbox = self.config.work_dir.join("sandboxes").join(id.to_string());
         let meta = self.config.work_dir.join("meta").join(id.to_string());
-        let picked = self.pick_gpus(task.resources.milli("gpus"), task.gpu_selector.as_ref());
+        let picked = self.pick_gpus(
+            task.resources.milli("gpus"),
+            task.gpu_selector.as_ref(),
+            master_gpus,
+        );
         let chosen: Vec<GpuInfo> = picked
             .as_deref()
             .unwrap_or(&[])
@@ -1118,6 +1184,7 @@ impl Agent {
                 gpus: uuids.clone(),
                 kill_requested_ms: None,
                 cgroup: isolated.then(|| cgroup_name.clone()),
+                gpu_memory_kill: None,
             },
         );
         self.dirty.insert(id);
@@ -1148,6 +1215,20 @@ impl Agent {
         if self.config.gpus.is_some() {
             for (k, v) in gpu::visible_devices_env(&uuids) {
                 env.insert(k.to_string(), v);
+            }
+            // A fraction under MPS: its thread and memory limits and its GPU's daemon.
+            if let (Some(g), Ok(GpuAmount::Fraction(_))) =
+                (chosen.first(), task.resources.gpu_amount())
+            {
+                let pipe = self.mps.as_mut().and_then(|m| m.ensure(&g.uuid));
+                for (k, v) in gpu::share::mps_env(
+                    self.config.gpu_sharing,
+                    task.resources.milli("gpus"),
+                    g.memory_mib,
+                    pipe.as_deref().and_then(|p| p.to_str()),
+                ) {
+                    env.insert(k.to_string(), v);
+                }
             }
         }
         let mem_milli = task.resources.milli("mem");
@@ -1236,6 +1317,74 @@ impl Agent {
             }
         }));
         Ok(())
+    }
+
+    /// Sets each sampled task's GPU-memory share and acts on tasks above it: a non-terminal
+    /// update (reason `gpu-memory`) once per excursion and, with `--gpu-memory-enforce kill`,
+    /// the kill (the task ends `FAILED`, reason `gpu-memory`).
+    fn gpu_memory_check(
+        &mut self,
+        mut tasks: Vec<(TaskId, TaskUsage)>,
+    ) -> Vec<(TaskId, TaskUsage)> {
+        let mut over = Vec::new();
+        for (id, usage) in &mut tasks {
+            let Some(rec) = self.ckpt.tasks.get(id) else {
+                continue;
+            };
+            let held: Vec<&GpuInfo> = rec
+                .gpus
+                .iter()
+                .filter_map(|u| self.inventory().iter().find(|g| &g.info.uuid == u))
+                .map(|g| &g.info)
+                .collect();
+            usage.gpu_mem_share_bytes =
+                gpu::share::memory_share_bytes(rec.info.resources.milli("gpus"), &held);
+            let is_over =
+                usage.gpu_mem_share_bytes > 0 && usage.gpu_mem_bytes > usage.gpu_mem_share_bytes;
+            if !is_over {
+                self.gpu_mem_over.remove(id);
+            } else if self.gpu_mem_over.insert(*id) {
+                over.push((
+                    *id,
+                    rec.framework_id,
+                    rec.state,
+                    usage.gpu_mem_bytes,
+                    usage.gpu_mem_share_bytes,
+                ));
+            }
+        }
+        for (id, framework_id, state, used, share) in over {
+            let mib = |b: u64| b / (1024 * 1024);
+            let kill = self.config.gpu_memory_enforce == gpu::share::MemoryEnforce::Kill;
+            let message = format!(
+                "gpu-memory: the task uses {} MiB of GPU memory, above its share of {} MiB{}",
+                mib(used),
+                mib(share),
+                if kill {
+                    "; killed (--gpu-memory-enforce kill)"
+                } else {
+                    ""
+                }
+            );
+            tracing::warn!(task = %id, "{message}");
+            self.update(
+                id,
+                state,
+                Some(TaskReason::GpuMemory),
+                message.clone(),
+                None,
+                None,
+            );
+            if kill {
+                if let Some(rec) = self.ckpt.tasks.get_mut(&id) {
+                    rec.gpu_memory_kill = Some(message);
+                }
+                if let Err(e) = self.kill(framework_id, id) {
+                    tracing::warn!(task = %id, "killing a task over its GPU-memory share: {e}");
+                }
+            }
+        }
+        tasks
     }
 
     fn kill(&mut self, framework_id: FrameworkId, task_id: TaskId) -> anyhow::Result<()> {
@@ -1363,6 +1512,24 @@ impl Agent {
             self.send(AgentToMaster::Heartbeat);
         }
         self.sample_if_due();
+        if self.mps.is_some() {
+            // Every GPU holding a live fractional task has its MPS control daemon (also after
+            // an agent restart), restarted when it exited.
+            let shared: Vec<String> = self
+                .ckpt
+                .tasks
+                .values()
+                .filter(|t| !t.state.is_terminal())
+                .filter(|t| matches!(t.info.resources.gpu_amount(), Ok(GpuAmount::Fraction(_))))
+                .flat_map(|t| t.gpus.iter().cloned())
+                .collect();
+            if let Some(m) = self.mps.as_mut() {
+                for uuid in &shared {
+                    m.ensure(uuid);
+                }
+                m.supervise();
+            }
+        }
         self.collect_garbage();
         self.gpu_health_tick()?;
         self.flush_updates();

@@ -51,6 +51,10 @@ pub struct TaskRecord {
     pub kill_requested_ms: Option<u64>,
     /// Task cgroup name, when isolated.
     pub cgroup: Option<String>,
+    /// Set when the agent killed the task for using more GPU memory than its share
+    /// (`--gpu-memory-enforce kill`): the message its terminal update carries.
+    #[serde(default)]
+    pub gpu_memory_kill: Option<String>,
 }
 
 impl TaskRecord {
@@ -160,6 +164,7 @@ mod tests {
                 gpus: vec![],
                 kill_requested_ms: None,
                 cgroup: None,
+                gpu_memory_kill: None,
             },
         );
         c.save(&dir).unwrap();

@@ -101,6 +101,16 @@ struct RunArgs {
     /// run tasks as itself).
     #[arg(long)]
     task_user: Option<String>,
+    /// How tasks holding fractions of one GPU (`gpus:0.25`) share it: `time-slice` (CUDA time
+    /// slicing; GPU memory is NOT isolated) or `mps` (NVIDIA MPS: per-task thread percentage and
+    /// pinned device-memory limit; one MPS control daemon per shared GPU when
+    /// nvidia-cuda-mps-control is in PATH). See docs/gpu-agent.md.
+    #[arg(long, default_value = "time-slice")]
+    gpu_sharing: gantry_agent::gpu::share::Sharing,
+    /// What happens to a task whose processes use more GPU memory than its share (its fraction
+    /// of the GPU's memory): `report` (a status update and /state) or `kill`.
+    #[arg(long, default_value = "report")]
+    gpu_memory_enforce: gantry_agent::gpu::share::MemoryEnforce,
     /// Seconds after a task ended (and its last update was acknowledged) before its sandbox
     /// and control files are removed; shorter when the disk fills (see --gc-disk-headroom).
     #[arg(long, default_value_t = gc::DEFAULT_DELAY.as_secs_f64())]
@@ -293,6 +303,8 @@ fn main() -> anyhow::Result<()> {
             .transpose()?,
         nvidia_majors: NvidiaMajors::detect(),
         task_user,
+        gpu_sharing: args.gpu_sharing,
+        gpu_memory_enforce: args.gpu_memory_enforce,
         gc: gc::GcPolicy {
             delay: seconds("gc-delay", args.gc_delay)?,
             disk_headroom: {

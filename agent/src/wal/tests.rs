@@ -25,6 +25,7 @@ fn task(state: TaskState) -> TaskRecord {
         gpus: vec![],
         kill_requested_ms: None,
         cgroup: None,
+        gpu_memory_kill: None,
     }
 }
 

@@ -40,6 +40,8 @@ impl Allocator {
             offers: Vec::new(),
             filters: AgentFilters::default(),
             stable: None,
+            gpu_free: Vec::new(),
+            gpu_offered: Vec::new(),
             inactive: false,
         };
         let slot = self.agents.insert(agent);
@@ -145,6 +147,7 @@ impl Allocator {
             if avail.contains(&st.bundle) {
                 avail.sub(&st.bundle);
             } else if let Some(st) = self.offers.remove(&o) {
+                self.release_gpus(a, &st.gpus);
                 self.charge(st.fw, st.role, &st.bundle, false);
                 let fw = self.fw_mut(st.fw);
                 fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);

@@ -56,6 +56,8 @@
 //!   disconnection and removal;
 //! - `frameworks`: subscription, failover, disconnection and removal;
 //! - `accept`: accepting offers (validation, carving resources out of offers, reservations);
+//! - `gpus`: GPU sharing: per-GPU shares held by tasks, free fractions in offers, the
+//!   fragmentation-aware choice of the GPU for a fractional task;
 //! - `tasks`: task lifecycle (releasing resources, completed history, master-made updates);
 //! - `reconcile`: framework reconciliation answered in bounded slices;
 //! - `timers`: re-register, failover and offer timeouts, the leadership lease, and
@@ -73,6 +75,7 @@ mod accept;
 mod agents;
 mod events;
 mod frameworks;
+pub mod gpus;
 pub mod metrics;
 mod operator;
 mod reconcile;
@@ -138,6 +141,8 @@ pub struct MasterConfig {
     pub frame_budget_bytes: usize,
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
+    /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
+    pub gpu_placement: gantry_sdk::placement::Policy,
 }
 
 /// Bounds on what one tenant may make the master hold (docs/security.md lists the defaults and
@@ -222,6 +227,7 @@ impl Default for MasterConfig {
             frame_body_timeout_ms: 10_000,
             frame_budget_bytes: 128 << 20,
             limits: Limits::default(),
+            gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }
     }
 }
@@ -659,6 +665,7 @@ impl Master {
         self.allocator.accrue(now);
         self.allocation_pending = false;
         self.last_batch = now;
+        self.sync_gpu_views();
         let offers = self.allocator.allocate(now);
         let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
         for rec in offers {
@@ -701,6 +708,7 @@ impl Master {
             reserved: rec.resources.reserved.clone(),
             attributes: agent.offer_parts().attributes.clone(),
             gpus: agent.offer_parts().gpus.clone(),
+            gpu_free: self.gpu_free(rec.agent),
         })
     }
 
@@ -805,5 +813,7 @@ pub fn valid_role(role: &str) -> bool {
 
 #[cfg(test)]
 mod bounded_tests;
+#[cfg(test)]
+mod gpu_tests;
 #[cfg(test)]
 mod tests;

@@ -81,8 +81,8 @@ pub enum TaskRejection {
     Command { task: TaskId, problem: String },
     #[error("task {0}: must request some cpus or mem")]
     NoCpusOrMem(TaskId),
-    #[error("task {0}: gpus must be a whole number")]
-    FractionalGpus(TaskId),
+    #[error("task {0}: {1}")]
+    FractionalGpus(TaskId, gantry_sdk::protocol::BadGpuAmount),
     #[error("task {0}: invalid environment variable")]
     Environment(TaskId),
 }

@@ -46,6 +46,8 @@ pub struct AgentView {
     pub gpu_samples: Vec<GpuSample>,
     /// The user its tasks run as when their command names none (`--task-user`).
     pub task_user: String,
+    /// What is free of each healthy GPU (fraction and memory), as offers show it.
+    pub gpu_free: Vec<gantry_sdk::protocol::GpuFree>,
     /// False while an operator has deactivated it (nothing of it is offered).
     pub active: bool,
 }
@@ -183,6 +185,7 @@ impl Master {
                     gpus: a.gpus.clone(),
                     gpu_samples: a.gpu_samples.clone(),
                     task_user: a.task_user.clone(),
+                    gpu_free: self.gpu_free(a.id),
                     active: a.active,
                 }
             })

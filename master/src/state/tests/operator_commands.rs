@@ -172,6 +172,8 @@ fn clear_gpu_asks_the_agent_only_for_an_unhealthy_gpu() {
             pci_bus_id: "0000:00:01.0".into(),
             numa_node: None,
             healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
         });
     }
     let out = h.input(Input::Agent { conn: A, msg: reg });
