@@ -156,6 +156,9 @@ struct Agent {
     /// GPUs whose recovery check is running.
     checking: HashSet<String>,
     last_clear_poll: tokio::time::Instant,
+    last_notice_poll: tokio::time::Instant,
+    /// The termination notice deadline (Unix ms) told to the current master.
+    notice_sent: Option<u64>,
 }
 
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
@@ -201,6 +204,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         last_gpu_samples: Vec::new(),
         checking: HashSet::new(),
         last_clear_poll: now,
+        last_notice_poll: now,
+        notice_sent: None,
     };
     agent.recover()?;
     // GPU faults: the NVML watcher thread -> this loop.
@@ -758,6 +763,8 @@ impl Agent {
                     self.save()?;
                 }
                 self.registered = true;
+                // A new master (or a new session) hears the termination notice again.
+                self.notice_sent = None;
                 if !self.accepted {
                     self.accepted = true;
                     self.cleanup_cgroups();
@@ -1103,6 +1110,7 @@ impl Agent {
         }
         self.sample_if_due();
         self.gpu_health_tick()?;
+        self.termination_tick();
         self.flush_updates();
         Ok(())
     }
@@ -1140,6 +1148,34 @@ impl Agent {
         tokio::task::spawn_blocking(move || {
             let (tasks, gpus) = sample(gpus.as_deref(), &snapshot);
             let _ = events.send(Event::Sampled { tasks, gpus });
+        });
+    }
+
+    /// A spot-termination notice in the work dir ([`crate::termination`]) is told to the
+    /// master once per registration, checked every second.
+    fn termination_tick(&mut self) {
+        if !self.registered || self.last_notice_poll.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.last_notice_poll = tokio::time::Instant::now();
+        let Some(notice) = crate::termination::read(&self.config.work_dir) else {
+            return;
+        };
+        let now = crate::termination::unix_ms();
+        if notice.deadline_unix_ms + 60_000 < now {
+            // Long past: the host was not taken after all (or this is a stale file).
+            crate::termination::remove(&self.config.work_dir);
+            return;
+        }
+        if self.notice_sent == Some(notice.deadline_unix_ms) {
+            return;
+        }
+        self.notice_sent = Some(notice.deadline_unix_ms);
+        let in_ms = notice.deadline_unix_ms.saturating_sub(now);
+        tracing::warn!(in_ms, reason = %notice.reason, "termination notice: asking the master to drain this agent");
+        self.send(AgentToMaster::TerminationNotice {
+            in_ms,
+            reason: notice.reason,
         });
     }
 

@@ -13,6 +13,8 @@
 //! - [`gpu`]: PURE GPU policy: topology-aware assignment, health, usage attribution.
 //! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
 //! - [`config`]: command-line parsing helpers (`--resources`, `--attributes`, `--reserve`).
+//! - [`termination`]: spot-termination notices (`gantry-agent notice-termination`) handed to
+//!   the running agent through its work dir.
 
 pub mod agent;
 pub mod checkpoint;
@@ -22,4 +24,5 @@ pub mod executor;
 pub mod gpu;
 pub mod isolation;
 pub mod session;
+pub mod termination;
 pub mod updates;

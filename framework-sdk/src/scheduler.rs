@@ -97,6 +97,20 @@ pub trait Scheduler: Send {
         let _ = (driver, kind, message);
         async {}
     }
+    /// An agent this framework has tasks on is being drained for maintenance (Mesos inverse
+    /// offers; see [`DrainNotice`]): move the tasks elsewhere before
+    /// `notice.deadline_in_ms`, when the master kills what is left. The default does nothing
+    /// (the tasks are killed at the deadline and reported `KILLED`). Sent again after a
+    /// re-subscription while the drain lasts, so it may arrive more than once.
+    fn drain_notice(
+        &mut self,
+        driver: &DriverHandle,
+        notice: &DrainNotice,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, notice);
+        async {}
+    }
+
     /// The connection to the master dropped; the driver is reconnecting.
     fn disconnected(&mut self, driver: &DriverHandle) -> impl Future<Output = ()> + Send {
         let _ = driver;
@@ -498,6 +512,7 @@ impl Driver {
                             scheduler.error(&self.handle, kind, &message).await;
                         }
                         MasterToFramework::Heartbeat => {}
+                        MasterToFramework::DrainNotice(notice) => scheduler.drain_notice(&self.handle, &notice).await,
                     }
                 }
                 _ = masters.newer_leader() => {

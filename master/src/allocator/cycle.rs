@@ -59,7 +59,7 @@ impl Allocator {
         }
         {
             let agent = self.ag_mut(a);
-            if agent.stable == Some(epoch) {
+            if agent.stable == Some(epoch) || agent.inactive {
                 return;
             }
             if agent.free.is_zero() {

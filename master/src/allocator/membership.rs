@@ -40,6 +40,7 @@ impl Allocator {
             offers: Vec::new(),
             filters: AgentFilters::default(),
             stable: None,
+            inactive: false,
         };
         let slot = self.agents.insert(agent);
         self.agent_ids.insert(id, slot);
@@ -85,6 +86,42 @@ impl Allocator {
         self.keys_stale = true;
         self.epoch += 1;
         out
+    }
+
+    /// Stops (`active` false) or resumes offering an agent (maintenance drain). Deactivating
+    /// rescinds (returns) its outstanding offers, which are returned; tasks on it keep their
+    /// resources. Unknown agents are ignored.
+    pub fn set_agent_active(&mut self, id: AgentId, active: bool) -> Vec<OfferRecord> {
+        let Some(&a) = self.agent_ids.get(&id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        {
+            let agent = self.ag_mut(a);
+            if agent.inactive == !active {
+                return out;
+            }
+            agent.inactive = !active;
+            agent.stable = None;
+        }
+        if !active {
+            for o in self.ag(a).offers.clone() {
+                if let Some(st) = self.drop_offer(o) {
+                    self.counters.rescinded += 1;
+                    out.push(self.take_record(st));
+                }
+            }
+        }
+        self.epoch += 1;
+        out
+    }
+
+    /// True when the agent is known and offered (not deactivated by
+    /// [`Allocator::set_agent_active`]).
+    pub fn agent_active(&self, id: AgentId) -> bool {
+        self.agent_ids
+            .get(&id)
+            .is_some_and(|&a| !self.ag(a).inactive)
     }
 
     /// Replaces an agent's resources (e.g. a GPU withdrawn). Allocations in use stay; offers

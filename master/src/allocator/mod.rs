@@ -255,6 +255,8 @@ struct Agent {
     filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
+    /// Not offered (the agent is draining for maintenance); its tasks keep their resources.
+    inactive: bool,
 }
 
 #[derive(Debug)]

@@ -34,6 +34,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::{CoreEvent, Shell};
+
+/// Maintenance endpoints (`/api/v1/agents/{agent}/drain`, ...); a child module so it shares
+/// this file's authentication and error types.
+#[path = "maintenance.rs"]
+mod maintenance;
 use crate::acl::{Acls, OperatorAction};
 use crate::election::health;
 use crate::state::OperatorCommand;
@@ -177,6 +182,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::FORBIDDEN => "forbidden",
             StatusCode::NOT_FOUND => "not_found",
+            StatusCode::CONFLICT => "conflict",
             StatusCode::REQUEST_TIMEOUT => "request_timeout",
             StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
@@ -215,6 +221,20 @@ fn router(app: App) -> Router {
         .route("/state", get(state_handler))
         .route("/weights", post(weights_handler))
         .route("/quota", post(quota_handler))
+        // Maintenance and drain (issue 14 item 3): handlers in server/maintenance.rs.
+        .route(
+            "/api/v1/agents/{agent}/drain",
+            post(maintenance::drain_handler),
+        )
+        .route(
+            "/api/v1/agents/{agent}/undrain",
+            post(maintenance::undrain_handler),
+        )
+        .route(
+            "/api/v1/agents/{agent}/mark-gone",
+            post(maintenance::mark_gone_handler),
+        )
+        .route("/api/v1/maintenance", get(maintenance::view_handler))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
         .layer(axum::middleware::from_fn_with_state(

@@ -39,7 +39,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::election::{self, health, Election, HaConfig, LeadershipEvent, LeadershipStatus};
 use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
-use crate::state::{ConnId, Input, Master, MasterConfig, OperatorCommand, Output};
+use crate::state::{
+    ConnId, Input, MaintenanceCommand, MaintenanceError, Master, MasterConfig, OperatorCommand,
+    Output,
+};
 
 pub mod http;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
@@ -62,6 +65,11 @@ enum CoreEvent {
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
     Operator(OperatorCommand, oneshot::Sender<Result<(), String>>),
+    /// A maintenance request (`None`: only read); answered with the maintenance view.
+    Maintenance(
+        Option<MaintenanceCommand>,
+        oneshot::Sender<Result<serde_json::Value, MaintenanceError>>,
+    ),
 }
 
 enum Outbound {
@@ -348,6 +356,7 @@ async fn core_loop(
                         (CoreEvent::Lead { epoch, registry }, None) => {
                             config.epoch = epoch;
                             let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
+                            m.restore_maintenance(&registry, now(), unix_ms());
                             m.recover(registry, now());
                             for input in held.drain(..) {
                                 out.extend(m.handle(input, now()));
@@ -363,6 +372,18 @@ async fn core_loop(
                         }
                         (CoreEvent::Operator(_, reply), None) => {
                             let _ = reply.send(Err("this master is not the leader".into()));
+                        }
+                        (CoreEvent::Maintenance(cmd, reply), Some(m)) => {
+                            let done = match cmd {
+                                Some(cmd) => m.maintenance(cmd, now()).map(|o| out.extend(o)),
+                                None => Ok(()),
+                            };
+                            let view = serde_json::to_value(m.maintenance_view(now()))
+                                .unwrap_or(serde_json::Value::Null);
+                            let _ = reply.send(done.map(|()| view));
+                        }
+                        (CoreEvent::Maintenance(_, reply), None) => {
+                            let _ = reply.send(Err(MaintenanceError::NotLeader));
                         }
                         (CoreEvent::State(reply), m) => {
                             let mut view = match m {

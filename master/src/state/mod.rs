@@ -54,12 +54,15 @@
 //! - `reconcile`: framework reconciliation answered in bounded slices;
 //! - `timers`: re-register, failover and offer timeouts;
 //! - `operator`: operator commands (weights, quotas);
+//! - `maintenance`: draining agents (notices, kills at the deadline, `DRAINED`), undrain,
+//!   mark-gone, spot-termination notices;
 //! - `recovery`: restoring the registry after a failover;
 //! - `view`: the read-only `/state` view.
 
 mod accept;
 mod agents;
 mod frameworks;
+mod maintenance;
 mod operator;
 mod reconcile;
 mod recovery;
@@ -69,6 +72,10 @@ pub mod view;
 
 use accept::refuse_ms;
 pub use accept::{BadRefuseSeconds, FOREVER_MS};
+pub use maintenance::{
+    GoneStatus, MaintenanceCommand, MaintenanceError, MaintenanceStatus, MaintenanceView,
+    DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
+};
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
@@ -83,7 +90,9 @@ use crate::acl::Acls;
 use crate::allocator::{
     AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources,
 };
-use crate::registry::{AgentRecord, FrameworkRecord, Mutation, Quota, Registry, Reservation};
+use crate::registry::{
+    AgentRecord, FrameworkRecord, GoneRecord, Mutation, Quota, Registry, Reservation,
+};
 
 /// Identifies one live peer connection in the I/O shell.
 pub type ConnId = u64;
@@ -479,6 +488,12 @@ pub struct Master {
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
+    /// Agents under maintenance (draining or drained).
+    drains: BTreeMap<AgentId, maintenance::Drain>,
+    /// Agents marked gone: they may not re-register with their ids.
+    gone: BTreeMap<AgentId, GoneRecord>,
+    /// Unix milliseconds minus master milliseconds (set by [`Master::restore_maintenance`]).
+    unix_offset_ms: i64,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -526,6 +541,9 @@ impl Master {
             last_cycle_us: 0,
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
+            drains: BTreeMap::new(),
+            gone: BTreeMap::new(),
+            unix_offset_ms: 0,
         }
     }
 

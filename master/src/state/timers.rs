@@ -30,6 +30,7 @@ impl Master {
                     }));
                 }
                 out.push(Output::Persist(Mutation::RemoveAgent(id)));
+                self.forget_drain(id, out);
             }
         }
         // Silent agents are disconnected.
@@ -80,5 +81,6 @@ impl Master {
         for rec in self.allocator.expire_offers(now) {
             self.send_rescind(&rec, out);
         }
+        self.maintenance_step(now, out);
     }
 }
