@@ -14,6 +14,9 @@ use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClie
 use gantry_pki::CertAuthority;
 use gantry_sdk::transport::tls::PeerIdentity;
 
+#[path = "gantryctl/maintenance.rs"]
+mod maintenance;
+
 /// Operator tool for Gantry clusters.
 #[derive(Parser, Debug)]
 #[command(version, about, args_override_self = true)]
@@ -73,6 +76,9 @@ enum Cmd {
         #[arg(long)]
         limit: Option<String>,
     },
+    /// Agent maintenance: drain, undrain, mark-gone, maintenance.
+    #[command(flatten)]
+    Maintenance(maintenance::MaintenanceCmd),
     /// Show the cluster: agents, frameworks with their dominant shares, tasks by state.
     State {
         /// Print the raw /state JSON.
@@ -278,6 +284,7 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             println!("quota of {role} set");
             Ok(())
         }
+        Cmd::Maintenance(m) => maintenance::run(&c, m).await,
         Cmd::Certs(_) | Cmd::Token(_) => anyhow::bail!("offline commands do not reach the master"),
     }
 }
