@@ -137,6 +137,9 @@ pub struct DriverConfig {
     pub backoff: (Duration, Duration),
     /// Give up when no master could be reached for this long (`None`: never).
     pub give_up_after: Option<Duration>,
+    /// Built-in reconciliation on (re-)subscription and periodically (off by default; see
+    /// [`crate::reconcile`]).
+    pub reconcile: crate::reconcile::ReconcileConfig,
 }
 
 impl DriverConfig {
@@ -160,6 +163,7 @@ impl DriverConfig {
             },
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             give_up_after: None,
+            reconcile: Default::default(),
         }
     }
 }
@@ -468,6 +472,7 @@ impl Driver {
         });
         let _abort = AbortOnDrop(reader);
         let mut subscribed = false;
+        let mut reconciler = crate::reconcile::Reconciler::new(self.config.reconcile);
         loop {
             tokio::select! {
                 msg = inbox.recv() => {
@@ -488,6 +493,9 @@ impl Driver {
                                 if let Err(e) = tx.send(&msg).await {
                                     return Ok(SessionEnd::Lost(e.to_string()));
                                 }
+                            }
+                            if reconciler.subscribed(std::time::Instant::now()) {
+                                self.handle.reconcile(Vec::new());
                             }
                             scheduler.registered(&self.handle, framework_id).await;
                         }
@@ -513,6 +521,11 @@ impl Driver {
                         }
                         MasterToFramework::Heartbeat => {}
                         MasterToFramework::DrainNotice(notice) => scheduler.drain_notice(&self.handle, &notice).await,
+                    }
+                }
+                _ = sleep_until_opt(reconciler.next_due().map(tokio::time::Instant::from_std)) => {
+                    if reconciler.poll(std::time::Instant::now()) {
+                        self.handle.reconcile(Vec::new());
                     }
                 }
                 _ = masters.newer_leader() => {
