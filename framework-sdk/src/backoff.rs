@@ -79,7 +79,11 @@ impl<K: Hash + Eq> RestartBackoff<K> {
 
     /// When the earliest waiting key becomes ready, if any waits past `now`.
     pub fn next_ready(&self, now: Instant) -> Option<Instant> {
-        self.state.values().map(|(_, at)| *at).filter(|at| *at > now).min()
+        self.state
+            .values()
+            .map(|(_, at)| *at)
+            .filter(|at| *at > now)
+            .min()
     }
 }
 

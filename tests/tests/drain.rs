@@ -147,8 +147,7 @@ async fn drained_agent_ends_empty_with_notice_before_kill_and_survives_failover(
     let _agents: Vec<AgentProc> = ["drain-a", "drain-b"]
         .iter()
         .map(|n| {
-            AgentProc::start_multi(dir.path(), &tls, &list.join(","), n, "cpus:4;mem:1024")
-                .unwrap()
+            AgentProc::start_multi(dir.path(), &tls, &list.join(","), n, "cpus:4;mem:1024").unwrap()
         })
         .collect();
     let a = agent_id(&masters[leader], "drain-a");

@@ -98,7 +98,7 @@ impl Allocator {
         let mut out = Vec::new();
         {
             let agent = self.ag_mut(a);
-            if agent.inactive == !active {
+            if agent.inactive != active {
                 return out;
             }
             agent.inactive = !active;

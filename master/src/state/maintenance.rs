@@ -143,9 +143,7 @@ impl Master {
     pub fn restore_maintenance(&mut self, registry: &Registry, now: Millis, unix_now: u64) {
         self.unix_offset_ms = unix_now as i64 - now as i64;
         for m in registry.maintenance.values() {
-            let deadline = m
-                .deadline_unix_ms
-                .map(|d| now + d.saturating_sub(unix_now));
+            let deadline = m.deadline_unix_ms.map(|d| now + d.saturating_sub(unix_now));
             self.drains.insert(
                 m.agent_id,
                 Drain {
@@ -272,7 +270,11 @@ impl Master {
             .agents
             .get(&id)
             .map(|a| a.name.clone())
-            .or_else(|| self.recovered_agents.get(&id).map(|r| r.record.name.clone()))
+            .or_else(|| {
+                self.recovered_agents
+                    .get(&id)
+                    .map(|r| r.record.name.clone())
+            })
             .unwrap_or_default();
         let deadline = in_ms.map(|ms| now + ms);
         let deadline_unix_ms = deadline.map(|d| self.unix_at(d));

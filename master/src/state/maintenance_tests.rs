@@ -380,9 +380,7 @@ fn a_drain_survives_a_new_leader_with_its_deadline() {
 #[test]
 fn mark_gone_removes_the_agent_for_good() {
     let (mut h, agent, _fw, t) = running();
-    let out = h.cmd(MaintenanceCommand::MarkGone {
-        agent: "a1".into(),
-    });
+    let out = h.cmd(MaintenanceCommand::MarkGone { agent: "a1".into() });
     assert!(out.iter().any(|o| matches!(o, Output::ToFramework(F, MasterToFramework::Update(u)) if u.task_id == t && u.state == TaskState::Lost)));
     let p = persisted(&out);
     assert!(p.contains(&Mutation::RemoveAgent(agent)));
@@ -421,10 +419,7 @@ fn bad_requests_change_nothing() {
         MaintenanceError::DeadlineTooLong(_)
     ));
     assert!(matches!(
-        e(
-            &mut h,
-            MaintenanceCommand::Undrain { agent: "a1".into() }
-        ),
+        e(&mut h, MaintenanceCommand::Undrain { agent: "a1".into() }),
         MaintenanceError::NotDraining(_)
     ));
     assert!(h.m.maintenance_view(h.now).agents.is_empty());
