@@ -2,5 +2,8 @@
 //! in dev mode, to issue its certificate from the TLS directory's CA key).
 //!
 //! - [`batch`]: run N copies of a command and report how they ended (binary `batch`).
+//! - [`service`]: keep N instances of a command up, with health checks, restarts with
+//!   backoff and rolling replacement (binary `service`).
 
 pub mod batch;
+pub mod service;
