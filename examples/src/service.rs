@@ -444,16 +444,19 @@ impl ServiceCore {
             s.health_failures = 0;
             return Vec::new();
         }
-        let in_grace = s
-            .running_since
-            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs_f64(h.grace_secs));
+        let in_grace = s.running_since.is_some_and(|t| {
+            now.saturating_duration_since(t) < Duration::from_secs_f64(h.grace_secs)
+        });
         if in_grace && !s.passed_once {
             return Vec::new();
         }
         s.healthy = false;
         s.health_failures += 1;
         if s.health_failures >= h.failures && s.killing.is_none() {
-            tracing::warn!(instance = index, "instance failed its health check; killing it");
+            tracing::warn!(
+                instance = index,
+                "instance failed its health check; killing it"
+            );
             s.killing = Some(KillWhy::Health);
             return vec![Action::Kill(task)];
         }
@@ -530,8 +533,8 @@ impl ServiceCore {
 pub fn load_definition(path: &Path) -> anyhow::Result<ServiceDef> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let def: ServiceDef = serde_json::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let def: ServiceDef =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if let Some(p) = def.problem() {
         anyhow::bail!("{}: {p}", path.display());
     }
@@ -785,7 +788,10 @@ mod tests {
         let t1 = t0 + Duration::from_millis(500);
         let l3 = launched(&c.offers(vec![offer(a)], t1));
         assert_eq!(l3.len(), 1);
-        assert_eq!(l3[0].env["PORT"], "31002", "round robin: not the port just freed");
+        assert_eq!(
+            l3[0].env["PORT"], "31002",
+            "round robin: not the port just freed"
+        );
         c.update(&upd(l3[0].task_id, TaskState::Running), t1);
         // A new definition: one instance killed at a time, only while all are up.
         c.set_definition(def(2, "v2"));
@@ -820,10 +826,14 @@ mod tests {
         let t = l[0].task_id;
         c.update(&upd(t, TaskState::Running), t0);
         assert_eq!(c.status().up, 0, "not up before its first passing check");
-        assert!(c.health(0, t, false, t0 + Duration::from_secs(1)).is_empty());
+        assert!(c
+            .health(0, t, false, t0 + Duration::from_secs(1))
+            .is_empty());
         assert!(c.health(0, t, true, t0 + Duration::from_secs(2)).is_empty());
         assert_eq!(c.status().up, 1);
-        assert!(c.health(0, t, false, t0 + Duration::from_secs(3)).is_empty());
+        assert!(c
+            .health(0, t, false, t0 + Duration::from_secs(3))
+            .is_empty());
         assert_eq!(
             c.health(0, t, false, t0 + Duration::from_secs(4)),
             vec![Action::Kill(t)]
