@@ -416,6 +416,18 @@ impl ServiceCore {
         tracing::warn!(instance = i, state = %u.state, message = %u.message, ?delay, "instance ended; restarting after backoff");
     }
 
+    /// An agent is drained: its instances are replaced like a roll (one at a time, while all
+    /// are up), elsewhere since the master no longer offers it.
+    pub fn evacuate(&mut self, agent: AgentId) {
+        for s in self
+            .slots
+            .iter_mut()
+            .filter(|s| s.agent == Some(agent) && s.task.is_some())
+        {
+            s.version = 0;
+        }
+    }
+
     /// Slots to health-check now: (index, task, host, port).
     pub fn to_check(&self, now: Instant) -> Vec<(usize, TaskId, String, Option<u16>)> {
         let Some(h) = &self.def.health else {
@@ -576,7 +588,10 @@ impl Scheduler for ServiceScheduler {
 
     async fn drain_notice(&mut self, _driver: &DriverHandle, notice: &DrainNotice) {
         tracing::warn!(agent = %notice.agent_id, deadline_in_ms = ?notice.deadline_in_ms,
-            "agent draining; its instances are restarted elsewhere when killed");
+            "agent draining; moving its instances elsewhere one at a time");
+        if let Ok(mut c) = self.shared.core.lock() {
+            c.evacuate(notice.agent_id);
+        }
     }
 }
 
@@ -808,6 +823,23 @@ mod tests {
         c.update(&upd(l4[0].task_id, TaskState::Running), t1);
         assert_eq!(c.tick(t1).len(), 1, "then the next one");
         assert!(c.status().rolling);
+    }
+
+    #[test]
+    fn a_drained_agents_instances_move_one_at_a_time() {
+        let t0 = Instant::now();
+        let mut c = ServiceCore::new("web", def(2, "v1"));
+        let (a, b) = (AgentId::random(), AgentId::random());
+        let tasks = launched(&c.offers(vec![offer(a), offer(b)], t0));
+        for t in &tasks {
+            c.update(&upd(t.task_id, TaskState::Running), t0);
+        }
+        assert!(c.tick(t0).is_empty());
+        c.evacuate(a);
+        let k = c.tick(t0);
+        let on_a = c.slots().iter().find(|s| s.agent == Some(a)).unwrap().task;
+        assert_eq!(k, vec![Action::Kill(on_a.unwrap())]);
+        assert!(c.tick(t0).is_empty());
     }
 
     #[test]
