@@ -269,6 +269,7 @@ async fn drained_agent_ends_empty_with_notice_before_kill_and_survives_failover(
         agent["used"].as_object().is_none_or(|u| u.is_empty()),
         "{agent:#}"
     );
+    assert_eq!(agent["drain"], "DRAINED", "{agent:#}");
     assert!(!s["tasks"]
         .as_array()
         .unwrap()

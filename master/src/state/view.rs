@@ -46,6 +46,9 @@ pub struct AgentView {
     pub gpu_samples: Vec<GpuSample>,
     /// The user its tasks run as when their command names none (`--task-user`).
     pub task_user: String,
+    /// `DRAINING` or `DRAINED` while under maintenance (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -180,6 +183,7 @@ impl Master {
                     attributes: a.attributes.clone(),
                     gpus: a.gpus.clone(),
                     gpu_samples: a.gpu_samples.clone(),
+                    drain: self.drain_state(a.id),
                     task_user: a.task_user.clone(),
                 }
             })
