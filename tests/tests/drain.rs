@@ -391,3 +391,119 @@ async fn a_termination_notice_on_the_host_drains_its_agent() {
     handle.stop();
     let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_writes_need_the_acl_grant() {
+    use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
+    let acls = r#"
+[[register_frameworks]]
+principals = ["*"]
+roles = ["*"]
+
+[[run_tasks]]
+principals = ["*"]
+users = ["*", "root"]
+
+[[operator]]
+principals = ["admin"]
+actions = ["*"]
+
+[[operator]]
+principals = ["drainer"]
+actions = ["drain", "undrain"]
+"#;
+    let cluster =
+        gantry_tests::Cluster::start_with_acls(&[("acl-a", "cpus:1;mem:256")], acls, &[]).unwrap();
+    let addr = cluster.master.http;
+    let tls_dir = cluster.tls_dir.clone();
+    let client = |who: Option<&str>| {
+        if let Some(name) = who {
+            gantry_pki::load_or_issue(
+                &tls_dir,
+                &gantry_sdk::transport::PeerIdentity::Operator(name.into()),
+                &[],
+            )
+            .unwrap();
+        }
+        OperatorClient::new(&ClientConfig {
+            master: format!("https://{addr}"),
+            tls_dir: Some(tls_dir.clone()),
+            credentials: who.map_or(Credentials::None, |n| Credentials::Certificate(n.into())),
+            timeout: Duration::from_secs(20),
+        })
+        .unwrap()
+    };
+    let status = |r: Result<String, ClientError>| match r {
+        Ok(body) => panic!("the write succeeded: {body}"),
+        Err(e) => e.status().unwrap_or(0),
+    };
+    let empty = serde_json::json!({});
+    let (anonymous, viewer, drainer) = (
+        client(None),
+        client(Some("viewer")),
+        client(Some("drainer")),
+    );
+    for action in ["drain", "undrain", "mark-gone"] {
+        let path = format!("/api/v1/agents/acl-a/{action}");
+        assert_eq!(
+            status(anonymous.post_json(&path, &empty).await),
+            401,
+            "{path}"
+        );
+        assert_eq!(status(viewer.post_json(&path, &empty).await), 403, "{path}");
+    }
+    assert_eq!(
+        status(anonymous.get("/api/v1/maintenance").await),
+        401,
+        "reads need a caller"
+    );
+    let view: serde_json::Value =
+        serde_json::from_str(&viewer.get("/api/v1/maintenance").await.unwrap()).unwrap();
+    assert_eq!(view["agents"].as_array().map(Vec::len), Some(0), "{view}");
+    // The drainer may drain and undrain, not mark gone.
+    drainer
+        .post_json(
+            "/api/v1/agents/acl-a/drain",
+            &serde_json::json!({"deadline_secs": 60}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        status(
+            drainer
+                .post_json("/api/v1/agents/acl-a/mark-gone", &empty)
+                .await
+        ),
+        403
+    );
+    assert_eq!(
+        status(
+            drainer
+                .post_json(
+                    "/api/v1/agents/acl-a/drain",
+                    &serde_json::json!({"deadline_secs": "soon"})
+                )
+                .await
+        ),
+        400
+    );
+    let s = cluster.master.state().unwrap();
+    assert_eq!(
+        s["agents"][0]["drain"], "DRAINED",
+        "an empty agent drains at once"
+    );
+    drainer
+        .post_json("/api/v1/agents/acl-a/undrain", &empty)
+        .await
+        .unwrap();
+    assert_eq!(
+        status(
+            drainer
+                .post_json("/api/v1/agents/acl-a/undrain", &empty)
+                .await
+        ),
+        409
+    );
+    let s = cluster.master.state().unwrap();
+    assert!(s["agents"][0]["drain"].is_null(), "{:#}", s["agents"][0]);
+}
