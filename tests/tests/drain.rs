@@ -388,6 +388,12 @@ async fn a_termination_notice_on_the_host_drains_its_agent() {
     });
     assert!(noticed.elapsed() >= Duration::from_secs(2));
     assert_eq!(updates_of(&log, id).last(), Some(&TaskState::Killed));
+    // `gantryctl drain --wait` follows a drain to its end (here at once: nothing is left).
+    let out = ctl(&master, &["drain", "spot-a", "--deadline", "1m", "--wait"]);
+    assert!(
+        out.contains("DRAINED") && out.contains("is drained"),
+        "{out}"
+    );
     handle.stop();
     let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
 }
