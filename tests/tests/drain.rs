@@ -418,7 +418,7 @@ actions = ["*"]
 principals = ["drainer"]
 actions = ["drain", "undrain"]
 "#;
-    let cluster =
+    let mut cluster =
         gantry_tests::Cluster::start_with_acls(&[("acl-a", "cpus:1;mem:256")], acls, &[]).unwrap();
     let addr = cluster.master.http;
     let tls_dir = cluster.tls_dir.clone();
@@ -498,6 +498,16 @@ actions = ["drain", "undrain"]
         s["agents"][0]["drain"], "DRAINED",
         "an empty agent drains at once"
     );
+    // The drain survives a restart of the (standalone) master: it is in the registry.
+    cluster.master.restart().unwrap();
+    cluster
+        .master
+        .wait_state(
+            Duration::from_secs(30),
+            "acl-a back and still drained",
+            |s| s["agents"][0]["connected"] == true && s["agents"][0]["drain"] == "DRAINED",
+        )
+        .unwrap();
     drainer
         .post_json("/api/v1/agents/acl-a/undrain", &empty)
         .await
