@@ -22,6 +22,8 @@ enum Seen {
     Offer(AgentId),
     Notice(DrainNotice),
     Update(TaskId, TaskState),
+    /// A reconciliation answer (from the driver's built-in reconciliation).
+    Reconciled(TaskId, TaskState),
 }
 
 type Log = Arc<Mutex<Vec<Seen>>>;
@@ -53,7 +55,11 @@ impl Scheduler for Tenant {
     }
 
     async fn status_update(&mut self, _driver: &DriverHandle, update: &StatusUpdate) {
-        self.push(Seen::Update(update.task_id, update.state));
+        if update.reconciliation {
+            self.push(Seen::Reconciled(update.task_id, update.state));
+        } else {
+            self.push(Seen::Update(update.task_id, update.state));
+        }
     }
 
     async fn drain_notice(&mut self, _driver: &DriverHandle, notice: &DrainNotice) {
@@ -343,12 +349,14 @@ async fn a_termination_notice_on_the_host_drains_its_agent() {
     let log: Log = Arc::default();
     let t = sleeper("spot-t");
     let id = t.task_id;
-    let config = driver_config(
+    let mut config = driver_config(
         vec![master.quic.to_string()],
         tls.clone(),
         "spot-fw",
         vec!["spot".into()],
     );
+    // The SDK's built-in reconciliation, every second here.
+    config.reconcile = gantry_sdk::reconcile::ReconcileConfig::periodic(Duration::from_secs(1));
     let driver = gantry_sdk::Driver::new(config);
     let handle = driver.handle();
     let run = tokio::spawn(driver.run(Tenant {
@@ -359,6 +367,16 @@ async fn a_termination_notice_on_the_host_drains_its_agent() {
     wait_for("the task RUNNING", Duration::from_secs(60), || {
         updates_of(&log, id).contains(&TaskState::Running)
     });
+    wait_for(
+        "a periodic reconciliation answer",
+        Duration::from_secs(20),
+        || {
+            log.lock()
+                .unwrap()
+                .iter()
+                .any(|s| matches!(s, Seen::Reconciled(t, TaskState::Running) if *t == id))
+        },
+    );
     let out = std::process::Command::new(bin("gantry-agent").unwrap())
         .args(["notice-termination", "--in", "4s", "--work-dir"])
         .arg(&agent.work_dir)
