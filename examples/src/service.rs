@@ -430,10 +430,9 @@ impl ServiceCore {
 
     /// Slots to health-check now: (index, task, host, port).
     pub fn to_check(&self, now: Instant) -> Vec<(usize, TaskId, String, Option<u16>)> {
-        let Some(h) = &self.def.health else {
+        if self.def.health.is_none() {
             return Vec::new();
-        };
-        let _ = h;
+        }
         self.slots
             .iter()
             .filter(|s| s.state == Some(TaskState::Running) && s.killing.is_none())

@@ -328,7 +328,7 @@ impl Master {
         self.start_drain(id, Some(in_ms), reason, now, out);
     }
 
-    /// Keeps a re-registered agent under maintenance unoffered, and refuses nothing else.
+    /// Keeps an agent under maintenance unoffered when it (re-)registers.
     pub(super) fn maintenance_after_register(&mut self, id: AgentId, out: &mut Vec<Output>) {
         if self.drains.contains_key(&id) {
             for rec in self.allocator.set_agent_active(id, false) {
