@@ -55,15 +55,19 @@ pub fn write(work_dir: &Path, after: Duration, reason: &str) -> std::io::Result<
     Ok(notice)
 }
 
-/// The notice in `work_dir`, if there is a readable one (a malformed file is ignored with a
-/// warning).
+/// The notice in `work_dir`, if there is a readable one (a malformed file is removed with a
+/// warning, so it is reported once).
 pub fn read(work_dir: &Path) -> Option<Notice> {
     let path = work_dir.join(NOTICE_FILE);
     let body = std::fs::read(&path).ok()?;
     match serde_json::from_slice::<Notice>(&body) {
         Ok(n) => Some(n),
         Err(e) => {
-            tracing::warn!("ignoring malformed {}: {e}", path.display());
+            tracing::warn!(
+                "removing malformed termination notice {}: {e}",
+                path.display()
+            );
+            let _ = std::fs::remove_file(&path);
             None
         }
     }
@@ -88,6 +92,11 @@ mod tests {
         assert_eq!(read(&dir), Some(n));
         std::fs::write(dir.join(NOTICE_FILE), b"{not json").unwrap();
         assert_eq!(read(&dir), None);
+        assert!(
+            !dir.join(NOTICE_FILE).exists(),
+            "a malformed notice is removed"
+        );
+        write(&dir, Duration::from_secs(1), "x").unwrap();
         remove(&dir);
         assert_eq!(read(&dir), None);
         let _ = std::fs::remove_dir_all(&dir);

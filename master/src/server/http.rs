@@ -1,5 +1,6 @@
 //! The operator HTTP API: `/health` (public), `/state` (a read), `POST /weights` and
-//! `POST /quota` (writes), served over HTTPS with the cluster CA.
+//! `POST /quota` (writes), the maintenance endpoints under `/api/v1` (`maintenance.rs`: drain,
+//! undrain, mark-gone, `GET /api/v1/maintenance`), served over HTTPS with the cluster CA.
 //!
 //! ```text
 //! TCP accept (connection limit) -> TLS handshake (deadline; optional client certificate)
