@@ -841,6 +841,24 @@ mod tests {
         assert!(c.tick(t0).is_empty());
     }
 
+    #[tokio::test]
+    async fn health_checks_run_commands_and_connect() {
+        let h = |tcp: bool, command: Option<&str>| HealthCheck {
+            tcp,
+            command: command.map(str::to_string),
+            interval_secs: 2.0,
+            grace_secs: 0.0,
+            failures: 1,
+        };
+        assert!(check(&h(false, Some("test \"$PORT\" = 7")), "127.0.0.1", Some(7)).await);
+        assert!(!check(&h(false, Some("exit 3")), "127.0.0.1", None).await);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(check(&h(true, None), "127.0.0.1", Some(port)).await);
+        drop(l);
+        assert!(!check(&h(true, None), "127.0.0.1", Some(port)).await);
+    }
+
     #[test]
     fn failing_health_checks_kill_after_the_grace() {
         let t0 = Instant::now();
