@@ -13,12 +13,8 @@
 //! release build: the numbers are dominated by etcd and the TTL, not by our code).
 //! Environment: `HA_BENCH_ROUNDS` (default 3), `HA_BENCH_AGENTS` (default `1000,10000`).
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use etcd_client::{EventType, WatchOptions};
 use gantry_master::election::{Fence, LeadershipEvent};
 use gantry_master::registry::{
@@ -26,6 +22,7 @@ use gantry_master::registry::{
 };
 use gantry_sdk::protocol::ids::AgentId;
 use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
+use gantry_test_support::election::*;
 
 struct Round {
     kill_to_expiry: Duration,

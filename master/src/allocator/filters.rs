@@ -13,56 +13,61 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::dense::{Bundle, VecMap};
+use super::slab::Slab;
 use super::Millis;
 
 /// Refused resource bundles, interned and reference counted: declines tend to refuse the same
-/// shapes over and over, and an agent can carry thousands of filters.
+/// shapes over and over, and an agent can carry thousands of filters. Ids are keys of the
+/// allocator's generic [`Slab`] (freed ids are reused).
 #[derive(Debug, Default)]
 pub(crate) struct RefusedPool {
-    vecs: Vec<Bundle>,
-    counts: Vec<u32>,
+    vecs: Slab<Refused>,
     map: FxHashMap<Bundle, u32>,
-    free: Vec<u32>,
+    /// What [`RefusedPool::get`] answers for an id no filter holds (never asked in practice).
+    empty: Bundle,
+}
+
+/// One interned bundle and the filters that refer to it.
+#[derive(Debug)]
+struct Refused {
+    bundle: Bundle,
+    count: u32,
 }
 
 impl RefusedPool {
     /// The id of `v`, with one more reference.
     pub(crate) fn intern(&mut self, v: Bundle) -> u32 {
         if let Some(&id) = self.map.get(&v) {
-            self.counts[id as usize] += 1;
+            if let Some(r) = self.vecs.get_mut(id) {
+                r.count += 1;
+            }
             return id;
         }
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.vecs[id as usize] = v.clone();
-                self.counts[id as usize] = 1;
-                id
-            }
-            None => {
-                self.vecs.push(v.clone());
-                self.counts.push(1);
-                (self.vecs.len() - 1) as u32
-            }
-        };
+        let id = self.vecs.insert(Refused {
+            bundle: v.clone(),
+            count: 1,
+        });
         self.map.insert(v, id);
         id
     }
 
     /// Drops one reference.
     pub(crate) fn release(&mut self, id: u32) {
-        let c = &mut self.counts[id as usize];
-        *c = c.saturating_sub(1);
-        if *c == 0 {
-            let v = std::mem::take(&mut self.vecs[id as usize]);
-            self.map.remove(&v);
-            self.free.push(id);
+        let Some(r) = self.vecs.get_mut(id) else {
+            return;
+        };
+        r.count = r.count.saturating_sub(1);
+        if r.count == 0 {
+            if let Some(r) = self.vecs.remove(id) {
+                self.map.remove(&r.bundle);
+            }
         }
     }
 
     /// The bundle of `id`.
     #[inline]
     pub(crate) fn get(&self, id: u32) -> &Bundle {
-        &self.vecs[id as usize]
+        self.vecs.get(id).map_or(&self.empty, |r| &r.bundle)
     }
 }
 
@@ -300,7 +305,7 @@ mod tests {
         large.clear(&mut pool);
         small.clear(&mut pool);
         assert!(pool.map.is_empty(), "every reference released");
-        assert!(pool.counts.iter().all(|c| *c == 0));
+        assert_eq!(pool.vecs.len(), 0, "every bundle freed");
     }
 }
 

@@ -120,6 +120,39 @@ impl OfferResources {
     pub fn is_empty(&self) -> bool {
         self.unreserved.is_empty() && self.reserved.values().all(Resources::is_empty)
     }
+
+    /// Adds `other`, part by part.
+    pub fn add_assign(&mut self, other: &OfferResources) {
+        self.unreserved.add_assign(&other.unreserved);
+        for (role, r) in &other.reserved {
+            self.reserved.entry(role.clone()).or_default().add_assign(r);
+        }
+    }
+
+    /// Carves up to `want` out of these resources, reservations first (in role order), then
+    /// unreserved: what is taken leaves `self` and `want` and is returned. The one way
+    /// resources are cut out of offers: the master's accepts and the simulator's launches and
+    /// recoveries.
+    pub fn carve(&mut self, want: &mut Resources) -> OfferResources {
+        let mut taken = OfferResources::default();
+        self.reserved.retain(|role, avail| {
+            let take = avail.elementwise_min(want);
+            if take.is_empty() {
+                return true;
+            }
+            avail.checked_sub_assign(&take);
+            *want = want.saturating_sub(&take);
+            taken.reserved.insert(role.clone(), take);
+            !avail.is_empty()
+        });
+        let take = self.unreserved.elementwise_min(want);
+        if !take.is_empty() {
+            self.unreserved.checked_sub_assign(&take);
+            *want = want.saturating_sub(&take);
+            taken.unreserved = take;
+        }
+        taken
+    }
 }
 
 /// One offer the allocator made.

@@ -17,6 +17,17 @@ pub(crate) struct ConnLimits {
     addresses: Arc<DashMap<IpAddr, usize>>,
 }
 
+/// A connection past one of the bounds (the text is the close reason the peer sees).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ConnRejection {
+    #[error("too many connections from {address} (limit {limit}, --max-connections-per-address)")]
+    PerAddress { address: IpAddr, limit: usize },
+    #[error(
+        "too many connections for {principal} (limit {limit}, --max-connections-per-principal)"
+    )]
+    PerPrincipal { principal: String, limit: usize },
+}
+
 /// Holds one connection's place in the counts until dropped.
 pub(crate) struct Slot {
     limits: ConnLimits,
@@ -35,14 +46,14 @@ impl ConnLimits {
 
     /// Takes a place for a connection of `principal` (e.g. `framework:analytics`) from
     /// `address`, or says which bound it would exceed. A bound of 0 is unlimited.
-    pub(crate) fn admit(&self, principal: &str, address: IpAddr) -> Result<Slot, String> {
+    pub(crate) fn admit(&self, principal: &str, address: IpAddr) -> Result<Slot, ConnRejection> {
         {
             let mut n = self.addresses.entry(address).or_insert(0);
             if self.per_address > 0 && *n >= self.per_address {
-                return Err(format!(
-                    "too many connections from {address} (limit {}, --max-connections-per-address)",
-                    self.per_address
-                ));
+                return Err(ConnRejection::PerAddress {
+                    address,
+                    limit: self.per_address,
+                });
             }
             *n += 1;
         }
@@ -50,10 +61,10 @@ impl ConnLimits {
         if self.per_principal > 0 && *n >= self.per_principal {
             drop(n);
             self.release(&self.addresses, &address);
-            return Err(format!(
-                "too many connections for {principal} (limit {}, --max-connections-per-principal)",
-                self.per_principal
-            ));
+            return Err(ConnRejection::PerPrincipal {
+                principal: principal.to_string(),
+                limit: self.per_principal,
+            });
         }
         *n += 1;
         Ok(Slot {
@@ -95,11 +106,11 @@ mod tests {
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         let s1 = limits.admit("framework:x", a).unwrap();
         let s2 = limits.admit("framework:x", a).unwrap();
-        let e = limits.admit("framework:x", b).err().unwrap();
+        let e = limits.admit("framework:x", b).err().unwrap().to_string();
         assert!(e.contains("framework:x"), "{e}");
         // The refused principal did not take a place at `b`.
         let s3 = limits.admit("framework:y", a).unwrap();
-        let e = limits.admit("framework:z", a).err().unwrap();
+        let e = limits.admit("framework:z", a).err().unwrap().to_string();
         assert!(e.contains("10.0.0.1"), "{e}");
         drop(s1);
         let s4 = limits.admit("framework:x", b).unwrap();

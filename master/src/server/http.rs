@@ -576,7 +576,7 @@ async fn operator(app: &App, who: String, cmd: OperatorCommand) -> ApiResult {
             tracing::info!(operator = %who, "operator change: {what}");
             Ok(Json(serde_json::json!({"ok": true})))
         }
-        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e)),
+        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string())),
     }
 }
 

@@ -5,6 +5,7 @@
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
 //!                                 ^  Query(/state) from axum
+//!                                 ^  LeaseUntil from the election, Tick at Master::next_deadline
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
@@ -41,7 +42,7 @@ use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
 use crate::state::{
     ConnId, Input, MaintenanceCommand, MaintenanceError, Master, MasterConfig, OperatorCommand,
-    Output,
+    OperatorRejection, Output,
 };
 
 pub mod http;
@@ -64,7 +65,10 @@ enum CoreEvent {
     },
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
-    Operator(OperatorCommand, oneshot::Sender<Result<(), String>>),
+    Operator(
+        OperatorCommand,
+        oneshot::Sender<Result<(), OperatorRejection>>,
+    ),
     /// A maintenance request (`None`: only read); answered with the maintenance view.
     Maintenance(
         Option<MaintenanceCommand>,
@@ -234,9 +238,9 @@ fn follow_role(
     rx
 }
 
-/// A uniformly distributed delay in `0..max_ms`.
-fn jitter_ms(max_ms: u64) -> u64 {
-    (uuid::Uuid::new_v4().as_u128() % u128::from(max_ms.max(1))) as u64
+/// Random bits (where parked peers' news falls in its spread window).
+fn random_u64() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
 }
 
 /// What a connecting peer is told: served only once this master leads *and* its core has
@@ -300,7 +304,9 @@ async fn follow_election(
 
 /// The single owner of the state machine. Before this master leads, inputs are held back
 /// (peers are redirected anyway); registry mutations go to the writer in order, and a fenced
-/// write (another master leads now) stops the master.
+/// write (another master leads now) stops the master. No fixed tick: the loop sleeps until an
+/// input or the core's own [`Master::next_deadline`], and passes every lease renewal on as
+/// [`Input::LeaseUntil`] (the core then refuses to offer or launch past it by itself).
 async fn core_loop(
     mut config: MasterConfig,
     mut rx: mpsc::Receiver<CoreEvent>,
@@ -312,11 +318,10 @@ async fn core_loop(
 ) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When an event-triggered allocation cycle that is not due yet will be (the state machine
-    // spaces them by `allocation_min_gap_ms`).
-    let mut next_cycle: Option<u64> = None;
+    // When the core wants its next `Tick` ([`Master::next_deadline`]); `None`: not before an
+    // input. The lease deadline reaches the core as an input whenever the election renews it.
+    let mut deadline: Option<u64> = None;
+    let mut lease = status.clone();
     let mut master: Option<Master> = None;
     let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
@@ -356,6 +361,8 @@ async fn core_loop(
                         (CoreEvent::Lead { epoch, registry }, None) => {
                             config.epoch = epoch;
                             let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
+                            let until = health::lease_until_ms(&lease.borrow_and_update(), start);
+                            m.handle(Input::LeaseUntil { until }, now());
                             m.restore_maintenance(&registry, now(), unix_ms());
                             m.recover(registry, now());
                             for input in held.drain(..) {
@@ -371,7 +378,7 @@ async fn core_loop(
                             let _ = reply.send(m.operator(cmd).map(|o| out.extend(o)));
                         }
                         (CoreEvent::Operator(_, reply), None) => {
-                            let _ = reply.send(Err("this master is not the leader".into()));
+                            let _ = reply.send(Err(OperatorRejection::NotLeader));
                         }
                         (CoreEvent::Maintenance(cmd, reply), Some(m)) => {
                             let done = match cmd {
@@ -398,18 +405,27 @@ async fn core_loop(
                     }
                 }
             }
-            _ = tick.tick() => {
+            changed = lease.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Marked seen even before leading (the core reads it when elected).
+                let until = health::lease_until_ms(&lease.borrow_and_update(), start);
+                if let Some(m) = master.as_mut() {
+                    out.extend(m.handle(Input::LeaseUntil { until }, now()));
+                }
+            }
+            _ = tokio::time::sleep_until((start + Duration::from_millis(deadline.unwrap_or_default())).into()), if deadline.is_some() => {
                 backlog_blocked = false;
                 if let Some(m) = master.as_mut() {
                     out.extend(m.handle(Input::Tick, now()));
                 }
             }
-            _ = tokio::time::sleep_until((start + Duration::from_millis(next_cycle.unwrap_or_default())).into()), if next_cycle.is_some() => {}
         }
         if let Some(m) = master.as_mut() {
             let t = now();
-            // Never offer past the lease deadline, even before the Lost event arrives.
-            if m.allocation_due(t) && status.borrow().leads_at(std::time::Instant::now()) {
+            // The core says no once its lease deadline has passed, even before `Lost` arrives.
+            if m.allocation_due(t) {
                 let started = Instant::now();
                 let before = out.len();
                 m.allocate(t, &mut out);
@@ -423,9 +439,6 @@ async fn core_loop(
                     tracing::info!(epoch = config.epoch, "first offers made as leader");
                 }
             }
-            // Only a future time: a cycle that is due but may not run (lease deadline passed)
-            // waits for the tick instead of spinning.
-            next_cycle = m.next_allocation_at().filter(|at| *at > t);
         }
         let mut mutations = Vec::new();
         // Stalled peers are disconnected in the core at once, which may send more (rescinds).
@@ -481,6 +494,19 @@ async fn core_loop(
                 }
             }
         }
+        // Asked last: stalled peers handled above may have started timers. Never a time already
+        // handled (no spinning should a deadline not be cleared); reconciliation answers
+        // blocked on full outboxes are retried within 100 ms.
+        if let Some(m) = master.as_ref() {
+            let t = now();
+            let retry_backlog = (backlog_blocked && m.has_backlog()).then_some(t + 100);
+            deadline = m
+                .next_deadline(t)
+                .map(|d| d.max(t + 1))
+                .into_iter()
+                .chain(retry_backlog)
+                .min();
+        }
         if !mutations.is_empty() {
             let pending = writer.submit(mutations);
             let lost = lost.clone();
@@ -521,7 +547,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
         Ok(slot) => slot,
         Err(reason) => {
             tracing::warn!(%remote, %identity, "{reason}; closing");
-            conn.close(CLOSE_PROTOCOL.into(), reason.as_bytes());
+            conn.close(CLOSE_PROTOCOL.into(), reason.to_string().as_bytes());
             return;
         }
     };
@@ -555,55 +581,38 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     // Only the leader serves peers. A standby says so, names the leader, and keeps the
     // connection open: the moment it is elected it says `Leading` here and the peer registers
     // without a new handshake.
+    // What to say and when is [`health::Parked`]'s decision; this loop sends and waits.
     let mut tx = tx;
     let mut role = shell.role.clone();
-    let mut told: Option<MasterRole> = None;
-    let mut news_due: Option<tokio::time::Instant> = None;
+    let mut parked = health::Parked::new();
     let epoch = loop {
         let ready = *shell.ready.borrow();
-        let now_role = match peer_admission(&shell.status.borrow(), ready) {
-            health::Admission::Serve { epoch } => MasterRole::Leading { epoch },
-            health::Admission::Standby { leader } => MasterRole::Standby { leader },
-        };
+        let now_role = health::role_for(&peer_admission(&shell.status.borrow(), ready));
         role.borrow_and_update();
-        // A parked peer hears of a new leader or of our election; "no leader right now"
-        // (between terms) is not worth 10,000 messages.
-        let worth_telling = match (&told, &now_role) {
-            (None, _) => true,
-            (Some(t), r) if t == r => false,
-            (Some(_), MasterRole::Standby { leader: None }) => false,
-            _ => true,
-        };
-        // News of another master's election only matters to peers that do not know it (it
-        // announces itself to those parked with it): spread it over a few seconds instead of
-        // adding 10,000 messages to the re-registration herd at the new leader.
-        if worth_telling && told.is_some() && matches!(now_role, MasterRole::Standby { .. }) {
-            let due = *news_due.get_or_insert_with(|| {
-                tokio::time::Instant::now() + Duration::from_millis(2_000 + jitter_ms(3_000))
-            });
-            if tokio::time::Instant::now() < due {
+        match parked.step(&now_role, Instant::now(), random_u64()) {
+            health::ParkedStep::Tell(told) => {
+                if let Err(e) = tx.send(&told).await {
+                    tracing::debug!(%remote, "peer gone before it was served: {e}");
+                    return;
+                }
+                if let MasterRole::Leading { epoch } = told {
+                    break epoch;
+                }
+            }
+            health::ParkedStep::Serve { epoch } => break epoch,
+            health::ParkedStep::WaitUntil(due) => {
                 tokio::select! {
-                    _ = tokio::time::sleep_until(due) => {}
+                    _ = tokio::time::sleep_until(due.into()) => {}
                     changed = role.changed() => if changed.is_err() { return },
                     _ = conn.closed() => return,
                 }
-                continue;
             }
-        }
-        news_due = None;
-        if worth_telling {
-            if let Err(e) = tx.send(&now_role).await {
-                tracing::debug!(%remote, "peer gone before it was served: {e}");
-                return;
+            health::ParkedStep::Wait => {
+                tokio::select! {
+                    changed = role.changed() => if changed.is_err() { return },
+                    _ = conn.closed() => return,
+                }
             }
-            told = Some(now_role.clone());
-        }
-        if let MasterRole::Leading { epoch } = now_role {
-            break epoch;
-        }
-        tokio::select! {
-            changed = role.changed() => if changed.is_err() { return },
-            _ = conn.closed() => return,
         }
     };
     tracing::debug!(%remote, %identity, epoch, "serving a peer");

@@ -2,8 +2,9 @@
 //! allocator in simulated time, printing one JSON line per offer and rescind and a final summary.
 //! The format is documented in `docs/simulator.md`.
 //!
-//! Over 800 lines: parsing, replay and output of one scenario format kept together; the carving of
-//! accepted resources is to be shared with the state machine (issue 12).
+//! Over 800 lines: parsing, replay and output of one scenario format kept together. Accepted and
+//! recovered resources are carved with [`OfferResources::carve`](crate::allocator::OfferResources::carve),
+//! the same function the state machine's accepts use.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -13,7 +14,7 @@ use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resour
 use serde::{Deserialize, Serialize};
 
 use super::SimError;
-use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
+use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord};
 
 /// `[cluster]` settings.
 #[derive(Debug, Clone, Deserialize)]
@@ -587,7 +588,7 @@ impl<'w, W: Write> Replay<'w, W> {
                     };
                     let used = match &mut want {
                         None => rec.resources.clone(),
-                        Some(w) => take_from_offer(&rec.resources, w),
+                        Some(w) => rec.resources.clone().carve(w),
                     };
                     parts.push((o, used));
                 }
@@ -619,7 +620,7 @@ impl<'w, W: Write> Replay<'w, W> {
                 if !in_use.total().contains(&want) {
                     return Err(SimError::event(i, k, format!("framework {framework:?} has only {} in use on agent {agent:?}, can not recover {want}", in_use.total())));
                 }
-                let r = take_from_offer(&in_use, &mut want.clone());
+                let r = in_use.clone().carve(&mut want.clone());
                 self.alloc.recover(f, a, &r);
             }
             EventKind::Suppress { framework, role } | EventKind::Revive { framework, role } => {
@@ -763,22 +764,6 @@ impl<'w, W: Write> Replay<'w, W> {
         }
         s
     }
-}
-
-/// Takes `want` (decremented) out of `from`, reservations first, then unreserved.
-pub(crate) fn take_from_offer(from: &OfferResources, want: &mut Resources) -> OfferResources {
-    let mut out = OfferResources::default();
-    for (role, r) in &from.reserved {
-        let part = Resources::elementwise_min(r, want);
-        if !part.is_empty() {
-            *want = want.saturating_sub(&part);
-            out.reserved.insert(role.clone(), part);
-        }
-    }
-    let part = Resources::elementwise_min(&from.unreserved, want);
-    *want = want.saturating_sub(&part);
-    out.unreserved = part;
-    out
 }
 
 /// Runs a scenario, writing offer and rescind lines and the final summary line to `out`.

@@ -20,7 +20,7 @@ use gantry_sdk::protocol::{AgentId, FrameworkId, ResourceLimits, Resources};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::scenario::{take_from_offer, ClusterSettings, RoleDecl};
+use super::scenario::{ClusterSettings, RoleDecl};
 use super::SimError;
 use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferResources};
 
@@ -384,7 +384,7 @@ pub fn run_trace(jobs: &[Job], cluster: &TraceCluster) -> Result<TraceReport, Si
                 }
                 fws[fi].queue.retain(|j| states[*j].to_launch > 0);
                 in_use.add_assign(&used);
-                let used = take_from_offer(&o.resources, &mut used);
+                let used = o.resources.clone().carve(&mut used);
                 alloc
                     .accept(o.id, &used, Some(0), t)
                     .map_err(|e| SimError::Trace(format!("accept failed: {e}")))?;

@@ -63,11 +63,23 @@ impl Master {
                 "the offers' agent is unknown or disconnected".into(),
             ));
         }
+        // Past the lease deadline another master may lead already: launching now could run a
+        // task twice, so nothing is launched (the framework hears why, and each task ends).
+        let lapsed = !self.leads_at(now);
+        if lapsed {
+            problem = Some((
+                ErrorKind::InvalidRequest,
+                "this master's leadership lease has lapsed (another master may lead now); no task was launched".into(),
+            ));
+        }
         if let Some((kind, message)) = problem {
             let ids: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
             let _ = self.allocator.decline_offers(&ids, Some(0), now);
             self.allocation_pending = true;
             out.push(err(conn, kind, format!("accept rejected: {message}")));
+            if lapsed {
+                self.not_launched(conn, fw, &operations, now, out);
+            }
             return;
         }
         let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else {
@@ -102,7 +114,7 @@ impl Master {
                         let invalid = if self.tasks.contains_key(&tid) || !seen_ids.insert(tid) {
                             Some(format!("task id {tid} is already in use"))
                         } else {
-                            validate_task(&task)
+                            validate_task(&task).err().map(|e| e.to_string())
                         };
                         let invalid = invalid.or_else(|| {
                             let user = task.command.user.get_or_insert_with(|| agent_user.clone());
@@ -163,7 +175,7 @@ impl Master {
                     }
                 }
                 Operation::Reserve { role, resources } => {
-                    if let Err(m) = self.reserve_op(
+                    if let Err(rejection) = self.reserve_op(
                         fw,
                         agent_id,
                         &role,
@@ -176,12 +188,12 @@ impl Master {
                         out.push(err(
                             conn,
                             ErrorKind::InvalidRequest,
-                            format!("reserve: {m}"),
+                            format!("reserve: {rejection}"),
                         ));
                     }
                 }
                 Operation::Unreserve { role, resources } => {
-                    if let Err(m) = self.reserve_op(
+                    if let Err(rejection) = self.reserve_op(
                         fw,
                         agent_id,
                         &role,
@@ -194,7 +206,7 @@ impl Master {
                         out.push(err(
                             conn,
                             ErrorKind::InvalidRequest,
-                            format!("unreserve: {m}"),
+                            format!("unreserve: {rejection}"),
                         ));
                     }
                 }
@@ -266,6 +278,39 @@ impl Master {
         }
     }
 
+    /// Ends every task of an accept that was not carried out because the lease lapsed:
+    /// `ERROR` / `launch-failed` (the task never reached an agent; launching it again with
+    /// the leader is safe).
+    fn not_launched(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        operations: &[Operation],
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        for op in operations {
+            let Operation::Launch { tasks } = op else {
+                continue;
+            };
+            for task in tasks {
+                let mut update = self.new_update(
+                    task.task_id,
+                    fw,
+                    None,
+                    TaskState::Error,
+                    format!(
+                        "task {} not launched: this master's leadership lease has lapsed",
+                        task.task_id
+                    ),
+                    now,
+                );
+                update.reason = Some(TaskReason::LaunchFailed);
+                out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+            }
+        }
+    }
+
     /// Applies a RESERVE (or UNRESERVE) operation to the accept's pool and the allocator.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn reserve_op(
@@ -278,7 +323,7 @@ impl Master {
         pool: &mut [OfferResources],
         reserve: bool,
         out: &mut Vec<Output>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReservationRejection> {
         let roles = self
             .frameworks
             .get(&fw)
@@ -288,17 +333,18 @@ impl Master {
             .iter()
             .any(|r| r == role || role.starts_with(&format!("{r}/")))
         {
-            return Err(format!(
-                "role {role:?} is not one of this framework's roles"
-            ));
+            return Err(ReservationRejection::NotFrameworkRole(role.to_string()));
         }
         if resources.is_empty() {
-            return Err("no resources named".into());
+            return Err(ReservationRejection::NoResources);
         }
         if !reserve {
             let dynamic = self.agents.get(&agent).and_then(|a| a.dynamic.get(role));
             if !dynamic.is_some_and(|d| d.contains(resources)) {
-                return Err(format!("{resources} is not dynamically reserved for {role:?} on this agent (static reservations belong to the agent's configuration)"));
+                return Err(ReservationRejection::NotDynamicallyReserved {
+                    resources: resources.clone(),
+                    role: role.to_string(),
+                });
             }
         }
         // Find one offer in the pool that holds the source resources.
@@ -316,7 +362,7 @@ impl Master {
             } else {
                 self.allocator.unreserve(offer_ids[i], role, resources)
             };
-            result.map_err(|e: AllocError| e.to_string())?;
+            result?;
             if reserve {
                 p.unreserved.checked_sub_assign(resources);
                 p.reserved
@@ -366,10 +412,10 @@ impl Master {
             }
             return Ok(());
         }
-        Err(format!(
-            "{resources} is not available {} in the offers",
-            if reserve { "unreserved" } else { "reserved" }
-        ))
+        Err(ReservationRejection::NotInOffers {
+            resources: resources.clone(),
+            reserve,
+        })
     }
 }
 
@@ -395,23 +441,23 @@ pub(super) fn refuse_ms(refuse_seconds: Option<f64>) -> Result<Option<Millis>, B
 }
 
 /// Why a task is invalid on its own (before looking at offers), if it is.
-pub(super) fn validate_task(task: &TaskInfo) -> Option<String> {
+pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
     let tid = task.task_id;
     if task.name.is_empty() || task.name.len() > 256 {
-        return Some(format!("task {tid}: name must be 1-256 characters"));
+        return Err(TaskRejection::Name(tid));
     }
     if let Some(problem) = task.command.problem() {
-        return Some(format!("task {tid}: {problem}"));
+        return Err(TaskRejection::Command { task: tid, problem });
     }
     if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
-        return Some(format!("task {tid}: must request some cpus or mem"));
+        return Err(TaskRejection::NoCpusOrMem(tid));
     }
     if !task
         .resources
         .milli("gpus")
         .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
     {
-        return Some(format!("task {tid}: gpus must be a whole number"));
+        return Err(TaskRejection::FractionalGpus(tid));
     }
     if task
         .env
@@ -419,13 +465,13 @@ pub(super) fn validate_task(task: &TaskInfo) -> Option<String> {
         .any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
         || task.env.values().any(|v| v.contains('\0'))
     {
-        return Some(format!("task {tid}: invalid environment variable"));
+        return Err(TaskRejection::Environment(tid));
     }
-    None
+    Ok(())
 }
 
-/// Takes `need` out of the pool of offers (reserved parts first, then unreserved), recording
-/// per-offer use. Returns what the task holds, or `None` (pool untouched) if it does not fit.
+/// Takes `need` out of the pool of offers (each with [`OfferResources::carve`]: reserved parts
+/// first, then unreserved), recording per-offer use. Returns what the task holds, or `None` (pool untouched) if it does not fit.
 pub(super) fn draw(
     pool: &mut [OfferResources],
     used: &mut [OfferResources],
@@ -440,33 +486,9 @@ pub(super) fn draw(
     let mut remaining = need.clone();
     let mut holding = OfferResources::default();
     for (p, u) in pool.iter_mut().zip(used.iter_mut()) {
-        let roles: Vec<String> = p.reserved.keys().cloned().collect();
-        for role in roles {
-            let Some(avail) = p.reserved.get_mut(&role) else {
-                continue;
-            };
-            let take = avail.elementwise_min(&remaining);
-            if take.is_empty() {
-                continue;
-            }
-            avail.checked_sub_assign(&take);
-            if avail.is_empty() {
-                p.reserved.remove(&role);
-            }
-            remaining = remaining.saturating_sub(&take);
-            u.reserved
-                .entry(role.clone())
-                .or_default()
-                .add_assign(&take);
-            holding.reserved.entry(role).or_default().add_assign(&take);
-        }
-        let take = p.unreserved.elementwise_min(&remaining);
-        if !take.is_empty() {
-            p.unreserved.checked_sub_assign(&take);
-            remaining = remaining.saturating_sub(&take);
-            u.unreserved.add_assign(&take);
-            holding.unreserved.add_assign(&take);
-        }
+        let taken = p.carve(&mut remaining);
+        u.add_assign(&taken);
+        holding.add_assign(&taken);
         if remaining.is_empty() {
             break;
         }

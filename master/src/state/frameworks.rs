@@ -192,8 +192,8 @@ impl Master {
         info: FrameworkInfo,
         out: &mut Vec<Output>,
     ) {
-        if let Err(message) = self.check_subscribe(&principal, &info) {
-            return refuse_framework(conn, message, out);
+        if let Err(rejection) = self.check_subscribe(&principal, &info) {
+            return refuse_framework(conn, rejection.to_string(), out);
         }
         let failover_timeout_ms = (info.failover_timeout_secs.min(365.0 * 86400.0) * 1000.0) as u64;
         let id = match info
@@ -317,59 +317,54 @@ impl Master {
         &self,
         principal: &str,
         info: &FrameworkInfo,
-    ) -> Result<(), String> {
+    ) -> Result<(), SubscribeRejection> {
         let limits = &self.config.limits;
         if info.name.is_empty() || info.name.len() > 256 {
-            return Err("framework name must be 1-256 characters".into());
+            return Err(SubscribeRejection::Name);
         }
         if !info.failover_timeout_secs.is_finite() || info.failover_timeout_secs < 0.0 {
-            return Err("failover timeout must be a non-negative number of seconds".into());
+            return Err(SubscribeRejection::FailoverTimeout);
         }
         if info.roles.is_empty() {
-            return Err("a framework needs at least one role".into());
+            return Err(SubscribeRejection::NoRole);
         }
         // Counted before anything else is looked at, so 50,000 roles cost one comparison.
         if info.roles.len() > limits.roles_per_framework {
-            return Err(format!(
-                "{} roles in one subscription; the limit is {} per framework",
-                info.roles.len(),
-                limits.roles_per_framework
-            ));
+            return Err(SubscribeRejection::TooManyRoles {
+                count: info.roles.len(),
+                limit: limits.roles_per_framework,
+            });
         }
         for role in &info.roles {
             limits.check_role(role)?;
             if !self.config.acls.may_register(principal, role) {
-                return Err(format!(
-                    "principal {principal:?} is not allowed to subscribe with role {role:?} \
-                     (ACL register_frameworks)"
-                ));
+                return Err(SubscribeRejection::RoleNotAllowed {
+                    principal: principal.to_string(),
+                    role: role.clone(),
+                });
             }
         }
         match info.framework_id {
             Some(id) => {
                 let Some(f) = self.frameworks.get(&id) else {
-                    return Err(format!(
-                        "framework id {id} is not registered with this master (removed after \
-                         its failover timeout, or never issued); subscribe without an id to \
-                         register a new framework"
-                    ));
+                    return Err(SubscribeRejection::UnknownId(id));
                 };
                 if f.principal != principal {
                     tracing::warn!(framework = %id, owner = %f.principal, %principal,
                         "subscribe with another principal's framework id refused");
-                    return Err(format!(
-                        "framework id {id} belongs to another principal; principal \
-                         {principal:?} may not resume it"
-                    ));
+                    return Err(SubscribeRejection::OtherPrincipal {
+                        id,
+                        principal: principal.to_string(),
+                    });
                 }
                 let mut roles: HashSet<&str> = f.roles.iter().map(String::as_str).collect();
                 roles.extend(info.roles.iter().map(String::as_str));
                 if roles.len() > limits.roles_per_framework {
-                    return Err(format!(
-                        "framework {id} would hold {} roles; the limit is {} per framework",
-                        roles.len(),
-                        limits.roles_per_framework
-                    ));
+                    return Err(SubscribeRejection::WouldHoldTooManyRoles {
+                        id,
+                        count: roles.len(),
+                        limit: limits.roles_per_framework,
+                    });
                 }
             }
             None => {
@@ -379,12 +374,11 @@ impl Master {
                     .filter(|f| f.principal == principal)
                     .count();
                 if mine >= limits.frameworks_per_principal {
-                    return Err(format!(
-                        "principal {principal:?} already has {mine} frameworks registered; the \
-                         limit is {} (frameworks that disconnected count until their failover \
-                         timeout ends)",
-                        limits.frameworks_per_principal
-                    ));
+                    return Err(SubscribeRejection::TooManyFrameworks {
+                        principal: principal.to_string(),
+                        count: mine,
+                        limit: limits.frameworks_per_principal,
+                    });
                 }
             }
         }

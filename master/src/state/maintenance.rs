@@ -430,8 +430,10 @@ impl Master {
         }
     }
 
-    /// The next time a drain needs the core (a deadline, or a kill to resend), if any.
-    pub fn next_maintenance_deadline(&self) -> Option<Millis> {
+    /// The next time after `now` a drain needs the core (a deadline, or a kill to resend), if
+    /// any. Never a time already past: a deadline that passed while its agent was away is
+    /// acted on at the next tick after the agent is back (re-registration schedules one).
+    pub fn next_maintenance_deadline(&self, now: Millis) -> Option<Millis> {
         self.drains
             .values()
             .filter(|d| !d.drained)
@@ -439,6 +441,7 @@ impl Master {
                 Some(k) => Some(k + DRAIN_KILL_RETRY_MS),
                 None => d.deadline,
             })
+            .filter(|t| *t > now)
             .min()
     }
 

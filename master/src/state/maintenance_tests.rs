@@ -254,12 +254,18 @@ fn a_drain_notifies_stops_offers_kills_at_the_deadline_and_ends_drained() {
         assert!(notices(&out, F).is_empty());
         assert!(kills(&out).is_empty());
     }
+    // The core asks to be woken at the deadline.
+    assert_eq!(h.m.next_maintenance_deadline(h.now), Some(h.now + 10_000));
     // The deadline: the task is killed (the agent applies its grace period).
     h.now += 10_000;
     let out = h.tick();
     assert_eq!(kills(&out), vec![t]);
     assert_eq!(h.m.drain_state(agent), Some("DRAINING"));
     // Kills are resent while the task lingers.
+    assert_eq!(
+        h.m.next_maintenance_deadline(h.now),
+        Some(h.now + DRAIN_KILL_RETRY_MS)
+    );
     h.now += DRAIN_KILL_RETRY_MS;
     assert_eq!(kills(&h.tick()), vec![t]);
     // KILLED, not yet acknowledged: still draining.

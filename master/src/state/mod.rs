@@ -6,6 +6,12 @@
 //! code runs in the live master. Offers and fairness are delegated to the pure
 //! [`Allocator`].
 //!
+//! Driving contract (quinn-proto's `poll_timeout` style): the shell feeds every event to
+//! [`Master::handle`], runs [`Master::allocate`] whenever [`Master::allocation_due`], sends
+//! [`Input::Tick`] once [`Master::next_deadline`] has come, and otherwise sleeps until the
+//! next deadline or input. The leadership lease is an input too ([`Input::LeaseUntil`]): past
+//! it the core neither offers nor launches.
+//!
 //! Rules it enforces (Mesos semantics unless noted):
 //! - An agent's name and a framework's principal come from the peer's certificate (given in
 //!   the `*Connected` inputs), never from messages.
@@ -52,10 +58,13 @@
 //! - `accept`: accepting offers (validation, carving resources out of offers, reservations);
 //! - `tasks`: task lifecycle (releasing resources, completed history, master-made updates);
 //! - `reconcile`: framework reconciliation answered in bounded slices;
-//! - `timers`: re-register, failover and offer timeouts;
+//! - `timers`: re-register, failover and offer timeouts, the leadership lease, and
+//!   [`Master::next_deadline`] (when the shell must wake the core next);
 //! - `operator`: operator commands (weights, quotas);
 //! - `maintenance`: draining agents (notices, kills at the deadline, `DRAINED`), undrain,
 //!   mark-gone, spot-termination notices;
+//! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
+//!   and operator commands (their text is what peers and operators read);
 //! - `recovery`: restoring the registry after a failover;
 //! - `view`: the read-only `/state` view.
 
@@ -66,6 +75,7 @@ mod maintenance;
 mod operator;
 mod reconcile;
 mod recovery;
+mod rejection;
 mod tasks;
 mod timers;
 pub mod view;
@@ -80,6 +90,9 @@ pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};
+pub use rejection::{
+    OperatorRejection, ReservationRejection, RoleRejection, SubscribeRejection, TaskRejection,
+};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -87,9 +100,7 @@ use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
-use crate::allocator::{
-    AllocError, Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources,
-};
+use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
 use crate::registry::{
     AgentRecord, FrameworkRecord, GoneRecord, Mutation, Quota, Registry, Reservation,
 };
@@ -165,29 +176,25 @@ impl Default for Limits {
 
 impl Limits {
     /// Why `role` may not be used (syntax, length or depth), if it may not.
-    pub fn check_role(&self, role: &str) -> Result<(), String> {
+    pub fn check_role(&self, role: &str) -> Result<(), RoleRejection> {
+        let shown = || truncated(role, 64).to_string();
         if !valid_role(role) {
-            return Err(format!(
-                "invalid role name {:?}: use segments of [A-Za-z0-9_.-] separated by '/', \
-                 at most 128 bytes",
-                truncated(role, 64)
-            ));
+            return Err(RoleRejection::Syntax(shown()));
         }
         if role.len() > self.role_name_length {
-            return Err(format!(
-                "role name {:?} is {} bytes long; the limit is {}",
-                truncated(role, 64),
-                role.len(),
-                self.role_name_length
-            ));
+            return Err(RoleRejection::TooLong {
+                role: shown(),
+                len: role.len(),
+                limit: self.role_name_length,
+            });
         }
         let depth = role.split('/').count();
         if depth > self.role_depth {
-            return Err(format!(
-                "role {:?} is {depth} levels deep; the limit is {}",
-                truncated(role, 64),
-                self.role_depth
-            ));
+            return Err(RoleRejection::TooDeep {
+                role: shown(),
+                depth,
+                limit: self.role_depth,
+            });
         }
         Ok(())
     }
@@ -254,8 +261,15 @@ pub enum Input {
     PeerStalled {
         conn: ConnId,
     },
-    /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation.
+    /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation. The shell
+    /// sends it at [`Master::next_deadline`] (sending it earlier or more often is harmless).
     Tick,
+    /// The leadership lease: this master may act as leader until `until` (the core's clock;
+    /// `None`: no lease, e.g. standalone). From the deadline on the core makes no offers and
+    /// launches no tasks, even before the election reports the loss.
+    LeaseUntil {
+        until: Option<Millis>,
+    },
 }
 
 /// Something to do, returned by [`Master::handle`].
@@ -488,6 +502,8 @@ pub struct Master {
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
+    /// Until when this master may act as leader ([`Input::LeaseUntil`]; `None`: always).
+    lease_until: Option<Millis>,
     /// Agents under maintenance (draining or drained).
     drains: BTreeMap<AgentId, maintenance::Drain>,
     /// Agents marked gone: they may not re-register with their ids.
@@ -541,6 +557,7 @@ impl Master {
             last_cycle_us: 0,
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
+            lease_until: None,
             drains: BTreeMap::new(),
             gone: BTreeMap::new(),
             unix_offset_ms: 0,
@@ -602,7 +619,11 @@ impl Master {
 
     /// True when an allocation should run now: after events that free or add resources (at
     /// most once per `allocation_min_gap_ms`), or when the batch interval has passed.
+    /// Never once the leadership lease has lapsed ([`Master::leads_at`]).
     pub fn allocation_due(&self, now: Millis) -> bool {
+        if !self.leads_at(now) {
+            return false;
+        }
         let since = now.saturating_sub(self.last_batch);
         (self.allocation_pending && since >= self.config.allocation_min_gap_ms)
             || since >= self.config.allocation_interval_ms
@@ -724,6 +745,7 @@ impl Master {
                 _ => {}
             },
             Input::Tick => self.tick(now, &mut out),
+            Input::LeaseUntil { until } => self.lease_until = until,
         }
         out
     }

@@ -30,14 +30,12 @@ pub enum OperatorCommand {
 impl Master {
     /// Applies an operator command. Weights and quotas take effect at the next batch
     /// allocation (as in Mesos).
-    pub fn operator(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, String> {
+    pub fn operator(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorRejection> {
         match cmd {
             OperatorCommand::SetWeight { role, weight } => {
                 self.config.limits.check_role(&role)?;
                 if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
-                    return Err(format!(
-                        "weight must be a positive number from {MIN_WEIGHT} to {MAX_WEIGHT}, not {weight}"
-                    ));
+                    return Err(OperatorRejection::Weight(weight));
                 }
                 tracing::info!(%role, weight, "role weight set");
                 self.allocator.set_weight(&role, weight);
@@ -62,15 +60,13 @@ impl Master {
                 ];
                 for (part, r) in parts {
                     if r.len() > MAX_QUOTA_KINDS {
-                        return Err(format!(
-                            "a quota {part} names at most {MAX_QUOTA_KINDS} resource kinds"
-                        ));
+                        return Err(OperatorRejection::QuotaKinds(part));
                     }
                     if let Some((name, _)) = r.iter().find(|(_, milli)| *milli > MAX_QUOTA_MILLI) {
-                        return Err(format!(
-                            "quota {part} of {name} exceeds {} units",
-                            MAX_QUOTA_MILLI / 1000
-                        ));
+                        return Err(OperatorRejection::QuotaAmount {
+                            part,
+                            name: name.to_string(),
+                        });
                     }
                 }
                 if let (Some(g), Some(l)) = (&guarantee, &limit) {
@@ -78,13 +74,12 @@ impl Master {
                         .names()
                         .find(|n| l.limit(n).is_some_and(|max| g.milli(n) > max))
                     {
-                        return Err(format!("quota guarantee of {name} exceeds its limit"));
+                        return Err(OperatorRejection::GuaranteeOverLimit(name.to_string()));
                     }
                 }
                 // Refused (nothing changes) when guarantees would not nest.
                 self.allocator
-                    .set_quota(&role, guarantee.clone(), limit.clone())
-                    .map_err(|e| e.to_string())?;
+                    .set_quota(&role, guarantee.clone(), limit.clone())?;
                 tracing::info!(%role, ?guarantee, ?limit, "role quota set");
                 if guarantee.is_none() && limit.is_none() {
                     self.forget_role(&role);

@@ -1,9 +1,61 @@
 //! Timers: agents that did not re-register in time, frameworks past their failover timeout,
-//! and expired offers.
+//! and expired offers; the leadership lease; and [`Master::next_deadline`], the earliest time
+//! any of them (or the next allocation cycle) is due, which the shell sleeps until.
 
 use super::*;
 
 impl Master {
+    /// Whether this master may act as leader at `now`: no lease was given
+    /// ([`Input::LeaseUntil`] with `None`, standalone), or `now` is before its deadline.
+    pub fn leads_at(&self, now: Millis) -> bool {
+        self.lease_until.is_none_or(|until| now < until)
+    }
+
+    /// The earliest time the core has something to do without a new input (quinn-proto's
+    /// `poll_timeout`): the next allocation cycle (only while the lease holds), an agent that
+    /// must be back after a failover, a silent agent, a disconnected agent or framework past its
+    /// timeout, an offer past its timeout. The shell sends [`Input::Tick`] (and allocates when
+    /// [`Master::allocation_due`]) once it has come; `None`: nothing until the next input.
+    ///
+    /// Call it after allocating: a cycle that is due and was not run is reported at its due
+    /// time (at or before `now`). Decline filters need no wake-up of their own: they only
+    /// matter to the next cycle, which is due anyway. Reconciliation slices
+    /// ([`Master::has_backlog`]) are the shell's to schedule. Cost: one pass over agents,
+    /// frameworks and outstanding offers.
+    pub fn next_deadline(&self, now: Millis) -> Option<Millis> {
+        // The timer conditions in `tick` are strict (`now > at`): due one millisecond later.
+        let after = |at: Millis, timeout: u64| at.saturating_add(timeout).saturating_add(1);
+        let allocation = self.leads_at(now).then(|| {
+            let interval = self.last_batch + self.config.allocation_interval_ms;
+            match self.next_allocation_at() {
+                Some(gap) => gap.min(interval),
+                None => interval,
+            }
+        });
+        let recovered = self.recovered_agents.values().map(|r| after(r.deadline, 0));
+        let agents = self.agents.values().flat_map(|a| {
+            let silent = a
+                .conn
+                .map(|_| after(a.last_seen, self.config.agent_ping_timeout_ms));
+            let lost = a
+                .disconnected_at
+                .map(|t| after(t, self.config.agent_reregister_timeout_ms));
+            silent.into_iter().chain(lost)
+        });
+        let frameworks = self
+            .frameworks
+            .values()
+            .filter_map(|f| f.disconnected_at.map(|t| after(t, f.failover_timeout_ms)));
+        allocation
+            .into_iter()
+            .chain(recovered)
+            .chain(agents)
+            .chain(frameworks)
+            .chain(self.allocator.next_offer_expiry())
+            .chain(self.next_maintenance_deadline(now))
+            .min()
+    }
+
     pub(super) fn tick(&mut self, now: Millis, out: &mut Vec<Output>) {
         // Agents from the registry that never came back after a failover are forgotten.
         let gone: Vec<AgentId> = self

@@ -6,6 +6,10 @@
 //!
 //! - [`etcd`]: a real single-member etcd server on free ports that can be killed and restarted.
 //! - [`proxy`]: a TCP proxy on a free loopback port that can cut, stall and restore a link.
+//! - `election` (feature `election`, for `gantry-master`'s HA tests and benchmarks): campaigning
+//!   nodes over a real etcd that log their leadership events, and checks on that log.
 
+#[cfg(feature = "election")]
+pub mod election;
 pub mod etcd;
 pub mod proxy;

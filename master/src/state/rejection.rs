@@ -1,0 +1,137 @@
+//! Typed rejections: why the core refuses a role name, a subscription, a task, a reservation or
+//! an operator command. Each one's `Display` is the text the peer or operator receives (and
+//! tests look for), so callers format them and nothing else builds those messages.
+
+use gantry_sdk::protocol::{FrameworkId, Resources, TaskId};
+
+use super::operator::{MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
+use crate::allocator::AllocError;
+
+/// A role name that may not be used ([`super::Limits::check_role`]). Names are kept cut to 64
+/// bytes: they come from peers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoleRejection {
+    #[error(
+        "invalid role name {0:?}: use segments of [A-Za-z0-9_.-] separated by '/', at most 128 bytes"
+    )]
+    Syntax(String),
+    #[error("role name {role:?} is {len} bytes long; the limit is {limit}")]
+    TooLong {
+        role: String,
+        len: usize,
+        limit: usize,
+    },
+    #[error("role {role:?} is {depth} levels deep; the limit is {limit}")]
+    TooDeep {
+        role: String,
+        depth: usize,
+        limit: usize,
+    },
+}
+
+/// Why a framework may not subscribe (`Master::check_subscribe`); the framework hears
+/// the text, then its connection closes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeRejection {
+    #[error("framework name must be 1-256 characters")]
+    Name,
+    #[error("failover timeout must be a non-negative number of seconds")]
+    FailoverTimeout,
+    #[error("a framework needs at least one role")]
+    NoRole,
+    #[error("{count} roles in one subscription; the limit is {limit} per framework")]
+    TooManyRoles { count: usize, limit: usize },
+    #[error(transparent)]
+    Role(#[from] RoleRejection),
+    #[error(
+        "principal {principal:?} is not allowed to subscribe with role {role:?} (ACL register_frameworks)"
+    )]
+    RoleNotAllowed { principal: String, role: String },
+    #[error(
+        "framework id {0} is not registered with this master (removed after its failover timeout, or never issued); subscribe without an id to register a new framework"
+    )]
+    UnknownId(FrameworkId),
+    #[error(
+        "framework id {id} belongs to another principal; principal {principal:?} may not resume it"
+    )]
+    OtherPrincipal { id: FrameworkId, principal: String },
+    #[error("framework {id} would hold {count} roles; the limit is {limit} per framework")]
+    WouldHoldTooManyRoles {
+        id: FrameworkId,
+        count: usize,
+        limit: usize,
+    },
+    #[error(
+        "principal {principal:?} already has {count} frameworks registered; the limit is {limit} (frameworks that disconnected count until their failover timeout ends)"
+    )]
+    TooManyFrameworks {
+        principal: String,
+        count: usize,
+        limit: usize,
+    },
+}
+
+/// Why a task is invalid on its own, before any offer is looked at
+/// (`accept::validate_task`); the task ends `ERROR` with the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskRejection {
+    #[error("task {0}: name must be 1-256 characters")]
+    Name(TaskId),
+    #[error("task {task}: {problem}")]
+    Command { task: TaskId, problem: String },
+    #[error("task {0}: must request some cpus or mem")]
+    NoCpusOrMem(TaskId),
+    #[error("task {0}: gpus must be a whole number")]
+    FractionalGpus(TaskId),
+    #[error("task {0}: invalid environment variable")]
+    Environment(TaskId),
+}
+
+/// Why a RESERVE or UNRESERVE operation was not applied (`Master::reserve_op`); the
+/// framework hears `reserve: TEXT` / `unreserve: TEXT`.
+#[derive(Debug, thiserror::Error)]
+pub enum ReservationRejection {
+    #[error("role {0:?} is not one of this framework's roles")]
+    NotFrameworkRole(String),
+    #[error("no resources named")]
+    NoResources,
+    #[error(
+        "{resources} is not dynamically reserved for {role:?} on this agent (static reservations belong to the agent's configuration)"
+    )]
+    NotDynamicallyReserved { resources: Resources, role: String },
+    #[error(transparent)]
+    Allocator(#[from] AllocError),
+    #[error("{resources} is not available {} in the offers", side(.reserve))]
+    NotInOffers { resources: Resources, reserve: bool },
+}
+
+/// Why an operator command was refused ([`super::Master::operator`]); the HTTP API answers
+/// `400` with the text.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorRejection {
+    #[error(transparent)]
+    Role(#[from] RoleRejection),
+    #[error("weight must be a positive number from {min} to {max}, not {0}", min = MIN_WEIGHT, max = MAX_WEIGHT)]
+    Weight(f64),
+    #[error("a quota {0} names at most {max} resource kinds", max = MAX_QUOTA_KINDS)]
+    QuotaKinds(&'static str),
+    #[error("quota {part} of {name} exceeds {units} units", units = MAX_QUOTA_MILLI / 1000)]
+    QuotaAmount { part: &'static str, name: String },
+    #[error("quota guarantee of {0} exceeds its limit")]
+    GuaranteeOverLimit(String),
+    /// Guarantees that would not nest (the allocator refuses them; nothing changes).
+    #[error(transparent)]
+    Allocator(#[from] AllocError),
+    /// The command reached a master that does not lead (the shell answers it).
+    #[error("this master is not the leader")]
+    NotLeader,
+}
+
+/// Where a RESERVE takes from (unreserved) and an UNRESERVE from (reserved).
+fn side(reserve: &bool) -> &'static str {
+    if *reserve {
+        "unreserved"
+    } else {
+        "reserved"
+    }
+}

@@ -1,0 +1,173 @@
+//! Accepting offers: single-use offers, task validation, task users and the run_tasks ACL.
+
+use super::*;
+
+#[test]
+fn offers_are_single_use_and_must_fit() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    assert_eq!(offers.len(), 1);
+    let offer = offers[0].id;
+    // Too big: ERROR update, offer consumed, nothing launched.
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offer, vec![task("cpus:5")]),
+    });
+    assert_eq!(errors(&out), vec![ErrorKind::InsufficientResources]);
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::ToAgent(_, MasterToAgent::RunTask { .. }))));
+    // The same offer again: unknown.
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offer, vec![task("cpus:1")]),
+    });
+    assert!(errors(&out).contains(&ErrorKind::UnknownOffer), "{out:?}");
+    // A fresh offer (resources came back) launches.
+    let mut offers = offers_of(&out);
+    if offers.is_empty() {
+        offers = offers_after_revive(&mut h);
+    }
+    let t = task("cpus:1;mem:100");
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    assert!(out.iter().any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::RunTask { task, .. }) if task.task_id == t.task_id)));
+    assert_eq!(h.m.tasks[&t.task_id].state, TaskState::Staging);
+}
+
+fn offers_after_revive(h: &mut Harness) -> Vec<Offer> {
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Revive { roles: vec![] },
+    });
+    offers(&out, F)
+}
+
+#[test]
+fn invalid_tasks_are_errors_and_valid_ones_launch() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    let good = task("cpus:1");
+    let mut empty_cmd = task("cpus:1");
+    empty_cmd.command = " ".into();
+    let no_res = task("disk:1");
+    let mut frac_gpu = task("cpus:1;gpus:0.5");
+    frac_gpu.name = "g".into();
+    let dup = good.clone();
+    let mut empty_argv = task("cpus:1");
+    empty_argv.command = CommandInfo::argv(Vec::<String>::new());
+    let mut empty_program = task("cpus:1");
+    empty_program.command = CommandInfo::argv(["", "x"]);
+    let mut bad_user = task("cpus:1");
+    bad_user.command = CommandInfo::shell("true").with_user("../root");
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(
+            offers[0].id,
+            vec![
+                good.clone(),
+                empty_cmd,
+                no_res,
+                frac_gpu,
+                dup,
+                empty_argv,
+                empty_program,
+                bad_user,
+            ],
+        ),
+    });
+    let runs = out
+        .iter()
+        .filter(|o| matches!(o, Output::ToAgent(_, MasterToAgent::RunTask { .. })))
+        .count();
+    assert_eq!(runs, 1);
+    assert_eq!(errors(&out).len(), 7, "{out:?}");
+    let messages: Vec<String> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Error => {
+                assert_eq!(u.reason, Some(TaskReason::InvalidTask));
+                Some(u.message.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    for want in [
+        "empty shell command",
+        "empty argv",
+        "empty program",
+        "invalid user name",
+    ] {
+        assert!(
+            messages.iter().any(|m| m.contains(want)),
+            "{want}: {messages:?}"
+        );
+    }
+}
+
+#[test]
+fn task_users_default_to_the_agents_and_are_checked_against_run_tasks_acls() {
+    let acls = crate::acl::Acls::from_toml(
+        r#"
+[[register_frameworks]]
+principals = ["*"]
+roles = ["*"]
+
+[[run_tasks]]
+principals = ["f"]
+users = ["nobody", "alice"]
+"#,
+    )
+    .unwrap();
+    let mut h = Harness::new();
+    h.m.config.acls = acls;
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    let default_user = task("cpus:1");
+    let mut alice = task("cpus:1");
+    alice.command = CommandInfo::argv(["id", "-u"]).with_user("alice");
+    let mut root = task("cpus:1");
+    root.command = CommandInfo::shell("cat /etc/shadow").with_user("root");
+    let mut bob = task("cpus:1");
+    bob.command = CommandInfo::shell("true").with_user("bob");
+    let (sent, out) = run_tasks(
+        &mut h,
+        offers[0].id,
+        vec![default_user.clone(), alice.clone(), root.clone(), bob],
+    );
+    // The default is filled in before launching (the agent reported `nobody`).
+    let users: Vec<(TaskId, Option<String>)> = sent
+        .iter()
+        .map(|t| (t.task_id, t.command.user.clone()))
+        .collect();
+    assert_eq!(
+        users,
+        vec![
+            (default_user.task_id, Some("nobody".to_string())),
+            (alice.task_id, Some("alice".to_string())),
+        ]
+    );
+    assert_eq!(
+        h.m.tasks[&default_user.task_id].record().user.as_deref(),
+        Some("nobody")
+    );
+    let refused: Vec<String> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Error => {
+                Some(u.message.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused[0].contains("may not run tasks as user \"root\""),
+        "{refused:?}"
+    );
+    assert!(refused[1].contains("\"bob\""), "{refused:?}");
+}
