@@ -78,6 +78,8 @@ pub struct AgentConfig {
     /// The user tasks run as when their command names none (`--task-user`). An agent that is
     /// not root runs every task as itself, so this must then be its own user.
     pub task_user: String,
+    /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -159,6 +161,8 @@ struct Agent {
     last_notice_poll: tokio::time::Instant,
     /// The termination notice deadline (Unix ms) told to the current master.
     notice_sent: Option<u64>,
+    /// What `/metrics` shows (published after each usage sample).
+    metrics: crate::metrics::AgentMetrics,
 }
 
 /// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
@@ -206,6 +210,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         last_clear_poll: now,
         last_notice_poll: now,
         notice_sent: None,
+        metrics: crate::metrics::AgentMetrics::default(),
     };
     agent.recover()?;
     // GPU faults: the NVML watcher thread -> this loop.
@@ -221,6 +226,19 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         });
         g.watch_health(ftx)
     });
+    let metrics_server = match config.metrics_listen {
+        Some(addr) => {
+            let listener = crate::metrics::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}"))?;
+            tracing::info!(%addr, "serving /metrics");
+            Some(tokio::spawn(crate::metrics::serve(
+                listener,
+                agent.metrics.clone(),
+            )))
+        }
+        None => None,
+    };
     let session = tokio::spawn(session::run(config, material, tx.clone()));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -245,6 +263,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }
     };
     session.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     if let Some(w) = watcher {
         tokio::task::spawn_blocking(move || w.stop()).await.ok();
     }
@@ -667,6 +688,7 @@ impl Agent {
                     })
                     .collect();
                 self.last_gpu_samples = gpus.clone();
+                self.publish_metrics(&tasks);
                 if !tasks.is_empty() || !gpus.is_empty() {
                     // Many tasks: as many messages as the frame limit needs.
                     let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
@@ -685,6 +707,9 @@ impl Agent {
                 }
             }
             Event::GpuFault(fault) => {
+                if let gpu::FaultKind::Xid(x) = fault.kind {
+                    self.metrics.record_xid(&fault.uuid, x);
+                }
                 if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
                     self.health_changed(change)?;
                 }
@@ -700,6 +725,21 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Publishes what `/metrics` shows after a usage sample ([`crate::metrics`]).
+    fn publish_metrics(&self, usage: &[(TaskId, TaskUsage)]) {
+        let mut snapshot = crate::metrics::snapshot(
+            &self.config.hostname,
+            self.inventory(),
+            &self.last_gpu_samples,
+            |uuid| self.health.is_healthy(uuid),
+            &self.ckpt.tasks,
+            usage,
+        );
+        snapshot.status_update_retries = self.ckpt.updates.retries();
+        snapshot.status_updates_pending = self.ckpt.updates.len();
+        self.metrics.publish(snapshot);
     }
 
     /// A GPU became unhealthy or healthy again: checkpoint it, tell the master (which withdraws
@@ -1140,6 +1180,8 @@ impl Agent {
             .collect();
         if snapshot.is_empty() && self.config.gpus.is_none() {
             self.last_sample = tokio::time::Instant::now();
+            // Nothing to sample: /metrics drops the tasks that ended.
+            self.publish_metrics(&[]);
             return;
         }
         self.sampling = true;

@@ -12,6 +12,8 @@
 //! - [`discovery`]: host resources and NVML GPUs (nvml-wrapper).
 //! - [`gpu`]: PURE GPU policy: topology-aware assignment, health, usage attribution.
 //! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
+//! - [`metrics`]: `GET /metrics` (`--metrics-listen`): dcgm-exporter GPU series with the task
+//!   holding each GPU, GPU health, per-task CPU and memory.
 //! - [`config`]: command-line parsing helpers (`--resources`, `--attributes`, `--reserve`).
 //! - [`termination`]: spot-termination notices (`gantry-agent notice-termination`) handed to
 //!   the running agent through its work dir.
@@ -23,6 +25,7 @@ pub mod discovery;
 pub mod executor;
 pub mod gpu;
 pub mod isolation;
+pub mod metrics;
 pub mod session;
 pub mod termination;
 pub mod updates;

@@ -27,6 +27,9 @@ struct TaskQueue {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct UpdateQueue {
     tasks: BTreeMap<TaskId, TaskQueue>,
+    /// Updates sent again because no acknowledgement came in time (since the agent started).
+    #[serde(skip)]
+    retries: u64,
 }
 
 impl UpdateQueue {
@@ -69,6 +72,9 @@ impl UpdateQueue {
                 Some(t) => now >= t + q.retry_ms,
             };
             if due {
+                if q.sent_at.is_some() {
+                    self.retries += 1;
+                }
                 out.push(head.clone());
                 q.retry_ms = if q.sent_at.is_none() {
                     RETRY_INITIAL_MS
@@ -109,6 +115,11 @@ impl UpdateQueue {
     /// True if the task still has updates waiting for acknowledgement.
     pub fn has_pending(&self, task: TaskId) -> bool {
         self.tasks.contains_key(&task)
+    }
+
+    /// Updates sent again because no acknowledgement came in time (`/metrics`).
+    pub fn retries(&self) -> u64 {
+        self.retries
     }
 
     pub fn len(&self) -> usize {
@@ -156,6 +167,7 @@ mod tests {
         assert_eq!(q.due(1000), vec![running.clone()]);
         assert!(q.due(2500).is_empty(), "second retry waits 2 s");
         assert_eq!(q.due(3000), vec![running.clone()]);
+        assert_eq!(q.retries(), 2, "the first send is not a retry");
         assert!(
             !q.ack(t, finished.update_id),
             "only the head can be acknowledged"

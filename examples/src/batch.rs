@@ -30,6 +30,9 @@ pub struct BatchProgress {
     pub running: u32,
     pub finished: u32,
     pub failed: u32,
+    /// Tasks the master dropped (TASK_DROPPED: their accept was invalid) and that were
+    /// launched again in later offers; they count neither as finished nor as failed.
+    pub dropped: u32,
     /// Terminal updates seen per task (a correct cluster delivers exactly one per task).
     pub terminal_updates: HashMap<TaskId, Vec<TaskState>>,
     pub errors: Vec<String>,
@@ -75,6 +78,20 @@ impl Batch {
     fn remaining(&self) -> u32 {
         self.spec.count.saturating_sub(self.progress.launched)
     }
+
+    /// The `k`-th task of the next launch (a fresh id; named by its launch number).
+    fn next_task(&mut self, k: u32) -> TaskInfo {
+        let n = self.progress.launched + k;
+        TaskInfo {
+            task_id: TaskId::random(),
+            name: format!("{}-{n}", self.spec.name),
+            command: self.spec.command.clone(),
+            resources: self.spec.task.clone(),
+            env: self.spec.env.clone(),
+            kill_grace_secs: None,
+            gpu_selector: self.spec.gpu_selector.clone(),
+        }
+    }
 }
 
 impl Scheduler for Batch {
@@ -97,34 +114,41 @@ impl Scheduler for Batch {
     }
 
     async fn offers(&mut self, driver: &DriverHandle, offers: Vec<Offer>) {
+        // One accept per agent and role naming all its offers there: the master acts on all of
+        // a framework's offers on an agent at once anyway (docs/allocator.md, rule 2).
+        let mut groups: Vec<(AgentId, String, Vec<OfferId>, Resources)> = Vec::new();
         for offer in offers {
-            let mut available = offer.total();
+            match groups
+                .iter_mut()
+                .find(|(a, r, _, _)| *a == offer.agent_id && *r == offer.role)
+            {
+                Some((_, _, ids, total)) => {
+                    ids.push(offer.id);
+                    total.add_assign(&offer.total());
+                }
+                None => groups.push((
+                    offer.agent_id,
+                    offer.role.clone(),
+                    vec![offer.id],
+                    offer.total(),
+                )),
+            }
+        }
+        for (_, _, ids, mut available) in groups {
             let mut tasks = Vec::new();
             while self.remaining() > tasks.len() as u32 && available.contains(&self.spec.task) {
                 let _ = available.checked_sub_assign(&self.spec.task);
-                let n = self.progress.launched + tasks.len() as u32;
-                tasks.push(TaskInfo {
-                    task_id: TaskId::random(),
-                    name: format!("{}-{n}", self.spec.name),
-                    command: self.spec.command.clone(),
-                    resources: self.spec.task.clone(),
-                    env: self.spec.env.clone(),
-                    kill_grace_secs: None,
-                    gpu_selector: self.spec.gpu_selector.clone(),
-                });
+                tasks.push(self.next_task(tasks.len() as u32));
             }
             if tasks.is_empty() {
-                driver.decline(
-                    vec![offer.id],
-                    Some(if self.remaining() == 0 { 60.0 } else { 1.0 }),
-                );
+                driver.decline(ids, Some(if self.remaining() == 0 { 60.0 } else { 1.0 }));
                 continue;
             }
             for t in &tasks {
                 self.tasks.insert(t.task_id, TaskState::Staging);
             }
             self.progress.launched += tasks.len() as u32;
-            driver.launch(offer.id, tasks);
+            driver.accept(ids, vec![Operation::Launch { tasks }], None);
         }
         if self.remaining() == 0 && !self.suppressed {
             driver.suppress(vec![]);
@@ -154,6 +178,23 @@ impl Scheduler for Batch {
                     .push(update.state);
                 self.publish();
             }
+            return;
+        }
+        if update.state == TaskState::Dropped {
+            // Never ran (its accept named an offer that was gone, e.g. already combined into
+            // another accept on the same agent): launch one more copy on a later offer.
+            self.tasks.remove(&update.task_id);
+            self.progress.launched = self.progress.launched.saturating_sub(1);
+            self.progress.dropped += 1;
+            if self.suppressed {
+                driver.revive(vec![]);
+                self.suppressed = false;
+            }
+            driver.set_demand(Some(Demand {
+                task: self.spec.task.clone(),
+                count: self.remaining(),
+            }));
+            self.publish();
             return;
         }
         self.tasks.insert(update.task_id, update.state);
@@ -200,5 +241,93 @@ impl Scheduler for Batch {
         self.progress.errors.push(format!("{kind:?}: {message}"));
         eprintln!("[{}] master error {kind:?}: {message}", self.spec.name);
         self.publish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(agent: AgentId, resources: &str) -> Offer {
+        Offer {
+            id: OfferId::random(),
+            framework_id: FrameworkId::random(),
+            agent_id: agent,
+            hostname: "h".into(),
+            role: "default".into(),
+            resources: resources.parse().unwrap_or_default(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: Vec::new().into(),
+        }
+    }
+
+    fn update(task_id: TaskId, state: TaskState) -> StatusUpdate {
+        StatusUpdate {
+            update_id: UpdateId::random(),
+            task_id,
+            framework_id: FrameworkId::random(),
+            agent_id: None,
+            state,
+            source: UpdateSource::Master,
+            reason: (state == TaskState::Dropped).then_some(TaskReason::InvalidOffers),
+            message: String::new(),
+            exit_code: None,
+            signal: None,
+            gpus: Vec::new(),
+            timestamp_ms: 0,
+            reconciliation: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn dropped_tasks_are_launched_again_and_the_batch_still_finishes() {
+        let driver = gantry_sdk::Driver::new(gantry_sdk::DriverConfig::new(
+            vec![],
+            "/nonexistent".into(),
+            "t",
+            vec!["default".into()],
+        ));
+        let handle = driver.handle();
+        let (mut b, rx) = Batch::new(BatchSpec {
+            name: "b".into(),
+            command: CommandInfo::shell("true"),
+            count: 3,
+            task: "cpus:1;mem:10".parse().unwrap_or_default(),
+            env: Default::default(),
+            verbose: false,
+            gpu_selector: None,
+        });
+        // Two offers on one agent are used together: 3 tasks from 2 + 1 cpus.
+        let agent = AgentId::random();
+        b.offers(
+            &handle,
+            vec![
+                offer(agent, "cpus:2;mem:100"),
+                offer(agent, "cpus:1;mem:100"),
+            ],
+        )
+        .await;
+        assert_eq!(rx.borrow().launched, 3);
+        let first: Vec<TaskId> = b.tasks.keys().copied().collect();
+        // One is dropped (its accept named a gone offer): it is owed again, not failed.
+        b.status_update(&handle, &update(first[0], TaskState::Dropped))
+            .await;
+        assert_eq!((rx.borrow().launched, rx.borrow().dropped), (2, 1));
+        assert_eq!(rx.borrow().failed, 0);
+        // A later offer launches one more copy.
+        b.offers(&handle, vec![offer(agent, "cpus:4;mem:100")])
+            .await;
+        assert_eq!(rx.borrow().launched, 3);
+        let now: Vec<TaskId> = b.tasks.keys().copied().collect();
+        assert_eq!(now.len(), 3);
+        assert!(!now.contains(&first[0]));
+        for t in now {
+            b.status_update(&handle, &update(t, TaskState::Finished))
+                .await;
+        }
+        let p = rx.borrow().clone();
+        assert!(p.done, "{p:?}");
+        assert_eq!((p.finished, p.failed, p.dropped), (3, 0, 1));
     }
 }

@@ -746,7 +746,7 @@ mod tests {
             resources: "cpus:4;mem:1024".parse().unwrap(),
             reserved: Default::default(),
             attributes: Default::default(),
-            gpus: vec![],
+            gpus: Default::default(),
         }
     }
 

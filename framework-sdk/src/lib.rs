@@ -19,7 +19,10 @@
 //!   ([`DriverConfig::reconcile`]).
 //! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
 //! - [`placement`]: fragmentation-aware GPU placement (pure): `fgd-pack`, `fgd`, `best-fit`,
-//!   `random`, shared by schedulers and the master's `simulate --openb` replay.
+//!   `random`, shared by schedulers and the master's `simulate --openb` replay; and the
+//!   offer-level building blocks [`placement::offers`] (fit tasks into held offers: selectors,
+//!   attributes, NUMA locality) and [`placement::gang`] (all-or-nothing gangs, elastic
+//!   `min..max`, which gang may hold offers).
 //! - [`process`]: shutdown on SIGINT or SIGTERM.
 //! - [`scheduler`]: the [`Scheduler`] trait (with the [`Scheduler::drain_notice`] callback for
 //!   agents drained for maintenance) and the [`Driver`] that runs it against a master.

@@ -79,6 +79,10 @@ pub trait Scheduler: Send {
         async {}
     }
     /// A task changed state. The driver acknowledges the update after this returns.
+    /// `DROPPED` (reason `InvalidOffers`) means the accept that carried the task was invalid,
+    /// typically because it named an offer an earlier accept or decline on the same agent had
+    /// already combined (the master acts on all of a framework's offers on an agent at once):
+    /// nothing ran, launch the task again on a later offer.
     fn status_update(
         &mut self,
         driver: &DriverHandle,
@@ -222,7 +226,10 @@ impl DriverHandle {
             refuse_seconds,
         });
     }
-    /// Launch tasks on one offer; its unused part goes back with the default filter.
+    /// Launch tasks on one offer; its unused part goes back with the default filter. The master
+    /// acts on all of this framework's offers on that agent at once (it may draw from the others
+    /// too, and rescinds them): to launch on several offers of an agent, name them all in one
+    /// [`DriverHandle::accept`].
     pub fn launch(&self, offer_id: OfferId, tasks: Vec<TaskInfo>) {
         self.accept(vec![offer_id], vec![Operation::Launch { tasks }], None);
     }

@@ -731,3 +731,17 @@ fn nested_guarantees_that_do_not_nest_stop_the_run_with_the_event_index() {
     );
     run_scenario(&Scenario::parse(&ok).unwrap(), &mut Vec::new()).unwrap();
 }
+
+#[test]
+fn resource_seconds_integrate_allocations_over_simulated_time() {
+    let r = run("resource-seconds.toml");
+    let rs = &r.summary["resource_seconds"];
+    assert_eq!(num(&rs["frameworks"]["train"]["gpus"]), 40.0, "{rs:#}");
+    assert_eq!(num(&rs["frameworks"]["train"]["cpus"]), 160.0, "{rs:#}");
+    assert_eq!(num(&rs["frameworks"]["etl"]["cpus"]), 80.0, "{rs:#}");
+    assert_eq!(num(&rs["roles"]["eng/ml"]["gpus"]), 40.0, "{rs:#}");
+    assert_eq!(num(&rs["roles"]["eng"]["cpus"]), 240.0, "{rs:#}");
+    assert_eq!(num(&rs["roles"]["eng"]["gpus"]), 40.0, "{rs:#}");
+    // Without the setting the summary has no such part (the conformance outputs are unchanged).
+    assert!(run("drf-paper-example.toml").summary["resource_seconds"].is_null());
+}

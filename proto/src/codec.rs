@@ -235,9 +235,50 @@ mod tests {
             role: "r".into(),
             resources: "cpus:4;mem:1024".parse().unwrap(),
             reserved: Default::default(),
-            attributes: [("blob".to_string(), "x".repeat(attr_bytes))].into(),
-            gpus: vec![],
+            attributes: std::sync::Arc::new([("blob".to_string(), "x".repeat(attr_bytes))].into()),
+            gpus: Vec::new().into(),
         }
+    }
+
+    #[test]
+    fn shared_offer_parts_travel_as_plain_map_and_list() {
+        // The wire form of `Arc<Attributes>` / `Arc<[GpuInfo]>` is that of the plain types.
+        use crate::messages::GpuInfo;
+        #[derive(serde::Serialize)]
+        struct Plain {
+            attributes: crate::messages::Attributes,
+            gpus: Vec<GpuInfo>,
+        }
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct Shared {
+            #[serde(with = "crate::messages::shared_map")]
+            attributes: std::sync::Arc<crate::messages::Attributes>,
+            #[serde(with = "crate::messages::shared_list")]
+            gpus: std::sync::Arc<[GpuInfo]>,
+        }
+        let gpu = GpuInfo {
+            uuid: "GPU-1".into(),
+            name: "A100".into(),
+            memory_mib: 80,
+            compute_capability: (8, 0),
+            minor: 0,
+            pci_bus_id: "0".into(),
+            numa_node: None,
+            healthy: true,
+        };
+        let attributes: crate::messages::Attributes =
+            [("rack".to_string(), "r1".to_string())].into();
+        let plain = encode(&Plain {
+            attributes: attributes.clone(),
+            gpus: vec![gpu.clone(), gpu.clone()],
+        })
+        .unwrap();
+        let shared = Shared {
+            attributes: std::sync::Arc::new(attributes),
+            gpus: vec![gpu.clone(), gpu].into(),
+        };
+        assert_eq!(encode(&shared).unwrap(), plain);
+        assert_eq!(decode::<Shared>(&plain).unwrap(), shared);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! document in the order a session uses it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -378,6 +379,10 @@ pub enum TaskState {
     Lost,
     /// Could not be launched (terminal).
     Error,
+    /// Never launched because the accept that carried it was invalid, e.g. it named an offer
+    /// that was already used, declined or rescinded (terminal; Mesos `TASK_DROPPED`). Nothing
+    /// of the task ran: launch it again on a later offer.
+    Dropped,
 }
 
 impl TaskState {
@@ -390,6 +395,7 @@ impl TaskState {
                 | TaskState::Killed
                 | TaskState::Lost
                 | TaskState::Error
+                | TaskState::Dropped
         )
     }
 
@@ -404,6 +410,7 @@ impl TaskState {
             TaskState::Killed => "KILLED",
             TaskState::Lost => "LOST",
             TaskState::Error => "ERROR",
+            TaskState::Dropped => "DROPPED",
         }
     }
 }
@@ -436,6 +443,10 @@ pub enum TaskReason {
     GpuHealth,
     /// Reconciliation of a task the master does not know.
     Unknown,
+    /// The accept named an offer that is not outstanding (used, declined, rescinded, expired,
+    /// another framework's) or was otherwise invalid: its tasks are [`TaskState::Dropped`]
+    /// (Mesos `REASON_INVALID_OFFERS`).
+    InvalidOffers,
 }
 
 impl TaskReason {
@@ -451,6 +462,7 @@ impl TaskReason {
             TaskReason::AgentRestarted => "agent-restarted",
             TaskReason::GpuHealth => "gpu-health",
             TaskReason::Unknown => "unknown",
+            TaskReason::InvalidOffers => "invalid-offers",
         }
     }
 }
@@ -745,10 +757,43 @@ pub struct Offer {
     pub resources: Resources,
     /// Reserved resources, per role.
     pub reserved: BTreeMap<String, Resources>,
-    /// The agent's attributes.
-    pub attributes: Attributes,
-    /// The healthy GPUs the offer's `gpus` amount can be drawn from.
-    pub gpus: Vec<GpuInfo>,
+    /// The agent's attributes (shared by every offer of the agent: the master builds them
+    /// once per agent, not per offer; on the wire this is the plain map).
+    #[serde(with = "shared_map")]
+    pub attributes: Arc<Attributes>,
+    /// The healthy GPUs the offer's `gpus` amount can be drawn from (shared like
+    /// `attributes`; on the wire a plain list).
+    #[serde(with = "shared_list")]
+    pub gpus: Arc<[GpuInfo]>,
+}
+
+/// `Arc<Attributes>` on the wire as the plain map (serde's `rc` feature would do the same, for
+/// every crate of the workspace).
+pub(crate) mod shared_map {
+    use super::{Arc, Attributes};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Arc<Attributes>, s: S) -> Result<S::Ok, S::Error> {
+        (**v).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Attributes>, D::Error> {
+        Attributes::deserialize(d).map(Arc::new)
+    }
+}
+
+/// `Arc<[GpuInfo]>` on the wire as the plain list.
+pub(crate) mod shared_list {
+    use super::{Arc, GpuInfo};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Arc<[GpuInfo]>, s: S) -> Result<S::Ok, S::Error> {
+        (**v).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<[GpuInfo]>, D::Error> {
+        Vec::<GpuInfo>::deserialize(d).map(Arc::from)
+    }
 }
 
 impl Offer {

@@ -67,6 +67,7 @@ pub fn start_recorder(
         to_launch: tasks,
         updates,
         errors,
+        in_flight: Default::default(),
     };
     (Updates::new(up_rx), handle, tokio::spawn(driver.run(rec)))
 }
@@ -77,6 +78,10 @@ pub struct Recorder {
     pub to_launch: Vec<gantry_sdk::protocol::TaskInfo>,
     pub updates: tokio::sync::mpsc::UnboundedSender<gantry_sdk::protocol::StatusUpdate>,
     pub errors: tokio::sync::mpsc::UnboundedSender<String>,
+    /// Tasks sent in accepts and not yet updated: a DROPPED one (its accept raced another on
+    /// the same agent) goes back into `to_launch` under the same id.
+    pub in_flight:
+        std::collections::HashMap<gantry_sdk::protocol::TaskId, gantry_sdk::protocol::TaskInfo>,
 }
 
 impl gantry_sdk::Scheduler for Recorder {
@@ -85,8 +90,32 @@ impl gantry_sdk::Scheduler for Recorder {
         driver: &gantry_sdk::DriverHandle,
         offers: Vec<gantry_sdk::protocol::Offer>,
     ) {
+        // One accept per agent and role naming all the offers there (the master acts on all
+        // of a framework's offers on an agent at once).
+        let mut groups: Vec<(
+            gantry_sdk::protocol::AgentId,
+            String,
+            Vec<gantry_sdk::protocol::OfferId>,
+            gantry_sdk::protocol::Resources,
+        )> = Vec::new();
         for offer in offers {
-            let mut avail = offer.total();
+            match groups
+                .iter_mut()
+                .find(|(a, r, _, _)| *a == offer.agent_id && *r == offer.role)
+            {
+                Some((_, _, ids, total)) => {
+                    ids.push(offer.id);
+                    total.add_assign(&offer.total());
+                }
+                None => groups.push((
+                    offer.agent_id,
+                    offer.role.clone(),
+                    vec![offer.id],
+                    offer.total(),
+                )),
+            }
+        }
+        for (_, _, ids, mut avail) in groups {
             let mut launch = Vec::new();
             self.to_launch.retain(|t| {
                 if avail.contains(&t.resources) {
@@ -98,18 +127,32 @@ impl gantry_sdk::Scheduler for Recorder {
                 }
             });
             if launch.is_empty() {
-                driver.decline(vec![offer.id], Some(1.0));
+                driver.decline(ids, Some(1.0));
             } else {
-                driver.launch(offer.id, launch);
+                for t in &launch {
+                    self.in_flight.insert(t.task_id, t.clone());
+                }
+                driver.accept(
+                    ids,
+                    vec![gantry_sdk::protocol::Operation::Launch { tasks: launch }],
+                    None,
+                );
             }
         }
     }
 
     async fn status_update(
         &mut self,
-        _driver: &gantry_sdk::DriverHandle,
+        driver: &gantry_sdk::DriverHandle,
         update: &gantry_sdk::protocol::StatusUpdate,
     ) {
+        if let Some(t) = self.in_flight.remove(&update.task_id) {
+            if update.state == gantry_sdk::protocol::TaskState::Dropped {
+                self.to_launch.push(t);
+                driver.revive(vec![]);
+                return;
+            }
+        }
         let _ = self.updates.send(update.clone());
     }
 

@@ -41,6 +41,41 @@ impl Standin {
         Ok(s)
     }
 
+    /// `count` stand-in GPUs for one agent, written to `dir/gpus-TAG.toml`: the first half
+    /// `NVIDIA A100-SXM4-40GB` on NUMA node 0, the second half `NVIDIA H100 80GB HBM3` on NUMA
+    /// node 1, with UUIDs unique to `tag`. Sets `GANTRY_NVML_STANDIN_CONFIG` for agents started
+    /// afterwards by this process: start each agent right after its own call.
+    pub fn gpus_for(dir: &Path, tag: u32, count: u32) -> anyhow::Result<Self> {
+        use gantry_nvml_standin::config;
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("nvml-standin/examples/four-gpus.toml");
+        let mut cfg = config::StandinConfig::load(&example)
+            .map_err(|e| anyhow::anyhow!("loading {}: {e:?}", example.display()))?;
+        let a100 = cfg.gpus[0].clone();
+        let h100 = cfg.gpus[2].clone();
+        cfg.gpus = (0..count)
+            .map(|i| {
+                let mut g = if i < count / 2 {
+                    a100.clone()
+                } else {
+                    h100.clone()
+                };
+                g.uuid = format!("GPU-{tag:08x}-0000-4000-8000-{i:012x}");
+                g.minor = i;
+                g.pci_bus_id = format!("00000000:{:02X}:00.0", 0x07 + 4 * i);
+                g.numa_node = Some(u32::from(i >= count / 2));
+                g
+            })
+            .collect();
+        let s = Self {
+            path: dir.join(format!("gpus-{tag}.toml")),
+            config: cfg,
+        };
+        s.write()?;
+        std::env::set_var(config::CONFIG_ENV, &s.path);
+        Ok(s)
+    }
+
     /// Writes the current configuration atomically (the library re-reads it on every call).
     pub fn write(&self) -> anyhow::Result<()> {
         gantry_nvml_standin::config::write_atomic(&self.path, &self.config)

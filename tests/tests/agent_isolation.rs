@@ -36,6 +36,7 @@ fn setup(test: &str, agent_args: &[&str], tasks: Vec<TaskInfo>) -> Option<Setup>
         to_launch: tasks,
         updates: up_tx,
         errors: err_tx,
+        in_flight: Default::default(),
     };
     let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
@@ -269,6 +270,7 @@ async fn without_isolation_or_nvml_tasks_still_run() {
         to_launch: vec![hello.clone()],
         updates: up_tx,
         errors: err_tx,
+        in_flight: Default::default(),
     }));
     let mut updates = Updates::new(up_rx);
     updates

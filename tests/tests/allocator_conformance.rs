@@ -1,7 +1,10 @@
 //! Allocator conformance rules (issue 11) on a live master: a zero amount in a quota limit is a
 //! limit of zero (through `gantryctl` and the operator API), guarantees that do not nest are
 //! refused with 400 and the reason, and one decline of all of a framework's offers on an agent
-//! installs one filter over their union.
+//! installs one filter over their union, and (rule 2 on the live master) declining ONE of them
+//! does the same: the other is rescinded, nothing of the agent comes back while the filter lasts,
+//! then all of it does; an accept naming an offer that was rescinded has its tasks DROPPED
+//! (`invalid-offers`), and the batch framework still finishes all its tasks.
 //! The other rules live in the allocator core the master shares with `gantry-master simulate`;
 //! the conformance scenarios in `master/tests/conformance/` pin them.
 
@@ -24,6 +27,7 @@ fn stderr(o: &std::process::Output) -> String {
 enum Event {
     Offer(Offer),
     Rescinded(OfferId),
+    Update(Box<StatusUpdate>),
 }
 
 /// Reports offers (keeping them) and rescinds.
@@ -40,6 +44,10 @@ impl Scheduler for Recorder {
 
     async fn offer_rescinded(&mut self, _driver: &DriverHandle, offer_id: OfferId) {
         let _ = self.events.send(Event::Rescinded(offer_id));
+    }
+
+    async fn status_update(&mut self, _driver: &DriverHandle, update: &StatusUpdate) {
+        let _ = self.events.send(Event::Update(Box::new(update.clone())));
     }
 }
 
@@ -133,7 +141,7 @@ async fn one_decline_of_all_offers_on_the_agent_installs_one_filter() {
     while held.len() < 2 {
         match next_event(&mut rx, Duration::from_secs(30)).await {
             Event::Offer(o) => held.push(o),
-            Event::Rescinded(id) => panic!("unexpected rescind of {id}"),
+            other => panic!("unexpected {other:?}"),
         }
     }
     let (b, c) = (&held[0], &held[1]);
@@ -159,4 +167,155 @@ async fn one_decline_of_all_offers_on_the_agent_installs_one_filter() {
     assert_eq!(s["allocator"]["active_filters"], 1, "{:#}", s["allocator"]);
     h.stop();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
+
+/// A framework in two roles, one limited to half the agent, holds the agent as two offers made
+/// in one cycle (one per role). Returns the framework and both offers.
+async fn two_offers_on_one_agent(
+    cluster: &Cluster,
+    name: &str,
+) -> (
+    DriverHandle,
+    mpsc::UnboundedReceiver<Event>,
+    tokio::task::JoinHandle<()>,
+    Offer,
+    Offer,
+) {
+    let q = gantryctl(cluster, &["quota", "half", "--limit", "cpus:1;mem:256"]);
+    assert!(q.status.success(), "{}", stderr(&q));
+    let (h, mut rx, task) = start_framework(cluster, name, &["half", "rest"]);
+    let mut held = Vec::new();
+    while held.len() < 2 {
+        match next_event(&mut rx, Duration::from_secs(30)).await {
+            Event::Offer(o) => held.push(o),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let c = held.remove(1);
+    let b = held.remove(0);
+    assert_eq!(b.agent_id, c.agent_id);
+    assert_eq!(b.resources.milli("cpus") + c.resources.milli("cpus"), 2000);
+    (h, rx, task, b, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declining_one_of_two_offers_filters_the_whole_agent_then_gives_it_all_back() {
+    let cluster = Cluster::start(&[("w2", "cpus:2;mem:512")]).unwrap();
+    let (h, mut rx, task, b, c) = two_offers_on_one_agent(&cluster, "decline-one").await;
+
+    // Decline B alone for 8 s: the decline acts on C too (rescinded) under one filter over
+    // their union, the whole agent.
+    let declined_at = std::time::Instant::now();
+    h.decline(vec![b.id], Some(8.0));
+    match next_event(&mut rx, Duration::from_secs(20)).await {
+        Event::Rescinded(id) => assert_eq!(id, c.id, "the other offer on the agent"),
+        other => panic!("expected C to be rescinded, got {other:?}"),
+    }
+    cluster
+        .master
+        .wait_state(Duration::from_secs(20), "offers to be gone", |s| {
+            s["offers"].as_array().is_some_and(|o| o.is_empty())
+        })
+        .unwrap();
+    // The filter started when the master handled the decline, after `declined_at`: nothing
+    // of the agent may come for the first 6 s of it (old behaviour: C stays outstanding, and
+    // B comes back at the next batch).
+    let quiet = Duration::from_secs(6).saturating_sub(declined_at.elapsed());
+    if let Ok(Some(e)) = tokio::time::timeout(quiet, rx.recv()).await {
+        panic!("nothing may be offered while the filter lasts, got {e:?}");
+    }
+    // Then everything comes back.
+    let mut cpus = 0;
+    while cpus < 2000 {
+        match next_event(&mut rx, Duration::from_secs(30)).await {
+            Event::Offer(o) => {
+                assert_eq!(o.agent_id, b.agent_id);
+                cpus += o.resources.milli("cpus");
+            }
+            other => panic!("expected the agent back, got {other:?}"),
+        }
+    }
+    assert_eq!(cpus, 2000, "all of the agent, once");
+    assert!(declined_at.elapsed() >= Duration::from_secs(6));
+    h.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accept_naming_a_rescinded_offer_drops_its_tasks_and_batch_still_finishes() {
+    let cluster = Cluster::start(&[("w3", "cpus:2;mem:512")]).unwrap();
+    let (h, mut rx, task, b, c) = two_offers_on_one_agent(&cluster, "stale-accept").await;
+
+    // Decline B without a filter: C goes with it (rescinded). An accept naming C, sent as a
+    // framework whose rescind was still in flight would: its task is DROPPED with the reason,
+    // not lost behind an error.
+    h.decline(vec![b.id], Some(0.0));
+    let late = TaskInfo {
+        task_id: TaskId::random(),
+        name: "late".into(),
+        command: "true".into(),
+        resources: "cpus:0.5;mem:32".parse().unwrap(),
+        env: Default::default(),
+        kill_grace_secs: None,
+        gpu_selector: None,
+    };
+    h.accept(
+        vec![c.id],
+        vec![Operation::Launch {
+            tasks: vec![late.clone()],
+        }],
+        Some(0.0),
+    );
+    let mut rescinded = false;
+    let dropped = loop {
+        match next_event(&mut rx, Duration::from_secs(30)).await {
+            Event::Rescinded(id) => {
+                assert_eq!(id, c.id);
+                rescinded = true;
+            }
+            Event::Update(u) if u.task_id == late.task_id => break u,
+            Event::Update(u) => panic!("update of an unknown task: {u:?}"),
+            // Offers made after the decline: keep them (they hold no filter), ignore.
+            Event::Offer(_) => {}
+        }
+    };
+    assert!(rescinded, "C was rescinded before the accept's answer");
+    assert_eq!(dropped.state, TaskState::Dropped, "{dropped:?}");
+    assert_eq!(
+        dropped.reason,
+        Some(TaskReason::InvalidOffers),
+        "{dropped:?}"
+    );
+    assert!(
+        dropped.message.starts_with("invalid offers: ")
+            && dropped.message.contains(&c.id.to_string()),
+        "{dropped:?}"
+    );
+    // Nothing ran: the master does not know the task.
+    let s = cluster.master.state().unwrap();
+    assert!(
+        !s.to_string().contains(&late.task_id.to_string()),
+        "a dropped task is not in /state"
+    );
+    h.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+
+    // The batch framework, which accepts all its offers on an agent at once and relaunches
+    // dropped tasks, finishes every task exactly once on the same master.
+    let p = tokio::time::timeout(
+        Duration::from_secs(240),
+        gantry_tests::run_batch(
+            cluster.master.quic,
+            &cluster.tls_dir,
+            "batch-after-drop",
+            "rest",
+            40,
+            "cpus:0.2;mem:16",
+            "true",
+        ),
+    )
+    .await
+    .expect("batch finishes in time")
+    .unwrap();
+    gantry_tests::assert_finished_once("batch", &p, 40);
 }

@@ -107,6 +107,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
         to_launch: vec![one.clone(), pair.clone()],
         updates: up_tx,
         errors: err_tx,
+        in_flight: Default::default(),
     };
     let mut config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],

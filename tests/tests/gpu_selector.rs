@@ -75,6 +75,7 @@ async fn gpu_selectors_pick_models_and_memory() {
         to_launch: vec![by_model.clone(), by_memory.clone(), absent.clone()],
         updates: up_tx,
         errors: err_tx,
+        in_flight: Default::default(),
     };
     let mut config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],

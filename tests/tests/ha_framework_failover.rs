@@ -38,6 +38,7 @@ fn recorder(
             to_launch: tasks,
             updates: utx,
             errors: etx,
+            in_flight: Default::default(),
         },
         Updates::new(urx),
         erx,

@@ -26,6 +26,7 @@ async fn kill_fail_and_escalation() {
         to_launch: vec![sleeper.clone(), failer.clone(), stubborn.clone()],
         updates: up_tx,
         errors: err_tx,
+        in_flight: Default::default(),
     };
     let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],

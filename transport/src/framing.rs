@@ -237,8 +237,8 @@ mod tests {
             role: "r".into(),
             resources: "cpus:4;mem:1024".parse().unwrap(),
             reserved: Default::default(),
-            attributes: [("blob".to_string(), "x".repeat(attr_bytes))].into(),
-            gpus: vec![],
+            attributes: std::sync::Arc::new([("blob".to_string(), "x".repeat(attr_bytes))].into()),
+            gpus: Vec::new().into(),
         }
     }
 

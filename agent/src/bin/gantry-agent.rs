@@ -101,6 +101,11 @@ struct RunArgs {
     /// run tasks as itself).
     #[arg(long)]
     task_user: Option<String>,
+    /// Serve Prometheus metrics (`GET /metrics`: dcgm-exporter GPU series with the task holding
+    /// each GPU, GPU health, per-task CPU and memory) on HOST:PORT, plain HTTP without
+    /// authentication: keep it on loopback or reachable by Prometheus only. Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -344,6 +349,7 @@ fn main() -> anyhow::Result<()> {
             .transpose()?,
         nvidia_majors: NvidiaMajors::detect(),
         task_user,
+        metrics_listen: args.metrics_listen,
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(

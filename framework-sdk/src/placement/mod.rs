@@ -29,8 +29,15 @@
 //! - `fgd-fill`: like `fgd-pack`, with the fragmentation measure extended by the leftover of
 //!   filling the node with copies of each shape, CPU and memory included ([`fgd`] explains it):
 //!   it sees GPU slivers that repeated tasks strand and GPUs stranded by CPU running out.
+//!
+//! Offer-level building blocks for framework schedulers (whole GPUs, every resource kind):
+//! - [`offers`]: fit task requests into the offers held (selectors, attributes, NUMA locality;
+//!   least-unusable-leftover scoring).
+//! - [`gang`]: all-or-nothing gangs (elastic `min..max`) and which gang may hold offers.
 
 pub mod fgd;
+pub mod gang;
+pub mod offers;
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;

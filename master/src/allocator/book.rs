@@ -1,5 +1,7 @@
 //! The offer book: outstanding offers in a slab, offer ids that carry their slot, and the
-//! public records built from them.
+//! public records built from them. Each agent lists its outstanding offers and each framework
+//! keeps a set of its own (the per-agent and per-framework indexes: a disconnect or removal
+//! visits only those, never every offer).
 
 use super::*;
 
@@ -127,6 +129,7 @@ impl Allocator {
         self.return_to_agent(st.agent, &st.bundle);
         let fw = self.fw_mut(st.fw);
         fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+        fw.offer_ids.remove(&id);
         if st.tasks > 0 {
             self.epoch += 1;
         }

@@ -103,6 +103,7 @@ impl Allocator {
                 created_at: now,
             };
             self.ag_mut(a).offers.push(id);
+            self.fw_mut(p.fw).offer_ids.insert(id);
             self.offers.insert(
                 id,
                 OfferState {

@@ -210,6 +210,7 @@ impl Allocator {
                     roles: Vec::new(),
                     alloc: Bundle::default(),
                     offers_made: 0,
+                    offer_ids: HashSet::default(),
                     inuse_agents: HashSet::default(),
                     filtered_agents: 0,
                 };
@@ -272,12 +273,7 @@ impl Allocator {
             return Vec::new();
         };
         let mut out = Vec::new();
-        let mut mine: Vec<OfferId> = self
-            .offers
-            .values()
-            .filter(|s| s.fw == f)
-            .map(|s| s.id)
-            .collect();
+        let mut mine: Vec<OfferId> = self.fw(f).offer_ids.iter().copied().collect();
         mine.sort_unstable();
         for o in mine {
             if let Some(st) = self.drop_offer(o) {
@@ -318,6 +314,7 @@ impl Allocator {
         }
         self.frameworks.remove(f);
         self.fw_ids.remove(&id);
+        self.forget_framework_usage(id);
         self.epoch += 1;
         out
     }
@@ -469,6 +466,7 @@ impl Allocator {
                 self.roles[parent as usize].sorted.remove(&key);
             }
             self.role_ids.remove(name.as_str());
+            self.forget_role_usage(&name);
             // A dead slot: no parent, so no cycle, sort or view ever reaches it.
             self.roles[r as usize] = Role::new("", None);
             self.free_role_slots.push(r);

@@ -25,11 +25,13 @@
 //!   allocations, offer and filter expiry.
 //! - `book`: the offer book (outstanding offers in a slab; ids carry their slot) and records.
 //! - `views`: read-only views and the operator metrics.
+//! - `accounting`: allocations integrated over time (resource-seconds per role and framework).
 //! - `dense`: milli-unit vectors, `Bundle`s of unreserved and reserved pools, exact `Share`s.
 //! - `filters`: decline filters per agent, refusing bundles (pools kept apart).
 //! - `tests`: unit tests; the conformance rules of issue 11 are pinned by the scenarios in
 //!   `master/tests/conformance/` (see `docs/allocator.md`).
 
+mod accounting;
 mod book;
 mod cycle;
 mod dense;
@@ -51,6 +53,7 @@ use gantry_sdk::protocol::messages::Demand;
 use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
 use serde::Serialize;
 
+pub use accounting::ResourceSeconds;
 use book::{OfferBook, OfferState};
 use dense::{Bundle, Names, Rv, Share};
 use filters::{AgentFilters, Filter, RefusedPool};
@@ -313,6 +316,9 @@ struct Framework {
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
+    /// Its outstanding offers (the per-framework index of the offer book: disconnects and
+    /// removals visit these, not every offer).
+    offer_ids: HashSet<OfferId>,
     inuse_agents: HashSet<u32>,
     /// Number of agents where this framework has filters.
     filtered_agents: usize,
@@ -440,6 +446,8 @@ pub struct Allocator {
     pending_buf: Vec<Pending>,
     /// Last unreserved vector converted to named resources.
     res_cache: Option<(Rv, Resources)>,
+    /// Allocations integrated over time (resource-seconds), see `accounting`.
+    accounting: accounting::Accounting,
 }
 
 /// A weight in thousandths, as the exact share arithmetic uses it (at least 1).
@@ -486,6 +494,7 @@ impl Allocator {
             last_cycle_offers: 0,
             pending_buf: Vec::new(),
             res_cache: None,
+            accounting: accounting::Accounting::default(),
         };
         a.role_ids.insert(String::new(), 0);
         a

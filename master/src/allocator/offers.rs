@@ -90,6 +90,25 @@ impl Allocator {
         v.into_iter()
     }
 
+    /// Outstanding offers of `framework`, oldest first (from the per-framework index: the cost
+    /// is its offers, not all offers).
+    pub fn framework_offers(&self, framework: FrameworkId) -> Vec<OfferId> {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return Vec::new();
+        };
+        let mut v: Vec<OfferId> = self.fw(f).offer_ids.iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Outstanding offers on `agent`, oldest first (from the per-agent index).
+    pub fn agent_offers(&self, agent: AgentId) -> Vec<OfferId> {
+        match self.agent_ids.get(&agent) {
+            Some(&a) => self.ag(a).offers.clone(),
+            None => Vec::new(),
+        }
+    }
+
     /// Outstanding offers of `framework` on `agent`, oldest first.
     pub fn offers_on(&self, framework: FrameworkId, agent: AgentId) -> Vec<OfferId> {
         let Some(&a) = self.agent_ids.get(&agent) else {
@@ -182,6 +201,7 @@ impl Allocator {
             {
                 let fw = self.fw_mut(f);
                 fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+                fw.offer_ids.remove(&offer);
                 if let Some((task, count)) = &mut fw.demand {
                     *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
                 }

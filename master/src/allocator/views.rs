@@ -19,6 +19,23 @@ impl Allocator {
         }
     }
 
+    /// The framework's dominant share of the cluster in each of its roles (what it holds in
+    /// that role; not divided by any weight), in subscription order.
+    pub fn framework_role_shares(&self, framework: FrameworkId) -> Vec<(String, f64)> {
+        match self.fw_ids.get(&framework) {
+            Some(&f) => self
+                .fw(f)
+                .roles
+                .iter()
+                .map(|fr| {
+                    let name = self.roles[fr.role as usize].name.to_string();
+                    (name, self.share_now(&fr.alloc))
+                })
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// The role's dominant share (its subtree's allocation) divided by its weight.
     pub fn role_share(&self, role: &str) -> f64 {
         match self.role_ids.get(norm_role(role)) {

@@ -1,4 +1,4 @@
-//! The operator HTTP API: `/health` (public), `/state` (a read), `POST /weights` and
+//! The operator HTTP API: `/health` (public), `/state` and `/metrics` (reads), `POST /weights` and
 //! `POST /quota` (writes), the maintenance endpoints under `/api/v1` (`maintenance.rs`: drain,
 //! undrain, mark-gone, `GET /api/v1/maintenance`), served over HTTPS with the cluster CA.
 //!
@@ -236,6 +236,8 @@ fn router(app: App) -> Router {
             post(maintenance::mark_gone_handler),
         )
         .route("/api/v1/maintenance", get(maintenance::view_handler))
+        // Metrics (issue 14 item 1): Prometheus text exposition, a read.
+        .route("/metrics", get(metrics_handler))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
         .layer(axum::middleware::from_fn_with_state(
@@ -537,6 +539,23 @@ async fn state_handler(
         .await
         .map_err(|_| unavailable())?;
     rx.await.map(Json).map_err(|_| unavailable())
+}
+
+/// `GET /metrics`: the Prometheus exposition (a read: same authentication as `/state`).
+async fn metrics_handler(
+    State(app): State<App>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Result<Response, ApiError> {
+    app.may_read(&caller_of(caller))?;
+    let (tx, rx) = oneshot::channel();
+    app.shell
+        .core
+        .send(CoreEvent::Metrics(tx))
+        .await
+        .map_err(|_| unavailable())?;
+    let snapshot = rx.await.map_err(|_| unavailable())?;
+    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref());
+    Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 /// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.

@@ -46,6 +46,7 @@ use crate::state::{
 };
 
 pub mod http;
+pub mod metrics;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
 /// QUIC application close codes.
@@ -65,6 +66,8 @@ enum CoreEvent {
     },
     Input(Input),
     State(oneshot::Sender<serde_json::Value>),
+    /// `/metrics`: the core's snapshot (`None` when this master does not lead).
+    Metrics(oneshot::Sender<Option<crate::state::metrics::MetricsSnapshot>>),
     Operator(
         OperatorCommand,
         oneshot::Sender<Result<(), OperatorRejection>>,
@@ -118,6 +121,8 @@ struct Shell {
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
     limits: conn_limits::ConnLimits,
+    /// What the shell measures for `/metrics` (allocation cycle times).
+    metrics: metrics::ShellMetrics,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -151,6 +156,7 @@ pub async fn run(
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
         limits: conn_limits::ConnLimits::new(&config.limits),
+        metrics: metrics::ShellMetrics::default(),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -392,6 +398,9 @@ async fn core_loop(
                         (CoreEvent::Maintenance(_, reply), None) => {
                             let _ = reply.send(Err(MaintenanceError::NotLeader));
                         }
+                        (CoreEvent::Metrics(reply), m) => {
+                            let _ = reply.send(m.map(|m| m.metrics(now())));
+                        }
                         (CoreEvent::State(reply), m) => {
                             let mut view = match m {
                                 Some(m) => serde_json::to_value(m.view(now(), unix_ms())).unwrap_or(serde_json::Value::Null),
@@ -429,7 +438,9 @@ async fn core_loop(
                 let started = Instant::now();
                 let before = out.len();
                 m.allocate(t, &mut out);
-                m.last_cycle_us = started.elapsed().as_micros() as u64;
+                let took = started.elapsed();
+                m.last_cycle_us = took.as_micros() as u64;
+                shell.metrics.allocation_cycle.observe(took.as_secs_f64());
                 if !offered
                     && out[before..]
                         .iter()
@@ -684,6 +695,11 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     shell.conns.remove(&id);
 }
 
+/// At most this many queued messages go out in one stream write ...
+const WRITE_BATCH: usize = 256;
+/// ... or about this many bytes (a write may pass it by one frame).
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
 #[allow(clippy::too_many_arguments)]
 async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     shell: &Shell,
@@ -705,37 +721,57 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     let counters = shell.counters.clone();
     let writer = tokio::spawn(async move {
         let peer = writer_peer;
-        while let Some(o) = out_rx.recv().await {
-            let res = match o {
-                Outbound::Agent(m) => tx.send(&m).await,
-                Outbound::Framework(m) => tx.send(&m).await,
-                Outbound::Close(reason) => {
-                    tracing::info!(%peer, "closing connection: {reason}");
-                    // Let what we already sent (e.g. the error explaining the close) arrive.
-                    let _ = tx.0.finish();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
-                    writer_conn.close(CLOSE_NORMAL.into(), reason.as_bytes());
-                    break;
+        // What is queued goes out as one write: the frames of up to WRITE_BATCH messages (or
+        // WRITE_BATCH_BYTES) are encoded into one buffer, so a burst of status updates or
+        // offers to one peer costs one stream write, not one per message.
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(first) = out_rx.recv().await {
+            buf.clear();
+            let mut close = None;
+            let mut next = Some(first);
+            let mut taken = 0usize;
+            while let Some(o) = next.take() {
+                let frame = match o {
+                    Outbound::Agent(m) => gantry_sdk::protocol::codec::encode_frame(&m),
+                    Outbound::Framework(m) => gantry_sdk::protocol::codec::encode_frame(&m),
+                    Outbound::Close(reason) => {
+                        close = Some(reason);
+                        break;
+                    }
+                };
+                match frame {
+                    Ok(f) => buf.extend_from_slice(&f),
+                    // The core splits every list under the frame limit; should one message
+                    // still not fit, it alone is lost, loudly, and the session goes on.
+                    Err(e) => {
+                        counters.dropped_messages.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%peer, "message not sent: {e}");
+                    }
                 }
-            };
-            match res {
-                Ok(()) => {}
-                // The core splits every list under the frame limit; should one message still
-                // not fit, it alone is lost, loudly, and the session goes on.
-                Err(e @ (CodecError::TooLarge(_) | CodecError::Malformed(_))) => {
-                    counters.dropped_messages.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, "message not sent: {e}");
+                taken += 1;
+                if taken < WRITE_BATCH && buf.len() < WRITE_BATCH_BYTES {
+                    next = out_rx.try_recv().ok();
                 }
-                Err(e) => {
+            }
+            if !buf.is_empty() {
+                if let Err(e) = tx.0.write_all(&buf).await {
                     // The stream is broken: end the connection so the reader sees it too.
                     let left = out_rx.len();
                     counters
                         .dropped_messages
-                        .fetch_add(1 + left as u64, Ordering::Relaxed);
-                    tracing::warn!(%peer, "write failed ({left} more messages not sent): {e}; closing");
+                        .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
+                    tracing::warn!(%peer, "write failed ({taken} messages in the write, {left} more not sent): {e}; closing");
                     writer_conn.close(CLOSE_PROTOCOL.into(), b"write failed");
                     break;
                 }
+            }
+            if let Some(reason) = close {
+                tracing::info!(%peer, "closing connection: {reason}");
+                // Let what we already sent (e.g. the error explaining the close) arrive.
+                let _ = tx.0.finish();
+                let _ = tokio::time::timeout(Duration::from_secs(1), tx.0.stopped()).await;
+                writer_conn.close(CLOSE_NORMAL.into(), reason.as_bytes());
+                break;
             }
         }
     });

@@ -31,6 +31,10 @@ pub struct ClusterSettings {
     /// Run until this time instead of last event + one interval.
     #[serde(default)]
     pub end_ms: Option<Millis>,
+    /// Report resource-seconds (allocations integrated over simulated time, the master's
+    /// `gantry_role_resource_seconds_total`) in the summary.
+    #[serde(default)]
+    pub resource_seconds: bool,
 }
 
 impl Default for ClusterSettings {
@@ -41,6 +45,7 @@ impl Default for ClusterSettings {
             filter_gpu_resources: true,
             fairness_excluded_resources: Vec::new(),
             end_ms: None,
+            resource_seconds: false,
         }
     }
 }
@@ -288,6 +293,17 @@ pub struct ShareSummary {
 pub struct Summary {
     pub roles: BTreeMap<String, ShareSummary>,
     pub frameworks: BTreeMap<String, ShareSummary>,
+    /// With `resource_seconds = true`: per role (subtree) and per framework (over its roles),
+    /// per kind, allocated amount × seconds from time 0 to the end of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_seconds: Option<ResourceSecondsSummary>,
+}
+
+/// Resource-seconds per role and per framework name, per kind.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ResourceSecondsSummary {
+    pub roles: BTreeMap<String, BTreeMap<String, f64>>,
+    pub frameworks: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
 #[derive(Serialize)]
@@ -742,8 +758,21 @@ impl<'w, W: Write> Replay<'w, W> {
         Ok(())
     }
 
-    fn summary(&self) -> Summary {
+    fn summary(&self, resource_seconds: bool) -> Summary {
         let mut s = Summary::default();
+        if resource_seconds {
+            let mut r = ResourceSecondsSummary::default();
+            for rs in self.alloc.resource_seconds() {
+                let into = match &rs.framework {
+                    None => r.roles.entry(rs.role.clone()).or_default(),
+                    Some((_, name)) => r.frameworks.entry(name.clone()).or_default(),
+                };
+                for (kind, secs) in rs.seconds {
+                    *into.entry(kind).or_default() += secs;
+                }
+            }
+            s.resource_seconds = Some(r);
+        }
         for role in self.alloc.role_names() {
             s.roles.insert(
                 role.to_string(),
@@ -812,6 +841,8 @@ pub fn run_scenario<W: Write>(scenario: &Scenario, out: &mut W) -> Result<Summar
     let mut next_event = 0usize;
     let mut t: Millis = 0;
     loop {
+        // Allocations are constant since the last step: integrate them up to now.
+        replay.alloc.accrue(t);
         replay.expire(t)?;
         while next_event < scenario.events.len() && scenario.events[next_event].at_ms == t {
             let ev = scenario.events[next_event].clone();
@@ -848,7 +879,8 @@ pub fn run_scenario<W: Write>(scenario: &Scenario, out: &mut W) -> Result<Summar
         }
         t = next;
     }
-    let summary = replay.summary();
+    replay.alloc.accrue(end.max(t));
+    let summary = replay.summary(c.resource_seconds);
     serde_json::to_writer(&mut *replay.out, &SummaryLine { summary: &summary })?;
     replay.out.write_all(b"\n")?;
     replay.out.flush()?;

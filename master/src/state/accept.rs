@@ -15,7 +15,9 @@ impl Master {
         now: Millis,
         out: &mut Vec<Output>,
     ) {
-        // 1. The offers: known, ours, distinct, one agent.
+        // 1. The offers: known, ours, distinct, one agent, one role. An invalid accept drops
+        //    its tasks (TASK_DROPPED, Mesos `REASON_INVALID_OFFERS`) so the framework launches
+        //    them again on later offers; the valid offers it named return to the pool unfiltered.
         let mut problem: Option<(ErrorKind, String)> = None;
         let mut offers: Vec<OfferRecord> = Vec::new();
         // Distinct ids in O(1) each: an accept may name many.
@@ -35,23 +37,25 @@ impl Master {
                 _ => {
                     problem = Some((
                         ErrorKind::UnknownOffer,
-                        format!("offer {oid} is unknown, already used, rescinded or expired"),
+                        format!(
+                            "offer {oid} is unknown, already used, declined, rescinded or expired"
+                        ),
                     ))
                 }
             }
         }
-        let refuse = match refuse_ms(refuse_seconds) {
-            Ok(r) => r,
-            Err(m) => {
-                problem.get_or_insert((ErrorKind::InvalidRequest, m.to_string()));
-                None
-            }
-        };
         let agent_id = offers.first().map(|o| o.agent);
         if offers.iter().any(|o| Some(o.agent) != agent_id) {
             problem.get_or_insert((
                 ErrorKind::InvalidRequest,
                 "offers of one accept must be on one agent".into(),
+            ));
+        }
+        let role = offers.first().map(|o| o.role.clone()).unwrap_or_default();
+        if offers.iter().any(|o| o.role != role) {
+            problem.get_or_insert((
+                ErrorKind::InvalidRequest,
+                "offers of one accept must be for one role".into(),
             ));
         }
         let agent_conn = agent_id
@@ -63,6 +67,15 @@ impl Master {
                 "the offers' agent is unknown or disconnected".into(),
             ));
         }
+        let mut problem = problem.map(|(kind, m)| (kind, format!("invalid offers: {m}")));
+        let refuse = match refuse_ms(refuse_seconds) {
+            Ok(r) => r,
+            Err(m) => {
+                let _ = problem
+                    .get_or_insert((ErrorKind::InvalidRequest, format!("invalid accept: {m}")));
+                None
+            }
+        };
         // Past the lease deadline another master may lead already: launching now could run a
         // task twice, so nothing is launched (the framework hears why, and each task ends).
         let lapsed = !self.leads_at(now);
@@ -79,12 +92,37 @@ impl Master {
             out.push(err(conn, kind, format!("accept rejected: {message}")));
             if lapsed {
                 self.not_launched(conn, fw, &operations, now, out);
+            } else {
+                self.drop_tasks(conn, fw, &operations, &message, now, out);
             }
             return;
         }
         let (Some(agent_id), Some(agent_conn)) = (agent_id, agent_conn) else {
             return;
         };
+        // Rule 2 (docs/allocator.md): one accept acts on ALL of the framework's outstanding
+        // offers on the agent. Those of the same role join the pool (after the named ones);
+        // every offer not named is settled with the accept (its unused part under the one
+        // filter) and rescinded at the framework, which learns so before it could use it.
+        let mut others: Vec<OfferRecord> = Vec::new();
+        for oid in self.allocator.offers_on(fw, agent_id) {
+            if named.contains(&oid) {
+                continue;
+            }
+            if let Some(o) = self.allocator.offer(oid) {
+                others.push(o.clone());
+            }
+        }
+        let foreign_role: Vec<OfferRecord> =
+            others.iter().filter(|o| o.role != role).cloned().collect();
+        others.retain(|o| o.role == role);
+        for o in others.iter().chain(&foreign_role) {
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::Rescind { offer_id: o.id },
+            ));
+        }
+        offers.extend(others);
         // Who may run as whom: the task's user, or the agent's default filled in here (the
         // agent reported it at registration), checked against the principal's ACL.
         let principal = self
@@ -97,7 +135,6 @@ impl Master {
             .get(&agent_id)
             .map(|a| a.task_user.clone())
             .unwrap_or_default();
-        let role = offers.first().map(|o| o.role.clone()).unwrap_or_default();
 
         // 2. Draw each task from the pool of offered resources.
         let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
@@ -219,6 +256,11 @@ impl Master {
             .iter()
             .map(|o| o.id)
             .zip(used.iter().cloned())
+            .chain(
+                foreign_role
+                    .iter()
+                    .map(|o| (o.id, OfferResources::default())),
+            )
             .collect();
         if let Err(e) = self.allocator.accept_offers(&parts, refuse, now) {
             tracing::error!("allocator refused a validated accept: {e}");

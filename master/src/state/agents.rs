@@ -262,6 +262,7 @@ impl Master {
                     a.hostname = hostname;
                     a.attributes = attributes;
                     a.gpus = gpus;
+                    a.offer_parts = Default::default();
                     a.last_seen = now;
                     a.disconnected_at = None;
                     let old_res = std::mem::replace(&mut a.resources, resources.clone());
@@ -306,6 +307,7 @@ impl Master {
                         dynamic: dynamic.clone(),
                         attributes,
                         gpus,
+                        offer_parts: Default::default(),
                         gpu_samples: Vec::new(),
                         last_seen: now,
                         disconnected_at: None,
@@ -529,6 +531,10 @@ impl Master {
             },
         );
         let Some(task) = self.tasks.get_mut(&update.task_id) else {
+            // A completed task's update again: its acknowledgement was lost on the way.
+            if self.completed_count.contains_key(&update.task_id) {
+                self.status_update_retries += 1;
+            }
             // Unknown task (its framework was removed): nobody will acknowledge; we do.
             out.push(ack);
             return;
@@ -544,8 +550,17 @@ impl Master {
             return;
         }
         if task.acked.contains(&update.update_id) {
+            self.status_update_retries += 1;
             out.push(ack);
             return;
+        }
+        if task
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.update_id == update.update_id)
+        {
+            // A retransmission of the update the framework has not acknowledged yet.
+            self.status_update_retries += 1;
         }
         let was_terminal = task.state.is_terminal();
         if !was_terminal || update.state.is_terminal() {
@@ -596,6 +611,7 @@ impl Master {
             return;
         }
         gpu.healthy = healthy;
+        a.offer_parts = Default::default();
         let healthy_count = a.gpus.iter().filter(|g| g.healthy).count() as u64;
         // Statically reserved GPUs stay reserved; the unreserved pool absorbs the change.
         let reserved_gpus: u64 = a.reserved.values().map(|r| r.milli("gpus")).sum();
@@ -630,12 +646,7 @@ impl Master {
         a.disconnected_at = Some(now);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
         // Its outstanding offers can no longer be used.
-        let offers: Vec<OfferId> = self
-            .allocator
-            .outstanding_offers()
-            .filter(|o| o.agent == id)
-            .map(|o| o.id)
-            .collect();
+        let offers = self.allocator.agent_offers(id);
         for oid in offers {
             if let Some(rec) = self.allocator.rescind(oid) {
                 self.send_rescind(&rec, out);

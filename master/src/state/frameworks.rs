@@ -69,7 +69,29 @@ impl Master {
                         _ => unknown.get_or_insert((oid, 0)).1 += 1,
                     }
                 }
-                // One decline: on each agent, one filter over the union of its offers there.
+                // Rule 2 (docs/allocator.md): a decline acts on ALL of the framework's
+                // outstanding offers on each agent it names, with one filter over their union
+                // there; the offers it did not name are rescinded at the framework.
+                let named: HashSet<OfferId> = mine.iter().copied().collect();
+                let mut agents: Vec<AgentId> = Vec::new();
+                for oid in &mine {
+                    if let Some(o) = self.allocator.offer(*oid) {
+                        if !agents.contains(&o.agent) {
+                            agents.push(o.agent);
+                        }
+                    }
+                }
+                for agent in agents {
+                    for oid in self.allocator.offers_on(fw, agent) {
+                        if !named.contains(&oid) {
+                            mine.push(oid);
+                            out.push(Output::ToFramework(
+                                conn,
+                                MasterToFramework::Rescind { offer_id: oid },
+                            ));
+                        }
+                    }
+                }
                 let _ = self.allocator.decline_offers(&mine, refuse, now);
                 match unknown {
                     Some((oid, 1)) => out.push(err(
@@ -222,12 +244,7 @@ impl Master {
                         conn: c,
                         reason: "framework re-subscribed elsewhere".into(),
                     });
-                    let offers: Vec<OfferId> = self
-                        .allocator
-                        .outstanding_offers()
-                        .filter(|o| o.framework == id)
-                        .map(|o| o.id)
-                        .collect();
+                    let offers = self.allocator.framework_offers(id);
                     for o in offers {
                         self.allocator.rescind(o);
                     }
@@ -395,12 +412,7 @@ impl Master {
         f.conn = None;
         f.disconnected_at = Some(now);
         tracing::info!(framework = %id, "framework disconnected; keeping its tasks for its failover timeout");
-        let offers: Vec<OfferId> = self
-            .allocator
-            .outstanding_offers()
-            .filter(|o| o.framework == id)
-            .map(|o| o.id)
-            .collect();
+        let offers = self.allocator.framework_offers(id);
         for o in offers {
             self.allocator.rescind(o);
         }

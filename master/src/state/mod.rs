@@ -66,12 +66,14 @@
 //! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
 //!   and operator commands (their text is what peers and operators read);
 //! - `recovery`: restoring the registry after a failover;
-//! - `view`: the read-only `/state` view.
+//! - `view`: the read-only `/state` view;
+//! - `metrics`: the numbers behind `/metrics` (counts, resources, shares, resource-seconds).
 
 mod accept;
 mod agents;
 mod frameworks;
 mod maintenance;
+pub mod metrics;
 mod operator;
 mod reconcile;
 mod recovery;
@@ -310,6 +312,23 @@ enum Claim {
     New,
 }
 
+/// An agent's attributes and healthy GPUs as offers carry them (shared, not copied per offer).
+#[derive(Debug, Clone)]
+pub(crate) struct OfferParts {
+    pub attributes: std::sync::Arc<Attributes>,
+    pub gpus: std::sync::Arc<[GpuInfo]>,
+}
+
+impl AgentRec {
+    /// The shared [`OfferParts`], built on first use after a change.
+    pub(crate) fn offer_parts(&self) -> &OfferParts {
+        self.offer_parts.get_or_init(|| OfferParts {
+            attributes: std::sync::Arc::new(self.attributes.clone()),
+            gpus: self.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct AgentRec {
     pub id: AgentId,
@@ -324,6 +343,9 @@ pub(crate) struct AgentRec {
     pub dynamic: BTreeMap<String, Resources>,
     pub attributes: Attributes,
     pub gpus: Vec<GpuInfo>,
+    /// What every offer of this agent carries besides resources (attributes, healthy GPUs),
+    /// built once and shared by its offers; reset whenever `attributes` or `gpus` change.
+    pub offer_parts: std::sync::OnceLock<OfferParts>,
     pub gpu_samples: Vec<GpuSample>,
     pub last_seen: Millis,
     pub disconnected_at: Option<Millis>,
@@ -510,6 +532,10 @@ pub struct Master {
     gone: BTreeMap<AgentId, GoneRecord>,
     /// Unix milliseconds minus master milliseconds (set by [`Master::restore_maintenance`]).
     unix_offset_ms: i64,
+    /// Status updates an agent sent again that the master already had (`/metrics`).
+    pub(crate) status_update_retries: u64,
+    /// Tasks completed (ended and acknowledged) since this master leads, by final state.
+    pub(crate) tasks_completed: BTreeMap<&'static str, u64>,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -561,6 +587,8 @@ impl Master {
             drains: BTreeMap::new(),
             gone: BTreeMap::new(),
             unix_offset_ms: 0,
+            status_update_retries: 0,
+            tasks_completed: BTreeMap::new(),
         }
     }
 
@@ -637,6 +665,7 @@ impl Master {
 
     /// Runs one allocation cycle and returns the offers to send.
     pub fn allocate(&mut self, now: Millis, out: &mut Vec<Output>) {
+        self.allocator.accrue(now);
         self.allocation_pending = false;
         self.last_batch = now;
         let offers = self.allocator.allocate(now);
@@ -679,14 +708,16 @@ impl Master {
             role: rec.role.clone(),
             resources: rec.resources.unreserved.clone(),
             reserved: rec.resources.reserved.clone(),
-            attributes: agent.attributes.clone(),
-            gpus: agent.gpus.iter().filter(|g| g.healthy).cloned().collect(),
+            attributes: agent.offer_parts().attributes.clone(),
+            gpus: agent.offer_parts().gpus.clone(),
         })
     }
 
     /// Applies one input. Offers are not made here: call [`Master::allocate`] when
     /// [`Master::allocation_due`] says so (the shell measures the cycle time around it).
     pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
+        // Allocations change only at `now` from here on: integrate them up to it first.
+        self.allocator.accrue(now);
         let mut out = Vec::new();
         match input {
             Input::AgentConnected {

@@ -19,6 +19,8 @@ impl Master {
     /// expected to re-register (with their dynamic reservations) within the re-register
     /// timeout. Tasks are rebuilt from the agents' re-registrations.
     pub fn recover(&mut self, registry: Registry, now: Millis) {
+        // Resource-seconds start here: what this master allocates from now on.
+        self.allocator.accrue(now);
         for (role, weight) in &registry.weights {
             self.allocator.set_weight(role, *weight);
         }

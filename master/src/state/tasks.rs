@@ -42,6 +42,7 @@ impl Master {
         if let Some(f) = self.frameworks.get_mut(&task.framework) {
             f.tasks.remove(&tid);
         }
+        *self.tasks_completed.entry(task.state.as_str()).or_default() += 1;
         self.remember_completed(task.record());
     }
 
@@ -173,5 +174,50 @@ impl Master {
         );
         update.reason = Some(TaskReason::InvalidTask);
         out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+    }
+}
+
+impl Master {
+    /// TASK_DROPPED for every task an invalid accept carried (Mesos `REASON_INVALID_OFFERS`):
+    /// nothing of them ran, the framework launches them again on later offers. A task whose id
+    /// belongs to a task the master knows gets an error instead: a DROPPED update would claim
+    /// that task never ran.
+    pub(super) fn drop_tasks(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        operations: &[Operation],
+        message: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) -> usize {
+        let mut dropped = 0;
+        for op in operations {
+            let Operation::Launch { tasks } = op else {
+                continue;
+            };
+            for task in tasks {
+                if self.tasks.contains_key(&task.task_id) {
+                    out.push(err(
+                        conn,
+                        ErrorKind::InvalidTask,
+                        format!("task id {} is already in use ({message})", task.task_id),
+                    ));
+                    continue;
+                }
+                let mut update = self.new_update(
+                    task.task_id,
+                    fw,
+                    None,
+                    TaskState::Dropped,
+                    message.to_string(),
+                    now,
+                );
+                update.reason = Some(TaskReason::InvalidOffers);
+                out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+                dropped += 1;
+            }
+        }
+        dropped
     }
 }

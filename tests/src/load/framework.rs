@@ -25,6 +25,12 @@ pub struct FrameworkCounters {
     /// Terminal states other than FINISHED (LOST, FAILED, KILLED, ERROR).
     pub not_finished: AtomicU64,
     pub errors: AtomicU64,
+    /// Tasks the master dropped (TASK_DROPPED: their accept named an offer an earlier accept or
+    /// decline on the same agent had combined); they are taken back out of `launched`.
+    pub dropped: AtomicU64,
+    /// `UnknownOffer` answers to accepts/declines of such combined offers (not errors: the race
+    /// the master resolves by dropping the accept's tasks).
+    pub stale_offers: AtomicU64,
     /// Connections to the master lost (the driver re-subscribes).
     pub reconnects: AtomicU64,
 }
@@ -120,14 +126,33 @@ impl gantry_sdk::Scheduler for LoadFramework {
         }
         let launching = !self.shared.stop.load(Relaxed);
         let mut declined = Vec::new();
+        // One accept per agent and role naming all our offers there: the master acts on all of
+        // a framework's offers on an agent at once (docs/allocator.md, rule 2).
+        let mut groups: Vec<(AgentId, String, Vec<OfferId>, Resources)> = Vec::new();
         for offer in offers {
+            match groups
+                .iter_mut()
+                .find(|(a, r, _, _)| *a == offer.agent_id && *r == offer.role)
+            {
+                Some((_, _, ids, total)) => {
+                    ids.push(offer.id);
+                    total.add_assign(&offer.total());
+                }
+                None => groups.push((
+                    offer.agent_id,
+                    offer.role.clone(),
+                    vec![offer.id],
+                    offer.total(),
+                )),
+            }
+        }
+        for (_, _, ids, mut avail) in groups {
             let budget = self.shape.budget.map_or(u64::MAX, |b| {
                 b.saturating_sub(self.counters.launched.load(Relaxed))
             });
-            let mut avail = offer.total();
             let mut fit = 0usize;
             while launching
-                && fit < self.shape.max_tasks_per_offer
+                && fit < self.shape.max_tasks_per_offer * ids.len()
                 && (fit as u64) < budget
                 && avail.checked_sub_assign(&self.shape.task).is_some()
             {
@@ -138,7 +163,7 @@ impl gantry_sdk::Scheduler for LoadFramework {
             }
             let tasks: Vec<TaskInfo> = (0..fit).map(|_| self.task()).collect();
             if tasks.is_empty() {
-                declined.push(offer.id);
+                declined.extend(ids);
                 continue;
             }
             self.counters
@@ -148,7 +173,7 @@ impl gantry_sdk::Scheduler for LoadFramework {
                 self.accepted.insert(t.task_id, now);
             }
             driver.accept(
-                vec![offer.id],
+                ids,
                 vec![Operation::Launch { tasks }],
                 Some(self.shape.refuse_seconds),
             );
@@ -179,7 +204,11 @@ impl gantry_sdk::Scheduler for LoadFramework {
                 self.shared.running_total.fetch_add(1, Relaxed);
             }
         } else if state.is_terminal() && self.accepted.remove(&id).is_some() {
-            if state == TaskState::Finished {
+            if state == TaskState::Dropped {
+                // Never launched: out of `launched` again.
+                self.counters.dropped.fetch_add(1, Relaxed);
+                self.counters.launched.fetch_sub(1, Relaxed);
+            } else if state == TaskState::Finished {
                 self.counters.finished.fetch_add(1, Relaxed);
             } else {
                 self.counters.not_finished.fetch_add(1, Relaxed);
@@ -189,6 +218,10 @@ impl gantry_sdk::Scheduler for LoadFramework {
     }
 
     async fn error(&mut self, _driver: &DriverHandle, kind: ErrorKind, message: &str) {
+        if kind == ErrorKind::UnknownOffer {
+            self.counters.stale_offers.fetch_add(1, Relaxed);
+            return;
+        }
         self.counters.errors.fetch_add(1, Relaxed);
         tracing::warn!(framework = self.idx, ?kind, "master: {message}");
     }

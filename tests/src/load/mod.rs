@@ -219,6 +219,11 @@ pub struct Report {
     pub running: u64,
     pub finished: u64,
     pub not_finished: u64,
+    /// Tasks the master DROPPED (an accept racing a combining accept/decline on the same
+    /// agent); not counted in `launched`.
+    pub dropped: u64,
+    /// `UnknownOffer` answers to such racing accepts/declines (not in `framework_errors`).
+    pub stale_offers: u64,
     pub in_flight_at_end: u64,
     pub framework_errors: u64,
     pub framework_reconnects: u64,
@@ -282,12 +287,14 @@ impl Report {
                 "running": self.running,
                 "finished": self.finished,
                 "not_finished": self.not_finished,
+                "dropped": self.dropped,
                 "in_flight_at_end": self.in_flight_at_end,
                 "agent_run_tasks": self.agent_run_tasks,
             },
             "offers": self.offers,
             "declined_offers": self.declined_offers,
             "framework_errors": self.framework_errors,
+            "stale_offers": self.stale_offers,
             "framework_reconnects": self.framework_reconnects,
             "frameworks_without_offers": self.frameworks_without_offers,
             "agent_reconnects": self.agent_reconnects,
@@ -336,12 +343,12 @@ impl Report {
         t += &row("floor: QUIC ping, idle", &self.floor_idle);
         t += &row("floor: QUIC ping, under load", &self.floor_loaded);
         t += &format!(
-            "launches/s sustained {:.0}; tasks launched {}, RUNNING {}, FINISHED {}, other end {}, in flight {}\n",
-            self.launches_per_s, self.launched, self.running, self.finished, self.not_finished, self.in_flight_at_end
+            "launches/s sustained {:.0}; tasks launched {}, RUNNING {}, FINISHED {}, other end {}, in flight {}, dropped (relaunchable) {}\n",
+            self.launches_per_s, self.launched, self.running, self.finished, self.not_finished, self.in_flight_at_end, self.dropped
         );
         t += &format!(
-            "offers {} (declined {}), framework errors {}, framework reconnects {}, frameworks without offers {}, agent reconnects {}, allocation cycles {}\n",
-            self.offers, self.declined_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
+            "offers {} (declined {}, stale {}), framework errors {}, framework reconnects {}, frameworks without offers {}, agent reconnects {}, allocation cycles {}\n",
+            self.offers, self.declined_offers, self.stale_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
         );
         t += &format!(
             "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s; load average {:.1}\n",
@@ -594,6 +601,8 @@ async fn drive(
     report.running = sum(|c| c.running.load(Relaxed));
     report.finished = sum(|c| c.finished.load(Relaxed));
     report.not_finished = sum(|c| c.not_finished.load(Relaxed));
+    report.dropped = sum(|c| c.dropped.load(Relaxed));
+    report.stale_offers = sum(|c| c.stale_offers.load(Relaxed));
     report.in_flight_at_end = sum(|c| c.in_flight());
     report.framework_errors = sum(|c| c.errors.load(Relaxed));
     report.framework_reconnects = sum(|c| c.reconnects.load(Relaxed));

@@ -171,3 +171,115 @@ users = ["nobody", "alice"]
     );
     assert!(refused[1].contains("\"bob\""), "{refused:?}");
 }
+
+/// A framework holding two offers on one agent: the rest of the agent after a launch, and the
+/// launched task's resources once it finished.
+fn two_offers_on_one_agent(h: &mut Harness) -> (FrameworkId, Offer, Offer) {
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let t = task("cpus:1;mem:256");
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, vec![t.clone()]),
+    });
+    let mut rest = offers_of(&out);
+    if rest.is_empty() {
+        h.now += 1_000;
+        rest = offers_of(&h.input(Input::Tick));
+    }
+    assert_eq!(rest.len(), 1, "the unused part is offered again: {out:?}");
+    let out = h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(agent_update(&t, fw, TaskState::Finished)),
+    });
+    let back = offers_of(&out);
+    assert_eq!(back.len(), 1, "the task's resources are offered: {out:?}");
+    assert_eq!(rest[0].agent_id, back[0].agent_id);
+    (fw, rest[0].clone(), back[0].clone())
+}
+
+fn rescinded(out: &[Output]) -> Vec<OfferId> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(F, MasterToFramework::Rescind { offer_id }) => Some(*offer_id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_decline_acts_on_all_offers_on_the_agent_under_one_filter() {
+    let mut h = Harness::new();
+    let (_fw, rest, back) = two_offers_on_one_agent(&mut h);
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Decline {
+            offer_ids: vec![back.id],
+            refuse_seconds: Some(30.0),
+        },
+    });
+    assert_eq!(rescinded(&out), vec![rest.id], "{out:?}");
+    assert!(errors(&out).is_empty(), "{out:?}");
+    assert_eq!(h.m.allocator.outstanding_offers().count(), 0);
+    // Nothing of the agent while the one filter over the union lasts, then all of it.
+    h.now += 29_000;
+    let out = h.input(Input::Tick);
+    assert!(offers_of(&out).is_empty(), "{out:?}");
+    h.now += 2_000;
+    let out = h.input(Input::Tick);
+    let again = offers_of(&out);
+    assert_eq!(again.len(), 1, "{out:?}");
+    assert_eq!(again[0].total(), res("cpus:4;mem:1024"));
+}
+
+#[test]
+fn an_accept_combines_all_offers_on_the_agent_and_a_stale_one_drops_its_tasks() {
+    let mut h = Harness::new();
+    let (fw, rest, back) = two_offers_on_one_agent(&mut h);
+    // Naming one offer draws from both: 4 cpus in one accept of the 1-cpu offer.
+    let t = task("cpus:4;mem:1024");
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(back.id, vec![t.clone()]),
+    });
+    assert_eq!(rescinded(&out), vec![rest.id], "{out:?}");
+    assert!(errors(&out).is_empty(), "{out:?}");
+    assert!(out.iter().any(
+        |o| matches!(o, Output::ToAgent(A, MasterToAgent::RunTask { task, .. }) if task.task_id == t.task_id)
+    ));
+    assert_eq!(
+        h.m.allocator.framework_allocated(fw).total(),
+        res("cpus:4;mem:1024")
+    );
+    // An accept naming the offer that was combined (its rescind still in flight): its tasks
+    // are DROPPED with the reason, nothing runs, nothing is lost from the allocator.
+    let late = task("cpus:1;mem:100");
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(rest.id, vec![late.clone()]),
+    });
+    let dropped: Vec<&StatusUpdate> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(F, MasterToFramework::Update(u)) => Some(u),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dropped.len(), 1, "{out:?}");
+    assert_eq!(dropped[0].task_id, late.task_id);
+    assert_eq!(dropped[0].state, TaskState::Dropped);
+    assert_eq!(dropped[0].reason, Some(TaskReason::InvalidOffers));
+    assert!(
+        dropped[0].message.starts_with("invalid offers: "),
+        "{}",
+        dropped[0].message
+    );
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, Output::ToAgent(_, MasterToAgent::RunTask { .. }))));
+    assert!(!h.m.tasks.contains_key(&late.task_id));
+    assert_eq!(
+        h.m.allocator.framework_allocated(fw).total(),
+        res("cpus:4;mem:1024")
+    );
+}

@@ -7,6 +7,7 @@ mod accept;
 mod agents;
 mod dispatch;
 mod frameworks;
+mod metrics;
 mod operator;
 mod recovery;
 mod tasks;

@@ -199,11 +199,20 @@ fn accepted_resources_return_when_tasks_end_and_acks_flow_back() {
         h.m.completed_task(fw, t.task_id).map(|c| c.state),
         Some(TaskState::Finished)
     );
+    assert_eq!(h.m.metrics(0).status_update_retries, 0);
+    let completed = h.m.metrics(0).tasks_completed;
+    assert_eq!(completed["FINISHED"], 1, "{completed:?}");
+    assert_eq!(completed["FAILED"], 0, "{completed:?}");
     // A retransmission of an acknowledged update is acknowledged, not redelivered.
     let out = h.input(Input::Agent {
         conn: A,
         msg: AgentToMaster::StatusUpdate(done),
     });
+    assert_eq!(
+        h.m.metrics(0).status_update_retries,
+        1,
+        "counted for /metrics"
+    );
     assert!(out
         .iter()
         .any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::Acknowledge { .. }))));

@@ -1,0 +1,1247 @@
+//! The queue's pure core: jobs, the offers held, and one scheduling pass that returns
+//! [`Action`]s (launch, decline, kill, revive, suppress). No I/O and no clock: every entry point
+//! takes `now`. The shell ([`super::framework`]) feeds it driver events and a periodic tick and
+//! performs what it returns.
+//!
+//! One pass:
+//! 1. Pending jobs are taken one at a time in [`Core::order`]: effective priority (aging raises
+//!    a waiting job one class per `aging` interval, up to `high`), then teams below their GPU
+//!    quota, then the team's weighted dominant share (DRF over GPUs and CPUs, with what this
+//!    pass launched counted), then the earliest deadline, then submission order.
+//! 2. A job whose gang fits the free offered resources (minus the reservation below) launches:
+//!    every member in the same pass, one accept per agent ([`gang::place_gang`]).
+//! 3. The first job that does not fit gets the **reservation** (one at a time, through
+//!    [`gang::Holds`], so two gangs never hold halves of the cluster): the agents and amounts its
+//!    gang would take once running tasks end are subtracted from what later jobs may use, and
+//!    the offers of those agents are held (not declined) while the hold lasts. Smaller jobs
+//!    still backfill on what is left, which cannot delay it.
+//! 4. A blocked `critical` or `high` job preempts: victims are running jobs of a lower class,
+//!    chosen agent by agent so that what they free forms the job's placement with what is free
+//!    (fewest GPUs killed, then fewest jobs); elastic gangs above their minimum shrink first.
+//!    Nothing is killed unless the whole job then fits, and a job launched in the same pass is
+//!    never a victim. Victims get SIGTERM (their wrapper writes the preemption file), a grace
+//!    period, then SIGKILL, and are requeued. Until the preemptor launches (at most a minute),
+//!    where it will go is reserved for it and no other preemption starts.
+//! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
+//! 6. Offers nobody can use are declined (offers held past the hold timeout too).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use gantry_sdk::placement::gang::{self, GangRequest, HoldPolicy, Holds};
+use gantry_sdk::placement::offers::{AgentView, FreeGpu, TaskRequest};
+use gantry_sdk::protocol::resources::MILLI;
+use gantry_sdk::protocol::*;
+
+use super::model::{JobSpec, JobState, JobView, MemberView, Priority, TeamConfig};
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Accept these offers (all of one agent) launching these tasks.
+    Launch {
+        /// The agent's offers.
+        offers: Vec<OfferId>,
+        /// The tasks.
+        tasks: Vec<TaskInfo>,
+    },
+    /// Decline offers for this many seconds.
+    Decline(Vec<OfferId>, f64),
+    /// Kill a task (SIGTERM, grace, SIGKILL).
+    Kill(TaskId),
+    /// Ask for offers again.
+    Revive,
+    /// Stop offers (nothing waits).
+    Suppress,
+}
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Team weights and GPU quotas.
+    pub teams: BTreeMap<String, TeamConfig>,
+    /// A waiting job rises one priority class per this much waiting (up to `high`).
+    pub aging: Duration,
+    /// How long the reservation holder may hold offers, and its backoff.
+    pub hold: HoldPolicy,
+    /// Offers unused for this long are declined.
+    pub offer_hold: Duration,
+    /// The file (in the task's sandbox) a preempted worker finds written at its warning.
+    pub preempt_file: String,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            teams: BTreeMap::new(),
+            aging: Duration::from_secs(300),
+            hold: HoldPolicy {
+                timeout: Duration::from_secs(60),
+                backoff_min: Duration::from_secs(2),
+                backoff_max: Duration::from_secs(30),
+            },
+            offer_hold: Duration::from_secs(20),
+            preempt_file: "gpu-queue-preempted".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    task_id: TaskId,
+    agent_id: AgentId,
+    hostname: String,
+    gpus: Vec<String>,
+    state: TaskState,
+    /// Killed on purpose (shrink or preemption).
+    killing: bool,
+    started: Instant,
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    id: u64,
+    spec: JobSpec,
+    state: JobState,
+    submitted: Instant,
+    /// Start of the current wait (submission, or the last requeue).
+    waiting_since: Instant,
+    /// Waiting time before the current wait.
+    waited: Duration,
+    preemptions: u32,
+    /// Being preempted (or requeued after losing a worker): every member killed, requeued
+    /// when all have ended.
+    preempting: bool,
+    /// The requeue is for a lost worker, not a preemption (not counted as one).
+    lost: bool,
+    members: BTreeMap<u32, Member>,
+    /// Members that finished successfully (the job finishes when none is left running).
+    finished_members: u32,
+    next_index: u32,
+    message: String,
+}
+
+impl Job {
+    fn running_members(&self) -> u32 {
+        self.members.len() as u32
+    }
+}
+
+/// Counters the metrics endpoint shows.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Preemptions (victim jobs requeued or shrunk members) so far.
+    pub preemptions: u64,
+    /// Waiting times of jobs that started, seconds.
+    pub waits: Vec<f64>,
+    /// GPU-seconds used per team.
+    pub gpu_secs: BTreeMap<String, f64>,
+    /// GPU-seconds during which GPUs were idle while a waiting job could have used them.
+    pub idle_while_eligible_gpu_secs: f64,
+    /// Seconds during which that happened at all.
+    pub idle_while_eligible_secs: f64,
+}
+
+/// The queue.
+pub struct Core {
+    config: CoreConfig,
+    jobs: BTreeMap<u64, Job>,
+    next_id: u64,
+    offers: BTreeMap<OfferId, (Offer, Instant)>,
+    tasks: HashMap<TaskId, (u64, u32)>,
+    /// What each agent has, as seen in offers plus our tasks there (for DRF and the
+    /// reservation): its id → (hostname, attributes, every GPU seen, capacity).
+    agents: BTreeMap<AgentId, KnownAgent>,
+    holds: Holds<u64>,
+    /// A preemption under way: the job it is for, where it will go (agent, amount, GPUs), and
+    /// when it started. Those amounts are reserved for it until it launches (or a minute
+    /// passes), and no other preemption starts meanwhile.
+    preempt_for: Option<(u64, Parts, Instant)>,
+    suppressed: bool,
+    last_tick: Option<Instant>,
+    /// Statistics.
+    pub stats: Stats,
+}
+
+#[derive(Debug, Clone)]
+struct KnownAgent {
+    hostname: String,
+    attributes: Attributes,
+    gpus: BTreeMap<String, FreeGpu>,
+    capacity: Resources,
+}
+
+fn member_resources(spec: &JobSpec) -> Resources {
+    Resources::new()
+        .with("cpus", spec.cpus)
+        .with("mem", spec.mem)
+        .with("gpus", f64::from(spec.gpus))
+}
+
+fn request(spec: &JobSpec) -> TaskRequest {
+    let mut t = TaskRequest::new(member_resources(spec));
+    t.gpu_selector = spec.selector();
+    t
+}
+
+impl Core {
+    /// An empty queue.
+    pub fn new(config: CoreConfig) -> Self {
+        let holds = Holds::new(config.hold);
+        Core {
+            config,
+            jobs: BTreeMap::new(),
+            next_id: 1,
+            offers: BTreeMap::new(),
+            tasks: HashMap::new(),
+            agents: BTreeMap::new(),
+            holds,
+            preempt_for: None,
+            suppressed: false,
+            last_tick: None,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Adds a job; returns its id.
+    pub fn submit(&mut self, spec: JobSpec, now: Instant) -> (u64, Vec<Action>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.jobs.insert(
+            id,
+            Job {
+                id,
+                spec,
+                state: JobState::Pending,
+                submitted: now,
+                waiting_since: now,
+                waited: Duration::ZERO,
+                preemptions: 0,
+                preempting: false,
+                lost: false,
+                members: BTreeMap::new(),
+                finished_members: 0,
+                next_index: 0,
+                message: String::new(),
+            },
+        );
+        let mut out = Vec::new();
+        if self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out.extend(self.pass(now));
+        (id, out)
+    }
+
+    /// Cancels a job (its tasks are killed). False when unknown or already ended.
+    pub fn cancel(&mut self, id: u64, now: Instant) -> Option<Vec<Action>> {
+        let job = self.jobs.get_mut(&id)?;
+        if job.state.is_terminal() {
+            return None;
+        }
+        job.state = JobState::Cancelled;
+        job.message = "cancelled".into();
+        let mut out: Vec<Action> = Vec::new();
+        for m in job.members.values_mut() {
+            m.killing = true;
+            out.push(Action::Kill(m.task_id));
+        }
+        self.holds.done(&id);
+        out.extend(self.pass(now));
+        Some(out)
+    }
+
+    /// New offers.
+    pub fn offers(&mut self, offers: Vec<Offer>, now: Instant) -> Vec<Action> {
+        for o in offers {
+            let known = self.agents.entry(o.agent_id).or_insert_with(|| KnownAgent {
+                hostname: o.hostname.clone(),
+                attributes: (*o.attributes).clone(),
+                gpus: BTreeMap::new(),
+                capacity: Resources::new(),
+            });
+            for g in o.gpus.iter().filter(|g| g.healthy) {
+                known.gpus.insert(g.uuid.clone(), FreeGpu::from(g));
+            }
+            self.offers.insert(o.id, (o, now));
+        }
+        self.pass(now)
+    }
+
+    /// An offer was rescinded.
+    pub fn rescinded(&mut self, id: OfferId) {
+        self.offers.remove(&id);
+    }
+
+    /// The connection dropped: the master rescinds our offers.
+    pub fn disconnected(&mut self) {
+        self.offers.clear();
+        self.suppressed = false;
+    }
+
+    /// Task ids of every member we believe is running (for reconciliation).
+    pub fn task_ids(&self) -> Vec<TaskId> {
+        self.tasks.keys().copied().collect()
+    }
+
+    /// A task's status changed.
+    pub fn update(&mut self, u: &StatusUpdate, now: Instant) -> Vec<Action> {
+        let Some(&(job_id, index)) = self.tasks.get(&u.task_id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return out;
+        };
+        let Some(m) = job.members.get_mut(&index) else {
+            return out;
+        };
+        if !u.gpus.is_empty() {
+            m.gpus = u.gpus.clone();
+        }
+        if u.state == TaskState::Running && m.state != TaskState::Running {
+            m.started = now;
+        }
+        m.state = u.state;
+        if !u.state.is_terminal() {
+            return out;
+        }
+        let killing = m.killing;
+        let gpus = m.gpus.len() as f64;
+        let ran = now.saturating_duration_since(m.started).as_secs_f64();
+        *self
+            .stats
+            .gpu_secs
+            .entry(job.spec.team.clone())
+            .or_default() += gpus * ran;
+        job.members.remove(&index);
+        self.tasks.remove(&u.task_id);
+        match (job.state, u.state) {
+            (JobState::Cancelled | JobState::Failed, _) => {}
+            (_, TaskState::Finished) => job.finished_members += 1,
+            _ if killing && !job.preempting => {
+                // A shrunk elastic member: the job goes on with the rest.
+                self.stats.preemptions += 1;
+            }
+            _ if killing => {}
+            (_, TaskState::Lost | TaskState::Killed) if !killing => {
+                // Lost with its agent (or killed by someone else): requeue the whole job.
+                job.preempting = true;
+                job.lost = true;
+                for m in job.members.values_mut() {
+                    m.killing = true;
+                    out.push(Action::Kill(m.task_id));
+                }
+                job.message = format!("worker {index} {}: {}; requeued", u.state, u.message);
+            }
+            _ => {
+                job.state = JobState::Failed;
+                job.message = format!("worker {index} {}: {}", u.state, u.message);
+                for m in job.members.values_mut() {
+                    m.killing = true;
+                    out.push(Action::Kill(m.task_id));
+                }
+            }
+        }
+        if job.members.is_empty() {
+            if job.preempting {
+                job.preempting = false;
+                job.state = JobState::Pending;
+                if !std::mem::take(&mut job.lost) {
+                    job.preemptions += 1;
+                    self.stats.preemptions += 1;
+                }
+                job.waiting_since = now;
+                job.next_index = 0;
+                job.finished_members = 0;
+            } else if job.state == JobState::Running {
+                job.state = JobState::Finished;
+            }
+        }
+        out.extend(self.pass(now));
+        out
+    }
+
+    /// Jobs not yet ended.
+    pub fn active_jobs(&self) -> usize {
+        self.jobs
+            .values()
+            .filter(|j| !j.state.is_terminal())
+            .count()
+    }
+
+    /// Forgets the oldest ended jobs beyond [`MAX_ENDED_JOBS`].
+    fn trim(&mut self) {
+        let ended: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_terminal() && j.members.is_empty())
+            .map(|j| j.id)
+            .collect();
+        for id in ended
+            .iter()
+            .take(ended.len().saturating_sub(MAX_ENDED_JOBS))
+        {
+            self.jobs.remove(id);
+        }
+    }
+
+    /// Periodic: statistics, hold timeouts, stale offers.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        self.trim();
+        let dt = self
+            .last_tick
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        self.last_tick = Some(now);
+        let idle = self.idle_while_eligible();
+        if idle > 0 {
+            self.stats.idle_while_eligible_gpu_secs += idle as f64 * dt.as_secs_f64();
+            self.stats.idle_while_eligible_secs += dt.as_secs_f64();
+        }
+        self.pass(now)
+    }
+
+    /// Free GPUs (capacity minus ours, assuming the cluster is ours) while a waiting job's gang
+    /// would fit in them, ignoring the reservation: how many sit idle. 0 when none would fit.
+    fn idle_while_eligible(&self) -> u64 {
+        let views = self.eventual_views(false);
+        let free: u64 = views.iter().map(AgentView::gpu_count).sum();
+        if free == 0 {
+            return 0;
+        }
+        let fits = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending)
+            .any(|j| gang::place_gang(&mut views.clone(), &gang_of(&j.spec)).is_some());
+        if fits {
+            free
+        } else {
+            0
+        }
+    }
+
+    /// Per known agent: its capacity minus what our members use, members being killed on
+    /// purpose counted as ended (they are about to end); with `all_end`, every member counted
+    /// as ended (what the agent will have once running work ends).
+    fn eventual_views(&self, all_end: bool) -> Vec<AgentView> {
+        let mut views: Vec<AgentView> = self
+            .agents
+            .iter()
+            .map(|(id, a)| AgentView {
+                agent_id: *id,
+                hostname: a.hostname.clone(),
+                offer_ids: Vec::new(),
+                resources: a.capacity.clone(),
+                attributes: a.attributes.clone(),
+                gpus: a.gpus.values().cloned().collect(),
+            })
+            .collect();
+        for job in self.jobs.values().filter(|_| !all_end) {
+            let res = member_resources(&job.spec);
+            for m in job.members.values().filter(|m| !m.killing) {
+                if let Some(v) = views.iter_mut().find(|v| v.agent_id == m.agent_id) {
+                    v.resources = v.resources.saturating_sub(&res);
+                    v.gpus.retain(|g| !m.gpus.contains(&g.uuid));
+                }
+            }
+        }
+        for v in &mut views {
+            v.gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
+        }
+        views
+    }
+
+    /// Whether members we killed on purpose (preemption, shrinking) have not ended yet.
+    fn kills_in_flight(&self) -> bool {
+        self.jobs
+            .values()
+            .any(|j| j.state == JobState::Running && j.members.values().any(|m| m.killing))
+    }
+
+    fn busy_gpus(&self) -> BTreeSet<(AgentId, String)> {
+        self.jobs
+            .values()
+            .flat_map(|j| j.members.values())
+            .flat_map(|m| m.gpus.iter().map(|g| (m.agent_id, g.clone())))
+            .collect()
+    }
+
+    fn team(&self, team: &str) -> TeamConfig {
+        self.config.teams.get(team).cloned().unwrap_or_default()
+    }
+
+    /// Effective priority class (aging).
+    fn effective(&self, job: &Job, now: Instant) -> Priority {
+        if job.spec.priority >= Priority::High || self.config.aging.is_zero() {
+            return job.spec.priority;
+        }
+        let waited = now.saturating_duration_since(job.waiting_since);
+        let steps = (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as u8;
+        Priority::from_rank(
+            job.spec
+                .priority
+                .rank()
+                .saturating_add(steps)
+                .min(Priority::High.rank()),
+        )
+    }
+
+    /// Team usage (GPUs, CPUs milli) of running members plus `extra`.
+    fn usage(&self, extra: &HashMap<String, (u64, u64)>) -> HashMap<String, (u64, u64)> {
+        let mut u = extra.clone();
+        for j in self.jobs.values() {
+            let e = u.entry(j.spec.team.clone()).or_default();
+            e.0 += u64::from(j.spec.gpus) * j.members.len() as u64;
+            e.1 += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
+        }
+        u
+    }
+
+    /// The order key of a pending job (smaller first); see the module documentation.
+    fn order_key(
+        &self,
+        job: &Job,
+        usage: &HashMap<String, (u64, u64)>,
+        totals: (u64, u64),
+        now: Instant,
+    ) -> (u8, bool, u64, u64, Instant, u64) {
+        let team = self.team(&job.spec.team);
+        let (g, c) = usage.get(&job.spec.team).copied().unwrap_or_default();
+        let over_quota = team
+            .gpu_quota
+            .is_some_and(|q| g + u64::from(job.spec.gpus) * u64::from(job.spec.min_workers) > q);
+        let share = |used: u64, total: u64| used as f64 / total.max(1) as f64;
+        let dominant = share(g, totals.0).max(share(c, totals.1)) / team.weight.max(1e-6);
+        (
+            u8::MAX - self.effective(job, now).rank(),
+            over_quota,
+            (dominant * 1e9) as u64,
+            job.spec.deadline_unix.unwrap_or(u64::MAX),
+            job.submitted,
+            job.id,
+        )
+    }
+
+    /// Pending jobs in scheduling order, as of now (usage counted as is).
+    pub fn order(&self, now: Instant) -> Vec<u64> {
+        let usage = self.usage(&HashMap::new());
+        let totals = self.totals();
+        let mut ids: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending)
+            .map(|j| j.id)
+            .collect();
+        ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, now));
+        ids
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        self.agents.values().fold((0, 0), |(g, c), a| {
+            (
+                g + a.capacity.milli("gpus") / MILLI,
+                c + a.capacity.milli("cpus"),
+            )
+        })
+    }
+
+    /// Learns agent capacities: offered now plus our members there (kept at the maximum seen).
+    fn learn_capacity(&mut self) {
+        let mut seen: BTreeMap<AgentId, Resources> = BTreeMap::new();
+        for (o, _) in self.offers.values() {
+            seen.entry(o.agent_id).or_default().add_assign(&o.total());
+        }
+        for j in self.jobs.values() {
+            let res = member_resources(&j.spec);
+            for m in j.members.values() {
+                seen.entry(m.agent_id).or_default().add_assign(&res);
+            }
+        }
+        for (id, r) in seen {
+            if let Some(a) = self.agents.get_mut(&id) {
+                let mut cap = a.capacity.clone();
+                for (name, milli) in r.iter() {
+                    if milli > cap.milli(name) {
+                        cap.set_milli(name, milli);
+                    }
+                }
+                a.capacity = cap;
+            }
+        }
+    }
+
+    /// One scheduling pass (see the module documentation).
+    pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        self.learn_capacity();
+        let busy = self.busy_gpus();
+        let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
+        let mut views =
+            AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
+        let totals = self.totals();
+        let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
+        let mut pending: BTreeSet<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending)
+            .map(|j| j.id)
+            .collect();
+        // Reservation: (job, per-agent amount and GPUs) subtracted for everyone else.
+        let mut reservation: Option<(u64, Parts)> = None;
+        let mut blocked: Vec<u64> = Vec::new();
+        // Jobs launched in this pass: never preempted in the same pass.
+        let mut started: BTreeSet<u64> = BTreeSet::new();
+        // Who may hold (the reservation): the first job, in order, that does not fit what is
+        // free now and is not backing off ([`Holds`]).
+        let not_fitting: Vec<u64> = self
+            .order(now)
+            .into_iter()
+            .filter(|id| {
+                gang::place_gang(&mut views.clone(), &gang_of(&self.jobs[id].spec)).is_none()
+            })
+            .collect();
+        let holder = self.holds.update(&not_fitting, now).holder;
+        if let Some((id, _, since)) = &self.preempt_for {
+            let pending = self
+                .jobs
+                .get(id)
+                .is_some_and(|j| j.state == JobState::Pending);
+            if !pending || now.saturating_duration_since(*since) > PREEMPT_RESERVATION {
+                self.preempt_for = None;
+            }
+        }
+        if let Some((id, parts, _)) = &self.preempt_for {
+            reservation = Some((*id, parts.clone()));
+        }
+        while !pending.is_empty() {
+            // Members launched earlier in this pass are already recorded in their jobs.
+            let usage = self.usage(&HashMap::new());
+            let Some(id) = pending
+                .iter()
+                .copied()
+                .min_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, now))
+            else {
+                break;
+            };
+            pending.remove(&id);
+            let spec = self.jobs[&id].spec.clone();
+            let gang = gang_of(&spec);
+            let mut avail = views.clone();
+            if let Some((holder, parts)) = &reservation {
+                if *holder != id {
+                    subtract(&mut avail, parts);
+                }
+            }
+            match gang::place_gang(&mut avail, &gang) {
+                Some(plan) => {
+                    for a in &plan.assignments {
+                        let agent = views[a.agent].agent_id;
+                        remove(&mut views, agent, &gang.member.resources, &a.gpus);
+                    }
+                    started.insert(id);
+                    let tasks = self.start(id, &plan, &avail_ids(&avail), now);
+                    for (agent, task) in tasks {
+                        launches.entry(agent).or_default().push(task);
+                    }
+                    if reservation.as_ref().is_some_and(|(h, _)| *h == id) {
+                        reservation = None;
+                    }
+                    self.holds.done(&id);
+                }
+                None => {
+                    blocked.push(id);
+                    if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
+                        reservation = self.reserve(id, &gang);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        // Launch: one accept per agent, every task of the pass on it.
+        let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
+        for (agent, tasks) in launches {
+            let Some(v) = views.get(agent) else { continue };
+            used_offers.extend(v.offer_ids.iter().copied());
+            out.push(Action::Launch {
+                offers: v.offer_ids.clone(),
+                tasks,
+            });
+        }
+        for id in &used_offers {
+            self.offers.remove(id);
+        }
+        // What was left on agents just accepted goes back to the master with the accept.
+        for v in &mut views {
+            if v.offer_ids.iter().any(|o| used_offers.contains(o)) {
+                v.resources = Resources::new();
+                v.gpus.clear();
+                v.offer_ids.clear();
+            }
+        }
+        // Preemption for the first blocked critical/high job, unless one is under way.
+        if !self.kills_in_flight() && self.preempt_for.is_none() {
+            if let Some(&id) = blocked
+                .iter()
+                .find(|id| self.jobs[id].spec.priority >= Priority::High)
+            {
+                out.extend(self.preempt(id, &views, &started, now));
+            }
+        }
+        // Elastic growth when nothing waits.
+        if blocked.is_empty() {
+            out.extend(self.grow(&mut views, now));
+        }
+        // Offers: hold those of reserved agents while the hold lasts, and fresh ones while
+        // work waits; decline the rest.
+        let reserved: BTreeSet<AgentId> = reservation
+            .iter()
+            .flat_map(|(_, parts)| parts.iter().map(|p| p.0))
+            .collect();
+        let waiting = !blocked.is_empty();
+        let mut decline = Vec::new();
+        for (id, (o, at)) in &self.offers {
+            if used_offers.contains(id) {
+                continue;
+            }
+            let stale = now.saturating_duration_since(*at) >= self.config.offer_hold;
+            let keep = reserved.contains(&o.agent_id) || (waiting && !stale);
+            if !keep {
+                decline.push(*id);
+            }
+        }
+        for id in &decline {
+            self.offers.remove(id);
+        }
+        if !decline.is_empty() {
+            out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
+        }
+        let active = self.jobs.values().any(|j| j.state == JobState::Pending);
+        let growing = self.jobs.values().any(|j| {
+            j.state == JobState::Running
+                && !j.preempting
+                && j.finished_members == 0
+                && j.running_members() < j.spec.max_workers
+        });
+        if !active && !growing && !self.suppressed {
+            self.suppressed = true;
+            out.push(Action::Suppress);
+        } else if (active || growing) && self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out
+    }
+
+    /// The reservation for blocked job `id`: where its gang goes once running jobs end (or,
+    /// while its preemption is under way, once its victims end).
+    fn reserve(&self, id: u64, gang: &GangRequest) -> Option<(u64, Parts)> {
+        // While kills are under way, what they free; else what every running job frees.
+        let mut eventual = self.eventual_views(!self.kills_in_flight());
+        let plan = gang::place_gang(
+            &mut eventual,
+            &GangRequest {
+                max: gang.min,
+                ..gang.clone()
+            },
+        )?;
+        let mut parts: Vec<(AgentId, Resources, Vec<String>)> = Vec::new();
+        for a in &plan.assignments {
+            let agent = eventual[a.agent].agent_id;
+            match parts.iter_mut().find(|p| p.0 == agent) {
+                Some(p) => {
+                    p.1.add_assign(&gang.member.resources);
+                    p.2.extend(a.gpus.iter().cloned());
+                }
+                None => parts.push((agent, gang.member.resources.clone(), a.gpus.clone())),
+            }
+        }
+        Some((id, parts))
+    }
+
+    /// Records a job's launch and builds its tasks: (agent index, task).
+    fn start(
+        &mut self,
+        id: u64,
+        plan: &gantry_sdk::placement::offers::Plan,
+        agents: &[(AgentId, String)],
+        now: Instant,
+    ) -> Vec<(usize, TaskInfo)> {
+        let preempt_file = self.config.preempt_file.clone();
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Vec::new();
+        };
+        let first = job.state == JobState::Pending;
+        if first {
+            job.state = JobState::Running;
+            job.waited += now.saturating_duration_since(job.waiting_since);
+            self.stats.waits.push(job.waited.as_secs_f64());
+        }
+        let workers = if first {
+            plan.assignments.len() as u32
+        } else {
+            job.running_members() + plan.assignments.len() as u32
+        };
+        let mut out = Vec::new();
+        for a in &plan.assignments {
+            let index = job.next_index;
+            job.next_index += 1;
+            let task_id = TaskId::random();
+            let (agent_id, hostname) = agents
+                .get(a.agent)
+                .cloned()
+                .unwrap_or((AgentId::random(), String::new()));
+            let mut env = job.spec.env.clone();
+            env.insert("GPU_QUEUE_JOB".into(), job.spec.name.clone());
+            env.insert("GPU_QUEUE_JOB_ID".into(), id.to_string());
+            env.insert("GPU_QUEUE_WORKER_INDEX".into(), index.to_string());
+            env.insert("GPU_QUEUE_WORKERS".into(), workers.to_string());
+            env.insert("GPU_QUEUE_PREEMPTIONS".into(), job.preemptions.to_string());
+            env.insert("GPU_QUEUE_PREEMPT_FILE".into(), preempt_file.clone());
+            env.insert(
+                "GPU_QUEUE_GRACE_SECS".into(),
+                job.spec.grace_secs.to_string(),
+            );
+            let task = TaskInfo {
+                task_id,
+                name: format!("{}/{index}", job.spec.name),
+                command: wrap(&job.spec.command_info()),
+                resources: member_resources(&job.spec),
+                env,
+                kill_grace_secs: Some(job.spec.grace_secs),
+                gpu_selector: job.spec.selector(),
+            };
+            job.members.insert(
+                index,
+                Member {
+                    task_id,
+                    agent_id,
+                    hostname,
+                    gpus: a.gpus.clone(),
+                    state: TaskState::Staging,
+                    killing: false,
+                    started: now,
+                },
+            );
+            self.tasks.insert(task_id, (id, index));
+            out.push((a.agent, task));
+        }
+        out
+    }
+
+    /// Grows running elastic gangs on what is free (launches on the remaining offers).
+    fn grow(&mut self, views: &mut Vec<AgentView>, now: Instant) -> Vec<Action> {
+        let ids: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                j.state == JobState::Running
+                    && !j.preempting
+                    && j.finished_members == 0
+                    && j.running_members() < j.spec.max_workers
+            })
+            .map(|j| j.id)
+            .collect();
+        let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
+        for id in ids {
+            let job = &self.jobs[&id];
+            let member = request(&job.spec);
+            let plan = gang::grow(views, &member, job.running_members(), job.spec.max_workers);
+            if plan.assignments.is_empty() {
+                continue;
+            }
+            for (agent, task) in self.start(id, &plan, &avail_ids(views), now) {
+                launches.entry(agent).or_default().push(task);
+            }
+        }
+        let mut out = Vec::new();
+        for (agent, tasks) in launches {
+            let Some(v) = views.get(agent) else { continue };
+            for o in &v.offer_ids {
+                self.offers.remove(o);
+            }
+            out.push(Action::Launch {
+                offers: v.offer_ids.clone(),
+                tasks,
+            });
+        }
+        out
+    }
+
+    /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
+    fn preempt(
+        &mut self,
+        id: u64,
+        free: &[AgentView],
+        started: &BTreeSet<u64>,
+        now: Instant,
+    ) -> Vec<Action> {
+        let spec = self.jobs[&id].spec.clone();
+        let member = request(&spec);
+        // Victim units: an elastic gang's members above its minimum one by one (highest index
+        // first), else whole jobs. (job, members, priority).
+        let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
+        for j in self.jobs.values() {
+            if j.state != JobState::Running
+                || j.preempting
+                || j.spec.priority >= spec.priority
+                || started.contains(&j.id)
+            {
+                continue;
+            }
+            let n = j.running_members();
+            let extra = gang::shrink_order(n, j.spec.min_workers, n);
+            for &i in &extra {
+                if j.members.contains_key(&i) {
+                    units.push((j.id, vec![i], j.spec.priority));
+                }
+            }
+            units.push((j.id, j.members.keys().copied().collect(), j.spec.priority));
+        }
+        // Free views for every known agent (agents without offers have nothing free).
+        let mut work: Vec<AgentView> = self
+            .agents
+            .iter()
+            .map(|(aid, a)| {
+                free.iter()
+                    .find(|v| v.agent_id == *aid)
+                    .cloned()
+                    .unwrap_or(AgentView {
+                        agent_id: *aid,
+                        hostname: a.hostname.clone(),
+                        offer_ids: Vec::new(),
+                        resources: Resources::new(),
+                        attributes: a.attributes.clone(),
+                        gpus: Vec::new(),
+                    })
+            })
+            .collect();
+        let mut chosen: Vec<usize> = Vec::new();
+        // Members already counted as freed (a whole-job unit after some of its members were
+        // picked one by one adds only the rest).
+        let mut covered: BTreeSet<(u64, u32)> = BTreeSet::new();
+        let mut parts: Parts = Vec::new();
+        let reserve = |parts: &mut Parts, agent: AgentId, gpus: Vec<String>| match parts
+            .iter_mut()
+            .find(|p| p.0 == agent)
+        {
+            Some(p) => {
+                p.1.add_assign(&member.resources);
+                p.2.extend(gpus);
+            }
+            None => parts.push((agent, member.resources.clone(), gpus)),
+        };
+        for _ in 0..spec.min_workers.max(1) {
+            if let Some(c) = gantry_sdk::placement::offers::place_one(&work, &member) {
+                let agent = work[c.agent].agent_id;
+                let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
+                reserve(&mut parts, agent, gpus);
+                continue;
+            }
+            // Per agent: add units (lowest class, then fewest GPUs) until the member fits.
+            let mut best: Option<((u64, usize), usize, Vec<usize>)> = None;
+            for (ai, view) in work.iter().enumerate() {
+                let mut trial = view.clone();
+                let mut picked = Vec::new();
+                let mut order: Vec<usize> = (0..units.len())
+                    .filter(|u| {
+                        !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0
+                    })
+                    .collect();
+                order.sort_by_key(|&u| {
+                    (
+                        units[u].2,
+                        self.unit_on(&units[u], view.agent_id).1.milli("gpus"),
+                        units[u].1.len(),
+                    )
+                });
+                let mut fits =
+                    gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                let mut counted = covered.clone();
+                for u in order {
+                    if fits {
+                        break;
+                    }
+                    let rest = rest_of(&units[u], &counted);
+                    let (n, res, gpus) = self.unit_on(&rest, view.agent_id);
+                    if n == 0 {
+                        continue;
+                    }
+                    counted.extend(rest.1.iter().map(|&i| (rest.0, i)));
+                    trial.resources.add_assign(&res);
+                    for g in gpus {
+                        if let Some(info) =
+                            self.agents.get(&view.agent_id).and_then(|a| a.gpus.get(&g))
+                        {
+                            if !trial.gpus.iter().any(|x| x.uuid == g) {
+                                trial.gpus.push(info.clone());
+                            }
+                        }
+                    }
+                    picked.push(u);
+                    fits = gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                }
+                if !fits || picked.is_empty() {
+                    continue;
+                }
+                let cost: u64 = picked.iter().map(|&u| self.unit_gpus(&units[u])).sum();
+                let key = (cost, picked.len());
+                if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
+                    best = Some((key, ai, picked));
+                }
+            }
+            let Some((_, ai, picked)) = best else {
+                return Vec::new(); // cannot be made to fit: kill nobody
+            };
+            // Apply: the picked units' resources on that agent join its free view, then the
+            // member takes its share.
+            for &u in &picked {
+                let rest = rest_of(&units[u], &covered);
+                let (_, res, gpus) = self.unit_on(&rest, work[ai].agent_id);
+                covered.extend(rest.1.iter().map(|&i| (rest.0, i)));
+                work[ai].resources.add_assign(&res);
+                for g in gpus {
+                    if let Some(info) = self
+                        .agents
+                        .get(&work[ai].agent_id)
+                        .and_then(|a| a.gpus.get(&g))
+                    {
+                        work[ai].gpus.push(info.clone());
+                    }
+                }
+                chosen.push(u);
+            }
+            work[ai]
+                .gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
+            let Some(c) = gantry_sdk::placement::offers::evaluate(ai, &work[ai], &member) else {
+                return Vec::new();
+            };
+            let agent = work[ai].agent_id;
+            let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
+            reserve(&mut parts, agent, gpus);
+        }
+        if chosen.is_empty() {
+            return Vec::new();
+        }
+        self.preempt_for = Some((id, parts, now));
+        // Kill the chosen units: whole jobs are requeued when their members end; single
+        // members of elastic gangs just stop.
+        let mut out = Vec::new();
+        let mut whole: BTreeSet<u64> = BTreeSet::new();
+        for &u in &chosen {
+            let (job_id, members, _) = &units[u];
+            let Some(job) = self.jobs.get_mut(job_id) else {
+                continue;
+            };
+            // The whole-job unit lists every member; shrink units one member of a larger gang.
+            if members.len() as u32 == job.running_members() {
+                whole.insert(*job_id);
+            }
+            for i in members {
+                if let Some(m) = job.members.get_mut(i) {
+                    if !m.killing {
+                        m.killing = true;
+                        out.push(Action::Kill(m.task_id));
+                    }
+                }
+            }
+        }
+        for job_id in whole {
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                job.preempting = true;
+                job.message = format!("preempted for job {id}");
+                for m in job.members.values_mut() {
+                    if !m.killing {
+                        m.killing = true;
+                        out.push(Action::Kill(m.task_id));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A unit's members on `agent`: (count, resources, GPUs).
+    fn unit_on(
+        &self,
+        unit: &(u64, Vec<u32>, Priority),
+        agent: AgentId,
+    ) -> (usize, Resources, Vec<String>) {
+        let Some(job) = self.jobs.get(&unit.0) else {
+            return (0, Resources::new(), Vec::new());
+        };
+        let res = member_resources(&job.spec);
+        let mut total = Resources::new();
+        let mut gpus = Vec::new();
+        let mut n = 0;
+        for i in &unit.1 {
+            if let Some(m) = job.members.get(i).filter(|m| m.agent_id == agent) {
+                n += 1;
+                total.add_assign(&res);
+                gpus.extend(m.gpus.iter().cloned());
+            }
+        }
+        (n, total, gpus)
+    }
+
+    fn unit_gpus(&self, unit: &(u64, Vec<u32>, Priority)) -> u64 {
+        self.jobs
+            .get(&unit.0)
+            .map_or(0, |j| u64::from(j.spec.gpus) * unit.1.len() as u64)
+    }
+
+    /// Every job, for the API.
+    pub fn views(&self, now: Instant) -> Vec<JobView> {
+        self.jobs.values().map(|j| self.view_of(j, now)).collect()
+    }
+
+    /// One job, for the API.
+    pub fn view(&self, id: u64, now: Instant) -> Option<JobView> {
+        self.jobs.get(&id).map(|j| self.view_of(j, now))
+    }
+
+    fn view_of(&self, j: &Job, now: Instant) -> JobView {
+        let waiting = if j.state == JobState::Pending {
+            now.saturating_duration_since(j.waiting_since)
+        } else {
+            Duration::ZERO
+        };
+        let mut agents: Vec<String> = j.members.values().map(|m| m.hostname.clone()).collect();
+        agents.sort();
+        agents.dedup();
+        JobView {
+            id: j.id,
+            name: j.spec.name.clone(),
+            team: j.spec.team.clone(),
+            priority: j.spec.priority,
+            effective_priority: self.effective(j, now),
+            state: j.state,
+            workers: j.running_members(),
+            min_workers: j.spec.min_workers,
+            max_workers: j.spec.max_workers,
+            gpus_per_worker: j.spec.gpus,
+            preemptions: j.preemptions,
+            waited_secs: (j.waited + waiting).as_secs_f64(),
+            deadline_unix: j.spec.deadline_unix,
+            agents,
+            members: j
+                .members
+                .iter()
+                .map(|(i, m)| MemberView {
+                    index: *i,
+                    task: format!("{}/{i}", j.spec.name),
+                    task_id: m.task_id.to_string(),
+                    agent: m.hostname.clone(),
+                    gpus: m.gpus.clone(),
+                    state: m.state.as_str().to_string(),
+                })
+                .collect(),
+            message: j.message.clone(),
+            age_secs: now.saturating_duration_since(j.submitted).as_secs_f64(),
+        }
+    }
+
+    /// Pending jobs per (team, priority).
+    pub fn depth(&self) -> BTreeMap<(String, Priority), u64> {
+        let mut d = BTreeMap::new();
+        for j in self.jobs.values().filter(|j| j.state == JobState::Pending) {
+            *d.entry((j.spec.team.clone(), j.spec.priority)).or_default() += 1;
+        }
+        d
+    }
+
+    /// GPU-seconds per team so far, running members included.
+    pub fn gpu_secs(&self, now: Instant) -> BTreeMap<String, f64> {
+        let mut out = self.stats.gpu_secs.clone();
+        for j in self.jobs.values() {
+            for m in j.members.values().filter(|m| m.state == TaskState::Running) {
+                *out.entry(j.spec.team.clone()).or_default() +=
+                    m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
+            }
+        }
+        out
+    }
+}
+
+/// A victim unit without the members already in `covered`.
+fn rest_of(
+    unit: &(u64, Vec<u32>, Priority),
+    covered: &BTreeSet<(u64, u32)>,
+) -> (u64, Vec<u32>, Priority) {
+    let members = unit
+        .1
+        .iter()
+        .copied()
+        .filter(|&i| !covered.contains(&(unit.0, i)))
+        .collect();
+    (unit.0, members, unit.2)
+}
+
+/// Per agent: the amount and GPUs reserved there.
+type Parts = Vec<(AgentId, Resources, Vec<String>)>;
+
+/// Ended jobs kept for the API (the oldest are forgotten first).
+pub const MAX_ENDED_JOBS: usize = 10_000;
+
+/// How long a preemption's reservation lasts at most.
+const PREEMPT_RESERVATION: Duration = Duration::from_secs(60);
+
+fn gang_of(spec: &JobSpec) -> GangRequest {
+    GangRequest {
+        member: request(spec),
+        min: spec.min_workers.max(1),
+        max: spec.max_workers.max(spec.min_workers.max(1)),
+    }
+}
+
+fn avail_ids(views: &[AgentView]) -> Vec<(AgentId, String)> {
+    views
+        .iter()
+        .map(|v| (v.agent_id, v.hostname.clone()))
+        .collect()
+}
+
+/// Removes `res` and the GPUs `uuids` from the view of `agent`.
+fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, uuids: &[String]) {
+    if let Some(v) = views.iter_mut().find(|v| v.agent_id == agent) {
+        v.resources = v.resources.saturating_sub(res);
+        v.gpus.retain(|g| !uuids.contains(&g.uuid));
+    }
+}
+
+fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]) {
+    for (agent, res, gpus) in parts {
+        remove(views, *agent, res, gpus);
+    }
+}
+
+/// The worker's command under a small `sh` wrapper: on SIGTERM (the preemption or cancel
+/// warning, sent to the whole process group) it writes `$GPU_QUEUE_PREEMPT_FILE` in the
+/// sandbox, then waits for the job, whose exit status it returns.
+fn wrap(command: &CommandInfo) -> CommandInfo {
+    const SCRIPT: &str = r#"trap 'echo "$(date +%s) SIGTERM: checkpoint now" > "$GPU_QUEUE_PREEMPT_FILE"' TERM
+"$@" &
+child=$!
+wait "$child"; status=$?
+if [ -f "$GPU_QUEUE_PREEMPT_FILE" ]; then wait "$child"; status=$?; fi
+exit "$status""#;
+    let mut argv = vec![
+        "/bin/sh".to_string(),
+        "-c".into(),
+        SCRIPT.into(),
+        "gpu-queue-worker".into(),
+    ];
+    match &command.program {
+        Program::Shell(s) => argv.extend(["/bin/sh".to_string(), "-c".into(), s.clone()]),
+        Program::Argv(v) => argv.extend(v.iter().cloned()),
+    }
+    CommandInfo {
+        program: Program::Argv(argv),
+        user: command.user.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,674 @@
+//! The queue core without a cluster: offers in, actions out.
+
+use super::*;
+
+fn gpus(agent: u32) -> Vec<GpuInfo> {
+    (0..8)
+        .map(|i| GpuInfo {
+            uuid: format!("GPU-{agent}-{i}"),
+            name: if i < 4 { "NVIDIA A100" } else { "NVIDIA H100" }.into(),
+            memory_mib: 40960,
+            compute_capability: (8, 0),
+            minor: i,
+            pci_bus_id: format!("0000:{i:02x}:00.0"),
+            numa_node: Some(i / 4),
+            healthy: true,
+        })
+        .collect()
+}
+
+struct Cluster {
+    agents: Vec<AgentId>,
+}
+
+impl Cluster {
+    fn new(n: u32) -> Self {
+        Cluster {
+            agents: (0..n).map(|_| AgentId::random()).collect(),
+        }
+    }
+    /// One offer per agent with `free` GPUs (the first ones busy).
+    fn offers(&self, free: &[u32]) -> Vec<Offer> {
+        self.agents
+            .iter()
+            .zip(free)
+            .enumerate()
+            .map(|(i, (a, &f))| Offer {
+                id: OfferId::random(),
+                framework_id: FrameworkId::random(),
+                agent_id: *a,
+                hostname: format!("h{i}"),
+                role: "default".into(),
+                resources: format!("cpus:{f};mem:{};gpus:{f}", f * 1024)
+                    .parse()
+                    .unwrap(),
+                reserved: Default::default(),
+                attributes: Default::default(),
+                gpus: gpus(i as u32).into(),
+            })
+            .collect()
+    }
+}
+
+fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u32) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        team: team.into(),
+        priority: prio,
+        command: vec!["sleep 1".into()],
+        cpus: 1.0,
+        mem: 64.0,
+        gpus,
+        gpu_model: None,
+        gpu_min_memory: None,
+        min_workers: workers,
+        max_workers: workers,
+        deadline_unix: None,
+        grace_secs: 5,
+        env: Default::default(),
+    }
+}
+
+fn launched(actions: &[Action]) -> Vec<TaskInfo> {
+    actions
+        .iter()
+        .flat_map(|a| match a {
+            Action::Launch { tasks, .. } => tasks.clone(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn update(task: &TaskInfo, state: TaskState, gpus: Vec<String>) -> StatusUpdate {
+    StatusUpdate {
+        update_id: UpdateId::random(),
+        task_id: task.task_id,
+        framework_id: FrameworkId::random(),
+        agent_id: None,
+        state,
+        source: UpdateSource::Agent,
+        reason: None,
+        message: String::new(),
+        exit_code: None,
+        signal: None,
+        gpus,
+        timestamp_ms: 0,
+        reconciliation: false,
+    }
+}
+
+#[test]
+fn a_gang_launches_whole_in_one_pass_or_waits() {
+    let c = Cluster::new(2);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    q.submit(spec("g", "t", Priority::Normal, 8, 2), now);
+    // Only one agent idle: nothing launches.
+    let a = q.offers(c.offers(&[8, 4])[..1].to_vec(), now);
+    assert!(launched(&a).is_empty(), "{a:?}");
+    let a = q.offers(c.offers(&[0, 8])[1..].to_vec(), now);
+    let tasks = launched(&a);
+    let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["g/0", "g/1"]);
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a, Action::Launch { .. }))
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn backfill_never_takes_the_reserved_gpus() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    // A running 4-GPU job, then an 8-GPU job that must wait, then small jobs.
+    q.submit(spec("run", "t", Priority::Normal, 4, 1), now);
+    let a = q.offers(c.offers(&[8]), now);
+    let run = launched(&a).remove(0);
+    q.update(
+        &update(
+            &run,
+            TaskState::Running,
+            vec![
+                "GPU-0-0".into(),
+                "GPU-0-1".into(),
+                "GPU-0-2".into(),
+                "GPU-0-3".into(),
+            ],
+        ),
+        now,
+    );
+    q.submit(spec("big", "t", Priority::Normal, 8, 1), now);
+    q.submit(spec("small", "t", Priority::Normal, 1, 1), now);
+    let mut offer = c.offers(&[4]);
+    offer[0].gpus = offer[0]
+        .gpus
+        .iter()
+        .filter(|g| g.numa_node == Some(1))
+        .cloned()
+        .collect();
+    let a = q.offers(offer, now);
+    assert!(
+        launched(&a).is_empty(),
+        "the free GPUs are reserved for big: {a:?}"
+    );
+    // When the 4-GPU job ends, big starts; small follows later.
+    let a = q.update(&update(&run, TaskState::Finished, vec![]), now);
+    assert!(launched(&a).is_empty());
+    let a = q.offers(c.offers(&[4]), now);
+    let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["big/0"]);
+}
+
+#[test]
+fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
+    let c = Cluster::new(2);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    for i in 0..16 {
+        q.submit(
+            spec(&format!("p{i}"), "r", Priority::Preemptible, 1, 1),
+            now,
+        );
+    }
+    let offers = c.offers(&[8, 8]);
+    let a = q.offers(offers.clone(), now);
+    let tasks = launched(&a);
+    assert_eq!(tasks.len(), 16);
+    // Tell the core which GPU each got.
+    let mut per_agent: BTreeMap<usize, u32> = BTreeMap::new();
+    for a in &a {
+        if let Action::Launch { offers: ids, tasks } = a {
+            let agent = offers.iter().position(|o| o.id == ids[0]).unwrap();
+            for t in tasks {
+                let n = per_agent.entry(agent).or_default();
+                q.update(
+                    &update(t, TaskState::Running, vec![format!("GPU-{agent}-{n}")]),
+                    now,
+                );
+                *n += 1;
+            }
+        }
+    }
+    let (_, a) = q.submit(spec("urgent", "p", Priority::Critical, 8, 1), now);
+    let kills: Vec<TaskId> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Kill(t) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kills.len(), 8, "{a:?}");
+    let agents: BTreeSet<AgentId> = kills
+        .iter()
+        .map(|t| {
+            let (job, idx) = q.tasks[t];
+            q.jobs[&job].members[&idx].agent_id
+        })
+        .collect();
+    assert_eq!(agents.len(), 1, "victims on one agent");
+    // A high job arriving meanwhile does not cause more kills while these are under way.
+    let (_, a) = q.submit(spec("other", "p", Priority::High, 8, 1), now);
+    assert!(!a.iter().any(|a| matches!(a, Action::Kill(_))));
+    // Victims end: they are requeued, and urgent goes first on the freed agent.
+    let victims: Vec<TaskInfo> = tasks
+        .iter()
+        .filter(|t| kills.contains(&t.task_id))
+        .cloned()
+        .collect();
+    for v in &victims {
+        q.update(&update(v, TaskState::Killed, vec![]), now);
+    }
+    let agent = *agents.iter().next().unwrap();
+    let idx = c.agents.iter().position(|a| *a == agent).unwrap();
+    let mut free = [0, 0];
+    free[idx] = 8;
+    let offers: Vec<Offer> = c
+        .offers(&free)
+        .into_iter()
+        .filter(|o| o.agent_id == agent)
+        .collect();
+    let a = q.offers(offers, now);
+    let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["urgent/0"]);
+    let requeued = q
+        .views(now)
+        .into_iter()
+        .filter(|j| j.preemptions == 1 && j.state == JobState::Pending)
+        .count();
+    assert_eq!(requeued, 8);
+}
+
+#[test]
+fn teams_are_ordered_by_weighted_share_and_priority_first() {
+    let c = Cluster::new(1);
+    let mut teams = BTreeMap::new();
+    teams.insert(
+        "a".to_string(),
+        TeamConfig {
+            weight: 3.0,
+            gpu_quota: None,
+        },
+    );
+    teams.insert(
+        "b".to_string(),
+        TeamConfig {
+            weight: 1.0,
+            gpu_quota: None,
+        },
+    );
+    let mut q = Core::new(CoreConfig {
+        teams,
+        ..Default::default()
+    });
+    let now = Instant::now();
+    for i in 0..8 {
+        q.submit(spec(&format!("a{i}"), "a", Priority::Normal, 1, 1), now);
+        q.submit(spec(&format!("b{i}"), "b", Priority::Normal, 1, 1), now);
+    }
+    q.submit(spec("hi", "b", Priority::High, 1, 1), now);
+    let a = q.offers(c.offers(&[8]), now);
+    let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
+    assert_eq!(names.len(), 8);
+    assert_eq!(names[0], "hi/0");
+    let from_a = names.iter().filter(|n| n.starts_with('a')).count();
+    assert!((4..=6).contains(&from_a), "3:1 weights: {names:?}");
+}
+
+#[test]
+fn aging_and_deadlines_order_the_queue() {
+    let mut q = Core::new(CoreConfig {
+        aging: Duration::from_secs(60),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let (low, _) = q.submit(spec("old-low", "t", Priority::Low, 1, 1), t0);
+    let later = t0 + Duration::from_secs(30);
+    let (normal, _) = q.submit(spec("normal", "t", Priority::Normal, 1, 1), later);
+    let mut dl = spec("deadline", "t", Priority::Normal, 1, 1);
+    dl.deadline_unix = Some(1);
+    let (deadline, _) = q.submit(dl, later);
+    assert_eq!(q.order(later), [deadline, normal, low]);
+    // After 60 s of waiting the low job counts as normal; it is older, but the deadline
+    // still goes first.
+    let t2 = t0 + Duration::from_secs(61);
+    assert_eq!(q.order(t2), [deadline, low, normal]);
+    // 180 s: high (aging stops there).
+    let t3 = t0 + Duration::from_secs(180);
+    assert_eq!(q.view(low, t3).unwrap().effective_priority, Priority::High);
+    assert_eq!(
+        q.view(low, t0 + Duration::from_secs(10_000))
+            .unwrap()
+            .effective_priority,
+        Priority::High
+    );
+}
+
+#[test]
+fn teams_within_quota_go_before_borrowers() {
+    let mut teams = BTreeMap::new();
+    teams.insert(
+        "big".to_string(),
+        TeamConfig {
+            weight: 10.0,
+            gpu_quota: Some(2),
+        },
+    );
+    teams.insert(
+        "small".to_string(),
+        TeamConfig {
+            weight: 1.0,
+            gpu_quota: Some(8),
+        },
+    );
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        teams,
+        ..Default::default()
+    });
+    let now = Instant::now();
+    for i in 0..6 {
+        q.submit(spec(&format!("big{i}"), "big", Priority::Normal, 1, 1), now);
+    }
+    for i in 0..3 {
+        q.submit(
+            spec(&format!("small{i}"), "small", Priority::Normal, 1, 1),
+            now,
+        );
+    }
+    let a = q.offers(c.offers(&[8]), now);
+    let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
+    // Weighted DRF alternates while both are within quota; once big holds its quota of 2, the
+    // rest of small (within its quota) goes first, then big borrows what is left.
+    assert_eq!(names.len(), 8);
+    let small_at: Vec<usize> = names
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.starts_with("small"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(small_at, [1, 3, 4], "{names:?}");
+}
+
+#[test]
+fn elastic_gang_starts_with_what_fits_grows_and_shrinks_for_a_critical_job() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let mut e = spec("ddp", "t", Priority::Low, 2, 1);
+    e.min_workers = 1;
+    e.max_workers = 4;
+    q.submit(e, now);
+    let a = q.offers(c.offers(&[4]), now);
+    let first = launched(&a);
+    assert_eq!(first.len(), 2, "as many as fit");
+    for (i, t) in first.iter().enumerate() {
+        q.update(
+            &update(
+                t,
+                TaskState::Running,
+                vec![format!("GPU-0-{}", 2 * i), format!("GPU-0-{}", 2 * i + 1)],
+            ),
+            now,
+        );
+    }
+    // More GPUs appear (the agent's other NUMA node): the gang grows to four.
+    let mut more = c.offers(&[4]);
+    more[0].gpus = more[0]
+        .gpus
+        .iter()
+        .filter(|g| g.numa_node == Some(1))
+        .cloned()
+        .collect();
+    let a = q.offers(more, now);
+    let grown = launched(&a);
+    assert_eq!(
+        grown.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["ddp/2", "ddp/3"]
+    );
+    for (i, t) in grown.iter().enumerate() {
+        q.update(
+            &update(
+                t,
+                TaskState::Running,
+                vec![
+                    format!("GPU-0-{}", 4 + 2 * i),
+                    format!("GPU-0-{}", 5 + 2 * i),
+                ],
+            ),
+            now,
+        );
+    }
+    // A critical 4-GPU job: the gang shrinks by its last two members, and is not requeued.
+    let (_, a) = q.submit(spec("urgent", "p", Priority::Critical, 4, 1), now);
+    let kills: Vec<TaskId> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Kill(t) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    let killed: Vec<String> = grown
+        .iter()
+        .chain(&first)
+        .filter(|t| kills.contains(&t.task_id))
+        .map(|t| t.name.clone())
+        .collect();
+    assert_eq!(killed.len(), 2, "{killed:?}");
+    assert!(
+        killed
+            .iter()
+            .all(|n| n == "ddp/2" || n == "ddp/3" || n == "ddp/1"),
+        "{killed:?}"
+    );
+    assert!(!killed.contains(&"ddp/0".to_string()));
+    for t in grown
+        .iter()
+        .chain(&first)
+        .filter(|t| kills.contains(&t.task_id))
+    {
+        q.update(&update(t, TaskState::Killed, vec![]), now);
+    }
+    let ddp = q.views(now).into_iter().find(|j| j.name == "ddp").unwrap();
+    assert_eq!(
+        (ddp.state, ddp.workers, ddp.preemptions),
+        (JobState::Running, 2, 0)
+    );
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    enum Ev {
+        Submit {
+            gpus: u32,
+            min: u32,
+            extra: u32,
+            prio: u8,
+        },
+        Offer(usize),
+        Finish(usize),
+        Tick(u64),
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            (1u32..=8, 1u32..=3, 0u32..=1, 0u8..5).prop_map(|(gpus, min, extra, prio)| {
+                Ev::Submit {
+                    gpus,
+                    min,
+                    extra,
+                    prio,
+                }
+            }),
+            (0usize..3).prop_map(Ev::Offer),
+            (0usize..8).prop_map(Ev::Finish),
+            (0u64..90).prop_map(Ev::Tick),
+        ]
+    }
+
+    /// A three-agent, 8-GPU cluster the core talks to, checking every action it returns.
+    struct Sim {
+        agents: Vec<AgentId>,
+        busy: Vec<Vec<bool>>,
+        cpus_used: Vec<u64>,
+        offered: HashMap<OfferId, usize>,
+        running: BTreeMap<TaskId, (usize, Vec<usize>, String)>,
+        jobs: HashMap<String, (u32, u32)>,
+        alive: HashMap<String, u32>,
+        now: Instant,
+    }
+
+    impl Sim {
+        fn offer(&mut self, a: usize) -> Option<Offer> {
+            if self.offered.values().any(|&x| x == a) {
+                return None;
+            }
+            let free = self.busy[a].iter().filter(|b| !**b).count() as u64;
+            let id = OfferId::random();
+            self.offered.insert(id, a);
+            Some(Offer {
+                id,
+                framework_id: FrameworkId::random(),
+                agent_id: self.agents[a],
+                hostname: format!("h{a}"),
+                role: "default".into(),
+                resources: format!("cpus:{};mem:65536;gpus:{free}", 64 - self.cpus_used[a])
+                    .parse()
+                    .unwrap(),
+                reserved: Default::default(),
+                attributes: Default::default(),
+                gpus: gpus(a as u32).into(),
+            })
+        }
+
+        /// Applies actions; returns the updates they cause. Panics (fails the property) on a
+        /// launch the offers do not cover or a partial gang.
+        fn apply(&mut self, actions: Vec<Action>) -> Vec<StatusUpdate> {
+            let mut ups = Vec::new();
+            let mut per_job: HashMap<String, (u32, u32)> = HashMap::new();
+            for a in actions {
+                match a {
+                    Action::Launch { offers, tasks } => {
+                        let agents: BTreeSet<usize> = offers
+                            .iter()
+                            .map(|o| self.offered.remove(o).expect("unknown offer"))
+                            .collect();
+                        assert_eq!(agents.len(), 1, "an accept spans agents");
+                        let a = *agents.iter().next().unwrap();
+                        for t in tasks {
+                            let k = (t.resources.milli("gpus") / 1000) as usize;
+                            let free: Vec<usize> =
+                                (0..8).filter(|&i| !self.busy[a][i]).take(k).collect();
+                            assert_eq!(free.len(), k, "launch beyond the offer on h{a}");
+                            assert!(self.cpus_used[a] < 64, "CPU over-commit");
+                            for &i in &free {
+                                self.busy[a][i] = true;
+                            }
+                            self.cpus_used[a] += 1;
+                            let job = t.name.rsplit_once('/').unwrap().0.to_string();
+                            let alive = self.alive.entry(job.clone()).or_default();
+                            per_job.entry(job.clone()).or_insert((*alive, 0)).1 += 1;
+                            *alive += 1;
+                            let mut u = update(
+                                &t,
+                                TaskState::Running,
+                                free.iter().map(|i| format!("GPU-{a}-{i}")).collect(),
+                            );
+                            u.agent_id = Some(self.agents[a]);
+                            ups.push(u);
+                            self.running.insert(t.task_id, (a, free, job));
+                        }
+                    }
+                    Action::Decline(ids, _) => {
+                        for id in ids {
+                            self.offered.remove(&id);
+                        }
+                    }
+                    Action::Kill(t) => {
+                        if let Some(u) = self.end(t, TaskState::Killed) {
+                            ups.push(u);
+                        }
+                    }
+                    Action::Revive | Action::Suppress => {}
+                }
+            }
+            for (job, (before, n)) in per_job {
+                let (min, max) = self.jobs[&job];
+                assert!(
+                    before + n <= max,
+                    "{job}: {before} + {n} workers above max {max}"
+                );
+                assert!(
+                    before > 0 || n >= min,
+                    "partial gang {job}: {n} of min {min}"
+                );
+            }
+            ups
+        }
+
+        fn end(&mut self, t: TaskId, state: TaskState) -> Option<StatusUpdate> {
+            let (a, gpus, job) = self.running.remove(&t)?;
+            for i in gpus {
+                self.busy[a][i] = false;
+            }
+            self.cpus_used[a] -= 1;
+            if let Some(n) = self.alive.get_mut(&job) {
+                *n -= 1;
+            }
+            let mut u = update(
+                &TaskInfo {
+                    task_id: t,
+                    name: String::new(),
+                    command: CommandInfo::shell("x"),
+                    resources: Resources::new(),
+                    env: Default::default(),
+                    kill_grace_secs: None,
+                    gpu_selector: None,
+                },
+                state,
+                vec![],
+            );
+            u.agent_id = Some(self.agents[a]);
+            Some(u)
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Whatever arrives in whatever order, the queue never launches a partial gang, never
+        /// more than a gang's maximum, and never beyond what it was offered.
+        #[test]
+        fn never_a_partial_gang_or_an_over_commit(events in prop::collection::vec(ev(), 1..60)) {
+            let mut q = Core::new(CoreConfig {
+                aging: Duration::from_secs(60),
+                ..Default::default()
+            });
+            let mut sim = Sim {
+                agents: (0..3).map(|_| AgentId::random()).collect(),
+                busy: vec![vec![false; 8]; 3],
+                cpus_used: vec![0; 3],
+                offered: HashMap::new(),
+                running: BTreeMap::new(),
+                jobs: HashMap::new(),
+                alive: HashMap::new(),
+                now: Instant::now(),
+            };
+            for (n, e) in events.into_iter().enumerate() {
+                let actions = match e {
+                    Ev::Submit { gpus, min, extra, prio } => {
+                        let name = format!("j{n}");
+                        let mut s = spec(&name, ["a", "b"][n % 2], Priority::from_rank(prio), gpus, min);
+                        s.max_workers = min + extra;
+                        sim.jobs.insert(name, (min, min + extra));
+                        q.submit(s, sim.now).1
+                    }
+                    Ev::Offer(a) => match sim.offer(a) {
+                        Some(o) => q.offers(vec![o], sim.now),
+                        None => Vec::new(),
+                    },
+                    Ev::Finish(k) => {
+                        let t = sim.running.keys().nth(k).copied();
+                        match t.and_then(|t| sim.end(t, TaskState::Finished)) {
+                            Some(u) => q.update(&u, sim.now),
+                            None => Vec::new(),
+                        }
+                    }
+                    Ev::Tick(secs) => {
+                        sim.now += Duration::from_secs(secs);
+                        q.tick(sim.now)
+                    }
+                };
+                let mut ups = sim.apply(actions);
+                while let Some(u) = ups.pop() {
+                    let more = q.update(&u, sim.now);
+                    ups.extend(sim.apply(more));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_failed_worker_fails_the_gang_and_stops_the_rest() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let (id, _) = q.submit(spec("g", "t", Priority::Normal, 2, 2), now);
+    let tasks = launched(&q.offers(c.offers(&[8]), now));
+    assert_eq!(tasks.len(), 2);
+    let a = q.update(&update(&tasks[0], TaskState::Failed, vec![]), now);
+    assert!(a.contains(&Action::Kill(tasks[1].task_id)), "{a:?}");
+    q.update(&update(&tasks[1], TaskState::Killed, vec![]), now);
+    let v = q.view(id, now).unwrap();
+    assert_eq!(
+        (v.state, v.preemptions, q.stats.preemptions),
+        (JobState::Failed, 0, 0)
+    );
+}

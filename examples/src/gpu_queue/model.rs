@@ -1,0 +1,296 @@
+//! The queue's data: job specifications as submitted, priority classes, states, team settings
+//! and the JSON views the HTTP API returns.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use gantry_sdk::protocol::{CommandInfo, GpuSelector, Program};
+use serde::{Deserialize, Serialize};
+
+/// Priority classes, lowest first.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// May be preempted by `high` and `critical` jobs.
+    Preemptible,
+    /// Below normal.
+    Low,
+    /// The default.
+    #[default]
+    Normal,
+    /// Above normal; preempts lower classes when blocked.
+    High,
+    /// The highest; preempts lower classes when blocked.
+    Critical,
+}
+
+impl Priority {
+    /// Every class, lowest first.
+    pub const ALL: [Priority; 5] = [
+        Priority::Preemptible,
+        Priority::Low,
+        Priority::Normal,
+        Priority::High,
+        Priority::Critical,
+    ];
+
+    /// 0 (`preemptible`) to 4 (`critical`).
+    pub fn rank(self) -> u8 {
+        self as u8
+    }
+
+    /// The class of a rank (clamped).
+    pub fn from_rank(rank: u8) -> Priority {
+        Priority::ALL[usize::from(rank.min(4))]
+    }
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Preemptible => "preemptible",
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Critical => "critical",
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Priority {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Priority::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s.to_ascii_lowercase())
+            .ok_or_else(|| {
+                format!("unknown priority {s:?} (critical, high, normal, low, preemptible)")
+            })
+    }
+}
+
+/// A job's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum JobState {
+    /// Waiting (also after a preemption).
+    Pending,
+    /// Its workers were launched.
+    Running,
+    /// Every worker finished successfully.
+    Finished,
+    /// A worker failed.
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+}
+
+impl JobState {
+    /// Whether the job has ended.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Finished | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// Upper-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "PENDING",
+            JobState::Running => "RUNNING",
+            JobState::Finished => "FINISHED",
+            JobState::Failed => "FAILED",
+            JobState::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// A team's share settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamConfig {
+    /// Weight in the weighted DRF between teams.
+    pub weight: f64,
+    /// GPUs the team is guaranteed to be ordered first for; above it the team borrows idle
+    /// GPUs (ordered after teams within their quota). `None`: no quota.
+    pub gpu_quota: Option<u64>,
+}
+
+impl Default for TeamConfig {
+    fn default() -> Self {
+        TeamConfig {
+            weight: 1.0,
+            gpu_quota: None,
+        }
+    }
+}
+
+/// A job as submitted (the body of `POST /jobs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Name; workers' tasks are named `NAME/INDEX`.
+    pub name: String,
+    /// The team it is accounted to.
+    pub team: String,
+    /// Priority class.
+    #[serde(default)]
+    pub priority: Priority,
+    /// What each worker runs: one string is a shell command, several an argv.
+    pub command: Vec<String>,
+    /// CPUs per worker.
+    #[serde(default = "one")]
+    pub cpus: f64,
+    /// Memory per worker, MiB.
+    #[serde(default = "mem")]
+    pub mem: f64,
+    /// Whole GPUs per worker.
+    #[serde(default)]
+    pub gpus: u32,
+    /// GPU model substring (case-insensitive).
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    /// Least GPU memory, MiB.
+    #[serde(default)]
+    pub gpu_min_memory: Option<u64>,
+    /// Fewest workers (a gang when above 1).
+    #[serde(default = "one_u32")]
+    pub min_workers: u32,
+    /// Most workers (elastic when above `min_workers`).
+    #[serde(default = "one_u32")]
+    pub max_workers: u32,
+    /// Deadline, Unix seconds (earliest first among equals).
+    #[serde(default)]
+    pub deadline_unix: Option<u64>,
+    /// Seconds between the preemption warning (SIGTERM) and SIGKILL.
+    #[serde(default = "grace")]
+    pub grace_secs: u32,
+    /// Extra environment for every worker.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn mem() -> f64 {
+    256.0
+}
+fn one_u32() -> u32 {
+    1
+}
+fn grace() -> u32 {
+    10
+}
+
+/// The longest job name (it is part of every task name).
+pub const MAX_NAME: usize = 128;
+
+impl JobSpec {
+    /// Why the specification cannot run, if it cannot.
+    pub fn problem(&self) -> Option<String> {
+        if self.name.is_empty() || self.name.len() > MAX_NAME || self.name.contains('/') {
+            return Some(format!(
+                "name must be 1..={MAX_NAME} characters without '/'"
+            ));
+        }
+        if self.team.is_empty() || self.team.len() > MAX_NAME {
+            return Some(format!("team must be 1..={MAX_NAME} characters"));
+        }
+        if !(self.cpus.is_finite() && self.cpus >= 0.0 && self.mem.is_finite() && self.mem >= 0.0) {
+            return Some("cpus and mem must be non-negative numbers".into());
+        }
+        if self.min_workers == 0 || self.max_workers < self.min_workers || self.max_workers > 1024 {
+            return Some("workers must be MIN..MAX with 1 <= MIN <= MAX <= 1024".into());
+        }
+        if self.gpus > 64 {
+            return Some("at most 64 GPUs per worker".into());
+        }
+        self.command_info().problem()
+    }
+
+    /// The worker command.
+    pub fn command_info(&self) -> CommandInfo {
+        if self.command.len() == 1 {
+            CommandInfo::shell(self.command[0].clone())
+        } else {
+            CommandInfo {
+                program: Program::Argv(self.command.clone()),
+                user: None,
+            }
+        }
+    }
+
+    /// The GPU selector, when a model or memory is asked for.
+    pub fn selector(&self) -> Option<GpuSelector> {
+        (self.gpus > 0 && (self.gpu_model.is_some() || self.gpu_min_memory.is_some())).then(|| {
+            GpuSelector {
+                model: self.gpu_model.clone(),
+                min_memory_mib: self.gpu_min_memory,
+            }
+        })
+    }
+}
+
+/// One worker, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// Worker index.
+    pub index: u32,
+    /// Task name (`JOBNAME/INDEX`).
+    pub task: String,
+    /// Task id.
+    pub task_id: String,
+    /// Agent hostname.
+    pub agent: String,
+    /// GPU UUIDs.
+    pub gpus: Vec<String>,
+    /// Task state.
+    pub state: String,
+}
+
+/// A job, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    /// Job id.
+    pub id: u64,
+    /// Name.
+    pub name: String,
+    /// Team.
+    pub team: String,
+    /// Priority class as submitted.
+    pub priority: Priority,
+    /// Priority class after aging.
+    pub effective_priority: Priority,
+    /// State.
+    pub state: JobState,
+    /// Workers running now.
+    pub workers: u32,
+    /// Fewest workers.
+    pub min_workers: u32,
+    /// Most workers.
+    pub max_workers: u32,
+    /// GPUs per worker.
+    pub gpus_per_worker: u32,
+    /// Times it was preempted.
+    pub preemptions: u32,
+    /// Seconds spent waiting (all waits, the current one included).
+    pub waited_secs: f64,
+    /// Deadline, Unix seconds.
+    pub deadline_unix: Option<u64>,
+    /// Where it runs (agent hostnames).
+    pub agents: Vec<String>,
+    /// Its workers.
+    pub members: Vec<MemberView>,
+    /// Why it ended or was requeued.
+    pub message: String,
+    /// Seconds since submission.
+    pub age_secs: f64,
+}

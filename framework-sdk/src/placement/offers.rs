@@ -1,0 +1,681 @@
+//! Offer-level placement (pure): fit task requests into the offers a framework holds, across
+//! every resource kind, with GPU selectors, agent attributes and NUMA locality.
+//!
+//! - [`AgentView`]: what one agent offers now: its offers' ids, the offered [`Resources`]
+//!   (every kind: `cpus`, `mem`, `gpus`, `disk`, ports...), its attributes and the GPUs the
+//!   `gpus` amount can be drawn from ([`FreeGpu`]: model, memory, NUMA node, PCI bus).
+//!   [`AgentView::from_offers`] builds the views from [`Offer`]s, leaving out GPUs the caller
+//!   knows are busy (its own running tasks' GPUs, from their status updates).
+//! - [`TaskRequest`]: resources, an optional [`GpuSelector`] (model, memory), attribute
+//!   [`Constraint`]s and a [`Locality`] for multi-GPU tasks.
+//! - [`place_one`] / [`place_all`]: where one task goes, or a set of tasks all together
+//!   (all-or-nothing: a [`Plan`] for every task or an error naming the first that did not fit).
+//!   [`Plan::launches`] groups the assignments per agent: one `accept` per agent, all sent in
+//!   one step.
+//!
+//! ## Scoring (lower is better, compared in this order)
+//! For each agent that can host the task, the GPUs it would get are chosen first (below), then
+//! the agent is scored by what placing the task there leaves behind:
+//! 1. **Stranded GPUs**: free GPUs left on the agent that no task of the reference shape could
+//!    use because the agent's CPU or memory would run out first. The reference shape is the
+//!    task's own CPU and memory per GPU (for a CPU-only task: the agent's offered CPU and
+//!    memory per offered GPU, so a CPU-only task avoids eating the CPU that GPUs need).
+//! 2. **Locality**: how many NUMA nodes the task's GPUs span beyond the first (0 for a task
+//!    within one NUMA node).
+//! 3. **Broken NUMA nodes**: NUMA nodes that would be left partly free (neither idle nor full)
+//!    on the agent: keeps whole NUMA nodes for later multi-GPU tasks.
+//! 4. **Best fit**: the fraction of each offered resource kind left free after placing,
+//!    summed (in millionths): the fullest agent wins, leaving emptier agents whole.
+//! 5. The agent's position in the input (deterministic).
+//!
+//! GPUs on an agent: those matching the selector, grouped by NUMA node. When one NUMA node has
+//! enough, the one with the fewest free matching GPUs that still fits (best fit within NUMA);
+//! else (only when [`Locality`] allows spanning) the largest groups first. Within a NUMA node,
+//! GPUs are taken in PCI bus order, so the task's GPUs sit on neighbouring buses. The agent makes
+//! the final choice of devices at launch with the same NUMA-first rule; the plan's GPU list is
+//! what the framework expects it to pick (and what the scoring assumes).
+
+use std::collections::BTreeMap;
+
+use crate::protocol::resources::MILLI;
+use crate::protocol::{AgentId, Attributes, GpuInfo, GpuSelector, Offer, OfferId, Resources};
+
+/// A GPU an agent's offers can draw from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreeGpu {
+    /// NVML UUID.
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+    /// NUMA node (`None`: unknown, treated as one node).
+    pub numa_node: Option<u32>,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+}
+
+impl FreeGpu {
+    fn info(&self) -> GpuInfo {
+        GpuInfo {
+            uuid: self.uuid.clone(),
+            name: self.model.clone(),
+            memory_mib: self.memory_mib,
+            compute_capability: (0, 0),
+            minor: 0,
+            pci_bus_id: self.pci_bus_id.clone(),
+            numa_node: self.numa_node,
+            healthy: true,
+        }
+    }
+
+    /// Whether the GPU satisfies `selector` (any GPU when `None`).
+    pub fn matches(&self, selector: Option<&GpuSelector>) -> bool {
+        selector.is_none_or(|s| s.matches(&self.info()))
+    }
+}
+
+impl From<&GpuInfo> for FreeGpu {
+    fn from(g: &GpuInfo) -> Self {
+        FreeGpu {
+            uuid: g.uuid.clone(),
+            model: g.name.clone(),
+            memory_mib: g.memory_mib,
+            numa_node: g.numa_node,
+            pci_bus_id: g.pci_bus_id.clone(),
+        }
+    }
+}
+
+/// What one agent offers now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentView {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// Its hostname.
+    pub hostname: String,
+    /// The offers this view was built from (accept them together).
+    pub offer_ids: Vec<OfferId>,
+    /// Everything offered (unreserved plus reservations).
+    pub resources: Resources,
+    /// The agent's attributes.
+    pub attributes: Attributes,
+    /// The GPUs the offered `gpus` can be drawn from, in PCI bus order.
+    pub gpus: Vec<FreeGpu>,
+}
+
+impl AgentView {
+    /// One view per agent from `offers` (several offers of one agent are merged, in the order
+    /// agents first appear). `busy(agent, uuid)` says which GPUs are known to be in use (e.g.
+    /// by the framework's own running tasks); they are left out of [`AgentView::gpus`]. When more GPUs
+    /// remain than the offered whole `gpus`, the list is kept whole (which of them are free is
+    /// unknown) and only the count limits placements.
+    pub fn from_offers<'a>(
+        offers: impl IntoIterator<Item = &'a Offer>,
+        busy: &dyn Fn(AgentId, &str) -> bool,
+    ) -> Vec<AgentView> {
+        let mut views: Vec<AgentView> = Vec::new();
+        for offer in offers {
+            let at = match views.iter().position(|v| v.agent_id == offer.agent_id) {
+                Some(i) => i,
+                None => {
+                    let mut gpus: Vec<FreeGpu> = offer
+                        .gpus
+                        .iter()
+                        .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
+                        .map(FreeGpu::from)
+                        .collect();
+                    gpus.sort_by(|a, b| {
+                        (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id))
+                    });
+                    views.push(AgentView {
+                        agent_id: offer.agent_id,
+                        hostname: offer.hostname.clone(),
+                        offer_ids: Vec::new(),
+                        resources: Resources::new(),
+                        attributes: (*offer.attributes).clone(),
+                        gpus,
+                    });
+                    views.len() - 1
+                }
+            };
+            let v = &mut views[at];
+            v.offer_ids.push(offer.id);
+            v.resources.add_assign(&offer.total());
+            // Offers of one agent list the same GPUs; take the union all the same.
+            for g in offer
+                .gpus
+                .iter()
+                .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
+            {
+                if !v.gpus.iter().any(|x| x.uuid == g.uuid) {
+                    v.gpus.push(FreeGpu::from(g));
+                }
+            }
+            v.gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
+        }
+        views
+    }
+
+    /// Whole GPUs offered.
+    pub fn gpu_count(&self) -> u64 {
+        self.resources.milli("gpus") / MILLI
+    }
+}
+
+/// A constraint on the agent's attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Constraint {
+    /// The attribute has this value.
+    Equals(String, String),
+    /// The attribute is absent or has another value.
+    NotEquals(String, String),
+    /// The attribute has one of these values.
+    OneOf(String, Vec<String>),
+}
+
+impl Constraint {
+    /// Whether `attributes` satisfy the constraint.
+    pub fn allows(&self, attributes: &Attributes) -> bool {
+        match self {
+            Constraint::Equals(k, v) => attributes.get(k) == Some(v),
+            Constraint::NotEquals(k, v) => attributes.get(k) != Some(v),
+            Constraint::OneOf(k, vs) => attributes.get(k).is_some_and(|a| vs.contains(a)),
+        }
+    }
+}
+
+/// Where a multi-GPU task's GPUs may sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Locality {
+    /// Within one NUMA node when possible, else spanning (fewest nodes first).
+    #[default]
+    Prefer,
+    /// Within one NUMA node, or not at all.
+    Require,
+    /// Anywhere on the agent (still scored: fewer nodes spanned is better).
+    Any,
+}
+
+/// What a task asks for.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskRequest {
+    /// Every resource kind it needs (`gpus` in whole GPUs).
+    pub resources: Resources,
+    /// Which GPUs are acceptable.
+    pub gpu_selector: Option<GpuSelector>,
+    /// Constraints on the agent's attributes (all must hold).
+    pub constraints: Vec<Constraint>,
+    /// Multi-GPU locality.
+    pub locality: Locality,
+}
+
+impl TaskRequest {
+    /// A request for `resources` with no selector, constraint or locality requirement.
+    pub fn new(resources: Resources) -> Self {
+        TaskRequest {
+            resources,
+            ..Default::default()
+        }
+    }
+
+    /// Whole GPUs asked for.
+    pub fn gpus(&self) -> u64 {
+        self.resources.milli("gpus") / MILLI
+    }
+}
+
+/// Where one task goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Index of the task in the request list.
+    pub task: usize,
+    /// Index of the agent in the view list.
+    pub agent: usize,
+    /// The GPUs (UUIDs) it is expected to get.
+    pub gpus: Vec<String>,
+}
+
+/// Where every task of a set goes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// One per task, in task order.
+    pub assignments: Vec<Assignment>,
+}
+
+impl Plan {
+    /// Task indices per agent index (ascending): one accept per agent.
+    pub fn launches(&self) -> BTreeMap<usize, Vec<usize>> {
+        let mut out: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for a in &self.assignments {
+            out.entry(a.agent).or_default().push(a.task);
+        }
+        out
+    }
+}
+
+/// Why a set of tasks does not fit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    /// No agent can host this task (after the ones placed before it).
+    #[error("task {0} fits on no agent")]
+    NoFit(usize),
+    /// A request with a fractional GPU amount (offer placement deals in whole GPUs).
+    #[error("task {0} asks for a fraction of a GPU; use gantry_sdk::placement::Placer")]
+    FractionalGpu(usize),
+}
+
+/// The score of placing a task on an agent (see the module documentation); lower is better.
+pub type Score = (u64, u64, u64, u64, usize);
+
+/// A candidate: the GPUs it would take and its score.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Index of the agent.
+    pub agent: usize,
+    /// The GPUs (indices into the agent's [`AgentView::gpus`]).
+    pub gpus: Vec<usize>,
+    /// Its score.
+    pub score: Score,
+}
+
+/// The GPUs `task` would take on `agent` (indices into `agent.gpus`), or `None`.
+fn pick_gpus(agent: &AgentView, task: &TaskRequest) -> Option<Vec<usize>> {
+    let k = task.gpus() as usize;
+    if k == 0 {
+        return Some(Vec::new());
+    }
+    if (agent.gpu_count() as usize) < k {
+        return None;
+    }
+    let mut groups: BTreeMap<Option<u32>, Vec<usize>> = BTreeMap::new();
+    for (i, g) in agent.gpus.iter().enumerate() {
+        if g.matches(task.gpu_selector.as_ref()) {
+            groups.entry(g.numa_node).or_default().push(i);
+        }
+    }
+    // Best fit within one NUMA node: the group with the fewest GPUs that still has k.
+    let single = groups
+        .values()
+        .filter(|m| m.len() >= k)
+        .min_by_key(|m| m.len());
+    if let Some(m) = single {
+        return Some(m[..k].to_vec());
+    }
+    if task.locality == Locality::Require {
+        return None;
+    }
+    let mut by_size: Vec<&Vec<usize>> = groups.values().collect();
+    by_size.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    let mut out: Vec<usize> = by_size.into_iter().flatten().copied().take(k).collect();
+    if out.len() < k {
+        return None;
+    }
+    out.sort_unstable();
+    Some(out)
+}
+
+fn numa_span(agent: &AgentView, gpus: &[usize]) -> u64 {
+    let mut nodes: Vec<Option<u32>> = gpus.iter().map(|&i| agent.gpus[i].numa_node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes.len().saturating_sub(1) as u64
+}
+
+/// Scores `task` on `agent` (the `agent`-th view), or `None` when it does not fit.
+pub fn evaluate(index: usize, agent: &AgentView, task: &TaskRequest) -> Option<Candidate> {
+    if !task.resources.milli("gpus").is_multiple_of(MILLI) {
+        return None;
+    }
+    if !task.constraints.iter().all(|c| c.allows(&agent.attributes)) {
+        return None;
+    }
+    if !agent.resources.contains(&task.resources) {
+        return None;
+    }
+    let gpus = pick_gpus(agent, task)?;
+    let mut left = agent.resources.clone();
+    left.checked_sub_assign(&task.resources)?;
+    let gpus_left = left.milli("gpus") / MILLI;
+
+    // 1. Stranded GPUs under the reference shape.
+    let (cpu_per_gpu, mem_per_gpu) = match task.gpus() {
+        0 => {
+            let n = agent.gpu_count().max(1);
+            (
+                agent.resources.milli("cpus") / n,
+                agent.resources.milli("mem") / n,
+            )
+        }
+        n => (
+            task.resources.milli("cpus") / n,
+            task.resources.milli("mem") / n,
+        ),
+    };
+    let hostable = |have: u64, per: u64| have.checked_div(per).unwrap_or(u64::MAX);
+    let usable = gpus_left
+        .min(hostable(left.milli("cpus"), cpu_per_gpu))
+        .min(hostable(left.milli("mem"), mem_per_gpu));
+    let stranded = gpus_left - usable;
+
+    // 2. Locality of the task's own GPUs.
+    let span = numa_span(agent, &gpus);
+
+    // 3. NUMA nodes left partly free (only meaningful when the GPU list is exact).
+    let broken = if agent.gpus.len() as u64 == agent.gpu_count() {
+        let mut per_node: BTreeMap<Option<u32>, (u64, u64)> = BTreeMap::new();
+        for (i, g) in agent.gpus.iter().enumerate() {
+            let e = per_node.entry(g.numa_node).or_default();
+            e.0 += 1;
+            if !gpus.contains(&i) {
+                e.1 += 1;
+            }
+        }
+        // A node is "broken" when it keeps some free GPUs but not all of them.
+        per_node
+            .values()
+            .filter(|(all, free)| *free > 0 && free < all)
+            .count() as u64
+    } else {
+        0
+    };
+
+    // 4. Best fit over every offered kind.
+    const SCALE: u64 = 1_000_000;
+    let fit: u64 = agent
+        .resources
+        .iter()
+        .map(|(name, have)| {
+            let after = left.milli(name);
+            after.saturating_mul(SCALE).checked_div(have).unwrap_or(0)
+        })
+        .sum();
+    Some(Candidate {
+        agent: index,
+        gpus,
+        score: (stranded, span, broken, fit, index),
+    })
+}
+
+/// The best agent for `task`, or `None` when it fits nowhere.
+pub fn place_one(agents: &[AgentView], task: &TaskRequest) -> Option<Candidate> {
+    agents
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| evaluate(i, a, task))
+        .min_by_key(|c| c.score)
+}
+
+/// Takes what `candidate` gives `task` out of `agents` (after [`place_one`]).
+pub fn take(agents: &mut [AgentView], task: &TaskRequest, candidate: &Candidate) -> Vec<String> {
+    let Some(agent) = agents.get_mut(candidate.agent) else {
+        return Vec::new();
+    };
+    let _ = agent.resources.checked_sub_assign(&task.resources);
+    let mut taken = Vec::new();
+    let mut keep = Vec::new();
+    for (i, g) in std::mem::take(&mut agent.gpus).into_iter().enumerate() {
+        if candidate.gpus.contains(&i) {
+            taken.push(g.uuid);
+        } else {
+            keep.push(g);
+        }
+    }
+    agent.gpus = keep;
+    taken
+}
+
+/// Places every task or none: larger tasks first (by GPUs, then CPU, then memory; ties keep
+/// request order), each on its best agent given the ones placed before it. On success `agents`
+/// has everything the plan takes removed; on failure it is unchanged.
+pub fn place_all(agents: &mut Vec<AgentView>, tasks: &[TaskRequest]) -> Result<Plan, PlaceError> {
+    for (i, t) in tasks.iter().enumerate() {
+        if !t.resources.milli("gpus").is_multiple_of(MILLI) {
+            return Err(PlaceError::FractionalGpu(i));
+        }
+    }
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    order.sort_by_key(|&i| {
+        let r = &tasks[i].resources;
+        std::cmp::Reverse((r.milli("gpus"), r.milli("cpus"), r.milli("mem")))
+    });
+    let mut work = agents.clone();
+    let mut assignments = Vec::with_capacity(tasks.len());
+    for i in order {
+        let c = place_one(&work, &tasks[i]).ok_or(PlaceError::NoFit(i))?;
+        let gpus = take(&mut work, &tasks[i], &c);
+        assignments.push(Assignment {
+            task: i,
+            agent: c.agent,
+            gpus,
+        });
+    }
+    assignments.sort_by_key(|a| a.task);
+    *agents = work;
+    Ok(Plan { assignments })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn gpu(i: usize, model: &str, numa: u32) -> FreeGpu {
+        FreeGpu {
+            uuid: format!("GPU-{i}"),
+            model: model.into(),
+            memory_mib: if model.contains("H100") { 81920 } else { 40960 },
+            numa_node: Some(numa),
+            pci_bus_id: format!("0000:{i:02x}:00.0"),
+        }
+    }
+
+    /// An agent with 4 A100s on NUMA 0 and 4 H100s on NUMA 1.
+    pub(crate) fn agent(name: &str, res: &str) -> AgentView {
+        AgentView {
+            agent_id: AgentId::random(),
+            hostname: name.into(),
+            offer_ids: vec![OfferId::random()],
+            resources: res.parse().unwrap(),
+            attributes: Attributes::new(),
+            gpus: (0..8)
+                .map(|i| {
+                    gpu(
+                        i,
+                        if i < 4 { "NVIDIA A100" } else { "NVIDIA H100" },
+                        (i / 4) as u32,
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn req(res: &str) -> TaskRequest {
+        TaskRequest::new(res.parse().unwrap())
+    }
+
+    #[test]
+    fn multi_gpu_task_stays_in_one_numa_node() {
+        let agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
+        let c = place_one(&agents, &req("cpus:4;mem:1024;gpus:4")).unwrap();
+        assert_eq!(numa_span(&agents[0], &c.gpus), 0);
+        let mut spanning = req("cpus:4;mem:1024;gpus:5");
+        let c = place_one(&agents, &spanning).unwrap();
+        assert_eq!(c.score.1, 1, "five GPUs span two NUMA nodes");
+        spanning.locality = Locality::Require;
+        assert!(place_one(&agents, &spanning).is_none());
+    }
+
+    #[test]
+    fn selector_picks_the_model_and_memory() {
+        let agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
+        let mut t = req("cpus:1;mem:64;gpus:2");
+        t.gpu_selector = Some(GpuSelector {
+            model: Some("h100".into()),
+            min_memory_mib: None,
+        });
+        let c = place_one(&agents, &t).unwrap();
+        assert!(c
+            .gpus
+            .iter()
+            .all(|&i| agents[0].gpus[i].model.contains("H100")));
+        t.gpu_selector = Some(GpuSelector {
+            model: None,
+            min_memory_mib: Some(80_000),
+        });
+        t.resources = "cpus:1;mem:64;gpus:5".parse().unwrap();
+        assert!(
+            place_one(&agents, &t).is_none(),
+            "only four GPUs have 80 GB"
+        );
+    }
+
+    #[test]
+    fn attributes_constrain_agents() {
+        let mut a = agent("a", "cpus:8;mem:4096;gpus:8");
+        a.attributes.insert("rack".into(), "r1".into());
+        let b = agent("b", "cpus:8;mem:4096;gpus:8");
+        let agents = vec![a, b];
+        let mut t = req("cpus:1;mem:64;gpus:1");
+        t.constraints = vec![Constraint::Equals("rack".into(), "r1".into())];
+        assert_eq!(place_one(&agents, &t).unwrap().agent, 0);
+        t.constraints = vec![Constraint::NotEquals("rack".into(), "r1".into())];
+        assert_eq!(place_one(&agents, &t).unwrap().agent, 1);
+        t.constraints = vec![Constraint::OneOf("rack".into(), vec!["r9".into()])];
+        assert!(place_one(&agents, &t).is_none());
+    }
+
+    #[test]
+    fn least_stranding_agent_wins() {
+        // Agent a has little CPU: a 1-GPU task there would leave GPUs no 1-GPU task can use.
+        let agents = vec![
+            agent("a", "cpus:2;mem:65536;gpus:8"),
+            agent("b", "cpus:16;mem:65536;gpus:8"),
+        ];
+        let c = place_one(&agents, &req("cpus:2;mem:1024;gpus:1")).unwrap();
+        assert_eq!(c.agent, 1);
+        // A CPU-only task avoids taking the CPU GPUs need.
+        let agents = vec![
+            agent("gpu", "cpus:8;mem:65536;gpus:8"),
+            agent("cpu", "cpus:8;mem:65536"),
+        ];
+        let c = place_one(&agents, &req("cpus:4;mem:1024")).unwrap();
+        assert_eq!(c.agent, 1);
+    }
+
+    #[test]
+    fn best_fit_prefers_the_fuller_agent_and_keeps_numa_nodes_whole() {
+        let mut busy = agent("busy", "cpus:16;mem:65536;gpus:4");
+        busy.gpus.truncate(4); // the A100s on NUMA 0 are free, the H100s busy
+        let idle = agent("idle", "cpus:32;mem:131072;gpus:8");
+        let agents = vec![idle, busy];
+        let c = place_one(&agents, &req("cpus:2;mem:1024;gpus:2")).unwrap();
+        assert_eq!(c.agent, 1, "fill the partly used agent first");
+        let c = place_one(&agents, &req("cpus:2;mem:1024;gpus:4")).unwrap();
+        assert_eq!(c.score.2, 0, "four GPUs fill one NUMA node on either agent");
+    }
+
+    #[test]
+    fn place_all_is_all_or_nothing() {
+        let mut agents = vec![
+            agent("a", "cpus:16;mem:65536;gpus:8"),
+            agent("b", "cpus:16;mem:65536;gpus:8"),
+        ];
+        let before = agents.clone();
+        let three = vec![req("cpus:1;mem:64;gpus:8"); 3];
+        assert_eq!(place_all(&mut agents, &three), Err(PlaceError::NoFit(2)));
+        assert_eq!(agents, before, "a failed plan takes nothing");
+        let plan = place_all(&mut agents, &three[..2]).unwrap();
+        assert_eq!(plan.launches().len(), 2);
+        assert_eq!(agents[0].gpu_count() + agents[1].gpu_count(), 0);
+        let mut f = vec![agent("a", "cpus:1;mem:64;gpus:1")];
+        assert_eq!(
+            place_all(&mut f, &[req("gpus:0.5")]),
+            Err(PlaceError::FractionalGpu(0))
+        );
+    }
+
+    #[test]
+    fn from_offers_merges_an_agents_offers_and_drops_busy_gpus() {
+        let agent_id = AgentId::random();
+        let gpus: Vec<GpuInfo> = (0..4).map(|i| gpu(i, "A100", 0).info()).collect();
+        let offer = |res: &str| Offer {
+            id: OfferId::random(),
+            framework_id: crate::protocol::FrameworkId::random(),
+            agent_id,
+            hostname: "h".into(),
+            role: "r".into(),
+            resources: res.parse().unwrap(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: gpus.clone().into(),
+        };
+        let offers = [offer("cpus:2;gpus:1"), offer("cpus:1;gpus:2")];
+        let views = AgentView::from_offers(&offers, &|_, u: &str| u == "GPU-0");
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].offer_ids.len(), 2);
+        assert_eq!(views[0].resources.milli("cpus"), 3000);
+        assert_eq!(views[0].gpus.len(), 3);
+    }
+
+    fn arb_agents() -> impl Strategy<Value = Vec<AgentView>> {
+        prop::collection::vec((1u64..32, 0u64..=8), 1..5).prop_map(|specs| {
+            specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (cpus, gpus))| {
+                    let mut a = agent(
+                        &format!("a{i}"),
+                        &format!("cpus:{cpus};mem:65536;gpus:{gpus}"),
+                    );
+                    a.gpus.truncate(gpus as usize);
+                    a
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        /// A plan never gives out more than is offered, never a GPU twice, and respects
+        /// selectors; a failed plan leaves the agents untouched.
+        #[test]
+        fn plans_fit_what_is_offered(
+            agents in arb_agents(),
+            tasks in prop::collection::vec((0u64..6, 0u64..=8, any::<bool>()), 1..8),
+        ) {
+            let tasks: Vec<TaskRequest> = tasks.into_iter().map(|(c, g, h100)| {
+                let mut t = req(&format!("cpus:{c};mem:128;gpus:{g}"));
+                if h100 {
+                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None });
+                }
+                t
+            }).collect();
+            let mut work = agents.clone();
+            match place_all(&mut work, &tasks) {
+                Ok(plan) => {
+                    prop_assert_eq!(plan.assignments.len(), tasks.len());
+                    for (ai, a) in agents.iter().enumerate() {
+                        let mut used = Resources::new();
+                        let mut uuids = Vec::new();
+                        for x in plan.assignments.iter().filter(|x| x.agent == ai) {
+                            used.add_assign(&tasks[x.task].resources);
+                            prop_assert_eq!(x.gpus.len() as u64, tasks[x.task].gpus());
+                            for u in &x.gpus {
+                                let g = a.gpus.iter().find(|g| &g.uuid == u).unwrap();
+                                prop_assert!(g.matches(tasks[x.task].gpu_selector.as_ref()));
+                                uuids.push(u.clone());
+                            }
+                        }
+                        prop_assert!(a.resources.contains(&used));
+                        let n = uuids.len();
+                        uuids.sort();
+                        uuids.dedup();
+                        prop_assert_eq!(uuids.len(), n);
+                    }
+                }
+                Err(_) => prop_assert_eq!(work, agents),
+            }
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! The `gpu-queue` example framework end to end: a real master, four agents with eight
+//! stand-in GPUs each (two models, two NUMA nodes), `gpu-queue serve` as a process and jobs
+//! submitted with `gpu-queue submit`. Checks, from the master's task records and the queue's
+//! API: mixed jobs and gangs from three teams all finish with no partial gang; two large gangs
+//! submitted together both finish; a `critical` job preempts only the `preemptible` jobs it
+//! needs on one agent, each victim sees its warning and is requeued and completes; teams'
+//! GPU-time shares follow their weights.
+//!
+//! The stand-in's configuration path is a process-wide variable read when an agent starts, and
+//! the clusters are large for this machine: the tests run one at a time (`SERIAL`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gantry_tests::{
+    bin, cgroups_available, free_tcp, standin_lib, AgentProc, CgroupRoot, Cluster, Proc, Standin,
+};
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const AGENTS: u32 = 4;
+
+struct Env {
+    queue: Queue,
+    cluster: Cluster,
+    _roots: Vec<CgroupRoot>,
+}
+
+/// A master, four 8-GPU agents and a gpu-queue with `teams`.
+fn start(tag: &str, teams: &[&str]) -> Option<Env> {
+    if !cgroups_available(tag) {
+        return None;
+    }
+    let mut roots = Vec::new();
+    let lib = standin_lib();
+    let mut cluster = Cluster::start_with(&[], &[], &[]).unwrap();
+    for i in 0..AGENTS {
+        Standin::gpus_for(cluster.dir.path(), i + 1, 8).unwrap();
+        let name = format!("{tag}{i}");
+        let root = CgroupRoot::new(&name);
+        let agent = AgentProc::start(
+            cluster.dir.path(),
+            &cluster.tls_dir,
+            cluster.master.quic,
+            &name,
+            "cpus:16;mem:16384",
+            &[
+                "--nvml-lib",
+                lib.to_str().unwrap(),
+                "--cgroup-root",
+                &root.name,
+            ],
+        )
+        .unwrap();
+        cluster.agents.push(agent);
+        roots.push(root);
+    }
+    cluster
+        .master
+        .wait_state(Duration::from_secs(30), "agents with 8 GPUs", |s| {
+            s["agents"].as_array().is_some_and(|a| {
+                a.iter()
+                    .filter(|a| {
+                        a["connected"] == true && a["gpus"].as_array().map(Vec::len) == Some(8)
+                    })
+                    .count()
+                    == AGENTS as usize
+            })
+        })
+        .unwrap();
+    let queue = Queue::start(&cluster, teams);
+    Some(Env {
+        queue,
+        cluster,
+        _roots: roots,
+    })
+}
+
+struct Queue {
+    _proc: Proc,
+    url: String,
+    addr: std::net::SocketAddr,
+}
+
+impl Queue {
+    fn start(cluster: &Cluster, teams: &[&str]) -> Queue {
+        let addr = free_tcp();
+        let mut cmd = Command::new(bin("gpu-queue").unwrap());
+        cmd.args([
+            "serve",
+            "--master",
+            &cluster.master.quic.to_string(),
+            "--tls-dir",
+        ])
+        .arg(&cluster.tls_dir)
+        .args(["--listen", &addr.to_string(), "--hold-secs", "20"]);
+        for t in teams {
+            cmd.args(["--team", t]);
+        }
+        cmd.env("RUST_LOG", "info");
+        let log = cluster.dir.path().join("gpu-queue.log");
+        let proc = Proc::spawn("gpu-queue", cmd, &log).unwrap();
+        let q = Queue {
+            _proc: proc,
+            url: format!("http://{addr}"),
+            addr,
+        };
+        // The harness's HTTP client, in plain HTTP for this address.
+        gantry_tests::register_http(addr, &cluster.tls_dir, true);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while q.try_jobs().is_err() {
+            assert!(Instant::now() < deadline, "gpu-queue API did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        q
+    }
+
+    fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(bin("gpu-queue")?)
+            .arg(args[0])
+            .args(["--server", &self.url])
+            .args(&args[1..])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "gpu-queue {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Submits; returns the job id.
+    fn submit(
+        &self,
+        name: &str,
+        team: &str,
+        prio: &str,
+        gpus: u32,
+        workers: &str,
+        cmd: &str,
+    ) -> u64 {
+        let gpus = gpus.to_string();
+        let out = self
+            .cli(&[
+                "submit",
+                "--name",
+                name,
+                "--team",
+                team,
+                "--priority",
+                prio,
+                "--gpus",
+                &gpus,
+                "--workers",
+                workers,
+                "--cpus",
+                "0.5",
+                "--mem",
+                "64",
+                "--grace-secs",
+                "5",
+                "--",
+                cmd,
+            ])
+            .unwrap();
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("submit printed {out:?}"))
+    }
+
+    fn try_jobs(&self) -> anyhow::Result<Vec<Value>> {
+        let v: Value = serde_json::from_str(&self.cli(&["list", "--json"])?)?;
+        Ok(v.as_array().cloned().unwrap_or_default())
+    }
+
+    fn jobs(&self) -> Vec<Value> {
+        self.try_jobs().unwrap()
+    }
+
+    fn stats(&self) -> Value {
+        let body = gantry_tests::http_get(self.addr, "/stats").unwrap();
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// Polls until every job ended; panics (with the job table) after `timeout`.
+    fn wait_all_ended(&self, env: &Cluster, timeout: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let jobs = self.jobs();
+            if jobs.iter().all(|j| {
+                ["FINISHED", "FAILED", "CANCELLED"].contains(&j["state"].as_str().unwrap_or(""))
+            }) {
+                return jobs;
+            }
+            if Instant::now() > deadline {
+                eprintln!("{}", self.cli(&["list"]).unwrap_or_default());
+                env.dump_logs();
+                eprintln!(
+                    "---- gpu-queue log ----\n{}",
+                    std::fs::read_to_string(env.dir.path().join("gpu-queue.log"))
+                        .unwrap_or_default()
+                );
+                panic!("jobs did not all end within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+/// Every task the master knows (running and completed).
+fn master_tasks(cluster: &Cluster) -> Vec<Value> {
+    let s = cluster.master.state().unwrap();
+    let mut all = s["tasks"].as_array().cloned().unwrap_or_default();
+    all.extend(s["completed_tasks"].as_array().cloned().unwrap_or_default());
+    all
+}
+
+/// From the master's records: the tasks of rigid gang `name` (named `name/INDEX`), in staging
+/// order, form whole launches: each run of `workers` tasks has every index once, was staged
+/// within one second (one pass of the queue: one accept per agent, sent together), and was
+/// fully staged before any of its members ended.
+fn assert_no_partial_gang(tasks: &[Value], name: &str, workers: usize) {
+    let mut mine: Vec<(u64, u64, String)> = tasks
+        .iter()
+        .filter_map(|t| {
+            let tn = t["name"].as_str()?;
+            let (job, index) = tn.rsplit_once('/')?;
+            (job == name).then(|| {
+                (
+                    t["staged_at_ms"].as_u64().unwrap_or(0),
+                    t["ended_at_ms"].as_u64().unwrap_or(u64::MAX),
+                    index.to_string(),
+                )
+            })
+        })
+        .collect();
+    assert!(
+        !mine.is_empty(),
+        "no task of gang {name} in the master's records"
+    );
+    mine.sort();
+    assert!(
+        mine.len().is_multiple_of(workers),
+        "gang {name}: {} tasks launched, not a multiple of {workers}: {mine:?}",
+        mine.len()
+    );
+    for launch in mine.chunks(workers) {
+        let mut indices: Vec<usize> = launch.iter().filter_map(|t| t.2.parse().ok()).collect();
+        indices.sort_unstable();
+        assert_eq!(
+            indices,
+            (0..workers).collect::<Vec<_>>(),
+            "gang {name}: {launch:?}"
+        );
+        let first = launch[0].0;
+        let last = launch[workers - 1].0;
+        let first_end = launch.iter().map(|t| t.1).min().unwrap_or(u64::MAX);
+        assert!(
+            last - first < 1000,
+            "gang {name} staged over {} ms: {launch:?}",
+            last - first
+        );
+        assert!(
+            last <= first_end,
+            "gang {name}: a member ended before the last was staged: {launch:?}"
+        );
+    }
+}
+
+fn sandbox_file(cluster: &Cluster, task_id: &str, file: &str) -> Option<String> {
+    cluster.agents.iter().find_map(|a| {
+        std::fs::read_to_string(a.work_dir.join("sandboxes").join(task_id).join(file)).ok()
+    })
+}
+
+#[test]
+fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(env) = start("gqmix", &["vision=1", "nlp=1", "speech=1"]) else {
+        return;
+    };
+    let q = &env.queue;
+    let teams = ["vision", "nlp", "speech"];
+    let mut gangs = Vec::new();
+    let mut n = 0;
+    for round in 0..2 {
+        for (t, team) in teams.iter().enumerate() {
+            for gpus in [1, 2, 4, 8] {
+                n += 1;
+                let model = if (n + t) % 3 == 0 && gpus <= 4 {
+                    "a100"
+                } else {
+                    "any"
+                };
+                let name = format!("{team}-{gpus}g-{round}-{model}");
+                let cmd = "sleep 2";
+                if model == "a100" {
+                    q.cli(&[
+                        "submit",
+                        "--name",
+                        &name,
+                        "--team",
+                        team,
+                        "--gpus",
+                        &gpus.to_string(),
+                        "--gpu-model",
+                        "A100",
+                        "--cpus",
+                        "0.5",
+                        "--mem",
+                        "64",
+                        "--",
+                        cmd,
+                    ])
+                    .unwrap();
+                } else {
+                    q.submit(&name, team, "normal", gpus, "1", cmd);
+                }
+            }
+        }
+        let g2 = format!("gang2x8-{round}");
+        q.submit(&g2, teams[round], "normal", 8, "2", "sleep 3");
+        gangs.push((g2, 2));
+    }
+    q.submit("gang4x8", "speech", "normal", 8, "4", "sleep 3");
+    gangs.push(("gang4x8".to_string(), 4));
+    // An elastic gang: 1..3 workers of 4 GPUs, as many as fit when it starts.
+    q.submit("elastic", "nlp", "normal", 4, "1..3", "sleep 3");
+    let jobs = q.wait_all_ended(&env.cluster, Duration::from_secs(240));
+    for j in &jobs {
+        assert_eq!(j["state"], "FINISHED", "{j:#}");
+    }
+    let tasks = master_tasks(&env.cluster);
+    for (g, w) in &gangs {
+        assert_no_partial_gang(&tasks, g, *w);
+    }
+    // A100-only jobs ran on A100s (the stand-in's first four GPUs of each agent: UUIDs end in
+    // 0..3), and every multi-GPU worker stayed on one NUMA node (GPUs 0..3 or 4..7).
+    let index =
+        |uuid: &str| u64::from_str_radix(uuid.rsplit('-').next().unwrap_or(""), 16).unwrap();
+    let mut checked = 0;
+    for t in &tasks {
+        let name = t["name"].as_str().unwrap_or("");
+        let gpus: Vec<u64> = t["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| index(g.as_str().unwrap()))
+            .collect();
+        if name.contains("-a100/") {
+            assert!(gpus.iter().all(|&i| i < 4), "{name} got {gpus:?}");
+            checked += 1;
+        }
+        if gpus.len() > 1 && gpus.len() <= 4 {
+            assert!(
+                gpus.iter().all(|&i| i < 4) || gpus.iter().all(|&i| i >= 4),
+                "{name} spans NUMA nodes: {gpus:?}"
+            );
+        }
+    }
+    assert!(checked > 0, "no A100-only job in the master's records");
+    let elastic = tasks
+        .iter()
+        .filter(|t| {
+            t["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("elastic/"))
+        })
+        .count();
+    assert!(
+        (1..=3).contains(&elastic),
+        "elastic gang ran {elastic} workers"
+    );
+    let stats = q.stats();
+    let idle = stats["idle_while_eligible_gpu_secs"].as_f64().unwrap();
+    let used: f64 = stats["gpu_secs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(Value::as_f64)
+        .sum();
+    eprintln!(
+        "GPU-idle-while-eligible-work-waits: {idle:.1} GPU-s ({:.1} s), GPU-s used: {used:.1}",
+        stats["idle_while_eligible_secs"].as_f64().unwrap()
+    );
+    assert!(used > 0.0);
+    assert!(
+        idle <= used * 0.25,
+        "GPUs sat idle while eligible work waited for {idle:.1} GPU-s (used {used:.1} GPU-s)"
+    );
+}
+
+#[test]
+fn two_large_gangs_submitted_together_both_finish() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(env) = start("gqbig", &["a=1", "b=1"]) else {
+        return;
+    };
+    let q = &env.queue;
+    // Each needs three of the four agents whole: they cannot run together.
+    q.submit("big-a", "a", "normal", 8, "3", "sleep 3");
+    q.submit("big-b", "b", "normal", 8, "3", "sleep 3");
+    let jobs = q.wait_all_ended(&env.cluster, Duration::from_secs(120));
+    for j in &jobs {
+        assert_eq!(j["state"], "FINISHED", "{j:#}");
+    }
+    let tasks = master_tasks(&env.cluster);
+    assert_no_partial_gang(&tasks, "big-a", 3);
+    assert_no_partial_gang(&tasks, "big-b", 3);
+
+    // The rest of the interface: show, cancel (the worker is killed), metrics.
+    let long = q.submit("long", "a", "low", 1, "1", "sleep 600");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !q
+        .jobs()
+        .iter()
+        .any(|j| j["id"] == long && j["state"] == "RUNNING")
+    {
+        assert!(Instant::now() < deadline, "long did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let shown = q.cli(&["show", &long.to_string()]).unwrap();
+    assert!(
+        shown.contains("long/0") && shown.contains("RUNNING"),
+        "{shown}"
+    );
+    q.cli(&["cancel", &long.to_string()]).unwrap();
+    env.cluster
+        .master
+        .wait_state(Duration::from_secs(30), "long/0 killed", |s| {
+            s["completed_tasks"].as_array().is_some_and(|t| {
+                t.iter()
+                    .any(|t| t["name"] == "long/0" && t["state"] == "KILLED")
+            })
+        })
+        .unwrap();
+    let job: Value =
+        serde_json::from_str(&q.cli(&["show", &long.to_string(), "--json"]).unwrap()).unwrap();
+    assert_eq!(job["state"], "CANCELLED");
+    assert!(
+        q.cli(&["cancel", &long.to_string()]).is_err(),
+        "cancelling twice is an error"
+    );
+    let metrics = gantry_tests::http_get(q.addr, "/metrics").unwrap();
+    for m in [
+        "gpu_queue_wait_seconds_count 3",
+        "gpu_queue_preemptions_total 0",
+        "gpu_queue_gpu_hours_total{team=\"a\"}",
+        "gpu_queue_idle_while_eligible_gpu_seconds_total",
+    ] {
+        assert!(metrics.contains(m), "{m} not in\n{metrics}");
+    }
+}
+
+#[test]
+fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(env) = start("gqpre", &["research=1", "prod=1"]) else {
+        return;
+    };
+    let q = &env.queue;
+    // Fill all 32 GPUs with 1-GPU preemptible jobs; a requeued one resumes and ends quickly.
+    let victim_cmd = r#"if [ "$GPU_QUEUE_PREEMPTIONS" -gt 0 ]; then sleep 1; exit 0; fi; sleep 25"#;
+    for i in 0..32 {
+        q.submit(
+            &format!("pre-{i}"),
+            "research",
+            "preemptible",
+            1,
+            "1",
+            victim_cmd,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while q.jobs().iter().filter(|j| j["state"] == "RUNNING").count() < 32 {
+        assert!(
+            Instant::now() < deadline,
+            "the preemptible jobs did not all start"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Every task running (the master says so) before the critical job arrives.
+    env.cluster
+        .master
+        .wait_state(Duration::from_secs(30), "32 running tasks", |s| {
+            s["tasks"]
+                .as_array()
+                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() == 32)
+        })
+        .unwrap();
+    let before: BTreeMap<String, (String, String)> = q
+        .jobs()
+        .iter()
+        .map(|j| {
+            let m = &j["members"][0];
+            (
+                j["name"].as_str().unwrap().to_string(),
+                (
+                    m["agent"].as_str().unwrap().to_string(),
+                    m["task_id"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect();
+    let crit = q.submit("urgent", "prod", "critical", 8, "1", "sleep 2");
+    let jobs = q.wait_all_ended(&env.cluster, Duration::from_secs(150));
+    for j in &jobs {
+        assert_eq!(j["state"], "FINISHED", "{j:#}");
+    }
+    let victims: Vec<&Value> = jobs
+        .iter()
+        .filter(|j| j["preemptions"].as_u64() > Some(0))
+        .collect();
+    assert_eq!(
+        victims.len(),
+        8,
+        "exactly the eight 1-GPU jobs one agent needs: {victims:#?}"
+    );
+    let agents: BTreeSet<&String> = victims
+        .iter()
+        .map(|v| &before[v["name"].as_str().unwrap()].0)
+        .collect();
+    assert_eq!(agents.len(), 1, "victims on one agent only: {agents:?}");
+    for v in &victims {
+        assert_eq!(v["preemptions"], 1, "{v:#}");
+        let (_, task_id) = &before[v["name"].as_str().unwrap()];
+        let warning = sandbox_file(&env.cluster, task_id, "gpu-queue-preempted");
+        assert!(
+            warning.as_deref().is_some_and(|w| w.contains("SIGTERM")),
+            "victim {} saw no warning before its kill",
+            v["name"]
+        );
+    }
+    let urgent = jobs.iter().find(|j| j["id"] == crit).unwrap();
+    assert_eq!(urgent["preemptions"], 0);
+}
+
+#[test]
+fn team_gpu_time_follows_weights() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(env) = start("gqfair", &["a=3", "b=2", "c=1"]) else {
+        return;
+    };
+    let q = &env.queue;
+    // A gang holding all 32 GPUs first, so the teams' jobs are all queued when GPUs free up
+    // (submitting takes a while; jobs submitted into an idle cluster would just start).
+    q.submit("warmup", "w", "normal", 8, "4", "sleep 15");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !q.jobs().iter().any(|j| j["state"] == "RUNNING") {
+        assert!(Instant::now() < deadline, "the warm-up gang did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // 1-GPU jobs, more than fit for every team: 32 GPUs, 3:2:1.
+    for i in 0..40 {
+        for team in ["a", "b", "c"] {
+            q.submit(&format!("{team}-{i}"), team, "normal", 1, "1", "sleep 3");
+        }
+    }
+    // Measure while every team still has work waiting.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let shares = loop {
+        let jobs = q.jobs();
+        let pending = |t: &str| {
+            jobs.iter()
+                .any(|j| j["team"] == t && j["state"] == "PENDING")
+        };
+        let stats = q.stats();
+        if !(pending("a") && pending("b") && pending("c")) {
+            break stats["gpu_secs"].clone();
+        }
+        assert!(Instant::now() < deadline, "the backlog never drained");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let get = |t: &str| shares[t].as_f64().unwrap_or(0.0);
+    let total = get("a") + get("b") + get("c");
+    assert!(total > 0.0);
+    for (t, w) in [("a", 3.0), ("b", 2.0), ("c", 1.0)] {
+        let share = get(t) / total;
+        let target = w / 6.0;
+        eprintln!("team {t}: GPU-time share {share:.3}, weight share {target:.3}");
+        assert!(
+            (share - target).abs() <= 0.10,
+            "team {t}: GPU-time share {share:.3} is not within 10 points of {target:.3}"
+        );
+    }
+}
