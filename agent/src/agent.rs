@@ -853,6 +853,15 @@ impl Agent {
                 tracing::error!("the master refused this agent: {message}");
                 anyhow::bail!("the master refused this agent: {message}");
             }
+            MasterToAgent::ClearGpu { uuid } => match self.health.clear(&uuid) {
+                Some(change) => {
+                    tracing::info!(gpu = %uuid, "GPU cleared by an operator through the master");
+                    self.health_changed(change)?;
+                }
+                None => {
+                    tracing::warn!(gpu = %uuid, "clear request for a GPU that is not unhealthy (or unknown)")
+                }
+            },
         }
         Ok(())
     }

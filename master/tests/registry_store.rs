@@ -27,11 +27,13 @@ fn sample() -> Vec<Mutation> {
             id: a1,
             name: "agent-1".into(),
             hostname: "node1.example".into(),
+            deactivated: false,
         }),
         Mutation::PutAgent(AgentRecord {
             id: a2,
             name: "agent-2".into(),
             hostname: "node2.example".into(),
+            deactivated: false,
         }),
         Mutation::SetWeight {
             role: "prod".into(),
@@ -203,6 +205,7 @@ async fn registry_etcd_load_pages_through_many_records() {
                 id: AgentId::from_u128(1000 + i),
                 name: format!("agent-{i}"),
                 hostname: format!("host-{i}"),
+                deactivated: false,
             })
         })
         .collect();
@@ -337,6 +340,7 @@ async fn registry_writer_group_commits_many_admissions_to_etcd() {
                 id: AgentId::from_u128(i + 1),
                 name: format!("agent-{i}"),
                 hostname: format!("host-{i}"),
+                deactivated: false,
             })])
         })
         .collect();

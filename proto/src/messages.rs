@@ -623,6 +623,12 @@ pub enum MasterToAgent {
         /// What was refused, and why.
         message: String,
     },
+    /// An operator cleared an unhealthy GPU through the master's API: bring it back as
+    /// `gantry-agent clear-gpu` does (the agent answers with `GpuHealth`).
+    ClearGpu {
+        /// The GPU's UUID.
+        uuid: String,
+    },
 }
 
 // ---------------------------------------------------------------------------------------------

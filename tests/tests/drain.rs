@@ -97,7 +97,7 @@ fn agent_id(m: &MasterProc, name: &str) -> AgentId {
 
 /// The maintenance entry of `agent` on master `m`, if any.
 fn maintenance(m: &MasterProc, agent: AgentId) -> Option<serde_json::Value> {
-    let body = http_get(m.http, "/api/v1/maintenance").ok()?;
+    let body = http_get(m.http, "/api/v1/maintenance/drains").ok()?;
     let v: serde_json::Value = serde_json::from_str(&body).ok()?;
     v["agents"]
         .as_array()?
@@ -304,7 +304,10 @@ async fn drained_agent_ends_empty_with_notice_before_kill_and_survives_failover(
     assert!(maintenance(m2, a).is_none());
 
     // Mark gone: removed, and its agent may not come back with its id.
-    ctl(m2, &["mark-gone", "drain-a"]);
+    gantry_master::client::BlockingClient::new(&gantry_tests::operator_client(m2.http).unwrap())
+        .unwrap()
+        .post_json("/api/v1/agents/drain-a/mark-gone", serde_json::json!({}))
+        .unwrap();
     m2.wait_state(Duration::from_secs(30), "drain-a removed", |s| {
         !s["agents"]
             .as_array()
@@ -321,7 +324,7 @@ async fn drained_agent_ends_empty_with_notice_before_kill_and_survives_failover(
             .any(|x| x["name"] == "drain-a"),
         "a gone agent came back"
     );
-    let body = http_get(m2.http, "/api/v1/maintenance").unwrap();
+    let body = http_get(m2.http, "/api/v1/maintenance/drains").unwrap();
     assert!(body.contains(&a.to_string()), "{body}");
     // Unknown agents are 404 with a JSON error (gantryctl exit code 3).
     let out = m2.gantryctl(&["drain", "no-such-agent"]).unwrap();
@@ -477,12 +480,12 @@ actions = ["drain", "undrain"]
         assert_eq!(status(viewer.post_json(&path, &empty).await), 403, "{path}");
     }
     assert_eq!(
-        status(anonymous.get("/api/v1/maintenance").await),
+        status(anonymous.get("/api/v1/maintenance/drains").await),
         401,
         "reads need a caller"
     );
     let view: serde_json::Value =
-        serde_json::from_str(&viewer.get("/api/v1/maintenance").await.unwrap()).unwrap();
+        serde_json::from_str(&viewer.get("/api/v1/maintenance/drains").await.unwrap()).unwrap();
     assert_eq!(view["agents"].as_array().map(Vec::len), Some(0), "{view}");
     // The drainer may drain and undrain, not mark gone.
     drainer

@@ -24,6 +24,9 @@
 //!    where it will go is reserved for it and no other preemption starts.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
 //! 6. Offers nobody can use are declined (offers held past the hold timeout too).
+//!
+//! Submodules: `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
+//! step 4), `views` (what the API shows), `tests`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -33,7 +36,7 @@ use gantry_sdk::placement::offers::{AgentView, FreeGpu, TaskRequest};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
-use super::model::{JobSpec, JobState, JobView, MemberView, Priority, TeamConfig};
+use super::model::{JobSpec, JobState, Priority, TeamConfig};
 
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
@@ -700,13 +703,21 @@ impl Core {
             .flat_map(|(_, parts)| parts.iter().map(|p| p.0))
             .collect();
         let waiting = !blocked.is_empty();
+        // Per agent: the master's accept and decline act on all of a framework's offers on an
+        // agent, so an agent's offers are kept or declined together (kept while its newest
+        // offer is fresh).
+        let mut fresh: BTreeMap<AgentId, bool> = BTreeMap::new();
+        for (o, at) in self.offers.values() {
+            let f = now.saturating_duration_since(*at) < self.config.offer_hold;
+            *fresh.entry(o.agent_id).or_default() |= f;
+        }
         let mut decline = Vec::new();
-        for (id, (o, at)) in &self.offers {
+        for (id, (o, _)) in &self.offers {
             if used_offers.contains(id) {
                 continue;
             }
-            let stale = now.saturating_duration_since(*at) >= self.config.offer_hold;
-            let keep = reserved.contains(&o.agent_id) || (waiting && !stale);
+            let keep = reserved.contains(&o.agent_id)
+                || (waiting && fresh.get(&o.agent_id).copied().unwrap_or(false));
             if !keep {
                 decline.push(*id);
             }
@@ -759,424 +770,6 @@ impl Core {
         }
         Some((id, parts))
     }
-
-    /// Records a job's launch and builds its tasks: (agent index, task).
-    fn start(
-        &mut self,
-        id: u64,
-        plan: &gantry_sdk::placement::offers::Plan,
-        agents: &[(AgentId, String)],
-        now: Instant,
-    ) -> Vec<(usize, TaskInfo)> {
-        let preempt_file = self.config.preempt_file.clone();
-        let Some(job) = self.jobs.get_mut(&id) else {
-            return Vec::new();
-        };
-        let first = job.state == JobState::Pending;
-        if first {
-            job.state = JobState::Running;
-            job.waited += now.saturating_duration_since(job.waiting_since);
-            self.stats.waits.push(job.waited.as_secs_f64());
-        }
-        let workers = if first {
-            plan.assignments.len() as u32
-        } else {
-            job.running_members() + plan.assignments.len() as u32
-        };
-        let mut out = Vec::new();
-        for a in &plan.assignments {
-            let index = job.next_index;
-            job.next_index += 1;
-            let task_id = TaskId::random();
-            let (agent_id, hostname) = agents
-                .get(a.agent)
-                .cloned()
-                .unwrap_or((AgentId::random(), String::new()));
-            let mut env = job.spec.env.clone();
-            env.insert("GPU_QUEUE_JOB".into(), job.spec.name.clone());
-            env.insert("GPU_QUEUE_JOB_ID".into(), id.to_string());
-            env.insert("GPU_QUEUE_WORKER_INDEX".into(), index.to_string());
-            env.insert("GPU_QUEUE_WORKERS".into(), workers.to_string());
-            env.insert("GPU_QUEUE_PREEMPTIONS".into(), job.preemptions.to_string());
-            env.insert("GPU_QUEUE_PREEMPT_FILE".into(), preempt_file.clone());
-            env.insert(
-                "GPU_QUEUE_GRACE_SECS".into(),
-                job.spec.grace_secs.to_string(),
-            );
-            let task = TaskInfo {
-                task_id,
-                name: format!("{}/{index}", job.spec.name),
-                command: wrap(&job.spec.command_info()),
-                resources: member_resources(&job.spec),
-                env,
-                kill_grace_secs: Some(job.spec.grace_secs),
-                gpu_selector: job.spec.selector(),
-            };
-            job.members.insert(
-                index,
-                Member {
-                    task_id,
-                    agent_id,
-                    hostname,
-                    gpus: a.gpus.clone(),
-                    state: TaskState::Staging,
-                    killing: false,
-                    started: now,
-                },
-            );
-            self.tasks.insert(task_id, (id, index));
-            out.push((a.agent, task));
-        }
-        out
-    }
-
-    /// Grows running elastic gangs on what is free (launches on the remaining offers).
-    fn grow(&mut self, views: &mut Vec<AgentView>, now: Instant) -> Vec<Action> {
-        let ids: Vec<u64> = self
-            .jobs
-            .values()
-            .filter(|j| {
-                j.state == JobState::Running
-                    && !j.preempting
-                    && j.finished_members == 0
-                    && j.running_members() < j.spec.max_workers
-            })
-            .map(|j| j.id)
-            .collect();
-        let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
-        for id in ids {
-            let job = &self.jobs[&id];
-            let member = request(&job.spec);
-            let plan = gang::grow(views, &member, job.running_members(), job.spec.max_workers);
-            if plan.assignments.is_empty() {
-                continue;
-            }
-            for (agent, task) in self.start(id, &plan, &avail_ids(views), now) {
-                launches.entry(agent).or_default().push(task);
-            }
-        }
-        let mut out = Vec::new();
-        for (agent, tasks) in launches {
-            let Some(v) = views.get(agent) else { continue };
-            for o in &v.offer_ids {
-                self.offers.remove(o);
-            }
-            out.push(Action::Launch {
-                offers: v.offer_ids.clone(),
-                tasks,
-            });
-        }
-        out
-    }
-
-    /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
-    fn preempt(
-        &mut self,
-        id: u64,
-        free: &[AgentView],
-        started: &BTreeSet<u64>,
-        now: Instant,
-    ) -> Vec<Action> {
-        let spec = self.jobs[&id].spec.clone();
-        let member = request(&spec);
-        // Victim units: an elastic gang's members above its minimum one by one (highest index
-        // first), else whole jobs. (job, members, priority).
-        let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
-        for j in self.jobs.values() {
-            if j.state != JobState::Running
-                || j.preempting
-                || j.spec.priority >= spec.priority
-                || started.contains(&j.id)
-            {
-                continue;
-            }
-            let n = j.running_members();
-            let extra = gang::shrink_order(n, j.spec.min_workers, n);
-            for &i in &extra {
-                if j.members.contains_key(&i) {
-                    units.push((j.id, vec![i], j.spec.priority));
-                }
-            }
-            units.push((j.id, j.members.keys().copied().collect(), j.spec.priority));
-        }
-        // Free views for every known agent (agents without offers have nothing free).
-        let mut work: Vec<AgentView> = self
-            .agents
-            .iter()
-            .map(|(aid, a)| {
-                free.iter()
-                    .find(|v| v.agent_id == *aid)
-                    .cloned()
-                    .unwrap_or(AgentView {
-                        agent_id: *aid,
-                        hostname: a.hostname.clone(),
-                        offer_ids: Vec::new(),
-                        resources: Resources::new(),
-                        attributes: a.attributes.clone(),
-                        gpus: Vec::new(),
-                    })
-            })
-            .collect();
-        let mut chosen: Vec<usize> = Vec::new();
-        // Members already counted as freed (a whole-job unit after some of its members were
-        // picked one by one adds only the rest).
-        let mut covered: BTreeSet<(u64, u32)> = BTreeSet::new();
-        let mut parts: Parts = Vec::new();
-        let reserve = |parts: &mut Parts, agent: AgentId, gpus: Vec<String>| match parts
-            .iter_mut()
-            .find(|p| p.0 == agent)
-        {
-            Some(p) => {
-                p.1.add_assign(&member.resources);
-                p.2.extend(gpus);
-            }
-            None => parts.push((agent, member.resources.clone(), gpus)),
-        };
-        for _ in 0..spec.min_workers.max(1) {
-            if let Some(c) = gantry_sdk::placement::offers::place_one(&work, &member) {
-                let agent = work[c.agent].agent_id;
-                let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
-                reserve(&mut parts, agent, gpus);
-                continue;
-            }
-            // Per agent: add units (lowest class, then fewest GPUs) until the member fits.
-            let mut best: Option<((u64, usize), usize, Vec<usize>)> = None;
-            for (ai, view) in work.iter().enumerate() {
-                let mut trial = view.clone();
-                let mut picked = Vec::new();
-                let mut order: Vec<usize> = (0..units.len())
-                    .filter(|u| {
-                        !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0
-                    })
-                    .collect();
-                order.sort_by_key(|&u| {
-                    (
-                        units[u].2,
-                        self.unit_on(&units[u], view.agent_id).1.milli("gpus"),
-                        units[u].1.len(),
-                    )
-                });
-                let mut fits =
-                    gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
-                let mut counted = covered.clone();
-                for u in order {
-                    if fits {
-                        break;
-                    }
-                    let rest = rest_of(&units[u], &counted);
-                    let (n, res, gpus) = self.unit_on(&rest, view.agent_id);
-                    if n == 0 {
-                        continue;
-                    }
-                    counted.extend(rest.1.iter().map(|&i| (rest.0, i)));
-                    trial.resources.add_assign(&res);
-                    for g in gpus {
-                        if let Some(info) =
-                            self.agents.get(&view.agent_id).and_then(|a| a.gpus.get(&g))
-                        {
-                            if !trial.gpus.iter().any(|x| x.uuid == g) {
-                                trial.gpus.push(info.clone());
-                            }
-                        }
-                    }
-                    picked.push(u);
-                    fits = gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
-                }
-                if !fits || picked.is_empty() {
-                    continue;
-                }
-                let cost: u64 = picked.iter().map(|&u| self.unit_gpus(&units[u])).sum();
-                let key = (cost, picked.len());
-                if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
-                    best = Some((key, ai, picked));
-                }
-            }
-            let Some((_, ai, picked)) = best else {
-                return Vec::new(); // cannot be made to fit: kill nobody
-            };
-            // Apply: the picked units' resources on that agent join its free view, then the
-            // member takes its share.
-            for &u in &picked {
-                let rest = rest_of(&units[u], &covered);
-                let (_, res, gpus) = self.unit_on(&rest, work[ai].agent_id);
-                covered.extend(rest.1.iter().map(|&i| (rest.0, i)));
-                work[ai].resources.add_assign(&res);
-                for g in gpus {
-                    if let Some(info) = self
-                        .agents
-                        .get(&work[ai].agent_id)
-                        .and_then(|a| a.gpus.get(&g))
-                    {
-                        work[ai].gpus.push(info.clone());
-                    }
-                }
-                chosen.push(u);
-            }
-            work[ai]
-                .gpus
-                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
-            let Some(c) = gantry_sdk::placement::offers::evaluate(ai, &work[ai], &member) else {
-                return Vec::new();
-            };
-            let agent = work[ai].agent_id;
-            let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
-            reserve(&mut parts, agent, gpus);
-        }
-        if chosen.is_empty() {
-            return Vec::new();
-        }
-        self.preempt_for = Some((id, parts, now));
-        // Kill the chosen units: whole jobs are requeued when their members end; single
-        // members of elastic gangs just stop.
-        let mut out = Vec::new();
-        let mut whole: BTreeSet<u64> = BTreeSet::new();
-        for &u in &chosen {
-            let (job_id, members, _) = &units[u];
-            let Some(job) = self.jobs.get_mut(job_id) else {
-                continue;
-            };
-            // The whole-job unit lists every member; shrink units one member of a larger gang.
-            if members.len() as u32 == job.running_members() {
-                whole.insert(*job_id);
-            }
-            for i in members {
-                if let Some(m) = job.members.get_mut(i) {
-                    if !m.killing {
-                        m.killing = true;
-                        out.push(Action::Kill(m.task_id));
-                    }
-                }
-            }
-        }
-        for job_id in whole {
-            if let Some(job) = self.jobs.get_mut(&job_id) {
-                job.preempting = true;
-                job.message = format!("preempted for job {id}");
-                for m in job.members.values_mut() {
-                    if !m.killing {
-                        m.killing = true;
-                        out.push(Action::Kill(m.task_id));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// A unit's members on `agent`: (count, resources, GPUs).
-    fn unit_on(
-        &self,
-        unit: &(u64, Vec<u32>, Priority),
-        agent: AgentId,
-    ) -> (usize, Resources, Vec<String>) {
-        let Some(job) = self.jobs.get(&unit.0) else {
-            return (0, Resources::new(), Vec::new());
-        };
-        let res = member_resources(&job.spec);
-        let mut total = Resources::new();
-        let mut gpus = Vec::new();
-        let mut n = 0;
-        for i in &unit.1 {
-            if let Some(m) = job.members.get(i).filter(|m| m.agent_id == agent) {
-                n += 1;
-                total.add_assign(&res);
-                gpus.extend(m.gpus.iter().cloned());
-            }
-        }
-        (n, total, gpus)
-    }
-
-    fn unit_gpus(&self, unit: &(u64, Vec<u32>, Priority)) -> u64 {
-        self.jobs
-            .get(&unit.0)
-            .map_or(0, |j| u64::from(j.spec.gpus) * unit.1.len() as u64)
-    }
-
-    /// Every job, for the API.
-    pub fn views(&self, now: Instant) -> Vec<JobView> {
-        self.jobs.values().map(|j| self.view_of(j, now)).collect()
-    }
-
-    /// One job, for the API.
-    pub fn view(&self, id: u64, now: Instant) -> Option<JobView> {
-        self.jobs.get(&id).map(|j| self.view_of(j, now))
-    }
-
-    fn view_of(&self, j: &Job, now: Instant) -> JobView {
-        let waiting = if j.state == JobState::Pending {
-            now.saturating_duration_since(j.waiting_since)
-        } else {
-            Duration::ZERO
-        };
-        let mut agents: Vec<String> = j.members.values().map(|m| m.hostname.clone()).collect();
-        agents.sort();
-        agents.dedup();
-        JobView {
-            id: j.id,
-            name: j.spec.name.clone(),
-            team: j.spec.team.clone(),
-            priority: j.spec.priority,
-            effective_priority: self.effective(j, now),
-            state: j.state,
-            workers: j.running_members(),
-            min_workers: j.spec.min_workers,
-            max_workers: j.spec.max_workers,
-            gpus_per_worker: j.spec.gpus,
-            preemptions: j.preemptions,
-            waited_secs: (j.waited + waiting).as_secs_f64(),
-            deadline_unix: j.spec.deadline_unix,
-            agents,
-            members: j
-                .members
-                .iter()
-                .map(|(i, m)| MemberView {
-                    index: *i,
-                    task: format!("{}/{i}", j.spec.name),
-                    task_id: m.task_id.to_string(),
-                    agent: m.hostname.clone(),
-                    gpus: m.gpus.clone(),
-                    state: m.state.as_str().to_string(),
-                })
-                .collect(),
-            message: j.message.clone(),
-            age_secs: now.saturating_duration_since(j.submitted).as_secs_f64(),
-        }
-    }
-
-    /// Pending jobs per (team, priority).
-    pub fn depth(&self) -> BTreeMap<(String, Priority), u64> {
-        let mut d = BTreeMap::new();
-        for j in self.jobs.values().filter(|j| j.state == JobState::Pending) {
-            *d.entry((j.spec.team.clone(), j.spec.priority)).or_default() += 1;
-        }
-        d
-    }
-
-    /// GPU-seconds per team so far, running members included.
-    pub fn gpu_secs(&self, now: Instant) -> BTreeMap<String, f64> {
-        let mut out = self.stats.gpu_secs.clone();
-        for j in self.jobs.values() {
-            for m in j.members.values().filter(|m| m.state == TaskState::Running) {
-                *out.entry(j.spec.team.clone()).or_default() +=
-                    m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
-            }
-        }
-        out
-    }
-}
-
-/// A victim unit without the members already in `covered`.
-fn rest_of(
-    unit: &(u64, Vec<u32>, Priority),
-    covered: &BTreeSet<(u64, u32)>,
-) -> (u64, Vec<u32>, Priority) {
-    let members = unit
-        .1
-        .iter()
-        .copied()
-        .filter(|&i| !covered.contains(&(unit.0, i)))
-        .collect();
-    (unit.0, members, unit.2)
 }
 
 /// Per agent: the amount and GPUs reserved there.
@@ -1217,31 +810,9 @@ fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]
     }
 }
 
-/// The worker's command under a small `sh` wrapper: on SIGTERM (the preemption or cancel
-/// warning, sent to the whole process group) it writes `$GPU_QUEUE_PREEMPT_FILE` in the
-/// sandbox, then waits for the job, whose exit status it returns.
-fn wrap(command: &CommandInfo) -> CommandInfo {
-    const SCRIPT: &str = r#"trap 'echo "$(date +%s) SIGTERM: checkpoint now" > "$GPU_QUEUE_PREEMPT_FILE"' TERM
-"$@" &
-child=$!
-wait "$child"; status=$?
-if [ -f "$GPU_QUEUE_PREEMPT_FILE" ]; then wait "$child"; status=$?; fi
-exit "$status""#;
-    let mut argv = vec![
-        "/bin/sh".to_string(),
-        "-c".into(),
-        SCRIPT.into(),
-        "gpu-queue-worker".into(),
-    ];
-    match &command.program {
-        Program::Shell(s) => argv.extend(["/bin/sh".to_string(), "-c".into(), s.clone()]),
-        Program::Argv(v) => argv.extend(v.iter().cloned()),
-    }
-    CommandInfo {
-        program: Program::Argv(argv),
-        user: command.user.clone(),
-    }
-}
+mod launch;
+mod preempt;
+mod views;
 
 #[cfg(test)]
 mod tests;

@@ -49,6 +49,36 @@ impl Allocator {
         self.epoch += 1;
     }
 
+    /// Deactivates (`active` false) or reactivates an agent: a deactivated agent is never
+    /// offered and its outstanding offers are rescinded (returned); what runs there stays
+    /// allocated. Returns the rescinded offers (nothing for an unknown agent).
+    pub fn set_agent_active(&mut self, id: AgentId, active: bool) -> Vec<OfferRecord> {
+        let Some(&a) = self.agent_ids.get(&id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if !active {
+            for o in self.ag(a).offers.clone() {
+                if let Some(st) = self.drop_offer(o) {
+                    self.counters.rescinded += 1;
+                    out.push(self.take_record(st));
+                }
+            }
+        }
+        let agent = self.ag_mut(a);
+        agent.inactive = !active;
+        agent.stable = None;
+        self.epoch += 1;
+        out
+    }
+
+    /// True unless an operator deactivated the agent ([`Allocator::set_agent_active`]).
+    pub fn agent_active(&self, id: AgentId) -> bool {
+        self.agent_ids
+            .get(&id)
+            .is_some_and(|a| !self.ag(*a).inactive)
+    }
+
     /// Removes an agent: its outstanding offers are rescinded (returned), allocations on it
     /// vanish, filters on it are dropped.
     pub fn remove_agent(&mut self, id: AgentId) -> Vec<OfferRecord> {
@@ -86,42 +116,6 @@ impl Allocator {
         self.keys_stale = true;
         self.epoch += 1;
         out
-    }
-
-    /// Stops (`active` false) or resumes offering an agent (maintenance drain). Deactivating
-    /// rescinds (returns) its outstanding offers, which are returned; tasks on it keep their
-    /// resources. Unknown agents are ignored.
-    pub fn set_agent_active(&mut self, id: AgentId, active: bool) -> Vec<OfferRecord> {
-        let Some(&a) = self.agent_ids.get(&id) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        {
-            let agent = self.ag_mut(a);
-            if agent.inactive != active {
-                return out;
-            }
-            agent.inactive = !active;
-            agent.stable = None;
-        }
-        if !active {
-            for o in self.ag(a).offers.clone() {
-                if let Some(st) = self.drop_offer(o) {
-                    self.counters.rescinded += 1;
-                    out.push(self.take_record(st));
-                }
-            }
-        }
-        self.epoch += 1;
-        out
-    }
-
-    /// True when the agent is known and offered (not deactivated by
-    /// [`Allocator::set_agent_active`]).
-    pub fn agent_active(&self, id: AgentId) -> bool {
-        self.agent_ids
-            .get(&id)
-            .is_some_and(|&a| !self.ag(a).inactive)
     }
 
     /// Replaces an agent's resources (e.g. a GPU withdrawn). Allocations in use stay; offers

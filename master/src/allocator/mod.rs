@@ -291,7 +291,8 @@ struct Agent {
     filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
-    /// Not offered (the agent is draining for maintenance); its tasks keep their resources.
+    /// Never offered (its allocations stay): deactivated by an operator, or draining for
+    /// maintenance (the master decides; see `state::maintenance`).
     inactive: bool,
 }
 

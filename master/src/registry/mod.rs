@@ -53,6 +53,10 @@ pub struct AgentRecord {
     /// The agent's name, taken from its certificate.
     pub name: String,
     pub hostname: String,
+    /// Deactivated by an operator (`/api/v1/agents/{id}/deactivate`): not offered until
+    /// reactivated, also after a failover.
+    #[serde(default)]
+    pub deactivated: bool,
 }
 
 /// A role's quota: resources guaranteed to it and the most it may hold.
@@ -503,6 +507,7 @@ mod tests {
                 id: a,
                 name: "agent-1".into(),
                 hostname: "host1".into(),
+                deactivated: false,
             }),
             Mutation::SetWeight {
                 role: "prod/web".into(),

@@ -1,11 +1,11 @@
 //! Maintenance endpoints of the operator API (see `crate::state::maintenance` for the rules):
 //!
-//! - `POST /api/v1/agents/{agent}/drain` with an optional body `{"deadline_secs": N}`: drain
+//! - `POST /api/v1/agents/{id}/drain` with an optional body `{"deadline_secs": N}`: drain
 //!   the agent (id or name), killing what is left after N seconds (never when omitted);
 //!   ACL action `drain`.
-//! - `POST /api/v1/agents/{agent}/undrain`: offer it again; ACL action `undrain`.
-//! - `POST /api/v1/agents/{agent}/mark-gone`: remove it for good; ACL action `mark_gone`.
-//! - `GET /api/v1/maintenance`: every agent under maintenance (`DRAINING` / `DRAINED`, deadline,
+//! - `POST /api/v1/agents/{id}/undrain`: offer it again; ACL action `undrain`.
+//! - `POST /api/v1/agents/{id}/mark-gone`: remove it for good; ACL action `mark_gone`.
+//! - `GET /api/v1/maintenance/drains`: every agent under maintenance (`DRAINING` / `DRAINED`, deadline,
 //!   tasks left, frameworks notified) and the agents marked gone.
 //!
 //! Writes answer with the maintenance view after the change. Errors are JSON
@@ -18,7 +18,7 @@ use axum::extract::Path;
 use super::*;
 use crate::state::{MaintenanceCommand, MaintenanceError};
 
-/// Body of `POST /api/v1/agents/{agent}/drain` (may be empty).
+/// Body of `POST /api/v1/agents/{id}/drain` (may be empty).
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct DrainRequest {

@@ -298,6 +298,7 @@ impl Master {
             if let Some(a) = self.agents.get_mut(&agent_id) {
                 a.tasks.insert(tid);
             }
+            self.emit_task(tid);
             out.push(Output::ToAgent(
                 agent_conn,
                 MasterToAgent::RunTask {

@@ -285,6 +285,7 @@ impl Master {
                     }
                 }
                 self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                self.emit_agent(id, "re-registered");
                 id
             }
             None => {
@@ -313,18 +314,32 @@ impl Master {
                         disconnected_at: None,
                         tasks: HashSet::new(),
                         task_user: String::new(),
+                        active: true,
                     },
                 );
                 self.agents_by_name.insert(name.clone(), id);
+                self.emit(ClusterEvent::AgentAdded {
+                    agent_id: id.to_string(),
+                    name: name.clone(),
+                });
                 let hostname = self
                     .agents
                     .get(&id)
                     .map(|a| a.hostname.clone())
                     .unwrap_or_default();
+                let deactivated = recovered.as_ref().is_some_and(|r| r.deactivated);
+                if deactivated {
+                    // Deactivated by an operator before the failover: still not offered.
+                    if let Some(a) = self.agents.get_mut(&id) {
+                        a.active = false;
+                    }
+                    self.allocator.set_agent_active(id, false);
+                }
                 let record = AgentRecord {
                     id,
                     name: name.clone(),
                     hostname,
+                    deactivated,
                 };
                 // After a failover the registry already holds most re-registering agents:
                 // write only what changed (10,000 agents must not mean 10,000 etcd writes).
@@ -576,6 +591,7 @@ impl Master {
         if update.state.is_terminal() {
             self.release_task_resources(update.task_id);
         }
+        self.emit_task(update.task_id);
         match self.frameworks.get(&framework) {
             Some(f) => {
                 if let Some(fconn) = f.conn {
@@ -627,6 +643,12 @@ impl Master {
             self.send_rescind(&rec, out);
         }
         self.allocation_pending = true;
+        let what = if healthy {
+            format!("GPU {uuid} healthy again")
+        } else {
+            format!("GPU {uuid} unhealthy: {reason}")
+        };
+        self.emit_agent(agent, &what);
     }
 
     pub(super) fn agent_disconnected(
@@ -645,6 +667,7 @@ impl Master {
         a.conn = None;
         a.disconnected_at = Some(now);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
+        self.emit_agent(id, "disconnected");
         // Its outstanding offers can no longer be used.
         let offers = self.allocator.agent_offers(id);
         for oid in offers {
@@ -700,6 +723,11 @@ impl Master {
                 });
             }
             tracing::warn!(agent = %a.name, reason, "agent removed");
+            self.emit(ClusterEvent::AgentRemoved {
+                agent_id: id.to_string(),
+                name: a.name.clone(),
+                reason: reason.to_string(),
+            });
             for role in a.dynamic.keys() {
                 out.push(Output::Persist(Mutation::RemoveReservation {
                     agent_id: id,

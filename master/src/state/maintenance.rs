@@ -199,7 +199,9 @@ impl Master {
                 if self.drains.remove(&id).is_none() {
                     return Err(MaintenanceError::NotDraining(agent));
                 }
-                for rec in self.allocator.set_agent_active(id, true) {
+                // Offered again unless an operator deactivated it as well.
+                let active = self.agents.get(&id).is_none_or(|a| a.active);
+                for rec in self.allocator.set_agent_active(id, active) {
                     self.send_rescind(&rec, &mut out);
                 }
                 self.allocation_pending = true;

@@ -343,6 +343,7 @@ fn a_drain_survives_a_new_leader_with_its_deadline() {
             id: agent,
             name: "a1".into(),
             hostname: "h1".into(),
+            deactivated: false,
         },
     );
     for m in persisted(&out) {

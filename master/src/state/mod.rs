@@ -60,9 +60,11 @@
 //! - `reconcile`: framework reconciliation answered in bounded slices;
 //! - `timers`: re-register, failover and offer timeouts, the leadership lease, and
 //!   [`Master::next_deadline`] (when the shell must wake the core next);
-//! - `operator`: operator commands (weights, quotas);
+//! - `operator`: operator commands (weights, quotas, reservations, agent activation and
+//!   removal, framework teardown, GPU clears);
 //! - `maintenance`: draining agents (notices, kills at the deadline, `DRAINED`), undrain,
 //!   mark-gone, spot-termination notices;
+//! - `events`: the changes recorded for the operator event stream;
 //! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
 //!   and operator commands (their text is what peers and operators read);
 //! - `recovery`: restoring the registry after a failover;
@@ -71,6 +73,7 @@
 
 mod accept;
 mod agents;
+mod events;
 mod frameworks;
 mod maintenance;
 pub mod metrics;
@@ -84,6 +87,7 @@ pub mod view;
 
 use accept::refuse_ms;
 pub use accept::{BadRefuseSeconds, FOREVER_MS};
+pub use events::{ClusterEvent, MAX_PENDING_EVENTS};
 pub use maintenance::{
     GoneStatus, MaintenanceCommand, MaintenanceError, MaintenanceStatus, MaintenanceView,
     DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
@@ -352,6 +356,8 @@ pub(crate) struct AgentRec {
     pub tasks: HashSet<TaskId>,
     /// The user its tasks run as when their command names none (reported at registration).
     pub task_user: String,
+    /// False while an operator has deactivated it: nothing of it is offered (its tasks run on).
+    pub active: bool,
 }
 
 #[derive(Debug)]
@@ -524,6 +530,8 @@ pub struct Master {
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
+    /// Changes for the operator event stream, until the shell takes them.
+    events: events::EventQueue,
     /// Until when this master may act as leader ([`Input::LeaseUntil`]; `None`: always).
     lease_until: Option<Millis>,
     /// Agents under maintenance (draining or drained).
@@ -583,6 +591,7 @@ impl Master {
             last_cycle_us: 0,
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
+            events: events::EventQueue::default(),
             lease_until: None,
             drains: BTreeMap::new(),
             gone: BTreeMap::new(),

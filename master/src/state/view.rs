@@ -46,6 +46,8 @@ pub struct AgentView {
     pub gpu_samples: Vec<GpuSample>,
     /// The user its tasks run as when their command names none (`--task-user`).
     pub task_user: String,
+    /// False while an operator has deactivated it (nothing of it is offered).
+    pub active: bool,
     /// `DRAINING` or `DRAINED` while under maintenance (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain: Option<&'static str>,
@@ -185,6 +187,7 @@ impl Master {
                     gpu_samples: a.gpu_samples.clone(),
                     drain: self.drain_state(a.id),
                     task_user: a.task_user.clone(),
+                    active: a.active,
                 }
             })
             .collect();

@@ -251,6 +251,8 @@ impl Agent {
                 self.shared.agent_errors.fetch_add(1, Relaxed);
                 tracing::warn!(agent = self.idx, "master: {message}");
             }
+            // Emulated agents have no GPU health to clear.
+            MasterToAgent::ClearGpu { .. } => {}
         }
     }
 

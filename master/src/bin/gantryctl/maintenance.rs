@@ -1,5 +1,6 @@
-//! `gantryctl drain | undrain | mark-gone | maintenance`: agent maintenance over
-//! `/api/v1/agents/{agent}/…` and `GET /api/v1/maintenance`.
+//! `gantryctl drain | undrain | maintenance`: agent maintenance over
+//! `/api/v1/agents/{id}/…` and `GET /api/v1/maintenance/drains` (`mark-gone` is the API
+//! helper's command).
 
 use std::time::Duration;
 
@@ -25,8 +26,6 @@ pub enum MaintenanceCmd {
     },
     /// Offer a drained (or draining) agent again.
     Undrain { agent: String },
-    /// Remove an agent for good: its tasks are LOST and it may not re-register with its id.
-    MarkGone { agent: String },
     /// Show the agents under maintenance and the agents marked gone.
     Maintenance {
         /// Print the raw JSON.
@@ -121,7 +120,7 @@ pub async fn run(c: &OperatorClient, cmd: MaintenanceCmd) -> anyhow::Result<()> 
             }
             let until = tokio::time::Instant::now() + wait_timeout;
             loop {
-                let view = parse(&c.get("/api/v1/maintenance").await?)?;
+                let view = parse(&c.get("/api/v1/maintenance/drains").await?)?;
                 let Some(a) = entry(&view, &agent) else {
                     anyhow::bail!("{agent} left maintenance (undrained or removed)");
                 };
@@ -148,14 +147,8 @@ pub async fn run(c: &OperatorClient, cmd: MaintenanceCmd) -> anyhow::Result<()> 
             println!("{agent} undrained: offered again");
             Ok(())
         }
-        MaintenanceCmd::MarkGone { agent } => {
-            c.post_json(&path(&agent, "mark-gone"), &serde_json::json!({}))
-                .await?;
-            println!("{agent} marked gone");
-            Ok(())
-        }
         MaintenanceCmd::Maintenance { json } => {
-            let body = c.get("/api/v1/maintenance").await?;
+            let body = c.get("/api/v1/maintenance/drains").await?;
             if json {
                 println!("{body}");
             } else {

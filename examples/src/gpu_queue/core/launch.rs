@@ -1,0 +1,148 @@
+//! Launching: a job's tasks (named `JOBNAME/INDEX`, wrapped so the preemption warning leaves
+//! a file), and the growth of running elastic gangs.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use gantry_sdk::placement::gang;
+use gantry_sdk::placement::offers::{AgentView, Plan};
+use gantry_sdk::protocol::*;
+
+use super::{avail_ids, member_resources, request, Action, Core, JobState, Member};
+
+impl Core {
+    /// Records a job's launch and builds its tasks: (agent index, task).
+    pub(super) fn start(
+        &mut self,
+        id: u64,
+        plan: &Plan,
+        agents: &[(AgentId, String)],
+        now: Instant,
+    ) -> Vec<(usize, TaskInfo)> {
+        let preempt_file = self.config.preempt_file.clone();
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Vec::new();
+        };
+        let first = job.state == JobState::Pending;
+        if first {
+            job.state = JobState::Running;
+            job.waited += now.saturating_duration_since(job.waiting_since);
+            self.stats.waits.push(job.waited.as_secs_f64());
+        }
+        let workers = if first {
+            plan.assignments.len() as u32
+        } else {
+            job.running_members() + plan.assignments.len() as u32
+        };
+        let mut out = Vec::new();
+        for a in &plan.assignments {
+            let index = job.next_index;
+            job.next_index += 1;
+            let task_id = TaskId::random();
+            let (agent_id, hostname) = agents
+                .get(a.agent)
+                .cloned()
+                .unwrap_or((AgentId::random(), String::new()));
+            let mut env = job.spec.env.clone();
+            env.insert("GPU_QUEUE_JOB".into(), job.spec.name.clone());
+            env.insert("GPU_QUEUE_JOB_ID".into(), id.to_string());
+            env.insert("GPU_QUEUE_WORKER_INDEX".into(), index.to_string());
+            env.insert("GPU_QUEUE_WORKERS".into(), workers.to_string());
+            env.insert("GPU_QUEUE_PREEMPTIONS".into(), job.preemptions.to_string());
+            env.insert("GPU_QUEUE_PREEMPT_FILE".into(), preempt_file.clone());
+            env.insert(
+                "GPU_QUEUE_GRACE_SECS".into(),
+                job.spec.grace_secs.to_string(),
+            );
+            let task = TaskInfo {
+                task_id,
+                name: format!("{}/{index}", job.spec.name),
+                command: wrap(&job.spec.command_info()),
+                resources: member_resources(&job.spec),
+                env,
+                kill_grace_secs: Some(job.spec.grace_secs),
+                gpu_selector: job.spec.selector(),
+            };
+            job.members.insert(
+                index,
+                Member {
+                    task_id,
+                    agent_id,
+                    hostname,
+                    gpus: a.gpus.clone(),
+                    state: TaskState::Staging,
+                    killing: false,
+                    started: now,
+                },
+            );
+            self.tasks.insert(task_id, (id, index));
+            out.push((a.agent, task));
+        }
+        out
+    }
+
+    /// Grows running elastic gangs on what is free (launches on the remaining offers).
+    pub(super) fn grow(&mut self, views: &mut Vec<AgentView>, now: Instant) -> Vec<Action> {
+        let ids: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                j.state == JobState::Running
+                    && !j.preempting
+                    && j.finished_members == 0
+                    && j.running_members() < j.spec.max_workers
+            })
+            .map(|j| j.id)
+            .collect();
+        let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
+        for id in ids {
+            let job = &self.jobs[&id];
+            let member = request(&job.spec);
+            let plan = gang::grow(views, &member, job.running_members(), job.spec.max_workers);
+            if plan.assignments.is_empty() {
+                continue;
+            }
+            for (agent, task) in self.start(id, &plan, &avail_ids(views), now) {
+                launches.entry(agent).or_default().push(task);
+            }
+        }
+        let mut out = Vec::new();
+        for (agent, tasks) in launches {
+            let Some(v) = views.get(agent) else { continue };
+            for o in &v.offer_ids {
+                self.offers.remove(o);
+            }
+            out.push(Action::Launch {
+                offers: v.offer_ids.clone(),
+                tasks,
+            });
+        }
+        out
+    }
+}
+
+/// The worker's command under a small `sh` wrapper: on SIGTERM (the preemption or cancel
+/// warning, sent to the whole process group) it writes `$GPU_QUEUE_PREEMPT_FILE` in the
+/// sandbox, then waits for the job, whose exit status it returns.
+fn wrap(command: &CommandInfo) -> CommandInfo {
+    const SCRIPT: &str = r#"trap 'echo "$(date +%s) SIGTERM: checkpoint now" > "$GPU_QUEUE_PREEMPT_FILE"' TERM
+"$@" &
+child=$!
+wait "$child"; status=$?
+if [ -f "$GPU_QUEUE_PREEMPT_FILE" ]; then wait "$child"; status=$?; fi
+exit "$status""#;
+    let mut argv = vec![
+        "/bin/sh".to_string(),
+        "-c".into(),
+        SCRIPT.into(),
+        "gpu-queue-worker".into(),
+    ];
+    match &command.program {
+        Program::Shell(s) => argv.extend(["/bin/sh".to_string(), "-c".into(), s.clone()]),
+        Program::Argv(v) => argv.extend(v.iter().cloned()),
+    }
+    CommandInfo {
+        program: Program::Argv(argv),
+        user: command.user.clone(),
+    }
+}

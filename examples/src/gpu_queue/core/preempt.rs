@@ -1,0 +1,251 @@
+//! Preemption: which running workers to stop so that a blocked `critical`/`high` job fits
+//! (see the parent module's documentation, step 4).
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use gantry_sdk::placement::gang;
+use gantry_sdk::placement::offers::AgentView;
+use gantry_sdk::protocol::*;
+
+use super::{member_resources, request, Action, Core, JobState, Parts};
+use crate::gpu_queue::model::Priority;
+
+impl Core {
+    /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
+    pub(super) fn preempt(
+        &mut self,
+        id: u64,
+        free: &[AgentView],
+        started: &BTreeSet<u64>,
+        now: Instant,
+    ) -> Vec<Action> {
+        let spec = self.jobs[&id].spec.clone();
+        let member = request(&spec);
+        // Victim units: an elastic gang's members above its minimum one by one (highest index
+        // first), else whole jobs. (job, members, priority).
+        let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
+        for j in self.jobs.values() {
+            if j.state != JobState::Running
+                || j.preempting
+                || j.spec.priority >= spec.priority
+                || started.contains(&j.id)
+            {
+                continue;
+            }
+            let n = j.running_members();
+            let extra = gang::shrink_order(n, j.spec.min_workers, n);
+            for &i in &extra {
+                if j.members.contains_key(&i) {
+                    units.push((j.id, vec![i], j.spec.priority));
+                }
+            }
+            units.push((j.id, j.members.keys().copied().collect(), j.spec.priority));
+        }
+        // Free views for every known agent (agents without offers have nothing free).
+        let mut work: Vec<AgentView> = self
+            .agents
+            .iter()
+            .map(|(aid, a)| {
+                free.iter()
+                    .find(|v| v.agent_id == *aid)
+                    .cloned()
+                    .unwrap_or(AgentView {
+                        agent_id: *aid,
+                        hostname: a.hostname.clone(),
+                        offer_ids: Vec::new(),
+                        resources: Resources::new(),
+                        attributes: a.attributes.clone(),
+                        gpus: Vec::new(),
+                    })
+            })
+            .collect();
+        let mut chosen: Vec<usize> = Vec::new();
+        // Members already counted as freed (a whole-job unit after some of its members were
+        // picked one by one adds only the rest).
+        let mut covered: BTreeSet<(u64, u32)> = BTreeSet::new();
+        let mut parts: Parts = Vec::new();
+        let reserve = |parts: &mut Parts, agent: AgentId, gpus: Vec<String>| match parts
+            .iter_mut()
+            .find(|p| p.0 == agent)
+        {
+            Some(p) => {
+                p.1.add_assign(&member.resources);
+                p.2.extend(gpus);
+            }
+            None => parts.push((agent, member.resources.clone(), gpus)),
+        };
+        for _ in 0..spec.min_workers.max(1) {
+            if let Some(c) = gantry_sdk::placement::offers::place_one(&work, &member) {
+                let agent = work[c.agent].agent_id;
+                let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
+                reserve(&mut parts, agent, gpus);
+                continue;
+            }
+            // Per agent: add units (lowest class, then fewest GPUs) until the member fits.
+            let mut best: Option<((u64, usize), usize, Vec<usize>)> = None;
+            for (ai, view) in work.iter().enumerate() {
+                let mut trial = view.clone();
+                let mut picked = Vec::new();
+                let mut order: Vec<usize> = (0..units.len())
+                    .filter(|u| {
+                        !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0
+                    })
+                    .collect();
+                order.sort_by_key(|&u| {
+                    (
+                        units[u].2,
+                        self.unit_on(&units[u], view.agent_id).1.milli("gpus"),
+                        units[u].1.len(),
+                    )
+                });
+                let mut fits =
+                    gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                let mut counted = covered.clone();
+                for u in order {
+                    if fits {
+                        break;
+                    }
+                    let rest = rest_of(&units[u], &counted);
+                    let (n, res, gpus) = self.unit_on(&rest, view.agent_id);
+                    if n == 0 {
+                        continue;
+                    }
+                    counted.extend(rest.1.iter().map(|&i| (rest.0, i)));
+                    trial.resources.add_assign(&res);
+                    for g in gpus {
+                        if let Some(info) =
+                            self.agents.get(&view.agent_id).and_then(|a| a.gpus.get(&g))
+                        {
+                            if !trial.gpus.iter().any(|x| x.uuid == g) {
+                                trial.gpus.push(info.clone());
+                            }
+                        }
+                    }
+                    picked.push(u);
+                    fits = gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                }
+                if !fits || picked.is_empty() {
+                    continue;
+                }
+                let cost: u64 = picked.iter().map(|&u| self.unit_gpus(&units[u])).sum();
+                let key = (cost, picked.len());
+                if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
+                    best = Some((key, ai, picked));
+                }
+            }
+            let Some((_, ai, picked)) = best else {
+                return Vec::new(); // cannot be made to fit: kill nobody
+            };
+            // Apply: the picked units' resources on that agent join its free view, then the
+            // member takes its share.
+            for &u in &picked {
+                let rest = rest_of(&units[u], &covered);
+                let (_, res, gpus) = self.unit_on(&rest, work[ai].agent_id);
+                covered.extend(rest.1.iter().map(|&i| (rest.0, i)));
+                work[ai].resources.add_assign(&res);
+                for g in gpus {
+                    if let Some(info) = self
+                        .agents
+                        .get(&work[ai].agent_id)
+                        .and_then(|a| a.gpus.get(&g))
+                    {
+                        work[ai].gpus.push(info.clone());
+                    }
+                }
+                chosen.push(u);
+            }
+            work[ai]
+                .gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
+            let Some(c) = gantry_sdk::placement::offers::evaluate(ai, &work[ai], &member) else {
+                return Vec::new();
+            };
+            let agent = work[ai].agent_id;
+            let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
+            reserve(&mut parts, agent, gpus);
+        }
+        if chosen.is_empty() {
+            return Vec::new();
+        }
+        self.preempt_for = Some((id, parts, now));
+        // Kill the chosen units: whole jobs are requeued when their members end; single
+        // members of elastic gangs just stop.
+        let mut out = Vec::new();
+        let mut whole: BTreeSet<u64> = BTreeSet::new();
+        for &u in &chosen {
+            let (job_id, members, _) = &units[u];
+            let Some(job) = self.jobs.get_mut(job_id) else {
+                continue;
+            };
+            // The whole-job unit lists every member; shrink units one member of a larger gang.
+            if members.len() as u32 == job.running_members() {
+                whole.insert(*job_id);
+            }
+            for i in members {
+                if let Some(m) = job.members.get_mut(i) {
+                    if !m.killing {
+                        m.killing = true;
+                        out.push(Action::Kill(m.task_id));
+                    }
+                }
+            }
+        }
+        for job_id in whole {
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                job.preempting = true;
+                job.message = format!("preempted for job {id}");
+                for m in job.members.values_mut() {
+                    if !m.killing {
+                        m.killing = true;
+                        out.push(Action::Kill(m.task_id));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A unit's members on `agent`: (count, resources, GPUs).
+    fn unit_on(
+        &self,
+        unit: &(u64, Vec<u32>, Priority),
+        agent: AgentId,
+    ) -> (usize, Resources, Vec<String>) {
+        let Some(job) = self.jobs.get(&unit.0) else {
+            return (0, Resources::new(), Vec::new());
+        };
+        let res = member_resources(&job.spec);
+        let mut total = Resources::new();
+        let mut gpus = Vec::new();
+        let mut n = 0;
+        for i in &unit.1 {
+            if let Some(m) = job.members.get(i).filter(|m| m.agent_id == agent) {
+                n += 1;
+                total.add_assign(&res);
+                gpus.extend(m.gpus.iter().cloned());
+            }
+        }
+        (n, total, gpus)
+    }
+
+    fn unit_gpus(&self, unit: &(u64, Vec<u32>, Priority)) -> u64 {
+        self.jobs
+            .get(&unit.0)
+            .map_or(0, |j| u64::from(j.spec.gpus) * unit.1.len() as u64)
+    }
+}
+
+/// A victim unit without the members already in `covered`.
+fn rest_of(
+    unit: &(u64, Vec<u32>, Priority),
+    covered: &BTreeSet<(u64, u32)>,
+) -> (u64, Vec<u32>, Priority) {
+    let members = unit
+        .1
+        .iter()
+        .copied()
+        .filter(|&i| !covered.contains(&(unit.0, i)))
+        .collect();
+    (unit.0, members, unit.2)
+}
