@@ -204,6 +204,9 @@ struct Agent {
     mps: Option<gpu::mps::MpsDaemons>,
     /// Tasks already reported over their GPU-memory share (reported once per excursion).
     gpu_mem_over: HashSet<TaskId>,
+    last_notice_poll: tokio::time::Instant,
+    /// The termination notice deadline (Unix ms) told to the current master.
+    notice_sent: Option<u64>,
     /// What runs as each task's supervisor.
     supervisor: Arc<executor::SupervisorCommand>,
     /// Tasks re-adopted after a restart (their supervisors are polled; ours are awaited).
@@ -274,6 +277,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             )
         }),
         gpu_mem_over: HashSet::new(),
+        last_notice_poll: now,
+        notice_sent: None,
         supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
         adopted: HashSet::new(),
         gc_queue: VecDeque::new(),
@@ -1006,6 +1011,8 @@ impl Agent {
                     self.wal.append(Record::AgentId(agent_id));
                 }
                 self.registered = true;
+                // A new master (or a new session) hears the termination notice again.
+                self.notice_sent = None;
                 if !self.accepted {
                     self.accepted = true;
                     self.cleanup_cgroups();
@@ -1532,6 +1539,7 @@ impl Agent {
         }
         self.collect_garbage();
         self.gpu_health_tick()?;
+        self.termination_tick();
         self.flush_updates();
         Ok(())
     }
@@ -1601,6 +1609,34 @@ impl Agent {
         tokio::task::spawn_blocking(move || {
             let (tasks, gpus) = sample(gpus.as_deref(), &snapshot);
             let _ = events.send(Event::Sampled { tasks, gpus });
+        });
+    }
+
+    /// A spot-termination notice in the work dir ([`crate::termination`]) is told to the
+    /// master once per registration, checked every second.
+    fn termination_tick(&mut self) {
+        if !self.registered || self.last_notice_poll.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.last_notice_poll = tokio::time::Instant::now();
+        let Some(notice) = crate::termination::read(&self.config.work_dir) else {
+            return;
+        };
+        let now = crate::termination::unix_ms();
+        if notice.deadline_unix_ms + 60_000 < now {
+            // Long past: the host was not taken after all (or this is a stale file).
+            crate::termination::remove(&self.config.work_dir);
+            return;
+        }
+        if self.notice_sent == Some(notice.deadline_unix_ms) {
+            return;
+        }
+        self.notice_sent = Some(notice.deadline_unix_ms);
+        let in_ms = notice.deadline_unix_ms.saturating_sub(now);
+        tracing::warn!(in_ms, reason = %notice.reason, "termination notice: asking the master to drain this agent");
+        self.send(AgentToMaster::TerminationNotice {
+            in_ms,
+            reason: notice.reason,
         });
     }
 

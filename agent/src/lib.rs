@@ -17,6 +17,8 @@
 //! - [`metrics`]: `GET /metrics` (`--metrics-listen`): dcgm-exporter GPU series with the task
 //!   holding each GPU, GPU health, per-task CPU and memory.
 //! - [`config`]: command-line parsing helpers (`--resources`, `--attributes`, `--reserve`).
+//! - [`termination`]: spot-termination notices (`gantry-agent notice-termination`) handed to
+//!   the running agent through its work dir.
 
 pub mod agent;
 pub mod checkpoint;
@@ -28,5 +30,6 @@ pub mod gpu;
 pub mod isolation;
 pub mod metrics;
 pub mod session;
+pub mod termination;
 pub mod updates;
 pub mod wal;

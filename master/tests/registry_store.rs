@@ -8,8 +8,8 @@ use std::time::Duration;
 use common::*;
 use gantry_master::election::{Fence, LeadershipEvent};
 use gantry_master::registry::{
-    AgentRecord, EtcdStore, FileStore, FrameworkRecord, Mutation, Quota, Registry, RegistryError,
-    RegistryStore, RegistryWriter, Reservation,
+    AgentRecord, EtcdStore, FileStore, FrameworkRecord, GoneRecord, MaintenanceRecord, Mutation,
+    Quota, Registry, RegistryError, RegistryStore, RegistryWriter, Reservation,
 };
 use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
 use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
@@ -66,6 +66,19 @@ fn sample() -> Vec<Mutation> {
             roles: vec!["prod".into(), "prod/web".into()],
             principal: "batch-principal".into(),
             failover_timeout_secs: 120.0,
+        }),
+        Mutation::SetMaintenance(MaintenanceRecord {
+            agent_id: a1,
+            name: "agent-1".into(),
+            started_unix_ms: 1_763_868_000_000,
+            deadline_unix_ms: Some(1_763_868_600_000),
+            drained: false,
+            reason: "operator".into(),
+        }),
+        Mutation::PutGone(GoneRecord {
+            agent_id: AgentId::from_u128(7),
+            name: "agent-7".into(),
+            at_unix_ms: 1_763_860_000_000,
         }),
     ]
 }

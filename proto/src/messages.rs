@@ -626,6 +626,15 @@ pub enum AgentToMaster {
         /// Why (e.g. the XID error).
         reason: String,
     },
+    /// The host will be taken away (a spot-instance termination notice, told to the agent by
+    /// `gantry-agent notice-termination --in 120s`): the master drains the agent with this
+    /// deadline. A duration, not a time, so clock skew between hosts does not matter.
+    TerminationNotice {
+        /// Milliseconds from now until the host goes away.
+        in_ms: u64,
+        /// Where the notice came from (for the operator's view).
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -916,6 +925,29 @@ pub enum MasterToFramework {
     },
     /// Liveness, every `heartbeat_interval_ms`.
     Heartbeat,
+    /// An agent this framework has tasks on is being drained for maintenance (Mesos inverse
+    /// offers): move the tasks elsewhere before the deadline, when the master kills what is
+    /// left (each task with its grace period). Sent again after a re-subscription while the
+    /// drain lasts.
+    DrainNotice(DrainNotice),
+}
+
+/// Notice that an agent is being drained ([`MasterToFramework::DrainNotice`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainNotice {
+    /// The agent being drained.
+    pub agent_id: AgentId,
+    /// Its hostname.
+    pub hostname: String,
+    /// Milliseconds from when the notice was sent until the master kills the tasks still
+    /// there; `None`: no deadline (the framework moves them at its own pace).
+    pub deadline_in_ms: Option<u64>,
+    /// The same deadline as Unix milliseconds (the master's clock), for display.
+    pub deadline_unix_ms: Option<u64>,
+    /// The framework's tasks on the agent (not yet terminal) when the notice was sent.
+    pub task_ids: Vec<TaskId>,
+    /// Why the agent is drained (`operator`, `spot termination notice`).
+    pub reason: String,
 }
 
 #[cfg(test)]

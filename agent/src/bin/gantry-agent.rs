@@ -135,6 +135,20 @@ struct RunArgs {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Spot-instance termination notice: the agent running on WORK_DIR tells the master within
+    /// a second, and the master drains this agent with the deadline (frameworks are told;
+    /// what is left at the deadline is killed). Run it from the cloud's termination hook.
+    NoticeTermination {
+        /// The agent's work directory.
+        #[arg(long, default_value = "./gantry-agent")]
+        work_dir: PathBuf,
+        /// Time until the host goes away (`120s`, `2m`).
+        #[arg(long = "in", value_parser = humantime::parse_duration)]
+        after: Duration,
+        /// Why (shown to operators and frameworks).
+        #[arg(long, default_value = "spot instance termination")]
+        reason: String,
+    },
     /// Bring unhealthy GPUs back (operator clear): the agent running on WORK_DIR picks the
     /// request up within a second, marks the GPUs healthy and offers them again.
     ClearGpu {
@@ -214,6 +228,21 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
     match cli.cmd {
         Some(Cmd::ClearGpu { work_dir, gpus }) => return clear_gpus(&work_dir, &gpus),
+        Some(Cmd::NoticeTermination {
+            work_dir,
+            after,
+            reason,
+        }) => {
+            let n = gantry_agent::termination::write(&work_dir, after, &reason)
+                .with_context(|| format!("writing the notice into {}", work_dir.display()))?;
+            println!(
+                "termination notice in {}: the agent tells the master within a second (deadline in {} s, Unix ms {})",
+                work_dir.display(),
+                after.as_secs(),
+                n.deadline_unix_ms
+            );
+            return Ok(());
+        }
         None => {}
     }
     tracing_subscriber::fmt()

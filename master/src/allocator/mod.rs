@@ -301,7 +301,8 @@ struct Agent {
     gpu_free: Vec<u32>,
     /// Milli-GPUs per GPU earmarked by outstanding demand-split offers.
     gpu_offered: Vec<u32>,
-    /// Deactivated by an operator: never offered (its allocations stay).
+    /// Never offered (its allocations stay): deactivated by an operator, or draining for
+    /// maintenance (the master decides; see `state::maintenance`).
     inactive: bool,
 }
 

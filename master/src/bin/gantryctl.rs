@@ -24,6 +24,9 @@ use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClie
 use gantry_pki::CertAuthority;
 use gantry_sdk::transport::tls::PeerIdentity;
 
+#[path = "gantryctl/maintenance.rs"]
+mod maintenance;
+
 /// Operator tool for Gantry clusters.
 #[derive(Parser, Debug)]
 #[command(version, about, args_override_self = true)]
@@ -86,6 +89,9 @@ enum Cmd {
         #[arg(long)]
         limit: Option<String>,
     },
+    /// Agent maintenance: drain, undrain, maintenance.
+    #[command(flatten)]
+    Maintenance(maintenance::MaintenanceCmd),
     /// Show the raw cluster view (`/state`): agents, frameworks with their dominant shares,
     /// tasks by state.
     State,
@@ -484,6 +490,7 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
+        Cmd::Maintenance(m) => maintenance::run(&c, m).await,
         Cmd::Certs(_) | Cmd::Token(_) => anyhow::bail!("offline commands do not reach the master"),
     }
 }

@@ -1,7 +1,8 @@
 //! The operator HTTP API: `/health` (public), `/state` and `/metrics` (reads), `POST /weights`
 //! and `POST /quota` (writes), the versioned API `/api/v1/…` with its event stream
-//! ([`super::api`]) and the web dashboard `/ui` (`ui`), served over HTTPS with the
-//! cluster CA.
+//! ([`super::api`]), the maintenance endpoints under `/api/v1` (`maintenance.rs`: drain,
+//! undrain, mark-gone, `GET /api/v1/maintenance/drains`) and the web dashboard `/ui` (`ui`), served
+//! over HTTPS with the cluster CA.
 //!
 //! ```text
 //! TCP accept (connection limit) -> TLS handshake (deadline; optional client certificate)
@@ -38,6 +39,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::{CoreEvent, Shell};
+
+/// Maintenance endpoints (`/api/v1/agents/{agent}/drain`, ...); a child module so it shares
+/// this file's authentication and error types.
+#[path = "maintenance.rs"]
+mod maintenance;
 use crate::acl::{Acls, OperatorAction};
 use crate::election::health;
 use crate::state::{OperatorCommand, OperatorRejection};
@@ -220,6 +226,20 @@ fn router(app: App) -> Router {
         .route("/state", get(state_handler))
         .route("/weights", post(weights_handler))
         .route("/quota", post(quota_handler))
+        // Maintenance and drain (issue 14 item 3): handlers in server/maintenance.rs.
+        .route(
+            "/api/v1/agents/{id}/drain",
+            post(maintenance::drain_handler),
+        )
+        .route(
+            "/api/v1/agents/{id}/undrain",
+            post(maintenance::undrain_handler),
+        )
+        .route(
+            "/api/v1/agents/{id}/mark-gone",
+            post(maintenance::mark_gone_handler),
+        )
+        .route("/api/v1/maintenance/drains", get(maintenance::view_handler))
         // Metrics (issue 14 item 1): Prometheus text exposition, a read.
         .route("/metrics", get(metrics_handler))
         // Operator API v1 and its event stream (helper hapi; drain routes: hdrain).

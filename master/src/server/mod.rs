@@ -43,7 +43,8 @@ use crate::election::{self, health, Election, HaConfig, LeadershipEvent, Leaders
 use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
 use crate::state::{
-    ConnId, Input, Master, MasterConfig, OperatorCommand, OperatorRejection, Output,
+    ConnId, Input, MaintenanceCommand, MaintenanceError, Master, MasterConfig, OperatorCommand,
+    OperatorRejection, Output,
 };
 
 pub mod api;
@@ -72,6 +73,11 @@ enum CoreEvent {
     /// `/metrics`: the core's snapshot (`None` when this master does not lead).
     Metrics(oneshot::Sender<Option<crate::state::metrics::MetricsSnapshot>>),
     Operator(OperatorCommand, OperatorReply),
+    /// A maintenance request (`None`: only read); answered with the maintenance view.
+    Maintenance(
+        Option<MaintenanceCommand>,
+        oneshot::Sender<Result<serde_json::Value, MaintenanceError>>,
+    ),
 }
 
 /// Events buffered for the event stream's subscribers together; a subscriber that falls this
@@ -377,6 +383,7 @@ async fn core_loop(
                             let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
                             let until = health::lease_until_ms(&lease.borrow_and_update(), start);
                             m.handle(Input::LeaseUntil { until }, now());
+                            m.restore_maintenance(&registry, now(), unix_ms());
                             m.recover(registry, now());
                             for input in held.drain(..) {
                                 out.extend(m.handle(input, now()));
@@ -393,6 +400,18 @@ async fn core_loop(
                         }
                         (CoreEvent::Operator(_, reply), None) => {
                             let _ = reply.send(Err(OperatorRejection::NotLeader));
+                        }
+                        (CoreEvent::Maintenance(cmd, reply), Some(m)) => {
+                            let done = match cmd {
+                                Some(cmd) => m.maintenance(cmd, now()).map(|o| out.extend(o)),
+                                None => Ok(()),
+                            };
+                            let view = serde_json::to_value(m.maintenance_view(now()))
+                                .unwrap_or(serde_json::Value::Null);
+                            let _ = reply.send(done.map(|()| view));
+                        }
+                        (CoreEvent::Maintenance(_, reply), None) => {
+                            let _ = reply.send(Err(MaintenanceError::NotLeader));
                         }
                         (CoreEvent::Metrics(reply), m) => {
                             let _ = reply.send(m.map(|m| m.metrics(now())));

@@ -116,6 +116,9 @@ impl Master {
                 },
                 Some(id),
             ) => self.gpu_health(id, &uuid, healthy, &reason, out),
+            (AgentToMaster::TerminationNotice { in_ms, reason }, Some(id)) => {
+                self.termination_notice(id, in_ms, reason, now, out)
+            }
         }
     }
 
@@ -144,6 +147,9 @@ impl Master {
         }
         if let Err(e) = register_limits::check(&hostname, &attributes, &gpus, &reserved) {
             return self.refuse_agent(conn, format!("registration refused: {e}"), out);
+        }
+        if let Some(message) = self.gone_refusal(claimed_id) {
+            return self.refuse_agent(conn, message, out);
         }
         // Who this is: its certificate name plus the id it checkpointed. An id belongs to one
         // name; a name to one live agent (see docs/security.md).
@@ -369,6 +375,7 @@ impl Master {
                 heartbeat_interval_ms: self.config.heartbeat_interval_ms,
             },
         ));
+        self.maintenance_after_register(id, out);
         // Updates the agent made while it was away.
         for update in pending_updates {
             self.agent_update(conn, id, update, now, out);
@@ -729,5 +736,6 @@ impl Master {
             }
             out.push(Output::Persist(Mutation::RemoveAgent(id)));
         }
+        self.forget_drain(id, out);
     }
 }

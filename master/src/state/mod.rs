@@ -64,6 +64,8 @@
 //!   [`Master::next_deadline`] (when the shell must wake the core next);
 //! - `operator`: operator commands (weights, quotas, reservations, agent activation and
 //!   removal, framework teardown, GPU clears);
+//! - `maintenance`: draining agents (notices, kills at the deadline, `DRAINED`), undrain,
+//!   mark-gone, spot-termination notices;
 //! - `events`: the changes recorded for the operator event stream;
 //! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
 //!   and operator commands (their text is what peers and operators read);
@@ -76,6 +78,7 @@ mod agents;
 mod events;
 mod frameworks;
 pub mod gpus;
+mod maintenance;
 pub mod metrics;
 mod operator;
 mod reconcile;
@@ -88,6 +91,10 @@ pub mod view;
 use accept::refuse_ms;
 pub use accept::{BadRefuseSeconds, FOREVER_MS};
 pub use events::{ClusterEvent, MAX_PENDING_EVENTS};
+pub use maintenance::{
+    GoneStatus, MaintenanceCommand, MaintenanceError, MaintenanceStatus, MaintenanceView,
+    DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
+};
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
@@ -103,7 +110,9 @@ use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
 use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
-use crate::registry::{AgentRecord, FrameworkRecord, Mutation, Quota, Registry, Reservation};
+use crate::registry::{
+    AgentRecord, FrameworkRecord, GoneRecord, Mutation, Quota, Registry, Reservation,
+};
 
 /// Identifies one live peer connection in the I/O shell.
 pub type ConnId = u64;
@@ -531,6 +540,12 @@ pub struct Master {
     events: events::EventQueue,
     /// Until when this master may act as leader ([`Input::LeaseUntil`]; `None`: always).
     lease_until: Option<Millis>,
+    /// Agents under maintenance (draining or drained).
+    drains: BTreeMap<AgentId, maintenance::Drain>,
+    /// Agents marked gone: they may not re-register with their ids.
+    gone: BTreeMap<AgentId, GoneRecord>,
+    /// Unix milliseconds minus master milliseconds (set by [`Master::restore_maintenance`]).
+    unix_offset_ms: i64,
     /// Status updates an agent sent again that the master already had (`/metrics`).
     pub(crate) status_update_retries: u64,
     /// Tasks completed (ended and acknowledged) since this master leads, by final state.
@@ -584,6 +599,9 @@ impl Master {
             reconciles: VecDeque::new(),
             events: events::EventQueue::default(),
             lease_until: None,
+            drains: BTreeMap::new(),
+            gone: BTreeMap::new(),
+            unix_offset_ms: 0,
             status_update_retries: 0,
             tasks_completed: BTreeMap::new(),
         }

@@ -165,7 +165,9 @@ impl Master {
             hostname: a.hostname.clone(),
             deactivated: !active,
         })));
-        for rec in self.allocator.set_agent_active(id, active) {
+        // A draining agent stays unoffered until it is undrained too.
+        let offered = active && self.drain_state(id).is_none();
+        for rec in self.allocator.set_agent_active(id, offered) {
             self.send_rescind(&rec, out);
         }
         self.allocation_pending = true;
