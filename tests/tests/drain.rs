@@ -306,7 +306,7 @@ async fn drained_agent_ends_empty_with_notice_before_kill_and_survives_failover(
     // Mark gone: removed, and its agent may not come back with its id.
     gantry_master::client::BlockingClient::new(&gantry_tests::operator_client(m2.http).unwrap())
         .unwrap()
-        .post_json("/api/v1/agents/drain-a/mark-gone", serde_json::json!({}))
+        .post_json("/api/v1/agents/drain-a/gone", serde_json::json!({}))
         .unwrap();
     m2.wait_state(Duration::from_secs(30), "drain-a removed", |s| {
         !s["agents"]
@@ -470,7 +470,7 @@ actions = ["drain", "undrain"]
         client(Some("viewer")),
         client(Some("drainer")),
     );
-    for action in ["drain", "undrain", "mark-gone"] {
+    for action in ["drain", "undrain", "gone"] {
         let path = format!("/api/v1/agents/acl-a/{action}");
         assert_eq!(
             status(anonymous.post_json(&path, &empty).await),
@@ -496,11 +496,7 @@ actions = ["drain", "undrain"]
         .await
         .unwrap();
     assert_eq!(
-        status(
-            drainer
-                .post_json("/api/v1/agents/acl-a/mark-gone", &empty)
-                .await
-        ),
+        status(drainer.post_json("/api/v1/agents/acl-a/gone", &empty).await),
         403
     );
     assert_eq!(

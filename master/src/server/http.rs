@@ -1,7 +1,7 @@
 //! The operator HTTP API: `/health` (public), `/state` and `/metrics` (reads), `POST /weights`
 //! and `POST /quota` (writes), the versioned API `/api/v1/…` with its event stream
 //! ([`super::api`]), the maintenance endpoints under `/api/v1` (`maintenance.rs`: drain,
-//! undrain, mark-gone, `GET /api/v1/maintenance/drains`) and the web dashboard `/ui` (`ui`), served
+//! undrain, `GET /api/v1/maintenance/drains`) and the web dashboard `/ui` (`ui`), served
 //! over HTTPS with the cluster CA.
 //!
 //! ```text
@@ -234,10 +234,6 @@ fn router(app: App) -> Router {
         .route(
             "/api/v1/agents/{id}/undrain",
             post(maintenance::undrain_handler),
-        )
-        .route(
-            "/api/v1/agents/{id}/mark-gone",
-            post(maintenance::mark_gone_handler),
         )
         .route("/api/v1/maintenance/drains", get(maintenance::view_handler))
         // Metrics (issue 14 item 1): Prometheus text exposition, a read.

@@ -4,7 +4,8 @@
 //!   the agent (id or name), killing what is left after N seconds (never when omitted);
 //!   ACL action `drain`.
 //! - `POST /api/v1/agents/{id}/undrain`: offer it again; ACL action `undrain`.
-//! - `POST /api/v1/agents/{id}/mark-gone`: remove it for good; ACL action `mark_gone`.
+//! (`POST /api/v1/agents/{id}/gone`, in `api`, removes an agent for good: the core's
+//! maintenance mark-gone.)
 //! - `GET /api/v1/maintenance/drains`: every agent under maintenance (`DRAINING` / `DRAINED`, deadline,
 //!   tasks left, frameworks notified) and the agents marked gone.
 //!
@@ -87,15 +88,6 @@ pub(super) async fn undrain_handler(
 ) -> ApiResult {
     let who = app.may_write(&caller_of(caller), OperatorAction::Undrain)?;
     write(&app, who, MaintenanceCommand::Undrain { agent }).await
-}
-
-pub(super) async fn mark_gone_handler(
-    State(app): State<App>,
-    caller: Option<axum::Extension<Caller>>,
-    Path(agent): Path<String>,
-) -> ApiResult {
-    let who = app.may_write(&caller_of(caller), OperatorAction::MarkGone)?;
-    write(&app, who, MaintenanceCommand::MarkGone { agent }).await
 }
 
 pub(super) async fn view_handler(

@@ -106,7 +106,15 @@ impl Master {
                 if !self.agents.contains_key(&agent_id) {
                     return Err(not_found_agent(agent_id));
                 }
-                self.remove_agent(agent_id, "marked gone by an operator", now, &mut out);
+                // One meaning of "gone": removed for good, its id remembered and refused
+                // (`state::maintenance`).
+                let cmd = super::maintenance::MaintenanceCommand::MarkGone {
+                    agent: agent_id.to_string(),
+                };
+                match self.maintenance(cmd, now) {
+                    Ok(o) => out.extend(o),
+                    Err(e) => return Err(OperatorRejection::Invalid(e.to_string())),
+                }
             }
             OperatorCommand::Teardown { framework_id } => {
                 if !self.frameworks.contains_key(&framework_id) {
