@@ -122,6 +122,8 @@ struct Job {
     finished_members: u32,
     next_index: u32,
     message: String,
+    /// Still waiting for a dependency (`after`) to finish: not yet eligible to run.
+    on_deps: bool,
 }
 
 impl Job {
@@ -210,6 +212,7 @@ impl Core {
     pub fn submit(&mut self, spec: JobSpec, now: Instant) -> (u64, Vec<Action>) {
         let id = self.next_id;
         self.next_id += 1;
+        let spec_after_empty = spec.after.is_empty();
         self.jobs.insert(
             id,
             Job {
@@ -226,6 +229,7 @@ impl Core {
                 finished_members: 0,
                 next_index: 0,
                 message: String::new(),
+                on_deps: !spec_after_empty,
             },
         );
         let mut out = Vec::new();
@@ -235,6 +239,83 @@ impl Core {
         }
         out.extend(self.pass(now));
         (id, out)
+    }
+
+    /// Why `spec`'s dependencies cannot be waited for, if they cannot: an unknown job id (or one
+    /// already forgotten), or a repeated one. A dependency that already ended `FAILED` or
+    /// `CANCELLED` is accepted: the job is then cancelled at once, with the reason.
+    pub fn dependency_problem(&self, spec: &JobSpec) -> Option<String> {
+        let mut seen = BTreeSet::new();
+        for d in &spec.after {
+            if !seen.insert(*d) {
+                return Some(format!("dependency {d} is listed twice"));
+            }
+            if !self.jobs.contains_key(d) {
+                return Some(format!("dependency {d} is not a known job"));
+            }
+        }
+        None
+    }
+
+    /// Dependencies (`afterok`): a pending job whose dependency ended `FAILED` or `CANCELLED`
+    /// (or is unknown) is cancelled with the reason, transitively; one whose dependencies all
+    /// `FINISHED` becomes eligible, and its wait (aging, `waited_secs`) starts then.
+    fn resolve_dependencies(&mut self, now: Instant) {
+        loop {
+            let mut changed = false;
+            let waiting: Vec<u64> = self
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Pending && j.on_deps)
+                .map(|j| j.id)
+                .collect();
+            for id in waiting {
+                let broken =
+                    self.jobs[&id]
+                        .spec
+                        .after
+                        .iter()
+                        .find_map(|d| match self.jobs.get(d) {
+                            None => Some(format!("dependency {d} is unknown")),
+                            Some(j)
+                                if matches!(j.state, JobState::Failed | JobState::Cancelled) =>
+                            {
+                                Some(format!(
+                                    "dependency {d} ({}) ended {}",
+                                    j.spec.name,
+                                    j.state.as_str()
+                                ))
+                            }
+                            Some(_) => None,
+                        });
+                let met = self.jobs[&id].spec.after.iter().all(|d| {
+                    self.jobs
+                        .get(d)
+                        .is_some_and(|j| j.state == JobState::Finished)
+                });
+                let Some(job) = self.jobs.get_mut(&id) else {
+                    continue;
+                };
+                if let Some(why) = broken {
+                    job.state = JobState::Cancelled;
+                    job.on_deps = false;
+                    job.message = format!("{why}: cancelled (afterok: runs only after its dependencies finish successfully)");
+                    self.holds.done(&id);
+                    changed = true;
+                } else if met {
+                    job.on_deps = false;
+                    job.waiting_since = now;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+
+    /// Pending and not waiting on a dependency.
+    fn eligible(job: &Job) -> bool {
+        job.state == JobState::Pending && !job.on_deps
     }
 
     /// Cancels a job (its tasks are killed). False when unknown or already ended.
@@ -376,10 +457,18 @@ impl Core {
 
     /// Forgets the oldest ended jobs beyond [`MAX_ENDED_JOBS`].
     fn trim(&mut self) {
+        // Jobs a waiting job depends on are kept.
+        let needed: BTreeSet<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.on_deps)
+            .flat_map(|j| j.spec.after.iter().copied())
+            .collect();
         let ended: Vec<u64> = self
             .jobs
             .values()
             .filter(|j| j.state.is_terminal() && j.members.is_empty())
+            .filter(|j| !needed.contains(&j.id))
             .map(|j| j.id)
             .collect();
         for id in ended
@@ -416,7 +505,7 @@ impl Core {
         let fits = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Pending)
+            .filter(|j| Self::eligible(j))
             .any(|j| gang::place_gang(&mut views.clone(), &gang_of(&j.spec)).is_some());
         if fits {
             free
@@ -535,7 +624,7 @@ impl Core {
         let mut ids: Vec<u64> = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Pending)
+            .filter(|j| Self::eligible(j))
             .map(|j| j.id)
             .collect();
         ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, now));
@@ -578,6 +667,7 @@ impl Core {
 
     /// One scheduling pass (see the module documentation).
     pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        self.resolve_dependencies(now);
         self.learn_capacity();
         let busy = self.busy_gpus();
         let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
@@ -588,7 +678,7 @@ impl Core {
         let mut pending: BTreeSet<u64> = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Pending)
+            .filter(|j| Self::eligible(j))
             .map(|j| j.id)
             .collect();
         // Reservation: (job, per-agent amount and GPUs) subtracted for everyone else.
@@ -728,7 +818,7 @@ impl Core {
         if !decline.is_empty() {
             out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
         }
-        let active = self.jobs.values().any(|j| j.state == JobState::Pending);
+        let active = self.jobs.values().any(Self::eligible);
         let growing = self.jobs.values().any(|j| {
             j.state == JobState::Running
                 && !j.preempting

@@ -66,6 +66,7 @@ fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u32) -> JobS
         deadline_unix: None,
         grace_secs: 5,
         env: Default::default(),
+        after: Vec::new(),
     }
 }
 
@@ -671,4 +672,94 @@ fn a_failed_worker_fails_the_gang_and_stops_the_rest() {
         (v.state, v.preemptions, q.stats.preemptions),
         (JobState::Failed, 0, 0)
     );
+}
+
+fn after(mut s: JobSpec, deps: &[u64]) -> JobSpec {
+    s.after = deps.to_vec();
+    s
+}
+
+#[test]
+fn a_dependent_job_waits_until_its_dependencies_finish() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let (a_id, _) = q.submit(spec("a", "t", Priority::Normal, 1, 1), now);
+    let (b_id, _) = q.submit(spec("b", "t", Priority::Normal, 1, 1), now);
+    let c_spec = after(spec("c", "t", Priority::Critical, 1, 1), &[a_id, b_id]);
+    assert_eq!(q.dependency_problem(&c_spec), None);
+    let (c_id, _) = q.submit(c_spec, now);
+    // Plenty of room, yet only a and b start; c (critical) waits and preempts nobody.
+    let acts = q.offers(c.offers(&[8]), now);
+    let tasks = launched(&acts);
+    let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a/0", "b/0"]);
+    assert!(!acts.iter().any(|a| matches!(a, Action::Kill(_))));
+    assert!(!q.order(now).contains(&c_id), "c is not eligible yet");
+    let v = q.view(c_id, now).unwrap();
+    assert_eq!(v.state, JobState::Pending);
+    assert_eq!(v.waiting_on, vec![a_id, b_id]);
+    assert!(
+        v.message.contains("waiting on dependencies: 1, 2"),
+        "{}",
+        v.message
+    );
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, vec![]), now);
+    }
+    q.update(&update(&tasks[0], TaskState::Finished, vec![]), now);
+    let v = q.view(c_id, now).unwrap();
+    assert_eq!(v.waiting_on, vec![b_id]);
+    let acts = q.offers(c.offers(&[7]), now);
+    assert!(launched(&acts).is_empty(), "c still waits for b: {acts:?}");
+    // b finishes: c becomes eligible and starts on the next offer.
+    q.update(&update(&tasks[1], TaskState::Finished, vec![]), now);
+    assert_eq!(q.order(now), vec![c_id]);
+    let acts = q.offers(c.offers(&[8]), now);
+    let names: Vec<String> = launched(&acts).into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["c/0"]);
+    assert!(q.view(c_id, now).unwrap().waiting_on.is_empty());
+}
+
+#[test]
+fn a_failed_or_cancelled_dependency_cancels_the_chain_with_a_reason() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let (a_id, _) = q.submit(spec("a", "t", Priority::Normal, 1, 1), now);
+    let (b_id, _) = q.submit(after(spec("b", "t", Priority::Normal, 1, 1), &[a_id]), now);
+    let (c_id, _) = q.submit(after(spec("c", "t", Priority::Normal, 1, 1), &[b_id]), now);
+    let (x_id, _) = q.submit(spec("x", "t", Priority::Normal, 1, 1), now);
+    let (y_id, _) = q.submit(after(spec("y", "t", Priority::Normal, 1, 1), &[x_id]), now);
+    let tasks = launched(&q.offers(c.offers(&[8]), now));
+    assert_eq!(tasks.len(), 2);
+    // a fails: b and (through b) c are cancelled, saying why.
+    q.update(&update(&tasks[0], TaskState::Failed, vec![]), now);
+    let b = q.view(b_id, now).unwrap();
+    assert_eq!(b.state, JobState::Cancelled);
+    assert!(
+        b.message.contains("dependency 1 (a) ended FAILED"),
+        "{}",
+        b.message
+    );
+    assert!(b.message.contains("afterok"), "{}", b.message);
+    let cv = q.view(c_id, now).unwrap();
+    assert_eq!(cv.state, JobState::Cancelled);
+    assert!(
+        cv.message.contains("dependency 2 (b) ended CANCELLED"),
+        "{}",
+        cv.message
+    );
+    // x is cancelled by its user: y too.
+    q.cancel(x_id, now).unwrap();
+    assert_eq!(q.view(y_id, now).unwrap().state, JobState::Cancelled);
+    // Submitting after an already failed job: cancelled at once.
+    let (z_id, _) = q.submit(after(spec("z", "t", Priority::Normal, 1, 1), &[a_id]), now);
+    assert_eq!(q.view(z_id, now).unwrap().state, JobState::Cancelled);
+    // Unknown and repeated ids are refused before submission.
+    let bad = after(spec("w", "t", Priority::Normal, 1, 1), &[999]);
+    assert!(q.dependency_problem(&bad).unwrap().contains("999"));
+    let twice = after(spec("w", "t", Priority::Normal, 1, 1), &[a_id, a_id]);
+    assert!(q.dependency_problem(&twice).is_some());
+    assert_eq!(q.active_jobs(), 0);
 }
