@@ -641,13 +641,22 @@ fn team_gpu_time_follows_weights() {
     let get = |t: &str| shares[t].as_f64().unwrap_or(0.0);
     let total = get("a") + get("b") + get("c");
     assert!(total > 0.0);
+    // Within 10% of each weight's share, relative (team c: 0.150..0.183). The queue splits
+    // 32 GPUs 16/11/5 (the nearest integers to 16/10.7/5.3: c 6% under, b 3% over).
+    let mut failures = Vec::new();
     for (t, w) in [("a", 3.0), ("b", 2.0), ("c", 1.0)] {
         let share = get(t) / total;
         let target = w / 6.0;
-        eprintln!("team {t}: GPU-time share {share:.3}, weight share {target:.3}");
-        assert!(
-            (share - target).abs() <= 0.10,
-            "team {t}: GPU-time share {share:.3} is not within 10 points of {target:.3}"
+        let off = (share - target) / target;
+        eprintln!(
+            "team {t}: GPU-time share {share:.3}, weight share {target:.3} ({:+.1}%)",
+            off * 100.0
         );
+        if off.abs() > 0.10 {
+            failures.push(format!(
+                "team {t}: GPU-time share {share:.3} is not within 10% of {target:.3}"
+            ));
+        }
     }
+    assert!(failures.is_empty(), "{failures:?}");
 }

@@ -341,8 +341,8 @@ fn teams_within_quota_go_before_borrowers() {
     }
     let a = q.offers(c.offers(&[8]), now);
     let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
-    // Weighted DRF alternates while both are within quota; once big holds its quota of 2, the
-    // rest of small (within its quota) goes first, then big borrows what is left.
+    // Weighted DRF (weights 10:1) gives big its quota of 2 first; then the rest of small
+    // (within its quota) goes first, then big borrows what is left.
     assert_eq!(names.len(), 8);
     let small_at: Vec<usize> = names
         .iter()
@@ -350,7 +350,7 @@ fn teams_within_quota_go_before_borrowers() {
         .filter(|(_, n)| n.starts_with("small"))
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(small_at, [1, 3, 4], "{names:?}");
+    assert_eq!(small_at, [2, 3, 4], "{names:?}");
 }
 
 #[test]
@@ -762,4 +762,48 @@ fn a_failed_or_cancelled_dependency_cancels_the_chain_with_a_reason() {
     let twice = after(spec("w", "t", Priority::Normal, 1, 1), &[a_id, a_id]);
     assert!(q.dependency_problem(&twice).is_some());
     assert_eq!(q.active_jobs(), 0);
+}
+
+#[test]
+fn weighted_shares_round_to_the_nearest_not_up_for_the_lightest_team() {
+    // 32 GPUs of 1-GPU jobs, weights 3:2:1 (16, 10.7, 5.3 GPUs): ordering by the share before
+    // each launch gives 16/10/6 (the weight-1 team 12% over); counting the launch, 16/11/5.
+    let c = Cluster::new(4);
+    let mut teams = BTreeMap::new();
+    for (t, w) in [("a", 3.0), ("b", 2.0), ("c", 1.0)] {
+        teams.insert(
+            t.to_string(),
+            TeamConfig {
+                weight: w,
+                gpu_quota: None,
+            },
+        );
+    }
+    let mut q = Core::new(CoreConfig {
+        teams,
+        ..Default::default()
+    });
+    let now = Instant::now();
+    for i in 0..40 {
+        for t in ["a", "b", "c"] {
+            q.submit(spec(&format!("{t}{i}"), t, Priority::Normal, 1, 1), now);
+        }
+    }
+    let acts = q.offers(c.offers(&[8, 8, 8, 8]), now);
+    let tasks = launched(&acts);
+    let per = |t: &str| tasks.iter().filter(|x| x.name.starts_with(t)).count();
+    assert_eq!((per("a"), per("b"), per("c")), (16, 11, 5));
+    // One of c's jobs ends: the GPU goes back to c (5 of 32 is under its sixth); one of a's
+    // ends: back to a.
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, vec![]), now);
+    }
+    let c0 = tasks.iter().find(|t| t.name == "c0/0").unwrap();
+    q.update(&update(c0, TaskState::Finished, vec![]), now);
+    let a0 = tasks.iter().find(|t| t.name == "a0/0").unwrap();
+    q.update(&update(a0, TaskState::Finished, vec![]), now);
+    let acts = q.offers(c.offers(&[2, 0, 0, 0])[..1].to_vec(), now);
+    let mut names: Vec<String> = launched(&acts).into_iter().map(|t| t.name).collect();
+    names.sort();
+    assert_eq!(names, ["a16/0", "c5/0"]);
 }
