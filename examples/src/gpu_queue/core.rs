@@ -609,6 +609,12 @@ impl Core {
     /// of 1-GPU jobs it gives 16/10/6, the weight-1 team 12% over its sixth; counting the unit
     /// gives 16/11/5). The unit is the same for all of a team's jobs, so a team's own large
     /// jobs are not put behind its small ones.
+    ///
+    /// GPU time over the run decides the rounding: a team whose GPU-seconds per weight so far
+    /// are below `level` (the competing teams' GPU-seconds per weight, see [`Core::level`]) is
+    /// ordered by its share *before* the launch instead, so it gets the odd GPU until it has
+    /// caught up (with 3:2:1 on 32 GPUs the weight-1 team alternates between 5 and 6 GPUs and
+    /// averages its 5.3). This moves a team by at most one unit.
     /// Equal shares go to the team with the fewest GPU-seconds per weight so far (GPU time
     /// over the run), then by deadline and age.
     fn order_key(
@@ -616,6 +622,7 @@ impl Core {
         job: &Job,
         usage: &HashMap<String, TeamUsage>,
         totals: (u64, u64),
+        level: f64,
         now: Instant,
     ) -> (u8, bool, u64, u64, u64, Instant, u64) {
         let team = self.team(&job.spec.team);
@@ -628,7 +635,10 @@ impl Core {
         let share = |used: u64, total: u64| used as f64 / total.max(1) as f64;
         // One unit: a GPU's share of the cluster (a CPU's when it has no GPUs), the same for
         // every job of a team so that a team's own jobs keep their order.
-        let unit = if totals.0 > 0 {
+        let behind = used.gpu_secs / weight < level;
+        let unit = if behind {
+            0.0
+        } else if totals.0 > 0 {
             share(1, totals.0)
         } else {
             share(MILLI, totals.1)
@@ -645,9 +655,33 @@ impl Core {
         )
     }
 
+    /// The competing teams' (those with a job eligible to run) GPU-seconds per weight: their
+    /// GPU-seconds over their weights' sum. A team below it has had less than its weight's
+    /// share of their GPU time so far.
+    fn level(&self, usage: &HashMap<String, TeamUsage>) -> f64 {
+        let teams: BTreeSet<&str> = self
+            .jobs
+            .values()
+            .filter(|j| Self::eligible(j))
+            .map(|j| j.spec.team.as_str())
+            .collect();
+        let (secs, weights) = teams.iter().fold((0.0, 0.0), |(s, w), t| {
+            (
+                s + usage.get(*t).map_or(0.0, |u| u.gpu_secs),
+                w + self.team(t).weight.max(1e-6),
+            )
+        });
+        if weights > 0.0 {
+            secs / weights
+        } else {
+            0.0
+        }
+    }
+
     /// Pending jobs in scheduling order, as of now (usage counted as is).
     pub fn order(&self, now: Instant) -> Vec<u64> {
         let usage = self.usage(now);
+        let level = self.level(&usage);
         let totals = self.totals();
         let mut ids: Vec<u64> = self
             .jobs
@@ -655,7 +689,7 @@ impl Core {
             .filter(|j| Self::eligible(j))
             .map(|j| j.id)
             .collect();
-        ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, now));
+        ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, level, now));
         ids
     }
 
@@ -739,10 +773,11 @@ impl Core {
         while !pending.is_empty() {
             // Members launched earlier in this pass are already recorded in their jobs.
             let usage = self.usage(now);
+            let level = self.level(&usage);
             let Some(id) = pending
                 .iter()
                 .copied()
-                .min_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, now))
+                .min_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, level, now))
             else {
                 break;
             };

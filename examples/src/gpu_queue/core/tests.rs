@@ -802,8 +802,20 @@ fn weighted_shares_round_to_the_nearest_not_up_for_the_lightest_team() {
     q.update(&update(c0, TaskState::Finished, vec![]), now);
     let a0 = tasks.iter().find(|t| t.name == "a0/0").unwrap();
     q.update(&update(a0, TaskState::Finished, vec![]), now);
-    let acts = q.offers(c.offers(&[2, 0, 0, 0])[..1].to_vec(), now);
+    // (Offers list every GPU of an agent; the core leaves out those its members hold: only
+    // the two freed ones are usable.)
+    let acts = q.offers(c.offers(&[8, 8, 8, 8]), now);
     let mut names: Vec<String> = launched(&acts).into_iter().map(|t| t.name).collect();
     names.sort();
     assert_eq!(names, ["a16/0", "c5/0"]);
+    // 100 s later c has had less than its sixth of the GPU time (5 GPUs of 32, c0 ran for
+    // no time): when one of b's jobs ends, the odd GPU goes to c (6 for a while), not to b.
+    let t1 = now + Duration::from_secs(100);
+    let b0 = tasks.iter().find(|t| t.name == "b0/0").unwrap();
+    q.update(&update(b0, TaskState::Finished, vec![]), t1);
+    let names: Vec<String> = launched(&q.offers(c.offers(&[8, 8, 8, 8]), t1))
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["c6/0"]);
 }
