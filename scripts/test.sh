@@ -26,3 +26,7 @@ fi
 # Cluster tests run the real binaries: build them first.
 cargo build --workspace --bins
 cargo test --workspace
+# The dashboard test's screenshot (tests/tests/dashboard.rs, headless Chromium).
+if [ -f target/tmp/dashboard.png ]; then
+  echo "dashboard screenshot: $PWD/target/tmp/dashboard.png"
+fi

@@ -1,7 +1,13 @@
 //! The agent's event loop: one task owns the agent's state (tasks, GPU assignments and health,
 //! task cgroups, the update queue, the checkpoint) and reacts to master messages, task exits,
 //! GPU faults and timer ticks. The master session ([`crate::session`]), the task watchers, the
-//! NVML health watcher and blocking helpers (cgroup teardown, sampling) only send it events.
+//! NVML health watcher and blocking helpers (launches, cgroup teardown, sampling, sandbox
+//! garbage collection) only send it events.
+//!
+//! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
+//! event already waiting, records what changed (changed tasks through `dirty`, queued and
+//! acknowledged updates, GPU health, the agent id), commits the batch with one `fdatasync`, and
+//! only then sends the messages and starts the launches the batch produced (`Agent::commit`).
 //!
 //! Task life: the launch assigns GPUs (topology-aware, [`crate::gpu::assign`](fn@crate::gpu::assign)) and checkpoints
 //! them with the task's cgroup name *before* creating the cgroup, so a restarted agent knows
@@ -13,9 +19,10 @@
 //! Over 800 lines: the agent's loop still holds task lifecycle, GPU health and recovery together;
 //! issue 13 splits it into a pure `AgentCore` plus a thin runtime.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -31,9 +38,11 @@ use crate::checkpoint::{Checkpoint, TaskRecord};
 use crate::discovery::NvmlGpus;
 use crate::executor::user::{self, TaskUser};
 use crate::executor::{self, ExitStatus, LaunchSpec, Launched};
+use crate::gc::{self, GcPolicy};
 use crate::gpu::{self, GpuFault, GpuSlot, HealthChange, HealthTracker};
 use crate::isolation::{DeviceRule, Isolator, Limits, NvidiaMajors, TaskCgroup};
 use crate::session;
+use crate::wal::{self, Record, Wal};
 
 /// Directory (under the work dir) where `gantry-agent clear-gpu` drops clear requests.
 pub const CLEAR_DIR: &str = "gpu-clear";
@@ -59,7 +68,8 @@ pub struct AgentConfig {
     pub attributes: Attributes,
     /// Default SIGTERM-to-SIGKILL grace period.
     pub kill_grace: Duration,
-    /// The binary re-executed as the per-task supervisor (normally the agent itself).
+    /// The agent binary: each task's supervisor is `gantry-supervise` beside it, or it
+    /// re-executed as `gantry-agent supervise` when that is not installed.
     pub agent_exe: PathBuf,
     /// Task isolation (cgroups v1/v2, or none).
     pub isolator: Isolator,
@@ -78,6 +88,16 @@ pub struct AgentConfig {
     /// The user tasks run as when their command names none (`--task-user`). An agent that is
     /// not root runs every task as itself, so this must then be its own user.
     pub task_user: String,
+    /// How tasks holding fractions of one GPU share it (`--gpu-sharing`).
+    pub gpu_sharing: gpu::share::Sharing,
+    /// What happens to a task over its GPU-memory share (`--gpu-memory-enforce`).
+    pub gpu_memory_enforce: gpu::share::MemoryEnforce,
+    /// When ended tasks' sandboxes are removed (`--gc-delay`, `--gc-disk-headroom`,
+    /// `--gc-keep`).
+    pub gc: GcPolicy,
+    /// Log size past which the write-ahead log is compacted into a snapshot
+    /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
+    pub wal_compact_bytes: u64,
     /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
@@ -120,7 +140,18 @@ pub(crate) enum Event {
         uuid: String,
         passed: bool,
     },
+    /// A background snapshot of the state (log compaction) is written, or failed.
+    Compacted(Result<(), String>),
+    /// Sandboxes found on disk at start.
+    GcScanned(Vec<gc::Ended>),
+    /// A garbage collection pass ended (with the disk usage it measured).
+    GcDone {
+        disk_used: Option<f64>,
+    },
 }
+
+/// A launch waiting for the commit of the records that announce it.
+type PendingLaunch = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -131,7 +162,18 @@ fn unix_ms() -> u64 {
 
 struct Agent {
     config: AgentConfig,
+    /// The checkpointed state; every change to it is also recorded in `wal` (tasks through
+    /// `dirty`) and committed before the messages and launches it protects leave the agent.
     ckpt: Checkpoint,
+    wal: Wal,
+    /// Tasks whose record changed since the last commit.
+    dirty: HashSet<TaskId>,
+    /// Messages to the master, sent after the next commit.
+    outbox: Vec<AgentToMaster>,
+    /// Launches started after the next commit.
+    launches: Vec<PendingLaunch>,
+    /// A background snapshot is being written.
+    compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
     registered: bool,
     /// The last `Register` left its pending updates out (too large for one frame): they go
@@ -158,6 +200,24 @@ struct Agent {
     /// GPUs whose recovery check is running.
     checking: HashSet<String>,
     last_clear_poll: tokio::time::Instant,
+    /// MPS control daemons (`--gpu-sharing mps` on a GPU agent).
+    mps: Option<gpu::mps::MpsDaemons>,
+    /// Tasks already reported over their GPU-memory share (reported once per excursion).
+    gpu_mem_over: HashSet<TaskId>,
+    last_notice_poll: tokio::time::Instant,
+    /// The termination notice deadline (Unix ms) told to the current master.
+    notice_sent: Option<u64>,
+    /// What runs as each task's supervisor.
+    supervisor: Arc<executor::SupervisorCommand>,
+    /// Tasks re-adopted after a restart (their supervisors are polled; ours are awaited).
+    adopted: HashSet<TaskId>,
+    /// Sandboxes of forgotten tasks, oldest first, waiting for garbage collection.
+    gc_queue: VecDeque<gc::Ended>,
+    /// A collection pass (or the start-up scan) is running.
+    gc_busy: bool,
+    /// Disk usage of the work directory as last measured (0.0 to 1.0).
+    disk_used: f64,
+    last_gc: tokio::time::Instant,
     /// What `/metrics` shows (published after each usage sample).
     metrics: crate::metrics::AgentMetrics,
 }
@@ -182,12 +242,17 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         &[],
     )
     .context("loading the agent's TLS identity")?;
-    let ckpt = Checkpoint::load(&config.work_dir)?.unwrap_or_default();
+    let (ckpt, wal) = Wal::open(&config.work_dir).context("recovering the agent's state")?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let now = tokio::time::Instant::now();
     let mut agent = Agent {
         config: config.clone(),
         ckpt,
+        wal,
+        dirty: HashSet::new(),
+        outbox: Vec::new(),
+        launches: Vec::new(),
+        compacting: false,
         master: None,
         registered: false,
         updates_left_out: false,
@@ -205,9 +270,33 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         last_gpu_samples: Vec::new(),
         checking: HashSet::new(),
         last_clear_poll: now,
+        mps: (config.gpu_sharing == gpu::share::Sharing::Mps && config.gpus.is_some()).then(|| {
+            gpu::mps::MpsDaemons::new(
+                gpu::mps::find_in_path(gpu::mps::MPS_CONTROL),
+                &config.work_dir.join("mps"),
+            )
+        }),
+        gpu_mem_over: HashSet::new(),
+        last_notice_poll: now,
+        notice_sent: None,
+        supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
+        adopted: HashSet::new(),
+        gc_queue: VecDeque::new(),
+        gc_busy: true,
+        disk_used: 0.0,
+        last_gc: now,
         metrics: crate::metrics::AgentMetrics::default(),
     };
     agent.recover()?;
+    agent.commit()?;
+    // Sandboxes left from earlier runs join the collection queue.
+    {
+        let dir = config.work_dir.clone();
+        let events = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = events.send(Event::GcScanned(gc::scan(&dir)));
+        });
+    }
     // GPU faults: the NVML watcher thread -> this loop.
     let watcher = config.gpus.as_ref().map(|g| {
         let (ftx, mut frx) = mpsc::unbounded_channel();
@@ -243,15 +332,27 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             _ = &mut shutdown => break Ok(()),
             ev = rx.recv() => match ev {
                 Some(ev) => {
-                    if let Err(e) = agent.handle(ev) {
+                    // Group commit: handle every event already waiting, then write their
+                    // records with one fsync before anything they produced leaves.
+                    let mut handled = agent.handle(ev);
+                    let mut n = 1;
+                    while handled.is_ok() && n < MAX_BATCH {
+                        let Ok(ev) = rx.try_recv() else { break };
+                        handled = agent.handle(ev);
+                        n += 1;
+                    }
+                    if let Err(e) = handled {
                         break Err(e);
                     }
                     agent.flush_updates();
+                    if let Err(e) = agent.commit() {
+                        break Err(e);
+                    }
                 }
                 None => break Ok(()),
             },
             _ = tick.tick() => {
-                if let Err(e) = agent.tick() {
+                if let Err(e) = agent.tick().and_then(|_| agent.commit()) {
                     break Err(e);
                 }
             }
@@ -274,6 +375,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     }
     result
 }
+
+/// Events handled (at most) per commit.
+const MAX_BATCH: usize = 4096;
 
 /// Reads a task cgroup's OOM flag and usage, records them in the task's meta directory and
 /// destroys the cgroup (blocking). Without a cgroup (gone already), the recorded outcome is
@@ -334,10 +438,49 @@ impl Agent {
         self.start.elapsed().as_millis() as u64
     }
 
-    fn save(&self) -> anyhow::Result<()> {
-        self.ckpt
-            .save(&self.config.work_dir)
-            .context("writing the checkpoint")
+    /// Commits the batch: the changed task records and queued changes go to the log with one
+    /// fsync; then the messages and launches they protect go out. Starts a background
+    /// compaction when the log has grown past [`wal::COMPACT_BYTES`].
+    fn commit(&mut self) -> anyhow::Result<()> {
+        for id in std::mem::take(&mut self.dirty) {
+            self.wal.append(match self.ckpt.tasks.get(&id) {
+                Some(rec) => Record::Task(Box::new(rec.clone())),
+                None => Record::TaskRemoved(id),
+            });
+        }
+        self.wal
+            .commit()
+            .context("writing the agent's write-ahead log")?;
+        if let Some(m) = &self.master {
+            for msg in self.outbox.drain(..) {
+                let _ = m.send(msg);
+            }
+        } else {
+            self.outbox.clear();
+        }
+        for launch in self.launches.drain(..) {
+            tokio::spawn(launch);
+        }
+        if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
+            let gen = self.wal.rotate().context("starting a new log")?;
+            let mut snapshot = self.ckpt.clone();
+            snapshot.log_gen = gen;
+            self.ckpt.log_gen = gen;
+            self.compacting = true;
+            let dir = self.config.work_dir.clone();
+            let events = self.events.clone();
+            tokio::task::spawn_blocking(move || {
+                let result = wal::write_snapshot(&dir, &snapshot).map_err(|e| e.to_string());
+                let _ = events.send(Event::Compacted(result));
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues an update for reliable delivery (recorded in the log).
+    fn push_update(&mut self, update: StatusUpdate) {
+        self.wal.append(Record::Update(Box::new(update.clone())));
+        self.ckpt.updates.push(update);
     }
 
     fn inventory(&self) -> &[crate::discovery::DiscoveredGpu] {
@@ -367,6 +510,23 @@ impl Agent {
             }
         }
         let ids: Vec<TaskId> = self.ckpt.tasks.keys().copied().collect();
+        // Launches the previous agent started but died before recording: their supervisors
+        // say where they are.
+        for id in &ids {
+            let Some(rec) = self.ckpt.tasks.get_mut(id) else {
+                continue;
+            };
+            // (Checkpoints from before the meta directory kept no claim: nothing to find.)
+            if rec.state.is_terminal() || rec.launched.is_some() || rec.meta.as_os_str().is_empty()
+            {
+                continue;
+            }
+            if let Some(l) = executor::find_launched(&rec.meta) {
+                tracing::info!(task = %id, pid = l.supervisor_pid, "found the supervisor of a launch the previous agent did not record");
+                rec.launched = Some(l);
+                self.update(*id, TaskState::Running, None, "running".into(), None, None);
+            }
+        }
         let mut adopted = 0;
         for id in ids {
             let Some(rec) = self.ckpt.tasks.get(&id) else {
@@ -378,6 +538,7 @@ impl Agent {
             match rec.launched {
                 Some(l) if executor::supervisor_alive(&l) => {
                     adopted += 1;
+                    self.adopted.insert(id);
                     tracing::info!(task = %id, pid = l.task_pgid, "re-adopted running task");
                     if let Some(name) = &rec.cgroup {
                         match self.config.isolator.reopen(name) {
@@ -419,7 +580,7 @@ impl Agent {
                 "recovered checkpoint"
             );
         }
-        self.save()
+        Ok(())
     }
 
     /// Destroys the task cgroups under our root that no live task of ours needs. A busy cgroup
@@ -474,15 +635,16 @@ impl Agent {
         }
     }
 
-    fn send(&self, msg: AgentToMaster) {
-        if let Some(m) = &self.master {
-            let _ = m.send(msg);
+    /// Queues a message for the master; it leaves after the next commit.
+    fn send(&mut self, msg: AgentToMaster) {
+        if self.master.is_some() {
+            self.outbox.push(msg);
         }
     }
 
     /// Sends a message that needs a registered session (the master closes connections that
     /// send anything but `Register` first).
-    fn send_registered(&self, msg: AgentToMaster) {
+    fn send_registered(&mut self, msg: AgentToMaster) {
         if self.registered {
             self.send(msg);
         }
@@ -513,22 +675,27 @@ impl Agent {
             .collect()
     }
 
-    /// Assignment view of the GPUs: occupancy from the tasks that are not terminal.
+    /// Milli-GPUs held per GPU by the tasks that are not terminal (fractions add up).
+    fn gpu_occupancy(&self) -> BTreeMap<&str, u32> {
+        gpu::share::occupancy(
+            self.ckpt
+                .tasks
+                .values()
+                .filter(|t| !t.state.is_terminal())
+                .map(|t| (t.info.resources.milli("gpus"), t.gpus.as_slice())),
+        )
+    }
+
+    /// Assignment view of the GPUs: a GPU is free when no live task holds any share of it.
     fn gpu_slots(&self) -> Vec<GpuSlot> {
-        let held: HashSet<&str> = self
-            .ckpt
-            .tasks
-            .values()
-            .filter(|t| !t.state.is_terminal())
-            .flat_map(|t| t.gpus.iter().map(String::as_str))
-            .collect();
+        let held = self.gpu_occupancy();
         self.inventory()
             .iter()
             .map(|g| GpuSlot {
                 numa_node: g.info.numa_node,
                 pci_root: g.pci_root.clone(),
                 healthy: self.health.is_healthy(&g.info.uuid),
-                free: !held.contains(g.info.uuid.as_str()),
+                free: !held.contains_key(g.info.uuid.as_str()),
             })
             .collect()
     }
@@ -538,6 +705,8 @@ impl Agent {
             Event::Connected(tx) => {
                 self.master = Some(tx);
                 self.registered = false;
+                // Whatever was queued for the previous connection: Register goes first.
+                self.outbox.clear();
                 let running_tasks = self
                     .ckpt
                     .tasks
@@ -566,6 +735,7 @@ impl Agent {
             Event::Disconnected => {
                 self.master = None;
                 self.registered = false;
+                self.outbox.clear();
             }
             Event::Master(msg) => self.master_message(msg)?,
             Event::Launched {
@@ -585,6 +755,7 @@ impl Agent {
                 match result {
                     Ok(l) => {
                         rec.launched = Some(l);
+                        self.dirty.insert(task);
                         let kill = rec.kill_requested_ms.is_some();
                         self.update(task, TaskState::Running, None, "running".into(), None, None);
                         if kill {
@@ -600,7 +771,6 @@ impl Agent {
                         None,
                     ),
                 }
-                self.save()?;
             }
             Event::Exited { task, status } => {
                 let Some(rec) = self.ckpt.tasks.get(&task) else {
@@ -640,7 +810,13 @@ impl Agent {
                 }
                 let killed = rec.kill_requested_ms.is_some();
                 let msg = executor::describe(&status);
-                let (state, reason, msg) = if killed {
+                let (state, reason, msg) = if let Some(why) = rec.gpu_memory_kill.clone() {
+                    (
+                        TaskState::Failed,
+                        Some(TaskReason::GpuMemory),
+                        format!("{why} ({msg})"),
+                    )
+                } else if killed {
                     (
                         TaskState::Killed,
                         Some(TaskReason::KilledByRequest),
@@ -667,7 +843,6 @@ impl Agent {
                     });
                 }
                 self.terminal(task, state, reason, msg, status.code, status.signal);
-                self.save()?;
             }
             Event::Sampled { tasks, gpus } => {
                 self.sampling = false;
@@ -682,6 +857,7 @@ impl Agent {
                             .is_some_and(|t| !t.state.is_terminal())
                     })
                     .collect();
+                let tasks = self.gpu_memory_check(tasks);
                 self.last_gpu_samples = gpus.clone();
                 self.publish_metrics(&tasks);
                 if !tasks.is_empty() || !gpus.is_empty() {
@@ -705,8 +881,13 @@ impl Agent {
                 if let gpu::FaultKind::Xid(x) = fault.kind {
                     self.metrics.record_xid(&fault.uuid, x);
                 }
-                if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
-                    self.health_changed(change)?;
+                // A GPU in MIG mode: the fault is its MIG devices' (what is offered).
+                let faults =
+                    gpu::share::mig_fan_out(fault, self.inventory().iter().map(|g| &g.info));
+                for fault in faults {
+                    if let Some(change) = self.health.on_fault(&fault, Instant::now()) {
+                        self.health_changed(change)?;
+                    }
                 }
             }
             Event::RecoveryChecked { uuid, passed } => {
@@ -716,6 +897,31 @@ impl Agent {
                 }
                 if let Some(change) = self.health.recovery_checked(&uuid, passed, Instant::now()) {
                     self.health_changed(change)?;
+                }
+            }
+            Event::GcScanned(found) => {
+                self.gc_busy = false;
+                // Tasks known now (launched since the scan began) are not garbage.
+                let found = found
+                    .into_iter()
+                    .filter(|e| !self.ckpt.tasks.contains_key(&e.task))
+                    .collect();
+                gc::merge(&mut self.gc_queue, found);
+            }
+            Event::GcDone { disk_used } => {
+                self.gc_busy = false;
+                if let Some(u) = disk_used {
+                    self.disk_used = u;
+                }
+            }
+            Event::Compacted(result) => {
+                self.compacting = false;
+                match result {
+                    Ok(()) => {
+                        tracing::info!(generation = self.ckpt.log_gen, "compacted the agent's log")
+                    }
+                    // The logs stay: nothing is lost, the next compaction tries again.
+                    Err(e) => tracing::warn!("compacting the agent's log: {e}"),
                 }
             }
         }
@@ -748,11 +954,18 @@ impl Agent {
         if change.healthy {
             tracing::info!(gpu = %change.uuid, reason = %change.reason, "GPU healthy again");
             self.ckpt.unhealthy_gpus.remove(&change.uuid);
+            self.wal.append(Record::GpuHealthy {
+                uuid: change.uuid.clone(),
+            });
         } else {
             tracing::warn!(gpu = %change.uuid, reason = %change.reason, "GPU unhealthy: withdrawn from offers");
             self.ckpt
                 .unhealthy_gpus
                 .insert(change.uuid.clone(), change.reason.clone());
+            self.wal.append(Record::GpuUnhealthy {
+                uuid: change.uuid.clone(),
+                reason: change.reason.clone(),
+            });
         }
         self.send_registered(AgentToMaster::GpuHealth {
             uuid: change.uuid.clone(),
@@ -783,7 +996,7 @@ impl Agent {
             };
             self.update(id, state, Some(TaskReason::GpuHealth), message, None, None);
         }
-        self.save()
+        Ok(())
     }
 
     fn master_message(&mut self, msg: MasterToAgent) -> anyhow::Result<()> {
@@ -795,9 +1008,11 @@ impl Agent {
             } => {
                 if self.ckpt.agent_id != Some(agent_id) {
                     self.ckpt.agent_id = Some(agent_id);
-                    self.save()?;
+                    self.wal.append(Record::AgentId(agent_id));
                 }
                 self.registered = true;
+                // A new master (or a new session) hears the termination notice again.
+                self.notice_sent = None;
                 if !self.accepted {
                     self.accepted = true;
                     self.cleanup_cgroups();
@@ -814,12 +1029,16 @@ impl Agent {
                 }
                 tracing::info!(%agent_id, "registered with the master");
             }
-            MasterToAgent::RunTask { framework_id, task } => {
+            MasterToAgent::RunTask {
+                framework_id,
+                task,
+                gpus,
+            } => {
                 if self.ckpt.tasks.contains_key(&task.task_id) {
                     tracing::warn!(task = %task.task_id, "duplicate launch ignored");
                     return Ok(());
                 }
-                self.launch(framework_id, task)?;
+                self.launch(framework_id, task, &gpus)?;
             }
             MasterToAgent::KillTask {
                 framework_id,
@@ -827,6 +1046,10 @@ impl Agent {
             } => self.kill(framework_id, task_id)?,
             MasterToAgent::Acknowledge { task_id, update_id } => {
                 if self.ckpt.updates.ack(task_id, update_id) {
+                    self.wal.append(Record::Acked {
+                        task: task_id,
+                        update: update_id,
+                    });
                     let done = self
                         .ckpt
                         .tasks
@@ -835,8 +1058,12 @@ impl Agent {
                         && !self.ckpt.updates.has_pending(task_id);
                     if done {
                         self.ckpt.tasks.remove(&task_id);
+                        self.dirty.insert(task_id);
+                        self.gc_queue.push_back(gc::Ended {
+                            task: task_id,
+                            at_ms: gc::now_ms(),
+                        });
                     }
-                    self.save()?;
                 }
             }
             MasterToAgent::Error { message } => {
@@ -846,32 +1073,62 @@ impl Agent {
                 tracing::error!("the master refused this agent: {message}");
                 anyhow::bail!("the master refused this agent: {message}");
             }
+            MasterToAgent::ClearGpu { uuid } => match self.health.clear(&uuid) {
+                Some(change) => {
+                    tracing::info!(gpu = %uuid, "GPU cleared by an operator through the master");
+                    self.health_changed(change)?;
+                }
+                None => {
+                    tracing::warn!(gpu = %uuid, "clear request for a GPU that is not unhealthy (or unknown)")
+                }
+            },
         }
         Ok(())
     }
 
-    /// Picks GPUs for a task asking for `gpus` (milli-units); `Err` says why it cannot run.
+    /// Picks GPUs for a task asking for `gpus` (milli-units): below one, a GPU with room for
+    /// the fraction (`preferred`, the master's choice, when it still fits); else whole idle
+    /// GPUs, topology-aware. `Err` says why it cannot run.
     fn pick_gpus(
         &self,
         gpus_milli: u64,
         selector: Option<&GpuSelector>,
+        preferred: &[String],
     ) -> Result<Vec<usize>, String> {
-        if gpus_milli == 0 {
-            return Ok(Vec::new());
-        }
-        if !gpus_milli.is_multiple_of(MILLI) {
-            return Err(format!(
-                "gpus must be a whole number, got {}",
-                gpus_milli as f64 / MILLI as f64
-            ));
-        }
-        let k = (gpus_milli / MILLI) as usize;
-        let mut slots = self.gpu_slots();
-        // GPUs that do not match the task's selector are not candidates.
-        if let Some(sel) = selector {
-            for (slot, g) in slots.iter_mut().zip(self.inventory()) {
-                slot.free &= sel.matches(&g.info);
+        let amount = GpuAmount::from_milli(gpus_milli).map_err(|e| e.to_string())?;
+        let k = match amount {
+            GpuAmount::None => return Ok(Vec::new()),
+            GpuAmount::Whole(k) => k as usize,
+            GpuAmount::Fraction(m) => {
+                let held = self.gpu_occupancy();
+                let free: Vec<Option<u32>> = self
+                    .inventory()
+                    .iter()
+                    .map(|g| {
+                        let ok = self.health.is_healthy(&g.info.uuid)
+                            && GpuSelector::admits(selector, &g.info);
+                        ok.then(|| {
+                            gpu::share::GPU_MILLI.saturating_sub(
+                                held.get(g.info.uuid.as_str()).copied().unwrap_or(0),
+                            )
+                        })
+                    })
+                    .collect();
+                let want = preferred
+                    .first()
+                    .and_then(|u| self.inventory().iter().position(|g| &g.info.uuid == u));
+                return gpu::share::pick_fraction(&free, m, want)
+                    .map(|i| vec![i])
+                    .ok_or_else(|| {
+                        format!("the task asks for {m} milli-GPUs of one GPU but no healthy GPU{} on this agent has that much free", if selector.is_some() { " matching its selector" } else { "" })
+                    });
             }
+        };
+        let mut slots = self.gpu_slots();
+        // GPUs that do not match the task's selector (MIG devices unless it names their
+        // profile) are not candidates.
+        for (slot, g) in slots.iter_mut().zip(self.inventory()) {
+            slot.free &= GpuSelector::admits(selector, &g.info);
         }
         gpu::assign(&slots, k).ok_or_else(|| {
             let free = slots.iter().filter(|s| s.free && s.healthy).count();
@@ -897,11 +1154,20 @@ impl Agent {
         Ok(None)
     }
 
-    fn launch(&mut self, framework_id: FrameworkId, task: TaskInfo) -> anyhow::Result<()> {
+    fn launch(
+        &mut self,
+        framework_id: FrameworkId,
+        task: TaskInfo,
+        master_gpus: &[String],
+    ) -> anyhow::Result<()> {
         let id = task.task_id;
         let sandbox = self.config.work_dir.join("sandboxes").join(id.to_string());
         let meta = self.config.work_dir.join("meta").join(id.to_string());
-        let picked = self.pick_gpus(task.resources.milli("gpus"), task.gpu_selector.as_ref());
+        let picked = self.pick_gpus(
+            task.resources.milli("gpus"),
+            task.gpu_selector.as_ref(),
+            master_gpus,
+        );
         let chosen: Vec<GpuInfo> = picked
             .as_deref()
             .unwrap_or(&[])
@@ -925,8 +1191,10 @@ impl Agent {
                 gpus: uuids.clone(),
                 kill_requested_ms: None,
                 cgroup: isolated.then(|| cgroup_name.clone()),
+                gpu_memory_kill: None,
             },
         );
+        self.dirty.insert(id);
         // The user the task runs as: its command's, or this agent's default.
         let ready = picked.and_then(|_| self.task_user(&task.command));
         let user = match ready {
@@ -940,22 +1208,34 @@ impl Agent {
                     None,
                     None,
                 );
-                return self.save();
+                return Ok(());
             }
         };
         if !uuids.is_empty() {
             tracing::info!(task = %id, gpus = ?uuids, "assigned GPUs");
         }
         self.update(id, TaskState::Starting, None, "starting".into(), None, None);
-        self.save()?;
         let events = self.events.clone();
-        let exe = self.config.agent_exe.clone();
         let mut env = task.env.clone();
         env.insert("GANTRY_TASK_ID".into(), id.to_string());
         env.insert("GANTRY_FRAMEWORK_ID".into(), framework_id.to_string());
         if self.config.gpus.is_some() {
             for (k, v) in gpu::visible_devices_env(&uuids) {
                 env.insert(k.to_string(), v);
+            }
+            // A fraction under MPS: its thread and memory limits and its GPU's daemon.
+            if let (Some(g), Ok(GpuAmount::Fraction(_))) =
+                (chosen.first(), task.resources.gpu_amount())
+            {
+                let pipe = self.mps.as_mut().and_then(|m| m.ensure(&g.uuid));
+                for (k, v) in gpu::share::mps_env(
+                    self.config.gpu_sharing,
+                    task.resources.milli("gpus"),
+                    g.memory_mib,
+                    pipe.as_deref().and_then(|p| p.to_str()),
+                ) {
+                    env.insert(k.to_string(), v);
+                }
             }
         }
         let mem_milli = task.resources.milli("mem");
@@ -967,39 +1247,49 @@ impl Agent {
             devices: Some(DeviceRule::for_task(&minors, &self.config.nvidia_majors)),
         };
         let isolator = self.config.isolator.clone();
-        tokio::spawn(async move {
-            // The user first (a passwd look-up may be slow: NSS, LDAP), so an unknown user
-            // costs no cgroup.
-            let user: Option<TaskUser> = match user {
-                None => None,
-                Some(name) => {
-                    let found = tokio::task::spawn_blocking(move || {
+        let supervisor = self.supervisor.clone();
+        // Started after the commit of the task's record (a restarted agent knows every task
+        // it may have started, and every cgroup it may have made). The blocking part — the
+        // user look-up (NSS, LDAP), the cgroup, the directories, fork and exec — runs on a
+        // blocking thread, so no launch holds up the event loop or another task's messages.
+        self.launches.push(Box::pin(async move {
+            let blocking_meta = meta.clone();
+            let spawned = tokio::task::spawn_blocking(move || {
+                // The user first, so an unknown user costs no cgroup.
+                let user: Option<TaskUser> = match user {
+                    None => None,
+                    Some(name) => Some(
                         user::lookup(&name)
-                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))
-                    })
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r);
-                    match found {
-                        Ok(u) => Some(u),
-                        Err(e) => {
-                            let _ = events.send(Event::Launched {
-                                task: id,
-                                cgroup: None,
-                                result: Err(e),
-                            });
-                            return;
-                        }
+                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))?,
+                    ),
+                };
+                let cg = isolator
+                    .create(&cgroup_name, &limits)
+                    .map_err(|e| format!("task cgroup: {e}"))?;
+                let procs: Vec<PathBuf> =
+                    cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
+                let spec = LaunchSpec {
+                    sandbox: &sandbox,
+                    meta: &blocking_meta,
+                    program: &task.command.program,
+                    user: user.as_ref(),
+                    env: &env,
+                    cgroup_procs: &procs,
+                    supervisor: &supervisor,
+                };
+                match executor::spawn_supervisor(&spec) {
+                    Ok(child) => Ok((cg, child)),
+                    Err(e) => {
+                        let _ = cg.destroy();
+                        Err(e.to_string())
                     }
                 }
-            };
-            let created =
-                tokio::task::spawn_blocking(move || isolator.create(&cgroup_name, &limits))
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r.map_err(|e| format!("task cgroup: {e}")));
-            let cg = match created {
-                Ok(cg) => cg,
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let (cg, mut child) = match spawned {
+                Ok(ok) => ok,
                 Err(e) => {
                     let _ = events.send(Event::Launched {
                         task: id,
@@ -1009,18 +1299,8 @@ impl Agent {
                     return;
                 }
             };
-            let procs: Vec<PathBuf> = cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
-            let spec = LaunchSpec {
-                sandbox: &sandbox,
-                meta: &meta,
-                program: &task.command.program,
-                user: user.as_ref(),
-                env: &env,
-                cgroup_procs: &procs,
-                agent_exe: &exe,
-            };
-            match executor::launch(&spec).await {
-                Ok((launched, mut child)) => {
+            match executor::started(&mut child, &meta).await {
+                Ok(launched) => {
                     let _ = events.send(Event::Launched {
                         task: id,
                         cgroup: Some(cg),
@@ -1042,8 +1322,76 @@ impl Agent {
                     });
                 }
             }
-        });
+        }));
         Ok(())
+    }
+
+    /// Sets each sampled task's GPU-memory share and acts on tasks above it: a non-terminal
+    /// update (reason `gpu-memory`) once per excursion and, with `--gpu-memory-enforce kill`,
+    /// the kill (the task ends `FAILED`, reason `gpu-memory`).
+    fn gpu_memory_check(
+        &mut self,
+        mut tasks: Vec<(TaskId, TaskUsage)>,
+    ) -> Vec<(TaskId, TaskUsage)> {
+        let mut over = Vec::new();
+        for (id, usage) in &mut tasks {
+            let Some(rec) = self.ckpt.tasks.get(id) else {
+                continue;
+            };
+            let held: Vec<&GpuInfo> = rec
+                .gpus
+                .iter()
+                .filter_map(|u| self.inventory().iter().find(|g| &g.info.uuid == u))
+                .map(|g| &g.info)
+                .collect();
+            usage.gpu_mem_share_bytes =
+                gpu::share::memory_share_bytes(rec.info.resources.milli("gpus"), &held);
+            let is_over =
+                usage.gpu_mem_share_bytes > 0 && usage.gpu_mem_bytes > usage.gpu_mem_share_bytes;
+            if !is_over {
+                self.gpu_mem_over.remove(id);
+            } else if self.gpu_mem_over.insert(*id) {
+                over.push((
+                    *id,
+                    rec.framework_id,
+                    rec.state,
+                    usage.gpu_mem_bytes,
+                    usage.gpu_mem_share_bytes,
+                ));
+            }
+        }
+        for (id, framework_id, state, used, share) in over {
+            let mib = |b: u64| b / (1024 * 1024);
+            let kill = self.config.gpu_memory_enforce == gpu::share::MemoryEnforce::Kill;
+            let message = format!(
+                "gpu-memory: the task uses {} MiB of GPU memory, above its share of {} MiB{}",
+                mib(used),
+                mib(share),
+                if kill {
+                    "; killed (--gpu-memory-enforce kill)"
+                } else {
+                    ""
+                }
+            );
+            tracing::warn!(task = %id, "{message}");
+            self.update(
+                id,
+                state,
+                Some(TaskReason::GpuMemory),
+                message.clone(),
+                None,
+                None,
+            );
+            if kill {
+                if let Some(rec) = self.ckpt.tasks.get_mut(&id) {
+                    rec.gpu_memory_kill = Some(message);
+                }
+                if let Err(e) = self.kill(framework_id, id) {
+                    tracing::warn!(task = %id, "killing a task over its GPU-memory share: {e}");
+                }
+            }
+        }
+        tasks
     }
 
     fn kill(&mut self, framework_id: FrameworkId, task_id: TaskId) -> anyhow::Result<()> {
@@ -1059,7 +1407,7 @@ impl Agent {
                 None,
             );
             update.reason = Some(TaskReason::KilledByRequest);
-            self.ckpt.updates.push(update);
+            self.push_update(update);
             self.flush_updates();
             return Ok(());
         };
@@ -1071,7 +1419,8 @@ impl Agent {
             tracing::info!(task = %task_id, pgid = l.task_pgid, "killing task (SIGTERM)");
             executor::signal_group(l.task_pgid, libc::SIGTERM);
         }
-        self.save()
+        self.dirty.insert(task_id);
+        Ok(())
     }
 
     fn tick(&mut self) -> anyhow::Result<()> {
@@ -1111,12 +1460,40 @@ impl Agent {
                 });
             }
         }
-        // Adopted tasks (not our children): poll their supervisors.
-        let gone: Vec<(TaskId, PathBuf)> = self
-            .ckpt
-            .tasks
+        // Adopted launches recorded before their task had started: its process group.
+        let unknown_pgid: Vec<(TaskId, PathBuf)> = self
+            .adopted
             .iter()
-            .filter(|(id, t)| !t.state.is_terminal() && !self.settling.contains(id))
+            .filter_map(|id| self.ckpt.tasks.get(id).map(|t| (*id, t)))
+            .filter(|(_, t)| !t.state.is_terminal() && t.launched.is_some_and(|l| l.task_pgid == 0))
+            .map(|(id, t)| (id, t.meta_dir().to_path_buf()))
+            .collect();
+        for (id, meta) in unknown_pgid {
+            if let Some(pgid) = executor::read_task_pgid(&meta) {
+                if let Some(l) = self
+                    .ckpt
+                    .tasks
+                    .get_mut(&id)
+                    .and_then(|t| t.launched.as_mut())
+                {
+                    l.task_pgid = pgid;
+                    self.dirty.insert(id);
+                }
+            }
+        }
+        // Adopted tasks (not our children: ours are awaited by their launch): poll their
+        // supervisors. Only they cost a /proc read per tick.
+        self.adopted.retain(|id| {
+            self.ckpt
+                .tasks
+                .get(id)
+                .is_some_and(|t| !t.state.is_terminal())
+        });
+        let gone: Vec<(TaskId, PathBuf)> = self
+            .adopted
+            .iter()
+            .filter(|id| !self.settling.contains(id))
+            .filter_map(|id| self.ckpt.tasks.get(id).map(|t| (id, t)))
             .filter_map(|(id, t)| {
                 t.launched
                     .filter(|l| !executor::supervisor_alive(l))
@@ -1142,9 +1519,59 @@ impl Agent {
             self.send(AgentToMaster::Heartbeat);
         }
         self.sample_if_due();
+        if self.mps.is_some() {
+            // Every GPU holding a live fractional task has its MPS control daemon (also after
+            // an agent restart), restarted when it exited.
+            let shared: Vec<String> = self
+                .ckpt
+                .tasks
+                .values()
+                .filter(|t| !t.state.is_terminal())
+                .filter(|t| matches!(t.info.resources.gpu_amount(), Ok(GpuAmount::Fraction(_))))
+                .flat_map(|t| t.gpus.iter().cloned())
+                .collect();
+            if let Some(m) = self.mps.as_mut() {
+                for uuid in &shared {
+                    m.ensure(uuid);
+                }
+                m.supervise();
+            }
+        }
+        self.collect_garbage();
         self.gpu_health_tick()?;
+        self.termination_tick();
         self.flush_updates();
         Ok(())
+    }
+
+    /// Removes the sandboxes due for collection ([`gc`]) on a blocking thread, at most once a
+    /// second, and measures the disk there every few seconds.
+    fn collect_garbage(&mut self) {
+        if self.gc_busy || self.last_gc.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        let mut due = self
+            .config
+            .gc
+            .due(&mut self.gc_queue, gc::now_ms(), self.disk_used);
+        // A task id launched again meanwhile owns its directories.
+        due.retain(|t| !self.ckpt.tasks.contains_key(t));
+        if due.is_empty() && self.last_gc.elapsed() < Duration::from_secs(5) {
+            return;
+        }
+        self.gc_busy = true;
+        self.last_gc = tokio::time::Instant::now();
+        let dir = self.config.work_dir.clone();
+        let events = self.events.clone();
+        tokio::task::spawn_blocking(move || {
+            if !due.is_empty() {
+                let removed = gc::remove(&dir, &due);
+                tracing::debug!(removed, "removed the sandboxes of ended tasks");
+            }
+            let _ = events.send(Event::GcDone {
+                disk_used: gc::disk_used(&dir),
+            });
+        });
     }
 
     /// Every `--usage-interval`: samples GPUs and task cgroups on a blocking thread.
@@ -1182,6 +1609,34 @@ impl Agent {
         tokio::task::spawn_blocking(move || {
             let (tasks, gpus) = sample(gpus.as_deref(), &snapshot);
             let _ = events.send(Event::Sampled { tasks, gpus });
+        });
+    }
+
+    /// A spot-termination notice in the work dir ([`crate::termination`]) is told to the
+    /// master once per registration, checked every second.
+    fn termination_tick(&mut self) {
+        if !self.registered || self.last_notice_poll.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.last_notice_poll = tokio::time::Instant::now();
+        let Some(notice) = crate::termination::read(&self.config.work_dir) else {
+            return;
+        };
+        let now = crate::termination::unix_ms();
+        if notice.deadline_unix_ms + 60_000 < now {
+            // Long past: the host was not taken after all (or this is a stale file).
+            crate::termination::remove(&self.config.work_dir);
+            return;
+        }
+        if self.notice_sent == Some(notice.deadline_unix_ms) {
+            return;
+        }
+        self.notice_sent = Some(notice.deadline_unix_ms);
+        let in_ms = notice.deadline_unix_ms.saturating_sub(now);
+        tracing::warn!(in_ms, reason = %notice.reason, "termination notice: asking the master to drain this agent");
+        self.send(AgentToMaster::TerminationNotice {
+            in_ms,
+            reason: notice.reason,
         });
     }
 
@@ -1296,9 +1751,10 @@ impl Agent {
         if let Some(rec) = self.ckpt.tasks.get_mut(&task) {
             rec.state = state;
         }
-        // Sent by the caller's next flush, after it has saved the checkpoint: an update never
-        // reaches the master before the state it reports is on disk.
-        self.ckpt.updates.push(update);
+        self.dirty.insert(task);
+        // Sent after the next commit: an update never reaches the master before the state it
+        // reports is on disk.
+        self.push_update(update);
     }
 
     /// A terminal state: the task's GPUs are free from now on (occupancy counts only tasks

@@ -1,8 +1,9 @@
 //! The agent's on-disk state, so a restarted agent re-adopts its running tasks.
 //!
-//! One JSON file, `WORK_DIR/checkpoint.json`, rewritten atomically (temp file, fsync, rename)
-//! whenever tasks or unacknowledged updates change. A corrupt checkpoint stops the agent with a
-//! clear error instead of silently forgetting running tasks.
+//! A snapshot, `WORK_DIR/checkpoint.json`, written atomically (temp file, fsync, rename) at
+//! start and when the write-ahead log ([`crate::wal`]) is compacted; changes in between go to
+//! the log. A corrupt checkpoint stops the agent with a clear error instead of silently
+//! forgetting running tasks.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -33,7 +34,7 @@ pub enum CheckpointError {
 }
 
 /// One task as the agent remembers it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecord {
     pub framework_id: FrameworkId,
     pub info: TaskInfo,
@@ -50,6 +51,10 @@ pub struct TaskRecord {
     pub kill_requested_ms: Option<u64>,
     /// Task cgroup name, when isolated.
     pub cgroup: Option<String>,
+    /// Set when the agent killed the task for using more GPU memory than its share
+    /// (`--gpu-memory-enforce kill`): the message its terminal update carries.
+    #[serde(default)]
+    pub gpu_memory_kill: Option<String>,
 }
 
 impl TaskRecord {
@@ -73,6 +78,10 @@ pub struct Checkpoint {
     /// an operator clears them or the recovery check passes.
     #[serde(default)]
     pub unhealthy_gpus: BTreeMap<String, String>,
+    /// The first write-ahead log generation this snapshot does not include ([`crate::wal`]);
+    /// 0 in checkpoints written before the log existed.
+    #[serde(default)]
+    pub log_gen: u64,
 }
 
 impl Checkpoint {
@@ -155,6 +164,7 @@ mod tests {
                 gpus: vec![],
                 kill_requested_ms: None,
                 cgroup: None,
+                gpu_memory_kill: None,
             },
         );
         c.save(&dir).unwrap();

@@ -8,21 +8,28 @@
 //! - [`executor`]: task launch under a per-task supervisor (shell string or argv, as the task's
 //!   Unix user: [`executor::user`]), exit status, kill.
 //! - [`updates`]: PURE status update manager (in-order, retried with backoff until acked).
-//! - [`checkpoint`]: on-disk state for recovery after an agent restart.
+//! - [`checkpoint`]: the snapshot of the on-disk state for recovery after an agent restart.
+//! - [`wal`]: the write-ahead log of changes (group commit, background compaction, replay).
+//! - [`gc`]: PURE sandbox garbage collection policy (delay, disk headroom, newest kept).
 //! - [`discovery`]: host resources and NVML GPUs (nvml-wrapper).
 //! - [`gpu`]: PURE GPU policy: topology-aware assignment, health, usage attribution.
 //! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
 //! - [`metrics`]: `GET /metrics` (`--metrics-listen`): dcgm-exporter GPU series with the task
 //!   holding each GPU, GPU health, per-task CPU and memory.
 //! - [`config`]: command-line parsing helpers (`--resources`, `--attributes`, `--reserve`).
+//! - [`termination`]: spot-termination notices (`gantry-agent notice-termination`) handed to
+//!   the running agent through its work dir.
 
 pub mod agent;
 pub mod checkpoint;
 pub mod config;
 pub mod discovery;
 pub mod executor;
+pub mod gc;
 pub mod gpu;
 pub mod isolation;
 pub mod metrics;
 pub mod session;
+pub mod termination;
 pub mod updates;
+pub mod wal;

@@ -8,8 +8,9 @@ use std::time::Duration;
 use gantry_agent::discovery::nvml::{GpuProcess, NvmlGpus};
 use gantry_agent::gpu::{assign, FaultKind};
 use gantry_nvml_standin::config::{
-    self, EventKind, EventSpec, GpuSpec, ProcessSpec, StandinConfig,
+    self, EventKind, EventSpec, GpuSpec, MigSpec, ProcessSpec, StandinConfig,
 };
+use gantry_sdk::protocol::GpuInfo;
 
 fn gpu(i: u32) -> GpuSpec {
     let a100 = i < 2;
@@ -33,6 +34,7 @@ fn gpu(i: u32) -> GpuSpec {
         power_mw: 250_000,
         memory_used_mib: None,
         processes: vec![],
+        mig_devices: vec![],
     }
 }
 
@@ -176,5 +178,47 @@ async fn discovery_sampling_and_health_through_standin() {
     }];
     config::write_atomic(&path, &cfg).unwrap();
     assert_eq!(gpus.processes().len(), 2);
+    drop(gpus);
+
+    // MIG: GPU 3 in MIG mode with two slices. Its MIG devices are offered (MIG UUID, profile
+    // parsed from the NVML name, their memory, the parent's topology); the parent itself is
+    // not, but it is still sampled.
+    cfg.events.clear();
+    cfg.gpus[3].mig_devices = vec![
+        MigSpec {
+            uuid: "MIG-aaaaaaaa-0000-5000-8000-000000000001".into(),
+            profile: "1g.10gb".into(),
+            memory_mib: 9856,
+        },
+        MigSpec {
+            uuid: "MIG-aaaaaaaa-0000-5000-8000-000000000002".into(),
+            profile: "3g.40gb".into(),
+            memory_mib: 40192,
+        },
+    ];
+    config::write_atomic(&path, &cfg).unwrap();
+    let gpus = NvmlGpus::try_open(&lib, &sysfs).unwrap();
+    let inv = gpus.inventory().clone();
+    assert_eq!(inv.gpus.len(), 5, "3 whole GPUs and 2 MIG devices");
+    assert_eq!(inv.mig_parents.len(), 1);
+    assert_eq!(inv.mig_parents[0].info.uuid, cfg.gpus[3].uuid);
+    let migs: Vec<&GpuInfo> = inv
+        .gpus
+        .iter()
+        .map(|g| &g.info)
+        .filter(|i| i.mig_profile.is_some())
+        .collect();
+    assert_eq!(migs.len(), 2);
+    assert_eq!(migs[0].uuid, "MIG-aaaaaaaa-0000-5000-8000-000000000001");
+    assert_eq!(migs[0].mig_profile.as_deref(), Some("1g.10gb"));
+    assert_eq!(migs[0].name, "NVIDIA H100 80GB HBM3 MIG 1g.10gb");
+    assert_eq!(migs[0].memory_mib, 9856);
+    assert_eq!(
+        migs[0].parent_uuid.as_deref(),
+        Some(cfg.gpus[3].uuid.as_str())
+    );
+    assert_eq!(migs[1].mig_profile.as_deref(), Some("3g.40gb"));
+    assert_eq!(migs[1].minor, 3, "the parent's device node");
+    assert_eq!(gpus.sample().len(), 4, "the physical GPUs are sampled");
     drop(gpus);
 }

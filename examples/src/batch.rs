@@ -259,6 +259,7 @@ mod tests {
             reserved: Default::default(),
             attributes: Default::default(),
             gpus: Vec::new().into(),
+            gpu_free: Vec::new(),
         }
     }
 

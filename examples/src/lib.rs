@@ -4,6 +4,9 @@
 //! - [`batch`]: run N copies of a command and report how they ended (binary `batch`).
 //! - [`gpu_queue`]: an ML job queue with priorities, gangs, team fair share, backfill and
 //!   preemption (binary `gpu-queue`).
+//! - [`service`]: keep N instances of a command up, with health checks, restarts with
+//!   backoff and rolling replacement (binary `service`).
 
 pub mod batch;
 pub mod gpu_queue;
+pub mod service;

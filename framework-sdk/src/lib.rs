@@ -12,6 +12,11 @@
 //!   `gantry_transport::framing`).
 //! - [`transport`]: `gantry-transport` re-exported: QUIC endpoints with mutual TLS, the TLS
 //!   directory convention, the masters list.
+//! - [`book`]: [`book::TaskBook`], the framework's table of its tasks kept from launches and
+//!   status updates (pure, idempotent).
+//! - [`backoff`]: exponential backoff helpers ([`backoff::RestartBackoff`] per key).
+//! - [`reconcile`]: built-in reconciliation on re-subscription and periodically
+//!   ([`DriverConfig::reconcile`]).
 //! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
 //! - [`placement`]: fragmentation-aware GPU placement (pure): `fgd-pack`, `fgd`, `best-fit`,
 //!   `random`, shared by schedulers and the master's `simulate --openb` replay; and the
@@ -19,13 +24,17 @@
 //!   attributes, NUMA locality) and [`placement::gang`] (all-or-nothing gangs, elastic
 //!   `min..max`, which gang may hold offers).
 //! - [`process`]: shutdown on SIGINT or SIGTERM.
-//! - [`scheduler`]: the [`Scheduler`] trait and the [`Driver`] that runs it against a master.
+//! - [`scheduler`]: the [`Scheduler`] trait (with the [`Scheduler::drain_notice`] callback for
+//!   agents drained for maintenance) and the [`Driver`] that runs it against a master.
 
 #![warn(missing_docs)]
 
+pub mod backoff;
+pub mod book;
 pub mod config_file;
 pub mod placement;
 pub mod process;
+pub mod reconcile;
 pub mod scheduler;
 
 /// The wire protocol: `gantry-proto` re-exported, so `gantry_sdk::protocol::...` paths work.

@@ -101,6 +101,20 @@ pub trait Scheduler: Send {
         let _ = (driver, kind, message);
         async {}
     }
+    /// An agent this framework has tasks on is being drained for maintenance (Mesos inverse
+    /// offers; see [`DrainNotice`]): move the tasks elsewhere before
+    /// `notice.deadline_in_ms`, when the master kills what is left. The default does nothing
+    /// (the tasks are killed at the deadline and reported `KILLED`). Sent again after a
+    /// re-subscription while the drain lasts, so it may arrive more than once.
+    fn drain_notice(
+        &mut self,
+        driver: &DriverHandle,
+        notice: &DrainNotice,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, notice);
+        async {}
+    }
+
     /// The connection to the master dropped; the driver is reconnecting.
     fn disconnected(&mut self, driver: &DriverHandle) -> impl Future<Output = ()> + Send {
         let _ = driver;
@@ -127,6 +141,9 @@ pub struct DriverConfig {
     pub backoff: (Duration, Duration),
     /// Give up when no master could be reached for this long (`None`: never).
     pub give_up_after: Option<Duration>,
+    /// Built-in reconciliation on (re-)subscription and periodically (off by default; see
+    /// [`crate::reconcile`]).
+    pub reconcile: crate::reconcile::ReconcileConfig,
 }
 
 impl DriverConfig {
@@ -150,6 +167,7 @@ impl DriverConfig {
             },
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             give_up_after: None,
+            reconcile: Default::default(),
         }
     }
 }
@@ -461,6 +479,7 @@ impl Driver {
         });
         let _abort = AbortOnDrop(reader);
         let mut subscribed = false;
+        let mut reconciler = crate::reconcile::Reconciler::new(self.config.reconcile);
         loop {
             tokio::select! {
                 msg = inbox.recv() => {
@@ -481,6 +500,9 @@ impl Driver {
                                 if let Err(e) = tx.send(&msg).await {
                                     return Ok(SessionEnd::Lost(e.to_string()));
                                 }
+                            }
+                            if reconciler.subscribed(std::time::Instant::now()) {
+                                self.handle.reconcile(Vec::new());
                             }
                             scheduler.registered(&self.handle, framework_id).await;
                         }
@@ -505,6 +527,12 @@ impl Driver {
                             scheduler.error(&self.handle, kind, &message).await;
                         }
                         MasterToFramework::Heartbeat => {}
+                        MasterToFramework::DrainNotice(notice) => scheduler.drain_notice(&self.handle, &notice).await,
+                    }
+                }
+                _ = sleep_until_opt(reconciler.next_due().map(tokio::time::Instant::from_std)) => {
+                    if reconciler.poll(std::time::Instant::now()) {
+                        self.handle.reconcile(Vec::new());
                     }
                 }
                 _ = masters.newer_leader() => {

@@ -67,6 +67,7 @@ async fn seed(url: &str, prefix: &str, agents: usize, fence: Fence) -> anyhow::R
                 id: AgentId::from_u128(i + 1),
                 name: format!("agent-{i}"),
                 hostname: format!("host-{i}.example"),
+                deactivated: false,
             })])
         })
         .collect();

@@ -1,5 +1,5 @@
-//! A client for the master's operator API (`/health`, `/state`, `/weights`, `/quota`) over
-//! HTTPS, used by `gantryctl` and the cluster tests: reqwest with rustls on the `ring`
+//! A client for the master's operator API (`/health`, `/state`, `/api/v1/…` and its event
+//! stream) over HTTPS, used by `gantryctl` and the cluster tests: reqwest with rustls on the `ring`
 //! provider, trusting only the cluster CA, authenticating with an operator certificate
 //! (`operator-NAME.pem/.key` in a TLS directory) or a bearer token.
 
@@ -21,6 +21,9 @@ pub enum ClientError {
     Http(#[from] reqwest::Error),
     #[error("client runtime: {0}")]
     Runtime(String),
+    /// The event stream broke its bounds.
+    #[error("event stream: {0}")]
+    Stream(String),
     /// The master answered with an error status.
     #[error("{path}: {status} {code}: {message}")]
     Status {
@@ -153,6 +156,61 @@ impl OperatorClient {
         self.send(path, req).await
     }
 
+    /// Follows the server-sent events at `path` (`/api/v1/events`): calls `on_event` with each
+    /// event's data until it returns false or the master ends the stream.
+    pub async fn events(
+        &self,
+        path: &str,
+        mut on_event: impl FnMut(&str) -> bool,
+    ) -> Result<(), ClientError> {
+        // One event (the snapshot of a large cluster) may be large, but not without bound.
+        const MAX_EVENT: usize = 256 << 20;
+        // The stream lasts as long as the caller wants: no overall deadline (keep-alives
+        // arrive every 15 s).
+        let mut req = self
+            .http
+            .get(self.url(path))
+            .timeout(Duration::from_secs(100 * 365 * 86_400))
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req.send().await?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await?;
+            return Err(status_error(path, status, &text));
+        }
+        let mut buf: Vec<u8> = Vec::new();
+        let mut data = String::new();
+        while let Some(chunk) = resp.chunk().await? {
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                let line = String::from_utf8_lossy(&line);
+                let line = line.trim_end_matches(['\n', '\r']);
+                if line.is_empty() {
+                    if !data.is_empty() && !on_event(&data) {
+                        return Ok(());
+                    }
+                    data.clear();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    if !data.is_empty() {
+                        data.push('\n');
+                    }
+                    data.push_str(d.strip_prefix(' ').unwrap_or(d));
+                }
+                // Comments (keep-alives), `event:` and `id:` lines carry nothing we use.
+            }
+            if buf.len() + data.len() > MAX_EVENT {
+                return Err(ClientError::Stream(format!(
+                    "an event over {MAX_EVENT} bytes"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -171,19 +229,24 @@ impl OperatorClient {
         if status.is_success() {
             return Ok(text);
         }
-        let (code, message) = match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(v) if v["error"].is_string() => (
-                v["error"].as_str().unwrap_or_default().to_string(),
-                v["message"].as_str().unwrap_or_default().to_string(),
-            ),
-            _ => (String::new(), text.trim().to_string()),
-        };
-        Err(ClientError::Status {
-            path: path.to_string(),
-            status: status.as_u16(),
-            code,
-            message,
-        })
+        Err(status_error(path, status, &text))
+    }
+}
+
+/// The error for a non-2xx answer (its JSON `{"error", "message"}` when it has one).
+fn status_error(path: &str, status: reqwest::StatusCode, text: &str) -> ClientError {
+    let (code, message) = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) if v["error"].is_string() => (
+            v["error"].as_str().unwrap_or_default().to_string(),
+            v["message"].as_str().unwrap_or_default().to_string(),
+        ),
+        _ => (String::new(), text.trim().to_string()),
+    };
+    ClientError::Status {
+        path: path.to_string(),
+        status: status.as_u16(),
+        code,
+        message,
     }
 }
 

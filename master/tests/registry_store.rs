@@ -8,8 +8,8 @@ use std::time::Duration;
 use common::*;
 use gantry_master::election::{Fence, LeadershipEvent};
 use gantry_master::registry::{
-    AgentRecord, EtcdStore, FileStore, FrameworkRecord, Mutation, Quota, Registry, RegistryError,
-    RegistryStore, RegistryWriter, Reservation,
+    AgentRecord, EtcdStore, FileStore, FrameworkRecord, GoneRecord, MaintenanceRecord, Mutation,
+    Quota, Registry, RegistryError, RegistryStore, RegistryWriter, Reservation,
 };
 use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
 use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
@@ -27,11 +27,13 @@ fn sample() -> Vec<Mutation> {
             id: a1,
             name: "agent-1".into(),
             hostname: "node1.example".into(),
+            deactivated: false,
         }),
         Mutation::PutAgent(AgentRecord {
             id: a2,
             name: "agent-2".into(),
             hostname: "node2.example".into(),
+            deactivated: false,
         }),
         Mutation::SetWeight {
             role: "prod".into(),
@@ -64,6 +66,19 @@ fn sample() -> Vec<Mutation> {
             roles: vec!["prod".into(), "prod/web".into()],
             principal: "batch-principal".into(),
             failover_timeout_secs: 120.0,
+        }),
+        Mutation::SetMaintenance(MaintenanceRecord {
+            agent_id: a1,
+            name: "agent-1".into(),
+            started_unix_ms: 1_763_868_000_000,
+            deadline_unix_ms: Some(1_763_868_600_000),
+            drained: false,
+            reason: "operator".into(),
+        }),
+        Mutation::PutGone(GoneRecord {
+            agent_id: AgentId::from_u128(7),
+            name: "agent-7".into(),
+            at_unix_ms: 1_763_860_000_000,
         }),
     ]
 }
@@ -190,6 +205,7 @@ async fn registry_etcd_load_pages_through_many_records() {
                 id: AgentId::from_u128(1000 + i),
                 name: format!("agent-{i}"),
                 hostname: format!("host-{i}"),
+                deactivated: false,
             })
         })
         .collect();
@@ -324,6 +340,7 @@ async fn registry_writer_group_commits_many_admissions_to_etcd() {
                 id: AgentId::from_u128(i + 1),
                 name: format!("agent-{i}"),
                 hostname: format!("host-{i}"),
+                deactivated: false,
             })])
         })
         .collect();

@@ -26,6 +26,11 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 
+/// The key type of the CA and of every certificate Gantry issues: ECDSA P-256 with SHA-256.
+/// Browsers (the `/ui` dashboard) support it; they do not support Ed25519 in TLS or in
+/// certificate signatures. Existing Ed25519 material keeps working for QUIC and `gantryctl`.
+const KEY_ALG: &rcgen::SignatureAlgorithm = &rcgen::PKCS_ECDSA_P256_SHA256;
+
 /// rcgen failures as [`TlsError::Generate`] (the error type every TLS-directory function shares).
 trait Generated<T> {
     fn generated(self) -> Result<T, TlsError>;
@@ -57,7 +62,7 @@ impl CertAuthority {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).generated()?;
+        let key = KeyPair::generate_for(KEY_ALG).generated()?;
         let cert = params.self_signed(&key).generated()?;
         Ok(Self { cert, key })
     }
@@ -125,7 +130,7 @@ impl CertAuthority {
                 params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
             }
         }
-        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).generated()?;
+        let key = KeyPair::generate_for(KEY_ALG).generated()?;
         let cert = params.signed_by(&key, &self.cert, &self.key).generated()?;
         Ok((cert.pem(), key.serialize_pem()))
     }

@@ -237,6 +237,7 @@ mod tests {
             reserved: Default::default(),
             attributes: std::sync::Arc::new([("blob".to_string(), "x".repeat(attr_bytes))].into()),
             gpus: Vec::new().into(),
+            gpu_free: vec![],
         }
     }
 
@@ -265,6 +266,8 @@ mod tests {
             pci_bus_id: "0".into(),
             numa_node: None,
             healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
         };
         let attributes: crate::messages::Attributes =
             [("rack".to_string(), "r1".to_string())].into();

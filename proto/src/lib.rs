@@ -25,4 +25,4 @@ pub mod resources;
 
 pub use ids::*;
 pub use messages::*;
-pub use resources::{ResourceLimits, ResourceParseError, Resources};
+pub use resources::{BadGpuAmount, GpuAmount, ResourceLimits, ResourceParseError, Resources};

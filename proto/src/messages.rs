@@ -36,7 +36,7 @@ pub mod register_limits {
     pub const MAX_ATTRIBUTES_BYTES: usize = 64 * 1024;
     /// GPUs of one agent.
     pub const MAX_GPUS: usize = 256;
-    /// Bytes of each GPU string (uuid, model name, PCI bus id).
+    /// Bytes of each GPU string (uuid, model name, PCI bus id, MIG profile, parent uuid).
     pub const MAX_GPU_FIELD: usize = 256;
     /// Roles with static reservations on one agent.
     pub const MAX_RESERVED_ROLES: usize = 64;
@@ -80,9 +80,15 @@ pub mod register_limits {
             g.uuid.len() > MAX_GPU_FIELD
                 || g.name.len() > MAX_GPU_FIELD
                 || g.pci_bus_id.len() > MAX_GPU_FIELD
+                || g.mig_profile
+                    .as_ref()
+                    .is_some_and(|p| p.len() > MAX_GPU_FIELD)
+                || g.parent_uuid
+                    .as_ref()
+                    .is_some_and(|p| p.len() > MAX_GPU_FIELD)
         }) {
             return Err(format!(
-                "a GPU's uuid, name or PCI bus id ({:?}...) is longer than {MAX_GPU_FIELD} bytes",
+                "a GPU's uuid, name, PCI bus id, MIG profile or parent uuid ({:?}...) is longer than {MAX_GPU_FIELD} bytes",
                 g.uuid.chars().take(32).collect::<String>()
             ));
         }
@@ -158,6 +164,26 @@ pub struct GpuInfo {
     pub numa_node: Option<u32>,
     /// False after an XID error or a failed health check: not offered.
     pub healthy: bool,
+    /// Set on a MIG device (a slice of a GPU in MIG mode): its profile, e.g. `1g.10gb`. The
+    /// slice is offered as one GPU whose `uuid` is the MIG UUID (`MIG-...`); only tasks whose
+    /// [`GpuSelector::mig_profile`] names the profile get it.
+    #[serde(default)]
+    pub mig_profile: Option<String>,
+    /// For a MIG device, the UUID of the physical GPU it is carved from.
+    #[serde(default)]
+    pub parent_uuid: Option<String>,
+}
+
+/// What is left of one GPU for new tasks (in offers): the fraction not given to tasks and the
+/// device memory that goes with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFree {
+    /// The GPU's (or MIG device's) uuid.
+    pub uuid: String,
+    /// Free milli-GPUs (1000 = idle).
+    pub free_milli: u32,
+    /// Free device memory, MiB: the GPU's memory times its free fraction.
+    pub free_memory_mib: u64,
 }
 
 /// Resource usage of one task (or one GPU) as sampled by the agent.
@@ -173,6 +199,11 @@ pub struct TaskUsage {
     pub gpu_mem_bytes: u64,
     /// Utilization of the task's GPUs, percent.
     pub gpu_util_percent: f64,
+    /// The task's share of GPU memory, bytes (its fraction of each GPU it uses times the GPU's
+    /// memory); 0 when the task has no GPU. `gpu_mem_bytes` above it is reported (and killed
+    /// with the agent's `--gpu-memory-enforce kill`).
+    #[serde(default)]
+    pub gpu_mem_share_bytes: u64,
 }
 
 /// One GPU's latest sample.
@@ -346,6 +377,10 @@ pub struct GpuSelector {
     pub model: Option<String>,
     /// Least memory per GPU, MiB.
     pub min_memory_mib: Option<u64>,
+    /// A MIG profile (`1g.10gb`, case-insensitive): the task gets MIG devices of this profile.
+    /// Without it the task gets whole physical GPUs (or fractions of them), never MIG devices.
+    #[serde(default)]
+    pub mig_profile: Option<String>,
 }
 
 impl GpuSelector {
@@ -356,7 +391,20 @@ impl GpuSelector {
             .as_ref()
             .is_none_or(|m| gpu.name.to_lowercase().contains(&m.to_lowercase()));
         let mem_ok = self.min_memory_mib.is_none_or(|min| gpu.memory_mib >= min);
-        model_ok && mem_ok
+        let mig_ok = match (&self.mig_profile, &gpu.mig_profile) {
+            (None, None) => true,
+            (Some(want), Some(have)) => want.eq_ignore_ascii_case(have),
+            _ => false,
+        };
+        model_ok && mem_ok && mig_ok
+    }
+
+    /// Whether a task with `selector` (none: any physical GPU) may get `gpu`.
+    pub fn admits(selector: Option<&GpuSelector>, gpu: &GpuInfo) -> bool {
+        match selector {
+            Some(s) => s.matches(gpu),
+            None => gpu.mig_profile.is_none(),
+        }
     }
 }
 
@@ -447,6 +495,9 @@ pub enum TaskReason {
     /// another framework's) or was otherwise invalid: its tasks are [`TaskState::Dropped`]
     /// (Mesos `REASON_INVALID_OFFERS`).
     InvalidOffers,
+    /// The task's processes use more GPU memory than its share (a non-terminal report, or the
+    /// reason it was killed under `--gpu-memory-enforce kill`).
+    GpuMemory,
 }
 
 impl TaskReason {
@@ -463,6 +514,7 @@ impl TaskReason {
             TaskReason::GpuHealth => "gpu-health",
             TaskReason::Unknown => "unknown",
             TaskReason::InvalidOffers => "invalid-offers",
+            TaskReason::GpuMemory => "gpu-memory",
         }
     }
 }
@@ -574,10 +626,22 @@ pub enum AgentToMaster {
         /// Why (e.g. the XID error).
         reason: String,
     },
+    /// The host will be taken away (a spot-instance termination notice, told to the agent by
+    /// `gantry-agent notice-termination --in 120s`): the master drains the agent with this
+    /// deadline. A duration, not a time, so clock skew between hosts does not matter.
+    TerminationNotice {
+        /// Milliseconds from now until the host goes away.
+        in_ms: u64,
+        /// Where the notice came from (for the operator's view).
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 /// What the master sends an agent.
+// `RunTask` (a task and its GPUs) is the large variant and the common one: boxing it would
+// allocate on every launch to save a few bytes on rare control messages.
+#[allow(clippy::large_enum_variant)]
 pub enum MasterToAgent {
     /// The registration was accepted.
     Registered {
@@ -594,6 +658,10 @@ pub enum MasterToAgent {
         framework_id: FrameworkId,
         /// What to run.
         task: TaskInfo,
+        /// The GPUs (UUIDs) the master chose for a task asking for a fraction of one GPU
+        /// (fragmentation-aware); empty: the agent chooses (topology-aware, whole GPUs).
+        #[serde(default)]
+        gpus: Vec<String>,
     },
     /// Kill a task (SIGTERM, then SIGKILL after its grace period).
     KillTask {
@@ -613,6 +681,12 @@ pub enum MasterToAgent {
     Error {
         /// What was refused, and why.
         message: String,
+    },
+    /// An operator cleared an unhealthy GPU through the master's API: bring it back as
+    /// `gantry-agent clear-gpu` does (the agent answers with `GpuHealth`).
+    ClearGpu {
+        /// The GPU's UUID.
+        uuid: String,
     },
 }
 
@@ -756,6 +830,10 @@ pub struct Offer {
     /// `attributes`; on the wire a plain list).
     #[serde(with = "shared_list")]
     pub gpus: Arc<[GpuInfo]>,
+    /// What is free of each of those GPUs (fraction and memory), in the order of `gpus`: a
+    /// task asking for `gpus:0.25` fits when one of them has at least 250 milli-GPUs free.
+    #[serde(default)]
+    pub gpu_free: Vec<GpuFree>,
 }
 
 /// `Arc<Attributes>` on the wire as the plain map (serde's `rc` feature would do the same, for
@@ -847,6 +925,29 @@ pub enum MasterToFramework {
     },
     /// Liveness, every `heartbeat_interval_ms`.
     Heartbeat,
+    /// An agent this framework has tasks on is being drained for maintenance (Mesos inverse
+    /// offers): move the tasks elsewhere before the deadline, when the master kills what is
+    /// left (each task with its grace period). Sent again after a re-subscription while the
+    /// drain lasts.
+    DrainNotice(DrainNotice),
+}
+
+/// Notice that an agent is being drained ([`MasterToFramework::DrainNotice`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainNotice {
+    /// The agent being drained.
+    pub agent_id: AgentId,
+    /// Its hostname.
+    pub hostname: String,
+    /// Milliseconds from when the notice was sent until the master kills the tasks still
+    /// there; `None`: no deadline (the framework moves them at its own pace).
+    pub deadline_in_ms: Option<u64>,
+    /// The same deadline as Unix milliseconds (the master's clock), for display.
+    pub deadline_unix_ms: Option<u64>,
+    /// The framework's tasks on the agent (not yet terminal) when the notice was sent.
+    pub task_ids: Vec<TaskId>,
+    /// Why the agent is drained (`operator`, `spot termination notice`).
+    pub reason: String,
 }
 
 #[cfg(test)]
@@ -884,22 +985,42 @@ mod tests {
             pci_bus_id: "0".into(),
             numa_node: Some(0),
             healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
         };
         assert!(GpuSelector::default().matches(&gpu));
         assert!(GpuSelector {
             model: Some("a100".into()),
-            min_memory_mib: Some(80000)
+            min_memory_mib: Some(80000),
+            mig_profile: None,
         }
         .matches(&gpu));
         assert!(!GpuSelector {
             model: Some("H100".into()),
-            min_memory_mib: None
+            min_memory_mib: None,
+            mig_profile: None,
         }
         .matches(&gpu));
         assert!(!GpuSelector {
             model: None,
-            min_memory_mib: Some(100_000)
+            min_memory_mib: Some(100_000),
+            mig_profile: None,
         }
         .matches(&gpu));
+        // MIG devices only for tasks naming their profile, and never the other way round.
+        let mig = GpuInfo {
+            uuid: "MIG-1".into(),
+            mig_profile: Some("1g.10gb".into()),
+            parent_uuid: Some("GPU-1".into()),
+            memory_mib: 9856,
+            ..gpu.clone()
+        };
+        let want = GpuSelector {
+            mig_profile: Some("1G.10GB".into()),
+            ..GpuSelector::default()
+        };
+        assert!(want.matches(&mig) && !want.matches(&gpu));
+        assert!(!GpuSelector::admits(None, &mig) && GpuSelector::admits(None, &gpu));
+        assert!(!GpuSelector::default().matches(&mig));
     }
 }

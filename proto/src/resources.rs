@@ -314,6 +314,61 @@ fn parse_entries(text: &str) -> Result<Vec<(&str, u64)>, ResourceParseError> {
     Ok(out)
 }
 
+/// How a task's `gpus` amount is read: below one it is a fraction of one GPU (milli-GPU
+/// precision, shared with other fractions as long as they sum to at most one GPU); from one up
+/// it is a number of whole GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpuAmount {
+    /// No GPU.
+    None,
+    /// A share of one GPU, 1..=999 milli-GPUs.
+    Fraction(u32),
+    /// Whole GPUs.
+    Whole(u64),
+}
+
+/// A `gpus` amount above one that is not a whole number (`gpus:1.5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("gpus must be below 1 (a fraction of one GPU) or a whole number, got {}", *.0 as f64 / MILLI as f64)]
+pub struct BadGpuAmount(pub u64);
+
+impl GpuAmount {
+    /// Reads a `gpus` amount in milli-units.
+    pub fn from_milli(milli: u64) -> Result<GpuAmount, BadGpuAmount> {
+        match milli {
+            0 => Ok(GpuAmount::None),
+            1..MILLI => Ok(GpuAmount::Fraction(milli as u32)),
+            m if m.is_multiple_of(MILLI) => Ok(GpuAmount::Whole(m / MILLI)),
+            m => Err(BadGpuAmount(m)),
+        }
+    }
+
+    /// Milli-GPUs this amount takes of each GPU it is given (1000 for whole GPUs).
+    pub fn per_gpu_milli(self) -> u32 {
+        match self {
+            GpuAmount::None => 0,
+            GpuAmount::Fraction(m) => m,
+            GpuAmount::Whole(_) => MILLI as u32,
+        }
+    }
+
+    /// How many GPUs it is given.
+    pub fn gpu_count(self) -> u64 {
+        match self {
+            GpuAmount::None => 0,
+            GpuAmount::Fraction(_) => 1,
+            GpuAmount::Whole(k) => k,
+        }
+    }
+}
+
+impl Resources {
+    /// This bag's `gpus`, read as a fraction of one GPU or whole GPUs.
+    pub fn gpu_amount(&self) -> Result<GpuAmount, BadGpuAmount> {
+        GpuAmount::from_milli(self.milli("gpus"))
+    }
+}
+
 /// Upper bounds per resource kind, e.g. a quota limit. Unlike a [`Resources`] bag, an explicit
 /// zero is kept and means "none of this kind" (`cpus:0;mem:1024`); a kind that is not named is
 /// unlimited. Serialized like [`Resources`] (a map of numbers), zeros included.
@@ -502,6 +557,27 @@ mod tests {
         );
         let back: Resources = serde_json::from_str(r#"{"cpus":2.0,"mem":1024.0}"#).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn gpu_amounts() {
+        let g = |t: &str| Resources::parse(t).unwrap().gpu_amount();
+        assert_eq!(g("cpus:1"), Ok(GpuAmount::None));
+        assert_eq!(g("gpus:0.25"), Ok(GpuAmount::Fraction(250)));
+        assert_eq!(g("gpus:0.001"), Ok(GpuAmount::Fraction(1)));
+        assert_eq!(g("gpus:1"), Ok(GpuAmount::Whole(1)));
+        assert_eq!(g("gpus:3"), Ok(GpuAmount::Whole(3)));
+        assert_eq!(g("gpus:1.5"), Err(BadGpuAmount(1500)));
+        assert!(BadGpuAmount(1500).to_string().contains("1.5"));
+        assert_eq!(GpuAmount::Fraction(250).per_gpu_milli(), 250);
+        assert_eq!(GpuAmount::Whole(2).per_gpu_milli(), 1000);
+        assert_eq!(GpuAmount::Whole(2).gpu_count(), 2);
+        // Four quarters are exactly one GPU.
+        let mut sum = Resources::new();
+        for _ in 0..4 {
+            sum.add_assign(&Resources::parse("gpus:0.25").unwrap());
+        }
+        assert_eq!(sum.gpu_amount(), Ok(GpuAmount::Whole(1)));
     }
 
     #[test]

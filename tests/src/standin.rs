@@ -41,6 +41,21 @@ impl Standin {
         Ok(s)
     }
 
+    /// `config`, written to `dir/gpus.toml`; sets `GANTRY_NVML_STANDIN_CONFIG` like
+    /// [`Standin::four_gpus`].
+    pub fn with_config(
+        dir: &Path,
+        config: gantry_nvml_standin::config::StandinConfig,
+    ) -> anyhow::Result<Self> {
+        let s = Self {
+            path: dir.join("gpus.toml"),
+            config,
+        };
+        s.write()?;
+        std::env::set_var(gantry_nvml_standin::config::CONFIG_ENV, &s.path);
+        Ok(s)
+    }
+
     /// `count` stand-in GPUs for one agent, written to `dir/gpus-TAG.toml`: the first half
     /// `NVIDIA A100-SXM4-40GB` on NUMA node 0, the second half `NVIDIA H100 80GB HBM3` on NUMA
     /// node 1, with UUIDs unique to `tag`. Sets `GANTRY_NVML_STANDIN_CONFIG` for agents started

@@ -4,12 +4,21 @@
 //! rebuilt from the checkpoint (a new 2-GPU task gets the two GPUs nobody holds), and no task
 //! cgroup is left behind.
 //!
-//! One test in this binary: the stand-in's configuration path is a process-wide variable.
+//! A second test kills the agent (`--isolation none`, room for 40 tasks, its log compacted every
+//! 64 KiB) three times during a stream of 300 launches: every task is accounted for (exactly one terminal update each), and every task
+//! whose process ran to completion is reported FINISHED (its outcome survived in the agent's
+//! write-ahead log or in the supervisor's exit file), none of it is lost.
+//!
+//! The stand-in's configuration path is a process-wide variable: only the first test uses it
+//! (the burst agent runs without GPUs).
 
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use gantry_sdk::protocol::{Capability, Program, StatusUpdate, TaskId, TaskInfo, TaskState};
+use gantry_sdk::protocol::{
+    Capability, Program, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateSource,
+};
 use gantry_tests::{
     cgroups_available, process_alive, standin_lib, start_recorder, state_task, task, CgroupRoot,
     Cluster, Standin, TempDir, Updates,
@@ -243,4 +252,114 @@ async fn agent_killed_and_restarted_keeps_its_tasks() {
         h.stop();
         tokio::time::timeout(T, r).await.unwrap().unwrap().unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_during_a_burst_of_launches_loses_no_task() {
+    const N: usize = 300;
+    let long = Duration::from_secs(120);
+    let mut cluster = Cluster::start_with(
+        &[("burst1", "cpus:4;mem:65536;gpus:0")],
+        &["--agent-reregister-timeout", "60"],
+        // Compaction every 64 KiB of log: many snapshots, some cut short by the kills.
+        &["--isolation", "none", "--wal-compact-bytes", "65536"],
+    )
+    .unwrap();
+    // Short tasks, so that launches, exits and acknowledgements all overlap the kills.
+    let tasks: Vec<TaskInfo> = (0..N)
+        .map(|i| task(&format!("burst{i}"), "sleep 0.3", "cpus:0.1;mem:1"))
+        .collect();
+    let ids: BTreeSet<TaskId> = tasks.iter().map(|t| t.task_id).collect();
+    let (mut updates, handle, run) = framework(&cluster, "burst-fw", tasks);
+    // 40 tasks fit on the agent at a time: launches keep coming as tasks end. Kill -9 after 30,
+    // 100 and 170 tasks reported RUNNING, restarting the agent at once each time.
+    for after in [30, 100, 170] {
+        let seen = Cell::new(0);
+        if let Err(e) = updates
+            .wait_for(&format!("{after} tasks running"), long, |u| {
+                let running = u.source == UpdateSource::Agent && u.state == TaskState::Running;
+                seen.set(seen.get() + usize::from(running));
+                seen.get() >= after
+            })
+            .await
+        {
+            cluster.dump_logs();
+            panic!("{e}");
+        }
+        cluster.agents[0].restart().unwrap();
+    }
+    let ended = RefCell::new(BTreeSet::new());
+    if let Err(e) = updates
+        .wait_for("every task terminal", long, |u| {
+            if u.state.is_terminal() {
+                ended.borrow_mut().insert(u.task_id);
+            }
+            ended.borrow().len() == N
+        })
+        .await
+    {
+        cluster.dump_logs();
+        panic!("{e}");
+    }
+    // Give duplicates a chance to show up (agent retries back off from 1 s).
+    let _ = updates
+        .wait_for("no more updates", Duration::from_secs(3), |_| false)
+        .await;
+    let counts = terminal_counts(&updates.seen);
+    assert_eq!(counts.keys().copied().collect::<BTreeSet<_>>(), ids);
+    let last: BTreeMap<TaskId, &StatusUpdate> = updates
+        .seen
+        .iter()
+        .filter(|u| u.state.is_terminal())
+        .map(|u| (u.task_id, u))
+        .collect();
+    let mut finished = 0;
+    for (id, states) in &counts {
+        assert_eq!(states.len(), 1, "task {id} terminal updates: {states:?}");
+        // A task whose supervisor recorded exit code 0 ran to completion: it must be FINISHED.
+        let exit = cluster.agents[0]
+            .work_dir
+            .join("meta")
+            .join(id.to_string())
+            .join("exit.json");
+        if let Ok(text) = std::fs::read_to_string(&exit) {
+            if text.contains("\"code\":0") {
+                assert_eq!(
+                    states[0],
+                    TaskState::Finished,
+                    "task {id} ran ({text}): {:?}",
+                    last[id]
+                );
+            }
+        }
+        finished += usize::from(states[0] == TaskState::Finished);
+    }
+    let mut tally: BTreeMap<String, usize> = BTreeMap::new();
+    for u in last.values() {
+        *tally
+            .entry(format!("{} {}", u.state, u.message))
+            .or_default() += 1;
+    }
+    eprintln!("terminal outcomes: {tally:#?}");
+    if finished == 0 {
+        cluster.dump_logs();
+        panic!("no task finished: {last:#?}");
+    }
+    cluster
+        .master
+        .wait_state(long, "no tasks left", |s| {
+            s["tasks"].as_array().is_some_and(|t| t.is_empty())
+        })
+        .unwrap();
+    let log = std::fs::read_to_string(&cluster.agents[0].log).unwrap();
+    assert!(
+        log.contains("compacted the agent's log"),
+        "the log was never compacted"
+    );
+    handle.stop();
+    tokio::time::timeout(T, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

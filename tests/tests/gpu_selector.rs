@@ -52,6 +52,7 @@ async fn gpu_selectors_pick_models_and_memory() {
     by_model.gpu_selector = Some(GpuSelector {
         model: Some("h100".into()),
         min_memory_mib: None,
+        mig_profile: None,
     });
     let mut by_memory = task(
         "big",
@@ -61,11 +62,13 @@ async fn gpu_selectors_pick_models_and_memory() {
     by_memory.gpu_selector = Some(GpuSelector {
         model: None,
         min_memory_mib: Some(80_000),
+        mig_profile: None,
     });
     let mut absent = task("b200", "true", "cpus:0.5;mem:64;gpus:1");
     absent.gpu_selector = Some(GpuSelector {
         model: Some("B200".into()),
         min_memory_mib: None,
+        mig_profile: None,
     });
 
     let (up_tx, up_rx) = mpsc::unbounded_channel();

@@ -56,8 +56,12 @@ async fn kill_fail_and_escalation() {
         .join(sleeper.task_id.to_string());
     // The task's background child exists...
     let child_pid = loop {
-        if let Ok(p) = std::fs::read_to_string(sandbox.join("child.pid")) {
-            break p.trim().parse::<i32>().unwrap();
+        // (The shell may not have finished writing it yet: read until it parses.)
+        if let Some(p) = std::fs::read_to_string(sandbox.join("child.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            break p;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };

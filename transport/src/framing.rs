@@ -239,6 +239,7 @@ mod tests {
             reserved: Default::default(),
             attributes: std::sync::Arc::new([("blob".to_string(), "x".repeat(attr_bytes))].into()),
             gpus: Vec::new().into(),
+            gpu_free: vec![],
         }
     }
 

@@ -1,5 +1,5 @@
-//! `gantry-agent`: run an agent on this host (or, internally, supervise one task; or ask a
-//! running agent to bring an unhealthy GPU back).
+//! `gantry-agent`: run an agent on this host (or ask a running agent to bring an unhealthy GPU
+//! back; or, internally, supervise one task when `gantry-supervise` is not installed).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,9 +14,9 @@ use gantry_agent::discovery::host::apply_overrides;
 use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
 use gantry_agent::executor::supervise;
 use gantry_agent::executor::user;
+use gantry_agent::gc;
 use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
 use gantry_sdk::protocol::resources::MILLI;
-use gantry_sdk::protocol::Program;
 use gantry_sdk::Resources;
 
 /// The Gantry agent: measures this host, registers with the master, runs tasks.
@@ -101,6 +101,31 @@ struct RunArgs {
     /// run tasks as itself).
     #[arg(long)]
     task_user: Option<String>,
+    /// How tasks holding fractions of one GPU (`gpus:0.25`) share it: `time-slice` (CUDA time
+    /// slicing; GPU memory is NOT isolated) or `mps` (NVIDIA MPS: per-task thread percentage and
+    /// pinned device-memory limit; one MPS control daemon per shared GPU when
+    /// nvidia-cuda-mps-control is in PATH). See docs/gpu-agent.md.
+    #[arg(long, default_value = "time-slice")]
+    gpu_sharing: gantry_agent::gpu::share::Sharing,
+    /// What happens to a task whose processes use more GPU memory than its share (its fraction
+    /// of the GPU's memory): `report` (a status update and /state) or `kill`.
+    #[arg(long, default_value = "report")]
+    gpu_memory_enforce: gantry_agent::gpu::share::MemoryEnforce,
+    /// Seconds after a task ended (and its last update was acknowledged) before its sandbox
+    /// and control files are removed; shorter when the disk fills (see --gc-disk-headroom).
+    #[arg(long, default_value_t = gc::DEFAULT_DELAY.as_secs_f64())]
+    gc_delay: f64,
+    /// Fraction of the work directory's disk to keep free: the delay is scaled by
+    /// max(0, 1 - headroom - used), reaching 0 when the disk is (1 - headroom) full.
+    #[arg(long, default_value_t = gc::DEFAULT_HEADROOM)]
+    gc_disk_headroom: f64,
+    /// The sandboxes of the newest ended tasks kept for inspection, whatever their age.
+    #[arg(long, default_value_t = gc::DEFAULT_KEEP)]
+    gc_keep: usize,
+    /// Compact the agent's write-ahead log into a snapshot of its state once the log has grown
+    /// past this many bytes (in the background).
+    #[arg(long, default_value_t = gantry_agent::wal::COMPACT_BYTES)]
+    wal_compact_bytes: u64,
     /// Serve Prometheus metrics (`GET /metrics`: dcgm-exporter GPU series with the task holding
     /// each GPU, GPU health, per-task CPU and memory) on HOST:PORT, plain HTTP without
     /// authentication: keep it on loopback or reachable by Prometheus only. Off by default.
@@ -110,28 +135,19 @@ struct RunArgs {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Internal: supervise one task (started by the agent).
-    #[command(hide = true)]
-    Supervise {
-        #[arg(long)]
-        sandbox: PathBuf,
-        /// Root-owned directory for task.pid and exit.json.
-        #[arg(long)]
-        meta: PathBuf,
-        #[arg(long = "cgroup-procs")]
-        cgroup_procs: Vec<PathBuf>,
-        /// Switch to this uid (with --gid and --groups) before exec.
-        #[arg(long, requires = "gid")]
-        uid: Option<u32>,
-        #[arg(long, requires = "uid")]
-        gid: Option<u32>,
-        #[arg(long, value_delimiter = ',')]
-        groups: Vec<u32>,
-        /// Execute the words after `--` directly (argv) instead of `/bin/sh -c WORD`.
-        #[arg(long)]
-        argv: bool,
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
+    /// Spot-instance termination notice: the agent running on WORK_DIR tells the master within
+    /// a second, and the master drains this agent with the deadline (frameworks are told;
+    /// what is left at the deadline is killed). Run it from the cloud's termination hook.
+    NoticeTermination {
+        /// The agent's work directory.
+        #[arg(long, default_value = "./gantry-agent")]
+        work_dir: PathBuf,
+        /// Time until the host goes away (`120s`, `2m`).
+        #[arg(long = "in", value_parser = humantime::parse_duration)]
+        after: Duration,
+        /// Why (shown to operators and frameworks).
+        #[arg(long, default_value = "spot instance termination")]
+        reason: String,
     },
     /// Bring unhealthy GPUs back (operator clear): the agent running on WORK_DIR picks the
     /// request up within a second, marks the GPUs healthy and offers them again.
@@ -202,35 +218,31 @@ fn clear_gpus(work_dir: &std::path::Path, gpus: &[String]) -> anyhow::Result<()>
 }
 
 fn main() -> anyhow::Result<()> {
+    // Internal: supervise one task (when `gantry-supervise` is not installed beside the agent),
+    // with the supervisor's own argument reader, before anything else is set up.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "supervise") {
+        let spec = supervise::parse_args(std::env::args_os().skip(2))
+            .map_err(|e| anyhow::anyhow!("supervise: {e}"))?;
+        std::process::exit(supervise::run(&spec));
+    }
     let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
     match cli.cmd {
-        Some(Cmd::Supervise {
-            sandbox,
-            meta,
-            cgroup_procs,
-            uid,
-            gid,
-            groups,
-            argv,
-            command,
-        }) => {
-            let program = if argv {
-                Program::Argv(command)
-            } else {
-                Program::Shell(command.join(" "))
-            };
-            let identity = uid
-                .zip(gid)
-                .map(|(uid, gid)| supervise::Identity { uid, gid, groups });
-            std::process::exit(supervise::run(&supervise::Supervised {
-                sandbox,
-                meta,
-                cgroup_procs,
-                program,
-                identity,
-            }))
-        }
         Some(Cmd::ClearGpu { work_dir, gpus }) => return clear_gpus(&work_dir, &gpus),
+        Some(Cmd::NoticeTermination {
+            work_dir,
+            after,
+            reason,
+        }) => {
+            let n = gantry_agent::termination::write(&work_dir, after, &reason)
+                .with_context(|| format!("writing the notice into {}", work_dir.display()))?;
+            println!(
+                "termination notice in {}: the agent tells the master within a second (deadline in {} s, Unix ms {})",
+                work_dir.display(),
+                after.as_secs(),
+                n.deadline_unix_ms
+            );
+            return Ok(());
+        }
         None => {}
     }
     tracing_subscriber::fmt()
@@ -320,6 +332,20 @@ fn main() -> anyhow::Result<()> {
             .transpose()?,
         nvidia_majors: NvidiaMajors::detect(),
         task_user,
+        gpu_sharing: args.gpu_sharing,
+        gpu_memory_enforce: args.gpu_memory_enforce,
+        gc: gc::GcPolicy {
+            delay: seconds("gc-delay", args.gc_delay)?,
+            disk_headroom: {
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&args.gc_disk_headroom),
+                    "--gc-disk-headroom must be between 0 and 1"
+                );
+                args.gc_disk_headroom
+            },
+            keep: args.gc_keep,
+        },
+        wal_compact_bytes: args.wal_compact_bytes,
         metrics_listen: args.metrics_listen,
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.

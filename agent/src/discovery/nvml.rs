@@ -62,7 +62,11 @@ pub struct GpuInventory {
     pub driver_version: String,
     /// CUDA driver API version, e.g. `"12.4"`.
     pub cuda_driver_version: String,
+    /// What tasks are given: the physical GPUs not in MIG mode and the MIG devices of those
+    /// in MIG mode (`info.mig_profile` set; `index` and topology are the parent's).
     pub gpus: Vec<DiscoveredGpu>,
+    /// GPUs in MIG mode (not given to tasks whole; sampled and watched for faults).
+    pub mig_parents: Vec<DiscoveredGpu>,
 }
 
 impl GpuInventory {
@@ -143,14 +147,30 @@ impl NvmlGpus {
         let cuda = nvml.sys_cuda_driver_version()?;
         let cuda_driver_version = format!("{}.{}", cuda / 1000, (cuda % 1000) / 10);
         let mut gpus = Vec::with_capacity(count as usize);
+        let mut mig_parents = Vec::new();
+        // The MIG calls nvml-wrapper 0.11 has no safe wrapper for, from the same library.
+        // SAFETY: loading the library nvml-wrapper itself loaded (its initializers ran).
+        let sys = unsafe { nvml_wrapper_sys::bindings::NvmlLib::new(lib.as_os_str()) }.ok();
         for index in 0..count {
             let d = nvml.device_by_index(index)?;
-            gpus.push(describe(index, &d, sysfs)?);
+            let gpu = describe(index, &d, sysfs)?;
+            let migs = sys
+                .as_ref()
+                .map(|sys| mig_devices(&nvml, sys, &d, &gpu))
+                .unwrap_or_default();
+            if migs.is_empty() {
+                gpus.push(gpu);
+            } else {
+                tracing::info!(gpu = %gpu.info.uuid, mig_devices = migs.len(), "GPU in MIG mode: its MIG devices are offered");
+                gpus.extend(migs);
+                mig_parents.push(gpu);
+            }
         }
         let inventory = GpuInventory {
             driver_version,
             cuda_driver_version,
             gpus,
+            mig_parents,
         };
         Ok(NvmlGpus {
             nvml: Arc::new(nvml),
@@ -210,7 +230,8 @@ impl NvmlGpus {
             let d = self.nvml.device_by_index(g.index)?;
             d.memory_info()?;
             d.temperature(TemperatureSensor::Gpu)?;
-            Ok(d.uuid()? == uuid)
+            // A MIG device is checked through its parent GPU.
+            Ok(d.uuid()? == g.info.parent_uuid.as_deref().unwrap_or(uuid))
         };
         check().unwrap_or(false)
     }
@@ -223,9 +244,7 @@ impl NvmlGpus {
         let stop = Arc::new(AtomicBool::new(false));
         let nvml = self.nvml.clone();
         let gpus: Vec<(u32, String)> = self
-            .inventory
-            .gpus
-            .iter()
+            .physical()
             .map(|g| (g.index, g.info.uuid.clone()))
             .collect();
         let flag = stop.clone();
@@ -237,12 +256,21 @@ impl NvmlGpus {
         HealthWatcher { stop, thread }
     }
 
+    /// The physical GPUs: those given whole and those in MIG mode (not their MIG devices).
+    fn physical(&self) -> impl Iterator<Item = &DiscoveredGpu> + '_ {
+        self.inventory
+            .gpus
+            .iter()
+            .filter(|g| g.info.mig_profile.is_none())
+            .chain(&self.inventory.mig_parents)
+    }
+
     fn each_device<T>(
         &self,
         f: impl Fn(&DiscoveredGpu, &Device<'_>) -> Result<T, NvmlError>,
     ) -> Vec<T> {
         let mut out = Vec::with_capacity(self.inventory.gpus.len());
-        for g in &self.inventory.gpus {
+        for g in self.physical() {
             match self.nvml.device_by_index(g.index).and_then(|d| f(g, &d)) {
                 Ok(v) => out.push(v),
                 Err(e) => tracing::warn!(uuid = %g.info.uuid, "NVML query failed: {e}"),
@@ -280,9 +308,82 @@ fn describe(index: u32, d: &Device<'_>, sysfs: &Path) -> Result<DiscoveredGpu, N
             pci_bus_id: pci.bus_id,
             numa_node,
             healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
         },
         pci_root,
     })
+}
+
+/// `NVML_DEVICE_MIG_ENABLE`.
+const MIG_ENABLED: u32 = 1;
+
+/// The MIG devices of `d` when it is in MIG mode (empty otherwise, or when the driver lacks the
+/// MIG calls): each with its MIG UUID, name, memory and profile, and the parent's topology.
+fn mig_devices(
+    nvml: &Nvml,
+    sys: &nvml_wrapper_sys::bindings::NvmlLib,
+    d: &Device<'_>,
+    parent: &DiscoveredGpu,
+) -> Vec<DiscoveredGpu> {
+    if !d.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED) {
+        return Vec::new();
+    }
+    let (Ok(max_count), Ok(by_index)) = (
+        sys.nvmlDeviceGetMaxMigDeviceCount.as_ref(),
+        sys.nvmlDeviceGetMigDeviceHandleByIndex.as_ref(),
+    ) else {
+        tracing::warn!(gpu = %parent.info.uuid, "GPU in MIG mode but the NVML library lacks the MIG device calls");
+        return Vec::new();
+    };
+    // SAFETY: a valid device handle and out-pointers to locals, per the NVML API.
+    let handle = unsafe { d.handle() };
+    let mut count: std::ffi::c_uint = 0;
+    if unsafe { max_count(handle, &mut count) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for i in 0..count.min(64) {
+        let mut mig: nvml_wrapper_sys::bindings::nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: as above; an index without a MIG device answers NOT_FOUND.
+        if unsafe { by_index(handle, i, &mut mig) } != 0 || mig.is_null() {
+            continue;
+        }
+        // SAFETY: a MIG device handle NVML just returned, used while `nvml` lives.
+        let m = unsafe { Device::new(mig, nvml) };
+        let described = (|| -> Result<GpuInfo, NvmlError> {
+            let name = m.name()?;
+            let memory_mib = m.memory_info()?.total / (1024 * 1024);
+            Ok(GpuInfo {
+                uuid: m.uuid()?,
+                mig_profile: Some(mig_profile(&name, memory_mib)),
+                parent_uuid: Some(parent.info.uuid.clone()),
+                name,
+                memory_mib,
+                ..parent.info.clone()
+            })
+        })();
+        match described {
+            Ok(info) => out.push(DiscoveredGpu {
+                index: parent.index,
+                info,
+                pci_root: parent.pci_root.clone(),
+            }),
+            Err(e) => {
+                tracing::warn!(gpu = %parent.info.uuid, mig = i, "MIG device query failed: {e}")
+            }
+        }
+    }
+    out
+}
+
+/// A MIG device's profile from its NVML name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb` → `1g.5gb`);
+/// when the name has none, `mig-<memory GiB>gb`.
+pub fn mig_profile(name: &str, memory_mib: u64) -> String {
+    match name.rsplit_once("MIG ") {
+        Some((_, p)) if !p.trim().is_empty() => p.trim().to_string(),
+        _ => format!("mig-{}gb", memory_mib.div_ceil(1024)),
+    }
 }
 
 /// NVML's NUMA answer: the node set closest to the GPU, when it is exactly one node.

@@ -1,7 +1,7 @@
 //! Task processes: launch in a sandbox under a supervisor, watch, kill.
 //!
-//! Every task runs under its own supervisor process (`gantry-agent supervise`, see
-//! [`supervise`]): the supervisor starts a new session so it survives the agent, starts the
+//! Every task runs under its own supervisor process (the small `gantry-supervise` binary, or
+//! `gantry-agent supervise` without it; see [`supervise`]): the supervisor starts a new session so it survives the agent, starts the
 //! task's command (shell string or argv) as the leader of its own process group, as the task's
 //! user ([`user`]), with stdout and stderr captured in the sandbox, waits for it, and writes
 //! the exit status to `exit.json` in the task's root-owned meta directory. The agent therefore
@@ -16,6 +16,7 @@ pub mod supervise;
 pub mod user;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -45,6 +46,36 @@ pub enum ExecError {
     NoPid(String),
 }
 
+/// The program started as a task's supervisor: the small `gantry-supervise` binary installed
+/// next to the agent, or else the agent binary itself (`gantry-agent supervise`).
+#[derive(Debug, Clone)]
+pub struct SupervisorCommand {
+    pub program: PathBuf,
+    /// Arguments before the supervisor's own (`supervise` for the agent binary).
+    pub prefix: Vec<OsString>,
+}
+
+/// The small supervisor binary's name.
+pub const SUPERVISOR_BIN: &str = "gantry-supervise";
+
+impl SupervisorCommand {
+    /// `gantry-supervise` beside `agent_exe` if it is there, else `agent_exe supervise`.
+    pub fn beside(agent_exe: &Path) -> Self {
+        let small = agent_exe.with_file_name(SUPERVISOR_BIN);
+        if small.is_file() {
+            Self {
+                program: small,
+                prefix: Vec::new(),
+            }
+        } else {
+            Self {
+                program: agent_exe.to_path_buf(),
+                prefix: vec!["supervise".into()],
+            }
+        }
+    }
+}
+
 /// What the agent needs to launch one task.
 pub struct LaunchSpec<'a> {
     pub sandbox: &'a Path,
@@ -56,8 +87,7 @@ pub struct LaunchSpec<'a> {
     pub env: &'a BTreeMap<String, String>,
     /// `cgroup.procs` (v2) / `tasks` files the task must join before exec.
     pub cgroup_procs: &'a [PathBuf],
-    /// The agent binary (re-executed as `supervise`).
-    pub agent_exe: &'a Path,
+    pub supervisor: &'a SupervisorCommand,
 }
 
 /// A launched task: the supervisor's pid and the task's process group.
@@ -69,32 +99,23 @@ pub struct Launched {
     pub supervisor_start: u64,
 }
 
-/// Spawns the supervisor for a task and waits until it reports the task's pid.
-pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::Child), ExecError> {
+/// Creates the task's directories and starts its supervisor (blocking: directory creation,
+/// `fork` and `exec`; the agent calls it on a blocking thread, inside the tokio runtime).
+pub fn spawn_supervisor(spec: &LaunchSpec<'_>) -> Result<tokio::process::Child, ExecError> {
     make_dirs(spec).map_err(|(path, source)| ExecError::Sandbox { path, source })?;
-    let mut cmd = tokio::process::Command::new(spec.agent_exe);
-    cmd.arg("supervise")
-        .arg("--sandbox")
-        .arg(spec.sandbox)
-        .arg("--meta")
-        .arg(spec.meta);
-    for p in spec.cgroup_procs {
-        cmd.arg("--cgroup-procs").arg(p);
-    }
-    if let Some(u) = spec.user {
-        let groups: Vec<String> = u.groups.iter().map(u32::to_string).collect();
-        cmd.arg("--uid").arg(u.uid.to_string());
-        cmd.arg("--gid").arg(u.gid.to_string());
-        cmd.arg("--groups").arg(groups.join(","));
-    }
-    match spec.program {
-        Program::Shell(s) => {
-            cmd.arg("--").arg(s);
-        }
-        Program::Argv(v) => {
-            cmd.arg("--argv").arg("--").args(v);
-        }
-    }
+    let args = supervise::command_line(&supervise::Supervised {
+        sandbox: spec.sandbox.to_path_buf(),
+        meta: spec.meta.to_path_buf(),
+        cgroup_procs: spec.cgroup_procs.to_vec(),
+        program: spec.program.clone(),
+        identity: spec.user.map(|u| supervise::Identity {
+            uid: u.uid,
+            gid: u.gid,
+            groups: u.groups.clone(),
+        }),
+    });
+    let mut cmd = tokio::process::Command::new(&spec.supervisor.program);
+    cmd.args(&spec.supervisor.prefix).args(args);
     cmd.env_clear();
     for key in ["PATH", "LANG", "HOME", "TZ"] {
         if let Ok(v) = std::env::var(key) {
@@ -112,41 +133,53 @@ pub async fn launch(spec: &LaunchSpec<'_>) -> Result<(Launched, tokio::process::
     cmd.envs(spec.env);
     cmd.env("GANTRY_SANDBOX", spec.sandbox);
     cmd.current_dir(spec.sandbox);
+    // stdout: the supervisor writes the task's pid there once the task runs.
     cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     cmd.kill_on_drop(false);
-    let child = cmd.spawn().map_err(ExecError::Spawn)?;
+    cmd.spawn().map_err(ExecError::Spawn)
+}
+
+/// Waits until a supervisor started by [`spawn_supervisor`] reports the task's pid (or ends:
+/// it could not start the task, and recorded why in `exit.json`).
+pub async fn started(
+    child: &mut tokio::process::Child,
+    meta: &Path,
+) -> Result<Launched, ExecError> {
+    use tokio::io::AsyncBufReadExt;
     let supervisor_pid = child
         .id()
         .map(|p| p as i32)
         .ok_or_else(|| ExecError::NoPid("supervisor exited at once".into()))?;
-    // The supervisor writes task.pid once the command is running (or exit.json if it failed).
-    let pid_file = spec.meta.join(supervise::PID_FILE);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let task_pgid = loop {
-        if let Ok(text) = std::fs::read_to_string(&pid_file) {
-            if let Ok(pid) = text.trim().parse::<i32>() {
-                break pid;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let mut out = tokio::io::BufReader::new(out);
+        tokio::time::timeout(Duration::from_secs(30), out.read_line(&mut line))
+            .await
+            .map_err(|_| ExecError::NoPid("timed out after 30 s".into()))?
+            .map_err(|e| ExecError::NoPid(e.to_string()))?;
+    }
+    let task_pgid = match line.trim().parse::<i32>() {
+        Ok(pid) => pid,
+        // The pipe closed without a pid: the task did not start (exit.json says why), or the
+        // line was lost; the pid file is the record.
+        Err(_) => match read_task_pgid(meta) {
+            Some(pid) => pid,
+            None if meta.join(supervise::EXIT_FILE).exists() => 0,
+            None => {
+                return Err(ExecError::NoPid(
+                    "the supervisor ended without a word".into(),
+                ))
             }
-        }
-        if spec.meta.join(supervise::EXIT_FILE).exists() {
-            break 0;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(ExecError::NoPid("timed out after 10 s".into()));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        },
     };
     let supervisor_start = process_start_time(supervisor_pid).unwrap_or(0);
-    Ok((
-        Launched {
-            supervisor_pid,
-            task_pgid,
-            supervisor_start,
-        },
-        child,
-    ))
+    Ok(Launched {
+        supervisor_pid,
+        task_pgid,
+        supervisor_start,
+    })
 }
 
 /// Creates the meta directory (0700, the agent's) and the sandbox (0750, the task user's).
@@ -169,6 +202,43 @@ fn make_dirs(spec: &LaunchSpec<'_>) -> Result<(), (PathBuf, std::io::Error)> {
             .map_err(err(spec.sandbox))?;
     }
     Ok(())
+}
+
+/// Claims a launch's fate ([`supervise::CLAIM_FILE`]): true for the first caller only.
+pub fn claim(meta: &Path) -> bool {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(meta.join(supervise::CLAIM_FILE))
+        .is_ok()
+}
+
+/// Decides the fate of a launch a previous agent started but did not record: the supervisor
+/// that claimed it (its pid and start time, and the task's process group, 0 until the task has
+/// started), or `None` when no supervisor did — then none ever will run it (the agent holds the
+/// claim, or the launch never got as far as its meta directory).
+pub fn find_launched(meta: &Path) -> Option<Launched> {
+    if !meta.is_dir() || claim(meta) {
+        return None;
+    }
+    // The supervisor writes its pid file before it claims.
+    let text = std::fs::read_to_string(meta.join(supervise::SUPERVISOR_FILE)).ok()?;
+    let (pid, start) = text.trim().split_once(' ')?;
+    Some(Launched {
+        supervisor_pid: pid.parse().ok().filter(|&p: &i32| p > 1)?,
+        task_pgid: read_task_pgid(meta).unwrap_or(0),
+        supervisor_start: start.parse().ok()?,
+    })
+}
+
+/// The task's process group, once its supervisor has started it.
+pub fn read_task_pgid(meta: &Path) -> Option<i32> {
+    std::fs::read_to_string(meta.join(supervise::PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&p: &i32| p > 1)
 }
 
 /// The exit status the supervisor recorded in `meta`, if it has finished.
@@ -263,6 +333,41 @@ mod tests {
         assert!(group_pids(pgid).contains(&std::process::id()));
         assert!(group_pids(0).is_empty());
         assert!(process_start_time(std::process::id() as i32).is_some());
+    }
+
+    #[test]
+    fn a_launch_is_claimed_once_by_the_supervisor_or_the_restarted_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        // The launch never got as far as its meta directory: nothing to find, nothing claimed.
+        let meta = dir.path().join("meta");
+        assert_eq!(find_launched(&meta), None);
+        assert!(!meta.exists());
+        // A supervisor started, wrote its pid and claimed the launch; the task runs as 4242.
+        std::fs::create_dir_all(&meta).unwrap();
+        let me = std::process::id() as i32;
+        let start = process_start_time(me).unwrap();
+        std::fs::write(
+            meta.join(supervise::SUPERVISOR_FILE),
+            format!("{me} {start}"),
+        )
+        .unwrap();
+        assert!(claim(&meta));
+        std::fs::write(meta.join(supervise::PID_FILE), "4242").unwrap();
+        let found = find_launched(&meta).unwrap();
+        assert_eq!(
+            found,
+            Launched {
+                supervisor_pid: me,
+                task_pgid: 4242,
+                supervisor_start: start,
+            }
+        );
+        assert!(supervisor_alive(&found));
+        // No supervisor claimed it yet: the agent does, and a late supervisor backs off.
+        let late = dir.path().join("late");
+        std::fs::create_dir_all(&late).unwrap();
+        assert_eq!(find_launched(&late), None);
+        assert!(!claim(&late), "the agent holds the claim");
     }
 
     #[test]

@@ -1,18 +1,25 @@
-//! The per-task supervisor (`gantry-agent supervise --sandbox DIR --meta DIR
-//! [--cgroup-procs FILE]... [--uid U --gid G --groups G,...] [--argv] -- COMMAND...`).
+//! The per-task supervisor (`gantry-supervise --sandbox DIR --meta DIR
+//! [--cgroup-procs FILE]... [--uid U --gid G --groups G,...] [--argv] -- COMMAND...`; the same
+//! arguments after `gantry-agent supervise` when the small binary is not installed).
+//!
+//! `gantry-supervise` is a separate, small binary (std only: no async runtime, no argument
+//! parsing library) because one runs per task: starting it costs a fraction of re-executing the
+//! agent. Its command line is built by [`command_line`] and read by [`parse_args`], one module
+//! for both sides.
 //!
 //! Runs in its own session so it outlives the agent. Starts the task — `/bin/sh -c COMMAND`,
 //! or with `--argv` the words after `--` executed directly — as the leader of a new process
 //! group, joined to the task's cgroups and switched to the task's user (supplementary groups,
 //! gid, then uid) between `fork` and `exec`, with stdout and stderr in `SANDBOX/stdout` and
-//! `SANDBOX/stderr`; writes the task's pid to `META/task.pid`; waits; writes the exit status to
+//! `SANDBOX/stderr`; writes the task's pid to `META/task.pid` and to its stdout (a pipe the agent reads, so the
+//! agent learns it without polling); waits; writes the exit status to
 //! `META/exit.json` (atomically) and exits.
 //!
 //! The control files live in META, a root-owned directory apart from the sandbox, because the
 //! sandbox belongs to the task's user: a task must not be able to forge its pid file (the agent
 //! signals that process group) or plant symlinks where the supervisor writes.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -40,7 +47,123 @@ pub struct Supervised {
 }
 
 pub const PID_FILE: &str = "task.pid";
+/// The supervisor's own pid and start time (`PID START`), written first: an agent killed
+/// between starting the supervisor and recording it finds its task through this file.
+pub const SUPERVISOR_FILE: &str = "supervisor.pid";
+/// Created (exclusively) by whoever decides the launch's fate first: the supervisor, before it
+/// starts the task, or a restarted agent that found the launch unrecorded and reports it
+/// FAILED. The loser backs off, so a task never runs unseen.
+pub const CLAIM_FILE: &str = "launch.claim";
 pub const EXIT_FILE: &str = "exit.json";
+
+/// The supervisor's arguments for `spec` (after the program name, or after `supervise`).
+pub fn command_line(spec: &Supervised) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "--sandbox".into(),
+        spec.sandbox.clone().into(),
+        "--meta".into(),
+        spec.meta.clone().into(),
+    ];
+    for p in &spec.cgroup_procs {
+        args.push("--cgroup-procs".into());
+        args.push(p.clone().into());
+    }
+    if let Some(id) = &spec.identity {
+        let groups: Vec<String> = id.groups.iter().map(u32::to_string).collect();
+        args.extend(
+            [
+                "--uid".to_string(),
+                id.uid.to_string(),
+                "--gid".into(),
+                id.gid.to_string(),
+                "--groups".into(),
+                groups.join(","),
+            ]
+            .map(OsString::from),
+        );
+    }
+    match &spec.program {
+        Program::Shell(s) => {
+            args.push("--".into());
+            args.push(s.into());
+        }
+        Program::Argv(v) => {
+            args.push("--argv".into());
+            args.push("--".into());
+            args.extend(v.iter().map(OsString::from));
+        }
+    }
+    args
+}
+
+/// Reads the supervisor's arguments (as written by [`command_line`]).
+pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Supervised, String> {
+    let mut args = args.into_iter();
+    let (mut sandbox, mut meta) = (None, None);
+    let mut cgroup_procs = Vec::new();
+    let (mut uid, mut gid, mut groups) = (None, None, Vec::new());
+    let mut argv = false;
+    let text = |v: OsString, what: &str| {
+        v.into_string()
+            .map_err(|_| format!("{what} is not valid UTF-8"))
+    };
+    let number = |v: &str, what: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("{what}: {v:?} is not a number"))
+    };
+    loop {
+        let Some(flag) = args.next() else {
+            return Err("missing `-- COMMAND`".into());
+        };
+        let flag = text(flag, "a flag")?;
+        if flag == "--" {
+            break;
+        }
+        if flag == "--argv" {
+            argv = true;
+            continue;
+        }
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--sandbox" => sandbox = Some(PathBuf::from(value)),
+            "--meta" => meta = Some(PathBuf::from(value)),
+            "--cgroup-procs" => cgroup_procs.push(PathBuf::from(value)),
+            "--uid" => uid = Some(number(&text(value, "--uid")?, "--uid")?),
+            "--gid" => gid = Some(number(&text(value, "--gid")?, "--gid")?),
+            "--groups" => {
+                let v = text(value, "--groups")?;
+                groups = v
+                    .split(',')
+                    .filter(|g| !g.is_empty())
+                    .map(|g| number(g, "--groups"))
+                    .collect::<Result<_, _>>()?;
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let words: Vec<String> = args
+        .map(|w| text(w, "the command"))
+        .collect::<Result<_, _>>()?;
+    if words.is_empty() {
+        return Err("missing `-- COMMAND`".into());
+    }
+    let identity = match (uid, gid) {
+        (Some(uid), Some(gid)) => Some(Identity { uid, gid, groups }),
+        (None, None) => None,
+        _ => return Err("--uid and --gid go together".into()),
+    };
+    Ok(Supervised {
+        sandbox: sandbox.ok_or("missing --sandbox")?,
+        meta: meta.ok_or("missing --meta")?,
+        cgroup_procs,
+        program: if argv {
+            Program::Argv(words)
+        } else {
+            Program::Shell(words.join(" "))
+        },
+        identity,
+    })
+}
 
 fn write_atomic(path: &Path, data: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
@@ -59,6 +182,15 @@ pub fn run(spec: &Supervised) -> i32 {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let me = std::process::id() as i32;
+    let start = super::process_start_time(me).unwrap_or(0);
+    if write_atomic(&spec.meta.join(SUPERVISOR_FILE), &format!("{me} {start}")).is_err() {
+        return 1;
+    }
+    if !super::claim(&spec.meta) {
+        // A restarted agent gave this launch up (and reported it) before we got here.
+        return 0;
     }
     let status = match spawn_and_wait(spec) {
         Ok(s) => s,
@@ -190,6 +322,13 @@ fn spawn_and_wait(spec: &Supervised) -> std::io::Result<ExitStatus> {
     }
     let mut child = cmd.spawn()?;
     write_atomic(&spec.meta.join(PID_FILE), &child.id().to_string())?;
+    // The agent waits for this line (its end of the pipe may be gone: an agent restarted
+    // meanwhile reads the pid file).
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", child.id()).and_then(|_| out.flush());
+    }
     let status = child.wait()?;
     Ok(ExitStatus {
         code: status.code(),
@@ -236,6 +375,51 @@ mod tests {
             std::fs::read_to_string(s.sandbox.join("stdout")).unwrap(),
             "3\n"
         );
+    }
+
+    #[test]
+    fn the_command_line_reads_back_exactly() {
+        for (program, identity) in [
+            (Program::Shell("echo 'a b' $X; exit 3".into()), None),
+            (
+                Program::Argv(vec!["printf".into(), "--".into(), "".into(), "a b".into()]),
+                Some(Identity {
+                    uid: 65534,
+                    gid: 65534,
+                    groups: vec![1, 2],
+                }),
+            ),
+            (
+                Program::Argv(vec!["--argv".into(), "--sandbox".into()]),
+                Some(Identity {
+                    uid: 1,
+                    gid: 2,
+                    groups: vec![],
+                }),
+            ),
+        ] {
+            let spec = Supervised {
+                sandbox: "/w/sandboxes/t".into(),
+                meta: "/w/meta/t".into(),
+                cgroup_procs: vec!["/sys/fs/cgroup/g/t/cgroup.procs".into()],
+                program,
+                identity,
+            };
+            let back = parse_args(command_line(&spec)).unwrap();
+            assert_eq!(back.sandbox, spec.sandbox);
+            assert_eq!(back.meta, spec.meta);
+            assert_eq!(back.cgroup_procs, spec.cgroup_procs);
+            assert_eq!(back.program, spec.program);
+            assert_eq!(back.identity, spec.identity);
+        }
+        let bad = |a: &[&str]| parse_args(a.iter().map(OsString::from)).unwrap_err();
+        assert!(bad(&["--sandbox", "s", "--meta", "m"]).contains("COMMAND"));
+        assert!(bad(&["--meta", "m", "--", "true"]).contains("--sandbox"));
+        assert!(bad(&["--uid", "x", "--", "true"]).contains("not a number"));
+        assert!(
+            bad(&["--uid", "1", "--sandbox", "s", "--meta", "m", "--", "t"]).contains("together")
+        );
+        assert!(bad(&["--frobnicate", "1", "--", "true"]).contains("unknown"));
     }
 
     #[test]

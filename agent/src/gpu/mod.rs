@@ -1,8 +1,12 @@
-//! GPU policy, all pure: topology-aware assignment ([`mod@assign`]), health ([`health`]) and
-//! attribution of NVML-measured usage to tasks ([`usage`]).
+//! GPU policy, all pure: topology-aware assignment ([`mod@assign`]), health ([`health`]),
+//! attribution of NVML-measured usage to tasks ([`usage`]) and sharing (fractions of one GPU,
+//! sharing modes, GPU-memory shares: [`share`]); plus the MPS control daemons under
+//! `--gpu-sharing mps` ([`mps`], the one part with processes).
 
 pub mod assign;
 pub mod health;
+pub mod mps;
+pub mod share;
 pub mod usage;
 
 pub use assign::{assign, GpuSlot};

@@ -7,17 +7,19 @@
 //! matches, 0 (deny) otherwise. [`evaluate`] interprets the generated instructions, so tests
 //! check the program's actual decisions without a kernel.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::devices::{access, DeviceRule, DeviceType};
 
 /// One eBPF instruction (`struct bpf_insn`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Insn {
     pub code: u8,
     /// dst_reg (low 4 bits) | src_reg << 4.
@@ -260,11 +262,35 @@ pub fn load_program(prog: &[Insn]) -> Result<OwnedFd, BpfError> {
     }
 }
 
-/// Compiles `rules`, loads the program and attaches it to the cgroup directory `cgroup`. The
-/// attachment lives as long as the cgroup; no file descriptor needs to be kept.
+/// Distinct programs kept loaded (one per distinct device rule set: CPU tasks share one, GPU
+/// tasks one per GPU combination in use); past this the cache starts over.
+const PROGRAM_CACHE: usize = 256;
+
+/// A loaded program for `prog`: loaded (and verified) once, then the same program is attached
+/// to every cgroup that needs it, instead of one `BPF_PROG_LOAD` per task.
+fn cached_program(prog: Vec<Insn>) -> Result<Arc<OwnedFd>, BpfError> {
+    static CACHE: OnceLock<Mutex<HashMap<Vec<Insn>, Arc<OwnedFd>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let lock = || {
+        cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some(fd) = lock().get(&prog) {
+        return Ok(fd.clone());
+    }
+    let fd = Arc::new(load_program(&prog)?);
+    let mut map = lock();
+    if map.len() >= PROGRAM_CACHE {
+        map.clear();
+    }
+    Ok(map.entry(prog).or_insert(fd).clone())
+}
+
+/// Compiles `rules`, loads the program (once per distinct program) and attaches it to the
+/// cgroup directory `cgroup`. The attachment lives as long as the cgroup.
 pub fn install(cgroup: &Path, rules: &[DeviceRule]) -> Result<(), BpfError> {
-    let prog = compile(rules);
-    let prog_fd = load_program(&prog)?;
+    let prog_fd = cached_program(compile(rules))?;
     let path = cgroup.display().to_string();
     let c = CString::new(cgroup.as_os_str().as_bytes()).map_err(|_| BpfError::Open {
         path: path.clone(),
@@ -317,6 +343,26 @@ mod tests {
     use proptest::prelude::*;
 
     const RW: u8 = access::READ | access::WRITE;
+
+    #[test]
+    fn one_program_is_loaded_per_rule_set() {
+        let majors = NvidiaMajors {
+            nvidia: 195,
+            uvm: Some(508),
+        };
+        let cpu = compile(&DeviceRule::for_task(&[], &majors));
+        let Ok(a) = cached_program(cpu.clone()) else {
+            eprintln!("skipped: loading eBPF programs needs CAP_BPF (root)");
+            return;
+        };
+        let b = cached_program(cpu).unwrap();
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the same rules reuse the loaded program"
+        );
+        let gpu = cached_program(compile(&DeviceRule::for_task(&[1], &majors))).unwrap();
+        assert!(!Arc::ptr_eq(&a, &gpu));
+    }
 
     #[test]
     fn gpu_task_program_decisions() {

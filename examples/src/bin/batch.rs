@@ -41,15 +41,19 @@ struct Args {
     /// Memory per copy, MiB.
     #[arg(long, default_value_t = 128.0)]
     mem: f64,
-    /// GPUs per copy.
-    #[arg(long, default_value_t = 0)]
-    gpus: u32,
+    /// GPUs per copy: below 1 a fraction of one GPU shared with other tasks (`0.25`, milli-GPU
+    /// precision), from 1 up whole GPUs.
+    #[arg(long, default_value_t = 0.0)]
+    gpus: f64,
     /// Only GPUs whose model name contains this (case-insensitive), e.g. A100.
     #[arg(long)]
     gpu_model: Option<String>,
     /// Only GPUs with at least this much memory, MiB.
     #[arg(long)]
     gpu_min_memory: Option<u64>,
+    /// MIG devices of this profile (e.g. 1g.10gb) instead of whole GPUs.
+    #[arg(long)]
+    gpu_mig_profile: Option<String>,
     /// The Unix user the tasks run as (default: the agent's --task-user).
     #[arg(long)]
     user: Option<String>,
@@ -81,8 +85,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse_from(gantry_sdk::config_file::expand_args()?);
     anyhow::ensure!(
-        args.cpus.is_finite() && args.cpus >= 0.0 && args.mem.is_finite() && args.mem >= 0.0,
-        "--cpus and --mem must be non-negative"
+        [args.cpus, args.mem, args.gpus]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0),
+        "--cpus, --mem and --gpus must be non-negative"
     );
     let name = args
         .name
@@ -90,12 +96,17 @@ async fn main() -> anyhow::Result<()> {
     let task = Resources::new()
         .with("cpus", args.cpus)
         .with("mem", args.mem)
-        .with("gpus", args.gpus as f64);
-    let gpu_selector =
-        (args.gpu_model.is_some() || args.gpu_min_memory.is_some()).then(|| GpuSelector {
-            model: args.gpu_model.clone(),
-            min_memory_mib: args.gpu_min_memory,
-        });
+        .with("gpus", args.gpus);
+    task.gpu_amount()
+        .map_err(|e| anyhow::anyhow!("--gpus: {e}"))?;
+    let gpu_selector = (args.gpu_model.is_some()
+        || args.gpu_min_memory.is_some()
+        || args.gpu_mig_profile.is_some())
+    .then(|| GpuSelector {
+        model: args.gpu_model.clone(),
+        min_memory_mib: args.gpu_min_memory,
+        mig_profile: args.gpu_mig_profile.clone(),
+    });
     let spec = BatchSpec {
         name: name.clone(),
         command: command(args.command, args.user),
@@ -113,7 +124,7 @@ async fn main() -> anyhow::Result<()> {
             .context("issuing the framework certificate from the CA key")?;
     }
     let mut config = DriverConfig::new(args.master, args.tls_dir, &name, vec![args.role]);
-    if args.gpus > 0 {
+    if args.gpus > 0.0 {
         config.info.capabilities.push(Capability::GpuResources);
     }
     let (batch, progress) = Batch::new(spec);

@@ -244,6 +244,7 @@ impl JobSpec {
             GpuSelector {
                 model: self.gpu_model.clone(),
                 min_memory_mib: self.gpu_min_memory,
+                mig_profile: None,
             }
         })
     }

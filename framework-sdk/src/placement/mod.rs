@@ -34,10 +34,13 @@
 //! - [`offers`]: fit task requests into the offers held (selectors, attributes, NUMA locality;
 //!   least-unusable-leftover scoring).
 //! - [`gang`]: all-or-nothing gangs (elastic `min..max`) and which gang may hold offers.
+//! - [`shares`]: a [`Node`] per offer with each offered GPU's free share (`offer.gpu_free`) and
+//!   a task's shape from its resources, fractions of one GPU included, for the [`Placer`].
 
 pub mod fgd;
 pub mod gang;
 pub mod offers;
+pub mod shares;
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;

@@ -66,6 +66,8 @@ impl FreeGpu {
             pci_bus_id: self.pci_bus_id.clone(),
             numa_node: self.numa_node,
             healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
         }
     }
 
@@ -514,6 +516,7 @@ pub(crate) mod tests {
         t.gpu_selector = Some(GpuSelector {
             model: Some("h100".into()),
             min_memory_mib: None,
+            mig_profile: None,
         });
         let c = place_one(&agents, &t).unwrap();
         assert!(c
@@ -523,6 +526,7 @@ pub(crate) mod tests {
         t.gpu_selector = Some(GpuSelector {
             model: None,
             min_memory_mib: Some(80_000),
+            mig_profile: None,
         });
         t.resources = "cpus:1;mem:64;gpus:5".parse().unwrap();
         assert!(
@@ -610,6 +614,7 @@ pub(crate) mod tests {
             reserved: Default::default(),
             attributes: Default::default(),
             gpus: gpus.clone().into(),
+            gpu_free: Vec::new(),
         };
         let offers = [offer("cpus:2;gpus:1"), offer("cpus:1;gpus:2")];
         let views = AgentView::from_offers(&offers, &|_, u: &str| u == "GPU-0");
@@ -647,7 +652,7 @@ pub(crate) mod tests {
             let tasks: Vec<TaskRequest> = tasks.into_iter().map(|(c, g, h100)| {
                 let mut t = req(&format!("cpus:{c};mem:128;gpus:{g}"));
                 if h100 {
-                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None });
+                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None, mig_profile: None });
                 }
                 t
             }).collect();

@@ -17,6 +17,8 @@ pub(super) struct OfferState {
     pub(super) role: u32,
     pub(super) bundle: Bundle,
     pub(super) tasks: u64,
+    /// GPU shares earmarked on the agent for its tasks' worth.
+    pub(super) gpus: Vec<(u32, u32)>,
 }
 
 /// Outstanding offers in a [`Slab`]. An offer id carries its slot (low 24 bits) under a global
@@ -125,6 +127,7 @@ impl Allocator {
     /// Removes an outstanding offer, returning its resources to the agent's free pool.
     pub(super) fn drop_offer(&mut self, id: OfferId) -> Option<OfferState> {
         let st = self.offers.remove(&id)?;
+        self.release_gpus(st.agent, &st.gpus);
         self.charge(st.fw, st.role, &st.bundle, false);
         self.return_to_agent(st.agent, &st.bundle);
         let fw = self.fw_mut(st.fw);

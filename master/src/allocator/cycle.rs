@@ -59,7 +59,7 @@ impl Allocator {
         }
         {
             let agent = self.ag_mut(a);
-            if agent.stable == Some(epoch) {
+            if agent.stable == Some(epoch) || agent.inactive {
                 return;
             }
             if agent.free.is_zero() {
@@ -116,6 +116,7 @@ impl Allocator {
                     role: p.role,
                     bundle: p.bundle,
                     tasks: p.tasks,
+                    gpus: p.gpus,
                 },
             );
             self.counters.made += 1;
@@ -297,6 +298,7 @@ impl Allocator {
                     role: r,
                     grant: avail,
                     tasks: 0,
+                    gpu: None,
                 });
             }
             let fw = self.fw(f);
@@ -312,17 +314,25 @@ impl Allocator {
             if filtered(f, &grant) {
                 continue;
             }
+            // A fraction of one GPU needs one GPU with room (gpus.rs).
+            let Ok(gpu) = self.fraction_gpu(a, task) else {
+                continue;
+            };
             return Some(Candidate {
                 fw: f,
                 role: r,
                 grant,
                 tasks: 1,
+                gpu,
             });
         }
         None
     }
 
     pub(super) fn grant(&mut self, a: u32, c: Candidate, pending: &mut Vec<Pending>) {
+        if let Some(g) = c.gpu {
+            self.earmark_gpus(a, &[g]);
+        }
         {
             dense::sub(&mut self.free_unres, &c.grant.unres);
             let agent = self.ag_mut(a);
@@ -336,6 +346,7 @@ impl Allocator {
             Some(p) => {
                 p.bundle.add(&c.grant);
                 p.tasks += c.tasks;
+                p.gpus.extend(c.gpu);
                 false
             }
             None => {
@@ -344,6 +355,7 @@ impl Allocator {
                     role: c.role,
                     bundle: c.grant.clone(),
                     tasks: c.tasks,
+                    gpus: c.gpu.into_iter().collect(),
                 });
                 true
             }

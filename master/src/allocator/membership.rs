@@ -40,12 +40,45 @@ impl Allocator {
             offers: Vec::new(),
             filters: AgentFilters::default(),
             stable: None,
+            gpu_free: Vec::new(),
+            gpu_offered: Vec::new(),
+            inactive: false,
         };
         let slot = self.agents.insert(agent);
         self.agent_ids.insert(id, slot);
         self.agent_order.push(slot);
         self.keys_stale = true;
         self.epoch += 1;
+    }
+
+    /// Deactivates (`active` false) or reactivates an agent: a deactivated agent is never
+    /// offered and its outstanding offers are rescinded (returned); what runs there stays
+    /// allocated. Returns the rescinded offers (nothing for an unknown agent).
+    pub fn set_agent_active(&mut self, id: AgentId, active: bool) -> Vec<OfferRecord> {
+        let Some(&a) = self.agent_ids.get(&id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if !active {
+            for o in self.ag(a).offers.clone() {
+                if let Some(st) = self.drop_offer(o) {
+                    self.counters.rescinded += 1;
+                    out.push(self.take_record(st));
+                }
+            }
+        }
+        let agent = self.ag_mut(a);
+        agent.inactive = !active;
+        agent.stable = None;
+        self.epoch += 1;
+        out
+    }
+
+    /// True unless an operator deactivated the agent ([`Allocator::set_agent_active`]).
+    pub fn agent_active(&self, id: AgentId) -> bool {
+        self.agent_ids
+            .get(&id)
+            .is_some_and(|a| !self.ag(*a).inactive)
     }
 
     /// Removes an agent: its outstanding offers are rescinded (returned), allocations on it
@@ -114,6 +147,7 @@ impl Allocator {
             if avail.contains(&st.bundle) {
                 avail.sub(&st.bundle);
             } else if let Some(st) = self.offers.remove(&o) {
+                self.release_gpus(a, &st.gpus);
                 self.charge(st.fw, st.role, &st.bundle, false);
                 let fw = self.fw_mut(st.fw);
                 fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);

@@ -28,6 +28,8 @@
 //! - `accounting`: allocations integrated over time (resource-seconds per role and framework).
 //! - `dense`: milli-unit vectors, `Bundle`s of unreserved and reserved pools, exact `Share`s.
 //! - `filters`: decline filters per agent, refusing bundles (pools kept apart).
+//! - `gpus`: GPU fractions in demand-aware splitting (a task's worth needs one GPU with room,
+//!   chosen with the SDK's fragmentation-aware scoring; earmarked while offered).
 //! - `tests`: unit tests; the conformance rules of issue 11 are pinned by the scenarios in
 //!   `master/tests/conformance/` (see `docs/allocator.md`).
 
@@ -36,6 +38,7 @@ mod book;
 mod cycle;
 mod dense;
 mod filters;
+mod gpus;
 mod membership;
 mod offers;
 mod quota;
@@ -78,6 +81,8 @@ pub struct AllocatorConfig {
     pub offer_timeout_ms: Option<Millis>,
     /// High 64 bits of generated offer ids (the master passes a random value, the simulator 0).
     pub offer_id_seed: u64,
+    /// How demand-aware splitting picks the GPU for a fraction of one GPU (`--gpu-placement`).
+    pub gpu_placement: gantry_sdk::placement::Policy,
 }
 
 impl Default for AllocatorConfig {
@@ -88,6 +93,7 @@ impl Default for AllocatorConfig {
             default_refuse_ms: 5000,
             offer_timeout_ms: None,
             offer_id_seed: 0,
+            gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }
     }
 }
@@ -291,6 +297,13 @@ struct Agent {
     filters: AgentFilters,
     /// The epoch at which a full visit found nothing to offer (unchanged since).
     stable: Option<u64>,
+    /// Free milli-GPUs per GPU net of running tasks (`set_agent_gpus`; empty: no per-GPU view).
+    gpu_free: Vec<u32>,
+    /// Milli-GPUs per GPU earmarked by outstanding demand-split offers.
+    gpu_offered: Vec<u32>,
+    /// Never offered (its allocations stay): deactivated by an operator, or draining for
+    /// maintenance (the master decides; see `state::maintenance`).
+    inactive: bool,
 }
 
 #[derive(Debug)]
@@ -382,6 +395,8 @@ struct Pending {
     role: u32,
     bundle: Bundle,
     tasks: u64,
+    /// GPU shares earmarked for its tasks' worth (`gpus`).
+    gpus: Vec<(u32, u32)>,
 }
 
 struct Candidate {
@@ -389,6 +404,7 @@ struct Candidate {
     role: u32,
     grant: Bundle,
     tasks: u64,
+    gpu: Option<(u32, u32)>,
 }
 
 #[derive(Default)]

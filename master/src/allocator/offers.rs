@@ -180,6 +180,7 @@ impl Allocator {
             let Some(st) = self.offers.remove(&offer) else {
                 continue;
             };
+            self.release_gpus(a, &st.gpus);
             let role = st.role;
             let mut rest = st.bundle.clone();
             rest.sub(&used_b);

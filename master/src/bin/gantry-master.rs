@@ -130,6 +130,10 @@ struct ServeArgs {
     /// Removed frameworks kept in /state with their completed tasks (oldest dropped).
     #[arg(long, default_value_t = 50)]
     max_completed_frameworks: usize,
+    /// How the GPU for a task asking for a fraction of one GPU (`gpus:0.25`) is chosen within
+    /// its agent: fgd-pack, fgd-fill, fgd, best-fit or random (docs/gpu-agent.md).
+    #[arg(long, default_value = "fgd-pack", value_parser = gantry_master::state::gpus::parse_policy)]
+    gpu_placement: gantry_sdk::placement::Policy,
 }
 
 fn init_tracing() {
@@ -223,6 +227,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         filter_gpu_resources: !args.no_gpu_filter,
         fairness_excluded_resources: args.fairness_excluded,
         offer_id_seed: rand_seed(),
+        gpu_placement: args.gpu_placement,
         ..AllocatorConfig::default()
     };
     let acls = match &args.acls {
@@ -264,6 +269,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
         max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
         max_completed_frameworks: args.max_completed_frameworks,
+        gpu_placement: args.gpu_placement,
         ..MasterConfig::default()
     };
     tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");

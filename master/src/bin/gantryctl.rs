@@ -1,9 +1,19 @@
-//! `gantryctl`: operator tool. Talks to the master's HTTPS operator API (`state`, `weight`,
-//! `quota`) with an operator certificate or a bearer token, and issues certificates (`certs`)
-//! and tokens (`token`) offline.
+//! `gantryctl`: operator tool. Talks to the master's HTTPS operator API `/api/v1` (`status`,
+//! `agents`, `frameworks`, `tasks`, `roles`, `weight`, `quota`, `reserve`, `unreserve`,
+//! `deactivate`, `reactivate`, `mark-gone`, `clear-gpu`, `teardown`, `events`; `state` is the
+//! raw `/state`) with an operator certificate or a bearer token, and issues certificates
+//! (`certs`) and tokens (`token`) offline. Tables by default, the API's JSON with `--json`.
+//!
+//! The master and credentials come from flags, the environment (`GANTRY_MASTER`,
+//! `GANTRY_TLS_DIR`, `GANTRY_OPERATOR`, `GANTRY_TOKEN`) or a config file (`--config FILE`, or
+//! `$GANTRY_CONFIG`, or `~/.config/gantry/gantryctl.toml` when it exists; keys are the flag
+//! names: `master = "https://m:5051"`).
 //!
 //! Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 forbidden (not authenticated or not
 //! allowed by the ACLs).
+
+#[path = "gantryctl/print.rs"]
+mod print;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +23,9 @@ use clap::{Parser, Subcommand};
 use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
 use gantry_pki::CertAuthority;
 use gantry_sdk::transport::tls::PeerIdentity;
+
+#[path = "gantryctl/maintenance.rs"]
+mod maintenance;
 
 /// Operator tool for Gantry clusters.
 #[derive(Parser, Debug)]
@@ -45,6 +58,9 @@ struct Connection {
     /// Bearer token (instead of a certificate); see `gantryctl token create`.
     #[arg(long, global = true, env = "GANTRY_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Print the API's JSON instead of tables (one JSON object per line for `events`).
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -73,12 +89,72 @@ enum Cmd {
         #[arg(long)]
         limit: Option<String>,
     },
-    /// Show the cluster: agents, frameworks with their dominant shares, tasks by state.
-    State {
-        /// Print the raw /state JSON.
-        #[arg(long)]
-        json: bool,
+    /// Agent maintenance: drain, undrain, maintenance.
+    #[command(flatten)]
+    Maintenance(maintenance::MaintenanceCmd),
+    /// Show the raw cluster view (`/state`): agents, frameworks with their dominant shares,
+    /// tasks by state.
+    State,
+    /// The cluster at a glance: agents, GPUs, frameworks, tasks by state, offers, roles.
+    Status,
+    /// Agents with their GPUs (model, memory, utilization, health, the task holding each).
+    Agents {
+        /// Only this agent (id or name).
+        agent: Option<String>,
     },
+    /// Frameworks with their dominant shares.
+    Frameworks,
+    /// Tasks, active first, then completed (one page).
+    Tasks {
+        /// Only tasks in this state (RUNNING, FINISHED, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only tasks of this framework (id).
+        #[arg(long)]
+        framework: Option<String>,
+        /// Only tasks on this agent (id or name).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Page size (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Tasks to skip.
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        /// Leave completed tasks out.
+        #[arg(long)]
+        active: bool,
+    },
+    /// Roles with their dominant shares, weights, allocations and quotas.
+    Roles,
+    /// Reserve unreserved resources of an agent for a role (persisted).
+    Reserve {
+        /// Agent id or name.
+        agent: String,
+        #[arg(long)]
+        role: String,
+        /// e.g. "cpus:2;gpus:1".
+        resources: String,
+    },
+    /// Return resources an operator or framework reserved for a role on an agent.
+    Unreserve {
+        agent: String,
+        #[arg(long)]
+        role: String,
+        resources: String,
+    },
+    /// Stop offering an agent (its tasks keep running) until `reactivate`.
+    Deactivate { agent: String },
+    /// Offer a deactivated agent again.
+    Reactivate { agent: String },
+    /// Remove an agent for good: its tasks are LOST.
+    MarkGone { agent: String },
+    /// Bring an unhealthy GPU of a connected agent back into service.
+    ClearGpu { agent: String, gpu: String },
+    /// Tear down a framework (id, or a name only one framework has): its tasks are killed.
+    Teardown { framework: String },
+    /// Follow the event stream: a snapshot, then task, agent and framework changes.
+    Events,
 }
 
 #[derive(Subcommand, Debug)]
@@ -252,32 +328,169 @@ fn client(conn: &Connection) -> anyhow::Result<OperatorClient> {
     Ok(OperatorClient::new(&config)?)
 }
 
+/// A path segment (agent names and ids, GPU UUIDs) percent-encoded.
+fn seg(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// Prints `body` as JSON (`--json`) or through `table`.
+fn show(json: bool, body: &str, table: fn(&serde_json::Value) -> String) -> anyhow::Result<()> {
+    if json {
+        println!("{}", body.trim_end());
+        return Ok(());
+    }
+    let v: serde_json::Value = serde_json::from_str(body).context("parsing the answer")?;
+    print!("{}", table(&v));
+    Ok(())
+}
+
+/// A write: prints the API's answer with `--json`, else `done`.
+async fn write(
+    c: &OperatorClient,
+    json: bool,
+    path: &str,
+    body: serde_json::Value,
+    done: String,
+) -> anyhow::Result<()> {
+    let answer = c.post_json(path, &body).await?;
+    if json {
+        println!("{}", answer.trim_end());
+    } else {
+        println!("{done}");
+    }
+    Ok(())
+}
+
 async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
     let c = client(conn)?;
+    let json = conn.json;
+    let none = serde_json::json!({});
     match cmd {
-        Cmd::State { json } => print_state(c.get("/state").await?, json),
+        Cmd::State => print_state(c.get("/state").await?, json),
+        Cmd::Status => show(json, &c.get("/api/v1/summary").await?, print::summary),
+        Cmd::Agents { agent: None } => show(json, &c.get("/api/v1/agents").await?, print::agents),
+        Cmd::Agents { agent: Some(a) } => {
+            let body = c.get(&format!("/api/v1/agents/{}", seg(&a))).await?;
+            show(json, &body, |v| print::agents(&serde_json::json!([v])))
+        }
+        Cmd::Frameworks => show(json, &c.get("/api/v1/frameworks").await?, print::frameworks),
+        Cmd::Tasks {
+            state,
+            framework,
+            agent,
+            limit,
+            offset,
+            active,
+        } => {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("limit", &limit.to_string())
+                .append_pair("offset", &offset.to_string());
+            for (k, v) in [("state", state), ("framework", framework), ("agent", agent)] {
+                if let Some(v) = v {
+                    q.append_pair(k, &v);
+                }
+            }
+            if active {
+                q.append_pair("completed", "false");
+            }
+            let body = c.get(&format!("/api/v1/tasks?{}", q.finish())).await?;
+            show(json, &body, print::tasks)
+        }
+        Cmd::Roles => show(json, &c.get("/api/v1/roles").await?, print::roles),
         Cmd::Weight { role, weight } => {
-            c.post_json(
-                "/weights",
-                &serde_json::json!({"role": role, "weight": weight}),
+            write(
+                &c,
+                json,
+                "/api/v1/weights",
+                serde_json::json!({"role": role, "weight": weight}),
+                format!("weight of {role} set to {weight}"),
             )
-            .await?;
-            println!("weight of {role} set to {weight}");
-            Ok(())
+            .await
         }
         Cmd::Quota {
             role,
             guarantee,
             limit,
         } => {
-            c.post_json(
-                "/quota",
-                &serde_json::json!({"role": role, "guarantee": guarantee, "limit": limit}),
+            write(
+                &c,
+                json,
+                "/api/v1/quotas",
+                serde_json::json!({"role": role, "guarantee": guarantee, "limit": limit}),
+                format!("quota of {role} set"),
             )
+            .await
+        }
+        Cmd::Reserve {
+            agent,
+            role,
+            resources,
+        } => {
+            write(
+                &c,
+                json,
+                &format!("/api/v1/agents/{}/reserve", seg(&agent)),
+                serde_json::json!({"role": role, "resources": resources}),
+                format!("reserved {resources} for {role} on {agent}"),
+            )
+            .await
+        }
+        Cmd::Unreserve {
+            agent,
+            role,
+            resources,
+        } => {
+            write(
+                &c,
+                json,
+                &format!("/api/v1/agents/{}/unreserve", seg(&agent)),
+                serde_json::json!({"role": role, "resources": resources}),
+                format!("unreserved {resources} of {role} on {agent}"),
+            )
+            .await
+        }
+        Cmd::Deactivate { agent } => {
+            let path = format!("/api/v1/agents/{}/deactivate", seg(&agent));
+            write(&c, json, &path, none, format!("{agent} deactivated")).await
+        }
+        Cmd::Reactivate { agent } => {
+            let path = format!("/api/v1/agents/{}/reactivate", seg(&agent));
+            write(&c, json, &path, none, format!("{agent} reactivated")).await
+        }
+        Cmd::MarkGone { agent } => {
+            let path = format!("/api/v1/agents/{}/gone", seg(&agent));
+            write(&c, json, &path, none, format!("{agent} marked gone")).await
+        }
+        Cmd::ClearGpu { agent, gpu } => {
+            let path = format!("/api/v1/agents/{}/gpus/{}/clear", seg(&agent), seg(&gpu));
+            let done = format!("asked {agent} to clear {gpu}");
+            write(&c, json, &path, none, done).await
+        }
+        Cmd::Teardown { framework } => {
+            let path = format!("/api/v1/frameworks/{}/teardown", seg(&framework));
+            write(&c, json, &path, none, format!("{framework} torn down")).await
+        }
+        Cmd::Events => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            c.events("/api/v1/events", |data| {
+                let line = if json {
+                    data.to_string()
+                } else {
+                    match serde_json::from_str::<serde_json::Value>(data) {
+                        Ok(v) => print::event(&v),
+                        Err(_) => data.to_string(),
+                    }
+                };
+                // Stop when whoever reads us has gone (a closed pipe).
+                writeln!(out, "{line}").and_then(|_| out.flush()).is_ok()
+            })
             .await?;
-            println!("quota of {role} set");
             Ok(())
         }
+        Cmd::Maintenance(m) => maintenance::run(&c, m).await,
         Cmd::Certs(_) | Cmd::Token(_) => anyhow::bail!("offline commands do not reach the master"),
     }
 }
@@ -351,7 +564,29 @@ fn certs(cmd: Certs) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let args = match gantry_sdk::config_file::expand_args() {
+    // The default config file, when the command line names none.
+    if !std::env::args().any(|a| a == "--config" || a.starts_with("--config=")) {
+        let default = std::env::var_os("GANTRY_CONFIG")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(|h| PathBuf::from(h).join(".config/gantry/gantryctl.toml"))
+                    .filter(|p| p.exists())
+            });
+        if let Some(path) = default {
+            let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            args.insert(1, path.into_os_string());
+            args.insert(1, "--config".into());
+            return run(gantry_sdk::config_file::expand(args));
+        }
+    }
+    run(gantry_sdk::config_file::expand_args())
+}
+
+fn run(
+    args: Result<Vec<std::ffi::OsString>, gantry_sdk::config_file::ConfigFileError>,
+) -> ExitCode {
+    let args = match args {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");

@@ -16,10 +16,12 @@
 //! How the server uses it: on `Elected { epoch, fence }` install the fence in the registry store,
 //! load the registry, then serve (offers, launches) with `epoch` in `Registered`/`Subscribed`; on
 //! `Lost` stop offering and accepting at once, clear the fence, drop sessions (or turn standby);
-//! on `LeaderChanged` tell parked peers. `LeaderChanged` naming this master can arrive
-//! before its `Elected`: only `Elected` makes a master act as leader. Before every offer and
-//! launch also check [`LeadershipStatus::leads_at`] (or [`Election::is_leader`]): it turns false
-//! at the lease deadline even if the `Lost` event has not been processed yet.
+//! on `LeaderChanged` tell parked peers (when: [`health::Parked`]). `LeaderChanged` naming this
+//! master can arrive before its `Elected`: only `Elected` makes a master act as leader. The lease
+//! deadline ([`LeadershipStatus::lease_valid_until`]) goes to the master core as an input
+//! ([`health::lease_until_ms`] → `state::Input::LeaseUntil`): the core makes no offer and
+//! launches no task from then on, even if the `Lost` event has not been processed yet
+//! ([`LeadershipStatus::leads_at`] answers the same question for the shell).
 //!
 //! Wiring sketch (one code path for both modes):
 //!

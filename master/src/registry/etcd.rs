@@ -22,7 +22,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentRecord, Fence, FrameworkRecord, Mutation, Quota, Registry, RegistryError, Reservation,
+    AgentRecord, Fence, FrameworkRecord, GoneRecord, MaintenanceRecord, Mutation, Quota, Registry,
+    RegistryError, Reservation,
 };
 
 /// Most operations etcd accepts in one transaction (its `--max-txn-ops` default).
@@ -118,6 +119,9 @@ impl EtcdStore {
             Mutation::RemoveReservation { agent_id, role } => {
                 format!("{r}reservations/{agent_id}/{role}")
             }
+            Mutation::SetMaintenance(m) => format!("{r}maintenance/{}", m.agent_id),
+            Mutation::RemoveMaintenance(id) => format!("{r}maintenance/{id}"),
+            Mutation::PutGone(g) => format!("{r}gone/{}", g.agent_id),
         }
     }
 
@@ -148,7 +152,10 @@ impl EtcdStore {
             Mutation::SetReservation(r) if !r.resources.is_empty() => {
                 TxnOp::put(key, json(serde_json::to_vec(r))?, None)
             }
+            Mutation::SetMaintenance(m) => TxnOp::put(key, json(serde_json::to_vec(m))?, None),
+            Mutation::PutGone(g) => TxnOp::put(key, json(serde_json::to_vec(g))?, None),
             Mutation::SetReservation(_)
+            | Mutation::RemoveMaintenance(_)
             | Mutation::RemoveAgent(_)
             | Mutation::RemoveFramework(_)
             | Mutation::RemoveWeight { .. }
@@ -284,6 +291,10 @@ impl EtcdStore {
             "reservations" => {
                 Mutation::SetReservation(serde_json::from_slice::<Reservation>(value).map_err(de)?)
             }
+            "maintenance" => Mutation::SetMaintenance(
+                serde_json::from_slice::<MaintenanceRecord>(value).map_err(de)?,
+            ),
+            "gone" => Mutation::PutGone(serde_json::from_slice::<GoneRecord>(value).map_err(de)?),
             other => return Err(corrupt(format!("unknown record kind {other:?}"))),
         };
         // The value must be stored under its own key, or two records could shadow each other.

@@ -1,7 +1,8 @@
 //! The master's persistent registry: what must survive a master restart or failover.
 //!
-//! Persisted: admitted agents (id, name, hostname), role weights, quotas, dynamic reservations and
-//! frameworks (id, name, roles, principal, failover timeout). Tasks, offers and usage are *not*
+//! Persisted: admitted agents (id, name, hostname), role weights, quotas, dynamic reservations,
+//! frameworks (id, name, roles, principal, failover timeout), agents under maintenance (drain
+//! state and deadline) and agents marked gone. Tasks, offers and usage are *not*
 //! persisted: as in Mesos, a new leader rebuilds them from the agents' re-registration.
 //!
 //! - [`Registry`] is the plain in-memory value, [`Mutation`] one fine-grained change to it
@@ -52,6 +53,10 @@ pub struct AgentRecord {
     /// The agent's name, taken from its certificate.
     pub name: String,
     pub hostname: String,
+    /// Deactivated by an operator (`/api/v1/agents/{id}/deactivate`): not offered until
+    /// reactivated, also after a failover.
+    #[serde(default)]
+    pub deactivated: bool,
 }
 
 /// A role's quota: resources guaranteed to it and the most it may hold.
@@ -81,6 +86,31 @@ pub struct FrameworkRecord {
     pub failover_timeout_secs: f64,
 }
 
+/// An agent under maintenance (drained or draining); see `crate::state::maintenance`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaintenanceRecord {
+    pub agent_id: AgentId,
+    /// The agent's name (for the operator's view while it is away).
+    pub name: String,
+    /// When the drain started, Unix milliseconds.
+    pub started_unix_ms: u64,
+    /// When what is left on the agent is killed, Unix milliseconds (`None`: never).
+    pub deadline_unix_ms: Option<u64>,
+    /// True once every task ended and its update was acknowledged.
+    pub drained: bool,
+    /// Why (`operator`, `spot termination notice`).
+    pub reason: String,
+}
+
+/// An agent an operator marked gone: it may never re-register with its id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoneRecord {
+    pub agent_id: AgentId,
+    pub name: String,
+    /// When it was marked gone, Unix milliseconds.
+    pub at_unix_ms: u64,
+}
+
 /// Everything the master persists. Maps are ordered so snapshots are deterministic.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Registry {
@@ -91,6 +121,12 @@ pub struct Registry {
     /// Dynamic reservations: agent -> role -> resources.
     pub reservations: BTreeMap<AgentId, BTreeMap<String, Resources>>,
     pub frameworks: BTreeMap<FrameworkId, FrameworkRecord>,
+    /// Agents under maintenance.
+    #[serde(default)]
+    pub maintenance: BTreeMap<AgentId, MaintenanceRecord>,
+    /// Agents marked gone.
+    #[serde(default)]
+    pub gone: BTreeMap<AgentId, GoneRecord>,
 }
 
 impl Registry {
@@ -133,6 +169,15 @@ impl Registry {
             }
             Mutation::RemoveReservation { agent_id, role } => {
                 remove_reservation(&mut self.reservations, agent_id, role);
+            }
+            Mutation::SetMaintenance(m) => {
+                self.maintenance.insert(m.agent_id, m.clone());
+            }
+            Mutation::RemoveMaintenance(id) => {
+                self.maintenance.remove(id);
+            }
+            Mutation::PutGone(g) => {
+                self.gone.insert(g.agent_id, g.clone());
             }
         }
     }
@@ -178,6 +223,13 @@ impl Registry {
                 .cloned()
                 .map(Mutation::PutFramework),
         );
+        out.extend(
+            self.maintenance
+                .values()
+                .cloned()
+                .map(Mutation::SetMaintenance),
+        );
+        out.extend(self.gone.values().cloned().map(Mutation::PutGone));
         out
     }
 }
@@ -222,6 +274,12 @@ pub enum Mutation {
         agent_id: AgentId,
         role: String,
     },
+    /// Records (or updates) an agent's maintenance (drain) state.
+    SetMaintenance(MaintenanceRecord),
+    /// The agent is out of maintenance (undrained, or removed).
+    RemoveMaintenance(AgentId),
+    /// The agent was marked gone for good.
+    PutGone(GoneRecord),
 }
 
 impl Mutation {
@@ -250,7 +308,12 @@ impl Mutation {
                 }
                 None
             }
-            Mutation::PutAgent(_) | Mutation::RemoveAgent(_) | Mutation::RemoveFramework(_) => None,
+            Mutation::PutAgent(_)
+            | Mutation::RemoveAgent(_)
+            | Mutation::RemoveFramework(_)
+            | Mutation::SetMaintenance(_)
+            | Mutation::RemoveMaintenance(_)
+            | Mutation::PutGone(_) => None,
         };
         match role {
             Some(r) if r.is_empty() => Err(RegistryError::Invalid("empty role name".into())),
@@ -444,6 +507,7 @@ mod tests {
                 id: a,
                 name: "agent-1".into(),
                 hostname: "host1".into(),
+                deactivated: false,
             }),
             Mutation::SetWeight {
                 role: "prod/web".into(),
@@ -467,6 +531,19 @@ mod tests {
                 roles: vec!["prod".into(), "dev".into()],
                 principal: "batch-principal".into(),
                 failover_timeout_secs: 60.0,
+            }),
+            Mutation::SetMaintenance(MaintenanceRecord {
+                agent_id: a,
+                name: "agent-1".into(),
+                started_unix_ms: 1_000,
+                deadline_unix_ms: Some(61_000),
+                drained: false,
+                reason: "operator".into(),
+            }),
+            Mutation::PutGone(GoneRecord {
+                agent_id: AgentId::from_u128(9),
+                name: "agent-9".into(),
+                at_unix_ms: 5_000,
             }),
         ] {
             r.apply(&m);

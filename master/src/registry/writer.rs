@@ -170,6 +170,7 @@ mod tests {
             id: AgentId::from_u128(i),
             name: format!("agent-{i}"),
             hostname: format!("host-{i}"),
+            deactivated: false,
         })
     }
 
@@ -187,6 +188,7 @@ mod tests {
             id: AgentId::from_u128(5),
             name: "renamed".into(),
             hostname: "h".into(),
+            deactivated: false,
         })]);
         for p in pending {
             p.await.unwrap();

@@ -1,5 +1,8 @@
-//! The operator HTTP API: `/health` (public), `/state` and `/metrics` (reads), `POST /weights` and
-//! `POST /quota` (writes), served over HTTPS with the cluster CA.
+//! The operator HTTP API: `/health` (public), `/state` and `/metrics` (reads), `POST /weights`
+//! and `POST /quota` (writes), the versioned API `/api/v1/…` with its event stream
+//! ([`super::api`]), the maintenance endpoints under `/api/v1` (`maintenance.rs`: drain,
+//! undrain, `GET /api/v1/maintenance/drains`) and the web dashboard `/ui` (`ui`), served
+//! over HTTPS with the cluster CA.
 //!
 //! ```text
 //! TCP accept (connection limit) -> TLS handshake (deadline; optional client certificate)
@@ -9,7 +12,9 @@
 //!
 //! Who is calling: a client certificate of kind `operator:NAME` signed by the cluster CA, or
 //! `Authorization: Bearer TOKEN` with a token from `--operator-tokens` (a presented token wins
-//! over a certificate; a wrong one is refused even with a good certificate). Every write needs
+//! over a certificate; a wrong one is refused even with a good certificate). A browser may
+//! carry the token in the `gantry_token` cookie the dashboard's login sets; the cookie
+//! authenticates reads (`GET`) only, so a forged cross-site request can change nothing. Every write needs
 //! the ACL grant ([`Acls::may_operate`]); reads need an authenticated caller unless
 //! `public_reads`; `/health` is open to load balancers. Errors are JSON
 //! `{"error": CODE, "message": TEXT}`.
@@ -34,9 +39,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::{CoreEvent, Shell};
+
+/// Maintenance endpoints (`/api/v1/agents/{agent}/drain`, ...); a child module so it shares
+/// this file's authentication and error types.
+#[path = "maintenance.rs"]
+mod maintenance;
 use crate::acl::{Acls, OperatorAction};
 use crate::election::health;
-use crate::state::OperatorCommand;
+use crate::state::{OperatorCommand, OperatorRejection};
 use crate::tokens::OperatorTokens;
 
 /// Bounds on what one HTTP client may hold.
@@ -133,10 +143,10 @@ pub struct HttpEndpoint {
 
 /// Shared by the handlers.
 #[derive(Clone)]
-struct App {
-    shell: Shell,
+pub(super) struct App {
+    pub(super) shell: Shell,
     acls: Arc<Acls>,
-    tokens: SharedTokens,
+    pub(super) tokens: SharedTokens,
     public_reads: bool,
     limits: HttpLimits,
 }
@@ -151,20 +161,20 @@ struct ConnInfo {
 
 /// The authenticated caller of one request.
 #[derive(Clone, Debug)]
-enum Caller {
+pub(super) enum Caller {
     Operator { name: String, how: &'static str },
     Anonymous { why: String },
 }
 
 /// A JSON error response `{"error": CODE, "message": TEXT}`.
 #[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
+pub(super) struct ApiError {
+    pub(super) status: StatusCode,
     message: String,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
@@ -177,6 +187,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::FORBIDDEN => "forbidden",
             StatusCode::NOT_FOUND => "not_found",
+            StatusCode::CONFLICT => "conflict",
             StatusCode::REQUEST_TIMEOUT => "request_timeout",
             StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
@@ -207,7 +218,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Json<serde_json::Value>, ApiError>;
+pub(super) type ApiResult = Result<Json<serde_json::Value>, ApiError>;
 
 fn router(app: App) -> Router {
     Router::new()
@@ -215,8 +226,22 @@ fn router(app: App) -> Router {
         .route("/state", get(state_handler))
         .route("/weights", post(weights_handler))
         .route("/quota", post(quota_handler))
+        // Maintenance and drain (issue 14 item 3): handlers in server/maintenance.rs.
+        .route(
+            "/api/v1/agents/{id}/drain",
+            post(maintenance::drain_handler),
+        )
+        .route(
+            "/api/v1/agents/{id}/undrain",
+            post(maintenance::undrain_handler),
+        )
+        .route("/api/v1/maintenance/drains", get(maintenance::view_handler))
         // Metrics (issue 14 item 1): Prometheus text exposition, a read.
         .route("/metrics", get(metrics_handler))
+        // Operator API v1 and its event stream (helper hapi; drain routes: hdrain).
+        .merge(super::api::routes())
+        // Web dashboard (helper hapi).
+        .merge(super::ui::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
         .layer(axum::middleware::from_fn_with_state(
@@ -414,6 +439,10 @@ async fn bounded_body(State(app): State<App>, req: Request, next: Next) -> Respo
 /// Works out who is calling and attaches a [`Caller`] to the request.
 async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> Response {
     let info = req.extensions().get::<ConnInfo>().cloned();
+    // The dashboard's cookie stands for its token on reads only (a certificate wins over it).
+    let cookie = (req.method() == axum::http::Method::GET)
+        .then(|| cookie_token(&req))
+        .flatten();
     let caller = match bearer(&req) {
         Some(Err(why)) => return ApiError::new(StatusCode::UNAUTHORIZED, why).into_response(),
         Some(Ok(token)) => match app.tokens.verify(token) {
@@ -423,21 +452,46 @@ async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> R
                     .into_response()
             }
         },
-        None => match info.and_then(|i| i.certificate) {
-            Some(PeerIdentity::Operator(name)) => Caller::Operator {
+        None => match (info.and_then(|i| i.certificate), cookie) {
+            (Some(PeerIdentity::Operator(name)), _) => Caller::Operator {
                 name,
                 how: "certificate",
             },
-            Some(other) => Caller::Anonymous {
+            (_, Some(token)) => match app.tokens.verify(&token) {
+                Some(name) => Caller::Operator {
+                    name,
+                    how: "cookie",
+                },
+                None => Caller::Anonymous {
+                    why: "the dashboard login (cookie) is not valid; log in again".into(),
+                },
+            },
+            (Some(other), None) => Caller::Anonymous {
                 why: format!("{other} is not an operator certificate (operator:NAME)"),
             },
-            None => Caller::Anonymous {
+            (None, None) => Caller::Anonymous {
                 why: "no operator certificate or bearer token".into(),
             },
         },
     };
     req.extensions_mut().insert(caller);
     next.run(req).await
+}
+
+/// The name of the dashboard's login cookie (it holds an operator token).
+pub(super) const TOKEN_COOKIE: &str = "gantry_token";
+
+/// The token in the `gantry_token` cookie, if any.
+fn cookie_token(req: &Request) -> Option<String> {
+    req.headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == TOKEN_COOKIE)
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 /// The bearer token in `Authorization`, if any (an error when the header is malformed).
@@ -455,7 +509,7 @@ fn bearer(req: &Request) -> Option<Result<&str, &'static str>> {
 
 impl App {
     /// The operator allowed to read, or 401.
-    fn may_read(&self, caller: &Caller) -> Result<(), ApiError> {
+    pub(super) fn may_read(&self, caller: &Caller) -> Result<(), ApiError> {
         match caller {
             Caller::Operator { .. } => Ok(()),
             Caller::Anonymous { .. } if self.public_reads => Ok(()),
@@ -467,7 +521,11 @@ impl App {
     }
 
     /// 401 without an operator, 403 when the ACLs do not grant `action`.
-    fn may_write(&self, caller: &Caller, action: OperatorAction) -> Result<String, ApiError> {
+    pub(super) fn may_write(
+        &self,
+        caller: &Caller,
+        action: OperatorAction,
+    ) -> Result<String, ApiError> {
         match caller {
             Caller::Anonymous { why } => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -488,7 +546,7 @@ impl App {
     }
 }
 
-fn caller_of(req_caller: Option<axum::Extension<Caller>>) -> Caller {
+pub(super) fn caller_of(req_caller: Option<axum::Extension<Caller>>) -> Caller {
     req_caller.map(|c| c.0).unwrap_or(Caller::Anonymous {
         why: "no operator certificate or bearer token".into(),
     })
@@ -499,7 +557,7 @@ async fn health_handler(State(app): State<App>) -> Json<health::Health> {
     Json(health::health(&st, std::time::Instant::now()))
 }
 
-fn unavailable() -> ApiError {
+pub(super) fn unavailable() -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "master core is not running",
@@ -511,13 +569,20 @@ async fn state_handler(
     caller: Option<axum::Extension<Caller>>,
 ) -> ApiResult {
     app.may_read(&caller_of(caller))?;
-    let (tx, rx) = oneshot::channel();
-    app.shell
-        .core
-        .send(CoreEvent::State(tx))
-        .await
-        .map_err(|_| unavailable())?;
-    rx.await.map(Json).map_err(|_| unavailable())
+    app.state().await.map(Json)
+}
+
+impl App {
+    /// The `/state` view from the core.
+    pub(super) async fn state(&self) -> Result<serde_json::Value, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.shell
+            .core
+            .send(CoreEvent::State(tx))
+            .await
+            .map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())
+    }
 }
 
 /// `GET /metrics`: the Prometheus exposition (a read: same authentication as `/state`).
@@ -556,12 +621,12 @@ struct QuotaRequest {
     limit: Option<String>,
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))
 }
 
-async fn operator(app: &App, who: String, cmd: OperatorCommand) -> ApiResult {
+pub(super) async fn operator(app: &App, who: String, cmd: OperatorCommand) -> ApiResult {
     let (tx, rx) = oneshot::channel();
     let what = format!("{cmd:?}");
     app.shell
@@ -574,11 +639,21 @@ async fn operator(app: &App, who: String, cmd: OperatorCommand) -> ApiResult {
             tracing::info!(operator = %who, "operator change: {what}");
             Ok(Json(serde_json::json!({"ok": true})))
         }
-        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string())),
+        Err(e) => {
+            let status = match e {
+                OperatorRejection::NotFound(_) => StatusCode::NOT_FOUND,
+                OperatorRejection::Conflict(_) => StatusCode::CONFLICT,
+                OperatorRejection::NotLeader | OperatorRejection::NotPersisted(_) => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                _ => StatusCode::BAD_REQUEST,
+            };
+            Err(ApiError::new(status, e.to_string()))
+        }
     }
 }
 
-async fn weights_handler(
+pub(super) async fn weights_handler(
     State(app): State<App>,
     caller: Option<axum::Extension<Caller>>,
     body: Bytes,
@@ -596,7 +671,7 @@ async fn weights_handler(
     .await
 }
 
-async fn quota_handler(
+pub(super) async fn quota_handler(
     State(app): State<App>,
     caller: Option<axum::Extension<Caller>>,
     body: Bytes,
@@ -653,6 +728,28 @@ mod tests {
         }
         let none = Request::builder().body(Body::empty()).unwrap();
         assert_eq!(bearer(&none), None);
+    }
+
+    #[test]
+    fn the_dashboard_cookie_is_found_among_others() {
+        let req = |cookies: &[&str]| {
+            let mut b = Request::builder();
+            for c in cookies {
+                b = b.header(header::COOKIE, *c);
+            }
+            b.body(Body::empty()).unwrap()
+        };
+        assert_eq!(
+            cookie_token(&req(&["a=1; gantry_token=tok; b=2"])),
+            Some("tok".into())
+        );
+        assert_eq!(
+            cookie_token(&req(&["a=1", "gantry_token=t2"])),
+            Some("t2".into())
+        );
+        assert_eq!(cookie_token(&req(&["gantry_token="])), None);
+        assert_eq!(cookie_token(&req(&["xgantry_token=t"])), None);
+        assert_eq!(cookie_token(&req(&[])), None);
     }
 
     #[test]

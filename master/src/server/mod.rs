@@ -1,11 +1,13 @@
 //! The master's I/O shell: QUIC accept loop, one task per peer connection, the single event
 //! loop that owns the [`Master`] state machine, and the operator HTTPS API ([`http`]:
-//! authentication, ACLs and request bounds).
+//! authentication, ACLs and request bounds; [`api`]: `/api/v1` and its event stream; `ui`: the
+//! `/ui` dashboard).
 //!
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
-//!                                 ^  Query(/state) from axum
+//!                                 ^  State(/state), Metrics and Operator commands from axum
 //!                                 ^  LeaseUntil from the election, Tick at Master::next_deadline
+//!                                 |  cluster events --> broadcast --> /api/v1/events subscribers
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
@@ -41,11 +43,14 @@ use crate::election::{self, health, Election, HaConfig, LeadershipEvent, Leaders
 use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
 
 use crate::state::{
-    ConnId, Input, Master, MasterConfig, OperatorCommand, OperatorRejection, Output,
+    ConnId, Input, MaintenanceCommand, MaintenanceError, Master, MasterConfig, OperatorCommand,
+    OperatorRejection, Output,
 };
 
+pub mod api;
 pub mod http;
 pub mod metrics;
+mod ui;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 
 /// QUIC application close codes.
@@ -67,11 +72,20 @@ enum CoreEvent {
     State(oneshot::Sender<serde_json::Value>),
     /// `/metrics`: the core's snapshot (`None` when this master does not lead).
     Metrics(oneshot::Sender<Option<crate::state::metrics::MetricsSnapshot>>),
-    Operator(
-        OperatorCommand,
-        oneshot::Sender<Result<(), OperatorRejection>>,
+    Operator(OperatorCommand, OperatorReply),
+    /// A maintenance request (`None`: only read); answered with the maintenance view.
+    Maintenance(
+        Option<MaintenanceCommand>,
+        oneshot::Sender<Result<serde_json::Value, MaintenanceError>>,
     ),
 }
+
+/// Events buffered for the event stream's subscribers together; a subscriber that falls this
+/// far behind is dropped (it reconnects and starts again from a snapshot).
+const EVENT_BUFFER: usize = 4096;
+
+/// Where an operator command's outcome goes.
+type OperatorReply = oneshot::Sender<Result<(), OperatorRejection>>;
 
 enum Outbound {
     Agent(MasterToAgent),
@@ -115,6 +129,8 @@ struct Shell {
     /// The epoch whose registry the core has recovered (it serves peers from then on).
     ready: watch::Receiver<Option<u64>>,
     limits: conn_limits::ConnLimits,
+    /// Cluster events (JSON) for `GET /api/v1/events`: the core never waits for a subscriber.
+    events: tokio::sync::broadcast::Sender<Arc<str>>,
     /// What the shell measures for `/metrics` (allocation cycle times).
     metrics: metrics::ShellMetrics,
 }
@@ -150,6 +166,7 @@ pub async fn run(
         role: follow_role(status.clone(), ready_rx.clone()),
         ready: ready_rx,
         limits: conn_limits::ConnLimits::new(&config.limits),
+        events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
         metrics: metrics::ShellMetrics::default(),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
@@ -326,6 +343,9 @@ async fn core_loop(
     let mut held: Vec<Input> = Vec::new();
     let mut offered = false;
     let mut out = Vec::new();
+    // Operator commands answered once their registry writes are durable (a change an operator
+    // was told about survives a crash right after).
+    let mut replies: Vec<(OperatorReply, Result<(), OperatorRejection>)> = Vec::new();
     let conns = shell.conns.clone();
     // Reconciliation answers wait for room in their peers' outboxes; retried at the next event.
     let mut backlog_blocked = false;
@@ -363,6 +383,7 @@ async fn core_loop(
                             let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
                             let until = health::lease_until_ms(&lease.borrow_and_update(), start);
                             m.handle(Input::LeaseUntil { until }, now());
+                            m.restore_maintenance(&registry, now(), unix_ms());
                             m.recover(registry, now());
                             for input in held.drain(..) {
                                 out.extend(m.handle(input, now()));
@@ -374,10 +395,23 @@ async fn core_loop(
                         (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
                         (CoreEvent::Input(input), None) => held.push(input),
                         (CoreEvent::Operator(cmd, reply), Some(m)) => {
-                            let _ = reply.send(m.operator(cmd).map(|o| out.extend(o)));
+                            let result = m.operator_at(cmd, now()).map(|o| out.extend(o));
+                            replies.push((reply, result));
                         }
                         (CoreEvent::Operator(_, reply), None) => {
                             let _ = reply.send(Err(OperatorRejection::NotLeader));
+                        }
+                        (CoreEvent::Maintenance(cmd, reply), Some(m)) => {
+                            let done = match cmd {
+                                Some(cmd) => m.maintenance(cmd, now()).map(|o| out.extend(o)),
+                                None => Ok(()),
+                            };
+                            let view = serde_json::to_value(m.maintenance_view(now()))
+                                .unwrap_or(serde_json::Value::Null);
+                            let _ = reply.send(done.map(|()| view));
+                        }
+                        (CoreEvent::Maintenance(_, reply), None) => {
+                            let _ = reply.send(Err(MaintenanceError::NotLeader));
                         }
                         (CoreEvent::Metrics(reply), m) => {
                             let _ = reply.send(m.map(|m| m.metrics(now())));
@@ -486,6 +520,18 @@ async fn core_loop(
                 }
             }
         }
+        // Cluster events for /api/v1/events: always drained (the queue is bounded anyway),
+        // serialized only for subscribers.
+        if let Some(m) = master.as_mut() {
+            let events = m.take_events();
+            if shell.events.receiver_count() > 0 {
+                for e in events {
+                    if let Ok(json) = serde_json::to_string(&e) {
+                        let _ = shell.events.send(json.into());
+                    }
+                }
+            }
+        }
         // Asked last: stalled peers handled above may have started timers. Never a time already
         // handled (no spinning should a deadline not be cleared); reconciliation answers
         // blocked on full outboxes are retried within 100 ms.
@@ -502,15 +548,34 @@ async fn core_loop(
         if !mutations.is_empty() {
             let pending = writer.submit(mutations);
             let lost = lost.clone();
+            // Every operator reply of this batch waits for its writes (they are in order).
+            let replies = std::mem::take(&mut replies);
             tokio::spawn(async move {
-                match pending.await {
-                    Ok(()) => {}
+                // `Some(None)`: fenced (another master leads); `Some(Some(why))`: failed.
+                let failed: Option<Option<String>> = match pending.await {
+                    Ok(()) => None,
                     Err(RegistryError::Fenced(e)) => {
                         let _ = lost.send(format!("a registry write was fenced off: {e}"));
+                        Some(None)
                     }
-                    Err(e) => tracing::error!("registry write failed: {e}"),
+                    Err(e) => {
+                        tracing::error!("registry write failed: {e}");
+                        Some(Some(e.to_string()))
+                    }
+                };
+                for (reply, result) in replies {
+                    let _ = reply.send(match (&failed, result) {
+                        (Some(None), Ok(())) => Err(OperatorRejection::NotLeader),
+                        (Some(Some(why)), Ok(())) => {
+                            Err(OperatorRejection::NotPersisted(why.clone()))
+                        }
+                        (_, result) => result,
+                    });
                 }
             });
+        }
+        for (reply, result) in replies.drain(..) {
+            let _ = reply.send(result);
         }
     }
 }

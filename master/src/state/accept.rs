@@ -140,7 +140,9 @@ impl Master {
         let mut pool: Vec<OfferResources> = offers.iter().map(|o| o.resources.clone()).collect();
         let offer_list: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
         let mut used: Vec<OfferResources> = vec![OfferResources::default(); offers.len()];
-        let mut launches: Vec<(TaskInfo, OfferResources)> = Vec::new();
+        let mut launches: Vec<(TaskInfo, OfferResources, Vec<String>)> = Vec::new();
+        // GPU shares given to earlier tasks of this accept.
+        let mut accept_gpus = super::gpus::GpuLedger::default();
         let mut seen_ids: HashSet<TaskId> = HashSet::new();
         for op in operations {
             match op {
@@ -166,12 +168,12 @@ impl Master {
                         });
                         let invalid = invalid.or_else(|| {
                             let sel = task.gpu_selector.as_ref()?;
-                            let want = task.resources.milli("gpus") / gantry_sdk::protocol::resources::MILLI;
+                            let want = task.resources.gpu_amount().map(|a| a.gpu_count()).unwrap_or(0);
                             if want == 0 {
                                 return Some(format!("task {tid}: a GPU selector needs gpus"));
                             }
                             let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
-                            let matching = gpus.iter().filter(|g| g.healthy && sel.matches(g)).count() as u64;
+                            let matching = gpus.iter().filter(|g| g.healthy && GpuSelector::admits(Some(sel), g)).count() as u64;
                             (matching < want).then(|| {
                                 format!("task {tid}: the agent has {matching} healthy GPUs matching {sel:?}, the task asks for {want}")
                             })
@@ -188,8 +190,40 @@ impl Master {
                             );
                             continue;
                         }
+                        // Per-GPU room (fractions share a GPU up to one whole GPU): the GPU
+                        // for a fraction is chosen here (gpus.rs).
+                        let gpu_choice = self.choose_fraction(agent_id, &task, &accept_gpus);
+                        let gpu_choice = match gpu_choice {
+                            Ok(c) => c,
+                            Err(reason) => {
+                                self.error_update(
+                                    conn,
+                                    fw,
+                                    &task,
+                                    ErrorKind::InsufficientResources,
+                                    &reason,
+                                    now,
+                                    out,
+                                );
+                                continue;
+                            }
+                        };
                         match draw(&mut pool, &mut used, &task.resources) {
-                            Some(alloc) => launches.push((task, alloc)),
+                            Some(alloc) => {
+                                let chosen: Vec<String> = gpu_choice.into_iter().collect();
+                                match task.resources.gpu_amount() {
+                                    Ok(GpuAmount::Fraction(m)) => {
+                                        for uuid in &chosen {
+                                            accept_gpus.take(uuid, m);
+                                        }
+                                    }
+                                    Ok(GpuAmount::Whole(k)) => accept_gpus
+                                        .pending_whole
+                                        .push((k, task.gpu_selector.clone())),
+                                    _ => {}
+                                }
+                                launches.push((task, alloc, chosen));
+                            }
                             None => {
                                 let total: Resources = pool
                                     .iter()
@@ -267,7 +301,7 @@ impl Master {
         }
 
         // 4. Launch.
-        for (task, allocation) in launches {
+        for (task, allocation, gpus) in launches {
             let tid = task.task_id;
             self.tasks.insert(
                 tid,
@@ -283,7 +317,7 @@ impl Master {
                     last_message: "launched".into(),
                     usage: None,
                     role: role.clone(),
-                    gpus: Vec::new(),
+                    gpus: gpus.clone(),
                     reason: None,
                     exit_code: None,
                     signal: None,
@@ -298,11 +332,13 @@ impl Master {
             if let Some(a) = self.agents.get_mut(&agent_id) {
                 a.tasks.insert(tid);
             }
+            self.emit_task(tid);
             out.push(Output::ToAgent(
                 agent_conn,
                 MasterToAgent::RunTask {
                     framework_id: fw,
                     task,
+                    gpus,
                 },
             ));
             let staging = self.new_update(
@@ -494,12 +530,8 @@ pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
     if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
         return Err(TaskRejection::NoCpusOrMem(tid));
     }
-    if !task
-        .resources
-        .milli("gpus")
-        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
-    {
-        return Err(TaskRejection::FractionalGpus(tid));
+    if let Err(e) = task.resources.gpu_amount() {
+        return Err(TaskRejection::FractionalGpus(tid, e));
     }
     if task
         .env

@@ -116,6 +116,9 @@ impl Master {
                 },
                 Some(id),
             ) => self.gpu_health(id, &uuid, healthy, &reason, out),
+            (AgentToMaster::TerminationNotice { in_ms, reason }, Some(id)) => {
+                self.termination_notice(id, in_ms, reason, now, out)
+            }
         }
     }
 
@@ -144,6 +147,9 @@ impl Master {
         }
         if let Err(e) = register_limits::check(&hostname, &attributes, &gpus, &reserved) {
             return self.refuse_agent(conn, format!("registration refused: {e}"), out);
+        }
+        if let Some(message) = self.gone_refusal(claimed_id) {
+            return self.refuse_agent(conn, message, out);
         }
         // Who this is: its certificate name plus the id it checkpointed. An id belongs to one
         // name; a name to one live agent (see docs/security.md).
@@ -279,6 +285,7 @@ impl Master {
                     }
                 }
                 self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                self.emit_agent(id, "re-registered");
                 id
             }
             None => {
@@ -307,18 +314,32 @@ impl Master {
                         disconnected_at: None,
                         tasks: HashSet::new(),
                         task_user: String::new(),
+                        active: true,
                     },
                 );
                 self.agents_by_name.insert(name.clone(), id);
+                self.emit(ClusterEvent::AgentAdded {
+                    agent_id: id.to_string(),
+                    name: name.clone(),
+                });
                 let hostname = self
                     .agents
                     .get(&id)
                     .map(|a| a.hostname.clone())
                     .unwrap_or_default();
+                let deactivated = recovered.as_ref().is_some_and(|r| r.deactivated);
+                if deactivated {
+                    // Deactivated by an operator before the failover: still not offered.
+                    if let Some(a) = self.agents.get_mut(&id) {
+                        a.active = false;
+                    }
+                    self.allocator.set_agent_active(id, false);
+                }
                 let record = AgentRecord {
                     id,
                     name: name.clone(),
                     hostname,
+                    deactivated,
                 };
                 // After a failover the registry already holds most re-registering agents:
                 // write only what changed (10,000 agents must not mean 10,000 etcd writes).
@@ -354,6 +375,7 @@ impl Master {
                 heartbeat_interval_ms: self.config.heartbeat_interval_ms,
             },
         ));
+        self.maintenance_after_register(id, out);
         // Updates the agent made while it was away.
         for update in pending_updates {
             self.agent_update(conn, id, update, now, out);
@@ -569,6 +591,7 @@ impl Master {
         if update.state.is_terminal() {
             self.release_task_resources(update.task_id);
         }
+        self.emit_task(update.task_id);
         match self.frameworks.get(&framework) {
             Some(f) => {
                 if let Some(fconn) = f.conn {
@@ -620,6 +643,12 @@ impl Master {
             self.send_rescind(&rec, out);
         }
         self.allocation_pending = true;
+        let what = if healthy {
+            format!("GPU {uuid} healthy again")
+        } else {
+            format!("GPU {uuid} unhealthy: {reason}")
+        };
+        self.emit_agent(agent, &what);
     }
 
     pub(super) fn agent_disconnected(
@@ -638,6 +667,7 @@ impl Master {
         a.conn = None;
         a.disconnected_at = Some(now);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
+        self.emit_agent(id, "disconnected");
         // Its outstanding offers can no longer be used.
         let offers = self.allocator.agent_offers(id);
         for oid in offers {
@@ -693,6 +723,11 @@ impl Master {
                 });
             }
             tracing::warn!(agent = %a.name, reason, "agent removed");
+            self.emit(ClusterEvent::AgentRemoved {
+                agent_id: id.to_string(),
+                name: a.name.clone(),
+                reason: reason.to_string(),
+            });
             for role in a.dynamic.keys() {
                 out.push(Output::Persist(Mutation::RemoveReservation {
                     agent_id: id,
@@ -701,5 +736,6 @@ impl Master {
             }
             out.push(Output::Persist(Mutation::RemoveAgent(id)));
         }
+        self.forget_drain(id, out);
     }
 }

@@ -287,6 +287,11 @@ impl Master {
                         tasks: HashSet::new(),
                     },
                 );
+                self.emit(ClusterEvent::FrameworkAdded {
+                    framework_id: id.to_string(),
+                    name: info.name.clone(),
+                    principal: principal.clone(),
+                });
                 id
             }
         };
@@ -294,6 +299,7 @@ impl Master {
             *framework = Some(id);
         }
         tracing::info!(framework = %id, name = %info.name, %principal, "framework subscribed");
+        self.emit_framework(id);
         if let Some(f) = self.frameworks.get(&id) {
             out.push(Output::Persist(Mutation::PutFramework(FrameworkRecord {
                 id,
@@ -418,6 +424,7 @@ impl Master {
         }
         // No offers while it is away.
         self.allocator.suppress(id, None);
+        self.emit_framework(id);
     }
 
     pub(super) fn remove_framework(
@@ -447,6 +454,11 @@ impl Master {
         }
         out.push(Output::Persist(Mutation::RemoveFramework(id)));
         tracing::info!(framework = %id, reason, "framework removed");
+        self.emit(ClusterEvent::FrameworkRemoved {
+            framework_id: id.to_string(),
+            name: f.name.clone(),
+            reason: reason.to_string(),
+        });
         // Its outstanding offers go with it; nobody is left to tell.
         self.allocator.remove_framework(id);
         for role in &f.roles {

@@ -56,11 +56,17 @@
 //!   disconnection and removal;
 //! - `frameworks`: subscription, failover, disconnection and removal;
 //! - `accept`: accepting offers (validation, carving resources out of offers, reservations);
+//! - `gpus`: GPU sharing: per-GPU shares held by tasks, free fractions in offers, the
+//!   fragmentation-aware choice of the GPU for a fractional task;
 //! - `tasks`: task lifecycle (releasing resources, completed history, master-made updates);
 //! - `reconcile`: framework reconciliation answered in bounded slices;
 //! - `timers`: re-register, failover and offer timeouts, the leadership lease, and
 //!   [`Master::next_deadline`] (when the shell must wake the core next);
-//! - `operator`: operator commands (weights, quotas);
+//! - `operator`: operator commands (weights, quotas, reservations, agent activation and
+//!   removal, framework teardown, GPU clears);
+//! - `maintenance`: draining agents (notices, kills at the deadline, `DRAINED`), undrain,
+//!   mark-gone, spot-termination notices;
+//! - `events`: the changes recorded for the operator event stream;
 //! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
 //!   and operator commands (their text is what peers and operators read);
 //! - `recovery`: restoring the registry after a failover;
@@ -69,7 +75,10 @@
 
 mod accept;
 mod agents;
+mod events;
 mod frameworks;
+pub mod gpus;
+mod maintenance;
 pub mod metrics;
 mod operator;
 mod reconcile;
@@ -81,6 +90,11 @@ pub mod view;
 
 use accept::refuse_ms;
 pub use accept::{BadRefuseSeconds, FOREVER_MS};
+pub use events::{ClusterEvent, MAX_PENDING_EVENTS};
+pub use maintenance::{
+    GoneStatus, MaintenanceCommand, MaintenanceError, MaintenanceStatus, MaintenanceView,
+    DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
+};
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
@@ -96,7 +110,9 @@ use gantry_sdk::protocol::*;
 
 use crate::acl::Acls;
 use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
-use crate::registry::{AgentRecord, FrameworkRecord, Mutation, Quota, Registry, Reservation};
+use crate::registry::{
+    AgentRecord, FrameworkRecord, GoneRecord, Mutation, Quota, Registry, Reservation,
+};
 
 /// Identifies one live peer connection in the I/O shell.
 pub type ConnId = u64;
@@ -134,6 +150,8 @@ pub struct MasterConfig {
     pub frame_budget_bytes: usize,
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
+    /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
+    pub gpu_placement: gantry_sdk::placement::Policy,
 }
 
 /// Bounds on what one tenant may make the master hold (docs/security.md lists the defaults and
@@ -218,6 +236,7 @@ impl Default for MasterConfig {
             frame_body_timeout_ms: 10_000,
             frame_budget_bytes: 128 << 20,
             limits: Limits::default(),
+            gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }
     }
 }
@@ -343,6 +362,8 @@ pub(crate) struct AgentRec {
     pub tasks: HashSet<TaskId>,
     /// The user its tasks run as when their command names none (reported at registration).
     pub task_user: String,
+    /// False while an operator has deactivated it: nothing of it is offered (its tasks run on).
+    pub active: bool,
 }
 
 #[derive(Debug)]
@@ -515,8 +536,16 @@ pub struct Master {
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
     reconciles: VecDeque<Reconciling>,
+    /// Changes for the operator event stream, until the shell takes them.
+    events: events::EventQueue,
     /// Until when this master may act as leader ([`Input::LeaseUntil`]; `None`: always).
     lease_until: Option<Millis>,
+    /// Agents under maintenance (draining or drained).
+    drains: BTreeMap<AgentId, maintenance::Drain>,
+    /// Agents marked gone: they may not re-register with their ids.
+    gone: BTreeMap<AgentId, GoneRecord>,
+    /// Unix milliseconds minus master milliseconds (set by [`Master::restore_maintenance`]).
+    unix_offset_ms: i64,
     /// Status updates an agent sent again that the master already had (`/metrics`).
     pub(crate) status_update_retries: u64,
     /// Tasks completed (ended and acknowledged) since this master leads, by final state.
@@ -568,7 +597,11 @@ impl Master {
             last_cycle_us: 0,
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
+            events: events::EventQueue::default(),
             lease_until: None,
+            drains: BTreeMap::new(),
+            gone: BTreeMap::new(),
+            unix_offset_ms: 0,
             status_update_retries: 0,
             tasks_completed: BTreeMap::new(),
         }
@@ -650,6 +683,7 @@ impl Master {
         self.allocator.accrue(now);
         self.allocation_pending = false;
         self.last_batch = now;
+        self.sync_gpu_views();
         let offers = self.allocator.allocate(now);
         let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
         for rec in offers {
@@ -692,6 +726,7 @@ impl Master {
             reserved: rec.resources.reserved.clone(),
             attributes: agent.offer_parts().attributes.clone(),
             gpus: agent.offer_parts().gpus.clone(),
+            gpu_free: self.gpu_free(rec.agent),
         })
     }
 
@@ -796,5 +831,7 @@ pub fn valid_role(role: &str) -> bool {
 
 #[cfg(test)]
 mod bounded_tests;
+#[cfg(test)]
+mod gpu_tests;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,8 @@
-//! Operator commands (HTTP API / `gantryctl`): role weights and quotas.
+//! Operator commands (HTTP API / `gantryctl`): role weights and quotas, reservations on an
+//! agent, deactivating / reactivating and removing agents, tearing down frameworks and
+//! clearing unhealthy GPUs. What they change is persisted (weights, quotas, dynamic
+//! reservations, deactivation in the agent's record, removals) and survives a restart or
+//! failover; a GPU clear is the agent's to keep.
 
 use super::*;
 
@@ -25,12 +29,257 @@ pub enum OperatorCommand {
         /// Kinds named with zero are limited to zero.
         limit: Option<ResourceLimits>,
     },
+    /// Reserves unreserved resources of an agent for `role` (not in use by tasks; outstanding
+    /// offers that no longer fit are rescinded). Persisted as a dynamic reservation.
+    Reserve {
+        agent_id: AgentId,
+        role: String,
+        resources: Resources,
+    },
+    /// Returns dynamically reserved resources of `role` on an agent to the unreserved pool
+    /// (not in use by the role's tasks).
+    Unreserve {
+        agent_id: AgentId,
+        role: String,
+        resources: Resources,
+    },
+    /// Stops offering an agent (its tasks run on) until reactivated.
+    DeactivateAgent {
+        agent_id: AgentId,
+    },
+    /// Offers a deactivated agent again.
+    ReactivateAgent {
+        agent_id: AgentId,
+    },
+    /// Removes an agent for good: its tasks are `LOST`, its connection closed.
+    MarkAgentGone {
+        agent_id: AgentId,
+    },
+    /// Removes a framework: its tasks are killed, its offers rescinded (Mesos TEARDOWN).
+    Teardown {
+        framework_id: FrameworkId,
+    },
+    /// Asks the agent to bring an unhealthy GPU back (as `gantry-agent clear-gpu` does); the
+    /// agent reports the GPU healthy and the master offers it again.
+    ClearGpu {
+        agent_id: AgentId,
+        uuid: String,
+    },
 }
 
 impl Master {
-    /// Applies an operator command. Weights and quotas take effect at the next batch
-    /// allocation (as in Mesos).
+    /// Applies a weight or quota command (which do not depend on the time); see
+    /// [`Master::operator_at`].
     pub fn operator(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorRejection> {
+        self.operator_at(cmd, 0)
+    }
+
+    /// Applies an operator command at `now`. Weights and quotas take effect at the next batch
+    /// allocation (as in Mesos).
+    pub fn operator_at(
+        &mut self,
+        cmd: OperatorCommand,
+        now: Millis,
+    ) -> Result<Vec<Output>, OperatorRejection> {
+        let mut out = Vec::new();
+        match cmd {
+            OperatorCommand::SetWeight { .. } | OperatorCommand::SetQuota { .. } => {
+                return self.role_command(cmd);
+            }
+            OperatorCommand::Reserve {
+                agent_id,
+                role,
+                resources,
+            } => self.operator_reserve(agent_id, &role, &resources, true, &mut out)?,
+            OperatorCommand::Unreserve {
+                agent_id,
+                role,
+                resources,
+            } => self.operator_reserve(agent_id, &role, &resources, false, &mut out)?,
+            OperatorCommand::DeactivateAgent { agent_id } => {
+                self.set_active(agent_id, false, &mut out)?
+            }
+            OperatorCommand::ReactivateAgent { agent_id } => {
+                self.set_active(agent_id, true, &mut out)?
+            }
+            OperatorCommand::MarkAgentGone { agent_id } => {
+                if !self.agents.contains_key(&agent_id) {
+                    return Err(not_found_agent(agent_id));
+                }
+                // One meaning of "gone": removed for good, its id remembered and refused
+                // (`state::maintenance`).
+                let cmd = super::maintenance::MaintenanceCommand::MarkGone {
+                    agent: agent_id.to_string(),
+                };
+                match self.maintenance(cmd, now) {
+                    Ok(o) => out.extend(o),
+                    Err(e) => return Err(OperatorRejection::Invalid(e.to_string())),
+                }
+            }
+            OperatorCommand::Teardown { framework_id } => {
+                if !self.frameworks.contains_key(&framework_id) {
+                    return Err(OperatorRejection::NotFound(format!(
+                        "no framework {framework_id}"
+                    )));
+                }
+                tracing::warn!(framework = %framework_id, "framework torn down by an operator");
+                self.remove_framework(framework_id, "torn down by an operator", now, &mut out);
+            }
+            OperatorCommand::ClearGpu { agent_id, uuid } => {
+                let a = self
+                    .agents
+                    .get(&agent_id)
+                    .ok_or_else(|| not_found_agent(agent_id))?;
+                let gpu = a.gpus.iter().find(|g| g.uuid == uuid).ok_or_else(|| {
+                    OperatorRejection::NotFound(format!("agent {} has no GPU {uuid:?}", a.name))
+                })?;
+                if gpu.healthy {
+                    return Err(OperatorRejection::Conflict(format!(
+                        "GPU {uuid} of agent {} is healthy",
+                        a.name
+                    )));
+                }
+                let conn = a.conn.ok_or_else(|| {
+                    OperatorRejection::Conflict(format!(
+                        "agent {} is disconnected; clear the GPU on the host (gantry-agent clear-gpu)",
+                        a.name
+                    ))
+                })?;
+                tracing::info!(agent = %a.name, gpu = %uuid, "operator clears a GPU");
+                out.push(Output::ToAgent(conn, MasterToAgent::ClearGpu { uuid }));
+            }
+        }
+        Ok(out)
+    }
+
+    fn set_active(
+        &mut self,
+        id: AgentId,
+        active: bool,
+        out: &mut Vec<Output>,
+    ) -> Result<(), OperatorRejection> {
+        let a = self
+            .agents
+            .get_mut(&id)
+            .ok_or_else(|| not_found_agent(id))?;
+        if a.active == active {
+            return Ok(());
+        }
+        a.active = active;
+        tracing::warn!(agent = %a.name, active, "agent activity changed by an operator");
+        out.push(Output::Persist(Mutation::PutAgent(AgentRecord {
+            id,
+            name: a.name.clone(),
+            hostname: a.hostname.clone(),
+            deactivated: !active,
+        })));
+        // A draining agent stays unoffered until it is undrained too.
+        let offered = active && self.drain_state(id).is_none();
+        for rec in self.allocator.set_agent_active(id, offered) {
+            self.send_rescind(&rec, out);
+        }
+        self.allocation_pending = true;
+        self.emit_agent(id, if active { "reactivated" } else { "deactivated" });
+        Ok(())
+    }
+
+    /// RESERVE / UNRESERVE by an operator on an agent's free resources.
+    fn operator_reserve(
+        &mut self,
+        id: AgentId,
+        role: &str,
+        resources: &Resources,
+        reserve: bool,
+        out: &mut Vec<Output>,
+    ) -> Result<(), OperatorRejection> {
+        self.config.limits.check_role(role)?;
+        if resources.is_empty() {
+            return Err(OperatorRejection::Invalid("no resources named".into()));
+        }
+        let a = self.agents.get(&id).ok_or_else(|| not_found_agent(id))?;
+        // What the agent's tasks hold, by pool.
+        let mut used_unreserved = Resources::new();
+        let mut used_role = Resources::new();
+        for t in a.tasks.iter().filter_map(|t| self.tasks.get(t)) {
+            if t.recovered {
+                continue;
+            }
+            used_unreserved.add_assign(&t.allocation.unreserved);
+            if let Some(r) = t.allocation.reserved.get(role) {
+                used_role.add_assign(r);
+            }
+        }
+        if reserve {
+            let free = a.resources.saturating_sub(&used_unreserved);
+            if !free.contains(resources) {
+                return Err(OperatorRejection::Conflict(format!(
+                    "agent {} has {free} unreserved and not in use; {resources} can not be reserved",
+                    a.name
+                )));
+            }
+        } else {
+            let dynamic = a.dynamic.get(role).cloned().unwrap_or_default();
+            if !dynamic.contains(resources) {
+                return Err(OperatorRejection::Conflict(format!(
+                    "{resources} is not dynamically reserved for {role:?} on agent {} (static reservations belong to the agent's configuration)",
+                    a.name
+                )));
+            }
+            let reserved = a.reserved.get(role).cloned().unwrap_or_default();
+            if !reserved.saturating_sub(&used_role).contains(resources) {
+                return Err(OperatorRejection::Conflict(format!(
+                    "{resources} of {role:?} on agent {} is in use by tasks",
+                    a.name
+                )));
+            }
+        }
+        let Some(a) = self.agents.get_mut(&id) else {
+            return Err(not_found_agent(id));
+        };
+        if reserve {
+            a.resources = a.resources.saturating_sub(resources);
+            a.reserved
+                .entry(role.to_string())
+                .or_default()
+                .add_assign(resources);
+            a.dynamic
+                .entry(role.to_string())
+                .or_default()
+                .add_assign(resources);
+        } else {
+            for map in [&mut a.reserved, &mut a.dynamic] {
+                if let Some(r) = map.get_mut(role) {
+                    *r = r.saturating_sub(resources);
+                    if r.is_empty() {
+                        map.remove(role);
+                    }
+                }
+            }
+            a.resources.add_assign(resources);
+        }
+        let (unreserved, reserved) = (a.resources.clone(), a.reserved.clone());
+        let now_reserved = a.dynamic.get(role).cloned().unwrap_or_default();
+        tracing::info!(agent = %a.name, %role, %resources, reserve, "operator reservation change");
+        for rec in self.allocator.update_agent(id, unreserved, reserved) {
+            self.send_rescind(&rec, out);
+        }
+        out.push(Output::Persist(Mutation::SetReservation(Reservation {
+            agent_id: id,
+            role: role.to_string(),
+            resources: now_reserved,
+        })));
+        if !reserve {
+            self.forget_role(role);
+        }
+        self.allocation_pending = true;
+        self.emit(ClusterEvent::RoleUpdated {
+            role: role.to_string(),
+            what: if reserve { "reserved" } else { "unreserved" }.into(),
+        });
+        Ok(())
+    }
+
+    fn role_command(&mut self, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorRejection> {
         match cmd {
             OperatorCommand::SetWeight { role, weight } => {
                 self.config.limits.check_role(&role)?;
@@ -43,6 +292,10 @@ impl Master {
                     // Back to the default: a role kept only by its weight is unused now.
                     self.forget_role(&role);
                 }
+                self.emit(ClusterEvent::RoleUpdated {
+                    role: role.clone(),
+                    what: "weight".into(),
+                });
                 Ok(vec![Output::Persist(Mutation::SetWeight { role, weight })])
             }
             OperatorCommand::SetQuota {
@@ -95,8 +348,22 @@ impl Master {
                         },
                     }
                 };
+                self.emit(ClusterEvent::RoleUpdated {
+                    role: match &m {
+                        Mutation::SetQuota { role, .. } | Mutation::RemoveQuota { role } => {
+                            role.clone()
+                        }
+                        _ => String::new(),
+                    },
+                    what: "quota".into(),
+                });
                 Ok(vec![Output::Persist(m)])
             }
+            _ => Err(OperatorRejection::Invalid("not a role command".into())),
         }
     }
+}
+
+fn not_found_agent(id: AgentId) -> OperatorRejection {
+    OperatorRejection::NotFound(format!("no agent {id}"))
 }

@@ -81,8 +81,8 @@ pub enum TaskRejection {
     Command { task: TaskId, problem: String },
     #[error("task {0}: must request some cpus or mem")]
     NoCpusOrMem(TaskId),
-    #[error("task {0}: gpus must be a whole number")]
-    FractionalGpus(TaskId),
+    #[error("task {0}: {1}")]
+    FractionalGpus(TaskId, gantry_sdk::protocol::BadGpuAmount),
     #[error("task {0}: invalid environment variable")]
     Environment(TaskId),
 }
@@ -105,8 +105,9 @@ pub enum ReservationRejection {
     NotInOffers { resources: Resources, reserve: bool },
 }
 
-/// Why an operator command was refused ([`super::Master::operator`]); the HTTP API answers
-/// `400` with the text.
+/// Why an operator command was refused ([`super::Master::operator_at`]); the HTTP API answers
+/// with the text and a status by kind (400 bad value, 404 not found, 409 conflict, 503 not the
+/// leader or not recorded).
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorRejection {
     #[error(transparent)]
@@ -125,6 +126,19 @@ pub enum OperatorRejection {
     /// The command reached a master that does not lead (the shell answers it).
     #[error("this master is not the leader")]
     NotLeader,
+    /// Not valid for another reason (HTTP 400).
+    #[error("{0}")]
+    Invalid(String),
+    /// It names an agent, framework or GPU the master does not know (HTTP 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// It does not apply in the current state (HTTP 409): reserving what tasks hold, clearing
+    /// a healthy GPU.
+    #[error("{0}")]
+    Conflict(String),
+    /// Applied, but the registry did not record it: it may not survive a restart (HTTP 503).
+    #[error("the change could not be recorded in the registry: {0}")]
+    NotPersisted(String),
 }
 
 /// Where a RESERVE takes from (unreserved) and an UNRESERVE from (reserved).

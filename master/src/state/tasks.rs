@@ -117,6 +117,7 @@ impl Master {
             task.pending = None;
             self.release_task_resources(tid);
         }
+        self.emit_task(tid);
         if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
             out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
         }

@@ -52,6 +52,7 @@ impl Master {
             .chain(agents)
             .chain(frameworks)
             .chain(self.allocator.next_offer_expiry())
+            .chain(self.next_maintenance_deadline(now))
             .min()
     }
 
@@ -81,6 +82,7 @@ impl Master {
                     }));
                 }
                 out.push(Output::Persist(Mutation::RemoveAgent(id)));
+                self.forget_drain(id, out);
             }
         }
         // Silent agents are disconnected.
@@ -131,5 +133,6 @@ impl Master {
         for rec in self.allocator.expire_offers(now) {
             self.send_rescind(&rec, out);
         }
+        self.maintenance_step(now, out);
     }
 }

@@ -46,6 +46,13 @@ pub struct AgentView {
     pub gpu_samples: Vec<GpuSample>,
     /// The user its tasks run as when their command names none (`--task-user`).
     pub task_user: String,
+    /// What is free of each healthy GPU (fraction and memory), as offers show it.
+    pub gpu_free: Vec<gantry_sdk::protocol::GpuFree>,
+    /// False while an operator has deactivated it (nothing of it is offered).
+    pub active: bool,
+    /// `DRAINING` or `DRAINED` while under maintenance (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -180,7 +187,10 @@ impl Master {
                     attributes: a.attributes.clone(),
                     gpus: a.gpus.clone(),
                     gpu_samples: a.gpu_samples.clone(),
+                    drain: self.drain_state(a.id),
                     task_user: a.task_user.clone(),
+                    gpu_free: self.gpu_free(a.id),
+                    active: a.active,
                 }
             })
             .collect();

@@ -78,7 +78,26 @@ pub struct GpuSpec {
     pub memory_used_mib: Option<u64>,
     #[serde(default)]
     pub processes: Vec<ProcessSpec>,
+    /// MIG devices: when not empty the GPU is in MIG mode (`nvmlDeviceGetMigMode` reports it
+    /// enabled) and these are its MIG devices, in MIG index order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigSpec>,
 }
+
+/// One MIG device (a GPU instance with its compute instance) of a GPU in MIG mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigSpec {
+    /// `MIG-...`.
+    pub uuid: String,
+    /// The profile, e.g. `1g.10gb`; the device's name is the GPU's name plus ` MIG <profile>`,
+    /// as real NVML reports it.
+    pub profile: String,
+    pub memory_mib: u64,
+}
+
+/// Most MIG devices one GPU has (an A100/H100 has at most 7).
+pub const MAX_MIG_DEVICES: usize = 7;
 
 fn default_cc() -> (i32, i32) {
     (8, 0)

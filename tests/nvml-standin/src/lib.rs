@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use config::{EventKind, GpuSpec, StandinConfig, CONFIG_ENV};
+use config::{EventKind, GpuSpec, StandinConfig, CONFIG_ENV, MAX_MIG_DEVICES};
 
 /// `nvmlReturn_t`.
 pub type nvmlReturn_t = c_uint;
@@ -112,6 +112,8 @@ pub struct nvmlEventData_t {
 const MAX_GPUS: usize = 64;
 /// Device handles point into this array; the offset is the GPU index.
 static HANDLES: [u8; MAX_GPUS] = [0; MAX_GPUS];
+/// MIG device handles point into this array; the offset is `gpu * MAX_MIG_DEVICES + mig`.
+static MIG_HANDLES: [u8; MAX_GPUS * MAX_MIG_DEVICES] = [0; MAX_GPUS * MAX_MIG_DEVICES];
 
 struct EventSetState {
     /// GPU index -> registered event mask.
@@ -170,17 +172,156 @@ fn index_of(handle: nvmlDevice_t) -> Option<u32> {
     (p >= base && p < base + MAX_GPUS).then(|| (p - base) as u32)
 }
 
-/// Runs `f` with the GPU a device handle names.
+fn mig_handle_of(gpu: u32, mig: u32) -> nvmlDevice_t {
+    MIG_HANDLES
+        .as_ptr()
+        .wrapping_add(gpu as usize * MAX_MIG_DEVICES + mig as usize) as *mut c_void
+}
+
+/// `(gpu index, MIG index)` of a MIG device handle.
+fn mig_index_of(handle: nvmlDevice_t) -> Option<(u32, u32)> {
+    let base = MIG_HANDLES.as_ptr() as usize;
+    let p = handle as usize;
+    (p >= base && p < base + MIG_HANDLES.len()).then(|| {
+        let off = p - base;
+        (
+            (off / MAX_MIG_DEVICES) as u32,
+            (off % MAX_MIG_DEVICES) as u32,
+        )
+    })
+}
+
+/// A MIG device seen as a device of its own: the parent's attributes with the MIG device's
+/// uuid, name and memory, and no processes of its own.
+fn mig_view(gpu: &GpuSpec, mig: &config::MigSpec) -> GpuSpec {
+    GpuSpec {
+        uuid: mig.uuid.clone(),
+        name: format!("{} MIG {}", gpu.name, mig.profile),
+        memory_mib: mig.memory_mib,
+        memory_used_mib: Some(0),
+        processes: Vec::new(),
+        mig_devices: Vec::new(),
+        ..gpu.clone()
+    }
+}
+
+/// Runs `f` with the GPU a device handle names (for a MIG device handle: the parent's index
+/// and the MIG device's view).
 fn with_device(
     device: nvmlDevice_t,
     f: impl FnOnce(u32, &GpuSpec) -> nvmlReturn_t,
 ) -> nvmlReturn_t {
-    with_state(|s| match index_of(device) {
-        Some(i) => match s.config.gpus.get(i as usize) {
-            Some(gpu) => f(i, gpu),
+    with_state(|s| {
+        if let Some((g, m)) = mig_index_of(device) {
+            return match s.config.gpus.get(g as usize) {
+                Some(gpu) => match gpu.mig_devices.get(m as usize) {
+                    Some(mig) => f(g, &mig_view(gpu, mig)),
+                    None => NVML_ERROR_INVALID_ARGUMENT,
+                },
+                None => NVML_ERROR_INVALID_ARGUMENT,
+            };
+        }
+        match index_of(device) {
+            Some(i) => match s.config.gpus.get(i as usize) {
+                Some(gpu) => f(i, gpu),
+                None => NVML_ERROR_INVALID_ARGUMENT,
+            },
             None => NVML_ERROR_INVALID_ARGUMENT,
-        },
-        None => NVML_ERROR_INVALID_ARGUMENT,
+        }
+    })
+}
+
+/// `NVML_DEVICE_MIG_ENABLE`.
+pub const NVML_DEVICE_MIG_ENABLE: c_uint = 1;
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if current.is_null() || pending.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let mode = c_uint::from(!g.mig_devices.is_empty()) * NVML_DEVICE_MIG_ENABLE;
+        unsafe {
+            *current = mode;
+            *pending = mode;
+        }
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, g| {
+        if count.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if g.mig_devices.is_empty() {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        unsafe { *count = MAX_MIG_DEVICES as c_uint };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_state(|s| {
+        let Some(g) = index_of(device) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        let Some(gpu) = s.config.gpus.get(g as usize) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        if mig_device.is_null() || index as usize >= MAX_MIG_DEVICES {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if index as usize >= gpu.mig_devices.len() {
+            return NVML_ERROR_NOT_FOUND;
+        }
+        unsafe { *mig_device = mig_handle_of(g, index) };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> nvmlReturn_t {
+    with_state(|_| {
+        if is_mig.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *is_mig = c_uint::from(mig_index_of(device).is_some()) };
+        NVML_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: nvmlDevice_t,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_state(|_| {
+        let Some((g, _)) = mig_index_of(mig_device) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        if device.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsafe { *device = handle_of(g) };
+        NVML_SUCCESS
     })
 }
 

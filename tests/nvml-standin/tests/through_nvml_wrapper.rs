@@ -32,6 +32,7 @@ fn gpu(i: u32) -> GpuSpec {
         power_mw: 100_000 + i,
         memory_used_mib: None,
         processes: vec![],
+        mig_devices: vec![],
     }
 }
 

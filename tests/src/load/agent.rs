@@ -50,6 +50,8 @@ fn gpus(idx: usize, n: usize) -> Vec<GpuInfo> {
             pci_bus_id: format!("00000000:{:02X}:00.0", g + 1),
             numa_node: Some((g * 2 / n.max(1)) as u32),
             healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
         })
         .collect()
 }
@@ -196,7 +198,9 @@ impl Agent {
                 beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 beat.reset();
             }
-            MasterToAgent::RunTask { framework_id, task } => {
+            MasterToAgent::RunTask {
+                framework_id, task, ..
+            } => {
                 self.shared.run_tasks.fetch_add(1, Relaxed);
                 if self.running.contains_key(&task.task_id) {
                     return;
@@ -251,6 +255,8 @@ impl Agent {
                 self.shared.agent_errors.fetch_add(1, Relaxed);
                 tracing::warn!(agent = self.idx, "master: {message}");
             }
+            // Emulated agents have no GPU health to clear.
+            MasterToAgent::ClearGpu { .. } => {}
         }
     }
 

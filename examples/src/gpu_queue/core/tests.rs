@@ -13,6 +13,8 @@ fn gpus(agent: u32) -> Vec<GpuInfo> {
             pci_bus_id: format!("0000:{i:02x}:00.0"),
             numa_node: Some(i / 4),
             healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
         })
         .collect()
 }
@@ -45,6 +47,7 @@ impl Cluster {
                 reserved: Default::default(),
                 attributes: Default::default(),
                 gpus: gpus(i as u32).into(),
+                gpu_free: Vec::new(),
             })
             .collect()
     }
@@ -505,6 +508,7 @@ mod properties {
                 reserved: Default::default(),
                 attributes: Default::default(),
                 gpus: gpus(a as u32).into(),
+                gpu_free: Vec::new(),
             })
         }
 

@@ -59,6 +59,8 @@ fn gpu_info(i: u32) -> GpuInfo {
         pci_bus_id: format!("00000000:0{i}:00.0"),
         numa_node: Some(0),
         healthy: true,
+        mig_profile: None,
+        parent_uuid: None,
     }
 }
 

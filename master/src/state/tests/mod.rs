@@ -9,6 +9,7 @@ mod dispatch;
 mod frameworks;
 mod metrics;
 mod operator;
+mod operator_commands;
 mod recovery;
 mod tasks;
 mod timers;

@@ -12,6 +12,7 @@ fn reregister_after_recovery(id: AgentId, hostname: &str, conn: ConnId) -> Vec<O
             id,
             name: "a1".into(),
             hostname: hostname.into(),
+            deactivated: false,
         },
     );
     let mut h = Harness::new();
@@ -61,6 +62,7 @@ fn a_recovered_agents_name_is_kept_for_it_until_its_deadline() {
             id,
             name: "a1".into(),
             hostname: "h".into(),
+            deactivated: false,
         },
     );
     let mut h = Harness::new();

@@ -1,0 +1,332 @@
+//! The agent's write-ahead log: persistence whose cost does not grow with the number of tasks.
+//!
+//! State lives in two kinds of files in the work directory:
+//! - `checkpoint.json`: a snapshot ([`Checkpoint`]) of everything up to log generation
+//!   `log_gen` (exclusive), written atomically (temp file, fsync, rename, directory fsync);
+//! - `wal-GEN.log`: append-only logs of changes ([`Record`]s), one frame per committed batch:
+//!   `[len: u32 LE][crc32 of payload: u32 LE][payload: JSON array of records]`.
+//!
+//! **Group commit**: the agent appends the records of every change it makes while handling a
+//! burst of events ([`Wal::append`]) and commits them with one `write` and one `fdatasync` per
+//! batch ([`Wal::commit`]), before any message or launch the batch produced leaves the agent.
+//! A batch is one frame, so it is all or nothing on disk.
+//!
+//! **Compaction** runs in the background: the log rotates to a new generation
+//! ([`Wal::rotate`]), a copy of the state is written as the snapshot of that generation on a
+//! blocking thread ([`write_snapshot`]), and only then are the older logs deleted.
+//!
+//! **Recovery** ([`Wal::open`]) loads the snapshot and replays the logs of its generation and
+//! later ones in order. A torn last frame (the agent died inside a `write`) is dropped: nothing
+//! it protected had been sent. The recovered state is written as a fresh snapshot at once, so
+//! the agent always starts from one snapshot and an empty log.
+//!
+//! A checkpoint written before the log existed has no `log_gen` (0) and no logs: it loads as it
+//! did.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use gantry_sdk::protocol::{AgentId, StatusUpdate, TaskId, UpdateId};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{Checkpoint, CheckpointError, TaskRecord};
+
+/// Log size past which the agent compacts it into a snapshot.
+pub const COMPACT_BYTES: u64 = 8 << 20;
+
+const HEADER: usize = 8;
+const LOG_PREFIX: &str = "wal-";
+const LOG_SUFFIX: &str = ".log";
+
+/// One change to the checkpointed state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Record {
+    /// The master assigned (or confirmed) this agent's id.
+    AgentId(AgentId),
+    /// A task's whole record, as it is now (inserted or changed).
+    Task(Box<TaskRecord>),
+    /// A task was forgotten (terminal and every update acknowledged).
+    TaskRemoved(TaskId),
+    /// A status update was queued for reliable delivery.
+    Update(Box<StatusUpdate>),
+    /// The master acknowledged a task's oldest update.
+    Acked {
+        task: TaskId,
+        update: UpdateId,
+    },
+    GpuUnhealthy {
+        uuid: String,
+        reason: String,
+    },
+    GpuHealthy {
+        uuid: String,
+    },
+}
+
+impl Record {
+    /// Applies the change to `ckpt` (recovery replays the log through this).
+    pub fn apply(self, ckpt: &mut Checkpoint) {
+        match self {
+            Record::AgentId(id) => ckpt.agent_id = Some(id),
+            Record::Task(rec) => {
+                ckpt.tasks.insert(rec.info.task_id, *rec);
+            }
+            Record::TaskRemoved(id) => {
+                ckpt.tasks.remove(&id);
+            }
+            Record::Update(u) => ckpt.updates.push(*u),
+            Record::Acked { task, update } => {
+                ckpt.updates.ack(task, update);
+            }
+            Record::GpuUnhealthy { uuid, reason } => {
+                ckpt.unhealthy_gpus.insert(uuid, reason);
+            }
+            Record::GpuHealthy { uuid } => {
+                ckpt.unhealthy_gpus.remove(&uuid);
+            }
+        }
+    }
+}
+
+fn log_path(dir: &Path, gen: u64) -> PathBuf {
+    dir.join(format!("{LOG_PREFIX}{gen:020}{LOG_SUFFIX}"))
+}
+
+/// The generations of the logs in `dir`, oldest first.
+fn log_gens(dir: &Path) -> Result<Vec<u64>, CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut gens = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io)? {
+        let name = e.map_err(io)?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(g) = name
+            .strip_prefix(LOG_PREFIX)
+            .and_then(|n| n.strip_suffix(LOG_SUFFIX))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            gens.push(g);
+        }
+    }
+    gens.sort_unstable();
+    Ok(gens)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| CheckpointError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// Encodes one batch as a frame.
+pub fn encode_frame(records: &[Record], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER]);
+    // Records are plain data: serializing them to a Vec cannot fail.
+    if serde_json::to_writer(&mut *out, records).is_err() {
+        out.truncate(start);
+        return;
+    }
+    let len = (out.len() - start - HEADER) as u32;
+    let crc = crc32fast::hash(&out[start + HEADER..]);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// What decoding a log found.
+#[derive(Debug, Default, PartialEq)]
+pub struct Decoded {
+    pub batches: Vec<Vec<Record>>,
+    /// Bytes after the last whole frame (a torn write), dropped.
+    pub torn_bytes: usize,
+}
+
+/// Decodes the frames of one log. A frame that is cut short or fails its checksum ends the
+/// log (a torn write: nothing after it was committed); a frame whose checksum holds but whose
+/// records do not parse is corruption, not a torn write.
+pub fn decode_log(path: &Path, data: &[u8]) -> Result<Decoded, CheckpointError> {
+    let mut out = Decoded::default();
+    let mut at = 0;
+    while at < data.len() {
+        let rest = &data[at..];
+        let frame = (rest.len() >= HEADER)
+            .then(|| {
+                let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+                let payload = rest.get(HEADER..HEADER.checked_add(len)?)?;
+                (crc32fast::hash(payload) == crc).then_some(payload)
+            })
+            .flatten();
+        let Some(payload) = frame else {
+            out.torn_bytes = rest.len();
+            break;
+        };
+        let batch: Vec<Record> =
+            serde_json::from_slice(payload).map_err(|source| CheckpointError::Corrupt {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        out.batches.push(batch);
+        at += HEADER + payload.len();
+    }
+    Ok(out)
+}
+
+/// Writes `ckpt` as the snapshot of its generation `ckpt.log_gen` (atomically, durably), then
+/// deletes the logs it covers (older generations). Blocking: compaction runs it off the event
+/// loop.
+pub fn write_snapshot(dir: &Path, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
+    ckpt.save(dir)?;
+    sync_dir(dir)?;
+    for g in log_gens(dir)? {
+        if g < ckpt.log_gen {
+            let path = log_path(dir, g);
+            std::fs::remove_file(&path).map_err(|source| CheckpointError::Io { path, source })?;
+        }
+    }
+    Ok(())
+}
+
+/// The open log the agent appends to.
+#[derive(Debug)]
+pub struct Wal {
+    dir: PathBuf,
+    gen: u64,
+    file: File,
+    /// Records appended since the last commit.
+    pending: Vec<Record>,
+    buf: Vec<u8>,
+    /// Bytes in the current log.
+    size: u64,
+}
+
+impl Wal {
+    /// Recovers the state in `dir` (snapshot + logs), writes it as a fresh snapshot and opens
+    /// a new, empty log after it.
+    pub fn open(dir: &Path) -> Result<(Checkpoint, Wal), CheckpointError> {
+        let mut ckpt = Checkpoint::load(dir)?.unwrap_or_default();
+        let gens = log_gens(dir)?;
+        let mut replayed = 0usize;
+        let first = ckpt.log_gen;
+        for &g in gens.iter().filter(|&&g| g >= first) {
+            let path = log_path(dir, g);
+            let data = std::fs::read(&path).map_err(|source| CheckpointError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let decoded = decode_log(&path, &data)?;
+            if decoded.torn_bytes > 0 {
+                tracing::warn!(
+                    log = %path.display(),
+                    bytes = decoded.torn_bytes,
+                    "dropping a torn write at the end of the agent's log (nothing it held had been sent)"
+                );
+            }
+            for batch in decoded.batches {
+                replayed += batch.len();
+                for r in batch {
+                    r.apply(&mut ckpt);
+                }
+            }
+        }
+        if replayed > 0 {
+            tracing::info!(records = replayed, "replayed the agent's write-ahead log");
+        }
+        let gen = gens
+            .last()
+            .map_or(ckpt.log_gen, |g| g + 1)
+            .max(ckpt.log_gen)
+            + 1;
+        ckpt.log_gen = gen;
+        write_snapshot(dir, &ckpt)?;
+        let wal = Wal::create(dir, gen)?;
+        Ok((ckpt, wal))
+    }
+
+    fn create(dir: &Path, gen: u64) -> Result<Wal, CheckpointError> {
+        let path = log_path(dir, gen);
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|f| {
+                f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                Ok(f)
+            })
+            .map_err(|source| CheckpointError::Io { path, source })?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        sync_dir(dir)?;
+        Ok(Wal {
+            dir: dir.to_path_buf(),
+            gen,
+            file,
+            pending: Vec::new(),
+            buf: Vec::new(),
+            size,
+        })
+    }
+
+    /// Queues a change for the next commit.
+    pub fn append(&mut self, record: Record) {
+        self.pending.push(record);
+    }
+
+    /// True if changes wait for a commit.
+    pub fn is_dirty(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Writes the pending changes as one frame and syncs it (one `fdatasync` per batch).
+    pub fn commit(&mut self) -> Result<usize, CheckpointError> {
+        if self.pending.is_empty() {
+            return Ok(0);
+        }
+        self.buf.clear();
+        encode_frame(&self.pending, &mut self.buf);
+        let path = log_path(&self.dir, self.gen);
+        let io = |source| CheckpointError::Io {
+            path: path.clone(),
+            source,
+        };
+        self.file.write_all(&self.buf).map_err(io)?;
+        self.file.sync_data().map_err(io)?;
+        self.size += self.buf.len() as u64;
+        let n = self.pending.len();
+        self.pending.clear();
+        // A burst can grow the buffer a lot: do not keep megabytes for the quiet times.
+        if self.buf.capacity() > 1 << 20 {
+            self.buf = Vec::new();
+        }
+        Ok(n)
+    }
+
+    /// Bytes in the current log.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The current log's generation.
+    pub fn generation(&self) -> u64 {
+        self.gen
+    }
+
+    /// Starts a new log (after a commit: nothing may be pending). Returns its generation: the
+    /// state as of now is the snapshot of that generation ([`write_snapshot`]).
+    pub fn rotate(&mut self) -> Result<u64, CheckpointError> {
+        debug_assert!(self.pending.is_empty());
+        let next = Wal::create(&self.dir, self.gen + 1)?;
+        *self = next;
+        Ok(self.gen)
+    }
+}
+
+#[cfg(test)]
+mod tests;

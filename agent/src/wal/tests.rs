@@ -1,0 +1,230 @@
+use gantry_sdk::protocol::{
+    FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId, UpdateSource,
+};
+
+use super::*;
+use crate::checkpoint::FILE;
+
+fn task(state: TaskState) -> TaskRecord {
+    let id = TaskId::random();
+    TaskRecord {
+        framework_id: FrameworkId::random(),
+        info: TaskInfo {
+            task_id: id,
+            name: "t".into(),
+            command: "true".into(),
+            resources: "cpus:0.1".parse().unwrap(),
+            env: Default::default(),
+            kill_grace_secs: None,
+            gpu_selector: None,
+        },
+        state,
+        sandbox: PathBuf::from("/s"),
+        meta: PathBuf::from("/m"),
+        launched: None,
+        gpus: vec![],
+        kill_requested_ms: None,
+        cgroup: None,
+        gpu_memory_kill: None,
+    }
+}
+
+fn update(t: &TaskRecord, state: TaskState) -> StatusUpdate {
+    StatusUpdate {
+        update_id: UpdateId::random(),
+        task_id: t.info.task_id,
+        framework_id: t.framework_id,
+        agent_id: None,
+        state,
+        source: UpdateSource::Agent,
+        reason: None,
+        message: String::new(),
+        exit_code: None,
+        signal: None,
+        gpus: vec![],
+        timestamp_ms: 0,
+        reconciliation: false,
+    }
+}
+
+/// A task's life in records: staged, running (update), finished (update), acked twice, gone.
+fn life(t: &TaskRecord) -> Vec<Vec<Record>> {
+    let running = update(t, TaskState::Running);
+    let finished = update(t, TaskState::Finished);
+    let mut r = t.clone();
+    r.state = TaskState::Running;
+    let mut f = t.clone();
+    f.state = TaskState::Finished;
+    vec![
+        vec![Record::Task(Box::new(t.clone()))],
+        vec![
+            Record::Task(Box::new(r)),
+            Record::Update(Box::new(running.clone())),
+        ],
+        vec![
+            Record::Task(Box::new(f)),
+            Record::Update(Box::new(finished.clone())),
+        ],
+        vec![Record::Acked {
+            task: t.info.task_id,
+            update: running.update_id,
+        }],
+        vec![
+            Record::Acked {
+                task: t.info.task_id,
+                update: finished.update_id,
+            },
+            Record::TaskRemoved(t.info.task_id),
+        ],
+    ]
+}
+
+#[test]
+fn every_cut_of_a_log_recovers_a_prefix_of_its_batches() {
+    let t = task(TaskState::Staging);
+    let batches = life(&t);
+    let mut data = Vec::new();
+    let mut ends = Vec::new();
+    for b in &batches {
+        encode_frame(b, &mut data);
+        ends.push(data.len());
+    }
+    let path = Path::new("wal-test.log");
+    for cut in 0..=data.len() {
+        let d = decode_log(path, &data[..cut]).unwrap();
+        let whole = ends.iter().filter(|&&e| e <= cut).count();
+        assert_eq!(d.batches.len(), whole, "cut at {cut}");
+        assert_eq!(d.batches[..], batches[..whole]);
+        let last_end = if whole == 0 { 0 } else { ends[whole - 1] };
+        assert_eq!(d.torn_bytes, cut - last_end);
+    }
+    // A flipped bit in the last frame is a torn write too (its checksum fails).
+    let mut flipped = data.clone();
+    let n = flipped.len();
+    flipped[n - 2] ^= 0x40;
+    assert_eq!(decode_log(path, &flipped).unwrap().batches.len(), 4);
+}
+
+#[test]
+fn a_frame_with_a_good_checksum_and_bad_records_is_corruption() {
+    let payload = b"[{\"NoSuchRecord\":1}]";
+    let mut data = (payload.len() as u32).to_le_bytes().to_vec();
+    data.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    data.extend_from_slice(payload);
+    assert!(matches!(
+        decode_log(Path::new("x"), &data),
+        Err(CheckpointError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn commits_survive_a_reopen_and_the_pending_batch_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, mut wal) = Wal::open(dir.path()).unwrap();
+    assert!(ckpt.tasks.is_empty());
+    let a = task(TaskState::Running);
+    let b = task(TaskState::Staging);
+    let agent = AgentId::random();
+    wal.append(Record::AgentId(agent));
+    wal.append(Record::Task(Box::new(a.clone())));
+    wal.append(Record::Update(Box::new(update(&a, TaskState::Running))));
+    wal.append(Record::GpuUnhealthy {
+        uuid: "GPU-1".into(),
+        reason: "xid 79".into(),
+    });
+    assert_eq!(wal.commit().unwrap(), 4);
+    assert!(!wal.is_dirty());
+    // Appended but never committed: the agent died before the fsync, nothing was sent.
+    wal.append(Record::Task(Box::new(b.clone())));
+    drop(wal);
+
+    let (back, wal) = Wal::open(dir.path()).unwrap();
+    assert_eq!(back.agent_id, Some(agent));
+    assert_eq!(back.tasks.len(), 1);
+    assert_eq!(back.tasks[&a.info.task_id].state, TaskState::Running);
+    assert_eq!(back.updates.len(), 1);
+    assert_eq!(back.unhealthy_gpus["GPU-1"], "xid 79");
+    // Recovery wrote a fresh snapshot: one log is left, and it is empty.
+    assert_eq!(log_gens(dir.path()).unwrap(), vec![wal.generation()]);
+    assert_eq!(wal.size(), 0);
+    assert_eq!(back.log_gen, wal.generation());
+}
+
+#[test]
+fn a_whole_life_replays_to_nothing_and_a_torn_tail_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut wal) = Wal::open(dir.path()).unwrap();
+    let t = task(TaskState::Staging);
+    for b in life(&t) {
+        for r in b {
+            wal.append(r);
+        }
+        wal.commit().unwrap();
+    }
+    let gen = wal.generation();
+    drop(wal);
+    // Half a frame after the last commit.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(log_path(dir.path(), gen))
+        .unwrap();
+    f.write_all(&[200, 0, 0, 0, 1, 2]).unwrap();
+    drop(f);
+    let (back, _) = Wal::open(dir.path()).unwrap();
+    assert!(back.tasks.is_empty() && back.updates.is_empty(), "{back:?}");
+}
+
+#[test]
+fn compaction_keeps_everything_whenever_the_agent_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut ckpt, mut wal) = Wal::open(dir.path()).unwrap();
+    let a = task(TaskState::Running);
+    let r = Record::Task(Box::new(a.clone()));
+    r.clone().apply(&mut ckpt);
+    wal.append(r);
+    wal.commit().unwrap();
+    // Rotate; the snapshot of the new generation is not written yet (the agent dies here):
+    // the old log still holds the task.
+    let gen = wal.rotate().unwrap();
+    let b = task(TaskState::Running);
+    let rb = Record::Task(Box::new(b.clone()));
+    rb.clone().apply(&mut ckpt);
+    wal.append(rb);
+    wal.commit().unwrap();
+    assert_eq!(log_gens(dir.path()).unwrap().len(), 2);
+    {
+        let copy = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+        }
+        let (back, _) = Wal::open(copy.path()).unwrap();
+        assert_eq!(back.tasks.len(), 2);
+    }
+    // The snapshot of the rotated generation (taken at rotation, without b) replaces the old
+    // log; b is in the new log.
+    let mut snap = ckpt.clone();
+    snap.tasks.remove(&b.info.task_id);
+    snap.log_gen = gen;
+    write_snapshot(dir.path(), &snap).unwrap();
+    assert_eq!(log_gens(dir.path()).unwrap(), vec![gen]);
+    drop(wal);
+    let (back, _) = Wal::open(dir.path()).unwrap();
+    assert_eq!(back.tasks.len(), 2);
+    assert!(back.tasks.contains_key(&a.info.task_id) && back.tasks.contains_key(&b.info.task_id));
+}
+
+#[test]
+fn a_checkpoint_from_before_the_log_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = task(TaskState::Running);
+    let json = serde_json::json!({
+        "agent_id": null,
+        "tasks": { t.info.task_id.to_string(): t },
+        "updates": { "tasks": {} },
+    });
+    std::fs::write(dir.path().join(FILE), json.to_string()).unwrap();
+    let (back, _) = Wal::open(dir.path()).unwrap();
+    assert_eq!(back.tasks.len(), 1);
+    assert!(back.log_gen > 0);
+}

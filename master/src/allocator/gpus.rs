@@ -1,0 +1,151 @@
+//! GPU fractions in demand-aware splitting: when a framework's declared task asks for a
+//! fraction of one GPU (`gpus` below 1), a task's worth is offered on an agent only when one of
+//! its GPUs has room for the fraction, and the GPU is chosen with the same fragmentation-aware
+//! scoring as the SDK's placement helper (`gantry_sdk::placement`, policy
+//! [`AllocatorConfig::gpu_placement`]). The chosen share is earmarked while the offer is
+//! outstanding (so two task-worths are not counted on the same room) and released when the
+//! offer ends (accepted, declined, rescinded, expired); the task's GPU is then the state's
+//! business (`state::gpus`), which tells the allocator each GPU's free share
+//! ([`Allocator::set_agent_gpus`]). Agents without a per-GPU view keep the scalar behaviour.
+
+use gantry_sdk::placement::{
+    GpuDemand, ModelSet, Models, Node, Placer, TaskShape, Workload, GPU_MILLI,
+};
+
+use super::*;
+
+impl Allocator {
+    /// Sets the free milli-GPUs of each of `agent`'s GPUs (net of running tasks; GPUs in MIG
+    /// mode and unhealthy GPUs left out). Earmarks of outstanding offers are kept.
+    pub fn set_agent_gpus(&mut self, agent: AgentId, free: Vec<u32>) {
+        let Some(&a) = self.agent_ids.get(&agent) else {
+            return;
+        };
+        let ag = self.ag_mut(a);
+        if ag.gpu_free == free {
+            return;
+        }
+        if ag.gpu_offered.len() != free.len() {
+            ag.gpu_offered = vec![0; free.len()];
+        }
+        ag.gpu_free = free;
+        ag.stable = None;
+    }
+
+    /// For a task shape asking for a fraction of one GPU on agent `a` with a per-GPU view: the
+    /// GPU to earmark, `(index, milli)`; `Err(())` when no GPU has room (no task's worth here).
+    /// `Ok(None)` for other shapes or agents without a view.
+    pub(super) fn fraction_gpu(&self, a: u32, task: &[u64]) -> Result<Option<(u32, u32)>, ()> {
+        let Some(g) = self.names.lookup("gpus") else {
+            return Ok(None);
+        };
+        let milli = dense::at(task, g);
+        let ag = self.ag(a);
+        if milli == 0 || milli >= u64::from(GPU_MILLI) || ag.gpu_free.is_empty() {
+            return Ok(None);
+        }
+        let milli = milli as u32;
+        let free: Vec<u32> = ag
+            .gpu_free
+            .iter()
+            .zip(ag.gpu_offered.iter().chain(std::iter::repeat(&0)))
+            .map(|(f, o)| f.saturating_sub(*o).min(GPU_MILLI))
+            .collect();
+        if !free.iter().any(|&f| f >= milli) {
+            return Err(());
+        }
+        let shape = TaskShape {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpu: GpuDemand::Fraction(milli),
+            models: ModelSet::ANY,
+        };
+        let whole = TaskShape {
+            gpu: GpuDemand::Whole(1),
+            ..shape
+        };
+        let mut models = Models::new();
+        let model = models.intern("gpu").map_err(|_| ())?;
+        let node = Node {
+            gpu_free: free.clone(),
+            ..Node::idle(model, 0, 0, 0)
+        };
+        let workload = Workload::new([(shape, 1), (whole, 1)]);
+        let chosen = Placer::new(vec![node], self.config.gpu_placement, workload, 0)
+            .ok()
+            .and_then(|mut p| p.choose(&shape))
+            .and_then(|p| p.gpus.first().map(|s| s.gpu))
+            .filter(|&i| free.get(i).is_some_and(|&f| f >= milli))
+            .or_else(|| free.iter().position(|&f| f >= milli))
+            .ok_or(())?;
+        Ok(Some((chosen as u32, milli)))
+    }
+
+    /// Earmarks `gpus` on agent `a` (a task's worth was offered).
+    pub(super) fn earmark_gpus(&mut self, a: u32, gpus: &[(u32, u32)]) {
+        let ag = self.ag_mut(a);
+        for &(i, m) in gpus {
+            if let Some(o) = ag.gpu_offered.get_mut(i as usize) {
+                *o = o.saturating_add(m);
+            }
+        }
+    }
+
+    /// Releases the earmarks of an offer that ended.
+    pub(super) fn release_gpus(&mut self, a: u32, gpus: &[(u32, u32)]) {
+        if gpus.is_empty() {
+            return;
+        }
+        let ag = self.ag_mut(a);
+        for &(i, m) in gpus {
+            if let Some(o) = ag.gpu_offered.get_mut(i as usize) {
+                *o = o.saturating_sub(m);
+            }
+        }
+        ag.stable = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(s: &str) -> Resources {
+        Resources::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_fraction_is_offered_only_where_one_gpu_has_room() {
+        let mut a = Allocator::new(AllocatorConfig::default());
+        let fw = FrameworkId::from_u128(1);
+        let agent = AgentId::from_u128(1);
+        a.add_framework(
+            fw,
+            "f",
+            &["r".to_string()],
+            true,
+            Some(Demand {
+                task: res("cpus:1;gpus:0.5"),
+                count: 5,
+            }),
+        );
+        a.add_agent(agent, "h1", res("cpus:8;gpus:2"), BTreeMap::new());
+        // 0.4 and 0.9 free: the scalar would hold two halves, one GPU holds one.
+        a.set_agent_gpus(agent, vec![400, 900]);
+        let o = a.allocate(0).remove(0);
+        assert_eq!(o.resources.unreserved, res("cpus:1;gpus:0.5"));
+        // The earmark goes with the offer: declined, the same task's worth is offered again.
+        a.decline(o.id, Some(0), 0).unwrap();
+        let o = a.allocate(1).remove(0);
+        assert_eq!(o.resources.unreserved, res("cpus:1;gpus:0.5"));
+        a.decline(o.id, Some(0), 1).unwrap();
+        // Two idle GPUs: four halves (two per GPU, packed by the scoring).
+        a.set_agent_gpus(agent, vec![1000, 1000]);
+        let o = a.allocate(2).remove(0);
+        assert_eq!(o.resources.unreserved, res("cpus:4;gpus:2"));
+        // Nothing left to earmark: no GPU has room for another half.
+        a.set_agent_gpus(agent, vec![300, 300]);
+        a.decline(o.id, Some(0), 2).unwrap();
+        assert!(a.allocate(3).is_empty());
+    }
+}

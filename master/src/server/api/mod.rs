@@ -1,0 +1,391 @@
+//! The versioned operator API `/api/v1/…` (JSON; docs/api/openapi.yaml documents every
+//! endpoint) and its event stream.
+//!
+//! ```text
+//! reads:  GET  /api/v1/{summary,agents,agents/{id},frameworks,frameworks/{id},tasks,roles,
+//!                      offers,quotas,weights,maintenance}
+//! writes: POST /api/v1/weights, /api/v1/quotas,
+//!              /api/v1/agents/{id}/{reserve,unreserve,deactivate,reactivate,gone},
+//!              /api/v1/agents/{id}/gpus/{uuid}/clear, /api/v1/frameworks/{id}/teardown
+//!         (drain / undrain: /api/v1/agents/{id}/drain, added with maintenance)
+//! stream: GET  /api/v1/events   (server-sent events: a snapshot, then changes)
+//! ```
+//!
+//! Authentication and errors are the operator API's ([`super::http`]): reads need an
+//! authenticated operator (or `--http-public-reads`), every write the ACL grant of its action
+//! (403 otherwise). Writes go to the core as [`OperatorCommand`]s; what the registry holds
+//! survives a restart and a failover. Reads are shaped from the core's `/state` view by the
+//! pure functions in [`views`]. Agents are named by id or name, frameworks by id (or a name
+//! only one framework has).
+//!
+//! The event stream: each subscriber first gets `{"type":"snapshot","state":{/state}}`, then
+//! one message per change ([`crate::state::ClusterEvent`]). The core never waits for a
+//! subscriber: events go through a bounded broadcast buffer, and a subscriber that falls
+//! behind it gets `{"type":"dropped"}` and the stream ends (reconnect for a new snapshot).
+//! Changes made between subscribing and the snapshot may also be sent after it.
+
+pub mod views;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use gantry_sdk::protocol::{AgentId, FrameworkId};
+use gantry_sdk::Resources;
+use serde_json::Value;
+
+use super::http::{
+    caller_of, operator, parse_json, quota_handler, weights_handler, ApiError, ApiResult, App,
+    Caller,
+};
+use crate::acl::OperatorAction;
+use crate::state::OperatorCommand;
+
+type CallerExt = Option<axum::Extension<Caller>>;
+
+/// The `/api/v1` routes (merged into the operator API's router).
+pub(super) fn routes() -> Router<App> {
+    Router::new()
+        .route("/api/v1", get(index))
+        .route("/api/v1/summary", get(summary))
+        .route("/api/v1/agents", get(agents))
+        .route("/api/v1/agents/{id}", get(agent))
+        .route("/api/v1/agents/{id}/reserve", post(reserve))
+        .route("/api/v1/agents/{id}/unreserve", post(unreserve))
+        .route("/api/v1/agents/{id}/deactivate", post(deactivate))
+        .route("/api/v1/agents/{id}/reactivate", post(reactivate))
+        .route("/api/v1/agents/{id}/gone", post(mark_gone))
+        .route("/api/v1/agents/{id}/gpus/{uuid}/clear", post(clear_gpu))
+        // Drain / undrain (maintenance, helper hdrain): /api/v1/agents/{id}/drain, …/undrain.
+        .route("/api/v1/frameworks", get(frameworks))
+        .route("/api/v1/frameworks/{id}", get(framework))
+        .route("/api/v1/frameworks/{id}/teardown", post(teardown))
+        .route("/api/v1/tasks", get(tasks))
+        .route("/api/v1/roles", get(roles))
+        .route("/api/v1/offers", get(offers))
+        .route("/api/v1/quotas", get(quotas).post(quota_handler))
+        .route("/api/v1/weights", get(weights).post(weights_handler))
+        .route("/api/v1/maintenance", get(maintenance))
+        .route("/api/v1/events", get(events))
+}
+
+/// The state view for a read by an authenticated caller.
+async fn read(app: &App, caller: CallerExt) -> Result<Value, ApiError> {
+    app.may_read(&caller_of(caller))?;
+    app.state().await
+}
+
+async fn index(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    app.may_read(&caller_of(caller))?;
+    Ok(Json(serde_json::json!({
+        "version": "v1",
+        "reads": ["summary", "agents", "agents/{id}", "frameworks", "frameworks/{id}", "tasks",
+                  "roles", "offers", "quotas", "weights", "maintenance"],
+        "writes": ["weights", "quotas", "agents/{id}/reserve", "agents/{id}/unreserve",
+                   "agents/{id}/deactivate", "agents/{id}/reactivate", "agents/{id}/gone",
+                   "agents/{id}/gpus/{uuid}/clear", "frameworks/{id}/teardown"],
+        "events": "events",
+        "docs": "docs/api/openapi.yaml",
+    })))
+}
+
+async fn summary(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    Ok(Json(views::summary(&read(&app, caller).await?)))
+}
+
+async fn agents(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    Ok(Json(views::agents(&read(&app, caller).await?)))
+}
+
+fn not_found(what: &str, key: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no {what} {key:?}"))
+}
+
+async fn agent(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
+    let state = read(&app, caller).await?;
+    let a = views::find_agent(&state, &id).ok_or_else(|| not_found("agent", &id))?;
+    let tasks = state["tasks"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    Ok(Json(views::agent(a, tasks)))
+}
+
+async fn frameworks(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    let state = read(&app, caller).await?;
+    Ok(Json(serde_json::json!({
+        "frameworks": state["frameworks"],
+        "completed_frameworks": state["completed_frameworks"],
+    })))
+}
+
+async fn framework(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
+    let state = read(&app, caller).await?;
+    views::find_framework(&state, &id)
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| not_found("framework", &id))
+}
+
+async fn tasks(
+    State(app): State<App>,
+    caller: CallerExt,
+    query: Result<Query<views::TaskQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    Ok(Json(views::tasks(&read(&app, caller).await?, &q)))
+}
+
+async fn roles(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    Ok(Json(views::roles(&read(&app, caller).await?)))
+}
+
+async fn offers(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    Ok(Json(read(&app, caller).await?["offers"].take()))
+}
+
+async fn quotas(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    Ok(Json(views::quotas(&read(&app, caller).await?)))
+}
+
+async fn weights(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    Ok(Json(views::weights(&read(&app, caller).await?)))
+}
+
+async fn maintenance(State(app): State<App>, caller: CallerExt) -> ApiResult {
+    Ok(Json(views::maintenance(&read(&app, caller).await?)))
+}
+
+/// The id of the agent named by `key` (an id, or a name the master knows).
+async fn agent_id(app: &App, key: &str) -> Result<AgentId, ApiError> {
+    if let Ok(id) = key.parse() {
+        return Ok(id);
+    }
+    let state = app.state().await?;
+    views::find_agent(&state, key)
+        .and_then(|a| a["id"].as_str())
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| not_found("agent", key))
+}
+
+/// The id of the framework named by `key` (an id, or a name only one framework has).
+async fn framework_id(app: &App, key: &str) -> Result<FrameworkId, ApiError> {
+    if let Ok(id) = key.parse() {
+        return Ok(id);
+    }
+    let state = app.state().await?;
+    views::find_framework(&state, key)
+        .and_then(|f| f["id"].as_str())
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| not_found("framework (or more than one has that name)", key))
+}
+
+/// `POST /api/v1/agents/{id}/reserve` (and `unreserve`) with
+/// `{"role": "eng", "resources": "cpus:2;gpus:1"}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReserveRequest {
+    role: String,
+    resources: String,
+}
+
+async fn reservation(
+    app: App,
+    caller: CallerExt,
+    key: String,
+    body: Bytes,
+    reserve: bool,
+) -> ApiResult {
+    let action = if reserve {
+        OperatorAction::Reserve
+    } else {
+        OperatorAction::Unreserve
+    };
+    let who = app.may_write(&caller_of(caller), action)?;
+    let req: ReserveRequest = parse_json(&body)?;
+    let resources: Resources = req
+        .resources
+        .parse()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("resources: {e}")))?;
+    let agent_id = agent_id(&app, &key).await?;
+    let cmd = if reserve {
+        OperatorCommand::Reserve {
+            agent_id,
+            role: req.role,
+            resources,
+        }
+    } else {
+        OperatorCommand::Unreserve {
+            agent_id,
+            role: req.role,
+            resources,
+        }
+    };
+    operator(&app, who, cmd).await
+}
+
+async fn reserve(
+    State(app): State<App>,
+    caller: CallerExt,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    reservation(app, caller, id, body, true).await
+}
+
+async fn unreserve(
+    State(app): State<App>,
+    caller: CallerExt,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    reservation(app, caller, id, body, false).await
+}
+
+/// A write on one agent with no body: checks the grant, resolves the agent, runs `cmd`.
+async fn agent_command(
+    app: App,
+    caller: CallerExt,
+    key: String,
+    action: OperatorAction,
+    cmd: fn(AgentId) -> OperatorCommand,
+) -> ApiResult {
+    let who = app.may_write(&caller_of(caller), action)?;
+    let id = agent_id(&app, &key).await?;
+    operator(&app, who, cmd(id)).await
+}
+
+async fn deactivate(
+    State(app): State<App>,
+    caller: CallerExt,
+    Path(id): Path<String>,
+) -> ApiResult {
+    agent_command(app, caller, id, OperatorAction::Deactivate, |agent_id| {
+        OperatorCommand::DeactivateAgent { agent_id }
+    })
+    .await
+}
+
+async fn reactivate(
+    State(app): State<App>,
+    caller: CallerExt,
+    Path(id): Path<String>,
+) -> ApiResult {
+    agent_command(app, caller, id, OperatorAction::Reactivate, |agent_id| {
+        OperatorCommand::ReactivateAgent { agent_id }
+    })
+    .await
+}
+
+async fn mark_gone(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
+    agent_command(app, caller, id, OperatorAction::MarkGone, |agent_id| {
+        OperatorCommand::MarkAgentGone { agent_id }
+    })
+    .await
+}
+
+async fn clear_gpu(
+    State(app): State<App>,
+    caller: CallerExt,
+    Path((id, uuid)): Path<(String, String)>,
+) -> ApiResult {
+    let who = app.may_write(&caller_of(caller), OperatorAction::ClearGpu)?;
+    let agent_id = agent_id(&app, &id).await?;
+    operator(&app, who, OperatorCommand::ClearGpu { agent_id, uuid }).await
+}
+
+async fn teardown(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
+    let who = app.may_write(&caller_of(caller), OperatorAction::Teardown)?;
+    let framework_id = framework_id(&app, &id).await?;
+    operator(&app, who, OperatorCommand::Teardown { framework_id }).await
+}
+
+/// `GET /api/v1/events`: server-sent events, a snapshot first (see the module docs).
+async fn events(State(app): State<App>, caller: CallerExt) -> Result<impl IntoResponse, ApiError> {
+    app.may_read(&caller_of(caller))?;
+    // Subscribe before the snapshot: nothing between the two is missed.
+    let rx = app.shell.events.subscribe();
+    let state = app.state().await?;
+    let snapshot = serde_json::json!({"type": "snapshot", "state": state}).to_string();
+    let stream = event_stream(snapshot, rx);
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+type Events = tokio::sync::broadcast::Receiver<std::sync::Arc<str>>;
+
+/// The data of each event a subscriber is sent: the snapshot, then the broadcast events until
+/// the subscriber falls behind the buffer (then one `dropped` and the end) or the master stops.
+fn event_data(
+    snapshot: String,
+    rx: Events,
+) -> impl futures_util::Stream<Item = String> + Send + 'static {
+    enum Step {
+        Snapshot(String, Events),
+        Live(Events),
+        Done,
+    }
+    futures_util::stream::unfold(Step::Snapshot(snapshot, rx), |step| async move {
+        use tokio::sync::broadcast::error::RecvError;
+        match step {
+            Step::Snapshot(s, rx) => Some((s, Step::Live(rx))),
+            Step::Live(mut rx) => match rx.recv().await {
+                Ok(e) => Some((e.to_string(), Step::Live(rx))),
+                Err(RecvError::Lagged(n)) => {
+                    tracing::info!(missed = n, "event stream subscriber fell behind; dropped");
+                    let msg = serde_json::json!({
+                        "type": "dropped",
+                        "message": format!("this subscriber fell {n} events behind; reconnect for a new snapshot"),
+                    });
+                    Some((msg.to_string(), Step::Done))
+                }
+                Err(RecvError::Closed) => None,
+            },
+            Step::Done => None,
+        }
+    })
+}
+
+fn event_stream(
+    snapshot: String,
+    rx: Events,
+) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    use futures_util::StreamExt;
+    event_data(snapshot, rx).map(|d| Ok(Event::default().data(d)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+
+    #[tokio::test]
+    async fn a_subscriber_gets_the_snapshot_then_events_in_order() {
+        let (tx, rx) = tokio::sync::broadcast::channel(8);
+        tx.send("{\"n\":1}".into()).unwrap();
+        tx.send("{\"n\":2}".into()).unwrap();
+        drop(tx);
+        let got: Vec<String> = event_data("snap".into(), rx).collect().await;
+        assert_eq!(got, ["snap", "{\"n\":1}", "{\"n\":2}"]);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_dropped_without_holding_the_sender() {
+        let (tx, rx) = tokio::sync::broadcast::channel(4);
+        // The sender never waits: it overwrites what the slow subscriber did not read.
+        for i in 0..100 {
+            tx.send(format!("{{\"n\":{i}}}").into()).unwrap();
+        }
+        let got: Vec<String> = event_data("snap".into(), rx).collect().await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], "snap");
+        let last: Value = serde_json::from_str(&got[1]).unwrap();
+        assert_eq!(last["type"], "dropped");
+        assert!(last["message"]
+            .as_str()
+            .unwrap()
+            .contains("96 events behind"));
+    }
+}

@@ -1,0 +1,437 @@
+//! The web dashboard at `/ui`: server-rendered HTML (no JavaScript build toolchain) with a
+//! small vendored script (`app.js`, `include_str!`) that follows the event stream and
+//! re-renders, and a chart of the roles' dominant shares over time.
+//!
+//! ```text
+//! GET  /ui            the page (overview, roles + share chart, frameworks, agents with
+//!                     per-GPU utilization/health/drain state, tasks); 303 to /ui/login when
+//!                     the browser is not authenticated
+//! GET  /ui/fragment   the tables alone (what app.js swaps in on each event)
+//! GET  /ui/login      the login form; POST it a token (form field `token`). `?token=TOKEN`
+//!                     logs in too (for scripts and headless browsers: the token then shows
+//!                     in the browser history, prefer the form)
+//! GET  /ui/logout     forgets the login
+//! GET  /ui/app.js, /ui/style.css
+//! ```
+//!
+//! Authentication is the operator API's: an operator certificate in the browser, or a token
+//! from `--operator-tokens` kept in the `gantry_token` cookie (HttpOnly, Secure,
+//! SameSite=Strict) which authenticates reads only. The dashboard only reads.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::Value;
+
+use super::api::views;
+use super::http::{caller_of, ApiError, App, Caller, TOKEN_COOKIE};
+
+const APP_JS: &str = include_str!("app.js");
+const STYLE_CSS: &str = include_str!("style.css");
+/// How long a dashboard login lasts.
+const LOGIN_SECONDS: u64 = 12 * 3600;
+/// Completed tasks shown (newest first).
+const COMPLETED_SHOWN: usize = 20;
+
+type CallerExt = Option<axum::Extension<Caller>>;
+
+/// The `/ui` routes (merged into the operator API's router).
+pub(super) fn routes() -> Router<App> {
+    Router::new()
+        .route("/ui", get(page))
+        .route("/ui/", get(page))
+        .route("/ui/fragment", get(fragment))
+        .route("/ui/login", get(login_page).post(login_form))
+        .route("/ui/logout", get(logout))
+        .route(
+            "/ui/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/ui/style.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
+        )
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn see_other(to: &'static str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+}
+
+async fn page(State(app): State<App>, caller: CallerExt) -> Result<Response, ApiError> {
+    if app.may_read(&caller_of(caller)).is_err() {
+        return Ok(see_other("/ui/login"));
+    }
+    let state = app.state().await?;
+    Ok(Html(render_page(&state)).into_response())
+}
+
+async fn fragment(State(app): State<App>, caller: CallerExt) -> Result<Response, ApiError> {
+    app.may_read(&caller_of(caller))?;
+    let state = app.state().await?;
+    Ok(Html(render_main(&state)).into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct LoginQuery {
+    token: Option<String>,
+}
+
+async fn login_page(
+    State(app): State<App>,
+    query: Result<Query<LoginQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    match query.ok().and_then(|q| q.0.token) {
+        Some(token) => log_in(&app, &token),
+        None => Html(render_login(None)).into_response(),
+    }
+}
+
+async fn login_form(State(app): State<App>, body: Bytes) -> Response {
+    let token = form_urlencoded::parse(&body)
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    log_in(&app, &token)
+}
+
+/// Sets the login cookie for a valid token and sends the browser to the dashboard.
+fn log_in(app: &App, token: &str) -> Response {
+    let token = token.trim();
+    // Tokens are URL-safe; anything else could not be a cookie value anyway.
+    let plausible = !token.is_empty()
+        && token.len() <= 256
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.~+/=".contains(&b));
+    match plausible.then(|| app.tokens.verify(token)).flatten() {
+        Some(name) => {
+            tracing::info!(operator = %name, "dashboard login");
+            let cookie = format!(
+                "{TOKEN_COOKIE}={token}; Path=/; Max-Age={LOGIN_SECONDS}; HttpOnly; Secure; SameSite=Strict"
+            );
+            let mut resp = see_other("/ui");
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
+                resp.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            resp
+        }
+        None => (
+            StatusCode::UNAUTHORIZED,
+            Html(render_login(Some("unknown token"))),
+        )
+            .into_response(),
+    }
+}
+
+async fn logout() -> Response {
+    let mut resp = see_other("/ui/login");
+    resp.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static(
+            "gantry_token=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict",
+        ),
+    );
+    resp
+}
+
+/// HTML-escapes text for element content and quoted attributes.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => esc(s),
+        Value::Null => "-".into(),
+        other => esc(&other.to_string()),
+    }
+}
+
+/// `cpus:2;mem:1024` from a resources object.
+fn res(v: &Value) -> String {
+    match v.as_object() {
+        Some(m) if !m.is_empty() => esc(&m
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect::<Vec<_>>()
+            .join(";")),
+        _ => "-".into(),
+    }
+}
+
+fn arr(v: &Value) -> &[Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn short(id: &Value) -> String {
+    esc(&id
+        .as_str()
+        .unwrap_or("-")
+        .chars()
+        .take(8)
+        .collect::<String>())
+}
+
+fn share_bar(share: f64) -> String {
+    let w = (share.clamp(0.0, 1.0) * 120.0).round();
+    format!("<span class=\"bar\" style=\"width:{w}px\"></span> {share:.3}")
+}
+
+fn render_login(error: Option<&str>) -> String {
+    let err = error
+        .map(|e| format!("<p class=\"bad\">{}</p>", esc(e)))
+        .unwrap_or_default();
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Gantry login</title>\
+         <link rel=\"stylesheet\" href=\"/ui/style.css\"></head><body>\
+         <form class=\"login\" method=\"post\" action=\"/ui/login\"><h2>Gantry dashboard</h2>{err}\
+         <label>Operator token (<code>gantryctl token create NAME</code>)\
+         <input type=\"password\" name=\"token\" autocomplete=\"off\" autofocus></label>\
+         <button type=\"submit\">Log in</button>\
+         <p class=\"muted\">A browser with an operator certificate needs no token.</p></form></body></html>"
+    )
+}
+
+/// The whole page: header, the share chart and event log (kept across refreshes), and the
+/// tables in `<main id="main">`.
+pub fn render_page(state: &Value) -> String {
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Gantry</title>\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <link rel=\"stylesheet\" href=\"/ui/style.css\"></head><body data-live=\"connecting\">\
+         <header><h1>Gantry</h1><span>epoch {epoch}</span><span>{leader}</span>\
+         <a href=\"/ui/logout\" style=\"color:#9ab\">log out</a>\
+         <span id=\"live\" class=\"live\">connecting</span></header>\
+         <div class=\"side\"><section><h2>Dominant shares over time</h2>\
+         <svg id=\"shares\" role=\"img\" aria-label=\"role dominant shares over time\"></svg></section></div>\
+         <main id=\"main\">{main}</main>\
+         <div class=\"side\"><section><h2>Events</h2><ul id=\"events\"></ul></section></div>\
+         <script src=\"/ui/app.js\"></script></body></html>",
+        epoch = text(&state["epoch"]),
+        leader = if state["leader"] == true {
+            "leader"
+        } else {
+            "not leading"
+        },
+        main = render_main(state),
+    )
+}
+
+/// The tables: overview, roles, frameworks, agents with their GPUs, tasks.
+pub fn render_main(state: &Value) -> String {
+    let mut h = String::new();
+    let s = views::summary(state);
+    let by_state = s["tasks"]["by_state"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{}&nbsp;{}", esc(k), text(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    h.push_str(&format!(
+        "<section id=\"overview\"><h2>Overview</h2><div class=\"cards\">\
+         <div class=\"card\">agents<b id=\"agents-connected\">{}/{}</b>connected</div>\
+         <div class=\"card\">GPUs<b id=\"gpus-total\">{}</b><span class=\"{}\">{} unhealthy</span></div>\
+         <div class=\"card\">frameworks<b>{}</b>{} connected</div>\
+         <div class=\"card\">tasks<b id=\"tasks-active\">{}</b>{}</div>\
+         <div class=\"card\">offers<b>{}</b>outstanding</div></div>\
+         <p class=\"muted\">resources used {} of {}</p></section>",
+        text(&s["agents"]["connected"]),
+        text(&s["agents"]["total"]),
+        text(&s["gpus"]["total"]),
+        if s["gpus"]["unhealthy"] == 0 { "muted" } else { "bad" },
+        text(&s["gpus"]["unhealthy"]),
+        text(&s["frameworks"]["active"]),
+        text(&s["frameworks"]["connected"]),
+        text(&s["tasks"]["active"]),
+        if by_state.is_empty() { "none".into() } else { by_state },
+        text(&s["offers"]["outstanding"]),
+        res(&s["resources"]["used"]),
+        res(&s["resources"]["total"]),
+    ));
+
+    h.push_str("<section id=\"roles\"><h2>Roles</h2><table><tr><th>role</th><th>dominant share (÷ weight)</th><th>weight</th><th>allocated</th><th>quota guarantee</th><th>quota limit</th></tr>");
+    for r in arr(&s["roles"]) {
+        h.push_str(&format!(
+            "<tr class=\"role\" data-name=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            text(&r["name"]),
+            text(&r["name"]),
+            share_bar(r["dominant_share"].as_f64().unwrap_or(0.0)),
+            text(&r["weight"]),
+            res(&r["allocated"]),
+            res(&r["quota"]["guarantee"]),
+            res(&r["quota"]["limit"]),
+        ));
+    }
+    h.push_str("</table></section>");
+
+    h.push_str("<section id=\"frameworks\"><h2>Frameworks</h2><table><tr><th>name</th><th>id</th><th>principal</th><th>roles</th><th>dominant share</th><th>active tasks</th><th>allocated</th><th>connected</th></tr>");
+    for f in arr(&state["frameworks"]) {
+        let roles: Vec<String> = arr(&f["roles"]).iter().map(text).collect();
+        h.push_str(&format!(
+            "<tr class=\"framework\" data-id=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            text(&f["id"]),
+            text(&f["name"]),
+            short(&f["id"]),
+            text(&f["principal"]),
+            roles.join(", "),
+            share_bar(f["dominant_share"].as_f64().unwrap_or(0.0)),
+            text(&f["active_tasks"]),
+            res(&f["allocated"]),
+            if f["connected"] == true { "<span class=\"ok\">yes</span>" } else { "<span class=\"bad\">no</span>" },
+        ));
+    }
+    h.push_str("</table></section>");
+
+    h.push_str("<section id=\"agents\"><h2>Agents</h2><table><tr><th>agent</th><th>host</th><th>status</th><th>drain</th><th>total</th><th>used</th><th>offered</th></tr>");
+    for a in arr(&views::agents(state)) {
+        let status = match (a["connected"] == true, a["active"] != false) {
+            (true, true) => "<span class=\"ok\">connected</span>",
+            (true, false) => "<span class=\"bad\">deactivated</span>",
+            (false, _) => "<span class=\"bad\">disconnected</span>",
+        };
+        let drain = match &a["drain"] {
+            Value::Null => "-".to_string(),
+            Value::Object(d) => text(d.get("state").unwrap_or(&Value::Null)),
+            other => text(other),
+        };
+        h.push_str(&format!(
+            "<tr class=\"agent\" data-name=\"{}\"><td><b>{}</b></td><td>{}</td><td>{status}</td><td class=\"drain\">{drain}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            text(&a["name"]),
+            text(&a["name"]),
+            text(&a["hostname"]),
+            res(&a["total"]),
+            res(&a["used"]),
+            res(&a["offered"]),
+        ));
+        let gpus = arr(&a["gpus"]);
+        if !gpus.is_empty() {
+            h.push_str("<tr class=\"gpu-head\"><td></td><td colspan=\"6\"><table><tr><th>GPU</th><th>model</th><th>memory</th><th>util</th><th>memory used</th><th>temp</th><th>power</th><th>health</th><th>task</th></tr>");
+            for g in gpus {
+                let smp = &g["sample"];
+                let util = smp["util_percent"]
+                    .as_u64()
+                    .map(|u| format!("<span class=\"bar\" style=\"width:{u}px\"></span> {u}%"))
+                    .unwrap_or_else(|| "-".into());
+                let mem_used = smp["mem_used_bytes"]
+                    .as_u64()
+                    .map(|b| format!("{} MiB", b >> 20))
+                    .unwrap_or_else(|| "-".into());
+                let tasks: Vec<String> =
+                    arr(&g["tasks"]).iter().map(|t| text(&t["name"])).collect();
+                h.push_str(&format!(
+                    "<tr class=\"gpu\" data-uuid=\"{}\" data-healthy=\"{}\"><td>{}</td><td>{}</td><td>{} MiB</td><td class=\"util\">{util}</td><td>{mem_used}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"gpu-task\">{}</td></tr>",
+                    text(&g["uuid"]),
+                    g["healthy"] == true,
+                    text(&g["uuid"]),
+                    text(&g["name"]),
+                    text(&g["memory_mib"]),
+                    smp["temperature_c"].as_u64().map(|t| format!("{t} °C")).unwrap_or_else(|| "-".into()),
+                    smp["power_mw"].as_u64().map(|p| format!("{:.0} W", p as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
+                    if g["healthy"] == true { "<span class=\"ok\">healthy</span>" } else { "<span class=\"bad\">unhealthy</span>" },
+                    if tasks.is_empty() { "-".into() } else { tasks.join(", ") },
+                ));
+            }
+            h.push_str("</table></td></tr>");
+        }
+    }
+    h.push_str("</table></section>");
+
+    h.push_str("<section id=\"tasks\"><h2>Tasks</h2><table><tr><th>task</th><th>state</th><th>reason</th><th>framework</th><th>agent</th><th>role</th><th>resources</th><th>GPUs</th><th>message</th></tr>");
+    let agent_names: std::collections::HashMap<&str, &str> = arr(&state["agents"])
+        .iter()
+        .filter_map(|a| Some((a["id"].as_str()?, a["name"].as_str()?)))
+        .collect();
+    let completed = arr(&state["completed_tasks"]);
+    let shown = arr(&state["tasks"])
+        .iter()
+        .chain(completed.iter().rev().take(COMPLETED_SHOWN));
+    for t in shown {
+        let st = t["state"].as_str().unwrap_or("-");
+        let agent = t["agent_id"]
+            .as_str()
+            .and_then(|id| agent_names.get(id).copied())
+            .map(esc)
+            .unwrap_or_else(|| short(&t["agent_id"]));
+        // GPU UUIDs share their prefix: show their ends.
+        let gpus: Vec<String> = arr(&t["gpus"])
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|u| esc(&u[u.len().saturating_sub(8)..]))
+            .collect();
+        h.push_str(&format!(
+            "<tr class=\"task\" data-id=\"{}\" data-state=\"{}\"><td>{}</td><td class=\"state-{}\">{}</td><td>{}</td><td>{}</td><td>{agent}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            text(&t["id"]),
+            esc(st),
+            text(&t["name"]),
+            esc(st),
+            esc(st),
+            text(&t["reason"]),
+            short(&t["framework_id"]),
+            text(&t["role"]),
+            res(&t["resources"]),
+            if gpus.is_empty() { "-".into() } else { gpus.join(" ") },
+            text(&t["message"]),
+        ));
+    }
+    h.push_str("</table></section>");
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pages_escape_what_peers_control() {
+        let state = json!({
+            "leader": true, "epoch": 1,
+            "agents": [{"id": "a1", "name": "<script>x</script>", "connected": true, "active": true,
+                        "hostname": "h\"", "total": {"gpus": 1.0}, "used": {}, "offered": {},
+                        "gpus": [{"uuid": "GPU-1", "name": "A100", "memory_mib": 40960, "healthy": false}],
+                        "gpu_samples": [{"uuid": "GPU-1", "util_percent": 87, "mem_used_bytes": 1048576,
+                                         "temperature_c": 60, "power_mw": 250000}]}],
+            "frameworks": [],
+            "tasks": [{"id": "t1", "name": "<b>train</b>", "state": "RUNNING", "framework_id": "f1",
+                       "agent_id": "a1", "gpus": ["GPU-1"], "resources": {"gpus": 1.0}, "message": "&"}],
+            "completed_tasks": [], "completed_frameworks": [], "offers": [],
+            "allocator": {"roles": {}}
+        });
+        let html = render_page(&state);
+        assert!(!html.contains("<script>x</script>"));
+        assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
+        assert!(!html.contains("<b>train</b>"));
+        assert!(html.contains("data-uuid=\"GPU-1\" data-healthy=\"false\""));
+        assert!(html.contains("87%"));
+        assert!(html.contains("class=\"gpu-task\">&lt;b&gt;train&lt;/b&gt;"));
+        assert!(html.contains("data-state=\"RUNNING\""));
+    }
+}

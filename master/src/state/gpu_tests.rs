@@ -1,0 +1,337 @@
+//! Unit tests of GPU sharing in the state machine ([`super::gpus`]): fractions share a GPU up
+//! to one whole GPU, offers show each GPU's free fraction, MIG devices go to tasks naming their
+//! profile, whole-GPU tasks keep idle GPUs.
+
+use super::*;
+
+const A: ConnId = 11;
+const F: ConnId = 12;
+
+fn gpu(i: u32) -> GpuInfo {
+    GpuInfo {
+        uuid: format!("GPU-{i}"),
+        name: "NVIDIA A100".into(),
+        memory_mib: 40_000,
+        compute_capability: (8, 0),
+        minor: i,
+        pci_bus_id: format!("00000000:0{i}:00.0"),
+        numa_node: Some(0),
+        healthy: true,
+        mig_profile: None,
+        parent_uuid: None,
+    }
+}
+
+fn mig(i: u32) -> GpuInfo {
+    GpuInfo {
+        uuid: format!("MIG-{i}"),
+        name: "NVIDIA A100 MIG 1g.10gb".into(),
+        memory_mib: 9_856,
+        mig_profile: Some("1g.10gb".into()),
+        parent_uuid: Some("GPU-9".into()),
+        ..gpu(9)
+    }
+}
+
+/// Per launch (task, GPUs the master chose), the error texts, the new offers.
+type Launched = (Vec<(TaskId, Vec<String>)>, Vec<String>, Vec<Offer>);
+
+struct H {
+    m: Master,
+    fw: Option<FrameworkId>,
+}
+
+impl H {
+    /// A master with one agent (`gpus` devices, `gpus:` = their count) and one GPU framework.
+    fn new(gpus: Vec<GpuInfo>) -> (H, Vec<Offer>) {
+        let mut h = H {
+            m: Master::new(
+                MasterConfig {
+                    allocation_min_gap_ms: 0,
+                    ..MasterConfig::default()
+                },
+                7,
+            ),
+            fw: None,
+        };
+        h.input(Input::AgentConnected {
+            conn: A,
+            name: "gpu-agent".into(),
+            address: "127.0.0.1:1".into(),
+        });
+        h.input(Input::Agent {
+            conn: A,
+            msg: AgentToMaster::Register {
+                agent_id: None,
+                hostname: "h".into(),
+                resources: format!("cpus:16;mem:16384;gpus:{}", gpus.len())
+                    .parse()
+                    .unwrap(),
+                reserved: Default::default(),
+                attributes: Default::default(),
+                gpus,
+                running_tasks: vec![],
+                pending_updates: vec![],
+                task_user: "nobody".into(),
+            },
+        });
+        h.input(Input::FrameworkConnected {
+            conn: F,
+            principal: "f".into(),
+        });
+        let out = h.input(Input::Framework {
+            conn: F,
+            msg: FrameworkToMaster::Subscribe(FrameworkInfo {
+                framework_id: None,
+                name: "f".into(),
+                roles: vec!["r".into()],
+                capabilities: vec![Capability::GpuResources],
+                failover_timeout_secs: 10.0,
+            }),
+        });
+        h.fw = out.iter().find_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Subscribed { framework_id, .. }) => {
+                Some(*framework_id)
+            }
+            _ => None,
+        });
+        let offers = offers(&out);
+        (h, offers)
+    }
+
+    fn input(&mut self, i: Input) -> Vec<Output> {
+        let mut out = self.m.handle(i, 0);
+        if self.m.allocation_due(0) {
+            self.m.allocate(0, &mut out);
+        }
+        out
+    }
+
+    /// Accepts `offer` with `tasks`; returns (task, GPUs chosen by the master) per launch and
+    /// the error texts, and the new offers.
+    fn launch(&mut self, offer: OfferId, tasks: Vec<TaskInfo>) -> Launched {
+        let out = self.input(Input::Framework {
+            conn: F,
+            msg: FrameworkToMaster::Accept {
+                offer_ids: vec![offer],
+                operations: vec![Operation::Launch { tasks }],
+                refuse_seconds: Some(0.0),
+            },
+        });
+        let launched = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::ToAgent(_, MasterToAgent::RunTask { task, gpus, .. }) => {
+                    Some((task.task_id, gpus.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let errors = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::ToFramework(_, MasterToFramework::Error { message, .. }) => {
+                    Some(message.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        (launched, errors, offers(&out))
+    }
+
+    fn revive(&mut self) -> Vec<Offer> {
+        let out = self.input(Input::Framework {
+            conn: F,
+            msg: FrameworkToMaster::Revive { roles: vec![] },
+        });
+        offers(&out)
+    }
+}
+
+fn offers(out: &[Output]) -> Vec<Offer> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Offers(v)) => Some(v.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn task(r: &str) -> TaskInfo {
+    TaskInfo {
+        task_id: TaskId::random(),
+        name: "t".into(),
+        command: "true".into(),
+        resources: r.parse().unwrap(),
+        env: Default::default(),
+        kill_grace_secs: None,
+        gpu_selector: None,
+    }
+}
+
+#[test]
+fn fractions_share_one_gpu_and_never_overfill_it() {
+    let (mut h, offers) = H::new(vec![gpu(0), gpu(1)]);
+    assert_eq!(offers.len(), 1);
+    let o = &offers[0];
+    assert_eq!(o.gpu_free.len(), 2);
+    assert!(o.gpu_free.iter().all(|g| g.free_milli == 1000));
+    assert_eq!(o.gpu_free[0].free_memory_mib, 40_000);
+    // Two halves and a quarter: the halves fill one GPU (the tightest fit), the quarter goes
+    // to the other; a 0.8 does not fit anywhere any more.
+    let (launched, errors, _) = h.launch(
+        o.id,
+        vec![
+            task("cpus:1;mem:10;gpus:0.5"),
+            task("cpus:1;mem:10;gpus:0.5"),
+            task("cpus:1;mem:10;gpus:0.25"),
+            task("cpus:1;mem:10;gpus:0.8"),
+        ],
+    );
+    assert_eq!(launched.len(), 3, "{errors:?}");
+    assert_eq!(launched[0].1, launched[1].1, "the halves share a GPU");
+    assert_eq!(launched[0].1.len(), 1);
+    assert_ne!(launched[2].1, launched[0].1);
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].contains("800 milli-GPUs free"), "{errors:?}");
+    // The offer shows what is left of each GPU: 0 and 750 milli-GPUs.
+    let offers = h.revive();
+    let free: BTreeMap<String, u32> = offers[0]
+        .gpu_free
+        .iter()
+        .map(|g| (g.uuid.clone(), g.free_milli))
+        .collect();
+    assert_eq!(free[&launched[0].1[0]], 0);
+    assert_eq!(free[&launched[2].1[0]], 750);
+    let quarter_gpu = offers[0]
+        .gpu_free
+        .iter()
+        .find(|g| g.uuid == launched[2].1[0])
+        .unwrap();
+    assert_eq!(quarter_gpu.free_memory_mib, 30_000);
+    // A whole GPU no longer fits (no idle GPU) although 0.75 GPUs are free in total.
+    let (launched2, errors, _) = h.launch(offers[0].id, vec![task("cpus:1;gpus:1")]);
+    assert!(launched2.is_empty());
+    assert!(errors[0].contains("0 idle GPUs"), "{errors:?}");
+    // The allocator's scalar is exact: 2 - 1.25 = 0.75 GPUs left.
+    let offers = h.revive();
+    assert_eq!(offers[0].resources.milli("gpus"), 750);
+}
+
+#[test]
+fn whole_gpus_being_launched_keep_their_idle_gpus() {
+    let (mut h, offers) = H::new(vec![gpu(0), gpu(1)]);
+    // A whole GPU (the agent picks it) then a fraction: the fraction may use only the other.
+    let (launched, errors, _) = h.launch(
+        offers[0].id,
+        vec![
+            task("cpus:1;gpus:1"),
+            task("cpus:1;gpus:0.5"),
+            task("cpus:1;gpus:0.6"),
+        ],
+    );
+    assert_eq!(launched.len(), 2, "{errors:?}");
+    assert!(
+        launched[0].1.is_empty(),
+        "whole GPUs are the agent's choice"
+    );
+    assert_eq!(launched[1].1.len(), 1);
+    assert!(errors[0].contains("600 milli-GPUs"), "{errors:?}");
+}
+
+#[test]
+fn gpus_above_one_must_be_whole_and_mig_needs_its_profile() {
+    let (mut h, offers) = H::new(vec![gpu(0), mig(1), mig(2)]);
+    let (launched, errors, _) = h.launch(offers[0].id, vec![task("cpus:1;gpus:1.5")]);
+    assert!(launched.is_empty());
+    assert!(errors[0].contains("whole number"), "{errors:?}");
+    let offers = h.revive();
+    let mut slice = task("cpus:1;gpus:1");
+    slice.gpu_selector = Some(GpuSelector {
+        mig_profile: Some("1g.10gb".into()),
+        ..GpuSelector::default()
+    });
+    let mut two_slices = slice.clone();
+    two_slices.task_id = TaskId::random();
+    two_slices.resources = "cpus:1;gpus:2".parse().unwrap();
+    let mut wrong = slice.clone();
+    wrong.task_id = TaskId::random();
+    wrong.gpu_selector = Some(GpuSelector {
+        mig_profile: Some("3g.40gb".into()),
+        ..GpuSelector::default()
+    });
+    // Plain tasks never get MIG devices: two whole GPUs do not fit on one physical GPU, one
+    // does (the MIG slice being launched does not hold it).
+    let (launched, errors, _) = h.launch(
+        offers[0].id,
+        vec![
+            slice,
+            two_slices,
+            wrong,
+            task("cpus:1;gpus:2"),
+            task("cpus:1;gpus:1"),
+        ],
+    );
+    assert_eq!(launched.len(), 2, "{errors:?}");
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(errors
+        .iter()
+        .all(|e| e.contains("matching") || e.contains("idle GPUs")));
+}
+
+#[test]
+fn fractions_keep_whole_gpus_idle() {
+    // A quarter, a half and a quarter: one GPU, the other stays idle for a whole-GPU task
+    // (FGD with only the half in its mix would spread them).
+    let (mut h, offers) = H::new(vec![gpu(0), gpu(1)]);
+    let (launched, errors, _) = h.launch(
+        offers[0].id,
+        vec![
+            task("cpus:1;gpus:0.25"),
+            task("cpus:1;gpus:0.5"),
+            task("cpus:1;gpus:0.25"),
+            task("cpus:1;gpus:1"),
+        ],
+    );
+    assert_eq!(launched.len(), 4, "{errors:?}");
+    assert_eq!(launched[0].1, launched[1].1);
+    assert_eq!(launched[1].1, launched[2].1);
+}
+
+#[test]
+fn oversized_mig_fields_are_refused_at_registration() {
+    let mut m = Master::new(MasterConfig::default(), 7);
+    m.handle(
+        Input::AgentConnected {
+            conn: A,
+            name: "big-mig".into(),
+            address: "127.0.0.1:1".into(),
+        },
+        0,
+    );
+    let mut g = mig(1);
+    g.mig_profile = Some("x".repeat(register_limits::MAX_GPU_FIELD + 1));
+    let out = m.handle(
+        Input::Agent {
+            conn: A,
+            msg: AgentToMaster::Register {
+                agent_id: None,
+                hostname: "h".into(),
+                resources: "cpus:1;gpus:1".parse().unwrap(),
+                reserved: Default::default(),
+                attributes: Default::default(),
+                gpus: vec![g],
+                running_tasks: vec![],
+                pending_updates: vec![],
+                task_user: "nobody".into(),
+            },
+        },
+        0,
+    );
+    assert!(
+        out.iter().any(|o| matches!(o,
+            Output::ToAgent(_, MasterToAgent::Error { message }) if message.contains("MIG profile"))),
+        "{out:?}"
+    );
+}

@@ -1,0 +1,313 @@
+//! GPU sharing in the master (pure): which share of each GPU the tasks on an agent hold, what
+//! offers show as free per GPU, and which GPU a task asking for a fraction of one gets.
+//!
+//! A `gpus` amount below one is a fraction of one GPU (milli-GPU precision); from one up it is
+//! whole GPUs ([`GpuAmount`]). The allocator accounts the scalar exactly (milli-units); this
+//! module keeps the per-GPU side: fractions on one GPU sum to at most 1000 milli-GPUs, and a
+//! whole-GPU task only gets idle GPUs.
+//!
+//! The master chooses the GPU for a fraction at accept time with the same fragmentation-aware
+//! scoring as the SDK's placement helper ([`gantry_sdk::placement`], policy
+//! `--gpu-placement`, default `fgd-pack`), scored against the expected task mix: the shapes
+//! the frameworks declared in their demands, the GPU tasks live on the agent, the task itself
+//! and one whole GPU (so whole GPUs are not broken up while a partly used GPU has room), and
+//! sends the choice with `RunTask` (the agent checks
+//! it and falls back to its own choice when it no longer fits). Whole GPUs are left to the
+//! agent's topology-aware assignment, as before; the master learns them from the task's
+//! status updates. A task whose GPUs are not known yet (whole GPUs, not yet reported) holds
+//! its count of idle GPUs as "pending", which fractions may not take.
+
+use std::collections::BTreeMap;
+
+use gantry_sdk::placement::{
+    GpuDemand, ModelId, ModelSet, Models, Node, Placer, Policy, TaskShape, Workload, GPU_MILLI,
+};
+use gantry_sdk::protocol::{GpuAmount, GpuFree, GpuInfo, GpuSelector, TaskInfo};
+
+use super::{AgentId, Master};
+
+/// What the tasks of one agent hold of its GPUs.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct GpuLedger {
+    /// Milli-GPUs taken per GPU uuid (1000 = whole).
+    pub used: BTreeMap<String, u32>,
+    /// Whole GPUs of tasks whose GPUs the agent has not reported yet, with their selectors.
+    pub pending_whole: Vec<(u64, Option<GpuSelector>)>,
+}
+
+impl GpuLedger {
+    /// Milli-GPUs free on `uuid`.
+    pub fn free(&self, uuid: &str) -> u32 {
+        GPU_MILLI.saturating_sub(self.used.get(uuid).copied().unwrap_or(0))
+    }
+
+    /// Whole GPUs pending for tasks that could use one of `candidates`.
+    fn pending_on(&self, candidates: &[&GpuInfo]) -> u64 {
+        self.pending_whole
+            .iter()
+            .filter(|(_, sel)| {
+                candidates
+                    .iter()
+                    .any(|g| GpuSelector::admits(sel.as_ref(), g))
+            })
+            .map(|(k, _)| k)
+            .sum()
+    }
+
+    /// Records `milli` taken of `uuid`.
+    pub fn take(&mut self, uuid: &str, milli: u32) {
+        let v = self.used.entry(uuid.to_string()).or_insert(0);
+        *v = v.saturating_add(milli).min(GPU_MILLI);
+    }
+}
+
+impl Master {
+    /// What the live (non-terminal) tasks on `agent` hold of its GPUs.
+    pub(crate) fn gpu_ledger(&self, agent: AgentId) -> GpuLedger {
+        let mut ledger = GpuLedger::default();
+        let Some(a) = self.agents.get(&agent) else {
+            return ledger;
+        };
+        for t in a.tasks.iter().filter_map(|id| self.tasks.get(id)) {
+            if t.state.is_terminal() {
+                continue;
+            }
+            let Ok(amount) = t.info.resources.gpu_amount() else {
+                continue;
+            };
+            if amount == GpuAmount::None {
+                continue;
+            }
+            if t.gpus.is_empty() {
+                if let GpuAmount::Whole(k) = amount {
+                    ledger.pending_whole.push((k, t.info.gpu_selector.clone()));
+                }
+                continue;
+            }
+            for uuid in &t.gpus {
+                ledger.take(uuid, amount.per_gpu_milli());
+            }
+        }
+        ledger
+    }
+
+    /// Gives the allocator each GPU agent's free share per GPU, when some framework declared a
+    /// demand for fractions of one GPU (demand-aware splitting then counts a task's worth only
+    /// where one GPU has room; `allocator::gpus`). Without such a demand nothing is computed.
+    pub(crate) fn sync_gpu_views(&mut self) {
+        let fractional = self
+            .frameworks
+            .keys()
+            .filter_map(|f| self.allocator.demand(*f))
+            .any(|d| matches!(d.task.gpu_amount(), Ok(GpuAmount::Fraction(_))));
+        if !fractional {
+            return;
+        }
+        let views: Vec<(AgentId, Vec<u32>)> = self
+            .agents
+            .values()
+            .filter(|a| !a.gpus.is_empty())
+            .map(|a| {
+                let ledger = self.gpu_ledger(a.id);
+                let free = a
+                    .gpus
+                    .iter()
+                    .filter(|g| g.healthy && g.mig_profile.is_none())
+                    .map(|g| ledger.free(&g.uuid))
+                    .collect();
+                (a.id, free)
+            })
+            .collect();
+        for (id, free) in views {
+            self.allocator.set_agent_gpus(id, free);
+        }
+    }
+
+    /// Free share and memory of each healthy GPU of `agent`, for offers.
+    pub(crate) fn gpu_free(&self, agent: AgentId) -> Vec<GpuFree> {
+        let Some(a) = self.agents.get(&agent).filter(|a| !a.gpus.is_empty()) else {
+            return Vec::new();
+        };
+        let ledger = self.gpu_ledger(agent);
+        a.gpus
+            .iter()
+            .filter(|g| g.healthy)
+            .map(|g| {
+                let free = ledger.free(&g.uuid);
+                GpuFree {
+                    uuid: g.uuid.clone(),
+                    free_milli: free,
+                    free_memory_mib: g.memory_mib * u64::from(free) / u64::from(GPU_MILLI),
+                }
+            })
+            .collect()
+    }
+
+    /// The GPU for `task` when it asks for a fraction of one: `Ok(None)` for tasks without
+    /// GPUs or with whole GPUs (the agent picks those), `Err` when no admissible GPU of the
+    /// agent has room. `taken` is what earlier tasks of the same accept were given.
+    pub(crate) fn choose_fraction(
+        &self,
+        agent: AgentId,
+        task: &TaskInfo,
+        taken: &GpuLedger,
+    ) -> Result<Option<String>, String> {
+        let tid = task.task_id;
+        let amount = task
+            .resources
+            .gpu_amount()
+            .map_err(|e| format!("task {tid}: {e}"))?;
+        if amount == GpuAmount::None {
+            // CPU tasks cost nothing here (an accept may launch many).
+            return Ok(None);
+        }
+        let ledger = {
+            let mut l = self.gpu_ledger(agent);
+            for (uuid, milli) in &taken.used {
+                l.take(uuid, *milli);
+            }
+            l.pending_whole.extend(taken.pending_whole.iter().cloned());
+            l
+        };
+        let gpus: Vec<&GpuInfo> = self
+            .agents
+            .get(&agent)
+            .map(|a| a.gpus.iter().collect())
+            .unwrap_or_default();
+        let selector = task.gpu_selector.as_ref();
+        let candidates: Vec<&GpuInfo> = gpus
+            .iter()
+            .copied()
+            .filter(|g| g.healthy && GpuSelector::admits(selector, g))
+            .collect();
+        let milli = match amount {
+            GpuAmount::None => return Ok(None),
+            GpuAmount::Whole(k) => {
+                let idle = candidates
+                    .iter()
+                    .filter(|g| ledger.free(&g.uuid) == GPU_MILLI)
+                    .count() as u64;
+                let pending = ledger.pending_on(&candidates);
+                let needed = k + pending;
+                if idle < needed {
+                    return Err(format!(
+                        "task {tid}: asks for {k} whole GPUs{}; the agent has {idle} idle GPUs it may use{}",
+                        describe(selector),
+                        if pending > 0 {
+                            format!(", {pending} of them promised to tasks being launched")
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+                return Ok(None);
+            }
+            GpuAmount::Fraction(m) => m,
+        };
+        // Whole GPUs promised to launching tasks stay idle: a fraction may not take the last
+        // ones of them.
+        let idle = candidates
+            .iter()
+            .filter(|g| ledger.free(&g.uuid) == GPU_MILLI)
+            .count() as u64;
+        let pending = ledger.pending_on(&candidates);
+        // The GPUs the placement may consider: every admissible one except idle GPUs owed to
+        // whole-GPU tasks being launched (partly used ones count for the fragmentation measure
+        // even when the fraction does not fit them).
+        let usable: Vec<&GpuInfo> = candidates
+            .iter()
+            .copied()
+            .filter(|g| ledger.free(&g.uuid) < GPU_MILLI || idle > pending)
+            .collect();
+        if !usable.iter().any(|g| ledger.free(&g.uuid) >= milli) {
+            return Err(format!(
+                "task {tid}: no GPU{} on the agent has {} milli-GPUs free",
+                describe(selector),
+                milli
+            ));
+        }
+        let policy = self.config.gpu_placement;
+        let shape = TaskShape {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpu: GpuDemand::Fraction(milli),
+            models: ModelSet::ANY,
+        };
+        // The expected mix: what the frameworks declared, what runs on this agent, this task,
+        // and one whole GPU (keeping whole GPUs usable is always worth something).
+        let whole = TaskShape {
+            gpu: GpuDemand::Whole(1),
+            ..shape
+        };
+        let workload = Workload::new(
+            self.declared_gpu_shapes()
+                .into_iter()
+                .chain(self.agent_gpu_shapes(agent))
+                .chain([(shape, 1), (whole, 1)]),
+        );
+        let mut models = Models::new();
+        let model: ModelId = models.intern("gpu").map_err(|e| e.to_string())?;
+        let node = Node {
+            gpu_free: usable.iter().map(|g| ledger.free(&g.uuid)).collect(),
+            ..Node::idle(model, 0, 0, 0)
+        };
+        let chosen = Placer::new(vec![node], policy, workload, 0)
+            .ok()
+            .and_then(|mut p| p.choose(&shape))
+            .and_then(|p| p.gpus.first().map(|s| s.gpu))
+            .and_then(|i| usable.get(i))
+            .or_else(|| usable.iter().find(|g| ledger.free(&g.uuid) >= milli))
+            .map(|g| g.uuid.clone());
+        Ok(chosen)
+    }
+
+    /// GPU task shapes the frameworks declared (`Demand`), with their counts, as part of the
+    /// workload the fragmentation-aware policies score against.
+    fn declared_gpu_shapes(&self) -> Vec<(TaskShape, u64)> {
+        self.frameworks
+            .keys()
+            .filter_map(|f| self.allocator.demand(*f))
+            .filter_map(|d| Some((gpu_shape(&d.task)?, u64::from(d.count))))
+            .collect()
+    }
+
+    /// GPU task shapes of the live tasks on `agent` (each counted once).
+    fn agent_gpu_shapes(&self, agent: AgentId) -> Vec<(TaskShape, u64)> {
+        let Some(a) = self.agents.get(&agent) else {
+            return Vec::new();
+        };
+        a.tasks
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .filter(|t| !t.state.is_terminal())
+            .filter_map(|t| Some((gpu_shape(&t.info.resources)?, 1)))
+            .collect()
+    }
+}
+
+/// The placement shape of a task's GPU demand (CPU and memory are the allocator's business).
+fn gpu_shape(r: &gantry_sdk::protocol::Resources) -> Option<TaskShape> {
+    let gpu = match r.gpu_amount().ok()? {
+        GpuAmount::None => return None,
+        GpuAmount::Fraction(m) => GpuDemand::Fraction(m),
+        GpuAmount::Whole(k) => GpuDemand::Whole(u32::try_from(k).ok()?),
+    };
+    Some(TaskShape {
+        cpu_milli: 0,
+        memory_mib: 0,
+        gpu,
+        models: ModelSet::ANY,
+    })
+}
+
+fn describe(selector: Option<&GpuSelector>) -> String {
+    match selector {
+        Some(s) => format!(" matching {s:?}"),
+        None => String::new(),
+    }
+}
+
+/// Parses a `--gpu-placement` value.
+pub fn parse_policy(text: &str) -> Result<Policy, String> {
+    text.parse::<Policy>().map_err(|e| e.to_string())
+}

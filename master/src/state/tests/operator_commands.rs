@@ -1,0 +1,265 @@
+//! Operator commands of the `/api/v1` writes (reserve, deactivate, mark gone, teardown, GPU
+//! clears) and the events they and the peers cause (the harness is `tests/mod.rs`).
+
+use super::*;
+
+fn op(h: &mut Harness, cmd: OperatorCommand) -> Result<Vec<Output>, OperatorRejection> {
+    let mut out = h.m.operator_at(cmd, h.now)?;
+    if h.m.allocation_due(h.now) {
+        h.m.allocate(h.now, &mut out);
+    }
+    Ok(out)
+}
+
+fn tick(h: &mut Harness) -> Vec<Output> {
+    h.now += 2000;
+    h.input(Input::Tick)
+}
+
+#[test]
+fn deactivated_agents_are_not_offered_until_reactivated() {
+    let mut h = Harness::new();
+    let a = h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers1) = h.framework(F, "fw", "eng");
+    assert_eq!(offers1.len(), 1);
+    let out = op(&mut h, OperatorCommand::DeactivateAgent { agent_id: a }).unwrap();
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            Output::ToFramework(F, MasterToFramework::Rescind { offer_id }) if *offer_id == offers1[0].id
+        )),
+        "the outstanding offer is rescinded: {out:?}"
+    );
+    assert!(offers(&tick(&mut h), F).is_empty());
+    assert!(!h.m.view(h.now, 0).agents[0].active);
+    let out = op(&mut h, OperatorCommand::ReactivateAgent { agent_id: a }).unwrap();
+    let mut again = offers(&out, F);
+    again.extend(offers(&tick(&mut h), F));
+    assert_eq!(again.len(), 1, "offered again after reactivation");
+    let unknown = AgentId::random();
+    assert!(matches!(
+        op(
+            &mut h,
+            OperatorCommand::DeactivateAgent { agent_id: unknown }
+        ),
+        Err(OperatorRejection::NotFound(_))
+    ));
+}
+
+#[test]
+fn operator_reservations_persist_and_refuse_what_is_in_use() {
+    let mut h = Harness::new();
+    let a = h.agent(A, "a1", "cpus:4;mem:1024");
+    let (fw, offers1) = h.framework(F, "fw", "eng");
+    // A task holds 3 cpus: only 1 is left to reserve.
+    let t = task("cpus:3;mem:100");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers1[0].id, vec![t.clone()]),
+    });
+    let too_much = op(
+        &mut h,
+        OperatorCommand::Reserve {
+            agent_id: a,
+            role: "eng".into(),
+            resources: res("cpus:2"),
+        },
+    );
+    assert!(
+        matches!(too_much, Err(OperatorRejection::Conflict(_))),
+        "{too_much:?}"
+    );
+    let out = op(
+        &mut h,
+        OperatorCommand::Reserve {
+            agent_id: a,
+            role: "eng".into(),
+            resources: res("cpus:1"),
+        },
+    )
+    .unwrap();
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Output::Persist(Mutation::SetReservation(r)) if r.role == "eng" && r.resources == res("cpus:1")
+    )));
+    let v = h.m.view(h.now, 0);
+    assert_eq!(v.agents[0].reserved["eng"], res("cpus:1"));
+    // Unreserving more than was reserved is refused; the exact amount goes back.
+    assert!(op(
+        &mut h,
+        OperatorCommand::Unreserve {
+            agent_id: a,
+            role: "eng".into(),
+            resources: res("cpus:2"),
+        },
+    )
+    .is_err());
+    let out = op(
+        &mut h,
+        OperatorCommand::Unreserve {
+            agent_id: a,
+            role: "eng".into(),
+            resources: res("cpus:1"),
+        },
+    )
+    .unwrap();
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Output::Persist(Mutation::SetReservation(r)) if r.resources.is_empty()
+    )));
+    assert!(h.m.view(h.now, 0).agents[0].reserved.is_empty());
+    let _ = fw;
+}
+
+#[test]
+fn teardown_kills_the_tasks_and_mark_gone_loses_them() {
+    let mut h = Harness::new();
+    let a = h.agent(A, "a1", "cpus:4;mem:1024");
+    let (fw, offers1) = h.framework(F, "fw", "eng");
+    let t = task("cpus:1;mem:100");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers1[0].id, vec![t.clone()]),
+    });
+    h.m.take_events();
+    let out = op(&mut h, OperatorCommand::Teardown { framework_id: fw }).unwrap();
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Output::ToAgent(A, MasterToAgent::KillTask { task_id, .. }) if *task_id == t.task_id
+    )));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Persist(Mutation::RemoveFramework(id)) if *id == fw)));
+    let events = h.m.take_events();
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, ClusterEvent::FrameworkRemoved { reason, .. } if reason.contains("operator"))));
+    assert!(matches!(
+        op(&mut h, OperatorCommand::Teardown { framework_id: fw }),
+        Err(OperatorRejection::NotFound(_))
+    ));
+    let out = op(&mut h, OperatorCommand::MarkAgentGone { agent_id: a }).unwrap();
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Persist(Mutation::RemoveAgent(id)) if *id == a)));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Close { conn: A, .. })));
+    assert!(h.m.view(h.now, 0).agents.is_empty());
+    assert!(h
+        .m
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, ClusterEvent::AgentRemoved { .. })));
+}
+
+#[test]
+fn clear_gpu_asks_the_agent_only_for_an_unhealthy_gpu() {
+    let mut h = Harness::new();
+    h.input(Input::AgentConnected {
+        conn: A,
+        name: "g1".into(),
+        address: "127.0.0.1:1".into(),
+    });
+    let mut reg = register(None, "cpus:4;mem:1024;gpus:1");
+    if let AgentToMaster::Register { gpus, .. } = &mut reg {
+        gpus.push(GpuInfo {
+            uuid: "GPU-0".into(),
+            name: "A100".into(),
+            memory_mib: 40960,
+            compute_capability: (8, 0),
+            minor: 0,
+            pci_bus_id: "0000:00:01.0".into(),
+            numa_node: None,
+            healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
+        });
+    }
+    let out = h.input(Input::Agent { conn: A, msg: reg });
+    let a = out
+        .iter()
+        .find_map(|o| match o {
+            Output::ToAgent(_, MasterToAgent::Registered { agent_id, .. }) => Some(*agent_id),
+            _ => None,
+        })
+        .unwrap();
+    let clear = |uuid: &str| OperatorCommand::ClearGpu {
+        agent_id: a,
+        uuid: uuid.into(),
+    };
+    assert!(matches!(
+        op(&mut h, clear("GPU-0")),
+        Err(OperatorRejection::Conflict(_))
+    ));
+    assert!(matches!(
+        op(&mut h, clear("GPU-9")),
+        Err(OperatorRejection::NotFound(_))
+    ));
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::GpuHealth {
+            uuid: "GPU-0".into(),
+            healthy: false,
+            reason: "xid 79".into(),
+        },
+    });
+    let out = op(&mut h, clear("GPU-0")).unwrap();
+    assert_eq!(
+        out,
+        vec![Output::ToAgent(
+            A,
+            MasterToAgent::ClearGpu {
+                uuid: "GPU-0".into()
+            }
+        )]
+    );
+    assert!(h.m.take_events().iter().any(|e| matches!(
+        e,
+        ClusterEvent::AgentUpdated { what, .. } if what.contains("unhealthy")
+    )));
+}
+
+#[test]
+fn task_agent_and_framework_changes_are_events() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (fw, offers1) = h.framework(F, "fw", "eng");
+    let t = task("cpus:1;mem:100");
+    h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers1[0].id, vec![t.clone()]),
+    });
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(agent_update(&t, fw, TaskState::Running)),
+    });
+    let events = h.m.take_events();
+    let kinds: Vec<String> = events
+        .iter()
+        .map(|e| {
+            serde_json::to_value(e).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(kinds.contains(&"agent_added".to_string()), "{kinds:?}");
+    assert!(kinds.contains(&"framework_added".to_string()), "{kinds:?}");
+    let states: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            ClusterEvent::TaskUpdated { state, .. } => Some(state.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(states, ["STAGING", "RUNNING"]);
+    h.input(Input::FrameworkDisconnected { conn: F });
+    assert!(h.m.take_events().iter().any(|e| matches!(
+        e,
+        ClusterEvent::FrameworkUpdated {
+            connected: false,
+            ..
+        }
+    )));
+}
