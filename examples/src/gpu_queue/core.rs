@@ -410,8 +410,10 @@ impl Core {
                 self.stats.preemptions += 1;
             }
             _ if killing => {}
-            (_, TaskState::Lost | TaskState::Killed) if !killing => {
-                // Lost with its agent (or killed by someone else): requeue the whole job.
+            (_, TaskState::Lost | TaskState::Killed | TaskState::Dropped) if !killing => {
+                // Lost with its agent, killed by someone else, or dropped by the master before
+                // it started (an offer expired or was rescinded as we accepted it): requeue the
+                // whole job.
                 job.preempting = true;
                 job.lost = true;
                 for m in job.members.values_mut() {
