@@ -34,7 +34,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -289,6 +289,8 @@ pub struct Driver {
     rx: mpsc::UnboundedReceiver<Command>,
     /// Requests queued while disconnected, sent after the next subscription.
     pending: Vec<FrameworkToMaster>,
+    /// Kills not yet answered, retried ([`Kills`]).
+    kills: Kills,
 }
 
 /// How one connection ended.
@@ -329,6 +331,97 @@ impl SeenUpdates {
     }
 }
 
+/// Kills asked for and not yet answered by a terminal update. A kill can be lost with a
+/// connection (sent to a master that died before it read it, or to one that does not know the
+/// task yet after a restart); as Mesos expects of its frameworks, the driver sends each again
+/// after every subscription and every [`KILL_RETRY`] until the task's terminal update arrives,
+/// at most [`KILL_ATTEMPTS`] times.
+struct Kills {
+    /// Task → when its kill was last sent, and how many times.
+    sent: HashMap<TaskId, (tokio::time::Instant, u32)>,
+}
+
+/// How often an unanswered kill is sent again.
+pub const KILL_RETRY: Duration = Duration::from_secs(5);
+/// How many times one kill is sent at most (a task nobody knows is not asked about forever).
+pub const KILL_ATTEMPTS: u32 = 24;
+
+impl Kills {
+    /// At most this many kills are retried (beyond, a kill is sent once).
+    const CAP: usize = 65_536;
+    fn asked(&mut self, task_id: TaskId, now: tokio::time::Instant) {
+        if self.sent.len() < Self::CAP || self.sent.contains_key(&task_id) {
+            self.sent.insert(task_id, (now, 1));
+        }
+    }
+    fn ended(&mut self, task_id: TaskId) {
+        self.sent.remove(&task_id);
+    }
+    /// When the next retry is due.
+    fn next_due(&self) -> Option<tokio::time::Instant> {
+        self.sent.values().map(|(t, _)| *t + KILL_RETRY).min()
+    }
+    /// The kills due at `now` (all of them with `all`), marked sent; those sent
+    /// [`KILL_ATTEMPTS`] times are given up.
+    fn due(&mut self, now: tokio::time::Instant, all: bool) -> Vec<TaskId> {
+        let mut out = Vec::new();
+        self.sent.retain(|id, (at, n)| {
+            if !all && *at + KILL_RETRY > now {
+                return true;
+            }
+            if *n >= KILL_ATTEMPTS {
+                tracing::warn!(task = %id, "kill not answered after {n} attempts; giving up");
+                return false;
+            }
+            *at = now;
+            *n += 1;
+            out.push(*id);
+            true
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod kill_tests {
+    use super::*;
+
+    #[test]
+    fn kills_are_retried_until_answered_and_given_up_after_the_attempts() {
+        let t0 = tokio::time::Instant::now();
+        let mut k = Kills {
+            sent: HashMap::new(),
+        };
+        let (a, b) = (TaskId::random(), TaskId::random());
+        k.asked(a, t0);
+        k.asked(b, t0 + Duration::from_secs(2));
+        assert_eq!(k.next_due(), Some(t0 + KILL_RETRY));
+        assert!(k.due(t0 + Duration::from_secs(1), false).is_empty());
+        assert_eq!(k.due(t0 + KILL_RETRY, false), vec![a]);
+        // A new subscription sends every kill at once.
+        let mut all = k.due(t0 + KILL_RETRY, true);
+        all.sort();
+        let mut want = vec![a, b];
+        want.sort();
+        assert_eq!(all, want);
+        k.ended(a);
+        let mut now = t0 + KILL_RETRY;
+        let mut sends = 2; // b: asked, then sent again on the re-subscription
+        loop {
+            now += KILL_RETRY;
+            if k.due(now, false).is_empty() {
+                break;
+            }
+            sends += 1;
+        }
+        assert_eq!(
+            sends, KILL_ATTEMPTS,
+            "b is sent KILL_ATTEMPTS times, then given up"
+        );
+        assert_eq!(k.next_due(), None);
+    }
+}
+
 impl Driver {
     /// A driver for `config`; [`Driver::run`] starts it.
     pub fn new(config: DriverConfig) -> Self {
@@ -339,6 +432,9 @@ impl Driver {
             handle: DriverHandle { tx, framework_id },
             rx,
             pending: Vec::new(),
+            kills: Kills {
+                sent: HashMap::new(),
+            },
         }
     }
 
@@ -415,6 +511,11 @@ impl Driver {
                 true
             }
             Command::Send(msg) => {
+                if let FrameworkToMaster::Kill { task_id } = msg {
+                    // Sent (again) after the next subscription with the other kills.
+                    self.kills.asked(task_id, tokio::time::Instant::now());
+                    return true;
+                }
                 self.pending.push(msg);
                 true
             }
@@ -496,7 +597,9 @@ impl Driver {
                             *self.handle.framework_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(framework_id);
                             subscribed = true;
                             *unreachable_since = tokio::time::Instant::now();
-                            for msg in std::mem::take(&mut self.pending) {
+                            let kills = self.kills.due(tokio::time::Instant::now(), true);
+                            let kills = kills.into_iter().map(|task_id| FrameworkToMaster::Kill { task_id });
+                            for msg in std::mem::take(&mut self.pending).into_iter().chain(kills) {
                                 if let Err(e) = tx.send(&msg).await {
                                     return Ok(SessionEnd::Lost(e.to_string()));
                                 }
@@ -509,6 +612,9 @@ impl Driver {
                         MasterToFramework::Offers(offers) => scheduler.offers(&self.handle, offers).await,
                         MasterToFramework::Rescind { offer_id } => scheduler.offer_rescinded(&self.handle, offer_id).await,
                         MasterToFramework::Update(update) => {
+                            if update.state.is_terminal() {
+                                self.kills.ended(update.task_id);
+                            }
                             if seen.insert(update.update_id) || update.reconciliation {
                                 scheduler.status_update(&self.handle, &update).await;
                             }
@@ -535,13 +641,26 @@ impl Driver {
                         self.handle.reconcile(Vec::new());
                     }
                 }
+                _ = sleep_until_opt(self.kills.next_due()), if subscribed => {
+                    for task_id in self.kills.due(tokio::time::Instant::now(), false) {
+                        if let Err(e) = tx.send(&FrameworkToMaster::Kill { task_id }).await {
+                            scheduler.disconnected(&self.handle).await;
+                            return Ok(SessionEnd::Lost(e.to_string()));
+                        }
+                    }
+                }
                 _ = masters.newer_leader() => {
                     if subscribed { scheduler.disconnected(&self.handle).await; }
                     return Ok(SessionEnd::NewLeader);
                 }
                 cmd = self.rx.recv(), if subscribed => {
                     match cmd {
-                        Some(Command::Send(msg)) => match tx.send(&msg).await {
+                        Some(Command::Send(msg)) => match {
+                            if let FrameworkToMaster::Kill { task_id } = msg {
+                                self.kills.asked(task_id, tokio::time::Instant::now());
+                            }
+                            tx.send(&msg).await
+                        } {
                             Ok(()) => {}
                             // Too large to send (e.g. an accept launching thousands of tasks):
                             // nothing went out, the session is fine; tell the scheduler.

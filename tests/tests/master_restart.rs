@@ -93,3 +93,32 @@ async fn standalone_master_restart_keeps_agents_frameworks_and_tasks() {
     handle.stop();
     let _ = tokio::time::timeout(T, run).await;
 }
+
+/// A kill asked while the master is down (the driver has not noticed yet, so it goes into the
+/// dead connection) still ends the task: the SDK driver sends unanswered kills again after it
+/// re-subscribes and every `KILL_RETRY` until the task's terminal update arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_asked_while_the_master_is_down_still_kills_the_task() {
+    let mut cluster = Cluster::start(&[("mr-kill1", "cpus:4;mem:1024")]).unwrap();
+    let t = task("killed-across-a-restart", "sleep 600", "cpus:1;mem:64");
+    let config = gantry_tests::driver_config(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        "restart-kill-fw",
+        vec!["batch".into()],
+    );
+    let (mut updates, handle, run) = start_recorder(config, vec![t.clone()]);
+    updates
+        .wait(t.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    cluster.master.proc.kill9();
+    handle.kill(t.task_id);
+    cluster.master.restart().unwrap();
+    if let Err(e) = updates.wait(t.task_id, TaskState::Killed, T).await {
+        cluster.dump_logs();
+        panic!("{e}");
+    }
+    handle.stop();
+    let _ = tokio::time::timeout(T, run).await;
+}
