@@ -654,13 +654,11 @@ impl Driver {
                     return Ok(SessionEnd::NewLeader);
                 }
                 cmd = self.rx.recv(), if subscribed => {
+                    if let Some(Command::Send(FrameworkToMaster::Kill { task_id })) = &cmd {
+                        self.kills.asked(*task_id, tokio::time::Instant::now());
+                    }
                     match cmd {
-                        Some(Command::Send(msg)) => match {
-                            if let FrameworkToMaster::Kill { task_id } = msg {
-                                self.kills.asked(task_id, tokio::time::Instant::now());
-                            }
-                            tx.send(&msg).await
-                        } {
+                        Some(Command::Send(msg)) => match tx.send(&msg).await {
                             Ok(()) => {}
                             // Too large to send (e.g. an accept launching thousands of tasks):
                             // nothing went out, the session is fine; tell the scheduler.
