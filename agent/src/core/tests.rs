@@ -1,5 +1,6 @@
 //! The agent core without processes: task lifecycle, kill escalation, recovery, GPU health.
-//! Time is an input; effects are inspected instead of performed.
+//! Time is an input; effects are inspected instead of performed. (Over 800 lines: tests only,
+//! one scenario per test, plus the `Register` frame-fitting tests.)
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,10 +29,10 @@ use gantry_sdk::protocol::*;
 use gantry_sdk::transport::{tls, PeerIdentity};
 use tokio::sync::mpsc;
 
-use crate::core::{AgentCore, CgroupOutcome, CoreConfig, Effect, Input, LaunchPlan, RecoveryProbe};
+use crate::core::{AgentCore, CgroupOutcome, CoreConfig, Effect, Input, RecoveryProbe};
 use crate::discovery::NvmlGpus;
-use crate::executor::user::{self, TaskUser};
-use crate::executor::{self, ExitStatus, LaunchSpec, Launched};
+use crate::executor::user;
+use crate::executor::{self, ExitStatus, Launched};
 use crate::gc::{self, GcPolicy};
 use crate::gpu;
 use crate::isolation::{Isolator, NvidiaMajors, TaskCgroup};
@@ -379,59 +379,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
 /// Events handled (at most) per commit.
 const MAX_BATCH: usize = 4096;
 
-/// Reads a task cgroup's OOM flag and usage, records them in the task's meta directory and
-/// destroys the cgroup (blocking). Without a cgroup (gone already), the recorded outcome is
-/// returned.
-fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutcome {
-    let final_file = meta.join(FINAL_FILE);
-    let recorded: Option<CgroupOutcome> = std::fs::read(&final_file)
-        .ok()
-        .and_then(|d| serde_json::from_slice(&d).ok());
-    let Some(cg) = cg.filter(|c| c.is_isolated()) else {
-        return recorded.unwrap_or_default();
-    };
-    // Recorded by an earlier incarnation that died while destroying the cgroup: that reading
-    // was taken from the whole cgroup and stays authoritative.
-    if let Some(outcome) = recorded {
-        destroy_cgroup(cg);
-        return outcome;
-    }
-    let outcome = CgroupOutcome {
-        oom_killed: cg.oom_killed().unwrap_or_else(|e| {
-            tracing::warn!(task = cg.task_id(), "reading the OOM flag: {e}");
-            false
-        }),
-        usage: cg.usage().ok(),
-    };
-    if let Ok(json) = serde_json::to_vec(&outcome) {
-        let tmp = meta.join(format!("{FINAL_FILE}.tmp"));
-        if std::fs::write(&tmp, json)
-            .and_then(|_| std::fs::rename(&tmp, &final_file))
-            .is_err()
-        {
-            tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome");
-        }
-    }
-    destroy_cgroup(cg);
-    outcome
-}
+mod blocking;
+mod launch;
 
-/// Destroys a task cgroup, retrying; a cgroup that cannot be removed is logged (the next
-/// agent start removes it).
-fn destroy_cgroup(cg: &TaskCgroup) {
-    for attempt in 1..=3 {
-        match cg.destroy() {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::error!(
-                    task = cg.task_id(),
-                    attempt,
-                    "destroying the task cgroup: {e}"
-                )
-            }
-        }
-    }
-}
+use blocking::{sample, settle_cgroup};
 
 impl Agent {
     /// Feeds one input to the core and performs its effects.
@@ -704,111 +655,6 @@ impl Agent {
         self.metrics.publish(snapshot);
     }
 
-    /// Starts a launch after the commit of the task's record (a restarted agent knows every
-    /// task it may have started, and every cgroup it may have made). The blocking part — the
-    /// user look-up (NSS, LDAP), the cgroup, the directories, fork and exec — runs on a
-    /// blocking thread, so no launch holds up the event loop or another task's messages.
-    fn launch(&mut self, plan: LaunchPlan) {
-        let LaunchPlan {
-            task,
-            sandbox,
-            meta,
-            cgroup_name,
-            limits,
-            mut env,
-            user,
-            share,
-            ..
-        } = plan;
-        let id = task.task_id;
-        // A fraction of one GPU: its sharing limits (and under MPS its GPU's daemon).
-        if let Some(share) = share {
-            let pipe = self.mps.as_mut().and_then(|m| m.ensure(&share.uuid));
-            for (k, v) in gpu::share::mps_env(
-                self.config.gpu_sharing,
-                share.gpus_milli,
-                share.memory_mib,
-                pipe.as_deref().and_then(|p| p.to_str()),
-            ) {
-                env.insert(k.to_string(), v);
-            }
-        }
-        let events = self.events.clone();
-        let isolator = self.config.isolator.clone();
-        let supervisor = self.supervisor.clone();
-        self.launches.push(Box::pin(async move {
-            let blocking_meta = meta.clone();
-            let spawned = tokio::task::spawn_blocking(move || {
-                // The user first, so an unknown user costs no cgroup.
-                let user: Option<TaskUser> = match user {
-                    None => None,
-                    Some(name) => Some(
-                        user::lookup(&name)
-                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))?,
-                    ),
-                };
-                let cg = isolator
-                    .create(&cgroup_name, &limits)
-                    .map_err(|e| format!("task cgroup: {e}"))?;
-                let procs: Vec<PathBuf> =
-                    cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
-                let spec = LaunchSpec {
-                    sandbox: &sandbox,
-                    meta: &blocking_meta,
-                    program: &task.command.program,
-                    user: user.as_ref(),
-                    env: &env,
-                    cgroup_procs: &procs,
-                    supervisor: &supervisor,
-                };
-                match executor::spawn_supervisor(&spec) {
-                    Ok(child) => Ok((cg, child)),
-                    Err(e) => {
-                        let _ = cg.destroy();
-                        Err(e.to_string())
-                    }
-                }
-            })
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
-            let (cg, mut child) = match spawned {
-                Ok(ok) => ok,
-                Err(e) => {
-                    let _ = events.send(Event::Launched {
-                        task: id,
-                        cgroup: None,
-                        result: Err(e),
-                    });
-                    return;
-                }
-            };
-            match executor::started(&mut child, &meta).await {
-                Ok(launched) => {
-                    let _ = events.send(Event::Launched {
-                        task: id,
-                        cgroup: Some(cg),
-                        result: Ok(launched),
-                    });
-                    let _ = child.wait().await;
-                    let status = executor::read_exit(&meta).unwrap_or(ExitStatus {
-                        code: None,
-                        signal: None,
-                    });
-                    let _ = events.send(Event::Exited { task: id, status });
-                }
-                Err(e) => {
-                    let _ = tokio::task::spawn_blocking(move || cg.destroy()).await;
-                    let _ = events.send(Event::Launched {
-                        task: id,
-                        cgroup: None,
-                        result: Err(e.to_string()),
-                    });
-                }
-            }
-        }));
-    }
-
     fn tick(&mut self) -> anyhow::Result<()> {
         // Adopted tasks (not our children: ours are awaited by their launch): their task
         // group when the launch was recorded before the task started, and their supervisors
@@ -935,111 +781,5 @@ impl Agent {
             return Ok(());
         }
         self.input(Input::ClearGpus(names))
-    }
-}
-
-/// One usage sample (blocking): GPU samples and processes from NVML, cpu/memory from each
-/// task's cgroup, GPU figures attributed to tasks through the pids of their cgroups (or process
-/// groups without isolation).
-fn sample(
-    gpus: Option<&NvmlGpus>,
-    tasks: &[(TaskId, Option<TaskCgroup>, i32, Vec<String>)],
-) -> (Vec<(TaskId, TaskUsage)>, Vec<GpuSample>) {
-    let (samples, procs) = match gpus {
-        Some(g) => (g.sample(), g.processes()),
-        None => (Vec::new(), Vec::new()),
-    };
-    let mut pid_task = HashMap::new();
-    let mut assigned = HashMap::new();
-    let mut out = Vec::with_capacity(tasks.len());
-    for (id, cg, pgid, uuids) in tasks {
-        let cg = cg.as_ref().filter(|c| c.is_isolated());
-        let usage = match cg.map(TaskCgroup::usage) {
-            None => TaskUsage::default(),
-            Some(Ok(u)) => u,
-            // Gone meanwhile (the task is ending): its final usage is sent when it settles.
-            Some(Err(_)) => continue,
-        };
-        if !procs.is_empty() {
-            let pids = match cg {
-                Some(c) => c.pids().unwrap_or_default(),
-                None => executor::group_pids(*pgid),
-            };
-            for p in pids {
-                pid_task.insert(p, *id);
-            }
-        }
-        for u in uuids {
-            assigned.insert(u.clone(), *id);
-        }
-        out.push((*id, usage));
-    }
-    let attributed = gpu::attribute(&samples, &procs, &pid_task, &assigned);
-    for (id, u) in &mut out {
-        if let Some(g) = attributed.get(id) {
-            u.gpu_mem_bytes = g.mem_bytes;
-            u.gpu_util_percent = g.util_percent;
-        }
-    }
-    (out, samples)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::isolation::{IsolationMode, Limits};
-
-    #[test]
-    fn settled_outcome_survives_a_missing_cgroup() {
-        let dir = tempfile::tempdir().unwrap();
-        // Nothing recorded, no cgroup: no OOM, no usage.
-        let o = settle_cgroup(None, dir.path());
-        assert!(!o.oom_killed && o.usage.is_none());
-        // A recorded outcome (written before the cgroup was destroyed) is read back.
-        let recorded = CgroupOutcome {
-            oom_killed: true,
-            usage: Some(TaskUsage {
-                mem_peak_bytes: 64 << 20,
-                ..TaskUsage::default()
-            }),
-        };
-        std::fs::write(
-            dir.path().join(FINAL_FILE),
-            serde_json::to_vec(&recorded).unwrap(),
-        )
-        .unwrap();
-        let o = settle_cgroup(None, dir.path());
-        assert!(o.oom_killed);
-        assert_eq!(o.usage.unwrap().mem_peak_bytes, 64 << 20);
-        // Without isolation the task "cgroup" is not one: the record is used as well.
-        let iso = Isolator::new(IsolationMode::None, None).unwrap();
-        let limits = Limits {
-            cpus: 1.0,
-            mem_mib: None,
-            pids_max: None,
-            cpu_hard_limit: false,
-            devices: None,
-        };
-        let cg = iso.create("t", &limits).unwrap();
-        assert!(settle_cgroup(Some(&cg), dir.path()).oom_killed);
-    }
-
-    #[test]
-    fn sampling_without_gpus_or_cgroups() {
-        let iso = Isolator::new(IsolationMode::None, None).unwrap();
-        let limits = Limits {
-            cpus: 1.0,
-            mem_mib: None,
-            pids_max: None,
-            cpu_hard_limit: false,
-            devices: None,
-        };
-        let cg = iso.create("t", &limits).unwrap();
-        let id = TaskId::random();
-        // SAFETY: getpgrp has no preconditions.
-        let pgid = unsafe { libc::getpgrp() };
-        let (tasks, gpus) = sample(None, &[(id, Some(cg), pgid, Vec::new())]);
-        assert!(gpus.is_empty());
-        assert_eq!(tasks, vec![(id, TaskUsage::default())]);
     }
 }
