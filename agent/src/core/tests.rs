@@ -714,6 +714,98 @@ fn termination_notice_is_told_once_per_registration() {
     assert_eq!(notice(&mut c), 1);
     assert_eq!(notice(&mut c), 0);
 }
+#[test]
+fn samples_are_taken_when_due_and_gpu_memory_over_the_share_is_reported_then_killed() {
+    let mut cfg = config(1);
+    cfg.usage_interval = Duration::from_secs(5);
+    cfg.gpu_memory_enforce = crate::gpu::share::MemoryEnforce::Kill;
+    let mut c = AgentCore::new(cfg, Checkpoint::default(), T0, Instant::now());
+    step(&mut c, Input::Connected, T0);
+    step(
+        &mut c,
+        Input::Master(MasterToAgent::Registered {
+            agent_id: AgentId::random(),
+            epoch: 1,
+            heartbeat_interval_ms: 60_000,
+        }),
+        T0,
+    );
+    let fw = FrameworkId::random();
+    let t = task(";gpus:0.5");
+    let id = t.task_id;
+    start(&mut c, fw, t, 100);
+    let sample = |fx: &[Effect]| {
+        fx.iter().find_map(|e| match e {
+            Effect::Sample(tasks) => Some(tasks.clone()),
+            _ => None,
+        })
+    };
+    assert!(sample(&step(&mut c, Input::Tick, T0 + 4_999)).is_none());
+    let tasks = sample(&step(&mut c, Input::Tick, T0 + 5_000)).expect("due");
+    assert_eq!(tasks, vec![(id, 100, vec!["GPU-0".to_string()])]);
+    // One sample at a time.
+    assert!(sample(&step(&mut c, Input::Tick, T0 + 20_000)).is_none());
+    // Half of a 16 GiB GPU is an 8 GiB share; 9 GiB is over it.
+    let over = TaskUsage {
+        gpu_mem_bytes: 9 << 30,
+        ..TaskUsage::default()
+    };
+    let fx = step(
+        &mut c,
+        Input::Sampled {
+            tasks: vec![(id, over.clone()), (TaskId::random(), TaskUsage::default())],
+            gpus: vec![],
+        },
+        T0 + 21_000,
+    );
+    let reported = fx.iter().find_map(|e| match e {
+        Effect::PublishMetrics(u) => Some(u.clone()),
+        _ => None,
+    });
+    let reported = reported.expect("metrics published");
+    assert_eq!(reported.len(), 1, "unknown tasks are not reported");
+    assert_eq!(reported[0].1.gpu_mem_share_bytes, 8 << 30);
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Running, Some(TaskReason::GpuMemory))
+    );
+    assert_eq!(signals(&fx), vec![(100, libc::SIGTERM)]);
+    // Still over at the next sample: not reported again.
+    let fx = step(
+        &mut c,
+        Input::Sampled {
+            tasks: vec![(id, over)],
+            gpus: vec![],
+        },
+        T0 + 26_000,
+    );
+    assert!(updates(&fx).is_empty());
+    // It dies of the kill: FAILED with reason gpu-memory, not KILLED.
+    step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(0),
+        },
+        T0 + 27_000,
+    );
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id,
+            status: exit(0),
+            outcome: CgroupOutcome::default(),
+        },
+        T0 + 27_000,
+    );
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Failed, Some(TaskReason::GpuMemory))
+    );
+}
+
 mod fit_register_tests {
     use super::super::fit_register;
     use gantry_sdk::protocol::codec;
