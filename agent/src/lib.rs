@@ -5,7 +5,8 @@
 //!
 //! - [`core`]: PURE agent state machine ([`core::AgentCore`]): takes inputs (master messages,
 //!   launches, exits, samples, GPU faults, ticks) and the time, returns effects (launch, signal,
-//!   send, persist, sample, settle). Task lifecycle, kill escalation, GPU health, recovery.
+//!   send, persist, sample, settle, collect). Task lifecycle, kill escalation, GPU health,
+//!   recovery, the sandbox collection queue.
 //! - [`agent`]: the thin tokio runtime around the core: performs its effects (the log's group
 //!   commit, launches off the loop, cgroups, sampling, sandbox GC, MPS, `/metrics`).
 //! - [`session`]: the QUIC connection to the master (mutual TLS, redirects, reconnects).

@@ -17,7 +17,7 @@
 //! `cgroup.procs`). When it ends, the OOM flag and final usage are read, recorded in the
 //! sandbox, and the cgroup is destroyed before the core makes the task terminal.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -166,13 +166,6 @@ struct Agent {
     mps: Option<gpu::mps::MpsDaemons>,
     /// What runs as each task's supervisor.
     supervisor: Arc<executor::SupervisorCommand>,
-    /// Sandboxes of forgotten tasks, oldest first, waiting for garbage collection.
-    gc_queue: VecDeque<gc::Ended>,
-    /// A collection pass (or the start-up scan) is running.
-    gc_busy: bool,
-    /// Disk usage of the work directory as last measured (0.0 to 1.0).
-    disk_used: f64,
-    last_gc: Instant,
     /// What `/metrics` shows (published after each usage sample).
     metrics: crate::metrics::AgentMetrics,
 }
@@ -201,6 +194,7 @@ fn core_config(config: &AgentConfig) -> CoreConfig {
         task_pids_max: config.task_pids_max,
         nvidia_majors: config.nvidia_majors,
         usage_interval: config.usage_interval,
+        gc: config.gc,
     }
 }
 
@@ -273,10 +267,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }),
         last_notice_poll: now,
         supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
-        gc_queue: VecDeque::new(),
-        gc_busy: true,
-        disk_used: 0.0,
-        last_gc: now,
         metrics: crate::metrics::AgentMetrics::default(),
     };
     let probed = probe(&agent.core);
@@ -433,23 +423,8 @@ impl Agent {
                 Input::GpuFault(fault)
             }
             Event::RecoveryChecked { uuid, passed } => Input::RecoveryChecked { uuid, passed },
-            Event::GcScanned(found) => {
-                self.gc_busy = false;
-                // Tasks known now (launched since the scan began) are not garbage.
-                let found = found
-                    .into_iter()
-                    .filter(|e| !self.core.knows(&e.task))
-                    .collect();
-                gc::merge(&mut self.gc_queue, found);
-                return Ok(());
-            }
-            Event::GcDone { disk_used } => {
-                self.gc_busy = false;
-                if let Some(u) = disk_used {
-                    self.disk_used = u;
-                }
-                return Ok(());
-            }
+            Event::GcScanned(found) => Input::GcScanned(found),
+            Event::GcDone { disk_used } => Input::GcDone { disk_used },
             Event::Compacted(result) => {
                 self.compacting = false;
                 match result {
@@ -545,7 +520,19 @@ impl Agent {
                     }
                 }
                 Effect::CleanupCgroups => self.cleanup_cgroups(),
-                Effect::CollectLater(ended) => self.gc_queue.push_back(ended),
+                Effect::CollectGarbage(due) => {
+                    let dir = self.config.work_dir.clone();
+                    let events = self.events.clone();
+                    tokio::task::spawn_blocking(move || {
+                        if !due.is_empty() {
+                            let removed = gc::remove(&dir, &due);
+                            tracing::debug!(removed, "removed the sandboxes of ended tasks");
+                        }
+                        let _ = events.send(Event::GcDone {
+                            disk_used: gc::disk_used(&dir),
+                        });
+                    });
+                }
                 Effect::Stop(message) => anyhow::bail!(message),
             }
         }
@@ -699,40 +686,9 @@ impl Agent {
                 m.supervise();
             }
         }
-        self.collect_garbage();
         self.poll_clear_requests()?;
         self.poll_termination_notice()?;
         Ok(())
-    }
-
-    /// Removes the sandboxes due for collection ([`gc`]) on a blocking thread, at most once a
-    /// second, and measures the disk there every few seconds.
-    fn collect_garbage(&mut self) {
-        if self.gc_busy || self.last_gc.elapsed() < Duration::from_secs(1) {
-            return;
-        }
-        let mut due = self
-            .config
-            .gc
-            .due(&mut self.gc_queue, gc::now_ms(), self.disk_used);
-        // A task id launched again meanwhile owns its directories.
-        due.retain(|t| !self.core.knows(t));
-        if due.is_empty() && self.last_gc.elapsed() < Duration::from_secs(5) {
-            return;
-        }
-        self.gc_busy = true;
-        self.last_gc = Instant::now();
-        let dir = self.config.work_dir.clone();
-        let events = self.events.clone();
-        tokio::task::spawn_blocking(move || {
-            if !due.is_empty() {
-                let removed = gc::remove(&dir, &due);
-                tracing::debug!(removed, "removed the sandboxes of ended tasks");
-            }
-            let _ = events.send(Event::GcDone {
-                disk_used: gc::disk_used(&dir),
-            });
-        });
     }
 
     /// A spot-termination notice in the work dir ([`crate::termination`]) goes to the core

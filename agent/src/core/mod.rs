@@ -18,7 +18,7 @@ mod tasks;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,8 @@ pub struct CoreConfig {
     pub task_pids_max: Option<u64>,
     pub nvidia_majors: NvidiaMajors,
     pub usage_interval: Duration,
+    /// When ended tasks' sandboxes are removed.
+    pub gc: gc::GcPolicy,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -111,6 +113,12 @@ pub enum Input {
     TerminationNotice {
         deadline_unix_ms: u64,
         reason: String,
+    },
+    /// Sandboxes found on disk at start.
+    GcScanned(Vec<gc::Ended>),
+    /// A garbage collection pass ended (with the disk usage it measured, 0.0 to 1.0).
+    GcDone {
+        disk_used: Option<f64>,
     },
     /// Time passes (every 200 ms): kill escalation, heartbeats, samples, recovery checks.
     Tick,
@@ -175,8 +183,8 @@ pub enum Effect {
     CheckRecovery(String),
     /// A master accepted this agent: remove task cgroups nobody owns.
     CleanupCgroups,
-    /// The task is forgotten: its sandbox joins the collection queue.
-    CollectLater(gc::Ended),
+    /// Remove these tasks' sandboxes, measure the disk, then report [`Input::GcDone`].
+    CollectGarbage(Vec<TaskId>),
     /// The master refused this agent: stop.
     Stop(String),
 }
@@ -217,6 +225,13 @@ pub struct AgentCore {
     notice_sent: Option<u64>,
     /// Tasks re-adopted after a restart (the runtime polls their supervisors).
     adopted: HashSet<TaskId>,
+    /// Sandboxes of forgotten tasks, oldest first, waiting for garbage collection.
+    gc_queue: VecDeque<gc::Ended>,
+    /// A collection pass (or the start-up scan) is running.
+    gc_busy: bool,
+    /// Disk usage of the work directory as last measured (0.0 to 1.0).
+    disk_used: f64,
+    last_gc: u64,
 }
 
 impl AgentCore {
@@ -245,6 +260,11 @@ impl AgentCore {
             gpu_mem_over: HashSet::new(),
             notice_sent: None,
             adopted: HashSet::new(),
+            gc_queue: VecDeque::new(),
+            // Until the start-up scan of the work dir reports.
+            gc_busy: true,
+            disk_used: 0.0,
+            last_gc: now,
         }
     }
 
@@ -365,6 +385,21 @@ impl AgentCore {
                     self.send(AgentToMaster::TerminationNotice { in_ms, reason });
                 }
             }
+            Input::GcScanned(found) => {
+                self.gc_busy = false;
+                // Tasks known now (launched since the scan began) are not garbage.
+                let found = found
+                    .into_iter()
+                    .filter(|e| !self.ckpt.tasks.contains_key(&e.task))
+                    .collect();
+                gc::merge(&mut self.gc_queue, found);
+            }
+            Input::GcDone { disk_used } => {
+                self.gc_busy = false;
+                if let Some(u) = disk_used {
+                    self.disk_used = u;
+                }
+            }
             Input::Tick => self.tick(now),
         }
         std::mem::take(&mut self.fx)
@@ -473,10 +508,10 @@ impl AgentCore {
                     if done {
                         self.ckpt.tasks.remove(&task_id);
                         self.dirty.insert(task_id);
-                        self.emit(Effect::CollectLater(gc::Ended {
+                        self.gc_queue.push_back(gc::Ended {
                             task: task_id,
                             at_ms: now,
-                        }));
+                        });
                     }
                 }
             }
@@ -514,7 +549,26 @@ impl AgentCore {
         }
         self.sample_if_due(now);
         self.recovery_checks_due(now);
+        self.collect_garbage(now);
         self.flush_updates(now);
+    }
+
+    /// Sandboxes due for collection ([`gc`]), at most one pass a second; a pass with nothing
+    /// to remove still measures the disk every few seconds.
+    fn collect_garbage(&mut self, now: u64) {
+        let since = now.saturating_sub(self.last_gc);
+        if self.gc_busy || since < 1000 {
+            return;
+        }
+        let mut due = self.config.gc.due(&mut self.gc_queue, now, self.disk_used);
+        // A task id launched again meanwhile owns its directories.
+        due.retain(|t| !self.ckpt.tasks.contains_key(t));
+        if due.is_empty() && since < 5000 {
+            return;
+        }
+        self.gc_busy = true;
+        self.last_gc = now;
+        self.emit(Effect::CollectGarbage(due));
     }
 
     /// Every `--usage-interval`: sample GPUs and task cgroups.

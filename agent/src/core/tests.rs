@@ -55,6 +55,11 @@ fn config(gpus: u32) -> CoreConfig {
         task_pids_max: None,
         nvidia_majors: NvidiaMajors::default(),
         usage_interval: Duration::from_secs(3600),
+        gc: crate::gc::GcPolicy {
+            delay: Duration::from_secs(60),
+            disk_headroom: 0.1,
+            keep: 0,
+        },
     }
 }
 
@@ -259,10 +264,45 @@ fn lifecycle_launch_running_finished_acknowledged() {
     assert!(!c.knows(&id));
     assert!(last
         .iter()
-        .any(|e| matches!(e, Effect::CollectLater(g) if g.task == id && g.at_ms == T0 + 40)));
-    assert!(last
-        .iter()
         .any(|e| matches!(e, Effect::Persist(crate::wal::Record::TaskRemoved(t)) if *t == id)));
+    // Its sandbox is collected after the delay (60 s here), once the start-up scan reported.
+    let collected = |fx: &[Effect]| {
+        fx.iter().find_map(|e| match e {
+            Effect::CollectGarbage(due) => Some(due.clone()),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        collected(&step(&mut c, Input::Tick, T0 + 60_100)),
+        None,
+        "scan pending"
+    );
+    let stale = TaskId::random();
+    step(
+        &mut c,
+        Input::GcScanned(vec![crate::gc::Ended {
+            task: stale,
+            at_ms: T0 - 120_000,
+        }]),
+        T0 + 1_000,
+    );
+    assert_eq!(
+        collected(&step(&mut c, Input::Tick, T0 + 30_000)),
+        Some(vec![stale])
+    );
+    // One pass at a time.
+    assert_eq!(collected(&step(&mut c, Input::Tick, T0 + 60_100)), None);
+    step(
+        &mut c,
+        Input::GcDone {
+            disk_used: Some(0.5),
+        },
+        T0 + 60_100,
+    );
+    assert_eq!(
+        collected(&step(&mut c, Input::Tick, T0 + 60_100)),
+        Some(vec![id])
+    );
 }
 
 #[test]
