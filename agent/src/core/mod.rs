@@ -6,10 +6,10 @@
 //! clock and does no I/O; the runtime ([`crate::agent`]) performs the effects and feeds back
 //! what they observed (a launch's supervisor, an exit status, a settled cgroup, a sample).
 //!
-//! - [`tasks`]: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
+//! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
 //!   escalation, settlement into a terminal state, status updates, GPU-memory shares.
-//! - [`health`]: GPU faults, recovery checks and operator clears, and the updates they send.
-//! - [`recovery`]: re-adopting checkpointed tasks after a restart from what the runtime probed.
+//! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
+//! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed.
 //! - `tests`: lifecycle, kill escalation, recovery and GPU health without processes.
 
 mod health;
