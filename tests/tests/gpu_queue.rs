@@ -3,7 +3,8 @@
 //! submitted with `gpu-queue submit`. Checks, from the master's task records and the queue's
 //! API: mixed jobs and gangs from three teams all finish with no partial gang; two large gangs
 //! submitted together both finish; a `critical` job preempts only the `preemptible` jobs it
-//! needs on one agent, each victim sees its warning and is requeued and completes; teams'
+//! needs on one agent, each victim sees its warning and is requeued and completes; a job
+//! submitted `--after` others waits for them (and is cancelled when one fails); teams'
 //! GPU-time shares follow their weights.
 //!
 //! The stand-in's configuration path is a process-wide variable read when an agent starts, and
@@ -460,6 +461,62 @@ fn two_large_gangs_submitted_together_both_finish() {
     ] {
         assert!(metrics.contains(m), "{m} not in\n{metrics}");
     }
+
+    // Dependencies (afterok): `then` waits for `first` to finish; `never` follows a failing
+    // job and is cancelled with the reason.
+    let first = q.submit("first", "a", "normal", 1, "1", "sleep 4");
+    let dep = |name: &str, after: &str| -> u64 {
+        let out = q
+            .cli(&[
+                "submit", "--name", name, "--team", "b", "--gpus", "1", "--cpus", "0.5", "--mem",
+                "64", "--after", after, "--", "sleep 1",
+            ])
+            .unwrap();
+        out.trim().parse().unwrap()
+    };
+    let then = dep("then", &first.to_string());
+    let listed = q.cli(&["list"]).unwrap();
+    let row = listed
+        .lines()
+        .find(|l| l.contains(" then "))
+        .unwrap_or_default();
+    assert!(
+        row.contains("PENDING") && row.contains(&format!("waits on {first}")),
+        "{listed}"
+    );
+    let failing = q.submit("failing", "a", "normal", 1, "1", "exit 3");
+    let never = dep("never", &format!("{failing},{first}"));
+    let jobs = q.wait_all_ended(&env.cluster, Duration::from_secs(60));
+    let state = |id: u64| {
+        jobs.iter()
+            .find(|j| j["id"] == id)
+            .map(|j| (j["state"].clone(), j["message"].clone()))
+            .unwrap()
+    };
+    assert_eq!(state(then).0, "FINISHED");
+    assert_eq!(state(failing).0, "FAILED");
+    let (never_state, why) = state(never);
+    assert_eq!(never_state, "CANCELLED");
+    assert!(
+        why.as_str()
+            .is_some_and(|w| w.contains(&format!("dependency {failing}")) && w.contains("FAILED")),
+        "{why}"
+    );
+    // From the master's records: `then` was staged after `first` ended; `never` never ran.
+    let tasks = master_tasks(&env.cluster);
+    let task = |name: &str| tasks.iter().find(|t| t["name"] == name).cloned();
+    let first_end = task("first/0").unwrap()["ended_at_ms"].as_u64().unwrap();
+    let then_staged = task("then/0").unwrap()["staged_at_ms"].as_u64().unwrap();
+    assert!(
+        then_staged >= first_end,
+        "then staged at {then_staged}, before first ended at {first_end}"
+    );
+    assert!(task("never/0").is_none(), "never ran");
+    assert!(
+        q.cli(&["submit", "--name", "x", "--team", "a", "--after", "99999", "--", "true"])
+            .is_err_and(|e| e.to_string().contains("99999")),
+        "an unknown dependency is refused"
+    );
 }
 
 #[test]
@@ -584,13 +641,23 @@ fn team_gpu_time_follows_weights() {
     let get = |t: &str| shares[t].as_f64().unwrap_or(0.0);
     let total = get("a") + get("b") + get("c");
     assert!(total > 0.0);
+    // Within 10% of each weight's share, relative (team c: 0.150..0.183). 32 GPUs cannot be
+    // split 16/10.7/5.3: the queue rounds to 16/11/5 and gives the odd GPU to whichever team
+    // is behind in GPU time so far, so c alternates between 5 and 6 GPUs.
+    let mut failures = Vec::new();
     for (t, w) in [("a", 3.0), ("b", 2.0), ("c", 1.0)] {
         let share = get(t) / total;
         let target = w / 6.0;
-        eprintln!("team {t}: GPU-time share {share:.3}, weight share {target:.3}");
-        assert!(
-            (share - target).abs() <= 0.10,
-            "team {t}: GPU-time share {share:.3} is not within 10 points of {target:.3}"
+        let off = (share - target) / target;
+        eprintln!(
+            "team {t}: GPU-time share {share:.3}, weight share {target:.3} ({:+.1}%)",
+            off * 100.0
         );
+        if off.abs() > 0.10 {
+            failures.push(format!(
+                "team {t}: GPU-time share {share:.3} is not within 10% of {target:.3}"
+            ));
+        }
     }
+    assert!(failures.is_empty(), "{failures:?}");
 }

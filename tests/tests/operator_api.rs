@@ -711,6 +711,29 @@ async fn operator_writes_survive_an_ha_failover() {
             .any(|r| r["role"] == "ha" && r["limit"]["cpus"] == 3.0),
         "{q:#}"
     );
+    // /metrics at the new leader shows the same weight and quota.
+    let text = next.get("/metrics").await.unwrap();
+    let value = |name: &str, labels: &[&str]| -> Option<f64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .find(|l| labels.iter().all(|x| l.contains(x)))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    assert!(text.lines().any(|l| l == "gantry_leader 1"), "{text}");
+    assert_eq!(
+        value("gantry_role_weight", &["role=\"ha\""]),
+        Some(4.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            "gantry_quota",
+            &["role=\"ha\"", "kind=\"cpus\"", "kind_of=\"limit\""]
+        ),
+        Some(3.0),
+        "{text}"
+    );
     // And the new leader takes writes.
     post(
         &next,

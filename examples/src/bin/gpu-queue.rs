@@ -7,6 +7,7 @@
 //! gpu-queue submit --server http://127.0.0.1:8700 --name resnet --team vision \
 //!     --priority high --gpus 8 --workers 2 -- python3 train.py
 //! gpu-queue submit ... --workers 2..8 -- ./ddp.sh        # elastic gang
+//! gpu-queue submit ... --after 12,13 -- ./eval.sh        # after jobs 12 and 13 FINISHED
 //! gpu-queue list --server URL [--json]
 //! gpu-queue show --server URL ID [--json]
 //! gpu-queue cancel --server URL ID
@@ -137,6 +138,10 @@ struct Submit {
     /// Seconds between the preemption warning (SIGTERM) and SIGKILL.
     #[arg(long, default_value_t = 10)]
     grace_secs: u32,
+    /// Run only after these jobs FINISHED (comma separated ids; Slurm's afterok): the job
+    /// waits PENDING until then, and is CANCELLED if one of them FAILED or was CANCELLED.
+    #[arg(long, value_delimiter = ',')]
+    after: Vec<u64>,
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
@@ -236,7 +241,7 @@ async fn call(
 
 fn table(jobs: &[JobView]) {
     println!(
-        "{:>5}  {:<20} {:<10} {:<11} {:<9} {:>7} {:>4} {:>7} {:>8}  AGENTS",
+        "{:>5}  {:<20} {:<10} {:<11} {:<9} {:>7} {:>4} {:>7} {:>8}  WHERE",
         "ID", "NAME", "TEAM", "PRIORITY", "STATE", "WORKERS", "GPUS", "PREEMPT", "WAITED"
     );
     for j in jobs {
@@ -256,9 +261,18 @@ fn table(jobs: &[JobView]) {
             j.gpus_per_worker,
             j.preemptions,
             j.waited_secs,
-            j.agents.join(",")
+            where_(j)
         );
     }
+}
+
+/// The agents a job runs on, or the dependencies a pending job waits on.
+fn where_(j: &JobView) -> String {
+    if !j.waiting_on.is_empty() {
+        let ids: Vec<String> = j.waiting_on.iter().map(u64::to_string).collect();
+        return format!("waits on {}", ids.join(","));
+    }
+    j.agents.join(",")
 }
 
 async fn serve(a: Serve) -> anyhow::Result<()> {
@@ -326,6 +340,7 @@ async fn main() -> anyhow::Result<()> {
                 deadline_unix: s.deadline.as_deref().map(parse_deadline).transpose()?,
                 grace_secs: s.grace_secs,
                 env: BTreeMap::new(),
+                after: s.after,
             };
             if let Some(p) = spec.problem() {
                 bail!("{p}");

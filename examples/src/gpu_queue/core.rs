@@ -7,7 +7,8 @@
 //! 1. Pending jobs are taken one at a time in [`Core::order`]: effective priority (aging raises
 //!    a waiting job one class per `aging` interval, up to `high`), then teams below their GPU
 //!    quota, then the team's weighted dominant share (DRF over GPUs and CPUs, with what this
-//!    pass launched counted), then the earliest deadline, then submission order.
+//!    pass launched and the job itself counted: see [`Core::order_key`]), then the team's
+//!    GPU-seconds per weight so far, then the earliest deadline, then submission order.
 //! 2. A job whose gang fits the free offered resources (minus the reservation below) launches:
 //!    every member in the same pass, one accept per agent ([`gang::place_gang`]).
 //! 3. The first job that does not fit gets the **reservation** (one at a time, through
@@ -122,6 +123,8 @@ struct Job {
     finished_members: u32,
     next_index: u32,
     message: String,
+    /// Still waiting for a dependency (`after`) to finish: not yet eligible to run.
+    on_deps: bool,
 }
 
 impl Job {
@@ -210,6 +213,7 @@ impl Core {
     pub fn submit(&mut self, spec: JobSpec, now: Instant) -> (u64, Vec<Action>) {
         let id = self.next_id;
         self.next_id += 1;
+        let spec_after_empty = spec.after.is_empty();
         self.jobs.insert(
             id,
             Job {
@@ -226,6 +230,7 @@ impl Core {
                 finished_members: 0,
                 next_index: 0,
                 message: String::new(),
+                on_deps: !spec_after_empty,
             },
         );
         let mut out = Vec::new();
@@ -235,6 +240,83 @@ impl Core {
         }
         out.extend(self.pass(now));
         (id, out)
+    }
+
+    /// Why `spec`'s dependencies cannot be waited for, if they cannot: an unknown job id (or one
+    /// already forgotten), or a repeated one. A dependency that already ended `FAILED` or
+    /// `CANCELLED` is accepted: the job is then cancelled at once, with the reason.
+    pub fn dependency_problem(&self, spec: &JobSpec) -> Option<String> {
+        let mut seen = BTreeSet::new();
+        for d in &spec.after {
+            if !seen.insert(*d) {
+                return Some(format!("dependency {d} is listed twice"));
+            }
+            if !self.jobs.contains_key(d) {
+                return Some(format!("dependency {d} is not a known job"));
+            }
+        }
+        None
+    }
+
+    /// Dependencies (`afterok`): a pending job whose dependency ended `FAILED` or `CANCELLED`
+    /// (or is unknown) is cancelled with the reason, transitively; one whose dependencies all
+    /// `FINISHED` becomes eligible, and its wait (aging, `waited_secs`) starts then.
+    fn resolve_dependencies(&mut self, now: Instant) {
+        loop {
+            let mut changed = false;
+            let waiting: Vec<u64> = self
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Pending && j.on_deps)
+                .map(|j| j.id)
+                .collect();
+            for id in waiting {
+                let broken =
+                    self.jobs[&id]
+                        .spec
+                        .after
+                        .iter()
+                        .find_map(|d| match self.jobs.get(d) {
+                            None => Some(format!("dependency {d} is unknown")),
+                            Some(j)
+                                if matches!(j.state, JobState::Failed | JobState::Cancelled) =>
+                            {
+                                Some(format!(
+                                    "dependency {d} ({}) ended {}",
+                                    j.spec.name,
+                                    j.state.as_str()
+                                ))
+                            }
+                            Some(_) => None,
+                        });
+                let met = self.jobs[&id].spec.after.iter().all(|d| {
+                    self.jobs
+                        .get(d)
+                        .is_some_and(|j| j.state == JobState::Finished)
+                });
+                let Some(job) = self.jobs.get_mut(&id) else {
+                    continue;
+                };
+                if let Some(why) = broken {
+                    job.state = JobState::Cancelled;
+                    job.on_deps = false;
+                    job.message = format!("{why}: cancelled (afterok: runs only after its dependencies finish successfully)");
+                    self.holds.done(&id);
+                    changed = true;
+                } else if met {
+                    job.on_deps = false;
+                    job.waiting_since = now;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+
+    /// Pending and not waiting on a dependency.
+    fn eligible(job: &Job) -> bool {
+        job.state == JobState::Pending && !job.on_deps
     }
 
     /// Cancels a job (its tasks are killed). False when unknown or already ended.
@@ -328,8 +410,10 @@ impl Core {
                 self.stats.preemptions += 1;
             }
             _ if killing => {}
-            (_, TaskState::Lost | TaskState::Killed) if !killing => {
-                // Lost with its agent (or killed by someone else): requeue the whole job.
+            (_, TaskState::Lost | TaskState::Killed | TaskState::Dropped) if !killing => {
+                // Lost with its agent, killed by someone else, or dropped by the master before
+                // it started (an offer expired or was rescinded as we accepted it): requeue the
+                // whole job.
                 job.preempting = true;
                 job.lost = true;
                 for m in job.members.values_mut() {
@@ -376,10 +460,18 @@ impl Core {
 
     /// Forgets the oldest ended jobs beyond [`MAX_ENDED_JOBS`].
     fn trim(&mut self) {
+        // Jobs a waiting job depends on are kept.
+        let needed: BTreeSet<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.on_deps)
+            .flat_map(|j| j.spec.after.iter().copied())
+            .collect();
         let ended: Vec<u64> = self
             .jobs
             .values()
             .filter(|j| j.state.is_terminal() && j.members.is_empty())
+            .filter(|j| !needed.contains(&j.id))
             .map(|j| j.id)
             .collect();
         for id in ended
@@ -416,7 +508,7 @@ impl Core {
         let fits = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Pending)
+            .filter(|j| Self::eligible(j))
             .any(|j| gang::place_gang(&mut views.clone(), &gang_of(&j.spec)).is_some());
         if fits {
             free
@@ -492,53 +584,114 @@ impl Core {
         )
     }
 
-    /// Team usage (GPUs, CPUs milli) of running members plus `extra`.
-    fn usage(&self, extra: &HashMap<String, (u64, u64)>) -> HashMap<String, (u64, u64)> {
-        let mut u = extra.clone();
+    /// Each team's usage now: GPUs and CPUs (milli) of its members, and its GPU-seconds so far.
+    fn usage(&self, now: Instant) -> HashMap<String, TeamUsage> {
+        let mut u: HashMap<String, TeamUsage> = HashMap::new();
+        for (team, secs) in &self.stats.gpu_secs {
+            u.entry(team.clone()).or_default().gpu_secs += secs;
+        }
         for j in self.jobs.values() {
             let e = u.entry(j.spec.team.clone()).or_default();
-            e.0 += u64::from(j.spec.gpus) * j.members.len() as u64;
-            e.1 += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
+            e.gpus += u64::from(j.spec.gpus) * j.members.len() as u64;
+            e.cpus += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
+            for m in j.members.values().filter(|m| m.state == TaskState::Running) {
+                e.gpu_secs +=
+                    m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
+            }
         }
         u
     }
 
     /// The order key of a pending job (smaller first); see the module documentation.
+    ///
+    /// The team's share is its weighted dominant share **with one more unit counted** (one
+    /// GPU's share of the cluster: the share a launch would leave it at, like a finish tag in
+    /// weighted fair queueing), not the share before it: ordering by the share before a launch
+    /// rounds every allocation up in favour of the lightest team (with weights 3:2:1 on 32 GPUs
+    /// of 1-GPU jobs it gives 16/10/6, the weight-1 team 12% over its sixth; counting the unit
+    /// gives 16/11/5). The unit is the same for all of a team's jobs, so a team's own large
+    /// jobs are not put behind its small ones.
+    ///
+    /// GPU time over the run decides the rounding: a team whose GPU-seconds per weight so far
+    /// are below `level` (the competing teams' GPU-seconds per weight, see [`Core::level`]) is
+    /// ordered by its share *before* the launch instead, so it gets the odd GPU until it has
+    /// caught up (with 3:2:1 on 32 GPUs the weight-1 team alternates between 5 and 6 GPUs and
+    /// averages its 5.3). This moves a team by at most one unit.
+    /// Equal shares go to the team with the fewest GPU-seconds per weight so far (GPU time
+    /// over the run), then by deadline and age.
     fn order_key(
         &self,
         job: &Job,
-        usage: &HashMap<String, (u64, u64)>,
+        usage: &HashMap<String, TeamUsage>,
         totals: (u64, u64),
+        level: f64,
         now: Instant,
-    ) -> (u8, bool, u64, u64, Instant, u64) {
+    ) -> (u8, bool, u64, u64, u64, Instant, u64) {
         let team = self.team(&job.spec.team);
-        let (g, c) = usage.get(&job.spec.team).copied().unwrap_or_default();
+        let used = usage.get(&job.spec.team).cloned().unwrap_or_default();
+        let workers = u64::from(job.spec.min_workers.max(1));
         let over_quota = team
             .gpu_quota
-            .is_some_and(|q| g + u64::from(job.spec.gpus) * u64::from(job.spec.min_workers) > q);
+            .is_some_and(|q| used.gpus + u64::from(job.spec.gpus) * workers > q);
+        let weight = team.weight.max(1e-6);
         let share = |used: u64, total: u64| used as f64 / total.max(1) as f64;
-        let dominant = share(g, totals.0).max(share(c, totals.1)) / team.weight.max(1e-6);
+        // One unit: a GPU's share of the cluster (a CPU's when it has no GPUs), the same for
+        // every job of a team so that a team's own jobs keep their order.
+        let behind = used.gpu_secs / weight < level;
+        let unit = if behind {
+            0.0
+        } else if totals.0 > 0 {
+            share(1, totals.0)
+        } else {
+            share(MILLI, totals.1)
+        };
+        let dominant = (share(used.gpus, totals.0).max(share(used.cpus, totals.1)) + unit) / weight;
         (
             u8::MAX - self.effective(job, now).rank(),
             over_quota,
             (dominant * 1e9) as u64,
+            (used.gpu_secs / weight * 1e3) as u64,
             job.spec.deadline_unix.unwrap_or(u64::MAX),
             job.submitted,
             job.id,
         )
     }
 
+    /// The competing teams' (those with a job eligible to run) GPU-seconds per weight: their
+    /// GPU-seconds over their weights' sum. A team below it has had less than its weight's
+    /// share of their GPU time so far.
+    fn level(&self, usage: &HashMap<String, TeamUsage>) -> f64 {
+        let teams: BTreeSet<&str> = self
+            .jobs
+            .values()
+            .filter(|j| Self::eligible(j))
+            .map(|j| j.spec.team.as_str())
+            .collect();
+        let (secs, weights) = teams.iter().fold((0.0, 0.0), |(s, w), t| {
+            (
+                s + usage.get(*t).map_or(0.0, |u| u.gpu_secs),
+                w + self.team(t).weight.max(1e-6),
+            )
+        });
+        if weights > 0.0 {
+            secs / weights
+        } else {
+            0.0
+        }
+    }
+
     /// Pending jobs in scheduling order, as of now (usage counted as is).
     pub fn order(&self, now: Instant) -> Vec<u64> {
-        let usage = self.usage(&HashMap::new());
+        let usage = self.usage(now);
+        let level = self.level(&usage);
         let totals = self.totals();
         let mut ids: Vec<u64> = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Pending)
+            .filter(|j| Self::eligible(j))
             .map(|j| j.id)
             .collect();
-        ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, now));
+        ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, level, now));
         ids
     }
 
@@ -578,6 +731,7 @@ impl Core {
 
     /// One scheduling pass (see the module documentation).
     pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        self.resolve_dependencies(now);
         self.learn_capacity();
         let busy = self.busy_gpus();
         let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
@@ -588,7 +742,7 @@ impl Core {
         let mut pending: BTreeSet<u64> = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Pending)
+            .filter(|j| Self::eligible(j))
             .map(|j| j.id)
             .collect();
         // Reservation: (job, per-agent amount and GPUs) subtracted for everyone else.
@@ -620,11 +774,12 @@ impl Core {
         }
         while !pending.is_empty() {
             // Members launched earlier in this pass are already recorded in their jobs.
-            let usage = self.usage(&HashMap::new());
+            let usage = self.usage(now);
+            let level = self.level(&usage);
             let Some(id) = pending
                 .iter()
                 .copied()
-                .min_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, now))
+                .min_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, level, now))
             else {
                 break;
             };
@@ -728,7 +883,7 @@ impl Core {
         if !decline.is_empty() {
             out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
         }
-        let active = self.jobs.values().any(|j| j.state == JobState::Pending);
+        let active = self.jobs.values().any(Self::eligible);
         let growing = self.jobs.values().any(|j| {
             j.state == JobState::Running
                 && !j.preempting
@@ -770,6 +925,17 @@ impl Core {
         }
         Some((id, parts))
     }
+}
+
+/// A team's usage, for ordering.
+#[derive(Debug, Clone, Default)]
+struct TeamUsage {
+    /// GPUs its members hold.
+    gpus: u64,
+    /// CPUs (milli) its members hold.
+    cpus: u64,
+    /// GPU-seconds used so far, running members included.
+    gpu_secs: f64,
 }
 
 /// Per agent: the amount and GPUs reserved there.

@@ -33,12 +33,16 @@ impl Shared {
     }
 
     /// Runs `f` on the core and performs the actions it returns.
+    ///
+    /// The actions are sent while the core is still locked: the driver's calls only queue
+    /// messages, and sending outside the lock let two callers (an HTTP submission and an
+    /// offer event) send in the other order than the core decided, e.g. a `Revive` overtaken
+    /// by an older `Suppress`, leaving the framework suppressed with work waiting.
     pub fn with<R>(&self, f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>)) -> R {
-        let (r, actions) = {
-            let mut core = self.core();
-            f(&mut core, Instant::now())
-        };
+        let mut core = self.core();
+        let (r, actions) = f(&mut core, Instant::now());
         self.perform(actions);
+        drop(core);
         r
     }
 

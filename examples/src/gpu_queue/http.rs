@@ -46,6 +46,9 @@ async fn submit(State(s): State<Arc<Shared>>, Json(spec): Json<JobSpec>) -> Resp
     if let Some(problem) = spec.problem() {
         return error(StatusCode::BAD_REQUEST, problem);
     }
+    if let Some(problem) = s.core().dependency_problem(&spec) {
+        return error(StatusCode::BAD_REQUEST, problem);
+    }
     if s.core().active_jobs() >= MAX_ACTIVE_JOBS {
         return error(
             StatusCode::TOO_MANY_REQUESTS,

@@ -175,6 +175,10 @@ pub struct JobSpec {
     /// Extra environment for every worker.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Jobs this one waits for (Slurm's `afterok`): it stays `PENDING` until every one of them
+    /// has `FINISHED`, and is `CANCELLED` when one of them ends `FAILED` or `CANCELLED`.
+    #[serde(default)]
+    pub after: Vec<u64>,
 }
 
 fn one() -> f64 {
@@ -192,6 +196,9 @@ fn grace() -> u32 {
 
 /// The longest job name (it is part of every task name).
 pub const MAX_NAME: usize = 128;
+
+/// The most jobs one job may depend on.
+pub const MAX_DEPENDENCIES: usize = 64;
 
 impl JobSpec {
     /// Why the specification cannot run, if it cannot.
@@ -212,6 +219,9 @@ impl JobSpec {
         }
         if self.gpus > 64 {
             return Some("at most 64 GPUs per worker".into());
+        }
+        if self.after.len() > MAX_DEPENDENCIES {
+            return Some(format!("at most {MAX_DEPENDENCIES} dependencies (after)"));
         }
         self.command_info().problem()
     }
@@ -294,4 +304,10 @@ pub struct JobView {
     pub message: String,
     /// Seconds since submission.
     pub age_secs: f64,
+    /// The jobs it depends on (`afterok`).
+    #[serde(default)]
+    pub after: Vec<u64>,
+    /// Those of them not yet `FINISHED` (a `PENDING` job with any waits on its dependencies).
+    #[serde(default)]
+    pub waiting_on: Vec<u64>,
 }

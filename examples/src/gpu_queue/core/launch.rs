@@ -20,6 +20,7 @@ impl Core {
         now: Instant,
     ) -> Vec<(usize, TaskInfo)> {
         let preempt_file = self.config.preempt_file.clone();
+        let known = &self.agents;
         let Some(job) = self.jobs.get_mut(&id) else {
             return Vec::new();
         };
@@ -61,7 +62,11 @@ impl Core {
                 resources: member_resources(&job.spec),
                 env,
                 kill_grace_secs: Some(job.spec.grace_secs),
-                gpu_selector: job.spec.selector(),
+                gpu_selector: pinned_selector(
+                    job.spec.selector(),
+                    known.get(&agent_id).map(|k| &k.gpus),
+                    &a.gpus,
+                ),
             };
             job.members.insert(
                 index,
@@ -144,5 +149,79 @@ exit "$status""#;
     CommandInfo {
         program: Program::Argv(argv),
         user: command.user.clone(),
+    }
+}
+
+/// The selector a member is launched with: the job's, with the model pinned to the model of
+/// the GPUs the plan chose for it when they are all one model and the job named none. The
+/// agent picks the devices itself (count and selector); without the pin, a job placed on an
+/// agent's H100s could be given its A100s and leave a later A100-only job of the same pass
+/// without any.
+fn pinned_selector(
+    selector: Option<GpuSelector>,
+    gpus: Option<&BTreeMap<String, gantry_sdk::placement::offers::FreeGpu>>,
+    planned: &[String],
+) -> Option<GpuSelector> {
+    if selector.as_ref().is_some_and(|s| s.model.is_some()) || planned.is_empty() {
+        return selector;
+    }
+    let models: std::collections::BTreeSet<&str> = planned
+        .iter()
+        .filter_map(|u| gpus.and_then(|g| g.get(u)).map(|g| g.model.as_str()))
+        .collect();
+    match models.into_iter().collect::<Vec<_>>().as_slice() {
+        [model] if !model.is_empty() => {
+            let mut s = selector.unwrap_or_default();
+            s.model = Some((*model).to_string());
+            Some(s)
+        }
+        _ => selector,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_sdk::placement::offers::FreeGpu;
+
+    fn gpu(uuid: &str, model: &str) -> (String, FreeGpu) {
+        (
+            uuid.to_string(),
+            FreeGpu {
+                uuid: uuid.into(),
+                model: model.into(),
+                memory_mib: 40960,
+                numa_node: Some(0),
+                pci_bus_id: String::new(),
+            },
+        )
+    }
+
+    #[test]
+    fn the_model_is_pinned_only_when_the_plan_chose_one_model_and_the_job_named_none() {
+        let known: BTreeMap<String, FreeGpu> =
+            [gpu("a", "NVIDIA A100"), gpu("h", "NVIDIA H100")].into();
+        let pinned = pinned_selector(None, Some(&known), &["h".into()]).unwrap();
+        assert_eq!(pinned.model.as_deref(), Some("NVIDIA H100"));
+        assert_eq!(
+            pinned_selector(None, Some(&known), &["a".into(), "h".into()]),
+            None
+        );
+        let named = GpuSelector {
+            model: Some("A100".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            pinned_selector(Some(named.clone()), Some(&known), &["a".into()]),
+            Some(named)
+        );
+        let mem = GpuSelector {
+            min_memory_mib: Some(1024),
+            ..Default::default()
+        };
+        let both = pinned_selector(Some(mem), Some(&known), &["a".into()]).unwrap();
+        assert_eq!(both.model.as_deref(), Some("NVIDIA A100"));
+        assert_eq!(both.min_memory_mib, Some(1024));
+        assert_eq!(pinned_selector(None, Some(&known), &[]), None);
     }
 }

@@ -69,6 +69,7 @@ fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u32) -> JobS
         deadline_unix: None,
         grace_secs: 5,
         env: Default::default(),
+        after: Vec::new(),
     }
 }
 
@@ -343,8 +344,8 @@ fn teams_within_quota_go_before_borrowers() {
     }
     let a = q.offers(c.offers(&[8]), now);
     let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
-    // Weighted DRF alternates while both are within quota; once big holds its quota of 2, the
-    // rest of small (within its quota) goes first, then big borrows what is left.
+    // Weighted DRF (weights 10:1) gives big its quota of 2 first; then the rest of small
+    // (within its quota) goes first, then big borrows what is left.
     assert_eq!(names.len(), 8);
     let small_at: Vec<usize> = names
         .iter()
@@ -352,7 +353,7 @@ fn teams_within_quota_go_before_borrowers() {
         .filter(|(_, n)| n.starts_with("small"))
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(small_at, [1, 3, 4], "{names:?}");
+    assert_eq!(small_at, [2, 3, 4], "{names:?}");
 }
 
 #[test]
@@ -675,4 +676,150 @@ fn a_failed_worker_fails_the_gang_and_stops_the_rest() {
         (v.state, v.preemptions, q.stats.preemptions),
         (JobState::Failed, 0, 0)
     );
+}
+
+fn after(mut s: JobSpec, deps: &[u64]) -> JobSpec {
+    s.after = deps.to_vec();
+    s
+}
+
+#[test]
+fn a_dependent_job_waits_until_its_dependencies_finish() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let (a_id, _) = q.submit(spec("a", "t", Priority::Normal, 1, 1), now);
+    let (b_id, _) = q.submit(spec("b", "t", Priority::Normal, 1, 1), now);
+    let c_spec = after(spec("c", "t", Priority::Critical, 1, 1), &[a_id, b_id]);
+    assert_eq!(q.dependency_problem(&c_spec), None);
+    let (c_id, _) = q.submit(c_spec, now);
+    // Plenty of room, yet only a and b start; c (critical) waits and preempts nobody.
+    let acts = q.offers(c.offers(&[8]), now);
+    let tasks = launched(&acts);
+    let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a/0", "b/0"]);
+    assert!(!acts.iter().any(|a| matches!(a, Action::Kill(_))));
+    assert!(!q.order(now).contains(&c_id), "c is not eligible yet");
+    let v = q.view(c_id, now).unwrap();
+    assert_eq!(v.state, JobState::Pending);
+    assert_eq!(v.waiting_on, vec![a_id, b_id]);
+    assert!(
+        v.message.contains("waiting on dependencies: 1, 2"),
+        "{}",
+        v.message
+    );
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, vec![]), now);
+    }
+    q.update(&update(&tasks[0], TaskState::Finished, vec![]), now);
+    let v = q.view(c_id, now).unwrap();
+    assert_eq!(v.waiting_on, vec![b_id]);
+    let acts = q.offers(c.offers(&[7]), now);
+    assert!(launched(&acts).is_empty(), "c still waits for b: {acts:?}");
+    // b finishes: c becomes eligible and starts on the next offer.
+    q.update(&update(&tasks[1], TaskState::Finished, vec![]), now);
+    assert_eq!(q.order(now), vec![c_id]);
+    let acts = q.offers(c.offers(&[8]), now);
+    let names: Vec<String> = launched(&acts).into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["c/0"]);
+    assert!(q.view(c_id, now).unwrap().waiting_on.is_empty());
+}
+
+#[test]
+fn a_failed_or_cancelled_dependency_cancels_the_chain_with_a_reason() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let (a_id, _) = q.submit(spec("a", "t", Priority::Normal, 1, 1), now);
+    let (b_id, _) = q.submit(after(spec("b", "t", Priority::Normal, 1, 1), &[a_id]), now);
+    let (c_id, _) = q.submit(after(spec("c", "t", Priority::Normal, 1, 1), &[b_id]), now);
+    let (x_id, _) = q.submit(spec("x", "t", Priority::Normal, 1, 1), now);
+    let (y_id, _) = q.submit(after(spec("y", "t", Priority::Normal, 1, 1), &[x_id]), now);
+    let tasks = launched(&q.offers(c.offers(&[8]), now));
+    assert_eq!(tasks.len(), 2);
+    // a fails: b and (through b) c are cancelled, saying why.
+    q.update(&update(&tasks[0], TaskState::Failed, vec![]), now);
+    let b = q.view(b_id, now).unwrap();
+    assert_eq!(b.state, JobState::Cancelled);
+    assert!(
+        b.message.contains("dependency 1 (a) ended FAILED"),
+        "{}",
+        b.message
+    );
+    assert!(b.message.contains("afterok"), "{}", b.message);
+    let cv = q.view(c_id, now).unwrap();
+    assert_eq!(cv.state, JobState::Cancelled);
+    assert!(
+        cv.message.contains("dependency 2 (b) ended CANCELLED"),
+        "{}",
+        cv.message
+    );
+    // x is cancelled by its user: y too.
+    q.cancel(x_id, now).unwrap();
+    assert_eq!(q.view(y_id, now).unwrap().state, JobState::Cancelled);
+    // Submitting after an already failed job: cancelled at once.
+    let (z_id, _) = q.submit(after(spec("z", "t", Priority::Normal, 1, 1), &[a_id]), now);
+    assert_eq!(q.view(z_id, now).unwrap().state, JobState::Cancelled);
+    // Unknown and repeated ids are refused before submission.
+    let bad = after(spec("w", "t", Priority::Normal, 1, 1), &[999]);
+    assert!(q.dependency_problem(&bad).unwrap().contains("999"));
+    let twice = after(spec("w", "t", Priority::Normal, 1, 1), &[a_id, a_id]);
+    assert!(q.dependency_problem(&twice).is_some());
+    assert_eq!(q.active_jobs(), 0);
+}
+
+#[test]
+fn weighted_shares_round_to_the_nearest_not_up_for_the_lightest_team() {
+    // 32 GPUs of 1-GPU jobs, weights 3:2:1 (16, 10.7, 5.3 GPUs): ordering by the share before
+    // each launch gives 16/10/6 (the weight-1 team 12% over); counting the launch, 16/11/5.
+    let c = Cluster::new(4);
+    let mut teams = BTreeMap::new();
+    for (t, w) in [("a", 3.0), ("b", 2.0), ("c", 1.0)] {
+        teams.insert(
+            t.to_string(),
+            TeamConfig {
+                weight: w,
+                gpu_quota: None,
+            },
+        );
+    }
+    let mut q = Core::new(CoreConfig {
+        teams,
+        ..Default::default()
+    });
+    let now = Instant::now();
+    for i in 0..40 {
+        for t in ["a", "b", "c"] {
+            q.submit(spec(&format!("{t}{i}"), t, Priority::Normal, 1, 1), now);
+        }
+    }
+    let acts = q.offers(c.offers(&[8, 8, 8, 8]), now);
+    let tasks = launched(&acts);
+    let per = |t: &str| tasks.iter().filter(|x| x.name.starts_with(t)).count();
+    assert_eq!((per("a"), per("b"), per("c")), (16, 11, 5));
+    // One of c's jobs ends: the GPU goes back to c (5 of 32 is under its sixth); one of a's
+    // ends: back to a.
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, vec![]), now);
+    }
+    let c0 = tasks.iter().find(|t| t.name == "c0/0").unwrap();
+    q.update(&update(c0, TaskState::Finished, vec![]), now);
+    let a0 = tasks.iter().find(|t| t.name == "a0/0").unwrap();
+    q.update(&update(a0, TaskState::Finished, vec![]), now);
+    // (Offers list every GPU of an agent; the core leaves out those its members hold: only
+    // the two freed ones are usable.)
+    let acts = q.offers(c.offers(&[8, 8, 8, 8]), now);
+    let mut names: Vec<String> = launched(&acts).into_iter().map(|t| t.name).collect();
+    names.sort();
+    assert_eq!(names, ["a16/0", "c5/0"]);
+    // 100 s later c has had less than its sixth of the GPU time (5 GPUs of 32, c0 ran for
+    // no time): when one of b's jobs ends, the odd GPU goes to c (6 for a while), not to b.
+    let t1 = now + Duration::from_secs(100);
+    let b0 = tasks.iter().find(|t| t.name == "b0/0").unwrap();
+    q.update(&update(b0, TaskState::Finished, vec![]), t1);
+    let names: Vec<String> = launched(&q.offers(c.offers(&[8, 8, 8, 8]), t1))
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["c6/0"]);
 }

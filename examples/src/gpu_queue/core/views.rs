@@ -20,10 +20,30 @@ impl Core {
     }
 
     fn view_of(&self, j: &Job, now: Instant) -> JobView {
-        let waiting = if j.state == JobState::Pending {
+        let waiting = if j.state == JobState::Pending && !j.on_deps {
             now.saturating_duration_since(j.waiting_since)
         } else {
             Duration::ZERO
+        };
+        let waiting_on: Vec<u64> = if j.state == JobState::Pending {
+            j.spec
+                .after
+                .iter()
+                .copied()
+                .filter(|d| {
+                    self.jobs
+                        .get(d)
+                        .is_none_or(|dj| dj.state != JobState::Finished)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let message = if j.on_deps && !waiting_on.is_empty() {
+            let ids: Vec<String> = waiting_on.iter().map(u64::to_string).collect();
+            format!("waiting on dependencies: {}", ids.join(", "))
+        } else {
+            j.message.clone()
         };
         let mut agents: Vec<String> = j.members.values().map(|m| m.hostname.clone()).collect();
         agents.sort();
@@ -55,8 +75,10 @@ impl Core {
                     state: m.state.as_str().to_string(),
                 })
                 .collect(),
-            message: j.message.clone(),
+            message,
             age_secs: now.saturating_duration_since(j.submitted).as_secs_f64(),
+            after: j.spec.after.clone(),
+            waiting_on,
         }
     }
 
