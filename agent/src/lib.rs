@@ -3,7 +3,12 @@
 //! Runs on each (GPU) host: measures its resources, registers with the leading master,
 //! launches tasks in sandboxes, reports their status reliably and survives its own restart.
 //!
-//! - [`agent`]: the core event loop owning tasks, the update queue and the checkpoint.
+//! - [`core`]: PURE agent state machine ([`core::AgentCore`]): takes inputs (master messages,
+//!   launches, exits, samples, GPU faults, ticks) and the time, returns effects (launch, signal,
+//!   send, persist, sample, settle, collect). Task lifecycle, kill escalation, GPU health,
+//!   recovery, the sandbox collection queue.
+//! - [`agent`]: the thin tokio runtime around the core: performs its effects (the log's group
+//!   commit, launches off the loop, cgroups, sampling, sandbox GC, MPS, `/metrics`).
 //! - [`session`]: the QUIC connection to the master (mutual TLS, redirects, reconnects).
 //! - [`executor`]: task launch under a per-task supervisor (shell string or argv, as the task's
 //!   Unix user: [`executor::user`]), exit status, kill.
@@ -23,6 +28,7 @@
 pub mod agent;
 pub mod checkpoint;
 pub mod config;
+pub mod core;
 pub mod discovery;
 pub mod executor;
 pub mod gc;

@@ -17,6 +17,11 @@
 //! when the task ends and then [`TaskCgroup::destroy`]s it. After an agent restart
 //! [`Isolator::reopen`] finds a task's cgroup again and [`Isolator::cleanup_except`] removes
 //! orphans.
+//!
+//! Over 800 lines: one file on purpose for the v1/v2 `Isolator` and `TaskCgroup` (each method
+//! has both hierarchies side by side, so a change to one is seen next to the other) and their
+//! tests; the device rules ([`devices`]), the eBPF program ([`bpf`]) and the path layout
+//! ([`layout`]) are already split out.
 
 pub mod bpf;
 pub mod devices;

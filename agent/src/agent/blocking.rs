@@ -1,0 +1,174 @@
+//! The runtime's blocking helpers (run on blocking threads, off the loop): settling a task's
+//! cgroup (its OOM flag and final usage recorded, then destroyed) and one usage sample.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use gantry_sdk::protocol::*;
+
+use super::FINAL_FILE;
+use crate::core::CgroupOutcome;
+use crate::discovery::NvmlGpus;
+use crate::executor;
+use crate::gpu;
+use crate::isolation::TaskCgroup;
+
+/// Reads a task cgroup's OOM flag and usage, records them in the task's meta directory and
+/// destroys the cgroup (blocking). Without a cgroup (gone already), the recorded outcome is
+/// returned.
+pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutcome {
+    let final_file = meta.join(FINAL_FILE);
+    let recorded: Option<CgroupOutcome> = std::fs::read(&final_file)
+        .ok()
+        .and_then(|d| serde_json::from_slice(&d).ok());
+    let Some(cg) = cg.filter(|c| c.is_isolated()) else {
+        return recorded.unwrap_or_default();
+    };
+    // Recorded by an earlier incarnation that died while destroying the cgroup: that reading
+    // was taken from the whole cgroup and stays authoritative.
+    if let Some(outcome) = recorded {
+        destroy_cgroup(cg);
+        return outcome;
+    }
+    let outcome = CgroupOutcome {
+        oom_killed: cg.oom_killed().unwrap_or_else(|e| {
+            tracing::warn!(task = cg.task_id(), "reading the OOM flag: {e}");
+            false
+        }),
+        usage: cg.usage().ok(),
+    };
+    if let Ok(json) = serde_json::to_vec(&outcome) {
+        let tmp = meta.join(format!("{FINAL_FILE}.tmp"));
+        if std::fs::write(&tmp, json)
+            .and_then(|_| std::fs::rename(&tmp, &final_file))
+            .is_err()
+        {
+            tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome");
+        }
+    }
+    destroy_cgroup(cg);
+    outcome
+}
+
+/// Destroys a task cgroup, retrying; a cgroup that cannot be removed is logged (the next
+/// agent start removes it).
+pub(super) fn destroy_cgroup(cg: &TaskCgroup) {
+    for attempt in 1..=3 {
+        match cg.destroy() {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(
+                    task = cg.task_id(),
+                    attempt,
+                    "destroying the task cgroup: {e}"
+                )
+            }
+        }
+    }
+}
+
+/// One usage sample (blocking): GPU samples and processes from NVML, cpu/memory from each
+/// task's cgroup, GPU figures attributed to tasks through the pids of their cgroups (or process
+/// groups without isolation).
+pub(super) fn sample(
+    gpus: Option<&NvmlGpus>,
+    tasks: &[(TaskId, Option<TaskCgroup>, i32, Vec<String>)],
+) -> (Vec<(TaskId, TaskUsage)>, Vec<GpuSample>) {
+    let (samples, procs) = match gpus {
+        Some(g) => (g.sample(), g.processes()),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut pid_task = HashMap::new();
+    let mut assigned = HashMap::new();
+    let mut out = Vec::with_capacity(tasks.len());
+    for (id, cg, pgid, uuids) in tasks {
+        let cg = cg.as_ref().filter(|c| c.is_isolated());
+        let usage = match cg.map(TaskCgroup::usage) {
+            None => TaskUsage::default(),
+            Some(Ok(u)) => u,
+            // Gone meanwhile (the task is ending): its final usage is sent when it settles.
+            Some(Err(_)) => continue,
+        };
+        if !procs.is_empty() {
+            let pids = match cg {
+                Some(c) => c.pids().unwrap_or_default(),
+                None => executor::group_pids(*pgid),
+            };
+            for p in pids {
+                pid_task.insert(p, *id);
+            }
+        }
+        for u in uuids {
+            assigned.insert(u.clone(), *id);
+        }
+        out.push((*id, usage));
+    }
+    let attributed = gpu::attribute(&samples, &procs, &pid_task, &assigned);
+    for (id, u) in &mut out {
+        if let Some(g) = attributed.get(id) {
+            u.gpu_mem_bytes = g.mem_bytes;
+            u.gpu_util_percent = g.util_percent;
+        }
+    }
+    (out, samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isolation::{IsolationMode, Isolator, Limits};
+
+    #[test]
+    fn settled_outcome_survives_a_missing_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing recorded, no cgroup: no OOM, no usage.
+        let o = settle_cgroup(None, dir.path());
+        assert!(!o.oom_killed && o.usage.is_none());
+        // A recorded outcome (written before the cgroup was destroyed) is read back.
+        let recorded = CgroupOutcome {
+            oom_killed: true,
+            usage: Some(TaskUsage {
+                mem_peak_bytes: 64 << 20,
+                ..TaskUsage::default()
+            }),
+        };
+        std::fs::write(
+            dir.path().join(FINAL_FILE),
+            serde_json::to_vec(&recorded).unwrap(),
+        )
+        .unwrap();
+        let o = settle_cgroup(None, dir.path());
+        assert!(o.oom_killed);
+        assert_eq!(o.usage.unwrap().mem_peak_bytes, 64 << 20);
+        // Without isolation the task "cgroup" is not one: the record is used as well.
+        let iso = Isolator::new(IsolationMode::None, None).unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("t", &limits).unwrap();
+        assert!(settle_cgroup(Some(&cg), dir.path()).oom_killed);
+    }
+
+    #[test]
+    fn sampling_without_gpus_or_cgroups() {
+        let iso = Isolator::new(IsolationMode::None, None).unwrap();
+        let limits = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("t", &limits).unwrap();
+        let id = TaskId::random();
+        // SAFETY: getpgrp has no preconditions.
+        let pgid = unsafe { libc::getpgrp() };
+        let (tasks, gpus) = sample(None, &[(id, Some(cg), pgid, Vec::new())]);
+        assert!(gpus.is_empty());
+        assert_eq!(tasks, vec![(id, TaskUsage::default())]);
+    }
+}

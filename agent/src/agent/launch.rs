@@ -1,0 +1,118 @@
+//! The runtime's launch path: a [`LaunchPlan`] from the core becomes a supervisor started on a
+//! blocking thread once the plan's records are committed; its start and exit come back as
+//! events.
+
+use std::path::PathBuf;
+
+use super::{Agent, Event};
+use crate::core::LaunchPlan;
+use crate::executor::user::{self, TaskUser};
+use crate::executor::{self, ExitStatus, LaunchSpec};
+use crate::gpu;
+
+impl Agent {
+    /// Starts a launch after the commit of the task's record (a restarted agent knows every
+    /// task it may have started, and every cgroup it may have made). The blocking part — the
+    /// user look-up (NSS, LDAP), the cgroup, the directories, fork and exec — runs on a
+    /// blocking thread, so no launch holds up the event loop or another task's messages.
+    pub(super) fn launch(&mut self, plan: LaunchPlan) {
+        let LaunchPlan {
+            task,
+            sandbox,
+            meta,
+            cgroup_name,
+            limits,
+            mut env,
+            user,
+            share,
+            ..
+        } = plan;
+        let id = task.task_id;
+        // A fraction of one GPU: its sharing limits (and under MPS its GPU's daemon).
+        if let Some(share) = share {
+            let pipe = self.mps.as_mut().and_then(|m| m.ensure(&share.uuid));
+            for (k, v) in gpu::share::mps_env(
+                self.config.gpu_sharing,
+                share.gpus_milli,
+                share.memory_mib,
+                pipe.as_deref().and_then(|p| p.to_str()),
+            ) {
+                env.insert(k.to_string(), v);
+            }
+        }
+        let events = self.events.clone();
+        let isolator = self.config.isolator.clone();
+        let supervisor = self.supervisor.clone();
+        self.launches.push(Box::pin(async move {
+            let blocking_meta = meta.clone();
+            let spawned = tokio::task::spawn_blocking(move || {
+                // The user first, so an unknown user costs no cgroup.
+                let user: Option<TaskUser> = match user {
+                    None => None,
+                    Some(name) => Some(
+                        user::lookup(&name)
+                            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))?,
+                    ),
+                };
+                let cg = isolator
+                    .create(&cgroup_name, &limits)
+                    .map_err(|e| format!("task cgroup: {e}"))?;
+                let procs: Vec<PathBuf> =
+                    cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
+                let spec = LaunchSpec {
+                    sandbox: &sandbox,
+                    meta: &blocking_meta,
+                    program: &task.command.program,
+                    user: user.as_ref(),
+                    env: &env,
+                    cgroup_procs: &procs,
+                    supervisor: &supervisor,
+                };
+                match executor::spawn_supervisor(&spec) {
+                    Ok(child) => Ok((cg, child)),
+                    Err(e) => {
+                        let _ = cg.destroy();
+                        Err(e.to_string())
+                    }
+                }
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let (cg, mut child) = match spawned {
+                Ok(ok) => ok,
+                Err(e) => {
+                    let _ = events.send(Event::Launched {
+                        task: id,
+                        cgroup: None,
+                        result: Err(e),
+                    });
+                    return;
+                }
+            };
+            match executor::started(&mut child, &meta).await {
+                Ok(launched) => {
+                    let _ = events.send(Event::Launched {
+                        task: id,
+                        cgroup: Some(cg),
+                        result: Ok(launched),
+                    });
+                    let _ = child.wait().await;
+                    let status = executor::read_exit(&meta).unwrap_or(ExitStatus {
+                        code: None,
+                        signal: None,
+                    });
+                    let _ = events.send(Event::Exited { task: id, status });
+                }
+                Err(e) => {
+                    let _ = tokio::task::spawn_blocking(move || cg.destroy()).await;
+                    let _ = events.send(Event::Launched {
+                        task: id,
+                        cgroup: None,
+                        result: Err(e.to_string()),
+                    });
+                }
+            }
+        }));
+    }
+}

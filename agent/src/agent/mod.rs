@@ -1,0 +1,741 @@
+//! The agent's runtime: the thin tokio shell around the pure [`crate::core::AgentCore`], like
+//! the master's `server` around its `state`. One loop owns the core and the I/O handles (the
+//! write-ahead log, the master session's sender, live task cgroups, MPS daemons, `/metrics`);
+//! it feeds the core [`Input`]s with the time and performs the [`Effect`]s it returns. The
+//! master session ([`crate::session`]), the task watchers, the NVML health watcher and blocking
+//! helpers (launches, cgroup settlement, sampling, recovery checks, sandbox garbage collection)
+//! only send it events.
+//!
+//! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
+//! event already waiting, appends the records the core asked to persist, commits the batch with
+//! one `fdatasync`, and only then sends the messages and starts the launches the batch produced
+//! (`Agent::commit`).
+//!
+//! Task life: the core assigns GPUs and records the task with its cgroup name *before* the
+//! launch creates the cgroup, so a restarted agent knows everything it may have created. The
+//! task joins its cgroup between `fork` and `exec` (the supervisor writes `0` to each
+//! `cgroup.procs`). When it ends, the OOM flag and final usage are read, recorded in the
+//! sandbox, and the cgroup is destroyed before the core makes the task terminal.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gantry_sdk::protocol::*;
+use gantry_sdk::transport::{tls, PeerIdentity};
+use tokio::sync::mpsc;
+
+use crate::core::{AgentCore, CgroupOutcome, CoreConfig, Effect, Input, RecoveryProbe};
+use crate::discovery::NvmlGpus;
+use crate::executor::user;
+use crate::executor::{self, ExitStatus, Launched};
+use crate::gc::{self, GcPolicy};
+use crate::gpu;
+use crate::isolation::{Isolator, NvidiaMajors, TaskCgroup};
+use crate::session;
+use crate::wal::{self, Wal};
+
+/// Directory (under the work dir) where `gantry-agent clear-gpu` drops clear requests.
+pub const CLEAR_DIR: &str = "gpu-clear";
+
+/// File in a task's meta directory recording its cgroup's final OOM flag and usage, written
+/// before the cgroup is destroyed (so a restarted agent still reports the real outcome).
+const FINAL_FILE: &str = "cgroup-final.json";
+
+/// Everything the agent is configured with.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Master addresses (`host:port`); the agent follows redirects to the leader.
+    pub masters: Vec<String>,
+    pub work_dir: PathBuf,
+    pub tls_dir: PathBuf,
+    /// The agent's name: the identity in its certificate.
+    pub name: String,
+    pub hostname: String,
+    /// Unreserved resources advertised (with `gpus` = the GPUs found, before health).
+    pub resources: Resources,
+    /// Statically reserved resources per role (on top of `resources`).
+    pub reserved: BTreeMap<String, Resources>,
+    pub attributes: Attributes,
+    /// Default SIGTERM-to-SIGKILL grace period.
+    pub kill_grace: Duration,
+    /// The agent binary: each task's supervisor is `gantry-supervise` beside it, or it
+    /// re-executed as `gantry-agent supervise` when that is not installed.
+    pub agent_exe: PathBuf,
+    /// Task isolation (cgroups v1/v2, or none).
+    pub isolator: Isolator,
+    /// NVML and its GPUs; `None` on a CPU agent.
+    pub gpus: Option<Arc<NvmlGpus>>,
+    /// Enforce each task's `cpus` as a hard CFS quota.
+    pub cpu_hard_limit: bool,
+    /// `pids.max` of every task cgroup.
+    pub task_pids_max: Option<u64>,
+    /// How often GPUs and task cgroups are sampled.
+    pub usage_interval: Duration,
+    /// With a value, an unhealthy GPU is re-checked this long after its last fault.
+    pub gpu_recovery_after: Option<Duration>,
+    /// Device majors of the NVIDIA driver (for the device allow lists).
+    pub nvidia_majors: NvidiaMajors,
+    /// The user tasks run as when their command names none (`--task-user`). An agent that is
+    /// not root runs every task as itself, so this must then be its own user.
+    pub task_user: String,
+    /// How tasks holding fractions of one GPU share it (`--gpu-sharing`).
+    pub gpu_sharing: gpu::share::Sharing,
+    /// What happens to a task over its GPU-memory share (`--gpu-memory-enforce`).
+    pub gpu_memory_enforce: gpu::share::MemoryEnforce,
+    /// When ended tasks' sandboxes are removed (`--gc-delay`, `--gc-disk-headroom`,
+    /// `--gc-keep`).
+    pub gc: GcPolicy,
+    /// Log size past which the write-ahead log is compacted into a snapshot
+    /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
+    pub wal_compact_bytes: u64,
+    /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
+    pub metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// Events the runtime loop reacts to.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Connected(mpsc::UnboundedSender<AgentToMaster>),
+    Disconnected,
+    Master(MasterToAgent),
+    Launched {
+        task: TaskId,
+        /// The task's cgroup (`None` when the launch failed: it destroyed the cgroup first).
+        cgroup: Option<TaskCgroup>,
+        result: Result<Launched, String>,
+    },
+    Exited {
+        task: TaskId,
+        status: ExitStatus,
+    },
+    Settled {
+        task: TaskId,
+        status: ExitStatus,
+        outcome: CgroupOutcome,
+    },
+    Sampled {
+        tasks: Vec<(TaskId, TaskUsage)>,
+        gpus: Vec<GpuSample>,
+    },
+    GpuFault(gpu::GpuFault),
+    RecoveryChecked {
+        uuid: String,
+        passed: bool,
+    },
+    /// A background snapshot of the state (log compaction) is written, or failed.
+    Compacted(Result<(), String>),
+    /// Sandboxes found on disk at start.
+    GcScanned(Vec<gc::Ended>),
+    /// A garbage collection pass ended (with the disk usage it measured).
+    GcDone {
+        disk_used: Option<f64>,
+    },
+}
+
+/// A launch waiting for the commit of the records that announce it.
+type PendingLaunch = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The core's clock: Unix milliseconds.
+fn unix_ms() -> u64 {
+    gc::now_ms()
+}
+
+struct Agent {
+    config: AgentConfig,
+    core: AgentCore,
+    wal: Wal,
+    /// Messages to the master, sent after the next commit.
+    outbox: Vec<AgentToMaster>,
+    /// Launches started after the next commit.
+    launches: Vec<PendingLaunch>,
+    /// A background snapshot is being written.
+    compacting: bool,
+    master: Option<mpsc::UnboundedSender<AgentToMaster>>,
+    events: mpsc::UnboundedSender<Event>,
+    start: Instant,
+    /// Cgroups of live tasks.
+    cgroups: HashMap<TaskId, TaskCgroup>,
+    last_clear_poll: Instant,
+    last_notice_poll: Instant,
+    /// MPS control daemons (`--gpu-sharing mps` on a GPU agent).
+    mps: Option<gpu::mps::MpsDaemons>,
+    /// What runs as each task's supervisor.
+    supervisor: Arc<executor::SupervisorCommand>,
+    /// What `/metrics` shows (published after each usage sample).
+    metrics: crate::metrics::AgentMetrics,
+}
+
+fn core_config(config: &AgentConfig) -> CoreConfig {
+    CoreConfig {
+        work_dir: config.work_dir.clone(),
+        hostname: config.hostname.clone(),
+        resources: config.resources.clone(),
+        reserved: config.reserved.clone(),
+        attributes: config.attributes.clone(),
+        task_user: config.task_user.clone(),
+        root: user::is_root(),
+        kill_grace: config.kill_grace,
+        isolated: config.isolator.layout().is_some(),
+        gpu_agent: config.gpus.is_some(),
+        inventory: config
+            .gpus
+            .as_ref()
+            .map(|g| g.inventory().gpus.clone())
+            .unwrap_or_default(),
+        gpu_sharing: config.gpu_sharing,
+        gpu_memory_enforce: config.gpu_memory_enforce,
+        gpu_recovery_after: config.gpu_recovery_after,
+        cpu_hard_limit: config.cpu_hard_limit,
+        task_pids_max: config.task_pids_max,
+        nvidia_majors: config.nvidia_majors,
+        usage_interval: config.usage_interval,
+        gc: config.gc,
+    }
+}
+
+/// Probes the host for the checkpointed tasks that are not terminal (blocking /proc reads).
+fn probe(core: &AgentCore) -> RecoveryProbe {
+    let mut probe = RecoveryProbe::default();
+    for (id, rec) in &core.checkpoint().tasks {
+        if rec.state.is_terminal() {
+            continue;
+        }
+        let mut launched = rec.launched;
+        // (Checkpoints from before the meta directory kept no claim: nothing to find.)
+        if launched.is_none() && !rec.meta.as_os_str().is_empty() {
+            if let Some(l) = executor::find_launched(&rec.meta) {
+                probe.found.push((*id, l));
+                launched = Some(l);
+            }
+        }
+        match launched {
+            Some(l) if executor::supervisor_alive(&l) => probe.alive.push(*id),
+            Some(_) => probe
+                .exited
+                .push((*id, executor::read_exit(rec.meta_dir()))),
+            None => {}
+        }
+    }
+    probe
+}
+
+/// Runs the agent until `shutdown` resolves. Running tasks are left running: a restarted
+/// agent re-adopts them from its checkpoint.
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(config.work_dir.join("sandboxes"))
+        .with_context(|| format!("creating {}", config.work_dir.display()))?;
+    // Refuse a TLS directory or key others may write (they could replace our identity or the
+    // CA); warn about keys others may read.
+    if config.tls_dir.exists() {
+        for warning in tls::check_dir_permissions(&config.tls_dir)
+            .context("checking the TLS directory's permissions")?
+        {
+            tracing::warn!("{warning}");
+        }
+    }
+    let material = gantry_pki::load_or_issue(
+        &config.tls_dir,
+        &PeerIdentity::Agent(config.name.clone()),
+        &[],
+    )
+    .context("loading the agent's TLS identity")?;
+    let (ckpt, wal) = Wal::open(&config.work_dir).context("recovering the agent's state")?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let now = Instant::now();
+    let mut agent = Agent {
+        config: config.clone(),
+        core: AgentCore::new(core_config(&config), ckpt, unix_ms(), now),
+        wal,
+        outbox: Vec::new(),
+        launches: Vec::new(),
+        compacting: false,
+        master: None,
+        events: tx.clone(),
+        start: now,
+        cgroups: HashMap::new(),
+        last_clear_poll: now,
+        mps: (config.gpu_sharing == gpu::share::Sharing::Mps && config.gpus.is_some()).then(|| {
+            gpu::mps::MpsDaemons::new(
+                gpu::mps::find_in_path(gpu::mps::MPS_CONTROL),
+                &config.work_dir.join("mps"),
+            )
+        }),
+        last_notice_poll: now,
+        supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
+        metrics: crate::metrics::AgentMetrics::default(),
+    };
+    let probed = probe(&agent.core);
+    let effects = agent.core.recover(probed, unix_ms());
+    agent.perform(effects)?;
+    agent.commit()?;
+    // Sandboxes left from earlier runs join the collection queue.
+    {
+        let dir = config.work_dir.clone();
+        let events = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = events.send(Event::GcScanned(gc::scan(&dir)));
+        });
+    }
+    // GPU faults: the NVML watcher thread -> this loop.
+    let watcher = config.gpus.as_ref().map(|g| {
+        let (ftx, mut frx) = mpsc::unbounded_channel();
+        let events = tx.clone();
+        tokio::spawn(async move {
+            while let Some(f) = frx.recv().await {
+                if events.send(Event::GpuFault(f)).is_err() {
+                    break;
+                }
+            }
+        });
+        g.watch_health(ftx)
+    });
+    let metrics_server = match config.metrics_listen {
+        Some(addr) => {
+            let listener = crate::metrics::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}"))?;
+            tracing::info!(%addr, "serving /metrics");
+            Some(tokio::spawn(crate::metrics::serve(
+                listener,
+                agent.metrics.clone(),
+            )))
+        }
+        None => None,
+    };
+    let session = tokio::spawn(session::run(config, material, tx.clone()));
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    let result = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            ev = rx.recv() => match ev {
+                Some(ev) => {
+                    // Group commit: handle every event already waiting, then write their
+                    // records with one fsync before anything they produced leaves.
+                    let mut handled = agent.handle(ev);
+                    let mut n = 1;
+                    while handled.is_ok() && n < MAX_BATCH {
+                        let Ok(ev) = rx.try_recv() else { break };
+                        handled = agent.handle(ev);
+                        n += 1;
+                    }
+                    if let Err(e) = handled {
+                        break Err(e);
+                    }
+                    if let Err(e) = agent.commit() {
+                        break Err(e);
+                    }
+                }
+                None => break Ok(()),
+            },
+            _ = tick.tick() => {
+                if let Err(e) = agent.tick().and_then(|_| agent.commit()) {
+                    break Err(e);
+                }
+            }
+        }
+    };
+    session.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
+    if let Some(w) = watcher {
+        tokio::task::spawn_blocking(move || w.stop()).await.ok();
+    }
+    // A clean stop with no live task leaves no empty cgroup root behind; with live tasks the
+    // root stays for the next start to re-adopt them. An agent no master accepted leaves it
+    // alone: it may share the root of the agent whose name it collided with.
+    if agent.core.accepted()
+        && agent
+            .core
+            .checkpoint()
+            .tasks
+            .values()
+            .all(|t| t.state.is_terminal())
+    {
+        if let Err(e) = agent.config.isolator.remove_root() {
+            tracing::debug!("cgroup root not removed: {e}");
+        }
+    }
+    result
+}
+
+/// Events handled (at most) per commit.
+const MAX_BATCH: usize = 4096;
+
+mod blocking;
+mod launch;
+
+use blocking::{sample, settle_cgroup};
+
+impl Agent {
+    /// Feeds one input to the core and performs its effects.
+    fn input(&mut self, input: Input) -> anyhow::Result<()> {
+        let effects = self.core.handle(input, unix_ms());
+        self.perform(effects)
+    }
+
+    fn handle(&mut self, ev: Event) -> anyhow::Result<()> {
+        let input = match ev {
+            Event::Connected(tx) => {
+                self.master = Some(tx);
+                // Whatever was queued for the previous connection: Register goes first.
+                self.outbox.clear();
+                Input::Connected
+            }
+            Event::Disconnected => {
+                self.master = None;
+                self.outbox.clear();
+                Input::Disconnected
+            }
+            Event::Master(msg) => Input::Master(msg),
+            Event::Launched {
+                task,
+                cgroup,
+                result,
+            } => {
+                if let Some(cg) = cgroup {
+                    self.cgroups.insert(task, cg);
+                }
+                Input::Launched { task, result }
+            }
+            Event::Exited { task, status } => Input::Exited { task, status },
+            Event::Settled {
+                task,
+                status,
+                outcome,
+            } => Input::Settled {
+                task,
+                status,
+                outcome,
+            },
+            Event::Sampled { tasks, gpus } => Input::Sampled { tasks, gpus },
+            Event::GpuFault(fault) => {
+                if let gpu::FaultKind::Xid(x) = fault.kind {
+                    self.metrics.record_xid(&fault.uuid, x);
+                }
+                Input::GpuFault(fault)
+            }
+            Event::RecoveryChecked { uuid, passed } => Input::RecoveryChecked { uuid, passed },
+            Event::GcScanned(found) => Input::GcScanned(found),
+            Event::GcDone { disk_used } => Input::GcDone { disk_used },
+            Event::Compacted(result) => {
+                self.compacting = false;
+                match result {
+                    Ok(()) => tracing::info!(
+                        generation = self.core.checkpoint().log_gen,
+                        "compacted the agent's log"
+                    ),
+                    // The logs stay: nothing is lost, the next compaction tries again.
+                    Err(e) => tracing::warn!("compacting the agent's log: {e}"),
+                }
+                return Ok(());
+            }
+        };
+        self.input(input)
+    }
+
+    /// Performs the core's effects (messages and launches wait for the next commit).
+    fn perform(&mut self, effects: Vec<Effect>) -> anyhow::Result<()> {
+        for effect in effects {
+            match effect {
+                Effect::Send(msg) => {
+                    if self.master.is_some() {
+                        self.outbox.push(msg);
+                    }
+                }
+                Effect::Persist(record) => self.wal.append(record),
+                Effect::Launch(plan) => self.launch(*plan),
+                Effect::Signal { pgid, signal } => executor::signal_group(pgid, signal),
+                Effect::KillCgroup(task) => {
+                    if let Some(cg) = self.cgroups.get(&task).cloned() {
+                        tokio::task::spawn_blocking(move || {
+                            if let Err(e) = cg.kill_all() {
+                                tracing::warn!(task = cg.task_id(), "killing the task cgroup: {e}");
+                            }
+                        });
+                    }
+                }
+                Effect::AdoptCgroup { task, name } => match self.config.isolator.reopen(&name) {
+                    Ok(cg) => {
+                        self.cgroups.insert(task, cg);
+                    }
+                    Err(e) => tracing::warn!(task = %task, "task cgroup not found: {e}"),
+                },
+                Effect::ForgetCgroup(task) => {
+                    self.cgroups.remove(&task);
+                }
+                Effect::DestroyCgroup(task) => {
+                    if let Some(cg) = self.cgroups.remove(&task) {
+                        tokio::task::spawn_blocking(move || cg.destroy());
+                    }
+                }
+                Effect::Settle {
+                    task,
+                    status,
+                    meta,
+                    cgroup,
+                } => {
+                    let cg = self.cgroups.remove(&task).or_else(|| {
+                        cgroup
+                            .as_deref()
+                            .and_then(|n| self.config.isolator.reopen(n).ok())
+                    });
+                    let events = self.events.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let outcome = settle_cgroup(cg.as_ref(), &meta);
+                        let _ = events.send(Event::Settled {
+                            task,
+                            status,
+                            outcome,
+                        });
+                    });
+                }
+                Effect::Sample(tasks) => {
+                    let snapshot: Vec<(TaskId, Option<TaskCgroup>, i32, Vec<String>)> = tasks
+                        .into_iter()
+                        .map(|(id, pgid, gpus)| (id, self.cgroups.get(&id).cloned(), pgid, gpus))
+                        .collect();
+                    let gpus = self.config.gpus.clone();
+                    let events = self.events.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let (tasks, gpus) = sample(gpus.as_deref(), &snapshot);
+                        let _ = events.send(Event::Sampled { tasks, gpus });
+                    });
+                }
+                Effect::PublishMetrics(usage) => self.publish_metrics(&usage),
+                Effect::CheckRecovery(uuid) => {
+                    if let Some(gpus) = self.config.gpus.clone() {
+                        let events = self.events.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let passed = gpus.recovery_check(&uuid);
+                            let _ = events.send(Event::RecoveryChecked { uuid, passed });
+                        });
+                    }
+                }
+                Effect::CleanupCgroups => self.cleanup_cgroups(),
+                Effect::CollectGarbage(due) => {
+                    let dir = self.config.work_dir.clone();
+                    let events = self.events.clone();
+                    tokio::task::spawn_blocking(move || {
+                        if !due.is_empty() {
+                            let removed = gc::remove(&dir, &due);
+                            tracing::debug!(removed, "removed the sandboxes of ended tasks");
+                        }
+                        let _ = events.send(Event::GcDone {
+                            disk_used: gc::disk_used(&dir),
+                        });
+                    });
+                }
+                Effect::Stop(message) => anyhow::bail!(message),
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits the batch: the changed task records and queued changes go to the log with one
+    /// fsync; then the messages and launches they protect go out. Starts a background
+    /// compaction when the log has grown past [`wal::COMPACT_BYTES`].
+    fn commit(&mut self) -> anyhow::Result<()> {
+        let effects = self.core.flush(unix_ms());
+        self.perform(effects)?;
+        self.wal
+            .commit()
+            .context("writing the agent's write-ahead log")?;
+        if let Some(m) = &self.master {
+            for msg in self.outbox.drain(..) {
+                let _ = m.send(msg);
+            }
+        } else {
+            self.outbox.clear();
+        }
+        for launch in self.launches.drain(..) {
+            tokio::spawn(launch);
+        }
+        if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
+            let gen = self.wal.rotate().context("starting a new log")?;
+            let mut snapshot = self.core.checkpoint().clone();
+            snapshot.log_gen = gen;
+            self.core.checkpoint_mut().log_gen = gen;
+            self.compacting = true;
+            let dir = self.config.work_dir.clone();
+            let events = self.events.clone();
+            tokio::task::spawn_blocking(move || {
+                let result = wal::write_snapshot(&dir, &snapshot).map_err(|e| e.to_string());
+                let _ = events.send(Event::Compacted(result));
+            });
+        }
+        Ok(())
+    }
+
+    /// Destroys the task cgroups under our root that no live task of ours needs. A busy cgroup
+    /// this checkpoint has never heard of is someone else's (another agent sharing the root)
+    /// and is left alone.
+    fn cleanup_cgroups(&self) {
+        let iso = &self.config.isolator;
+        if iso.layout().is_none() {
+            return;
+        }
+        let tasks = &self.core.checkpoint().tasks;
+        let mut keep: Vec<String> = tasks
+            .values()
+            .filter(|t| !t.state.is_terminal() && t.launched.is_some())
+            .filter_map(|t| t.cgroup.clone())
+            .collect();
+        let ours: HashSet<&str> = tasks.values().filter_map(|t| t.cgroup.as_deref()).collect();
+        match iso.list() {
+            Ok(ids) => {
+                for id in ids {
+                    if ours.contains(id.as_str()) || keep.contains(&id) {
+                        continue;
+                    }
+                    let busy = iso
+                        .reopen(&id)
+                        .and_then(|cg| cg.pids())
+                        .is_ok_and(|p| !p.is_empty());
+                    if busy {
+                        tracing::warn!(cgroup = %id, "leaving a busy task cgroup this agent does not know (another agent on the same --cgroup-root?)");
+                        keep.push(id);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("listing task cgroups: {e}"),
+        }
+        let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+        match iso.cleanup_except(&keep) {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(
+                    ?removed,
+                    "removed task cgroups left from before the restart"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!("removing orphan task cgroups: {e}"),
+        }
+    }
+
+    /// Publishes what `/metrics` shows after a usage sample ([`crate::metrics`]).
+    fn publish_metrics(&self, usage: &[(TaskId, TaskUsage)]) {
+        let ckpt = self.core.checkpoint();
+        let inventory = self
+            .config
+            .gpus
+            .as_ref()
+            .map(|g| g.inventory().gpus.as_slice())
+            .unwrap_or(&[]);
+        let mut snapshot = crate::metrics::snapshot(
+            &self.config.hostname,
+            inventory,
+            self.core.last_gpu_samples(),
+            |uuid| self.core.health().is_healthy(uuid),
+            &ckpt.tasks,
+            usage,
+        );
+        snapshot.status_update_retries = ckpt.updates.retries();
+        snapshot.status_updates_pending = ckpt.updates.len();
+        self.metrics.publish(snapshot);
+    }
+
+    fn tick(&mut self) -> anyhow::Result<()> {
+        // Adopted tasks (not our children: ours are awaited by their launch): their task
+        // group when the launch was recorded before the task started, and their supervisors
+        // polled. Only they cost a /proc read per tick.
+        let mut found = Vec::new();
+        let mut gone = Vec::new();
+        for (id, t) in self.core.adopted_live() {
+            let Some(l) = t.launched else { continue };
+            if l.task_pgid == 0 {
+                if let Some(pgid) = executor::read_task_pgid(t.meta_dir()) {
+                    found.push(Input::PgidFound { task: id, pgid });
+                }
+            }
+            if !executor::supervisor_alive(&l) {
+                gone.push((id, t.meta_dir().to_path_buf()));
+            }
+        }
+        for input in found {
+            self.input(input)?;
+        }
+        for (id, meta) in gone {
+            let status = match executor::read_exit(&meta) {
+                Some(status) => status,
+                // The supervisor died without recording an outcome.
+                None if self.start.elapsed() > Duration::from_secs(1) => ExitStatus {
+                    code: None,
+                    signal: None,
+                },
+                None => continue,
+            };
+            let _ = self.events.send(Event::Exited { task: id, status });
+        }
+        self.input(Input::Tick)?;
+        if self.mps.is_some() {
+            // Every GPU holding a live fractional task has its MPS control daemon (also after
+            // an agent restart), restarted when it exited.
+            let shared = self.core.shared_gpus();
+            if let Some(m) = self.mps.as_mut() {
+                for uuid in &shared {
+                    m.ensure(uuid);
+                }
+                m.supervise();
+            }
+        }
+        self.poll_clear_requests()?;
+        self.poll_termination_notice()?;
+        Ok(())
+    }
+
+    /// A spot-termination notice in the work dir ([`crate::termination`]) goes to the core
+    /// (which tells the master once per registration), checked every second.
+    fn poll_termination_notice(&mut self) -> anyhow::Result<()> {
+        if !self.core.registered() || self.last_notice_poll.elapsed() < Duration::from_secs(1) {
+            return Ok(());
+        }
+        self.last_notice_poll = Instant::now();
+        let Some(notice) = crate::termination::read(&self.config.work_dir) else {
+            return Ok(());
+        };
+        if notice.deadline_unix_ms + 60_000 < crate::termination::unix_ms() {
+            // Long past: the host was not taken after all (or this is a stale file).
+            crate::termination::remove(&self.config.work_dir);
+            return Ok(());
+        }
+        self.input(Input::TerminationNotice {
+            deadline_unix_ms: notice.deadline_unix_ms,
+            reason: notice.reason,
+        })
+    }
+
+    /// Operator clear requests dropped by `gantry-agent clear-gpu`, checked every second.
+    fn poll_clear_requests(&mut self) -> anyhow::Result<()> {
+        if self.config.gpus.is_none() || self.last_clear_poll.elapsed() < Duration::from_secs(1) {
+            return Ok(());
+        }
+        self.last_clear_poll = Instant::now();
+        let dir = self.config.work_dir.join(CLEAR_DIR);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let mut names = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                continue;
+            }
+            if let Err(err) = std::fs::remove_file(e.path()) {
+                tracing::warn!("removing clear request {}: {err}", e.path().display());
+            }
+            names.push(name);
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.input(Input::ClearGpus(names))
+    }
+}

@@ -1,0 +1,711 @@
+//! PURE agent core: the agent's state machine, like the master's `state` module. It owns the
+//! checkpointed state (tasks, the status update queue, GPU health, the agent id) and the
+//! session flags, takes [`Input`]s with the time (`now`, Unix ms: the one clock; the GPU
+//! health tracker's `Instant`s are derived from it) and returns [`Effect`]s: messages to send,
+//! log records to persist, launches, signals, cgroup settlements, usage samples. It reads no
+//! clock and does no I/O; the runtime ([`crate::agent`]) performs the effects and feeds back
+//! what they observed (a launch's supervisor, an exit status, a settled cgroup, a sample).
+//!
+//! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
+//!   escalation, settlement into a terminal state, status updates, GPU-memory shares.
+//! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
+//! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed.
+//! - `tests`: lifecycle, kill escalation, recovery and GPU health without processes.
+
+mod health;
+mod recovery;
+mod tasks;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gantry_sdk::protocol::codec;
+use gantry_sdk::protocol::resources::MILLI;
+use gantry_sdk::protocol::*;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{Checkpoint, TaskRecord};
+use crate::discovery::DiscoveredGpu;
+use crate::executor::{ExitStatus, Launched};
+use crate::gc;
+use crate::gpu::{self, GpuFault, HealthTracker};
+use crate::isolation::{Limits, NvidiaMajors};
+use crate::wal::Record;
+
+pub use recovery::RecoveryProbe;
+
+/// What the core is configured with (the part of the agent's configuration decisions need).
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    pub work_dir: PathBuf,
+    pub hostname: String,
+    pub resources: Resources,
+    pub reserved: BTreeMap<String, Resources>,
+    pub attributes: Attributes,
+    pub task_user: String,
+    /// The agent runs as root (it can run tasks as other users).
+    pub root: bool,
+    pub kill_grace: Duration,
+    /// Tasks get cgroups (the isolator has a layout).
+    pub isolated: bool,
+    /// A GPU agent (NVML is open); `inventory` lists its GPUs.
+    pub gpu_agent: bool,
+    pub inventory: Vec<DiscoveredGpu>,
+    pub gpu_sharing: gpu::share::Sharing,
+    pub gpu_memory_enforce: gpu::share::MemoryEnforce,
+    pub gpu_recovery_after: Option<Duration>,
+    pub cpu_hard_limit: bool,
+    pub task_pids_max: Option<u64>,
+    pub nvidia_majors: NvidiaMajors,
+    pub usage_interval: Duration,
+    /// When ended tasks' sandboxes are removed.
+    pub gc: gc::GcPolicy,
+}
+
+/// What a task's cgroup said when the task ended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CgroupOutcome {
+    pub oom_killed: bool,
+    pub usage: Option<TaskUsage>,
+}
+
+/// What the core reacts to.
+#[derive(Debug)]
+pub enum Input {
+    Connected,
+    Disconnected,
+    Master(MasterToAgent),
+    /// A launch's supervisor started (or the launch failed).
+    Launched {
+        task: TaskId,
+        result: Result<Launched, String>,
+    },
+    Exited {
+        task: TaskId,
+        status: ExitStatus,
+    },
+    /// The task's cgroup has been read and destroyed: the task can be reported terminal.
+    Settled {
+        task: TaskId,
+        status: ExitStatus,
+        outcome: CgroupOutcome,
+    },
+    Sampled {
+        tasks: Vec<(TaskId, TaskUsage)>,
+        gpus: Vec<GpuSample>,
+    },
+    GpuFault(GpuFault),
+    RecoveryChecked {
+        uuid: String,
+        passed: bool,
+    },
+    /// Operator clear requests (GPU uuids, or `all`) found in the work dir.
+    ClearGpus(Vec<String>),
+    /// The task group of an adopted task whose launch was recorded before its task started.
+    PgidFound {
+        task: TaskId,
+        pgid: i32,
+    },
+    /// A spot-termination notice is on disk.
+    TerminationNotice {
+        deadline_unix_ms: u64,
+        reason: String,
+    },
+    /// Sandboxes found on disk at start.
+    GcScanned(Vec<gc::Ended>),
+    /// A garbage collection pass ended (with the disk usage it measured, 0.0 to 1.0).
+    GcDone {
+        disk_used: Option<f64>,
+    },
+    /// Time passes (every 200 ms): kill escalation, heartbeats, samples, recovery checks.
+    Tick,
+}
+
+/// A launch to perform (the blocking part runs off the loop).
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    pub framework_id: FrameworkId,
+    pub task: TaskInfo,
+    pub sandbox: PathBuf,
+    pub meta: PathBuf,
+    pub cgroup_name: String,
+    pub limits: Limits,
+    pub env: BTreeMap<String, String>,
+    /// The user to switch to (looked up at launch), `None` to run as the agent.
+    pub user: Option<String>,
+    /// A fraction of one GPU: the runtime adds the sharing environment (and its MPS daemon).
+    pub share: Option<GpuShare>,
+}
+
+/// A fractional GPU share of a launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuShare {
+    pub uuid: String,
+    pub gpus_milli: u64,
+    pub memory_mib: u64,
+}
+
+/// What the runtime does for the core.
+#[derive(Debug)]
+pub enum Effect {
+    /// A message to the master, sent after the batch's log commit.
+    Send(AgentToMaster),
+    /// A log record, committed (one fsync per batch) before the batch's messages leave.
+    Persist(Record),
+    /// Starts a task after the commit of its record.
+    Launch(Box<LaunchPlan>),
+    /// Signals a task's process group.
+    Signal { pgid: i32, signal: i32 },
+    /// SIGKILLs every process in the task's cgroup.
+    KillCgroup(TaskId),
+    /// Reopens the cgroup of a re-adopted task.
+    AdoptCgroup { task: TaskId, name: String },
+    /// The task is terminal: drop its cgroup handle (already destroyed).
+    ForgetCgroup(TaskId),
+    /// A cgroup made for a task the core no longer knows: destroy it.
+    DestroyCgroup(TaskId),
+    /// Read the task's cgroup outcome, destroy the cgroup, then report [`Input::Settled`].
+    Settle {
+        task: TaskId,
+        status: ExitStatus,
+        meta: PathBuf,
+        cgroup: Option<String>,
+    },
+    /// Sample these tasks (id, process group, GPUs) and the GPUs, then report
+    /// [`Input::Sampled`].
+    Sample(Vec<(TaskId, i32, Vec<String>)>),
+    /// Publish `/metrics` with these task usages.
+    PublishMetrics(Vec<(TaskId, TaskUsage)>),
+    /// Run a GPU recovery check, then report [`Input::RecoveryChecked`].
+    CheckRecovery(String),
+    /// A master accepted this agent: remove task cgroups nobody owns.
+    CleanupCgroups,
+    /// Remove these tasks' sandboxes, measure the disk, then report [`Input::GcDone`].
+    CollectGarbage(Vec<TaskId>),
+    /// The master refused this agent: stop.
+    Stop(String),
+}
+
+/// The agent's state machine.
+pub struct AgentCore {
+    pub(crate) config: CoreConfig,
+    pub(crate) ckpt: Checkpoint,
+    /// Tasks whose record changed since the last [`AgentCore::flush`].
+    dirty: HashSet<TaskId>,
+    fx: Vec<Effect>,
+    /// The clock's reading when the core was made and the matching `Instant` (the GPU health
+    /// tracker counts in `Instant`s).
+    epoch_ms: u64,
+    epoch: Instant,
+    connected: bool,
+    registered: bool,
+    /// The last `Register` left its pending updates out (too large for one frame): they go
+    /// out one by one once registered.
+    updates_left_out: bool,
+    /// Set once a master accepted this agent (only then are unknown cgroups removed).
+    accepted: bool,
+    heartbeat_every: u64,
+    last_heartbeat: u64,
+    health: HealthTracker,
+    /// Tasks whose cgroup is being read and destroyed.
+    settling: HashSet<TaskId>,
+    /// When a killed task's cgroup was last SIGKILLed.
+    escalated: HashMap<TaskId, u64>,
+    sampling: bool,
+    last_sample: u64,
+    last_gpu_samples: Vec<GpuSample>,
+    /// GPUs whose recovery check is running.
+    checking: HashSet<String>,
+    /// Tasks already reported over their GPU-memory share (once per excursion).
+    gpu_mem_over: HashSet<TaskId>,
+    /// The termination notice deadline told to the current master.
+    notice_sent: Option<u64>,
+    /// Tasks re-adopted after a restart (the runtime polls their supervisors).
+    adopted: HashSet<TaskId>,
+    /// Sandboxes of forgotten tasks, oldest first, waiting for garbage collection.
+    gc_queue: VecDeque<gc::Ended>,
+    /// A collection pass (or the start-up scan) is running.
+    gc_busy: bool,
+    /// Disk usage of the work directory as last measured (0.0 to 1.0).
+    disk_used: f64,
+    last_gc: u64,
+}
+
+impl AgentCore {
+    /// A core over the recovered checkpoint; `epoch` is the `Instant` matching `now`.
+    pub fn new(config: CoreConfig, ckpt: Checkpoint, now: u64, epoch: Instant) -> Self {
+        AgentCore {
+            health: HealthTracker::new(config.gpu_recovery_after),
+            config,
+            ckpt,
+            dirty: HashSet::new(),
+            fx: Vec::new(),
+            epoch_ms: now,
+            epoch,
+            connected: false,
+            registered: false,
+            updates_left_out: false,
+            accepted: false,
+            heartbeat_every: 1000,
+            last_heartbeat: now,
+            settling: HashSet::new(),
+            escalated: HashMap::new(),
+            sampling: false,
+            last_sample: now,
+            last_gpu_samples: Vec::new(),
+            checking: HashSet::new(),
+            gpu_mem_over: HashSet::new(),
+            notice_sent: None,
+            adopted: HashSet::new(),
+            gc_queue: VecDeque::new(),
+            // Until the start-up scan of the work dir reports.
+            gc_busy: true,
+            disk_used: 0.0,
+            last_gc: now,
+        }
+    }
+
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.ckpt
+    }
+
+    pub fn checkpoint_mut(&mut self) -> &mut Checkpoint {
+        &mut self.ckpt
+    }
+
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    pub fn accepted(&self) -> bool {
+        self.accepted
+    }
+
+    pub fn health(&self) -> &HealthTracker {
+        &self.health
+    }
+
+    pub fn last_gpu_samples(&self) -> &[GpuSample] {
+        &self.last_gpu_samples
+    }
+
+    pub fn knows(&self, task: &TaskId) -> bool {
+        self.ckpt.tasks.contains_key(task)
+    }
+
+    /// Re-adopted tasks the runtime polls: not terminal and not settling.
+    pub fn adopted_live(&self) -> Vec<(TaskId, &TaskRecord)> {
+        self.adopted
+            .iter()
+            .filter(|id| !self.settling.contains(id))
+            .filter_map(|id| self.ckpt.tasks.get(id).map(|t| (*id, t)))
+            .filter(|(_, t)| !t.state.is_terminal())
+            .collect()
+    }
+
+    /// GPUs holding a live fractional task (each needs its MPS daemon).
+    pub fn shared_gpus(&self) -> Vec<String> {
+        self.ckpt
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal())
+            .filter(|t| matches!(t.info.resources.gpu_amount(), Ok(GpuAmount::Fraction(_))))
+            .flat_map(|t| t.gpus.iter().cloned())
+            .collect()
+    }
+
+    fn instant(&self, now: u64) -> Instant {
+        self.epoch + Duration::from_millis(now.saturating_sub(self.epoch_ms))
+    }
+
+    fn emit(&mut self, effect: Effect) {
+        self.fx.push(effect);
+    }
+
+    fn persist(&mut self, record: Record) {
+        self.emit(Effect::Persist(record));
+    }
+
+    /// Queues a message for the master (dropped while disconnected).
+    fn send(&mut self, msg: AgentToMaster) {
+        if self.connected {
+            self.emit(Effect::Send(msg));
+        }
+    }
+
+    /// Sends a message that needs a registered session.
+    fn send_registered(&mut self, msg: AgentToMaster) {
+        if self.registered {
+            self.send(msg);
+        }
+    }
+
+    /// Handles one input at `now` (Unix ms).
+    pub fn handle(&mut self, input: Input, now: u64) -> Vec<Effect> {
+        match input {
+            Input::Connected => self.connected(),
+            Input::Disconnected => {
+                self.connected = false;
+                self.registered = false;
+            }
+            Input::Master(msg) => self.master_message(msg, now),
+            Input::Launched { task, result } => self.launched(task, result, now),
+            Input::Exited { task, status } => self.exited(task, status),
+            Input::Settled {
+                task,
+                status,
+                outcome,
+            } => self.settled(task, status, outcome, now),
+            Input::Sampled { tasks, gpus } => self.sampled(tasks, gpus, now),
+            Input::GpuFault(fault) => self.gpu_fault(fault, now),
+            Input::RecoveryChecked { uuid, passed } => self.recovery_checked(uuid, passed, now),
+            Input::ClearGpus(names) => self.clear_gpus(names, now),
+            Input::PgidFound { task, pgid } => {
+                if let Some(l) = self
+                    .ckpt
+                    .tasks
+                    .get_mut(&task)
+                    .and_then(|t| t.launched.as_mut())
+                {
+                    l.task_pgid = pgid;
+                    self.dirty.insert(task);
+                }
+            }
+            Input::TerminationNotice {
+                deadline_unix_ms,
+                reason,
+            } => {
+                if self.registered && self.notice_sent != Some(deadline_unix_ms) {
+                    self.notice_sent = Some(deadline_unix_ms);
+                    let in_ms = deadline_unix_ms.saturating_sub(now);
+                    tracing::warn!(in_ms, %reason, "termination notice: asking the master to drain this agent");
+                    self.send(AgentToMaster::TerminationNotice { in_ms, reason });
+                }
+            }
+            Input::GcScanned(found) => {
+                self.gc_busy = false;
+                // Tasks known now (launched since the scan began) are not garbage.
+                let found = found
+                    .into_iter()
+                    .filter(|e| !self.ckpt.tasks.contains_key(&e.task))
+                    .collect();
+                gc::merge(&mut self.gc_queue, found);
+            }
+            Input::GcDone { disk_used } => {
+                self.gc_busy = false;
+                if let Some(u) = disk_used {
+                    self.disk_used = u;
+                }
+            }
+            Input::Tick => self.tick(now),
+        }
+        std::mem::take(&mut self.fx)
+    }
+
+    /// Ends a batch: due status updates go out and the changed task records are persisted
+    /// (the runtime commits the log before sending anything).
+    pub fn flush(&mut self, now: u64) -> Vec<Effect> {
+        self.flush_updates(now);
+        let mut dirty: Vec<TaskId> = self.dirty.drain().collect();
+        dirty.sort();
+        for id in dirty {
+            let record = match self.ckpt.tasks.get(&id) {
+                Some(rec) => Record::Task(Box::new(rec.clone())),
+                None => Record::TaskRemoved(id),
+            };
+            self.persist(record);
+        }
+        std::mem::take(&mut self.fx)
+    }
+
+    fn connected(&mut self) {
+        self.connected = true;
+        self.registered = false;
+        let running_tasks = self
+            .ckpt
+            .tasks
+            .values()
+            .map(|t| RunningTask {
+                framework_id: t.framework_id,
+                task: t.info.clone(),
+                state: t.state,
+                gpus: t.gpus.clone(),
+            })
+            .collect();
+        let (register, left_out) = fit_register(AgentToMaster::Register {
+            agent_id: self.ckpt.agent_id,
+            hostname: self.config.hostname.clone(),
+            resources: self.advertised_resources(),
+            reserved: self.config.reserved.clone(),
+            attributes: self.config.attributes.clone(),
+            gpus: self.gpu_infos(),
+            running_tasks,
+            pending_updates: self.ckpt.updates.all(),
+            task_user: self.config.task_user.clone(),
+        });
+        self.updates_left_out = left_out;
+        self.send(register);
+    }
+
+    fn master_message(&mut self, msg: MasterToAgent, now: u64) {
+        match msg {
+            MasterToAgent::Registered {
+                agent_id,
+                heartbeat_interval_ms,
+                ..
+            } => {
+                if self.ckpt.agent_id != Some(agent_id) {
+                    self.ckpt.agent_id = Some(agent_id);
+                    self.persist(Record::AgentId(agent_id));
+                }
+                self.registered = true;
+                // A new master (or a new session) hears the termination notice again.
+                self.notice_sent = None;
+                if !self.accepted {
+                    self.accepted = true;
+                    self.emit(Effect::CleanupCgroups);
+                }
+                self.heartbeat_every = heartbeat_interval_ms.clamp(100, 60_000);
+                if std::mem::take(&mut self.updates_left_out) {
+                    // Not in the registration: send them now, one by one.
+                    self.ckpt.updates.reset_connection();
+                    self.flush_updates(now);
+                } else {
+                    self.ckpt.updates.mark_all_sent(now);
+                }
+                tracing::info!(%agent_id, "registered with the master");
+            }
+            MasterToAgent::RunTask {
+                framework_id,
+                task,
+                gpus,
+            } => {
+                if self.ckpt.tasks.contains_key(&task.task_id) {
+                    tracing::warn!(task = %task.task_id, "duplicate launch ignored");
+                    return;
+                }
+                self.launch(framework_id, task, &gpus, now);
+            }
+            MasterToAgent::KillTask {
+                framework_id,
+                task_id,
+            } => self.kill(framework_id, task_id, now),
+            MasterToAgent::Acknowledge { task_id, update_id } => {
+                if self.ckpt.updates.ack(task_id, update_id) {
+                    self.persist(Record::Acked {
+                        task: task_id,
+                        update: update_id,
+                    });
+                    let done = self
+                        .ckpt
+                        .tasks
+                        .get(&task_id)
+                        .is_some_and(|t| t.state.is_terminal())
+                        && !self.ckpt.updates.has_pending(task_id);
+                    if done {
+                        self.ckpt.tasks.remove(&task_id);
+                        self.dirty.insert(task_id);
+                        self.gc_queue.push_back(gc::Ended {
+                            task: task_id,
+                            at_ms: now,
+                        });
+                    }
+                }
+            }
+            MasterToAgent::Error { message } => {
+                // A refusal (a name in use by another agent, an id of another agent, invalid
+                // reservations): retrying cannot help, so stop (non-zero) instead of flapping.
+                tracing::error!("the master refused this agent: {message}");
+                self.emit(Effect::Stop(format!(
+                    "the master refused this agent: {message}"
+                )));
+            }
+            MasterToAgent::ClearGpu { uuid } => match self.health.clear(&uuid) {
+                Some(change) => {
+                    tracing::info!(gpu = %uuid, "GPU cleared by an operator through the master");
+                    self.health_changed(change, now);
+                }
+                None => {
+                    tracing::warn!(gpu = %uuid, "clear request for a GPU that is not unhealthy (or unknown)")
+                }
+            },
+        }
+    }
+
+    fn tick(&mut self, now: u64) {
+        self.escalate_kills(now);
+        self.adopted.retain(|id| {
+            self.ckpt
+                .tasks
+                .get(id)
+                .is_some_and(|t| !t.state.is_terminal())
+        });
+        if self.registered && now.saturating_sub(self.last_heartbeat) >= self.heartbeat_every {
+            self.last_heartbeat = now;
+            self.send(AgentToMaster::Heartbeat);
+        }
+        self.sample_if_due(now);
+        self.recovery_checks_due(now);
+        self.collect_garbage(now);
+        self.flush_updates(now);
+    }
+
+    /// Sandboxes due for collection ([`gc`]), at most one pass a second; a pass with nothing
+    /// to remove still measures the disk every few seconds.
+    fn collect_garbage(&mut self, now: u64) {
+        let since = now.saturating_sub(self.last_gc);
+        if self.gc_busy || since < 1000 {
+            return;
+        }
+        let mut due = self.config.gc.due(&mut self.gc_queue, now, self.disk_used);
+        // A task id launched again meanwhile owns its directories.
+        due.retain(|t| !self.ckpt.tasks.contains_key(t));
+        if due.is_empty() && since < 5000 {
+            return;
+        }
+        self.gc_busy = true;
+        self.last_gc = now;
+        self.emit(Effect::CollectGarbage(due));
+    }
+
+    /// Every `--usage-interval`: sample GPUs and task cgroups.
+    fn sample_if_due(&mut self, now: u64) {
+        if self.sampling
+            || !self.registered
+            || now.saturating_sub(self.last_sample) < self.config.usage_interval.as_millis() as u64
+        {
+            return;
+        }
+        let snapshot: Vec<(TaskId, i32, Vec<String>)> = self
+            .ckpt
+            .tasks
+            .iter()
+            .filter(|(id, t)| !t.state.is_terminal() && !self.settling.contains(id))
+            .filter_map(|(id, t)| Some((*id, t.launched?.task_pgid, t.gpus.clone())))
+            .collect();
+        if snapshot.is_empty() && !self.config.gpu_agent {
+            self.last_sample = now;
+            // Nothing to sample: /metrics drops the tasks that ended.
+            self.emit(Effect::PublishMetrics(Vec::new()));
+            return;
+        }
+        self.sampling = true;
+        self.emit(Effect::Sample(snapshot));
+    }
+
+    fn sampled(&mut self, tasks: Vec<(TaskId, TaskUsage)>, gpus: Vec<GpuSample>, now: u64) {
+        self.sampling = false;
+        self.last_sample = now;
+        // Tasks that ended while sampling ran are not reported.
+        let tasks: Vec<(TaskId, TaskUsage)> = tasks
+            .into_iter()
+            .filter(|(id, _)| {
+                self.ckpt
+                    .tasks
+                    .get(id)
+                    .is_some_and(|t| !t.state.is_terminal())
+            })
+            .collect();
+        let tasks = self.gpu_memory_check(tasks, now);
+        self.last_gpu_samples = gpus.clone();
+        self.emit(Effect::PublishMetrics(tasks.clone()));
+        if !tasks.is_empty() || !gpus.is_empty() {
+            // Many tasks: as many messages as the frame limit needs.
+            let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
+                tasks,
+                gpus: gpus.clone(),
+            });
+            if !split.oversized.is_empty() {
+                tracing::warn!(
+                    n = split.oversized.len(),
+                    "usage samples too large to send; dropped"
+                );
+            }
+            for msg in split.batches {
+                self.send_registered(msg);
+            }
+        }
+    }
+
+    fn flush_updates(&mut self, now: u64) {
+        if !self.registered || !self.connected {
+            return;
+        }
+        for u in self.ckpt.updates.due(now) {
+            self.send(AgentToMaster::StatusUpdate(u));
+        }
+    }
+
+    fn inventory(&self) -> &[DiscoveredGpu] {
+        &self.config.inventory
+    }
+
+    /// What to advertise: `gpus` counts the healthy GPUs only.
+    fn advertised_resources(&self) -> Resources {
+        let mut r = self.config.resources.clone();
+        let base = r.milli("gpus");
+        if base > 0 {
+            let unhealthy = self
+                .inventory()
+                .iter()
+                .filter(|g| !self.health.is_healthy(&g.info.uuid))
+                .count() as u64;
+            r.set_milli("gpus", base.saturating_sub(unhealthy * MILLI));
+        }
+        r
+    }
+
+    fn gpu_infos(&self) -> Vec<GpuInfo> {
+        self.inventory()
+            .iter()
+            .map(|g| GpuInfo {
+                healthy: self.health.is_healthy(&g.info.uuid),
+                ..g.info.clone()
+            })
+            .collect()
+    }
+}
+
+/// Makes a `Register` fit in one frame: first without its pending updates (they are sent one
+/// by one after registering; returns true then), then, for thousands of tasks with long
+/// commands, without the tasks' commands and environments (the master needs their ids and
+/// resources to adopt them). Logs what it left out.
+pub(crate) fn fit_register(mut msg: AgentToMaster) -> (AgentToMaster, bool) {
+    let fits = |m: &AgentToMaster| codec::encoded_len(m).is_ok_and(|n| n <= codec::MAX_FRAME);
+    if fits(&msg) {
+        return (msg, false);
+    }
+    let AgentToMaster::Register {
+        running_tasks,
+        pending_updates,
+        ..
+    } = &mut msg
+    else {
+        return (msg, false);
+    };
+    tracing::warn!(
+        updates = pending_updates.len(),
+        "registration too large for one frame; pending status updates follow it one by one"
+    );
+    let left_out = !pending_updates.is_empty();
+    pending_updates.clear();
+    let tasks = running_tasks.len();
+    if fits(&msg) {
+        return (msg, left_out);
+    }
+    tracing::warn!(
+        tasks,
+        "registration still too large; reporting the tasks without their commands and environments"
+    );
+    if let AgentToMaster::Register { running_tasks, .. } = &mut msg {
+        for t in running_tasks {
+            // The program goes; the user stays (the master shows who the task runs as).
+            t.task.command.program = Program::Shell(String::new());
+            t.task.env.clear();
+        }
+    }
+    (msg, left_out)
+}

@@ -1,0 +1,117 @@
+//! Recovery in the core: after a restart, the runtime probes the checkpointed tasks'
+//! supervisors (alive, exited with a recorded status, or a launch found that the previous agent
+//! did not record) and the core decides each task's fate.
+
+use gantry_sdk::protocol::*;
+
+use super::{AgentCore, Effect};
+use crate::executor::{ExitStatus, Launched};
+
+/// What the runtime found on the host for the checkpointed tasks that are not terminal.
+#[derive(Debug, Default)]
+pub struct RecoveryProbe {
+    /// Launches the previous agent started but died before recording (their supervisors
+    /// said where they are).
+    pub found: Vec<(TaskId, Launched)>,
+    /// Launched tasks whose supervisor is still alive.
+    pub alive: Vec<TaskId>,
+    /// Launched tasks whose supervisor is gone, with the exit status it recorded (if any).
+    pub exited: Vec<(TaskId, Option<ExitStatus>)>,
+}
+
+impl AgentCore {
+    /// Re-adopts checkpointed tasks: live supervisors are watched again (and their cgroups
+    /// reopened); tasks whose supervisor is gone are settled from the exit status they
+    /// recorded; tasks never launched failed with the previous agent. GPUs still unhealthy
+    /// before the restart stay so.
+    pub fn recover(&mut self, probe: RecoveryProbe, now: u64) -> Vec<Effect> {
+        let at = self.instant(now);
+        let known: Vec<String> = self
+            .inventory()
+            .iter()
+            .map(|g| g.info.uuid.clone())
+            .collect();
+        let unhealthy: Vec<(String, String)> = self
+            .ckpt
+            .unhealthy_gpus
+            .iter()
+            .map(|(u, r)| (u.clone(), r.clone()))
+            .collect();
+        for (uuid, reason) in unhealthy {
+            if known.contains(&uuid) {
+                self.health.mark_unhealthy(&uuid, &reason, at);
+                tracing::warn!(gpu = %uuid, %reason, "GPU still unhealthy from before the restart");
+            }
+        }
+        for (id, l) in probe.found {
+            let Some(rec) = self.ckpt.tasks.get_mut(&id) else {
+                continue;
+            };
+            if rec.state.is_terminal() || rec.launched.is_some() {
+                continue;
+            }
+            tracing::info!(task = %id, pid = l.supervisor_pid, "found the supervisor of a launch the previous agent did not record");
+            rec.launched = Some(l);
+            self.update(
+                id,
+                TaskState::Running,
+                None,
+                "running".into(),
+                None,
+                None,
+                now,
+            );
+        }
+        let alive: std::collections::HashSet<TaskId> = probe.alive.into_iter().collect();
+        let exited: std::collections::HashMap<TaskId, Option<ExitStatus>> =
+            probe.exited.into_iter().collect();
+        let ids: Vec<TaskId> = self.ckpt.tasks.keys().copied().collect();
+        let mut adopted = 0;
+        for id in ids {
+            let Some(rec) = self.ckpt.tasks.get(&id) else {
+                continue;
+            };
+            if rec.state.is_terminal() {
+                continue;
+            }
+            match rec.launched {
+                Some(l) if alive.contains(&id) => {
+                    adopted += 1;
+                    self.adopted.insert(id);
+                    tracing::info!(task = %id, pid = l.task_pgid, "re-adopted running task");
+                    if let Some(name) = rec.cgroup.clone() {
+                        self.emit(Effect::AdoptCgroup { task: id, name });
+                    }
+                }
+                Some(_) => {
+                    let status = exited.get(&id).copied().flatten().unwrap_or(ExitStatus {
+                        code: None,
+                        signal: None,
+                    });
+                    self.exited(id, status);
+                }
+                None => {
+                    // Never started: the launch died with the previous agent (its cgroup, and
+                    // anything that made it into it, is removed once a master accepts us).
+                    self.terminal(
+                        id,
+                        TaskState::Failed,
+                        Some(TaskReason::AgentRestarted),
+                        "agent restarted before the task was launched".into(),
+                        None,
+                        None,
+                        now,
+                    );
+                }
+            }
+        }
+        if !self.ckpt.tasks.is_empty() {
+            tracing::info!(
+                tasks = self.ckpt.tasks.len(),
+                adopted,
+                "recovered checkpoint"
+            );
+        }
+        std::mem::take(&mut self.fx)
+    }
+}

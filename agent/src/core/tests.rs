@@ -1,0 +1,945 @@
+//! The agent core without processes: task lifecycle, kill escalation, recovery, GPU health.
+//! Time is an input; effects are inspected instead of performed. (Over 800 lines: tests only,
+//! one scenario per test, plus the `Register` frame-fitting tests.)
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use gantry_sdk::protocol::*;
+
+use super::*;
+use crate::checkpoint::Checkpoint;
+use crate::discovery::DiscoveredGpu;
+use crate::executor::{ExitStatus, Launched};
+use crate::gpu::{FaultKind, GpuFault};
+use crate::isolation::NvidiaMajors;
+
+const T0: u64 = 1_700_000_000_000;
+
+fn gpu(i: u32) -> DiscoveredGpu {
+    DiscoveredGpu {
+        index: i,
+        info: GpuInfo {
+            uuid: format!("GPU-{i}"),
+            name: "Test GPU".into(),
+            memory_mib: 16_384,
+            compute_capability: (8, 0),
+            minor: i,
+            pci_bus_id: format!("0000:0{i}:00.0"),
+            numa_node: Some(0),
+            healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
+        },
+        pci_root: None,
+    }
+}
+
+fn config(gpus: u32) -> CoreConfig {
+    CoreConfig {
+        work_dir: "/work".into(),
+        hostname: "h".into(),
+        resources: format!("cpus:4;mem:1024;gpus:{gpus}").parse().unwrap(),
+        reserved: BTreeMap::new(),
+        attributes: Default::default(),
+        task_user: "nobody".into(),
+        root: false,
+        kill_grace: Duration::from_secs(3),
+        isolated: true,
+        gpu_agent: gpus > 0,
+        inventory: (0..gpus).map(gpu).collect(),
+        gpu_sharing: Default::default(),
+        gpu_memory_enforce: Default::default(),
+        gpu_recovery_after: None,
+        cpu_hard_limit: false,
+        task_pids_max: None,
+        nvidia_majors: NvidiaMajors::default(),
+        usage_interval: Duration::from_secs(3600),
+        gc: crate::gc::GcPolicy {
+            delay: Duration::from_secs(60),
+            disk_headroom: 0.1,
+            keep: 0,
+        },
+    }
+}
+
+fn core(gpus: u32) -> AgentCore {
+    AgentCore::new(config(gpus), Checkpoint::default(), T0, Instant::now())
+}
+
+/// A connected, registered core (effects of registering dropped).
+fn registered(gpus: u32) -> AgentCore {
+    let mut c = core(gpus);
+    c.handle(Input::Connected, T0);
+    c.handle(
+        Input::Master(MasterToAgent::Registered {
+            agent_id: AgentId::random(),
+            epoch: 1,
+            heartbeat_interval_ms: 1000,
+        }),
+        T0,
+    );
+    c.flush(T0);
+    c
+}
+
+fn task(gpus: &str) -> TaskInfo {
+    TaskInfo {
+        task_id: TaskId::random(),
+        name: "t".into(),
+        command: "true".into(),
+        resources: format!("cpus:0.1{gpus}").parse().unwrap(),
+        env: Default::default(),
+        kill_grace_secs: None,
+        gpu_selector: None,
+    }
+}
+
+fn run_task(fw: FrameworkId, task: TaskInfo) -> Input {
+    Input::Master(MasterToAgent::RunTask {
+        framework_id: fw,
+        task,
+        gpus: vec![],
+    })
+}
+
+fn launched(pgid: i32) -> Launched {
+    Launched {
+        supervisor_pid: pgid - 1,
+        task_pgid: pgid,
+        supervisor_start: 1,
+    }
+}
+
+fn exit(code: i32) -> ExitStatus {
+    ExitStatus {
+        code: Some(code),
+        signal: None,
+    }
+}
+
+/// The status updates queued (persisted for reliable delivery) among effects, in order.
+fn updates(fx: &[Effect]) -> Vec<StatusUpdate> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Persist(crate::wal::Record::Update(u)) => Some((**u).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The status updates sent among effects (one in flight per task until acknowledged).
+fn sent(fx: &[Effect]) -> Vec<StatusUpdate> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Send(AgentToMaster::StatusUpdate(u)) => Some(u.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn signals(fx: &[Effect]) -> Vec<(i32, i32)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Signal { pgid, signal } => Some((*pgid, *signal)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Handles an input and ends the batch (as the runtime does), returning all effects.
+fn step(c: &mut AgentCore, input: Input, now: u64) -> Vec<Effect> {
+    let mut fx = c.handle(input, now);
+    fx.extend(c.flush(now));
+    fx
+}
+
+/// Launches a task and reports its supervisor started; returns the RUNNING update's effects.
+fn start(c: &mut AgentCore, fw: FrameworkId, t: TaskInfo, pgid: i32) -> Vec<Effect> {
+    let id = t.task_id;
+    step(c, run_task(fw, t), T0);
+    step(
+        c,
+        Input::Launched {
+            task: id,
+            result: Ok(launched(pgid)),
+        },
+        T0,
+    )
+}
+
+#[test]
+fn lifecycle_launch_running_finished_acknowledged() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let t = task("");
+    let id = t.task_id;
+    let fx = step(&mut c, run_task(fw, t), T0);
+    // The record and the STARTING update are persisted in the same batch as the launch.
+    let plan = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Launch(p) => Some(p.clone()),
+            _ => None,
+        })
+        .expect("a launch");
+    assert_eq!(plan.cgroup_name, id.to_string());
+    assert_eq!(plan.env.get("GANTRY_TASK_ID"), Some(&id.to_string()));
+    assert_eq!(plan.user, None, "not root: the task runs as the agent");
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(crate::wal::Record::Task(r)) if r.state == TaskState::Starting)));
+    assert_eq!(
+        updates(&fx).iter().map(|u| u.state).collect::<Vec<_>>(),
+        vec![TaskState::Starting]
+    );
+    assert_eq!(
+        sent(&fx).len(),
+        1,
+        "the STARTING update goes out after the commit"
+    );
+
+    let fx = step(
+        &mut c,
+        Input::Launched {
+            task: id,
+            result: Ok(launched(100)),
+        },
+        T0 + 10,
+    );
+    assert_eq!(updates(&fx)[0].state, TaskState::Running);
+
+    // The task exits: its cgroup is settled first, then it is terminal.
+    let fx = step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(0),
+        },
+        T0 + 20,
+    );
+    assert!(matches!(fx.as_slice(), [Effect::Settle { task, .. }] if *task == id));
+    // A second exit report while settling changes nothing.
+    assert!(step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(0)
+        },
+        T0 + 21
+    )
+    .is_empty());
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id,
+            status: exit(0),
+            outcome: CgroupOutcome::default(),
+        },
+        T0 + 30,
+    );
+    let done = updates(&fx);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].state, TaskState::Finished);
+    assert_eq!(done[0].exit_code, Some(0));
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::ForgetCgroup(t) if *t == id)));
+
+    // Acknowledging every update forgets the task and queues its sandbox for collection.
+    let pending = c.checkpoint().updates.all();
+    assert_eq!(pending.len(), 3);
+    let mut last = Vec::new();
+    for u in pending {
+        assert!(c.knows(&id));
+        last = step(
+            &mut c,
+            Input::Master(MasterToAgent::Acknowledge {
+                task_id: id,
+                update_id: u.update_id,
+            }),
+            T0 + 40,
+        );
+    }
+    assert!(!c.knows(&id));
+    assert!(last
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(crate::wal::Record::TaskRemoved(t)) if *t == id)));
+    // Its sandbox is collected after the delay (60 s here), once the start-up scan reported.
+    let collected = |fx: &[Effect]| {
+        fx.iter().find_map(|e| match e {
+            Effect::CollectGarbage(due) => Some(due.clone()),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        collected(&step(&mut c, Input::Tick, T0 + 60_100)),
+        None,
+        "scan pending"
+    );
+    let stale = TaskId::random();
+    step(
+        &mut c,
+        Input::GcScanned(vec![crate::gc::Ended {
+            task: stale,
+            at_ms: T0 - 120_000,
+        }]),
+        T0 + 1_000,
+    );
+    assert_eq!(
+        collected(&step(&mut c, Input::Tick, T0 + 30_000)),
+        Some(vec![stale])
+    );
+    // One pass at a time.
+    assert_eq!(collected(&step(&mut c, Input::Tick, T0 + 60_100)), None);
+    step(
+        &mut c,
+        Input::GcDone {
+            disk_used: Some(0.5),
+        },
+        T0 + 60_100,
+    );
+    assert_eq!(
+        collected(&step(&mut c, Input::Tick, T0 + 60_100)),
+        Some(vec![id])
+    );
+}
+
+#[test]
+fn failures_oom_and_launch_errors_get_their_reasons() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let t = task("");
+    let id = t.task_id;
+    start(&mut c, fw, t, 100);
+    step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(137),
+        },
+        T0,
+    );
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id,
+            status: exit(137),
+            outcome: CgroupOutcome {
+                oom_killed: true,
+                usage: None,
+            },
+        },
+        T0,
+    );
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Failed, Some(TaskReason::MemoryLimit))
+    );
+
+    let t = task("");
+    let id = t.task_id;
+    step(&mut c, run_task(fw, t), T0);
+    let fx = step(
+        &mut c,
+        Input::Launched {
+            task: id,
+            result: Err("no such file".into()),
+        },
+        T0,
+    );
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Failed, Some(TaskReason::LaunchFailed))
+    );
+
+    // A task asking for another user on an agent that is not root never launches.
+    let mut t = task("");
+    t.command.user = Some("root".into());
+    let fx = step(&mut c, run_task(fw, t), T0);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Launch(_))));
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Failed, Some(TaskReason::LaunchFailed))
+    );
+
+    // A launch reported for a task the core does not know: its cgroup is destroyed.
+    let stray = TaskId::random();
+    let fx = step(
+        &mut c,
+        Input::Launched {
+            task: stray,
+            result: Ok(launched(5)),
+        },
+        T0,
+    );
+    assert!(matches!(fx.as_slice(), [Effect::DestroyCgroup(t)] if *t == stray));
+}
+
+#[test]
+fn kill_escalates_to_sigkill_after_the_grace_period() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let t = task("");
+    let id = t.task_id;
+    start(&mut c, fw, t, 100);
+    let kill = Input::Master(MasterToAgent::KillTask {
+        framework_id: fw,
+        task_id: id,
+    });
+    let fx = step(&mut c, kill, T0 + 1000);
+    assert_eq!(signals(&fx), vec![(100, libc::SIGTERM)]);
+    // Within the grace period (3 s): nothing more.
+    assert!(signals(&step(&mut c, Input::Tick, T0 + 3900)).is_empty());
+    // Past it: SIGKILL the group and the whole cgroup.
+    let fx = step(&mut c, Input::Tick, T0 + 4001);
+    assert_eq!(signals(&fx), vec![(100, libc::SIGKILL)]);
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::KillCgroup(t) if *t == id)));
+    // The group is SIGKILLed every tick, the cgroup at most once a second.
+    let fx = step(&mut c, Input::Tick, T0 + 4201);
+    assert_eq!(signals(&fx), vec![(100, libc::SIGKILL)]);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::KillCgroup(_))));
+    assert!(step(&mut c, Input::Tick, T0 + 5002)
+        .iter()
+        .any(|e| matches!(e, Effect::KillCgroup(_))));
+    // It dies: KILLED by request, and no more signals.
+    step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(0),
+        },
+        T0 + 5100,
+    );
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id,
+            status: ExitStatus {
+                code: None,
+                signal: Some(libc::SIGKILL),
+            },
+            outcome: CgroupOutcome::default(),
+        },
+        T0 + 5200,
+    );
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Killed, Some(TaskReason::KilledByRequest))
+    );
+    assert!(signals(&step(&mut c, Input::Tick, T0 + 9000)).is_empty());
+}
+
+#[test]
+fn a_task_killed_before_its_launch_is_signalled_when_it_starts() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let mut t = task("");
+    t.kill_grace_secs = Some(1);
+    let id = t.task_id;
+    step(&mut c, run_task(fw, t), T0);
+    let fx = step(
+        &mut c,
+        Input::Master(MasterToAgent::KillTask {
+            framework_id: fw,
+            task_id: id,
+        }),
+        T0,
+    );
+    assert!(signals(&fx).is_empty(), "nothing to signal yet");
+    let fx = step(
+        &mut c,
+        Input::Launched {
+            task: id,
+            result: Ok(launched(7)),
+        },
+        T0 + 100,
+    );
+    assert_eq!(signals(&fx), vec![(7, libc::SIGTERM)]);
+    // The task's own grace period (1 s) applies.
+    assert_eq!(
+        signals(&step(&mut c, Input::Tick, T0 + 1001)),
+        vec![(7, libc::SIGKILL)]
+    );
+}
+
+#[test]
+fn killing_an_unknown_task_reports_it_killed() {
+    let mut c = registered(0);
+    let id = TaskId::random();
+    let fx = step(
+        &mut c,
+        Input::Master(MasterToAgent::KillTask {
+            framework_id: FrameworkId::random(),
+            task_id: id,
+        }),
+        T0,
+    );
+    let u = &updates(&fx)[0];
+    assert_eq!((u.task_id, u.state), (id, TaskState::Killed));
+}
+
+#[test]
+fn updates_wait_for_registration_and_heartbeats_follow_the_interval() {
+    let mut c = core(0);
+    let fw = FrameworkId::random();
+    // Not connected: nothing is sent, the update stays queued.
+    let fx = step(&mut c, run_task(fw, task("")), T0);
+    assert_eq!(updates(&fx).len(), 1);
+    assert!(sent(&fx).is_empty());
+    let fx = step(&mut c, Input::Connected, T0);
+    let register = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Send(AgentToMaster::Register {
+                pending_updates, ..
+            }) => Some(pending_updates.len()),
+            _ => None,
+        })
+        .expect("registers");
+    assert_eq!(register, 1, "the pending update rides along");
+    let fx = step(
+        &mut c,
+        Input::Master(MasterToAgent::Registered {
+            agent_id: AgentId::random(),
+            epoch: 1,
+            heartbeat_interval_ms: 500,
+        }),
+        T0,
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::CleanupCgroups)));
+    assert!(sent(&fx).is_empty(), "sent in the registration");
+    let hb = |fx: &[Effect]| {
+        fx.iter()
+            .filter(|e| matches!(e, Effect::Send(AgentToMaster::Heartbeat)))
+            .count()
+    };
+    assert_eq!(hb(&step(&mut c, Input::Tick, T0 + 499)), 0);
+    assert_eq!(hb(&step(&mut c, Input::Tick, T0 + 500)), 1);
+    assert_eq!(hb(&step(&mut c, Input::Tick, T0 + 600)), 0);
+    // A refusal stops the agent.
+    let fx = step(
+        &mut c,
+        Input::Master(MasterToAgent::Error {
+            message: "name in use".into(),
+        }),
+        T0,
+    );
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Stop(m) if m.contains("name in use"))));
+}
+
+fn checkpointed(
+    state: TaskState,
+    launched: Option<Launched>,
+    gpus: Vec<String>,
+) -> (TaskId, TaskRecord) {
+    let t = task("");
+    let id = t.task_id;
+    (
+        id,
+        TaskRecord {
+            framework_id: FrameworkId::random(),
+            info: t,
+            state,
+            sandbox: format!("/work/sandboxes/{id}").into(),
+            meta: format!("/work/meta/{id}").into(),
+            launched,
+            gpus,
+            kill_requested_ms: None,
+            cgroup: Some(id.to_string()),
+            gpu_memory_kill: None,
+        },
+    )
+}
+
+#[test]
+fn recovery_readopts_live_tasks_settles_dead_ones_and_fails_unlaunched_ones() {
+    let (alive, a) = checkpointed(TaskState::Running, Some(launched(10)), vec![]);
+    let (dead, d) = checkpointed(TaskState::Running, Some(launched(20)), vec![]);
+    let (never, n) = checkpointed(TaskState::Staging, None, vec![]);
+    let (found, f) = checkpointed(TaskState::Starting, None, vec![]);
+    let (ended, e) = checkpointed(TaskState::Finished, Some(launched(40)), vec![]);
+    let mut ckpt = Checkpoint::default();
+    for (id, rec) in [(alive, a), (dead, d), (never, n), (found, f), (ended, e)] {
+        ckpt.tasks.insert(id, rec);
+    }
+    let mut c = AgentCore::new(config(0), ckpt, T0, Instant::now());
+    let probe = RecoveryProbe {
+        found: vec![(found, launched(30))],
+        alive: vec![alive, found],
+        exited: vec![(dead, Some(exit(3)))],
+    };
+    let fx = c.recover(probe, T0);
+    // Live supervisors: their cgroups are reopened and they are polled.
+    for id in [alive, found] {
+        assert!(fx
+            .iter()
+            .any(|e| matches!(e, Effect::AdoptCgroup { task, .. } if *task == id)));
+    }
+    let mut polled: Vec<TaskId> = c.adopted_live().into_iter().map(|(id, _)| id).collect();
+    polled.sort();
+    let mut want = vec![alive, found];
+    want.sort();
+    assert_eq!(polled, want);
+    // The found launch is recorded and RUNNING.
+    let rec = &c.checkpoint().tasks[&found];
+    assert_eq!(
+        (rec.state, rec.launched),
+        (TaskState::Running, Some(launched(30)))
+    );
+    // The dead supervisor's task is settled with the status it recorded.
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Settle { task, status, .. } if *task == dead && status.code == Some(3))
+    ));
+    // The task never launched failed with the previous agent.
+    let rec = &c.checkpoint().tasks[&never];
+    assert_eq!(rec.state, TaskState::Failed);
+    let q = c.checkpoint().updates.all();
+    assert!(q
+        .iter()
+        .any(|u| u.task_id == never && u.reason == Some(TaskReason::AgentRestarted)));
+    // The finished task is left alone.
+    assert!(!fx
+        .iter()
+        .any(|e| matches!(e, Effect::Settle { task, .. } if *task == ended)));
+    // Settling the dead one reports its failure.
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: dead,
+            status: exit(3),
+            outcome: CgroupOutcome::default(),
+        },
+        T0,
+    );
+    assert!(sent(&fx).is_empty(), "not connected yet");
+    assert_eq!(c.checkpoint().tasks[&dead].state, TaskState::Failed);
+}
+
+#[test]
+fn gpu_fault_withdraws_the_gpu_and_tells_its_tasks_which_keep_running() {
+    let mut c = registered(2);
+    let fw = FrameworkId::random();
+    let t = task(";gpus:1");
+    let id = t.task_id;
+    start(&mut c, fw, t, 100);
+    let held = c.checkpoint().tasks[&id].gpus.clone();
+    assert_eq!(held.len(), 1);
+    let uuid = held[0].clone();
+    // An application XID (13) does not make a GPU unhealthy.
+    let fx = step(
+        &mut c,
+        Input::GpuFault(GpuFault {
+            uuid: uuid.clone(),
+            kind: FaultKind::Xid(13),
+        }),
+        T0,
+    );
+    assert!(fx.is_empty());
+    let fx = step(
+        &mut c,
+        Input::GpuFault(GpuFault {
+            uuid: uuid.clone(),
+            kind: FaultKind::Xid(79),
+        }),
+        T0,
+    );
+    assert!(fx.iter().any(|e| matches!(
+        e,
+        Effect::Send(AgentToMaster::GpuHealth { uuid: u, healthy: false, .. }) if *u == uuid
+    )));
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Persist(crate::wal::Record::GpuUnhealthy { uuid: u, .. }) if *u == uuid)
+    ));
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.task_id, u.state, u.reason),
+        (id, TaskState::Running, Some(TaskReason::GpuHealth))
+    );
+    assert!(signals(&fx).is_empty(), "the task keeps running");
+    assert!(c.checkpoint().unhealthy_gpus.contains_key(&uuid));
+    // The other GPU is still assignable; a third whole-GPU task finds none healthy and free.
+    let second = task(";gpus:1");
+    let second_id = second.task_id;
+    let fx = step(&mut c, run_task(fw, second), T0);
+    assert!(fx.iter().any(|e| matches!(e, Effect::Launch(_))));
+    assert_ne!(c.checkpoint().tasks[&second_id].gpus, held);
+    let fx = step(&mut c, run_task(fw, task(";gpus:1")), T0);
+    assert!(fx.iter().all(|e| !matches!(e, Effect::Launch(_))));
+    assert_eq!(updates(&fx)[0].reason, Some(TaskReason::LaunchFailed));
+    // An operator clears it: healthy again, the master and the task hear it.
+    let fx = step(&mut c, Input::ClearGpus(vec!["all".into()]), T0);
+    assert!(fx.iter().any(|e| matches!(
+        e,
+        Effect::Send(AgentToMaster::GpuHealth { healthy: true, .. })
+    )));
+    assert!(c.checkpoint().unhealthy_gpus.is_empty());
+    // A re-registration advertises the healthy count.
+    let fx = step(&mut c, Input::Connected, T0);
+    assert!(fx.iter().any(|e| matches!(
+        e,
+        Effect::Send(AgentToMaster::Register { gpus, .. }) if gpus.iter().all(|g| g.healthy)
+    )));
+}
+
+#[test]
+fn an_unhealthy_gpu_survives_a_restart_and_is_rechecked_when_due() {
+    let mut cfg = config(2);
+    cfg.gpu_recovery_after = Some(Duration::from_secs(60));
+    let mut ckpt = Checkpoint::default();
+    ckpt.unhealthy_gpus
+        .insert("GPU-0".into(), "critical XID 79".into());
+    let mut c = AgentCore::new(cfg, ckpt, T0, Instant::now());
+    c.recover(RecoveryProbe::default(), T0);
+    let fx = step(&mut c, Input::Connected, T0);
+    let advertised = fx.iter().find_map(|e| match e {
+        Effect::Send(AgentToMaster::Register {
+            resources, gpus, ..
+        }) => Some((
+            resources.milli("gpus"),
+            gpus.iter().filter(|g| !g.healthy).count(),
+        )),
+        _ => None,
+    });
+    assert_eq!(advertised, Some((1000, 1)));
+    // Not due before the recovery delay; then exactly one check runs at a time.
+    let checks = |fx: &[Effect]| {
+        fx.iter()
+            .filter(|e| matches!(e, Effect::CheckRecovery(u) if u == "GPU-0"))
+            .count()
+    };
+    assert_eq!(checks(&step(&mut c, Input::Tick, T0 + 59_000)), 0);
+    assert_eq!(checks(&step(&mut c, Input::Tick, T0 + 61_000)), 1);
+    assert_eq!(checks(&step(&mut c, Input::Tick, T0 + 61_200)), 0);
+    step(
+        &mut c,
+        Input::RecoveryChecked {
+            uuid: "GPU-0".into(),
+            passed: true,
+        },
+        T0 + 62_000,
+    );
+    assert!(c.checkpoint().unhealthy_gpus.is_empty());
+}
+
+#[test]
+fn termination_notice_is_told_once_per_registration() {
+    let mut c = registered(0);
+    let notice = |c: &mut AgentCore| {
+        step(
+            c,
+            Input::TerminationNotice {
+                deadline_unix_ms: T0 + 120_000,
+                reason: "spot".into(),
+            },
+            T0,
+        )
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Effect::Send(AgentToMaster::TerminationNotice { in_ms: 120_000, .. })
+            )
+        })
+        .count()
+    };
+    assert_eq!(notice(&mut c), 1);
+    assert_eq!(notice(&mut c), 0);
+}
+#[test]
+fn samples_are_taken_when_due_and_gpu_memory_over_the_share_is_reported_then_killed() {
+    let mut cfg = config(1);
+    cfg.usage_interval = Duration::from_secs(5);
+    cfg.gpu_memory_enforce = crate::gpu::share::MemoryEnforce::Kill;
+    let mut c = AgentCore::new(cfg, Checkpoint::default(), T0, Instant::now());
+    step(&mut c, Input::Connected, T0);
+    step(
+        &mut c,
+        Input::Master(MasterToAgent::Registered {
+            agent_id: AgentId::random(),
+            epoch: 1,
+            heartbeat_interval_ms: 60_000,
+        }),
+        T0,
+    );
+    let fw = FrameworkId::random();
+    let t = task(";gpus:0.5");
+    let id = t.task_id;
+    start(&mut c, fw, t, 100);
+    let sample = |fx: &[Effect]| {
+        fx.iter().find_map(|e| match e {
+            Effect::Sample(tasks) => Some(tasks.clone()),
+            _ => None,
+        })
+    };
+    assert!(sample(&step(&mut c, Input::Tick, T0 + 4_999)).is_none());
+    let tasks = sample(&step(&mut c, Input::Tick, T0 + 5_000)).expect("due");
+    assert_eq!(tasks, vec![(id, 100, vec!["GPU-0".to_string()])]);
+    // One sample at a time.
+    assert!(sample(&step(&mut c, Input::Tick, T0 + 20_000)).is_none());
+    // Half of a 16 GiB GPU is an 8 GiB share; 9 GiB is over it.
+    let over = TaskUsage {
+        gpu_mem_bytes: 9 << 30,
+        ..TaskUsage::default()
+    };
+    let fx = step(
+        &mut c,
+        Input::Sampled {
+            tasks: vec![(id, over.clone()), (TaskId::random(), TaskUsage::default())],
+            gpus: vec![],
+        },
+        T0 + 21_000,
+    );
+    let reported = fx.iter().find_map(|e| match e {
+        Effect::PublishMetrics(u) => Some(u.clone()),
+        _ => None,
+    });
+    let reported = reported.expect("metrics published");
+    assert_eq!(reported.len(), 1, "unknown tasks are not reported");
+    assert_eq!(reported[0].1.gpu_mem_share_bytes, 8 << 30);
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Running, Some(TaskReason::GpuMemory))
+    );
+    assert_eq!(signals(&fx), vec![(100, libc::SIGTERM)]);
+    // Still over at the next sample: not reported again.
+    let fx = step(
+        &mut c,
+        Input::Sampled {
+            tasks: vec![(id, over)],
+            gpus: vec![],
+        },
+        T0 + 26_000,
+    );
+    assert!(updates(&fx).is_empty());
+    // It dies of the kill: FAILED with reason gpu-memory, not KILLED.
+    step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(0),
+        },
+        T0 + 27_000,
+    );
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id,
+            status: exit(0),
+            outcome: CgroupOutcome::default(),
+        },
+        T0 + 27_000,
+    );
+    let u = &updates(&fx)[0];
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Failed, Some(TaskReason::GpuMemory))
+    );
+}
+
+mod fit_register_tests {
+    use super::super::fit_register;
+    use gantry_sdk::protocol::codec;
+    use gantry_sdk::protocol::*;
+
+    fn register(tasks: usize, command_bytes: usize, updates: usize) -> AgentToMaster {
+        let fw = FrameworkId::random();
+        let running_tasks: Vec<RunningTask> = (0..tasks)
+            .map(|i| RunningTask {
+                framework_id: fw,
+                task: TaskInfo {
+                    task_id: TaskId::random(),
+                    name: format!("t{i}"),
+                    command: "x".repeat(command_bytes).into(),
+                    resources: "cpus:0.1".parse().unwrap(),
+                    env: Default::default(),
+                    kill_grace_secs: None,
+                    gpu_selector: None,
+                },
+                state: TaskState::Running,
+                gpus: vec![],
+            })
+            .collect();
+        let pending_updates = running_tasks
+            .iter()
+            .take(updates)
+            .map(|t| StatusUpdate {
+                update_id: UpdateId::random(),
+                task_id: t.task.task_id,
+                framework_id: fw,
+                agent_id: None,
+                state: TaskState::Running,
+                source: UpdateSource::Agent,
+                reason: None,
+                message: "m".repeat(command_bytes),
+                exit_code: None,
+                signal: None,
+                gpus: vec![],
+                timestamp_ms: 0,
+                reconciliation: false,
+            })
+            .collect();
+        AgentToMaster::Register {
+            agent_id: None,
+            hostname: "h".into(),
+            resources: "cpus:1".parse().unwrap(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: vec![],
+            running_tasks,
+            pending_updates,
+            task_user: "nobody".into(),
+        }
+    }
+
+    fn parts(msg: &AgentToMaster) -> (usize, usize, usize) {
+        match msg {
+            AgentToMaster::Register {
+                running_tasks,
+                pending_updates,
+                ..
+            } => (
+                running_tasks.len(),
+                pending_updates.len(),
+                running_tasks
+                    .iter()
+                    .map(|t| match &t.task.command.program {
+                        Program::Shell(s) => s.len(),
+                        Program::Argv(v) => v.iter().map(String::len).sum(),
+                    })
+                    .sum(),
+            ),
+            _ => panic!("not a registration"),
+        }
+    }
+
+    #[test]
+    fn a_registration_that_fits_is_unchanged() {
+        let msg = register(10, 100, 10);
+        let (fitted, left_out) = fit_register(msg.clone());
+        assert_eq!((fitted, left_out), (msg, false));
+    }
+
+    #[test]
+    fn pending_updates_are_left_out_first_then_commands() {
+        // 1,000 tasks with 3 KB commands and 3 KB update messages: ~6 MB.
+        let (fitted, left_out) = fit_register(register(1000, 3000, 1000));
+        assert!(left_out);
+        assert_eq!(parts(&fitted), (1000, 0, 3_000_000));
+        assert!(codec::encode(&fitted).is_ok());
+        // 2,000 tasks with 3 KB commands: the commands go too, every task is still reported.
+        let (fitted, left_out) = fit_register(register(2000, 3000, 0));
+        assert!(!left_out);
+        assert_eq!(parts(&fitted), (2000, 0, 0));
+        assert!(codec::encode(&fitted).is_ok());
+    }
+}
