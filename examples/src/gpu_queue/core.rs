@@ -7,7 +7,7 @@
 //! 1. Pending jobs are taken one at a time in [`Core::order`]: effective priority (aging raises
 //!    a waiting job one class per `aging` interval, up to `high`), then teams below their GPU
 //!    quota, then the team's weighted dominant share (DRF over GPUs and CPUs, with what this
-//!    pass launched and the job itself counted: see [`Core::order_key`]), then the team's
+//!    pass launched and the job itself counted: see `Core::order_key`), then the team's
 //!    GPU-seconds per weight so far, then the earliest deadline, then submission order.
 //! 2. A job whose gang fits the free offered resources (minus the reservation below) launches:
 //!    every member in the same pass, one accept per agent ([`gang::place_gang`]).
