@@ -457,27 +457,7 @@ impl Master {
                 p.unreserved.add_assign(resources);
             }
             if let Some(a) = self.agents.get_mut(&agent) {
-                if reserve {
-                    a.resources = a.resources.saturating_sub(resources);
-                    a.reserved
-                        .entry(role.to_string())
-                        .or_default()
-                        .add_assign(resources);
-                    a.dynamic
-                        .entry(role.to_string())
-                        .or_default()
-                        .add_assign(resources);
-                } else {
-                    for map in [&mut a.reserved, &mut a.dynamic] {
-                        if let Some(r) = map.get_mut(role) {
-                            *r = r.saturating_sub(resources);
-                            if r.is_empty() {
-                                map.remove(role);
-                            }
-                        }
-                    }
-                    a.resources.add_assign(resources);
-                }
+                a.apply_reservation(role, resources, reserve);
                 let now_reserved = a.dynamic.get(role).cloned().unwrap_or_default();
                 out.push(Output::Persist(Mutation::SetReservation(Reservation {
                     agent_id: agent,

@@ -330,6 +330,29 @@ pub(crate) struct OfferParts {
 }
 
 impl AgentRec {
+    /// Moves `resources` from unreserved into `role`'s dynamic reservation (`reserve`), or
+    /// back; the one bookkeeping of both the RESERVE operation and the operator's reserve.
+    pub(crate) fn apply_reservation(&mut self, role: &str, resources: &Resources, reserve: bool) {
+        if reserve {
+            self.resources = self.resources.saturating_sub(resources);
+            for map in [&mut self.reserved, &mut self.dynamic] {
+                map.entry(role.to_string())
+                    .or_default()
+                    .add_assign(resources);
+            }
+        } else {
+            for map in [&mut self.reserved, &mut self.dynamic] {
+                if let Some(r) = map.get_mut(role) {
+                    *r = r.saturating_sub(resources);
+                    if r.is_empty() {
+                        map.remove(role);
+                    }
+                }
+            }
+            self.resources.add_assign(resources);
+        }
+    }
+
     /// The shared [`OfferParts`], built on first use after a change.
     pub(crate) fn offer_parts(&self) -> &OfferParts {
         self.offer_parts.get_or_init(|| OfferParts {

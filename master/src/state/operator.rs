@@ -236,27 +236,7 @@ impl Master {
         let Some(a) = self.agents.get_mut(&id) else {
             return Err(not_found_agent(id));
         };
-        if reserve {
-            a.resources = a.resources.saturating_sub(resources);
-            a.reserved
-                .entry(role.to_string())
-                .or_default()
-                .add_assign(resources);
-            a.dynamic
-                .entry(role.to_string())
-                .or_default()
-                .add_assign(resources);
-        } else {
-            for map in [&mut a.reserved, &mut a.dynamic] {
-                if let Some(r) = map.get_mut(role) {
-                    *r = r.saturating_sub(resources);
-                    if r.is_empty() {
-                        map.remove(role);
-                    }
-                }
-            }
-            a.resources.add_assign(resources);
-        }
+        a.apply_reservation(role, resources, reserve);
         let (unreserved, reserved) = (a.resources.clone(), a.reserved.clone());
         let now_reserved = a.dynamic.get(role).cloned().unwrap_or_default();
         tracing::info!(agent = %a.name, %role, %resources, reserve, "operator reservation change");
