@@ -1,5 +1,8 @@
 //! `service`: keeps N instances of a command up (a Marathon-style long-running service).
 //!
+//! One file over 800 lines: an example meant to be read top to bottom (definition, pure
+//! policy, framework glue, status), its last 170 lines its unit tests.
+//!
 //! - **Instances and spread**: `instances` copies, each task named `NAME/INDEX`; with `spread`
 //!   at most one per agent.
 //! - **Health checks**: a TCP connect to the instance's host and port, or a command run by the

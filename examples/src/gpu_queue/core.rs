@@ -3,6 +3,9 @@
 //! takes `now`. The shell ([`super::framework`]) feeds it driver events and a periodic tick and
 //! performs what it returns.
 //!
+//! One file over 800 lines: the scheduling pass reads as one ordered policy (order, place,
+//! backfill, preempt); launch, preempt and views are already split into `core/`.
+//!
 //! One pass:
 //! 1. Pending jobs are taken one at a time in [`Core::order`]: effective priority (aging raises
 //!    a waiting job one class per `aging` interval, up to `high`), then teams below their GPU
