@@ -46,13 +46,15 @@ fn recorder(
 }
 
 /// Runs a first driver until every task in `tasks` is RUNNING, then disconnects it (no
-/// teardown). Returns the framework id.
+/// teardown). Returns the framework id and the instant just before the disconnect: the master
+/// cannot see the framework go before then, so a failover timer measured from it is a sound lower
+/// bound (the driver's own shutdown can take a while longer under load).
 async fn launch_then_disconnect(
     c: &Cluster,
     principal: &str,
     failover_secs: f64,
     tasks: &[gantry_sdk::protocol::TaskInfo],
-) -> gantry_sdk::protocol::FrameworkId {
+) -> (gantry_sdk::protocol::FrameworkId, Instant) {
     let d = driver(c, principal, failover_secs, None);
     let handle = d.handle();
     let (rec, mut updates, _errors) = recorder(tasks.to_vec());
@@ -67,13 +69,14 @@ async fn launch_then_disconnect(
             });
     }
     let id = handle.framework_id().expect("registered");
+    let disconnecting_at = Instant::now();
     handle.disconnect();
     tokio::time::timeout(Duration::from_secs(10), run)
         .await
         .expect("driver ends after disconnect")
         .unwrap()
         .unwrap();
-    id
+    (id, disconnecting_at)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +86,7 @@ async fn framework_returning_within_failover_timeout_keeps_its_tasks() {
         .map(|i| task(&format!("keep{i}"), "sleep 6", "cpus:1;mem:32"))
         .collect();
     let ids: Vec<TaskId> = tasks.iter().map(|t| t.task_id).collect();
-    let id = launch_then_disconnect(&c, "keeper", 30.0, &tasks).await;
+    let (id, _) = launch_then_disconnect(&c, "keeper", 30.0, &tasks).await;
 
     // The master keeps the framework (disconnected) and its tasks.
     let s = c
@@ -150,10 +153,7 @@ async fn framework_not_returning_has_its_tasks_killed() {
         .map(|i| task(&format!("orphan{i}"), "sleep 60", "cpus:1;mem:32"))
         .collect();
     let ids: Vec<String> = tasks.iter().map(|t| t.task_id.to_string()).collect();
-    let disconnected_at = {
-        launch_then_disconnect(&c, "leaver", 1.0, &tasks).await;
-        Instant::now()
-    };
+    let (_, disconnected_at) = launch_then_disconnect(&c, "leaver", 1.0, &tasks).await;
 
     // After the 1 s failover timeout the framework is removed and its tasks are killed.
     let s = c
