@@ -769,6 +769,7 @@ mod tests {
             gpus: vec![],
             timestamp_ms: 0,
             reconciliation: false,
+            ports: Vec::new(),
         }
     }
 
