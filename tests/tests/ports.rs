@@ -148,7 +148,10 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
     );
     let run_a1 = ua.wait(a1.task_id, TaskState::Running, T).await.unwrap();
     let (port_a1, list_a1) = written(&files, "a1");
-    assert_eq!((list_a1.clone(), run_a1.ports.clone()), (vec![port_a1], vec![port_a1]));
+    assert_eq!(
+        (list_a1.clone(), run_a1.ports.clone()),
+        (vec![port_a1], vec![port_a1])
+    );
     let all: BTreeSet<u16> = list.iter().chain(&list_a1).copied().collect();
     assert_eq!(
         all,
@@ -227,9 +230,7 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
         let offered = offer.total().milli("ports") / 1000;
         assert_eq!(offered, 0, "every port is held: {offer:?}");
         let mut greedy = task("greedy", "sleep 60", "cpus:0.1;mem:8");
-        greedy
-            .resources
-            .set_milli("ports", (offered + 1) * 1000);
+        greedy.resources.set_milli("ports", (offered + 1) * 1000);
         let half = task("half", "sleep 60", "cpus:0.1;mem:8;ports:0.5");
         tx.send(&FrameworkToMaster::Accept {
             offer_ids: vec![offer.id],
@@ -262,7 +263,10 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
             .iter()
             .filter_map(|t| t["name"].as_str())
             .collect();
-        assert!(!names.contains(&"greedy") && !names.contains(&"half"), "{names:?}");
+        assert!(
+            !names.contains(&"greedy") && !names.contains(&"half"),
+            "{names:?}"
+        );
         tx.send(&FrameworkToMaster::Teardown).await.unwrap();
     }
 

@@ -82,7 +82,12 @@ async fn instances_stay_up_through_kills_and_roll_one_at_a_time() {
                 &format!("svc-{i}"),
                 "cpus:1;mem:512",
                 // Agents sharing a host need ranges of their own.
-                &["--isolation", "none", "--ports", &format!("{}-{}", 29500 + 10 * i, 29509 + 10 * i)],
+                &[
+                    "--isolation",
+                    "none",
+                    "--ports",
+                    &format!("{}-{}", 29500 + 10 * i, 29509 + 10 * i),
+                ],
             )
             .unwrap()
         })
