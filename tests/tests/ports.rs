@@ -12,6 +12,8 @@
 //!   sockets (the agent's own books, not the bind probe, keep it).
 //! - Attack (raw QUIC framework): an accept asking more ports than offered, and one asking half
 //!   a port, are refused; the legitimate tasks still run and finish.
+//! - Ports held by a process outside Gantry (the test binds two): a task asking two ports fails
+//!   at once with reason `port-unavailable`, one asking one gets the port left.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -296,4 +298,39 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
         serde_json::from_value::<Vec<u16>>(done["ports"].clone()).unwrap(),
         list
     );
+
+    // Outside Gantry: the test holds 29400 and 29401. The master offers all three ports (it
+    // cannot know); the agent skips the two, so a 2-port task fails with the reason and a
+    // 1-port task gets 29402.
+    let _held: Vec<std::net::TcpListener> = [29400, 29401]
+        .into_iter()
+        .map(|p| std::net::TcpListener::bind(("0.0.0.0", p)).unwrap())
+        .collect();
+    let d1 = port_task(&files, "d1", 2);
+    let d2 = port_task(&files, "d2", 1);
+    let (mut ud, _hd, _rd) = start_recorder(
+        driver_config(masters.clone(), tls.clone(), "ports-d", vec!["d".into()]),
+        vec![d1.clone(), d2.clone()],
+    );
+    let failed = ud
+        .wait_for("d1 to fail", T, |u| {
+            u.task_id == d1.task_id && u.state.is_terminal()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (failed.state, failed.reason),
+        (TaskState::Failed, Some(TaskReason::PortUnavailable)),
+        "{failed:?}"
+    );
+    assert!(
+        failed.message.contains("in use outside Gantry"),
+        "{}",
+        failed.message
+    );
+    let run_d2 = ud.wait(d2.task_id, TaskState::Running, T).await.unwrap();
+    assert_eq!(run_d2.ports, vec![29402]);
+    assert_eq!(written(&files, "d2").0, 29402);
+    std::fs::write(files.join("d2.stop"), "").unwrap();
+    ud.wait(d2.task_id, TaskState::Finished, T).await.unwrap();
 }

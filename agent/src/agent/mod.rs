@@ -202,6 +202,20 @@ fn core_config(config: &AgentConfig) -> CoreConfig {
     }
 }
 
+/// Whether a TCP port can be bound right now on all IPv4 addresses (any failure: a task
+/// could not either) and on all IPv6 addresses (only "in use" counts: a host without IPv6
+/// still has the port). The sockets close at once.
+fn port_bindable(port: u16) -> bool {
+    use std::net::{Ipv4Addr, Ipv6Addr, TcpListener};
+    if TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_err() {
+        return false;
+    }
+    !matches!(
+        TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse
+    )
+}
+
 /// Probes the host for the checkpointed tasks that are not terminal (blocking /proc reads).
 fn probe(core: &AgentCore) -> RecoveryProbe {
     let mut probe = RecoveryProbe::default();
@@ -381,27 +395,14 @@ use blocking::{sample, settle_cgroup};
 impl Agent {
     /// For a task asking for `ports:K`: the ports of the range no task holds that cannot be
     /// bound right now (a process outside Gantry has them), probed lowest first until K
-    /// bindable ones are found. Each probe binds and closes a TCP socket on all addresses:
-    /// a syscall, not a wait, so it runs on the loop.
+    /// bindable ones are found. Each probe binds and closes TCP sockets on all addresses:
+    /// syscalls, not waits, so it runs on the loop.
     fn unbindable_ports(&self, task: &TaskInfo) -> BTreeSet<u16> {
-        let Ok(k) = crate::core::ports::wanted(task.resources.milli("ports")) else {
-            return BTreeSet::new();
+        let k = match crate::core::ports::wanted(task.resources.milli("ports")) {
+            Ok(k) if k > 0 => k,
+            _ => return BTreeSet::new(),
         };
-        let mut busy = BTreeSet::new();
-        if k == 0 {
-            return busy;
-        }
-        let mut found = 0;
-        for port in self.core.free_ports() {
-            if found == k {
-                break;
-            }
-            if std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port)).is_ok() {
-                found += 1;
-            } else {
-                busy.insert(port);
-            }
-        }
+        let busy = crate::core::ports::probe(&self.core.free_ports(), k, port_bindable);
         if !busy.is_empty() {
             tracing::info!(?busy, "ports of the range in use outside Gantry; skipped");
         }

@@ -129,6 +129,24 @@ pub fn assign(
     Ok(picked)
 }
 
+/// The candidates (lowest first) found unbindable by `bindable` while looking for `k` bindable
+/// ones: the runtime's probe before a launch asking for ports, passed to the core's launch.
+pub fn probe(candidates: &[u16], k: usize, mut bindable: impl FnMut(u16) -> bool) -> BTreeSet<u16> {
+    let mut busy = BTreeSet::new();
+    let mut found = 0;
+    for &port in candidates {
+        if found == k {
+            break;
+        }
+        if bindable(port) {
+            found += 1;
+        } else {
+            busy.insert(port);
+        }
+    }
+    busy
+}
+
 /// The environment a task with `ports` sees: `PORT` (the first), `PORT0`.. and
 /// `GANTRY_PORTS` (comma-separated).
 pub fn env(ports: &[u16]) -> Vec<(String, String)> {

@@ -219,3 +219,18 @@ fn readopted_tasks_keep_their_ports_after_a_restart() {
     let fx = step(&mut c, run_task(fw, port_task(2)), T0);
     assert_eq!(plan(&fx).env["GANTRY_PORTS"], "41000,41002");
 }
+
+#[test]
+fn the_probe_stops_once_enough_ports_are_bindable() {
+    let free = [41000, 41001, 41002, 41003];
+    let mut probed = Vec::new();
+    let busy = ports::probe(&free, 2, |p| {
+        probed.push(p);
+        p != 41001
+    });
+    assert_eq!(busy, BTreeSet::from([41001]));
+    assert_eq!(probed, vec![41000, 41001, 41002], "41003 is not needed");
+    // Not enough: every candidate is probed.
+    let busy = ports::probe(&free, 4, |p| p % 2 == 0);
+    assert_eq!(busy, BTreeSet::from([41001, 41003]));
+}
