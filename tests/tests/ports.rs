@@ -10,6 +10,8 @@
 //! - `kill -9` and restart of the agent: the re-adopted tasks keep their ports (in `/state`),
 //!   and a new task does not get a re-adopted task's port even when that task closed its
 //!   sockets (the agent's own books, not the bind probe, keep it).
+//! - `kill -9` and restart of the master: the tasks it learns from the agent's re-registration
+//!   carry their ports.
 //! - Attack (raw QUIC framework): an accept asking more ports than offered, and one asking half
 //!   a port, are refused; the legitimate tasks still run and finish.
 //! - Ports held by a process outside Gantry (the test binds two): a task asking two ports fails
@@ -106,7 +108,7 @@ impl Drop for Shared {
 async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
     let dir = TempDir::new("gantry-ports").unwrap();
     let tls = dir.path().join("tls");
-    let master = MasterProc::start(dir.path(), &tls, &[]).unwrap();
+    let mut master = MasterProc::start(dir.path(), &tls, &[]).unwrap();
     let mut agent = AgentProc::start(
         dir.path(),
         &tls,
@@ -202,6 +204,23 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
     assert_eq!(run_c1.ports, vec![port_a2], "b1 holds {list:?}");
     assert_eq!(written(&files, "c1").0, port_a2);
 
+    // kill -9 and restart of the master: it learns the tasks again from the agent's
+    // re-registration, ports included.
+    master.restart().unwrap();
+    let (b1_id, c1_id) = (b1.task_id.to_string(), c1.task_id.to_string());
+    master
+        .wait_state(T, "the tasks re-adopted", |s| {
+            s["tasks"].as_array().is_some_and(|ts| {
+                [&b1_id, &c1_id].iter().all(|id| {
+                    ts.iter()
+                        .any(|t| t["id"] == **id && t["state"] == "RUNNING")
+                })
+            })
+        })
+        .unwrap();
+    assert_eq!(state_ports(&master, b1.task_id), list);
+    assert_eq!(state_ports(&master, c1.task_id), vec![port_a2]);
+
     // Attack: a raw framework asks for more ports than its offer holds, and for half a port.
     {
         let (_ep, _conn, mut tx, mut rx) = gantry_tests::raw_peer(
@@ -280,7 +299,6 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
     ub.wait(b1.task_id, TaskState::Finished, T).await.unwrap();
     uc.wait(c1.task_id, TaskState::Finished, T).await.unwrap();
     // Completed tasks keep their ports in the records.
-    let b1_id = b1.task_id.to_string();
     let st = master
         .wait_state(T, "b1 completed", |s| {
             s["completed_tasks"]
