@@ -1,5 +1,6 @@
-//! Frameworks choose GPUs by model and memory: a task with a GPU selector gets only matching
-//! GPUs on a mixed host, and a selector the agent cannot satisfy is an ERROR, not a launch.
+//! Frameworks choose GPUs by model, memory or exact device: a task with a GPU selector gets only
+//! matching GPUs on a mixed host (a task pinned to a UUID gets that device), and a selector the
+//! agent cannot satisfy is an ERROR, not a launch.
 //!
 //! One test in this binary: the stand-in's configuration path is a process-wide variable.
 
@@ -41,6 +42,11 @@ async fn gpu_selectors_pick_models_and_memory() {
         .map(|g| g.uuid.clone())
         .collect();
     assert_eq!(h100.len(), 2);
+    let other = gpus
+        .iter()
+        .find(|g| !g.name.contains("H100"))
+        .map(|g| g.uuid.clone())
+        .unwrap();
 
     // One H100 by model, one GPU with at least 80 GiB (only H100s have it), and one task asking
     // for a model the host does not have.
@@ -53,6 +59,7 @@ async fn gpu_selectors_pick_models_and_memory() {
         model: Some("h100".into()),
         min_memory_mib: None,
         mig_profile: None,
+        uuids: Vec::new(),
     });
     let mut by_memory = task(
         "big",
@@ -63,19 +70,36 @@ async fn gpu_selectors_pick_models_and_memory() {
         model: None,
         min_memory_mib: Some(80_000),
         mig_profile: None,
+        uuids: Vec::new(),
     });
     let mut absent = task("b200", "true", "cpus:0.5;mem:64;gpus:1");
     absent.gpu_selector = Some(GpuSelector {
         model: Some("B200".into()),
         min_memory_mib: None,
         mig_profile: None,
+        uuids: Vec::new(),
     });
+    // One task pinned to an exact device (not an H100), one pinned to a device the host lacks.
+    let mut pinned = task(
+        "pinned",
+        "echo $CUDA_VISIBLE_DEVICES > gpus.txt; sleep 30",
+        "cpus:0.5;mem:64;gpus:1",
+    );
+    pinned.gpu_selector = Some(GpuSelector::pinned([other.clone()]));
+    let mut elsewhere = task("elsewhere", "true", "cpus:0.5;mem:64;gpus:1");
+    elsewhere.gpu_selector = Some(GpuSelector::pinned(["GPU-not-on-this-host"]));
 
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let mut updates = Updates::new(up_rx);
     let (err_tx, _err_rx) = mpsc::unbounded_channel();
     let rec = Recorder {
-        to_launch: vec![by_model.clone(), by_memory.clone(), absent.clone()],
+        to_launch: vec![
+            by_model.clone(),
+            by_memory.clone(),
+            absent.clone(),
+            pinned.clone(),
+            elsewhere.clone(),
+        ],
         updates: up_tx,
         errors: err_tx,
         in_flight: Default::default(),
@@ -96,7 +120,16 @@ async fn gpu_selectors_pick_models_and_memory() {
         .await
         .unwrap();
     assert!(err.message.contains("matching"), "{}", err.message);
-    for t in [&by_model, &by_memory] {
+    let err = updates
+        .wait(elsewhere.task_id, TaskState::Error, T)
+        .await
+        .unwrap();
+    assert!(
+        err.message.contains("GPU-not-on-this-host"),
+        "{}",
+        err.message
+    );
+    for t in [&by_model, &by_memory, &pinned] {
         if let Err(e) = updates.wait(t.task_id, TaskState::Running, T).await {
             cluster.dump_logs();
             panic!("{e}");
@@ -113,6 +146,10 @@ async fn gpu_selectors_pick_models_and_memory() {
     assert!(h100.contains(&a), "{a} is not an H100 ({h100:?})");
     assert!(h100.contains(&b), "{b} is not an H100 ({h100:?})");
     assert_ne!(a, b);
+    let p = agent
+        .wait_sandbox_file(pinned.task_id, "gpus.txt", T)
+        .unwrap();
+    assert_eq!(p.trim(), other, "the pinned task got exactly its device");
     handle.stop();
     tokio::time::timeout(T, run)
         .await

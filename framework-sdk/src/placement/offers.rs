@@ -239,6 +239,22 @@ pub struct Assignment {
     pub gpus: Vec<String>,
 }
 
+impl Assignment {
+    /// `selector` (the task's own, if any) narrowed to exactly the GPUs this plan chose, so
+    /// the agent gives the task those devices (the NUMA/NVLink locality the plan scored) rather
+    /// than picking its own. The cost: when another framework takes one of them first (offers
+    /// of different frameworks on one agent show the same idle GPUs), the master refuses the
+    /// launch with an error instead of using another GPU. Without GPUs, `selector` unchanged.
+    pub fn pinned_selector(&self, selector: Option<&GpuSelector>) -> Option<GpuSelector> {
+        if self.gpus.is_empty() {
+            return selector.cloned();
+        }
+        let mut s = selector.cloned().unwrap_or_default();
+        s.uuids = self.gpus.clone();
+        Some(s)
+    }
+}
+
 /// Where every task of a set goes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Plan {
@@ -517,6 +533,7 @@ pub(crate) mod tests {
             model: Some("h100".into()),
             min_memory_mib: None,
             mig_profile: None,
+            uuids: Vec::new(),
         });
         let c = place_one(&agents, &t).unwrap();
         assert!(c
@@ -527,12 +544,38 @@ pub(crate) mod tests {
             model: None,
             min_memory_mib: Some(80_000),
             mig_profile: None,
+            uuids: Vec::new(),
         });
         t.resources = "cpus:1;mem:64;gpus:5".parse().unwrap();
         assert!(
             place_one(&agents, &t).is_none(),
             "only four GPUs have 80 GB"
         );
+    }
+
+    #[test]
+    fn a_plan_pins_its_gpus_and_placement_honours_pins() {
+        let mut agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
+        let plan = place_all(&mut agents.clone(), &[req("cpus:1;mem:64;gpus:2")]).unwrap();
+        let a = &plan.assignments[0];
+        let sel = a.pinned_selector(None).unwrap();
+        assert_eq!(sel.uuids, a.gpus);
+        let model = GpuSelector {
+            model: Some("A100".into()),
+            ..GpuSelector::default()
+        };
+        assert_eq!(a.pinned_selector(Some(&model)).unwrap().model, model.model);
+        // A request pinned to two H100s on NUMA node 1 gets exactly those.
+        let want = [
+            agents[0].gpus[5].uuid.clone(),
+            agents[0].gpus[7].uuid.clone(),
+        ];
+        let mut t = req("cpus:1;mem:64;gpus:2");
+        t.gpu_selector = Some(GpuSelector::pinned(want.clone()));
+        let plan = place_all(&mut agents, &[t]).unwrap();
+        let mut got = plan.assignments[0].gpus.clone();
+        got.sort();
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -652,7 +695,7 @@ pub(crate) mod tests {
             let tasks: Vec<TaskRequest> = tasks.into_iter().map(|(c, g, h100)| {
                 let mut t = req(&format!("cpus:{c};mem:128;gpus:{g}"));
                 if h100 {
-                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None, mig_profile: None });
+                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None, mig_profile: None, uuids: Vec::new() });
                 }
                 t
             }).collect();
