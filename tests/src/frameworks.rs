@@ -92,30 +92,9 @@ impl gantry_sdk::Scheduler for Recorder {
     ) {
         // One accept per agent and role naming all the offers there (the master acts on all
         // of a framework's offers on an agent at once).
-        let mut groups: Vec<(
-            gantry_sdk::protocol::AgentId,
-            String,
-            Vec<gantry_sdk::protocol::OfferId>,
-            gantry_sdk::protocol::Resources,
-        )> = Vec::new();
-        for offer in offers {
-            match groups
-                .iter_mut()
-                .find(|(a, r, _, _)| *a == offer.agent_id && *r == offer.role)
-            {
-                Some((_, _, ids, total)) => {
-                    ids.push(offer.id);
-                    total.add_assign(&offer.total());
-                }
-                None => groups.push((
-                    offer.agent_id,
-                    offer.role.clone(),
-                    vec![offer.id],
-                    offer.total(),
-                )),
-            }
-        }
-        for (_, _, ids, mut avail) in groups {
+        let groups = gantry_sdk::placement::offers::group_offers(&offers);
+        for g in groups {
+            let (ids, mut avail) = (g.offer_ids, g.resources);
             let mut launch = Vec::new();
             self.to_launch.retain(|t| {
                 if avail.contains(&t.resources) {

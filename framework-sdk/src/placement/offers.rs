@@ -8,6 +8,9 @@
 //!   knows are busy (its own running tasks' GPUs, from their status updates).
 //! - [`TaskRequest`]: resources, an optional [`GpuSelector`] (model, memory), attribute
 //!   [`Constraint`]s and a [`Locality`] for multi-GPU tasks.
+//! - [`OfferGroup`] / [`group_offers`]: a framework's offers per agent and role, summed — the
+//!   unit an `accept` or `decline` acts on (the master acts on all of a framework's offers on an
+//!   agent at once, docs/allocator.md rule 2). The simplest schedulers need only this.
 //! - [`place_one`] / [`place_all`]: where one task goes, or a set of tasks all together
 //!   (all-or-nothing: a [`Plan`] for every task or an error naming the first that did not fit).
 //!   [`Plan::launches`] groups the assignments per agent: one `accept` per agent, all sent in
@@ -39,6 +42,43 @@ use std::collections::BTreeMap;
 
 use crate::protocol::resources::MILLI;
 use crate::protocol::{AgentId, Attributes, GpuInfo, GpuSelector, Offer, OfferId, Resources};
+
+/// A framework's offers on one agent in one role: accept or decline them together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OfferGroup {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The role the offers are in (one accept may not mix roles).
+    pub role: String,
+    /// Every offer of the group, in the order received.
+    pub offer_ids: Vec<OfferId>,
+    /// What they offer together.
+    pub resources: Resources,
+}
+
+/// Groups `offers` per agent and role (first-seen order): one [`OfferGroup`] for each accept or
+/// decline to send.
+pub fn group_offers<'a>(offers: impl IntoIterator<Item = &'a Offer>) -> Vec<OfferGroup> {
+    let mut groups: Vec<OfferGroup> = Vec::new();
+    for offer in offers {
+        match groups
+            .iter_mut()
+            .find(|g| g.agent_id == offer.agent_id && g.role == offer.role)
+        {
+            Some(g) => {
+                g.offer_ids.push(offer.id);
+                g.resources.add_assign(&offer.total());
+            }
+            None => groups.push(OfferGroup {
+                agent_id: offer.agent_id,
+                role: offer.role.clone(),
+                offer_ids: vec![offer.id],
+                resources: offer.total(),
+            }),
+        }
+    }
+    groups
+}
 
 /// A GPU an agent's offers can draw from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -665,6 +705,18 @@ pub(crate) mod tests {
         assert_eq!(views[0].offer_ids.len(), 2);
         assert_eq!(views[0].resources.milli("cpus"), 3000);
         assert_eq!(views[0].gpus.len(), 3);
+        // Grouped per agent and role: the two offers in role r, one more in role s.
+        let mut other_role = offer("cpus:4");
+        other_role.role = "s".into();
+        let all = [offers[0].clone(), other_role.clone(), offers[1].clone()];
+        let groups = group_offers(&all);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].offer_ids, vec![offers[0].id, offers[1].id]);
+        assert_eq!(groups[0].resources.milli("cpus"), 3000);
+        assert_eq!(
+            (groups[1].role.as_str(), groups[1].offer_ids.len()),
+            ("s", 1)
+        );
     }
 
     fn arb_agents() -> impl Strategy<Value = Vec<AgentView>> {
