@@ -6,12 +6,10 @@
 
 use std::time::Duration;
 
-use gantry_sdk::protocol::{Capability, GpuSelector, TaskState};
-use gantry_sdk::Driver;
+use gantry_sdk::protocol::{GpuSelector, TaskState};
 use gantry_tests::{
-    cgroups_available, standin_lib, task, CgroupRoot, Cluster, Recorder, Standin, TempDir, Updates,
+    cgroups_available, standin_lib, start_recording, task, CgroupRoot, Cluster, Standin, TempDir,
 };
-use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -89,38 +87,25 @@ async fn gpu_selectors_pick_models_and_memory() {
     let mut elsewhere = task("elsewhere", "true", "cpus:0.5;mem:64;gpus:1");
     elsewhere.gpu_selector = Some(GpuSelector::pinned(["GPU-not-on-this-host"]));
 
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let mut updates = Updates::new(up_rx);
-    let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let rec = Recorder {
-        to_launch: vec![
+    let mut fw = start_recording(
+        cluster.gpu_framework_config("selector", &["ml"]),
+        vec![
             by_model.clone(),
             by_memory.clone(),
             absent.clone(),
             pinned.clone(),
             elsewhere.clone(),
         ],
-        updates: up_tx,
-        errors: err_tx,
-        in_flight: Default::default(),
-    };
-    let mut config = gantry_tests::driver_config(
-        vec![cluster.master.quic.to_string()],
-        cluster.tls_dir.clone(),
-        "selector",
-        vec!["ml".into()],
     );
-    config.info.capabilities = vec![Capability::GpuResources];
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    let run = tokio::spawn(driver.run(rec));
 
-    let err = updates
+    let err = fw
+        .updates
         .wait(absent.task_id, TaskState::Error, T)
         .await
         .unwrap();
     assert!(err.message.contains("matching"), "{}", err.message);
-    let err = updates
+    let err = fw
+        .updates
         .wait(elsewhere.task_id, TaskState::Error, T)
         .await
         .unwrap();
@@ -130,10 +115,7 @@ async fn gpu_selectors_pick_models_and_memory() {
         err.message
     );
     for t in [&by_model, &by_memory, &pinned] {
-        if let Err(e) = updates.wait(t.task_id, TaskState::Running, T).await {
-            cluster.dump_logs();
-            panic!("{e}");
-        }
+        fw.expect(&cluster, t, TaskState::Running, T).await;
     }
     let agent = &cluster.agents[0];
     let a = agent
@@ -150,10 +132,5 @@ async fn gpu_selectors_pick_models_and_memory() {
         .wait_sandbox_file(pinned.task_id, "gpus.txt", T)
         .unwrap();
     assert_eq!(p.trim(), other, "the pinned task got exactly its device");
-    handle.stop();
-    tokio::time::timeout(T, run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    fw.stop(T).await;
 }
