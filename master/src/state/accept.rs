@@ -168,6 +168,9 @@ impl Master {
                         });
                         let invalid = invalid.or_else(|| {
                             let sel = task.gpu_selector.as_ref()?;
+                            if let Some(bad) = sel.invalid() {
+                                return Some(format!("task {tid}: {bad}"));
+                            }
                             let want = task.resources.gpu_amount().map(|a| a.gpu_count()).unwrap_or(0);
                             if want == 0 {
                                 return Some(format!("task {tid}: a GPU selector needs gpus"));
