@@ -262,6 +262,7 @@ mod tests {
             gpus: Vec::new(),
             timestamp_ms: 0,
             reconciliation: false,
+            ports: Vec::new(),
         }
     }
 

@@ -537,6 +537,9 @@ pub enum TaskReason {
     /// The task's processes use more GPU memory than its share (a non-terminal report, or the
     /// reason it was killed under `--gpu-memory-enforce kill`).
     GpuMemory,
+    /// The agent could not find the `ports:K` free ports the task asks for in its port range
+    /// (held by processes outside Gantry, or the agent has no range).
+    PortUnavailable,
 }
 
 impl TaskReason {
@@ -554,6 +557,7 @@ impl TaskReason {
             TaskReason::Unknown => "unknown",
             TaskReason::InvalidOffers => "invalid-offers",
             TaskReason::GpuMemory => "gpu-memory",
+            TaskReason::PortUnavailable => "port-unavailable",
         }
     }
 }
@@ -602,6 +606,11 @@ pub struct StatusUpdate {
     pub timestamp_ms: u64,
     /// Set for reconciliation answers; those need no acknowledgement.
     pub reconciliation: bool,
+    /// The host ports the agent gave the task (its `ports:K` resource; the task sees them as
+    /// `PORT`, `PORT0`.. and `GANTRY_PORTS`). Set on agent updates, empty for tasks asking
+    /// for no ports.
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -619,6 +628,9 @@ pub struct RunningTask {
     pub state: TaskState,
     /// The GPUs (UUIDs) the agent gave the task.
     pub gpus: Vec<String>,
+    /// The host ports the agent gave the task.
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

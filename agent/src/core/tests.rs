@@ -60,6 +60,7 @@ fn config(gpus: u32) -> CoreConfig {
             disk_headroom: 0.1,
             keep: 0,
         },
+        ports: None,
     }
 }
 
@@ -556,6 +557,7 @@ fn checkpointed(
             kill_requested_ms: None,
             cgroup: Some(id.to_string()),
             gpu_memory_kill: None,
+            ports: Vec::new(),
         },
     )
 }
@@ -867,6 +869,7 @@ mod fit_register_tests {
                 },
                 state: TaskState::Running,
                 gpus: vec![],
+                ports: vec![],
             })
             .collect();
         let pending_updates = running_tasks
@@ -886,6 +889,7 @@ mod fit_register_tests {
                 gpus: vec![],
                 timestamp_ms: 0,
                 reconciliation: false,
+                ports: Vec::new(),
             })
             .collect();
         AgentToMaster::Register {
@@ -973,3 +977,5 @@ fn pinned_gpu_uuids_are_the_devices_the_task_gets() {
         "{failed:?}"
     );
 }
+
+mod ports;

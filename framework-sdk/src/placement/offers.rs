@@ -554,6 +554,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn ports_are_placed_like_any_resource() {
+        // Two agents, one port each: two 1-port tasks land on both, a third does not fit.
+        let mut agents = vec![
+            agent("a", "cpus:8;mem:1024;ports:1"),
+            agent("b", "cpus:8;mem:1024;ports:1"),
+        ];
+        let t = req("cpus:1;mem:64;ports:1");
+        let plan = place_all(&mut agents, &[t.clone(), t.clone()]).unwrap();
+        let used: std::collections::BTreeSet<usize> =
+            plan.assignments.iter().map(|a| a.agent).collect();
+        assert_eq!(used.len(), 2, "one port per agent");
+        assert!(place_one(&agents, &t).is_none());
+    }
+
+    #[test]
     fn multi_gpu_task_stays_in_one_numa_node() {
         let agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
         let c = place_one(&agents, &req("cpus:4;mem:1024;gpus:4")).unwrap();

@@ -321,6 +321,7 @@ impl Master {
                     usage: None,
                     role: role.clone(),
                     gpus: gpus.clone(),
+                    ports: Vec::new(),
                     reason: None,
                     exit_code: None,
                     signal: None,
@@ -515,6 +516,13 @@ pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
     }
     if let Err(e) = task.resources.gpu_amount() {
         return Err(TaskRejection::FractionalGpus(tid, e));
+    }
+    if !task
+        .resources
+        .milli("ports")
+        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
+    {
+        return Err(TaskRejection::FractionalPorts(tid));
     }
     if task
         .env
