@@ -16,7 +16,7 @@ use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
 use super::resources::Resources;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The most task ids one [`FrameworkToMaster::Reconcile`] may name; the master refuses more
 /// with an [`ErrorKind::InvalidRequest`] error (the SDK's driver splits longer lists).
