@@ -91,3 +91,20 @@ pub fn rss_kib(pid: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// The machine's UDP receive-buffer overflows so far (`RcvbufErrors` in `/proc/net/snmp`):
+/// datagrams the kernel dropped because a socket's receive buffer was full. Machine-wide, so a
+/// difference over a run also counts other processes' sockets.
+pub fn udp_rcvbuf_errors() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}

@@ -97,8 +97,8 @@ pub fn server_endpoint(
     let socket = std::net::UdpSocket::bind(addr)?;
     // One socket carries every agent's and framework's packets (keep-alives, heartbeats): with
     // thousands of peers the default buffer (~200 KB) overflows in bursts, and the packets
-    // dropped there turn into idle timeouts. The kernel caps this at net.core.rmem_max.
-    let _ = socket2::SockRef::from(&socket).set_recv_buffer_size(SERVER_RECV_BUFFER);
+    // dropped there turn into idle timeouts.
+    grow_recv_buffer(&socket, SERVER_RECV_BUFFER);
     let runtime = quinn::default_runtime()
         .ok_or_else(|| TransportError::Config("no async runtime for QUIC".into()))?;
     if reset_key.len() < 32 {
@@ -170,8 +170,48 @@ pub fn load_or_create_reset_key(path: &std::path::Path) -> Result<Vec<u8>, Trans
 pub const SERVER_CONNECTION_WINDOW: u32 = 512 * 1024;
 
 #[cfg(feature = "server")]
-/// Receive buffer requested for the master's UDP socket.
-pub const SERVER_RECV_BUFFER: usize = 8 << 20;
+/// Receive buffer requested for the master's UDP socket. A burst that outruns the master
+/// (10,000 agents' status updates at once) waits here instead of being dropped: dropped
+/// datagrams make QUIC back off exponentially, and a connection whose probes back off past the
+/// idle timeout dies — agents lost because the master was busy. Only used while backlogged.
+pub const SERVER_RECV_BUFFER: usize = 32 << 20;
+
+#[cfg(feature = "server")]
+/// Asks for a `want`-byte receive buffer on `socket`. The kernel caps `SO_RCVBUF` at
+/// `net.core.rmem_max` (often 208 KiB-4 MiB); a process with `CAP_NET_ADMIN` may pass it
+/// (`SO_RCVBUFFORCE`), otherwise a warning names the sysctl to raise. Returns what the kernel
+/// granted (Linux reports twice the requested size: its bookkeeping overhead).
+pub fn grow_recv_buffer(socket: &std::net::UdpSocket, want: usize) -> usize {
+    let sock = socket2::SockRef::from(socket);
+    let _ = sock.set_recv_buffer_size(want);
+    let granted = || sock.recv_buffer_size().unwrap_or(0);
+    #[cfg(target_os = "linux")]
+    if granted() < want {
+        use std::os::fd::AsRawFd;
+        let size = libc::c_int::try_from(want).unwrap_or(libc::c_int::MAX);
+        // SAFETY: a plain setsockopt on a socket we own, with a pointer to a c_int that lives
+        // for the call and its exact size; failure (no CAP_NET_ADMIN) only returns -1.
+        let _ = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    let got = granted();
+    if got < want {
+        tracing::warn!(
+            requested = want,
+            granted = got,
+            "the QUIC socket's receive buffer is smaller than requested: bursts from many peers \
+             may be dropped; raise net.core.rmem_max (sysctl) to at least {want}"
+        );
+    }
+    got
+}
 
 /// The QUIC client configuration of an agent or framework: mutual TLS with `material`,
 /// keep-alives every [`KEEP_ALIVE`].

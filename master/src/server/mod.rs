@@ -171,7 +171,12 @@ pub async fn run(
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
-    let core = tokio::spawn(core_loop(
+    // The core loop runs on a thread of its own: a busy core (a burst of 10,000 agents' updates)
+    // then never holds up the QUIC endpoint and connection tasks on the shared runtime. They
+    // keep reading the UDP socket, so a burst becomes a queue in front of the core (and QUIC
+    // flow control once that is full) instead of datagrams dropped by the kernel, whose
+    // retransmissions back off until connections idle out.
+    let core = core_loop(
         config,
         core_rx,
         shell.clone(),
@@ -179,7 +184,21 @@ pub async fn run(
         status.clone(),
         lost_tx.clone(),
         ready_tx,
-    ));
+    );
+    let (core_stop, core_stopped) = oneshot::channel::<()>();
+    let core_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("gantry-core".into())
+        .spawn(move || {
+            core_runtime.block_on(async {
+                tokio::select! {
+                    _ = core => {}
+                    _ = core_stopped => {}
+                }
+            });
+        })?;
     let leadership = tokio::spawn(follow_election(election, store, core_tx, lost_tx));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -217,7 +236,7 @@ pub async fn run(
             }
         }
     };
-    core.abort();
+    let _ = core_stop.send(());
     leadership.abort();
     let _ = stop_tx.send(true);
     endpoint.close(CLOSE_NORMAL.into(), b"master stopping");
@@ -349,7 +368,9 @@ async fn core_loop(
     let conns = shell.conns.clone();
     // Reconciliation answers wait for room in their peers' outboxes; retried at the next event.
     let mut backlog_blocked = false;
+    let mut batch: Vec<CoreEvent> = Vec::with_capacity(1024);
     loop {
+        let mut tick = false;
         let backlog = !backlog_blocked && master.as_ref().is_some_and(|m| m.has_backlog());
         tokio::select! {
             // One slice of a long request, then back to everyone else's events.
@@ -368,66 +389,7 @@ async fn core_loop(
             ev = rx.recv() => {
                 backlog_blocked = false;
                 let Some(ev) = ev else { return };
-                // Take what is queued so one allocation serves a burst of events.
-                let mut batch = vec![ev];
-                while batch.len() < 1024 {
-                    match rx.try_recv() {
-                        Ok(ev) => batch.push(ev),
-                        Err(_) => break,
-                    }
-                }
-                for ev in batch {
-                    match (ev, master.as_mut()) {
-                        (CoreEvent::Lead { epoch, registry }, None) => {
-                            config.epoch = epoch;
-                            let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
-                            let until = health::lease_until_ms(&lease.borrow_and_update(), start);
-                            m.handle(Input::LeaseUntil { until }, now());
-                            m.restore_maintenance(&registry, now(), unix_ms());
-                            m.recover(registry, now());
-                            for input in held.drain(..) {
-                                out.extend(m.handle(input, now()));
-                            }
-                            master = Some(m);
-                            ready.send_replace(Some(epoch));
-                        }
-                        (CoreEvent::Lead { .. }, Some(_)) => {}
-                        (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
-                        (CoreEvent::Input(input), None) => held.push(input),
-                        (CoreEvent::Operator(cmd, reply), Some(m)) => {
-                            let result = m.operator_at(cmd, now()).map(|o| out.extend(o));
-                            replies.push((reply, result));
-                        }
-                        (CoreEvent::Operator(_, reply), None) => {
-                            let _ = reply.send(Err(OperatorRejection::NotLeader));
-                        }
-                        (CoreEvent::Maintenance(cmd, reply), Some(m)) => {
-                            let done = match cmd {
-                                Some(cmd) => m.maintenance(cmd, now()).map(|o| out.extend(o)),
-                                None => Ok(()),
-                            };
-                            let view = serde_json::to_value(m.maintenance_view(now()))
-                                .unwrap_or(serde_json::Value::Null);
-                            let _ = reply.send(done.map(|()| view));
-                        }
-                        (CoreEvent::Maintenance(_, reply), None) => {
-                            let _ = reply.send(Err(MaintenanceError::NotLeader));
-                        }
-                        (CoreEvent::Metrics(reply), m) => {
-                            let _ = reply.send(m.map(|m| m.metrics(now())));
-                        }
-                        (CoreEvent::State(reply), m) => {
-                            let mut view = match m {
-                                Some(m) => serde_json::to_value(m.view(now(), unix_ms())).unwrap_or(serde_json::Value::Null),
-                                None => serde_json::json!({"leader": false, "status": status.borrow().clone()}),
-                            };
-                            if let Some(obj) = view.as_object_mut() {
-                                obj.insert("peers".into(), peer_stats(&shell));
-                            }
-                            let _ = reply.send(view);
-                        }
-                    }
-                }
+                batch.push(ev);
             }
             changed = lease.changed() => {
                 if changed.is_err() {
@@ -441,9 +403,82 @@ async fn core_loop(
             }
             _ = tokio::time::sleep_until((start + Duration::from_millis(deadline.unwrap_or_default())).into()), if deadline.is_some() => {
                 backlog_blocked = false;
-                if let Some(m) = master.as_mut() {
-                    out.extend(m.handle(Input::Tick, now()));
+                tick = true;
+            }
+        }
+        // Take what is queued so one allocation (and one timer check) serves a burst of events.
+        if !batch.is_empty() || tick {
+            while batch.len() < 1024 {
+                match rx.try_recv() {
+                    Ok(ev) => batch.push(ev),
+                    Err(_) => break,
                 }
+            }
+        }
+        if let Some(m) = master.as_mut() {
+            m.record_events(shell.events.receiver_count() > 0);
+        }
+        for ev in batch.drain(..) {
+            match (ev, master.as_mut()) {
+                (CoreEvent::Lead { epoch, registry }, None) => {
+                    config.epoch = epoch;
+                    let mut m = Master::new(config.clone(), uuid::Uuid::new_v4().as_u128());
+                    let until = health::lease_until_ms(&lease.borrow_and_update(), start);
+                    m.handle(Input::LeaseUntil { until }, now());
+                    m.restore_maintenance(&registry, now(), unix_ms());
+                    m.recover(registry, now());
+                    for input in held.drain(..) {
+                        out.extend(m.handle(input, now()));
+                    }
+                    master = Some(m);
+                    ready.send_replace(Some(epoch));
+                }
+                (CoreEvent::Lead { .. }, Some(_)) => {}
+                (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
+                (CoreEvent::Input(input), None) => held.push(input),
+                (CoreEvent::Operator(cmd, reply), Some(m)) => {
+                    let result = m.operator_at(cmd, now()).map(|o| out.extend(o));
+                    replies.push((reply, result));
+                }
+                (CoreEvent::Operator(_, reply), None) => {
+                    let _ = reply.send(Err(OperatorRejection::NotLeader));
+                }
+                (CoreEvent::Maintenance(cmd, reply), Some(m)) => {
+                    let done = match cmd {
+                        Some(cmd) => m.maintenance(cmd, now()).map(|o| out.extend(o)),
+                        None => Ok(()),
+                    };
+                    let view = serde_json::to_value(m.maintenance_view(now()))
+                        .unwrap_or(serde_json::Value::Null);
+                    let _ = reply.send(done.map(|()| view));
+                }
+                (CoreEvent::Maintenance(_, reply), None) => {
+                    let _ = reply.send(Err(MaintenanceError::NotLeader));
+                }
+                (CoreEvent::Metrics(reply), m) => {
+                    let _ = reply.send(m.map(|m| m.metrics(now())));
+                }
+                (CoreEvent::State(reply), m) => {
+                    let mut view = match m {
+                        Some(m) => serde_json::to_value(m.view(now(), unix_ms()))
+                            .unwrap_or(serde_json::Value::Null),
+                        None => {
+                            serde_json::json!({"leader": false, "status": status.borrow().clone()})
+                        }
+                    };
+                    if let Some(obj) = view.as_object_mut() {
+                        obj.insert("peers".into(), peer_stats(&shell));
+                    }
+                    let _ = reply.send(view);
+                }
+            }
+        }
+        // Timers after the inputs queued before them, and also when inputs never stop: a busy
+        // master handles the heartbeats and updates waiting in its queue before it checks
+        // agents for silence, and its timers never starve behind a stream of messages.
+        if tick || deadline.is_some_and(|d| now() >= d) {
+            if let Some(m) = master.as_mut() {
+                out.extend(m.handle(Input::Tick, now()));
             }
         }
         if let Some(m) = master.as_mut() {
@@ -480,8 +515,9 @@ async fn core_loop(
                         continue;
                     }
                 };
-                // A peer already gone: its disconnect is on its way to the core.
-                let Some(peer) = conns.get(&conn).map(|e| e.value().clone()) else {
+                // A peer already gone: its disconnect is on its way to the core. (A read guard
+                // of the map, not a clone of the handle: no reference counts per message.)
+                let Some(peer) = conns.get(&conn) else {
                     tracing::debug!(conn, "message for a connection that is gone; not sent");
                     continue;
                 };
@@ -500,6 +536,8 @@ async fn core_loop(
                         // Not through the full outbox: close the connection itself.
                         peer.conn
                             .close(CLOSE_PROTOCOL.into(), b"not reading its messages");
+                        // The map's read guard goes before its entry is removed.
+                        drop(peer);
                         conns.remove(&conn);
                         stalled.push(conn);
                     }
@@ -510,6 +548,7 @@ async fn core_loop(
                             .counters
                             .dropped_messages
                             .fetch_add(1, Ordering::Relaxed);
+                        drop(peer);
                         conns.remove(&conn);
                     }
                 }

@@ -12,18 +12,23 @@ impl Master {
         now: Millis,
         out: &mut Vec<Output>,
     ) {
-        let Some(Peer::Agent {
-            name,
-            address,
-            agent,
-        }) = self.conns.get(&conn).cloned()
-        else {
-            out.push(Output::Close {
-                conn,
-                reason: "agent message on a connection that is not an agent's".into(),
-            });
-            return;
+        // Only the id is copied per message; the name and address only for a registration.
+        let agent = match self.conns.get(&conn) {
+            Some(Peer::Agent { agent, .. }) => *agent,
+            _ => {
+                out.push(Output::Close {
+                    conn,
+                    reason: "agent message on a connection that is not an agent's".into(),
+                });
+                return;
+            }
         };
+        // Liveness counts every message from a registered agent, not only heartbeats: an agent
+        // busy sending status updates, or whose heartbeat waits behind them in a busy master's
+        // queue, is alive.
+        if let Some(a) = agent.and_then(|id| self.agents.get_mut(&id)) {
+            a.last_seen = now;
+        }
         match (msg, agent) {
             (
                 AgentToMaster::Register {
@@ -39,6 +44,9 @@ impl Master {
                 },
                 None,
             ) => {
+                let Some(Peer::Agent { name, address, .. }) = self.conns.get(&conn).cloned() else {
+                    return;
+                };
                 if !crate::acl::valid_user(&task_user) {
                     let message = format!("invalid task user {task_user:?}");
                     out.push(Output::ToAgent(
@@ -87,17 +95,13 @@ impl Master {
                 conn,
                 reason: "agent sent a message before registering".into(),
             }),
-            (AgentToMaster::Heartbeat, Some(id)) => {
-                if let Some(a) = self.agents.get_mut(&id) {
-                    a.last_seen = now;
-                }
-            }
+            // Seen above.
+            (AgentToMaster::Heartbeat, Some(_)) => {}
             (AgentToMaster::StatusUpdate(update), Some(id)) => {
                 self.agent_update(conn, id, update, now, out)
             }
             (AgentToMaster::Usage { tasks, gpus }, Some(id)) => {
                 if let Some(a) = self.agents.get_mut(&id) {
-                    a.last_seen = now;
                     a.gpu_samples = gpus;
                 }
                 for (task_id, usage) in tasks {

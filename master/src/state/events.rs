@@ -70,12 +70,24 @@ pub(crate) struct EventQueue {
     events: VecDeque<ClusterEvent>,
     /// Events dropped because nobody drained the queue in time.
     pub dropped: u64,
+    /// Nobody listens ([`Master::record_events`]`(false)`): events are not even built.
+    unheard: bool,
 }
 
 impl Master {
     /// Records an event for the stream.
+    /// Whether the shell has event subscribers: when it has none, events are not built at all
+    /// (a task update would otherwise format three ids and copy four strings for nothing).
+    /// Recorded by default.
+    pub fn record_events(&mut self, on: bool) {
+        self.events.unheard = !on;
+    }
+
     pub(super) fn emit(&mut self, e: ClusterEvent) {
         let q = &mut self.events;
+        if q.unheard {
+            return;
+        }
         if q.events.len() >= MAX_PENDING_EVENTS {
             q.events.pop_front();
             q.dropped += 1;
@@ -95,6 +107,9 @@ impl Master {
 
     /// Records the task's current state.
     pub(super) fn emit_task(&mut self, tid: TaskId) {
+        if self.events.unheard {
+            return;
+        }
         let Some(t) = self.tasks.get(&tid) else {
             return;
         };

@@ -249,6 +249,9 @@ pub struct Report {
     pub master_rss_peak_mib: f64,
     /// `/proc/loadavg` (1 minute) at the end of the launch window: other work on the machine.
     pub load_average: f64,
+    /// UDP datagrams the kernel dropped on full receive buffers from the start of the window to
+    /// the end of the drain (machine-wide `RcvbufErrors`).
+    pub udp_rcvbuf_errors: u64,
 }
 
 impl Report {
@@ -315,6 +318,7 @@ impl Report {
             "master_rss_peak_mib": self.master_rss_peak_mib,
             "master_rss_peak_mib_per_1000_agents": self.master_rss_peak_mib / per_k,
             "load_average_1m": self.load_average,
+            "udp_rcvbuf_errors": self.udp_rcvbuf_errors,
         })
     }
 
@@ -351,10 +355,10 @@ impl Report {
             self.offers, self.declined_offers, self.stale_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
         );
         t += &format!(
-            "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s; load average {:.1}\n",
+            "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s; load average {:.1}; UDP receive-buffer drops {}\n",
             self.master_cpu_idle_pct, self.master_cpu_load_pct, self.master_cpu_load_pct / per_k,
             self.master_rss_idle_mib, self.master_rss_peak_mib, self.master_rss_peak_mib / per_k,
-            self.harness_cpu_load_pct, self.registration_s, self.load_average
+            self.harness_cpu_load_pct, self.registration_s, self.load_average, self.udp_rcvbuf_errors
         );
         t
     }
@@ -536,6 +540,7 @@ async fn drive(
         ping_stop.clone(),
     ))));
     let (c0, h0, w0) = (master_cpu(), emu::cpu_time("self"), Instant::now());
+    let drops0 = emu::udp_rcvbuf_errors();
     let r0 = shared.running_total.load(Relaxed);
     let mut cycles_us = Vec::new();
     let mut rss_peak = report.master_rss_idle_mib;
@@ -592,6 +597,7 @@ async fn drive(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     report.master_rss_peak_mib = rss_peak;
+    report.udp_rcvbuf_errors = emu::udp_rcvbuf_errors().saturating_sub(drops0);
     if let Ok(s) = tokio::task::block_in_place(|| get_state(http_addr)) {
         report.allocation_cycles = s["allocator"]["allocation_cycles"].as_u64().unwrap_or(0);
     }
