@@ -55,6 +55,9 @@ pub struct TaskRecord {
     /// (`--gpu-memory-enforce kill`): the message its terminal update carries.
     #[serde(default)]
     pub gpu_memory_kill: Option<String>,
+    /// Host ports assigned to the task (its `ports:K`), held until it is terminal.
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 impl TaskRecord {
@@ -165,6 +168,7 @@ mod tests {
                 kill_requested_ms: None,
                 cgroup: None,
                 gpu_memory_kill: None,
+                ports: Vec::new(),
             },
         );
         c.save(&dir).unwrap();

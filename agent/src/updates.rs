@@ -151,6 +151,7 @@ mod tests {
             gpus: vec![],
             timestamp_ms: 0,
             reconciliation: false,
+            ports: Vec::new(),
         }
     }
 

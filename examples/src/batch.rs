@@ -125,25 +125,9 @@ impl Scheduler for Batch {
         self.revived_for_drops = false;
         // One accept per agent and role naming all its offers there: the master acts on all of
         // a framework's offers on an agent at once anyway (docs/allocator.md, rule 2).
-        let mut groups: Vec<(AgentId, String, Vec<OfferId>, Resources)> = Vec::new();
-        for offer in offers {
-            match groups
-                .iter_mut()
-                .find(|(a, r, _, _)| *a == offer.agent_id && *r == offer.role)
-            {
-                Some((_, _, ids, total)) => {
-                    ids.push(offer.id);
-                    total.add_assign(&offer.total());
-                }
-                None => groups.push((
-                    offer.agent_id,
-                    offer.role.clone(),
-                    vec![offer.id],
-                    offer.total(),
-                )),
-            }
-        }
-        for (_, _, ids, mut available) in groups {
+        let groups = gantry_sdk::placement::offers::group_offers(&offers);
+        for g in groups {
+            let (ids, mut available) = (g.offer_ids, g.resources);
             let mut tasks = Vec::new();
             while self.remaining() > tasks.len() as u32 && available.contains(&self.spec.task) {
                 let _ = available.checked_sub_assign(&self.spec.task);
@@ -298,6 +282,7 @@ mod tests {
             gpus: Vec::new(),
             timestamp_ms: 0,
             reconciliation: false,
+            ports: Vec::new(),
         }
     }
 

@@ -13,15 +13,16 @@
 //! - **Rolling replacement** when the definition file changes: one instance at a time is
 //!   killed and relaunched with the new definition, and only while every instance is up, so at
 //!   most one is unavailable.
-//! - **Ports** from `ports = [FIRST, LAST]`: each instance gets one port in `PORT` (round robin
-//!   over the range, unique among the service's instances on a host). The range is managed by
-//!   the framework, not accounted by the master (agents have no port range resource yet).
+//! - **Ports** from the agents' port ranges: `"ports": K` asks for the resource `ports:K` per
+//!   instance; the master accounts ports like any resource (two frameworks never get the same
+//!   port of an agent) and the agent picks free ports of its `--ports` range, handed to the
+//!   task as `PORT` (the first), `PORT0`.. and `GANTRY_PORTS`. The framework learns an
+//!   instance's port from its `RUNNING` update, for the TCP health check and the status view.
 //! - **Status**: written as JSON to a status file every half second; `service status` prints it.
 //!
 //! [`ServiceCore`] is the pure policy (offers, updates, health results and the time in;
 //! launches, declines and kills out); [`run`] is the async shell around it.
 
-use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,8 +38,8 @@ use serde::{Deserialize, Serialize};
 pub struct ServiceDef {
     /// How many instances to keep up.
     pub instances: usize,
-    /// The shell command of each instance (`PORT`, `SERVICE_INSTANCE`, `SERVICE_VERSION` are
-    /// set).
+    /// The shell command of each instance (`SERVICE_INSTANCE`, `SERVICE_VERSION` are set, and
+    /// with `ports` the agent's `PORT`, `PORT0`.. and `GANTRY_PORTS`).
     pub command: String,
     /// CPUs per instance.
     #[serde(default = "default_cpus")]
@@ -49,9 +50,10 @@ pub struct ServiceDef {
     /// At most one instance per agent.
     #[serde(default)]
     pub spread: bool,
-    /// The port range instances take their `PORT` from, inclusive.
+    /// Host ports per instance (the resource `ports:K`; 0 for none). The agent assigns them
+    /// from its `--ports` range.
     #[serde(default)]
-    pub ports: Option<(u16, u16)>,
+    pub ports: u16,
     /// How instances are checked.
     #[serde(default)]
     pub health: Option<HealthCheck>,
@@ -71,7 +73,7 @@ fn default_mem() -> f64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
-    /// Connect to the instance's host and `PORT` (needs `ports`).
+    /// Connect to the instance's host and first port (needs `ports` of at least 1).
     #[serde(default)]
     pub tcp: bool,
     /// Or run this shell command (on the framework's host) with `HOST` and `PORT` set; exit 0
@@ -108,17 +110,12 @@ impl ServiceDef {
         if self.instances > 10_000 {
             return Some("at most 10000 instances".into());
         }
-        if let Some((a, b)) = self.ports {
-            if a == 0 || a > b {
-                return Some(format!("bad port range {a}-{b}"));
-            }
-        }
         if let Some(h) = &self.health {
             if h.tcp == h.command.is_some() {
                 return Some("a health check is either tcp or a command".into());
             }
-            if h.tcp && self.ports.is_none() {
-                return Some("a tcp health check needs a port range".into());
+            if h.tcp && self.ports == 0 {
+                return Some("a tcp health check needs \"ports\": 1 or more".into());
             }
             if !(h.interval_secs.is_finite() && h.interval_secs > 0.0) {
                 return Some("health interval must be positive".into());
@@ -146,6 +143,7 @@ impl ServiceDef {
         Resources::new()
             .with("cpus", self.cpus)
             .with("mem", self.mem)
+            .with("ports", f64::from(self.ports))
     }
 }
 
@@ -160,7 +158,7 @@ pub struct Slot {
     pub agent: Option<AgentId>,
     /// The agent's hostname.
     pub host: String,
-    /// Its `PORT`.
+    /// Its `PORT` (the first port its agent gave it, from its `RUNNING` update).
     pub port: Option<u16>,
     /// The definition version it runs.
     pub version: u64,
@@ -253,8 +251,6 @@ pub struct ServiceCore {
     version: u64,
     slots: Vec<Slot>,
     backoff: RestartBackoff<usize>,
-    /// The next port to try per host (round robin over the range).
-    next_port: HashMap<String, u16>,
 }
 
 impl ServiceCore {
@@ -268,7 +264,6 @@ impl ServiceCore {
             version,
             slots,
             backoff: RestartBackoff::new(Duration::from_millis(500), Duration::from_secs(30)),
-            next_port: HashMap::new(),
         }
     }
 
@@ -315,20 +310,13 @@ impl ServiceCore {
                 if !avail.contains(&want) {
                     break;
                 }
-                let port = match self.def.ports {
-                    Some(range) => match self.pick_port(&offer.hostname, range) {
-                        Some(p) => Some(p),
-                        None => break,
-                    },
-                    None => None,
-                };
                 let _ = avail.checked_sub_assign(&want);
-                let task = self.task(i, port);
+                let task = self.task(i);
                 let s = &mut self.slots[i];
                 s.task = Some(task.task_id);
                 s.agent = Some(offer.agent_id);
                 s.host = offer.hostname.clone();
-                s.port = port;
+                s.port = None;
                 s.version = self.version;
                 s.state = Some(TaskState::Staging);
                 s.healthy = false;
@@ -349,34 +337,10 @@ impl ServiceCore {
         out
     }
 
-    /// The next port of the range not used by this service on `host`.
-    fn pick_port(&mut self, host: &str, (first, last): (u16, u16)) -> Option<u16> {
-        let used: BTreeSet<u16> = self
-            .slots
-            .iter()
-            .filter(|s| s.task.is_some() && s.host == host)
-            .filter_map(|s| s.port)
-            .collect();
-        let span = (last - first) as u32 + 1;
-        let start = self.next_port.get(host).copied().unwrap_or(first);
-        for k in 0..span {
-            let p = first + (((start.saturating_sub(first)) as u32 + k) % span) as u16;
-            if !used.contains(&p) {
-                let next = if p == last { first } else { p + 1 };
-                self.next_port.insert(host.to_string(), next);
-                return Some(p);
-            }
-        }
-        None
-    }
-
-    fn task(&self, index: usize, port: Option<u16>) -> TaskInfo {
+    fn task(&self, index: usize) -> TaskInfo {
         let mut env = self.def.env.clone();
         env.insert("SERVICE_INSTANCE".into(), index.to_string());
         env.insert("SERVICE_VERSION".into(), format!("{:016x}", self.version));
-        if let Some(p) = port {
-            env.insert("PORT".into(), p.to_string());
-        }
         TaskInfo {
             task_id: TaskId::random(),
             name: format!("{}/{index}", self.name),
@@ -396,6 +360,9 @@ impl ServiceCore {
         let has_check = self.def.health.is_some();
         let s = &mut self.slots[i];
         s.state = Some(u.state);
+        if let Some(p) = u.ports.first() {
+            s.port = Some(*p);
+        }
         if u.state == TaskState::Running && s.running_since.is_none() {
             s.running_since = Some(now);
             s.healthy = !has_check;
@@ -733,7 +700,7 @@ mod tests {
             cpus: 0.1,
             mem: 32.0,
             spread: true,
-            ports: Some((31000, 31002)),
+            ports: 1,
             health: None,
             env: Default::default(),
         }
@@ -746,7 +713,7 @@ mod tests {
             agent_id: agent,
             hostname: "h".into(),
             role: "r".into(),
-            resources: "cpus:4;mem:1024".parse().unwrap(),
+            resources: "cpus:4;mem:1024;ports:10".parse().unwrap(),
             reserved: Default::default(),
             attributes: Default::default(),
             gpus: Default::default(),
@@ -769,6 +736,7 @@ mod tests {
             gpus: vec![],
             timestamp_ms: 0,
             reconciliation: false,
+            ports: Vec::new(),
         }
     }
 
@@ -791,14 +759,21 @@ mod tests {
         let l = launched(&c.offers(vec![offer(a)], t0));
         assert_eq!(l.len(), 1);
         assert_eq!(l[0].name, "web/0");
-        assert_eq!(l[0].env["PORT"], "31000");
+        // Ports are asked of the master as a resource; the agent picks them.
+        assert_eq!(l[0].resources.get("ports"), 1.0);
+        assert!(!l[0].env.contains_key("PORT"));
         let l2 = launched(&c.offers(vec![offer(a), offer(b)], t0));
         assert_eq!(l2.len(), 1);
-        assert_eq!(l2[0].env["PORT"], "31001", "ports are unique per host");
-        for t in [&l[0], &l2[0]] {
-            c.update(&upd(t.task_id, TaskState::Running), t0);
+        for (t, port) in [(&l[0], 31000), (&l2[0], 31007)] {
+            let mut u = upd(t.task_id, TaskState::Running);
+            u.ports = vec![port];
+            c.update(&u, t0);
         }
         assert_eq!(c.status().up, 2);
+        // The port for the health check is the one the agent gave.
+        let checks = c.to_check(t0);
+        assert!(checks.is_empty(), "no health check in this definition");
+        assert_eq!(c.slots()[1].port, Some(31007));
         // A crash: restarted only after the backoff.
         c.update(&upd(l[0].task_id, TaskState::Failed), t0);
         assert_eq!(c.status().up, 1);
@@ -807,8 +782,9 @@ mod tests {
         let l3 = launched(&c.offers(vec![offer(a)], t1));
         assert_eq!(l3.len(), 1);
         assert_eq!(
-            l3[0].env["PORT"], "31002",
-            "round robin: not the port just freed"
+            c.slots()[0].port,
+            None,
+            "a new task: its port is not known yet"
         );
         c.update(&upd(l3[0].task_id, TaskState::Running), t1);
         // A new definition: one instance killed at a time, only while all are up.
@@ -826,6 +802,39 @@ mod tests {
         c.update(&upd(l4[0].task_id, TaskState::Running), t1);
         assert_eq!(c.tick(t1).len(), 1, "then the next one");
         assert!(c.status().rolling);
+    }
+
+    #[test]
+    fn ports_are_a_resource_of_the_offer() {
+        let t0 = Instant::now();
+        let mut c = ServiceCore::new("web", def(3, "v1"));
+        let mut o = offer(AgentId::random());
+        o.resources = "cpus:4;mem:1024;ports:1".parse().unwrap();
+        let mut d = def(3, "v1");
+        d.spread = false;
+        c.set_definition(d);
+        // One port left on the agent: one instance, not three.
+        assert_eq!(launched(&c.offers(vec![o.clone()], t0)).len(), 1);
+        o.resources = "cpus:4;mem:1024".parse().unwrap();
+        assert!(
+            launched(&c.offers(vec![o], t0)).is_empty(),
+            "no ports offered"
+        );
+        // The old framework-side range form is refused with serde's message.
+        let old = r#"{"instances": 1, "command": "x", "ports": [31000, 31099]}"#;
+        assert!(serde_json::from_str::<ServiceDef>(old).is_err());
+        let new = r#"{"instances": 1, "command": "x", "ports": 2}"#;
+        assert_eq!(serde_json::from_str::<ServiceDef>(new).unwrap().ports, 2);
+        let mut tcp = def(1, "x");
+        tcp.ports = 0;
+        tcp.health = Some(HealthCheck {
+            tcp: true,
+            command: None,
+            interval_secs: 1.0,
+            grace_secs: 1.0,
+            failures: 1,
+        });
+        assert!(tcp.problem().unwrap().contains("ports"));
     }
 
     #[test]
@@ -877,8 +886,14 @@ mod tests {
         let mut c = ServiceCore::new("s", d);
         let l = launched(&c.offers(vec![offer(AgentId::random())], t0));
         let t = l[0].task_id;
-        c.update(&upd(t, TaskState::Running), t0);
+        let mut running = upd(t, TaskState::Running);
+        running.ports = vec![31005];
+        c.update(&running, t0);
         assert_eq!(c.status().up, 0, "not up before its first passing check");
+        // The TCP check connects to the port the agent gave.
+        let checks = c.to_check(t0);
+        assert_eq!(checks.len(), 1);
+        assert_eq!(checks[0].3, Some(31005));
         assert!(c
             .health(0, t, false, t0 + Duration::from_secs(1))
             .is_empty());

@@ -39,6 +39,9 @@ pub struct TaskEntry {
     pub launched_at: u64,
     /// When it last changed state (the caller's clock).
     pub changed_at: u64,
+    /// The host ports its agent gave it (for a `ports:K` task; from its status updates, the
+    /// first of which is `PORT`).
+    pub ports: Vec<u16>,
 }
 
 /// A state change reported by [`TaskBook::update`].
@@ -84,6 +87,7 @@ impl TaskBook {
                 message: String::new(),
                 launched_at: now,
                 changed_at: now,
+                ports: Vec::new(),
             },
         );
     }
@@ -94,6 +98,9 @@ impl TaskBook {
     pub fn update(&mut self, u: &StatusUpdate, now: u64) -> Option<Transition> {
         match self.tasks.get_mut(&u.task_id) {
             Some(e) => {
+                if !u.ports.is_empty() {
+                    e.ports = u.ports.clone();
+                }
                 if e.state.is_terminal() || e.state == u.state {
                     return None;
                 }
@@ -123,6 +130,7 @@ impl TaskBook {
                         message: u.message.clone(),
                         launched_at: now,
                         changed_at: now,
+                        ports: u.ports.clone(),
                     },
                 );
                 Some(Transition {
@@ -221,6 +229,7 @@ mod tests {
             gpus: vec![],
             timestamp_ms: 0,
             reconciliation: false,
+            ports: Vec::new(),
         }
     }
 
@@ -257,5 +266,18 @@ mod tests {
         assert_eq!(b.active_on(a), want);
         assert!(b.active_on(AgentId::random()).is_empty());
         assert_eq!(b.len(), 2);
+    }
+    #[test]
+    fn ports_come_from_updates_and_stay() {
+        let mut b = TaskBook::new();
+        let (t, a) = (TaskId::random(), AgentId::random());
+        b.launched(t, "web/0", a, 0);
+        let mut u = update(t, TaskState::Running);
+        u.ports = vec![31000, 31001];
+        b.update(&u, 1);
+        assert_eq!(b.get(t).unwrap().ports, vec![31000, 31001]);
+        // A later update without ports (a master-made one) leaves them.
+        b.update(&update(t, TaskState::Finished), 2);
+        assert_eq!(b.get(t).unwrap().ports, vec![31000, 31001]);
     }
 }

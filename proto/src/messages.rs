@@ -16,7 +16,7 @@ use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
 use super::resources::Resources;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The most task ids one [`FrameworkToMaster::Reconcile`] may name; the master refuses more
 /// with an [`ErrorKind::InvalidRequest`] error (the SDK's driver splits longer lists).
@@ -381,9 +381,45 @@ pub struct GpuSelector {
     /// Without it the task gets whole physical GPUs (or fractions of them), never MIG devices.
     #[serde(default)]
     pub mig_profile: Option<String>,
+    /// Exact devices (UUIDs, as in [`GpuInfo::uuid`] and `nvidia-smi -L`): when not empty, the
+    /// task's GPUs are drawn only from these (a MIG device also needs `mig_profile`). Pinning as many UUIDs as the task asks for GPUs
+    /// gives it exactly those devices (a plan made with NUMA/NVLink locality is then kept by the
+    /// agent). At most [`GpuSelector::MAX_UUIDS`] entries.
+    #[serde(default)]
+    pub uuids: Vec<String>,
 }
 
 impl GpuSelector {
+    /// The most UUIDs a selector may pin (the master refuses longer lists).
+    pub const MAX_UUIDS: usize = 64;
+
+    /// A selector pinning exactly `uuids` (no other constraint).
+    pub fn pinned<I, S>(uuids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        GpuSelector {
+            uuids: uuids.into_iter().map(Into::into).collect(),
+            ..GpuSelector::default()
+        }
+    }
+
+    /// Why the selector is malformed (too many or empty/overlong UUIDs), if it is.
+    pub fn invalid(&self) -> Option<String> {
+        if self.uuids.len() > Self::MAX_UUIDS {
+            return Some(format!(
+                "a GPU selector pins {} UUIDs, at most {} are allowed",
+                self.uuids.len(),
+                Self::MAX_UUIDS
+            ));
+        }
+        self.uuids
+            .iter()
+            .find(|u| u.is_empty() || u.len() > 128)
+            .map(|u| format!("GPU UUID {u:?} in the selector is empty or longer than 128 bytes"))
+    }
+
     /// True when `gpu` satisfies every constraint.
     pub fn matches(&self, gpu: &GpuInfo) -> bool {
         let model_ok = self
@@ -391,12 +427,15 @@ impl GpuSelector {
             .as_ref()
             .is_none_or(|m| gpu.name.to_lowercase().contains(&m.to_lowercase()));
         let mem_ok = self.min_memory_mib.is_none_or(|min| gpu.memory_mib >= min);
+        let pinned = self.uuids.contains(&gpu.uuid);
+        let uuid_ok = self.uuids.is_empty() || pinned;
+        // A MIG device is given only to a task that names its profile (also when pinned).
         let mig_ok = match (&self.mig_profile, &gpu.mig_profile) {
             (None, None) => true,
             (Some(want), Some(have)) => want.eq_ignore_ascii_case(have),
             _ => false,
         };
-        model_ok && mem_ok && mig_ok
+        model_ok && mem_ok && mig_ok && uuid_ok
     }
 
     /// Whether a task with `selector` (none: any physical GPU) may get `gpu`.
@@ -498,6 +537,9 @@ pub enum TaskReason {
     /// The task's processes use more GPU memory than its share (a non-terminal report, or the
     /// reason it was killed under `--gpu-memory-enforce kill`).
     GpuMemory,
+    /// The agent could not find the `ports:K` free ports the task asks for in its port range
+    /// (held by processes outside Gantry, or the agent has no range).
+    PortUnavailable,
 }
 
 impl TaskReason {
@@ -515,6 +557,7 @@ impl TaskReason {
             TaskReason::Unknown => "unknown",
             TaskReason::InvalidOffers => "invalid-offers",
             TaskReason::GpuMemory => "gpu-memory",
+            TaskReason::PortUnavailable => "port-unavailable",
         }
     }
 }
@@ -563,6 +606,11 @@ pub struct StatusUpdate {
     pub timestamp_ms: u64,
     /// Set for reconciliation answers; those need no acknowledgement.
     pub reconciliation: bool,
+    /// The host ports the agent gave the task (its `ports:K` resource; the task sees them as
+    /// `PORT`, `PORT0`.. and `GANTRY_PORTS`). Set on agent updates, empty for tasks asking
+    /// for no ports.
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -580,6 +628,9 @@ pub struct RunningTask {
     pub state: TaskState,
     /// The GPUs (UUIDs) the agent gave the task.
     pub gpus: Vec<String>,
+    /// The host ports the agent gave the task.
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -993,18 +1044,21 @@ mod tests {
             model: Some("a100".into()),
             min_memory_mib: Some(80000),
             mig_profile: None,
+            uuids: Vec::new(),
         }
         .matches(&gpu));
         assert!(!GpuSelector {
             model: Some("H100".into()),
             min_memory_mib: None,
             mig_profile: None,
+            uuids: Vec::new(),
         }
         .matches(&gpu));
         assert!(!GpuSelector {
             model: None,
             min_memory_mib: Some(100_000),
             mig_profile: None,
+            uuids: Vec::new(),
         }
         .matches(&gpu));
         // MIG devices only for tasks naming their profile, and never the other way round.
@@ -1015,6 +1069,19 @@ mod tests {
             memory_mib: 9856,
             ..gpu.clone()
         };
+        let pinned = GpuSelector::pinned(["GPU-2", "GPU-1"]);
+        assert!(pinned.matches(&gpu) && pinned.invalid().is_none());
+        assert!(!GpuSelector::pinned(["GPU-3"]).matches(&gpu));
+        assert!(GpuSelector::pinned(vec!["GPU-1"; 65])
+            .invalid()
+            .is_some_and(|e| e.contains("at most 64")));
+        assert!(GpuSelector::pinned([""]).invalid().is_some());
+        assert!(!GpuSelector::pinned(["MIG-1"]).matches(&mig));
+        let pinned_mig = GpuSelector {
+            mig_profile: Some("1g.10gb".into()),
+            ..GpuSelector::pinned(["MIG-1"])
+        };
+        assert!(pinned_mig.matches(&mig) && !pinned_mig.matches(&gpu));
         let want = GpuSelector {
             mig_profile: Some("1G.10GB".into()),
             ..GpuSelector::default()

@@ -1,5 +1,7 @@
 //! Frameworks run in-process with `gantry-sdk`: the example batch framework ([`run_batch`]),
-//! a [`Recorder`] that launches given tasks and records their updates, and [`driver_config`]
+//! a [`Recorder`] that launches given tasks and records their updates ([`start_recording`]
+//! gives a [`Recording`]: updates, errors, handle, driver), and [`driver_config`] /
+//! [`crate::Cluster::framework_config`]
 //! (which issues the framework's certificate with `gantry-pki` first, as the SDK only reads
 //! the TLS directory).
 
@@ -59,8 +61,68 @@ pub fn start_recorder(
     gantry_sdk::DriverHandle,
     tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
 ) {
+    let r = start_recording(config, tasks);
+    (r.updates, r.handle, r.run)
+}
+
+/// A [`Recorder`] framework running in this process ([`start_recording`]).
+pub struct Recording {
+    /// Its status updates.
+    pub updates: Updates,
+    /// The framework errors it received (`"Kind: message"`).
+    pub errors: tokio::sync::mpsc::UnboundedReceiver<String>,
+    pub handle: gantry_sdk::DriverHandle,
+    pub run: tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
+}
+
+impl Recording {
+    /// The framework errors received so far.
+    pub fn errors_so_far(&mut self) -> Vec<String> {
+        std::iter::from_fn(|| self.errors.try_recv().ok()).collect()
+    }
+
+    /// Waits for `task` to reach `state`; on failure prints the cluster's logs and the
+    /// framework's errors, then panics.
+    pub async fn expect(
+        &mut self,
+        cluster: &crate::Cluster,
+        task: &gantry_sdk::protocol::TaskInfo,
+        state: gantry_sdk::protocol::TaskState,
+        timeout: Duration,
+    ) -> gantry_sdk::protocol::StatusUpdate {
+        match self.updates.wait(task.task_id, state, timeout).await {
+            Ok(u) => u,
+            Err(e) => {
+                cluster.dump_logs();
+                panic!(
+                    "{} ({}): {e:#}; framework errors: {:?}",
+                    task.name,
+                    task.task_id,
+                    self.errors_so_far()
+                );
+            }
+        }
+    }
+
+    /// Stops the driver and waits for it to end cleanly.
+    pub async fn stop(self, timeout: Duration) {
+        self.handle.stop();
+        tokio::time::timeout(timeout, self.run)
+            .await
+            .expect("the driver ends after stop")
+            .expect("the driver task does not panic")
+            .expect("the driver ends without error");
+    }
+}
+
+/// Starts a [`Recorder`] framework with `config` that launches `tasks` as offers allow. Call
+/// inside a tokio runtime.
+pub fn start_recording(
+    config: gantry_sdk::DriverConfig,
+    tasks: Vec<gantry_sdk::protocol::TaskInfo>,
+) -> Recording {
     let (updates, up_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (errors, _) = tokio::sync::mpsc::unbounded_channel();
+    let (errors, errors_rx) = tokio::sync::mpsc::unbounded_channel();
     let driver = gantry_sdk::Driver::new(config);
     let handle = driver.handle();
     let rec = Recorder {
@@ -69,7 +131,36 @@ pub fn start_recorder(
         errors,
         in_flight: Default::default(),
     };
-    (Updates::new(up_rx), handle, tokio::spawn(driver.run(rec)))
+    Recording {
+        updates: Updates::new(up_rx),
+        errors: errors_rx,
+        handle,
+        run: tokio::spawn(driver.run(rec)),
+    }
+}
+
+impl crate::Cluster {
+    /// A driver config for the framework `principal` in `roles` against this cluster's master
+    /// (certificate issued from its CA).
+    pub fn framework_config(&self, principal: &str, roles: &[&str]) -> gantry_sdk::DriverConfig {
+        driver_config(
+            vec![self.master.quic.to_string()],
+            self.tls_dir.clone(),
+            principal,
+            roles.iter().map(|r| r.to_string()).collect(),
+        )
+    }
+
+    /// [`Cluster::framework_config`] with the `GpuResources` capability (GPU offers).
+    pub fn gpu_framework_config(
+        &self,
+        principal: &str,
+        roles: &[&str],
+    ) -> gantry_sdk::DriverConfig {
+        let mut config = self.framework_config(principal, roles);
+        config.info.capabilities = vec![gantry_sdk::protocol::Capability::GpuResources];
+        config
+    }
 }
 
 /// A scheduler for tests: launches the given tasks as offers allow (declining the rest) and
@@ -92,30 +183,9 @@ impl gantry_sdk::Scheduler for Recorder {
     ) {
         // One accept per agent and role naming all the offers there (the master acts on all
         // of a framework's offers on an agent at once).
-        let mut groups: Vec<(
-            gantry_sdk::protocol::AgentId,
-            String,
-            Vec<gantry_sdk::protocol::OfferId>,
-            gantry_sdk::protocol::Resources,
-        )> = Vec::new();
-        for offer in offers {
-            match groups
-                .iter_mut()
-                .find(|(a, r, _, _)| *a == offer.agent_id && *r == offer.role)
-            {
-                Some((_, _, ids, total)) => {
-                    ids.push(offer.id);
-                    total.add_assign(&offer.total());
-                }
-                None => groups.push((
-                    offer.agent_id,
-                    offer.role.clone(),
-                    vec![offer.id],
-                    offer.total(),
-                )),
-            }
-        }
-        for (_, _, ids, mut avail) in groups {
+        let groups = gantry_sdk::placement::offers::group_offers(&offers);
+        for g in groups {
+            let (ids, mut avail) = (g.offer_ids, g.resources);
             let mut launch = Vec::new();
             self.to_launch.retain(|t| {
                 if avail.contains(&t.resources) {

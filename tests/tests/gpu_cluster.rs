@@ -7,13 +7,11 @@
 
 use std::time::Duration;
 
-use gantry_sdk::protocol::{Capability, TaskId, TaskState};
-use gantry_sdk::Driver;
+use gantry_sdk::protocol::{TaskId, TaskState};
 use gantry_tests::{
-    bin, cgroups_available, standin_lib, state_task, task, CgroupRoot, Cluster, Recorder, Standin,
-    TempDir, Updates,
+    bin, cgroups_available, standin_lib, start_recording, state_task, task, CgroupRoot, Cluster,
+    Standin, TempDir,
 };
-use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -100,30 +98,12 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
     // mknod needs root: this probe runs as root (the master is in dev mode, which allows it),
     // so it is the device cgroup, not file permissions, that refuses the other GPU.
     pair.command.user = Some("root".into());
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let mut updates = Updates::new(up_rx);
-    let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let rec = Recorder {
-        to_launch: vec![one.clone(), pair.clone()],
-        updates: up_tx,
-        errors: err_tx,
-        in_flight: Default::default(),
-    };
-    let mut config = gantry_tests::driver_config(
-        vec![cluster.master.quic.to_string()],
-        cluster.tls_dir.clone(),
-        "gpu-test",
-        vec!["ml".into()],
+    let mut fw = start_recording(
+        cluster.gpu_framework_config("gpu-test", &["ml"]),
+        vec![one.clone(), pair.clone()],
     );
-    config.info.capabilities = vec![Capability::GpuResources];
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    let run = tokio::spawn(driver.run(rec));
-    for t in [one.task_id, pair.task_id] {
-        if let Err(e) = updates.wait(t, TaskState::Running, T).await {
-            cluster.dump_logs();
-            panic!("{e}");
-        }
+    for t in [&one, &pair] {
+        fw.expect(&cluster, t, TaskState::Running, T).await;
     }
     let agent = &cluster.agents[0];
     let env_of = |t: TaskId| -> std::collections::BTreeMap<String, String> {
@@ -221,7 +201,8 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
         })
         .unwrap();
     assert_eq!(gpu_healthy(&state, &uuid(3)), Some(true));
-    let note = updates
+    let note = fw
+        .updates
         .wait_for("the GPU failure notice", T, |u| {
             u.task_id == pair.task_id && u.message.contains(&uuid(2))
         })
@@ -247,10 +228,10 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
     );
     assert_eq!(gpu_total(&state), 2.0);
     assert!(
-        !updates.seen.iter().any(|u| u.message.contains(&uuid(3))
+        !fw.updates.seen.iter().any(|u| u.message.contains(&uuid(3))
             || u.task_id == one.task_id && u.message.contains("GPU")),
         "an application XID or another GPU's fault was reported to a task: {:#?}",
-        updates.seen
+        fw.updates.seen
     );
 
     // The operator clears GPU 2: offered again, and its task hears about it.
@@ -267,7 +248,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
             gpu_healthy(s, &uuid(2)) == Some(true) && gpu_total(s) == 3.0
         })
         .unwrap();
-    updates
+    fw.updates
         .wait_for("the healthy-again notice", T, |u| {
             u.task_id == pair.task_id && u.message.contains("healthy again")
         })
@@ -275,16 +256,11 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
         .unwrap();
 
     // Kill both; their cgroups go away.
-    handle.kill(one.task_id);
-    handle.kill(pair.task_id);
+    fw.handle.kill(one.task_id);
+    fw.handle.kill(pair.task_id);
     for t in [one.task_id, pair.task_id] {
-        updates.wait(t, TaskState::Killed, T).await.unwrap();
+        fw.updates.wait(t, TaskState::Killed, T).await.unwrap();
     }
     assert!(root.task_cgroups().is_empty(), "{:?}", root.task_cgroups());
-    handle.stop();
-    tokio::time::timeout(T, run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    fw.stop(T).await;
 }

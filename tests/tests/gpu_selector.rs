@@ -1,16 +1,15 @@
-//! Frameworks choose GPUs by model and memory: a task with a GPU selector gets only matching
-//! GPUs on a mixed host, and a selector the agent cannot satisfy is an ERROR, not a launch.
+//! Frameworks choose GPUs by model, memory or exact device: a task with a GPU selector gets only
+//! matching GPUs on a mixed host (a task pinned to a UUID gets that device), and a selector the
+//! agent cannot satisfy is an ERROR, not a launch.
 //!
 //! One test in this binary: the stand-in's configuration path is a process-wide variable.
 
 use std::time::Duration;
 
-use gantry_sdk::protocol::{Capability, GpuSelector, TaskState};
-use gantry_sdk::Driver;
+use gantry_sdk::protocol::{GpuSelector, TaskState};
 use gantry_tests::{
-    cgroups_available, standin_lib, task, CgroupRoot, Cluster, Recorder, Standin, TempDir, Updates,
+    cgroups_available, standin_lib, start_recording, task, CgroupRoot, Cluster, Standin, TempDir,
 };
-use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -41,6 +40,11 @@ async fn gpu_selectors_pick_models_and_memory() {
         .map(|g| g.uuid.clone())
         .collect();
     assert_eq!(h100.len(), 2);
+    let other = gpus
+        .iter()
+        .find(|g| !g.name.contains("H100"))
+        .map(|g| g.uuid.clone())
+        .unwrap();
 
     // One H100 by model, one GPU with at least 80 GiB (only H100s have it), and one task asking
     // for a model the host does not have.
@@ -53,6 +57,7 @@ async fn gpu_selectors_pick_models_and_memory() {
         model: Some("h100".into()),
         min_memory_mib: None,
         mig_profile: None,
+        uuids: Vec::new(),
     });
     let mut by_memory = task(
         "big",
@@ -63,44 +68,54 @@ async fn gpu_selectors_pick_models_and_memory() {
         model: None,
         min_memory_mib: Some(80_000),
         mig_profile: None,
+        uuids: Vec::new(),
     });
     let mut absent = task("b200", "true", "cpus:0.5;mem:64;gpus:1");
     absent.gpu_selector = Some(GpuSelector {
         model: Some("B200".into()),
         min_memory_mib: None,
         mig_profile: None,
+        uuids: Vec::new(),
     });
-
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let mut updates = Updates::new(up_rx);
-    let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let rec = Recorder {
-        to_launch: vec![by_model.clone(), by_memory.clone(), absent.clone()],
-        updates: up_tx,
-        errors: err_tx,
-        in_flight: Default::default(),
-    };
-    let mut config = gantry_tests::driver_config(
-        vec![cluster.master.quic.to_string()],
-        cluster.tls_dir.clone(),
-        "selector",
-        vec!["ml".into()],
+    // One task pinned to an exact device (not an H100), one pinned to a device the host lacks.
+    let mut pinned = task(
+        "pinned",
+        "echo $CUDA_VISIBLE_DEVICES > gpus.txt; sleep 30",
+        "cpus:0.5;mem:64;gpus:1",
     );
-    config.info.capabilities = vec![Capability::GpuResources];
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    let run = tokio::spawn(driver.run(rec));
+    pinned.gpu_selector = Some(GpuSelector::pinned([other.clone()]));
+    let mut elsewhere = task("elsewhere", "true", "cpus:0.5;mem:64;gpus:1");
+    elsewhere.gpu_selector = Some(GpuSelector::pinned(["GPU-not-on-this-host"]));
 
-    let err = updates
+    let mut fw = start_recording(
+        cluster.gpu_framework_config("selector", &["ml"]),
+        vec![
+            by_model.clone(),
+            by_memory.clone(),
+            absent.clone(),
+            pinned.clone(),
+            elsewhere.clone(),
+        ],
+    );
+
+    let err = fw
+        .updates
         .wait(absent.task_id, TaskState::Error, T)
         .await
         .unwrap();
     assert!(err.message.contains("matching"), "{}", err.message);
-    for t in [&by_model, &by_memory] {
-        if let Err(e) = updates.wait(t.task_id, TaskState::Running, T).await {
-            cluster.dump_logs();
-            panic!("{e}");
-        }
+    let err = fw
+        .updates
+        .wait(elsewhere.task_id, TaskState::Error, T)
+        .await
+        .unwrap();
+    assert!(
+        err.message.contains("GPU-not-on-this-host"),
+        "{}",
+        err.message
+    );
+    for t in [&by_model, &by_memory, &pinned] {
+        fw.expect(&cluster, t, TaskState::Running, T).await;
     }
     let agent = &cluster.agents[0];
     let a = agent
@@ -113,10 +128,9 @@ async fn gpu_selectors_pick_models_and_memory() {
     assert!(h100.contains(&a), "{a} is not an H100 ({h100:?})");
     assert!(h100.contains(&b), "{b} is not an H100 ({h100:?})");
     assert_ne!(a, b);
-    handle.stop();
-    tokio::time::timeout(T, run)
-        .await
-        .unwrap()
-        .unwrap()
+    let p = agent
+        .wait_sandbox_file(pinned.task_id, "gpus.txt", T)
         .unwrap();
+    assert_eq!(p.trim(), other, "the pinned task got exactly its device");
+    fw.stop(T).await;
 }

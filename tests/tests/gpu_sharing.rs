@@ -20,13 +20,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use gantry_nvml_standin::config::{GpuSpec, MigSpec, ProcessSpec, StandinConfig};
-use gantry_sdk::protocol::{Capability, GpuSelector, TaskId, TaskReason, TaskState};
-use gantry_sdk::Driver;
+use gantry_sdk::protocol::{GpuSelector, TaskId, TaskReason, TaskState};
 use gantry_tests::{
-    cgroups_available, standin_lib, state_task, task, CgroupRoot, Cluster, Recorder, Standin,
-    TempDir, Updates,
+    cgroups_available, standin_lib, start_recording, state_task, task, CgroupRoot, Cluster,
+    Standin, TempDir,
 };
-use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(30);
 const GPU_MIB: u64 = 81_920;
@@ -152,31 +150,12 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
     let whole = task("whole", run, "cpus:0.5;mem:64;gpus:1");
     let all = [&q1, &q2, &q3, &slice, &whole];
 
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let mut updates = Updates::new(up_rx);
-    let (err_tx, mut err_rx) = mpsc::unbounded_channel();
-    let rec = Recorder {
-        to_launch: all.iter().map(|t| (*t).clone()).collect(),
-        updates: up_tx,
-        errors: err_tx,
-        in_flight: Default::default(),
-    };
-    let mut config = gantry_tests::driver_config(
-        vec![cluster.master.quic.to_string()],
-        cluster.tls_dir.clone(),
-        "gpu-sharing",
-        vec!["ml".into()],
+    let mut fw = start_recording(
+        cluster.gpu_framework_config("gpu-sharing", &["ml"]),
+        all.iter().map(|t| (*t).clone()).collect(),
     );
-    config.info.capabilities = vec![Capability::GpuResources];
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    let runner = tokio::spawn(driver.run(rec));
     for t in all {
-        if let Err(e) = updates.wait(t.task_id, TaskState::Running, T).await {
-            cluster.dump_logs();
-            let errs: Vec<String> = std::iter::from_fn(|| err_rx.try_recv().ok()).collect();
-            panic!("{}: {e}; framework errors: {errs:?}", t.name);
-        }
+        fw.expect(&cluster, t, TaskState::Running, T).await;
     }
     let agent = &cluster.agents[0];
     let env_of = |t: TaskId| -> BTreeMap<String, String> {
@@ -266,7 +245,8 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
         used_memory_mib: 30_720,
     }];
     standin.write().unwrap();
-    let report = updates
+    let report = fw
+        .updates
         .wait_for("the GPU-memory report", T, |u| {
             u.task_id == q1.task_id && u.reason == Some(TaskReason::GpuMemory)
         })
@@ -278,7 +258,8 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
         "{}",
         report.message
     );
-    let ended = updates
+    let ended = fw
+        .updates
         .wait(q1.task_id, TaskState::Failed, T)
         .await
         .unwrap();
@@ -335,7 +316,8 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
             s["agents"][0]["total"]["gpus"].as_f64() == Some(2.0)
         })
         .unwrap();
-    let note = updates
+    let note = fw
+        .updates
         .wait_for("the MIG device's failure notice", T, |u| {
             u.task_id == slice.task_id && u.reason == Some(TaskReason::GpuHealth)
         })
@@ -348,15 +330,13 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
     );
 
     for t in [&q2, &q3, &slice, &whole] {
-        handle.kill(t.task_id);
+        fw.handle.kill(t.task_id);
     }
     for t in [&q2, &q3, &slice, &whole] {
-        updates.wait(t.task_id, TaskState::Killed, T).await.unwrap();
+        fw.updates
+            .wait(t.task_id, TaskState::Killed, T)
+            .await
+            .unwrap();
     }
-    handle.stop();
-    tokio::time::timeout(T, runner)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    fw.stop(T).await;
 }

@@ -1,5 +1,5 @@
 //! The `service` example (issue 15) on a real cluster of 4 agents: 3 instances of a TCP server
-//! (python3 http.server on a port from the service's range), spread one per agent and checked
+//! (python3 http.server on the port its agent gave it, `ports:1`), spread one per agent and checked
 //! over TCP, stay up through `kill -9` of an instance's process and of an agent (the instance
 //! comes back elsewhere), and a changed definition rolls them one at a time (never more than
 //! one down, sampled every 100 ms) until all run the new version.
@@ -47,7 +47,7 @@ fn definition(dir: &Path, version: &str) -> String {
         "cpus": 0.1,
         "mem": 64,
         "spread": true,
-        "ports": [32100, 32199],
+        "ports": 1,
         "env": {"APP_VERSION": version},
         "health": {"tcp": true, "interval_secs": 0.5, "grace_secs": 20, "failures": 3}
     })
@@ -81,7 +81,13 @@ async fn instances_stay_up_through_kills_and_roll_one_at_a_time() {
                 master.quic,
                 &format!("svc-{i}"),
                 "cpus:1;mem:512",
-                &["--isolation", "none"],
+                // Agents sharing a host need ranges of their own.
+                &[
+                    "--isolation",
+                    "none",
+                    "--ports",
+                    &format!("{}-{}", 29500 + 10 * i, 29509 + 10 * i),
+                ],
             )
             .unwrap()
         })
@@ -119,6 +125,11 @@ async fn instances_stay_up_through_kills_and_roll_one_at_a_time() {
         all_up,
     );
     assert_eq!(agents_of(&s).len(), 3, "spread: {s:#}");
+    // Each instance's port came from its agent's range (learned from its RUNNING update).
+    for slot in s["slots"].as_array().unwrap() {
+        let port = slot["port"].as_u64().unwrap_or(0);
+        assert!((29500..=29539).contains(&port), "{slot:#}");
+    }
     let v1 = s["version"].as_u64().unwrap();
     let st = master.state().unwrap();
     let mut names: Vec<String> = st["tasks"]

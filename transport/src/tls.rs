@@ -30,7 +30,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// The DNS name every master certificate carries and every client verifies.
 pub const MASTER_SERVER_NAME: &str = "gantry-master";
 
-/// ALPN protocol id; carries the protocol version so mismatched peers fail the handshake.
+/// ALPN protocol id: the version of the framing; the message protocol's version
+/// ([`gantry_proto::PROTOCOL_VERSION`]) is checked in the `Hello`, with an error that says so.
 pub const ALPN: &[u8] = b"gantry/1";
 
 /// Errors setting up TLS material.

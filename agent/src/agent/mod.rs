@@ -17,7 +17,7 @@
 //! `cgroup.procs`). When it ends, the OOM flag and final usage are read, recorded in the
 //! sandbox, and the cgroup is destroyed before the core makes the task terminal.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -29,7 +29,7 @@ use gantry_sdk::protocol::*;
 use gantry_sdk::transport::{tls, PeerIdentity};
 use tokio::sync::mpsc;
 
-use crate::core::{AgentCore, CgroupOutcome, CoreConfig, Effect, Input, RecoveryProbe};
+use crate::core::{AgentCore, CgroupOutcome, CoreConfig, Effect, Input, PortRange, RecoveryProbe};
 use crate::discovery::NvmlGpus;
 use crate::executor::user;
 use crate::executor::{self, ExitStatus, Launched};
@@ -95,6 +95,9 @@ pub struct AgentConfig {
     pub wal_compact_bytes: u64,
     /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The host ports tasks asking `ports:K` get theirs from (`--ports`); `resources` holds
+    /// its size as `ports`.
+    pub ports: Option<PortRange>,
 }
 
 /// Events the runtime loop reacts to.
@@ -195,7 +198,22 @@ fn core_config(config: &AgentConfig) -> CoreConfig {
         nvidia_majors: config.nvidia_majors,
         usage_interval: config.usage_interval,
         gc: config.gc,
+        ports: config.ports,
     }
+}
+
+/// Whether a TCP port can be bound right now on all IPv4 addresses (any failure: a task
+/// could not either) and on all IPv6 addresses (only "in use" counts: a host without IPv6
+/// still has the port). The sockets close at once.
+fn port_bindable(port: u16) -> bool {
+    use std::net::{Ipv4Addr, Ipv6Addr, TcpListener};
+    if TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_err() {
+        return false;
+    }
+    !matches!(
+        TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse
+    )
 }
 
 /// Probes the host for the checkpointed tasks that are not terminal (blocking /proc reads).
@@ -375,6 +393,22 @@ mod launch;
 use blocking::{sample, settle_cgroup};
 
 impl Agent {
+    /// For a task asking for `ports:K`: the ports of the range no task holds that cannot be
+    /// bound right now (a process outside Gantry has them), probed lowest first until K
+    /// bindable ones are found. Each probe binds and closes TCP sockets on all addresses:
+    /// syscalls, not waits, so it runs on the loop.
+    fn unbindable_ports(&self, task: &TaskInfo) -> BTreeSet<u16> {
+        let k = match crate::core::ports::wanted(task.resources.milli("ports")) {
+            Ok(k) if k > 0 => k,
+            _ => return BTreeSet::new(),
+        };
+        let busy = crate::core::ports::probe(&self.core.free_ports(), k, port_bindable);
+        if !busy.is_empty() {
+            tracing::info!(?busy, "ports of the range in use outside Gantry; skipped");
+        }
+        busy
+    }
+
     /// Feeds one input to the core and performs its effects.
     fn input(&mut self, input: Input) -> anyhow::Result<()> {
         let effects = self.core.handle(input, unix_ms());
@@ -402,6 +436,19 @@ impl Agent {
                 self.master = None;
                 self.outbox.clear();
                 Input::Disconnected
+            }
+            Event::Master(MasterToAgent::RunTask {
+                framework_id,
+                task,
+                gpus,
+            }) => {
+                let unbindable_ports = self.unbindable_ports(&task);
+                Input::RunTask {
+                    framework_id,
+                    task,
+                    gpus,
+                    unbindable_ports,
+                }
             }
             Event::Master(msg) => Input::Master(msg),
             Event::Launched {

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use gantry_agent::agent::{self, AgentConfig, CLEAR_DIR};
 use gantry_agent::config::{parse_attributes, parse_reservation};
+use gantry_agent::core::PortRange;
 use gantry_agent::discovery::host::apply_overrides;
 use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
 use gantry_agent::executor::supervise;
@@ -131,6 +132,11 @@ struct RunArgs {
     /// authentication: keep it on loopback or reachable by Prometheus only. Off by default.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Host ports tasks may ask for, FIRST-LAST inclusive, or `none`. Advertised as the
+    /// resource `ports:N` (N ports); a task asking `ports:K` gets K free ports of the range in
+    /// PORT, PORT0.. and GANTRY_PORTS. Agents sharing a host need ranges that do not overlap.
+    #[arg(long, default_value = "31000-32000", value_name = "FIRST-LAST|none")]
+    ports: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -281,6 +287,15 @@ fn main() -> anyhow::Result<()> {
     } else {
         nvml.map(Arc::new)
     };
+    // Ports: the range's size, the only source of the `ports` resource.
+    anyhow::ensure!(
+        resources.milli("ports") == 0,
+        "--resources cannot set ports: give the agent a port range with --ports FIRST-LAST"
+    );
+    let ports = PortRange::parse(&args.ports).map_err(|e| anyhow::anyhow!("--ports: {e}"))?;
+    if let Some(range) = ports {
+        resources.set_milli("ports", range.len() * MILLI);
+    }
     let mut reserved: BTreeMap<String, Resources> = BTreeMap::new();
     for r in &args.reserve {
         let (role, res) = parse_reservation(r)?;
@@ -297,6 +312,19 @@ fn main() -> anyhow::Result<()> {
         );
         let left = resources.milli("gpus") - reserved_gpus;
         resources.set_milli("gpus", left);
+    }
+
+    // Reserved ports are counted out of the range (the agent picks them like the others).
+    let reserved_ports: u64 = reserved.values().map(|r| r.milli("ports")).sum();
+    if reserved_ports > 0 {
+        anyhow::ensure!(
+            reserved_ports.is_multiple_of(MILLI) && reserved_ports <= resources.milli("ports"),
+            "--reserve asks for {} ports but this agent's range (--ports) has {}",
+            reserved_ports as f64 / MILLI as f64,
+            resources.get("ports")
+        );
+        let left = resources.milli("ports") - reserved_ports;
+        resources.set_milli("ports", left);
     }
 
     let mode = match args.isolation {
@@ -347,6 +375,7 @@ fn main() -> anyhow::Result<()> {
         },
         wal_compact_bytes: args.wal_compact_bytes,
         metrics_listen: args.metrics_listen,
+        ports,
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(

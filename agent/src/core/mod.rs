@@ -9,16 +9,19 @@
 //! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
 //!   escalation, settlement into a terminal state, status updates, GPU-memory shares.
 //! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
+//! - `ports`: the port range (`--ports`) and the host ports assigned to tasks asking
+//!   `ports:K` (`PORT`, `PORT0`.., `GANTRY_PORTS`).
 //! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed.
 //! - `tests`: lifecycle, kill escalation, recovery and GPU health without processes.
 
 mod health;
+pub mod ports;
 mod recovery;
 mod tasks;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -35,6 +38,7 @@ use crate::gpu::{self, GpuFault, HealthTracker};
 use crate::isolation::{Limits, NvidiaMajors};
 use crate::wal::Record;
 
+pub use ports::PortRange;
 pub use recovery::RecoveryProbe;
 
 /// What the core is configured with (the part of the agent's configuration decisions need).
@@ -63,6 +67,9 @@ pub struct CoreConfig {
     pub usage_interval: Duration,
     /// When ended tasks' sandboxes are removed.
     pub gc: gc::GcPolicy,
+    /// The host ports tasks asking `ports:K` get theirs from (`--ports`; `resources` holds
+    /// its size as `ports`).
+    pub ports: Option<PortRange>,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -78,6 +85,14 @@ pub enum Input {
     Connected,
     Disconnected,
     Master(MasterToAgent),
+    /// A `RunTask` from the master, with the ports of the range the runtime found it could
+    /// not bind just before (only probed for tasks asking for ports).
+    RunTask {
+        framework_id: FrameworkId,
+        task: TaskInfo,
+        gpus: Vec<String>,
+        unbindable_ports: BTreeSet<u16>,
+    },
     /// A launch's supervisor started (or the launch failed).
     Launched {
         task: TaskId,
@@ -352,6 +367,12 @@ impl AgentCore {
                 self.registered = false;
             }
             Input::Master(msg) => self.master_message(msg, now),
+            Input::RunTask {
+                framework_id,
+                task,
+                gpus,
+                unbindable_ports,
+            } => self.run_task(framework_id, task, &gpus, &unbindable_ports, now),
             Input::Launched { task, result } => self.launched(task, result, now),
             Input::Exited { task, status } => self.exited(task, status),
             Input::Settled {
@@ -433,6 +454,7 @@ impl AgentCore {
                 task: t.info.clone(),
                 state: t.state,
                 gpus: t.gpus.clone(),
+                ports: t.ports.clone(),
             })
             .collect();
         let (register, left_out) = fit_register(AgentToMaster::Register {
@@ -482,13 +504,7 @@ impl AgentCore {
                 framework_id,
                 task,
                 gpus,
-            } => {
-                if self.ckpt.tasks.contains_key(&task.task_id) {
-                    tracing::warn!(task = %task.task_id, "duplicate launch ignored");
-                    return;
-                }
-                self.launch(framework_id, task, &gpus, now);
-            }
+            } => self.run_task(framework_id, task, &gpus, &BTreeSet::new(), now),
             MasterToAgent::KillTask {
                 framework_id,
                 task_id,
@@ -534,6 +550,21 @@ impl AgentCore {
                 }
             },
         }
+    }
+
+    fn run_task(
+        &mut self,
+        framework_id: FrameworkId,
+        task: TaskInfo,
+        gpus: &[String],
+        unbindable_ports: &BTreeSet<u16>,
+        now: u64,
+    ) {
+        if self.ckpt.tasks.contains_key(&task.task_id) {
+            tracing::warn!(task = %task.task_id, "duplicate launch ignored");
+            return;
+        }
+        self.launch(framework_id, task, gpus, unbindable_ports, now);
     }
 
     fn tick(&mut self, now: u64) {

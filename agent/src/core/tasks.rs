@@ -113,6 +113,7 @@ impl AgentCore {
         framework_id: FrameworkId,
         task: TaskInfo,
         master_gpus: &[String],
+        unbindable_ports: &std::collections::BTreeSet<u16>,
         now: u64,
     ) {
         let id = task.task_id;
@@ -130,6 +131,9 @@ impl AgentCore {
             .filter_map(|&i| self.inventory().get(i).map(|g| g.info.clone()))
             .collect();
         let uuids: Vec<String> = chosen.iter().map(|g| g.uuid.clone()).collect();
+        let ports = super::ports::wanted(task.resources.milli("ports")).and_then(|k| {
+            super::ports::assign(self.config.ports, &self.held_ports(), unbindable_ports, k)
+        });
         let minors: Vec<u32> = chosen.iter().map(|g| g.minor).collect();
         let cgroup_name = id.to_string();
         // Checkpointed before the cgroup exists: a restarted agent knows all it may have made.
@@ -146,26 +150,33 @@ impl AgentCore {
                 kill_requested_ms: None,
                 cgroup: self.config.isolated.then(|| cgroup_name.clone()),
                 gpu_memory_kill: None,
+                ports: ports.clone().unwrap_or_default(),
             },
         );
         self.dirty.insert(id);
-        let user = match picked.and_then(|_| self.task_user(&task.command)) {
+        let user = match picked
+            .map_err(|why| (TaskReason::LaunchFailed, why))
+            .and_then(|_| {
+                ports
+                    .clone()
+                    .map_err(|why| (TaskReason::PortUnavailable, why))
+            })
+            .and_then(|_| {
+                self.task_user(&task.command)
+                    .map_err(|why| (TaskReason::LaunchFailed, why))
+            }) {
             Ok(user) => user,
-            Err(why) => {
-                self.terminal(
-                    id,
-                    TaskState::Failed,
-                    Some(TaskReason::LaunchFailed),
-                    why,
-                    None,
-                    None,
-                    now,
-                );
+            Err((reason, why)) => {
+                self.terminal(id, TaskState::Failed, Some(reason), why, None, None, now);
                 return;
             }
         };
         if !uuids.is_empty() {
             tracing::info!(task = %id, gpus = ?uuids, "assigned GPUs");
+        }
+        let ports = ports.unwrap_or_default();
+        if !ports.is_empty() {
+            tracing::info!(task = %id, ?ports, "assigned ports");
         }
         self.update(
             id,
@@ -179,6 +190,7 @@ impl AgentCore {
         let mut env = task.env.clone();
         env.insert("GANTRY_TASK_ID".into(), id.to_string());
         env.insert("GANTRY_FRAMEWORK_ID".into(), framework_id.to_string());
+        env.extend(super::ports::env(&ports));
         let mut share = None;
         if self.config.gpu_agent {
             for (k, v) in gpu::visible_devices_env(&uuids) {
@@ -496,6 +508,12 @@ impl AgentCore {
                 .unwrap_or_default(),
             timestamp_ms: now,
             reconciliation: false,
+            ports: self
+                .ckpt
+                .tasks
+                .get(&task)
+                .map(|t| t.ports.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -533,8 +551,8 @@ impl AgentCore {
         self.push_update(update);
     }
 
-    /// A terminal state: the task's GPUs are free from now on (occupancy counts only tasks
-    /// that are not terminal).
+    /// A terminal state: the task's GPUs and ports are free from now on (occupancy counts
+    /// only tasks that are not terminal).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn terminal(
         &mut self,

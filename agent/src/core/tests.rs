@@ -60,6 +60,7 @@ fn config(gpus: u32) -> CoreConfig {
             disk_headroom: 0.1,
             keep: 0,
         },
+        ports: None,
     }
 }
 
@@ -556,6 +557,7 @@ fn checkpointed(
             kill_requested_ms: None,
             cgroup: Some(id.to_string()),
             gpu_memory_kill: None,
+            ports: Vec::new(),
         },
     )
 }
@@ -867,6 +869,7 @@ mod fit_register_tests {
                 },
                 state: TaskState::Running,
                 gpus: vec![],
+                ports: vec![],
             })
             .collect();
         let pending_updates = running_tasks
@@ -886,6 +889,7 @@ mod fit_register_tests {
                 gpus: vec![],
                 timestamp_ms: 0,
                 reconciliation: false,
+                ports: Vec::new(),
             })
             .collect();
         AgentToMaster::Register {
@@ -943,3 +947,35 @@ mod fit_register_tests {
         assert!(codec::encode(&fitted).is_ok());
     }
 }
+
+#[test]
+fn pinned_gpu_uuids_are_the_devices_the_task_gets() {
+    let mut c = registered(4);
+    let fw = FrameworkId::random();
+    let mut t = task(";gpus:2");
+    t.gpu_selector = Some(GpuSelector::pinned(["GPU-3", "GPU-1"]));
+    let fx = step(&mut c, run_task(fw, t), T0);
+    let plan = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Launch(p) => Some(p.clone()),
+            _ => None,
+        })
+        .expect("a launch");
+    let mut visible: Vec<&str> = plan.env["CUDA_VISIBLE_DEVICES"].split(',').collect();
+    visible.sort();
+    assert_eq!(visible, ["GPU-1", "GPU-3"]);
+    // A second task pinned to a device now in use fails with the reason, launching nothing.
+    let mut t = task(";gpus:1");
+    t.gpu_selector = Some(GpuSelector::pinned(["GPU-1"]));
+    let fx = step(&mut c, run_task(fw, t), T0 + 1);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Launch(_))));
+    let failed = updates(&fx);
+    assert_eq!(failed[0].state, TaskState::Failed, "{failed:?}");
+    assert!(
+        failed[0].message.contains("matching its selector"),
+        "{failed:?}"
+    );
+}
+
+mod ports;

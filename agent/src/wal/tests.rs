@@ -26,6 +26,7 @@ fn task(state: TaskState) -> TaskRecord {
         kill_requested_ms: None,
         cgroup: None,
         gpu_memory_kill: None,
+        ports: Vec::new(),
     }
 }
 
@@ -44,6 +45,7 @@ fn update(t: &TaskRecord, state: TaskState) -> StatusUpdate {
         gpus: vec![],
         timestamp_ms: 0,
         reconciliation: false,
+        ports: Vec::new(),
     }
 }
 

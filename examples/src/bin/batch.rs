@@ -54,6 +54,9 @@ struct Args {
     /// MIG devices of this profile (e.g. 1g.10gb) instead of whole GPUs.
     #[arg(long)]
     gpu_mig_profile: Option<String>,
+    /// Only these GPUs (UUIDs, repeatable or comma separated; as many as --gpus pins the devices).
+    #[arg(long, value_delimiter = ',')]
+    gpu_uuid: Vec<String>,
     /// The Unix user the tasks run as (default: the agent's --task-user).
     #[arg(long)]
     user: Option<String>,
@@ -101,11 +104,13 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--gpus: {e}"))?;
     let gpu_selector = (args.gpu_model.is_some()
         || args.gpu_min_memory.is_some()
-        || args.gpu_mig_profile.is_some())
+        || args.gpu_mig_profile.is_some()
+        || !args.gpu_uuid.is_empty())
     .then(|| GpuSelector {
         model: args.gpu_model.clone(),
         min_memory_mib: args.gpu_min_memory,
         mig_profile: args.gpu_mig_profile.clone(),
+        uuids: args.gpu_uuid.clone(),
     });
     let spec = BatchSpec {
         name: name.clone(),

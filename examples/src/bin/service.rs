@@ -9,7 +9,7 @@
 //!
 //! ```json
 //! {"instances": 3, "command": "exec python3 -m http.server $PORT", "cpus": 0.1, "mem": 64,
-//!  "spread": true, "ports": [31000, 31099],
+//!  "spread": true, "ports": 1,
 //!  "health": {"tcp": true, "interval_secs": 1, "grace_secs": 10, "failures": 3}}
 //! ```
 

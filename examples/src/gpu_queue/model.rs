@@ -245,6 +245,7 @@ impl JobSpec {
                 model: self.gpu_model.clone(),
                 min_memory_mib: self.gpu_min_memory,
                 mig_profile: None,
+                uuids: Vec::new(),
             }
         })
     }

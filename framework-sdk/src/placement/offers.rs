@@ -8,6 +8,9 @@
 //!   knows are busy (its own running tasks' GPUs, from their status updates).
 //! - [`TaskRequest`]: resources, an optional [`GpuSelector`] (model, memory), attribute
 //!   [`Constraint`]s and a [`Locality`] for multi-GPU tasks.
+//! - [`OfferGroup`] / [`group_offers`]: a framework's offers per agent and role, summed — the
+//!   unit an `accept` or `decline` acts on (the master acts on all of a framework's offers on an
+//!   agent at once, docs/allocator.md rule 2). The simplest schedulers need only this.
 //! - [`place_one`] / [`place_all`]: where one task goes, or a set of tasks all together
 //!   (all-or-nothing: a [`Plan`] for every task or an error naming the first that did not fit).
 //!   [`Plan::launches`] groups the assignments per agent: one `accept` per agent, all sent in
@@ -39,6 +42,43 @@ use std::collections::BTreeMap;
 
 use crate::protocol::resources::MILLI;
 use crate::protocol::{AgentId, Attributes, GpuInfo, GpuSelector, Offer, OfferId, Resources};
+
+/// A framework's offers on one agent in one role: accept or decline them together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OfferGroup {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The role the offers are in (one accept may not mix roles).
+    pub role: String,
+    /// Every offer of the group, in the order received.
+    pub offer_ids: Vec<OfferId>,
+    /// What they offer together.
+    pub resources: Resources,
+}
+
+/// Groups `offers` per agent and role (first-seen order): one [`OfferGroup`] for each accept or
+/// decline to send.
+pub fn group_offers<'a>(offers: impl IntoIterator<Item = &'a Offer>) -> Vec<OfferGroup> {
+    let mut groups: Vec<OfferGroup> = Vec::new();
+    for offer in offers {
+        match groups
+            .iter_mut()
+            .find(|g| g.agent_id == offer.agent_id && g.role == offer.role)
+        {
+            Some(g) => {
+                g.offer_ids.push(offer.id);
+                g.resources.add_assign(&offer.total());
+            }
+            None => groups.push(OfferGroup {
+                agent_id: offer.agent_id,
+                role: offer.role.clone(),
+                offer_ids: vec![offer.id],
+                resources: offer.total(),
+            }),
+        }
+    }
+    groups
+}
 
 /// A GPU an agent's offers can draw from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,6 +277,22 @@ pub struct Assignment {
     pub agent: usize,
     /// The GPUs (UUIDs) it is expected to get.
     pub gpus: Vec<String>,
+}
+
+impl Assignment {
+    /// `selector` (the task's own, if any) narrowed to exactly the GPUs this plan chose, so
+    /// the agent gives the task those devices (the NUMA/NVLink locality the plan scored) rather
+    /// than picking its own. The cost: when another framework takes one of them first (offers
+    /// of different frameworks on one agent show the same idle GPUs), the master refuses the
+    /// launch with an error instead of using another GPU. Without GPUs, `selector` unchanged.
+    pub fn pinned_selector(&self, selector: Option<&GpuSelector>) -> Option<GpuSelector> {
+        if self.gpus.is_empty() {
+            return selector.cloned();
+        }
+        let mut s = selector.cloned().unwrap_or_default();
+        s.uuids = self.gpus.clone();
+        Some(s)
+    }
 }
 
 /// Where every task of a set goes.
@@ -498,6 +554,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn ports_are_placed_like_any_resource() {
+        // Two agents, one port each: two 1-port tasks land on both, a third does not fit.
+        let mut agents = vec![
+            agent("a", "cpus:8;mem:1024;ports:1"),
+            agent("b", "cpus:8;mem:1024;ports:1"),
+        ];
+        let t = req("cpus:1;mem:64;ports:1");
+        let plan = place_all(&mut agents, &[t.clone(), t.clone()]).unwrap();
+        let used: std::collections::BTreeSet<usize> =
+            plan.assignments.iter().map(|a| a.agent).collect();
+        assert_eq!(used.len(), 2, "one port per agent");
+        assert!(place_one(&agents, &t).is_none());
+    }
+
+    #[test]
     fn multi_gpu_task_stays_in_one_numa_node() {
         let agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
         let c = place_one(&agents, &req("cpus:4;mem:1024;gpus:4")).unwrap();
@@ -517,6 +588,7 @@ pub(crate) mod tests {
             model: Some("h100".into()),
             min_memory_mib: None,
             mig_profile: None,
+            uuids: Vec::new(),
         });
         let c = place_one(&agents, &t).unwrap();
         assert!(c
@@ -527,12 +599,38 @@ pub(crate) mod tests {
             model: None,
             min_memory_mib: Some(80_000),
             mig_profile: None,
+            uuids: Vec::new(),
         });
         t.resources = "cpus:1;mem:64;gpus:5".parse().unwrap();
         assert!(
             place_one(&agents, &t).is_none(),
             "only four GPUs have 80 GB"
         );
+    }
+
+    #[test]
+    fn a_plan_pins_its_gpus_and_placement_honours_pins() {
+        let mut agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
+        let plan = place_all(&mut agents.clone(), &[req("cpus:1;mem:64;gpus:2")]).unwrap();
+        let a = &plan.assignments[0];
+        let sel = a.pinned_selector(None).unwrap();
+        assert_eq!(sel.uuids, a.gpus);
+        let model = GpuSelector {
+            model: Some("A100".into()),
+            ..GpuSelector::default()
+        };
+        assert_eq!(a.pinned_selector(Some(&model)).unwrap().model, model.model);
+        // A request pinned to two H100s on NUMA node 1 gets exactly those.
+        let want = [
+            agents[0].gpus[5].uuid.clone(),
+            agents[0].gpus[7].uuid.clone(),
+        ];
+        let mut t = req("cpus:1;mem:64;gpus:2");
+        t.gpu_selector = Some(GpuSelector::pinned(want.clone()));
+        let plan = place_all(&mut agents, &[t]).unwrap();
+        let mut got = plan.assignments[0].gpus.clone();
+        got.sort();
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -622,6 +720,18 @@ pub(crate) mod tests {
         assert_eq!(views[0].offer_ids.len(), 2);
         assert_eq!(views[0].resources.milli("cpus"), 3000);
         assert_eq!(views[0].gpus.len(), 3);
+        // Grouped per agent and role: the two offers in role r, one more in role s.
+        let mut other_role = offer("cpus:4");
+        other_role.role = "s".into();
+        let all = [offers[0].clone(), other_role.clone(), offers[1].clone()];
+        let groups = group_offers(&all);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].offer_ids, vec![offers[0].id, offers[1].id]);
+        assert_eq!(groups[0].resources.milli("cpus"), 3000);
+        assert_eq!(
+            (groups[1].role.as_str(), groups[1].offer_ids.len()),
+            ("s", 1)
+        );
     }
 
     fn arb_agents() -> impl Strategy<Value = Vec<AgentView>> {
@@ -652,7 +762,7 @@ pub(crate) mod tests {
             let tasks: Vec<TaskRequest> = tasks.into_iter().map(|(c, g, h100)| {
                 let mut t = req(&format!("cpus:{c};mem:128;gpus:{g}"));
                 if h100 {
-                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None, mig_profile: None });
+                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None, mig_profile: None, uuids: Vec::new() });
                 }
                 t
             }).collect();

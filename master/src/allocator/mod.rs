@@ -68,6 +68,14 @@ pub type Millis = u64;
 /// The name frameworks use when they give an empty role.
 pub const DEFAULT_ROLE: &str = "*";
 
+/// Resource kinds never counted in dominant shares, whatever `fairness_excluded_resources`
+/// says: `ports` (an agent's port range, advertised as its size). A port is a name on a host,
+/// not capacity: a framework holding the one port of a small range would otherwise have a
+/// dominant share of 100% while using a sliver of the cluster. Mesos leaves its `ports`
+/// ranges out of DRF the same way (only scalars count). Ports are still offered, accepted,
+/// accounted and subject to quota like any scalar.
+pub const NEVER_IN_SHARES: &[&str] = &["ports"];
+
 /// Allocator settings.
 #[derive(Clone, Debug)]
 pub struct AllocatorConfig {

@@ -14,8 +14,10 @@ impl Allocator {
         while self.excluded.len() < self.names.len() {
             let i = self.excluded.len();
             let name = self.names.name(i).to_string();
-            self.excluded
-                .push(self.config.fairness_excluded_resources.contains(&name));
+            self.excluded.push(
+                self.config.fairness_excluded_resources.contains(&name)
+                    || NEVER_IN_SHARES.contains(&name.as_str()),
+            );
         }
     }
 

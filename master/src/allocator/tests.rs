@@ -146,6 +146,32 @@ fn drf_prefers_lower_dominant_share_across_kinds() {
 }
 
 #[test]
+fn ports_are_offered_and_accounted_but_never_dominate_a_share() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, None);
+    a.add_agent(
+        aid(1),
+        "h1",
+        res("cpus:10;mem:1000;ports:3"),
+        BTreeMap::new(),
+    );
+    let o = a.allocate(0).remove(0);
+    assert_eq!(o.resources.unreserved.get("ports"), 3.0, "offered");
+    // More ports than offered: refused like any scalar.
+    assert!(matches!(
+        a.accept(o.id, &unres("cpus:1;ports:4"), None, 0),
+        Err(AllocError::ExceedsOffer { .. })
+    ));
+    // The offer stays outstanding after a refused accept.
+    a.accept(o.id, &unres("cpus:1;mem:10;ports:2"), Some(0), 1)
+        .unwrap();
+    // Two of three ports held, one cpu of ten: the share is the cpus' 0.1, not 2/3.
+    assert!((a.framework_share(fid(1)) - 0.1).abs() < 1e-9);
+    let o = a.allocate(2).remove(0);
+    assert_eq!(o.resources.unreserved.get("ports"), 1.0, "accounted");
+}
+
+#[test]
 fn tie_break_by_offer_count_then_name() {
     let mut a = alloc();
     a.add_framework(fid(2), "b", &roles(&["r"]), false, None);

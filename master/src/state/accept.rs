@@ -168,6 +168,9 @@ impl Master {
                         });
                         let invalid = invalid.or_else(|| {
                             let sel = task.gpu_selector.as_ref()?;
+                            if let Some(bad) = sel.invalid() {
+                                return Some(format!("task {tid}: {bad}"));
+                            }
                             let want = task.resources.gpu_amount().map(|a| a.gpu_count()).unwrap_or(0);
                             if want == 0 {
                                 return Some(format!("task {tid}: a GPU selector needs gpus"));
@@ -318,6 +321,7 @@ impl Master {
                     usage: None,
                     role: role.clone(),
                     gpus: gpus.clone(),
+                    ports: Vec::new(),
                     reason: None,
                     exit_code: None,
                     signal: None,
@@ -512,6 +516,13 @@ pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
     }
     if let Err(e) = task.resources.gpu_amount() {
         return Err(TaskRejection::FractionalGpus(tid, e));
+    }
+    if !task
+        .resources
+        .milli("ports")
+        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
+    {
+        return Err(TaskRejection::FractionalPorts(tid));
     }
     if task
         .env

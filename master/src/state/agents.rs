@@ -460,6 +460,7 @@ impl Master {
                             usage: None,
                             role: role.clone(),
                             gpus: rt.gpus.clone(),
+                            ports: super::kept_ports(&rt.task, &rt.ports),
                             reason: None,
                             exit_code: None,
                             signal: None,

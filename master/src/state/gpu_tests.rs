@@ -335,3 +335,47 @@ fn oversized_mig_fields_are_refused_at_registration() {
         "{out:?}"
     );
 }
+
+#[test]
+fn pinned_uuids_choose_the_gpu_and_malformed_pins_are_refused() {
+    let (mut h, offers) = H::new(vec![gpu(0), gpu(1), gpu(2)]);
+    let pinned = |r: &str, uuids: &[&str]| {
+        let mut t = task(r);
+        t.gpu_selector = Some(GpuSelector::pinned(uuids.iter().copied()));
+        t
+    };
+    // A fraction pinned to GPU-2 lands there although the tightest fit would be any idle GPU;
+    // a whole GPU pinned to an unknown device, a fraction pinned to a full one, and a list
+    // longer than the bound are errors that say why.
+    let (launched, errors, _) = h.launch(
+        offers[0].id,
+        vec![
+            pinned("cpus:1;gpus:0.5", &["GPU-2"]),
+            pinned("cpus:1;gpus:0.5", &["GPU-2"]),
+            pinned("cpus:1;gpus:0.5", &["GPU-2"]),
+            pinned("cpus:1;gpus:1", &["GPU-7"]),
+            pinned("cpus:1;gpus:1", &["GPU-0"; 65]),
+        ],
+    );
+    assert_eq!(launched.len(), 2, "{errors:?}");
+    assert!(launched
+        .iter()
+        .all(|(_, g)| g == &vec!["GPU-2".to_string()]));
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(errors[0].contains("500 milli-GPUs free"), "{errors:?}");
+    assert!(errors[1].contains("0 healthy GPUs matching"), "{errors:?}");
+    assert!(errors[2].contains("at most 64"), "{errors:?}");
+    // What was refused used nothing: two idle GPUs and GPU-2 full.
+    let offers = h.revive();
+    let free: BTreeMap<String, u32> = offers[0]
+        .gpu_free
+        .iter()
+        .map(|g| (g.uuid.clone(), g.free_milli))
+        .collect();
+    assert_eq!(
+        free["GPU-0"] + free["GPU-1"] + free["GPU-2"],
+        2000,
+        "{free:?}"
+    );
+    assert_eq!(free["GPU-2"], 0);
+}

@@ -121,6 +121,7 @@ impl H {
                 gpus: vec![],
                 timestamp_ms: 0,
                 reconciliation: false,
+                ports: Vec::new(),
             }),
         })
     }

@@ -422,6 +422,8 @@ pub(crate) struct TaskRec {
     pub role: String,
     /// GPUs the agent gave the task (UUIDs).
     pub gpus: Vec<String>,
+    /// Host ports the agent gave the task (for its `ports:K`).
+    pub ports: Vec<u16>,
     pub reason: Option<TaskReason>,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -445,6 +447,7 @@ impl TaskRec {
             user: self.info.command.user.clone(),
             resources: self.info.resources.clone(),
             gpus: self.gpus.clone(),
+            ports: self.ports.clone(),
             state: self.state,
             reason: self.reason,
             message: self.last_message.clone(),
@@ -471,12 +474,26 @@ impl TaskRec {
         if !update.gpus.is_empty() && update.gpus.len() <= 1024 {
             self.gpus = update.gpus.clone();
         }
+        if !update.ports.is_empty() {
+            self.ports = kept_ports(&self.info, &update.ports);
+        }
         if state == TaskState::Running && self.started_at.is_none() {
             self.started_at = Some(now);
         }
         if state.is_terminal() && self.ended_at.is_none() {
             self.ended_at = Some(now);
         }
+    }
+}
+
+/// The ports an agent reports for a task as kept in records: at most as many as the task asked
+/// for (an agent's list is not trusted to be short), else none.
+pub(crate) fn kept_ports(info: &TaskInfo, ports: &[u16]) -> Vec<u16> {
+    let asked = info.resources.milli("ports") / gantry_sdk::protocol::resources::MILLI;
+    if ports.len() as u64 <= asked {
+        ports.to_vec()
+    } else {
+        Vec::new()
     }
 }
 
@@ -503,6 +520,7 @@ pub(crate) struct TaskRecord {
     pub user: Option<String>,
     pub resources: Resources,
     pub gpus: Vec<String>,
+    pub ports: Vec<u16>,
     pub state: TaskState,
     pub reason: Option<TaskReason>,
     pub message: String,

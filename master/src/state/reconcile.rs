@@ -131,6 +131,7 @@ impl Master {
                 update.exit_code = r.exit_code;
                 update.signal = r.signal;
                 update.gpus = r.gpus.clone();
+                update.ports = r.ports.clone();
             }
             update.reconciliation = true;
             out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));

@@ -85,6 +85,8 @@ pub enum TaskRejection {
     FractionalGpus(TaskId, gantry_sdk::protocol::BadGpuAmount),
     #[error("task {0}: invalid environment variable")]
     Environment(TaskId),
+    #[error("task {0}: ports are counted in whole ports (ports:K asks for K host ports)")]
+    FractionalPorts(TaskId),
 }
 
 /// Why a RESERVE or UNRESERVE operation was not applied (`Master::reserve_op`); the

@@ -150,6 +150,7 @@ impl Master {
             gpus: Vec::new(),
             timestamp_ms: now,
             reconciliation: false,
+            ports: Vec::new(),
         }
     }
 

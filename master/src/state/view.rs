@@ -85,6 +85,8 @@ pub struct TaskView {
     pub resources: Resources,
     /// GPUs (UUIDs) the agent gave it.
     pub gpus: Vec<String>,
+    /// Host ports the agent gave it (its `ports:K`; also in its `PORT`, `PORT0`..).
+    pub ports: Vec<u16>,
     pub state: String,
     /// Why it is in this state, by kind (`memory-limit`, `command-failed`, ...).
     pub reason: Option<String>,
@@ -120,6 +122,7 @@ impl TaskView {
             user: r.user.clone(),
             resources: r.resources.clone(),
             gpus: r.gpus.clone(),
+            ports: r.ports.clone(),
             state: r.state.as_str().to_string(),
             reason: r.reason.map(|r| r.as_str().to_string()),
             message: r.message.clone(),

@@ -124,6 +124,7 @@ impl Agent {
                     task: task.clone(),
                     state: *state,
                     gpus: Vec::new(),
+                    ports: Vec::new(),
                 })
                 .collect(),
             pending_updates: Vec::new(),
@@ -298,6 +299,7 @@ impl Agent {
             signal: None,
             timestamp_ms,
             reconciliation: false,
+            ports: Vec::new(),
             reason: None,
             gpus: Vec::new(),
         };

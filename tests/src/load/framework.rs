@@ -128,25 +128,9 @@ impl gantry_sdk::Scheduler for LoadFramework {
         let mut declined = Vec::new();
         // One accept per agent and role naming all our offers there: the master acts on all of
         // a framework's offers on an agent at once (docs/allocator.md, rule 2).
-        let mut groups: Vec<(AgentId, String, Vec<OfferId>, Resources)> = Vec::new();
-        for offer in offers {
-            match groups
-                .iter_mut()
-                .find(|(a, r, _, _)| *a == offer.agent_id && *r == offer.role)
-            {
-                Some((_, _, ids, total)) => {
-                    ids.push(offer.id);
-                    total.add_assign(&offer.total());
-                }
-                None => groups.push((
-                    offer.agent_id,
-                    offer.role.clone(),
-                    vec![offer.id],
-                    offer.total(),
-                )),
-            }
-        }
-        for (_, _, ids, mut avail) in groups {
+        let groups = gantry_sdk::placement::offers::group_offers(&offers);
+        for g in groups {
+            let (ids, mut avail) = (g.offer_ids, g.resources);
             let budget = self.shape.budget.map_or(u64::MAX, |b| {
                 b.saturating_sub(self.counters.launched.load(Relaxed))
             });

@@ -98,6 +98,7 @@ fn update(task: &TaskInfo, state: TaskState, gpus: Vec<String>) -> StatusUpdate 
         gpus,
         timestamp_ms: 0,
         reconciliation: false,
+        ports: Vec::new(),
     }
 }
 

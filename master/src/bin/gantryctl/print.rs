@@ -242,6 +242,11 @@ pub fn tasks(v: &Value) -> String {
                     .map(short)
                     .collect::<Vec<_>>()
                     .join(","),
+                arr(&t["ports"])
+                    .iter()
+                    .map(cell)
+                    .collect::<Vec<_>>()
+                    .join(","),
             ]
         })
         .collect();
@@ -256,6 +261,7 @@ pub fn tasks(v: &Value) -> String {
             "AGENT",
             "RESOURCES",
             "GPUS",
+            "PORTS",
         ],
         &rows,
     );
@@ -369,6 +375,17 @@ mod tests {
             out.contains("GPU-1  A100   40960 MiB  42%   2 MiB     UNHEALTHY  train"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn tasks_show_their_ports() {
+        let v = json!({"total": 1, "offset": 0, "tasks": [{"name": "web", "id": "t1",
+            "state": "RUNNING", "reason": null, "framework_id": "f1", "agent_id": "a1",
+            "resources": {"cpus": 0.1, "ports": 2.0}, "gpus": [], "ports": [31000, 31001]}]});
+        let out = tasks(&v);
+        let header = out.lines().next().unwrap();
+        assert!(header.ends_with("GPUS  PORTS"), "{out}");
+        assert!(out.contains("31000,31001"), "{out}");
     }
 
     #[test]

@@ -364,7 +364,7 @@ pub fn render_main(state: &Value) -> String {
     }
     h.push_str("</table></section>");
 
-    h.push_str("<section id=\"tasks\"><h2>Tasks</h2><table><tr><th>task</th><th>state</th><th>reason</th><th>framework</th><th>agent</th><th>role</th><th>resources</th><th>GPUs</th><th>message</th></tr>");
+    h.push_str("<section id=\"tasks\"><h2>Tasks</h2><table><tr><th>task</th><th>state</th><th>reason</th><th>framework</th><th>agent</th><th>role</th><th>resources</th><th>GPUs</th><th>ports</th><th>message</th></tr>");
     let agent_names: std::collections::HashMap<&str, &str> = arr(&state["agents"])
         .iter()
         .filter_map(|a| Some((a["id"].as_str()?, a["name"].as_str()?)))
@@ -386,8 +386,9 @@ pub fn render_main(state: &Value) -> String {
             .filter_map(Value::as_str)
             .map(|u| esc(&u[u.len().saturating_sub(8)..]))
             .collect();
+        let ports: Vec<String> = arr(&t["ports"]).iter().map(text).collect();
         h.push_str(&format!(
-            "<tr class=\"task\" data-id=\"{}\" data-state=\"{}\"><td>{}</td><td class=\"state-{}\">{}</td><td>{}</td><td>{}</td><td>{agent}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr class=\"task\" data-id=\"{}\" data-state=\"{}\"><td>{}</td><td class=\"state-{}\">{}</td><td>{}</td><td>{}</td><td>{agent}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             text(&t["id"]),
             esc(st),
             text(&t["name"]),
@@ -398,6 +399,7 @@ pub fn render_main(state: &Value) -> String {
             text(&t["role"]),
             res(&t["resources"]),
             if gpus.is_empty() { "-".into() } else { gpus.join(" ") },
+            if ports.is_empty() { "-".into() } else { ports.join(" ") },
             text(&t["message"]),
         ));
     }
@@ -421,7 +423,8 @@ mod tests {
                                          "temperature_c": 60, "power_mw": 250000}]}],
             "frameworks": [],
             "tasks": [{"id": "t1", "name": "<b>train</b>", "state": "RUNNING", "framework_id": "f1",
-                       "agent_id": "a1", "gpus": ["GPU-1"], "resources": {"gpus": 1.0}, "message": "&"}],
+                       "agent_id": "a1", "gpus": ["GPU-1"], "resources": {"gpus": 1.0}, "message": "&",
+                       "ports": [31000, 31001]}],
             "completed_tasks": [], "completed_frameworks": [], "offers": [],
             "allocator": {"roles": {}}
         });
@@ -433,5 +436,6 @@ mod tests {
         assert!(html.contains("87%"));
         assert!(html.contains("class=\"gpu-task\">&lt;b&gt;train&lt;/b&gt;"));
         assert!(html.contains("data-state=\"RUNNING\""));
+        assert!(html.contains("<td>31000 31001</td>"), "the task's ports");
     }
 }

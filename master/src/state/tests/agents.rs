@@ -24,6 +24,7 @@ fn agent_reregistering_in_time_keeps_its_tasks() {
         task: t.clone(),
         state: TaskState::Running,
         gpus: vec![],
+        ports: vec![],
     };
     let AgentToMaster::Register { resources, .. } = register(None, "cpus:2;mem:1024") else {
         unreachable!()
@@ -237,6 +238,7 @@ fn an_unknown_agent_id_joins_as_a_new_agent_and_its_tasks_are_killed() {
                 task: stray.clone(),
                 state: TaskState::Running,
                 gpus: vec![],
+                ports: vec![],
             }],
             pending_updates: vec![],
             task_user: "nobody".into(),

@@ -176,6 +176,7 @@ fn agent_update(task: &TaskInfo, fw: FrameworkId, state: TaskState) -> StatusUpd
         gpus: vec![],
         timestamp_ms: 0,
         reconciliation: false,
+        ports: Vec::new(),
     }
 }
 

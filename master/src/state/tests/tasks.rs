@@ -220,3 +220,40 @@ fn accepted_resources_return_when_tasks_end_and_acks_flow_back() {
         .iter()
         .any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Update(_)))));
 }
+
+#[test]
+fn task_records_keep_the_agents_ports_and_refuse_fractions_of_a_port() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024;ports:10");
+    let (fw, offers) = h.framework(F, "f", "r");
+    assert_eq!(offers[0].resources.get("ports"), 10.0);
+    let t = task("cpus:1;mem:64;ports:2");
+    let half = task("cpus:1;mem:64;ports:0.5");
+    let (sent, out) = run_tasks(&mut h, offers[0].id, vec![t.clone(), half.clone()]);
+    assert_eq!(sent.len(), 1, "only the whole-port task goes to the agent");
+    let refused = out.iter().any(|o| {
+        matches!(o, Output::ToFramework(_, MasterToFramework::Update(u))
+            if u.task_id == half.task_id && u.state == TaskState::Error
+                && u.message.contains("whole ports"))
+    });
+    assert!(refused, "{out:?}");
+    // An agent's list longer than the task asked for is not kept.
+    let mut bogus = agent_update(&t, fw, TaskState::Starting);
+    bogus.ports = vec![1, 2, 3];
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(bogus),
+    });
+    assert!(h.m.view(h.now, 1_000_000).tasks[0].ports.is_empty());
+    let mut running = agent_update(&t, fw, TaskState::Running);
+    running.ports = vec![31000, 31001];
+    let out = h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::StatusUpdate(running),
+    });
+    let view = h.m.view(h.now, 1_000_000);
+    assert_eq!(view.tasks[0].ports, vec![31000, 31001]);
+    // The framework hears them with the update.
+    assert!(out.iter().any(|o| matches!(o,
+        Output::ToFramework(_, MasterToFramework::Update(u)) if u.ports == vec![31000, 31001])));
+}
