@@ -54,6 +54,8 @@ pub struct Batch {
     progress: BatchProgress,
     tx: watch::Sender<BatchProgress>,
     suppressed: bool,
+    /// A revive for dropped tasks was sent since the last offers (one per burst of drops).
+    revived_for_drops: bool,
 }
 
 impl Batch {
@@ -66,6 +68,7 @@ impl Batch {
                 progress: BatchProgress::default(),
                 tx,
                 suppressed: false,
+                revived_for_drops: false,
             },
             rx,
         )
@@ -114,6 +117,12 @@ impl Scheduler for Batch {
     }
 
     async fn offers(&mut self, driver: &DriverHandle, offers: Vec<Offer>) {
+        tracing::debug!(
+            offers = offers.len(),
+            remaining = self.remaining(),
+            "offers received"
+        );
+        self.revived_for_drops = false;
         // One accept per agent and role naming all its offers there: the master acts on all of
         // a framework's offers on an agent at once anyway (docs/allocator.md, rule 2).
         let groups = gantry_sdk::placement::offers::group_offers(&offers);
@@ -125,14 +134,21 @@ impl Scheduler for Batch {
                 tasks.push(self.next_task(tasks.len() as u32));
             }
             if tasks.is_empty() {
-                driver.decline(ids, Some(if self.remaining() == 0 { 60.0 } else { 1.0 }));
+                let refuse = if self.remaining() == 0 { 60.0 } else { 1.0 };
+                tracing::debug!(offers = ids.len(), %available, refuse, "declined");
+                driver.decline(ids, Some(refuse));
                 continue;
             }
             for t in &tasks {
                 self.tasks.insert(t.task_id, TaskState::Staging);
             }
             self.progress.launched += tasks.len() as u32;
-            driver.accept(ids, vec![Operation::Launch { tasks }], None);
+            tracing::debug!(offers = ids.len(), tasks = tasks.len(), left = %available, remaining = self.remaining(), "accepted");
+            // While copies are still owed, the unused part is not refused: with the master's
+            // default filter (5 s) an offer combined into this accept (rule 2) and then
+            // rescinded would keep the agent away from us for 5 s, however much comes free.
+            let refuse = (self.remaining() > 0).then_some(0.0);
+            driver.accept(ids, vec![Operation::Launch { tasks }], refuse);
         }
         if self.remaining() == 0 && !self.suppressed {
             driver.suppress(vec![]);
@@ -165,14 +181,18 @@ impl Scheduler for Batch {
             return;
         }
         if update.state == TaskState::Dropped {
+            tracing::debug!(task = %update.task_id, "dropped");
             // Never ran (its accept named an offer that was gone, e.g. already combined into
             // another accept on the same agent): launch one more copy on a later offer.
             self.tasks.remove(&update.task_id);
             self.progress.launched = self.progress.launched.saturating_sub(1);
             self.progress.dropped += 1;
-            if self.suppressed {
+            // Revive also when not suppressed: it clears the filter the accept that combined
+            // the dropped task's offer left on the agent, so the copy is offered at once.
+            if self.suppressed || !self.revived_for_drops {
                 driver.revive(vec![]);
                 self.suppressed = false;
+                self.revived_for_drops = true;
             }
             driver.set_demand(Some(Demand {
                 task: self.spec.task.clone(),

@@ -416,6 +416,15 @@ impl Agent {
     }
 
     fn handle(&mut self, ev: Event) -> anyhow::Result<()> {
+        match &ev {
+            Event::Launched { task, .. } => tracing::debug!(%task, "launched"),
+            Event::Exited { task, .. } => tracing::debug!(%task, "exited"),
+            Event::Settled { task, .. } => tracing::debug!(%task, "settled"),
+            Event::Master(MasterToAgent::RunTask { task, .. }) => {
+                tracing::debug!(task = %task.task_id, "run task")
+            }
+            _ => {}
+        }
         let input = match ev {
             Event::Connected(tx) => {
                 self.master = Some(tx);
@@ -592,9 +601,16 @@ impl Agent {
     fn commit(&mut self) -> anyhow::Result<()> {
         let effects = self.core.flush(unix_ms());
         self.perform(effects)?;
+        let started = Instant::now();
         self.wal
             .commit()
             .context("writing the agent's write-ahead log")?;
+        tracing::debug!(
+            sent = self.outbox.len(),
+            launches = self.launches.len(),
+            commit_us = started.elapsed().as_micros() as u64,
+            "committed"
+        );
         if let Some(m) = &self.master {
             for msg in self.outbox.drain(..) {
                 let _ = m.send(msg);

@@ -510,6 +510,7 @@ impl AgentCore {
                 task_id,
             } => self.kill(framework_id, task_id, now),
             MasterToAgent::Acknowledge { task_id, update_id } => {
+                tracing::debug!(task = %task_id, "status update acknowledged");
                 if self.ckpt.updates.ack(task_id, update_id) {
                     self.persist(Record::Acked {
                         task: task_id,
@@ -666,6 +667,7 @@ impl AgentCore {
             return;
         }
         for u in self.ckpt.updates.due(now) {
+            tracing::debug!(task = %u.task_id, state = %u.state, "status update sent");
             self.send(AgentToMaster::StatusUpdate(u));
         }
     }
