@@ -151,7 +151,7 @@ impl crate::Cluster {
         )
     }
 
-    /// [`Cluster::framework_config`] with the `GpuResources` capability (GPU offers).
+    /// [`crate::Cluster::framework_config`] with the `GpuResources` capability (GPU offers).
     pub fn gpu_framework_config(
         &self,
         principal: &str,
