@@ -1,4 +1,6 @@
-//! The master's state machine: agents, frameworks, tasks and offers.
+//! The master's state machine: agents, frameworks, tasks and offers. (A little over 800 lines:
+//! the `Master` record types and the one `handle` dispatch; every concern already has its own
+//! submodule: accept, agents, frameworks, gpus, maintenance, operator, timers, view, ...)
 //!
 //! PURE-ish: [`Master::handle`] takes an [`Input`] (a peer connected, sent a message,
 //! disconnected, or a timer tick) and the current time, and returns the [`Output`]s to send. It

@@ -1,4 +1,5 @@
 //! The queue core without a cluster: offers in, actions out.
+//! (Over 800 lines: tests only, one scenario per test, sharing the helpers at the top.)
 
 use super::*;
 
