@@ -137,22 +137,7 @@ mod tests {
     use gantry_sdk::protocol::*;
 
     fn update(task: TaskId, state: TaskState) -> StatusUpdate {
-        StatusUpdate {
-            update_id: UpdateId::random(),
-            task_id: task,
-            framework_id: FrameworkId::random(),
-            agent_id: None,
-            state,
-            source: UpdateSource::Agent,
-            reason: None,
-            message: String::new(),
-            exit_code: None,
-            signal: None,
-            gpus: vec![],
-            timestamp_ms: 0,
-            reconciliation: false,
-            ports: Vec::new(),
-        }
+        StatusUpdate::new(task, FrameworkId::random(), state)
     }
 
     #[test]

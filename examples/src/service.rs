@@ -722,22 +722,7 @@ mod tests {
     }
 
     fn upd(t: TaskId, state: TaskState) -> StatusUpdate {
-        StatusUpdate {
-            update_id: UpdateId::random(),
-            task_id: t,
-            framework_id: FrameworkId::random(),
-            agent_id: None,
-            state,
-            source: UpdateSource::Agent,
-            reason: None,
-            message: String::new(),
-            exit_code: None,
-            signal: None,
-            gpus: vec![],
-            timestamp_ms: 0,
-            reconciliation: false,
-            ports: Vec::new(),
-        }
+        StatusUpdate::new(t, FrameworkId::random(), state)
     }
 
     fn launched(a: &[Action]) -> Vec<TaskInfo> {

@@ -212,25 +212,10 @@ impl TaskBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{FrameworkId, UpdateId, UpdateSource};
+    use crate::protocol::FrameworkId;
 
     fn update(task: TaskId, state: TaskState) -> StatusUpdate {
-        StatusUpdate {
-            update_id: UpdateId::random(),
-            task_id: task,
-            framework_id: FrameworkId::random(),
-            agent_id: None,
-            state,
-            source: UpdateSource::Agent,
-            reason: None,
-            message: String::new(),
-            exit_code: None,
-            signal: None,
-            gpus: vec![],
-            timestamp_ms: 0,
-            reconciliation: false,
-            ports: Vec::new(),
-        }
+        StatusUpdate::new(task, FrameworkId::random(), state)
     }
 
     #[test]

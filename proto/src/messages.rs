@@ -613,6 +613,29 @@ pub struct StatusUpdate {
     pub ports: Vec<u16>,
 }
 
+impl StatusUpdate {
+    /// A bare agent update of `task` to `state`: a fresh update id, no agent, reason, message,
+    /// exit status, GPUs or ports, timestamp 0. Fill in what applies with struct update syntax.
+    pub fn new(task_id: TaskId, framework_id: FrameworkId, state: TaskState) -> Self {
+        StatusUpdate {
+            update_id: UpdateId::random(),
+            task_id,
+            framework_id,
+            agent_id: None,
+            state,
+            source: UpdateSource::Agent,
+            reason: None,
+            message: String::new(),
+            exit_code: None,
+            signal: None,
+            gpus: Vec::new(),
+            timestamp_ms: 0,
+            reconciliation: false,
+            ports: Vec::new(),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Agent <-> master
 
