@@ -32,15 +32,7 @@ principals = ["ci"]
 actions = ["set_weight"]
 "#;
 
-fn client(addr: SocketAddr, tls_dir: &Path, credentials: Credentials) -> OperatorClient {
-    OperatorClient::new(&ClientConfig {
-        master: format!("https://{addr}"),
-        tls_dir: Some(tls_dir.to_path_buf()),
-        credentials,
-        timeout: Duration::from_secs(20),
-    })
-    .unwrap()
-}
+use gantry_tests::https_client as client;
 
 /// The status of a refused request (panics on success: the attack worked).
 fn refused(what: &str, r: Result<String, ClientError>) -> (u16, String) {
@@ -327,13 +319,7 @@ async fn the_operator_api_refuses_attackers_and_serves_operators() {
     );
     assert_eq!(status, 401);
     // A wrong token is refused even over a good certificate.
-    let mixed = OperatorClient::new(&ClientConfig {
-        master: format!("https://{addr}"),
-        tls_dir: Some(tls_dir.clone()),
-        credentials: Credentials::Token("not-a-token".into()),
-        timeout: Duration::from_secs(20),
-    })
-    .unwrap();
+    let mixed = client(addr, &tls_dir, Credentials::Token("not-a-token".into()));
     assert_eq!(refused("bad token", mixed.get("/state").await).0, 401);
 
     // 5. Absurd weights are 400, whoever asks.
