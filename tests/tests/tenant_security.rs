@@ -47,6 +47,21 @@ async fn subscribe_raw(
     }
 }
 
+/// A raw framework of `principal` subscribing with `info`: the peer (keep it alive) and the
+/// master's answer ([`subscribe_raw`]).
+async fn raw_subscribe(
+    cluster: &Cluster,
+    principal: &str,
+    info: FrameworkInfo,
+) -> (gantry_tests::RawPeer, Result<FrameworkId, String>) {
+    let (ep, conn, mut tx, mut rx) = cluster
+        .raw_peer(PeerIdentity::Framework(principal.into()))
+        .await
+        .unwrap();
+    let answer = subscribe_raw(&mut tx, &mut rx, &conn, info).await;
+    ((ep, conn, tx, rx), answer)
+}
+
 fn framework_info(name: &str, roles: &[&str], id: Option<FrameworkId>) -> FrameworkInfo {
     FrameworkInfo {
         framework_id: id,
@@ -127,49 +142,30 @@ async fn framework_takeover_is_refused() {
     let victim = framework_id(&cluster, "victim");
 
     // Resuming the victim's framework under another principal: refused, victim untouched.
-    let (_ep, conn, mut tx, mut rx) = cluster
-        .raw_peer(PeerIdentity::Framework("attacker".into()))
-        .await
-        .unwrap();
-    let e = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "attacker",
         framework_info("victim", &["good"], Some(victim)),
     )
-    .await
-    .unwrap_err();
+    .await;
+    let e = answer.unwrap_err();
     assert!(e.contains("belongs to another principal"), "{e}");
 
     // Pre-claiming an id (the old ids were seed ^ counter: the victim's id + 1 was next).
     let guess = FrameworkId::from_u128(victim.0.as_u128() ^ 1);
-    let (_ep, conn, mut tx, mut rx) = cluster
-        .raw_peer(PeerIdentity::Framework("attacker".into()))
-        .await
-        .unwrap();
-    let e = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "attacker",
         framework_info("squat", &["good"], Some(guess)),
     )
-    .await
-    .unwrap_err();
+    .await;
+    let e = answer.unwrap_err();
     assert!(e.contains("not registered"), "{e}");
 
     // A legitimate new framework gets a fresh id, and cannot touch the victim's tasks.
-    let (_ep, conn, mut tx, mut rx) = cluster
-        .raw_peer(PeerIdentity::Framework("attacker".into()))
-        .await
-        .unwrap();
-    let mine = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
-        framework_info("own", &["own"], None),
-    )
-    .await
-    .unwrap();
+    let ((_ep, _conn, mut tx, mut rx), answer) =
+        raw_subscribe(&cluster, "attacker", framework_info("own", &["own"], None)).await;
+    let mine = answer.unwrap();
     assert_ne!(mine, victim);
     assert_ne!(mine, guess);
     assert_ne!(
@@ -350,18 +346,13 @@ async fn roles_the_acls_do_not_grant_are_refused() {
     let run = honest(&cluster, "honest", "good", 20, "0.2");
 
     // A raw subscribe with the honest principal's role.
-    let (_ep, conn, mut tx, mut rx) = cluster
-        .raw_peer(PeerIdentity::Framework("mallory".into()))
-        .await
-        .unwrap();
-    let e = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "mallory",
         framework_info("mallory", &["public", "good"], None),
     )
-    .await
-    .unwrap_err();
+    .await;
+    let e = answer.unwrap_err();
     assert!(
         e.contains("\"mallory\"") && e.contains("\"good\"") && e.contains("not allowed"),
         "{e}"
@@ -381,18 +372,13 @@ async fn roles_the_acls_do_not_grant_are_refused() {
         other => panic!("driver was not refused: {other:?}"),
     }
     // What the ACLs grant works.
-    let (_ep, conn, mut tx, mut rx) = cluster
-        .raw_peer(PeerIdentity::Framework("mallory".into()))
-        .await
-        .unwrap();
-    subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "mallory",
         framework_info("mallory", &["public"], None),
     )
-    .await
-    .unwrap();
+    .await;
+    answer.unwrap();
     all_finished(&cluster, run, 20).await;
     let s = cluster.master.state().unwrap();
     assert!(s["frameworks"]
@@ -427,13 +413,9 @@ async fn a_tenant_cannot_register_without_bounds() {
         ("x".repeat(129), "invalid role name"),
         ("a/b/c/d/e/f/g/h/i".to_string(), "9 levels deep"),
     ] {
-        let (_ep, conn, mut tx, mut rx) = cluster
-            .raw_peer(PeerIdentity::Framework("greedy".into()))
-            .await
-            .unwrap();
-        let e = subscribe_raw(&mut tx, &mut rx, &conn, framework_info("g", &[&role], None))
-            .await
-            .unwrap_err();
+        let (_peer, answer) =
+            raw_subscribe(&cluster, "greedy", framework_info("g", &[&role], None)).await;
+        let e = answer.unwrap_err();
         assert!(e.contains(why), "{e}");
     }
 
