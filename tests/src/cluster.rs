@@ -337,6 +337,13 @@ pub fn operator_client(addr: SocketAddr) -> anyhow::Result<gantry_master::client
     })
 }
 
+/// How many tasks a master's `/state` shows RUNNING.
+pub fn running_tasks(state: &serde_json::Value) -> usize {
+    state["tasks"]
+        .as_array()
+        .map_or(0, |t| t.iter().filter(|t| t["state"] == "RUNNING").count())
+}
+
 /// An operator API client of the master at `addr` over HTTPS (trusting the CA in `tls_dir`)
 /// presenting `credentials`, with a 20 s timeout: for tests of who may do what.
 pub fn https_client(
