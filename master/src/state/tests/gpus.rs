@@ -18,25 +18,9 @@ fn mig(i: u32) -> GpuInfo {
 /// Per launch (task, GPUs the master chose), the error texts, the new offers.
 type Launched = (Vec<(TaskId, Vec<String>)>, Vec<String>, Vec<Offer>);
 
-/// The shared [`Harness`] with one agent of GPUs and one GPU framework.
-struct H(Harness);
-
-impl std::ops::Deref for H {
-    type Target = Harness;
-    fn deref(&self) -> &Harness {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for H {
-    fn deref_mut(&mut self) -> &mut Harness {
-        &mut self.0
-    }
-}
-
-impl H {
+impl Harness {
     /// A master with one agent (`gpus` devices, `gpus:` = their count) and one GPU framework.
-    fn new(gpus: Vec<GpuInfo>) -> (H, Vec<Offer>) {
+    fn with_gpus(gpus: Vec<GpuInfo>) -> (Harness, Vec<Offer>) {
         let mut h = Harness::new();
         let resources = format!("cpus:16;mem:16384;gpus:{}", gpus.len());
         h.register(A, "gpu-agent", register_with_gpus(&resources, gpus));
@@ -44,7 +28,7 @@ impl H {
         info.capabilities = vec![Capability::GpuResources];
         let out = h.subscribe(F, "f", info);
         let offers = offers(&out, F);
-        (H(h), offers)
+        (h, offers)
     }
 
     /// Accepts `offer` with `tasks`; returns (task, GPUs chosen by the master) per launch and
@@ -90,7 +74,7 @@ impl H {
 
 #[test]
 fn fractions_share_one_gpu_and_never_overfill_it() {
-    let (mut h, offers) = H::new(vec![gpu_info(0), gpu_info(1)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
     assert_eq!(offers.len(), 1);
     let o = &offers[0];
     assert_eq!(o.gpu_free.len(), 2);
@@ -139,7 +123,7 @@ fn fractions_share_one_gpu_and_never_overfill_it() {
 
 #[test]
 fn whole_gpus_being_launched_keep_their_idle_gpus() {
-    let (mut h, offers) = H::new(vec![gpu_info(0), gpu_info(1)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
     // A whole GPU (the agent picks it) then a fraction: the fraction may use only the other.
     let (launched, errors, _) = h.launch(
         offers[0].id,
@@ -160,7 +144,7 @@ fn whole_gpus_being_launched_keep_their_idle_gpus() {
 
 #[test]
 fn gpus_above_one_must_be_whole_and_mig_needs_its_profile() {
-    let (mut h, offers) = H::new(vec![gpu_info(0), mig(1), mig(2)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), mig(1), mig(2)]);
     let (launched, errors, _) = h.launch(offers[0].id, vec![task("cpus:1;gpus:1.5")]);
     assert!(launched.is_empty());
     assert!(errors[0].contains("whole number"), "{errors:?}");
@@ -202,7 +186,7 @@ fn gpus_above_one_must_be_whole_and_mig_needs_its_profile() {
 fn fractions_keep_whole_gpus_idle() {
     // A quarter, a half and a quarter: one GPU, the other stays idle for a whole-GPU task
     // (FGD with only the half in its mix would spread them).
-    let (mut h, offers) = H::new(vec![gpu_info(0), gpu_info(1)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
     let (launched, errors, _) = h.launch(
         offers[0].id,
         vec![
@@ -232,7 +216,7 @@ fn oversized_mig_fields_are_refused_at_registration() {
 
 #[test]
 fn pinned_uuids_choose_the_gpu_and_malformed_pins_are_refused() {
-    let (mut h, offers) = H::new(vec![gpu_info(0), gpu_info(1), gpu_info(2)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1), gpu_info(2)]);
     let pinned = |r: &str, uuids: &[&str]| {
         let mut t = task(r);
         t.gpu_selector = Some(GpuSelector::pinned(uuids.iter().copied()));

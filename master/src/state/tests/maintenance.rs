@@ -76,22 +76,7 @@ impl H {
     fn update(&mut self, t: TaskId, fw: FrameworkId, state: TaskState) -> Vec<Output> {
         self.input(Input::Agent {
             conn: A,
-            msg: AgentToMaster::StatusUpdate(StatusUpdate {
-                update_id: UpdateId::random(),
-                task_id: t,
-                framework_id: fw,
-                agent_id: None,
-                state,
-                source: UpdateSource::Agent,
-                reason: None,
-                message: String::new(),
-                exit_code: None,
-                signal: None,
-                gpus: vec![],
-                timestamp_ms: 0,
-                reconciliation: false,
-                ports: Vec::new(),
-            }),
+            msg: AgentToMaster::StatusUpdate(StatusUpdate::new(t, fw, state)),
         })
     }
 }

@@ -189,22 +189,7 @@ fn launch(offer: OfferId, tasks: Vec<TaskInfo>) -> FrameworkToMaster {
 }
 
 fn agent_update(task: &TaskInfo, fw: FrameworkId, state: TaskState) -> StatusUpdate {
-    StatusUpdate {
-        update_id: UpdateId::random(),
-        task_id: task.task_id,
-        framework_id: fw,
-        agent_id: None,
-        state,
-        source: UpdateSource::Agent,
-        reason: None,
-        message: String::new(),
-        exit_code: None,
-        signal: None,
-        gpus: vec![],
-        timestamp_ms: 0,
-        reconciliation: false,
-        ports: Vec::new(),
-    }
+    StatusUpdate::new(task.task_id, fw, state)
 }
 
 /// Launches `tasks` with the framework on `F` and returns what the agent was asked to run.
