@@ -34,6 +34,26 @@ actions = ["set_weight"]
 
 use gantry_tests::https_client as client;
 
+/// A fresh token for principal `ci` and the `tokens.toml` (mode 0600) holding it, in `dir`.
+fn ci_token_file(dir: &Path) -> (String, std::path::PathBuf) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = gantry_master::tokens::generate().unwrap();
+    let tokens = dir.join("tokens.toml");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tokens)
+        .unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        gantry_master::tokens::file_entry("ci", &token).as_bytes(),
+    )
+    .unwrap();
+    (token, tokens)
+}
+
 /// The status of a refused request (panics on success: the attack worked).
 fn refused(what: &str, r: Result<String, ClientError>) -> (u16, String) {
     match r {
@@ -173,23 +193,7 @@ async fn the_operator_api_refuses_attackers_and_serves_operators() {
     let conf = TempDir::new("gantry-opauth").unwrap();
     let acls = conf.path().join("acls.toml");
     std::fs::write(&acls, ACLS).unwrap();
-    let token = gantry_master::tokens::generate().unwrap();
-    let tokens = conf.path().join("tokens.toml");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tokens)
-            .unwrap();
-        std::io::Write::write_all(
-            &mut f,
-            gantry_master::tokens::file_entry("ci", &token).as_bytes(),
-        )
-        .unwrap();
-    }
+    let (token, tokens) = ci_token_file(conf.path());
     let cluster = Cluster::start_with(
         &[("oa1", "cpus:4;mem:2048"), ("oa2", "cpus:4;mem:2048")],
         &[
@@ -583,23 +587,7 @@ async fn gantryctl_speaks_https_with_certificates_and_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insecure_http_on_loopback_still_needs_credentials() {
     let conf = TempDir::new("gantry-opauth-insecure").unwrap();
-    let token = gantry_master::tokens::generate().unwrap();
-    let tokens = conf.path().join("tokens.toml");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tokens)
-            .unwrap();
-        std::io::Write::write_all(
-            &mut f,
-            gantry_master::tokens::file_entry("ci", &token).as_bytes(),
-        )
-        .unwrap();
-    }
+    let (token, tokens) = ci_token_file(conf.path());
     let cluster = Cluster::start_with(
         &[("in1", "cpus:1;mem:256")],
         &[
