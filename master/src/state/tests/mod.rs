@@ -13,6 +13,7 @@ mod operator_commands;
 mod recovery;
 mod tasks;
 mod timers;
+mod updates;
 
 const A: ConnId = 1;
 
