@@ -77,9 +77,10 @@ fn pipelined_updates_are_forwarded_in_order_and_acknowledged_in_any_order() {
     assert_eq!(h.m.tasks[&t.task_id].state, TaskState::Finished);
     assert_eq!(h.m.tasks[&t.task_id].pending.len(), 3);
     assert!(
-        h.m.allocator.framework_allocated(fw).total().is_empty(),
+        h.m.tasks[&t.task_id].recovered,
         "the terminal update released the task's resources"
     );
+    assert!(!offers_of(&out).is_empty(), "and they are offered again");
     // A retransmission of a pipelined update (RUNNING): forwarded again, state unchanged.
     let out = h.input(Input::Agent {
         conn: A,
