@@ -201,7 +201,10 @@ mod tests {
         assert_eq!(q.due(3000).len(), 3);
         assert_eq!(q.retries(), 6, "the first sends are not retries");
         assert!(q.ack(t, starting.update_id, 3100));
-        assert!(!q.ack(t, starting.update_id, 3100), "a duplicate ack matches nothing");
+        assert!(
+            !q.ack(t, starting.update_id, 3100),
+            "a duplicate ack matches nothing"
+        );
         // Progress restarts the retry period from the acknowledgement.
         assert!(q.due(4000).is_empty());
         assert_eq!(q.due(4100), vec![running.clone(), finished.clone()]);
@@ -249,10 +252,25 @@ mod tests {
         let o = update(other, TaskState::Starting);
         q.push(o.clone());
         let sent = q.due(0);
-        assert_eq!(sent.len(), WINDOW + 1, "a window of one task, and the other");
+        assert_eq!(
+            sent.len(),
+            WINDOW + 1,
+            "a window of one task, and the other"
+        );
         assert!(sent.contains(&o));
-        assert_eq!(&sent.iter().filter(|x| x.task_id == t).cloned().collect::<Vec<_>>()[..], &u[..WINDOW]);
-        assert_eq!(q.in_window().len(), WINDOW + 1, "registration carries the window");
+        assert_eq!(
+            &sent
+                .iter()
+                .filter(|x| x.task_id == t)
+                .cloned()
+                .collect::<Vec<_>>()[..],
+            &u[..WINDOW]
+        );
+        assert_eq!(
+            q.in_window().len(),
+            WINDOW + 1,
+            "registration carries the window"
+        );
         assert_eq!(q.all().len(), WINDOW + 3);
         // An acknowledgement opens the window for the next one.
         assert!(q.ack(t, u[0].update_id, 5));
@@ -270,11 +288,18 @@ mod tests {
         q.push(update(t, TaskState::Running));
         assert_eq!(q.due(0).len(), 2);
         q.reset_connection();
-        assert_eq!(states(&q.due(1)), vec![TaskState::Starting, TaskState::Running]);
+        assert_eq!(
+            states(&q.due(1)),
+            vec![TaskState::Starting, TaskState::Running]
+        );
         let json = serde_json::to_string(&q).unwrap();
         let mut back: UpdateQueue = serde_json::from_str(&json).unwrap();
         assert_eq!(back.len(), 2);
-        assert_eq!(back.due(0).len(), 2, "a restarted agent sends them all again");
+        assert_eq!(
+            back.due(0).len(),
+            2,
+            "a restarted agent sends them all again"
+        );
         // Registered with them: sent, retried on the normal backoff.
         back.reset_connection();
         back.mark_all_sent(100);

@@ -574,7 +574,11 @@ impl Master {
             out.push(ack);
             return;
         }
-        if let Some(p) = task.pending.iter().find(|p| p.update_id == update.update_id) {
+        if let Some(p) = task
+            .pending
+            .iter()
+            .find(|p| p.update_id == update.update_id)
+        {
             // A retransmission of an update the framework has not acknowledged yet: forwarded
             // again (the framework's acknowledgement may have been lost), state unchanged.
             self.status_update_retries += 1;

@@ -29,9 +29,7 @@ fn lifecycle(t: &TaskInfo, fw: FrameworkId) -> Vec<StatusUpdate> {
 fn forwarded(out: &[Output], conn: ConnId) -> Vec<UpdateId> {
     out.iter()
         .filter_map(|o| match o {
-            Output::ToFramework(c, MasterToFramework::Update(u)) if *c == conn => {
-                Some(u.update_id)
-            }
+            Output::ToFramework(c, MasterToFramework::Update(u)) if *c == conn => Some(u.update_id),
             _ => None,
         })
         .collect()
@@ -91,9 +89,18 @@ fn pipelined_updates_are_forwarded_in_order_and_acknowledged_in_any_order() {
     assert_eq!(h.m.tasks[&t.task_id].pending.len(), 3);
     assert_eq!(h.m.metrics(0).status_update_retries, 1);
     // Acknowledged out of order: each goes to the agent; the task completes with the last.
-    assert_eq!(acks_to_agent(&ack(&mut h, &t, &ups[2])), vec![ups[2].update_id]);
-    assert!(acks_to_agent(&ack(&mut h, &t, &ups[2])).is_empty(), "duplicate ack");
-    assert_eq!(acks_to_agent(&ack(&mut h, &t, &ups[0])), vec![ups[0].update_id]);
+    assert_eq!(
+        acks_to_agent(&ack(&mut h, &t, &ups[2])),
+        vec![ups[2].update_id]
+    );
+    assert!(
+        acks_to_agent(&ack(&mut h, &t, &ups[2])).is_empty(),
+        "duplicate ack"
+    );
+    assert_eq!(
+        acks_to_agent(&ack(&mut h, &t, &ups[0])),
+        vec![ups[0].update_id]
+    );
     assert!(h.m.tasks.contains_key(&t.task_id), "RUNNING still pending");
     // A retransmission of an acknowledged update is acknowledged by the master itself.
     let out = h.input(Input::Agent {
@@ -102,7 +109,10 @@ fn pipelined_updates_are_forwarded_in_order_and_acknowledged_in_any_order() {
     });
     assert_eq!(acks_to_agent(&out), vec![ups[0].update_id]);
     assert!(forwarded(&out, F).is_empty());
-    assert_eq!(acks_to_agent(&ack(&mut h, &t, &ups[1])), vec![ups[1].update_id]);
+    assert_eq!(
+        acks_to_agent(&ack(&mut h, &t, &ups[1])),
+        vec![ups[1].update_id]
+    );
     assert!(!h.m.tasks.contains_key(&t.task_id));
     assert_eq!(
         h.m.completed_task(fw, t.task_id).map(|c| c.state),
@@ -225,7 +235,10 @@ fn an_agent_exceeding_the_pending_bound_is_closed_and_nothing_is_lost() {
     assert_eq!(h.m.tasks[&t.task_id].state, TaskState::Running);
     assert_eq!(h.m.tasks[&t.task_id].pending.len(), MAX_PENDING_UPDATES);
     // A retransmission within the bound is still fine, and acks make room.
-    assert_eq!(acks_to_agent(&ack(&mut h, &t, &ups[0])), vec![ups[0].update_id]);
+    assert_eq!(
+        acks_to_agent(&ack(&mut h, &t, &ups[0])),
+        vec![ups[0].update_id]
+    );
     let fin = agent_update(&t, fw, TaskState::Finished);
     let out = h.input(Input::Agent {
         conn: A,
