@@ -1,5 +1,6 @@
 //! The runtime's blocking helpers (run on blocking threads, off the loop): settling a task's
-//! cgroup (its OOM flag and final usage recorded, then destroyed) and one usage sample.
+//! cgroup (its OOM flag and final usage recorded; destroyed before the task's terminal update
+//! when processes are left in it, after it when it is already empty) and one usage sample.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,9 +14,12 @@ use crate::executor;
 use crate::gpu;
 use crate::isolation::TaskCgroup;
 
-/// Reads a task cgroup's OOM flag and usage, records them in the task's meta directory and
-/// destroys the cgroup (blocking). Without a cgroup (gone already), the recorded outcome is
-/// returned.
+/// Reads a task cgroup's OOM flag and usage and records them in the task's meta directory
+/// (blocking). A cgroup with processes left in it is destroyed here, so that the task's
+/// terminal update (which frees its resources) follows their end; an empty one is left for
+/// [`destroy_cgroup`] after the update is on its way (off the task's path; a restarted agent
+/// removes the cgroups of ended tasks). Without a cgroup (gone already), the recorded outcome
+/// is returned.
 pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutcome {
     let final_file = meta.join(FINAL_FILE);
     let recorded: Option<CgroupOutcome> = std::fs::read(&final_file)
@@ -46,12 +50,14 @@ pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutco
             tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome");
         }
     }
-    destroy_cgroup(cg);
+    if cg.pids().map_or(true, |p| !p.is_empty()) {
+        destroy_cgroup(cg);
+    }
     outcome
 }
 
 /// Destroys a task cgroup, retrying; a cgroup that cannot be removed is logged (the next
-/// agent start removes it).
+/// agent start removes it). Cheap when it is gone already.
 pub(super) fn destroy_cgroup(cg: &TaskCgroup) {
     for attempt in 1..=3 {
         match cg.destroy() {

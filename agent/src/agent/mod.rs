@@ -16,7 +16,8 @@
 //! launch creates the cgroup, so a restarted agent knows everything it may have created. The
 //! task joins its cgroup between `fork` and `exec` (the supervisor writes `0` to each
 //! `cgroup.procs`). When it ends, the OOM flag and final usage are read, recorded in the
-//! sandbox, and the cgroup is destroyed before the core makes the task terminal.
+//! sandbox, and the core makes the task terminal; an empty cgroup is destroyed after that (off
+//! the task's path), one with processes left in it before.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -391,7 +392,7 @@ const MAX_BATCH: usize = 4096;
 mod blocking;
 mod launch;
 
-use blocking::{sample, settle_cgroup};
+use blocking::{destroy_cgroup, sample, settle_cgroup};
 
 impl Agent {
     /// For a task asking for `ports:K`: the ports of the range no task holds that cannot be
@@ -552,6 +553,11 @@ impl Agent {
                             status,
                             outcome,
                         });
+                        // An empty cgroup is removed after its task's terminal update is on
+                        // its way (one with processes left was removed before).
+                        if let Some(cg) = cg.filter(TaskCgroup::is_isolated) {
+                            destroy_cgroup(&cg);
+                        }
                     });
                 }
                 Effect::Sample(tasks) => {

@@ -465,7 +465,7 @@ impl AgentCore {
             attributes: self.config.attributes.clone(),
             gpus: self.gpu_infos(),
             running_tasks,
-            pending_updates: self.ckpt.updates.all(),
+            pending_updates: self.ckpt.updates.in_window(),
             task_user: self.config.task_user.clone(),
         });
         self.updates_left_out = left_out;
@@ -511,7 +511,7 @@ impl AgentCore {
             } => self.kill(framework_id, task_id, now),
             MasterToAgent::Acknowledge { task_id, update_id } => {
                 tracing::debug!(task = %task_id, "status update acknowledged");
-                if self.ckpt.updates.ack(task_id, update_id) {
+                if self.ckpt.updates.ack(task_id, update_id, now) {
                     self.persist(Record::Acked {
                         task: task_id,
                         update: update_id,

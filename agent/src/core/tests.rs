@@ -129,7 +129,7 @@ fn updates(fx: &[Effect]) -> Vec<StatusUpdate> {
         .collect()
 }
 
-/// The status updates sent among effects (one in flight per task until acknowledged).
+/// The status updates sent among effects (pipelined: each as soon as it is committed).
 fn sent(fx: &[Effect]) -> Vec<StatusUpdate> {
     fx.iter()
         .filter_map(|e| match e {
@@ -209,6 +209,11 @@ fn lifecycle_launch_running_finished_acknowledged() {
         T0 + 10,
     );
     assert_eq!(updates(&fx)[0].state, TaskState::Running);
+    // Pipelined: RUNNING goes out without waiting for STARTING's acknowledgement.
+    assert_eq!(
+        sent(&fx).iter().map(|u| u.state).collect::<Vec<_>>(),
+        vec![TaskState::Running]
+    );
 
     // The task exits: its cgroup is settled first, then it is terminal.
     let fx = step(
@@ -243,13 +248,16 @@ fn lifecycle_launch_running_finished_acknowledged() {
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].state, TaskState::Finished);
     assert_eq!(done[0].exit_code, Some(0));
+    assert_eq!(sent(&fx), done, "the terminal update goes out at once too");
     assert!(fx
         .iter()
         .any(|e| matches!(e, Effect::ForgetCgroup(t) if *t == id)));
 
-    // Acknowledging every update forgets the task and queues its sandbox for collection.
-    let pending = c.checkpoint().updates.all();
+    // Acknowledging every update (in any order) forgets the task and queues its sandbox for
+    // collection.
+    let mut pending = c.checkpoint().updates.all();
     assert_eq!(pending.len(), 3);
+    pending.reverse();
     let mut last = Vec::new();
     for u in pending {
         assert!(c.knows(&id));
@@ -304,6 +312,87 @@ fn lifecycle_launch_running_finished_acknowledged() {
         collected(&step(&mut c, Input::Tick, T0 + 60_100)),
         Some(vec![id])
     );
+}
+
+#[test]
+fn pipelined_updates_ride_the_reregistration_and_are_retried_together() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let t = task("");
+    let id = t.task_id;
+    let states = |v: &[StatusUpdate]| v.iter().map(|u| u.state).collect::<Vec<_>>();
+    let all3 = vec![TaskState::Starting, TaskState::Running, TaskState::Finished];
+    let fx = start(&mut c, fw, t, 100);
+    assert_eq!(states(&sent(&fx)), vec![TaskState::Running]);
+    // The connection goes; the task ends meanwhile.
+    step(&mut c, Input::Disconnected, T0 + 5);
+    step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(0),
+        },
+        T0 + 10,
+    );
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id,
+            status: exit(0),
+            outcome: CgroupOutcome::default(),
+        },
+        T0 + 20,
+    );
+    assert!(sent(&fx).is_empty(), "not connected");
+    // All three unacknowledged updates ride in the registration, in order.
+    let fx = step(&mut c, Input::Connected, T0 + 30);
+    let pending = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Send(AgentToMaster::Register {
+                pending_updates, ..
+            }) => Some(pending_updates.clone()),
+            _ => None,
+        })
+        .expect("registers");
+    assert_eq!(states(&pending), all3);
+    let fx = step(
+        &mut c,
+        Input::Master(MasterToAgent::Registered {
+            agent_id: AgentId::random(),
+            epoch: 1,
+            heartbeat_interval_ms: 60_000,
+        }),
+        T0 + 30,
+    );
+    assert!(sent(&fx).is_empty(), "sent in the registration");
+    // Not acknowledged in time: all three again, in order.
+    assert!(sent(&step(&mut c, Input::Tick, T0 + 1_029)).is_empty());
+    assert_eq!(states(&sent(&step(&mut c, Input::Tick, T0 + 1_030))), all3);
+    // Acknowledged out of order; what is left is retried alone.
+    let ack = |c: &mut AgentCore, u: &StatusUpdate, now| {
+        step(
+            c,
+            Input::Master(MasterToAgent::Acknowledge {
+                task_id: id,
+                update_id: u.update_id,
+            }),
+            now,
+        )
+    };
+    ack(&mut c, &pending[1], T0 + 1_100);
+    ack(&mut c, &pending[0], T0 + 1_200);
+    assert!(c.knows(&id));
+    assert!(sent(&step(&mut c, Input::Tick, T0 + 2_199)).is_empty());
+    assert_eq!(
+        sent(&step(&mut c, Input::Tick, T0 + 2_200)),
+        vec![pending[2].clone()]
+    );
+    let fx = ack(&mut c, &pending[2], T0 + 2_300);
+    assert!(!c.knows(&id));
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(crate::wal::Record::TaskRemoved(t)) if *t == id)));
 }
 
 #[test]

@@ -78,7 +78,7 @@ impl Record {
             }
             Record::Update(u) => ckpt.updates.push(*u),
             Record::Acked { task, update } => {
-                ckpt.updates.ack(task, update);
+                ckpt.updates.ack(task, update, 0);
             }
             Record::GpuUnhealthy { uuid, reason } => {
                 ckpt.unhealthy_gpus.insert(uuid, reason);

@@ -315,7 +315,7 @@ impl Master {
                     state: TaskState::Staging,
                     allocation,
                     recovered: false,
-                    pending: None,
+                    pending: VecDeque::new(),
                     acked: HashSet::new(),
                     last_message: "launched".into(),
                     usage: None,

@@ -458,7 +458,7 @@ impl Master {
                             state: rt.state,
                             allocation,
                             recovered: ended,
-                            pending: None,
+                            pending: VecDeque::new(),
                             acked: HashSet::new(),
                             last_message: "adopted from re-registering agent".into(),
                             usage: None,
@@ -498,7 +498,7 @@ impl Master {
             let non_terminal = self
                 .tasks
                 .get(&tid)
-                .is_some_and(|t| !t.state.is_terminal() && t.pending.is_none());
+                .is_some_and(|t| !t.state.is_terminal() && t.pending.is_empty());
             if non_terminal {
                 self.master_update(
                     tid,
@@ -574,13 +574,31 @@ impl Master {
             out.push(ack);
             return;
         }
-        if task
+        if let Some(p) = task
             .pending
-            .as_ref()
-            .is_some_and(|p| p.update_id == update.update_id)
+            .iter()
+            .find(|p| p.update_id == update.update_id)
         {
-            // A retransmission of the update the framework has not acknowledged yet.
+            // A retransmission of an update the framework has not acknowledged yet: forwarded
+            // again (the framework's acknowledgement may have been lost), state unchanged.
             self.status_update_retries += 1;
+            let p = p.clone();
+            if let Some(fconn) = self.frameworks.get(&p.framework_id).and_then(|f| f.conn) {
+                out.push(Output::ToFramework(fconn, MasterToFramework::Update(p)));
+            }
+            return;
+        }
+        let framework_known = self.frameworks.contains_key(&task.framework);
+        if framework_known && task.pending.len() >= MAX_PENDING_UPDATES {
+            // The agent pipelines at most this many updates of a task (its window).
+            out.push(Output::Close {
+                conn,
+                reason: format!(
+                    "more than {MAX_PENDING_UPDATES} unacknowledged status updates for task {}",
+                    update.task_id
+                ),
+            });
+            return;
         }
         let was_terminal = task.state.is_terminal();
         if !was_terminal || update.state.is_terminal() {
@@ -592,7 +610,9 @@ impl Master {
         let mut update = update;
         update.agent_id = Some(agent);
         update.framework_id = framework;
-        task.pending = Some(update.clone());
+        if framework_known {
+            task.pending.push_back(update.clone());
+        }
         if update.state.is_terminal() {
             self.release_task_resources(update.task_id);
         }
@@ -697,8 +717,8 @@ impl Master {
         for tid in tasks {
             if let Some(t) = self.tasks.get_mut(&tid) {
                 t.recovered = true; // the agent's resources leave with it
-                if !t.state.is_terminal() || t.pending.is_some() {
-                    t.pending = None;
+                if !t.state.is_terminal() || !t.pending.is_empty() {
+                    t.pending.clear();
                     self.master_update(
                         tid,
                         TaskState::Lost,

@@ -168,12 +168,14 @@ impl Master {
                 let Some(task) = self.tasks.get_mut(&task_id) else {
                     return;
                 };
-                if task.framework != fw
-                    || task.pending.as_ref().map(|u| u.update_id) != Some(update_id)
-                {
+                if task.framework != fw {
                     return;
                 }
-                task.pending = None;
+                // Any pending update (frameworks acknowledge in order, but need not).
+                let Some(pos) = task.pending.iter().position(|u| u.update_id == update_id) else {
+                    return;
+                };
+                task.pending.remove(pos);
                 task.acked.insert(update_id);
                 if let Some(aconn) = self.agents.get(&task.agent).and_then(|a| a.conn) {
                     out.push(Output::ToAgent(
@@ -317,18 +319,21 @@ impl Master {
                 heartbeat_interval_ms: self.config.heartbeat_interval_ms,
             },
         ));
-        // Redeliver updates the framework has not acknowledged yet.
-        let mut pending: Vec<StatusUpdate> = self
+        // Redeliver updates the framework has not acknowledged yet: tasks by their oldest
+        // pending update, each task's in order.
+        let mut pending: Vec<&VecDeque<StatusUpdate>> = self
             .frameworks
             .get(&id)
             .map(|f| {
                 f.tasks
                     .iter()
-                    .filter_map(|t| self.tasks.get(t)?.pending.clone())
+                    .filter_map(|t| self.tasks.get(t).map(|t| &t.pending))
+                    .filter(|q| !q.is_empty())
                     .collect()
             })
             .unwrap_or_default();
-        pending.sort_by_key(|u| u.timestamp_ms);
+        pending.sort_by_key(|q| q.front().map(|u| (u.timestamp_ms, u.task_id)));
+        let pending: Vec<StatusUpdate> = pending.into_iter().flatten().cloned().collect();
         for u in pending {
             out.push(Output::ToFramework(conn, MasterToFramework::Update(u)));
         }
@@ -469,7 +474,7 @@ impl Master {
                 continue;
             };
             t.recovered = true; // freed by remove_framework
-            t.pending = None;
+            t.pending.clear();
             if t.state.is_terminal() {
                 self.finish_task_if_done(tid);
             } else if let Some(aconn) = self.agents.get(&t.agent).and_then(|a| a.conn) {

@@ -414,8 +414,9 @@ pub(crate) struct TaskRec {
     pub allocation: OfferResources,
     /// True once `allocation` went back to the allocator.
     pub recovered: bool,
-    /// The agent update forwarded to the framework and not yet acknowledged by it.
-    pub pending: Option<StatusUpdate>,
+    /// The agent updates forwarded to the framework and not yet acknowledged by it, oldest
+    /// first (agents pipeline a task's updates; at most [`MAX_PENDING_UPDATES`]).
+    pub pending: VecDeque<StatusUpdate>,
     /// Updates the framework acknowledged (so agent retransmissions are not redelivered).
     pub acked: HashSet<UpdateId>,
     pub last_message: String,
@@ -498,6 +499,10 @@ pub(crate) fn kept_ports(info: &TaskInfo, ports: &[u16]) -> Vec<u16> {
         Vec::new()
     }
 }
+
+/// Unacknowledged status updates kept per task: agents pipeline a task's updates (the agent's
+/// window is the same number); an agent sending more is closed.
+pub const MAX_PENDING_UPDATES: usize = 8;
 
 /// Longest task message kept in records, bytes.
 pub const MAX_KEPT_MESSAGE: usize = 1024;

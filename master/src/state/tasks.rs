@@ -25,7 +25,7 @@ impl Master {
         let done = self
             .tasks
             .get(&tid)
-            .is_some_and(|t| t.state.is_terminal() && t.pending.is_none());
+            .is_some_and(|t| t.state.is_terminal() && t.pending.is_empty());
         let fw_gone = self
             .tasks
             .get(&tid)
@@ -114,7 +114,7 @@ impl Master {
             return;
         };
         if state.is_terminal() {
-            task.pending = None;
+            task.pending.clear();
             self.release_task_resources(tid);
         }
         self.emit_task(tid);

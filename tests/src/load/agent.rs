@@ -1,9 +1,10 @@
 //! An emulated agent: speaks the agent protocol over its own QUIC connection and mutual TLS
 //! (its own certificate), exactly as `gantry-agent` does on the wire, and "runs" every task it
 //! is given for a fixed time without a process: STARTING and RUNNING at once, FINISHED after
-//! the duration, KILLED when killed. Like the real agent's status update stream, each task has
-//! one update in flight at a time: the next is sent when the master forwards the framework's
-//! acknowledgement of the previous one.
+//! the duration, KILLED when killed. Like the real agent's status update stream, a task's
+//! updates are pipelined: each is sent as soon as it is made, in order, without waiting for the
+//! acknowledgement of the previous one (at most 4 per task, under the master's bound of 8), and
+//! stays queued until the master forwards the framework's acknowledgement of it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -102,8 +103,9 @@ struct Agent {
     /// Every task held (running, or ended with updates not yet acknowledged), reported when
     /// re-registering.
     held: HashMap<TaskId, (FrameworkId, TaskInfo, TaskState)>,
-    /// Per task, its unacknowledged updates, oldest first; the head is in flight (sent at).
-    streams: HashMap<TaskId, (VecDeque<StatusUpdate>, Instant)>,
+    /// Per task, its unacknowledged updates (all in flight), oldest first, with when each was
+    /// sent.
+    streams: HashMap<TaskId, VecDeque<(StatusUpdate, Instant)>>,
 }
 
 impl Agent {
@@ -183,15 +185,15 @@ impl Agent {
                 }
                 self.id = Some(agent_id);
                 *registered = true;
-                // Heads sent on an earlier connection go again on this one (as the agent's
-                // update stream does); the master deduplicates by update id.
+                // Updates sent on an earlier connection go again on this one, in order (as the
+                // agent's update stream does); the master deduplicates by update id.
                 let now = Instant::now();
-                for (queue, sent) in self.streams.values_mut() {
-                    if let Some(head) = queue.front() {
+                for queue in self.streams.values_mut() {
+                    for (u, sent) in queue.iter_mut() {
                         *sent = now;
-                        let mut head = head.clone();
-                        head.agent_id = Some(agent_id);
-                        out.push(AgentToMaster::StatusUpdate(head));
+                        let mut u = u.clone();
+                        u.agent_id = Some(agent_id);
+                        out.push(AgentToMaster::StatusUpdate(u));
                     }
                 }
                 *beat =
@@ -224,31 +226,22 @@ impl Agent {
                 }
             }
             MasterToAgent::Acknowledge { task_id, update_id } => {
-                let Some((queue, sent)) = self.streams.get_mut(&task_id) else {
+                let Some(queue) = self.streams.get_mut(&task_id) else {
                     return;
                 };
-                if queue.front().map(|u| u.update_id) != Some(update_id) {
+                let Some(pos) = queue.iter().position(|(u, _)| u.update_id == update_id) else {
                     return;
-                }
+                };
                 self.shared.acks.fetch_add(1, Relaxed);
-                if queue
-                    .pop_front()
-                    .is_some_and(|u| u.state == TaskState::Running)
-                {
-                    self.shared.running_to_ack.record(sent.elapsed());
-                }
-                match queue.front() {
-                    Some(next) => {
-                        *sent = Instant::now();
-                        let next = next.clone();
-                        self.sending(&next);
-                        out.push(AgentToMaster::StatusUpdate(next));
+                if let Some((u, sent)) = queue.remove(pos) {
+                    if u.state == TaskState::Running {
+                        self.shared.running_to_ack.record(sent.elapsed());
                     }
-                    None => {
-                        self.streams.remove(&task_id);
-                        if !self.running.contains_key(&task_id) {
-                            self.held.remove(&task_id);
-                        }
+                }
+                if queue.is_empty() {
+                    self.streams.remove(&task_id);
+                    if !self.running.contains_key(&task_id) {
+                        self.held.remove(&task_id);
                     }
                 }
             }
@@ -274,7 +267,7 @@ impl Agent {
         }
     }
 
-    /// Queues a status update on the task's stream; sends it now if nothing is in flight.
+    /// Queues a status update on the task's stream and sends it now (pipelined).
     fn update(
         &mut self,
         task_id: TaskId,
@@ -306,16 +299,12 @@ impl Agent {
         if let Some(h) = self.held.get_mut(&task_id) {
             h.2 = state;
         }
-        let (queue, sent) = self
-            .streams
+        self.streams
             .entry(task_id)
-            .or_insert_with(|| (VecDeque::new(), Instant::now()));
-        queue.push_back(update.clone());
-        if queue.len() == 1 {
-            *sent = Instant::now();
-            self.sending(&update);
-            out.push(AgentToMaster::StatusUpdate(update));
-        }
+            .or_default()
+            .push_back((update.clone(), Instant::now()));
+        self.sending(&update);
+        out.push(AgentToMaster::StatusUpdate(update));
     }
 
     /// An update is leaving: a terminal one frees the task's resources at the master.

@@ -18,7 +18,7 @@ fn metrics_count_tasks_agents_frameworks_and_resources_by_state() {
     });
     // A retransmission of the update the framework has not acknowledged yet.
     let again = agent_update(&t, fw, TaskState::Running);
-    let pending = h.m.tasks[&t.task_id].pending.clone().unwrap();
+    let pending = h.m.tasks[&t.task_id].pending[0].clone();
     h.input(Input::Agent {
         conn: A,
         msg: AgentToMaster::StatusUpdate(StatusUpdate {

@@ -15,6 +15,7 @@ mod operator_commands;
 mod recovery;
 mod tasks;
 mod timers;
+mod updates;
 
 const A: ConnId = 1;
 
