@@ -170,6 +170,11 @@ pub(super) async fn core_loop(
         // Stalled peers are disconnected in the core at once, which may send more (rescinds).
         while !out.is_empty() {
             let mut stalled = Vec::new();
+            // Status updates a framework's full outbox could not take: the core holds them
+            // and sends them as it drains (`state::pacing`); later ones of the same flush
+            // follow them there, in order.
+            let mut held: std::collections::HashMap<ConnId, Vec<(TaskId, UpdateId)>> =
+                std::collections::HashMap::new();
             for o in out.drain(..) {
                 let (conn, msg) = match o {
                     Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
@@ -186,8 +191,19 @@ pub(super) async fn core_loop(
                     tracing::debug!(conn, "message for a connection that is gone; not sent");
                     continue;
                 };
+                if let (Some(h), Outbound::Framework(MasterToFramework::Update(u))) =
+                    (held.get_mut(&conn), &msg)
+                {
+                    h.push((u.task_id, u.update_id));
+                    continue;
+                }
                 match peer.outbox.try_send(msg) {
                     Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(Outbound::Framework(
+                        MasterToFramework::Update(u),
+                    ))) => {
+                        held.entry(conn).or_default().push((u.task_id, u.update_id));
+                    }
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         tracing::warn!(conn, peer = %peer.label, "peer is not reading its messages ({OUTBOX} queued); closing it");
                         shell
@@ -221,6 +237,9 @@ pub(super) async fn core_loop(
             if let Some(m) = master.as_mut() {
                 for conn in stalled {
                     out.extend(m.handle(Input::PeerStalled { conn }, now()));
+                }
+                for (conn, updates) in held {
+                    out.extend(m.handle(Input::UpdatesHeld { conn, updates }, now()));
                 }
             }
         }

@@ -269,6 +269,7 @@ impl Master {
                     a.offer_parts = Default::default();
                     a.last_seen = now;
                     a.disconnected_at = None;
+                    self.agent_timer_floor.set(None);
                     let old_res = std::mem::replace(&mut a.resources, resources.clone());
                     let old_reserved = std::mem::replace(&mut a.reserved, reserved.clone());
                     (old, old_res, old_reserved)
@@ -322,6 +323,7 @@ impl Master {
                     },
                 );
                 self.agents_by_name.insert(name.clone(), id);
+                self.agent_timers_changed();
                 self.emit(ClusterEvent::AgentAdded {
                     agent_id: id.to_string(),
                     name: name.clone(),
@@ -598,14 +600,8 @@ impl Master {
         }
         self.emit_task(update.task_id);
         match self.frameworks.get(&framework) {
-            Some(f) => {
-                if let Some(fconn) = f.conn {
-                    out.push(Output::ToFramework(
-                        fconn,
-                        MasterToFramework::Update(update),
-                    ));
-                }
-            }
+            // Now, or paced when the framework is behind (`pacing`).
+            Some(_) => self.deliver_update(update, out),
             None => {
                 // Framework removed: acknowledge on its behalf.
                 out.push(ack);
@@ -671,6 +667,7 @@ impl Master {
         }
         a.conn = None;
         a.disconnected_at = Some(now);
+        self.agent_timer_floor.set(None);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
         self.emit_agent(id, "disconnected");
         // Its outstanding offers can no longer be used.

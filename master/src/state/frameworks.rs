@@ -317,21 +317,10 @@ impl Master {
                 heartbeat_interval_ms: self.config.heartbeat_interval_ms,
             },
         ));
-        // Redeliver updates the framework has not acknowledged yet.
-        let mut pending: Vec<StatusUpdate> = self
-            .frameworks
-            .get(&id)
-            .map(|f| {
-                f.tasks
-                    .iter()
-                    .filter_map(|t| self.tasks.get(t)?.pending.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        pending.sort_by_key(|u| u.timestamp_ms);
-        for u in pending {
-            out.push(Output::ToFramework(conn, MasterToFramework::Update(u)));
-        }
+        // Redeliver updates the framework has not acknowledged yet, oldest first: a slice now,
+        // the rest as its outbox drains (`pacing`).
+        self.hold_pending(id);
+        self.send_held(id, conn, UPDATE_SLICE, out);
         self.allocation_pending = true;
     }
 
@@ -417,6 +406,7 @@ impl Master {
         }
         f.conn = None;
         f.disconnected_at = Some(now);
+        self.forget_held(id);
         tracing::info!(framework = %id, "framework disconnected; keeping its tasks for its failover timeout");
         let offers = self.allocator.framework_offers(id);
         for o in offers {
@@ -437,6 +427,7 @@ impl Master {
         let Some(f) = self.frameworks.remove(&id) else {
             return;
         };
+        self.forget_held(id);
         self.completed_frameworks.push_back(CompletedFramework {
             id,
             name: f.name.clone(),

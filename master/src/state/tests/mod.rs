@@ -10,6 +10,7 @@ mod frameworks;
 mod metrics;
 mod operator;
 mod operator_commands;
+mod pacing;
 mod recovery;
 mod tasks;
 mod timers;
