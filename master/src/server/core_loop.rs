@@ -170,9 +170,9 @@ pub(super) async fn core_loop(
         // Stalled peers are disconnected in the core at once, which may send more (rescinds).
         while !out.is_empty() {
             let mut stalled = Vec::new();
-            // Status updates a framework's full outbox could not take: the core holds them
-            // and sends them as it drains (`state::pacing`); later ones of the same flush
-            // follow them there, in order.
+            // Status updates a framework's outbox could not take (full, or three quarters
+            // full): the core holds them and sends them as it drains (`state::pacing`); later
+            // ones of the same flush follow them there, in order.
             let mut held: std::collections::HashMap<ConnId, Vec<(TaskId, UpdateId)>> =
                 std::collections::HashMap::new();
             for o in out.drain(..) {
@@ -191,11 +191,13 @@ pub(super) async fn core_loop(
                     tracing::debug!(conn, "message for a connection that is gone; not sent");
                     continue;
                 };
-                if let (Some(h), Outbound::Framework(MasterToFramework::Update(u))) =
-                    (held.get_mut(&conn), &msg)
-                {
-                    h.push((u.task_id, u.update_id));
-                    continue;
+                // Updates never take the last quarter of an outbox: offers, rescinds and
+                // answers keep room there (a full outbox closes the peer for those).
+                if let Outbound::Framework(MasterToFramework::Update(u)) = &msg {
+                    if held.contains_key(&conn) || peer.outbox.capacity() <= OUTBOX / 4 {
+                        held.entry(conn).or_default().push((u.task_id, u.update_id));
+                        continue;
+                    }
                 }
                 match peer.outbox.try_send(msg) {
                     Ok(()) => {}
