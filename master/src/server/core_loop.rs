@@ -191,10 +191,13 @@ pub(super) async fn core_loop(
                     tracing::debug!(conn, "message for a connection that is gone; not sent");
                     continue;
                 };
-                // Updates never take the last quarter of an outbox: offers, rescinds and
-                // answers keep room there (a full outbox closes the peer for those).
+                // Agents' updates (the ones waiting in the core for an acknowledgement) never
+                // take the last quarter of an outbox: offers, rescinds, answers and the
+                // master's own updates keep room there (a full outbox closes the peer for
+                // those: they could not be sent again later).
                 if let Outbound::Framework(MasterToFramework::Update(u)) = &msg {
-                    if held.contains_key(&conn) || peer.outbox.capacity() <= OUTBOX / 4 {
+                    let paced = u.source == UpdateSource::Agent && !u.reconciliation;
+                    if paced && (held.contains_key(&conn) || peer.outbox.capacity() <= OUTBOX / 4) {
                         held.entry(conn).or_default().push((u.task_id, u.update_id));
                         continue;
                     }
@@ -203,7 +206,7 @@ pub(super) async fn core_loop(
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(Outbound::Framework(
                         MasterToFramework::Update(u),
-                    ))) => {
+                    ))) if u.source == UpdateSource::Agent && !u.reconciliation => {
                         held.entry(conn).or_default().push((u.task_id, u.update_id));
                     }
                     Err(mpsc::error::TrySendError::Full(_)) => {

@@ -277,9 +277,10 @@ pub enum Input {
     PeerStalled {
         conn: ConnId,
     },
-    /// The shell could not queue these status updates (task, update) to this framework
-    /// connection, its outbox full: the core holds them and sends them as the outbox drains
-    /// ([`Master::work_backlog`]) instead of closing a framework that is only slow.
+    /// The shell could not queue these agents' status updates (task, update) to this
+    /// framework connection, its outbox (nearly) full: the core holds them and sends them as
+    /// the outbox drains ([`Master::work_backlog`]) instead of closing a framework that is
+    /// only slow.
     UpdatesHeld {
         conn: ConnId,
         updates: Vec<(TaskId, UpdateId)>,
@@ -854,7 +855,7 @@ impl Master {
                 }
                 _ => {}
             },
-            Input::UpdatesHeld { conn, updates } => self.updates_held(conn, updates, &mut out),
+            Input::UpdatesHeld { conn, updates } => self.updates_held(conn, updates),
             Input::Tick => self.tick(now, &mut out),
             Input::LeaseUntil { until } => self.lease_until = until,
         }

@@ -2,9 +2,10 @@
 //!
 //! A framework's status updates wait in its task records (`TaskRec::pending`) until it
 //! acknowledges them: the master has them anyway. So when a framework's outbox is full, the
-//! shell does not close it for an update (it does for anything else: the hostile-peer rule);
-//! it hands the update back ([`Input::UpdatesHeld`]) and the core keeps only its ids, in order,
-//! per framework. From then on that framework's updates queue behind them, and
+//! shell does not close it for an agent's update (it does for anything else, the master's own
+//! updates included: the hostile-peer rule; agents' updates never take the outbox's last
+//! quarter, which stays for those); it hands the update back ([`Input::UpdatesHeld`]) and the
+//! core keeps only its ids, in order, per framework. From then on that framework's updates queue behind them, and
 //! [`Master::work_backlog`] sends them as its outbox drains. A re-subscribing framework gets
 //! its unacknowledged updates the same way (not all at once, which would overflow the outbox
 //! of a framework with 80,000 tasks starting and close it again, forever).
@@ -69,15 +70,11 @@ impl Master {
             .filter(|u| u.update_id == update_id)
     }
 
-    /// The shell could not queue these updates to `conn` (its outbox was full): held, in order,
-    /// if they are pending on the connection's framework's tasks. Anything else could not be
-    /// sent again, so the peer is closed as one that does not read its messages.
-    pub(super) fn updates_held(
-        &mut self,
-        conn: ConnId,
-        updates: Vec<(TaskId, UpdateId)>,
-        out: &mut Vec<Output>,
-    ) {
+    /// The shell could not queue these agents' updates to `conn` (its outbox was full): held,
+    /// in order, those still pending on the connection's framework's tasks. One no longer
+    /// pending was acknowledged or superseded (a master-made terminal update, which went out
+    /// itself): nothing to send.
+    pub(super) fn updates_held(&mut self, conn: ConnId, updates: Vec<(TaskId, UpdateId)>) {
         let Some(Peer::Framework {
             framework: Some(fw),
             ..
@@ -89,23 +86,23 @@ impl Master {
         if self.frameworks.get(&fw).and_then(|f| f.conn) != Some(conn) {
             return;
         }
-        let (ours, lost): (Vec<_>, Vec<_>) = updates.into_iter().partition(|(t, u)| {
-            self.pending_update(*t, *u)
-                .is_some_and(|p| p.framework_id == fw)
-        });
+        let ours: VecDeque<_> = updates
+            .into_iter()
+            .filter(|(t, u)| {
+                self.pending_update(*t, *u)
+                    .is_some_and(|p| p.framework_id == fw)
+            })
+            .collect();
         let held = self.held.entry(fw).or_default();
         // Held before anything already waiting: these were produced earlier.
-        let mut queue: VecDeque<_> = ours.into_iter().collect();
+        let mut queue = ours;
         queue.extend(held.queue.drain(..));
         held.set.clear();
         for key in queue {
             held.push(key);
         }
-        if !lost.is_empty() {
-            out.push(Output::Close {
-                conn,
-                reason: "not reading its messages".into(),
-            });
+        if held.len() == 0 {
+            self.held.remove(&fw);
         }
     }
 
