@@ -269,20 +269,9 @@ mod tests {
 
     fn update(task_id: TaskId, state: TaskState) -> StatusUpdate {
         StatusUpdate {
-            update_id: UpdateId::random(),
-            task_id,
-            framework_id: FrameworkId::random(),
-            agent_id: None,
-            state,
             source: UpdateSource::Master,
             reason: (state == TaskState::Dropped).then_some(TaskReason::InvalidOffers),
-            message: String::new(),
-            exit_code: None,
-            signal: None,
-            gpus: Vec::new(),
-            timestamp_ms: 0,
-            reconciliation: false,
-            ports: Vec::new(),
+            ..StatusUpdate::new(task_id, FrameworkId::random(), state)
         }
     }
 

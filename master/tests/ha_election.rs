@@ -112,18 +112,7 @@ async fn ha_etcd_restart_never_makes_two_leaders() {
     // A quick restart (shorter than the TTL): the leader keeps or re-acquires leadership, and the
     // keep-alive stream (dead after the restart with etcd 3.4) is recreated.
     tokio::task::block_in_place(|| etcd.restart()).expect("etcd restarts");
-    assert!(
-        wait_until(Duration::from_secs(15), || a.is_leader() || b.is_leader()).await,
-        "no leader after a quick etcd restart"
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        a.is_leader() ^ b.is_leader(),
-        "a={:?} b={:?}",
-        a.status(),
-        b.status()
-    );
-    assert_no_two_leaders(&log);
+    one_leader_then_settled(&a, &b, &log, 15, "after a quick etcd restart").await;
 
     // A long outage (longer than the TTL): whoever leads must step down while etcd is away, and
     // exactly one leader must come back.
@@ -134,18 +123,7 @@ async fn ha_etcd_restart_never_makes_two_leaders() {
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     tokio::task::block_in_place(|| etcd.restart()).expect("etcd restarts");
-    assert!(
-        wait_until(Duration::from_secs(20), || a.is_leader() || b.is_leader()).await,
-        "no leader after etcd came back"
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        a.is_leader() ^ b.is_leader(),
-        "a={:?} b={:?}",
-        a.status(),
-        b.status()
-    );
-    assert_no_two_leaders(&log);
+    one_leader_then_settled(&a, &b, &log, 20, "after etcd came back").await;
     // The step-down during the outage was reported as a lost lease.
     let lost: Vec<_> = losses(&log, "a")
         .into_iter()
@@ -305,4 +283,21 @@ async fn ha_deleting_the_leader_key_makes_the_leader_step_down_and_campaign_agai
     assert!(wait_until(Duration::from_secs(10), || elections(&log, "a").len() == 2).await);
     assert!(elections(&log, "a")[1].0 > epoch1);
     assert_no_two_leaders(&log);
+}
+
+/// Waits up to `secs` for `a` or `b` to lead, then 3 s more, and asserts that exactly one leads
+/// and that the log never showed two leaders (`when` names the moment in failures).
+async fn one_leader_then_settled(a: &Node, b: &Node, log: &Log, secs: u64, when: &str) {
+    assert!(
+        wait_until(Duration::from_secs(secs), || a.is_leader() || b.is_leader()).await,
+        "no leader {when}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        a.is_leader() ^ b.is_leader(),
+        "{when}: a={:?} b={:?}",
+        a.status(),
+        b.status()
+    );
+    assert_no_two_leaders(log);
 }

@@ -337,6 +337,29 @@ pub fn operator_client(addr: SocketAddr) -> anyhow::Result<gantry_master::client
     })
 }
 
+/// How many tasks a master's `/state` shows RUNNING.
+pub fn running_tasks(state: &serde_json::Value) -> usize {
+    state["tasks"]
+        .as_array()
+        .map_or(0, |t| t.iter().filter(|t| t["state"] == "RUNNING").count())
+}
+
+/// An operator API client of the master at `addr` over HTTPS (trusting the CA in `tls_dir`)
+/// presenting `credentials`, with a 20 s timeout: for tests of who may do what.
+pub fn https_client(
+    addr: SocketAddr,
+    tls_dir: &Path,
+    credentials: gantry_master::client::Credentials,
+) -> gantry_master::client::OperatorClient {
+    gantry_master::client::OperatorClient::new(&gantry_master::client::ClientConfig {
+        master: format!("https://{addr}"),
+        tls_dir: Some(tls_dir.to_path_buf()),
+        credentials,
+        timeout: Duration::from_secs(20),
+    })
+    .expect("operator client")
+}
+
 /// `GET path` from the operator API of a master the harness started (HTTPS with the dev
 /// operator certificate). The client is made once the master's TLS directory holds the CA and
 /// the operator certificate, then kept.

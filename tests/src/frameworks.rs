@@ -351,6 +351,14 @@ pub fn assert_finished_once(what: &str, p: &gantry_examples::batch::BatchProgres
     }
 }
 
+/// A raw peer: the endpoint (keep it alive), the connection and its framed stream.
+pub type RawPeer = (
+    quinn::Endpoint,
+    quinn::Connection,
+    gantry_sdk::transport::quic::FrameSender,
+    gantry_sdk::transport::quic::FrameReceiver,
+);
+
 /// A raw QUIC peer of the master at `quic` with `identity`'s certificate (issued from the CA key
 /// in `tls_dir`), after the hello and the master's answer that it leads: for attack tests that
 /// send what the SDK or the agent never would. Returns the endpoint (keep it alive), the
@@ -359,15 +367,7 @@ pub async fn raw_peer(
     quic: SocketAddr,
     tls_dir: &Path,
     identity: gantry_sdk::transport::PeerIdentity,
-) -> Result<
-    (
-        quinn::Endpoint,
-        quinn::Connection,
-        gantry_sdk::transport::quic::FrameSender,
-        gantry_sdk::transport::quic::FrameReceiver,
-    ),
-    String,
-> {
+) -> Result<RawPeer, String> {
     use gantry_sdk::protocol::{MasterRole, PeerKind};
     use gantry_sdk::transport::{quic as q, PeerIdentity};
     let kind = match identity {
@@ -383,4 +383,23 @@ pub async fn raw_peer(
         return Err(format!("master does not lead: {role:?}"));
     }
     Ok((ep, conn, tx, rx))
+}
+
+impl crate::Cluster {
+    /// A [`raw_peer`] of this cluster's master with `identity`'s certificate.
+    pub async fn raw_peer(
+        &self,
+        identity: gantry_sdk::transport::PeerIdentity,
+    ) -> Result<RawPeer, String> {
+        raw_peer(self.master.quic, &self.tls_dir, identity).await
+    }
+
+    /// A [`raw_peer`] framework with principal `principal` (panics if the master refuses it).
+    pub async fn raw_framework(&self, principal: &str) -> RawPeer {
+        self.raw_peer(gantry_sdk::transport::PeerIdentity::Framework(
+            principal.into(),
+        ))
+        .await
+        .expect("raw framework connection")
+    }
 }

@@ -15,24 +15,6 @@ use gantry_tests::{run_batch, Cluster};
 
 const T: Duration = Duration::from_secs(30);
 
-async fn raw_framework(
-    cluster: &Cluster,
-    principal: &str,
-) -> (
-    quinn::Endpoint,
-    quinn::Connection,
-    quic::FrameSender,
-    quic::FrameReceiver,
-) {
-    gantry_tests::raw_peer(
-        cluster.master.quic,
-        &cluster.tls_dir,
-        PeerIdentity::Framework(principal.into()),
-    )
-    .await
-    .unwrap()
-}
-
 async fn subscribed(tx: &mut quic::FrameSender, rx: &mut quic::FrameReceiver, name: &str) {
     tx.send(&FrameworkToMaster::Subscribe(FrameworkInfo {
         framework_id: None,
@@ -218,7 +200,7 @@ async fn offers_of_200_agents_with_large_attributes_reach_the_framework() {
 async fn a_framework_that_stops_reading_is_closed_and_its_offers_go_to_another() {
     let cluster = Cluster::start(&[("bp-stall", "cpus:2;mem:512")]).unwrap();
     // The stalled framework takes the whole agent in an offer and never answers it.
-    let (_ep, conn, mut tx, mut rx) = raw_framework(&cluster, "stalled").await;
+    let (_ep, conn, mut tx, mut rx) = cluster.raw_framework("stalled").await;
     subscribed(&mut tx, &mut rx, "stalled").await;
     next_msg(&mut rx, |m| matches!(m, MasterToFramework::Offers(_))).await;
     let (m, tls_dir) = (cluster.master.quic, cluster.tls_dir.clone());
@@ -296,7 +278,7 @@ async fn a_huge_reconcile_is_refused_and_long_ones_do_not_stall_others() {
         )
         .await
     });
-    let (_ep, _conn, mut tx, mut rx) = raw_framework(&cluster, "reconciler").await;
+    let (_ep, _conn, mut tx, mut rx) = cluster.raw_framework("reconciler").await;
     subscribed(&mut tx, &mut rx, "reconciler").await;
     // It wants no offers (those already on their way are declined below).
     tx.send(&FrameworkToMaster::Suppress { roles: vec![] })
@@ -366,7 +348,7 @@ async fn stalled_partial_frames_hold_at_most_the_budget_and_time_out() {
     // 20 peers each announce a 4 MiB frame, send 1 MiB of it and stall: 80 MiB claimed.
     let mut stalled = Vec::new();
     for i in 0..20 {
-        let (ep, conn, mut tx, rx) = raw_framework(&cluster, &format!("stall-{i}")).await;
+        let (ep, conn, mut tx, rx) = cluster.raw_framework(&format!("stall-{i}")).await;
         tokio::spawn(async move {
             let _ = tx.0.write_all(&(MAX_FRAME_LEN as u32).to_be_bytes()).await;
             let _ = tx.0.write_all(&vec![0u8; 1 << 20]).await;

@@ -304,9 +304,7 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     cluster
         .master
         .wait_state(T, "both tasks running", |s| {
-            s["tasks"]
-                .as_array()
-                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() == 2)
+            gantry_tests::running_tasks(s) == 2
         })
         .unwrap();
 

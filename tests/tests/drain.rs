@@ -421,7 +421,7 @@ async fn a_termination_notice_on_the_host_drains_its_agent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_writes_need_the_acl_grant() {
-    use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
+    use gantry_master::client::{ClientError, Credentials};
     let acls = r#"
 [[register_frameworks]]
 principals = ["*"]
@@ -452,13 +452,11 @@ actions = ["drain", "undrain"]
             )
             .unwrap();
         }
-        OperatorClient::new(&ClientConfig {
-            master: format!("https://{addr}"),
-            tls_dir: Some(tls_dir.clone()),
-            credentials: who.map_or(Credentials::None, |n| Credentials::Certificate(n.into())),
-            timeout: Duration::from_secs(20),
-        })
-        .unwrap()
+        gantry_tests::https_client(
+            addr,
+            &tls_dir,
+            who.map_or(Credentials::None, |n| Credentials::Certificate(n.into())),
+        )
     };
     let status = |r: Result<String, ClientError>| match r {
         Ok(body) => panic!("the write succeeded: {body}"),

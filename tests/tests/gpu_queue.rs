@@ -550,9 +550,7 @@ fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
     env.cluster
         .master
         .wait_state(Duration::from_secs(30), "32 running tasks", |s| {
-            s["tasks"]
-                .as_array()
-                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() == 32)
+            gantry_tests::running_tasks(s) == 32
         })
         .unwrap();
     let before: BTreeMap<String, (String, String)> = q

@@ -77,9 +77,7 @@ async fn etcd_restart_under_load_no_split_brain_no_lost_task() {
     });
     masters[leader]
         .wait_state(Duration::from_secs(60), "40 running tasks", |s| {
-            s["tasks"]
-                .as_array()
-                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() >= 40)
+            gantry_tests::running_tasks(s) >= 40
         })
         .unwrap();
 

@@ -86,9 +86,7 @@ async fn leader_killed_under_load_loses_nothing() {
     });
     masters[leader]
         .wait_state(Duration::from_secs(60), "100+ running tasks", |s| {
-            s["tasks"]
-                .as_array()
-                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() >= 100)
+            gantry_tests::running_tasks(s) >= 100
         })
         .unwrap();
 

@@ -110,9 +110,7 @@ async fn leader_cut_from_etcd_steps_down_before_new_leader_offers() {
     // 70 tasks on 45 cpus: some are still pending at the cut, so the new leader must offer.
     masters[0]
         .wait_state(Duration::from_secs(60), "40 running tasks", |s| {
-            s["tasks"]
-                .as_array()
-                .is_some_and(|t| t.iter().filter(|t| t["state"] == "RUNNING").count() >= 40)
+            gantry_tests::running_tasks(s) >= 40
         })
         .unwrap();
 

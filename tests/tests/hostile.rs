@@ -12,24 +12,6 @@ use gantry_tests::{run_batch, Cluster, TempDir};
 
 const T: Duration = Duration::from_secs(20);
 
-async fn raw_framework(
-    cluster: &Cluster,
-    principal: &str,
-) -> (
-    quinn::Endpoint,
-    quinn::Connection,
-    quic::FrameSender,
-    quic::FrameReceiver,
-) {
-    gantry_tests::raw_peer(
-        cluster.master.quic,
-        &cluster.tls_dir,
-        PeerIdentity::Framework(principal.into()),
-    )
-    .await
-    .unwrap()
-}
-
 /// A QUIC connection to the master with `identity`'s certificate and one open stream, before
 /// any hello.
 async fn raw_stream(
@@ -143,7 +125,7 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
     }
     // 2. Garbage after a valid hello and subscription.
     {
-        let (_ep, conn, mut tx, mut rx) = raw_framework(&cluster, "garbage2").await;
+        let (_ep, conn, mut tx, mut rx) = cluster.raw_framework("garbage2").await;
         tx.send(&subscribe("garbage2")).await.unwrap();
         next_msg(&mut rx, |m| {
             matches!(m, MasterToFramework::Subscribed { .. })
@@ -155,14 +137,14 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
     }
     // 3. An oversized frame is refused from its length alone.
     {
-        let (_ep, conn, mut tx, _rx) = raw_framework(&cluster, "huge").await;
+        let (_ep, conn, mut tx, _rx) = cluster.raw_framework("huge").await;
         let _ = tx.0.write_all(&u32::MAX.to_be_bytes()).await;
         let reason = expect_closed(&conn).await;
         assert!(reason.contains("exceeds"), "{reason}");
     }
     // 4. Messages out of place: accept before subscribing.
     {
-        let (_ep, conn, mut tx, mut rx) = raw_framework(&cluster, "eager").await;
+        let (_ep, conn, mut tx, mut rx) = cluster.raw_framework("eager").await;
         tx.send(&FrameworkToMaster::Decline {
             offer_ids: vec![OfferId::random()],
             refuse_seconds: None,
@@ -199,7 +181,7 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
     }
     // 6. Double accept of one offer, and an accept asking for more than offered.
     {
-        let (_ep, _conn, mut tx, mut rx) = raw_framework(&cluster, "greedy").await;
+        let (_ep, _conn, mut tx, mut rx) = cluster.raw_framework("greedy").await;
         tx.send(&subscribe("greedy")).await.unwrap();
         next_msg(&mut rx, |m| {
             matches!(m, MasterToFramework::Subscribed { .. })
@@ -354,7 +336,7 @@ async fn certificate_from_another_ca_is_refused_in_the_handshake() {
         "{err}"
     );
     // The master still serves clients with proper certificates.
-    let (_ep, _conn, mut tx, mut rx) = raw_framework(&cluster, "proper").await;
+    let (_ep, _conn, mut tx, mut rx) = cluster.raw_framework("proper").await;
     tx.send(&subscribe("proper")).await.unwrap();
     next_msg(&mut rx, |m| {
         matches!(m, MasterToFramework::Subscribed { .. })

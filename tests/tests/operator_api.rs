@@ -8,12 +8,11 @@
 
 use std::io::BufRead;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
-use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
+use gantry_master::client::{ClientError, Credentials, OperatorClient};
 use gantry_sdk::transport::tls::PeerIdentity;
 use gantry_tests::etcd::EtcdServer;
 use gantry_tests::{
@@ -37,15 +36,7 @@ principals = ["admin"]
 actions = ["*"]
 "#;
 
-fn client(addr: SocketAddr, tls_dir: &Path, credentials: Credentials) -> OperatorClient {
-    OperatorClient::new(&ClientConfig {
-        master: format!("https://{addr}"),
-        tls_dir: Some(tls_dir.to_path_buf()),
-        credentials,
-        timeout: Duration::from_secs(20),
-    })
-    .unwrap()
-}
+use gantry_tests::https_client as client;
 
 async fn get(c: &OperatorClient, path: &str) -> Value {
     let body = c

@@ -32,14 +32,26 @@ principals = ["ci"]
 actions = ["set_weight"]
 "#;
 
-fn client(addr: SocketAddr, tls_dir: &Path, credentials: Credentials) -> OperatorClient {
-    OperatorClient::new(&ClientConfig {
-        master: format!("https://{addr}"),
-        tls_dir: Some(tls_dir.to_path_buf()),
-        credentials,
-        timeout: Duration::from_secs(20),
-    })
-    .unwrap()
+use gantry_tests::https_client as client;
+
+/// A fresh token for principal `ci` and the `tokens.toml` (mode 0600) holding it, in `dir`.
+fn ci_token_file(dir: &Path) -> (String, std::path::PathBuf) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = gantry_master::tokens::generate().unwrap();
+    let tokens = dir.join("tokens.toml");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tokens)
+        .unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        gantry_master::tokens::file_entry("ci", &token).as_bytes(),
+    )
+    .unwrap();
+    (token, tokens)
 }
 
 /// The status of a refused request (panics on success: the attack worked).
@@ -181,23 +193,7 @@ async fn the_operator_api_refuses_attackers_and_serves_operators() {
     let conf = TempDir::new("gantry-opauth").unwrap();
     let acls = conf.path().join("acls.toml");
     std::fs::write(&acls, ACLS).unwrap();
-    let token = gantry_master::tokens::generate().unwrap();
-    let tokens = conf.path().join("tokens.toml");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tokens)
-            .unwrap();
-        std::io::Write::write_all(
-            &mut f,
-            gantry_master::tokens::file_entry("ci", &token).as_bytes(),
-        )
-        .unwrap();
-    }
+    let (token, tokens) = ci_token_file(conf.path());
     let cluster = Cluster::start_with(
         &[("oa1", "cpus:4;mem:2048"), ("oa2", "cpus:4;mem:2048")],
         &[
@@ -327,13 +323,7 @@ async fn the_operator_api_refuses_attackers_and_serves_operators() {
     );
     assert_eq!(status, 401);
     // A wrong token is refused even over a good certificate.
-    let mixed = OperatorClient::new(&ClientConfig {
-        master: format!("https://{addr}"),
-        tls_dir: Some(tls_dir.clone()),
-        credentials: Credentials::Token("not-a-token".into()),
-        timeout: Duration::from_secs(20),
-    })
-    .unwrap();
+    let mixed = client(addr, &tls_dir, Credentials::Token("not-a-token".into()));
     assert_eq!(refused("bad token", mixed.get("/state").await).0, 401);
 
     // 5. Absurd weights are 400, whoever asks.
@@ -597,23 +587,7 @@ async fn gantryctl_speaks_https_with_certificates_and_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insecure_http_on_loopback_still_needs_credentials() {
     let conf = TempDir::new("gantry-opauth-insecure").unwrap();
-    let token = gantry_master::tokens::generate().unwrap();
-    let tokens = conf.path().join("tokens.toml");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tokens)
-            .unwrap();
-        std::io::Write::write_all(
-            &mut f,
-            gantry_master::tokens::file_entry("ci", &token).as_bytes(),
-        )
-        .unwrap();
-    }
+    let (token, tokens) = ci_token_file(conf.path());
     let cluster = Cluster::start_with(
         &[("in1", "cpus:1;mem:256")],
         &[

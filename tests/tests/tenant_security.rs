@@ -20,22 +20,6 @@ use gantry_tests::{bin, run_batch, Cluster, Proc};
 
 const T: Duration = Duration::from_secs(30);
 
-/// A raw QUIC peer with `identity`'s certificate, after the hello (the master leads).
-async fn raw_peer(
-    cluster: &Cluster,
-    identity: PeerIdentity,
-) -> Result<
-    (
-        quinn::Endpoint,
-        quinn::Connection,
-        quic::FrameSender,
-        quic::FrameReceiver,
-    ),
-    String,
-> {
-    gantry_tests::raw_peer(cluster.master.quic, &cluster.tls_dir, identity).await
-}
-
 /// The master's answer to a raw subscribe: `Ok(id)` or `Err(error message)` (then the
 /// connection must close).
 async fn subscribe_raw(
@@ -61,6 +45,21 @@ async fn subscribe_raw(
             _ => {}
         }
     }
+}
+
+/// A raw framework of `principal` subscribing with `info`: the peer (keep it alive) and the
+/// master's answer ([`subscribe_raw`]).
+async fn raw_subscribe(
+    cluster: &Cluster,
+    principal: &str,
+    info: FrameworkInfo,
+) -> (gantry_tests::RawPeer, Result<FrameworkId, String>) {
+    let (ep, conn, mut tx, mut rx) = cluster
+        .raw_peer(PeerIdentity::Framework(principal.into()))
+        .await
+        .unwrap();
+    let answer = subscribe_raw(&mut tx, &mut rx, &conn, info).await;
+    ((ep, conn, tx, rx), answer)
 }
 
 fn framework_info(name: &str, roles: &[&str], id: Option<FrameworkId>) -> FrameworkInfo {
@@ -143,49 +142,30 @@ async fn framework_takeover_is_refused() {
     let victim = framework_id(&cluster, "victim");
 
     // Resuming the victim's framework under another principal: refused, victim untouched.
-    let (_ep, conn, mut tx, mut rx) =
-        raw_peer(&cluster, PeerIdentity::Framework("attacker".into()))
-            .await
-            .unwrap();
-    let e = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "attacker",
         framework_info("victim", &["good"], Some(victim)),
     )
-    .await
-    .unwrap_err();
+    .await;
+    let e = answer.unwrap_err();
     assert!(e.contains("belongs to another principal"), "{e}");
 
     // Pre-claiming an id (the old ids were seed ^ counter: the victim's id + 1 was next).
     let guess = FrameworkId::from_u128(victim.0.as_u128() ^ 1);
-    let (_ep, conn, mut tx, mut rx) =
-        raw_peer(&cluster, PeerIdentity::Framework("attacker".into()))
-            .await
-            .unwrap();
-    let e = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "attacker",
         framework_info("squat", &["good"], Some(guess)),
     )
-    .await
-    .unwrap_err();
+    .await;
+    let e = answer.unwrap_err();
     assert!(e.contains("not registered"), "{e}");
 
     // A legitimate new framework gets a fresh id, and cannot touch the victim's tasks.
-    let (_ep, conn, mut tx, mut rx) =
-        raw_peer(&cluster, PeerIdentity::Framework("attacker".into()))
-            .await
-            .unwrap();
-    let mine = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
-        framework_info("own", &["own"], None),
-    )
-    .await
-    .unwrap();
+    let ((_ep, _conn, mut tx, mut rx), answer) =
+        raw_subscribe(&cluster, "attacker", framework_info("own", &["own"], None)).await;
+    let mine = answer.unwrap();
     assert_ne!(mine, victim);
     assert_ne!(mine, guess);
     assert_ne!(
@@ -229,7 +209,8 @@ async fn register_raw(
     name: &str,
     agent_id: Option<AgentId>,
 ) -> (MasterToAgent, quinn::Connection) {
-    let (_ep, conn, mut tx, mut rx) = raw_peer(cluster, PeerIdentity::Agent(name.into()))
+    let (_ep, conn, mut tx, mut rx) = cluster
+        .raw_peer(PeerIdentity::Agent(name.into()))
         .await
         .unwrap();
     tx.send(&AgentToMaster::Register {
@@ -365,17 +346,13 @@ async fn roles_the_acls_do_not_grant_are_refused() {
     let run = honest(&cluster, "honest", "good", 20, "0.2");
 
     // A raw subscribe with the honest principal's role.
-    let (_ep, conn, mut tx, mut rx) = raw_peer(&cluster, PeerIdentity::Framework("mallory".into()))
-        .await
-        .unwrap();
-    let e = subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "mallory",
         framework_info("mallory", &["public", "good"], None),
     )
-    .await
-    .unwrap_err();
+    .await;
+    let e = answer.unwrap_err();
     assert!(
         e.contains("\"mallory\"") && e.contains("\"good\"") && e.contains("not allowed"),
         "{e}"
@@ -395,17 +372,13 @@ async fn roles_the_acls_do_not_grant_are_refused() {
         other => panic!("driver was not refused: {other:?}"),
     }
     // What the ACLs grant works.
-    let (_ep, conn, mut tx, mut rx) = raw_peer(&cluster, PeerIdentity::Framework("mallory".into()))
-        .await
-        .unwrap();
-    subscribe_raw(
-        &mut tx,
-        &mut rx,
-        &conn,
+    let (_peer, answer) = raw_subscribe(
+        &cluster,
+        "mallory",
         framework_info("mallory", &["public"], None),
     )
-    .await
-    .unwrap();
+    .await;
+    answer.unwrap();
     all_finished(&cluster, run, 20).await;
     let s = cluster.master.state().unwrap();
     assert!(s["frameworks"]
@@ -422,7 +395,8 @@ async fn a_tenant_cannot_register_without_bounds() {
 
     // 50,000 roles in one subscription.
     let roles: Vec<String> = (0..50_000).map(|i| format!("flood/r{i}")).collect();
-    let (_ep, conn, mut tx, mut rx) = raw_peer(&cluster, PeerIdentity::Framework("greedy".into()))
+    let (_ep, conn, mut tx, mut rx) = cluster
+        .raw_peer(PeerIdentity::Framework("greedy".into()))
         .await
         .unwrap();
     let mut info = framework_info("greedy", &[], None);
@@ -439,13 +413,9 @@ async fn a_tenant_cannot_register_without_bounds() {
         ("x".repeat(129), "invalid role name"),
         ("a/b/c/d/e/f/g/h/i".to_string(), "9 levels deep"),
     ] {
-        let (_ep, conn, mut tx, mut rx) =
-            raw_peer(&cluster, PeerIdentity::Framework("greedy".into()))
-                .await
-                .unwrap();
-        let e = subscribe_raw(&mut tx, &mut rx, &conn, framework_info("g", &[&role], None))
-            .await
-            .unwrap_err();
+        let (_peer, answer) =
+            raw_subscribe(&cluster, "greedy", framework_info("g", &[&role], None)).await;
+        let e = answer.unwrap_err();
         assert!(e.contains(why), "{e}");
     }
 
@@ -455,7 +425,10 @@ async fn a_tenant_cannot_register_without_bounds() {
     for i in 0..500 {
         let started = Instant::now();
         let (_ep, conn, mut tx, mut rx) = loop {
-            match raw_peer(&cluster, PeerIdentity::Framework("greedy".into())).await {
+            match cluster
+                .raw_peer(PeerIdentity::Framework("greedy".into()))
+                .await
+            {
                 Ok(p) => break p,
                 // Closed connections are released asynchronously; never expected to last.
                 Err(e) if started.elapsed() < T => {
@@ -512,12 +485,16 @@ async fn connection_floods_are_bounded_and_unused_roles_are_forgotten() {
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(
-            raw_peer(&cluster, PeerIdentity::Framework("flood".into()))
+            cluster
+                .raw_peer(PeerIdentity::Framework("flood".into()))
                 .await
                 .unwrap(),
         );
     }
-    match raw_peer(&cluster, PeerIdentity::Framework("flood".into())).await {
+    match cluster
+        .raw_peer(PeerIdentity::Framework("flood".into()))
+        .await
+    {
         // The client is told why.
         Err(e) => assert!(
             e.contains("too many connections for framework:flood"),
@@ -570,7 +547,10 @@ async fn connection_floods_are_bounded_and_unused_roles_are_forgotten() {
     drop(held);
     drop((conn, tx, rx));
     let started = Instant::now();
-    while let Err(e) = raw_peer(&cluster, PeerIdentity::Framework("flood".into())).await {
+    while let Err(e) = cluster
+        .raw_peer(PeerIdentity::Framework("flood".into()))
+        .await
+    {
         assert!(started.elapsed() < T, "still refused: {e}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -343,6 +343,18 @@ fn refuse_ms(index: usize, kind: &str, secs: Option<f64>) -> Result<Option<Milli
     }
 }
 
+/// The name a scenario gave `id`, or `?`.
+fn name_of<'a, K: std::hash::Hash + Eq>(names: &'a HashMap<K, String>, id: &K) -> &'a str {
+    names.get(id).map_or("?", String::as_str)
+}
+
+/// Writes `line` as one JSON line.
+fn write_line(out: &mut impl Write, line: &impl Serialize) -> Result<(), SimError> {
+    serde_json::to_writer(&mut *out, line)?;
+    out.write_all(b"\n")?;
+    Ok(())
+}
+
 /// Replays scenarios against an [`Allocator`], writing JSON lines.
 pub struct Replay<'w, W: Write> {
     alloc: Allocator,
@@ -417,21 +429,12 @@ impl<'w, W: Write> Replay<'w, W> {
             let line = OfferLine {
                 at_ms: o.created_at,
                 offer: o.id.to_string(),
-                framework: self
-                    .framework_names
-                    .get(&o.framework)
-                    .map(String::as_str)
-                    .unwrap_or("?"),
-                agent: self
-                    .agent_names
-                    .get(&o.agent)
-                    .map(String::as_str)
-                    .unwrap_or("?"),
+                framework: name_of(&self.framework_names, &o.framework),
+                agent: name_of(&self.agent_names, &o.agent),
                 resources: o.resources.total(),
                 reserved: &o.resources.reserved,
             };
-            serde_json::to_writer(&mut *self.out, &line)?;
-            self.out.write_all(b"\n")?;
+            write_line(&mut *self.out, &line)?;
             self.offers_printed += 1;
         }
         Ok(())
@@ -442,19 +445,10 @@ impl<'w, W: Write> Replay<'w, W> {
             let line = RescindLine {
                 at_ms,
                 rescind: o.id.to_string(),
-                framework: self
-                    .framework_names
-                    .get(&o.framework)
-                    .map(String::as_str)
-                    .unwrap_or("?"),
-                agent: self
-                    .agent_names
-                    .get(&o.agent)
-                    .map(String::as_str)
-                    .unwrap_or("?"),
+                framework: name_of(&self.framework_names, &o.framework),
+                agent: name_of(&self.agent_names, &o.agent),
             };
-            serde_json::to_writer(&mut *self.out, &line)?;
-            self.out.write_all(b"\n")?;
+            write_line(&mut *self.out, &line)?;
         }
         Ok(())
     }
@@ -881,8 +875,7 @@ pub fn run_scenario<W: Write>(scenario: &Scenario, out: &mut W) -> Result<Summar
     }
     replay.alloc.accrue(end.max(t));
     let summary = replay.summary(c.resource_seconds);
-    serde_json::to_writer(&mut *replay.out, &SummaryLine { summary: &summary })?;
-    replay.out.write_all(b"\n")?;
+    write_line(&mut *replay.out, &SummaryLine { summary: &summary })?;
     replay.out.flush()?;
     Ok(summary)
 }

@@ -498,7 +498,3 @@ impl Master {
             .map(|d| if d.drained { "DRAINED" } else { "DRAINING" })
     }
 }
-
-#[cfg(test)]
-#[path = "maintenance_tests.rs"]
-mod tests;

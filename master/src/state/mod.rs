@@ -896,6 +896,4 @@ pub fn valid_role(role: &str) -> bool {
 #[cfg(test)]
 mod bounded_tests;
 #[cfg(test)]
-mod gpu_tests;
-#[cfg(test)]
 mod tests;

@@ -299,13 +299,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
     device: nvmlDevice_t,
     is_mig: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_state(|_| {
-        if is_mig.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *is_mig = c_uint::from(mig_index_of(device).is_some()) };
-        NVML_SUCCESS
-    })
+    with_state(|_| unsafe { put(is_mig, c_uint::from(mig_index_of(device).is_some())) })
 }
 
 #[no_mangle]
@@ -323,6 +317,16 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
         unsafe { *device = handle_of(g) };
         NVML_SUCCESS
     })
+}
+
+/// Writes `value` through the caller's out-pointer `out` (`NVML_ERROR_INVALID_ARGUMENT` when
+/// it is null).
+unsafe fn put<T>(out: *mut T, value: T) -> nvmlReturn_t {
+    if out.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    unsafe { out.write(value) };
+    NVML_SUCCESS
 }
 
 /// Copies `s` and a NUL into `buf` of `len` bytes.
@@ -465,13 +469,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
 }
 
 unsafe fn cuda_version(out: *mut c_int) -> nvmlReturn_t {
-    with_state(|s| {
-        if out.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *out = s.config.cuda_version };
-        NVML_SUCCESS
-    })
+    with_state(|s| unsafe { put(out, s.config.cuda_version) })
 }
 
 #[no_mangle]
@@ -485,13 +483,7 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvm
 }
 
 unsafe fn device_count(count: *mut c_uint) -> nvmlReturn_t {
-    with_state(|s| {
-        if count.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *count = s.config.gpus.len().min(MAX_GPUS) as c_uint };
-        NVML_SUCCESS
-    })
+    with_state(|s| unsafe { put(count, s.config.gpus.len().min(MAX_GPUS) as c_uint) })
 }
 
 #[no_mangle]
@@ -579,13 +571,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     device: nvmlDevice_t,
     index: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |i, _| {
-        if index.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *index = i };
-        NVML_SUCCESS
-    })
+    with_device(device, |i, _| unsafe { put(index, i) })
 }
 
 #[no_mangle]
@@ -611,13 +597,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     device: nvmlDevice_t,
     minor: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, g| {
-        if minor.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *minor = g.minor };
-        NVML_SUCCESS
-    })
+    with_device(device, |_, g| unsafe { put(minor, g.minor) })
 }
 
 #[no_mangle]
@@ -815,13 +795,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: nvmlDevice_t,
     power: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, g| {
-        if power.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *power = g.power_mw };
-        NVML_SUCCESS
-    })
+    with_device(device, |_, g| unsafe { put(power, g.power_mw) })
 }
 
 unsafe fn processes(
@@ -893,13 +867,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     types: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    with_device(device, |_, _| {
-        if types.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *types = SUPPORTED_EVENTS };
-        NVML_SUCCESS
-    })
+    with_device(device, |_, _| unsafe { put(types, SUPPORTED_EVENTS) })
 }
 
 #[no_mangle]

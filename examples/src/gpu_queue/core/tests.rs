@@ -86,20 +86,8 @@ fn launched(actions: &[Action]) -> Vec<TaskInfo> {
 
 fn update(task: &TaskInfo, state: TaskState, gpus: Vec<String>) -> StatusUpdate {
     StatusUpdate {
-        update_id: UpdateId::random(),
-        task_id: task.task_id,
-        framework_id: FrameworkId::random(),
-        agent_id: None,
-        state,
-        source: UpdateSource::Agent,
-        reason: None,
-        message: String::new(),
-        exit_code: None,
-        signal: None,
         gpus,
-        timestamp_ms: 0,
-        reconciliation: false,
-        ports: Vec::new(),
+        ..StatusUpdate::new(task.task_id, FrameworkId::random(), state)
     }
 }
 

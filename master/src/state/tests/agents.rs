@@ -50,21 +50,6 @@ fn agent_reregistering_in_time_keeps_its_tasks() {
     assert!(h.m.tasks.contains_key(&t.task_id));
 }
 
-fn gpu_info(i: u32) -> GpuInfo {
-    GpuInfo {
-        uuid: format!("GPU-{i}"),
-        name: "NVIDIA A100".into(),
-        memory_mib: 40960,
-        compute_capability: (8, 0),
-        minor: i,
-        pci_bus_id: format!("00000000:0{i}:00.0"),
-        numa_node: Some(0),
-        healthy: true,
-        mig_profile: None,
-        parent_uuid: None,
-    }
-}
-
 #[test]
 fn unhealthy_gpu_is_withdrawn_from_offers_and_reservations_stay() {
     let mut h = Harness::new();

@@ -7,6 +7,8 @@ mod accept;
 mod agents;
 mod dispatch;
 mod frameworks;
+mod gpus;
+mod maintenance;
 mod metrics;
 mod operator;
 mod operator_commands;
@@ -113,6 +115,31 @@ fn register(agent_id: Option<AgentId>, resources: &str) -> AgentToMaster {
     }
 }
 
+/// [`register`] with these GPU records.
+fn register_with_gpus(resources: &str, gpus: Vec<GpuInfo>) -> AgentToMaster {
+    let mut msg = register(None, resources);
+    if let AgentToMaster::Register { gpus: g, .. } = &mut msg {
+        *g = gpus;
+    }
+    msg
+}
+
+/// An A100-like GPU `GPU-{i}`: 40 GiB, healthy, not a MIG device.
+fn gpu_info(i: u32) -> GpuInfo {
+    GpuInfo {
+        uuid: format!("GPU-{i}"),
+        name: "NVIDIA A100".into(),
+        memory_mib: 40_960,
+        compute_capability: (8, 0),
+        minor: i,
+        pci_bus_id: format!("00000000:0{i}:00.0"),
+        numa_node: Some(0),
+        healthy: true,
+        mig_profile: None,
+        parent_uuid: None,
+    }
+}
+
 fn info(name: &str, role: &str, id: Option<FrameworkId>) -> FrameworkInfo {
     FrameworkInfo {
         framework_id: id,
@@ -163,22 +190,7 @@ fn launch(offer: OfferId, tasks: Vec<TaskInfo>) -> FrameworkToMaster {
 }
 
 fn agent_update(task: &TaskInfo, fw: FrameworkId, state: TaskState) -> StatusUpdate {
-    StatusUpdate {
-        update_id: UpdateId::random(),
-        task_id: task.task_id,
-        framework_id: fw,
-        agent_id: None,
-        state,
-        source: UpdateSource::Agent,
-        reason: None,
-        message: String::new(),
-        exit_code: None,
-        signal: None,
-        gpus: vec![],
-        timestamp_ms: 0,
-        reconciliation: false,
-        ports: Vec::new(),
-    }
+    StatusUpdate::new(task.task_id, fw, state)
 }
 
 /// Launches `tasks` with the framework on `F` and returns what the agent was asked to run.
@@ -262,6 +274,23 @@ impl Harness {
                 7,
             ),
             now: 0,
+        }
+    }
+
+    /// Acknowledges every update in `out` sent to framework connection `conn`.
+    fn ack_all(&mut self, out: &[Output], conn: ConnId) {
+        for o in out {
+            if let Output::ToFramework(c, MasterToFramework::Update(u)) = o {
+                if *c == conn && !u.reconciliation {
+                    self.input(Input::Framework {
+                        conn,
+                        msg: FrameworkToMaster::Acknowledge {
+                            task_id: u.task_id,
+                            update_id: u.update_id,
+                        },
+                    });
+                }
+            }
         }
     }
 

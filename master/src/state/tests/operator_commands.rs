@@ -156,27 +156,8 @@ fn teardown_kills_the_tasks_and_mark_gone_loses_them() {
 #[test]
 fn clear_gpu_asks_the_agent_only_for_an_unhealthy_gpu() {
     let mut h = Harness::new();
-    h.input(Input::AgentConnected {
-        conn: A,
-        name: "g1".into(),
-        address: "127.0.0.1:1".into(),
-    });
-    let mut reg = register(None, "cpus:4;mem:1024;gpus:1");
-    if let AgentToMaster::Register { gpus, .. } = &mut reg {
-        gpus.push(GpuInfo {
-            uuid: "GPU-0".into(),
-            name: "A100".into(),
-            memory_mib: 40960,
-            compute_capability: (8, 0),
-            minor: 0,
-            pci_bus_id: "0000:00:01.0".into(),
-            numa_node: None,
-            healthy: true,
-            mig_profile: None,
-            parent_uuid: None,
-        });
-    }
-    let out = h.input(Input::Agent { conn: A, msg: reg });
+    let reg = register_with_gpus("cpus:4;mem:1024;gpus:1", vec![gpu_info(0)]);
+    let out = h.register(A, "g1", reg);
     let a = out
         .iter()
         .find_map(|o| match o {

@@ -1,26 +1,8 @@
-//! Unit tests of GPU sharing in the state machine ([`super::gpus`]): fractions share a GPU up
+//! GPU sharing in the state machine ([`super::super::gpus`]): fractions share a GPU up
 //! to one whole GPU, offers show each GPU's free fraction, MIG devices go to tasks naming their
 //! profile, whole-GPU tasks keep idle GPUs.
 
 use super::*;
-
-const A: ConnId = 11;
-const F: ConnId = 12;
-
-fn gpu(i: u32) -> GpuInfo {
-    GpuInfo {
-        uuid: format!("GPU-{i}"),
-        name: "NVIDIA A100".into(),
-        memory_mib: 40_000,
-        compute_capability: (8, 0),
-        minor: i,
-        pci_bus_id: format!("00000000:0{i}:00.0"),
-        numa_node: Some(0),
-        healthy: true,
-        mig_profile: None,
-        parent_uuid: None,
-    }
-}
 
 fn mig(i: u32) -> GpuInfo {
     GpuInfo {
@@ -29,82 +11,24 @@ fn mig(i: u32) -> GpuInfo {
         memory_mib: 9_856,
         mig_profile: Some("1g.10gb".into()),
         parent_uuid: Some("GPU-9".into()),
-        ..gpu(9)
+        ..gpu_info(9)
     }
 }
 
 /// Per launch (task, GPUs the master chose), the error texts, the new offers.
 type Launched = (Vec<(TaskId, Vec<String>)>, Vec<String>, Vec<Offer>);
 
-struct H {
-    m: Master,
-    fw: Option<FrameworkId>,
-}
-
-impl H {
+impl Harness {
     /// A master with one agent (`gpus` devices, `gpus:` = their count) and one GPU framework.
-    fn new(gpus: Vec<GpuInfo>) -> (H, Vec<Offer>) {
-        let mut h = H {
-            m: Master::new(
-                MasterConfig {
-                    allocation_min_gap_ms: 0,
-                    ..MasterConfig::default()
-                },
-                7,
-            ),
-            fw: None,
-        };
-        h.input(Input::AgentConnected {
-            conn: A,
-            name: "gpu-agent".into(),
-            address: "127.0.0.1:1".into(),
-        });
-        h.input(Input::Agent {
-            conn: A,
-            msg: AgentToMaster::Register {
-                agent_id: None,
-                hostname: "h".into(),
-                resources: format!("cpus:16;mem:16384;gpus:{}", gpus.len())
-                    .parse()
-                    .unwrap(),
-                reserved: Default::default(),
-                attributes: Default::default(),
-                gpus,
-                running_tasks: vec![],
-                pending_updates: vec![],
-                task_user: "nobody".into(),
-            },
-        });
-        h.input(Input::FrameworkConnected {
-            conn: F,
-            principal: "f".into(),
-        });
-        let out = h.input(Input::Framework {
-            conn: F,
-            msg: FrameworkToMaster::Subscribe(FrameworkInfo {
-                framework_id: None,
-                name: "f".into(),
-                roles: vec!["r".into()],
-                capabilities: vec![Capability::GpuResources],
-                failover_timeout_secs: 10.0,
-            }),
-        });
-        h.fw = out.iter().find_map(|o| match o {
-            Output::ToFramework(_, MasterToFramework::Subscribed { framework_id, .. }) => {
-                Some(*framework_id)
-            }
-            _ => None,
-        });
-        let offers = offers(&out);
+    fn with_gpus(gpus: Vec<GpuInfo>) -> (Harness, Vec<Offer>) {
+        let mut h = Harness::new();
+        let resources = format!("cpus:16;mem:16384;gpus:{}", gpus.len());
+        h.register(A, "gpu-agent", register_with_gpus(&resources, gpus));
+        let mut info = info("f", "r", None);
+        info.capabilities = vec![Capability::GpuResources];
+        let out = h.subscribe(F, "f", info);
+        let offers = offers(&out, F);
         (h, offers)
-    }
-
-    fn input(&mut self, i: Input) -> Vec<Output> {
-        let mut out = self.m.handle(i, 0);
-        if self.m.allocation_due(0) {
-            self.m.allocate(0, &mut out);
-        }
-        out
     }
 
     /// Accepts `offer` with `tasks`; returns (task, GPUs chosen by the master) per launch and
@@ -136,7 +60,7 @@ impl H {
                 _ => None,
             })
             .collect();
-        (launched, errors, offers(&out))
+        (launched, errors, offers(&out, F))
     }
 
     fn revive(&mut self) -> Vec<Offer> {
@@ -144,40 +68,18 @@ impl H {
             conn: F,
             msg: FrameworkToMaster::Revive { roles: vec![] },
         });
-        offers(&out)
-    }
-}
-
-fn offers(out: &[Output]) -> Vec<Offer> {
-    out.iter()
-        .filter_map(|o| match o {
-            Output::ToFramework(_, MasterToFramework::Offers(v)) => Some(v.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
-}
-
-fn task(r: &str) -> TaskInfo {
-    TaskInfo {
-        task_id: TaskId::random(),
-        name: "t".into(),
-        command: "true".into(),
-        resources: r.parse().unwrap(),
-        env: Default::default(),
-        kill_grace_secs: None,
-        gpu_selector: None,
+        offers(&out, F)
     }
 }
 
 #[test]
 fn fractions_share_one_gpu_and_never_overfill_it() {
-    let (mut h, offers) = H::new(vec![gpu(0), gpu(1)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
     assert_eq!(offers.len(), 1);
     let o = &offers[0];
     assert_eq!(o.gpu_free.len(), 2);
     assert!(o.gpu_free.iter().all(|g| g.free_milli == 1000));
-    assert_eq!(o.gpu_free[0].free_memory_mib, 40_000);
+    assert_eq!(o.gpu_free[0].free_memory_mib, 40_960);
     // Two halves and a quarter: the halves fill one GPU (the tightest fit), the quarter goes
     // to the other; a 0.8 does not fit anywhere any more.
     let (launched, errors, _) = h.launch(
@@ -209,7 +111,7 @@ fn fractions_share_one_gpu_and_never_overfill_it() {
         .iter()
         .find(|g| g.uuid == launched[2].1[0])
         .unwrap();
-    assert_eq!(quarter_gpu.free_memory_mib, 30_000);
+    assert_eq!(quarter_gpu.free_memory_mib, 30_720);
     // A whole GPU no longer fits (no idle GPU) although 0.75 GPUs are free in total.
     let (launched2, errors, _) = h.launch(offers[0].id, vec![task("cpus:1;gpus:1")]);
     assert!(launched2.is_empty());
@@ -221,7 +123,7 @@ fn fractions_share_one_gpu_and_never_overfill_it() {
 
 #[test]
 fn whole_gpus_being_launched_keep_their_idle_gpus() {
-    let (mut h, offers) = H::new(vec![gpu(0), gpu(1)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
     // A whole GPU (the agent picks it) then a fraction: the fraction may use only the other.
     let (launched, errors, _) = h.launch(
         offers[0].id,
@@ -242,7 +144,7 @@ fn whole_gpus_being_launched_keep_their_idle_gpus() {
 
 #[test]
 fn gpus_above_one_must_be_whole_and_mig_needs_its_profile() {
-    let (mut h, offers) = H::new(vec![gpu(0), mig(1), mig(2)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), mig(1), mig(2)]);
     let (launched, errors, _) = h.launch(offers[0].id, vec![task("cpus:1;gpus:1.5")]);
     assert!(launched.is_empty());
     assert!(errors[0].contains("whole number"), "{errors:?}");
@@ -284,7 +186,7 @@ fn gpus_above_one_must_be_whole_and_mig_needs_its_profile() {
 fn fractions_keep_whole_gpus_idle() {
     // A quarter, a half and a quarter: one GPU, the other stays idle for a whole-GPU task
     // (FGD with only the half in its mix would spread them).
-    let (mut h, offers) = H::new(vec![gpu(0), gpu(1)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
     let (launched, errors, _) = h.launch(
         offers[0].id,
         vec![
@@ -301,34 +203,10 @@ fn fractions_keep_whole_gpus_idle() {
 
 #[test]
 fn oversized_mig_fields_are_refused_at_registration() {
-    let mut m = Master::new(MasterConfig::default(), 7);
-    m.handle(
-        Input::AgentConnected {
-            conn: A,
-            name: "big-mig".into(),
-            address: "127.0.0.1:1".into(),
-        },
-        0,
-    );
+    let mut h = Harness::new();
     let mut g = mig(1);
     g.mig_profile = Some("x".repeat(register_limits::MAX_GPU_FIELD + 1));
-    let out = m.handle(
-        Input::Agent {
-            conn: A,
-            msg: AgentToMaster::Register {
-                agent_id: None,
-                hostname: "h".into(),
-                resources: "cpus:1;gpus:1".parse().unwrap(),
-                reserved: Default::default(),
-                attributes: Default::default(),
-                gpus: vec![g],
-                running_tasks: vec![],
-                pending_updates: vec![],
-                task_user: "nobody".into(),
-            },
-        },
-        0,
-    );
+    let out = h.register(A, "big-mig", register_with_gpus("cpus:1;gpus:1", vec![g]));
     assert!(
         out.iter().any(|o| matches!(o,
             Output::ToAgent(_, MasterToAgent::Error { message }) if message.contains("MIG profile"))),
@@ -338,7 +216,7 @@ fn oversized_mig_fields_are_refused_at_registration() {
 
 #[test]
 fn pinned_uuids_choose_the_gpu_and_malformed_pins_are_refused() {
-    let (mut h, offers) = H::new(vec![gpu(0), gpu(1), gpu(2)]);
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1), gpu_info(2)]);
     let pinned = |r: &str, uuids: &[&str]| {
         let mut t = task(r);
         t.gpu_selector = Some(GpuSelector::pinned(uuids.iter().copied()));

@@ -1,39 +1,31 @@
-//! Unit tests of maintenance: inputs and time in, messages out.
+//! Maintenance: drains with deadlines, notices to frameworks, what a new leader keeps.
 
 use super::*;
 
-const A: ConnId = 1;
-const F: ConnId = 2;
 const G: ConnId = 3;
 
-fn res(s: &str) -> Resources {
-    s.parse().unwrap()
+/// The shared [`Harness`] with the maintenance schedule restored (empty) at a wall clock of
+/// 1,000 s.
+struct H(Harness);
+
+impl std::ops::Deref for H {
+    type Target = Harness;
+    fn deref(&self) -> &Harness {
+        &self.0
+    }
 }
 
-struct H {
-    m: Master,
-    now: Millis,
+impl std::ops::DerefMut for H {
+    fn deref_mut(&mut self) -> &mut Harness {
+        &mut self.0
+    }
 }
 
 impl H {
     fn new() -> Self {
-        let mut m = Master::new(
-            MasterConfig {
-                allocation_min_gap_ms: 0,
-                ..MasterConfig::default()
-            },
-            7,
-        );
-        m.restore_maintenance(&Registry::default(), 0, 1_000_000);
-        Self { m, now: 0 }
-    }
-
-    fn input(&mut self, i: Input) -> Vec<Output> {
-        let mut out = self.m.handle(i, self.now);
-        if self.m.allocation_due(self.now) {
-            self.m.allocate(self.now, &mut out);
-        }
-        out
+        let mut h = Harness::new();
+        h.m.restore_maintenance(&Registry::default(), 0, 1_000_000);
+        Self(h)
     }
 
     /// A timer tick, with a heartbeat from the agent first (if it is connected).
@@ -48,50 +40,27 @@ impl H {
     }
 
     fn cmd(&mut self, c: MaintenanceCommand) -> Vec<Output> {
-        let mut out = self.m.maintenance(c, self.now).expect("accepted");
-        if self.m.allocation_due(self.now) {
-            self.m.allocate(self.now, &mut out);
+        let now = self.now;
+        let mut out = self.m.maintenance(c, now).expect("accepted");
+        if self.m.allocation_due(now) {
+            self.m.allocate(now, &mut out);
         }
         out
     }
 
+    /// Agent `name` (hostname `h1`, 4 cpus) registers on `conn`, with `id` if it had one.
     fn agent(&mut self, conn: ConnId, name: &str, id: Option<AgentId>) -> Vec<Output> {
-        self.input(Input::AgentConnected {
-            conn,
-            name: name.into(),
-            address: "127.0.0.1:1".into(),
-        });
-        self.input(Input::Agent {
-            conn,
-            msg: AgentToMaster::Register {
-                agent_id: id,
-                hostname: "h1".into(),
-                resources: res("cpus:4;mem:1024"),
-                reserved: Default::default(),
-                attributes: Default::default(),
-                gpus: vec![],
-                running_tasks: vec![],
-                pending_updates: vec![],
-                task_user: "nobody".into(),
-            },
-        })
+        let mut msg = register(id, "cpus:4;mem:1024");
+        if let AgentToMaster::Register { hostname, .. } = &mut msg {
+            *hostname = "h1".into();
+        }
+        self.register(conn, name, msg)
     }
 
     fn framework(&mut self, conn: ConnId, name: &str) -> (FrameworkId, Vec<Output>) {
-        self.input(Input::FrameworkConnected {
-            conn,
-            principal: name.into(),
-        });
-        let out = self.input(Input::Framework {
-            conn,
-            msg: FrameworkToMaster::Subscribe(FrameworkInfo {
-                framework_id: None,
-                name: name.into(),
-                roles: vec!["r".into()],
-                capabilities: vec![],
-                failover_timeout_secs: 60.0,
-            }),
-        });
+        let mut info = info(name, "r", None);
+        info.failover_timeout_secs = 60.0;
+        let out = self.subscribe(conn, name, info);
         let id = out
             .iter()
             .find_map(|o| match o {
@@ -107,40 +76,8 @@ impl H {
     fn update(&mut self, t: TaskId, fw: FrameworkId, state: TaskState) -> Vec<Output> {
         self.input(Input::Agent {
             conn: A,
-            msg: AgentToMaster::StatusUpdate(StatusUpdate {
-                update_id: UpdateId::random(),
-                task_id: t,
-                framework_id: fw,
-                agent_id: None,
-                state,
-                source: UpdateSource::Agent,
-                reason: None,
-                message: String::new(),
-                exit_code: None,
-                signal: None,
-                gpus: vec![],
-                timestamp_ms: 0,
-                reconciliation: false,
-                ports: Vec::new(),
-            }),
+            msg: AgentToMaster::StatusUpdate(StatusUpdate::new(t, fw, state)),
         })
-    }
-
-    /// Acknowledges every update in `out` sent to framework connection `conn`.
-    fn ack_all(&mut self, out: &[Output], conn: ConnId) {
-        for o in out {
-            if let Output::ToFramework(c, MasterToFramework::Update(u)) = o {
-                if *c == conn && !u.reconciliation {
-                    self.input(Input::Framework {
-                        conn,
-                        msg: FrameworkToMaster::Acknowledge {
-                            task_id: u.task_id,
-                            update_id: u.update_id,
-                        },
-                    });
-                }
-            }
-        }
     }
 }
 
@@ -405,7 +342,10 @@ fn mark_gone_removes_the_agent_for_good() {
 #[test]
 fn bad_requests_change_nothing() {
     let (mut h, _agent, _fw, _t) = running();
-    let e = |h: &mut H, c| h.m.maintenance(c, h.now).unwrap_err();
+    let e = |h: &mut H, c| {
+        let now = h.now;
+        h.m.maintenance(c, now).unwrap_err()
+    };
     assert!(matches!(
         e(
             &mut h,
