@@ -170,6 +170,11 @@ pub(super) async fn core_loop(
         // Stalled peers are disconnected in the core at once, which may send more (rescinds).
         while !out.is_empty() {
             let mut stalled = Vec::new();
+            // Status updates a framework's outbox could not take (full, or three quarters
+            // full): the core holds them and sends them as it drains (`state::pacing`); later
+            // ones of the same flush follow them there, in order.
+            let mut held: std::collections::HashMap<ConnId, Vec<(TaskId, UpdateId)>> =
+                std::collections::HashMap::new();
             for o in out.drain(..) {
                 let (conn, msg) = match o {
                     Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
@@ -186,8 +191,24 @@ pub(super) async fn core_loop(
                     tracing::debug!(conn, "message for a connection that is gone; not sent");
                     continue;
                 };
+                // Agents' updates (the ones waiting in the core for an acknowledgement) never
+                // take the last quarter of an outbox: offers, rescinds, answers and the
+                // master's own updates keep room there (a full outbox closes the peer for
+                // those: they could not be sent again later).
+                if let Outbound::Framework(MasterToFramework::Update(u)) = &msg {
+                    let paced = u.source == UpdateSource::Agent && !u.reconciliation;
+                    if paced && (held.contains_key(&conn) || peer.outbox.capacity() <= OUTBOX / 4) {
+                        held.entry(conn).or_default().push((u.task_id, u.update_id));
+                        continue;
+                    }
+                }
                 match peer.outbox.try_send(msg) {
                     Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(Outbound::Framework(
+                        MasterToFramework::Update(u),
+                    ))) if u.source == UpdateSource::Agent && !u.reconciliation => {
+                        held.entry(conn).or_default().push((u.task_id, u.update_id));
+                    }
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         tracing::warn!(conn, peer = %peer.label, "peer is not reading its messages ({OUTBOX} queued); closing it");
                         shell
@@ -221,6 +242,9 @@ pub(super) async fn core_loop(
             if let Some(m) = master.as_mut() {
                 for conn in stalled {
                     out.extend(m.handle(Input::PeerStalled { conn }, now()));
+                }
+                for (conn, updates) in held {
+                    out.extend(m.handle(Input::UpdatesHeld { conn, updates }, now()));
                 }
             }
         }

@@ -269,6 +269,7 @@ impl Master {
                     a.offer_parts = Default::default();
                     a.last_seen = now;
                     a.disconnected_at = None;
+                    self.agent_timer_floor.set(None);
                     let old_res = std::mem::replace(&mut a.resources, resources.clone());
                     let old_reserved = std::mem::replace(&mut a.reserved, reserved.clone());
                     (old, old_res, old_reserved)
@@ -322,6 +323,7 @@ impl Master {
                     },
                 );
                 self.agents_by_name.insert(name.clone(), id);
+                self.agent_timers_changed();
                 self.emit(ClusterEvent::AgentAdded {
                     agent_id: id.to_string(),
                     name: name.clone(),
@@ -582,10 +584,9 @@ impl Master {
             // A retransmission of an update the framework has not acknowledged yet: forwarded
             // again (the framework's acknowledgement may have been lost), state unchanged.
             self.status_update_retries += 1;
+            // Paced like a first delivery (held once when the framework is behind).
             let p = p.clone();
-            if let Some(fconn) = self.frameworks.get(&p.framework_id).and_then(|f| f.conn) {
-                out.push(Output::ToFramework(fconn, MasterToFramework::Update(p)));
-            }
+            self.deliver_update(p, out);
             return;
         }
         let framework_known = self.frameworks.contains_key(&task.framework);
@@ -618,14 +619,8 @@ impl Master {
         }
         self.emit_task(update.task_id);
         match self.frameworks.get(&framework) {
-            Some(f) => {
-                if let Some(fconn) = f.conn {
-                    out.push(Output::ToFramework(
-                        fconn,
-                        MasterToFramework::Update(update),
-                    ));
-                }
-            }
+            // Now, or paced when the framework is behind (`pacing`).
+            Some(_) => self.deliver_update(update, out),
             None => {
                 // Framework removed: acknowledge on its behalf.
                 out.push(ack);
@@ -691,6 +686,7 @@ impl Master {
         }
         a.conn = None;
         a.disconnected_at = Some(now);
+        self.agent_timer_floor.set(None);
         tracing::info!(agent = %a.name, "agent disconnected; waiting for it to re-register");
         self.emit_agent(id, "disconnected");
         // Its outstanding offers can no longer be used.

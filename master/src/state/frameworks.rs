@@ -319,24 +319,10 @@ impl Master {
                 heartbeat_interval_ms: self.config.heartbeat_interval_ms,
             },
         ));
-        // Redeliver updates the framework has not acknowledged yet: tasks by their oldest
-        // pending update, each task's in order.
-        let mut pending: Vec<&VecDeque<StatusUpdate>> = self
-            .frameworks
-            .get(&id)
-            .map(|f| {
-                f.tasks
-                    .iter()
-                    .filter_map(|t| self.tasks.get(t).map(|t| &t.pending))
-                    .filter(|q| !q.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        pending.sort_by_key(|q| q.front().map(|u| (u.timestamp_ms, u.task_id)));
-        let pending: Vec<StatusUpdate> = pending.into_iter().flatten().cloned().collect();
-        for u in pending {
-            out.push(Output::ToFramework(conn, MasterToFramework::Update(u)));
-        }
+        // Redeliver updates the framework has not acknowledged yet, oldest first: a slice now,
+        // the rest as its outbox drains (`pacing`).
+        self.hold_pending(id);
+        self.send_held(id, conn, UPDATE_SLICE, out);
         self.allocation_pending = true;
     }
 
@@ -422,6 +408,7 @@ impl Master {
         }
         f.conn = None;
         f.disconnected_at = Some(now);
+        self.forget_held(id);
         tracing::info!(framework = %id, "framework disconnected; keeping its tasks for its failover timeout");
         let offers = self.allocator.framework_offers(id);
         for o in offers {
@@ -442,6 +429,7 @@ impl Master {
         let Some(f) = self.frameworks.remove(&id) else {
             return;
         };
+        self.forget_held(id);
         self.completed_frameworks.push_back(CompletedFramework {
             id,
             name: f.name.clone(),

@@ -83,6 +83,7 @@ pub mod gpus;
 mod maintenance;
 pub mod metrics;
 mod operator;
+mod pacing;
 mod reconcile;
 mod recovery;
 mod rejection;
@@ -98,6 +99,7 @@ pub use maintenance::{
     DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
 };
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
+pub use pacing::UPDATE_SLICE;
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};
@@ -274,6 +276,14 @@ pub enum Input {
     /// failover timeout or the agent's re-register timeout starts).
     PeerStalled {
         conn: ConnId,
+    },
+    /// The shell could not queue these agents' status updates (task, update) to this
+    /// framework connection, its outbox (nearly) full: the core holds them and sends them as
+    /// the outbox drains ([`Master::work_backlog`]) instead of closing a framework that is
+    /// only slow.
+    UpdatesHeld {
+        conn: ConnId,
+        updates: Vec<(TaskId, UpdateId)>,
     },
     /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation. The shell
     /// sends it at [`Master::next_deadline`] (sending it earlier or more often is harmless).
@@ -598,6 +608,14 @@ pub struct Master {
     pub(crate) status_update_retries: u64,
     /// Tasks completed (ended and acknowledged) since this master leads, by final state.
     pub(crate) tasks_completed: BTreeMap<&'static str, u64>,
+    /// A lower bound on the earliest agent timer (a silent agent, a disconnected agent past its
+    /// re-register timeout, a recovered agent that did not come back), `Millis::MAX` for none;
+    /// `None`: not known, computed on the next ask. See [`Master::agent_timer_floor`]: it saves
+    /// a pass over every agent per core step.
+    pub(super) agent_timer_floor: std::cell::Cell<Option<Millis>>,
+    /// Status updates waiting for room in their framework's outbox (`pacing`); a framework
+    /// with an entry here is behind: its new updates queue too.
+    held: HashMap<FrameworkId, pacing::Held>,
 }
 
 /// Refuses a subscription: the reason goes to the framework, then the connection closes.
@@ -643,6 +661,8 @@ impl Master {
             id_counter: 0,
             id_source: || uuid::Uuid::new_v4().as_u128(),
             last_cycle_us: 0,
+            agent_timer_floor: std::cell::Cell::new(None),
+            held: HashMap::new(),
             completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
             events: events::EventQueue::default(),
@@ -840,6 +860,7 @@ impl Master {
                 }
                 _ => {}
             },
+            Input::UpdatesHeld { conn, updates } => self.updates_held(conn, updates),
             Input::Tick => self.tick(now, &mut out),
             Input::LeaseUntil { until } => self.lease_until = until,
         }

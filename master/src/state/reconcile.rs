@@ -4,20 +4,33 @@
 use super::*;
 
 impl Master {
-    /// True when reconciliation answers are waiting to be sent ([`Master::work_backlog`]).
+    /// True when reconciliation answers or held status updates (`pacing`) are waiting to be
+    /// sent ([`Master::work_backlog`]).
     pub fn has_backlog(&self) -> bool {
-        !self.reconciles.is_empty()
+        !self.reconciles.is_empty() || !self.held.is_empty()
     }
 
     /// Answers one slice (at most [`RECONCILE_SLICE`] ids) of the next reconciliation whose
-    /// connection can take messages: `room(conn)` says how many more messages it can queue.
-    /// Returns false when no waiting reconciliation could make progress (the shell retries at
-    /// its next tick).
+    /// connection can take messages, and sends held status updates to frameworks whose
+    /// outboxes have room (at most [`UPDATE_SLICE`] each): `room(conn)` says how many more
+    /// messages a connection can queue. Returns false when nothing waiting could make progress
+    /// (the shell retries at its next tick).
     pub fn work_backlog(
         &mut self,
         now: Millis,
         out: &mut Vec<Output>,
         room: impl Fn(ConnId) -> usize,
+    ) -> bool {
+        let answered = self.work_reconciles(now, out, &room);
+        let sent = self.work_held(out, &room);
+        answered || sent
+    }
+
+    fn work_reconciles(
+        &mut self,
+        now: Millis,
+        out: &mut Vec<Output>,
+        room: &impl Fn(ConnId) -> usize,
     ) -> bool {
         for _ in 0..self.reconciles.len() {
             let Some(mut job) = self.reconciles.pop_front() else {

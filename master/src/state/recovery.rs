@@ -69,6 +69,7 @@ impl Master {
                 },
             );
         }
+        self.agent_timers_changed();
         tracing::info!(
             frameworks = registry.frameworks.len(),
             agents = registry.agents.len(),

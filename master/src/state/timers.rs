@@ -20,8 +20,12 @@ impl Master {
     /// Call it after allocating: a cycle that is due and was not run is reported at its due
     /// time (at or before `now`). Decline filters need no wake-up of their own: they only
     /// matter to the next cycle, which is due anyway. Reconciliation slices
-    /// ([`Master::has_backlog`]) are the shell's to schedule. Cost: one pass over agents,
-    /// frameworks and outstanding offers.
+    /// ([`Master::has_backlog`]) are the shell's to schedule. Cost: a pass over frameworks
+    /// (and over outstanding offers when offers time out); the agents' part is
+    /// [`Master::agent_timer_floor`], a pass over every agent only when its floor has come or
+    /// an agent connected or disconnected. The answer may then be earlier than needed (an
+    /// agent heard from since the floor was computed): the early `Tick` finds nothing due and
+    /// the next answer is exact.
     pub fn next_deadline(&self, now: Millis) -> Option<Millis> {
         // The timer conditions in `tick` are strict (`now > at`): due one millisecond later.
         let after = |at: Millis, timeout: u64| at.saturating_add(timeout).saturating_add(1);
@@ -32,6 +36,34 @@ impl Master {
                 None => interval,
             }
         });
+        // Agents' timers from their floor: exact once it has come (then recomputed), earlier than
+        // needed only after agents were heard from since (a spare tick, which recomputes it).
+        let agents = Some(self.agent_timer_floor(now)).filter(|t| *t != Millis::MAX);
+        let frameworks = self
+            .frameworks
+            .values()
+            .filter_map(|f| f.disconnected_at.map(|t| after(t, f.failover_timeout_ms)));
+        allocation
+            .into_iter()
+            .chain(agents)
+            .chain(frameworks)
+            .chain(self.allocator.next_offer_expiry())
+            .chain(self.next_maintenance_deadline(now))
+            .min()
+    }
+
+    /// A lower bound on the earliest agent timer (`Millis::MAX`: none): a silent agent, a
+    /// disconnected agent past its re-register timeout, a recovered agent not back in time.
+    /// Cached: every agent message moves its agent's silence deadline later, never earlier, so
+    /// a floor stays a lower bound until an agent connects or disconnects
+    /// ([`Master::agent_timers_changed`]); once it has come it is recomputed (one pass over
+    /// the agents) and is exact again.
+    pub(super) fn agent_timer_floor(&self, now: Millis) -> Millis {
+        if let Some(floor) = self.agent_timer_floor.get().filter(|f| *f > now) {
+            return floor;
+        }
+        // The timer conditions in `tick` are strict (`now > at`): due one millisecond later.
+        let after = |at: Millis, timeout: u64| at.saturating_add(timeout).saturating_add(1);
         let recovered = self.recovered_agents.values().map(|r| after(r.deadline, 0));
         let agents = self.agents.values().flat_map(|a| {
             let silent = a
@@ -42,21 +74,28 @@ impl Master {
                 .map(|t| after(t, self.config.agent_reregister_timeout_ms));
             silent.into_iter().chain(lost)
         });
-        let frameworks = self
-            .frameworks
-            .values()
-            .filter_map(|f| f.disconnected_at.map(|t| after(t, f.failover_timeout_ms)));
-        allocation
-            .into_iter()
-            .chain(recovered)
-            .chain(agents)
-            .chain(frameworks)
-            .chain(self.allocator.next_offer_expiry())
-            .chain(self.next_maintenance_deadline(now))
-            .min()
+        let floor = recovered.chain(agents).min().unwrap_or(Millis::MAX);
+        self.agent_timer_floor.set(Some(floor));
+        floor
+    }
+
+    /// An agent connected or disconnected (or agents were recovered): its timers may be
+    /// earlier than the cached floor.
+    pub(super) fn agent_timers_changed(&self) {
+        self.agent_timer_floor.set(None);
     }
 
     pub(super) fn tick(&mut self, now: Millis, out: &mut Vec<Output>) {
+        // No agent timer has come: no pass over every agent.
+        if self.agent_timer_floor(now) <= now {
+            self.agent_timers(now, out);
+            self.agent_timers_changed();
+        }
+        self.framework_timers(now, out);
+    }
+
+    /// Recovered agents that never came back, silent agents and lost agents.
+    fn agent_timers(&mut self, now: Millis, out: &mut Vec<Output>) {
         // Agents from the registry that never came back after a failover are forgotten.
         let gone: Vec<AgentId> = self
             .recovered_agents
@@ -117,6 +156,10 @@ impl Master {
         for id in lost {
             self.remove_agent(id, "agent lost: did not re-register in time", now, out);
         }
+    }
+
+    /// Frameworks past their failover timeout, expired offers and maintenance.
+    fn framework_timers(&mut self, now: Millis, out: &mut Vec<Output>) {
         // Frameworks past their failover timeout are removed and their tasks killed.
         let expired: Vec<FrameworkId> = self
             .frameworks

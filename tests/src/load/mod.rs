@@ -393,10 +393,21 @@ pub async fn run(cfg: LoadConfig) -> anyhow::Result<Report> {
         }
     };
     let result = drive(&cfg, quic_addr, http_addr, pid, &tls_dir).await;
-    if result.is_err() {
+    // A failed run, or one that lost tasks: the master's last lines (its warnings and errors
+    // only when the run completed: why a peer was closed, why tasks ended otherwise).
+    let incomplete = match &result {
+        Err(_) => Some(false),
+        Ok(report) => report.accounted().is_err().then_some(true),
+    };
+    if let Some(warnings_only) = incomplete {
         if let Some(m) = &own_master {
             let log = std::fs::read_to_string(&m.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = log
+                .lines()
+                .rev()
+                .filter(|l| !warnings_only || l.contains("WARN") || l.contains("ERROR"))
+                .take(30)
+                .collect();
             eprintln!("---- master log (last lines) ----");
             for l in tail.iter().rev() {
                 eprintln!("{l}");

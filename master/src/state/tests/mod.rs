@@ -12,6 +12,7 @@ mod maintenance;
 mod metrics;
 mod operator;
 mod operator_commands;
+mod pacing;
 mod recovery;
 mod tasks;
 mod timers;

@@ -187,3 +187,29 @@ fn past_the_lease_deadline_the_core_neither_offers_nor_launches() {
         .iter()
         .any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::RunTask { .. }))));
 }
+
+#[test]
+fn agent_timers_come_from_a_floor_that_an_early_tick_makes_exact_again() {
+    let mut h = quiet();
+    h.agent(A, "a1", "cpus:2;mem:1024");
+    assert_eq!(h.m.next_deadline(0), Some(15_001));
+    // Heard from at 5 s: its silence deadline moved to 20,001, the cached floor did not.
+    h.now = 5_000;
+    h.input(Input::Agent {
+        conn: A,
+        msg: AgentToMaster::Heartbeat,
+    });
+    assert_eq!(h.m.next_deadline(5_000), Some(15_001), "a lower bound");
+    // The early tick finds nothing due; from then on the deadline is exact.
+    h.now = 15_001;
+    h.input(Input::Tick);
+    assert_eq!(h.m.agents.len(), 1);
+    assert!(h.m.agents.values().all(|a| a.conn.is_some()), "not silent");
+    assert_eq!(h.m.next_deadline(15_001), Some(20_001));
+    // A disconnect recomputes the floor: the re-register timeout replaces the silence check.
+    h.input(Input::AgentDisconnected { conn: A });
+    assert_eq!(h.m.next_deadline(15_001), Some(25_002));
+    h.now = 25_002;
+    h.input(Input::Tick);
+    assert!(h.m.agents.is_empty(), "lost at its deadline");
+}
