@@ -243,6 +243,7 @@ impl Allocator {
                 alloc: Rv::new(),
                 offers: 0,
                 suppressed: false,
+                paused: false,
                 key: placeholder.clone(),
             });
             let ri = self.fw(f).roles.len() - 1;
@@ -383,7 +384,9 @@ impl Allocator {
         for fr in &mut self.fw_mut(f).roles {
             if (target.is_none() || target == Some(fr.role)) && !fr.suppressed {
                 fr.suppressed = true;
-                removed.push((fr.role, fr.key.clone()));
+                if !fr.paused {
+                    removed.push((fr.role, fr.key.clone()));
+                }
             }
         }
         for (r, key) in removed {
@@ -403,24 +406,72 @@ impl Allocator {
         for (ri, fr) in self.fw_mut(f).roles.iter_mut().enumerate() {
             if (role.is_none() || target == Some(fr.role)) && fr.suppressed {
                 fr.suppressed = false;
-                revived.push(ri);
+                if !fr.paused {
+                    revived.push(ri);
+                }
             }
         }
         for ri in revived {
-            let key = self.fw_key(f, ri);
-            let r = self.fw(f).roles[ri].role;
-            self.refresh_fw_singleton(r);
-            self.roles[r as usize].frameworks.insert(key.clone());
-            self.fw_mut(f).roles[ri].key = key;
-            if self.roles[r as usize].self_key.is_none() {
-                self.refresh_sorted_singleton(r);
-                let sk = self.self_key(r);
-                self.roles[r as usize].sorted.insert(sk.clone());
-                self.roles[r as usize].self_key = Some(sk);
-            }
+            self.rejoin(f, ri);
         }
         self.clear_filters(f);
         self.epoch += 1;
+    }
+
+    /// Pauses (or resumes) offers to a framework that is not reading what it was sent (its
+    /// connection's queue is backed up): out of every role's fair order while paused, so the
+    /// others get what it would have been offered; its filters, suppression and allocations
+    /// stay as they are. The master decides (`state::pacing`).
+    pub fn set_paused(&mut self, framework: FrameworkId, paused: bool) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        let mut changed = Vec::new();
+        for (ri, fr) in self.fw_mut(f).roles.iter_mut().enumerate() {
+            if fr.paused != paused {
+                fr.paused = paused;
+                if !fr.suppressed {
+                    changed.push((ri, fr.role, fr.key.clone()));
+                }
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        for (ri, r, key) in changed {
+            if paused {
+                self.roles[r as usize].frameworks.remove(&key);
+            } else {
+                self.rejoin(f, ri);
+            }
+        }
+        if !paused {
+            // Agents found to have nothing for anyone may have something for it.
+            self.epoch += 1;
+        }
+    }
+
+    /// True while [`Allocator::set_paused`] holds offers to the framework back.
+    pub fn paused(&self, framework: FrameworkId) -> bool {
+        self.fw_ids
+            .get(&framework)
+            .is_some_and(|&f| self.fw(f).roles.iter().any(|r| r.paused))
+    }
+
+    /// Puts framework `f`'s role entry `ri` back into its role's fair order (revived or
+    /// resumed), its key up to date.
+    fn rejoin(&mut self, f: u32, ri: usize) {
+        let key = self.fw_key(f, ri);
+        let r = self.fw(f).roles[ri].role;
+        self.refresh_fw_singleton(r);
+        self.roles[r as usize].frameworks.insert(key.clone());
+        self.fw_mut(f).roles[ri].key = key;
+        if self.roles[r as usize].self_key.is_none() {
+            self.refresh_sorted_singleton(r);
+            let sk = self.self_key(r);
+            self.roles[r as usize].sorted.insert(sk.clone());
+            self.roles[r as usize].self_key = Some(sk);
+        }
     }
 
     /// Sets a role's weight (its dominant share is divided by it). Non-positive or non-finite

@@ -319,8 +319,19 @@ struct FwRole {
     role: u32,
     alloc: Rv,
     offers: u64,
+    /// Suppressed by the framework (or while it is disconnected).
     suppressed: bool,
+    /// Paused by the master: the framework is not reading what it was sent
+    /// ([`Allocator::set_paused`]).
+    paused: bool,
     key: SortKey,
+}
+
+impl FwRole {
+    /// Out of its role's fair order: never chosen for an offer.
+    fn out_of_order(&self) -> bool {
+        self.suppressed || self.paused
+    }
 }
 
 #[derive(Debug)]

@@ -240,7 +240,7 @@ impl Allocator {
             .expect("allocator invariant: live framework slot")
             .roles[ri];
         if fr.key != new {
-            if fr.suppressed {
+            if fr.out_of_order() {
                 fr.key = new;
             } else {
                 let set = &mut self.roles[fr.role as usize].frameworks;
@@ -280,7 +280,7 @@ impl Allocator {
             for ri in 0..self.fw(f).roles.len() {
                 let key = self.fw_key(f, ri);
                 let role = self.fw(f).roles[ri].role;
-                if !self.fw(f).roles[ri].suppressed {
+                if !self.fw(f).roles[ri].out_of_order() {
                     self.roles[role as usize].frameworks.insert(key.clone());
                 }
                 self.fw_mut(f).roles[ri].key = key;

@@ -288,6 +288,43 @@ fn suppress_and_revive() {
 }
 
 #[test]
+fn a_paused_framework_is_skipped_and_keeps_its_filters_and_suppression() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, None);
+    a.add_framework(fid(2), "f2", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
+    a.add_agent(aid(2), "h2", res("cpus:4"), BTreeMap::new());
+    // f1 would get h1 (name order at share 0): paused, f2 gets both.
+    a.set_paused(fid(1), true);
+    assert!(a.paused(fid(1)));
+    let o = a.allocate(0);
+    assert_eq!(o.len(), 2);
+    assert!(o.iter().all(|o| o.framework == fid(2)));
+    // Resumed: f1 is offered again.
+    for x in &o {
+        a.decline(x.id, Some(0), 0).unwrap();
+    }
+    a.set_paused(fid(1), false);
+    assert!(!a.paused(fid(1)));
+    a.add_agent(aid(3), "h3", res("cpus:4"), BTreeMap::new());
+    let o = a.allocate(1);
+    assert!(o.iter().any(|o| o.framework == fid(1)));
+    // Suppressed while paused: resuming does not revive it.
+    a.set_paused(fid(2), true);
+    a.suppress(fid(2), None);
+    a.set_paused(fid(2), false);
+    for x in a.allocate(2) {
+        assert_ne!(x.framework, fid(2));
+    }
+    a.revive(fid(2), None);
+    a.set_paused(fid(1), true);
+    a.add_agent(aid(4), "h4", res("cpus:4"), BTreeMap::new());
+    let o = a.allocate(3);
+    assert!(!o.is_empty());
+    assert!(o.iter().all(|o| o.framework == fid(2)));
+}
+
+#[test]
 fn remove_agent_rescinds_and_remove_framework_frees() {
     let mut a = alloc();
     a.add_framework(fid(1), "f", &roles(&["r"]), false, None);

@@ -150,6 +150,13 @@ pub(super) async fn core_loop(
             let t = now();
             // The core says no once its lease deadline has passed, even before `Lost` arrives.
             if m.allocation_due(t) {
+                // No offers to a framework whose outbox is more than half full: it would read
+                // them late (and accept them stale); the others get what it would have had.
+                m.pace_offers(|c| {
+                    conns
+                        .get(&c)
+                        .is_none_or(|p| p.outbox.capacity() < OUTBOX / 2)
+                });
                 let started = Instant::now();
                 let before = out.len();
                 m.allocate(t, &mut out);
@@ -175,6 +182,13 @@ pub(super) async fn core_loop(
             // ones of the same flush follow them there, in order.
             let mut held: std::collections::HashMap<ConnId, Vec<(TaskId, UpdateId)>> =
                 std::collections::HashMap::new();
+            // Other framework messages a full outbox could not take: offers go back to the
+            // pool, the rest wait in the core (`state::pacing`); only a framework that lets
+            // those pile up too is closed.
+            let mut undelivered: std::collections::HashMap<
+                ConnId,
+                (Vec<OfferId>, Vec<MasterToFramework>),
+            > = std::collections::HashMap::new();
             for o in out.drain(..) {
                 let (conn, msg) = match o {
                     Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
@@ -209,8 +223,17 @@ pub(super) async fn core_loop(
                     ))) if u.source == UpdateSource::Agent && !u.reconciliation => {
                         held.entry(conn).or_default().push((u.task_id, u.update_id));
                     }
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        tracing::warn!(conn, peer = %peer.label, "peer is not reading its messages ({OUTBOX} queued); closing it");
+                    Err(mpsc::error::TrySendError::Full(Outbound::Framework(
+                        MasterToFramework::Offers(offers),
+                    ))) => {
+                        let (ids, _) = undelivered.entry(conn).or_default();
+                        ids.extend(offers.iter().map(|o| o.id));
+                    }
+                    Err(mpsc::error::TrySendError::Full(Outbound::Framework(m))) => {
+                        undelivered.entry(conn).or_default().1.push(m);
+                    }
+                    Err(mpsc::error::TrySendError::Full(msg)) => {
+                        tracing::warn!(conn, peer = %peer.label, message = msg.kind(), "peer is not reading its messages ({OUTBOX} queued); closing it");
                         shell
                             .counters
                             .stalled_closed
@@ -245,6 +268,16 @@ pub(super) async fn core_loop(
                 }
                 for (conn, updates) in held {
                     out.extend(m.handle(Input::UpdatesHeld { conn, updates }, now()));
+                }
+                for (conn, (offers, messages)) in undelivered {
+                    out.extend(m.handle(
+                        Input::Undelivered {
+                            conn,
+                            offers,
+                            messages,
+                        },
+                        now(),
+                    ));
                 }
             }
         }

@@ -94,6 +94,27 @@ enum Outbound {
     Close(String),
 }
 
+impl Outbound {
+    /// The message's kind, for warnings about a peer that is not reading.
+    fn kind(&self) -> &'static str {
+        match self {
+            Outbound::Agent(_) => "to an agent",
+            Outbound::Framework(m) => match m {
+                MasterToFramework::Subscribed { .. } => "subscribed",
+                MasterToFramework::Offers(_) => "offers",
+                MasterToFramework::Rescind { .. } => "rescind",
+                MasterToFramework::Update(u) if u.reconciliation => "reconciliation update",
+                MasterToFramework::Update(u) if u.source == UpdateSource::Agent => "agent's update",
+                MasterToFramework::Update(_) => "master's update",
+                MasterToFramework::Error { .. } => "error",
+                MasterToFramework::Heartbeat => "heartbeat",
+                MasterToFramework::DrainNotice(_) => "drain notice",
+            },
+            Outbound::Close(_) => "close",
+        }
+    }
+}
+
 /// One served peer, as the core loop sees it.
 #[derive(Clone)]
 struct PeerHandle {

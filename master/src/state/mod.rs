@@ -99,7 +99,7 @@ pub use maintenance::{
     DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
 };
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
-pub use pacing::UPDATE_SLICE;
+pub use pacing::{HELD_MESSAGES, UPDATE_SLICE};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};
@@ -284,6 +284,16 @@ pub enum Input {
     UpdatesHeld {
         conn: ConnId,
         updates: Vec<(TaskId, UpdateId)>,
+    },
+    /// The shell could not queue these messages to this framework connection, its outbox
+    /// full: the offers go back to the pool (the framework never saw them); the rest
+    /// (rescinds, the master's own updates, errors, notices) are held in order and sent as
+    /// the outbox drains, up to [`pacing::HELD_MESSAGES`] (a framework past that is not
+    /// reading at all and is closed).
+    Undelivered {
+        conn: ConnId,
+        offers: Vec<OfferId>,
+        messages: Vec<MasterToFramework>,
     },
     /// Timers: heartbeat checks, offer expiry, failover timeouts, batch allocation. The shell
     /// sends it at [`Master::next_deadline`] (sending it earlier or more often is harmless).
@@ -861,6 +871,11 @@ impl Master {
                 _ => {}
             },
             Input::UpdatesHeld { conn, updates } => self.updates_held(conn, updates),
+            Input::Undelivered {
+                conn,
+                offers,
+                messages,
+            } => self.undelivered(conn, offers, messages, &mut out),
             Input::Tick => self.tick(now, &mut out),
             Input::LeaseUntil { until } => self.lease_until = until,
         }

@@ -1,18 +1,25 @@
-//! Status updates paced to a framework that reads slower than its tasks change.
+//! Messages paced to a framework that reads slower than its tasks change: a slow framework
+//! is slowed down, not closed.
 //!
-//! A framework's status updates wait in its task records (`TaskRec::pending`, up to
-//! `MAX_PENDING_UPDATES` per task, in order) until it acknowledges them: the master has them anyway. So when a framework's outbox is full, the
-//! shell does not close it for an agent's update (it does for anything else, the master's own
-//! updates included: the hostile-peer rule; agents' updates never take the outbox's last
-//! quarter, which stays for those); it hands the update back ([`Input::UpdatesHeld`]) and the
-//! core keeps only its ids, in order, per framework. From then on that framework's updates queue behind them, and
-//! [`Master::work_backlog`] sends them as its outbox drains. A re-subscribing framework gets
-//! its unacknowledged updates the same way (not all at once, which would overflow the outbox
-//! of a framework with 80,000 tasks starting and close it again, forever).
+//! - *Agents' status updates* wait in their task records (`TaskRec::pending`, up to
+//!   `MAX_PENDING_UPDATES` per task, in order) until acknowledged: the master has them anyway.
+//!   They never take the last quarter of a framework's outbox; beyond it the shell hands them
+//!   back ([`Input::UpdatesHeld`]) and the core keeps only their ids, in order, per framework.
+//!   From then on that framework's updates queue behind them, and [`Master::work_backlog`]
+//!   sends them as its outbox drains. A re-subscribing framework gets its unacknowledged
+//!   updates the same way (not all at once, which would overflow the outbox of a framework
+//!   with 80,000 tasks starting and close it again, forever).
+//! - *Offers* a full outbox could not take go back to the pool ([`Input::Undelivered`]): the
+//!   framework never saw them. And no offers are made to a framework whose outbox is more than
+//!   half full or that has updates held ([`Master::pace_offers`], before each allocation): it
+//!   would read them late and accept them stale, and the others get them instead.
+//! - *Everything else* (rescinds, the master's own updates, errors, notices) exists nowhere
+//!   else: held in full, sent first as the outbox drains, at most [`HELD_MESSAGES`]. Only a
+//!   framework past that, a full outbox *and* that many messages behind, is closed (the
+//!   hostile-peer rule: what it costs the master stays bounded).
 //!
-//! Memory: one entry per unacknowledged update the master already holds (a retransmitted
-//! update is held once), so a framework that never reads costs two ids per update of its own
-//! tasks, no more.
+//! Memory: two ids per unacknowledged update of the framework's own tasks, plus at most
+//! [`HELD_MESSAGES`] messages.
 
 use super::*;
 
@@ -22,6 +29,9 @@ use super::*;
 pub(crate) struct Held {
     queue: VecDeque<(TaskId, UpdateId)>,
     set: HashSet<(TaskId, UpdateId)>,
+    /// Messages that exist nowhere else (rescinds, the master's own updates, errors,
+    /// notices), sent before the held updates; at most [`HELD_MESSAGES`].
+    messages: VecDeque<MasterToFramework>,
 }
 
 impl Held {
@@ -38,12 +48,16 @@ impl Held {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.queue.len()
+        self.queue.len() + self.messages.len()
     }
 }
 
 /// Held updates sent per framework per [`Master::work_backlog`] slice at most.
 pub const UPDATE_SLICE: usize = 1024;
+
+/// Messages other than agents' updates held for one framework at most (on top of its full
+/// outbox): a framework with more is not reading at all and is closed.
+pub const HELD_MESSAGES: usize = 16_384;
 
 impl Master {
     /// Sends `update` (already `pending` on its task) to its framework now, or holds it when the
@@ -106,6 +120,83 @@ impl Master {
         }
     }
 
+    /// The shell could not queue these to `conn` (its outbox was full): the offers return
+    /// to the pool, to be offered again (the framework never saw them); the messages are
+    /// held after any already held, and the framework is closed past [`HELD_MESSAGES`].
+    pub(super) fn undelivered(
+        &mut self,
+        conn: ConnId,
+        offers: Vec<OfferId>,
+        messages: Vec<MasterToFramework>,
+        out: &mut Vec<Output>,
+    ) {
+        for id in offers {
+            self.allocator.rescind(id);
+            self.allocation_pending = true;
+        }
+        let Some(Peer::Framework {
+            framework: Some(fw),
+            ..
+        }) = self.conns.get(&conn)
+        else {
+            return;
+        };
+        let fw = *fw;
+        if self.frameworks.get(&fw).and_then(|f| f.conn) != Some(conn) {
+            return;
+        }
+        let held = self.held.entry(fw).or_default();
+        // A heartbeat that did not fit says nothing the next one will not.
+        held.messages.extend(
+            messages
+                .into_iter()
+                .filter(|m| !matches!(m, MasterToFramework::Heartbeat)),
+        );
+        if held.messages.len() > HELD_MESSAGES {
+            let count = |f: fn(&MasterToFramework) -> bool| held.messages.iter().filter(|m| f(m)).count();
+            tracing::warn!(
+                framework = %fw,
+                held = held.messages.len(),
+                rescinds = count(|m| matches!(m, MasterToFramework::Rescind { .. })),
+                updates = count(|m| matches!(m, MasterToFramework::Update(_))),
+                errors = count(|m| matches!(m, MasterToFramework::Error { .. })),
+                "framework is not reading its messages; closing it"
+            );
+            out.push(Output::Close {
+                conn,
+                reason: format!(
+                    "not reading its messages: {HELD_MESSAGES} held on top of a full queue"
+                ),
+            });
+        }
+        if held.len() == 0 {
+            self.held.remove(&fw);
+        }
+    }
+
+    /// Pauses offers to every framework that is not keeping up with what it was sent
+    /// (`backed_up(conn)`, or updates held for it here) and resumes the others: called by the
+    /// shell before each allocation, so offers go to frameworks that can take them and a
+    /// slow one does not pile offers it would read too late (and accept stale) on top of its
+    /// backlog.
+    pub fn pace_offers(&mut self, backed_up: impl Fn(ConnId) -> bool) {
+        for (id, f) in &self.frameworks {
+            let Some(conn) = f.conn else {
+                continue;
+            };
+            let paused = backed_up(conn) || self.held.contains_key(id);
+            if paused != self.allocator.paused(*id) {
+                if paused {
+                    tracing::debug!(framework = %id, "offers paused: the framework is behind");
+                }
+                self.allocator.set_paused(*id, paused);
+                if !paused {
+                    self.allocation_pending = true;
+                }
+            }
+        }
+    }
+
     /// Holds every update `fw` has not acknowledged, oldest first (a framework subscribing
     /// again): [`Master::work_backlog`] sends them as its outbox has room.
     pub(super) fn hold_pending(&mut self, fw: FrameworkId) {
@@ -127,11 +218,16 @@ impl Master {
             .flatten()
             .map(|u| (u.task_id, u.update_id))
             .collect();
-        self.held.remove(&fw);
-        if keys.is_empty() {
+        let messages = self
+            .held
+            .remove(&fw)
+            .map(|h| h.messages)
+            .unwrap_or_default();
+        if keys.is_empty() && messages.is_empty() {
             return;
         }
         let held = self.held.entry(fw).or_default();
+        held.messages = messages;
         for key in keys {
             held.push(key);
         }
@@ -176,6 +272,17 @@ impl Master {
         out: &mut Vec<Output>,
     ) {
         let mut sent = 0;
+        while sent < n {
+            let Some(m) = self
+                .held
+                .get_mut(&fw)
+                .and_then(|h| h.messages.pop_front())
+            else {
+                break;
+            };
+            out.push(Output::ToFramework(conn, m));
+            sent += 1;
+        }
         while sent < n {
             let Some((t, u)) = self.held.get_mut(&fw).and_then(Held::pop) else {
                 break;

@@ -187,3 +187,113 @@ fn an_update_no_longer_pending_is_not_held() {
     assert_eq!(h.m.held_updates(), 0);
     assert!(!h.m.has_backlog());
 }
+
+#[test]
+fn undelivered_offers_return_to_the_pool_and_other_messages_wait_and_go_first() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:8;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    assert_eq!(offers.len(), 1);
+    let tasks = vec![task("cpus:1;mem:64")];
+    // A full outbox could not take the offer, a rescind, an error or a heartbeat.
+    let rescind = MasterToFramework::Rescind {
+        offer_id: OfferId::random(),
+    };
+    let error = err(F, ErrorKind::InvalidRequest, "x");
+    let Output::ToFramework(_, error) = error else {
+        unreachable!()
+    };
+    let out = h.input(Input::Undelivered {
+        conn: F,
+        offers: vec![offers[0].id],
+        messages: vec![rescind.clone(), error.clone(), MasterToFramework::Heartbeat],
+    });
+    assert!(!closes(&out, F), "{out:?}");
+    // The framework never saw the offer: it is back in the pool (using it is an error) and
+    // offered again.
+    let again = offers_of(&out);
+    assert_eq!(again.len(), 1, "{out:?}");
+    assert_ne!(again[0].id, offers[0].id);
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, tasks.clone()),
+    });
+    assert_eq!(errors(&out), vec![ErrorKind::UnknownOffer]);
+    // The rescind and the error wait (the heartbeat is dropped), ahead of held updates.
+    assert_eq!(h.m.held_updates(), 2);
+    let (_, _) = run_tasks(&mut h, again[0].id, tasks.clone());
+    let starting = agent_update(&tasks[0], fw, TaskState::Starting);
+    assert!(updates_to(&update(&mut h, &starting), F).is_empty());
+    let mut out = Vec::new();
+    assert!(h.m.work_backlog(h.now, &mut out, |_| 2));
+    let sent: Vec<&MasterToFramework> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(F, m) => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, vec![&rescind, &error]);
+    let mut out = Vec::new();
+    assert!(h.m.work_backlog(h.now, &mut out, |_| usize::MAX));
+    assert_eq!(updates_to(&out, F), vec![key(&starting)]);
+    assert!(!h.m.has_backlog());
+}
+
+#[test]
+fn a_framework_letting_messages_pile_past_the_bound_is_closed() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:8;mem:1024");
+    h.framework(F, "f", "r");
+    let rescinds = |n: usize| -> Vec<MasterToFramework> {
+        (0..n)
+            .map(|_| MasterToFramework::Rescind {
+                offer_id: OfferId::random(),
+            })
+            .collect()
+    };
+    let out = h.input(Input::Undelivered {
+        conn: F,
+        offers: Vec::new(),
+        messages: rescinds(HELD_MESSAGES),
+    });
+    assert!(!closes(&out, F));
+    let out = h.input(Input::Undelivered {
+        conn: F,
+        offers: Vec::new(),
+        messages: rescinds(1),
+    });
+    assert!(closes(&out, F), "{out:?}");
+}
+
+#[test]
+fn offers_pause_while_a_framework_is_backed_up_and_go_to_the_others() {
+    const G: ConnId = 3;
+    let mut h = Harness::new();
+    let (f, _) = h.framework(F, "f", "r");
+    let (g, _) = h.framework(G, "g", "r");
+    // The offers made when an agent registers.
+    let add_agent = |h: &mut Harness, conn: ConnId, name: &str| -> Vec<Offer> {
+        h.input(Input::AgentConnected {
+            conn,
+            name: name.into(),
+            address: "127.0.0.1:1".into(),
+        });
+        let out = h.input(Input::Agent {
+            conn,
+            msg: register(None, "cpus:8;mem:1024"),
+        });
+        [offers(&out, F), offers(&out, G)].concat()
+    };
+    // F is behind: the agents that arrive go to G, though F comes first in fair order.
+    h.m.pace_offers(|c| c == F);
+    let mut made = add_agent(&mut h, A, "a1");
+    made.extend(add_agent(&mut h, 11, "a2"));
+    assert_eq!(made.len(), 2);
+    assert!(made.iter().all(|o| o.framework_id == g), "{made:?}");
+    // Caught up: F is offered again.
+    h.m.pace_offers(|_| false);
+    let made = add_agent(&mut h, 12, "a3");
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].framework_id, f);
+}
