@@ -137,9 +137,36 @@ pub struct Isolator {
 /// A task's cgroup (one directory per hierarchy).
 #[derive(Debug, Clone)]
 pub struct TaskCgroup {
+    /// The cgroup's name under the root: the task id, or a pool slot's name ([`POOL_PREFIX`]).
     task_id: String,
     kind: Kind,
+    /// The counters the cgroup already held when its task took it (a reused pool slot):
+    /// usage and OOM kills are reported as differences from these.
+    base: Baseline,
+    /// Made (or taken from the pool) by this process, with the device rules installed as an
+    /// eBPF program on v2: only such a cgroup can go back to the pool.
+    made: bool,
+    bpf_rules: Option<Vec<DeviceRule>>,
+    /// v2 on kernels ≥ 6.12: a `memory.peak` descriptor reset when the task took a reused
+    /// cgroup (the peak since then is read through it).
+    peak: Option<std::sync::Arc<std::fs::File>>,
 }
+
+/// Counters of a reused cgroup when its task took it. v1 resets what it can (`cpuacct.usage`,
+/// `memory.max_usage_in_bytes`, `memory.failcnt`); the OOM-kill counters (and v2's
+/// `cpu.stat`) cannot be reset and are subtracted. Recorded in the task's meta directory so a
+/// restarted agent subtracts them too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Baseline {
+    /// `oom_kill` (+ v2 `oom_group_kill`) already counted.
+    pub oom_kills: u64,
+    /// CPU time already counted, µs (v2 `cpu.stat` `usage_usec`).
+    pub cpu_usec: u64,
+}
+
+/// Names of pooled cgroups start with this (see [`Isolator::create_slot`]); task ids never
+/// do (they are UUIDs).
+pub const POOL_PREFIX: &str = "pool-";
 
 #[derive(Debug, Clone)]
 enum Kind {
@@ -264,6 +291,14 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// A number read from the start of an open file (`memory.peak` through its reset descriptor).
+fn read_fd_u64(f: &std::fs::File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 32];
+    let n = f.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+}
+
 fn read_pids(procs: &Path) -> Result<Vec<u32>, IsolationError> {
     match std::fs::read_to_string(procs) {
         Ok(t) => Ok(t.lines().filter_map(|l| l.trim().parse().ok()).collect()),
@@ -272,16 +307,21 @@ fn read_pids(procs: &Path) -> Result<Vec<u32>, IsolationError> {
     }
 }
 
-/// Creates `dir`; an existing directory is reused only when it holds no process.
-fn make_task_dir(dir: &Path) -> Result<(), IsolationError> {
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
-    }
+/// Creates `dir`; an existing directory is reused only when it holds no process. Returns
+/// whether it existed (a pool slot, or a leftover): its settings and counters are not fresh.
+fn make_task_dir(dir: &Path) -> Result<bool, IsolationError> {
     match std::fs::create_dir(dir) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(false),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
+            }
+            std::fs::create_dir(dir).map_err(io_err("mkdir", dir))?;
+            Ok(false)
+        }
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
             if read_pids(&dir.join("cgroup.procs"))?.is_empty() {
-                Ok(())
+                Ok(true)
             } else {
                 Err(IsolationError::Busy {
                     path: dir.display().to_string(),
@@ -290,6 +330,19 @@ fn make_task_dir(dir: &Path) -> Result<(), IsolationError> {
         }
         Err(e) => Err(io_err("mkdir", dir)(e)),
     }
+}
+
+/// A `memory.peak` descriptor reset to the current usage (kernels ≥ 6.12: a write resets the
+/// peak seen through that descriptor); `None` where the kernel cannot.
+fn reset_peak(path: &Path) -> Option<std::sync::Arc<std::fs::File>> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .ok()?;
+    f.write_all(b"reset").ok()?;
+    Some(std::sync::Arc::new(f))
 }
 
 fn rmdir(dir: &Path) -> Result<(), IsolationError> {
@@ -374,14 +427,18 @@ impl Isolator {
                 "mem must be positive".to_string(),
             ));
         }
-        let cg = self.task_cgroup(task_id, limits.pids_max.is_some(), limits.devices.is_some())?;
+        let mut cg =
+            self.task_cgroup(task_id, limits.pids_max.is_some(), limits.devices.is_some())?;
         let result = match &self.layout {
             None => Ok(()),
-            Some(CgroupLayout::V1 { .. }) => self.setup_v1(&cg, limits),
-            Some(CgroupLayout::V2 { mount }) => self.setup_v2(mount, &cg, limits),
+            Some(CgroupLayout::V1 { .. }) => self.setup_v1(&mut cg, limits),
+            Some(CgroupLayout::V2 { mount }) => self.setup_v2(mount, &mut cg, limits),
         };
         match result {
-            Ok(()) => Ok(cg),
+            Ok(()) => {
+                cg.made = true;
+                Ok(cg)
+            }
             // Someone else's processes: leave them alone (setup removed what it created).
             Err(e @ IsolationError::Busy { .. }) => Err(e),
             Err(e) => {
@@ -430,12 +487,63 @@ impl Isolator {
         Ok(TaskCgroup {
             task_id: task_id.to_string(),
             kind,
+            base: Baseline::default(),
+            made: false,
+            bpf_rules: None,
+            peak: None,
         })
     }
 
-    fn setup_v1(&self, cg: &TaskCgroup, limits: &Limits) -> Result<(), IsolationError> {
+    /// Creates an empty cgroup for the pool (`name` starts with [`POOL_PREFIX`]): the
+    /// directories in every hierarchy a task may use, no limits (a task taking it with
+    /// [`Isolator::create`] writes its own). The expensive part of a task cgroup (`mkdir` in
+    /// up to six hierarchies) is thus done ahead, off the task's path, and once per slot
+    /// rather than once per task.
+    pub fn create_slot(&self, name: &str) -> Result<(), IsolationError> {
+        validate_task_id(name)?;
+        let cg = self.task_cgroup(name, false, false)?;
+        if let Some(CgroupLayout::V2 { mount }) = &self.layout {
+            self.enable_v2(mount, &["cpu"])?;
+        }
+        let mut made = Vec::new();
+        for d in cg.dirs() {
+            match make_task_dir(d) {
+                Ok(false) => made.push(d),
+                Ok(true) => {}
+                Err(e) => {
+                    for m in made {
+                        let _ = rmdir(m);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn setup_v1(&self, cg: &mut TaskCgroup, limits: &Limits) -> Result<(), IsolationError> {
+        let mut made = Vec::new();
+        let mut reused = false;
+        for d in cg.dirs() {
+            match make_task_dir(d) {
+                Ok(existed) => {
+                    reused |= existed;
+                    if !existed {
+                        made.push(d);
+                    }
+                }
+                Err(e) => {
+                    // Remove only what this call created; a busy directory is someone else's.
+                    for m in made {
+                        let _ = rmdir(m);
+                    }
+                    return Err(e);
+                }
+            }
+        }
         let Kind::V1 {
             cpu,
+            cpuacct,
             memory,
             pids,
             devices,
@@ -444,17 +552,8 @@ impl Isolator {
         else {
             return Ok(());
         };
-        let mut made = Vec::new();
-        for d in cg.dirs() {
-            if let Err(e) = make_task_dir(d) {
-                // Remove only what this call created; a busy directory is someone else's.
-                for m in made {
-                    let _ = rmdir(m);
-                }
-                return Err(e);
-            }
-            made.push(d);
-        }
+        // A reused cgroup (a pool slot) holds its last task's settings: every limit is
+        // written, "unlimited" included, and the counters that can be reset are.
         write_file(
             &cpu.join("cpu.shares"),
             &cpu_shares(limits.cpus).to_string(),
@@ -465,44 +564,61 @@ impl Isolator {
                 &cpu.join("cpu.cfs_quota_us"),
                 &cfs_quota_us(limits.cpus).to_string(),
             )?;
+        } else if reused {
+            write_file(&cpu.join("cpu.cfs_quota_us"), "-1")?;
         }
+        let memsw = memory.join("memory.memsw.limit_in_bytes");
+        let has_memsw = || memsw.exists();
         if let Some(mib) = limits.mem_mib {
             let bytes = mib.saturating_mul(1 << 20).to_string();
+            // memsw may never be below the limit: lift it first when raising the limit.
+            if reused && has_memsw() {
+                write_file(&memsw, "-1")?;
+            }
             write_file(&memory.join("memory.limit_in_bytes"), &bytes)?;
-            let memsw = memory.join("memory.memsw.limit_in_bytes");
-            if memsw.exists() {
+            if has_memsw() {
                 write_file(&memsw, &bytes)?;
             }
-        }
-        if let (Some(max), Some(dir)) = (limits.pids_max, pids) {
-            write_file(&dir.join("pids.max"), &max.to_string())?;
-        }
-        if let (Some(rules), Some(dir)) = (&limits.devices, devices) {
-            write_file(&dir.join("devices.deny"), "a")?;
-            for r in rules {
-                write_file(&dir.join("devices.allow"), &r.v1_line())?;
+        } else if reused {
+            if has_memsw() {
+                write_file(&memsw, "-1")?;
             }
+            write_file(&memory.join("memory.limit_in_bytes"), "-1")?;
+        }
+        if let Some(dir) = pids {
+            match limits.pids_max {
+                Some(max) => write_file(&dir.join("pids.max"), &max.to_string())?,
+                None if reused => write_file(&dir.join("pids.max"), "max")?,
+                None => {}
+            }
+        }
+        if let Some(dir) = devices {
+            match &limits.devices {
+                Some(rules) => {
+                    write_file(&dir.join("devices.deny"), "a")?;
+                    for r in rules {
+                        write_file(&dir.join("devices.allow"), &r.v1_line())?;
+                    }
+                }
+                None if reused => write_file(&dir.join("devices.allow"), "a")?,
+                None => {}
+            }
+        }
+        if reused {
+            write_file(&cpuacct.join("cpuacct.usage"), "0")?;
+            write_file(&memory.join("memory.max_usage_in_bytes"), "0")?;
+            write_file(&memory.join("memory.failcnt"), "0")?;
+            let ctl = read_file(&memory.join("memory.oom_control"))?;
+            cg.base = Baseline {
+                oom_kills: keyed(&ctl, "oom_kill").unwrap_or(0),
+                cpu_usec: 0,
+            };
         }
         Ok(())
     }
 
-    fn setup_v2(
-        &self,
-        mount: &Path,
-        cg: &TaskCgroup,
-        limits: &Limits,
-    ) -> Result<(), IsolationError> {
-        let Kind::V2 { dir } = &cg.kind else {
-            return Ok(());
-        };
-        let mut wanted = vec!["cpu"];
-        if limits.mem_mib.is_some() {
-            wanted.push("memory");
-        }
-        if limits.pids_max.is_some() {
-            wanted.push("pids");
-        }
-        // Enable the controllers from the mount down to the tasks' parent.
+    /// Enables `wanted` controllers from the mount down to the tasks' parent (v2).
+    fn enable_v2(&self, mount: &Path, wanted: &[&str]) -> Result<(), IsolationError> {
         let parent = mount.join(&self.root);
         std::fs::create_dir_all(&parent).map_err(io_err("mkdir", &parent))?;
         let mut level = mount.to_path_buf();
@@ -513,7 +629,7 @@ impl Isolator {
         }
         for d in &chain {
             let available = read_file(&d.join("cgroup.controllers"))?;
-            for c in &wanted {
+            for c in wanted {
                 if !available.split_whitespace().any(|a| a == *c) {
                     return Err(IsolationError::V2ControllerMissing {
                         controller: c.to_string(),
@@ -522,13 +638,35 @@ impl Isolator {
                 }
             }
             let enabled = read_file(&d.join("cgroup.subtree_control"))?;
-            for c in &wanted {
+            for c in wanted {
                 if !enabled.split_whitespace().any(|a| a == *c) {
                     write_file(&d.join("cgroup.subtree_control"), &format!("+{c}"))?;
                 }
             }
         }
-        make_task_dir(dir)?;
+        Ok(())
+    }
+
+    fn setup_v2(
+        &self,
+        mount: &Path,
+        cg: &mut TaskCgroup,
+        limits: &Limits,
+    ) -> Result<(), IsolationError> {
+        let Kind::V2 { dir } = &cg.kind else {
+            return Ok(());
+        };
+        let dir = dir.clone();
+        let mut wanted = vec!["cpu"];
+        if limits.mem_mib.is_some() {
+            wanted.push("memory");
+        }
+        if limits.pids_max.is_some() {
+            wanted.push("pids");
+        }
+        self.enable_v2(mount, &wanted)?;
+        let reused = make_task_dir(&dir)?;
+        let exists = |f: &str| dir.join(f).exists();
         write_file(
             &dir.join("cpu.weight"),
             &cpu_weight(limits.cpus).to_string(),
@@ -538,22 +676,41 @@ impl Isolator {
                 &dir.join("cpu.max"),
                 &format!("{} {CFS_PERIOD_US}", cfs_quota_us(limits.cpus)),
             )?;
+        } else if reused {
+            write_file(&dir.join("cpu.max"), &format!("max {CFS_PERIOD_US}"))?;
         }
         if let Some(mib) = limits.mem_mib {
             write_file(
                 &dir.join("memory.max"),
                 &mib.saturating_mul(1 << 20).to_string(),
             )?;
-            let swap = dir.join("memory.swap.max");
-            if swap.exists() {
-                write_file(&swap, "0")?;
+            if exists("memory.swap.max") {
+                write_file(&dir.join("memory.swap.max"), "0")?;
+            }
+        } else if reused && exists("memory.max") {
+            write_file(&dir.join("memory.max"), "max")?;
+            if exists("memory.swap.max") {
+                write_file(&dir.join("memory.swap.max"), "max")?;
             }
         }
-        if let Some(max) = limits.pids_max {
-            write_file(&dir.join("pids.max"), &max.to_string())?;
+        match limits.pids_max {
+            Some(max) => write_file(&dir.join("pids.max"), &max.to_string())?,
+            None if reused && exists("pids.max") => write_file(&dir.join("pids.max"), "max")?,
+            None => {}
+        }
+        if reused {
+            let stat = read_file(&dir.join("cpu.stat"))?;
+            let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
+            cg.base = Baseline {
+                oom_kills: keyed(&events, "oom_kill").unwrap_or(0)
+                    + keyed(&events, "oom_group_kill").unwrap_or(0),
+                cpu_usec: keyed(&stat, "usage_usec").unwrap_or(0),
+            };
+            cg.peak = reset_peak(&dir.join("memory.peak"));
         }
         if let Some(rules) = &limits.devices {
-            bpf::install(dir, rules)?;
+            bpf::install(&dir, rules)?;
+            cg.bpf_rules = Some(rules.clone());
         }
         Ok(())
     }
@@ -644,9 +801,42 @@ impl Isolator {
 }
 
 impl TaskCgroup {
-    /// The task id.
+    /// The cgroup's name under the root (the task id, or the pool slot the task took).
     pub fn task_id(&self) -> &str {
         &self.task_id
+    }
+
+    /// The counters the cgroup held when its task took it.
+    pub fn baseline(&self) -> Baseline {
+        self.base
+    }
+
+    /// Sets the baseline (a restarted agent reads it from the task's meta directory).
+    pub fn set_baseline(&mut self, base: Baseline) {
+        self.base = base;
+    }
+
+    /// Readies an empty cgroup to go back to the pool: v2's device program is detached (v1's
+    /// device list and every limit are rewritten by the next task). Only a cgroup this process
+    /// made can be recycled (it knows what it installed); an error means: destroy it instead.
+    pub fn recycle(&self) -> Result<(), IsolationError> {
+        if !self.made {
+            return Err(IsolationError::NotFound(format!(
+                "{} (not made by this agent)",
+                self.task_id
+            )));
+        }
+        for d in self.dirs() {
+            if !read_pids(&d.join("cgroup.procs"))?.is_empty() {
+                return Err(IsolationError::Busy {
+                    path: d.display().to_string(),
+                });
+            }
+        }
+        if let (Kind::V2 { dir }, Some(rules)) = (&self.kind, &self.bpf_rules) {
+            bpf::detach(dir, rules)?;
+        }
+        Ok(())
     }
 
     /// Whether this is a real cgroup (not `--isolation none`).
@@ -736,7 +926,10 @@ impl TaskCgroup {
             Kind::V1 {
                 cpuacct, memory, ..
             } => Ok(TaskUsage {
-                cpu_time_secs: read_u64(&cpuacct.join("cpuacct.usage"))? as f64 / 1e9,
+                cpu_time_secs: read_u64(&cpuacct.join("cpuacct.usage"))?
+                    .saturating_sub(self.base.cpu_usec.saturating_mul(1000))
+                    as f64
+                    / 1e9,
                 mem_bytes: read_u64(&memory.join("memory.usage_in_bytes"))?,
                 mem_peak_bytes: read_u64(&memory.join("memory.max_usage_in_bytes"))?,
                 ..TaskUsage::default()
@@ -744,9 +937,14 @@ impl TaskCgroup {
             Kind::V2 { dir } => {
                 let stat = read_file(&dir.join("cpu.stat"))?;
                 let current = read_u64(&dir.join("memory.current"))?;
-                let peak = read_u64(&dir.join("memory.peak")).unwrap_or(current);
+                let peak = match &self.peak {
+                    Some(f) => read_fd_u64(f),
+                    None => read_u64(&dir.join("memory.peak")).ok(),
+                }
+                .unwrap_or(current);
+                let usec = keyed(&stat, "usage_usec").unwrap_or(0);
                 Ok(TaskUsage {
-                    cpu_time_secs: keyed(&stat, "usage_usec").unwrap_or(0) as f64 / 1e6,
+                    cpu_time_secs: usec.saturating_sub(self.base.cpu_usec) as f64 / 1e6,
                     mem_bytes: current,
                     mem_peak_bytes: peak.max(current),
                     ..TaskUsage::default()
@@ -762,7 +960,7 @@ impl TaskCgroup {
             Kind::V1 { memory, .. } => {
                 let ctl = read_file(&memory.join("memory.oom_control"))?;
                 match keyed(&ctl, "oom_kill") {
-                    Some(n) => Ok(n > 0),
+                    Some(n) => Ok(n > self.base.oom_kills),
                     // Kernels before 4.13 have no counter: the limit was hit.
                     None => Ok(read_u64(&memory.join("memory.failcnt"))? > 0
                         || keyed(&ctl, "under_oom") == Some(1)),
@@ -770,8 +968,8 @@ impl TaskCgroup {
             }
             Kind::V2 { dir } => {
                 let ev = read_file(&dir.join("memory.events"))?;
-                Ok(keyed(&ev, "oom_kill").unwrap_or(0) > 0
-                    || keyed(&ev, "oom_group_kill").unwrap_or(0) > 0)
+                Ok(keyed(&ev, "oom_kill").unwrap_or(0) + keyed(&ev, "oom_group_kill").unwrap_or(0)
+                    > self.base.oom_kills)
             }
         }
     }
