@@ -135,7 +135,13 @@ impl AgentCore {
             super::ports::assign(self.config.ports, &self.held_ports(), unbindable_ports, k)
         });
         let minors: Vec<u32> = chosen.iter().map(|g| g.minor).collect();
-        let cgroup_name = id.to_string();
+        // A prepared cgroup from the pool (or a new pool name), else one named after the task.
+        let cgroup_name = self
+            .config
+            .isolated
+            .then(|| self.pool.take())
+            .flatten()
+            .unwrap_or_else(|| id.to_string());
         // Checkpointed before the cgroup exists: a restarted agent knows all it may have made.
         self.ckpt.tasks.insert(
             id,
@@ -272,11 +278,16 @@ impl AgentCore {
         if rec.state.is_terminal() || !self.settling.insert(task) {
             return;
         }
+        let recycle = rec
+            .cgroup
+            .as_deref()
+            .is_some_and(|name| self.pool.recycle(name));
         let effect = Effect::Settle {
             task,
             status,
             meta: rec.meta_dir().to_path_buf(),
             cgroup: rec.cgroup.clone(),
+            recycle,
         };
         self.emit(effect);
     }

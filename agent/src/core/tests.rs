@@ -61,6 +61,7 @@ fn config(gpus: u32) -> CoreConfig {
             keep: 0,
         },
         ports: None,
+        cgroup_pool: super::pool::PoolConfig::off(),
     }
 }
 
@@ -679,3 +680,132 @@ mod gpus;
 mod ports;
 mod recovery;
 mod register;
+
+/// With a pool: cgroups are prepared ahead, a task takes one (recorded before its launch), and
+/// after the task ended its empty cgroup goes back to the pool once its terminal update is out.
+#[test]
+fn pooled_cgroups_are_prepared_taken_and_returned() {
+    let mut cfg = config(0);
+    cfg.cgroup_pool = super::pool::PoolConfig {
+        low: 1,
+        high: 2,
+        prefix: "pool-t-1-".into(),
+    };
+    let mut c = AgentCore::new(cfg, Checkpoint::default(), T0, Instant::now());
+    // The first flush asks for the pool to be filled.
+    let fx = c.flush(T0);
+    let asked = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::PrepareCgroups(n) => Some(n.clone()),
+            _ => None,
+        })
+        .expect("pool cgroups asked for");
+    assert_eq!(asked, vec!["pool-t-1-0", "pool-t-1-1"]);
+    // Only one could be made.
+    c.handle(
+        Input::CgroupsPrepared {
+            asked: 2,
+            ready: vec!["pool-t-1-0".into()],
+        },
+        T0,
+    );
+    c.handle(Input::Connected, T0);
+    c.handle(
+        Input::Master(MasterToAgent::Registered {
+            agent_id: AgentId::random(),
+            epoch: 1,
+            heartbeat_interval_ms: 1000,
+        }),
+        T0,
+    );
+    let fw = FrameworkId::random();
+    let t = task("");
+    let id = t.task_id;
+    let fx = step(&mut c, run_task(fw, t), T0);
+    let plan = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Launch(p) => Some(p.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(plan.cgroup_name, "pool-t-1-0");
+    assert_eq!(
+        c.checkpoint().tasks[&id].cgroup.as_deref(),
+        Some("pool-t-1-0"),
+        "the slot is recorded with the task before the launch"
+    );
+    // The pool ran under its low-water mark: refilled up to high.
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::PrepareCgroups(n) if n == &vec!["pool-t-1-2".to_string(), "pool-t-1-3".to_string()])));
+    step(
+        &mut c,
+        Input::Launched {
+            task: id,
+            result: Ok(launched(100)),
+        },
+        T0 + 1,
+    );
+    let fx = step(
+        &mut c,
+        Input::Exited {
+            task: id,
+            status: exit(0),
+        },
+        T0 + 2,
+    );
+    // Two being made already fill the pool: this one is removed, not recycled.
+    assert!(
+        matches!(fx.as_slice(), [Effect::Settle { recycle: false, .. }]),
+        "{fx:?}"
+    );
+    // Once those are made and one taken, an ended task's cgroup is recycled.
+    c.handle(
+        Input::CgroupsPrepared {
+            asked: 2,
+            ready: vec!["pool-t-1-2".into(), "pool-t-1-3".into()],
+        },
+        T0 + 3,
+    );
+    let t2 = task("");
+    let id2 = t2.task_id;
+    let fx = step(&mut c, run_task(fw, t2), T0 + 4);
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Launch(p) if p.cgroup_name == "pool-t-1-2")));
+    step(
+        &mut c,
+        Input::Launched {
+            task: id2,
+            result: Ok(launched(101)),
+        },
+        T0 + 5,
+    );
+    let fx = step(
+        &mut c,
+        Input::Exited {
+            task: id2,
+            status: exit(0),
+        },
+        T0 + 6,
+    );
+    assert!(
+        matches!(fx.as_slice(), [Effect::Settle { recycle: true, cgroup: Some(n), .. }] if n == "pool-t-1-2"),
+        "{fx:?}"
+    );
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id2,
+            status: exit(0),
+            outcome: CgroupOutcome::default(),
+        },
+        T0 + 7,
+    );
+    assert_eq!(updates(&fx)[0].state, TaskState::Finished);
+    c.handle(Input::CgroupRecycled(Some("pool-t-1-2".into())), T0 + 8);
+    // Ready: 3 (oldest first), then 2 (back from its task).
+    assert_eq!(c.drain_pool(), vec!["pool-t-1-3", "pool-t-1-2"]);
+}

@@ -827,6 +827,9 @@ impl TaskCgroup {
             )));
         }
         for d in self.dirs() {
+            if !d.is_dir() {
+                return Err(IsolationError::NotFound(d.display().to_string()));
+            }
             if !read_pids(&d.join("cgroup.procs"))?.is_empty() {
                 return Err(IsolationError::Busy {
                     path: d.display().to_string(),
@@ -1190,6 +1193,19 @@ mod tests {
             devices: None,
         };
         let cg = iso.create("t1", &limits).unwrap();
+        // The fake directory existed (as a pool slot would): its counters are the baseline,
+        // reset memory.peak through a descriptor. The task then runs: 2.5 s of CPU, one OOM
+        // kill, a 4 MiB peak.
+        assert_eq!(
+            cg.baseline(),
+            Baseline {
+                oom_kills: 1,
+                cpu_usec: 2_500_000
+            }
+        );
+        std::fs::write(d.join("cpu.stat"), "usage_usec 5000000\n").unwrap();
+        std::fs::write(d.join("memory.events"), "oom 2\noom_kill 2\n").unwrap();
+        std::fs::write(d.join("memory.peak"), "4194304").unwrap();
         assert_eq!(read(&d.join("cpu.weight")), cpu_weight(0.5).to_string());
         assert_eq!(read(&d.join("cpu.max")), "50000 100000");
         assert_eq!(read(&d.join("memory.max")), (32u64 << 20).to_string());
@@ -1201,7 +1217,8 @@ mod tests {
         assert_eq!(u.cpu_time_secs, 2.5);
         assert_eq!((u.mem_bytes, u.mem_peak_bytes), (1 << 20, 4 << 20));
         assert!(cg.oom_killed().unwrap());
-        std::fs::write(d.join("memory.events"), "oom 0\noom_kill 0\n").unwrap();
+        // Only the kills counted before the task took the cgroup: not this task's OOM.
+        std::fs::write(d.join("memory.events"), "oom 1\noom_kill 1\n").unwrap();
         assert!(!cg.oom_killed().unwrap());
         let a = cg.pre_exec_attach();
         assert_eq!(
@@ -1219,6 +1236,94 @@ mod tests {
         assert_eq!(iso.cleanup_except(&[]).unwrap(), vec!["t1".to_string()]);
         assert!(!d.exists());
         cg.destroy().unwrap(); // idempotent
+    }
+
+    #[test]
+    fn v2_reused_slot_gets_every_limit_rewritten() {
+        let fake = FakeV2::new("cpuset cpu io memory pids");
+        let d = fake.precreate_task("pool-x-1-0");
+        let iso = fake.isolator();
+        // The last task's limits are still there.
+        std::fs::write(d.join("cpu.max"), "50000 100000").unwrap();
+        std::fs::write(d.join("memory.max"), "33554432").unwrap();
+        std::fs::write(d.join("memory.swap.max"), "0").unwrap();
+        std::fs::write(d.join("pids.max"), "50").unwrap();
+        let limits = Limits {
+            cpus: 2.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("pool-x-1-0", &limits).unwrap();
+        assert_eq!(read(&d.join("cpu.weight")), cpu_weight(2.0).to_string());
+        assert_eq!(read(&d.join("cpu.max")), "max 100000");
+        assert_eq!(read(&d.join("memory.max")), "max");
+        assert_eq!(read(&d.join("memory.swap.max")), "max");
+        assert_eq!(read(&d.join("pids.max")), "max");
+        // Empty and made here: it may go back to the pool.
+        cg.recycle().unwrap();
+        // A reopened handle (an agent restart) does not know what it installed: removed.
+        assert!(iso.reopen("pool-x-1-0").unwrap().recycle().is_err());
+        // With processes in it: not pooled.
+        std::fs::write(d.join("cgroup.procs"), "999999999\n").unwrap();
+        assert!(matches!(cg.recycle(), Err(IsolationError::Busy { .. })));
+    }
+
+    /// Real cgroups (root on a host with cgroups, as in CI): a pool slot made ahead, taken with
+    /// limits, taken again without them (every limit back to unlimited), recycled, removed.
+    #[test]
+    fn pool_slot_reuse_on_this_host() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("not root: real cgroups not tried");
+            return;
+        }
+        let root = PathBuf::from(format!("gantry-unit-{}", std::process::id()));
+        let iso = Isolator::new(IsolationMode::Cgroups, Some(root)).unwrap();
+        let name = "pool-unit-1-0";
+        iso.create_slot(name).unwrap();
+        assert_eq!(iso.list().unwrap(), vec![name.to_string()]);
+        let strict = Limits {
+            cpus: 0.5,
+            mem_mib: Some(32),
+            pids_max: Some(20),
+            cpu_hard_limit: true,
+            devices: None,
+        };
+        let cg = iso.create(name, &strict).unwrap();
+        let v2 = matches!(iso.layout(), Some(CgroupLayout::V2 { .. }));
+        let file = |c: &str, v1: &str, v2f: &str| {
+            let dir = cg.controller_dir(c).unwrap();
+            read(&dir.join(if v2 { v2f } else { v1 })).trim().to_string()
+        };
+        assert_eq!(
+            file("memory", "memory.limit_in_bytes", "memory.max"),
+            (32u64 << 20).to_string()
+        );
+        assert_eq!(file("pids", "pids.max", "pids.max"), "20");
+        let loose = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create(name, &loose).unwrap();
+        let mem = file("memory", "memory.limit_in_bytes", "memory.max");
+        assert!(mem == "max" || mem.parse::<u64>().unwrap() > 1 << 40, "{mem}");
+        assert_eq!(file("pids", "pids.max", "pids.max"), "max");
+        if v2 {
+            assert!(file("cpu", "", "cpu.max").starts_with("max"));
+        } else {
+            assert_eq!(file("cpu", "cpu.cfs_quota_us", ""), "-1");
+            assert_eq!(file("cpuacct", "cpuacct.usage", ""), "0");
+        }
+        assert!(!cg.oom_killed().unwrap());
+        cg.recycle().unwrap();
+        cg.destroy().unwrap();
+        assert!(iso.list().unwrap().is_empty());
+        iso.remove_root().unwrap();
     }
 
     #[test]
