@@ -767,18 +767,20 @@ impl Agent {
         let ours: HashSet<&str> = tasks.values().filter_map(|t| t.cgroup.as_deref()).collect();
         let agent_prefix = crate::core::pool::agent_prefix(&self.config.work_dir);
         let run_prefix = self.core.pool_prefix();
+        let pooled = |id: &str| {
+            use crate::core::pool::{classify, SlotKind};
+            matches!(
+                classify(id, &agent_prefix, run_prefix),
+                SlotKind::Current | SlotKind::Foreign
+            )
+        };
         match iso.list() {
             Ok(ids) => {
                 for id in ids {
-                    use crate::core::pool::{classify, SlotKind};
-                    match classify(&id, &agent_prefix, run_prefix) {
-                        // This run's pool manages its own; another agent's pool is not ours.
-                        SlotKind::Current | SlotKind::Foreign => {
-                            keep.push(id);
-                            continue;
-                        }
-                        // An earlier run's: removed unless a live task holds it.
-                        SlotKind::Stale | SlotKind::Task => {}
+                    // This run's pool manages its own; another agent's pool is not ours; an
+                    // earlier run's is removed unless a live task holds it.
+                    if pooled(&id) {
+                        continue;
                     }
                     if ours.contains(id.as_str()) || keep.contains(&id) {
                         continue;
@@ -795,8 +797,8 @@ impl Agent {
             }
             Err(e) => tracing::warn!("listing task cgroups: {e}"),
         }
-        let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
-        match iso.cleanup_except(&keep) {
+        // (Pool cgroups made since the listing above are this run's: kept by their name.)
+        match iso.cleanup_unless(|id| pooled(id) || keep.iter().any(|k| k == id)) {
             Ok(removed) if !removed.is_empty() => {
                 tracing::info!(
                     ?removed,

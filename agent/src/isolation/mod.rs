@@ -774,9 +774,18 @@ impl Isolator {
     /// Destroys every task cgroup under the root whose id is not in `keep` (orphans of tasks
     /// that ended while the agent was down); returns the ids removed.
     pub fn cleanup_except(&self, keep: &[&str]) -> Result<Vec<String>, IsolationError> {
+        self.cleanup_unless(|id| keep.contains(&id))
+    }
+
+    /// Destroys every task cgroup under the root for which `keep` is false; returns the ids
+    /// removed.
+    pub fn cleanup_unless(
+        &self,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, IsolationError> {
         let mut removed = Vec::new();
         for id in self.list()? {
-            if !keep.contains(&id.as_str()) {
+            if !keep(&id) {
                 self.reopen(&id)?.destroy()?;
                 removed.push(id);
             }
