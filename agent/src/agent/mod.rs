@@ -656,6 +656,16 @@ impl Agent {
                         }
                     });
                 }
+                Effect::RemoveCgroups(names) => {
+                    let iso = self.config.isolator.clone();
+                    tokio::task::spawn_blocking(move || {
+                        for name in names {
+                            if let Ok(cg) = iso.reopen(&name) {
+                                destroy_cgroup(&cg);
+                            }
+                        }
+                    });
+                }
                 Effect::PrepareCgroups(names) => {
                     let iso = self.config.isolator.clone();
                     let events = self.events.clone();

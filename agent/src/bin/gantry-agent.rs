@@ -131,7 +131,7 @@ struct RunArgs {
     /// fewer than LOW are ready, up to HIGH) and an ended task's empty cgroup is reused for
     /// the next task instead of being removed and made again. `0:0` turns the pool off (one
     /// cgroup per task, named after it). See docs/agent.md, "Task cgroup pool".
-    #[arg(long, value_name = "LOW:HIGH", default_value = "32:256", value_parser = parse_pool)]
+    #[arg(long, value_name = "LOW:HIGH", default_value = "32:1024", value_parser = parse_pool)]
     cgroup_pool: (usize, usize),
     /// Serve Prometheus metrics (`GET /metrics`: dcgm-exporter GPU series with the task holding
     /// each GPU, GPU health, per-task CPU and memory) on HOST:PORT, plain HTTP without

@@ -202,6 +202,8 @@ pub enum Effect {
     },
     /// Make these empty pool cgroups, then report [`Input::CgroupsPrepared`].
     PrepareCgroups(Vec<String>),
+    /// Remove these ready pool cgroups (the pool was idle; they left it already).
+    RemoveCgroups(Vec<String>),
     /// Sample these tasks (id, process group, GPUs) and the GPUs, then report
     /// [`Input::Sampled`].
     Sample(Vec<(TaskId, i32, Vec<String>)>),
@@ -454,7 +456,7 @@ impl AgentCore {
                 }
             }
             Input::Tick => self.tick(now),
-            Input::CgroupsPrepared { asked, ready } => self.pool.prepared(asked, ready),
+            Input::CgroupsPrepared { asked, ready } => self.pool.prepared(asked, ready, now),
             Input::CgroupRecycled(name) => self.pool.recycled(name),
         }
         std::mem::take(&mut self.fx)
@@ -607,6 +609,10 @@ impl AgentCore {
 
     fn tick(&mut self, now: u64) {
         self.escalate_kills(now);
+        let idle = self.pool.trim(now);
+        if !idle.is_empty() {
+            self.emit(Effect::RemoveCgroups(idle));
+        }
         self.adopted.retain(|id| {
             self.ckpt
                 .tasks

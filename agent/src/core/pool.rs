@@ -43,10 +43,15 @@ impl PoolConfig {
     }
 }
 
-/// The default `--cgroup-pool`.
+/// The default `--cgroup-pool` low-water mark.
 pub const DEFAULT_LOW: usize = 32;
-/// The default `--cgroup-pool` high-water mark.
-pub const DEFAULT_HIGH: usize = 256;
+/// The default `--cgroup-pool` high-water mark: a burst of this many tasks ending together
+/// keeps all their cgroups for the next burst.
+pub const DEFAULT_HIGH: usize = 1024;
+
+/// Ready cgroups above the low-water mark are removed after this long without a task taking
+/// one (an idle agent does not keep HIGH empty cgroups and their kernel memory).
+pub const TRIM_AFTER_MS: u64 = 60_000;
 
 /// This agent's pool names: `pool-<tag>-`, with the tag a short hash of its work directory.
 pub fn agent_prefix(work_dir: &std::path::Path) -> String {
@@ -102,6 +107,8 @@ pub struct CgroupPool {
     recycling: usize,
     /// The next name's number.
     next: u64,
+    /// When a task last took a cgroup (or cgroups were made for the pool).
+    last_take_ms: u64,
 }
 
 impl CgroupPool {
@@ -112,6 +119,7 @@ impl CgroupPool {
             preparing: 0,
             recycling: 0,
             next: 0,
+            last_take_ms: 0,
         }
     }
 
@@ -133,10 +141,11 @@ impl CgroupPool {
 
     /// The cgroup name for a new task: a ready one, else a new pool name (made by the launch).
     /// `None` when the pool is off (the task's cgroup is named after it).
-    pub fn take(&mut self) -> Option<String> {
+    pub fn take(&mut self, now: u64) -> Option<String> {
         if !self.enabled() {
             return None;
         }
+        self.last_take_ms = now;
         Some(match self.free.pop_front() {
             Some(name) => name,
             None => self.fresh_name(),
@@ -154,7 +163,8 @@ impl CgroupPool {
     }
 
     /// `asked` names were being made; `ready` of them are.
-    pub fn prepared(&mut self, asked: usize, ready: Vec<String>) {
+    pub fn prepared(&mut self, asked: usize, ready: Vec<String>, now: u64) {
+        self.last_take_ms = self.last_take_ms.max(now);
         self.preparing = self.preparing.saturating_sub(asked);
         self.free.extend(ready);
     }
@@ -178,6 +188,17 @@ impl CgroupPool {
         if let Some(name) = name {
             self.free.push_back(name);
         }
+    }
+
+    /// Ready cgroups beyond the low-water mark to remove now: the pool has been idle (no
+    /// take) for [`TRIM_AFTER_MS`]. The newest go first (the oldest are reused next).
+    pub fn trim(&mut self, now: u64) -> Vec<String> {
+        if now.saturating_sub(self.last_take_ms) < TRIM_AFTER_MS
+            || self.free.len() <= self.config.low
+        {
+            return Vec::new();
+        }
+        self.free.split_off(self.config.low).into()
     }
 
     /// Empties the pool (shutdown): the ready names, to remove.
@@ -219,12 +240,12 @@ mod tests {
         // Being made counts: no second request meanwhile.
         assert!(p.refill().is_empty());
         // Three made, one failed.
-        p.prepared(4, names[..3].to_vec());
+        p.prepared(4, names[..3].to_vec(), 0);
         assert_eq!(p.ready(), 3);
         assert!(p.refill().is_empty());
-        assert_eq!(p.take().as_deref(), Some("pool-abc-1-0"));
+        assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-0"));
         assert!(p.refill().is_empty(), "2 ready: not under low");
-        assert_eq!(p.take().as_deref(), Some("pool-abc-1-1"));
+        assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-1"));
         // 1 ready < low 2: made up to 4.
         assert_eq!(p.refill(), vec!["pool-abc-1-4", "pool-abc-1-5", "pool-abc-1-6"]);
     }
@@ -232,8 +253,8 @@ mod tests {
     #[test]
     fn an_empty_pool_still_names_the_task_cgroup() {
         let mut p = pool(1, 2);
-        assert_eq!(p.take().as_deref(), Some("pool-abc-1-0"));
-        assert_eq!(p.take().as_deref(), Some("pool-abc-1-1"));
+        assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-0"));
+        assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-1"));
         // Names are never handed out twice.
         let made = p.refill();
         assert_eq!(made, vec!["pool-abc-1-2", "pool-abc-1-3"]);
@@ -242,9 +263,9 @@ mod tests {
     #[test]
     fn recycles_own_names_up_to_high() {
         let mut p = pool(1, 2);
-        let a = p.take().unwrap();
-        let b = p.take().unwrap();
-        let c = p.take().unwrap();
+        let a = p.take(0).unwrap();
+        let b = p.take(0).unwrap();
+        let c = p.take(0).unwrap();
         assert!(p.recycle(&a));
         assert!(p.recycle(&b));
         // Two coming back reach the high-water mark: the third is removed.
@@ -255,8 +276,8 @@ mod tests {
         assert_eq!(p.ready(), 1);
         assert!(p.recycle(&c));
         p.recycled(Some(c.clone()));
-        assert_eq!(p.take(), Some(a));
-        assert_eq!(p.take(), Some(c));
+        assert_eq!(p.take(0), Some(a));
+        assert_eq!(p.take(0), Some(c));
         // Not ours (an earlier run's slot, a task-named cgroup): removed, not pooled.
         assert!(!p.recycle("pool-abc-0-7"));
         assert!(!p.recycle("0b7c5e1a-0000-4000-8000-000000000000"));
@@ -265,17 +286,29 @@ mod tests {
     #[test]
     fn off_pool_does_nothing() {
         let mut p = CgroupPool::new(PoolConfig::off());
-        assert_eq!(p.take(), None);
+        assert_eq!(p.take(0), None);
         assert!(p.refill().is_empty());
         assert!(!p.recycle("pool-abc-1-0"));
         assert!(p.drain().is_empty());
     }
 
     #[test]
+    fn idle_pool_is_trimmed_to_low() {
+        let mut p = pool(1, 3);
+        let names = p.refill();
+        p.prepared(3, names.clone(), 0);
+        assert_eq!(p.take(1000).as_deref(), Some("pool-abc-1-0"));
+        assert!(p.trim(1000 + TRIM_AFTER_MS - 1).is_empty(), "not idle long enough");
+        assert_eq!(p.trim(1000 + TRIM_AFTER_MS), vec!["pool-abc-1-2"]);
+        assert_eq!(p.ready(), 1);
+        assert!(p.trim(1000 + 2 * TRIM_AFTER_MS).is_empty(), "at low");
+    }
+
+    #[test]
     fn drain_returns_ready_names() {
         let mut p = pool(1, 3);
         let names = p.refill();
-        p.prepared(3, names.clone());
+        p.prepared(3, names.clone(), 0);
         assert_eq!(p.drain(), names);
         assert_eq!(p.ready(), 0);
     }

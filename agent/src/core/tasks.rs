@@ -139,7 +139,7 @@ impl AgentCore {
         let cgroup_name = self
             .config
             .isolated
-            .then(|| self.pool.take())
+            .then(|| self.pool.take(now))
             .flatten()
             .unwrap_or_else(|| id.to_string());
         // Checkpointed before the cgroup exists: a restarted agent knows all it may have made.

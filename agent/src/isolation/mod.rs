@@ -132,6 +132,20 @@ pub struct Isolator {
     layout: Option<CgroupLayout>,
     /// Relative path of the task cgroups' parent inside each hierarchy.
     root: PathBuf,
+    /// What this process last wrote to each pool cgroup ([`POOL_PREFIX`]).
+    slots: SlotLimits,
+}
+
+/// The limits this process last wrote to each pool cgroup (`None`: made empty by
+/// [`Isolator::create_slot`], nothing written). A task taking a pooled cgroup whose limits are
+/// the ones it needs skips rewriting them (in a batch of alike tasks: every time). A name
+/// missing here is unknown: every limit is written.
+type SlotLimits = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Option<Limits>>>>;
+
+fn lock_slots(
+    slots: &SlotLimits,
+) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Option<Limits>>> {
+    slots.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A task's cgroup (one directory per hierarchy).
@@ -150,6 +164,8 @@ pub struct TaskCgroup {
     /// v2 on kernels ≥ 6.12: a `memory.peak` descriptor reset when the task took a reused
     /// cgroup (the peak since then is read through it).
     peak: Option<std::sync::Arc<std::fs::File>>,
+    /// The isolator's record of pool cgroups (a pool cgroup's entry goes when it is removed).
+    slots: Option<SlotLimits>,
 }
 
 /// Counters of a reused cgroup when its task took it. v1 resets what it can (`cpuacct.usage`,
@@ -375,6 +391,7 @@ impl Isolator {
                 Ok(Isolator {
                     layout: None,
                     root: PathBuf::from(DEFAULT_CGROUP_ROOT),
+                    slots: SlotLimits::default(),
                 })
             }
             IsolationMode::Cgroups => {
@@ -405,6 +422,7 @@ impl Isolator {
         Ok(Isolator {
             layout: Some(layout),
             root,
+            slots: SlotLimits::default(),
         })
     }
 
@@ -429,14 +447,21 @@ impl Isolator {
         }
         let mut cg =
             self.task_cgroup(task_id, limits.pids_max.is_some(), limits.devices.is_some())?;
+        let prev = cg
+            .slots
+            .as_ref()
+            .and_then(|s| lock_slots(s).get(task_id).cloned());
         let result = match &self.layout {
             None => Ok(()),
-            Some(CgroupLayout::V1 { .. }) => self.setup_v1(&mut cg, limits),
-            Some(CgroupLayout::V2 { mount }) => self.setup_v2(mount, &mut cg, limits),
+            Some(CgroupLayout::V1 { .. }) => self.setup_v1(&mut cg, limits, prev),
+            Some(CgroupLayout::V2 { mount }) => self.setup_v2(mount, &mut cg, limits, prev),
         };
         match result {
             Ok(()) => {
                 cg.made = true;
+                if let Some(s) = &cg.slots {
+                    lock_slots(s).insert(task_id.to_string(), Some(limits.clone()));
+                }
                 Ok(cg)
             }
             // Someone else's processes: leave them alone (setup removed what it created).
@@ -491,6 +516,9 @@ impl Isolator {
             made: false,
             bpf_rules: None,
             peak: None,
+            slots: task_id
+                .starts_with(POOL_PREFIX)
+                .then(|| self.slots.clone()),
         })
     }
 
@@ -518,10 +546,23 @@ impl Isolator {
                 }
             }
         }
+        if made.len() == cg.dirs().len() {
+            lock_slots(&self.slots).insert(name.to_string(), None);
+        } else {
+            // Partly there already: what it holds is unknown.
+            lock_slots(&self.slots).remove(name);
+        }
         Ok(())
     }
 
-    fn setup_v1(&self, cg: &mut TaskCgroup, limits: &Limits) -> Result<(), IsolationError> {
+    /// `prev`: what this process last wrote to this cgroup when it is a pool cgroup
+    /// (`Some(None)`: made empty).
+    fn setup_v1(
+        &self,
+        cg: &mut TaskCgroup,
+        limits: &Limits,
+        prev: Option<Option<Limits>>,
+    ) -> Result<(), IsolationError> {
         let mut made = Vec::new();
         let mut reused = false;
         for d in cg.dirs() {
@@ -541,9 +582,44 @@ impl Isolator {
                 }
             }
         }
+        // A reused cgroup (a pool slot) holds its last task's settings: every limit is
+        // written, "unlimited" included (unless they are the very limits this task needs), and
+        // the counters that can be reset are. One made empty for the pool is as good as new.
+        let same = reused && prev.as_ref() == Some(&Some(limits.clone()));
+        let reused_limits = reused && !matches!(prev, Some(None));
+        // (A cgroup made empty for the pool has fresh counters too.)
+        let reset_counters = reused_limits;
+        let reused = reused_limits;
+        if !same {
+            self.write_v1_limits(cg, limits, reused)?;
+        }
+        let Kind::V1 {
+            cpuacct, memory, ..
+        } = &cg.kind
+        else {
+            return Ok(());
+        };
+        if reset_counters {
+            write_file(&cpuacct.join("cpuacct.usage"), "0")?;
+            write_file(&memory.join("memory.max_usage_in_bytes"), "0")?;
+            write_file(&memory.join("memory.failcnt"), "0")?;
+            let ctl = read_file(&memory.join("memory.oom_control"))?;
+            cg.base = Baseline {
+                oom_kills: keyed(&ctl, "oom_kill").unwrap_or(0),
+                cpu_usec: 0,
+            };
+        }
+        Ok(())
+    }
+
+    fn write_v1_limits(
+        &self,
+        cg: &TaskCgroup,
+        limits: &Limits,
+        reused: bool,
+    ) -> Result<(), IsolationError> {
         let Kind::V1 {
             cpu,
-            cpuacct,
             memory,
             pids,
             devices,
@@ -552,8 +628,6 @@ impl Isolator {
         else {
             return Ok(());
         };
-        // A reused cgroup (a pool slot) holds its last task's settings: every limit is
-        // written, "unlimited" included, and the counters that can be reset are.
         write_file(
             &cpu.join("cpu.shares"),
             &cpu_shares(limits.cpus).to_string(),
@@ -604,16 +678,6 @@ impl Isolator {
                 None => {}
             }
         }
-        if reused {
-            write_file(&cpuacct.join("cpuacct.usage"), "0")?;
-            write_file(&memory.join("memory.max_usage_in_bytes"), "0")?;
-            write_file(&memory.join("memory.failcnt"), "0")?;
-            let ctl = read_file(&memory.join("memory.oom_control"))?;
-            cg.base = Baseline {
-                oom_kills: keyed(&ctl, "oom_kill").unwrap_or(0),
-                cpu_usec: 0,
-            };
-        }
         Ok(())
     }
 
@@ -652,6 +716,7 @@ impl Isolator {
         mount: &Path,
         cg: &mut TaskCgroup,
         limits: &Limits,
+        prev: Option<Option<Limits>>,
     ) -> Result<(), IsolationError> {
         let Kind::V2 { dir } = &cg.kind else {
             return Ok(());
@@ -667,6 +732,25 @@ impl Isolator {
         self.enable_v2(mount, &wanted)?;
         let reused = make_task_dir(&dir)?;
         let exists = |f: &str| dir.join(f).exists();
+        if reused && !matches!(prev, Some(None)) {
+            let stat = read_file(&dir.join("cpu.stat"))?;
+            let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
+            cg.base = Baseline {
+                oom_kills: keyed(&events, "oom_kill").unwrap_or(0)
+                    + keyed(&events, "oom_group_kill").unwrap_or(0),
+                cpu_usec: keyed(&stat, "usage_usec").unwrap_or(0),
+            };
+            cg.peak = reset_peak(&dir.join("memory.peak"));
+        }
+        // A pool cgroup's device program stays attached between tasks: replaced only when
+        // this task's rules differ.
+        let prev_rules = prev.as_ref().and_then(|p| p.as_ref()).and_then(|p| p.devices.clone());
+        let same = reused && prev.as_ref() == Some(&Some(limits.clone()));
+        let reused = reused && !matches!(prev, Some(None));
+        if same {
+            cg.bpf_rules = limits.devices.clone();
+            return Ok(());
+        }
         write_file(
             &dir.join("cpu.weight"),
             &cpu_weight(limits.cpus).to_string(),
@@ -698,20 +782,15 @@ impl Isolator {
             None if reused && exists("pids.max") => write_file(&dir.join("pids.max"), "max")?,
             None => {}
         }
-        if reused {
-            let stat = read_file(&dir.join("cpu.stat"))?;
-            let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
-            cg.base = Baseline {
-                oom_kills: keyed(&events, "oom_kill").unwrap_or(0)
-                    + keyed(&events, "oom_group_kill").unwrap_or(0),
-                cpu_usec: keyed(&stat, "usage_usec").unwrap_or(0),
-            };
-            cg.peak = reset_peak(&dir.join("memory.peak"));
+        if prev_rules != limits.devices {
+            if let Some(old) = &prev_rules {
+                bpf::detach(&dir, old)?;
+            }
+            if let Some(rules) = &limits.devices {
+                bpf::install(&dir, rules)?;
+            }
         }
-        if let Some(rules) = &limits.devices {
-            bpf::install(&dir, rules)?;
-            cg.bpf_rules = Some(rules.clone());
-        }
+        cg.bpf_rules = limits.devices.clone();
         Ok(())
     }
 
@@ -825,9 +904,9 @@ impl TaskCgroup {
         self.base = base;
     }
 
-    /// Readies an empty cgroup to go back to the pool: v2's device program is detached (v1's
-    /// device list and every limit are rewritten by the next task). Only a cgroup this process
-    /// made can be recycled (it knows what it installed); an error means: destroy it instead.
+    /// Checks that an empty cgroup can go back to the pool: only a cgroup this process made
+    /// (it knows what it wrote: the next task rewrites what differs, v2's device program
+    /// included) and that is still there and empty. An error means: destroy it instead.
     pub fn recycle(&self) -> Result<(), IsolationError> {
         if !self.made {
             return Err(IsolationError::NotFound(format!(
@@ -844,9 +923,6 @@ impl TaskCgroup {
                     path: d.display().to_string(),
                 });
             }
-        }
-        if let (Kind::V2 { dir }, Some(rules)) = (&self.kind, &self.bpf_rules) {
-            bpf::detach(dir, rules)?;
         }
         Ok(())
     }
@@ -1040,6 +1116,9 @@ impl TaskCgroup {
     pub fn destroy(&self) -> Result<(), IsolationError> {
         let dirs = self.dirs();
         if dirs.iter().all(|d| !d.exists()) {
+            if let Some(s) = &self.slots {
+                lock_slots(s).remove(&self.task_id);
+            }
             return Ok(());
         }
         let deadline = Instant::now() + DESTROY_TIMEOUT;
@@ -1067,6 +1146,9 @@ impl TaskCgroup {
         }
         for d in dirs {
             rmdir(d)?;
+        }
+        if let Some(s) = &self.slots {
+            lock_slots(s).remove(&self.task_id);
         }
         Ok(())
     }
@@ -1330,7 +1412,16 @@ mod tests {
         }
         assert!(!cg.oom_killed().unwrap());
         cg.recycle().unwrap();
+        // Taken again with the same limits: nothing to rewrite, and still right.
+        let cg = iso.create(name, &loose).unwrap();
+        assert_eq!(file("pids", "pids.max", "pids.max"), "max");
+        assert_eq!(cg.usage().unwrap().cpu_time_secs, 0.0);
+        // With other limits: rewritten.
+        let cg = iso.create(name, &strict).unwrap();
+        assert_eq!(file("pids", "pids.max", "pids.max"), "20");
+        cg.recycle().unwrap();
         cg.destroy().unwrap();
+        assert!(lock_slots(&iso.slots).is_empty(), "a removed slot is forgotten");
         assert!(iso.list().unwrap().is_empty());
         iso.remove_root().unwrap();
     }
