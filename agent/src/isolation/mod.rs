@@ -134,6 +134,8 @@ pub struct Isolator {
     root: PathBuf,
     /// What this process last wrote to each pool cgroup ([`POOL_PREFIX`]).
     slots: SlotLimits,
+    /// v2 controllers already enabled down to the root.
+    v2_enabled: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// The limits this process last wrote to each pool cgroup (`None`: made empty by
@@ -392,6 +394,7 @@ impl Isolator {
                     layout: None,
                     root: PathBuf::from(DEFAULT_CGROUP_ROOT),
                     slots: SlotLimits::default(),
+                    v2_enabled: Default::default(),
                 })
             }
             IsolationMode::Cgroups => {
@@ -423,6 +426,7 @@ impl Isolator {
             layout: Some(layout),
             root,
             slots: SlotLimits::default(),
+            v2_enabled: Default::default(),
         })
     }
 
@@ -565,7 +569,13 @@ impl Isolator {
     ) -> Result<(), IsolationError> {
         let mut made = Vec::new();
         let mut reused = false;
-        for d in cg.dirs() {
+        // A pool cgroup this process made or got back empty (checked when it came back:
+        // processes enter a cgroup only by a root's write) is there and empty: no `mkdir` and
+        // no look at its processes per hierarchy.
+        let known = prev.is_some() && cg.controller_dir("memory").is_some_and(Path::is_dir);
+        let dirs = if known { Vec::new() } else { cg.dirs() };
+        reused |= known;
+        for d in dirs {
             match make_task_dir(d) {
                 Ok(existed) => {
                     reused |= existed;
@@ -681,8 +691,19 @@ impl Isolator {
         Ok(())
     }
 
-    /// Enables `wanted` controllers from the mount down to the tasks' parent (v2).
+    /// Enables `wanted` controllers from the mount down to the tasks' parent (v2), once per
+    /// controller and process.
     fn enable_v2(&self, mount: &Path, wanted: &[&str]) -> Result<(), IsolationError> {
+        let mut done = self.v2_enabled.lock().unwrap_or_else(|e| e.into_inner());
+        if wanted.iter().all(|c| done.contains(*c)) {
+            return Ok(());
+        }
+        self.enable_v2_chain(mount, wanted)?;
+        done.extend(wanted.iter().map(|c| c.to_string()));
+        Ok(())
+    }
+
+    fn enable_v2_chain(&self, mount: &Path, wanted: &[&str]) -> Result<(), IsolationError> {
         let parent = mount.join(&self.root);
         std::fs::create_dir_all(&parent).map_err(io_err("mkdir", &parent))?;
         let mut level = mount.to_path_buf();
@@ -730,7 +751,12 @@ impl Isolator {
             wanted.push("pids");
         }
         self.enable_v2(mount, &wanted)?;
-        let reused = make_task_dir(&dir)?;
+        // A pool cgroup this process made or got back empty: there and empty.
+        let reused = if prev.is_some() && dir.is_dir() {
+            true
+        } else {
+            make_task_dir(&dir)?
+        };
         let exists = |f: &str| dir.join(f).exists();
         if reused && !matches!(prev, Some(None)) {
             let stat = read_file(&dir.join("cpu.stat"))?;
@@ -914,15 +940,18 @@ impl TaskCgroup {
                 self.task_id
             )));
         }
-        for d in self.dirs() {
-            if !d.is_dir() {
-                return Err(IsolationError::NotFound(d.display().to_string()));
-            }
-            if !read_pids(&d.join("cgroup.procs"))?.is_empty() {
-                return Err(IsolationError::Busy {
-                    path: d.display().to_string(),
-                });
-            }
+        // The task's processes are in every hierarchy (a process leaves one only by a root's
+        // write): the memory hierarchy's list (v2: the cgroup's) stands for all.
+        let Some(dir) = self.controller_dir("memory") else {
+            return Ok(());
+        };
+        if !dir.is_dir() {
+            return Err(IsolationError::NotFound(dir.display().to_string()));
+        }
+        if !read_pids(&dir.join("cgroup.procs"))?.is_empty() {
+            return Err(IsolationError::Busy {
+                path: dir.display().to_string(),
+            });
         }
         Ok(())
     }
