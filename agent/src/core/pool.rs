@@ -99,7 +99,8 @@ pub fn classify(name: &str, agent_prefix: &str, run_prefix: &str) -> SlotKind {
 #[derive(Debug)]
 pub struct CgroupPool {
     config: PoolConfig,
-    /// Ready cgroups, oldest first.
+    /// Ready cgroups: the last returned first (its kernel state is the warmest), those made
+    /// ahead behind.
     free: VecDeque<String>,
     /// Being made (asked for, not reported yet).
     preparing: usize,
@@ -186,12 +187,12 @@ impl CgroupPool {
     pub fn recycled(&mut self, name: Option<String>) {
         self.recycling = self.recycling.saturating_sub(1);
         if let Some(name) = name {
-            self.free.push_back(name);
+            self.free.push_front(name);
         }
     }
 
     /// Ready cgroups beyond the low-water mark to remove now: the pool has been idle (no
-    /// take) for [`TRIM_AFTER_MS`]. The newest go first (the oldest are reused next).
+    /// take) for [`TRIM_AFTER_MS`]. Those at the back (taken last) go.
     pub fn trim(&mut self, now: u64) -> Vec<String> {
         if now.saturating_sub(self.last_take_ms) < TRIM_AFTER_MS
             || self.free.len() <= self.config.low
@@ -276,8 +277,9 @@ mod tests {
         assert_eq!(p.ready(), 1);
         assert!(p.recycle(&c));
         p.recycled(Some(c.clone()));
-        assert_eq!(p.take(0), Some(a));
+        // The last returned is taken first.
         assert_eq!(p.take(0), Some(c));
+        assert_eq!(p.take(0), Some(a));
         // Not ours (an earlier run's slot, a task-named cgroup): removed, not pooled.
         assert!(!p.recycle("pool-abc-0-7"));
         assert!(!p.recycle("0b7c5e1a-0000-4000-8000-000000000000"));

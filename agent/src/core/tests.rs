@@ -806,6 +806,6 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
     );
     assert_eq!(updates(&fx)[0].state, TaskState::Finished);
     c.handle(Input::CgroupRecycled(Some("pool-t-1-2".into())), T0 + 8);
-    // Ready: 3 (oldest first), then 2 (back from its task).
-    assert_eq!(c.drain_pool(), vec!["pool-t-1-3", "pool-t-1-2"]);
+    // Ready: 2 (back from its task: taken first), then 3.
+    assert_eq!(c.drain_pool(), vec!["pool-t-1-2", "pool-t-1-3"]);
 }
