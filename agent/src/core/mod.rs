@@ -466,7 +466,7 @@ impl AgentCore {
     /// (the runtime commits the log before sending anything).
     pub fn flush(&mut self, now: u64) -> Vec<Effect> {
         self.flush_updates(now);
-        let make = self.pool.refill();
+        let make = self.pool.refill(now);
         if !make.is_empty() {
             self.emit(Effect::PrepareCgroups(make));
         }

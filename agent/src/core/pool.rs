@@ -49,6 +49,13 @@ pub const DEFAULT_LOW: usize = 32;
 /// keeps all their cgroups for the next burst.
 pub const DEFAULT_HIGH: usize = 1024;
 
+/// Pool cgroups made per background job: the pool fills in steps (ready ones are usable at
+/// once, and cgroups of ended tasks can come back meanwhile).
+pub const FILL_CHUNK: usize = 64;
+
+/// After a fill job that failed, the next one waits this long.
+pub const RETRY_FILL_MS: u64 = 5_000;
+
 /// Ready cgroups above the low-water mark are removed after this long without a task taking
 /// one (an idle agent does not keep HIGH empty cgroups and their kernel memory).
 pub const TRIM_AFTER_MS: u64 = 60_000;
@@ -110,6 +117,10 @@ pub struct CgroupPool {
     next: u64,
     /// When a task last took a cgroup (or cgroups were made for the pool).
     last_take_ms: u64,
+    /// Filling up to the high-water mark (from under the low one).
+    filling: bool,
+    /// After a fill job that could not make all it was asked, none before this time.
+    retry_at_ms: u64,
 }
 
 impl CgroupPool {
@@ -121,6 +132,8 @@ impl CgroupPool {
             recycling: 0,
             next: 0,
             last_take_ms: 0,
+            filling: false,
+            retry_at_ms: 0,
         }
     }
 
@@ -153,12 +166,23 @@ impl CgroupPool {
         })
     }
 
-    /// Names to make now (when the level is under the low-water mark: up to the high one).
-    pub fn refill(&mut self) -> Vec<String> {
-        if !self.enabled() || self.level() >= self.config.low.max(1) {
+    /// Names to make now: once the level is under the low-water mark the pool fills up to the
+    /// high one, [`FILL_CHUNK`] at a time (one job at a time).
+    pub fn refill(&mut self, now: u64) -> Vec<String> {
+        if !self.enabled() || now < self.retry_at_ms {
             return Vec::new();
         }
-        let n = self.config.high - self.level();
+        if self.level() < self.config.low.max(1) {
+            self.filling = true;
+        }
+        if !self.filling || self.preparing > 0 {
+            return Vec::new();
+        }
+        if self.level() >= self.config.high {
+            self.filling = false;
+            return Vec::new();
+        }
+        let n = (self.config.high - self.level()).min(FILL_CHUNK);
         self.preparing += n;
         (0..n).map(|_| self.fresh_name()).collect()
     }
@@ -166,8 +190,15 @@ impl CgroupPool {
     /// `asked` names were being made; `ready` of them are.
     pub fn prepared(&mut self, asked: usize, ready: Vec<String>, now: u64) {
         self.last_take_ms = self.last_take_ms.max(now);
+        if ready.len() < asked {
+            // (The runtime logged why.) Not again at once: no loop of failing jobs.
+            self.retry_at_ms = now + RETRY_FILL_MS;
+        }
         self.preparing = self.preparing.saturating_sub(asked);
         self.free.extend(ready);
+        if self.level() >= self.config.high {
+            self.filling = false;
+        }
     }
 
     /// Whether an ended task's cgroup `name` goes back to the pool (a name of this run's, with
@@ -233,22 +264,44 @@ mod tests {
     #[test]
     fn fills_to_high_when_under_low() {
         let mut p = pool(2, 4);
-        let names = p.refill();
+        let names = p.refill(0);
         assert_eq!(
             names,
             vec!["pool-abc-1-0", "pool-abc-1-1", "pool-abc-1-2", "pool-abc-1-3"]
         );
         // Being made counts: no second request meanwhile.
-        assert!(p.refill().is_empty());
-        // Three made, one failed.
+        assert!(p.refill(0).is_empty());
+        // Three made, one failed: the fill goes on to high, after a pause.
         p.prepared(4, names[..3].to_vec(), 0);
         assert_eq!(p.ready(), 3);
-        assert!(p.refill().is_empty());
+        assert!(p.refill(RETRY_FILL_MS - 1).is_empty());
+        assert_eq!(p.refill(RETRY_FILL_MS), vec!["pool-abc-1-4"]);
+        p.prepared(1, vec!["pool-abc-1-4".into()], 0);
+        assert!(p.refill(RETRY_FILL_MS).is_empty(), "full");
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-0"));
-        assert!(p.refill().is_empty(), "2 ready: not under low");
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-1"));
+        assert!(p.refill(RETRY_FILL_MS).is_empty(), "2 ready: not under low");
+        assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-2"));
         // 1 ready < low 2: made up to 4.
-        assert_eq!(p.refill(), vec!["pool-abc-1-4", "pool-abc-1-5", "pool-abc-1-6"]);
+        assert_eq!(
+            p.refill(RETRY_FILL_MS),
+            vec!["pool-abc-1-5", "pool-abc-1-6", "pool-abc-1-7"]
+        );
+    }
+
+    #[test]
+    fn fills_in_chunks() {
+        let mut p = pool(1, FILL_CHUNK + 10);
+        let first = p.refill(0);
+        assert_eq!(first.len(), FILL_CHUNK);
+        assert!(p.refill(0).is_empty(), "one job at a time");
+        p.prepared(FILL_CHUNK, first, 0);
+        // The rest, up to high; then nothing.
+        let second = p.refill(0);
+        assert_eq!(second.len(), 10);
+        p.prepared(10, second, 0);
+        assert!(p.refill(0).is_empty());
+        assert_eq!(p.ready(), FILL_CHUNK + 10);
     }
 
     #[test]
@@ -257,7 +310,7 @@ mod tests {
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-0"));
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-1"));
         // Names are never handed out twice.
-        let made = p.refill();
+        let made = p.refill(0);
         assert_eq!(made, vec!["pool-abc-1-2", "pool-abc-1-3"]);
     }
 
@@ -289,7 +342,7 @@ mod tests {
     fn off_pool_does_nothing() {
         let mut p = CgroupPool::new(PoolConfig::off());
         assert_eq!(p.take(0), None);
-        assert!(p.refill().is_empty());
+        assert!(p.refill(0).is_empty());
         assert!(!p.recycle("pool-abc-1-0"));
         assert!(p.drain().is_empty());
     }
@@ -297,7 +350,7 @@ mod tests {
     #[test]
     fn idle_pool_is_trimmed_to_low() {
         let mut p = pool(1, 3);
-        let names = p.refill();
+        let names = p.refill(0);
         p.prepared(3, names.clone(), 0);
         assert_eq!(p.take(1000).as_deref(), Some("pool-abc-1-0"));
         assert!(p.trim(1000 + TRIM_AFTER_MS - 1).is_empty(), "not idle long enough");
@@ -309,7 +362,7 @@ mod tests {
     #[test]
     fn drain_returns_ready_names() {
         let mut p = pool(1, 3);
-        let names = p.refill();
+        let names = p.refill(0);
         p.prepared(3, names.clone(), 0);
         assert_eq!(p.drain(), names);
         assert_eq!(p.ready(), 0);
