@@ -104,7 +104,10 @@ impl CgroupRoot {
 
     /// The agent's pool cgroups under the root (in any hierarchy).
     pub fn pool_cgroups(&self) -> Vec<PathBuf> {
-        self.all_cgroups().into_iter().filter(|d| is_pool(d)).collect()
+        self.all_cgroups()
+            .into_iter()
+            .filter(|d| is_pool(d))
+            .collect()
     }
 
     /// A running task's cgroup directory in a v1 controller's hierarchy (or the v2 directory

@@ -71,7 +71,10 @@ impl Setup {
             .unwrap()
             .unwrap()
             .unwrap();
-        assert!(self.cluster.agents[0].terminate(T), "the agent did not stop");
+        assert!(
+            self.cluster.agents[0].terminate(T),
+            "the agent did not stop"
+        );
         assert!(
             self.root.all_cgroups().is_empty() && self.root.dirs().is_empty(),
             "cgroups left after the agent stopped: {:?} {:?}",

@@ -5,11 +5,11 @@
 use std::path::PathBuf;
 
 use super::{Agent, Event, BASE_FILE};
-use crate::isolation::Baseline;
 use crate::core::LaunchPlan;
 use crate::executor::user::{self, TaskUser};
 use crate::executor::{self, ExitStatus, LaunchSpec};
 use crate::gpu;
+use crate::isolation::Baseline;
 
 impl Agent {
     /// Starts a launch after the commit of the task's record (a restarted agent knows every

@@ -141,7 +141,10 @@ pub enum Input {
     /// Time passes (every 200 ms): kill escalation, heartbeats, samples, recovery checks.
     Tick,
     /// Of `asked` pool cgroups ([`Effect::PrepareCgroups`]), these are ready.
-    CgroupsPrepared { asked: usize, ready: Vec<String> },
+    CgroupsPrepared {
+        asked: usize,
+        ready: Vec<String>,
+    },
     /// An ended task's cgroup announced with `recycle` in [`Effect::Settle`] is back in the
     /// pool (`Some`), or was removed instead (`None`).
     CgroupRecycled(Option<String>),

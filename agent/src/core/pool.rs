@@ -267,7 +267,12 @@ mod tests {
         let names = p.refill(0);
         assert_eq!(
             names,
-            vec!["pool-abc-1-0", "pool-abc-1-1", "pool-abc-1-2", "pool-abc-1-3"]
+            vec![
+                "pool-abc-1-0",
+                "pool-abc-1-1",
+                "pool-abc-1-2",
+                "pool-abc-1-3"
+            ]
         );
         // Being made counts: no second request meanwhile.
         assert!(p.refill(0).is_empty());
@@ -353,7 +358,10 @@ mod tests {
         let names = p.refill(0);
         p.prepared(3, names.clone(), 0);
         assert_eq!(p.take(1000).as_deref(), Some("pool-abc-1-0"));
-        assert!(p.trim(1000 + TRIM_AFTER_MS - 1).is_empty(), "not idle long enough");
+        assert!(
+            p.trim(1000 + TRIM_AFTER_MS - 1).is_empty(),
+            "not idle long enough"
+        );
         assert_eq!(p.trim(1000 + TRIM_AFTER_MS), vec!["pool-abc-1-2"]);
         assert_eq!(p.ready(), 1);
         assert!(p.trim(1000 + 2 * TRIM_AFTER_MS).is_empty(), "at low");
@@ -376,7 +384,10 @@ mod tests {
         assert_ne!(agent, agent_prefix(std::path::Path::new("/var/lib/other")));
         let run = pool_prefix(&agent, 0x1234);
         assert_eq!(run, format!("{agent}1234-"));
-        assert_eq!(classify(&format!("{run}7"), &agent, &run), SlotKind::Current);
+        assert_eq!(
+            classify(&format!("{run}7"), &agent, &run),
+            SlotKind::Current
+        );
         let old = pool_prefix(&agent, 0x1000);
         assert_eq!(classify(&format!("{old}7"), &agent, &run), SlotKind::Stale);
         assert_eq!(

@@ -142,7 +142,8 @@ pub struct Isolator {
 /// [`Isolator::create_slot`], nothing written). A task taking a pooled cgroup whose limits are
 /// the ones it needs skips rewriting them (in a batch of alike tasks: every time). A name
 /// missing here is unknown: every limit is written.
-type SlotLimits = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Option<Limits>>>>;
+type SlotLimits =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Option<Limits>>>>;
 
 fn lock_slots(
     slots: &SlotLimits,
@@ -520,9 +521,7 @@ impl Isolator {
             made: false,
             bpf_rules: None,
             peak: None,
-            slots: task_id
-                .starts_with(POOL_PREFIX)
-                .then(|| self.slots.clone()),
+            slots: task_id.starts_with(POOL_PREFIX).then(|| self.slots.clone()),
         })
     }
 
@@ -770,7 +769,10 @@ impl Isolator {
         }
         // A pool cgroup's device program stays attached between tasks: replaced only when
         // this task's rules differ.
-        let prev_rules = prev.as_ref().and_then(|p| p.as_ref()).and_then(|p| p.devices.clone());
+        let prev_rules = prev
+            .as_ref()
+            .and_then(|p| p.as_ref())
+            .and_then(|p| p.devices.clone());
         let same = reused && prev.as_ref() == Some(&Some(limits.clone()));
         let reused = reused && !matches!(prev, Some(None));
         if same {
@@ -953,6 +955,22 @@ impl TaskCgroup {
                 path: dir.display().to_string(),
             });
         }
+        // The page cache the task left is still charged to the cgroup: reclaimed, so the next
+        // task starts at (about) zero and a lower limit can be set. Best effort (an error
+        // leaves reclaimable cache, which the kernel reclaims under the limit anyway).
+        match &self.kind {
+            Kind::V1 { memory, .. } => {
+                let _ = write_file(&memory.join("memory.force_empty"), "0");
+            }
+            Kind::V2 { dir } => {
+                if let Ok(used) = read_u64(&dir.join("memory.current")) {
+                    if used > 0 {
+                        let _ = write_file(&dir.join("memory.reclaim"), &used.to_string());
+                    }
+                }
+            }
+            Kind::None => {}
+        }
         Ok(())
     }
 
@@ -1085,8 +1103,10 @@ impl TaskCgroup {
             }
             Kind::V2 { dir } => {
                 let ev = read_file(&dir.join("memory.events"))?;
-                Ok(keyed(&ev, "oom_kill").unwrap_or(0) + keyed(&ev, "oom_group_kill").unwrap_or(0)
-                    > self.base.oom_kills)
+                Ok(
+                    keyed(&ev, "oom_kill").unwrap_or(0) + keyed(&ev, "oom_group_kill").unwrap_or(0)
+                        > self.base.oom_kills,
+                )
             }
         }
     }
@@ -1415,7 +1435,9 @@ mod tests {
         let v2 = matches!(iso.layout(), Some(CgroupLayout::V2 { .. }));
         let file = |c: &str, v1: &str, v2f: &str| {
             let dir = cg.controller_dir(c).unwrap();
-            read(&dir.join(if v2 { v2f } else { v1 })).trim().to_string()
+            read(&dir.join(if v2 { v2f } else { v1 }))
+                .trim()
+                .to_string()
         };
         assert_eq!(
             file("memory", "memory.limit_in_bytes", "memory.max"),
@@ -1431,7 +1453,10 @@ mod tests {
         };
         let cg = iso.create(name, &loose).unwrap();
         let mem = file("memory", "memory.limit_in_bytes", "memory.max");
-        assert!(mem == "max" || mem.parse::<u64>().unwrap() > 1 << 40, "{mem}");
+        assert!(
+            mem == "max" || mem.parse::<u64>().unwrap() > 1 << 40,
+            "{mem}"
+        );
         assert_eq!(file("pids", "pids.max", "pids.max"), "max");
         if v2 {
             assert!(file("cpu", "", "cpu.max").starts_with("max"));
@@ -1450,7 +1475,10 @@ mod tests {
         assert_eq!(file("pids", "pids.max", "pids.max"), "20");
         cg.recycle().unwrap();
         cg.destroy().unwrap();
-        assert!(lock_slots(&iso.slots).is_empty(), "a removed slot is forgotten");
+        assert!(
+            lock_slots(&iso.slots).is_empty(),
+            "a removed slot is forgotten"
+        );
         assert!(iso.list().unwrap().is_empty());
         iso.remove_root().unwrap();
     }

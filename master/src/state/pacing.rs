@@ -153,7 +153,8 @@ impl Master {
                 .filter(|m| !matches!(m, MasterToFramework::Heartbeat)),
         );
         if held.messages.len() > HELD_MESSAGES {
-            let count = |f: fn(&MasterToFramework) -> bool| held.messages.iter().filter(|m| f(m)).count();
+            let count =
+                |f: fn(&MasterToFramework) -> bool| held.messages.iter().filter(|m| f(m)).count();
             tracing::warn!(
                 framework = %fw,
                 held = held.messages.len(),
@@ -273,11 +274,7 @@ impl Master {
     ) {
         let mut sent = 0;
         while sent < n {
-            let Some(m) = self
-                .held
-                .get_mut(&fw)
-                .and_then(|h| h.messages.pop_front())
-            else {
+            let Some(m) = self.held.get_mut(&fw).and_then(|h| h.messages.pop_front()) else {
                 break;
             };
             out.push(Output::ToFramework(conn, m));
