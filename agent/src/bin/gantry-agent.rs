@@ -127,10 +127,10 @@ struct RunArgs {
     /// past this many bytes (in the background).
     #[arg(long, default_value_t = gantry_agent::wal::COMPACT_BYTES)]
     wal_compact_bytes: u64,
-    /// The pool of prepared task cgroups, LOW:HIGH: empty cgroups are made ahead (whenever
-    /// fewer than LOW are ready, up to HIGH) and an ended task's empty cgroup is reused for
-    /// the next task instead of being removed and made again. `0:0` turns the pool off (one
-    /// cgroup per task, named after it). See docs/agent.md, "Task cgroup pool".
+    /// The pool of prepared task cgroups, LOW:HIGH: LOW empty cgroups are made ahead, and an
+    /// ended task's empty cgroup is kept for the next task (up to HIGH kept) instead of being
+    /// removed and made again. `0:0` turns the pool off (one cgroup per task, named after it).
+    /// See docs/gpu-agent.md, "Task cgroup pool".
     #[arg(long, value_name = "LOW:HIGH", default_value = "32:1024", value_parser = parse_pool)]
     cgroup_pool: (usize, usize),
     /// Serve Prometheus metrics (`GET /metrics`: dcgm-exporter GPU series with the task holding

@@ -3,13 +3,14 @@
 //!
 //! Making a task cgroup is a `mkdir` in up to six cgroup v1 hierarchies (one on v2) and
 //! removing it an `rmdir` in each, with the kernel's cgroup locks and RCU work behind them:
-//! about half a millisecond of CPU per task, on the task's path. The pool makes cgroups ahead
-//! (at start and whenever fewer than LOW are ready or on their way, up to HIGH) and reuses them:
-//! a task takes a ready one (its limits are written at launch, its counters reset or taken as
-//! a baseline, [`crate::isolation::Isolator::create`]); when the task has ended, its terminal
-//! update is on its way and the cgroup is empty, the cgroup goes back to the pool instead of
-//! being removed — unless HIGH are ready or coming already. With none ready a task gets a new
-//! pool name, made on its launch and pooled after it like the others.
+//! about half a millisecond of CPU per task, on the task's path. The pool makes LOW cgroups
+//! ahead (at start and whenever fewer are ready or on their way) and reuses them: a task takes
+//! a ready one (its limits are written at launch, its counters reset or taken as a baseline,
+//! [`crate::isolation::Isolator::create`]); when the task has ended, its terminal update is on
+//! its way and the cgroup is empty, the cgroup goes back to the pool instead of being removed —
+//! unless HIGH are ready or coming already. With none ready a task gets a new pool name, made
+//! on its launch and pooled after it like the others: a burst of N tasks makes at most N - LOW
+//! cgroups once, and the next burst of up to HIGH finds them all ready.
 //!
 //! Names are `pool-<tag>-<generation>-<n>` ([`pool_prefix`]): the tag is this agent's (from its
 //! work directory: agents sharing a `--cgroup-root` leave each other's pools alone), the
@@ -46,7 +47,7 @@ impl PoolConfig {
 /// The default `--cgroup-pool` low-water mark.
 pub const DEFAULT_LOW: usize = 32;
 /// The default `--cgroup-pool` high-water mark: a burst of this many tasks ending together
-/// keeps all their cgroups for the next burst.
+/// keeps all their cgroups for the next burst (they are made by the first burst, not ahead).
 pub const DEFAULT_HIGH: usize = 1024;
 
 /// Pool cgroups made per background job: the pool fills in steps (ready ones are usable at
@@ -117,7 +118,7 @@ pub struct CgroupPool {
     next: u64,
     /// When a task last took a cgroup (or cgroups were made for the pool).
     last_take_ms: u64,
-    /// Filling up to the high-water mark (from under the low one).
+    /// Filling up to the low-water mark.
     filling: bool,
     /// After a fill job that could not make all it was asked, none before this time.
     retry_at_ms: u64,
@@ -166,23 +167,24 @@ impl CgroupPool {
         })
     }
 
-    /// Names to make now: once the level is under the low-water mark the pool fills up to the
-    /// high one, [`FILL_CHUNK`] at a time (one job at a time).
+    /// Names to make now: once the level is under the low-water mark the pool fills up to it,
+    /// [`FILL_CHUNK`] at a time (one job at a time).
     pub fn refill(&mut self, now: u64) -> Vec<String> {
         if !self.enabled() || now < self.retry_at_ms {
             return Vec::new();
         }
-        if self.level() < self.config.low.max(1) {
+        let target = self.config.low.min(self.config.high);
+        if self.level() < target {
             self.filling = true;
         }
         if !self.filling || self.preparing > 0 {
             return Vec::new();
         }
-        if self.level() >= self.config.high {
+        if self.level() >= target {
             self.filling = false;
             return Vec::new();
         }
-        let n = (self.config.high - self.level()).min(FILL_CHUNK);
+        let n = (target - self.level()).min(FILL_CHUNK);
         self.preparing += n;
         (0..n).map(|_| self.fresh_name()).collect()
     }
@@ -196,7 +198,7 @@ impl CgroupPool {
         }
         self.preparing = self.preparing.saturating_sub(asked);
         self.free.extend(ready);
-        if self.level() >= self.config.high {
+        if self.level() >= self.config.low {
             self.filling = false;
         }
     }
@@ -262,8 +264,8 @@ mod tests {
     }
 
     #[test]
-    fn fills_to_high_when_under_low() {
-        let mut p = pool(2, 4);
+    fn fills_to_low() {
+        let mut p = pool(4, 8);
         let names = p.refill(0);
         assert_eq!(
             names,
@@ -276,7 +278,7 @@ mod tests {
         );
         // Being made counts: no second request meanwhile.
         assert!(p.refill(0).is_empty());
-        // Three made, one failed: the fill goes on to high, after a pause.
+        // Three made, one failed: the fill goes on to low, after a pause.
         p.prepared(4, names[..3].to_vec(), 0);
         assert_eq!(p.ready(), 3);
         assert!(p.refill(RETRY_FILL_MS - 1).is_empty());
@@ -285,23 +287,28 @@ mod tests {
         assert!(p.refill(RETRY_FILL_MS).is_empty(), "full");
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-0"));
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-1"));
-        assert!(p.refill(RETRY_FILL_MS).is_empty(), "2 ready: not under low");
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-2"));
-        // 1 ready < low 2: made up to 4.
+        assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-4"));
+        // None ready < low 4: made up to 4.
         assert_eq!(
             p.refill(RETRY_FILL_MS),
-            vec!["pool-abc-1-5", "pool-abc-1-6", "pool-abc-1-7"]
+            vec![
+                "pool-abc-1-5",
+                "pool-abc-1-6",
+                "pool-abc-1-7",
+                "pool-abc-1-8"
+            ]
         );
     }
 
     #[test]
     fn fills_in_chunks() {
-        let mut p = pool(1, FILL_CHUNK + 10);
+        let mut p = pool(FILL_CHUNK + 10, 2 * FILL_CHUNK);
         let first = p.refill(0);
         assert_eq!(first.len(), FILL_CHUNK);
         assert!(p.refill(0).is_empty(), "one job at a time");
         p.prepared(FILL_CHUNK, first, 0);
-        // The rest, up to high; then nothing.
+        // The rest, up to low; then nothing.
         let second = p.refill(0);
         assert_eq!(second.len(), 10);
         p.prepared(10, second, 0);
@@ -316,7 +323,7 @@ mod tests {
         assert_eq!(p.take(0).as_deref(), Some("pool-abc-1-1"));
         // Names are never handed out twice.
         let made = p.refill(0);
-        assert_eq!(made, vec!["pool-abc-1-2", "pool-abc-1-3"]);
+        assert_eq!(made, vec!["pool-abc-1-2"]);
     }
 
     #[test]
@@ -355,14 +362,24 @@ mod tests {
     #[test]
     fn idle_pool_is_trimmed_to_low() {
         let mut p = pool(1, 3);
-        let names = p.refill(0);
-        p.prepared(3, names.clone(), 0);
-        assert_eq!(p.take(1000).as_deref(), Some("pool-abc-1-0"));
+        let made = p.refill(0);
+        p.prepared(1, made, 0);
+        let taken: Vec<String> = (0..3).map(|_| p.take(1000).unwrap()).collect();
+        assert_eq!(taken, vec!["pool-abc-1-0", "pool-abc-1-1", "pool-abc-1-2"]);
+        for name in &taken {
+            assert!(p.recycle(name));
+            p.recycled(Some(name.clone()));
+        }
+        assert_eq!(p.ready(), 3);
         assert!(
             p.trim(1000 + TRIM_AFTER_MS - 1).is_empty(),
             "not idle long enough"
         );
-        assert_eq!(p.trim(1000 + TRIM_AFTER_MS), vec!["pool-abc-1-2"]);
+        // The ones taken last go (back of the queue).
+        assert_eq!(
+            p.trim(1000 + TRIM_AFTER_MS),
+            vec!["pool-abc-1-1", "pool-abc-1-0"]
+        );
         assert_eq!(p.ready(), 1);
         assert!(p.trim(1000 + 2 * TRIM_AFTER_MS).is_empty(), "at low");
     }

@@ -692,20 +692,29 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
         prefix: "pool-t-1-".into(),
     };
     let mut c = AgentCore::new(cfg, Checkpoint::default(), T0, Instant::now());
-    // The first flush asks for the pool to be filled.
+    let prepared = |fx: &[Effect]| {
+        fx.iter()
+            .find_map(|e| match e {
+                Effect::PrepareCgroups(n) => Some(n.clone()),
+                _ => None,
+            })
+            .unwrap_or_default()
+    };
+    let plan_of = |fx: &[Effect]| {
+        fx.iter()
+            .find_map(|e| match e {
+                Effect::Launch(p) => Some(p.cgroup_name.clone()),
+                _ => None,
+            })
+            .unwrap()
+    };
+    // The first flush asks for LOW cgroups to be made.
     let fx = c.flush(T0);
-    let asked = fx
-        .iter()
-        .find_map(|e| match e {
-            Effect::PrepareCgroups(n) => Some(n.clone()),
-            _ => None,
-        })
-        .expect("pool cgroups asked for");
-    assert_eq!(asked, vec!["pool-t-1-0", "pool-t-1-1"]);
+    assert_eq!(prepared(&fx), vec!["pool-t-1-0"]);
     c.handle(
         Input::CgroupsPrepared {
-            asked: 2,
-            ready: asked.clone(),
+            asked: 1,
+            ready: vec!["pool-t-1-0".into()],
         },
         T0,
     );
@@ -719,32 +728,17 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
         T0,
     );
     let fw = FrameworkId::random();
-    let plan_of = |fx: &[Effect]| {
-        fx.iter()
-            .find_map(|e| match e {
-                Effect::Launch(p) => Some(p.cgroup_name.clone()),
-                _ => None,
-            })
-            .unwrap()
-    };
-    let prepared = |fx: &[Effect]| {
-        fx.iter()
-            .find_map(|e| match e {
-                Effect::PrepareCgroups(n) => Some(n.clone()),
-                _ => None,
-            })
-            .unwrap_or_default()
-    };
     let t1 = task("");
     let id1 = t1.task_id;
     let fx = step(&mut c, run_task(fw, t1), T0);
     assert_eq!(plan_of(&fx), "pool-t-1-0");
-    assert!(prepared(&fx).is_empty(), "one ready: not under low");
     assert_eq!(
         c.checkpoint().tasks[&id1].cgroup.as_deref(),
         Some("pool-t-1-0"),
         "the cgroup is recorded with the task before the launch"
     );
+    // Under LOW: one more is made.
+    assert_eq!(prepared(&fx), vec!["pool-t-1-1"]);
     step(
         &mut c,
         Input::Launched {
@@ -776,36 +770,48 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
     );
     assert_eq!(updates(&fx)[0].state, TaskState::Finished);
     c.handle(Input::CgroupRecycled(Some("pool-t-1-0".into())), T0 + 4);
+    c.handle(
+        Input::CgroupsPrepared {
+            asked: 1,
+            ready: vec!["pool-t-1-1".into()],
+        },
+        T0 + 4,
+    );
     // The one back last is taken first.
     let t2 = task("");
     let id2 = t2.task_id;
     let fx = step(&mut c, run_task(fw, t2), T0 + 5);
     assert_eq!(plan_of(&fx), "pool-t-1-0");
-    // The last ready one: under low, filled up to high.
-    let fx = step(&mut c, run_task(fw, task("")), T0 + 6);
+    let t3 = task("");
+    let id3 = t3.task_id;
+    let fx = step(&mut c, run_task(fw, t3), T0 + 6);
     assert_eq!(plan_of(&fx), "pool-t-1-1");
-    assert_eq!(prepared(&fx), vec!["pool-t-1-2", "pool-t-1-3"]);
-    step(
-        &mut c,
-        Input::Launched {
-            task: id2,
-            result: Ok(launched(101)),
-        },
-        T0 + 7,
-    );
-    let fx = step(
-        &mut c,
-        Input::Exited {
-            task: id2,
-            status: exit(0),
-        },
-        T0 + 8,
-    );
-    // Two on their way fill the pool: this one is removed, not pooled.
-    assert!(
-        fx.iter()
-            .any(|e| matches!(e, Effect::Settle { recycle: false, .. })),
-        "{fx:?}"
-    );
+    assert_eq!(prepared(&fx), vec!["pool-t-1-2"]);
+    let mut recycled = Vec::new();
+    for (i, id) in [id2, id3].into_iter().enumerate() {
+        let now = T0 + 7 + 2 * i as u64;
+        step(
+            &mut c,
+            Input::Launched {
+                task: id,
+                result: Ok(launched(101 + i as i32)),
+            },
+            now,
+        );
+        let fx = step(
+            &mut c,
+            Input::Exited {
+                task: id,
+                status: exit(0),
+            },
+            now + 1,
+        );
+        recycled.extend(fx.iter().filter_map(|e| match e {
+            Effect::Settle { recycle, .. } => Some(*recycle),
+            _ => None,
+        }));
+    }
+    // One made and one coming back reach HIGH: the second is removed, not pooled.
+    assert_eq!(recycled, vec![true, false]);
     assert!(c.drain_pool().is_empty());
 }
