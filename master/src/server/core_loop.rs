@@ -210,8 +210,9 @@ pub(super) async fn core_loop(
                 // master's own updates keep room there (a full outbox closes the peer for
                 // those: they could not be sent again later).
                 if let Outbound::Framework(MasterToFramework::Update(u)) = &msg {
-                    let paced = u.source == UpdateSource::Agent && !u.reconciliation;
-                    if paced && (held.contains_key(&conn) || peer.outbox.capacity() <= OUTBOX / 4) {
+                    if crate::state::paced(u)
+                        && (held.contains_key(&conn) || peer.outbox.capacity() <= OUTBOX / 4)
+                    {
                         held.entry(conn).or_default().push((u.task_id, u.update_id));
                         continue;
                     }
@@ -220,7 +221,7 @@ pub(super) async fn core_loop(
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(Outbound::Framework(
                         MasterToFramework::Update(u),
-                    ))) if u.source == UpdateSource::Agent && !u.reconciliation => {
+                    ))) if crate::state::paced(&u) => {
                         held.entry(conn).or_default().push((u.task_id, u.update_id));
                     }
                     Err(mpsc::error::TrySendError::Full(Outbound::Framework(

@@ -99,7 +99,7 @@ pub use maintenance::{
     DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
 };
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
-pub use pacing::{HELD_MESSAGES, UPDATE_SLICE};
+pub use pacing::{paced, HELD_MESSAGES, UPDATE_SLICE};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};

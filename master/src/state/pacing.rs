@@ -52,6 +52,19 @@ impl Held {
     }
 }
 
+/// True for the status updates the core can send again later, so that the shell hands them
+/// back ([`Input::UpdatesHeld`]) rather than queueing them past three quarters of a
+/// framework's outbox: agents' updates (pending until acknowledged) and the master's STAGING
+/// ("sent to agent": made again from the task while it is still staging, skipped once the
+/// agent's updates have superseded it).
+pub fn paced(u: &StatusUpdate) -> bool {
+    !u.reconciliation
+        && match u.source {
+            UpdateSource::Agent => true,
+            UpdateSource::Master => u.state == TaskState::Staging,
+        }
+}
+
 /// Held updates sent per framework per [`Master::work_backlog`] slice at most.
 pub const UPDATE_SLICE: usize = 1024;
 
@@ -60,7 +73,7 @@ pub const UPDATE_SLICE: usize = 1024;
 pub const HELD_MESSAGES: usize = 16_384;
 
 impl Master {
-    /// Sends `update` (already `pending` on its task) to its framework now, or holds it when the
+    /// Sends `update` (already `pending` on its task, or a task's STAGING) to its framework now, or holds it when the
     /// framework is behind (earlier updates held: order is kept). Nothing while the framework
     /// is disconnected: it gets its pending updates when it subscribes again.
     pub(super) fn deliver_update(&mut self, update: StatusUpdate, out: &mut Vec<Output>) {
@@ -84,6 +97,40 @@ impl Master {
             .find(|u| u.update_id == update_id)
     }
 
+    /// True when a held key that is not a pending update stands for the task's STAGING (see
+    /// [`paced`]): the task is still staging, nothing from its agent yet.
+    fn still_staging(&self, task_id: TaskId, fw: FrameworkId) -> bool {
+        self.tasks.get(&task_id).is_some_and(|t| {
+            t.framework == fw && t.state == TaskState::Staging && t.pending.is_empty()
+        })
+    }
+
+    /// What to send now for held key (`t`, `u`) of `fw`: the pending update, or a STAGING made
+    /// again; `None` when acknowledged or superseded since.
+    fn held_update(
+        &mut self,
+        t: TaskId,
+        u: UpdateId,
+        fw: FrameworkId,
+        now: Millis,
+    ) -> Option<StatusUpdate> {
+        if let Some(update) = self.pending_update(t, u) {
+            return Some(update.clone());
+        }
+        if !self.still_staging(t, fw) {
+            return None;
+        }
+        let agent = self.tasks.get(&t).map(|r| r.agent);
+        Some(self.new_update(
+            t,
+            fw,
+            agent,
+            TaskState::Staging,
+            "sent to agent".into(),
+            now,
+        ))
+    }
+
     /// The shell could not queue these agents' updates to `conn` (its outbox was full): held,
     /// in order, those still pending on the connection's framework's tasks. One no longer
     /// pending was acknowledged or superseded (a master-made terminal update, which went out
@@ -104,7 +151,7 @@ impl Master {
             .into_iter()
             .filter(|(t, u)| {
                 self.pending_update(*t, *u)
-                    .is_some_and(|p| p.framework_id == fw)
+                    .map_or_else(|| self.still_staging(*t, fw), |p| p.framework_id == fw)
             })
             .collect();
         let held = self.held.entry(fw).or_default();
@@ -153,13 +200,18 @@ impl Master {
                 .filter(|m| !matches!(m, MasterToFramework::Heartbeat)),
         );
         if held.messages.len() > HELD_MESSAGES {
-            let count = |f: fn(&MasterToFramework) -> bool| held.messages.iter().filter(|m| f(m)).count();
+            let count =
+                |f: fn(&MasterToFramework) -> bool| held.messages.iter().filter(|m| f(m)).count();
             tracing::warn!(
                 framework = %fw,
                 held = held.messages.len(),
                 rescinds = count(|m| matches!(m, MasterToFramework::Rescind { .. })),
                 updates = count(|m| matches!(m, MasterToFramework::Update(_))),
                 errors = count(|m| matches!(m, MasterToFramework::Error { .. })),
+                first = ?held.messages.iter().find_map(|m| match m {
+                    MasterToFramework::Update(u) => Some((u.state, u.source, u.reconciliation, u.message.clone())),
+                    _ => None,
+                }),
                 "framework is not reading its messages; closing it"
             );
             out.push(Output::Close {
@@ -243,6 +295,7 @@ impl Master {
     /// [`UPDATE_SLICE`] each. False when no framework with held updates had room.
     pub(super) fn work_held(
         &mut self,
+        now: Millis,
         out: &mut Vec<Output>,
         room: &impl Fn(ConnId) -> usize,
     ) -> bool {
@@ -255,7 +308,7 @@ impl Master {
             };
             let n = room(conn).min(UPDATE_SLICE);
             if n > 0 {
-                self.send_held(fw, conn, n, out);
+                self.send_held(fw, conn, n, now, out);
                 progress = true;
             }
         }
@@ -269,15 +322,12 @@ impl Master {
         fw: FrameworkId,
         conn: ConnId,
         n: usize,
+        now: Millis,
         out: &mut Vec<Output>,
     ) {
         let mut sent = 0;
         while sent < n {
-            let Some(m) = self
-                .held
-                .get_mut(&fw)
-                .and_then(|h| h.messages.pop_front())
-            else {
+            let Some(m) = self.held.get_mut(&fw).and_then(|h| h.messages.pop_front()) else {
                 break;
             };
             out.push(Output::ToFramework(conn, m));
@@ -288,11 +338,8 @@ impl Master {
                 break;
             };
             // Acknowledged since (or superseded): nothing to send.
-            if let Some(update) = self.pending_update(t, u) {
-                out.push(Output::ToFramework(
-                    conn,
-                    MasterToFramework::Update(update.clone()),
-                ));
+            if let Some(update) = self.held_update(t, u, fw, now) {
+                out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
                 sent += 1;
             }
         }
