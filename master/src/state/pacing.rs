@@ -97,6 +97,18 @@ impl Master {
             .find(|u| u.update_id == update_id)
     }
 
+    /// The framework `conn` is the current connection of, if any.
+    fn framework_on(&self, conn: ConnId) -> Option<FrameworkId> {
+        let Some(Peer::Framework {
+            framework: Some(fw),
+            ..
+        }) = self.conns.get(&conn)
+        else {
+            return None;
+        };
+        (self.frameworks.get(fw).and_then(|f| f.conn) == Some(conn)).then_some(*fw)
+    }
+
     /// True when a held key that is not a pending update stands for the task's STAGING (see
     /// [`paced`]): the task is still staging, nothing from its agent yet.
     fn still_staging(&self, task_id: TaskId, fw: FrameworkId) -> bool {
@@ -136,17 +148,9 @@ impl Master {
     /// pending was acknowledged or superseded (a master-made terminal update, which went out
     /// itself): nothing to send.
     pub(super) fn updates_held(&mut self, conn: ConnId, updates: Vec<(TaskId, UpdateId)>) {
-        let Some(Peer::Framework {
-            framework: Some(fw),
-            ..
-        }) = self.conns.get(&conn)
-        else {
+        let Some(fw) = self.framework_on(conn) else {
             return;
         };
-        let fw = *fw;
-        if self.frameworks.get(&fw).and_then(|f| f.conn) != Some(conn) {
-            return;
-        }
         let ours: VecDeque<_> = updates
             .into_iter()
             .filter(|(t, u)| {
@@ -181,17 +185,9 @@ impl Master {
             self.allocator.rescind(id);
             self.allocation_pending = true;
         }
-        let Some(Peer::Framework {
-            framework: Some(fw),
-            ..
-        }) = self.conns.get(&conn)
-        else {
+        let Some(fw) = self.framework_on(conn) else {
             return;
         };
-        let fw = *fw;
-        if self.frameworks.get(&fw).and_then(|f| f.conn) != Some(conn) {
-            return;
-        }
         let held = self.held.entry(fw).or_default();
         // A heartbeat that did not fit says nothing the next one will not.
         held.messages.extend(
