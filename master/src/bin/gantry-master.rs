@@ -1,5 +1,10 @@
 //! `gantry-master`: serve a cluster (default), or run the allocator simulator / benchmark.
 
+/// mimalloc instead of glibc's malloc: under a burst of launches the master allocates and frees
+/// millions of small messages across the core thread and the QUIC workers (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
