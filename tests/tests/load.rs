@@ -30,3 +30,30 @@ async fn every_task_of_a_small_load_is_accounted_for() {
     assert_eq!(report.agent_reconnects, 0, "no agent lost its connection");
     assert_eq!(report.framework_errors, 0, "no accept was refused");
 }
+
+/// The same with a master whose per-peer outbox holds only 256 messages: the first framework
+/// to subscribe is offered every agent and launches 800 tasks at once, so its STAGING and
+/// status updates (3,200) overflow three quarters of its outbox many times over. It must be
+/// paced (updates held in the master, no offers while it is behind), never closed, and
+/// nothing may be lost (docs/protocol.md, "Not reading").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framework_behind_a_small_outbox_is_paced_not_closed() {
+    let cfg = LoadConfig {
+        agents: 100,
+        frameworks: 10,
+        gpus_per_agent: 8,
+        task: "cpus:1;mem:1024;gpus:1".into(),
+        task_time: Duration::from_millis(300),
+        launch_window: Duration::from_secs(4),
+        client_endpoints: 8,
+        drain_timeout: Duration::from_secs(120),
+        master_args: vec!["--peer-outbox".into(), "256".into()],
+        ..LoadConfig::default()
+    };
+    let report = load::run(cfg).await.expect("load run");
+    println!("{}", report.table());
+    report.accounted().expect("every task accounted for");
+    assert_eq!(report.framework_reconnects, 0, "no framework was closed");
+    assert_eq!(report.agent_reconnects, 0, "no agent lost its connection");
+    assert_eq!(report.framework_errors, 0, "no accept was refused");
+}

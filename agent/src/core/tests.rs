@@ -170,6 +170,18 @@ fn start(c: &mut AgentCore, fw: FrameworkId, t: TaskInfo, pgid: i32) -> Vec<Effe
     )
 }
 
+/// The unacknowledged updates the agent's `Register` in `fx` carries.
+fn registered_updates(fx: &[Effect]) -> Vec<StatusUpdate> {
+    fx.iter()
+        .find_map(|e| match e {
+            Effect::Send(AgentToMaster::Register {
+                pending_updates, ..
+            }) => Some(pending_updates.clone()),
+            _ => None,
+        })
+        .expect("registers")
+}
+
 #[test]
 fn lifecycle_launch_running_finished_acknowledged() {
     let mut c = registered(0);
@@ -347,15 +359,7 @@ fn pipelined_updates_ride_the_reregistration_and_are_retried_together() {
     assert!(sent(&fx).is_empty(), "not connected");
     // All three unacknowledged updates ride in the registration, in order.
     let fx = step(&mut c, Input::Connected, T0 + 30);
-    let pending = fx
-        .iter()
-        .find_map(|e| match e {
-            Effect::Send(AgentToMaster::Register {
-                pending_updates, ..
-            }) => Some(pending_updates.clone()),
-            _ => None,
-        })
-        .expect("registers");
+    let pending = registered_updates(&fx);
     assert_eq!(states(&pending), all3);
     let fx = step(
         &mut c,
@@ -585,15 +589,7 @@ fn updates_wait_for_registration_and_heartbeats_follow_the_interval() {
     assert_eq!(updates(&fx).len(), 1);
     assert!(sent(&fx).is_empty());
     let fx = step(&mut c, Input::Connected, T0);
-    let register = fx
-        .iter()
-        .find_map(|e| match e {
-            Effect::Send(AgentToMaster::Register {
-                pending_updates, ..
-            }) => Some(pending_updates.len()),
-            _ => None,
-        })
-        .expect("registers");
+    let register = registered_updates(&fx).len();
     assert_eq!(register, 1, "the pending update rides along");
     let fx = step(
         &mut c,

@@ -1,5 +1,10 @@
 //! `gantry-master`: serve a cluster (default), or run the allocator simulator / benchmark.
 
+/// mimalloc instead of glibc's malloc: under a burst of launches the master allocates and frees
+/// millions of small messages across the core thread and the QUIC workers (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -104,6 +109,10 @@ struct ServeArgs {
     /// readers past it wait their turn (at least 4).
     #[arg(long, default_value_t = 128)]
     frame_budget_mib: usize,
+    /// Messages queued for one peer at most (at least 64). A framework that reads slowly is
+    /// paced against it (docs/protocol.md, "Not reading"); an agent that lets it fill is closed.
+    #[arg(long, default_value_t = MasterConfig::default().peer_outbox)]
+    peer_outbox: usize,
     /// Frameworks one principal may have registered at once (a disconnected framework counts
     /// until its failover timeout ends).
     #[arg(long, default_value_t = Limits::default().frameworks_per_principal)]
@@ -267,6 +276,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         allocation_interval_ms: args.allocation_interval_ms.max(1),
         frame_body_timeout_ms: secs_to_ms(args.frame_body_timeout, "--frame-body-timeout")?.max(1),
         frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
+        peer_outbox: args.peer_outbox.max(64),
         max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
         max_completed_frameworks: args.max_completed_frameworks,
         gpu_placement: args.gpu_placement,

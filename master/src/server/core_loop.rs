@@ -31,6 +31,7 @@ pub(super) async fn core_loop(
     // was told about survives a crash right after).
     let mut replies: Vec<(OperatorReply, Result<(), OperatorRejection>)> = Vec::new();
     let conns = shell.conns.clone();
+    let outbox = shell.outbox;
     // Reconciliation answers wait for room in their peers' outboxes; retried at the next event.
     let mut backlog_blocked = false;
     let mut batch: Vec<CoreEvent> = Vec::with_capacity(1024);
@@ -46,7 +47,7 @@ pub(super) async fn core_loop(
                     let room = |c: ConnId| {
                         conns
                             .get(&c)
-                            .map_or(0, |p| p.outbox.capacity().saturating_sub(OUTBOX / 2))
+                            .map_or(0, |p| p.outbox.capacity().saturating_sub(outbox / 2))
                     };
                     backlog_blocked = !m.work_backlog(now(), &mut out, room);
                 }
@@ -155,7 +156,7 @@ pub(super) async fn core_loop(
                 m.pace_offers(|c| {
                     conns
                         .get(&c)
-                        .is_none_or(|p| p.outbox.capacity() < OUTBOX / 2)
+                        .is_none_or(|p| p.outbox.capacity() < outbox / 2)
                 });
                 let started = Instant::now();
                 let before = out.len();
@@ -210,8 +211,9 @@ pub(super) async fn core_loop(
                 // master's own updates keep room there (a full outbox closes the peer for
                 // those: they could not be sent again later).
                 if let Outbound::Framework(MasterToFramework::Update(u)) = &msg {
-                    let paced = u.source == UpdateSource::Agent && !u.reconciliation;
-                    if paced && (held.contains_key(&conn) || peer.outbox.capacity() <= OUTBOX / 4) {
+                    if crate::state::paced(u)
+                        && (held.contains_key(&conn) || peer.outbox.capacity() <= outbox / 4)
+                    {
                         held.entry(conn).or_default().push((u.task_id, u.update_id));
                         continue;
                     }
@@ -220,7 +222,7 @@ pub(super) async fn core_loop(
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(Outbound::Framework(
                         MasterToFramework::Update(u),
-                    ))) if u.source == UpdateSource::Agent && !u.reconciliation => {
+                    ))) if crate::state::paced(&u) => {
                         held.entry(conn).or_default().push((u.task_id, u.update_id));
                     }
                     Err(mpsc::error::TrySendError::Full(Outbound::Framework(
@@ -233,7 +235,7 @@ pub(super) async fn core_loop(
                         undelivered.entry(conn).or_default().1.push(m);
                     }
                     Err(mpsc::error::TrySendError::Full(msg)) => {
-                        tracing::warn!(conn, peer = %peer.label, message = msg.kind(), "peer is not reading its messages ({OUTBOX} queued); closing it");
+                        tracing::warn!(conn, peer = %peer.label, message = msg.kind(), "peer is not reading its messages ({outbox} queued); closing it");
                         shell
                             .counters
                             .stalled_closed
@@ -346,7 +348,7 @@ fn peer_stats(shell: &Shell) -> serde_json::Value {
     let budget = shell.frame_limits.budget.stats();
     serde_json::json!({
         "connected": shell.conns.len(),
-        "outbox_messages": OUTBOX,
+        "outbox_messages": shell.outbox,
         "frame_body_timeout_ms": shell.frame_limits.body_timeout.as_millis() as u64,
         "frames": budget,
         "stalled_closed": shell.counters.stalled_closed.load(Ordering::Relaxed),

@@ -18,7 +18,7 @@
 //! - Reads use [`read_frame_limited`](gantry_sdk::protocol::codec::read_frame_limited): a frame
 //!   body must arrive within `frame_body_timeout_ms` of its length, and large bodies share one
 //!   [`FrameBudget`].
-//! - Each peer has an outbox of `OUTBOX` messages. A peer that lets it overflow is closed at
+//! - Each peer has an outbox of `MasterConfig::peer_outbox` messages (`--peer-outbox`). A peer that lets it overflow is closed at
 //!   once (not through the full outbox) and the core hears [`Input::PeerStalled`]: its offers
 //!   are rescinded and its failover / re-register timeout starts.
 //! - A message that can not be sent is never dropped silently: the warning names the peer.
@@ -57,8 +57,6 @@ pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;
 const CLOSE_PROTOCOL: u32 = 1;
-/// Messages queued for one peer; a peer that lets more pile up is not reading and is closed.
-const OUTBOX: usize = 16_384;
 /// TLS handshakes in progress at once. A herd of reconnecting agents (after a failover) would
 /// otherwise share the CPU among thousands of handshakes that then all time out and retry.
 const MAX_HANDSHAKES: usize = 64;
@@ -155,6 +153,8 @@ struct Shell {
     events: tokio::sync::broadcast::Sender<Arc<str>>,
     /// What the shell measures for `/metrics` (allocation cycle times).
     metrics: metrics::ShellMetrics,
+    /// Messages queued for one peer at most (`MasterConfig::peer_outbox`).
+    outbox: usize,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -190,6 +190,7 @@ pub async fn run(
         limits: conn_limits::ConnLimits::new(&config.limits),
         events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
         metrics: metrics::ShellMetrics::default(),
+        outbox: config.peer_outbox.max(64),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -441,7 +442,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     };
     tracing::debug!(%remote, %identity, epoch, "serving a peer");
     let id = shell.next_conn.fetch_add(1, Ordering::Relaxed);
-    let (out_tx, out_rx) = mpsc::channel(OUTBOX);
+    let (out_tx, out_rx) = mpsc::channel(shell.outbox);
     let label: Arc<str> = match &identity {
         PeerIdentity::Agent(n) => format!("agent {n} at {remote}"),
         PeerIdentity::Framework(p) => format!("framework {p} at {remote}"),

@@ -353,10 +353,8 @@ impl Master {
                 "sent to agent".into(),
                 now,
             );
-            out.push(Output::ToFramework(
-                conn,
-                MasterToFramework::Update(staging),
-            ));
+            // Behind its held updates when the framework is behind (`pacing`).
+            self.deliver_update(staging, out);
         }
     }
 

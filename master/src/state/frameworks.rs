@@ -24,7 +24,7 @@ impl Master {
         };
         let fw = match (msg, framework) {
             (FrameworkToMaster::Subscribe(info), None) => {
-                return self.subscribe(conn, principal, info, out)
+                return self.subscribe(conn, principal, info, now, out)
             }
             (FrameworkToMaster::Subscribe(_), Some(_)) => {
                 out.push(err(
@@ -214,6 +214,7 @@ impl Master {
         conn: ConnId,
         principal: String,
         info: FrameworkInfo,
+        now: Millis,
         out: &mut Vec<Output>,
     ) {
         if let Err(rejection) = self.check_subscribe(&principal, &info) {
@@ -322,7 +323,7 @@ impl Master {
         // Redeliver updates the framework has not acknowledged yet, oldest first: a slice now,
         // the rest as its outbox drains (`pacing`).
         self.hold_pending(id);
-        self.send_held(id, conn, UPDATE_SLICE, out);
+        self.send_held(id, conn, UPDATE_SLICE, now, out);
         self.allocation_pending = true;
     }
 

@@ -99,7 +99,7 @@ pub use maintenance::{
     DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
 };
 pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
-pub use pacing::{HELD_MESSAGES, UPDATE_SLICE};
+pub use pacing::{paced, HELD_MESSAGES, UPDATE_SLICE};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};
@@ -152,6 +152,10 @@ pub struct MasterConfig {
     /// Bytes of large frame bodies (over 64 KiB) all peers together may be sending at once;
     /// past it readers wait (`--frame-budget-mib`).
     pub frame_budget_bytes: usize,
+    /// Messages the shell queues for one peer (its outbox). Past three quarters a framework's
+    /// status updates are held in the core, past half it gets no offers (`pacing`); an agent
+    /// that lets it fill is closed.
+    pub peer_outbox: usize,
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
     /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
@@ -239,6 +243,7 @@ impl Default for MasterConfig {
             acls: Acls::allow_all(),
             frame_body_timeout_ms: 10_000,
             frame_budget_bytes: 128 << 20,
+            peer_outbox: 16_384,
             limits: Limits::default(),
             gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }

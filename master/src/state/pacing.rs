@@ -52,6 +52,19 @@ impl Held {
     }
 }
 
+/// True for the status updates the core can send again later, so that the shell hands them
+/// back ([`Input::UpdatesHeld`]) rather than queueing them past three quarters of a
+/// framework's outbox: agents' updates (pending until acknowledged) and the master's STAGING
+/// ("sent to agent": made again from the task while it is still staging, skipped once the
+/// agent's updates have superseded it).
+pub fn paced(u: &StatusUpdate) -> bool {
+    !u.reconciliation
+        && match u.source {
+            UpdateSource::Agent => true,
+            UpdateSource::Master => u.state == TaskState::Staging,
+        }
+}
+
 /// Held updates sent per framework per [`Master::work_backlog`] slice at most.
 pub const UPDATE_SLICE: usize = 1024;
 
@@ -60,7 +73,7 @@ pub const UPDATE_SLICE: usize = 1024;
 pub const HELD_MESSAGES: usize = 16_384;
 
 impl Master {
-    /// Sends `update` (already `pending` on its task) to its framework now, or holds it when the
+    /// Sends `update` (already `pending` on its task, or a task's STAGING) to its framework now, or holds it when the
     /// framework is behind (earlier updates held: order is kept). Nothing while the framework
     /// is disconnected: it gets its pending updates when it subscribes again.
     pub(super) fn deliver_update(&mut self, update: StatusUpdate, out: &mut Vec<Output>) {
@@ -84,27 +97,65 @@ impl Master {
             .find(|u| u.update_id == update_id)
     }
 
-    /// The shell could not queue these agents' updates to `conn` (its outbox was full): held,
-    /// in order, those still pending on the connection's framework's tasks. One no longer
-    /// pending was acknowledged or superseded (a master-made terminal update, which went out
-    /// itself): nothing to send.
-    pub(super) fn updates_held(&mut self, conn: ConnId, updates: Vec<(TaskId, UpdateId)>) {
+    /// The framework `conn` is the current connection of, if any.
+    fn framework_on(&self, conn: ConnId) -> Option<FrameworkId> {
         let Some(Peer::Framework {
             framework: Some(fw),
             ..
         }) = self.conns.get(&conn)
         else {
+            return None;
+        };
+        (self.frameworks.get(fw).and_then(|f| f.conn) == Some(conn)).then_some(*fw)
+    }
+
+    /// True when a held key that is not a pending update stands for the task's STAGING (see
+    /// [`paced`]): the task is still staging, nothing from its agent yet.
+    fn still_staging(&self, task_id: TaskId, fw: FrameworkId) -> bool {
+        self.tasks.get(&task_id).is_some_and(|t| {
+            t.framework == fw && t.state == TaskState::Staging && t.pending.is_empty()
+        })
+    }
+
+    /// What to send now for held key (`t`, `u`) of `fw`: the pending update, or a STAGING made
+    /// again; `None` when acknowledged or superseded since.
+    fn held_update(
+        &mut self,
+        t: TaskId,
+        u: UpdateId,
+        fw: FrameworkId,
+        now: Millis,
+    ) -> Option<StatusUpdate> {
+        if let Some(update) = self.pending_update(t, u) {
+            return Some(update.clone());
+        }
+        if !self.still_staging(t, fw) {
+            return None;
+        }
+        let agent = self.tasks.get(&t).map(|r| r.agent);
+        Some(self.new_update(
+            t,
+            fw,
+            agent,
+            TaskState::Staging,
+            "sent to agent".into(),
+            now,
+        ))
+    }
+
+    /// The shell could not queue these agents' updates to `conn` (its outbox was full): held,
+    /// in order, those still pending on the connection's framework's tasks. One no longer
+    /// pending was acknowledged or superseded (a master-made terminal update, which went out
+    /// itself): nothing to send.
+    pub(super) fn updates_held(&mut self, conn: ConnId, updates: Vec<(TaskId, UpdateId)>) {
+        let Some(fw) = self.framework_on(conn) else {
             return;
         };
-        let fw = *fw;
-        if self.frameworks.get(&fw).and_then(|f| f.conn) != Some(conn) {
-            return;
-        }
         let ours: VecDeque<_> = updates
             .into_iter()
             .filter(|(t, u)| {
                 self.pending_update(*t, *u)
-                    .is_some_and(|p| p.framework_id == fw)
+                    .map_or_else(|| self.still_staging(*t, fw), |p| p.framework_id == fw)
             })
             .collect();
         let held = self.held.entry(fw).or_default();
@@ -134,17 +185,9 @@ impl Master {
             self.allocator.rescind(id);
             self.allocation_pending = true;
         }
-        let Some(Peer::Framework {
-            framework: Some(fw),
-            ..
-        }) = self.conns.get(&conn)
-        else {
+        let Some(fw) = self.framework_on(conn) else {
             return;
         };
-        let fw = *fw;
-        if self.frameworks.get(&fw).and_then(|f| f.conn) != Some(conn) {
-            return;
-        }
         let held = self.held.entry(fw).or_default();
         // A heartbeat that did not fit says nothing the next one will not.
         held.messages.extend(
@@ -161,6 +204,10 @@ impl Master {
                 rescinds = count(|m| matches!(m, MasterToFramework::Rescind { .. })),
                 updates = count(|m| matches!(m, MasterToFramework::Update(_))),
                 errors = count(|m| matches!(m, MasterToFramework::Error { .. })),
+                first = ?held.messages.iter().find_map(|m| match m {
+                    MasterToFramework::Update(u) => Some((u.state, u.source, u.reconciliation, u.message.clone())),
+                    _ => None,
+                }),
                 "framework is not reading its messages; closing it"
             );
             out.push(Output::Close {
@@ -244,6 +291,7 @@ impl Master {
     /// [`UPDATE_SLICE`] each. False when no framework with held updates had room.
     pub(super) fn work_held(
         &mut self,
+        now: Millis,
         out: &mut Vec<Output>,
         room: &impl Fn(ConnId) -> usize,
     ) -> bool {
@@ -256,7 +304,7 @@ impl Master {
             };
             let n = room(conn).min(UPDATE_SLICE);
             if n > 0 {
-                self.send_held(fw, conn, n, out);
+                self.send_held(fw, conn, n, now, out);
                 progress = true;
             }
         }
@@ -270,6 +318,7 @@ impl Master {
         fw: FrameworkId,
         conn: ConnId,
         n: usize,
+        now: Millis,
         out: &mut Vec<Output>,
     ) {
         let mut sent = 0;
@@ -285,11 +334,8 @@ impl Master {
                 break;
             };
             // Acknowledged since (or superseded): nothing to send.
-            if let Some(update) = self.pending_update(t, u) {
-                out.push(Output::ToFramework(
-                    conn,
-                    MasterToFramework::Update(update.clone()),
-                ));
+            if let Some(update) = self.held_update(t, u, fw, now) {
+                out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
                 sent += 1;
             }
         }

@@ -22,7 +22,7 @@ impl Master {
         room: impl Fn(ConnId) -> usize,
     ) -> bool {
         let answered = self.work_reconciles(now, out, &room);
-        let sent = self.work_held(out, &room);
+        let sent = self.work_held(now, out, &room);
         answered || sent
     }
 

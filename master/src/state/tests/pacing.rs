@@ -297,3 +297,40 @@ fn offers_pause_while_a_framework_is_backed_up_and_go_to_the_others() {
     assert_eq!(made.len(), 1);
     assert_eq!(made[0].framework_id, f);
 }
+
+#[test]
+fn a_held_staging_is_sent_while_the_task_still_stages_and_skipped_once_superseded() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:8;mem:1024");
+    let (fw, offers) = h.framework(F, "f", "r");
+    let tasks: Vec<TaskInfo> = (0..2).map(|_| task("cpus:1;mem:64")).collect();
+    let (_, out) = run_tasks(&mut h, offers[0].id, tasks.clone());
+    let staging = updates_to(&out, F);
+    assert_eq!(staging.len(), 2);
+    // The outbox could not take either STAGING.
+    h.input(Input::UpdatesHeld {
+        conn: F,
+        updates: staging,
+    });
+    assert_eq!(h.m.held_updates(), 2);
+    // The first task's agent reports STARTING: it queues behind them.
+    let starting = agent_update(&tasks[0], fw, TaskState::Starting);
+    assert!(updates_to(&update(&mut h, &starting), F).is_empty());
+    let mut out = Vec::new();
+    assert!(h.m.work_backlog(h.now, &mut out, |_| usize::MAX));
+    let sent: Vec<(TaskId, TaskState)> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(F, MasterToFramework::Update(u)) => Some((u.task_id, u.state)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        vec![
+            (tasks[1].task_id, TaskState::Staging),
+            (tasks[0].task_id, TaskState::Starting)
+        ]
+    );
+    assert!(!h.m.has_backlog());
+}
