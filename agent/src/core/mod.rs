@@ -267,6 +267,8 @@ pub struct AgentCore {
     last_gc: u64,
     /// Prepared task cgroups.
     pool: pool::CgroupPool,
+    /// Final usages of settled tasks, sent as one message before the next status updates.
+    final_usage: Vec<(TaskId, TaskUsage)>,
 }
 
 impl AgentCore {
@@ -302,6 +304,7 @@ impl AgentCore {
             gc_busy: true,
             disk_used: 0.0,
             last_gc: now,
+            final_usage: Vec::new(),
             pool: pool::CgroupPool::new(if config_isolated {
                 config_pool
             } else {
@@ -711,7 +714,13 @@ impl AgentCore {
 
     fn flush_updates(&mut self, now: u64) {
         if !self.registered || !self.connected {
+            self.final_usage.clear();
             return;
+        }
+        if !self.final_usage.is_empty() {
+            let tasks = std::mem::take(&mut self.final_usage);
+            let gpus = self.last_gpu_samples.clone();
+            self.send(AgentToMaster::Usage { tasks, gpus });
         }
         for u in self.ckpt.updates.due(now) {
             tracing::debug!(task = %u.task_id, state = %u.state, "status update sent");

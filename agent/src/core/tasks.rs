@@ -335,12 +335,12 @@ impl AgentCore {
         } else {
             (TaskState::Failed, Some(TaskReason::CommandFailed), msg)
         };
+        // Final usages of the tasks settled in one batch go out as one message, before any
+        // status update (flush_updates).
         if let Some(u) = outcome.usage {
-            let gpus = self.last_gpu_samples.clone();
-            self.send_registered(AgentToMaster::Usage {
-                tasks: vec![(task, u)],
-                gpus,
-            });
+            if self.registered {
+                self.final_usage.push((task, u));
+            }
         }
         self.terminal(task, state, reason, msg, status.code, status.signal, now);
     }

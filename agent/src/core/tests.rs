@@ -811,3 +811,54 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
     assert_eq!(recycled, vec![true, false]);
     assert!(c.drain_pool().is_empty());
 }
+
+/// The final usages of tasks settled in one batch go out as one message, before their
+/// terminal updates (the master records usage only for tasks it still knows).
+#[test]
+fn final_usages_of_a_batch_are_one_message_before_the_updates() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let (a, b) = (task(""), task(""));
+    let ids = [a.task_id, b.task_id];
+    start(&mut c, fw, a, 100);
+    start(&mut c, fw, b, 101);
+    for id in ids {
+        c.handle(
+            Input::Exited {
+                task: id,
+                status: exit(0),
+            },
+            T0 + 10,
+        );
+    }
+    let mut fx = Vec::new();
+    for id in ids {
+        fx.extend(c.handle(
+            Input::Settled {
+                task: id,
+                status: exit(0),
+                outcome: CgroupOutcome {
+                    oom_killed: false,
+                    usage: Some(TaskUsage {
+                        cpu_time_secs: 1.0,
+                        ..TaskUsage::default()
+                    }),
+                },
+            },
+            T0 + 20,
+        ));
+    }
+    fx.extend(c.flush(T0 + 20));
+    let kinds: Vec<&str> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(AgentToMaster::Usage { tasks, .. }) => {
+                assert_eq!(tasks.iter().map(|t| t.0).collect::<Vec<_>>(), ids);
+                Some("usage")
+            }
+            Effect::Send(AgentToMaster::StatusUpdate { .. }) => Some("update"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, vec!["usage", "update", "update"]);
+}
