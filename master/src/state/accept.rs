@@ -141,8 +141,9 @@ impl Master {
         let offer_list: Vec<OfferId> = offers.iter().map(|o| o.id).collect();
         let mut used: Vec<OfferResources> = vec![OfferResources::default(); offers.len()];
         let mut launches: Vec<(TaskInfo, OfferResources, Vec<String>)> = Vec::new();
-        // GPU shares given to earlier tasks of this accept.
-        let mut accept_gpus = super::gpus::GpuLedger::default();
+        // What the agent's live tasks hold of its GPUs plus the shares given to earlier tasks
+        // of this accept: computed once, at the first task with GPUs.
+        let mut accept_gpus: Option<super::gpus::GpuLedger> = None;
         let mut seen_ids: HashSet<TaskId> = HashSet::new();
         for op in operations {
             match op {
@@ -195,7 +196,13 @@ impl Master {
                         }
                         // Per-GPU room (fractions share a GPU up to one whole GPU): the GPU
                         // for a fraction is chosen here (gpus.rs).
-                        let gpu_choice = self.choose_fraction(agent_id, &task, &accept_gpus);
+                        let gpu_choice = if task.resources.gpu_amount() == Ok(GpuAmount::None) {
+                            Ok(None)
+                        } else {
+                            let ledger =
+                                accept_gpus.get_or_insert_with(|| self.gpu_ledger(agent_id));
+                            self.choose_fraction(agent_id, &task, ledger)
+                        };
                         let gpu_choice = match gpu_choice {
                             Ok(c) => c,
                             Err(reason) => {
@@ -214,16 +221,18 @@ impl Master {
                         match draw(&mut pool, &mut used, &task.resources) {
                             Some(alloc) => {
                                 let chosen: Vec<String> = gpu_choice.into_iter().collect();
-                                match task.resources.gpu_amount() {
-                                    Ok(GpuAmount::Fraction(m)) => {
-                                        for uuid in &chosen {
-                                            accept_gpus.take(uuid, m);
+                                if let Some(ledger) = accept_gpus.as_mut() {
+                                    match task.resources.gpu_amount() {
+                                        Ok(GpuAmount::Fraction(m)) => {
+                                            for uuid in &chosen {
+                                                ledger.take(uuid, m);
+                                            }
                                         }
+                                        Ok(GpuAmount::Whole(k)) => ledger
+                                            .pending_whole
+                                            .push((k, task.gpu_selector.clone())),
+                                        _ => {}
                                     }
-                                    Ok(GpuAmount::Whole(k)) => accept_gpus
-                                        .pending_whole
-                                        .push((k, task.gpu_selector.clone())),
-                                    _ => {}
                                 }
                                 launches.push((task, alloc, chosen));
                             }

@@ -145,12 +145,13 @@ impl Master {
 
     /// The GPU for `task` when it asks for a fraction of one: `Ok(None)` for tasks without
     /// GPUs or with whole GPUs (the agent picks those), `Err` when no admissible GPU of the
-    /// agent has room. `taken` is what earlier tasks of the same accept were given.
+    /// agent has room. `ledger` is what the agent's live tasks hold ([`Master::gpu_ledger`])
+    /// plus what earlier tasks of the same accept were given.
     pub(crate) fn choose_fraction(
         &self,
         agent: AgentId,
         task: &TaskInfo,
-        taken: &GpuLedger,
+        ledger: &GpuLedger,
     ) -> Result<Option<String>, String> {
         let tid = task.task_id;
         let amount = task
@@ -161,14 +162,6 @@ impl Master {
             // CPU tasks cost nothing here (an accept may launch many).
             return Ok(None);
         }
-        let ledger = {
-            let mut l = self.gpu_ledger(agent);
-            for (uuid, milli) in &taken.used {
-                l.take(uuid, *milli);
-            }
-            l.pending_whole.extend(taken.pending_whole.iter().cloned());
-            l
-        };
         let gpus: Vec<&GpuInfo> = self
             .agents
             .get(&agent)

@@ -769,8 +769,15 @@ impl Master {
         self.sync_gpu_views();
         let offers = self.allocator.allocate(now);
         let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
+        // Free shares per GPU, once per agent per cycle (an agent may be offered to several
+        // frameworks or roles in one cycle).
+        let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::new();
         for rec in offers {
-            match self.offer_message(&rec) {
+            let free = gpu_free
+                .entry(rec.agent)
+                .or_insert_with(|| self.gpu_free(rec.agent))
+                .clone();
+            match self.offer_message(&rec, free) {
                 Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
                 None => {
                     self.allocator.rescind(rec.id);
@@ -797,7 +804,7 @@ impl Master {
         }
     }
 
-    fn offer_message(&self, rec: &OfferRecord) -> Option<Offer> {
+    fn offer_message(&self, rec: &OfferRecord, gpu_free: Vec<GpuFree>) -> Option<Offer> {
         let agent = self.agents.get(&rec.agent)?;
         Some(Offer {
             id: rec.id,
@@ -809,7 +816,7 @@ impl Master {
             reserved: rec.resources.reserved.clone(),
             attributes: agent.offer_parts().attributes.clone(),
             gpus: agent.offer_parts().gpus.clone(),
-            gpu_free: self.gpu_free(rec.agent),
+            gpu_free,
         })
     }
 
