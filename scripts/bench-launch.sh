@@ -11,7 +11,8 @@
 #
 # Usage: scripts/bench-launch.sh [N]     (default 1000)
 # Env:   INFLIGHT (640: 0.1 cpus each on a 64-cpu agent, Slurm node of INFLIGHT cpus),
-#        PROFILE=release|debug (release), SLURM=auto|no (auto), KEEP=1 keeps the temp dir.
+#        PROFILE=release|debug (release), SLURM=auto|no (auto), KEEP=1 keeps the temp dir,
+#        CGROUP_ARGS: extra flags of the cgroups agent (e.g. "--cgroup-pool 0:0": no pool).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-1000}
@@ -101,7 +102,8 @@ gantry() { # name isolation-args...
 }
 gantry none --isolation none
 if [ "$(id -u)" = 0 ] && [ -w /sys/fs/cgroup ]; then
-  gantry cgroups --cgroup-root "gantry-bench-$$"
+  # shellcheck disable=SC2086 # CGROUP_ARGS: extra agent flags, e.g. "--cgroup-pool 0:0"
+  gantry cgroups --cgroup-root "gantry-bench-$$" ${CGROUP_ARGS:-}
 fi
 
 # 4. Slurm: a throwaway one-node cluster (its own config, state and ports) under $DIR.

@@ -81,8 +81,8 @@ impl CgroupRoot {
         out
     }
 
-    /// Task cgroups still present under the root (in any hierarchy).
-    pub fn task_cgroups(&self) -> Vec<PathBuf> {
+    /// Every cgroup under the root (in any hierarchy): tasks' and the agent's pool's.
+    pub fn all_cgroups(&self) -> Vec<PathBuf> {
         self.dirs()
             .iter()
             .filter_map(|d| std::fs::read_dir(d).ok())
@@ -92,17 +92,49 @@ impl CgroupRoot {
             .collect()
     }
 
-    /// A task's cgroup directory in a v1 controller's hierarchy (or the v2 directory when
-    /// `controller` is `""`).
+    /// Task cgroups still present under the root (in any hierarchy): all but the empty ones of
+    /// the agent's pool of prepared cgroups (`pool-…`, made ahead and reused; a running agent
+    /// keeps some).
+    pub fn task_cgroups(&self) -> Vec<PathBuf> {
+        self.all_cgroups()
+            .into_iter()
+            .filter(|d| !(is_pool(d) && procs(d).is_empty()))
+            .collect()
+    }
+
+    /// The agent's pool cgroups under the root (in any hierarchy).
+    pub fn pool_cgroups(&self) -> Vec<PathBuf> {
+        self.all_cgroups()
+            .into_iter()
+            .filter(|d| is_pool(d))
+            .collect()
+    }
+
+    /// A running task's cgroup directory in a v1 controller's hierarchy (or the v2 directory
+    /// when `controller` is `""`): the cgroup named after the task, or the pool cgroup holding
+    /// a process whose environment says `GANTRY_TASK_ID=<task>`. Panics when there is none.
     pub fn task_dir(&self, controller: &str, task: gantry_sdk::protocol::TaskId) -> PathBuf {
-        Path::new(CGROUP_MOUNT)
-            .join(controller)
-            .join(&self.name)
-            .join(task.to_string())
+        let parent = Path::new(CGROUP_MOUNT).join(controller).join(&self.name);
+        let named = parent.join(task.to_string());
+        if named.is_dir() {
+            return named;
+        }
+        let wanted = format!("GANTRY_TASK_ID={task}");
+        std::fs::read_dir(&parent)
+            .into_iter()
+            .flat_map(|rd| rd.flatten())
+            .map(|e| e.path())
+            .find(|d| {
+                procs(d).iter().any(|pid| {
+                    std::fs::read(format!("/proc/{pid}/environ"))
+                        .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == wanted.as_bytes()))
+                })
+            })
+            .unwrap_or_else(|| panic!("no cgroup of task {task} under {}", parent.display()))
     }
 
     fn kill_and_remove(&self) {
-        let tasks = self.task_cgroups();
+        let tasks = self.all_cgroups();
         for dir in &tasks {
             for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
                 .unwrap_or_default()
@@ -122,6 +154,20 @@ impl CgroupRoot {
             }
         }
     }
+}
+
+fn is_pool(dir: &Path) -> bool {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("pool-"))
+}
+
+fn procs(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
 }
 
 impl Drop for CgroupRoot {

@@ -235,6 +235,11 @@ impl AgentProc {
         self.proc.kill9();
     }
 
+    /// Stops the agent cleanly (SIGTERM; its tasks keep running); whether it exited in time.
+    pub fn terminate(&mut self, timeout: std::time::Duration) -> bool {
+        self.proc.terminate(timeout)
+    }
+
     /// Starts the agent again with the same arguments and work dir.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.proc.kill9();

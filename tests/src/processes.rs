@@ -105,6 +105,24 @@ impl Proc {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// SIGTERM (a clean stop) and wait up to `timeout` for the process to exit; SIGKILL after
+    /// that. Returns whether it stopped on its own.
+    pub fn terminate(&mut self, timeout: std::time::Duration) -> bool {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if !self.is_running() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.kill9();
+        false
+    }
 }
 
 impl Drop for Proc {

@@ -57,7 +57,9 @@ fn setup(test: &str, agent_args: &[&str], tasks: Vec<TaskInfo>) -> Option<Setup>
 }
 
 impl Setup {
-    async fn finish(self) {
+    /// No task cgroup is left while the agent runs (only its pool's empty ones); stopped
+    /// cleanly, the agent drains its pool and removes the root: nothing is left at all.
+    async fn finish(mut self) {
         assert!(
             self.root.task_cgroups().is_empty(),
             "task cgroups left behind: {:?}",
@@ -69,7 +71,64 @@ impl Setup {
             .unwrap()
             .unwrap()
             .unwrap();
+        assert!(
+            self.cluster.agents[0].terminate(T),
+            "the agent did not stop"
+        );
+        assert!(
+            self.root.all_cgroups().is_empty() && self.root.dirs().is_empty(),
+            "cgroups left after the agent stopped: {:?} {:?}",
+            self.root.all_cgroups(),
+            self.root.dirs()
+        );
     }
+}
+
+/// A pooled cgroup reused after an OOM kill: the next task in it is not blamed for the earlier
+/// kill (the kernel's OOM counter cannot be reset: it is a baseline), and its limit is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_cgroup_reused_after_an_oom_kill() {
+    // Each takes the agent's two CPUs: one after the other. Each prints its memory cgroup.
+    let hog = task(
+        "hog",
+        "grep pool- /proc/self/cgroup | head -n 1; perl -e '$x = \"a\" x (256 * 1024 * 1024); print length($x), \"\\n\"'",
+        "cpus:2;mem:64",
+    );
+    let next = task(
+        "next",
+        "grep pool- /proc/self/cgroup | head -n 1; perl -e '$x = \"a\" x (96 * 1024 * 1024); print length($x), \"\\n\"'",
+        "cpus:2;mem:256",
+    );
+    // Two prepared cgroups; the hog's comes back first and is taken first.
+    let Some(mut s) = setup(
+        "pool",
+        &["--cgroup-pool", "1:2"],
+        vec![hog.clone(), next.clone()],
+    ) else {
+        return;
+    };
+    let failed = s
+        .updates
+        .wait(hog.task_id, TaskState::Failed, T)
+        .await
+        .unwrap();
+    assert_eq!(failed.reason, Some(TaskReason::MemoryLimit), "{failed:?}");
+    if let Err(e) = s.updates.wait(next.task_id, TaskState::Finished, T).await {
+        s.cluster.dump_logs();
+        panic!("{e}");
+    }
+    let cgroup_of = |t: &TaskInfo| {
+        std::fs::read_to_string(s.cluster.agents[0].sandbox_file(t.task_id, "stdout"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (a, b) = (cgroup_of(&hog), cgroup_of(&next));
+    assert!(a.contains("/pool-"), "{a}");
+    assert_eq!(a, b, "the second task reused the hog's cgroup");
+    s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

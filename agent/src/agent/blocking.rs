@@ -1,18 +1,19 @@
 //! The runtime's blocking helpers (run on blocking threads, off the loop): settling a task's
 //! cgroup (its OOM flag and final usage recorded; destroyed before the task's terminal update
-//! when processes are left in it, after it when it is already empty) and one usage sample.
+//! when processes are left in it, after it — or returned to the pool — when it is already
+//! empty), making pool cgroups, and one usage sample.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use gantry_sdk::protocol::*;
 
-use super::FINAL_FILE;
+use super::{PoolGate, BASE_FILE, FINAL_FILE};
 use crate::core::CgroupOutcome;
 use crate::discovery::NvmlGpus;
 use crate::executor;
 use crate::gpu;
-use crate::isolation::TaskCgroup;
+use crate::isolation::{Baseline, Isolator, TaskCgroup};
 
 /// Reads a task cgroup's OOM flag and usage and records them in the task's meta directory
 /// (blocking). A cgroup with processes left in it is destroyed here, so that the task's
@@ -27,6 +28,24 @@ pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutco
         .and_then(|d| serde_json::from_slice(&d).ok());
     let Some(cg) = cg.filter(|c| c.is_isolated()) else {
         return recorded.unwrap_or_default();
+    };
+    // A reused cgroup's counters at the task's start, recorded at launch (needed when this
+    // handle was reopened by a restarted agent).
+    let mut reopened;
+    let cg = if cg.baseline() == Baseline::default() {
+        match std::fs::read(meta.join(BASE_FILE))
+            .ok()
+            .and_then(|d| serde_json::from_slice::<Baseline>(&d).ok())
+        {
+            Some(base) => {
+                reopened = cg.clone();
+                reopened.set_baseline(base);
+                &reopened
+            }
+            None => cg,
+        }
+    } else {
+        cg
     };
     // Recorded by an earlier incarnation that died while destroying the cgroup: that reading
     // was taken from the whole cgroup and stays authoritative.
@@ -69,6 +88,36 @@ pub(super) fn destroy_cgroup(cg: &TaskCgroup) {
                     "destroying the task cgroup: {e}"
                 )
             }
+        }
+    }
+}
+
+/// Makes pool cgroups (blocking); returns the names made. Stops when the gate closes.
+pub(super) fn prepare_cgroups(iso: &Isolator, names: Vec<String>, gate: &PoolGate) -> Vec<String> {
+    let mut ready = Vec::with_capacity(names.len());
+    for name in names {
+        let made = gate.while_open(|| iso.create_slot(&name));
+        match made {
+            None => break,
+            Some(Ok(())) => ready.push(name),
+            Some(Err(e)) => {
+                tracing::warn!(cgroup = %name, "making a pool cgroup: {e}");
+                break;
+            }
+        }
+    }
+    ready
+}
+
+/// Readies an ended task's empty cgroup for the pool (blocking); its name when it may go back,
+/// `None` when it must be removed instead (not empty, not made by this run, gate closed).
+pub(super) fn recycle_cgroup(cg: &TaskCgroup, gate: &PoolGate) -> Option<String> {
+    let r = gate.while_open(|| cg.recycle())?;
+    match r {
+        Ok(()) => Some(cg.task_id().to_string()),
+        Err(e) => {
+            tracing::debug!(cgroup = cg.task_id(), "not pooled again: {e}");
+            None
         }
     }
 }

@@ -4,11 +4,12 @@
 
 use std::path::PathBuf;
 
-use super::{Agent, Event};
+use super::{Agent, Event, BASE_FILE};
 use crate::core::LaunchPlan;
 use crate::executor::user::{self, TaskUser};
 use crate::executor::{self, ExitStatus, LaunchSpec};
 use crate::gpu;
+use crate::isolation::Baseline;
 
 impl Agent {
     /// Starts a launch after the commit of the task's record (a restarted agent knows every
@@ -57,6 +58,19 @@ impl Agent {
                 let cg = isolator
                     .create(&cgroup_name, &limits)
                     .map_err(|e| format!("task cgroup: {e}"))?;
+                // A reused cgroup's counters, for the task's outcome after an agent restart.
+                if cg.baseline() != Baseline::default() {
+                    let written = std::fs::create_dir_all(&blocking_meta).and_then(|_| {
+                        std::fs::write(
+                            blocking_meta.join(BASE_FILE),
+                            serde_json::to_vec(&cg.baseline()).unwrap_or_default(),
+                        )
+                    });
+                    if let Err(e) = written {
+                        let _ = cg.destroy();
+                        return Err(format!("recording the cgroup's baseline: {e}"));
+                    }
+                }
                 let procs: Vec<PathBuf> =
                     cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
                 let spec = LaunchSpec {

@@ -48,6 +48,10 @@ pub const CLEAR_DIR: &str = "gpu-clear";
 /// before the cgroup is destroyed (so a restarted agent still reports the real outcome).
 const FINAL_FILE: &str = "cgroup-final.json";
 
+/// File in a task's meta directory recording the counters its (reused, pooled) cgroup held when
+/// the task took it ([`crate::isolation::Baseline`]); written only when not all zero.
+const BASE_FILE: &str = "cgroup-base.json";
+
 /// Everything the agent is configured with.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -95,6 +99,8 @@ pub struct AgentConfig {
     /// Log size past which the write-ahead log is compacted into a snapshot
     /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
     pub wal_compact_bytes: u64,
+    /// The pool of prepared task cgroups: (low, high) water marks (`--cgroup-pool`; high 0: off).
+    pub cgroup_pool: (usize, usize),
     /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// The host ports tasks asking `ports:K` get theirs from (`--ports`); `resources` holds
@@ -136,6 +142,13 @@ pub(crate) enum Event {
     Compacted(Result<(), String>),
     /// Sandboxes found on disk at start.
     GcScanned(Vec<gc::Ended>),
+    /// Pool cgroups made ([`Effect::PrepareCgroups`]).
+    CgroupsPrepared {
+        asked: usize,
+        ready: Vec<String>,
+    },
+    /// An ended task's cgroup is back in the pool (or was removed: `None`).
+    CgroupRecycled(Option<String>),
     /// A garbage collection pass ended (with the disk usage it measured).
     GcDone {
         disk_used: Option<f64>,
@@ -173,6 +186,27 @@ struct Agent {
     supervisor: Arc<executor::SupervisorCommand>,
     /// What `/metrics` shows (published after each usage sample).
     metrics: crate::metrics::AgentMetrics,
+    /// Closed at shutdown: no pool cgroup is made or returned to the pool after that.
+    pool_gate: Arc<PoolGate>,
+}
+
+/// Serializes making and returning pool cgroups with the drain at shutdown: after
+/// [`PoolGate::close`] every such job removes what it would have pooled, so nothing is left.
+#[derive(Debug, Default)]
+pub(crate) struct PoolGate {
+    closed: std::sync::Mutex<bool>,
+}
+
+impl PoolGate {
+    /// Runs `f` with the gate held, if it is still open.
+    pub(crate) fn while_open<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        let closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        (!*closed).then(f)
+    }
+
+    fn close(&self) {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
 }
 
 fn core_config(config: &AgentConfig) -> CoreConfig {
@@ -201,6 +235,14 @@ fn core_config(config: &AgentConfig) -> CoreConfig {
         usage_interval: config.usage_interval,
         gc: config.gc,
         ports: config.ports,
+        cgroup_pool: crate::core::pool::PoolConfig {
+            low: config.cgroup_pool.0,
+            high: config.cgroup_pool.1,
+            prefix: crate::core::pool::pool_prefix(
+                &crate::core::pool::agent_prefix(&config.work_dir),
+                unix_ms(),
+            ),
+        },
     }
 }
 
@@ -288,6 +330,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         last_notice_poll: now,
         supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
         metrics: crate::metrics::AgentMetrics::default(),
+        pool_gate: Arc::new(PoolGate::default()),
     };
     let probed = probe(&agent.core);
     let effects = agent.core.recover(probed, unix_ms());
@@ -368,6 +411,44 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     if let Some(w) = watcher {
         tokio::task::spawn_blocking(move || w.stop()).await.ok();
     }
+    // The pool is drained: its ready cgroups and any of this run's left empty (a recycling
+    // finished after the loop) are removed; the gate keeps new ones from appearing.
+    agent.pool_gate.close();
+    let mut drained = agent.core.drain_pool();
+    if !agent.core.pool_prefix().is_empty() {
+        let prefix = agent.core.pool_prefix().to_string();
+        let held: HashSet<String> = agent
+            .core
+            .checkpoint()
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal())
+            .filter_map(|t| t.cgroup.clone())
+            .collect();
+        if let Ok(names) = agent.config.isolator.list() {
+            for n in names {
+                if n.starts_with(&prefix) && !held.contains(&n) && !drained.contains(&n) {
+                    drained.push(n);
+                }
+            }
+        }
+    }
+    if !drained.is_empty() {
+        let iso = agent.config.isolator.clone();
+        let n = drained.len();
+        let _ = tokio::task::spawn_blocking(move || {
+            for name in drained {
+                if let Ok(cg) = iso.reopen(&name) {
+                    // Busy (a task's, recorded as ended meanwhile): left for the next start.
+                    if cg.pids().is_ok_and(|p| p.is_empty()) {
+                        destroy_cgroup(&cg);
+                    }
+                }
+            }
+        })
+        .await;
+        tracing::debug!(n, "drained the cgroup pool");
+    }
     // A clean stop with no live task leaves no empty cgroup root behind; with live tasks the
     // root stays for the next start to re-adopt them. An agent no master accepted leaves it
     // alone: it may share the root of the agent whose name it collided with.
@@ -392,7 +473,7 @@ const MAX_BATCH: usize = 4096;
 mod blocking;
 mod launch;
 
-use blocking::{destroy_cgroup, sample, settle_cgroup};
+use blocking::{destroy_cgroup, prepare_cgroups, recycle_cgroup, sample, settle_cgroup};
 
 impl Agent {
     /// For a task asking for `ports:K`: the ports of the range no task holds that cannot be
@@ -482,6 +563,8 @@ impl Agent {
             }
             Event::RecoveryChecked { uuid, passed } => Input::RecoveryChecked { uuid, passed },
             Event::GcScanned(found) => Input::GcScanned(found),
+            Event::CgroupsPrepared { asked, ready } => Input::CgroupsPrepared { asked, ready },
+            Event::CgroupRecycled(name) => Input::CgroupRecycled(name),
             Event::GcDone { disk_used } => Input::GcDone { disk_used },
             Event::Compacted(result) => {
                 self.compacting = false;
@@ -539,6 +622,7 @@ impl Agent {
                     status,
                     meta,
                     cgroup,
+                    recycle,
                 } => {
                     let cg = self.cgroups.remove(&task).or_else(|| {
                         cgroup
@@ -546,6 +630,7 @@ impl Agent {
                             .and_then(|n| self.config.isolator.reopen(n).ok())
                     });
                     let events = self.events.clone();
+                    let gate = self.pool_gate.clone();
                     tokio::task::spawn_blocking(move || {
                         let outcome = settle_cgroup(cg.as_ref(), &meta);
                         let _ = events.send(Event::Settled {
@@ -553,11 +638,42 @@ impl Agent {
                             status,
                             outcome,
                         });
-                        // An empty cgroup is removed after its task's terminal update is on
-                        // its way (one with processes left was removed before).
-                        if let Some(cg) = cg.filter(TaskCgroup::is_isolated) {
-                            destroy_cgroup(&cg);
+                        // After its task's terminal update is on its way, an empty cgroup goes
+                        // back to the pool or is removed (one with processes left was removed
+                        // before).
+                        let cg = cg.filter(TaskCgroup::is_isolated);
+                        let back = match &cg {
+                            Some(cg) if recycle => recycle_cgroup(cg, &gate),
+                            _ => None,
+                        };
+                        if back.is_none() {
+                            if let Some(cg) = &cg {
+                                destroy_cgroup(cg);
+                            }
                         }
+                        if recycle {
+                            let _ = events.send(Event::CgroupRecycled(back));
+                        }
+                    });
+                }
+                Effect::RemoveCgroups(names) => {
+                    let iso = self.config.isolator.clone();
+                    tokio::task::spawn_blocking(move || {
+                        for name in names {
+                            if let Ok(cg) = iso.reopen(&name) {
+                                destroy_cgroup(&cg);
+                            }
+                        }
+                    });
+                }
+                Effect::PrepareCgroups(names) => {
+                    let iso = self.config.isolator.clone();
+                    let events = self.events.clone();
+                    let gate = self.pool_gate.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let asked = names.len();
+                        let ready = prepare_cgroups(&iso, names, &gate);
+                        let _ = events.send(Event::CgroupsPrepared { asked, ready });
                     });
                 }
                 Effect::Sample(tasks) => {
@@ -659,9 +775,23 @@ impl Agent {
             .filter_map(|t| t.cgroup.clone())
             .collect();
         let ours: HashSet<&str> = tasks.values().filter_map(|t| t.cgroup.as_deref()).collect();
+        let agent_prefix = crate::core::pool::agent_prefix(&self.config.work_dir);
+        let run_prefix = self.core.pool_prefix();
+        let pooled = |id: &str| {
+            use crate::core::pool::{classify, SlotKind};
+            matches!(
+                classify(id, &agent_prefix, run_prefix),
+                SlotKind::Current | SlotKind::Foreign
+            )
+        };
         match iso.list() {
             Ok(ids) => {
                 for id in ids {
+                    // This run's pool manages its own; another agent's pool is not ours; an
+                    // earlier run's is removed unless a live task holds it.
+                    if pooled(&id) {
+                        continue;
+                    }
                     if ours.contains(id.as_str()) || keep.contains(&id) {
                         continue;
                     }
@@ -677,8 +807,8 @@ impl Agent {
             }
             Err(e) => tracing::warn!("listing task cgroups: {e}"),
         }
-        let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
-        match iso.cleanup_except(&keep) {
+        // (Pool cgroups made since the listing above are this run's: kept by their name.)
+        match iso.cleanup_unless(|id| pooled(id) || keep.iter().any(|k| k == id)) {
             Ok(removed) if !removed.is_empty() => {
                 tracing::info!(
                     ?removed,

@@ -127,6 +127,12 @@ struct RunArgs {
     /// past this many bytes (in the background).
     #[arg(long, default_value_t = gantry_agent::wal::COMPACT_BYTES)]
     wal_compact_bytes: u64,
+    /// The pool of prepared task cgroups, LOW:HIGH: LOW empty cgroups are made ahead, and an
+    /// ended task's empty cgroup is kept for the next task (up to HIGH kept) instead of being
+    /// removed and made again. `0:0` turns the pool off (one cgroup per task, named after it).
+    /// See docs/gpu-agent.md, "Task cgroup pool".
+    #[arg(long, value_name = "LOW:HIGH", default_value = "32:1024", value_parser = parse_pool)]
+    cgroup_pool: (usize, usize),
     /// Serve Prometheus metrics (`GET /metrics`: dcgm-exporter GPU series with the task holding
     /// each GPU, GPU health, per-task CPU and memory) on HOST:PORT, plain HTTP without
     /// authentication: keep it on loopback or reachable by Prometheus only. Off by default.
@@ -374,6 +380,7 @@ fn main() -> anyhow::Result<()> {
             keep: args.gc_keep,
         },
         wal_compact_bytes: args.wal_compact_bytes,
+        cgroup_pool: args.cgroup_pool,
         metrics_listen: args.metrics_listen,
         ports,
     };
@@ -396,4 +403,19 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(agent::run(config, gantry_sdk::process::shutdown_signal()))
+}
+
+/// `--cgroup-pool LOW:HIGH`.
+fn parse_pool(s: &str) -> Result<(usize, usize), String> {
+    let (low, high) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected LOW:HIGH, got {s:?}"))?;
+    let low: usize = low.trim().parse().map_err(|e| format!("LOW: {e}"))?;
+    let high: usize = high.trim().parse().map_err(|e| format!("HIGH: {e}"))?;
+    if low > high || high > 65_536 {
+        return Err(format!(
+            "need LOW <= HIGH <= 65536 (cgroup v1 allows 65535 memory cgroups), got {s}"
+        ));
+    }
+    Ok((low, high))
 }

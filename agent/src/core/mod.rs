@@ -15,6 +15,7 @@
 //! - `tests`: lifecycle, kill escalation, recovery and GPU health without processes.
 
 mod health;
+pub mod pool;
 pub mod ports;
 mod recovery;
 mod tasks;
@@ -70,6 +71,8 @@ pub struct CoreConfig {
     /// The host ports tasks asking `ports:K` get theirs from (`--ports`; `resources` holds
     /// its size as `ports`).
     pub ports: Option<PortRange>,
+    /// The pool of prepared task cgroups (`--cgroup-pool`; used only when `isolated`).
+    pub cgroup_pool: pool::PoolConfig,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -137,6 +140,14 @@ pub enum Input {
     },
     /// Time passes (every 200 ms): kill escalation, heartbeats, samples, recovery checks.
     Tick,
+    /// Of `asked` pool cgroups ([`Effect::PrepareCgroups`]), these are ready.
+    CgroupsPrepared {
+        asked: usize,
+        ready: Vec<String>,
+    },
+    /// An ended task's cgroup announced with `recycle` in [`Effect::Settle`] is back in the
+    /// pool (`Some`), or was removed instead (`None`).
+    CgroupRecycled(Option<String>),
 }
 
 /// A launch to perform (the blocking part runs off the loop).
@@ -182,13 +193,20 @@ pub enum Effect {
     ForgetCgroup(TaskId),
     /// A cgroup made for a task the core no longer knows: destroy it.
     DestroyCgroup(TaskId),
-    /// Read the task's cgroup outcome, destroy the cgroup, then report [`Input::Settled`].
+    /// Read the task's cgroup outcome, then report [`Input::Settled`]; then remove the
+    /// cgroup, or with `recycle` ready it for the pool and report [`Input::CgroupRecycled`]
+    /// (always, also when it had to be removed).
     Settle {
         task: TaskId,
         status: ExitStatus,
         meta: PathBuf,
         cgroup: Option<String>,
+        recycle: bool,
     },
+    /// Make these empty pool cgroups, then report [`Input::CgroupsPrepared`].
+    PrepareCgroups(Vec<String>),
+    /// Remove these ready pool cgroups (the pool was idle; they left it already).
+    RemoveCgroups(Vec<String>),
     /// Sample these tasks (id, process group, GPUs) and the GPUs, then report
     /// [`Input::Sampled`].
     Sample(Vec<(TaskId, i32, Vec<String>)>),
@@ -247,11 +265,17 @@ pub struct AgentCore {
     /// Disk usage of the work directory as last measured (0.0 to 1.0).
     disk_used: f64,
     last_gc: u64,
+    /// Prepared task cgroups.
+    pool: pool::CgroupPool,
+    /// Final usages of settled tasks, sent as one message before the next status updates.
+    final_usage: Vec<(TaskId, TaskUsage)>,
 }
 
 impl AgentCore {
     /// A core over the recovered checkpoint; `epoch` is the `Instant` matching `now`.
     pub fn new(config: CoreConfig, ckpt: Checkpoint, now: u64, epoch: Instant) -> Self {
+        let config_isolated = config.isolated;
+        let config_pool = config.cgroup_pool.clone();
         AgentCore {
             health: HealthTracker::new(config.gpu_recovery_after),
             config,
@@ -280,6 +304,12 @@ impl AgentCore {
             gc_busy: true,
             disk_used: 0.0,
             last_gc: now,
+            final_usage: Vec::new(),
+            pool: pool::CgroupPool::new(if config_isolated {
+                config_pool
+            } else {
+                pool::PoolConfig::off()
+            }),
         }
     }
 
@@ -297,6 +327,16 @@ impl AgentCore {
 
     pub fn accepted(&self) -> bool {
         self.accepted
+    }
+
+    /// Empties the pool of prepared cgroups (at shutdown): the names to remove.
+    pub fn drain_pool(&mut self) -> Vec<String> {
+        self.pool.drain()
+    }
+
+    /// This run's pool name prefix (empty without a pool).
+    pub fn pool_prefix(&self) -> &str {
+        self.pool.prefix()
     }
 
     pub fn health(&self) -> &HealthTracker {
@@ -422,6 +462,8 @@ impl AgentCore {
                 }
             }
             Input::Tick => self.tick(now),
+            Input::CgroupsPrepared { asked, ready } => self.pool.prepared(asked, ready, now),
+            Input::CgroupRecycled(name) => self.pool.recycled(name),
         }
         std::mem::take(&mut self.fx)
     }
@@ -430,6 +472,10 @@ impl AgentCore {
     /// (the runtime commits the log before sending anything).
     pub fn flush(&mut self, now: u64) -> Vec<Effect> {
         self.flush_updates(now);
+        let make = self.pool.refill(now);
+        if !make.is_empty() {
+            self.emit(Effect::PrepareCgroups(make));
+        }
         let mut dirty: Vec<TaskId> = self.dirty.drain().collect();
         dirty.sort();
         for id in dirty {
@@ -569,6 +615,10 @@ impl AgentCore {
 
     fn tick(&mut self, now: u64) {
         self.escalate_kills(now);
+        let idle = self.pool.trim(now);
+        if !idle.is_empty() {
+            self.emit(Effect::RemoveCgroups(idle));
+        }
         self.adopted.retain(|id| {
             self.ckpt
                 .tasks
@@ -664,7 +714,13 @@ impl AgentCore {
 
     fn flush_updates(&mut self, now: u64) {
         if !self.registered || !self.connected {
+            self.final_usage.clear();
             return;
+        }
+        if !self.final_usage.is_empty() {
+            let tasks = std::mem::take(&mut self.final_usage);
+            let gpus = self.last_gpu_samples.clone();
+            self.send(AgentToMaster::Usage { tasks, gpus });
         }
         for u in self.ckpt.updates.due(now) {
             tracing::debug!(task = %u.task_id, state = %u.state, "status update sent");

@@ -135,7 +135,13 @@ impl AgentCore {
             super::ports::assign(self.config.ports, &self.held_ports(), unbindable_ports, k)
         });
         let minors: Vec<u32> = chosen.iter().map(|g| g.minor).collect();
-        let cgroup_name = id.to_string();
+        // A prepared cgroup from the pool (or a new pool name), else one named after the task.
+        let cgroup_name = self
+            .config
+            .isolated
+            .then(|| self.pool.take(now))
+            .flatten()
+            .unwrap_or_else(|| id.to_string());
         // Checkpointed before the cgroup exists: a restarted agent knows all it may have made.
         self.ckpt.tasks.insert(
             id,
@@ -272,11 +278,16 @@ impl AgentCore {
         if rec.state.is_terminal() || !self.settling.insert(task) {
             return;
         }
+        let recycle = rec
+            .cgroup
+            .as_deref()
+            .is_some_and(|name| self.pool.recycle(name));
         let effect = Effect::Settle {
             task,
             status,
             meta: rec.meta_dir().to_path_buf(),
             cgroup: rec.cgroup.clone(),
+            recycle,
         };
         self.emit(effect);
     }
@@ -324,12 +335,12 @@ impl AgentCore {
         } else {
             (TaskState::Failed, Some(TaskReason::CommandFailed), msg)
         };
+        // Final usages of the tasks settled in one batch go out as one message, before any
+        // status update (flush_updates).
         if let Some(u) = outcome.usage {
-            let gpus = self.last_gpu_samples.clone();
-            self.send_registered(AgentToMaster::Usage {
-                tasks: vec![(task, u)],
-                gpus,
-            });
+            if self.registered {
+                self.final_usage.push((task, u));
+            }
         }
         self.terminal(task, state, reason, msg, status.code, status.signal, now);
     }

@@ -61,6 +61,7 @@ fn config(gpus: u32) -> CoreConfig {
             keep: 0,
         },
         ports: None,
+        cgroup_pool: super::pool::PoolConfig::off(),
     }
 }
 
@@ -675,3 +676,189 @@ mod gpus;
 mod ports;
 mod recovery;
 mod register;
+
+/// With a pool: cgroups are prepared ahead, a task takes one (recorded before its launch), and
+/// after the task ended its empty cgroup goes back to the pool once its terminal update is out.
+#[test]
+fn pooled_cgroups_are_prepared_taken_and_returned() {
+    let mut cfg = config(0);
+    cfg.cgroup_pool = super::pool::PoolConfig {
+        low: 1,
+        high: 2,
+        prefix: "pool-t-1-".into(),
+    };
+    let mut c = AgentCore::new(cfg, Checkpoint::default(), T0, Instant::now());
+    let prepared = |fx: &[Effect]| {
+        fx.iter()
+            .find_map(|e| match e {
+                Effect::PrepareCgroups(n) => Some(n.clone()),
+                _ => None,
+            })
+            .unwrap_or_default()
+    };
+    let plan_of = |fx: &[Effect]| {
+        fx.iter()
+            .find_map(|e| match e {
+                Effect::Launch(p) => Some(p.cgroup_name.clone()),
+                _ => None,
+            })
+            .unwrap()
+    };
+    // The first flush asks for LOW cgroups to be made.
+    let fx = c.flush(T0);
+    assert_eq!(prepared(&fx), vec!["pool-t-1-0"]);
+    c.handle(
+        Input::CgroupsPrepared {
+            asked: 1,
+            ready: vec!["pool-t-1-0".into()],
+        },
+        T0,
+    );
+    c.handle(Input::Connected, T0);
+    c.handle(
+        Input::Master(MasterToAgent::Registered {
+            agent_id: AgentId::random(),
+            epoch: 1,
+            heartbeat_interval_ms: 1000,
+        }),
+        T0,
+    );
+    let fw = FrameworkId::random();
+    let t1 = task("");
+    let id1 = t1.task_id;
+    let fx = step(&mut c, run_task(fw, t1), T0);
+    assert_eq!(plan_of(&fx), "pool-t-1-0");
+    assert_eq!(
+        c.checkpoint().tasks[&id1].cgroup.as_deref(),
+        Some("pool-t-1-0"),
+        "the cgroup is recorded with the task before the launch"
+    );
+    // Under LOW: one more is made.
+    assert_eq!(prepared(&fx), vec!["pool-t-1-1"]);
+    step(
+        &mut c,
+        Input::Launched {
+            task: id1,
+            result: Ok(launched(100)),
+        },
+        T0 + 1,
+    );
+    let fx = step(
+        &mut c,
+        Input::Exited {
+            task: id1,
+            status: exit(0),
+        },
+        T0 + 2,
+    );
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Settle { recycle: true, cgroup: Some(n), .. } if n == "pool-t-1-0")),
+        "{fx:?}"
+    );
+    let fx = step(
+        &mut c,
+        Input::Settled {
+            task: id1,
+            status: exit(0),
+            outcome: CgroupOutcome::default(),
+        },
+        T0 + 3,
+    );
+    assert_eq!(updates(&fx)[0].state, TaskState::Finished);
+    c.handle(Input::CgroupRecycled(Some("pool-t-1-0".into())), T0 + 4);
+    c.handle(
+        Input::CgroupsPrepared {
+            asked: 1,
+            ready: vec!["pool-t-1-1".into()],
+        },
+        T0 + 4,
+    );
+    // The one back last is taken first.
+    let t2 = task("");
+    let id2 = t2.task_id;
+    let fx = step(&mut c, run_task(fw, t2), T0 + 5);
+    assert_eq!(plan_of(&fx), "pool-t-1-0");
+    let t3 = task("");
+    let id3 = t3.task_id;
+    let fx = step(&mut c, run_task(fw, t3), T0 + 6);
+    assert_eq!(plan_of(&fx), "pool-t-1-1");
+    assert_eq!(prepared(&fx), vec!["pool-t-1-2"]);
+    let mut recycled = Vec::new();
+    for (i, id) in [id2, id3].into_iter().enumerate() {
+        let now = T0 + 7 + 2 * i as u64;
+        step(
+            &mut c,
+            Input::Launched {
+                task: id,
+                result: Ok(launched(101 + i as i32)),
+            },
+            now,
+        );
+        let fx = step(
+            &mut c,
+            Input::Exited {
+                task: id,
+                status: exit(0),
+            },
+            now + 1,
+        );
+        recycled.extend(fx.iter().filter_map(|e| match e {
+            Effect::Settle { recycle, .. } => Some(*recycle),
+            _ => None,
+        }));
+    }
+    // One made and one coming back reach HIGH: the second is removed, not pooled.
+    assert_eq!(recycled, vec![true, false]);
+    assert!(c.drain_pool().is_empty());
+}
+
+/// The final usages of tasks settled in one batch go out as one message, before their
+/// terminal updates (the master records usage only for tasks it still knows).
+#[test]
+fn final_usages_of_a_batch_are_one_message_before_the_updates() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let (a, b) = (task(""), task(""));
+    let ids = [a.task_id, b.task_id];
+    start(&mut c, fw, a, 100);
+    start(&mut c, fw, b, 101);
+    for id in ids {
+        c.handle(
+            Input::Exited {
+                task: id,
+                status: exit(0),
+            },
+            T0 + 10,
+        );
+    }
+    let mut fx = Vec::new();
+    for id in ids {
+        fx.extend(c.handle(
+            Input::Settled {
+                task: id,
+                status: exit(0),
+                outcome: CgroupOutcome {
+                    oom_killed: false,
+                    usage: Some(TaskUsage {
+                        cpu_time_secs: 1.0,
+                        ..TaskUsage::default()
+                    }),
+                },
+            },
+            T0 + 20,
+        ));
+    }
+    fx.extend(c.flush(T0 + 20));
+    let kinds: Vec<&str> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(AgentToMaster::Usage { tasks, .. }) => {
+                assert_eq!(tasks.iter().map(|t| t.0).collect::<Vec<_>>(), ids);
+                Some("usage")
+            }
+            Effect::Send(AgentToMaster::StatusUpdate { .. }) => Some("update"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, vec!["usage", "update", "update"]);
+}

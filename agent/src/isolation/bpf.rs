@@ -166,6 +166,7 @@ pub fn evaluate(
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_ATTACH: libc::c_long = 8;
+const BPF_PROG_DETACH: libc::c_long = 9;
 const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 const BPF_CGROUP_DEVICE: u32 = 6;
 const BPF_F_ALLOW_MULTI: u32 = 2;
@@ -202,7 +203,7 @@ pub enum BpfError {
     Load { source: io::Error, log: String },
     #[error("cannot open cgroup {path}: {source}")]
     Open { path: String, source: io::Error },
-    #[error("bpf(BPF_PROG_ATTACH) to {path} failed: {source}")]
+    #[error("bpf(BPF_PROG_ATTACH/DETACH) on {path} failed: {source}")]
     Attach { path: String, source: io::Error },
 }
 
@@ -290,6 +291,17 @@ fn cached_program(prog: Vec<Insn>) -> Result<Arc<OwnedFd>, BpfError> {
 /// Compiles `rules`, loads the program (once per distinct program) and attaches it to the
 /// cgroup directory `cgroup`. The attachment lives as long as the cgroup.
 pub fn install(cgroup: &Path, rules: &[DeviceRule]) -> Result<(), BpfError> {
+    prog_op(cgroup, rules, BPF_PROG_ATTACH)
+}
+
+/// Detaches the program [`install`] attached for the same `rules` (a pooled cgroup is
+/// returned to the pool without its last task's filter). The program comes from the same
+/// cache, so its descriptor names the attached program.
+pub fn detach(cgroup: &Path, rules: &[DeviceRule]) -> Result<(), BpfError> {
+    prog_op(cgroup, rules, BPF_PROG_DETACH)
+}
+
+fn prog_op(cgroup: &Path, rules: &[DeviceRule], cmd: libc::c_long) -> Result<(), BpfError> {
     let prog_fd = cached_program(compile(rules))?;
     let path = cgroup.display().to_string();
     let c = CString::new(cgroup.as_os_str().as_bytes()).map_err(|_| BpfError::Open {
@@ -315,14 +327,18 @@ pub fn install(cgroup: &Path, rules: &[DeviceRule]) -> Result<(), BpfError> {
         target_fd: dir.as_raw_fd() as u32,
         attach_bpf_fd: prog_fd.as_raw_fd() as u32,
         attach_type: BPF_CGROUP_DEVICE,
-        attach_flags: BPF_F_ALLOW_MULTI,
+        attach_flags: if cmd == BPF_PROG_ATTACH {
+            BPF_F_ALLOW_MULTI
+        } else {
+            0
+        },
         replace_bpf_fd: 0,
     };
-    // SAFETY: `attr` is a valid bpf_attr prefix for BPF_PROG_ATTACH.
+    // SAFETY: `attr` is a valid bpf_attr prefix for BPF_PROG_ATTACH / BPF_PROG_DETACH.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
-            BPF_PROG_ATTACH,
+            cmd,
             &attr as *const ProgAttachAttr,
             std::mem::size_of::<ProgAttachAttr>(),
         )

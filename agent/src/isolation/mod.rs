@@ -132,14 +132,60 @@ pub struct Isolator {
     layout: Option<CgroupLayout>,
     /// Relative path of the task cgroups' parent inside each hierarchy.
     root: PathBuf,
+    /// What this process last wrote to each pool cgroup ([`POOL_PREFIX`]).
+    slots: SlotLimits,
+    /// v2 controllers already enabled down to the root.
+    v2_enabled: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+/// The limits this process last wrote to each pool cgroup (`None`: made empty by
+/// [`Isolator::create_slot`], nothing written). A task taking a pooled cgroup whose limits are
+/// the ones it needs skips rewriting them (in a batch of alike tasks: every time). A name
+/// missing here is unknown: every limit is written.
+type SlotLimits =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Option<Limits>>>>;
+
+fn lock_slots(
+    slots: &SlotLimits,
+) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Option<Limits>>> {
+    slots.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A task's cgroup (one directory per hierarchy).
 #[derive(Debug, Clone)]
 pub struct TaskCgroup {
+    /// The cgroup's name under the root: the task id, or a pool slot's name ([`POOL_PREFIX`]).
     task_id: String,
     kind: Kind,
+    /// The counters the cgroup already held when its task took it (a reused pool slot):
+    /// usage and OOM kills are reported as differences from these.
+    base: Baseline,
+    /// Made (or taken from the pool) by this process, with the device rules installed as an
+    /// eBPF program on v2: only such a cgroup can go back to the pool.
+    made: bool,
+    bpf_rules: Option<Vec<DeviceRule>>,
+    /// v2 on kernels ≥ 6.12: a `memory.peak` descriptor reset when the task took a reused
+    /// cgroup (the peak since then is read through it).
+    peak: Option<std::sync::Arc<std::fs::File>>,
+    /// The isolator's record of pool cgroups (a pool cgroup's entry goes when it is removed).
+    slots: Option<SlotLimits>,
 }
+
+/// Counters of a reused cgroup when its task took it. v1 resets what it can (`cpuacct.usage`,
+/// `memory.max_usage_in_bytes`, `memory.failcnt`); the OOM-kill counters (and v2's
+/// `cpu.stat`) cannot be reset and are subtracted. Recorded in the task's meta directory so a
+/// restarted agent subtracts them too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Baseline {
+    /// `oom_kill` (+ v2 `oom_group_kill`) already counted.
+    pub oom_kills: u64,
+    /// CPU time already counted, µs (v2 `cpu.stat` `usage_usec`).
+    pub cpu_usec: u64,
+}
+
+/// Names of pooled cgroups start with this (see [`Isolator::create_slot`]); task ids never
+/// do (they are UUIDs).
+pub const POOL_PREFIX: &str = "pool-";
 
 #[derive(Debug, Clone)]
 enum Kind {
@@ -264,6 +310,14 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// A number read from the start of an open file (`memory.peak` through its reset descriptor).
+fn read_fd_u64(f: &std::fs::File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 32];
+    let n = f.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+}
+
 fn read_pids(procs: &Path) -> Result<Vec<u32>, IsolationError> {
     match std::fs::read_to_string(procs) {
         Ok(t) => Ok(t.lines().filter_map(|l| l.trim().parse().ok()).collect()),
@@ -272,16 +326,21 @@ fn read_pids(procs: &Path) -> Result<Vec<u32>, IsolationError> {
     }
 }
 
-/// Creates `dir`; an existing directory is reused only when it holds no process.
-fn make_task_dir(dir: &Path) -> Result<(), IsolationError> {
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
-    }
+/// Creates `dir`; an existing directory is reused only when it holds no process. Returns
+/// whether it existed (a pool slot, or a leftover): its settings and counters are not fresh.
+fn make_task_dir(dir: &Path) -> Result<bool, IsolationError> {
     match std::fs::create_dir(dir) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(false),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
+            }
+            std::fs::create_dir(dir).map_err(io_err("mkdir", dir))?;
+            Ok(false)
+        }
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
             if read_pids(&dir.join("cgroup.procs"))?.is_empty() {
-                Ok(())
+                Ok(true)
             } else {
                 Err(IsolationError::Busy {
                     path: dir.display().to_string(),
@@ -290,6 +349,19 @@ fn make_task_dir(dir: &Path) -> Result<(), IsolationError> {
         }
         Err(e) => Err(io_err("mkdir", dir)(e)),
     }
+}
+
+/// A `memory.peak` descriptor reset to the current usage (kernels ≥ 6.12: a write resets the
+/// peak seen through that descriptor); `None` where the kernel cannot.
+fn reset_peak(path: &Path) -> Option<std::sync::Arc<std::fs::File>> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .ok()?;
+    f.write_all(b"reset").ok()?;
+    Some(std::sync::Arc::new(f))
 }
 
 fn rmdir(dir: &Path) -> Result<(), IsolationError> {
@@ -322,6 +394,8 @@ impl Isolator {
                 Ok(Isolator {
                     layout: None,
                     root: PathBuf::from(DEFAULT_CGROUP_ROOT),
+                    slots: SlotLimits::default(),
+                    v2_enabled: Default::default(),
                 })
             }
             IsolationMode::Cgroups => {
@@ -352,6 +426,8 @@ impl Isolator {
         Ok(Isolator {
             layout: Some(layout),
             root,
+            slots: SlotLimits::default(),
+            v2_enabled: Default::default(),
         })
     }
 
@@ -374,14 +450,25 @@ impl Isolator {
                 "mem must be positive".to_string(),
             ));
         }
-        let cg = self.task_cgroup(task_id, limits.pids_max.is_some(), limits.devices.is_some())?;
+        let mut cg =
+            self.task_cgroup(task_id, limits.pids_max.is_some(), limits.devices.is_some())?;
+        let prev = cg
+            .slots
+            .as_ref()
+            .and_then(|s| lock_slots(s).get(task_id).cloned());
         let result = match &self.layout {
             None => Ok(()),
-            Some(CgroupLayout::V1 { .. }) => self.setup_v1(&cg, limits),
-            Some(CgroupLayout::V2 { mount }) => self.setup_v2(mount, &cg, limits),
+            Some(CgroupLayout::V1 { .. }) => self.setup_v1(&mut cg, limits, prev),
+            Some(CgroupLayout::V2 { mount }) => self.setup_v2(mount, &mut cg, limits, prev),
         };
         match result {
-            Ok(()) => Ok(cg),
+            Ok(()) => {
+                cg.made = true;
+                if let Some(s) = &cg.slots {
+                    lock_slots(s).insert(task_id.to_string(), Some(limits.clone()));
+                }
+                Ok(cg)
+            }
             // Someone else's processes: leave them alone (setup removed what it created).
             Err(e @ IsolationError::Busy { .. }) => Err(e),
             Err(e) => {
@@ -430,10 +517,116 @@ impl Isolator {
         Ok(TaskCgroup {
             task_id: task_id.to_string(),
             kind,
+            base: Baseline::default(),
+            made: false,
+            bpf_rules: None,
+            peak: None,
+            slots: task_id.starts_with(POOL_PREFIX).then(|| self.slots.clone()),
         })
     }
 
-    fn setup_v1(&self, cg: &TaskCgroup, limits: &Limits) -> Result<(), IsolationError> {
+    /// Creates an empty cgroup for the pool (`name` starts with [`POOL_PREFIX`]): the
+    /// directories in every hierarchy a task may use, no limits (a task taking it with
+    /// [`Isolator::create`] writes its own). The expensive part of a task cgroup (`mkdir` in
+    /// up to six hierarchies) is thus done ahead, off the task's path, and once per slot
+    /// rather than once per task.
+    pub fn create_slot(&self, name: &str) -> Result<(), IsolationError> {
+        validate_task_id(name)?;
+        let cg = self.task_cgroup(name, false, false)?;
+        if let Some(CgroupLayout::V2 { mount }) = &self.layout {
+            self.enable_v2(mount, &["cpu"])?;
+        }
+        let mut made = Vec::new();
+        for d in cg.dirs() {
+            match make_task_dir(d) {
+                Ok(false) => made.push(d),
+                Ok(true) => {}
+                Err(e) => {
+                    for m in made {
+                        let _ = rmdir(m);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if made.len() == cg.dirs().len() {
+            lock_slots(&self.slots).insert(name.to_string(), None);
+        } else {
+            // Partly there already: what it holds is unknown.
+            lock_slots(&self.slots).remove(name);
+        }
+        Ok(())
+    }
+
+    /// `prev`: what this process last wrote to this cgroup when it is a pool cgroup
+    /// (`Some(None)`: made empty).
+    fn setup_v1(
+        &self,
+        cg: &mut TaskCgroup,
+        limits: &Limits,
+        prev: Option<Option<Limits>>,
+    ) -> Result<(), IsolationError> {
+        let mut made = Vec::new();
+        let mut reused = false;
+        // A pool cgroup this process made or got back empty (checked when it came back:
+        // processes enter a cgroup only by a root's write) is there and empty: no `mkdir` and
+        // no look at its processes per hierarchy.
+        let known = prev.is_some() && cg.controller_dir("memory").is_some_and(Path::is_dir);
+        let dirs = if known { Vec::new() } else { cg.dirs() };
+        reused |= known;
+        for d in dirs {
+            match make_task_dir(d) {
+                Ok(existed) => {
+                    reused |= existed;
+                    if !existed {
+                        made.push(d);
+                    }
+                }
+                Err(e) => {
+                    // Remove only what this call created; a busy directory is someone else's.
+                    for m in made {
+                        let _ = rmdir(m);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // A reused cgroup (a pool slot) holds its last task's settings: every limit is
+        // written, "unlimited" included (unless they are the very limits this task needs), and
+        // the counters that can be reset are. One made empty for the pool is as good as new.
+        let same = reused && prev.as_ref() == Some(&Some(limits.clone()));
+        let reused_limits = reused && !matches!(prev, Some(None));
+        // (A cgroup made empty for the pool has fresh counters too.)
+        let reset_counters = reused_limits;
+        let reused = reused_limits;
+        if !same {
+            self.write_v1_limits(cg, limits, reused)?;
+        }
+        let Kind::V1 {
+            cpuacct, memory, ..
+        } = &cg.kind
+        else {
+            return Ok(());
+        };
+        if reset_counters {
+            write_file(&cpuacct.join("cpuacct.usage"), "0")?;
+            write_file(&memory.join("memory.max_usage_in_bytes"), "0")?;
+            write_file(&memory.join("memory.failcnt"), "0")?;
+            let ctl = read_file(&memory.join("memory.oom_control"))?;
+            cg.base = Baseline {
+                oom_kills: keyed(&ctl, "oom_kill").unwrap_or(0),
+                cpu_usec: 0,
+            };
+        }
+        Ok(())
+    }
+
+    fn write_v1_limits(
+        &self,
+        cg: &TaskCgroup,
+        limits: &Limits,
+        reused: bool,
+    ) -> Result<(), IsolationError> {
         let Kind::V1 {
             cpu,
             memory,
@@ -444,17 +637,6 @@ impl Isolator {
         else {
             return Ok(());
         };
-        let mut made = Vec::new();
-        for d in cg.dirs() {
-            if let Err(e) = make_task_dir(d) {
-                // Remove only what this call created; a busy directory is someone else's.
-                for m in made {
-                    let _ = rmdir(m);
-                }
-                return Err(e);
-            }
-            made.push(d);
-        }
         write_file(
             &cpu.join("cpu.shares"),
             &cpu_shares(limits.cpus).to_string(),
@@ -465,44 +647,62 @@ impl Isolator {
                 &cpu.join("cpu.cfs_quota_us"),
                 &cfs_quota_us(limits.cpus).to_string(),
             )?;
+        } else if reused {
+            write_file(&cpu.join("cpu.cfs_quota_us"), "-1")?;
         }
+        let memsw = memory.join("memory.memsw.limit_in_bytes");
+        let has_memsw = || memsw.exists();
         if let Some(mib) = limits.mem_mib {
             let bytes = mib.saturating_mul(1 << 20).to_string();
+            // memsw may never be below the limit: lift it first when raising the limit.
+            if reused && has_memsw() {
+                write_file(&memsw, "-1")?;
+            }
             write_file(&memory.join("memory.limit_in_bytes"), &bytes)?;
-            let memsw = memory.join("memory.memsw.limit_in_bytes");
-            if memsw.exists() {
+            if has_memsw() {
                 write_file(&memsw, &bytes)?;
             }
+        } else if reused {
+            if has_memsw() {
+                write_file(&memsw, "-1")?;
+            }
+            write_file(&memory.join("memory.limit_in_bytes"), "-1")?;
         }
-        if let (Some(max), Some(dir)) = (limits.pids_max, pids) {
-            write_file(&dir.join("pids.max"), &max.to_string())?;
+        if let Some(dir) = pids {
+            match limits.pids_max {
+                Some(max) => write_file(&dir.join("pids.max"), &max.to_string())?,
+                None if reused => write_file(&dir.join("pids.max"), "max")?,
+                None => {}
+            }
         }
-        if let (Some(rules), Some(dir)) = (&limits.devices, devices) {
-            write_file(&dir.join("devices.deny"), "a")?;
-            for r in rules {
-                write_file(&dir.join("devices.allow"), &r.v1_line())?;
+        if let Some(dir) = devices {
+            match &limits.devices {
+                Some(rules) => {
+                    write_file(&dir.join("devices.deny"), "a")?;
+                    for r in rules {
+                        write_file(&dir.join("devices.allow"), &r.v1_line())?;
+                    }
+                }
+                None if reused => write_file(&dir.join("devices.allow"), "a")?,
+                None => {}
             }
         }
         Ok(())
     }
 
-    fn setup_v2(
-        &self,
-        mount: &Path,
-        cg: &TaskCgroup,
-        limits: &Limits,
-    ) -> Result<(), IsolationError> {
-        let Kind::V2 { dir } = &cg.kind else {
+    /// Enables `wanted` controllers from the mount down to the tasks' parent (v2), once per
+    /// controller and process.
+    fn enable_v2(&self, mount: &Path, wanted: &[&str]) -> Result<(), IsolationError> {
+        let mut done = self.v2_enabled.lock().unwrap_or_else(|e| e.into_inner());
+        if wanted.iter().all(|c| done.contains(*c)) {
             return Ok(());
-        };
-        let mut wanted = vec!["cpu"];
-        if limits.mem_mib.is_some() {
-            wanted.push("memory");
         }
-        if limits.pids_max.is_some() {
-            wanted.push("pids");
-        }
-        // Enable the controllers from the mount down to the tasks' parent.
+        self.enable_v2_chain(mount, wanted)?;
+        done.extend(wanted.iter().map(|c| c.to_string()));
+        Ok(())
+    }
+
+    fn enable_v2_chain(&self, mount: &Path, wanted: &[&str]) -> Result<(), IsolationError> {
         let parent = mount.join(&self.root);
         std::fs::create_dir_all(&parent).map_err(io_err("mkdir", &parent))?;
         let mut level = mount.to_path_buf();
@@ -513,7 +713,7 @@ impl Isolator {
         }
         for d in &chain {
             let available = read_file(&d.join("cgroup.controllers"))?;
-            for c in &wanted {
+            for c in wanted {
                 if !available.split_whitespace().any(|a| a == *c) {
                     return Err(IsolationError::V2ControllerMissing {
                         controller: c.to_string(),
@@ -522,13 +722,63 @@ impl Isolator {
                 }
             }
             let enabled = read_file(&d.join("cgroup.subtree_control"))?;
-            for c in &wanted {
+            for c in wanted {
                 if !enabled.split_whitespace().any(|a| a == *c) {
                     write_file(&d.join("cgroup.subtree_control"), &format!("+{c}"))?;
                 }
             }
         }
-        make_task_dir(dir)?;
+        Ok(())
+    }
+
+    fn setup_v2(
+        &self,
+        mount: &Path,
+        cg: &mut TaskCgroup,
+        limits: &Limits,
+        prev: Option<Option<Limits>>,
+    ) -> Result<(), IsolationError> {
+        let Kind::V2 { dir } = &cg.kind else {
+            return Ok(());
+        };
+        let dir = dir.clone();
+        let mut wanted = vec!["cpu"];
+        if limits.mem_mib.is_some() {
+            wanted.push("memory");
+        }
+        if limits.pids_max.is_some() {
+            wanted.push("pids");
+        }
+        self.enable_v2(mount, &wanted)?;
+        // A pool cgroup this process made or got back empty: there and empty.
+        let reused = if prev.is_some() && dir.is_dir() {
+            true
+        } else {
+            make_task_dir(&dir)?
+        };
+        let exists = |f: &str| dir.join(f).exists();
+        if reused && !matches!(prev, Some(None)) {
+            let stat = read_file(&dir.join("cpu.stat"))?;
+            let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
+            cg.base = Baseline {
+                oom_kills: keyed(&events, "oom_kill").unwrap_or(0)
+                    + keyed(&events, "oom_group_kill").unwrap_or(0),
+                cpu_usec: keyed(&stat, "usage_usec").unwrap_or(0),
+            };
+            cg.peak = reset_peak(&dir.join("memory.peak"));
+        }
+        // A pool cgroup's device program stays attached between tasks: replaced only when
+        // this task's rules differ.
+        let prev_rules = prev
+            .as_ref()
+            .and_then(|p| p.as_ref())
+            .and_then(|p| p.devices.clone());
+        let same = reused && prev.as_ref() == Some(&Some(limits.clone()));
+        let reused = reused && !matches!(prev, Some(None));
+        if same {
+            cg.bpf_rules = limits.devices.clone();
+            return Ok(());
+        }
         write_file(
             &dir.join("cpu.weight"),
             &cpu_weight(limits.cpus).to_string(),
@@ -538,23 +788,37 @@ impl Isolator {
                 &dir.join("cpu.max"),
                 &format!("{} {CFS_PERIOD_US}", cfs_quota_us(limits.cpus)),
             )?;
+        } else if reused {
+            write_file(&dir.join("cpu.max"), &format!("max {CFS_PERIOD_US}"))?;
         }
         if let Some(mib) = limits.mem_mib {
             write_file(
                 &dir.join("memory.max"),
                 &mib.saturating_mul(1 << 20).to_string(),
             )?;
-            let swap = dir.join("memory.swap.max");
-            if swap.exists() {
-                write_file(&swap, "0")?;
+            if exists("memory.swap.max") {
+                write_file(&dir.join("memory.swap.max"), "0")?;
+            }
+        } else if reused && exists("memory.max") {
+            write_file(&dir.join("memory.max"), "max")?;
+            if exists("memory.swap.max") {
+                write_file(&dir.join("memory.swap.max"), "max")?;
             }
         }
-        if let Some(max) = limits.pids_max {
-            write_file(&dir.join("pids.max"), &max.to_string())?;
+        match limits.pids_max {
+            Some(max) => write_file(&dir.join("pids.max"), &max.to_string())?,
+            None if reused && exists("pids.max") => write_file(&dir.join("pids.max"), "max")?,
+            None => {}
         }
-        if let Some(rules) = &limits.devices {
-            bpf::install(dir, rules)?;
+        if prev_rules != limits.devices {
+            if let Some(old) = &prev_rules {
+                bpf::detach(&dir, old)?;
+            }
+            if let Some(rules) = &limits.devices {
+                bpf::install(&dir, rules)?;
+            }
         }
+        cg.bpf_rules = limits.devices.clone();
         Ok(())
     }
 
@@ -617,9 +881,18 @@ impl Isolator {
     /// Destroys every task cgroup under the root whose id is not in `keep` (orphans of tasks
     /// that ended while the agent was down); returns the ids removed.
     pub fn cleanup_except(&self, keep: &[&str]) -> Result<Vec<String>, IsolationError> {
+        self.cleanup_unless(|id| keep.contains(&id))
+    }
+
+    /// Destroys every task cgroup under the root for which `keep` is false; returns the ids
+    /// removed.
+    pub fn cleanup_unless(
+        &self,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, IsolationError> {
         let mut removed = Vec::new();
         for id in self.list()? {
-            if !keep.contains(&id.as_str()) {
+            if !keep(&id) {
                 self.reopen(&id)?.destroy()?;
                 removed.push(id);
             }
@@ -644,9 +917,61 @@ impl Isolator {
 }
 
 impl TaskCgroup {
-    /// The task id.
+    /// The cgroup's name under the root (the task id, or the pool slot the task took).
     pub fn task_id(&self) -> &str {
         &self.task_id
+    }
+
+    /// The counters the cgroup held when its task took it.
+    pub fn baseline(&self) -> Baseline {
+        self.base
+    }
+
+    /// Sets the baseline (a restarted agent reads it from the task's meta directory).
+    pub fn set_baseline(&mut self, base: Baseline) {
+        self.base = base;
+    }
+
+    /// Checks that an empty cgroup can go back to the pool: only a cgroup this process made
+    /// (it knows what it wrote: the next task rewrites what differs, v2's device program
+    /// included) and that is still there and empty. An error means: destroy it instead.
+    pub fn recycle(&self) -> Result<(), IsolationError> {
+        if !self.made {
+            return Err(IsolationError::NotFound(format!(
+                "{} (not made by this agent)",
+                self.task_id
+            )));
+        }
+        // The task's processes are in every hierarchy (a process leaves one only by a root's
+        // write): the memory hierarchy's list (v2: the cgroup's) stands for all.
+        let Some(dir) = self.controller_dir("memory") else {
+            return Ok(());
+        };
+        if !dir.is_dir() {
+            return Err(IsolationError::NotFound(dir.display().to_string()));
+        }
+        if !read_pids(&dir.join("cgroup.procs"))?.is_empty() {
+            return Err(IsolationError::Busy {
+                path: dir.display().to_string(),
+            });
+        }
+        // The page cache the task left is still charged to the cgroup: reclaimed, so the next
+        // task starts at (about) zero and a lower limit can be set. Best effort (an error
+        // leaves reclaimable cache, which the kernel reclaims under the limit anyway).
+        match &self.kind {
+            Kind::V1 { memory, .. } => {
+                let _ = write_file(&memory.join("memory.force_empty"), "0");
+            }
+            Kind::V2 { dir } => {
+                if let Ok(used) = read_u64(&dir.join("memory.current")) {
+                    if used > 0 {
+                        let _ = write_file(&dir.join("memory.reclaim"), &used.to_string());
+                    }
+                }
+            }
+            Kind::None => {}
+        }
+        Ok(())
     }
 
     /// Whether this is a real cgroup (not `--isolation none`).
@@ -736,7 +1061,10 @@ impl TaskCgroup {
             Kind::V1 {
                 cpuacct, memory, ..
             } => Ok(TaskUsage {
-                cpu_time_secs: read_u64(&cpuacct.join("cpuacct.usage"))? as f64 / 1e9,
+                cpu_time_secs: read_u64(&cpuacct.join("cpuacct.usage"))?
+                    .saturating_sub(self.base.cpu_usec.saturating_mul(1000))
+                    as f64
+                    / 1e9,
                 mem_bytes: read_u64(&memory.join("memory.usage_in_bytes"))?,
                 mem_peak_bytes: read_u64(&memory.join("memory.max_usage_in_bytes"))?,
                 ..TaskUsage::default()
@@ -744,9 +1072,14 @@ impl TaskCgroup {
             Kind::V2 { dir } => {
                 let stat = read_file(&dir.join("cpu.stat"))?;
                 let current = read_u64(&dir.join("memory.current"))?;
-                let peak = read_u64(&dir.join("memory.peak")).unwrap_or(current);
+                let peak = match &self.peak {
+                    Some(f) => read_fd_u64(f),
+                    None => read_u64(&dir.join("memory.peak")).ok(),
+                }
+                .unwrap_or(current);
+                let usec = keyed(&stat, "usage_usec").unwrap_or(0);
                 Ok(TaskUsage {
-                    cpu_time_secs: keyed(&stat, "usage_usec").unwrap_or(0) as f64 / 1e6,
+                    cpu_time_secs: usec.saturating_sub(self.base.cpu_usec) as f64 / 1e6,
                     mem_bytes: current,
                     mem_peak_bytes: peak.max(current),
                     ..TaskUsage::default()
@@ -762,7 +1095,7 @@ impl TaskCgroup {
             Kind::V1 { memory, .. } => {
                 let ctl = read_file(&memory.join("memory.oom_control"))?;
                 match keyed(&ctl, "oom_kill") {
-                    Some(n) => Ok(n > 0),
+                    Some(n) => Ok(n > self.base.oom_kills),
                     // Kernels before 4.13 have no counter: the limit was hit.
                     None => Ok(read_u64(&memory.join("memory.failcnt"))? > 0
                         || keyed(&ctl, "under_oom") == Some(1)),
@@ -770,8 +1103,10 @@ impl TaskCgroup {
             }
             Kind::V2 { dir } => {
                 let ev = read_file(&dir.join("memory.events"))?;
-                Ok(keyed(&ev, "oom_kill").unwrap_or(0) > 0
-                    || keyed(&ev, "oom_group_kill").unwrap_or(0) > 0)
+                Ok(
+                    keyed(&ev, "oom_kill").unwrap_or(0) + keyed(&ev, "oom_group_kill").unwrap_or(0)
+                        > self.base.oom_kills,
+                )
             }
         }
     }
@@ -830,6 +1165,9 @@ impl TaskCgroup {
     pub fn destroy(&self) -> Result<(), IsolationError> {
         let dirs = self.dirs();
         if dirs.iter().all(|d| !d.exists()) {
+            if let Some(s) = &self.slots {
+                lock_slots(s).remove(&self.task_id);
+            }
             return Ok(());
         }
         let deadline = Instant::now() + DESTROY_TIMEOUT;
@@ -857,6 +1195,9 @@ impl TaskCgroup {
         }
         for d in dirs {
             rmdir(d)?;
+        }
+        if let Some(s) = &self.slots {
+            lock_slots(s).remove(&self.task_id);
         }
         Ok(())
     }
@@ -992,6 +1333,19 @@ mod tests {
             devices: None,
         };
         let cg = iso.create("t1", &limits).unwrap();
+        // The fake directory existed (as a pool slot would): its counters are the baseline,
+        // reset memory.peak through a descriptor. The task then runs: 2.5 s of CPU, one OOM
+        // kill, a 4 MiB peak.
+        assert_eq!(
+            cg.baseline(),
+            Baseline {
+                oom_kills: 1,
+                cpu_usec: 2_500_000
+            }
+        );
+        std::fs::write(d.join("cpu.stat"), "usage_usec 5000000\n").unwrap();
+        std::fs::write(d.join("memory.events"), "oom 2\noom_kill 2\n").unwrap();
+        std::fs::write(d.join("memory.peak"), "4194304").unwrap();
         assert_eq!(read(&d.join("cpu.weight")), cpu_weight(0.5).to_string());
         assert_eq!(read(&d.join("cpu.max")), "50000 100000");
         assert_eq!(read(&d.join("memory.max")), (32u64 << 20).to_string());
@@ -1003,7 +1357,8 @@ mod tests {
         assert_eq!(u.cpu_time_secs, 2.5);
         assert_eq!((u.mem_bytes, u.mem_peak_bytes), (1 << 20, 4 << 20));
         assert!(cg.oom_killed().unwrap());
-        std::fs::write(d.join("memory.events"), "oom 0\noom_kill 0\n").unwrap();
+        // Only the kills counted before the task took the cgroup: not this task's OOM.
+        std::fs::write(d.join("memory.events"), "oom 1\noom_kill 1\n").unwrap();
         assert!(!cg.oom_killed().unwrap());
         let a = cg.pre_exec_attach();
         assert_eq!(
@@ -1021,6 +1376,111 @@ mod tests {
         assert_eq!(iso.cleanup_except(&[]).unwrap(), vec!["t1".to_string()]);
         assert!(!d.exists());
         cg.destroy().unwrap(); // idempotent
+    }
+
+    #[test]
+    fn v2_reused_slot_gets_every_limit_rewritten() {
+        let fake = FakeV2::new("cpuset cpu io memory pids");
+        let d = fake.precreate_task("pool-x-1-0");
+        let iso = fake.isolator();
+        // The last task's limits are still there.
+        std::fs::write(d.join("cpu.max"), "50000 100000").unwrap();
+        std::fs::write(d.join("memory.max"), "33554432").unwrap();
+        std::fs::write(d.join("memory.swap.max"), "0").unwrap();
+        std::fs::write(d.join("pids.max"), "50").unwrap();
+        let limits = Limits {
+            cpus: 2.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create("pool-x-1-0", &limits).unwrap();
+        assert_eq!(read(&d.join("cpu.weight")), cpu_weight(2.0).to_string());
+        assert_eq!(read(&d.join("cpu.max")), "max 100000");
+        assert_eq!(read(&d.join("memory.max")), "max");
+        assert_eq!(read(&d.join("memory.swap.max")), "max");
+        assert_eq!(read(&d.join("pids.max")), "max");
+        // Empty and made here: it may go back to the pool.
+        cg.recycle().unwrap();
+        // A reopened handle (an agent restart) does not know what it installed: removed.
+        assert!(iso.reopen("pool-x-1-0").unwrap().recycle().is_err());
+        // With processes in it: not pooled.
+        std::fs::write(d.join("cgroup.procs"), "999999999\n").unwrap();
+        assert!(matches!(cg.recycle(), Err(IsolationError::Busy { .. })));
+    }
+
+    /// Real cgroups (root on a host with cgroups, as in CI): a pool slot made ahead, taken with
+    /// limits, taken again without them (every limit back to unlimited), recycled, removed.
+    #[test]
+    fn pool_slot_reuse_on_this_host() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("not root: real cgroups not tried");
+            return;
+        }
+        let root = PathBuf::from(format!("gantry-unit-{}", std::process::id()));
+        let iso = Isolator::new(IsolationMode::Cgroups, Some(root)).unwrap();
+        let name = "pool-unit-1-0";
+        iso.create_slot(name).unwrap();
+        assert_eq!(iso.list().unwrap(), vec![name.to_string()]);
+        let strict = Limits {
+            cpus: 0.5,
+            mem_mib: Some(32),
+            pids_max: Some(20),
+            cpu_hard_limit: true,
+            devices: None,
+        };
+        let cg = iso.create(name, &strict).unwrap();
+        let v2 = matches!(iso.layout(), Some(CgroupLayout::V2 { .. }));
+        let file = |c: &str, v1: &str, v2f: &str| {
+            let dir = cg.controller_dir(c).unwrap();
+            read(&dir.join(if v2 { v2f } else { v1 }))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(
+            file("memory", "memory.limit_in_bytes", "memory.max"),
+            (32u64 << 20).to_string()
+        );
+        assert_eq!(file("pids", "pids.max", "pids.max"), "20");
+        let loose = Limits {
+            cpus: 1.0,
+            mem_mib: None,
+            pids_max: None,
+            cpu_hard_limit: false,
+            devices: None,
+        };
+        let cg = iso.create(name, &loose).unwrap();
+        let mem = file("memory", "memory.limit_in_bytes", "memory.max");
+        assert!(
+            mem == "max" || mem.parse::<u64>().unwrap() > 1 << 40,
+            "{mem}"
+        );
+        assert_eq!(file("pids", "pids.max", "pids.max"), "max");
+        if v2 {
+            assert!(file("cpu", "", "cpu.max").starts_with("max"));
+        } else {
+            assert_eq!(file("cpu", "cpu.cfs_quota_us", ""), "-1");
+            assert_eq!(file("cpuacct", "cpuacct.usage", ""), "0");
+        }
+        assert!(!cg.oom_killed().unwrap());
+        cg.recycle().unwrap();
+        // Taken again with the same limits: nothing to rewrite, and still right.
+        let cg = iso.create(name, &loose).unwrap();
+        assert_eq!(file("pids", "pids.max", "pids.max"), "max");
+        assert_eq!(cg.usage().unwrap().cpu_time_secs, 0.0);
+        // With other limits: rewritten.
+        let cg = iso.create(name, &strict).unwrap();
+        assert_eq!(file("pids", "pids.max", "pids.max"), "20");
+        cg.recycle().unwrap();
+        cg.destroy().unwrap();
+        assert!(
+            lock_slots(&iso.slots).is_empty(),
+            "a removed slot is forgotten"
+        );
+        assert!(iso.list().unwrap().is_empty());
+        iso.remove_root().unwrap();
     }
 
     #[test]
