@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use gantry_tests::load::{self, LoadConfig};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_task_of_a_small_load_is_accounted_for() {
-    let cfg = LoadConfig {
-        agents: 200,
-        frameworks: 20,
+/// `agents` emulated agents with 8 GPUs each and `frameworks` frameworks launching one-GPU
+/// tasks of 300 ms for 4 s.
+fn small(agents: usize, frameworks: usize) -> LoadConfig {
+    LoadConfig {
+        agents,
+        frameworks,
         gpus_per_agent: 8,
         task: "cpus:1;mem:1024;gpus:1".into(),
         task_time: Duration::from_millis(300),
@@ -19,7 +20,12 @@ async fn every_task_of_a_small_load_is_accounted_for() {
         client_endpoints: 8,
         drain_timeout: Duration::from_secs(120),
         ..LoadConfig::default()
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_task_of_a_small_load_is_accounted_for() {
+    let cfg = small(200, 20);
     let report = load::run(cfg).await.expect("load run");
     println!("{}", report.table());
     report.accounted().expect("every task accounted for");
@@ -39,16 +45,8 @@ async fn every_task_of_a_small_load_is_accounted_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_framework_behind_a_small_outbox_is_paced_not_closed() {
     let cfg = LoadConfig {
-        agents: 100,
-        frameworks: 10,
-        gpus_per_agent: 8,
-        task: "cpus:1;mem:1024;gpus:1".into(),
-        task_time: Duration::from_millis(300),
-        launch_window: Duration::from_secs(4),
-        client_endpoints: 8,
-        drain_timeout: Duration::from_secs(120),
         master_args: vec!["--peer-outbox".into(), "256".into()],
-        ..LoadConfig::default()
+        ..small(100, 10)
     };
     let report = load::run(cfg).await.expect("load run");
     println!("{}", report.table());

@@ -69,9 +69,8 @@ fn core(gpus: u32) -> AgentCore {
     AgentCore::new(config(gpus), Checkpoint::default(), T0, Instant::now())
 }
 
-/// A connected, registered core (effects of registering dropped).
-fn registered(gpus: u32) -> AgentCore {
-    let mut c = core(gpus);
+/// Connects `c` and registers it with the master (effects left unflushed).
+fn register(c: &mut AgentCore) {
     c.handle(Input::Connected, T0);
     c.handle(
         Input::Master(MasterToAgent::Registered {
@@ -81,6 +80,12 @@ fn registered(gpus: u32) -> AgentCore {
         }),
         T0,
     );
+}
+
+/// A connected, registered core (effects of registering dropped).
+fn registered(gpus: u32) -> AgentCore {
+    let mut c = core(gpus);
+    register(&mut c);
     c.flush(T0);
     c
 }
@@ -714,15 +719,7 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
         },
         T0,
     );
-    c.handle(Input::Connected, T0);
-    c.handle(
-        Input::Master(MasterToAgent::Registered {
-            agent_id: AgentId::random(),
-            epoch: 1,
-            heartbeat_interval_ms: 1000,
-        }),
-        T0,
-    );
+    register(&mut c);
     let fw = FrameworkId::random();
     let t1 = task("");
     let id1 = t1.task_id;

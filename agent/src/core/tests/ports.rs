@@ -206,15 +206,7 @@ fn readopted_tasks_keep_their_ports_after_a_restart() {
     assert_eq!(c.checkpoint().tasks[&alive].ports, vec![41001]);
     // The finished task's port is free; the re-adopted one's is not.
     assert_eq!(c.free_ports(), vec![41000, 41002]);
-    c.handle(Input::Connected, T0);
-    c.handle(
-        Input::Master(MasterToAgent::Registered {
-            agent_id: AgentId::random(),
-            epoch: 1,
-            heartbeat_interval_ms: 1000,
-        }),
-        T0,
-    );
+    register(&mut c);
     let fw = FrameworkId::random();
     let fx = step(&mut c, run_task(fw, port_task(2)), T0);
     assert_eq!(plan(&fx).env["GANTRY_PORTS"], "41000,41002");
