@@ -22,7 +22,7 @@ impl Master {
     /// matter to the next cycle, which is due anyway. Reconciliation slices
     /// ([`Master::has_backlog`]) are the shell's to schedule. Cost: a pass over frameworks
     /// (and over outstanding offers when offers time out); the agents' part is
-    /// [`Master::agent_timer_floor`], a pass over every agent only when its floor has come or
+    /// `Master::agent_timer_floor`, a pass over every agent only when its floor has come or
     /// an agent connected or disconnected. The answer may then be earlier than needed (an
     /// agent heard from since the floor was computed): the early `Tick` finds nothing due and
     /// the next answer is exact.
