@@ -66,6 +66,8 @@ pub struct Snapshot {
     /// Status updates sent again for want of an acknowledgement, and those still unacknowledged.
     pub status_update_retries: u64,
     pub status_updates_pending: usize,
+    /// Prepared task cgroups ready for the next launches (`--cgroup-pool`).
+    pub cgroup_pool_ready: usize,
 }
 
 /// The shared latest snapshot and the XIDs seen (cheap to clone).
@@ -155,6 +157,7 @@ pub fn snapshot<'a>(
         tasks: live.into_values().collect(),
         status_update_retries: 0,
         status_updates_pending: 0,
+        cgroup_pool_ready: 0,
     }
 }
 
@@ -279,6 +282,13 @@ pub fn render(s: &Snapshot) -> String {
         "gantry_agent_status_updates_pending",
         "Status updates waiting for the master's acknowledgement",
         pending,
+    );
+    let pool = Gauge::<i64>::default();
+    pool.set(s.cgroup_pool_ready as i64);
+    reg.register(
+        "gantry_agent_cgroup_pool_ready",
+        "Prepared task cgroups ready for the next launches (--cgroup-pool)",
+        pool,
     );
     let mut text = String::new();
     if let Err(e) = encode(&mut text, &reg) {
@@ -450,6 +460,7 @@ mod tests {
             tasks: vec![],
             status_update_retries: 3,
             status_updates_pending: 1,
+            cgroup_pool_ready: 4,
         });
         let ok = get(addr, "/metrics").await;
         assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
@@ -461,6 +472,7 @@ mod tests {
             "{ok}"
         );
         assert!(ok.contains("gantry_agent_status_updates_pending 1"), "{ok}");
+        assert!(ok.contains("gantry_agent_cgroup_pool_ready 4"), "{ok}");
         let other = get(addr, "/state").await;
         assert!(other.starts_with("HTTP/1.1 404"), "{other}");
         server.abort();

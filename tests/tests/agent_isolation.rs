@@ -6,9 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use gantry_master::client::{BlockingClient, ClientConfig, Credentials};
 use gantry_sdk::protocol::{TaskInfo, TaskReason, TaskState};
 use gantry_sdk::{Driver, DriverHandle};
-use gantry_tests::{cgroups_available, state_task, task, CgroupRoot, Cluster, Recorder, Updates};
+use gantry_tests::{
+    cgroups_available, free_tcp, state_task, task, CgroupRoot, Cluster, Recorder, Updates,
+};
 use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(30);
@@ -30,6 +33,26 @@ fn setup(test: &str, agent_args: &[&str], tasks: Vec<TaskInfo>) -> Option<Setup>
     let mut args = vec!["--cgroup-root", &root.name, "--usage-interval", "0.5"];
     args.extend_from_slice(agent_args);
     let cluster = Cluster::start_with(&[(test, "cpus:2;mem:2048")], &[], &args).unwrap();
+    let (updates, handle, run) = framework(&cluster, test, tasks);
+    Some(Setup {
+        cluster,
+        root,
+        updates,
+        handle,
+        run,
+    })
+}
+
+/// A framework named `name` on `cluster` running `tasks` through a [`Recorder`].
+fn framework(
+    cluster: &Cluster,
+    name: &str,
+    tasks: Vec<TaskInfo>,
+) -> (
+    Updates,
+    DriverHandle,
+    tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
+) {
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (err_tx, _err_rx) = mpsc::unbounded_channel();
     let rec = Recorder {
@@ -41,19 +64,13 @@ fn setup(test: &str, agent_args: &[&str], tasks: Vec<TaskInfo>) -> Option<Setup>
     let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
-        test,
+        name,
         vec!["batch".into()],
     );
     let driver = Driver::new(config);
     let handle = driver.handle();
     let run = tokio::spawn(driver.run(rec));
-    Some(Setup {
-        cluster,
-        root,
-        updates: Updates::new(up_rx),
-        handle,
-        run,
-    })
+    (Updates::new(up_rx), handle, run)
 }
 
 impl Setup {
@@ -99,11 +116,16 @@ async fn pooled_cgroup_reused_after_an_oom_kill() {
         "grep pool- /proc/self/cgroup | head -n 1; perl -e '$x = \"a\" x (96 * 1024 * 1024); print length($x), \"\\n\"'",
         "cpus:2;mem:256",
     );
-    // Two prepared cgroups; the hog's comes back first and is taken first.
+    // Two prepared cgroups once the hog's is back (the one made ahead, and the hog's in front:
+    // the last returned is taken first). The next task is launched only then: its launch
+    // races the recycling otherwise (the hog's terminal update goes out before its cgroup is
+    // readied), and would take the other one.
+    let metrics = free_tcp();
+    let metrics_arg = metrics.to_string();
     let Some(mut s) = setup(
         "pool",
-        &["--cgroup-pool", "1:2"],
-        vec![hog.clone(), next.clone()],
+        &["--cgroup-pool", "1:2", "--metrics-listen", &metrics_arg],
+        vec![hog.clone()],
     ) else {
         return;
     };
@@ -113,10 +135,40 @@ async fn pooled_cgroup_reused_after_an_oom_kill() {
         .await
         .unwrap();
     assert_eq!(failed.reason, Some(TaskReason::MemoryLimit), "{failed:?}");
-    if let Err(e) = s.updates.wait(next.task_id, TaskState::Finished, T).await {
+    let scraper = BlockingClient::new(&ClientConfig {
+        master: format!("http://{metrics}"),
+        tls_dir: None,
+        credentials: Credentials::None,
+        timeout: Duration::from_secs(10),
+    })
+    .unwrap();
+    let start = Instant::now();
+    loop {
+        let text = scraper.get("/metrics").unwrap_or_default();
+        if text.contains("gantry_agent_cgroup_pool_ready 2") {
+            break;
+        }
+        assert!(
+            start.elapsed() < T,
+            "the hog's cgroup never came back: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut next_updates, next_handle, next_run) =
+        framework(&s.cluster, "pool-next", vec![next.clone()]);
+    if let Err(e) = next_updates
+        .wait(next.task_id, TaskState::Finished, T)
+        .await
+    {
         s.cluster.dump_logs();
         panic!("{e}");
     }
+    next_handle.stop();
+    tokio::time::timeout(T, next_run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     let cgroup_of = |t: &TaskInfo| {
         std::fs::read_to_string(s.cluster.agents[0].sandbox_file(t.task_id, "stdout"))
             .unwrap()

@@ -839,6 +839,7 @@ impl Agent {
         );
         snapshot.status_update_retries = ckpt.updates.retries();
         snapshot.status_updates_pending = ckpt.updates.len();
+        snapshot.cgroup_pool_ready = self.core.pool_ready();
         self.metrics.publish(snapshot);
     }
 
