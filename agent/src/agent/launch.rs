@@ -1,6 +1,6 @@
-//! The runtime's launch path: a [`LaunchPlan`] from the core becomes a supervisor started on a
-//! blocking thread once the plan's records are committed; its start and exit come back as
-//! events.
+//! The runtime's launch path: a [`LaunchPlan`] from the core becomes a task prepared on a
+//! blocking thread once the plan's records are committed and started by the agent's
+//! supervisor process; its start and exit come back as events.
 
 use std::path::PathBuf;
 
@@ -80,10 +80,9 @@ impl Agent {
                     user: user.as_ref(),
                     env: &env,
                     cgroup_procs: &procs,
-                    supervisor: &supervisor,
                 };
-                match executor::spawn_supervisor(&spec) {
-                    Ok(child) => Ok((cg, child)),
+                match executor::prepare(&spec) {
+                    Ok(request) => Ok((cg, request)),
                     Err(e) => {
                         let _ = cg.destroy();
                         Err(e.to_string())
@@ -93,7 +92,7 @@ impl Agent {
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r);
-            let (cg, mut child) = match spawned {
+            let (cg, prepared) = match spawned {
                 Ok(ok) => ok,
                 Err(e) => {
                     let _ = events.send(Event::Launched {
@@ -104,18 +103,21 @@ impl Agent {
                     return;
                 }
             };
-            match executor::started(&mut child, &meta).await {
-                Ok(launched) => {
+            match supervisor.launch(prepared, &meta).await {
+                Ok((launched, exited)) => {
                     let _ = events.send(Event::Launched {
                         task: id,
                         cgroup: Some(cg),
                         result: Ok(launched),
                     });
-                    let _ = child.wait().await;
-                    let status = executor::read_exit(&meta).unwrap_or(ExitStatus {
-                        code: None,
-                        signal: None,
-                    });
+                    // Without a word from the supervisor (it died), its record, if any.
+                    let status = match exited.await {
+                        Ok(status) => status,
+                        Err(_) => executor::read_exit(&meta).unwrap_or(ExitStatus {
+                            code: None,
+                            signal: None,
+                        }),
+                    };
                     let _ = events.send(Event::Exited { task: id, status });
                 }
                 Err(e) => {

@@ -182,8 +182,8 @@ struct Agent {
     last_notice_poll: Instant,
     /// MPS control daemons (`--gpu-sharing mps` on a GPU agent).
     mps: Option<gpu::mps::MpsDaemons>,
-    /// What runs as each task's supervisor.
-    supervisor: Arc<executor::SupervisorCommand>,
+    /// The supervisor process that starts and reaps the tasks.
+    supervisor: Arc<executor::client::SupervisorClient>,
     /// What `/metrics` shows (published after each usage sample).
     metrics: crate::metrics::AgentMetrics,
     /// Closed at shutdown: no pool cgroup is made or returned to the pool after that.
@@ -276,7 +276,7 @@ fn probe(core: &AgentCore) -> RecoveryProbe {
             }
         }
         match launched {
-            Some(l) if executor::supervisor_alive(&l) => probe.alive.push(*id),
+            Some(l) if executor::still_running(&l, rec.meta_dir()) => probe.alive.push(*id),
             Some(_) => probe
                 .exited
                 .push((*id, executor::read_exit(rec.meta_dir()))),
@@ -328,7 +328,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             )
         }),
         last_notice_poll: now,
-        supervisor: Arc::new(executor::SupervisorCommand::beside(&config.agent_exe)),
+        supervisor: Arc::new(executor::client::SupervisorClient::new(
+            executor::SupervisorCommand::beside(&config.agent_exe),
+        )),
         metrics: crate::metrics::AgentMetrics::default(),
         pool_gate: Arc::new(PoolGate::default()),
     };
@@ -856,7 +858,7 @@ impl Agent {
                     found.push(Input::PgidFound { task: id, pgid });
                 }
             }
-            if !executor::supervisor_alive(&l) {
+            if !executor::still_running(&l, t.meta_dir()) {
                 gone.push((id, t.meta_dir().to_path_buf()));
             }
         }

@@ -1,5 +1,5 @@
 //! `gantry-agent`: run an agent on this host (or ask a running agent to bring an unhealthy GPU
-//! back; or, internally, supervise one task when `gantry-supervise` is not installed).
+//! back; or, internally, be its supervisor process when `gantry-supervise` is not installed).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use gantry_agent::config::{parse_attributes, parse_reservation};
 use gantry_agent::core::PortRange;
 use gantry_agent::discovery::host::apply_overrides;
 use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
-use gantry_agent::executor::supervise;
+use gantry_agent::executor::server;
 use gantry_agent::executor::user;
 use gantry_agent::gc;
 use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
@@ -230,12 +230,13 @@ fn clear_gpus(work_dir: &std::path::Path, gpus: &[String]) -> anyhow::Result<()>
 }
 
 fn main() -> anyhow::Result<()> {
-    // Internal: supervise one task (when `gantry-supervise` is not installed beside the agent),
-    // with the supervisor's own argument reader, before anything else is set up.
+    // Internal: the agent's supervisor process (when `gantry-supervise` is not installed beside
+    // the agent), before anything else is set up.
     if std::env::args_os().nth(1).is_some_and(|a| a == "supervise") {
-        let spec = supervise::parse_args(std::env::args_os().skip(2))
-            .map_err(|e| anyhow::anyhow!("supervise: {e}"))?;
-        std::process::exit(supervise::run(&spec));
+        if std::env::args_os().nth(2).is_some_and(|a| a == "--server") {
+            std::process::exit(server::serve());
+        }
+        anyhow::bail!("supervise: started by gantry-agent as `supervise --server` only");
     }
     let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
     match cli.cmd {

@@ -1,24 +1,28 @@
-//! Task processes: launch in a sandbox under a supervisor, watch, kill.
+//! Task processes: launch in a sandbox under the agent's supervisor, watch, kill.
 //!
-//! Every task runs under its own supervisor process (the small `gantry-supervise` binary, or
-//! `gantry-agent supervise` without it; see [`supervise`]): the supervisor starts a new session so it survives the agent, starts the
-//! task's command (shell string or argv) as the leader of its own process group, as the task's
-//! user ([`user`]), with stdout and stderr captured in the sandbox, waits for it, and writes
-//! the exit status to `exit.json` in the task's root-owned meta directory. The agent therefore
-//! learns the real outcome of a task even when the task ended while the agent itself was down.
+//! - [`server`]: the supervisor process (`gantry-supervise --server`, or `gantry-agent
+//!   supervise --server` without the small binary), one per agent run: it starts each task as
+//!   the leader of its own process group, as the task's user ([`user`]), in its cgroups, with
+//!   stdout and stderr captured in the sandbox ([`supervise`]), waits for it, and writes the
+//!   exit status to `exit.json` in the task's root-owned meta directory. It runs in its own
+//!   session and outlives the agent, so the agent learns the real outcome of a task even when
+//!   the task ended while the agent itself was down.
+//! - [`client`]: the agent's end (requests and replies over the supervisor's stdin and stdout).
+//! - [`prepare`]: a task's directories, arguments and environment.
 //!
 //! The sandbox (`WORK_DIR/sandboxes/TASK_ID`, mode 0750) belongs to the task's user; the meta
 //! directory (`WORK_DIR/meta/TASK_ID`, mode 0700) to the agent.
 //!
 //! Killing sends SIGTERM to the task's whole process group, then SIGKILL after the grace period.
 
+pub mod client;
+pub mod server;
 pub mod supervise;
 pub mod user;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use gantry_sdk::protocol::Program;
 use serde::{Deserialize, Serialize};
@@ -42,12 +46,14 @@ pub enum ExecError {
     },
     #[error("starting the task supervisor: {0}")]
     Spawn(std::io::Error),
+    #[error("a task path or argument is not valid UTF-8: {0:?}")]
+    NotUtf8(String),
     #[error("the supervisor did not report the task's pid: {0}")]
     NoPid(String),
 }
 
-/// The program started as a task's supervisor: the small `gantry-supervise` binary installed
-/// next to the agent, or else the agent binary itself (`gantry-agent supervise`).
+/// The program started as the agent's supervisor: the small `gantry-supervise` binary
+/// installed next to the agent, or else the agent binary itself (`gantry-agent supervise`).
 #[derive(Debug, Clone)]
 pub struct SupervisorCommand {
     pub program: PathBuf,
@@ -87,7 +93,15 @@ pub struct LaunchSpec<'a> {
     pub env: &'a BTreeMap<String, String>,
     /// `cgroup.procs` (v2) / `tasks` files the task must join before exec.
     pub cgroup_procs: &'a [PathBuf],
-    pub supervisor: &'a SupervisorCommand,
+}
+
+/// A task ready for the supervisor ([`prepare`]).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// [`supervise::command_line`].
+    pub args: Vec<String>,
+    /// The task's whole environment.
+    pub env: Vec<(String, String)>,
 }
 
 /// A launched task: the supervisor's pid and the task's process group.
@@ -99,9 +113,10 @@ pub struct Launched {
     pub supervisor_start: u64,
 }
 
-/// Creates the task's directories and starts its supervisor (blocking: directory creation,
-/// `fork` and `exec`; the agent calls it on a blocking thread, inside the tokio runtime).
-pub fn spawn_supervisor(spec: &LaunchSpec<'_>) -> Result<tokio::process::Child, ExecError> {
+/// Creates the task's directories and builds what the supervisor gets for it: the task's
+/// arguments ([`supervise::command_line`]) and its whole environment (blocking: the agent calls
+/// it on a blocking thread).
+pub fn prepare(spec: &LaunchSpec<'_>) -> Result<Prepared, ExecError> {
     make_dirs(spec).map_err(|(path, source)| ExecError::Sandbox { path, source })?;
     let args = supervise::command_line(&supervise::Supervised {
         sandbox: spec.sandbox.to_path_buf(),
@@ -113,72 +128,35 @@ pub fn spawn_supervisor(spec: &LaunchSpec<'_>) -> Result<tokio::process::Child, 
             gid: u.gid,
             groups: u.groups.clone(),
         }),
-    });
-    let mut cmd = tokio::process::Command::new(&spec.supervisor.program);
-    cmd.args(&spec.supervisor.prefix).args(args);
-    cmd.env_clear();
+    })
+    .into_iter()
+    .map(|a| {
+        a.into_string()
+            .map_err(|a| ExecError::NotUtf8(a.to_string_lossy().into_owned()))
+    })
+    .collect::<Result<Vec<_>, _>>()?;
+    // Later entries win: the task's own variables over the agent's defaults.
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
     for key in ["PATH", "LANG", "HOME", "TZ"] {
         if let Ok(v) = std::env::var(key) {
-            cmd.env(key, v);
+            env.insert(key.into(), v);
         }
     }
-    if std::env::var_os("PATH").is_none() {
-        cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
-    }
+    env.entry("PATH".into())
+        .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
     if let Some(u) = spec.user {
-        cmd.env("USER", &u.name)
-            .env("LOGNAME", &u.name)
-            .env("HOME", &u.home);
+        env.insert("USER".into(), u.name.clone());
+        env.insert("LOGNAME".into(), u.name.clone());
+        env.insert("HOME".into(), u.home.to_string_lossy().into_owned());
     }
-    cmd.envs(spec.env);
-    cmd.env("GANTRY_SANDBOX", spec.sandbox);
-    cmd.current_dir(spec.sandbox);
-    // stdout: the supervisor writes the task's pid there once the task runs.
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    cmd.kill_on_drop(false);
-    cmd.spawn().map_err(ExecError::Spawn)
-}
-
-/// Waits until a supervisor started by [`spawn_supervisor`] reports the task's pid (or ends:
-/// it could not start the task, and recorded why in `exit.json`).
-pub async fn started(
-    child: &mut tokio::process::Child,
-    meta: &Path,
-) -> Result<Launched, ExecError> {
-    use tokio::io::AsyncBufReadExt;
-    let supervisor_pid = child
-        .id()
-        .map(|p| p as i32)
-        .ok_or_else(|| ExecError::NoPid("supervisor exited at once".into()))?;
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        let mut out = tokio::io::BufReader::new(out);
-        tokio::time::timeout(Duration::from_secs(30), out.read_line(&mut line))
-            .await
-            .map_err(|_| ExecError::NoPid("timed out after 30 s".into()))?
-            .map_err(|e| ExecError::NoPid(e.to_string()))?;
-    }
-    let task_pgid = match line.trim().parse::<i32>() {
-        Ok(pid) => pid,
-        // The pipe closed without a pid: the task did not start (exit.json says why), or the
-        // line was lost; the pid file is the record.
-        Err(_) => match read_task_pgid(meta) {
-            Some(pid) => pid,
-            None if meta.join(supervise::EXIT_FILE).exists() => 0,
-            None => {
-                return Err(ExecError::NoPid(
-                    "the supervisor ended without a word".into(),
-                ))
-            }
-        },
-    };
-    let supervisor_start = process_start_time(supervisor_pid).unwrap_or(0);
-    Ok(Launched {
-        supervisor_pid,
-        task_pgid,
-        supervisor_start,
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.insert(
+        "GANTRY_SANDBOX".into(),
+        spec.sandbox.to_string_lossy().into_owned(),
+    );
+    Ok(Prepared {
+        args,
+        env: env.into_iter().collect(),
     })
 }
 
@@ -253,6 +231,12 @@ pub fn supervisor_alive(launched: &Launched) -> bool {
         Some(start) => launched.supervisor_start == 0 || start == launched.supervisor_start,
         None => false,
     }
+}
+
+/// True while a launched task may still run: its supervisor runs and has not recorded the
+/// task's exit (one supervisor serves every task of an agent run: it outlives most of them).
+pub fn still_running(launched: &Launched, meta: &Path) -> bool {
+    supervisor_alive(launched) && !meta.join(supervise::EXIT_FILE).exists()
 }
 
 /// Start time of a process in clock ticks since boot (`/proc/PID/stat` field 22), or `None`

@@ -1,19 +1,15 @@
-//! The per-task supervisor (`gantry-supervise --sandbox DIR --meta DIR
-//! [--cgroup-procs FILE]... [--uid U --gid G --groups G,...] [--argv] -- COMMAND...`; the same
-//! arguments after `gantry-agent supervise` when the small binary is not installed).
+//! What the supervisor (`gantry-supervise --server`, [`super::server`]) does for one task, and
+//! the task's arguments as the agent sends them ([`command_line`], read back by [`parse_args`]:
+//! `--sandbox DIR --meta DIR [--cgroup-procs FILE]... [--uid U --gid G --groups G,...]
+//! [--argv] -- COMMAND...`, one module for both sides).
 //!
-//! `gantry-supervise` is a separate, small binary (std only: no async runtime, no argument
-//! parsing library) because one runs per task: starting it costs a fraction of re-executing the
-//! agent. Its command line is built by [`command_line`] and read by [`parse_args`], one module
-//! for both sides.
-//!
-//! Runs in its own session so it outlives the agent. Starts the task — `/bin/sh -c COMMAND`,
-//! or with `--argv` the words after `--` executed directly — as the leader of a new process
-//! group, joined to the task's cgroups and switched to the task's user (supplementary groups,
-//! gid, then uid) between `fork` and `exec`, with stdout and stderr in `SANDBOX/stdout` and
-//! `SANDBOX/stderr`; writes the task's pid to `META/task.pid` and to its stdout (a pipe the agent reads, so the
-//! agent learns it without polling); waits; writes the exit status to
-//! `META/exit.json` (atomically) and exits.
+//! The task — `/bin/sh -c COMMAND`, or with `--argv` the words after `--` executed directly —
+//! starts as the leader of a new process group, joined to the task's cgroups and switched to
+//! the task's user (supplementary groups, gid, then uid) between `fork` and `exec`, with stdout
+//! and stderr in `SANDBOX/stdout` and `SANDBOX/stderr` ([`task_command`]). The supervisor
+//! writes its own pid to `META/supervisor.pid`, claims the launch, writes the task's pid to
+//! `META/task.pid` and, once the task ended, its exit status to `META/exit.json`
+//! (atomically).
 //!
 //! The control files live in META, a root-owned directory apart from the sandbox, because the
 //! sandbox belongs to the task's user: a task must not be able to forge its pid file (the agent
@@ -21,12 +17,10 @@
 
 use std::ffi::{CString, OsString};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use gantry_sdk::protocol::Program;
-
-use super::ExitStatus;
 
 /// The user a task switches to before exec (resolved by the agent).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,56 +159,22 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Supervised
     })
 }
 
-fn write_atomic(path: &Path, data: &str) -> std::io::Result<()> {
+pub(super) fn write_atomic(path: &Path, data: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, data)?;
     std::fs::rename(tmp, path)
 }
 
-/// Entry point of the `supervise` subcommand. Never returns an error to a caller that could
-/// lose it: failures are recorded in `exit.json` (code 127, as a shell does) with the reason
-/// in the sandbox's `stderr`.
-pub fn run(spec: &Supervised) -> i32 {
-    // SAFETY: setsid and signal only change this process's session and dispositions.
-    unsafe {
-        libc::setsid();
-        libc::signal(libc::SIGHUP, libc::SIG_IGN);
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGTERM, libc::SIG_IGN);
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-    }
-    let me = std::process::id() as i32;
-    let start = super::process_start_time(me).unwrap_or(0);
-    if write_atomic(&spec.meta.join(SUPERVISOR_FILE), &format!("{me} {start}")).is_err() {
-        return 1;
-    }
-    if !super::claim(&spec.meta) {
-        // A restarted agent gave this launch up (and reported it) before we got here.
-        return 0;
-    }
-    let status = match spawn_and_wait(spec) {
-        Ok(s) => s,
-        Err(e) => {
-            let what = match &spec.program {
-                Program::Argv(v) => format!(" {:?}", v.first().map(String::as_str).unwrap_or("")),
-                Program::Shell(_) => String::new(),
-            };
-            if let Ok(mut f) =
-                open_output(&spec.sandbox.join("stderr"), spec.identity.as_ref(), true)
-            {
-                use std::io::Write;
-                let _ = writeln!(f, "gantry: could not start the task{what}: {e}");
-            }
-            ExitStatus {
-                code: Some(127),
-                signal: None,
-            }
-        }
+/// Records in the sandbox's `stderr` why a task could not start (its `exit.json` says 127, as a
+/// shell does).
+pub(super) fn report_start_failure(spec: &Supervised, e: &std::io::Error) {
+    let what = match &spec.program {
+        Program::Argv(v) => format!(" {:?}", v.first().map(String::as_str).unwrap_or("")),
+        Program::Shell(_) => String::new(),
     };
-    let json = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
-    match write_atomic(&spec.meta.join(EXIT_FILE), &json) {
-        Ok(()) => 0,
-        Err(_) => 1,
+    if let Ok(mut f) = open_output(&spec.sandbox.join("stderr"), spec.identity.as_ref(), true) {
+        use std::io::Write;
+        let _ = writeln!(f, "gantry: could not start the task{what}: {e}");
     }
 }
 
@@ -251,7 +211,11 @@ fn open_output(
     Ok(file)
 }
 
-fn spawn_and_wait(spec: &Supervised) -> std::io::Result<ExitStatus> {
+/// The task's command, ready to spawn: its program (`/bin/sh -c` or argv), the sandbox as
+/// working directory, stdout and stderr in the sandbox; between `fork` and `exec` the child
+/// leads a new process group, restores the signals the supervisor ignores, joins the task's
+/// cgroups and switches to the task's user. The caller sets the environment.
+pub(super) fn task_command(spec: &Supervised) -> std::io::Result<std::process::Command> {
     let identity = spec.identity.clone();
     let stdout = open_output(&spec.sandbox.join("stdout"), identity.as_ref(), false)?;
     let stderr = open_output(&spec.sandbox.join("stderr"), identity.as_ref(), false)?;
@@ -320,25 +284,23 @@ fn spawn_and_wait(spec: &Supervised) -> std::io::Result<ExitStatus> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn()?;
-    write_atomic(&spec.meta.join(PID_FILE), &child.id().to_string())?;
-    // The agent waits for this line (its end of the pipe may be gone: an agent restarted
-    // meanwhile reads the pid file).
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", child.id()).and_then(|_| out.flush());
-    }
-    let status = child.wait()?;
-    Ok(ExitStatus {
-        code: status.code(),
-        signal: status.signal(),
-    })
+    Ok(cmd)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::ExitStatus;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// Starts the task and waits for it (what the supervisor process does, without its reaper).
+    fn spawn_and_wait(spec: &Supervised) -> std::io::Result<ExitStatus> {
+        let status = task_command(spec)?.spawn()?.wait()?;
+        Ok(ExitStatus {
+            code: status.code(),
+            signal: status.signal(),
+        })
+    }
 
     fn spec(dir: &Path, program: Program) -> Supervised {
         let sandbox = dir.join("sandbox");
@@ -366,8 +328,6 @@ mod tests {
         let out = std::fs::read_to_string(s.sandbox.join("stdout")).unwrap();
         let expected: String = words.iter().map(|w| format!("[{w}]\n")).collect();
         assert_eq!(out, expected);
-        assert!(s.meta.join(PID_FILE).exists());
-        assert!(!s.sandbox.join(PID_FILE).exists());
 
         let s = spec(dir.path(), Program::Shell("echo $((1 + 2)); exit 3".into()));
         assert_eq!(spawn_and_wait(&s).unwrap().code, Some(3));
