@@ -9,6 +9,9 @@
 //! whose process ran to completion is reported FINISHED (its outcome survived in the agent's
 //! write-ahead log or in the supervisor's exit file), none of it is lost.
 //!
+//! A third kills the agent's supervisor process under a running task: the task is killed and
+//! reported FAILED ("its supervisor died"), and the next task runs under a new supervisor.
+//!
 //! The stand-in's configuration path is a process-wide variable: only the first test uses it
 //! (the burst agent runs without GPUs).
 
@@ -362,4 +365,59 @@ async fn kill9_during_a_burst_of_launches_loses_no_task() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// The agent's supervisor process killed while a task runs: the task, unsupervised, is killed
+/// and reported FAILED with a clear message, and the next task runs under a new supervisor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_fails_its_task_and_a_new_one_takes_over() {
+    let cluster = Cluster::start_with(
+        &[("sup1", "cpus:2;mem:1024;gpus:0")],
+        &[],
+        &["--isolation", "none"],
+    )
+    .unwrap();
+    let work = cluster.agents[0].work_dir.clone();
+    let long = task("long", "sleep 60", "cpus:1;mem:1");
+    let (mut updates, handle, run) = framework(&cluster, "sup-fw", vec![long.clone()]);
+    updates
+        .wait(long.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    let meta = |t: &TaskInfo| work.join("meta").join(t.task_id.to_string());
+    let pid_of = |file: std::path::PathBuf| -> i32 {
+        let text = std::fs::read_to_string(&file).unwrap();
+        text.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let supervisor = pid_of(meta(&long).join("supervisor.pid"));
+    let task_pid = pid_of(meta(&long).join("task.pid"));
+    assert!(process_alive(task_pid));
+    // SAFETY: kill(2) on a pid read from the supervisor's own file.
+    unsafe { libc::kill(supervisor, libc::SIGKILL) };
+    let failed = updates
+        .wait(long.task_id, TaskState::Failed, T)
+        .await
+        .unwrap();
+    assert!(
+        failed.message.contains("supervisor died"),
+        "{:?}",
+        failed.message
+    );
+    let start = std::time::Instant::now();
+    while process_alive(task_pid) {
+        assert!(start.elapsed() < T, "the unsupervised task still runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let next = task("next", "echo ok", "cpus:1;mem:1");
+    let (mut next_updates, next_handle, next_run) =
+        framework(&cluster, "sup-fw2", vec![next.clone()]);
+    next_updates
+        .wait(next.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    assert_ne!(pid_of(meta(&next).join("supervisor.pid")), supervisor);
+    for (h, r) in [(handle, run), (next_handle, next_run)] {
+        h.stop();
+        tokio::time::timeout(T, r).await.unwrap().unwrap().unwrap();
+    }
 }

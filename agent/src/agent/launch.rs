@@ -110,13 +110,22 @@ impl Agent {
                         cgroup: Some(cg),
                         result: Ok(launched),
                     });
-                    // Without a word from the supervisor (it died), its record, if any.
                     let status = match exited.await {
                         Ok(status) => status,
-                        Err(_) => executor::read_exit(&meta).unwrap_or(ExitStatus {
-                            code: None,
-                            signal: None,
-                        }),
+                        // The supervisor died: its record if it made one; else the task,
+                        // unsupervised now, is killed (no task runs without the agent
+                        // knowing) and ends with an unknown status.
+                        Err(_) => match executor::read_exit(&meta) {
+                            Some(status) => status,
+                            None => {
+                                tracing::warn!(task = %id, "the supervisor died: killing the task");
+                                executor::signal_group(launched.task_pgid, libc::SIGKILL);
+                                ExitStatus {
+                                    code: None,
+                                    signal: None,
+                                }
+                            }
+                        },
                     };
                     let _ = events.send(Event::Exited { task: id, status });
                 }

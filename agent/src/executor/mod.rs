@@ -267,7 +267,9 @@ pub fn describe(status: &ExitStatus) -> String {
         (Some(0), _) => "exited with code 0".into(),
         (Some(c), _) => format!("exited with code {c}"),
         (None, Some(s)) => format!("terminated by signal {s} ({})", signal_name(s)),
-        (None, None) => "ended with unknown status".into(),
+        (None, None) => {
+            "ended with an unknown status: its supervisor died without recording it".into()
+        }
     }
 }
 
