@@ -6,8 +6,9 @@
 #   3. the same with cgroups (root and a writable cgroup file system only);
 #   4. Slurm (Debian slurm-wlm, one node, an array job of `true`), when installed
 #      (scripts/setup-deps.sh --bench installs it; CI does not).
-# Prints jobs/s, each against the bare spawner and Slurm, and the agent's CPU per task in two
-# consecutive batches (it should not grow with the tasks run).
+# Prints jobs/s, each against the bare spawner and Slurm, the agent's CPU per task in two
+# consecutive batches (it should not grow with the tasks run), the master's, and the whole
+# machine's (busy time, steal excluded: comparable between runs on a noisy shared host).
 #
 # Usage: scripts/bench-launch.sh [N]     (default 1000)
 # Env:   INFLIGHT (640: 0.1 cpus each on a 64-cpu agent, Slurm node of INFLIGHT cpus),
@@ -39,7 +40,11 @@ now() { date +%s.%N; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # utime + stime of a process (all its threads), in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Busy time of the whole machine (user, nice, system, irq, softirq: not idle, I/O wait or
+# steal), in clock ticks: its CPU per task does not depend on what neighbours on the host take.
+busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 HZ=$(getconf CLK_TCK)
+per_task() { awk -v c="$1" -v hz="$HZ" -v n="$N" 'BEGIN { printf "%.2f", c * 1000 / hz / n }'; }
 declare -A RATE
 report() { # name t0 t1
   RATE[$1]=$(awk -v n="$N" -v a="$2" -v b="$3" 'BEGIN { printf "%.1f", n / (b - a) }')
@@ -49,10 +54,13 @@ report() { # name t0 t1
 echo "== $N x true, $INFLIGHT in flight, $(nproc) cpus, $(uname -r), $(date -u +%FT%TZ), profile $PROFILE"
 
 # 1. The floor: fork + exec + wait of N `true`, INFLIGHT at a time.
+b0=$(busy_ticks)
 t0=$(now)
 seq "$N" | xargs -P "$INFLIGHT" -n 1 true
 t1=$(now)
+b1=$(busy_ticks)
 report "bare spawner (xargs -P)" "$t0" "$t1"
+echo "   machine CPU per task: $(per_task $((b1 - b0))) ms"
 
 # 2-3. Gantry: one master, one agent per mode.
 QUIC=127.0.0.1:$(free_port)
@@ -61,7 +69,8 @@ export GANTRY_MASTER="https://$HTTP" GANTRY_TLS_DIR="$DIR/tls"
 # A stopped agent is forgotten after 1 s, so the next mode's batch gets no offer for it.
 $BIN/gantry-master --listen "$QUIC" --http "$HTTP" --work-dir "$DIR/master" --tls-dir "$DIR/tls" \
   --agent-reregister-timeout 1 >"$DIR/master.log" 2>&1 &
-PIDS+=($!)
+MASTER=$!
+PIDS+=($MASTER)
 for _ in $(seq 200); do $BIN/gantryctl state >/dev/null 2>&1 && break; sleep 0.1; done
 CPUS=$(awk -v n="$INFLIGHT" 'BEGIN { print n / 10 }')
 
@@ -79,10 +88,12 @@ gantry() { # name isolation-args...
   local agent=$!
   PIDS+=($agent)
   for _ in $(seq 300); do grep -q "registered with the master" "$DIR/agent-$name.log" && break; sleep 0.1; done
-  local per_task=()
+  local agent_cpu=() master_cpu=() machine_cpu=()
   for run in 1 2; do
-    local c0 t0 t1 c1
+    local c0 t0 t1 c1 m0 m1 b0 b1
     c0=$(cpu_ticks "$agent")
+    m0=$(cpu_ticks "$MASTER")
+    b0=$(busy_ticks)
     t0=$(now)
     $BIN/batch --master "$QUIC" --tls-dir "$DIR/tls" --name "bench-$name-$run" --role "bench-$name" \
       --count "$N" --cpus 0.1 --mem 1 -- true >"$DIR/batch-$name-$run.log" 2>&1 &
@@ -91,10 +102,16 @@ gantry() { # name isolation-args...
     wait $! || { echo "batch failed, see $DIR/batch-$name-$run.log"; KEEP=1; exit 1; }
     t1=$(now)
     c1=$(cpu_ticks "$agent")
+    m1=$(cpu_ticks "$MASTER")
+    b1=$(busy_ticks)
     report "gantry $name (batch $run)" "$t0" "$t1"
-    per_task+=("$(awk -v c="$((c1 - c0))" -v hz="$HZ" -v n="$N" 'BEGIN { printf "%.2f", c * 1000 / hz / n }')")
+    agent_cpu+=("$(per_task $((c1 - c0)))")
+    master_cpu+=("$(per_task $((m1 - m0)))")
+    machine_cpu+=("$(per_task $((b1 - b0)))")
   done
-  echo "   agent CPU per task: ${per_task[0]} ms (batch 1), ${per_task[1]} ms (batch 2)"
+  echo "   agent CPU per task: ${agent_cpu[0]} ms (batch 1), ${agent_cpu[1]} ms (batch 2)"
+  echo "   master CPU per task: ${master_cpu[0]} ms, ${master_cpu[1]} ms;" \
+    "machine CPU per task: ${machine_cpu[0]} ms, ${machine_cpu[1]} ms"
   kill "$agent" 2>/dev/null || true
   wait "$agent" 2>/dev/null || true
   # The next mode's batch must not get offers for this agent.
