@@ -6,7 +6,7 @@
 //! The task — `/bin/sh -c COMMAND`, or with `--argv` the words after `--` executed directly —
 //! starts as the leader of a new process group, joined to the task's cgroups and switched to
 //! the task's user (supplementary groups, gid, then uid) between `fork` and `exec`, with stdout
-//! and stderr in `SANDBOX/stdout` and `SANDBOX/stderr` ([`task_command`]). The supervisor
+//! and stderr in `SANDBOX/stdout` and `SANDBOX/stderr` (`task_command`). The supervisor
 //! writes its own pid to `META/supervisor.pid`, claims the launch, writes the task's pid to
 //! `META/task.pid` and, once the task ended, its exit status to `META/exit.json`
 //! (atomically).
