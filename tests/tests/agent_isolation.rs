@@ -8,11 +8,10 @@ use std::time::{Duration, Instant};
 
 use gantry_master::client::{BlockingClient, ClientConfig, Credentials};
 use gantry_sdk::protocol::{TaskInfo, TaskReason, TaskState};
-use gantry_sdk::{Driver, DriverHandle};
+use gantry_sdk::DriverHandle;
 use gantry_tests::{
-    cgroups_available, free_tcp, state_task, task, CgroupRoot, Cluster, Recorder, Updates,
+    cgroups_available, free_tcp, start_recorder, state_task, task, CgroupRoot, Cluster, Updates,
 };
-use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -43,7 +42,7 @@ fn setup(test: &str, agent_args: &[&str], tasks: Vec<TaskInfo>) -> Option<Setup>
     })
 }
 
-/// A framework named `name` on `cluster` running `tasks` through a [`Recorder`].
+/// A framework named `name` on `cluster` running `tasks` through a `Recorder`.
 fn framework(
     cluster: &Cluster,
     name: &str,
@@ -53,24 +52,13 @@ fn framework(
     DriverHandle,
     tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
 ) {
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let rec = Recorder {
-        to_launch: tasks,
-        updates: up_tx,
-        errors: err_tx,
-        in_flight: Default::default(),
-    };
     let config = gantry_tests::driver_config(
         vec![cluster.master.quic.to_string()],
         cluster.tls_dir.clone(),
         name,
         vec!["batch".into()],
     );
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    let run = tokio::spawn(driver.run(rec));
-    (Updates::new(up_rx), handle, run)
+    start_recorder(config, tasks)
 }
 
 impl Setup {
@@ -367,23 +355,7 @@ async fn without_isolation_or_nvml_tasks_still_run() {
     )
     .unwrap();
     let hello = task("hello", "echo hello", "cpus:0.5;mem:32");
-    let (up_tx, up_rx) = mpsc::unbounded_channel();
-    let (err_tx, _err_rx) = mpsc::unbounded_channel();
-    let config = gantry_tests::driver_config(
-        vec![cluster.master.quic.to_string()],
-        cluster.tls_dir.clone(),
-        "plain",
-        vec!["batch".into()],
-    );
-    let driver = Driver::new(config);
-    let handle = driver.handle();
-    let run = tokio::spawn(driver.run(Recorder {
-        to_launch: vec![hello.clone()],
-        updates: up_tx,
-        errors: err_tx,
-        in_flight: Default::default(),
-    }));
-    let mut updates = Updates::new(up_rx);
+    let (mut updates, handle, run) = framework(&cluster, "plain", vec![hello.clone()]);
     updates
         .wait(hello.task_id, TaskState::Finished, T)
         .await

@@ -417,8 +417,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     // finished after the loop) are removed; the gate keeps new ones from appearing.
     agent.pool_gate.close();
     let mut drained = agent.core.drain_pool();
-    if !agent.core.pool_prefix().is_empty() {
-        let prefix = agent.core.pool_prefix().to_string();
+    if !agent.core.pool().prefix().is_empty() {
+        let prefix = agent.core.pool().prefix().to_string();
         let held: HashSet<String> = agent
             .core
             .checkpoint()
@@ -778,7 +778,7 @@ impl Agent {
             .collect();
         let ours: HashSet<&str> = tasks.values().filter_map(|t| t.cgroup.as_deref()).collect();
         let agent_prefix = crate::core::pool::agent_prefix(&self.config.work_dir);
-        let run_prefix = self.core.pool_prefix();
+        let run_prefix = self.core.pool().prefix();
         let pooled = |id: &str| {
             use crate::core::pool::{classify, SlotKind};
             matches!(
@@ -841,7 +841,7 @@ impl Agent {
         );
         snapshot.status_update_retries = ckpt.updates.retries();
         snapshot.status_updates_pending = ckpt.updates.len();
-        snapshot.cgroup_pool_ready = self.core.pool_ready();
+        snapshot.cgroup_pool_ready = self.core.pool().ready();
         self.metrics.publish(snapshot);
     }
 

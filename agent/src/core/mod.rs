@@ -334,14 +334,9 @@ impl AgentCore {
         self.pool.drain()
     }
 
-    /// Prepared cgroups ready in the pool.
-    pub fn pool_ready(&self) -> usize {
-        self.pool.ready()
-    }
-
-    /// This run's pool name prefix (empty without a pool).
-    pub fn pool_prefix(&self) -> &str {
-        self.pool.prefix()
+    /// The pool of prepared cgroups (its prefix is empty without a pool).
+    pub fn pool(&self) -> &pool::CgroupPool {
+        &self.pool
     }
 
     pub fn health(&self) -> &HealthTracker {
