@@ -393,6 +393,16 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A framework's driver configuration for this cluster's master ([`crate::driver_config`]).
+    pub fn driver_config(&self, principal: &str, roles: &[&str]) -> gantry_sdk::DriverConfig {
+        crate::driver_config(
+            vec![self.master.quic.to_string()],
+            self.tls_dir.clone(),
+            principal,
+            roles.iter().map(|r| r.to_string()).collect(),
+        )
+    }
+
     /// Starts a master and one agent per `(name, resources)`, and waits until all registered.
     pub fn start(agents: &[(&str, &str)]) -> anyhow::Result<Self> {
         Self::start_with(agents, &[], &[])

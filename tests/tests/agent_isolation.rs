@@ -52,13 +52,7 @@ fn framework(
     DriverHandle,
     tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
 ) {
-    let config = gantry_tests::driver_config(
-        vec![cluster.master.quic.to_string()],
-        cluster.tls_dir.clone(),
-        name,
-        vec!["batch".into()],
-    );
-    start_recorder(config, tasks)
+    start_recorder(cluster.driver_config(name, &["batch"]), tasks)
 }
 
 impl Setup {

@@ -38,12 +38,7 @@ fn framework(
     gantry_sdk::DriverHandle,
     tokio::task::JoinHandle<Result<(), gantry_sdk::scheduler::DriverError>>,
 ) {
-    let mut config = gantry_tests::driver_config(
-        vec![cluster.master.quic.to_string()],
-        cluster.tls_dir.clone(),
-        name,
-        vec!["batch".into()],
-    );
+    let mut config = cluster.driver_config(name, &["batch"]);
     config.info.capabilities = vec![Capability::GpuResources];
     start_recorder(config, tasks)
 }
