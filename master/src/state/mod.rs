@@ -771,12 +771,28 @@ impl Master {
         let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
         // Free shares per GPU, once per agent per cycle (an agent may be offered to several
         // frameworks or roles in one cycle).
+        // The last offer of an agent takes its shares (most agents get one offer a cycle:
+        // no copy at all).
+        let mut offers_left: HashMap<AgentId, usize> = HashMap::new();
+        for rec in &offers {
+            *offers_left.entry(rec.agent).or_default() += 1;
+        }
         let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::new();
         for rec in offers {
-            let free = gpu_free
-                .entry(rec.agent)
-                .or_insert_with(|| self.gpu_free(rec.agent))
-                .clone();
+            let left = offers_left.get_mut(&rec.agent).map_or(0, |n| {
+                *n -= 1;
+                *n
+            });
+            let free = if left == 0 {
+                gpu_free
+                    .remove(&rec.agent)
+                    .unwrap_or_else(|| self.gpu_free(rec.agent))
+            } else {
+                gpu_free
+                    .entry(rec.agent)
+                    .or_insert_with(|| self.gpu_free(rec.agent))
+                    .clone()
+            };
             match self.offer_message(&rec, free) {
                 Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
                 None => {
@@ -823,9 +839,15 @@ impl Master {
     /// Applies one input. Offers are not made here: call [`Master::allocate`] when
     /// [`Master::allocation_due`] says so (the shell measures the cycle time around it).
     pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.handle_into(input, now, &mut out);
+        out
+    }
+
+    /// [`Master::handle`] appending to `out` (the shell's one buffer for a batch of inputs).
+    pub fn handle_into(&mut self, input: Input, now: Millis, out: &mut Vec<Output>) {
         // Allocations change only at `now` from here on: integrate them up to it first.
         self.allocator.accrue(now);
-        let mut out = Vec::new();
         match input {
             Input::AgentConnected {
                 conn,
@@ -850,14 +872,14 @@ impl Master {
                     },
                 );
             }
-            Input::Agent { conn, msg } => self.agent_message(conn, msg, now, &mut out),
-            Input::Framework { conn, msg } => self.framework_message(conn, msg, now, &mut out),
+            Input::Agent { conn, msg } => self.agent_message(conn, msg, now, out),
+            Input::Framework { conn, msg } => self.framework_message(conn, msg, now, out),
             Input::AgentDisconnected { conn } => {
                 if let Some(Peer::Agent {
                     agent: Some(id), ..
                 }) = self.conns.remove(&conn)
                 {
-                    self.agent_disconnected(id, conn, now, &mut out);
+                    self.agent_disconnected(id, conn, now, out);
                 }
             }
             Input::FrameworkDisconnected { conn } => {
@@ -872,7 +894,7 @@ impl Master {
             Input::PeerStalled { conn } => match self.conns.remove(&conn) {
                 Some(Peer::Agent {
                     agent: Some(id), ..
-                }) => self.agent_disconnected(id, conn, now, &mut out),
+                }) => self.agent_disconnected(id, conn, now, out),
                 Some(Peer::Framework {
                     framework: Some(id),
                     ..
@@ -887,11 +909,10 @@ impl Master {
                 conn,
                 offers,
                 messages,
-            } => self.undelivered(conn, offers, messages, &mut out),
-            Input::Tick => self.tick(now, &mut out),
+            } => self.undelivered(conn, offers, messages, out),
+            Input::Tick => self.tick(now, out),
             Input::LeaseUntil { until } => self.lease_until = until,
         }
-        out
     }
 
     /// Forgets `role` in the allocator if no framework, quota, weight or reservation uses it.
