@@ -16,6 +16,10 @@ use gantry_master::state::{ConnId, Input, Master, MasterConfig, Output};
 use gantry_sdk::protocol::codec::encode_frame_into;
 use gantry_sdk::protocol::*;
 
+/// The master's allocator (`gantry-master` runs on mimalloc).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const FRAMEWORKS: u64 = 200;
 const ROLES: u64 = 10;
 const TASK_MS: u64 = 1000;
