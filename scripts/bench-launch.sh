@@ -83,7 +83,7 @@ known_agents() {
 gantry() { # name isolation-args...
   local name=$1; shift
   $BIN/gantry-agent --master "$QUIC" --work-dir "$DIR/agent-$name" --tls-dir "$DIR/tls" \
-    --name "bench-$name" --resources "cpus:$CPUS;mem:$((INFLIGHT * 2));disk:1000;gpus:0" "$@" \
+    --name "bench-$name" --resources "cpus:$CPUS;mem:$((INFLIGHT * 128));disk:1000;gpus:0" "$@" \
     >"$DIR/agent-$name.log" 2>&1 &
   local agent=$!
   PIDS+=($agent)
@@ -96,7 +96,7 @@ gantry() { # name isolation-args...
     b0=$(busy_ticks)
     t0=$(now)
     $BIN/batch --master "$QUIC" --tls-dir "$DIR/tls" --name "bench-$name-$run" --role "bench-$name" \
-      --count "$N" --cpus 0.1 --mem 1 -- true >"$DIR/batch-$name-$run.log" 2>&1 &
+      --count "$N" --cpus 0.1 -- true >"$DIR/batch-$name-$run.log" 2>&1 &
     PIDS+=($!)
     # (wait, unlike a foreground command, lets a signal stop the script at once)
     wait $! || { echo "batch failed, see $DIR/batch-$name-$run.log"; KEEP=1; exit 1; }

@@ -51,6 +51,7 @@ impl BatchProgress {
 pub struct Batch {
     spec: BatchSpec,
     tasks: HashMap<TaskId, TaskState>,
+    /// The counters ([`Batch::publish`]); its lists stay empty.
     progress: BatchProgress,
     tx: watch::Sender<BatchProgress>,
     suppressed: bool,
@@ -74,8 +75,24 @@ impl Batch {
         )
     }
 
+    /// Publishes the counters. The lists (terminal updates, errors) grow with the tasks run:
+    /// they are kept only in the published copy and added to in place ([`Batch::record`]);
+    /// cloning them on every update made the framework's CPU per task grow with the tasks.
     fn publish(&self) {
-        let _ = self.tx.send(self.progress.clone());
+        let p = &self.progress;
+        self.tx.send_modify(|shared| {
+            shared.launched = p.launched;
+            shared.running = p.running;
+            shared.finished = p.finished;
+            shared.failed = p.failed;
+            shared.dropped = p.dropped;
+            shared.done = p.done;
+        });
+    }
+
+    /// Adds to the published lists.
+    fn record(&self, f: impl FnOnce(&mut BatchProgress)) {
+        self.tx.send_modify(f);
     }
 
     fn remaining(&self) -> u32 {
@@ -171,12 +188,12 @@ impl Scheduler for Batch {
         if prev.is_terminal() {
             if !update.reconciliation {
                 // A second terminal update: record it so tests can see duplicates.
-                self.progress
-                    .terminal_updates
-                    .entry(update.task_id)
-                    .or_default()
-                    .push(update.state);
-                self.publish();
+                self.record(|p| {
+                    p.terminal_updates
+                        .entry(update.task_id)
+                        .or_default()
+                        .push(update.state)
+                });
             }
             return;
         }
@@ -208,18 +225,20 @@ impl Scheduler for Batch {
                 if prev == TaskState::Running {
                     self.progress.running = self.progress.running.saturating_sub(1);
                 }
-                self.progress
-                    .terminal_updates
-                    .entry(update.task_id)
-                    .or_default()
-                    .push(s);
+                self.record(|p| {
+                    p.terminal_updates
+                        .entry(update.task_id)
+                        .or_default()
+                        .push(s);
+                    if s != TaskState::Finished {
+                        p.errors
+                            .push(format!("task {} {}: {}", update.task_id, s, update.message));
+                    }
+                });
                 if s == TaskState::Finished {
                     self.progress.finished += 1;
                 } else {
                     self.progress.failed += 1;
-                    self.progress
-                        .errors
-                        .push(format!("task {} {}: {}", update.task_id, s, update.message));
                 }
                 if self.spec.verbose {
                     println!(
@@ -242,7 +261,7 @@ impl Scheduler for Batch {
     }
 
     async fn error(&mut self, _driver: &DriverHandle, kind: ErrorKind, message: &str) {
-        self.progress.errors.push(format!("{kind:?}: {message}"));
+        self.record(|p| p.errors.push(format!("{kind:?}: {message}")));
         eprintln!("[{}] master error {kind:?}: {message}", self.spec.name);
         self.publish();
     }

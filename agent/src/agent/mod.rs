@@ -721,16 +721,24 @@ impl Agent {
     }
 
     /// Commits the batch: the changed task records and queued changes go to the log with one
-    /// fsync; then the messages and launches they protect go out. Starts a background
-    /// compaction when the log has grown past [`wal::COMPACT_BYTES`].
+    /// fsync; then the messages and launches they protect go out. A batch that sends and starts
+    /// nothing (acknowledgements) is only written: the next synced commit makes it durable
+    /// ([`wal::Wal::write`]). Starts a background compaction when the log has grown past
+    /// [`wal::COMPACT_BYTES`].
     fn commit(&mut self) -> anyhow::Result<()> {
         let effects = self.core.flush(unix_ms());
         self.perform(effects)?;
         let started = Instant::now();
-        self.wal
-            .commit()
-            .context("writing the agent's write-ahead log")?;
+        let protects = !self.outbox.is_empty() || !self.launches.is_empty();
+        let records = if protects {
+            self.wal.commit()
+        } else {
+            self.wal.write()
+        }
+        .context("writing the agent's write-ahead log")?;
         tracing::debug!(
+            records,
+            synced = protects,
             sent = self.outbox.len(),
             launches = self.launches.len(),
             commit_us = started.elapsed().as_micros() as u64,

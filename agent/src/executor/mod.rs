@@ -8,6 +8,8 @@
 //!   session and outlives the agent, so the agent learns the real outcome of a task even when
 //!   the task ended while the agent itself was down.
 //! - [`client`]: the agent's end (requests and replies over the supervisor's stdin and stdout).
+//! - [`spawn`]: how the supervisor starts a task process (a vfork-style clone: no copy of the
+//!   supervisor's memory per task).
 //! - [`prepare`]: a task's directories, arguments and environment.
 //!
 //! The sandbox (`WORK_DIR/sandboxes/TASK_ID`, mode 0750) belongs to the task's user; the meta
@@ -17,6 +19,7 @@
 
 pub mod client;
 pub mod server;
+pub mod spawn;
 pub mod supervise;
 pub mod user;
 

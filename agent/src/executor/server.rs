@@ -2,7 +2,7 @@
 //! every task the agent asks for, waits for them and records how each ended.
 //!
 //! ```text
-//! agent --Request (JSON line on stdin)--> supervisor --fork/exec--> task (own process group,
+//! agent --Request (JSON line on stdin)--> supervisor --clone/exec--> task (own process group,
 //!   ^                                        |                       cgroups, user, sandbox)
 //!   +--Reply::Started / Reply::Exited <------+  (JSON lines on stdout; META/ files as records)
 //! ```
@@ -19,8 +19,8 @@
 //! supervisor of its own for new tasks. It exits once the agent has closed its stdin and its
 //! last task has ended.
 //!
-//! Inside: the main thread reads requests; [`SPAWNERS`] threads start tasks (a `fork` waits for
-//! the child's `exec`, which includes joining its cgroups); one thread reaps them all
+//! Inside: the main thread reads requests; [`SPAWNERS`] threads start tasks ([`super::spawn`]: a vfork-style
+//! clone that waits for the child's `exec`, which includes joining its cgroups); one thread reaps them all
 //! (`waitpid(-1)`). A task that ends before its spawner recorded it waits in `early`.
 
 use std::collections::HashMap;
@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::supervise::{self, Supervised, EXIT_FILE, PID_FILE, SUPERVISOR_FILE};
+use super::spawn::SpawnError;
+use super::supervise::{self, EXIT_FILE, PID_FILE, SUPERVISOR_FILE};
 use super::ExitStatus;
 
 /// Threads starting tasks at once.
@@ -204,25 +205,26 @@ fn start_task(shared: &Shared, request: Request) {
         });
         return;
     }
-    match spawn(&spec, &request.env) {
+    let started = supervise::task_command(&spec, &request.env)
+        .map_err(SpawnError::Clone)
+        .and_then(|process| process.spawn());
+    let pid = match started {
         Ok(pid) => {
             let _ = supervise::write_atomic(&spec.meta.join(PID_FILE), &pid.to_string());
             shared.reply(&Reply::Started { id, pid });
-            let mut st = shared.state();
-            let early = st.early.remove(&pid);
-            if early.is_none() {
-                st.running.insert(pid, (id, spec.meta.clone()));
-            }
-            st.spawning -= 1;
-            drop(st);
-            shared.changed.notify_all();
-            if let Some(status) = early {
-                shared.finish(id, &spec.meta, status);
-            }
+            pid
         }
-        Err(e) => {
+        // The child failed before its exec (a cgroup, the user, the program) and exited with
+        // 127: reaped like any task, it reports that.
+        Err(SpawnError::Child { pid, error }) => {
+            supervise::report_start_failure(&spec, &error);
+            shared.reply(&Reply::Started { id, pid: 0 });
+            pid
+        }
+        // No process at all (the sandbox's outputs, or the kernel refused the clone).
+        Err(SpawnError::Clone(error)) => {
             done(shared);
-            supervise::report_start_failure(&spec, &e);
+            supervise::report_start_failure(&spec, &error);
             shared.reply(&Reply::Started { id, pid: 0 });
             shared.finish(
                 id,
@@ -232,17 +234,20 @@ fn start_task(shared: &Shared, request: Request) {
                     signal: None,
                 },
             );
+            return;
         }
+    };
+    let mut st = shared.state();
+    let early = st.early.remove(&pid);
+    if early.is_none() {
+        st.running.insert(pid, (id, spec.meta.clone()));
     }
-}
-
-fn spawn(spec: &Supervised, env: &[(String, String)]) -> std::io::Result<i32> {
-    let mut cmd = supervise::task_command(spec)?;
-    cmd.env_clear();
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    let child = cmd.spawn()?;
-    // The reaper waits for it (the handle is only dropped: dropping never waits or kills).
-    Ok(child.id() as i32)
+    st.spawning -= 1;
+    drop(st);
+    shared.changed.notify_all();
+    if let Some(status) = early {
+        shared.finish(id, &spec.meta, status);
+    }
 }
 
 /// Reaps every task (the reaper thread) until the agent closed its end and none is left.

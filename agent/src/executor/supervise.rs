@@ -5,8 +5,8 @@
 //!
 //! The task — `/bin/sh -c COMMAND`, or with `--argv` the words after `--` executed directly —
 //! starts as the leader of a new process group, joined to the task's cgroups and switched to
-//! the task's user (supplementary groups, gid, then uid) between `fork` and `exec`, with stdout
-//! and stderr in `SANDBOX/stdout` and `SANDBOX/stderr` (`task_command`). The supervisor
+//! the task's user (supplementary groups, gid, then uid) between clone and `exec`, with stdout
+//! and stderr in `SANDBOX/stdout` and `SANDBOX/stderr` (`task_command`, started by [`super::spawn`]). The supervisor
 //! writes its own pid to `META/supervisor.pid`, claims the launch, writes the task's pid to
 //! `META/task.pid` and, once the task ended, its exit status to `META/exit.json`
 //! (atomically).
@@ -15,10 +15,11 @@
 //! sandbox belongs to the task's user: a task must not be able to forge its pid file (the agent
 //! signals that process group) or plant symlinks where the supervisor writes.
 
-use std::ffi::{CString, OsString};
+use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+
+use super::spawn::TaskProcess;
 
 use gantry_sdk::protocol::Program;
 
@@ -211,95 +212,74 @@ fn open_output(
     Ok(file)
 }
 
-/// The task's command, ready to spawn: its program (`/bin/sh -c` or argv), the sandbox as
-/// working directory, stdout and stderr in the sandbox; between `fork` and `exec` the child
-/// leads a new process group, restores the signals the supervisor ignores, joins the task's
-/// cgroups and switches to the task's user. The caller sets the environment.
-pub(super) fn task_command(spec: &Supervised) -> std::io::Result<std::process::Command> {
-    let identity = spec.identity.clone();
-    let stdout = open_output(&spec.sandbox.join("stdout"), identity.as_ref(), false)?;
-    let stderr = open_output(&spec.sandbox.join("stderr"), identity.as_ref(), false)?;
-    let procs: Vec<CString> = spec
-        .cgroup_procs
-        .iter()
-        .map(|p| {
-            CString::new(p.as_os_str().as_encoded_bytes())
-                .map_err(|_| std::io::Error::other("cgroup path has a NUL byte"))
-        })
-        .collect::<Result<_, _>>()?;
-    let mut cmd = match &spec.program {
-        Program::Shell(command) => {
-            let mut c = std::process::Command::new("/bin/sh");
-            c.arg("-c").arg(command);
-            c
-        }
+/// The task's process, ready to spawn ([`TaskProcess`]): its program (`/bin/sh -c` or argv)
+/// with exactly `env`, the sandbox as working directory, stdout and stderr in the sandbox;
+/// between clone and `exec` the child leads a new process group, restores every signal to its
+/// default, joins the task's cgroups and switches to the task's user.
+pub(super) fn task_command(
+    spec: &Supervised,
+    env: &[(String, String)],
+) -> std::io::Result<TaskProcess> {
+    let identity = spec.identity.as_ref();
+    let stdout = open_output(&spec.sandbox.join("stdout"), identity, false)?;
+    let stderr = open_output(&spec.sandbox.join("stderr"), identity, false)?;
+    let process = match &spec.program {
+        Program::Shell(command) => TaskProcess::new(
+            OsStr::new("/bin/sh"),
+            &[OsStr::new("-c"), OsStr::new(command)],
+            env,
+            &spec.sandbox,
+            stdout.into(),
+            stderr.into(),
+        )?,
         Program::Argv(argv) => {
             let (program, args) = argv
                 .split_first()
                 .ok_or_else(|| std::io::Error::other("empty argv"))?;
-            let mut c = std::process::Command::new(program);
-            c.args(args);
-            c
+            let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+            TaskProcess::new(
+                OsStr::new(program),
+                &args,
+                env,
+                &spec.sandbox,
+                stdout.into(),
+                stderr.into(),
+            )?
         }
     };
-    cmd.current_dir(&spec.sandbox)
-        .stdin(std::process::Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr);
-    // The user switch happens in the closure, after joining the cgroups (which needs root),
-    // not through Command::uid/gid (std runs those before pre_exec closures).
-    let groups: Vec<libc::gid_t> = identity
-        .as_ref()
-        .map(|i| i.groups.clone())
-        .unwrap_or_default();
-    // SAFETY: the closure only calls async-signal-safe functions (setpgid, signal, open,
-    // write, close, setgroups, setgid, setuid) on memory prepared before fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGPIPE] {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-            for p in &procs {
-                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if n != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if let Some(id) = &identity {
-                if libc::setgroups(groups.len() as _, groups.as_ptr()) != 0
-                    || libc::setgid(id.gid) != 0
-                    || libc::setuid(id.uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    Ok(cmd)
+    let process = process.cgroups(&spec.cgroup_procs)?;
+    Ok(match identity {
+        Some(id) => process.user(id.uid, id.gid, &id.groups),
+        None => process,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::spawn::SpawnError;
     use crate::executor::ExitStatus;
-    use std::os::unix::process::ExitStatusExt;
+
+    fn wait(pid: i32) -> ExitStatus {
+        let mut raw = 0;
+        // SAFETY: waits for our own child into a local.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut raw, 0) }, pid);
+        ExitStatus {
+            code: libc::WIFEXITED(raw).then(|| libc::WEXITSTATUS(raw)),
+            signal: libc::WIFSIGNALED(raw).then(|| libc::WTERMSIG(raw)),
+        }
+    }
 
     /// Starts the task and waits for it (what the supervisor process does, without its reaper).
     fn spawn_and_wait(spec: &Supervised) -> std::io::Result<ExitStatus> {
-        let status = task_command(spec)?.spawn()?.wait()?;
-        Ok(ExitStatus {
-            code: status.code(),
-            signal: status.signal(),
-        })
+        match task_command(spec, &[])?.spawn() {
+            Ok(pid) => Ok(wait(pid)),
+            Err(SpawnError::Clone(e)) => Err(e),
+            Err(SpawnError::Child { pid, error }) => {
+                assert_eq!(wait(pid).code, Some(127));
+                Err(error)
+            }
+        }
     }
 
     fn spec(dir: &Path, program: Program) -> Supervised {

@@ -42,22 +42,9 @@ impl TaskCgroup {
                 path: dir.display().to_string(),
             });
         }
-        // The page cache the task left is still charged to the cgroup: reclaimed, so the next
-        // task starts at (about) zero and a lower limit can be set. Best effort (an error
-        // leaves reclaimable cache, which the kernel reclaims under the limit anyway).
-        match &self.kind {
-            Kind::V1 { memory, .. } => {
-                let _ = write_file(&memory.join("memory.force_empty"), "0");
-            }
-            Kind::V2 { dir } => {
-                if let Ok(used) = read_u64(&dir.join("memory.current")) {
-                    if used > 0 {
-                        let _ = write_file(&dir.join("memory.reclaim"), &used.to_string());
-                    }
-                }
-            }
-            Kind::None => {}
-        }
+        // What the task left charged to the cgroup (page cache, kernel objects) is reclaimed
+        // when the next task takes it, and only when it is more than that task may inherit
+        // ([`super::leftover_allowance`]).
         Ok(())
     }
 

@@ -268,6 +268,29 @@ fn pool_slot_reuse_on_this_host() {
     // With other limits: rewritten.
     let cg = iso.create(name, &strict).unwrap();
     assert_eq!(file("pids", "pids.max", "pids.max"), "20");
+    // A task that leaves 8 MiB of page cache charged: more than the next task (32 MiB limit)
+    // may inherit, so taking the cgroup again reclaims it.
+    let scratch = tempfile::tempdir().unwrap();
+    let procs = cg.controller_dir("memory").unwrap().join("cgroup.procs");
+    let status = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {} && head -c 8388608 /dev/zero > {}/cache",
+            procs.display(),
+            scratch.path().display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let used = || {
+        file("memory", "memory.usage_in_bytes", "memory.current")
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(used() > leftover_allowance(&strict), "{}", used());
+    cg.recycle().unwrap();
+    let cg = iso.create(name, &strict).unwrap();
+    assert!(used() <= leftover_allowance(&strict), "{}", used());
     cg.recycle().unwrap();
     cg.destroy().unwrap();
     assert!(

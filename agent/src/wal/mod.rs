@@ -205,6 +205,8 @@ pub struct Wal {
     buf: Vec<u8>,
     /// Bytes in the current log.
     size: u64,
+    /// A frame was written by [`Wal::write`] and not synced since.
+    unsynced: bool,
 }
 
 impl Wal {
@@ -271,6 +273,7 @@ impl Wal {
             pending: Vec::new(),
             buf: Vec::new(),
             size,
+            unsynced: false,
         })
     }
 
@@ -284,8 +287,26 @@ impl Wal {
         !self.pending.is_empty()
     }
 
-    /// Writes the pending changes as one frame and syncs it (one `fdatasync` per batch).
+    /// Writes the pending changes as one frame and syncs it (one `fdatasync` per batch; it
+    /// also makes durable any frame [`Wal::write`] left unsynced).
     pub fn commit(&mut self) -> Result<usize, CheckpointError> {
+        if self.pending.is_empty() {
+            if self.unsynced {
+                self.sync()?;
+            }
+            return Ok(0);
+        }
+        let n = self.write()?;
+        self.sync()?;
+        Ok(n)
+    }
+
+    /// Writes the pending changes as one frame without syncing it: for changes nothing sent or
+    /// started depends on (acknowledgements). The frame survives the agent's own crash (it is
+    /// in the kernel's page cache); the next [`Wal::commit`] makes it durable against the
+    /// machine's. Losing it to a power cut loses nothing that was promised: an update whose
+    /// acknowledgement was lost is sent again, and updates are delivered at least once.
+    pub fn write(&mut self) -> Result<usize, CheckpointError> {
         if self.pending.is_empty() {
             return Ok(0);
         }
@@ -297,7 +318,7 @@ impl Wal {
             source,
         };
         self.file.write_all(&self.buf).map_err(io)?;
-        self.file.sync_data().map_err(io)?;
+        self.unsynced = true;
         self.size += self.buf.len() as u64;
         let n = self.pending.len();
         self.pending.clear();
@@ -306,6 +327,18 @@ impl Wal {
             self.buf = Vec::new();
         }
         Ok(n)
+    }
+
+    /// `fdatasync` of what was written.
+    fn sync(&mut self) -> Result<(), CheckpointError> {
+        self.file
+            .sync_data()
+            .map_err(|source| CheckpointError::Io {
+                path: log_path(&self.dir, self.gen),
+                source,
+            })?;
+        self.unsynced = false;
+        Ok(())
     }
 
     /// Bytes in the current log.
@@ -322,6 +355,9 @@ impl Wal {
     /// state as of now is the snapshot of that generation ([`write_snapshot`]).
     pub fn rotate(&mut self) -> Result<u64, CheckpointError> {
         debug_assert!(self.pending.is_empty());
+        if self.unsynced {
+            self.sync()?;
+        }
         let next = Wal::create(&self.dir, self.gen + 1)?;
         *self = next;
         Ok(self.gen)

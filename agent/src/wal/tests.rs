@@ -153,6 +153,28 @@ fn commits_survive_a_reopen_and_the_pending_batch_does_not() {
 }
 
 #[test]
+fn a_written_batch_survives_the_agent_dying_before_a_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut wal) = Wal::open(dir.path()).unwrap();
+    let t = task(TaskState::Running);
+    let u = update(&t, TaskState::Running);
+    wal.append(Record::Task(Box::new(t.clone())));
+    wal.append(Record::Update(Box::new(u.clone())));
+    assert_eq!(wal.commit().unwrap(), 2);
+    // The acknowledgement protects nothing sent: written, not synced; then the agent dies.
+    wal.append(Record::Acked {
+        task: t.info.task_id,
+        update: u.update_id,
+    });
+    assert_eq!(wal.write().unwrap(), 1);
+    assert!(!wal.is_dirty());
+    drop(wal);
+    let (back, _) = Wal::open(dir.path()).unwrap();
+    assert_eq!(back.tasks.len(), 1);
+    assert!(back.updates.is_empty(), "the written ack was replayed");
+}
+
+#[test]
 fn a_whole_life_replays_to_nothing_and_a_torn_tail_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let (_, mut wal) = Wal::open(dir.path()).unwrap();
