@@ -4,7 +4,8 @@
 //! varint integers, little endian). Frames are bounded by [`MAX_FRAME`]; decoding rejects
 //! trailing bytes. Swapping the encoding means changing this module only.
 //!
-//! - Writing: [`encode`] / [`encode_frame`] refuse a message over the bound; [`encoded_len`]
+//! - Writing: [`encode`] / [`encode_frame`] / [`encode_frame_into`] (appending to a reused
+//!   buffer) refuse a message over the bound; [`encoded_len`]
 //!   tells a sender the size in advance and [`split_batches`] cuts a list-carrying message
 //!   into as many messages as needed so that none exceeds it.
 //! - Reading: [`frame_len`] checks a frame's length prefix before any of its body is read;
@@ -163,16 +164,73 @@ pub const MAX_HELLO: usize = 1024;
 /// The 4-byte big-endian length prefix followed by `msg`'s payload: one whole frame, ready to
 /// write. Refuses a message over [`MAX_FRAME`].
 pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
-    let payload = encode(msg)?;
-    let mut buf = Vec::with_capacity(4 + payload.len());
-    // `encode` bounds the payload by MAX_FRAME, which fits a u32.
-    buf.extend_from_slice(
-        &u32::try_from(payload.len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    buf.extend_from_slice(&payload);
+    let mut buf = Vec::new();
+    encode_frame_into(&mut buf, msg)?;
     Ok(buf)
+}
+
+/// Appends `msg` as one whole frame (the bytes [`encode_frame`] makes) to `buf`, in one pass
+/// over `msg` and without a buffer of its own: a sender batching many messages reuses `buf`.
+/// A message over [`MAX_FRAME`] is refused once that many bytes are written, and `buf` is left
+/// as it was.
+pub fn encode_frame_into<T: Serialize>(buf: &mut Vec<u8>, msg: &T) -> Result<(), CodecError> {
+    /// Appends to the frame's buffer up to `left` bytes, then refuses.
+    struct Bounded<'a> {
+        buf: &'a mut Vec<u8>,
+        left: usize,
+        over: bool,
+    }
+    impl std::io::Write for Bounded<'_> {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            if data.len() > self.left {
+                self.over = true;
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.left -= data.len();
+            self.buf.extend_from_slice(data);
+            Ok(data.len())
+        }
+        // bincode writes every field with `write_all`: one check and one copy each.
+        #[inline]
+        fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+            if data.len() > self.left {
+                self.over = true;
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.left -= data.len();
+            self.buf.extend_from_slice(data);
+            Ok(())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    let mut w = Bounded {
+        buf,
+        left: MAX_FRAME,
+        over: false,
+    };
+    // The same encoding as `options()` (the limit and trailing-bytes settings change no byte);
+    // the bound is the writer's, so the message is walked once, not measured first.
+    let written = bincode::DefaultOptions::new()
+        .with_little_endian()
+        .with_varint_encoding()
+        .serialize_into(&mut w, msg);
+    let over = w.over;
+    if let Err(e) = written {
+        buf.truncate(start);
+        return Err(if over {
+            CodecError::TooLarge(MAX_FRAME + 1)
+        } else {
+            CodecError::Malformed(e.to_string())
+        });
+    }
+    let len = buf.len() - start - 4;
+    // At most MAX_FRAME, which fits a u32.
+    buf[start..start + 4].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    Ok(())
 }
 
 /// The body length a frame's 4-byte prefix announces, or [`CodecError::TooLarge`] when it is
@@ -288,6 +346,33 @@ mod tests {
     fn encoded_len_is_the_payload_size() {
         let msg = MasterToFramework::Offers(vec![offer(1, 100), offer(2, 3000)]);
         assert_eq!(encoded_len(&msg).unwrap(), encode(&msg).unwrap().len());
+    }
+
+    #[test]
+    fn frames_appended_to_a_buffer_are_the_prefix_and_payload() {
+        let a = MasterToFramework::Offers(vec![offer(1, 100), offer(2, 3000)]);
+        let b = MasterToFramework::Heartbeat;
+        let mut buf = vec![7u8];
+        encode_frame_into(&mut buf, &a).unwrap();
+        encode_frame_into(&mut buf, &b).unwrap();
+        let mut expected = vec![7u8];
+        for payload in [encode(&a).unwrap(), encode(&b).unwrap()] {
+            expected.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            expected.extend_from_slice(&payload);
+        }
+        assert_eq!(buf, expected);
+        assert_eq!(
+            encode_frame(&a).unwrap(),
+            expected[1..][..expected.len() - 6]
+        );
+        // Over the bound: refused, and the buffer is as it was.
+        let big = MasterToFramework::Offers((0..200).map(|i| offer(i, 22_000)).collect());
+        let before = buf.clone();
+        assert!(matches!(
+            encode_frame_into(&mut buf, &big),
+            Err(CodecError::TooLarge(_))
+        ));
+        assert_eq!(buf, before);
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub(super) async fn core_loop(
                 // Marked seen even before leading (the core reads it when elected).
                 let until = health::lease_until_ms(&lease.borrow_and_update(), start);
                 if let Some(m) = master.as_mut() {
-                    out.extend(m.handle(Input::LeaseUntil { until }, now()));
+                    m.handle_into(Input::LeaseUntil { until }, now(), &mut out);
                 }
             }
             _ = tokio::time::sleep_until((start + Duration::from_millis(deadline.unwrap_or_default())).into()), if deadline.is_some() => {
@@ -94,13 +94,13 @@ pub(super) async fn core_loop(
                     m.restore_maintenance(&registry, now(), unix_ms());
                     m.recover(registry, now());
                     for input in held.drain(..) {
-                        out.extend(m.handle(input, now()));
+                        m.handle_into(input, now(), &mut out);
                     }
                     master = Some(m);
                     ready.send_replace(Some(epoch));
                 }
                 (CoreEvent::Lead { .. }, Some(_)) => {}
-                (CoreEvent::Input(input), Some(m)) => out.extend(m.handle(input, now())),
+                (CoreEvent::Input(input), Some(m)) => m.handle_into(input, now(), &mut out),
                 (CoreEvent::Input(input), None) => held.push(input),
                 (CoreEvent::Operator(cmd, reply), Some(m)) => {
                     let result = m.operator_at(cmd, now()).map(|o| out.extend(o));
@@ -144,7 +144,7 @@ pub(super) async fn core_loop(
         // agents for silence, and its timers never starve behind a stream of messages.
         if tick || deadline.is_some_and(|d| now() >= d) {
             if let Some(m) = master.as_mut() {
-                out.extend(m.handle(Input::Tick, now()));
+                m.handle_into(Input::Tick, now(), &mut out);
             }
         }
         if let Some(m) = master.as_mut() {
@@ -266,10 +266,10 @@ pub(super) async fn core_loop(
             }
             if let Some(m) = master.as_mut() {
                 for conn in stalled {
-                    out.extend(m.handle(Input::PeerStalled { conn }, now()));
+                    m.handle_into(Input::PeerStalled { conn }, now(), &mut out);
                 }
                 for (conn, updates) in held {
-                    out.extend(m.handle(Input::UpdatesHeld { conn, updates }, now()));
+                    m.handle_into(Input::UpdatesHeld { conn, updates }, now(), &mut out);
                 }
                 for (conn, (offers, messages)) in undelivered {
                     out.extend(m.handle(

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use gantry_sdk::protocol::codec::{CodecError, FrameBudget, ReadLimits};
+use gantry_sdk::protocol::codec::{encode_frame_into, CodecError, FrameBudget, ReadLimits};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic::{self, FrameReceiver, FrameSender};
 use gantry_sdk::transport::PeerIdentity;
@@ -545,16 +545,17 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
             let mut next = Some(first);
             let mut taken = 0usize;
             while let Some(o) = next.take() {
+                // Encoded straight into the batch's buffer (no buffer per message).
                 let frame = match o {
-                    Outbound::Agent(m) => gantry_sdk::protocol::codec::encode_frame(&m),
-                    Outbound::Framework(m) => gantry_sdk::protocol::codec::encode_frame(&m),
+                    Outbound::Agent(m) => encode_frame_into(&mut buf, &m),
+                    Outbound::Framework(m) => encode_frame_into(&mut buf, &m),
                     Outbound::Close(reason) => {
                         close = Some(reason);
                         break;
                     }
                 };
                 match frame {
-                    Ok(f) => buf.extend_from_slice(&f),
+                    Ok(()) => {}
                     // The core splits every list under the frame limit; should one message
                     // still not fit, it alone is lost, loudly, and the session goes on.
                     Err(e) => {

@@ -91,6 +91,30 @@ impl Master {
         ledger
     }
 
+    /// Milli-GPUs the live tasks on agent `a` hold of each of its GPUs, by position in
+    /// `a.gpus`: what [`Master::gpu_ledger`] says for each GPU's uuid, without building the
+    /// ledger (no strings copied; this runs for every agent offered, once per cycle).
+    fn gpu_used(&self, a: &super::AgentRec) -> Vec<u32> {
+        let mut used = vec![0u32; a.gpus.len()];
+        for t in a.tasks.iter().filter_map(|id| self.tasks.get(id)) {
+            if t.state.is_terminal() || t.gpus.is_empty() {
+                continue;
+            }
+            let milli = match t.info.resources.gpu_amount() {
+                Ok(GpuAmount::None) | Err(_) => continue,
+                Ok(amount) => amount.per_gpu_milli(),
+            };
+            for uuid in &t.gpus {
+                for (g, u) in a.gpus.iter().zip(used.iter_mut()) {
+                    if g.uuid == *uuid {
+                        *u = u.saturating_add(milli).min(GPU_MILLI);
+                    }
+                }
+            }
+        }
+        used
+    }
+
     /// Gives the allocator each GPU agent's free share per GPU, when some framework declared a
     /// demand for fractions of one GPU (demand-aware splitting then counts a task's worth only
     /// where one GPU has room; `allocator::gpus`). Without such a demand nothing is computed.
@@ -108,12 +132,13 @@ impl Master {
             .values()
             .filter(|a| !a.gpus.is_empty())
             .map(|a| {
-                let ledger = self.gpu_ledger(a.id);
+                let used = self.gpu_used(a);
                 let free = a
                     .gpus
                     .iter()
-                    .filter(|g| g.healthy && g.mig_profile.is_none())
-                    .map(|g| ledger.free(&g.uuid))
+                    .zip(&used)
+                    .filter(|(g, _)| g.healthy && g.mig_profile.is_none())
+                    .map(|(_, u)| GPU_MILLI.saturating_sub(*u))
                     .collect();
                 (a.id, free)
             })
@@ -128,12 +153,13 @@ impl Master {
         let Some(a) = self.agents.get(&agent).filter(|a| !a.gpus.is_empty()) else {
             return Vec::new();
         };
-        let ledger = self.gpu_ledger(agent);
+        let used = self.gpu_used(a);
         a.gpus
             .iter()
-            .filter(|g| g.healthy)
-            .map(|g| {
-                let free = ledger.free(&g.uuid);
+            .zip(&used)
+            .filter(|(g, _)| g.healthy)
+            .map(|(g, u)| {
+                let free = GPU_MILLI.saturating_sub(*u);
                 GpuFree {
                     uuid: g.uuid.clone(),
                     free_milli: free,

@@ -107,7 +107,14 @@ pub use rejection::{
     OperatorRejection, ReservationRejection, RoleRejection, SubscribeRejection, TaskRejection,
 };
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+/// The core's hash maps and sets: foldhash, randomly seeded per map like std's SipHash (peers
+/// choose task ids and can not aim them at one bucket), and several times faster on the
+/// 128-bit ids every message looks up.
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// See [`HashMap`].
+pub(crate) type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
@@ -661,15 +668,15 @@ impl Master {
         Self {
             config,
             allocator,
-            conns: HashMap::new(),
-            agents: HashMap::new(),
-            agents_by_name: HashMap::new(),
-            frameworks: HashMap::new(),
-            tasks: HashMap::new(),
-            completed: HashMap::new(),
+            conns: HashMap::default(),
+            agents: HashMap::default(),
+            agents_by_name: HashMap::default(),
+            frameworks: HashMap::default(),
+            tasks: HashMap::default(),
+            completed: HashMap::default(),
             completed_frameworks: VecDeque::new(),
-            recovered_agents: HashMap::new(),
-            recovered_by_name: HashMap::new(),
+            recovered_agents: HashMap::default(),
+            recovered_by_name: HashMap::default(),
             allocation_pending: false,
             last_batch: 0,
             id_seed,
@@ -677,8 +684,8 @@ impl Master {
             id_source: || uuid::Uuid::new_v4().as_u128(),
             last_cycle_us: 0,
             agent_timer_floor: std::cell::Cell::new(None),
-            held: HashMap::new(),
-            completed_count: HashMap::new(),
+            held: HashMap::default(),
+            completed_count: HashMap::default(),
             reconciles: VecDeque::new(),
             events: events::EventQueue::default(),
             lease_until: None,
@@ -768,15 +775,31 @@ impl Master {
         self.last_batch = now;
         self.sync_gpu_views();
         let offers = self.allocator.allocate(now);
-        let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
+        let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::default();
         // Free shares per GPU, once per agent per cycle (an agent may be offered to several
         // frameworks or roles in one cycle).
-        let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::new();
+        // The last offer of an agent takes its shares (most agents get one offer a cycle:
+        // no copy at all).
+        let mut offers_left: HashMap<AgentId, usize> = HashMap::default();
+        for rec in &offers {
+            *offers_left.entry(rec.agent).or_default() += 1;
+        }
+        let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::default();
         for rec in offers {
-            let free = gpu_free
-                .entry(rec.agent)
-                .or_insert_with(|| self.gpu_free(rec.agent))
-                .clone();
+            let left = offers_left.get_mut(&rec.agent).map_or(0, |n| {
+                *n -= 1;
+                *n
+            });
+            let free = if left == 0 {
+                gpu_free
+                    .remove(&rec.agent)
+                    .unwrap_or_else(|| self.gpu_free(rec.agent))
+            } else {
+                gpu_free
+                    .entry(rec.agent)
+                    .or_insert_with(|| self.gpu_free(rec.agent))
+                    .clone()
+            };
             match self.offer_message(&rec, free) {
                 Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
                 None => {
@@ -823,9 +846,15 @@ impl Master {
     /// Applies one input. Offers are not made here: call [`Master::allocate`] when
     /// [`Master::allocation_due`] says so (the shell measures the cycle time around it).
     pub fn handle(&mut self, input: Input, now: Millis) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.handle_into(input, now, &mut out);
+        out
+    }
+
+    /// [`Master::handle`] appending to `out` (the shell's one buffer for a batch of inputs).
+    pub fn handle_into(&mut self, input: Input, now: Millis, out: &mut Vec<Output>) {
         // Allocations change only at `now` from here on: integrate them up to it first.
         self.allocator.accrue(now);
-        let mut out = Vec::new();
         match input {
             Input::AgentConnected {
                 conn,
@@ -850,14 +879,14 @@ impl Master {
                     },
                 );
             }
-            Input::Agent { conn, msg } => self.agent_message(conn, msg, now, &mut out),
-            Input::Framework { conn, msg } => self.framework_message(conn, msg, now, &mut out),
+            Input::Agent { conn, msg } => self.agent_message(conn, msg, now, out),
+            Input::Framework { conn, msg } => self.framework_message(conn, msg, now, out),
             Input::AgentDisconnected { conn } => {
                 if let Some(Peer::Agent {
                     agent: Some(id), ..
                 }) = self.conns.remove(&conn)
                 {
-                    self.agent_disconnected(id, conn, now, &mut out);
+                    self.agent_disconnected(id, conn, now, out);
                 }
             }
             Input::FrameworkDisconnected { conn } => {
@@ -872,7 +901,7 @@ impl Master {
             Input::PeerStalled { conn } => match self.conns.remove(&conn) {
                 Some(Peer::Agent {
                     agent: Some(id), ..
-                }) => self.agent_disconnected(id, conn, now, &mut out),
+                }) => self.agent_disconnected(id, conn, now, out),
                 Some(Peer::Framework {
                     framework: Some(id),
                     ..
@@ -887,11 +916,10 @@ impl Master {
                 conn,
                 offers,
                 messages,
-            } => self.undelivered(conn, offers, messages, &mut out),
-            Input::Tick => self.tick(now, &mut out),
+            } => self.undelivered(conn, offers, messages, out),
+            Input::Tick => self.tick(now, out),
             Input::LeaseUntil { until } => self.lease_until = until,
         }
-        out
     }
 
     /// Forgets `role` in the allocator if no framework, quota, weight or reservation uses it.
