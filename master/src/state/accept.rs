@@ -21,7 +21,7 @@ impl Master {
         let mut problem: Option<(ErrorKind, String)> = None;
         let mut offers: Vec<OfferRecord> = Vec::new();
         // Distinct ids in O(1) each: an accept may name many.
-        let mut named: HashSet<OfferId> = HashSet::default();
+        let mut named: HashSet<OfferId> = HashSet::new();
         if offer_ids.is_empty() {
             problem = Some((ErrorKind::InvalidRequest, "accept names no offer".into()));
         }
@@ -144,7 +144,7 @@ impl Master {
         // What the agent's live tasks hold of its GPUs plus the shares given to earlier tasks
         // of this accept: computed once, at the first task with GPUs.
         let mut accept_gpus: Option<super::gpus::GpuLedger> = None;
-        let mut seen_ids: HashSet<TaskId> = HashSet::default();
+        let mut seen_ids: HashSet<TaskId> = HashSet::new();
         for op in operations {
             match op {
                 Operation::Launch { tasks } => {
@@ -325,7 +325,7 @@ impl Master {
                     allocation,
                     recovered: false,
                     pending: VecDeque::new(),
-                    acked: HashSet::default(),
+                    acked: HashSet::new(),
                     last_message: "launched".into(),
                     usage: None,
                     role: role.clone(),

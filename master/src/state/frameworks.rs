@@ -287,7 +287,7 @@ impl Master {
                         failover_timeout_ms,
                         conn: Some(conn),
                         disconnected_at: None,
-                        tasks: HashSet::default(),
+                        tasks: HashSet::new(),
                     },
                 );
                 self.emit(ClusterEvent::FrameworkAdded {

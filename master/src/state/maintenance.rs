@@ -153,7 +153,7 @@ impl Master {
                     deadline_unix_ms: m.deadline_unix_ms,
                     drained: m.drained,
                     reason: m.reason.clone(),
-                    notified: HashMap::default(),
+                    notified: HashMap::new(),
                     killed_at: None,
                 },
             );
@@ -288,7 +288,7 @@ impl Master {
             deadline_unix_ms,
             drained: false,
             reason: String::new(),
-            notified: HashMap::default(),
+            notified: HashMap::new(),
             killed_at: None,
         });
         drain.deadline = deadline;

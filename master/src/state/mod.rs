@@ -107,14 +107,7 @@ pub use rejection::{
     OperatorRejection, ReservationRejection, RoleRejection, SubscribeRejection, TaskRejection,
 };
 
-use std::collections::{BTreeMap, VecDeque};
-
-/// The core's hash maps and sets: foldhash, randomly seeded per map like std's SipHash (peers
-/// choose task ids and can not aim them at one bucket), and several times faster on the
-/// 128-bit ids every message looks up.
-pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-/// See [`HashMap`].
-pub(crate) type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use gantry_sdk::protocol::codec;
 use gantry_sdk::protocol::*;
@@ -668,15 +661,15 @@ impl Master {
         Self {
             config,
             allocator,
-            conns: HashMap::default(),
-            agents: HashMap::default(),
-            agents_by_name: HashMap::default(),
-            frameworks: HashMap::default(),
-            tasks: HashMap::default(),
-            completed: HashMap::default(),
+            conns: HashMap::new(),
+            agents: HashMap::new(),
+            agents_by_name: HashMap::new(),
+            frameworks: HashMap::new(),
+            tasks: HashMap::new(),
+            completed: HashMap::new(),
             completed_frameworks: VecDeque::new(),
-            recovered_agents: HashMap::default(),
-            recovered_by_name: HashMap::default(),
+            recovered_agents: HashMap::new(),
+            recovered_by_name: HashMap::new(),
             allocation_pending: false,
             last_batch: 0,
             id_seed,
@@ -684,8 +677,8 @@ impl Master {
             id_source: || uuid::Uuid::new_v4().as_u128(),
             last_cycle_us: 0,
             agent_timer_floor: std::cell::Cell::new(None),
-            held: HashMap::default(),
-            completed_count: HashMap::default(),
+            held: HashMap::new(),
+            completed_count: HashMap::new(),
             reconciles: VecDeque::new(),
             events: events::EventQueue::default(),
             lease_until: None,
@@ -775,16 +768,16 @@ impl Master {
         self.last_batch = now;
         self.sync_gpu_views();
         let offers = self.allocator.allocate(now);
-        let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::default();
+        let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
         // Free shares per GPU, once per agent per cycle (an agent may be offered to several
         // frameworks or roles in one cycle).
         // The last offer of an agent takes its shares (most agents get one offer a cycle:
         // no copy at all).
-        let mut offers_left: HashMap<AgentId, usize> = HashMap::default();
+        let mut offers_left: HashMap<AgentId, usize> = HashMap::new();
         for rec in &offers {
             *offers_left.entry(rec.agent).or_default() += 1;
         }
-        let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::default();
+        let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::new();
         for rec in offers {
             let left = offers_left.get_mut(&rec.agent).map_or(0, |n| {
                 *n -= 1;

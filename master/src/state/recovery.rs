@@ -48,7 +48,7 @@ impl Master {
                         * 1000.0) as u64,
                     conn: None,
                     disconnected_at: Some(now),
-                    tasks: HashSet::default(),
+                    tasks: HashSet::new(),
                 },
             );
         }

@@ -155,7 +155,7 @@ impl Master {
         // Offered resources per agent in one pass over the offers (not one sorted pass per
         // agent: with 10,000 agents and as many offers that blocked the core loop for seconds).
         let mut offered_on: std::collections::HashMap<_, Resources> =
-            std::collections::HashMap::default();
+            std::collections::HashMap::new();
         for o in self.allocator.outstanding_offers() {
             offered_on
                 .entry(o.agent)
