@@ -4,7 +4,7 @@
 //! it feeds the core [`Input`]s with the time and performs the [`Effect`]s it returns. The
 //! master session ([`crate::session`]), the task watchers, the NVML health watcher and blocking
 //! helpers (launches, cgroup settlement, sampling, recovery checks, sandbox garbage collection)
-//! only send it events. (Just over 800 lines: the one loop and its effect dispatch; launching
+//! only send it events. (About 950 lines: the one loop and its effect dispatch; launching
 //! and the blocking helpers live in `launch` and `blocking`.)
 //!
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
