@@ -341,6 +341,10 @@ struct Kills {
     sent: HashMap<TaskId, (tokio::time::Instant, u32)>,
 }
 
+/// Messages from the master handled at most before the acknowledgements they call for are
+/// written (as one write).
+const READ_BATCH: usize = 256;
+
 /// How often an unanswered kill is sent again.
 pub const KILL_RETRY: Duration = Duration::from_secs(5);
 /// How many times one kill is sent at most (a task nobody knows is not asked about forever).
@@ -584,56 +588,69 @@ impl Driver {
         loop {
             tokio::select! {
                 msg = inbox.recv() => {
-                    let msg = match msg {
-                        Some(Ok(m)) => m,
-                        Some(Err(e)) => {
-                            if subscribed { scheduler.disconnected(&self.handle).await; }
-                            return Ok(SessionEnd::Lost(e));
-                        }
-                        None => return Ok(SessionEnd::Lost("reader ended".into())),
+                    // What else has arrived is handled too before the acknowledgements go out,
+                    // in one write (one packet for a burst of updates, not one per update).
+                    let mut acks: Vec<FrameworkToMaster> = Vec::new();
+                    let Some(first) = msg else {
+                        return Ok(SessionEnd::Lost("reader ended".into()));
                     };
-                    match msg {
-                        MasterToFramework::Subscribed { framework_id, .. } => {
-                            *self.handle.framework_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(framework_id);
-                            subscribed = true;
-                            *unreachable_since = tokio::time::Instant::now();
-                            let kills = self.kills.due(tokio::time::Instant::now(), true);
-                            let kills = kills.into_iter().map(|task_id| FrameworkToMaster::Kill { task_id });
-                            for msg in std::mem::take(&mut self.pending).into_iter().chain(kills) {
-                                if let Err(e) = tx.send(&msg).await {
-                                    return Ok(SessionEnd::Lost(e.to_string()));
+                    let mut next = Some(first);
+                    let mut handled = 0;
+                    while let Some(msg) = next.take() {
+                        let msg = match msg {
+                            Ok(m) => m,
+                            Err(e) => {
+                                if subscribed { scheduler.disconnected(&self.handle).await; }
+                                return Ok(SessionEnd::Lost(e));
+                            }
+                        };
+                        match msg {
+                            MasterToFramework::Subscribed { framework_id, .. } => {
+                                *self.handle.framework_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(framework_id);
+                                subscribed = true;
+                                *unreachable_since = tokio::time::Instant::now();
+                                let kills = self.kills.due(tokio::time::Instant::now(), true);
+                                let kills = kills.into_iter().map(|task_id| FrameworkToMaster::Kill { task_id });
+                                for msg in std::mem::take(&mut self.pending).into_iter().chain(kills) {
+                                    if let Err(e) = tx.send(&msg).await {
+                                        return Ok(SessionEnd::Lost(e.to_string()));
+                                    }
+                                }
+                                if reconciler.subscribed(std::time::Instant::now()) {
+                                    self.handle.reconcile(Vec::new());
+                                }
+                                scheduler.registered(&self.handle, framework_id).await;
+                            }
+                            MasterToFramework::Offers(offers) => scheduler.offers(&self.handle, offers).await,
+                            MasterToFramework::Rescind { offer_id } => scheduler.offer_rescinded(&self.handle, offer_id).await,
+                            MasterToFramework::Update(update) => {
+                                if update.state.is_terminal() {
+                                    self.kills.ended(update.task_id);
+                                }
+                                if seen.insert(update.update_id) || update.reconciliation {
+                                    scheduler.status_update(&self.handle, &update).await;
+                                }
+                                if !update.reconciliation {
+                                    acks.push(FrameworkToMaster::Acknowledge { task_id: update.task_id, update_id: update.update_id });
                                 }
                             }
-                            if reconciler.subscribed(std::time::Instant::now()) {
-                                self.handle.reconcile(Vec::new());
-                            }
-                            scheduler.registered(&self.handle, framework_id).await;
-                        }
-                        MasterToFramework::Offers(offers) => scheduler.offers(&self.handle, offers).await,
-                        MasterToFramework::Rescind { offer_id } => scheduler.offer_rescinded(&self.handle, offer_id).await,
-                        MasterToFramework::Update(update) => {
-                            if update.state.is_terminal() {
-                                self.kills.ended(update.task_id);
-                            }
-                            if seen.insert(update.update_id) || update.reconciliation {
-                                scheduler.status_update(&self.handle, &update).await;
-                            }
-                            if !update.reconciliation {
-                                let ack = FrameworkToMaster::Acknowledge { task_id: update.task_id, update_id: update.update_id };
-                                if let Err(e) = tx.send(&ack).await {
-                                    scheduler.disconnected(&self.handle).await;
-                                    return Ok(SessionEnd::Lost(e.to_string()));
+                            MasterToFramework::Error { kind, message } => {
+                                if !subscribed {
+                                    return Err(DriverError::Refused(message));
                                 }
+                                scheduler.error(&self.handle, kind, &message).await;
                             }
+                            MasterToFramework::Heartbeat => {}
+                            MasterToFramework::DrainNotice(notice) => scheduler.drain_notice(&self.handle, &notice).await,
                         }
-                        MasterToFramework::Error { kind, message } => {
-                            if !subscribed {
-                                return Err(DriverError::Refused(message));
-                            }
-                            scheduler.error(&self.handle, kind, &message).await;
+                        handled += 1;
+                        if handled < READ_BATCH {
+                            next = inbox.try_recv().ok();
                         }
-                        MasterToFramework::Heartbeat => {}
-                        MasterToFramework::DrainNotice(notice) => scheduler.drain_notice(&self.handle, &notice).await,
+                    }
+                    if let Err(e) = tx.send_all(&acks).await {
+                        scheduler.disconnected(&self.handle).await;
+                        return Ok(SessionEnd::Lost(e.to_string()));
                     }
                 }
                 _ = sleep_until_opt(reconciler.next_due().map(tokio::time::Instant::from_std)) => {

@@ -264,6 +264,27 @@ impl FrameSender {
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), CodecError> {
         framing::write_frame(&mut self.0, msg).await
     }
+
+    /// Sends `msgs` as consecutive frames in one stream write, so QUIC packs them into as few
+    /// packets as fit (a write per message may leave as a packet per message: the connection
+    /// task can run between two writes). Nothing is written if one of them can not be encoded
+    /// (e.g. [`CodecError::TooLarge`]).
+    pub async fn send_all<'a, T: Serialize + 'a>(
+        &mut self,
+        msgs: impl IntoIterator<Item = &'a T>,
+    ) -> Result<(), CodecError> {
+        let mut buf = Vec::new();
+        for msg in msgs {
+            gantry_proto::codec::encode_frame_into(&mut buf, msg)?;
+        }
+        if !buf.is_empty() {
+            self.0
+                .write_all(&buf)
+                .await
+                .map_err(|e| CodecError::Io(e.into()))?;
+        }
+        Ok(())
+    }
 }
 
 impl FrameReceiver {
