@@ -901,7 +901,7 @@ pub struct Offer {
     #[serde(with = "shared_map")]
     pub attributes: Arc<Attributes>,
     /// The healthy GPUs the offer's `gpus` amount can be drawn from (shared like
-    /// `attributes`; on the wire a plain list).
+    /// `attributes`; on the wire a plain list). Empty when the offer holds no GPUs.
     #[serde(with = "shared_list")]
     pub gpus: Arc<[GpuInfo]>,
     /// What is free of each of those GPUs (fraction and memory), in the order of `gpus`: a

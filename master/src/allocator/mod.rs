@@ -133,6 +133,13 @@ impl OfferResources {
         }
     }
 
+    /// True when some GPUs are offered (unreserved or reserved).
+    pub fn has_gpus(&self) -> bool {
+        std::iter::once(&self.unreserved)
+            .chain(self.reserved.values())
+            .any(|r| r.milli("gpus") > 0)
+    }
+
     /// True when nothing at all.
     pub fn is_empty(&self) -> bool {
         self.unreserved.is_empty() && self.reserved.values().all(Resources::is_empty)

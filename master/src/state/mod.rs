@@ -773,12 +773,22 @@ impl Master {
         // frameworks or roles in one cycle).
         // The last offer of an agent takes its shares (most agents get one offer a cycle:
         // no copy at all).
+        // An offer without GPUs (what is left of an agent whose GPUs are taken) lists none.
         let mut offers_left: HashMap<AgentId, usize> = HashMap::new();
-        for rec in &offers {
+        for rec in offers.iter().filter(|r| r.resources.has_gpus()) {
             *offers_left.entry(rec.agent).or_default() += 1;
         }
         let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::new();
         for rec in offers {
+            if !rec.resources.has_gpus() {
+                match self.offer_message(&rec, Vec::new()) {
+                    Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
+                    None => {
+                        self.allocator.rescind(rec.id);
+                    }
+                }
+                continue;
+            }
             let left = offers_left.get_mut(&rec.agent).map_or(0, |n| {
                 *n -= 1;
                 *n
@@ -820,8 +830,14 @@ impl Master {
         }
     }
 
+    /// The offer `rec` as sent; its GPU list (and `gpu_free`) only when it offers GPUs.
     fn offer_message(&self, rec: &OfferRecord, gpu_free: Vec<GpuFree>) -> Option<Offer> {
         let agent = self.agents.get(&rec.agent)?;
+        let gpus = if rec.resources.has_gpus() {
+            agent.offer_parts().gpus.clone()
+        } else {
+            std::sync::Arc::from([])
+        };
         Some(Offer {
             id: rec.id,
             framework_id: rec.framework,
@@ -831,7 +847,7 @@ impl Master {
             resources: rec.resources.unreserved.clone(),
             reserved: rec.resources.reserved.clone(),
             attributes: agent.offer_parts().attributes.clone(),
-            gpus: agent.offer_parts().gpus.clone(),
+            gpus,
             gpu_free,
         })
     }

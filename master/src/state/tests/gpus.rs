@@ -257,3 +257,20 @@ fn pinned_uuids_choose_the_gpu_and_malformed_pins_are_refused() {
     );
     assert_eq!(free["GPU-2"], 0);
 }
+
+#[test]
+fn an_offer_without_gpus_lists_none() {
+    let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
+    assert_eq!(offers[0].gpus.len(), 2);
+    assert_eq!(offers[0].gpu_free.len(), 2);
+    // Both GPUs taken: what is left of the agent (cpus and memory) is offered without the
+    // GPU list nor their free shares (nothing of them could be drawn from it).
+    let (launched, errors, _) = h.launch(offers[0].id, vec![task("cpus:1;mem:10;gpus:2")]);
+    assert_eq!(launched.len(), 1, "{errors:?}");
+    let offers = h.revive();
+    assert_eq!(offers.len(), 1);
+    assert_eq!(offers[0].resources.milli("gpus"), 0);
+    assert!(offers[0].resources.milli("cpus") > 0);
+    assert!(offers[0].gpus.is_empty());
+    assert!(offers[0].gpu_free.is_empty());
+}
