@@ -3,13 +3,18 @@
 //! forward the leader's messages to it, and switch at once when a standby announces that it
 //! was elected.
 
-use gantry_sdk::protocol::codec::CodecError;
+use gantry_sdk::protocol::codec::encode_frame_into;
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
 use gantry_sdk::transport::{quic, TlsMaterial};
 use tokio::sync::mpsc;
 
 use crate::agent::{AgentConfig, Event};
+
+/// At most this many queued messages go out in one stream write ...
+const WRITE_BATCH: usize = 256;
+/// ... or about this many bytes (a write may pass it by one frame).
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 /// Runs until the core loop goes away.
 pub(crate) async fn run(
@@ -46,19 +51,28 @@ pub(crate) async fn run(
         }
         let writer_conn = conn.clone();
         let writer = tokio::spawn(async move {
-            while let Some(m) = out_rx.recv().await {
-                match tx.send(&m).await {
-                    Ok(()) => {}
+            // What is queued goes out as one write (QUIC then packs a burst of updates into as
+            // few packets as fit, instead of a packet per update).
+            let mut buf = Vec::new();
+            while let Some(first) = out_rx.recv().await {
+                buf.clear();
+                let mut next = Some(first);
+                let mut taken = 0;
+                while let Some(m) = next.take() {
                     // Messages are split under the frame limit; one that still does not fit
                     // is lost alone, loudly, and the session goes on.
-                    Err(e @ CodecError::TooLarge(_)) => {
-                        tracing::warn!(master = %addr, "message not sent: {e}")
+                    if let Err(e) = encode_frame_into(&mut buf, &m) {
+                        tracing::warn!(master = %addr, "message not sent: {e}");
                     }
-                    Err(e) => {
-                        tracing::warn!(master = %addr, "write to the master failed: {e}; reconnecting");
-                        writer_conn.close(0u32.into(), b"write failed");
-                        break;
+                    taken += 1;
+                    if taken < WRITE_BATCH && buf.len() < WRITE_BATCH_BYTES {
+                        next = out_rx.try_recv().ok();
                     }
+                }
+                if let Err(e) = tx.0.write_all(&buf).await {
+                    tracing::warn!(master = %addr, "write to the master failed: {e}; reconnecting");
+                    writer_conn.close(0u32.into(), b"write failed");
+                    break;
                 }
             }
         });
