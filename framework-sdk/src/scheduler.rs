@@ -164,6 +164,7 @@ impl DriverConfig {
                 roles,
                 capabilities: Vec::new(),
                 failover_timeout_secs: 60.0,
+                min_allocatable: Vec::new(),
             },
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             give_up_after: None,

@@ -114,6 +114,7 @@ fn main() {
                     roles: vec![format!("load-role-{}", f % ROLES)],
                     capabilities: vec![Capability::GpuResources],
                     failover_timeout_secs: 60.0,
+                    min_allocatable: Vec::new(),
                 }),
             },
             now,

@@ -796,6 +796,12 @@ pub struct FrameworkInfo {
     pub capabilities: Vec<Capability>,
     /// How long the master keeps the framework's tasks after it disconnects.
     pub failover_timeout_secs: f64,
+    /// Quantities of which an offer must hold at least one (Mesos's
+    /// `min_allocatable_resources` offer filter, here for all the framework's roles): a
+    /// framework running `gpus:1` tasks lists `cpus:1;mem:1024;gpus:1` and is not offered
+    /// what is left of an agent whose GPUs are taken. Empty: any offer.
+    #[serde(default)]
+    pub min_allocatable: Vec<Resources>,
 }
 
 /// An operation inside an accept.

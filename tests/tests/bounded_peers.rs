@@ -22,6 +22,7 @@ async fn subscribed(tx: &mut quic::FrameSender, rx: &mut quic::FrameReceiver, na
         roles: vec!["attack".into()],
         capabilities: vec![],
         failover_timeout_secs: 0.0,
+        min_allocatable: Vec::new(),
     }))
     .await
     .unwrap();

@@ -85,6 +85,7 @@ fn subscribe(name: &str) -> FrameworkToMaster {
         roles: vec!["hostile".into()],
         capabilities: vec![],
         failover_timeout_secs: 0.0,
+        min_allocatable: vec![],
     })
 }
 

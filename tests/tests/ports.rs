@@ -236,6 +236,7 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
             roles: vec!["greedy".into()],
             capabilities: vec![],
             failover_timeout_secs: 0.0,
+            min_allocatable: Vec::new(),
         }))
         .await
         .unwrap();

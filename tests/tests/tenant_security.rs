@@ -69,6 +69,7 @@ fn framework_info(name: &str, roles: &[&str], id: Option<FrameworkId>) -> Framew
         roles: roles.iter().map(|r| r.to_string()).collect(),
         capabilities: vec![],
         failover_timeout_secs: 3600.0,
+        min_allocatable: Vec::new(),
     }
 }
 

@@ -14,6 +14,7 @@ impl Allocator {
             self.rekey_all();
         }
         self.recompute_required();
+        self.convert_min_allocatable();
         let mut out = Vec::with_capacity(self.last_cycle_offers);
         // What the quota stage grants on an agent is held and merged with what the fair-share
         // stage grants there: one offer per (framework, agent, role) per cycle.
@@ -293,6 +294,9 @@ impl Allocator {
                 if filtered(f, &avail) {
                     continue;
                 }
+                if flags & FW_MIN != 0 && !self.holds_min(f, &avail) {
+                    continue;
+                }
                 return Some(Candidate {
                     fw: f,
                     role: r,
@@ -314,6 +318,9 @@ impl Allocator {
             if filtered(f, &grant) {
                 continue;
             }
+            if flags & FW_MIN != 0 && !self.holds_min(f, &grant) {
+                continue;
+            }
             // A fraction of one GPU needs one GPU with room (gpus.rs).
             let Ok(gpu) = self.fraction_gpu(a, task) else {
                 continue;
@@ -327,6 +334,35 @@ impl Allocator {
             });
         }
         None
+    }
+
+    /// Converts the frameworks' minimum allocatable quantities again when resource names were
+    /// added since (an agent with a new kind registered).
+    fn convert_min_allocatable(&mut self) {
+        if self.names.len() == self.min_names {
+            return;
+        }
+        self.min_names = self.names.len();
+        for f in 0..self.fw_flags.len() as u32 {
+            if self.fw_flags[f as usize] & FW_MIN == 0 {
+                continue;
+            }
+            let names = &self.names;
+            if let Some(fw) = self.frameworks.get_mut(f) {
+                fw.min_rv = fw
+                    .min_allocatable
+                    .iter()
+                    .filter_map(|q| names.try_rv(q))
+                    .collect();
+            }
+        }
+    }
+
+    /// Whether `offer` (all its pools together) holds one of framework `f`'s minimum
+    /// allocatable quantities.
+    fn holds_min(&self, f: u32, offer: &Bundle) -> bool {
+        let total = offer.total();
+        self.fw(f).min_rv.iter().any(|q| dense::contains(&total, q))
     }
 
     pub(super) fn grant(&mut self, a: u32, c: Candidate, pending: &mut Vec<Pending>) {

@@ -210,6 +210,8 @@ impl Allocator {
                     offer_ids: HashSet::default(),
                     inuse_agents: HashSet::default(),
                     filtered_agents: 0,
+                    min_allocatable: Vec::new(),
+                    min_rv: Vec::new(),
                 };
                 let slot = self.frameworks.insert(fw);
                 self.fw_ids.insert(id, slot);
@@ -219,7 +221,8 @@ impl Allocator {
                 slot
             }
         };
-        self.fw_flags[f as usize] = if gpu_capable { FW_GPU } else { 0 };
+        let min = self.fw_flags[f as usize] & FW_MIN;
+        self.fw_flags[f as usize] = min | if gpu_capable { FW_GPU } else { 0 };
         let mut role_list: Vec<&str> = if roles.is_empty() {
             vec![DEFAULT_ROLE]
         } else {
@@ -311,6 +314,7 @@ impl Allocator {
             }
         }
         self.frameworks.remove(f);
+        self.fw_flags[f as usize] = 0;
         self.fw_ids.remove(&id);
         self.forget_framework_usage(id);
         self.epoch += 1;
@@ -365,6 +369,29 @@ impl Allocator {
             return;
         };
         self.set_demand_inner(f, demand);
+        self.epoch += 1;
+    }
+
+    /// The framework is offered only resources holding at least one of `quantities` (Mesos's
+    /// `min_allocatable_resources`; empty quantities are ignored, none at all: any offer).
+    /// A GPU framework listing its task shape is not offered what is left of an agent whose
+    /// GPUs are taken. A quantity naming a resource no agent has is not held until such an
+    /// agent registers (frameworks' names are not interned: they would grow every resource
+    /// vector of the allocator).
+    pub fn set_min_allocatable(&mut self, framework: FrameworkId, quantities: &[Resources]) {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return;
+        };
+        let given: Vec<Resources> = quantities
+            .iter()
+            .filter(|q| !q.is_empty())
+            .cloned()
+            .collect();
+        let min: Vec<Rv> = given.iter().filter_map(|q| self.names.try_rv(q)).collect();
+        let flag = if given.is_empty() { 0 } else { FW_MIN };
+        self.fw_mut(f).min_allocatable = given;
+        self.fw_mut(f).min_rv = min;
+        self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_MIN) | flag;
         self.epoch += 1;
     }
 

@@ -359,6 +359,12 @@ struct Framework {
     inuse_agents: HashSet<u32>,
     /// Number of agents where this framework has filters.
     filtered_agents: usize,
+    /// Quantities of which an offer must hold one ([`Allocator::set_min_allocatable`]), as
+    /// given ...
+    min_allocatable: Vec<Resources>,
+    /// ... and as vectors over the resource names known when they were last converted
+    /// (`Allocator::min_names`); a quantity naming a resource no agent has is left out.
+    min_rv: Vec<Rv>,
 }
 
 #[derive(Debug)]
@@ -447,6 +453,9 @@ struct Counters {
 pub struct Allocator {
     config: AllocatorConfig,
     names: Names,
+    /// How many resource names there were when the frameworks' minimum allocatable quantities
+    /// were last converted (`min_rv`): more names, and they are converted again.
+    min_names: usize,
     excluded: Vec<bool>,
     /// The cluster total with excluded kinds zeroed: the denominators of shares (refreshed with
     /// the sort keys).
@@ -507,6 +516,7 @@ impl Allocator {
         let mut a = Self {
             config,
             names: Names::default(),
+            min_names: 0,
             excluded: Vec::new(),
             share_total: Rv::new(),
             total: Rv::new(),
@@ -574,6 +584,8 @@ impl Allocator {
 const FW_GPU: u8 = 1;
 /// Framework flag: declared a demand.
 const FW_DEMAND: u8 = 2;
+/// Framework flag: declared minimum allocatable quantities.
+const FW_MIN: u8 = 4;
 
 /// The first 16 bytes of a name as a big-endian number (same order as the bytes).
 fn name_prefix(name: &str) -> u128 {

@@ -272,6 +272,53 @@ fn gpu_agents_only_go_to_gpu_frameworks() {
 }
 
 #[test]
+fn min_allocatable_keeps_unusable_remnants_from_a_framework() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "a-gpu", &roles(&["r"]), true, None);
+    a.add_framework(fid(2), "b-any", &roles(&["r"]), true, None);
+    a.set_min_allocatable(fid(1), &[res("cpus:1;gpus:1"), res("mem:4096")]);
+    a.add_agent(
+        aid(1),
+        "gpu-host",
+        res("cpus:8;mem:1024;gpus:2"),
+        BTreeMap::new(),
+    );
+    let o = a.allocate(0);
+    assert_eq!(o.len(), 1);
+    assert_eq!(
+        o[0].framework,
+        fid(1),
+        "a-gpu sorts first and the agent holds cpus:1;gpus:1"
+    );
+    // a-gpu takes both GPUs; what is left (cpus and memory, no GPU, under 4 GiB) holds none
+    // of its quantities: only b-any is offered it, although a-gpu has no filter.
+    a.accept(o[0].id, &unres("cpus:2;gpus:2"), Some(0), 0)
+        .unwrap();
+    let o = a.allocate(1);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].framework, fid(2));
+    assert_eq!(o[0].resources.unreserved, res("cpus:6;mem:1024"));
+    // b-any declines it for a minute: nobody is offered it, although a-gpu has no filter.
+    a.decline(o[0].id, Some(60_000), 1).unwrap();
+    assert!(a.allocate(2).is_empty());
+    // Cleared: a-gpu is offered the remnant.
+    a.set_min_allocatable(fid(1), &[]);
+    let o = a.allocate(3);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].framework, fid(1));
+    // A quantity naming a resource no agent has is never held ...
+    a.rescind(o[0].id);
+    a.set_min_allocatable(fid(1), &[res("fpgas:1")]);
+    assert!(a.allocate(4).is_empty());
+    // ... until an agent with that resource registers.
+    a.suppress(fid(2), None);
+    a.add_agent(aid(2), "fpga-host", res("cpus:4;fpgas:1"), BTreeMap::new());
+    let o = a.allocate(5);
+    assert_eq!(o.len(), 1);
+    assert_eq!((o[0].framework, o[0].agent), (fid(1), aid(2)));
+}
+
+#[test]
 fn suppress_and_revive() {
     let mut a = alloc();
     a.add_framework(fid(1), "f", &roles(&["r"]), false, None);

@@ -76,6 +76,7 @@ fn subscribe(m: &mut Master, conn: ConnId, principal: &str) -> (FrameworkId, Vec
                 roles: vec!["r".into()],
                 capabilities: vec![],
                 failover_timeout_secs: 60.0,
+                min_allocatable: Vec::new(),
             }),
         },
         0,

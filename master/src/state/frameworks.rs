@@ -260,6 +260,8 @@ impl Master {
                     .unwrap_or_default();
                 let gpu = info.capabilities.contains(&Capability::GpuResources);
                 self.allocator.add_framework(id, &name, &roles, gpu, None);
+                self.allocator
+                    .set_min_allocatable(id, &info.min_allocatable);
                 self.allocator.revive(id, None);
                 id
             }
@@ -276,6 +278,8 @@ impl Master {
                 let gpu = info.capabilities.contains(&Capability::GpuResources);
                 self.allocator
                     .add_framework(id, &info.name, &info.roles, gpu, None);
+                self.allocator
+                    .set_min_allocatable(id, &info.min_allocatable);
                 self.frameworks.insert(
                     id,
                     FrameworkRec {
@@ -342,6 +346,12 @@ impl Master {
         }
         if info.roles.is_empty() {
             return Err(SubscribeRejection::NoRole);
+        }
+        let min = &info.min_allocatable;
+        if min.len() > MAX_MIN_ALLOCATABLE
+            || min.iter().any(|q| q.iter().count() > MAX_MIN_ALLOCATABLE)
+        {
+            return Err(SubscribeRejection::MinAllocatable { count: min.len() });
         }
         // Counted before anything else is looked at, so 50,000 roles cost one comparison.
         if info.roles.len() > limits.roles_per_framework {

@@ -105,6 +105,7 @@ pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
 use recovery::{with_dynamic, RecoveredAgent};
 pub use rejection::{
     OperatorRejection, ReservationRejection, RoleRejection, SubscribeRejection, TaskRejection,
+    MAX_MIN_ALLOCATABLE,
 };
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};

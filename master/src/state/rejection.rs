@@ -29,6 +29,9 @@ pub enum RoleRejection {
     },
 }
 
+/// Minimum allocatable quantities a framework may list, and kinds in each.
+pub const MAX_MIN_ALLOCATABLE: usize = 16;
+
 /// Why a framework may not subscribe (`Master::check_subscribe`); the framework hears
 /// the text, then its connection closes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +42,11 @@ pub enum SubscribeRejection {
     FailoverTimeout,
     #[error("a framework needs at least one role")]
     NoRole,
+    #[error(
+        "{count} minimum allocatable quantities; at most {max}, each of at most {max} kinds",
+        max = MAX_MIN_ALLOCATABLE
+    )]
+    MinAllocatable { count: usize },
     #[error("{count} roles in one subscription; the limit is {limit} per framework")]
     TooManyRoles { count: usize, limit: usize },
     #[error(transparent)]

@@ -174,6 +174,24 @@ fn subscriptions_are_bounded_per_principal() {
     assert!(refusal(&out, 11).expect("too deep").contains("4 levels"));
     let out = h.subscribe(12, "p", info("m", &"x".repeat(21), None));
     assert!(refusal(&out, 12).expect("too long").contains("21 bytes"));
+    let mut mins = info("m", "r", None);
+    mins.min_allocatable = (0..17)
+        .map(|i| Resources::parse(&format!("cpus:{}", i + 1)).expect("quantity"))
+        .collect();
+    let out = h.subscribe(20, "p", mins.clone());
+    let m = refusal(&out, 20).expect("too many minimum quantities");
+    assert!(m.contains("17 minimum allocatable quantities"), "{m}");
+    mins.min_allocatable = vec![Resources::parse(
+        &(0..17)
+            .map(|i| format!("k{i}:1"))
+            .collect::<Vec<_>>()
+            .join(";"),
+    )
+    .expect("quantity")];
+    assert!(
+        refusal(&h.subscribe(21, "p", mins), 21).is_some(),
+        "17 kinds"
+    );
     let (a, _) = h.framework(13, "p", "r");
     h.framework(14, "p", "r");
     let out = h.subscribe(15, "p", info("third", "r", None));

@@ -256,6 +256,7 @@ fn a_framework_that_reconnects_hears_the_notice_again_and_only_its_tasks() {
             roles: vec!["r".into()],
             capabilities: vec![],
             failover_timeout_secs: 60.0,
+            min_allocatable: Vec::new(),
         }),
     });
     let out = h.tick();
@@ -308,6 +309,7 @@ fn a_drain_survives_a_new_leader_with_its_deadline() {
             roles: vec!["r".into()],
             capabilities: vec![],
             failover_timeout_secs: 60.0,
+            min_allocatable: Vec::new(),
         }),
     });
     let out = h2.tick();

@@ -148,6 +148,7 @@ fn info(name: &str, role: &str, id: Option<FrameworkId>) -> FrameworkInfo {
         roles: vec![role.into()],
         capabilities: vec![],
         failover_timeout_secs: 10.0,
+        min_allocatable: Vec::new(),
     }
 }
 
