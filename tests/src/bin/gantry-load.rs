@@ -4,6 +4,11 @@
 //! next to the floor (a bare QUIC ping over the same loopback and TLS). See
 //! docs/benchmarks.md, "Launch throughput", and [`gantry_tests::load`].
 
+/// The harness shares the two cores with the master it measures: glibc's malloc took a fifth of
+/// its CPU (docs/benchmarks.md), mimalloc takes a fraction of that.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,9 +48,22 @@ struct Args {
     /// Tasks per framework at most (default: launch until --duration ends).
     #[arg(long)]
     tasks_per_framework: Option<u64>,
-    /// Filter on declined or unused offered resources, seconds.
+    /// Filter on the unused part of an accepted offer (and on declines once launching
+    /// stopped), seconds.
     #[arg(long, default_value_t = 1.0)]
     refuse_seconds: f64,
+    /// Filter on an offer where not one task fits (what is left of an agent whose GPUs are
+    /// taken), seconds; Mesos's default filter is 5 s.
+    #[arg(long, default_value_t = 5.0)]
+    decline_seconds: f64,
+    /// Frameworks declare a demand of this many tasks of their shape (demand-aware offers:
+    /// offered only where a task fits); 0: no demand, offers as Mesos makes them.
+    #[arg(long, default_value_t = 0)]
+    demand: u32,
+    /// Frameworks list no minimum allocatable quantity (by default each lists its task shape),
+    /// so they are also offered what no task fits in and decline it (`--decline-seconds`).
+    #[arg(long)]
+    offer_remnants: bool,
     /// Launches per second across all frameworks at most (default: launch on every offer,
     /// which saturates the cluster; latencies are then queueing under saturation).
     #[arg(long)]
@@ -111,6 +129,9 @@ fn main() -> anyhow::Result<()> {
         max_tasks_per_offer: a.max_tasks_per_offer,
         tasks_per_framework: a.tasks_per_framework,
         refuse_seconds: a.refuse_seconds,
+        decline_seconds: a.decline_seconds,
+        demand: a.demand,
+        offer_remnants: a.offer_remnants,
         client_endpoints: a.client_endpoints,
         master_args: a.master_arg,
         external,

@@ -153,16 +153,22 @@ impl Agent {
             tokio::select! {
                 msg = inbox.recv() => match msg {
                     None => return,
-                    Some(msg) => self.handle(msg, &mut registered, &mut beat, &mut out),
+                    Some(msg) => {
+                        self.handle(msg, &mut registered, &mut beat, &mut out);
+                        // What else has arrived, then one write for all the replies (as the
+                        // real agent batches its sends).
+                        for _ in 0..256 {
+                            let Ok(msg) = inbox.try_recv() else { break };
+                            self.handle(msg, &mut registered, &mut beat, &mut out);
+                        }
+                    }
                 },
                 _ = beat.tick(), if registered => out.push(AgentToMaster::Heartbeat),
                 _ = sleep_until_opt(next_finish) => self.finish_due(&mut out),
                 _ = masters.newer_leader() => return,
             }
-            for m in &out {
-                if tx.send(m).await.is_err() {
-                    return;
-                }
+            if tx.send_all(&out).await.is_err() {
+                return;
             }
         }
     }

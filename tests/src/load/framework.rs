@@ -1,6 +1,6 @@
 //! An emulated framework on the SDK's [`Driver`](gantry_sdk::Driver) (the code path users
 //! run): it accepts every offer with as many tasks of its shape as fit (up to a per-offer cap),
-//! declines what it does not use with a filter, and when the run stops launching (or its task
+//! declines what it does not use with a filter (a longer one where not one task fits), and when the run stops launching (or its task
 //! budget is spent) it declines everything and suppresses its offers.
 
 use std::collections::HashMap;
@@ -18,6 +18,8 @@ use super::Shared;
 pub struct FrameworkCounters {
     pub offers: AtomicU64,
     pub declined: AtomicU64,
+    /// Declined because not one task fitted.
+    pub declined_unfit: AtomicU64,
     /// Tasks sent in accepts.
     pub launched: AtomicU64,
     pub running: AtomicU64,
@@ -51,8 +53,14 @@ pub struct FrameworkShape {
     pub max_tasks_per_offer: usize,
     /// Tasks this framework launches at most (`None`: until the run stops launching).
     pub budget: Option<u64>,
-    /// Filter for declined (unused) resources, seconds.
+    /// Filter on the unused part of an accepted offer (and on declines once launching
+    /// stopped), seconds.
     pub refuse_seconds: f64,
+    /// Filter on an offer where not one task fits, seconds. A filter refuses only offers
+    /// within what it refused, so freed GPUs on the agent are offered again at once.
+    pub decline_seconds: f64,
+    /// Tasks declared as demand (0: none).
+    pub demand: u32,
 }
 
 pub struct LoadFramework {
@@ -108,6 +116,11 @@ impl gantry_sdk::Scheduler for LoadFramework {
         }
         if self.suppressed {
             driver.suppress(Vec::new());
+        } else if self.shape.demand > 0 {
+            driver.set_demand(Some(Demand {
+                task: self.shape.task.clone(),
+                count: self.shape.demand,
+            }));
         }
     }
 
@@ -126,6 +139,7 @@ impl gantry_sdk::Scheduler for LoadFramework {
         }
         let launching = !self.shared.stop.load(Relaxed);
         let mut declined = Vec::new();
+        let mut useless = Vec::new();
         // One accept per agent and role naming all our offers there: the master acts on all of
         // a framework's offers on an agent at once (docs/allocator.md, rule 2).
         let groups = gantry_sdk::placement::offers::group_offers(&offers);
@@ -141,6 +155,10 @@ impl gantry_sdk::Scheduler for LoadFramework {
                 && avail.checked_sub_assign(&self.shape.task).is_some()
             {
                 fit += 1;
+            }
+            if launching && fit == 0 {
+                useless.extend(ids);
+                continue;
             }
             if let Some(bucket) = &self.shared.bucket {
                 fit = bucket.take(fit);
@@ -162,11 +180,19 @@ impl gantry_sdk::Scheduler for LoadFramework {
                 Some(self.shape.refuse_seconds),
             );
         }
-        if !declined.is_empty() {
-            self.counters
-                .declined
-                .fetch_add(declined.len() as u64, Relaxed);
-            driver.decline(declined, Some(self.shape.refuse_seconds));
+        for (ids, filter, unfit) in [
+            (declined, self.shape.refuse_seconds, false),
+            (useless, self.shape.decline_seconds, true),
+        ] {
+            if !ids.is_empty() {
+                self.counters.declined.fetch_add(ids.len() as u64, Relaxed);
+                if unfit {
+                    self.counters
+                        .declined_unfit
+                        .fetch_add(ids.len() as u64, Relaxed);
+                }
+                driver.decline(ids, Some(filter));
+            }
         }
         let spent = self
             .shape

@@ -58,8 +58,20 @@ pub struct LoadConfig {
     pub max_tasks_per_offer: usize,
     /// Tasks per framework at most (`None`: launch until the window ends).
     pub tasks_per_framework: Option<u64>,
-    /// Filter on declined resources, seconds.
+    /// Filter on the unused part of an accepted offer, and on declines once launching
+    /// stopped, seconds.
     pub refuse_seconds: f64,
+    /// Filter on an offer where not one task fits (e.g. what is left of an agent whose GPUs
+    /// are all taken), seconds.
+    pub decline_seconds: f64,
+    /// Each framework declares a demand of this many tasks of its shape (demand-aware offers:
+    /// it is offered only where a task fits, a task's worth at a time); 0: no demand, offers
+    /// as Mesos makes them.
+    pub demand: u32,
+    /// Frameworks list no minimum allocatable quantity, so they are also offered what no task
+    /// fits in (what is left of an agent whose GPUs are taken), as Mesos frameworks are by
+    /// default; otherwise each lists its task shape.
+    pub offer_remnants: bool,
     /// Client UDP sockets the agents share.
     pub client_endpoints: usize,
     /// Extra flags for the master this harness starts.
@@ -97,6 +109,9 @@ impl Default for LoadConfig {
             max_tasks_per_offer: 8,
             tasks_per_framework: None,
             refuse_seconds: 1.0,
+            decline_seconds: 5.0,
+            demand: 0,
+            offer_remnants: false,
             client_endpoints: 64,
             master_args: Vec::new(),
             external: None,
@@ -230,6 +245,8 @@ pub struct Report {
     pub frameworks_without_offers: usize,
     pub offers: u64,
     pub declined_offers: u64,
+    /// Of those, offers where not one task fitted (declined for `--decline-seconds`).
+    pub declined_unfit: u64,
     pub agent_run_tasks: u64,
     pub agent_reconnects: usize,
     pub agent_errors: u64,
@@ -296,6 +313,7 @@ impl Report {
             },
             "offers": self.offers,
             "declined_offers": self.declined_offers,
+            "declined_unfit": self.declined_unfit,
             "framework_errors": self.framework_errors,
             "stale_offers": self.stale_offers,
             "framework_reconnects": self.framework_reconnects,
@@ -351,8 +369,8 @@ impl Report {
             self.launches_per_s, self.launched, self.running, self.finished, self.not_finished, self.in_flight_at_end, self.dropped
         );
         t += &format!(
-            "offers {} (declined {}, stale {}), framework errors {}, framework reconnects {}, frameworks without offers {}, agent reconnects {}, allocation cycles {}\n",
-            self.offers, self.declined_offers, self.stale_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
+            "offers {} (declined {}, {} of them where no task fitted; stale {}), framework errors {}, framework reconnects {}, frameworks without offers {}, agent reconnects {}, allocation cycles {}\n",
+            self.offers, self.declined_offers, self.declined_unfit, self.stale_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
         );
         t += &format!(
             "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s; load average {:.1}; UDP receive-buffer drops {}\n",
@@ -517,6 +535,8 @@ async fn drive(
         max_tasks_per_offer: cfg.max_tasks_per_offer.max(1),
         budget: cfg.tasks_per_framework,
         refuse_seconds: cfg.refuse_seconds,
+        decline_seconds: cfg.decline_seconds,
+        demand: cfg.demand,
     };
     let mut counters = Vec::new();
     let mut handles = Vec::new();
@@ -531,6 +551,9 @@ async fn drive(
         );
         if cfg.gpus_per_agent > 0 {
             dc.info.capabilities.push(Capability::GpuResources);
+        }
+        if !cfg.offer_remnants {
+            dc.info.min_allocatable = vec![fw_shape.task.clone()];
         }
         let driver = gantry_sdk::Driver::new(dc);
         handles.push(driver.handle());
@@ -625,6 +648,7 @@ async fn drive(
     report.framework_reconnects = sum(|c| c.reconnects.load(Relaxed));
     report.offers = sum(|c| c.offers.load(Relaxed));
     report.declined_offers = sum(|c| c.declined.load(Relaxed));
+    report.declined_unfit = sum(|c| c.declined_unfit.load(Relaxed));
     report.frameworks_without_offers = counters
         .iter()
         .filter(|c| c.offers.load(Relaxed) == 0)
