@@ -1,7 +1,8 @@
 //! The load harness in small (docs/benchmarks.md, "Launch throughput"): a real master, 200
 //! emulated agents (8 GPUs each) and 20 emulated SDK frameworks over real QUIC and TLS for a
-//! few seconds. Asserts only that every task is accounted for — launched == FINISHED, none
-//! lost, failed or still in flight, every framework got offers — never a timing.
+//! few seconds. Asserts that every task is accounted for — launched == FINISHED, none
+//! lost, failed or still in flight, every framework got offers — and which offers frameworks
+//! had to decline; never a timing.
 
 use std::time::Duration;
 
@@ -35,17 +36,22 @@ async fn every_task_of_a_small_load_is_accounted_for() {
     );
     assert_eq!(report.agent_reconnects, 0, "no agent lost its connection");
     assert_eq!(report.framework_errors, 0, "no accept was refused");
+    // Each framework lists its task shape as `min_allocatable`: it is never offered what is
+    // left of an agent whose GPUs are taken (the next test shows there is such a remnant).
+    assert_eq!(report.declined_unfit, 0, "an offer no task fits in");
 }
 
 /// The same with a master whose per-peer outbox holds only 256 messages: the first framework
 /// to subscribe is offered every agent and launches 800 tasks at once, so its STAGING and
 /// status updates (3,200) overflow three quarters of its outbox many times over. It must be
 /// paced (updates held in the master, no offers while it is behind), never closed, and
-/// nothing may be lost (docs/protocol.md, "Not reading").
+/// nothing may be lost (docs/protocol.md, "Not reading"). Its frameworks list no minimum
+/// allocatable quantity, so they are offered the remnants of agents whose GPUs are taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_framework_behind_a_small_outbox_is_paced_not_closed() {
     let cfg = LoadConfig {
         master_args: vec!["--peer-outbox".into(), "256".into()],
+        offer_remnants: true,
         ..small(100, 10)
     };
     let report = load::run(cfg).await.expect("load run");
@@ -54,4 +60,8 @@ async fn a_framework_behind_a_small_outbox_is_paced_not_closed() {
     assert_eq!(report.framework_reconnects, 0, "no framework was closed");
     assert_eq!(report.agent_reconnects, 0, "no agent lost its connection");
     assert_eq!(report.framework_errors, 0, "no accept was refused");
+    assert!(
+        report.declined_unfit > 0,
+        "remnants were offered and declined"
+    );
 }
