@@ -5,16 +5,6 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `mi_option_purge_delay` in mimalloc 2's `mi_option_t` (`mimalloc.h`; libmimalloc-sys names
-/// only some options).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Freed memory goes back to the OS after this long unused. mimalloc 2 waits 10 ms, so under a
-/// steady burst it returned pages that were wanted again a moment later, and every such page
-/// faulted back in zeroed (a whole 2 MiB huge page at a time): 17 % of the master's CPU at
-/// 10,000 agents (docs/benchmarks.md). One second is mimalloc 3's default.
-const PURGE_DELAY_MS: std::ffi::c_long = 1000;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -166,8 +156,6 @@ fn init_tracing() {
 }
 
 fn main() -> anyhow::Result<()> {
-    // SAFETY: only stores an option's value; mimalloc reads it at each purge.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
     match cli.cmd {
         Some(Cmd::Simulate(args)) => Ok(simulate::run(args)?),
