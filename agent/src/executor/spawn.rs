@@ -348,13 +348,17 @@ mod tests {
         // SAFETY: ignoring SIGUSR2 (used by nothing else) in this test process; the child must
         // not inherit it.
         let old = unsafe { libc::signal(libc::SIGUSR2, libc::SIG_IGN) };
+        // grep reads its own status: what the spawned process got, unchanged by exec (no
+        // shell in between: a shell waiting for its child blocks signals for a moment, and
+        // its status read then shows them blocked).
         let p = TaskProcess::new(
-            OsStr::new("/bin/sh"),
+            OsStr::new("grep"),
             &[
-                OsStr::new("-c"),
-                OsStr::new("cut -d' ' -f5 /proc/$$/stat; grep -E '^Sig(Ign|Blk)' /proc/$$/status"),
+                OsStr::new("-E"),
+                OsStr::new("^(Pid|NSpgid|SigIgn|SigBlk):"),
+                OsStr::new("/proc/self/status"),
             ],
-            &[],
+            &[("PATH".into(), "/usr/bin:/bin".into())],
             dir.path(),
             output(dir.path(), "out"),
             output(dir.path(), "err"),
@@ -365,16 +369,26 @@ mod tests {
         // SAFETY: restores this process's disposition.
         unsafe { libc::signal(libc::SIGUSR2, old) };
         let out = std::fs::read_to_string(dir.path().join("out")).unwrap();
-        let mut lines = out.lines();
-        assert_eq!(lines.next().unwrap().trim(), pid.to_string(), "{out}");
-        // Whatever the shell itself ignores, SIGUSR2 (bit 12) is not among it, nothing blocked.
-        for line in lines {
-            let mask = u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap();
-            assert_eq!(mask & (1 << (libc::SIGUSR2 - 1)), 0, "{out}");
-            if line.starts_with("SigBlk") {
-                assert_eq!(mask, 0, "{out}");
-            }
-        }
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_else(|| panic!("no {name} in {out}"))
+        };
+        assert_eq!(field("Pid:"), pid.to_string(), "{out}");
+        assert_eq!(
+            field("NSpgid:"),
+            pid.to_string(),
+            "its own process group: {out}"
+        );
+        // SIGUSR2 (bit 12) is not ignored, and nothing is blocked.
+        let ignored = u64::from_str_radix(&field("SigIgn:"), 16).unwrap();
+        assert_eq!(ignored & (1 << (libc::SIGUSR2 - 1)), 0, "{out}");
+        assert_eq!(
+            u64::from_str_radix(&field("SigBlk:"), 16).unwrap(),
+            0,
+            "{out}"
+        );
     }
 
     #[test]
