@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use gantry_sdk::protocol::*;
+use gantry_sdk::transport::quic;
 use gantry_sdk::transport::tls::PeerIdentity;
-use gantry_sdk::transport::{quic, FrameReceiver, FrameSender};
 use gantry_sdk::{Driver, DriverConfig, DriverHandle, Scheduler};
 use tokio::sync::mpsc;
 
@@ -70,9 +70,7 @@ async fn a_burst_of_updates_is_delivered_whole_and_acknowledged() {
     // the acknowledgements it read.
     let script = tokio::spawn(async move {
         let conn = ep.accept().await.expect("incoming").await.expect("conn");
-        let (send, recv) = conn.accept_bi().await.expect("stream");
-        let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
-        let _hello: Hello = rx.recv().await.expect("hello");
+        let (_, mut tx, mut rx) = quic::accept_stream(&conn).await.expect("hello");
         tx.send(&MasterRole::Leading { epoch: 1 })
             .await
             .expect("role");

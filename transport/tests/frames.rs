@@ -2,9 +2,9 @@
 //! order, and a batch with a message over the frame limit writes nothing.
 
 use gantry_proto::codec::{CodecError, MAX_FRAME};
-use gantry_proto::{Hello, MasterRole, PeerKind};
+use gantry_proto::{MasterRole, PeerKind};
+use gantry_transport::quic;
 use gantry_transport::tls::PeerIdentity;
-use gantry_transport::{quic, FrameReceiver, FrameSender};
 
 struct Dir(std::path::PathBuf);
 impl Drop for Dir {
@@ -25,9 +25,7 @@ async fn a_batch_arrives_as_its_frames_and_an_oversized_one_writes_nothing() {
     let addr = ep.local_addr().expect("addr");
     let server = tokio::spawn(async move {
         let conn = ep.accept().await.expect("incoming").await.expect("conn");
-        let (send, recv) = conn.accept_bi().await.expect("stream");
-        let (mut tx, mut rx) = (FrameSender(send), FrameReceiver(recv));
-        let _hello: Hello = rx.recv().await.expect("hello");
+        let (_, mut tx, mut rx) = quic::accept_stream(&conn).await.expect("hello");
         tx.send(&MasterRole::Leading { epoch: 1 })
             .await
             .expect("role");
