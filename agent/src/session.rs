@@ -3,18 +3,13 @@
 //! forward the leader's messages to it, and switch at once when a standby announces that it
 //! was elected.
 
-use gantry_sdk::protocol::codec::encode_frame_into;
+use gantry_sdk::protocol::codec::{encode_frame_into, WRITE_BATCH, WRITE_BATCH_BYTES};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
 use gantry_sdk::transport::{quic, TlsMaterial};
 use tokio::sync::mpsc;
 
 use crate::agent::{AgentConfig, Event};
-
-/// At most this many queued messages go out in one stream write ...
-const WRITE_BATCH: usize = 256;
-/// ... or about this many bytes (a write may pass it by one frame).
-const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 /// Runs until the core loop goes away.
 pub(crate) async fn run(

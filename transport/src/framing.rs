@@ -12,6 +12,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// A writer of queued messages (the master's per-peer writer, the agent's session) puts at most
+/// this many frames in one stream write ...
+pub const WRITE_BATCH: usize = 256;
+/// ... or about this many bytes (a write may pass it by one frame).
+pub const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
 /// Writes `msg` as one length-prefixed frame.
 pub async fn write_frame<W, T>(w: &mut W, msg: &T) -> Result<(), CodecError>
 where

@@ -349,11 +349,7 @@ impl Allocator {
             }
             let names = &self.names;
             if let Some(fw) = self.frameworks.get_mut(f) {
-                fw.min_rv = fw
-                    .min_allocatable
-                    .iter()
-                    .filter_map(|q| names.try_rv(q))
-                    .collect();
+                fw.min_rv = names.try_rvs(&fw.min_allocatable);
             }
         }
     }

@@ -274,6 +274,11 @@ impl Names {
         Some(v)
     }
 
+    /// [`Names::try_rv`] of each, leaving out those that name a resource never seen.
+    pub(crate) fn try_rvs(&self, rs: &[Resources]) -> Vec<Rv> {
+        rs.iter().filter_map(|r| self.try_rv(r)).collect()
+    }
+
     /// Converts back to named resources.
     pub(crate) fn res(&self, v: &[u64]) -> Resources {
         let mut r = Resources::new();

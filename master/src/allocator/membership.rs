@@ -387,10 +387,9 @@ impl Allocator {
             .filter(|q| !q.is_empty())
             .cloned()
             .collect();
-        let min: Vec<Rv> = given.iter().filter_map(|q| self.names.try_rv(q)).collect();
         let flag = if given.is_empty() { 0 } else { FW_MIN };
+        self.fw_mut(f).min_rv = self.names.try_rvs(&given);
         self.fw_mut(f).min_allocatable = given;
-        self.fw_mut(f).min_rv = min;
         self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_MIN) | flag;
         self.epoch += 1;
     }

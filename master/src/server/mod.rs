@@ -34,7 +34,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use gantry_sdk::protocol::codec::{encode_frame_into, CodecError, FrameBudget, ReadLimits};
+use gantry_sdk::protocol::codec::{
+    encode_frame_into, CodecError, FrameBudget, ReadLimits, WRITE_BATCH, WRITE_BATCH_BYTES,
+};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::quic::{self, FrameReceiver, FrameSender};
 use gantry_sdk::transport::PeerIdentity;
@@ -508,11 +510,6 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     }
     shell.conns.remove(&id);
 }
-
-/// At most this many queued messages go out in one stream write ...
-const WRITE_BATCH: usize = 256;
-/// ... or about this many bytes (a write may pass it by one frame).
-const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 #[allow(clippy::too_many_arguments)]
 async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(

@@ -781,28 +781,23 @@ impl Master {
         }
         let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::new();
         for rec in offers {
-            if !rec.resources.has_gpus() {
-                match self.offer_message(&rec, Vec::new()) {
-                    Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
-                    None => {
-                        self.allocator.rescind(rec.id);
-                    }
-                }
-                continue;
-            }
-            let left = offers_left.get_mut(&rec.agent).map_or(0, |n| {
-                *n -= 1;
-                *n
-            });
-            let free = if left == 0 {
-                gpu_free
-                    .remove(&rec.agent)
-                    .unwrap_or_else(|| self.gpu_free(rec.agent))
+            let free = if !rec.resources.has_gpus() {
+                Vec::new()
             } else {
-                gpu_free
-                    .entry(rec.agent)
-                    .or_insert_with(|| self.gpu_free(rec.agent))
-                    .clone()
+                let left = offers_left.get_mut(&rec.agent).map_or(0, |n| {
+                    *n -= 1;
+                    *n
+                });
+                if left == 0 {
+                    gpu_free
+                        .remove(&rec.agent)
+                        .unwrap_or_else(|| self.gpu_free(rec.agent))
+                } else {
+                    gpu_free
+                        .entry(rec.agent)
+                        .or_insert_with(|| self.gpu_free(rec.agent))
+                        .clone()
+                }
             };
             match self.offer_message(&rec, free) {
                 Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
