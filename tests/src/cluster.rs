@@ -200,6 +200,12 @@ impl AgentProc {
             resources.into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
+        // Sandbox collection shortens its delay as the disk fills (to zero at 90 % by default);
+        // on a nearly full CI disk that collected all but the newest `--gc-keep` sandboxes of
+        // tests that count them. Tests ignore the disk unless they set the headroom themselves.
+        if !extra.contains(&"--gc-disk-headroom") {
+            args.extend(["--gc-disk-headroom".into(), "0".into()]);
+        }
         let proc = Self::spawn_with(&args, &log, name)?;
         Ok(Self {
             proc,
