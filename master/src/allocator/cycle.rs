@@ -15,14 +15,17 @@ impl Allocator {
         }
         self.recompute_required();
         self.convert_min_allocatable();
+        self.wanting = self.frameworks.values().filter(|fw| fw.wants()).count();
+        self.needs = self.cycle_needs();
         let mut out = Vec::with_capacity(self.last_cycle_offers);
         // What the quota stage grants on an agent is held and merged with what the fair-share
         // stage grants there: one offer per (framework, agent, role) per cycle.
         let mut held: Vec<(u32, Vec<Pending>)> = Vec::new();
         if self.any_guarantee {
             for i in 0..self.agent_order.len() {
-                // Stage 1 ends as soon as no role with frameworks is below its guarantee.
-                if self.n_below == 0 {
+                // Stage 1 ends as soon as no role with frameworks is below its guarantee (or
+                // no framework wants more).
+                if self.n_below == 0 || self.wanting == 0 {
                     break;
                 }
                 let a = self.agent_order[i];
@@ -35,6 +38,12 @@ impl Allocator {
         }
         let mut held = held.into_iter().peekable();
         for i in 0..self.agent_order.len() {
+            // Once no framework wants more (every demand covered, the rest suppressed or
+            // paused), the agents left can offer nothing: only what the quota stage held is
+            // still emitted.
+            if self.wanting == 0 && held.peek().is_none() {
+                break;
+            }
             let a = self.agent_order[i];
             let mut pending = match held.next_if(|(x, _)| *x == a) {
                 Some((_, p)) => p,
@@ -44,7 +53,9 @@ impl Allocator {
                     p
                 }
             };
-            self.visit(a, false, now, &mut pending);
+            if self.wanting > 0 {
+                self.visit(a, false, now, &mut pending);
+            }
             self.emit(a, &mut pending, now, &mut out);
             self.pending_buf = pending;
         }
@@ -68,6 +79,22 @@ impl Allocator {
                 return;
             }
         }
+        {
+            let agent = self.ag(a);
+            // Nothing any framework that wants more needs fits here (not marked stable: the
+            // needs are the cycle's).
+            if let Some(needs) = &self.needs {
+                let free = if agent.free.resv.is_empty() {
+                    std::borrow::Cow::Borrowed(&agent.free.unres)
+                } else {
+                    std::borrow::Cow::Owned(agent.free.total())
+                };
+                if !needs.iter().any(|n| dense::contains(&free, n)) {
+                    return;
+                }
+            }
+        }
+        self.counters.visits += 1;
         loop {
             let mut constrained = false;
             match self.find(0, a, stage1, false, now, pending, &mut constrained) {
@@ -83,6 +110,31 @@ impl Allocator {
                 break;
             }
         }
+    }
+
+    /// What an agent must hold for some framework that wants more to be granted anything there
+    /// (a necessary condition, checked before the fair-order walk): a declared demand's task,
+    /// or one of a framework's minimum allocatable quantities. `None` when a framework that
+    /// wants more takes anything, or when there are more than [`MAX_CYCLE_NEEDS`] distinct
+    /// ones (checking them all on every agent would cost as much as the walk it saves).
+    fn cycle_needs(&self) -> Option<Vec<Rv>> {
+        let mut needs: Vec<Rv> = Vec::new();
+        for fw in self.frameworks.values().filter(|fw| fw.wants()) {
+            let quantities = match &fw.demand {
+                Some((task, _)) => std::slice::from_ref(task),
+                None if !fw.min_rv.is_empty() => &fw.min_rv[..],
+                None => return None,
+            };
+            for q in quantities {
+                if !needs.contains(q) {
+                    if needs.len() == MAX_CYCLE_NEEDS {
+                        return None;
+                    }
+                    needs.push(q.clone());
+                }
+            }
+        }
+        Some(needs)
     }
 
     /// Turns the offers assembled on agent `a` into outstanding offers.
@@ -405,10 +457,19 @@ impl Allocator {
                 node = self.roles[n as usize].parent;
             }
         }
-        self.fw_mut(c.fw).offered_tasks += c.tasks;
+        let fw = self.fw_mut(c.fw);
+        let wanted = fw.wants();
+        fw.offered_tasks += c.tasks;
+        if wanted && !fw.wants() {
+            self.wanting = self.wanting.saturating_sub(1);
+        }
         self.charge(c.fw, c.role, &c.grant, true);
     }
 }
+
+/// Distinct needs a cycle checks agents against before walking their frameworks
+/// (`Allocator::cycle_needs`).
+const MAX_CYCLE_NEEDS: usize = 32;
 
 /// One task's worth out of `avail`, drawing reservations first (in `avail.resv` order, which is
 /// by role index) and unreserved resources last. `None` when it does not fit.

@@ -250,6 +250,10 @@ pub struct AllocatorMetrics {
     pub offers_expired: u64,
     /// Allocation cycles run since start.
     pub allocation_cycles: u64,
+    /// Agents whose frameworks were walked in those cycles (agents with nothing free, nothing
+    /// that any framework wanting more needs, or nothing changed since they offered nothing
+    /// are passed over, and a cycle ends once no framework wants more).
+    pub agent_visits: u64,
 }
 
 /// Metrics of one role.
@@ -338,6 +342,18 @@ impl FwRole {
     /// Out of its role's fair order: never chosen for an offer.
     fn out_of_order(&self) -> bool {
         self.suppressed || self.paused
+    }
+}
+
+impl Framework {
+    /// May still be granted something: in some role's fair order, and without a declared
+    /// demand or with tasks of it not yet in outstanding offers.
+    fn wants(&self) -> bool {
+        self.roles.iter().any(|r| !r.out_of_order())
+            && self
+                .demand
+                .as_ref()
+                .is_none_or(|(_, count)| self.offered_tasks < *count)
     }
 }
 
@@ -447,6 +463,7 @@ struct Counters {
     rescinded: u64,
     expired: u64,
     cycles: u64,
+    visits: u64,
 }
 
 /// The hierarchical DRF allocator and its offer book. See the module docs.
@@ -491,6 +508,12 @@ pub struct Allocator {
     counters: Counters,
     /// Size hint for the next cycle's output.
     last_cycle_offers: usize,
+    /// Frameworks that may still be granted something in the running cycle
+    /// ([`Framework::wants`]): at 0 the cycle ends early.
+    wanting: usize,
+    /// What an agent must hold to be worth visiting in the running cycle
+    /// (`Allocator::cycle_needs`).
+    needs: Option<Vec<Rv>>,
     /// Reused per-visit buffer of offers being assembled on one agent.
     pending_buf: Vec<Pending>,
     /// Last unreserved vector converted to named resources.
@@ -542,6 +565,8 @@ impl Allocator {
             keys_stale: false,
             counters: Counters::default(),
             last_cycle_offers: 0,
+            wanting: 0,
+            needs: None,
             pending_buf: Vec::new(),
             res_cache: None,
             accounting: accounting::Accounting::default(),

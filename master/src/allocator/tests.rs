@@ -728,3 +728,63 @@ fn unused_roles_are_forgotten_and_their_slots_reused() {
     assert_eq!(offers[0].framework, fid(11));
     assert_eq!(offers[0].role, "late/role");
 }
+
+/// A cycle passes over agents nothing wanted fits on, and ends once every framework that wants
+/// more has what it asked for: with 1,000 agents and frameworks that only declare demand, a
+/// cycle walks the frameworks of the few agents that can serve them, not of every agent.
+#[test]
+fn a_cycle_visits_only_agents_a_wanted_task_fits_and_ends_when_nothing_is_wanted() {
+    let mut a = alloc();
+    let demand = |cpus: f64, count| {
+        Some(Demand {
+            task: Resources::new().with("cpus", cpus).with("mem", 1024.0),
+            count,
+        })
+    };
+    // 999 agents with memory only, then ten with cpus.
+    for i in 0..999 {
+        a.add_agent(aid(i), &format!("m{i}"), res("mem:4096"), BTreeMap::new());
+    }
+    for i in 999..1009 {
+        a.add_agent(
+            aid(i),
+            &format!("c{i}"),
+            res("cpus:4;mem:4096"),
+            BTreeMap::new(),
+        );
+    }
+    a.add_framework(fid(1), "f1", &roles(&["r"]), false, demand(1.0, 0));
+    a.add_framework(fid(2), "f2", &roles(&["r"]), false, demand(1.0, 0));
+    let visits = |a: &Allocator| a.metrics().agent_visits;
+    assert!(a.allocate(0).is_empty(), "nothing is wanted");
+    assert_eq!(
+        visits(&a),
+        0,
+        "a cycle where nothing is wanted visits no agent"
+    );
+
+    // One task wanted: the memory-only agents are passed over, the first with cpus serves it
+    // and the cycle ends there.
+    a.set_demand(fid(1), demand(1.0, 1));
+    let o = a.allocate(1);
+    assert_eq!(o.len(), 1);
+    assert_eq!((o[0].framework, o[0].agent), (fid(1), aid(999)));
+    assert_eq!(visits(&a), 1);
+
+    // Five more tasks for each: both served on the first agents with cpus, then done.
+    a.set_demand(fid(1), demand(1.0, 6));
+    a.set_demand(fid(2), demand(1.0, 5));
+    let o = a.allocate(2);
+    let tasks: usize = o
+        .iter()
+        .map(|r| (r.resources.total().milli("cpus") / 1000) as usize)
+        .sum();
+    assert_eq!(tasks, 10, "{o:?}");
+    assert!(visits(&a) <= 1 + 4, "visits {}", visits(&a));
+
+    // A framework that takes anything: every agent with something free is visited.
+    let before = visits(&a);
+    a.add_framework(fid(3), "f3", &roles(&["r"]), false, None);
+    assert!(!a.allocate(3).is_empty());
+    assert!(visits(&a) - before >= 999, "visits {}", visits(&a) - before);
+}

@@ -87,6 +87,12 @@ impl Allocator {
         s
     }
 
+    /// Agents whose frameworks allocation cycles walked since start (`metrics().agent_visits`
+    /// without building the rest).
+    pub fn agent_visits(&self) -> u64 {
+        self.counters.visits
+    }
+
     /// Shares, counters and filters for the operator view.
     pub fn metrics(&self) -> AllocatorMetrics {
         let mut m = AllocatorMetrics {
@@ -97,6 +103,7 @@ impl Allocator {
             offers_rescinded: self.counters.rescinded,
             offers_expired: self.counters.expired,
             allocation_cycles: self.counters.cycles,
+            agent_visits: self.counters.visits,
             ..Default::default()
         };
         for (i, role) in self.roles.iter().enumerate().skip(1) {

@@ -95,6 +95,13 @@ fn register_snapshot(reg: &mut Registry, s: &MetricsSnapshot) {
     let cycles = Counter::<u64>::default();
     cycles.inc_by(a.allocation_cycles);
     reg.register("allocation_cycles", "Allocation cycles run", cycles);
+    let visits = Counter::<u64>::default();
+    visits.inc_by(a.agent_visits);
+    reg.register(
+        "allocation_agent_visits",
+        "Agents whose frameworks allocation cycles walked (the rest were passed over)",
+        visits,
+    );
 
     let role_share = Family::<Labels, FloatGauge>::default();
     let weight = Family::<Labels, FloatGauge>::default();
