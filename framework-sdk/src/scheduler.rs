@@ -165,6 +165,7 @@ impl DriverConfig {
                 capabilities: Vec::new(),
                 failover_timeout_secs: 60.0,
                 min_allocatable: Vec::new(),
+                suppressed_roles: Vec::new(),
             },
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             give_up_after: None,
@@ -508,8 +509,39 @@ impl Driver {
         }
     }
 
+    /// Keeps the roles last suppressed, which the next subscription carries
+    /// (`FrameworkInfo::suppressed_roles`): a framework that suppressed its offers and lost its
+    /// connection is not offered everything again when it re-subscribes.
+    fn note_suppression(&mut self, msg: &FrameworkToMaster) {
+        let info = &mut self.config.info;
+        match msg {
+            FrameworkToMaster::Suppress { roles } => {
+                let roles = if roles.is_empty() {
+                    info.roles.clone()
+                } else {
+                    roles.clone()
+                };
+                for r in roles {
+                    if info.roles.contains(&r) && !info.suppressed_roles.contains(&r) {
+                        info.suppressed_roles.push(r);
+                    }
+                }
+            }
+            FrameworkToMaster::Revive { roles } if roles.is_empty() => {
+                info.suppressed_roles.clear();
+            }
+            FrameworkToMaster::Revive { roles } => {
+                info.suppressed_roles.retain(|r| !roles.contains(r));
+            }
+            _ => {}
+        }
+    }
+
     /// Queues a request made while no session is up; false for a stop.
     fn hold_while_disconnected(&mut self, cmd: Command) -> bool {
+        if let Command::Send(msg) = &cmd {
+            self.note_suppression(msg);
+        }
         match cmd {
             Command::Stop { .. } => false,
             Command::Send(FrameworkToMaster::Accept { .. } | FrameworkToMaster::Decline { .. }) => {
@@ -674,6 +706,9 @@ impl Driver {
                 cmd = self.rx.recv(), if subscribed => {
                     if let Some(Command::Send(FrameworkToMaster::Kill { task_id })) = &cmd {
                         self.kills.asked(*task_id, tokio::time::Instant::now());
+                    }
+                    if let Some(Command::Send(msg)) = &cmd {
+                        self.note_suppression(msg);
                     }
                     match cmd {
                         Some(Command::Send(msg)) => match tx.send(&msg).await {

@@ -5,19 +5,12 @@
 use std::time::Duration;
 
 use gantry_sdk::protocol::*;
-use gantry_sdk::transport::quic;
-use gantry_sdk::transport::tls::PeerIdentity;
 use gantry_sdk::{Driver, DriverConfig, DriverHandle, Scheduler};
 use tokio::sync::mpsc;
 
 const BURST: usize = 1_000;
 
-struct Dir(std::path::PathBuf);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
 
 /// Passes every update's task id on, then stops the driver after the last.
 struct Collect {
@@ -41,14 +34,7 @@ impl Scheduler for Collect {
 
 #[tokio::test]
 async fn a_burst_of_updates_is_delivered_whole_and_acknowledged() {
-    let dir = Dir(std::env::temp_dir().join(format!("gantry-burst-{}", uuid::Uuid::new_v4())));
-    std::fs::create_dir_all(&dir.0).expect("dir");
-    gantry_pki::ensure_ca(&dir.0).expect("ca");
-    let master = gantry_pki::load_or_issue(&dir.0, &PeerIdentity::Master, &[]).expect("tls");
-    gantry_pki::load_or_issue(&dir.0, &PeerIdentity::Framework("fw".into()), &[]).expect("tls");
-    let ep = quic::server_endpoint("127.0.0.1:0".parse().expect("addr"), &master, &[7; 32])
-        .expect("endpoint");
-    let addr = ep.local_addr().expect("addr");
+    let (dir, ep, addr) = common::scripted_master("gantry-burst");
     let framework_id = FrameworkId::random();
     let updates: Vec<MasterToFramework> = (0..BURST)
         .map(|_| {
@@ -69,20 +55,7 @@ async fn a_burst_of_updates_is_delivered_whole_and_acknowledged() {
     // The scripted master: role, Subscribed, then every update in one write; it answers with
     // the acknowledgements it read.
     let script = tokio::spawn(async move {
-        let conn = ep.accept().await.expect("incoming").await.expect("conn");
-        let (_, mut tx, mut rx) = quic::accept_stream(&conn).await.expect("hello");
-        tx.send(&MasterRole::Leading { epoch: 1 })
-            .await
-            .expect("role");
-        let FrameworkToMaster::Subscribe(_) = rx.recv().await.expect("subscribe") else {
-            panic!("not a subscribe");
-        };
-        let subscribed = MasterToFramework::Subscribed {
-            framework_id,
-            epoch: 1,
-            heartbeat_interval_ms: 60_000,
-        };
-        tx.send(&subscribed).await.expect("subscribed");
+        let (_conn, mut tx, mut rx, _) = common::accept_subscription(&ep, framework_id).await;
         tx.send_all(&updates).await.expect("burst");
         let mut acked = Vec::new();
         while acked.len() < BURST {

@@ -115,6 +115,7 @@ fn main() {
                     capabilities: vec![Capability::GpuResources],
                     failover_timeout_secs: 60.0,
                     min_allocatable: Vec::new(),
+                    suppressed_roles: Vec::new(),
                 }),
             },
             now,

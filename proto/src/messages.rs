@@ -802,6 +802,13 @@ pub struct FrameworkInfo {
     /// what is left of an agent whose GPUs are taken. Empty: any offer.
     #[serde(default)]
     pub min_allocatable: Vec<Resources>,
+    /// Roles (of `roles`) in which the framework subscribes suppressed (Mesos's
+    /// `Subscribe.suppressed_roles`): a framework with nothing to launch yet is offered nothing
+    /// there until it revives. On re-subscription the framework is suppressed in exactly these
+    /// and revived in its other roles; the SDK's driver re-subscribes with the roles it last
+    /// suppressed.
+    #[serde(default)]
+    pub suppressed_roles: Vec<String>,
 }
 
 /// An operation inside an accept.

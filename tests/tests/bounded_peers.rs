@@ -23,6 +23,7 @@ async fn subscribed(tx: &mut quic::FrameSender, rx: &mut quic::FrameReceiver, na
         capabilities: vec![],
         failover_timeout_secs: 0.0,
         min_allocatable: Vec::new(),
+        suppressed_roles: Vec::new(),
     }))
     .await
     .unwrap();

@@ -86,6 +86,7 @@ fn subscribe(name: &str) -> FrameworkToMaster {
         capabilities: vec![],
         failover_timeout_secs: 0.0,
         min_allocatable: vec![],
+        suppressed_roles: Vec::new(),
     })
 }
 

@@ -237,6 +237,7 @@ async fn ports_are_accounted_assigned_bound_and_survive_an_agent_restart() {
             capabilities: vec![],
             failover_timeout_secs: 0.0,
             min_allocatable: Vec::new(),
+            suppressed_roles: Vec::new(),
         }))
         .await
         .unwrap();

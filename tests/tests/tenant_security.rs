@@ -70,6 +70,7 @@ fn framework_info(name: &str, roles: &[&str], id: Option<FrameworkId>) -> Framew
         capabilities: vec![],
         failover_timeout_secs: 3600.0,
         min_allocatable: Vec::new(),
+        suppressed_roles: Vec::new(),
     }
 }
 

@@ -75,6 +75,11 @@ struct ServeArgs {
     /// Batch allocation interval in milliseconds.
     #[arg(long, default_value_t = 1000)]
     allocation_interval_ms: u64,
+    /// Allocation cycles triggered by events (a task ended, a demand declared, an offer
+    /// declined) are at least this many milliseconds apart, and at least four times the last
+    /// cycle's duration: the most an offer waits for its cycle, against how often cycles run.
+    #[arg(long, default_value_t = 5)]
+    allocation_min_gap_ms: u64,
     /// Rescind offers not answered within this many seconds (off when unset).
     #[arg(long)]
     offer_timeout: Option<f64>,
@@ -274,6 +279,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "--agent-reregister-timeout",
         )?,
         allocation_interval_ms: args.allocation_interval_ms.max(1),
+        allocation_min_gap_ms: args.allocation_min_gap_ms,
         frame_body_timeout_ms: secs_to_ms(args.frame_body_timeout, "--frame-body-timeout")?.max(1),
         frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
         peer_outbox: args.peer_outbox.max(64),

@@ -163,6 +163,15 @@ pub(super) async fn core_loop(
                 m.allocate(t, &mut out);
                 let took = started.elapsed();
                 m.last_cycle_us = took.as_micros() as u64;
+                if took.as_millis() >= 10 {
+                    tracing::debug!(
+                        target: "gantry_master::slow_cycle",
+                        took_us = took.as_micros() as u64,
+                        outputs = out.len() - before,
+                        visits = m.allocator.agent_visits(),
+                        "slow allocation cycle"
+                    );
+                }
                 shell.metrics.allocation_cycle.observe(took.as_secs_f64());
                 if !offered
                     && out[before..]

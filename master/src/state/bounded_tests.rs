@@ -77,6 +77,7 @@ fn subscribe(m: &mut Master, conn: ConnId, principal: &str) -> (FrameworkId, Vec
                 capabilities: vec![],
                 failover_timeout_secs: 60.0,
                 min_allocatable: Vec::new(),
+                suppressed_roles: Vec::new(),
             }),
         },
         0,

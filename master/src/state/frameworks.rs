@@ -263,6 +263,9 @@ impl Master {
                 self.allocator
                     .set_min_allocatable(id, &info.min_allocatable);
                 self.allocator.revive(id, None);
+                for r in &info.suppressed_roles {
+                    self.allocator.suppress(id, Some(r));
+                }
                 id
             }
             Some(_) => {
@@ -280,6 +283,9 @@ impl Master {
                     .add_framework(id, &info.name, &info.roles, gpu, None);
                 self.allocator
                     .set_min_allocatable(id, &info.min_allocatable);
+                for r in &info.suppressed_roles {
+                    self.allocator.suppress(id, Some(r));
+                }
                 self.frameworks.insert(
                     id,
                     FrameworkRec {
@@ -359,6 +365,19 @@ impl Master {
                 count: info.roles.len(),
                 limit: limits.roles_per_framework,
             });
+        }
+        if info.suppressed_roles.len() > info.roles.len() {
+            return Err(SubscribeRejection::TooManySuppressedRoles {
+                count: info.suppressed_roles.len(),
+                roles: info.roles.len(),
+            });
+        }
+        if let Some(r) = info
+            .suppressed_roles
+            .iter()
+            .find(|r| !info.roles.contains(r))
+        {
+            return Err(SubscribeRejection::SuppressedRole(r.clone()));
         }
         for role in &info.roles {
             limits.check_role(role)?;

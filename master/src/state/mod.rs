@@ -135,8 +135,9 @@ pub struct MasterConfig {
     pub agent_reregister_timeout_ms: u64,
     /// Batch allocation interval.
     pub allocation_interval_ms: u64,
-    /// Allocation cycles triggered by events are at least this far apart: a herd of
-    /// re-registering agents then costs a few cycles over all agents, not one per message batch.
+    /// Allocation cycles triggered by events are at least this far apart (more after a long
+    /// cycle: [`Master::allocation_gap_ms`]): a herd of re-registering agents then costs a few
+    /// cycles over all agents, not one per message batch.
     pub allocation_min_gap_ms: u64,
     /// Completed tasks kept per framework for `/state` and reconciliation (oldest dropped
     /// first; Mesos `--max_completed_tasks_per_framework`).
@@ -238,7 +239,7 @@ impl Default for MasterConfig {
             agent_ping_timeout_ms: 15_000,
             agent_reregister_timeout_ms: 10_000,
             allocation_interval_ms: 1000,
-            allocation_min_gap_ms: 20,
+            allocation_min_gap_ms: 5,
             max_completed_tasks_per_framework: 1000,
             max_completed_frameworks: 50,
             acls: Acls::allow_all(),
@@ -526,6 +527,10 @@ pub(crate) fn kept_ports(info: &TaskInfo, ports: &[u16]) -> Vec<u16> {
     }
 }
 
+/// Event-triggered allocation cycles are at least this many times the last cycle's duration
+/// apart ([`Master::allocation_gap_ms`]).
+pub const CYCLE_GAP_FACTOR: u64 = 4;
+
 /// Unacknowledged status updates kept per task: agents pipeline a task's updates (the agent's
 /// window is the same number); an agent sending more is closed.
 pub const MAX_PENDING_UPDATES: usize = 8;
@@ -745,21 +750,31 @@ impl Master {
     }
 
     /// True when an allocation should run now: after events that free or add resources (at
-    /// most once per `allocation_min_gap_ms`), or when the batch interval has passed.
+    /// most once per [`Master::allocation_gap_ms`]), or when the batch interval has passed.
     /// Never once the leadership lease has lapsed ([`Master::leads_at`]).
     pub fn allocation_due(&self, now: Millis) -> bool {
         if !self.leads_at(now) {
             return false;
         }
         let since = now.saturating_sub(self.last_batch);
-        (self.allocation_pending && since >= self.config.allocation_min_gap_ms)
+        (self.allocation_pending && since >= self.allocation_gap_ms())
             || since >= self.config.allocation_interval_ms
     }
 
     /// When an event-triggered allocation that is not due yet will be (for the shell's timer).
     pub fn next_allocation_at(&self) -> Option<Millis> {
         self.allocation_pending
-            .then(|| self.last_batch + self.config.allocation_min_gap_ms)
+            .then(|| self.last_batch + self.allocation_gap_ms())
+    }
+
+    /// The least time between event-triggered cycles: `allocation_min_gap_ms`, or
+    /// [`CYCLE_GAP_FACTOR`] times the last cycle's duration when that is longer, so cycles
+    /// take at most about a fifth of the core loop whatever they cost (cheap cycles run often
+    /// and offers wait little; a cycle over every agent of a large cluster waits longer).
+    pub fn allocation_gap_ms(&self) -> Millis {
+        self.config
+            .allocation_min_gap_ms
+            .max(self.last_cycle_us.saturating_mul(CYCLE_GAP_FACTOR) / 1000)
     }
 
     /// Runs one allocation cycle and returns the offers to send.

@@ -49,6 +49,10 @@ pub enum SubscribeRejection {
     MinAllocatable { count: usize },
     #[error("{count} roles in one subscription; the limit is {limit} per framework")]
     TooManyRoles { count: usize, limit: usize },
+    #[error("suppressed role {0:?} is not one of the roles the framework subscribes with")]
+    SuppressedRole(String),
+    #[error("{count} suppressed roles for a framework of {roles} roles")]
+    TooManySuppressedRoles { count: usize, roles: usize },
     #[error(transparent)]
     Role(#[from] RoleRejection),
     #[error(

@@ -252,3 +252,45 @@ fn roles_nothing_uses_are_forgotten() {
     .unwrap();
     assert_eq!(h.m.allocator.role_names().count(), 0);
 }
+
+/// `suppressed_roles` at subscription (Mesos's `Subscribe.suppressed_roles`): nothing is offered
+/// there until the framework revives; on failover the framework is suppressed in exactly the
+/// roles it lists; a role it does not subscribe with is refused.
+#[test]
+fn a_framework_subscribing_suppressed_is_offered_nothing_until_it_revives() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:2;mem:1024");
+    let mut quiet = info("fw", "r", None);
+    quiet.suppressed_roles = vec!["r".into()];
+    let out = h.subscribe(F, "p", quiet.clone());
+    let id = subscribed(&out).expect("subscribed");
+    assert!(offers(&out, F).is_empty(), "subscribed suppressed");
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: FrameworkToMaster::Revive { roles: vec![] },
+    });
+    assert_eq!(offers(&out, F).len(), 1, "offered once revived");
+
+    // Failover, suppressed again: its offers went with the old connection, none come back.
+    h.input(Input::FrameworkDisconnected { conn: F });
+    quiet.framework_id = Some(id);
+    let out = h.subscribe(12, "p", quiet.clone());
+    assert!(refusal(&out, 12).is_none());
+    assert!(offers(&out, 12).is_empty(), "re-subscribed suppressed");
+    // Failover listing no suppressed role: revived.
+    h.input(Input::FrameworkDisconnected { conn: 12 });
+    quiet.suppressed_roles.clear();
+    let out = h.subscribe(13, "p", quiet);
+    assert_eq!(offers(&out, 13).len(), 1, "re-subscribed revived");
+
+    let mut bad = info("other", "r", None);
+    bad.suppressed_roles = vec!["elsewhere".into()];
+    let out = h.subscribe(14, "q", bad);
+    let m = refusal(&out, 14).expect("a suppressed role it does not subscribe with");
+    assert!(m.contains("elsewhere"), "{m}");
+    let mut many = info("other", "r", None);
+    many.suppressed_roles = vec!["r".into(); 2];
+    let out = h.subscribe(15, "q", many);
+    let m = refusal(&out, 15).expect("more suppressed roles than roles");
+    assert!(m.contains("2 suppressed roles"), "{m}");
+}

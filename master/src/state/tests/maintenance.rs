@@ -61,15 +61,7 @@ impl H {
         let mut info = info(name, "r", None);
         info.failover_timeout_secs = 60.0;
         let out = self.subscribe(conn, name, info);
-        let id = out
-            .iter()
-            .find_map(|o| match o {
-                Output::ToFramework(_, MasterToFramework::Subscribed { framework_id, .. }) => {
-                    Some(*framework_id)
-                }
-                _ => None,
-            })
-            .expect("subscribed");
+        let id = subscribed(&out).expect("subscribed");
         (id, out)
     }
 
@@ -257,6 +249,7 @@ fn a_framework_that_reconnects_hears_the_notice_again_and_only_its_tasks() {
             capabilities: vec![],
             failover_timeout_secs: 60.0,
             min_allocatable: Vec::new(),
+            suppressed_roles: Vec::new(),
         }),
     });
     let out = h.tick();
@@ -310,6 +303,7 @@ fn a_drain_survives_a_new_leader_with_its_deadline() {
             capabilities: vec![],
             failover_timeout_secs: 60.0,
             min_allocatable: Vec::new(),
+            suppressed_roles: Vec::new(),
         }),
     });
     let out = h2.tick();

@@ -149,7 +149,18 @@ fn info(name: &str, role: &str, id: Option<FrameworkId>) -> FrameworkInfo {
         capabilities: vec![],
         failover_timeout_secs: 10.0,
         min_allocatable: Vec::new(),
+        suppressed_roles: Vec::new(),
     }
+}
+
+/// The framework id a `Subscribed` in `out` gives.
+fn subscribed(out: &[Output]) -> Option<FrameworkId> {
+    out.iter().find_map(|o| match o {
+        Output::ToFramework(_, MasterToFramework::Subscribed { framework_id, .. }) => {
+            Some(*framework_id)
+        }
+        _ => None,
+    })
 }
 
 fn offers(out: &[Output], conn: ConnId) -> Vec<Offer> {

@@ -213,3 +213,22 @@ fn agent_timers_come_from_a_floor_that_an_early_tick_makes_exact_again() {
     h.input(Input::Tick);
     assert!(h.m.agents.is_empty(), "lost at its deadline");
 }
+
+/// Event-triggered cycles wait the minimum gap after a cheap cycle, and four times the last
+/// cycle's duration after a long one (cycles take at most about a fifth of the core loop).
+#[test]
+fn the_gap_between_cycles_grows_with_the_last_cycle() {
+    let mut h = Harness::new();
+    h.m.config.allocation_min_gap_ms = 5;
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    h.m.allocate(0, &mut Vec::new());
+    h.m.allocation_pending = true;
+    assert_eq!(h.m.allocation_gap_ms(), 5);
+    assert_eq!(h.m.next_allocation_at(), Some(5));
+    assert!(!h.m.allocation_due(4) && h.m.allocation_due(5));
+    // A 12 ms cycle (as the shell measured it): the next waits 48 ms.
+    h.m.last_cycle_us = 12_000;
+    assert_eq!(h.m.allocation_gap_ms(), 48);
+    assert_eq!(h.m.next_allocation_at(), Some(48));
+    assert!(!h.m.allocation_due(47) && h.m.allocation_due(48));
+}
