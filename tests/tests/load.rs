@@ -41,8 +41,8 @@ async fn every_task_of_a_small_load_is_accounted_for() {
     assert_eq!(report.declined_unfit, 0, "an offer no task fits in");
 }
 
-/// The same with a master whose per-peer outbox holds only 256 messages: the first framework
-/// to subscribe is offered every agent and launches 800 tasks at once, so its STAGING and
+/// The same with a master whose per-peer outbox holds only 256 messages, frameworks starting
+/// as each subscribes: the first framework to subscribe is offered every agent and launches 800 tasks at once, so its STAGING and
 /// status updates (3,200) overflow three quarters of its outbox many times over. It must be
 /// paced (updates held in the master, no offers while it is behind), never closed, and
 /// nothing may be lost (docs/protocol.md, "Not reading"). Its frameworks list no minimum
@@ -52,6 +52,7 @@ async fn a_framework_behind_a_small_outbox_is_paced_not_closed() {
     let cfg = LoadConfig {
         master_args: vec!["--peer-outbox".into(), "256".into()],
         offer_remnants: true,
+        open_together: false,
         ..small(100, 10)
     };
     let report = load::run(cfg).await.expect("load run");
@@ -64,4 +65,27 @@ async fn a_framework_behind_a_small_outbox_is_paced_not_closed() {
         report.declined_unfit > 0,
         "remnants were offered and declined"
     );
+}
+
+/// Tasks arriving at 400 a second into the frameworks' queues, declared as demand: each is
+/// launched once or still waits when the run stops (none lost, none launched twice), every
+/// launched task is accounted for, and no framework is offered what no task of its fits in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_arriving_into_demand_declaring_queues_are_each_launched_once() {
+    let cfg = LoadConfig {
+        rate: Some(400.0),
+        ..small(200, 20)
+    };
+    let report = load::run(cfg).await.expect("load run");
+    println!("{}", report.table());
+    report.accounted().expect("every task accounted for");
+    assert!(report.arrived > 0);
+    assert_eq!(
+        report.launched + report.waiting_at_end,
+        report.arrived,
+        "every arrived task launched once or still waiting"
+    );
+    assert_eq!(report.framework_errors, 0, "no accept was refused");
+    assert_eq!(report.declined_unfit, 0, "an offer no task fits in");
+    assert_eq!(report.agent_run_tasks, report.launched);
 }

@@ -56,16 +56,19 @@ struct Args {
     /// taken), seconds; Mesos's default filter is 5 s.
     #[arg(long, default_value_t = 5.0)]
     decline_seconds: f64,
-    /// Frameworks declare a demand of this many tasks of their shape (demand-aware offers:
-    /// offered only where a task fits); 0: no demand, offers as Mesos makes them.
-    #[arg(long, default_value_t = 0)]
-    demand: u32,
+    /// Each framework starts launching as soon as it subscribes (the first is then offered
+    /// the whole cluster); by default they wait, suppressed, and start together once every
+    /// one has subscribed.
+    #[arg(long)]
+    staggered_start: bool,
     /// Frameworks list no minimum allocatable quantity (by default each lists its task shape),
     /// so they are also offered what no task fits in and decline it (`--decline-seconds`).
     #[arg(long)]
     offer_remnants: bool,
-    /// Launches per second across all frameworks at most (default: launch on every offer,
-    /// which saturates the cluster; latencies are then queueing under saturation).
+    /// Tasks arrive at this many per second, spread evenly over the frameworks, which queue
+    /// them and declare the queue as their demand (demand-aware offers) and launch from it
+    /// (default: frameworks launch on every offer, which saturates the cluster; latencies are
+    /// then queueing under saturation).
     #[arg(long)]
     rate: Option<f64>,
     /// Client UDP sockets the emulated agents share.
@@ -130,7 +133,7 @@ fn main() -> anyhow::Result<()> {
         tasks_per_framework: a.tasks_per_framework,
         refuse_seconds: a.refuse_seconds,
         decline_seconds: a.decline_seconds,
-        demand: a.demand,
+        open_together: !a.staggered_start,
         offer_remnants: a.offer_remnants,
         client_endpoints: a.client_endpoints,
         master_args: a.master_arg,

@@ -9,16 +9,24 @@
 //! - [`floor`]: a bare QUIC echo over the same loopback and TLS, the floor for latencies;
 //! - [`stats`]: latency samples and p50/p99/max.
 //!
+//! Two modes: **saturating** (frameworks launch on every offer, as many tasks as fit) and
+//! **arrivals** (`--rate R`: tasks arrive at R per second, spread evenly over the frameworks'
+//! queues, and each framework declares its queue as demand). Frameworks start launching
+//! together once every one has subscribed (unless `open_together` is off: then the first to
+//! subscribe is offered the whole cluster).
+//!
 //! Measured (all in one run):
-//! - offer latency: an agent sends the terminal status update that frees a task's resources →
-//!   the first offer of that agent arrives at any framework (samples only agents that had a
-//!   task end, the first offer after each end);
+//! - offer latency: saturating, an agent sends the terminal status update that frees a task's
+//!   resources → the first offer of that agent arrives at any framework (samples only agents
+//!   that had a task end, the first offer after each end); arrivals, a task's demand is handed
+//!   to the driver → an offer it launches on arrives;
 //! - accept → RUNNING: a framework hands an accept to its driver → the task's RUNNING update
 //!   reaches its scheduler;
 //! - RUNNING → acknowledged: the agent sends RUNNING → the master forwards the framework's
 //!   acknowledgement to the agent;
 //! - launches/s: RUNNING updates reaching frameworks during the launch window, per second;
-//! - allocation cycle: the master's `last_cycle_us` from `/state`, sampled every 4 s;
+//! - allocation cycles: every cycle of the window, from the master's `/metrics` histogram
+//!   read at both ends (mean exact, percentiles to their bucket);
 //! - master CPU (`/proc/PID/stat`) and VmRSS, per 1,000 agents, idle and under load;
 //! - the floor: bare QUIC ping round trips, idle before the load and paced during it.
 
@@ -64,10 +72,10 @@ pub struct LoadConfig {
     /// Filter on an offer where not one task fits (e.g. what is left of an agent whose GPUs
     /// are all taken), seconds.
     pub decline_seconds: f64,
-    /// Each framework declares a demand of this many tasks of its shape (demand-aware offers:
-    /// it is offered only where a task fits, a task's worth at a time); 0: no demand, offers
-    /// as Mesos makes them.
-    pub demand: u32,
+    /// Frameworks start launching together once every one has subscribed (they wait
+    /// suppressed); otherwise each starts as soon as it subscribes, and the first is offered
+    /// the whole cluster.
+    pub open_together: bool,
     /// Frameworks list no minimum allocatable quantity, so they are also offered what no task
     /// fits in (what is left of an agent whose GPUs are taken), as Mesos frameworks are by
     /// default; otherwise each lists its task shape.
@@ -80,7 +88,8 @@ pub struct LoadConfig {
     pub external: Option<ExternalMaster>,
     /// How long to wait for launched tasks to end after the window.
     pub drain_timeout: Duration,
-    /// Launches per second across all frameworks at most (`None`: as fast as offers come, which
+    /// Tasks arrive at this many per second, spread evenly over the frameworks, which queue
+    /// them and declare the queue as demand (`None`: frameworks launch on every offer, which
     /// saturates the cluster and measures latency under saturation).
     pub rate: Option<f64>,
 }
@@ -110,7 +119,7 @@ impl Default for LoadConfig {
             tasks_per_framework: None,
             refuse_seconds: 1.0,
             decline_seconds: 5.0,
-            demand: 0,
+            open_together: true,
             offer_remnants: false,
             client_endpoints: 64,
             master_args: Vec::new(),
@@ -137,44 +146,19 @@ pub struct Shared {
     pub kills: AtomicU64,
     pub acks: AtomicU64,
     pub running_total: AtomicU64,
+    /// Frameworks start launching.
+    pub open: AtomicBool,
     /// Frameworks stop launching.
     pub stop: AtomicBool,
-    /// The launch budget when the rate is capped.
-    pub bucket: Option<TokenBucket>,
-}
-
-/// A token bucket shared by all frameworks: `rate` tokens a second, at most a tenth of a
-/// second's worth saved up.
-pub struct TokenBucket {
-    rate: f64,
-    state: std::sync::Mutex<(f64, Instant)>,
-}
-
-impl TokenBucket {
-    pub fn new(rate: f64) -> Self {
-        Self {
-            rate,
-            state: std::sync::Mutex::new((0.0, Instant::now())),
-        }
-    }
-
-    /// Takes up to `want` tokens; returns how many it got.
-    pub fn take(&self, want: usize) -> usize {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        let cap = (self.rate / 10.0).max(1.0);
-        st.0 = (st.0 + now.duration_since(st.1).as_secs_f64() * self.rate).min(cap);
-        st.1 = now;
-        let got = (st.0.floor() as usize).min(want);
-        st.0 -= got as f64;
-        got
-    }
+    /// Frameworks that have subscribed at least once.
+    pub frameworks_registered: AtomicUsize,
+    /// Tasks that arrived in the frameworks' queues (the arrivals mode).
+    pub arrived: AtomicU64,
 }
 
 impl Shared {
-    fn new(agents: usize, rate: Option<f64>) -> Self {
+    fn new(agents: usize) -> Self {
         Self {
-            bucket: rate.filter(|r| *r > 0.0).map(TokenBucket::new),
             t0: Instant::now(),
             freed: (0..agents).map(|_| AtomicU64::new(0)).collect(),
             offer_latency: Samples::default(),
@@ -187,7 +171,10 @@ impl Shared {
             kills: AtomicU64::new(0),
             acks: AtomicU64::new(0),
             running_total: AtomicU64::new(0),
+            open: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            frameworks_registered: AtomicUsize::new(0),
+            arrived: AtomicU64::new(0),
         }
     }
 
@@ -226,8 +213,14 @@ pub struct Report {
     pub gpus_per_agent: usize,
     pub task: String,
     pub task_time_ms: u64,
-    /// The launch-rate cap, if any.
+    /// The arrival rate (tasks per second) in the arrivals mode.
     pub rate: Option<f64>,
+    /// Seconds from starting the frameworks to every one subscribed.
+    pub subscribe_s: f64,
+    /// Tasks that arrived in the frameworks' queues (the arrivals mode) ...
+    pub arrived: u64,
+    /// ... and of those, still waiting for an offer when the run stopped launching.
+    pub waiting_at_end: u64,
     pub window_s: f64,
     pub registration_s: f64,
     pub launched: u64,
@@ -256,9 +249,8 @@ pub struct Report {
     pub running_to_ack: Summary,
     pub floor_idle: Summary,
     pub floor_loaded: Summary,
-    /// `last_cycle_us` samples from `/state`, in ms.
-    pub cycle: Summary,
-    pub allocation_cycles: u64,
+    /// The master's allocation cycles in the launch window (its `/metrics` histogram).
+    pub cycles: stats::Cycles,
     pub master_cpu_idle_pct: f64,
     pub master_cpu_load_pct: f64,
     pub harness_cpu_load_pct: f64,
@@ -299,7 +291,10 @@ impl Report {
             "gpus_per_agent": self.gpus_per_agent,
             "task": self.task,
             "task_time_ms": self.task_time_ms,
-            "rate_cap_per_s": self.rate,
+            "arrival_rate_per_s": self.rate,
+            "subscribe_s": self.subscribe_s,
+            "arrived": self.arrived,
+            "waiting_at_end": self.waiting_at_end,
             "window_s": self.window_s,
             "registration_s": self.registration_s,
             "tasks": {
@@ -326,8 +321,13 @@ impl Report {
             "running_to_ack": self.running_to_ack.json(),
             "quic_ping_idle": self.floor_idle.json(),
             "quic_ping_loaded": self.floor_loaded.json(),
-            "allocation_cycle": self.cycle.json(),
-            "allocation_cycles": self.allocation_cycles,
+            "allocation_cycles": {
+                "count": self.cycles.count,
+                "mean_ms": self.cycles.mean_ms,
+                "p50_le_ms": self.cycles.p50_le_ms,
+                "p99_le_ms": self.cycles.p99_le_ms,
+                "max_le_ms": self.cycles.max_le_ms,
+            },
             "master_cpu_idle_pct": self.master_cpu_idle_pct,
             "master_cpu_load_pct": self.master_cpu_load_pct,
             "master_cpu_load_pct_per_1000_agents": self.master_cpu_load_pct / per_k,
@@ -352,25 +352,40 @@ impl Report {
         let mut t = format!(
             "gantry-load: {} agents ({} GPUs each), {} frameworks, task {} for {} ms, launch window {:.1} s, {}\n",
             self.agents, self.gpus_per_agent, self.frameworks, self.task, self.task_time_ms, self.window_s,
-            self.rate.map_or("no rate cap".to_string(), |r| format!("at most {r:.0} launches/s"))
+            self.rate.map_or("saturating (launch on every offer)".to_string(), |r| format!("tasks arrive at {r:.0}/s into demand-declaring queues"))
         );
         t += &format!(
             "{:<34} {:>9} {:>9} {:>9} {:>9}\n",
             "latency (ms)", "samples", "p50", "p99", "max"
         );
-        t += &row("offer (freed -> offered)", &self.offer_latency);
+        let offer_row = if self.rate.is_some() {
+            "offer (demanded -> offered)"
+        } else {
+            "offer (freed -> offered)"
+        };
+        t += &row(offer_row, &self.offer_latency);
         t += &row("accept -> RUNNING", &self.accept_to_running);
         t += &row("RUNNING -> acknowledged", &self.running_to_ack);
-        t += &row("allocation cycle (master)", &self.cycle);
         t += &row("floor: QUIC ping, idle", &self.floor_idle);
         t += &row("floor: QUIC ping, under load", &self.floor_loaded);
         t += &format!(
             "launches/s sustained {:.0}; tasks launched {}, RUNNING {}, FINISHED {}, other end {}, in flight {}, dropped (relaunchable) {}\n",
             self.launches_per_s, self.launched, self.running, self.finished, self.not_finished, self.in_flight_at_end, self.dropped
         );
+        if self.rate.is_some() {
+            t += &format!(
+                "tasks arrived {}, launched {}, still waiting when launching stopped {}\n",
+                self.arrived, self.launched, self.waiting_at_end
+            );
+        }
         t += &format!(
-            "offers {} (declined {}, {} of them where no task fitted; stale {}), framework errors {}, framework reconnects {}, frameworks without offers {}, agent reconnects {}, allocation cycles {}\n",
-            self.offers, self.declined_offers, self.declined_unfit, self.stale_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects, self.allocation_cycles
+            "offers {} (declined {}, {} of them where no task fitted; stale {}), framework errors {}, framework reconnects {}, frameworks without offers {}, agent reconnects {}\n",
+            self.offers, self.declined_offers, self.declined_unfit, self.stale_offers, self.framework_errors, self.framework_reconnects, self.frameworks_without_offers, self.agent_reconnects
+        );
+        let c = &self.cycles;
+        t += &format!(
+            "allocation cycles in the window {} (master's /metrics histogram): mean {:.2} ms, p50 <= {} ms, p99 <= {} ms, max <= {} ms\n",
+            c.count, c.mean_ms, c.p50_le_ms, c.p99_le_ms, c.max_le_ms
         );
         t += &format!(
             "master CPU {:.0}% idle / {:.0}% under load ({:.1}% per 1,000 agents); RSS {:.0} MiB idle / {:.0} MiB peak ({:.1} MiB per 1,000 agents); harness CPU {:.0}%; registration {:.1} s; load average {:.1}; UDP receive-buffer drops {}\n",
@@ -384,11 +399,6 @@ impl Report {
 
 /// Agents started at once while setting up (setup is not measured).
 const WAVE: usize = 500;
-
-/// How often `/state` is read in the launch window. The master builds the whole view (every
-/// agent and task, sorted) on its core loop: with 10,000 agents and tens of thousands of tasks
-/// that is itself a visible load, so the harness reads it sparingly.
-const STATE_EVERY: Duration = Duration::from_secs(4);
 
 /// Runs the load and returns what it measured. Needs a multi-threaded tokio runtime.
 pub async fn run(cfg: LoadConfig) -> anyhow::Result<Report> {
@@ -436,9 +446,59 @@ pub async fn run(cfg: LoadConfig) -> anyhow::Result<Report> {
     result
 }
 
-fn get_state(http: SocketAddr) -> anyhow::Result<serde_json::Value> {
-    let body = crate::http_get(http, "/state")?;
-    serde_json::from_str(&body).context("parsing /state")
+/// How often tasks arrive in the frameworks' queues (the arrivals mode).
+const ARRIVAL_TICK: Duration = Duration::from_millis(5);
+
+/// Puts tasks in the frameworks' queues at `rate` per second, round robin, until the run
+/// stops, and has each framework whose queue grew past its declared demand declare it.
+async fn arrivals(
+    rate: f64,
+    fws: Vec<(
+        gantry_sdk::DriverHandle,
+        Arc<std::sync::Mutex<framework::Queue>>,
+    )>,
+    task: Resources,
+    shared: Arc<Shared>,
+) {
+    if fws.is_empty() || rate <= 0.0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(ARRIVAL_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let start = Instant::now();
+    let (mut made, mut next) = (0u64, 0usize);
+    let mut due_per_fw = vec![0usize; fws.len()];
+    while !shared.stop.load(Relaxed) {
+        tick.tick().await;
+        let due = (start.elapsed().as_secs_f64() * rate) as u64;
+        if due <= made {
+            continue;
+        }
+        let n = (due - made) as usize;
+        made = due;
+        shared.arrived.fetch_add(n as u64, Relaxed);
+        let (whole, rest) = (n / fws.len(), n % fws.len());
+        for (k, d) in due_per_fw.iter_mut().enumerate() {
+            let offset = (k + fws.len() - next) % fws.len();
+            *d = whole + usize::from(offset < rest);
+        }
+        next = (next + rest) % fws.len();
+        let now = Instant::now();
+        for ((driver, queue), n) in fws.iter().zip(&due_per_fw) {
+            if *n == 0 {
+                continue;
+            }
+            let mut q = framework::Queue::lock(queue);
+            q.arrive(*n, now);
+            q.declare(driver, &task);
+        }
+    }
+}
+
+/// The master's allocation-cycle histogram now (`None` if `/metrics` could not be read).
+fn cycle_reading(http: SocketAddr) -> Option<stats::CycleReading> {
+    let text = crate::http_get(http, "/metrics").ok()?;
+    stats::CycleReading::parse(&text)
 }
 
 async fn drive(
@@ -478,7 +538,7 @@ async fn drive(
     let t = Instant::now();
     let configs = tokio::task::block_in_place(|| emu::agent_configs(tls_dir, "load", cfg.agents))?;
     eprintln!("{} agent certificates in {:.1?}", cfg.agents, t.elapsed());
-    let shared = Arc::new(Shared::new(cfg.agents, cfg.rate));
+    let shared = Arc::new(Shared::new(cfg.agents));
     let eps: Vec<quinn::Endpoint> = (0..cfg.client_endpoints.max(1))
         .map(|_| emu::client_endpoint())
         .collect::<anyhow::Result<_>>()?;
@@ -536,10 +596,15 @@ async fn drive(
         budget: cfg.tasks_per_framework,
         refuse_seconds: cfg.refuse_seconds,
         decline_seconds: cfg.decline_seconds,
-        demand: cfg.demand,
+        arrivals: cfg.rate.is_some(),
     };
+    if !cfg.open_together {
+        shared.open.store(true, Relaxed);
+    }
+    let t = Instant::now();
     let mut counters = Vec::new();
     let mut handles = Vec::new();
+    let mut queues = Vec::new();
     for i in 0..cfg.frameworks {
         let c = Arc::new(framework::FrameworkCounters::default());
         counters.push(c.clone());
@@ -555,9 +620,15 @@ async fn drive(
         if !cfg.offer_remnants {
             dc.info.min_allocatable = vec![fw_shape.task.clone()];
         }
+        if cfg.open_together {
+            // Nothing to launch yet: offered nothing until the run opens (else the first to
+            // subscribe is offered the whole cluster, declines it, and is filtered everywhere).
+            dc.info.suppressed_roles = dc.info.roles.clone();
+        }
         let driver = gantry_sdk::Driver::new(dc);
         handles.push(driver.handle());
         let sched = framework::LoadFramework::new(i, fw_shape.clone(), shared.clone(), c);
+        queues.push(sched.queue.clone());
         tasks.push(AbortOnDrop(tokio::spawn(async move {
             if let Err(e) = driver.run(sched).await {
                 tracing::error!(framework = i, "driver: {e}");
@@ -565,7 +636,42 @@ async fn drive(
         })));
     }
 
-    // The launch window: floor pings paced, /state sampled once a second.
+    // Every framework subscribed (waiting suppressed), then they start together.
+    if cfg.open_together {
+        let deadline = Instant::now() + Duration::from_secs(60 + cfg.frameworks as u64 / 10);
+        while shared.frameworks_registered.load(Relaxed) < cfg.frameworks {
+            if Instant::now() > deadline {
+                bail!(
+                    "only {} of {} frameworks subscribed",
+                    shared.frameworks_registered.load(Relaxed),
+                    cfg.frameworks
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        report.subscribe_s = t.elapsed().as_secs_f64();
+        shared.open.store(true, Relaxed);
+        for h in &handles {
+            h.revive(Vec::new());
+        }
+    }
+    if let Some(rate) = cfg.rate {
+        let fws = handles
+            .iter()
+            .cloned()
+            .zip(queues.iter().cloned())
+            .collect();
+        tasks.push(AbortOnDrop(tokio::spawn(arrivals(
+            rate,
+            fws,
+            fw_shape.task.clone(),
+            shared.clone(),
+        ))));
+    }
+
+    // The launch window: floor pings paced, the master's RSS once a second, its cycle
+    // histogram (`/metrics`, a few kilobytes) at both ends. Not `/state`: the master builds
+    // that whole view (every agent and task) on its core loop, a load of its own at this size.
     let loaded_floor = Arc::new(Samples::default());
     let ping_stop = Arc::new(AtomicBool::new(false));
     tasks.push(AbortOnDrop(tokio::spawn(pinger.paced(
@@ -576,22 +682,12 @@ async fn drive(
     let (c0, h0, w0) = (master_cpu(), emu::cpu_time("self"), Instant::now());
     let drops0 = emu::udp_rcvbuf_errors();
     let r0 = shared.running_total.load(Relaxed);
-    let mut cycles_us = Vec::new();
+    let cycles0 = tokio::task::block_in_place(|| cycle_reading(http_addr));
     let mut rss_peak = report.master_rss_idle_mib;
     let window_end = w0 + cfg.launch_window;
-    let mut next_state = w0 + STATE_EVERY / 2;
     while Instant::now() < window_end {
         tokio::time::sleep(Duration::from_secs(1).min(window_end - Instant::now())).await;
         rss_peak = rss_peak.max(master_rss());
-        if Instant::now() < next_state {
-            continue;
-        }
-        next_state += STATE_EVERY;
-        if let Ok(s) = tokio::task::block_in_place(|| get_state(http_addr)) {
-            if let Some(us) = s["allocator"]["last_cycle_us"].as_u64() {
-                cycles_us.push(u32::try_from(us).unwrap_or(u32::MAX));
-            }
-        }
     }
     let window = w0.elapsed();
     let launched_in_window = shared.running_total.load(Relaxed) - r0;
@@ -603,7 +699,12 @@ async fn drive(
     report.launches_per_s = launched_in_window as f64 / window.as_secs_f64();
     report.master_cpu_load_pct = cpu_window.as_secs_f64() / window.as_secs_f64() * 100.0;
     report.harness_cpu_load_pct = harness_cpu.as_secs_f64() / window.as_secs_f64() * 100.0;
-    report.cycle = Summary::of(&mut cycles_us);
+    if let (Some(a), Some(b)) = (
+        cycles0,
+        tokio::task::block_in_place(|| cycle_reading(http_addr)),
+    ) {
+        report.cycles = b.since(&a);
+    }
     report.load_average = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
@@ -632,9 +733,6 @@ async fn drive(
     }
     report.master_rss_peak_mib = rss_peak;
     report.udp_rcvbuf_errors = emu::udp_rcvbuf_errors().saturating_sub(drops0);
-    if let Ok(s) = tokio::task::block_in_place(|| get_state(http_addr)) {
-        report.allocation_cycles = s["allocator"]["allocation_cycles"].as_u64().unwrap_or(0);
-    }
 
     let sum = |f: fn(&framework::FrameworkCounters) -> u64| counters.iter().map(|c| f(c)).sum();
     report.launched = sum(|c| c.launched.load(Relaxed));
@@ -654,6 +752,11 @@ async fn drive(
         .filter(|c| c.offers.load(Relaxed) == 0)
         .count();
     report.agent_run_tasks = shared.run_tasks.load(Relaxed);
+    report.arrived = shared.arrived.load(Relaxed);
+    report.waiting_at_end = queues
+        .iter()
+        .map(|q| framework::Queue::lock(q).waiting() as u64)
+        .sum();
     report.agent_reconnects = shared.agent_reconnects.load(Relaxed);
     report.agent_errors = shared.agent_errors.load(Relaxed);
     report.offer_latency = shared.offer_latency.summary();
