@@ -12,6 +12,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 # The dependency policy (deny.toml): allowed licenses, and banned crates (aws-lc-rs, openssl...).
 # Offline: cargo-deny's advisory database cannot be fetched here, so only bans and licenses.
+# It reads every crate of the lock file, those of other platforms too, which a build on this
+# one never downloads: fetch them first (a fresh machine has none of them).
+cargo fetch --locked --quiet
 PATH="$PATH:$HOME/.local/bin" cargo deny --offline check bans licenses
 # What the crate graph promises (README "Layout"): the protocol crate does no I/O, and what
 # framework authors compile has no certificate authority.
