@@ -42,11 +42,12 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::protocol::codec::CodecError;
+use crate::protocol::codec::{encode_frame_into, WRITE_BATCH_BYTES};
 use crate::protocol::*;
 use crate::transport::masters::{LeaderSession, Masters, MastersConfig};
 use crate::transport::quic;
 use crate::transport::tls::{self, PeerIdentity};
+use crate::transport::FrameReader;
 
 /// Callbacks of a framework scheduler. Every method has a default that does nothing (offers
 /// are declined by default). Callbacks run one at a time, in the order events arrive.
@@ -594,47 +595,35 @@ impl Driver {
         masters: &mut Masters,
         unreachable_since: &mut tokio::time::Instant,
     ) -> Result<SessionEnd, DriverError> {
-        let LeaderSession { mut tx, mut rx, .. } = session;
+        let LeaderSession { mut tx, rx, .. } = session;
         let mut info = self.config.info.clone();
         info.framework_id = self.handle.framework_id();
         if let Err(e) = tx.send(&FrameworkToMaster::Subscribe(info)).await {
             return Ok(SessionEnd::Lost(e.to_string()));
         }
-        // Reads run in their own task so a slow callback never stalls the QUIC stream reader
-        // and a frame is never lost to cancellation.
-        let (in_tx, mut inbox) = mpsc::channel::<Result<MasterToFramework, String>>(1024);
-        let reader = tokio::spawn(async move {
-            loop {
-                let msg = rx
-                    .recv::<MasterToFramework>()
-                    .await
-                    .map_err(|e| e.to_string());
-                let end = msg.is_err();
-                if in_tx.send(msg).await.is_err() || end {
-                    break;
-                }
-            }
-        });
-        let _abort = AbortOnDrop(reader);
+        // Frames are read in this task (a buffered, cancel-safe reader): no task and channel
+        // between the stream and the callbacks. While a callback runs, what arrives waits in
+        // the QUIC stream's receive window.
+        let mut rx = FrameReader::from(rx);
         let mut subscribed = false;
         let mut reconciler = crate::reconcile::Reconciler::new(self.config.reconcile);
+        // The frames of one turn of the loop: the acknowledgements of a burst of messages and
+        // the requests the scheduler made meanwhile go out in one write (QUIC packs them into
+        // as few packets as fit; a write each may leave as a packet each).
+        let mut out: Vec<u8> = Vec::new();
         loop {
+            // `Some(teardown)`: the scheduler asked to stop (after what is queued before it).
+            let mut stop: Option<bool> = None;
             tokio::select! {
-                msg = inbox.recv() => {
-                    // What else has arrived is handled too before the acknowledgements go out,
-                    // in one write (one packet for a burst of updates, not one per update).
-                    let mut acks: Vec<FrameworkToMaster> = Vec::new();
-                    let Some(first) = msg else {
-                        return Ok(SessionEnd::Lost("reader ended".into()));
-                    };
-                    let mut next = Some(first);
+                msg = rx.recv::<MasterToFramework>() => {
+                    let mut next = Some(msg);
                     let mut handled = 0;
                     while let Some(msg) = next.take() {
                         let msg = match msg {
                             Ok(m) => m,
                             Err(e) => {
                                 if subscribed { scheduler.disconnected(&self.handle).await; }
-                                return Ok(SessionEnd::Lost(e));
+                                return Ok(SessionEnd::Lost(e.to_string()));
                             }
                         };
                         match msg {
@@ -645,9 +634,7 @@ impl Driver {
                                 let kills = self.kills.due(tokio::time::Instant::now(), true);
                                 let kills = kills.into_iter().map(|task_id| FrameworkToMaster::Kill { task_id });
                                 for msg in std::mem::take(&mut self.pending).into_iter().chain(kills) {
-                                    if let Err(e) = tx.send(&msg).await {
-                                        return Ok(SessionEnd::Lost(e.to_string()));
-                                    }
+                                    self.encode(scheduler, &msg, &mut out).await;
                                 }
                                 if reconciler.subscribed(std::time::Instant::now()) {
                                     self.handle.reconcile(Vec::new());
@@ -664,7 +651,8 @@ impl Driver {
                                     scheduler.status_update(&self.handle, &update).await;
                                 }
                                 if !update.reconciliation {
-                                    acks.push(FrameworkToMaster::Acknowledge { task_id: update.task_id, update_id: update.update_id });
+                                    let ack = FrameworkToMaster::Acknowledge { task_id: update.task_id, update_id: update.update_id };
+                                    self.encode(scheduler, &ack, &mut out).await;
                                 }
                             }
                             MasterToFramework::Error { kind, message } => {
@@ -676,14 +664,12 @@ impl Driver {
                             MasterToFramework::Heartbeat => {}
                             MasterToFramework::DrainNotice(notice) => scheduler.drain_notice(&self.handle, &notice).await,
                         }
+                        // What else has arrived is handled too before the acknowledgements go
+                        // out (one packet for a burst of updates, not one per update).
                         handled += 1;
                         if handled < READ_BATCH {
-                            next = inbox.try_recv().ok();
+                            next = rx.try_recv().transpose();
                         }
-                    }
-                    if let Err(e) = tx.send_all(&acks).await {
-                        scheduler.disconnected(&self.handle).await;
-                        return Ok(SessionEnd::Lost(e.to_string()));
                     }
                 }
                 _ = sleep_until_opt(reconciler.next_due().map(tokio::time::Instant::from_std)) => {
@@ -693,59 +679,81 @@ impl Driver {
                 }
                 _ = sleep_until_opt(self.kills.next_due()), if subscribed => {
                     for task_id in self.kills.due(tokio::time::Instant::now(), false) {
-                        if let Err(e) = tx.send(&FrameworkToMaster::Kill { task_id }).await {
-                            scheduler.disconnected(&self.handle).await;
-                            return Ok(SessionEnd::Lost(e.to_string()));
-                        }
+                        self.encode(scheduler, &FrameworkToMaster::Kill { task_id }, &mut out).await;
                     }
                 }
                 _ = masters.newer_leader() => {
                     if subscribed { scheduler.disconnected(&self.handle).await; }
                     return Ok(SessionEnd::NewLeader);
                 }
-                cmd = self.rx.recv(), if subscribed => {
-                    if let Some(Command::Send(FrameworkToMaster::Kill { task_id })) = &cmd {
-                        self.kills.asked(*task_id, tokio::time::Instant::now());
-                    }
-                    if let Some(Command::Send(msg)) = &cmd {
-                        self.note_suppression(msg);
-                    }
-                    match cmd {
-                        Some(Command::Send(msg)) => match tx.send(&msg).await {
-                            Ok(()) => {}
-                            // Too large to send (e.g. an accept launching thousands of tasks):
-                            // nothing went out, the session is fine; tell the scheduler.
-                            Err(e @ CodecError::TooLarge(_)) => {
-                                tracing::warn!("message not sent to the master: {e}");
-                                let message = format!("not sent: {e}; split it into smaller messages");
-                                scheduler.error(&self.handle, ErrorKind::InvalidRequest, &message).await;
-                            }
-                            Err(e) => {
-                                scheduler.disconnected(&self.handle).await;
-                                return Ok(SessionEnd::Lost(e.to_string()));
-                            }
-                        },
-                        Some(Command::Stop { teardown }) => {
-                            if teardown {
-                                let _ = tx.send(&FrameworkToMaster::Teardown).await;
-                            }
-                            let _ = tx.0.finish();
-                            let _ = tokio::time::timeout(Duration::from_secs(2), tx.0.stopped()).await;
-                            return Ok(SessionEnd::Stopped);
-                        }
-                        // Every handle is gone, including ours: impossible while we hold one.
-                        None => return Ok(SessionEnd::Stopped),
-                    }
+                cmd = self.rx.recv(), if subscribed => match cmd {
+                    Some(cmd) => stop = self.take_command(scheduler, cmd, &mut out).await,
+                    // Every handle is gone, including ours: impossible while we hold one.
+                    None => return Ok(SessionEnd::Stopped),
+                },
+            }
+            // The requests made in the callbacks just run, or queued meanwhile, join this
+            // write: an accept leaves with the acknowledgements of the updates before it,
+            // not after another turn of the loop.
+            while subscribed && stop.is_none() && out.len() < WRITE_BATCH_BYTES {
+                let Ok(cmd) = self.rx.try_recv() else { break };
+                stop = self.take_command(scheduler, cmd, &mut out).await;
+            }
+            if !out.is_empty() {
+                if let Err(e) = tx.0.write_all(&out).await {
+                    scheduler.disconnected(&self.handle).await;
+                    return Ok(SessionEnd::Lost(e.to_string()));
                 }
+                out.clear();
+            }
+            if let Some(teardown) = stop {
+                if teardown {
+                    let _ = tx.send(&FrameworkToMaster::Teardown).await;
+                }
+                let _ = tx.0.finish();
+                let _ = tokio::time::timeout(Duration::from_secs(2), tx.0.stopped()).await;
+                return Ok(SessionEnd::Stopped);
             }
         }
     }
-}
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+    /// Queues the frame of a request from the scheduler into `out`; `Some(teardown)` for a
+    /// stop.
+    async fn take_command<S: Scheduler>(
+        &mut self,
+        scheduler: &mut S,
+        cmd: Command,
+        out: &mut Vec<u8>,
+    ) -> Option<bool> {
+        match cmd {
+            Command::Send(msg) => {
+                if let FrameworkToMaster::Kill { task_id } = &msg {
+                    self.kills.asked(*task_id, tokio::time::Instant::now());
+                }
+                self.note_suppression(&msg);
+                self.encode(scheduler, &msg, out).await;
+                None
+            }
+            Command::Stop { teardown } => Some(teardown),
+        }
+    }
+
+    /// Appends `msg`'s frame to `out`. One too large to send (e.g. an accept launching
+    /// thousands of tasks) leaves `out` as it was, and the scheduler hears why: the session
+    /// is fine.
+    async fn encode<S: Scheduler>(
+        &self,
+        scheduler: &mut S,
+        msg: &FrameworkToMaster,
+        out: &mut Vec<u8>,
+    ) {
+        if let Err(e) = encode_frame_into(out, msg) {
+            tracing::warn!("message not sent to the master: {e}");
+            let message = format!("not sent: {e}; split it into smaller messages");
+            scheduler
+                .error(&self.handle, ErrorKind::InvalidRequest, &message)
+                .await;
+        }
     }
 }
 

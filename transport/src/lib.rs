@@ -8,7 +8,8 @@
 //!
 //! - [`tls`]: the TLS directory convention, loading identities, peer identities from
 //!   certificates, rustls configurations.
-//! - [`quic`]: endpoints, the hello, and framed message streams.
+//! - [`quic`]: endpoints, the hello, and framed message streams (`FrameReader`: buffered and
+//!   cancel-safe, read in a `select!` without a reader task).
 //! - [`framing`]: reading and writing codec frames on async streams, with the body deadline
 //!   and shared budget for untrusted peers.
 //! - [`masters`]: a link to every master; the session with the leader, switched when a standby
@@ -23,5 +24,5 @@ pub mod masters;
 pub mod quic;
 pub mod tls;
 
-pub use quic::{FrameReceiver, FrameSender, TransportError};
+pub use quic::{FrameReader, FrameReceiver, FrameSender, TransportError};
 pub use tls::{PeerIdentity, TlsMaterial};

@@ -254,6 +254,110 @@ pub fn peer_identity(conn: &quinn::Connection) -> Option<PeerIdentity> {
     tls::identity_from_cert(certs.first()?)
 }
 
+/// The receiving half of a framed stream, buffered: one stream read takes in as many frames as
+/// have arrived (not two reads and an allocation per frame), and [`recv`](Self::recv) is
+/// cancel-safe, so it can sit in a `select!` beside other work without a reader task and a
+/// channel between the stream and its user: a frame read in part stays in the buffer for the
+/// next call. Every frame is bounded by [`MAX_FRAME`](gantry_proto::codec::MAX_FRAME) before
+/// its body is waited for.
+pub struct FrameReader {
+    stream: quinn::RecvStream,
+    buf: Vec<u8>,
+    /// Unread bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+}
+
+/// What one stream read asks for at least (more when a frame needs it).
+const READ_CHUNK: usize = 16 * 1024;
+
+impl FrameReader {
+    /// Reads frames from `stream`.
+    pub fn new(stream: quinn::RecvStream) -> Self {
+        Self {
+            stream,
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// The next frame: from the buffer when it holds one, else after reading the stream.
+    /// Cancel-safe (the only wait is a cancel-safe [`quinn::RecvStream::read`], and what it
+    /// read is kept).
+    pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<T, CodecError> {
+        loop {
+            if let Some(msg) = self.try_recv()? {
+                return Ok(msg);
+            }
+            let need = self.needed()?;
+            // Room for the rest of the frame (and at least a chunk) after the unread bytes.
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            let want = self.end + need.max(READ_CHUNK);
+            if self.buf.len() < want {
+                self.buf.resize(want, 0);
+            }
+            match self.stream.read(&mut self.buf[self.end..]).await {
+                Ok(Some(n)) => self.end += n,
+                Ok(None) if self.start == self.end => return Err(CodecError::Closed),
+                Ok(None) => {
+                    return Err(CodecError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "stream ended inside a frame",
+                    )))
+                }
+                Err(e) => return Err(CodecError::Io(e.into())),
+            }
+        }
+    }
+
+    /// A frame already buffered, without reading the stream (`None`: none whole yet).
+    pub fn try_recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
+        let have = &self.buf[self.start..self.end];
+        let Some(prefix) = have.first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let len = gantry_proto::codec::frame_len(*prefix, gantry_proto::codec::MAX_FRAME)?;
+        if have.len() < 4 + len {
+            return Ok(None);
+        }
+        let body = &have[4..4 + len];
+        self.start += 4 + len;
+        let msg = gantry_proto::codec::decode(body);
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            // A large frame's room is not kept once it is read.
+            if self.buf.len() > 4 * READ_CHUNK {
+                self.buf = Vec::new();
+            }
+        }
+        msg.map(Some)
+    }
+
+    /// Bytes still missing for the next whole frame (its length checked first).
+    fn needed(&self) -> Result<usize, CodecError> {
+        let have = &self.buf[self.start..self.end];
+        Ok(match have.first_chunk::<4>() {
+            Some(prefix) => {
+                4 + gantry_proto::codec::frame_len(*prefix, gantry_proto::codec::MAX_FRAME)?
+                    - have.len()
+            }
+            None => 4 - have.len(),
+        })
+    }
+}
+
+impl From<FrameReceiver> for FrameReader {
+    fn from(r: FrameReceiver) -> Self {
+        Self::new(r.0)
+    }
+}
+
 /// Sending half of a framed stream.
 pub struct FrameSender(pub quinn::SendStream);
 /// Receiving half of a framed stream.

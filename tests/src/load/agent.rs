@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
-use tokio::sync::mpsc;
+use gantry_sdk::transport::FrameReader;
 use tokio::time::Instant;
 
 use super::Shared;
@@ -110,7 +110,7 @@ struct Agent {
 
 impl Agent {
     async fn session(&mut self, session: LeaderSession, masters: &mut Masters) {
-        let LeaderSession { mut tx, mut rx, .. } = session;
+        let LeaderSession { mut tx, rx, .. } = session;
         let register = AgentToMaster::Register {
             agent_id: self.id,
             hostname: hostname(self.idx),
@@ -135,30 +135,22 @@ impl Agent {
         if tx.send(&register).await.is_err() {
             return;
         }
-        // Reads in their own task: a frame is never cut by cancellation in the select below.
-        let (in_tx, mut inbox) = mpsc::channel::<MasterToAgent>(1024);
-        let reader = tokio::spawn(async move {
-            while let Ok(msg) = rx.recv::<MasterToAgent>().await {
-                if in_tx.send(msg).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let _reader = super::AbortOnDrop(reader);
+        // Read in this task (a buffered, cancel-safe reader), as the SDK's driver does.
+        let mut rx = FrameReader::from(rx);
         let mut beat = tokio::time::interval(Duration::from_secs(5));
         let mut registered = false;
         loop {
             let next_finish = self.finishing.front().map(|(t, _)| *t);
             let mut out: Vec<AgentToMaster> = Vec::new();
             tokio::select! {
-                msg = inbox.recv() => match msg {
-                    None => return,
-                    Some(msg) => {
+                msg = rx.recv::<MasterToAgent>() => match msg {
+                    Err(_) => return,
+                    Ok(msg) => {
                         self.handle(msg, &mut registered, &mut beat, &mut out);
                         // What else has arrived, then one write for all the replies (as the
                         // real agent batches its sends).
                         for _ in 0..256 {
-                            let Ok(msg) = inbox.try_recv() else { break };
+                            let Ok(Some(msg)) = rx.try_recv::<MasterToAgent>() else { break };
                             self.handle(msg, &mut registered, &mut beat, &mut out);
                         }
                     }

@@ -322,7 +322,11 @@ impl gantry_sdk::Scheduler for LoadFramework {
     async fn status_update(&mut self, driver: &DriverHandle, update: &StatusUpdate) {
         let id = update.task_id;
         let state = update.state;
-        if state == TaskState::Running && !update.reconciliation {
+        if state == TaskState::Staging && !update.reconciliation {
+            if let Some(t) = self.accepted.get(&id) {
+                self.shared.accept_to_staging.record(t.elapsed());
+            }
+        } else if state == TaskState::Running && !update.reconciliation {
             if let Some(t) = self.accepted.get(&id) {
                 self.shared.accept_to_running.record(t.elapsed());
                 self.counters.running.fetch_add(1, Relaxed);

@@ -138,6 +138,9 @@ pub struct Shared {
     freed: Vec<AtomicU64>,
     pub offer_latency: Samples,
     pub accept_to_running: Samples,
+    /// Accept → the master's STAGING update at the framework: one pass through the master
+    /// (the first half of accept → RUNNING, which then goes on to the agent and back).
+    pub accept_to_staging: Samples,
     pub running_to_ack: Samples,
     pub agents_registered: AtomicUsize,
     pub agent_reconnects: AtomicUsize,
@@ -163,6 +166,7 @@ impl Shared {
             freed: (0..agents).map(|_| AtomicU64::new(0)).collect(),
             offer_latency: Samples::default(),
             accept_to_running: Samples::default(),
+            accept_to_staging: Samples::default(),
             running_to_ack: Samples::default(),
             agents_registered: AtomicUsize::new(0),
             agent_reconnects: AtomicUsize::new(0),
@@ -246,6 +250,7 @@ pub struct Report {
     pub launches_per_s: f64,
     pub offer_latency: Summary,
     pub accept_to_running: Summary,
+    pub accept_to_staging: Summary,
     pub running_to_ack: Summary,
     pub floor_idle: Summary,
     pub floor_loaded: Summary,
@@ -318,6 +323,7 @@ impl Report {
             "launches_per_s": self.launches_per_s,
             "offer_latency": self.offer_latency.json(),
             "accept_to_running": self.accept_to_running.json(),
+            "accept_to_staging": self.accept_to_staging.json(),
             "running_to_ack": self.running_to_ack.json(),
             "quic_ping_idle": self.floor_idle.json(),
             "quic_ping_loaded": self.floor_loaded.json(),
@@ -365,6 +371,7 @@ impl Report {
         };
         t += &row(offer_row, &self.offer_latency);
         t += &row("accept -> RUNNING", &self.accept_to_running);
+        t += &row("  of which accept -> STAGING", &self.accept_to_staging);
         t += &row("RUNNING -> acknowledged", &self.running_to_ack);
         t += &row("floor: QUIC ping, idle", &self.floor_idle);
         t += &row("floor: QUIC ping, under load", &self.floor_loaded);
@@ -761,6 +768,7 @@ async fn drive(
     report.agent_errors = shared.agent_errors.load(Relaxed);
     report.offer_latency = shared.offer_latency.summary();
     report.accept_to_running = shared.accept_to_running.summary();
+    report.accept_to_staging = shared.accept_to_staging.summary();
     report.running_to_ack = shared.running_to_ack.summary();
     report.floor_loaded = loaded_floor.summary();
 
