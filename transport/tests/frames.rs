@@ -13,9 +13,9 @@ impl Drop for Dir {
     }
 }
 
-#[tokio::test]
-async fn a_batch_arrives_as_its_frames_and_an_oversized_one_writes_nothing() {
-    let dir = Dir(std::env::temp_dir().join(format!("gantry-frames-{}", uuid::Uuid::new_v4())));
+/// A master endpoint on a loopback port with a fresh dev CA in a temporary directory.
+fn master_endpoint(prefix: &str) -> (Dir, quinn::Endpoint, std::net::SocketAddr) {
+    let dir = Dir(std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4())));
     std::fs::create_dir_all(&dir.0).expect("dir");
     gantry_pki::ensure_ca(&dir.0).expect("ca");
     let material =
@@ -23,6 +23,31 @@ async fn a_batch_arrives_as_its_frames_and_an_oversized_one_writes_nothing() {
     let ep = quic::server_endpoint("127.0.0.1:0".parse().expect("addr"), &material, &[7; 32])
         .expect("endpoint");
     let addr = ep.local_addr().expect("addr");
+    (dir, ep, addr)
+}
+
+/// Connects to it as agent `a1`: the connection, its sending half and the master's role.
+async fn connect_agent(
+    dir: &Dir,
+    addr: std::net::SocketAddr,
+) -> (quinn::Connection, quic::FrameSender, MasterRole) {
+    let client_tls =
+        gantry_pki::load_or_issue(&dir.0, &PeerIdentity::Agent("a1".into()), &[]).expect("tls");
+    let client = quic::bind_client(addr).expect("client endpoint");
+    let (conn, tx, _rx, role) = quic::connect_with(
+        &client,
+        quic::client_config(&client_tls).expect("client config"),
+        addr,
+        PeerKind::Agent,
+    )
+    .await
+    .expect("connect");
+    (conn, tx, role)
+}
+
+#[tokio::test]
+async fn a_batch_arrives_as_its_frames_and_an_oversized_one_writes_nothing() {
+    let (dir, ep, addr) = master_endpoint("gantry-frames");
     let server = tokio::spawn(async move {
         let conn = ep.accept().await.expect("incoming").await.expect("conn");
         let (_, mut tx, mut rx) = quic::accept_stream(&conn).await.expect("hello");
@@ -39,17 +64,7 @@ async fn a_batch_arrives_as_its_frames_and_an_oversized_one_writes_nothing() {
         }
         got
     });
-    let client_tls =
-        gantry_pki::load_or_issue(&dir.0, &PeerIdentity::Agent("a1".into()), &[]).expect("tls");
-    let client = quic::bind_client(addr).expect("client endpoint");
-    let (conn, mut tx, _rx, role) = quic::connect_with(
-        &client,
-        quic::client_config(&client_tls).expect("client config"),
-        addr,
-        PeerKind::Agent,
-    )
-    .await
-    .expect("connect");
+    let (conn, mut tx, role) = connect_agent(&dir, addr).await;
     assert_eq!(role, MasterRole::Leading { epoch: 1 });
 
     let batch: Vec<String> = (0..500).map(|i| format!("message {i}")).collect();
@@ -75,14 +90,7 @@ async fn a_batch_arrives_as_its_frames_and_an_oversized_one_writes_nothing() {
 /// partly read frame is kept); a length prefix over `MAX_FRAME` is refused before its body.
 #[tokio::test]
 async fn a_frame_reader_keeps_partial_frames_across_cancelled_reads_and_refuses_oversized_ones() {
-    let dir = Dir(std::env::temp_dir().join(format!("gantry-reader-{}", uuid::Uuid::new_v4())));
-    std::fs::create_dir_all(&dir.0).expect("dir");
-    gantry_pki::ensure_ca(&dir.0).expect("ca");
-    let material =
-        gantry_pki::load_or_issue(&dir.0, &PeerIdentity::Master, &[]).expect("master tls");
-    let ep = quic::server_endpoint("127.0.0.1:0".parse().expect("addr"), &material, &[7; 32])
-        .expect("endpoint");
-    let addr = ep.local_addr().expect("addr");
+    let (dir, ep, addr) = master_endpoint("gantry-reader");
     let server = tokio::spawn(async move {
         let conn = ep.accept().await.expect("incoming").await.expect("conn");
         let (_, mut tx, rx) = quic::accept_stream(&conn).await.expect("hello");
@@ -103,17 +111,7 @@ async fn a_frame_reader_keeps_partial_frames_across_cancelled_reads_and_refuses_
         };
         (got, cancelled, end)
     });
-    let client_tls =
-        gantry_pki::load_or_issue(&dir.0, &PeerIdentity::Agent("a1".into()), &[]).expect("tls");
-    let client = quic::bind_client(addr).expect("client endpoint");
-    let (conn, mut tx, _rx, _) = quic::connect_with(
-        &client,
-        quic::client_config(&client_tls).expect("client config"),
-        addr,
-        PeerKind::Agent,
-    )
-    .await
-    .expect("connect");
+    let (conn, mut tx, _) = connect_agent(&dir, addr).await;
 
     let want: Vec<String> = (0..20)
         .map(|i| format!("message {i}"))
