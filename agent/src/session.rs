@@ -6,7 +6,7 @@
 use gantry_sdk::protocol::codec::{encode_frame_into, WRITE_BATCH, WRITE_BATCH_BYTES};
 use gantry_sdk::protocol::*;
 use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
-use gantry_sdk::transport::{quic, TlsMaterial};
+use gantry_sdk::transport::{quic, FrameReader, TlsMaterial};
 use tokio::sync::mpsc;
 
 use crate::agent::{AgentConfig, Event};
@@ -37,9 +37,11 @@ pub(crate) async fn run(
             epoch,
             conn,
             mut tx,
-            mut rx,
+            rx,
         } = masters.next_session().await;
         tracing::info!(master = %addr, epoch, "connected to the leading master");
+        // Buffered: one stream read takes in a burst of the master's messages.
+        let mut rx = FrameReader::from(rx);
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<AgentToMaster>();
         if events.send(Event::Connected(out_tx)).is_err() {
             return;
