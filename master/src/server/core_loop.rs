@@ -151,154 +151,44 @@ pub(super) async fn core_loop(
         // What the inputs caused (launches, their updates, answers) goes out before the
         // allocation cycle runs, then the cycle's offers: an accepted launch never waits
         // for a cycle over the cluster.
-        for cycle in [false, true] {
-            if cycle {
-                if let Some(m) = master.as_mut() {
-                    let t = now();
-                    // The core says no once its lease deadline has passed, even before `Lost` arrives.
-                    if m.allocation_due(t) {
-                        // No offers to a framework whose outbox is more than half full: it would read
-                        // them late (and accept them stale); the others get what it would have had.
-                        m.pace_offers(|c| {
-                            conns
-                                .get(&c)
-                                .is_none_or(|p| p.outbox.capacity() < outbox / 2)
-                        });
-                        let started = Instant::now();
-                        let before = out.len();
-                        m.allocate(t, &mut out);
-                        let took = started.elapsed();
-                        m.last_cycle_us = took.as_micros() as u64;
-                        if took.as_millis() >= 10 {
-                            tracing::debug!(
-                                target: "gantry_master::slow_cycle",
-                                took_us = took.as_micros() as u64,
-                                outputs = out.len() - before,
-                                visits = m.allocator.agent_visits(),
-                                "slow allocation cycle"
-                            );
-                        }
-                        shell.metrics.allocation_cycle.observe(took.as_secs_f64());
-                        if !offered
-                            && out[before..].iter().any(|o| {
-                                matches!(o, Output::ToFramework(_, MasterToFramework::Offers(_)))
-                            })
-                        {
-                            offered = true;
-                            tracing::info!(epoch = config.epoch, "first offers made as leader");
-                        }
-                    }
+        dispatch(&shell, &mut master, &mut out, &mut mutations, &now);
+        if let Some(m) = master.as_mut() {
+            let t = now();
+            // The core says no once its lease deadline has passed, even before `Lost` arrives.
+            if m.allocation_due(t) {
+                // No offers to a framework whose outbox is more than half full: it would read
+                // them late (and accept them stale); the others get what it would have had.
+                m.pace_offers(|c| {
+                    conns
+                        .get(&c)
+                        .is_none_or(|p| p.outbox.capacity() < outbox / 2)
+                });
+                let started = Instant::now();
+                let before = out.len();
+                m.allocate(t, &mut out);
+                let took = started.elapsed();
+                m.last_cycle_us = took.as_micros() as u64;
+                if took.as_millis() >= 10 {
+                    tracing::debug!(
+                        target: "gantry_master::slow_cycle",
+                        took_us = took.as_micros() as u64,
+                        outputs = out.len() - before,
+                        visits = m.allocator.agent_visits(),
+                        "slow allocation cycle"
+                    );
                 }
-            }
-            // Stalled peers are disconnected in the core at once, which may send more (rescinds).
-            while !out.is_empty() {
-                let mut stalled = Vec::new();
-                // Status updates a framework's outbox could not take (full, or three quarters
-                // full): the core holds them and sends them as it drains (`state::pacing`); later
-                // ones of the same flush follow them there, in order.
-                let mut held: std::collections::HashMap<ConnId, Vec<(TaskId, UpdateId)>> =
-                    std::collections::HashMap::new();
-                // Other framework messages a full outbox could not take: offers go back to the
-                // pool, the rest wait in the core (`state::pacing`); only a framework that lets
-                // those pile up too is closed.
-                let mut undelivered: std::collections::HashMap<
-                    ConnId,
-                    (Vec<OfferId>, Vec<MasterToFramework>),
-                > = std::collections::HashMap::new();
-                for o in out.drain(..) {
-                    let (conn, msg) = match o {
-                        Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
-                        Output::ToFramework(c, m) => (c, Outbound::Framework(m)),
-                        Output::Close { conn, reason } => (conn, Outbound::Close(reason)),
-                        Output::Persist(m) => {
-                            mutations.push(m);
-                            continue;
-                        }
-                    };
-                    // A peer already gone: its disconnect is on its way to the core. (A read guard
-                    // of the map, not a clone of the handle: no reference counts per message.)
-                    let Some(peer) = conns.get(&conn) else {
-                        tracing::debug!(conn, "message for a connection that is gone; not sent");
-                        continue;
-                    };
-                    // Agents' updates (the ones waiting in the core for an acknowledgement) never
-                    // take the last quarter of an outbox: offers, rescinds, answers and the
-                    // master's own updates keep room there (a full outbox closes the peer for
-                    // those: they could not be sent again later).
-                    if let Outbound::Framework(MasterToFramework::Update(u)) = &msg {
-                        if crate::state::paced(u)
-                            && (held.contains_key(&conn) || peer.outbox.capacity() <= outbox / 4)
-                        {
-                            held.entry(conn).or_default().push((u.task_id, u.update_id));
-                            continue;
-                        }
-                    }
-                    match peer.outbox.try_send(msg) {
-                        Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(Outbound::Framework(
-                            MasterToFramework::Update(u),
-                        ))) if crate::state::paced(&u) => {
-                            held.entry(conn).or_default().push((u.task_id, u.update_id));
-                        }
-                        Err(mpsc::error::TrySendError::Full(Outbound::Framework(
-                            MasterToFramework::Offers(offers),
-                        ))) => {
-                            let (ids, _) = undelivered.entry(conn).or_default();
-                            ids.extend(offers.iter().map(|o| o.id));
-                        }
-                        Err(mpsc::error::TrySendError::Full(Outbound::Framework(m))) => {
-                            undelivered.entry(conn).or_default().1.push(m);
-                        }
-                        Err(mpsc::error::TrySendError::Full(msg)) => {
-                            tracing::warn!(conn, peer = %peer.label, message = msg.kind(), "peer is not reading its messages ({outbox} queued); closing it");
-                            shell
-                                .counters
-                                .stalled_closed
-                                .fetch_add(1, Ordering::Relaxed);
-                            shell
-                                .counters
-                                .dropped_messages
-                                .fetch_add(1, Ordering::Relaxed);
-                            // Not through the full outbox: close the connection itself.
-                            peer.conn
-                                .close(CLOSE_PROTOCOL.into(), b"not reading its messages");
-                            // The map's read guard goes before its entry is removed.
-                            drop(peer);
-                            conns.remove(&conn);
-                            stalled.push(conn);
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => {
-                            // Its connection is ending (the disconnect follows): warn once.
-                            tracing::warn!(conn, peer = %peer.label, "message not sent: the connection is closing");
-                            shell
-                                .counters
-                                .dropped_messages
-                                .fetch_add(1, Ordering::Relaxed);
-                            drop(peer);
-                            conns.remove(&conn);
-                        }
-                    }
-                }
-                if let Some(m) = master.as_mut() {
-                    for conn in stalled {
-                        m.handle_into(Input::PeerStalled { conn }, now(), &mut out);
-                    }
-                    for (conn, updates) in held {
-                        m.handle_into(Input::UpdatesHeld { conn, updates }, now(), &mut out);
-                    }
-                    for (conn, (offers, messages)) in undelivered {
-                        out.extend(m.handle(
-                            Input::Undelivered {
-                                conn,
-                                offers,
-                                messages,
-                            },
-                            now(),
-                        ));
-                    }
+                shell.metrics.allocation_cycle.observe(took.as_secs_f64());
+                if !offered
+                    && out[before..]
+                        .iter()
+                        .any(|o| matches!(o, Output::ToFramework(_, MasterToFramework::Offers(_))))
+                {
+                    offered = true;
+                    tracing::info!(epoch = config.epoch, "first offers made as leader");
                 }
             }
         }
+        dispatch(&shell, &mut master, &mut out, &mut mutations, &now);
 
         // Cluster events for /api/v1/events: always drained (the queue is bounded anyway),
         // serialized only for subscribers.
@@ -356,6 +246,127 @@ pub(super) async fn core_loop(
         }
         for (reply, result) in replies.drain(..) {
             let _ = reply.send(result);
+        }
+    }
+}
+
+/// Hands `out` to the peers' outboxes (registry mutations into `mutations`), and what could
+/// not be handed over back to the core, until nothing is left: stalled peers are disconnected in
+/// the core at once, which may send more (rescinds).
+fn dispatch(
+    shell: &Shell,
+    master: &mut Option<Master>,
+    out: &mut Vec<Output>,
+    mutations: &mut Vec<crate::registry::Mutation>,
+    now: &impl Fn() -> u64,
+) {
+    let conns = &shell.conns;
+    let outbox = shell.outbox;
+    while !out.is_empty() {
+        let mut stalled = Vec::new();
+        // Status updates a framework's outbox could not take (full, or three quarters
+        // full): the core holds them and sends them as it drains (`state::pacing`); later
+        // ones of the same flush follow them there, in order.
+        let mut held: std::collections::HashMap<ConnId, Vec<(TaskId, UpdateId)>> =
+            std::collections::HashMap::new();
+        // Other framework messages a full outbox could not take: offers go back to the
+        // pool, the rest wait in the core (`state::pacing`); only a framework that lets
+        // those pile up too is closed.
+        let mut undelivered: std::collections::HashMap<
+            ConnId,
+            (Vec<OfferId>, Vec<MasterToFramework>),
+        > = std::collections::HashMap::new();
+        for o in out.drain(..) {
+            let (conn, msg) = match o {
+                Output::ToAgent(c, m) => (c, Outbound::Agent(m)),
+                Output::ToFramework(c, m) => (c, Outbound::Framework(m)),
+                Output::Close { conn, reason } => (conn, Outbound::Close(reason)),
+                Output::Persist(m) => {
+                    mutations.push(m);
+                    continue;
+                }
+            };
+            // A peer already gone: its disconnect is on its way to the core. (A read guard
+            // of the map, not a clone of the handle: no reference counts per message.)
+            let Some(peer) = conns.get(&conn) else {
+                tracing::debug!(conn, "message for a connection that is gone; not sent");
+                continue;
+            };
+            // Agents' updates (the ones waiting in the core for an acknowledgement) never
+            // take the last quarter of an outbox: offers, rescinds, answers and the
+            // master's own updates keep room there (a full outbox closes the peer for
+            // those: they could not be sent again later).
+            if let Outbound::Framework(MasterToFramework::Update(u)) = &msg {
+                if crate::state::paced(u)
+                    && (held.contains_key(&conn) || peer.outbox.capacity() <= outbox / 4)
+                {
+                    held.entry(conn).or_default().push((u.task_id, u.update_id));
+                    continue;
+                }
+            }
+            match peer.outbox.try_send(msg) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(Outbound::Framework(
+                    MasterToFramework::Update(u),
+                ))) if crate::state::paced(&u) => {
+                    held.entry(conn).or_default().push((u.task_id, u.update_id));
+                }
+                Err(mpsc::error::TrySendError::Full(Outbound::Framework(
+                    MasterToFramework::Offers(offers),
+                ))) => {
+                    let (ids, _) = undelivered.entry(conn).or_default();
+                    ids.extend(offers.iter().map(|o| o.id));
+                }
+                Err(mpsc::error::TrySendError::Full(Outbound::Framework(m))) => {
+                    undelivered.entry(conn).or_default().1.push(m);
+                }
+                Err(mpsc::error::TrySendError::Full(msg)) => {
+                    tracing::warn!(conn, peer = %peer.label, message = msg.kind(), "peer is not reading its messages ({outbox} queued); closing it");
+                    shell
+                        .counters
+                        .stalled_closed
+                        .fetch_add(1, Ordering::Relaxed);
+                    shell
+                        .counters
+                        .dropped_messages
+                        .fetch_add(1, Ordering::Relaxed);
+                    // Not through the full outbox: close the connection itself.
+                    peer.conn
+                        .close(CLOSE_PROTOCOL.into(), b"not reading its messages");
+                    // The map's read guard goes before its entry is removed.
+                    drop(peer);
+                    conns.remove(&conn);
+                    stalled.push(conn);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    // Its connection is ending (the disconnect follows): warn once.
+                    tracing::warn!(conn, peer = %peer.label, "message not sent: the connection is closing");
+                    shell
+                        .counters
+                        .dropped_messages
+                        .fetch_add(1, Ordering::Relaxed);
+                    drop(peer);
+                    conns.remove(&conn);
+                }
+            }
+        }
+        if let Some(m) = master.as_mut() {
+            for conn in stalled {
+                m.handle_into(Input::PeerStalled { conn }, now(), out);
+            }
+            for (conn, updates) in held {
+                m.handle_into(Input::UpdatesHeld { conn, updates }, now(), out);
+            }
+            for (conn, (offers, messages)) in undelivered {
+                out.extend(m.handle(
+                    Input::Undelivered {
+                        conn,
+                        offers,
+                        messages,
+                    },
+                    now(),
+                ));
+            }
         }
     }
 }
