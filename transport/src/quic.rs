@@ -290,7 +290,8 @@ impl FrameReader {
             if let Some(msg) = self.try_recv()? {
                 return Ok(msg);
             }
-            let need = self.needed()?;
+            // Bytes still missing for the next whole frame.
+            let need = self.next_frame()?.unwrap_or(4) - (self.end - self.start);
             // Room for the rest of the frame (and at least a chunk) after the unread bytes.
             if self.start > 0 {
                 self.buf.copy_within(self.start..self.end, 0);
@@ -317,17 +318,14 @@ impl FrameReader {
 
     /// A frame already buffered, without reading the stream (`None`: none whole yet).
     pub fn try_recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
-        let have = &self.buf[self.start..self.end];
-        let Some(prefix) = have.first_chunk::<4>() else {
+        let Some(n) = self.next_frame()? else {
             return Ok(None);
         };
-        let len = gantry_proto::codec::frame_len(*prefix, gantry_proto::codec::MAX_FRAME)?;
-        if have.len() < 4 + len {
+        if self.end - self.start < n {
             return Ok(None);
         }
-        let body = &have[4..4 + len];
-        self.start += 4 + len;
-        let msg = gantry_proto::codec::decode(body);
+        let msg = gantry_proto::codec::decode(&self.buf[self.start + 4..self.start + n]);
+        self.start += n;
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -339,16 +337,15 @@ impl FrameReader {
         msg.map(Some)
     }
 
-    /// Bytes still missing for the next whole frame (its length checked first).
-    fn needed(&self) -> Result<usize, CodecError> {
-        let have = &self.buf[self.start..self.end];
-        Ok(match have.first_chunk::<4>() {
-            Some(prefix) => {
-                4 + gantry_proto::codec::frame_len(*prefix, gantry_proto::codec::MAX_FRAME)?
-                    - have.len()
-            }
-            None => 4 - have.len(),
-        })
+    /// The next frame's size with its prefix, once the prefix is buffered (checked against
+    /// `MAX_FRAME` before any of the body is waited for).
+    fn next_frame(&self) -> Result<Option<usize>, CodecError> {
+        match self.buf[self.start..self.end].first_chunk::<4>() {
+            Some(prefix) => Ok(Some(
+                4 + gantry_proto::codec::frame_len(*prefix, gantry_proto::codec::MAX_FRAME)?,
+            )),
+            None => Ok(None),
+        }
     }
 }
 
