@@ -1,4 +1,4 @@
-//! The master's state machine: agents, frameworks, tasks and offers. (About 950 lines:
+//! The master's state machine: agents, frameworks, tasks and offers. (About 980 lines:
 //! the `Master` record types and the one `handle` dispatch; every concern already has its own
 //! submodule: accept, agents, frameworks, gpus, maintenance, operator, timers, view, ...)
 //!
