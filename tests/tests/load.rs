@@ -20,6 +20,8 @@ fn small(agents: usize, frameworks: usize) -> LoadConfig {
         launch_window: Duration::from_secs(4),
         client_endpoints: 8,
         drain_timeout: Duration::from_secs(120),
+        // The floor's second echo server runs in a process of its own.
+        echo_exe: Some(env!("CARGO_BIN_EXE_gantry-load").into()),
         ..LoadConfig::default()
     }
 }
@@ -35,6 +37,10 @@ async fn every_task_of_a_small_load_is_accounted_for() {
         "each launched task reached its agent exactly once"
     );
     assert_eq!(report.agent_reconnects, 0, "no agent lost its connection");
+    assert_eq!(
+        report.floor_xproc_idle.count, 500,
+        "the ping to the echo process answered"
+    );
     assert_eq!(report.framework_errors, 0, "no accept was refused");
     // Each framework lists its task shape as `min_allocatable`: it is never offered what is
     // left of an agent whose GPUs are taken (the next test shows there is such a remnant).

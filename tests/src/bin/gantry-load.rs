@@ -99,6 +99,10 @@ struct Args {
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Only serve the floor's echo (with the master certificate of --tls-dir) until standard
+    /// input closes; the harness runs itself so to ping across processes.
+    #[arg(long, hide = true, requires = "tls_dir")]
+    serve_echo: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -111,6 +115,10 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if a.serve_echo {
+        let dir = a.tls_dir.context("--tls-dir")?;
+        return tokio::runtime::Runtime::new()?.block_on(load::floor::serve_echo(&dir));
+    }
     anyhow::ensure!(a.duration > 0.0, "--duration must be positive");
     let external = match a.master {
         Some(quic) => Some(ExternalMaster {
@@ -140,6 +148,7 @@ fn main() -> anyhow::Result<()> {
         external,
         drain_timeout: Duration::from_secs(a.drain_timeout),
         rate: a.rate,
+        echo_exe: std::env::current_exe().ok(),
     };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = a.threads {

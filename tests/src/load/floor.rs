@@ -2,9 +2,16 @@
 //! the master's peers (the master's certificate on the server side, a framework certificate on
 //! the client side, [`quic::server_endpoint`] / [`quic::client_config`] and the codec's frames),
 //! with nothing of the master in between.
+//!
+//! Two echo servers: one in this process ([`EchoServer`], the harness's own runtime), and one
+//! in a process of its own ([`EchoProcess`], `gantry-load --serve-echo`). A message through
+//! the master crosses processes twice, as the ping to the second does; the ping to the first
+//! may be answered without the kernel waking another process or core.
 
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,6 +61,61 @@ impl EchoServer {
 impl Drop for EchoServer {
     fn drop(&mut self) {
         self.endpoint.close(0u32.into(), b"done");
+    }
+}
+
+/// Serves an [`EchoServer`] until standard input closes (`gantry-load --serve-echo`): prints
+/// its address as the first line on standard output. The parent holds the other end of
+/// standard input, so the server ends with it however the parent ends.
+pub async fn serve_echo(tls_dir: &Path) -> anyhow::Result<()> {
+    let server = EchoServer::start(tls_dir)?;
+    println!("{}", server.addr);
+    tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new())).await??;
+    Ok(())
+}
+
+/// An [`EchoServer`] in a child process (`exe --serve-echo --tls-dir DIR`), killed on drop.
+pub struct EchoProcess {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl EchoProcess {
+    /// Starts `exe` (a `gantry-load` binary) and reads the address it serves on. Blocking.
+    pub fn spawn(exe: &Path, tls_dir: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(exe)
+            .arg("--serve-echo")
+            .arg("--tls-dir")
+            .arg(tls_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {} --serve-echo", exe.display()))?;
+        let mut line = String::new();
+        let read = child
+            .stdout
+            .take()
+            .map(|out| BufReader::new(out).read_line(&mut line));
+        let addr = match read {
+            Some(Ok(_)) => line.trim().parse::<SocketAddr>().ok(),
+            _ => None,
+        };
+        let Some(addr) = addr else {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!(
+                "{} --serve-echo printed no address ({line:?})",
+                exe.display()
+            );
+        };
+        Ok(Self { child, addr })
+    }
+}
+
+impl Drop for EchoProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -92,6 +92,9 @@ pub struct LoadConfig {
     /// them and declare the queue as demand (`None`: frameworks launch on every offer, which
     /// saturates the cluster and measures latency under saturation).
     pub rate: Option<f64>,
+    /// A `gantry-load` binary to run as the floor's echo server in a process of its own
+    /// (`--serve-echo`); `None`: only the in-process floor is measured.
+    pub echo_exe: Option<PathBuf>,
 }
 
 /// A master started elsewhere.
@@ -125,6 +128,7 @@ impl Default for LoadConfig {
             master_args: Vec::new(),
             external: None,
             drain_timeout: Duration::from_secs(60),
+            echo_exe: None,
             rate: None,
         }
     }
@@ -254,6 +258,10 @@ pub struct Report {
     pub running_to_ack: Summary,
     pub floor_idle: Summary,
     pub floor_loaded: Summary,
+    /// The same ping to an echo server in a process of its own (empty without
+    /// [`LoadConfig::echo_exe`]).
+    pub floor_xproc_idle: Summary,
+    pub floor_xproc_loaded: Summary,
     /// The master's allocation cycles in the launch window (its `/metrics` histogram).
     pub cycles: stats::Cycles,
     pub master_cpu_idle_pct: f64,
@@ -268,7 +276,48 @@ pub struct Report {
     pub udp_rcvbuf_errors: u64,
 }
 
+/// accept → RUNNING p99 over each floor's p99 (`None`: no samples of one of them). The
+/// issue's target is 3× the bare round trip plus the emulated launch, which is nothing here:
+/// an emulated agent answers a launch with STARTING and RUNNING at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TargetRatios {
+    pub idle: Option<f64>,
+    pub loaded: Option<f64>,
+    pub xproc_idle: Option<f64>,
+    pub xproc_loaded: Option<f64>,
+}
+
+impl TargetRatios {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "in_process_idle": self.idle,
+            "in_process_loaded": self.loaded,
+            "other_process_idle": self.xproc_idle,
+            "other_process_loaded": self.xproc_loaded,
+        })
+    }
+}
+
+/// `2.7x`, or `-` without samples.
+fn ratio(r: Option<f64>) -> String {
+    r.map_or("-".into(), |r| format!("{r:.1}x"))
+}
+
 impl Report {
+    /// accept → RUNNING p99 over the p99 of each floor.
+    pub fn target_ratios(&self) -> TargetRatios {
+        let a = &self.accept_to_running;
+        let over = |floor: &Summary| {
+            (a.count > 0 && floor.count > 0 && floor.p99_ms > 0.0).then(|| a.p99_ms / floor.p99_ms)
+        };
+        TargetRatios {
+            idle: over(&self.floor_idle),
+            loaded: over(&self.floor_loaded),
+            xproc_idle: over(&self.floor_xproc_idle),
+            xproc_loaded: over(&self.floor_xproc_loaded),
+        }
+    }
+
     /// Every launched task finished, none ended otherwise, every framework got offers.
     pub fn accounted(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.launched > 0, "no task was launched");
@@ -327,6 +376,9 @@ impl Report {
             "running_to_ack": self.running_to_ack.json(),
             "quic_ping_idle": self.floor_idle.json(),
             "quic_ping_loaded": self.floor_loaded.json(),
+            "quic_ping_other_process_idle": self.floor_xproc_idle.json(),
+            "quic_ping_other_process_loaded": self.floor_xproc_loaded.json(),
+            "accept_to_running_p99_over_ping_p99": self.target_ratios().json(),
             "allocation_cycles": {
                 "count": self.cycles.count,
                 "mean_ms": self.cycles.mean_ms,
@@ -375,6 +427,15 @@ impl Report {
         t += &row("RUNNING -> acknowledged", &self.running_to_ack);
         t += &row("floor: QUIC ping, idle", &self.floor_idle);
         t += &row("floor: QUIC ping, under load", &self.floor_loaded);
+        if self.floor_xproc_idle.count > 0 {
+            t += &row("floor: ping another process, idle", &self.floor_xproc_idle);
+            t += &row("  ... under load", &self.floor_xproc_loaded);
+        }
+        let r = self.target_ratios();
+        t += &format!(
+            "accept -> RUNNING p99 over ping p99 (target <= 3x; emulated launch 0): {} under load, {} idle; to another process {} under load, {} idle\n",
+            ratio(r.loaded), ratio(r.idle), ratio(r.xproc_loaded), ratio(r.xproc_idle)
+        );
         t += &format!(
             "launches/s sustained {:.0}; tasks launched {}, RUNNING {}, FINISHED {}, other end {}, in flight {}, dropped (relaunchable) {}\n",
             self.launches_per_s, self.launched, self.running, self.finished, self.not_finished, self.in_flight_at_end, self.dropped
@@ -540,6 +601,24 @@ async fn drive(
     pinger.burst(20, &Samples::default()).await?; // warm-up
     pinger.burst(500, &idle_floor).await?;
     report.floor_idle = idle_floor.summary();
+    // ... and to another process.
+    let echo_proc = match &cfg.echo_exe {
+        Some(exe) => Some(tokio::task::block_in_place(|| {
+            floor::EchoProcess::spawn(exe, tls_dir)
+        })?),
+        None => None,
+    };
+    let mut xpinger = match &echo_proc {
+        Some(e) => {
+            let mut p = floor::Pinger::connect(tls_dir, e.addr).await?;
+            let idle = Samples::default();
+            p.burst(20, &Samples::default()).await?;
+            p.burst(500, &idle).await?;
+            report.floor_xproc_idle = idle.summary();
+            Some(p)
+        }
+        None => None,
+    };
 
     // Agents, in waves.
     let t = Instant::now();
@@ -686,6 +765,15 @@ async fn drive(
         loaded_floor.clone(),
         ping_stop.clone(),
     ))));
+    let loaded_xfloor = Arc::new(Samples::default());
+    if let Some(p) = xpinger.take() {
+        let (out, stop) = (loaded_xfloor.clone(), ping_stop.clone());
+        tasks.push(AbortOnDrop(tokio::spawn(async move {
+            // Between the other pinger's pings.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            p.paced(Duration::from_millis(10), out, stop).await
+        })));
+    }
     let (c0, h0, w0) = (master_cpu(), emu::cpu_time("self"), Instant::now());
     let drops0 = emu::udp_rcvbuf_errors();
     let r0 = shared.running_total.load(Relaxed);
@@ -771,6 +859,7 @@ async fn drive(
     report.accept_to_staging = shared.accept_to_staging.summary();
     report.running_to_ack = shared.running_to_ack.summary();
     report.floor_loaded = loaded_floor.summary();
+    report.floor_xproc_loaded = loaded_xfloor.summary();
 
     // Tear down: frameworks first (teardown), then agents and sockets.
     for h in &handles {
