@@ -61,7 +61,7 @@ pub struct TaskRecord {
 }
 
 impl TaskRecord {
-    /// Where the supervisor's `task.pid` and `exit.json` are.
+    /// Where the task's launch record (`executor::record`) is.
     pub fn meta_dir(&self) -> &Path {
         if self.meta.as_os_str().is_empty() {
             &self.sandbox

@@ -101,8 +101,9 @@ fn mtime_ms(path: &Path) -> Option<u64> {
     Some(t.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64)
 }
 
-/// The sandboxes under `work_dir` (blocking), with when their task ended: the time of its
-/// `exit.json`, else of the sandbox directory.
+/// The sandboxes under `work_dir` (blocking), with when their task ended: when its launch
+/// record last changed (its exit, or the agent's reading of its cgroup after it), else when
+/// the sandbox directory did.
 pub fn scan(work_dir: &Path) -> Vec<Ended> {
     let Ok(entries) = std::fs::read_dir(work_dir.join("sandboxes")) else {
         return Vec::new();
@@ -111,11 +112,9 @@ pub fn scan(work_dir: &Path) -> Vec<Ended> {
         .flatten()
         .filter_map(|e| {
             let task: TaskId = e.file_name().to_str()?.parse().ok()?;
-            let exit = work_dir
-                .join("meta")
-                .join(task.to_string())
-                .join(crate::executor::supervise::EXIT_FILE);
-            let at_ms = mtime_ms(&exit).or_else(|| mtime_ms(&e.path()))?;
+            let meta = work_dir.join("meta").join(task.to_string());
+            let at_ms =
+                crate::executor::record::changed_ms(&meta).or_else(|| mtime_ms(&e.path()))?;
             Some(Ended { task, at_ms })
         })
         .collect()

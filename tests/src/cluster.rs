@@ -259,14 +259,11 @@ impl AgentProc {
             return;
         };
         for e in entries.flatten() {
-            if let Ok(pid) = std::fs::read_to_string(e.path().join("task.pid")) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
-                    if pid > 1 {
-                        // SAFETY: kill(2) on a process group this agent created; no memory involved.
-                        unsafe {
-                            libc::kill(-pid, libc::SIGKILL);
-                        }
-                    }
+            // A recorded process group is never 0 or 1.
+            if let Some(pid) = gantry_agent::executor::read_task_pgid(&e.path()) {
+                // SAFETY: kill(2) on a process group this agent created; no memory involved.
+                unsafe {
+                    libc::kill(-pid, libc::SIGKILL);
                 }
             }
         }

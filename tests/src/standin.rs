@@ -120,20 +120,35 @@ impl AgentProc {
             .join(name)
     }
 
-    /// A file in a task's meta directory (the supervisor's `task.pid`, `exit.json`).
-    pub fn meta_file(&self, task: gantry_sdk::protocol::TaskId, name: &str) -> PathBuf {
-        self.work_dir.join("meta").join(task.to_string()).join(name)
+    /// A task's meta directory (root-owned; its launch record).
+    pub fn meta_dir(&self, task: gantry_sdk::protocol::TaskId) -> PathBuf {
+        self.work_dir.join("meta").join(task.to_string())
     }
 
-    /// Waits until a task's meta file (`task.pid`, `exit.json`) exists and is non-empty;
-    /// returns its contents.
-    pub fn wait_meta_file(
+    /// What a task's launch record says (`None`: no supervisor or agent claimed it yet).
+    pub fn launch_record(
         &self,
         task: gantry_sdk::protocol::TaskId,
-        name: &str,
+    ) -> Option<gantry_agent::executor::record::Record> {
+        gantry_agent::executor::record::read(&self.meta_dir(task))
+    }
+
+    /// Waits until a task's supervisor has recorded the task's pid (its process group).
+    pub fn wait_task_pid(
+        &self,
+        task: gantry_sdk::protocol::TaskId,
         timeout: Duration,
-    ) -> anyhow::Result<String> {
-        wait_file(&self.meta_file(task, name), timeout)
+    ) -> anyhow::Result<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(pid) = self.launch_record(task).and_then(|r| r.task_pgid) {
+                return Ok(pid);
+            }
+            if Instant::now() > deadline {
+                bail!("task {task} recorded no pid within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until a task's sandbox file exists and is non-empty; returns its contents.

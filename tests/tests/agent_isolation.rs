@@ -395,12 +395,7 @@ async fn kill_reaches_processes_that_left_the_process_group() {
         .trim()
         .parse()
         .unwrap();
-    let task_pid: i32 = agent
-        .wait_meta_file(stubborn.task_id, "task.pid", T)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let task_pid = agent.wait_task_pid(stubborn.task_id, T).unwrap();
     assert!(gantry_tests::process_alive(escaped));
     // The child calls setsid(2) right after it is started.
     let deadline = Instant::now() + Duration::from_secs(5);

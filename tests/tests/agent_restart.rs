@@ -129,10 +129,8 @@ async fn agent_killed_and_restarted_keeps_its_tasks() {
     let pids: BTreeMap<TaskId, i32> = all
         .iter()
         .map(|t| {
-            let pid = cluster.agents[0]
-                .wait_meta_file(t.task_id, "task.pid", T)
-                .unwrap();
-            (t.task_id, pid.trim().parse().unwrap())
+            let pid = cluster.agents[0].wait_task_pid(t.task_id, T).unwrap();
+            (t.task_id, pid)
         })
         .collect();
     let held: BTreeSet<String> = long[3..]
@@ -315,20 +313,14 @@ async fn kill9_during_a_burst_of_launches_loses_no_task() {
     for (id, states) in &counts {
         assert_eq!(states.len(), 1, "task {id} terminal updates: {states:?}");
         // A task whose supervisor recorded exit code 0 ran to completion: it must be FINISHED.
-        let exit = cluster.agents[0]
-            .work_dir
-            .join("meta")
-            .join(id.to_string())
-            .join("exit.json");
-        if let Ok(text) = std::fs::read_to_string(&exit) {
-            if text.contains("\"code\":0") {
-                assert_eq!(
-                    states[0],
-                    TaskState::Finished,
-                    "task {id} ran ({text}): {:?}",
-                    last[id]
-                );
-            }
+        let exit = cluster.agents[0].launch_record(*id).and_then(|r| r.exit);
+        if let Some(exit) = exit.filter(|e| e.code == Some(0)) {
+            assert_eq!(
+                states[0],
+                TaskState::Finished,
+                "task {id} ran ({exit:?}): {:?}",
+                last[id]
+            );
         }
         finished += usize::from(states[0] == TaskState::Finished);
     }
@@ -372,22 +364,19 @@ async fn a_killed_supervisor_fails_its_task_and_a_new_one_takes_over() {
         &["--isolation", "none"],
     )
     .unwrap();
-    let work = cluster.agents[0].work_dir.clone();
     let long = task("long", "sleep 60", "cpus:1;mem:1");
     let (mut updates, handle, run) = framework(&cluster, "sup-fw", vec![long.clone()]);
     updates
         .wait(long.task_id, TaskState::Running, T)
         .await
         .unwrap();
-    let meta = |t: &TaskInfo| work.join("meta").join(t.task_id.to_string());
-    let pid_of = |file: std::path::PathBuf| -> i32 {
-        let text = std::fs::read_to_string(&file).unwrap();
-        text.split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let supervisor = pid_of(meta(&long).join("supervisor.pid"));
-    let task_pid = pid_of(meta(&long).join("task.pid"));
+    let task_pid = cluster.agents[0].wait_task_pid(long.task_id, T).unwrap();
+    let (supervisor, _) = cluster.agents[0]
+        .launch_record(long.task_id)
+        .and_then(|r| r.supervisor)
+        .unwrap();
     assert!(process_alive(task_pid));
-    // SAFETY: kill(2) on a pid read from the supervisor's own file.
+    // SAFETY: kill(2) on a pid read from the supervisor's own record.
     unsafe { libc::kill(supervisor, libc::SIGKILL) };
     let failed = updates
         .wait(long.task_id, TaskState::Failed, T)
@@ -410,7 +399,11 @@ async fn a_killed_supervisor_fails_its_task_and_a_new_one_takes_over() {
         .wait(next.task_id, TaskState::Finished, T)
         .await
         .unwrap();
-    assert_ne!(pid_of(meta(&next).join("supervisor.pid")), supervisor);
+    let next_supervisor = cluster.agents[0]
+        .launch_record(next.task_id)
+        .and_then(|r| r.supervisor)
+        .map(|(pid, _)| pid);
+    assert!(next_supervisor.is_some_and(|pid| pid != supervisor));
     for (h, r) in [(handle, run), (next_handle, next_run)] {
         h.stop();
         tokio::time::timeout(T, r).await.unwrap().unwrap().unwrap();

@@ -156,12 +156,7 @@ async fn gpus_are_discovered_assigned_isolated_measured_and_health_checked() {
     );
 
     // Usage: NVML shows the pair's process on GPU 2; /state attributes it to the task.
-    let pid: u32 = agent
-        .wait_meta_file(pair.task_id, "task.pid", T)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = agent.wait_task_pid(pair.task_id, T).unwrap() as u32;
     standin.config.gpus[2].processes = vec![gantry_nvml_standin::config::ProcessSpec {
         pid,
         used_memory_mib: 1024,

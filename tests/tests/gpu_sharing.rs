@@ -233,12 +233,7 @@ async fn fractions_share_a_gpu_mig_slices_by_profile_and_gpu_memory_is_enforced(
     assert_eq!(whole_uuid, other);
 
     // GPU memory: q1's process uses 30 GiB of the shared GPU, above its 20 GiB share.
-    let pid: u32 = agent
-        .wait_meta_file(q1.task_id, "task.pid", T)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = agent.wait_task_pid(q1.task_id, T).unwrap() as u32;
     let shared_index = if shared == g0 { 0 } else { 1 };
     standin.config.gpus[shared_index].processes = vec![ProcessSpec {
         pid,

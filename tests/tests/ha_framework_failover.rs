@@ -191,7 +191,7 @@ async fn framework_not_returning_has_its_tasks_killed() {
         let exited = std::fs::read_dir(&metas)
             .map(|d| {
                 d.flatten()
-                    .filter(|e| e.path().join("exit.json").exists())
+                    .filter(|e| gantry_agent::executor::read_exit(&e.path()).is_some())
                     .count()
             })
             .unwrap_or(0);

@@ -144,9 +144,11 @@ async fn tasks_run_as_the_task_user_and_cannot_read_the_agents_keys() {
         assert_eq!(meta.mode() & 0o777, 0o750, "{}", dir.display());
         let out = std::fs::metadata(dir.join("stdout")).unwrap();
         assert_eq!(out.uid(), uid);
-        let control = std::fs::metadata(agent.meta_file(t.task_id, "")).unwrap();
+        let control = std::fs::metadata(agent.meta_dir(t.task_id)).unwrap();
         assert_eq!((control.uid(), control.mode() & 0o777), (0, 0o700));
-        assert!(agent.meta_file(t.task_id, "exit.json").exists());
+        assert!(agent
+            .launch_record(t.task_id)
+            .is_some_and(|r| r.exit.is_some()));
     }
 
     // `/state` shows who each task ran as.

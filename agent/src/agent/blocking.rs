@@ -8,7 +8,7 @@ use std::path::Path;
 
 use gantry_sdk::protocol::*;
 
-use super::{PoolGate, BASE_FILE, FINAL_FILE};
+use super::{PoolGate, BASE_FILE};
 use crate::core::CgroupOutcome;
 use crate::discovery::NvmlGpus;
 use crate::executor;
@@ -22,10 +22,11 @@ use crate::isolation::{Baseline, Isolator, TaskCgroup};
 /// removes the cgroups of ended tasks). Without a cgroup (gone already), the recorded outcome
 /// is returned.
 pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutcome {
-    let final_file = meta.join(FINAL_FILE);
-    let recorded: Option<CgroupOutcome> = std::fs::read(&final_file)
-        .ok()
-        .and_then(|d| serde_json::from_slice(&d).ok());
+    // The final OOM flag and usage, recorded in the launch record before the cgroup is
+    // destroyed (so a restarted agent still reports the real outcome).
+    let recorded: Option<CgroupOutcome> = executor::record::read(meta)
+        .and_then(|r| r.cgroup)
+        .and_then(|j| serde_json::from_str(&j).ok());
     let Some(cg) = cg.filter(|c| c.is_isolated()) else {
         return recorded.unwrap_or_default();
     };
@@ -60,13 +61,9 @@ pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutco
         }),
         usage: cg.usage().ok(),
     };
-    if let Ok(json) = serde_json::to_vec(&outcome) {
-        let tmp = meta.join(format!("{FINAL_FILE}.tmp"));
-        if std::fs::write(&tmp, json)
-            .and_then(|_| std::fs::rename(&tmp, &final_file))
-            .is_err()
-        {
-            tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome");
+    if let Ok(json) = serde_json::to_string(&outcome) {
+        if let Err(e) = executor::record::append(meta, "cgroup", &json, true) {
+            tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome: {e}");
         }
     }
     if cg.pids().map_or(true, |p| !p.is_empty()) {
@@ -187,9 +184,11 @@ mod tests {
                 ..TaskUsage::default()
             }),
         };
-        std::fs::write(
-            dir.path().join(FINAL_FILE),
-            serde_json::to_vec(&recorded).unwrap(),
+        executor::record::append(
+            dir.path(),
+            "cgroup",
+            &serde_json::to_string(&recorded).unwrap(),
+            true,
         )
         .unwrap();
         let o = settle_cgroup(None, dir.path());

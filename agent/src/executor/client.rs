@@ -135,7 +135,7 @@ impl SupervisorClient {
 
     /// Starts a task (the arguments and environment from [`super::prepare`]): once it runs, its
     /// [`Launched`] record and the receiver of its exit status. The receiver fails when the
-    /// supervisor died first: the task's `exit.json` is then the only record.
+    /// supervisor died first: the task's launch record is then the only one.
     pub async fn launch(
         &self,
         task: Prepared,

@@ -3,8 +3,9 @@
 //! - [`server`]: the supervisor process (`gantry-supervise --server`, or `gantry-agent
 //!   supervise --server` without the small binary), one per agent run: it starts each task as
 //!   the leader of its own process group, as the task's user ([`user`]), in its cgroups, with
-//!   stdout and stderr captured in the sandbox ([`supervise`]), waits for it, and writes the
-//!   exit status to `exit.json` in the task's root-owned meta directory. It runs in its own
+//!   stdout and stderr captured in the sandbox ([`supervise`]), waits for it, and records its
+//!   claim, the task's pid and its exit status in the launch [`record`] in the task's
+//!   root-owned meta directory. It runs in its own
 //!   session and outlives the agent, so the agent learns the real outcome of a task even when
 //!   the task ended while the agent itself was down.
 //! - [`client`]: the agent's end (requests and replies over the supervisor's stdin and stdout).
@@ -18,6 +19,7 @@
 //! Killing sends SIGTERM to the task's whole process group, then SIGKILL after the grace period.
 
 pub mod client;
+pub mod record;
 pub mod server;
 pub mod spawn;
 pub mod supervise;
@@ -185,13 +187,10 @@ fn make_dirs(spec: &LaunchSpec<'_>) -> Result<(), (PathBuf, std::io::Error)> {
     Ok(())
 }
 
-/// Claims a launch's fate ([`supervise::CLAIM_FILE`]): true for the first caller only.
+/// Claims a launch's fate for a restarted agent ([`record::claim_for_agent`]): true when no
+/// supervisor had claimed it (and none will run it now).
 pub fn claim(meta: &Path) -> bool {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(meta.join(supervise::CLAIM_FILE))
-        .is_ok()
+    record::claim_for_agent(meta)
 }
 
 /// Decides the fate of a launch a previous agent started but did not record: the supervisor
@@ -202,30 +201,23 @@ pub fn find_launched(meta: &Path) -> Option<Launched> {
     if !meta.is_dir() || claim(meta) {
         return None;
     }
-    // The supervisor writes its pid file before it claims.
-    let text = std::fs::read_to_string(meta.join(supervise::SUPERVISOR_FILE)).ok()?;
-    let (pid, start) = text.trim().split_once(' ')?;
+    let r = record::read(meta)?;
+    let (supervisor_pid, supervisor_start) = r.supervisor?;
     Some(Launched {
-        supervisor_pid: pid.parse().ok().filter(|&p: &i32| p > 1)?,
-        task_pgid: read_task_pgid(meta).unwrap_or(0),
-        supervisor_start: start.parse().ok()?,
+        supervisor_pid,
+        task_pgid: r.task_pgid.unwrap_or(0),
+        supervisor_start,
     })
 }
 
 /// The task's process group, once its supervisor has started it.
 pub fn read_task_pgid(meta: &Path) -> Option<i32> {
-    std::fs::read_to_string(meta.join(supervise::PID_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-        .filter(|&p: &i32| p > 1)
+    record::read(meta)?.task_pgid
 }
 
 /// The exit status the supervisor recorded in `meta`, if it has finished.
 pub fn read_exit(meta: &Path) -> Option<ExitStatus> {
-    let text = std::fs::read_to_string(meta.join(supervise::EXIT_FILE)).ok()?;
-    serde_json::from_str(&text).ok()
+    record::read(meta)?.exit
 }
 
 /// True while the supervisor of `launched` still runs (and is the same process, not a reused pid).
@@ -239,7 +231,7 @@ pub fn supervisor_alive(launched: &Launched) -> bool {
 /// True while a launched task may still run: its supervisor runs and has not recorded the
 /// task's exit (one supervisor serves every task of an agent run: it outlives most of them).
 pub fn still_running(launched: &Launched, meta: &Path) -> bool {
-    supervisor_alive(launched) && !meta.join(supervise::EXIT_FILE).exists()
+    supervisor_alive(launched) && read_exit(meta).is_none()
 }
 
 /// Start time of a process in clock ticks since boot (`/proc/PID/stat` field 22), or `None`
@@ -331,17 +323,13 @@ mod tests {
         let meta = dir.path().join("meta");
         assert_eq!(find_launched(&meta), None);
         assert!(!meta.exists());
-        // A supervisor started, wrote its pid and claimed the launch; the task runs as 4242.
+        // A supervisor started and claimed the launch; the task runs as 4242.
         std::fs::create_dir_all(&meta).unwrap();
         let me = std::process::id() as i32;
         let start = process_start_time(me).unwrap();
-        std::fs::write(
-            meta.join(supervise::SUPERVISOR_FILE),
-            format!("{me} {start}"),
-        )
-        .unwrap();
-        assert!(claim(&meta));
-        std::fs::write(meta.join(supervise::PID_FILE), "4242").unwrap();
+        assert!(record::claim_for_supervisor(&meta, &format!("{me} {start}")).unwrap());
+        assert!(!claim(&meta));
+        record::append(&meta, "task", "4242", false).unwrap();
         let found = find_launched(&meta).unwrap();
         assert_eq!(
             found,

@@ -9,13 +9,12 @@
 //!
 //! A task used to be two process starts: a supervisor of its own, then the task. The long-lived
 //! supervisor makes it one, as a bare spawner does. What each task gets is unchanged (see
-//! [`super::supervise`]): the supervisor's pid and start time in `META/supervisor.pid`, the
-//! launch claimed in `META/launch.claim` before the task starts (a restarted agent that claimed
-//! it first wins: the task never runs unseen), the task's pid in `META/task.pid`, its exit
-//! status in `META/exit.json`.
+//! [`super::supervise`]): the launch claimed in its record ([`super::record`]) with the
+//! supervisor's pid and start time before the task starts (a restarted agent that claimed it
+//! first wins: the task never runs unseen), then the task's pid and its exit status.
 //!
 //! The supervisor runs in its own session and ignores the terminal's signals, so it outlives the
-//! agent: a restarted agent finds its tasks' outcomes in their `exit.json` files and starts a
+//! agent: a restarted agent finds its tasks' outcomes in their records and starts a
 //! supervisor of its own for new tasks. It exits once the agent has closed its stdin and its
 //! last task has ended.
 //!
@@ -31,8 +30,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::record;
 use super::spawn::SpawnError;
-use super::supervise::{self, EXIT_FILE, PID_FILE, SUPERVISOR_FILE};
+use super::supervise;
 use super::ExitStatus;
 
 /// Threads starting tasks at once.
@@ -54,7 +54,7 @@ pub enum Reply {
     /// The task runs as `pid` (its process group); 0 when it could not start (an `Exited`
     /// with code 127 follows, the reason in the sandbox's `stderr`).
     Started { id: u64, pid: i32 },
-    /// The task ended (its `exit.json` is written).
+    /// The task ended (its exit is in its record).
     Exited { id: u64, status: ExitStatus },
     /// Not started: a restarted agent had claimed the launch, or the request was malformed.
     Refused { id: u64, reason: String },
@@ -76,7 +76,7 @@ struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     out: Mutex<Box<dyn Write + Send>>,
-    /// This process's `PID START` for `supervisor.pid`.
+    /// This process's `PID START` for the records' `supervisor` line.
     me: String,
 }
 
@@ -98,7 +98,7 @@ impl Shared {
     /// Records a task's end and tells the agent.
     fn finish(&self, id: u64, meta: &std::path::Path, status: ExitStatus) {
         let json = serde_json::to_string(&status).unwrap_or_else(|_| "{}".into());
-        if let Err(e) = supervise::write_atomic(&meta.join(EXIT_FILE), &json) {
+        if let Err(e) = record::append(meta, "exit", &json, false) {
             eprintln!(
                 "gantry-supervise: recording the exit of {}: {e}",
                 meta.display()
@@ -189,20 +189,14 @@ fn start_task(shared: &Shared, request: Request) {
             return;
         }
     };
-    if let Err(e) = supervise::write_atomic(&spec.meta.join(SUPERVISOR_FILE), &shared.me) {
+    let refused = match record::claim_for_supervisor(&spec.meta, &shared.me) {
+        Ok(true) => None,
+        Ok(false) => Some("a restarted agent gave this launch up".to_string()),
+        Err(e) => Some(format!("writing the launch record: {e}")),
+    };
+    if let Some(reason) = refused {
         done(shared);
-        shared.reply(&Reply::Refused {
-            id,
-            reason: format!("writing {SUPERVISOR_FILE}: {e}"),
-        });
-        return;
-    }
-    if !super::claim(&spec.meta) {
-        done(shared);
-        shared.reply(&Reply::Refused {
-            id,
-            reason: "a restarted agent gave this launch up".into(),
-        });
+        shared.reply(&Reply::Refused { id, reason });
         return;
     }
     let started = supervise::task_command(&spec, &request.env)
@@ -210,7 +204,7 @@ fn start_task(shared: &Shared, request: Request) {
         .and_then(|process| process.spawn());
     let pid = match started {
         Ok(pid) => {
-            let _ = supervise::write_atomic(&spec.meta.join(PID_FILE), &pid.to_string());
+            let _ = record::append(&spec.meta, "task", &pid.to_string(), false);
             shared.reply(&Reply::Started { id, pid });
             pid
         }

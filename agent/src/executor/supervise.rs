@@ -7,12 +7,11 @@
 //! starts as the leader of a new process group, joined to the task's cgroups and switched to
 //! the task's user (supplementary groups, gid, then uid) between clone and `exec`, with stdout
 //! and stderr in `SANDBOX/stdout` and `SANDBOX/stderr` (`task_command`, started by [`super::spawn`]). The supervisor
-//! writes its own pid to `META/supervisor.pid`, claims the launch, writes the task's pid to
-//! `META/task.pid` and, once the task ended, its exit status to `META/exit.json`
-//! (atomically).
+//! claims the launch in its record ([`super::record`], `META/launch.claim`) with its own pid,
+//! then records the task's pid and, once the task ended, its exit status there.
 //!
-//! The control files live in META, a root-owned directory apart from the sandbox, because the
-//! sandbox belongs to the task's user: a task must not be able to forge its pid file (the agent
+//! The record lives in META, a root-owned directory apart from the sandbox, because the
+//! sandbox belongs to the task's user: a task must not be able to forge its pid (the agent
 //! signals that process group) or plant symlinks where the supervisor writes.
 
 use std::ffi::{OsStr, OsString};
@@ -40,16 +39,6 @@ pub struct Supervised {
     pub program: Program,
     pub identity: Option<Identity>,
 }
-
-pub const PID_FILE: &str = "task.pid";
-/// The supervisor's own pid and start time (`PID START`), written first: an agent killed
-/// between starting the supervisor and recording it finds its task through this file.
-pub const SUPERVISOR_FILE: &str = "supervisor.pid";
-/// Created (exclusively) by whoever decides the launch's fate first: the supervisor, before it
-/// starts the task, or a restarted agent that found the launch unrecorded and reports it
-/// FAILED. The loser backs off, so a task never runs unseen.
-pub const CLAIM_FILE: &str = "launch.claim";
-pub const EXIT_FILE: &str = "exit.json";
 
 /// The supervisor's arguments for `spec` (after the program name, or after `supervise`).
 pub fn command_line(spec: &Supervised) -> Vec<OsString> {
@@ -158,12 +147,6 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Supervised
         },
         identity,
     })
-}
-
-pub(super) fn write_atomic(path: &Path, data: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(tmp, path)
 }
 
 /// Records in the sandbox's `stderr` why a task could not start (its `exit.json` says 127, as a
