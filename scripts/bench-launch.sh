@@ -13,28 +13,46 @@
 # Usage: scripts/bench-launch.sh [N]     (default 1000)
 # Env:   INFLIGHT (640: 0.1 cpus each on a 64-cpu agent, Slurm node of INFLIGHT cpus),
 #        PROFILE=release|debug (release), SLURM=auto|no (auto), KEEP=1 keeps the temp dir,
-#        CGROUP_ARGS: extra flags of the cgroups agent (e.g. "--cgroup-pool 0:0": no pool).
+#        CGROUP_ARGS: extra flags of the cgroups agent (e.g. "--cgroup-pool 0:0": no pool),
+#        BIN=DIR: use the binaries in DIR instead of building (to compare two builds),
+#        TMPDIR: where the run's files go (/tmp),
+#        WORKFS=ext4: the agents' work directories on a fresh ext4 file system with a journal
+#        (a loop-mounted image in the run's directory; root only) instead of TMPDIR's. On an
+#        ext4 without a journal every new inode skips those freed in the last minutes, one
+#        look-up each: after a burst of deletions (an earlier run's sandboxes) creating a
+#        task's files can cost more than starting it (docs/benchmarks.md, "One real agent").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-1000}
 INFLIGHT=${INFLIGHT:-640}
 PROFILE=${PROFILE:-release}
 SLURM=${SLURM:-auto}
-if [ "$PROFILE" = release ]; then
+if [ -n "${BIN:-}" ]; then
+  PROFILE="prebuilt $BIN"
+elif [ "$PROFILE" = release ]; then
   cargo build -q --release -p gantry-master -p gantry-agent -p gantry-examples --bins
   BIN=target/release
 else
   cargo build -q -p gantry-master -p gantry-agent -p gantry-examples --bins
   BIN=target/debug
 fi
-DIR=$(mktemp -d /tmp/gantry-bench.XXXXXX)
+DIR=$(mktemp -d "${TMPDIR:-/tmp}/gantry-bench.XXXXXX")
 PIDS=()
+WORK=$DIR
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  [ "$WORK" = "$DIR" ] || umount "$WORK" 2>/dev/null || true
   [ "${KEEP:-0}" = 1 ] && echo "logs kept in $DIR" || rm -rf "$DIR"
 }
 trap cleanup EXIT INT TERM
+if [ "${WORKFS:-}" = ext4 ]; then
+  truncate -s 8G "$DIR/work.img"
+  mkfs.ext4 -q -F "$DIR/work.img"
+  mkdir "$DIR/work"
+  mount -o loop "$DIR/work.img" "$DIR/work"
+  WORK=$DIR/work
+fi
 
 now() { date +%s.%N; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -51,7 +69,7 @@ report() { # name t0 t1
   printf '%-32s %8.2f s %10s jobs/s\n' "$1" "$(awk -v a="$2" -v b="$3" 'BEGIN { print b - a }')" "${RATE[$1]}"
 }
 
-echo "== $N x true, $INFLIGHT in flight, $(nproc) cpus, $(uname -r), $(date -u +%FT%TZ), profile $PROFILE"
+echo "== $N x true, $INFLIGHT in flight, $(nproc) cpus, $(uname -r), $(date -u +%FT%TZ), profile $PROFILE, agents' work on $(findmnt -n -o FSTYPE,OPTIONS --target "$WORK" | cut -c1-60)"
 
 # 1. The floor: fork + exec + wait of N `true`, INFLIGHT at a time.
 b0=$(busy_ticks)
@@ -82,7 +100,7 @@ known_agents() {
 
 gantry() { # name isolation-args...
   local name=$1; shift
-  $BIN/gantry-agent --master "$QUIC" --work-dir "$DIR/agent-$name" --tls-dir "$DIR/tls" \
+  $BIN/gantry-agent --master "$QUIC" --work-dir "$WORK/agent-$name" --tls-dir "$DIR/tls" \
     --name "bench-$name" --resources "cpus:$CPUS;mem:$((INFLIGHT * 128));disk:1000;gpus:0" "$@" \
     >"$DIR/agent-$name.log" 2>&1 &
   local agent=$!
