@@ -90,18 +90,18 @@ fn parse_pgid(value: &str) -> Option<i32> {
 pub fn read(meta: &Path) -> Option<Record> {
     let text = std::fs::read_to_string(meta.join(RECORD_FILE)).ok()?;
     let mut r = Record::parse(&text);
+    // Each fact the record lacks, from an older agent's file if there is one (an older
+    // supervisor claimed with an empty record, its pid file written just before; a newer agent
+    // may since have appended its `cgroup` line).
     let legacy = |name: &str| std::fs::read_to_string(meta.join(name)).ok();
-    if text.is_empty() {
-        // An older supervisor claimed with an empty file, its pid file written just before.
+    if r.supervisor.is_none() {
         r.supervisor = legacy(LEGACY_SUPERVISOR).and_then(|t| parse_supervisor(&t));
     }
-    if r.supervisor.is_some() {
-        if r.task_pgid.is_none() {
-            r.task_pgid = legacy(LEGACY_TASK).and_then(|t| parse_pgid(&t));
-        }
-        if r.exit.is_none() {
-            r.exit = legacy(LEGACY_EXIT).and_then(|t| serde_json::from_str(&t).ok());
-        }
+    if r.task_pgid.is_none() {
+        r.task_pgid = legacy(LEGACY_TASK).and_then(|t| parse_pgid(&t));
+    }
+    if r.exit.is_none() {
+        r.exit = legacy(LEGACY_EXIT).and_then(|t| serde_json::from_str(&t).ok());
     }
     if r.cgroup.is_none() {
         r.cgroup = legacy(LEGACY_CGROUP);
