@@ -100,10 +100,10 @@ async fn discovery_sampling_and_health_through_standin() {
         assert!(info.healthy);
     }
     assert_eq!(
-        inv.gpus[3].pci_root.as_deref(),
+        inv.gpus[3].info.pci_root.as_deref(),
         Some("pci0000:10/0000:10:01.0")
     );
-    assert_eq!(inv.gpus[0].pci_root, None);
+    assert_eq!(inv.gpus[0].info.pci_root, None);
 
     // Two GPUs for a task: the same NUMA node.
     let slots = inv.slots();

@@ -44,6 +44,7 @@ fn gpu(agent: u64, i: u32) -> GpuInfo {
         minor: i,
         pci_bus_id: format!("00000000:{i:02x}:00.0"),
         numa_node: Some(0),
+        pci_root: None,
         healthy: true,
         mig_profile: None,
         parent_uuid: None,

@@ -323,6 +323,7 @@ mod tests {
             minor: 0,
             pci_bus_id: "0".into(),
             numa_node: None,
+            pci_root: None,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,

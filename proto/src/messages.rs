@@ -80,6 +80,7 @@ pub mod register_limits {
             g.uuid.len() > MAX_GPU_FIELD
                 || g.name.len() > MAX_GPU_FIELD
                 || g.pci_bus_id.len() > MAX_GPU_FIELD
+                || g.pci_root.as_ref().is_some_and(|p| p.len() > MAX_GPU_FIELD)
                 || g.mig_profile
                     .as_ref()
                     .is_some_and(|p| p.len() > MAX_GPU_FIELD)
@@ -88,7 +89,7 @@ pub mod register_limits {
                     .is_some_and(|p| p.len() > MAX_GPU_FIELD)
         }) {
             return Err(format!(
-                "a GPU's uuid, name, PCI bus id, MIG profile or parent uuid ({:?}...) is longer than {MAX_GPU_FIELD} bytes",
+                "a GPU's uuid, name, PCI bus id or root, MIG profile or parent uuid ({:?}...) is longer than {MAX_GPU_FIELD} bytes",
                 g.uuid.chars().take(32).collect::<String>()
             ));
         }
@@ -162,6 +163,11 @@ pub struct GpuInfo {
     pub pci_bus_id: String,
     /// The NUMA node the device is attached to, when known.
     pub numa_node: Option<u32>,
+    /// The PCI root (host bridge and root port) the device hangs off, when sysfs shows it:
+    /// GPUs under one root talk fastest. The master groups GPUs by NUMA node and PCI root
+    /// when it chooses whole GPUs for a task.
+    #[serde(default)]
+    pub pci_root: Option<String>,
     /// False after an XID error or a failed health check: not offered.
     pub healthy: bool,
     /// Set on a MIG device (a slice of a GPU in MIG mode): its profile, e.g. `1g.10gb`. The
@@ -732,8 +738,9 @@ pub enum MasterToAgent {
         framework_id: FrameworkId,
         /// What to run.
         task: TaskInfo,
-        /// The GPUs (UUIDs) the master chose for a task asking for a fraction of one GPU
-        /// (fragmentation-aware); empty: the agent chooses (topology-aware, whole GPUs).
+        /// The GPUs (UUIDs) the master chose: for a fraction of one GPU, fragmentation-aware;
+        /// for whole GPUs, topology-aware (`gantry_sdk::placement::topology`). The agent
+        /// takes them when they still fit, else chooses itself; empty: the agent chooses.
         #[serde(default)]
         gpus: Vec<String>,
     },
@@ -1071,6 +1078,7 @@ mod tests {
             minor: 0,
             pci_bus_id: "0".into(),
             numa_node: Some(0),
+            pci_root: None,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,

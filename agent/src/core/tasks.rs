@@ -33,7 +33,7 @@ impl AgentCore {
             .iter()
             .map(|g| GpuSlot {
                 numa_node: g.info.numa_node,
-                pci_root: g.pci_root.clone(),
+                pci_root: g.info.pci_root.clone(),
                 healthy: self.health.is_healthy(&g.info.uuid),
                 free: !held.contains_key(g.info.uuid.as_str()),
             })
@@ -41,8 +41,8 @@ impl AgentCore {
     }
 
     /// Picks GPUs for a task asking for `gpus` (milli-units): below one, a GPU with room for
-    /// the fraction (`preferred`, the master's choice, when it still fits); else whole idle
-    /// GPUs, topology-aware. `Err` says why it cannot run.
+    /// the fraction; else whole idle GPUs, topology-aware. `preferred`, the master's choice,
+    /// wins when it still fits. `Err` says why it cannot run.
     fn pick_gpus(
         &self,
         gpus_milli: u64,
@@ -83,6 +83,23 @@ impl AgentCore {
         // profile) are not candidates.
         for (slot, g) in slots.iter_mut().zip(self.inventory()) {
             slot.free &= GpuSelector::admits(selector, &g.info);
+        }
+        // The master's choice (the same topology rule, over its view of the agent) when every
+        // GPU of it is still a candidate; else our own.
+        let wanted: Option<Vec<usize>> = preferred
+            .iter()
+            .map(|u| self.inventory().iter().position(|g| &g.info.uuid == u))
+            .collect();
+        if let Some(mut wanted) = wanted.filter(|w| w.len() == k) {
+            wanted.sort_unstable();
+            wanted.dedup();
+            if wanted.len() == k
+                && wanted
+                    .iter()
+                    .all(|&i| slots.get(i).is_some_and(|s| s.free && s.healthy))
+            {
+                return Ok(wanted);
+            }
         }
         gpu::assign(&slots, k).ok_or_else(|| {
             let free = slots.iter().filter(|s| s.free && s.healthy).count();

@@ -27,11 +27,11 @@ fn gpu(i: u32) -> DiscoveredGpu {
             minor: i,
             pci_bus_id: format!("0000:0{i}:00.0"),
             numa_node: Some(0),
+            pci_root: None,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,
         },
-        pci_root: None,
     }
 }
 

@@ -27,8 +27,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, EventSet, Nvml};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::gpu::assign::GpuSlot;
 use crate::gpu::health::{FaultKind, GpuFault};
+use crate::gpu::GpuSlot;
 
 /// The library name the agent loads by default.
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -50,10 +50,9 @@ pub enum NvmlDiscoveryError {
 pub struct DiscoveredGpu {
     /// NVML index.
     pub index: u32,
-    /// Identity and attributes as advertised to the master (`healthy` is `true` here).
+    /// Identity and attributes as advertised to the master (`healthy` is `true` here),
+    /// topology (NUMA node, PCI root) included.
     pub info: GpuInfo,
-    /// The PCI root (host bridge and root port) the GPU hangs off, when sysfs shows it.
-    pub pci_root: Option<String>,
 }
 
 /// All GPUs of the host plus driver versions.
@@ -75,13 +74,13 @@ impl GpuInventory {
         self.gpus.iter().map(|g| g.info.clone()).collect()
     }
 
-    /// Topology slots for [`crate::gpu::assign::assign`], all healthy and free, in inventory order.
+    /// Topology slots for [`crate::gpu::assign`], all healthy and free, in inventory order.
     pub fn slots(&self) -> Vec<GpuSlot> {
         self.gpus
             .iter()
             .map(|g| GpuSlot {
                 numa_node: g.info.numa_node,
-                pci_root: g.pci_root.clone(),
+                pci_root: g.info.pci_root.clone(),
                 healthy: true,
                 free: true,
             })
@@ -307,11 +306,11 @@ fn describe(index: u32, d: &Device<'_>, sysfs: &Path) -> Result<DiscoveredGpu, N
             minor: d.minor_number()?,
             pci_bus_id: pci.bus_id,
             numa_node,
+            pci_root,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,
         },
-        pci_root,
     })
 }
 
@@ -367,7 +366,6 @@ fn mig_devices(
             Ok(info) => out.push(DiscoveredGpu {
                 index: parent.index,
                 info,
-                pci_root: parent.pci_root.clone(),
             }),
             Err(e) => {
                 tracing::warn!(gpu = %parent.info.uuid, mig = i, "MIG device query failed: {e}")

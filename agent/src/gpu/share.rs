@@ -227,6 +227,7 @@ mod tests {
             minor: 0,
             pci_bus_id: String::new(),
             numa_node: None,
+            pci_root: None,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,

@@ -36,11 +36,15 @@
 //! - [`gang`]: all-or-nothing gangs (elastic `min..max`) and which gang may hold offers.
 //! - [`shares`]: a [`Node`] per offer with each offered GPU's free share (`offer.gpu_free`) and
 //!   a task's shape from its resources, fractions of one GPU included, for the [`Placer`].
+//! - [`topology`]: which `k` idle GPUs of one host a whole-GPU task gets (fewest NUMA nodes and
+//!   PCI roots, best fit); the master chooses with it at accept time, the agent when the
+//!   master's choice no longer fits.
 
 pub mod fgd;
 pub mod gang;
 pub mod offers;
 pub mod shares;
+pub mod topology;
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;

@@ -105,6 +105,7 @@ impl FreeGpu {
             minor: 0,
             pci_bus_id: self.pci_bus_id.clone(),
             numa_node: self.numa_node,
+            pci_root: None,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,

@@ -197,11 +197,11 @@ impl Master {
                         // Per-GPU room (fractions share a GPU up to one whole GPU): the GPU
                         // for a fraction is chosen here (gpus.rs).
                         let gpu_choice = if task.resources.gpu_amount() == Ok(GpuAmount::None) {
-                            Ok(None)
+                            Ok(Vec::new())
                         } else {
                             let ledger =
                                 accept_gpus.get_or_insert_with(|| self.gpu_ledger(agent_id));
-                            self.choose_fraction(agent_id, &task, ledger)
+                            self.choose_gpus(agent_id, &task, ledger)
                         };
                         let gpu_choice = match gpu_choice {
                             Ok(c) => c,
@@ -220,18 +220,12 @@ impl Master {
                         };
                         match draw(&mut pool, &mut used, &task.resources) {
                             Some(alloc) => {
-                                let chosen: Vec<String> = gpu_choice.into_iter().collect();
-                                if let Some(ledger) = accept_gpus.as_mut() {
-                                    match task.resources.gpu_amount() {
-                                        Ok(GpuAmount::Fraction(m)) => {
-                                            for uuid in &chosen {
-                                                ledger.take(uuid, m);
-                                            }
-                                        }
-                                        Ok(GpuAmount::Whole(k)) => ledger
-                                            .pending_whole
-                                            .push((k, task.gpu_selector.clone())),
-                                        _ => {}
+                                let chosen = gpu_choice;
+                                if let (Some(ledger), Ok(amount)) =
+                                    (accept_gpus.as_mut(), task.resources.gpu_amount())
+                                {
+                                    for uuid in &chosen {
+                                        ledger.take(uuid, amount.per_gpu_milli());
                                     }
                                 }
                                 launches.push((task, alloc, chosen));

@@ -1,5 +1,5 @@
 //! GPU sharing in the master (pure): which share of each GPU the tasks on an agent hold, what
-//! offers show as free per GPU, and which GPU a task asking for a fraction of one gets.
+//! offers show as free per GPU, and which GPUs a task gets.
 //!
 //! A `gpus` amount below one is a fraction of one GPU (milli-GPU precision); from one up it is
 //! whole GPUs ([`GpuAmount`]). The allocator accounts the scalar exactly (milli-units); this
@@ -11,14 +11,18 @@
 //! `--gpu-placement`, default `fgd-pack`), scored against the expected task mix: the shapes
 //! the frameworks declared in their demands, the GPU tasks live on the agent, the task itself
 //! and one whole GPU (so whole GPUs are not broken up while a partly used GPU has room), and
-//! sends the choice with `RunTask` (the agent checks
-//! it and falls back to its own choice when it no longer fits). Whole GPUs are left to the
-//! agent's topology-aware assignment, as before; the master learns them from the task's
-//! status updates. A task whose GPUs are not known yet (whole GPUs, not yet reported) holds
-//! its count of idle GPUs as "pending", which fractions may not take.
+//! sends the choice with `RunTask` (the agent checks it and falls back to its own choice when
+//! it no longer fits). Whole GPUs are chosen at accept time too, with the agent's own
+//! topology-aware rule ([`topology::assign`]: fewest NUMA nodes and PCI roots, best fit), so
+//! the ledger is exact from the accept on: an accept that follows before the agent's first
+//! update still sees which GPUs are taken. (When they were left to the agent, a task asking
+//! for a GPU model was refused while tasks without a selector were in flight: they might have
+//! taken its GPUs.) A whole-GPU task whose GPUs are not known (launched by an older master)
+//! holds its count of idle GPUs as "pending", which other tasks may not take.
 
 use std::collections::BTreeMap;
 
+use gantry_sdk::placement::topology::{self, GpuSlot};
 use gantry_sdk::placement::{
     GpuDemand, ModelId, ModelSet, Models, Node, Placer, Policy, TaskShape, Workload, GPU_MILLI,
 };
@@ -169,16 +173,21 @@ impl Master {
             .collect()
     }
 
-    /// The GPU for `task` when it asks for a fraction of one: `Ok(None)` for tasks without
-    /// GPUs or with whole GPUs (the agent picks those), `Err` when no admissible GPU of the
-    /// agent has room. `ledger` is what the agent's live tasks hold ([`Master::gpu_ledger`])
-    /// plus what earlier tasks of the same accept were given.
-    pub(crate) fn choose_fraction(
+    /// The GPUs for `task`: `Ok(vec![])` for tasks without GPUs; for a fraction of one GPU,
+    /// the GPU it shares (fragmentation-aware); for whole GPUs, `k` idle ones of one NUMA node
+    /// and PCI root where possible ([`topology::assign`], the agent's own rule). `Err` when no
+    /// admissible GPU of the agent has room. `ledger` is what the agent's live tasks hold
+    /// ([`Master::gpu_ledger`]) plus what earlier tasks of the same accept were given.
+    ///
+    /// Choosing whole GPUs here, not leaving them to the agent, keeps the ledger exact from the
+    /// accept on: the next accept (and offer) sees which GPUs are taken before the agent's
+    /// first update arrives.
+    pub(crate) fn choose_gpus(
         &self,
         agent: AgentId,
         task: &TaskInfo,
         ledger: &GpuLedger,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Vec<String>, String> {
         let tid = task.task_id;
         let amount = task
             .resources
@@ -186,21 +195,18 @@ impl Master {
             .map_err(|e| format!("task {tid}: {e}"))?;
         if amount == GpuAmount::None {
             // CPU tasks cost nothing here (an accept may launch many).
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        let gpus: Vec<&GpuInfo> = self
+        let gpus: &[GpuInfo] = self
             .agents
             .get(&agent)
-            .map(|a| a.gpus.iter().collect())
+            .map(|a| a.gpus.as_slice())
             .unwrap_or_default();
         let selector = task.gpu_selector.as_ref();
-        let candidates: Vec<&GpuInfo> = gpus
-            .iter()
-            .copied()
-            .filter(|g| g.healthy && GpuSelector::admits(selector, g))
-            .collect();
+        let admits = |g: &GpuInfo| g.healthy && GpuSelector::admits(selector, g);
+        let candidates: Vec<&GpuInfo> = gpus.iter().filter(|g| admits(g)).collect();
         let milli = match amount {
-            GpuAmount::None => return Ok(None),
+            GpuAmount::None => return Ok(Vec::new()),
             GpuAmount::Whole(k) => {
                 let idle = candidates
                     .iter()
@@ -208,8 +214,8 @@ impl Master {
                     .count() as u64;
                 let pending = ledger.pending_on(&candidates);
                 let needed = k + pending;
-                if idle < needed {
-                    return Err(format!(
+                let short = || {
+                    format!(
                         "task {tid}: asks for {k} whole GPUs{}; the agent has {idle} idle GPUs it may use{}",
                         describe(selector),
                         if pending > 0 {
@@ -217,9 +223,29 @@ impl Master {
                         } else {
                             String::new()
                         }
-                    ));
+                    )
+                };
+                if idle < needed {
+                    return Err(short());
                 }
-                return Ok(None);
+                let slots: Vec<GpuSlot> = gpus
+                    .iter()
+                    .map(|g| GpuSlot {
+                        numa_node: g.numa_node,
+                        pci_root: g.pci_root.clone(),
+                        healthy: g.healthy,
+                        free: admits(g) && ledger.free(&g.uuid) == GPU_MILLI,
+                    })
+                    .collect();
+                let picked = usize::try_from(k)
+                    .ok()
+                    .and_then(|k| topology::assign(&slots, k))
+                    .ok_or_else(short)?;
+                return Ok(picked
+                    .into_iter()
+                    .filter_map(|i| gpus.get(i))
+                    .map(|g| g.uuid.clone())
+                    .collect());
             }
             GpuAmount::Fraction(m) => m,
         };
@@ -277,7 +303,7 @@ impl Master {
             .and_then(|i| usable.get(i))
             .or_else(|| usable.iter().find(|g| ledger.free(&g.uuid) >= milli))
             .map(|g| g.uuid.clone());
-        Ok(chosen)
+        Ok(chosen.into_iter().collect())
     }
 
     /// GPU task shapes the frameworks declared (`Demand`), with their counts, as part of the

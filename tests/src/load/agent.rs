@@ -50,6 +50,7 @@ fn gpus(idx: usize, n: usize) -> Vec<GpuInfo> {
             minor: g as u32,
             pci_bus_id: format!("00000000:{:02X}:00.0", g + 1),
             numa_node: Some((g * 2 / n.max(1)) as u32),
+            pci_root: None,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,

@@ -1,6 +1,6 @@
 //! GPUs in the core: a fault withdraws the GPU and tells its tasks, an unhealthy GPU survives a
 //! restart, GPU memory over a task's share is reported then killed, pinned UUIDs are the
-//! devices a task gets.
+//! devices a task gets, the master's choice of whole GPUs is taken while it fits.
 
 use super::*;
 
@@ -230,4 +230,40 @@ fn pinned_gpu_uuids_are_the_devices_the_task_gets() {
         failed[0].message.contains("matching its selector"),
         "{failed:?}"
     );
+}
+
+/// The GPUs `RunTask` named for task `t` (the master's choice), as the launch's
+/// `CUDA_VISIBLE_DEVICES`, sorted; `None` when nothing was launched.
+fn visible_for(c: &mut AgentCore, t: TaskInfo, master: &[&str], now: u64) -> Option<Vec<String>> {
+    let input = Input::Master(MasterToAgent::RunTask {
+        framework_id: FrameworkId::random(),
+        task: t,
+        gpus: master.iter().map(|g| g.to_string()).collect(),
+    });
+    let fx = step(c, input, now);
+    let plan = fx.iter().find_map(|e| match e {
+        Effect::Launch(p) => Some(p.clone()),
+        _ => None,
+    })?;
+    let mut v: Vec<String> = plan.env["CUDA_VISIBLE_DEVICES"]
+        .split(',')
+        .map(String::from)
+        .collect();
+    v.sort();
+    Some(v)
+}
+
+#[test]
+fn whole_gpus_the_master_chose_are_taken_while_they_fit() {
+    let mut c = registered(4);
+    // The master's choice, though the agent alone would have taken GPU-0 and GPU-1.
+    let got = visible_for(&mut c, task(";gpus:2"), &["GPU-3", "GPU-2"], T0);
+    assert_eq!(got.unwrap(), ["GPU-2", "GPU-3"]);
+    // A stale choice (GPU-2 is taken now): the agent picks idle GPUs itself.
+    let got = visible_for(&mut c, task(";gpus:2"), &["GPU-2", "GPU-0"], T0 + 1);
+    assert_eq!(got.unwrap(), ["GPU-0", "GPU-1"]);
+    // A choice of the wrong size, or of unknown GPUs, is ignored the same way; nothing is
+    // left now, so the task fails.
+    let got = visible_for(&mut c, task(";gpus:1"), &["GPU-9"], T0 + 2);
+    assert_eq!(got, None);
 }

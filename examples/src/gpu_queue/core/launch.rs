@@ -154,7 +154,7 @@ exit "$status""#;
 
 /// The selector a member is launched with: the job's, with the model pinned to the model of
 /// the GPUs the plan chose for it when they are all one model and the job named none. The
-/// agent picks the devices itself (count and selector); without the pin, a job placed on an
+/// master picks the devices (count and selector, not our plan); without the pin, a job placed on an
 /// agent's H100s could be given its A100s and leave a later A100-only job of the same pass
 /// without any.
 fn pinned_selector(

@@ -13,6 +13,7 @@ fn gpus(agent: u32) -> Vec<GpuInfo> {
             minor: i,
             pci_bus_id: format!("0000:{i:02x}:00.0"),
             numa_node: Some(i / 4),
+            pci_root: None,
             healthy: true,
             mig_profile: None,
             parent_uuid: None,

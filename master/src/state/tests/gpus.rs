@@ -122,9 +122,9 @@ fn fractions_share_one_gpu_and_never_overfill_it() {
 }
 
 #[test]
-fn whole_gpus_being_launched_keep_their_idle_gpus() {
+fn whole_gpus_are_chosen_at_accept_and_fractions_keep_off_them() {
     let (mut h, offers) = Harness::with_gpus(vec![gpu_info(0), gpu_info(1)]);
-    // A whole GPU (the agent picks it) then a fraction: the fraction may use only the other.
+    // A whole GPU (the master picks it) then a fraction: the fraction may use only the other.
     let (launched, errors, _) = h.launch(
         offers[0].id,
         vec![
@@ -134,12 +134,78 @@ fn whole_gpus_being_launched_keep_their_idle_gpus() {
         ],
     );
     assert_eq!(launched.len(), 2, "{errors:?}");
-    assert!(
-        launched[0].1.is_empty(),
-        "whole GPUs are the agent's choice"
-    );
+    assert_eq!(launched[0].1.len(), 1, "the master chose the whole GPU");
     assert_eq!(launched[1].1.len(), 1);
+    assert_ne!(launched[0].1, launched[1].1);
     assert!(errors[0].contains("600 milli-GPUs"), "{errors:?}");
+}
+
+/// Eight GPUs: four A100s on NUMA node 0, four L4s on node 1.
+fn mixed_host() -> Vec<GpuInfo> {
+    (0..8)
+        .map(|i| GpuInfo {
+            name: if i < 4 { "NVIDIA A100" } else { "NVIDIA L4" }.into(),
+            numa_node: Some(i / 4),
+            ..gpu_info(i)
+        })
+        .collect()
+}
+
+fn with_model(mut t: TaskInfo, model: &str) -> TaskInfo {
+    t.gpu_selector = Some(GpuSelector {
+        model: Some(model.into()),
+        ..Default::default()
+    });
+    t
+}
+
+/// The CI failure this replaced: with whole GPUs left to the agent, a task without a selector
+/// in flight counted against every model, and an A100 task was refused while two A100s sat
+/// idle (the queue's job FAILED). Now each accept takes named GPUs, topology-aware, and the
+/// next accept sees them before any agent update.
+#[test]
+fn back_to_back_whole_gpu_accepts_see_each_others_gpus() {
+    let (mut h, offers) = Harness::with_gpus(mixed_host());
+    let gpus = |l: &Launched| l.0.iter().map(|(_, g)| g.clone()).collect::<Vec<_>>();
+    let two_a100 = h.launch(
+        offers[0].id,
+        vec![with_model(task("cpus:1;gpus:2"), "A100")],
+    );
+    assert_eq!(
+        gpus(&two_a100),
+        vec![vec!["GPU-0", "GPU-1"]],
+        "{:?}",
+        two_a100.1
+    );
+    // Four of any model: one NUMA node, the L4s' (the A100 node has only two idle).
+    let offers = h.revive();
+    let any4 = h.launch(offers[0].id, vec![task("cpus:1;gpus:4")]);
+    assert_eq!(
+        gpus(&any4),
+        vec![vec!["GPU-4", "GPU-5", "GPU-6", "GPU-7"]],
+        "{:?}",
+        any4.1
+    );
+    // No agent update yet: one more A100 fits (two are idle), then two more do not.
+    let offers = h.revive();
+    let free_a100 = offers[0]
+        .gpu_free
+        .iter()
+        .filter(|g| g.free_milli == 1000)
+        .count();
+    assert_eq!(free_a100, 2, "the offer shows only GPU-2 and GPU-3 idle");
+    let one = h.launch(
+        offers[0].id,
+        vec![with_model(task("cpus:1;gpus:1"), "A100")],
+    );
+    assert_eq!(gpus(&one), vec![vec!["GPU-2"]], "{:?}", one.1);
+    let offers = h.revive();
+    let (launched, errors, _) = h.launch(
+        offers[0].id,
+        vec![with_model(task("cpus:1;gpus:2"), "A100")],
+    );
+    assert!(launched.is_empty());
+    assert!(errors[0].contains("1 idle GPUs"), "{errors:?}");
 }
 
 #[test]
@@ -202,16 +268,23 @@ fn fractions_keep_whole_gpus_idle() {
 }
 
 #[test]
-fn oversized_mig_fields_are_refused_at_registration() {
+fn oversized_mig_and_topology_fields_are_refused_at_registration() {
     let mut h = Harness::new();
-    let mut g = mig(1);
-    g.mig_profile = Some("x".repeat(register_limits::MAX_GPU_FIELD + 1));
-    let out = h.register(A, "big-mig", register_with_gpus("cpus:1;gpus:1", vec![g]));
-    assert!(
-        out.iter().any(|o| matches!(o,
-            Output::ToAgent(_, MasterToAgent::Error { message }) if message.contains("MIG profile"))),
-        "{out:?}"
-    );
+    let long = "x".repeat(register_limits::MAX_GPU_FIELD + 1);
+    let mut profile = mig(1);
+    profile.mig_profile = Some(long.clone());
+    let root = GpuInfo {
+        pci_root: Some(long),
+        ..gpu_info(0)
+    };
+    for g in [profile, root] {
+        let out = h.register(A, "big-gpu", register_with_gpus("cpus:1;gpus:1", vec![g]));
+        assert!(
+            out.iter().any(|o| matches!(o,
+                Output::ToAgent(_, MasterToAgent::Error { message }) if message.contains("MIG profile"))),
+            "{out:?}"
+        );
+    }
 }
 
 #[test]

@@ -135,6 +135,7 @@ fn gpu_info(i: u32) -> GpuInfo {
         minor: i,
         pci_bus_id: format!("00000000:0{i}:00.0"),
         numa_node: Some(0),
+        pci_root: None,
         healthy: true,
         mig_profile: None,
         parent_uuid: None,

@@ -21,11 +21,13 @@ use std::collections::BTreeMap;
 /// One GPU as assignment sees it (the slice index is the GPU's identity).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuSlot {
+    /// The NUMA node; `None` when unknown (all such GPUs count as one node).
     pub numa_node: Option<u32>,
     /// The PCI root (host bridge / root port); `None` when unknown.
     pub pci_root: Option<String>,
+    /// Not failed (a failed GPU is never picked).
     pub healthy: bool,
-    /// Not assigned to a running task.
+    /// Not assigned to a running task (and, for the caller, eligible for this one).
     pub free: bool,
 }
 
