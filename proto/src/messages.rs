@@ -16,7 +16,7 @@ use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
 use super::resources::Resources;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// The most task ids one [`FrameworkToMaster::Reconcile`] may name; the master refuses more
 /// with an [`ErrorKind::InvalidRequest`] error (the SDK's driver splits longer lists).
@@ -163,11 +163,6 @@ pub struct GpuInfo {
     pub pci_bus_id: String,
     /// The NUMA node the device is attached to, when known.
     pub numa_node: Option<u32>,
-    /// The PCI root (host bridge and root port) the device hangs off, when sysfs shows it:
-    /// GPUs under one root talk fastest. The master groups GPUs by NUMA node and PCI root
-    /// when it chooses whole GPUs for a task.
-    #[serde(default)]
-    pub pci_root: Option<String>,
     /// False after an XID error or a failed health check: not offered.
     pub healthy: bool,
     /// Set on a MIG device (a slice of a GPU in MIG mode): its profile, e.g. `1g.10gb`. The
@@ -178,6 +173,11 @@ pub struct GpuInfo {
     /// For a MIG device, the UUID of the physical GPU it is carved from.
     #[serde(default)]
     pub parent_uuid: Option<String>,
+    /// The PCI root (host bridge and root port) the device hangs off, when sysfs shows it:
+    /// GPUs under one root talk fastest. The master groups GPUs by NUMA node and PCI root
+    /// when it chooses whole GPUs for a task. (Protocol v6.)
+    #[serde(default)]
+    pub pci_root: Option<String>,
 }
 
 /// What is left of one GPU for new tasks (in offers): the fraction not given to tasks and the
