@@ -194,8 +194,8 @@ impl Master {
                             );
                             continue;
                         }
-                        // Per-GPU room (fractions share a GPU up to one whole GPU): the GPU
-                        // for a fraction is chosen here (gpus.rs).
+                        // Per-GPU room (fractions share a GPU up to one whole GPU): the GPUs
+                        // are chosen here, a fraction's and whole ones (gpus.rs).
                         let gpu_choice = if task.resources.gpu_amount() == Ok(GpuAmount::None) {
                             Ok(Vec::new())
                         } else {
