@@ -12,8 +12,11 @@
 //! 5. lowest GPU indices (determinism).
 //!
 //! GPUs within a local group are interchangeable, so the search enumerates how many GPUs to take
-//! from each group (not every subset); a bounded search falls back to a greedy best fit on
-//! hosts with very many groups.
+//! from each group (not every subset), and drops a partial choice as soon as it spans more NUMA
+//! nodes and groups than the best complete one. Its work is bounded: past the bound (hosts
+//! with very many groups) it falls back to a greedy best fit, so one call costs microseconds
+//! on real hosts and well under a millisecond on the largest one an agent may register (256
+//! GPUs, each its own group).
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -47,8 +50,12 @@ type Score = (
     Vec<usize>,
 );
 
-/// Bound on search nodes before the greedy fallback.
-const SEARCH_LIMIT: usize = 200_000;
+/// Bound on the search's work before the greedy fallback: one unit per search node, one per
+/// group for each complete choice scored. Hosts of up to 16 GPUs in up to 8 local groups
+/// stay below it (a test checks); a host of 256 GPUs in 256 groups reaches it in a fraction
+/// of a millisecond. The master runs this on its core loop for every whole-GPU task, so an
+/// agent's topology must not be able to stall it.
+const WORK_LIMIT: usize = 20_000;
 
 /// Picks `k` GPUs among the free healthy `gpus`; returns their indices (ascending), or `None`
 /// when fewer than `k` are available.
@@ -62,8 +69,21 @@ pub fn assign(gpus: &[GpuSlot], k: usize) -> Option<Vec<usize>> {
     if k == 0 {
         return Some(Vec::new());
     }
+    let (groups, numa_count) = group(gpus, &available);
+    let take = exact(&groups, numa_count, k).unwrap_or_else(|| greedy(&groups, numa_count, k));
+    let mut out: Vec<usize> = groups
+        .iter()
+        .zip(&take)
+        .flat_map(|(g, &t)| g.members[..t].iter().copied())
+        .collect();
+    out.sort_unstable();
+    Some(out)
+}
+
+/// The `available` GPUs by local group (NUMA node, PCI root), with the number of NUMA nodes.
+fn group(gpus: &[GpuSlot], available: &[usize]) -> (Vec<Group>, usize) {
     let mut by_key: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
-    for &i in &available {
+    for &i in available {
         by_key
             .entry((gpus[i].numa_node, gpus[i].pci_root.clone()))
             .or_default()
@@ -74,50 +94,68 @@ pub fn assign(gpus: &[GpuSlot], k: usize) -> Option<Vec<usize>> {
         v.dedup();
         v
     };
-    let groups: Vec<Group> = by_key
+    let groups = by_key
         .into_iter()
         .map(|((numa, _), members)| Group {
             numa: numas.iter().position(|n| *n == numa).unwrap_or(0),
             members,
         })
         .collect();
+    (groups, numas.len())
+}
 
+/// The best takes per group, or `None` when the search's work passed [`WORK_LIMIT`].
+fn exact(groups: &[Group], numa_count: usize, k: usize) -> Option<Vec<usize>> {
+    let mut rest = vec![0; groups.len() + 1];
+    for i in (0..groups.len()).rev() {
+        rest[i] = rest[i + 1] + groups[i].members.len();
+    }
     let mut search = Search {
-        groups: &groups,
-        numa_count: numas.len(),
+        groups,
+        numa_count,
+        rest,
         take: vec![0; groups.len()],
+        numa_groups: vec![0; numa_count],
+        spans: (0, 0),
         best: None,
-        nodes: 0,
+        work: 0,
     };
     search.dfs(0, k);
-    let take = match search.best {
-        Some((_, take)) if search.nodes <= SEARCH_LIMIT => take,
-        _ => greedy(&groups, numas.len(), k),
-    };
-    let mut out: Vec<usize> = groups
-        .iter()
-        .zip(&take)
-        .flat_map(|(g, &t)| g.members[..t].iter().copied())
-        .collect();
-    out.sort_unstable();
-    Some(out)
+    match search.best {
+        Some((_, take)) if search.work <= WORK_LIMIT => Some(take),
+        _ => None,
+    }
 }
 
 struct Search<'a> {
     groups: &'a [Group],
     numa_count: usize,
+    /// `rest[i]`: the free GPUs of groups `i..`.
+    rest: Vec<usize>,
     take: Vec<usize>,
+    /// Per NUMA node, how many of its groups the partial choice takes from.
+    numa_groups: Vec<usize>,
+    /// NUMA nodes and groups the partial choice spans (the score's first two terms).
+    spans: (usize, usize),
     best: Option<(Score, Vec<usize>)>,
-    nodes: usize,
+    work: usize,
 }
 
 impl Search<'_> {
     fn dfs(&mut self, i: usize, remaining: usize) {
-        self.nodes += 1;
-        if self.nodes > SEARCH_LIMIT {
+        self.work += 1;
+        if self.work > WORK_LIMIT {
             return;
         }
+        // Spans only grow deeper down: a partial choice already spanning more than the best
+        // complete one cannot beat it.
+        if let Some((b, _)) = &self.best {
+            if self.spans > (b.0, b.1) {
+                return;
+            }
+        }
         if remaining == 0 {
+            self.work += self.groups.len();
             let s = score(self.groups, self.numa_count, &self.take);
             let better = match &self.best {
                 Some((b, _)) => s < *b,
@@ -131,12 +169,24 @@ impl Search<'_> {
         if i == self.groups.len() {
             return;
         }
-        let rest: usize = self.groups[i + 1..].iter().map(|g| g.members.len()).sum();
+        let numa = self.groups[i].numa;
         let max = self.groups[i].members.len().min(remaining);
-        let min = remaining.saturating_sub(rest);
+        let min = remaining.saturating_sub(self.rest[i + 1]);
         for t in (min..=max).rev() {
             self.take[i] = t;
+            let saved = self.spans;
+            if t > 0 {
+                self.spans.1 += 1;
+                if self.numa_groups[numa] == 0 {
+                    self.spans.0 += 1;
+                }
+                self.numa_groups[numa] += 1;
+            }
             self.dfs(i + 1, remaining - t);
+            if t > 0 {
+                self.numa_groups[numa] -= 1;
+            }
+            self.spans = saved;
         }
         self.take[i] = 0;
     }
@@ -325,6 +375,46 @@ mod tests {
         assert_eq!(greedy(&groups, 2, 3), vec![1, 2, 0]);
         assert_eq!(greedy(&groups, 2, 1), vec![1, 0, 0]);
         assert_eq!(greedy(&groups, 2, 5).iter().sum::<usize>(), 5);
+    }
+
+    /// Every task size on hosts of up to 16 GPUs in up to 8 local groups is searched exactly
+    /// (the work bound is not reached); the largest host an agent may register is not, and
+    /// still gets a valid answer.
+    #[test]
+    fn the_work_bound_spares_real_hosts_and_caps_huge_ones() {
+        let hosts: [(&str, Vec<GpuSlot>); 3] = [
+            (
+                "8 GPUs, 2 nodes x 4 roots",
+                (0..8)
+                    .map(|i| slot(i / 4, &format!("r{}", i / 2)))
+                    .collect(),
+            ),
+            (
+                "16 GPUs, 2 nodes x 8 roots",
+                (0..16)
+                    .map(|i| slot(i / 8, &format!("r{}", i / 2)))
+                    .collect(),
+            ),
+            (
+                "16 GPUs, 4 nodes x 8 roots",
+                (0..16)
+                    .map(|i| slot(i / 4, &format!("r{}", i / 2)))
+                    .collect(),
+            ),
+        ];
+        for (name, gpus) in &hosts {
+            let all: Vec<usize> = (0..gpus.len()).collect();
+            let (groups, numas) = group(gpus, &all);
+            for k in 1..=gpus.len() {
+                assert!(exact(&groups, numas, k).is_some(), "{name}, k = {k}");
+            }
+        }
+        let huge: Vec<GpuSlot> = (0..256).map(|i| slot(i, &format!("r{i}"))).collect();
+        let all: Vec<usize> = (0..256).collect();
+        let (groups, numas) = group(&huge, &all);
+        assert!(exact(&groups, numas, 8).is_none(), "256 groups: greedy");
+        let got = assign(&huge, 8).unwrap();
+        assert_eq!(got.len(), 8);
     }
 
     fn arb_gpus() -> impl Strategy<Value = Vec<GpuSlot>> {
