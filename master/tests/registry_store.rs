@@ -66,6 +66,7 @@ fn sample() -> Vec<Mutation> {
             roles: vec!["prod".into(), "prod/web".into()],
             principal: "batch-principal".into(),
             failover_timeout_secs: 120.0,
+            partition_aware: false,
         }),
         Mutation::SetMaintenance(MaintenanceRecord {
             agent_id: a1,

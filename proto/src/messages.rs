@@ -16,7 +16,7 @@ use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
 use super::resources::Resources;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// The most task ids one [`FrameworkToMaster::Reconcile`] may name; the master refuses more
 /// with an [`ErrorKind::InvalidRequest`] error (the SDK's driver splits longer lists).
@@ -476,6 +476,16 @@ pub enum TaskState {
     /// that was already used, declined or rescinded (terminal; Mesos `TASK_DROPPED`). Nothing
     /// of the task ran: launch it again on a later offer.
     Dropped,
+    /// Its agent has been out of touch past the re-register timeout (a partition, a paused
+    /// host): the task may still run (non-terminal; Mesos `TASK_UNREACHABLE`). Only frameworks
+    /// that declare [`Capability::PartitionAware`] see it; the others get [`TaskState::Lost`].
+    /// If the agent comes back within the master's unreachable timeout the task resumes its
+    /// real state (`RUNNING`, or the `FINISHED` it reached while away); past it, [`TaskState::Gone`].
+    Unreachable,
+    /// Its agent stayed unreachable past the master's unreachable timeout (or was marked gone):
+    /// the task is considered not running and never comes back (terminal; Mesos `TASK_GONE`).
+    /// Whether it ran to completion is unknown: launch it again.
+    Gone,
 }
 
 impl TaskState {
@@ -489,6 +499,7 @@ impl TaskState {
                 | TaskState::Lost
                 | TaskState::Error
                 | TaskState::Dropped
+                | TaskState::Gone
         )
     }
 
@@ -504,6 +515,8 @@ impl TaskState {
             TaskState::Lost => "LOST",
             TaskState::Error => "ERROR",
             TaskState::Dropped => "DROPPED",
+            TaskState::Unreachable => "UNREACHABLE",
+            TaskState::Gone => "GONE",
         }
     }
 }
@@ -546,6 +559,9 @@ pub enum TaskReason {
     /// The agent could not find the `ports:K` free ports the task asks for in its port range
     /// (held by processes outside Gantry, or the agent has no range).
     PortUnavailable,
+    /// Its agent is out of touch past the re-register timeout ([`TaskState::Unreachable`]), or
+    /// stayed so past the unreachable timeout ([`TaskState::Gone`]).
+    AgentUnreachable,
 }
 
 impl TaskReason {
@@ -564,6 +580,7 @@ impl TaskReason {
             TaskReason::InvalidOffers => "invalid-offers",
             TaskReason::GpuMemory => "gpu-memory",
             TaskReason::PortUnavailable => "port-unavailable",
+            TaskReason::AgentUnreachable => "agent-unreachable",
         }
     }
 }
@@ -788,6 +805,11 @@ pub struct Demand {
 pub enum Capability {
     /// Wants offers from agents with GPUs.
     GpuResources,
+    /// Understands [`TaskState::Unreachable`] and [`TaskState::Gone`] (Mesos
+    /// `PARTITION_AWARE`): the tasks of an agent that is out of touch become `UNREACHABLE` and
+    /// resume their real state if it comes back in time. Without it they are `LOST` (and
+    /// killed if the agent comes back).
+    PartitionAware,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

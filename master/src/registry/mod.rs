@@ -84,6 +84,11 @@ pub struct FrameworkRecord {
     pub principal: String,
     /// How long its tasks survive a disconnection.
     pub failover_timeout_secs: f64,
+    /// Whether it declared [`Capability::PartitionAware`](gantry_sdk::protocol::Capability):
+    /// after a failover, its tasks on agents that do not come back in time are `UNREACHABLE`
+    /// before it subscribes again. Absent in records written before it existed (false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partition_aware: bool,
 }
 
 /// An agent under maintenance (drained or draining); see `crate::state::maintenance`.
@@ -531,6 +536,7 @@ mod tests {
                 roles: vec!["prod".into(), "dev".into()],
                 principal: "batch-principal".into(),
                 failover_timeout_secs: 60.0,
+                partition_aware: false,
             }),
             Mutation::SetMaintenance(MaintenanceRecord {
                 agent_id: a,

@@ -199,6 +199,23 @@ impl Master {
         // A second agent under a name in use (by a live agent, or one expected back after a
         // failover) is refused: only one that has been gone for the re-register timeout (and so
         // was removed) may be replaced by a new incarnation.
+        if matches!(claim, Claim::New) {
+            // A new incarnation under the name of an unreachable agent (its work directory
+            // lost, say): the old one will not come back, so its tasks are gone.
+            let old = self.recovered_by_name.get(&name).copied();
+            if let Some(old) = old.filter(|o| {
+                self.recovered_agents
+                    .get(o)
+                    .is_some_and(|r| r.unreachable.is_some())
+            }) {
+                self.agent_gone(
+                    old,
+                    "a new incarnation of the agent registered under its name",
+                    now,
+                    out,
+                );
+            }
+        }
         let holder = self.agents_by_name.get(&name).copied().or_else(|| {
             matches!(claim, Claim::New)
                 .then(|| self.recovered_by_name.get(&name).copied())
@@ -229,6 +246,8 @@ impl Master {
         // Dynamic reservations this agent had (before an agent restart or a master failover),
         // and its registry record if this master recovered it from the registry.
         let mut recovered: Option<AgentRecord> = None;
+        let mut unreachable: Option<Unreachable> = None;
+        let mut adopt = false;
         let dynamic = match claim {
             Claim::Live(c) => self
                 .agents
@@ -239,10 +258,14 @@ impl Master {
                 Some(RecoveredAgent {
                     record: rec,
                     dynamic: d,
+                    unreachable: u,
+                    adopt: a,
                     ..
                 }) => {
                     self.recovered_by_name.remove(&rec.name);
                     recovered = Some(rec);
+                    unreachable = u;
+                    adopt = a;
                     d
                 }
                 None => BTreeMap::new(),
@@ -289,7 +312,7 @@ impl Master {
                         self.send_rescind(&rec, out);
                     }
                 }
-                self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                self.reconcile_agent_tasks(id, conn, &running, &pending_updates, false, now, out);
                 self.emit_agent(id, "re-registered");
                 id
             }
@@ -352,9 +375,32 @@ impl Master {
                 if recovered.as_ref() != Some(&record) {
                     out.push(Output::Persist(Mutation::PutAgent(record)));
                 }
-                if matches!(claim, Claim::Recovered(_)) {
+                if let Some(u) = unreachable {
+                    // Back from a partition within the unreachable timeout: its tasks resume
+                    // their real states; anything else it reports is killed.
+                    tracing::info!(agent = %name, away_ms = now.saturating_sub(u.since),
+                        tasks = u.tasks.len(), "unreachable agent re-registered");
+                    self.resume_tasks(id, conn, u, &running, now, out);
+                    self.reconcile_agent_tasks(
+                        id,
+                        conn,
+                        &running,
+                        &pending_updates,
+                        adopt,
+                        now,
+                        out,
+                    );
+                } else if matches!(claim, Claim::Recovered(_)) {
                     // An agent that comes back with tasks after a master restart: adopt them.
-                    self.reconcile_agent_tasks(id, conn, &running, &pending_updates, now, out);
+                    self.reconcile_agent_tasks(
+                        id,
+                        conn,
+                        &running,
+                        &pending_updates,
+                        adopt,
+                        now,
+                        out,
+                    );
                 } else {
                     // Nobody vouches for tasks a new agent reports: they are killed.
                     for rt in running.iter().filter(|rt| !rt.state.is_terminal()) {
@@ -390,15 +436,35 @@ impl Master {
     }
 
     /// Brings the master's view of an agent's tasks in line with what the agent reports.
+    ///
+    /// A task the master does not know is adopted only when `adopt` (this master never knew
+    /// the agent's tasks: it came back after a master failover), only for a framework the
+    /// master knows, and only while the adopted tasks fit in the agent's registered resources;
+    /// anything else is killed and not accounted. A live agent that re-registers cannot make
+    /// the master account a task it never launched (docs/security.md, "Phantom tasks").
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn reconcile_agent_tasks(
         &mut self,
         id: AgentId,
         conn: ConnId,
         running: &[RunningTask],
         pending: &[StatusUpdate],
+        adopt: bool,
         now: Millis,
         out: &mut Vec<Output>,
     ) {
+        // What adopted tasks may hold in all: the agent's registered resources.
+        let mut room = self
+            .agents
+            .get(&id)
+            .map(|a| {
+                let mut all = a.resources.clone();
+                for r in a.reserved.values() {
+                    all.add_assign(r);
+                }
+                all
+            })
+            .unwrap_or_default();
         let reported: HashSet<TaskId> = running
             .iter()
             .map(|r| r.task.task_id)
@@ -419,9 +485,15 @@ impl Master {
                     ));
                 }
                 None => {
-                    if !self.frameworks.contains_key(&rt.framework_id) {
-                        // Its framework is gone (or not yet re-subscribed after a master
-                        // failover, which issue 5 handles by recovering frameworks first).
+                    let fits = rt.state.is_terminal() || room.contains(&rt.task.resources);
+                    if !adopt || !fits || !self.frameworks.contains_key(&rt.framework_id) {
+                        // Not this master's to vouch for: a live or returning agent reporting a
+                        // task the master never launched (or no longer keeps), a task over the
+                        // agent's registered resources, or one whose framework is gone.
+                        if !adopt || !fits {
+                            tracing::warn!(agent = %id, task = %tid, framework = %rt.framework_id,
+                                adopt, fits, "agent reports a task the master does not know; killing it");
+                        }
                         out.push(Output::ToAgent(
                             conn,
                             MasterToAgent::KillTask {
@@ -444,6 +516,7 @@ impl Master {
                     // holds nothing.
                     let ended = rt.state.is_terminal();
                     if !ended {
+                        room = room.saturating_sub(&rt.task.resources);
                         if let Err(e) =
                             self.allocator
                                 .add_allocation(rt.framework_id, id, &role, &allocation)
@@ -713,17 +786,22 @@ impl Master {
         for tid in tasks {
             if let Some(t) = self.tasks.get_mut(&tid) {
                 t.recovered = true; // the agent's resources leave with it
-                if !t.state.is_terminal() || !t.pending.is_empty() {
-                    t.pending.clear();
-                    self.master_update(
-                        tid,
-                        TaskState::Lost,
-                        TaskReason::AgentLost,
-                        reason,
-                        now,
-                        out,
-                    );
+                if t.state.is_terminal() {
+                    // It ended (FINISHED, say) before the agent went: a terminal state is
+                    // never rewritten. Kept until its framework acknowledges the real update
+                    // (redelivered when it subscribes again).
+                    self.finish_task_if_done(tid);
+                    continue;
                 }
+                t.pending.clear();
+                self.master_update(
+                    tid,
+                    TaskState::Lost,
+                    TaskReason::AgentLost,
+                    reason,
+                    now,
+                    out,
+                );
                 self.finish_task_if_done(tid);
                 self.tasks.remove(&tid);
             }
@@ -758,5 +836,223 @@ impl Master {
             out.push(Output::Persist(Mutation::RemoveAgent(id)));
         }
         self.forget_drain(id, out);
+    }
+
+    /// An agent out of touch past its re-register timeout (docs/ha.md, "Partitions"; Mesos
+    /// 1.x partition awareness): its resources leave the pool and its offers are rescinded;
+    /// its running tasks become `UNREACHABLE` for partition-aware frameworks (kept, to resume
+    /// if it comes back within the unreachable timeout) and `LOST` for the others; tasks that
+    /// already ended keep their real terminal state. The agent stays in the registry, its id
+    /// and name reserved for it, until it comes back or the unreachable timeout passes.
+    pub(super) fn agent_unreachable(&mut self, id: AgentId, now: Millis, out: &mut Vec<Output>) {
+        let Some(a) = self.agents.remove(&id) else {
+            return;
+        };
+        self.agents_by_name.remove(&a.name);
+        let timeout_s = self.config.agent_reregister_timeout_ms / 1000;
+        let mut kept = HashSet::new();
+        for tid in a.tasks.iter().copied() {
+            let Some(t) = self.tasks.get_mut(&tid) else {
+                continue;
+            };
+            t.recovered = true; // its resources leave with the agent
+            if t.state.is_terminal() {
+                // Ended before the agent went, its update not acknowledged yet: the real
+                // terminal state stays and is delivered when the framework is back.
+                if !t.pending.is_empty() {
+                    kept.insert(tid);
+                }
+                self.finish_task_if_done(tid);
+                continue;
+            }
+            let aware = self
+                .frameworks
+                .get(&t.framework)
+                .is_some_and(|f| f.capabilities.contains(&Capability::PartitionAware));
+            if aware {
+                self.master_update(
+                    tid,
+                    TaskState::Unreachable,
+                    TaskReason::AgentUnreachable,
+                    &format!(
+                        "agent {} unreachable: not back within {timeout_s} s; the task may \
+                         still run",
+                        a.name
+                    ),
+                    now,
+                    out,
+                );
+                kept.insert(tid);
+            } else {
+                t.pending.clear();
+                self.master_update(
+                    tid,
+                    TaskState::Lost,
+                    TaskReason::AgentLost,
+                    &format!(
+                        "agent lost: {} did not re-register within {timeout_s} s",
+                        a.name
+                    ),
+                    now,
+                    out,
+                );
+                self.finish_task_if_done(tid);
+                self.tasks.remove(&tid);
+            }
+        }
+        for rec in self.allocator.remove_agent(id) {
+            self.send_rescind(&rec, out);
+        }
+        for role in a.reserved.keys() {
+            self.forget_role(role);
+        }
+        if let Some(c) = a.conn {
+            self.conns.remove(&c);
+            out.push(Output::Close {
+                conn: c,
+                reason: "agent unreachable".into(),
+            });
+        }
+        tracing::warn!(agent = %a.name, tasks = kept.len(),
+            "agent unreachable: did not re-register in time; expected back within the unreachable timeout");
+        self.emit(ClusterEvent::AgentRemoved {
+            agent_id: id.to_string(),
+            name: a.name.clone(),
+            reason: "unreachable: did not re-register in time".to_string(),
+        });
+        let record = AgentRecord {
+            id,
+            name: a.name.clone(),
+            hostname: a.hostname.clone(),
+            deactivated: !a.active,
+        };
+        self.recovered_by_name.insert(a.name.clone(), id);
+        self.recovered_agents.insert(
+            id,
+            RecoveredAgent {
+                record,
+                dynamic: a.dynamic,
+                deadline: now.saturating_add(self.config.agent_unreachable_timeout_ms),
+                unreachable: Some(Unreachable {
+                    since: now,
+                    tasks: kept,
+                    kills: HashSet::new(),
+                }),
+                adopt: false,
+            },
+        );
+        self.agent_timers_changed();
+        self.allocation_pending = true;
+    }
+
+    /// An unreachable agent that will not come back (its unreachable timeout passed, a new
+    /// incarnation took its name, or an operator marked it gone): its `UNREACHABLE` tasks are
+    /// `GONE`, and it leaves the registry.
+    pub(super) fn agent_gone(
+        &mut self,
+        id: AgentId,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(rec) = self.recovered_agents.remove(&id) else {
+            return;
+        };
+        if self.recovered_by_name.get(&rec.record.name) == Some(&id) {
+            self.recovered_by_name.remove(&rec.record.name);
+        }
+        for tid in rec.unreachable.map(|u| u.tasks).unwrap_or_default() {
+            let unreachable = self
+                .tasks
+                .get(&tid)
+                .is_some_and(|t| t.state == TaskState::Unreachable);
+            if unreachable {
+                self.master_update(
+                    tid,
+                    TaskState::Gone,
+                    TaskReason::AgentUnreachable,
+                    &format!("agent {} gone: {reason}", rec.record.name),
+                    now,
+                    out,
+                );
+            }
+            self.finish_task_if_done(tid);
+        }
+        tracing::warn!(agent = %rec.record.name, reason, "agent gone");
+        for role in rec.dynamic.keys() {
+            out.push(Output::Persist(Mutation::RemoveReservation {
+                agent_id: id,
+                role: role.clone(),
+            }));
+        }
+        out.push(Output::Persist(Mutation::RemoveAgent(id)));
+        self.forget_drain(id, out);
+        self.agent_timers_changed();
+    }
+
+    /// The tasks of an unreachable agent that came back: those it still runs are charged
+    /// again and resume their real state (the framework is told); kills asked for while it was
+    /// away are sent. Terminal states reached while away arrive as the agent's own updates.
+    fn resume_tasks(
+        &mut self,
+        id: AgentId,
+        conn: ConnId,
+        away: Unreachable,
+        running: &[RunningTask],
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(a) = self.agents.get_mut(&id) {
+            a.tasks.extend(away.tasks.iter().copied());
+        }
+        for rt in running {
+            let tid = rt.task.task_id;
+            let Some(t) = self.tasks.get_mut(&tid) else {
+                continue;
+            };
+            if t.agent != id || t.state != TaskState::Unreachable || rt.state.is_terminal() {
+                continue;
+            }
+            let (fw, role, allocation) = (t.framework, t.role.clone(), t.allocation.clone());
+            if let Err(e) = self.allocator.add_allocation(fw, id, &role, &allocation) {
+                tracing::warn!(task = %tid, "resumed task's resources not charged: {e}");
+            } else if let Some(t) = self.tasks.get_mut(&tid) {
+                t.recovered = false;
+            }
+            let name = self
+                .agents
+                .get(&id)
+                .map(|a| a.name.clone())
+                .unwrap_or_default();
+            let mut update = self.new_update(
+                tid,
+                fw,
+                Some(id),
+                rt.state,
+                format!("agent {name} is back: the task resumes"),
+                now,
+            );
+            update.gpus = rt.gpus.clone();
+            if let Some(t) = self.tasks.get_mut(&tid) {
+                t.state = rt.state;
+                t.note(rt.state, &update, now);
+            }
+            self.emit_task(tid);
+            if let Some(fconn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
+                out.push(Output::ToFramework(
+                    fconn,
+                    MasterToFramework::Update(update),
+                ));
+            }
+            if away.kills.contains(&tid) {
+                out.push(Output::ToAgent(
+                    conn,
+                    MasterToAgent::KillTask {
+                        framework_id: fw,
+                        task_id: tid,
+                    },
+                ));
+            }
+        }
     }
 }

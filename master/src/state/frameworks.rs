@@ -123,7 +123,16 @@ impl Master {
                             },
                         )),
                         None => {
-                            if !self.agents.contains_key(&t.agent) {
+                            let agent = t.agent;
+                            if let Some(u) = self
+                                .recovered_agents
+                                .get_mut(&agent)
+                                .and_then(|r| r.unreachable.as_mut())
+                                .filter(|u| u.tasks.contains(&task_id))
+                            {
+                                // Sent when the agent comes back (or the task is GONE).
+                                u.kills.insert(task_id);
+                            } else if !self.agents.contains_key(&agent) {
                                 self.master_update(
                                     task_id,
                                     TaskState::Lost,
@@ -320,6 +329,7 @@ impl Master {
                 roles: f.roles.clone(),
                 principal: f.principal.clone(),
                 failover_timeout_secs: f.failover_timeout_ms as f64 / 1000.0,
+                partition_aware: f.capabilities.contains(&Capability::PartitionAware),
             })));
         }
         out.push(Output::ToFramework(
@@ -495,6 +505,20 @@ impl Master {
             t.pending.clear();
             if t.state.is_terminal() {
                 self.finish_task_if_done(tid);
+            } else if !self.agents.contains_key(&t.agent) {
+                // Its agent is unreachable: the task is killed if the agent comes back (it is
+                // then unknown); nothing of it is kept here.
+                let agent = t.agent;
+                if let Some(u) = self
+                    .recovered_agents
+                    .get_mut(&agent)
+                    .and_then(|r| r.unreachable.as_mut())
+                {
+                    u.tasks.remove(&tid);
+                }
+                if let Some(t) = self.tasks.remove(&tid) {
+                    self.remember_completed(t.record());
+                }
             } else if let Some(aconn) = self.agents.get(&t.agent).and_then(|a| a.conn) {
                 out.push(Output::ToAgent(
                     aconn,

@@ -219,6 +219,12 @@ impl Master {
                 out.push(Output::Persist(Mutation::PutGone(record)));
                 if self.agents.contains_key(&id) {
                     self.remove_agent(id, "agent marked gone by an operator", now, &mut out);
+                } else if self
+                    .recovered_agents
+                    .get(&id)
+                    .is_some_and(|r| r.unreachable.is_some())
+                {
+                    self.agent_gone(id, "marked gone by an operator", now, &mut out);
                 } else if let Some(rec) = self.recovered_agents.remove(&id) {
                     if self.recovered_by_name.get(&rec.record.name) == Some(&id) {
                         self.recovered_by_name.remove(&rec.record.name);

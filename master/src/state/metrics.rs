@@ -11,7 +11,7 @@ use super::Master;
 use crate::allocator::{AllocatorMetrics, Millis, ResourceSeconds};
 
 /// Every task state, so a state with no task shows as 0 (not as a missing series).
-const TASK_STATES: [TaskState; 8] = [
+const TASK_STATES: [TaskState; 10] = [
     TaskState::Staging,
     TaskState::Starting,
     TaskState::Running,
@@ -20,6 +20,8 @@ const TASK_STATES: [TaskState; 8] = [
     TaskState::Killed,
     TaskState::Lost,
     TaskState::Error,
+    TaskState::Unreachable,
+    TaskState::Gone,
 ];
 
 /// A framework's dominant share in one of its roles.
@@ -72,7 +74,8 @@ impl Master {
         let mut agents: BTreeMap<&'static str, u64> = [
             ("connected", 0),
             ("disconnected", 0),
-            ("recovering", self.recovered_agents.len() as u64),
+            ("recovering", self.awaited_agents() as u64),
+            ("unreachable", self.unreachable_agents() as u64),
         ]
         .into();
         let mut total = Resources::new();

@@ -102,7 +102,7 @@ pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT
 pub use pacing::{paced, HELD_MESSAGES, UPDATE_SLICE};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
-use recovery::{with_dynamic, RecoveredAgent};
+use recovery::{with_dynamic, RecoveredAgent, Unreachable};
 pub use rejection::{
     OperatorRejection, ReservationRejection, RoleRejection, SubscribeRejection, TaskRejection,
     MAX_MIN_ALLOCATABLE,
@@ -131,8 +131,13 @@ pub struct MasterConfig {
     pub heartbeat_interval_ms: u64,
     /// An agent silent this long (no heartbeat) is disconnected.
     pub agent_ping_timeout_ms: u64,
-    /// A disconnected agent not back within this long is lost.
+    /// A disconnected agent not back within this long is unreachable: its tasks are
+    /// `UNREACHABLE` for partition-aware frameworks and `LOST` for the others, and its resources
+    /// leave the pool.
     pub agent_reregister_timeout_ms: u64,
+    /// An unreachable agent may come back with its id and its tasks for this long (Mesos
+    /// `--registry_max_agent_age`); past it its tasks are `GONE` and it is forgotten.
+    pub agent_unreachable_timeout_ms: u64,
     /// Batch allocation interval.
     pub allocation_interval_ms: u64,
     /// Allocation cycles triggered by events are at least this far apart (more after a long
@@ -238,6 +243,7 @@ impl Default for MasterConfig {
             heartbeat_interval_ms: 5000,
             agent_ping_timeout_ms: 15_000,
             agent_reregister_timeout_ms: 10_000,
+            agent_unreachable_timeout_ms: 15 * 60_000,
             allocation_interval_ms: 1000,
             allocation_min_gap_ms: 5,
             max_completed_tasks_per_framework: 1000,

@@ -130,7 +130,7 @@ impl Master {
                 Some(r) => (r.state, Some(r.agent), r.message.clone(), r.reason),
                 // After a failover, agents still re-registering may hold it: say nothing
                 // yet (as Mesos does) rather than a LOST that may be wrong.
-                None if !self.recovered_agents.is_empty() => continue,
+                None if self.awaited_agents() > 0 => continue,
                 None => (
                     TaskState::Lost,
                     None,

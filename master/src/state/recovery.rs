@@ -9,11 +9,46 @@ pub(super) struct RecoveredAgent {
     pub(super) record: AgentRecord,
     /// Its dynamic reservations, per role.
     pub(super) dynamic: BTreeMap<String, Resources>,
-    /// When it must be back by; then it is forgotten.
+    /// When it must be back by: then an agent awaited after a failover becomes unreachable,
+    /// and an unreachable one is gone.
     pub(super) deadline: Millis,
+    /// Set once it is out of touch past its re-register timeout (docs/ha.md, "Partitions").
+    pub(super) unreachable: Option<Unreachable>,
+    /// Whether the tasks it reports when it comes back may be adopted: this master never knew
+    /// its tasks (it is in the registry from before a failover). An agent that became
+    /// unreachable under this master has its tasks in the master already; anything else it
+    /// reports is killed.
+    pub(super) adopt: bool,
+}
+
+/// An agent out of touch past its re-register timeout.
+#[derive(Debug, Default)]
+pub(super) struct Unreachable {
+    /// When it was declared unreachable.
+    pub(super) since: Millis,
+    /// Its tasks the master keeps as `UNREACHABLE` (those of partition-aware frameworks, and
+    /// terminal ones whose update is not acknowledged yet).
+    pub(super) tasks: HashSet<TaskId>,
+    /// Of those, the ones their framework asked to kill while the agent was away (sent when
+    /// it comes back).
+    pub(super) kills: HashSet<TaskId>,
 }
 
 impl Master {
+    /// Agents expected back after a failover (not yet unreachable).
+    pub(super) fn awaited_agents(&self) -> usize {
+        self.recovered_agents
+            .values()
+            .filter(|r| r.unreachable.is_none())
+            .count()
+    }
+
+    /// Agents out of touch past their re-register timeout, still expected back within the
+    /// unreachable timeout.
+    pub(super) fn unreachable_agents(&self) -> usize {
+        self.recovered_agents.len() - self.awaited_agents()
+    }
+
     /// Restores the persistent registry when this master becomes the leader: frameworks (as
     /// disconnected, so their failover timeouts run from now), weights, quotas, and the agents
     /// expected to re-register (with their dynamic reservations) within the re-register
@@ -43,7 +78,11 @@ impl Master {
                     name: f.name.clone(),
                     principal: f.principal.clone(),
                     roles: f.roles.clone(),
-                    capabilities: Vec::new(),
+                    capabilities: if f.partition_aware {
+                        vec![Capability::PartitionAware]
+                    } else {
+                        Vec::new()
+                    },
                     failover_timeout_ms: (f.failover_timeout_secs.clamp(0.0, 365.0 * 86400.0)
                         * 1000.0) as u64,
                     conn: None,
@@ -66,6 +105,8 @@ impl Master {
                     record: a.clone(),
                     dynamic,
                     deadline,
+                    unreachable: None,
+                    adopt: true,
                 },
             );
         }

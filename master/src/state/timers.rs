@@ -1,4 +1,4 @@
-//! Timers: agents that did not re-register in time, frameworks past their failover timeout,
+//! Timers: agents that did not re-register in time (unreachable, then gone), frameworks past their failover timeout,
 //! and expired offers; the leadership lease; and [`Master::next_deadline`], the earliest time
 //! any of them (or the next allocation cycle) is due, which the shell sleeps until.
 
@@ -96,32 +96,35 @@ impl Master {
 
     /// Recovered agents that never came back, silent agents and lost agents.
     fn agent_timers(&mut self, now: Millis, out: &mut Vec<Output>) {
-        // Agents from the registry that never came back after a failover are forgotten.
-        let gone: Vec<AgentId> = self
+        // Agents from the registry not back in time after a failover are unreachable (their
+        // tasks are unknown to this master: adopted if they come back in time); unreachable
+        // agents not back within the unreachable timeout are gone.
+        let due: Vec<AgentId> = self
             .recovered_agents
             .iter()
             .filter(|(_, r)| now > r.deadline)
             .map(|(id, _)| *id)
             .collect();
-        for id in gone {
-            if let Some(RecoveredAgent {
-                record: rec,
-                dynamic,
-                ..
-            }) = self.recovered_agents.remove(&id)
-            {
-                if self.recovered_by_name.get(&rec.name) == Some(&id) {
-                    self.recovered_by_name.remove(&rec.name);
-                }
-                tracing::warn!(agent = %rec.name, "agent did not re-register after failover; removed");
-                for role in dynamic.keys() {
-                    out.push(Output::Persist(Mutation::RemoveReservation {
-                        agent_id: id,
-                        role: role.clone(),
-                    }));
-                }
-                out.push(Output::Persist(Mutation::RemoveAgent(id)));
-                self.forget_drain(id, out);
+        for id in due {
+            let Some(r) = self.recovered_agents.get_mut(&id) else {
+                continue;
+            };
+            if r.unreachable.is_some() {
+                let secs = self.config.agent_unreachable_timeout_ms / 1000;
+                self.agent_gone(
+                    id,
+                    &format!("unreachable for longer than the unreachable timeout ({secs} s)"),
+                    now,
+                    out,
+                );
+            } else {
+                tracing::warn!(agent = %r.record.name,
+                    "agent did not re-register after failover; unreachable");
+                r.unreachable = Some(Unreachable {
+                    since: now,
+                    ..Default::default()
+                });
+                r.deadline = now.saturating_add(self.config.agent_unreachable_timeout_ms);
             }
         }
         // Silent agents are disconnected.
@@ -154,7 +157,7 @@ impl Master {
             .map(|a| a.id)
             .collect();
         for id in lost {
-            self.remove_agent(id, "agent lost: did not re-register in time", now, out);
+            self.agent_unreachable(id, now, out);
         }
     }
 

@@ -13,6 +13,7 @@ mod metrics;
 mod operator;
 mod operator_commands;
 mod pacing;
+mod partitions;
 mod recovery;
 mod tasks;
 mod timers;

@@ -73,18 +73,25 @@ fn the_next_deadline_is_the_earliest_timer_and_a_tick_then_clears_it() {
     assert_eq!(h.m.agents.len(), 1, "not due yet");
     h.now = 10_101;
     h.input(Input::Tick);
-    assert!(h.m.agents.is_empty(), "lost at its deadline");
+    assert!(h.m.agents.is_empty(), "unreachable at its deadline");
+    // Unreachable: gone one millisecond past its unreachable timeout.
+    let gone_at = 10_101 + h.m.config.agent_unreachable_timeout_ms + 1;
+    assert_eq!(h.m.next_deadline(10_101), Some(gone_at));
+    h.now = gone_at;
+    h.input(Input::Tick);
+    assert!(h.m.recovered_agents.is_empty(), "gone at its deadline");
     let batch_only = |d: Option<Millis>| d.is_some_and(|d| d >= 3_600_000);
-    assert!(batch_only(h.m.next_deadline(10_101)));
+    assert!(batch_only(h.m.next_deadline(gone_at)));
     // A disconnected framework: its failover timeout (10 s in `info`).
     h.framework(F, "f", "r");
-    h.now = 20_000;
+    let t = gone_at + 10_000;
+    h.now = t;
     h.input(Input::FrameworkDisconnected { conn: F });
-    assert_eq!(h.m.next_deadline(20_000), Some(30_001));
-    h.now = 30_001;
+    assert_eq!(h.m.next_deadline(t), Some(t + 10_001));
+    h.now = t + 10_001;
     h.input(Input::Tick);
     assert!(h.m.frameworks.is_empty());
-    assert!(batch_only(h.m.next_deadline(30_001)));
+    assert!(batch_only(h.m.next_deadline(t + 10_001)));
 }
 
 #[test]
