@@ -1,6 +1,12 @@
 //! A batch framework: runs `count` copies of one command, each with the same resources, and
 //! finishes when every copy has ended. It declares its demand (task shape and count) so the
 //! master can offer it whole tasks, and suppresses offers once everything is launched.
+//!
+//! It is partition-aware ([`Capability::PartitionAware`]): a task whose agent is out of touch
+//! is `UNREACHABLE` and waited for (it may still run and finish); a task the cluster lost
+//! (`LOST`, or `GONE` once its agent stayed away past the master's unreachable timeout) is
+//! launched again, once per loss, and counted in [`BatchProgress::relaunched`]. A task that
+//! failed by itself is not.
 
 use std::collections::HashMap;
 
@@ -33,6 +39,12 @@ pub struct BatchProgress {
     /// Tasks the master dropped (TASK_DROPPED: their accept was invalid) and that were
     /// launched again in later offers; they count neither as finished nor as failed.
     pub dropped: u32,
+    /// Tasks the cluster lost (`LOST`, or `GONE` after `UNREACHABLE`: their agent went away)
+    /// and that were launched again, once per loss; they count neither as finished nor as
+    /// failed. A task that failed by itself (`FAILED`, `ERROR`, `KILLED`) is not relaunched.
+    pub relaunched: u32,
+    /// Tasks now `UNREACHABLE` (their agent is out of touch; they may still run).
+    pub unreachable: u32,
     /// Terminal updates seen per task (a correct cluster delivers exactly one per task).
     pub terminal_updates: HashMap<TaskId, Vec<TaskState>>,
     pub errors: Vec<String>,
@@ -86,6 +98,8 @@ impl Batch {
             shared.finished = p.finished;
             shared.failed = p.failed;
             shared.dropped = p.dropped;
+            shared.relaunched = p.relaunched;
+            shared.unreachable = p.unreachable;
             shared.done = p.done;
         });
     }
@@ -218,13 +232,62 @@ impl Scheduler for Batch {
             self.publish();
             return;
         }
-        self.tasks.insert(update.task_id, update.state);
-        match update.state {
-            TaskState::Running => self.progress.running += 1,
-            s if s.is_terminal() => {
-                if prev == TaskState::Running {
-                    self.progress.running = self.progress.running.saturating_sub(1);
+        if matches!(update.state, TaskState::Lost | TaskState::Gone) {
+            // The cluster lost it (its agent went away): one more copy is owed, once per loss
+            // (a second terminal update of this task is ignored above).
+            tracing::info!(task = %update.task_id, state = %update.state, reason = ?update.reason,
+                "lost by the cluster: launching it again");
+            self.tasks.insert(update.task_id, update.state);
+            match prev {
+                TaskState::Running => {
+                    self.progress.running = self.progress.running.saturating_sub(1)
                 }
+                TaskState::Unreachable => {
+                    self.progress.unreachable = self.progress.unreachable.saturating_sub(1)
+                }
+                _ => {}
+            }
+            self.progress.launched = self.progress.launched.saturating_sub(1);
+            self.progress.relaunched += 1;
+            self.record(|p| {
+                p.terminal_updates
+                    .entry(update.task_id)
+                    .or_default()
+                    .push(update.state)
+            });
+            if self.spec.verbose {
+                println!(
+                    "[{}] task {} {} ({}): launching it again",
+                    self.spec.name, update.task_id, update.state, update.message
+                );
+            }
+            if self.suppressed {
+                driver.revive(vec![]);
+                self.suppressed = false;
+            }
+            driver.set_demand(Some(Demand {
+                task: self.spec.task.clone(),
+                count: self.remaining(),
+            }));
+            self.publish();
+            return;
+        }
+        self.tasks.insert(update.task_id, update.state);
+        match prev {
+            TaskState::Running if update.state != TaskState::Running => {
+                self.progress.running = self.progress.running.saturating_sub(1)
+            }
+            TaskState::Unreachable if update.state != TaskState::Unreachable => {
+                self.progress.unreachable = self.progress.unreachable.saturating_sub(1)
+            }
+            _ => {}
+        }
+        match update.state {
+            TaskState::Running if prev != TaskState::Running => self.progress.running += 1,
+            TaskState::Unreachable if prev != TaskState::Unreachable => {
+                self.progress.unreachable += 1
+            }
+            s if s.is_terminal() => {
                 self.record(|p| {
                     p.terminal_updates
                         .entry(update.task_id)
@@ -242,12 +305,13 @@ impl Scheduler for Batch {
                 }
                 if self.spec.verbose {
                     println!(
-                        "[{}] {}/{} finished, {} failed, {} running",
+                        "[{}] {}/{} finished, {} failed, {} running, {} relaunched",
                         self.spec.name,
                         self.progress.finished,
                         self.spec.count,
                         self.progress.failed,
-                        self.progress.running
+                        self.progress.running,
+                        self.progress.relaunched
                     );
                 }
             }
@@ -343,5 +407,79 @@ mod tests {
         let p = rx.borrow().clone();
         assert!(p.done, "{p:?}");
         assert_eq!((p.finished, p.failed, p.dropped), (3, 0, 1));
+    }
+
+    #[tokio::test]
+    async fn tasks_the_cluster_lost_are_launched_again_once_and_failures_are_not() {
+        let driver = gantry_sdk::Driver::new(gantry_sdk::DriverConfig::new(
+            vec![],
+            "/nonexistent".into(),
+            "t",
+            vec!["default".into()],
+        ));
+        let handle = driver.handle();
+        let (mut b, rx) = Batch::new(BatchSpec {
+            name: "b".into(),
+            command: CommandInfo::shell("true"),
+            count: 4,
+            task: "cpus:1;mem:10".parse().unwrap_or_default(),
+            env: Default::default(),
+            verbose: false,
+            gpu_selector: None,
+        });
+        let agent = AgentId::random();
+        b.offers(&handle, vec![offer(agent, "cpus:4;mem:100")])
+            .await;
+        let ids: Vec<TaskId> = b.tasks.keys().copied().collect();
+        for t in &ids {
+            b.status_update(&handle, &update(*t, TaskState::Running))
+                .await;
+        }
+        assert_eq!(rx.borrow().running, 4);
+        // Unreachable: waited for, not relaunched; it comes back and finishes.
+        b.status_update(&handle, &update(ids[0], TaskState::Unreachable))
+            .await;
+        assert_eq!((rx.borrow().running, rx.borrow().unreachable), (3, 1));
+        b.status_update(&handle, &update(ids[0], TaskState::Running))
+            .await;
+        b.status_update(&handle, &update(ids[0], TaskState::Finished))
+            .await;
+        // Unreachable then gone, and another lost: each relaunched once, even if its loss is
+        // reported twice.
+        b.status_update(&handle, &update(ids[1], TaskState::Unreachable))
+            .await;
+        b.status_update(&handle, &update(ids[1], TaskState::Gone))
+            .await;
+        b.status_update(&handle, &update(ids[2], TaskState::Lost))
+            .await;
+        b.status_update(&handle, &update(ids[2], TaskState::Lost))
+            .await;
+        // A task that failed by itself is not relaunched.
+        b.status_update(&handle, &update(ids[3], TaskState::Failed))
+            .await;
+        let p = rx.borrow().clone();
+        assert_eq!(
+            (p.relaunched, p.launched, p.failed, p.finished),
+            (2, 2, 1, 1),
+            "{p:?}"
+        );
+        assert_eq!((p.running, p.unreachable), (0, 0));
+        // The two copies owed run on the next offer and the batch ends.
+        b.offers(&handle, vec![offer(agent, "cpus:4;mem:100")])
+            .await;
+        let new: Vec<TaskId> = b
+            .tasks
+            .iter()
+            .filter(|(_, s)| **s == TaskState::Staging)
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(new.len(), 2);
+        for t in new {
+            b.status_update(&handle, &update(t, TaskState::Finished))
+                .await;
+        }
+        let p = rx.borrow().clone();
+        assert!(p.done, "{p:?}");
+        assert_eq!((p.finished, p.failed, p.relaunched), (3, 1, 2));
     }
 }

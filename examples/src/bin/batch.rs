@@ -5,7 +5,8 @@
 //! batch ... -- 'echo $HOSTNAME; sleep 1'        # one word: a shell command (/bin/sh -c)
 //! batch ... -- python3 -c 'a=[1]; print(a)'    # several words: argv, executed exactly as typed
 //! ```
-//! Exits 0 when every copy finished successfully, 1 if any failed, was killed or lost.
+//! Exits 0 when every copy finished successfully, 1 if any failed or was killed. Copies the
+//! cluster lost (their agent went away: `LOST`, `GONE`) are launched again, once per loss.
 
 use std::path::PathBuf;
 
@@ -129,6 +130,8 @@ async fn main() -> anyhow::Result<()> {
             .context("issuing the framework certificate from the CA key")?;
     }
     let mut config = DriverConfig::new(args.master, args.tls_dir, &name, vec![args.role]);
+    // It waits for UNREACHABLE tasks and relaunches what the cluster lost (docs/ha.md).
+    config.info.capabilities.push(Capability::PartitionAware);
     if args.gpus > 0.0 {
         config.info.capabilities.push(Capability::GpuResources);
     }
@@ -143,8 +146,8 @@ async fn main() -> anyhow::Result<()> {
         .context("running the batch framework")?;
     let p = progress.borrow().clone();
     println!(
-        "[{name}] done: {} finished, {} failed",
-        p.finished, p.failed
+        "[{name}] done: {} finished, {} failed, {} relaunched after the cluster lost them",
+        p.finished, p.failed, p.relaunched
     );
     for e in p.errors.iter().take(10) {
         println!("[{name}]   {e}");

@@ -413,7 +413,9 @@ impl Core {
                 self.stats.preemptions += 1;
             }
             _ if killing => {}
-            (_, TaskState::Lost | TaskState::Killed | TaskState::Dropped) if !killing => {
+            (_, TaskState::Lost | TaskState::Gone | TaskState::Killed | TaskState::Dropped)
+                if !killing =>
+            {
                 // Lost with its agent, killed by someone else, or dropped by the master before
                 // it started (an offer expired or was rescinded as we accepted it): requeue the
                 // whole job.

@@ -69,9 +69,14 @@ struct ServeArgs {
     /// Extra host names or IPs for the master certificate when the master issues it.
     #[arg(long, value_delimiter = ',')]
     tls_san: Vec<String>,
-    /// Seconds a disconnected agent may take to re-register before its tasks are LOST.
+    /// Seconds a disconnected agent may take to re-register before it is unreachable: its
+    /// tasks become UNREACHABLE for partition-aware frameworks, LOST for the others.
     #[arg(long, default_value_t = 10.0)]
     agent_reregister_timeout: f64,
+    /// Seconds an unreachable agent may take to come back with its id and its tasks (Mesos
+    /// `--registry_max_agent_age`); past it its tasks are GONE and it is forgotten.
+    #[arg(long, default_value_t = 900.0)]
+    agent_unreachable_timeout: f64,
     /// Batch allocation interval in milliseconds.
     #[arg(long, default_value_t = 1000)]
     allocation_interval_ms: u64,
@@ -277,6 +282,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         agent_reregister_timeout_ms: secs_to_ms(
             args.agent_reregister_timeout,
             "--agent-reregister-timeout",
+        )?,
+        agent_unreachable_timeout_ms: secs_to_ms(
+            args.agent_unreachable_timeout,
+            "--agent-unreachable-timeout",
         )?,
         allocation_interval_ms: args.allocation_interval_ms.max(1),
         allocation_min_gap_ms: args.allocation_min_gap_ms,
