@@ -15,6 +15,9 @@ pub struct StateView {
     pub leader: bool,
     pub uptime_ms: Millis,
     pub agents: Vec<AgentView>,
+    /// Agents out of touch past their re-register timeout that may still come back
+    /// (docs/ha.md, "Partitions"), by name.
+    pub unreachable_agents: Vec<UnreachableAgentView>,
     pub frameworks: Vec<FrameworkView>,
     /// Tasks not yet completed (running, or ended with the end not yet acknowledged).
     pub tasks: Vec<TaskView>,
@@ -53,6 +56,20 @@ pub struct AgentView {
     /// `DRAINING` or `DRAINED` while under maintenance (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain: Option<&'static str>,
+}
+
+/// An unreachable agent: its tasks are `UNREACHABLE` until it comes back or `gone_at_ms`.
+#[derive(Debug, Serialize)]
+pub struct UnreachableAgentView {
+    pub id: String,
+    pub name: String,
+    pub hostname: String,
+    /// When it was declared unreachable (Unix milliseconds).
+    pub since_ms: u64,
+    /// When its tasks become `GONE` unless it is back (Unix milliseconds).
+    pub gone_at_ms: u64,
+    /// Its tasks kept as `UNREACHABLE` (or ended, their update not yet acknowledged).
+    pub tasks: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -198,6 +215,22 @@ impl Master {
             })
             .collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut unreachable_agents: Vec<UnreachableAgentView> = self
+            .recovered_agents
+            .iter()
+            .filter_map(|(id, r)| {
+                let u = r.unreachable.as_ref()?;
+                Some(UnreachableAgentView {
+                    id: id.to_string(),
+                    name: r.record.name.clone(),
+                    hostname: r.record.hostname.clone(),
+                    since_ms: wall(u.since),
+                    gone_at_ms: unix_now_ms.saturating_add(r.deadline.saturating_sub(now)),
+                    tasks: u.tasks.len(),
+                })
+            })
+            .collect();
+        unreachable_agents.sort_by(|a, b| a.name.cmp(&b.name));
         let mut frameworks: Vec<FrameworkView> = self
             .frameworks
             .values()
@@ -270,6 +303,7 @@ impl Master {
             m.insert("last_cycle_us".into(), self.last_cycle_us.into());
         }
         StateView {
+            unreachable_agents,
             epoch: self.config.epoch,
             leader: true,
             uptime_ms: now,

@@ -85,20 +85,25 @@ fn a_live_agent_cannot_make_the_master_adopt_a_task_it_never_launched() {
     let (victim, _) = aware_framework(&mut h, F, false);
     // The agent reconnects under its own id and reports a task the master never launched,
     // in the victim framework's name, holding far more than the host has.
-    let phantom = task("cpus:500;mem:1");
+    // One far over the host, and one that would fit in it.
+    let (phantom, small) = (task("cpus:500;mem:1"), task("cpus:1;mem:1"));
     let out = come_back(
         &mut h,
         9,
         agent,
-        vec![running(victim, &phantom, TaskState::Running)],
+        vec![
+            running(victim, &phantom, TaskState::Running),
+            running(victim, &small, TaskState::Running),
+        ],
         vec![],
     );
-    assert_eq!(
-        kills(&out),
-        vec![phantom.task_id],
-        "the phantom task is killed"
-    );
+    let mut killed = kills(&out);
+    killed.sort();
+    let mut want = vec![phantom.task_id, small.task_id];
+    want.sort();
+    assert_eq!(killed, want, "the phantom tasks are killed");
     assert!(!h.m.tasks.contains_key(&phantom.task_id), "and not kept");
+    assert!(!h.m.tasks.contains_key(&small.task_id), "and not kept");
     // Nor charged: the victim's share is what its offer of this agent makes it at most (it
     // would be 125 with the phantom's 500 cpus).
     assert!(h.m.allocator.framework_share(victim) <= 1.0, "nor charged");
