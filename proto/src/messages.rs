@@ -546,6 +546,9 @@ pub enum TaskReason {
     /// The agent could not find the `ports:K` free ports the task asks for in its port range
     /// (held by processes outside Gantry, or the agent has no range).
     PortUnavailable,
+    /// The task's sandbox grew past its `disk` (measured by the agent, du-style, every
+    /// `--disk-watch-interval`): it was killed (`FAILED`; Mesos `REASON_CONTAINER_LIMITATION_DISK`).
+    DiskLimit,
 }
 
 impl TaskReason {
@@ -564,6 +567,7 @@ impl TaskReason {
             TaskReason::InvalidOffers => "invalid-offers",
             TaskReason::GpuMemory => "gpu-memory",
             TaskReason::PortUnavailable => "port-unavailable",
+            TaskReason::DiskLimit => "disk-limit",
         }
     }
 }
