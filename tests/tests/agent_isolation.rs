@@ -271,6 +271,7 @@ async fn memory_and_disk_hogs_fail_with_their_limits() {
         }
     };
     assert_eq!(failed.reason, Some(TaskReason::DiskLimit), "{failed:?}");
+    eprintln!("the disk hog: {}", failed.message);
     assert!(
         failed.message.starts_with("disk-limit: the task used ")
             && failed.message.contains("MiB of its disk limit of 10 MiB"),
