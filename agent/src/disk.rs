@@ -166,13 +166,10 @@ impl DuWalk {
                 continue;
             };
             // The entry itself, never what a link points to.
-            let st = match statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
-                Err(_) => {
-                    // Removed since it was listed (or unreadable): not counted.
-                    self.skipped += 1;
-                    continue;
-                }
+            let Ok(st) = statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) else {
+                // Removed since it was listed (or unreadable): not counted.
+                self.skipped += 1;
+                continue;
             };
             let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
             if !is_dir && st.st_nlink > 1 && !self.linked.insert((st.st_dev, st.st_ino)) {

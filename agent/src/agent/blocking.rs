@@ -165,6 +165,39 @@ pub(super) fn sample(
     (out, samples)
 }
 
+/// What a pass over sandboxes yields: its readings, and the walks it left unfinished.
+type DiskPass = (
+    Vec<(TaskId, crate::disk::DiskReading)>,
+    Vec<(TaskId, crate::disk::DuWalk)>,
+);
+
+/// One pass measuring sandboxes (disk limits, [`crate::disk`]): each task's walk, the one an
+/// earlier pass left unfinished or a new one, goes on for its share of the pass's budget. A
+/// sandbox that cannot be opened (not made yet, removed) has no reading this pass.
+pub(super) fn measure_disk(
+    tasks: Vec<(TaskId, std::path::PathBuf, Option<crate::disk::DuWalk>)>,
+) -> DiskPass {
+    let budget = crate::disk::task_budget(tasks.len());
+    let mut readings = Vec::with_capacity(tasks.len());
+    let mut unfinished = Vec::new();
+    for (id, sandbox, walk) in tasks {
+        let mut walk = match walk.map_or_else(|| crate::disk::DuWalk::start(&sandbox), Ok) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(task = %id, "disk usage not measured: {e}");
+                continue;
+            }
+        };
+        let reading = walk.step(budget);
+        tracing::debug!(task = %id, bytes = reading.bytes, complete = reading.complete, skipped = walk.skipped(), "sandbox measured");
+        readings.push((id, reading));
+        if !reading.complete {
+            unfinished.push((id, walk));
+        }
+    }
+    (readings, unfinished)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,37 +258,4 @@ mod tests {
         assert!(gpus.is_empty());
         assert_eq!(tasks, vec![(id, TaskUsage::default())]);
     }
-}
-
-/// Which walks of a pass over sandboxes ended: readings and the walks left unfinished.
-type DiskPass = (
-    Vec<(TaskId, crate::disk::DiskReading)>,
-    Vec<(TaskId, crate::disk::DuWalk)>,
-);
-
-/// One pass measuring sandboxes (disk limits, [`crate::disk`]): each task's walk, the one an
-/// earlier pass left unfinished or a new one, goes on for its share of the pass's budget. A
-/// sandbox that cannot be opened (not made yet, removed) has no reading this pass.
-pub(super) fn measure_disk(
-    tasks: Vec<(TaskId, std::path::PathBuf, Option<crate::disk::DuWalk>)>,
-) -> DiskPass {
-    let budget = crate::disk::task_budget(tasks.len());
-    let mut readings = Vec::with_capacity(tasks.len());
-    let mut unfinished = Vec::new();
-    for (id, sandbox, walk) in tasks {
-        let mut walk = match walk.map_or_else(|| crate::disk::DuWalk::start(&sandbox), Ok) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::debug!(task = %id, "disk usage not measured: {e}");
-                continue;
-            }
-        };
-        let reading = walk.step(budget);
-        tracing::debug!(task = %id, bytes = reading.bytes, complete = reading.complete, skipped = walk.skipped(), "sandbox measured");
-        readings.push((id, reading));
-        if !reading.complete {
-            unfinished.push((id, walk));
-        }
-    }
-    (readings, unfinished)
 }
