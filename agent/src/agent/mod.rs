@@ -3,8 +3,8 @@
 //! write-ahead log, the master session's sender, live task cgroups, MPS daemons, `/metrics`);
 //! it feeds the core [`Input`]s with the time and performs the [`Effect`]s it returns. The
 //! master session ([`crate::session`]), the task watchers, the NVML health watcher and blocking
-//! helpers (launches, cgroup settlement, sampling, recovery checks, sandbox garbage collection)
-//! only send it events. (About 950 lines: the one loop and its effect dispatch; launching
+//! helpers (launches, cgroup settlement, sampling, measuring sandboxes for disk limits,
+//! recovery checks, sandbox garbage collection) only send it events. (About 950 lines: the one loop and its effect dispatch; launching
 //! and the blocking helpers live in `launch` and `blocking`.)
 //!
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
