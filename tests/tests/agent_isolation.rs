@@ -1,9 +1,9 @@
 //! Task isolation through a real agent and real cgroups: the memory limit (an OOM kill ends
 //! the task FAILED with the memory-limit reason), the disk limit (the agent measures sandboxes
-//! du-style and kills a task past its `disk`: FAILED `disk-limit`), the hard CPU quota (a busy loop with cpus 0.5
-//! gets about half a core, measured from cgroup cpu accounting), and the pids limit (process
-//! creation fails past it; bounded, never a real fork bomb). Each test has its own cluster and
-//! its own `--cgroup-root`, and checks that no task cgroup is left behind.
+//! du-style and kills a task past its `disk`: FAILED `disk-limit`), the hard CPU quota (a busy
+//! loop with cpus 0.5 gets about half a core, measured from cgroup cpu accounting), and the pids
+//! limit (process creation fails past it; bounded, never a real fork bomb). Each test has its
+//! own cluster and its own `--cgroup-root`, and checks that no task cgroup is left behind.
 
 use std::time::{Duration, Instant};
 
