@@ -55,6 +55,10 @@ pub struct TaskRecord {
     /// (`--gpu-memory-enforce kill`): the message its terminal update carries.
     #[serde(default)]
     pub gpu_memory_kill: Option<String>,
+    /// Set when the agent killed the task for using more disk than its `disk`
+    /// (`--disk-enforcement du`): the message its terminal update carries.
+    #[serde(default)]
+    pub disk_kill: Option<String>,
     /// Host ports assigned to the task (its `ports:K`), held until it is terminal.
     #[serde(default)]
     pub ports: Vec<u16>,
@@ -168,6 +172,7 @@ mod tests {
                 kill_requested_ms: None,
                 cgroup: None,
                 gpu_memory_kill: None,
+                disk_kill: None,
                 ports: Vec::new(),
             },
         );

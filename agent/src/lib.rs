@@ -16,6 +16,8 @@
 //! - [`checkpoint`]: the snapshot of the on-disk state for recovery after an agent restart.
 //! - [`wal`]: the write-ahead log of changes (group commit, background compaction, replay).
 //! - [`gc`]: PURE sandbox garbage collection policy (delay, disk headroom, newest kept).
+//! - [`disk`]: disk limits (`--disk-enforcement du`): the du-style walk of a sandbox (hard
+//!   links once, allocated blocks, links not followed, bounded per pass) and the PURE verdict.
 //! - [`discovery`]: host resources and NVML GPUs (nvml-wrapper).
 //! - [`gpu`]: PURE GPU policy: topology-aware assignment, health, usage attribution.
 //! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
@@ -30,6 +32,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod core;
 pub mod discovery;
+pub mod disk;
 pub mod executor;
 pub mod gc;
 pub mod gpu;

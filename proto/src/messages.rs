@@ -562,6 +562,9 @@ pub enum TaskReason {
     /// Its agent is out of touch past the re-register timeout ([`TaskState::Unreachable`]), or
     /// stayed so past the unreachable timeout ([`TaskState::Gone`]).
     AgentUnreachable,
+    /// The task's sandbox grew past its `disk` (measured by the agent, du-style, every
+    /// `--disk-watch-interval`): it was killed (`FAILED`; Mesos `REASON_CONTAINER_LIMITATION_DISK`).
+    DiskLimit,
 }
 
 impl TaskReason {
@@ -581,6 +584,7 @@ impl TaskReason {
             TaskReason::GpuMemory => "gpu-memory",
             TaskReason::PortUnavailable => "port-unavailable",
             TaskReason::AgentUnreachable => "agent-unreachable",
+            TaskReason::DiskLimit => "disk-limit",
         }
     }
 }

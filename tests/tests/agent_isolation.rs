@@ -1,8 +1,9 @@
 //! Task isolation through a real agent and real cgroups: the memory limit (an OOM kill ends
-//! the task FAILED with the memory-limit reason), the hard CPU quota (a busy loop with cpus 0.5
-//! gets about half a core, measured from cgroup cpu accounting), and the pids limit (process
-//! creation fails past it; bounded, never a real fork bomb). Each test has its own cluster and
-//! its own `--cgroup-root`, and checks that no task cgroup is left behind.
+//! the task FAILED with the memory-limit reason), the disk limit (the agent measures sandboxes
+//! du-style and kills a task past its `disk`: FAILED `disk-limit`), the hard CPU quota (a busy
+//! loop with cpus 0.5 gets about half a core, measured from cgroup cpu accounting), and the pids
+//! limit (process creation fails past it; bounded, never a real fork bomb). Each test has its
+//! own cluster and its own `--cgroup-root`, and checks that no task cgroup is left behind.
 
 use std::time::{Duration, Instant};
 
@@ -165,8 +166,13 @@ async fn pooled_cgroup_reused_after_an_oom_kill() {
     s.finish().await;
 }
 
+/// The memory limit (an OOM kill) and, on the same agent with its default flags, the disk
+/// limit (`--disk-enforcement du`, measured every 5 s): a task writing 64 MiB into its sandbox
+/// under `disk:10` is killed, FAILED `disk-limit`; one within its limit (a 4 MiB file with 3
+/// more hard links to it, a 1 GiB sparse file, a symlink to `/usr`: 4 MiB as du counts it,
+/// 16 MiB or more counted naively) runs past two measurements and FINISHES.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_hog_fails_with_memory_limit() {
+async fn memory_and_disk_hogs_fail_with_their_limits() {
     // 256 MiB really allocated (and touched) under a 64 MiB limit.
     let hog = task(
         "hog",
@@ -178,7 +184,29 @@ async fn memory_hog_fails_with_memory_limit() {
         "perl -e '$x = \"a\" x (8 * 1024 * 1024); print length($x), \"\\n\"'",
         "cpus:0.5;mem:64",
     );
-    let Some(mut s) = setup("mem", &[], vec![hog.clone(), small.clone()]) else {
+    // Bounded: 64 MiB written, then it waits to be measured (and would finish after 60 s).
+    let disk_hog = task(
+        "disk-hog",
+        "dd if=/dev/zero of=big bs=1M count=64 2>/dev/null && sync big && echo written; sleep 60",
+        "cpus:0.5;mem:256;disk:10",
+    );
+    let disk_ok = task(
+        "disk-ok",
+        "dd if=/dev/zero of=data bs=1M count=4 2>/dev/null && sync data && ln data l1 && ln data l2 && \
+         ln data l3 && truncate -s 1G sparse && ln -s /usr usr && mkdir -p d/e && ln -s .. d/e/up && \
+         echo written; sleep 11",
+        "cpus:0.5;mem:64;disk:10",
+    );
+    let Some(mut s) = setup(
+        "mem",
+        &[],
+        vec![
+            hog.clone(),
+            small.clone(),
+            disk_hog.clone(),
+            disk_ok.clone(),
+        ],
+    ) else {
         return;
     };
     let failed = match s.updates.wait(hog.task_id, TaskState::Failed, T).await {
@@ -233,6 +261,56 @@ async fn memory_hog_fails_with_memory_limit() {
         rec["ended_at_ms"].as_u64() >= rec["staged_at_ms"].as_u64(),
         "{rec:#}"
     );
+    // The disk hog: killed by the agent (FAILED, not KILLED), the status reaching the
+    // framework with the reason and the figures.
+    let failed = match s.updates.wait(disk_hog.task_id, TaskState::Failed, T).await {
+        Ok(u) => u,
+        Err(e) => {
+            s.cluster.dump_logs();
+            panic!("{e}");
+        }
+    };
+    assert_eq!(failed.reason, Some(TaskReason::DiskLimit), "{failed:?}");
+    eprintln!("the disk hog: {}", failed.message);
+    assert!(
+        failed.message.starts_with("disk-limit: the task used ")
+            && failed.message.contains("MiB of its disk limit of 10 MiB"),
+        "{}",
+        failed.message
+    );
+    let used: f64 = failed.message["disk-limit: the task used ".len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no figure in {:?}", failed.message));
+    assert!((10.0..=80.0).contains(&used), "{}", failed.message);
+    let out = std::fs::read_to_string(s.cluster.agents[0].sandbox_file(disk_hog.task_id, "stdout"))
+        .unwrap();
+    assert_eq!(out, "written\n", "it was killed after writing, not before");
+    // The task within its limit (hard links once, sparse by blocks, symlinks not followed).
+    if let Err(e) = s
+        .updates
+        .wait(disk_ok.task_id, TaskState::Finished, T)
+        .await
+    {
+        s.cluster.dump_logs();
+        panic!("{e}");
+    }
+    let state = s
+        .cluster
+        .master
+        .wait_state(T, "the disk hog among the completed tasks", |st| {
+            st["completed_tasks"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|t| t["id"] == disk_hog.task_id.to_string()))
+        })
+        .unwrap();
+    let rec = state["completed_tasks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|t| t["id"] == disk_hog.task_id.to_string()))
+        .unwrap();
+    assert_eq!(rec["state"], "FAILED", "{rec:#}");
+    assert_eq!(rec["reason"], "disk-limit", "{rec:#}");
     s.finish().await;
 }
 

@@ -1,7 +1,7 @@
 //! The runtime's blocking helpers (run on blocking threads, off the loop): settling a task's
 //! cgroup (its OOM flag and final usage recorded; destroyed before the task's terminal update
 //! when processes are left in it, after it — or returned to the pool — when it is already
-//! empty), making pool cgroups, and one usage sample.
+//! empty), making pool cgroups, one usage sample, and one pass measuring sandboxes.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -163,6 +163,39 @@ pub(super) fn sample(
         }
     }
     (out, samples)
+}
+
+/// What a pass over sandboxes yields: its readings, and the walks it left unfinished.
+type DiskPass = (
+    Vec<(TaskId, crate::disk::DiskReading)>,
+    Vec<(TaskId, crate::disk::DuWalk)>,
+);
+
+/// One pass measuring sandboxes (disk limits, [`crate::disk`]): each task's walk, the one an
+/// earlier pass left unfinished or a new one, goes on for its share of the pass's budget. A
+/// sandbox that cannot be opened (not made yet, removed) has no reading this pass.
+pub(super) fn measure_disk(
+    tasks: Vec<(TaskId, std::path::PathBuf, Option<crate::disk::DuWalk>)>,
+) -> DiskPass {
+    let budget = crate::disk::task_budget(tasks.len());
+    let mut readings = Vec::with_capacity(tasks.len());
+    let mut unfinished = Vec::new();
+    for (id, sandbox, walk) in tasks {
+        let mut walk = match walk.map_or_else(|| crate::disk::DuWalk::start(&sandbox), Ok) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(task = %id, "disk usage not measured: {e}");
+                continue;
+            }
+        };
+        let reading = walk.step(budget);
+        tracing::debug!(task = %id, bytes = reading.bytes, complete = reading.complete, skipped = walk.skipped(), "sandbox measured");
+        readings.push((id, reading));
+        if !reading.complete {
+            unfinished.push((id, walk));
+        }
+    }
+    (readings, unfinished)
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 //! write-ahead log, the master session's sender, live task cgroups, MPS daemons, `/metrics`);
 //! it feeds the core [`Input`]s with the time and performs the [`Effect`]s it returns. The
 //! master session ([`crate::session`]), the task watchers, the NVML health watcher and blocking
-//! helpers (launches, cgroup settlement, sampling, recovery checks, sandbox garbage collection)
-//! only send it events. (About 950 lines: the one loop and its effect dispatch; launching
+//! helpers (launches, cgroup settlement, sampling, measuring sandboxes for disk limits,
+//! recovery checks, sandbox garbage collection) only send it events. (About 950 lines: the one loop and its effect dispatch; launching
 //! and the blocking helpers live in `launch` and `blocking`.)
 //!
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
@@ -102,6 +102,10 @@ pub struct AgentConfig {
     /// The host ports tasks asking `ports:K` get theirs from (`--ports`); `resources` holds
     /// its size as `ports`.
     pub ports: Option<PortRange>,
+    /// How tasks' `disk` is enforced (`--disk-enforcement`, [`crate::disk`]).
+    pub disk_enforcement: crate::disk::DiskEnforcement,
+    /// How often the sandboxes of tasks with a `disk` are measured (`--disk-watch-interval`).
+    pub disk_watch_interval: Duration,
 }
 
 /// Events the runtime loop reacts to.
@@ -149,6 +153,11 @@ pub(crate) enum Event {
     GcDone {
         disk_used: Option<f64>,
     },
+    /// A pass measuring sandboxes ended: its readings, and the walks it left unfinished.
+    DiskMeasured {
+        readings: Vec<(TaskId, crate::disk::DiskReading)>,
+        walks: Vec<(TaskId, crate::disk::DuWalk)>,
+    },
 }
 
 /// A launch waiting for the commit of the records that announce it.
@@ -184,6 +193,8 @@ struct Agent {
     metrics: crate::metrics::AgentMetrics,
     /// Closed at shutdown: no pool cgroup is made or returned to the pool after that.
     pool_gate: Arc<PoolGate>,
+    /// Sandbox walks an earlier pass left unfinished ([`Effect::MeasureDisk`]).
+    disk_walks: HashMap<TaskId, crate::disk::DuWalk>,
 }
 
 /// Serializes making and returning pool cgroups with the drain at shutdown: after
@@ -231,6 +242,8 @@ fn core_config(config: &AgentConfig) -> CoreConfig {
         usage_interval: config.usage_interval,
         gc: config.gc,
         ports: config.ports,
+        disk_enforcement: config.disk_enforcement,
+        disk_watch_interval: config.disk_watch_interval,
         cgroup_pool: crate::core::pool::PoolConfig {
             low: config.cgroup_pool.0,
             high: config.cgroup_pool.1,
@@ -329,6 +342,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         )),
         metrics: crate::metrics::AgentMetrics::default(),
         pool_gate: Arc::new(PoolGate::default()),
+        disk_walks: HashMap::new(),
     };
     let probed = probe(&agent.core);
     let effects = agent.core.recover(probed, unix_ms());
@@ -471,7 +485,9 @@ const MAX_BATCH: usize = 4096;
 mod blocking;
 mod launch;
 
-use blocking::{destroy_cgroup, prepare_cgroups, recycle_cgroup, sample, settle_cgroup};
+use blocking::{
+    destroy_cgroup, measure_disk, prepare_cgroups, recycle_cgroup, sample, settle_cgroup,
+};
 
 impl Agent {
     /// For a task asking for `ports:K`: the ports of the range no task holds that cannot be
@@ -564,6 +580,10 @@ impl Agent {
             Event::CgroupsPrepared { asked, ready } => Input::CgroupsPrepared { asked, ready },
             Event::CgroupRecycled(name) => Input::CgroupRecycled(name),
             Event::GcDone { disk_used } => Input::GcDone { disk_used },
+            Event::DiskMeasured { readings, walks } => {
+                self.disk_walks.extend(walks);
+                Input::DiskMeasured(readings)
+            }
             Event::Compacted(result) => {
                 self.compacting = false;
                 match result {
@@ -708,6 +728,22 @@ impl Agent {
                         let _ = events.send(Event::GcDone {
                             disk_used: gc::disk_used(&dir),
                         });
+                    });
+                }
+                Effect::MeasureDisk(tasks) => {
+                    // Walks of tasks no longer measured (ended, being killed) are dropped.
+                    let mut earlier = std::mem::take(&mut self.disk_walks);
+                    let tasks: Vec<_> = tasks
+                        .into_iter()
+                        .map(|(id, sandbox)| {
+                            let walk = earlier.remove(&id);
+                            (id, sandbox, walk)
+                        })
+                        .collect();
+                    let events = self.events.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let (readings, walks) = measure_disk(tasks);
+                        let _ = events.send(Event::DiskMeasured { readings, walks });
                     });
                 }
                 Effect::Stop(message) => anyhow::bail!(message),

@@ -143,6 +143,16 @@ struct RunArgs {
     /// PORT, PORT0.. and GANTRY_PORTS. Agents sharing a host need ranges that do not overlap.
     #[arg(long, default_value = "31000-32000", value_name = "FIRST-LAST|none")]
     ports: String,
+    /// How a task's `disk` is enforced: `du` (its sandbox measured like du every
+    /// --disk-watch-interval; past its disk it is killed, FAILED with reason disk-limit) or
+    /// `none` (disk is only accounted). Tasks without disk are never limited. See
+    /// docs/operations.md, "Disk limits".
+    #[arg(long, default_value = "du", value_name = "none|du")]
+    disk_enforcement: gantry_agent::disk::DiskEnforcement,
+    /// Seconds between two measurements of the sandboxes of tasks with a disk
+    /// (--disk-enforcement du); a task can write past its limit for about this long.
+    #[arg(long, default_value_t = gantry_agent::disk::DEFAULT_WATCH_INTERVAL.as_secs_f64())]
+    disk_watch_interval: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -384,6 +394,9 @@ fn main() -> anyhow::Result<()> {
         cgroup_pool: args.cgroup_pool,
         metrics_listen: args.metrics_listen,
         ports,
+        disk_enforcement: args.disk_enforcement,
+        disk_watch_interval: seconds("disk-watch-interval", args.disk_watch_interval)?
+            .max(Duration::from_millis(200)),
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_sdk::protocol::register_limits::check(
@@ -398,6 +411,7 @@ fn main() -> anyhow::Result<()> {
         gpus = config.gpus.as_ref().map(|g| g.inventory().gpus.len()).unwrap_or(0),
         isolation = if config.isolator.layout().is_some() { "cgroups" } else { "none" },
         task_user = %config.task_user,
+        disk_enforcement = %config.disk_enforcement,
         "agent configured"
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -8,12 +8,16 @@
 //!
 //! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
 //!   escalation, settlement into a terminal state, status updates, GPU-memory shares.
+//! - `disk`: disk limits: which sandboxes to measure when (`--disk-watch-interval`), and the
+//!   kill of a task past its `disk` (`FAILED`, reason `disk-limit`).
 //! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
 //! - `ports`: the port range (`--ports`) and the host ports assigned to tasks asking
 //!   `ports:K` (`PORT`, `PORT0`.., `GANTRY_PORTS`).
 //! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed.
-//! - `tests`: lifecycle, kill escalation, recovery and GPU health without processes.
+//! - `tests`: lifecycle, kill escalation, recovery, GPU health and disk limits without
+//!   processes.
 
+mod disk;
 mod health;
 pub mod pool;
 pub mod ports;
@@ -73,6 +77,10 @@ pub struct CoreConfig {
     pub ports: Option<PortRange>,
     /// The pool of prepared task cgroups (`--cgroup-pool`; used only when `isolated`).
     pub cgroup_pool: pool::PoolConfig,
+    /// How tasks' `disk` is enforced (`--disk-enforcement`).
+    pub disk_enforcement: crate::disk::DiskEnforcement,
+    /// How often sandboxes of tasks with a `disk` are measured (`--disk-watch-interval`).
+    pub disk_watch_interval: Duration,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -148,6 +156,8 @@ pub enum Input {
     /// An ended task's cgroup announced with `recycle` in [`Effect::Settle`] is back in the
     /// pool (`Some`), or was removed instead (`None`).
     CgroupRecycled(Option<String>),
+    /// A pass of [`Effect::MeasureDisk`] ended: what it read of each sandbox it could open.
+    DiskMeasured(Vec<(TaskId, crate::disk::DiskReading)>),
 }
 
 /// A launch to perform (the blocking part runs off the loop).
@@ -218,6 +228,9 @@ pub enum Effect {
     CleanupCgroups,
     /// Remove these tasks' sandboxes, measure the disk, then report [`Input::GcDone`].
     CollectGarbage(Vec<TaskId>),
+    /// Measure these tasks' sandboxes (a bounded pass of [`crate::disk::DuWalk`]s, going on
+    /// with the walks an earlier pass left unfinished), then report [`Input::DiskMeasured`].
+    MeasureDisk(Vec<(TaskId, PathBuf)>),
     /// The master refused this agent: stop.
     Stop(String),
 }
@@ -269,6 +282,9 @@ pub struct AgentCore {
     pool: pool::CgroupPool,
     /// Final usages of settled tasks, sent as one message before the next status updates.
     final_usage: Vec<(TaskId, TaskUsage)>,
+    /// A pass measuring sandboxes is running.
+    disk_measuring: bool,
+    last_disk_pass: u64,
 }
 
 impl AgentCore {
@@ -305,6 +321,8 @@ impl AgentCore {
             disk_used: 0.0,
             last_gc: now,
             final_usage: Vec::new(),
+            disk_measuring: false,
+            last_disk_pass: now,
             pool: pool::CgroupPool::new(if config_isolated {
                 config_pool
             } else {
@@ -464,6 +482,7 @@ impl AgentCore {
             Input::Tick => self.tick(now),
             Input::CgroupsPrepared { asked, ready } => self.pool.prepared(asked, ready, now),
             Input::CgroupRecycled(name) => self.pool.recycled(name),
+            Input::DiskMeasured(readings) => self.disk_measured(readings, now),
         }
         std::mem::take(&mut self.fx)
     }
@@ -630,6 +649,7 @@ impl AgentCore {
             self.send(AgentToMaster::Heartbeat);
         }
         self.sample_if_due(now);
+        self.measure_disk_if_due(now);
         self.recovery_checks_due(now);
         self.collect_garbage(now);
         self.flush_updates(now);

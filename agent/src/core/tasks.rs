@@ -173,6 +173,7 @@ impl AgentCore {
                 kill_requested_ms: None,
                 cgroup: self.config.isolated.then(|| cgroup_name.clone()),
                 gpu_memory_kill: None,
+                disk_kill: None,
                 ports: ports.clone().unwrap_or_default(),
             },
         );
@@ -330,6 +331,12 @@ impl AgentCore {
             (
                 TaskState::Failed,
                 Some(TaskReason::GpuMemory),
+                format!("{why} ({msg})"),
+            )
+        } else if let Some(why) = rec.disk_kill.clone() {
+            (
+                TaskState::Failed,
+                Some(TaskReason::DiskLimit),
                 format!("{why} ({msg})"),
             )
         } else if killed {

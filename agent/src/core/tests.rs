@@ -1,6 +1,6 @@
 //! The agent core without processes: task lifecycle, kill escalation, recovery, GPU health.
 //! Time is an input; effects are inspected instead of performed. Shared helpers and the lifecycle
-//! tests here; GPUs, ports, recovery and the `Register` frame in the submodules.
+//! tests here; disk limits, GPUs, ports, recovery and the `Register` frame in the submodules.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -62,6 +62,8 @@ fn config(gpus: u32) -> CoreConfig {
         },
         ports: None,
         cgroup_pool: super::pool::PoolConfig::off(),
+        disk_enforcement: Default::default(),
+        disk_watch_interval: Duration::from_secs(5),
     }
 }
 
@@ -672,11 +674,13 @@ fn checkpointed(
             kill_requested_ms: None,
             cgroup: Some(id.to_string()),
             gpu_memory_kill: None,
+            disk_kill: None,
             ports: Vec::new(),
         },
     )
 }
 
+mod disk;
 mod gpus;
 mod pool;
 mod ports;

@@ -26,6 +26,7 @@ fn task(state: TaskState) -> TaskRecord {
         kill_requested_ms: None,
         cgroup: None,
         gpu_memory_kill: None,
+        disk_kill: None,
         ports: Vec::new(),
     }
 }
