@@ -167,7 +167,13 @@ pub(super) async fn core_loop(
                 let before = out.len();
                 m.allocate(t, &mut out);
                 let took = started.elapsed();
-                m.last_cycle_us = took.as_micros() as u64;
+                m.handle_into(
+                    Input::CycleTook {
+                        micros: took.as_micros() as u64,
+                    },
+                    t,
+                    &mut out,
+                );
                 if took.as_millis() >= 10 {
                     tracing::debug!(
                         target: "gantry_master::slow_cycle",

@@ -12,7 +12,8 @@
 //! [`Master::handle`], runs [`Master::allocate`] whenever [`Master::allocation_due`], sends
 //! [`Input::Tick`] once [`Master::next_deadline`] has come, and otherwise sleeps until the
 //! next deadline or input. The leadership lease is an input too ([`Input::LeaseUntil`]): past
-//! it the core neither offers nor launches.
+//! it the core neither offers nor launches. So is how long a cycle took ([`Input::CycleTook`],
+//! measured by the shell): the core reads no clock.
 //!
 //! Rules it enforces (Mesos semantics unless noted):
 //! - An agent's name and a framework's principal come from the peer's certificate (given in
@@ -317,6 +318,12 @@ pub enum Input {
     LeaseUntil {
         until: Option<Millis>,
     },
+    /// How long the last allocation cycle took, in microseconds, as the shell measured it
+    /// (the core never reads a clock): event-triggered cycles are spaced by
+    /// [`Master::allocation_gap_ms`] accordingly.
+    CycleTook {
+        micros: u64,
+    },
 }
 
 /// Something to do, returned by [`Master::handle`].
@@ -615,8 +622,8 @@ pub struct Master {
     /// Framework and agent ids: unguessable (a uuid v4 from the OS CSPRNG); tests may replace
     /// it ([`Master::set_id_source`]). Every id drawn is checked to be free.
     id_source: fn() -> u128,
-    /// Microseconds the last allocation cycle took (measured by the shell).
-    pub last_cycle_us: u64,
+    /// Microseconds the last allocation cycle took ([`Input::CycleTook`]).
+    last_cycle_us: u64,
     /// How many records of `completed` each task id has (reconcile looks ids up there).
     completed_count: HashMap<TaskId, u32>,
     /// Reconciliations being answered slice by slice, round robin.
@@ -945,6 +952,7 @@ impl Master {
             } => self.undelivered(conn, offers, messages, out),
             Input::Tick => self.tick(now, out),
             Input::LeaseUntil { until } => self.lease_until = until,
+            Input::CycleTook { micros } => self.last_cycle_us = micros,
         }
     }
 

@@ -234,7 +234,7 @@ fn the_gap_between_cycles_grows_with_the_last_cycle() {
     assert_eq!(h.m.next_allocation_at(), Some(5));
     assert!(!h.m.allocation_due(4) && h.m.allocation_due(5));
     // A 12 ms cycle (as the shell measured it): the next waits 48 ms.
-    h.m.last_cycle_us = 12_000;
+    h.input(Input::CycleTook { micros: 12_000 });
     assert_eq!(h.m.allocation_gap_ms(), 48);
     assert_eq!(h.m.next_allocation_at(), Some(48));
     assert!(!h.m.allocation_due(47) && h.m.allocation_due(48));
