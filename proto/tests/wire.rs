@@ -1,0 +1,204 @@
+//! The bytes on the wire of one message of every family, pinned: moving a type between modules,
+//! renaming a Rust field or reordering `impl`s must not change them. A change here is a
+//! protocol change: bump `PROTOCOL_VERSION` and say what changed in docs/protocol.md, then
+//! update the expected bytes (`GANTRY_PRINT_WIRE=1 cargo test -p gantry-proto --test wire --
+//! --nocapture` prints them).
+
+use std::collections::BTreeMap;
+
+use gantry_proto::*;
+
+fn gpu() -> GpuInfo {
+    GpuInfo {
+        uuid: "GPU-1".into(),
+        name: "NVIDIA A100".into(),
+        memory_mib: 81920,
+        compute_capability: (8, 0),
+        minor: 0,
+        pci_bus_id: "0000:17:00.0".into(),
+        numa_node: Some(1),
+        healthy: true,
+        mig_profile: None,
+        parent_uuid: None,
+        pci_root: Some("0000:16".into()),
+    }
+}
+
+fn task() -> TaskInfo {
+    let mut env = BTreeMap::new();
+    env.insert("K".to_string(), "V".to_string());
+    TaskInfo {
+        task_id: TaskId::from_u128(3),
+        name: "t".into(),
+        command: CommandInfo::argv(["python3", "-c", "print(1)"]).with_user("alice"),
+        resources: "cpus:1.5;mem:256;gpus:0.5".parse().unwrap(),
+        env,
+        kill_grace_secs: Some(2),
+        gpu_selector: Some(GpuSelector {
+            model: Some("A100".into()),
+            min_memory_mib: Some(1024),
+            mig_profile: None,
+            uuids: vec!["GPU-1".into()],
+        }),
+    }
+}
+
+fn update() -> StatusUpdate {
+    StatusUpdate {
+        update_id: UpdateId::from_u128(9),
+        agent_id: Some(AgentId::from_u128(2)),
+        reason: Some(TaskReason::AgentUnreachable),
+        message: "m".into(),
+        exit_code: Some(0),
+        gpus: vec!["GPU-1".into()],
+        timestamp_ms: 1_700_000_000_000,
+        ports: vec![31000],
+        ..StatusUpdate::new(
+            TaskId::from_u128(3),
+            FrameworkId::from_u128(1),
+            TaskState::Unreachable,
+        )
+    }
+}
+
+/// One message of each family, with its name.
+fn samples() -> Vec<(&'static str, Vec<u8>)> {
+    let enc = |m: &dyn erased::Encode| m.bytes();
+    let mut attributes = BTreeMap::new();
+    attributes.insert("rack".to_string(), "r1".to_string());
+    vec![
+        (
+            "hello",
+            enc(&Hello {
+                protocol_version: PROTOCOL_VERSION,
+                peer: PeerKind::Agent,
+            }),
+        ),
+        ("role", enc(&MasterRole::Leading { epoch: 4 })),
+        (
+            "register",
+            enc(&AgentToMaster::Register {
+                agent_id: Some(AgentId::from_u128(2)),
+                hostname: "h".into(),
+                resources: "cpus:4;mem:1024;gpus:1".parse().unwrap(),
+                reserved: BTreeMap::new(),
+                attributes: attributes.clone(),
+                gpus: vec![gpu()],
+                running_tasks: vec![RunningTask {
+                    framework_id: FrameworkId::from_u128(1),
+                    task: task(),
+                    state: TaskState::Running,
+                    gpus: vec!["GPU-1".into()],
+                    ports: vec![31000],
+                }],
+                pending_updates: vec![update()],
+                task_user: "nobody".into(),
+            }),
+        ),
+        (
+            "run_task",
+            enc(&MasterToAgent::RunTask {
+                framework_id: FrameworkId::from_u128(1),
+                task: task(),
+                gpus: vec!["GPU-1".into()],
+            }),
+        ),
+        (
+            "subscribe",
+            enc(&FrameworkToMaster::Subscribe(FrameworkInfo {
+                framework_id: Some(FrameworkId::from_u128(1)),
+                name: "f".into(),
+                roles: vec!["r".into()],
+                capabilities: vec![Capability::GpuResources, Capability::PartitionAware],
+                failover_timeout_secs: 60.0,
+                min_allocatable: vec!["cpus:1".parse().unwrap()],
+                suppressed_roles: vec!["r".into()],
+            })),
+        ),
+        (
+            "accept",
+            enc(&FrameworkToMaster::Accept {
+                offer_ids: vec![OfferId::from_u128(5)],
+                operations: vec![Operation::Launch {
+                    tasks: vec![task()],
+                }],
+                refuse_seconds: Some(1.0),
+            }),
+        ),
+        (
+            "offers",
+            enc(&MasterToFramework::Offers(vec![Offer {
+                id: OfferId::from_u128(5),
+                framework_id: FrameworkId::from_u128(1),
+                agent_id: AgentId::from_u128(2),
+                hostname: "h".into(),
+                role: "r".into(),
+                resources: "cpus:4;mem:1024".parse().unwrap(),
+                reserved: BTreeMap::new(),
+                attributes: attributes.into(),
+                gpus: vec![gpu()].into(),
+                gpu_free: vec![GpuFree {
+                    uuid: "GPU-1".into(),
+                    free_milli: 500,
+                    free_memory_mib: 40960,
+                }],
+            }])),
+        ),
+        ("update", enc(&MasterToFramework::Update(update()))),
+    ]
+}
+
+/// Encoding through a trait object, so the samples can be one list.
+mod erased {
+    pub trait Encode {
+        fn bytes(&self) -> Vec<u8>;
+    }
+    impl<T: serde::Serialize> Encode for T {
+        fn bytes(&self) -> Vec<u8> {
+            gantry_proto::codec::encode(self).expect("encodes")
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// FNV-1a of the bytes: a short fingerprint to pin (the full hex is printed on a mismatch).
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// `(sample, length, FNV-1a)` of protocol v7.
+const EXPECTED: &[(&str, usize, u64)] = &[
+    ("hello", 2, 0x08285607b4e2c672),
+    ("role", 2, 0x08328407b4eb6921),
+    ("register", 348, 0x0bec050edac8c923),
+    ("run_task", 125, 0x21aa7bc0f243dfef),
+    ("subscribe", 48, 0xa220de7f1e3c47d6),
+    ("accept", 131, 0x1514d8a5711b7ac0),
+    ("offers", 152, 0x73aca08c7e1f3376),
+    ("update", 100, 0x891e8c78f3d45229),
+];
+
+#[test]
+fn the_wire_bytes_of_every_family_are_unchanged() {
+    let got = samples();
+    if std::env::var_os("GANTRY_PRINT_WIRE").is_some() {
+        for (name, b) in &got {
+            println!("(\"{name}\", {}, 0x{:016x}),", b.len(), fnv(b));
+        }
+    }
+    assert_eq!(got.len(), EXPECTED.len(), "one expectation per sample");
+    for ((name, bytes), (want_name, len, sum)) in got.iter().zip(EXPECTED) {
+        assert_eq!(name, want_name);
+        assert_eq!(
+            (bytes.len(), fnv(bytes)),
+            (*len, *sum),
+            "{name}: the wire bytes changed (a protocol change): {}",
+            hex(bytes)
+        );
+    }
+}
