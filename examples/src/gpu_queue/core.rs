@@ -141,6 +141,9 @@ impl Job {
 pub struct Stats {
     /// Preemptions (victim jobs requeued or shrunk members) so far.
     pub preemptions: u64,
+    /// Jobs requeued because the cluster lost one of their workers (`LOST`, `GONE`, killed by
+    /// someone else, or `DROPPED`): relaunched once per loss.
+    pub requeued_lost: u64,
     /// Waiting times of jobs that started, seconds.
     pub waits: Vec<f64>,
     /// GPU-seconds used per team.
@@ -440,7 +443,9 @@ impl Core {
             if job.preempting {
                 job.preempting = false;
                 job.state = JobState::Pending;
-                if !std::mem::take(&mut job.lost) {
+                if std::mem::take(&mut job.lost) {
+                    self.stats.requeued_lost += 1;
+                } else {
                     job.preemptions += 1;
                     self.stats.preemptions += 1;
                 }

@@ -6,7 +6,7 @@
 //! | `GET /jobs`           | every job ([`JobView`]s)                                     |
 //! | `GET /jobs/{id}`      | one job                                                      |
 //! | `DELETE /jobs/{id}`   | cancel it (its workers are killed)                           |
-//! | `GET /stats`          | counters as JSON (GPU-seconds per team, preemptions, idle)   |
+//! | `GET /stats`          | counters as JSON (GPU-seconds per team, preemptions, jobs requeued after a lost worker, idle) |
 //! | `GET /metrics`        | Prometheus text: queue depth per team and priority, wait    |
 //! |                       | histogram, preemptions, GPU-hours per team, idle-while-waiting |
 
@@ -90,6 +90,7 @@ async fn stats(State(s): State<Arc<Shared>>) -> Response {
     Json(json!({
         "gpu_secs": core.gpu_secs(now),
         "preemptions": core.stats.preemptions,
+        "requeued_lost": core.stats.requeued_lost,
         "idle_while_eligible_gpu_secs": core.stats.idle_while_eligible_gpu_secs,
         "idle_while_eligible_secs": core.stats.idle_while_eligible_secs,
         "waits": core.stats.waits,
@@ -148,6 +149,16 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         out,
         "gpu_queue_preemptions_total {}",
         core.stats.preemptions
+    );
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_requeued_lost_total Jobs requeued because the cluster lost a worker."
+    );
+    let _ = writeln!(out, "# TYPE gpu_queue_requeued_lost_total counter");
+    let _ = writeln!(
+        out,
+        "gpu_queue_requeued_lost_total {}",
+        core.stats.requeued_lost
     );
     let _ = writeln!(
         out,

@@ -814,3 +814,31 @@ fn weighted_shares_round_to_the_nearest_not_up_for_the_lightest_team() {
         .collect();
     assert_eq!(names, ["c6/0"]);
 }
+
+#[test]
+fn a_job_whose_worker_the_cluster_lost_is_requeued_once_and_runs_again() {
+    let c = Cluster::new(2);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    let (id, _) = q.submit(spec("gang", "t", Priority::Normal, 1, 2), now);
+    let tasks = launched(&q.offers(c.offers(&[8, 8]), now));
+    assert_eq!(tasks.len(), 2);
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, vec![]), now);
+    }
+    // Its agent stayed unreachable past the master's timeout: the worker is GONE (reported
+    // twice, as after a reconciliation): the sibling is killed and the job requeued, once.
+    q.update(&update(&tasks[0], TaskState::Gone, vec![]), now);
+    q.update(&update(&tasks[0], TaskState::Gone, vec![]), now);
+    q.update(&update(&tasks[1], TaskState::Killed, vec![]), now);
+    let v = q.view(id, now).unwrap();
+    assert_eq!(v.state, JobState::Pending, "{}", v.message);
+    assert!(v.message.contains("GONE"), "{}", v.message);
+    assert_eq!((q.stats.requeued_lost, q.stats.preemptions), (1, 0));
+    // It runs again on the next offers.
+    let again = launched(&q.offers(c.offers(&[8, 8]), now));
+    assert_eq!(again.len(), 2);
+    assert!(again
+        .iter()
+        .all(|t| tasks.iter().all(|o| o.task_id != t.task_id)));
+}
