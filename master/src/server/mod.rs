@@ -21,6 +21,10 @@
 //! - Each peer has an outbox of `MasterConfig::peer_outbox` messages (`--peer-outbox`). A peer that lets it overflow is closed at
 //!   once (not through the full outbox) and the core hears [`Input::PeerStalled`]: its offers
 //!   are rescinded and its failover / re-register timeout starts.
+//! - A peer that does not read at all is caught even when its outbox never fills (a framework
+//!   is paced: past half full it gets no offers): once its stream takes no byte of a pending
+//!   write for `MasterConfig::peer_write_timeout_ms` (`--peer-write-timeout`), QUIC flow
+//!   control blocking the write, the writer closes it the same way ([`Input::PeerStalled`]).
 //! - A message that can not be sent is never dropped silently: the warning names the peer.
 //! - Long requests (reconciliation) are answered in slices ([`Master::work_backlog`]) between
 //!   other events, and only as fast as the peer's outbox has room.
@@ -157,6 +161,9 @@ struct Shell {
     metrics: metrics::ShellMetrics,
     /// Messages queued for one peer at most (`MasterConfig::peer_outbox`).
     outbox: usize,
+    /// How long a peer's stream may take no bytes of a pending write before the peer is closed
+    /// as stalled (`MasterConfig::peer_write_timeout_ms`; `None`: never).
+    write_timeout: Option<Duration>,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
@@ -193,6 +200,7 @@ pub async fn run(
         events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
         metrics: metrics::ShellMetrics::default(),
         outbox: config.peer_outbox.max(64),
+        write_timeout: config.peer_write_timeout_ms.map(Duration::from_millis),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -530,6 +538,8 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     let writer_conn = conn.clone();
     let writer_peer = peer.clone();
     let counters = shell.counters.clone();
+    let write_timeout = shell.write_timeout;
+    let stalled_shell = shell.clone();
     let writer = tokio::spawn(async move {
         let peer = writer_peer;
         // What is queued goes out as one write: the frames of up to WRITE_BATCH messages (or
@@ -566,15 +576,35 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
                 }
             }
             if !buf.is_empty() {
-                if let Err(e) = tx.0.write_all(&buf).await {
-                    // The stream is broken: end the connection so the reader sees it too.
-                    let left = out_rx.len();
-                    counters
-                        .dropped_messages
-                        .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
-                    tracing::warn!(%peer, "write failed ({taken} messages in the write, {left} more not sent): {e}; closing");
-                    writer_conn.close(CLOSE_PROTOCOL.into(), b"write failed");
-                    break;
+                match write_progressing(&mut tx, &buf, write_timeout).await {
+                    Ok(()) => {}
+                    Err(WriteStall::Failed(e)) => {
+                        // The stream is broken: end the connection so the reader sees it too.
+                        let left = out_rx.len();
+                        counters
+                            .dropped_messages
+                            .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
+                        tracing::warn!(%peer, "write failed ({taken} messages in the write, {left} more not sent): {e}; closing");
+                        writer_conn.close(CLOSE_PROTOCOL.into(), b"write failed");
+                        break;
+                    }
+                    Err(WriteStall::NoProgress(waited)) => {
+                        let left = out_rx.len();
+                        counters.stalled_closed.fetch_add(1, Ordering::Relaxed);
+                        counters
+                            .dropped_messages
+                            .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
+                        tracing::warn!(%peer, "peer is not reading its messages (its stream took nothing for {waited:?}; {taken} messages in the write, {left} more queued); closing it");
+                        // The core hears it before the reader's disconnect (one queue, in
+                        // order): offers rescinded, failover / re-register timeout running.
+                        stalled_shell.conns.remove(&id);
+                        let _ = stalled_shell
+                            .core
+                            .send(CoreEvent::Input(Input::PeerStalled { conn: id }))
+                            .await;
+                        writer_conn.close(CLOSE_PROTOCOL.into(), b"not reading its messages");
+                        break;
+                    }
                 }
             }
             if let Some(reason) = close {
@@ -622,6 +652,36 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     let _ = shell.core.send(CoreEvent::Input(disconnected(id))).await;
     shell.conns.remove(&id);
     writer.abort();
+}
+
+/// Why [`write_progressing`] gave up.
+enum WriteStall {
+    /// The stream failed.
+    Failed(quinn::WriteError),
+    /// The stream took no byte for this long (the peer does not read: flow control blocks).
+    NoProgress(Duration),
+}
+
+/// Writes all of `buf`, giving up when the stream takes no byte for `limit` (`None`: waits as
+/// long as it takes). Progress, not the whole write, is timed: a slow reader that keeps
+/// reading is never taken for a stalled one.
+async fn write_progressing(
+    tx: &mut FrameSender,
+    buf: &[u8],
+    limit: Option<Duration>,
+) -> Result<(), WriteStall> {
+    let Some(limit) = limit else {
+        return tx.0.write_all(buf).await.map_err(WriteStall::Failed);
+    };
+    let mut at = 0;
+    while at < buf.len() {
+        match tokio::time::timeout(limit, tx.0.write(&buf[at..])).await {
+            Ok(Ok(n)) => at += n,
+            Ok(Err(e)) => return Err(WriteStall::Failed(e)),
+            Err(_) => return Err(WriteStall::NoProgress(limit)),
+        }
+    }
+    Ok(())
 }
 
 /// The wall clock in Unix milliseconds (for `/state`'s task times).
