@@ -170,8 +170,10 @@ struct Shell {
 ///
 /// `ha` selects standalone (always leader, registry in the work dir) or etcd election. The
 /// master serves agents and frameworks only while it leads; as a standby it redirects them to
-/// the leader. When it loses leadership it stops at once and `run` returns an error (as a Mesos
-/// master does): the process supervisor restarts it as a standby.
+/// the leader. When it loses leadership it stops serving at once and `run` returns an error (as
+/// a Mesos master does): the process supervisor restarts it as a standby. Before returning it
+/// lets go of its etcd lease (resign and revoke, retried while etcd is unreachable, bounded), so
+/// the next election does not wait for the lease's TTL.
 pub async fn run(
     endpoint: quinn::Endpoint,
     http: HttpEndpoint,
@@ -232,7 +234,10 @@ pub async fn run(
                 }
             });
         })?;
-    let leadership = tokio::spawn(follow_election(election, store, core_tx, lost_tx));
+    let (release_tx, release_rx) = oneshot::channel::<Duration>();
+    let leadership = tokio::spawn(follow_election(
+        election, store, core_tx, lost_tx, release_rx,
+    ));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let http_task = tokio::spawn(http::serve(http, shell.clone(), acls, stop_rx));
@@ -270,13 +275,35 @@ pub async fn run(
         }
     };
     let _ = core_stop.send(());
-    leadership.abort();
     let _ = stop_tx.send(true);
     endpoint.close(CLOSE_NORMAL.into(), b"master stopping");
+    // Let go of the lease in etcd before the process ends, so another master is elected at
+    // once instead of after the TTL. After a lost leadership (etcd unreachable, most likely)
+    // the revoke is retried until etcd answers, up to RELEASE_AFTER_LOSS: etcd restores the
+    // lease with a full TTL when it returns, and this master's key would hold the election up.
+    let release = if result.is_err() {
+        RELEASE_AFTER_LOSS
+    } else {
+        RELEASE_ON_SHUTDOWN
+    };
+    if release_tx.send(release).is_ok() {
+        if result.is_err() {
+            tracing::info!(
+                "releasing this master's lease in etcd before stopping (at most {release:?})"
+            );
+        }
+        let _ = tokio::time::timeout(release + Duration::from_secs(1), leadership).await;
+    }
     let _ = http_task.await;
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
     result
 }
+
+/// How long a master that lost leadership keeps trying to revoke its lease before it exits
+/// (nothing can be elected while etcd is unreachable anyway; see [`run`]).
+const RELEASE_AFTER_LOSS: Duration = Duration::from_secs(10);
+/// How long a master stopping on a signal waits to resign and revoke its lease.
+const RELEASE_ON_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// A watch of [`health::redirect`] that changes only when its value does.
 fn follow_role(
@@ -326,15 +353,28 @@ fn peer_admission(status: &LeadershipStatus, ready: Option<u64>) -> health::Admi
 }
 
 /// Turns leadership events into core events: on election, load the registry (after the fence
-/// is installed) and hand it to the core; on loss, report it (the master stops).
+/// is installed) and hand it to the core; on loss, report it (the master stops). When the
+/// server stops it sends how long to wait for [`Election::resign`] (which revokes the lease).
 async fn follow_election(
     mut election: Election,
     store: RegistryStore,
     core: mpsc::Sender<CoreEvent>,
     lost: mpsc::UnboundedSender<String>,
+    mut release: oneshot::Receiver<Duration>,
 ) {
     let mut led = false;
-    while let Some(event) = election.next_event().await {
+    let mut ended = false;
+    loop {
+        let event = tokio::select! {
+            event = election.next_event() => event,
+            limit = &mut release => {
+                if let Ok(limit) = limit {
+                    resign(&mut election, limit).await;
+                }
+                return;
+            }
+        };
+        let Some(event) = event else { break };
         match event {
             LeadershipEvent::Elected { epoch, fence, .. } => {
                 store.set_fence(fence);
@@ -360,7 +400,8 @@ async fn follow_election(
                 store.clear_fence();
                 if led {
                     let _ = lost.send(reason);
-                    return;
+                    ended = true;
+                    break;
                 }
             }
             LeadershipEvent::LeaderChanged { leader } => {
@@ -368,7 +409,19 @@ async fn follow_election(
             }
         }
     }
-    let _ = lost.send("the election ended".into());
+    if !ended {
+        let _ = lost.send("the election ended".into());
+    }
+    if let Ok(limit) = release.await {
+        resign(&mut election, limit).await;
+    }
+}
+
+async fn resign(election: &mut Election, limit: Duration) {
+    match election.resign(limit).await {
+        Ok(()) => tracing::debug!("election resigned"),
+        Err(e) => tracing::warn!("election: {e}; its lease expires in etcd after its TTL"),
+    }
 }
 
 async fn serve_connection(shell: Shell, conn: quinn::Connection) {
