@@ -26,7 +26,7 @@
 //!   or stopped while etcd was down), whose leader key would otherwise hold the election up for a
 //!   TTL. `--advertise` must therefore be unique per master.
 //! - **Retried at once.** Between failed terms (etcd unreachable) the pause grows to at most
-//!   [`TERM_BACKOFF_MAX`] (500 ms), so a campaign starts within that of etcd serving again.
+//!   `TERM_BACKOFF_MAX` (500 ms), so a campaign starts within that of etcd serving again.
 //! - **Epoch** = the leader key's create revision: etcd revisions only grow, so every new term's
 //!   epoch is greater than all earlier ones.
 //!
