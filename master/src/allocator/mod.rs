@@ -87,6 +87,11 @@ pub struct AllocatorConfig {
     pub default_refuse_ms: Millis,
     /// Outstanding offers older than this are rescinded by [`Allocator::expire_offers`].
     pub offer_timeout_ms: Option<Millis>,
+    /// An offer rescinded by the offer timeout counts as a decline of its framework on its
+    /// agent: filtered for `default_refuse_ms`, so it does not go straight back to a framework
+    /// that hoards offers. Off by default (the simulator's scenarios re-offer at once); the
+    /// master binary turns it on (`--offer-timeout`, docs/allocator.md).
+    pub filter_expired_offers: bool,
     /// High 64 bits of generated offer ids (the master passes a random value, the simulator 0).
     pub offer_id_seed: u64,
     /// How demand-aware splitting picks the GPU for a fraction of one GPU (`--gpu-placement`).
@@ -100,6 +105,7 @@ impl Default for AllocatorConfig {
             fairness_excluded_resources: Vec::new(),
             default_refuse_ms: 5000,
             offer_timeout_ms: None,
+            filter_expired_offers: false,
             offer_id_seed: 0,
             gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }

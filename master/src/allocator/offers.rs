@@ -527,7 +527,9 @@ impl Allocator {
         })
     }
 
-    /// Rescinds offers older than the configured offer timeout (none when it is off).
+    /// Rescinds offers older than the configured offer timeout (none when it is off). With
+    /// `filter_expired_offers`, what expired is filtered for its framework on its agent for
+    /// `default_refuse_ms`, as a decline would be (one filter over the union per agent).
     pub fn expire_offers(&mut self, now: Millis) -> Vec<OfferRecord> {
         let Some(timeout) = self.config.offer_timeout_ms else {
             return Vec::new();
@@ -540,12 +542,25 @@ impl Allocator {
             .collect();
         due.sort_unstable();
         let mut out = Vec::new();
+        let mut refused: Vec<(u32, u32, Bundle)> = Vec::new();
         for id in due {
             if let Some(st) = self.drop_offer(id) {
                 self.counters.rescinded += 1;
                 self.counters.expired += 1;
+                if self.config.filter_expired_offers {
+                    match refused
+                        .iter_mut()
+                        .find(|(a, f, _)| *a == st.agent && *f == st.fw)
+                    {
+                        Some((_, _, b)) => b.add(&st.bundle),
+                        None => refused.push((st.agent, st.fw, st.bundle.clone())),
+                    }
+                }
                 out.push(self.take_record(st));
             }
+        }
+        for (a, f, b) in refused {
+            self.add_filter(a, f, b, None, now);
         }
         out
     }

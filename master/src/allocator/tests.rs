@@ -451,6 +451,36 @@ fn offer_timeout_rescinds_old_offers() {
 }
 
 #[test]
+fn an_expired_offer_is_filtered_like_a_decline_when_configured() {
+    let mut a = Allocator::new(AllocatorConfig {
+        offer_timeout_ms: Some(100),
+        filter_expired_offers: true,
+        ..Default::default()
+    });
+    let refuse = a.config().default_refuse_ms;
+    a.add_framework(fid(1), "hoarder", &roles(&["r"]), false, None);
+    a.add_agent(aid(1), "h1", res("cpus:4"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    assert_eq!(o.framework, fid(1));
+    a.add_framework(fid(2), "honest", &roles(&["r"]), false, None);
+    // Held by the hoarder: nothing for the other framework.
+    assert!(a.allocate(50).is_empty());
+    assert_eq!(a.expire_offers(100).len(), 1);
+    // The agent goes to the other framework, not back to the one that let it expire...
+    let next = a.allocate(101);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].framework, fid(2));
+    a.decline(next[0].id, Some(0), 102).unwrap();
+    // ...which is filtered on that agent for the default refuse time, as after a decline.
+    a.remove_framework(fid(2));
+    assert!(a.allocate(103).is_empty());
+    assert!(a.allocate(100 + refuse - 1).is_empty());
+    let back = a.allocate(100 + refuse);
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].framework, fid(1));
+}
+
+#[test]
 fn unknown_ids_are_harmless() {
     let mut a = alloc();
     assert!(a.remove_agent(aid(9)).is_empty());

@@ -85,9 +85,11 @@ struct ServeArgs {
     /// cycle's duration: the most an offer waits for its cycle, against how often cycles run.
     #[arg(long, default_value_t = 5)]
     allocation_min_gap_ms: u64,
-    /// Rescind offers not answered within this many seconds (off when unset).
-    #[arg(long)]
-    offer_timeout: Option<f64>,
+    /// Rescind offers not answered within this many seconds; what expired is then filtered
+    /// for that framework on that agent like a decline (5 s), so a framework that hoards offers
+    /// cannot keep an agent from the others. `0` or `off`: offers never expire.
+    #[arg(long, default_value = DEFAULT_OFFER_TIMEOUT, value_parser = parse_secs_or_off)]
+    offer_timeout: SecsOrOff,
     /// Offer GPU agents to every framework, not only to GPU-capable ones.
     #[arg(long)]
     no_gpu_filter: bool,
@@ -123,6 +125,11 @@ struct ServeArgs {
     /// paced against it (docs/protocol.md, "Not reading"); an agent that lets it fill is closed.
     #[arg(long, default_value_t = MasterConfig::default().peer_outbox)]
     peer_outbox: usize,
+    /// Seconds a peer's stream may take none of the messages waiting for it (the peer does not
+    /// read) before it is closed: a framework is then failed over (offers rescinded, its
+    /// failover timeout running), an agent must re-register. `0` or `off`: never.
+    #[arg(long, default_value = DEFAULT_PEER_WRITE_TIMEOUT, value_parser = parse_secs_or_off)]
+    peer_write_timeout: SecsOrOff,
     /// Frameworks one principal may have registered at once (a disconnected framework counts
     /// until its failover timeout ends).
     #[arg(long, default_value_t = Limits::default().frameworks_per_principal)]
@@ -183,7 +190,7 @@ fn main() -> anyhow::Result<()> {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.work_dir)
         .with_context(|| format!("creating work dir {}", args.work_dir.display()))?;
-    let tls_dir = args.tls_dir.context("--tls-dir is required")?;
+    let tls_dir = args.tls_dir.clone().context("--tls-dir is required")?;
     if args.http_insecure {
         anyhow::ensure!(
             args.http.ip().is_loopback(),
@@ -238,17 +245,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("binding HTTP on {}", args.http))?;
-    let allocator = AllocatorConfig {
-        offer_timeout_ms: args
-            .offer_timeout
-            .map(|s| secs_to_ms(s, "--offer-timeout"))
-            .transpose()?,
-        filter_gpu_resources: !args.no_gpu_filter,
-        fairness_excluded_resources: args.fairness_excluded,
-        offer_id_seed: rand_seed(),
-        gpu_placement: args.gpu_placement,
-        ..AllocatorConfig::default()
-    };
+    let allocator = allocator_config(&args, rand_seed());
     let acls = match &args.acls {
         Some(path) => gantry_master::acl::Acls::load(path)?,
         None => {
@@ -292,6 +289,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         frame_body_timeout_ms: secs_to_ms(args.frame_body_timeout, "--frame-body-timeout")?.max(1),
         frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
         peer_outbox: args.peer_outbox.max(64),
+        peer_write_timeout_ms: args.peer_write_timeout.ms(),
         max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
         max_completed_frameworks: args.max_completed_frameworks,
         gpu_placement: args.gpu_placement,
@@ -355,6 +353,53 @@ fn reload_tokens_on_sighup(
     Ok(())
 }
 
+/// `--offer-timeout`'s default: Mesos's recommended order of magnitude for an offer timeout.
+/// An honest framework answers within a second; one that holds offers longer keeps resources
+/// from everyone else.
+const DEFAULT_OFFER_TIMEOUT: &str = "30";
+/// `--peer-write-timeout`'s default: twice QUIC's idle timeout, so a peer that is gone is
+/// noticed by that first and only a live peer that does not read is closed by this.
+const DEFAULT_PEER_WRITE_TIMEOUT: &str = "30";
+
+/// A number of seconds, or off (`0` or `off`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct SecsOrOff(Option<f64>);
+
+impl SecsOrOff {
+    /// Milliseconds (`None` when off).
+    fn ms(self) -> Option<u64> {
+        self.0.map(|s| (s * 1000.0) as u64).filter(|ms| *ms > 0)
+    }
+}
+
+fn parse_secs_or_off(s: &str) -> Result<SecsOrOff, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(SecsOrOff(None));
+    }
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is neither a number of seconds nor `off`"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("{s:?}: must be a non-negative number of seconds"));
+    }
+    Ok(SecsOrOff((v > 0.0).then_some(v)))
+}
+
+/// The allocator's settings from the flags. The master's are safer than
+/// [`AllocatorConfig::default`] (which the simulator's scenarios pin): offers expire after
+/// `--offer-timeout` and an expired offer is filtered like a decline.
+fn allocator_config(args: &ServeArgs, offer_id_seed: u64) -> AllocatorConfig {
+    AllocatorConfig {
+        offer_timeout_ms: args.offer_timeout.ms(),
+        filter_expired_offers: true,
+        filter_gpu_resources: !args.no_gpu_filter,
+        fairness_excluded_resources: args.fairness_excluded.clone(),
+        offer_id_seed,
+        gpu_placement: args.gpu_placement,
+        ..AllocatorConfig::default()
+    }
+}
+
 fn secs_to_ms(s: f64, flag: &str) -> anyhow::Result<u64> {
     anyhow::ensure!(
         s.is_finite() && s >= 0.0,
@@ -365,4 +410,53 @@ fn secs_to_ms(s: f64, flag: &str) -> anyhow::Result<u64> {
 
 fn rand_seed() -> u64 {
     uuid::Uuid::new_v4().as_u64_pair().0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_args(extra: &[&str]) -> ServeArgs {
+        let mut argv = vec!["gantry-master", "--tls-dir", "/nonexistent"];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        assert!(cli.cmd.is_none());
+        cli.serve
+    }
+
+    #[test]
+    fn by_default_offers_expire_and_stalled_peers_are_closed() {
+        let args = serve_args(&[]);
+        let a = allocator_config(&args, 7);
+        assert_eq!(a.offer_timeout_ms, Some(30_000));
+        assert!(a.filter_expired_offers);
+        assert_eq!(a.offer_id_seed, 7);
+        // The simulator's defaults stay as they were (its scenario outputs are pinned).
+        assert_eq!(AllocatorConfig::default().offer_timeout_ms, None);
+        assert!(!AllocatorConfig::default().filter_expired_offers);
+        assert_eq!(args.peer_write_timeout.ms(), Some(30_000));
+        assert_eq!(
+            MasterConfig::default().peer_write_timeout_ms,
+            args.peer_write_timeout.ms()
+        );
+    }
+
+    #[test]
+    fn zero_or_off_turns_the_timeouts_off() {
+        for off in ["0", "off", "OFF", "0.0"] {
+            let args = serve_args(&["--offer-timeout", off, "--peer-write-timeout", off]);
+            assert_eq!(allocator_config(&args, 0).offer_timeout_ms, None, "{off}");
+            assert_eq!(args.peer_write_timeout.ms(), None, "{off}");
+        }
+        let args = serve_args(&["--offer-timeout", "1.5", "--peer-write-timeout", "2"]);
+        assert_eq!(allocator_config(&args, 0).offer_timeout_ms, Some(1500));
+        assert_eq!(args.peer_write_timeout.ms(), Some(2000));
+        for bad in ["-1", "soon", "inf", "NaN"] {
+            assert!(
+                Cli::try_parse_from(["gantry-master", "--tls-dir", "x", "--offer-timeout", bad])
+                    .is_err(),
+                "{bad}"
+            );
+        }
+    }
 }

@@ -19,6 +19,14 @@
 //! - **Stale lease revoked.** A term that ends keeps its lease id; the next term revokes it first
 //!   (when etcd is reachable again) so this master's old candidate key does not block the
 //!   election until the TTL runs out (etcd restores leases with a full TTL after a restart).
+//!   A master that resigns between terms (the server stops after `Lost`) keeps retrying that
+//!   revoke until etcd answers or the resign times out.
+//! - **Previous incarnation released.** Before its first term a master revokes the leases of
+//!   candidate keys carrying its own advertised address: they are its previous process's (killed,
+//!   or stopped while etcd was down), whose leader key would otherwise hold the election up for a
+//!   TTL. `--advertise` must therefore be unique per master.
+//! - **Retried at once.** Between failed terms (etcd unreachable) the pause grows to at most
+//!   `TERM_BACKOFF_MAX` (500 ms), so a campaign starts within that of etcd serving again.
 //! - **Epoch** = the leader key's create revision: etcd revisions only grow, so every new term's
 //!   epoch is greater than all earlier ones.
 //!
@@ -40,9 +48,10 @@ use super::{ElectionError, Fence, Sink};
 
 /// Pause before retrying a failed keep-alive stream.
 const KEEPER_RETRY: Duration = Duration::from_millis(100);
-/// Bounds of the pause between failed terms.
+/// Bounds of the pause between failed terms (and observer reconnections): small, so a campaign
+/// starts at once when etcd serves again; a refused connection costs next to nothing.
 const TERM_BACKOFF_MIN: Duration = Duration::from_millis(100);
-const TERM_BACKOFF_MAX: Duration = Duration::from_secs(2);
+const TERM_BACKOFF_MAX: Duration = Duration::from_millis(500);
 
 /// Configuration of an etcd-backed election.
 #[derive(Debug, Clone)]
@@ -202,6 +211,7 @@ pub(crate) async fn run_campaign(
     mut resign: oneshot::Receiver<()>,
 ) {
     let mut stale_lease: Option<i64> = None;
+    let mut previous_released = false;
     let mut backoff = TERM_BACKOFF_MIN;
     loop {
         if sink.is_closed() {
@@ -212,12 +222,26 @@ pub(crate) async fn run_campaign(
             Err(e) => {
                 warn!("election: cannot connect to etcd: {e}");
                 if wait_or_resign(backoff, &mut resign).await {
+                    release(&cfg, stale_lease).await;
                     return;
                 }
                 backoff = (backoff * 2).min(TERM_BACKOFF_MAX);
                 continue;
             }
         };
+        if !previous_released {
+            match release_previous(&cfg, &client).await {
+                Ok(()) => previous_released = true,
+                Err(e) => {
+                    warn!("election: cannot read the election: {e}");
+                    if wait_or_resign(backoff, &mut resign).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(TERM_BACKOFF_MAX);
+                    continue;
+                }
+            }
+        }
         if let Some(id) = stale_lease {
             // Best effort: frees this master's old candidate key at once.
             match timed(cfg.request_timeout, client.lease_client().revoke(id)).await {
@@ -248,12 +272,64 @@ pub(crate) async fn run_campaign(
                     }
                 }
                 if wait_or_resign(backoff, &mut resign).await {
+                    release(&cfg, stale_lease).await;
                     return;
                 }
                 backoff = (backoff * 2).min(TERM_BACKOFF_MAX);
             }
         }
     }
+}
+
+/// Pause between attempts to revoke a lease while resigning.
+const RELEASE_RETRY: Duration = Duration::from_millis(100);
+
+/// Resigning between terms: revokes `lease` (the last term's, not yet revoked because etcd did
+/// not answer), retrying until etcd answers. The caller bounds the wait ([`super::Election::resign`]).
+async fn release(cfg: &EtcdElectionConfig, lease: Option<i64>) {
+    let Some(id) = lease else { return };
+    loop {
+        if let Ok(client) = connect(cfg).await {
+            match timed(cfg.request_timeout, client.lease_client().revoke(id)).await {
+                Ok(_) => {
+                    info!("election: released lease {id:x} of the last term");
+                    return;
+                }
+                Err(e) if e.contains("not found") => return,
+                Err(e) => debug!("election: releasing lease {id:x}: {e}"),
+            }
+        }
+        tokio::time::sleep(RELEASE_RETRY).await;
+    }
+}
+
+/// Revokes the leases of candidate keys carrying this master's advertised address: before its
+/// first term a master has none, so they are a previous incarnation's (killed, or stopped while
+/// etcd was down). Its key, the leader's perhaps, would hold the election up for a TTL.
+async fn release_previous(cfg: &EtcdElectionConfig, client: &Client) -> Result<(), String> {
+    let prefix = format!("{}/", cfg.election_name());
+    let resp = timed(
+        cfg.request_timeout,
+        client
+            .kv_client()
+            .get(prefix, Some(GetOptions::new().with_prefix())),
+    )
+    .await?;
+    for kv in resp.kvs() {
+        if kv.value() != cfg.advertise.as_bytes() || kv.lease() == 0 {
+            continue;
+        }
+        let id = kv.lease();
+        match timed(cfg.request_timeout, client.lease_client().revoke(id)).await {
+            Ok(_) => info!(
+                "election: released lease {id:x} of this master's previous process (its candidate key {})",
+                String::from_utf8_lossy(kv.key())
+            ),
+            Err(e) if e.contains("not found") => {}
+            Err(e) => return Err(format!("revoking lease {id:x}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// Sleeps `d`; true if a resignation (or the election's end) arrived meanwhile.

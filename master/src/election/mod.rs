@@ -16,8 +16,9 @@
 //! How the server uses it: on `Elected { epoch, fence }` install the fence in the registry store,
 //! load the registry, then serve (offers, launches) with `epoch` in `Registered`/`Subscribed`; on
 //! `Lost` stop offering and accepting at once, clear the fence, drop sessions (or turn standby);
-//! on `LeaderChanged` tell parked peers (when: [`health::Parked`]). `LeaderChanged` naming this
-//! master can arrive before its `Elected`: only `Elected` makes a master act as leader. The lease
+//! on `LeaderChanged` tell parked peers (when: [`health::Parked`]). `LeaderChanged` never names
+//! this master (its own key seen before `Elected`, or a previous incarnation's, reads as no
+//! leader): only `Elected` makes a master the leader, in its status and its log. The lease
 //! deadline ([`LeadershipStatus::lease_valid_until`]) goes to the master core as an input
 //! ([`health::lease_until_ms`] → `state::Input::LeaseUntil`): the core makes no offer and
 //! launches no task from then on, even if the `Lost` event has not been processed yet
@@ -223,17 +224,24 @@ impl Sink {
 
     pub(crate) fn leader_changed(&self, leader: Option<String>) {
         *self.observed.lock().unwrap_or_else(|p| p.into_inner()) = leader.clone();
-        let mut changed = false;
+        let mut told = None;
         self.status.send_if_modified(|s| {
             // While leading, this master is the leader whatever a lagging observation says.
-            if s.is_leader || s.leader == leader {
+            if s.is_leader {
+                return false;
+            }
+            // Never named while not leading: a key with our address is a previous
+            // incarnation's (about to be revoked) or this term's before its win is verified;
+            // only `elected` makes this master the leader.
+            let leader = leader.clone().filter(|l| *l != s.advertise);
+            if s.leader == leader {
                 return false;
             }
             s.leader = leader.clone();
-            changed = true;
+            told = Some(leader);
             true
         });
-        if changed {
+        if let Some(leader) = told {
             let _ = self.events.send(LeadershipEvent::LeaderChanged { leader });
         }
     }
@@ -344,8 +352,10 @@ impl Election {
     }
 
     /// Gives up leadership cleanly (etcd: emit `Lost`, resign and revoke the lease so a standby
-    /// takes over at once instead of after the TTL) and stops the election. Waits at most
-    /// `timeout`. Events emitted meanwhile (the final `Lost`) can still be read with
+    /// takes over at once instead of after the TTL) and stops the election. Between terms (after
+    /// a `Lost`, etcd unreachable) the last term's lease is revoked as soon as etcd answers
+    /// again, retried until then: etcd restores a lease with a full TTL when it comes back, and
+    /// this master's old key would hold the election up that long. Waits at most `timeout`. Events emitted meanwhile (the final `Lost`) can still be read with
     /// [`Election::next_event`], which then returns `None`.
     pub async fn resign(&mut self, timeout: Duration) -> Result<(), ElectionError> {
         match self.mode {

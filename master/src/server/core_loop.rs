@@ -384,6 +384,7 @@ fn peer_stats(shell: &Shell) -> serde_json::Value {
         "connected": shell.conns.len(),
         "outbox_messages": shell.outbox,
         "frame_body_timeout_ms": shell.frame_limits.body_timeout.as_millis() as u64,
+        "write_timeout_ms": shell.write_timeout.map(|t| t.as_millis() as u64),
         "frames": budget,
         "stalled_closed": shell.counters.stalled_closed.load(Ordering::Relaxed),
         "dropped_messages": shell.counters.dropped_messages.load(Ordering::Relaxed),

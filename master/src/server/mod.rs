@@ -21,6 +21,10 @@
 //! - Each peer has an outbox of `MasterConfig::peer_outbox` messages (`--peer-outbox`). A peer that lets it overflow is closed at
 //!   once (not through the full outbox) and the core hears [`Input::PeerStalled`]: its offers
 //!   are rescinded and its failover / re-register timeout starts.
+//! - A peer that does not read at all is caught even when its outbox never fills (a framework
+//!   is paced: past half full it gets no offers): once its stream takes no byte of a pending
+//!   write for `MasterConfig::peer_write_timeout_ms` (`--peer-write-timeout`), QUIC flow
+//!   control blocking the write, the writer closes it the same way ([`Input::PeerStalled`]).
 //! - A message that can not be sent is never dropped silently: the warning names the peer.
 //! - Long requests (reconciliation) are answered in slices ([`Master::work_backlog`]) between
 //!   other events, and only as fast as the peer's outbox has room.
@@ -157,14 +161,19 @@ struct Shell {
     metrics: metrics::ShellMetrics,
     /// Messages queued for one peer at most (`MasterConfig::peer_outbox`).
     outbox: usize,
+    /// How long a peer's stream may take no bytes of a pending write before the peer is closed
+    /// as stalled (`MasterConfig::peer_write_timeout_ms`; `None`: never).
+    write_timeout: Option<Duration>,
 }
 
 /// Runs the master on a bound QUIC endpoint and HTTP listener until `shutdown` resolves.
 ///
 /// `ha` selects standalone (always leader, registry in the work dir) or etcd election. The
 /// master serves agents and frameworks only while it leads; as a standby it redirects them to
-/// the leader. When it loses leadership it stops at once and `run` returns an error (as a Mesos
-/// master does): the process supervisor restarts it as a standby.
+/// the leader. When it loses leadership it stops serving at once and `run` returns an error (as
+/// a Mesos master does): the process supervisor restarts it as a standby. Before returning it
+/// lets go of its etcd lease (resign and revoke, retried while etcd is unreachable, bounded), so
+/// the next election does not wait for the lease's TTL.
 pub async fn run(
     endpoint: quinn::Endpoint,
     http: HttpEndpoint,
@@ -193,6 +202,7 @@ pub async fn run(
         events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
         metrics: metrics::ShellMetrics::default(),
         outbox: config.peer_outbox.max(64),
+        write_timeout: config.peer_write_timeout_ms.map(Duration::from_millis),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
@@ -224,7 +234,10 @@ pub async fn run(
                 }
             });
         })?;
-    let leadership = tokio::spawn(follow_election(election, store, core_tx, lost_tx));
+    let (release_tx, release_rx) = oneshot::channel::<Duration>();
+    let leadership = tokio::spawn(follow_election(
+        election, store, core_tx, lost_tx, release_rx,
+    ));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let http_task = tokio::spawn(http::serve(http, shell.clone(), acls, stop_rx));
@@ -262,13 +275,35 @@ pub async fn run(
         }
     };
     let _ = core_stop.send(());
-    leadership.abort();
     let _ = stop_tx.send(true);
     endpoint.close(CLOSE_NORMAL.into(), b"master stopping");
+    // Let go of the lease in etcd before the process ends, so another master is elected at
+    // once instead of after the TTL. After a lost leadership (etcd unreachable, most likely)
+    // the revoke is retried until etcd answers, up to RELEASE_AFTER_LOSS: etcd restores the
+    // lease with a full TTL when it returns, and this master's key would hold the election up.
+    let release = if result.is_err() {
+        RELEASE_AFTER_LOSS
+    } else {
+        RELEASE_ON_SHUTDOWN
+    };
+    if release_tx.send(release).is_ok() {
+        if result.is_err() {
+            tracing::info!(
+                "releasing this master's lease in etcd before stopping (at most {release:?})"
+            );
+        }
+        let _ = tokio::time::timeout(release + Duration::from_secs(1), leadership).await;
+    }
     let _ = http_task.await;
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
     result
 }
+
+/// How long a master that lost leadership keeps trying to revoke its lease before it exits
+/// (nothing can be elected while etcd is unreachable anyway; see [`run`]).
+const RELEASE_AFTER_LOSS: Duration = Duration::from_secs(10);
+/// How long a master stopping on a signal waits to resign and revoke its lease.
+const RELEASE_ON_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// A watch of [`health::redirect`] that changes only when its value does.
 fn follow_role(
@@ -318,15 +353,28 @@ fn peer_admission(status: &LeadershipStatus, ready: Option<u64>) -> health::Admi
 }
 
 /// Turns leadership events into core events: on election, load the registry (after the fence
-/// is installed) and hand it to the core; on loss, report it (the master stops).
+/// is installed) and hand it to the core; on loss, report it (the master stops). When the
+/// server stops it sends how long to wait for [`Election::resign`] (which revokes the lease).
 async fn follow_election(
     mut election: Election,
     store: RegistryStore,
     core: mpsc::Sender<CoreEvent>,
     lost: mpsc::UnboundedSender<String>,
+    mut release: oneshot::Receiver<Duration>,
 ) {
     let mut led = false;
-    while let Some(event) = election.next_event().await {
+    let mut ended = false;
+    loop {
+        let event = tokio::select! {
+            event = election.next_event() => event,
+            limit = &mut release => {
+                if let Ok(limit) = limit {
+                    resign(&mut election, limit).await;
+                }
+                return;
+            }
+        };
+        let Some(event) = event else { break };
         match event {
             LeadershipEvent::Elected { epoch, fence, .. } => {
                 store.set_fence(fence);
@@ -352,7 +400,8 @@ async fn follow_election(
                 store.clear_fence();
                 if led {
                     let _ = lost.send(reason);
-                    return;
+                    ended = true;
+                    break;
                 }
             }
             LeadershipEvent::LeaderChanged { leader } => {
@@ -360,7 +409,19 @@ async fn follow_election(
             }
         }
     }
-    let _ = lost.send("the election ended".into());
+    if !ended {
+        let _ = lost.send("the election ended".into());
+    }
+    if let Ok(limit) = release.await {
+        resign(&mut election, limit).await;
+    }
+}
+
+async fn resign(election: &mut Election, limit: Duration) {
+    match election.resign(limit).await {
+        Ok(()) => tracing::debug!("election resigned"),
+        Err(e) => tracing::warn!("election: {e}; its lease expires in etcd after its TTL"),
+    }
 }
 
 async fn serve_connection(shell: Shell, conn: quinn::Connection) {
@@ -530,6 +591,8 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     let writer_conn = conn.clone();
     let writer_peer = peer.clone();
     let counters = shell.counters.clone();
+    let write_timeout = shell.write_timeout;
+    let stalled_shell = shell.clone();
     let writer = tokio::spawn(async move {
         let peer = writer_peer;
         // What is queued goes out as one write: the frames of up to WRITE_BATCH messages (or
@@ -566,15 +629,35 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
                 }
             }
             if !buf.is_empty() {
-                if let Err(e) = tx.0.write_all(&buf).await {
-                    // The stream is broken: end the connection so the reader sees it too.
-                    let left = out_rx.len();
-                    counters
-                        .dropped_messages
-                        .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
-                    tracing::warn!(%peer, "write failed ({taken} messages in the write, {left} more not sent): {e}; closing");
-                    writer_conn.close(CLOSE_PROTOCOL.into(), b"write failed");
-                    break;
+                match write_progressing(&mut tx, &buf, write_timeout).await {
+                    Ok(()) => {}
+                    Err(WriteStall::Failed(e)) => {
+                        // The stream is broken: end the connection so the reader sees it too.
+                        let left = out_rx.len();
+                        counters
+                            .dropped_messages
+                            .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
+                        tracing::warn!(%peer, "write failed ({taken} messages in the write, {left} more not sent): {e}; closing");
+                        writer_conn.close(CLOSE_PROTOCOL.into(), b"write failed");
+                        break;
+                    }
+                    Err(WriteStall::NoProgress(waited)) => {
+                        let left = out_rx.len();
+                        counters.stalled_closed.fetch_add(1, Ordering::Relaxed);
+                        counters
+                            .dropped_messages
+                            .fetch_add(taken as u64 + left as u64, Ordering::Relaxed);
+                        tracing::warn!(%peer, "peer is not reading its messages (its stream took nothing for {waited:?}; {taken} messages in the write, {left} more queued); closing it");
+                        // The core hears it before the reader's disconnect (one queue, in
+                        // order): offers rescinded, failover / re-register timeout running.
+                        stalled_shell.conns.remove(&id);
+                        let _ = stalled_shell
+                            .core
+                            .send(CoreEvent::Input(Input::PeerStalled { conn: id }))
+                            .await;
+                        writer_conn.close(CLOSE_PROTOCOL.into(), b"not reading its messages");
+                        break;
+                    }
                 }
             }
             if let Some(reason) = close {
@@ -622,6 +705,36 @@ async fn serve_peer<M: serde::de::DeserializeOwned + Send + 'static>(
     let _ = shell.core.send(CoreEvent::Input(disconnected(id))).await;
     shell.conns.remove(&id);
     writer.abort();
+}
+
+/// Why [`write_progressing`] gave up.
+enum WriteStall {
+    /// The stream failed.
+    Failed(quinn::WriteError),
+    /// The stream took no byte for this long (the peer does not read: flow control blocks).
+    NoProgress(Duration),
+}
+
+/// Writes all of `buf`, giving up when the stream takes no byte for `limit` (`None`: waits as
+/// long as it takes). Progress, not the whole write, is timed: a slow reader that keeps
+/// reading is never taken for a stalled one.
+async fn write_progressing(
+    tx: &mut FrameSender,
+    buf: &[u8],
+    limit: Option<Duration>,
+) -> Result<(), WriteStall> {
+    let Some(limit) = limit else {
+        return tx.0.write_all(buf).await.map_err(WriteStall::Failed);
+    };
+    let mut at = 0;
+    while at < buf.len() {
+        match tokio::time::timeout(limit, tx.0.write(&buf[at..])).await {
+            Ok(Ok(n)) => at += n,
+            Ok(Err(e)) => return Err(WriteStall::Failed(e)),
+            Err(_) => return Err(WriteStall::NoProgress(limit)),
+        }
+    }
+    Ok(())
 }
 
 /// The wall clock in Unix milliseconds (for `/state`'s task times).

@@ -164,6 +164,10 @@ pub struct MasterConfig {
     /// status updates are held in the core, past half it gets no offers (`pacing`); an agent
     /// that lets it fill is closed.
     pub peer_outbox: usize,
+    /// A peer with messages waiting whose stream takes none of them for this long (it does
+    /// not read, so QUIC flow control blocks every write) is closed by the shell and handled
+    /// as [`Input::PeerStalled`] (`--peer-write-timeout`; `None`: never).
+    pub peer_write_timeout_ms: Option<u64>,
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
     /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
@@ -253,6 +257,7 @@ impl Default for MasterConfig {
             frame_body_timeout_ms: 10_000,
             frame_budget_bytes: 128 << 20,
             peer_outbox: 16_384,
+            peer_write_timeout_ms: Some(30_000),
             limits: Limits::default(),
             gpu_placement: gantry_sdk::placement::Policy::FgdPack,
         }
@@ -286,7 +291,8 @@ pub enum Input {
         conn: ConnId,
     },
     /// The shell closed this peer's connection because it did not read its messages (its
-    /// outbox overflowed): handled as a disconnect, now (offers rescinded, the framework's
+    /// outbox overflowed, or its stream took nothing for `peer_write_timeout_ms` while messages
+    /// waited): handled as a disconnect, now (offers rescinded, the framework's
     /// failover timeout or the agent's re-register timeout starts).
     PeerStalled {
         conn: ConnId,
