@@ -18,7 +18,8 @@
 //! - [`reconcile`]: built-in reconciliation on re-subscription and periodically
 //!   ([`DriverConfig::reconcile`]).
 //! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
-//! - [`placement`]: fragmentation-aware GPU placement (pure): `fgd-pack`, `fgd`, `best-fit`,
+//! - [`placement`]: the `gantry-placement` crate re-exported: fragmentation-aware GPU placement
+//!   (pure): `fgd-pack`, `fgd`, `best-fit`,
 //!   `random`, shared by schedulers and the master's `simulate --openb` replay; and the
 //!   offer-level building blocks [`placement::offers`] (fit tasks into held offers: selectors,
 //!   attributes, NUMA locality) and [`placement::gang`] (all-or-nothing gangs, elastic
@@ -32,7 +33,6 @@
 pub mod backoff;
 pub mod book;
 pub mod config_file;
-pub mod placement;
 pub mod process;
 pub mod reconcile;
 pub mod scheduler;
@@ -47,6 +47,11 @@ pub mod protocol {
         pub use gantry_proto::codec::*;
         pub use gantry_transport::framing::*;
     }
+}
+
+/// Placement (pure): `gantry-placement` re-exported, so `gantry_sdk::placement::...` paths work.
+pub mod placement {
+    pub use gantry_placement::*;
 }
 
 /// QUIC and mutual TLS: `gantry-transport` re-exported, so `gantry_sdk::transport::...` paths

@@ -224,7 +224,7 @@ impl<K: Ord + Clone + Hash> Holds<K> {
 mod tests {
     use super::super::offers::tests::agent;
     use super::*;
-    use crate::protocol::Resources;
+    use gantry_proto::Resources;
     use proptest::prelude::*;
 
     fn member(res: &str) -> TaskRequest {

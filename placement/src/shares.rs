@@ -7,7 +7,7 @@
 //! The master re-checks per-GPU room and picks the GPU for a fraction itself at accept, with the
 //! same scoring; the node's GPU order is [`OfferNode::gpu_uuids`].
 
-use crate::protocol::{GpuAmount, Offer, Resources};
+use gantry_proto::{GpuAmount, Offer, Resources};
 
 use super::{GpuDemand, ModelSet, Models, Node, PlacementError, TaskShape, GPU_MILLI};
 
@@ -75,7 +75,7 @@ pub fn task_shape(resources: &Resources, models: ModelSet) -> Option<TaskShape> 
 mod tests {
     use super::super::{Placer, Policy, Workload};
     use super::*;
-    use crate::protocol::{AgentId, FrameworkId, GpuFree, GpuInfo, OfferId};
+    use gantry_proto::{AgentId, FrameworkId, GpuFree, GpuInfo, OfferId};
 
     fn gpu(uuid: &str) -> GpuInfo {
         GpuInfo {

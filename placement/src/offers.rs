@@ -40,8 +40,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::protocol::resources::MILLI;
-use crate::protocol::{AgentId, Attributes, GpuInfo, GpuSelector, Offer, OfferId, Resources};
+use gantry_proto::resources::MILLI;
+use gantry_proto::{AgentId, Attributes, GpuInfo, GpuSelector, Offer, OfferId, Resources};
 
 /// A framework's offers on one agent in one role: accept or decline them together.
 #[derive(Debug, Clone, PartialEq)]
@@ -321,7 +321,7 @@ pub enum PlaceError {
     #[error("task {0} fits on no agent")]
     NoFit(usize),
     /// A request with a fractional GPU amount (offer placement deals in whole GPUs).
-    #[error("task {0} asks for a fraction of a GPU; use gantry_sdk::placement::Placer")]
+    #[error("task {0} asks for a fraction of a GPU; use gantry_placement::Placer")]
     FractionalGpu(usize),
 }
 
@@ -705,7 +705,7 @@ pub(crate) mod tests {
         let gpus: Vec<GpuInfo> = (0..4).map(|i| gpu(i, "A100", 0).info()).collect();
         let offer = |res: &str| Offer {
             id: OfferId::random(),
-            framework_id: crate::protocol::FrameworkId::random(),
+            framework_id: gantry_proto::FrameworkId::random(),
             agent_id,
             hostname: "h".into(),
             role: "r".into(),

@@ -2,11 +2,11 @@
 //! which the master makes for every whole-GPU task it launches: real host shapes and the
 //! largest host an agent may register (256 GPUs). Prints the mean per call over 0.3 s each.
 //!
-//! `cargo run --release -p gantry-sdk --example topology_bench`
+//! `cargo run --release -p gantry-placement --example topology_bench`
 
 use std::time::{Duration, Instant};
 
-use gantry_sdk::placement::topology::{assign, GpuSlot};
+use gantry_placement::topology::{assign, GpuSlot};
 
 fn slot(numa: u32, root: u32) -> GpuSlot {
     GpuSlot {

@@ -1,5 +1,10 @@
-//! Fragmentation-aware GPU placement: pure (no I/O, no clock), shared by framework schedulers
-//! (pick an agent and its GPUs from offers) and the master's simulator (`simulate --openb`).
+//! # gantry-placement
+//!
+//! Fragmentation-aware GPU placement: pure (no I/O, no clock; it depends on `gantry-proto` and
+//! `rand` only), one crate shared by framework schedulers (through `gantry_sdk::placement`:
+//! pick an agent and its GPUs from offers), the master (whole and fractional GPUs at accept
+//! time), the agent (when the master's choice no longer fits) and the simulators
+//! (`simulate --openb`).
 //!
 //! - [`Node`]: a candidate node's free CPU (milli-cores), memory (MiB), GPU model and the free
 //!   milli-GPU of each of its GPUs (1000 = a whole idle GPU), beside its capacity.
@@ -39,6 +44,8 @@
 //! - [`topology`]: which `k` idle GPUs of one host a whole-GPU task gets (fewest NUMA nodes and
 //!   PCI roots, best fit); the master chooses with it at accept time, the agent when the
 //!   master's choice no longer fits.
+
+#![warn(missing_docs)]
 
 pub mod fgd;
 pub mod gang;
