@@ -376,7 +376,14 @@ pub(super) async fn serve(
         let acceptor = acceptor.clone();
         let limits = config.limits.clone();
         conns.spawn(async move {
-            serve_connection(tcp, remote, guard, acceptor, router, limits).await;
+            let held = guard.clone();
+            tokio::select! {
+                // Unauthenticated and the oldest when room was needed: closed.
+                _ = held.evicted() => {
+                    tracing::debug!(%remote, "operator API: unauthenticated connection closed for room");
+                }
+                _ = serve_connection(tcp, remote, guard, acceptor, router, limits) => {}
+            }
         });
     }
     conns.abort_all();
@@ -643,7 +650,7 @@ impl App {
 
     /// The operator port's own figures, shown under `operator_api` in `/state`.
     fn port_stats(&self) -> serde_json::Value {
-        let (connections, unauthenticated) = self.admission.counts();
+        let (connections, unauthenticated, evicted) = self.admission.counts();
         let subscribers: usize = self
             .subscribers
             .lock()
@@ -652,6 +659,7 @@ impl App {
         serde_json::json!({
             "connections": connections,
             "unauthenticated_connections": unauthenticated,
+            "unauthenticated_closed_for_room": evicted,
             "event_subscribers": subscribers,
             "sessions": self.sessions.len(),
             "auth_limited_addresses": self.auth_limiter.tracked(),

@@ -6,13 +6,14 @@
 //!
 //! ```text
 //! accept ─ Admission::admit(address)
-//!            all slots (--http-max-connections)           every connection holds one
-//!            unauthenticated slots (max - reserved)       until the connection authenticates
-//!            per address (--http-max-connections-per-address, unauthenticated ones only)
+//!            per address (--http-max-connections-per-address, unauthenticated ones only):
+//!              refused past it
+//!            unauthenticated share (max - reserved) or all slots (--http-max-connections)
+//!              taken: the OLDEST unauthenticated connection is closed to make room
 //!   TLS handshake with an operator certificate ─┐
-//!   or a request that authenticated ───────────┴─ ConnGuard::promote(): gives back the
-//!            unauthenticated slot and the address's place; the connection keeps its slot
-//!            among all, so `reserved` slots stay for authenticated operators
+//!   or a request that authenticated ───────────┴─ ConnGuard::promote(): leaves the
+//!            unauthenticated share and its address's count; never closed for room, so
+//!            `reserved` slots stay for authenticated operators
 //! ```
 
 use std::collections::HashMap;
@@ -25,7 +26,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The address a limit is kept for: IPv4 as is, IPv6 by its /64 (one host usually holds a whole
 /// /64), an IPv4-mapped IPv6 address as its IPv4 address.
@@ -45,23 +45,57 @@ pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
 /// Why a new connection was closed at once.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Refusal {
-    #[error("all {0} connections are in use (--http-max-connections)")]
+    #[error("all {0} connections are held by authenticated operators (--http-max-connections)")]
     Full(usize),
-    #[error("{0} connections not yet authenticated are open (the rest is reserved for operators)")]
-    UnauthenticatedFull(usize),
     #[error("{limit} unauthenticated connections from {address} (--http-max-connections-per-address)")]
     PerAddress { address: IpAddr, limit: usize },
 }
 
-/// The connection slots of the operator port.
+/// The connection slots of the operator port (see the module docs). When the unauthenticated
+/// share (or every slot) is taken, a new connection takes the place of the OLDEST
+/// unauthenticated one, which is closed: a flood of connections that never authenticate can
+/// delay a new operator by at most the time its handshake takes, never lock it out, and an
+/// authenticated connection is never closed for room.
 #[derive(Clone)]
 pub(crate) struct Admission {
-    all: Arc<Semaphore>,
     max: usize,
-    unauthenticated: Arc<Semaphore>,
     max_unauthenticated: usize,
     per_address: usize,
-    addresses: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    inner: Arc<Mutex<Slots>>,
+}
+
+#[derive(Default)]
+struct Slots {
+    next: u64,
+    /// Unauthenticated connections, oldest first: their address and how to close them.
+    pending: std::collections::BTreeMap<u64, (IpAddr, Arc<tokio::sync::Notify>)>,
+    /// Connections that authenticated.
+    authenticated: std::collections::HashSet<u64>,
+    /// Unauthenticated connections per address.
+    addresses: HashMap<IpAddr, usize>,
+    /// Unauthenticated connections closed to make room, since start.
+    evicted: u64,
+}
+
+impl Slots {
+    fn open(&self) -> usize {
+        self.pending.len() + self.authenticated.len()
+    }
+
+    /// Forgets pending connection `seq` (its address's count too); true if it was pending.
+    fn unpend(&mut self, seq: u64) -> bool {
+        let Some((address, _)) = self.pending.remove(&seq) else {
+            return false;
+        };
+        if let Some(n) = self.addresses.get_mut(&address) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                // Nothing kept for addresses with no connection left.
+                self.addresses.remove(&address);
+            }
+        }
+        true
+    }
 }
 
 impl Admission {
@@ -69,111 +103,101 @@ impl Admission {
     /// `per_address` unauthenticated ones per address (0: no per-address bound).
     pub(crate) fn new(max: usize, reserved: usize, per_address: usize) -> Self {
         let max = max.max(1);
-        let max_unauthenticated = max.saturating_sub(reserved).max(1);
         Self {
-            all: Arc::new(Semaphore::new(max)),
             max,
-            unauthenticated: Arc::new(Semaphore::new(max_unauthenticated)),
-            max_unauthenticated,
+            max_unauthenticated: max.saturating_sub(reserved).max(1),
             per_address,
-            addresses: Arc::default(),
+            inner: Arc::default(),
         }
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A place for a new (unauthenticated) connection from `remote`, or why not.
     pub(crate) fn admit(&self, remote: IpAddr) -> Result<ConnGuard, Refusal> {
         let address = address_key(remote);
-        {
-            let mut map = self.addresses.lock().unwrap_or_else(|p| p.into_inner());
-            let n = map.entry(address).or_insert(0);
-            if self.per_address > 0 && *n >= self.per_address {
-                return Err(Refusal::PerAddress {
-                    address,
-                    limit: self.per_address,
-                });
-            }
-            *n += 1;
+        let mut st = self.slots();
+        let from_address = st.addresses.get(&address).copied().unwrap_or(0);
+        if self.per_address > 0 && from_address >= self.per_address {
+            return Err(Refusal::PerAddress {
+                address,
+                limit: self.per_address,
+            });
         }
-        let place = AddressPlace {
-            addresses: self.addresses.clone(),
-            address,
-        };
-        let unauth = self
-            .unauthenticated
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Refusal::UnauthenticatedFull(self.max_unauthenticated))?;
-        let all = self
-            .all
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Refusal::Full(self.max))?;
+        if st.pending.len() >= self.max_unauthenticated || st.open() >= self.max {
+            let Some(oldest) = st.pending.keys().next().copied() else {
+                return Err(Refusal::Full(self.max));
+            };
+            if let Some((_, close)) = st.pending.get(&oldest) {
+                close.notify_one();
+            }
+            st.unpend(oldest);
+            st.evicted += 1;
+        }
+        let seq = st.next;
+        st.next += 1;
+        let close = Arc::new(tokio::sync::Notify::new());
+        st.pending.insert(seq, (address, close.clone()));
+        *st.addresses.entry(address).or_insert(0) += 1;
         Ok(ConnGuard {
-            _all: all,
-            pending: Mutex::new(Some((unauth, place))),
+            admission: self.clone(),
+            seq,
+            close,
         })
     }
 
-    /// Connections open now, and how many of them are not authenticated.
-    pub(crate) fn counts(&self) -> (usize, usize) {
-        (
-            self.max - self.all.available_permits(),
-            self.max_unauthenticated - self.unauthenticated.available_permits(),
-        )
+    /// Connections open now, how many of them are not authenticated, and how many
+    /// unauthenticated ones were closed to make room since start.
+    pub(crate) fn counts(&self) -> (usize, usize, u64) {
+        let st = self.slots();
+        (st.open(), st.pending.len(), st.evicted)
     }
 }
 
-/// An address's count of unauthenticated connections, given back on drop.
-struct AddressPlace {
-    addresses: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    address: IpAddr,
-}
-
-impl Drop for AddressPlace {
-    fn drop(&mut self) {
-        let mut map = self.addresses.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.address) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                // Nothing kept for addresses with no connection left.
-                map.remove(&self.address);
-            }
-        }
-    }
-}
-
-/// One connection's slots, held until the connection ends.
+/// One connection's slot, held until the connection ends.
 pub(crate) struct ConnGuard {
-    _all: OwnedSemaphorePermit,
-    pending: Mutex<Option<(OwnedSemaphorePermit, AddressPlace)>>,
+    admission: Admission,
+    seq: u64,
+    close: Arc<tokio::sync::Notify>,
 }
 
 impl ConnGuard {
     /// The connection authenticated (an operator certificate, or a request that presented a
-    /// valid credential): it no longer counts as unauthenticated, for its address or at all.
+    /// valid credential): it no longer counts as unauthenticated, for its address or at all,
+    /// and is never closed to make room.
     pub(crate) fn promote(&self) {
-        let taken = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        drop(taken);
+        let mut st = self.admission.slots();
+        if st.unpend(self.seq) {
+            st.authenticated.insert(self.seq);
+        }
     }
 
-    /// True once [`Self::promote`] ran.
+    /// True once [`Self::promote`] ran (and the connection was not closed for room before).
+    #[cfg(test)]
     pub(crate) fn authenticated(&self) -> bool {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.admission.slots().authenticated.contains(&self.seq)
+    }
+
+    /// Completes when the connection was chosen to be closed for room (unauthenticated only).
+    pub(crate) async fn evicted(&self) {
+        self.close.notified().await
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        let mut st = self.admission.slots();
+        if !st.unpend(self.seq) {
+            st.authenticated.remove(&self.seq);
+        }
     }
 }
 
 impl std::fmt::Debug for ConnGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnGuard")
-            .field("authenticated", &self.authenticated())
-            .finish()
+        f.debug_struct("ConnGuard").field("seq", &self.seq).finish()
     }
 }
 
@@ -455,6 +479,14 @@ mod tests {
         assert_eq!(address_key(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
     }
 
+    fn closed_for_room(g: &ConnGuard) -> bool {
+        use std::future::Future;
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let fut = std::pin::pin!(g.evicted());
+        fut.poll(&mut cx).is_ready()
+    }
+
     #[test]
     fn unauthenticated_connections_cannot_take_the_reserved_share() {
         let adm = Admission::new(10, 4, 3);
@@ -464,31 +496,62 @@ mod tests {
             adm.admit(ip("10.0.0.1")),
             Err(Refusal::PerAddress { limit: 3, .. })
         ));
-        // Many addresses: stopped at 10 - 4 = 6 unauthenticated.
+        // Many addresses: at most 10 - 4 = 6 unauthenticated; the 7th takes the oldest's place.
         let b: Vec<_> = (2..5)
             .map(|i| adm.admit(ip(&format!("10.0.0.{i}"))).unwrap())
             .collect();
-        assert!(matches!(
-            adm.admit(ip("10.0.0.9")),
-            Err(Refusal::UnauthenticatedFull(6))
-        ));
-        assert_eq!(adm.counts(), (6, 6));
-        // Authenticated connections leave the unauthenticated share and their address's count:
-        // new connections come in, and the reserved share holds them.
-        a[0].promote();
-        a[1].promote();
-        assert!(a[0].authenticated() && !a[2].authenticated());
-        let c = adm.admit(ip("10.0.0.1")).unwrap();
+        assert_eq!(adm.counts(), (6, 6, 0));
+        let c = adm.admit(ip("10.0.0.9")).unwrap();
+        assert_eq!(adm.counts(), (6, 6, 1));
+        assert!(closed_for_room(&a[0]), "the oldest unauthenticated one goes");
+        assert!(!closed_for_room(&a[1]) && !closed_for_room(&c));
+        // Its address may connect again (it no longer counts there).
+        let a4 = adm.admit(ip("10.0.0.1")).unwrap();
+        assert!(closed_for_room(&a[1]));
+        // Authenticated connections leave the unauthenticated share and their address's
+        // count, and are never closed for room: the reserved share holds them.
+        a[2].promote();
+        a4.promote();
         c.promote();
-        let d = adm.admit(ip("10.0.0.1")).unwrap();
+        assert!(a4.authenticated() && !b[0].authenticated());
+        assert_eq!(adm.counts(), (6, 3, 2));
+        let more: Vec<_> = (0..4)
+            .map(|i| adm.admit(ip(&format!("10.0.1.{i}"))).unwrap())
+            .collect();
+        // 3 authenticated + 6 unauthenticated (one of b closed) + ... = at most 10 open.
+        assert_eq!(adm.counts(), (9, 6, 3));
+        assert!(!closed_for_room(&a[2]) && !closed_for_room(&a4) && !closed_for_room(&c));
+        // Every slot authenticated: a new connection is refused.
+        for m in &more {
+            m.promote();
+        }
+        let d = adm.admit(ip("10.0.2.1")).unwrap();
         d.promote();
-        let e = adm.admit(ip("10.0.0.1")).unwrap();
-        assert_eq!(adm.counts(), (9, 5));
-        let f = adm.admit(ip("10.0.0.7")).unwrap();
-        assert!(matches!(adm.admit(ip("10.0.0.8")), Err(Refusal::Full(10))));
-        drop((a, b, c, d, e, f));
-        assert_eq!(adm.counts(), (0, 0));
-        assert!(adm.addresses.lock().unwrap().is_empty(), "nothing kept");
+        assert_eq!(adm.counts(), (10, 2, 3));
+        let e1 = adm.admit(ip("10.0.2.2")).unwrap();
+        assert_eq!(adm.counts(), (10, 2, 4), "an unauthenticated one made room");
+        drop(e1);
+        drop((a, b));
+        assert_eq!(adm.counts(), (7, 0, 4));
+        drop((c, a4, more, d));
+        let st = adm.slots();
+        assert!(
+            st.addresses.is_empty() && st.pending.is_empty() && st.authenticated.is_empty(),
+            "nothing kept"
+        );
+        drop(st);
+        // Every slot held by authenticated connections: a new one is refused.
+        let full = Admission::new(2, 1, 0);
+        let held: Vec<_> = (0..2)
+            .map(|_| {
+                let g = full.admit(ip("10.0.0.1")).unwrap();
+                g.promote();
+                g
+            })
+            .collect();
+        assert!(matches!(full.admit(ip("10.0.0.2")), Err(Refusal::Full(2))));
+        drop(held);
+        assert!(full.admit(ip("10.0.0.2")).is_ok());
     }
 
     #[test]
