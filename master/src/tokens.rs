@@ -297,7 +297,11 @@ mod tests {
         assert!(weakness(&"ab".repeat(40)).unwrap().contains("bits"));
         assert!(weakness(&format!("{} x", "0123456789abcdef".repeat(2))).is_some());
         assert_eq!(weakness(&generate().unwrap()), None);
-        assert_eq!(weakness("0123456789abcdef0123456789abcdef"), None, "32 hex: 128 bits");
+        assert_eq!(
+            weakness("0123456789abcdef0123456789abcdef"),
+            None,
+            "32 hex: 128 bits"
+        );
     }
 
     #[test]

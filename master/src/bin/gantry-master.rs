@@ -13,8 +13,8 @@ use anyhow::Context;
 use clap::Parser;
 use gantry_master::allocator::AllocatorConfig;
 use gantry_master::election::{EtcdElectionConfig, HaConfig};
-use gantry_master::state::{Limits, MasterConfig};
 use gantry_master::server::{AuthLimits, HttpLimits};
+use gantry_master::state::{Limits, MasterConfig};
 use gantry_master::{server, simulate};
 use gantry_sdk::transport::{quic, tls, PeerIdentity};
 
@@ -377,8 +377,7 @@ fn http_limits(args: &ServeArgs) -> anyhow::Result<HttpLimits> {
         Ok(Duration::from_secs_f64(v))
     };
     anyhow::ensure!(
-        args.http_max_connections > 0
-            && args.http_reserved_connections < args.http_max_connections,
+        args.http_max_connections > 0 && args.http_reserved_connections < args.http_max_connections,
         "--http-reserved-connections ({}) must be below --http-max-connections ({})",
         args.http_reserved_connections,
         args.http_max_connections

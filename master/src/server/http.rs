@@ -566,8 +566,7 @@ async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> R
                     how: "session",
                 },
                 None => Caller::Anonymous {
-                    why: "the dashboard session ended (logged out or expired); log in again"
-                        .into(),
+                    why: "the dashboard session ended (logged out or expired); log in again".into(),
                 },
             },
             (Some(other), None) => Caller::Anonymous {

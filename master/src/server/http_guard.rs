@@ -47,7 +47,9 @@ pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
 pub(crate) enum Refusal {
     #[error("all {0} connections are held by authenticated operators (--http-max-connections)")]
     Full(usize),
-    #[error("{limit} unauthenticated connections from {address} (--http-max-connections-per-address)")]
+    #[error(
+        "{limit} unauthenticated connections from {address} (--http-max-connections-per-address)"
+    )]
     PerAddress { address: IpAddr, limit: usize },
 }
 
@@ -475,7 +477,10 @@ mod tests {
     #[test]
     fn ipv6_addresses_count_by_their_64() {
         assert_eq!(address_key(ip("10.1.2.3")), ip("10.1.2.3"));
-        assert_eq!(address_key(ip("2001:db8:1:2:3:4:5:6")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            address_key(ip("2001:db8:1:2:3:4:5:6")),
+            ip("2001:db8:1:2::")
+        );
         assert_eq!(address_key(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
     }
 
@@ -503,7 +508,10 @@ mod tests {
         assert_eq!(adm.counts(), (6, 6, 0));
         let c = adm.admit(ip("10.0.0.9")).unwrap();
         assert_eq!(adm.counts(), (6, 6, 1));
-        assert!(closed_for_room(&a[0]), "the oldest unauthenticated one goes");
+        assert!(
+            closed_for_room(&a[0]),
+            "the oldest unauthenticated one goes"
+        );
         assert!(!closed_for_room(&a[1]) && !closed_for_room(&c));
         // Its address may connect again (it no longer counts there).
         let a4 = adm.admit(ip("10.0.0.1")).unwrap();

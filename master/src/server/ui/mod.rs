@@ -124,8 +124,8 @@ async fn page(
         return Ok(see_other("/ui/login"));
     }
     // The logout form of a session (a browser with a certificate has none).
-    let csrf = cookie_in(&headers, SESSION_COOKIE)
-        .and_then(|id| app.sessions.csrf(&id, Instant::now()));
+    let csrf =
+        cookie_in(&headers, SESSION_COOKIE).and_then(|id| app.sessions.csrf(&id, Instant::now()));
     let state = app.state().await?;
     Ok(Html(render_page(&state, csrf.as_deref())).into_response())
 }
@@ -541,7 +541,10 @@ mod tests {
             "allocator": {"roles": {}}
         });
         let html = render_page(&state, Some("c\"sr<f"));
-        assert!(html.contains("name=\"csrf\" value=\"c&quot;sr&lt;f\""), "logout form");
+        assert!(
+            html.contains("name=\"csrf\" value=\"c&quot;sr&lt;f\""),
+            "logout form"
+        );
         assert!(!render_page(&state, None).contains("/ui/logout"));
         assert!(!html.contains("<script>x</script>"));
         assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));

@@ -29,7 +29,6 @@ pub(crate) struct Sessions {
     by_id: Mutex<HashMap<[u8; 32], Session>>,
 }
 
-
 impl Sessions {
     pub(crate) fn new(max: usize, lifetime: Duration) -> Self {
         Self {
