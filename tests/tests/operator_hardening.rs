@@ -324,7 +324,7 @@ impl KeepAlive {
             .await
             .map_err(|e| e.to_string())?;
         let mut buf = Vec::new();
-        let mut chunk = [0u8; 16 * 1024];
+        let mut chunk = vec![0u8; 16 * 1024];
         let (head_len, status, length) = loop {
             let n = tokio::time::timeout(Duration::from_secs(20), self.0.read(&mut chunk))
                 .await
@@ -873,7 +873,7 @@ async fn the_operator_port_holds_under_guessing_sessions_stalled_streams_and_flo
         failures.len()
     );
     assert!(
-        max_unauth >= 150 && max_unauth <= 192,
+        (150..=192).contains(&max_unauth),
         "the unauthenticated share filled and held: {max_unauth}"
     );
     assert!(
