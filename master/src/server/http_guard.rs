@@ -562,6 +562,39 @@ mod tests {
         assert!(full.admit(ip("10.0.0.2")).is_ok());
     }
 
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_fails_the_write_at_the_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A peer that reads: everything goes through (the deadline never passes).
+        let (a, mut b) = tokio::io::duplex(1024);
+        let mut w = WriteDeadline::new(a, Duration::from_secs(30));
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut n = 0;
+            while n < 64 * 1024 {
+                n += b.read(&mut buf).await.unwrap();
+            }
+        });
+        for _ in 0..64 {
+            w.write_all(&[7u8; 1024]).await.unwrap();
+        }
+        reader.await.unwrap();
+        // A peer that never reads: once its buffer is full, the write fails (no wait forever).
+        let (a, _b) = tokio::io::duplex(1024);
+        let mut w = WriteDeadline::new(a, Duration::from_millis(50));
+        let stalled = async {
+            loop {
+                if let Err(e) = w.write_all(&[7u8; 1024]).await {
+                    break e;
+                }
+            }
+        };
+        let err = tokio::time::timeout(Duration::from_secs(60), stalled)
+            .await
+            .expect("the write waited for a peer that never reads");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
     #[test]
     fn failures_are_limited_per_address_with_retry_after() {
         let lim = AuthLimiter::new(AuthLimits {
