@@ -482,6 +482,24 @@ async fn the_operator_port_holds_under_guessing_sessions_stalled_streams_and_flo
             && login_statuses[12..].iter().all(|s| *s == 429),
         "dashboard login guesses: {login_statuses:?}"
     );
+    // Operators see it in /metrics.
+    let (_, _, metrics) = get(&admin_at_guesser, &base, "/metrics", &[])
+        .await
+        .unwrap();
+    let series = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert!(
+        series("gantry_operator_auth_failures_total") >= 20,
+        "{metrics}"
+    );
+    assert!(
+        series("gantry_operator_auth_rate_limited_total") >= 10,
+        "{metrics}"
+    );
     // A short token hashed into the file by hand never authenticates.
     let weak = client(&tls_dir, lo(0, 0, 9), None, true);
     let (status, _, _) = get(

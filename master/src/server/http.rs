@@ -647,21 +647,39 @@ impl App {
         })
     }
 
-    /// The operator port's own figures, shown under `operator_api` in `/state`.
-    fn port_stats(&self) -> serde_json::Value {
-        let (connections, unauthenticated, evicted) = self.admission.counts();
-        let subscribers: usize = self
+    /// The operator port's own figures (`/metrics`).
+    fn port_figures(&self) -> super::metrics::OperatorPortFigures {
+        let (connections, unauthenticated, closed_for_room) = self.admission.counts();
+        let event_subscribers: usize = self
             .subscribers
             .lock()
             .map(|m| m.values().sum())
             .unwrap_or(0);
+        let (auth_limited_addresses, auth_failures, auth_refused) = self.auth_limiter.figures();
+        super::metrics::OperatorPortFigures {
+            connections,
+            unauthenticated,
+            closed_for_room,
+            event_subscribers,
+            sessions: self.sessions.len(),
+            auth_limited_addresses,
+            auth_failures,
+            auth_refused,
+        }
+    }
+
+    /// The same, shown under `operator_api` in `/state`.
+    fn port_stats(&self) -> serde_json::Value {
+        let f = self.port_figures();
         serde_json::json!({
-            "connections": connections,
-            "unauthenticated_connections": unauthenticated,
-            "unauthenticated_closed_for_room": evicted,
-            "event_subscribers": subscribers,
-            "sessions": self.sessions.len(),
-            "auth_limited_addresses": self.auth_limiter.tracked(),
+            "connections": f.connections,
+            "unauthenticated_connections": f.unauthenticated,
+            "unauthenticated_closed_for_room": f.closed_for_room,
+            "event_subscribers": f.event_subscribers,
+            "sessions": f.sessions,
+            "auth_limited_addresses": f.auth_limited_addresses,
+            "auth_failures": f.auth_failures,
+            "auth_rate_limited": f.auth_refused,
         })
     }
 }
@@ -813,7 +831,7 @@ async fn metrics_handler(
         .await
         .map_err(|_| unavailable())?;
     let snapshot = rx.await.map_err(|_| unavailable())?;
-    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref());
+    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref(), &app.port_figures());
     Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
 }
 

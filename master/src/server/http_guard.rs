@@ -384,6 +384,9 @@ pub(crate) struct AuthLimiter {
 struct LimiterState {
     addresses: HashMap<IpAddr, Bucket>,
     global: Option<Bucket>,
+    /// Failed authentications, and attempts answered 429, since start.
+    failures: u64,
+    refused: u64,
 }
 
 impl AuthLimiter {
@@ -393,6 +396,8 @@ impl AuthLimiter {
             state: Mutex::new(LimiterState {
                 addresses: HashMap::new(),
                 global: None,
+                failures: 0,
+                refused: 0,
             }),
         }
     }
@@ -420,18 +425,22 @@ impl AuthLimiter {
         };
         match own.max(global) {
             Duration::ZERO => Ok(()),
-            wait => Err(wait),
+            wait => {
+                st.refused += 1;
+                Err(wait)
+            }
         }
     }
 
     /// Counts a failed authentication from `remote`.
     pub(crate) fn failed(&self, remote: IpAddr, now: Instant) {
         let l = self.limits;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.failures += 1;
         if l.burst == 0 {
             return;
         }
         let address = address_key(remote);
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if l.global_burst > 0 {
             let g = st
                 .global
@@ -456,13 +465,11 @@ impl AuthLimiter {
         b.tokens = (b.tokens - 1.0).max(0.0);
     }
 
-    /// Addresses tracked now (for tests and `/state`).
-    pub(crate) fn tracked(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .addresses
-            .len()
+    /// Addresses with recent failures, failed authentications and attempts answered 429
+    /// since start (`/state`, `/metrics`).
+    pub(crate) fn figures(&self) -> (usize, u64, u64) {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (st.addresses.len(), st.failures, st.refused)
     }
 }
 
@@ -636,7 +643,7 @@ mod tests {
         assert!(lim.check(ip("10.0.1.1"), t0).is_err());
         // An address with no failure is never held back.
         assert_eq!(lim.check(ip("10.0.2.1"), t0), Ok(()));
-        assert_eq!(lim.tracked(), 4);
+        assert_eq!(lim.figures(), (4, 4, 1));
         // Off: nothing counted.
         let off = AuthLimiter::new(AuthLimits {
             burst: 0,
