@@ -74,7 +74,8 @@ pub struct HttpLimits {
     pub write_timeout: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
-    /// Connections served at once; past it new connections are closed at once.
+    /// Connections served at once; past it a new connection takes the place of the oldest
+    /// unauthenticated one (closed at once only when every slot is authenticated).
     pub max_connections: usize,
     /// Of `max_connections`, how many only authenticated connections may hold.
     pub reserved_connections: usize,
@@ -191,9 +192,9 @@ pub(super) struct App {
     acls: Arc<Acls>,
     pub(super) tokens: SharedTokens,
     public_reads: bool,
-    pub(super) limits: HttpLimits,
+    limits: HttpLimits,
     admission: super::http_guard::Admission,
-    pub(super) auth_limiter: Arc<AuthLimiter>,
+    auth_limiter: Arc<AuthLimiter>,
     pub(super) sessions: Arc<Sessions>,
     /// Open `/api/v1/events` subscribers per principal.
     subscribers: Arc<Mutex<HashMap<String, usize>>>,

@@ -227,8 +227,14 @@ async fn login_form(
         &mut resp,
         &format!("{CSRF_COOKIE}=; Path=/ui/login; Max-Age=0; HttpOnly; Secure; SameSite=Strict"),
     );
+    set_cookie(&mut resp, OLD_TOKEN_COOKIE_CLEARED);
     resp
 }
+
+/// Earlier versions kept the token itself in the `gantry_token` cookie; logging in or out
+/// removes it from the browser (the master no longer reads it).
+const OLD_TOKEN_COOKIE_CLEARED: &str =
+    "gantry_token=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict";
 
 /// `POST /ui/logout` with the session's CSRF token: ends the session on the master.
 async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
@@ -246,6 +252,7 @@ async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Resp
         &mut resp,
         &format!("{SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict"),
     );
+    set_cookie(&mut resp, OLD_TOKEN_COOKIE_CLEARED);
     resp
 }
 
