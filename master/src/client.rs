@@ -101,9 +101,9 @@ impl OperatorClient {
             .timeout(config.timeout)
             .connect_timeout(Duration::from_secs(5))
             .http1_only()
-            // Well under the master's 10 s header deadline, which also closes idle
-            // connections: never send on a connection the master is closing.
-            .pool_idle_timeout(Duration::from_secs(4))
+            // Under the master's 5 s header deadline (--http-header-timeout), which also
+            // closes idle connections: never send on a connection the master is closing.
+            .pool_idle_timeout(Duration::from_secs(3))
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none());
         if https {

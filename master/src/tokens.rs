@@ -3,7 +3,11 @@
 //! A token is a random secret an operator sends as `Authorization: Bearer TOKEN` to the
 //! master's HTTPS API. The master never stores the secret: its `--operator-tokens FILE` holds the
 //! SHA-256 of each token with the operator name it stands for, and a presented token is hashed
-//! and compared with every entry in constant time. `gantryctl token create NAME` makes one.
+//! and compared with every entry in constant time. `gantryctl token create NAME` makes one
+//! (256 random bits); `gantryctl token hash` accepts an operator's own token only when it is
+//! strong ([`weakness`]: at least [`MIN_TOKEN_LEN`] characters and an estimated 128 bits). The
+//! file holds digests, so the master can not see how strong a token is: it refuses any presented
+//! token shorter than [`MIN_TOKEN_LEN`] instead (such a token can never authenticate).
 //!
 //! ```toml
 //! [[tokens]]
@@ -20,6 +24,10 @@ use subtle::ConstantTimeEq;
 const TOKEN_BYTES: usize = 32;
 /// Longest token accepted at all (longer ones are refused before hashing).
 pub const MAX_TOKEN_LEN: usize = 512;
+/// Shortest token accepted at all (32 hexadecimal characters are 128 bits).
+pub const MIN_TOKEN_LEN: usize = 32;
+/// Estimated bits a token must carry for `gantryctl token hash` to accept it.
+pub const MIN_TOKEN_BITS: f64 = 128.0;
 
 /// Why a token file can not be used.
 #[derive(Debug, thiserror::Error)]
@@ -127,10 +135,16 @@ impl OperatorTokens {
     /// The operator a presented token stands for. Every entry is compared (in constant time),
     /// so the time taken does not tell which entry, or how much of one, matched.
     pub fn verify(&self, token: &str) -> Option<&str> {
-        if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        if token.len() < MIN_TOKEN_LEN || token.len() > MAX_TOKEN_LEN {
             return None;
         }
-        let digest = sha256(token.as_bytes());
+        self.name_of_digest(&sha256(token.as_bytes()))
+    }
+
+    /// The operator whose token has SHA-256 `digest` (compared in constant time like
+    /// [`Self::verify`]).
+    pub fn name_of_digest(&self, digest: &[u8; 32]) -> Option<&str> {
+        let digest = *digest;
         let mut found = None;
         for (d, name) in &self.entries {
             if bool::from(d.ct_eq(&digest)) && found.is_none() {
@@ -162,6 +176,42 @@ fn parse_hex32(s: &str) -> Option<[u8; 32]> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The SHA-256 of a token (what the file stores, and what a dashboard session remembers).
+pub fn digest(token: &str) -> [u8; 32] {
+    sha256(token.as_bytes())
+}
+
+/// Why `token` is too weak to accept, if it is: shorter than [`MIN_TOKEN_LEN`], longer than
+/// [`MAX_TOKEN_LEN`], not printable ASCII without spaces, or under [`MIN_TOKEN_BITS`] estimated
+/// as length × log2(distinct characters) (so `aaaa…` or `abababab…` of any length fails).
+pub fn weakness(token: &str) -> Option<String> {
+    if token.len() < MIN_TOKEN_LEN {
+        return Some(format!(
+            "tokens must be at least {MIN_TOKEN_LEN} characters (this one has {})",
+            token.len()
+        ));
+    }
+    if token.len() > MAX_TOKEN_LEN {
+        return Some(format!("tokens must be at most {MAX_TOKEN_LEN} characters"));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Some("tokens must be printable ASCII without spaces".into());
+    }
+    let mut seen = [false; 128];
+    for b in token.bytes() {
+        seen[usize::from(b)] = true;
+    }
+    let distinct = seen.iter().filter(|s| **s).count();
+    let bits = token.len() as f64 * (distinct as f64).log2();
+    if bits < MIN_TOKEN_BITS {
+        return Some(format!(
+            "this token carries about {bits:.0} bits ({distinct} distinct characters); at least \
+             {MIN_TOKEN_BITS:.0} are needed: use `gantryctl token create`"
+        ));
+    }
+    None
 }
 
 /// The SHA-256 of a token, hex-encoded, as the token file stores it.
@@ -211,6 +261,8 @@ mod tests {
         assert_eq!(tokens.verify(&a), Some("ci"));
         assert_eq!(tokens.verify(&b), Some("alice"));
         assert_eq!(tokens.verify(&a[..63]), None);
+        assert_eq!(tokens.name_of_digest(&digest(&a)), Some("ci"));
+        assert_eq!(tokens.name_of_digest(&digest("nope")), None);
         assert_eq!(tokens.verify(""), None);
         assert_eq!(tokens.verify(&"x".repeat(MAX_TOKEN_LEN + 1)), None);
         // The file holds only digests: the token itself appears nowhere in it.
@@ -225,7 +277,7 @@ mod tests {
         assert!(matches!(err, TokenError::Invalid { index: 0, .. }), "{err}");
         let bad_name = format!(
             "{}[[tokens]]\nname = \"../x\"\nsha256 = \"{}\"\n",
-            file_entry("ok", "t"),
+            file_entry("ok", &"t".repeat(40)),
             hash_token("u")
         );
         let err = OperatorTokens::from_toml(&bad_name, "t.toml").unwrap_err();
@@ -235,11 +287,30 @@ mod tests {
     }
 
     #[test]
+    fn short_and_weak_tokens_are_refused() {
+        // A short token in the file (hashed by hand) never authenticates.
+        let short = "correct-horse";
+        let tokens = OperatorTokens::from_toml(&file_entry("ci", short), "t.toml").unwrap();
+        assert_eq!(tokens.verify(short), None);
+        assert!(weakness(short).unwrap().contains("at least 32"));
+        assert!(weakness(&"a".repeat(64)).unwrap().contains("bits"));
+        assert!(weakness(&"ab".repeat(40)).unwrap().contains("bits"));
+        assert!(weakness(&format!("{} x", "0123456789abcdef".repeat(2))).is_some());
+        assert_eq!(weakness(&generate().unwrap()), None);
+        assert_eq!(
+            weakness("0123456789abcdef0123456789abcdef"),
+            None,
+            "32 hex: 128 bits"
+        );
+    }
+
+    #[test]
     fn a_token_file_others_can_read_is_refused() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.toml");
-        std::fs::write(&path, file_entry("ci", "secret")).unwrap();
+        let secret = generate().unwrap();
+        std::fs::write(&path, file_entry("ci", &secret)).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(
             OperatorTokens::load(&path),
@@ -247,7 +318,7 @@ mod tests {
         ));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(
-            OperatorTokens::load(&path).unwrap().verify("secret"),
+            OperatorTokens::load(&path).unwrap().verify(&secret),
             Some("ci")
         );
     }

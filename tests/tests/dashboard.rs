@@ -1,10 +1,13 @@
 //! The web dashboard `/ui` in headless Chromium (issue 14 item 5) against a live cluster with
-//! stand-in GPUs: the browser logs in with an operator token (cookie), and the page shows the
+//! stand-in GPUs: the browser logs in with an operator token through the login form (a
+//! server-side session in a cookie, never the token; a token in the URL is refused), and the
+//! page shows the
 //! agent, its four GPUs with utilization, health and the task holding each, and the tasks;
 //! later loads show the changes (a task finished, a GPU turned unhealthy, then cleared with
 //! `gantryctl clear-gpu` through the master); an open page (driven over the DevTools protocol on
 //! `--remote-debugging-pipe`) updates itself from the event stream, without a reload, when an
-//! operator changes a weight and deactivates the agent. A screenshot is saved
+//! operator changes a weight and deactivates the agent. One browser, driven over the DevTools
+//! protocol, holds the login throughout; logging out revokes the session. A screenshot is saved
 //! and its path printed. Needs Debian's `chromium` (scripts/setup-deps.sh installs it).
 
 use std::path::{Path, PathBuf};
@@ -64,11 +67,17 @@ fn browse(profile: &Path, url: &str, extra: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Loads the dashboard (logging in with the token) until `pred` holds on its DOM.
-fn wait_dom(profile: &Path, url: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+/// Loads `url` in the logged-in page until `pred` holds on its DOM.
+fn wait_dom(
+    dt: &mut Devtools,
+    session: &str,
+    url: &str,
+    what: &str,
+    pred: impl Fn(&str) -> bool,
+) -> String {
     let deadline = Instant::now() + T;
     loop {
-        let dom = browse(profile, url, &["--dump-dom"]);
+        let dom = dt.dom(session, url);
         if pred(&dom) {
             return dom;
         }
@@ -78,6 +87,33 @@ fn wait_dom(profile: &Path, url: &str, what: &str, pred: impl Fn(&str) -> bool) 
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// Standard base64 (the DevTools protocol's screenshots).
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    let bytes: Vec<u8> = s
+        .bytes()
+        .filter(|c| *c != b'=' && !c.is_ascii_whitespace())
+        .collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, c)| acc | (val(*c) << (18 - 6 * i)));
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
 }
 
 /// Sends one raw HTTPS request (no client certificate) and returns the status line and body.
@@ -218,6 +254,24 @@ impl Devtools {
         r["result"]["value"].clone()
     }
 
+    /// Navigates the page to `url` and returns its DOM once loaded.
+    fn dom(&mut self, session: &str, url: &str) -> String {
+        self.call(
+            Some(session),
+            "Page.navigate",
+            serde_json::json!({"url": url}),
+        );
+        let expr = format!(
+            "document.readyState === 'complete' && location.href === {}",
+            serde_json::Value::from(url)
+        );
+        self.wait_true(session, url, &expr);
+        self.eval(session, "document.documentElement.outerHTML")
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// Polls `expr` in the page until it is `true`.
     fn wait_true(&mut self, session: &str, what: &str, expr: &str) {
         let deadline = Instant::now() + T;
@@ -310,7 +364,15 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
 
     let profile = scratch.path().join("chromium");
     let base = format!("https://{}", cluster.master.http);
-    let login = format!("{base}/ui/login?token={token}");
+    let ui = format!("{base}/ui");
+
+    // A token in the URL is refused (it would end up in history and logs).
+    let dom = browse(
+        &profile.join("url-token"),
+        &format!("{base}/ui/login?token={token}"),
+        &["--dump-dom"],
+    );
+    assert!(dom.contains("tokens in URLs are refused"), "{dom}");
 
     // Without a login the browser lands on the login form.
     let dom = browse(
@@ -324,10 +386,65 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         "the dashboard leaked without a login:\n{dom}"
     );
 
+    // Log in through the form (its CSRF token comes with it).
+    let mut dt = Devtools::start(&profile);
+    let target = dt.call(
+        None,
+        "Target.createTarget",
+        serde_json::json!({"url": format!("{base}/ui/login")}),
+    );
+    let attached = dt.call(
+        None,
+        "Target.attachToTarget",
+        serde_json::json!({"targetId": target["targetId"], "flatten": true}),
+    );
+    let session = attached["sessionId"].as_str().unwrap().to_string();
+    dt.wait_true(
+        &session,
+        "the login form",
+        "document.readyState === 'complete' && !!document.querySelector('input[name=token]')",
+    );
+    dt.eval(
+        &session,
+        &format!(
+            "document.querySelector('input[name=token]').value = {}; \
+             document.querySelector('form.login').submit(); true",
+            serde_json::Value::from(token.as_str())
+        ),
+    );
+    dt.wait_true(
+        &session,
+        "the dashboard after the login",
+        "location.pathname === '/ui' && !!document.getElementById('main')",
+    );
+    // The session cookie is not the token.
+    let cookies = dt.call(
+        Some(&session),
+        "Network.getCookies",
+        serde_json::json!({"urls": [base]}),
+    );
+    let cookie = cookies["cookies"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "gantry_session"))
+        .unwrap_or_else(|| panic!("no session cookie: {cookies}"))
+        .clone();
+    assert!(
+        cookie["httpOnly"] == true && cookie["secure"] == true,
+        "{cookie}"
+    );
+    assert_eq!(cookie["sameSite"], "Strict", "{cookie}");
+    let session_id = cookie["value"].as_str().unwrap().to_string();
+    assert_ne!(session_id, token);
+    assert!(
+        !cookies.to_string().contains(&token),
+        "the token is in a cookie: {cookies}"
+    );
+
     // Logged in: the agent, its GPUs (model, utilization, the task holding one) and the tasks.
     let dom = wait_dom(
-        &profile,
-        &login,
+        &mut dt,
+        &session,
+        &ui,
         "the GPUs in use with their utilization",
         |d| d.contains("class=\"gpu-task\">long-train") && d.contains("77%"),
     );
@@ -348,8 +465,9 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     // Updates: the short task finishes, a GPU fails (XID 79).
     standin.inject_xid(0, 79).unwrap();
     let dom = wait_dom(
-        &profile,
-        &login,
+        &mut dt,
+        &session,
+        &ui,
         "a finished task and an unhealthy GPU",
         |d| d.contains("data-state=\"FINISHED\"") && d.contains("data-healthy=\"false\""),
     );
@@ -368,9 +486,13 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_dom(&profile, &login, "the cleared GPU healthy again", |d| {
-        d.contains(&format!("data-uuid=\"{gpu0}\" data-healthy=\"true\""))
-    });
+    wait_dom(
+        &mut dt,
+        &session,
+        &ui,
+        "the cleared GPU healthy again",
+        |d| d.contains(&format!("data-uuid=\"{gpu0}\" data-healthy=\"true\"")),
+    );
     let again = cluster
         .master
         .gantryctl(&["clear-gpu", "dash-gpu1", &gpu0])
@@ -382,18 +504,18 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     );
 
     // What the page's script swaps in on each event: the tables, with the same cookie.
-    let fragment = browse(&profile, &format!("{base}/ui/fragment"), &["--dump-dom"]);
+    let fragment = dt.dom(&session, &format!("{base}/ui/fragment"));
     assert!(fragment.contains("data-name=\"dash-gpu1\""), "{fragment}");
     assert!(!fragment.contains("<header>"), "{fragment}");
 
-    // Attack: a forged cross-site write carrying the dashboard's cookie. The cookie stands for
-    // the token on reads only: the write is refused and the weight unchanged.
+    // Attack: a forged cross-site write carrying the dashboard's cookie. The session stands for
+    // the operator on reads only: the write is refused and the weight unchanged.
     let body = r#"{"role":"ml","weight":7}"#;
     let forged = raw_request(
         cluster.master.http,
         &cluster.tls_dir,
         format!(
-            "POST /api/v1/weights HTTP/1.1\r\nHost: master\r\nCookie: gantry_token={token}\r\n\
+            "POST /api/v1/weights HTTP/1.1\r\nHost: master\r\nCookie: gantry_session={session_id}\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         ),
@@ -404,7 +526,7 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         cluster.master.http,
         &cluster.tls_dir,
         format!(
-            "GET /api/v1/summary HTTP/1.1\r\nHost: master\r\nCookie: gantry_token={token}\r\nConnection: close\r\n\r\n"
+            "GET /api/v1/summary HTTP/1.1\r\nHost: master\r\nCookie: gantry_session={session_id}\r\nConnection: close\r\n\r\n"
         ),
     )
     .await;
@@ -412,7 +534,7 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     let bad = raw_request(
         cluster.master.http,
         &cluster.tls_dir,
-        "GET /api/v1/summary HTTP/1.1\r\nHost: master\r\nCookie: gantry_token=wrong\r\nConnection: close\r\n\r\n".into(),
+        format!("GET /api/v1/summary HTTP/1.1\r\nHost: master\r\nCookie: gantry_token={token}\r\nConnection: close\r\n\r\n"),
     )
     .await;
     assert!(bad.starts_with("HTTP/1.1 401"), "{bad}");
@@ -420,18 +542,7 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     assert_eq!(weight, 1.0);
 
     // Live: an open page follows the event stream and re-renders without a reload.
-    let mut dt = Devtools::start(&scratch.path().join("chromium-live"));
-    let target = dt.call(
-        None,
-        "Target.createTarget",
-        serde_json::json!({"url": login}),
-    );
-    let attached = dt.call(
-        None,
-        "Target.attachToTarget",
-        serde_json::json!({"targetId": target["targetId"], "flatten": true}),
-    );
-    let session = attached["sessionId"].as_str().unwrap().to_string();
+    dt.dom(&session, &ui);
     dt.wait_true(
         &session,
         "the event stream connected",
@@ -479,19 +590,24 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         "a share chart line",
         "document.querySelectorAll('#shares polyline').length >= 1",
     );
-    drop(dt);
 
     // The live script and stylesheet are served.
-    let js = browse(&profile, &format!("{base}/ui/app.js"), &["--dump-dom"]);
+    let js = dt.dom(&session, &format!("{base}/ui/app.js"));
     assert!(js.contains("EventSource"), "{js}");
 
     let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
     let _ = std::fs::remove_file(&shot);
-    browse(
-        &profile,
-        &login,
-        &[&format!("--screenshot={}", shot.display())],
+    dt.dom(&session, &ui);
+    let png = dt.call(
+        Some(&session),
+        "Page.captureScreenshot",
+        serde_json::json!({"format": "png", "captureBeyondViewport": true}),
     );
+    std::fs::write(
+        &shot,
+        base64_decode(png["data"].as_str().unwrap_or_default()),
+    )
+    .unwrap();
     let meta = std::fs::metadata(&shot).expect("chromium saved no screenshot");
     assert!(
         meta.len() > 10_000,
@@ -499,4 +615,25 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         meta.len()
     );
     println!("dashboard screenshot: {}", shot.display());
+
+    // Logging out (the page's form) ends the session on the master: its cookie no longer reads.
+    dt.eval(
+        &session,
+        "document.querySelector('form.logout').submit(); true",
+    );
+    dt.wait_true(
+        &session,
+        "the login form after logging out",
+        "location.pathname === '/ui/login' && !!document.querySelector('input[name=token]')",
+    );
+    let after = raw_request(
+        cluster.master.http,
+        &cluster.tls_dir,
+        format!(
+            "GET /api/v1/summary HTTP/1.1\r\nHost: master\r\nCookie: gantry_session={session_id}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(after.starts_with("HTTP/1.1 401"), "{after}");
+    drop(dt);
 }

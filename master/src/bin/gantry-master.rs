@@ -7,11 +7,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use gantry_master::allocator::AllocatorConfig;
 use gantry_master::election::{EtcdElectionConfig, HaConfig};
+use gantry_master::server::{AuthLimits, HttpLimits};
 use gantry_master::state::{Limits, MasterConfig};
 use gantry_master::{server, simulate};
 use gantry_sdk::transport::{quic, tls, PeerIdentity};
@@ -60,6 +62,50 @@ struct ServeArgs {
     /// `gantryctl token create NAME --file FILE`; SIGHUP re-reads the file.
     #[arg(long)]
     operator_tokens: Option<PathBuf>,
+    /// Operator port (docs/security.md, "Operator port limits"): connections served at once.
+    #[arg(long, default_value_t = HttpLimits::default().max_connections)]
+    http_max_connections: usize,
+    /// Of --http-max-connections, how many only authenticated connections (an operator
+    /// certificate, or a request with a valid credential) may hold.
+    #[arg(long, default_value_t = HttpLimits::default().reserved_connections)]
+    http_reserved_connections: usize,
+    /// Unauthenticated connections one address (an IPv6 /64) may hold at once (0: no bound).
+    #[arg(long, default_value_t = HttpLimits::default().max_connections_per_address)]
+    http_max_connections_per_address: usize,
+    /// Seconds from accept to the end of the TLS handshake.
+    #[arg(long, default_value_t = HttpLimits::default().handshake_timeout.as_secs_f64())]
+    http_handshake_timeout: f64,
+    /// Seconds to send a request's headers; also how long an idle keep-alive connection stays.
+    #[arg(long, default_value_t = HttpLimits::default().header_timeout.as_secs_f64())]
+    http_header_timeout: f64,
+    /// Seconds a client may accept no data of a response before it is closed (an event
+    /// stream subscriber that stopped reading).
+    #[arg(long, default_value_t = HttpLimits::default().write_timeout.as_secs_f64())]
+    http_write_timeout: f64,
+    /// Kernel send buffer of each operator connection in KiB (0: the system's autotuning).
+    #[arg(long, default_value_t = HttpLimits::default().send_buffer_bytes / 1024)]
+    http_send_buffer_kib: usize,
+    /// /api/v1/events subscribers one operator (or one anonymous address) may hold (0: no
+    /// bound).
+    #[arg(long, default_value_t = HttpLimits::default().max_event_subscribers_per_principal)]
+    http_max_event_subscribers_per_principal: usize,
+    /// Failed authentications (wrong token, dashboard login) an address may make at once
+    /// before it is answered 429 (0: no limit).
+    #[arg(long, default_value_t = HttpLimits::default().auth.burst)]
+    http_auth_failures_burst: u32,
+    /// Failed authentications per minute an address regains.
+    #[arg(long, default_value_t = HttpLimits::default().auth.per_minute)]
+    http_auth_failures_per_minute: u32,
+    /// Failed authentications per minute (and at once) of all addresses together; past it
+    /// addresses that failed recently are answered 429, others are not held back.
+    #[arg(long, default_value_t = HttpLimits::default().auth.global_per_minute)]
+    http_auth_failures_global_per_minute: u32,
+    /// Dashboard sessions kept at most (the oldest ends past it).
+    #[arg(long, default_value_t = HttpLimits::default().max_sessions)]
+    http_max_sessions: usize,
+    /// Seconds a dashboard session lasts.
+    #[arg(long, default_value_t = HttpLimits::default().session_lifetime.as_secs_f64())]
+    http_session_lifetime: f64,
     /// Directory for the master's persistent state.
     #[arg(long, default_value = "./gantry-master")]
     work_dir: PathBuf,
@@ -190,6 +236,7 @@ fn main() -> anyhow::Result<()> {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.work_dir)
         .with_context(|| format!("creating work dir {}", args.work_dir.display()))?;
+    let http_limits = http_limits(&args)?;
     let tls_dir = args.tls_dir.clone().context("--tls-dir is required")?;
     if args.http_insecure {
         anyhow::ensure!(
@@ -233,6 +280,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         server::HttpConfig::https(&material)?
     };
     http_config.public_reads = args.http_public_reads;
+    http_config.limits = http_limits;
     if let Some(path) = &args.operator_tokens {
         http_config.tokens =
             server::SharedTokens::new(gantry_master::tokens::OperatorTokens::load(path)?);
@@ -326,6 +374,43 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// SIGHUP re-reads `--operator-tokens` (added and revoked tokens take effect at once); a file
 /// that no longer loads keeps the tokens in force, with an error logged.
+/// The operator port's limits from the flags.
+fn http_limits(args: &ServeArgs) -> anyhow::Result<HttpLimits> {
+    let secs = |v: f64, flag: &str| -> anyhow::Result<Duration> {
+        anyhow::ensure!(
+            v.is_finite() && v > 0.0 && v <= 86_400.0 * 30.0,
+            "{flag} must be a positive number of seconds"
+        );
+        Ok(Duration::from_secs_f64(v))
+    };
+    anyhow::ensure!(
+        args.http_max_connections > 0 && args.http_reserved_connections < args.http_max_connections,
+        "--http-reserved-connections ({}) must be below --http-max-connections ({})",
+        args.http_reserved_connections,
+        args.http_max_connections
+    );
+    let global = args.http_auth_failures_global_per_minute;
+    Ok(HttpLimits {
+        handshake_timeout: secs(args.http_handshake_timeout, "--http-handshake-timeout")?,
+        header_timeout: secs(args.http_header_timeout, "--http-header-timeout")?,
+        write_timeout: secs(args.http_write_timeout, "--http-write-timeout")?,
+        max_connections: args.http_max_connections,
+        reserved_connections: args.http_reserved_connections,
+        max_connections_per_address: args.http_max_connections_per_address,
+        send_buffer_bytes: args.http_send_buffer_kib.saturating_mul(1024),
+        max_event_subscribers_per_principal: args.http_max_event_subscribers_per_principal,
+        auth: AuthLimits {
+            burst: args.http_auth_failures_burst,
+            per_minute: args.http_auth_failures_per_minute,
+            global_burst: global,
+            global_per_minute: global,
+        },
+        max_sessions: args.http_max_sessions.max(1),
+        session_lifetime: secs(args.http_session_lifetime, "--http-session-lifetime")?,
+        ..HttpLimits::default()
+    })
+}
+
 fn reload_tokens_on_sighup(
     path: Option<PathBuf>,
     tokens: server::SharedTokens,

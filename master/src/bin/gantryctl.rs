@@ -167,7 +167,8 @@ enum Token {
         #[arg(long)]
         file: Option<PathBuf>,
     },
-    /// Print the token file entry for a token read from standard input.
+    /// Print the token file entry for a token read from standard input (at least 32
+    /// characters and about 128 bits; weaker tokens are refused).
     Hash { name: String },
 }
 
@@ -532,6 +533,9 @@ fn token(cmd: Token) -> anyhow::Result<()> {
             std::io::stdin().read_line(&mut token)?;
             let token = token.trim();
             anyhow::ensure!(!token.is_empty(), "no token on standard input");
+            if let Some(why) = tokens::weakness(token) {
+                anyhow::bail!("refused: {why}");
+            }
             print!("{}", tokens::file_entry(&name, token));
             Ok(())
         }

@@ -5,16 +5,23 @@
 //! over HTTPS with the cluster CA.
 //!
 //! ```text
-//! TCP accept (connection limit) -> TLS handshake (deadline; optional client certificate)
-//!   -> hyper HTTP/1.1 (header read deadline) -> bounded body (size + read deadline)
-//!   -> authenticate (operator certificate or bearer token) -> authorize (ACL) -> core loop
+//! TCP accept (connection slots: all, unauthenticated, per address; `http_guard::Admission`)
+//!   -> TLS handshake (one deadline from accept; optional client certificate: an operator
+//!      certificate authenticates the connection at once)
+//!   -> hyper HTTP/1.1 (header read deadline; every write under the write deadline)
+//!   -> authenticate (operator certificate, bearer token or dashboard session; failed
+//!      credentials limited per address: 429) -> bounded body (size + read deadline)
+//!   -> authorize (ACL) -> core loop
 //! ```
 //!
 //! Who is calling: a client certificate of kind `operator:NAME` signed by the cluster CA, or
 //! `Authorization: Bearer TOKEN` with a token from `--operator-tokens` (a presented token wins
 //! over a certificate; a wrong one is refused even with a good certificate). A browser may
-//! carry the token in the `gantry_token` cookie the dashboard's login sets; the cookie
-//! authenticates reads (`GET`) only, so a forged cross-site request can change nothing. Every write needs
+//! carry a dashboard session (the `gantry_session` cookie the dashboard's login sets: a random
+//! id the master maps to the operator, never the token); the session authenticates reads
+//! (`GET`) only, so a forged cross-site request can change nothing. A connection that
+//! authenticated leaves the unauthenticated share of the connection slots (the rest is
+//! reserved for operators). Every write needs
 //! the ACL grant ([`Acls::may_operate`]); reads need an authenticated caller unless
 //! `public_reads`; `/health` is open to load balancers. Errors are JSON
 //! `{"error": CODE, "message": TEXT}`.
@@ -22,9 +29,10 @@
 //! Plain HTTP ([`HttpConfig::tls`] `None`) is for a loopback address only (the binary refuses
 //! anything else); the same authentication applies (a token, since there are no certificates).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -36,8 +44,10 @@ use axum::{Json, Router};
 use gantry_sdk::transport::tls;
 use gantry_sdk::transport::PeerIdentity;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{oneshot, watch};
 
+use super::http_guard::{AuthLimiter, AuthLimits, ConnGuard, WriteDeadline};
+use super::ui::Sessions;
 use super::{CoreEvent, Shell};
 
 /// Maintenance endpoints (`/api/v1/agents/{agent}/drain`, ...); a child module so it shares
@@ -49,29 +59,56 @@ use crate::election::health;
 use crate::state::{OperatorCommand, OperatorRejection};
 use crate::tokens::OperatorTokens;
 
-/// Bounds on what one HTTP client may hold.
+/// Bounds on what one HTTP client may hold (docs/security.md, "Operator port limits").
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
-    /// Time allowed for the TLS handshake.
+    /// Time from accept to the end of the TLS handshake.
     pub handshake_timeout: Duration,
-    /// Time allowed to send a request's headers (slowloris).
+    /// Time allowed to send a request's headers (slowloris); also how long an idle
+    /// keep-alive connection stays open.
     pub header_timeout: Duration,
     /// Time allowed to send a request's body.
     pub body_timeout: Duration,
+    /// A write the client accepts nothing of for this long closes the connection (a
+    /// subscriber that stopped reading).
+    pub write_timeout: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
-    /// Connections served at once; past it new connections are closed at once.
+    /// Connections served at once; past it a new connection takes the place of the oldest
+    /// unauthenticated one (closed at once only when every slot is authenticated).
     pub max_connections: usize,
+    /// Of `max_connections`, how many only authenticated connections may hold.
+    pub reserved_connections: usize,
+    /// Unauthenticated connections one address (an IPv6 /64) may hold; 0 = no bound.
+    pub max_connections_per_address: usize,
+    /// The kernel send buffer of each connection (`SO_SNDBUF`), bytes; 0 = the system's.
+    pub send_buffer_bytes: usize,
+    /// `/api/v1/events` subscribers one principal may hold at once; 0 = no bound.
+    pub max_event_subscribers_per_principal: usize,
+    /// Failed authentications allowed per address (and for all together).
+    pub auth: AuthLimits,
+    /// Dashboard sessions kept at most (the oldest is ended past it).
+    pub max_sessions: usize,
+    /// How long a dashboard session lasts.
+    pub session_lifetime: Duration,
 }
 
 impl Default for HttpLimits {
     fn default() -> Self {
         Self {
-            handshake_timeout: Duration::from_secs(10),
-            header_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(5),
             body_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(30),
             max_body_bytes: 64 * 1024,
             max_connections: 256,
+            reserved_connections: 64,
+            max_connections_per_address: 16,
+            send_buffer_bytes: 256 * 1024,
+            max_event_subscribers_per_principal: 16,
+            auth: AuthLimits::default(),
+            max_sessions: 1024,
+            session_lifetime: Duration::from_secs(12 * 3600),
         }
     }
 }
@@ -133,6 +170,13 @@ impl SharedTokens {
         let t = self.0.read().ok()?;
         t.verify(token).map(str::to_string)
     }
+
+    /// The operator whose token has this digest, while the token is still configured (a
+    /// dashboard session ends with its token).
+    pub fn verify_digest(&self, digest: &[u8; 32]) -> Option<String> {
+        let t = self.0.read().ok()?;
+        t.name_of_digest(digest).map(str::to_string)
+    }
 }
 
 /// The HTTP listener and how to serve it: what [`super::run`] takes.
@@ -149,14 +193,20 @@ pub(super) struct App {
     pub(super) tokens: SharedTokens,
     public_reads: bool,
     limits: HttpLimits,
+    admission: super::http_guard::Admission,
+    auth_limiter: Arc<AuthLimiter>,
+    pub(super) sessions: Arc<Sessions>,
+    /// Open `/api/v1/events` subscribers per principal.
+    subscribers: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// What the connection knows before any request: the operator named by its client certificate
-/// (or what else the certificate was, to explain a refusal).
+/// (or what else the certificate was, to explain a refusal), and its slots.
 #[derive(Clone, Debug)]
-struct ConnInfo {
-    remote: SocketAddr,
+pub(super) struct ConnInfo {
+    pub(super) remote: SocketAddr,
     certificate: Option<PeerIdentity>,
+    guard: Option<Arc<ConnGuard>>,
 }
 
 /// The authenticated caller of one request.
@@ -171,6 +221,8 @@ pub(super) enum Caller {
 pub(super) struct ApiError {
     pub(super) status: StatusCode,
     message: String,
+    /// `Retry-After` seconds (429).
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -178,6 +230,16 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 429 with `Retry-After` (whole seconds, at least 1).
+    pub(super) fn too_many(message: impl Into<String>, retry_after: Duration) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: message.into(),
+            retry_after: Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
         }
     }
 
@@ -190,6 +252,7 @@ impl ApiError {
             StatusCode::CONFLICT => "conflict",
             StatusCode::REQUEST_TIMEOUT => "request_timeout",
             StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+            StatusCode::TOO_MANY_REQUESTS => "too_many_requests",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             _ => "error",
         }
@@ -200,6 +263,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"error": self.code(), "message": self.message});
         let mut resp = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         match self.status {
             StatusCode::UNAUTHORIZED => {
                 resp.headers_mut().insert(
@@ -244,6 +311,7 @@ fn router(app: App) -> Router {
         .merge(super::ui::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
+        // (The /ui routes also get the dashboard's security headers, in ui::routes.)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             bounded_body,
@@ -263,16 +331,25 @@ pub(super) async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let HttpEndpoint { listener, config } = endpoint;
+    let limits = &config.limits;
+    let admission = super::http_guard::Admission::new(
+        limits.max_connections,
+        limits.reserved_connections,
+        limits.max_connections_per_address,
+    );
     let app = App {
         shell,
         acls: Arc::new(acls),
         tokens: config.tokens,
         public_reads: config.public_reads,
-        limits: config.limits.clone(),
+        limits: limits.clone(),
+        admission: admission.clone(),
+        auth_limiter: Arc::new(AuthLimiter::new(limits.auth)),
+        sessions: Arc::new(Sessions::new(limits.max_sessions, limits.session_lifetime)),
+        subscribers: Arc::default(),
     };
     let router = router(app);
     let acceptor = config.tls.map(tokio_rustls::TlsAcceptor::from);
-    let slots = Arc::new(Semaphore::new(config.limits.max_connections.max(1)));
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -289,16 +366,25 @@ pub(super) async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%remote, "too many HTTP connections; closed");
-            continue;
+        let guard = match admission.admit(remote.ip()) {
+            Ok(g) => Arc::new(g),
+            Err(why) => {
+                tracing::debug!(%remote, "operator API connection refused: {why}");
+                continue;
+            }
         };
         let router = router.clone();
         let acceptor = acceptor.clone();
         let limits = config.limits.clone();
         conns.spawn(async move {
-            let _permit = permit;
-            serve_connection(tcp, remote, acceptor, router, limits).await;
+            let held = guard.clone();
+            tokio::select! {
+                // Unauthenticated and the oldest when room was needed: closed.
+                _ = held.evicted() => {
+                    tracing::debug!(%remote, "operator API: unauthenticated connection closed for room");
+                }
+                _ = serve_connection(tcp, remote, guard, acceptor, router, limits) => {}
+            }
         });
     }
     conns.abort_all();
@@ -307,23 +393,32 @@ pub(super) async fn serve(
 async fn serve_connection(
     tcp: tokio::net::TcpStream,
     remote: SocketAddr,
+    guard: Arc<ConnGuard>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     router: Router,
     limits: HttpLimits,
 ) {
     let _ = tcp.set_nodelay(true);
+    if limits.send_buffer_bytes > 0 {
+        // Bounds what the kernel queues for a client that does not read.
+        let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(limits.send_buffer_bytes);
+    }
     let Some(acceptor) = acceptor else {
         let info = ConnInfo {
             remote,
             certificate: None,
+            guard: Some(guard),
         };
         serve_http(tcp, info, router, &limits).await;
         return;
     };
+    // One deadline from accept to the end of the handshake (a silent client and a stalled
+    // handshake alike).
+    let deadline = tokio::time::Instant::now() + limits.handshake_timeout;
     // A TLS client starts with a handshake record (0x16). Tell a plain-HTTP client what is
     // wrong instead of failing its handshake without a word.
     let mut first = [0u8; 1];
-    match tokio::time::timeout(limits.handshake_timeout, tcp.peek(&mut first)).await {
+    match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
         Ok(Ok(1)) if first[0] != 0x16 => {
             refuse_plain_http(tcp, remote).await;
             return;
@@ -331,7 +426,7 @@ async fn serve_connection(
         Ok(Ok(1)) => {}
         _ => return,
     }
-    let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+    let stream = match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::info!(%remote, "operator API: TLS handshake failed: {e}");
@@ -348,9 +443,13 @@ async fn serve_connection(
         .peer_certificates()
         .and_then(|c| c.first())
         .and_then(|c| tls::identity_from_cert(c));
+    if matches!(certificate, Some(PeerIdentity::Operator(_))) {
+        guard.promote();
+    }
     let info = ConnInfo {
         remote,
         certificate,
+        guard: Some(guard),
     };
     serve_http(stream, info, router, &limits).await;
 }
@@ -387,7 +486,10 @@ where
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(64 * 1024)
-        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .serve_connection(
+            hyper_util::rt::TokioIo::new(WriteDeadline::new(stream, limits.write_timeout)),
+            service,
+        )
         .await;
     if let Err(e) = result {
         tracing::debug!(%remote, "operator API connection ended: {e}");
@@ -439,31 +541,33 @@ async fn bounded_body(State(app): State<App>, req: Request, next: Next) -> Respo
 /// Works out who is calling and attaches a [`Caller`] to the request.
 async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> Response {
     let info = req.extensions().get::<ConnInfo>().cloned();
-    // The dashboard's cookie stands for its token on reads only (a certificate wins over it).
-    let cookie = (req.method() == axum::http::Method::GET)
-        .then(|| cookie_token(&req))
+    // The dashboard's session stands for its operator on reads only (a certificate wins).
+    let session = (req.method() == axum::http::Method::GET)
+        .then(|| cookie(&req, SESSION_COOKIE))
         .flatten();
     let caller = match bearer(&req) {
         Some(Err(why)) => return ApiError::new(StatusCode::UNAUTHORIZED, why).into_response(),
-        Some(Ok(token)) => match app.tokens.verify(token) {
-            Some(name) => Caller::Operator { name, how: "token" },
-            None => {
-                return ApiError::new(StatusCode::UNAUTHORIZED, "unknown bearer token")
-                    .into_response()
+        Some(Ok(token)) => {
+            let remote = info.as_ref().map(|i| i.remote);
+            match app.check_token(remote, token) {
+                Ok(name) => Caller::Operator { name, how: "token" },
+                Err(e) => return e.into_response(),
             }
-        },
-        None => match (info.and_then(|i| i.certificate), cookie) {
+        }
+        None => match (info.as_ref().and_then(|i| i.certificate.clone()), session) {
             (Some(PeerIdentity::Operator(name)), _) => Caller::Operator {
                 name,
                 how: "certificate",
             },
-            (_, Some(token)) => match app.tokens.verify(&token) {
+            // A session id is 256 random bits: an unknown one is not counted as a guess (a
+            // browser keeps sending an expired one), it is simply not logged in.
+            (_, Some(id)) => match app.sessions.operator(&id, &app.tokens, Instant::now()) {
                 Some(name) => Caller::Operator {
                     name,
-                    how: "cookie",
+                    how: "session",
                 },
                 None => Caller::Anonymous {
-                    why: "the dashboard login (cookie) is not valid; log in again".into(),
+                    why: "the dashboard session ended (logged out or expired); log in again".into(),
                 },
             },
             (Some(other), None) => Caller::Anonymous {
@@ -474,22 +578,148 @@ async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> R
             },
         },
     };
+    if matches!(caller, Caller::Operator { .. }) {
+        // The connection authenticated: it leaves the unauthenticated share.
+        if let Some(g) = info.as_ref().and_then(|i| i.guard.as_ref()) {
+            g.promote();
+        }
+    }
     req.extensions_mut().insert(caller);
     next.run(req).await
 }
 
-/// The name of the dashboard's login cookie (it holds an operator token).
-pub(super) const TOKEN_COOKIE: &str = "gantry_token";
+impl App {
+    /// The operator a presented token stands for, under the failed-authentication limit of the
+    /// caller's address: 429 while the address is limited (before the token is checked, so a
+    /// guess tells nothing), 401 for a wrong token (counted).
+    pub(super) fn check_token(
+        &self,
+        remote: Option<SocketAddr>,
+        token: &str,
+    ) -> Result<String, ApiError> {
+        let now = Instant::now();
+        if let Some(r) = remote {
+            if let Err(wait) = self.auth_limiter.check(r.ip(), now) {
+                tracing::info!(remote = %r, "operator API: too many failed authentications; 429");
+                return Err(ApiError::too_many(
+                    format!(
+                        "too many failed authentications from {}; retry in {}s",
+                        r.ip(),
+                        wait.as_secs_f64().ceil()
+                    ),
+                    wait,
+                ));
+            }
+        }
+        match self.tokens.verify(token) {
+            Some(name) => Ok(name),
+            None => {
+                if let Some(r) = remote {
+                    self.auth_limiter.failed(r.ip(), now);
+                    tracing::info!(remote = %r, "operator API: unknown bearer token");
+                }
+                Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unknown bearer token",
+                ))
+            }
+        }
+    }
 
-/// The token in the `gantry_token` cookie, if any.
-fn cookie_token(req: &Request) -> Option<String> {
-    req.headers()
+    /// Takes a place for an `/api/v1/events` subscriber of `principal`, or 429 past
+    /// `--http-max-event-subscribers-per-principal`.
+    pub(super) fn subscribe_slot(&self, principal: String) -> Result<SubscriberSlot, ApiError> {
+        let limit = self.limits.max_event_subscribers_per_principal;
+        let mut map = self.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(principal.clone()).or_insert(0);
+        if limit > 0 && *n >= limit {
+            return Err(ApiError::too_many(
+                format!(
+                    "{principal} already holds {limit} event subscriptions \
+                     (--http-max-event-subscribers-per-principal)"
+                ),
+                Duration::from_secs(5),
+            ));
+        }
+        *n += 1;
+        Ok(SubscriberSlot {
+            map: self.subscribers.clone(),
+            principal,
+        })
+    }
+
+    /// The operator port's own figures (`/metrics`).
+    fn port_figures(&self) -> super::metrics::OperatorPortFigures {
+        let (connections, unauthenticated, closed_for_room) = self.admission.counts();
+        let event_subscribers: usize = self
+            .subscribers
+            .lock()
+            .map(|m| m.values().sum())
+            .unwrap_or(0);
+        let (auth_limited_addresses, auth_failures, auth_refused) = self.auth_limiter.figures();
+        super::metrics::OperatorPortFigures {
+            connections,
+            unauthenticated,
+            closed_for_room,
+            event_subscribers,
+            sessions: self.sessions.len(),
+            auth_limited_addresses,
+            auth_failures,
+            auth_refused,
+        }
+    }
+
+    /// The same, shown under `operator_api` in `/state`.
+    fn port_stats(&self) -> serde_json::Value {
+        let f = self.port_figures();
+        serde_json::json!({
+            "connections": f.connections,
+            "unauthenticated_connections": f.unauthenticated,
+            "unauthenticated_closed_for_room": f.closed_for_room,
+            "event_subscribers": f.event_subscribers,
+            "sessions": f.sessions,
+            "auth_limited_addresses": f.auth_limited_addresses,
+            "auth_failures": f.auth_failures,
+            "auth_rate_limited": f.auth_refused,
+        })
+    }
+}
+
+/// One `/api/v1/events` subscriber's place in its principal's count, given back on drop.
+pub(super) struct SubscriberSlot {
+    map: Arc<Mutex<HashMap<String, usize>>>,
+    principal: String,
+}
+
+impl Drop for SubscriberSlot {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.principal) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.principal);
+            }
+        }
+    }
+}
+
+/// The name of the dashboard's session cookie (a random session id, never a token).
+pub(super) const SESSION_COOKIE: &str = "gantry_session";
+
+/// The value of cookie `name`, if any.
+pub(super) fn cookie(req: &Request, name: &str) -> Option<String> {
+    cookie_in(req.headers(), name)
+}
+
+/// The value of cookie `name` among `headers`' `Cookie` headers, if any.
+pub(super) fn cookie_in(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
+    headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == TOKEN_COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.trim().to_string())
         .filter(|v| !v.is_empty())
 }
@@ -573,7 +803,7 @@ async fn state_handler(
 }
 
 impl App {
-    /// The `/state` view from the core.
+    /// The `/state` view from the core, with the operator port's figures (`operator_api`).
     pub(super) async fn state(&self) -> Result<serde_json::Value, ApiError> {
         let (tx, rx) = oneshot::channel();
         self.shell
@@ -581,7 +811,11 @@ impl App {
             .send(CoreEvent::State(tx))
             .await
             .map_err(|_| unavailable())?;
-        rx.await.map_err(|_| unavailable())
+        let mut state = rx.await.map_err(|_| unavailable())?;
+        if let Some(m) = state.as_object_mut() {
+            m.insert("operator_api".into(), self.port_stats());
+        }
+        Ok(state)
     }
 }
 
@@ -598,7 +832,7 @@ async fn metrics_handler(
         .await
         .map_err(|_| unavailable())?;
     let snapshot = rx.await.map_err(|_| unavailable())?;
-    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref());
+    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref(), &app.port_figures());
     Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
 }
 
@@ -739,17 +973,18 @@ mod tests {
             }
             b.body(Body::empty()).unwrap()
         };
+        let session = |r: &Request| cookie(r, SESSION_COOKIE);
         assert_eq!(
-            cookie_token(&req(&["a=1; gantry_token=tok; b=2"])),
+            session(&req(&["a=1; gantry_session=tok; b=2"])),
             Some("tok".into())
         );
         assert_eq!(
-            cookie_token(&req(&["a=1", "gantry_token=t2"])),
+            session(&req(&["a=1", "gantry_session=t2"])),
             Some("t2".into())
         );
-        assert_eq!(cookie_token(&req(&["gantry_token="])), None);
-        assert_eq!(cookie_token(&req(&["xgantry_token=t"])), None);
-        assert_eq!(cookie_token(&req(&[])), None);
+        assert_eq!(session(&req(&["gantry_session="])), None);
+        assert_eq!(session(&req(&["xgantry_session=t"])), None);
+        assert_eq!(session(&req(&[])), None);
     }
 
     #[test]
@@ -764,5 +999,10 @@ mod tests {
             ApiError::new(StatusCode::FORBIDDEN, "no").code(),
             "forbidden"
         );
+        let e = ApiError::too_many("slow down", Duration::from_millis(2500));
+        assert_eq!(e.code(), "too_many_requests");
+        let resp = e.into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
     }
 }

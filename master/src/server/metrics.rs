@@ -45,9 +45,82 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
         .collect()
 }
 
+/// The operator port's own figures (docs/security.md, "Operator port limits"); every master
+/// serves them, leading or not.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OperatorPortFigures {
+    /// Connections open, and how many of them are not authenticated.
+    pub connections: usize,
+    pub unauthenticated: usize,
+    /// Unauthenticated connections closed to make room, since start.
+    pub closed_for_room: u64,
+    pub event_subscribers: usize,
+    pub sessions: usize,
+    /// Addresses with recent failed authentications.
+    pub auth_limited_addresses: usize,
+    /// Failed authentications, and attempts answered 429, since start.
+    pub auth_failures: u64,
+    pub auth_refused: u64,
+}
+
+fn register_port(reg: &mut Registry, p: &OperatorPortFigures) {
+    let conns = Family::<Labels, Gauge>::default();
+    conns
+        .get_or_create(&labels(&[("state", "authenticated")]))
+        .set(p.connections.saturating_sub(p.unauthenticated) as i64);
+    conns
+        .get_or_create(&labels(&[("state", "unauthenticated")]))
+        .set(p.unauthenticated as i64);
+    reg.register(
+        "operator_connections",
+        "Operator API connections open",
+        conns,
+    );
+    let counter = |n: u64| {
+        let c = Counter::<u64>::default();
+        c.inc_by(n);
+        c
+    };
+    reg.register(
+        "operator_connections_closed_for_room",
+        "Unauthenticated operator API connections closed to make room for new ones",
+        counter(p.closed_for_room),
+    );
+    reg.register(
+        "operator_auth_failures",
+        "Failed operator authentications (wrong token, dashboard login)",
+        counter(p.auth_failures),
+    );
+    reg.register(
+        "operator_auth_rate_limited",
+        "Authentication attempts answered 429 (too many failures from the address)",
+        counter(p.auth_refused),
+    );
+    let gauge = |n: usize| {
+        let g = Gauge::<i64>::default();
+        g.set(n as i64);
+        g
+    };
+    reg.register(
+        "operator_event_subscribers",
+        "Open /api/v1/events streams",
+        gauge(p.event_subscribers),
+    );
+    reg.register(
+        "operator_sessions",
+        "Dashboard sessions held",
+        gauge(p.sessions),
+    );
+}
+
 /// Renders the exposition: `snapshot` is `None` when this master does not lead.
-pub fn render(shell: &ShellMetrics, snapshot: Option<&MetricsSnapshot>) -> String {
+pub fn render(
+    shell: &ShellMetrics,
+    snapshot: Option<&MetricsSnapshot>,
+    port: &OperatorPortFigures,
+) -> String {
     let mut reg = Registry::with_prefix("gantry");
+    register_port(&mut reg, port);
     reg.register(
         "allocation_cycle_seconds",
         "Time one allocation cycle took",
@@ -278,7 +351,25 @@ mod tests {
     fn series_have_the_names_operators_expect() {
         let shell = ShellMetrics::default();
         shell.allocation_cycle.observe(0.002);
-        let standby = render(&shell, None);
+        let port = OperatorPortFigures {
+            connections: 5,
+            unauthenticated: 2,
+            closed_for_room: 7,
+            auth_failures: 11,
+            auth_refused: 3,
+            ..OperatorPortFigures::default()
+        };
+        let standby = render(&shell, None, &port);
+        for line in [
+            "gantry_operator_connections{state=\"authenticated\"} 3",
+            "gantry_operator_connections{state=\"unauthenticated\"} 2",
+            "gantry_operator_connections_closed_for_room_total 7",
+            "gantry_operator_auth_failures_total 11",
+            "gantry_operator_auth_rate_limited_total 3",
+            "gantry_operator_event_subscribers 0",
+        ] {
+            assert!(standby.contains(line), "missing {line:?} in\n{standby}");
+        }
         assert!(standby.contains("gantry_leader 0"), "{standby}");
         assert!(
             standby.contains("gantry_allocation_cycle_seconds_count 1"),
@@ -306,7 +397,7 @@ mod tests {
             seconds: [("gpus".to_string(), 7200.0)].into(),
         });
         s.status_update_retries = 4;
-        let text = render(&shell, Some(&s));
+        let text = render(&shell, Some(&s), &port);
         for line in [
             "gantry_leader 1",
             "gantry_offers_total{result=\"made\"} 3",

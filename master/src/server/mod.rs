@@ -1,7 +1,8 @@
 //! The master's I/O shell: QUIC accept loop, one task per peer connection, the single event
 //! loop that owns the [`Master`] state machine (`core_loop`, on its own thread), and the
-//! operator HTTPS API ([`http`]: authentication, ACLs and request bounds; [`api`]: `/api/v1` and its event stream; `ui`: the
-//! `/ui` dashboard).
+//! operator HTTPS API ([`http`]: authentication, ACLs and request bounds; `http_guard`: its
+//! connection slots, write deadline and failed-authentication limiter; [`api`]: `/api/v1` and
+//! its event stream; `ui`: the `/ui` dashboard and its sessions).
 //!
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
@@ -56,9 +57,11 @@ use crate::state::{
 
 pub mod api;
 pub mod http;
+mod http_guard;
 pub mod metrics;
 mod ui;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
+pub use http_guard::AuthLimits;
 
 /// QUIC application close codes.
 const CLOSE_NORMAL: u32 = 0;

@@ -23,6 +23,12 @@
 //! subscriber: events go through a bounded broadcast buffer, and a subscriber that falls
 //! behind it gets `{"type":"dropped"}` and the stream ends (reconnect for a new snapshot).
 //! Changes made between subscribing and the snapshot may also be sent after it.
+//!
+//! Subscribers are bounded: at most `--http-max-event-subscribers-per-principal` at once per
+//! operator (anonymous ones, with `--http-public-reads`, per address; 429 past it), and what one
+//! subscriber may have queued is the broadcast buffer's share plus the connection's write
+//! buffers (`--http-send-buffer-kib`): a subscriber whose socket accepts nothing for
+//! `--http-write-timeout` is closed (the operator port's write deadline).
 
 pub mod views;
 
@@ -42,7 +48,7 @@ use serde_json::Value;
 
 use super::http::{
     caller_of, operator, parse_json, quota_handler, weights_handler, ApiError, ApiResult, App,
-    Caller,
+    Caller, ConnInfo, SubscriberSlot,
 };
 use crate::acl::OperatorAction;
 use crate::state::OperatorCommand;
@@ -304,13 +310,29 @@ async fn teardown(State(app): State<App>, caller: CallerExt, Path(id): Path<Stri
 }
 
 /// `GET /api/v1/events`: server-sent events, a snapshot first (see the module docs).
-async fn events(State(app): State<App>, caller: CallerExt) -> Result<impl IntoResponse, ApiError> {
-    app.may_read(&caller_of(caller))?;
+async fn events(
+    State(app): State<App>,
+    caller: CallerExt,
+    info: Option<axum::Extension<ConnInfo>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let caller = caller_of(caller);
+    app.may_read(&caller)?;
+    let principal = match &caller {
+        Caller::Operator { name, .. } => format!("operator:{name}"),
+        Caller::Anonymous { .. } => match &info {
+            Some(i) => format!(
+                "anonymous@{}",
+                super::http_guard::address_key(i.0.remote.ip())
+            ),
+            None => "anonymous".into(),
+        },
+    };
+    let slot = app.subscribe_slot(principal)?;
     // Subscribe before the snapshot: nothing between the two is missed.
     let rx = app.shell.events.subscribe();
     let state = app.state().await?;
     let snapshot = serde_json::json!({"type": "snapshot", "state": state}).to_string();
-    let stream = event_stream(snapshot, rx);
+    let stream = event_stream(snapshot, rx, slot);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
@@ -348,12 +370,18 @@ fn event_data(
     })
 }
 
+/// The SSE events; the subscriber's slot is held until the stream is dropped (the connection
+/// closed or the stream ended).
 fn event_stream(
     snapshot: String,
     rx: Events,
+    slot: SubscriberSlot,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
     use futures_util::StreamExt;
-    event_data(snapshot, rx).map(|d| Ok(Event::default().data(d)))
+    event_data(snapshot, rx).map(move |d| {
+        let _held = &slot;
+        Ok(Event::default().data(d))
+    })
 }
 
 #[cfg(test)]

@@ -7,32 +7,53 @@
 //!                     per-GPU utilization/health/drain state, tasks); 303 to /ui/login when
 //!                     the browser is not authenticated
 //! GET  /ui/fragment   the tables alone (what app.js swaps in on each event)
-//! GET  /ui/login      the login form; POST it a token (form field `token`). `?token=TOKEN`
-//!                     logs in too (for scripts and headless browsers: the token then shows
-//!                     in the browser history, prefer the form)
-//! GET  /ui/logout     forgets the login
+//! GET  /ui/login      the login form (sets the `gantry_csrf` cookie its hidden `csrf` field
+//!                     repeats); `?token=` is refused 400 (a token in a URL ends up in
+//!                     history and logs)
+//! POST /ui/login      form fields `token` and `csrf`: starts a session (`session`) and sets
+//!                     the `gantry_session` cookie; failures count against the address's
+//!                     failed-authentication limit (429 with Retry-After past it)
+//! POST /ui/logout     form field `csrf` (the session's): ends the session on the master
 //! GET  /ui/app.js, /ui/style.css
 //! ```
 //!
-//! Authentication is the operator API's: an operator certificate in the browser, or a token
-//! from `--operator-tokens` kept in the `gantry_token` cookie (HttpOnly, Secure,
-//! SameSite=Strict) which authenticates reads only. The dashboard only reads.
+//! Authentication is the operator API's: an operator certificate in the browser, or a session
+//! started with a token from `--operator-tokens`. The session cookie (HttpOnly, Secure,
+//! SameSite=Strict) is a random id, never the token, and authenticates reads only. The
+//! dashboard only reads. Every `/ui` response carries `X-Frame-Options: DENY`, a
+//! Content-Security-Policy (scripts and connections to this origin only, no framing),
+//! `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer` and
+//! `Cache-Control: no-store`.
+
+mod session;
+pub(super) use session::Sessions;
+
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
+use subtle::ConstantTimeEq;
 
 use super::api::views;
-use super::http::{caller_of, ApiError, App, Caller, TOKEN_COOKIE};
+use super::http::{caller_of, cookie_in, ApiError, App, Caller, ConnInfo, SESSION_COOKIE};
 
 const APP_JS: &str = include_str!("app.js");
 const STYLE_CSS: &str = include_str!("style.css");
-/// How long a dashboard login lasts.
-const LOGIN_SECONDS: u64 = 12 * 3600;
+/// The login form's CSRF cookie (double submit: the form repeats it in its `csrf` field).
+const CSRF_COOKIE: &str = "gantry_csrf";
+/// How long a login form may be used.
+const CSRF_SECONDS: u64 = 3600;
+/// The dashboard's Content-Security-Policy: its own script and stylesheet only (inline style
+/// attributes draw the bars), the event stream and fetches to this origin, forms posting here,
+/// never framed.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+                   img-src 'self' data:; connect-src 'self'; form-action 'self'; \
+                   frame-ancestors 'none'; base-uri 'none'";
 /// Completed tasks shown (newest first).
 const COMPLETED_SHOWN: usize = 20;
 
@@ -45,7 +66,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/ui/", get(page))
         .route("/ui/fragment", get(fragment))
         .route("/ui/login", get(login_page).post(login_form))
-        .route("/ui/logout", get(logout))
+        .route("/ui/logout", post(logout))
         .route(
             "/ui/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
@@ -54,6 +75,29 @@ pub(super) fn routes() -> Router<App> {
             "/ui/style.css",
             get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
         )
+        .layer(axum::middleware::map_response(security_headers))
+}
+
+/// The headers every `/ui` response carries (see the module docs).
+async fn security_headers(mut resp: Response) -> Response {
+    let h = resp.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    resp
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -71,12 +115,19 @@ fn see_other(to: &'static str) -> Response {
     (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
 }
 
-async fn page(State(app): State<App>, caller: CallerExt) -> Result<Response, ApiError> {
+async fn page(
+    State(app): State<App>,
+    caller: CallerExt,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     if app.may_read(&caller_of(caller)).is_err() {
         return Ok(see_other("/ui/login"));
     }
+    // The logout form of a session (a browser with a certificate has none).
+    let csrf =
+        cookie_in(&headers, SESSION_COOKIE).and_then(|id| app.sessions.csrf(&id, Instant::now()));
     let state = app.state().await?;
-    Ok(Html(render_page(&state)).into_response())
+    Ok(Html(render_page(&state, csrf.as_deref())).into_response())
 }
 
 async fn fragment(State(app): State<App>, caller: CallerExt) -> Result<Response, ApiError> {
@@ -91,60 +142,117 @@ struct LoginQuery {
 }
 
 async fn login_page(
-    State(app): State<App>,
     query: Result<Query<LoginQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    match query.ok().and_then(|q| q.0.token) {
-        Some(token) => log_in(&app, &token),
-        None => Html(render_login(None)).into_response(),
-    }
-}
-
-async fn login_form(State(app): State<App>, body: Bytes) -> Response {
-    let token = form_urlencoded::parse(&body)
-        .find(|(k, _)| k == "token")
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default();
-    log_in(&app, &token)
-}
-
-/// Sets the login cookie for a valid token and sends the browser to the dashboard.
-fn log_in(app: &App, token: &str) -> Response {
-    let token = token.trim();
-    // Tokens are URL-safe; anything else could not be a cookie value anyway.
-    let plausible = !token.is_empty()
-        && token.len() <= 256
-        && token
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.~+/=".contains(&b));
-    match plausible.then(|| app.tokens.verify(token)).flatten() {
-        Some(name) => {
-            tracing::info!(operator = %name, "dashboard login");
-            let cookie = format!(
-                "{TOKEN_COOKIE}={token}; Path=/; Max-Age={LOGIN_SECONDS}; HttpOnly; Secure; SameSite=Strict"
-            );
-            let mut resp = see_other("/ui");
-            if let Ok(v) = HeaderValue::from_str(&cookie) {
-                resp.headers_mut().insert(header::SET_COOKIE, v);
-            }
-            resp
-        }
-        None => (
-            StatusCode::UNAUTHORIZED,
-            Html(render_login(Some("unknown token"))),
+    if query.ok().and_then(|q| q.0.token).is_some() {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "tokens in URLs are refused (they end up in browser history and logs): \
+             POST the login form",
         )
-            .into_response(),
+        .into_response();
     }
+    login_form_page(StatusCode::OK, None)
 }
 
-async fn logout() -> Response {
-    let mut resp = see_other("/ui/login");
-    resp.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static(
-            "gantry_token=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict",
+/// The login form with a fresh CSRF token (cookie + hidden field).
+fn login_form_page(status: StatusCode, error: Option<&str>) -> Response {
+    let Ok(csrf) = crate::tokens::generate() else {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no system randomness")
+            .into_response();
+    };
+    let mut resp = (status, Html(render_login(error, &csrf))).into_response();
+    set_cookie(
+        &mut resp,
+        &format!(
+            "{CSRF_COOKIE}={csrf}; Path=/ui/login; Max-Age={CSRF_SECONDS}; HttpOnly; Secure; SameSite=Strict"
         ),
     );
+    resp
+}
+
+fn set_cookie(resp: &mut Response, cookie: &str) {
+    if let Ok(v) = HeaderValue::from_str(cookie) {
+        resp.headers_mut().append(header::SET_COOKIE, v);
+    }
+}
+
+/// The value of form field `name` in an urlencoded body.
+fn form_field(body: &Bytes, name: &str) -> String {
+    form_urlencoded::parse(body)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// `POST /ui/login`: checks the form's CSRF token, then the token under the address's
+/// failed-authentication limit; starts a session and sends the browser to the dashboard.
+async fn login_form(
+    State(app): State<App>,
+    info: Option<axum::Extension<ConnInfo>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let csrf = form_field(&body, "csrf");
+    let expected = cookie_in(&headers, CSRF_COOKIE).unwrap_or_default();
+    if expected.is_empty() || !bool::from(expected.as_bytes().ct_eq(csrf.as_bytes())) {
+        return login_form_page(
+            StatusCode::FORBIDDEN,
+            Some("the login form expired or was not sent by this dashboard; try again"),
+        );
+    }
+    let token = form_field(&body, "token");
+    let remote = info.map(|i| i.0.remote);
+    let name = match app.check_token(remote, token.trim()) {
+        Ok(name) => name,
+        Err(e) if e.status == StatusCode::UNAUTHORIZED => {
+            return login_form_page(StatusCode::UNAUTHORIZED, Some("unknown token"))
+        }
+        Err(e) => return e.into_response(),
+    };
+    let session = match app.sessions.create(token.trim(), Instant::now()) {
+        Ok(s) => s,
+        Err(e) => return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+    };
+    tracing::info!(operator = %name, "dashboard login");
+    let mut resp = see_other("/ui");
+    set_cookie(
+        &mut resp,
+        &format!(
+            "{SESSION_COOKIE}={session}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=Strict",
+            app.sessions.lifetime().as_secs()
+        ),
+    );
+    set_cookie(
+        &mut resp,
+        &format!("{CSRF_COOKIE}=; Path=/ui/login; Max-Age=0; HttpOnly; Secure; SameSite=Strict"),
+    );
+    set_cookie(&mut resp, OLD_TOKEN_COOKIE_CLEARED);
+    resp
+}
+
+/// Earlier versions kept the token itself in the `gantry_token` cookie; logging in or out
+/// removes it from the browser (the master no longer reads it).
+const OLD_TOKEN_COOKIE_CLEARED: &str =
+    "gantry_token=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict";
+
+/// `POST /ui/logout` with the session's CSRF token: ends the session on the master.
+async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    let id = cookie_in(&headers, SESSION_COOKIE).unwrap_or_default();
+    let csrf = form_field(&body, "csrf");
+    if !app.sessions.end_with_csrf(&id, &csrf, Instant::now()) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "no such session, or the logout form was not sent by this dashboard",
+        )
+        .into_response();
+    }
+    let mut resp = see_other("/ui/login");
+    set_cookie(
+        &mut resp,
+        &format!("{SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict"),
+    );
+    set_cookie(&mut resp, OLD_TOKEN_COOKIE_CLEARED);
     resp
 }
 
@@ -202,7 +310,7 @@ fn share_bar(share: f64) -> String {
     format!("<span class=\"bar\" style=\"width:{w}px\"></span> {share:.3}")
 }
 
-fn render_login(error: Option<&str>) -> String {
+fn render_login(error: Option<&str>, csrf: &str) -> String {
     let err = error
         .map(|e| format!("<p class=\"bad\">{}</p>", esc(e)))
         .unwrap_or_default();
@@ -210,6 +318,7 @@ fn render_login(error: Option<&str>) -> String {
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Gantry login</title>\
          <link rel=\"stylesheet\" href=\"/ui/style.css\"></head><body>\
          <form class=\"login\" method=\"post\" action=\"/ui/login\"><h2>Gantry dashboard</h2>{err}\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
          <label>Operator token (<code>gantryctl token create NAME</code>)\
          <input type=\"password\" name=\"token\" autocomplete=\"off\" autofocus></label>\
          <button type=\"submit\">Log in</button>\
@@ -219,13 +328,23 @@ fn render_login(error: Option<&str>) -> String {
 
 /// The whole page: header, the share chart and event log (kept across refreshes), and the
 /// tables in `<main id="main">`.
-pub fn render_page(state: &Value) -> String {
+pub fn render_page(state: &Value, logout_csrf: Option<&str>) -> String {
+    let logout = logout_csrf
+        .map(|c| {
+            format!(
+                "<form class=\"logout\" method=\"post\" action=\"/ui/logout\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                 <button type=\"submit\">log out</button></form>",
+                esc(c)
+            )
+        })
+        .unwrap_or_default();
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Gantry</title>\
          <meta name=\"viewport\" content=\"width=device-width\">\
          <link rel=\"stylesheet\" href=\"/ui/style.css\"></head><body data-live=\"connecting\">\
          <header><h1>Gantry</h1><span>epoch {epoch}</span><span>{leader}</span>\
-         <a href=\"/ui/logout\" style=\"color:#9ab\">log out</a>\
+         {logout}\
          <span id=\"live\" class=\"live\">connecting</span></header>\
          <div class=\"side\"><section><h2>Dominant shares over time</h2>\
          <svg id=\"shares\" role=\"img\" aria-label=\"role dominant shares over time\"></svg></section></div>\
@@ -428,7 +547,12 @@ mod tests {
             "completed_tasks": [], "completed_frameworks": [], "offers": [],
             "allocator": {"roles": {}}
         });
-        let html = render_page(&state);
+        let html = render_page(&state, Some("c\"sr<f"));
+        assert!(
+            html.contains("name=\"csrf\" value=\"c&quot;sr&lt;f\""),
+            "logout form"
+        );
+        assert!(!render_page(&state, None).contains("/ui/logout"));
         assert!(!html.contains("<script>x</script>"));
         assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
         assert!(!html.contains("<b>train</b>"));
