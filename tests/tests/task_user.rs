@@ -224,3 +224,91 @@ async fn an_unknown_task_user_fails_the_task_with_a_clear_message() {
     handle.stop();
     let _ = run.await;
 }
+
+/// A uid-0 account under another name (`toor`-style), removed when the test ends.
+struct RootAlias(&'static str);
+
+impl RootAlias {
+    fn create(name: &'static str) -> Self {
+        let _ = std::process::Command::new("userdel")
+            .args(["-f", name])
+            .status();
+        let ok = std::process::Command::new("useradd")
+            .args([
+                "-o", "-u", "0", "-g", "0", "-M", "-N", "-s", "/bin/sh", name,
+            ])
+            .status()
+            .expect("useradd");
+        assert!(ok.success(), "useradd -o -u 0 {name}");
+        Self(name)
+    }
+}
+
+impl Drop for RootAlias {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("userdel")
+            .args(["-f", self.0])
+            .status();
+    }
+}
+
+/// The attack: `"*"` in `run_tasks` means any user but root, and the master can only compare
+/// names. A host account with uid 0 under another name would pass it and run the task as root
+/// (reading the CA key here). The agent refuses a uid-0 account under any name but `root`; the
+/// same principal's task as `nobody` finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_0_account_under_another_name_is_not_any_user_but_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root");
+    let alias = RootAlias::create("gantry-r00t");
+    let scratch = TempDir::new("gantry-root-alias").unwrap();
+    let acls = scratch.path().join("acls.toml");
+    std::fs::write(
+        &acls,
+        r#"
+[[register_frameworks]]
+principals = ["*"]
+roles = ["*"]
+
+[[run_tasks]]
+principals = ["wild"]
+users = ["*"]
+"#,
+    )
+    .unwrap();
+    let cluster = Cluster::start_with(
+        &[("user3", "cpus:4;mem:1024")],
+        &["--acls", acls.to_str().unwrap()],
+        &["--isolation", "none"],
+    )
+    .unwrap();
+    let agent = &cluster.agents[0];
+    let mut sneaky = reader("sneaky", &cluster.tls_dir.join("ca.key"));
+    sneaky.command.user = Some(alias.0.into());
+    let mut fine = task("fine", "id -u > uid.txt", "cpus:0.5;mem:32");
+    fine.command.user = Some("nobody".into());
+    let config = gantry_tests::driver_config(
+        vec![cluster.master.quic.to_string()],
+        cluster.tls_dir.clone(),
+        "wild",
+        vec!["wild".into()],
+    );
+    let (mut updates, handle, run) = start_recorder(config, vec![sneaky.clone(), fine.clone()]);
+    let failed = updates
+        .wait(sneaky.task_id, TaskState::Failed, T)
+        .await
+        .unwrap();
+    assert_eq!(failed.reason, Some(TaskReason::LaunchFailed), "{failed:?}");
+    assert!(failed.message.contains("uid 0"), "{failed:?}");
+    let stdout =
+        std::fs::read_to_string(agent.sandbox_file(sneaky.task_id, "stdout")).unwrap_or_default();
+    assert!(!stdout.contains("PRIVATE KEY"), "the CA key leaked");
+    updates
+        .wait(fine.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    let uid = std::fs::read_to_string(agent.sandbox_file(fine.task_id, "uid.txt")).unwrap();
+    assert_eq!(uid.trim(), nobody().0.to_string());
+    handle.stop();
+    let _ = run.await;
+}

@@ -51,7 +51,7 @@ impl Agent {
                 let user: Option<TaskUser> = match user {
                     None => None,
                     Some(name) => Some(
-                        user::lookup(&name)
+                        user::lookup_task_user(&name)
                             .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))?,
                     ),
                 };

@@ -207,7 +207,7 @@ fn resolve_task_user(flag: Option<String>) -> anyhow::Result<String> {
         None if root => "nobody".to_string(),
         None => own.clone(),
     };
-    user::lookup(&name).with_context(|| format!("--task-user {name}"))?;
+    user::lookup_task_user(&name).with_context(|| format!("--task-user {name}"))?;
     anyhow::ensure!(
         root || name == own,
         "--task-user {name}: the agent runs as {own}, not root, so it can only run tasks as {own}"

@@ -23,6 +23,13 @@ pub enum UserError {
     Unknown(String),
     #[error("invalid user name {0:?}")]
     InvalidName(String),
+    /// A uid-0 account under a name other than `root`: the master's ACLs grant users by name
+    /// (`"*"` is any user but root), so such an alias would run tasks as root unseen.
+    #[error(
+        "user {0:?} has uid 0 (root) on this agent: tasks run as uid 0 only under the name \
+         \"root\", which the master's run_tasks ACL must grant explicitly"
+    )]
+    RootAlias(String),
     #[error("looking up user {name:?}: {source}")]
     Lookup {
         name: String,
@@ -50,6 +57,16 @@ pub fn lookup(name: &str) -> Result<TaskUser, UserError> {
         groups,
         home,
     })
+}
+
+/// The user a task may run as: [`lookup`], and refused when it is uid 0 under another name
+/// than `root` (docs/security.md, "Tasks and users").
+pub fn lookup_task_user(name: &str) -> Result<TaskUser, UserError> {
+    let user = lookup(name)?;
+    if user.uid == 0 && name != "root" {
+        return Err(UserError::RootAlias(name.to_string()));
+    }
+    Ok(user)
 }
 
 /// The name of the user this process runs as (its effective uid).
@@ -158,5 +175,28 @@ mod tests {
         ));
         assert!(matches!(lookup("a\0b"), Err(UserError::InvalidName(_))));
         assert!(!current_name().unwrap().is_empty());
+    }
+
+    #[test]
+    fn root_runs_tasks_only_under_its_name() {
+        assert_eq!(lookup_task_user("root").unwrap().uid, 0);
+        assert!(lookup_task_user("nobody").is_ok_and(|u| u.uid != 0));
+        // Any uid-0 alias in this host's passwd is refused (tests/task_user.rs makes one).
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        for alias in passwd
+            .lines()
+            .filter_map(|l| {
+                l.split(':')
+                    .collect::<Vec<_>>()
+                    .get(..3)
+                    .map(|f| f.to_vec())
+            })
+            .filter(|f| f[2] == "0" && f[0] != "root")
+        {
+            assert!(matches!(
+                lookup_task_user(alias[0]),
+                Err(UserError::RootAlias(_))
+            ));
+        }
     }
 }
