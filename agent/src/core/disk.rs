@@ -53,6 +53,17 @@ impl AgentCore {
         self.emit(Effect::MeasureDisk(tasks));
     }
 
+    /// When the next pass is due: only while a sandbox is watched and no pass runs.
+    pub(super) fn disk_deadline(&self) -> Option<u64> {
+        let watched = self
+            .ckpt
+            .tasks
+            .iter()
+            .any(|(id, rec)| self.disk_watched(id, rec));
+        (self.config.disk_enforcement != DiskEnforcement::None && !self.disk_measuring && watched)
+            .then(|| self.last_disk_pass + self.config.disk_watch_interval.as_millis() as u64)
+    }
+
     /// A pass ended: kill the tasks past their limit.
     pub(super) fn disk_measured(&mut self, readings: Vec<(TaskId, DiskReading)>, now: u64) {
         self.disk_measuring = false;
