@@ -31,6 +31,15 @@ pub enum CheckpointError {
         path: PathBuf,
         source: serde_json::Error,
     },
+    /// A frame in the middle of a log fails its checksum (valid frames follow it): not a torn
+    /// write. Replay stops there only when the operator says so (`--recover-truncate`).
+    #[error("{path}: corrupt frame at byte {offset} of the agent's write-ahead log, followed by {frames_after} valid-looking frames ({dropped_bytes} bytes from the corrupt frame on); refusing to start. Restart with --recover-truncate to drop everything from that byte on (and any later log): the agent then starts from the state before it")]
+    MidLogCorruption {
+        path: PathBuf,
+        offset: u64,
+        dropped_bytes: u64,
+        frames_after: usize,
+    },
 }
 
 /// One task as the agent remembers it.

@@ -101,6 +101,9 @@ pub struct AgentConfig {
     /// Log size past which the write-ahead log is compacted into a snapshot
     /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
     pub wal_compact_bytes: u64,
+    /// A corrupt frame in the middle of the write-ahead log drops everything from it on
+    /// (`--recover-truncate`) instead of stopping the agent ([`wal::Recovery`]).
+    pub recover_truncate: bool,
     /// The pool of prepared task cgroups: (low, high) water marks (`--cgroup-pool`; high 0: off).
     pub cgroup_pool: (usize, usize),
     /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
@@ -304,7 +307,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         &[],
     )
     .context("loading the agent's TLS identity")?;
-    let (ckpt, wal) = Wal::open(&config.work_dir).context("recovering the agent's state")?;
+    let recovery = if config.recover_truncate {
+        wal::Recovery::Truncate
+    } else {
+        wal::Recovery::Refuse
+    };
+    let (ckpt, wal) =
+        Wal::open(&config.work_dir, recovery).context("recovering the agent's state")?;
     let (inputs, mut rx) = mpsc::unbounded_channel();
     let (resources, mut resources_rx) = mpsc::unbounded_channel();
     let (outboxes, outboxes_rx) = mpsc::unbounded_channel();
