@@ -7,7 +7,7 @@
 //! launches, the NVML health watcher, the MPS daemons' exit watchers and the blocking helpers
 //! (cgroup settlement, sampling, measuring sandboxes for disk limits, recovery checks, sandbox
 //! garbage collection) send it core [`Input`]s; what only the runtime uses (a task's cgroup,
-//! unfinished sandbox walks, a finished compaction) comes as a [`Resource`] before its input,
+//! unfinished sandbox walks, a finished compaction) comes as a `Resource` before its input,
 //! and each master connection's outbox before its `Connected`. The runtime decides nothing
 //! about tasks: it only probes (the ports a task asks for, the re-adopted tasks' supervisors,
 //! the files operators drop) and reports. (About 950 lines: the one loop and its effect

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use gantry_sdk::protocol::*;
 
+use super::TaskRecord;
 use super::{AgentCore, Effect};
-use crate::checkpoint::TaskRecord;
 use crate::disk::{self, DiskEnforcement, DiskReading};
 
 /// The task's disk limit in bytes (0: none).

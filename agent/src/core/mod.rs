@@ -22,6 +22,8 @@
 //!   `ports:K` (`PORT`, `PORT0`.., `GANTRY_PORTS`).
 //! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed,
 //!   and watching them (probes of their supervisors; no exit record after 1 s).
+//! - `types`: the core's own types (task records, the checkpoint, log records, launches, exit
+//!   statuses, limits), which the I/O modules store, fill in and apply.
 //! - `tests`: lifecycle, kill escalation, recovery, GPU health, disk limits and the deadlines
 //!   with simulated time, without processes.
 
@@ -34,6 +36,7 @@ mod recovery;
 mod tasks;
 #[cfg(test)]
 mod tests;
+pub mod types;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -44,13 +47,11 @@ use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{Checkpoint, TaskRecord};
 use crate::discovery::DiscoveredGpu;
-use crate::executor::{ExitStatus, Launched};
 use crate::gc;
 use crate::gpu::{self, GpuFault, HealthTracker};
-use crate::isolation::{Limits, NvidiaMajors};
-use crate::wal::Record;
+use crate::isolation::NvidiaMajors;
+pub use types::{Checkpoint, ExitStatus, Launched, Limits, Record, TaskRecord};
 
 pub use ports::PortRange;
 pub use recovery::RecoveryProbe;

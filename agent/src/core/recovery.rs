@@ -5,7 +5,7 @@
 use gantry_sdk::protocol::*;
 
 use super::{AdoptedProbe, AgentCore, Effect, ADOPTED_PROBE_MS, NO_EXIT_RECORD_MS};
-use crate::executor::{ExitStatus, Launched};
+use super::{ExitStatus, Launched};
 
 /// What the runtime found on the host for the checkpointed tasks that are not terminal.
 #[derive(Debug, Default)]

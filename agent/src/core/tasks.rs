@@ -4,12 +4,12 @@
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
+use super::Limits;
 use super::{AgentCore, CgroupOutcome, Effect, GpuShare, LaunchPlan};
-use crate::checkpoint::TaskRecord;
-use crate::executor::{self, ExitStatus, Launched};
+use super::{ExitStatus, Launched, Record, TaskRecord};
+use crate::executor;
 use crate::gpu::{self, GpuSlot};
-use crate::isolation::{DeviceRule, Limits};
-use crate::wal::Record;
+use crate::isolation::DeviceRule;
 
 /// How long after a cgroup-wide SIGKILL of a task it is repeated.
 const ESCALATE_AGAIN_MS: u64 = 1000;

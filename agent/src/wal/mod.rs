@@ -26,6 +26,9 @@
 //! it. The recovered state is written as a fresh snapshot at once, so the agent always starts
 //! from one snapshot and an empty log.
 //!
+//! The records ([`Record`]) are the core's ([`crate::core::types`]); this module frames, writes
+//! and replays them.
+//!
 //! A checkpoint written before the log existed has no `log_gen` (0) and no logs: it loads as it
 //! did.
 
@@ -34,10 +37,8 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use gantry_sdk::protocol::{AgentId, StatusUpdate, TaskId, UpdateId};
-use serde::{Deserialize, Serialize};
-
-use crate::checkpoint::{Checkpoint, CheckpointError, TaskRecord};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+pub use crate::core::types::Record;
 
 /// Log size past which the agent compacts it into a snapshot.
 pub const COMPACT_BYTES: u64 = 8 << 20;
@@ -45,56 +46,6 @@ pub const COMPACT_BYTES: u64 = 8 << 20;
 const HEADER: usize = 8;
 const LOG_PREFIX: &str = "wal-";
 const LOG_SUFFIX: &str = ".log";
-
-/// One change to the checkpointed state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Record {
-    /// The master assigned (or confirmed) this agent's id.
-    AgentId(AgentId),
-    /// A task's whole record, as it is now (inserted or changed).
-    Task(Box<TaskRecord>),
-    /// A task was forgotten (terminal and every update acknowledged).
-    TaskRemoved(TaskId),
-    /// A status update was queued for reliable delivery.
-    Update(Box<StatusUpdate>),
-    /// The master acknowledged a task's oldest update.
-    Acked {
-        task: TaskId,
-        update: UpdateId,
-    },
-    GpuUnhealthy {
-        uuid: String,
-        reason: String,
-    },
-    GpuHealthy {
-        uuid: String,
-    },
-}
-
-impl Record {
-    /// Applies the change to `ckpt` (recovery replays the log through this).
-    pub fn apply(self, ckpt: &mut Checkpoint) {
-        match self {
-            Record::AgentId(id) => ckpt.agent_id = Some(id),
-            Record::Task(rec) => {
-                ckpt.tasks.insert(rec.info.task_id, *rec);
-            }
-            Record::TaskRemoved(id) => {
-                ckpt.tasks.remove(&id);
-            }
-            Record::Update(u) => ckpt.updates.push(*u),
-            Record::Acked { task, update } => {
-                ckpt.updates.ack(task, update, 0);
-            }
-            Record::GpuUnhealthy { uuid, reason } => {
-                ckpt.unhealthy_gpus.insert(uuid, reason);
-            }
-            Record::GpuHealthy { uuid } => {
-                ckpt.unhealthy_gpus.remove(&uuid);
-            }
-        }
-    }
-}
 
 fn log_path(dir: &Path, gen: u64) -> PathBuf {
     dir.join(format!("{LOG_PREFIX}{gen:020}{LOG_SUFFIX}"))

@@ -1,9 +1,9 @@
 use gantry_sdk::protocol::{
-    FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId, UpdateSource,
+    AgentId, FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId, UpdateSource,
 };
 
 use super::*;
-use crate::checkpoint::FILE;
+use crate::checkpoint::{TaskRecord, FILE};
 
 fn task(state: TaskState) -> TaskRecord {
     let id = TaskId::random();
