@@ -3,18 +3,14 @@
 //! A snapshot, `WORK_DIR/checkpoint.json`, written atomically (temp file, fsync, rename) at
 //! start and when the write-ahead log ([`crate::wal`]) is compacted; changes in between go to
 //! the log. A corrupt checkpoint stops the agent with a clear error instead of silently
-//! forgetting running tasks.
+//! forgetting running tasks. The types it stores ([`TaskRecord`], [`Checkpoint`]) are the
+//! core's ([`crate::core::types`]); this module reads and writes them.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use gantry_sdk::protocol::{AgentId, FrameworkId, TaskId, TaskInfo, TaskState};
-use serde::{Deserialize, Serialize};
-
-use crate::executor::Launched;
-use crate::updates::UpdateQueue;
+pub use crate::core::types::{Checkpoint, TaskRecord};
 
 pub const FILE: &str = "checkpoint.json";
 
@@ -31,64 +27,15 @@ pub enum CheckpointError {
         path: PathBuf,
         source: serde_json::Error,
     },
-}
-
-/// One task as the agent remembers it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskRecord {
-    pub framework_id: FrameworkId,
-    pub info: TaskInfo,
-    pub state: TaskState,
-    pub sandbox: PathBuf,
-    /// The supervisor's root-owned pid/exit directory (empty in checkpoints written before it
-    /// existed: those kept the files in the sandbox).
-    #[serde(default)]
-    pub meta: PathBuf,
-    pub launched: Option<Launched>,
-    /// UUIDs of the GPUs assigned to the task.
-    pub gpus: Vec<String>,
-    /// Unix ms when a kill was requested (SIGKILL follows after the grace period).
-    pub kill_requested_ms: Option<u64>,
-    /// Task cgroup name, when isolated.
-    pub cgroup: Option<String>,
-    /// Set when the agent killed the task for using more GPU memory than its share
-    /// (`--gpu-memory-enforce kill`): the message its terminal update carries.
-    #[serde(default)]
-    pub gpu_memory_kill: Option<String>,
-    /// Set when the agent killed the task for using more disk than its `disk`
-    /// (`--disk-enforcement du`): the message its terminal update carries.
-    #[serde(default)]
-    pub disk_kill: Option<String>,
-    /// Host ports assigned to the task (its `ports:K`), held until it is terminal.
-    #[serde(default)]
-    pub ports: Vec<u16>,
-}
-
-impl TaskRecord {
-    /// Where the task's launch record (`executor::record`) is.
-    pub fn meta_dir(&self) -> &Path {
-        if self.meta.as_os_str().is_empty() {
-            &self.sandbox
-        } else {
-            &self.meta
-        }
-    }
-}
-
-/// Everything the agent checkpoints.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Checkpoint {
-    pub agent_id: Option<AgentId>,
-    pub tasks: BTreeMap<TaskId, TaskRecord>,
-    pub updates: UpdateQueue,
-    /// GPUs marked unhealthy (UUID -> reason), so a restarted agent keeps them withdrawn until
-    /// an operator clears them or the recovery check passes.
-    #[serde(default)]
-    pub unhealthy_gpus: BTreeMap<String, String>,
-    /// The first write-ahead log generation this snapshot does not include ([`crate::wal`]);
-    /// 0 in checkpoints written before the log existed.
-    #[serde(default)]
-    pub log_gen: u64,
+    /// A frame in the middle of a log fails its checksum (valid frames follow it): not a torn
+    /// write. Replay stops there only when the operator says so (`--recover-truncate`).
+    #[error("{path}: corrupt frame at byte {offset} of the agent's write-ahead log, followed by {frames_after} valid-looking frames ({dropped_bytes} bytes from the corrupt frame on); refusing to start. Restart with --recover-truncate to drop everything from that byte on (and any later log): the agent then starts from the state before it")]
+    MidLogCorruption {
+        path: PathBuf,
+        offset: u64,
+        dropped_bytes: u64,
+        frames_after: usize,
+    },
 }
 
 impl Checkpoint {
@@ -136,6 +83,8 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::Launched;
+    use gantry_sdk::protocol::{AgentId, FrameworkId, TaskId, TaskInfo, TaskState};
 
     #[test]
     fn round_trip_and_corruption() {

@@ -62,6 +62,16 @@ impl GcPolicy {
         }
     }
 
+    /// When the front of `queue` becomes due for removal ([`GcPolicy::due`]), if anything in
+    /// it ever can (`None`: at most `keep` are queued).
+    pub fn next_due(&self, queue: &VecDeque<Ended>, used: f64) -> Option<u64> {
+        if queue.len() <= self.keep {
+            return None;
+        }
+        let delay = self.effective_delay(used).as_millis() as u64;
+        queue.front().map(|e| e.at_ms.saturating_add(delay))
+    }
+
     /// Takes the sandboxes due for removal off the front of `queue` (oldest first), leaving
     /// at least the newest `keep`.
     pub fn due(&self, queue: &mut VecDeque<Ended>, now_ms: u64, used: f64) -> Vec<TaskId> {

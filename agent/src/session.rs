@@ -1,7 +1,8 @@
 //! The agent's session with the leading master: links to every master
-//! ([`gantry_sdk::transport::masters`]), hand the core loop an outbox for the leader's stream,
-//! forward the leader's messages to it, and switch at once when a standby announces that it
-//! was elected.
+//! ([`gantry_sdk::transport::masters`]), hand the runtime loop an outbox for the leader's stream
+//! (sent on `outboxes` before each [`Input::Connected`]), forward the leader's messages to it as
+//! core [`Input`]s, and switch at once when a standby announces that it was elected. It knows
+//! the runtime only by these two channels.
 
 use gantry_sdk::protocol::codec::{encode_frame_into, WRITE_BATCH, WRITE_BATCH_BYTES};
 use gantry_sdk::protocol::*;
@@ -9,21 +10,20 @@ use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
 use gantry_sdk::transport::{quic, FrameReader, TlsMaterial};
 use tokio::sync::mpsc;
 
-use crate::agent::{AgentConfig, Event};
+use crate::core::Input;
 
-/// Runs until the core loop goes away.
+/// The outbox of one connection to the leading master.
+pub(crate) type Outbox = mpsc::UnboundedSender<AgentToMaster>;
+
+/// Runs until the runtime loop goes away.
 pub(crate) async fn run(
-    config: AgentConfig,
+    masters: Vec<String>,
     material: TlsMaterial,
-    events: mpsc::UnboundedSender<Event>,
+    inputs: mpsc::UnboundedSender<Input>,
+    outboxes: mpsc::UnboundedSender<Outbox>,
 ) {
-    let masters = quic::client_config(&material).and_then(|client| {
-        Masters::start(MastersConfig::new(
-            config.masters.clone(),
-            PeerKind::Agent,
-            client,
-        ))
-    });
+    let masters = quic::client_config(&material)
+        .and_then(|client| Masters::start(MastersConfig::new(masters, PeerKind::Agent, client)));
     let mut masters = match masters {
         Ok(m) => m,
         Err(e) => {
@@ -43,7 +43,7 @@ pub(crate) async fn run(
         // Buffered: one stream read takes in a burst of the master's messages.
         let mut rx = FrameReader::from(rx);
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<AgentToMaster>();
-        if events.send(Event::Connected(out_tx)).is_err() {
+        if outboxes.send(out_tx).is_err() || inputs.send(Input::Connected).is_err() {
             return;
         }
         let writer_conn = conn.clone();
@@ -77,7 +77,7 @@ pub(crate) async fn run(
             tokio::select! {
                 msg = rx.recv::<MasterToAgent>() => match msg {
                     Ok(msg) => {
-                        if events.send(Event::Master(msg)).is_err() {
+                        if inputs.send(Input::Master(msg)).is_err() {
                             writer.abort();
                             return;
                         }
@@ -95,7 +95,7 @@ pub(crate) async fn run(
         }
         writer.abort();
         conn.close(0u32.into(), b"reconnecting");
-        if events.send(Event::Disconnected).is_err() {
+        if inputs.send(Input::Disconnected).is_err() {
             return;
         }
     }

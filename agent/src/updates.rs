@@ -109,6 +109,23 @@ impl UpdateQueue {
         out
     }
 
+    /// When [`UpdateQueue::due`] has something to send next: now for updates not sent on this
+    /// connection yet (within the window), else the earliest retry. `None`: nothing queued.
+    pub fn next_due(&self, now: u64) -> Option<u64> {
+        self.tasks
+            .values()
+            .filter_map(|q| {
+                if q.sent < q.updates.len().min(WINDOW) {
+                    Some(now)
+                } else if q.sent > 0 {
+                    q.sent_at.map(|t| t + q.retry_ms)
+                } else {
+                    None
+                }
+            })
+            .min()
+    }
+
     /// After a reconnect: everything in flight is sent again at once.
     pub fn reset_connection(&mut self) {
         for q in self.tasks.values_mut() {

@@ -1,13 +1,15 @@
 //! The runtime's launch path: a [`LaunchPlan`] from the core becomes a task prepared on a
 //! blocking thread once the plan's records are committed and started by the agent's
-//! supervisor process; its start and exit come back as events.
+//! supervisor process; its start and exit come back as inputs (its cgroup as a
+//! [`Resource`]). A supervisor that dies is reported with the exit it recorded, if any: what
+//! follows is the core's decision ([`Input::SupervisorLost`]).
 
 use std::path::PathBuf;
 
-use super::{Agent, Event, BASE_FILE};
-use crate::core::LaunchPlan;
+use super::{Agent, Resource, BASE_FILE};
+use crate::core::{Input, LaunchPlan};
 use crate::executor::user::{self, TaskUser};
-use crate::executor::{self, ExitStatus, LaunchSpec};
+use crate::executor::{self, LaunchSpec};
 use crate::gpu;
 use crate::isolation::Baseline;
 
@@ -31,7 +33,8 @@ impl Agent {
         let id = task.task_id;
         // A fraction of one GPU: its sharing limits (and under MPS its GPU's daemon).
         if let Some(share) = share {
-            let pipe = self.mps.as_mut().and_then(|m| m.ensure(&share.uuid));
+            // (The core started the GPU's daemon before this launch: Effect::StartMps.)
+            let pipe = self.mps.as_ref().and_then(|m| m.pipe(&share.uuid));
             for (k, v) in gpu::share::mps_env(
                 self.config.gpu_sharing,
                 share.gpus_milli,
@@ -41,7 +44,7 @@ impl Agent {
                 env.insert(k.to_string(), v);
             }
         }
-        let events = self.events.clone();
+        let tx = self.tx.clone();
         let isolator = self.config.isolator.clone();
         let supervisor = self.supervisor.clone();
         self.launches.push(Box::pin(async move {
@@ -95,9 +98,8 @@ impl Agent {
             let (cg, prepared) = match spawned {
                 Ok(ok) => ok,
                 Err(e) => {
-                    let _ = events.send(Event::Launched {
+                    tx.input(Input::Launched {
                         task: id,
-                        cgroup: None,
                         result: Err(e),
                     });
                     return;
@@ -105,35 +107,24 @@ impl Agent {
             };
             match supervisor.launch(prepared, &meta).await {
                 Ok((launched, exited)) => {
-                    let _ = events.send(Event::Launched {
+                    tx.resource(Resource::Cgroup(id, Box::new(cg)));
+                    tx.input(Input::Launched {
                         task: id,
-                        cgroup: Some(cg),
                         result: Ok(launched),
                     });
-                    let status = match exited.await {
-                        Ok(status) => status,
-                        // The supervisor died: its record if it made one; else the task,
-                        // unsupervised now, is killed (no task runs without the agent
-                        // knowing) and ends with an unknown status.
-                        Err(_) => match executor::read_exit(&meta) {
-                            Some(status) => status,
-                            None => {
-                                tracing::warn!(task = %id, "the supervisor died: killing the task");
-                                executor::signal_group(launched.task_pgid, libc::SIGKILL);
-                                ExitStatus {
-                                    code: None,
-                                    signal: None,
-                                }
-                            }
-                        },
-                    };
-                    let _ = events.send(Event::Exited { task: id, status });
+                    match exited.await {
+                        Ok(status) => tx.input(Input::Exited { task: id, status }),
+                        // The supervisor died: what it recorded, if anything.
+                        Err(_) => tx.input(Input::SupervisorLost {
+                            task: id,
+                            recorded: executor::read_exit(&meta),
+                        }),
+                    }
                 }
                 Err(e) => {
                     let _ = tokio::task::spawn_blocking(move || cg.destroy()).await;
-                    let _ = events.send(Event::Launched {
+                    tx.input(Input::Launched {
                         task: id,
-                        cgroup: None,
                         result: Err(e.to_string()),
                     });
                 }

@@ -1,14 +1,20 @@
 //! The agent's runtime: the thin tokio shell around the pure [`crate::core::AgentCore`], like
 //! the master's `server` around its `state`. One loop owns the core and the I/O handles (the
 //! write-ahead log, the master session's sender, live task cgroups, MPS daemons, `/metrics`);
-//! it feeds the core [`Input`]s with the time and performs the [`Effect`]s it returns. The
-//! master session ([`crate::session`]), the task watchers, the NVML health watcher and blocking
-//! helpers (launches, cgroup settlement, sampling, measuring sandboxes for disk limits,
-//! recovery checks, sandbox garbage collection) only send it events. (About 950 lines: the one loop and its effect dispatch; launching
-//! and the blocking helpers live in `launch` and `blocking`.)
+//! it feeds the core [`Input`]s with the time, performs the [`Effect`]s it returns, and sleeps
+//! until the core's [`AgentCore::next_deadline`] or the next input (there is no fixed tick: a
+//! `Tick` input means the deadline came). The master session ([`crate::session`]), the
+//! launches, the NVML health watcher, the MPS daemons' exit watchers and the blocking helpers
+//! (cgroup settlement, sampling, measuring sandboxes for disk limits, recovery checks, sandbox
+//! garbage collection) send it core [`Input`]s; what only the runtime uses (a task's cgroup,
+//! unfinished sandbox walks, a finished compaction) comes as a `Resource` before its input,
+//! and each master connection's outbox before its `Connected`. The runtime decides nothing
+//! about tasks: it only probes (the ports a task asks for, the re-adopted tasks' supervisors,
+//! the files operators drop) and reports. (About 950 lines: the one loop and its effect
+//! dispatch; launching and the blocking helpers live in `launch` and `blocking`.)
 //!
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
-//! event already waiting, appends the records the core asked to persist, commits the batch with
+//! input already waiting, appends the records the core asked to persist, commits the batch with
 //! one `fdatasync`, and only then sends the messages and starts the launches the batch produced
 //! (`Agent::commit`).
 //!
@@ -31,10 +37,10 @@ use gantry_sdk::protocol::*;
 use gantry_sdk::transport::{tls, PeerIdentity};
 use tokio::sync::mpsc;
 
-use crate::core::{AgentCore, CgroupOutcome, CoreConfig, Effect, Input, PortRange, RecoveryProbe};
+use crate::core::{AdoptedProbe, AgentCore, CoreConfig, Effect, Input, PortRange, RecoveryProbe};
 use crate::discovery::NvmlGpus;
+use crate::executor;
 use crate::executor::user;
-use crate::executor::{self, ExitStatus, Launched};
 use crate::gc::{self, GcPolicy};
 use crate::gpu;
 use crate::isolation::{Isolator, NvidiaMajors, TaskCgroup};
@@ -95,6 +101,9 @@ pub struct AgentConfig {
     /// Log size past which the write-ahead log is compacted into a snapshot
     /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
     pub wal_compact_bytes: u64,
+    /// A corrupt frame in the middle of the write-ahead log drops everything from it on
+    /// (`--recover-truncate`) instead of stopping the agent ([`wal::Recovery`]).
+    pub recover_truncate: bool,
     /// The pool of prepared task cgroups: (low, high) water marks (`--cgroup-pool`; high 0: off).
     pub cgroup_pool: (usize, usize),
     /// Serve `GET /metrics` (Prometheus) on this address ([`crate::metrics`]).
@@ -108,56 +117,35 @@ pub struct AgentConfig {
     pub disk_watch_interval: Duration,
 }
 
-/// Events the runtime loop reacts to.
+/// What the session and the blocking helpers hand the runtime itself beside the core's
+/// [`Input`]s: I/O handles and completions the core never sees. Each is sent before the input
+/// it goes with, and the loop takes every waiting one before it handles an input.
 #[derive(Debug)]
-pub(crate) enum Event {
-    Connected(mpsc::UnboundedSender<AgentToMaster>),
-    Disconnected,
-    Master(MasterToAgent),
-    Launched {
-        task: TaskId,
-        /// The task's cgroup (`None` when the launch failed: it destroyed the cgroup first).
-        cgroup: Option<TaskCgroup>,
-        result: Result<Launched, String>,
-    },
-    Exited {
-        task: TaskId,
-        status: ExitStatus,
-    },
-    Settled {
-        task: TaskId,
-        status: ExitStatus,
-        outcome: CgroupOutcome,
-    },
-    Sampled {
-        tasks: Vec<(TaskId, TaskUsage)>,
-        gpus: Vec<GpuSample>,
-    },
-    GpuFault(gpu::GpuFault),
-    RecoveryChecked {
-        uuid: String,
-        passed: bool,
-    },
+pub(crate) enum Resource {
+    /// The cgroup of a started task (before its [`Input::Launched`]).
+    Cgroup(TaskId, Box<TaskCgroup>),
+    /// Sandbox walks a disk pass left unfinished (before its [`Input::DiskMeasured`]).
+    DiskWalks(Vec<(TaskId, crate::disk::DuWalk)>),
     /// A background snapshot of the state (log compaction) is written, or failed.
     Compacted(Result<(), String>),
-    /// Sandboxes found on disk at start.
-    GcScanned(Vec<gc::Ended>),
-    /// Pool cgroups made ([`Effect::PrepareCgroups`]).
-    CgroupsPrepared {
-        asked: usize,
-        ready: Vec<String>,
-    },
-    /// An ended task's cgroup is back in the pool (or was removed: `None`).
-    CgroupRecycled(Option<String>),
-    /// A garbage collection pass ended (with the disk usage it measured).
-    GcDone {
-        disk_used: Option<f64>,
-    },
-    /// A pass measuring sandboxes ended: its readings, and the walks it left unfinished.
-    DiskMeasured {
-        readings: Vec<(TaskId, crate::disk::DiskReading)>,
-        walks: Vec<(TaskId, crate::disk::DuWalk)>,
-    },
+}
+
+/// The two ways into the runtime loop: the core's inputs and the runtime's own resources.
+#[derive(Debug, Clone)]
+pub(crate) struct Senders {
+    pub(crate) inputs: mpsc::UnboundedSender<Input>,
+    pub(crate) resources: mpsc::UnboundedSender<Resource>,
+}
+
+impl Senders {
+    /// Sends an input (the loop may be gone at shutdown: nothing to do then).
+    pub(crate) fn input(&self, input: Input) {
+        let _ = self.inputs.send(input);
+    }
+
+    pub(crate) fn resource(&self, resource: Resource) {
+        let _ = self.resources.send(resource);
+    }
 }
 
 /// A launch waiting for the commit of the records that announce it.
@@ -179,12 +167,11 @@ struct Agent {
     /// A background snapshot is being written.
     compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
-    events: mpsc::UnboundedSender<Event>,
-    start: Instant,
+    /// Outboxes of master connections, each sent before its [`Input::Connected`].
+    outboxes: mpsc::UnboundedReceiver<session::Outbox>,
+    tx: Senders,
     /// Cgroups of live tasks.
     cgroups: HashMap<TaskId, TaskCgroup>,
-    last_clear_poll: Instant,
-    last_notice_poll: Instant,
     /// MPS control daemons (`--gpu-sharing mps` on a GPU agent).
     mps: Option<gpu::mps::MpsDaemons>,
     /// The supervisor process that starts and reaps the tasks.
@@ -216,7 +203,7 @@ impl PoolGate {
     }
 }
 
-fn core_config(config: &AgentConfig) -> CoreConfig {
+fn core_config(config: &AgentConfig, mps_binary: Option<&std::path::Path>) -> CoreConfig {
     CoreConfig {
         work_dir: config.work_dir.clone(),
         hostname: config.hostname.clone(),
@@ -244,6 +231,11 @@ fn core_config(config: &AgentConfig) -> CoreConfig {
         ports: config.ports,
         disk_enforcement: config.disk_enforcement,
         disk_watch_interval: config.disk_watch_interval,
+        mps: config.gpu_sharing == gpu::share::Sharing::Mps
+            && config.gpus.is_some()
+            && mps_binary.is_some(),
+        // Random at each start: update ids stay unique across restarts.
+        update_id_seed: UpdateId::random().0.as_u128(),
         cgroup_pool: crate::core::pool::PoolConfig {
             low: config.cgroup_pool.0,
             high: config.cgroup_pool.1,
@@ -315,28 +307,45 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         &[],
     )
     .context("loading the agent's TLS identity")?;
-    let (ckpt, wal) = Wal::open(&config.work_dir).context("recovering the agent's state")?;
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let now = Instant::now();
+    let recovery = if config.recover_truncate {
+        wal::Recovery::Truncate
+    } else {
+        wal::Recovery::Refuse
+    };
+    let (ckpt, wal) =
+        Wal::open(&config.work_dir, recovery).context("recovering the agent's state")?;
+    let (inputs, mut rx) = mpsc::unbounded_channel();
+    let (resources, mut resources_rx) = mpsc::unbounded_channel();
+    let (outboxes, outboxes_rx) = mpsc::unbounded_channel();
+    let tx = Senders { inputs, resources };
+    let mps =
+        (config.gpu_sharing == gpu::share::Sharing::Mps && config.gpus.is_some()).then(|| {
+            gpu::mps::MpsDaemons::new(
+                gpu::mps::find_in_path(gpu::mps::MPS_CONTROL),
+                &config.work_dir.join("mps"),
+            )
+        });
+    let mps_binary = mps
+        .as_ref()
+        .filter(|m| m.enabled())
+        .map(|_| std::path::Path::new(gpu::mps::MPS_CONTROL));
     let mut agent = Agent {
+        core: AgentCore::new(
+            core_config(&config, mps_binary),
+            ckpt,
+            unix_ms(),
+            Instant::now(),
+        ),
         config: config.clone(),
-        core: AgentCore::new(core_config(&config), ckpt, unix_ms(), now),
         wal,
         outbox: Vec::new(),
         launches: Vec::new(),
         compacting: false,
         master: None,
-        events: tx.clone(),
-        start: now,
+        outboxes: outboxes_rx,
+        tx: tx.clone(),
         cgroups: HashMap::new(),
-        last_clear_poll: now,
-        mps: (config.gpu_sharing == gpu::share::Sharing::Mps && config.gpus.is_some()).then(|| {
-            gpu::mps::MpsDaemons::new(
-                gpu::mps::find_in_path(gpu::mps::MPS_CONTROL),
-                &config.work_dir.join("mps"),
-            )
-        }),
-        last_notice_poll: now,
+        mps,
         supervisor: Arc::new(executor::client::SupervisorClient::new(
             executor::SupervisorCommand::beside(&config.agent_exe),
         )),
@@ -351,18 +360,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     // Sandboxes left from earlier runs join the collection queue.
     {
         let dir = config.work_dir.clone();
-        let events = tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = events.send(Event::GcScanned(gc::scan(&dir)));
-        });
+        let tx = tx.clone();
+        tokio::task::spawn_blocking(move || tx.input(Input::GcScanned(gc::scan(&dir))));
     }
     // GPU faults: the NVML watcher thread -> this loop.
     let watcher = config.gpus.as_ref().map(|g| {
         let (ftx, mut frx) = mpsc::unbounded_channel();
-        let events = tx.clone();
+        let inputs = tx.inputs.clone();
         tokio::spawn(async move {
             while let Some(f) = frx.recv().await {
-                if events.send(Event::GpuFault(f)).is_err() {
+                if inputs.send(Input::GpuFault(f)).is_err() {
                     break;
                 }
             }
@@ -382,22 +389,35 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }
         None => None,
     };
-    let session = tokio::spawn(session::run(config, material, tx.clone()));
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let session = tokio::spawn(session::run(
+        config.masters.clone(),
+        material,
+        tx.inputs.clone(),
+        outboxes,
+    ));
     tokio::pin!(shutdown);
     let result = loop {
+        // Sleep until the core's next deadline or an input, whichever comes first (capped, so
+        // a wall clock set back does not stall the agent).
+        let sleep = agent.core.next_deadline(unix_ms()).map_or(MAX_SLEEP, |at| {
+            Duration::from_millis(at.saturating_sub(unix_ms())).min(MAX_SLEEP)
+        });
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
-            ev = rx.recv() => match ev {
-                Some(ev) => {
-                    // Group commit: handle every event already waiting, then write their
+            res = resources_rx.recv() => {
+                if let Some(res) = res {
+                    agent.resource(res);
+                }
+            }
+            input = rx.recv() => match input {
+                Some(input) => {
+                    // Group commit: handle every input already waiting, then write their
                     // records with one fsync before anything they produced leaves.
-                    let mut handled = agent.handle(ev);
+                    let mut handled = agent.handle(input, &mut resources_rx);
                     let mut n = 1;
                     while handled.is_ok() && n < MAX_BATCH {
-                        let Ok(ev) = rx.try_recv() else { break };
-                        handled = agent.handle(ev);
+                        let Ok(input) = rx.try_recv() else { break };
+                        handled = agent.handle(input, &mut resources_rx);
                         n += 1;
                     }
                     if let Err(e) = handled {
@@ -409,8 +429,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 }
                 None => break Ok(()),
             },
-            _ = tick.tick() => {
-                if let Err(e) = agent.tick().and_then(|_| agent.commit()) {
+            _ = tokio::time::sleep(sleep) => {
+                if let Err(e) = agent.input(Input::Tick).and_then(|_| agent.commit()) {
                     break Err(e);
                 }
             }
@@ -479,8 +499,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     result
 }
 
-/// Events handled (at most) per commit.
+/// Inputs handled (at most) per commit.
 const MAX_BATCH: usize = 4096;
+
+/// The longest the loop sleeps without an input, whatever the core's deadline.
+const MAX_SLEEP: Duration = Duration::from_secs(5);
 
 mod blocking;
 mod launch;
@@ -512,29 +535,63 @@ impl Agent {
         self.perform(effects)
     }
 
-    fn handle(&mut self, ev: Event) -> anyhow::Result<()> {
-        match &ev {
-            Event::Launched { task, .. } => tracing::debug!(%task, "launched"),
-            Event::Exited { task, .. } => tracing::debug!(%task, "exited"),
-            Event::Settled { task, .. } => tracing::debug!(%task, "settled"),
-            Event::Master(MasterToAgent::RunTask { task, .. }) => {
+    /// Takes a resource the session or a helper handed over.
+    fn resource(&mut self, res: Resource) {
+        match res {
+            Resource::Cgroup(task, cg) => {
+                self.cgroups.insert(task, *cg);
+            }
+            Resource::DiskWalks(walks) => self.disk_walks.extend(walks),
+            Resource::Compacted(result) => {
+                self.compacting = false;
+                match result {
+                    Ok(()) => tracing::info!(
+                        generation = self.core.checkpoint().log_gen,
+                        "compacted the agent's log"
+                    ),
+                    // The logs stay: nothing is lost, the next compaction tries again.
+                    Err(e) => tracing::warn!("compacting the agent's log: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Handles one input: first the resources handed over before it, then what the runtime
+    /// itself does on it (the connection's outbox, `/metrics` XID counts, probing the ports a
+    /// task asks for), then the core.
+    fn handle(
+        &mut self,
+        input: Input,
+        resources: &mut mpsc::UnboundedReceiver<Resource>,
+    ) -> anyhow::Result<()> {
+        while let Ok(res) = resources.try_recv() {
+            self.resource(res);
+        }
+        match &input {
+            Input::Launched { task, .. } => tracing::debug!(%task, "launched"),
+            Input::Exited { task, .. } => tracing::debug!(%task, "exited"),
+            Input::Settled { task, .. } => tracing::debug!(%task, "settled"),
+            Input::Master(MasterToAgent::RunTask { task, .. }) => {
                 tracing::debug!(task = %task.task_id, "run task")
+            }
+            Input::Connected => {
+                self.master = self.outboxes.try_recv().ok();
+                // Whatever was queued for the previous connection: Register goes first.
+                self.outbox.clear();
+            }
+            Input::Disconnected => {
+                self.master = None;
+                self.outbox.clear();
+            }
+            Input::GpuFault(fault) => {
+                if let gpu::FaultKind::Xid(x) = fault.kind {
+                    self.metrics.record_xid(&fault.uuid, x);
+                }
             }
             _ => {}
         }
-        let input = match ev {
-            Event::Connected(tx) => {
-                self.master = Some(tx);
-                // Whatever was queued for the previous connection: Register goes first.
-                self.outbox.clear();
-                Input::Connected
-            }
-            Event::Disconnected => {
-                self.master = None;
-                self.outbox.clear();
-                Input::Disconnected
-            }
-            Event::Master(MasterToAgent::RunTask {
+        let input = match input {
+            Input::Master(MasterToAgent::RunTask {
                 framework_id,
                 task,
                 gpus,
@@ -547,55 +604,7 @@ impl Agent {
                     unbindable_ports,
                 }
             }
-            Event::Master(msg) => Input::Master(msg),
-            Event::Launched {
-                task,
-                cgroup,
-                result,
-            } => {
-                if let Some(cg) = cgroup {
-                    self.cgroups.insert(task, cg);
-                }
-                Input::Launched { task, result }
-            }
-            Event::Exited { task, status } => Input::Exited { task, status },
-            Event::Settled {
-                task,
-                status,
-                outcome,
-            } => Input::Settled {
-                task,
-                status,
-                outcome,
-            },
-            Event::Sampled { tasks, gpus } => Input::Sampled { tasks, gpus },
-            Event::GpuFault(fault) => {
-                if let gpu::FaultKind::Xid(x) = fault.kind {
-                    self.metrics.record_xid(&fault.uuid, x);
-                }
-                Input::GpuFault(fault)
-            }
-            Event::RecoveryChecked { uuid, passed } => Input::RecoveryChecked { uuid, passed },
-            Event::GcScanned(found) => Input::GcScanned(found),
-            Event::CgroupsPrepared { asked, ready } => Input::CgroupsPrepared { asked, ready },
-            Event::CgroupRecycled(name) => Input::CgroupRecycled(name),
-            Event::GcDone { disk_used } => Input::GcDone { disk_used },
-            Event::DiskMeasured { readings, walks } => {
-                self.disk_walks.extend(walks);
-                Input::DiskMeasured(readings)
-            }
-            Event::Compacted(result) => {
-                self.compacting = false;
-                match result {
-                    Ok(()) => tracing::info!(
-                        generation = self.core.checkpoint().log_gen,
-                        "compacted the agent's log"
-                    ),
-                    // The logs stay: nothing is lost, the next compaction tries again.
-                    Err(e) => tracing::warn!("compacting the agent's log: {e}"),
-                }
-                return Ok(());
-            }
+            input => input,
         };
         self.input(input)
     }
@@ -647,11 +656,11 @@ impl Agent {
                             .as_deref()
                             .and_then(|n| self.config.isolator.reopen(n).ok())
                     });
-                    let events = self.events.clone();
+                    let tx = self.tx.clone();
                     let gate = self.pool_gate.clone();
                     tokio::task::spawn_blocking(move || {
                         let outcome = settle_cgroup(cg.as_ref(), &meta);
-                        let _ = events.send(Event::Settled {
+                        tx.input(Input::Settled {
                             task,
                             status,
                             outcome,
@@ -670,7 +679,7 @@ impl Agent {
                             }
                         }
                         if recycle {
-                            let _ = events.send(Event::CgroupRecycled(back));
+                            tx.input(Input::CgroupRecycled(back));
                         }
                     });
                 }
@@ -686,12 +695,12 @@ impl Agent {
                 }
                 Effect::PrepareCgroups(names) => {
                     let iso = self.config.isolator.clone();
-                    let events = self.events.clone();
+                    let tx = self.tx.clone();
                     let gate = self.pool_gate.clone();
                     tokio::task::spawn_blocking(move || {
                         let asked = names.len();
                         let ready = prepare_cgroups(&iso, names, &gate);
-                        let _ = events.send(Event::CgroupsPrepared { asked, ready });
+                        tx.input(Input::CgroupsPrepared { asked, ready });
                     });
                 }
                 Effect::Sample(tasks) => {
@@ -700,32 +709,32 @@ impl Agent {
                         .map(|(id, pgid, gpus)| (id, self.cgroups.get(&id).cloned(), pgid, gpus))
                         .collect();
                     let gpus = self.config.gpus.clone();
-                    let events = self.events.clone();
+                    let tx = self.tx.clone();
                     tokio::task::spawn_blocking(move || {
                         let (tasks, gpus) = sample(gpus.as_deref(), &snapshot);
-                        let _ = events.send(Event::Sampled { tasks, gpus });
+                        tx.input(Input::Sampled { tasks, gpus });
                     });
                 }
                 Effect::PublishMetrics(usage) => self.publish_metrics(&usage),
                 Effect::CheckRecovery(uuid) => {
                     if let Some(gpus) = self.config.gpus.clone() {
-                        let events = self.events.clone();
+                        let tx = self.tx.clone();
                         tokio::task::spawn_blocking(move || {
                             let passed = gpus.recovery_check(&uuid);
-                            let _ = events.send(Event::RecoveryChecked { uuid, passed });
+                            tx.input(Input::RecoveryChecked { uuid, passed });
                         });
                     }
                 }
                 Effect::CleanupCgroups => self.cleanup_cgroups(),
                 Effect::CollectGarbage(due) => {
                     let dir = self.config.work_dir.clone();
-                    let events = self.events.clone();
+                    let tx = self.tx.clone();
                     tokio::task::spawn_blocking(move || {
                         if !due.is_empty() {
                             let removed = gc::remove(&dir, &due);
                             tracing::debug!(removed, "removed the sandboxes of ended tasks");
                         }
-                        let _ = events.send(Event::GcDone {
+                        tx.input(Input::GcDone {
                             disk_used: gc::disk_used(&dir),
                         });
                     });
@@ -740,11 +749,59 @@ impl Agent {
                             (id, sandbox, walk)
                         })
                         .collect();
-                    let events = self.events.clone();
+                    let tx = self.tx.clone();
                     tokio::task::spawn_blocking(move || {
                         let (readings, walks) = measure_disk(tasks);
-                        let _ = events.send(Event::DiskMeasured { readings, walks });
+                        tx.resource(Resource::DiskWalks(walks));
+                        tx.input(Input::DiskMeasured(readings));
                     });
+                }
+                Effect::ProbeAdopted(tasks) => {
+                    // /proc reads and small files: syscalls, not waits, so on the loop.
+                    let probes = tasks
+                        .into_iter()
+                        .map(|(task, l, meta)| {
+                            let gone = !executor::still_running(&l, &meta);
+                            AdoptedProbe {
+                                task,
+                                pgid: (l.task_pgid == 0)
+                                    .then(|| executor::read_task_pgid(&meta))
+                                    .flatten(),
+                                gone,
+                                recorded: gone.then(|| executor::read_exit(&meta)).flatten(),
+                            }
+                        })
+                        .collect();
+                    self.tx.input(Input::AdoptedProbed(probes));
+                }
+                Effect::ReadTerminationNotice => {
+                    if let Some(n) = crate::termination::read(&self.config.work_dir) {
+                        self.tx.input(Input::TerminationNotice {
+                            deadline_unix_ms: n.deadline_unix_ms,
+                            reason: n.reason,
+                        });
+                    }
+                }
+                Effect::RemoveTerminationNotice => {
+                    crate::termination::remove(&self.config.work_dir)
+                }
+                Effect::ReadClearRequests => {
+                    let names = read_clear_requests(&self.config.work_dir);
+                    if !names.is_empty() {
+                        self.tx.input(Input::ClearGpus(names));
+                    }
+                }
+                Effect::StartMps(uuid) => {
+                    let tx = self.tx.clone();
+                    let gpu = uuid.clone();
+                    let started = self
+                        .mps
+                        .as_mut()
+                        .map(|m| m.start(&uuid, move || tx.input(Input::MpsExited(gpu))));
+                    if let Some(Err(e)) = started {
+                        tracing::warn!(gpu = %uuid, "MPS control daemon: {e}");
+                        self.tx.input(Input::MpsExited(uuid));
+                    }
                 }
                 Effect::Stop(message) => anyhow::bail!(message),
             }
@@ -793,10 +850,10 @@ impl Agent {
             self.core.checkpoint_mut().log_gen = gen;
             self.compacting = true;
             let dir = self.config.work_dir.clone();
-            let events = self.events.clone();
+            let tx = self.tx.clone();
             tokio::task::spawn_blocking(move || {
                 let result = wal::write_snapshot(&dir, &snapshot).map_err(|e| e.to_string());
-                let _ = events.send(Event::Compacted(result));
+                tx.resource(Resource::Compacted(result));
             });
         }
         Ok(())
@@ -884,101 +941,24 @@ impl Agent {
         snapshot.cgroup_pool_ready = self.core.pool().ready();
         self.metrics.publish(snapshot);
     }
+}
 
-    fn tick(&mut self) -> anyhow::Result<()> {
-        // Adopted tasks (not our children: ours are awaited by their launch): their task
-        // group when the launch was recorded before the task started, and their supervisors
-        // polled. Only they cost a /proc read per tick.
-        let mut found = Vec::new();
-        let mut gone = Vec::new();
-        for (id, t) in self.core.adopted_live() {
-            let Some(l) = t.launched else { continue };
-            if l.task_pgid == 0 {
-                if let Some(pgid) = executor::read_task_pgid(t.meta_dir()) {
-                    found.push(Input::PgidFound { task: id, pgid });
-                }
-            }
-            if !executor::still_running(&l, t.meta_dir()) {
-                gone.push((id, t.meta_dir().to_path_buf()));
-            }
+/// Takes the operator's clear requests dropped by `gantry-agent clear-gpu` (removing them).
+fn read_clear_requests(work_dir: &std::path::Path) -> Vec<String> {
+    let dir = work_dir.join(CLEAR_DIR);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".tmp") {
+            continue;
         }
-        for input in found {
-            self.input(input)?;
+        if let Err(err) = std::fs::remove_file(e.path()) {
+            tracing::warn!("removing clear request {}: {err}", e.path().display());
         }
-        for (id, meta) in gone {
-            let status = match executor::read_exit(&meta) {
-                Some(status) => status,
-                // The supervisor died without recording an outcome.
-                None if self.start.elapsed() > Duration::from_secs(1) => ExitStatus {
-                    code: None,
-                    signal: None,
-                },
-                None => continue,
-            };
-            let _ = self.events.send(Event::Exited { task: id, status });
-        }
-        self.input(Input::Tick)?;
-        if self.mps.is_some() {
-            // Every GPU holding a live fractional task has its MPS control daemon (also after
-            // an agent restart), restarted when it exited.
-            let shared = self.core.shared_gpus();
-            if let Some(m) = self.mps.as_mut() {
-                for uuid in &shared {
-                    m.ensure(uuid);
-                }
-                m.supervise();
-            }
-        }
-        self.poll_clear_requests()?;
-        self.poll_termination_notice()?;
-        Ok(())
+        names.push(name);
     }
-
-    /// A spot-termination notice in the work dir ([`crate::termination`]) goes to the core
-    /// (which tells the master once per registration), checked every second.
-    fn poll_termination_notice(&mut self) -> anyhow::Result<()> {
-        if !self.core.registered() || self.last_notice_poll.elapsed() < Duration::from_secs(1) {
-            return Ok(());
-        }
-        self.last_notice_poll = Instant::now();
-        let Some(notice) = crate::termination::read(&self.config.work_dir) else {
-            return Ok(());
-        };
-        if notice.deadline_unix_ms + 60_000 < crate::termination::unix_ms() {
-            // Long past: the host was not taken after all (or this is a stale file).
-            crate::termination::remove(&self.config.work_dir);
-            return Ok(());
-        }
-        self.input(Input::TerminationNotice {
-            deadline_unix_ms: notice.deadline_unix_ms,
-            reason: notice.reason,
-        })
-    }
-
-    /// Operator clear requests dropped by `gantry-agent clear-gpu`, checked every second.
-    fn poll_clear_requests(&mut self) -> anyhow::Result<()> {
-        if self.config.gpus.is_none() || self.last_clear_poll.elapsed() < Duration::from_secs(1) {
-            return Ok(());
-        }
-        self.last_clear_poll = Instant::now();
-        let dir = self.config.work_dir.join(CLEAR_DIR);
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return Ok(());
-        };
-        let mut names = Vec::new();
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".tmp") {
-                continue;
-            }
-            if let Err(err) = std::fs::remove_file(e.path()) {
-                tracing::warn!("removing clear request {}: {err}", e.path().display());
-            }
-            names.push(name);
-        }
-        if names.is_empty() {
-            return Ok(());
-        }
-        self.input(Input::ClearGpus(names))
-    }
+    names
 }

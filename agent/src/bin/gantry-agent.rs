@@ -127,6 +127,11 @@ struct RunArgs {
     /// past this many bytes (in the background).
     #[arg(long, default_value_t = gantry_agent::wal::COMPACT_BYTES)]
     wal_compact_bytes: u64,
+    /// When the write-ahead log has a corrupt frame in its middle (valid frames after it: not
+    /// a torn write), drop everything from that frame on and start from the state before it,
+    /// instead of refusing to start. The agent logs the offset and what it dropped.
+    #[arg(long)]
+    recover_truncate: bool,
     /// The pool of prepared task cgroups, LOW:HIGH: LOW empty cgroups are made ahead, and an
     /// ended task's empty cgroup is kept for the next task (up to HIGH kept) instead of being
     /// removed and made again. `0:0` turns the pool off (one cgroup per task, named after it).
@@ -391,6 +396,7 @@ fn main() -> anyhow::Result<()> {
             keep: args.gc_keep,
         },
         wal_compact_bytes: args.wal_compact_bytes,
+        recover_truncate: args.recover_truncate,
         cgroup_pool: args.cgroup_pool,
         metrics_listen: args.metrics_listen,
         ports,

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use gantry_sdk::protocol::*;
 
+use super::TaskRecord;
 use super::{AgentCore, Effect};
-use crate::checkpoint::TaskRecord;
 use crate::disk::{self, DiskEnforcement, DiskReading};
 
 /// The task's disk limit in bytes (0: none).
@@ -51,6 +51,17 @@ impl AgentCore {
         }
         self.disk_measuring = true;
         self.emit(Effect::MeasureDisk(tasks));
+    }
+
+    /// When the next pass is due: only while a sandbox is watched and no pass runs.
+    pub(super) fn disk_deadline(&self) -> Option<u64> {
+        let watched = self
+            .ckpt
+            .tasks
+            .iter()
+            .any(|(id, rec)| self.disk_watched(id, rec));
+        (self.config.disk_enforcement != DiskEnforcement::None && !self.disk_measuring && watched)
+            .then(|| self.last_disk_pass + self.config.disk_watch_interval.as_millis() as u64)
     }
 
     /// A pass ended: kill the tasks past their limit.

@@ -3,9 +3,9 @@
 
 use gantry_sdk::protocol::*;
 
+use super::Record;
 use super::{AgentCore, Effect};
 use crate::gpu::{self, GpuFault, HealthChange};
-use crate::wal::Record;
 
 impl AgentCore {
     pub(super) fn gpu_fault(&mut self, fault: GpuFault, now: u64) {

@@ -1,30 +1,42 @@
 //! PURE agent core: the agent's state machine, like the master's `state` module. It owns the
-//! checkpointed state (tasks, the status update queue, GPU health, the agent id) and the
-//! session flags, takes [`Input`]s with the time (`now`, Unix ms: the one clock; the GPU
-//! health tracker's `Instant`s are derived from it) and returns [`Effect`]s: messages to send,
-//! log records to persist, launches, signals, cgroup settlements, usage samples. It reads no
-//! clock and does no I/O; the runtime ([`crate::agent`]) performs the effects and feeds back
-//! what they observed (a launch's supervisor, an exit status, a settled cgroup, a sample).
+//! checkpointed state (tasks, the status update queue, GPU health, the agent id), the session
+//! flags and every timed rule; it takes [`Input`]s with the time (`now`, Unix ms: the one clock;
+//! the GPU health tracker's `Instant`s are derived from it) and returns [`Effect`]s: messages to
+//! send, log records to persist, launches, signals, cgroup settlements, usage samples, probes,
+//! MPS daemon starts. [`AgentCore::next_deadline`] says when it next has something to do
+//! ([`Input::Tick`]); the runtime sleeps until then or the next input. It reads no clock, does
+//! no I/O and draws no randomness (status update ids count up from
+//! [`CoreConfig::update_id_seed`]); the runtime ([`crate::agent`]) performs the effects and
+//! feeds back what they observed (a launch's supervisor, an exit status, a lost supervisor, a
+//! settled cgroup, a sample, a probe of re-adopted tasks, an MPS daemon's exit).
 //!
 //! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
-//!   escalation, settlement into a terminal state, status updates, GPU-memory shares.
+//!   escalation, a dead supervisor's task killed, settlement into a terminal state, status
+//!   updates, GPU-memory shares.
 //! - `disk`: disk limits: which sandboxes to measure when (`--disk-watch-interval`), and the
 //!   kill of a task past its `disk` (`FAILED`, reason `disk-limit`).
 //! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
+//! - `mps`: which GPU's MPS control daemon to start when (restart back-off).
+//! - `pool`: the pool of prepared task cgroups (`--cgroup-pool`).
 //! - `ports`: the port range (`--ports`) and the host ports assigned to tasks asking
 //!   `ports:K` (`PORT`, `PORT0`.., `GANTRY_PORTS`).
-//! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed.
-//! - `tests`: lifecycle, kill escalation, recovery, GPU health and disk limits without
-//!   processes.
+//! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed,
+//!   and watching them (probes of their supervisors; no exit record after 1 s).
+//! - `types`: the core's own types (task records, the checkpoint, log records, launches, exit
+//!   statuses, limits), which the I/O modules store, fill in and apply.
+//! - `tests`: lifecycle, kill escalation, recovery, GPU health, disk limits and the deadlines
+//!   with simulated time, without processes.
 
 mod disk;
 mod health;
+pub mod mps;
 pub mod pool;
 pub mod ports;
 mod recovery;
 mod tasks;
 #[cfg(test)]
 mod tests;
+pub mod types;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -35,13 +47,11 @@ use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{Checkpoint, TaskRecord};
 use crate::discovery::DiscoveredGpu;
-use crate::executor::{ExitStatus, Launched};
 use crate::gc;
 use crate::gpu::{self, GpuFault, HealthTracker};
-use crate::isolation::{Limits, NvidiaMajors};
-use crate::wal::Record;
+use crate::isolation::NvidiaMajors;
+pub use types::{Checkpoint, ExitStatus, Launched, Limits, Record, TaskRecord};
 
 pub use ports::PortRange;
 pub use recovery::RecoveryProbe;
@@ -81,6 +91,12 @@ pub struct CoreConfig {
     pub disk_enforcement: crate::disk::DiskEnforcement,
     /// How often sandboxes of tasks with a `disk` are measured (`--disk-watch-interval`).
     pub disk_watch_interval: Duration,
+    /// MPS control daemons run ([`mps`]): `--gpu-sharing mps` on a GPU agent with
+    /// `nvidia-cuda-mps-control` installed.
+    pub mps: bool,
+    /// The first status update id (then counting up): the runtime draws it at random at start,
+    /// so ids stay unique across restarts; tests fix it, so runs repeat.
+    pub update_id_seed: u128,
 }
 
 /// What a task's cgroup said when the task ended.
@@ -130,12 +146,15 @@ pub enum Input {
     },
     /// Operator clear requests (GPU uuids, or `all`) found in the work dir.
     ClearGpus(Vec<String>),
-    /// The task group of an adopted task whose launch was recorded before its task started.
-    PgidFound {
+    /// What [`Effect::ProbeAdopted`] found of the re-adopted tasks.
+    AdoptedProbed(Vec<AdoptedProbe>),
+    /// The supervisor of a task this agent launched died (its connection closed without an
+    /// exit), with the exit status it recorded, if any.
+    SupervisorLost {
         task: TaskId,
-        pgid: i32,
+        recorded: Option<ExitStatus>,
     },
-    /// A spot-termination notice is on disk.
+    /// A spot-termination notice is on disk ([`Effect::ReadTerminationNotice`]).
     TerminationNotice {
         deadline_unix_ms: u64,
         reason: String,
@@ -146,8 +165,11 @@ pub enum Input {
     GcDone {
         disk_used: Option<f64>,
     },
-    /// Time passes (every 200 ms): kill escalation, heartbeats, samples, recovery checks.
+    /// Time passes: the deadline of [`AgentCore::next_deadline`] came (kill escalation,
+    /// heartbeats, retries, samples, recovery checks, polls, MPS restarts, collection).
     Tick,
+    /// A GPU's MPS control daemon exited, or could not be started ([`Effect::StartMps`]).
+    MpsExited(String),
     /// Of `asked` pool cgroups ([`Effect::PrepareCgroups`]), these are ready.
     CgroupsPrepared {
         asked: usize,
@@ -158,6 +180,18 @@ pub enum Input {
     CgroupRecycled(Option<String>),
     /// A pass of [`Effect::MeasureDisk`] ended: what it read of each sandbox it could open.
     DiskMeasured(Vec<(TaskId, crate::disk::DiskReading)>),
+}
+
+/// What the runtime found of one re-adopted task ([`Effect::ProbeAdopted`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdoptedProbe {
+    pub task: TaskId,
+    /// Its task group, read when the launch was recorded before the task started.
+    pub pgid: Option<i32>,
+    /// Its supervisor is gone (or recorded an exit).
+    pub gone: bool,
+    /// The exit status its supervisor recorded, if any.
+    pub recorded: Option<ExitStatus>,
 }
 
 /// A launch to perform (the blocking part runs off the loop).
@@ -231,9 +265,36 @@ pub enum Effect {
     /// Measure these tasks' sandboxes (a bounded pass of [`crate::disk::DuWalk`]s, going on
     /// with the walks an earlier pass left unfinished), then report [`Input::DiskMeasured`].
     MeasureDisk(Vec<(TaskId, PathBuf)>),
+    /// Probe these re-adopted tasks (not the agent's children: their supervisors are polled),
+    /// then report [`Input::AdoptedProbed`].
+    ProbeAdopted(Vec<(TaskId, Launched, PathBuf)>),
+    /// Read the termination notice file and report [`Input::TerminationNotice`] if there is one.
+    ReadTerminationNotice,
+    /// Remove the termination notice file (long past its deadline).
+    RemoveTerminationNotice,
+    /// Take the operator's GPU clear requests from the work dir and report
+    /// [`Input::ClearGpus`] if there are any.
+    ReadClearRequests,
+    /// Start the MPS control daemon of this GPU (report [`Input::MpsExited`] when it ends or
+    /// cannot start).
+    StartMps(String),
     /// The master refused this agent: stop.
     Stop(String),
 }
+
+/// How often re-adopted tasks' supervisors are probed.
+pub const ADOPTED_PROBE_MS: u64 = 200;
+/// A re-adopted task whose supervisor is gone without recording an exit ends with an unknown
+/// status, once the agent has run this long (a record may still be on its way at start).
+pub const NO_EXIT_RECORD_MS: u64 = 1000;
+/// How often the files operators and hooks drop (termination notice, GPU clear requests) are
+/// read.
+pub const FILE_POLL_MS: u64 = 1000;
+/// A termination notice this long past its deadline is stale (the host was not taken after all)
+/// and removed.
+pub const NOTICE_STALE_MS: u64 = 60_000;
+/// How often a process group past its kill grace is SIGKILLed again.
+pub const KILL_REPEAT_MS: u64 = 200;
 
 /// The agent's state machine.
 pub struct AgentCore {
@@ -269,8 +330,22 @@ pub struct AgentCore {
     gpu_mem_over: HashSet<TaskId>,
     /// The termination notice deadline told to the current master.
     notice_sent: Option<u64>,
-    /// Tasks re-adopted after a restart (the runtime polls their supervisors).
+    /// Tasks re-adopted after a restart (the runtime probes their supervisors).
     adopted: HashSet<TaskId>,
+    /// A probe of the adopted tasks is running; when the last one ended.
+    probing_adopted: bool,
+    last_adopted_probe: u64,
+    /// When the termination notice and the GPU clear requests were last read.
+    last_notice_poll: u64,
+    last_clear_poll: u64,
+    /// When a killed task's process group was last SIGKILLed.
+    group_killed: HashMap<TaskId, u64>,
+    /// The MPS control daemons started.
+    mps: mps::MpsDaemons,
+    /// When the core was made (the start of this agent run).
+    started_ms: u64,
+    /// The next status update id ([`CoreConfig::update_id_seed`], counting up).
+    next_update_id: u128,
     /// Sandboxes of forgotten tasks, oldest first, waiting for garbage collection.
     gc_queue: VecDeque<gc::Ended>,
     /// A collection pass (or the start-up scan) is running.
@@ -292,6 +367,7 @@ impl AgentCore {
     pub fn new(config: CoreConfig, ckpt: Checkpoint, now: u64, epoch: Instant) -> Self {
         let config_isolated = config.isolated;
         let config_pool = config.cgroup_pool.clone();
+        let update_id_seed = config.update_id_seed;
         AgentCore {
             health: HealthTracker::new(config.gpu_recovery_after),
             config,
@@ -315,6 +391,14 @@ impl AgentCore {
             gpu_mem_over: HashSet::new(),
             notice_sent: None,
             adopted: HashSet::new(),
+            probing_adopted: false,
+            last_adopted_probe: now,
+            last_notice_poll: now,
+            last_clear_poll: now,
+            group_killed: HashMap::new(),
+            mps: Default::default(),
+            started_ms: now,
+            next_update_id: update_id_seed,
             gc_queue: VecDeque::new(),
             // Until the start-up scan of the work dir reports.
             gc_busy: true,
@@ -369,8 +453,8 @@ impl AgentCore {
         self.ckpt.tasks.contains_key(task)
     }
 
-    /// Re-adopted tasks the runtime polls: not terminal and not settling.
-    pub fn adopted_live(&self) -> Vec<(TaskId, &TaskRecord)> {
+    /// Re-adopted tasks still watched: not terminal and not settling.
+    fn adopted_live(&self) -> Vec<(TaskId, &TaskRecord)> {
         self.adopted
             .iter()
             .filter(|id| !self.settling.contains(id))
@@ -442,22 +526,18 @@ impl AgentCore {
             Input::GpuFault(fault) => self.gpu_fault(fault, now),
             Input::RecoveryChecked { uuid, passed } => self.recovery_checked(uuid, passed, now),
             Input::ClearGpus(names) => self.clear_gpus(names, now),
-            Input::PgidFound { task, pgid } => {
-                if let Some(l) = self
-                    .ckpt
-                    .tasks
-                    .get_mut(&task)
-                    .and_then(|t| t.launched.as_mut())
-                {
-                    l.task_pgid = pgid;
-                    self.dirty.insert(task);
-                }
-            }
+            Input::AdoptedProbed(probes) => self.adopted_probed(probes, now),
+            Input::SupervisorLost { task, recorded } => self.supervisor_lost(task, recorded),
+            Input::MpsExited(uuid) => self.mps_exited(&uuid, now),
             Input::TerminationNotice {
                 deadline_unix_ms,
                 reason,
             } => {
-                if self.registered && self.notice_sent != Some(deadline_unix_ms) {
+                if deadline_unix_ms.saturating_add(NOTICE_STALE_MS) < now {
+                    // Long past: the host was not taken after all (or this is a stale file).
+                    tracing::info!(deadline_unix_ms, "removing a stale termination notice");
+                    self.emit(Effect::RemoveTerminationNotice);
+                } else if self.registered && self.notice_sent != Some(deadline_unix_ms) {
                     self.notice_sent = Some(deadline_unix_ms);
                     let in_ms = deadline_unix_ms.saturating_sub(now);
                     tracing::warn!(in_ms, %reason, "termination notice: asking the master to drain this agent");
@@ -652,7 +732,75 @@ impl AgentCore {
         self.measure_disk_if_due(now);
         self.recovery_checks_due(now);
         self.collect_garbage(now);
+        self.probe_adopted_if_due(now);
+        self.poll_files_if_due(now);
+        self.mps_ensure(now);
         self.flush_updates(now);
+    }
+
+    /// Every [`FILE_POLL_MS`]: the termination notice (while registered: it is told to the
+    /// master) and, on a GPU agent, the operator's clear requests.
+    fn poll_files_if_due(&mut self, now: u64) {
+        if self.registered && now.saturating_sub(self.last_notice_poll) >= FILE_POLL_MS {
+            self.last_notice_poll = now;
+            self.emit(Effect::ReadTerminationNotice);
+        }
+        if self.config.gpu_agent && now.saturating_sub(self.last_clear_poll) >= FILE_POLL_MS {
+            self.last_clear_poll = now;
+            self.emit(Effect::ReadClearRequests);
+        }
+    }
+
+    /// The earliest time (Unix ms) at which [`Input::Tick`] has something to do, if any: the
+    /// runtime sleeps until then or the next input, whichever comes first. A time at or before
+    /// `now` means at once. Every timed rule of the core has its term here (the tests check
+    /// that a tick before the deadline does nothing and one at it moves the deadline on).
+    pub fn next_deadline(&self, now: u64) -> Option<u64> {
+        let mut at: Option<u64> = None;
+        let mut due = |t: Option<u64>| {
+            if let Some(t) = t {
+                at = Some(at.map_or(t, |a| a.min(t)));
+            }
+        };
+        if self.registered {
+            due(Some(self.last_heartbeat + self.heartbeat_every));
+            due(Some(self.last_notice_poll + FILE_POLL_MS));
+            if !self.sampling {
+                due(Some(
+                    self.last_sample + self.config.usage_interval.as_millis() as u64,
+                ));
+            }
+            if self.connected {
+                due(self.ckpt.updates.next_due(now));
+            }
+        }
+        if self.config.gpu_agent {
+            due(Some(self.last_clear_poll + FILE_POLL_MS));
+            due(self
+                .health
+                .next_recovery(|u| self.checking.contains(u))
+                .map(|i| {
+                    self.epoch_ms + i.saturating_duration_since(self.epoch).as_millis() as u64
+                }));
+        }
+        due(self.kill_deadline());
+        due(self.pool.next_deadline());
+        due(self.disk_deadline());
+        if !self.gc_busy {
+            let next = self
+                .config
+                .gc
+                .next_due(&self.gc_queue, self.disk_used)
+                .map(|t| t.max(self.last_gc + 1000));
+            due(Some(next.map_or(self.last_gc + 5000, |t| {
+                t.min(self.last_gc + 5000)
+            })));
+        }
+        if !self.probing_adopted && !self.adopted_live().is_empty() {
+            due(Some(self.last_adopted_probe + ADOPTED_PROBE_MS));
+        }
+        due(self.mps_deadline(now));
+        at
     }
 
     /// Sandboxes due for collection ([`gc`]), at most one pass a second; a pass with nothing

@@ -235,6 +235,20 @@ impl CgroupPool {
         self.free.split_off(self.config.low).into()
     }
 
+    /// When [`CgroupPool::trim`] or a refill held back by a failure ([`CgroupPool::refill`])
+    /// has something to do next.
+    pub fn next_deadline(&self) -> Option<u64> {
+        if !self.enabled() {
+            return None;
+        }
+        let trim = (self.free.len() > self.config.low)
+            .then(|| self.last_take_ms.saturating_add(TRIM_AFTER_MS));
+        let target = self.config.low.min(self.config.high);
+        let refill = (self.preparing == 0 && self.level() < target && self.retry_at_ms > 0)
+            .then_some(self.retry_at_ms);
+        trim.into_iter().chain(refill).min()
+    }
+
     /// Empties the pool (shutdown): the ready names, to remove.
     pub fn drain(&mut self) -> Vec<String> {
         self.free.drain(..).collect()

@@ -4,8 +4,8 @@
 
 use gantry_sdk::protocol::*;
 
-use super::{AgentCore, Effect};
-use crate::executor::{ExitStatus, Launched};
+use super::{AdoptedProbe, AgentCore, Effect, ADOPTED_PROBE_MS, NO_EXIT_RECORD_MS};
+use super::{ExitStatus, Launched};
 
 /// What the runtime found on the host for the checkpointed tasks that are not terminal.
 #[derive(Debug, Default)]
@@ -113,5 +113,65 @@ impl AgentCore {
             );
         }
         std::mem::take(&mut self.fx)
+    }
+}
+
+impl AgentCore {
+    /// Every [`ADOPTED_PROBE_MS`] while re-adopted tasks live: probe their supervisors (they
+    /// are not the agent's children, so nothing tells it when they end).
+    pub(super) fn probe_adopted_if_due(&mut self, now: u64) {
+        if self.probing_adopted || now.saturating_sub(self.last_adopted_probe) < ADOPTED_PROBE_MS {
+            return;
+        }
+        let list: Vec<(TaskId, Launched, std::path::PathBuf)> = self
+            .adopted_live()
+            .into_iter()
+            .filter_map(|(id, t)| Some((id, t.launched?, t.meta_dir().to_path_buf())))
+            .collect();
+        if list.is_empty() {
+            return;
+        }
+        self.probing_adopted = true;
+        self.emit(Effect::ProbeAdopted(list));
+    }
+
+    /// What the probe found: a task group read late, and supervisors gone. A supervisor gone
+    /// without recording an exit ends its task with an unknown status once the agent has run
+    /// [`NO_EXIT_RECORD_MS`].
+    pub(super) fn adopted_probed(&mut self, probes: Vec<AdoptedProbe>, now: u64) {
+        self.probing_adopted = false;
+        self.last_adopted_probe = now;
+        for p in probes {
+            if !self.adopted.contains(&p.task) || self.settling.contains(&p.task) {
+                continue;
+            }
+            let Some(rec) = self.ckpt.tasks.get_mut(&p.task) else {
+                continue;
+            };
+            if rec.state.is_terminal() {
+                continue;
+            }
+            if let (Some(pgid), Some(l)) = (p.pgid, rec.launched.as_mut()) {
+                if l.task_pgid == 0 {
+                    l.task_pgid = pgid;
+                    self.dirty.insert(p.task);
+                }
+            }
+            if !p.gone {
+                continue;
+            }
+            let status = match p.recorded {
+                Some(status) => status,
+                None if now >= self.started_ms + NO_EXIT_RECORD_MS => {
+                    tracing::warn!(task = %p.task, "the supervisor of a re-adopted task is gone without recording an exit");
+                    ExitStatus {
+                        code: None,
+                        signal: None,
+                    }
+                }
+                None => continue,
+            };
+            self.exited(p.task, status);
+        }
     }
 }

@@ -4,12 +4,12 @@
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
+use super::Limits;
 use super::{AgentCore, CgroupOutcome, Effect, GpuShare, LaunchPlan};
-use crate::checkpoint::TaskRecord;
-use crate::executor::{self, ExitStatus, Launched};
+use super::{ExitStatus, Launched, Record, TaskRecord};
+use crate::executor;
 use crate::gpu::{self, GpuSlot};
-use crate::isolation::{DeviceRule, Limits};
-use crate::wal::Record;
+use crate::isolation::DeviceRule;
 
 /// How long after a cgroup-wide SIGKILL of a task it is repeated.
 const ESCALATE_AGAIN_MS: u64 = 1000;
@@ -230,6 +230,10 @@ impl AgentCore {
                 });
             }
         }
+        if share.is_some() {
+            // Its GPU's MPS daemon starts before the task does.
+            self.mps_ensure(now);
+        }
         let mem_milli = task.resources.milli("mem");
         let limits = Limits {
             cpus: task.resources.get("cpus").max(0.01),
@@ -319,6 +323,7 @@ impl AgentCore {
     ) {
         self.settling.remove(&task);
         self.escalated.remove(&task);
+        self.group_killed.remove(&task);
         let Some(rec) = self.ckpt.tasks.get(&task) else {
             return;
         };
@@ -401,7 +406,8 @@ impl AgentCore {
         self.dirty.insert(task_id);
     }
 
-    /// Kills past their grace period: SIGKILL the process group (every tick), and every
+    /// Kills past their grace period: SIGKILL the process group (every
+    /// [`super::KILL_REPEAT_MS`]), and every
     /// process in the task's cgroup (a process group can be left; a cgroup cannot) at most
     /// once a second.
     pub(super) fn escalate_kills(&mut self, now: u64) {
@@ -417,7 +423,14 @@ impl AgentCore {
                 .map(|s| std::time::Duration::from_secs(s.into()))
                 .unwrap_or(self.config.kill_grace);
             if !rec.state.is_terminal() && now.saturating_sub(asked) > grace.as_millis() as u64 {
-                signals.push(l.task_pgid);
+                let again = self
+                    .group_killed
+                    .get(id)
+                    // (A clock set back does not hold the kill up.)
+                    .is_none_or(|t| now < *t || now - *t >= super::KILL_REPEAT_MS);
+                if again {
+                    signals.push((*id, l.task_pgid));
+                }
                 let recent = self
                     .escalated
                     .get(id)
@@ -427,7 +440,8 @@ impl AgentCore {
                 }
             }
         }
-        for pgid in signals {
+        for (id, pgid) in signals {
+            self.group_killed.insert(id, now);
             self.emit(Effect::Signal {
                 pgid,
                 signal: libc::SIGKILL,
@@ -437,6 +451,59 @@ impl AgentCore {
             self.escalated.insert(id, now);
             self.emit(Effect::KillCgroup(id));
         }
+    }
+
+    /// When [`AgentCore::escalate_kills`] has something to do next: a kill's grace period ends,
+    /// or the next SIGKILL of a group already past it ([`super::KILL_REPEAT_MS`]).
+    pub(super) fn kill_deadline(&self) -> Option<u64> {
+        self.ckpt
+            .tasks
+            .iter()
+            .filter(|(_, rec)| !rec.state.is_terminal() && rec.launched.is_some())
+            .filter_map(|(id, rec)| {
+                let asked = rec.kill_requested_ms?;
+                let grace = rec
+                    .info
+                    .kill_grace_secs
+                    .map(|s| std::time::Duration::from_secs(s.into()))
+                    .unwrap_or(self.config.kill_grace);
+                let grace_end = asked + grace.as_millis() as u64 + 1;
+                Some(match self.group_killed.get(id) {
+                    Some(t) => grace_end.max(t + super::KILL_REPEAT_MS),
+                    None => grace_end,
+                })
+            })
+            .min()
+    }
+
+    /// The supervisor of a task this agent launched died: the exit it recorded, if it made one;
+    /// else the task, unsupervised now, is killed (no task runs without the agent knowing) and
+    /// ends with an unknown status.
+    pub(super) fn supervisor_lost(&mut self, task: TaskId, recorded: Option<ExitStatus>) {
+        let status = match recorded {
+            Some(status) => status,
+            None => {
+                let pgid = self
+                    .ckpt
+                    .tasks
+                    .get(&task)
+                    .filter(|t| !t.state.is_terminal())
+                    .and_then(|t| t.launched)
+                    .map(|l| l.task_pgid);
+                if let Some(pgid) = pgid {
+                    tracing::warn!(%task, "the supervisor died: killing the task");
+                    self.emit(Effect::Signal {
+                        pgid,
+                        signal: libc::SIGKILL,
+                    });
+                }
+                ExitStatus {
+                    code: None,
+                    signal: None,
+                }
+            }
+        };
+        self.exited(task, status);
     }
 
     /// Sets each sampled task's GPU-memory share and acts on tasks above it: a non-terminal
@@ -515,7 +582,7 @@ impl AgentCore {
 
     #[allow(clippy::too_many_arguments)]
     fn make_update(
-        &self,
+        &mut self,
         task: TaskId,
         framework: FrameworkId,
         state: TaskState,
@@ -524,8 +591,10 @@ impl AgentCore {
         signal: Option<i32>,
         now: u64,
     ) -> StatusUpdate {
+        let update_id = UpdateId::from_u128(self.next_update_id);
+        self.next_update_id = self.next_update_id.wrapping_add(1);
         StatusUpdate {
-            update_id: UpdateId::random(),
+            update_id,
             task_id: task,
             framework_id: framework,
             agent_id: self.ckpt.agent_id,
@@ -569,15 +638,9 @@ impl AgentCore {
         let Some(rec) = self.ckpt.tasks.get(&task) else {
             return;
         };
-        let mut update = self.make_update(
-            task,
-            rec.framework_id,
-            state,
-            message,
-            exit_code,
-            signal,
-            now,
-        );
+        let framework_id = rec.framework_id;
+        let mut update =
+            self.make_update(task, framework_id, state, message, exit_code, signal, now);
         update.reason = reason;
         if let Some(rec) = self.ckpt.tasks.get_mut(&task) {
             rec.state = state;

@@ -64,6 +64,8 @@ fn config(gpus: u32) -> CoreConfig {
         cgroup_pool: super::pool::PoolConfig::off(),
         disk_enforcement: Default::default(),
         disk_watch_interval: Duration::from_secs(5),
+        mps: false,
+        update_id_seed: 1,
     }
 }
 
@@ -686,6 +688,7 @@ mod pool;
 mod ports;
 mod recovery;
 mod register;
+mod time;
 
 /// The final usages of tasks settled in one batch go out as one message, before their
 /// terminal updates (the master records usage only for tasks it still knows).

@@ -30,16 +30,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use gantry_sdk::protocol::Program;
-use serde::{Deserialize, Serialize};
 
 use self::user::TaskUser;
-
-/// How a task's process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExitStatus {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-}
+pub use crate::core::types::{ExitStatus, Launched};
 
 /// Errors launching a task.
 #[derive(Debug, thiserror::Error)]
@@ -107,15 +100,6 @@ pub struct Prepared {
     pub args: Vec<String>,
     /// The task's whole environment.
     pub env: Vec<(String, String)>,
-}
-
-/// A launched task: the supervisor's pid and the task's process group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Launched {
-    pub supervisor_pid: i32,
-    pub task_pgid: i32,
-    /// Start time of the supervisor (clock ticks since boot), to detect pid reuse.
-    pub supervisor_start: u64,
 }
 
 /// Creates the task's directories and builds what the supervisor gets for it: the task's

@@ -152,6 +152,17 @@ impl HealthTracker {
             .collect()
     }
 
+    /// When the next recovery check falls due, among the GPUs `skip` does not name (those being
+    /// checked); `None` without recovery checks or unhealthy GPUs.
+    pub fn next_recovery(&self, skip: impl Fn(&str) -> bool) -> Option<Instant> {
+        let after = self.recovery_after?;
+        self.unhealthy
+            .iter()
+            .filter(|(u, _)| !skip(u))
+            .map(|(_, h)| h.last_fault + after)
+            .min()
+    }
+
     /// The result of a recovery check: a pass brings the GPU back (if no fault arrived since it
     /// became due); a failure restarts the delay.
     pub fn recovery_checked(

@@ -1,41 +1,32 @@
-//! MPS control daemons under `--gpu-sharing mps`: one `nvidia-cuda-mps-control` per GPU that
-//! holds fractional tasks, started on the first such task, restarted when it exits (checked on
-//! every agent tick), stopped with the agent.
+//! MPS control daemons under `--gpu-sharing mps`: the processes. One `nvidia-cuda-mps-control`
+//! per GPU that holds fractional tasks; *when* each starts (on the first such task, again after
+//! it exits, at most once per back-off) is the core's decision ([`crate::core::mps`]): this
+//! module starts a daemon when told, tells when one exits, and stops them with the agent.
 //!
-//! After an agent restart the daemons of GPUs that still hold fractional tasks are started again
-//! on the first tick. A daemon left over from a killed agent (real MPS daemons outlive their
-//! parent) keeps serving its pipe directory; the new one then fails to start and is retried
-//! every 2 s with a warning until the old one is gone.
+//! A daemon left over from a killed agent (real MPS daemons outlive their parent) keeps serving
+//! its pipe directory; the new one then fails to start and the core retries it after its
+//! back-off, with a warning, until the old one is gone.
 //!
 //! Each daemon runs in the foreground (`-f`, so the agent is its parent and sees it exit) with
 //! `CUDA_VISIBLE_DEVICES` set to its GPU and its own pipe and log directories under
 //! `<work_dir>/mps/<uuid>/`; tasks on that GPU get `CUDA_MPS_PIPE_DIRECTORY` pointing at the
-//! pipe directory. Without the binary (no NVIDIA driver, or a CI machine) nothing is started:
-//! tasks still get their MPS limits, and one warning is logged.
+//! pipe directory. A thread per daemon waits for its exit without reaping it (`waitid` with
+//! `WNOWAIT`), so its pid is not reused before the agent reaps it. Without the binary (no
+//! NVIDIA driver, or a CI machine) nothing is started: tasks still get their MPS limits, and
+//! one warning is logged.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// The MPS control binary's name.
 pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
-
-/// Least time between two starts of one GPU's daemon (a daemon that keeps dying is not
-/// restarted in a tight loop).
-const RESTART_BACKOFF: Duration = Duration::from_secs(2);
-
-struct Daemon {
-    child: Option<Child>,
-    started: Instant,
-    restarts: u32,
-}
 
 /// The MPS control daemons of this agent.
 pub struct MpsDaemons {
     binary: Option<PathBuf>,
     dir: PathBuf,
-    daemons: HashMap<String, Daemon>,
+    daemons: HashMap<String, Child>,
 }
 
 impl std::fmt::Debug for MpsDaemons {
@@ -68,44 +59,42 @@ impl MpsDaemons {
         }
     }
 
+    /// Whether daemons can run at all (the binary was found).
+    pub fn enabled(&self) -> bool {
+        self.binary.is_some()
+    }
+
     /// The pipe directory for `uuid`'s daemon.
     pub fn pipe_dir(&self, uuid: &str) -> PathBuf {
         self.dir.join(uuid).join("pipe")
     }
 
-    /// Makes sure `uuid`'s daemon runs (starting it if needed); returns its pipe directory, or
-    /// `None` when no daemon can run (no binary, or it cannot be started).
-    pub fn ensure(&mut self, uuid: &str) -> Option<PathBuf> {
-        let binary = self.binary.clone()?;
-        let pipe = self.pipe_dir(uuid);
-        let entry = self.daemons.entry(uuid.to_string()).or_insert(Daemon {
-            child: None,
-            started: Instant::now() - RESTART_BACKOFF,
-            restarts: 0,
-        });
-        let running = entry
-            .child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
-        if running {
-            return Some(pipe);
-        }
-        if entry.child.is_some() {
-            if entry.started.elapsed() < RESTART_BACKOFF {
-                return Some(pipe);
+    /// The pipe directory tasks on `uuid` use: once its daemon was started (a daemon being
+    /// restarted keeps its directory).
+    pub fn pipe(&self, uuid: &str) -> Option<PathBuf> {
+        self.daemons.contains_key(uuid).then(|| self.pipe_dir(uuid))
+    }
+
+    /// Starts `uuid`'s daemon (reaping the one before it, if it exited); `exited` runs (on a
+    /// thread of its own) when the new one exits. `Err` says why it could not start.
+    pub fn start(
+        &mut self,
+        uuid: &str,
+        exited: impl FnOnce() + Send + 'static,
+    ) -> Result<u32, String> {
+        let binary = self.binary.clone().ok_or("no MPS control binary")?;
+        if let Some(old) = self.daemons.get_mut(uuid) {
+            if matches!(old.try_wait(), Ok(None)) {
+                return Ok(old.id());
             }
-            entry.restarts += 1;
-            tracing::warn!(gpu = %uuid, restarts = entry.restarts, "MPS control daemon exited; restarting it");
         }
+        let pipe = self.pipe_dir(uuid);
         let log = self.dir.join(uuid).join("log");
         for d in [&pipe, &log] {
-            if let Err(e) = std::fs::create_dir_all(d) {
-                tracing::warn!(gpu = %uuid, "cannot create {}: {e}", d.display());
-                return None;
-            }
+            std::fs::create_dir_all(d)
+                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
         }
-        entry.started = Instant::now();
-        match Command::new(&binary)
+        let child = Command::new(&binary)
             .arg("-f")
             .env("CUDA_VISIBLE_DEVICES", uuid)
             .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
@@ -114,41 +103,40 @@ impl MpsDaemons {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-        {
-            Ok(child) => {
-                tracing::info!(gpu = %uuid, pid = child.id(), "MPS control daemon started");
-                entry.child = Some(child);
-                Some(pipe)
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        let pid = child.id();
+        tracing::info!(gpu = %uuid, pid, "MPS control daemon started");
+        std::thread::spawn(move || {
+            // SAFETY: waitid(2) on our own child with WNOWAIT: it only waits (the child stays a
+            // zombie for `Child::try_wait` to reap); `info` is a plain struct it fills in.
+            unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                libc::waitid(
+                    libc::P_PID,
+                    pid as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOWAIT,
+                );
             }
-            Err(e) => {
-                tracing::warn!(gpu = %uuid, "cannot start {}: {e}", binary.display());
-                entry.child = None;
-                None
-            }
-        }
-    }
-
-    /// Restarts the daemons that exited (called on every agent tick).
-    pub fn supervise(&mut self) {
-        let gpus: Vec<String> = self.daemons.keys().cloned().collect();
-        for uuid in gpus {
-            self.ensure(&uuid);
-        }
+            exited();
+        });
+        self.daemons.insert(uuid.to_string(), child);
+        Ok(pid)
     }
 
     /// Pids of the running daemons, per GPU.
-    pub fn pids(&self) -> Vec<(String, u32)> {
+    pub fn pids(&mut self) -> Vec<(String, u32)> {
         self.daemons
-            .iter()
-            .filter_map(|(u, d)| d.child.as_ref().map(|c| (u.clone(), c.id())))
+            .iter_mut()
+            .filter_map(|(u, c)| matches!(c.try_wait(), Ok(None)).then(|| (u.clone(), c.id())))
             .collect()
     }
 }
 
 impl Drop for MpsDaemons {
     fn drop(&mut self) {
-        for (uuid, d) in &mut self.daemons {
-            if let Some(c) = d.child.as_mut() {
+        for (uuid, c) in &mut self.daemons {
+            if matches!(c.try_wait(), Ok(None)) {
                 if let Err(e) = c.kill() {
                     tracing::debug!(gpu = %uuid, "stopping the MPS control daemon: {e}");
                 }
@@ -163,7 +151,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_daemon_that_exits_is_restarted() {
+    fn a_daemon_that_exits_is_reported_and_can_start_again() {
         let dir = tempfile::tempdir().unwrap();
         // A stand-in control binary that exits at once.
         let bin = dir.path().join(MPS_CONTROL);
@@ -171,22 +159,18 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut m = MpsDaemons::new(Some(bin), &dir.path().join("mps"));
-        let pipe = m.ensure("GPU-a").unwrap();
+        assert_eq!(m.pipe("GPU-a"), None);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx2 = tx.clone();
+        let _first = m.start("GPU-a", move || tx.send(1).unwrap()).unwrap();
+        let pipe = m.pipe("GPU-a").unwrap();
         assert!(pipe.ends_with("GPU-a/pipe") && pipe.is_dir());
-        let first = m.pids();
-        assert_eq!(first.len(), 1);
-        // Wait for it to exit, then past the back-off: supervise starts a new one.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            std::thread::sleep(RESTART_BACKOFF + Duration::from_millis(100));
-            m.supervise();
-            if m.pids() != first {
-                break;
-            }
-            assert!(Instant::now() < deadline, "never restarted");
-        }
-        assert_eq!(m.daemons["GPU-a"].restarts.min(1), 1);
-        let none = MpsDaemons::new(None, dir.path());
+        // Its exit is told (no polling), and the next start reaps it and runs a new one.
+        assert_eq!(rx.recv().unwrap(), 1);
+        m.start("GPU-a", move || tx2.send(2).unwrap()).unwrap();
+        assert_eq!(rx.recv().unwrap(), 2);
+        let mut none = MpsDaemons::new(None, dir.path());
+        assert!(none.start("GPU-a", || {}).is_err());
         assert!(none.pids().is_empty());
     }
 }

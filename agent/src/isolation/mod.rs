@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::messages::TaskUsage;
 
+pub use crate::core::types::Limits;
 pub use devices::{DeviceRule, DeviceType, NvidiaMajors};
 pub use layout::CgroupLayout;
 
@@ -95,21 +96,6 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Iso
         path: path.display().to_string(),
         source,
     }
-}
-
-/// Per-task limits.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Limits {
-    /// Requested CPUs (shares/weight; and the quota when `cpu_hard_limit`).
-    pub cpus: f64,
-    /// Hard memory limit in MiB.
-    pub mem_mib: Option<u64>,
-    /// Maximum number of processes/threads.
-    pub pids_max: Option<u64>,
-    /// Enforce `cpus` as a CFS quota.
-    pub cpu_hard_limit: bool,
-    /// Device allow list; `None` leaves devices unrestricted.
-    pub devices: Option<Vec<DeviceRule>>,
 }
 
 /// `cpu.shares` for a number of CPUs (at least 2, as the kernel requires).

@@ -16,9 +16,18 @@
 //! blocking thread ([`write_snapshot`]), and only then are the older logs deleted.
 //!
 //! **Recovery** ([`Wal::open`]) loads the snapshot and replays the logs of its generation and
-//! later ones in order. A torn last frame (the agent died inside a `write`) is dropped: nothing
-//! it protected had been sent. The recovered state is written as a fresh snapshot at once, so
-//! the agent always starts from one snapshot and an empty log.
+//! later ones in order. A torn last frame (the agent died inside a `write`: a frame cut short
+//! or failing its checksum with no valid frame after it) is dropped: nothing it protected had
+//! been sent. A frame that fails its checksum with valid frames after it is corruption in the
+//! middle of the log, not a torn write: recovery reports it with its offset
+//! ([`CheckpointError::MidLogCorruption`]) and the agent refuses to start, unless the operator
+//! passes `--recover-truncate` ([`Recovery::Truncate`]): then replay stops at that frame, what
+//! is dropped (bytes, frames, later logs) is logged, and the agent starts from the state before
+//! it. The recovered state is written as a fresh snapshot at once, so the agent always starts
+//! from one snapshot and an empty log.
+//!
+//! The records ([`Record`]) are the core's ([`crate::core::types`]); this module frames, writes
+//! and replays them.
 //!
 //! A checkpoint written before the log existed has no `log_gen` (0) and no logs: it loads as it
 //! did.
@@ -28,10 +37,8 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use gantry_sdk::protocol::{AgentId, StatusUpdate, TaskId, UpdateId};
-use serde::{Deserialize, Serialize};
-
-use crate::checkpoint::{Checkpoint, CheckpointError, TaskRecord};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+pub use crate::core::types::Record;
 
 /// Log size past which the agent compacts it into a snapshot.
 pub const COMPACT_BYTES: u64 = 8 << 20;
@@ -39,56 +46,6 @@ pub const COMPACT_BYTES: u64 = 8 << 20;
 const HEADER: usize = 8;
 const LOG_PREFIX: &str = "wal-";
 const LOG_SUFFIX: &str = ".log";
-
-/// One change to the checkpointed state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Record {
-    /// The master assigned (or confirmed) this agent's id.
-    AgentId(AgentId),
-    /// A task's whole record, as it is now (inserted or changed).
-    Task(Box<TaskRecord>),
-    /// A task was forgotten (terminal and every update acknowledged).
-    TaskRemoved(TaskId),
-    /// A status update was queued for reliable delivery.
-    Update(Box<StatusUpdate>),
-    /// The master acknowledged a task's oldest update.
-    Acked {
-        task: TaskId,
-        update: UpdateId,
-    },
-    GpuUnhealthy {
-        uuid: String,
-        reason: String,
-    },
-    GpuHealthy {
-        uuid: String,
-    },
-}
-
-impl Record {
-    /// Applies the change to `ckpt` (recovery replays the log through this).
-    pub fn apply(self, ckpt: &mut Checkpoint) {
-        match self {
-            Record::AgentId(id) => ckpt.agent_id = Some(id),
-            Record::Task(rec) => {
-                ckpt.tasks.insert(rec.info.task_id, *rec);
-            }
-            Record::TaskRemoved(id) => {
-                ckpt.tasks.remove(&id);
-            }
-            Record::Update(u) => ckpt.updates.push(*u),
-            Record::Acked { task, update } => {
-                ckpt.updates.ack(task, update, 0);
-            }
-            Record::GpuUnhealthy { uuid, reason } => {
-                ckpt.unhealthy_gpus.insert(uuid, reason);
-            }
-            Record::GpuHealthy { uuid } => {
-                ckpt.unhealthy_gpus.remove(&uuid);
-            }
-        }
-    }
-}
 
 fn log_path(dir: &Path, gen: u64) -> PathBuf {
     dir.join(format!("{LOG_PREFIX}{gen:020}{LOG_SUFFIX}"))
@@ -143,29 +100,89 @@ pub fn encode_frame(records: &[Record], out: &mut Vec<u8>) {
 /// What decoding a log found.
 #[derive(Debug, Default, PartialEq)]
 pub struct Decoded {
+    /// The batches of the whole frames before any torn write or corruption.
     pub batches: Vec<Vec<Record>>,
     /// Bytes after the last whole frame (a torn write), dropped.
     pub torn_bytes: usize,
+    /// A corrupt frame in the middle of the log: the batches stop before it.
+    pub corrupt: Option<Corruption>,
 }
 
-/// Decodes the frames of one log. A frame that is cut short or fails its checksum ends the
-/// log (a torn write: nothing after it was committed); a frame whose checksum holds but whose
-/// records do not parse is corruption, not a torn write.
+/// A frame failing its checksum with valid frames after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Corruption {
+    /// Where the corrupt frame starts (bytes into the log).
+    pub offset: u64,
+    /// Bytes from it to the end of the log.
+    pub dropped_bytes: u64,
+    /// Valid frames found after it (from the first one on, back to back).
+    pub frames_after: usize,
+}
+
+/// What [`Wal::open`] does with a corrupt frame in the middle of a log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Recovery {
+    /// Refuse ([`CheckpointError::MidLogCorruption`]): the operator decides.
+    #[default]
+    Refuse,
+    /// Replay up to the corrupt frame and drop the rest (`--recover-truncate`).
+    Truncate,
+}
+
+/// The payload of the frame at `data[at..]` when it is whole and its checksum holds.
+fn frame_at(data: &[u8], at: usize) -> Option<&[u8]> {
+    let rest = data.get(at..)?;
+    if rest.len() < HEADER {
+        return None;
+    }
+    let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+    let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+    let payload = rest.get(HEADER..HEADER.checked_add(len)?)?;
+    (crc32fast::hash(payload) == crc).then_some(payload)
+}
+
+/// Whether a valid-looking frame starts at `at`: whole, non-empty (zeros a crash left past the
+/// end of a file are not frames), its checksum holding and its records parsing.
+fn plausible_frame_at(data: &[u8], at: usize) -> Option<usize> {
+    let payload = frame_at(data, at).filter(|p| !p.is_empty())?;
+    serde_json::from_slice::<Vec<Record>>(payload).ok()?;
+    Some(at + HEADER + payload.len())
+}
+
+/// After a bad frame at `bad`: the first valid-looking frame past it, and how many follow
+/// back to back from there (`None`: nothing valid after it, a torn write).
+fn frames_after(data: &[u8], bad: usize) -> Option<usize> {
+    let first = (bad + 1..data.len().saturating_sub(HEADER - 1))
+        .find(|&at| plausible_frame_at(data, at).is_some())?;
+    let mut n = 0;
+    let mut at = first;
+    while let Some(end) = plausible_frame_at(data, at) {
+        n += 1;
+        at = end;
+    }
+    Some(n)
+}
+
+/// Decodes the frames of one log. A frame that is cut short or fails its checksum with no valid
+/// frame after it ends the log (a torn write: nothing after it was committed); one with valid
+/// frames after it is corruption in the middle of the log ([`Decoded::corrupt`]); a frame whose
+/// checksum holds but whose records do not parse is corruption too (an error).
 pub fn decode_log(path: &Path, data: &[u8]) -> Result<Decoded, CheckpointError> {
     let mut out = Decoded::default();
     let mut at = 0;
     while at < data.len() {
         let rest = &data[at..];
-        let frame = (rest.len() >= HEADER)
-            .then(|| {
-                let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-                let payload = rest.get(HEADER..HEADER.checked_add(len)?)?;
-                (crc32fast::hash(payload) == crc).then_some(payload)
-            })
-            .flatten();
-        let Some(payload) = frame else {
-            out.torn_bytes = rest.len();
+        let Some(payload) = frame_at(data, at) else {
+            match frames_after(data, at) {
+                Some(n) => {
+                    out.corrupt = Some(Corruption {
+                        offset: at as u64,
+                        dropped_bytes: rest.len() as u64,
+                        frames_after: n,
+                    })
+                }
+                None => out.torn_bytes = rest.len(),
+            }
             break;
         };
         let batch: Vec<Record> =
@@ -212,12 +229,22 @@ pub struct Wal {
 impl Wal {
     /// Recovers the state in `dir` (snapshot + logs), writes it as a fresh snapshot and opens
     /// a new, empty log after it.
-    pub fn open(dir: &Path) -> Result<(Checkpoint, Wal), CheckpointError> {
+    /// A corrupt frame in the middle of a log is refused or, with [`Recovery::Truncate`], ends
+    /// the replay (later logs are dropped too).
+    pub fn open(dir: &Path, recovery: Recovery) -> Result<(Checkpoint, Wal), CheckpointError> {
         let mut ckpt = Checkpoint::load(dir)?.unwrap_or_default();
         let gens = log_gens(dir)?;
         let mut replayed = 0usize;
         let first = ckpt.log_gen;
+        let mut truncated_at: Option<u64> = None;
         for &g in gens.iter().filter(|&&g| g >= first) {
+            if let Some(at) = truncated_at {
+                tracing::warn!(
+                    log = %log_path(dir, g).display(),
+                    "--recover-truncate: dropping a whole log written after the corrupt frame in generation {at}"
+                );
+                continue;
+            }
             let path = log_path(dir, g);
             let data = std::fs::read(&path).map_err(|source| CheckpointError::Io {
                 path: path.clone(),
@@ -230,6 +257,25 @@ impl Wal {
                     bytes = decoded.torn_bytes,
                     "dropping a torn write at the end of the agent's log (nothing it held had been sent)"
                 );
+            }
+            if let Some(c) = &decoded.corrupt {
+                if recovery == Recovery::Refuse {
+                    return Err(CheckpointError::MidLogCorruption {
+                        path,
+                        offset: c.offset,
+                        dropped_bytes: c.dropped_bytes,
+                        frames_after: c.frames_after,
+                    });
+                }
+                tracing::warn!(
+                    log = %path.display(),
+                    offset = c.offset,
+                    dropped_bytes = c.dropped_bytes,
+                    frames_after = c.frames_after,
+                    kept_batches = decoded.batches.len(),
+                    "--recover-truncate: corrupt frame in the middle of the agent's log; replaying up to it and dropping everything from it on"
+                );
+                truncated_at = Some(g);
             }
             for batch in decoded.batches {
                 replayed += batch.len();

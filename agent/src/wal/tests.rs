@@ -1,9 +1,9 @@
 use gantry_sdk::protocol::{
-    FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId, UpdateSource,
+    AgentId, FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId, UpdateSource,
 };
 
 use super::*;
-use crate::checkpoint::FILE;
+use crate::checkpoint::{TaskRecord, FILE};
 
 fn task(state: TaskState) -> TaskRecord {
     let id = TaskId::random();
@@ -123,7 +123,7 @@ fn a_frame_with_a_good_checksum_and_bad_records_is_corruption() {
 #[test]
 fn commits_survive_a_reopen_and_the_pending_batch_does_not() {
     let dir = tempfile::tempdir().unwrap();
-    let (ckpt, mut wal) = Wal::open(dir.path()).unwrap();
+    let (ckpt, mut wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     assert!(ckpt.tasks.is_empty());
     let a = task(TaskState::Running);
     let b = task(TaskState::Staging);
@@ -141,7 +141,7 @@ fn commits_survive_a_reopen_and_the_pending_batch_does_not() {
     wal.append(Record::Task(Box::new(b.clone())));
     drop(wal);
 
-    let (back, wal) = Wal::open(dir.path()).unwrap();
+    let (back, wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     assert_eq!(back.agent_id, Some(agent));
     assert_eq!(back.tasks.len(), 1);
     assert_eq!(back.tasks[&a.info.task_id].state, TaskState::Running);
@@ -156,7 +156,7 @@ fn commits_survive_a_reopen_and_the_pending_batch_does_not() {
 #[test]
 fn a_written_batch_survives_the_agent_dying_before_a_sync() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, mut wal) = Wal::open(dir.path()).unwrap();
+    let (_, mut wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     let t = task(TaskState::Running);
     let u = update(&t, TaskState::Running);
     wal.append(Record::Task(Box::new(t.clone())));
@@ -170,7 +170,7 @@ fn a_written_batch_survives_the_agent_dying_before_a_sync() {
     assert_eq!(wal.write().unwrap(), 1);
     assert!(!wal.is_dirty());
     drop(wal);
-    let (back, _) = Wal::open(dir.path()).unwrap();
+    let (back, _) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     assert_eq!(back.tasks.len(), 1);
     assert!(back.updates.is_empty(), "the written ack was replayed");
 }
@@ -178,7 +178,7 @@ fn a_written_batch_survives_the_agent_dying_before_a_sync() {
 #[test]
 fn a_whole_life_replays_to_nothing_and_a_torn_tail_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, mut wal) = Wal::open(dir.path()).unwrap();
+    let (_, mut wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     let t = task(TaskState::Staging);
     for b in life(&t) {
         for r in b {
@@ -195,14 +195,14 @@ fn a_whole_life_replays_to_nothing_and_a_torn_tail_is_dropped() {
         .unwrap();
     f.write_all(&[200, 0, 0, 0, 1, 2]).unwrap();
     drop(f);
-    let (back, _) = Wal::open(dir.path()).unwrap();
+    let (back, _) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     assert!(back.tasks.is_empty() && back.updates.is_empty(), "{back:?}");
 }
 
 #[test]
 fn compaction_keeps_everything_whenever_the_agent_dies() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut ckpt, mut wal) = Wal::open(dir.path()).unwrap();
+    let (mut ckpt, mut wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     let a = task(TaskState::Running);
     let r = Record::Task(Box::new(a.clone()));
     r.clone().apply(&mut ckpt);
@@ -223,7 +223,7 @@ fn compaction_keeps_everything_whenever_the_agent_dies() {
             let e = e.unwrap();
             std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
         }
-        let (back, _) = Wal::open(copy.path()).unwrap();
+        let (back, _) = Wal::open(copy.path(), Recovery::Refuse).unwrap();
         assert_eq!(back.tasks.len(), 2);
     }
     // The snapshot of the rotated generation (taken at rotation, without b) replaces the old
@@ -234,7 +234,7 @@ fn compaction_keeps_everything_whenever_the_agent_dies() {
     write_snapshot(dir.path(), &snap).unwrap();
     assert_eq!(log_gens(dir.path()).unwrap(), vec![gen]);
     drop(wal);
-    let (back, _) = Wal::open(dir.path()).unwrap();
+    let (back, _) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     assert_eq!(back.tasks.len(), 2);
     assert!(back.tasks.contains_key(&a.info.task_id) && back.tasks.contains_key(&b.info.task_id));
 }
@@ -249,7 +249,99 @@ fn a_checkpoint_from_before_the_log_loads() {
         "updates": { "tasks": {} },
     });
     std::fs::write(dir.path().join(FILE), json.to_string()).unwrap();
-    let (back, _) = Wal::open(dir.path()).unwrap();
+    let (back, _) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     assert_eq!(back.tasks.len(), 1);
     assert!(back.log_gen > 0);
+}
+
+/// The frames of a task's life, encoded, with where each ends.
+fn encoded_life(t: &TaskRecord) -> (Vec<Vec<Record>>, Vec<u8>, Vec<usize>) {
+    let batches = life(t);
+    let mut data = Vec::new();
+    let mut ends = Vec::new();
+    for b in &batches {
+        encode_frame(b, &mut data);
+        ends.push(data.len());
+    }
+    (batches, data, ends)
+}
+
+#[test]
+fn a_corrupt_frame_with_frames_after_it_is_reported_not_taken_for_a_torn_tail() {
+    let (batches, data, ends) = encoded_life(&task(TaskState::Staging));
+    assert_eq!(batches.len(), 5);
+    let path = Path::new("wal-test.log");
+    // A flipped bit in the payload of the third frame: two valid frames follow it.
+    let mut flipped = data.clone();
+    flipped[ends[1] + HEADER + 3] ^= 0x10;
+    let d = decode_log(path, &flipped).unwrap();
+    assert_eq!(d.batches[..], batches[..2]);
+    assert_eq!(d.torn_bytes, 0);
+    assert_eq!(
+        d.corrupt,
+        Some(Corruption {
+            offset: ends[1] as u64,
+            dropped_bytes: (data.len() - ends[1]) as u64,
+            frames_after: 2,
+        })
+    );
+    // A flipped bit in its length (the frame now seems to run past the end of the log): the
+    // valid frames after it still tell corruption from a torn write.
+    let mut long = data.clone();
+    long[ends[1] + 3] ^= 0x01;
+    let d = decode_log(path, &long).unwrap();
+    assert_eq!(d.batches.len(), 2);
+    assert_eq!(
+        d.corrupt.map(|c| (c.offset, c.frames_after)),
+        Some((ends[1] as u64, 2))
+    );
+    // A torn last frame followed by zeros (a file extended by a crash) is still a torn write.
+    let mut zeros = data[..ends[3] + 20].to_vec();
+    zeros.extend_from_slice(&[0; 4096]);
+    let d = decode_log(path, &zeros).unwrap();
+    assert_eq!((d.batches.len(), d.corrupt), (4, None));
+    assert_eq!(d.torn_bytes, 20 + 4096);
+}
+
+#[test]
+fn the_agent_refuses_a_corrupt_log_unless_told_to_truncate_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
+    let gen = wal.generation();
+    drop(wal);
+    let t = task(TaskState::Staging);
+    let (_, data, ends) = encoded_life(&t);
+    // The log holds the task's first two batches (staged, running), then a corrupt one and
+    // the rest; a later log holds one more task.
+    let mut flipped = data.clone();
+    flipped[ends[1] + HEADER + 3] ^= 0x10;
+    std::fs::write(log_path(dir.path(), gen), &flipped).unwrap();
+    let later = task(TaskState::Staging);
+    let mut next = Vec::new();
+    encode_frame(&[Record::Task(Box::new(later.clone()))], &mut next);
+    std::fs::write(log_path(dir.path(), gen + 1), &next).unwrap();
+    let err = Wal::open(dir.path(), Recovery::Refuse).unwrap_err();
+    match &err {
+        CheckpointError::MidLogCorruption {
+            offset,
+            frames_after,
+            ..
+        } => assert_eq!((*offset, *frames_after), (ends[1] as u64, 2)),
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("--recover-truncate"), "{err}");
+    // Nothing was touched: refusing again gives the same answer.
+    assert!(matches!(
+        Wal::open(dir.path(), Recovery::Refuse),
+        Err(CheckpointError::MidLogCorruption { .. })
+    ));
+    // Truncating: the state before the corrupt frame, without the later log.
+    let (back, _) = Wal::open(dir.path(), Recovery::Truncate).unwrap();
+    let rec = &back.tasks[&t.info.task_id];
+    assert_eq!(rec.state, TaskState::Running);
+    assert!(!back.tasks.contains_key(&later.info.task_id));
+    assert_eq!(back.updates.len(), 1);
+    // Its snapshot replaced the logs: the next start needs no flag.
+    let (again, _) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
+    assert_eq!(again.tasks.len(), 1);
 }
