@@ -69,6 +69,10 @@ pub enum FaultKind {
     LeaderKill,
     /// `SIGSTOP` an agent until the master has found it unreachable, then `SIGCONT`.
     AgentPause,
+    /// `SIGSTOP` an agent past the master's unreachable timeout too (its tasks are `GONE` and
+    /// launched again), then `SIGCONT`: it joins as a new agent and what it still runs is
+    /// killed.
+    AgentLost,
     /// `kill -9` etcd, then start it again on the same ports and data.
     EtcdRestart,
     /// Kill the framework (its driver aborted, nothing said to the master) and fail over to a
@@ -77,10 +81,11 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::AgentRestart,
         FaultKind::LeaderKill,
         FaultKind::AgentPause,
+        FaultKind::AgentLost,
         FaultKind::EtcdRestart,
         FaultKind::FrameworkFailover,
     ];
@@ -90,6 +95,7 @@ impl FaultKind {
             FaultKind::AgentRestart => "agent kill+restart",
             FaultKind::LeaderKill => "leader kill",
             FaultKind::AgentPause => "agent pause",
+            FaultKind::AgentLost => "agent lost (pause)",
             FaultKind::EtcdRestart => "etcd kill+restart",
             FaultKind::FrameworkFailover => "framework failover",
         }
@@ -802,8 +808,8 @@ mod tests {
         let a = fault_schedule(&mut Rng::new(7), 12);
         let b = fault_schedule(&mut Rng::new(7), 12);
         assert_eq!(a, b);
-        let first: BTreeSet<FaultKind> = a[..5].iter().copied().collect();
-        assert_eq!(first.len(), 5, "{a:?}");
+        let first: BTreeSet<FaultKind> = a[..6].iter().copied().collect();
+        assert_eq!(first.len(), 6, "{a:?}");
         assert_ne!(a, fault_schedule(&mut Rng::new(8), 12));
     }
 

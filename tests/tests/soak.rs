@@ -1,10 +1,13 @@
 //! The fault-injection soak: a real etcd, 3 HA masters, 3 agents with cgroup isolation and a
 //! partition-aware framework running `GANTRY_SOAK_TASKS` units of work (default 40) through
-//! `GANTRY_SOAK_FAULTS` seeded faults (default 5: one of each kind; seed `GANTRY_SOAK_SEED`,
+//! `GANTRY_SOAK_FAULTS` seeded faults (default 6: one of each kind; seed `GANTRY_SOAK_SEED`,
 //! default 1): an agent `kill -9`ed and restarted, the leading master `kill -9`ed (restarted
-//! as a standby), an agent `SIGSTOP`ped until the master finds it unreachable then `SIGCONT`ed,
-//! etcd `kill -9`ed and restarted, the framework killed and failed over to a new driver with
-//! its framework id.
+//! as a standby), an agent `SIGSTOP`ped until the master finds it unreachable then `SIGCONT`ed
+//! (its tasks UNREACHABLE, then back), an agent `SIGSTOP`ped past the unreachable timeout too
+//! (its tasks GONE and launched again; it comes back as a new agent), etcd `kill -9`ed and
+//! restarted, the framework killed and failed over to a new driver with its framework id.
+//! Masters that exit (a leader that lost etcd steps down and exits) are started again as
+//! standbys, as their supervisor would. `GANTRY_SOAK_LOGS=DIR` keeps the processes' logs there.
 //!
 //! Each task appends `start UNIT TASK` and `done UNIT TASK` to a ledger (see
 //! `gantry_tests::soak`), which counts what ran independently of Gantry. The work is released
@@ -39,6 +42,10 @@ use gantry_tests::{
 /// `--agent-reregister-timeout` of the masters: a paused agent is unreachable this long after
 /// the master dropped its connection (15 s of silence: the QUIC idle timeout).
 const REREGISTER_SECS: u64 = 3;
+/// `--agent-unreachable-timeout` of the masters: an agent paused this much longer is gone.
+const UNREACHABLE_SECS: u64 = 8;
+/// How long the cluster must stay whole to count as recovered.
+const SETTLE: Duration = Duration::from_secs(3);
 /// The most any fault may take to recover from.
 const RECOVERY_BOUND: Duration = Duration::from_secs(90);
 /// The framework's failover timeout: long past its own kill.
@@ -68,10 +75,11 @@ struct Soak {
     framework: Option<(DriverHandle, DriverRun)>,
     framework_id: Option<FrameworkId>,
     began: Instant,
-    /// Masters started again after they exited (etcd outages make a leader step down and exit).
-    revived: usize,
+    /// Masters that exited (etcd outages make a leader step down and exit) and were started
+    /// again.
+    exits: Vec<String>,
     /// Removed last (the agents and masters work in it).
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Soak {
@@ -101,8 +109,8 @@ impl Soak {
     }
 
     /// Whether the cluster is whole: one leader, every agent registered with it, the framework
-    /// subscribed, no task UNREACHABLE. The reason when it is not.
-    fn whole(&self) -> Result<(), String> {
+    /// subscribed, no task UNREACHABLE. The leader, or the reason it is not whole.
+    fn whole(&self) -> Result<usize, String> {
         let l = self.leader().ok_or("no single leader")?;
         let s = self.masters[l]
             .state()
@@ -131,34 +139,57 @@ impl Soak {
         if unreachable > 0 {
             return Err(format!("{unreachable} tasks UNREACHABLE"));
         }
-        Ok(())
+        Ok(l)
     }
 
-    /// Starts masters that exited (as their supervisor would), once another one leads.
-    fn revive_masters(&mut self) {
-        if self.leader().is_none() {
-            return;
-        }
+    /// Starts masters that exited (as their supervisor would), once another one leads; whether
+    /// one had exited.
+    fn revive_masters(&mut self) -> bool {
+        let mut exited = false;
         for i in 0..self.masters.len() {
             if !self.masters[i].proc.is_running() {
+                exited = true;
+                if self.leader().is_none() {
+                    continue;
+                }
+                self.exits.push(format!(
+                    "master {i} exited, started again (+{:.1} s)",
+                    self.began.elapsed().as_secs_f64()
+                ));
                 eprintln!("soak: master {i} exited; starting it again as a standby");
                 self.masters[i].restart().expect("master restarts");
-                self.revived += 1;
             }
         }
+        exited
     }
 
-    /// Waits until the cluster is whole and `also` holds; the time that took. Panics (with the
+    /// Waits until the cluster is whole and `also` holds, and stays so with the same leader and
+    /// every master running for [`SETTLE`] (a leader that steps down late, after an etcd outage
+    /// say, is not a recovery): the time until the start of that stretch. Panics (with the
     /// logs' tails) past [`RECOVERY_BOUND`].
     fn wait_whole(&mut self, what: &str, also: impl Fn(&Self) -> bool) -> Duration {
         let t = Instant::now();
+        let mut since: Option<(Instant, usize)> = None;
         loop {
-            self.revive_masters();
+            let exited = self.revive_masters();
             let why = match self.whole() {
-                Ok(()) if also(self) => return t.elapsed(),
-                Ok(()) => format!("{what}: not yet"),
+                Ok(_) if exited => "a master exited".to_string(),
+                Ok(l) if also(self) => {
+                    match since {
+                        Some((at, l0)) if l0 == l => {
+                            if at.elapsed() >= SETTLE {
+                                return at - t;
+                            }
+                        }
+                        _ => since = Some((Instant::now(), l)),
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                Ok(_) => format!("{what}: not yet"),
                 Err(e) => e,
             };
+            since = None;
             if t.elapsed() > RECOVERY_BOUND {
                 self.dump_tails();
                 panic!(
@@ -168,6 +199,22 @@ impl Soak {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Copies every log of the soak (masters, agents, etcd) into `to`.
+    fn keep_logs(&self, to: &std::path::Path) {
+        let _ = std::fs::create_dir_all(to);
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        logs.retain(|p| p.to_string_lossy().contains(".log"));
+        logs.push(self.etcd.dir().join("etcd.log"));
+        for p in logs {
+            if let Some(name) = p.file_name() {
+                let _ = std::fs::copy(&p, to.join(name));
+            }
+        }
+        eprintln!("soak: logs kept in {}", to.display());
     }
 
     fn dump_tails(&self) {
@@ -218,7 +265,9 @@ impl Soak {
     fn inject(&mut self, kind: FaultKind) -> FaultRecord {
         let at = self.began.elapsed();
         let finished_before = self.finished();
+        let leader_before = self.leader();
         let running = self.leader_state().map_or(0, |s| running_tasks(&s));
+        let exits_before = self.exits.len();
         let mut rec = FaultRecord {
             kind,
             target: String::new(),
@@ -243,72 +292,22 @@ impl Soak {
                     self.wait_whole("agent restart", |s| s.agent_registrations(i) > before);
             }
             FaultKind::LeaderKill => {
-                let l = self.leader().expect("a leader before the fault");
+                let l = leader_before.expect("a leader before the fault");
                 rec.target = format!("master {l}");
                 self.masters[l].proc.kill9();
                 rec.recovery =
                     self.wait_whole("leader kill", |s| s.leader().is_some_and(|n| n != l));
                 // `wait_whole` started it again once another led: it must stand by.
                 let h = self.masters[l].health().expect("restarted master answers");
-                rec.note = format!("killed master back as {}", h["role"]);
                 assert_eq!(h["role"], "standby", "{h}");
             }
-            FaultKind::AgentPause => {
+            FaultKind::AgentPause | FaultKind::AgentLost => {
                 let i = self.rng.below(self.agents.len() as u64) as usize;
                 rec.target.clone_from(&self.agents[i].name);
-                let name = self.agents[i].name.clone();
-                let s = self.leader_state().expect("leader state");
-                let id = s["agents"]
-                    .as_array()
-                    .and_then(|a| a.iter().find(|a| a["name"] == name.as_str()))
-                    .map(|a| a["id"].as_str().unwrap_or_default().to_string())
-                    .expect("agent listed");
-                let on_agent = |s: &serde_json::Value, state: &str| {
-                    s["tasks"].as_array().map_or(0, |t| {
-                        t.iter()
-                            .filter(|t| t["agent_id"] == id.as_str() && t["state"] == state)
-                            .count()
-                    })
-                };
-                let had = on_agent(&s, "RUNNING");
-                let pid = self.agents[i].proc.pid();
-                let t0 = Instant::now();
-                // SAFETY: kill(2) on our own child's pid.
-                unsafe { libc::kill(pid, libc::SIGSTOP) };
-                // Stopped until the master has dropped it and its re-register timeout passed:
-                // its tasks are then UNREACHABLE (they run on, and may finish meanwhile).
-                let deadline = t0 + Duration::from_secs(60);
-                let mut dropped_at = None;
-                let mut unreachable = 0;
-                loop {
-                    assert!(
-                        Instant::now() < deadline,
-                        "paused agent {name} never unreachable"
-                    );
-                    std::thread::sleep(Duration::from_millis(100));
-                    let Some(s) = self.leader_state() else {
-                        continue;
-                    };
-                    unreachable = unreachable.max(on_agent(&s, "UNREACHABLE"));
-                    let connected = s["agents"].as_array().is_some_and(|a| {
-                        a.iter()
-                            .any(|a| a["id"] == id.as_str() && a["connected"] == true)
-                    });
-                    if !connected && dropped_at.is_none() {
-                        dropped_at = Some(Instant::now());
-                    }
-                    let past = dropped_at.is_some_and(|d| {
-                        d.elapsed() > Duration::from_millis(REREGISTER_SECS * 1000 + 1500)
-                    });
-                    if unreachable > 0 || (had == 0 && past) {
-                        break;
-                    }
-                }
-                // SAFETY: as above.
-                unsafe { libc::kill(pid, libc::SIGCONT) };
-                rec.outage = t0.elapsed();
-                rec.note = format!("{had} running, {unreachable} UNREACHABLE");
-                rec.recovery = self.wait_whole("agent pause", |_| true);
+                let (outage, note) = self.pause(i, kind == FaultKind::AgentLost);
+                rec.outage = outage;
+                rec.note = note;
+                rec.recovery = self.wait_whole(kind.name(), |_| true);
             }
             FaultKind::EtcdRestart => {
                 rec.target = "etcd".into();
@@ -318,9 +317,7 @@ impl Soak {
                 std::thread::sleep(self.rng.millis(2500, 4500));
                 self.etcd.restart().expect("etcd restarts");
                 rec.outage = t0.elapsed();
-                let revived = self.revived;
                 rec.recovery = self.wait_whole("etcd restart", |_| true);
-                rec.note = format!("{} masters started again", self.revived - revived);
             }
             FaultKind::FrameworkFailover => {
                 rec.target = "framework".into();
@@ -342,9 +339,98 @@ impl Soak {
                 );
             }
         }
+        let leader_after = self.leader();
+        let mut notes = vec![format!(
+            "leader {} -> {}",
+            leader_before.map_or("-".into(), |l| l.to_string()),
+            leader_after.map_or("-".into(), |l| l.to_string())
+        )];
+        if !rec.note.is_empty() {
+            notes.push(std::mem::take(&mut rec.note));
+        }
+        notes.extend(self.exits[exits_before..].iter().cloned());
+        rec.note = notes.join("; ");
         assert!(rec.recovery <= RECOVERY_BOUND, "{rec:?}");
         eprintln!("soak: {rec:?}");
         rec
+    }
+
+    /// `SIGSTOP`s agent `i` until the master found it unreachable (its running tasks
+    /// UNREACHABLE), or, when `lost`, until its unreachable timeout passed too (its tasks GONE),
+    /// then `SIGCONT`s it. How long it was stopped, and a note.
+    fn pause(&mut self, i: usize, lost: bool) -> (Duration, String) {
+        let name = self.agents[i].name.clone();
+        let s = self.leader_state().expect("leader state");
+        let id = s["agents"]
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["name"] == name.as_str()))
+            .map(|a| a["id"].as_str().unwrap_or_default().to_string())
+            .expect("agent listed");
+        let on_agent = |s: &serde_json::Value, list: &str, state: &str| {
+            s[list].as_array().map_or(0, |t| {
+                t.iter()
+                    .filter(|t| t["agent_id"] == id.as_str() && t["state"] == state)
+                    .count()
+            })
+        };
+        let had = on_agent(&s, "tasks", "RUNNING") + on_agent(&s, "tasks", "STAGING");
+        let lost_before = self.book().lost.len();
+        let pid = self.agents[i].proc.pid();
+        let t0 = Instant::now();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        // Its tasks run on (and may finish) meanwhile; they cannot tell anyone.
+        let timeout = Duration::from_secs(if lost { 120 } else { 60 });
+        let mut dropped_at = None;
+        let mut unreachable = 0;
+        let mut gone;
+        loop {
+            if t0.elapsed() > timeout {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                self.dump_tails();
+                panic!(
+                    "paused agent {name}: not unreachable{} within {timeout:?}",
+                    if lost { " and gone" } else { "" }
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            let Some(s) = self.leader_state() else {
+                continue;
+            };
+            unreachable = unreachable.max(on_agent(&s, "tasks", "UNREACHABLE"));
+            gone = self.book().lost.len() - lost_before;
+            let connected = s["agents"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|a| a["id"] == id.as_str() && a["connected"] == true)
+            });
+            if !connected && dropped_at.is_none() {
+                dropped_at = Some(Instant::now());
+            }
+            let mut wait = REREGISTER_SECS * 1000 + 1500;
+            if lost {
+                wait += UNREACHABLE_SECS * 1000;
+            }
+            let past = dropped_at.is_some_and(|d| d.elapsed() > Duration::from_millis(wait));
+            // (`had` is what /state showed just before the stop: a task may have ended in
+            // between, so the timeouts decide, not the counts.)
+            let done = if lost {
+                past && on_agent(&s, "tasks", "UNREACHABLE") == 0
+            } else {
+                unreachable > 0 || past
+            };
+            if done {
+                break;
+            }
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        let note = if lost {
+            format!("{had} tasks there, {unreachable} UNREACHABLE, {gone} GONE")
+        } else {
+            format!("{had} tasks there, {unreachable} UNREACHABLE")
+        };
+        (t0.elapsed(), note)
     }
 }
 
@@ -354,7 +440,7 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
         return;
     }
     let units = env_u64("GANTRY_SOAK_TASKS", 40).max(1) as usize;
-    let faults = env_u64("GANTRY_SOAK_FAULTS", 5) as usize;
+    let faults = env_u64("GANTRY_SOAK_FAULTS", 6) as usize;
     let seed = env_u64("GANTRY_SOAK_SEED", 1);
     let mut rng = Rng::new(seed);
     let schedule = fault_schedule(&mut rng, faults);
@@ -386,6 +472,7 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
     }
     let url = etcd.client_url();
     let rereg = REREGISTER_SECS.to_string();
+    let unreach = UNREACHABLE_SECS.to_string();
     let mut masters = Vec::new();
     for _ in 0..3 {
         masters.push(
@@ -399,6 +486,8 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
                     "2",
                     "--agent-reregister-timeout",
                     &rereg,
+                    "--agent-unreachable-timeout",
+                    &unreach,
                 ],
             )
             .unwrap(),
@@ -440,8 +529,8 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
         framework: None,
         framework_id: None,
         began: Instant::now(),
-        revived: 0,
-        _dir: dir,
+        exits: Vec::new(),
+        dir,
     };
     soak.wait_whole("the cluster to form", |_| true);
     soak.start_framework();
@@ -594,5 +683,8 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
         book.launched
     );
     assert_eq!(records.len(), faults);
+    if let Ok(keep) = std::env::var("GANTRY_SOAK_LOGS") {
+        soak.keep_logs(std::path::Path::new(&keep));
+    }
     drop(soak);
 }
