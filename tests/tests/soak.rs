@@ -146,10 +146,16 @@ impl Soak {
     /// one had exited.
     fn revive_masters(&mut self) -> bool {
         let mut exited = false;
+        let running: Vec<bool> = self
+            .masters
+            .iter_mut()
+            .map(|m| m.proc.is_running())
+            .collect();
         for i in 0..self.masters.len() {
-            if !self.masters[i].proc.is_running() {
+            if !running[i] {
                 exited = true;
-                if self.leader().is_none() {
+                // Into a cluster with a leader, as a standby (or all again if none runs).
+                if running.contains(&true) && self.leader().is_none() {
                     continue;
                 }
                 self.exits.push(format!(
