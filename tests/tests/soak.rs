@@ -267,6 +267,30 @@ impl Soak {
             .unwrap_or(0)
     }
 
+    /// The agent a fault hits: one of those running the most tasks (seeded among equals).
+    fn pick_agent(&mut self) -> usize {
+        let s = self.leader_state();
+        let running: Vec<usize> = self
+            .agents
+            .iter()
+            .map(|a| {
+                let Some(s) = &s else { return 0 };
+                let id = s["agents"]
+                    .as_array()
+                    .and_then(|v| v.iter().find(|x| x["name"] == a.name.as_str()))
+                    .map(|x| x["id"].clone());
+                s["tasks"].as_array().map_or(0, |t| {
+                    t.iter()
+                        .filter(|t| Some(&t["agent_id"]) == id.as_ref() && t["state"] == "RUNNING")
+                        .count()
+                })
+            })
+            .collect();
+        let most = running.iter().copied().max().unwrap_or(0);
+        let busiest: Vec<usize> = (0..running.len()).filter(|&i| running[i] == most).collect();
+        busiest[self.rng.below(busiest.len() as u64) as usize]
+    }
+
     /// Injects one fault; returns its record.
     fn inject(&mut self, kind: FaultKind) -> FaultRecord {
         let at = self.began.elapsed();
@@ -286,7 +310,7 @@ impl Soak {
         };
         match kind {
             FaultKind::AgentRestart => {
-                let i = self.rng.below(self.agents.len() as u64) as usize;
+                let i = self.pick_agent();
                 rec.target.clone_from(&self.agents[i].name);
                 let before = self.agent_registrations(i);
                 let t0 = Instant::now();
@@ -308,7 +332,7 @@ impl Soak {
                 assert_eq!(h["role"], "standby", "{h}");
             }
             FaultKind::AgentPause | FaultKind::AgentLost => {
-                let i = self.rng.below(self.agents.len() as u64) as usize;
+                let i = self.pick_agent();
                 rec.target.clone_from(&self.agents[i].name);
                 let (outage, note) = self.pause(i, kind == FaultKind::AgentLost);
                 rec.outage = outage;
@@ -513,7 +537,24 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
             .unwrap()
         })
         .collect();
-    let sleeps = (0..units).map(|_| rng.millis(500, 3000)).collect();
+    let mut sleeps: Vec<Duration> = (0..units).map(|_| rng.millis(500, 3000)).collect();
+    // The second half of a pause's slice outlasts the pause: on an agent paused past its
+    // re-register timeout those tasks come back RUNNING; on one lost past the unreachable
+    // timeout too they are GONE, launched again, and killed when the agent rejoins.
+    for (i, kind) in schedule.iter().enumerate() {
+        let long = match kind {
+            FaultKind::AgentPause => Duration::from_secs(25),
+            FaultKind::AgentLost => Duration::from_secs(45),
+            _ => continue,
+        };
+        for s in sleeps
+            .iter_mut()
+            .take((i + 1) * slice)
+            .skip(i * slice + slice / 2)
+        {
+            *s = long;
+        }
+    }
     let spec = Arc::new(SoakSpec {
         units,
         sleeps,
