@@ -172,6 +172,8 @@ pub struct Book {
     /// Things that must not happen: a second terminal update, a terminal state rewritten, an
     /// update for a task the framework never launched, a unit finished twice.
     pub anomalies: Vec<String>,
+    /// `UnknownOffer` errors: accepts that raced their offer's rescind (tasks DROPPED).
+    pub offer_races: Vec<String>,
     /// When the framework (re-)subscribed.
     pub registrations: Vec<(Instant, FrameworkId)>,
     /// UNREACHABLE updates, and tasks that came back from UNREACHABLE.
@@ -435,9 +437,16 @@ impl Scheduler for SoakFramework {
         kind: gantry_sdk::protocol::ErrorKind,
         message: &str,
     ) {
-        self.book()
-            .anomalies
-            .push(format!("framework error {kind:?}: {message}"));
+        let line = format!("{kind:?}: {message}");
+        let mut b = self.book();
+        // An accept that raced the offer's rescind (its agent went away, say): its tasks come
+        // back DROPPED and are launched again. Anything else is the framework's or the
+        // master's mistake.
+        if kind == gantry_sdk::protocol::ErrorKind::UnknownOffer {
+            b.offer_races.push(line);
+        } else {
+            b.anomalies.push(format!("framework error {line}"));
+        }
     }
 }
 
@@ -756,6 +765,11 @@ pub fn report(rep: &Report<'_>) -> String {
         .map(|(t, st, m)| format!("{t} {st}: {m}"))
         .collect();
     list(&mut s, "failures", &fails);
+    list(
+        &mut s,
+        "accepts that raced a rescind (UnknownOffer; tasks DROPPED, launched again)",
+        &book.offer_races,
+    );
     list(&mut s, "anomalies", &book.anomalies);
     let mut other = r.unknown.clone();
     other.extend(r.inconsistent.iter().cloned());

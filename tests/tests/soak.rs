@@ -527,12 +527,16 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
     let resources = format!("cpus:{per_agent};mem:{}", per_agent * 256);
     let agents: Vec<AgentProc> = (0..3)
         .map(|i| {
-            AgentProc::start_multi(
+            AgentProc::start_multi_with(
                 dir.path(),
                 &tls,
                 &addrs.join(","),
                 &format!("soak{i}-{}", std::process::id()),
                 &resources,
+                // Every sandbox kept, to be counted: even with `--gc-disk-headroom 0` the
+                // collection delay shrinks with the disk's use (an hour times the free
+                // fraction: 3.6 min on a disk 94% full).
+                &["--gc-keep", "1000000"],
             )
             .unwrap()
         })
