@@ -542,21 +542,24 @@ fn soak_faults_lose_nothing_and_run_nothing_twice() {
         })
         .collect();
     let mut sleeps: Vec<Duration> = (0..units).map(|_| rng.millis(500, 3000)).collect();
-    // The second half of a pause's slice outlasts the pause: on an agent paused past its
-    // re-register timeout those tasks come back RUNNING; on one lost past the unreachable
-    // timeout too they are GONE, launched again, and killed when the agent rejoins.
+    // The second half of a pause's slice runs when the pause begins: every other of those
+    // tasks outlasts the pause, the rest (6-10 s) end while their agent is stopped. On an agent
+    // paused past its re-register timeout they come back RUNNING or FINISHED; on one lost past
+    // the unreachable timeout too they are all GONE and launched again: the long ones are
+    // killed when the agent rejoins, the others ran to the end (units executed twice).
     for (i, kind) in schedule.iter().enumerate() {
         let long = match kind {
             FaultKind::AgentPause => Duration::from_secs(25),
             FaultKind::AgentLost => Duration::from_secs(45),
             _ => continue,
         };
-        for s in sleeps
-            .iter_mut()
-            .take((i + 1) * slice)
-            .skip(i * slice + slice / 2)
-        {
-            *s = long;
+        let second_half = (i * slice + slice / 2)..((i + 1) * slice).min(units);
+        for (k, u) in second_half.enumerate() {
+            sleeps[u] = if k % 2 == 0 {
+                long
+            } else {
+                rng.millis(6000, 10_000)
+            };
         }
     }
     let spec = Arc::new(SoakSpec {
