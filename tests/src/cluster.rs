@@ -165,6 +165,18 @@ impl AgentProc {
         Self::start_any(dir, tls_dir, masters, name, resources, &[])
     }
 
+    /// [`AgentProc::start_multi`] with extra agent flags.
+    pub fn start_multi_with(
+        dir: &Path,
+        tls_dir: &Path,
+        masters: &str,
+        name: &str,
+        resources: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start_any(dir, tls_dir, masters, name, resources, extra)
+    }
+
     /// Starts an agent named `name` advertising `resources`.
     pub fn start(
         dir: &Path,

@@ -13,6 +13,7 @@
 //! - [`standin`]: the stand-in NVML library for GPU tests.
 //! - [`emu`], [`load`]: emulated agents and frameworks over real QUIC (the `gantry-load`
 //!   harness and the HA benchmarks).
+//! - [`soak`]: the fault-injection soak's framework, fault schedule, ledger and report.
 //! - [`etcd`], [`proxy`]: a real etcd server and a cuttable TCP proxy, from the dev-only
 //!   `gantry-test-support` crate (shared with `gantry-master`'s own tests).
 
@@ -22,6 +23,7 @@ pub mod emu;
 pub mod frameworks;
 pub mod load;
 pub mod processes;
+pub mod soak;
 pub mod standin;
 
 pub use gantry_test_support::{etcd, proxy};
