@@ -212,11 +212,19 @@ impl AgentProc {
             resources.into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        // Sandbox collection shortens its delay as the disk fills (to zero at 90 % by default);
-        // on a nearly full CI disk that collected all but the newest `--gc-keep` sandboxes of
-        // tests that count them. Tests ignore the disk unless they set the headroom themselves.
+        // Sandbox collection shortens its delay as the disk fills (Mesos's
+        // `delay × max(0, 1 − headroom − used)`: to zero at 90 % by default, and still to 216 s
+        // of the hour at 94 % with no headroom); on a nearly full CI disk that collected all but
+        // the newest `--gc-keep` sandboxes of tests that count them. Tests ignore the disk unless
+        // they set the headroom themselves, and keep every sandbox unless they set a gc flag.
         if !extra.contains(&"--gc-disk-headroom") {
             args.extend(["--gc-disk-headroom".into(), "0".into()]);
+        }
+        if !["--gc-disk-headroom", "--gc-delay", "--gc-keep"]
+            .iter()
+            .any(|f| extra.contains(f))
+        {
+            args.extend(["--gc-keep".into(), "1000000".into()]);
         }
         let proc = Self::spawn_with(&args, &log, name)?;
         Ok(Self {
