@@ -60,5 +60,11 @@ pub mod transport {
     pub use gantry_transport::*;
 }
 
+/// The framework guide (docs/framework-guide.md): included only when doctests are built, so
+/// every Rust example in it is compiled by `cargo test` and stays in step with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/framework-guide.md")]
+pub struct FrameworkGuide;
+
 pub use protocol::Resources;
 pub use scheduler::{Driver, DriverConfig, DriverHandle, Scheduler};
