@@ -25,6 +25,9 @@
 //!   attributes, NUMA locality) and [`placement::gang`] (all-or-nothing gangs, elastic
 //!   `min..max`, which gang may hold offers).
 //! - [`process`]: shutdown on SIGINT or SIGTERM.
+//! - [`timers`]: one-shot and periodic timers ([`DriverHandle::after`], [`DriverHandle::every`])
+//!   and the framework's own events ([`DriverHandle::notify`]), delivered as
+//!   [`Scheduler::wake`] in order with the master's messages.
 //! - [`scheduler`]: the [`Scheduler`] trait (with the [`Scheduler::drain_notice`] callback for
 //!   agents drained for maintenance) and the [`Driver`] that runs it against a master.
 
@@ -36,6 +39,7 @@ pub mod config_file;
 pub mod process;
 pub mod reconcile;
 pub mod scheduler;
+pub mod timers;
 
 /// The wire protocol: `gantry-proto` re-exported, so `gantry_sdk::protocol::...` paths work.
 pub mod protocol {
@@ -68,3 +72,4 @@ pub struct FrameworkGuide;
 
 pub use protocol::Resources;
 pub use scheduler::{Driver, DriverConfig, DriverHandle, Scheduler};
+pub use timers::TimerId;

@@ -37,6 +37,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +45,7 @@ use tokio::sync::mpsc;
 
 use crate::protocol::codec::{encode_frame_into, WRITE_BATCH_BYTES};
 use crate::protocol::*;
+use crate::timers::{TimerId, Timers};
 use crate::transport::masters::{LeaderSession, Masters, MastersConfig};
 use crate::transport::quic;
 use crate::transport::tls::{self, PeerIdentity};
@@ -119,6 +121,17 @@ pub trait Scheduler: Send {
     /// The connection to the master dropped; the driver is reconnecting.
     fn disconnected(&mut self, driver: &DriverHandle) -> impl Future<Output = ()> + Send {
         let _ = driver;
+        async {}
+    }
+
+    /// A timer set with [`DriverHandle::after`] or [`DriverHandle::every`] came due, or the
+    /// framework's own code called [`DriverHandle::notify`] (from any task: the handle is
+    /// cheap to clone): `token` is the one given there. Delivered one at a time, in order with
+    /// the master's messages and whether or not the driver is connected, so a retry back-off,
+    /// a deadline or an event of the framework's own (a job submitted to its API) needs no
+    /// lock and no ticker of its own.
+    fn wake(&mut self, driver: &DriverHandle, token: u64) -> impl Future<Output = ()> + Send {
+        let _ = (driver, token);
         async {}
     }
 }
@@ -197,7 +210,19 @@ pub enum DriverError {
 
 enum Command {
     Send(FrameworkToMaster),
-    Stop { teardown: bool },
+    Stop {
+        teardown: bool,
+    },
+    /// Set (or reset) a timer.
+    Timer {
+        id: TimerId,
+        at: tokio::time::Instant,
+        token: u64,
+        every: Option<Duration>,
+    },
+    CancelTimer(TimerId),
+    /// The framework's own event: [`Scheduler::wake`] with this token.
+    Notify(u64),
 }
 
 /// A cheap, cloneable handle for acting on the master. Calls never block: they are queued and
@@ -206,6 +231,7 @@ enum Command {
 pub struct DriverHandle {
     tx: mpsc::UnboundedSender<Command>,
     framework_id: Arc<Mutex<Option<FrameworkId>>>,
+    next_timer: Arc<AtomicU64>,
 }
 
 impl DriverHandle {
@@ -274,6 +300,38 @@ impl DriverHandle {
     pub fn set_demand(&self, demand: Option<Demand>) {
         self.send(FrameworkToMaster::SetDemand { demand });
     }
+    /// Calls [`Scheduler::wake`] with `token` once `delay` has passed (a retry back-off, a
+    /// deadline). Returns an id for [`DriverHandle::cancel_timer`].
+    pub fn after(&self, delay: Duration, token: u64) -> TimerId {
+        self.timer(delay, token, None)
+    }
+    /// Calls [`Scheduler::wake`] with `token` every `period` (at least
+    /// [`MIN_PERIOD`](crate::timers::MIN_PERIOD)), the first time one period from now. A
+    /// driver that fell behind wakes once, not once per missed period.
+    pub fn every(&self, period: Duration, token: u64) -> TimerId {
+        self.timer(period, token, Some(period))
+    }
+    fn timer(&self, delay: Duration, token: u64, every: Option<Duration>) -> TimerId {
+        let id = TimerId(self.next_timer.fetch_add(1, Ordering::Relaxed));
+        let at = tokio::time::Instant::now() + delay;
+        let _ = self.tx.send(Command::Timer {
+            id,
+            at,
+            token,
+            every,
+        });
+        id
+    }
+    /// Cancels a timer (nothing if it already fired).
+    pub fn cancel_timer(&self, id: TimerId) {
+        let _ = self.tx.send(Command::CancelTimer(id));
+    }
+    /// Delivers `token` to [`Scheduler::wake`], in order with everything else the scheduler
+    /// hears: how the framework's own events (from its API, a file watcher, another task)
+    /// reach the scheduler without sharing its state behind a lock.
+    pub fn notify(&self, token: u64) {
+        let _ = self.tx.send(Command::Notify(token));
+    }
     /// Tear the framework down (its tasks are killed) and end [`Driver::run`].
     pub fn stop(&self) {
         let _ = self.tx.send(Command::Stop { teardown: true });
@@ -294,6 +352,8 @@ pub struct Driver {
     pending: Vec<FrameworkToMaster>,
     /// Kills not yet answered, retried ([`Kills`]).
     kills: Kills,
+    /// The scheduler's timers.
+    timers: Timers,
 }
 
 /// How one connection ended.
@@ -436,12 +496,17 @@ impl Driver {
         let framework_id = Arc::new(Mutex::new(config.info.framework_id));
         Self {
             config,
-            handle: DriverHandle { tx, framework_id },
+            handle: DriverHandle {
+                tx,
+                framework_id,
+                next_timer: Arc::new(AtomicU64::new(0)),
+            },
             rx,
             pending: Vec::new(),
             kills: Kills {
                 sent: HashMap::new(),
             },
+            timers: Timers::default(),
         }
     }
 
@@ -471,7 +536,7 @@ impl Driver {
         let mut unreachable_since = tokio::time::Instant::now();
         loop {
             let Some(session) = self
-                .wait_for_leader(&mut masters, unreachable_since)
+                .wait_for_leader(&mut scheduler, &mut masters, unreachable_since)
                 .await?
             else {
                 return Ok(());
@@ -502,7 +567,7 @@ impl Driver {
             // (the master rescinds a disconnected framework's offers); the rest is sent after
             // re-subscribing.
             while let Ok(cmd) = self.rx.try_recv() {
-                if !self.hold_while_disconnected(cmd) {
+                if !self.while_disconnected(&mut scheduler, cmd).await {
                     masters.shutdown().await;
                     return Ok(());
                 }
@@ -538,13 +603,39 @@ impl Driver {
         }
     }
 
-    /// Queues a request made while no session is up; false for a stop.
+    /// A request made while no session is up: timers and the framework's own events are
+    /// served at once, requests to the master queued; false for a stop.
+    async fn while_disconnected<S: Scheduler>(&mut self, scheduler: &mut S, cmd: Command) -> bool {
+        match cmd {
+            Command::Timer {
+                id,
+                at,
+                token,
+                every,
+            } => self.timers.add(id, at, token, every),
+            Command::CancelTimer(id) => self.timers.cancel(id),
+            Command::Notify(token) => scheduler.wake(&self.handle, token).await,
+            cmd => return self.hold_while_disconnected(cmd),
+        }
+        true
+    }
+
+    /// Delivers the timers due now.
+    async fn fire_timers<S: Scheduler>(&mut self, scheduler: &mut S) {
+        for token in self.timers.due(tokio::time::Instant::now()) {
+            scheduler.wake(&self.handle, token).await;
+        }
+    }
+
+    /// Queues a request to the master made while no session is up; false for a stop.
     fn hold_while_disconnected(&mut self, cmd: Command) -> bool {
         if let Command::Send(msg) = &cmd {
             self.note_suppression(msg);
         }
         match cmd {
             Command::Stop { .. } => false,
+            // Served by `while_disconnected`.
+            Command::Timer { .. } | Command::CancelTimer(_) | Command::Notify(_) => true,
             Command::Send(FrameworkToMaster::Accept { .. } | FrameworkToMaster::Decline { .. }) => {
                 true
             }
@@ -562,8 +653,9 @@ impl Driver {
 
     /// The next session with a leading master ([`Masters::next_session`]), while honouring stop
     /// requests and `give_up_after`. `None`: stopped.
-    async fn wait_for_leader(
+    async fn wait_for_leader<S: Scheduler>(
         &mut self,
+        scheduler: &mut S,
         masters: &mut Masters,
         unreachable_since: tokio::time::Instant,
     ) -> Result<Option<LeaderSession>, DriverError> {
@@ -573,13 +665,14 @@ impl Driver {
             tokio::select! {
                 s = masters.next_session() => return Ok(Some(s)),
                 cmd = self.rx.recv() => match cmd {
-                    Some(cmd) => if !self.hold_while_disconnected(cmd) {
+                    Some(cmd) => if !self.while_disconnected(scheduler, cmd).await {
                         masters.shutdown().await;
                         return Ok(None);
                     },
                     // Every handle is gone, including ours: impossible while we hold one.
                     None => return Ok(None),
                 },
+                _ = sleep_until_opt(self.timers.next_due()) => self.fire_timers(scheduler).await,
                 _ = sleep_until_opt(deadline) => {
                     return Err(DriverError::Unreachable(limit.unwrap_or_default()));
                 }
@@ -677,6 +770,7 @@ impl Driver {
                         self.handle.reconcile(Vec::new());
                     }
                 }
+                _ = sleep_until_opt(self.timers.next_due()) => self.fire_timers(scheduler).await,
                 _ = sleep_until_opt(self.kills.next_due()), if subscribed => {
                     for task_id in self.kills.due(tokio::time::Instant::now(), false) {
                         self.encode(scheduler, &FrameworkToMaster::Kill { task_id }, &mut out).await;
@@ -735,6 +829,23 @@ impl Driver {
                 None
             }
             Command::Stop { teardown } => Some(teardown),
+            Command::Timer {
+                id,
+                at,
+                token,
+                every,
+            } => {
+                self.timers.add(id, at, token, every);
+                None
+            }
+            Command::CancelTimer(id) => {
+                self.timers.cancel(id);
+                None
+            }
+            Command::Notify(token) => {
+                scheduler.wake(&self.handle, token).await;
+                None
+            }
         }
     }
 
