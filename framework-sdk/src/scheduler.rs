@@ -81,7 +81,8 @@ pub trait Scheduler: Send {
         let _ = (driver, offer_id);
         async {}
     }
-    /// A task changed state. The driver acknowledges the update after this returns.
+    /// A task changed state. The driver acknowledges the update after this returns (or,
+    /// under [`DriverConfig::explicit_acks`], when you call [`DriverHandle::acknowledge`]).
     /// `DROPPED` (reason `InvalidOffers`) means the accept that carried the task was invalid,
     /// typically because it named an offer an earlier accept or decline on the same agent had
     /// already combined (the master acts on all of a framework's offers on an agent at once):
@@ -158,6 +159,12 @@ pub struct DriverConfig {
     /// Built-in reconciliation on (re-)subscription and periodically (off by default; see
     /// [`crate::reconcile`]).
     pub reconcile: crate::reconcile::ReconcileConfig,
+    /// Acknowledge status updates yourself, with [`DriverHandle::acknowledge`], once what they
+    /// say is persisted (Mesos's explicit acknowledgements). Off by default: the driver
+    /// acknowledges each update when [`Scheduler::status_update`] returns. On, every update the
+    /// master (re)delivers reaches the scheduler, duplicates included: persist idempotently
+    /// (by `update_id`) and acknowledge again.
+    pub explicit_acks: bool,
 }
 
 impl DriverConfig {
@@ -184,7 +191,101 @@ impl DriverConfig {
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             give_up_after: None,
             reconcile: Default::default(),
+            explicit_acks: false,
         }
+    }
+
+    /// A configuration built step by step, so options added later break nobody:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use gantry_sdk::protocol::Capability;
+    /// use gantry_sdk::DriverConfig;
+    /// let config = DriverConfig::builder("sweep")
+    ///     .master("10.0.0.1:5050")
+    ///     .master("10.0.0.2:5050")
+    ///     .tls_dir("/etc/gantry/tls")
+    ///     .role("ml")
+    ///     .name("hyper-parameter sweep")
+    ///     .capability(Capability::PartitionAware)
+    ///     .failover_timeout(Duration::from_secs(3600))
+    ///     .build();
+    /// assert_eq!(config.principal, "sweep");
+    /// assert_eq!(config.info.name, "hyper-parameter sweep");
+    /// assert_eq!(config.info.roles, ["ml"]);
+    /// ```
+    pub fn builder(principal: &str) -> DriverConfigBuilder {
+        DriverConfigBuilder(DriverConfig::new(
+            Vec::new(),
+            PathBuf::from("."),
+            principal,
+            Vec::new(),
+        ))
+    }
+}
+
+/// Builds a [`DriverConfig`] ([`DriverConfig::builder`]): the principal names the framework
+/// until [`DriverConfigBuilder::name`] says otherwise; no role means `*` is not assumed, the
+/// master refuses a subscription without one.
+#[derive(Debug, Clone)]
+pub struct DriverConfigBuilder(DriverConfig);
+
+impl DriverConfigBuilder {
+    /// One more master address (`host:port`).
+    pub fn master(mut self, addr: impl Into<String>) -> Self {
+        self.0.masters.push(addr.into());
+        self
+    }
+    /// The TLS directory (`ca.pem`, `framework-PRINCIPAL.pem`/`.key`).
+    pub fn tls_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.0.tls_dir = dir.into();
+        self
+    }
+    /// One more role to be offered resources in.
+    pub fn role(mut self, role: impl Into<String>) -> Self {
+        self.0.info.roles.push(role.into());
+        self
+    }
+    /// The framework's name (shown in `/state`; the principal by default).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.0.info.name = name.into();
+        self
+    }
+    /// One more capability.
+    pub fn capability(mut self, capability: Capability) -> Self {
+        if !self.0.info.capabilities.contains(&capability) {
+            self.0.info.capabilities.push(capability);
+        }
+        self
+    }
+    /// How long the master keeps the tasks while the framework is away (60 s by default).
+    pub fn failover_timeout(mut self, timeout: Duration) -> Self {
+        self.0.info.failover_timeout_secs = timeout.as_secs_f64();
+        self
+    }
+    /// Resume this framework id (kept from an earlier run).
+    pub fn framework_id(mut self, id: FrameworkId) -> Self {
+        self.0.info.framework_id = Some(id);
+        self
+    }
+    /// Acknowledge updates yourself ([`DriverConfig::explicit_acks`]).
+    pub fn explicit_acks(mut self) -> Self {
+        self.0.explicit_acks = true;
+        self
+    }
+    /// Reconciliation ([`DriverConfig::reconcile`]).
+    pub fn reconcile(mut self, reconcile: crate::reconcile::ReconcileConfig) -> Self {
+        self.0.reconcile = reconcile;
+        self
+    }
+    /// Give up when no master answers for this long.
+    pub fn give_up_after(mut self, limit: Duration) -> Self {
+        self.0.give_up_after = Some(limit);
+        self
+    }
+    /// The configuration.
+    pub fn build(self) -> DriverConfig {
+        self.0
     }
 }
 
@@ -332,9 +433,26 @@ impl DriverHandle {
     pub fn notify(&self, token: u64) {
         let _ = self.tx.send(Command::Notify(token));
     }
-    /// Tear the framework down (its tasks are killed) and end [`Driver::run`].
-    pub fn stop(&self) {
+    /// Acknowledges a status update, under [`DriverConfig::explicit_acks`] (call it once what
+    /// the update says is persisted; the master redelivers it until then, after a reconnect
+    /// too). Without explicit acks the driver does this itself and this call is not needed.
+    pub fn acknowledge(&self, update: &StatusUpdate) {
+        if !update.reconciliation {
+            self.send(FrameworkToMaster::Acknowledge {
+                task_id: update.task_id,
+                update_id: update.update_id,
+            });
+        }
+    }
+    /// Tear the framework down — the master kills every task of it and forgets it — and end
+    /// [`Driver::run`]. To leave and come back (or let another driver take over), use
+    /// [`DriverHandle::disconnect`].
+    pub fn teardown(&self) {
         let _ = self.tx.send(Command::Stop { teardown: true });
+    }
+    /// [`DriverHandle::teardown`]: tears the framework down, killing its tasks.
+    pub fn stop(&self) {
+        self.teardown();
     }
     /// End [`Driver::run`] without tearing down: the master keeps our tasks for the failover
     /// timeout, so a new driver with the same framework id can take over.
@@ -740,10 +858,11 @@ impl Driver {
                                 if update.state.is_terminal() {
                                     self.kills.ended(update.task_id);
                                 }
-                                if seen.insert(update.update_id) || update.reconciliation {
+                                let explicit = self.config.explicit_acks;
+                                if seen.insert(update.update_id) || update.reconciliation || explicit {
                                     scheduler.status_update(&self.handle, &update).await;
                                 }
-                                if !update.reconciliation {
+                                if !update.reconciliation && !explicit {
                                     let ack = FrameworkToMaster::Acknowledge { task_id: update.task_id, update_id: update.update_id };
                                     self.encode(scheduler, &ack, &mut out).await;
                                 }

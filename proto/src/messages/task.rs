@@ -152,6 +152,68 @@ pub struct TaskInfo {
     pub gpu_selector: Option<GpuSelector>,
 }
 
+impl TaskInfo {
+    /// A task named `name` running `command` with `resources`: a fresh random id, no extra
+    /// environment, the agent's kill grace period, any GPUs. Set the rest with the `with_*`
+    /// methods, so a field added to the protocol later breaks no framework:
+    ///
+    /// ```
+    /// use gantry_proto::{CommandInfo, GpuSelector, TaskInfo};
+    /// let t = TaskInfo::new("train-0", "python3 train.py", "cpus:4;mem:16384;gpus:1".parse().unwrap())
+    ///     .with_env("EPOCHS", "3")
+    ///     .with_user("alice")
+    ///     .with_kill_grace_secs(30)
+    ///     .with_gpu_selector(GpuSelector::model("A100").with_min_memory_mib(40_000));
+    /// assert_eq!(t.command, CommandInfo::shell("python3 train.py").with_user("alice"));
+    /// assert_eq!(t.env["EPOCHS"], "3");
+    /// ```
+    pub fn new(
+        name: impl Into<String>,
+        command: impl Into<CommandInfo>,
+        resources: Resources,
+    ) -> Self {
+        TaskInfo {
+            task_id: TaskId::random(),
+            name: name.into(),
+            command: command.into(),
+            resources,
+            env: BTreeMap::new(),
+            kill_grace_secs: None,
+            gpu_selector: None,
+        }
+    }
+
+    /// With this id instead of a random one (a framework that records ids before launching).
+    pub fn with_id(mut self, task_id: TaskId) -> Self {
+        self.task_id = task_id;
+        self
+    }
+
+    /// With one more environment variable.
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Run as this Unix user (the master's `run_tasks` ACL must allow it).
+    pub fn with_user(mut self, user: impl Into<String>) -> Self {
+        self.command.user = Some(user.into());
+        self
+    }
+
+    /// Seconds between SIGTERM and SIGKILL when it is killed.
+    pub fn with_kill_grace_secs(mut self, secs: u32) -> Self {
+        self.kill_grace_secs = Some(secs);
+        self
+    }
+
+    /// Which GPUs its `gpus` may be drawn from.
+    pub fn with_gpu_selector(mut self, selector: GpuSelector) -> Self {
+        self.gpu_selector = Some(selector);
+        self
+    }
+}
+
 /// Constraints on the GPUs a task gets; every GPU given to the task matches all of them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuSelector {
@@ -175,6 +237,26 @@ pub struct GpuSelector {
 impl GpuSelector {
     /// The most UUIDs a selector may pin (the master refuses longer lists).
     pub const MAX_UUIDS: usize = 64;
+
+    /// GPUs whose model name contains `model` (case-insensitive; `"A100"`).
+    pub fn model(model: impl Into<String>) -> Self {
+        GpuSelector {
+            model: Some(model.into()),
+            ..GpuSelector::default()
+        }
+    }
+
+    /// And at least this much device memory, MiB.
+    pub fn with_min_memory_mib(mut self, mib: u64) -> Self {
+        self.min_memory_mib = Some(mib);
+        self
+    }
+
+    /// And only MIG devices of this profile (`1g.10gb`).
+    pub fn with_mig_profile(mut self, profile: impl Into<String>) -> Self {
+        self.mig_profile = Some(profile.into());
+        self
+    }
 
     /// A selector pinning exactly `uuids` (no other constraint).
     pub fn pinned<I, S>(uuids: I) -> Self
