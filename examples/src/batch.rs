@@ -347,6 +347,7 @@ mod tests {
             attributes: Default::default(),
             gpus: Vec::new().into(),
             gpu_free: Vec::new(),
+            agent_name: "a".into(),
         }
     }
 

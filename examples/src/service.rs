@@ -718,6 +718,7 @@ mod tests {
             attributes: Default::default(),
             gpus: Default::default(),
             gpu_free: Default::default(),
+            agent_name: "a".into(),
         }
     }
 

@@ -714,6 +714,7 @@ pub(crate) mod tests {
             attributes: Default::default(),
             gpus: gpus.clone().into(),
             gpu_free: Vec::new(),
+            agent_name: "a".into(),
         };
         let offers = [offer("cpus:2;gpus:1"), offer("cpus:1;gpus:2")];
         let views = AgentView::from_offers(&offers, &|_, u: &str| u == "GPU-0");

@@ -115,6 +115,7 @@ mod tests {
                 free_milli: 750,
                 free_memory_mib: 61_440,
             }],
+            agent_name: "a".into(),
         };
         let mut models = Models::new();
         let on = node_from_offer(&offer, &mut models).unwrap();

@@ -142,6 +142,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                     free_milli: 500,
                     free_memory_mib: 40960,
                 }],
+                agent_name: "gpu-node-7".into(),
             }])),
         ),
         ("update", enc(&MasterToFramework::Update(update()))),
@@ -171,7 +172,7 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v7.
+/// `(sample, length, FNV-1a)` of protocol v7 (`Offer.agent_name` included).
 const EXPECTED: &[(&str, usize, u64)] = &[
     ("hello", 2, 0x08285607b4e2c672),
     ("role", 2, 0x08328407b4eb6921),
@@ -179,7 +180,7 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("run_task", 125, 0x21aa7bc0f243dfef),
     ("subscribe", 48, 0xa220de7f1e3c47d6),
     ("accept", 131, 0x1514d8a5711b7ac0),
-    ("offers", 152, 0x73aca08c7e1f3376),
+    ("offers", 163, 0xfcb3a39a21ef44f5),
     ("update", 100, 0x891e8c78f3d45229),
 ];
 

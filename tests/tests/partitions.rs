@@ -228,6 +228,12 @@ async fn run(cluster: &Cluster) {
             MasterToFramework::Offers(offers) => {
                 let (mine, others): (Vec<&Offer>, Vec<&Offer>) =
                     offers.iter().partition(|o| o.agent_id.to_string() == part2);
+                // Offers name their agent as operators see it (protocol v7).
+                assert!(mine.iter().all(|o| o.agent_name == "part-2"), "{mine:?}");
+                assert!(
+                    others.iter().all(|o| o.agent_name == "part-1"),
+                    "{others:?}"
+                );
                 if !others.is_empty() {
                     tx.send(&FrameworkToMaster::Decline {
                         offer_ids: others.iter().map(|o| o.id).collect(),

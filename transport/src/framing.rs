@@ -246,6 +246,7 @@ mod tests {
             attributes: std::sync::Arc::new([("blob".to_string(), "x".repeat(attr_bytes))].into()),
             gpus: Vec::new().into(),
             gpu_free: vec![],
+            agent_name: format!("agent-{i}"),
         }
     }
 

@@ -879,6 +879,7 @@ impl Master {
             attributes: agent.offer_parts().attributes.clone(),
             gpus,
             gpu_free,
+            agent_name: agent.name.clone(),
         })
     }
 

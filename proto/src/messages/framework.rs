@@ -167,6 +167,10 @@ pub struct Offer {
     /// task asking for `gpus:0.25` fits when one of them has at least 250 milli-GPUs free.
     #[serde(default)]
     pub gpu_free: Vec<GpuFree>,
+    /// The agent's name (its certificate name, `--name`), as operators see it in `/state` and
+    /// `gantryctl agents`; `hostname` is what the host calls itself. (Protocol v7.)
+    #[serde(default)]
+    pub agent_name: String,
 }
 
 /// `Arc<Attributes>` on the wire as the plain map (serde's `rc` feature would do the same, for

@@ -50,6 +50,7 @@ impl Cluster {
                 attributes: Default::default(),
                 gpus: gpus(i as u32).into(),
                 gpu_free: Vec::new(),
+                agent_name: "a".into(),
             })
             .collect()
     }
@@ -500,6 +501,7 @@ mod properties {
                 attributes: Default::default(),
                 gpus: gpus(a as u32).into(),
                 gpu_free: Vec::new(),
+                agent_name: "a".into(),
             })
         }
 
