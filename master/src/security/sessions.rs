@@ -119,6 +119,11 @@ impl Sessions {
     pub fn len(&self) -> usize {
         self.by_id.lock().map(|m| m.len()).unwrap_or(0)
     }
+
+    /// True when no session is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 #[cfg(test)]
