@@ -1,6 +1,9 @@
 //! Per-principal limits and name validation (PURE): what one tenant may make the master hold,
 //! and which role and user names are well formed. The core ([`crate::state`]) asks; the I/O
-//! shell enforces the connection bounds (`server::conn_limits`) with the numbers kept here.
+//! shell enforces the connection bounds (`server::conn_limits`) and the operator port's
+//! ([`HttpLimits`], [`AuthLimits`]: `server::http_guard`) with the numbers kept here.
+
+use std::time::Duration;
 
 /// Bounds on what one tenant may make the master hold (docs/security.md lists the defaults and
 /// the `gantry-master` flags). The connection limits are enforced by the I/O shell.
@@ -29,6 +32,89 @@ impl Default for Limits {
             role_depth: 8,
             connections_per_principal: 128,
             connections_per_address: 1024,
+        }
+    }
+}
+
+/// The operator port's numbers (its `--http-*` flags): enforced by the I/O shell
+/// (`server::http_guard` and `server::http`), which counts connections, times requests and
+/// keeps the failed-authentication buckets.
+///
+/// Bounds on what one HTTP client may hold (docs/security.md, "Operator port limits").
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// Time from accept to the end of the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time allowed to send a request's headers (slowloris); also how long an idle
+    /// keep-alive connection stays open.
+    pub header_timeout: Duration,
+    /// Time allowed to send a request's body.
+    pub body_timeout: Duration,
+    /// A write the client accepts nothing of for this long closes the connection (a
+    /// subscriber that stopped reading).
+    pub write_timeout: Duration,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Connections served at once; past it a new connection takes the place of the oldest
+    /// unauthenticated one (closed at once only when every slot is authenticated).
+    pub max_connections: usize,
+    /// Of `max_connections`, how many only authenticated connections may hold.
+    pub reserved_connections: usize,
+    /// Unauthenticated connections one address (an IPv6 /64) may hold; 0 = no bound.
+    pub max_connections_per_address: usize,
+    /// The kernel send buffer of each connection (`SO_SNDBUF`), bytes; 0 = the system's.
+    pub send_buffer_bytes: usize,
+    /// `/api/v1/events` subscribers one principal may hold at once; 0 = no bound.
+    pub max_event_subscribers_per_principal: usize,
+    /// Failed authentications allowed per address (and for all together).
+    pub auth: AuthLimits,
+    /// Dashboard sessions kept at most (the oldest is ended past it).
+    pub max_sessions: usize,
+    /// How long a dashboard session lasts.
+    pub session_lifetime: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(30),
+            max_body_bytes: 64 * 1024,
+            max_connections: 256,
+            reserved_connections: 64,
+            max_connections_per_address: 16,
+            send_buffer_bytes: 256 * 1024,
+            max_event_subscribers_per_principal: 16,
+            auth: AuthLimits::default(),
+            max_sessions: 1024,
+            session_lifetime: Duration::from_secs(12 * 3600),
+        }
+    }
+}
+
+/// How many failed authentications are allowed: a token bucket per address and one for all
+/// addresses together.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AuthLimits {
+    /// Failures an address may make at once (the bucket's size); 0 turns the limiter off.
+    pub burst: u32,
+    /// Failures per minute an address regains.
+    pub per_minute: u32,
+    /// The same for all addresses together (distributed guessing); the global bucket holds
+    /// back only addresses that already failed recently.
+    pub global_burst: u32,
+    pub global_per_minute: u32,
+}
+
+impl Default for AuthLimits {
+    fn default() -> Self {
+        Self {
+            burst: 10,
+            per_minute: 10,
+            global_burst: 100,
+            global_per_minute: 100,
         }
     }
 }

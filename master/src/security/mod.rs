@@ -20,15 +20,16 @@
 //! - [`sessions`]: dashboard sessions (random ids, CSRF tokens, lifetimes) standing for the
 //!   operator whose token logged in;
 //! - [`limits`]: per-principal limits ([`Limits`]: frameworks per principal, roles per
-//!   framework, role name length and depth, connections per identity and per address) and
-//!   name validation (roles, Unix users);
+//!   framework, role name length and depth, connections per identity and per address), the
+//!   operator port's numbers ([`HttpLimits`], [`AuthLimits`]) and name validation (roles,
+//!   Unix users);
 //! - [`run_as`]: the run-as policy: which user a task runs as (its own or the agent's default)
 //!   and whether its principal may (`run_tasks` ACL).
 //!
 //! Enforced elsewhere, with the numbers or decisions from here: the connection counts
-//! (`server::conn_limits`, from [`Limits`]); the operator port's connection slots, deadlines and
-//! failed-authentication limiter (`server::http_guard`, from `HttpLimits` / `AuthLimits`, the
-//! operator port's flags); the bounds on what a registration may carry
+//! (`server::conn_limits`, from [`Limits`]); the operator port's connection slots, deadlines,
+//! event-stream caps and failed-authentication limiter (`server::http_guard` and
+//! `server::http`, from [`HttpLimits`] and [`AuthLimits`]); the bounds on what a registration may carry
 //! (`gantry_proto::register_limits`, checked by the core); certificate checking and the
 //! identity in a certificate (`gantry_transport::tls`).
 
@@ -41,7 +42,7 @@ pub mod tokens;
 
 pub use acl::{AclError, Acls, OperatorAction};
 pub use identity::{Caller, Denied, PeerPrincipal};
-pub use limits::{valid_role, valid_user, Exceeded, Limits, RoleRejection};
+pub use limits::{valid_role, valid_user, AuthLimits, Exceeded, HttpLimits, Limits, RoleRejection};
 pub use run_as::RunAsRejection;
 pub use sessions::Sessions;
 pub use tokens::{OperatorTokens, SharedTokens};

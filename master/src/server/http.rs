@@ -46,7 +46,7 @@ use gantry_transport::PeerIdentity;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, watch};
 
-use super::http_guard::{AuthLimiter, AuthLimits, ConnGuard, WriteDeadline};
+use super::http_guard::{AuthLimiter, ConnGuard, WriteDeadline};
 use super::{CoreEvent, Shell};
 
 /// Maintenance endpoints (`/api/v1/agents/{agent}/drain`, ...); a child module so it shares
@@ -56,63 +56,9 @@ mod maintenance;
 use crate::election::health;
 use crate::security::identity::{self, Denied};
 pub(super) use crate::security::Caller;
-pub use crate::security::SharedTokens;
 use crate::security::{Acls, OperatorAction, Sessions};
+pub use crate::security::{HttpLimits, SharedTokens};
 use crate::state::{OperatorCommand, OperatorRejection};
-
-/// Bounds on what one HTTP client may hold (docs/security.md, "Operator port limits").
-#[derive(Debug, Clone)]
-pub struct HttpLimits {
-    /// Time from accept to the end of the TLS handshake.
-    pub handshake_timeout: Duration,
-    /// Time allowed to send a request's headers (slowloris); also how long an idle
-    /// keep-alive connection stays open.
-    pub header_timeout: Duration,
-    /// Time allowed to send a request's body.
-    pub body_timeout: Duration,
-    /// A write the client accepts nothing of for this long closes the connection (a
-    /// subscriber that stopped reading).
-    pub write_timeout: Duration,
-    /// Largest request body accepted.
-    pub max_body_bytes: usize,
-    /// Connections served at once; past it a new connection takes the place of the oldest
-    /// unauthenticated one (closed at once only when every slot is authenticated).
-    pub max_connections: usize,
-    /// Of `max_connections`, how many only authenticated connections may hold.
-    pub reserved_connections: usize,
-    /// Unauthenticated connections one address (an IPv6 /64) may hold; 0 = no bound.
-    pub max_connections_per_address: usize,
-    /// The kernel send buffer of each connection (`SO_SNDBUF`), bytes; 0 = the system's.
-    pub send_buffer_bytes: usize,
-    /// `/api/v1/events` subscribers one principal may hold at once; 0 = no bound.
-    pub max_event_subscribers_per_principal: usize,
-    /// Failed authentications allowed per address (and for all together).
-    pub auth: AuthLimits,
-    /// Dashboard sessions kept at most (the oldest is ended past it).
-    pub max_sessions: usize,
-    /// How long a dashboard session lasts.
-    pub session_lifetime: Duration,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        Self {
-            handshake_timeout: Duration::from_secs(5),
-            header_timeout: Duration::from_secs(5),
-            body_timeout: Duration::from_secs(10),
-            write_timeout: Duration::from_secs(30),
-            max_body_bytes: 64 * 1024,
-            max_connections: 256,
-            reserved_connections: 64,
-            max_connections_per_address: 16,
-            send_buffer_bytes: 256 * 1024,
-            max_event_subscribers_per_principal: 16,
-            auth: AuthLimits::default(),
-            max_sessions: 1024,
-            session_lifetime: Duration::from_secs(12 * 3600),
-        }
-    }
-}
 
 /// How the operator API is served.
 #[derive(Clone)]
