@@ -29,9 +29,9 @@
 //! Enforced elsewhere, with the numbers or decisions from here: the connection counts
 //! (`server::conn_limits`, from [`Limits`]); the operator port's connection slots, deadlines,
 //! event-stream caps and failed-authentication limiter (`server::http_guard` and
-//! `server::http`, from [`HttpLimits`] and [`AuthLimits`]); the bounds on what a registration may carry
-//! (`gantry_proto::register_limits`, checked by the core); certificate checking and the
-//! identity in a certificate (`gantry_transport::tls`).
+//! `server::http`, from [`HttpLimits`] and [`AuthLimits`]); the bounds on what a registration
+//! may carry (`gantry_proto::register_limits`, checked by the core); certificate checking and
+//! the identity in a certificate (`gantry_transport::tls`).
 
 pub mod acl;
 pub mod identity;

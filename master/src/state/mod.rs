@@ -74,7 +74,8 @@
 //!   mark-gone, spot-termination notices;
 //! - `events`: the changes recorded for the operator event stream;
 //! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
-//!   and operator commands (their text is what peers and operators read);
+//!   and operator commands (their text is what peers and operators read; those about role
+//!   names and task users are `security`'s, re-used here);
 //! - `recovery`: restoring the registry after a failover;
 //! - `view`: the read-only `/state` view;
 //! - `metrics`: the numbers behind `/metrics` (counts, resources, shares, resource-seconds).

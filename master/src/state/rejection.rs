@@ -1,6 +1,8 @@
 //! Typed rejections: why the core refuses a role name, a subscription, a task, a reservation or
 //! an operator command. Each one's `Display` is the text the peer or operator receives (and
-//! tests look for), so callers format them and nothing else builds those messages.
+//! tests look for), so callers format them and nothing else builds those messages. The role
+//! name's and the run-as policy's are security's (`RoleRejection`, re-exported here, and
+//! `security::RunAsRejection`).
 
 use gantry_proto::{FrameworkId, Resources, TaskId};
 

@@ -10,8 +10,8 @@
 //! GET  /ui/login      the login form (sets the `gantry_csrf` cookie its hidden `csrf` field
 //!                     repeats); `?token=` is refused 400 (a token in a URL ends up in
 //!                     history and logs)
-//! POST /ui/login      form fields `token` and `csrf`: starts a session (`security::sessions`) and sets
-//!                     the `gantry_session` cookie; failures count against the address's
+//! POST /ui/login      form fields `token` and `csrf`: starts a session (`security::sessions`)
+//!                     and sets the `gantry_session` cookie; failures count against the address's
 //!                     failed-authentication limit (429 with Retry-After past it)
 //! POST /ui/logout     form field `csrf` (the session's): ends the session on the master
 //! GET  /ui/app.js, /ui/style.css
