@@ -17,14 +17,15 @@
 //! - [`backoff`]: exponential backoff helpers ([`backoff::RestartBackoff`] per key).
 //! - [`reconcile`]: built-in reconciliation on re-subscription and periodically
 //!   ([`DriverConfig::reconcile`]).
-//! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary.
+//! - [`config_file`]: `--config FILE` (TOML mirroring the flags) for every Gantry binary
+//!   (re-exported from `gantry-cli`).
 //! - [`placement`]: the `gantry-placement` crate re-exported: fragmentation-aware GPU placement
 //!   (pure): `fgd-pack`, `fgd`, `best-fit`,
 //!   `random`, shared by schedulers and the master's `simulate --openb` replay; and the
 //!   offer-level building blocks [`placement::offers`] (fit tasks into held offers: selectors,
 //!   attributes, NUMA locality) and [`placement::gang`] (all-or-nothing gangs, elastic
 //!   `min..max`, which gang may hold offers).
-//! - [`process`]: shutdown on SIGINT or SIGTERM.
+//! - [`process`]: shutdown on SIGINT or SIGTERM (re-exported from `gantry-cli`).
 //! - [`timers`]: one-shot and periodic timers ([`DriverHandle::after`], [`DriverHandle::every`])
 //!   and the framework's own events ([`DriverHandle::notify`]), delivered as
 //!   [`Scheduler::wake`] in order with the master's messages.
@@ -35,8 +36,14 @@
 
 pub mod backoff;
 pub mod book;
-pub mod config_file;
-pub mod process;
+/// `--config FILE` for every Gantry binary: `gantry-cli`'s module re-exported.
+pub mod config_file {
+    pub use gantry_cli::config_file::*;
+}
+/// Shutdown on SIGINT or SIGTERM: `gantry-cli`'s module re-exported.
+pub mod process {
+    pub use gantry_cli::process::*;
+}
 pub mod reconcile;
 pub mod scheduler;
 pub mod timers;

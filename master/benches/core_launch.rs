@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use gantry_master::state::{ConnId, Input, Master, MasterConfig, Output};
-use gantry_sdk::protocol::codec::encode_frame_into;
-use gantry_sdk::protocol::*;
+use gantry_proto::codec::encode_frame_into;
+use gantry_proto::*;
 
 /// The master's allocator (`gantry-master` runs on mimalloc).
 #[global_allocator]

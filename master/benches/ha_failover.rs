@@ -20,8 +20,8 @@ use gantry_master::election::{Fence, LeadershipEvent};
 use gantry_master::registry::{
     AgentRecord, EtcdStore, Mutation, Quota, RegistryStore, RegistryWriter,
 };
-use gantry_sdk::protocol::ids::AgentId;
-use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
+use gantry_proto::ids::AgentId;
+use gantry_proto::resources::{ResourceLimits, Resources};
 use gantry_test_support::election::*;
 
 struct Round {

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gantry_sdk::transport::tls::{self, PeerIdentity, TlsError};
+use gantry_transport::tls::{self, PeerIdentity, TlsError};
 
 /// Errors talking to the operator API.
 #[derive(Debug, thiserror::Error)]

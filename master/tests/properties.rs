@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use gantry_master::allocator::{Allocator, AllocatorConfig, OfferRecord, OfferResources};
-use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, ResourceLimits, Resources};
+use gantry_proto::messages::Demand;
+use gantry_proto::{AgentId, FrameworkId, ResourceLimits, Resources};
 use proptest::prelude::*;
 
 const ROLES: [&str; 6] = ["a", "b", "c", "a/x", "lim", "q"];

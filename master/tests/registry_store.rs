@@ -11,8 +11,8 @@ use gantry_master::registry::{
     AgentRecord, EtcdStore, FileStore, FrameworkRecord, GoneRecord, MaintenanceRecord, Mutation,
     Quota, Registry, RegistryError, RegistryStore, RegistryWriter, Reservation,
 };
-use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
-use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
+use gantry_proto::ids::{AgentId, FrameworkId};
+use gantry_proto::resources::{ResourceLimits, Resources};
 
 fn res(s: &str) -> Resources {
     Resources::parse(s).unwrap()

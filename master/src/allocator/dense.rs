@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use gantry_sdk::protocol::Resources;
+use gantry_proto::Resources;
 use smallvec::SmallVec;
 
 /// Milli-unit amounts indexed by interned resource name (inline up to 6 kinds: no allocation

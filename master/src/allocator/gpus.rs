@@ -1,16 +1,14 @@
 //! GPU fractions in demand-aware splitting: when a framework's declared task asks for a
 //! fraction of one GPU (`gpus` below 1), a task's worth is offered on an agent only when one of
 //! its GPUs has room for the fraction, and the GPU is chosen with the same fragmentation-aware
-//! scoring as the SDK's placement helper (`gantry_sdk::placement`, policy
+//! scoring as the placement crate (`gantry_placement`, policy
 //! [`AllocatorConfig::gpu_placement`]). The chosen share is earmarked while the offer is
 //! outstanding (so two task-worths are not counted on the same room) and released when the
 //! offer ends (accepted, declined, rescinded, expired); the task's GPU is then the state's
 //! business (`state::gpus`), which tells the allocator each GPU's free share
 //! ([`Allocator::set_agent_gpus`]). Agents without a per-GPU view keep the scalar behaviour.
 
-use gantry_sdk::placement::{
-    GpuDemand, ModelSet, Models, Node, Placer, TaskShape, Workload, GPU_MILLI,
-};
+use gantry_placement::{GpuDemand, ModelSet, Models, Node, Placer, TaskShape, Workload, GPU_MILLI};
 
 use super::*;
 

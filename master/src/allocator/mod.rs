@@ -52,8 +52,8 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
-use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
+use gantry_proto::messages::Demand;
+use gantry_proto::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
 use serde::Serialize;
 
 pub use accounting::ResourceSeconds;
@@ -95,7 +95,7 @@ pub struct AllocatorConfig {
     /// High 64 bits of generated offer ids (the master passes a random value, the simulator 0).
     pub offer_id_seed: u64,
     /// How demand-aware splitting picks the GPU for a fraction of one GPU (`--gpu-placement`).
-    pub gpu_placement: gantry_sdk::placement::Policy,
+    pub gpu_placement: gantry_placement::Policy,
 }
 
 impl Default for AllocatorConfig {
@@ -107,7 +107,7 @@ impl Default for AllocatorConfig {
             offer_timeout_ms: None,
             filter_expired_offers: false,
             offer_id_seed: 0,
-            gpu_placement: gantry_sdk::placement::Policy::FgdPack,
+            gpu_placement: gantry_placement::Policy::FgdPack,
         }
     }
 }

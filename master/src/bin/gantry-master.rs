@@ -13,10 +13,11 @@ use anyhow::Context;
 use clap::Parser;
 use gantry_master::allocator::AllocatorConfig;
 use gantry_master::election::{EtcdElectionConfig, HaConfig};
+use gantry_master::security::Limits;
 use gantry_master::server::{AuthLimits, HttpLimits};
-use gantry_master::state::{Limits, MasterConfig};
+use gantry_master::state::MasterConfig;
 use gantry_master::{server, simulate};
-use gantry_sdk::transport::{quic, tls, PeerIdentity};
+use gantry_transport::{quic, tls, PeerIdentity};
 
 /// The Gantry master: tracks agents and frameworks, offers resources by Dominant Resource
 /// Fairness, validates accepts and tracks tasks.
@@ -205,7 +206,7 @@ struct ServeArgs {
     /// How the GPU for a task asking for a fraction of one GPU (`gpus:0.25`) is chosen within
     /// its agent: fgd-pack, fgd-fill, fgd, best-fit or random (docs/gpu-agent.md).
     #[arg(long, default_value = "fgd-pack", value_parser = gantry_master::state::gpus::parse_policy)]
-    gpu_placement: gantry_sdk::placement::Policy,
+    gpu_placement: gantry_placement::Policy,
 }
 
 fn init_tracing() {
@@ -219,7 +220,7 @@ fn init_tracing() {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
+    let cli = Cli::parse_from(gantry_cli::config_file::expand_args()?);
     match cli.cmd {
         Some(Cmd::Simulate(args)) => Ok(simulate::run(args)?),
         Some(Cmd::Bench(args)) => Ok(simulate::bench::run(args)?),
@@ -283,7 +284,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     http_config.limits = http_limits;
     if let Some(path) = &args.operator_tokens {
         http_config.tokens =
-            server::SharedTokens::new(gantry_master::tokens::OperatorTokens::load(path)?);
+            server::SharedTokens::new(gantry_master::security::tokens::OperatorTokens::load(path)?);
         tracing::info!(tokens = http_config.tokens.len(), "operator tokens loaded");
     }
     reload_tokens_on_sighup(args.operator_tokens.clone(), http_config.tokens.clone())?;
@@ -295,13 +296,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding HTTP on {}", args.http))?;
     let allocator = allocator_config(&args, rand_seed());
     let acls = match &args.acls {
-        Some(path) => gantry_master::acl::Acls::load(path)?,
+        Some(path) => gantry_master::security::acl::Acls::load(path)?,
         None => {
             tracing::warn!(
                 "no --acls file: dev mode, every principal may use every role, run as any user \
                  and perform every operator action"
             );
-            gantry_master::acl::Acls::allow_all()
+            gantry_master::security::acl::Acls::allow_all()
         }
     };
     anyhow::ensure!(
@@ -367,7 +368,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         config,
         ha,
-        gantry_sdk::process::shutdown_signal(),
+        gantry_cli::process::shutdown_signal(),
     )
     .await
 }
@@ -423,7 +424,7 @@ fn reload_tokens_on_sighup(
                 tracing::info!("SIGHUP: no --operator-tokens file to reload");
                 continue;
             };
-            match gantry_master::tokens::OperatorTokens::load(path) {
+            match gantry_master::security::tokens::OperatorTokens::load(path) {
                 Ok(t) => {
                     let n = t.len();
                     tokens.replace(t);

@@ -22,7 +22,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gantry_master::client::{ClientConfig, ClientError, Credentials, OperatorClient};
 use gantry_pki::CertAuthority;
-use gantry_sdk::transport::tls::PeerIdentity;
+use gantry_transport::tls::PeerIdentity;
 
 #[path = "gantryctl/maintenance.rs"]
 mod maintenance;
@@ -497,11 +497,11 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
 }
 
 fn token(cmd: Token) -> anyhow::Result<()> {
-    use gantry_master::tokens;
+    use gantry_master::security::tokens;
     match cmd {
         Token::Create { name, file } => {
             anyhow::ensure!(
-                gantry_sdk::transport::tls::valid_name(&name),
+                gantry_transport::tls::valid_name(&name),
                 "invalid operator name {name:?}: use 1-64 characters of [A-Za-z0-9_.-]"
             );
             let token = tokens::generate()?;
@@ -581,14 +581,14 @@ fn main() -> ExitCode {
             let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
             args.insert(1, path.into_os_string());
             args.insert(1, "--config".into());
-            return run(gantry_sdk::config_file::expand(args));
+            return run(gantry_cli::config_file::expand(args));
         }
     }
-    run(gantry_sdk::config_file::expand_args())
+    run(gantry_cli::config_file::expand_args())
 }
 
 fn run(
-    args: Result<Vec<std::ffi::OsString>, gantry_sdk::config_file::ConfigFileError>,
+    args: Result<Vec<std::ffi::OsString>, gantry_cli::config_file::ConfigFileError>,
 ) -> ExitCode {
     let args = match args {
         Ok(a) => a,

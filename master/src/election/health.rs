@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::MasterRole;
+use gantry_proto::MasterRole;
 use serde::Serialize;
 
 use super::LeadershipStatus;

@@ -23,8 +23,8 @@ mod writer;
 
 use std::collections::BTreeMap;
 
-use gantry_sdk::protocol::ids::{AgentId, FrameworkId};
-use gantry_sdk::protocol::resources::{ResourceLimits, Resources};
+use gantry_proto::ids::{AgentId, FrameworkId};
+use gantry_proto::resources::{ResourceLimits, Resources};
 use serde::{Deserialize, Serialize};
 
 pub use self::etcd::{EtcdStore, MAX_TXN_OPS};
@@ -84,7 +84,7 @@ pub struct FrameworkRecord {
     pub principal: String,
     /// How long its tasks survive a disconnection.
     pub failover_timeout_secs: f64,
-    /// Whether it declared [`Capability::PartitionAware`](gantry_sdk::protocol::Capability):
+    /// Whether it declared [`Capability::PartitionAware`](gantry_proto::Capability):
     /// after a failover, its tasks on agents that do not come back in time are `UNREACHABLE`
     /// before it subscribes again. Absent in records written before it existed (false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -163,7 +163,7 @@ mod tests {
     use super::*;
     use crate::registry::Fence;
     use crate::registry::{AgentRecord, FileStore};
-    use gantry_sdk::protocol::ids::AgentId;
+    use gantry_proto::ids::AgentId;
 
     fn agent(i: u128) -> Mutation {
         Mutation::PutAgent(AgentRecord {

@@ -1,12 +1,14 @@
-//! Open connections per certificate identity and per source address ([`Limits`]): a peer past
-//! either bound is closed right after the handshake, before it costs the core anything.
+//! Open connections per certificate identity and per source address: a peer past either bound
+//! is closed right after the handshake, before it costs the core anything. The bounds are
+//! security's ([`Limits`]), the key a peer is counted under too
+//! (`security::identity::connection_key`); this module only counts.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use crate::state::Limits;
+use crate::security::Limits;
 
 /// Live connection counts, shared by every connection task.
 #[derive(Clone, Default)]

@@ -41,77 +41,24 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use gantry_sdk::transport::tls;
-use gantry_sdk::transport::PeerIdentity;
+use gantry_transport::tls;
+use gantry_transport::PeerIdentity;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, watch};
 
-use super::http_guard::{AuthLimiter, AuthLimits, ConnGuard, WriteDeadline};
-use super::ui::Sessions;
+use super::http_guard::{AuthLimiter, ConnGuard, WriteDeadline};
 use super::{CoreEvent, Shell};
 
 /// Maintenance endpoints (`/api/v1/agents/{agent}/drain`, ...); a child module so it shares
 /// this file's authentication and error types.
 #[path = "maintenance.rs"]
 mod maintenance;
-use crate::acl::{Acls, OperatorAction};
 use crate::election::health;
+use crate::security::identity::{self, Denied};
+pub(super) use crate::security::Caller;
+use crate::security::{Acls, OperatorAction, Sessions};
+pub use crate::security::{HttpLimits, SharedTokens};
 use crate::state::{OperatorCommand, OperatorRejection};
-use crate::tokens::OperatorTokens;
-
-/// Bounds on what one HTTP client may hold (docs/security.md, "Operator port limits").
-#[derive(Debug, Clone)]
-pub struct HttpLimits {
-    /// Time from accept to the end of the TLS handshake.
-    pub handshake_timeout: Duration,
-    /// Time allowed to send a request's headers (slowloris); also how long an idle
-    /// keep-alive connection stays open.
-    pub header_timeout: Duration,
-    /// Time allowed to send a request's body.
-    pub body_timeout: Duration,
-    /// A write the client accepts nothing of for this long closes the connection (a
-    /// subscriber that stopped reading).
-    pub write_timeout: Duration,
-    /// Largest request body accepted.
-    pub max_body_bytes: usize,
-    /// Connections served at once; past it a new connection takes the place of the oldest
-    /// unauthenticated one (closed at once only when every slot is authenticated).
-    pub max_connections: usize,
-    /// Of `max_connections`, how many only authenticated connections may hold.
-    pub reserved_connections: usize,
-    /// Unauthenticated connections one address (an IPv6 /64) may hold; 0 = no bound.
-    pub max_connections_per_address: usize,
-    /// The kernel send buffer of each connection (`SO_SNDBUF`), bytes; 0 = the system's.
-    pub send_buffer_bytes: usize,
-    /// `/api/v1/events` subscribers one principal may hold at once; 0 = no bound.
-    pub max_event_subscribers_per_principal: usize,
-    /// Failed authentications allowed per address (and for all together).
-    pub auth: AuthLimits,
-    /// Dashboard sessions kept at most (the oldest is ended past it).
-    pub max_sessions: usize,
-    /// How long a dashboard session lasts.
-    pub session_lifetime: Duration,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        Self {
-            handshake_timeout: Duration::from_secs(5),
-            header_timeout: Duration::from_secs(5),
-            body_timeout: Duration::from_secs(10),
-            write_timeout: Duration::from_secs(30),
-            max_body_bytes: 64 * 1024,
-            max_connections: 256,
-            reserved_connections: 64,
-            max_connections_per_address: 16,
-            send_buffer_bytes: 256 * 1024,
-            max_event_subscribers_per_principal: 16,
-            auth: AuthLimits::default(),
-            max_sessions: 1024,
-            session_lifetime: Duration::from_secs(12 * 3600),
-        }
-    }
-}
 
 /// How the operator API is served.
 #[derive(Clone)]
@@ -135,47 +82,6 @@ impl HttpConfig {
             public_reads: false,
             limits: HttpLimits::default(),
         })
-    }
-}
-
-/// Operator tokens shared with the shell, which may replace them (reload) while serving.
-#[derive(Clone, Debug, Default)]
-pub struct SharedTokens(Arc<std::sync::RwLock<OperatorTokens>>);
-
-impl SharedTokens {
-    pub fn new(tokens: OperatorTokens) -> Self {
-        Self(Arc::new(std::sync::RwLock::new(tokens)))
-    }
-
-    /// Replaces the tokens (requests from now on see the new set).
-    pub fn replace(&self, tokens: OperatorTokens) {
-        match self.0.write() {
-            Ok(mut t) => *t = tokens,
-            Err(poisoned) => *poisoned.into_inner() = tokens,
-        }
-    }
-
-    /// How many tokens are configured.
-    pub fn len(&self) -> usize {
-        self.0.read().map(|t| t.len()).unwrap_or(0)
-    }
-
-    /// True when no token is configured.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The operator a presented token stands for.
-    pub fn verify(&self, token: &str) -> Option<String> {
-        let t = self.0.read().ok()?;
-        t.verify(token).map(str::to_string)
-    }
-
-    /// The operator whose token has this digest, while the token is still configured (a
-    /// dashboard session ends with its token).
-    pub fn verify_digest(&self, digest: &[u8; 32]) -> Option<String> {
-        let t = self.0.read().ok()?;
-        t.name_of_digest(digest).map(str::to_string)
     }
 }
 
@@ -207,13 +113,6 @@ pub(super) struct ConnInfo {
     pub(super) remote: SocketAddr,
     certificate: Option<PeerIdentity>,
     guard: Option<Arc<ConnGuard>>,
-}
-
-/// The authenticated caller of one request.
-#[derive(Clone, Debug)]
-pub(super) enum Caller {
-    Operator { name: String, how: &'static str },
-    Anonymous { why: String },
 }
 
 /// A JSON error response `{"error": CODE, "message": TEXT}`.
@@ -554,29 +453,14 @@ async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> R
                 Err(e) => return e.into_response(),
             }
         }
-        None => match (info.as_ref().and_then(|i| i.certificate.clone()), session) {
-            (Some(PeerIdentity::Operator(name)), _) => Caller::Operator {
-                name,
-                how: "certificate",
-            },
-            // A session id is 256 random bits: an unknown one is not counted as a guess (a
-            // browser keeps sending an expired one), it is simply not logged in.
-            (_, Some(id)) => match app.sessions.operator(&id, &app.tokens, Instant::now()) {
-                Some(name) => Caller::Operator {
-                    name,
-                    how: "session",
-                },
-                None => Caller::Anonymous {
-                    why: "the dashboard session ended (logged out or expired); log in again".into(),
-                },
-            },
-            (Some(other), None) => Caller::Anonymous {
-                why: format!("{other} is not an operator certificate (operator:NAME)"),
-            },
-            (None, None) => Caller::Anonymous {
-                why: "no operator certificate or bearer token".into(),
-            },
-        },
+        // Who else it is: security's decision (a certificate wins over a session).
+        None => identity::operator_caller(
+            info.as_ref().and_then(|i| i.certificate.clone()),
+            session.map(|id| {
+                let app = &app;
+                move || app.sessions.operator(&id, &app.tokens, Instant::now())
+            }),
+        ),
     };
     if matches!(caller, Caller::Operator { .. }) {
         // The connection authenticated: it leaves the unauthenticated share.
@@ -728,26 +612,15 @@ pub(super) fn cookie_in(headers: &axum::http::HeaderMap, name: &str) -> Option<S
 fn bearer(req: &Request) -> Option<Result<&str, &'static str>> {
     let value = req.headers().get(header::AUTHORIZATION)?;
     let Ok(text) = value.to_str() else {
-        return Some(Err("malformed Authorization header"));
+        return Some(Err(identity::MALFORMED_AUTHORIZATION));
     };
-    let (scheme, token) = text.split_once(' ').unwrap_or((text, ""));
-    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
-        return Some(Err("Authorization must be \"Bearer TOKEN\""));
-    }
-    Some(Ok(token.trim()))
+    Some(identity::bearer_token(text))
 }
 
 impl App {
     /// The operator allowed to read, or 401.
     pub(super) fn may_read(&self, caller: &Caller) -> Result<(), ApiError> {
-        match caller {
-            Caller::Operator { .. } => Ok(()),
-            Caller::Anonymous { .. } if self.public_reads => Ok(()),
-            Caller::Anonymous { why } => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                format!("authentication required: {why}"),
-            )),
-        }
+        identity::may_read(caller, self.public_reads).map_err(denied)
     }
 
     /// 401 without an operator, 403 when the ACLs do not grant `action`.
@@ -756,30 +629,27 @@ impl App {
         caller: &Caller,
         action: OperatorAction,
     ) -> Result<String, ApiError> {
-        match caller {
-            Caller::Anonymous { why } => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                format!("authentication required: {why}"),
-            )),
-            Caller::Operator { name, how } => {
-                if self.acls.may_operate(name, action) {
-                    Ok(name.clone())
-                } else {
-                    tracing::warn!(operator = %name, via = how, action = action.name(), "operator action denied by ACL");
-                    Err(ApiError::new(
-                        StatusCode::FORBIDDEN,
-                        format!("operator {name} may not {}", action.name()),
-                    ))
-                }
+        identity::may_write(&self.acls, caller, action).map_err(|e| {
+            if let (Denied::Forbidden { .. }, Caller::Operator { name, how }) = (&e, caller) {
+                tracing::warn!(operator = %name, via = how, action = action.name(), "operator action denied by ACL");
             }
-        }
+            denied(e)
+        })
     }
 }
 
+/// A refusal of [`identity::may_read`] or [`identity::may_write`] as the response: 401 without
+/// an operator, 403 for an operator the ACLs do not grant the action.
+fn denied(e: Denied) -> ApiError {
+    let status = match e {
+        Denied::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        Denied::Forbidden { .. } => StatusCode::FORBIDDEN,
+    };
+    ApiError::new(status, e.to_string())
+}
+
 pub(super) fn caller_of(req_caller: Option<axum::Extension<Caller>>) -> Caller {
-    req_caller.map(|c| c.0).unwrap_or(Caller::Anonymous {
-        why: "no operator certificate or bearer token".into(),
-    })
+    req_caller.map(|c| c.0).unwrap_or_else(Caller::nobody)
 }
 
 async fn health_handler(State(app): State<App>) -> Json<health::Health> {
@@ -912,7 +782,7 @@ pub(super) async fn quota_handler(
 ) -> ApiResult {
     let who = app.may_write(&caller_of(caller), OperatorAction::SetQuota)?;
     let req: QuotaRequest = parse_json(&body)?;
-    fn parse<T: std::str::FromStr<Err = gantry_sdk::protocol::ResourceParseError>>(
+    fn parse<T: std::str::FromStr<Err = gantry_proto::ResourceParseError>>(
         s: Option<String>,
         what: &str,
     ) -> Result<Option<T>, ApiError> {
@@ -922,9 +792,9 @@ pub(super) async fn quota_handler(
         })
         .transpose()
     }
-    let guarantee: Option<gantry_sdk::Resources> = parse(req.guarantee, "guarantee")?;
+    let guarantee: Option<gantry_proto::Resources> = parse(req.guarantee, "guarantee")?;
     // A limit keeps explicit zeros: "cpus:0" means no cpus at all.
-    let limit: Option<gantry_sdk::protocol::ResourceLimits> = parse(req.limit, "limit")?;
+    let limit: Option<gantry_proto::ResourceLimits> = parse(req.limit, "limit")?;
     operator(
         &app,
         who,

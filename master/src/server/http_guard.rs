@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+pub use crate::security::AuthLimits;
+
 /// The address a limit is kept for: IPv4 as is, IPv6 by its /64 (one host usually holds a whole
 /// /64), an IPv4-mapped IPv6 address as its IPv4 address.
 pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
@@ -306,31 +308,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
                 Poll::Pending => Poll::Pending,
             },
             done => done,
-        }
-    }
-}
-
-/// How many failed authentications are allowed: a token bucket per address and one for all
-/// addresses together.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AuthLimits {
-    /// Failures an address may make at once (the bucket's size); 0 turns the limiter off.
-    pub burst: u32,
-    /// Failures per minute an address regains.
-    pub per_minute: u32,
-    /// The same for all addresses together (distributed guessing); the global bucket holds
-    /// back only addresses that already failed recently.
-    pub global_burst: u32,
-    pub global_per_minute: u32,
-}
-
-impl Default for AuthLimits {
-    fn default() -> Self {
-        Self {
-            burst: 10,
-            per_minute: 10,
-            global_burst: 100,
-            global_per_minute: 100,
         }
     }
 }

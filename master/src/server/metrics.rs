@@ -382,9 +382,9 @@ mod tests {
         s.tasks.insert("RUNNING", 2);
         s.resources.insert(
             "total",
-            gantry_sdk::Resources::parse("cpus:4;gpus:2").unwrap(),
+            gantry_proto::Resources::parse("cpus:4;gpus:2").unwrap(),
         );
-        s.resources.insert("used", gantry_sdk::Resources::new());
+        s.resources.insert("used", gantry_proto::Resources::new());
         s.framework_shares.push(FrameworkShare {
             id: "fw-1".into(),
             name: "train".into(),

@@ -2,7 +2,9 @@
 //! loop that owns the [`Master`] state machine (`core_loop`, on its own thread), and the
 //! operator HTTPS API ([`http`]: authentication, ACLs and request bounds; `http_guard`: its
 //! connection slots, write deadline and failed-authentication limiter; [`api`]: `/api/v1` and
-//! its event stream; `ui`: the `/ui` dashboard and its sessions).
+//! its event stream; `ui`: the `/ui` dashboard and its login). Who a peer or caller is and what
+//! it may do are [`crate::security`]'s decisions (identities, ACLs, tokens, sessions, limits);
+//! this shell asks and enforces.
 //!
 //! ```text
 //! peer conn task --Input--> core loop (owns Master + Allocator) --Output--> peer conn task
@@ -12,11 +14,13 @@
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
-//! connection, with the reason logged. `conn_limits` bounds open connections per certificate
-//! identity and per source address.
+//! connection, with the reason logged. A peer is served as the principal
+//! `security::identity::peer_principal` makes of its certificate and hello; `conn_limits`
+//! bounds open connections per certificate identity and per source address (the bounds are
+//! `security::Limits`).
 //!
 //! Bounded peers (docs/security.md, "Message and peer limits"):
-//! - Reads use [`read_frame_limited`](gantry_sdk::protocol::codec::read_frame_limited): a frame
+//! - Reads use [`read_frame_limited`](gantry_transport::framing::read_frame_limited): a frame
 //!   body must arrive within `frame_body_timeout_ms` of its length, and large bodies share one
 //!   [`FrameBudget`].
 //! - Each peer has an outbox of `MasterConfig::peer_outbox` messages (`--peer-outbox`). A peer that lets it overflow is closed at
@@ -39,16 +43,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use gantry_sdk::protocol::codec::{
-    encode_frame_into, CodecError, FrameBudget, ReadLimits, WRITE_BATCH, WRITE_BATCH_BYTES,
-};
-use gantry_sdk::protocol::*;
-use gantry_sdk::transport::quic::{self, FrameReceiver, FrameSender};
-use gantry_sdk::transport::PeerIdentity;
+use gantry_proto::codec::{encode_frame_into, CodecError};
+use gantry_proto::*;
+use gantry_transport::framing::{FrameBudget, ReadLimits, WRITE_BATCH, WRITE_BATCH_BYTES};
+use gantry_transport::quic::{self, FrameReceiver, FrameSender};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::election::{self, health, Election, HaConfig, LeadershipEvent, LeadershipStatus};
 use crate::registry::{Registry, RegistryError, RegistryStore, RegistryWriter};
+use crate::security::identity::{self, PeerPrincipal};
 
 use crate::state::{
     ConnId, Input, MaintenanceCommand, MaintenanceError, Master, MasterConfig, OperatorCommand,
@@ -434,7 +437,10 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
         conn.close(CLOSE_PROTOCOL.into(), b"certificate has no gantry identity");
         return;
     };
-    let _slot = match shell.limits.admit(&identity.to_string(), remote.ip()) {
+    let _slot = match shell
+        .limits
+        .admit(&identity::connection_key(&identity), remote.ip())
+    {
         Ok(slot) => slot,
         Err(reason) => {
             tracing::warn!(%remote, %identity, "{reason}; closing");
@@ -456,19 +462,15 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 return;
             }
         };
-    let kind_matches = matches!(
-        (kind, &identity),
-        (PeerKind::Agent, PeerIdentity::Agent(_))
-            | (PeerKind::Framework, PeerIdentity::Framework(_))
-    );
-    if !kind_matches {
-        tracing::warn!(%remote, %identity, ?kind, "hello kind does not match the certificate; closing");
-        conn.close(
-            CLOSE_PROTOCOL.into(),
-            b"peer kind does not match certificate",
-        );
-        return;
-    }
+    // Who the peer is served as: security's decision (its hello must match its certificate).
+    let principal = match identity::peer_principal(kind, &identity) {
+        Ok(p) => p,
+        Err(mismatch) => {
+            tracing::warn!(%remote, %identity, ?kind, "hello kind does not match the certificate; closing");
+            conn.close(CLOSE_PROTOCOL.into(), mismatch.to_string().as_bytes());
+            return;
+        }
+    };
     // Only the leader serves peers. A standby says so, names the leader, and keeps the
     // connection open: the moment it is elected it says `Leading` here and the peer registers
     // without a new handshake.
@@ -509,10 +511,9 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     tracing::debug!(%remote, %identity, epoch, "serving a peer");
     let id = shell.next_conn.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::channel(shell.outbox);
-    let label: Arc<str> = match &identity {
-        PeerIdentity::Agent(n) => format!("agent {n} at {remote}"),
-        PeerIdentity::Framework(p) => format!("framework {p} at {remote}"),
-        other => format!("{other} at {remote}"),
+    let label: Arc<str> = match &principal {
+        PeerPrincipal::Agent(n) => format!("agent {n} at {remote}"),
+        PeerPrincipal::Framework(p) => format!("framework {p} at {remote}"),
     }
     .into();
     shell.conns.insert(
@@ -523,8 +524,8 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
             label: label.clone(),
         },
     );
-    match (kind, identity) {
-        (PeerKind::Agent, PeerIdentity::Agent(name)) => {
+    match principal {
+        PeerPrincipal::Agent(name) => {
             let connected = Input::AgentConnected {
                 conn: id,
                 name,
@@ -544,7 +545,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
             )
             .await;
         }
-        (PeerKind::Framework, PeerIdentity::Framework(principal)) => {
+        PeerPrincipal::Framework(principal) => {
             let connected = Input::FrameworkConnected {
                 conn: id,
                 principal,
@@ -562,14 +563,6 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 |conn| Input::FrameworkDisconnected { conn },
             )
             .await;
-        }
-        (kind, identity) => {
-            // Checked before the role was sent.
-            tracing::warn!(%remote, %identity, ?kind, "hello kind does not match the certificate; closing");
-            conn.close(
-                CLOSE_PROTOCOL.into(),
-                b"peer kind does not match certificate",
-            );
         }
     }
     shell.conns.remove(&id);

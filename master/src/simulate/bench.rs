@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use gantry_sdk::protocol::{AgentId, FrameworkId, Resources};
+use gantry_proto::{AgentId, FrameworkId, Resources};
 use serde::Serialize;
 
 use super::SimError;

@@ -1,14 +1,14 @@
 //! Scenario simulator, trace mode and benchmark: they drive the real [`crate::allocator`] in
 //! simulated time (the allocator itself never reads a clock; only the trace mode and the
 //! benchmark measure wall time around its calls). The openb replay drives
-//! [`gantry_sdk::placement`] instead, timing each placement decision.
+//! [`gantry_placement`] instead, timing each placement decision.
 //!
 //! - [`scenario`]: `gantry-master simulate FILE.toml`, JSON lines of offers, rescinds, summary.
 //! - [`trace`]: `gantry-master simulate --trace JOBS.csv --cluster CLUSTER.toml`, plus a synthetic
 //!   trace generator.
 //! - [`bench`](mod@bench): `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
 //! - [`openb`]: `gantry-master simulate --openb NODES.csv PODS.csv`, the FGD paper's experiment
-//!   on Alibaba's GPU trace, run on [`gantry_sdk::placement`].
+//!   on Alibaba's GPU trace, run on [`gantry_placement`].
 
 pub mod bench;
 pub mod openb;
@@ -118,13 +118,13 @@ pub fn run_to<W: Write>(args: &SimulateArgs, out: &mut W) -> Result<(), SimError
         let [nodes, pods] = paths.as_slice() else {
             return Err(SimError::Args("--openb needs NODES.csv PODS.csv".into()));
         };
-        let policy: Option<gantry_sdk::placement::Policy> =
-            match &args.policy {
-                Some(p) => Some(p.parse().map_err(
-                    |e: gantry_sdk::placement::PlacementError| SimError::Args(e.to_string()),
-                )?),
-                None => None,
-            };
+        let policy: Option<gantry_placement::Policy> = match &args.policy {
+            Some(p) => Some(
+                p.parse()
+                    .map_err(|e: gantry_placement::PlacementError| SimError::Args(e.to_string()))?,
+            ),
+            None => None,
+        };
         let seeds = openb::parse_seeds(&args.seeds)?;
         let trace = openb::OpenbTrace::parse(&read(nodes)?, &read(pods)?)?;
         let report = openb::run(&trace, policy, &seeds)?;

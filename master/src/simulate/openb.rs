@@ -1,6 +1,6 @@
 //! `gantry-master simulate --openb NODES.csv PODS.csv [--policy P] [--seeds 42-51] [--json]`:
 //! the experiment of Weng et al. (USENIX ATC 2023) on Alibaba's openb GPU trace, run on
-//! [`gantry_sdk::placement`] (the placement code schedulers use, not a copy).
+//! [`gantry_placement`] (the placement code schedulers use, not a copy).
 //!
 //! Per seed: the pod list, plus tasks drawn from it at random (with replacement) until the
 //! tasks' GPU requests reach 130% of the cluster's GPU capacity, shuffled, arrive one at a time
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use gantry_sdk::placement::{GpuDemand, Models, Node, Placer, Policy, TaskShape, Workload};
+use gantry_placement::{GpuDemand, Models, Node, Placer, Policy, TaskShape, Workload};
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;

@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
-use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
+use gantry_proto::messages::Demand;
+use gantry_proto::{AgentId, FrameworkId, OfferId, ResourceLimits, Resources};
 use serde::{Deserialize, Serialize};
 
 use super::SimError;

@@ -15,8 +15,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::Instant;
 
-use gantry_sdk::protocol::messages::Demand;
-use gantry_sdk::protocol::{AgentId, FrameworkId, ResourceLimits, Resources};
+use gantry_proto::messages::Demand;
+use gantry_proto::{AgentId, FrameworkId, ResourceLimits, Resources};
 use serde::Deserialize;
 use serde_json::{json, Value};
 

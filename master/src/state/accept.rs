@@ -157,15 +157,14 @@ impl Master {
                             validate_task(&task).err().map(|e| e.to_string())
                         };
                         let invalid = invalid.or_else(|| {
-                            let user = task.command.user.get_or_insert_with(|| agent_user.clone());
-                            if !crate::acl::valid_user(user) {
-                                return Some(format!("task {tid}: invalid user name {user:?}"));
-                            }
-                            (!self.config.acls.may_run_as(&principal, user)).then(|| {
-                                format!(
-                                    "task {tid}: principal {principal:?} may not run tasks as user {user:?} (run_tasks ACL)"
-                                )
-                            })
+                            run_as::task_user(
+                                &self.config.acls,
+                                &principal,
+                                &mut task.command.user,
+                                &agent_user,
+                            )
+                            .err()
+                            .map(|e| format!("task {tid}: {e}"))
                         });
                         let invalid = invalid.or_else(|| {
                             let sel = task.gpu_selector.as_ref()?;
@@ -521,7 +520,7 @@ pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
     if !task
         .resources
         .milli("ports")
-        .is_multiple_of(gantry_sdk::protocol::resources::MILLI)
+        .is_multiple_of(gantry_proto::resources::MILLI)
     {
         return Err(TaskRejection::FractionalPorts(tid));
     }

@@ -47,8 +47,8 @@ impl Master {
                 let Some(Peer::Agent { name, address, .. }) = self.conns.get(&conn).cloned() else {
                     return;
                 };
-                if !crate::acl::valid_user(&task_user) {
-                    let message = format!("invalid task user {task_user:?}");
+                if let Err(e) = run_as::check_agent_default(&task_user) {
+                    let message = e.to_string();
                     out.push(Output::ToAgent(
                         conn,
                         MasterToAgent::Error {
@@ -727,7 +727,7 @@ impl Master {
         let mut resources = a.resources.clone();
         resources.set_milli(
             "gpus",
-            (healthy_count * gantry_sdk::protocol::resources::MILLI).saturating_sub(reserved_gpus),
+            (healthy_count * gantry_proto::resources::MILLI).saturating_sub(reserved_gpus),
         );
         a.resources = resources.clone();
         let reserved = a.reserved.clone();

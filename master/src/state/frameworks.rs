@@ -2,6 +2,7 @@
 //! ACLs, limits, failover by id), disconnection (failover timeout running) and removal.
 
 use super::*;
+use crate::security::Exceeded;
 
 impl Master {
     pub(super) fn framework_message(
@@ -370,11 +371,8 @@ impl Master {
             return Err(SubscribeRejection::MinAllocatable { count: min.len() });
         }
         // Counted before anything else is looked at, so 50,000 roles cost one comparison.
-        if info.roles.len() > limits.roles_per_framework {
-            return Err(SubscribeRejection::TooManyRoles {
-                count: info.roles.len(),
-                limit: limits.roles_per_framework,
-            });
+        if let Err(Exceeded { count, limit }) = limits.check_roles_per_framework(info.roles.len()) {
+            return Err(SubscribeRejection::TooManyRoles { count, limit });
         }
         if info.suppressed_roles.len() > info.roles.len() {
             return Err(SubscribeRejection::TooManySuppressedRoles {
@@ -413,12 +411,10 @@ impl Master {
                 }
                 let mut roles: HashSet<&str> = f.roles.iter().map(String::as_str).collect();
                 roles.extend(info.roles.iter().map(String::as_str));
-                if roles.len() > limits.roles_per_framework {
-                    return Err(SubscribeRejection::WouldHoldTooManyRoles {
-                        id,
-                        count: roles.len(),
-                        limit: limits.roles_per_framework,
-                    });
+                if let Err(Exceeded { count, limit }) =
+                    limits.check_roles_per_framework(roles.len())
+                {
+                    return Err(SubscribeRejection::WouldHoldTooManyRoles { id, count, limit });
                 }
             }
             None => {
@@ -427,11 +423,11 @@ impl Master {
                     .values()
                     .filter(|f| f.principal == principal)
                     .count();
-                if mine >= limits.frameworks_per_principal {
+                if let Err(Exceeded { count, limit }) = limits.check_new_framework(mine) {
                     return Err(SubscribeRejection::TooManyFrameworks {
                         principal: principal.to_string(),
-                        count: mine,
-                        limit: limits.frameworks_per_principal,
+                        count,
+                        limit,
                     });
                 }
             }

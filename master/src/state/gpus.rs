@@ -7,7 +7,7 @@
 //! whole-GPU task only gets idle GPUs.
 //!
 //! The master chooses the GPU for a fraction at accept time with the same fragmentation-aware
-//! scoring as the SDK's placement helper ([`gantry_sdk::placement`], policy
+//! scoring as the placement crate ([`gantry_placement`], policy
 //! `--gpu-placement`, default `fgd-pack`), scored against the expected task mix: the shapes
 //! the frameworks declared in their demands, the GPU tasks live on the agent, the task itself
 //! and one whole GPU (so whole GPUs are not broken up while a partly used GPU has room), and
@@ -22,11 +22,11 @@
 
 use std::collections::BTreeMap;
 
-use gantry_sdk::placement::topology::{self, GpuSlot};
-use gantry_sdk::placement::{
+use gantry_placement::topology::{self, GpuSlot};
+use gantry_placement::{
     GpuDemand, ModelId, ModelSet, Models, Node, Placer, Policy, TaskShape, Workload, GPU_MILLI,
 };
-use gantry_sdk::protocol::{GpuAmount, GpuFree, GpuInfo, GpuSelector, TaskInfo};
+use gantry_proto::{GpuAmount, GpuFree, GpuInfo, GpuSelector, TaskInfo};
 
 use super::{AgentId, Master};
 
@@ -331,7 +331,7 @@ impl Master {
 }
 
 /// The placement shape of a task's GPU demand (CPU and memory are the allocator's business).
-fn gpu_shape(r: &gantry_sdk::protocol::Resources) -> Option<TaskShape> {
+fn gpu_shape(r: &gantry_proto::Resources) -> Option<TaskShape> {
     let gpu = match r.gpu_amount().ok()? {
         GpuAmount::None => return None,
         GpuAmount::Fraction(m) => GpuDemand::Fraction(m),

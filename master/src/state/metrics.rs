@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use gantry_sdk::protocol::TaskState;
-use gantry_sdk::Resources;
+use gantry_proto::Resources;
+use gantry_proto::TaskState;
 
 use super::Master;
 use crate::allocator::{AllocatorMetrics, Millis, ResourceSeconds};

@@ -27,7 +27,10 @@
 //!   a new agent whose reported tasks are killed.
 //! - Authorization and limits: every role of a subscription must be granted to the principal
 //!   by the ACLs ([`Acls::may_register`]) and pass [`Limits`] (roles per framework, name length
-//!   and depth, frameworks per principal). Roles nothing uses any more are forgotten.
+//!   and depth, frameworks per principal). Roles nothing uses any more are forgotten. These
+//!   decisions are [`crate::security`]'s (ACLs, limits, name validation, the run-as policy):
+//!   the core asks it and turns its answers into rejections; security knows nothing of the
+//!   core.
 //! - Offers are single-use; an accept must name known, outstanding offers of the caller on one
 //!   agent, and every task must fit the offers. A bad offer rejects the whole accept (the valid
 //!   offers return to the pool); a bad task ends `ERROR` while the others launch.
@@ -39,7 +42,7 @@
 //!   then its tasks are killed and it is removed.
 //! - A task runs as its command's user or, when it names none, as its agent's default (reported
 //!   at registration and filled in here); the framework's principal must be allowed that user
-//!   by the `run_tasks` ACL, or the task ends `ERROR`.
+//!   by the `run_tasks` ACL, or the task ends `ERROR` (`security::run_as`).
 //! - Completed tasks are kept as `TaskRecord`s per framework (bounded by
 //!   `max_completed_tasks_per_framework`), and removed frameworks with their records (bounded
 //!   by `max_completed_frameworks`); the oldest go first.
@@ -71,7 +74,8 @@
 //!   mark-gone, spot-termination notices;
 //! - `events`: the changes recorded for the operator event stream;
 //! - `rejection`: the typed reasons the core refuses roles, subscriptions, tasks, reservations
-//!   and operator commands (their text is what peers and operators read);
+//!   and operator commands (their text is what peers and operators read; those about role
+//!   names and task users are `security`'s, re-used here);
 //! - `recovery`: restoring the registry after a failover;
 //! - `view`: the read-only `/state` view;
 //! - `metrics`: the numbers behind `/metrics` (counts, resources, shares, resource-seconds).
@@ -111,14 +115,17 @@ pub use rejection::{
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use gantry_sdk::protocol::codec;
-use gantry_sdk::protocol::*;
+use gantry_proto::codec;
+use gantry_proto::*;
 
-use crate::acl::Acls;
+// Who may do what and how much: the security module decides, the core asks (and re-exports
+// the types its config and rejections carry under their old paths).
 use crate::allocator::{Allocator, AllocatorConfig, Millis, OfferRecord, OfferResources};
 use crate::registry::{
     AgentRecord, FrameworkRecord, GoneRecord, Mutation, Quota, Registry, Reservation,
 };
+use crate::security::{run_as, Acls};
+pub use crate::security::{valid_role, Limits};
 
 /// Identifies one live peer connection in the I/O shell.
 pub type ConnId = u64;
@@ -171,64 +178,7 @@ pub struct MasterConfig {
     /// What one principal may hold (docs/security.md).
     pub limits: Limits,
     /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
-    pub gpu_placement: gantry_sdk::placement::Policy,
-}
-
-/// Bounds on what one tenant may make the master hold (docs/security.md lists the defaults and
-/// the `gantry-master` flags). The connection limits are enforced by the I/O shell.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
-    /// Frameworks one principal may have registered at once (connected or failing over).
-    pub frameworks_per_principal: usize,
-    /// Distinct roles one framework may subscribe to (over its subscription and failovers).
-    pub roles_per_framework: usize,
-    /// Longest role name, in bytes (at most 128, the syntax limit).
-    pub role_name_length: usize,
-    /// Most `/`-separated levels in a role name.
-    pub role_depth: usize,
-    /// Open connections per certificate identity (`agent:NAME`, `framework:PRINCIPAL`).
-    pub connections_per_principal: usize,
-    /// Open connections per source IP address; 0 = unlimited.
-    pub connections_per_address: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            frameworks_per_principal: 100,
-            roles_per_framework: 64,
-            role_name_length: 128,
-            role_depth: 8,
-            connections_per_principal: 128,
-            connections_per_address: 1024,
-        }
-    }
-}
-
-impl Limits {
-    /// Why `role` may not be used (syntax, length or depth), if it may not.
-    pub fn check_role(&self, role: &str) -> Result<(), RoleRejection> {
-        let shown = || truncated(role, 64).to_string();
-        if !valid_role(role) {
-            return Err(RoleRejection::Syntax(shown()));
-        }
-        if role.len() > self.role_name_length {
-            return Err(RoleRejection::TooLong {
-                role: shown(),
-                len: role.len(),
-                limit: self.role_name_length,
-            });
-        }
-        let depth = role.split('/').count();
-        if depth > self.role_depth {
-            return Err(RoleRejection::TooDeep {
-                role: shown(),
-                depth,
-                limit: self.role_depth,
-            });
-        }
-        Ok(())
-    }
+    pub gpu_placement: gantry_placement::Policy,
 }
 
 /// At most `max` bytes of `s` (on a char boundary), for error messages about peer input.
@@ -259,7 +209,7 @@ impl Default for MasterConfig {
             peer_outbox: 16_384,
             peer_write_timeout_ms: Some(30_000),
             limits: Limits::default(),
-            gpu_placement: gantry_sdk::placement::Policy::FgdPack,
+            gpu_placement: gantry_placement::Policy::FgdPack,
         }
     }
 }
@@ -538,7 +488,7 @@ impl TaskRec {
 /// The ports an agent reports for a task as kept in records: at most as many as the task asked
 /// for (an agent's list is not trusted to be short), else none.
 pub(crate) fn kept_ports(info: &TaskInfo, ports: &[u16]) -> Vec<u16> {
-    let asked = info.resources.milli("ports") / gantry_sdk::protocol::resources::MILLI;
+    let asked = info.resources.milli("ports") / gantry_proto::resources::MILLI;
     if ports.len() as u64 <= asked {
         ports.to_vec()
     } else {
@@ -978,20 +928,6 @@ impl Master {
             ));
         }
     }
-}
-
-/// Role names: `eng` or hierarchical `eng/ml`; segments of `[A-Za-z0-9_.-]`, not `.`/`..`.
-pub fn valid_role(role: &str) -> bool {
-    !role.is_empty()
-        && role.len() <= 128
-        && role.split('/').all(|seg| {
-            !seg.is_empty()
-                && seg != "."
-                && seg != ".."
-                && seg
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
-        })
 }
 
 #[cfg(test)]

@@ -1,33 +1,15 @@
 //! Typed rejections: why the core refuses a role name, a subscription, a task, a reservation or
 //! an operator command. Each one's `Display` is the text the peer or operator receives (and
-//! tests look for), so callers format them and nothing else builds those messages.
+//! tests look for), so callers format them and nothing else builds those messages. The role
+//! name's and the run-as policy's are security's (`RoleRejection`, re-exported here, and
+//! `security::RunAsRejection`).
 
-use gantry_sdk::protocol::{FrameworkId, Resources, TaskId};
+use gantry_proto::{FrameworkId, Resources, TaskId};
 
 use super::operator::{MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
 use crate::allocator::AllocError;
 
-/// A role name that may not be used ([`super::Limits::check_role`]). Names are kept cut to 64
-/// bytes: they come from peers.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RoleRejection {
-    #[error(
-        "invalid role name {0:?}: use segments of [A-Za-z0-9_.-] separated by '/', at most 128 bytes"
-    )]
-    Syntax(String),
-    #[error("role name {role:?} is {len} bytes long; the limit is {limit}")]
-    TooLong {
-        role: String,
-        len: usize,
-        limit: usize,
-    },
-    #[error("role {role:?} is {depth} levels deep; the limit is {limit}")]
-    TooDeep {
-        role: String,
-        depth: usize,
-        limit: usize,
-    },
-}
+pub use crate::security::RoleRejection;
 
 /// Minimum allocatable quantities a framework may list, and kinds in each.
 pub const MAX_MIN_ALLOCATABLE: usize = 16;
@@ -94,7 +76,7 @@ pub enum TaskRejection {
     #[error("task {0}: must request some cpus or mem")]
     NoCpusOrMem(TaskId),
     #[error("task {0}: {1}")]
-    FractionalGpus(TaskId, gantry_sdk::protocol::BadGpuAmount),
+    FractionalGpus(TaskId, gantry_proto::BadGpuAmount),
     #[error("task {0}: invalid environment variable")]
     Environment(TaskId),
     #[error("task {0}: ports are counted in whole ports (ports:K asks for K host ports)")]

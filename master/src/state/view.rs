@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use gantry_sdk::protocol::{Attributes, GpuInfo, GpuSample, TaskUsage};
-use gantry_sdk::Resources;
+use gantry_proto::Resources;
+use gantry_proto::{Attributes, GpuInfo, GpuSample, TaskUsage};
 use serde::Serialize;
 
 use super::{Master, TaskRecord};
@@ -50,7 +50,7 @@ pub struct AgentView {
     /// The user its tasks run as when their command names none (`--task-user`).
     pub task_user: String,
     /// What is free of each healthy GPU (fraction and memory), as offers show it.
-    pub gpu_free: Vec<gantry_sdk::protocol::GpuFree>,
+    pub gpu_free: Vec<gantry_proto::GpuFree>,
     /// False while an operator has deactivated it (nothing of it is offered).
     pub active: bool,
     /// `DRAINING` or `DRAINED` while under maintenance (absent otherwise).
@@ -78,7 +78,7 @@ pub struct FrameworkView {
     pub name: String,
     pub principal: String,
     pub roles: Vec<String>,
-    pub capabilities: Vec<gantry_sdk::protocol::Capability>,
+    pub capabilities: Vec<gantry_proto::Capability>,
     pub connected: bool,
     /// Held by tasks.
     pub used: Resources,

@@ -42,15 +42,15 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use gantry_sdk::protocol::{AgentId, FrameworkId};
-use gantry_sdk::Resources;
+use gantry_proto::Resources;
+use gantry_proto::{AgentId, FrameworkId};
 use serde_json::Value;
 
 use super::http::{
     caller_of, operator, parse_json, quota_handler, weights_handler, ApiError, ApiResult, App,
     Caller, ConnInfo, SubscriberSlot,
 };
-use crate::acl::OperatorAction;
+use crate::security::acl::OperatorAction;
 use crate::state::OperatorCommand;
 
 type CallerExt = Option<axum::Extension<Caller>>;

@@ -10,8 +10,8 @@
 //! GET  /ui/login      the login form (sets the `gantry_csrf` cookie its hidden `csrf` field
 //!                     repeats); `?token=` is refused 400 (a token in a URL ends up in
 //!                     history and logs)
-//! POST /ui/login      form fields `token` and `csrf`: starts a session (`session`) and sets
-//!                     the `gantry_session` cookie; failures count against the address's
+//! POST /ui/login      form fields `token` and `csrf`: starts a session (`security::sessions`)
+//!                     and sets the `gantry_session` cookie; failures count against the address's
 //!                     failed-authentication limit (429 with Retry-After past it)
 //! POST /ui/logout     form field `csrf` (the session's): ends the session on the master
 //! GET  /ui/app.js, /ui/style.css
@@ -24,9 +24,6 @@
 //! Content-Security-Policy (scripts and connections to this origin only, no framing),
 //! `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer` and
 //! `Cache-Control: no-store`.
-
-mod session;
-pub(super) use session::Sessions;
 
 use std::time::Instant;
 
@@ -157,7 +154,7 @@ async fn login_page(
 
 /// The login form with a fresh CSRF token (cookie + hidden field).
 fn login_form_page(status: StatusCode, error: Option<&str>) -> Response {
-    let Ok(csrf) = crate::tokens::generate() else {
+    let Ok(csrf) = crate::security::tokens::generate() else {
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no system randomness")
             .into_response();
     };

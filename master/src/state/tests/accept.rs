@@ -111,7 +111,7 @@ fn invalid_tasks_are_errors_and_valid_ones_launch() {
 
 #[test]
 fn task_users_default_to_the_agents_and_are_checked_against_run_tasks_acls() {
-    let acls = crate::acl::Acls::from_toml(
+    let acls = crate::security::acl::Acls::from_toml(
         r#"
 [[register_frameworks]]
 principals = ["*"]

@@ -106,7 +106,7 @@ fn a_generated_id_already_in_use_is_never_handed_out_again() {
 
 #[test]
 fn roles_need_an_acl_grant_once_acls_exist() {
-    let acls = crate::acl::Acls::from_toml(
+    let acls = crate::security::acl::Acls::from_toml(
         r#"
         [[register_frameworks]]
         principals = ["alice"]

@@ -27,6 +27,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::limits::{valid_role, valid_user};
+
 /// Why an ACL file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum AclError {
@@ -241,7 +243,7 @@ impl Acls {
                 objects.push(if r == "*" {
                     RolePattern::Any
                 } else if let Some(parent) = r.strip_suffix("/*") {
-                    if !crate::state::valid_role(parent) {
+                    if !valid_role(parent) {
                         return Err(AclError::Invalid {
                             section,
                             index: i,
@@ -249,7 +251,7 @@ impl Acls {
                         });
                     }
                     RolePattern::Below(parent.to_string())
-                } else if crate::state::valid_role(&r) {
+                } else if valid_role(&r) {
                     RolePattern::Exact(r)
                 } else {
                     return Err(AclError::Invalid {
@@ -362,17 +364,6 @@ impl Acls {
                 ActionPattern::One(a) => *a == action,
             })
     }
-}
-
-/// A plausible Unix user name: 1-32 characters of `[a-z0-9_.-]` (and upper case), not starting
-/// with `-` or `.`.
-pub fn valid_user(user: &str) -> bool {
-    !user.is_empty()
-        && user.len() <= 32
-        && !user.starts_with(['-', '.'])
-        && user
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 #[cfg(test)]

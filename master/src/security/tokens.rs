@@ -112,7 +112,7 @@ impl OperatorTokens {
                 index,
                 message,
             };
-            if !gantry_sdk::transport::tls::valid_name(&e.name) {
+            if !gantry_transport::tls::valid_name(&e.name) {
                 return Err(invalid(format!("invalid operator name {:?}", e.name)));
             }
             let digest = parse_hex32(&e.sha256)
@@ -235,6 +235,48 @@ pub fn file_entry(name: &str, token: &str) -> String {
         "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\n",
         hash_token(token)
     )
+}
+
+/// Operator tokens shared with the shell, which may replace them (reload) while serving.
+#[derive(Clone, Debug, Default)]
+pub struct SharedTokens(std::sync::Arc<std::sync::RwLock<OperatorTokens>>);
+
+impl SharedTokens {
+    /// Shares `tokens`.
+    pub fn new(tokens: OperatorTokens) -> Self {
+        Self(std::sync::Arc::new(std::sync::RwLock::new(tokens)))
+    }
+
+    /// Replaces the tokens (requests from now on see the new set).
+    pub fn replace(&self, tokens: OperatorTokens) {
+        match self.0.write() {
+            Ok(mut t) => *t = tokens,
+            Err(poisoned) => *poisoned.into_inner() = tokens,
+        }
+    }
+
+    /// How many tokens are configured.
+    pub fn len(&self) -> usize {
+        self.0.read().map(|t| t.len()).unwrap_or(0)
+    }
+
+    /// True when no token is configured.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The operator a presented token stands for.
+    pub fn verify(&self, token: &str) -> Option<String> {
+        let t = self.0.read().ok()?;
+        t.verify(token).map(str::to_string)
+    }
+
+    /// The operator whose token has this digest, while the token is still configured (a
+    /// dashboard session ends with its token).
+    pub fn verify_digest(&self, digest: &[u8; 32]) -> Option<String> {
+        let t = self.0.read().ok()?;
+        t.name_of_digest(digest).map(str::to_string)
+    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use subtle::ConstantTimeEq;
 
-use crate::server::http::SharedTokens;
-use crate::tokens;
+use super::tokens::{self, SharedTokens};
 
 #[derive(Debug, Clone)]
 struct Session {
@@ -23,14 +22,14 @@ struct Session {
 
 /// The live dashboard sessions.
 #[derive(Debug)]
-pub(crate) struct Sessions {
+pub struct Sessions {
     max: usize,
     lifetime: Duration,
     by_id: Mutex<HashMap<[u8; 32], Session>>,
 }
 
 impl Sessions {
-    pub(crate) fn new(max: usize, lifetime: Duration) -> Self {
+    pub fn new(max: usize, lifetime: Duration) -> Self {
         Self {
             max: max.max(1),
             lifetime,
@@ -39,12 +38,12 @@ impl Sessions {
     }
 
     /// How long a session lasts.
-    pub(crate) fn lifetime(&self) -> Duration {
+    pub fn lifetime(&self) -> Duration {
         self.lifetime
     }
 
     /// Starts a session for the holder of `token` (already verified); its id (the cookie).
-    pub(crate) fn create(&self, token: &str, now: Instant) -> Result<String, String> {
+    pub fn create(&self, token: &str, now: Instant) -> Result<String, String> {
         let id = tokens::generate().map_err(|e| e.to_string())?;
         let csrf = tokens::generate().map_err(|e| e.to_string())?;
         let mut map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
@@ -85,7 +84,7 @@ impl Sessions {
     }
 
     /// The operator of a live session whose token is still configured.
-    pub(crate) fn operator(&self, id: &str, tokens: &SharedTokens, now: Instant) -> Option<String> {
+    pub fn operator(&self, id: &str, tokens: &SharedTokens, now: Instant) -> Option<String> {
         let s = self.live(id, now)?;
         let name = tokens.verify_digest(&s.token);
         if name.is_none() {
@@ -96,12 +95,12 @@ impl Sessions {
     }
 
     /// The CSRF token of a live session.
-    pub(crate) fn csrf(&self, id: &str, now: Instant) -> Option<String> {
+    pub fn csrf(&self, id: &str, now: Instant) -> Option<String> {
         self.live(id, now).map(|s| s.csrf)
     }
 
     /// Ends session `id` when `csrf` is its CSRF token; true if it ended.
-    pub(crate) fn end_with_csrf(&self, id: &str, csrf: &str, now: Instant) -> bool {
+    pub fn end_with_csrf(&self, id: &str, csrf: &str, now: Instant) -> bool {
         match self.live(id, now) {
             Some(s) if bool::from(s.csrf.as_bytes().ct_eq(csrf.as_bytes())) => {
                 self.end(id);
@@ -117,15 +116,20 @@ impl Sessions {
     }
 
     /// Sessions held now (ended ones may be counted until the next login sweeps them).
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.by_id.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// True when no session is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::{file_entry, generate, OperatorTokens};
+    use crate::security::tokens::{file_entry, generate, OperatorTokens};
 
     fn shared(entries: &[(&str, &str)]) -> SharedTokens {
         let text: String = entries.iter().map(|(n, t)| file_entry(n, t)).collect();
