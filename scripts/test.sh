@@ -30,6 +30,10 @@ if cargo tree -p gantry-master -e normal | grep -E ' gantry-sdk v'; then
   echo "gantry-master must not depend on gantry-sdk (it uses gantry-proto, gantry-transport, gantry-placement and gantry-cli directly)" >&2
   exit 1
 fi
+if cargo tree -p gantry-agent -e normal | grep -E ' gantry-sdk v'; then
+  echo "gantry-agent must not depend on gantry-sdk (it uses gantry-proto, gantry-transport, gantry-placement and gantry-cli directly)" >&2
+  exit 1
+fi
 # Cluster tests run the real binaries: build them first.
 cargo build --workspace --bins
 cargo test --workspace

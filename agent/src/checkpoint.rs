@@ -84,7 +84,7 @@ impl Checkpoint {
 mod tests {
     use super::*;
     use crate::core::Launched;
-    use gantry_sdk::protocol::{AgentId, FrameworkId, TaskId, TaskInfo, TaskState};
+    use gantry_proto::{AgentId, FrameworkId, TaskId, TaskInfo, TaskState};
 
     #[test]
     fn round_trip_and_corruption() {

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use gantry_sdk::protocol::Attributes;
-use gantry_sdk::Resources;
+use gantry_proto::Attributes;
+use gantry_proto::Resources;
 
 /// Errors in the agent's configuration values.
 #[derive(Debug, thiserror::Error)]
@@ -15,7 +15,7 @@ pub enum ConfigError {
     #[error("reservation for role {role:?}: {source}")]
     ReservationResources {
         role: String,
-        source: gantry_sdk::protocol::ResourceParseError,
+        source: gantry_proto::ResourceParseError,
     },
 }
 

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gantry_sdk::protocol::TaskId;
+use gantry_proto::TaskId;
 
 /// Defaults: one hour (Mesos keeps a week; task output of interest is usually read within
 /// minutes, and at a thousand tasks a second a week of sandboxes does not fit), 10% headroom,

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 
-use gantry_sdk::protocol::{FrameworkId, GpuSample, TaskId, TaskUsage};
+use gantry_proto::{FrameworkId, GpuSample, TaskId, TaskUsage};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

@@ -1,13 +1,14 @@
 //! The agent's session with the leading master: links to every master
-//! ([`gantry_sdk::transport::masters`]), hand the runtime loop an outbox for the leader's stream
+//! ([`gantry_transport::masters`]), hand the runtime loop an outbox for the leader's stream
 //! (sent on `outboxes` before each [`Input::Connected`]), forward the leader's messages to it as
 //! core [`Input`]s, and switch at once when a standby announces that it was elected. It knows
 //! the runtime only by these two channels.
 
-use gantry_sdk::protocol::codec::{encode_frame_into, WRITE_BATCH, WRITE_BATCH_BYTES};
-use gantry_sdk::protocol::*;
-use gantry_sdk::transport::masters::{LeaderSession, Masters, MastersConfig};
-use gantry_sdk::transport::{quic, FrameReader, TlsMaterial};
+use gantry_proto::codec::encode_frame_into;
+use gantry_proto::*;
+use gantry_transport::framing::{WRITE_BATCH, WRITE_BATCH_BYTES};
+use gantry_transport::masters::{LeaderSession, Masters, MastersConfig};
+use gantry_transport::{quic, FrameReader, TlsMaterial};
 use tokio::sync::mpsc;
 
 use crate::core::Input;

@@ -1,7 +1,7 @@
 //! Spot-instance termination notices: `gantry-agent notice-termination --in 120s` (run on the
 //! host by the cloud's termination hook) writes [`NOTICE_FILE`] into the agent's work dir; the
 //! running agent reads it within a second and tells the master
-//! ([`AgentToMaster::TerminationNotice`](gantry_sdk::protocol::AgentToMaster)), which drains the
+//! ([`AgentToMaster::TerminationNotice`](gantry_proto::AgentToMaster)), which drains the
 //! agent with that deadline. The file holds the deadline as Unix milliseconds (the agent and the
 //! command share the host's clock); the agent sends the time left, so the master's clock does
 //! not matter. The notice is sent again after every re-registration (a new master may lead) and

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use gantry_sdk::protocol::{StatusUpdate, TaskId, UpdateId};
+use gantry_proto::{StatusUpdate, TaskId, UpdateId};
 use serde::{Deserialize, Serialize};
 
 /// First retry after 1 s, doubling up to 10 s.
@@ -184,7 +184,7 @@ impl UpdateQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gantry_sdk::protocol::*;
+    use gantry_proto::*;
 
     fn update(task: TaskId, state: TaskState) -> StatusUpdate {
         StatusUpdate::new(task, FrameworkId::random(), state)

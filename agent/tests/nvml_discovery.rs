@@ -10,7 +10,7 @@ use gantry_agent::gpu::{assign, FaultKind};
 use gantry_nvml_standin::config::{
     self, EventKind, EventSpec, GpuSpec, MigSpec, ProcessSpec, StandinConfig,
 };
-use gantry_sdk::protocol::GpuInfo;
+use gantry_proto::GpuInfo;
 
 fn gpu(i: u32) -> GpuSpec {
     let a100 = i < 2;

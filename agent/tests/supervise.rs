@@ -32,7 +32,7 @@ impl Server {
             sandbox: sandbox.to_path_buf(),
             meta: meta.to_path_buf(),
             cgroup_procs: Vec::new(),
-            program: gantry_sdk::protocol::Program::Shell(shell.into()),
+            program: gantry_proto::Program::Shell(shell.into()),
             identity: None,
         })
         .into_iter()
@@ -175,7 +175,7 @@ fn a_launch_claimed_by_a_restarted_agent_is_refused_and_bad_requests_too() {
         sandbox: sandbox.clone(),
         meta: meta.clone(),
         cgroup_procs: Vec::new(),
-        program: gantry_sdk::protocol::Program::Argv(vec!["/no/such/program".into()]),
+        program: gantry_proto::Program::Argv(vec!["/no/such/program".into()]),
         identity: None,
     })
     .into_iter()

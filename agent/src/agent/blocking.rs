@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use gantry_sdk::protocol::*;
+use gantry_proto::*;
 
 use super::{PoolGate, BASE_FILE};
 use crate::core::CgroupOutcome;

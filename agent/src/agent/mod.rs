@@ -33,8 +33,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use gantry_sdk::protocol::*;
-use gantry_sdk::transport::{tls, PeerIdentity};
+use gantry_proto::*;
+use gantry_transport::{tls, PeerIdentity};
 use tokio::sync::mpsc;
 
 use crate::core::{AdoptedProbe, AgentCore, CoreConfig, Effect, Input, PortRange, RecoveryProbe};

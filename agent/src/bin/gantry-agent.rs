@@ -17,8 +17,8 @@ use gantry_agent::executor::server;
 use gantry_agent::executor::user;
 use gantry_agent::gc;
 use gantry_agent::isolation::{IsolationMode, Isolator, NvidiaMajors, DEFAULT_CGROUP_ROOT};
-use gantry_sdk::protocol::resources::MILLI;
-use gantry_sdk::Resources;
+use gantry_proto::resources::MILLI;
+use gantry_proto::Resources;
 
 /// The Gantry agent: measures this host, registers with the master, runs tasks.
 #[derive(Parser, Debug)]
@@ -253,7 +253,7 @@ fn main() -> anyhow::Result<()> {
         }
         anyhow::bail!("supervise: started by gantry-agent as `supervise --server` only");
     }
-    let cli = Cli::parse_from(gantry_sdk::config_file::expand_args()?);
+    let cli = Cli::parse_from(gantry_cli::config_file::expand_args()?);
     match cli.cmd {
         Some(Cmd::ClearGpu { work_dir, gpus }) => return clear_gpus(&work_dir, &gpus),
         Some(Cmd::NoticeTermination {
@@ -283,7 +283,7 @@ fn main() -> anyhow::Result<()> {
     let args = cli.run;
     let name = args.name.unwrap_or_else(hostname);
     anyhow::ensure!(
-        gantry_sdk::transport::tls::valid_name(&name),
+        gantry_transport::tls::valid_name(&name),
         "agent name {name:?} must be 1-64 characters of [A-Za-z0-9_.-]"
     );
     std::fs::create_dir_all(&args.work_dir)
@@ -405,7 +405,7 @@ fn main() -> anyhow::Result<()> {
             .max(Duration::from_millis(200)),
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
-    gantry_sdk::protocol::register_limits::check(
+    gantry_proto::register_limits::check(
         &config.hostname,
         &config.attributes,
         &[],
@@ -423,7 +423,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(agent::run(config, gantry_sdk::process::shutdown_signal()))
+    rt.block_on(agent::run(config, gantry_cli::process::shutdown_signal()))
 }
 
 /// `--cgroup-pool LOW:HIGH`.

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use gantry_sdk::protocol::*;
+use gantry_proto::*;
 
 use super::TaskRecord;
 use super::{AgentCore, Effect};

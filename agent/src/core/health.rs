@@ -1,7 +1,7 @@
 //! GPU health in the core: faults (fanned out to MIG devices), recovery checks, operator
 //! clears; each change is persisted, told to the master and to the tasks holding the GPU.
 
-use gantry_sdk::protocol::*;
+use gantry_proto::*;
 
 use super::Record;
 use super::{AgentCore, Effect};

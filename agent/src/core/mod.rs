@@ -42,9 +42,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::codec;
-use gantry_sdk::protocol::resources::MILLI;
-use gantry_sdk::protocol::*;
+use gantry_proto::codec;
+use gantry_proto::resources::MILLI;
+use gantry_proto::*;
 use serde::{Deserialize, Serialize};
 
 use crate::discovery::DiscoveredGpu;

@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use gantry_sdk::protocol::resources::MILLI;
+use gantry_proto::resources::MILLI;
 
 use super::AgentCore;
 

@@ -2,7 +2,7 @@
 //! supervisors (alive, exited with a recorded status, or a launch found that the previous agent
 //! did not record) and the core decides each task's fate.
 
-use gantry_sdk::protocol::*;
+use gantry_proto::*;
 
 use super::{AdoptedProbe, AgentCore, Effect, ADOPTED_PROBE_MS, NO_EXIT_RECORD_MS};
 use super::{ExitStatus, Launched};

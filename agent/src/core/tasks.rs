@@ -1,8 +1,8 @@
 //! Task lifecycle in the core: launch plans, kills and their escalation, settlement into a
 //! terminal state, status updates, GPU-memory shares.
 
-use gantry_sdk::protocol::resources::MILLI;
-use gantry_sdk::protocol::*;
+use gantry_proto::resources::MILLI;
+use gantry_proto::*;
 
 use super::Limits;
 use super::{AgentCore, CgroupOutcome, Effect, GpuShare, LaunchPlan};

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::*;
+use gantry_proto::*;
 
 use super::*;
 use crate::checkpoint::Checkpoint;

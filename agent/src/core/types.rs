@@ -8,9 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use gantry_sdk::protocol::{
-    AgentId, FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId,
-};
+use gantry_proto::{AgentId, FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId};
 use serde::{Deserialize, Serialize};
 
 use crate::isolation::DeviceRule;

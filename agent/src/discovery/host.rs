@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use gantry_sdk::protocol::resources::{ResourceParseError, Resources};
+use gantry_proto::resources::{ResourceParseError, Resources};
 
 /// Why host resources could not be measured.
 #[derive(Debug, thiserror::Error)]

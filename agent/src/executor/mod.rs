@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use gantry_sdk::protocol::Program;
+use gantry_proto::Program;
 
 use self::user::TaskUser;
 pub use crate::core::types::{ExitStatus, Launched};

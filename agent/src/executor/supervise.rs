@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use super::spawn::TaskProcess;
 
-use gantry_sdk::protocol::Program;
+use gantry_proto::Program;
 
 /// The user a task switches to before exec (resolved by the agent).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! GPU policy, all pure: topology-aware assignment ([`assign`], from
-//! [`gantry_sdk::placement::topology`], which the master uses too), health ([`health`]),
+//! [`gantry_placement::topology`], which the master uses too), health ([`health`]),
 //! attribution of NVML-measured usage to tasks ([`usage`]) and sharing (fractions of one GPU,
 //! sharing modes, GPU-memory shares: [`share`]); plus the MPS control daemons under
 //! `--gpu-sharing mps` ([`mps`], the one part with processes).
@@ -9,7 +9,7 @@ pub mod mps;
 pub mod share;
 pub mod usage;
 
-pub use gantry_sdk::placement::topology::{assign, GpuSlot};
+pub use gantry_placement::topology::{assign, GpuSlot};
 pub use health::{FaultKind, GpuFault, HealthChange, HealthTracker};
 pub use usage::{attribute, GpuTaskUsage};
 

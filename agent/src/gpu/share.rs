@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use gantry_sdk::protocol::{GpuAmount, GpuInfo};
+use gantry_proto::{GpuAmount, GpuInfo};
 
 use super::health::GpuFault;
 

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gantry_sdk::protocol::messages::GpuSample;
+use gantry_proto::messages::GpuSample;
 
 use crate::discovery::nvml::GpuProcess;
 

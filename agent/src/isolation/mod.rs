@@ -35,7 +35,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::messages::TaskUsage;
+use gantry_proto::messages::TaskUsage;
 
 pub use crate::core::types::Limits;
 pub use devices::{DeviceRule, DeviceType, NvidiaMajors};

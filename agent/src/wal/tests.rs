@@ -1,4 +1,4 @@
-use gantry_sdk::protocol::{
+use gantry_proto::{
     AgentId, FrameworkId, StatusUpdate, TaskId, TaskInfo, TaskState, UpdateId, UpdateSource,
 };
 

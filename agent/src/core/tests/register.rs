@@ -1,8 +1,8 @@
 //! The `Register` frame fits the frame bound whatever the agent has to report (`fit_register`).
 
 use super::super::fit_register;
-use gantry_sdk::protocol::codec;
-use gantry_sdk::protocol::*;
+use gantry_proto::codec;
+use gantry_proto::*;
 
 fn register(tasks: usize, command_bytes: usize, updates: usize) -> AgentToMaster {
     let fw = FrameworkId::random();
