@@ -359,24 +359,30 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn dropped_tasks_are_launched_again_and_the_batch_still_finishes() {
+    /// A batch of `count` `cpus:1` tasks and a handle of a driver that never runs (what the
+    /// batch asks of it goes nowhere).
+    fn batch(count: u32) -> (DriverHandle, Batch, watch::Receiver<BatchProgress>) {
         let driver = gantry_sdk::Driver::new(gantry_sdk::DriverConfig::new(
             vec![],
             "/nonexistent".into(),
             "t",
             vec!["default".into()],
         ));
-        let handle = driver.handle();
-        let (mut b, rx) = Batch::new(BatchSpec {
+        let (b, rx) = Batch::new(BatchSpec {
             name: "b".into(),
             command: CommandInfo::shell("true"),
-            count: 3,
+            count,
             task: "cpus:1;mem:10".parse().unwrap_or_default(),
             env: Default::default(),
             verbose: false,
             gpu_selector: None,
         });
+        (driver.handle(), b, rx)
+    }
+
+    #[tokio::test]
+    async fn dropped_tasks_are_launched_again_and_the_batch_still_finishes() {
+        let (handle, mut b, rx) = batch(3);
         // Two offers on one agent are used together: 3 tasks from 2 + 1 cpus.
         let agent = AgentId::random();
         b.offers(
@@ -412,22 +418,7 @@ mod tests {
 
     #[tokio::test]
     async fn tasks_the_cluster_lost_are_launched_again_once_and_failures_are_not() {
-        let driver = gantry_sdk::Driver::new(gantry_sdk::DriverConfig::new(
-            vec![],
-            "/nonexistent".into(),
-            "t",
-            vec!["default".into()],
-        ));
-        let handle = driver.handle();
-        let (mut b, rx) = Batch::new(BatchSpec {
-            name: "b".into(),
-            command: CommandInfo::shell("true"),
-            count: 4,
-            task: "cpus:1;mem:10".parse().unwrap_or_default(),
-            env: Default::default(),
-            verbose: false,
-            gpu_selector: None,
-        });
+        let (handle, mut b, rx) = batch(4);
         let agent = AgentId::random();
         b.offers(&handle, vec![offer(agent, "cpus:4;mem:100")])
             .await;

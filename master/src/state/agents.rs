@@ -793,17 +793,7 @@ impl Master {
                     self.finish_task_if_done(tid);
                     continue;
                 }
-                t.pending.clear();
-                self.master_update(
-                    tid,
-                    TaskState::Lost,
-                    TaskReason::AgentLost,
-                    reason,
-                    now,
-                    out,
-                );
-                self.finish_task_if_done(tid);
-                self.tasks.remove(&tid);
+                self.lose_task(tid, reason, now, out);
             }
         }
         for rec in self.allocator.remove_agent(id) {
@@ -836,6 +826,24 @@ impl Master {
             out.push(Output::Persist(Mutation::RemoveAgent(id)));
         }
         self.forget_drain(id, out);
+    }
+
+    /// A running task whose agent went away, for a framework told `LOST`: its pending updates
+    /// are replaced by `LOST` (reason `agent-lost`) and it is forgotten (into the history).
+    fn lose_task(&mut self, tid: TaskId, message: &str, now: Millis, out: &mut Vec<Output>) {
+        if let Some(t) = self.tasks.get_mut(&tid) {
+            t.pending.clear();
+        }
+        self.master_update(
+            tid,
+            TaskState::Lost,
+            TaskReason::AgentLost,
+            message,
+            now,
+            out,
+        );
+        self.finish_task_if_done(tid);
+        self.tasks.remove(&tid);
     }
 
     /// An agent out of touch past its re-register timeout (docs/ha.md, "Partitions"; Mesos
@@ -884,20 +892,11 @@ impl Master {
                 );
                 kept.insert(tid);
             } else {
-                t.pending.clear();
-                self.master_update(
-                    tid,
-                    TaskState::Lost,
-                    TaskReason::AgentLost,
-                    &format!(
-                        "agent lost: {} did not re-register within {timeout_s} s",
-                        a.name
-                    ),
-                    now,
-                    out,
+                let why = format!(
+                    "agent lost: {} did not re-register within {timeout_s} s",
+                    a.name
                 );
-                self.finish_task_if_done(tid);
-                self.tasks.remove(&tid);
+                self.lose_task(tid, &why, now, out);
             }
         }
         for rec in self.allocator.remove_agent(id) {
