@@ -60,6 +60,7 @@
 //!   ([`Master::handle`]) and the allocation cycle ([`Master::allocate`]);
 //! - `agents`: registration, re-registration, task reconciliation, agent updates, GPU health,
 //!   disconnection and removal;
+//! - `partitions`: agents out of touch (unreachable, back in time, gone) and their tasks;
 //! - `frameworks`: subscription, failover, disconnection and removal;
 //! - `accept`: accepting offers (validation, carving resources out of offers, reservations);
 //! - `gpus`: GPU sharing: per-GPU shares held by tasks, free fractions in offers, the
@@ -89,6 +90,7 @@ mod maintenance;
 pub mod metrics;
 mod operator;
 mod pacing;
+mod partitions;
 mod reconcile;
 mod recovery;
 mod rejection;
