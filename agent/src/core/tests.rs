@@ -682,6 +682,7 @@ fn checkpointed(
     )
 }
 
+mod batch;
 mod disk;
 mod gpus;
 mod pool;
