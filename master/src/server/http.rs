@@ -39,7 +39,6 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use gantry_transport::tls;
 use gantry_transport::PeerIdentity;
@@ -186,28 +185,28 @@ impl IntoResponse for ApiError {
 
 pub(super) type ApiResult = Result<Json<serde_json::Value>, ApiError>;
 
-fn router(app: App) -> Router {
-    Router::new()
-        .route("/health", get(health_handler))
-        .route("/state", get(state_handler))
-        .route("/weights", post(weights_handler))
-        .route("/quota", post(quota_handler))
+/// Every route the operator port serves, with its table (`super::routes`).
+pub(super) fn all_routes() -> super::routes::Routes<App> {
+    super::routes::Routes::new()
+        .get("/health", health_handler)
+        .get("/state", state_handler)
+        .post("/weights", weights_handler)
+        .post("/quota", quota_handler)
         // Maintenance and drain (issue 14 item 3): handlers in server/maintenance.rs.
-        .route(
-            "/api/v1/agents/{id}/drain",
-            post(maintenance::drain_handler),
-        )
-        .route(
-            "/api/v1/agents/{id}/undrain",
-            post(maintenance::undrain_handler),
-        )
-        .route("/api/v1/maintenance/drains", get(maintenance::view_handler))
+        .post("/api/v1/agents/{id}/drain", maintenance::drain_handler)
+        .post("/api/v1/agents/{id}/undrain", maintenance::undrain_handler)
+        .get("/api/v1/maintenance/drains", maintenance::view_handler)
         // Metrics (issue 14 item 1): Prometheus text exposition, a read.
-        .route("/metrics", get(metrics_handler))
-        // Operator API v1 and its event stream (helper hapi; drain routes: hdrain).
+        .get("/metrics", metrics_handler)
+        // Operator API v1 and its event stream.
         .merge(super::api::routes())
-        // Web dashboard (helper hapi).
+        // Web dashboard.
         .merge(super::ui::routes())
+}
+
+fn router(app: App) -> Router {
+    all_routes()
+        .router
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
         // (The /ui routes also get the dashboard's security headers, in ui::routes.)
@@ -874,5 +873,24 @@ mod tests {
         let resp = e.into_response();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
+    }
+
+    #[test]
+    fn the_openapi_spec_documents_exactly_the_routes_served() {
+        use super::super::routes::{normalize, spec_routes};
+        let spec = spec_routes(include_str!("../../../docs/api/openapi.yaml"));
+        assert!(spec.len() > 30, "the spec parsed to {spec:?}");
+        let served: std::collections::BTreeSet<(String, String)> = all_routes()
+            .table
+            .into_iter()
+            .map(|(m, p)| (m.to_string(), normalize(p)))
+            .collect();
+        let undocumented: Vec<_> = served.difference(&spec).collect();
+        let not_served: Vec<_> = spec.difference(&served).collect();
+        assert!(
+            undocumented.is_empty() && not_served.is_empty(),
+            "served but not in docs/api/openapi.yaml: {undocumented:?}\n\
+             in docs/api/openapi.yaml but not served: {not_served:?}"
+        );
     }
 }
