@@ -57,7 +57,7 @@ use crate::security::identity::{self, Denied};
 pub(super) use crate::security::Caller;
 use crate::security::{Acls, OperatorAction, Sessions};
 pub use crate::security::{HttpLimits, SharedTokens};
-use crate::state::{OperatorCommand, OperatorRejection};
+use crate::state::{OperatorCommand, OperatorRejection, QuotaPart};
 
 /// How the operator API is served.
 #[derive(Clone)]
@@ -713,15 +713,28 @@ struct WeightRequest {
     weight: f64,
 }
 
-/// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
-/// an omitted part is removed; `cpus:0` in a limit is a limit of zero. Invalid quotas (bad
-/// syntax, guarantee above limit, guarantees that do not nest) are answered 400 with the reason.
+/// `POST /quota` (and `POST /api/v1/quotas`) with
+/// `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`: a part given as
+/// text is set, one given as `null` is removed, one left out is kept as it is (a change never
+/// drops a part silently); `cpus:0` in a limit is a limit of zero. Invalid quotas (bad syntax,
+/// a resource kind the cluster does not know, guarantee above limit, guarantees that do not
+/// nest) are answered 400 with the reason. A limit below what the role's tasks hold is
+/// accepted, with a warning in the answer (`{"ok": true, "warnings": [...]}`).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct QuotaRequest {
     role: String,
-    guarantee: Option<String>,
-    limit: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    guarantee: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    limit: Option<Option<String>>,
+}
+
+/// A field that is present: `Some(None)` for `null`, `Some(Some(..))` for a value (a missing
+/// field is `None` through `#[serde(default)]`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    use serde::Deserialize;
+    Option::<String>::deserialize(d).map(Some)
 }
 
 pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
@@ -781,29 +794,50 @@ pub(super) async fn quota_handler(
 ) -> ApiResult {
     let who = app.may_write(&caller_of(caller), OperatorAction::SetQuota)?;
     let req: QuotaRequest = parse_json(&body)?;
-    fn parse<T: std::str::FromStr<Err = gantry_proto::ResourceParseError>>(
-        s: Option<String>,
+    fn part<T: std::str::FromStr<Err = gantry_proto::ResourceParseError>>(
+        s: Option<Option<String>>,
         what: &str,
-    ) -> Result<Option<T>, ApiError> {
-        s.map(|s| {
-            s.parse()
-                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
+    ) -> Result<QuotaPart<T>, ApiError> {
+        Ok(match s {
+            None => QuotaPart::Keep,
+            Some(None) => QuotaPart::Remove,
+            Some(Some(s)) => QuotaPart::Set(
+                s.parse()
+                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))?,
+            ),
         })
-        .transpose()
     }
-    let guarantee: Option<gantry_proto::Resources> = parse(req.guarantee, "guarantee")?;
+    let guarantee: QuotaPart<gantry_proto::Resources> = part(req.guarantee, "guarantee")?;
     // A limit keeps explicit zeros: "cpus:0" means no cpus at all.
-    let limit: Option<gantry_proto::ResourceLimits> = parse(req.limit, "limit")?;
-    operator(
+    let limit: QuotaPart<gantry_proto::ResourceLimits> = part(req.limit, "limit")?;
+    let new_limit = match &limit {
+        QuotaPart::Set(l) => Some(l.clone()),
+        _ => None,
+    };
+    let role = req.role.clone();
+    let Json(mut answer) = operator(
         &app,
         who,
-        OperatorCommand::SetQuota {
+        OperatorCommand::ChangeQuota {
             role: req.role,
             guarantee,
             limit,
         },
     )
-    .await
+    .await?;
+    if let Some(limit) = new_limit {
+        // The state after the change: what the role's tasks hold now.
+        if let Ok(state) = app.state().await {
+            let warnings = super::api::views::limit_warnings(&state, &role, &limit);
+            if !warnings.is_empty() {
+                for w in &warnings {
+                    tracing::warn!(%role, "quota: {w}");
+                }
+                answer["warnings"] = serde_json::json!(warnings);
+            }
+        }
+    }
+    Ok(Json(answer))
 }
 
 #[cfg(test)]

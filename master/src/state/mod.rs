@@ -105,7 +105,10 @@ pub use maintenance::{
     GoneStatus, MaintenanceCommand, MaintenanceError, MaintenanceStatus, MaintenanceView,
     DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
 };
-pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
+pub use operator::{
+    OperatorCommand, QuotaPart, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT,
+    STANDARD_RESOURCE_KINDS,
+};
 pub use pacing::{paced, HELD_MESSAGES, UPDATE_SLICE};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
@@ -181,6 +184,9 @@ pub struct MasterConfig {
     pub limits: Limits,
     /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
     pub gpu_placement: gantry_placement::Policy,
+    /// Resource kinds quotas and reservations may name besides the standard ones and those
+    /// agents have (`--resource-kinds`; see [`Master::known_resource_kinds`]).
+    pub resource_kinds: Vec<String>,
 }
 
 /// At most `max` bytes of `s` (on a char boundary), for error messages about peer input.
@@ -212,6 +218,7 @@ impl Default for MasterConfig {
             peer_write_timeout_ms: Some(30_000),
             limits: Limits::default(),
             gpu_placement: gantry_placement::Policy::FgdPack,
+            resource_kinds: Vec::new(),
         }
     }
 }

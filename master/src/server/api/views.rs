@@ -498,6 +498,36 @@ pub fn roles(state: &Value) -> Value {
     )
 }
 
+/// Warnings for a quota limit below what `role`'s tasks (and its subroles') hold now: they
+/// keep running, and the role gets nothing more until it is back under the limit.
+pub fn limit_warnings(
+    state: &Value,
+    role: &str,
+    limit: &gantry_proto::ResourceLimits,
+) -> Vec<String> {
+    let sub = format!("{role}/");
+    let mut held = Map::new();
+    for t in arr(&state["tasks"]) {
+        let r = t["role"].as_str().unwrap_or_default();
+        if r == role || r.starts_with(&sub) {
+            add_into(&mut held, &t["resources"]);
+        }
+    }
+    limit
+        .iter()
+        .filter_map(|(kind, max_milli)| {
+            let used = held.get(kind).and_then(Value::as_f64)?;
+            let max = max_milli as f64 / 1000.0;
+            (used * 1000.0 > max_milli as f64).then(|| {
+                format!(
+                    "the limit {kind}:{max} is below what role {role}'s tasks hold now ({kind}:{used}): \
+                     they keep running, and the role is offered no more {kind} until it is under the limit"
+                )
+            })
+        })
+        .collect()
+}
+
 /// `GET /api/v1/quotas`: roles with a guarantee or a limit.
 pub fn quotas(state: &Value) -> Value {
     Value::Array(
@@ -874,5 +904,19 @@ mod tests {
         s["completed_frameworks"] = json!([{"id": "f0", "name": "old", "reason": "torn down"}]);
         let old = framework_page(&s, lookup_framework(&s, "old").unwrap());
         assert_eq!(old["completed"], true);
+    }
+
+    #[test]
+    fn a_limit_below_what_tasks_hold_warns() {
+        let mut s = state();
+        s["tasks"][0]["role"] = json!("eng/ml");
+        s["tasks"][0]["resources"] = json!({"cpus": 3.0, "mem": 64.0});
+        s["tasks"][1]["role"] = json!("eng");
+        s["tasks"][1]["resources"] = json!({"cpus": 1.0});
+        let w = limit_warnings(&s, "eng", &"cpus:2;mem:1024".parse().unwrap());
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("cpus:2") && w[0].contains("cpus:4"), "{w:?}");
+        assert!(limit_warnings(&s, "eng", &"cpus:4".parse().unwrap()).is_empty());
+        assert!(limit_warnings(&s, "ops", &"cpus:0".parse().unwrap()).is_empty());
     }
 }

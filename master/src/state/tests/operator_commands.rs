@@ -244,3 +244,103 @@ fn task_agent_and_framework_changes_are_events() {
         }
     )));
 }
+
+#[test]
+fn quotas_and_reservations_name_only_resource_kinds_the_cluster_knows() {
+    let mut h = Harness::new();
+    let a = h.agent(A, "a1", "cpus:4;mem:1024;fpgas:2");
+    let typo = op(
+        &mut h,
+        OperatorCommand::ChangeQuota {
+            role: "etl".into(),
+            guarantee: QuotaPart::Keep,
+            limit: QuotaPart::Set("cpu:8".parse().unwrap()),
+        },
+    )
+    .unwrap_err();
+    let msg = typo.to_string();
+    assert!(
+        matches!(typo, OperatorRejection::UnknownResourceKind { .. }),
+        "{typo:?}"
+    );
+    assert!(msg.contains("\"cpu\"") && msg.contains("cpus"), "{msg}");
+    // Kinds an agent has are known; the refused quota left nothing behind.
+    assert!(h.m.known_resource_kinds().contains("fpgas"));
+    assert_eq!(h.m.allocator.quota("etl"), (None, None));
+    let bad = op(
+        &mut h,
+        OperatorCommand::Reserve {
+            agent_id: a,
+            role: "ml".into(),
+            resources: "gpu:1".parse().unwrap(),
+        },
+    );
+    assert!(
+        matches!(
+            bad,
+            Err(OperatorRejection::UnknownResourceKind {
+                part: "reservation",
+                ..
+            })
+        ),
+        "{bad:?}"
+    );
+    op(
+        &mut h,
+        OperatorCommand::SetQuota {
+            role: "etl".into(),
+            guarantee: None,
+            limit: Some("fpgas:1".parse().unwrap()),
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_quota_change_keeps_the_part_it_does_not_name() {
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let set =
+        |g: QuotaPart<Resources>, l: QuotaPart<ResourceLimits>| OperatorCommand::ChangeQuota {
+            role: "etl".into(),
+            guarantee: g,
+            limit: l,
+        };
+    op(
+        &mut h,
+        set(QuotaPart::Set("cpus:1".parse().unwrap()), QuotaPart::Keep),
+    )
+    .unwrap();
+    op(
+        &mut h,
+        set(QuotaPart::Keep, QuotaPart::Set("cpus:8".parse().unwrap())),
+    )
+    .unwrap();
+    let (g, l) = h.m.allocator.quota("etl");
+    assert_eq!(
+        g.unwrap().milli("cpus"),
+        1000,
+        "setting the limit kept the guarantee"
+    );
+    assert_eq!(l.unwrap().limit("cpus"), Some(8000));
+    op(&mut h, set(QuotaPart::Remove, QuotaPart::Keep)).unwrap();
+    let (g, l) = h.m.allocator.quota("etl");
+    assert!(g.is_none());
+    assert_eq!(
+        l.unwrap().limit("cpus"),
+        Some(8000),
+        "removing the guarantee kept the limit"
+    );
+}
+
+#[test]
+fn declared_resource_kinds_are_known_before_any_agent_has_them() {
+    let h = Harness::with_config(MasterConfig {
+        resource_kinds: vec!["licenses".into()],
+        ..MasterConfig::default()
+    });
+    let known = h.m.known_resource_kinds();
+    for k in ["cpus", "mem", "disk", "gpus", "ports", "licenses"] {
+        assert!(known.contains(k), "{known:?}");
+    }
+}
