@@ -441,6 +441,10 @@ pub(crate) struct TaskRec {
     pub started_at: Option<Millis>,
     /// When the task first became terminal.
     pub ended_at: Option<Millis>,
+    /// Why the master asked its agent to kill it (a framework's [`FrameworkToMaster::KillFor`],
+    /// a drain deadline, an operator's teardown): its `KILLED` update is given this reason and
+    /// a message saying it (the agent only knows it was asked). Not kept across a failover.
+    pub kill_reason: Option<TaskReason>,
 }
 
 impl TaskRec {
@@ -523,6 +527,10 @@ fn kept_message(text: &str) -> String {
     }
     format!("{}…", truncated(text, MAX_KEPT_MESSAGE - '…'.len_utf8()))
 }
+
+/// The agent of a task record that never reached an agent (dropped with offers naming none
+/// the master knows): shown as an empty `agent_id`.
+pub(crate) const NO_AGENT: AgentId = AgentId(uuid::Uuid::nil());
 
 /// A task as an operator sees it: kept while it runs and, once completed, in its framework's
 /// bounded history (times are the master's clock; `/state` shows them as Unix milliseconds).

@@ -166,6 +166,17 @@ impl Master {
                     )));
                 }
                 tracing::warn!(framework = %framework_id, "framework torn down by an operator");
+                // Its tasks' KILLED updates say an operator killed them.
+                let tids: Vec<TaskId> = self
+                    .frameworks
+                    .get(&framework_id)
+                    .map(|f| f.tasks.iter().copied().collect())
+                    .unwrap_or_default();
+                for tid in tids {
+                    if let Some(t) = self.tasks.get_mut(&tid) {
+                        t.kill_reason.get_or_insert(TaskReason::OperatorKill);
+                    }
+                }
                 self.remove_framework(framework_id, "torn down by an operator", now, &mut out);
             }
             OperatorCommand::ClearGpu { agent_id, uuid } => {
