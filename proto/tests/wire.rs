@@ -146,6 +146,13 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             }])),
         ),
         ("update", enc(&MasterToFramework::Update(update()))),
+        (
+            "kill_for",
+            enc(&FrameworkToMaster::KillFor {
+                task_id: TaskId::from_u128(3),
+                reason: TaskReason::Preempted,
+            }),
+        ),
     ]
 }
 
@@ -172,9 +179,9 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v7 (`Offer.agent_name` included).
+/// `(sample, length, FNV-1a)` of protocol v8 (`FrameworkToMaster::KillFor`, the kill reasons).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x08285607b4e2c672),
+    ("hello", 2, 0x084db807b5028935),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 348, 0x0bec050edac8c923),
     ("run_task", 125, 0x21aa7bc0f243dfef),
@@ -182,6 +189,7 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("accept", 131, 0x1514d8a5711b7ac0),
     ("offers", 163, 0xfcb3a39a21ef44f5),
     ("update", 100, 0x891e8c78f3d45229),
+    ("kill_for", 19, 0xb203cdeeeb24b60c),
 ];
 
 #[test]

@@ -93,7 +93,7 @@ impl Master {
             if lapsed {
                 self.not_launched(conn, fw, &operations, now, out);
             } else {
-                self.drop_tasks(conn, fw, &operations, &message, now, out);
+                self.drop_tasks(conn, fw, (agent_id, &role), &operations, &message, now, out);
             }
             return;
         }
@@ -178,7 +178,7 @@ impl Master {
                             let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
                             let matching = gpus.iter().filter(|g| g.healthy && GpuSelector::admits(Some(sel), g)).count() as u64;
                             (matching < want).then(|| {
-                                format!("task {tid}: the agent has {matching} healthy GPUs matching {sel:?}, the task asks for {want}")
+                                format!("task {tid}: the agent has {matching} healthy GPUs matching the selector ({sel}); the task asks for {want}")
                             })
                         });
                         if let Some(reason) = invalid {
@@ -186,6 +186,7 @@ impl Master {
                                 conn,
                                 fw,
                                 &task,
+                                (Some(agent_id), &role),
                                 ErrorKind::InvalidTask,
                                 &reason,
                                 now,
@@ -209,6 +210,7 @@ impl Master {
                                     conn,
                                     fw,
                                     &task,
+                                    (Some(agent_id), &role),
                                     ErrorKind::InsufficientResources,
                                     &reason,
                                     now,
@@ -241,6 +243,7 @@ impl Master {
                                     conn,
                                     fw,
                                     &task,
+                                    (Some(agent_id), &role),
                                     ErrorKind::InsufficientResources,
                                     &reason,
                                     now,
@@ -330,6 +333,7 @@ impl Master {
                     staged_at: now,
                     started_at: None,
                     ended_at: None,
+                    kill_reason: None,
                 },
             );
             if let Some(f) = self.frameworks.get_mut(&fw) {
