@@ -363,6 +363,12 @@ impl DriverHandle {
     pub fn launch(&self, offer_id: OfferId, tasks: Vec<TaskInfo>) {
         self.accept(vec![offer_id], vec![Operation::Launch { tasks }], None);
     }
+    /// Launch a task group atomically on the offers' agent (all on one agent): every member
+    /// starts or none does ([`crate::group`]); the offers' unused part goes back with the
+    /// default filter.
+    pub fn launch_group(&self, offer_ids: Vec<OfferId>, group: TaskGroup) {
+        self.accept(offer_ids, vec![Operation::LaunchGroup { group }], None);
+    }
     /// Decline offers; `refuse_seconds` keeps the agent's resources away from us that long
     /// (master default when `None`).
     pub fn decline(&self, offer_ids: Vec<OfferId>, refuse_seconds: Option<f64>) {

@@ -146,6 +146,29 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             }])),
         ),
         ("update", enc(&MasterToFramework::Update(update()))),
+        (
+            "accept_group",
+            enc(&FrameworkToMaster::Accept {
+                offer_ids: vec![OfferId::from_u128(5)],
+                operations: vec![Operation::LaunchGroup {
+                    group: TaskGroup::new("g", vec![task()])
+                        .with_policy(GroupPolicy::KillOnAnyEnd),
+                }],
+                refuse_seconds: None,
+            }),
+        ),
+        (
+            "run_task_group",
+            enc(&MasterToAgent::RunTaskGroup {
+                framework_id: FrameworkId::from_u128(1),
+                group_id: "g".into(),
+                policy: GroupPolicy::KillOnFailure,
+                members: vec![GroupMember {
+                    task: task(),
+                    gpus: vec!["GPU-1".into()],
+                }],
+            }),
+        ),
     ]
 }
 
@@ -172,9 +195,10 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v7 (`Offer.agent_name` included).
+/// `(sample, length, FNV-1a)` of protocol v8 (task groups: `Operation::LaunchGroup`,
+/// `MasterToAgent::RunTaskGroup`).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x08285607b4e2c672),
+    ("hello", 2, 0x084db807b5028935),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 348, 0x0bec050edac8c923),
     ("run_task", 125, 0x21aa7bc0f243dfef),
@@ -182,6 +206,8 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("accept", 131, 0x1514d8a5711b7ac0),
     ("offers", 163, 0xfcb3a39a21ef44f5),
     ("update", 100, 0x891e8c78f3d45229),
+    ("accept_group", 126, 0x017eaf48a26f7d20),
+    ("run_task_group", 129, 0x2a007efef8b821cf),
 ];
 
 #[test]

@@ -678,11 +678,13 @@ fn checkpointed(
             gpu_memory_kill: None,
             disk_kill: None,
             ports: Vec::new(),
+            group: None,
         },
     )
 }
 
 mod disk;
+mod groups;
 mod gpus;
 mod pool;
 mod ports;

@@ -195,10 +195,7 @@ impl Master {
     ) -> usize {
         let mut dropped = 0;
         for op in operations {
-            let Operation::Launch { tasks } = op else {
-                continue;
-            };
-            for task in tasks {
+            for task in op.tasks() {
                 if self.tasks.contains_key(&task.task_id) {
                     out.push(err(
                         conn,

@@ -79,6 +79,23 @@ pub enum Operation {
         /// What to return.
         resources: Resources,
     },
+    /// Launch a [`TaskGroup`] atomically on the offers' agent: every member or none.
+    /// (Protocol v8.)
+    LaunchGroup {
+        /// The group.
+        group: TaskGroup,
+    },
+}
+
+impl Operation {
+    /// The tasks the operation launches (none for reservations).
+    pub fn tasks(&self) -> &[TaskInfo] {
+        match self {
+            Operation::Launch { tasks } => tasks,
+            Operation::LaunchGroup { group } => &group.tasks,
+            Operation::Reserve { .. } | Operation::Unreserve { .. } => &[],
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
