@@ -13,30 +13,39 @@
 //!
 //! ```
 //! use gantry_sdk::group::{place_group, GroupPolicy, TaskGroup};
-//! use gantry_sdk::placement::offers::AgentView;
+//! use gantry_sdk::placement::offers::{AgentView, FreeGpu};
 //! use gantry_sdk::protocol::{AgentId, OfferId, TaskInfo};
 //!
-//! let agent = |id: u128, res: &str| AgentView {
+//! let agent = |id: u128, gpus: u32| AgentView {
 //!     agent_id: AgentId::from_u128(id),
 //!     hostname: format!("node{id}"),
 //!     offer_ids: vec![OfferId::from_u128(id)],
-//!     resources: res.parse().unwrap(),
+//!     resources: format!("cpus:8;mem:8192;gpus:{gpus}").parse().unwrap(),
 //!     attributes: Default::default(),
-//!     gpus: Vec::new(),
+//!     gpus: (0..gpus)
+//!         .map(|i| FreeGpu {
+//!             uuid: format!("GPU-{id}-{i}"),
+//!             model: "A100".into(),
+//!             memory_mib: 40_960,
+//!             numa_node: Some(0),
+//!             pci_bus_id: format!("0000:0{i}:00.0"),
+//!         })
+//!         .collect(),
 //! };
-//! let mut agents = vec![agent(1, "cpus:8;mem:8192;gpus:2"), agent(2, "cpus:8;mem:8192;gpus:4")];
+//! let mut agents = vec![agent(1, 2), agent(2, 4)];
 //! let member = |name: &str| TaskInfo::new(name, "./eval", "cpus:1;mem:1024;gpus:2".parse().unwrap());
 //! let group = TaskGroup::new("eval", vec![member("eval-0"), member("eval-1")])
 //!     .with_policy(GroupPolicy::KillOnAnyEnd);
 //! // Four GPUs together: only the second agent holds the whole group.
 //! let placed = place_group(&mut agents, &group).expect("fits agent 2");
 //! assert_eq!(placed.agent_id, AgentId::from_u128(2));
-//! assert_eq!(agents[1].resources.to_string(), "cpus:6;mem:6144");
+//! assert_eq!(placed.gpus, vec![vec!["GPU-2-0".to_string(), "GPU-2-1".into()], vec!["GPU-2-2".into(), "GPU-2-3".into()]]);
+//! assert_eq!(agents[1].resources.milli("gpus"), 0);
 //! ```
 
 use gantry_placement::offers::{place_all, AgentView, TaskRequest};
-pub use gantry_proto::{GroupMember, GroupPolicy, TaskGroup, MAX_GROUP_TASKS};
 use gantry_proto::{AgentId, OfferId};
+pub use gantry_proto::{GroupMember, GroupPolicy, TaskGroup, MAX_GROUP_TASKS};
 
 /// Where a whole group goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -151,8 +151,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             enc(&FrameworkToMaster::Accept {
                 offer_ids: vec![OfferId::from_u128(5)],
                 operations: vec![Operation::LaunchGroup {
-                    group: TaskGroup::new("g", vec![task()])
-                        .with_policy(GroupPolicy::KillOnAnyEnd),
+                    group: TaskGroup::new("g", vec![task()]).with_policy(GroupPolicy::KillOnAnyEnd),
                 }],
                 refuse_seconds: None,
             }),

@@ -613,7 +613,9 @@ impl Agent {
                 // The ports of all members together, probed at once.
                 let k: usize = members
                     .iter()
-                    .filter_map(|m| crate::core::ports::wanted(m.task.resources.milli("ports")).ok())
+                    .filter_map(|m| {
+                        crate::core::ports::wanted(m.task.resources.milli("ports")).ok()
+                    })
                     .sum();
                 let unbindable_ports = if k == 0 {
                     BTreeSet::new()

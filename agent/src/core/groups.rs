@@ -148,7 +148,15 @@ impl AgentCore {
                 } else {
                     TaskReason::LaunchFailed
                 };
-                self.terminal(id, TaskState::Failed, Some(reason), message.clone(), None, None, now);
+                self.terminal(
+                    id,
+                    TaskState::Failed,
+                    Some(reason),
+                    message.clone(),
+                    None,
+                    None,
+                    now,
+                );
             }
             return;
         }

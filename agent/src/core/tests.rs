@@ -684,8 +684,8 @@ fn checkpointed(
 }
 
 mod disk;
-mod groups;
 mod gpus;
+mod groups;
 mod pool;
 mod ports;
 mod recovery;

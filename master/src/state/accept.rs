@@ -158,8 +158,7 @@ impl Master {
                             gpus: &mut accept_gpus,
                             seen_ids: &mut seen_ids,
                         };
-                        match self.admit_task(task, agent_id, &principal, &agent_user, &mut draft)
-                        {
+                        match self.admit_task(task, agent_id, &principal, &agent_user, &mut draft) {
                             Ok(launch) => launches.push(launch),
                             Err((task, kind, reason)) => {
                                 self.error_update(conn, fw, &task, kind, &reason, now, out)
@@ -175,9 +174,12 @@ impl Master {
                     let mut g_gpus = accept_gpus.clone();
                     let mut g_seen = seen_ids.clone();
                     let mut members = Vec::new();
-                    let mut refusal = group
-                        .problem()
-                        .map(|p| (ErrorKind::InvalidTask, format!("task group {:?}: {p}", group.group_id)));
+                    let mut refusal = group.problem().map(|p| {
+                        (
+                            ErrorKind::InvalidTask,
+                            format!("task group {:?}: {p}", group.group_id),
+                        )
+                    });
                     let all: Vec<TaskInfo> = group.tasks.clone();
                     if refusal.is_none() {
                         for task in group.tasks {
@@ -187,7 +189,13 @@ impl Master {
                                 gpus: &mut g_gpus,
                                 seen_ids: &mut g_seen,
                             };
-                            match self.admit_task(task, agent_id, &principal, &agent_user, &mut draft) {
+                            match self.admit_task(
+                                task,
+                                agent_id,
+                                &principal,
+                                &agent_user,
+                                &mut draft,
+                            ) {
                                 Ok(launch) => members.push(launch),
                                 Err((task, kind, reason)) => {
                                     refusal = Some((
@@ -391,8 +399,14 @@ impl Master {
             // The id of a task the master runs: no update that would claim it ended.
             return;
         }
-        let mut update =
-            self.new_update(task.task_id, fw, None, TaskState::Error, reason.to_string(), now);
+        let mut update = self.new_update(
+            task.task_id,
+            fw,
+            None,
+            TaskState::Error,
+            reason.to_string(),
+            now,
+        );
         update.reason = Some(TaskReason::InvalidTask);
         out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
     }
@@ -414,9 +428,14 @@ impl Master {
             validate_task(&task).err().map(|e| e.to_string())
         };
         let invalid = invalid.or_else(|| {
-            run_as::task_user(&self.config.acls, principal, &mut task.command.user, agent_user)
-                .err()
-                .map(|e| format!("task {tid}: {e}"))
+            run_as::task_user(
+                &self.config.acls,
+                principal,
+                &mut task.command.user,
+                agent_user,
+            )
+            .err()
+            .map(|e| format!("task {tid}: {e}"))
         });
         let invalid = invalid.or_else(|| {
             let sel = task.gpu_selector.as_ref()?;

@@ -136,8 +136,15 @@ fn a_failed_member_gets_its_siblings_killed() {
     assert_eq!(signals(&fx), vec![(200, libc::SIGTERM)]);
     let fx = end(&mut c, ids[1], 143);
     let u = updates(&fx).pop().expect("terminal update");
-    assert_eq!((u.state, u.reason), (TaskState::Killed, Some(TaskReason::KilledByRequest)));
-    assert!(u.message.contains(&ids[0].to_string()) && u.message.contains("FAILED"), "{}", u.message);
+    assert_eq!(
+        (u.state, u.reason),
+        (TaskState::Killed, Some(TaskReason::KilledByRequest))
+    );
+    assert!(
+        u.message.contains(&ids[0].to_string()) && u.message.contains("FAILED"),
+        "{}",
+        u.message
+    );
     // The killed member does not kill again (the first one is terminal anyway).
     assert!(signals(&fx).is_empty());
 }

@@ -63,7 +63,11 @@ fn error_updates(out: &[Output]) -> Vec<(TaskId, String)> {
 fn gpu_harness() -> (Harness, Vec<Offer>) {
     let mut h = Harness::new();
     let gpus: Vec<GpuInfo> = (0..4).map(gpu_info).collect();
-    h.register(A, "gpu-agent", register_with_gpus("cpus:16;mem:16384;gpus:4", gpus));
+    h.register(
+        A,
+        "gpu-agent",
+        register_with_gpus("cpus:16;mem:16384;gpus:4", gpus),
+    );
     let mut info = info("f", "r", None);
     info.capabilities = vec![Capability::GpuResources];
     let out = h.subscribe(F, "f", info);
@@ -76,8 +80,8 @@ fn a_valid_group_goes_to_the_agent_as_one_message() {
     let (mut h, offers) = gpu_harness();
     let a = member("a", "cpus:1;mem:100;gpus:2");
     let b = member("b", "cpus:1;mem:100;gpus:2");
-    let group = TaskGroup::new("eval", vec![a.clone(), b.clone()])
-        .with_policy(GroupPolicy::KillOnAnyEnd);
+    let group =
+        TaskGroup::new("eval", vec![a.clone(), b.clone()]).with_policy(GroupPolicy::KillOnAnyEnd);
     let out = h.input(Input::Framework {
         conn: F,
         msg: group_accept(offers[0].id, group, vec![task("cpus:1;mem:100")]),
@@ -162,7 +166,11 @@ fn one_invalid_member_refuses_the_whole_group_and_charges_nothing() {
     let t = task("cpus:1");
     let out = h.input(Input::Framework {
         conn: F,
-        msg: group_accept(again[0].id, TaskGroup::new("dup", vec![t.clone(), t]), vec![]),
+        msg: group_accept(
+            again[0].id,
+            TaskGroup::new("dup", vec![t.clone(), t]),
+            vec![],
+        ),
     });
     assert!(groups_sent(&out).is_empty());
     assert!(error_updates(&out)[0].1.contains("appears twice"));
