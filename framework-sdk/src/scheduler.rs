@@ -403,9 +403,14 @@ impl DriverHandle {
     pub fn revive(&self, roles: Vec<String>) {
         self.send(FrameworkToMaster::Revive { roles });
     }
-    /// Declare the shape and number of pending tasks (demand-aware offers), or clear it.
-    pub fn set_demand(&self, demand: Option<Demand>) {
-        self.send(FrameworkToMaster::SetDemand { demand });
+    /// Declare the shapes and numbers of pending tasks (demand-aware offers): one
+    /// `Some(Demand)`, several (`vec![trials, gang]`, at most
+    /// [`MAX_DEMAND_SHAPES`]), or none (`None`, an empty list) to clear it. The master offers
+    /// tasks' worth of every shape still wanted.
+    pub fn set_demand(&self, demands: impl IntoIterator<Item = Demand>) {
+        self.send(FrameworkToMaster::SetDemand {
+            demands: demands.into_iter().collect(),
+        });
     }
     /// Calls [`Scheduler::wake`] with `token` once `delay` has passed (a retry back-off, a
     /// deadline). Returns an id for [`DriverHandle::cancel_timer`].

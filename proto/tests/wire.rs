@@ -157,6 +157,21 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             }),
         ),
         (
+            "set_demand",
+            enc(&FrameworkToMaster::SetDemand {
+                demands: vec![
+                    Demand {
+                        task: "cpus:1;gpus:1".parse().unwrap(),
+                        count: 12,
+                    },
+                    Demand {
+                        task: "cpus:2;gpus:2".parse().unwrap(),
+                        count: 2,
+                    },
+                ],
+            }),
+        ),
+        (
             "run_task_group",
             enc(&MasterToAgent::RunTaskGroup {
                 framework_id: FrameworkId::from_u128(1),
@@ -195,7 +210,7 @@ fn fnv(b: &[u8]) -> u64 {
 }
 
 /// `(sample, length, FNV-1a)` of protocol v8 (task groups: `Operation::LaunchGroup`,
-/// `MasterToAgent::RunTaskGroup`).
+/// `MasterToAgent::RunTaskGroup`; `SetDemand` with a list of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
     ("hello", 2, 0x084db807b5028935),
     ("role", 2, 0x08328407b4eb6921),
@@ -206,6 +221,7 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("offers", 163, 0xfcb3a39a21ef44f5),
     ("update", 100, 0x891e8c78f3d45229),
     ("accept_group", 126, 0x017eaf48a26f7d20),
+    ("set_demand", 38, 0xaf48506c6d009d19),
     ("run_task_group", 129, 0x2a007efef8b821cf),
 ];
 

@@ -146,7 +146,6 @@ impl Master {
         let mut accept_gpus: Option<super::gpus::GpuLedger> = None;
         let mut seen_ids: HashSet<TaskId> = HashSet::new();
         // Task groups admitted whole: (group id, policy, members).
-        type Admitted = (TaskInfo, OfferResources, Vec<String>);
         let mut groups: Vec<(String, GroupPolicy, Vec<Admitted>)> = Vec::new();
         for op in operations {
             match op {
@@ -160,7 +159,8 @@ impl Master {
                         };
                         match self.admit_task(task, agent_id, &principal, &agent_user, &mut draft) {
                             Ok(launch) => launches.push(launch),
-                            Err((task, kind, reason)) => {
+                            Err(refused) => {
+                                let (task, kind, reason) = *refused;
                                 self.error_update(conn, fw, &task, kind, &reason, now, out)
                             }
                         }
@@ -197,7 +197,8 @@ impl Master {
                                 &mut draft,
                             ) {
                                 Ok(launch) => members.push(launch),
-                                Err((task, kind, reason)) => {
+                                Err(refused) => {
+                                    let (task, kind, reason) = *refused;
                                     refusal = Some((
                                         kind,
                                         format!(
@@ -420,7 +421,7 @@ impl Master {
         principal: &str,
         agent_user: &str,
         draft: &mut AcceptDraft<'_>,
-    ) -> Result<(TaskInfo, OfferResources, Vec<String>), (TaskInfo, ErrorKind, String)> {
+    ) -> Result<Admitted, Refusal> {
         let tid = task.task_id;
         let invalid = if self.tasks.contains_key(&tid) || !draft.seen_ids.insert(tid) {
             Some(format!("task id {tid} is already in use"))
@@ -453,7 +454,7 @@ impl Master {
             })
         });
         if let Some(reason) = invalid {
-            return Err((task, ErrorKind::InvalidTask, reason));
+            return Err(Box::new((task, ErrorKind::InvalidTask, reason)));
         }
         // Per-GPU room (fractions share a GPU up to one whole GPU): the GPUs are chosen here,
         // a fraction's and whole ones (gpus.rs).
@@ -465,7 +466,7 @@ impl Master {
         };
         let chosen = match gpu_choice {
             Ok(c) => c,
-            Err(reason) => return Err((task, ErrorKind::InsufficientResources, reason)),
+            Err(reason) => return Err(Box::new((task, ErrorKind::InsufficientResources, reason))),
         };
         match draw(draft.pool, draft.used, &task.resources) {
             Some(alloc) => {
@@ -487,7 +488,7 @@ impl Master {
                     "task {tid} needs {} but the offers have only {total} left",
                     task.resources
                 );
-                Err((task, ErrorKind::InsufficientResources, reason))
+                Err(Box::new((task, ErrorKind::InsufficientResources, reason)))
             }
         }
     }
@@ -689,6 +690,12 @@ pub(super) fn draw(
     }
     Some(holding)
 }
+
+/// A task of an accept that passed its checks: the task, what it holds of the offers, its GPUs.
+type Admitted = (TaskInfo, OfferResources, Vec<String>);
+
+/// A task of an accept refused: the task, the kind of error and the reason.
+type Refusal = Box<(TaskInfo, ErrorKind, String)>;
 
 /// What an accept has drawn so far: the pool of offered resources left, what each offer gave,
 /// the GPU ledger (once a task asks for GPUs) and the task ids used.
