@@ -14,6 +14,9 @@
 //!   directory convention, the masters list.
 //! - [`book`]: [`book::TaskBook`], the framework's table of its tasks kept from launches and
 //!   status updates (pure, idempotent).
+//! - [`group`]: atomic task groups on one agent ([`group::TaskGroup`],
+//!   [`DriverHandle::launch_group`]) and [`group::place_group`], which finds one agent whose
+//!   offers hold the whole group.
 //! - [`backoff`]: exponential backoff helpers ([`backoff::RestartBackoff`] per key).
 //! - [`reconcile`]: built-in reconciliation on re-subscription and periodically
 //!   ([`DriverConfig::reconcile`]).
@@ -36,6 +39,7 @@
 
 pub mod backoff;
 pub mod book;
+pub mod group;
 /// `--config FILE` for every Gantry binary: `gantry-cli`'s module re-exported.
 pub mod config_file {
     pub use gantry_cli::config_file::*;

@@ -363,6 +363,12 @@ impl DriverHandle {
     pub fn launch(&self, offer_id: OfferId, tasks: Vec<TaskInfo>) {
         self.accept(vec![offer_id], vec![Operation::Launch { tasks }], None);
     }
+    /// Launch a task group atomically on the offers' agent (all on one agent): every member
+    /// starts or none does ([`crate::group`]); the offers' unused part goes back with the
+    /// default filter.
+    pub fn launch_group(&self, offer_ids: Vec<OfferId>, group: TaskGroup) {
+        self.accept(offer_ids, vec![Operation::LaunchGroup { group }], None);
+    }
     /// Decline offers; `refuse_seconds` keeps the agent's resources away from us that long
     /// (master default when `None`).
     pub fn decline(&self, offer_ids: Vec<OfferId>, refuse_seconds: Option<f64>) {
@@ -397,9 +403,14 @@ impl DriverHandle {
     pub fn revive(&self, roles: Vec<String>) {
         self.send(FrameworkToMaster::Revive { roles });
     }
-    /// Declare the shape and number of pending tasks (demand-aware offers), or clear it.
-    pub fn set_demand(&self, demand: Option<Demand>) {
-        self.send(FrameworkToMaster::SetDemand { demand });
+    /// Declare the shapes and numbers of pending tasks (demand-aware offers): one
+    /// `Some(Demand)`, several (`vec![trials, gang]`, at most
+    /// [`MAX_DEMAND_SHAPES`]), or none (`None`, an empty list) to clear it. The master offers
+    /// tasks' worth of every shape still wanted.
+    pub fn set_demand(&self, demands: impl IntoIterator<Item = Demand>) {
+        self.send(FrameworkToMaster::SetDemand {
+            demands: demands.into_iter().collect(),
+        });
     }
     /// Calls [`Scheduler::wake`] with `token` once `delay` has passed (a retry back-off, a
     /// deadline). Returns an id for [`DriverHandle::cancel_timer`].

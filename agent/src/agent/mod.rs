@@ -615,6 +615,32 @@ impl Agent {
                     unbindable_ports,
                 }
             }
+            Input::Master(MasterToAgent::RunTaskGroup {
+                framework_id,
+                group_id,
+                policy,
+                members,
+            }) => {
+                // The ports of all members together, probed at once.
+                let k: usize = members
+                    .iter()
+                    .filter_map(|m| {
+                        crate::core::ports::wanted(m.task.resources.milli("ports")).ok()
+                    })
+                    .sum();
+                let unbindable_ports = if k == 0 {
+                    BTreeSet::new()
+                } else {
+                    crate::core::ports::probe(&self.core.free_ports(), k, port_bindable)
+                };
+                Input::RunTaskGroup {
+                    framework_id,
+                    group_id,
+                    policy,
+                    members,
+                    unbindable_ports,
+                }
+            }
             input => input,
         };
         self.input(input)

@@ -13,6 +13,8 @@
 //! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
 //!   escalation, a dead supervisor's task killed, settlement into a terminal state, status
 //!   updates, GPU-memory shares.
+//! - `groups`: task groups: all members start or none, the group environment, and the
+//!   group's policy when a member ends.
 //! - `disk`: disk limits: which sandboxes to measure when (`--disk-watch-interval`), and the
 //!   kill of a task past its `disk` (`FAILED`, reason `disk-limit`).
 //! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
@@ -28,6 +30,7 @@
 //!   with simulated time, without processes.
 
 mod disk;
+pub mod groups;
 mod health;
 pub mod mps;
 pub mod pool;
@@ -118,6 +121,15 @@ pub enum Input {
         framework_id: FrameworkId,
         task: TaskInfo,
         gpus: Vec<String>,
+        unbindable_ports: BTreeSet<u16>,
+    },
+    /// A `RunTaskGroup` from the master, with the ports of the range the runtime found it
+    /// could not bind just before.
+    RunTaskGroup {
+        framework_id: FrameworkId,
+        group_id: String,
+        policy: GroupPolicy,
+        members: Vec<GroupMember>,
         unbindable_ports: BTreeSet<u16>,
     },
     /// A launch's supervisor started (or the launch failed).
@@ -543,6 +555,20 @@ impl AgentCore {
                 gpus,
                 unbindable_ports,
             } => self.run_task(framework_id, task, &gpus, &unbindable_ports, now),
+            Input::RunTaskGroup {
+                framework_id,
+                group_id,
+                policy,
+                members,
+                unbindable_ports,
+            } => self.run_group(
+                framework_id,
+                group_id,
+                policy,
+                members,
+                &unbindable_ports,
+                now,
+            ),
             Input::Launched { task, result } => self.launched(task, result, now),
             Input::Exited { task, status } => self.exited(task, status, now),
             Input::Settled {
@@ -701,6 +727,19 @@ impl AgentCore {
                 task,
                 gpus,
             } => self.run_task(framework_id, task, &gpus, &BTreeSet::new(), now),
+            MasterToAgent::RunTaskGroup {
+                framework_id,
+                group_id,
+                policy,
+                members,
+            } => self.run_group(
+                framework_id,
+                group_id,
+                policy,
+                members,
+                &BTreeSet::new(),
+                now,
+            ),
             MasterToAgent::KillTask {
                 framework_id,
                 task_id,

@@ -678,6 +678,7 @@ fn checkpointed(
             gpu_memory_kill: None,
             disk_kill: None,
             ports: Vec::new(),
+            group: None,
         },
     )
 }
@@ -685,6 +686,7 @@ fn checkpointed(
 mod batch;
 mod disk;
 mod gpus;
+mod groups;
 mod pool;
 mod ports;
 mod recovery;
