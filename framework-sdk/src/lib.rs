@@ -23,8 +23,10 @@
 //!   (pure): `fgd-pack`, `fgd`, `best-fit`,
 //!   `random`, shared by schedulers and the master's `simulate --openb` replay; and the
 //!   offer-level building blocks [`placement::offers`] (fit tasks into held offers: selectors,
-//!   attributes, NUMA locality) and [`placement::gang`] (all-or-nothing gangs, elastic
-//!   `min..max`, which gang may hold offers).
+//!   attributes, NUMA locality), [`placement::gang`] (all-or-nothing gangs, elastic
+//!   `min..max`, which gang may hold offers) and [`placement::request`] (several shapes placed
+//!   together, all or nothing: `strict_pack` on one agent, `spread` per agent or per attribute
+//!   value such as `rack`).
 //! - [`process`]: shutdown on SIGINT or SIGTERM (re-exported from `gantry-cli`).
 //! - [`timers`]: one-shot and periodic timers ([`DriverHandle::after`], [`DriverHandle::every`])
 //!   and the framework's own events ([`DriverHandle::notify`]), delivered as
