@@ -31,6 +31,9 @@
 //! - [`timers`]: one-shot and periodic timers ([`DriverHandle::after`], [`DriverHandle::every`])
 //!   and the framework's own events ([`DriverHandle::notify`]), delivered as
 //!   [`Scheduler::wake`] in order with the master's messages.
+//! - Unit tests of a scheduler: the `gantry-sdk-testkit` crate (framework-sdk/testkit, a
+//!   dev-dependency) runs it in the real [`Driver`] against a scripted in-process master that
+//!   sends offers, updates, rescinds, errors and failovers and reads back what it sent.
 //! - [`scheduler`]: the [`Scheduler`] trait (with the [`Scheduler::drain_notice`] callback for
 //!   agents drained for maintenance) and the [`Driver`] that runs it against a master.
 

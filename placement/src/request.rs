@@ -1,7 +1,7 @@
 //! Placement requests (pure): several task shapes placed together, all or nothing, each with
 //! a [`Rule`] for how its copies sit across agents.
 //!
-//! - [`Rule::Any`]: each copy on its best agent ([`place_one`]'s scoring), as [`place_all`].
+//! - [`Rule::Any`]: each copy on its best agent ([`place_one`]'s scoring), as [`place_all`](crate::offers::place_all).
 //! - [`Rule::StrictPack`]: every copy of the shape on one agent, or the request fails (a gang
 //!   that talks over shared memory or NVLink). Among the agents that can host them all, the
 //!   one the first copy scores best on.
