@@ -34,6 +34,10 @@
 //! - Unit tests of a scheduler: the `gantry-sdk-testkit` crate (framework-sdk/testkit, a
 //!   dev-dependency) runs it in the real [`Driver`] against a scripted in-process master that
 //!   sends offers, updates, rescinds, errors and failovers and reads back what it sent.
+//! - `driver_core` (private): the driver's decision logic, pure (deduplication, implicit and
+//!   explicit acknowledgements, kill retries, requests held while disconnected,
+//!   reconciliation, timers: inputs and the time in, effects out), unit-tested without
+//!   sockets; [`Driver`] is its async shell.
 //! - [`scheduler`]: the [`Scheduler`] trait (with the [`Scheduler::drain_notice`] callback for
 //!   agents drained for maintenance) and the [`Driver`] that runs it against a master.
 
@@ -41,6 +45,7 @@
 
 pub mod backoff;
 pub mod book;
+mod driver_core;
 /// `--config FILE` for every Gantry binary: `gantry-cli`'s module re-exported.
 pub mod config_file {
     pub use gantry_cli::config_file::*;
