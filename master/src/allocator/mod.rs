@@ -290,6 +290,10 @@ pub struct FrameworkMetrics {
     pub allocated: Resources,
     /// Offers made to it since start.
     pub offers_made: u64,
+    /// Its remaining declared demand (`set_demand`), if any: the operator API's
+    /// `/api/v1/demand` (and the autoscaler) read it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demand: Option<Demand>,
 }
 
 // ---------------------------------------------------------------------------------------------

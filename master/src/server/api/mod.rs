@@ -30,6 +30,7 @@
 //! buffers (`--http-send-buffer-kib`): a subscriber whose socket accepts nothing for
 //! `--http-write-timeout` is closed (the operator port's write deadline).
 
+pub mod demand;
 pub mod views;
 
 use std::convert::Infallible;
@@ -78,6 +79,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/api/v1/quotas", get(quotas).post(quota_handler))
         .route("/api/v1/weights", get(weights).post(weights_handler))
         .route("/api/v1/maintenance", get(maintenance))
+        .route("/api/v1/demand", get(demand::demand))
         .route("/api/v1/events", get(events))
 }
 
