@@ -216,8 +216,7 @@ impl Config {
         for p in &self.pools {
             let name_ok = !p.name.is_empty()
                 && p.name.len() <= 48
-                && p
-                    .name
+                && p.name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
             if !name_ok {
@@ -335,10 +334,18 @@ mod tests {
         let cases = [
             ("max = 3", "max = 0", "min <= max"),
             ("fallback = \"a100\"", "fallback = \"nope\"", "not defined"),
-            ("gpu_model = \"NVIDIA A100-SXM4-40GB\"\n        price_per_hour = 4.0", "price_per_hour = 4.0", "needs gpu_model"),
+            (
+                "gpu_model = \"NVIDIA A100-SXM4-40GB\"\n        price_per_hour = 4.0",
+                "price_per_hour = 4.0",
+                "needs gpu_model",
+            ),
             ("name = \"a100\"", "name = \"a100-spot\"", "defined twice"),
             ("interval = \"1s\"", "interval = \"soon\"", "soon"),
-            ("spot = true", "spot = true\n        colour = 1", "unknown field"),
+            (
+                "spot = true",
+                "spot = true\n        colour = 1",
+                "unknown field",
+            ),
         ];
         for (from, to, want) in cases {
             let text = OK.replacen(from, to, 1);

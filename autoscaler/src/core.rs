@@ -319,7 +319,9 @@ impl Core {
         for p in replace {
             let pool = &self.config.pools[p];
             let target = match &pool.fallback {
-                Some(f) if fallback_after > 0 && self.pools[p].failures_in_a_row >= fallback_after => {
+                Some(f)
+                    if fallback_after > 0 && self.pools[p].failures_in_a_row >= fallback_after =>
+                {
                     self.pool_index(f).unwrap_or(p)
                 }
                 _ => p,
@@ -474,10 +476,7 @@ impl Core {
             .map(|(p, spec)| {
                 let st = &self.pools[p];
                 let live = self.nodes.values().filter(|n| n.pool == p);
-                let open_ms: u64 = live
-                    .clone()
-                    .map(|n| now.saturating_sub(n.created))
-                    .sum();
+                let open_ms: u64 = live.clone().map(|n| now.saturating_sub(n.created)).sum();
                 let node_seconds = (st.closed_node_ms + open_ms) as f64 / 1000.0;
                 PoolReport {
                     name: spec.name.clone(),

@@ -15,6 +15,8 @@
 //!   (real `gantry-agent` processes on this host, stand-in GPUs for GPU pools).
 //! - [`runtime`]: the thin loop: `GET /api/v1/demand` and `/api/v1/agents`, a core round, the
 //!   actions (providers, `POST /api/v1/agents/{id}/drain`), a status file.
+//! - [`sim`]: the policy simulator on the same core: a workload (the Alibaba openb trace)
+//!   replayed against pools with prices, against a static fleet sized for the peak.
 //!
 //! Crates chosen: `gantry-placement` for the simulation (the same code the master and the
 //! schedulers place with), `gantry-master`'s operator client (reqwest + rustls on `ring`, as
@@ -28,3 +30,4 @@ pub mod core;
 pub mod plan;
 pub mod provider;
 pub mod runtime;
+pub mod sim;

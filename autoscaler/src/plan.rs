@@ -271,6 +271,9 @@ fn fill_node(node: &Node, wants: &[Want], workload: &Workload) -> Vec<u64> {
 }
 
 #[cfg(test)]
+pub(crate) use tests::gpu_task;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -301,7 +304,10 @@ mod tests {
     #[test]
     fn the_cheapest_per_placed_gpu_wins_and_no_more_nodes_than_needed() {
         // 8 one-GPU tasks: an 8-GPU node at 20/h (2.5 per GPU) beats 4-GPU nodes at 12/h (3).
-        let pools = [pool("small", 4, "A", 12.0, 10), pool("big", 8, "A", 20.0, 10)];
+        let pools = [
+            pool("small", 4, "A", 12.0, 10),
+            pool("big", 8, "A", 20.0, 10),
+        ];
         let p = plan(&pools, &[gpu_task(1, 8, &[])]);
         assert_eq!(p.add, BTreeMap::from([("big".to_string(), 1)]));
         assert_eq!(p.placed, 8);
@@ -387,5 +393,3 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-pub(crate) use tests::gpu_task;

@@ -129,10 +129,7 @@ struct ListAnswer {
 
 fn read_bounded(mut r: impl Read) -> Vec<u8> {
     let mut out = Vec::new();
-    let _ = r
-        .by_ref()
-        .take(MAX_ANSWER as u64 + 1)
-        .read_to_end(&mut out);
+    let _ = r.by_ref().take(MAX_ANSWER as u64 + 1).read_to_end(&mut out);
     // Drain the rest so the plugin is not blocked on a full pipe.
     let _ = std::io::copy(&mut r, &mut std::io::sink());
     out
@@ -338,9 +335,14 @@ impl LocalProvider {
         } else {
             cmd.env_remove("GANTRY_NVML_STANDIN_CONFIG");
         }
-        cmd.args(self.config.agent_args.iter().map(|a| a.replace("{node}", &id)));
-        let log = std::fs::File::create(self.config.work_dir.join(format!("{id}.log")))
-            .map_err(local)?;
+        cmd.args(
+            self.config
+                .agent_args
+                .iter()
+                .map(|a| a.replace("{node}", &id)),
+        );
+        let log =
+            std::fs::File::create(self.config.work_dir.join(format!("{id}.log"))).map_err(local)?;
         let err = log.try_clone().map_err(local)?;
         cmd.stdin(Stdio::null()).stdout(log).stderr(err);
         // SAFETY: prctl(2) only, between fork and exec: the agent gets SIGTERM when the
@@ -500,12 +502,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut p = plugin(dir.path(), "echo 'no quota' >&2; exit 3");
         let e = p.create(&pool(), 1).unwrap_err().to_string();
-        assert!(e.contains("no quota") && e.contains("exit status: 3"), "{e}");
+        assert!(
+            e.contains("no quota") && e.contains("exit status: 3"),
+            "{e}"
+        );
         let mut p = plugin(dir.path(), "echo '{\"nodes\":[\"a\",\"b\"]}'");
         let e = p.create(&pool(), 1).unwrap_err().to_string();
         assert!(e.contains("2 nodes for 1 asked"), "{e}");
         let mut p = plugin(dir.path(), "echo '{\"nodes\":[\"../etc\"]}'");
-        assert!(p.create(&pool(), 1).unwrap_err().to_string().contains("not 1-128"));
+        assert!(p
+            .create(&pool(), 1)
+            .unwrap_err()
+            .to_string()
+            .contains("not 1-128"));
         let mut p = plugin(dir.path(), "echo 'nodes: a'");
         assert!(matches!(
             p.list().unwrap_err(),
@@ -518,7 +527,10 @@ mod tests {
             ProviderError::Timeout { .. }
         ));
         // The request reaches stdin whole.
-        let mut p = plugin(dir.path(), "cat > \"$(dirname \"$0\")/req.json\"; echo '{}'");
+        let mut p = plugin(
+            dir.path(),
+            "cat > \"$(dirname \"$0\")/req.json\"; echo '{}'",
+        );
         p.delete("n-1").unwrap();
         let req: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("req.json")).unwrap()).unwrap();

@@ -200,7 +200,13 @@ impl Runtime {
                 count,
                 reason,
             } => {
-                let spec = self.core.config().pools.iter().find(|p| p.name == pool).cloned();
+                let spec = self
+                    .core
+                    .config()
+                    .pools
+                    .iter()
+                    .find(|p| p.name == pool)
+                    .cloned();
                 let (Some(spec), Some(p)) = (spec, self.providers.get_mut(&pool)) else {
                     return;
                 };
@@ -297,7 +303,10 @@ mod tests {
         assert_eq!(items.len(), 2);
         assert_eq!(items[0].source, "batch");
         assert_eq!(items[0].gpu, GpuDemand::Whole(2));
-        assert_eq!((items[0].cpu_milli, items[0].mem_mib, items[0].count), (1000, 512, 4));
+        assert_eq!(
+            (items[0].cpu_milli, items[0].mem_mib, items[0].count),
+            (1000, 512, 4)
+        );
         assert_eq!(items[1].source, "f2");
         assert_eq!(items[1].gpu, GpuDemand::Fraction(250));
         assert!(demand_items(&json!({"error": "x"})).is_empty());
@@ -317,9 +326,27 @@ mod tests {
         assert_eq!(
             o,
             [
-                NodeObs { id: "a".into(), registered: true, busy: true, draining: false, notice: false },
-                NodeObs { id: "b".into(), registered: true, busy: true, draining: true, notice: true },
-                NodeObs { id: "c".into(), registered: false, busy: false, draining: false, notice: false },
+                NodeObs {
+                    id: "a".into(),
+                    registered: true,
+                    busy: true,
+                    draining: false,
+                    notice: false
+                },
+                NodeObs {
+                    id: "b".into(),
+                    registered: true,
+                    busy: true,
+                    draining: true,
+                    notice: true
+                },
+                NodeObs {
+                    id: "c".into(),
+                    registered: false,
+                    busy: false,
+                    draining: false,
+                    notice: false
+                },
             ]
         );
     }

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! gantry-autoscaler check --config pools.toml
+//! gantry-autoscaler simulate --config pools.toml --openb openb_pod_list_default.csv
 //! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
 //!     [--operator NAME | --token-file FILE] [--status-file FILE]
 //!     [--local-agent-bin PATH --local-master QUIC_ADDR --local-work-dir DIR
@@ -23,7 +24,10 @@ use gantry_autoscaler::runtime::Runtime;
 use gantry_master::client::{BlockingClient, ClientConfig, Credentials};
 
 #[derive(Parser)]
-#[command(name = "gantry-autoscaler", about = "Scales Gantry node pools from demand")]
+#[command(
+    name = "gantry-autoscaler",
+    about = "Scales Gantry node pools from demand"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,7 +42,23 @@ enum Command {
         config: PathBuf,
     },
     /// Runs the loop until SIGTERM or SIGINT.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+    /// Replays a workload (an openb pod list) against the pools on the same core, then against
+    /// a static fleet sized for the elastic run's peak; prints both as JSON.
+    Simulate {
+        /// The pools file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+        /// An Alibaba openb pod list (`openb_pod_list_*.csv`).
+        #[arg(long)]
+        openb: PathBuf,
+        /// Simulated seconds per tick (one core round per tick).
+        #[arg(long, default_value_t = 60)]
+        tick_secs: u64,
+        /// Simulated seconds from a create to the node registering.
+        #[arg(long, default_value_t = 180)]
+        provision_secs: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -113,8 +133,46 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
+        Command::Simulate {
+            config,
+            openb,
+            tick_secs,
+            provision_secs,
+        } => simulate(&config, &openb, tick_secs, provision_secs),
     }
+}
+
+fn simulate(
+    config: &std::path::Path,
+    openb: &std::path::Path,
+    tick_s: u64,
+    provision_s: u64,
+) -> anyhow::Result<()> {
+    use gantry_autoscaler::sim;
+    let config = Config::load(config)?;
+    let text =
+        std::fs::read_to_string(openb).with_context(|| format!("reading {}", openb.display()))?;
+    let tasks = sim::parse_openb(&text).with_context(|| format!("{}", openb.display()))?;
+    let settings = sim::SimSettings {
+        tick_s,
+        provision_s,
+    };
+    let t0 = std::time::Instant::now();
+    let elastic = sim::simulate(&config, &tasks, settings);
+    let fixed = sim::simulate(&sim::static_fleet(&config, &elastic.peak_nodes), &tasks, settings);
+    let out = serde_json::json!({
+        "trace": openb.display().to_string(),
+        "tasks": tasks.len(),
+        "tick_secs": tick_s,
+        "provision_secs": provision_s,
+        "elastic": elastic,
+        "static_peak": fixed,
+        "cost_ratio": if fixed.cost > 0.0 { elastic.cost / fixed.cost } else { 0.0 },
+        "wall_ms": t0.elapsed().as_millis() as u64,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -150,14 +208,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                             bail!("pool {:?} uses the local provider: give --local-master (the masters' QUIC addresses)", pool.name);
                         };
                         let Some(work_dir) = args.local_work_dir.clone() else {
-                            bail!("pool {:?} uses the local provider: give --local-work-dir", pool.name);
+                            bail!(
+                                "pool {:?} uses the local provider: give --local-work-dir",
+                                pool.name
+                            );
                         };
                         std::fs::create_dir_all(&work_dir)
                             .with_context(|| format!("creating {}", work_dir.display()))?;
                         let agent_bin = match &args.local_agent_bin {
                             Some(b) => b.clone(),
-                            None => std::env::current_exe()?
-                                .with_file_name("gantry-agent"),
+                            None => std::env::current_exe()?.with_file_name("gantry-agent"),
                         };
                         let c = LocalConfig {
                             agent_bin,

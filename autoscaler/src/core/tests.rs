@@ -102,9 +102,13 @@ fn demand_scales_up_once_then_idle_nodes_drain_and_go_after_the_cooldown() {
     assert!(core.step(69_999, &idle).is_empty());
     let a = core.step(70_000, &idle);
     assert_eq!(a.len(), 2);
-    assert!(a
-        .iter()
-        .all(|a| matches!(a, Action::Drain { deadline_secs: None, .. })));
+    assert!(a.iter().all(|a| matches!(
+        a,
+        Action::Drain {
+            deadline_secs: None,
+            ..
+        }
+    )));
     let a = core.step(71_000, &idle);
     assert_eq!(
         a,

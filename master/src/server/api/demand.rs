@@ -197,11 +197,7 @@ mod tests {
                 &[("g0", 0), ("g1", 1000)],
                 json!({"cpus": 1.0, "mem": 1024.0, "gpus": 1.0}),
             )],
-            vec![(
-                "f1",
-                json!({"cpus": 1.0, "mem": 512.0, "gpus": 1.0}),
-                3,
-            )],
+            vec![("f1", json!({"cpus": 1.0, "mem": 512.0, "gpus": 1.0}), 3)],
         );
         let v = unplaceable(&s);
         assert_eq!(v["unplaceable_tasks"], 2, "{v:#}");
