@@ -392,4 +392,3 @@ mod tests {
         assert_eq!(p.add, BTreeMap::from([("a".to_string(), 1)]));
     }
 }
-

@@ -57,6 +57,15 @@ pub struct SimTask {
 /// Reads an openb pod list (`name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,
 /// pod_phase,creation_time,deletion_time,scheduled_time`).
 pub fn parse_openb(text: &str) -> Result<Vec<SimTask>, TraceError> {
+    let header = text.lines().next().unwrap_or("");
+    if !header.contains("creation_time") || !header.contains("deletion_time") {
+        return Err(TraceError {
+            line: 1,
+            message: "no creation_time/deletion_time columns: a replay needs them (the openb \
+                      multigpuNN lists hold task shapes only)"
+                .into(),
+        });
+    }
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().skip(1) {
         if line.trim().is_empty() {
@@ -176,7 +185,12 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: SimSettings) -> SimResult
         .iter()
         .map(|p| {
             let m = models.intern(p.gpu_model.as_deref().unwrap_or("")).ok()?;
-            Some(Node::idle(m, (p.cpus * 1000.0) as u64, p.mem, p.gpus as usize))
+            Some(Node::idle(
+                m,
+                (p.cpus * 1000.0) as u64,
+                p.mem,
+                p.gpus as usize,
+            ))
         })
         .collect();
     let total_min: usize = config.pools.iter().map(|p| p.min as usize).sum();
@@ -214,7 +228,11 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: SimSettings) -> SimResult
         }
         // Arrivals (tasks no pool can hold are skipped).
         while arrived < tasks.len() && tasks[arrived].arrival <= t {
-            if pool_nodes.iter().flatten().any(|n| n.fits(&shapes[arrived])) {
+            if pool_nodes
+                .iter()
+                .flatten()
+                .any(|n| n.fits(&shapes[arrived]))
+            {
                 pending.push(arrived);
             } else {
                 r.unfittable += 1;
@@ -228,8 +246,7 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: SimSettings) -> SimResult
                 .collect();
             if !usable.is_empty() {
                 let list = usable.iter().map(|&i| nodes[i].node.clone()).collect();
-                if let Ok(mut placer) = Placer::new(list, Policy::BestFit, Workload::default(), 0)
-                {
+                if let Ok(mut placer) = Placer::new(list, Policy::BestFit, Workload::default(), 0) {
                     let mut left = Vec::new();
                     for &task in &pending {
                         let sh = &shapes[task];
@@ -390,7 +407,8 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: SimSettings) -> SimResult
 /// the peak of an elastic run.
 pub fn static_fleet(config: &Config, peak: &BTreeMap<String, u32>) -> Config {
     let mut c = config.clone();
-    c.pools.retain(|p| peak.get(&p.name).copied().unwrap_or(0) > 0);
+    c.pools
+        .retain(|p| peak.get(&p.name).copied().unwrap_or(0) > 0);
     for p in &mut c.pools {
         let n = peak.get(&p.name).copied().unwrap_or(0);
         p.min = n;
@@ -432,9 +450,13 @@ p3,1000,1024,8,1000,,BE,Running,1800,5400,1800
         assert_eq!(t[3].gpu, GpuDemand::Whole(8));
         assert_eq!((t[0].arrival, t[0].duration), (0, 3600));
         assert_eq!(t[2].qos, "BE");
-        let e = parse_openb("h\np,x,1,1,1,,LS,R,0,1,0\n").unwrap_err();
+        let header = TRACE.lines().next().unwrap();
+        let e = parse_openb(&format!("{header}\np,x,1,1,1,,LS,R,0,1,0\n")).unwrap_err();
         assert_eq!(e.line, 2);
         assert!(e.message.contains("cpu_milli"), "{e}");
+        let e =
+            parse_openb("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1\n").unwrap_err();
+        assert!(e.message.contains("creation_time"), "{e}");
     }
 
     #[test]
@@ -456,6 +478,9 @@ p3,1000,1024,8,1000,,BE,Running,1800,5400,1800
         assert_eq!(elastic.scale_downs, 2);
         let fixed = simulate(&static_fleet(&config, &elastic.peak_nodes), &tasks, s);
         assert_eq!(fixed.placed, 3);
-        assert!(elastic.cost > 0.0 && elastic.cost <= fixed.cost, "{elastic:?} {fixed:?}");
+        assert!(
+            elastic.cost > 0.0 && elastic.cost <= fixed.cost,
+            "{elastic:?} {fixed:?}"
+        );
     }
 }

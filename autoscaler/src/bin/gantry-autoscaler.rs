@@ -160,7 +160,11 @@ fn simulate(
     };
     let t0 = std::time::Instant::now();
     let elastic = sim::simulate(&config, &tasks, settings);
-    let fixed = sim::simulate(&sim::static_fleet(&config, &elastic.peak_nodes), &tasks, settings);
+    let fixed = sim::simulate(
+        &sim::static_fleet(&config, &elastic.peak_nodes),
+        &tasks,
+        settings,
+    );
     let out = serde_json::json!({
         "trace": openb.display().to_string(),
         "tasks": tasks.len(),
