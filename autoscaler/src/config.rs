@@ -19,6 +19,7 @@
 //! max = 8
 //! scale_up_cooldown = "0s"
 //! scale_down_cooldown = "5m"
+//! provision_timeout = "10m"       # a node not registered by then is deleted as failed
 //! fallback = "a100"               # on-demand pool that replaces spot capacity that keeps failing
 //! provider = { kind = "exec", program = "/etc/gantry/provider.sh" }
 //! ```
@@ -136,12 +137,19 @@ pub struct PoolSpec {
     /// How long a node stays idle before it is drained and deleted.
     #[serde(deserialize_with = "duration", default = "default_scale_down")]
     pub scale_down_cooldown: Duration,
+    /// How long a created node may take to register before it is deleted as failed.
+    #[serde(deserialize_with = "duration", default = "default_provision_timeout")]
+    pub provision_timeout: Duration,
     /// The pool (on-demand) that replaces this spot pool's capacity once its nodes keep
     /// being interrupted.
     #[serde(default)]
     pub fallback: Option<String>,
     /// Who creates and deletes the nodes.
     pub provider: ProviderSpec,
+}
+
+fn default_provision_timeout() -> Duration {
+    Duration::from_secs(600)
 }
 
 fn default_scale_down() -> Duration {

@@ -5,6 +5,8 @@
 //! each node it knows), and carries out the [`Action`]s it returns, reporting back with
 //! [`Core::created`], [`Core::create_failed`] and [`Core::deleted`]. A round decides, in order:
 //!
+//! 0. **Failed starts**: a node not registered within its pool's `provision_timeout` is
+//!    deleted (counted in `provision_failures`).
 //! 1. **Notices**: a node with a termination notice (spot) is drained with the notice's
 //!    deadline (unless the master already drains it), counted as an interruption of its pool,
 //!    and, when it held work (and was not already leaving), replaced by one node: of its pool, or of the pool's `fallback`
@@ -112,6 +114,7 @@ struct PoolState {
     scale_ups: u64,
     scale_downs: u64,
     nodes_created: u64,
+    provision_failures: u64,
     /// Node-milliseconds of deleted nodes.
     closed_node_ms: u64,
 }
@@ -153,6 +156,8 @@ pub struct PoolReport {
     pub scale_downs: u64,
     /// Nodes created since start.
     pub nodes_created: u64,
+    /// Nodes deleted for not registering within `provision_timeout`.
+    pub provision_failures: u64,
 }
 
 /// The whole report.
@@ -286,6 +291,14 @@ impl Core {
             } else {
                 None
             };
+            // A node that never registered: deleted as failed (its provider is told).
+            let timeout = ms(self.config.pools[rec.pool].provision_timeout);
+            if rec.phase == Phase::Provisioning && now.saturating_sub(rec.created) >= timeout {
+                rec.phase = Phase::Deleting;
+                self.pools[rec.pool].provision_failures += 1;
+                actions.push(Action::Delete { node: id.clone() });
+                continue;
+            }
             // 1. Notices.
             if o.is_some_and(|o| o.notice) && !rec.noticed && rec.phase != Phase::Deleting {
                 rec.noticed = true;
@@ -496,6 +509,7 @@ impl Core {
                     scale_ups: st.scale_ups,
                     scale_downs: st.scale_downs,
                     nodes_created: st.nodes_created,
+                    provision_failures: st.provision_failures,
                 }
             })
             .collect();

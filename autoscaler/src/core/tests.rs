@@ -19,6 +19,7 @@ fn spec(name: &str, gpus: u32, price: f64, min: u32, max: u32) -> PoolSpec {
         max,
         scale_up_cooldown: Duration::ZERO,
         scale_down_cooldown: Duration::from_secs(60),
+        provision_timeout: Duration::from_secs(600),
         fallback: None,
         provider: ProviderSpec::Local,
     }
@@ -124,6 +125,31 @@ fn demand_scales_up_once_then_idle_nodes_drain_and_go_after_the_cooldown() {
     assert!((r.total_cost - 0.144).abs() < 1e-9, "{r:?}");
     assert_eq!(r.pools[0].scale_ups, 1);
     assert_eq!(r.pools[0].scale_downs, 2);
+}
+
+#[test]
+fn a_node_that_never_registers_is_deleted_as_failed_and_replaced() {
+    let mut core = Core::new(config(vec![spec("gpu", 1, 1.0, 0, 1)]));
+    let mut next = 0;
+    let demand = Observation {
+        demand: vec![gpu_task(1, 1, &[])],
+        nodes: vec![],
+    };
+    let a = core.step(0, &demand);
+    let ids = apply(&mut core, &a, 0, &mut next);
+    assert!(core.step(599_999, &demand).is_empty());
+    // Past the timeout: deleted; max is 1, so the replacement comes once it is gone.
+    let a = core.step(600_000, &demand);
+    assert_eq!(
+        a,
+        [Action::Delete {
+            node: ids[0].clone()
+        }]
+    );
+    apply(&mut core, &a, 600_000, &mut next);
+    assert_eq!(core.report(600_000).pools[0].provision_failures, 1);
+    let a = core.step(601_000, &demand);
+    assert_eq!(creates(&a), [("gpu".to_string(), 1)]);
 }
 
 #[test]
