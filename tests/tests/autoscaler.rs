@@ -62,8 +62,14 @@ fn read_status(path: &std::path::Path) -> Option<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-/// When the master saw each agent connected (first and last poll).
-type Seen = BTreeMap<String, (Instant, Instant)>;
+/// When the master saw each agent connected (first and last poll, and the first as Unix ms).
+type Seen = BTreeMap<String, (Instant, Instant, u64)>;
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// Polls the master's `/state` and the autoscaler's report every 100 ms until `done(report)`:
 /// when each agent was seen connected, the most nodes of the first pool, and the last report.
@@ -82,7 +88,7 @@ fn watch(
             for a in s["agents"].as_array().into_iter().flatten() {
                 if a["connected"] == true {
                     let name = a["name"].as_str().unwrap_or("").to_string();
-                    connected.entry(name).or_insert((now, now)).1 = now;
+                    connected.entry(name).or_insert((now, now, unix_ms())).1 = now;
                 }
             }
         }
@@ -104,7 +110,7 @@ fn watch(
 
 fn seconds(seen: &Seen) -> f64 {
     seen.values()
-        .map(|(a, b)| b.duration_since(*a).as_secs_f64())
+        .map(|(a, b, _)| b.duration_since(*a).as_secs_f64())
         .sum()
 }
 
@@ -257,9 +263,20 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
         node_seconds >= seen && node_seconds <= seen + 20.0,
         "billed {node_seconds} s, connected {seen} s: {connected:?}"
     );
+    // A figure, not an assertion: the first task RUNNING after the first node registered.
+    let first_node = connected.values().map(|c| c.2).min().unwrap_or(0);
+    let first_task = s["completed_tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["started_at_ms"].as_u64())
+        .min()
+        .unwrap_or(0);
     eprintln!(
         "autoscaler: 2 nodes, {node_seconds:.1} node-seconds billed ({seen:.1} s connected), \
-         cost {cost:.4} at {PRICE}/h"
+         cost {cost:.4} at {PRICE}/h; first task running {} ms after the first node was seen \
+         registered (100 ms polls)",
+        first_task as i64 - first_node as i64
     );
 
     // A spot notice on a busy node: 2 long tasks on one new spot node, then the notice.
