@@ -277,10 +277,13 @@ impl LocalProvider {
         }
     }
 
-    /// The stand-in GPU file of a node: `count` GPUs of `model`, UUIDs unique to the node.
-    fn gpu_file(&self, model: &str, count: u32) -> String {
-        // The node's sequence number makes the UUIDs unique on this host.
-        let tag = self.next;
+    /// The stand-in GPU file of node `id`: `count` GPUs of `model`, UUIDs unique to the node
+    /// (a hash of its id: node ids are unique, across pools too).
+    fn gpu_file(id: &str, model: &str, count: u32) -> String {
+        // FNV-1a, 32 bits.
+        let tag = id.bytes().fold(0x811c_9dc5_u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
         let mut s = String::from("driver_version = \"550.54.15\"\ncuda_version = 12040\n");
         for i in 0..count {
             s.push_str(&format!(
@@ -328,7 +331,7 @@ impl LocalProvider {
             })?;
             let file = dir.join("gpus.toml");
             let model = pool.gpu_model.as_deref().unwrap_or("GPU");
-            std::fs::write(&file, self.gpu_file(model, pool.gpus)).map_err(local)?;
+            std::fs::write(&file, Self::gpu_file(&id, model, pool.gpus)).map_err(local)?;
             cmd.arg("--nvml-lib")
                 .arg(lib)
                 .env("GANTRY_NVML_STANDIN_CONFIG", &file);
@@ -423,16 +426,46 @@ impl Drop for LocalProvider {
     }
 }
 
-/// Removes the cgroup `name` (and the cgroups under it) in every hierarchy: an agent stopped
-/// with SIGTERM leaves its root behind. Best effort.
+/// Kills what is left in the cgroup `name` (task processes: an agent stopped with SIGTERM
+/// leaves its tasks running) and removes it and the cgroups under it, in every hierarchy.
+/// Best effort.
 fn remove_cgroups(name: &str) {
     let mount = Path::new("/sys/fs/cgroup");
     let mut roots = vec![mount.join(name)];
     if let Ok(rd) = std::fs::read_dir(mount) {
         roots.extend(rd.flatten().map(|e| e.path().join(name)));
     }
-    for root in roots {
-        remove_tree(&root);
+    for root in &roots {
+        kill_tree(root);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for root in &roots {
+        while root.is_dir() && Instant::now() < deadline {
+            remove_tree(root);
+            if root.is_dir() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn kill_tree(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            kill_tree(&e.path());
+        }
+    }
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        if pid > 1 {
+            // SAFETY: kill(2) on a process inside a node's own cgroup; no memory involved.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
     }
 }
 
