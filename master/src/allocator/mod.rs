@@ -290,6 +290,10 @@ pub struct FrameworkMetrics {
     pub allocated: Resources,
     /// Offers made to it since start.
     pub offers_made: u64,
+    /// Its remaining declared demand (`set_demand`: every shape with its remaining count;
+    /// empty: none): the operator API's `/api/v1/demand` (and the autoscaler) read it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub demands: Vec<Demand>,
 }
 
 // ---------------------------------------------------------------------------------------------
