@@ -1,4 +1,4 @@
-//! The submission API on the queue's own port (plain HTTP, axum as in the master):
+//! The queue's API on its own port (plain HTTP, axum as in the master):
 //!
 //! | method and path       | what                                                        |
 //! |-----------------------|-------------------------------------------------------------|
@@ -9,6 +9,9 @@
 //! | `GET /stats`          | counters as JSON (GPU-seconds per team, preemptions, jobs requeued after a lost worker, idle) |
 //! | `GET /metrics`        | Prometheus text: queue depth per team and priority, wait    |
 //! |                       | histogram, preemptions, GPU-hours per team, idle-while-waiting |
+//! | `POST /shutdown`      | tear the framework down (`gantry-queue shutdown`)            |
+//!
+//! Every change is committed to the store before the answer is sent.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -21,8 +24,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::framework::Shared;
-use super::model::{JobSpec, JobView};
+use crate::model::{JobSpec, JobView};
+use crate::runtime::Shared;
 
 /// Jobs not yet ended the queue accepts; more submissions get 429.
 pub const MAX_ACTIVE_JOBS: usize = 50_000;
@@ -35,6 +38,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/jobs/{id}", get(show).delete(cancel))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
+        .route("/shutdown", axum::routing::post(shutdown))
         .with_state(shared)
 }
 
@@ -57,6 +61,13 @@ async fn submit(State(s): State<Arc<Shared>>, Json(spec): Json<JobSpec>) -> Resp
     }
     let id = s.with(|core, now| core.submit(spec, now));
     (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
+}
+
+async fn shutdown(State(s): State<Arc<Shared>>) -> Response {
+    match s.shutdown() {
+        Ok(()) => Json(json!({ "shutdown": true })).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 async fn list(State(s): State<Arc<Shared>>) -> Json<Vec<JobView>> {

@@ -1,34 +1,60 @@
-//! `gpu-queue`: an ML GPU job queue on Gantry (see `gantry_examples::gpu_queue` and
-//! docs/framework-guide.md).
+//! `gantry-queue`: the ML GPU job queue on Gantry (see the `gantry_queue` crate and
+//! docs/queue.md).
 //!
 //! ```text
-//! gpu-queue serve --master 127.0.0.1:5050 --tls-dir DIR --listen 127.0.0.1:8700 \
-//!     --team vision=2 --team nlp=1:16          # NAME=WEIGHT[:GPU_QUOTA]
-//! gpu-queue submit --server http://127.0.0.1:8700 --name resnet --team vision \
+//! gantry-queue serve --master 127.0.0.1:5050 --tls-dir DIR --store /var/lib/gantry/queue.redb \
+//!     --listen 127.0.0.1:8700 --team vision=2 --team nlp=1:16   # NAME=WEIGHT[:GPU_QUOTA]
+//! gantry-queue submit --server http://127.0.0.1:8700 --name resnet --team vision \
 //!     --priority high --gpus 8 --workers 2 -- python3 train.py
-//! gpu-queue submit ... --workers 2..8 -- ./ddp.sh        # elastic gang
-//! gpu-queue submit ... --after 12,13 -- ./eval.sh        # after jobs 12 and 13 FINISHED
-//! gpu-queue list --server URL [--json]
-//! gpu-queue show --server URL ID [--json]
-//! gpu-queue cancel --server URL ID
+//! gantry-queue submit ... --workers 2..8 -- ./ddp.sh        # elastic gang
+//! gantry-queue submit ... --after 12,13 -- ./eval.sh        # after jobs 12 and 13 FINISHED
+//! gantry-queue list --server URL [--json]
+//! gantry-queue show --server URL ID [--json]
+//! gantry-queue cancel --server URL ID
+//! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
 //! ```
+//!
+//! Exit codes as gantryctl's: 0 ok, 1 error (unreachable, 400), 2 usage, 3 not found (404),
+//! 4 forbidden (401, 403).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use gantry_examples::gpu_queue::core::{Core, CoreConfig};
-use gantry_examples::gpu_queue::framework::{QueueScheduler, Shared};
-use gantry_examples::gpu_queue::http;
-use gantry_examples::gpu_queue::model::{JobSpec, JobView, Priority, TeamConfig};
+use gantry_queue::core::{Core, CoreConfig, MAX_ENDED_JOBS};
+use gantry_queue::http;
+use gantry_queue::model::{JobSpec, JobView, Priority, TeamConfig};
+use gantry_queue::runtime::{unix_ms, QueueScheduler, Shared};
+use gantry_queue::store::Store;
 use gantry_sdk::protocol::Capability;
 use gantry_sdk::transport::PeerIdentity;
 use gantry_sdk::{Driver, DriverConfig};
 
-/// An ML GPU job queue on Gantry: gangs, priorities, team fair share, backfill, preemption.
+const EXIT_ERROR: u8 = 1;
+const EXIT_NOT_FOUND: u8 = 3;
+const EXIT_FORBIDDEN: u8 = 4;
+
+/// An error answer of the API (its HTTP status decides the exit code).
+#[derive(Debug)]
+struct ApiError {
+    status: u16,
+    message: String,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// The ML GPU job queue on Gantry: gangs, priorities, team fair share, backfill, preemption;
+/// durable across restarts.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
@@ -70,6 +96,14 @@ enum Cmd {
         /// Job id.
         id: u64,
     },
+    /// Tear the queue's framework down: the master kills every running worker (those jobs end
+    /// CANCELLED), pending jobs stay in the store, and `serve` exits. SIGTERM, by contrast,
+    /// only disconnects: the workers keep running and the next `serve` takes them over.
+    Shutdown {
+        /// The queue's API.
+        #[arg(long)]
+        server: String,
+    },
 }
 
 #[derive(Parser, Debug)]
@@ -80,6 +114,14 @@ struct Serve {
     /// TLS directory (ca.pem plus framework-NAME.pem/.key, or ca.key to issue them).
     #[arg(long)]
     tls_dir: PathBuf,
+    /// The store (a redb database file, created if missing): jobs, attempts, states, usage
+    /// history and the framework id survive restarts and `kill -9`.
+    #[arg(long)]
+    store: PathBuf,
+    /// How long the master keeps the queue's workers running while the queue is away (a
+    /// restart within it takes them over), seconds.
+    #[arg(long, default_value_t = 7 * 86400)]
+    failover_timeout_secs: u64,
     /// The API's listen address.
     #[arg(long, default_value = "127.0.0.1:8700")]
     listen: String,
@@ -90,7 +132,7 @@ struct Serve {
     #[arg(long, default_value = "default")]
     role: String,
     /// Framework name and certificate principal.
-    #[arg(long, default_value = "gpu-queue")]
+    #[arg(long, default_value = "gantry-queue")]
     name: String,
     /// A waiting job rises one priority class per this many seconds (0: no aging).
     #[arg(long, default_value_t = 300)]
@@ -230,11 +272,15 @@ async fn call(
     let value: serde_json::Value =
         serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
     if !status.is_success() {
-        let msg = value["error"]
+        let message = value["error"]
             .as_str()
             .map(str::to_string)
             .unwrap_or_else(|| value.to_string());
-        bail!("{status}: {msg}");
+        return Err(ApiError {
+            status: status.as_u16(),
+            message,
+        }
+        .into());
     }
     Ok(value)
 }
@@ -285,8 +331,15 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         gantry_pki::load_or_issue(&a.tls_dir, &PeerIdentity::Framework(a.name.clone()), &[])
             .context("issuing the framework certificate from the CA key")?;
     }
+    let store = Store::open(&a.store)?;
+    let loaded = store.load(MAX_ENDED_JOBS)?;
     let mut config = DriverConfig::new(a.master, a.tls_dir, &a.name, vec![a.role]);
     config.info.capabilities.push(Capability::GpuResources);
+    config.info.failover_timeout_secs = a.failover_timeout_secs as f64;
+    config.info.framework_id = loaded.framework_id;
+    if let Some(id) = loaded.framework_id {
+        tracing::info!(framework_id = %id, jobs = loaded.jobs.len(), "resuming from the store");
+    }
     let driver = Driver::new(config);
     let mut core_config = CoreConfig {
         teams,
@@ -294,33 +347,75 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         ..Default::default()
     };
     core_config.hold.timeout = Duration::from_secs(a.hold_secs.max(1));
-    let shared = Shared::new(Core::new(core_config), driver.handle());
+    let mut core = Core::new(core_config);
+    let owed = core.restore(
+        loaded.jobs,
+        loaded.gpu_secs,
+        loaded.next_id,
+        Instant::now(),
+        unix_ms(),
+    );
+    let shared = Shared::new(core, store, driver.handle());
+    // Kills owed from before a restart: queued by the driver until it has subscribed.
+    shared.resume(owed);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("binding {}", a.listen))?;
-    println!("gpu-queue API on http://{}", listener.local_addr()?);
+    println!("gantry-queue API on http://{}", listener.local_addr()?);
     let app = http::router(Arc::clone(&shared));
     let api = tokio::spawn(async move { axum::serve(listener, app).await });
     let _ticker = shared.spawn_ticker(Duration::from_millis(250));
     let handle = driver.handle();
     tokio::spawn(async move {
         gantry_sdk::process::shutdown_signal().await;
-        handle.stop();
+        // Disconnect, never tear down: the workers keep running for the failover timeout and
+        // the next `serve` on this store takes them over.
+        handle.disconnect();
     });
-    let result = driver.run(QueueScheduler::new(shared)).await;
+    let result = driver.run(QueueScheduler::new(Arc::clone(&shared))).await;
     api.abort();
-    result.context("running the gpu-queue framework")
+    if shared.is_broken() {
+        bail!("the store failed (see the log); the next run resumes from what it holds");
+    }
+    result.context("running the gantry-queue framework")
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse_from(gantry_sdk::config_file::expand_args()?);
+    let args = match gantry_sdk::config_file::expand_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Usage errors exit with 2 (clap's convention).
+    let args = Args::parse_from(args);
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let status = e.downcast_ref::<ApiError>().map(|a| a.status);
+            ExitCode::from(match status {
+                Some(401 | 403) => EXIT_FORBIDDEN,
+                Some(404) => EXIT_NOT_FOUND,
+                _ => EXIT_ERROR,
+            })
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Cmd::Serve(s) => serve(s).await,
         Cmd::Submit(s) => {
@@ -407,6 +502,16 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
             println!("cancelled {id}");
+            Ok(())
+        }
+        Cmd::Shutdown { server } => {
+            call(
+                reqwest::Method::POST,
+                format!("{}/shutdown", server.trim_end_matches('/')),
+                None,
+            )
+            .await?;
+            println!("shutting down: the framework is torn down");
             Ok(())
         }
     }

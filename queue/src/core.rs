@@ -1,6 +1,6 @@
 //! The queue's pure core: jobs, the offers held, and one scheduling pass that returns
 //! [`Action`]s (launch, decline, kill, revive, suppress). No I/O and no clock: every entry point
-//! takes `now`. The shell ([`super::framework`]) feeds it driver events and a periodic tick and
+//! takes `now`. The shell ([`crate::runtime`]) feeds it driver events and a periodic tick and
 //! performs what it returns.
 //!
 //! One file over 800 lines: the scheduling pass reads as one ordered policy (order, place,
@@ -40,7 +40,7 @@ use gantry_sdk::placement::offers::{AgentView, FreeGpu, TaskRequest};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
-use super::model::{JobSpec, JobState, Priority, TeamConfig};
+use crate::model::{JobSpec, JobState, Priority, TeamConfig};
 
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +128,10 @@ struct Job {
     message: String,
     /// Still waiting for a dependency (`after`) to finish: not yet eligible to run.
     on_deps: bool,
+    /// Who submitted it.
+    user: String,
+    /// Times its workers were launched from `PENDING` (each requeue starts a new attempt).
+    attempts: u32,
 }
 
 impl Job {
@@ -173,6 +177,21 @@ pub struct Core {
     last_tick: Option<Instant>,
     /// Statistics.
     pub stats: Stats,
+    /// What the store has of each job (a digest of its record; see `persist`).
+    persisted: HashMap<u64, u64>,
+    /// Workers ended since the last [`Core::take_changes`] (the usage history).
+    ended_members: Vec<EndedMember>,
+}
+
+/// A worker that ended, for the usage history.
+#[derive(Debug, Clone)]
+struct EndedMember {
+    job: u64,
+    attempt: u32,
+    task_id: TaskId,
+    gpus: u32,
+    secs: f64,
+    at: Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -212,11 +231,18 @@ impl Core {
             suppressed: false,
             last_tick: None,
             stats: Stats::default(),
+            persisted: HashMap::new(),
+            ended_members: Vec::new(),
         }
     }
 
     /// Adds a job; returns its id.
     pub fn submit(&mut self, spec: JobSpec, now: Instant) -> (u64, Vec<Action>) {
+        self.submit_as(spec, String::new(), now)
+    }
+
+    /// Adds a job submitted by `user`; returns its id.
+    pub fn submit_as(&mut self, spec: JobSpec, user: String, now: Instant) -> (u64, Vec<Action>) {
         let id = self.next_id;
         self.next_id += 1;
         let spec_after_empty = spec.after.is_empty();
@@ -237,6 +263,8 @@ impl Core {
                 next_index: 0,
                 message: String::new(),
                 on_deps: !spec_after_empty,
+                user,
+                attempts: 0,
             },
         );
         let mut out = Vec::new();
@@ -406,6 +434,14 @@ impl Core {
             .gpu_secs
             .entry(job.spec.team.clone())
             .or_default() += gpus * ran;
+        self.ended_members.push(EndedMember {
+            job: job_id,
+            attempt: job.attempts,
+            task_id: u.task_id,
+            gpus: gpus as u32,
+            secs: ran,
+            at: now,
+        });
         job.members.remove(&index);
         self.tasks.remove(&u.task_id);
         match (job.state, u.state) {
@@ -987,8 +1023,11 @@ fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]
 }
 
 mod launch;
+mod persist;
 mod preempt;
 mod views;
+
+pub use persist::Changes;
 
 #[cfg(test)]
 mod tests;

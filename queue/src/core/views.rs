@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use gantry_sdk::protocol::*;
 
 use super::{Core, Job};
-use crate::gpu_queue::model::{JobState, JobView, MemberView, Priority};
+use crate::model::{JobState, JobView, MemberView, Priority};
 
 impl Core {
     /// Every job, for the API.
@@ -79,6 +79,8 @@ impl Core {
             age_secs: now.saturating_duration_since(j.submitted).as_secs_f64(),
             after: j.spec.after.clone(),
             waiting_on,
+            user: j.user.clone(),
+            attempts: j.attempts,
         }
     }
 

@@ -27,6 +27,7 @@ impl Core {
         let first = job.state == JobState::Pending;
         if first {
             job.state = JobState::Running;
+            job.attempts += 1;
             job.waited += now.saturating_duration_since(job.waiting_since);
             self.stats.waits.push(job.waited.as_secs_f64());
         }
