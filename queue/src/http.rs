@@ -53,6 +53,12 @@ async fn submit(State(s): State<Arc<Shared>>, Json(spec): Json<JobSpec>) -> Resp
     if let Some(problem) = s.core().dependency_problem(&spec) {
         return error(StatusCode::BAD_REQUEST, problem);
     }
+    if let Some(why) = s.core().never_fits(&spec) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("no agent of the cluster can ever run it: {why}"),
+        );
+    }
     if s.core().active_jobs() >= MAX_ACTIVE_JOBS {
         return error(
             StatusCode::TOO_MANY_REQUESTS,

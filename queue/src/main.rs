@@ -287,8 +287,18 @@ async fn call(
 
 fn table(jobs: &[JobView]) {
     println!(
-        "{:>5}  {:<20} {:<10} {:<11} {:<9} {:>7} {:>4} {:>7} {:>8}  WHERE",
-        "ID", "NAME", "TEAM", "PRIORITY", "STATE", "WORKERS", "GPUS", "PREEMPT", "WAITED"
+        "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>8}  WHERE / WHY",
+        "ID",
+        "NAME",
+        "TEAM",
+        "USER",
+        "PRIORITY",
+        "STATE",
+        "POS",
+        "WORKERS",
+        "GPUS",
+        "PREEMPT",
+        "WAITED"
     );
     for j in jobs {
         let workers = if j.min_workers == j.max_workers {
@@ -296,13 +306,18 @@ fn table(jobs: &[JobView]) {
         } else {
             format!("{}/{}..{}", j.workers, j.min_workers, j.max_workers)
         };
+        let pos = j
+            .position
+            .map_or_else(|| "-".to_string(), |p| p.to_string());
         println!(
-            "{:>5}  {:<20} {:<10} {:<11} {:<9} {:>7} {:>4} {:>7} {:>7.0}s  {}",
+            "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>7.0}s  {}",
             j.id,
             j.name,
             j.team,
+            if j.user.is_empty() { "-" } else { &j.user },
             j.priority.as_str(),
             j.state.as_str(),
+            pos,
             workers,
             j.gpus_per_worker,
             j.preemptions,
@@ -312,11 +327,10 @@ fn table(jobs: &[JobView]) {
     }
 }
 
-/// The agents a job runs on, or the dependencies a pending job waits on.
+/// The agents a job runs on, or why a pending job waits.
 fn where_(j: &JobView) -> String {
-    if !j.waiting_on.is_empty() {
-        let ids: Vec<String> = j.waiting_on.iter().map(u64::to_string).collect();
-        return format!("waits on {}", ids.join(","));
+    if let Some(why) = &j.pending_reason {
+        return why.clone();
     }
     j.agents.join(",")
 }

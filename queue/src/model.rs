@@ -317,6 +317,16 @@ pub struct JobView {
     /// Times its workers were launched (each requeue starts a new attempt).
     #[serde(default)]
     pub attempts: u32,
+    /// Why a `PENDING` job waits, in words ("needs 16 GPUs on one agent; largest is 8",
+    /// "team nlp at its quota 8/8", "behind 3 higher-priority jobs", "reserved for job 12").
+    #[serde(default)]
+    pub pending_reason: Option<String>,
+    /// A job eligible to run: its place in the scheduling order of the whole queue (1: next).
+    #[serde(default)]
+    pub position: Option<u32>,
+    /// The same among its team's jobs.
+    #[serde(default)]
+    pub team_position: Option<u32>,
 }
 
 /// One worker of a job as the store keeps it.

@@ -5,7 +5,8 @@
 //! every job finishes exactly once (each execution appends a line to a ledger, as in
 //! `partitions.rs`). SIGTERM only disconnects (the worker keeps running and the next `serve`
 //! takes it over); `gantry-queue shutdown` tears the framework down (its running job is killed
-//! and recorded CANCELLED; finished jobs stay FINISHED in the store).
+//! and recorded CANCELLED; finished jobs stay FINISHED in the store). Pending jobs say why
+//! they wait and where they stand; a job no agent can ever fit is refused at submission.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -235,9 +236,29 @@ fn kill9_sigterm_and_shutdown_lose_nothing_and_run_nothing_twice() {
     // Launches of the first eight are under way.
     q.proc().kill9();
     q.start();
-    q.wait(&cluster, "jobs running after the first restart", |j| {
+    let jobs = q.wait(&cluster, "jobs running after the first restart", |j| {
         count(j, "RUNNING") >= 4
     });
+    // Those still waiting explain themselves and have a place in the queue.
+    for j in jobs.iter().filter(|j| j["state"] == "PENDING") {
+        assert!(
+            j["pending_reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{j:#}"
+        );
+        assert!(j["position"].as_u64().is_some_and(|p| p >= 1), "{j:#}");
+        assert!(j["team_position"].as_u64().is_some(), "{j:#}");
+        for key in [
+            "id",
+            "name",
+            "team",
+            "user",
+            "priority",
+            "attempts",
+            "preemptions",
+        ] {
+            assert!(!j[key].is_null(), "{key} in {j:#}");
+        }
+    }
     std::thread::sleep(Duration::from_millis(500));
     q.proc().kill9();
     // Some end while the queue is away; the master keeps their updates for it.
@@ -272,6 +293,22 @@ fn kill9_sigterm_and_shutdown_lose_nothing_and_run_nothing_twice() {
         assert_eq!(ran.len(), 1, "{name}: {ran:#?}");
         assert_eq!(ran[0]["state"], "FINISHED", "{name}: {ran:#?}");
     }
+
+    // A job no agent can ever fit is refused at submission, with the reason (exit code 1).
+    let out = Command::new(bin("gantry-queue").unwrap())
+        .args([
+            "submit", "--server", &q.url, "--name", "toobig", "--team", "nlp",
+        ])
+        .args(["--gpus", "8", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("400") && err.contains("needs 8 GPUs on one agent; largest is 4"),
+        "{err}"
+    );
+    assert!(q.try_jobs().unwrap().iter().all(|j| j["name"] != "toobig"));
 
     // ---- 2. SIGTERM disconnects: the worker keeps running; the next serve takes it over. ----
     q.submit("term", &job(6));

@@ -1,25 +1,171 @@
-//! What the API shows: job views, queue depth, GPU time per team.
+//! What the API shows: job views (with, for each pending job, why it waits and its position
+//! in its team and in the whole queue), queue depth, GPU time per team; and the jobs no agent
+//! of the cluster can ever fit ([`Core::never_fits`]), refused at submission.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::*;
 
 use super::{Core, Job};
-use crate::model::{JobState, JobView, MemberView, Priority};
+use crate::model::{JobSpec, JobState, JobView, MemberView, Priority};
+
+/// Where the pending jobs stand, computed once per listing.
+struct Standings {
+    /// Eligible jobs in scheduling order.
+    order: Vec<u64>,
+    /// Per eligible job: its index in `order` and its position among its team's jobs (0-based).
+    at: HashMap<u64, (usize, usize)>,
+    /// GPUs per team its running workers hold.
+    team_gpus: HashMap<String, u64>,
+    /// GPUs free now for the queue (capacity minus its workers).
+    free_gpus: u64,
+    /// The job the reservation (or a preemption under way) is for.
+    reserved_for: Option<u64>,
+}
 
 impl Core {
     /// Every job, for the API.
     pub fn views(&self, now: Instant) -> Vec<JobView> {
-        self.jobs.values().map(|j| self.view_of(j, now)).collect()
+        let st = self.standings(now);
+        self.jobs
+            .values()
+            .map(|j| self.view_of(j, now, &st))
+            .collect()
     }
 
     /// One job, for the API.
     pub fn view(&self, id: u64, now: Instant) -> Option<JobView> {
-        self.jobs.get(&id).map(|j| self.view_of(j, now))
+        let job = self.jobs.get(&id)?;
+        Some(self.view_of(job, now, &self.standings(now)))
     }
 
-    fn view_of(&self, j: &Job, now: Instant) -> JobView {
+    fn standings(&self, now: Instant) -> Standings {
+        let order = self.order(now);
+        let mut per_team: HashMap<&str, usize> = HashMap::new();
+        let mut at = HashMap::new();
+        for (i, id) in order.iter().enumerate() {
+            let team = self.jobs[id].spec.team.as_str();
+            let n = per_team.entry(team).or_default();
+            at.insert(*id, (i, *n));
+            *n += 1;
+        }
+        let team_gpus = self
+            .usage(now)
+            .into_iter()
+            .map(|(t, u)| (t, u.gpus))
+            .collect();
+        let free_gpus = self
+            .eventual_views(false)
+            .iter()
+            .map(|v| v.gpus.len() as u64)
+            .sum();
+        let reserved_for = self
+            .preempt_for
+            .as_ref()
+            .map(|p| p.0)
+            .or_else(|| self.holds.holder().map(|(id, _)| *id));
+        Standings {
+            order,
+            at,
+            team_gpus,
+            free_gpus,
+            reserved_for,
+        }
+    }
+
+    /// Why no agent of the cluster can ever run `spec`, if none can: a worker needs more GPUs
+    /// (of the model and memory asked for) than the largest agent has, or the gang's fewest
+    /// workers do not fit all agents together. Judged on the GPUs the queue has seen in offers
+    /// (every healthy GPU of each agent, in use or not); `None` while no agent is known yet.
+    pub fn never_fits(&self, spec: &JobSpec) -> Option<String> {
+        if self.agents.is_empty() || spec.gpus == 0 {
+            return None;
+        }
+        let selector = spec.selector();
+        let per_agent: Vec<u64> = self
+            .agents
+            .values()
+            .map(|a| {
+                a.gpus
+                    .values()
+                    .filter(|g| g.matches(selector.as_ref()))
+                    .count() as u64
+            })
+            .collect();
+        let largest = per_agent.iter().copied().max().unwrap_or(0);
+        let kind = match (&spec.gpu_model, spec.gpu_min_memory) {
+            (Some(m), Some(mem)) => format!("{m} GPUs with {mem} MiB"),
+            (Some(m), None) => format!("{m} GPUs"),
+            (None, Some(mem)) => format!("GPUs with {mem} MiB"),
+            (None, None) => "GPUs".to_string(),
+        };
+        let gpus = u64::from(spec.gpus);
+        if gpus > largest {
+            return Some(format!(
+                "needs {gpus} {kind} on one agent; largest is {largest}"
+            ));
+        }
+        let workers = u64::from(spec.min_workers.max(1));
+        let room: u64 = per_agent.iter().map(|n| n / gpus).sum();
+        if room < workers {
+            return Some(format!(
+                "needs {workers} workers of {gpus} {kind} ({} in all); the cluster has room \
+                 for {room} such workers",
+                workers * gpus
+            ));
+        }
+        None
+    }
+
+    /// Why pending job `j` waits, in words.
+    fn pending_reason(&self, j: &Job, now: Instant, st: &Standings) -> String {
+        if let Some(why) = self.never_fits(&j.spec) {
+            return why;
+        }
+        let Some(&(i, _)) = st.at.get(&j.id) else {
+            return "waiting".into();
+        };
+        if st.reserved_for == Some(j.id) {
+            return "next to run: GPUs are reserved for it as running jobs end".into();
+        }
+        let mine = self.effective(j, now);
+        let higher = st.order[..i]
+            .iter()
+            .filter(|id| self.effective(&self.jobs[*id], now) > mine)
+            .count();
+        if higher > 0 {
+            let s = if higher == 1 { "" } else { "s" };
+            return format!("behind {higher} higher-priority job{s}");
+        }
+        let team = &j.spec.team;
+        if let Some(quota) = self.team(team).gpu_quota {
+            let used = st.team_gpus.get(team).copied().unwrap_or(0);
+            if used + u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1)) > quota {
+                return format!("team {team} at its quota {used}/{quota}");
+            }
+        }
+        let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+        if let Some(h) = st
+            .reserved_for
+            .filter(|h| st.at.get(h).is_some_and(|a| a.0 < i))
+        {
+            if need <= st.free_gpus {
+                return format!("reserved for job {h}");
+            }
+        }
+        if i > 0 {
+            let s = if i == 1 { "" } else { "s" };
+            return format!("behind {i} job{s} of the same priority (fair share, then age)");
+        }
+        if need > 0 {
+            format!("waiting for {need} free GPUs ({} free now)", st.free_gpus)
+        } else {
+            "waiting for CPUs and memory".into()
+        }
+    }
+
+    fn view_of(&self, j: &Job, now: Instant, st: &Standings) -> JobView {
         let waiting = if j.state == JobState::Pending && !j.on_deps {
             now.saturating_duration_since(j.waiting_since)
         } else {
@@ -45,6 +191,13 @@ impl Core {
         } else {
             j.message.clone()
         };
+        let pending_reason = (j.state == JobState::Pending).then(|| {
+            if j.on_deps {
+                message.clone()
+            } else {
+                self.pending_reason(j, now, st)
+            }
+        });
         let mut agents: Vec<String> = j.members.values().map(|m| m.hostname.clone()).collect();
         agents.sort();
         agents.dedup();
@@ -81,6 +234,9 @@ impl Core {
             waiting_on,
             user: j.user.clone(),
             attempts: j.attempts,
+            pending_reason,
+            position: st.at.get(&j.id).map(|a| a.0 as u32 + 1),
+            team_position: st.at.get(&j.id).map(|a| a.1 as u32 + 1),
         }
     }
 
@@ -105,3 +261,6 @@ impl Core {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;
