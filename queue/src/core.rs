@@ -75,7 +75,12 @@ pub struct CoreConfig {
     pub offer_hold: Duration,
     /// The file (in the task's sandbox) a preempted worker finds written at its warning.
     pub preempt_file: String,
+    /// The first retry's backoff; each further retry doubles it, up to [`MAX_RETRY_BACKOFF`].
+    pub retry_backoff: Duration,
 }
+
+/// The longest backoff before a retry.
+pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(600);
 
 impl Default for CoreConfig {
     fn default() -> Self {
@@ -89,6 +94,7 @@ impl Default for CoreConfig {
             },
             offer_hold: Duration::from_secs(20),
             preempt_file: "gpu-queue-preempted".into(),
+            retry_backoff: Duration::from_secs(10),
         }
     }
 }
@@ -132,6 +138,14 @@ struct Job {
     user: String,
     /// Times its workers were launched from `PENDING` (each requeue starts a new attempt).
     attempts: u32,
+    /// Retries after failures so far.
+    retries: u32,
+    /// The requeue under way is a retry after a failure.
+    retrying: bool,
+    /// A retry's backoff: not eligible before then.
+    not_before: Option<Instant>,
+    /// When the current attempt was launched.
+    attempt_started: Option<Instant>,
 }
 
 impl Job {
@@ -265,6 +279,10 @@ impl Core {
                 on_deps: !spec_after_empty,
                 user,
                 attempts: 0,
+                retries: 0,
+                retrying: false,
+                not_before: None,
+                attempt_started: None,
             },
         );
         let mut out = Vec::new();
@@ -348,9 +366,39 @@ impl Core {
         }
     }
 
-    /// Pending and not waiting on a dependency.
+    /// Pending, not waiting on a dependency, and not backing off before a retry.
     fn eligible(job: &Job) -> bool {
-        job.state == JobState::Pending && !job.on_deps
+        job.state == JobState::Pending && !job.on_deps && job.not_before.is_none()
+    }
+
+    /// Retries whose backoff is over become eligible; attempts past their time limit are
+    /// killed and their jobs end `FAILED` (reason `time-limit`).
+    fn timers(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        for job in self.jobs.values_mut() {
+            if job.not_before.is_some_and(|t| now >= t) {
+                job.not_before = None;
+                job.waiting_since = now;
+            }
+            let (Some(limit), Some(started)) = (job.spec.time_limit_secs, job.attempt_started)
+            else {
+                continue;
+            };
+            if job.state != JobState::Running
+                || job.preempting
+                || now.saturating_duration_since(started) < Duration::from_secs(limit)
+            {
+                continue;
+            }
+            job.state = JobState::Failed;
+            job.message = format!("time-limit: killed after its time limit of {limit} s");
+            for m in job.members.values_mut() {
+                m.killing = true;
+                out.push(Action::Kill(m.task_id));
+            }
+            self.holds.done(&job.id);
+        }
+        out
     }
 
     /// Cancels a job (its tasks are killed). False when unknown or already ended.
@@ -466,9 +514,27 @@ impl Core {
                 }
                 job.message = format!("worker {index} {}: {}; requeued", u.state, u.message);
             }
+            _ if job.retries < job.spec.max_retries && !job.preempting => {
+                // A failed worker, with retries left: the attempt ends (the other workers are
+                // killed) and the job is requeued after a backoff.
+                job.retries += 1;
+                job.preempting = true;
+                job.retrying = true;
+                for m in job.members.values_mut() {
+                    m.killing = true;
+                    out.push(Action::Kill(m.task_id));
+                }
+                job.message = format!(
+                    "worker {index} {}: {}; retry {} of {}",
+                    u.state, u.message, job.retries, job.spec.max_retries
+                );
+            }
             _ => {
                 job.state = JobState::Failed;
                 job.message = format!("worker {index} {}: {}", u.state, u.message);
+                if job.spec.max_retries > 0 {
+                    job.message += &format!(" (after {} retries)", job.retries);
+                }
                 for m in job.members.values_mut() {
                     m.killing = true;
                     out.push(Action::Kill(m.task_id));
@@ -479,7 +545,17 @@ impl Core {
             if job.preempting {
                 job.preempting = false;
                 job.state = JobState::Pending;
-                if std::mem::take(&mut job.lost) {
+                job.attempt_started = None;
+                if std::mem::take(&mut job.retrying) {
+                    let doublings = job.retries.saturating_sub(1).min(16);
+                    let backoff = self
+                        .config
+                        .retry_backoff
+                        .saturating_mul(1 << doublings)
+                        .min(MAX_RETRY_BACKOFF);
+                    job.not_before = Some(now + backoff);
+                    job.lost = false;
+                } else if std::mem::take(&mut job.lost) {
                     self.stats.requeued_lost += 1;
                 } else {
                     job.preemptions += 1;
@@ -777,6 +853,7 @@ impl Core {
 
     /// One scheduling pass (see the module documentation).
     pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        let kills = self.timers(now);
         self.resolve_dependencies(now);
         self.learn_capacity();
         let busy = self.busy_gpus();
@@ -862,7 +939,7 @@ impl Core {
                 }
             }
         }
-        let mut out = Vec::new();
+        let mut out = kills;
         // Launch: one accept per agent, every task of the pass on it.
         let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
         for (agent, tasks) in launches {
@@ -1029,5 +1106,7 @@ mod views;
 
 pub use persist::Changes;
 
+#[cfg(test)]
+mod retry_tests;
 #[cfg(test)]
 mod tests;

@@ -140,6 +140,10 @@ struct Serve {
     /// How long the first blocked job may hold offers before backing off.
     #[arg(long, default_value_t = 60)]
     hold_secs: u64,
+    /// The backoff before a failed job's first retry, seconds; it doubles with each retry (up
+    /// to 10 minutes).
+    #[arg(long, default_value_t = 10)]
+    retry_backoff_secs: u64,
 }
 
 #[derive(Parser, Debug)]
@@ -184,6 +188,14 @@ struct Submit {
     /// waits PENDING until then, and is CANCELLED if one of them FAILED or was CANCELLED.
     #[arg(long, value_delimiter = ',')]
     after: Vec<u64>,
+    /// Run the job again this many times when a worker fails (exits non-zero), with backoff;
+    /// workers lost with their agent and preemptions are requeued and do not count.
+    #[arg(long, default_value_t = 0)]
+    max_retries: u32,
+    /// Kill an attempt this long after its launch (N, Ns, Nm, Nh or Nd); the job ends FAILED
+    /// with the reason `time-limit`.
+    #[arg(long)]
+    time_limit: Option<String>,
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
@@ -223,19 +235,24 @@ fn parse_workers(s: &str) -> anyhow::Result<(u32, u32)> {
     }
 }
 
+/// A duration in seconds: N, Ns, Nm, Nh or Nd.
+fn parse_secs(d: &str) -> anyhow::Result<u64> {
+    let (num, unit) = d.split_at(d.find(|c: char| !c.is_ascii_digit()).unwrap_or(d.len()));
+    let n: u64 = num.parse().context("a duration is N, Ns, Nm, Nh or Nd")?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => bail!("a duration's unit is s, m, h or d"),
+    };
+    n.checked_mul(mult).context("the duration is too long")
+}
+
 fn parse_deadline(s: &str) -> anyhow::Result<u64> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     if let Some(d) = s.strip_prefix('+') {
-        let (num, unit) = d.split_at(d.find(|c: char| !c.is_ascii_digit()).unwrap_or(d.len()));
-        let n: u64 = num.parse().context("deadline")?;
-        let mult = match unit {
-            "" | "s" => 1,
-            "m" => 60,
-            "h" => 3600,
-            "d" => 86400,
-            _ => bail!("deadline unit must be s, m, h or d"),
-        };
-        return Ok(now + n * mult);
+        return Ok(now + parse_secs(d).context("deadline")?);
     }
     s.parse().context("deadline: Unix seconds or +DURATION")
 }
@@ -358,6 +375,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     let mut core_config = CoreConfig {
         teams,
         aging: Duration::from_secs(a.aging_secs),
+        retry_backoff: Duration::from_secs(a.retry_backoff_secs),
         ..Default::default()
     };
     core_config.hold.timeout = Duration::from_secs(a.hold_secs.max(1));
@@ -450,6 +468,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 grace_secs: s.grace_secs,
                 env: BTreeMap::new(),
                 after: s.after,
+                max_retries: s.max_retries,
+                time_limit_secs: s
+                    .time_limit
+                    .as_deref()
+                    .map(parse_secs)
+                    .transpose()
+                    .context("--time-limit")?,
             };
             if let Some(p) = spec.problem() {
                 bail!("{p}");

@@ -179,6 +179,14 @@ pub struct JobSpec {
     /// has `FINISHED`, and is `CANCELLED` when one of them ends `FAILED` or `CANCELLED`.
     #[serde(default)]
     pub after: Vec<u64>,
+    /// Times the job is run again after a worker failed (exited non-zero), with backoff.
+    /// Workers lost with their agent and preemptions are always requeued and do not count.
+    #[serde(default)]
+    pub max_retries: u32,
+    /// Seconds an attempt may run (from its launch); past it every worker is killed and the
+    /// job ends `FAILED` with the reason `time-limit`. `None`: no limit.
+    #[serde(default)]
+    pub time_limit_secs: Option<u64>,
 }
 
 fn one() -> f64 {
@@ -196,6 +204,9 @@ fn grace() -> u32 {
 
 /// The longest job name (it is part of every task name).
 pub const MAX_NAME: usize = 128;
+
+/// The most retries a job may ask for.
+pub const MAX_RETRIES: u32 = 100;
 
 /// The most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 64;
@@ -219,6 +230,12 @@ impl JobSpec {
         }
         if self.gpus > 64 {
             return Some("at most 64 GPUs per worker".into());
+        }
+        if self.max_retries > MAX_RETRIES {
+            return Some(format!("at most {MAX_RETRIES} retries"));
+        }
+        if self.time_limit_secs == Some(0) {
+            return Some("the time limit must be at least one second".into());
         }
         if self.after.len() > MAX_DEPENDENCIES {
             return Some(format!("at most {MAX_DEPENDENCIES} dependencies (after)"));
@@ -317,6 +334,9 @@ pub struct JobView {
     /// Times its workers were launched (each requeue starts a new attempt).
     #[serde(default)]
     pub attempts: u32,
+    /// Times it was run again after a failure (of `max_retries`).
+    #[serde(default)]
+    pub retries: u32,
     /// Why a `PENDING` job waits, in words ("needs 16 GPUs on one agent; largest is 8",
     /// "team nlp at its quota 8/8", "behind 3 higher-priority jobs", "reserved for job 12").
     #[serde(default)]
@@ -374,6 +394,19 @@ pub struct JobRecord {
     pub preemptions: u32,
     /// Times its workers were launched (a requeue starts a new attempt).
     pub attempts: u32,
+    /// Times it was run again after a failure.
+    #[serde(default)]
+    pub retries: u32,
+    /// The requeue is a retry after a failure (it waits out a backoff).
+    #[serde(default)]
+    pub retrying: bool,
+    /// A retry waits until then (Unix milliseconds).
+    #[serde(default)]
+    pub not_before_unix_ms: Option<u64>,
+    /// When the current attempt was launched (Unix milliseconds; the time limit counts from
+    /// it).
+    #[serde(default)]
+    pub attempt_started_unix_ms: Option<u64>,
     /// Being requeued: every worker killed, pending again once all have ended.
     pub preempting: bool,
     /// The requeue is for a lost worker, not a preemption.

@@ -603,6 +603,17 @@ fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
     }
     let urgent = jobs.iter().find(|j| j["id"] == crit).unwrap();
     assert_eq!(urgent["preemptions"], 0);
+    // A preempted worker reports its real end, not the wrapper's "no such child" (127).
+    let records = master_tasks(&env.cluster);
+    for v in &victims {
+        let (_, task_id) = &before[v["name"].as_str().unwrap()];
+        let t = records
+            .iter()
+            .find(|t| t["id"] == task_id.as_str())
+            .unwrap_or_else(|| panic!("no master record of {task_id}"));
+        let message = t["message"].as_str().unwrap_or("");
+        assert!(!message.contains("code 127"), "victim {}: {t:#}", v["name"]);
+    }
 }
 
 #[test]

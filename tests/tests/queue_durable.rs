@@ -6,7 +6,9 @@
 //! `partitions.rs`). SIGTERM only disconnects (the worker keeps running and the next `serve`
 //! takes it over); `gantry-queue shutdown` tears the framework down (its running job is killed
 //! and recorded CANCELLED; finished jobs stay FINISHED in the store). Pending jobs say why
-//! they wait and where they stand; a job no agent can ever fit is refused at submission.
+//! they wait and where they stand; a job no agent can ever fit is refused at submission. A
+//! failing job is retried (`--max-retries`) and reports its worker's real exit status; one
+//! past its `--time-limit` is killed with the reason.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,7 +62,8 @@ impl Queue {
             .arg(&self.tls_dir)
             .arg("--store")
             .arg(&self.store)
-            .args(["--listen", &self.addr.to_string(), "--team", "nlp=1"]);
+            .args(["--listen", &self.addr.to_string(), "--team", "nlp=1"])
+            .args(["--retry-backoff-secs", "1"]);
         let log = self.dir.join(format!("gantry-queue-{}.log", self.starts));
         self.proc = Some(Proc::spawn("gantry-queue", cmd, &log).unwrap());
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -345,7 +348,85 @@ fn kill9_sigterm_and_shutdown_lose_nothing_and_run_nothing_twice() {
     assert_eq!(ledger(&book).iter().filter(|l| **l == term_id).count(), 1);
     assert_eq!(queue_frameworks(&cluster)[0]["id"], framework_id);
 
-    // ---- 3. shutdown tears the framework down. ----
+    // ---- 3. Retries and time limits. ----
+    let flag = ledger_dir.join("flaky-ran");
+    let flaky = format!(
+        "if [ -e {f} ]; then exit 0; fi; touch {f}; exit 3",
+        f = flag.display()
+    );
+    q.cli(&[
+        "submit",
+        "--name",
+        "flaky",
+        "--team",
+        "nlp",
+        "--gpus",
+        "1",
+        "--max-retries",
+        "2",
+        "--",
+        &flaky,
+    ])
+    .unwrap();
+    q.cli(&[
+        "submit",
+        "--name",
+        "failing",
+        "--team",
+        "nlp",
+        "--gpus",
+        "1",
+        "--max-retries",
+        "1",
+        "--",
+        "exit 7",
+    ])
+    .unwrap();
+    q.cli(&[
+        "submit",
+        "--name",
+        "slow",
+        "--team",
+        "nlp",
+        "--gpus",
+        "1",
+        "--time-limit",
+        "3s",
+        "--grace-secs",
+        "1",
+        "--",
+        "sleep 300",
+    ])
+    .unwrap();
+    let jobs = q.wait(&cluster, "flaky, failing and slow ended", |j| {
+        ["flaky", "failing", "slow"]
+            .iter()
+            .all(|n| ["FINISHED", "FAILED"].contains(&state_of(j, n)))
+    });
+    let get = |name: &str| jobs.iter().find(|j| j["name"] == name).unwrap().clone();
+    let flaky = get("flaky");
+    assert_eq!(flaky["state"], "FINISHED", "{flaky:#}");
+    assert_eq!(
+        (flaky["retries"].as_u64(), flaky["attempts"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let failing = get("failing");
+    assert_eq!(failing["state"], "FAILED", "{failing:#}");
+    assert_eq!(failing["retries"], 1, "{failing:#}");
+    let message = failing["message"].as_str().unwrap();
+    assert!(
+        message.contains("exited with code 7") && message.contains("after 1 retries"),
+        "{failing:#}"
+    );
+    let slow = get("slow");
+    assert_eq!(slow["state"], "FAILED", "{slow:#}");
+    assert!(
+        slow["message"].as_str().unwrap().starts_with("time-limit"),
+        "{slow:#}"
+    );
+    assert_eq!(slow["retries"], 0, "{slow:#}");
+
+    // ---- 4. shutdown tears the framework down. ----
     q.submit("long", "sleep 300");
     q.wait(&cluster, "long running", |j| {
         state_of(j, "long") == "RUNNING"
@@ -378,7 +459,7 @@ fn kill9_sigterm_and_shutdown_lose_nothing_and_run_nothing_twice() {
     q.start();
     let jobs = q.try_jobs().unwrap();
     assert_eq!(state_of(&jobs, "long"), "CANCELLED", "{jobs:#?}");
-    assert_eq!(count(&jobs, "FINISHED"), n + 1, "{jobs:#?}");
+    assert_eq!(count(&jobs, "FINISHED"), n + 2, "{jobs:#?}");
     let fws = cluster
         .master
         .wait_state(Duration::from_secs(15), "a new framework", |s| {

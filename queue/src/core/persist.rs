@@ -68,6 +68,13 @@ fn digest(job: &Job) -> u64 {
         job.waited,
     )
         .hash(&mut h);
+    (
+        job.retries,
+        job.retrying,
+        job.not_before,
+        job.attempt_started,
+    )
+        .hash(&mut h);
     for (i, m) in &job.members {
         (i, m.task_id, m.state, m.killing, &m.gpus, m.started).hash(&mut h);
     }
@@ -85,6 +92,10 @@ fn record(job: &Job, now: Instant, wall_ms: u64) -> JobRecord {
         waited_ms: job.waited.as_millis() as u64,
         preemptions: job.preemptions,
         attempts: job.attempts,
+        retries: job.retries,
+        retrying: job.retrying,
+        not_before_unix_ms: job.not_before.map(|t| to_unix(t, now, wall_ms)),
+        attempt_started_unix_ms: job.attempt_started.map(|t| to_unix(t, now, wall_ms)),
         preempting: job.preempting,
         lost: job.lost,
         finished_members: job.finished_members,
@@ -210,6 +221,12 @@ impl Core {
                 on_deps: r.on_deps,
                 user: r.user,
                 attempts: r.attempts,
+                retries: r.retries,
+                retrying: r.retrying,
+                not_before: r.not_before_unix_ms.map(|t| from_unix(t, now, wall_ms)),
+                attempt_started: r
+                    .attempt_started_unix_ms
+                    .map(|t| from_unix(t, now, wall_ms)),
             };
             self.persisted.insert(job.id, digest(&job));
             self.jobs.insert(job.id, job);

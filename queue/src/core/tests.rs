@@ -73,6 +73,8 @@ pub(super) fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u
         grace_secs: 5,
         env: Default::default(),
         after: Vec::new(),
+        max_retries: 0,
+        time_limit_secs: None,
     }
 }
 

@@ -123,6 +123,14 @@ impl Core {
         if let Some(why) = self.never_fits(&j.spec) {
             return why;
         }
+        if let Some(t) = j.not_before {
+            return format!(
+                "retry {} of {} after a failure, in {} s",
+                j.retries,
+                j.spec.max_retries,
+                t.saturating_duration_since(now).as_secs_f64().ceil()
+            );
+        }
         let Some(&(i, _)) = st.at.get(&j.id) else {
             return "waiting".into();
         };
@@ -234,6 +242,7 @@ impl Core {
             waiting_on,
             user: j.user.clone(),
             attempts: j.attempts,
+            retries: j.retries,
             pending_reason,
             position: st.at.get(&j.id).map(|a| a.0 as u32 + 1),
             team_position: st.at.get(&j.id).map(|a| a.1 as u32 + 1),
