@@ -1,4 +1,6 @@
-//! The queue's API on its own port (plain HTTP, axum as in the master):
+//! The queue's API on its own port (axum as in the master): plain HTTP in dev mode (no ACL
+//! file), HTTPS ([`serve_https`]) with tokens and client certificates otherwise (see
+//! [`crate::auth`]; 400 bad request, 401 unauthenticated, 403 not allowed):
 //!
 //! | method and path       | what                                                        |
 //! |-----------------------|-------------------------------------------------------------|
@@ -15,38 +17,134 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
+use gantry_master::security::tokens::OperatorTokens;
+use gantry_transport::tls::PeerIdentity;
 use serde_json::json;
 
+use crate::auth::{Acl, Caller, Denied};
 use crate::model::{JobSpec, JobView};
 use crate::runtime::Shared;
 
 /// Jobs not yet ended the queue accepts; more submissions get 429.
 pub const MAX_ACTIVE_JOBS: usize = 50_000;
 
-/// The API's routes. The API has no authentication: bind it to a loopback or otherwise
-/// protected address (the default is 127.0.0.1:8700), or put an authenticating proxy in front.
-pub fn router(shared: Arc<Shared>) -> Router {
+/// The largest request body (a job specification), bytes.
+pub const MAX_BODY: usize = 256 * 1024;
+
+/// What the API serves: the queue, and who may do what (`acl: None` is dev mode).
+pub struct Api {
+    /// The queue.
+    pub shared: Arc<Shared>,
+    /// The ACL file; `None`: dev mode, everyone may do everything.
+    pub acl: Option<Acl>,
+    /// Users' tokens (the master's operator-token file format).
+    pub tokens: OperatorTokens,
+}
+
+/// The identity of the connection's client certificate, if it presented one (HTTPS).
+#[derive(Debug, Clone, Default)]
+pub struct PeerCert(pub Option<PeerIdentity>);
+
+/// The API's routes. Without an ACL (dev mode) anyone who reaches the port may do anything:
+/// bind it to a loopback or otherwise protected address.
+pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/jobs", get(list).post(submit))
         .route("/jobs/{id}", get(show).delete(cancel))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/shutdown", axum::routing::post(shutdown))
-        .with_state(shared)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(api)
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
-async fn submit(State(s): State<Arc<Shared>>, Json(spec): Json<JobSpec>) -> Response {
+fn denied(d: Denied) -> Response {
+    let status = match d {
+        Denied::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Denied::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        Denied::Forbidden(_) => StatusCode::FORBIDDEN,
+    };
+    error(status, d.to_string())
+}
+
+/// Who calls: the user of a bearer token, else of an `operator:NAME` client certificate.
+fn caller(api: &Api, headers: &HeaderMap, cert: Option<&PeerCert>) -> Caller {
+    if let Some(h) = headers.get(axum::http::header::AUTHORIZATION) {
+        let Ok(h) = h.to_str() else {
+            return Caller::Anonymous("the Authorization header is not text".into());
+        };
+        return match gantry_master::security::identity::bearer_token(h) {
+            Err(why) => Caller::Anonymous(why.into()),
+            Ok(token) => match api.tokens.verify(token) {
+                Some(name) => Caller::User(name.to_string()),
+                None => Caller::Anonymous("unknown token".into()),
+            },
+        };
+    }
+    match cert.and_then(|c| c.0.as_ref()) {
+        Some(PeerIdentity::Operator(name)) => Caller::User(name.clone()),
+        Some(other) => {
+            Caller::Anonymous(format!("{other} is not a user certificate (operator:NAME)"))
+        }
+        None => Caller::Anonymous(
+            "no token (Authorization: Bearer TOKEN) and no client certificate".into(),
+        ),
+    }
+}
+
+/// The caller, when it may read (always in dev mode).
+fn reader(
+    api: &Api,
+    headers: &HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Result<Caller, Denied> {
+    let who = caller(api, headers, cert.as_ref().map(|c| &c.0));
+    match &api.acl {
+        Some(acl) => acl.may_read(&who).map(|()| who),
+        None => Ok(who),
+    }
+}
+
+async fn submit(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    body: Bytes,
+) -> Response {
+    let who = caller(&api, &headers, cert.as_ref().map(|c| &c.0));
+    // Authentication before anything else is looked at.
+    if let (Some(_), Caller::Anonymous(why)) = (&api.acl, &who) {
+        return denied(Denied::Unauthenticated(why.clone()));
+    }
+    let spec: JobSpec = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("bad job specification: {e}"),
+            )
+        }
+    };
+    let user = match &api.acl {
+        Some(acl) => match acl.may_submit(&who, &spec.team, spec.priority) {
+            Ok(user) => user,
+            Err(d) => return denied(d),
+        },
+        None => who.name().to_string(),
+    };
+    let s = &api.shared;
     if let Some(problem) = spec.problem() {
         return error(StatusCode::BAD_REQUEST, problem);
     }
@@ -65,32 +163,72 @@ async fn submit(State(s): State<Arc<Shared>>, Json(spec): Json<JobSpec>) -> Resp
             format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),
         );
     }
-    let id = s.with(|core, now| core.submit(spec, now));
+    let id = s.with(|core, now| core.submit_as(spec, user, now));
     (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
 }
 
-async fn shutdown(State(s): State<Arc<Shared>>) -> Response {
-    match s.shutdown() {
+async fn shutdown(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Some(acl) = &api.acl {
+        let who = caller(&api, &headers, cert.as_ref().map(|c| &c.0));
+        if let Err(d) = acl.may_shutdown(&who) {
+            return denied(d);
+        }
+    }
+    match api.shared.shutdown() {
         Ok(()) => Json(json!({ "shutdown": true })).into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
-async fn list(State(s): State<Arc<Shared>>) -> Json<Vec<JobView>> {
-    Json(s.core().views(Instant::now()))
+async fn list(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    let views: Vec<JobView> = api.shared.core().views(Instant::now());
+    Json(views).into_response()
 }
 
-async fn show(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
-    match s.core().view(id, Instant::now()) {
+async fn show(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    Path(id): Path<u64>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    match api.shared.core().view(id, Instant::now()) {
         Some(v) => Json(v).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no job {id}")),
     }
 }
 
-async fn cancel(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
-    let known = s.core().view(id, Instant::now()).is_some();
-    if !known {
+async fn cancel(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    Path(id): Path<u64>,
+) -> Response {
+    let who = match reader(&api, &headers, cert) {
+        Ok(w) => w,
+        Err(d) => return denied(d),
+    };
+    let s = &api.shared;
+    let Some(job) = s.core().view(id, Instant::now()) else {
         return error(StatusCode::NOT_FOUND, format!("no job {id}"));
+    };
+    if let Some(acl) = &api.acl {
+        if let Err(d) = acl.may_cancel(&who, &job.team, &job.user) {
+            return denied(d);
+        }
     }
     match s.with(|core, now| match core.cancel(id, now) {
         Some(actions) => (true, actions),
@@ -101,8 +239,15 @@ async fn cancel(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
     }
 }
 
-async fn stats(State(s): State<Arc<Shared>>) -> Response {
-    let core = s.core();
+async fn stats(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    let core = api.shared.core();
     let now = Instant::now();
     Json(json!({
         "gpu_secs": core.gpu_secs(now),
@@ -120,8 +265,15 @@ const BUCKETS: [f64; 10] = [
     1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0,
 ];
 
-async fn metrics(State(s): State<Arc<Shared>>) -> Response {
-    let core = s.core();
+async fn metrics(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    let core = api.shared.core();
     let now = Instant::now();
     let mut out = String::new();
     let _ = writeln!(
@@ -215,4 +367,89 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// Serves `app` in HTTPS on `listener`: TLS with `tls` (a client certificate is optional;
+/// its identity reaches the handlers as [`PeerCert`]), HTTP/1.1 with a header deadline.
+pub async fn serve_https(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+) -> std::io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, remote) = listener.accept().await?;
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::info!(%remote, "API: TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let cert = PeerCert(
+                stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| gantry_transport::tls::identity_from_cert(c)),
+            );
+            let service = hyper::service::service_fn(
+                move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(cert.clone());
+                    let mut app = app.clone();
+                    async move {
+                        use tower::Service;
+                        app.call(req.map(axum::body::Body::new)).await
+                    }
+                },
+            );
+            let result = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = result {
+                tracing::debug!(%remote, "API connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// The HTTPS server configuration: `cert_pem`/`key_pem` (a server certificate for the
+/// queue's host names), client certificates of the cluster CA (`tls_dir/ca.pem`) accepted but
+/// not required (users may present a token instead).
+pub fn https_config(
+    tls_dir: &std::path::Path,
+    cert_pem: &std::path::Path,
+    key_pem: &std::path::Path,
+) -> anyhow::Result<rustls::ServerConfig> {
+    use anyhow::Context;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let roots = gantry_transport::tls::load_roots(tls_dir)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()?;
+    let chain = CertificateDer::pem_file_iter(cert_pem)
+        .with_context(|| format!("reading {}", cert_pem.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading {}", cert_pem.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key_pem)
+        .with_context(|| format!("reading {}", key_pem.display()))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
 }

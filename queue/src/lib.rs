@@ -22,8 +22,12 @@
 //! - [`runtime`]: the framework (a `gantry_sdk::Scheduler`), the ticker and [`runtime::Shared`]:
 //!   each event goes through the core, what changed is committed to the store, then the core's
 //!   actions are sent to the master.
-//! - [`http`]: the API (`/jobs`, `/stats`, `/metrics`, `/shutdown`).
+//! - [`auth`]: who may do what (pure): the ACL file (declared teams, who submits to which
+//!   team up to which priority, team and queue administrators), callers, 400/401/403.
+//! - [`http`]: the API (`/jobs`, `/stats`, `/metrics`, `/shutdown`), in HTTPS with tokens and
+//!   client certificates when an ACL file is given.
 
+pub mod auth;
 pub mod core;
 pub mod http;
 pub mod model;

@@ -25,8 +25,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use gantry_master::security::tokens::OperatorTokens;
+use gantry_queue::auth::Acl;
 use gantry_queue::core::{Core, CoreConfig, MAX_ENDED_JOBS};
-use gantry_queue::http;
+use gantry_queue::http::{self, Api};
 use gantry_queue::model::{JobSpec, JobView, Priority, TeamConfig};
 use gantry_queue::runtime::{unix_ms, QueueScheduler, Shared};
 use gantry_queue::store::Store;
@@ -70,18 +72,16 @@ enum Cmd {
     Submit(Submit),
     /// List every job.
     List {
-        /// The queue's API, e.g. http://127.0.0.1:8700.
-        #[arg(long)]
-        server: String,
+        #[command(flatten)]
+        conn: Conn,
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Show one job.
     Show {
-        /// The queue's API.
-        #[arg(long)]
-        server: String,
+        #[command(flatten)]
+        conn: Conn,
         /// Job id.
         id: u64,
         /// JSON instead of text.
@@ -90,9 +90,8 @@ enum Cmd {
     },
     /// Cancel a job (its workers are killed).
     Cancel {
-        /// The queue's API.
-        #[arg(long)]
-        server: String,
+        #[command(flatten)]
+        conn: Conn,
         /// Job id.
         id: u64,
     },
@@ -100,10 +99,30 @@ enum Cmd {
     /// CANCELLED), pending jobs stay in the store, and `serve` exits. SIGTERM, by contrast,
     /// only disconnects: the workers keep running and the next `serve` takes them over.
     Shutdown {
-        /// The queue's API.
-        #[arg(long)]
-        server: String,
+        #[command(flatten)]
+        conn: Conn,
     },
+}
+
+/// How to reach the queue's API and who the caller is.
+#[derive(clap::Args, Debug, Clone)]
+struct Conn {
+    /// The queue's API: https://HOST:PORT (http:// for a queue in dev mode).
+    #[arg(long)]
+    server: String,
+    /// The CA certificate (PEM) the queue's HTTPS certificate is checked against: the cluster's
+    /// ca.pem.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// A user token (`Authorization: Bearer`); also $GANTRY_QUEUE_TOKEN.
+    #[arg(long, env = "GANTRY_QUEUE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A client certificate (PEM) of the cluster CA, `operator:NAME` (read as user NAME).
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
 }
 
 #[derive(Parser, Debug)]
@@ -144,13 +163,26 @@ struct Serve {
     /// to 10 minutes).
     #[arg(long, default_value_t = 10)]
     retry_backoff_secs: u64,
+    /// The ACL file (TOML: declared teams, who may submit to which team up to which priority,
+    /// team and queue administrators; see docs/queue.md). Without it the API is in dev mode:
+    /// plain HTTP, and anyone who reaches the port may do anything.
+    #[arg(long, requires_all = ["https_cert", "https_key"])]
+    acl: Option<PathBuf>,
+    /// Users' tokens, in the master's operator-token file format (`gantryctl token hash NAME`).
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+    /// The API's HTTPS certificate (PEM): a server certificate for the names clients use.
+    #[arg(long, requires = "https_key")]
+    https_cert: Option<PathBuf>,
+    /// Its key (PEM).
+    #[arg(long, requires = "https_cert")]
+    https_key: Option<PathBuf>,
 }
 
 #[derive(Parser, Debug)]
 struct Submit {
-    /// The queue's API, e.g. http://127.0.0.1:8700.
-    #[arg(long)]
-    server: String,
+    #[command(flatten)]
+    conn: Conn,
     /// Job name; workers' tasks are named NAME/INDEX.
     #[arg(long)]
     name: String,
@@ -257,14 +289,29 @@ fn parse_deadline(s: &str) -> anyhow::Result<u64> {
     s.parse().context("deadline: Unix seconds or +DURATION")
 }
 
-fn client() -> anyhow::Result<reqwest::Client> {
-    // Plain HTTP; reqwest still wants a TLS configuration (ring provider, no roots).
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(rustls::RootCertStore::empty())
-    .with_no_client_auth();
+fn client(conn: &Conn) -> anyhow::Result<reqwest::Client> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = &conn.ca {
+        for cert in CertificateDer::pem_file_iter(ca)
+            .with_context(|| format!("reading {}", ca.display()))?
+        {
+            roots.add(cert.with_context(|| format!("reading {}", ca.display()))?)?;
+        }
+    }
+    let identity = match (&conn.cert, &conn.key) {
+        (Some(cert), Some(key)) => Some(gantry_sdk::transport::tls::Identity {
+            chain: CertificateDer::pem_file_iter(cert)
+                .with_context(|| format!("reading {}", cert.display()))?
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("reading {}", cert.display()))?,
+            key: PrivateKeyDer::from_pem_file(key)
+                .with_context(|| format!("reading {}", key.display()))?,
+        }),
+        _ => None,
+    };
+    let tls = gantry_sdk::transport::tls::https_client_config(roots, identity.as_ref())?;
     Ok(reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .timeout(Duration::from_secs(30))
@@ -272,11 +319,16 @@ fn client() -> anyhow::Result<reqwest::Client> {
 }
 
 async fn call(
+    conn: &Conn,
     method: reqwest::Method,
-    url: String,
+    path: &str,
     body: Option<String>,
 ) -> anyhow::Result<serde_json::Value> {
-    let mut req = client()?.request(method, &url);
+    let url = format!("{}{path}", conn.server.trim_end_matches('/'));
+    let mut req = client(conn)?.request(method, &url);
+    if let Some(token) = &conn.token {
+        req = req.bearer_auth(token);
+    }
     if let Some(b) = body {
         req = req.header("content-type", "application/json").body(b);
     }
@@ -344,8 +396,12 @@ fn table(jobs: &[JobView]) {
     }
 }
 
-/// The agents a job runs on, or why a pending job waits.
+/// The agents a job runs on, the dependencies a pending job waits on, or why it waits.
 fn where_(j: &JobView) -> String {
+    if !j.waiting_on.is_empty() {
+        let ids: Vec<String> = j.waiting_on.iter().map(u64::to_string).collect();
+        return format!("waits on {}", ids.join(","));
+    }
     if let Some(why) = &j.pending_reason {
         return why.clone();
     }
@@ -364,7 +420,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     }
     let store = Store::open(&a.store)?;
     let loaded = store.load(MAX_ENDED_JOBS)?;
-    let mut config = DriverConfig::new(a.master, a.tls_dir, &a.name, vec![a.role]);
+    let mut config = DriverConfig::new(a.master, a.tls_dir.clone(), &a.name, vec![a.role]);
     config.info.capabilities.push(Capability::GpuResources);
     config.info.failover_timeout_secs = a.failover_timeout_secs as f64;
     config.info.framework_id = loaded.framework_id;
@@ -393,9 +449,34 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("binding {}", a.listen))?;
-    println!("gantry-queue API on http://{}", listener.local_addr()?);
-    let app = http::router(Arc::clone(&shared));
-    let api = tokio::spawn(async move { axum::serve(listener, app).await });
+    let acl = a.acl.as_deref().map(Acl::load).transpose()?;
+    let tokens = match &a.tokens {
+        Some(p) => OperatorTokens::load(p)?,
+        None => OperatorTokens::none(),
+    };
+    let tls = match (&a.https_cert, &a.https_key) {
+        (Some(cert), Some(key)) => Some(http::https_config(&a.tls_dir, cert, key)?),
+        _ => None,
+    };
+    if acl.is_none() {
+        tracing::warn!("no --acl: dev mode, anyone who reaches the API may do anything");
+    }
+    let app = http::router(Arc::new(Api {
+        shared: Arc::clone(&shared),
+        acl,
+        tokens,
+    }));
+    let local = listener.local_addr()?;
+    let api = match tls {
+        Some(cfg) => {
+            println!("gantry-queue API on https://{local}");
+            tokio::spawn(http::serve_https(listener, Arc::new(cfg), app))
+        }
+        None => {
+            println!("gantry-queue API on http://{local}");
+            tokio::spawn(async move { axum::serve(listener, app).await })
+        }
+    };
     let _ticker = shared.spawn_ticker(Duration::from_millis(250));
     let handle = driver.handle();
     tokio::spawn(async move {
@@ -480,8 +561,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 bail!("{p}");
             }
             let v = call(
+                &s.conn,
                 reqwest::Method::POST,
-                format!("{}/jobs", s.server.trim_end_matches('/')),
+                "/jobs",
                 Some(serde_json::to_string(&spec)?),
             )
             .await?;
@@ -492,13 +574,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::List { server, json } => {
-            let v = call(
-                reqwest::Method::GET,
-                format!("{}/jobs", server.trim_end_matches('/')),
-                None,
-            )
-            .await?;
+        Cmd::List { conn, json } => {
+            let v = call(&conn, reqwest::Method::GET, "/jobs", None).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -506,13 +583,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Show { server, id, json } => {
-            let v = call(
-                reqwest::Method::GET,
-                format!("{}/jobs/{id}", server.trim_end_matches('/')),
-                None,
-            )
-            .await?;
+        Cmd::Show { conn, id, json } => {
+            let v = call(&conn, reqwest::Method::GET, &format!("/jobs/{id}"), None).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -533,23 +605,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Cancel { server, id } => {
-            call(
-                reqwest::Method::DELETE,
-                format!("{}/jobs/{id}", server.trim_end_matches('/')),
-                None,
-            )
-            .await?;
+        Cmd::Cancel { conn, id } => {
+            call(&conn, reqwest::Method::DELETE, &format!("/jobs/{id}"), None).await?;
             println!("cancelled {id}");
             Ok(())
         }
-        Cmd::Shutdown { server } => {
-            call(
-                reqwest::Method::POST,
-                format!("{}/shutdown", server.trim_end_matches('/')),
-                None,
-            )
-            .await?;
+        Cmd::Shutdown { conn } => {
+            call(&conn, reqwest::Method::POST, "/shutdown", None).await?;
             println!("shutting down: the framework is torn down");
             Ok(())
         }
