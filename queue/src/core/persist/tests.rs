@@ -147,3 +147,36 @@ fn shutdown_cancels_jobs_with_workers_and_keeps_pending_ones() {
     assert_eq!(q.view(2, t0).unwrap().state, JobState::Pending);
     assert!(q.task_ids().is_empty());
 }
+
+#[test]
+fn a_retry_waiting_out_its_backoff_still_waits_after_a_restart() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        retry_backoff: Duration::from_secs(10),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let mut s = spec("flaky", "nlp", Priority::Normal, 1, 1);
+    s.max_retries = 1;
+    q.submit(s, t0);
+    let tasks = launched(&q.offers(c.offers(&[8]), t0));
+    let failed = StatusUpdate {
+        message: "exited with code 3".into(),
+        ..update(&tasks[0], TaskState::Failed, vec![])
+    };
+    q.update(&failed, t0);
+    let records = q.take_changes(t0, WALL).jobs;
+    assert_eq!(records[0].not_before_unix_ms, Some(WALL + 10_000));
+    // Restarted 4 s later: 6 s of backoff left.
+    let t1 = t0 + Duration::from_secs(4);
+    let mut r = Core::new(CoreConfig::default());
+    r.restore(records, Default::default(), 2, t1, WALL + 4_000);
+    let v = r.view(1, t1).unwrap();
+    assert_eq!(
+        v.pending_reason.as_deref(),
+        Some("retry 1 of 1 after a failure, in 6 s")
+    );
+    assert!(launched(&r.offers(c.offers(&[8]), t1)).is_empty());
+    let t2 = t0 + Duration::from_secs(10);
+    assert_eq!(launched(&r.offers(c.offers(&[8]), t2)).len(), 1);
+}
