@@ -6,7 +6,10 @@
 //!   preemption (binary `gpu-queue`).
 //! - [`service`]: keep N instances of a command up, with health checks, restarts with
 //!   backoff and rolling replacement (binary `service`).
+//! - [`sweep`]: a hyper-parameter sweep, trials retried with backoff (an attempts book), then
+//!   an evaluation task group on one agent (binary `sweep`).
 
 pub mod batch;
 pub mod gpu_queue;
 pub mod service;
+pub mod sweep;
