@@ -70,7 +70,11 @@ async fn a_sweep_retries_failed_trials_then_runs_its_evaluation_group() {
             .find(|e| e.0 == p.eval_tasks[i])
             .map(|e| (e.1, e.2.clone()))
     };
-    assert_eq!(state_of(0).map(|s| s.0), Some(TaskState::Finished), "{p:#?}");
+    assert_eq!(
+        state_of(0).map(|s| s.0),
+        Some(TaskState::Finished),
+        "{p:#?}"
+    );
     let (state, message) = state_of(1).expect("member 1 ended");
     assert_eq!(state, TaskState::Killed, "{message}");
     assert!(message.contains("FINISHED"), "{message}");
