@@ -147,6 +147,13 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("update", enc(&MasterToFramework::Update(update()))),
         (
+            "kill_for",
+            enc(&FrameworkToMaster::KillFor {
+                task_id: TaskId::from_u128(3),
+                reason: TaskReason::Preempted,
+            }),
+        ),
+        (
             "accept_group",
             enc(&FrameworkToMaster::Accept {
                 offer_ids: vec![OfferId::from_u128(5)],
@@ -209,8 +216,9 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v8 (task groups: `Operation::LaunchGroup`,
-/// `MasterToAgent::RunTaskGroup`; `SetDemand` with a list of shapes).
+/// `(sample, length, FNV-1a)` of protocol v8 (`FrameworkToMaster::KillFor` and the kill reasons;
+/// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
+/// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
     ("hello", 2, 0x084db807b5028935),
     ("role", 2, 0x08328407b4eb6921),
@@ -220,6 +228,7 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("accept", 131, 0x1514d8a5711b7ac0),
     ("offers", 163, 0xfcb3a39a21ef44f5),
     ("update", 100, 0x891e8c78f3d45229),
+    ("kill_for", 19, 0xb203cdeeeb24b60c),
     ("accept_group", 126, 0x017eaf48a26f7d20),
     ("set_demand", 38, 0xaf48506c6d009d19),
     ("run_task_group", 129, 0x2a007efef8b821cf),

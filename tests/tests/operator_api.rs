@@ -519,8 +519,12 @@ async fn operator_api_reads_writes_events_and_survives_a_restart() {
     );
     assert_eq!(st, 404);
 
-    // Tear the framework down: its tasks are killed.
+    // Tear the framework down: its tasks are killed. It is connected: without a terminal to
+    // confirm on, gantryctl does it only with --yes.
     let (code, _, err) = gantryctl(&cluster, "admin", &["teardown", &fw_id]);
+    assert_eq!(code, 5, "not confirmed: {err}");
+    assert!(err.contains("--yes"), "{err}");
+    let (code, _, err) = gantryctl(&cluster, "admin", &["teardown", &fw_id, "--yes"]);
     assert_eq!(code, 0, "{err}");
     events
         .wait("framework_removed", |e| {

@@ -353,13 +353,20 @@ impl AgentCore {
         }
     }
 
-    pub(super) fn exited(&mut self, task: TaskId, status: ExitStatus) {
+    pub(super) fn exited(&mut self, task: TaskId, status: ExitStatus, now: u64) {
         let Some(rec) = self.ckpt.tasks.get(&task) else {
             return;
         };
-        if rec.state.is_terminal() || !self.settling.insert(task) {
+        if rec.state.is_terminal() || self.settling.contains(&task) {
             return;
         }
+        // A task without a cgroup (`--isolation none`) has no outcome to read: it is settled
+        // at once, in the same batch as its exit (no round trip through a blocking thread).
+        if rec.cgroup.is_none() {
+            self.settled(task, status, CgroupOutcome::default(), now);
+            return;
+        }
+        self.settling.insert(task);
         let recycle = rec
             .cgroup
             .as_deref()
@@ -545,7 +552,12 @@ impl AgentCore {
     /// The supervisor of a task this agent launched died: the exit it recorded, if it made one;
     /// else the task, unsupervised now, is killed (no task runs without the agent knowing) and
     /// ends with an unknown status.
-    pub(super) fn supervisor_lost(&mut self, task: TaskId, recorded: Option<ExitStatus>) {
+    pub(super) fn supervisor_lost(
+        &mut self,
+        task: TaskId,
+        recorded: Option<ExitStatus>,
+        now: u64,
+    ) {
         let status = match recorded {
             Some(status) => status,
             None => {
@@ -569,7 +581,7 @@ impl AgentCore {
                 }
             }
         };
-        self.exited(task, status);
+        self.exited(task, status, now);
     }
 
     /// Sets each sampled task's GPU-memory share and acts on tasks above it: a non-terminal

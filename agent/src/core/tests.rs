@@ -683,6 +683,7 @@ fn checkpointed(
     )
 }
 
+mod batch;
 mod disk;
 mod gpus;
 mod groups;

@@ -82,6 +82,26 @@ impl Allocator {
         }
     }
 
+    /// A role's quota as [`Allocator::set_quota`] took it: (guarantee, limit), `None` for a
+    /// part it does not have (and for a role the allocator does not know).
+    pub fn quota(&self, role: &str) -> (Option<Resources>, Option<ResourceLimits>) {
+        let Some(r) = self.role_ids.get(role).copied().filter(|r| *r != 0) else {
+            return (None, None);
+        };
+        let role = &self.roles[r as usize];
+        let guarantee = role.guarantee.as_ref().map(|g| self.names.res(g));
+        let limit = role.limit.as_ref().map(|l| {
+            let mut out = ResourceLimits::new();
+            for (j, x) in l.iter().enumerate() {
+                if *x != u64::MAX {
+                    out.set_milli(self.names.name(j), *x);
+                }
+            }
+            out
+        });
+        (guarantee, limit)
+    }
+
     /// Replaces a role's quota: `guarantee` is held back as headroom for the role, `limit` caps
     /// what it can hold (kinds not named are unlimited; a kind named with zero is a limit of
     /// zero). `None` removes that part.

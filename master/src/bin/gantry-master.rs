@@ -207,6 +207,10 @@ struct ServeArgs {
     /// its agent: fgd-pack, fgd-fill, fgd, best-fit or random (docs/gpu-agent.md).
     #[arg(long, default_value = "fgd-pack", value_parser = gantry_master::state::gpus::parse_policy)]
     gpu_placement: gantry_placement::Policy,
+    /// Resource kinds quotas and reservations may name besides cpus, mem, disk, gpus, ports
+    /// and the kinds agents have (comma-separated): for quotas set before such agents join.
+    #[arg(long, value_delimiter = ',')]
+    resource_kinds: Vec<String>,
 }
 
 fn init_tracing() {
@@ -342,6 +346,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
         max_completed_frameworks: args.max_completed_frameworks,
         gpu_placement: args.gpu_placement,
+        resource_kinds: args.resource_kinds,
         ..MasterConfig::default()
     };
     tracing::info!(quic = %endpoint.local_addr()?, http = %http.local_addr()?, "gantry-master serving");

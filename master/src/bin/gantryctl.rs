@@ -1,16 +1,24 @@
 //! `gantryctl`: operator tool. Talks to the master's HTTPS operator API `/api/v1` (`status`,
-//! `agents`, `frameworks`, `tasks`, `roles`, `weight`, `quota`, `reserve`, `unreserve`,
-//! `deactivate`, `reactivate`, `mark-gone`, `clear-gpu`, `teardown`, `events`; `state` is the
-//! raw `/state`) with an operator certificate or a bearer token, and issues certificates
-//! (`certs`) and tokens (`token`) offline. Tables by default, the API's JSON with `--json`.
+//! `agents`, `agent ID`, `frameworks`, `framework ID`, `tasks`, `task ID`, `offers`, `roles`,
+//! `weight`, `quota`, `reserve`, `unreserve`, `deactivate`, `reactivate`, `mark-gone`,
+//! `clear-gpu`, `teardown`, `drain`, `undrain`, `maintenance`, `events`; `state` is the raw
+//! `/state`) with an operator certificate or a bearer token, and issues certificates (`certs`)
+//! and tokens (`token`) offline. Tables by default, the API's JSON with `--json`. Agents,
+//! frameworks and tasks are named by id or name wherever one is asked for.
+//!
+//! Destructive commands on something live (`mark-gone` of a connected agent with tasks,
+//! `teardown` of a connected framework) ask for confirmation on a terminal and are refused
+//! without one unless `--yes`. `events` reconnects on its own when the master restarts or
+//! leadership moves (a new snapshot follows each reconnection).
 //!
 //! The master and credentials come from flags, the environment (`GANTRY_MASTER`,
 //! `GANTRY_TLS_DIR`, `GANTRY_OPERATOR`, `GANTRY_TOKEN`) or a config file (`--config FILE`, or
 //! `$GANTRY_CONFIG`, or `~/.config/gantry/gantryctl.toml` when it exists; keys are the flag
 //! names: `master = "https://m:5051"`).
 //!
-//! Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 forbidden (not authenticated or not
-//! allowed by the ACLs).
+//! Exit codes: 0 ok, 1 error, 2 usage or bad input (the master answered 400: an unknown
+//! resource kind, task state, framework or agent in a filter...), 3 not found, 4 forbidden
+//! (not authenticated or not allowed by the ACLs), 5 not confirmed.
 
 #[path = "gantryctl/print.rs"]
 mod print;
@@ -27,9 +35,19 @@ use gantry_transport::tls::PeerIdentity;
 #[path = "gantryctl/maintenance.rs"]
 mod maintenance;
 
-/// Operator tool for Gantry clusters.
+/// gantryctl: the operator's tool for Gantry clusters.
+///
+/// Reads and changes a cluster through the master's HTTPS operator API (agents, frameworks,
+/// tasks, offers, roles, quotas, weights, reservations, maintenance, the event stream), and
+/// issues TLS certificates and operator tokens offline. See docs/operations.md.
 #[derive(Parser, Debug)]
-#[command(version, about, args_override_self = true)]
+#[command(
+    name = "gantryctl",
+    version,
+    about,
+    long_about,
+    args_override_self = true
+)]
 struct Cli {
     #[command(flatten)]
     conn: Connection,
@@ -77,17 +95,25 @@ enum Cmd {
         #[arg(allow_negative_numbers = true)]
         weight: f64,
     },
-    /// Set (replace) a role's quota: a guarantee held back for it and a limit it never exceeds.
+    /// Change a role's quota: a guarantee held back for it and a limit it never exceeds. A
+    /// part not named is kept; `--no-guarantee` / `--no-limit` remove one. Resource kinds must
+    /// be ones the cluster knows (the error lists them); a limit below what the role's tasks
+    /// hold is accepted with a warning (they keep running).
     Quota {
         role: String,
-        /// e.g. "cpus:8;mem:16384" (omit to remove the guarantee). A parent role's guarantee
-        /// includes its subroles': the sum of the subroles' guarantees may not exceed it.
-        #[arg(long)]
+        /// e.g. "cpus:8;mem:16384". A parent role's guarantee includes its subroles': the sum
+        /// of the subroles' guarantees may not exceed it.
+        #[arg(long, conflicts_with = "no_guarantee")]
         guarantee: Option<String>,
-        /// e.g. "cpus:16;gpus:4" (omit to remove the limit); "cpus:0" means no cpus at all,
-        /// kinds not named are unlimited.
-        #[arg(long)]
+        /// e.g. "cpus:16;gpus:4"; "cpus:0" means no cpus at all, kinds not named are unlimited.
+        #[arg(long, conflicts_with = "no_limit")]
         limit: Option<String>,
+        /// Remove the guarantee.
+        #[arg(long)]
+        no_guarantee: bool,
+        /// Remove the limit.
+        #[arg(long)]
+        no_limit: bool,
     },
     /// Agent maintenance: drain, undrain, maintenance.
     #[command(flatten)]
@@ -102,14 +128,23 @@ enum Cmd {
         /// Only this agent (id or name).
         agent: Option<String>,
     },
+    /// One agent (id or name): its resources, GPUs (full UUIDs), tasks and offers.
+    Agent { agent: String },
     /// Frameworks with their dominant shares.
     Frameworks,
+    /// One framework (id or name; active or removed): roles, shares, tasks and offers held.
+    Framework { framework: String },
+    /// One task (id or name; active or completed): state, reason, message, exit status,
+    /// framework, agent, GPUs (full UUIDs), times.
+    Task { task: String },
+    /// Outstanding offers: which framework holds what of which agent, and for how long.
+    Offers,
     /// Tasks, active first, then completed (one page).
     Tasks {
-        /// Only tasks in this state (RUNNING, FINISHED, ...).
-        #[arg(long)]
+        /// Only tasks in this state.
+        #[arg(long, value_parser = task_state)]
         state: Option<String>,
-        /// Only tasks of this framework (id).
+        /// Only tasks of this framework (id or name; unknown: an error).
         #[arg(long)]
         framework: Option<String>,
         /// Only tasks on this agent (id or name).
@@ -147,14 +182,32 @@ enum Cmd {
     Deactivate { agent: String },
     /// Offer a deactivated agent again.
     Reactivate { agent: String },
-    /// Remove an agent for good: its tasks are LOST.
-    MarkGone { agent: String },
+    /// Remove an agent for good: its tasks are LOST. Asks first when the agent is connected
+    /// and runs tasks (refused without a terminal unless --yes).
+    MarkGone {
+        agent: String,
+        /// Do not ask.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
     /// Bring an unhealthy GPU of a connected agent back into service.
     ClearGpu { agent: String, gpu: String },
     /// Tear down a framework (id, or a name only one framework has): its tasks are killed.
-    Teardown { framework: String },
-    /// Follow the event stream: a snapshot, then task, agent and framework changes.
-    Events,
+    /// Asks first when the framework is connected (refused without a terminal unless --yes).
+    Teardown {
+        framework: String,
+        /// Do not ask.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Follow the event stream: a snapshot, then task, agent and framework changes, each line
+    /// with the time it arrived. Reconnects on its own when the master restarts or another
+    /// master takes over (then a new snapshot).
+    Events {
+        /// Stop when the stream ends instead of reconnecting.
+        #[arg(long)]
+        no_reconnect: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -311,8 +364,66 @@ fn print_state(body: String, json: bool) -> anyhow::Result<()> {
 
 /// Exit codes (documented in docs/operations.md).
 const EXIT_ERROR: u8 = 1;
+const EXIT_USAGE: u8 = 2;
 const EXIT_NOT_FOUND: u8 = 3;
 const EXIT_FORBIDDEN: u8 = 4;
+const EXIT_NOT_CONFIRMED: u8 = 5;
+
+/// The task states `tasks --state` takes (any case), as the API names them.
+const TASK_STATES: [&str; 11] = [
+    "STAGING",
+    "STARTING",
+    "RUNNING",
+    "FINISHED",
+    "FAILED",
+    "KILLED",
+    "LOST",
+    "ERROR",
+    "DROPPED",
+    "UNREACHABLE",
+    "GONE",
+];
+
+fn task_state(s: &str) -> Result<String, String> {
+    TASK_STATES
+        .iter()
+        .find(|x| x.eq_ignore_ascii_case(s))
+        .map(|x| x.to_string())
+        .ok_or_else(|| {
+            format!(
+                "unknown task state; the states are {}",
+                TASK_STATES.join(", ")
+            )
+        })
+}
+
+/// The operator declined (or could not be asked): nothing was done.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NotConfirmed(String);
+
+/// Asks `question` on the terminal unless `yes`; without a terminal, refuses unless `yes`.
+fn confirm(question: &str, yes: bool) -> anyhow::Result<()> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(NotConfirmed(format!(
+            "{question}: refused without a terminal to confirm on; add --yes to do it"
+        ))
+        .into());
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(NotConfirmed("not confirmed; nothing was done".into()).into())
+    }
+}
 
 fn client(conn: &Connection) -> anyhow::Result<OperatorClient> {
     let credentials = match &conn.token {
@@ -347,7 +458,18 @@ fn show(json: bool, body: &str, table: fn(&serde_json::Value) -> String) -> anyh
     Ok(())
 }
 
-/// A write: prints the API's answer with `--json`, else `done`.
+/// Prints the warnings of a write's answer (`{"ok": true, "warnings": [...]}`) to stderr.
+fn warn(answer: &str) {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(answer) {
+        for w in v["warnings"].as_array().into_iter().flatten() {
+            if let Some(w) = w.as_str() {
+                eprintln!("warning: {w}");
+            }
+        }
+    }
+}
+
+/// A write: prints the API's answer with `--json`, else `done` (and its warnings on stderr).
 async fn write(
     c: &OperatorClient,
     json: bool,
@@ -356,6 +478,7 @@ async fn write(
     done: String,
 ) -> anyhow::Result<()> {
     let answer = c.post_json(path, &body).await?;
+    warn(&answer);
     if json {
         println!("{}", answer.trim_end());
     } else {
@@ -376,7 +499,22 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             let body = c.get(&format!("/api/v1/agents/{}", seg(&a))).await?;
             show(json, &body, |v| print::agents(&serde_json::json!([v])))
         }
+        Cmd::Agent { agent } => {
+            let body = c.get(&format!("/api/v1/agents/{}", seg(&agent))).await?;
+            show(json, &body, print::agent)
+        }
         Cmd::Frameworks => show(json, &c.get("/api/v1/frameworks").await?, print::frameworks),
+        Cmd::Framework { framework } => {
+            let body = c
+                .get(&format!("/api/v1/frameworks/{}", seg(&framework)))
+                .await?;
+            show(json, &body, print::framework)
+        }
+        Cmd::Task { task } => {
+            let body = c.get(&format!("/api/v1/tasks/{}", seg(&task))).await?;
+            show(json, &body, print::task)
+        }
+        Cmd::Offers => show(json, &c.get("/api/v1/offers").await?, print::offers),
         Cmd::Tasks {
             state,
             framework,
@@ -414,12 +552,33 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             role,
             guarantee,
             limit,
+            no_guarantee,
+            no_limit,
         } => {
+            // A part not named is kept: only what was named is sent (null removes).
+            let mut body = serde_json::json!({"role": role});
+            for (key, value, remove) in [
+                ("guarantee", guarantee, no_guarantee),
+                ("limit", limit, no_limit),
+            ] {
+                if remove {
+                    body[key] = serde_json::Value::Null;
+                } else if let Some(v) = value {
+                    body[key] = serde_json::Value::String(v);
+                }
+            }
+            if body.as_object().is_some_and(|o| o.len() == 1) {
+                return Err(Usage(
+                    "name what to change: --guarantee, --limit, --no-guarantee or --no-limit"
+                        .into(),
+                )
+                .into());
+            }
             write(
                 &c,
                 json,
                 "/api/v1/quotas",
-                serde_json::json!({"role": role, "guarantee": guarantee, "limit": limit}),
+                body,
                 format!("quota of {role} set"),
             )
             .await
@@ -460,7 +619,21 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             let path = format!("/api/v1/agents/{}/reactivate", seg(&agent));
             write(&c, json, &path, none, format!("{agent} reactivated")).await
         }
-        Cmd::MarkGone { agent } => {
+        Cmd::MarkGone { agent, yes } => {
+            let a: serde_json::Value =
+                serde_json::from_str(&c.get(&format!("/api/v1/agents/{}", seg(&agent))).await?)
+                    .context("parsing the agent")?;
+            let tasks = a["tasks"].as_array().map_or(0, Vec::len);
+            if a["connected"] == true && tasks > 0 {
+                confirm(
+                    &format!(
+                        "agent {} is connected and runs {tasks} task(s): marking it gone makes them LOST \
+                         and it can never register again. Mark it gone?",
+                        print::cell(&a["name"])
+                    ),
+                    yes,
+                )?;
+            }
             let path = format!("/api/v1/agents/{}/gone", seg(&agent));
             write(&c, json, &path, none, format!("{agent} marked gone")).await
         }
@@ -469,31 +642,100 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             let done = format!("asked {agent} to clear {gpu}");
             write(&c, json, &path, none, done).await
         }
-        Cmd::Teardown { framework } => {
+        Cmd::Teardown { framework, yes } => {
+            let f: serde_json::Value = serde_json::from_str(
+                &c.get(&format!("/api/v1/frameworks/{}", seg(&framework)))
+                    .await?,
+            )
+            .context("parsing the framework")?;
+            anyhow::ensure!(
+                f["completed"] != true,
+                "framework {framework} was already removed: {}",
+                print::cell(&f["reason"])
+            );
+            if f["connected"] == true {
+                confirm(
+                    &format!(
+                        "framework {} is connected and has {} active task(s): tearing it down kills them. Tear it down?",
+                        print::cell(&f["name"]),
+                        f["tasks"].as_array().map_or(0, Vec::len)
+                    ),
+                    yes,
+                )?;
+            }
             let path = format!("/api/v1/frameworks/{}/teardown", seg(&framework));
             write(&c, json, &path, none, format!("{framework} torn down")).await
         }
-        Cmd::Events => {
-            use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            c.events("/api/v1/events", |data| {
+        Cmd::Events { no_reconnect } => events(&c, json, no_reconnect).await,
+        Cmd::Maintenance(m) => maintenance::run(&c, m).await,
+        Cmd::Certs(_) | Cmd::Token(_) => anyhow::bail!("offline commands do not reach the master"),
+    }
+}
+
+/// A usage error found after parsing (exit 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+/// `gantryctl events`: follows the stream, reconnecting (1 s, doubling to 10 s between tries)
+/// when it ends or breaks, until stdout is closed. Authentication and ACL refusals end it.
+async fn events(c: &OperatorClient, json: bool, no_reconnect: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut names = print::EventNames::default();
+    let mut backoff = std::time::Duration::from_secs(1);
+    loop {
+        let mut closed = false;
+        let mut got_any = false;
+        let result = c
+            .events("/api/v1/events", |data| {
+                got_any = true;
                 let line = if json {
                     data.to_string()
                 } else {
                     match serde_json::from_str::<serde_json::Value>(data) {
-                        Ok(v) => print::event(&v),
+                        Ok(v) => format!(
+                            "{}  {}",
+                            print::time(&serde_json::json!(unix_ms())),
+                            names.event(&v)
+                        ),
                         Err(_) => data.to_string(),
                     }
                 };
                 // Stop when whoever reads us has gone (a closed pipe).
-                writeln!(out, "{line}").and_then(|_| out.flush()).is_ok()
+                let mut out = std::io::stdout().lock();
+                closed = writeln!(out, "{line}").and_then(|_| out.flush()).is_err();
+                !closed
             })
-            .await?;
-            Ok(())
+            .await;
+        if closed {
+            return Ok(());
         }
-        Cmd::Maintenance(m) => maintenance::run(&c, m).await,
-        Cmd::Certs(_) | Cmd::Token(_) => anyhow::bail!("offline commands do not reach the master"),
+        let why = match result {
+            Ok(()) => "the master ended the stream".to_string(),
+            Err(e) if matches!(e.status(), Some(400..=499)) => return Err(e.into()),
+            Err(e) => format!("{e:#}"),
+        };
+        if no_reconnect {
+            anyhow::bail!("event stream: {why}");
+        }
+        if got_any {
+            backoff = std::time::Duration::from_secs(1);
+        }
+        eprintln!(
+            "{}  event stream lost ({why}); reconnecting in {}s",
+            print::time(&serde_json::json!(unix_ms())),
+            backoff.as_secs()
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(10));
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn token(cmd: Token) -> anyhow::Result<()> {
@@ -612,10 +854,17 @@ fn run(
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if e.downcast_ref::<NotConfirmed>().is_some() {
+                return ExitCode::from(EXIT_NOT_CONFIRMED);
+            }
+            if e.downcast_ref::<Usage>().is_some() {
+                return ExitCode::from(EXIT_USAGE);
+            }
             let status = e
                 .downcast_ref::<ClientError>()
                 .and_then(ClientError::status);
             ExitCode::from(match status {
+                Some(400) => EXIT_USAGE,
                 Some(401 | 403) => EXIT_FORBIDDEN,
                 Some(404) => EXIT_NOT_FOUND,
                 _ => EXIT_ERROR,

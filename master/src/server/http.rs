@@ -39,7 +39,6 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use gantry_transport::tls;
 use gantry_transport::PeerIdentity;
@@ -58,7 +57,7 @@ use crate::security::identity::{self, Denied};
 pub(super) use crate::security::Caller;
 use crate::security::{Acls, OperatorAction, Sessions};
 pub use crate::security::{HttpLimits, SharedTokens};
-use crate::state::{OperatorCommand, OperatorRejection};
+use crate::state::{OperatorCommand, OperatorRejection, QuotaPart};
 
 /// How the operator API is served.
 #[derive(Clone)]
@@ -186,28 +185,28 @@ impl IntoResponse for ApiError {
 
 pub(super) type ApiResult = Result<Json<serde_json::Value>, ApiError>;
 
-fn router(app: App) -> Router {
-    Router::new()
-        .route("/health", get(health_handler))
-        .route("/state", get(state_handler))
-        .route("/weights", post(weights_handler))
-        .route("/quota", post(quota_handler))
+/// Every route the operator port serves, with its table (`super::routes`).
+pub(super) fn all_routes() -> super::routes::Routes<App> {
+    super::routes::Routes::new()
+        .get("/health", health_handler)
+        .get("/state", state_handler)
+        .post("/weights", weights_handler)
+        .post("/quota", quota_handler)
         // Maintenance and drain (issue 14 item 3): handlers in server/maintenance.rs.
-        .route(
-            "/api/v1/agents/{id}/drain",
-            post(maintenance::drain_handler),
-        )
-        .route(
-            "/api/v1/agents/{id}/undrain",
-            post(maintenance::undrain_handler),
-        )
-        .route("/api/v1/maintenance/drains", get(maintenance::view_handler))
+        .post("/api/v1/agents/{id}/drain", maintenance::drain_handler)
+        .post("/api/v1/agents/{id}/undrain", maintenance::undrain_handler)
+        .get("/api/v1/maintenance/drains", maintenance::view_handler)
         // Metrics (issue 14 item 1): Prometheus text exposition, a read.
-        .route("/metrics", get(metrics_handler))
-        // Operator API v1 and its event stream (helper hapi; drain routes: hdrain).
+        .get("/metrics", metrics_handler)
+        // Operator API v1 and its event stream.
         .merge(super::api::routes())
-        // Web dashboard (helper hapi).
+        // Web dashboard.
         .merge(super::ui::routes())
+}
+
+fn router(app: App) -> Router {
+    all_routes()
+        .router
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Outermost first: who is calling (before reading a body), then the bounded body.
         // (The /ui routes also get the dashboard's security headers, in ui::routes.)
@@ -714,15 +713,28 @@ struct WeightRequest {
     weight: f64,
 }
 
-/// `POST /quota` with `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`;
-/// an omitted part is removed; `cpus:0` in a limit is a limit of zero. Invalid quotas (bad
-/// syntax, guarantee above limit, guarantees that do not nest) are answered 400 with the reason.
+/// `POST /quota` (and `POST /api/v1/quotas`) with
+/// `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`: a part given as
+/// text is set, one given as `null` is removed, one left out is kept as it is (a change never
+/// drops a part silently); `cpus:0` in a limit is a limit of zero. Invalid quotas (bad syntax,
+/// a resource kind the cluster does not know, guarantee above limit, guarantees that do not
+/// nest) are answered 400 with the reason. A limit below what the role's tasks hold is
+/// accepted, with a warning in the answer (`{"ok": true, "warnings": [...]}`).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct QuotaRequest {
     role: String,
-    guarantee: Option<String>,
-    limit: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    guarantee: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    limit: Option<Option<String>>,
+}
+
+/// A field that is present: `Some(None)` for `null`, `Some(Some(..))` for a value (a missing
+/// field is `None` through `#[serde(default)]`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    use serde::Deserialize;
+    Option::<String>::deserialize(d).map(Some)
 }
 
 pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
@@ -782,29 +794,50 @@ pub(super) async fn quota_handler(
 ) -> ApiResult {
     let who = app.may_write(&caller_of(caller), OperatorAction::SetQuota)?;
     let req: QuotaRequest = parse_json(&body)?;
-    fn parse<T: std::str::FromStr<Err = gantry_proto::ResourceParseError>>(
-        s: Option<String>,
+    fn part<T: std::str::FromStr<Err = gantry_proto::ResourceParseError>>(
+        s: Option<Option<String>>,
         what: &str,
-    ) -> Result<Option<T>, ApiError> {
-        s.map(|s| {
-            s.parse()
-                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
+    ) -> Result<QuotaPart<T>, ApiError> {
+        Ok(match s {
+            None => QuotaPart::Keep,
+            Some(None) => QuotaPart::Remove,
+            Some(Some(s)) => QuotaPart::Set(
+                s.parse()
+                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))?,
+            ),
         })
-        .transpose()
     }
-    let guarantee: Option<gantry_proto::Resources> = parse(req.guarantee, "guarantee")?;
+    let guarantee: QuotaPart<gantry_proto::Resources> = part(req.guarantee, "guarantee")?;
     // A limit keeps explicit zeros: "cpus:0" means no cpus at all.
-    let limit: Option<gantry_proto::ResourceLimits> = parse(req.limit, "limit")?;
-    operator(
+    let limit: QuotaPart<gantry_proto::ResourceLimits> = part(req.limit, "limit")?;
+    let new_limit = match &limit {
+        QuotaPart::Set(l) => Some(l.clone()),
+        _ => None,
+    };
+    let role = req.role.clone();
+    let Json(mut answer) = operator(
         &app,
         who,
-        OperatorCommand::SetQuota {
+        OperatorCommand::ChangeQuota {
             role: req.role,
             guarantee,
             limit,
         },
     )
-    .await
+    .await?;
+    if let Some(limit) = new_limit {
+        // The state after the change: what the role's tasks hold now.
+        if let Ok(state) = app.state().await {
+            let warnings = super::api::views::limit_warnings(&state, &role, &limit);
+            if !warnings.is_empty() {
+                for w in &warnings {
+                    tracing::warn!(%role, "quota: {w}");
+                }
+                answer["warnings"] = serde_json::json!(warnings);
+            }
+        }
+    }
+    Ok(Json(answer))
 }
 
 #[cfg(test)]
@@ -874,5 +907,24 @@ mod tests {
         let resp = e.into_response();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
+    }
+
+    #[test]
+    fn the_openapi_spec_documents_exactly_the_routes_served() {
+        use super::super::routes::{normalize, spec_routes};
+        let spec = spec_routes(include_str!("../../../docs/api/openapi.yaml"));
+        assert!(spec.len() > 30, "the spec parsed to {spec:?}");
+        let served: std::collections::BTreeSet<(String, String)> = all_routes()
+            .table
+            .into_iter()
+            .map(|(m, p)| (m.to_string(), normalize(p)))
+            .collect();
+        let undocumented: Vec<_> = served.difference(&spec).collect();
+        let not_served: Vec<_> = spec.difference(&served).collect();
+        assert!(
+            undocumented.is_empty() && not_served.is_empty(),
+            "served but not in docs/api/openapi.yaml: {undocumented:?}\n\
+             in docs/api/openapi.yaml but not served: {not_served:?}"
+        );
     }
 }

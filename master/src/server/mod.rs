@@ -62,6 +62,7 @@ pub mod api;
 pub mod http;
 mod http_guard;
 pub mod metrics;
+mod routes;
 mod ui;
 pub use http::{HttpConfig, HttpEndpoint, HttpLimits, SharedTokens};
 pub use http_guard::AuthLimits;

@@ -93,7 +93,7 @@ impl Master {
             if lapsed {
                 self.not_launched(conn, fw, &operations, now, out);
             } else {
-                self.drop_tasks(conn, fw, &operations, &message, now, out);
+                self.drop_tasks(conn, fw, (agent_id, &role), &operations, &message, now, out);
             }
             return;
         }
@@ -161,7 +161,16 @@ impl Master {
                             Ok(launch) => launches.push(launch),
                             Err(refused) => {
                                 let (task, kind, reason) = *refused;
-                                self.error_update(conn, fw, &task, kind, &reason, now, out)
+                                self.error_update(
+                                    conn,
+                                    fw,
+                                    &task,
+                                    (Some(agent_id), &role),
+                                    kind,
+                                    &reason,
+                                    now,
+                                    out,
+                                )
                             }
                         }
                     }
@@ -215,7 +224,15 @@ impl Master {
                         Some((kind, reason)) => {
                             out.push(err(conn, kind, reason.clone()));
                             for task in &all {
-                                self.group_member_refused(conn, fw, task, &reason, now, out);
+                                self.group_member_refused(
+                                    conn,
+                                    fw,
+                                    (Some(agent_id), &role),
+                                    task,
+                                    &reason,
+                                    now,
+                                    out,
+                                );
                             }
                         }
                         None => {
@@ -353,6 +370,7 @@ impl Master {
                 staged_at: now,
                 started_at: None,
                 ended_at: None,
+                kill_reason: None,
             },
         );
         if let Some(f) = self.frameworks.get_mut(&fw) {
@@ -387,10 +405,12 @@ impl Master {
 
     /// A member of a refused group: `ERROR`, reason `invalid-task`, with the group's one
     /// reason (which names the member at fault). Nothing of it was launched or charged.
+    #[allow(clippy::too_many_arguments)]
     fn group_member_refused(
         &mut self,
         conn: ConnId,
         fw: FrameworkId,
+        (agent, role): (Option<AgentId>, &str),
         task: &TaskInfo,
         reason: &str,
         now: Millis,
@@ -410,6 +430,14 @@ impl Master {
         );
         update.reason = Some(TaskReason::InvalidTask);
         out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+        self.remember_refused(
+            fw,
+            (agent, role),
+            task,
+            (TaskState::Error, TaskReason::InvalidTask),
+            reason,
+            now,
+        );
     }
 
     /// Checks one task of an accept (id, form, user, GPU selector, GPUs, resources) and draws
@@ -450,7 +478,7 @@ impl Master {
             let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
             let matching = gpus.iter().filter(|g| g.healthy && GpuSelector::admits(Some(sel), g)).count() as u64;
             (matching < want).then(|| {
-                format!("task {tid}: the agent has {matching} healthy GPUs matching {sel:?}, the task asks for {want}")
+                format!("task {tid}: the agent has {matching} healthy GPUs matching the selector ({sel}); the task asks for {want}")
             })
         });
         if let Some(reason) = invalid {

@@ -540,6 +540,7 @@ impl Master {
                             staged_at: now,
                             started_at: (rt.state == TaskState::Running).then_some(now),
                             ended_at: ended.then_some(now),
+                            kill_reason: None,
                         },
                     );
                     if let Some(f) = self.frameworks.get_mut(&rt.framework_id) {
@@ -668,6 +669,21 @@ impl Master {
             });
             return;
         }
+        let mut update = update;
+        // The agent only knows it was asked to kill: say why when the master asked for a reason.
+        if let Some(why) = task.kill_reason {
+            if update.state == TaskState::Killed
+                && matches!(update.reason, None | Some(TaskReason::KilledByRequest))
+            {
+                let said = why.kill_message().unwrap_or("killed");
+                update.message = if update.message.is_empty() {
+                    said.to_string()
+                } else {
+                    format!("{said} (agent: {})", update.message)
+                };
+                update.reason = Some(why);
+            }
+        }
         let was_terminal = task.state.is_terminal();
         if !was_terminal || update.state.is_terminal() {
             task.state = update.state;
@@ -675,7 +691,6 @@ impl Master {
         let state = task.state;
         task.note(state, &update, now);
         let framework = task.framework;
-        let mut update = update;
         update.agent_id = Some(agent);
         update.framework_id = framework;
         if framework_known {

@@ -110,50 +110,23 @@ impl Master {
                     None => {}
                 }
             }
-            FrameworkToMaster::Kill { task_id } => match self.tasks.get(&task_id) {
-                Some(t) if t.framework == fw => {
-                    if t.state.is_terminal() {
-                        return;
-                    }
-                    match self.agents.get(&t.agent).and_then(|a| a.conn) {
-                        Some(aconn) => out.push(Output::ToAgent(
-                            aconn,
-                            MasterToAgent::KillTask {
-                                framework_id: fw,
-                                task_id,
-                            },
-                        )),
-                        None => {
-                            let agent = t.agent;
-                            if let Some(u) = self
-                                .recovered_agents
-                                .get_mut(&agent)
-                                .and_then(|r| r.unreachable.as_mut())
-                                .filter(|u| u.tasks.contains(&task_id))
-                            {
-                                // Sent when the agent comes back (or the task is GONE).
-                                u.kills.insert(task_id);
-                            } else if !self.agents.contains_key(&agent) {
-                                self.master_update(
-                                    task_id,
-                                    TaskState::Lost,
-                                    TaskReason::AgentLost,
-                                    "agent is gone",
-                                    now,
-                                    out,
-                                );
-                            }
-                            // Otherwise the agent is disconnected: the kill is sent again
-                            // when the framework retries after reconciling.
-                        }
-                    }
+            FrameworkToMaster::Kill { task_id } => {
+                self.framework_kill(conn, fw, task_id, None, now, out)
+            }
+            FrameworkToMaster::KillFor { task_id, reason } => {
+                if reason.is_framework_kill() {
+                    self.framework_kill(conn, fw, task_id, Some(reason), now, out)
+                } else {
+                    out.push(err(
+                        conn,
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "kill: {reason} is not a reason a framework may give \
+                             (killed-by-request, preempted, time-limit, deadline)"
+                        ),
+                    ));
                 }
-                _ => out.push(err(
-                    conn,
-                    ErrorKind::UnknownTask,
-                    format!("kill: task {task_id} is unknown"),
-                )),
-            },
+            }
             FrameworkToMaster::Reconcile { task_ids } => self.reconcile(conn, fw, task_ids, out),
             FrameworkToMaster::Suppress { roles } => {
                 if roles.is_empty() {
@@ -534,5 +507,67 @@ impl Master {
             }
         }
         self.allocation_pending = true;
+    }
+}
+
+impl Master {
+    /// A framework's kill of one of its tasks (`reason`: why, when it said,
+    /// [`FrameworkToMaster::KillFor`]).
+    fn framework_kill(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        task_id: TaskId,
+        reason: Option<TaskReason>,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        match self.tasks.get_mut(&task_id) {
+            Some(t) if t.framework == fw => {
+                if t.state.is_terminal() {
+                    return;
+                }
+                if reason.is_some() {
+                    t.kill_reason = reason;
+                }
+                match self.agents.get(&t.agent).and_then(|a| a.conn) {
+                    Some(aconn) => out.push(Output::ToAgent(
+                        aconn,
+                        MasterToAgent::KillTask {
+                            framework_id: fw,
+                            task_id,
+                        },
+                    )),
+                    None => {
+                        let agent = t.agent;
+                        if let Some(u) = self
+                            .recovered_agents
+                            .get_mut(&agent)
+                            .and_then(|r| r.unreachable.as_mut())
+                            .filter(|u| u.tasks.contains(&task_id))
+                        {
+                            // Sent when the agent comes back (or the task is GONE).
+                            u.kills.insert(task_id);
+                        } else if !self.agents.contains_key(&agent) {
+                            self.master_update(
+                                task_id,
+                                TaskState::Lost,
+                                TaskReason::AgentLost,
+                                "agent is gone",
+                                now,
+                                out,
+                            );
+                        }
+                        // Otherwise the agent is disconnected: the kill is sent again
+                        // when the framework retries after reconciling.
+                    }
+                }
+            }
+            _ => out.push(err(
+                conn,
+                ErrorKind::UnknownTask,
+                format!("kill: task {task_id} is unknown"),
+            )),
+        }
     }
 }

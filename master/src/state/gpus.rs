@@ -347,7 +347,7 @@ fn gpu_shape(r: &gantry_proto::Resources) -> Option<TaskShape> {
 
 fn describe(selector: Option<&GpuSelector>) -> String {
     match selector {
-        Some(s) => format!(" matching {s:?}"),
+        Some(s) => format!(" matching the selector ({s})"),
         None => String::new(),
     }
 }

@@ -419,6 +419,10 @@ impl Master {
                         "drain deadline passed; killing the tasks left");
                     for (fw, tids) in &by_framework {
                         for tid in tids {
+                            // Its KILLED update then says why (agent_update).
+                            if let Some(t) = self.tasks.get_mut(tid) {
+                                t.kill_reason = Some(TaskReason::DrainDeadline);
+                            }
                             out.push(Output::ToAgent(
                                 conn,
                                 MasterToAgent::KillTask {

@@ -105,7 +105,10 @@ pub use maintenance::{
     GoneStatus, MaintenanceCommand, MaintenanceError, MaintenanceStatus, MaintenanceView,
     DRAIN_KILL_RETRY_MS, MAX_DRAIN_DEADLINE_SECS,
 };
-pub use operator::{OperatorCommand, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT};
+pub use operator::{
+    OperatorCommand, QuotaPart, MAX_QUOTA_KINDS, MAX_QUOTA_MILLI, MAX_WEIGHT, MIN_WEIGHT,
+    STANDARD_RESOURCE_KINDS,
+};
 pub use pacing::{paced, HELD_MESSAGES, UPDATE_SLICE};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
@@ -181,6 +184,9 @@ pub struct MasterConfig {
     pub limits: Limits,
     /// How the GPU for a fractional task is chosen within its agent (`--gpu-placement`).
     pub gpu_placement: gantry_placement::Policy,
+    /// Resource kinds quotas and reservations may name besides the standard ones and those
+    /// agents have (`--resource-kinds`; see [`Master::known_resource_kinds`]).
+    pub resource_kinds: Vec<String>,
 }
 
 /// At most `max` bytes of `s` (on a char boundary), for error messages about peer input.
@@ -212,6 +218,7 @@ impl Default for MasterConfig {
             peer_write_timeout_ms: Some(30_000),
             limits: Limits::default(),
             gpu_placement: gantry_placement::Policy::FgdPack,
+            resource_kinds: Vec::new(),
         }
     }
 }
@@ -434,6 +441,10 @@ pub(crate) struct TaskRec {
     pub started_at: Option<Millis>,
     /// When the task first became terminal.
     pub ended_at: Option<Millis>,
+    /// Why the master asked its agent to kill it (a framework's [`FrameworkToMaster::KillFor`],
+    /// a drain deadline, an operator's teardown): its `KILLED` update is given this reason and
+    /// a message saying it (the agent only knows it was asked). Not kept across a failover.
+    pub kill_reason: Option<TaskReason>,
 }
 
 impl TaskRec {
@@ -516,6 +527,10 @@ fn kept_message(text: &str) -> String {
     }
     format!("{}…", truncated(text, MAX_KEPT_MESSAGE - '…'.len_utf8()))
 }
+
+/// The agent of a task record that never reached an agent (dropped with offers naming none
+/// the master knows): shown as an empty `agent_id`.
+pub(crate) const NO_AGENT: AgentId = AgentId(uuid::Uuid::nil());
 
 /// A task as an operator sees it: kept while it runs and, once completed, in its framework's
 /// bounded history (times are the master's clock; `/state` shows them as Unix milliseconds).

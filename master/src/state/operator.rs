@@ -15,6 +15,30 @@ pub const MAX_QUOTA_KINDS: usize = 32;
 /// Largest amount of one resource in a quota, in milli-units (10^12 units).
 pub const MAX_QUOTA_MILLI: u64 = 1_000_000_000_000_000;
 
+/// Resource kinds every cluster knows, whatever its agents offer.
+pub const STANDARD_RESOURCE_KINDS: [&str; 5] = ["cpus", "mem", "disk", "gpus", "ports"];
+
+/// One part (guarantee or limit) of a quota change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuotaPart<T> {
+    /// Left as it is.
+    Keep,
+    /// Set to this.
+    Set(T),
+    /// Removed.
+    Remove,
+}
+
+impl<T: Clone> QuotaPart<T> {
+    fn apply(self, current: Option<T>) -> Option<T> {
+        match self {
+            QuotaPart::Keep => current,
+            QuotaPart::Set(v) => Some(v),
+            QuotaPart::Remove => None,
+        }
+    }
+}
+
 /// An operator request (HTTP API / `gantryctl`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum OperatorCommand {
@@ -28,6 +52,13 @@ pub enum OperatorCommand {
         guarantee: Option<Resources>,
         /// Kinds named with zero are limited to zero.
         limit: Option<ResourceLimits>,
+    },
+    /// Changes the role's quota part by part: what is [`QuotaPart::Keep`] stays as it is (a
+    /// change never drops a part silently). Checked as [`OperatorCommand::SetQuota`].
+    ChangeQuota {
+        role: String,
+        guarantee: QuotaPart<Resources>,
+        limit: QuotaPart<ResourceLimits>,
     },
     /// Reserves unreserved resources of an agent for `role` (not in use by tasks; outstanding
     /// offers that no longer fit are rescinded). Persisted as a dynamic reservation.
@@ -86,6 +117,18 @@ impl Master {
             OperatorCommand::SetWeight { .. } | OperatorCommand::SetQuota { .. } => {
                 return self.role_command(cmd);
             }
+            OperatorCommand::ChangeQuota {
+                role,
+                guarantee,
+                limit,
+            } => {
+                let (g, l) = self.allocator.quota(&role);
+                return self.role_command(OperatorCommand::SetQuota {
+                    role,
+                    guarantee: guarantee.apply(g),
+                    limit: limit.apply(l),
+                });
+            }
             OperatorCommand::Reserve {
                 agent_id,
                 role,
@@ -123,6 +166,17 @@ impl Master {
                     )));
                 }
                 tracing::warn!(framework = %framework_id, "framework torn down by an operator");
+                // Its tasks' KILLED updates say an operator killed them.
+                let tids: Vec<TaskId> = self
+                    .frameworks
+                    .get(&framework_id)
+                    .map(|f| f.tasks.iter().copied().collect())
+                    .unwrap_or_default();
+                for tid in tids {
+                    if let Some(t) = self.tasks.get_mut(&tid) {
+                        t.kill_reason.get_or_insert(TaskReason::OperatorKill);
+                    }
+                }
                 self.remove_framework(framework_id, "torn down by an operator", now, &mut out);
             }
             OperatorCommand::ClearGpu { agent_id, uuid } => {
@@ -196,6 +250,7 @@ impl Master {
         if resources.is_empty() {
             return Err(OperatorRejection::Invalid("no resources named".into()));
         }
+        self.check_resource_kinds("reservation", resources.names())?;
         let a = self.agents.get(&id).ok_or_else(|| not_found_agent(id))?;
         // What the agent's tasks hold, by pool.
         let mut used_unreserved = Resources::new();
@@ -295,6 +350,7 @@ impl Master {
                     if r.len() > MAX_QUOTA_KINDS {
                         return Err(OperatorRejection::QuotaKinds(part));
                     }
+                    self.check_resource_kinds(part, r.iter().map(|(n, _)| *n))?;
                     if let Some((name, _)) = r.iter().find(|(_, milli)| *milli > MAX_QUOTA_MILLI) {
                         return Err(OperatorRejection::QuotaAmount {
                             part,
@@ -340,6 +396,44 @@ impl Master {
                 Ok(vec![Output::Persist(m)])
             }
             _ => Err(OperatorRejection::Invalid("not a role command".into())),
+        }
+    }
+}
+
+impl Master {
+    /// The resource kinds this cluster knows: [`STANDARD_RESOURCE_KINDS`], those declared
+    /// (`--resource-kinds`, [`MasterConfig::resource_kinds`]) and those its agents have
+    /// (unreserved or reserved). Quotas and reservations may name only these.
+    pub fn known_resource_kinds(&self) -> std::collections::BTreeSet<String> {
+        let mut kinds: std::collections::BTreeSet<String> = STANDARD_RESOURCE_KINDS
+            .iter()
+            .map(|k| k.to_string())
+            .chain(self.config.resource_kinds.iter().cloned())
+            .collect();
+        for a in self.agents.values() {
+            kinds.extend(a.resources.names().map(str::to_string));
+            for r in a.reserved.values() {
+                kinds.extend(r.names().map(str::to_string));
+            }
+        }
+        kinds
+    }
+
+    /// Refuses a kind the cluster does not know (a typo such as `cpu` for `cpus` would
+    /// otherwise be stored as a quota on a resource nobody has), naming the known ones.
+    fn check_resource_kinds<'a>(
+        &self,
+        part: &'static str,
+        mut names: impl Iterator<Item = &'a str>,
+    ) -> Result<(), OperatorRejection> {
+        let known = self.known_resource_kinds();
+        match names.find(|n| !known.contains(*n)) {
+            None => Ok(()),
+            Some(name) => Err(OperatorRejection::UnknownResourceKind {
+                part,
+                name: name.to_string(),
+                known: known.into_iter().collect::<Vec<_>>().join(", "),
+            }),
         }
     }
 }

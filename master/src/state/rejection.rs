@@ -116,6 +116,13 @@ pub enum OperatorRejection {
     QuotaAmount { part: &'static str, name: String },
     #[error("quota guarantee of {0} exceeds its limit")]
     GuaranteeOverLimit(String),
+    /// A quota or reservation naming a resource kind the cluster does not know.
+    #[error("unknown resource kind {name:?} in the {part}; the cluster knows: {known} (declare others with --resource-kinds)")]
+    UnknownResourceKind {
+        part: &'static str,
+        name: String,
+        known: String,
+    },
     /// Guarantees that would not nest (the allocator refuses them; nothing changes).
     #[error(transparent)]
     Allocator(#[from] AllocError),

@@ -68,6 +68,48 @@ impl Master {
         self.forget_completed(dropped);
     }
 
+    /// Keeps a task the master refused (`ERROR`) or dropped (`DROPPED`) in its framework's
+    /// history with the reason and message, so that operators see it (`/state`, the API): it
+    /// never reached an agent (`agent`: the offers' agent, when they named a known one).
+    pub(super) fn remember_refused(
+        &mut self,
+        fw: FrameworkId,
+        (agent, role): (Option<AgentId>, &str),
+        task: &TaskInfo,
+        (state, reason): (TaskState, TaskReason),
+        message: &str,
+        now: Millis,
+    ) {
+        self.emit(ClusterEvent::TaskUpdated {
+            task_id: task.task_id.to_string(),
+            name: task.name.clone(),
+            framework_id: fw.to_string(),
+            agent_id: agent.map(|a| a.to_string()).unwrap_or_default(),
+            state: state.as_str().to_string(),
+            reason: Some(reason.as_str().to_string()),
+            message: super::kept_message(message),
+        });
+        self.remember_completed(TaskRecord {
+            id: task.task_id,
+            name: task.name.clone(),
+            framework: fw,
+            agent: agent.unwrap_or(NO_AGENT),
+            role: role.to_string(),
+            user: task.command.user.clone(),
+            resources: task.resources.clone(),
+            gpus: Vec::new(),
+            ports: Vec::new(),
+            state,
+            reason: Some(reason),
+            message: super::kept_message(message),
+            exit_code: None,
+            signal: None,
+            staged_at: now,
+            started_at: None,
+            ended_at: Some(now),
+        });
+    }
+
     /// Uncounts completed records that were dropped.
     pub(super) fn forget_completed(&mut self, ids: impl IntoIterator<Item = TaskId>) {
         for id in ids {
@@ -160,11 +202,20 @@ impl Master {
         conn: ConnId,
         fw: FrameworkId,
         task: &TaskInfo,
+        (agent, role): (Option<AgentId>, &str),
         kind: ErrorKind,
         reason: &str,
         now: Millis,
         out: &mut Vec<Output>,
     ) {
+        self.remember_refused(
+            fw,
+            (agent, role),
+            task,
+            (TaskState::Error, TaskReason::InvalidTask),
+            reason,
+            now,
+        );
         out.push(err(conn, kind, reason.to_string()));
         let mut update = self.new_update(
             task.task_id,
@@ -184,10 +235,12 @@ impl Master {
     /// nothing of them ran, the framework launches them again on later offers. A task whose id
     /// belongs to a task the master knows gets an error instead: a DROPPED update would claim
     /// that task never ran.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn drop_tasks(
         &mut self,
         conn: ConnId,
         fw: FrameworkId,
+        (agent, role): (Option<AgentId>, &str),
         operations: &[Operation],
         message: &str,
         now: Millis,
@@ -214,6 +267,14 @@ impl Master {
                 );
                 update.reason = Some(TaskReason::InvalidOffers);
                 out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+                self.remember_refused(
+                    fw,
+                    (agent, role),
+                    task,
+                    (TaskState::Dropped, TaskReason::InvalidOffers),
+                    message,
+                    now,
+                );
                 dropped += 1;
             }
         }

@@ -134,7 +134,11 @@ impl TaskView {
             id: r.id.to_string(),
             name: r.name.clone(),
             framework_id: r.framework.to_string(),
-            agent_id: r.agent.to_string(),
+            agent_id: if r.agent == super::NO_AGENT {
+                String::new()
+            } else {
+                r.agent.to_string()
+            },
             role: r.role.clone(),
             user: r.user.clone(),
             resources: r.resources.clone(),

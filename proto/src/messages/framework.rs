@@ -158,6 +158,17 @@ pub enum FrameworkToMaster {
     },
     /// The framework is done: kill its tasks and forget it.
     Teardown,
+    /// Kill a task and say why: [`TaskReason::Preempted`], [`TaskReason::TimeLimit`] or
+    /// [`TaskReason::Deadline`] ([`TaskReason::KilledByRequest`] is a plain
+    /// [`FrameworkToMaster::Kill`]). The task's `KILLED` update then carries this reason and a
+    /// message saying it, so operators see why (protocol version 8). Other reasons are refused
+    /// with [`ErrorKind::InvalidRequest`].
+    KillFor {
+        /// The task.
+        task_id: TaskId,
+        /// Why it is killed.
+        reason: TaskReason,
+    },
 }
 
 /// Resources offered on one agent.

@@ -347,6 +347,44 @@ pub struct GpuSelector {
     pub uuids: Vec<String>,
 }
 
+/// In words, for messages operators read: `model "A100", at least 40960 MiB` (`any GPU` when
+/// it asks nothing).
+impl std::fmt::Display for GpuSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(m) = &self.model {
+            parts.push(format!("model {m:?}"));
+        }
+        if let Some(mib) = self.min_memory_mib {
+            parts.push(format!("at least {mib} MiB"));
+        }
+        if let Some(p) = &self.mig_profile {
+            parts.push(format!("MIG profile {p}"));
+        }
+        if !self.uuids.is_empty() {
+            const SHOWN: usize = 4;
+            let mut s = format!(
+                "one of {}",
+                self.uuids
+                    .iter()
+                    .take(SHOWN)
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if self.uuids.len() > SHOWN {
+                s.push_str(&format!(" and {} more", self.uuids.len() - SHOWN));
+            }
+            parts.push(s);
+        }
+        if parts.is_empty() {
+            f.write_str("any GPU")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
 impl GpuSelector {
     /// The most UUIDs a selector may pin (the master refuses longer lists).
     pub const MAX_UUIDS: usize = 64;
@@ -507,7 +545,8 @@ pub enum TaskReason {
     CommandFailed,
     /// The kernel's OOM killer ended the task: it exceeded its `mem`.
     MemoryLimit,
-    /// Killed on request (the framework, its teardown or failover timeout, an operator).
+    /// Killed on request with no more said: the framework asked ([`FrameworkToMaster::Kill`]),
+    /// tore itself down, or stayed away past its failover timeout.
     KilledByRequest,
     /// The agent could not start the task (no matching GPUs, unknown user, cgroup error).
     LaunchFailed,
@@ -537,6 +576,17 @@ pub enum TaskReason {
     /// The task's sandbox grew past its `disk` (measured by the agent, du-style, every
     /// `--disk-watch-interval`): it was killed (`FAILED`; Mesos `REASON_CONTAINER_LIMITATION_DISK`).
     DiskLimit,
+    /// Its framework killed it to make room for other work (a queue preempting lower-priority
+    /// jobs; [`FrameworkToMaster::KillFor`]).
+    Preempted,
+    /// Its framework killed it for running past its time limit ([`FrameworkToMaster::KillFor`]).
+    TimeLimit,
+    /// Its framework killed it because its deadline passed ([`FrameworkToMaster::KillFor`]).
+    Deadline,
+    /// Its agent was drained with a deadline and the task was still running when it passed.
+    DrainDeadline,
+    /// An operator killed it (a teardown of its framework through the operator API).
+    OperatorKill,
 }
 
 impl TaskReason {
@@ -557,7 +607,41 @@ impl TaskReason {
             TaskReason::PortUnavailable => "port-unavailable",
             TaskReason::AgentUnreachable => "agent-unreachable",
             TaskReason::DiskLimit => "disk-limit",
+            TaskReason::Preempted => "preempted",
+            TaskReason::TimeLimit => "time-limit",
+            TaskReason::Deadline => "deadline",
+            TaskReason::DrainDeadline => "drain-deadline",
+            TaskReason::OperatorKill => "operator-kill",
         }
+    }
+
+    /// What a kill for this reason did, in words (the message of the task's `KILLED` update
+    /// when the master knows why it asked for the kill); `None` for reasons that are not kills.
+    pub fn kill_message(self) -> Option<&'static str> {
+        Some(match self {
+            TaskReason::KilledByRequest => "killed at its framework's request",
+            TaskReason::Preempted => {
+                "preempted: its framework killed it to make room for other work"
+            }
+            TaskReason::TimeLimit => "killed by its framework: it ran past its time limit",
+            TaskReason::Deadline => "killed by its framework: its deadline passed",
+            TaskReason::DrainDeadline => {
+                "killed: its agent was drained and the drain deadline passed"
+            }
+            TaskReason::OperatorKill => "killed by an operator (its framework was torn down)",
+            _ => return None,
+        })
+    }
+
+    /// The reasons a framework may give when it kills a task ([`FrameworkToMaster::KillFor`]).
+    pub fn is_framework_kill(self) -> bool {
+        matches!(
+            self,
+            TaskReason::KilledByRequest
+                | TaskReason::Preempted
+                | TaskReason::TimeLimit
+                | TaskReason::Deadline
+        )
     }
 }
 
@@ -638,6 +722,39 @@ impl StatusUpdate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_selectors_and_kill_reasons_read_as_words() {
+        assert_eq!(GpuSelector::default().to_string(), "any GPU");
+        let sel = GpuSelector {
+            min_memory_mib: Some(40960),
+            ..GpuSelector::model("A100")
+        };
+        assert_eq!(sel.to_string(), "model \"A100\", at least 40960 MiB");
+        let pinned = GpuSelector {
+            uuids: (0..6).map(|i| format!("GPU-{i}")).collect(),
+            mig_profile: Some("1g.10gb".into()),
+            ..GpuSelector::default()
+        };
+        assert_eq!(
+            pinned.to_string(),
+            "MIG profile 1g.10gb, one of GPU-0, GPU-1, GPU-2, GPU-3 and 2 more"
+        );
+        for r in [
+            TaskReason::Preempted,
+            TaskReason::TimeLimit,
+            TaskReason::Deadline,
+            TaskReason::DrainDeadline,
+            TaskReason::OperatorKill,
+        ] {
+            assert!(r.kill_message().is_some(), "{r}");
+        }
+        assert_eq!(TaskReason::DrainDeadline.as_str(), "drain-deadline");
+        assert!(TaskReason::Preempted.is_framework_kill());
+        assert!(!TaskReason::DrainDeadline.is_framework_kill());
+        assert!(!TaskReason::OperatorKill.is_framework_kill());
+        assert!(TaskReason::CommandFailed.kill_message().is_none());
+    }
 
     #[test]
     fn commands_say_what_is_wrong_and_display_quoted() {

@@ -58,10 +58,282 @@ pub fn res(v: &Value) -> String {
     }
 }
 
-fn short(v: &Value) -> String {
-    v.as_str()
-        .map(|s| s.chars().take(8).collect())
-        .unwrap_or_else(|| "-".into())
+/// A name when the API gave one, else the id (never cut: an id is what the API takes back).
+fn name_or_id(name: &Value, id: &Value) -> String {
+    match name {
+        Value::String(n) if !n.is_empty() => n.clone(),
+        _ => cell(id),
+    }
+}
+
+/// Unix milliseconds as an RFC 3339 UTC time (`-` for none).
+pub fn time(ms: &Value) -> String {
+    match ms.as_u64() {
+        Some(ms) => humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+        )
+        .to_string(),
+        None => "-".into(),
+    }
+}
+
+/// `key  value` lines, keys padded to the widest.
+fn fields(rows: &[(&str, String)]) -> String {
+    let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    rows.iter()
+        .map(|(k, v)| format!("{k:<w$}  {v}\n"))
+        .collect()
+}
+
+/// A task list of an agent's or framework's page.
+fn task_briefs(title: &str, tasks: &Value) -> String {
+    let rows: Vec<Vec<String>> = arr(tasks)
+        .iter()
+        .map(|t| {
+            vec![
+                cell(&t["name"]),
+                cell(&t["id"]),
+                cell(&t["state"]),
+                cell(&t["reason"]),
+                name_or_id(&t["framework_name"], &t["framework_id"]),
+                name_or_id(&t["agent_name"], &t["agent_id"]),
+                res(&t["resources"]),
+                arr(&t["gpus"])
+                    .iter()
+                    .map(cell)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return format!("{title}: none\n");
+    }
+    format!(
+        "{title}:\n{}",
+        table(
+            &[
+                "TASK",
+                "ID",
+                "STATE",
+                "REASON",
+                "FRAMEWORK",
+                "AGENT",
+                "RESOURCES",
+                "GPUS"
+            ],
+            &rows
+        )
+    )
+}
+
+/// `gantryctl task ID`: one task's page.
+pub fn task(t: &Value) -> String {
+    let exit = match (t["exit_code"].as_i64(), t["signal"].as_i64()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("signal {s}"),
+        _ => "-".into(),
+    };
+    let mut out = fields(&[
+        ("task", format!("{} ({})", cell(&t["name"]), cell(&t["id"]))),
+        (
+            "state",
+            format!(
+                "{}{}",
+                cell(&t["state"]),
+                if t["active"] == true {
+                    ""
+                } else {
+                    " (completed)"
+                }
+            ),
+        ),
+        ("reason", cell(&t["reason"])),
+        ("message", cell(&t["message"])),
+        ("exit", exit),
+        (
+            "framework",
+            format!(
+                "{} ({})",
+                name_or_id(&t["framework_name"], &t["framework_id"]),
+                cell(&t["framework_id"])
+            ),
+        ),
+        (
+            "agent",
+            format!(
+                "{} ({}, host {})",
+                name_or_id(&t["agent_name"], &t["agent_id"]),
+                cell(&t["agent_id"]),
+                cell(&t["agent_hostname"])
+            ),
+        ),
+        ("role", cell(&t["role"])),
+        ("user", cell(&t["user"])),
+        ("resources", res(&t["resources"])),
+        (
+            "ports",
+            arr(&t["ports"])
+                .iter()
+                .map(cell)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        ("staged", time(&t["staged_at_ms"])),
+        ("started", time(&t["started_at_ms"])),
+        ("ended", time(&t["ended_at_ms"])),
+    ]);
+    let gpus: Vec<Vec<String>> = arr(&t["gpu_devices"])
+        .iter()
+        .map(|g| {
+            vec![
+                cell(&g["uuid"]),
+                cell(&g["name"]),
+                g["memory_mib"]
+                    .as_u64()
+                    .map(|m| format!("{m} MiB"))
+                    .unwrap_or_else(|| "-".into()),
+                g["sample"]["util_percent"]
+                    .as_u64()
+                    .map(|u| format!("{u}%"))
+                    .unwrap_or_else(|| "-".into()),
+                match g["healthy"].as_bool() {
+                    Some(true) => "healthy",
+                    Some(false) => "UNHEALTHY",
+                    None => "-",
+                }
+                .into(),
+            ]
+        })
+        .collect();
+    if !gpus.is_empty() {
+        out.push('\n');
+        out.push_str(&table(&["GPU", "MODEL", "MEMORY", "UTIL", "HEALTH"], &gpus));
+    }
+    out
+}
+
+/// `gantryctl framework ID`: one framework's page.
+pub fn framework(f: &Value) -> String {
+    let status = if f["completed"] == true {
+        format!(
+            "removed at {}: {}",
+            time(&f["removed_at_ms"]),
+            cell(&f["reason"])
+        )
+    } else if f["connected"] == true {
+        "connected".into()
+    } else {
+        "disconnected".into()
+    };
+    let mut out = fields(&[
+        (
+            "framework",
+            format!("{} ({})", cell(&f["name"]), cell(&f["id"])),
+        ),
+        ("principal", cell(&f["principal"])),
+        ("status", status),
+        (
+            "roles",
+            arr(&f["roles"])
+                .iter()
+                .map(cell)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        (
+            "share",
+            f["dominant_share"]
+                .as_f64()
+                .map(|s| format!("{s:.3}"))
+                .unwrap_or_else(|| "-".into()),
+        ),
+        ("used", res(&f["used"])),
+        ("allocated", res(&f["allocated"])),
+        ("offers held", arr(&f["offers"]).len().to_string()),
+    ]);
+    out.push('\n');
+    out.push_str(&task_briefs("tasks", &f["tasks"]));
+    out.push_str(&task_briefs(
+        "latest completed tasks",
+        &f["completed_tasks"],
+    ));
+    out
+}
+
+/// `gantryctl agent ID`: one agent's page (its row and GPUs as `agents` shows them, then its
+/// tasks and offers).
+pub fn agent(a: &Value) -> String {
+    let mut out = fields(&[
+        (
+            "agent",
+            format!("{} ({})", cell(&a["name"]), cell(&a["id"])),
+        ),
+        (
+            "host",
+            format!("{} ({})", cell(&a["hostname"]), cell(&a["address"])),
+        ),
+        ("task user", cell(&a["task_user"])),
+    ]);
+    out.push('\n');
+    out.push_str(&agents(&Value::Array(vec![a.clone()])));
+    out.push('\n');
+    out.push_str(&task_briefs("tasks", &a["tasks"]));
+    out.push_str(&task_briefs(
+        "latest completed tasks",
+        &a["completed_tasks"],
+    ));
+    if !arr(&a["offers"]).is_empty() {
+        out.push_str("offers:\n");
+        out.push_str(&offers(&a["offers"]));
+    }
+    out
+}
+
+/// `gantryctl offers`: the outstanding offers.
+pub fn offers(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = arr(v)
+        .iter()
+        .map(|o| {
+            let mut reserved: Vec<String> = o["reserved"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(role, r)| format!("{role}={}", res(r)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            reserved.sort();
+            vec![
+                cell(&o["id"]),
+                name_or_id(&o["framework_name"], &o["framework_id"]),
+                name_or_id(&o["agent_name"], &o["agent_id"]),
+                cell(&o["role"]),
+                res(&o["resources"]),
+                if reserved.is_empty() {
+                    "-".into()
+                } else {
+                    reserved.join(" ")
+                },
+                o["age_ms"]
+                    .as_u64()
+                    .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "OFFER",
+            "FRAMEWORK",
+            "AGENT",
+            "ROLE",
+            "RESOURCES",
+            "RESERVED",
+            "AGE",
+        ],
+        &rows,
+    )
 }
 
 /// `gantryctl status`: the cluster summary.
@@ -234,12 +506,13 @@ pub fn tasks(v: &Value) -> String {
                 cell(&t["id"]),
                 cell(&t["state"]),
                 cell(&t["reason"]),
-                short(&t["framework_id"]),
-                short(&t["agent_id"]),
+                name_or_id(&t["framework_name"], &t["framework_id"]),
+                name_or_id(&t["agent_name"], &t["agent_id"]),
                 res(&t["resources"]),
+                // GPU UUIDs whole: they are what nvidia-smi and the agent's logs show.
                 arr(&t["gpus"])
                     .iter()
-                    .map(short)
+                    .map(cell)
                     .collect::<Vec<_>>()
                     .join(","),
                 arr(&t["ports"])
@@ -294,55 +567,129 @@ pub fn roles(v: &Value) -> String {
     )
 }
 
-/// One line per event of `gantryctl events`.
-pub fn event(e: &Value) -> String {
-    let kind = cell(&e["type"]);
-    match kind.as_str() {
-        "snapshot" => {
-            let s = &e["state"];
-            format!(
-                "snapshot: {} agents, {} frameworks, {} active tasks",
-                arr(&s["agents"]).len(),
-                arr(&s["frameworks"]).len(),
-                arr(&s["tasks"]).len()
-            )
-        }
-        "task_updated" => format!(
-            "task {} ({}) {} on agent {}{}",
-            cell(&e["name"]),
-            short(&e["task_id"]),
-            cell(&e["state"]),
-            short(&e["agent_id"]),
-            e["reason"]
-                .as_str()
-                .map(|r| format!(" [{r}]"))
-                .unwrap_or_default()
-        ),
-        "agent_added" | "agent_removed" | "agent_updated" => {
-            let mut s = format!("{kind} {} ({})", cell(&e["name"]), short(&e["agent_id"]));
-            for k in ["what", "reason"] {
-                if let Some(x) = e[k].as_str() {
-                    s.push_str(&format!(": {x}"));
+/// The names of agents and frameworks `gantryctl events` has seen (from snapshots and
+/// added / updated events), to show names where events carry only ids.
+#[derive(Default)]
+pub struct EventNames {
+    agents: std::collections::HashMap<String, String>,
+    frameworks: std::collections::HashMap<String, String>,
+}
+
+impl EventNames {
+    fn learn(&mut self, e: &Value) {
+        let put =
+            |map: &mut std::collections::HashMap<String, String>, id: &Value, name: &Value| {
+                if let (Some(id), Some(name)) = (id.as_str(), name.as_str()) {
+                    if !name.is_empty() {
+                        map.insert(id.to_string(), name.to_string());
+                    }
                 }
+            };
+        if e["type"] == "snapshot" {
+            let s = &e["state"];
+            for a in arr(&s["agents"])
+                .iter()
+                .chain(arr(&s["unreachable_agents"]))
+            {
+                put(&mut self.agents, &a["id"], &a["name"]);
             }
-            s
+            for f in arr(&s["frameworks"])
+                .iter()
+                .chain(arr(&s["completed_frameworks"]))
+            {
+                put(&mut self.frameworks, &f["id"], &f["name"]);
+            }
         }
-        "framework_added" | "framework_removed" | "framework_updated" => {
-            let mut s = format!(
-                "{kind} {} ({})",
-                cell(&e["name"]),
-                short(&e["framework_id"])
-            );
-            if let Some(c) = e["connected"].as_bool() {
-                s.push_str(if c { ": connected" } else { ": disconnected" });
-            }
-            if let Some(r) = e["reason"].as_str() {
-                s.push_str(&format!(": {r}"));
-            }
-            s
+        put(&mut self.agents, &e["agent_id"], &e["agent_name"]);
+        if e["type"].as_str().is_some_and(|t| t.starts_with("agent_")) {
+            put(&mut self.agents, &e["agent_id"], &e["name"]);
         }
-        "role_updated" => format!("role {} {}", cell(&e["role"]), cell(&e["what"])),
-        _ => e.to_string(),
+        if e["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("framework_"))
+        {
+            put(&mut self.frameworks, &e["framework_id"], &e["name"]);
+        }
+    }
+
+    fn agent(&self, id: &Value) -> String {
+        id.as_str()
+            .and_then(|i| self.agents.get(i))
+            .cloned()
+            .unwrap_or_else(|| cell(id))
+    }
+
+    fn framework(&self, id: &Value) -> String {
+        id.as_str()
+            .and_then(|i| self.frameworks.get(i))
+            .cloned()
+            .unwrap_or_else(|| cell(id))
+    }
+
+    /// One line for an event of `gantryctl events` (names where the event has ids).
+    pub fn event(&mut self, e: &Value) -> String {
+        self.learn(e);
+        let kind = cell(&e["type"]);
+        match kind.as_str() {
+            "snapshot" => {
+                let s = &e["state"];
+                format!(
+                    "snapshot: {} agents, {} frameworks, {} active tasks",
+                    arr(&s["agents"]).len(),
+                    arr(&s["frameworks"]).len(),
+                    arr(&s["tasks"]).len()
+                )
+            }
+            "task_updated" => {
+                let mut line = format!(
+                    "task {} ({}) {} on agent {}",
+                    cell(&e["name"]),
+                    cell(&e["task_id"]),
+                    cell(&e["state"]),
+                    self.agent(&e["agent_id"]),
+                );
+                if !e["framework_id"].is_null() {
+                    line.push_str(&format!(" of {}", self.framework(&e["framework_id"])));
+                }
+                if let Some(r) = e["reason"].as_str() {
+                    line.push_str(&format!(" [{r}]"));
+                }
+                if let Some(m) = e["message"].as_str().filter(|m| !m.is_empty()) {
+                    line.push_str(&format!(": {m}"));
+                }
+                line
+            }
+            "agent_added" | "agent_removed" | "agent_updated" => {
+                let mut s = format!(
+                    "{kind} {} ({})",
+                    self.agent(&e["agent_id"]),
+                    cell(&e["agent_id"])
+                );
+                for k in ["what", "reason"] {
+                    if let Some(x) = e[k].as_str() {
+                        s.push_str(&format!(": {x}"));
+                    }
+                }
+                s
+            }
+            "framework_added" | "framework_removed" | "framework_updated" => {
+                let mut s = format!(
+                    "{kind} {} ({})",
+                    self.framework(&e["framework_id"]),
+                    cell(&e["framework_id"])
+                );
+                if let Some(c) = e["connected"].as_bool() {
+                    s.push_str(if c { ": connected" } else { ": disconnected" });
+                }
+                if let Some(r) = e["reason"].as_str() {
+                    s.push_str(&format!(": {r}"));
+                }
+                s
+            }
+            "role_updated" => format!("role {} {}", cell(&e["role"]), cell(&e["what"])),
+            "dropped" => format!("dropped: {}", cell(&e["message"])),
+            _ => e.to_string(),
+        }
     }
 }
 
@@ -389,9 +736,55 @@ mod tests {
     }
 
     #[test]
-    fn events_are_one_line_each() {
-        let e = json!({"type": "task_updated", "name": "t", "task_id": "0123456789", "state": "RUNNING",
-                       "agent_id": "aaaaaaaaaa", "reason": null});
-        assert_eq!(event(&e), "task t (01234567) RUNNING on agent aaaaaaaa");
+    fn events_are_one_line_each_with_names() {
+        let mut names = EventNames::default();
+        let snap = json!({"type": "snapshot", "state": {"agents": [{"id": "aaaaaaaaaa", "name": "gpu-1"}],
+            "frameworks": [{"id": "ffff", "name": "batch"}], "tasks": []}});
+        assert_eq!(
+            names.event(&snap),
+            "snapshot: 1 agents, 1 frameworks, 0 active tasks"
+        );
+        let e = json!({"type": "task_updated", "name": "t", "task_id": "0123456789", "state": "KILLED",
+                       "agent_id": "aaaaaaaaaa", "framework_id": "ffff", "reason": "preempted"});
+        assert_eq!(
+            names.event(&e),
+            "task t (0123456789) KILLED on agent gpu-1 of batch [preempted]"
+        );
+        let added = json!({"type": "agent_added", "agent_id": "bbbb", "name": "cpu-9"});
+        assert_eq!(names.event(&added), "agent_added cpu-9 (bbbb)");
+        let e = json!({"type": "task_updated", "name": "u", "task_id": "1", "state": "RUNNING",
+                       "agent_id": "bbbb", "reason": null});
+        assert_eq!(names.event(&e), "task u (1) RUNNING on agent cpu-9");
+    }
+
+    #[test]
+    fn pages_show_names_times_and_whole_gpu_uuids() {
+        let uuid = "GPU-5f2c7e4a-1b3d-4c5e-8f90-a1b2c3d4e5f6";
+        let t = json!({"name": "train", "id": "t1", "state": "KILLED", "active": false,
+            "reason": "drain-deadline", "message": "killed: the drain deadline of agent gpu-1 passed",
+            "exit_code": null, "signal": 15, "framework_id": "f1", "framework_name": "batch",
+            "agent_id": "a1", "agent_name": "gpu-1", "agent_hostname": "h1", "role": "eng",
+            "user": null, "resources": {"gpus": 1.0}, "ports": [], "staged_at_ms": 0,
+            "started_at_ms": null, "ended_at_ms": 1000, "gpus": [uuid],
+            "gpu_devices": [{"uuid": uuid, "name": "A100", "memory_mib": 40960, "healthy": true,
+                             "sample": null}]});
+        let out = task(&t);
+        assert!(out.contains("KILLED (completed)"), "{out}");
+        assert!(out.contains("drain-deadline"), "{out}");
+        assert!(out.contains("signal 15"), "{out}");
+        assert!(out.contains("batch (f1)"), "{out}");
+        assert!(out.contains("1970-01-01T00:00:01Z"), "{out}");
+        assert!(out.contains(uuid), "{out}");
+        let list = json!({"total": 1, "offset": 0, "tasks": [t]});
+        assert!(tasks(&list).contains(uuid), "{}", tasks(&list));
+        assert!(tasks(&list).contains("gpu-1"), "{}", tasks(&list));
+        let o = json!([{"id": "o1", "framework_id": "f1", "framework_name": "batch", "agent_id": "a1",
+            "agent_name": "gpu-1", "role": "eng", "resources": {"cpus": 2.0},
+            "reserved": {"ml": {"cpus": 1.0}}, "age_ms": 1500}]);
+        let out = offers(&o);
+        assert!(
+            out.contains("o1     batch      gpu-1  eng   cpus:2.0   ml=cpus:1.0  1.5s"),
+            "{out}"
+        );
     }
 }

@@ -40,8 +40,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use gantry_proto::Resources;
 use gantry_proto::{AgentId, FrameworkId};
 use serde_json::Value;
@@ -50,35 +49,39 @@ use super::http::{
     caller_of, operator, parse_json, quota_handler, weights_handler, ApiError, ApiResult, App,
     Caller, ConnInfo, SubscriberSlot,
 };
+use super::routes::Routes;
 use crate::security::acl::OperatorAction;
 use crate::state::OperatorCommand;
 
 type CallerExt = Option<axum::Extension<Caller>>;
 
 /// The `/api/v1` routes (merged into the operator API's router).
-pub(super) fn routes() -> Router<App> {
-    Router::new()
-        .route("/api/v1", get(index))
-        .route("/api/v1/summary", get(summary))
-        .route("/api/v1/agents", get(agents))
-        .route("/api/v1/agents/{id}", get(agent))
-        .route("/api/v1/agents/{id}/reserve", post(reserve))
-        .route("/api/v1/agents/{id}/unreserve", post(unreserve))
-        .route("/api/v1/agents/{id}/deactivate", post(deactivate))
-        .route("/api/v1/agents/{id}/reactivate", post(reactivate))
-        .route("/api/v1/agents/{id}/gone", post(mark_gone))
-        .route("/api/v1/agents/{id}/gpus/{uuid}/clear", post(clear_gpu))
-        // Drain / undrain (maintenance, helper hdrain): /api/v1/agents/{id}/drain, …/undrain.
-        .route("/api/v1/frameworks", get(frameworks))
-        .route("/api/v1/frameworks/{id}", get(framework))
-        .route("/api/v1/frameworks/{id}/teardown", post(teardown))
-        .route("/api/v1/tasks", get(tasks))
-        .route("/api/v1/roles", get(roles))
-        .route("/api/v1/offers", get(offers))
-        .route("/api/v1/quotas", get(quotas).post(quota_handler))
-        .route("/api/v1/weights", get(weights).post(weights_handler))
-        .route("/api/v1/maintenance", get(maintenance))
-        .route("/api/v1/events", get(events))
+pub(super) fn routes() -> Routes<App> {
+    Routes::new()
+        .get("/api/v1", index)
+        .get("/api/v1/summary", summary)
+        .get("/api/v1/agents", agents)
+        .get("/api/v1/agents/{id}", agent)
+        .post("/api/v1/agents/{id}/reserve", reserve)
+        .post("/api/v1/agents/{id}/unreserve", unreserve)
+        .post("/api/v1/agents/{id}/deactivate", deactivate)
+        .post("/api/v1/agents/{id}/reactivate", reactivate)
+        .post("/api/v1/agents/{id}/gone", mark_gone)
+        .post("/api/v1/agents/{id}/gpus/{uuid}/clear", clear_gpu)
+        // Drain / undrain: /api/v1/agents/{id}/drain, …/undrain (server/maintenance.rs).
+        .get("/api/v1/frameworks", frameworks)
+        .get("/api/v1/frameworks/{id}", framework)
+        .post("/api/v1/frameworks/{id}/teardown", teardown)
+        .get("/api/v1/tasks", tasks)
+        .get("/api/v1/tasks/{id}", task)
+        .get("/api/v1/roles", roles)
+        .get("/api/v1/offers", offers)
+        .get("/api/v1/quotas", quotas)
+        .post("/api/v1/quotas", quota_handler)
+        .get("/api/v1/weights", weights)
+        .post("/api/v1/weights", weights_handler)
+        .get("/api/v1/maintenance", maintenance)
+        .get("/api/v1/events", events)
 }
 
 /// The state view for a read by an authenticated caller.
@@ -92,10 +95,12 @@ async fn index(State(app): State<App>, caller: CallerExt) -> ApiResult {
     Ok(Json(serde_json::json!({
         "version": "v1",
         "reads": ["summary", "agents", "agents/{id}", "frameworks", "frameworks/{id}", "tasks",
-                  "roles", "offers", "quotas", "weights", "maintenance"],
+                  "tasks/{id}", "roles", "offers", "quotas", "weights", "maintenance",
+                  "maintenance/drains"],
         "writes": ["weights", "quotas", "agents/{id}/reserve", "agents/{id}/unreserve",
                    "agents/{id}/deactivate", "agents/{id}/reactivate", "agents/{id}/gone",
-                   "agents/{id}/gpus/{uuid}/clear", "frameworks/{id}/teardown"],
+                   "agents/{id}/gpus/{uuid}/clear", "agents/{id}/drain", "agents/{id}/undrain",
+                   "frameworks/{id}/teardown"],
         "events": "events",
         "docs": "docs/api/openapi.yaml",
     })))
@@ -116,8 +121,22 @@ fn not_found(what: &str, key: &str) -> ApiError {
 async fn agent(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
     let state = read(&app, caller).await?;
     let a = views::find_agent(&state, &id).ok_or_else(|| not_found("agent", &id))?;
-    let tasks = state["tasks"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    Ok(Json(views::agent(a, tasks)))
+    Ok(Json(views::agent_page(&state, a)))
+}
+
+/// 404 for a name or id naming nothing, 409 for a name more than one thing has.
+fn lookup_error(what: &str, key: &str, e: &views::Lookup) -> ApiError {
+    let status = match e {
+        views::Lookup::NotFound => StatusCode::NOT_FOUND,
+        views::Lookup::Ambiguous(_) => StatusCode::CONFLICT,
+    };
+    ApiError::new(status, e.message(what, key))
+}
+
+async fn task(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
+    let state = read(&app, caller).await?;
+    let t = views::lookup_task(&state, &id).map_err(|e| lookup_error("task", &id, &e))?;
+    Ok(Json(views::task_page(&state, t)))
 }
 
 async fn frameworks(State(app): State<App>, caller: CallerExt) -> ApiResult {
@@ -130,10 +149,8 @@ async fn frameworks(State(app): State<App>, caller: CallerExt) -> ApiResult {
 
 async fn framework(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
     let state = read(&app, caller).await?;
-    views::find_framework(&state, &id)
-        .cloned()
-        .map(Json)
-        .ok_or_else(|| not_found("framework", &id))
+    let f = views::lookup_framework(&state, &id).map_err(|e| lookup_error("framework", &id, &e))?;
+    Ok(Json(views::framework_page(&state, f)))
 }
 
 async fn tasks(
@@ -142,7 +159,9 @@ async fn tasks(
     query: Result<Query<views::TaskQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    Ok(Json(views::tasks(&read(&app, caller).await?, &q)))
+    views::tasks(&read(&app, caller).await?, &q)
+        .map(Json)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))
 }
 
 async fn roles(State(app): State<App>, caller: CallerExt) -> ApiResult {
@@ -150,7 +169,7 @@ async fn roles(State(app): State<App>, caller: CallerExt) -> ApiResult {
 }
 
 async fn offers(State(app): State<App>, caller: CallerExt) -> ApiResult {
-    Ok(Json(read(&app, caller).await?["offers"].take()))
+    Ok(Json(views::offers(&read(&app, caller).await?)))
 }
 
 async fn quotas(State(app): State<App>, caller: CallerExt) -> ApiResult {

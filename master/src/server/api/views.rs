@@ -126,6 +126,43 @@ pub fn agents(state: &Value) -> Value {
     )
 }
 
+/// Why a name or id named nothing (or more than one thing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// Nothing has that id or name.
+    NotFound,
+    /// More than one has that name: their ids.
+    Ambiguous(Vec<String>),
+}
+
+impl Lookup {
+    /// The operator's message for `what` (`task`, `framework`) named `key`.
+    pub fn message(&self, what: &str, key: &str) -> String {
+        match self {
+            Lookup::NotFound => format!("no {what} {key:?}"),
+            Lookup::Ambiguous(ids) => format!(
+                "more than one {what} is named {key:?} (ids {}); name one by its id",
+                ids.join(", ")
+            ),
+        }
+    }
+}
+
+/// The task states a filter may name (upper case, as `/state` shows them).
+pub const TASK_STATES: [&str; 11] = [
+    "STAGING",
+    "STARTING",
+    "RUNNING",
+    "FINISHED",
+    "FAILED",
+    "KILLED",
+    "LOST",
+    "ERROR",
+    "DROPPED",
+    "UNREACHABLE",
+    "GONE",
+];
+
 /// The agent named by `key`: its id or its name.
 pub fn find_agent<'a>(state: &'a Value, key: &str) -> Option<&'a Value> {
     let agents = arr(&state["agents"]);
@@ -146,6 +183,289 @@ pub fn find_framework<'a>(state: &'a Value, key: &str) -> Option<&'a Value> {
         (Some(f), None) => Some(f),
         _ => None,
     }
+}
+
+/// The framework named by `key` among active and completed frameworks: its id, or a name only
+/// one of them has (an active framework wins over completed ones of the same name).
+pub fn lookup_framework<'a>(state: &'a Value, key: &str) -> Result<&'a Value, Lookup> {
+    let active = arr(&state["frameworks"]);
+    let completed = arr(&state["completed_frameworks"]);
+    if let Some(f) = active.iter().chain(completed).find(|f| f["id"] == key) {
+        return Ok(f);
+    }
+    for list in [active, completed] {
+        let named: Vec<&Value> = list.iter().filter(|f| f["name"] == key).collect();
+        match named.as_slice() {
+            [] => continue,
+            [f] => return Ok(f),
+            many => {
+                return Err(Lookup::Ambiguous(
+                    many.iter().map(|f| cell(&f["id"])).collect(),
+                ))
+            }
+        }
+    }
+    Err(Lookup::NotFound)
+}
+
+/// The task named by `key`: its id, or a name only one task has (active tasks first, then
+/// completed ones). A task id relaunched after it ended is found as its newest run.
+pub fn lookup_task<'a>(state: &'a Value, key: &str) -> Result<&'a Value, Lookup> {
+    let active = arr(&state["tasks"]);
+    let completed = arr(&state["completed_tasks"]);
+    if let Some(t) = active.iter().find(|t| t["id"] == key) {
+        return Ok(t);
+    }
+    // Completed tasks are oldest end first: the newest run is the last.
+    if let Some(t) = completed.iter().rev().find(|t| t["id"] == key) {
+        return Ok(t);
+    }
+    for list in [active, completed] {
+        let mut ids: Vec<String> = Vec::new();
+        let mut found = None;
+        for t in list.iter().rev().filter(|t| t["name"] == key) {
+            let id = cell(&t["id"]);
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+            found.get_or_insert(t);
+        }
+        match (found, ids.len()) {
+            (None, _) => continue,
+            (Some(t), 1) => return Ok(t),
+            _ => {
+                ids.sort();
+                return Err(Lookup::Ambiguous(ids));
+            }
+        }
+    }
+    Err(Lookup::NotFound)
+}
+
+/// A JSON string as is, anything else as its JSON text (`-` for null).
+fn cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The names of agents and frameworks by id, to show names where records hold ids.
+struct Names<'a> {
+    agents: std::collections::HashMap<&'a str, &'a Value>,
+    frameworks: std::collections::HashMap<&'a str, &'a Value>,
+}
+
+impl<'a> Names<'a> {
+    fn new(state: &'a Value) -> Self {
+        let by_id = |list: &'a Value| {
+            arr(list)
+                .iter()
+                .filter_map(|x| Some((x["id"].as_str()?, x)))
+                .collect::<Vec<_>>()
+        };
+        let mut agents: std::collections::HashMap<_, _> =
+            by_id(&state["agents"]).into_iter().collect();
+        for u in arr(&state["unreachable_agents"]) {
+            if let Some(id) = u["id"].as_str() {
+                agents.entry(id).or_insert(u);
+            }
+        }
+        let mut frameworks: std::collections::HashMap<_, _> =
+            by_id(&state["completed_frameworks"]).into_iter().collect();
+        // Active frameworks win over a completed record of the same id.
+        frameworks.extend(by_id(&state["frameworks"]));
+        Names { agents, frameworks }
+    }
+
+    fn agent(&self, id: &Value) -> Value {
+        id.as_str()
+            .and_then(|id| self.agents.get(id))
+            .map(|a| a["name"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    fn framework(&self, id: &Value) -> Value {
+        id.as_str()
+            .and_then(|id| self.frameworks.get(id))
+            .map(|f| f["name"].clone())
+            .unwrap_or(Value::Null)
+    }
+}
+
+/// A task's line in an agent's or framework's page.
+fn task_brief(t: &Value, names: &Names) -> Value {
+    json!({
+        "id": t["id"], "name": t["name"], "state": t["state"], "reason": t["reason"],
+        "message": t["message"], "exit_code": t["exit_code"],
+        "agent_id": t["agent_id"], "agent_name": names.agent(&t["agent_id"]),
+        "framework_id": t["framework_id"], "framework_name": names.framework(&t["framework_id"]),
+        "resources": t["resources"], "gpus": t["gpus"],
+        "staged_at_ms": t["staged_at_ms"], "ended_at_ms": t["ended_at_ms"],
+    })
+}
+
+/// Completed tasks shown on an agent's or framework's page (newest first).
+pub const PAGE_COMPLETED: usize = 50;
+
+/// `GET /api/v1/tasks/{id}`: the task's record (`/state`'s fields) with its agent's and
+/// framework's names, whether it is still active, and its GPUs in full (UUID, model, memory,
+/// health, latest sample) from its agent.
+pub fn task_page(state: &Value, t: &Value) -> Value {
+    let names = Names::new(state);
+    let active = arr(&state["tasks"]).iter().any(|x| std::ptr::eq(x, t));
+    let agent = names
+        .agents
+        .get(t["agent_id"].as_str().unwrap_or_default())
+        .copied();
+    let gpus: Vec<Value> = arr(&t["gpus"])
+        .iter()
+        .map(|uuid| {
+            let info = agent
+                .map(|a| arr(&a["gpus"]))
+                .unwrap_or_default()
+                .iter()
+                .find(|g| &g["uuid"] == uuid);
+            let sample = agent
+                .map(|a| arr(&a["gpu_samples"]))
+                .unwrap_or_default()
+                .iter()
+                .find(|s| &s["uuid"] == uuid);
+            let mut g = json!({"uuid": uuid});
+            if let (Some(o), Some(Value::Object(i))) = (g.as_object_mut(), info) {
+                for (k, v) in i {
+                    o.insert(k.clone(), v.clone());
+                }
+            }
+            if let Some(o) = g.as_object_mut() {
+                o.insert("sample".into(), sample.cloned().unwrap_or(Value::Null));
+            }
+            g
+        })
+        .collect();
+    let mut page = t.clone();
+    if let Some(o) = page.as_object_mut() {
+        o.insert("active".into(), json!(active));
+        o.insert("agent_name".into(), names.agent(&t["agent_id"]));
+        o.insert(
+            "agent_hostname".into(),
+            agent.map(|a| a["hostname"].clone()).unwrap_or(Value::Null),
+        );
+        o.insert("framework_name".into(), names.framework(&t["framework_id"]));
+        o.insert("gpu_devices".into(), Value::Array(gpus));
+    }
+    page
+}
+
+/// `GET /api/v1/agents/{id}`: [`agent`] with its tasks (active, then the latest completed,
+/// newest first) and the offers outstanding on it, with framework names.
+pub fn agent_page(state: &Value, a: &Value) -> Value {
+    let names = Names::new(state);
+    let id = &a["id"];
+    let active: Vec<Value> = arr(&state["tasks"])
+        .iter()
+        .filter(|t| &t["agent_id"] == id)
+        .map(|t| task_brief(t, &names))
+        .collect();
+    let completed: Vec<Value> = arr(&state["completed_tasks"])
+        .iter()
+        .rev()
+        .filter(|t| &t["agent_id"] == id)
+        .take(PAGE_COMPLETED)
+        .map(|t| task_brief(t, &names))
+        .collect();
+    let offers: Vec<Value> = arr(&state["offers"])
+        .iter()
+        .filter(|o| &o["agent_id"] == id)
+        .map(|o| {
+            let mut o = o.clone();
+            let name = names.framework(&o["framework_id"]);
+            if let Some(m) = o.as_object_mut() {
+                m.insert("framework_name".into(), name);
+            }
+            o
+        })
+        .collect();
+    let mut page = agent(a, arr(&state["tasks"]));
+    if let Some(o) = page.as_object_mut() {
+        o.insert("tasks".into(), Value::Array(active));
+        o.insert("completed_tasks".into(), Value::Array(completed));
+        o.insert("offers".into(), Value::Array(offers));
+    }
+    page
+}
+
+/// `GET /api/v1/frameworks/{id}`: the framework (active, or `completed` with why it was
+/// removed) with its roles' shares and quotas, its tasks (active, then the latest completed,
+/// newest first, with agent names) and the offers it holds.
+pub fn framework_page(state: &Value, f: &Value) -> Value {
+    let names = Names::new(state);
+    let id = &f["id"];
+    let completed_fw = arr(&state["completed_frameworks"])
+        .iter()
+        .any(|c| std::ptr::eq(c, f));
+    let active: Vec<Value> = arr(&state["tasks"])
+        .iter()
+        .filter(|t| &t["framework_id"] == id)
+        .map(|t| task_brief(t, &names))
+        .collect();
+    let completed: Vec<Value> = arr(&state["completed_tasks"])
+        .iter()
+        .rev()
+        .filter(|t| &t["framework_id"] == id)
+        .take(PAGE_COMPLETED)
+        .map(|t| task_brief(t, &names))
+        .collect();
+    let offers: Vec<Value> = arr(&state["offers"])
+        .iter()
+        .filter(|o| &o["framework_id"] == id)
+        .map(|o| {
+            let mut o = o.clone();
+            let name = names.agent(&o["agent_id"]);
+            if let Some(m) = o.as_object_mut() {
+                m.insert("agent_name".into(), name);
+            }
+            o
+        })
+        .collect();
+    let fw_roles: Vec<&Value> = arr(&f["roles"]).iter().collect();
+    let roles: Vec<Value> = arr(&roles(state))
+        .iter()
+        .filter(|r| fw_roles.contains(&&r["name"]))
+        .cloned()
+        .collect();
+    let mut page = f.clone();
+    if let Some(o) = page.as_object_mut() {
+        o.insert("completed".into(), json!(completed_fw));
+        o.insert("role_details".into(), Value::Array(roles));
+        o.insert("tasks".into(), Value::Array(active));
+        o.insert("completed_tasks".into(), Value::Array(completed));
+        o.insert("offers".into(), Value::Array(offers));
+    }
+    page
+}
+
+/// `GET /api/v1/offers`: the outstanding offers with their agent's and framework's names.
+pub fn offers(state: &Value) -> Value {
+    let names = Names::new(state);
+    Value::Array(
+        arr(&state["offers"])
+            .iter()
+            .map(|o| {
+                let mut o = o.clone();
+                let (a, f) = (
+                    names.agent(&o["agent_id"]),
+                    names.framework(&o["framework_id"]),
+                );
+                if let Some(m) = o.as_object_mut() {
+                    m.insert("agent_name".into(), a);
+                    m.insert("framework_name".into(), f);
+                }
+                o
+            })
+            .collect(),
+    )
 }
 
 /// `GET /api/v1/roles`: every role the allocator knows with its share, weight, allocation and
@@ -176,6 +496,36 @@ pub fn roles(state: &Value) -> Value {
             })
             .collect(),
     )
+}
+
+/// Warnings for a quota limit below what `role`'s tasks (and its subroles') hold now: they
+/// keep running, and the role gets nothing more until it is back under the limit.
+pub fn limit_warnings(
+    state: &Value,
+    role: &str,
+    limit: &gantry_proto::ResourceLimits,
+) -> Vec<String> {
+    let sub = format!("{role}/");
+    let mut held = Map::new();
+    for t in arr(&state["tasks"]) {
+        let r = t["role"].as_str().unwrap_or_default();
+        if r == role || r.starts_with(&sub) {
+            add_into(&mut held, &t["resources"]);
+        }
+    }
+    limit
+        .iter()
+        .filter_map(|(kind, max_milli)| {
+            let used = held.get(kind).and_then(Value::as_f64)?;
+            let max = max_milli as f64 / 1000.0;
+            (used * 1000.0 > max_milli as f64).then(|| {
+                format!(
+                    "the limit {kind}:{max} is below what role {role}'s tasks hold now ({kind}:{used}): \
+                     they keep running, and the role is offered no more {kind} until it is under the limit"
+                )
+            })
+        })
+        .collect()
 }
 
 /// `GET /api/v1/quotas`: roles with a guarantee or a limit.
@@ -221,7 +571,7 @@ pub fn maintenance(state: &Value) -> Value {
 pub struct TaskQuery {
     /// A task state (`RUNNING`, `FINISHED`…; case-insensitive).
     pub state: Option<String>,
-    /// A framework id.
+    /// A framework id or name.
     pub framework: Option<String>,
     /// An agent id or name.
     pub agent: Option<String>,
@@ -234,14 +584,80 @@ pub struct TaskQuery {
 }
 
 /// `GET /api/v1/tasks`: active tasks first (by id), then completed ones (oldest end first),
-/// filtered, then one page: `{"total": N, "offset": O, "limit": L, "tasks": [...]}`.
-pub fn tasks(state: &Value, q: &TaskQuery) -> Value {
-    let agent_id = q.agent.as_deref().map(|k| {
-        find_agent(state, k)
-            .and_then(|a| a["id"].as_str())
-            .unwrap_or(k)
-            .to_string()
-    });
+/// filtered, then one page: `{"total": N, "offset": O, "limit": L, "tasks": [...]}`; each task
+/// carries its agent's and framework's names (`agent_name`, `framework_name`).
+///
+/// A filter naming nothing is an error (the caller answers 400), never an empty page: a state
+/// that is not one of [`TASK_STATES`], a framework that is neither the id nor the name of an
+/// active or completed framework, an agent the master does not know.
+pub fn tasks(state: &Value, q: &TaskQuery) -> Result<Value, String> {
+    if let Some(s) = q.state.as_deref() {
+        if !TASK_STATES.iter().any(|x| x.eq_ignore_ascii_case(s)) {
+            return Err(format!(
+                "unknown task state {s:?}; the states are {}",
+                TASK_STATES.join(", ")
+            ));
+        }
+    }
+    let framework_id = match q.framework.as_deref() {
+        None => None,
+        Some(k) => match lookup_framework(state, k) {
+            Ok(f) => Some(f["id"].clone()),
+            Err(e) => {
+                let known: Vec<String> = arr(&state["frameworks"])
+                    .iter()
+                    .chain(arr(&state["completed_frameworks"]))
+                    .map(|f| cell(&f["name"]))
+                    .collect();
+                return Err(format!(
+                    "{}; the frameworks are: {}",
+                    e.message("framework", k),
+                    if known.is_empty() {
+                        "none".into()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+        },
+    };
+    let agent_id = match q.agent.as_deref() {
+        None => None,
+        Some(k) => {
+            let names = Names::new(state);
+            let found = find_agent(state, k)
+                .map(|a| a["id"].clone())
+                .or_else(|| names.agents.contains_key(k).then(|| json!(k)))
+                .or_else(|| {
+                    arr(&state["unreachable_agents"])
+                        .iter()
+                        .find(|u| u["name"] == k)
+                        .map(|u| u["id"].clone())
+                });
+            // An agent removed since may still be named by its tasks' records.
+            let in_records = arr(&state["completed_tasks"])
+                .iter()
+                .any(|t| t["agent_id"] == k);
+            match found {
+                Some(id) => Some(id),
+                None if in_records => Some(json!(k)),
+                None => {
+                    let known: Vec<String> = arr(&state["agents"])
+                        .iter()
+                        .map(|a| cell(&a["name"]))
+                        .collect();
+                    return Err(format!(
+                        "no agent {k:?}; the agents are: {}",
+                        if known.is_empty() {
+                            "none".into()
+                        } else {
+                            known.join(", ")
+                        }
+                    ));
+                }
+            }
+        }
+    };
     let completed = if q.completed.unwrap_or(true) {
         arr(&state["completed_tasks"])
     } else {
@@ -255,22 +671,33 @@ pub fn tasks(state: &Value, q: &TaskQuery) -> Value {
                 t["state"]
                     .as_str()
                     .is_some_and(|x| x.eq_ignore_ascii_case(s))
-            }) && q
-                .framework
-                .as_deref()
-                .is_none_or(|f| t["framework_id"] == f)
-                && agent_id.as_deref().is_none_or(|a| t["agent_id"] == a)
+            }) && framework_id
+                .as_ref()
+                .is_none_or(|f| &t["framework_id"] == f)
+                && agent_id.as_ref().is_none_or(|a| &t["agent_id"] == a)
         })
         .collect();
     let limit = q.limit.unwrap_or(DEFAULT_PAGE).min(MAX_PAGE);
     let offset = q.offset.unwrap_or(0);
+    let names = Names::new(state);
     let page: Vec<Value> = matching
         .iter()
         .skip(offset)
         .take(limit)
-        .map(|t| (*t).clone())
+        .map(|t| {
+            let mut t = (*t).clone();
+            let (a, f) = (
+                names.agent(&t["agent_id"]),
+                names.framework(&t["framework_id"]),
+            );
+            if let Some(o) = t.as_object_mut() {
+                o.insert("agent_name".into(), a);
+                o.insert("framework_name".into(), f);
+            }
+            t
+        })
         .collect();
-    json!({"total": matching.len(), "offset": offset, "limit": limit, "tasks": page})
+    Ok(json!({"total": matching.len(), "offset": offset, "limit": limit, "tasks": page}))
 }
 
 #[cfg(test)]
@@ -344,7 +771,7 @@ mod tests {
     #[test]
     fn tasks_filter_and_paginate() {
         let s = state();
-        let all = tasks(&s, &TaskQuery::default());
+        let all = tasks(&s, &TaskQuery::default()).unwrap();
         assert_eq!(all["total"], 3);
         let running = tasks(
             &s,
@@ -352,7 +779,8 @@ mod tests {
                 state: Some("running".into()),
                 ..Default::default()
             },
-        );
+        )
+        .unwrap();
         assert_eq!(running["total"], 1);
         assert_eq!(running["tasks"][0]["id"], "t1");
         let on_gpu1 = tasks(
@@ -361,7 +789,8 @@ mod tests {
                 agent: Some("gpu-1".into()),
                 ..Default::default()
             },
-        );
+        )
+        .unwrap();
         assert_eq!(on_gpu1["total"], 2);
         let page = tasks(
             &s,
@@ -370,7 +799,8 @@ mod tests {
                 offset: Some(1),
                 ..Default::default()
             },
-        );
+        )
+        .unwrap();
         assert_eq!(page["total"], 3);
         assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
         assert_eq!(page["tasks"][0]["id"], "t2");
@@ -380,7 +810,8 @@ mod tests {
                 completed: Some(false),
                 ..Default::default()
             },
-        );
+        )
+        .unwrap();
         assert_eq!(active["total"], 2);
         let huge = tasks(
             &s,
@@ -388,7 +819,8 @@ mod tests {
                 limit: Some(1_000_000),
                 ..Default::default()
             },
-        );
+        )
+        .unwrap();
         assert_eq!(huge["limit"], MAX_PAGE);
     }
 
@@ -404,5 +836,87 @@ mod tests {
         assert_eq!(w[0]["weight"], 2.0);
         let m = maintenance(&s);
         assert_eq!(m["agents"][0]["name"], "cpu-1");
+    }
+
+    #[test]
+    fn task_filters_that_name_nothing_are_errors() {
+        let s = state();
+        let q = |state: Option<&str>, framework: Option<&str>, agent: Option<&str>| TaskQuery {
+            state: state.map(Into::into),
+            framework: framework.map(Into::into),
+            agent: agent.map(Into::into),
+            ..Default::default()
+        };
+        let e = tasks(&s, &q(Some("bogus"), None, None)).unwrap_err();
+        assert!(e.contains("RUNNING") && e.contains("\"bogus\""), "{e}");
+        let e = tasks(&s, &q(None, Some("nope"), None)).unwrap_err();
+        assert!(e.contains("the frameworks are: batch"), "{e}");
+        let e = tasks(&s, &q(None, None, Some("nope"))).unwrap_err();
+        assert!(e.contains("cpu-1") && e.contains("gpu-1"), "{e}");
+        // Names work where ids do, and each task carries the names.
+        let by_name = tasks(&s, &q(None, Some("batch"), Some("gpu-1"))).unwrap();
+        assert_eq!(by_name["total"], 2);
+        assert_eq!(by_name["tasks"][0]["framework_name"], "batch");
+        assert_eq!(by_name["tasks"][0]["agent_name"], "gpu-1");
+    }
+
+    #[test]
+    fn tasks_are_found_by_id_or_unique_name() {
+        let mut s = state();
+        assert_eq!(lookup_task(&s, "t1").unwrap()["name"], "train");
+        assert_eq!(lookup_task(&s, "prep").unwrap()["id"], "t0");
+        assert_eq!(lookup_task(&s, "nope"), Err(Lookup::NotFound));
+        s["tasks"][1]["name"] = json!("train");
+        assert_eq!(
+            lookup_task(&s, "train"),
+            Err(Lookup::Ambiguous(vec!["t1".into(), "t2".into()]))
+        );
+        let msg = Lookup::Ambiguous(vec!["t1".into()]).message("task", "train");
+        assert!(msg.contains("name one by its id"), "{msg}");
+    }
+
+    #[test]
+    fn pages_join_names_gpus_tasks_and_offers() {
+        let mut s = state();
+        s["agents"][0]["gpus"][0]["name"] = json!("NVIDIA A100-SXM4-80GB");
+        s["offers"] = json!([{"id": "o1", "framework_id": "f1", "agent_id": "a2"}]);
+        let t = task_page(&s, lookup_task(&s, "t1").unwrap());
+        assert_eq!(t["active"], true);
+        assert_eq!(t["agent_name"], "gpu-1");
+        assert_eq!(t["framework_name"], "batch");
+        assert_eq!(t["gpu_devices"][0]["uuid"], "G0");
+        assert_eq!(t["gpu_devices"][0]["name"], "NVIDIA A100-SXM4-80GB");
+        assert_eq!(t["gpu_devices"][0]["sample"]["util_percent"], 55);
+        let done = task_page(&s, lookup_task(&s, "t0").unwrap());
+        assert_eq!(done["active"], false);
+        let a = agent_page(&s, find_agent(&s, "cpu-1").unwrap());
+        assert_eq!(a["tasks"][0]["name"], "eval");
+        assert_eq!(a["tasks"][0]["framework_name"], "batch");
+        assert_eq!(a["offers"][0]["framework_name"], "batch");
+        let f = framework_page(&s, lookup_framework(&s, "batch").unwrap());
+        assert_eq!(f["completed"], false);
+        assert_eq!(f["tasks"].as_array().unwrap().len(), 2);
+        assert_eq!(f["completed_tasks"][0]["name"], "prep");
+        assert_eq!(f["completed_tasks"][0]["agent_name"], "gpu-1");
+        assert_eq!(f["offers"][0]["agent_name"], "cpu-1");
+        assert_eq!(f["role_details"][0]["name"], "eng");
+        assert_eq!(offers(&s)[0]["agent_name"], "cpu-1");
+        s["completed_frameworks"] = json!([{"id": "f0", "name": "old", "reason": "torn down"}]);
+        let old = framework_page(&s, lookup_framework(&s, "old").unwrap());
+        assert_eq!(old["completed"], true);
+    }
+
+    #[test]
+    fn a_limit_below_what_tasks_hold_warns() {
+        let mut s = state();
+        s["tasks"][0]["role"] = json!("eng/ml");
+        s["tasks"][0]["resources"] = json!({"cpus": 3.0, "mem": 64.0});
+        s["tasks"][1]["role"] = json!("eng");
+        s["tasks"][1]["resources"] = json!({"cpus": 1.0});
+        let w = limit_warnings(&s, "eng", &"cpus:2;mem:1024".parse().unwrap());
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("cpus:2") && w[0].contains("cpus:4"), "{w:?}");
+        assert!(limit_warnings(&s, "eng", &"cpus:4".parse().unwrap()).is_empty());
+        assert!(limit_warnings(&s, "ops", &"cpus:0".parse().unwrap()).is_empty());
     }
 }

@@ -31,8 +31,6 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
 use serde_json::Value;
 use subtle::ConstantTimeEq;
 
@@ -57,22 +55,21 @@ const COMPLETED_SHOWN: usize = 20;
 type CallerExt = Option<axum::Extension<Caller>>;
 
 /// The `/ui` routes (merged into the operator API's router).
-pub(super) fn routes() -> Router<App> {
-    Router::new()
-        .route("/ui", get(page))
-        .route("/ui/", get(page))
-        .route("/ui/fragment", get(fragment))
-        .route("/ui/login", get(login_page).post(login_form))
-        .route("/ui/logout", post(logout))
-        .route(
-            "/ui/app.js",
-            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
-        )
-        .route(
-            "/ui/style.css",
-            get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
-        )
-        .layer(axum::middleware::map_response(security_headers))
+pub(super) fn routes() -> super::routes::Routes<App> {
+    super::routes::Routes::new()
+        .get("/ui", page)
+        .get("/ui/", page)
+        .get("/ui/fragment", fragment)
+        .get("/ui/login", login_page)
+        .post("/ui/login", login_form)
+        .post("/ui/logout", logout)
+        .get("/ui/app.js", || async {
+            asset("text/javascript; charset=utf-8", APP_JS)
+        })
+        .get("/ui/style.css", || async {
+            asset("text/css; charset=utf-8", STYLE_CSS)
+        })
+        .map(|r| r.layer(axum::middleware::map_response(security_headers)))
 }
 
 /// The headers every `/ui` response carries (see the module docs).

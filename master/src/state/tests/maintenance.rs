@@ -198,8 +198,16 @@ fn a_drain_notifies_stops_offers_kills_at_the_deadline_and_ends_drained() {
     );
     h.now += DRAIN_KILL_RETRY_MS;
     assert_eq!(kills(&h.tick()), vec![t]);
-    // KILLED, not yet acknowledged: still draining.
+    // KILLED, not yet acknowledged: still draining. The update says why it was killed.
     let out = h.update(t, fw, TaskState::Killed);
+    let view = h.m.view(h.now, 0);
+    let killed = view.tasks.iter().find(|v| v.id == t.to_string()).unwrap();
+    assert_eq!(killed.reason.as_deref(), Some("drain-deadline"));
+    assert!(
+        killed.message.contains("drain deadline"),
+        "{}",
+        killed.message
+    );
     h.tick();
     assert_eq!(h.m.drain_state(agent), Some("DRAINING"));
     assert!(offers(&out).is_empty(), "freed resources are not offered");
