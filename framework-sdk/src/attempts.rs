@@ -15,7 +15,8 @@
 //! | `FINISHED` | - | succeeded |
 //! | `FAILED`, `ERROR`, `KILLED` (not asked for by the framework) | yes | retried after the backoff, or given up |
 //! | `LOST`, `GONE`, `DROPPED` (the cluster lost it, or it never ran) | no | ready again at once |
-//! | a task on an agent being drained ([`AttemptsBook::drained`]), killed there | no | ready again at once |
+//! | `KILLED` for a drain (reason `drain-deadline`), or on an agent being drained ([`AttemptsBook::drained`]) | no | ready again at once |
+//! | `KILLED` to make room (reason `preempted`) | no | ready again at once |
 //! | `KILLED` after the framework's own kill ([`AttemptsBook::cancelled`]) | no | left alone (not retried) |
 //!
 //! ```
@@ -45,7 +46,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use crate::protocol::{StatusUpdate, TaskId, TaskState};
+use crate::protocol::{StatusUpdate, TaskId, TaskReason, TaskState};
 
 /// How often and how soon a unit is tried again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,6 +250,16 @@ impl<K: Ord + Clone> AttemptsBook<K> {
                 unit.state = UnitState::Pending { ready_at: now };
                 Verdict::Relaunch { unit: key }
             }
+            TaskState::Killed
+                if matches!(
+                    update.reason,
+                    Some(TaskReason::Preempted | TaskReason::DrainDeadline)
+                ) =>
+            {
+                unit.losses += 1;
+                unit.state = UnitState::Pending { ready_at: now };
+                Verdict::Relaunch { unit: key }
+            }
             _ if drained => {
                 unit.losses += 1;
                 unit.state = UnitState::Pending { ready_at: now };
@@ -325,7 +336,7 @@ impl<K: Ord + Clone> AttemptsBook<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{FrameworkId, TaskReason};
+    use crate::protocol::FrameworkId;
 
     fn end(task: TaskId, state: TaskState) -> StatusUpdate {
         StatusUpdate::new(task, FrameworkId::from_u128(1), state)
@@ -398,12 +409,20 @@ mod tests {
             b.update(&end(drained, TaskState::Killed), 5),
             Some(Verdict::Relaunch { unit: 2 })
         );
+        // Preemption and a drain's deadline do not count either.
+        for (k, reason) in [(5, TaskReason::Preempted), (6, TaskReason::DrainDeadline)] {
+            b.add(k);
+            let t = launch(&mut b, k, 0);
+            let mut u = end(t, TaskState::Killed);
+            u.reason = Some(reason);
+            assert_eq!(b.update(&u, 5), Some(Verdict::Relaunch { unit: k }));
+        }
         b.cancelled(mine);
         assert_eq!(
             b.update(&end(mine, TaskState::Killed), 5),
             Some(Verdict::Cancelled { unit: 3 })
         );
-        assert_eq!(b.ready(5), vec![0, 1, 2], "ready again at once");
+        assert_eq!(b.ready(5), vec![0, 1, 2, 5, 6], "ready again at once");
         for k in 0..3 {
             assert_eq!(b.unit(&k).map(|u| (u.failures, u.losses)), Some((0, 1)));
         }
