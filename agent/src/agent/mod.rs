@@ -14,16 +14,19 @@
 //! dispatch; launching and the blocking helpers live in `launch` and `blocking`.)
 //!
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
-//! input already waiting, appends the records the core asked to persist, commits the batch with
-//! one `fdatasync`, and only then sends the messages and starts the launches the batch produced
-//! (`Agent::commit`).
+//! input already waiting, appends the records the core asked to persist, and commits the batch
+//! as the core decides ([`AgentCore::end_batch`]: one `fdatasync` when anything leaves, a plain
+//! write for acknowledgements), and only then sends the messages and starts the launches the
+//! batch produced (`Agent::commit`).
 //!
-//! Task life: the core assigns GPUs and records the task with its cgroup name *before* the
-//! launch creates the cgroup, so a restarted agent knows everything it may have created. The
-//! task joins its cgroup between `fork` and `exec` (the supervisor writes `0` to each
-//! `cgroup.procs`). When it ends, the OOM flag and final usage are read, recorded in the
-//! sandbox, and the core makes the task terminal; an empty cgroup is destroyed after that (off
-//! the task's path), one with processes left in it before.
+//! Task life, forward (docs/gpu-agent.md, "One task, walked through"): `RunTask` (ports probed
+//! here) → the core records it with its GPUs, ports and cgroup name *before* the launch creates
+//! the cgroup, so a restarted agent knows everything it may have created → commit → `launch`
+//! (user, cgroup, directories on a blocking thread; the supervisor process starts it, the task
+//! joining its cgroups between `clone` and `exec`) → `Launched` → `Exited` → without a cgroup
+//! terminal at once; with one, `Settle` reads the OOM flag and final usage (recorded in the
+//! launch record) and `Settled` makes it terminal; an empty cgroup goes back to the pool or is
+//! destroyed after that (off the task's path), one with processes left in it before.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
