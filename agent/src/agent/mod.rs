@@ -420,6 +420,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             res = resources_rx.recv() => {
                 if let Some(res) = res {
                     agent.resource(res);
+                    // A burst of launches hands over as many cgroups: one turn of the loop.
+                    while let Ok(res) = resources_rx.try_recv() {
+                        agent.resource(res);
+                    }
                 }
             }
             input = rx.recv() => match input {
