@@ -169,6 +169,8 @@ struct Agent {
     outbox: Vec<AgentToMaster>,
     /// Launches started after the next commit.
     launches: Vec<PendingLaunch>,
+    /// Launches started by this run (for the log's syncs per task at shutdown).
+    launches_started: u64,
     /// A background snapshot is being written.
     compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
@@ -351,6 +353,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         wal,
         outbox: Vec::new(),
         launches: Vec::new(),
+        launches_started: 0,
         compacting: false,
         master: None,
         outboxes: outboxes_rx,
@@ -453,6 +456,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
         }
     };
+    let stats = agent.wal.stats();
+    tracing::info!(
+        log_frames = stats.frames,
+        log_syncs = stats.syncs,
+        launches = agent.launches_started,
+        "write-ahead log of this run"
+    );
     session.abort();
     if let Some(m) = metrics_server {
         m.abort();
@@ -861,6 +871,7 @@ impl Agent {
             self.outbox.clear();
         }
         for launch in self.launches.drain(..) {
+            self.launches_started += 1;
             tokio::spawn(launch);
         }
         if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
