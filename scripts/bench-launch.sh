@@ -132,6 +132,10 @@ gantry() { # name isolation-args...
     "machine CPU per task: ${machine_cpu[0]} ms, ${machine_cpu[1]} ms"
   kill "$agent" 2>/dev/null || true
   wait "$agent" 2>/dev/null || true
+  # The agent logs its log's frames and fdatasyncs at shutdown (both batches, 2 x N tasks).
+  local syncs
+  syncs=$(grep -o 'log_syncs[^0-9]*[0-9]*' "$DIR/agent-$name.log" | grep -o '[0-9]*$' | tail -1 || true)
+  [ -n "$syncs" ] && echo "   agent log syncs per task: $(awk -v s="$syncs" -v n="$N" 'BEGIN { printf "%.2f", s / (2 * n) }') ($syncs fdatasyncs, both batches)"
   # The next mode's batch must not get offers for this agent.
   for _ in $(seq 600); do [ "$(known_agents)" = 0 ] && break; sleep 0.1; done
 }

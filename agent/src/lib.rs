@@ -8,10 +8,13 @@
 //!   send, persist, sample, settle, collect). Task lifecycle, kill escalation, GPU health,
 //!   recovery, the sandbox collection queue.
 //! - [`agent`]: the thin tokio runtime around the core: performs its effects (the log's group
-//!   commit, launches off the loop, cgroups, sampling, sandbox GC, MPS, `/metrics`).
+//!   commit as the core's `end_batch` decides, launches off the loop, cgroups, sampling,
+//!   sandbox GC, MPS, `/metrics`). A task, forward: `RunTask` → core → commit → launch →
+//!   `Launched` → `Exited` (→ `Settled` with a cgroup) → terminal → acknowledged, forgotten.
 //! - [`session`]: the QUIC connection to the master (mutual TLS, redirects, reconnects).
-//! - [`executor`]: task launch under a per-task supervisor (shell string or argv, as the task's
-//!   Unix user: [`executor::user`]), exit status, kill.
+//! - [`executor`]: task launch through the agent's supervisor process (shell string or argv, as
+//!   the task's Unix user: [`executor::user`], looked up once per user per burst), the launch
+//!   record, exit status, kill.
 //! - [`updates`]: PURE status update manager (in-order, retried with backoff until acked).
 //! - [`checkpoint`]: the snapshot of the on-disk state for recovery after an agent restart.
 //! - [`wal`]: the write-ahead log of changes (group commit, background compaction, replay).

@@ -14,16 +14,19 @@
 //! dispatch; launching and the blocking helpers live in `launch` and `blocking`.)
 //!
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
-//! input already waiting, appends the records the core asked to persist, commits the batch with
-//! one `fdatasync`, and only then sends the messages and starts the launches the batch produced
-//! (`Agent::commit`).
+//! input already waiting, appends the records the core asked to persist, and commits the batch
+//! as the core decides ([`AgentCore::end_batch`]: one `fdatasync` when anything leaves, a plain
+//! write for acknowledgements), and only then sends the messages and starts the launches the
+//! batch produced (`Agent::commit`).
 //!
-//! Task life: the core assigns GPUs and records the task with its cgroup name *before* the
-//! launch creates the cgroup, so a restarted agent knows everything it may have created. The
-//! task joins its cgroup between `fork` and `exec` (the supervisor writes `0` to each
-//! `cgroup.procs`). When it ends, the OOM flag and final usage are read, recorded in the
-//! sandbox, and the core makes the task terminal; an empty cgroup is destroyed after that (off
-//! the task's path), one with processes left in it before.
+//! Task life, forward (docs/gpu-agent.md, "One task, walked through"): `RunTask` (ports probed
+//! here) → the core records it with its GPUs, ports and cgroup name *before* the launch creates
+//! the cgroup, so a restarted agent knows everything it may have created → commit → `launch`
+//! (user, cgroup, directories on a blocking thread; the supervisor process starts it, the task
+//! joining its cgroups between `clone` and `exec`) → `Launched` → `Exited` → without a cgroup
+//! terminal at once; with one, `Settle` reads the OOM flag and final usage (recorded in the
+//! launch record) and `Settled` makes it terminal; an empty cgroup goes back to the pool or is
+//! destroyed after that (off the task's path), one with processes left in it before.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -166,6 +169,8 @@ struct Agent {
     outbox: Vec<AgentToMaster>,
     /// Launches started after the next commit.
     launches: Vec<PendingLaunch>,
+    /// Launches started by this run (for the log's syncs per task at shutdown).
+    launches_started: u64,
     /// A background snapshot is being written.
     compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
@@ -348,6 +353,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         wal,
         outbox: Vec::new(),
         launches: Vec::new(),
+        launches_started: 0,
         compacting: false,
         master: None,
         outboxes: outboxes_rx,
@@ -417,6 +423,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             res = resources_rx.recv() => {
                 if let Some(res) = res {
                     agent.resource(res);
+                    // A burst of launches hands over as many cgroups: one turn of the loop.
+                    while let Ok(res) = resources_rx.try_recv() {
+                        agent.resource(res);
+                    }
                 }
             }
             input = rx.recv() => match input {
@@ -446,6 +456,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
         }
     };
+    let stats = agent.wal.stats();
+    tracing::info!(
+        log_frames = stats.frames,
+        log_syncs = stats.syncs,
+        launches = agent.launches_started,
+        "write-ahead log of this run"
+    );
     session.abort();
     if let Some(m) = metrics_server {
         m.abort();
@@ -880,6 +897,7 @@ impl Agent {
             self.outbox.clear();
         }
         for launch in self.launches.drain(..) {
+            self.launches_started += 1;
             tokio::spawn(launch);
         }
         if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {

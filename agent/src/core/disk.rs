@@ -55,12 +55,14 @@ impl AgentCore {
 
     /// When the next pass is due: only while a sandbox is watched and no pass runs.
     pub(super) fn disk_deadline(&self) -> Option<u64> {
-        let watched = self
-            .ckpt
-            .tasks
-            .iter()
-            .any(|(id, rec)| self.disk_watched(id, rec));
-        (self.config.disk_enforcement != DiskEnforcement::None && !self.disk_measuring && watched)
+        // (The cheap conditions first: the scan of every task runs after each batch.)
+        let watched = || {
+            self.ckpt
+                .tasks
+                .iter()
+                .any(|(id, rec)| self.disk_watched(id, rec))
+        };
+        (self.config.disk_enforcement != DiskEnforcement::None && !self.disk_measuring && watched())
             .then(|| self.last_disk_pass + self.config.disk_watch_interval.as_millis() as u64)
     }
 

@@ -11,10 +11,12 @@
 //! settled cgroup, a sample, a probe of re-adopted tasks, an MPS daemon's exit).
 //!
 //! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
-//!   escalation, a dead supervisor's task killed, settlement into a terminal state, status
-//!   updates, GPU-memory shares.
+//!   escalation, a dead supervisor's task killed, settlement into a terminal state (at once for
+//!   a task without a cgroup), status updates, GPU-memory shares.
 //! - `groups`: task groups: all members start or none, the group environment, and the
 //!   group's policy when a member ends.
+//! - this module: inputs, effects, and the end of a batch ([`AgentCore::end_batch`]): the
+//!   group-commit decision ([`Commit`]: sync only when something leaves the agent).
 //! - `disk`: disk limits: which sandboxes to measure when (`--disk-watch-interval`), and the
 //!   kill of a task past its `disk` (`FAILED`, reason `disk-limit`).
 //! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
@@ -26,8 +28,8 @@
 //!   and watching them (probes of their supervisors; no exit record after 1 s).
 //! - `types`: the core's own types (task records, the checkpoint, log records, launches, exit
 //!   statuses, limits), which the I/O modules store, fill in and apply.
-//! - `tests`: lifecycle, kill escalation, recovery, GPU health, disk limits and the deadlines
-//!   with simulated time, without processes.
+//! - `tests`: lifecycle, kill escalation, recovery, GPU health, disk limits, the batching
+//!   decision and the deadlines with simulated time, without processes.
 
 mod disk;
 pub mod groups;

@@ -224,6 +224,16 @@ pub struct Wal {
     size: u64,
     /// A frame was written by [`Wal::write`] and not synced since.
     unsynced: bool,
+    /// Frames written and `fdatasync`s done by this agent run (all generations).
+    stats: WalStats,
+}
+
+/// What a [`Wal`] did in this agent run: frames written and `fdatasync`s (the agent logs them at
+/// shutdown; `scripts/bench-launch.sh` prints the syncs per task).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalStats {
+    pub frames: u64,
+    pub syncs: u64,
 }
 
 impl Wal {
@@ -320,6 +330,7 @@ impl Wal {
             buf: Vec::new(),
             size,
             unsynced: false,
+            stats: WalStats::default(),
         })
     }
 
@@ -365,6 +376,7 @@ impl Wal {
         };
         self.file.write_all(&self.buf).map_err(io)?;
         self.unsynced = true;
+        self.stats.frames += 1;
         self.size += self.buf.len() as u64;
         let n = self.pending.len();
         self.pending.clear();
@@ -384,7 +396,13 @@ impl Wal {
                 source,
             })?;
         self.unsynced = false;
+        self.stats.syncs += 1;
         Ok(())
+    }
+
+    /// Frames written and syncs done by this agent run.
+    pub fn stats(&self) -> WalStats {
+        self.stats
     }
 
     /// Bytes in the current log.
@@ -404,8 +422,10 @@ impl Wal {
         if self.unsynced {
             self.sync()?;
         }
+        let stats = self.stats;
         let next = Wal::create(&self.dir, self.gen + 1)?;
         *self = next;
+        self.stats = stats;
         Ok(self.gen)
     }
 }

@@ -346,3 +346,40 @@ fn the_agent_refuses_a_corrupt_log_unless_told_to_truncate_it() {
     let (again, _) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
     assert_eq!(again.tasks.len(), 1);
 }
+
+#[test]
+fn stats_count_frames_and_syncs_across_rotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
+    let a = task(TaskState::Running);
+    // An acknowledgement-only batch is written, not synced; the next commit syncs both.
+    wal.append(Record::Task(Box::new(a.clone())));
+    wal.write().unwrap();
+    assert_eq!(
+        wal.stats(),
+        WalStats {
+            frames: 1,
+            syncs: 0
+        }
+    );
+    wal.append(Record::TaskRemoved(a.info.task_id));
+    wal.commit().unwrap();
+    assert_eq!(
+        wal.stats(),
+        WalStats {
+            frames: 2,
+            syncs: 1
+        }
+    );
+    // Nothing pending and nothing unsynced: no sync.
+    wal.commit().unwrap();
+    wal.rotate().unwrap();
+    assert_eq!(
+        wal.stats(),
+        WalStats {
+            frames: 2,
+            syncs: 1
+        },
+        "kept by a rotation"
+    );
+}
