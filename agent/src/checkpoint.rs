@@ -123,6 +123,7 @@ mod tests {
                 gpu_memory_kill: None,
                 disk_kill: None,
                 ports: Vec::new(),
+                group: None,
             },
         );
         c.save(&dir).unwrap();

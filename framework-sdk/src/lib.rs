@@ -14,6 +14,9 @@
 //!   directory convention, the masters list.
 //! - [`book`]: [`book::TaskBook`], the framework's table of its tasks kept from launches and
 //!   status updates (pure, idempotent).
+//! - [`group`]: atomic task groups on one agent ([`group::TaskGroup`],
+//!   [`DriverHandle::launch_group`]) and [`group::place_group`], which finds one agent whose
+//!   offers hold the whole group.
 //! - [`backoff`]: exponential backoff helpers ([`backoff::RestartBackoff`] per key).
 //! - [`reconcile`]: built-in reconciliation on re-subscription and periodically
 //!   ([`DriverConfig::reconcile`]).
@@ -23,12 +26,21 @@
 //!   (pure): `fgd-pack`, `fgd`, `best-fit`,
 //!   `random`, shared by schedulers and the master's `simulate --openb` replay; and the
 //!   offer-level building blocks [`placement::offers`] (fit tasks into held offers: selectors,
-//!   attributes, NUMA locality) and [`placement::gang`] (all-or-nothing gangs, elastic
-//!   `min..max`, which gang may hold offers).
+//!   attributes, NUMA locality), [`placement::gang`] (all-or-nothing gangs, elastic
+//!   `min..max`, which gang may hold offers) and [`placement::request`] (several shapes placed
+//!   together, all or nothing: `strict_pack` on one agent, `spread` per agent or per attribute
+//!   value such as `rack`).
 //! - [`process`]: shutdown on SIGINT or SIGTERM (re-exported from `gantry-cli`).
 //! - [`timers`]: one-shot and periodic timers ([`DriverHandle::after`], [`DriverHandle::every`])
 //!   and the framework's own events ([`DriverHandle::notify`]), delivered as
 //!   [`Scheduler::wake`] in order with the master's messages.
+//! - Unit tests of a scheduler: the `gantry-sdk-testkit` crate (framework-sdk/testkit, a
+//!   dev-dependency) runs it in the real [`Driver`] against a scripted in-process master that
+//!   sends offers, updates, rescinds, errors and failovers and reads back what it sent.
+//! - `driver_core` (private): the driver's decision logic, pure (deduplication, implicit and
+//!   explicit acknowledgements, kill retries, requests held while disconnected,
+//!   reconciliation, timers: inputs and the time in, effects out), unit-tested without
+//!   sockets; [`Driver`] is its async shell.
 //! - [`scheduler`]: the [`Scheduler`] trait (with the [`Scheduler::drain_notice`] callback for
 //!   agents drained for maintenance) and the [`Driver`] that runs it against a master.
 
@@ -36,6 +48,8 @@
 
 pub mod backoff;
 pub mod book;
+mod driver_core;
+pub mod group;
 /// `--config FILE` for every Gantry binary: `gantry-cli`'s module re-exported.
 pub mod config_file {
     pub use gantry_cli::config_file::*;

@@ -34,7 +34,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,13 +42,16 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::driver_core::{Command, DriverCore, Effect, Event};
 use crate::protocol::codec::{encode_frame_into, WRITE_BATCH_BYTES};
 use crate::protocol::*;
-use crate::timers::{TimerId, Timers};
+use crate::timers::TimerId;
 use crate::transport::masters::{LeaderSession, Masters, MastersConfig};
 use crate::transport::quic;
 use crate::transport::tls::{self, PeerIdentity};
 use crate::transport::FrameReader;
+
+pub use crate::driver_core::{KILL_ATTEMPTS, KILL_RETRY};
 
 /// Callbacks of a framework scheduler. Every method has a default that does nothing (offers
 /// are declined by default). Callbacks run one at a time, in the order events arrive.
@@ -309,23 +311,6 @@ pub enum DriverError {
     Refused(String),
 }
 
-enum Command {
-    Send(FrameworkToMaster),
-    Stop {
-        teardown: bool,
-    },
-    /// Set (or reset) a timer.
-    Timer {
-        id: TimerId,
-        at: tokio::time::Instant,
-        token: u64,
-        every: Option<Duration>,
-    },
-    CancelTimer(TimerId),
-    /// The framework's own event: [`Scheduler::wake`] with this token.
-    Notify(u64),
-}
-
 /// A cheap, cloneable handle for acting on the master. Calls never block: they are queued and
 /// sent in order by the driver.
 #[derive(Clone)]
@@ -363,6 +348,12 @@ impl DriverHandle {
     pub fn launch(&self, offer_id: OfferId, tasks: Vec<TaskInfo>) {
         self.accept(vec![offer_id], vec![Operation::Launch { tasks }], None);
     }
+    /// Launch a task group atomically on the offers' agent (all on one agent): every member
+    /// starts or none does ([`crate::group`]); the offers' unused part goes back with the
+    /// default filter.
+    pub fn launch_group(&self, offer_ids: Vec<OfferId>, group: TaskGroup) {
+        self.accept(offer_ids, vec![Operation::LaunchGroup { group }], None);
+    }
     /// Decline offers; `refuse_seconds` keeps the agent's resources away from us that long
     /// (master default when `None`).
     pub fn decline(&self, offer_ids: Vec<OfferId>, refuse_seconds: Option<f64>) {
@@ -397,9 +388,14 @@ impl DriverHandle {
     pub fn revive(&self, roles: Vec<String>) {
         self.send(FrameworkToMaster::Revive { roles });
     }
-    /// Declare the shape and number of pending tasks (demand-aware offers), or clear it.
-    pub fn set_demand(&self, demand: Option<Demand>) {
-        self.send(FrameworkToMaster::SetDemand { demand });
+    /// Declare the shapes and numbers of pending tasks (demand-aware offers): one
+    /// `Some(Demand)`, several (`vec![trials, gang]`, at most
+    /// [`MAX_DEMAND_SHAPES`]), or none (`None`, an empty list) to clear it. The master offers
+    /// tasks' worth of every shape still wanted.
+    pub fn set_demand(&self, demands: impl IntoIterator<Item = Demand>) {
+        self.send(FrameworkToMaster::SetDemand {
+            demands: demands.into_iter().collect(),
+        });
     }
     /// Calls [`Scheduler::wake`] with `token` once `delay` has passed (a retry back-off, a
     /// deadline). Returns an id for [`DriverHandle::cancel_timer`].
@@ -461,17 +457,16 @@ impl DriverHandle {
     }
 }
 
-/// Runs a [`Scheduler`] against the master.
+/// Runs a [`Scheduler`] against the master. An async shell around the driver's decision logic
+/// (`driver_core`, pure: dedup, acknowledgements, kill retries, reconciliation, timers), which
+/// it gives every message, request and due time, and whose effects it carries out.
 pub struct Driver {
     config: DriverConfig,
     handle: DriverHandle,
     rx: mpsc::UnboundedReceiver<Command>,
-    /// Requests queued while disconnected, sent after the next subscription.
-    pending: Vec<FrameworkToMaster>,
-    /// Kills not yet answered, retried ([`Kills`]).
-    kills: Kills,
-    /// The scheduler's timers.
-    timers: Timers,
+    /// Dedup, acknowledgements, kill retries, requests held while disconnected,
+    /// reconciliation and timers.
+    core: DriverCore,
 }
 
 /// How one connection ended.
@@ -483,135 +478,16 @@ enum SessionEnd {
     NewLeader,
 }
 
-/// Remembers recently seen update ids so a redelivered update reaches the scheduler once.
-struct SeenUpdates {
-    set: HashSet<UpdateId>,
-    order: VecDeque<UpdateId>,
-}
-
-impl SeenUpdates {
-    const CAP: usize = 65_536;
-    fn new() -> Self {
-        Self {
-            set: HashSet::new(),
-            order: VecDeque::new(),
-        }
-    }
-    /// True if `id` was not seen before.
-    fn insert(&mut self, id: UpdateId) -> bool {
-        if !self.set.insert(id) {
-            return false;
-        }
-        self.order.push_back(id);
-        if self.order.len() > Self::CAP {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-        true
-    }
-}
-
-/// Kills asked for and not yet answered by a terminal update. A kill can be lost with a
-/// connection (sent to a master that died before it read it, or to one that does not know the
-/// task yet after a restart); as Mesos expects of its frameworks, the driver sends each again
-/// after every subscription and every [`KILL_RETRY`] until the task's terminal update arrives,
-/// at most [`KILL_ATTEMPTS`] times.
-struct Kills {
-    /// Task → when its kill was last sent, and how many times.
-    sent: HashMap<TaskId, (tokio::time::Instant, u32)>,
-}
-
 /// Messages from the master handled at most before the acknowledgements they call for are
 /// written (as one write).
 const READ_BATCH: usize = 256;
-
-/// How often an unanswered kill is sent again.
-pub const KILL_RETRY: Duration = Duration::from_secs(5);
-/// How many times one kill is sent at most (a task nobody knows is not asked about forever).
-pub const KILL_ATTEMPTS: u32 = 24;
-
-impl Kills {
-    /// At most this many kills are retried (beyond, a kill is sent once).
-    const CAP: usize = 65_536;
-    fn asked(&mut self, task_id: TaskId, now: tokio::time::Instant) {
-        if self.sent.len() < Self::CAP || self.sent.contains_key(&task_id) {
-            self.sent.insert(task_id, (now, 1));
-        }
-    }
-    fn ended(&mut self, task_id: TaskId) {
-        self.sent.remove(&task_id);
-    }
-    /// When the next retry is due.
-    fn next_due(&self) -> Option<tokio::time::Instant> {
-        self.sent.values().map(|(t, _)| *t + KILL_RETRY).min()
-    }
-    /// The kills due at `now` (all of them with `all`), marked sent; those sent
-    /// [`KILL_ATTEMPTS`] times are given up.
-    fn due(&mut self, now: tokio::time::Instant, all: bool) -> Vec<TaskId> {
-        let mut out = Vec::new();
-        self.sent.retain(|id, (at, n)| {
-            if !all && *at + KILL_RETRY > now {
-                return true;
-            }
-            if *n >= KILL_ATTEMPTS {
-                tracing::warn!(task = %id, "kill not answered after {n} attempts; giving up");
-                return false;
-            }
-            *at = now;
-            *n += 1;
-            out.push(*id);
-            true
-        });
-        out
-    }
-}
-
-#[cfg(test)]
-mod kill_tests {
-    use super::*;
-
-    #[test]
-    fn kills_are_retried_until_answered_and_given_up_after_the_attempts() {
-        let t0 = tokio::time::Instant::now();
-        let mut k = Kills {
-            sent: HashMap::new(),
-        };
-        let (a, b) = (TaskId::random(), TaskId::random());
-        k.asked(a, t0);
-        k.asked(b, t0 + Duration::from_secs(2));
-        assert_eq!(k.next_due(), Some(t0 + KILL_RETRY));
-        assert!(k.due(t0 + Duration::from_secs(1), false).is_empty());
-        assert_eq!(k.due(t0 + KILL_RETRY, false), vec![a]);
-        // A new subscription sends every kill at once.
-        let mut all = k.due(t0 + KILL_RETRY, true);
-        all.sort();
-        let mut want = vec![a, b];
-        want.sort();
-        assert_eq!(all, want);
-        k.ended(a);
-        let mut now = t0 + KILL_RETRY;
-        let mut sends = 2; // b: asked, then sent again on the re-subscription
-        loop {
-            now += KILL_RETRY;
-            if k.due(now, false).is_empty() {
-                break;
-            }
-            sends += 1;
-        }
-        assert_eq!(
-            sends, KILL_ATTEMPTS,
-            "b is sent KILL_ATTEMPTS times, then given up"
-        );
-        assert_eq!(k.next_due(), None);
-    }
-}
 
 impl Driver {
     /// A driver for `config`; [`Driver::run`] starts it.
     pub fn new(config: DriverConfig) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let framework_id = Arc::new(Mutex::new(config.info.framework_id));
+        let core = DriverCore::new(config.info.clone(), config.explicit_acks, config.reconcile);
         Self {
             config,
             handle: DriverHandle {
@@ -620,11 +496,7 @@ impl Driver {
                 next_timer: Arc::new(AtomicU64::new(0)),
             },
             rx,
-            pending: Vec::new(),
-            kills: Kills {
-                sent: HashMap::new(),
-            },
-            timers: Timers::default(),
+            core,
         }
     }
 
@@ -650,7 +522,6 @@ impl Driver {
         );
         links.backoff = self.config.backoff;
         let mut masters = Masters::start(links)?;
-        let mut seen = SeenUpdates::new();
         let mut unreachable_since = tokio::time::Instant::now();
         loop {
             let Some(session) = self
@@ -664,7 +535,6 @@ impl Driver {
             let end = self
                 .session(
                     &mut scheduler,
-                    &mut seen,
                     session,
                     &mut masters,
                     &mut unreachable_since,
@@ -693,80 +563,14 @@ impl Driver {
         }
     }
 
-    /// Keeps the roles last suppressed, which the next subscription carries
-    /// (`FrameworkInfo::suppressed_roles`): a framework that suppressed its offers and lost its
-    /// connection is not offered everything again when it re-subscribes.
-    fn note_suppression(&mut self, msg: &FrameworkToMaster) {
-        let info = &mut self.config.info;
-        match msg {
-            FrameworkToMaster::Suppress { roles } => {
-                let roles = if roles.is_empty() {
-                    info.roles.clone()
-                } else {
-                    roles.clone()
-                };
-                for r in roles {
-                    if info.roles.contains(&r) && !info.suppressed_roles.contains(&r) {
-                        info.suppressed_roles.push(r);
-                    }
-                }
-            }
-            FrameworkToMaster::Revive { roles } if roles.is_empty() => {
-                info.suppressed_roles.clear();
-            }
-            FrameworkToMaster::Revive { roles } => {
-                info.suppressed_roles.retain(|r| !roles.contains(r));
-            }
-            _ => {}
-        }
-    }
-
-    /// A request made while no session is up: timers and the framework's own events are
-    /// served at once, requests to the master queued; false for a stop.
+    /// A request made while no session is up (`DriverCore::command` queues or drops what is
+    /// for the master; timers and the framework's own events are served at once); false for
+    /// a stop.
     async fn while_disconnected<S: Scheduler>(&mut self, scheduler: &mut S, cmd: Command) -> bool {
-        match cmd {
-            Command::Timer {
-                id,
-                at,
-                token,
-                every,
-            } => self.timers.add(id, at, token, every),
-            Command::CancelTimer(id) => self.timers.cancel(id),
-            Command::Notify(token) => scheduler.wake(&self.handle, token).await,
-            cmd => return self.hold_while_disconnected(cmd),
-        }
-        true
-    }
-
-    /// Delivers the timers due now.
-    async fn fire_timers<S: Scheduler>(&mut self, scheduler: &mut S) {
-        for token in self.timers.due(tokio::time::Instant::now()) {
-            scheduler.wake(&self.handle, token).await;
-        }
-    }
-
-    /// Queues a request to the master made while no session is up; false for a stop.
-    fn hold_while_disconnected(&mut self, cmd: Command) -> bool {
-        if let Command::Send(msg) = &cmd {
-            self.note_suppression(msg);
-        }
-        match cmd {
-            Command::Stop { .. } => false,
-            // Served by `while_disconnected`.
-            Command::Timer { .. } | Command::CancelTimer(_) | Command::Notify(_) => true,
-            Command::Send(FrameworkToMaster::Accept { .. } | FrameworkToMaster::Decline { .. }) => {
-                true
-            }
-            Command::Send(msg) => {
-                if let FrameworkToMaster::Kill { task_id } = msg {
-                    // Sent (again) after the next subscription with the other kills.
-                    self.kills.asked(task_id, tokio::time::Instant::now());
-                    return true;
-                }
-                self.pending.push(msg);
-                true
-            }
-        }
+        let effects = self.core.command(cmd, tokio::time::Instant::now());
+        let mut out = Vec::new();
+        // Nothing is sent while disconnected: `out` stays empty.
+        matches!(self.apply(scheduler, effects, &mut out).await, Ok(None))
     }
 
     /// The next session with a leading master ([`Masters::next_session`]), while honouring stop
@@ -790,7 +594,10 @@ impl Driver {
                     // Every handle is gone, including ours: impossible while we hold one.
                     None => return Ok(None),
                 },
-                _ = sleep_until_opt(self.timers.next_due()) => self.fire_timers(scheduler).await,
+                _ = sleep_until_opt(self.core.next_due()) => {
+                    let effects = self.core.due(tokio::time::Instant::now());
+                    let _ = self.apply(scheduler, effects, &mut Vec::new()).await;
+                }
                 _ = sleep_until_opt(deadline) => {
                     return Err(DriverError::Unreachable(limit.unwrap_or_default()));
                 }
@@ -801,14 +608,14 @@ impl Driver {
     async fn session<S: Scheduler>(
         &mut self,
         scheduler: &mut S,
-        seen: &mut SeenUpdates,
         session: LeaderSession,
         masters: &mut Masters,
         unreachable_since: &mut tokio::time::Instant,
     ) -> Result<SessionEnd, DriverError> {
         let LeaderSession { mut tx, rx, .. } = session;
-        let mut info = self.config.info.clone();
-        info.framework_id = self.handle.framework_id();
+        // Not subscribed until this connection's master says so.
+        let _ = self.core.disconnected();
+        let info = self.core.subscription(self.handle.framework_id());
         if let Err(e) = tx.send(&FrameworkToMaster::Subscribe(info)).await {
             return Ok(SessionEnd::Lost(e.to_string()));
         }
@@ -816,8 +623,6 @@ impl Driver {
         // between the stream and the callbacks. While a callback runs, what arrives waits in
         // the QUIC stream's receive window.
         let mut rx = FrameReader::from(rx);
-        let mut subscribed = false;
-        let mut reconciler = crate::reconcile::Reconciler::new(self.config.reconcile);
         // The frames of one turn of the loop: the acknowledgements of a burst of messages and
         // the requests the scheduler made meanwhile go out in one write (QUIC packs them into
         // as few packets as fit; a write each may leave as a packet each).
@@ -833,49 +638,16 @@ impl Driver {
                         let msg = match msg {
                             Ok(m) => m,
                             Err(e) => {
-                                if subscribed { scheduler.disconnected(&self.handle).await; }
+                                self.lost(scheduler).await;
                                 return Ok(SessionEnd::Lost(e.to_string()));
                             }
                         };
-                        match msg {
-                            MasterToFramework::Subscribed { framework_id, .. } => {
-                                *self.handle.framework_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(framework_id);
-                                subscribed = true;
-                                *unreachable_since = tokio::time::Instant::now();
-                                let kills = self.kills.due(tokio::time::Instant::now(), true);
-                                let kills = kills.into_iter().map(|task_id| FrameworkToMaster::Kill { task_id });
-                                for msg in std::mem::take(&mut self.pending).into_iter().chain(kills) {
-                                    self.encode(scheduler, &msg, &mut out).await;
-                                }
-                                if reconciler.subscribed(std::time::Instant::now()) {
-                                    self.handle.reconcile(Vec::new());
-                                }
-                                scheduler.registered(&self.handle, framework_id).await;
-                            }
-                            MasterToFramework::Offers(offers) => scheduler.offers(&self.handle, offers).await,
-                            MasterToFramework::Rescind { offer_id } => scheduler.offer_rescinded(&self.handle, offer_id).await,
-                            MasterToFramework::Update(update) => {
-                                if update.state.is_terminal() {
-                                    self.kills.ended(update.task_id);
-                                }
-                                let explicit = self.config.explicit_acks;
-                                if seen.insert(update.update_id) || update.reconciliation || explicit {
-                                    scheduler.status_update(&self.handle, &update).await;
-                                }
-                                if !update.reconciliation && !explicit {
-                                    let ack = FrameworkToMaster::Acknowledge { task_id: update.task_id, update_id: update.update_id };
-                                    self.encode(scheduler, &ack, &mut out).await;
-                                }
-                            }
-                            MasterToFramework::Error { kind, message } => {
-                                if !subscribed {
-                                    return Err(DriverError::Refused(message));
-                                }
-                                scheduler.error(&self.handle, kind, &message).await;
-                            }
-                            MasterToFramework::Heartbeat => {}
-                            MasterToFramework::DrainNotice(notice) => scheduler.drain_notice(&self.handle, &notice).await,
+                        if let MasterToFramework::Subscribed { framework_id, .. } = &msg {
+                            *self.handle.framework_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(*framework_id);
+                            *unreachable_since = tokio::time::Instant::now();
                         }
+                        let effects = self.core.message(msg, tokio::time::Instant::now());
+                        self.apply(scheduler, effects, &mut out).await?;
                         // What else has arrived is handled too before the acknowledgements go
                         // out (one packet for a burst of updates, not one per update).
                         handled += 1;
@@ -884,23 +656,19 @@ impl Driver {
                         }
                     }
                 }
-                _ = sleep_until_opt(reconciler.next_due().map(tokio::time::Instant::from_std)) => {
-                    if reconciler.poll(std::time::Instant::now()) {
-                        self.handle.reconcile(Vec::new());
-                    }
-                }
-                _ = sleep_until_opt(self.timers.next_due()) => self.fire_timers(scheduler).await,
-                _ = sleep_until_opt(self.kills.next_due()), if subscribed => {
-                    for task_id in self.kills.due(tokio::time::Instant::now(), false) {
-                        self.encode(scheduler, &FrameworkToMaster::Kill { task_id }, &mut out).await;
-                    }
+                _ = sleep_until_opt(self.core.next_due()) => {
+                    let effects = self.core.due(tokio::time::Instant::now());
+                    stop = self.apply(scheduler, effects, &mut out).await?;
                 }
                 _ = masters.newer_leader() => {
-                    if subscribed { scheduler.disconnected(&self.handle).await; }
+                    self.lost(scheduler).await;
                     return Ok(SessionEnd::NewLeader);
                 }
-                cmd = self.rx.recv(), if subscribed => match cmd {
-                    Some(cmd) => stop = self.take_command(scheduler, cmd, &mut out).await,
+                cmd = self.rx.recv(), if self.core.is_subscribed() => match cmd {
+                    Some(cmd) => {
+                        let effects = self.core.command(cmd, tokio::time::Instant::now());
+                        stop = self.apply(scheduler, effects, &mut out).await?;
+                    }
                     // Every handle is gone, including ours: impossible while we hold one.
                     None => return Ok(SessionEnd::Stopped),
                 },
@@ -908,18 +676,20 @@ impl Driver {
             // The requests made in the callbacks just run, or queued meanwhile, join this
             // write: an accept leaves with the acknowledgements of the updates before it,
             // not after another turn of the loop.
-            while subscribed && stop.is_none() && out.len() < WRITE_BATCH_BYTES {
+            while self.core.is_subscribed() && stop.is_none() && out.len() < WRITE_BATCH_BYTES {
                 let Ok(cmd) = self.rx.try_recv() else { break };
-                stop = self.take_command(scheduler, cmd, &mut out).await;
+                let effects = self.core.command(cmd, tokio::time::Instant::now());
+                stop = self.apply(scheduler, effects, &mut out).await?;
             }
             if !out.is_empty() {
                 if let Err(e) = tx.0.write_all(&out).await {
-                    scheduler.disconnected(&self.handle).await;
+                    self.lost(scheduler).await;
                     return Ok(SessionEnd::Lost(e.to_string()));
                 }
                 out.clear();
             }
             if let Some(teardown) = stop {
+                let _ = self.core.disconnected();
                 if teardown {
                     let _ = tx.send(&FrameworkToMaster::Teardown).await;
                 }
@@ -930,41 +700,43 @@ impl Driver {
         }
     }
 
-    /// Queues the frame of a request from the scheduler into `out`; `Some(teardown)` for a
-    /// stop.
-    async fn take_command<S: Scheduler>(
+    /// The connection is gone: the scheduler hears of it if it was subscribed.
+    async fn lost<S: Scheduler>(&mut self, scheduler: &mut S) {
+        let effects = self.core.disconnected();
+        let _ = self.apply(scheduler, effects, &mut Vec::new()).await;
+    }
+
+    /// Carries out `effects` in order: frames into `out`, calls of the scheduler.
+    /// `Some(teardown)` for a stop (nothing after it is carried out: it comes alone).
+    async fn apply<S: Scheduler>(
         &mut self,
         scheduler: &mut S,
-        cmd: Command,
+        effects: Vec<Effect>,
         out: &mut Vec<u8>,
-    ) -> Option<bool> {
-        match cmd {
-            Command::Send(msg) => {
-                if let FrameworkToMaster::Kill { task_id } = &msg {
-                    self.kills.asked(*task_id, tokio::time::Instant::now());
-                }
-                self.note_suppression(&msg);
-                self.encode(scheduler, &msg, out).await;
-                None
+    ) -> Result<Option<bool>, DriverError> {
+        for effect in effects {
+            match effect {
+                Effect::Send(msg) => self.encode(scheduler, &msg, out).await,
+                Effect::Deliver(event) => self.deliver(scheduler, event).await,
+                Effect::Stop { teardown } => return Ok(Some(teardown)),
+                Effect::Refused(message) => return Err(DriverError::Refused(message)),
             }
-            Command::Stop { teardown } => Some(teardown),
-            Command::Timer {
-                id,
-                at,
-                token,
-                every,
-            } => {
-                self.timers.add(id, at, token, every);
-                None
-            }
-            Command::CancelTimer(id) => {
-                self.timers.cancel(id);
-                None
-            }
-            Command::Notify(token) => {
-                scheduler.wake(&self.handle, token).await;
-                None
-            }
+        }
+        Ok(None)
+    }
+
+    /// Calls the scheduler.
+    async fn deliver<S: Scheduler>(&self, scheduler: &mut S, event: Event) {
+        let d = &self.handle;
+        match event {
+            Event::Registered(framework_id) => scheduler.registered(d, framework_id).await,
+            Event::Offers(offers) => scheduler.offers(d, offers).await,
+            Event::Rescinded(offer_id) => scheduler.offer_rescinded(d, offer_id).await,
+            Event::Update(update) => scheduler.status_update(d, &update).await,
+            Event::Error(kind, message) => scheduler.error(d, kind, &message).await,
+            Event::Drain(notice) => scheduler.drain_notice(d, &notice).await,
+            Event::Disconnected => scheduler.disconnected(d).await,
+            Event::Wake(token) => scheduler.wake(d, token).await,
         }
     }
 
@@ -991,23 +763,5 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seen_updates_deduplicate_and_stay_bounded() {
-        let mut s = SeenUpdates::new();
-        let a = UpdateId::random();
-        assert!(s.insert(a));
-        assert!(!s.insert(a));
-        for _ in 0..SeenUpdates::CAP {
-            s.insert(UpdateId::random());
-        }
-        assert!(s.set.len() <= SeenUpdates::CAP);
-        assert!(s.insert(a), "oldest ids are forgotten");
     }
 }

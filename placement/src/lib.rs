@@ -39,6 +39,9 @@
 //! - [`offers`]: fit task requests into the offers held (selectors, attributes, NUMA locality;
 //!   least-unusable-leftover scoring).
 //! - [`gang`]: all-or-nothing gangs (elastic `min..max`) and which gang may hold offers.
+//! - [`request`]: several task shapes placed together, all or nothing, each with a rule:
+//!   anywhere, `strict_pack` (every copy on one agent) or `spread` (at most N per agent or per
+//!   value of an attribute such as `rack`).
 //! - [`shares`]: a [`Node`] per offer with each offered GPU's free share (`offer.gpu_free`) and
 //!   a task's shape from its resources, fractions of one GPU included, for the [`Placer`].
 //! - [`topology`]: which `k` idle GPUs of one host a whole-GPU task gets (fewest NUMA nodes and
@@ -50,6 +53,7 @@
 pub mod fgd;
 pub mod gang;
 pub mod offers;
+pub mod request;
 pub mod shares;
 pub mod topology;
 

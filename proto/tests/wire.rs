@@ -153,6 +153,43 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 reason: TaskReason::Preempted,
             }),
         ),
+        (
+            "accept_group",
+            enc(&FrameworkToMaster::Accept {
+                offer_ids: vec![OfferId::from_u128(5)],
+                operations: vec![Operation::LaunchGroup {
+                    group: TaskGroup::new("g", vec![task()]).with_policy(GroupPolicy::KillOnAnyEnd),
+                }],
+                refuse_seconds: None,
+            }),
+        ),
+        (
+            "set_demand",
+            enc(&FrameworkToMaster::SetDemand {
+                demands: vec![
+                    Demand {
+                        task: "cpus:1;gpus:1".parse().unwrap(),
+                        count: 12,
+                    },
+                    Demand {
+                        task: "cpus:2;gpus:2".parse().unwrap(),
+                        count: 2,
+                    },
+                ],
+            }),
+        ),
+        (
+            "run_task_group",
+            enc(&MasterToAgent::RunTaskGroup {
+                framework_id: FrameworkId::from_u128(1),
+                group_id: "g".into(),
+                policy: GroupPolicy::KillOnFailure,
+                members: vec![GroupMember {
+                    task: task(),
+                    gpus: vec!["GPU-1".into()],
+                }],
+            }),
+        ),
     ]
 }
 
@@ -179,7 +216,9 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v8 (`FrameworkToMaster::KillFor`, the kill reasons).
+/// `(sample, length, FNV-1a)` of protocol v8 (`FrameworkToMaster::KillFor` and the kill reasons;
+/// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
+/// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
     ("hello", 2, 0x084db807b5028935),
     ("role", 2, 0x08328407b4eb6921),
@@ -190,6 +229,9 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("offers", 163, 0xfcb3a39a21ef44f5),
     ("update", 100, 0x891e8c78f3d45229),
     ("kill_for", 19, 0xb203cdeeeb24b60c),
+    ("accept_group", 126, 0x017eaf48a26f7d20),
+    ("set_demand", 38, 0xaf48506c6d009d19),
+    ("run_task_group", 129, 0x2a007efef8b821cf),
 ];
 
 #[test]

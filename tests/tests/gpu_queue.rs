@@ -1,6 +1,6 @@
-//! The `gpu-queue` example framework end to end: a real master, four agents with eight
-//! stand-in GPUs each (two models, two NUMA nodes), `gpu-queue serve` as a process and jobs
-//! submitted with `gpu-queue submit`. Checks, from the master's task records and the queue's
+//! The ML job queue (`gantry-queue`) end to end: a real master, four agents with eight
+//! stand-in GPUs each (two models, two NUMA nodes), `gantry-queue serve` as a process (with its
+//! store) and jobs submitted with `gantry-queue submit`. Checks, from the master's task records and the queue's
 //! API: mixed jobs and gangs from three teams all finish with no partial gang; two large gangs
 //! submitted together both finish; a `critical` job preempts only the `preemptible` jobs it
 //! needs on one agent, each victim sees its warning and is requeued and completes; a job
@@ -30,7 +30,7 @@ struct Env {
     _roots: Vec<CgroupRoot>,
 }
 
-/// A master, four 8-GPU agents and a gpu-queue with `teams`.
+/// A master, four 8-GPU agents and a gantry-queue with `teams`.
 fn start(tag: &str, teams: &[&str]) -> Option<Env> {
     if !cgroups_available(tag) {
         return None;
@@ -89,7 +89,7 @@ struct Queue {
 impl Queue {
     fn start(cluster: &Cluster, teams: &[&str]) -> Queue {
         let addr = free_tcp();
-        let mut cmd = Command::new(bin("gpu-queue").unwrap());
+        let mut cmd = Command::new(bin("gantry-queue").unwrap());
         cmd.args([
             "serve",
             "--master",
@@ -97,13 +97,15 @@ impl Queue {
             "--tls-dir",
         ])
         .arg(&cluster.tls_dir)
+        .arg("--store")
+        .arg(cluster.dir.path().join("queue.redb"))
         .args(["--listen", &addr.to_string(), "--hold-secs", "20"]);
         for t in teams {
             cmd.args(["--team", t]);
         }
         cmd.env("RUST_LOG", "info");
-        let log = cluster.dir.path().join("gpu-queue.log");
-        let proc = Proc::spawn("gpu-queue", cmd, &log).unwrap();
+        let log = cluster.dir.path().join("gantry-queue.log");
+        let proc = Proc::spawn("gantry-queue", cmd, &log).unwrap();
         let q = Queue {
             _proc: proc,
             url: format!("http://{addr}"),
@@ -113,21 +115,24 @@ impl Queue {
         gantry_tests::register_http(addr, &cluster.tls_dir, true);
         let deadline = Instant::now() + Duration::from_secs(30);
         while q.try_jobs().is_err() {
-            assert!(Instant::now() < deadline, "gpu-queue API did not come up");
+            assert!(
+                Instant::now() < deadline,
+                "gantry-queue API did not come up"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         q
     }
 
     fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(bin("gpu-queue")?)
+        let out = Command::new(bin("gantry-queue")?)
             .arg(args[0])
             .args(["--server", &self.url])
             .args(&args[1..])
             .output()?;
         anyhow::ensure!(
             out.status.success(),
-            "gpu-queue {args:?}: {}",
+            "gantry-queue {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -200,8 +205,8 @@ impl Queue {
                 eprintln!("{}", self.cli(&["list"]).unwrap_or_default());
                 env.dump_logs();
                 eprintln!(
-                    "---- gpu-queue log ----\n{}",
-                    std::fs::read_to_string(env.dir.path().join("gpu-queue.log"))
+                    "---- gantry-queue log ----\n{}",
+                    std::fs::read_to_string(env.dir.path().join("gantry-queue.log"))
                         .unwrap_or_default()
                 );
                 panic!("jobs did not all end within {timeout:?}");
@@ -600,6 +605,17 @@ fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
     }
     let urgent = jobs.iter().find(|j| j["id"] == crit).unwrap();
     assert_eq!(urgent["preemptions"], 0);
+    // A preempted worker reports its real end, not the wrapper's "no such child" (127).
+    let records = master_tasks(&env.cluster);
+    for v in &victims {
+        let (_, task_id) = &before[v["name"].as_str().unwrap()];
+        let t = records
+            .iter()
+            .find(|t| t["id"] == task_id.as_str())
+            .unwrap_or_else(|| panic!("no master record of {task_id}"));
+        let message = t["message"].as_str().unwrap_or("");
+        assert!(!message.contains("code 127"), "victim {}: {t:#}", v["name"]);
+    }
 }
 
 #[test]

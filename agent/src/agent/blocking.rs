@@ -20,20 +20,25 @@ use crate::isolation::{Baseline, Isolator, TaskCgroup};
 /// terminal update (which frees its resources) follows their end; an empty one is left for
 /// [`destroy_cgroup`] after the update is on its way (off the task's path; a restarted agent
 /// removes the cgroups of ended tasks). Without a cgroup (gone already), the recorded outcome
-/// is returned.
-pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path) -> CgroupOutcome {
+/// is returned. `fresh`: this run's launch made the handle, so nothing was recorded before
+/// (neither an outcome nor a baseline: the handle has its own) and no file is read.
+pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path, fresh: bool) -> CgroupOutcome {
     // The final OOM flag and usage, recorded in the launch record before the cgroup is
     // destroyed (so a restarted agent still reports the real outcome).
-    let recorded: Option<CgroupOutcome> = executor::record::read(meta)
-        .and_then(|r| r.cgroup)
-        .and_then(|j| serde_json::from_str(&j).ok());
+    let recorded: Option<CgroupOutcome> = if fresh {
+        None
+    } else {
+        executor::record::read(meta)
+            .and_then(|r| r.cgroup)
+            .and_then(|j| serde_json::from_str(&j).ok())
+    };
     let Some(cg) = cg.filter(|c| c.is_isolated()) else {
         return recorded.unwrap_or_default();
     };
     // A reused cgroup's counters at the task's start, recorded at launch (needed when this
     // handle was reopened by a restarted agent).
     let mut reopened;
-    let cg = if cg.baseline() == Baseline::default() {
+    let cg = if !fresh && cg.baseline() == Baseline::default() {
         match std::fs::read(meta.join(BASE_FILE))
             .ok()
             .and_then(|d| serde_json::from_slice::<Baseline>(&d).ok())
@@ -207,7 +212,7 @@ mod tests {
     fn settled_outcome_survives_a_missing_cgroup() {
         let dir = tempfile::tempdir().unwrap();
         // Nothing recorded, no cgroup: no OOM, no usage.
-        let o = settle_cgroup(None, dir.path());
+        let o = settle_cgroup(None, dir.path(), false);
         assert!(!o.oom_killed && o.usage.is_none());
         // A recorded outcome (written before the cgroup was destroyed) is read back.
         let recorded = CgroupOutcome {
@@ -224,7 +229,7 @@ mod tests {
             true,
         )
         .unwrap();
-        let o = settle_cgroup(None, dir.path());
+        let o = settle_cgroup(None, dir.path(), false);
         assert!(o.oom_killed);
         assert_eq!(o.usage.unwrap().mem_peak_bytes, 64 << 20);
         // Without isolation the task "cgroup" is not one: the record is used as well.
@@ -237,7 +242,9 @@ mod tests {
             devices: None,
         };
         let cg = iso.create("t", &limits).unwrap();
-        assert!(settle_cgroup(Some(&cg), dir.path()).oom_killed);
+        assert!(settle_cgroup(Some(&cg), dir.path(), false).oom_killed);
+        // A handle this run's launch made has no earlier record to read.
+        assert!(!settle_cgroup(Some(&cg), dir.path(), true).oom_killed);
     }
 
     #[test]

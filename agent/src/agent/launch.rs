@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use super::{Agent, Resource, BASE_FILE};
 use crate::core::{Input, LaunchPlan};
-use crate::executor::user::{self, TaskUser};
+use crate::executor::user::TaskUser;
 use crate::executor::{self, LaunchSpec};
 use crate::gpu;
 use crate::isolation::Baseline;
@@ -47,6 +47,7 @@ impl Agent {
         let tx = self.tx.clone();
         let isolator = self.config.isolator.clone();
         let supervisor = self.supervisor.clone();
+        let users = self.users.clone();
         self.launches.push(Box::pin(async move {
             let blocking_meta = meta.clone();
             let spawned = tokio::task::spawn_blocking(move || {
@@ -54,7 +55,8 @@ impl Agent {
                 let user: Option<TaskUser> = match user {
                     None => None,
                     Some(name) => Some(
-                        user::lookup_task_user(&name)
+                        users
+                            .lookup_task_user(&name, std::time::Instant::now())
                             .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))?,
                     ),
                 };

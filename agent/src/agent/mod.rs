@@ -37,7 +37,9 @@ use gantry_proto::*;
 use gantry_transport::{tls, PeerIdentity};
 use tokio::sync::mpsc;
 
-use crate::core::{AdoptedProbe, AgentCore, CoreConfig, Effect, Input, PortRange, RecoveryProbe};
+use crate::core::{
+    AdoptedProbe, AgentCore, Commit, CoreConfig, Effect, Input, PortRange, RecoveryProbe,
+};
 use crate::discovery::NvmlGpus;
 use crate::executor;
 use crate::executor::user;
@@ -172,10 +174,16 @@ struct Agent {
     tx: Senders,
     /// Cgroups of live tasks.
     cgroups: HashMap<TaskId, TaskCgroup>,
+    /// Those of them this run's launches made (not reopened after a restart): no earlier
+    /// incarnation can have recorded an outcome or a baseline for them, so settling reads
+    /// neither file.
+    fresh_cgroups: HashSet<TaskId>,
     /// MPS control daemons (`--gpu-sharing mps` on a GPU agent).
     mps: Option<gpu::mps::MpsDaemons>,
     /// The supervisor process that starts and reaps the tasks.
     supervisor: Arc<executor::client::SupervisorClient>,
+    /// Task users resolved for recent launches (one NSS look-up per user per burst).
+    users: Arc<user::UserCache>,
     /// What `/metrics` shows (published after each usage sample).
     metrics: crate::metrics::AgentMetrics,
     /// Closed at shutdown: no pool cgroup is made or returned to the pool after that.
@@ -345,10 +353,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         outboxes: outboxes_rx,
         tx: tx.clone(),
         cgroups: HashMap::new(),
+        fresh_cgroups: HashSet::new(),
         mps,
         supervisor: Arc::new(executor::client::SupervisorClient::new(
             executor::SupervisorCommand::beside(&config.agent_exe),
         )),
+        users: Arc::default(),
         metrics: crate::metrics::AgentMetrics::default(),
         pool_gate: Arc::new(PoolGate::default()),
         disk_walks: HashMap::new(),
@@ -539,6 +549,7 @@ impl Agent {
     fn resource(&mut self, res: Resource) {
         match res {
             Resource::Cgroup(task, cg) => {
+                self.fresh_cgroups.insert(task);
                 self.cgroups.insert(task, *cg);
             }
             Resource::DiskWalks(walks) => self.disk_walks.extend(walks),
@@ -604,6 +615,32 @@ impl Agent {
                     unbindable_ports,
                 }
             }
+            Input::Master(MasterToAgent::RunTaskGroup {
+                framework_id,
+                group_id,
+                policy,
+                members,
+            }) => {
+                // The ports of all members together, probed at once.
+                let k: usize = members
+                    .iter()
+                    .filter_map(|m| {
+                        crate::core::ports::wanted(m.task.resources.milli("ports")).ok()
+                    })
+                    .sum();
+                let unbindable_ports = if k == 0 {
+                    BTreeSet::new()
+                } else {
+                    crate::core::ports::probe(&self.core.free_ports(), k, port_bindable)
+                };
+                Input::RunTaskGroup {
+                    framework_id,
+                    group_id,
+                    policy,
+                    members,
+                    unbindable_ports,
+                }
+            }
             input => input,
         };
         self.input(input)
@@ -637,9 +674,11 @@ impl Agent {
                     Err(e) => tracing::warn!(task = %task, "task cgroup not found: {e}"),
                 },
                 Effect::ForgetCgroup(task) => {
+                    self.fresh_cgroups.remove(&task);
                     self.cgroups.remove(&task);
                 }
                 Effect::DestroyCgroup(task) => {
+                    self.fresh_cgroups.remove(&task);
                     if let Some(cg) = self.cgroups.remove(&task) {
                         tokio::task::spawn_blocking(move || cg.destroy());
                     }
@@ -651,6 +690,7 @@ impl Agent {
                     cgroup,
                     recycle,
                 } => {
+                    let fresh = self.fresh_cgroups.remove(&task);
                     let cg = self.cgroups.remove(&task).or_else(|| {
                         cgroup
                             .as_deref()
@@ -659,7 +699,7 @@ impl Agent {
                     let tx = self.tx.clone();
                     let gate = self.pool_gate.clone();
                     tokio::task::spawn_blocking(move || {
-                        let outcome = settle_cgroup(cg.as_ref(), &meta);
+                        let outcome = settle_cgroup(cg.as_ref(), &meta, fresh);
                         tx.input(Input::Settled {
                             task,
                             status,
@@ -809,25 +849,24 @@ impl Agent {
         Ok(())
     }
 
-    /// Commits the batch: the changed task records and queued changes go to the log with one
-    /// fsync; then the messages and launches they protect go out. A batch that sends and starts
-    /// nothing (acknowledgements) is only written: the next synced commit makes it durable
-    /// ([`wal::Wal::write`]). Starts a background compaction when the log has grown past
+    /// Commits the batch as the core decides ([`AgentCore::end_batch`]): the changed task
+    /// records and queued changes go to the log with one fsync; then the messages and launches
+    /// they protect go out. A batch that sends and starts nothing (acknowledgements) is only
+    /// written: the next synced commit makes it durable ([`wal::Wal::write`]). Starts a background compaction when the log has grown past
     /// [`wal::COMPACT_BYTES`].
     fn commit(&mut self) -> anyhow::Result<()> {
-        let effects = self.core.flush(unix_ms());
+        let (effects, commit) = self.core.end_batch(unix_ms());
         self.perform(effects)?;
         let started = Instant::now();
-        let protects = !self.outbox.is_empty() || !self.launches.is_empty();
-        let records = if protects {
-            self.wal.commit()
-        } else {
-            self.wal.write()
+        let sync = commit == Commit::Sync;
+        let records = match commit {
+            Commit::Sync => self.wal.commit(),
+            Commit::Write | Commit::None => self.wal.write(),
         }
         .context("writing the agent's write-ahead log")?;
         tracing::debug!(
             records,
-            synced = protects,
+            synced = sync,
             sent = self.outbox.len(),
             launches = self.launches.len(),
             commit_us = started.elapsed().as_micros() as u64,

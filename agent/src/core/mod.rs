@@ -13,6 +13,8 @@
 //! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
 //!   escalation, a dead supervisor's task killed, settlement into a terminal state, status
 //!   updates, GPU-memory shares.
+//! - `groups`: task groups: all members start or none, the group environment, and the
+//!   group's policy when a member ends.
 //! - `disk`: disk limits: which sandboxes to measure when (`--disk-watch-interval`), and the
 //!   kill of a task past its `disk` (`FAILED`, reason `disk-limit`).
 //! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
@@ -28,6 +30,7 @@
 //!   with simulated time, without processes.
 
 mod disk;
+pub mod groups;
 mod health;
 pub mod mps;
 pub mod pool;
@@ -118,6 +121,15 @@ pub enum Input {
         framework_id: FrameworkId,
         task: TaskInfo,
         gpus: Vec<String>,
+        unbindable_ports: BTreeSet<u16>,
+    },
+    /// A `RunTaskGroup` from the master, with the ports of the range the runtime found it
+    /// could not bind just before.
+    RunTaskGroup {
+        framework_id: FrameworkId,
+        group_id: String,
+        policy: GroupPolicy,
+        members: Vec<GroupMember>,
         unbindable_ports: BTreeSet<u16>,
     },
     /// A launch's supervisor started (or the launch failed).
@@ -216,6 +228,26 @@ pub struct GpuShare {
     pub uuid: String,
     pub gpus_milli: u64,
     pub memory_mib: u64,
+}
+
+/// How a batch's log records are committed ([`AgentCore::end_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Nothing was recorded and nothing leaves.
+    None,
+    /// Records only: written to the log, made durable by the next synced commit.
+    Write,
+    /// Written and synced (`fdatasync`) before the batch's messages and launches leave.
+    Sync,
+}
+
+/// What the effects emitted since the last [`AgentCore::end_batch`] ask of its commit.
+#[derive(Debug, Default)]
+struct Batch {
+    /// A message or a launch leaves the agent.
+    leaves: bool,
+    /// A log record was written.
+    records: bool,
 }
 
 /// What the runtime does for the core.
@@ -357,6 +389,8 @@ pub struct AgentCore {
     pool: pool::CgroupPool,
     /// Final usages of settled tasks, sent as one message before the next status updates.
     final_usage: Vec<(TaskId, TaskUsage)>,
+    /// What the batch being handled asks of its commit.
+    batch: Batch,
     /// A pass measuring sandboxes is running.
     disk_measuring: bool,
     last_disk_pass: u64,
@@ -405,6 +439,7 @@ impl AgentCore {
             disk_used: 0.0,
             last_gc: now,
             final_usage: Vec::new(),
+            batch: Batch::default(),
             disk_measuring: false,
             last_disk_pass: now,
             pool: pool::CgroupPool::new(if config_isolated {
@@ -479,6 +514,11 @@ impl AgentCore {
     }
 
     fn emit(&mut self, effect: Effect) {
+        match effect {
+            Effect::Send(_) | Effect::Launch(_) => self.batch.leaves = true,
+            Effect::Persist(_) => self.batch.records = true,
+            _ => {}
+        }
         self.fx.push(effect);
     }
 
@@ -515,8 +555,22 @@ impl AgentCore {
                 gpus,
                 unbindable_ports,
             } => self.run_task(framework_id, task, &gpus, &unbindable_ports, now),
+            Input::RunTaskGroup {
+                framework_id,
+                group_id,
+                policy,
+                members,
+                unbindable_ports,
+            } => self.run_group(
+                framework_id,
+                group_id,
+                policy,
+                members,
+                &unbindable_ports,
+                now,
+            ),
             Input::Launched { task, result } => self.launched(task, result, now),
-            Input::Exited { task, status } => self.exited(task, status),
+            Input::Exited { task, status } => self.exited(task, status, now),
             Input::Settled {
                 task,
                 status,
@@ -527,7 +581,9 @@ impl AgentCore {
             Input::RecoveryChecked { uuid, passed } => self.recovery_checked(uuid, passed, now),
             Input::ClearGpus(names) => self.clear_gpus(names, now),
             Input::AdoptedProbed(probes) => self.adopted_probed(probes, now),
-            Input::SupervisorLost { task, recorded } => self.supervisor_lost(task, recorded),
+            Input::SupervisorLost { task, recorded } => {
+                self.supervisor_lost(task, recorded, now)
+            }
             Input::MpsExited(uuid) => self.mps_exited(&uuid, now),
             Input::TerminationNotice {
                 deadline_unix_ms,
@@ -568,8 +624,21 @@ impl AgentCore {
     }
 
     /// Ends a batch: due status updates go out and the changed task records are persisted
-    /// (the runtime commits the log before sending anything).
+    /// (the runtime commits the log before sending anything). [`AgentCore::end_batch`] without
+    /// the commit decision.
     pub fn flush(&mut self, now: u64) -> Vec<Effect> {
+        self.end_batch(now).0
+    }
+
+    /// Ends a batch (group commit): its last effects, and how the runtime commits the log
+    /// records of every input handled since the previous batch ended before it performs the
+    /// batch's messages and launches. One commit per batch whatever the number of tasks in it:
+    /// a burst of launches, starts and exits costs one `fdatasync`. [`Commit::Sync`] when
+    /// anything leaves the agent (a message, a launch: what it announces must be durable
+    /// first); [`Commit::Write`] when only records changed that nothing sent depends on
+    /// (acknowledgements, a forgotten task: the next synced commit makes them durable, and
+    /// losing them to a power cut only repeats an update); [`Commit::None`] otherwise.
+    pub fn end_batch(&mut self, now: u64) -> (Vec<Effect>, Commit) {
         self.flush_updates(now);
         let make = self.pool.refill(now);
         if !make.is_empty() {
@@ -584,7 +653,15 @@ impl AgentCore {
             };
             self.persist(record);
         }
-        std::mem::take(&mut self.fx)
+        let batch = std::mem::take(&mut self.batch);
+        let commit = if batch.leaves {
+            Commit::Sync
+        } else if batch.records {
+            Commit::Write
+        } else {
+            Commit::None
+        };
+        (std::mem::take(&mut self.fx), commit)
     }
 
     fn connected(&mut self) {
@@ -650,6 +727,19 @@ impl AgentCore {
                 task,
                 gpus,
             } => self.run_task(framework_id, task, &gpus, &BTreeSet::new(), now),
+            MasterToAgent::RunTaskGroup {
+                framework_id,
+                group_id,
+                policy,
+                members,
+            } => self.run_group(
+                framework_id,
+                group_id,
+                policy,
+                members,
+                &BTreeSet::new(),
+                now,
+            ),
             MasterToAgent::KillTask {
                 framework_id,
                 task_id,

@@ -11,6 +11,18 @@ use crate::executor;
 use crate::gpu::{self, GpuSlot};
 use crate::isolation::DeviceRule;
 
+/// A task admitted by [`AgentCore::admit`], to be started by [`AgentCore::start`].
+pub(super) struct Admitted {
+    framework_id: FrameworkId,
+    pub(super) task: TaskInfo,
+    sandbox: std::path::PathBuf,
+    meta: std::path::PathBuf,
+    cgroup_name: String,
+    user: Option<String>,
+    chosen: Vec<GpuInfo>,
+    pub(super) ports: Vec<u16>,
+}
+
 /// How long after a cgroup-wide SIGKILL of a task it is repeated.
 const ESCALATE_AGAIN_MS: u64 = 1000;
 
@@ -134,6 +146,27 @@ impl AgentCore {
         now: u64,
     ) {
         let id = task.task_id;
+        match self.admit(framework_id, task, master_gpus, unbindable_ports, None, now) {
+            Ok(admitted) => self.start(admitted, Default::default(), now),
+            Err((reason, why)) => {
+                self.terminal(id, TaskState::Failed, Some(reason), why, None, None, now)
+            }
+        }
+    }
+
+    /// The first half of a launch: the task's GPUs, ports and user are chosen and its record
+    /// (with its group, if any) is checkpointed in `STAGING`. `Err` says why it cannot start
+    /// (its record stays, for the terminal update).
+    pub(super) fn admit(
+        &mut self,
+        framework_id: FrameworkId,
+        task: TaskInfo,
+        master_gpus: &[String],
+        unbindable_ports: &std::collections::BTreeSet<u16>,
+        group: Option<super::groups::GroupTag>,
+        now: u64,
+    ) -> Result<Admitted, (TaskReason, String)> {
+        let id = task.task_id;
         let sandbox = self.config.work_dir.join("sandboxes").join(id.to_string());
         let meta = self.config.work_dir.join("meta").join(id.to_string());
         let picked = self.pick_gpus(
@@ -151,7 +184,6 @@ impl AgentCore {
         let ports = super::ports::wanted(task.resources.milli("ports")).and_then(|k| {
             super::ports::assign(self.config.ports, &self.held_ports(), unbindable_ports, k)
         });
-        let minors: Vec<u32> = chosen.iter().map(|g| g.minor).collect();
         // A prepared cgroup from the pool (or a new pool name), else one named after the task.
         let cgroup_name = self
             .config
@@ -175,10 +207,11 @@ impl AgentCore {
                 gpu_memory_kill: None,
                 disk_kill: None,
                 ports: ports.clone().unwrap_or_default(),
+                group,
             },
         );
         self.dirty.insert(id);
-        let user = match picked
+        let user = picked
             .map_err(|why| (TaskReason::LaunchFailed, why))
             .and_then(|_| {
                 ports
@@ -188,17 +221,43 @@ impl AgentCore {
             .and_then(|_| {
                 self.task_user(&task.command)
                     .map_err(|why| (TaskReason::LaunchFailed, why))
-            }) {
-            Ok(user) => user,
-            Err((reason, why)) => {
-                self.terminal(id, TaskState::Failed, Some(reason), why, None, None, now);
-                return;
-            }
-        };
+            })?;
+        Ok(Admitted {
+            framework_id,
+            task,
+            sandbox,
+            meta,
+            cgroup_name,
+            user,
+            chosen,
+            ports: ports.unwrap_or_default(),
+        })
+    }
+
+    /// The second half of a launch: `STARTING`, the environment (with `extra_env`, a group's)
+    /// and limits, and the launch itself.
+    pub(super) fn start(
+        &mut self,
+        admitted: Admitted,
+        extra_env: std::collections::BTreeMap<String, String>,
+        now: u64,
+    ) {
+        let Admitted {
+            framework_id,
+            task,
+            sandbox,
+            meta,
+            cgroup_name,
+            user,
+            chosen,
+            ports,
+        } = admitted;
+        let id = task.task_id;
+        let uuids: Vec<String> = chosen.iter().map(|g| g.uuid.clone()).collect();
+        let minors: Vec<u32> = chosen.iter().map(|g| g.minor).collect();
         if !uuids.is_empty() {
             tracing::info!(task = %id, gpus = ?uuids, "assigned GPUs");
         }
-        let ports = ports.unwrap_or_default();
         if !ports.is_empty() {
             tracing::info!(task = %id, ?ports, "assigned ports");
         }
@@ -212,6 +271,7 @@ impl AgentCore {
             now,
         );
         let mut env = task.env.clone();
+        env.extend(extra_env);
         env.insert("GANTRY_TASK_ID".into(), id.to_string());
         env.insert("GANTRY_FRAMEWORK_ID".into(), framework_id.to_string());
         env.extend(super::ports::env(&ports));
@@ -293,13 +353,20 @@ impl AgentCore {
         }
     }
 
-    pub(super) fn exited(&mut self, task: TaskId, status: ExitStatus) {
+    pub(super) fn exited(&mut self, task: TaskId, status: ExitStatus, now: u64) {
         let Some(rec) = self.ckpt.tasks.get(&task) else {
             return;
         };
-        if rec.state.is_terminal() || !self.settling.insert(task) {
+        if rec.state.is_terminal() || self.settling.contains(&task) {
             return;
         }
+        // A task without a cgroup (`--isolation none`) has no outcome to read: it is settled
+        // at once, in the same batch as its exit (no round trip through a blocking thread).
+        if rec.cgroup.is_none() {
+            self.settled(task, status, CgroupOutcome::default(), now);
+            return;
+        }
+        self.settling.insert(task);
         let recycle = rec
             .cgroup
             .as_deref()
@@ -343,6 +410,12 @@ impl AgentCore {
                 TaskState::Failed,
                 Some(TaskReason::DiskLimit),
                 format!("{why} ({msg})"),
+            )
+        } else if let Some(why) = rec.group.as_ref().and_then(|g| g.killed_because.clone()) {
+            (
+                TaskState::Killed,
+                Some(TaskReason::KilledByRequest),
+                format!("killed: {why} ({msg})"),
             )
         } else if killed {
             (
@@ -479,7 +552,12 @@ impl AgentCore {
     /// The supervisor of a task this agent launched died: the exit it recorded, if it made one;
     /// else the task, unsupervised now, is killed (no task runs without the agent knowing) and
     /// ends with an unknown status.
-    pub(super) fn supervisor_lost(&mut self, task: TaskId, recorded: Option<ExitStatus>) {
+    pub(super) fn supervisor_lost(
+        &mut self,
+        task: TaskId,
+        recorded: Option<ExitStatus>,
+        now: u64,
+    ) {
         let status = match recorded {
             Some(status) => status,
             None => {
@@ -503,7 +581,7 @@ impl AgentCore {
                 }
             }
         };
-        self.exited(task, status);
+        self.exited(task, status, now);
     }
 
     /// Sets each sampled task's GPU-memory share and acts on tasks above it: a non-terminal
@@ -665,5 +743,6 @@ impl AgentCore {
         tracing::info!(%task, %state, %message, "task ended");
         self.emit(Effect::ForgetCgroup(task));
         self.update(task, state, reason, message, exit_code, signal, now);
+        self.group_member_ended(task, state, now);
     }
 }

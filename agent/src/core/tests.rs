@@ -678,12 +678,15 @@ fn checkpointed(
             gpu_memory_kill: None,
             disk_kill: None,
             ports: Vec::new(),
+            group: None,
         },
     )
 }
 
+mod batch;
 mod disk;
 mod gpus;
+mod groups;
 mod pool;
 mod ports;
 mod recovery;

@@ -59,6 +59,10 @@ pub struct TaskRecord {
     /// Host ports assigned to the task (its `ports:K`), held until it is terminal.
     #[serde(default)]
     pub ports: Vec<u16>,
+    /// The task group it was launched in, with the group's policy (so the policy survives a
+    /// restart of the agent).
+    #[serde(default)]
+    pub group: Option<super::groups::GroupTag>,
 }
 
 impl TaskRecord {

@@ -2,8 +2,11 @@
 //! (thread-safe, done before `fork`; the supervisor only calls `setgroups`, `setgid` and
 //! `setuid` between `fork` and `exec`).
 
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// A resolved user: what the supervisor switches to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +70,44 @@ pub fn lookup_task_user(name: &str) -> Result<TaskUser, UserError> {
         return Err(UserError::RootAlias(name.to_string()));
     }
     Ok(user)
+}
+
+/// How long a resolved task user is reused without asking NSS again ([`UserCache`]).
+pub const USER_CACHE_TTL: Duration = Duration::from_secs(5);
+
+/// Recent [`lookup_task_user`] results, reused for [`USER_CACHE_TTL`]: a burst of launches
+/// as one user does one NSS look-up (`/etc/nsswitch.conf`, `/etc/passwd`, `/etc/group`, or a
+/// directory service) instead of one per task, like `nscd` (whose default is ten minutes).
+/// Failures are not cached: an unknown user is asked for again at its next task. Thread-safe
+/// (launches prepare on blocking threads); the clock is the caller's.
+#[derive(Debug, Default)]
+pub struct UserCache {
+    entries: Mutex<HashMap<String, (Instant, TaskUser)>>,
+}
+
+impl UserCache {
+    /// [`lookup_task_user`], from the cache when it was resolved less than
+    /// [`USER_CACHE_TTL`] before `now`.
+    pub fn lookup_task_user(&self, name: &str, now: Instant) -> Result<TaskUser, UserError> {
+        let fresh = |at: &Instant| now.saturating_duration_since(*at) < USER_CACHE_TTL;
+        if let Some((_, user)) = self
+            .lock()
+            .get(name)
+            .filter(|(at, _)| fresh(at) && *at <= now)
+        {
+            return Ok(user.clone());
+        }
+        let user = lookup_task_user(name)?;
+        let mut entries = self.lock();
+        // Bounded by the users tasks ran as recently.
+        entries.retain(|_, (at, _)| fresh(at));
+        entries.insert(name.to_string(), (now, user.clone()));
+        Ok(user)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, TaskUser)>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The name of the user this process runs as (its effective uid).
@@ -198,5 +239,33 @@ mod tests {
                 Err(UserError::RootAlias(_))
             ));
         }
+    }
+
+    #[test]
+    fn the_cache_serves_a_user_for_its_ttl_then_asks_again_and_keeps_no_failure() {
+        let cache = UserCache::default();
+        let t0 = Instant::now();
+        // A planted entry tells a cached answer from NSS's.
+        let planted = TaskUser {
+            name: "root".into(),
+            uid: 4242,
+            gid: 4242,
+            groups: vec![4242],
+            home: "/planted".into(),
+        };
+        cache.lock().insert("root".into(), (t0, planted.clone()));
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(cache.lookup_task_user("root", at(1)).unwrap(), planted);
+        let again = cache
+            .lookup_task_user("root", t0 + USER_CACHE_TTL)
+            .unwrap();
+        assert_eq!(again.uid, 0, "expired: looked up again");
+        assert_eq!(cache.lookup_task_user("root", at(6)).unwrap().uid, 0);
+        assert!(cache
+            .lookup_task_user("no-such-user-gantry", at(6))
+            .is_err());
+        assert!(!cache.lock().contains_key("no-such-user-gantry"));
+        // An invalid name is refused as before.
+        assert!(cache.lookup_task_user("a\0b", at(6)).is_err());
     }
 }

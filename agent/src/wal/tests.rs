@@ -28,6 +28,7 @@ fn task(state: TaskState) -> TaskRecord {
         gpu_memory_kill: None,
         disk_kill: None,
         ports: Vec::new(),
+        group: None,
     }
 }
 

@@ -16,7 +16,7 @@ pub(super) struct OfferState {
     pub(super) agent: u32,
     pub(super) role: u32,
     pub(super) bundle: Bundle,
-    pub(super) tasks: u64,
+    pub(super) tasks: ShapeCounts,
     /// GPU shares earmarked on the agent for its tasks' worth.
     pub(super) gpus: Vec<(u32, u32)>,
 }
@@ -131,9 +131,9 @@ impl Allocator {
         self.charge(st.fw, st.role, &st.bundle, false);
         self.return_to_agent(st.agent, &st.bundle);
         let fw = self.fw_mut(st.fw);
-        fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+        release_tasks(&mut fw.offered_tasks, &st.tasks);
         fw.offer_ids.remove(&id);
-        if st.tasks > 0 {
+        if st.tasks.iter().any(|t| *t > 0) {
             self.epoch += 1;
         }
         let agent = self.ag_mut(st.agent);

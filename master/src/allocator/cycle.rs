@@ -120,17 +120,20 @@ impl Allocator {
     fn cycle_needs(&self) -> Option<Vec<Rv>> {
         let mut needs: Vec<Rv> = Vec::new();
         for fw in self.frameworks.values().filter(|fw| fw.wants()) {
-            let quantities = match &fw.demand {
-                Some((task, _)) => std::slice::from_ref(task),
-                None if !fw.min_rv.is_empty() => &fw.min_rv[..],
-                None => return None,
+            let shapes: Vec<&Rv> = fw.demand.iter().map(|(t, _)| t).collect();
+            let quantities: Vec<&Rv> = if !shapes.is_empty() {
+                shapes
+            } else if !fw.min_rv.is_empty() {
+                fw.min_rv.iter().collect()
+            } else {
+                return None;
             };
             for q in quantities {
                 if !needs.contains(q) {
                     if needs.len() == MAX_CYCLE_NEEDS {
                         return None;
                     }
-                    needs.push(q.clone());
+                    needs.push((*q).clone());
                 }
             }
         }
@@ -353,37 +356,37 @@ impl Allocator {
                     fw: f,
                     role: r,
                     grant: avail,
-                    tasks: 0,
+                    shape: None,
                     gpu: None,
                 });
             }
+            // Each declared shape still wanted, in order: the first whose task's worth fits.
             let fw = self.fw(f);
-            let Some((task, count)) = &fw.demand else {
-                continue;
-            };
-            if fw.offered_tasks >= *count {
-                continue;
+            for (shape, (task, count)) in fw.demand.iter().enumerate() {
+                if fw.offered_tasks.get(shape).copied().unwrap_or(0) >= *count {
+                    continue;
+                }
+                let Some(grant) = split_task(&avail, task) else {
+                    continue;
+                };
+                if filtered(f, &grant) {
+                    continue;
+                }
+                if flags & FW_MIN != 0 && !self.holds_min(f, &grant) {
+                    continue;
+                }
+                // A fraction of one GPU needs one GPU with room (gpus.rs).
+                let Ok(gpu) = self.fraction_gpu(a, task) else {
+                    continue;
+                };
+                return Some(Candidate {
+                    fw: f,
+                    role: r,
+                    grant,
+                    shape: Some(shape),
+                    gpu,
+                });
             }
-            let Some(grant) = split_task(&avail, task) else {
-                continue;
-            };
-            if filtered(f, &grant) {
-                continue;
-            }
-            if flags & FW_MIN != 0 && !self.holds_min(f, &grant) {
-                continue;
-            }
-            // A fraction of one GPU needs one GPU with room (gpus.rs).
-            let Ok(gpu) = self.fraction_gpu(a, task) else {
-                continue;
-            };
-            return Some(Candidate {
-                fw: f,
-                role: r,
-                grant,
-                tasks: 1,
-                gpu,
-            });
         }
         None
     }
@@ -429,16 +432,18 @@ impl Allocator {
         {
             Some(p) => {
                 p.bundle.add(&c.grant);
-                p.tasks += c.tasks;
+                add_shape(&mut p.tasks, c.shape);
                 p.gpus.extend(c.gpu);
                 false
             }
             None => {
+                let mut tasks = ShapeCounts::new();
+                add_shape(&mut tasks, c.shape);
                 pending.push(Pending {
                     fw: c.fw,
                     role: c.role,
                     bundle: c.grant.clone(),
-                    tasks: c.tasks,
+                    tasks,
                     gpus: c.gpu.into_iter().collect(),
                 });
                 true
@@ -459,7 +464,12 @@ impl Allocator {
         }
         let fw = self.fw_mut(c.fw);
         let wanted = fw.wants();
-        fw.offered_tasks += c.tasks;
+        if let Some(shape) = c.shape {
+            if fw.offered_tasks.len() <= shape {
+                fw.offered_tasks.resize(shape + 1, 0);
+            }
+            fw.offered_tasks[shape] += 1;
+        }
         if wanted && !fw.wants() {
             self.wanting = self.wanting.saturating_sub(1);
         }
@@ -495,6 +505,45 @@ fn split_task(avail: &Bundle, task: &[u64]) -> Option<Bundle> {
 }
 
 /// How many whole `task`s fit in `used`.
+/// Counts one more task's worth of `shape` (if any) in per-shape `tasks`.
+fn add_shape(tasks: &mut ShapeCounts, shape: Option<usize>) {
+    if let Some(shape) = shape {
+        if tasks.len() <= shape {
+            tasks.resize(shape + 1, 0);
+        }
+        tasks[shape] += 1;
+    }
+}
+
+/// The whole tasks' worth of each of `shapes` in `used`, counted greedily, larger shapes
+/// first (what a large task used also holds small tasks' worth; the converse does not hold):
+/// first at most `cap[i]` of shape `i` (the tasks' worth an offer was made for, when known),
+/// then as many more as the rest holds. With one shape this is [`whole_tasks`] of `used`.
+pub(super) fn split_whole_tasks(used: &[u64], shapes: &[Rv], cap: Option<&[u64]>) -> ShapeCounts {
+    let mut left: Rv = Rv::from_slice(used);
+    let mut out: ShapeCounts = shapes.iter().map(|_| 0).collect();
+    let mut order: Vec<usize> = (0..shapes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(shapes[i].iter().sum::<u64>()));
+    let take = |left: &mut Rv, i: usize, most: u64, out: &mut ShapeCounts| {
+        let n = whole_tasks(left, &shapes[i]).min(most);
+        if n > 0 {
+            for (l, t) in left.iter_mut().zip(shapes[i].iter()) {
+                *l = l.saturating_sub(t.saturating_mul(n));
+            }
+            out[i] += n;
+        }
+    };
+    if let Some(cap) = cap {
+        for &i in &order {
+            take(&mut left, i, cap.get(i).copied().unwrap_or(0), &mut out);
+        }
+    }
+    for &i in &order {
+        take(&mut left, i, u64::MAX, &mut out);
+    }
+    out
+}
+
 pub(super) fn whole_tasks(used: &[u64], task: &[u64]) -> u64 {
     let mut n = u64::MAX;
     for (i, t) in task.iter().enumerate() {

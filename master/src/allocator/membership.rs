@@ -1,7 +1,7 @@
 //! Membership: adding, updating and removing agents, frameworks (with their roles, demand,
 //! suppression) and roles (weights, forgetting unused ones).
 
-use super::cycle::whole_tasks;
+use super::cycle::split_whole_tasks;
 use super::*;
 
 impl Allocator {
@@ -150,7 +150,7 @@ impl Allocator {
                 self.release_gpus(a, &st.gpus);
                 self.charge(st.fw, st.role, &st.bundle, false);
                 let fw = self.fw_mut(st.fw);
-                fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+                release_tasks(&mut fw.offered_tasks, &st.tasks);
                 self.ag_mut(a).offers.retain(|x| *x != o);
                 self.counters.rescinded += 1;
                 out.push(self.take_record(st));
@@ -202,8 +202,8 @@ impl Allocator {
                     id,
                     name: Arc::from(name),
                     gpu_capable,
-                    demand: None,
-                    offered_tasks: 0,
+                    demand: Vec::new(),
+                    offered_tasks: ShapeCounts::new(),
                     roles: Vec::new(),
                     alloc: Bundle::default(),
                     offers_made: 0,
@@ -263,7 +263,7 @@ impl Allocator {
                 self.roles[r as usize].self_key = Some(sk);
             }
         }
-        self.set_demand_inner(f, demand);
+        self.set_demand_inner(f, demand.into_iter().collect());
         self.epoch += 1;
     }
 
@@ -321,17 +321,15 @@ impl Allocator {
         out
     }
 
-    pub(super) fn set_demand_inner(&mut self, f: u32, demand: Option<Demand>) {
-        let d = match demand {
-            Some(d) if !d.task.is_empty() => Some((self.rv(&d.task), d.count as u64)),
-            _ => None,
-        };
-        let flag = if d.is_some() { FW_DEMAND } else { 0 };
-        let same_shape = match (&self.fw(f).demand, &d) {
-            (Some((old, _)), Some((new, _))) => old == new,
-            (None, None) => true,
-            _ => false,
-        };
+    pub(super) fn set_demand_inner(&mut self, f: u32, demands: Vec<Demand>) {
+        let d: Vec<(Rv, u64)> = demands
+            .into_iter()
+            .filter(|d| !d.task.is_empty())
+            .map(|d| (self.rv(&d.task), d.count as u64))
+            .collect();
+        let flag = if d.is_empty() { 0 } else { FW_DEMAND };
+        let old = &self.fw(f).demand;
+        let same_shape = old.len() == d.len() && old.iter().zip(&d).all(|((a, _), (b, _))| a == b);
         self.fw_mut(f).demand = d;
         self.fw_flags[f as usize] = (self.fw_flags[f as usize] & !FW_DEMAND) | flag;
         if !same_shape {
@@ -339,25 +337,25 @@ impl Allocator {
         }
     }
 
-    /// Recounts the whole tasks' worth (of the current demand's shape) in each of the
+    /// Recounts the whole tasks' worth (of the current demand's shapes) in each of the
     /// framework's outstanding offers, whatever made them: eligibility for more compares the
-    /// declared count with that.
+    /// declared counts with that. Several shapes are counted greedily in their declared order
+    /// ([`split_whole_tasks`]).
     pub(super) fn recount_offered_tasks(&mut self, f: u32) {
-        let task = self.fw(f).demand.as_ref().map(|(t, _)| t.clone());
+        let shapes: Vec<Rv> = self.fw(f).demand.iter().map(|(t, _)| t.clone()).collect();
         let mine: Vec<OfferId> = self
             .offers
             .values()
             .filter(|st| st.fw == f)
             .map(|st| st.id)
             .collect();
-        let mut sum = 0u64;
+        let mut sum: ShapeCounts = shapes.iter().map(|_| 0).collect();
         for id in mine {
             if let Some(st) = self.offers.get_mut(&id) {
-                st.tasks = match &task {
-                    Some(t) => whole_tasks(&st.bundle.total(), t),
-                    None => 0,
-                };
-                sum = sum.saturating_add(st.tasks);
+                st.tasks = split_whole_tasks(&st.bundle.total(), &shapes, None);
+                for (s, t) in sum.iter_mut().zip(&st.tasks) {
+                    *s = s.saturating_add(*t);
+                }
             }
         }
         self.fw_mut(f).offered_tasks = sum;
@@ -365,10 +363,17 @@ impl Allocator {
 
     /// Replaces a framework's declared demand (`None`: Mesos behaviour, whole agents).
     pub fn set_demand(&mut self, framework: FrameworkId, demand: Option<Demand>) {
+        self.set_demands(framework, demand.into_iter().collect());
+    }
+
+    /// Replaces a framework's declared demand with several task shapes, each with its count
+    /// (empty: Mesos behaviour, whole agents). Demand-aware offers are split into tasks' worth
+    /// of any shape still wanted, the shapes tried in the order given.
+    pub fn set_demands(&mut self, framework: FrameworkId, demands: Vec<Demand>) {
         let Some(&f) = self.fw_ids.get(&framework) else {
             return;
         };
-        self.set_demand_inner(f, demand);
+        self.set_demand_inner(f, demands);
         self.epoch += 1;
     }
 

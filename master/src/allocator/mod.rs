@@ -290,6 +290,10 @@ pub struct FrameworkMetrics {
     pub allocated: Resources,
     /// Offers made to it since start.
     pub offers_made: u64,
+    /// Its remaining declared demand (`set_demand`: every shape with its remaining count;
+    /// empty: none): the operator API's `/api/v1/demand` (and the autoscaler) read it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub demands: Vec<Demand>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,15 +355,28 @@ impl FwRole {
     }
 }
 
+/// Tasks' worth per declared demand shape (in the order of the framework's shapes; empty
+/// when the framework declared none or the offer holds none).
+pub(super) type ShapeCounts = smallvec::SmallVec<[u64; 2]>;
+
+/// Subtracts `tasks` (per shape) from `from`.
+pub(super) fn release_tasks(from: &mut ShapeCounts, tasks: &[u64]) {
+    for (o, t) in from.iter_mut().zip(tasks) {
+        *o = o.saturating_sub(*t);
+    }
+}
+
 impl Framework {
     /// May still be granted something: in some role's fair order, and without a declared
     /// demand or with tasks of it not yet in outstanding offers.
     fn wants(&self) -> bool {
         self.roles.iter().any(|r| !r.out_of_order())
-            && self
-                .demand
-                .as_ref()
-                .is_none_or(|(_, count)| self.offered_tasks < *count)
+            && (self.demand.is_empty()
+                || self
+                    .demand
+                    .iter()
+                    .zip(&self.offered_tasks)
+                    .any(|((_, count), offered)| offered < count))
     }
 }
 
@@ -368,10 +385,10 @@ struct Framework {
     id: FrameworkId,
     name: Arc<str>,
     gpu_capable: bool,
-    /// (task shape, remaining count)
-    demand: Option<(Rv, u64)>,
-    /// Tasks' worth currently sitting in outstanding offers.
-    offered_tasks: u64,
+    /// The declared task shapes with their remaining counts (empty: no demand).
+    demand: Vec<(Rv, u64)>,
+    /// Tasks' worth of each shape currently sitting in outstanding offers.
+    offered_tasks: ShapeCounts,
     roles: Vec<FwRole>,
     alloc: Bundle,
     offers_made: u64,
@@ -448,7 +465,7 @@ struct Pending {
     fw: u32,
     role: u32,
     bundle: Bundle,
-    tasks: u64,
+    tasks: ShapeCounts,
     /// GPU shares earmarked for its tasks' worth (`gpus`).
     gpus: Vec<(u32, u32)>,
 }
@@ -457,7 +474,8 @@ struct Candidate {
     fw: u32,
     role: u32,
     grant: Bundle,
-    tasks: u64,
+    /// The demand shape the grant is a task's worth of (`None`: no demand).
+    shape: Option<usize>,
     gpu: Option<(u32, u32)>,
 }
 

@@ -1,7 +1,7 @@
 //! Offers and what frameworks do with them: accept, decline (with filters), rescind, recover,
 //! reservations, allocations restored after failover, offer and filter expiry.
 
-use super::cycle::whole_tasks;
+use super::cycle::split_whole_tasks;
 use super::*;
 
 impl Allocator {
@@ -201,13 +201,17 @@ impl Allocator {
             }
             {
                 let fw = self.fw_mut(f);
-                fw.offered_tasks = fw.offered_tasks.saturating_sub(st.tasks);
+                release_tasks(&mut fw.offered_tasks, &st.tasks);
                 fw.offer_ids.remove(&offer);
-                if let Some((task, count)) = &mut fw.demand {
-                    *count = count.saturating_sub(whole_tasks(&used_b.total(), task));
+                if !fw.demand.is_empty() {
+                    let shapes: Vec<Rv> = fw.demand.iter().map(|(t, _)| t.clone()).collect();
+                    let used = split_whole_tasks(&used_b.total(), &shapes, Some(&st.tasks));
+                    for ((_, count), n) in fw.demand.iter_mut().zip(used) {
+                        *count = count.saturating_sub(n);
+                    }
                 }
             }
-            if st.tasks > 0 {
+            if st.tasks.iter().any(|t| *t > 0) {
                 self.epoch += 1;
             }
             self.ag_mut(a).offers.retain(|o| *o != offer);
@@ -517,14 +521,24 @@ impl Allocator {
         }
     }
 
-    /// A framework's remaining declared demand as (task shape, count).
+    /// A framework's remaining declared demand as (task shape, count): its first shape.
     pub fn demand(&self, framework: FrameworkId) -> Option<Demand> {
-        let f = *self.fw_ids.get(&framework)?;
-        let (task, count) = self.fw(f).demand.as_ref()?;
-        Some(Demand {
-            task: self.names.res(task),
-            count: (*count).min(u32::MAX as u64) as u32,
-        })
+        self.demands(framework).into_iter().next()
+    }
+
+    /// A framework's remaining declared demand: every shape with its remaining count.
+    pub fn demands(&self, framework: FrameworkId) -> Vec<Demand> {
+        let Some(&f) = self.fw_ids.get(&framework) else {
+            return Vec::new();
+        };
+        self.fw(f)
+            .demand
+            .iter()
+            .map(|(task, count)| Demand {
+                task: self.names.res(task),
+                count: (*count).min(u32::MAX as u64) as u32,
+            })
+            .collect()
     }
 
     /// Rescinds offers older than the configured offer timeout (none when it is off). With

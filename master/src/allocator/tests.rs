@@ -252,6 +252,49 @@ fn demand_count_limits_offers_and_shrinks_on_accept() {
 }
 
 #[test]
+fn several_demand_shapes_are_all_offered_and_counted_apart() {
+    let mut a = alloc();
+    a.add_framework(fid(1), "sweep", &roles(&["r"]), true, None);
+    // Three one-GPU trials and one two-GPU gang member, declared together.
+    a.set_demands(
+        fid(1),
+        vec![
+            Demand {
+                task: res("cpus:1;gpus:1"),
+                count: 3,
+            },
+            Demand {
+                task: res("cpus:2;gpus:2"),
+                count: 1,
+            },
+        ],
+    );
+    a.add_agent(aid(1), "h1", res("cpus:16;gpus:8"), BTreeMap::new());
+    let o = a.allocate(0).remove(0);
+    // Every shape's tasks' worth, nothing more: 3 x (1, 1) + 1 x (2, 2).
+    assert_eq!(o.resources.unreserved, res("cpus:5;gpus:5"));
+    assert!(a.allocate(1).is_empty(), "all demand is in the offer");
+    // Two trials and the gang member launched: one trial is still wanted.
+    a.accept(o.id, &unres("cpus:4;gpus:4"), None, 2).unwrap();
+    let left = a.demands(fid(1));
+    assert_eq!(
+        left.iter().map(|d| d.count).collect::<Vec<_>>(),
+        vec![1, 0],
+        "{left:?}"
+    );
+    let o = a.allocate(10_000).remove(0);
+    assert_eq!(o.resources.unreserved, res("cpus:1;gpus:1"));
+    // The first shape alone is what `demand` reports.
+    assert_eq!(a.demand(fid(1)).map(|d| d.count), Some(1));
+    // Declining returns the worth: offered again after the filter.
+    a.decline(o.id, Some(0), 10_001).unwrap();
+    assert_eq!(
+        a.allocate(10_002).remove(0).resources.unreserved,
+        res("cpus:1;gpus:1")
+    );
+}
+
+#[test]
 fn gpu_agents_only_go_to_gpu_frameworks() {
     let mut a = alloc();
     a.add_framework(fid(1), "plain", &roles(&["r"]), false, None);

@@ -140,6 +140,7 @@ impl Allocator {
                     dominant_share: self.share_now(&fw.alloc.total()),
                     allocated: self.names.res(&fw.alloc.total()),
                     offers_made: fw.offers_made,
+                    demands: self.demands(fw.id),
                 },
             );
         }

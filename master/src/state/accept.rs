@@ -145,111 +145,102 @@ impl Master {
         // of this accept: computed once, at the first task with GPUs.
         let mut accept_gpus: Option<super::gpus::GpuLedger> = None;
         let mut seen_ids: HashSet<TaskId> = HashSet::new();
+        // Task groups admitted whole: (group id, policy, members).
+        let mut groups: Vec<(String, GroupPolicy, Vec<Admitted>)> = Vec::new();
         for op in operations {
             match op {
                 Operation::Launch { tasks } => {
                     for task in tasks {
-                        let tid = task.task_id;
-                        let mut task = task;
-                        let invalid = if self.tasks.contains_key(&tid) || !seen_ids.insert(tid) {
-                            Some(format!("task id {tid} is already in use"))
-                        } else {
-                            validate_task(&task).err().map(|e| e.to_string())
+                        let mut draft = AcceptDraft {
+                            pool: &mut pool,
+                            used: &mut used,
+                            gpus: &mut accept_gpus,
+                            seen_ids: &mut seen_ids,
                         };
-                        let invalid = invalid.or_else(|| {
-                            run_as::task_user(
-                                &self.config.acls,
-                                &principal,
-                                &mut task.command.user,
-                                &agent_user,
-                            )
-                            .err()
-                            .map(|e| format!("task {tid}: {e}"))
-                        });
-                        let invalid = invalid.or_else(|| {
-                            let sel = task.gpu_selector.as_ref()?;
-                            if let Some(bad) = sel.invalid() {
-                                return Some(format!("task {tid}: {bad}"));
+                        match self.admit_task(task, agent_id, &principal, &agent_user, &mut draft) {
+                            Ok(launch) => launches.push(launch),
+                            Err(refused) => {
+                                let (task, kind, reason) = *refused;
+                                self.error_update(
+                                    conn,
+                                    fw,
+                                    &task,
+                                    (Some(agent_id), &role),
+                                    kind,
+                                    &reason,
+                                    now,
+                                    out,
+                                )
                             }
-                            let want = task.resources.gpu_amount().map(|a| a.gpu_count()).unwrap_or(0);
-                            if want == 0 {
-                                return Some(format!("task {tid}: a GPU selector needs gpus"));
-                            }
-                            let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
-                            let matching = gpus.iter().filter(|g| g.healthy && GpuSelector::admits(Some(sel), g)).count() as u64;
-                            (matching < want).then(|| {
-                                format!("task {tid}: the agent has {matching} healthy GPUs matching the selector ({sel}); the task asks for {want}")
-                            })
-                        });
-                        if let Some(reason) = invalid {
-                            self.error_update(
-                                conn,
-                                fw,
-                                &task,
-                                (Some(agent_id), &role),
-                                ErrorKind::InvalidTask,
-                                &reason,
-                                now,
-                                out,
-                            );
-                            continue;
                         }
-                        // Per-GPU room (fractions share a GPU up to one whole GPU): the GPUs
-                        // are chosen here, a fraction's and whole ones (gpus.rs).
-                        let gpu_choice = if task.resources.gpu_amount() == Ok(GpuAmount::None) {
-                            Ok(Vec::new())
-                        } else {
-                            let ledger =
-                                accept_gpus.get_or_insert_with(|| self.gpu_ledger(agent_id));
-                            self.choose_gpus(agent_id, &task, ledger)
-                        };
-                        let gpu_choice = match gpu_choice {
-                            Ok(c) => c,
-                            Err(reason) => {
-                                self.error_update(
-                                    conn,
-                                    fw,
-                                    &task,
-                                    (Some(agent_id), &role),
-                                    ErrorKind::InsufficientResources,
-                                    &reason,
-                                    now,
-                                    out,
-                                );
-                                continue;
-                            }
-                        };
-                        match draw(&mut pool, &mut used, &task.resources) {
-                            Some(alloc) => {
-                                let chosen = gpu_choice;
-                                if let (Some(ledger), Ok(amount)) =
-                                    (accept_gpus.as_mut(), task.resources.gpu_amount())
-                                {
-                                    for uuid in &chosen {
-                                        ledger.take(uuid, amount.per_gpu_milli());
-                                    }
+                    }
+                }
+                Operation::LaunchGroup { group } => {
+                    // All members or none: drawn from copies of the pool, kept only when
+                    // every member fits (groups.rs-style rollback, nothing charged otherwise).
+                    let mut g_pool = pool.clone();
+                    let mut g_used = used.clone();
+                    let mut g_gpus = accept_gpus.clone();
+                    let mut g_seen = seen_ids.clone();
+                    let mut members = Vec::new();
+                    let mut refusal = group.problem().map(|p| {
+                        (
+                            ErrorKind::InvalidTask,
+                            format!("task group {:?}: {p}", group.group_id),
+                        )
+                    });
+                    let all: Vec<TaskInfo> = group.tasks.clone();
+                    if refusal.is_none() {
+                        for task in group.tasks {
+                            let mut draft = AcceptDraft {
+                                pool: &mut g_pool,
+                                used: &mut g_used,
+                                gpus: &mut g_gpus,
+                                seen_ids: &mut g_seen,
+                            };
+                            match self.admit_task(
+                                task,
+                                agent_id,
+                                &principal,
+                                &agent_user,
+                                &mut draft,
+                            ) {
+                                Ok(launch) => members.push(launch),
+                                Err(refused) => {
+                                    let (task, kind, reason) = *refused;
+                                    refusal = Some((
+                                        kind,
+                                        format!(
+                                            "task group {:?} refused as a whole: member {:?} ({}): {reason}",
+                                            group.group_id, task.name, task.task_id
+                                        ),
+                                    ));
+                                    break;
                                 }
-                                launches.push((task, alloc, chosen));
                             }
-                            None => {
-                                let total: Resources = pool
-                                    .iter()
-                                    .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
-                                let reason = format!(
-                                    "task {tid} needs {} but the offers have only {total} left",
-                                    task.resources
-                                );
-                                self.error_update(
+                        }
+                    }
+                    match refusal {
+                        Some((kind, reason)) => {
+                            out.push(err(conn, kind, reason.clone()));
+                            for task in &all {
+                                self.group_member_refused(
                                     conn,
                                     fw,
-                                    &task,
                                     (Some(agent_id), &role),
-                                    ErrorKind::InsufficientResources,
+                                    task,
                                     &reason,
                                     now,
                                     out,
                                 );
                             }
+                        }
+                        None => {
+                            pool = g_pool;
+                            used = g_used;
+                            accept_gpus = g_gpus;
+                            seen_ids = g_seen;
+                            groups.push((group.group_id, group.policy, members));
                         }
                     }
                 }
@@ -308,41 +299,10 @@ impl Master {
             tracing::error!("allocator refused a validated accept: {e}");
         }
 
-        // 4. Launch.
+        // 4. Launch: single tasks one message each, a group as one message.
         for (task, allocation, gpus) in launches {
             let tid = task.task_id;
-            self.tasks.insert(
-                tid,
-                TaskRec {
-                    info: task.clone(),
-                    framework: fw,
-                    agent: agent_id,
-                    state: TaskState::Staging,
-                    allocation,
-                    recovered: false,
-                    pending: VecDeque::new(),
-                    acked: HashSet::new(),
-                    last_message: "launched".into(),
-                    usage: None,
-                    role: role.clone(),
-                    gpus: gpus.clone(),
-                    ports: Vec::new(),
-                    reason: None,
-                    exit_code: None,
-                    signal: None,
-                    staged_at: now,
-                    started_at: None,
-                    ended_at: None,
-                    kill_reason: None,
-                },
-            );
-            if let Some(f) = self.frameworks.get_mut(&fw) {
-                f.tasks.insert(tid);
-            }
-            if let Some(a) = self.agents.get_mut(&agent_id) {
-                a.tasks.insert(tid);
-            }
-            self.emit_task(tid);
+            self.record_launch(fw, agent_id, &role, &task, allocation, &gpus, now);
             out.push(Output::ToAgent(
                 agent_conn,
                 MasterToAgent::RunTask {
@@ -351,16 +311,213 @@ impl Master {
                     gpus,
                 },
             ));
-            let staging = self.new_update(
-                tid,
-                fw,
-                Some(agent_id),
-                TaskState::Staging,
-                "sent to agent".into(),
-                now,
-            );
-            // Behind its held updates when the framework is behind (`pacing`).
-            self.deliver_update(staging, out);
+            self.staging_update(tid, fw, agent_id, now, out);
+        }
+        for (group_id, policy, members) in groups {
+            let ids: Vec<TaskId> = members.iter().map(|(t, _, _)| t.task_id).collect();
+            let mut wire = Vec::with_capacity(members.len());
+            for (task, allocation, gpus) in members {
+                self.record_launch(fw, agent_id, &role, &task, allocation, &gpus, now);
+                wire.push(GroupMember { task, gpus });
+            }
+            out.push(Output::ToAgent(
+                agent_conn,
+                MasterToAgent::RunTaskGroup {
+                    framework_id: fw,
+                    group_id,
+                    policy,
+                    members: wire,
+                },
+            ));
+            for tid in ids {
+                self.staging_update(tid, fw, agent_id, now, out);
+            }
+        }
+    }
+
+    /// Records a launched task (its allocation, GPUs, owners) in STAGING.
+    #[allow(clippy::too_many_arguments)]
+    fn record_launch(
+        &mut self,
+        fw: FrameworkId,
+        agent_id: AgentId,
+        role: &str,
+        task: &TaskInfo,
+        allocation: OfferResources,
+        gpus: &[String],
+        now: Millis,
+    ) {
+        let tid = task.task_id;
+        self.tasks.insert(
+            tid,
+            TaskRec {
+                info: task.clone(),
+                framework: fw,
+                agent: agent_id,
+                state: TaskState::Staging,
+                allocation,
+                recovered: false,
+                pending: VecDeque::new(),
+                acked: HashSet::new(),
+                last_message: "launched".into(),
+                usage: None,
+                role: role.to_string(),
+                gpus: gpus.to_vec(),
+                ports: Vec::new(),
+                reason: None,
+                exit_code: None,
+                signal: None,
+                staged_at: now,
+                started_at: None,
+                ended_at: None,
+                kill_reason: None,
+            },
+        );
+        if let Some(f) = self.frameworks.get_mut(&fw) {
+            f.tasks.insert(tid);
+        }
+        if let Some(a) = self.agents.get_mut(&agent_id) {
+            a.tasks.insert(tid);
+        }
+        self.emit_task(tid);
+    }
+
+    /// The STAGING update of a task sent to its agent.
+    fn staging_update(
+        &mut self,
+        tid: TaskId,
+        fw: FrameworkId,
+        agent_id: AgentId,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let staging = self.new_update(
+            tid,
+            fw,
+            Some(agent_id),
+            TaskState::Staging,
+            "sent to agent".into(),
+            now,
+        );
+        // Behind its held updates when the framework is behind (`pacing`).
+        self.deliver_update(staging, out);
+    }
+
+    /// A member of a refused group: `ERROR`, reason `invalid-task`, with the group's one
+    /// reason (which names the member at fault). Nothing of it was launched or charged.
+    #[allow(clippy::too_many_arguments)]
+    fn group_member_refused(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        (agent, role): (Option<AgentId>, &str),
+        task: &TaskInfo,
+        reason: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        if self.tasks.contains_key(&task.task_id) {
+            // The id of a task the master runs: no update that would claim it ended.
+            return;
+        }
+        let mut update = self.new_update(
+            task.task_id,
+            fw,
+            None,
+            TaskState::Error,
+            reason.to_string(),
+            now,
+        );
+        update.reason = Some(TaskReason::InvalidTask);
+        out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+        self.remember_refused(
+            fw,
+            (agent, role),
+            task,
+            (TaskState::Error, TaskReason::InvalidTask),
+            reason,
+            now,
+        );
+    }
+
+    /// Checks one task of an accept (id, form, user, GPU selector, GPUs, resources) and draws
+    /// it from the accept's pool. `Err` gives the task back with the kind and the reason.
+    fn admit_task(
+        &mut self,
+        mut task: TaskInfo,
+        agent_id: AgentId,
+        principal: &str,
+        agent_user: &str,
+        draft: &mut AcceptDraft<'_>,
+    ) -> Result<Admitted, Refusal> {
+        let tid = task.task_id;
+        let invalid = if self.tasks.contains_key(&tid) || !draft.seen_ids.insert(tid) {
+            Some(format!("task id {tid} is already in use"))
+        } else {
+            validate_task(&task).err().map(|e| e.to_string())
+        };
+        let invalid = invalid.or_else(|| {
+            run_as::task_user(
+                &self.config.acls,
+                principal,
+                &mut task.command.user,
+                agent_user,
+            )
+            .err()
+            .map(|e| format!("task {tid}: {e}"))
+        });
+        let invalid = invalid.or_else(|| {
+            let sel = task.gpu_selector.as_ref()?;
+            if let Some(bad) = sel.invalid() {
+                return Some(format!("task {tid}: {bad}"));
+            }
+            let want = task.resources.gpu_amount().map(|a| a.gpu_count()).unwrap_or(0);
+            if want == 0 {
+                return Some(format!("task {tid}: a GPU selector needs gpus"));
+            }
+            let gpus = self.agents.get(&agent_id).map(|a| a.gpus.as_slice()).unwrap_or_default();
+            let matching = gpus.iter().filter(|g| g.healthy && GpuSelector::admits(Some(sel), g)).count() as u64;
+            (matching < want).then(|| {
+                format!("task {tid}: the agent has {matching} healthy GPUs matching the selector ({sel}); the task asks for {want}")
+            })
+        });
+        if let Some(reason) = invalid {
+            return Err(Box::new((task, ErrorKind::InvalidTask, reason)));
+        }
+        // Per-GPU room (fractions share a GPU up to one whole GPU): the GPUs are chosen here,
+        // a fraction's and whole ones (gpus.rs).
+        let gpu_choice = if task.resources.gpu_amount() == Ok(GpuAmount::None) {
+            Ok(Vec::new())
+        } else {
+            let ledger = draft.gpus.get_or_insert_with(|| self.gpu_ledger(agent_id));
+            self.choose_gpus(agent_id, &task, ledger)
+        };
+        let chosen = match gpu_choice {
+            Ok(c) => c,
+            Err(reason) => return Err(Box::new((task, ErrorKind::InsufficientResources, reason))),
+        };
+        match draw(draft.pool, draft.used, &task.resources) {
+            Some(alloc) => {
+                if let (Some(ledger), Ok(amount)) =
+                    (draft.gpus.as_mut(), task.resources.gpu_amount())
+                {
+                    for uuid in &chosen {
+                        ledger.take(uuid, amount.per_gpu_milli());
+                    }
+                }
+                Ok((task, alloc, chosen))
+            }
+            None => {
+                let total: Resources = draft
+                    .pool
+                    .iter()
+                    .fold(Resources::new(), |acc, p| acc.plus(&p.total()));
+                let reason = format!(
+                    "task {tid} needs {} but the offers have only {total} left",
+                    task.resources
+                );
+                Err(Box::new((task, ErrorKind::InsufficientResources, reason)))
+            }
         }
     }
 
@@ -376,10 +533,7 @@ impl Master {
         out: &mut Vec<Output>,
     ) {
         for op in operations {
-            let Operation::Launch { tasks } = op else {
-                continue;
-            };
-            for task in tasks {
+            for task in op.tasks() {
                 let mut update = self.new_update(
                     task.task_id,
                     fw,
@@ -563,4 +717,19 @@ pub(super) fn draw(
         }
     }
     Some(holding)
+}
+
+/// A task of an accept that passed its checks: the task, what it holds of the offers, its GPUs.
+type Admitted = (TaskInfo, OfferResources, Vec<String>);
+
+/// A task of an accept refused: the task, the kind of error and the reason.
+type Refusal = Box<(TaskInfo, ErrorKind, String)>;
+
+/// What an accept has drawn so far: the pool of offered resources left, what each offer gave,
+/// the GPU ledger (once a task asks for GPUs) and the task ids used.
+struct AcceptDraft<'a> {
+    pool: &'a mut Vec<OfferResources>,
+    used: &'a mut Vec<OfferResources>,
+    gpus: &'a mut Option<super::gpus::GpuLedger>,
+    seen_ids: &'a mut HashSet<TaskId>,
 }

@@ -168,17 +168,25 @@ impl Master {
                 }
                 self.finish_task_if_done(task_id);
             }
-            FrameworkToMaster::SetDemand { demand } => {
-                if let Some(d) = &demand {
-                    if d.task.is_empty() {
-                        return out.push(err(
-                            conn,
-                            ErrorKind::InvalidRequest,
-                            "demand task shape is empty",
-                        ));
-                    }
+            FrameworkToMaster::SetDemand { demands } => {
+                if demands.len() > MAX_DEMAND_SHAPES {
+                    return out.push(err(
+                        conn,
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "demand declares {} task shapes; at most {MAX_DEMAND_SHAPES}",
+                            demands.len()
+                        ),
+                    ));
                 }
-                self.allocator.set_demand(fw, demand);
+                if demands.iter().any(|d| d.task.is_empty()) {
+                    return out.push(err(
+                        conn,
+                        ErrorKind::InvalidRequest,
+                        "demand task shape is empty",
+                    ));
+                }
+                self.allocator.set_demands(fw, demands);
                 self.allocation_pending = true;
             }
             FrameworkToMaster::Teardown => {

@@ -197,7 +197,6 @@ impl Master {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn error_update(
         &mut self,
         conn: ConnId,
@@ -249,10 +248,7 @@ impl Master {
     ) -> usize {
         let mut dropped = 0;
         for op in operations {
-            let Operation::Launch { tasks } = op else {
-                continue;
-            };
-            for task in tasks {
+            for task in op.tasks() {
                 if self.tasks.contains_key(&task.task_id) {
                     out.push(err(
                         conn,

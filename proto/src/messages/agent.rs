@@ -246,4 +246,16 @@ pub enum MasterToAgent {
         /// The GPU's UUID.
         uuid: String,
     },
+    /// Launch a task group ([`TaskGroup`]) atomically: all members start or none does.
+    /// (Protocol v8.)
+    RunTaskGroup {
+        /// The framework that owns it.
+        framework_id: FrameworkId,
+        /// The group's id (`GANTRY_GROUP_ID`).
+        group_id: String,
+        /// What the agent does with the others when one member ends.
+        policy: GroupPolicy,
+        /// The members, in order.
+        members: Vec<GroupMember>,
+    },
 }

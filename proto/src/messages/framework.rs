@@ -8,6 +8,10 @@ use super::*;
 /// with an [`ErrorKind::InvalidRequest`] error (the SDK's driver splits longer lists).
 pub const MAX_RECONCILE_IDS: usize = 10_000;
 
+/// The most task shapes one [`FrameworkToMaster::SetDemand`] may declare; the master refuses
+/// more with an [`ErrorKind::InvalidRequest`] error.
+pub const MAX_DEMAND_SHAPES: usize = 16;
+
 /// The shape of a framework's pending tasks (demand-aware offers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Demand {
@@ -79,6 +83,23 @@ pub enum Operation {
         /// What to return.
         resources: Resources,
     },
+    /// Launch a [`TaskGroup`] atomically on the offers' agent: every member or none.
+    /// (Protocol v8.)
+    LaunchGroup {
+        /// The group.
+        group: TaskGroup,
+    },
+}
+
+impl Operation {
+    /// The tasks the operation launches (none for reservations).
+    pub fn tasks(&self) -> &[TaskInfo] {
+        match self {
+            Operation::Launch { tasks } => tasks,
+            Operation::LaunchGroup { group } => &group.tasks,
+            Operation::Reserve { .. } | Operation::Unreserve { .. } => &[],
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,10 +150,11 @@ pub enum FrameworkToMaster {
         /// The update.
         update_id: UpdateId,
     },
-    /// Declare (or clear, `None`) the shape of pending work, for demand-aware offers.
+    /// Declare the shapes of pending work, each with its count, for demand-aware offers
+    /// (empty: clear). At most [`MAX_DEMAND_SHAPES`]. (A list since protocol v8.)
     SetDemand {
-        /// The demand.
-        demand: Option<Demand>,
+        /// The demand, one entry per task shape.
+        demands: Vec<Demand>,
     },
     /// The framework is done: kill its tasks and forget it.
     Teardown,

@@ -250,6 +250,16 @@ impl Agent {
             }
             // Emulated agents have no GPU health to clear.
             MasterToAgent::ClearGpu { .. } => {}
+            // The load frameworks launch no task groups; an emulated agent reports them lost.
+            MasterToAgent::RunTaskGroup {
+                framework_id,
+                members,
+                ..
+            } => {
+                for m in members {
+                    self.update(m.task.task_id, framework_id, TaskState::Lost, None, out);
+                }
+            }
         }
     }
 

@@ -33,6 +33,7 @@
 //! buffers (`--http-send-buffer-kib`): a subscriber whose socket accepts nothing for
 //! `--http-write-timeout` is closed (the operator port's write deadline).
 
+pub mod demand;
 pub mod views;
 
 use std::convert::Infallible;
@@ -84,6 +85,7 @@ pub(super) fn routes() -> Routes<App> {
         .get("/api/v1/weights", weights)
         .post("/api/v1/weights", weights_handler)
         .get("/api/v1/maintenance", maintenance)
+        .get("/api/v1/demand", demand::demand)
         .get("/api/v1/events", events)
 }
 

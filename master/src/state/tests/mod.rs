@@ -8,6 +8,7 @@ mod agents;
 mod dispatch;
 mod frameworks;
 mod gpus;
+mod groups;
 mod maintenance;
 mod metrics;
 mod operator;

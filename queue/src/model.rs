@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use gantry_sdk::protocol::{CommandInfo, GpuSelector, Program};
+use gantry_sdk::protocol::{AgentId, CommandInfo, GpuSelector, Program, TaskId, TaskState};
 use serde::{Deserialize, Serialize};
 
 /// Priority classes, lowest first.
@@ -78,7 +78,7 @@ impl FromStr for Priority {
 }
 
 /// A job's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum JobState {
     /// Waiting (also after a preemption).
@@ -179,6 +179,14 @@ pub struct JobSpec {
     /// has `FINISHED`, and is `CANCELLED` when one of them ends `FAILED` or `CANCELLED`.
     #[serde(default)]
     pub after: Vec<u64>,
+    /// Times the job is run again after a worker failed (exited non-zero), with backoff.
+    /// Workers lost with their agent and preemptions are always requeued and do not count.
+    #[serde(default)]
+    pub max_retries: u32,
+    /// Seconds an attempt may run (from its launch); past it every worker is killed and the
+    /// job ends `FAILED` with the reason `time-limit`. `None`: no limit.
+    #[serde(default)]
+    pub time_limit_secs: Option<u64>,
 }
 
 fn one() -> f64 {
@@ -196,6 +204,9 @@ fn grace() -> u32 {
 
 /// The longest job name (it is part of every task name).
 pub const MAX_NAME: usize = 128;
+
+/// The most retries a job may ask for.
+pub const MAX_RETRIES: u32 = 100;
 
 /// The most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 64;
@@ -219,6 +230,12 @@ impl JobSpec {
         }
         if self.gpus > 64 {
             return Some("at most 64 GPUs per worker".into());
+        }
+        if self.max_retries > MAX_RETRIES {
+            return Some(format!("at most {MAX_RETRIES} retries"));
+        }
+        if self.time_limit_secs == Some(0) {
+            return Some("the time limit must be at least one second".into());
         }
         if self.after.len() > MAX_DEPENDENCIES {
             return Some(format!("at most {MAX_DEPENDENCIES} dependencies (after)"));
@@ -311,4 +328,118 @@ pub struct JobView {
     /// Those of them not yet `FINISHED` (a `PENDING` job with any waits on its dependencies).
     #[serde(default)]
     pub waiting_on: Vec<u64>,
+    /// Who submitted it.
+    #[serde(default)]
+    pub user: String,
+    /// Times its workers were launched (each requeue starts a new attempt).
+    #[serde(default)]
+    pub attempts: u32,
+    /// Times it was run again after a failure (of `max_retries`).
+    #[serde(default)]
+    pub retries: u32,
+    /// Why a `PENDING` job waits, in words ("needs 16 GPUs on one agent; largest is 8",
+    /// "team nlp at its quota 8/8", "behind 3 higher-priority jobs", "reserved for job 12").
+    #[serde(default)]
+    pub pending_reason: Option<String>,
+    /// A job eligible to run: its place in the scheduling order of the whole queue (1: next).
+    #[serde(default)]
+    pub position: Option<u32>,
+    /// The same among its team's jobs.
+    #[serde(default)]
+    pub team_position: Option<u32>,
+}
+
+/// One worker of a job as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// Worker index.
+    pub index: u32,
+    /// Its task.
+    pub task_id: TaskId,
+    /// The agent it was launched on.
+    pub agent_id: AgentId,
+    /// That agent's hostname.
+    pub hostname: String,
+    /// GPU UUIDs (planned, then as reported).
+    pub gpus: Vec<String>,
+    /// Its last known task state.
+    pub state: TaskState,
+    /// Killed on purpose (cancel, preemption, shrink): its end is expected.
+    pub killing: bool,
+    /// When it started running (or was launched), Unix milliseconds.
+    pub started_unix_ms: u64,
+}
+
+/// A job as the store keeps it: its specification, who submitted it, its state, its attempts
+/// and its workers. Times are Unix milliseconds (the core keeps monotonic instants; the
+/// runtime converts with the wall clock it passes in).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Job id.
+    pub id: u64,
+    /// As submitted.
+    pub spec: JobSpec,
+    /// Who submitted it (the authenticated user; empty in dev mode without one).
+    #[serde(default)]
+    pub user: String,
+    /// State.
+    pub state: JobState,
+    /// Submission time.
+    pub submitted_unix_ms: u64,
+    /// Start of the current wait.
+    pub waiting_since_unix_ms: u64,
+    /// Waiting before the current wait, milliseconds.
+    pub waited_ms: u64,
+    /// Times it was preempted.
+    pub preemptions: u32,
+    /// Times its workers were launched (a requeue starts a new attempt).
+    pub attempts: u32,
+    /// Times it was run again after a failure.
+    #[serde(default)]
+    pub retries: u32,
+    /// The requeue is a retry after a failure (it waits out a backoff).
+    #[serde(default)]
+    pub retrying: bool,
+    /// A retry waits until then (Unix milliseconds).
+    #[serde(default)]
+    pub not_before_unix_ms: Option<u64>,
+    /// When the current attempt was launched (Unix milliseconds; the time limit counts from
+    /// it).
+    #[serde(default)]
+    pub attempt_started_unix_ms: Option<u64>,
+    /// Being requeued: every worker killed, pending again once all have ended.
+    pub preempting: bool,
+    /// The requeue is for a lost worker, not a preemption.
+    pub lost: bool,
+    /// Workers that finished successfully in the current attempt.
+    pub finished_members: u32,
+    /// The next worker index.
+    pub next_index: u32,
+    /// Why it ended or was requeued.
+    pub message: String,
+    /// Still waiting for a dependency.
+    pub on_deps: bool,
+    /// Its workers now.
+    pub members: Vec<MemberRecord>,
+}
+
+/// One worker's use of GPUs, recorded when it ends (the usage history).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// The job.
+    pub job: u64,
+    /// Its team.
+    pub team: String,
+    /// Its user.
+    pub user: String,
+    /// The attempt the worker belonged to.
+    pub attempt: u32,
+    /// The worker's task.
+    pub task_id: TaskId,
+    /// GPUs it held.
+    pub gpus: u32,
+    /// Seconds it ran.
+    pub secs: f64,
+    /// When it ended, Unix milliseconds.
+    pub ended_unix_ms: u64,
 }

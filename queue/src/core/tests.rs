@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn gpus(agent: u32) -> Vec<GpuInfo> {
+pub(super) fn gpus(agent: u32) -> Vec<GpuInfo> {
     (0..8)
         .map(|i| GpuInfo {
             uuid: format!("GPU-{agent}-{i}"),
@@ -21,18 +21,18 @@ fn gpus(agent: u32) -> Vec<GpuInfo> {
         .collect()
 }
 
-struct Cluster {
-    agents: Vec<AgentId>,
+pub(super) struct Cluster {
+    pub(super) agents: Vec<AgentId>,
 }
 
 impl Cluster {
-    fn new(n: u32) -> Self {
+    pub(super) fn new(n: u32) -> Self {
         Cluster {
             agents: (0..n).map(|_| AgentId::random()).collect(),
         }
     }
     /// One offer per agent with `free` GPUs (the first ones busy).
-    fn offers(&self, free: &[u32]) -> Vec<Offer> {
+    pub(super) fn offers(&self, free: &[u32]) -> Vec<Offer> {
         self.agents
             .iter()
             .zip(free)
@@ -56,7 +56,7 @@ impl Cluster {
     }
 }
 
-fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u32) -> JobSpec {
+pub(super) fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u32) -> JobSpec {
     JobSpec {
         name: name.into(),
         team: team.into(),
@@ -73,10 +73,12 @@ fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u32) -> JobS
         grace_secs: 5,
         env: Default::default(),
         after: Vec::new(),
+        max_retries: 0,
+        time_limit_secs: None,
     }
 }
 
-fn launched(actions: &[Action]) -> Vec<TaskInfo> {
+pub(super) fn launched(actions: &[Action]) -> Vec<TaskInfo> {
     actions
         .iter()
         .flat_map(|a| match a {
@@ -86,7 +88,7 @@ fn launched(actions: &[Action]) -> Vec<TaskInfo> {
         .collect()
 }
 
-fn update(task: &TaskInfo, state: TaskState, gpus: Vec<String>) -> StatusUpdate {
+pub(super) fn update(task: &TaskInfo, state: TaskState, gpus: Vec<String>) -> StatusUpdate {
     StatusUpdate {
         gpus,
         ..StatusUpdate::new(task.task_id, FrameworkId::random(), state)

@@ -27,6 +27,8 @@ impl Core {
         let first = job.state == JobState::Pending;
         if first {
             job.state = JobState::Running;
+            job.attempts += 1;
+            job.attempt_started = Some(now);
             job.waited += now.saturating_duration_since(job.waiting_since);
             self.stats.waits.push(job.waited.as_secs_f64());
         }
@@ -128,13 +130,15 @@ impl Core {
 
 /// The worker's command under a small `sh` wrapper: on SIGTERM (the preemption or cancel
 /// warning, sent to the whole process group) it writes `$GPU_QUEUE_PREEMPT_FILE` in the
-/// sandbox, then waits for the job, whose exit status it returns.
+/// sandbox, then waits for the job, whose exit status it returns. The second `wait` (the first
+/// was interrupted by the trap) runs only while the job is still there to wait for: waiting for
+/// a child already reaped answers 127, which was reported as the job's status.
 fn wrap(command: &CommandInfo) -> CommandInfo {
     const SCRIPT: &str = r#"trap 'echo "$(date +%s) SIGTERM: checkpoint now" > "$GPU_QUEUE_PREEMPT_FILE"' TERM
 "$@" &
 child=$!
 wait "$child"; status=$?
-if [ -f "$GPU_QUEUE_PREEMPT_FILE" ]; then wait "$child"; status=$?; fi
+if [ -f "$GPU_QUEUE_PREEMPT_FILE" ] && kill -0 "$child" 2>/dev/null; then wait "$child"; status=$?; fi
 exit "$status""#;
     let mut argv = vec![
         "/bin/sh".to_string(),

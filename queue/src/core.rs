@@ -1,6 +1,6 @@
 //! The queue's pure core: jobs, the offers held, and one scheduling pass that returns
 //! [`Action`]s (launch, decline, kill, revive, suppress). No I/O and no clock: every entry point
-//! takes `now`. The shell ([`super::framework`]) feeds it driver events and a periodic tick and
+//! takes `now`. The shell ([`crate::runtime`]) feeds it driver events and a periodic tick and
 //! performs what it returns.
 //!
 //! One file over 800 lines: the scheduling pass reads as one ordered policy (order, place,
@@ -40,7 +40,7 @@ use gantry_sdk::placement::offers::{AgentView, FreeGpu, TaskRequest};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
-use super::model::{JobSpec, JobState, Priority, TeamConfig};
+use crate::model::{JobSpec, JobState, Priority, TeamConfig};
 
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,7 +75,12 @@ pub struct CoreConfig {
     pub offer_hold: Duration,
     /// The file (in the task's sandbox) a preempted worker finds written at its warning.
     pub preempt_file: String,
+    /// The first retry's backoff; each further retry doubles it, up to [`MAX_RETRY_BACKOFF`].
+    pub retry_backoff: Duration,
 }
+
+/// The longest backoff before a retry.
+pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(600);
 
 impl Default for CoreConfig {
     fn default() -> Self {
@@ -89,6 +94,7 @@ impl Default for CoreConfig {
             },
             offer_hold: Duration::from_secs(20),
             preempt_file: "gpu-queue-preempted".into(),
+            retry_backoff: Duration::from_secs(10),
         }
     }
 }
@@ -128,6 +134,18 @@ struct Job {
     message: String,
     /// Still waiting for a dependency (`after`) to finish: not yet eligible to run.
     on_deps: bool,
+    /// Who submitted it.
+    user: String,
+    /// Times its workers were launched from `PENDING` (each requeue starts a new attempt).
+    attempts: u32,
+    /// Retries after failures so far.
+    retries: u32,
+    /// The requeue under way is a retry after a failure.
+    retrying: bool,
+    /// A retry's backoff: not eligible before then.
+    not_before: Option<Instant>,
+    /// When the current attempt was launched.
+    attempt_started: Option<Instant>,
 }
 
 impl Job {
@@ -173,6 +191,21 @@ pub struct Core {
     last_tick: Option<Instant>,
     /// Statistics.
     pub stats: Stats,
+    /// What the store has of each job (a digest of its record; see `persist`).
+    persisted: HashMap<u64, u64>,
+    /// Workers ended since the last [`Core::take_changes`] (the usage history).
+    ended_members: Vec<EndedMember>,
+}
+
+/// A worker that ended, for the usage history.
+#[derive(Debug, Clone)]
+struct EndedMember {
+    job: u64,
+    attempt: u32,
+    task_id: TaskId,
+    gpus: u32,
+    secs: f64,
+    at: Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -212,11 +245,18 @@ impl Core {
             suppressed: false,
             last_tick: None,
             stats: Stats::default(),
+            persisted: HashMap::new(),
+            ended_members: Vec::new(),
         }
     }
 
     /// Adds a job; returns its id.
     pub fn submit(&mut self, spec: JobSpec, now: Instant) -> (u64, Vec<Action>) {
+        self.submit_as(spec, String::new(), now)
+    }
+
+    /// Adds a job submitted by `user`; returns its id.
+    pub fn submit_as(&mut self, spec: JobSpec, user: String, now: Instant) -> (u64, Vec<Action>) {
         let id = self.next_id;
         self.next_id += 1;
         let spec_after_empty = spec.after.is_empty();
@@ -237,6 +277,12 @@ impl Core {
                 next_index: 0,
                 message: String::new(),
                 on_deps: !spec_after_empty,
+                user,
+                attempts: 0,
+                retries: 0,
+                retrying: false,
+                not_before: None,
+                attempt_started: None,
             },
         );
         let mut out = Vec::new();
@@ -320,9 +366,39 @@ impl Core {
         }
     }
 
-    /// Pending and not waiting on a dependency.
+    /// Pending, not waiting on a dependency, and not backing off before a retry.
     fn eligible(job: &Job) -> bool {
-        job.state == JobState::Pending && !job.on_deps
+        job.state == JobState::Pending && !job.on_deps && job.not_before.is_none()
+    }
+
+    /// Retries whose backoff is over become eligible; attempts past their time limit are
+    /// killed and their jobs end `FAILED` (reason `time-limit`).
+    fn timers(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        for job in self.jobs.values_mut() {
+            if job.not_before.is_some_and(|t| now >= t) {
+                job.not_before = None;
+                job.waiting_since = now;
+            }
+            let (Some(limit), Some(started)) = (job.spec.time_limit_secs, job.attempt_started)
+            else {
+                continue;
+            };
+            if job.state != JobState::Running
+                || job.preempting
+                || now.saturating_duration_since(started) < Duration::from_secs(limit)
+            {
+                continue;
+            }
+            job.state = JobState::Failed;
+            job.message = format!("time-limit: killed after its time limit of {limit} s");
+            for m in job.members.values_mut() {
+                m.killing = true;
+                out.push(Action::Kill(m.task_id));
+            }
+            self.holds.done(&job.id);
+        }
+        out
     }
 
     /// Cancels a job (its tasks are killed). False when unknown or already ended.
@@ -406,6 +482,14 @@ impl Core {
             .gpu_secs
             .entry(job.spec.team.clone())
             .or_default() += gpus * ran;
+        self.ended_members.push(EndedMember {
+            job: job_id,
+            attempt: job.attempts,
+            task_id: u.task_id,
+            gpus: gpus as u32,
+            secs: ran,
+            at: now,
+        });
         job.members.remove(&index);
         self.tasks.remove(&u.task_id);
         match (job.state, u.state) {
@@ -430,9 +514,27 @@ impl Core {
                 }
                 job.message = format!("worker {index} {}: {}; requeued", u.state, u.message);
             }
+            _ if job.retries < job.spec.max_retries && !job.preempting => {
+                // A failed worker, with retries left: the attempt ends (the other workers are
+                // killed) and the job is requeued after a backoff.
+                job.retries += 1;
+                job.preempting = true;
+                job.retrying = true;
+                for m in job.members.values_mut() {
+                    m.killing = true;
+                    out.push(Action::Kill(m.task_id));
+                }
+                job.message = format!(
+                    "worker {index} {}: {}; retry {} of {}",
+                    u.state, u.message, job.retries, job.spec.max_retries
+                );
+            }
             _ => {
                 job.state = JobState::Failed;
                 job.message = format!("worker {index} {}: {}", u.state, u.message);
+                if job.spec.max_retries > 0 {
+                    job.message += &format!(" (after {} retries)", job.retries);
+                }
                 for m in job.members.values_mut() {
                     m.killing = true;
                     out.push(Action::Kill(m.task_id));
@@ -443,7 +545,17 @@ impl Core {
             if job.preempting {
                 job.preempting = false;
                 job.state = JobState::Pending;
-                if std::mem::take(&mut job.lost) {
+                job.attempt_started = None;
+                if std::mem::take(&mut job.retrying) {
+                    let doublings = job.retries.saturating_sub(1).min(16);
+                    let backoff = self
+                        .config
+                        .retry_backoff
+                        .saturating_mul(1 << doublings)
+                        .min(MAX_RETRY_BACKOFF);
+                    job.not_before = Some(now + backoff);
+                    job.lost = false;
+                } else if std::mem::take(&mut job.lost) {
                     self.stats.requeued_lost += 1;
                 } else {
                     job.preemptions += 1;
@@ -741,6 +853,7 @@ impl Core {
 
     /// One scheduling pass (see the module documentation).
     pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        let kills = self.timers(now);
         self.resolve_dependencies(now);
         self.learn_capacity();
         let busy = self.busy_gpus();
@@ -826,7 +939,7 @@ impl Core {
                 }
             }
         }
-        let mut out = Vec::new();
+        let mut out = kills;
         // Launch: one accept per agent, every task of the pass on it.
         let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
         for (agent, tasks) in launches {
@@ -987,8 +1100,13 @@ fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]
 }
 
 mod launch;
+mod persist;
 mod preempt;
 mod views;
 
+pub use persist::Changes;
+
+#[cfg(test)]
+mod retry_tests;
 #[cfg(test)]
 mod tests;

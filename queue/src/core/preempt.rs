@@ -9,7 +9,7 @@ use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
 use super::{member_resources, request, Action, Core, JobState, Parts};
-use crate::gpu_queue::model::Priority;
+use crate::model::Priority;
 
 impl Core {
     /// Chooses victims so that job `id` fits, and kills them (see the module documentation).

@@ -1,0 +1,258 @@
+//! `gantry-autoscaler`: scales node pools from the master's unplaceable demand
+//! (docs/autoscaling.md).
+//!
+//! ```text
+//! gantry-autoscaler check --config pools.toml
+//! gantry-autoscaler simulate --config pools.toml --openb openb_pod_list_default.csv
+//! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
+//!     [--operator NAME | --token-file FILE] [--status-file FILE]
+//!     [--local-agent-bin PATH --local-master QUIC_ADDR --local-work-dir DIR
+//!      --local-nvml-lib PATH --local-agent-arg ARG...]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use gantry_autoscaler::config::{Config, ProviderSpec};
+use gantry_autoscaler::core::Core;
+use gantry_autoscaler::provider::{ExecProvider, LocalConfig, LocalProvider, Provider};
+use gantry_autoscaler::runtime::Runtime;
+use gantry_master::client::{BlockingClient, ClientConfig, Credentials};
+
+#[derive(Parser)]
+#[command(
+    name = "gantry-autoscaler",
+    about = "Scales Gantry node pools from demand"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reads and checks a pools file.
+    Check {
+        /// The pools file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Runs the loop until SIGTERM or SIGINT.
+    Run(Box<RunArgs>),
+    /// Replays a workload (an openb pod list) against the pools on the same core, then against
+    /// a static fleet sized for the elastic run's peak; prints both as JSON.
+    Simulate {
+        /// The pools file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+        /// An Alibaba openb pod list (`openb_pod_list_*.csv`).
+        #[arg(long)]
+        openb: PathBuf,
+        /// Simulated seconds per tick (one core round per tick).
+        #[arg(long, default_value_t = 60)]
+        tick_secs: u64,
+        /// Simulated seconds from a create to the node registering.
+        #[arg(long, default_value_t = 180)]
+        provision_secs: u64,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The pools file (TOML).
+    #[arg(long)]
+    config: PathBuf,
+    /// The master's operator API, `https://HOST:PORT`.
+    #[arg(long)]
+    master: String,
+    /// The cluster's TLS directory (`ca.pem`, and the operator certificate).
+    #[arg(long)]
+    tls_dir: PathBuf,
+    /// The operator certificate `operator-NAME.pem/.key` in the TLS directory to present.
+    #[arg(long, default_value = "autoscaler")]
+    operator: String,
+    /// A file holding an operator bearer token to present instead of a certificate.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Where each round's report (cost and nodes per pool) is written, as JSON.
+    #[arg(long)]
+    status_file: Option<PathBuf>,
+    /// Local provider: the `gantry-agent` binary (default: next to this one).
+    #[arg(long)]
+    local_agent_bin: Option<PathBuf>,
+    /// Local provider: the masters' QUIC addresses for the agents' `--master`.
+    #[arg(long)]
+    local_master: Option<String>,
+    /// Local provider: where the agents' work directories and logs go.
+    #[arg(long)]
+    local_work_dir: Option<PathBuf>,
+    /// Local provider: the stand-in NVML library for GPU pools.
+    #[arg(long)]
+    local_nvml_lib: Option<PathBuf>,
+    /// Local provider: one more `gantry-agent` flag for every node (repeatable; `{node}` is
+    /// the node id).
+    #[arg(long, allow_hyphen_values = true)]
+    local_agent_arg: Vec<String>,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Check { config } => {
+            let c = Config::load(&config)?;
+            for p in &c.pools {
+                println!(
+                    "{}: {} x (cpus:{} mem:{} gpus:{} {}), {}/h{}, {}..{} nodes",
+                    p.name,
+                    p.max,
+                    p.cpus,
+                    p.mem,
+                    p.gpus,
+                    p.gpu_model.as_deref().unwrap_or("-"),
+                    p.price_per_hour,
+                    if p.spot { " spot" } else { "" },
+                    p.min,
+                    p.max
+                );
+            }
+            Ok(())
+        }
+        Command::Run(args) => run(*args),
+        Command::Simulate {
+            config,
+            openb,
+            tick_secs,
+            provision_secs,
+        } => simulate(&config, &openb, tick_secs, provision_secs),
+    }
+}
+
+fn simulate(
+    config: &std::path::Path,
+    openb: &std::path::Path,
+    tick_s: u64,
+    provision_s: u64,
+) -> anyhow::Result<()> {
+    use gantry_autoscaler::sim;
+    let config = Config::load(config)?;
+    let text =
+        std::fs::read_to_string(openb).with_context(|| format!("reading {}", openb.display()))?;
+    let tasks = sim::parse_openb(&text).with_context(|| format!("{}", openb.display()))?;
+    let settings = sim::SimSettings {
+        tick_s,
+        provision_s,
+    };
+    let t0 = std::time::Instant::now();
+    let elastic = sim::simulate(&config, &tasks, settings);
+    let fixed = sim::simulate(
+        &sim::static_fleet(&config, &elastic.peak_nodes),
+        &tasks,
+        settings,
+    );
+    let out = serde_json::json!({
+        "trace": openb.display().to_string(),
+        "tasks": tasks.len(),
+        "tick_secs": tick_s,
+        "provision_secs": provision_s,
+        "elastic": elastic,
+        "static_peak": fixed,
+        "cost_ratio": if fixed.cost > 0.0 { elastic.cost / fixed.cost } else { 0.0 },
+        "wall_ms": t0.elapsed().as_millis() as u64,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config)?;
+    let credentials = match &args.token_file {
+        Some(f) => Credentials::Token(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => Credentials::Certificate(args.operator.clone()),
+    };
+    let api = BlockingClient::new(&ClientConfig {
+        master: args.master.clone(),
+        tls_dir: Some(args.tls_dir.clone()),
+        credentials,
+        timeout: Duration::from_secs(20),
+    })?;
+    let mut providers: BTreeMap<String, Box<dyn Provider>> = BTreeMap::new();
+    let mut local: Option<LocalConfig> = None;
+    for pool in &config.pools {
+        let p: Box<dyn Provider> = match &pool.provider {
+            ProviderSpec::Exec { program, timeout } => Box::new(ExecProvider {
+                program: program.clone(),
+                timeout: *timeout,
+            }),
+            ProviderSpec::Local => {
+                let cfg = match &local {
+                    Some(c) => c.clone(),
+                    None => {
+                        let Some(master) = args.local_master.clone() else {
+                            bail!("pool {:?} uses the local provider: give --local-master (the masters' QUIC addresses)", pool.name);
+                        };
+                        let Some(work_dir) = args.local_work_dir.clone() else {
+                            bail!(
+                                "pool {:?} uses the local provider: give --local-work-dir",
+                                pool.name
+                            );
+                        };
+                        std::fs::create_dir_all(&work_dir)
+                            .with_context(|| format!("creating {}", work_dir.display()))?;
+                        let agent_bin = match &args.local_agent_bin {
+                            Some(b) => b.clone(),
+                            None => std::env::current_exe()?.with_file_name("gantry-agent"),
+                        };
+                        let c = LocalConfig {
+                            agent_bin,
+                            master,
+                            tls_dir: args.tls_dir.clone(),
+                            work_dir,
+                            nvml_lib: args.local_nvml_lib.clone(),
+                            agent_args: args.local_agent_arg.clone(),
+                        };
+                        local = Some(c.clone());
+                        c
+                    }
+                };
+                if pool.gpus > 0 && cfg.nvml_lib.is_none() {
+                    bail!("pool {:?} has GPUs: the local provider needs --local-nvml-lib (the stand-in NVML library)", pool.name);
+                }
+                Box::new(LocalProvider::new(cfg))
+            }
+        };
+        providers.insert(pool.name.clone(), p);
+    }
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let interval = config.autoscaler.interval;
+    tracing::info!(pools = config.pools.len(), master = %args.master, "autoscaler running");
+    let mut rt = Runtime::new(Core::new(config), api, providers, args.status_file);
+    rt.run(interval, &STOP);
+    tracing::info!("stopping: local nodes are stopped, other providers' nodes stay");
+    drop(rt);
+    Ok(())
+}

@@ -1,0 +1,402 @@
+use super::*;
+use crate::config::{PoolSpec, ProviderSpec, Settings};
+use crate::plan::gpu_task;
+use proptest::prelude::*;
+use std::time::Duration;
+
+fn spec(name: &str, gpus: u32, price: f64, min: u32, max: u32) -> PoolSpec {
+    PoolSpec {
+        name: name.into(),
+        cpus: 16.0,
+        mem: 65536,
+        disk: 0,
+        gpus,
+        gpu_model: (gpus > 0).then(|| "A100".to_string()),
+        attributes: Default::default(),
+        price_per_hour: price,
+        spot: false,
+        min,
+        max,
+        scale_up_cooldown: Duration::ZERO,
+        scale_down_cooldown: Duration::from_secs(60),
+        provision_timeout: Duration::from_secs(600),
+        fallback: None,
+        provider: ProviderSpec::Local,
+    }
+}
+
+fn config(pools: Vec<PoolSpec>) -> Config {
+    let c = Config {
+        autoscaler: Settings::default(),
+        pools,
+    };
+    c.check().unwrap();
+    c
+}
+
+/// Carries out `actions` as a provider would, naming nodes `POOL-N`.
+fn apply(core: &mut Core, actions: &[Action], now: Millis, next: &mut u32) -> Vec<String> {
+    let mut made = Vec::new();
+    for a in actions {
+        match a {
+            Action::Create { pool, count, .. } => {
+                let ids: Vec<String> = (0..*count)
+                    .map(|_| {
+                        *next += 1;
+                        format!("{pool}-{next}")
+                    })
+                    .collect();
+                core.created(pool, &ids, now);
+                made.extend(ids);
+            }
+            Action::Delete { node } => core.deleted(node, now),
+            Action::Drain { .. } => {}
+        }
+    }
+    made
+}
+
+fn node(id: &str, busy: bool) -> NodeObs {
+    NodeObs {
+        id: id.into(),
+        registered: true,
+        busy,
+        ..Default::default()
+    }
+}
+
+fn creates(actions: &[Action]) -> Vec<(String, u32)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Create { pool, count, .. } => Some((pool.clone(), *count)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn demand_scales_up_once_then_idle_nodes_drain_and_go_after_the_cooldown() {
+    let mut core = Core::new(config(vec![spec("gpu", 2, 3.6, 0, 4)]));
+    let mut next = 0;
+    let demand = Observation {
+        demand: vec![gpu_task(1, 3, &[])],
+        nodes: vec![],
+    };
+    let a = core.step(0, &demand);
+    assert_eq!(creates(&a), [("gpu".to_string(), 2)]);
+    let ids = apply(&mut core, &a, 0, &mut next);
+    // Still unplaceable while they boot: nothing more is asked for.
+    assert!(core.step(1_000, &demand).is_empty());
+    // Registered and busy; demand placed.
+    let busy = Observation {
+        demand: vec![],
+        nodes: ids.iter().map(|i| node(i, true)).collect(),
+    };
+    assert!(core.step(2_000, &busy).is_empty());
+    // Idle from 10 s: nothing before 70 s, then both drain, then go.
+    let idle = Observation {
+        demand: vec![],
+        nodes: ids.iter().map(|i| node(i, false)).collect(),
+    };
+    assert!(core.step(10_000, &idle).is_empty());
+    assert!(core.step(69_999, &idle).is_empty());
+    let a = core.step(70_000, &idle);
+    assert_eq!(a.len(), 2);
+    assert!(a.iter().all(|a| matches!(
+        a,
+        Action::Drain {
+            deadline_secs: None,
+            ..
+        }
+    )));
+    let a = core.step(71_000, &idle);
+    assert_eq!(
+        a,
+        ids.iter()
+            .map(|i| Action::Delete { node: i.clone() })
+            .collect::<Vec<_>>()
+    );
+    apply(&mut core, &a, 72_000, &mut next);
+    let r = core.report(100_000);
+    assert_eq!(r.pools[0].nodes, 0);
+    // 2 nodes × 72 s at 3.6/h.
+    assert!((r.pools[0].node_seconds - 144.0).abs() < 1e-9, "{r:?}");
+    assert!((r.total_cost - 0.144).abs() < 1e-9, "{r:?}");
+    assert_eq!(r.pools[0].scale_ups, 1);
+    assert_eq!(r.pools[0].scale_downs, 2);
+}
+
+#[test]
+fn a_node_that_never_registers_is_deleted_as_failed_and_replaced() {
+    let mut core = Core::new(config(vec![spec("gpu", 1, 1.0, 0, 1)]));
+    let mut next = 0;
+    let demand = Observation {
+        demand: vec![gpu_task(1, 1, &[])],
+        nodes: vec![],
+    };
+    let a = core.step(0, &demand);
+    let ids = apply(&mut core, &a, 0, &mut next);
+    assert!(core.step(599_999, &demand).is_empty());
+    // Past the timeout: deleted; max is 1, so the replacement comes once it is gone.
+    let a = core.step(600_000, &demand);
+    assert_eq!(
+        a,
+        [Action::Delete {
+            node: ids[0].clone()
+        }]
+    );
+    apply(&mut core, &a, 600_000, &mut next);
+    assert_eq!(core.report(600_000).pools[0].provision_failures, 1);
+    let a = core.step(601_000, &demand);
+    assert_eq!(creates(&a), [("gpu".to_string(), 1)]);
+}
+
+#[test]
+fn min_is_kept_and_never_drained_below() {
+    let mut core = Core::new(config(vec![spec("cpu", 0, 1.0, 2, 5)]));
+    let mut next = 0;
+    let a = core.step(0, &Observation::default());
+    assert_eq!(creates(&a), [("cpu".to_string(), 2)]);
+    let ids = apply(&mut core, &a, 0, &mut next);
+    let idle = Observation {
+        demand: vec![],
+        nodes: ids.iter().map(|i| node(i, false)).collect(),
+    };
+    for t in [1_000, 100_000, 1_000_000] {
+        assert!(core.step(t, &idle).is_empty(), "at {t}");
+    }
+}
+
+#[test]
+fn unfittable_demand_is_reported_and_not_scaled_for() {
+    let mut core = Core::new(config(vec![spec("gpu", 2, 1.0, 0, 5)]));
+    let a = core.step(
+        0,
+        &Observation {
+            demand: vec![gpu_task(4, 2, &[]), gpu_task(1, 1, &["H100"])],
+            nodes: vec![],
+        },
+    );
+    assert!(a.is_empty(), "{a:?}");
+    let r = core.report(0);
+    assert_eq!(r.unfittable.len(), 2, "{r:?}");
+    assert_eq!(r.unfittable[0].count, 2);
+}
+
+#[test]
+fn scale_up_cooldown_holds_further_scale_ups() {
+    let mut s = spec("gpu", 1, 1.0, 0, 10);
+    s.scale_up_cooldown = Duration::from_secs(30);
+    let mut core = Core::new(config(vec![s]));
+    let mut next = 0;
+    let d = |n| Observation {
+        demand: vec![gpu_task(1, n, &[])],
+        nodes: vec![],
+    };
+    let a = core.step(0, &d(1));
+    apply(&mut core, &a, 0, &mut next);
+    // More demand (beyond the provisioning node) during the cooldown: held.
+    assert!(core.step(10_000, &d(3)).is_empty());
+    let a = core.step(30_000, &d(3));
+    assert_eq!(creates(&a), [("gpu".to_string(), 2)]);
+}
+
+#[test]
+fn spot_notices_drain_replace_and_fall_back_to_on_demand() {
+    let mut spot = spec("spot", 1, 1.0, 0, 5);
+    spot.spot = true;
+    spot.fallback = Some("ondemand".into());
+    let mut c = config(vec![spot, spec("ondemand", 1, 3.0, 0, 5)]);
+    c.autoscaler.spot_failures_before_fallback = 2;
+    c.autoscaler.notice_deadline = Duration::from_secs(90);
+    let mut core = Core::new(c);
+    let mut next = 0;
+    core.created("spot", &["s1".into(), "s2".into()], 0);
+    let obs = |n: Vec<NodeObs>| Observation {
+        demand: vec![],
+        nodes: n,
+    };
+    let noticed = |id: &str| NodeObs {
+        notice: true,
+        ..node(id, true)
+    };
+    // First notice: drained with the deadline, replaced in the spot pool.
+    let a = core.step(1_000, &obs(vec![noticed("s1"), node("s2", true)]));
+    assert_eq!(
+        a,
+        [
+            Action::Drain {
+                node: "s1".into(),
+                deadline_secs: Some(90)
+            },
+            Action::Create {
+                pool: "spot".into(),
+                count: 1,
+                reason: "replace"
+            }
+        ]
+    );
+    apply(&mut core, &a, 1_000, &mut next);
+    // Second in a row (the agent drains itself already): replaced on demand.
+    let draining_notice = NodeObs {
+        draining: true,
+        ..noticed("s2")
+    };
+    let a = core.step(2_000, &obs(vec![noticed("s1"), draining_notice]));
+    assert_eq!(creates(&a), [("ondemand".to_string(), 1)]);
+    assert!(!a.iter().any(|a| matches!(a, Action::Drain { .. })));
+    let r = core.report(2_000);
+    assert_eq!(r.pools[0].interruptions, 2);
+    assert_eq!(r.pools[1].interruptions, 0);
+    // Once idle they are deleted.
+    let a = core.step(3_000, &obs(vec![node("s1", false), node("s2", false)]));
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert!(a.iter().all(|a| matches!(a, Action::Delete { .. })));
+}
+
+#[test]
+fn an_idle_node_with_a_notice_is_not_replaced() {
+    let mut spot = spec("spot", 1, 1.0, 0, 5);
+    spot.spot = true;
+    let mut core = Core::new(config(vec![spot]));
+    core.created("spot", &["s1".into()], 0);
+    let a = core.step(
+        1_000,
+        &Observation {
+            demand: vec![],
+            nodes: vec![NodeObs {
+                notice: true,
+                ..node("s1", false)
+            }],
+        },
+    );
+    assert!(creates(&a).is_empty(), "{a:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties.
+
+fn arb_pool(i: usize) -> impl Strategy<Value = PoolSpec> {
+    (0u32..=4, 1u32..=8, 0u32..=3, 0.5f64..20.0, 0u64..=3).prop_map(
+        move |(gpus, max, min, price, cool)| {
+            let mut s = spec(&format!("p{i}"), gpus, price, min.min(max), max);
+            s.scale_down_cooldown = Duration::from_secs(cool * 10);
+            s.scale_up_cooldown = Duration::from_secs(cool * 5);
+            s
+        },
+    )
+}
+
+fn arb_demand() -> impl Strategy<Value = Vec<DemandItem>> {
+    prop::collection::vec(
+        (0u32..=6, 1u32..=12, prop::bool::ANY).prop_map(|(g, n, h100)| {
+            let models: &[&str] = if h100 { &["H100"] } else { &[] };
+            gpu_task(g, n, models)
+        }),
+        0..4,
+    )
+}
+
+/// Per round: demand, and for each node (by index) whether it is busy and gets a notice.
+type Round = (Vec<DemandItem>, Vec<(bool, bool)>);
+
+fn arb_rounds() -> impl Strategy<Value = Vec<Round>> {
+    prop::collection::vec(
+        (
+            arb_demand(),
+            prop::collection::vec((prop::bool::ANY, prop::bool::weighted(0.05)), 16),
+        ),
+        1..25,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn never_above_max_never_below_min_by_its_own_drains(
+        pools in (arb_pool(0), arb_pool(1), arb_pool(2)),
+        rounds in arb_rounds(),
+    ) {
+        let cfg = config(vec![pools.0, pools.1, pools.2]);
+        let mut core = Core::new(cfg.clone());
+        let mut next = 0;
+        let mut ids: Vec<String> = Vec::new();
+        for (r, (demand, flags)) in rounds.iter().enumerate() {
+            let now = r as u64 * 7_000;
+            let nodes: Vec<NodeObs> = ids
+                .iter()
+                .zip(flags)
+                .map(|(id, (busy, notice))| NodeObs {
+                    notice: *notice,
+                    ..node(id, *busy)
+                })
+                .collect();
+            let before = core.report(now);
+            let actions = core.step(now, &Observation { demand: demand.clone(), nodes });
+            for (p, spec) in cfg.pools.iter().enumerate() {
+                let scale_downs = actions
+                    .iter()
+                    .filter(|a| matches!(a, Action::Drain { node, deadline_secs: None }
+                        if core.node_ids().get(&spec.name).is_some_and(|v| v.contains(node))))
+                    .count() as u32;
+                // What stays: the pool's nodes not leaving, plus the nodes asked for this round.
+                let added: u32 = creates(&actions)
+                    .iter()
+                    .filter(|(pool, _)| *pool == spec.name)
+                    .map(|(_, n)| n)
+                    .sum();
+                let staying = before.pools[p].nodes - before.pools[p].draining + added;
+                prop_assert!(
+                    scale_downs == 0 || staying >= scale_downs + spec.min,
+                    "pool {} drained {} of {} staying below min {}: {:?} before {:?}", spec.name, scale_downs,
+                    staying, spec.min, actions, before
+                );
+            }
+            ids.extend(apply(&mut core, &actions, now, &mut next));
+            ids.retain(|i| core.node_ids().values().any(|v| v.contains(i)));
+            let after = core.report(now);
+            for (p, spec) in cfg.pools.iter().enumerate() {
+                prop_assert!(after.pools[p].nodes <= spec.max,
+                    "pool {} has {} nodes, max {}", spec.name, after.pools[p].nodes, spec.max);
+            }
+        }
+    }
+
+    #[test]
+    fn never_scales_for_demand_no_pool_can_hold(
+        pools in (arb_pool(0), arb_pool(1)),
+        big in 1u32..=3,
+        n in 1u32..=20,
+    ) {
+        let cfg = config(vec![pools.0, pools.1]);
+        let most = cfg.pools.iter().map(|p| p.gpus).max().unwrap_or(0);
+        let mut core = Core::new(cfg);
+        // More GPUs than any node has, and a model no pool has.
+        let demand = vec![gpu_task(most + big, n, &[]), gpu_task(1, n, &["H100"])];
+        let actions = core.step(0, &Observation { demand, nodes: vec![] });
+        prop_assert!(
+            actions.iter().all(|a| !matches!(a, Action::Create { reason: "demand", .. })),
+            "{actions:?}"
+        );
+        prop_assert_eq!(core.report(0).unfittable.len(), 2);
+    }
+
+    #[test]
+    fn never_more_nodes_than_the_demand_needs(
+        gpus in 1u32..=8,
+        tasks in 1u32..=40,
+        per in 1u32..=8,
+    ) {
+        let cfg = config(vec![spec("a", gpus, 1.0, 0, 1000)]);
+        let mut core = Core::new(cfg);
+        let per = per.min(gpus);
+        let actions = core.step(0, &Observation {
+            demand: vec![gpu_task(per, tasks, &[])],
+            nodes: vec![],
+        });
+        let want = tasks.div_ceil(gpus / per);
+        prop_assert_eq!(creates(&actions), vec![("a".to_string(), want)]);
+    }
+}

@@ -1,0 +1,455 @@
+//! The queue's API on its own port (axum as in the master): plain HTTP in dev mode (no ACL
+//! file), HTTPS ([`serve_https`]) with tokens and client certificates otherwise (see
+//! [`crate::auth`]; 400 bad request, 401 unauthenticated, 403 not allowed):
+//!
+//! | method and path       | what                                                        |
+//! |-----------------------|-------------------------------------------------------------|
+//! | `POST /jobs`          | submit a [`JobSpec`] (JSON); answers `{"id": N}`             |
+//! | `GET /jobs`           | every job ([`JobView`]s)                                     |
+//! | `GET /jobs/{id}`      | one job                                                      |
+//! | `DELETE /jobs/{id}`   | cancel it (its workers are killed)                           |
+//! | `GET /stats`          | counters as JSON (GPU-seconds per team, preemptions, jobs requeued after a lost worker, idle) |
+//! | `GET /metrics`        | Prometheus text: queue depth per team and priority, wait    |
+//! |                       | histogram, preemptions, GPU-hours per team, idle-while-waiting |
+//! | `POST /shutdown`      | tear the framework down (`gantry-queue shutdown`)            |
+//!
+//! Every change is committed to the store before the answer is sent.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use gantry_master::security::tokens::OperatorTokens;
+use gantry_transport::tls::PeerIdentity;
+use serde_json::json;
+
+use crate::auth::{Acl, Caller, Denied};
+use crate::model::{JobSpec, JobView};
+use crate::runtime::Shared;
+
+/// Jobs not yet ended the queue accepts; more submissions get 429.
+pub const MAX_ACTIVE_JOBS: usize = 50_000;
+
+/// The largest request body (a job specification), bytes.
+pub const MAX_BODY: usize = 256 * 1024;
+
+/// What the API serves: the queue, and who may do what (`acl: None` is dev mode).
+pub struct Api {
+    /// The queue.
+    pub shared: Arc<Shared>,
+    /// The ACL file; `None`: dev mode, everyone may do everything.
+    pub acl: Option<Acl>,
+    /// Users' tokens (the master's operator-token file format).
+    pub tokens: OperatorTokens,
+}
+
+/// The identity of the connection's client certificate, if it presented one (HTTPS).
+#[derive(Debug, Clone, Default)]
+pub struct PeerCert(pub Option<PeerIdentity>);
+
+/// The API's routes. Without an ACL (dev mode) anyone who reaches the port may do anything:
+/// bind it to a loopback or otherwise protected address.
+pub fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/jobs", get(list).post(submit))
+        .route("/jobs/{id}", get(show).delete(cancel))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .route("/shutdown", axum::routing::post(shutdown))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(api)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+fn denied(d: Denied) -> Response {
+    let status = match d {
+        Denied::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Denied::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        Denied::Forbidden(_) => StatusCode::FORBIDDEN,
+    };
+    error(status, d.to_string())
+}
+
+/// Who calls: the user of a bearer token, else of an `operator:NAME` client certificate.
+fn caller(api: &Api, headers: &HeaderMap, cert: Option<&PeerCert>) -> Caller {
+    if let Some(h) = headers.get(axum::http::header::AUTHORIZATION) {
+        let Ok(h) = h.to_str() else {
+            return Caller::Anonymous("the Authorization header is not text".into());
+        };
+        return match gantry_master::security::identity::bearer_token(h) {
+            Err(why) => Caller::Anonymous(why.into()),
+            Ok(token) => match api.tokens.verify(token) {
+                Some(name) => Caller::User(name.to_string()),
+                None => Caller::Anonymous("unknown token".into()),
+            },
+        };
+    }
+    match cert.and_then(|c| c.0.as_ref()) {
+        Some(PeerIdentity::Operator(name)) => Caller::User(name.clone()),
+        Some(other) => {
+            Caller::Anonymous(format!("{other} is not a user certificate (operator:NAME)"))
+        }
+        None => Caller::Anonymous(
+            "no token (Authorization: Bearer TOKEN) and no client certificate".into(),
+        ),
+    }
+}
+
+/// The caller, when it may read (always in dev mode).
+fn reader(
+    api: &Api,
+    headers: &HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Result<Caller, Denied> {
+    let who = caller(api, headers, cert.as_ref().map(|c| &c.0));
+    match &api.acl {
+        Some(acl) => acl.may_read(&who).map(|()| who),
+        None => Ok(who),
+    }
+}
+
+async fn submit(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    body: Bytes,
+) -> Response {
+    let who = caller(&api, &headers, cert.as_ref().map(|c| &c.0));
+    // Authentication before anything else is looked at.
+    if let (Some(_), Caller::Anonymous(why)) = (&api.acl, &who) {
+        return denied(Denied::Unauthenticated(why.clone()));
+    }
+    let spec: JobSpec = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("bad job specification: {e}"),
+            )
+        }
+    };
+    let user = match &api.acl {
+        Some(acl) => match acl.may_submit(&who, &spec.team, spec.priority) {
+            Ok(user) => user,
+            Err(d) => return denied(d),
+        },
+        None => who.name().to_string(),
+    };
+    let s = &api.shared;
+    if let Some(problem) = spec.problem() {
+        return error(StatusCode::BAD_REQUEST, problem);
+    }
+    if let Some(problem) = s.core().dependency_problem(&spec) {
+        return error(StatusCode::BAD_REQUEST, problem);
+    }
+    if let Some(why) = s.core().never_fits(&spec) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("no agent of the cluster can ever run it: {why}"),
+        );
+    }
+    if s.core().active_jobs() >= MAX_ACTIVE_JOBS {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),
+        );
+    }
+    let id = s.with(|core, now| core.submit_as(spec, user, now));
+    (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
+}
+
+async fn shutdown(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Some(acl) = &api.acl {
+        let who = caller(&api, &headers, cert.as_ref().map(|c| &c.0));
+        if let Err(d) = acl.may_shutdown(&who) {
+            return denied(d);
+        }
+    }
+    match api.shared.shutdown() {
+        Ok(()) => Json(json!({ "shutdown": true })).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn list(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    let views: Vec<JobView> = api.shared.core().views(Instant::now());
+    Json(views).into_response()
+}
+
+async fn show(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    Path(id): Path<u64>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    match api.shared.core().view(id, Instant::now()) {
+        Some(v) => Json(v).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no job {id}")),
+    }
+}
+
+async fn cancel(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    Path(id): Path<u64>,
+) -> Response {
+    let who = match reader(&api, &headers, cert) {
+        Ok(w) => w,
+        Err(d) => return denied(d),
+    };
+    let s = &api.shared;
+    let Some(job) = s.core().view(id, Instant::now()) else {
+        return error(StatusCode::NOT_FOUND, format!("no job {id}"));
+    };
+    if let Some(acl) = &api.acl {
+        if let Err(d) = acl.may_cancel(&who, &job.team, &job.user) {
+            return denied(d);
+        }
+    }
+    match s.with(|core, now| match core.cancel(id, now) {
+        Some(actions) => (true, actions),
+        None => (false, Vec::new()),
+    }) {
+        true => Json(json!({ "id": id, "state": "CANCELLED" })).into_response(),
+        false => error(StatusCode::CONFLICT, format!("job {id} has already ended")),
+    }
+}
+
+async fn stats(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    let core = api.shared.core();
+    let now = Instant::now();
+    Json(json!({
+        "gpu_secs": core.gpu_secs(now),
+        "preemptions": core.stats.preemptions,
+        "requeued_lost": core.stats.requeued_lost,
+        "idle_while_eligible_gpu_secs": core.stats.idle_while_eligible_gpu_secs,
+        "idle_while_eligible_secs": core.stats.idle_while_eligible_secs,
+        "waits": core.stats.waits,
+    }))
+    .into_response()
+}
+
+/// Wait histogram buckets, seconds.
+const BUCKETS: [f64; 10] = [
+    1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0,
+];
+
+async fn metrics(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    let core = api.shared.core();
+    let now = Instant::now();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_depth Pending jobs per team and priority."
+    );
+    let _ = writeln!(out, "# TYPE gpu_queue_depth gauge");
+    for ((team, prio), n) in core.depth() {
+        let _ = writeln!(
+            out,
+            "gpu_queue_depth{{team=\"{}\",priority=\"{prio}\"}} {n}",
+            escape(&team)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_wait_seconds Time jobs waited before starting."
+    );
+    let _ = writeln!(out, "# TYPE gpu_queue_wait_seconds histogram");
+    let waits = &core.stats.waits;
+    for b in BUCKETS {
+        let n = waits.iter().filter(|w| **w <= b).count();
+        let _ = writeln!(out, "gpu_queue_wait_seconds_bucket{{le=\"{b}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "gpu_queue_wait_seconds_bucket{{le=\"+Inf\"}} {}",
+        waits.len()
+    );
+    let _ = writeln!(
+        out,
+        "gpu_queue_wait_seconds_sum {}",
+        waits.iter().sum::<f64>()
+    );
+    let _ = writeln!(out, "gpu_queue_wait_seconds_count {}", waits.len());
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_preemptions_total Jobs preempted (requeued) and elastic workers shrunk."
+    );
+    let _ = writeln!(out, "# TYPE gpu_queue_preemptions_total counter");
+    let _ = writeln!(
+        out,
+        "gpu_queue_preemptions_total {}",
+        core.stats.preemptions
+    );
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_requeued_lost_total Jobs requeued because the cluster lost a worker."
+    );
+    let _ = writeln!(out, "# TYPE gpu_queue_requeued_lost_total counter");
+    let _ = writeln!(
+        out,
+        "gpu_queue_requeued_lost_total {}",
+        core.stats.requeued_lost
+    );
+    let _ = writeln!(
+        out,
+        "# HELP gpu_queue_gpu_hours_total GPU-hours used per team."
+    );
+    let _ = writeln!(out, "# TYPE gpu_queue_gpu_hours_total counter");
+    for (team, secs) in core.gpu_secs(now) {
+        let _ = writeln!(
+            out,
+            "gpu_queue_gpu_hours_total{{team=\"{}\"}} {}",
+            escape(&team),
+            secs / 3600.0
+        );
+    }
+    let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle while a waiting job could have used them.");
+    let _ = writeln!(
+        out,
+        "# TYPE gpu_queue_idle_while_eligible_gpu_seconds_total counter"
+    );
+    let _ = writeln!(
+        out,
+        "gpu_queue_idle_while_eligible_gpu_seconds_total {}",
+        core.stats.idle_while_eligible_gpu_secs
+    );
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        out,
+    )
+        .into_response()
+}
+
+/// Escapes a Prometheus label value.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Serves `app` in HTTPS on `listener`: TLS with `tls` (a client certificate is optional;
+/// its identity reaches the handlers as [`PeerCert`]), HTTP/1.1 with a header deadline.
+pub async fn serve_https(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+) -> std::io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, remote) = listener.accept().await?;
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::info!(%remote, "API: TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let cert = PeerCert(
+                stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| gantry_transport::tls::identity_from_cert(c)),
+            );
+            let service = hyper::service::service_fn(
+                move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(cert.clone());
+                    let mut app = app.clone();
+                    async move {
+                        use tower::Service;
+                        app.call(req.map(axum::body::Body::new)).await
+                    }
+                },
+            );
+            let result = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = result {
+                tracing::debug!(%remote, "API connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// The HTTPS server configuration: `cert_pem`/`key_pem` (a server certificate for the
+/// queue's host names), client certificates of the cluster CA (`tls_dir/ca.pem`) accepted but
+/// not required (users may present a token instead).
+pub fn https_config(
+    tls_dir: &std::path::Path,
+    cert_pem: &std::path::Path,
+    key_pem: &std::path::Path,
+) -> anyhow::Result<rustls::ServerConfig> {
+    use anyhow::Context;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let roots = gantry_transport::tls::load_roots(tls_dir)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()?;
+    let chain = CertificateDer::pem_file_iter(cert_pem)
+        .with_context(|| format!("reading {}", cert_pem.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading {}", cert_pem.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key_pem)
+        .with_context(|| format!("reading {}", key_pem.display()))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}

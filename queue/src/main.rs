@@ -1,0 +1,619 @@
+//! `gantry-queue`: the ML GPU job queue on Gantry (see the `gantry_queue` crate and
+//! docs/queue.md).
+//!
+//! ```text
+//! gantry-queue serve --master 127.0.0.1:5050 --tls-dir DIR --store /var/lib/gantry/queue.redb \
+//!     --listen 127.0.0.1:8700 --team vision=2 --team nlp=1:16   # NAME=WEIGHT[:GPU_QUOTA]
+//! gantry-queue submit --server http://127.0.0.1:8700 --name resnet --team vision \
+//!     --priority high --gpus 8 --workers 2 -- python3 train.py
+//! gantry-queue submit ... --workers 2..8 -- ./ddp.sh        # elastic gang
+//! gantry-queue submit ... --after 12,13 -- ./eval.sh        # after jobs 12 and 13 FINISHED
+//! gantry-queue list --server URL [--json]
+//! gantry-queue show --server URL ID [--json]
+//! gantry-queue cancel --server URL ID
+//! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
+//! ```
+//!
+//! Exit codes as gantryctl's: 0 ok, 1 error (unreachable, 400), 2 usage, 3 not found (404),
+//! 4 forbidden (401, 403).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use gantry_master::security::tokens::OperatorTokens;
+use gantry_queue::auth::Acl;
+use gantry_queue::core::{Core, CoreConfig, MAX_ENDED_JOBS};
+use gantry_queue::http::{self, Api};
+use gantry_queue::model::{JobSpec, JobView, Priority, TeamConfig};
+use gantry_queue::runtime::{unix_ms, QueueScheduler, Shared};
+use gantry_queue::store::Store;
+use gantry_sdk::protocol::Capability;
+use gantry_sdk::transport::PeerIdentity;
+use gantry_sdk::{Driver, DriverConfig};
+
+const EXIT_ERROR: u8 = 1;
+const EXIT_NOT_FOUND: u8 = 3;
+const EXIT_FORBIDDEN: u8 = 4;
+
+/// An error answer of the API (its HTTP status decides the exit code).
+#[derive(Debug)]
+struct ApiError {
+    status: u16,
+    message: String,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// The ML GPU job queue on Gantry: gangs, priorities, team fair share, backfill, preemption;
+/// durable across restarts.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the queue: the framework plus its HTTP API.
+    Serve(Serve),
+    /// Submit a job; prints its id.
+    Submit(Submit),
+    /// List every job.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job.
+    Show {
+        #[command(flatten)]
+        conn: Conn,
+        /// Job id.
+        id: u64,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a job (its workers are killed).
+    Cancel {
+        #[command(flatten)]
+        conn: Conn,
+        /// Job id.
+        id: u64,
+    },
+    /// Tear the queue's framework down: the master kills every running worker (those jobs end
+    /// CANCELLED), pending jobs stay in the store, and `serve` exits. SIGTERM, by contrast,
+    /// only disconnects: the workers keep running and the next `serve` takes them over.
+    Shutdown {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// How to reach the queue's API and who the caller is.
+#[derive(clap::Args, Debug, Clone)]
+struct Conn {
+    /// The queue's API: https://HOST:PORT (http:// for a queue in dev mode).
+    #[arg(long)]
+    server: String,
+    /// The CA certificate (PEM) the queue's HTTPS certificate is checked against: the cluster's
+    /// ca.pem.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// A user token (`Authorization: Bearer`); also $GANTRY_QUEUE_TOKEN.
+    #[arg(long, env = "GANTRY_QUEUE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A client certificate (PEM) of the cluster CA, `operator:NAME` (read as user NAME).
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+}
+
+#[derive(Parser, Debug)]
+struct Serve {
+    /// Master address(es), host:port, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    master: Vec<String>,
+    /// TLS directory (ca.pem plus framework-NAME.pem/.key, or ca.key to issue them).
+    #[arg(long)]
+    tls_dir: PathBuf,
+    /// The store (a redb database file, created if missing): jobs, attempts, states, usage
+    /// history and the framework id survive restarts and `kill -9`.
+    #[arg(long)]
+    store: PathBuf,
+    /// How long the master keeps the queue's workers running while the queue is away (a
+    /// restart within it takes them over), seconds.
+    #[arg(long, default_value_t = 7 * 86400)]
+    failover_timeout_secs: u64,
+    /// The API's listen address.
+    #[arg(long, default_value = "127.0.0.1:8700")]
+    listen: String,
+    /// A team: NAME=WEIGHT or NAME=WEIGHT:GPU_QUOTA (repeatable). Unknown teams weigh 1.
+    #[arg(long = "team")]
+    teams: Vec<String>,
+    /// The role to run in.
+    #[arg(long, default_value = "default")]
+    role: String,
+    /// Framework name and certificate principal.
+    #[arg(long, default_value = "gantry-queue")]
+    name: String,
+    /// A waiting job rises one priority class per this many seconds (0: no aging).
+    #[arg(long, default_value_t = 300)]
+    aging_secs: u64,
+    /// How long the first blocked job may hold offers before backing off.
+    #[arg(long, default_value_t = 60)]
+    hold_secs: u64,
+    /// The backoff before a failed job's first retry, seconds; it doubles with each retry (up
+    /// to 10 minutes).
+    #[arg(long, default_value_t = 10)]
+    retry_backoff_secs: u64,
+    /// The ACL file (TOML: declared teams, who may submit to which team up to which priority,
+    /// team and queue administrators; see docs/queue.md). Without it the API is in dev mode:
+    /// plain HTTP, and anyone who reaches the port may do anything.
+    #[arg(long, requires_all = ["https_cert", "https_key"])]
+    acl: Option<PathBuf>,
+    /// Users' tokens, in the master's operator-token file format (`gantryctl token hash NAME`).
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+    /// The API's HTTPS certificate (PEM): a server certificate for the names clients use.
+    #[arg(long, requires = "https_key")]
+    https_cert: Option<PathBuf>,
+    /// Its key (PEM).
+    #[arg(long, requires = "https_cert")]
+    https_key: Option<PathBuf>,
+}
+
+#[derive(Parser, Debug)]
+struct Submit {
+    #[command(flatten)]
+    conn: Conn,
+    /// Job name; workers' tasks are named NAME/INDEX.
+    #[arg(long)]
+    name: String,
+    /// Team.
+    #[arg(long)]
+    team: String,
+    /// critical, high, normal, low or preemptible.
+    #[arg(long, default_value = "normal")]
+    priority: Priority,
+    /// Whole GPUs per worker.
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// Workers: N (a gang when above 1) or MIN..MAX (elastic).
+    #[arg(long, default_value = "1")]
+    workers: String,
+    /// CPUs per worker.
+    #[arg(long, default_value_t = 1.0)]
+    cpus: f64,
+    /// Memory per worker, MiB.
+    #[arg(long, default_value_t = 256.0)]
+    mem: f64,
+    /// GPU model substring (e.g. A100).
+    #[arg(long)]
+    gpu_model: Option<String>,
+    /// Least GPU memory, MiB.
+    #[arg(long)]
+    gpu_min_memory: Option<u64>,
+    /// Deadline: Unix seconds, or +DURATION (e.g. +90s, +30m, +2h).
+    #[arg(long)]
+    deadline: Option<String>,
+    /// Seconds between the preemption warning (SIGTERM) and SIGKILL.
+    #[arg(long, default_value_t = 10)]
+    grace_secs: u32,
+    /// Run only after these jobs FINISHED (comma separated ids; Slurm's afterok): the job
+    /// waits PENDING until then, and is CANCELLED if one of them FAILED or was CANCELLED.
+    #[arg(long, value_delimiter = ',')]
+    after: Vec<u64>,
+    /// Run the job again this many times when a worker fails (exits non-zero), with backoff;
+    /// workers lost with their agent and preemptions are requeued and do not count.
+    #[arg(long, default_value_t = 0)]
+    max_retries: u32,
+    /// Kill an attempt this long after its launch (N, Ns, Nm, Nh or Nd); the job ends FAILED
+    /// with the reason `time-limit`.
+    #[arg(long)]
+    time_limit: Option<String>,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    json: bool,
+    /// The command: one word is a shell command, several an argv.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+fn parse_team(s: &str) -> anyhow::Result<(String, TeamConfig)> {
+    let (name, rest) = s
+        .split_once('=')
+        .with_context(|| format!("--team {s:?}: expected NAME=WEIGHT[:GPU_QUOTA]"))?;
+    let (w, q) = match rest.split_once(':') {
+        Some((w, q)) => (w, Some(q.parse::<u64>().context("GPU quota")?)),
+        None => (rest, None),
+    };
+    let weight: f64 = w.parse().with_context(|| format!("--team {s:?}: weight"))?;
+    if !(weight.is_finite() && weight > 0.0) {
+        bail!("--team {s:?}: the weight must be positive");
+    }
+    Ok((
+        name.to_string(),
+        TeamConfig {
+            weight,
+            gpu_quota: q,
+        },
+    ))
+}
+
+fn parse_workers(s: &str) -> anyhow::Result<(u32, u32)> {
+    match s.split_once("..") {
+        Some((a, b)) => Ok((a.parse()?, b.parse()?)),
+        None => {
+            let n = s.parse()?;
+            Ok((n, n))
+        }
+    }
+}
+
+/// A duration in seconds: N, Ns, Nm, Nh or Nd.
+fn parse_secs(d: &str) -> anyhow::Result<u64> {
+    let (num, unit) = d.split_at(d.find(|c: char| !c.is_ascii_digit()).unwrap_or(d.len()));
+    let n: u64 = num.parse().context("a duration is N, Ns, Nm, Nh or Nd")?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => bail!("a duration's unit is s, m, h or d"),
+    };
+    n.checked_mul(mult).context("the duration is too long")
+}
+
+fn parse_deadline(s: &str) -> anyhow::Result<u64> {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    if let Some(d) = s.strip_prefix('+') {
+        return Ok(now + parse_secs(d).context("deadline")?);
+    }
+    s.parse().context("deadline: Unix seconds or +DURATION")
+}
+
+fn client(conn: &Conn) -> anyhow::Result<reqwest::Client> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = &conn.ca {
+        for cert in CertificateDer::pem_file_iter(ca)
+            .with_context(|| format!("reading {}", ca.display()))?
+        {
+            roots.add(cert.with_context(|| format!("reading {}", ca.display()))?)?;
+        }
+    }
+    let identity = match (&conn.cert, &conn.key) {
+        (Some(cert), Some(key)) => Some(gantry_sdk::transport::tls::Identity {
+            chain: CertificateDer::pem_file_iter(cert)
+                .with_context(|| format!("reading {}", cert.display()))?
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("reading {}", cert.display()))?,
+            key: PrivateKeyDer::from_pem_file(key)
+                .with_context(|| format!("reading {}", key.display()))?,
+        }),
+        _ => None,
+    };
+    let tls = gantry_sdk::transport::tls::https_client_config(roots, identity.as_ref())?;
+    Ok(reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(Duration::from_secs(30))
+        .build()?)
+}
+
+async fn call(
+    conn: &Conn,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<serde_json::Value> {
+    let url = format!("{}{path}", conn.server.trim_end_matches('/'));
+    let mut req = client(conn)?.request(method, &url);
+    if let Some(token) = &conn.token {
+        req = req.bearer_auth(token);
+    }
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b);
+    }
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("reaching {url}"))?;
+    let status = resp.status();
+    let text = resp.text().await?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    if !status.is_success() {
+        let message = value["error"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| value.to_string());
+        return Err(ApiError {
+            status: status.as_u16(),
+            message,
+        }
+        .into());
+    }
+    Ok(value)
+}
+
+fn table(jobs: &[JobView]) {
+    println!(
+        "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>8}  WHERE / WHY",
+        "ID",
+        "NAME",
+        "TEAM",
+        "USER",
+        "PRIORITY",
+        "STATE",
+        "POS",
+        "WORKERS",
+        "GPUS",
+        "PREEMPT",
+        "WAITED"
+    );
+    for j in jobs {
+        let workers = if j.min_workers == j.max_workers {
+            format!("{}/{}", j.workers, j.max_workers)
+        } else {
+            format!("{}/{}..{}", j.workers, j.min_workers, j.max_workers)
+        };
+        let pos = j
+            .position
+            .map_or_else(|| "-".to_string(), |p| p.to_string());
+        println!(
+            "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>7.0}s  {}",
+            j.id,
+            j.name,
+            j.team,
+            if j.user.is_empty() { "-" } else { &j.user },
+            j.priority.as_str(),
+            j.state.as_str(),
+            pos,
+            workers,
+            j.gpus_per_worker,
+            j.preemptions,
+            j.waited_secs,
+            where_(j)
+        );
+    }
+}
+
+/// The agents a job runs on, the dependencies a pending job waits on, or why it waits.
+fn where_(j: &JobView) -> String {
+    if !j.waiting_on.is_empty() {
+        let ids: Vec<String> = j.waiting_on.iter().map(u64::to_string).collect();
+        return format!("waits on {}", ids.join(","));
+    }
+    if let Some(why) = &j.pending_reason {
+        return why.clone();
+    }
+    j.agents.join(",")
+}
+
+async fn serve(a: Serve) -> anyhow::Result<()> {
+    let mut teams = BTreeMap::new();
+    for t in &a.teams {
+        let (name, cfg) = parse_team(t)?;
+        teams.insert(name, cfg);
+    }
+    if a.tls_dir.join("ca.key").exists() {
+        gantry_pki::load_or_issue(&a.tls_dir, &PeerIdentity::Framework(a.name.clone()), &[])
+            .context("issuing the framework certificate from the CA key")?;
+    }
+    let store = Store::open(&a.store)?;
+    let loaded = store.load(MAX_ENDED_JOBS)?;
+    let mut config = DriverConfig::new(a.master, a.tls_dir.clone(), &a.name, vec![a.role]);
+    config.info.capabilities.push(Capability::GpuResources);
+    config.info.failover_timeout_secs = a.failover_timeout_secs as f64;
+    config.info.framework_id = loaded.framework_id;
+    if let Some(id) = loaded.framework_id {
+        tracing::info!(framework_id = %id, jobs = loaded.jobs.len(), "resuming from the store");
+    }
+    let driver = Driver::new(config);
+    let mut core_config = CoreConfig {
+        teams,
+        aging: Duration::from_secs(a.aging_secs),
+        retry_backoff: Duration::from_secs(a.retry_backoff_secs),
+        ..Default::default()
+    };
+    core_config.hold.timeout = Duration::from_secs(a.hold_secs.max(1));
+    let mut core = Core::new(core_config);
+    let owed = core.restore(
+        loaded.jobs,
+        loaded.gpu_secs,
+        loaded.next_id,
+        Instant::now(),
+        unix_ms(),
+    );
+    let shared = Shared::new(core, store, driver.handle());
+    // Kills owed from before a restart: queued by the driver until it has subscribed.
+    shared.resume(owed);
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .with_context(|| format!("binding {}", a.listen))?;
+    let acl = a.acl.as_deref().map(Acl::load).transpose()?;
+    let tokens = match &a.tokens {
+        Some(p) => OperatorTokens::load(p)?,
+        None => OperatorTokens::none(),
+    };
+    let tls = match (&a.https_cert, &a.https_key) {
+        (Some(cert), Some(key)) => Some(http::https_config(&a.tls_dir, cert, key)?),
+        _ => None,
+    };
+    if acl.is_none() {
+        tracing::warn!("no --acl: dev mode, anyone who reaches the API may do anything");
+    }
+    let app = http::router(Arc::new(Api {
+        shared: Arc::clone(&shared),
+        acl,
+        tokens,
+    }));
+    let local = listener.local_addr()?;
+    let api = match tls {
+        Some(cfg) => {
+            println!("gantry-queue API on https://{local}");
+            tokio::spawn(http::serve_https(listener, Arc::new(cfg), app))
+        }
+        None => {
+            println!("gantry-queue API on http://{local}");
+            tokio::spawn(async move { axum::serve(listener, app).await })
+        }
+    };
+    let _ticker = shared.spawn_ticker(Duration::from_millis(250));
+    let handle = driver.handle();
+    tokio::spawn(async move {
+        gantry_sdk::process::shutdown_signal().await;
+        // Disconnect, never tear down: the workers keep running for the failover timeout and
+        // the next `serve` on this store takes them over.
+        handle.disconnect();
+    });
+    let result = driver.run(QueueScheduler::new(Arc::clone(&shared))).await;
+    api.abort();
+    if shared.is_broken() {
+        bail!("the store failed (see the log); the next run resumes from what it holds");
+    }
+    result.context("running the gantry-queue framework")
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = match gantry_sdk::config_file::expand_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Usage errors exit with 2 (clap's convention).
+    let args = Args::parse_from(args);
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let status = e.downcast_ref::<ApiError>().map(|a| a.status);
+            ExitCode::from(match status {
+                Some(401 | 403) => EXIT_FORBIDDEN,
+                Some(404) => EXIT_NOT_FOUND,
+                _ => EXIT_ERROR,
+            })
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Cmd::Serve(s) => serve(s).await,
+        Cmd::Submit(s) => {
+            let (min, max) = parse_workers(&s.workers).context("--workers: N or MIN..MAX")?;
+            let spec = JobSpec {
+                name: s.name,
+                team: s.team,
+                priority: s.priority,
+                command: s.command,
+                cpus: s.cpus,
+                mem: s.mem,
+                gpus: s.gpus,
+                gpu_model: s.gpu_model,
+                gpu_min_memory: s.gpu_min_memory,
+                min_workers: min,
+                max_workers: max,
+                deadline_unix: s.deadline.as_deref().map(parse_deadline).transpose()?,
+                grace_secs: s.grace_secs,
+                env: BTreeMap::new(),
+                after: s.after,
+                max_retries: s.max_retries,
+                time_limit_secs: s
+                    .time_limit
+                    .as_deref()
+                    .map(parse_secs)
+                    .transpose()
+                    .context("--time-limit")?,
+            };
+            if let Some(p) = spec.problem() {
+                bail!("{p}");
+            }
+            let v = call(
+                &s.conn,
+                reqwest::Method::POST,
+                "/jobs",
+                Some(serde_json::to_string(&spec)?),
+            )
+            .await?;
+            if s.json {
+                println!("{v}");
+            } else {
+                println!("{}", v["id"]);
+            }
+            Ok(())
+        }
+        Cmd::List { conn, json } => {
+            let v = call(&conn, reqwest::Method::GET, "/jobs", None).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                table(&serde_json::from_value::<Vec<JobView>>(v)?);
+            }
+            Ok(())
+        }
+        Cmd::Show { conn, id, json } => {
+            let v = call(&conn, reqwest::Method::GET, &format!("/jobs/{id}"), None).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let j: JobView = serde_json::from_value(v)?;
+                table(std::slice::from_ref(&j));
+                for m in &j.members {
+                    println!(
+                        "  {:<28} {:<9} {:<16} {}",
+                        m.task,
+                        m.state,
+                        m.agent,
+                        m.gpus.join(",")
+                    );
+                }
+                if !j.message.is_empty() {
+                    println!("  {}", j.message);
+                }
+            }
+            Ok(())
+        }
+        Cmd::Cancel { conn, id } => {
+            call(&conn, reqwest::Method::DELETE, &format!("/jobs/{id}"), None).await?;
+            println!("cancelled {id}");
+            Ok(())
+        }
+        Cmd::Shutdown { conn } => {
+            call(&conn, reqwest::Method::POST, "/shutdown", None).await?;
+            println!("shutting down: the framework is torn down");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The thin runtime around [`Core`]: the [`Scheduler`] the driver calls, a ticker for
+//! time-driven decisions (hold timeouts, aging, statistics), and [`Shared`], the state the API
+//! uses. Every event locks the core, hands it the event, the time and the wall clock, commits
+//! what changed to the [`Store`], and only then performs the returned [`Action`]s with the
+//! driver handle: a task is in the store before the master is asked to launch it, and a
+//! status update is in the store before the driver acknowledges it (when the scheduler
+//! callback returns), so `kill -9` at any moment loses nothing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use gantry_sdk::protocol::*;
+use gantry_sdk::{DriverHandle, Scheduler};
+
+use crate::core::{Action, Core};
+use crate::store::Store;
+
+/// Wall-clock Unix milliseconds (the runtime's one clock read besides `Instant::now`).
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The core, the store and the driver handle, shared by the scheduler, the ticker and the API.
+pub struct Shared {
+    core: Mutex<Core>,
+    store: Store,
+    driver: DriverHandle,
+    /// A commit failed: nothing more is sent to the master (the queue disconnects and exits;
+    /// its next run starts from what the store has).
+    broken: AtomicBool,
+    /// `gantry-queue shutdown` was asked for: the framework is being torn down.
+    shutting_down: AtomicBool,
+}
+
+impl Shared {
+    /// Wraps `core` (already restored from `store`); actions go to `driver`.
+    pub fn new(core: Core, store: Store, driver: DriverHandle) -> Arc<Self> {
+        Arc::new(Shared {
+            core: Mutex::new(core),
+            store,
+            driver,
+            broken: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    /// The core, locked (a poisoned lock is taken over: the core has no invariants a panic
+    /// mid-update would break that the next pass does not repair).
+    pub fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Whether a store commit failed (the queue is stopping).
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
+    }
+
+    /// Runs `f` on the core, commits what changed, and performs the actions it returns.
+    ///
+    /// The actions are sent while the core is still locked: the driver's calls only queue
+    /// messages, and sending outside the lock let two callers (an API submission and an offer
+    /// event) send in the other order than the core decided, e.g. a `Revive` overtaken by an
+    /// older `Suppress`, leaving the framework suppressed with work waiting.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>)) -> R {
+        let mut core = self.core();
+        let now = Instant::now();
+        let (r, actions) = f(&mut core, now);
+        self.commit_and_perform(&mut core, now, actions);
+        drop(core);
+        r
+    }
+
+    fn commit_and_perform(&self, core: &mut Core, now: Instant, actions: Vec<Action>) {
+        if self.is_broken() {
+            return;
+        }
+        let changes = core.take_changes(now, unix_ms());
+        if !changes.is_empty() {
+            if let Err(e) = self.store.commit(&changes) {
+                tracing::error!("{e}: stopping; the next run resumes from the store");
+                self.broken.store(true, Ordering::SeqCst);
+                self.driver.disconnect();
+                return;
+            }
+        }
+        self.perform(actions);
+    }
+
+    fn perform(&self, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Launch { offers, tasks } => {
+                    for t in &tasks {
+                        tracing::info!(task = %t.name, id = %t.task_id, "launching");
+                    }
+                    self.driver
+                        .accept(offers, vec![Operation::Launch { tasks }], Some(0.0));
+                }
+                Action::Decline(offers, secs) => self.driver.decline(offers, Some(secs)),
+                Action::Kill(task) => self.driver.kill(task),
+                Action::Revive => self.driver.revive(vec![]),
+                Action::Suppress => self.driver.suppress(vec![]),
+            }
+        }
+    }
+
+    /// Kills still owed from before a restart (see [`Core::restore`]); sent after the
+    /// subscription.
+    pub fn resume(&self, kills: Vec<Action>) {
+        let mut core = self.core();
+        self.commit_and_perform(&mut core, Instant::now(), kills);
+    }
+
+    /// Tears the framework down (`gantry-queue shutdown`): the master kills every worker;
+    /// jobs with workers are recorded `CANCELLED`, pending ones stay for the next run, and the
+    /// framework id is forgotten.
+    pub fn shutdown(&self) -> Result<(), crate::store::StoreError> {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let mut core = self.core();
+        core.shutdown();
+        let changes = core.take_changes(Instant::now(), unix_ms());
+        self.store.commit(&changes)?;
+        self.store.set_framework_id(None)?;
+        self.driver.teardown();
+        Ok(())
+    }
+
+    /// Ticks the core every `period` until the process ends.
+    pub fn spawn_ticker(self: &Arc<Self>, period: Duration) -> tokio::task::JoinHandle<()> {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(period);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                me.with(|core, now| ((), core.tick(now)));
+            }
+        })
+    }
+}
+
+/// The scheduler the driver runs.
+pub struct QueueScheduler {
+    shared: Arc<Shared>,
+}
+
+impl QueueScheduler {
+    /// A scheduler over `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        QueueScheduler { shared }
+    }
+}
+
+impl Scheduler for QueueScheduler {
+    async fn registered(&mut self, driver: &DriverHandle, framework_id: FrameworkId) {
+        tracing::info!(%framework_id, "registered");
+        if self.shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = self.shared.store.set_framework_id(Some(framework_id)) {
+            tracing::error!("{e}: stopping; the next run resumes from the store");
+            self.shared.broken.store(true, Ordering::SeqCst);
+            driver.disconnect();
+            return;
+        }
+        driver.revive(vec![]);
+        let ids = self.shared.core().task_ids();
+        for chunk in ids.chunks(MAX_RECONCILE_IDS) {
+            driver.reconcile(chunk.to_vec());
+        }
+    }
+
+    async fn offers(&mut self, _driver: &DriverHandle, offers: Vec<Offer>) {
+        self.shared.with(|core, now| ((), core.offers(offers, now)));
+    }
+
+    async fn offer_rescinded(&mut self, _driver: &DriverHandle, offer_id: OfferId) {
+        self.shared.core().rescinded(offer_id);
+    }
+
+    async fn status_update(&mut self, _driver: &DriverHandle, update: &StatusUpdate) {
+        tracing::info!(task = %update.task_id, state = %update.state, "{}", update.message);
+        self.shared.with(|core, now| ((), core.update(update, now)));
+    }
+
+    async fn error(&mut self, _driver: &DriverHandle, kind: ErrorKind, message: &str) {
+        tracing::warn!(?kind, "master error: {message}");
+    }
+
+    async fn disconnected(&mut self, _driver: &DriverHandle) {
+        self.shared.core().disconnected();
+    }
+}
