@@ -6,9 +6,16 @@
 //! is `UNREACHABLE` and waited for (it may still run and finish); a task the cluster lost
 //! (`LOST`, or `GONE` once its agent stayed away past the master's unreachable timeout) is
 //! launched again, once per loss, and counted in [`BatchProgress::relaunched`]. A task that
-//! failed by itself is not.
+//! failed by itself is not, unless [`Batch::with_retries`] gives a retry policy: then a failed
+//! copy is launched again after a backoff (a driver timer), at most that many times.
+//!
+//! Which copy (a unit of work, `0..count`) each task is an attempt of, what an ending means for
+//! it and when it may run again is kept by an [`AttemptsBook`].
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use gantry_sdk::attempts::{AttemptsBook, RetryPolicy, Verdict};
 
 use gantry_sdk::protocol::*;
 use gantry_sdk::{DriverHandle, Scheduler};
@@ -45,6 +52,9 @@ pub struct BatchProgress {
     pub relaunched: u32,
     /// Tasks now `UNREACHABLE` (their agent is out of touch; they may still run).
     pub unreachable: u32,
+    /// Failed tasks launched again after a backoff ([`Batch::with_retries`]); they count
+    /// neither as finished nor as failed.
+    pub retried: u32,
     /// Terminal updates seen per task (a correct cluster delivers exactly one per task).
     pub terminal_updates: HashMap<TaskId, Vec<TaskState>>,
     pub errors: Vec<String>,
@@ -69,11 +79,24 @@ pub struct Batch {
     suppressed: bool,
     /// A revive for dropped tasks was sent since the last offers (one per burst of drops).
     revived_for_drops: bool,
+    /// The copies (units `0..count`) and their attempts.
+    attempts: AttemptsBook<u32>,
+    /// The clock of the attempts book (milliseconds since the batch was made).
+    start: Instant,
 }
 
 impl Batch {
     pub fn new(spec: BatchSpec) -> (Self, watch::Receiver<BatchProgress>) {
         let (tx, rx) = watch::channel(BatchProgress::default());
+        // No retries of failures by default (losses by the cluster are always relaunched).
+        let mut attempts = AttemptsBook::new(RetryPolicy::new(
+            0,
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        ));
+        for unit in 0..spec.count {
+            attempts.add(unit);
+        }
         (
             Self {
                 spec,
@@ -82,9 +105,25 @@ impl Batch {
                 tx,
                 suppressed: false,
                 revived_for_drops: false,
+                attempts,
+                start: Instant::now(),
             },
             rx,
         )
+    }
+
+    /// Launches a failed copy again after a backoff, at most `policy.max_failures` times.
+    pub fn with_retries(mut self, policy: RetryPolicy) -> Self {
+        let mut attempts = AttemptsBook::new(policy);
+        for unit in 0..self.spec.count {
+            attempts.add(unit);
+        }
+        self.attempts = attempts;
+        self
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
     }
 
     /// Publishes the counters. The lists (terminal updates, errors) grow with the tasks run:
@@ -100,6 +139,7 @@ impl Batch {
             shared.dropped = p.dropped;
             shared.relaunched = p.relaunched;
             shared.unreachable = p.unreachable;
+            shared.retried = p.retried;
             shared.done = p.done;
         });
     }
@@ -109,8 +149,9 @@ impl Batch {
         self.tx.send_modify(f);
     }
 
+    /// Copies owed: waiting for a launch (also those backing off after a failure).
     fn remaining(&self) -> u32 {
-        self.spec.count.saturating_sub(self.progress.launched)
+        self.attempts.pending() as u32
     }
 
     /// The `k`-th task of the next launch (a fresh id; named by its launch number).
@@ -160,9 +201,15 @@ impl Scheduler for Batch {
         for g in groups {
             let (ids, mut available) = (g.offer_ids, g.resources);
             let mut tasks = Vec::new();
-            while self.remaining() > tasks.len() as u32 && available.contains(&self.spec.task) {
+            let now = self.now();
+            for unit in self.attempts.ready(now) {
+                if !available.contains(&self.spec.task) {
+                    break;
+                }
                 let _ = available.checked_sub_assign(&self.spec.task);
-                tasks.push(self.next_task(tasks.len() as u32));
+                let task = self.next_task(tasks.len() as u32);
+                self.attempts.launched(&unit, task.task_id, now);
+                tasks.push(task);
             }
             if tasks.is_empty() {
                 let refuse = if self.remaining() == 0 { 60.0 } else { 1.0 };
@@ -213,6 +260,8 @@ impl Scheduler for Batch {
         }
         if update.state == TaskState::Dropped {
             tracing::debug!(task = %update.task_id, "dropped");
+            // Its copy is owed again at once (a drop does not count).
+            let _ = self.attempts.update(update, self.now());
             // Never ran (its accept named an offer that was gone, e.g. already combined into
             // another accept on the same agent): launch one more copy on a later offer.
             self.tasks.remove(&update.task_id);
@@ -237,6 +286,8 @@ impl Scheduler for Batch {
             // (a second terminal update of this task is ignored above).
             tracing::info!(task = %update.task_id, state = %update.state, reason = ?update.reason,
                 "lost by the cluster: launching it again");
+            // Its copy is owed again at once (a loss does not count).
+            let _ = self.attempts.update(update, self.now());
             self.tasks.insert(update.task_id, update.state);
             match prev {
                 TaskState::Running => {
@@ -288,6 +339,21 @@ impl Scheduler for Batch {
                 self.progress.unreachable += 1
             }
             s if s.is_terminal() => {
+                if let Some(Verdict::Retry { at, .. }) = self.attempts.update(update, self.now()) {
+                    // Launched again after the backoff: owed, not failed.
+                    let delay = at.saturating_sub(self.now());
+                    self.progress.launched = self.progress.launched.saturating_sub(1);
+                    self.progress.retried += 1;
+                    driver.after(Duration::from_millis(delay), 0);
+                    if self.spec.verbose {
+                        println!(
+                            "[{}] task {} {} ({}): launching it again in {delay} ms",
+                            self.spec.name, update.task_id, s, update.message
+                        );
+                    }
+                    self.publish();
+                    return;
+                }
                 self.record(|p| {
                     p.terminal_updates
                         .entry(update.task_id)
@@ -322,6 +388,16 @@ impl Scheduler for Batch {
             driver.stop();
         }
         self.publish();
+    }
+
+    async fn wake(&mut self, driver: &DriverHandle, _token: u64) {
+        // A failed copy's backoff is over: offers again.
+        driver.set_demand(Some(Demand {
+            task: self.spec.task.clone(),
+            count: self.remaining(),
+        }));
+        driver.revive(vec![]);
+        self.suppressed = false;
     }
 
     async fn error(&mut self, _driver: &DriverHandle, kind: ErrorKind, message: &str) {
@@ -473,5 +549,37 @@ mod tests {
         let p = rx.borrow().clone();
         assert!(p.done, "{p:?}");
         assert_eq!((p.finished, p.failed, p.relaunched), (3, 1, 2));
+    }
+
+    #[tokio::test]
+    async fn with_retries_a_failed_copy_runs_again_until_the_limit() {
+        let (handle, b, rx) = batch(1);
+        let mut b = b.with_retries(RetryPolicy::new(1, Duration::ZERO, Duration::ZERO));
+        let agent = AgentId::random();
+        b.offers(&handle, vec![offer(agent, "cpus:4;mem:100")])
+            .await;
+        let first: Vec<TaskId> = b.tasks.keys().copied().collect();
+        b.status_update(&handle, &update(first[0], TaskState::Failed))
+            .await;
+        let p = rx.borrow().clone();
+        assert_eq!(
+            (p.retried, p.failed, p.launched, p.done),
+            (1, 0, 0, false),
+            "{p:?}"
+        );
+        // The backoff (none here) is over: the copy runs again, fails again, and is given up.
+        b.offers(&handle, vec![offer(agent, "cpus:4;mem:100")])
+            .await;
+        let second: Vec<TaskId> = b
+            .tasks
+            .iter()
+            .filter(|(_, s)| **s == TaskState::Staging)
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(second.len(), 1);
+        b.status_update(&handle, &update(second[0], TaskState::Failed))
+            .await;
+        let p = rx.borrow().clone();
+        assert_eq!((p.retried, p.failed, p.done), (1, 1, true), "{p:?}");
     }
 }

@@ -17,6 +17,8 @@
 //! - [`group`]: atomic task groups on one agent ([`group::TaskGroup`],
 //!   [`DriverHandle::launch_group`]) and [`group::place_group`], which finds one agent whose
 //!   offers hold the whole group.
+//! - [`attempts`]: [`attempts::AttemptsBook`], the attempts of logical units of work
+//!   (retries with backoff, a failure limit, which losses count; pure).
 //! - [`backoff`]: exponential backoff helpers ([`backoff::RestartBackoff`] per key).
 //! - [`reconcile`]: built-in reconciliation on re-subscription and periodically
 //!   ([`DriverConfig::reconcile`]).
@@ -46,6 +48,7 @@
 
 #![warn(missing_docs)]
 
+pub mod attempts;
 pub mod backoff;
 pub mod book;
 mod driver_core;

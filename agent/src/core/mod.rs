@@ -581,9 +581,7 @@ impl AgentCore {
             Input::RecoveryChecked { uuid, passed } => self.recovery_checked(uuid, passed, now),
             Input::ClearGpus(names) => self.clear_gpus(names, now),
             Input::AdoptedProbed(probes) => self.adopted_probed(probes, now),
-            Input::SupervisorLost { task, recorded } => {
-                self.supervisor_lost(task, recorded, now)
-            }
+            Input::SupervisorLost { task, recorded } => self.supervisor_lost(task, recorded, now),
             Input::MpsExited(uuid) => self.mps_exited(&uuid, now),
             Input::TerminationNotice {
                 deadline_unix_ms,

@@ -552,12 +552,7 @@ impl AgentCore {
     /// The supervisor of a task this agent launched died: the exit it recorded, if it made one;
     /// else the task, unsupervised now, is killed (no task runs without the agent knowing) and
     /// ends with an unknown status.
-    pub(super) fn supervisor_lost(
-        &mut self,
-        task: TaskId,
-        recorded: Option<ExitStatus>,
-        now: u64,
-    ) {
+    pub(super) fn supervisor_lost(&mut self, task: TaskId, recorded: Option<ExitStatus>, now: u64) {
         let status = match recorded {
             Some(status) => status,
             None => {

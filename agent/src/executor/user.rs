@@ -256,9 +256,7 @@ mod tests {
         cache.lock().insert("root".into(), (t0, planted.clone()));
         let at = |s: u64| t0 + Duration::from_secs(s);
         assert_eq!(cache.lookup_task_user("root", at(1)).unwrap(), planted);
-        let again = cache
-            .lookup_task_user("root", t0 + USER_CACHE_TTL)
-            .unwrap();
+        let again = cache.lookup_task_user("root", t0 + USER_CACHE_TTL).unwrap();
         assert_eq!(again.uid, 0, "expired: looked up again");
         assert_eq!(cache.lookup_task_user("root", at(6)).unwrap().uid, 0);
         assert!(cache

@@ -56,10 +56,7 @@ fn a_burst_of_tasks_costs_one_sync_per_step_and_acknowledgements_none() {
     let states: Vec<TaskState> = sent(&fx).iter().map(|u| u.state).collect();
     assert_eq!(states.len(), 128);
     assert_eq!(
-        states
-            .iter()
-            .filter(|s| **s == TaskState::Finished)
-            .count(),
+        states.iter().filter(|s| **s == TaskState::Finished).count(),
         64
     );
     // Each task's record is logged once per batch, whatever it went through in it.
@@ -104,5 +101,9 @@ fn an_isolated_task_settles_its_cgroup_before_it_is_terminal() {
         T0 + 1,
     );
     assert!(matches!(fx.as_slice(), [Effect::Settle { task, .. }] if *task == id));
-    assert_eq!(commit, Commit::None, "nothing changed or sent until it is settled");
+    assert_eq!(
+        commit,
+        Commit::None,
+        "nothing changed or sent until it is settled"
+    );
 }
