@@ -228,7 +228,8 @@ pub fn render(s: &Snapshot) -> String {
         healthy,
     );
 
-    let cpu = Family::<Labels, FloatGauge>::default();
+    let cpu =
+        Family::<Labels, prometheus_client::metrics::counter::Counter<f64, AtomicU64>>::default();
     let mem = Family::<Labels, Gauge>::default();
     let mem_peak = Family::<Labels, Gauge>::default();
     let gpu_mem = Family::<Labels, Gauge>::default();
@@ -240,14 +241,15 @@ pub fn render(s: &Snapshot) -> String {
             ("framework".into(), t.framework.to_string()),
             ("Hostname".into(), s.hostname.clone()),
         ];
-        cpu.get_or_create(&l).set(u.cpu_time_secs);
+        cpu.get_or_create(&l).inc_by(u.cpu_time_secs.max(0.0));
         mem.get_or_create(&l).set(u.mem_bytes as i64);
         mem_peak.get_or_create(&l).set(u.mem_peak_bytes as i64);
         gpu_mem.get_or_create(&l).set(u.gpu_mem_bytes as i64);
         gpu_util.get_or_create(&l).set(u.gpu_util_percent);
     }
-    // Sampled from the task's cgroup at each `--usage-interval` (gauges; `rate()` over a
-    // task's life gives its CPU use).
+    // Sampled from the task's cgroup at each `--usage-interval`. CPU time only grows: a
+    // counter (exposed as `gantry_task_cpu_seconds_total`; `rate()` gives the task's CPU use).
+    // The other series are gauges.
     reg.register(
         "gantry_task_cpu_seconds",
         "CPU time the task used so far (user + system), from its cgroup",
@@ -419,7 +421,14 @@ mod tests {
             "xid of gpu 1: {text}"
         );
         assert!(text.contains("gantry_gpu_healthy{gpu=\"1\""), "{text}");
-        assert!(text.contains("gantry_task_cpu_seconds{task="), "{text}");
+        assert!(
+            text.contains("gantry_task_cpu_seconds_total{task="),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE gantry_task_cpu_seconds counter"),
+            "{text}"
+        );
         assert!(text.contains("gantry_task_memory_bytes{task="), "{text}");
         assert!(text.trim_end().ends_with("# EOF"), "{text}");
     }

@@ -291,12 +291,23 @@ async fn an_accept_naming_a_rescinded_offer_drops_its_tasks_and_batch_still_fini
             && dropped.message.contains(&c.id.to_string()),
         "{dropped:?}"
     );
-    // Nothing ran: the master does not know the task.
+    // Nothing ran: the task is no active task; operators see it among the completed ones,
+    // DROPPED with its reason (issue 30).
     let s = cluster.master.state().unwrap();
+    let id = late.task_id.to_string();
     assert!(
-        !s.to_string().contains(&late.task_id.to_string()),
-        "a dropped task is not in /state"
+        !s["tasks"].as_array().unwrap().iter().any(|t| t["id"] == id),
+        "a dropped task is not active: {s:#}"
     );
+    let kept: Vec<&serde_json::Value> = s["completed_tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["id"] == id)
+        .collect();
+    assert_eq!(kept.len(), 1, "{s:#}");
+    assert_eq!(kept[0]["state"], "DROPPED");
+    assert_eq!(kept[0]["reason"], "invalid-offers");
     h.stop();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 

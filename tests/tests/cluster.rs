@@ -62,10 +62,18 @@ async fn two_frameworks_run_fifty_tasks_each_exactly_once() {
                 })
         })
         .unwrap();
+    // Every task finished once; the only other records are of accepts that raced and were
+    // DROPPED (nothing of them ran; batch launched them again).
     let completed = state["completed_tasks"].as_array().unwrap();
-    assert_eq!(completed.len(), 100);
+    let finished = completed
+        .iter()
+        .filter(|t| t["state"] == "FINISHED")
+        .count();
+    assert_eq!(finished, 100, "{completed:?}");
     assert!(
-        completed.iter().all(|t| t["state"] == "FINISHED"),
+        completed
+            .iter()
+            .all(|t| t["state"] == "FINISHED" || t["state"] == "DROPPED"),
         "{completed:?}"
     );
     assert_eq!(

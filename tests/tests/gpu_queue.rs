@@ -216,11 +216,13 @@ impl Queue {
     }
 }
 
-/// Every task the master knows (running and completed).
+/// Every task the master launched (running and completed; not the `ERROR` and `DROPPED`
+/// records of tasks it refused, which never reached an agent).
 fn master_tasks(cluster: &Cluster) -> Vec<Value> {
     let s = cluster.master.state().unwrap();
     let mut all = s["tasks"].as_array().cloned().unwrap_or_default();
     all.extend(s["completed_tasks"].as_array().cloned().unwrap_or_default());
+    all.retain(|t| t["state"] != "ERROR" && t["state"] != "DROPPED");
     all
 }
 

@@ -447,7 +447,7 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         });
         assert!(
             prom.value(&format!(
-                "gantry_task_cpu_seconds{{task=\"{}\"}}",
+                "gantry_task_cpu_seconds_total{{task=\"{}\"}}",
                 t.task_id
             ))
             .is_some(),

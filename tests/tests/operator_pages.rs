@@ -2,7 +2,7 @@
 //! non-root operator (uid 65534 with its own copy of the operator certificate: nothing here
 //! needs root). One cluster for every case, in order:
 //!
-//! - `gantryctl -V` / `--help` name gantryctl;
+//! - `gantryctl -V` / `--help` name gantryctl; `completion bash` prints a completion script;
 //! - `task`, `framework`, `agent`, `offers` pages by name, with names and full GPU UUIDs, and
 //!   `GET /api/v1/tasks/{id}`; unknown names exit 3;
 //! - a task the master refuses (`ERROR`) is kept with its reason and a message in words;
@@ -214,6 +214,14 @@ async fn operator_pages_checked_input_and_reasons_as_a_non_root_operator() {
         out.contains("gantryctl: the operator's tool") && !out.contains("Gantry master"),
         "{out}"
     );
+    let (code, out, _) = ctl(&["completion", "bash"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("_gantryctl") && out.contains("mark-gone"),
+        "{out}"
+    );
+    let (code, _, _) = ctl(&["completion", "tcsh"]);
+    assert_eq!(code, 2);
 
     // A framework with two long tasks and one the master refuses (an empty command).
     let cfg = cluster.framework_config("pages-fw", &["eng"]);

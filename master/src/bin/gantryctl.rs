@@ -3,7 +3,8 @@
 //! `weight`, `quota`, `reserve`, `unreserve`, `deactivate`, `reactivate`, `mark-gone`,
 //! `clear-gpu`, `teardown`, `drain`, `undrain`, `maintenance`, `events`; `state` is the raw
 //! `/state`) with an operator certificate or a bearer token, and issues certificates (`certs`)
-//! and tokens (`token`) offline. Tables by default, the API's JSON with `--json`. Agents,
+//! and tokens (`token`) offline, and prints shell completion scripts (`completion bash|zsh|fish`,
+//! made by `clap_complete` from the same command definitions, so they never drift). Tables by default, the API's JSON with `--json`. Agents,
 //! frameworks and tasks are named by id or name wherever one is asked for.
 //!
 //! Destructive commands on something live (`mark-gone` of a connected agent with tasks,
@@ -89,6 +90,12 @@ enum Cmd {
     /// Create operator bearer tokens for the master's --operator-tokens file.
     #[command(subcommand)]
     Token(Token),
+    /// Print a shell completion script: `gantryctl completion bash > /etc/bash_completion.d/gantryctl`
+    /// (zsh: into a directory of `$fpath` as `_gantryctl`; fish: `~/.config/fish/completions/`).
+    Completion {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Set a role's weight (its dominant share is divided by it).
     Weight {
         role: String,
@@ -668,7 +675,9 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Events { no_reconnect } => events(&c, json, no_reconnect).await,
         Cmd::Maintenance(m) => maintenance::run(&c, m).await,
-        Cmd::Certs(_) | Cmd::Token(_) => anyhow::bail!("offline commands do not reach the master"),
+        Cmd::Certs(_) | Cmd::Token(_) | Cmd::Completion { .. } => {
+            anyhow::bail!("offline commands do not reach the master")
+        }
     }
 }
 
@@ -844,6 +853,17 @@ fn run(
     let result = match cli.cmd {
         Cmd::Certs(c) => certs(c),
         Cmd::Token(t) => token(t),
+        Cmd::Completion { shell } => {
+            use clap::CommandFactory;
+            use std::io::Write;
+            // Into a buffer first: the generator panics on a write error (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "gantryctl", &mut script);
+            match std::io::stdout().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                _ => Ok(()),
+            }
+        }
         cmd => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -2,7 +2,8 @@
 //! loop that owns the [`Master`] state machine (`core_loop`, on its own thread), and the
 //! operator HTTPS API ([`http`]: authentication, ACLs and request bounds; `http_guard`: its
 //! connection slots, write deadline and failed-authentication limiter; [`api`]: `/api/v1` and
-//! its event stream; `ui`: the `/ui` dashboard and its login). Who a peer or caller is and what
+//! its event stream; `ui`: the `/ui` dashboard and its login; `routes`: the route table every
+//! route goes through, checked against docs/api/openapi.yaml). Who a peer or caller is and what
 //! it may do are [`crate::security`]'s decisions (identities, ACLs, tokens, sessions, limits);
 //! this shell asks and enforces.
 //!

@@ -2,12 +2,12 @@
 //! endpoint) and its event stream.
 //!
 //! ```text
-//! reads:  GET  /api/v1/{summary,agents,agents/{id},frameworks,frameworks/{id},tasks,roles,
-//!                      offers,quotas,weights,maintenance}
+//! reads:  GET  /api/v1/{summary,agents,agents/{id},frameworks,frameworks/{id},tasks,
+//!                      tasks/{id},roles,offers,quotas,weights,maintenance}
 //! writes: POST /api/v1/weights, /api/v1/quotas,
 //!              /api/v1/agents/{id}/{reserve,unreserve,deactivate,reactivate,gone},
 //!              /api/v1/agents/{id}/gpus/{uuid}/clear, /api/v1/frameworks/{id}/teardown
-//!         (drain / undrain: /api/v1/agents/{id}/drain, added with maintenance)
+//!         (drain / undrain: /api/v1/agents/{id}/drain, in server/maintenance.rs)
 //! stream: GET  /api/v1/events   (server-sent events: a snapshot, then changes)
 //! ```
 //!
@@ -15,8 +15,11 @@
 //! authenticated operator (or `--http-public-reads`), every write the ACL grant of its action
 //! (403 otherwise). Writes go to the core as [`OperatorCommand`]s; what the registry holds
 //! survives a restart and a failover. Reads are shaped from the core's `/state` view by the
-//! pure functions in [`views`]. Agents are named by id or name, frameworks by id (or a name
-//! only one framework has).
+//! pure functions in [`views`]: the pages of one agent, framework or task join names, tasks,
+//! offers and GPUs; task filters that name nothing are refused (400). Agents are named by id
+//! or name, frameworks and tasks by id or a name only one has (409 when several do). Routes
+//! are added through `super::routes::Routes`, whose table a test compares with
+//! docs/api/openapi.yaml.
 //!
 //! The event stream: each subscriber first gets `{"type":"snapshot","state":{/state}}`, then
 //! one message per change ([`crate::state::ClusterEvent`]). The core never waits for a
