@@ -136,7 +136,7 @@ impl DriverCore {
                 let kills = self.kills.due(now, true).into_iter();
                 let mut out: Vec<Effect> = std::mem::take(&mut self.pending)
                     .into_iter()
-                    .chain(kills.map(|task_id| FrameworkToMaster::Kill { task_id }))
+                    .chain(kills)
                     .map(Effect::Send)
                     .collect();
                 if self.reconciler.subscribed(now.into_std()) {
@@ -187,8 +187,13 @@ impl DriverCore {
         match cmd {
             Command::Send(msg) => {
                 self.note_suppression(&msg);
-                if let FrameworkToMaster::Kill { task_id } = msg {
-                    self.kills.asked(task_id, now);
+                let kill = match msg {
+                    FrameworkToMaster::Kill { task_id } => Some((task_id, None)),
+                    FrameworkToMaster::KillFor { task_id, reason } => Some((task_id, Some(reason))),
+                    _ => None,
+                };
+                if let Some((task_id, reason)) = kill {
+                    self.kills.asked(task_id, reason, now);
                     if !self.subscribed {
                         return Vec::new();
                     }
@@ -245,7 +250,7 @@ impl DriverCore {
             .collect();
         if self.subscribed {
             let kills = self.kills.due(now, false).into_iter();
-            out.extend(kills.map(|task_id| Effect::Send(FrameworkToMaster::Kill { task_id })));
+            out.extend(kills.map(Effect::Send));
             if self.reconciler.poll(now.into_std()) {
                 out.push(reconcile_all());
             }
@@ -318,6 +323,14 @@ impl SeenUpdates {
     }
 }
 
+/// The kill of `task_id`, with the reason it was asked with (`KillFor`) or without (`Kill`).
+fn kill_message(task_id: TaskId, reason: Option<TaskReason>) -> FrameworkToMaster {
+    match reason {
+        Some(reason) => FrameworkToMaster::KillFor { task_id, reason },
+        None => FrameworkToMaster::Kill { task_id },
+    }
+}
+
 /// Kills asked for and not yet answered by a terminal update. A kill can be lost with a
 /// connection (sent to a master that died before it read it, or to one that does not know the
 /// task yet after a restart); as Mesos expects of its frameworks, the driver sends each again
@@ -325,8 +338,9 @@ impl SeenUpdates {
 /// at most [`KILL_ATTEMPTS`] times.
 #[derive(Default)]
 pub(crate) struct Kills {
-    /// Task → when its kill was last sent, and how many times.
-    sent: HashMap<TaskId, (Instant, u32)>,
+    /// Task → when its kill was last sent, how many times, and the reason it was asked with
+    /// (`FrameworkToMaster::KillFor`; `None`: a plain `Kill`).
+    sent: HashMap<TaskId, (Instant, u32, Option<TaskReason>)>,
 }
 
 /// How often an unanswered kill is sent again.
@@ -337,9 +351,9 @@ pub const KILL_ATTEMPTS: u32 = 24;
 impl Kills {
     /// At most this many kills are retried (beyond, a kill is sent once).
     const CAP: usize = 65_536;
-    fn asked(&mut self, task_id: TaskId, now: Instant) {
+    fn asked(&mut self, task_id: TaskId, reason: Option<TaskReason>, now: Instant) {
         if self.sent.len() < Self::CAP || self.sent.contains_key(&task_id) {
-            self.sent.insert(task_id, (now, 1));
+            self.sent.insert(task_id, (now, 1, reason));
         }
     }
     fn ended(&mut self, task_id: TaskId) {
@@ -347,13 +361,13 @@ impl Kills {
     }
     /// When the next retry is due.
     fn next_due(&self) -> Option<Instant> {
-        self.sent.values().map(|(t, _)| *t + KILL_RETRY).min()
+        self.sent.values().map(|(t, _, _)| *t + KILL_RETRY).min()
     }
     /// The kills due at `now` (all of them with `all`), marked sent; those sent
     /// [`KILL_ATTEMPTS`] times are given up.
-    fn due(&mut self, now: Instant, all: bool) -> Vec<TaskId> {
+    fn due(&mut self, now: Instant, all: bool) -> Vec<FrameworkToMaster> {
         let mut out = Vec::new();
-        self.sent.retain(|id, (at, n)| {
+        self.sent.retain(|id, (at, n, reason)| {
             if !all && *at + KILL_RETRY > now {
                 return true;
             }
@@ -363,7 +377,7 @@ impl Kills {
             }
             *at = now;
             *n += 1;
-            out.push(*id);
+            out.push(kill_message(*id, *reason));
             true
         });
         out
@@ -519,6 +533,34 @@ mod tests {
             sends += 1;
         }
         assert_eq!(sends, KILL_ATTEMPTS, "b is sent KILL_ATTEMPTS times");
+        assert_eq!(c.next_due(), None);
+    }
+
+    #[test]
+    fn a_kill_with_a_reason_is_retried_with_that_reason() {
+        let t0 = Instant::now();
+        let fw = FrameworkId::random();
+        let mut c = core(false, ReconcileConfig::default());
+        c.message(subscribed(fw), t0);
+        let a = TaskId::random();
+        let why = FrameworkToMaster::KillFor {
+            task_id: a,
+            reason: TaskReason::Preempted,
+        };
+        assert_eq!(
+            c.command(send(why.clone()), t0),
+            vec![Effect::Send(why.clone())]
+        );
+        assert_eq!(c.due(t0 + KILL_RETRY), vec![Effect::Send(why.clone())]);
+        // A new subscription sends it again, reason and all, then `registered`.
+        c.disconnected();
+        let effects = c.message(subscribed(fw), t0 + KILL_RETRY * 2);
+        assert_eq!(effects[0], Effect::Send(why));
+        // Its terminal update answers it.
+        c.message(
+            MasterToFramework::Update(StatusUpdate::new(a, fw, TaskState::Killed)),
+            t0,
+        );
         assert_eq!(c.next_due(), None);
     }
 

@@ -368,6 +368,13 @@ impl DriverHandle {
     pub fn kill(&self, task_id: TaskId) {
         self.send(FrameworkToMaster::Kill { task_id });
     }
+    /// Kill a task and say why (`FrameworkToMaster::KillFor`, protocol v8): the task's
+    /// `KILLED` update, `/state`, the operator API and the dashboard then carry this reason
+    /// (`Preempted`, `TimeLimit` or `Deadline`) instead of `killed-by-request`. Retried like
+    /// [`DriverHandle::kill`], with the same reason.
+    pub fn kill_for(&self, task_id: TaskId, reason: TaskReason) {
+        self.send(FrameworkToMaster::KillFor { task_id, reason });
+    }
     /// Ask for the current state of these tasks (all of ours when empty). Sent as several
     /// messages of at most [`MAX_RECONCILE_IDS`] ids each (the master's bound).
     pub fn reconcile(&self, task_ids: Vec<TaskId>) {
