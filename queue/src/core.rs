@@ -29,6 +29,16 @@
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
 //! 6. Offers nobody can use are declined (offers held past the hold timeout too).
 //!
+//! Retries follow the framework SDK's attempt rules, shared with `batch` and every framework
+//! using `gantry_sdk::attempts`: [`attempts::ending`] says how a worker's end counts (a failure,
+//! a loss that never counts, the queue's own kill) and [`RetryPolicy::retry_after`] whether the
+//! job runs again and after what backoff. The queue does not keep its jobs in an
+//! [`attempts::AttemptsBook`]: a book's unit has one task per attempt, while a job's attempt is
+//! a gang of workers that ends as a whole (one worker's failure kills the others, an elastic
+//! gang shrinks and grows within one attempt), its time is an `Instant` rather than the book's
+//! milliseconds, and its retries and backoff are what the store keeps in each job record
+//! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
+//!
 //! Submodules: `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
 //! step 4), `views` (what the API shows), `tests`.
 
