@@ -17,7 +17,13 @@
 //! | `LOST`, `GONE`, `DROPPED` (the cluster lost it, or it never ran) | no | ready again at once |
 //! | `KILLED` for a drain (reason `drain-deadline`), or on an agent being drained ([`AttemptsBook::drained`]) | no | ready again at once |
 //! | `KILLED` to make room (reason `preempted`) | no | ready again at once |
-//! | `KILLED` after the framework's own kill ([`AttemptsBook::cancelled`]) | no | left alone (not retried) |
+//! | `KILLED` with reason `killed-by-request` or `operator-kill` that the book was not told of (a kill the framework asked for before a restart, its teardown, its failover timeout) | no | ready again at once |
+//! | any ending but `FINISHED` after the framework's own kill ([`AttemptsBook::cancelled`]) | no | left alone (not retried) |
+//!
+//! These rules are pure functions of their own, for schedulers that keep their units another
+//! way (the `gantry-queue` crate's jobs are gangs of workers): [`ending`] classifies how an
+//! attempt ended, and [`RetryPolicy::retry_after`] says whether and when a unit with so many
+//! counted failures runs again. [`AttemptsBook::update`] is built on both.
 //!
 //! ```
 //! use std::time::Duration;
@@ -70,12 +76,68 @@ impl RetryPolicy {
         }
     }
 
-    /// The delay after the `n`-th failure (from 1).
+    /// The delay after the `n`-th failure (from 1): `backoff_initial` doubled `n - 1` times,
+    /// at most `backoff_max`.
     pub fn delay(&self, n: u32) -> Duration {
         self.backoff_initial
-            .saturating_mul(1u32 << n.saturating_sub(1).min(20))
+            .saturating_mul(1u32 << n.saturating_sub(1).min(31))
             .min(self.backoff_max)
     }
+
+    /// After the `failures`-th counted failure (from 1): `Some(delay)` when the unit runs again
+    /// after that delay, `None` when it has failed more than [`RetryPolicy::max_failures`]
+    /// times and is given up.
+    pub fn retry_after(&self, failures: u32) -> Option<Duration> {
+        (failures <= self.max_failures).then(|| self.delay(failures))
+    }
+}
+
+/// How an attempt ended, by the rules in the module docs ([`ending`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// `FINISHED`.
+    Succeeded,
+    /// A failure that counts against [`RetryPolicy::max_failures`].
+    Failed,
+    /// Lost by the cluster, never started, drained away, preempted, or killed on a request the
+    /// book did not know of: never counts; the unit may run again at once.
+    Lost,
+    /// Ended after the framework's own kill: never counts; the framework decides what follows.
+    OwnKill,
+}
+
+/// How an attempt that reached `state` (with `reason`) ended. `own_kill`: the framework had
+/// killed it itself; `drained`: it was on an agent being drained. `None` while `state` is not
+/// terminal. Pure: the one place these rules live (see the module docs' table).
+pub fn ending(
+    state: TaskState,
+    reason: Option<TaskReason>,
+    own_kill: bool,
+    drained: bool,
+) -> Option<Ending> {
+    if !state.is_terminal() {
+        return None;
+    }
+    Some(match state {
+        TaskState::Finished => Ending::Succeeded,
+        _ if own_kill => Ending::OwnKill,
+        TaskState::Lost | TaskState::Gone | TaskState::Dropped => Ending::Lost,
+        TaskState::Killed
+            if matches!(
+                reason,
+                Some(
+                    TaskReason::Preempted
+                        | TaskReason::DrainDeadline
+                        | TaskReason::KilledByRequest
+                        | TaskReason::OperatorKill
+                )
+            ) =>
+        {
+            Ending::Lost
+        }
+        _ if drained => Ending::Lost,
+        _ => Ending::Failed,
+    })
 }
 
 /// Where a unit stands.
@@ -236,49 +298,32 @@ impl<K: Ord + Clone> AttemptsBook<K> {
         }
         let drained = self.drained.remove(&update.task_id);
         let cancelled = self.cancelled.remove(&update.task_id);
-        let verdict = match update.state {
-            TaskState::Finished => {
+        let verdict = match ending(update.state, update.reason, cancelled, drained)? {
+            Ending::Succeeded => {
                 unit.state = UnitState::Succeeded;
                 Verdict::Succeeded { unit: key }
             }
-            TaskState::Killed if cancelled => {
+            Ending::OwnKill => {
                 unit.state = UnitState::Cancelled;
                 Verdict::Cancelled { unit: key }
             }
-            TaskState::Lost | TaskState::Gone | TaskState::Dropped => {
+            Ending::Lost => {
                 unit.losses += 1;
                 unit.state = UnitState::Pending { ready_at: now };
                 Verdict::Relaunch { unit: key }
             }
-            TaskState::Killed
-                if matches!(
-                    update.reason,
-                    Some(TaskReason::Preempted | TaskReason::DrainDeadline)
-                ) =>
-            {
-                unit.losses += 1;
-                unit.state = UnitState::Pending { ready_at: now };
-                Verdict::Relaunch { unit: key }
-            }
-            _ if drained => {
-                unit.losses += 1;
-                unit.state = UnitState::Pending { ready_at: now };
-                Verdict::Relaunch { unit: key }
-            }
-            _ => {
+            Ending::Failed => {
                 unit.failures += 1;
-                if unit.failures > self.policy.max_failures {
-                    unit.state = UnitState::GaveUp;
-                    Verdict::GaveUp { unit: key }
-                } else {
-                    let at = now.saturating_add(
-                        self.policy
-                            .delay(unit.failures)
-                            .as_millis()
-                            .min(u64::MAX as u128) as u64,
-                    );
-                    unit.state = UnitState::Pending { ready_at: at };
-                    Verdict::Retry { unit: key, at }
+                match self.policy.retry_after(unit.failures) {
+                    None => {
+                        unit.state = UnitState::GaveUp;
+                        Verdict::GaveUp { unit: key }
+                    }
+                    Some(delay) => {
+                        let at = now.saturating_add(delay.as_millis().min(u64::MAX as u128) as u64);
+                        unit.state = UnitState::Pending { ready_at: at };
+                        Verdict::Retry { unit: key, at }
+                    }
                 }
             }
         };
@@ -449,5 +494,87 @@ mod tests {
         );
         assert_eq!(b.unit_of(t1), Some(&1));
         assert_eq!(b.succeeded(), 1);
+    }
+
+    #[test]
+    fn the_shared_rules_classify_every_ending() {
+        use Ending::*;
+        use TaskReason as R;
+        use TaskState as S;
+        let cases = [
+            (S::Running, None, false, false, None),
+            (S::Finished, None, true, false, Some(Succeeded)),
+            (
+                S::Failed,
+                Some(R::CommandFailed),
+                false,
+                false,
+                Some(Failed),
+            ),
+            (S::Error, Some(R::InvalidTask), false, false, Some(Failed)),
+            (S::Failed, Some(R::GpuMemory), false, false, Some(Failed)),
+            (S::Killed, None, false, false, Some(Failed)),
+            (S::Killed, Some(R::TimeLimit), false, false, Some(Failed)),
+            (S::Lost, Some(R::AgentLost), false, false, Some(Lost)),
+            (S::Gone, None, false, false, Some(Lost)),
+            (S::Dropped, Some(R::InvalidOffers), false, false, Some(Lost)),
+            (S::Killed, Some(R::Preempted), false, false, Some(Lost)),
+            (S::Killed, Some(R::DrainDeadline), false, false, Some(Lost)),
+            (
+                S::Killed,
+                Some(R::KilledByRequest),
+                false,
+                false,
+                Some(Lost),
+            ),
+            (S::Killed, Some(R::OperatorKill), false, false, Some(Lost)),
+            (S::Failed, None, false, true, Some(Lost)),
+            (S::Killed, None, true, false, Some(OwnKill)),
+            (S::Failed, None, true, false, Some(OwnKill)),
+            (S::Lost, None, true, true, Some(OwnKill)),
+        ];
+        for (state, reason, own, drained, want) in cases {
+            assert_eq!(
+                ending(state, reason, own, drained),
+                want,
+                "{state:?} {reason:?} own={own} drained={drained}"
+            );
+        }
+    }
+
+    #[test]
+    fn retry_after_doubles_to_the_cap_and_gives_up_past_the_limit() {
+        let p = RetryPolicy::new(3, Duration::from_millis(1), Duration::from_secs(600));
+        let delays: Vec<_> = (1..=4).map(|n| p.retry_after(n)).collect();
+        assert_eq!(
+            delays,
+            [1, 2, 4]
+                .map(|ms| Some(Duration::from_millis(ms)))
+                .into_iter()
+                .chain([None])
+                .collect::<Vec<_>>()
+        );
+        // Doubling goes on until the cap, however small the first delay.
+        assert_eq!(p.delay(30), Duration::from_secs(600));
+        assert_eq!(p.delay(u32::MAX), Duration::from_secs(600));
+    }
+
+    #[test]
+    fn a_cancelled_attempt_that_fails_is_left_alone_and_an_unknown_kill_relaunches() {
+        let mut b = book();
+        b.add(1);
+        b.add(2);
+        let t1 = launch(&mut b, 1, 0);
+        let t2 = launch(&mut b, 2, 0);
+        b.cancelled(t1);
+        // Killed with SIGTERM, it exited non-zero: still the framework's own kill.
+        assert_eq!(
+            b.update(&end(t1, TaskState::Failed), 5),
+            Some(Verdict::Cancelled { unit: 1 })
+        );
+        let mut k = end(t2, TaskState::Killed);
+        k.reason = Some(TaskReason::KilledByRequest);
+        assert_eq!(b.update(&k, 5), Some(Verdict::Relaunch { unit: 2 }));
+        assert_eq!(b.unit(&2).map(|u| (u.failures, u.losses)), Some((0, 1)));
     }
 }

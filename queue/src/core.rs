@@ -29,12 +29,23 @@
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
 //! 6. Offers nobody can use are declined (offers held past the hold timeout too).
 //!
+//! Retries follow the framework SDK's attempt rules, shared with `batch` and every framework
+//! using `gantry_sdk::attempts`: [`attempts::ending`] says how a worker's end counts (a failure,
+//! a loss that never counts, the queue's own kill) and [`RetryPolicy::retry_after`] whether the
+//! job runs again and after what backoff. The queue does not keep its jobs in an
+//! [`attempts::AttemptsBook`]: a book's unit has one task per attempt, while a job's attempt is
+//! a gang of workers that ends as a whole (one worker's failure kills the others, an elastic
+//! gang shrinks and grows within one attempt), its time is an `Instant` rather than the book's
+//! milliseconds, and its retries and backoff are what the store keeps in each job record
+//! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
+//!
 //! Submodules: `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
 //! step 4), `views` (what the API shows), `tests`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use gantry_sdk::attempts::{self, Ending, RetryPolicy};
 use gantry_sdk::placement::gang::{self, GangRequest, HoldPolicy, Holds};
 use gantry_sdk::placement::offers::{AgentView, FreeGpu, TaskRequest};
 use gantry_sdk::protocol::resources::MILLI;
@@ -492,20 +503,24 @@ impl Core {
         });
         job.members.remove(&index);
         self.tasks.remove(&u.task_id);
-        match (job.state, u.state) {
-            (JobState::Cancelled | JobState::Failed, _) => {}
-            (_, TaskState::Finished) => job.finished_members += 1,
-            _ if killing && !job.preempting => {
+        // How the attempt's worker ended, by the SDK's rules (`gantry_sdk::attempts::ending`):
+        // the queue's own kills (shrink, preemption, the siblings of a failed or lost worker,
+        // cancel, time limit) never count; nor do losses. The queue has no drain notices.
+        let Some(end) = attempts::ending(u.state, u.reason, killing, false) else {
+            return out;
+        };
+        match end {
+            _ if matches!(job.state, JobState::Cancelled | JobState::Failed) => {}
+            Ending::Succeeded => job.finished_members += 1,
+            Ending::OwnKill if !job.preempting => {
                 // A shrunk elastic member: the job goes on with the rest.
                 self.stats.preemptions += 1;
             }
-            _ if killing => {}
-            (_, TaskState::Lost | TaskState::Gone | TaskState::Killed | TaskState::Dropped)
-                if !killing =>
-            {
-                // Lost with its agent, killed by someone else, or dropped by the master before
-                // it started (an offer expired or was rescinded as we accepted it): requeue the
-                // whole job.
+            Ending::OwnKill => {}
+            Ending::Lost => {
+                // Lost with its agent, killed by someone else for reasons not its own
+                // (preempted, a drain's deadline), or dropped by the master before it started
+                // (an offer expired or was rescinded as we accepted it): requeue the whole job.
                 job.preempting = true;
                 job.lost = true;
                 for m in job.members.values_mut() {
@@ -514,7 +529,12 @@ impl Core {
                 }
                 job.message = format!("worker {index} {}: {}; requeued", u.state, u.message);
             }
-            _ if job.retries < job.spec.max_retries && !job.preempting => {
+            Ending::Failed
+                if !job.preempting
+                    && Self::policy(&self.config, job.spec.max_retries)
+                        .retry_after(job.retries + 1)
+                        .is_some() =>
+            {
                 // A failed worker, with retries left: the attempt ends (the other workers are
                 // killed) and the job is requeued after a backoff.
                 job.retries += 1;
@@ -529,7 +549,7 @@ impl Core {
                     u.state, u.message, job.retries, job.spec.max_retries
                 );
             }
-            _ => {
+            Ending::Failed => {
                 job.state = JobState::Failed;
                 job.message = format!("worker {index} {}: {}", u.state, u.message);
                 if job.spec.max_retries > 0 {
@@ -547,12 +567,8 @@ impl Core {
                 job.state = JobState::Pending;
                 job.attempt_started = None;
                 if std::mem::take(&mut job.retrying) {
-                    let doublings = job.retries.saturating_sub(1).min(16);
-                    let backoff = self
-                        .config
-                        .retry_backoff
-                        .saturating_mul(1 << doublings)
-                        .min(MAX_RETRY_BACKOFF);
+                    let backoff =
+                        Self::policy(&self.config, job.spec.max_retries).delay(job.retries);
                     job.not_before = Some(now + backoff);
                     job.lost = false;
                 } else if std::mem::take(&mut job.lost) {
@@ -570,6 +586,13 @@ impl Core {
         }
         out.extend(self.pass(now));
         out
+    }
+
+    /// A job's retry rules as the SDK's [`RetryPolicy`]: `max_retries` counted failures
+    /// retried, backoff from [`CoreConfig::retry_backoff`] doubling up to
+    /// [`MAX_RETRY_BACKOFF`].
+    fn policy(config: &CoreConfig, max_retries: u32) -> RetryPolicy {
+        RetryPolicy::new(max_retries, config.retry_backoff, MAX_RETRY_BACKOFF)
     }
 
     /// Jobs not yet ended.

@@ -99,3 +99,44 @@ fn an_attempt_past_its_time_limit_is_killed_and_the_job_fails_with_the_reason() 
     assert_eq!(v.retries, 0);
     assert_eq!(v.message, "time-limit: killed after its time limit of 60 s");
 }
+
+#[test]
+fn kills_count_by_the_sdks_rules_preempted_elsewhere_requeues_an_unexplained_kill_fails() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        retry_backoff: Duration::from_secs(10),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let mut s = spec("one", "nlp", Priority::Normal, 1, 1);
+    s.max_retries = 1;
+    q.submit(s, t0);
+    let killed = |t: &TaskInfo, reason: Option<TaskReason>| StatusUpdate {
+        reason,
+        ..update(t, TaskState::Killed, vec![])
+    };
+    // Killed by someone else to make room, or on a kill the queue asked for before a restart:
+    // requeued at once, not counted (`gantry_sdk::attempts::ending`).
+    for reason in [TaskReason::Preempted, TaskReason::KilledByRequest] {
+        let tasks = launched(&q.offers(c.offers(&[8]), t0));
+        assert_eq!(tasks.len(), 1, "{reason:?}");
+        q.update(&killed(&tasks[0], Some(reason)), t0);
+        let v = q.view(1, t0).unwrap();
+        assert_eq!((v.state, v.retries), (JobState::Pending, 0), "{reason:?}");
+    }
+    // Killed with no reason that is not its own (an OOM-style kill by the agent): it counts.
+    let tasks = launched(&q.offers(c.offers(&[8]), t0));
+    q.update(&killed(&tasks[0], None), t0);
+    let v = q.view(1, t0).unwrap();
+    assert_eq!(
+        (v.state, v.retries),
+        (JobState::Pending, 1),
+        "{}",
+        v.message
+    );
+    let t1 = t0 + Duration::from_secs(10);
+    let tasks = launched(&q.offers(c.offers(&[8]), t1));
+    assert_eq!(tasks.len(), 1, "retried after the backoff");
+    q.update(&killed(&tasks[0], None), t1);
+    assert_eq!(q.view(1, t1).unwrap().state, JobState::Failed);
+}
