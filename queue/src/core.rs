@@ -67,6 +67,9 @@ pub enum Action {
     Decline(Vec<OfferId>, f64),
     /// Kill a task (SIGTERM, grace, SIGKILL).
     Kill(TaskId),
+    /// Kill a task and say why (`Preempted`, `TimeLimit`): its `KILLED` update, `/state` and
+    /// the operator API carry the reason (the SDK's `DriverHandle::kill_for`).
+    KillFor(TaskId, TaskReason),
     /// Ask for offers again.
     Revive,
     /// Stop offers (nothing waits).
@@ -405,7 +408,7 @@ impl Core {
             job.message = format!("time-limit: killed after its time limit of {limit} s");
             for m in job.members.values_mut() {
                 m.killing = true;
-                out.push(Action::Kill(m.task_id));
+                out.push(Action::KillFor(m.task_id, TaskReason::TimeLimit));
             }
             self.holds.done(&job.id);
         }

@@ -106,6 +106,7 @@ impl Shared {
                 }
                 Action::Decline(offers, secs) => self.driver.decline(offers, Some(secs)),
                 Action::Kill(task) => self.driver.kill(task),
+                Action::KillFor(task, reason) => self.driver.kill_for(task, reason),
                 Action::Revive => self.driver.revive(vec![]),
                 Action::Suppress => self.driver.suppress(vec![]),
             }

@@ -615,6 +615,9 @@ fn critical_job_preempts_only_the_victims_it_needs_on_one_agent() {
             .unwrap_or_else(|| panic!("no master record of {task_id}"));
         let message = t["message"].as_str().unwrap_or("");
         assert!(!message.contains("code 127"), "victim {}: {t:#}", v["name"]);
+        // The queue killed it saying why (KillFor): operators read `preempted`.
+        assert_eq!(t["state"], "KILLED", "victim {}: {t:#}", v["name"]);
+        assert_eq!(t["reason"], "preempted", "victim {}: {t:#}", v["name"]);
     }
 }
 

@@ -186,7 +186,7 @@ impl Core {
                 if let Some(m) = job.members.get_mut(i) {
                     if !m.killing {
                         m.killing = true;
-                        out.push(Action::Kill(m.task_id));
+                        out.push(Action::KillFor(m.task_id, TaskReason::Preempted));
                     }
                 }
             }
@@ -198,7 +198,7 @@ impl Core {
                 for m in job.members.values_mut() {
                     if !m.killing {
                         m.killing = true;
-                        out.push(Action::Kill(m.task_id));
+                        out.push(Action::KillFor(m.task_id, TaskReason::Preempted));
                     }
                 }
             }

@@ -88,9 +88,13 @@ fn an_attempt_past_its_time_limit_is_killed_and_the_job_fails_with_the_reason() 
     q.update(&update(&tasks[0], TaskState::Running, vec![]), t0);
     assert!(!q
         .tick(t0 + Duration::from_secs(59))
-        .contains(&Action::Kill(tasks[0].task_id)));
+        .contains(&Action::KillFor(tasks[0].task_id, TaskReason::TimeLimit)));
     let a = q.tick(t0 + Duration::from_secs(60));
-    assert!(a.contains(&Action::Kill(tasks[0].task_id)), "{a:?}");
+    // Killed with its reason: operators read `time-limit`, not `killed-by-request`.
+    assert!(
+        a.contains(&Action::KillFor(tasks[0].task_id, TaskReason::TimeLimit)),
+        "{a:?}"
+    );
     let t1 = t0 + Duration::from_secs(61);
     // Its end (killed) changes nothing: time-limit is not retried.
     q.update(&update(&tasks[0], TaskState::Killed, vec![]), t1);

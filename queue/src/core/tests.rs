@@ -191,10 +191,18 @@ fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
         }
     }
     let (_, a) = q.submit(spec("urgent", "p", Priority::Critical, 8, 1), now);
+    // Preemption kills say why (`preempted`), never a bare kill.
+    assert!(
+        a.iter().all(|a| !matches!(a, Action::Kill(_))),
+        "preemption kills carry their reason: {a:?}"
+    );
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, Action::KillFor(_, TaskReason::Preempted))));
     let kills: Vec<TaskId> = a
         .iter()
         .filter_map(|a| match a {
-            Action::Kill(t) => Some(*t),
+            Action::Kill(t) | Action::KillFor(t, _) => Some(*t),
             _ => None,
         })
         .collect();
@@ -209,7 +217,9 @@ fn critical_job_preempts_only_the_needed_victims_on_one_agent() {
     assert_eq!(agents.len(), 1, "victims on one agent");
     // A high job arriving meanwhile does not cause more kills while these are under way.
     let (_, a) = q.submit(spec("other", "p", Priority::High, 8, 1), now);
-    assert!(!a.iter().any(|a| matches!(a, Action::Kill(_))));
+    assert!(!a
+        .iter()
+        .any(|a| matches!(a, Action::Kill(_) | Action::KillFor(..))));
     // Victims end: they are requeued, and urgent goes first on the freed agent.
     let victims: Vec<TaskInfo> = tasks
         .iter()
@@ -404,7 +414,7 @@ fn elastic_gang_starts_with_what_fits_grows_and_shrinks_for_a_critical_job() {
     let kills: Vec<TaskId> = a
         .iter()
         .filter_map(|a| match a {
-            Action::Kill(t) => Some(*t),
+            Action::Kill(t) | Action::KillFor(t, _) => Some(*t),
             _ => None,
         })
         .collect();
@@ -550,7 +560,7 @@ mod properties {
                             self.offered.remove(&id);
                         }
                     }
-                    Action::Kill(t) => {
+                    Action::Kill(t) | Action::KillFor(t, _) => {
                         if let Some(u) = self.end(t, TaskState::Killed) {
                             ups.push(u);
                         }
@@ -693,7 +703,9 @@ fn a_dependent_job_waits_until_its_dependencies_finish() {
     let tasks = launched(&acts);
     let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["a/0", "b/0"]);
-    assert!(!acts.iter().any(|a| matches!(a, Action::Kill(_))));
+    assert!(!acts
+        .iter()
+        .any(|a| matches!(a, Action::Kill(_) | Action::KillFor(..))));
     assert!(!q.order(now).contains(&c_id), "c is not eligible yet");
     let v = q.view(c_id, now).unwrap();
     assert_eq!(v.state, JobState::Pending);
