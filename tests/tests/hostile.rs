@@ -46,8 +46,11 @@ async fn next_msg(
     rx: &mut quic::FrameReceiver,
     pred: impl Fn(&MasterToFramework) -> bool,
 ) -> MasterToFramework {
+    // One deadline for the whole wait: the master's heartbeats must not keep a wait for a
+    // message that never comes alive forever.
+    let deadline = tokio::time::Instant::now() + T;
     loop {
-        let m = tokio::time::timeout(T, rx.recv::<MasterToFramework>())
+        let m = tokio::time::timeout_at(deadline, rx.recv::<MasterToFramework>())
             .await
             .expect("timed out")
             .expect("connection failed");
@@ -228,14 +231,15 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
             ),
             "{e:?}"
         );
-        // Ask for more than the next offer holds.
+        // Ask for more than the agent has (an accept pools every offer the framework holds
+        // on the agent — docs/allocator.md, rule 2 — so "more than this offer" could fit).
         tx.send(&FrameworkToMaster::Revive { roles: vec![] })
             .await
             .unwrap();
         let offer = usable_offer(&mut tx, &mut rx).await;
         let mut big = small.clone();
         big.task_id = TaskId::random();
-        big.resources = offer.total().plus(&"cpus:1".parse().unwrap());
+        big.resources = offer.total().plus(&"cpus:8".parse().unwrap());
         tx.send(&FrameworkToMaster::Accept {
             offer_ids: vec![offer.id],
             operations: vec![Operation::Launch {
