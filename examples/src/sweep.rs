@@ -41,6 +41,9 @@ pub struct SweepProgress {
     pub attempts: u32,
     /// Retries after failures that counted.
     pub retries: u32,
+    /// Relaunches after endings that never count (lost, dropped, preempted...): how each
+    /// such attempt ended, with its reason and message.
+    pub relaunches: Vec<String>,
     /// The evaluation members' ids (once launched) and how each ended.
     pub eval_tasks: Vec<TaskId>,
     pub eval_ended: Vec<(TaskId, TaskState, String)>,
@@ -242,7 +245,13 @@ impl Scheduler for Sweep {
                 self.progress.retries += 1;
                 driver.after(Duration::from_millis(at.saturating_sub(now)), 0);
             }
-            Some(Verdict::Relaunch { .. }) => driver.revive(vec![]),
+            Some(Verdict::Relaunch { .. }) => {
+                self.progress.relaunches.push(format!(
+                    "{} ({:?}): {}",
+                    update.state, update.reason, update.message
+                ));
+                driver.revive(vec![]);
+            }
             Some(Verdict::Cancelled { .. }) | None => {}
         }
         self.trials_over(driver);
