@@ -376,20 +376,8 @@ const EXIT_NOT_FOUND: u8 = 3;
 const EXIT_FORBIDDEN: u8 = 4;
 const EXIT_NOT_CONFIRMED: u8 = 5;
 
-/// The task states `tasks --state` takes (any case), as the API names them.
-const TASK_STATES: [&str; 11] = [
-    "STAGING",
-    "STARTING",
-    "RUNNING",
-    "FINISHED",
-    "FAILED",
-    "KILLED",
-    "LOST",
-    "ERROR",
-    "DROPPED",
-    "UNREACHABLE",
-    "GONE",
-];
+// The task states `tasks --state` takes (any case): the API's own list.
+use gantry_master::server::api::views::TASK_STATES;
 
 fn task_state(s: &str) -> Result<String, String> {
     TASK_STATES

@@ -420,23 +420,15 @@ impl Master {
             // The id of a task the master runs: no update that would claim it ended.
             return;
         }
-        let mut update = self.new_update(
-            task.task_id,
-            fw,
-            None,
-            TaskState::Error,
-            reason.to_string(),
-            now,
-        );
-        update.reason = Some(TaskReason::InvalidTask);
-        out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
-        self.remember_refused(
+        self.refused(
+            conn,
             fw,
             (agent, role),
             task,
             (TaskState::Error, TaskReason::InvalidTask),
             reason,
             now,
+            out,
         );
     }
 

@@ -208,25 +208,37 @@ impl Master {
         now: Millis,
         out: &mut Vec<Output>,
     ) {
-        self.remember_refused(
+        out.push(err(conn, kind, reason.to_string()));
+        self.refused(
+            conn,
             fw,
             (agent, role),
             task,
             (TaskState::Error, TaskReason::InvalidTask),
             reason,
             now,
+            out,
         );
-        out.push(err(conn, kind, reason.to_string()));
-        let mut update = self.new_update(
-            task.task_id,
-            fw,
-            None,
-            TaskState::Error,
-            reason.to_string(),
-            now,
-        );
-        update.reason = Some(TaskReason::InvalidTask);
+    }
+
+    /// A task the master refused before it ran (`ERROR` or `DROPPED`): its update to the
+    /// framework, and its record kept for operators.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn refused(
+        &mut self,
+        conn: ConnId,
+        fw: FrameworkId,
+        (agent, role): (Option<AgentId>, &str),
+        task: &TaskInfo,
+        (state, reason): (TaskState, TaskReason),
+        message: &str,
+        now: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let mut update = self.new_update(task.task_id, fw, None, state, message.to_string(), now);
+        update.reason = Some(reason);
         out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
+        self.remember_refused(fw, (agent, role), task, (state, reason), message, now);
     }
 }
 
@@ -257,23 +269,15 @@ impl Master {
                     ));
                     continue;
                 }
-                let mut update = self.new_update(
-                    task.task_id,
-                    fw,
-                    None,
-                    TaskState::Dropped,
-                    message.to_string(),
-                    now,
-                );
-                update.reason = Some(TaskReason::InvalidOffers);
-                out.push(Output::ToFramework(conn, MasterToFramework::Update(update)));
-                self.remember_refused(
+                self.refused(
+                    conn,
                     fw,
                     (agent, role),
                     task,
                     (TaskState::Dropped, TaskReason::InvalidOffers),
                     message,
                     now,
+                    out,
                 );
                 dropped += 1;
             }
