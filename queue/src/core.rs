@@ -180,10 +180,16 @@ pub struct Stats {
     pub waits: Vec<f64>,
     /// GPU-seconds used per team.
     pub gpu_secs: BTreeMap<String, f64>,
-    /// GPU-seconds during which GPUs were idle while a waiting job could have used them.
+    /// GPU-seconds during which GPUs were idle while a waiting job could have started on them
+    /// under the policy: free GPUs outside the reservation while a job fits there (or the
+    /// reservation's holder fits in everything free). What responsiveness costs.
     pub idle_while_eligible_gpu_secs: f64,
     /// Seconds during which that happened at all.
     pub idle_while_eligible_secs: f64,
+    /// GPU-seconds during which free GPUs were held for the reservation of a blocked job while
+    /// its remaining GPUs drain (no job may start there without delaying it): the price of
+    /// never starving a large gang, reported apart from the idle time above.
+    pub reserved_idle_gpu_secs: f64,
 }
 
 /// The queue.
@@ -203,6 +209,9 @@ pub struct Core {
     preempt_for: Option<(u64, Parts, Instant)>,
     suppressed: bool,
     last_tick: Option<Instant>,
+    /// The reservation the last pass made (its holder, and per agent the amount and GPUs), for
+    /// the idle-time statistics.
+    last_reservation: Option<(u64, Parts)>,
     /// Statistics.
     pub stats: Stats,
     /// What the store has of each job (a digest of its record; see `persist`).
@@ -258,6 +267,7 @@ impl Core {
             preempt_for: None,
             suppressed: false,
             last_tick: None,
+            last_reservation: None,
             stats: Stats::default(),
             persisted: HashMap::new(),
             ended_members: Vec::new(),
@@ -637,31 +647,43 @@ impl Core {
             .last_tick
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         self.last_tick = Some(now);
-        let idle = self.idle_while_eligible();
+        let (idle, held) = self.idle_gpus();
+        let secs = dt.as_secs_f64();
         if idle > 0 {
-            self.stats.idle_while_eligible_gpu_secs += idle as f64 * dt.as_secs_f64();
-            self.stats.idle_while_eligible_secs += dt.as_secs_f64();
+            self.stats.idle_while_eligible_gpu_secs += idle as f64 * secs;
+            self.stats.idle_while_eligible_secs += secs;
         }
+        self.stats.reserved_idle_gpu_secs += held as f64 * secs;
         self.pass(now)
     }
 
-    /// Free GPUs (capacity minus ours, assuming the cluster is ours) while a waiting job's gang
-    /// would fit in them, ignoring the reservation: how many sit idle. 0 when none would fit.
-    fn idle_while_eligible(&self) -> u64 {
+    /// Free GPUs (capacity minus ours, assuming the cluster is ours), split in two: those a
+    /// waiting job could start on now under the policy (outside the last pass's reservation,
+    /// while an eligible job's gang fits there; everything free when the reservation's holder
+    /// fits), 0 when no job could; and those free but held for the reservation.
+    fn idle_gpus(&self) -> (u64, u64) {
         let views = self.eventual_views(false);
         let free: u64 = views.iter().map(AgentView::gpu_count).sum();
         if free == 0 {
-            return 0;
+            return (0, 0);
         }
-        let fits = self
-            .jobs
-            .values()
-            .filter(|j| Self::eligible(j))
-            .any(|j| gang::place_gang(&mut views.clone(), &gang_of(&j.spec)).is_some());
-        if fits {
-            free
+        let mut outside = views.clone();
+        let holder = self.last_reservation.as_ref().map(|(holder, parts)| {
+            subtract(&mut outside, parts);
+            *holder
+        });
+        let unreserved: u64 = outside.iter().map(AgentView::gpu_count).sum();
+        let held = free - unreserved;
+        let fits = |j: &&Job, within: &[AgentView]| {
+            gang::place_gang(&mut within.to_vec(), &gang_of(&j.spec)).is_some()
+        };
+        let eligible = || self.jobs.values().filter(|j| Self::eligible(j));
+        if eligible().any(|j| holder == Some(j.id) && fits(&j, &views)) {
+            (free, 0)
+        } else if eligible().any(|j| holder != Some(j.id) && fits(&j, &outside)) {
+            (unreserved, held)
         } else {
-            0
+            (0, held)
         }
     }
 
@@ -1046,6 +1068,7 @@ impl Core {
             self.suppressed = false;
             out.push(Action::Revive);
         }
+        self.last_reservation = reservation;
         out
     }
 

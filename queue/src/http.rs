@@ -255,6 +255,7 @@ async fn stats(
         "requeued_lost": core.stats.requeued_lost,
         "idle_while_eligible_gpu_secs": core.stats.idle_while_eligible_gpu_secs,
         "idle_while_eligible_secs": core.stats.idle_while_eligible_secs,
+        "reserved_idle_gpu_secs": core.stats.reserved_idle_gpu_secs,
         "waits": core.stats.waits,
     }))
     .into_response()
@@ -342,7 +343,7 @@ async fn metrics(
             secs / 3600.0
         );
     }
-    let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle while a waiting job could have used them.");
+    let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle outside any reservation while a waiting job could have started on them.");
     let _ = writeln!(
         out,
         "# TYPE gpu_queue_idle_while_eligible_gpu_seconds_total counter"
@@ -351,6 +352,16 @@ async fn metrics(
         out,
         "gpu_queue_idle_while_eligible_gpu_seconds_total {}",
         core.stats.idle_while_eligible_gpu_secs
+    );
+    let _ = writeln!(out, "# HELP gpu_queue_reserved_idle_gpu_seconds_total GPU-seconds free but held for a blocked job's reservation while the rest of its GPUs drain.");
+    let _ = writeln!(
+        out,
+        "# TYPE gpu_queue_reserved_idle_gpu_seconds_total counter"
+    );
+    let _ = writeln!(
+        out,
+        "gpu_queue_reserved_idle_gpu_seconds_total {}",
+        core.stats.reserved_idle_gpu_secs
     );
     (
         [(

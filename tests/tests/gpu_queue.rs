@@ -398,13 +398,26 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
         .filter_map(Value::as_f64)
         .sum();
     eprintln!(
-        "GPU-idle-while-eligible-work-waits: {idle:.1} GPU-s ({:.1} s), GPU-s used: {used:.1}",
-        stats["idle_while_eligible_secs"].as_f64().unwrap()
+        "GPU-idle-while-eligible-work-waits: {idle:.1} GPU-s ({:.1} s), held for reservations: \
+         {:.1} GPU-s, GPU-s used: {used:.1}",
+        stats["idle_while_eligible_secs"].as_f64().unwrap(),
+        stats["reserved_idle_gpu_secs"].as_f64().unwrap()
     );
     assert!(used > 0.0);
+    // Free GPUs outside any reservation are used as soon as offers bring them: what is left is
+    // the time between a worker's end and the next pass (~0 here).
     assert!(
-        idle <= used * 0.25,
+        idle <= used * 0.1,
         "GPUs sat idle while eligible work waited for {idle:.1} GPU-s (used {used:.1} GPU-s)"
+    );
+    // GPUs held for a blocked gang while the rest of its GPUs drain are the price of never
+    // starving it (three gangs need whole agents here, one of them the whole cluster): 12-17%
+    // of the GPU-time used on an idle machine, up to ~25% on a loaded one. A reservation held
+    // on idle agents, or held after its gang could start, would cost far more.
+    let held = stats["reserved_idle_gpu_secs"].as_f64().unwrap();
+    assert!(
+        held <= used * 0.5,
+        "GPUs held for reservations for {held:.1} GPU-s (used {used:.1} GPU-s)"
     );
 }
 

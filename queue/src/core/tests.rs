@@ -152,9 +152,20 @@ fn backfill_never_takes_the_reserved_gpus() {
         launched(&a).is_empty(),
         "the free GPUs are reserved for big: {a:?}"
     );
-    // When the 4-GPU job ends, big starts; small follows later.
+    // The 4 free GPUs are held for big while the rest drain: reserved, not idle-while-eligible
+    // (small could only start there by delaying big).
+    let second = Duration::from_secs(1);
+    assert!(launched(&q.tick(now)).is_empty());
+    assert!(launched(&q.tick(now + second)).is_empty());
+    assert_eq!(q.stats.reserved_idle_gpu_secs, 4.0);
+    assert_eq!(q.stats.idle_while_eligible_gpu_secs, 0.0);
+    // When the 4-GPU job ends, big starts; small follows later. Until the offer comes, the 8
+    // free GPUs are idle while big could start on them.
     let a = q.update(&update(&run, TaskState::Finished, vec![]), now);
     assert!(launched(&a).is_empty());
+    q.tick(now + 2 * second);
+    assert_eq!(q.stats.idle_while_eligible_gpu_secs, 8.0);
+    assert_eq!(q.stats.reserved_idle_gpu_secs, 4.0);
     let a = q.offers(c.offers(&[4]), now);
     let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
     assert_eq!(names, ["big/0"]);
