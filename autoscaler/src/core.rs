@@ -148,6 +148,10 @@ pub struct PoolReport {
     pub node_seconds: f64,
     /// `node_seconds × price_per_hour / 3600`.
     pub cost: f64,
+    /// Of that, what tasks were charged ([`crate::cost`]; the runtime fills it in).
+    pub task_cost: f64,
+    /// The rest: `cost − task_cost`, never below zero.
+    pub idle_cost: f64,
     /// Termination notices of its nodes.
     pub interruptions: u64,
     /// Scale-up decisions (any count).
@@ -173,6 +177,20 @@ pub struct Report {
     pub capped: u64,
     /// Node ids per pool.
     pub node_ids: BTreeMap<String, Vec<String>>,
+    /// Cost attributed to roles, frameworks and users ([`crate::cost`]; the runtime fills it
+    /// in with [`Report::attribute`]).
+    pub costs: crate::cost::Costs,
+}
+
+impl Report {
+    /// Fills in what tasks were charged per pool, the pools' idle cost and the attribution.
+    pub fn attribute(&mut self, costs: &crate::cost::Costs) {
+        for p in &mut self.pools {
+            p.task_cost = costs.by_pool.get(&p.name).copied().unwrap_or(0.0);
+            p.idle_cost = (p.cost - p.task_cost).max(0.0);
+        }
+        self.costs = costs.clone();
+    }
 }
 
 fn ms(d: std::time::Duration) -> Millis {
@@ -505,6 +523,8 @@ impl Core {
                         .count() as u32,
                     node_seconds,
                     cost: node_seconds * spec.price_per_hour / 3600.0,
+                    task_cost: 0.0,
+                    idle_cost: node_seconds * spec.price_per_hour / 3600.0,
                     interruptions: st.interruptions,
                     scale_ups: st.scale_ups,
                     scale_downs: st.scale_downs,
@@ -519,6 +539,7 @@ impl Core {
             unfittable: self.unfittable.clone(),
             capped: self.capped,
             node_ids: self.node_ids(),
+            costs: crate::cost::Costs::default(),
         }
     }
 }

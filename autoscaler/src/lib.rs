@@ -11,6 +11,8 @@
 //!   with `gantry_placement` (the live path's placement code), cheapest per placed GPU first.
 //! - [`core`]: the pure core: observations and the time in, [`core::Action`]s out (scale up,
 //!   drain, delete, replace on notices), cost and counts per pool.
+//! - [`cost`]: pure cost attribution: each task pays its dominant share of its node's price
+//!   from staging to its end, per role, framework and user; the rest is the pools' idle cost.
 //! - [`provider`]: the exec-plugin contract (JSON on stdin/stdout) and the `local` provider
 //!   (real `gantry-agent` processes on this host, stand-in GPUs for GPU pools).
 //! - [`runtime`]: the thin loop: `GET /api/v1/demand` and `/api/v1/agents`, a core round, the
@@ -27,6 +29,7 @@
 
 pub mod config;
 pub mod core;
+pub mod cost;
 pub mod plan;
 pub mod provider;
 pub mod runtime;

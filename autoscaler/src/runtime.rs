@@ -2,13 +2,18 @@
 //! (`GET /api/v1/demand`, `/api/v1/agents`, `/api/v1/maintenance/drains`) with an operator
 //! identity, runs a core round, and carries out the actions: providers create and delete
 //! nodes, drains go to `POST /api/v1/agents/{name}/drain`, and a deleted node's agent is
-//! marked gone (`POST /api/v1/agents/{name}/gone`). After each round the [`Report`] is written
-//! to the status file (atomically). Errors of a round are logged and the next round tries
-//! again; nothing here decides.
+//! marked gone (`POST /api/v1/agents/{name}/gone`). Each round also reads the tasks active on
+//! the autoscaler's nodes (`GET /api/v1/tasks?completed=false`) for the [`CostBook`], and asks
+//! the master when each task that left ended (`GET /api/v1/tasks/{id}`). After each round the
+//! [`Report`] is written to the status file (atomically) and rendered for `/metrics`
+//! ([`metrics_text`]). Errors of a round are logged and the next round tries again; nothing
+//! here decides.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gantry_master::client::{BlockingClient, ClientError};
@@ -17,6 +22,7 @@ use gantry_proto::{GpuAmount, Resources};
 use serde_json::Value;
 
 use crate::core::{Action, Core, Millis, NodeObs, Observation, Report};
+use crate::cost::{CostBook, NodeShape, TaskObs};
 use crate::plan::DemandItem;
 use crate::provider::Provider;
 
@@ -110,6 +116,122 @@ pub fn node_observations(agents: &Value, drains: &Value) -> Vec<NodeObs> {
         .collect()
 }
 
+/// The active tasks in a `GET /api/v1/tasks` page, for the cost book (tasks not yet on an
+/// agent are skipped).
+pub fn task_observations(page: &Value) -> Vec<TaskObs> {
+    let Some(tasks) = page["tasks"].as_array() else {
+        return Vec::new();
+    };
+    tasks
+        .iter()
+        .filter_map(|t| {
+            let res: Resources = serde_json::from_value(t["resources"].clone()).ok()?;
+            let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+            Some(TaskObs {
+                id: text(&t["id"])?,
+                node: text(&t["agent_name"])?,
+                role: text(&t["role"]).unwrap_or_default(),
+                framework: text(&t["framework_name"])
+                    .or_else(|| text(&t["framework_id"]))
+                    .unwrap_or_default(),
+                user: text(&t["user"]).unwrap_or_default(),
+                cpus: res.milli("cpus") as f64 / 1000.0,
+                mem: res.milli("mem") as f64 / 1000.0,
+                gpus: res.milli("gpus") as f64 / 1000.0,
+                staged_ms: t["staged_at_ms"].as_u64()?,
+            })
+        })
+        .collect()
+}
+
+/// The report in Prometheus' text format: per pool the node cost, what tasks were charged and
+/// the idle cost, nodes, interruptions and scale events; the cost attributed per role,
+/// framework and user.
+pub fn metrics_text(r: &Report) -> String {
+    fn esc(v: &str) -> String {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    }
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, v) in rows {
+            let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        }
+    };
+    let pools = |f: &dyn Fn(&crate::core::PoolReport) -> f64| {
+        r.pools
+            .iter()
+            .map(|p| (format!("pool=\"{}\"", esc(&p.name)), f(p)))
+            .collect::<Vec<_>>()
+    };
+    family(
+        "gantry_autoscaler_cost_total",
+        "counter",
+        "What the pool's nodes cost so far (price per hour × node-hours, creation to deletion).",
+        pools(&|p| p.cost),
+    );
+    family(
+        "gantry_autoscaler_task_cost_total",
+        "counter",
+        "Of the pool's cost, what tasks were charged (dominant share × price × time held).",
+        pools(&|p| p.task_cost),
+    );
+    family(
+        "gantry_autoscaler_idle_cost_total",
+        "counter",
+        "Of the pool's cost, what no task was charged.",
+        pools(&|p| p.idle_cost),
+    );
+    family(
+        "gantry_autoscaler_node_seconds_total",
+        "counter",
+        "Node-seconds billed.",
+        pools(&|p| p.node_seconds),
+    );
+    family(
+        "gantry_autoscaler_nodes",
+        "gauge",
+        "Nodes the pool has (any phase).",
+        pools(&|p| f64::from(p.nodes)),
+    );
+    family(
+        "gantry_autoscaler_interruptions_total",
+        "counter",
+        "Termination notices (spot) of the pool's nodes.",
+        pools(&|p| p.interruptions as f64),
+    );
+    family(
+        "gantry_autoscaler_scale_ups_total",
+        "counter",
+        "Scale-up decisions.",
+        pools(&|p| p.scale_ups as f64),
+    );
+    family(
+        "gantry_autoscaler_scale_downs_total",
+        "counter",
+        "Nodes drained for being idle.",
+        pools(&|p| p.scale_downs as f64),
+    );
+    for (dim, map) in [
+        ("role", &r.costs.by_role),
+        ("framework", &r.costs.by_framework),
+        ("user", &r.costs.by_user),
+    ] {
+        family(
+            &format!("gantry_autoscaler_cost_by_{dim}_total"),
+            "counter",
+            &format!("Cost of the autoscaler's nodes charged to each {dim}'s tasks."),
+            map.iter()
+                .map(|(k, v)| (format!("{dim}=\"{}\"", esc(k)), *v))
+                .collect(),
+        );
+    }
+    out
+}
+
 /// The loop's parts.
 pub struct Runtime {
     /// The decisions.
@@ -120,7 +242,10 @@ pub struct Runtime {
     pub providers: BTreeMap<String, Box<dyn Provider>>,
     /// Where the report goes after each round.
     pub status_file: Option<PathBuf>,
+    /// The latest report in Prometheus' text format, for a `/metrics` endpoint.
+    pub metrics: Arc<Mutex<String>>,
     started: Instant,
+    costs: CostBook,
 }
 
 impl Runtime {
@@ -136,7 +261,9 @@ impl Runtime {
             api,
             providers,
             status_file,
+            metrics: Arc::default(),
             started: Instant::now(),
+            costs: CostBook::new(),
         };
         let mut seen = std::collections::BTreeSet::new();
         let pools: Vec<String> = rt.providers.keys().cloned().collect();
@@ -184,13 +311,78 @@ impl Runtime {
         for a in actions {
             self.act(a);
         }
-        let report = self.core.report(self.now());
+        self.charge_tasks();
+        let mut report = self.core.report(self.now());
+        report.attribute(self.costs.costs());
+        if let Ok(mut m) = self.metrics.lock() {
+            *m = metrics_text(&report);
+        }
         if let Some(path) = &self.status_file {
             if let Err(e) = write_atomic(path, &report) {
                 tracing::warn!(path = %path.display(), error = %e, "writing the status file");
             }
         }
         Ok(report)
+    }
+
+    /// Charges the tasks on the autoscaler's nodes up to now, and settles those that ended.
+    /// Errors are logged: the next round charges what this one missed.
+    fn charge_tasks(&mut self) {
+        let mut shapes: BTreeMap<String, NodeShape> = BTreeMap::new();
+        for (pool, ids) in self.core.node_ids() {
+            let Some(spec) = self.core.config().pools.iter().find(|p| p.name == pool) else {
+                continue;
+            };
+            for id in ids {
+                shapes.insert(
+                    id,
+                    NodeShape {
+                        pool: pool.clone(),
+                        price_per_hour: spec.price_per_hour,
+                        cpus: spec.cpus,
+                        mem: spec.mem as f64,
+                        gpus: f64::from(spec.gpus),
+                    },
+                );
+            }
+        }
+        let mut active = Vec::new();
+        let mut offset = 0;
+        loop {
+            let path = format!("/api/v1/tasks?completed=false&limit=1000&offset={offset}");
+            let page = match self.get(&path) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading tasks for the cost report");
+                    return;
+                }
+            };
+            let n = page["tasks"].as_array().map_or(0, Vec::len);
+            active.extend(task_observations(&page));
+            offset += n;
+            if n == 0 || offset as u64 >= page["total"].as_u64().unwrap_or(0) {
+                break;
+            }
+        }
+        let now = unix_ms();
+        let left = self
+            .costs
+            .observe(now, &active, |node| shapes.get(node).cloned());
+        for id in left {
+            let end = match self.get(&format!("/api/v1/tasks/{id}")) {
+                // Still active (on a later page this round, or moved): charged next round.
+                Ok(t) => match t["ended_at_ms"].as_u64() {
+                    Some(end) => Some(end),
+                    None => continue,
+                },
+                Err(RoundError::Api(ClientError::Status { status: 404, .. })) => None,
+                Err(e) => {
+                    tracing::info!(task = %id, error = %e, "asking when a task ended");
+                    continue;
+                }
+            };
+            self.costs.ended(&id, end);
+        }
     }
 
     fn act(&mut self, action: Action) {
@@ -285,6 +477,12 @@ pub fn write_atomic(path: &std::path::Path, value: &impl serde::Serialize) -> st
     std::fs::rename(&tmp, path)
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +508,62 @@ mod tests {
         assert_eq!(items[1].source, "f2");
         assert_eq!(items[1].gpu, GpuDemand::Fraction(250));
         assert!(demand_items(&json!({"error": "x"})).is_empty());
+    }
+
+    #[test]
+    fn task_pages_become_observations_and_the_report_metrics() {
+        let page = json!({"total": 3, "tasks": [
+            {"id": "t1", "agent_name": "gpu-1", "role": "ml", "framework_name": "train",
+             "framework_id": "f1", "user": "alice", "staged_at_ms": 1000,
+             "resources": {"cpus": 0.5, "mem": 64.0, "gpus": 1.0}},
+            {"id": "t2", "agent_name": "gpu-1", "role": "ml", "framework_name": null,
+             "framework_id": "f2", "user": null, "staged_at_ms": 2000,
+             "resources": {"cpus": 1.0, "gpus": 0.25}},
+            {"id": "t3", "agent_name": null, "staged_at_ms": 5, "resources": {"cpus": 1.0}},
+        ]});
+        let obs = task_observations(&page);
+        assert_eq!(obs.len(), 2, "a task on no agent is skipped: {obs:?}");
+        assert_eq!(
+            (
+                obs[0].framework.as_str(),
+                obs[0].user.as_str(),
+                obs[0].gpus,
+                obs[0].mem
+            ),
+            ("train", "alice", 1.0, 64.0)
+        );
+        assert_eq!((obs[1].framework.as_str(), obs[1].gpus), ("f2", 0.25));
+
+        let mut report = Core::new(
+            crate::config::Config::parse(
+                "[[pool]]\nname = \"gpu\"\ncpus = 2\nmem = 1024\ngpus = 2\ngpu_model = \"A100\"\nprice_per_hour = 36\nmax = 2\nprovider = { kind = \"local\" }\n",
+            )
+            .unwrap(),
+        )
+        .report(0);
+        let mut costs = crate::cost::Costs::default();
+        costs.by_framework.insert("tr\"ain".into(), 1.5);
+        costs.by_pool.insert("gpu".into(), 1.5);
+        report.attribute(&costs);
+        let text = metrics_text(&report);
+        assert!(
+            text.contains("# TYPE gantry_autoscaler_cost_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gantry_autoscaler_task_cost_total{pool=\"gpu\"} 1.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gantry_autoscaler_idle_cost_total{pool=\"gpu\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gantry_autoscaler_cost_by_framework_total{framework=\"tr\\\"ain\"} 1.5\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

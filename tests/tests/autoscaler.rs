@@ -3,7 +3,9 @@
 //! batch framework declaring 4 one-GPU tasks. The master's `GET /api/v1/demand` shows them
 //! unplaceable; the autoscaler starts exactly the 2 nodes they need; the tasks finish; the idle
 //! nodes are drained and deleted after the pool's cooldown; the reported cost is the reported
-//! node-seconds × price, and those node-seconds cover what the master saw of the nodes.
+//! node-seconds × price, and those node-seconds cover what the master saw of the nodes; the
+//! framework is charged its tasks' share of the nodes from the master's records (`/metrics`
+//! says the same).
 //! Then a spot notice (`gantry-agent notice-termination`) on a busy node of the spot pool:
 //! the node is drained and deleted, the interruption counted, and its capacity replaced in the
 //! on-demand fallback pool (`spot_failures_before_fallback = 1`), which scales down again.
@@ -16,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use gantry_examples::batch::{Batch, BatchSpec};
 use gantry_sdk::protocol::{Capability, CommandInfo};
-use gantry_tests::{bin, cgroups_available, http_get, running_tasks, standin_lib, Cluster, Proc};
+use gantry_tests::{
+    bin, cgroups_available, free_tcp, http_get, register_http, running_tasks, standin_lib, Cluster,
+    Proc,
+};
 
 const PRICE: f64 = 36.0;
 const OD_PRICE: f64 = 72.0;
@@ -171,7 +176,9 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     assert_eq!(demand["agents"], 0, "{demand:#}");
     assert_eq!(demand["frameworks"][0]["name"], "gpu-batch", "{demand:#}");
 
-    // The autoscaler, as the dev operator `admin`.
+    // The autoscaler, as the dev operator `admin`, with its report for Prometheus.
+    let metrics = free_tcp();
+    register_http(metrics, &cluster.tls_dir, true);
     let mut cmd = Command::new(bin("gantry-autoscaler").unwrap());
     cmd.arg("run")
         .arg("--config")
@@ -184,6 +191,8 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
         .arg("admin")
         .arg("--status-file")
         .arg(&status)
+        .arg("--metrics-listen")
+        .arg(metrics.to_string())
         .arg("--local-master")
         .arg(cluster.master.quic.to_string())
         .arg("--local-work-dir")
@@ -262,6 +271,47 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     assert!(
         node_seconds >= seen && node_seconds <= seen + 20.0,
         "billed {node_seconds} s, connected {seen} s: {connected:?}"
+    );
+    // Cost per framework: each task pays its dominant share of its node (1 of 2 GPUs: half)
+    // from when the master staged it to its end, from the master's own records, within 1%;
+    // what the pool's tasks paid and its idle cost add up to its cost.
+    let page: serde_json::Value = serde_json::from_str(
+        &http_get(http, "/api/v1/tasks?framework=gpu-batch&limit=100").unwrap(),
+    )
+    .unwrap();
+    let held_ms: u64 = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["ended_at_ms"].as_u64().unwrap() - t["staged_at_ms"].as_u64().unwrap())
+        .sum();
+    let expected_fw = held_ms as f64 / 3_600_000.0 * PRICE * 0.5;
+    let fw = report["costs"]["by_framework"]["gpu-batch"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (fw - expected_fw).abs() <= 0.01 * expected_fw,
+        "gpu-batch charged {fw}, its tasks held {held_ms} ms of half a node: {expected_fw}: {report:#}"
+    );
+    let (task_cost, idle_cost) = (
+        pool["task_cost"].as_f64().unwrap(),
+        pool["idle_cost"].as_f64().unwrap(),
+    );
+    assert!((task_cost - fw).abs() < 1e-9, "{report:#}");
+    assert!(
+        idle_cost >= 0.0 && (task_cost + idle_cost - cost).abs() < 1e-9,
+        "{report:#}"
+    );
+    let text = http_get(metrics, "/metrics").unwrap();
+    let scraped = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("gantry_autoscaler_cost_by_framework_total{framework=\"gpu-batch\"} ")
+        })
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        scraped.is_some_and(|v| (v - fw).abs() <= 0.01 * fw),
+        "/metrics: {scraped:?} vs {fw}:\n{text}"
     );
     // A figure, not an assertion: the first task RUNNING after the first node registered.
     let first_node = connected.values().map(|c| c.2).min().unwrap_or(0);

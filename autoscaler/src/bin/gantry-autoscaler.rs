@@ -5,7 +5,7 @@
 //! gantry-autoscaler check --config pools.toml
 //! gantry-autoscaler simulate --config pools.toml --openb openb_pod_list_default.csv
 //! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
-//!     [--operator NAME | --token-file FILE] [--status-file FILE]
+//!     [--operator NAME | --token-file FILE] [--status-file FILE] [--metrics-listen ADDR]
 //!     [--local-agent-bin PATH --local-master QUIC_ADDR --local-work-dir DIR
 //!      --local-nvml-lib PATH --local-agent-arg ARG...]
 //! ```
@@ -81,6 +81,10 @@ struct RunArgs {
     /// Where each round's report (cost and nodes per pool) is written, as JSON.
     #[arg(long)]
     status_file: Option<PathBuf>,
+    /// Serve the report for Prometheus at `http://ADDR/metrics` (plain HTTP: bind it to
+    /// loopback or a scrape network).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Local provider: the `gantry-agent` binary (default: next to this one).
     #[arg(long)]
     local_agent_bin: Option<PathBuf>,
@@ -251,8 +255,54 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let interval = config.autoscaler.interval;
     tracing::info!(pools = config.pools.len(), master = %args.master, "autoscaler running");
     let mut rt = Runtime::new(Core::new(config), api, providers, args.status_file);
+    if let Some(addr) = args.metrics_listen {
+        serve_metrics(addr, rt.metrics.clone())?;
+        tracing::info!(%addr, "serving /metrics");
+    }
     rt.run(interval, &STOP);
     tracing::info!("stopping: local nodes are stopped, other providers' nodes stay");
     drop(rt);
+    Ok(())
+}
+
+/// `GET /metrics` on `addr`: the latest round's report in Prometheus' text format.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+) -> anyhow::Result<()> {
+    let listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("binding {addr} for /metrics"))?;
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => return tracing::warn!(error = %e, "metrics listener"),
+                };
+                let app = axum::Router::new().route(
+                    "/metrics",
+                    axum::routing::get(move || {
+                        let body = text.lock().map(|t| t.clone()).unwrap_or_default();
+                        async move {
+                            (
+                                [(
+                                    axum::http::header::CONTENT_TYPE,
+                                    "text/plain; version=0.0.4",
+                                )],
+                                body,
+                            )
+                        }
+                    }),
+                );
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::warn!(error = %e, "metrics server stopped");
+                }
+            });
+        })?;
     Ok(())
 }
