@@ -89,6 +89,10 @@ pub struct CoreConfig {
     pub offer_hold: Duration,
     /// The file (in the task's sandbox) a preempted worker finds written at its warning.
     pub preempt_file: String,
+    /// Where each job's checkpoint directory goes (`ROOT/job-ID`, in the workers'
+    /// `GANTRY_QUEUE_CHECKPOINT_DIR`, made by the first worker with mode 0700): a path every
+    /// agent mounts alike (a shared filesystem), kept across attempts. `None`: no directory.
+    pub checkpoint_root: Option<String>,
     /// The first retry's backoff; each further retry doubles it, up to [`MAX_RETRY_BACKOFF`].
     pub retry_backoff: Duration,
 }
@@ -108,6 +112,7 @@ impl Default for CoreConfig {
             },
             offer_hold: Duration::from_secs(20),
             preempt_file: "gpu-queue-preempted".into(),
+            checkpoint_root: None,
             retry_backoff: Duration::from_secs(10),
         }
     }

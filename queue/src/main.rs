@@ -163,6 +163,15 @@ struct Serve {
     /// to 10 minutes).
     #[arg(long, default_value_t = 10)]
     retry_backoff_secs: u64,
+    /// Each job's checkpoint directory goes under this path (`ROOT/job-ID`, given to its
+    /// workers as `GANTRY_QUEUE_CHECKPOINT_DIR` and kept across attempts): a filesystem every
+    /// agent mounts at the same path (and this host, to remove old ones), writable by the
+    /// tasks' users (e.g. mode 1777; each job's directory is made 0700 by its user).
+    #[arg(long)]
+    checkpoint_root: Option<PathBuf>,
+    /// How long an ended job's checkpoint directory is kept after its last write.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    checkpoint_keep: Duration,
     /// The ACL file (TOML: declared teams, who may submit to which team up to which priority,
     /// team and queue administrators; see docs/queue.md). Without it the API is in dev mode:
     /// plain HTTP, and anyone who reaches the port may do anything.
@@ -432,6 +441,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         teams,
         aging: Duration::from_secs(a.aging_secs),
         retry_backoff: Duration::from_secs(a.retry_backoff_secs),
+        checkpoint_root: a.checkpoint_root.as_ref().map(|p| p.display().to_string()),
         ..Default::default()
     };
     core_config.hold.timeout = Duration::from_secs(a.hold_secs.max(1));
@@ -478,6 +488,13 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         }
     };
     let _ticker = shared.spawn_ticker(Duration::from_millis(250));
+    let _sweeper = a.checkpoint_root.clone().map(|root| {
+        gantry_queue::runtime::spawn_checkpoint_sweeper(
+            Arc::clone(&shared),
+            root,
+            a.checkpoint_keep,
+        )
+    });
     let handle = driver.handle();
     tokio::spawn(async move {
         gantry_sdk::process::shutdown_signal().await;

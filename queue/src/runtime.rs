@@ -148,6 +148,50 @@ impl Shared {
     }
 }
 
+/// Removes the checkpoint directories (`ROOT/job-ID`) of jobs that ended (or that the queue
+/// no longer knows) and were not written for `keep`, every minute until the process ends.
+pub fn spawn_checkpoint_sweeper(
+    shared: Arc<Shared>,
+    root: std::path::PathBuf,
+    keep: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            every.tick().await;
+            let Ok(entries) = std::fs::read_dir(&root) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let Some(id) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("job-"))
+                    .and_then(|n| n.parse::<u64>().ok())
+                else {
+                    continue;
+                };
+                if shared.core().job_ended(id) == Some(false) {
+                    continue;
+                }
+                let idle = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok());
+                if idle.is_some_and(|d| d >= keep) {
+                    match std::fs::remove_dir_all(e.path()) {
+                        Ok(()) => tracing::info!(job = id, "removed its checkpoint directory"),
+                        Err(err) => {
+                            tracing::warn!(job = id, error = %err, "removing its checkpoint directory")
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// The scheduler the driver runs.
 pub struct QueueScheduler {
     shared: Arc<Shared>,

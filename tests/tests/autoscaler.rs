@@ -6,9 +6,12 @@
 //! node-seconds × price, and those node-seconds cover what the master saw of the nodes; the
 //! framework is charged its tasks' share of the nodes from the master's records (`/metrics`
 //! says the same).
-//! Then a spot notice (`gantry-agent notice-termination`) on a busy node of the spot pool:
-//! the node is drained and deleted, the interruption counted, and its capacity replaced in the
-//! on-demand fallback pool (`spot_failures_before_fallback = 1`), which scales down again.
+//! Then a spot notice (`gantry-agent notice-termination`) on a busy node of the spot pool
+//! running a `gantry-queue` job that checkpoints: the node is drained and deleted, the
+//! interruption counted, and its capacity replaced in the on-demand fallback pool
+//! (`spot_failures_before_fallback = 1`); the job, killed at the notice's deadline, is requeued
+//! without counting as a failure and finishes on the replacement from its checkpoint
+//! (`GANTRY_QUEUE_CHECKPOINT_DIR`); the fallback pool scales down again.
 //!
 //! One test in this binary: the local provider's agents share the host's cgroups and ports.
 
@@ -329,8 +332,74 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
         first_task as i64 - first_node as i64
     );
 
-    // A spot notice on a busy node: 2 long tasks on one new spot node, then the notice.
-    let (driver, _progress) = gpu_batch(&cluster, "spot-batch", 2, "sleep 60");
+    // A spot notice on a busy node: a queue job that checkpoints and a batch task on one new
+    // spot node, then the notice. The queue declares no demand yet: the batch task's demand
+    // makes the node, and the queue's job takes its other GPU.
+    let ckpt = dir.join("checkpoints");
+    std::fs::create_dir(&ckpt).unwrap();
+    std::fs::set_permissions(&ckpt, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let queue_api = free_tcp();
+    let mut qcmd = Command::new(bin("gantry-queue").unwrap());
+    qcmd.args([
+        "serve",
+        "--master",
+        &cluster.master.quic.to_string(),
+        "--tls-dir",
+    ])
+    .arg(&cluster.tls_dir)
+    .arg("--store")
+    .arg(dir.join("queue.redb"))
+    .arg("--checkpoint-root")
+    .arg(&ckpt)
+    .args(["--listen", &queue_api.to_string(), "--team", "ml=1"]);
+    let _queue = Proc::spawn("gantry-queue", qcmd, &dir.join("gantry-queue.log")).unwrap();
+    let queue_url = format!("http://{queue_api}");
+    let queue = |args: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new(bin("gantry-queue")?)
+            .arg(args[0])
+            .args(["--server", &queue_url])
+            .args(&args[1..])
+            .output()?;
+        anyhow::ensure!(out.status.success(), "gantry-queue {args:?}: {out:?}");
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let up = Instant::now() + Duration::from_secs(30);
+    while queue(&["list", "--json"]).is_err() {
+        assert!(
+            Instant::now() < up,
+            "gantry-queue API did not come up: {:?}\n{}",
+            queue(&["list", "--json"]),
+            std::fs::read_to_string(dir.join("gantry-queue.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 40 steps of 0.25 s; each attempt resumes from the step its checkpoint holds.
+    let steps = r#"d=$GANTRY_QUEUE_CHECKPOINT_DIR; n=$(cat "$d/step" 2>/dev/null || echo 0)
+echo "start $n" >> "$d/attempts"
+while [ "$n" -lt 40 ]; do n=$((n+1)); echo "$n" > "$d/step.new"; mv "$d/step.new" "$d/step"; sleep 0.25; done
+echo "done $n" > "$d/result""#;
+    let job: u64 = queue(&[
+        "submit",
+        "--name",
+        "resumable",
+        "--team",
+        "ml",
+        "--gpus",
+        "1",
+        "--cpus",
+        "0.5",
+        "--mem",
+        "64",
+        "--grace-secs",
+        "2",
+        "--",
+        steps,
+    ])
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let (driver, _progress) = gpu_batch(&cluster, "spot-batch", 1, "sleep 60");
     let busy = cluster
         .master
         .wait_state(Duration::from_secs(60), "2 tasks running", |s| {
@@ -340,7 +409,15 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
         logs();
         panic!("{busy:?}");
     };
-    let node = busy["tasks"][0]["agent_id"].as_str().unwrap().to_string();
+    let node = busy["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "resumable/0")
+        .and_then(|t| t["agent_id"].as_str())
+        .unwrap_or_else(|| panic!("the queue's job is not running: {busy:#}"))
+        .to_string();
+    let noticed_agent = node.clone();
     let node = busy["agents"]
         .as_array()
         .unwrap()
@@ -368,6 +445,50 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     .await
     .unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(60), driver).await;
+    // The queue's job was killed at the notice's deadline (the drain's, not a failure),
+    // requeued, and finished on the replacement node from its checkpoint.
+    let shown: serde_json::Value =
+        serde_json::from_str(&queue(&["show", &job.to_string(), "--json"]).unwrap()).unwrap();
+    let job_dir = ckpt.join(format!("job-{job}"));
+    let attempts = std::fs::read_to_string(job_dir.join("attempts")).unwrap_or_default();
+    let starts: Vec<u32> = attempts
+        .lines()
+        .filter_map(|l| l.strip_prefix("start ")?.parse().ok())
+        .collect();
+    assert_eq!(shown["state"], "FINISHED", "{shown:#}");
+    assert_eq!(shown["attempts"], 2, "{shown:#}");
+    assert!(
+        starts.len() == 2 && starts[0] == 0 && starts[1] > 0,
+        "attempts started at steps {starts:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(job_dir.join("result"))
+            .unwrap_or_default()
+            .trim(),
+        "done 40"
+    );
+    let records: serde_json::Value = serde_json::from_str(
+        &http_get(http, "/api/v1/tasks?framework=gantry-queue&limit=10").unwrap(),
+    )
+    .unwrap();
+    // (The nodes' agents are gone from the master now: their ids, not names.)
+    let ran_on: Vec<(&str, &str)> = records["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["agent_id"].as_str().unwrap_or(""),
+                t["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert!(
+        ran_on.len() == 2
+            && ran_on.contains(&(noticed_agent.as_str(), "drain-deadline"))
+            && ran_on.iter().any(|(a, _)| *a != noticed_agent),
+        "{ran_on:?}"
+    );
     let stopped = autoscaler.terminate(Duration::from_secs(20));
     let Ok((seen2, _, report)) = watched else {
         logs();

@@ -20,6 +20,7 @@ impl Core {
         now: Instant,
     ) -> Vec<(usize, TaskInfo)> {
         let preempt_file = self.config.preempt_file.clone();
+        let checkpoint_root = self.config.checkpoint_root.clone();
         let known = &self.agents;
         let Some(job) = self.jobs.get_mut(&id) else {
             return Vec::new();
@@ -57,6 +58,12 @@ impl Core {
                 "GPU_QUEUE_GRACE_SECS".into(),
                 job.spec.grace_secs.to_string(),
             );
+            if let Some(root) = &checkpoint_root {
+                env.insert(
+                    "GANTRY_QUEUE_CHECKPOINT_DIR".into(),
+                    checkpoint_dir(root, id),
+                );
+            }
             let task = TaskInfo {
                 task_id,
                 name: format!("{}/{index}", job.spec.name),
@@ -133,8 +140,14 @@ impl Core {
 /// sandbox, then waits for the job, whose exit status it returns. The second `wait` (the first
 /// was interrupted by the trap) runs only while the job is still there to wait for: waiting for
 /// a child already reaped answers 127, which was reported as the job's status.
+/// Job `id`'s checkpoint directory under `root`.
+pub fn checkpoint_dir(root: &str, id: u64) -> String {
+    format!("{}/job-{id}", root.trim_end_matches('/'))
+}
+
 fn wrap(command: &CommandInfo) -> CommandInfo {
     const SCRIPT: &str = r#"trap 'echo "$(date +%s) SIGTERM: checkpoint now" > "$GPU_QUEUE_PREEMPT_FILE"' TERM
+if [ -n "$GANTRY_QUEUE_CHECKPOINT_DIR" ]; then (umask 077; mkdir -p "$GANTRY_QUEUE_CHECKPOINT_DIR") || exit 1; fi
 "$@" &
 child=$!
 wait "$child"; status=$?

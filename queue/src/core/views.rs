@@ -34,6 +34,12 @@ impl Core {
             .collect()
     }
 
+    /// Whether job `id` ended (`None`: the queue does not know it, or no longer: ended jobs
+    /// past [`super::MAX_ENDED_JOBS`] are forgotten).
+    pub fn job_ended(&self, id: u64) -> Option<bool> {
+        self.jobs.get(&id).map(|j| j.state.is_terminal())
+    }
+
     /// One job, for the API.
     pub fn view(&self, id: u64, now: Instant) -> Option<JobView> {
         let job = self.jobs.get(&id)?;
