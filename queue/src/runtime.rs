@@ -159,37 +159,51 @@ pub fn spawn_checkpoint_sweeper(
         let mut every = tokio::time::interval(Duration::from_secs(60));
         loop {
             every.tick().await;
-            let Ok(entries) = std::fs::read_dir(&root) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let name = e.file_name();
-                let Some(id) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("job-"))
-                    .and_then(|n| n.parse::<u64>().ok())
-                else {
-                    continue;
-                };
-                if shared.core().job_ended(id) == Some(false) {
-                    continue;
-                }
-                let idle = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok());
-                if idle.is_some_and(|d| d >= keep) {
-                    match std::fs::remove_dir_all(e.path()) {
-                        Ok(()) => tracing::info!(job = id, "removed its checkpoint directory"),
-                        Err(err) => {
-                            tracing::warn!(job = id, error = %err, "removing its checkpoint directory")
-                        }
+            for (id, result) in sweep_checkpoints(&root, keep, |id| shared.core().job_ended(id)) {
+                match result {
+                    Ok(()) => tracing::info!(job = id, "removed its checkpoint directory"),
+                    Err(e) => {
+                        tracing::warn!(job = id, error = %e, "removing its checkpoint directory")
                     }
                 }
             }
         }
     })
+}
+
+/// One sweep of `root`: removes `job-ID` directories whose job `ended` says is over (`Some(true)`)
+/// or unknown (`None`) and whose last write is at least `keep` old; returns what it tried.
+pub fn sweep_checkpoints(
+    root: &std::path::Path,
+    keep: Duration,
+    ended: impl Fn(u64) -> Option<bool>,
+) -> Vec<(u64, std::io::Result<()>)> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(id) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("job-"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if ended(id) == Some(false) {
+            continue;
+        }
+        let idle = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        if idle.is_some_and(|d| d >= keep) {
+            out.push((id, std::fs::remove_dir_all(e.path())));
+        }
+    }
+    out
 }
 
 /// The scheduler the driver runs.
@@ -242,5 +256,41 @@ impl Scheduler for QueueScheduler {
 
     async fn disconnected(&mut self, _driver: &DriverHandle) {
         self.shared.core().disconnected();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_removes_ended_and_forgotten_jobs_checkpoints_only() {
+        let root = tempfile::tempdir().unwrap();
+        for d in ["job-1", "job-2", "job-3", "other", "job-x"] {
+            std::fs::create_dir(root.path().join(d)).unwrap();
+            std::fs::write(root.path().join(d).join("step"), "5").unwrap();
+        }
+        let ended = |id| match id {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        };
+        // Written just now: kept for a day.
+        assert!(sweep_checkpoints(root.path(), Duration::from_secs(86400), ended).is_empty());
+        let mut removed: Vec<u64> = sweep_checkpoints(root.path(), Duration::ZERO, ended)
+            .into_iter()
+            .map(|(id, r)| {
+                r.unwrap();
+                id
+            })
+            .collect();
+        removed.sort_unstable();
+        assert_eq!(removed, [1, 3]);
+        let mut left: Vec<String> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["job-2", "job-x", "other"]);
     }
 }
