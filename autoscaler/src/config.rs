@@ -87,6 +87,16 @@ pub struct Settings {
     /// How long a spot notice gives a node before it goes (the drain's deadline).
     #[serde(deserialize_with = "duration")]
     pub notice_deadline: Duration,
+    /// Drain busy nodes whose tasks fit in the other nodes' room (Karpenter's consolidation),
+    /// one at a time: off unless set.
+    pub consolidation: bool,
+    /// How long a node must stay removable that way before it is drained.
+    #[serde(deserialize_with = "duration")]
+    pub consolidation_delay: Duration,
+    /// The deadline of a consolidation's drain: its tasks' time to move on their own before
+    /// what is left is killed (reason `drain-deadline`, which frameworks retry elsewhere).
+    #[serde(deserialize_with = "duration")]
+    pub consolidation_deadline: Duration,
 }
 
 impl Default for Settings {
@@ -95,6 +105,9 @@ impl Default for Settings {
             interval: Duration::from_secs(2),
             spot_failures_before_fallback: 2,
             notice_deadline: Duration::from_secs(120),
+            consolidation: false,
+            consolidation_delay: Duration::from_secs(600),
+            consolidation_deadline: Duration::from_secs(600),
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct Observation {
     pub demand: Vec<DemandItem>,
     /// The nodes the master knows (others count as not registered).
     pub nodes: Vec<NodeObs>,
+    /// The tasks active on them (for consolidation; tasks on other agents are ignored).
+    pub tasks: Vec<crate::cost::TaskObs>,
 }
 
 /// What the runtime is asked to do.
@@ -103,6 +105,8 @@ struct NodeRec {
     idle_since: Option<Millis>,
     /// A notice was handled for it.
     noticed: bool,
+    /// Since when its tasks would fit in the other nodes' room (consolidation).
+    removable_since: Option<Millis>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -113,6 +117,7 @@ struct PoolState {
     failures_in_a_row: u32,
     scale_ups: u64,
     scale_downs: u64,
+    consolidations: u64,
     nodes_created: u64,
     provision_failures: u64,
     /// Node-milliseconds of deleted nodes.
@@ -158,6 +163,8 @@ pub struct PoolReport {
     pub scale_ups: u64,
     /// Nodes drained for being idle.
     pub scale_downs: u64,
+    /// Busy nodes drained because their tasks fit in the other nodes' room.
+    pub consolidations: u64,
     /// Nodes created since start.
     pub nodes_created: u64,
     /// Nodes deleted for not registering within `provision_timeout`.
@@ -230,6 +237,7 @@ impl Core {
             phase: Phase::Provisioning,
             idle_since: None,
             noticed: false,
+            removable_since: None,
         });
         true
     }
@@ -393,6 +401,13 @@ impl Core {
             });
         }
 
+        // 3b. Consolidation.
+        if self.config.autoscaler.consolidation {
+            if let Some(a) = self.consolidate(now, obs) {
+                actions.push(a);
+            }
+        }
+
         // 4. Minimum sizes.
         for p in 0..self.config.pools.len() {
             let want = self.config.pools[p]
@@ -450,6 +465,79 @@ impl Core {
         actions
     }
 
+    /// Rule 3b: while no node of ours is leaving, the best busy node whose tasks have fit in
+    /// the other ready nodes' room for `consolidation_delay` (and whose pool keeps its `min`
+    /// without it) is drained with `consolidation_deadline` ([`crate::consolidate`]).
+    fn consolidate(&mut self, now: Millis, obs: &Observation) -> Option<Action> {
+        let leaving = self
+            .nodes
+            .values()
+            .any(|n| matches!(n.phase, Phase::Draining | Phase::Deleting));
+        let ready: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.phase == Phase::Ready && !n.noticed)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let loads: Vec<crate::consolidate::NodeLoad> = ready
+            .iter()
+            .map(|id| {
+                let spec = &self.config.pools[self.nodes[id].pool];
+                crate::consolidate::NodeLoad {
+                    id: id.clone(),
+                    price_per_hour: spec.price_per_hour,
+                    cpu_milli: (spec.cpus * 1000.0).round() as u64,
+                    mem_mib: spec.mem,
+                    gpus: spec.gpus,
+                    gpu_model: spec.gpu_model.clone().unwrap_or_default(),
+                    tasks: obs
+                        .tasks
+                        .iter()
+                        .filter(|t| &t.node == id)
+                        .map(|t| {
+                            (
+                                (t.cpus * 1000.0).round() as u64,
+                                t.mem.round() as u64,
+                                crate::consolidate::gpu_demand(t.gpus),
+                            )
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        let removable: Vec<String> = crate::consolidate::candidates(&loads)
+            .into_iter()
+            .map(|i| loads[i].id.clone())
+            .collect();
+        for id in &ready {
+            if let Some(rec) = self.nodes.get_mut(id) {
+                rec.removable_since = if removable.contains(id) {
+                    Some(rec.removable_since.unwrap_or(now))
+                } else {
+                    None
+                };
+            }
+        }
+        if leaving {
+            return None;
+        }
+        let delay = ms(self.config.autoscaler.consolidation_delay);
+        let id = removable.into_iter().find(|id| {
+            let rec = &self.nodes[id];
+            rec.removable_since
+                .is_some_and(|t| now.saturating_sub(t) >= delay)
+                && self.staying(rec.pool) > self.config.pools[rec.pool].min
+        })?;
+        let rec = self.nodes.get_mut(&id)?;
+        rec.phase = Phase::Draining;
+        rec.removable_since = None;
+        self.pools[rec.pool].consolidations += 1;
+        Some(Action::Drain {
+            node: id,
+            deadline_secs: Some(self.config.autoscaler.consolidation_deadline.as_secs()),
+        })
+    }
+
     /// Counts `count` nodes asked of pool `p` this round (until [`Core::created`] names them)
     /// so later steps of the round see them, and starts the pool's scale-up cooldown.
     fn reserve(&mut self, p: usize, count: u32, now: Millis) {
@@ -462,6 +550,7 @@ impl Core {
                     phase: Phase::Provisioning,
                     idle_since: None,
                     noticed: false,
+                    removable_since: None,
                 },
             );
         }
@@ -528,6 +617,7 @@ impl Core {
                     interruptions: st.interruptions,
                     scale_ups: st.scale_ups,
                     scale_downs: st.scale_downs,
+                    consolidations: st.consolidations,
                     nodes_created: st.nodes_created,
                     provision_failures: st.provision_failures,
                 }

@@ -9,6 +9,8 @@
 //! - [`config`]: node pools in a TOML file (shape, price, `spot`, min/max, cooldowns, provider).
 //! - [`plan`]: pure scale-up planning: the demand simulated on hypothetical nodes of each pool
 //!   with `gantry_placement` (the live path's placement code), cheapest per placed GPU first.
+//! - [`consolidate`]: pure: which busy nodes could go because their tasks fit in the others'
+//!   room (the live path's placer), most expensive first.
 //! - [`core`]: the pure core: observations and the time in, [`core::Action`]s out (scale up,
 //!   drain, delete, replace on notices), cost and counts per pool.
 //! - [`cost`]: pure cost attribution: each task pays its dominant share of its node's price
@@ -28,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod consolidate;
 pub mod core;
 pub mod cost;
 pub mod plan;

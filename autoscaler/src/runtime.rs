@@ -210,6 +210,12 @@ pub fn metrics_text(r: &Report) -> String {
         pools(&|p| p.scale_ups as f64),
     );
     family(
+        "gantry_autoscaler_consolidations_total",
+        "counter",
+        "Busy nodes drained because their tasks fit in the other nodes' room.",
+        pools(&|p| p.consolidations as f64),
+    );
+    family(
         "gantry_autoscaler_scale_downs_total",
         "counter",
         "Nodes drained for being idle.",
@@ -302,16 +308,18 @@ impl Runtime {
         let demand = self.get("/api/v1/demand")?;
         let agents = self.get("/api/v1/agents")?;
         let drains = self.get("/api/v1/maintenance/drains")?;
+        let tasks = self.active_tasks()?;
         let obs = Observation {
             demand: demand_items(&demand),
             nodes: node_observations(&agents, &drains),
+            tasks,
         };
         let now = self.now();
         let actions = self.core.step(now, &obs);
         for a in actions {
             self.act(a);
         }
-        self.charge_tasks();
+        self.charge_tasks(&obs.tasks);
         let mut report = self.core.report(self.now());
         report.attribute(self.costs.costs());
         if let Ok(mut m) = self.metrics.lock() {
@@ -325,9 +333,25 @@ impl Runtime {
         Ok(report)
     }
 
+    /// The tasks active in the cluster (every page of `GET /api/v1/tasks?completed=false`).
+    fn active_tasks(&self) -> Result<Vec<TaskObs>, RoundError> {
+        let mut active = Vec::new();
+        let mut offset = 0;
+        loop {
+            let path = format!("/api/v1/tasks?completed=false&limit=1000&offset={offset}");
+            let page = self.get(&path)?;
+            let n = page["tasks"].as_array().map_or(0, Vec::len);
+            active.extend(task_observations(&page));
+            offset += n;
+            if n == 0 || offset as u64 >= page["total"].as_u64().unwrap_or(0) {
+                return Ok(active);
+            }
+        }
+    }
+
     /// Charges the tasks on the autoscaler's nodes up to now, and settles those that ended.
     /// Errors are logged: the next round charges what this one missed.
-    fn charge_tasks(&mut self) {
+    fn charge_tasks(&mut self, active: &[TaskObs]) {
         let mut shapes: BTreeMap<String, NodeShape> = BTreeMap::new();
         for (pool, ids) in self.core.node_ids() {
             let Some(spec) = self.core.config().pools.iter().find(|p| p.name == pool) else {
@@ -346,28 +370,10 @@ impl Runtime {
                 );
             }
         }
-        let mut active = Vec::new();
-        let mut offset = 0;
-        loop {
-            let path = format!("/api/v1/tasks?completed=false&limit=1000&offset={offset}");
-            let page = match self.get(&path) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading tasks for the cost report");
-                    return;
-                }
-            };
-            let n = page["tasks"].as_array().map_or(0, Vec::len);
-            active.extend(task_observations(&page));
-            offset += n;
-            if n == 0 || offset as u64 >= page["total"].as_u64().unwrap_or(0) {
-                break;
-            }
-        }
         let now = unix_ms();
         let left = self
             .costs
-            .observe(now, &active, |node| shapes.get(node).cloned());
+            .observe(now, active, |node| shapes.get(node).cloned());
         for id in left {
             let end = match self.get(&format!("/api/v1/tasks/{id}")) {
                 // Still active (on a later page this round, or moved): charged next round.

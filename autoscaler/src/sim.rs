@@ -303,6 +303,7 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: SimSettings) -> SimResult
                     notice: false,
                 })
                 .collect(),
+            tasks: Vec::new(),
         };
         let now_ms = (t - start) * 1000;
         for a in core.step(now_ms, &obs) {

@@ -5,8 +5,9 @@
 //! It is partition-aware ([`Capability::PartitionAware`]): a task whose agent is out of touch
 //! is `UNREACHABLE` and waited for (it may still run and finish); a task the cluster lost
 //! (`LOST`, or `GONE` once its agent stayed away past the master's unreachable timeout) is
-//! launched again, once per loss, and counted in [`BatchProgress::relaunched`]. A task that
-//! failed by itself is not, unless [`Batch::with_retries`] gives a retry policy: then a failed
+//! launched again, once per loss, and counted in [`BatchProgress::relaunched`]; so is a task the
+//! cluster ended on purpose (`KILLED` at a drain's deadline, preempted, or by an operator:
+//! [`gantry_sdk::attempts::ending`]). A task that failed by itself is not, unless [`Batch::with_retries`] gives a retry policy: then a failed
 //! copy is launched again after a backoff (a driver timer), at most that many times.
 //!
 //! Which copy (a unit of work, `0..count`) each task is an attempt of, what an ending means for
@@ -47,8 +48,10 @@ pub struct BatchProgress {
     /// launched again in later offers; they count neither as finished nor as failed.
     pub dropped: u32,
     /// Tasks the cluster lost (`LOST`, or `GONE` after `UNREACHABLE`: their agent went away)
-    /// and that were launched again, once per loss; they count neither as finished nor as
-    /// failed. A task that failed by itself (`FAILED`, `ERROR`, `KILLED`) is not relaunched.
+    /// or ended on purpose (`KILLED` at a drain's deadline, preempted, by an operator) and
+    /// that were launched again, once per loss; they count neither as finished nor as failed.
+    /// A task that failed by itself (`FAILED`, `ERROR`, `KILLED` with no such reason) is not
+    /// relaunched.
     pub relaunched: u32,
     /// Tasks now `UNREACHABLE` (their agent is out of touch; they may still run).
     pub unreachable: u32,
@@ -339,7 +342,33 @@ impl Scheduler for Batch {
                 self.progress.unreachable += 1
             }
             s if s.is_terminal() => {
-                if let Some(Verdict::Retry { at, .. }) = self.attempts.update(update, self.now()) {
+                let verdict = self.attempts.update(update, self.now());
+                if let Some(Verdict::Relaunch { .. }) = verdict {
+                    // Ended by the cluster, not by itself (its agent drained past the
+                    // deadline, a preemption, an operator's kill): owed again at once, as a
+                    // loss.
+                    tracing::info!(task = %update.task_id, state = %s, reason = ?update.reason,
+                        "ended by the cluster: launching it again");
+                    self.progress.launched = self.progress.launched.saturating_sub(1);
+                    self.progress.relaunched += 1;
+                    self.record(|p| {
+                        p.terminal_updates
+                            .entry(update.task_id)
+                            .or_default()
+                            .push(s)
+                    });
+                    if self.suppressed {
+                        driver.revive(vec![]);
+                        self.suppressed = false;
+                    }
+                    driver.set_demand(Some(Demand {
+                        task: self.spec.task.clone(),
+                        count: self.remaining(),
+                    }));
+                    self.publish();
+                    return;
+                }
+                if let Some(Verdict::Retry { at, .. }) = verdict {
                     // Launched again after the backoff: owed, not failed.
                     let delay = at.saturating_sub(self.now());
                     self.progress.launched = self.progress.launched.saturating_sub(1);

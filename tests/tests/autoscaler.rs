@@ -11,7 +11,9 @@
 //! interruption counted, and its capacity replaced in the on-demand fallback pool
 //! (`spot_failures_before_fallback = 1`); the job, killed at the notice's deadline, is requeued
 //! without counting as a failure and finishes on the replacement from its checkpoint
-//! (`GANTRY_QUEUE_CHECKPOINT_DIR`); the fallback pool scales down again.
+//! (`GANTRY_QUEUE_CHECKPOINT_DIR`); the fallback pool scales down again. Last, consolidation:
+//! two half-busy nodes, one drained because its task fits the other, its task moved by the
+//! framework, the node deleted.
 //!
 //! One test in this binary: the local provider's agents share the host's cgroups and ports.
 
@@ -513,6 +515,101 @@ echo "done $n" > "$d/result""#;
     }
     let total = spot["cost"].as_f64().unwrap() + od["cost"].as_f64().unwrap();
     assert!((report["total_cost"].as_f64().unwrap() - total).abs() < 1e-9);
+
+    // Consolidation, with a second autoscaler (consolidation on, a one-second delay and drain
+    // deadline): 4 one-GPU tasks on two 2-GPU nodes, the first to start on each node long, the
+    // other short. Once the short ones ended, each node's long task fits the other node: one
+    // node is drained, its task killed at the deadline and run again on the other node by the
+    // framework, and the drained node deleted, while the other stays until its work is done.
+    let pools = dir.join("pools-consolidate.toml");
+    std::fs::write(
+        &pools,
+        format!(
+            r#"
+[autoscaler]
+interval = "300ms"
+consolidation = true
+consolidation_delay = "1s"
+consolidation_deadline = "1s"
+
+[[pool]]
+name = "pack"
+cpus = 2
+mem = 2048
+gpus = 2
+gpu_model = "NVIDIA A100-SXM4-40GB"
+price_per_hour = {PRICE}
+max = 3
+scale_down_cooldown = "3s"
+provider = {{ kind = "local" }}
+"#
+        ),
+    )
+    .unwrap();
+    let status = dir.join("autoscaler-status-2.json");
+    let mut cmd = Command::new(bin("gantry-autoscaler").unwrap());
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&pools)
+        .arg("--master")
+        .arg(format!("https://{}", cluster.master.http))
+        .arg("--tls-dir")
+        .arg(&cluster.tls_dir)
+        .args(["--operator", "admin", "--status-file"])
+        .arg(&status)
+        .arg("--local-master")
+        .arg(cluster.master.quic.to_string())
+        .arg("--local-work-dir")
+        .arg(dir.join("nodes"))
+        .arg("--local-agent-bin")
+        .arg(bin("gantry-agent").unwrap())
+        .arg("--local-nvml-lib")
+        .arg(standin_lib());
+    for a in ["--ports", "none", "--gc-disk-headroom", "0"] {
+        cmd.arg(format!("--local-agent-arg={a}"));
+    }
+    let mut packer = Proc::spawn("gantry-autoscaler", cmd, &dir.join("autoscaler-2.log")).unwrap();
+    let locks = dir.join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    std::fs::set_permissions(&locks, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    // The node is the sandbox's great-grandparent: NODES/NODE/agent/sandboxes/TASK.
+    let command = format!(
+        r#"node=$(basename "$(dirname "$(dirname "$(dirname "$GANTRY_SANDBOX")")")")
+if mkdir "{}/$node" 2>/dev/null; then sleep 8; else sleep 2; fi"#,
+        locks.display()
+    );
+    let (driver, progress) = gpu_batch(&cluster, "pack-batch", 4, &command);
+    let status_path = status.clone();
+    let watched = tokio::task::spawn_blocking(move || {
+        watch(http, status_path, |r| {
+            r["pools"][0]["nodes_created"].as_u64() > Some(0) && r["pools"][0]["nodes"] == 0
+        })
+    })
+    .await
+    .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(60), driver).await;
+    assert!(packer.terminate(Duration::from_secs(20)));
+    let Ok((_, _, report)) = watched else {
+        logs();
+        panic!("consolidation: {watched:?}; batch: {ended:?}");
+    };
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+    assert_eq!(progress.borrow().finished, 4, "{:?}", progress.borrow());
+    let pool = &report["pools"][0];
+    assert_eq!(pool["nodes_created"], 2, "{report:#}");
+    assert_eq!(pool["consolidations"], 1, "{report:#}");
+    assert_eq!(pool["scale_downs"], 1, "{report:#}");
+    let page: serde_json::Value = serde_json::from_str(
+        &http_get(http, "/api/v1/tasks?framework=pack-batch&limit=100").unwrap(),
+    )
+    .unwrap();
+    let moved = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["reason"] == "drain-deadline")
+        .count();
+    assert_eq!(moved, 1, "{page:#}");
 
     // No agent left behind.
     assert!(

@@ -82,6 +82,7 @@ fn demand_scales_up_once_then_idle_nodes_drain_and_go_after_the_cooldown() {
     let demand = Observation {
         demand: vec![gpu_task(1, 3, &[])],
         nodes: vec![],
+        tasks: Vec::new(),
     };
     let a = core.step(0, &demand);
     assert_eq!(creates(&a), [("gpu".to_string(), 2)]);
@@ -92,12 +93,14 @@ fn demand_scales_up_once_then_idle_nodes_drain_and_go_after_the_cooldown() {
     let busy = Observation {
         demand: vec![],
         nodes: ids.iter().map(|i| node(i, true)).collect(),
+        tasks: Vec::new(),
     };
     assert!(core.step(2_000, &busy).is_empty());
     // Idle from 10 s: nothing before 70 s, then both drain, then go.
     let idle = Observation {
         demand: vec![],
         nodes: ids.iter().map(|i| node(i, false)).collect(),
+        tasks: Vec::new(),
     };
     assert!(core.step(10_000, &idle).is_empty());
     assert!(core.step(69_999, &idle).is_empty());
@@ -134,6 +137,7 @@ fn a_node_that_never_registers_is_deleted_as_failed_and_replaced() {
     let demand = Observation {
         demand: vec![gpu_task(1, 1, &[])],
         nodes: vec![],
+        tasks: Vec::new(),
     };
     let a = core.step(0, &demand);
     let ids = apply(&mut core, &a, 0, &mut next);
@@ -162,6 +166,7 @@ fn min_is_kept_and_never_drained_below() {
     let idle = Observation {
         demand: vec![],
         nodes: ids.iter().map(|i| node(i, false)).collect(),
+        tasks: Vec::new(),
     };
     for t in [1_000, 100_000, 1_000_000] {
         assert!(core.step(t, &idle).is_empty(), "at {t}");
@@ -176,6 +181,7 @@ fn unfittable_demand_is_reported_and_not_scaled_for() {
         &Observation {
             demand: vec![gpu_task(4, 2, &[]), gpu_task(1, 1, &["H100"])],
             nodes: vec![],
+            tasks: Vec::new(),
         },
     );
     assert!(a.is_empty(), "{a:?}");
@@ -193,6 +199,7 @@ fn scale_up_cooldown_holds_further_scale_ups() {
     let d = |n| Observation {
         demand: vec![gpu_task(1, n, &[])],
         nodes: vec![],
+        tasks: Vec::new(),
     };
     let a = core.step(0, &d(1));
     apply(&mut core, &a, 0, &mut next);
@@ -216,6 +223,7 @@ fn spot_notices_drain_replace_and_fall_back_to_on_demand() {
     let obs = |n: Vec<NodeObs>| Observation {
         demand: vec![],
         nodes: n,
+        tasks: Vec::new(),
     };
     let noticed = |id: &str| NodeObs {
         notice: true,
@@ -269,6 +277,7 @@ fn an_idle_node_with_a_notice_is_not_replaced() {
                 notice: true,
                 ..node("s1", false)
             }],
+            tasks: Vec::new(),
         },
     );
     assert!(creates(&a).is_empty(), "{a:?}");
@@ -334,7 +343,7 @@ proptest! {
                 })
                 .collect();
             let before = core.report(now);
-            let actions = core.step(now, &Observation { demand: demand.clone(), nodes });
+            let actions = core.step(now, &Observation { demand: demand.clone(), nodes, tasks: Vec::new() });
             for (p, spec) in cfg.pools.iter().enumerate() {
                 let scale_downs = actions
                     .iter()
@@ -375,7 +384,7 @@ proptest! {
         let mut core = Core::new(cfg);
         // More GPUs than any node has, and a model no pool has.
         let demand = vec![gpu_task(most + big, n, &[]), gpu_task(1, n, &["H100"])];
-        let actions = core.step(0, &Observation { demand, nodes: vec![] });
+        let actions = core.step(0, &Observation { demand, nodes: vec![], tasks: Vec::new() });
         prop_assert!(
             actions.iter().all(|a| !matches!(a, Action::Create { reason: "demand", .. })),
             "{actions:?}"
@@ -395,8 +404,111 @@ proptest! {
         let actions = core.step(0, &Observation {
             demand: vec![gpu_task(per, tasks, &[])],
             nodes: vec![],
+            tasks: Vec::new(),
         });
         let want = tasks.div_ceil(gpus / per);
         prop_assert_eq!(creates(&actions), vec![("a".to_string(), want)]);
     }
+}
+
+fn task_on(node: &str, id: &str, gpus: f64) -> crate::cost::TaskObs {
+    crate::cost::TaskObs {
+        id: id.into(),
+        node: node.into(),
+        role: "r".into(),
+        framework: "f".into(),
+        user: "u".into(),
+        cpus: 1.0,
+        mem: 64.0,
+        gpus,
+        staged_ms: 0,
+    }
+}
+
+#[test]
+fn consolidation_drains_one_busy_node_whose_tasks_fit_elsewhere_after_the_delay() {
+    let mut c = config(vec![
+        spec("cheap", 2, 36.0, 0, 4),
+        spec("dear", 2, 72.0, 0, 4),
+    ]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::from_secs(30);
+    c.autoscaler.consolidation_deadline = Duration::from_secs(45);
+    let mut off = c.clone();
+    off.autoscaler.consolidation = false;
+    for (mut core, enabled) in [(Core::new(c), true), (Core::new(off), false)] {
+        core.created("cheap", &["cheap-1".into()], 0);
+        core.created("dear", &["dear-1".into()], 0);
+        // Each node runs one 1-GPU task of two GPUs: either task fits the other node.
+        let obs = |_t: u64| Observation {
+            nodes: vec![node("cheap-1", true), node("dear-1", true)],
+            tasks: vec![task_on("cheap-1", "a", 1.0), task_on("dear-1", "b", 1.0)],
+            demand: Vec::new(),
+        };
+        assert!(core.step(0, &obs(0)).is_empty());
+        assert!(
+            core.step(29_000, &obs(29_000)).is_empty(),
+            "before the delay"
+        );
+        let a = core.step(30_000, &obs(30_000));
+        if !enabled {
+            assert!(a.is_empty(), "{a:?}");
+            continue;
+        }
+        // The dearer node goes, with the deadline; one at a time.
+        assert_eq!(
+            a,
+            [Action::Drain {
+                node: "dear-1".into(),
+                deadline_secs: Some(45)
+            }]
+        );
+        assert!(core.step(60_000, &obs(60_000)).is_empty(), "one at a time");
+        assert_eq!(core.report(60_000).pools[1].consolidations, 1);
+        // Once its task moved (it is idle), it is deleted like any drained node.
+        let moved = Observation {
+            nodes: vec![node("cheap-1", true), node("dear-1", false)],
+            tasks: vec![task_on("cheap-1", "a", 1.0), task_on("cheap-1", "b2", 1.0)],
+            demand: Vec::new(),
+        };
+        assert_eq!(
+            core.step(61_000, &moved),
+            [Action::Delete {
+                node: "dear-1".into()
+            }]
+        );
+        // The full node is not a candidate (nowhere else to go).
+        core.deleted("dear-1", 62_000);
+        assert!(core.step(200_000, &moved).is_empty());
+    }
+}
+
+#[test]
+fn consolidation_keeps_the_pool_minimum_and_tasks_that_fit_nowhere() {
+    let mut c = config(vec![spec("gpu", 2, 36.0, 2, 4)]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::ZERO;
+    let mut core = Core::new(c);
+    core.created("gpu", &["gpu-1".into(), "gpu-2".into()], 0);
+    let obs = Observation {
+        nodes: vec![node("gpu-1", true), node("gpu-2", true)],
+        tasks: vec![task_on("gpu-1", "a", 1.0), task_on("gpu-2", "b", 1.0)],
+        demand: Vec::new(),
+    };
+    // min = 2: neither goes.
+    assert!(core.step(1000, &obs).is_empty());
+    // With min 0 but a 2-GPU task on each node, nothing fits elsewhere.
+    let mut c = config(vec![spec("gpu", 2, 36.0, 0, 4)]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::ZERO;
+    let mut core = Core::new(c);
+    core.created("gpu", &["gpu-1".into(), "gpu-2".into()], 0);
+    let obs = Observation {
+        nodes: vec![node("gpu-1", true), node("gpu-2", true)],
+        tasks: vec![task_on("gpu-1", "a", 2.0), task_on("gpu-2", "b", 0.5)],
+        demand: Vec::new(),
+    };
+    let a = core.step(1000, &obs);
+    // gpu-2's half GPU fits nowhere (gpu-1 is full); gpu-1's two GPUs do not fit gpu-2.
+    assert!(a.is_empty(), "{a:?}");
 }
