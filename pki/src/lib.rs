@@ -86,7 +86,8 @@ impl CertAuthority {
     }
 
     /// Issues a certificate for `identity`; `extra_sans` are added to master certificates
-    /// (host names or IP addresses the master is reached by). Returns `(cert_pem, key_pem)`.
+    /// (host names or IP addresses the master is reached by) and are a service certificate's
+    /// names (at least one; never the master's DNS name). Returns `(cert_pem, key_pem)`.
     pub fn issue(
         &self,
         identity: &PeerIdentity,
@@ -120,6 +121,34 @@ impl CertAuthority {
                     let entry = match san.parse::<std::net::IpAddr>() {
                         Ok(ip) => SanType::IpAddress(ip),
                         Err(_) => SanType::DnsName(san.try_into().generated()?),
+                    };
+                    if !params.subject_alt_names.contains(&entry) {
+                        params.subject_alt_names.push(entry);
+                    }
+                }
+            }
+            PeerIdentity::Service(_) => {
+                // Server authentication only: identity_from_cert reads no client from it, so
+                // it can never speak as anyone to the master, an agent or a service.
+                params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+                if extra_sans.is_empty() {
+                    return Err(TlsError::BadServiceSan(
+                        "no host: give the names or addresses clients reach it by (--san)".into(),
+                    ));
+                }
+                for san in extra_sans {
+                    // Agents and frameworks know the master by this name alone (and the CA).
+                    if san
+                        .trim_end_matches('.')
+                        .eq_ignore_ascii_case(MASTER_SERVER_NAME)
+                    {
+                        return Err(TlsError::BadServiceSan(format!(
+                            "{san:?}, the master's name: a service may not be reached as the master"
+                        )));
+                    }
+                    let entry = match san.parse::<std::net::IpAddr>() {
+                        Ok(ip) => SanType::IpAddress(ip),
+                        Err(_) => SanType::DnsName(san.clone().try_into().generated()?),
                     };
                     if !params.subject_alt_names.contains(&entry) {
                         params.subject_alt_names.push(entry);
@@ -351,6 +380,56 @@ mod tests {
             PeerIdentity::Operator("alice".into()).file_stem(),
             "operator-alice"
         );
+    }
+
+    #[test]
+    fn user_certificates_name_a_user_and_service_certificates_no_client() {
+        let ca = CertAuthority::generate().unwrap();
+        let (pem, _) = ca.issue(&PeerIdentity::User("alice".into()), &[]).unwrap();
+        let der = gantry_transport::tls::pem_certs(pem.as_bytes());
+        assert_eq!(
+            identity_from_cert(&der[0]),
+            Some(PeerIdentity::User("alice".into()))
+        );
+        assert_eq!(PeerIdentity::User("alice".into()).file_stem(), "user-alice");
+        // A service's server certificate: its names, server authentication only, so a
+        // service cannot present it as a client anywhere.
+        let (pem, _) = ca
+            .issue(
+                &PeerIdentity::Service("queue".into()),
+                &["queue.example.com".into(), "10.0.0.7".into()],
+            )
+            .unwrap();
+        let der = gantry_transport::tls::pem_certs(pem.as_bytes());
+        assert_eq!(identity_from_cert(&der[0]), None);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+        let eku = cert.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.server_auth && !eku.client_auth);
+        let sans = format!(
+            "{:?}",
+            cert.subject_alternative_name().unwrap().unwrap().value
+        );
+        assert!(sans.contains("queue.example.com"), "{sans}");
+    }
+
+    #[test]
+    fn a_service_certificate_never_carries_the_masters_name() {
+        // Agents and frameworks check the master by the CA and the DNS name gantry-master
+        // alone: a service certificate with that name would let its host pose as the master.
+        let ca = CertAuthority::generate().unwrap();
+        for bad in [MASTER_SERVER_NAME, "GANTRY-MASTER", "gantry-master."] {
+            let err = ca
+                .issue(
+                    &PeerIdentity::Service("queue".into()),
+                    &["queue.example.com".into(), bad.into()],
+                )
+                .unwrap_err();
+            assert!(matches!(err, TlsError::BadServiceSan(_)), "{bad}: {err}");
+        }
+        assert!(matches!(
+            ca.issue(&PeerIdentity::Service("queue".into()), &[]),
+            Err(TlsError::BadServiceSan(_))
+        ));
     }
 
     #[test]

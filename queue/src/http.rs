@@ -94,10 +94,10 @@ fn caller(api: &Api, headers: &HeaderMap, cert: Option<&PeerCert>) -> Caller {
         };
     }
     match cert.and_then(|c| c.0.as_ref()) {
-        Some(PeerIdentity::Operator(name)) => Caller::User(name.clone()),
-        Some(other) => {
-            Caller::Anonymous(format!("{other} is not a user certificate (operator:NAME)"))
-        }
+        Some(PeerIdentity::User(name) | PeerIdentity::Operator(name)) => Caller::User(name.clone()),
+        Some(other) => Caller::Anonymous(format!(
+            "{other} is not a user certificate (user:NAME, or an operator's operator:NAME)"
+        )),
         None => Caller::Anonymous(
             "no token (Authorization: Bearer TOKEN) and no client certificate".into(),
         ),

@@ -1,6 +1,7 @@
 //! `gantry-queue`'s API with an ACL file, attacked with a raw HTTPS client: a real master and
 //! agent, the queue serving HTTPS (a server certificate of the cluster CA) with users' tokens
-//! (the master's token file format) and `operator:NAME` client certificates. Unauthenticated
+//! (the master's token file format) and `user:NAME` client certificates, its own certificate a
+//! `service:queue` one. Unauthenticated
 //! requests get 401; submitting to another team, above one's priority, or to an undeclared team
 //! is refused (403, 403, 400); cancelling another user's job is refused unless one administers
 //! the team; the legitimate team's job finishes and is recorded with its user. The CLI speaks
@@ -76,12 +77,18 @@ async fn unauthenticated_and_cross_team_requests_are_refused_and_the_team_job_ru
     let cluster = Cluster::start(&[("qauth", "cpus:4;mem:1024")]).unwrap();
     let dir = cluster.dir.path();
     let ca = gantry_pki::CertAuthority::load(&cluster.tls_dir).unwrap();
-    // The API's server certificate: the cluster CA issues server certificates (localhost,
-    // 127.0.0.1) for the master identity only; the test uses one for the queue.
-    let (cert, key) = ca.issue(&PeerIdentity::Master, &[]).unwrap();
+    // The API's server certificate: a service certificate for the names clients use
+    // (`gantryctl certs service queue --san localhost,127.0.0.1`), which identifies no client.
+    let (cert, key) = ca
+        .issue(
+            &PeerIdentity::Service("queue".into()),
+            &["localhost".into(), "127.0.0.1".into()],
+        )
+        .unwrap();
     write(&dir.join("queue-https.pem"), &cert, 0o644);
     write(&dir.join("queue-https.key"), &key, 0o600);
-    let dave = PeerIdentity::Operator("dave".into());
+    // Dave's user certificate (`gantryctl certs user dave`).
+    let dave = PeerIdentity::User("dave".into());
     let (cert, key) = ca.issue(&dave, &[]).unwrap();
     write(&dir.join(format!("{}.pem", dave.file_stem())), &cert, 0o644);
     write(&dir.join(format!("{}.key", dave.file_stem())), &key, 0o600);

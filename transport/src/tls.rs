@@ -78,6 +78,9 @@ pub enum TlsError {
     #[error("invalid name {0:?}: use 1-64 characters of [A-Za-z0-9_.-], not starting with a dot and without \"..\"")]
     /// A name outside [`valid_name`].
     BadName(String),
+    /// A service certificate's host names: none given, or the master's DNS name.
+    #[error("service certificate names {0}")]
+    BadServiceSan(String),
     #[error(
         "{path} is writable by {who} (mode {mode:o}); run `chmod go-w {path}` (keys: `chmod 600`)"
     )]
@@ -103,6 +106,13 @@ pub enum PeerIdentity {
     Framework(String),
     /// A user of the operator HTTP API (`gantryctl`).
     Operator(String),
+    /// A user of services built on Gantry, such as the job queue (`user:NAME`): a client
+    /// certificate that names a person, with no rights on the master.
+    User(String),
+    /// A service's HTTPS server (`service:NAME`, with the host names it is reached by): server
+    /// authentication only, so it identifies no client anywhere, and never carries the master's
+    /// DNS name.
+    Service(String),
 }
 
 impl PeerIdentity {
@@ -113,6 +123,8 @@ impl PeerIdentity {
             PeerIdentity::Agent(n) => format!("agent:{n}"),
             PeerIdentity::Framework(n) => format!("framework:{n}"),
             PeerIdentity::Operator(n) => format!("operator:{n}"),
+            PeerIdentity::User(n) => format!("user:{n}"),
+            PeerIdentity::Service(n) => format!("service:{n}"),
         }
     }
 
@@ -129,38 +141,47 @@ impl PeerIdentity {
             "agent" => Some(PeerIdentity::Agent(name.to_string())),
             "framework" => Some(PeerIdentity::Framework(name.to_string())),
             "operator" => Some(PeerIdentity::Operator(name.to_string())),
+            "user" => Some(PeerIdentity::User(name.to_string())),
+            "service" => Some(PeerIdentity::Service(name.to_string())),
             _ => None,
         }
     }
 
     /// File stem in a TLS directory: `master`, `agent-NAME`, `framework-NAME`,
-    /// `operator-NAME`.
+    /// `operator-NAME`, `user-NAME`, `service-NAME`.
     pub fn file_stem(&self) -> String {
         match self {
             PeerIdentity::Master => "master".to_string(),
             PeerIdentity::Agent(n) => format!("agent-{n}"),
             PeerIdentity::Framework(n) => format!("framework-{n}"),
             PeerIdentity::Operator(n) => format!("operator-{n}"),
+            PeerIdentity::User(n) => format!("user-{n}"),
+            PeerIdentity::Service(n) => format!("service-{n}"),
         }
     }
 
-    /// `master`, `agent`, `framework` or `operator`: the `gantryctl certs` kind.
+    /// `master`, `agent`, `framework`, `operator`, `user` or `service`: the `gantryctl certs`
+    /// kind.
     pub fn kind(&self) -> &'static str {
         match self {
             PeerIdentity::Master => "master",
             PeerIdentity::Agent(_) => "agent",
             PeerIdentity::Framework(_) => "framework",
             PeerIdentity::Operator(_) => "operator",
+            PeerIdentity::User(_) => "user",
+            PeerIdentity::Service(_) => "service",
         }
     }
 
-    /// The name in an agent, framework or operator identity (none for the master).
+    /// The name in any identity but the master's.
     pub fn name(&self) -> Option<&str> {
         match self {
             PeerIdentity::Master => None,
-            PeerIdentity::Agent(n) | PeerIdentity::Framework(n) | PeerIdentity::Operator(n) => {
-                Some(n)
-            }
+            PeerIdentity::Agent(n)
+            | PeerIdentity::Framework(n)
+            | PeerIdentity::Operator(n)
+            | PeerIdentity::User(n)
+            | PeerIdentity::Service(n) => Some(n),
         }
     }
 }

@@ -274,6 +274,28 @@ enum Certs {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Issue a user certificate (DIR/user-NAME.pem, .key) for services such as the job queue
+    /// (`gantry-queue --cert/--key`); it gives no rights on the master.
+    User {
+        name: String,
+        #[arg(long)]
+        ca_dir: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Issue a service's HTTPS server certificate (DIR/service-NAME.pem, .key), e.g. for
+    /// `gantry-queue serve --https-cert/--https-key`: server authentication only, valid for the
+    /// given host names and addresses (never the master's `gantry-master`).
+    Service {
+        name: String,
+        #[arg(long)]
+        ca_dir: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// Host names or IP addresses clients reach the service by (at least one).
+        #[arg(long, value_delimiter = ',', required = true)]
+        san: Vec<String>,
+    },
 }
 
 fn issue(ca_dir: &Path, out: &Path, identity: PeerIdentity, sans: &[String]) -> anyhow::Result<()> {
@@ -803,6 +825,13 @@ fn certs(cmd: Certs) -> anyhow::Result<()> {
         Certs::Operator { name, ca_dir, out } => {
             issue(&ca_dir, &out, PeerIdentity::Operator(name), &[])
         }
+        Certs::User { name, ca_dir, out } => issue(&ca_dir, &out, PeerIdentity::User(name), &[]),
+        Certs::Service {
+            name,
+            ca_dir,
+            out,
+            san,
+        } => issue(&ca_dir, &out, PeerIdentity::Service(name), &san),
     }
 }
 

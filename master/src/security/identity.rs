@@ -170,7 +170,12 @@ mod tests {
             Err(KindMismatch)
         );
         assert_eq!(peer_principal(PeerKind::Agent, &fw), Err(KindMismatch));
-        for other in [PeerIdentity::Master, PeerIdentity::Operator("o".into())] {
+        for other in [
+            PeerIdentity::Master,
+            PeerIdentity::Operator("o".into()),
+            PeerIdentity::User("u".into()),
+            PeerIdentity::Service("s".into()),
+        ] {
             assert_eq!(peer_principal(PeerKind::Agent, &other), Err(KindMismatch));
             assert_eq!(
                 peer_principal(PeerKind::Framework, &other),
@@ -203,10 +208,16 @@ mod tests {
             operator_caller(None, Some(|| None)),
             Caller::Anonymous { why } if why.contains("session ended")
         ));
-        assert!(matches!(
-            operator_caller(Some(PeerIdentity::Framework("f".into())), no_session),
-            Caller::Anonymous { why } if why.contains("not an operator certificate")
-        ));
+        // A user certificate (for services like the queue) gives no rights on the master.
+        for other in [
+            PeerIdentity::Framework("f".into()),
+            PeerIdentity::User("ops".into()),
+        ] {
+            assert!(matches!(
+                operator_caller(Some(other), no_session),
+                Caller::Anonymous { why } if why.contains("not an operator certificate")
+            ));
+        }
         assert_eq!(operator_caller(None, no_session), Caller::nobody());
     }
 
