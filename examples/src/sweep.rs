@@ -47,6 +47,11 @@ pub struct SweepProgress {
     /// The evaluation members' ids (once launched) and how each ended.
     pub eval_tasks: Vec<TaskId>,
     pub eval_ended: Vec<(TaskId, TaskState, String)>,
+    /// Accepts the master refused because an offer had just gone (rescinded or pooled into
+    /// another accept on its agent before our accept arrived): a race every offer-based
+    /// framework sees; their tasks come back `DROPPED` and are relaunched (`relaunches`).
+    pub stale_offers: u32,
+    /// Any other error the master reported.
     pub errors: Vec<String>,
     pub done: bool,
 }
@@ -265,7 +270,12 @@ impl Scheduler for Sweep {
     }
 
     async fn error(&mut self, _driver: &DriverHandle, kind: ErrorKind, message: &str) {
-        self.progress.errors.push(format!("{kind:?}: {message}"));
+        if kind == ErrorKind::UnknownOffer {
+            tracing::info!("an accept raced an offer's end: {message}");
+            self.progress.stale_offers += 1;
+        } else {
+            self.progress.errors.push(format!("{kind:?}: {message}"));
+        }
         self.publish();
     }
 }

@@ -83,4 +83,12 @@ async fn a_sweep_retries_failed_trials_then_runs_its_evaluation_group() {
     assert_eq!(state, TaskState::Killed, "{message}");
     assert!(message.contains("FINISHED"), "{message}");
     assert!(p.errors.is_empty(), "{:?}", p.errors);
+    // An accept that raced its offer's end (rescinded, or pooled into another accept on the
+    // agent) is refused, and its tasks come back DROPPED and were relaunched above.
+    if p.stale_offers > 0 {
+        assert!(
+            p.relaunches.iter().any(|r| r.starts_with("DROPPED")),
+            "{p:#?}"
+        );
+    }
 }
