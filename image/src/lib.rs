@@ -15,7 +15,7 @@
 //! - `unpack`: a layer archive (tar, gzip or uncompressed) into a directory, with overlayfs
 //!   whiteouts and opaque directories, modes, owners and times, refusing any entry that would
 //!   land outside the layer.
-//! - `registry`: the OCI client's configuration (HTTPS with webpki and extra roots, plain HTTP for
+//! - `registry`: the OCI client's configuration (HTTPS with the host's and extra roots, plain HTTP for
 //!   named insecure registries, linux/amd64 from manifest lists), docker `config.json`
 //!   credentials, and the mapping of registry errors to [`ImageError`].
 //! - `error`: [`ImageError`] and the task-status reasons.
@@ -24,8 +24,11 @@
 //!
 //! - [`oci-client`](https://crates.io/crates/oci-client) (the CNCF/Krustlet OCI distribution
 //!   client, formerly `oci-distribution`): references, manifests and manifest lists, the token
-//!   and basic auth flows, blob streams. Its `rustls-tls` feature is reqwest 0.12 on rustls with
-//!   the `ring` provider, so the tree stays free of aws-lc-rs and openssl (`deny.toml`).
+//!   and basic auth flows, blob streams. Its `rustls-tls-native-roots` feature is reqwest 0.12 on
+//!   rustls with the `ring` provider, so the tree stays free of aws-lc-rs and openssl
+//!   (`deny.toml`); registries are trusted through the host's trust store
+//!   (`rustls-native-certs`, Debian's `ca-certificates`) plus [`StoreConfig::extra_roots`]
+//!   (the bundled webpki-roots list is CDLA-licensed, which `deny.toml` does not allow).
 //! - [`tar`](https://crates.io/crates/tar) to read archives (entries are written by `unpack`,
 //!   not by `tar`'s unpacker, to keep the whiteout and escape rules in one place),
 //!   [`flate2`](https://crates.io/crates/flate2) for gzip, [`sha2`](https://crates.io/crates/sha2)

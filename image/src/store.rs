@@ -45,7 +45,7 @@ pub struct StoreConfig {
     /// A docker `config.json` (`auths.{host}.auth` = base64 `user:password`) with the credentials
     /// for registries that require them (basic, or basic exchanged for a bearer token).
     pub credentials: Option<PathBuf>,
-    /// PEM CA files trusted for registries, besides the webpki roots.
+    /// PEM CA files trusted for registries, besides the host's trust store (`/etc/ssl/certs`).
     pub extra_roots: Vec<PathBuf>,
 }
 
@@ -390,8 +390,9 @@ impl ImageStore {
             image: Some(digest.to_string()),
             layers: rec.layers.clone(),
         };
-        // The clock moved: persisting it is best effort (LRU order only).
-        let _ = self.inner.save(st);
+        // The clock moved in memory only: it reaches the disk with the next change of the index
+        // (a pull, a collection), so a task launch from a cached image costs no fsync. After a
+        // crash the LRU order may be slightly older; nothing else depends on it.
         Some(Image {
             digest: digest.to_string(),
             layers: rec.layers.iter().map(|l| self.inner.layer_dir(l)).collect(),
