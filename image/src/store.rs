@@ -174,6 +174,10 @@ pub struct StoreUsage {
     pub layers: usize,
 }
 
+/// One single-flight slot: callers queue on the lock; a pull that succeeds leaves the image
+/// digest in it for the callers that queued behind it.
+type Flight = Arc<tokio::sync::Mutex<Option<String>>>;
+
 struct State {
     index: Index,
     image_leases: HashMap<String, usize>,
@@ -185,7 +189,7 @@ struct Inner {
     client: oci_client::Client,
     creds: BTreeMap<String, (String, String)>,
     state: Mutex<State>,
-    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    flights: Mutex<HashMap<String, Flight>>,
     downloads: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -427,12 +431,12 @@ impl ImageStore {
         self.inner.lock().index.images.keys().cloned().collect()
     }
 
-    fn flight(&self, key: String) -> Arc<tokio::sync::Mutex<()>> {
+    fn flight(&self, key: String) -> Flight {
         let mut f = self.inner.flights.lock().unwrap_or_else(|p| p.into_inner());
         f.entry(key).or_default().clone()
     }
 
-    fn land(&self, key: &str, flight: Arc<tokio::sync::Mutex<()>>) {
+    fn land(&self, key: &str, flight: Flight) {
         let mut f = self.inner.flights.lock().unwrap_or_else(|p| p.into_inner());
         // The map's copy and ours: nobody else waits on it.
         if Arc::strong_count(&flight) == 2 {
@@ -464,8 +468,26 @@ impl ImageStore {
         let key = format!("ref:{}", r.whole());
         let flight = self.flight(key.clone());
         let result = {
-            let _guard = flight.lock().await;
-            self.pull_locked(&r, reference, progress).await
+            let mut guard = flight.lock().await;
+            // A pull of this reference finished while we queued behind it: share its result
+            // (a few milliseconds old) instead of asking the registry again.
+            let shared = match guard.as_deref() {
+                Some(digest) => self.lease_stored(digest)?,
+                None => None,
+            };
+            match shared {
+                Some(image) => {
+                    progress(format!("image {reference} is cached ({})", image.digest));
+                    Ok(image)
+                }
+                None => {
+                    let result = self.pull_locked(&r, reference, progress).await;
+                    if let Ok(image) = &result {
+                        *guard = Some(image.digest.clone());
+                    }
+                    result
+                }
+            }
         };
         self.land(&key, flight);
         let image = result?;
