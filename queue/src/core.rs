@@ -16,9 +16,13 @@
 //!    every member in the same pass, one accept per agent ([`gang::place_gang`]).
 //! 3. The first job that does not fit gets the **reservation** (one at a time, through
 //!    [`gang::Holds`], so two gangs never hold halves of the cluster): the agents and amounts its
-//!    gang would take once running tasks end are subtracted from what later jobs may use, and
-//!    the offers of those agents are held (not declined) while the hold lasts. Smaller jobs
-//!    still backfill on what is left, which cannot delay it.
+//!    gang would take at the earliest time it fits by the running workers' time limits (launch
+//!    plus limit; `Core::reserve`), preferring agents with the fewest GPUs idle now, then by
+//!    hostname, are subtracted from what later jobs may use, and the offers of those agents are
+//!    held (not declined) while the hold lasts. Smaller jobs still run on what is left, which
+//!    cannot delay it, and on the reserved GPUs too when their time limit ends by the
+//!    reservation's estimated start (EASY backfill). Time limits: the job's own, else its
+//!    team's default, else the cluster default ([`CoreConfig::default_time_limit`]).
 //! 4. A blocked `critical` or `high` job preempts: victims are running jobs of a lower class,
 //!    chosen agent by agent so that what they free forms the job's placement with what is free
 //!    (fewest GPUs killed, then fewest jobs); elastic gangs above their minimum shrink first.
@@ -40,7 +44,8 @@
 //! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
 //!
 //! Submodules: `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
-//! step 4), `views` (what the API shows), `tests`.
+//! step 4), `views` (what the API shows), `tests`, `backfill_tests` (reservation placement,
+//! EASY backfill).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -91,6 +96,12 @@ pub struct CoreConfig {
     pub preempt_file: String,
     /// The first retry's backoff; each further retry doubles it, up to [`MAX_RETRY_BACKOFF`].
     pub retry_backoff: Duration,
+    /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
+    pub team_time_limits: BTreeMap<String, Duration>,
+    /// The time limit of jobs with neither their own nor a team default
+    /// (`--default-time-limit`); `None`: unlimited (they never backfill on reserved GPUs and a
+    /// reservation behind them has no estimated start).
+    pub default_time_limit: Option<Duration>,
 }
 
 /// The longest backoff before a retry.
@@ -109,6 +120,8 @@ impl Default for CoreConfig {
             offer_hold: Duration::from_secs(20),
             preempt_file: "gpu-queue-preempted".into(),
             retry_backoff: Duration::from_secs(10),
+            team_time_limits: BTreeMap::new(),
+            default_time_limit: None,
         }
     }
 }
@@ -181,8 +194,9 @@ pub struct Stats {
     /// GPU-seconds used per team.
     pub gpu_secs: BTreeMap<String, f64>,
     /// GPU-seconds during which GPUs were idle while a waiting job could have started on them
-    /// under the policy: free GPUs outside the reservation while a job fits there (or the
-    /// reservation's holder fits in everything free). What responsiveness costs.
+    /// under the policy: free GPUs outside the reservation while a job fits there, every free
+    /// GPU while a job that may backfill on the reservation (EASY) fits in them, or while the
+    /// reservation's holder fits in everything free. What responsiveness costs.
     pub idle_while_eligible_gpu_secs: f64,
     /// Seconds during which that happened at all.
     pub idle_while_eligible_secs: f64,
@@ -209,9 +223,8 @@ pub struct Core {
     preempt_for: Option<(u64, Parts, Instant)>,
     suppressed: bool,
     last_tick: Option<Instant>,
-    /// The reservation the last pass made (its holder, and per agent the amount and GPUs), for
-    /// the idle-time statistics.
-    last_reservation: Option<(u64, Parts)>,
+    /// The reservation the last pass made, for the idle-time statistics and the views.
+    last_reservation: Option<Reservation>,
     /// Statistics.
     pub stats: Stats,
     /// What the store has of each job (a digest of its record; see `persist`).
@@ -404,18 +417,22 @@ impl Core {
                 job.not_before = None;
                 job.waiting_since = now;
             }
-            let (Some(limit), Some(started)) = (job.spec.time_limit_secs, job.attempt_started)
+            let (Some(limit), Some(started)) =
+                (time_limit(&self.config, &job.spec), job.attempt_started)
             else {
                 continue;
             };
             if job.state != JobState::Running
                 || job.preempting
-                || now.saturating_duration_since(started) < Duration::from_secs(limit)
+                || now.saturating_duration_since(started) < limit
             {
                 continue;
             }
             job.state = JobState::Failed;
-            job.message = format!("time-limit: killed after its time limit of {limit} s");
+            job.message = format!(
+                "time-limit: killed after its time limit of {} s",
+                limit.as_secs()
+            );
             for m in job.members.values_mut() {
                 m.killing = true;
                 out.push(Action::KillFor(m.task_id, TaskReason::TimeLimit));
@@ -647,7 +664,7 @@ impl Core {
             .last_tick
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         self.last_tick = Some(now);
-        let (idle, held) = self.idle_gpus();
+        let (idle, held) = self.idle_gpus(now);
         let secs = dt.as_secs_f64();
         if idle > 0 {
             self.stats.idle_while_eligible_gpu_secs += idle as f64 * secs;
@@ -661,16 +678,16 @@ impl Core {
     /// waiting job could start on now under the policy (outside the last pass's reservation,
     /// while an eligible job's gang fits there; everything free when the reservation's holder
     /// fits), 0 when no job could; and those free but held for the reservation.
-    fn idle_gpus(&self) -> (u64, u64) {
+    fn idle_gpus(&self, now: Instant) -> (u64, u64) {
         let views = self.eventual_views(false);
         let free: u64 = views.iter().map(AgentView::gpu_count).sum();
         if free == 0 {
             return (0, 0);
         }
         let mut outside = views.clone();
-        let holder = self.last_reservation.as_ref().map(|(holder, parts)| {
-            subtract(&mut outside, parts);
-            *holder
+        let holder = self.last_reservation.as_ref().map(|r| {
+            subtract(&mut outside, &r.parts);
+            r.holder
         });
         let unreserved: u64 = outside.iter().map(AgentView::gpu_count).sum();
         let held = free - unreserved;
@@ -678,13 +695,54 @@ impl Core {
             gang::place_gang(&mut within.to_vec(), &gang_of(&j.spec)).is_some()
         };
         let eligible = || self.jobs.values().filter(|j| Self::eligible(j));
+        let backfills = |j: &&Job| {
+            self.last_reservation
+                .as_ref()
+                .is_some_and(|r| self.backfills(r, &j.spec, now))
+        };
         if eligible().any(|j| holder == Some(j.id) && fits(&j, &views)) {
+            (free, 0)
+        } else if eligible().any(|j| holder != Some(j.id) && backfills(&j) && fits(&j, &views)) {
+            // EASY backfill: a job that ends before the reservation starts may use its GPUs.
             (free, 0)
         } else if eligible().any(|j| holder != Some(j.id) && fits(&j, &outside)) {
             (unreserved, held)
         } else {
             (0, held)
         }
+    }
+
+    /// Whether a job of `spec` launched `now` may run on `reservation`'s GPUs (EASY backfill):
+    /// its time limit ends by the reservation's estimated start.
+    fn backfills(&self, reservation: &Reservation, spec: &JobSpec, now: Instant) -> bool {
+        match (reservation.start, time_limit(&self.config, spec)) {
+            (Some(start), Some(limit)) => now + limit <= start,
+            _ => false,
+        }
+    }
+
+    /// A job's time limit: its own, else its team's default, else the cluster default.
+    pub fn time_limit(&self, spec: &JobSpec) -> Option<Duration> {
+        time_limit(&self.config, spec)
+    }
+
+    /// Every running member of ours: its agent, amount and GPUs, and when it is expected to
+    /// end: its attempt's launch plus the job's time limit (`now` when overdue or being killed
+    /// on purpose), `None` when the job has no time limit.
+    fn member_ends(&self, now: Instant) -> Vec<(AgentId, Resources, Vec<String>, Option<Instant>)> {
+        let mut out = Vec::new();
+        for job in self.jobs.values() {
+            let res = member_resources(&job.spec);
+            let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
+                (Some(limit), Some(started)) => Some((started + limit).max(now)),
+                _ => None,
+            };
+            for m in job.members.values() {
+                let end = if m.killing { Some(now) } else { end };
+                out.push((m.agent_id, res.clone(), m.gpus.clone(), end));
+            }
+        }
+        out
     }
 
     /// Per known agent: its capacity minus what our members use, members being killed on
@@ -908,6 +966,9 @@ impl Core {
         let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
         let mut views =
             AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
+        // Placement ties go to the first agent: by hostname, so that where jobs go does not
+        // depend on random agent (or offer) ids.
+        views.sort_by(|a, b| (&a.hostname, a.agent_id).cmp(&(&b.hostname, b.agent_id)));
         let totals = self.totals();
         let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
         let mut pending: BTreeSet<u64> = self
@@ -916,8 +977,9 @@ impl Core {
             .filter(|j| Self::eligible(j))
             .map(|j| j.id)
             .collect();
-        // Reservation: (job, per-agent amount and GPUs) subtracted for everyone else.
-        let mut reservation: Option<(u64, Parts)> = None;
+        // Reservation: per-agent amounts and GPUs subtracted for everyone else (but jobs that
+        // end before it starts: EASY backfill).
+        let mut reservation: Option<Reservation> = None;
         let mut blocked: Vec<u64> = Vec::new();
         // Jobs launched in this pass: never preempted in the same pass.
         let mut started: BTreeSet<u64> = BTreeSet::new();
@@ -941,7 +1003,12 @@ impl Core {
             }
         }
         if let Some((id, parts, _)) = &self.preempt_for {
-            reservation = Some((*id, parts.clone()));
+            // Its victims end within their grace: nothing backfills there.
+            reservation = Some(Reservation {
+                holder: *id,
+                parts: parts.clone(),
+                start: None,
+            });
         }
         while !pending.is_empty() {
             // Members launched earlier in this pass are already recorded in their jobs.
@@ -958,12 +1025,23 @@ impl Core {
             let spec = self.jobs[&id].spec.clone();
             let gang = gang_of(&spec);
             let mut avail = views.clone();
-            if let Some((holder, parts)) = &reservation {
-                if *holder != id {
-                    subtract(&mut avail, parts);
+            if let Some(r) = &reservation {
+                if r.holder != id {
+                    subtract(&mut avail, &r.parts);
                 }
             }
-            match gang::place_gang(&mut avail, &gang) {
+            let mut plan = gang::place_gang(&mut avail, &gang);
+            if plan.is_none()
+                && reservation
+                    .as_ref()
+                    .is_some_and(|r| r.holder != id && self.backfills(r, &spec, now))
+            {
+                // EASY backfill: it ends before the reservation starts, so it may use the
+                // reserved GPUs without delaying the holder.
+                avail = views.clone();
+                plan = gang::place_gang(&mut avail, &gang);
+            }
+            match plan {
                 Some(plan) => {
                     for a in &plan.assignments {
                         let agent = views[a.agent].agent_id;
@@ -974,7 +1052,7 @@ impl Core {
                     for (agent, task) in tasks {
                         launches.entry(agent).or_default().push(task);
                     }
-                    if reservation.as_ref().is_some_and(|(h, _)| *h == id) {
+                    if reservation.as_ref().is_some_and(|r| r.holder == id) {
                         reservation = None;
                     }
                     self.holds.done(&id);
@@ -982,7 +1060,7 @@ impl Core {
                 None => {
                     blocked.push(id);
                     if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
-                        reservation = self.reserve(id, &gang);
+                        reservation = self.reserve(id, &gang, now);
                     }
                 }
             }
@@ -1026,7 +1104,7 @@ impl Core {
         // work waits; decline the rest.
         let reserved: BTreeSet<AgentId> = reservation
             .iter()
-            .flat_map(|(_, parts)| parts.iter().map(|p| p.0))
+            .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
         let waiting = !blocked.is_empty();
         // Per agent: the master's accept and decline act on all of a framework's offers on an
@@ -1072,18 +1150,62 @@ impl Core {
         out
     }
 
-    /// The reservation for blocked job `id`: where its gang goes once running jobs end (or,
-    /// while its preemption is under way, once its victims end).
-    fn reserve(&self, id: u64, gang: &GangRequest) -> Option<(u64, Parts)> {
-        // While kills are under way, what they free; else what every running job frees.
-        let mut eventual = self.eventual_views(!self.kills_in_flight());
-        let plan = gang::place_gang(
-            &mut eventual,
-            &GangRequest {
-                max: gang.min,
-                ..gang.clone()
-            },
-        )?;
+    /// The reservation for blocked job `id`: where its gang's fewest members go once running
+    /// work ends, at the earliest time they fit by the running members' expected ends (their
+    /// attempt's launch plus time limit; members being killed end now). At that time it prefers
+    /// agents with the fewest GPUs idle now (then by hostname: not by agent id), so it reserves
+    /// GPUs that are busy now rather than idle ones others could use. When it fits only once
+    /// members without a time limit end, it has no estimated start.
+    fn reserve(&self, id: u64, gang: &GangRequest, now: Instant) -> Option<Reservation> {
+        let rigid = GangRequest {
+            max: gang.min,
+            ..gang.clone()
+        };
+        let idle: HashMap<AgentId, usize> = self
+            .eventual_views(false)
+            .iter()
+            .map(|v| (v.agent_id, v.gpus.len()))
+            .collect();
+        let mut base = self.eventual_views(true);
+        base.sort_by(|a, b| {
+            (idle.get(&a.agent_id), &a.hostname, a.agent_id).cmp(&(
+                idle.get(&b.agent_id),
+                &b.hostname,
+                b.agent_id,
+            ))
+        });
+        let members = self.member_ends(now);
+        // What every agent has at `t` (`None`: once every member ended).
+        let at = |t: Option<Instant>| {
+            let mut v = base.clone();
+            for (agent, res, gpus, end) in &members {
+                let ended = match (t, end) {
+                    (None, _) => true,
+                    (Some(t), Some(end)) => *end <= t,
+                    (Some(_), None) => false,
+                };
+                if !ended {
+                    remove(&mut v, *agent, res, gpus);
+                }
+            }
+            v
+        };
+        let fits = |t: Option<Instant>| {
+            let v = at(t);
+            gang::place_gang(&mut v.clone(), &rigid).map(|plan| (plan, v))
+        };
+        let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
+        times.push(now);
+        times.sort();
+        times.dedup();
+        // What is free only grows with time: the earliest time it fits, by bisection.
+        let start = if fits(times.last().copied()).is_some() {
+            let i = times.partition_point(|t| fits(Some(*t)).is_none());
+            times.get(i).copied()
+        } else {
+            None
+        };
+        let (plan, eventual) = fits(start)?;
         let mut parts: Vec<(AgentId, Resources, Vec<String>)> = Vec::new();
         for a in &plan.assignments {
             let agent = eventual[a.agent].agent_id;
@@ -1095,8 +1217,29 @@ impl Core {
                 None => parts.push((agent, gang.member.resources.clone(), a.gpus.clone())),
             }
         }
-        Some((id, parts))
+        Some(Reservation {
+            holder: id,
+            parts,
+            start,
+        })
     }
+}
+
+/// A blocked job's reservation: per agent the amount and GPUs set aside for it, and when it is
+/// expected to start (by the running jobs' time limits; `None` when unknown).
+#[derive(Debug, Clone)]
+struct Reservation {
+    holder: u64,
+    parts: Parts,
+    start: Option<Instant>,
+}
+
+/// A job's time limit under `config`: its own, else its team's default, else the cluster's.
+fn time_limit(config: &CoreConfig, spec: &JobSpec) -> Option<Duration> {
+    spec.time_limit_secs
+        .map(Duration::from_secs)
+        .or_else(|| config.team_time_limits.get(&spec.team).copied())
+        .or(config.default_time_limit)
 }
 
 /// A team's usage, for ordering.
@@ -1155,6 +1298,8 @@ mod views;
 
 pub use persist::Changes;
 
+#[cfg(test)]
+mod backfill_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]

@@ -343,7 +343,7 @@ async fn metrics(
             secs / 3600.0
         );
     }
-    let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle outside any reservation while a waiting job could have started on them.");
+    let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle while a waiting job could have started on them (outside the reservation, or on it for a job that ends before it starts).");
     let _ = writeln!(
         out,
         "# TYPE gpu_queue_idle_while_eligible_gpu_seconds_total counter"

@@ -163,6 +163,13 @@ struct Serve {
     /// to 10 minutes).
     #[arg(long, default_value_t = 10)]
     retry_backoff_secs: u64,
+    /// The time limit of jobs submitted without one whose team has no default (N, Ns, Nm, Nh
+    /// or Nd); without it such jobs are unlimited (they never backfill on reserved GPUs).
+    #[arg(long)]
+    default_time_limit: Option<String>,
+    /// A team's default time limit: NAME=DURATION (repeatable).
+    #[arg(long = "team-time-limit")]
+    team_time_limits: Vec<String>,
     /// The ACL file (TOML: declared teams, who may submit to which team up to which priority,
     /// team and queue administrators; see docs/queue.md). Without it the API is in dev mode:
     /// plain HTTP, and anyone who reaches the port may do anything.
@@ -428,8 +435,31 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         tracing::info!(framework_id = %id, jobs = loaded.jobs.len(), "resuming from the store");
     }
     let driver = Driver::new(config);
+    let mut team_time_limits = BTreeMap::new();
+    for t in &a.team_time_limits {
+        let (name, d) = t
+            .split_once('=')
+            .with_context(|| format!("--team-time-limit {t:?}: expected NAME=DURATION"))?;
+        let secs = parse_secs(d).with_context(|| format!("--team-time-limit {t:?}"))?;
+        if secs == 0 {
+            bail!("--team-time-limit {t:?}: the limit must be positive");
+        }
+        team_time_limits.insert(name.to_string(), Duration::from_secs(secs));
+    }
+    let default_time_limit = match &a.default_time_limit {
+        Some(d) => {
+            let secs = parse_secs(d).context("--default-time-limit")?;
+            if secs == 0 {
+                bail!("--default-time-limit: the limit must be positive");
+            }
+            Some(Duration::from_secs(secs))
+        }
+        None => None,
+    };
     let mut core_config = CoreConfig {
         teams,
+        team_time_limits,
+        default_time_limit,
         aging: Duration::from_secs(a.aging_secs),
         retry_backoff: Duration::from_secs(a.retry_backoff_secs),
         ..Default::default()

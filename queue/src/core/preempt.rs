@@ -42,24 +42,24 @@ impl Core {
             }
             units.push((j.id, j.members.keys().copied().collect(), j.spec.priority));
         }
-        // Free views for every known agent (agents without offers have nothing free).
-        let mut work: Vec<AgentView> = self
-            .agents
-            .iter()
-            .map(|(aid, a)| {
+        // Free views for every known agent: what is offered, and for an agent without an
+        // offer in hand its capacity minus our workers (the master offers it again shortly:
+        // a declined remainder must not make killing a larger job there look cheaper).
+        let eventual = self.eventual_views(false);
+        let mut work: Vec<AgentView> = eventual
+            .into_iter()
+            .map(|e| {
                 free.iter()
-                    .find(|v| v.agent_id == *aid)
+                    .find(|v| v.agent_id == e.agent_id)
                     .cloned()
                     .unwrap_or(AgentView {
-                        agent_id: *aid,
-                        hostname: a.hostname.clone(),
                         offer_ids: Vec::new(),
-                        resources: Resources::new(),
-                        attributes: a.attributes.clone(),
-                        gpus: Vec::new(),
+                        ..e
                     })
             })
             .collect();
+        // Ties go by hostname, not by agent id.
+        work.sort_by(|a, b| (&a.hostname, a.agent_id).cmp(&(&b.hostname, b.agent_id)));
         let mut chosen: Vec<usize> = Vec::new();
         // Members already counted as freed (a whole-job unit after some of its members were
         // picked one by one adds only the rest).

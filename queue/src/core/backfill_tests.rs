@@ -1,0 +1,226 @@
+//! The reservation where GPUs free soonest and EASY backfill, without a cluster.
+
+use super::tests::{launched, spec, update, Cluster};
+use super::*;
+
+/// The agent index (in `c`) each launched task went to.
+fn agents_of(c: &Cluster, q: &Core, tasks: &[TaskInfo]) -> BTreeSet<usize> {
+    tasks
+        .iter()
+        .map(|t| {
+            let (job, idx) = q.tasks[&t.task_id];
+            let agent = q.jobs[&job].members[&idx].agent_id;
+            c.agents.iter().position(|a| *a == agent).unwrap()
+        })
+        .collect()
+}
+
+fn limited(mut s: JobSpec, secs: Option<u64>) -> JobSpec {
+    s.time_limit_secs = secs;
+    s
+}
+
+/// The gang scenario on 24 GPUs (three 8-GPU agents): two 2×8 gangs, six 1-GPU
+/// preemptible jobs, then a critical 8-GPU job. The blocked gang's reservation goes where the
+/// running gang frees its GPUs, never on the idle agent, so the six small jobs run there at
+/// once (no GPU idle while they wait), and the critical job preempts them. The same for any
+/// agent ids (the old reservation took the first agents by id: 2 of 3 id sets left 8 GPUs
+/// idle).
+#[test]
+fn a_blocked_gang_reserves_where_gpus_free_soonest_for_any_agent_ids() {
+    for round in 0..12 {
+        let c = Cluster::new(3);
+        let mut q = Core::new(CoreConfig {
+            default_time_limit: Some(Duration::from_secs(3600)),
+            ..Default::default()
+        });
+        let t0 = Instant::now();
+        let a = limited(spec("a", "nlp", Priority::Normal, 8, 2), Some(600));
+        q.submit(a, t0);
+        q.submit(spec("b", "nlp", Priority::Normal, 8, 2), t0);
+        // a starts on two agents; b reserves where GPUs free first; then the small jobs come.
+        let mut first = launched(&q.offers(c.offers(&[8, 8, 8]), t0));
+        q.tick(t0);
+        let on_a = agents_of(&c, &q, &first);
+        let third = (0..3).find(|i| !on_a.contains(i)).unwrap();
+        for i in 0..6 {
+            let p = spec(&format!("p{i}"), "cv", Priority::Preemptible, 1, 1);
+            first.extend(launched(&q.submit(p, t0).1));
+            // The rest of the third agent is offered again after each launch there.
+            let free = 8 - (first.len() as u32 - 2);
+            let mut counts = [0, 0, 0];
+            counts[third] = free;
+            let offer: Vec<Offer> = c
+                .offers(&counts)
+                .into_iter()
+                .filter(|o| o.agent_id == c.agents[third])
+                .collect();
+            first.extend(launched(&q.offers(offer, t0)));
+        }
+        let names: BTreeSet<&str> = first.iter().map(|t| t.name.as_str()).collect();
+        let expect: BTreeSet<&str> = ["a/0", "a/1", "p0/0", "p1/0", "p2/0", "p3/0", "p4/0", "p5/0"]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            names, expect,
+            "round {round}: every small job starts at once"
+        );
+        let gang: Vec<TaskInfo> = first
+            .iter()
+            .filter(|t| t.name.starts_with("a/"))
+            .cloned()
+            .collect();
+        let small: Vec<TaskInfo> = first
+            .iter()
+            .filter(|t| t.name.starts_with('p'))
+            .cloned()
+            .collect();
+        let gang_agents = agents_of(&c, &q, &gang);
+        let small_agents = agents_of(&c, &q, &small);
+        assert_eq!(gang_agents.len(), 2);
+        assert_eq!(small_agents.len(), 1);
+        assert!(gang_agents.is_disjoint(&small_agents), "round {round}");
+        for t in &first {
+            q.update(&update(t, TaskState::Running, vec![]), t0);
+        }
+        // b holds the reservation on a's agents, which free first; nothing is idle.
+        q.tick(t0);
+        let r = q
+            .last_reservation
+            .clone()
+            .unwrap_or_else(|| panic!("b's reservation: {:?} {:?}", q.order(t0), q.holds.holder()));
+        assert_eq!(r.holder, 2);
+        let reserved: BTreeSet<usize> = r
+            .parts
+            .iter()
+            .map(|p| c.agents.iter().position(|a| *a == p.0).unwrap())
+            .collect();
+        assert_eq!(reserved, gang_agents, "round {round}");
+        assert_eq!(r.start, Some(t0 + Duration::from_secs(600)));
+        let s = Duration::from_secs(1);
+        q.tick(t0 + s);
+        q.tick(t0 + 5 * s);
+        assert_eq!(q.stats.idle_while_eligible_gpu_secs, 0.0, "round {round}");
+        assert_eq!(q.stats.reserved_idle_gpu_secs, 0.0, "round {round}");
+        // The critical job preempts the six small ones (all on the third agent).
+        let (_, a) = q.submit(spec("urgent", "cv", Priority::Critical, 8, 1), t0 + 5 * s);
+        let kills: Vec<TaskId> = a
+            .iter()
+            .filter_map(|a| match a {
+                Action::KillFor(t, TaskReason::Preempted) => Some(*t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kills.len(), 6, "round {round}: {a:?}");
+        for t in &small {
+            q.update(&update(t, TaskState::Killed, vec![]), t0 + 6 * s);
+        }
+        let third = *small_agents.iter().next().unwrap();
+        let mut free = [0, 0, 0];
+        free[third] = 8;
+        let offers: Vec<Offer> = c
+            .offers(&free)
+            .into_iter()
+            .filter(|o| o.agent_id == c.agents[third])
+            .collect();
+        let names: Vec<String> = launched(&q.offers(offers, t0 + 6 * s))
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(names, ["urgent/0"], "round {round}");
+    }
+}
+
+/// EASY backfill on one 8-GPU agent: a 4-GPU job runs with a 100 s limit, an 8-GPU job waits
+/// (reserved from t0+100 s). A 1-GPU job limited to 50 s ends before that and backfills on the
+/// reserved GPUs; one limited to 200 s or unlimited does not. Reserved GPUs a backfillable
+/// job could use count as idle-while-eligible.
+#[test]
+fn easy_backfill_runs_only_jobs_that_end_before_the_reservation_starts() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    q.submit(
+        limited(spec("run", "t", Priority::Normal, 4, 1), Some(100)),
+        t0,
+    );
+    let run = launched(&q.offers(c.offers(&[8]), t0));
+    q.update(&update(&run[0], TaskState::Running, vec![]), t0);
+    q.submit(spec("big", "t", Priority::Normal, 8, 1), t0);
+    q.submit(
+        limited(spec("long", "t", Priority::Normal, 1, 1), Some(200)),
+        t0,
+    );
+    q.submit(spec("unlimited", "t", Priority::Normal, 1, 1), t0);
+    let t1 = t0 + 10 * s;
+    let a = q.offers(c.offers(&[4]), t1);
+    assert!(launched(&a).is_empty(), "{a:?}");
+    assert_eq!(
+        q.last_reservation.as_ref().map(|r| (r.holder, r.start)),
+        Some((2, Some(t0 + 100 * s)))
+    );
+    // Held for big, and nothing waiting could use them without delaying it: reserved.
+    q.tick(t1);
+    q.tick(t1 + s);
+    assert_eq!(q.stats.reserved_idle_gpu_secs, 4.0);
+    assert_eq!(q.stats.idle_while_eligible_gpu_secs, 0.0);
+    // A job that ends by t0+100 s may run there now.
+    let (_, a) = q.submit(
+        limited(spec("short", "t", Priority::Normal, 1, 1), Some(50)),
+        t1 + s,
+    );
+    let names: Vec<String> = launched(&a).into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["short/0"]);
+    // Another short one, with no offer in hand: the 3 free GPUs are idle while it waits.
+    q.submit(
+        limited(spec("short2", "t", Priority::Normal, 1, 1), Some(50)),
+        t1 + s,
+    );
+    q.tick(t1 + 2 * s);
+    assert_eq!(q.stats.idle_while_eligible_gpu_secs, 3.0);
+    assert_eq!(q.stats.reserved_idle_gpu_secs, 4.0);
+    let names: Vec<String> = launched(&q.offers(c.offers(&[3]), t1 + 30 * s))
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["short2/0"]);
+    // Too late to end before big starts (t0+55 s + 50 s is past t0+100 s): nothing launches
+    // (within big's hold: it started at t0 and lasts 60 s).
+    q.submit(
+        limited(spec("short3", "t", Priority::Normal, 1, 1), Some(50)),
+        t1 + 30 * s,
+    );
+    let names: Vec<String> = launched(&q.offers(c.offers(&[2]), t1 + 45 * s))
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+}
+
+/// Team and cluster default time limits apply to jobs without their own, and kill them.
+#[test]
+fn team_and_cluster_default_time_limits() {
+    let mut q = Core::new(CoreConfig {
+        team_time_limits: [("nlp".to_string(), Duration::from_secs(30))].into(),
+        default_time_limit: Some(Duration::from_secs(90)),
+        ..Default::default()
+    });
+    let own = limited(spec("own", "nlp", Priority::Normal, 1, 1), Some(10));
+    assert_eq!(q.time_limit(&own), Some(Duration::from_secs(10)));
+    let team = spec("team", "nlp", Priority::Normal, 1, 1);
+    assert_eq!(q.time_limit(&team), Some(Duration::from_secs(30)));
+    let other = spec("other", "cv", Priority::Normal, 1, 1);
+    assert_eq!(q.time_limit(&other), Some(Duration::from_secs(90)));
+    let c = Cluster::new(1);
+    let t0 = Instant::now();
+    q.submit(team, t0);
+    let tasks = launched(&q.offers(c.offers(&[8]), t0));
+    q.update(&update(&tasks[0], TaskState::Running, vec![]), t0);
+    let a = q.tick(t0 + Duration::from_secs(30));
+    assert!(a.contains(&Action::KillFor(tasks[0].task_id, TaskReason::TimeLimit)));
+    assert_eq!(
+        q.view(1, t0).unwrap().message,
+        "time-limit: killed after its time limit of 30 s"
+    );
+}
