@@ -43,7 +43,7 @@
 //! milliseconds, and its retries and backoff are what the store keeps in each job record
 //! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
 //!
-//! Submodules: `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
+//! Submodules: `estimate` (estimated start times), `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
 //! step 4), `views` (what the API shows), `tests`, `backfill_tests` (reservation placement,
 //! EASY backfill).
 
@@ -1291,11 +1291,13 @@ fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]
     }
 }
 
+mod estimate;
 mod launch;
 mod persist;
 mod preempt;
 mod views;
 
+pub use estimate::MAX_ESTIMATED;
 pub use persist::Changes;
 
 #[cfg(test)]

@@ -192,7 +192,10 @@ async fn list(
     if let Err(d) = reader(&api, &headers, cert) {
         return denied(d);
     }
-    let views: Vec<JobView> = api.shared.core().views(Instant::now());
+    let views: Vec<JobView> = api
+        .shared
+        .core()
+        .views_at(Instant::now(), crate::runtime::unix_ms());
     Json(views).into_response()
 }
 
@@ -205,7 +208,11 @@ async fn show(
     if let Err(d) = reader(&api, &headers, cert) {
         return denied(d);
     }
-    match api.shared.core().view(id, Instant::now()) {
+    match api
+        .shared
+        .core()
+        .view_at(id, Instant::now(), crate::runtime::unix_ms())
+    {
         Some(v) => Json(v).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no job {id}")),
     }

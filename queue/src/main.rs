@@ -363,7 +363,7 @@ async fn call(
 
 fn table(jobs: &[JobView]) {
     println!(
-        "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>8}  WHERE / WHY",
+        "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>8} {:>9}  WHERE / WHY",
         "ID",
         "NAME",
         "TEAM",
@@ -374,8 +374,12 @@ fn table(jobs: &[JobView]) {
         "WORKERS",
         "GPUS",
         "PREEMPT",
-        "WAITED"
+        "WAITED",
+        "START"
     );
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     for j in jobs {
         let workers = if j.min_workers == j.max_workers {
             format!("{}/{}", j.workers, j.max_workers)
@@ -386,7 +390,7 @@ fn table(jobs: &[JobView]) {
             .position
             .map_or_else(|| "-".to_string(), |p| p.to_string());
         println!(
-            "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>7.0}s  {}",
+            "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>7.0}s {:>9}  {}",
             j.id,
             j.name,
             j.team,
@@ -398,8 +402,25 @@ fn table(jobs: &[JobView]) {
             j.gpus_per_worker,
             j.preemptions,
             j.waited_secs,
+            start_in(j, now_ms),
             where_(j)
         );
+    }
+}
+
+/// A pending job's estimated start from now (`now`, `in 90s`, `in 12m`, `in 3h`, `in 2d`), or
+/// `-` when unknown or not pending.
+fn start_in(j: &JobView, now_ms: u64) -> String {
+    let Some(at) = j.estimated_start_unix_ms else {
+        return "-".into();
+    };
+    let secs = at.saturating_sub(now_ms) / 1000;
+    match secs {
+        0 => "now".into(),
+        1..120 => format!("in {secs}s"),
+        120..7200 => format!("in {}m", secs / 60),
+        7200..172_800 => format!("in {}h", secs / 3600),
+        _ => format!("in {}d", secs / 86400),
     }
 }
 

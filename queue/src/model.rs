@@ -347,6 +347,11 @@ pub struct JobView {
     /// The same among its team's jobs.
     #[serde(default)]
     pub team_position: Option<u32>,
+    /// A pending job's estimated start, Unix milliseconds: the queue simulated forward with
+    /// time limits (as `squeue --start`). `None` when unknown (it waits behind work without a
+    /// time limit, or is past the first jobs estimated).
+    #[serde(default)]
+    pub estimated_start_unix_ms: Option<u64>,
 }
 
 /// One worker of a job as the store keeps it.

@@ -767,7 +767,19 @@ fn gang_scenario_reserves_where_gpus_free_soonest_and_critical_preempts() {
         Duration::from_secs(20),
         &|| small.iter().all(|id| state(*id) == "RUNNING"),
     );
-    assert_eq!(state(b), "PENDING");
+    // b is estimated to start when a's time limit (2 minutes) ends.
+    let jobs = q.jobs();
+    let jb = jobs.iter().find(|j| j["id"] == b).unwrap();
+    assert_eq!(jb["state"], "PENDING");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let est = jb["estimated_start_unix_ms"].as_u64().unwrap_or(0);
+    assert!(
+        est > now_ms + 80_000 && est < now_ms + 121_000,
+        "b's estimated start {est} (now {now_ms}): {jb:#}"
+    );
     // While b waits for a, no GPU is idle that a waiting job could use, and none is held idle.
     let before = q.stats();
     std::thread::sleep(Duration::from_secs(3));

@@ -224,3 +224,51 @@ fn team_and_cluster_default_time_limits() {
         "time-limit: killed after its time limit of 30 s"
     );
 }
+
+/// Estimated starts simulate the queue forward with time limits: on one 8-GPU agent with a
+/// 4-GPU job running until t0+100 s, an 8-GPU job starts then, a short 1-GPU job now, a 4-GPU
+/// job of 200 s after the 8-GPU one ends, and an unlimited 1-GPU job beside it.
+#[test]
+fn estimated_starts_follow_time_limits() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    q.submit(
+        limited(spec("run", "t", Priority::Normal, 4, 1), Some(100)),
+        t0,
+    );
+    let run = launched(&q.offers(c.offers(&[8]), t0));
+    q.update(&update(&run[0], TaskState::Running, vec![]), t0);
+    q.submit(
+        limited(spec("big", "t", Priority::Normal, 8, 1), Some(50)),
+        t0,
+    );
+    q.submit(
+        limited(spec("mid", "t", Priority::Normal, 4, 1), Some(200)),
+        t0,
+    );
+    q.submit(spec("unlimited", "t", Priority::Normal, 1, 1), t0);
+    q.submit(
+        limited(spec("short", "t", Priority::Normal, 1, 1), Some(30)),
+        t0,
+    );
+    let now = t0 + 10 * s;
+    let wall = 1_000_000_000;
+    let at = |secs: u64| Some(wall + (secs - 10) * 1000);
+    let starts: BTreeMap<String, Option<u64>> = q
+        .views_at(now, wall)
+        .into_iter()
+        .map(|v| (v.name, v.estimated_start_unix_ms))
+        .collect();
+    assert_eq!(starts["run"], None, "running");
+    assert_eq!(starts["big"], at(100));
+    assert_eq!(starts["short"], at(10), "fits now, ends before big");
+    assert_eq!(starts["mid"], at(150));
+    assert_eq!(starts["unlimited"], at(150), "beside mid");
+    // Without a wall clock, no estimates.
+    assert!(q
+        .views(now)
+        .iter()
+        .all(|v| v.estimated_start_unix_ms.is_none()));
+}

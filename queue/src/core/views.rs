@@ -22,12 +22,24 @@ struct Standings {
     free_gpus: u64,
     /// The job the reservation (or a preemption under way) is for.
     reserved_for: Option<u64>,
+    /// Estimated starts of the first eligible jobs, Unix milliseconds (with a wall clock).
+    starts: HashMap<u64, u64>,
 }
 
 impl Core {
-    /// Every job, for the API.
+    /// Every job, for the API (without estimated starts: see [`Core::views_at`]).
     pub fn views(&self, now: Instant) -> Vec<JobView> {
-        let st = self.standings(now);
+        let st = self.standings(now, None);
+        self.jobs
+            .values()
+            .map(|j| self.view_of(j, now, &st))
+            .collect()
+    }
+
+    /// Every job, for the API, with pending jobs' estimated starts (`wall_ms`: the wall clock
+    /// at `now`, Unix milliseconds).
+    pub fn views_at(&self, now: Instant, wall_ms: u64) -> Vec<JobView> {
+        let st = self.standings(now, Some(wall_ms));
         self.jobs
             .values()
             .map(|j| self.view_of(j, now, &st))
@@ -37,10 +49,16 @@ impl Core {
     /// One job, for the API.
     pub fn view(&self, id: u64, now: Instant) -> Option<JobView> {
         let job = self.jobs.get(&id)?;
-        Some(self.view_of(job, now, &self.standings(now)))
+        Some(self.view_of(job, now, &self.standings(now, None)))
     }
 
-    fn standings(&self, now: Instant) -> Standings {
+    /// One job, for the API, with its estimated start (see [`Core::views_at`]).
+    pub fn view_at(&self, id: u64, now: Instant, wall_ms: u64) -> Option<JobView> {
+        let job = self.jobs.get(&id)?;
+        Some(self.view_of(job, now, &self.standings(now, Some(wall_ms))))
+    }
+
+    fn standings(&self, now: Instant, wall_ms: Option<u64>) -> Standings {
         let order = self.order(now);
         let mut per_team: HashMap<&str, usize> = HashMap::new();
         let mut at = HashMap::new();
@@ -65,12 +83,24 @@ impl Core {
             .as_ref()
             .map(|p| p.0)
             .or_else(|| self.holds.holder().map(|(id, _)| *id));
+        let starts = match wall_ms {
+            Some(wall) => self
+                .estimated_starts(now, &order)
+                .into_iter()
+                .map(|(id, t)| {
+                    let ahead = t.saturating_duration_since(now).as_millis() as u64;
+                    (id, wall.saturating_add(ahead))
+                })
+                .collect(),
+            None => HashMap::new(),
+        };
         Standings {
             order,
             at,
             team_gpus,
             free_gpus,
             reserved_for,
+            starts,
         }
     }
 
@@ -246,6 +276,9 @@ impl Core {
             pending_reason,
             position: st.at.get(&j.id).map(|a| a.0 as u32 + 1),
             team_position: st.at.get(&j.id).map(|a| a.1 as u32 + 1),
+            estimated_start_unix_ms: (j.state == JobState::Pending)
+                .then(|| st.starts.get(&j.id).copied())
+                .flatten(),
         }
     }
 
