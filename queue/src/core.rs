@@ -30,6 +30,10 @@
 //!    never a victim. Victims get SIGTERM (their wrapper writes the preemption file), a grace
 //!    period, then SIGKILL, and are requeued. Until the preemptor launches (at most a minute),
 //!    where it will go is reserved for it and no other preemption starts.
+//!    **Quota reclaim**: otherwise, the first blocked job whose team stays within its GPU
+//!    quota with it preempts the same way among jobs of other teams above their quota (a team
+//!    without one counts as 0), each of which they can lose without going below it: lowest
+//!    class, then newest first; never `critical` jobs.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
 //! 6. Offers nobody can use are declined (offers held past the hold timeout too).
 //!
@@ -1093,7 +1097,25 @@ impl Core {
                 .iter()
                 .find(|id| self.jobs[id].spec.priority >= Priority::High)
             {
-                out.extend(self.preempt(id, &views, &started, now));
+                out.extend(self.preempt(id, &views, &started, now, false));
+            }
+        }
+        // Quota reclaim: the first blocked job whose team stays within its GPU quota takes
+        // back borrowed GPUs, preempting jobs of teams above theirs.
+        if !self.kills_in_flight() && self.preempt_for.is_none() {
+            let usage = self.usage(now);
+            let within = |id: &u64| {
+                let j = &self.jobs[id];
+                let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+                let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
+                need > 0
+                    && self
+                        .team(&j.spec.team)
+                        .gpu_quota
+                        .is_some_and(|q| used + need <= q)
+            };
+            if let Some(&id) = blocked.iter().find(|id| within(id)) {
+                out.extend(self.preempt(id, &views, &started, now, true));
             }
         }
         // Elastic growth when nothing waits.

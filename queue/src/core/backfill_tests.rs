@@ -272,3 +272,66 @@ fn estimated_starts_follow_time_limits() {
         .iter()
         .all(|v| v.estimated_start_unix_ms.is_none()));
 }
+
+fn kills_of(actions: &[Action]) -> Vec<TaskId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::KillFor(t, TaskReason::Preempted) => Some(*t),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Quota reclaim: cv (quota 4) borrows nlp's idle quota on one 8-GPU agent; when nlp (quota
+/// 4) has a job that fits its quota, cv's newest borrowed jobs are preempted for it, never
+/// more than cv borrowed, and nlp at its quota reclaims nothing.
+#[test]
+fn a_team_within_its_quota_reclaims_borrowed_gpus_newest_first() {
+    let quota = |q| TeamConfig {
+        weight: 1.0,
+        gpu_quota: Some(q),
+    };
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        teams: [("nlp".to_string(), quota(4)), ("cv".to_string(), quota(4))].into(),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    for i in 0..8 {
+        q.submit(spec(&format!("cv{i}"), "cv", Priority::Normal, 1, 1), t0);
+    }
+    let mut mask = c.offers(&[4]);
+    mask[0].gpus = mask[0].gpus[..4].to_vec().into();
+    let old = launched(&q.offers(mask, t0));
+    assert_eq!(old.len(), 4);
+    let new = launched(&q.offers(c.offers(&[4]), t0 + 10 * s));
+    assert_eq!(new.len(), 4);
+    for t in old.iter().chain(&new) {
+        q.update(&update(t, TaskState::Running, vec![]), t0 + 10 * s);
+    }
+    let (_, a) = q.submit(spec("n", "nlp", Priority::Low, 2, 1), t0 + 20 * s);
+    let kills = kills_of(&a);
+    assert_eq!(kills.len(), 2, "{a:?}");
+    let new_ids: BTreeSet<TaskId> = new.iter().map(|t| t.task_id).collect();
+    assert!(kills.iter().all(|k| new_ids.contains(k)), "newest first");
+    for t in new.iter().filter(|t| kills.contains(&t.task_id)) {
+        q.update(&update(t, TaskState::Killed, vec![]), t0 + 21 * s);
+    }
+    let names: Vec<String> = launched(&q.offers(c.offers(&[2]), t0 + 21 * s))
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["n/0"]);
+    // Two more nlp GPUs: still within its quota of 4, reclaimed from cv's 2 borrowed.
+    let (_, a) = q.submit(spec("n2", "nlp", Priority::Low, 2, 1), t0 + 22 * s);
+    assert_eq!(kills_of(&a).len(), 2, "{a:?}");
+    // cv is at its quota now (4 running, none borrowed): nlp above its quota reclaims nothing.
+    for t in new.iter().filter(|t| !kills.contains(&t.task_id)) {
+        q.update(&update(t, TaskState::Killed, vec![]), t0 + 23 * s);
+    }
+    q.offers(c.offers(&[2]), t0 + 23 * s);
+    let (_, a) = q.submit(spec("n3", "nlp", Priority::Low, 1, 1), t0 + 24 * s);
+    assert!(kills_of(&a).is_empty(), "{a:?}");
+}

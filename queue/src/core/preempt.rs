@@ -1,7 +1,7 @@
 //! Preemption: which running workers to stop so that a blocked `critical`/`high` job fits
 //! (see the parent module's documentation, step 4).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use gantry_sdk::placement::gang;
@@ -13,24 +13,43 @@ use crate::model::Priority;
 
 impl Core {
     /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
+    ///
+    /// With `reclaim` (quota reclaim: `id`'s team is below its GPU quota), the victims are
+    /// instead jobs of other teams above their quota (a team without one counts as quota 0)
+    /// that they can lose without going below it, of any class but `critical`: lowest class
+    /// first, then newest.
     pub(super) fn preempt(
         &mut self,
         id: u64,
         free: &[AgentView],
         started: &BTreeSet<u64>,
         now: Instant,
+        reclaim: bool,
     ) -> Vec<Action> {
         let spec = self.jobs[&id].spec.clone();
         let member = request(&spec);
+        let used: HashMap<String, u64> = self
+            .usage(now)
+            .into_iter()
+            .map(|(t, u)| (t, u.gpus))
+            .collect();
+        let borrowed = |team: &str| {
+            let quota = self.team(team).gpu_quota.unwrap_or(0);
+            used.get(team).copied().unwrap_or(0).saturating_sub(quota)
+        };
         // Victim units: an elastic gang's members above its minimum one by one (highest index
         // first), else whole jobs. (job, members, priority).
         let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
         for j in self.jobs.values() {
-            if j.state != JobState::Running
-                || j.preempting
-                || j.spec.priority >= spec.priority
-                || started.contains(&j.id)
-            {
+            let allowed = if reclaim {
+                j.spec.team != spec.team
+                    && j.spec.priority < Priority::Critical
+                    && u64::from(j.spec.gpus) * u64::from(j.running_members())
+                        <= borrowed(&j.spec.team)
+            } else {
+                j.spec.priority < spec.priority
+            };
+            if j.state != JobState::Running || j.preempting || !allowed || started.contains(&j.id) {
                 continue;
             }
             let n = j.running_members();
@@ -92,9 +111,15 @@ impl Core {
                         !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0
                     })
                     .collect();
+                // Reclaim takes the newest first; a preemption the fewest GPUs.
+                let newest = |u: usize| {
+                    let started = self.jobs.get(&units[u].0).and_then(|j| j.attempt_started);
+                    std::cmp::Reverse(started.filter(|_| reclaim))
+                };
                 order.sort_by_key(|&u| {
                     (
                         units[u].2,
+                        newest(u),
                         self.unit_on(&units[u], view.agent_id).1.milli("gpus"),
                         units[u].1.len(),
                     )
