@@ -235,6 +235,9 @@ pub struct Core {
     persisted: HashMap<u64, u64>,
     /// Workers ended since the last [`Core::take_changes`] (the usage history).
     ended_members: Vec<EndedMember>,
+    /// The wall clock last given (an instant and the Unix milliseconds then): deadlines are
+    /// Unix times.
+    wall: Option<(Instant, u64)>,
 }
 
 /// A worker that ended, for the usage history.
@@ -288,6 +291,7 @@ impl Core {
             stats: Stats::default(),
             persisted: HashMap::new(),
             ended_members: Vec::new(),
+            wall: None,
         }
     }
 
@@ -412,10 +416,50 @@ impl Core {
         job.state == JobState::Pending && !job.on_deps && job.not_before.is_none()
     }
 
+    /// The wall clock: `wall_ms` (Unix milliseconds) is the time at `now`. Given by the shell
+    /// with every event ([`Core::take_changes`] and [`Core::restore`] take it too); deadlines
+    /// need it.
+    pub fn set_wall_clock(&mut self, now: Instant, wall_ms: u64) {
+        self.wall = Some((now, wall_ms));
+    }
+
+    /// The latest time `spec`'s job may start and still end by its deadline (the deadline
+    /// minus its time limit), as an instant; `None` without a deadline or a wall clock.
+    fn latest_start(&self, spec: &JobSpec) -> Option<Instant> {
+        let (at, wall) = self.wall?;
+        let deadline_ms = spec.deadline_unix?.saturating_mul(1000);
+        let limit = time_limit(&self.config, spec).unwrap_or(Duration::ZERO);
+        let deadline = if deadline_ms >= wall {
+            at + Duration::from_millis(deadline_ms - wall)
+        } else {
+            at.checked_sub(Duration::from_millis(wall - deadline_ms))
+                .unwrap_or(at)
+        };
+        Some(deadline.checked_sub(limit).unwrap_or(deadline.min(at)))
+    }
+
     /// Retries whose backoff is over become eligible; attempts past their time limit are
-    /// killed and their jobs end `FAILED` (reason `time-limit`).
+    /// killed and their jobs end `FAILED` (reason `time-limit`); pending jobs past their latest
+    /// start are cancelled (reason `deadline`) unless their deadline is best-effort.
     fn timers(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
+        let missed: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending && !j.spec.deadline_best_effort)
+            .filter(|j| j.members.is_empty())
+            .filter(|j| self.latest_start(&j.spec).is_some_and(|t| now > t))
+            .map(|j| j.id)
+            .collect();
+        for id in missed {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.state = JobState::Cancelled;
+                job.message = "deadline: it could not start in time to end by its deadline \
+                               (deadline minus time limit); cancelled"
+                    .into();
+                self.holds.done(&id);
+            }
+        }
         for job in self.jobs.values_mut() {
             if job.not_before.is_some_and(|t| now >= t) {
                 job.not_before = None;
@@ -725,6 +769,11 @@ impl Core {
         }
     }
 
+    /// A job's specification, as submitted.
+    pub fn spec(&self, id: u64) -> Option<&JobSpec> {
+        self.jobs.get(&id).map(|j| &j.spec)
+    }
+
     /// A job's time limit: its own, else its team's default, else the cluster default.
     pub fn time_limit(&self, spec: &JobSpec) -> Option<Duration> {
         time_limit(&self.config, spec)
@@ -800,13 +849,38 @@ impl Core {
         self.config.teams.get(team).cloned().unwrap_or_default()
     }
 
-    /// Effective priority class (aging).
+    /// Effective priority class: aging (one class per `aging` waited), and a deadline's
+    /// urgency (one class within two aging intervals of its latest start, two within one; 5
+    /// minutes when aging is off); up to `high`.
     fn effective(&self, job: &Job, now: Instant) -> Priority {
-        if job.spec.priority >= Priority::High || self.config.aging.is_zero() {
+        if job.spec.priority >= Priority::High {
             return job.spec.priority;
         }
-        let waited = now.saturating_duration_since(job.waiting_since);
-        let steps = (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as u8;
+        let window = if self.config.aging.is_zero() {
+            Duration::from_secs(300)
+        } else {
+            self.config.aging
+        };
+        let urgency = match self.latest_start(&job.spec) {
+            Some(t) if job.state == JobState::Pending => {
+                let slack = t.saturating_duration_since(now);
+                if slack <= window {
+                    2
+                } else if slack <= 2 * window {
+                    1
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        };
+        let steps = if self.config.aging.is_zero() {
+            0
+        } else {
+            let waited = now.saturating_duration_since(job.waiting_since);
+            (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as u8
+        };
+        let steps = steps.max(urgency);
         Priority::from_rank(
             job.spec
                 .priority

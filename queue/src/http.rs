@@ -163,8 +163,31 @@ async fn submit(
             format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),
         );
     }
+    let deadline = spec.deadline_unix;
     let id = s.with(|core, now| core.submit_as(spec, user, now));
-    (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
+    // Say so when the estimated start already misses the deadline.
+    let wall = crate::runtime::unix_ms();
+    let warning = deadline.and_then(|d| {
+        let core = s.core();
+        let view = core.view_at(id, Instant::now(), wall)?;
+        let limit = core.time_limit(core.spec(id)?).unwrap_or_default();
+        let start = view.estimated_start_unix_ms?;
+        let end = start + limit.as_millis() as u64;
+        (end > d.saturating_mul(1000)).then(|| {
+            format!(
+                "the estimated start (in {} s) plus its time limit ({} s) misses its deadline \
+                 (in {} s)",
+                start.saturating_sub(wall) / 1000,
+                limit.as_secs(),
+                (d * 1000).saturating_sub(wall) / 1000
+            )
+        })
+    });
+    let mut body = json!({ "id": id });
+    if let Some(w) = warning {
+        body["warning"] = json!(w);
+    }
+    (StatusCode::CREATED, Json(body)).into_response()
 }
 
 async fn shutdown(

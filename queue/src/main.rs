@@ -217,9 +217,14 @@ struct Submit {
     /// Least GPU memory, MiB.
     #[arg(long)]
     gpu_min_memory: Option<u64>,
-    /// Deadline: Unix seconds, or +DURATION (e.g. +90s, +30m, +2h).
+    /// Deadline: Unix seconds, or +DURATION (e.g. +90s, +30m, +2h). The job should end by then
+    /// (see --deadline-policy).
     #[arg(long)]
     deadline: Option<String>,
+    /// What a deadline means: `cancel` (a job not started by its deadline minus its time
+    /// limit is cancelled with the reason `deadline`) or `best-effort` (it still runs).
+    #[arg(long, default_value = "cancel", value_parser = ["cancel", "best-effort"])]
+    deadline_policy: String,
     /// Seconds between the preemption warning (SIGTERM) and SIGKILL.
     #[arg(long, default_value_t = 10)]
     grace_secs: u32,
@@ -597,6 +602,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 min_workers: min,
                 max_workers: max,
                 deadline_unix: s.deadline.as_deref().map(parse_deadline).transpose()?,
+                deadline_best_effort: s.deadline_policy == "best-effort",
                 grace_secs: s.grace_secs,
                 env: BTreeMap::new(),
                 after: s.after,
@@ -621,6 +627,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if s.json {
                 println!("{v}");
             } else {
+                if let Some(w) = v["warning"].as_str() {
+                    eprintln!("warning: {w}");
+                }
                 println!("{}", v["id"]);
             }
             Ok(())

@@ -166,9 +166,15 @@ pub struct JobSpec {
     /// Most workers (elastic when above `min_workers`).
     #[serde(default = "one_u32")]
     pub max_workers: u32,
-    /// Deadline, Unix seconds (earliest first among equals).
+    /// Deadline, Unix seconds: the job should end by then. Its priority rises as its latest
+    /// start (the deadline minus its time limit) approaches; a job still pending past its
+    /// latest start is cancelled with the reason `deadline` unless `deadline_best_effort`.
+    /// Earliest first among equals.
     #[serde(default)]
     pub deadline_unix: Option<u64>,
+    /// `--deadline-policy best-effort`: a job that misses its deadline still runs.
+    #[serde(default)]
+    pub deadline_best_effort: bool,
     /// Seconds between the preemption warning (SIGTERM) and SIGKILL.
     #[serde(default = "grace")]
     pub grace_secs: u32,

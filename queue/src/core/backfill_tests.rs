@@ -335,3 +335,47 @@ fn a_team_within_its_quota_reclaims_borrowed_gpus_newest_first() {
     let (_, a) = q.submit(spec("n3", "nlp", Priority::Low, 1, 1), t0 + 24 * s);
     assert!(kills_of(&a).is_empty(), "{a:?}");
 }
+
+/// Deadlines: a pending job past its latest start (deadline minus time limit) is cancelled with
+/// the reason `deadline`, unless best-effort; its class rises as its latest start approaches.
+#[test]
+fn deadlines_raise_priority_and_cancel_past_the_latest_start() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let wall: u64 = 2_000_000_000_000;
+    q.set_wall_clock(t0, wall);
+    q.submit(spec("hog", "t", Priority::Normal, 8, 1), t0);
+    let hog = launched(&q.offers(c.offers(&[8]), t0));
+    q.update(&update(&hog[0], TaskState::Running, vec![]), t0);
+    let due = |name: &str, in_secs: u64, best_effort: bool| {
+        let mut j = limited(spec(name, "t", Priority::Low, 1, 1), Some(30));
+        j.deadline_unix = Some(wall / 1000 + in_secs);
+        j.deadline_best_effort = best_effort;
+        j
+    };
+    q.submit(due("soon", 100, false), t0);
+    q.submit(due("soon-best-effort", 100, true), t0);
+    q.submit(due("later", 3600, false), t0);
+    let class = |q: &Core, name: &str, at: Instant| {
+        q.views(at)
+            .into_iter()
+            .find(|v| v.name == name)
+            .map(|v| (v.state, v.effective_priority))
+            .unwrap()
+    };
+    // Latest start in 70 s, within one aging interval (300 s): two classes up.
+    assert_eq!(class(&q, "soon", t0), (JobState::Pending, Priority::High));
+    assert_eq!(class(&q, "later", t0), (JobState::Pending, Priority::Low));
+    q.tick(t0 + 70 * s);
+    assert_eq!(class(&q, "soon", t0 + 70 * s).0, JobState::Pending);
+    q.tick(t0 + 71 * s);
+    assert_eq!(class(&q, "soon", t0 + 71 * s).0, JobState::Cancelled);
+    assert!(q.view(2, t0).unwrap().message.starts_with("deadline: "));
+    assert_eq!(
+        class(&q, "soon-best-effort", t0 + 71 * s).0,
+        JobState::Pending
+    );
+    assert_eq!(class(&q, "later", t0 + 71 * s).0, JobState::Pending);
+}
