@@ -302,6 +302,51 @@ impl Core {
 
     /// Adds a job submitted by `user`; returns its id.
     pub fn submit_as(&mut self, spec: JobSpec, user: String, now: Instant) -> (u64, Vec<Action>) {
+        let id = self.insert(spec, user, now);
+        let mut out = Vec::new();
+        if self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out.extend(self.pass(now));
+        (id, out)
+    }
+
+    /// Adds an array (`spec.array`): one job per index, named `NAME[INDEX]`, with the index in
+    /// `GANTRY_QUEUE_ARRAY_INDEX`; returns their ids (the first is the array's id). A spec
+    /// without `array` adds one job.
+    pub fn submit_array(
+        &mut self,
+        spec: JobSpec,
+        user: String,
+        now: Instant,
+    ) -> Result<(Vec<u64>, Vec<Action>), String> {
+        let Some(indexes) = spec.array_indexes()? else {
+            let (id, out) = self.submit_as(spec, user, now);
+            return Ok((vec![id], out));
+        };
+        let first = self.next_id;
+        let mut ids = Vec::with_capacity(indexes.len());
+        for i in indexes {
+            let mut s = spec.clone();
+            s.array = None;
+            s.array_job = Some(first);
+            s.array_index = Some(i);
+            s.name = format!("{}[{i}]", spec.name);
+            s.env
+                .insert("GANTRY_QUEUE_ARRAY_INDEX".into(), i.to_string());
+            ids.push(self.insert(s, user.clone(), now));
+        }
+        let mut out = Vec::new();
+        if self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out.extend(self.pass(now));
+        Ok((ids, out))
+    }
+
+    fn insert(&mut self, spec: JobSpec, user: String, now: Instant) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let spec_after_empty = spec.after.is_empty();
@@ -330,13 +375,7 @@ impl Core {
                 attempt_started: None,
             },
         );
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        out.extend(self.pass(now));
-        (id, out)
+        id
     }
 
     /// Why `spec`'s dependencies cannot be waited for, if they cannot: an unknown job id (or one

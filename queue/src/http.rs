@@ -163,6 +163,20 @@ async fn submit(
             format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),
         );
     }
+    if spec.array.is_some() {
+        let ids = s.with(|core, now| match core.submit_array(spec, user, now) {
+            Ok((ids, out)) => (Ok(ids), out),
+            Err(e) => (Err(e), Vec::new()),
+        });
+        return match ids {
+            Ok(ids) => (
+                StatusCode::CREATED,
+                Json(json!({ "id": ids.first(), "ids": ids })),
+            )
+                .into_response(),
+            Err(e) => error(StatusCode::BAD_REQUEST, e),
+        };
+    }
     let deadline = spec.deadline_unix;
     let id = s.with(|core, now| core.submit_as(spec, user, now));
     // Say so when the estimated start already misses the deadline.

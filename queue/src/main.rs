@@ -240,6 +240,10 @@ struct Submit {
     /// with the reason `time-limit`.
     #[arg(long)]
     time_limit: Option<String>,
+    /// Submit an array: one job per index (`0-99`, `0-9,20`), each named NAME[INDEX] with the
+    /// index in GANTRY_QUEUE_ARRAY_INDEX; prints the array's id (its first job's).
+    #[arg(long)]
+    array: Option<String>,
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
@@ -411,6 +415,12 @@ fn table(jobs: &[JobView]) {
             where_(j)
         );
     }
+}
+
+/// An array's jobs per state: `3 PENDING, 2 RUNNING, 95 FINISHED`.
+fn summary(sum: &BTreeMap<String, u32>) -> String {
+    let parts: Vec<String> = sum.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    parts.join(", ")
 }
 
 /// A pending job's estimated start from now (`now`, `in 90s`, `in 12m`, `in 3h`, `in 2d`), or
@@ -603,6 +613,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 max_workers: max,
                 deadline_unix: s.deadline.as_deref().map(parse_deadline).transpose()?,
                 deadline_best_effort: s.deadline_policy == "best-effort",
+                array: s.array,
+                array_job: None,
+                array_index: None,
                 grace_secs: s.grace_secs,
                 env: BTreeMap::new(),
                 after: s.after,
@@ -639,7 +652,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                table(&serde_json::from_value::<Vec<JobView>>(v)?);
+                let jobs = serde_json::from_value::<Vec<JobView>>(v)?;
+                table(&jobs);
+                for j in &jobs {
+                    if let Some(sum) = &j.array_summary {
+                        println!("array {} ({}): {}", j.id, j.name, summary(sum));
+                    }
+                }
             }
             Ok(())
         }
@@ -650,6 +669,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 let j: JobView = serde_json::from_value(v)?;
                 table(std::slice::from_ref(&j));
+                if let Some(sum) = &j.array_summary {
+                    println!("  array {}: {}", j.id, summary(sum));
+                }
                 for m in &j.members {
                     println!(
                         "  {:<28} {:<9} {:<16} {}",

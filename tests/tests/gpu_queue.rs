@@ -8,7 +8,7 @@
 //! GPU-time shares follow their weights; the issue's gang scenario on three agents (a blocked
 //! gang reserves where GPUs free soonest, small jobs run on the idle agent meanwhile, and a
 //! `critical` job preempts them; a job that misses its deadline is cancelled), then quota
-//! reclaim on the full cluster.
+//! reclaim on the full cluster, then an array.
 //!
 //! The stand-in's configuration path is a process-wide variable read when an agent starts, and
 //! the clusters are large for this machine: the tests run one at a time (`SERIAL`).
@@ -721,7 +721,9 @@ fn team_gpu_time_follows_weights() {
 /// (2×8) runs, gang `b` (2×8) waits with its reservation where `a` frees its GPUs (not on the
 /// idle agent), six 1-GPU preemptible jobs run on the idle agent at once (no GPU idle while
 /// they could run, none held idle for `b`), then a `critical` 8-GPU job preempts the six (not
-/// `a`) and runs; everything finishes.
+/// `a`) and runs; everything finishes. On the same cluster (sharing it saves CI time): a job
+/// that cannot start by its deadline minus its time limit is flagged at submission and
+/// cancelled; quota reclaim on the full cluster (within the victims' grace + 2 s); an array.
 #[test]
 fn gang_scenario_reserves_where_gpus_free_soonest_and_critical_preempts() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -883,6 +885,35 @@ fn gang_scenario_reserves_where_gpus_free_soonest_and_critical_preempts() {
     for j in jobs.iter().filter(|j| j["id"] != late) {
         assert_eq!(j["state"], "FINISHED", "{j:#}");
     }
+
+    // An array: one job per index, the index in the environment, a summary on its first job.
+    let out = q
+        .cli(&[
+            "submit",
+            "--name",
+            "arr",
+            "--team",
+            "ml",
+            "--gpus",
+            "1",
+            "--array",
+            "0-3",
+            "--json",
+            "--",
+            "test \"$GANTRY_QUEUE_ARRAY_INDEX\" -lt 4 && sleep 1",
+        ])
+        .unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ids"].as_array().map(Vec::len), Some(4), "{v}");
+    let first = v["id"].as_u64().unwrap();
+    let jobs = q.wait_all_ended(&env.cluster, Duration::from_secs(60));
+    let arr = jobs.iter().find(|j| j["id"] == first).unwrap();
+    assert_eq!(
+        arr["array_summary"],
+        serde_json::json!({ "FINISHED": 4 }),
+        "{arr:#}"
+    );
+    assert_eq!(arr["name"], "arr[0]");
     // Not checked for b yet: its first launch reliably loses one accept here ("invalid
     // offers: offer ... is unknown, already used, declined, rescinded or expired", the offer
     // of a reserved agent held while a ran), so that attempt is requeued whole and relaunched

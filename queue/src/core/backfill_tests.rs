@@ -379,3 +379,52 @@ fn deadlines_raise_priority_and_cancel_past_the_latest_start() {
     );
     assert_eq!(class(&q, "later", t0 + 71 * s).0, JobState::Pending);
 }
+
+/// Arrays: one job per index, named `NAME[INDEX]` with the index in the environment, and a
+/// summary of the array's states on its first job.
+#[test]
+fn an_array_submits_one_job_per_index_with_a_summary() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let mut s = spec("sweep", "t", Priority::Normal, 2, 1);
+    s.array = Some("0-2,7".into());
+    let (ids, _) = q.submit_array(s.clone(), "alice".into(), t0).unwrap();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    let tasks = launched(&q.offers(c.offers(&[8]), t0));
+    let envs: Vec<(String, Option<String>)> = tasks
+        .iter()
+        .map(|t| {
+            let env = &t.env;
+            (t.name.clone(), env.get("GANTRY_QUEUE_ARRAY_INDEX").cloned())
+        })
+        .collect();
+    assert_eq!(
+        envs,
+        [
+            ("sweep[0]/0".to_string(), Some("0".to_string())),
+            ("sweep[1]/0".to_string(), Some("1".to_string())),
+            ("sweep[2]/0".to_string(), Some("2".to_string())),
+            ("sweep[7]/0".to_string(), Some("7".to_string())),
+        ]
+    );
+    q.update(&update(&tasks[0], TaskState::Finished, vec![]), t0);
+    let views = q.views(t0);
+    let first = views.iter().find(|v| v.id == 1).unwrap();
+    let sum: Vec<(String, u32)> = first.array_summary.clone().unwrap().into_iter().collect();
+    assert_eq!(sum, [("FINISHED".into(), 1), ("RUNNING".into(), 3)]);
+    assert!(views[1].array_summary.is_none());
+    assert_eq!(
+        (views[3].array_job, views[3].array_index),
+        (Some(1), Some(7))
+    );
+    // Bad ranges are refused with the reason.
+    for bad in ["3-1", "a-b", "0-5000"] {
+        s.array = Some(bad.into());
+        assert!(
+            q.submit_array(s.clone(), String::new(), t0).is_err(),
+            "{bad}"
+        );
+        assert!(s.problem().is_some(), "{bad}");
+    }
+}

@@ -24,6 +24,8 @@ struct Standings {
     reserved_for: Option<u64>,
     /// Estimated starts of the first eligible jobs, Unix milliseconds (with a wall clock).
     starts: HashMap<u64, u64>,
+    /// Per array (its first job's id): jobs per state.
+    arrays: HashMap<u64, BTreeMap<String, u32>>,
 }
 
 impl Core {
@@ -94,6 +96,16 @@ impl Core {
                 .collect(),
             None => HashMap::new(),
         };
+        let mut arrays: HashMap<u64, BTreeMap<String, u32>> = HashMap::new();
+        for j in self.jobs.values() {
+            if let Some(a) = j.spec.array_job {
+                *arrays
+                    .entry(a)
+                    .or_default()
+                    .entry(j.state.as_str().to_string())
+                    .or_default() += 1;
+            }
+        }
         Standings {
             order,
             at,
@@ -101,6 +113,7 @@ impl Core {
             free_gpus,
             reserved_for,
             starts,
+            arrays,
         }
     }
 
@@ -276,6 +289,11 @@ impl Core {
             pending_reason,
             position: st.at.get(&j.id).map(|a| a.0 as u32 + 1),
             team_position: st.at.get(&j.id).map(|a| a.1 as u32 + 1),
+            array_job: j.spec.array_job,
+            array_index: j.spec.array_index,
+            array_summary: (j.spec.array_job == Some(j.id))
+                .then(|| st.arrays.get(&j.id).cloned())
+                .flatten(),
             estimated_start_unix_ms: (j.state == JobState::Pending)
                 .then(|| st.starts.get(&j.id).copied())
                 .flatten(),
