@@ -19,8 +19,8 @@
 //!    gang would take at the earliest time it fits by the running workers' time limits (launch
 //!    plus limit; `Core::reserve`), preferring agents with the fewest GPUs idle now, then by
 //!    hostname, are subtracted from what later jobs may use, and the offers of those agents are
-//!    held (not declined) while the hold lasts. Smaller jobs still run on what is left, which
-//!    cannot delay it, and on the reserved GPUs too when their time limit ends by the
+//!    held (not declined, while fresh) while the hold lasts. Smaller jobs still run on what is
+//!    left, which cannot delay it, and on the reserved GPUs too when their time limit ends by the
 //!    reservation's estimated start (EASY backfill). Time limits: the job's own, else its
 //!    team's default, else the cluster default ([`CoreConfig::default_time_limit`]).
 //! 4. A blocked `critical` or `high` job preempts: victims are running jobs of a lower class,
@@ -102,6 +102,10 @@ pub struct CoreConfig {
     pub retry_backoff: Duration,
     /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
     pub team_time_limits: BTreeMap<String, Duration>,
+    /// Fair-share usage decays with this half-life (Slurm's `PriorityDecayHalfLife`): a
+    /// team's GPU-seconds in the ordering count half after one half-life. `None`: GPU-seconds
+    /// since the start count forever.
+    pub usage_half_life: Option<Duration>,
     /// The time limit of jobs with neither their own nor a team default
     /// (`--default-time-limit`); `None`: unlimited (they never backfill on reserved GPUs and a
     /// reservation behind them has no estimated start).
@@ -126,6 +130,7 @@ impl Default for CoreConfig {
             retry_backoff: Duration::from_secs(10),
             team_time_limits: BTreeMap::new(),
             default_time_limit: None,
+            usage_half_life: None,
         }
     }
 }
@@ -238,6 +243,9 @@ pub struct Core {
     /// The wall clock last given (an instant and the Unix milliseconds then): deadlines are
     /// Unix times.
     wall: Option<(Instant, u64)>,
+    /// With [`CoreConfig::usage_half_life`]: each team's decayed GPU-seconds, as of the last
+    /// tick.
+    decayed: BTreeMap<String, f64>,
 }
 
 /// A worker that ended, for the usage history.
@@ -292,6 +300,7 @@ impl Core {
             persisted: HashMap::new(),
             ended_members: Vec::new(),
             wall: None,
+            decayed: BTreeMap::new(),
         }
     }
 
@@ -758,6 +767,24 @@ impl Core {
             self.stats.idle_while_eligible_secs += secs;
         }
         self.stats.reserved_idle_gpu_secs += held as f64 * secs;
+        if let Some(hl) = self.config.usage_half_life.filter(|h| !h.is_zero()) {
+            // Decay what was, then add what ran since the last tick.
+            let keep = 0.5f64.powf(secs / hl.as_secs_f64());
+            for v in self.decayed.values_mut() {
+                *v *= keep;
+            }
+            for j in self.jobs.values() {
+                let gpus: usize = j
+                    .members
+                    .values()
+                    .filter(|m| m.state == TaskState::Running)
+                    .map(|m| m.gpus.len())
+                    .sum();
+                if gpus > 0 {
+                    *self.decayed.entry(j.spec.team.clone()).or_default() += gpus as f64 * secs;
+                }
+            }
+        }
         self.pass(now)
     }
 
@@ -929,17 +956,28 @@ impl Core {
         )
     }
 
-    /// Each team's usage now: GPUs and CPUs (milli) of its members, and its GPU-seconds so far.
+    /// Each team's usage now: GPUs and CPUs (milli) of its members, and its GPU-seconds so far
+    /// (decayed, as of the last tick, with [`CoreConfig::usage_half_life`]).
     fn usage(&self, now: Instant) -> HashMap<String, TeamUsage> {
         let mut u: HashMap<String, TeamUsage> = HashMap::new();
-        for (team, secs) in &self.stats.gpu_secs {
+        let decays = self.config.usage_half_life.is_some_and(|h| !h.is_zero());
+        let history = if decays {
+            &self.decayed
+        } else {
+            &self.stats.gpu_secs
+        };
+        for (team, secs) in history {
             u.entry(team.clone()).or_default().gpu_secs += secs;
         }
         for j in self.jobs.values() {
             let e = u.entry(j.spec.team.clone()).or_default();
             e.gpus += u64::from(j.spec.gpus) * j.members.len() as u64;
             e.cpus += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
-            for m in j.members.values().filter(|m| m.state == TaskState::Running) {
+            for m in j
+                .members
+                .values()
+                .filter(|m| m.state == TaskState::Running && !decays)
+            {
                 e.gpu_secs +=
                     m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
             }
@@ -1235,8 +1273,10 @@ impl Core {
         if blocked.is_empty() {
             out.extend(self.grow(&mut views, now));
         }
-        // Offers: hold those of reserved agents while the hold lasts, and fresh ones while
-        // work waits; decline the rest.
+        // Offers: hold fresh ones (younger than `offer_hold`) of reserved agents while the
+        // hold lasts and of any agent while work waits; decline the rest. Never older: the
+        // master expires offers (30 s by default) and filters the agent for a while, and an
+        // accept naming an expired offer drops its tasks (a gang's launch would be partial).
         let reserved: BTreeSet<AgentId> = reservation
             .iter()
             .flat_map(|r| r.parts.iter().map(|p| p.0))
@@ -1255,8 +1295,8 @@ impl Core {
             if used_offers.contains(id) {
                 continue;
             }
-            let keep = reserved.contains(&o.agent_id)
-                || (waiting && fresh.get(&o.agent_id).copied().unwrap_or(false));
+            let keep = (reserved.contains(&o.agent_id) || waiting)
+                && fresh.get(&o.agent_id).copied().unwrap_or(false);
             if !keep {
                 decline.push(*id);
             }

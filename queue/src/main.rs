@@ -167,6 +167,11 @@ struct Serve {
     /// or Nd); without it such jobs are unlimited (they never backfill on reserved GPUs).
     #[arg(long)]
     default_time_limit: Option<String>,
+    /// Fair-share usage decays with this half-life (N, Ns, Nm, Nh or Nd; Slurm's
+    /// PriorityDecayHalfLife): a team's past GPU-seconds count half after it. Without it,
+    /// usage since the start counts forever.
+    #[arg(long)]
+    usage_half_life: Option<String>,
     /// A team's default time limit: NAME=DURATION (repeatable).
     #[arg(long = "team-time-limit")]
     team_time_limits: Vec<String>,
@@ -492,7 +497,15 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let usage_half_life = match &a.usage_half_life {
+        Some(d) => Some(Duration::from_secs(
+            parse_secs(d).context("--usage-half-life")?,
+        ))
+        .filter(|d| !d.is_zero()),
+        None => None,
+    };
     let mut core_config = CoreConfig {
+        usage_half_life,
         teams,
         team_time_limits,
         default_time_limit,

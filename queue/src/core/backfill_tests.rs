@@ -428,3 +428,30 @@ fn an_array_submits_one_job_per_index_with_a_summary() {
         assert!(s.problem().is_some(), "{bad}");
     }
 }
+
+/// Decaying fair-share usage: with a half-life, a team's past GPU-seconds count half after one
+/// half-life, so an early flood's head start fades.
+#[test]
+fn fair_share_usage_decays_with_its_half_life() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        usage_half_life: Some(Duration::from_secs(100)),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    q.submit(spec("flood", "a", Priority::Normal, 8, 1), t0);
+    let tasks = launched(&q.offers(c.offers(&[8]), t0));
+    q.update(&update(&tasks[0], TaskState::Running, vec![]), t0);
+    q.tick(t0);
+    q.tick(t0 + 10 * s);
+    let used = |q: &Core, at| q.usage(at).get("a").map_or(0.0, |u| u.gpu_secs);
+    assert_eq!(used(&q, t0 + 10 * s), 80.0);
+    q.update(&update(&tasks[0], TaskState::Finished, vec![]), t0 + 10 * s);
+    q.tick(t0 + 110 * s);
+    assert!((used(&q, t0 + 110 * s) - 40.0).abs() < 1e-9);
+    q.tick(t0 + 210 * s);
+    assert!((used(&q, t0 + 210 * s) - 20.0).abs() < 1e-9);
+    // Without a half-life it counts forever.
+    assert_eq!(q.stats.gpu_secs["a"], 80.0);
+}
