@@ -33,7 +33,9 @@
 //!    **Quota reclaim**: otherwise, the first blocked job whose team stays within its GPU
 //!    quota with it preempts the same way among jobs of other teams above their quota (a team
 //!    without one counts as 0), each of which they can lose without going below it: lowest
-//!    class, then newest first; never `critical` jobs.
+//!    class, then newest first; never `critical` jobs. **Fair-share wait**: otherwise, the
+//!    first blocked job that waited `fair_share_wait` and whose team stays within its weighted
+//!    share of the GPUs preempts `preemptible` jobs of teams above theirs.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
 //! 6. Offers nobody can use are declined (offers held past the hold timeout too).
 //!
@@ -102,6 +104,10 @@ pub struct CoreConfig {
     pub retry_backoff: Duration,
     /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
     pub team_time_limits: BTreeMap<String, Duration>,
+    /// A job waiting this long whose team is below its weighted share of the GPUs (with the
+    /// job) preempts `preemptible` jobs of teams above theirs (`--fair-share-wait`). `None`:
+    /// never.
+    pub fair_share_wait: Option<Duration>,
     /// Fair-share usage decays with this half-life (Slurm's `PriorityDecayHalfLife`): a
     /// team's GPU-seconds in the ordering count half after one half-life. `None`: GPU-seconds
     /// since the start count forever.
@@ -131,6 +137,7 @@ impl Default for CoreConfig {
             team_time_limits: BTreeMap::new(),
             default_time_limit: None,
             usage_half_life: None,
+            fair_share_wait: None,
         }
     }
 }
@@ -1248,7 +1255,7 @@ impl Core {
                 .iter()
                 .find(|id| self.jobs[id].spec.priority >= Priority::High)
             {
-                out.extend(self.preempt(id, &views, &started, now, false));
+                out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
             }
         }
         // Quota reclaim: the first blocked job whose team stays within its GPU quota takes
@@ -1266,7 +1273,27 @@ impl Core {
                         .is_some_and(|q| used + need <= q)
             };
             if let Some(&id) = blocked.iter().find(|id| within(id)) {
-                out.extend(self.preempt(id, &views, &started, now, true));
+                out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
+            }
+        }
+        // Fair-share wait: the first blocked job that has waited longer than
+        // `fair_share_wait` and whose team stays within its weighted share with it takes GPUs
+        // back from `preemptible` jobs of teams above theirs.
+        if let Some(wait) = self.config.fair_share_wait {
+            if !self.kills_in_flight() && self.preempt_for.is_none() {
+                let fair = self.fair_gpus();
+                let usage = self.usage(now);
+                let under = |id: &u64| {
+                    let j = &self.jobs[id];
+                    let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+                    let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
+                    need > 0
+                        && now.saturating_duration_since(j.waiting_since) >= wait
+                        && (used + need) as f64 <= fair.get(&j.spec.team).copied().unwrap_or(0.0)
+                };
+                if let Some(&id) = blocked.iter().find(|id| under(id)) {
+                    out.extend(self.preempt(id, &views, &started, now, Victims::OverShare));
+                }
             }
         }
         // Elastic growth when nothing waits.
@@ -1470,6 +1497,8 @@ mod estimate;
 mod launch;
 mod persist;
 mod preempt;
+
+use preempt::Victims;
 mod views;
 
 pub use estimate::MAX_ESTIMATED;

@@ -167,6 +167,10 @@ struct Serve {
     /// or Nd); without it such jobs are unlimited (they never backfill on reserved GPUs).
     #[arg(long)]
     default_time_limit: Option<String>,
+    /// A job waiting this long (N, Ns, Nm, Nh or Nd) whose team is below its weighted share of
+    /// the GPUs preempts preemptible jobs of teams above theirs. Without it, never.
+    #[arg(long)]
+    fair_share_wait: Option<String>,
     /// Fair-share usage decays with this half-life (N, Ns, Nm, Nh or Nd; Slurm's
     /// PriorityDecayHalfLife): a team's past GPU-seconds count half after it. Without it,
     /// usage since the start counts forever.
@@ -504,7 +508,14 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         .filter(|d| !d.is_zero()),
         None => None,
     };
+    let fair_share_wait = match &a.fair_share_wait {
+        Some(d) => Some(Duration::from_secs(
+            parse_secs(d).context("--fair-share-wait")?,
+        )),
+        None => None,
+    };
     let mut core_config = CoreConfig {
+        fair_share_wait,
         usage_half_life,
         teams,
         team_time_limits,

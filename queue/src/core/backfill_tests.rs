@@ -455,3 +455,31 @@ fn fair_share_usage_decays_with_its_half_life() {
     // Without a half-life it counts forever.
     assert_eq!(q.stats.gpu_secs["a"], 80.0);
 }
+
+/// `--fair-share-wait`: a team below its weighted share whose job has waited that long takes
+/// GPUs back from `preemptible` jobs of a team above its share (newest first), and not before.
+#[test]
+fn an_under_share_team_reclaims_from_over_share_preemptible_work_after_the_wait() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        fair_share_wait: Some(Duration::from_secs(60)),
+        aging: Duration::ZERO,
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    for i in 0..8 {
+        q.submit(spec(&format!("a{i}"), "a", Priority::Preemptible, 1, 1), t0);
+    }
+    let tasks = launched(&q.offers(c.offers(&[8]), t0));
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, vec![]), t0);
+    }
+    q.submit(spec("b", "b", Priority::Normal, 2, 1), t0 + s);
+    assert!(
+        kills_of(&q.tick(t0 + 60 * s)).is_empty(),
+        "not before the wait"
+    );
+    let kills = kills_of(&q.tick(t0 + 61 * s));
+    assert_eq!(kills.len(), 2);
+}

@@ -14,18 +14,22 @@ use crate::model::Priority;
 impl Core {
     /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
     ///
-    /// With `reclaim` (quota reclaim: `id`'s team is below its GPU quota), the victims are
-    /// instead jobs of other teams above their quota (a team without one counts as quota 0)
-    /// that they can lose without going below it, of any class but `critical`: lowest class
-    /// first, then newest.
+    /// With [`Victims::Borrowed`] (quota reclaim: `id`'s team is below its GPU quota), the
+    /// victims are instead jobs of other teams above their quota (a team without one counts as
+    /// quota 0) that they can lose without going below it, of any class but `critical`; with
+    /// [`Victims::OverShare`] (`--fair-share-wait`), `preemptible` jobs of other teams above
+    /// their weighted share of the GPUs that they can lose without going below it. Both take
+    /// the lowest class first, then the newest.
     pub(super) fn preempt(
         &mut self,
         id: u64,
         free: &[AgentView],
         started: &BTreeSet<u64>,
         now: Instant,
-        reclaim: bool,
+        victims: Victims,
     ) -> Vec<Action> {
+        let reclaim = victims != Victims::LowerClass;
+        let fair = self.fair_gpus();
         let spec = self.jobs[&id].spec.clone();
         let member = request(&spec);
         let used: HashMap<String, u64> = self
@@ -41,13 +45,23 @@ impl Core {
         // first), else whole jobs. (job, members, priority).
         let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
         for j in self.jobs.values() {
-            let allowed = if reclaim {
-                j.spec.team != spec.team
-                    && j.spec.priority < Priority::Critical
-                    && u64::from(j.spec.gpus) * u64::from(j.running_members())
-                        <= borrowed(&j.spec.team)
-            } else {
-                j.spec.priority < spec.priority
+            let gpus = u64::from(j.spec.gpus) * u64::from(j.running_members());
+            let allowed = match victims {
+                Victims::LowerClass => j.spec.priority < spec.priority,
+                Victims::Borrowed => {
+                    j.spec.team != spec.team
+                        && j.spec.priority < Priority::Critical
+                        && gpus <= borrowed(&j.spec.team)
+                }
+                Victims::OverShare => {
+                    let team = &j.spec.team;
+                    let over = (used.get(team).copied().unwrap_or(0) as f64
+                        - fair.get(team).copied().unwrap_or(0.0))
+                    .max(0.0);
+                    *team != spec.team
+                        && j.spec.priority == Priority::Preemptible
+                        && gpus as f64 <= over
+                }
             };
             if j.state != JobState::Running || j.preempting || !allowed || started.contains(&j.id) {
                 continue;
@@ -231,6 +245,28 @@ impl Core {
         out
     }
 
+    /// Each team's weighted share of the cluster's GPUs, among the teams with work (running
+    /// or eligible): GPUs × weight / the weights' sum.
+    pub(super) fn fair_gpus(&self) -> HashMap<String, f64> {
+        let teams: BTreeSet<&str> = self
+            .jobs
+            .values()
+            .filter(|j| !j.members.is_empty() || Self::eligible(j))
+            .map(|j| j.spec.team.as_str())
+            .collect();
+        let weights: f64 = teams.iter().map(|t| self.team(t).weight.max(1e-6)).sum();
+        let total = self.totals().0 as f64;
+        teams
+            .iter()
+            .map(|t| {
+                (
+                    t.to_string(),
+                    total * self.team(t).weight.max(1e-6) / weights.max(1e-6),
+                )
+            })
+            .collect()
+    }
+
     /// A unit's members on `agent`: (count, resources, GPUs).
     fn unit_on(
         &self,
@@ -259,6 +295,17 @@ impl Core {
             .get(&unit.0)
             .map_or(0, |j| u64::from(j.spec.gpus) * unit.1.len() as u64)
     }
+}
+
+/// Who may be preempted for a blocked job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Victims {
+    /// Jobs of a lower class (a `critical` or `high` job's preemption).
+    LowerClass,
+    /// Borrowed GPUs: jobs of teams above their quota (quota reclaim).
+    Borrowed,
+    /// `preemptible` jobs of teams above their weighted share (`--fair-share-wait`).
+    OverShare,
 }
 
 /// A victim unit without the members already in `covered`.
