@@ -1501,7 +1501,7 @@ mod preempt;
 use preempt::Victims;
 mod views;
 
-pub use estimate::MAX_ESTIMATED;
+pub use estimate::{MAX_ESTIMATED, MAX_START_TIMES};
 pub use persist::Changes;
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! job, in scheduling order, starts at the earliest time its gang's fewest workers fit for
 //! their whole time limit beside everything placed before it, and then occupies what it took
 //! until its limit ends. A job that fits only once a job without a time limit ends (or behind
-//! one that never fits) has no estimate.
+//! one that never fits) has no estimate, and so has one that fits at none of its first
+//! [`MAX_START_TIMES`] candidate times, or is past the first [`MAX_ESTIMATED`] jobs.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -14,8 +15,13 @@ use gantry_sdk::protocol::*;
 use super::{gang_of, member_resources, remove, time_limit, Core};
 
 /// Jobs estimated per listing at most (the first in scheduling order); later ones have no
-/// estimate. Bounds the cost of a listing of a very long queue.
-pub const MAX_ESTIMATED: usize = 200;
+/// estimate. With [`MAX_START_TIMES`], bounds the cost of a listing of a very long queue on a
+/// large cluster (the core is locked meanwhile).
+pub const MAX_ESTIMATED: usize = 100;
+
+/// Candidate start times tried per job at most (the earliest: now and the next ends and
+/// starts); a job that fits at none of them has no estimate.
+pub const MAX_START_TIMES: usize = 32;
 
 /// Resources in use over `[start, end)` (`end` `None`: until further notice).
 struct Busy {
@@ -63,6 +69,7 @@ impl Core {
             times.push(earliest);
             times.sort();
             times.dedup();
+            times.truncate(MAX_START_TIMES);
             for t in times {
                 let until = limit.map(|l| t + l);
                 let mut views = base.clone();
