@@ -102,6 +102,9 @@ pub struct CoreConfig {
     pub preempt_file: String,
     /// The first retry's backoff; each further retry doubles it, up to [`MAX_RETRY_BACKOFF`].
     pub retry_backoff: Duration,
+    /// The most GPUs a team with a quota may use beyond it (`--team-borrow-limit`); absent:
+    /// no limit.
+    pub team_borrow_limits: BTreeMap<String, u64>,
     /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
     pub team_time_limits: BTreeMap<String, Duration>,
     /// A job waiting this long whose team is below its weighted share of the GPUs (with the
@@ -135,6 +138,7 @@ impl Default for CoreConfig {
             preempt_file: "gpu-queue-preempted".into(),
             retry_backoff: Duration::from_secs(10),
             team_time_limits: BTreeMap::new(),
+            team_borrow_limits: BTreeMap::new(),
             default_time_limit: None,
             usage_half_life: None,
             fair_share_wait: None,
@@ -842,6 +846,20 @@ impl Core {
         }
     }
 
+    /// Whether `spec`'s job would take its team past its GPU quota plus its borrowing limit
+    /// ([`CoreConfig::team_borrow_limits`]).
+    fn over_borrow_limit(&self, spec: &JobSpec, usage: &HashMap<String, TeamUsage>) -> bool {
+        let (Some(quota), Some(limit)) = (
+            self.team(&spec.team).gpu_quota,
+            self.config.team_borrow_limits.get(&spec.team),
+        ) else {
+            return false;
+        };
+        let used = usage.get(&spec.team).map_or(0, |u| u.gpus);
+        let need = u64::from(spec.gpus) * u64::from(spec.min_workers.max(1));
+        need > 0 && used + need > quota + limit
+    }
+
     /// A job's specification, as submitted.
     pub fn spec(&self, id: u64) -> Option<&JobSpec> {
         self.jobs.get(&id).map(|j| &j.spec)
@@ -1147,9 +1165,11 @@ impl Core {
         let mut started: BTreeSet<u64> = BTreeSet::new();
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]).
+        let usage_now = self.usage(now);
         let not_fitting: Vec<u64> = self
             .order(now)
             .into_iter()
+            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage_now))
             .filter(|id| {
                 gang::place_gang(&mut views.clone(), &gang_of(&self.jobs[id].spec)).is_none()
             })
@@ -1185,6 +1205,10 @@ impl Core {
             };
             pending.remove(&id);
             let spec = self.jobs[&id].spec.clone();
+            if self.over_borrow_limit(&spec, &usage) {
+                // Waits until its team uses less (it neither reserves nor preempts).
+                continue;
+            }
             let gang = gang_of(&spec);
             let mut avail = views.clone();
             if let Some(r) = &reservation {

@@ -176,6 +176,9 @@ struct Serve {
     /// usage since the start counts forever.
     #[arg(long)]
     usage_half_life: Option<String>,
+    /// The most GPUs a team may use beyond its quota: NAME=GPUS (repeatable).
+    #[arg(long = "team-borrow-limit")]
+    team_borrow_limits: Vec<String>,
     /// A team's default time limit: NAME=DURATION (repeatable).
     #[arg(long = "team-time-limit")]
     team_time_limits: Vec<String>,
@@ -514,7 +517,18 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         )),
         None => None,
     };
+    let mut team_borrow_limits = BTreeMap::new();
+    for t in &a.team_borrow_limits {
+        let (name, n) = t
+            .split_once('=')
+            .with_context(|| format!("--team-borrow-limit {t:?}: expected NAME=GPUS"))?;
+        let n: u64 = n
+            .parse()
+            .with_context(|| format!("--team-borrow-limit {t:?}: GPUS"))?;
+        team_borrow_limits.insert(name.to_string(), n);
+    }
     let mut core_config = CoreConfig {
+        team_borrow_limits,
         fair_share_wait,
         usage_half_life,
         teams,

@@ -483,3 +483,33 @@ fn an_under_share_team_reclaims_from_over_share_preemptible_work_after_the_wait(
     let kills = kills_of(&q.tick(t0 + 61 * s));
     assert_eq!(kills.len(), 2);
 }
+
+/// A borrowing limit: a team with quota 2 and borrowing limit 2 uses at most 4 GPUs even on an
+/// idle cluster, and its waiting job says why.
+#[test]
+fn a_team_borrows_at_most_its_borrowing_limit() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        teams: [(
+            "nlp".to_string(),
+            TeamConfig {
+                weight: 1.0,
+                gpu_quota: Some(2),
+            },
+        )]
+        .into(),
+        team_borrow_limits: [("nlp".to_string(), 2)].into(),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    for i in 0..6 {
+        q.submit(spec(&format!("n{i}"), "nlp", Priority::Normal, 1, 1), t0);
+    }
+    let names = launched(&q.offers(c.offers(&[8]), t0)).len();
+    assert_eq!(names, 4);
+    let v = q.views(t0).into_iter().find(|v| v.name == "n4").unwrap();
+    assert_eq!(
+        v.pending_reason.as_deref(),
+        Some("team nlp at its borrowing limit: 4 GPUs used of 2 + 2")
+    );
+}

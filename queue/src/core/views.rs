@@ -192,6 +192,14 @@ impl Core {
         let team = &j.spec.team;
         if let Some(quota) = self.team(team).gpu_quota {
             let used = st.team_gpus.get(team).copied().unwrap_or(0);
+            let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+            if let Some(limit) = self.config.team_borrow_limits.get(team) {
+                if need > 0 && used + need > quota + limit {
+                    return format!(
+                        "team {team} at its borrowing limit: {used} GPUs used of {quota} + {limit}"
+                    );
+                }
+            }
             if used + u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1)) > quota {
                 return format!("team {team} at its quota {used}/{quota}");
             }
