@@ -42,6 +42,22 @@ fn a_blocked_gang_reserves_where_gpus_free_soonest_for_any_agent_ids() {
         let mut first = launched(&q.offers(c.offers(&[8, 8, 8]), t0));
         q.tick(t0);
         let on_a = agents_of(&c, &q, &first);
+        // Before any small job runs, b's reservation is already on a's agents (the old
+        // placement took the first two agents by id, often the idle one).
+        let early: BTreeSet<usize> = q
+            .last_reservation
+            .as_ref()
+            .map(|r| {
+                r.parts
+                    .iter()
+                    .map(|p| c.agents.iter().position(|a| *a == p.0).unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(
+            early, on_a,
+            "round {round}: reserved where a frees its GPUs"
+        );
         let third = (0..3).find(|i| !on_a.contains(i)).unwrap();
         for i in 0..6 {
             let p = spec(&format!("p{i}"), "cv", Priority::Preemptible, 1, 1);
