@@ -16,9 +16,13 @@
 //!    every member in the same pass, one accept per agent ([`gang::place_gang`]).
 //! 3. The first job that does not fit gets the **reservation** (one at a time, through
 //!    [`gang::Holds`], so two gangs never hold halves of the cluster): the agents and amounts its
-//!    gang would take once running tasks end are subtracted from what later jobs may use, and
-//!    the offers of those agents are held (not declined) while the hold lasts. Smaller jobs
-//!    still backfill on what is left, which cannot delay it.
+//!    gang would take at the earliest time it fits by the running workers' time limits (launch
+//!    plus limit; `Core::reserve`), preferring agents with the fewest GPUs idle now, then by
+//!    hostname, are subtracted from what later jobs may use, and the offers of those agents are
+//!    held (not declined, while fresh) while the hold lasts. Smaller jobs still run on what is
+//!    left, which cannot delay it, and on the reserved GPUs too when their time limit ends by the
+//!    reservation's estimated start (EASY backfill). Time limits: the job's own, else its
+//!    team's default, else the cluster default ([`CoreConfig::default_time_limit`]).
 //! 4. A blocked `critical` or `high` job preempts: victims are running jobs of a lower class,
 //!    chosen agent by agent so that what they free forms the job's placement with what is free
 //!    (fewest GPUs killed, then fewest jobs); elastic gangs above their minimum shrink first.
@@ -26,6 +30,12 @@
 //!    never a victim. Victims get SIGTERM (their wrapper writes the preemption file), a grace
 //!    period, then SIGKILL, and are requeued. Until the preemptor launches (at most a minute),
 //!    where it will go is reserved for it and no other preemption starts.
+//!    **Quota reclaim**: otherwise, the first blocked job whose team stays within its GPU
+//!    quota with it preempts the same way among jobs of other teams above their quota (a team
+//!    without one counts as 0), each of which they can lose without going below it: lowest
+//!    class, then newest first; never `critical` jobs. **Fair-share wait**: otherwise, the
+//!    first blocked job that waited `fair_share_wait` and whose team stays within its weighted
+//!    share of the GPUs preempts `preemptible` jobs of teams above theirs.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
 //! 6. Offers nobody can use are declined (offers held past the hold timeout too).
 //!
@@ -39,8 +49,9 @@
 //! milliseconds, and its retries and backoff are what the store keeps in each job record
 //! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
 //!
-//! Submodules: `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
-//! step 4), `views` (what the API shows), `tests`.
+//! Submodules: `estimate` (estimated start times), `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
+//! step 4), `views` (what the API shows), `tests`, `backfill_tests` (reservation placement,
+//! EASY backfill).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -95,6 +106,23 @@ pub struct CoreConfig {
     pub checkpoint_root: Option<String>,
     /// The first retry's backoff; each further retry doubles it, up to [`MAX_RETRY_BACKOFF`].
     pub retry_backoff: Duration,
+    /// The most GPUs a team with a quota may use beyond it (`--team-borrow-limit`); absent:
+    /// no limit.
+    pub team_borrow_limits: BTreeMap<String, u64>,
+    /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
+    pub team_time_limits: BTreeMap<String, Duration>,
+    /// A job waiting this long whose team is below its weighted share of the GPUs (with the
+    /// job) preempts `preemptible` jobs of teams above theirs (`--fair-share-wait`). `None`:
+    /// never.
+    pub fair_share_wait: Option<Duration>,
+    /// Fair-share usage decays with this half-life (Slurm's `PriorityDecayHalfLife`): a
+    /// team's GPU-seconds in the ordering count half after one half-life. `None`: GPU-seconds
+    /// since the start count forever.
+    pub usage_half_life: Option<Duration>,
+    /// The time limit of jobs with neither their own nor a team default
+    /// (`--default-time-limit`); `None`: unlimited (they never backfill on reserved GPUs and a
+    /// reservation behind them has no estimated start).
+    pub default_time_limit: Option<Duration>,
 }
 
 /// The longest backoff before a retry.
@@ -114,6 +142,11 @@ impl Default for CoreConfig {
             preempt_file: "gpu-queue-preempted".into(),
             checkpoint_root: None,
             retry_backoff: Duration::from_secs(10),
+            team_time_limits: BTreeMap::new(),
+            team_borrow_limits: BTreeMap::new(),
+            default_time_limit: None,
+            usage_half_life: None,
+            fair_share_wait: None,
         }
     }
 }
@@ -186,8 +219,9 @@ pub struct Stats {
     /// GPU-seconds used per team.
     pub gpu_secs: BTreeMap<String, f64>,
     /// GPU-seconds during which GPUs were idle while a waiting job could have started on them
-    /// under the policy: free GPUs outside the reservation while a job fits there (or the
-    /// reservation's holder fits in everything free). What responsiveness costs.
+    /// under the policy: free GPUs outside the reservation while a job fits there, every free
+    /// GPU while a job that may backfill on the reservation (EASY) fits in them, or while the
+    /// reservation's holder fits in everything free. What responsiveness costs.
     pub idle_while_eligible_gpu_secs: f64,
     /// Seconds during which that happened at all.
     pub idle_while_eligible_secs: f64,
@@ -214,15 +248,20 @@ pub struct Core {
     preempt_for: Option<(u64, Parts, Instant)>,
     suppressed: bool,
     last_tick: Option<Instant>,
-    /// The reservation the last pass made (its holder, and per agent the amount and GPUs), for
-    /// the idle-time statistics.
-    last_reservation: Option<(u64, Parts)>,
+    /// The reservation the last pass made, for the idle-time statistics and the views.
+    last_reservation: Option<Reservation>,
     /// Statistics.
     pub stats: Stats,
     /// What the store has of each job (a digest of its record; see `persist`).
     persisted: HashMap<u64, u64>,
     /// Workers ended since the last [`Core::take_changes`] (the usage history).
     ended_members: Vec<EndedMember>,
+    /// The wall clock last given (an instant and the Unix milliseconds then): deadlines are
+    /// Unix times.
+    wall: Option<(Instant, u64)>,
+    /// With [`CoreConfig::usage_half_life`]: each team's decayed GPU-seconds, as of the last
+    /// tick.
+    decayed: BTreeMap<String, f64>,
 }
 
 /// A worker that ended, for the usage history.
@@ -276,6 +315,8 @@ impl Core {
             stats: Stats::default(),
             persisted: HashMap::new(),
             ended_members: Vec::new(),
+            wall: None,
+            decayed: BTreeMap::new(),
         }
     }
 
@@ -286,6 +327,51 @@ impl Core {
 
     /// Adds a job submitted by `user`; returns its id.
     pub fn submit_as(&mut self, spec: JobSpec, user: String, now: Instant) -> (u64, Vec<Action>) {
+        let id = self.insert(spec, user, now);
+        let mut out = Vec::new();
+        if self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out.extend(self.pass(now));
+        (id, out)
+    }
+
+    /// Adds an array (`spec.array`): one job per index, named `NAME[INDEX]`, with the index in
+    /// `GANTRY_QUEUE_ARRAY_INDEX`; returns their ids (the first is the array's id). A spec
+    /// without `array` adds one job.
+    pub fn submit_array(
+        &mut self,
+        spec: JobSpec,
+        user: String,
+        now: Instant,
+    ) -> Result<(Vec<u64>, Vec<Action>), String> {
+        let Some(indexes) = spec.array_indexes()? else {
+            let (id, out) = self.submit_as(spec, user, now);
+            return Ok((vec![id], out));
+        };
+        let first = self.next_id;
+        let mut ids = Vec::with_capacity(indexes.len());
+        for i in indexes {
+            let mut s = spec.clone();
+            s.array = None;
+            s.array_job = Some(first);
+            s.array_index = Some(i);
+            s.name = format!("{}[{i}]", spec.name);
+            s.env
+                .insert("GANTRY_QUEUE_ARRAY_INDEX".into(), i.to_string());
+            ids.push(self.insert(s, user.clone(), now));
+        }
+        let mut out = Vec::new();
+        if self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out.extend(self.pass(now));
+        Ok((ids, out))
+    }
+
+    fn insert(&mut self, spec: JobSpec, user: String, now: Instant) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let spec_after_empty = spec.after.is_empty();
@@ -314,13 +400,7 @@ impl Core {
                 attempt_started: None,
             },
         );
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        out.extend(self.pass(now));
-        (id, out)
+        id
     }
 
     /// Why `spec`'s dependencies cannot be waited for, if they cannot: an unknown job id (or one
@@ -400,27 +480,71 @@ impl Core {
         job.state == JobState::Pending && !job.on_deps && job.not_before.is_none()
     }
 
+    /// The wall clock: `wall_ms` (Unix milliseconds) is the time at `now`. Given by the shell
+    /// with every event ([`Core::take_changes`] and [`Core::restore`] take it too); deadlines
+    /// need it.
+    pub fn set_wall_clock(&mut self, now: Instant, wall_ms: u64) {
+        self.wall = Some((now, wall_ms));
+    }
+
+    /// The latest time `spec`'s job may start and still end by its deadline (the deadline
+    /// minus its time limit), as an instant; `None` without a deadline or a wall clock.
+    fn latest_start(&self, spec: &JobSpec) -> Option<Instant> {
+        let (at, wall) = self.wall?;
+        let deadline_ms = spec.deadline_unix?.saturating_mul(1000);
+        let limit = time_limit(&self.config, spec).unwrap_or(Duration::ZERO);
+        let deadline = if deadline_ms >= wall {
+            at + Duration::from_millis(deadline_ms - wall)
+        } else {
+            at.checked_sub(Duration::from_millis(wall - deadline_ms))
+                .unwrap_or(at)
+        };
+        Some(deadline.checked_sub(limit).unwrap_or(deadline.min(at)))
+    }
+
     /// Retries whose backoff is over become eligible; attempts past their time limit are
-    /// killed and their jobs end `FAILED` (reason `time-limit`).
+    /// killed and their jobs end `FAILED` (reason `time-limit`); pending jobs past their latest
+    /// start are cancelled (reason `deadline`) unless their deadline is best-effort.
     fn timers(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
+        let missed: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending && !j.spec.deadline_best_effort)
+            .filter(|j| j.members.is_empty())
+            .filter(|j| self.latest_start(&j.spec).is_some_and(|t| now > t))
+            .map(|j| j.id)
+            .collect();
+        for id in missed {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.state = JobState::Cancelled;
+                job.message = "deadline: it could not start in time to end by its deadline \
+                               (deadline minus time limit); cancelled"
+                    .into();
+                self.holds.done(&id);
+            }
+        }
         for job in self.jobs.values_mut() {
             if job.not_before.is_some_and(|t| now >= t) {
                 job.not_before = None;
                 job.waiting_since = now;
             }
-            let (Some(limit), Some(started)) = (job.spec.time_limit_secs, job.attempt_started)
+            let (Some(limit), Some(started)) =
+                (time_limit(&self.config, &job.spec), job.attempt_started)
             else {
                 continue;
             };
             if job.state != JobState::Running
                 || job.preempting
-                || now.saturating_duration_since(started) < Duration::from_secs(limit)
+                || now.saturating_duration_since(started) < limit
             {
                 continue;
             }
             job.state = JobState::Failed;
-            job.message = format!("time-limit: killed after its time limit of {limit} s");
+            job.message = format!(
+                "time-limit: killed after its time limit of {} s",
+                limit.as_secs()
+            );
             for m in job.members.values_mut() {
                 m.killing = true;
                 out.push(Action::KillFor(m.task_id, TaskReason::TimeLimit));
@@ -652,13 +776,31 @@ impl Core {
             .last_tick
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         self.last_tick = Some(now);
-        let (idle, held) = self.idle_gpus();
+        let (idle, held) = self.idle_gpus(now);
         let secs = dt.as_secs_f64();
         if idle > 0 {
             self.stats.idle_while_eligible_gpu_secs += idle as f64 * secs;
             self.stats.idle_while_eligible_secs += secs;
         }
         self.stats.reserved_idle_gpu_secs += held as f64 * secs;
+        if let Some(hl) = self.config.usage_half_life.filter(|h| !h.is_zero()) {
+            // Decay what was, then add what ran since the last tick.
+            let keep = 0.5f64.powf(secs / hl.as_secs_f64());
+            for v in self.decayed.values_mut() {
+                *v *= keep;
+            }
+            for j in self.jobs.values() {
+                let gpus: usize = j
+                    .members
+                    .values()
+                    .filter(|m| m.state == TaskState::Running)
+                    .map(|m| m.gpus.len())
+                    .sum();
+                if gpus > 0 {
+                    *self.decayed.entry(j.spec.team.clone()).or_default() += gpus as f64 * secs;
+                }
+            }
+        }
         self.pass(now)
     }
 
@@ -666,16 +808,16 @@ impl Core {
     /// waiting job could start on now under the policy (outside the last pass's reservation,
     /// while an eligible job's gang fits there; everything free when the reservation's holder
     /// fits), 0 when no job could; and those free but held for the reservation.
-    fn idle_gpus(&self) -> (u64, u64) {
+    fn idle_gpus(&self, now: Instant) -> (u64, u64) {
         let views = self.eventual_views(false);
         let free: u64 = views.iter().map(AgentView::gpu_count).sum();
         if free == 0 {
             return (0, 0);
         }
         let mut outside = views.clone();
-        let holder = self.last_reservation.as_ref().map(|(holder, parts)| {
-            subtract(&mut outside, parts);
-            *holder
+        let holder = self.last_reservation.as_ref().map(|r| {
+            subtract(&mut outside, &r.parts);
+            r.holder
         });
         let unreserved: u64 = outside.iter().map(AgentView::gpu_count).sum();
         let held = free - unreserved;
@@ -683,13 +825,73 @@ impl Core {
             gang::place_gang(&mut within.to_vec(), &gang_of(&j.spec)).is_some()
         };
         let eligible = || self.jobs.values().filter(|j| Self::eligible(j));
+        let backfills = |j: &&Job| {
+            self.last_reservation
+                .as_ref()
+                .is_some_and(|r| self.backfills(r, &j.spec, now))
+        };
         if eligible().any(|j| holder == Some(j.id) && fits(&j, &views)) {
+            (free, 0)
+        } else if eligible().any(|j| holder != Some(j.id) && backfills(&j) && fits(&j, &views)) {
+            // EASY backfill: a job that ends before the reservation starts may use its GPUs.
             (free, 0)
         } else if eligible().any(|j| holder != Some(j.id) && fits(&j, &outside)) {
             (unreserved, held)
         } else {
             (0, held)
         }
+    }
+
+    /// Whether a job of `spec` launched `now` may run on `reservation`'s GPUs (EASY backfill):
+    /// its time limit ends by the reservation's estimated start.
+    fn backfills(&self, reservation: &Reservation, spec: &JobSpec, now: Instant) -> bool {
+        match (reservation.start, time_limit(&self.config, spec)) {
+            (Some(start), Some(limit)) => now + limit <= start,
+            _ => false,
+        }
+    }
+
+    /// Whether `spec`'s job would take its team past its GPU quota plus its borrowing limit
+    /// ([`CoreConfig::team_borrow_limits`]).
+    fn over_borrow_limit(&self, spec: &JobSpec, usage: &HashMap<String, TeamUsage>) -> bool {
+        let (Some(quota), Some(limit)) = (
+            self.team(&spec.team).gpu_quota,
+            self.config.team_borrow_limits.get(&spec.team),
+        ) else {
+            return false;
+        };
+        let used = usage.get(&spec.team).map_or(0, |u| u.gpus);
+        let need = u64::from(spec.gpus) * u64::from(spec.min_workers.max(1));
+        need > 0 && used + need > quota + limit
+    }
+
+    /// A job's specification, as submitted.
+    pub fn spec(&self, id: u64) -> Option<&JobSpec> {
+        self.jobs.get(&id).map(|j| &j.spec)
+    }
+
+    /// A job's time limit: its own, else its team's default, else the cluster default.
+    pub fn time_limit(&self, spec: &JobSpec) -> Option<Duration> {
+        time_limit(&self.config, spec)
+    }
+
+    /// Every running member of ours: its agent, amount and GPUs, and when it is expected to
+    /// end: its attempt's launch plus the job's time limit (`now` when overdue or being killed
+    /// on purpose), `None` when the job has no time limit.
+    fn member_ends(&self, now: Instant) -> Vec<(AgentId, Resources, Vec<String>, Option<Instant>)> {
+        let mut out = Vec::new();
+        for job in self.jobs.values() {
+            let res = member_resources(&job.spec);
+            let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
+                (Some(limit), Some(started)) => Some((started + limit).max(now)),
+                _ => None,
+            };
+            for m in job.members.values() {
+                let end = if m.killing { Some(now) } else { end };
+                out.push((m.agent_id, res.clone(), m.gpus.clone(), end));
+            }
+        }
+        out
     }
 
     /// Per known agent: its capacity minus what our members use, members being killed on
@@ -743,13 +945,38 @@ impl Core {
         self.config.teams.get(team).cloned().unwrap_or_default()
     }
 
-    /// Effective priority class (aging).
+    /// Effective priority class: aging (one class per `aging` waited), and a deadline's
+    /// urgency (one class within two aging intervals of its latest start, two within one; 5
+    /// minutes when aging is off); up to `high`.
     fn effective(&self, job: &Job, now: Instant) -> Priority {
-        if job.spec.priority >= Priority::High || self.config.aging.is_zero() {
+        if job.spec.priority >= Priority::High {
             return job.spec.priority;
         }
-        let waited = now.saturating_duration_since(job.waiting_since);
-        let steps = (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as u8;
+        let window = if self.config.aging.is_zero() {
+            Duration::from_secs(300)
+        } else {
+            self.config.aging
+        };
+        let urgency = match self.latest_start(&job.spec) {
+            Some(t) if job.state == JobState::Pending => {
+                let slack = t.saturating_duration_since(now);
+                if slack <= window {
+                    2
+                } else if slack <= 2 * window {
+                    1
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        };
+        let steps = if self.config.aging.is_zero() {
+            0
+        } else {
+            let waited = now.saturating_duration_since(job.waiting_since);
+            (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as u8
+        };
+        let steps = steps.max(urgency);
         Priority::from_rank(
             job.spec
                 .priority
@@ -759,17 +986,28 @@ impl Core {
         )
     }
 
-    /// Each team's usage now: GPUs and CPUs (milli) of its members, and its GPU-seconds so far.
+    /// Each team's usage now: GPUs and CPUs (milli) of its members, and its GPU-seconds so far
+    /// (decayed, as of the last tick, with [`CoreConfig::usage_half_life`]).
     fn usage(&self, now: Instant) -> HashMap<String, TeamUsage> {
         let mut u: HashMap<String, TeamUsage> = HashMap::new();
-        for (team, secs) in &self.stats.gpu_secs {
+        let decays = self.config.usage_half_life.is_some_and(|h| !h.is_zero());
+        let history = if decays {
+            &self.decayed
+        } else {
+            &self.stats.gpu_secs
+        };
+        for (team, secs) in history {
             u.entry(team.clone()).or_default().gpu_secs += secs;
         }
         for j in self.jobs.values() {
             let e = u.entry(j.spec.team.clone()).or_default();
             e.gpus += u64::from(j.spec.gpus) * j.members.len() as u64;
             e.cpus += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
-            for m in j.members.values().filter(|m| m.state == TaskState::Running) {
+            for m in j
+                .members
+                .values()
+                .filter(|m| m.state == TaskState::Running && !decays)
+            {
                 e.gpu_secs +=
                     m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
             }
@@ -913,6 +1151,9 @@ impl Core {
         let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
         let mut views =
             AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
+        // Placement ties go to the first agent: by hostname, so that where jobs go does not
+        // depend on random agent (or offer) ids.
+        views.sort_by(|a, b| (&a.hostname, a.agent_id).cmp(&(&b.hostname, b.agent_id)));
         let totals = self.totals();
         let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
         let mut pending: BTreeSet<u64> = self
@@ -921,16 +1162,19 @@ impl Core {
             .filter(|j| Self::eligible(j))
             .map(|j| j.id)
             .collect();
-        // Reservation: (job, per-agent amount and GPUs) subtracted for everyone else.
-        let mut reservation: Option<(u64, Parts)> = None;
+        // Reservation: per-agent amounts and GPUs subtracted for everyone else (but jobs that
+        // end before it starts: EASY backfill).
+        let mut reservation: Option<Reservation> = None;
         let mut blocked: Vec<u64> = Vec::new();
         // Jobs launched in this pass: never preempted in the same pass.
         let mut started: BTreeSet<u64> = BTreeSet::new();
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]).
+        let usage_now = self.usage(now);
         let not_fitting: Vec<u64> = self
             .order(now)
             .into_iter()
+            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage_now))
             .filter(|id| {
                 gang::place_gang(&mut views.clone(), &gang_of(&self.jobs[id].spec)).is_none()
             })
@@ -946,7 +1190,12 @@ impl Core {
             }
         }
         if let Some((id, parts, _)) = &self.preempt_for {
-            reservation = Some((*id, parts.clone()));
+            // Its victims end within their grace: nothing backfills there.
+            reservation = Some(Reservation {
+                holder: *id,
+                parts: parts.clone(),
+                start: None,
+            });
         }
         while !pending.is_empty() {
             // Members launched earlier in this pass are already recorded in their jobs.
@@ -961,14 +1210,29 @@ impl Core {
             };
             pending.remove(&id);
             let spec = self.jobs[&id].spec.clone();
+            if self.over_borrow_limit(&spec, &usage) {
+                // Waits until its team uses less (it neither reserves nor preempts).
+                continue;
+            }
             let gang = gang_of(&spec);
             let mut avail = views.clone();
-            if let Some((holder, parts)) = &reservation {
-                if *holder != id {
-                    subtract(&mut avail, parts);
+            if let Some(r) = &reservation {
+                if r.holder != id {
+                    subtract(&mut avail, &r.parts);
                 }
             }
-            match gang::place_gang(&mut avail, &gang) {
+            let mut plan = gang::place_gang(&mut avail, &gang);
+            if plan.is_none()
+                && reservation
+                    .as_ref()
+                    .is_some_and(|r| r.holder != id && self.backfills(r, &spec, now))
+            {
+                // EASY backfill: it ends before the reservation starts, so it may use the
+                // reserved GPUs without delaying the holder.
+                avail = views.clone();
+                plan = gang::place_gang(&mut avail, &gang);
+            }
+            match plan {
                 Some(plan) => {
                     for a in &plan.assignments {
                         let agent = views[a.agent].agent_id;
@@ -979,7 +1243,7 @@ impl Core {
                     for (agent, task) in tasks {
                         launches.entry(agent).or_default().push(task);
                     }
-                    if reservation.as_ref().is_some_and(|(h, _)| *h == id) {
+                    if reservation.as_ref().is_some_and(|r| r.holder == id) {
                         reservation = None;
                     }
                     self.holds.done(&id);
@@ -987,7 +1251,7 @@ impl Core {
                 None => {
                     blocked.push(id);
                     if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
-                        reservation = self.reserve(id, &gang);
+                        reservation = self.reserve(id, &gang, now);
                     }
                 }
             }
@@ -1020,18 +1284,58 @@ impl Core {
                 .iter()
                 .find(|id| self.jobs[id].spec.priority >= Priority::High)
             {
-                out.extend(self.preempt(id, &views, &started, now));
+                out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
+            }
+        }
+        // Quota reclaim: the first blocked job whose team stays within its GPU quota takes
+        // back borrowed GPUs, preempting jobs of teams above theirs.
+        if !self.kills_in_flight() && self.preempt_for.is_none() {
+            let usage = self.usage(now);
+            let within = |id: &u64| {
+                let j = &self.jobs[id];
+                let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+                let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
+                need > 0
+                    && self
+                        .team(&j.spec.team)
+                        .gpu_quota
+                        .is_some_and(|q| used + need <= q)
+            };
+            if let Some(&id) = blocked.iter().find(|id| within(id)) {
+                out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
+            }
+        }
+        // Fair-share wait: the first blocked job that has waited longer than
+        // `fair_share_wait` and whose team stays within its weighted share with it takes GPUs
+        // back from `preemptible` jobs of teams above theirs.
+        if let Some(wait) = self.config.fair_share_wait {
+            if !self.kills_in_flight() && self.preempt_for.is_none() {
+                let fair = self.fair_gpus();
+                let usage = self.usage(now);
+                let under = |id: &u64| {
+                    let j = &self.jobs[id];
+                    let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+                    let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
+                    need > 0
+                        && now.saturating_duration_since(j.waiting_since) >= wait
+                        && (used + need) as f64 <= fair.get(&j.spec.team).copied().unwrap_or(0.0)
+                };
+                if let Some(&id) = blocked.iter().find(|id| under(id)) {
+                    out.extend(self.preempt(id, &views, &started, now, Victims::OverShare));
+                }
             }
         }
         // Elastic growth when nothing waits.
         if blocked.is_empty() {
             out.extend(self.grow(&mut views, now));
         }
-        // Offers: hold those of reserved agents while the hold lasts, and fresh ones while
-        // work waits; decline the rest.
+        // Offers: hold fresh ones (younger than `offer_hold`) of reserved agents while the
+        // hold lasts and of any agent while work waits; decline the rest. Never older: the
+        // master expires offers (30 s by default) and filters the agent for a while, and an
+        // accept naming an expired offer drops its tasks (a gang's launch would be partial).
         let reserved: BTreeSet<AgentId> = reservation
             .iter()
-            .flat_map(|(_, parts)| parts.iter().map(|p| p.0))
+            .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
         let waiting = !blocked.is_empty();
         // Per agent: the master's accept and decline act on all of a framework's offers on an
@@ -1047,8 +1351,8 @@ impl Core {
             if used_offers.contains(id) {
                 continue;
             }
-            let keep = reserved.contains(&o.agent_id)
-                || (waiting && fresh.get(&o.agent_id).copied().unwrap_or(false));
+            let keep = (reserved.contains(&o.agent_id) || waiting)
+                && fresh.get(&o.agent_id).copied().unwrap_or(false);
             if !keep {
                 decline.push(*id);
             }
@@ -1077,18 +1381,62 @@ impl Core {
         out
     }
 
-    /// The reservation for blocked job `id`: where its gang goes once running jobs end (or,
-    /// while its preemption is under way, once its victims end).
-    fn reserve(&self, id: u64, gang: &GangRequest) -> Option<(u64, Parts)> {
-        // While kills are under way, what they free; else what every running job frees.
-        let mut eventual = self.eventual_views(!self.kills_in_flight());
-        let plan = gang::place_gang(
-            &mut eventual,
-            &GangRequest {
-                max: gang.min,
-                ..gang.clone()
-            },
-        )?;
+    /// The reservation for blocked job `id`: where its gang's fewest members go once running
+    /// work ends, at the earliest time they fit by the running members' expected ends (their
+    /// attempt's launch plus time limit; members being killed end now). At that time it prefers
+    /// agents with the fewest GPUs idle now (then by hostname: not by agent id), so it reserves
+    /// GPUs that are busy now rather than idle ones others could use. When it fits only once
+    /// members without a time limit end, it has no estimated start.
+    fn reserve(&self, id: u64, gang: &GangRequest, now: Instant) -> Option<Reservation> {
+        let rigid = GangRequest {
+            max: gang.min,
+            ..gang.clone()
+        };
+        let idle: HashMap<AgentId, usize> = self
+            .eventual_views(false)
+            .iter()
+            .map(|v| (v.agent_id, v.gpus.len()))
+            .collect();
+        let mut base = self.eventual_views(true);
+        base.sort_by(|a, b| {
+            (idle.get(&a.agent_id), &a.hostname, a.agent_id).cmp(&(
+                idle.get(&b.agent_id),
+                &b.hostname,
+                b.agent_id,
+            ))
+        });
+        let members = self.member_ends(now);
+        // What every agent has at `t` (`None`: once every member ended).
+        let at = |t: Option<Instant>| {
+            let mut v = base.clone();
+            for (agent, res, gpus, end) in &members {
+                let ended = match (t, end) {
+                    (None, _) => true,
+                    (Some(t), Some(end)) => *end <= t,
+                    (Some(_), None) => false,
+                };
+                if !ended {
+                    remove(&mut v, *agent, res, gpus);
+                }
+            }
+            v
+        };
+        let fits = |t: Option<Instant>| {
+            let v = at(t);
+            gang::place_gang(&mut v.clone(), &rigid).map(|plan| (plan, v))
+        };
+        let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
+        times.push(now);
+        times.sort();
+        times.dedup();
+        // What is free only grows with time: the earliest time it fits, by bisection.
+        let start = if fits(times.last().copied()).is_some() {
+            let i = times.partition_point(|t| fits(Some(*t)).is_none());
+            times.get(i).copied()
+        } else {
+            None
+        };
+        let (plan, eventual) = fits(start)?;
         let mut parts: Vec<(AgentId, Resources, Vec<String>)> = Vec::new();
         for a in &plan.assignments {
             let agent = eventual[a.agent].agent_id;
@@ -1100,8 +1448,29 @@ impl Core {
                 None => parts.push((agent, gang.member.resources.clone(), a.gpus.clone())),
             }
         }
-        Some((id, parts))
+        Some(Reservation {
+            holder: id,
+            parts,
+            start,
+        })
     }
+}
+
+/// A blocked job's reservation: per agent the amount and GPUs set aside for it, and when it is
+/// expected to start (by the running jobs' time limits; `None` when unknown).
+#[derive(Debug, Clone)]
+struct Reservation {
+    holder: u64,
+    parts: Parts,
+    start: Option<Instant>,
+}
+
+/// A job's time limit under `config`: its own, else its team's default, else the cluster's.
+fn time_limit(config: &CoreConfig, spec: &JobSpec) -> Option<Duration> {
+    spec.time_limit_secs
+        .map(Duration::from_secs)
+        .or_else(|| config.team_time_limits.get(&spec.team).copied())
+        .or(config.default_time_limit)
 }
 
 /// A team's usage, for ordering.
@@ -1153,13 +1522,19 @@ fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]
     }
 }
 
+mod estimate;
 mod launch;
 mod persist;
 mod preempt;
+
+use preempt::Victims;
 mod views;
 
+pub use estimate::{MAX_ESTIMATED, MAX_START_TIMES};
 pub use persist::Changes;
 
+#[cfg(test)]
+mod backfill_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]

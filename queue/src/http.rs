@@ -163,8 +163,45 @@ async fn submit(
             format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),
         );
     }
+    if spec.array.is_some() {
+        let ids = s.with(|core, now| match core.submit_array(spec, user, now) {
+            Ok((ids, out)) => (Ok(ids), out),
+            Err(e) => (Err(e), Vec::new()),
+        });
+        return match ids {
+            Ok(ids) => (
+                StatusCode::CREATED,
+                Json(json!({ "id": ids.first(), "ids": ids })),
+            )
+                .into_response(),
+            Err(e) => error(StatusCode::BAD_REQUEST, e),
+        };
+    }
+    let deadline = spec.deadline_unix;
     let id = s.with(|core, now| core.submit_as(spec, user, now));
-    (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
+    // Say so when the estimated start already misses the deadline.
+    let wall = crate::runtime::unix_ms();
+    let warning = deadline.and_then(|d| {
+        let core = s.core();
+        let view = core.view_at(id, Instant::now(), wall)?;
+        let limit = core.time_limit(core.spec(id)?).unwrap_or_default();
+        let start = view.estimated_start_unix_ms?;
+        let end = start + limit.as_millis() as u64;
+        (end > d.saturating_mul(1000)).then(|| {
+            format!(
+                "the estimated start (in {} s) plus its time limit ({} s) misses its deadline \
+                 (in {} s)",
+                start.saturating_sub(wall) / 1000,
+                limit.as_secs(),
+                (d * 1000).saturating_sub(wall) / 1000
+            )
+        })
+    });
+    let mut body = json!({ "id": id });
+    if let Some(w) = warning {
+        body["warning"] = json!(w);
+    }
+    (StatusCode::CREATED, Json(body)).into_response()
 }
 
 async fn shutdown(
@@ -192,7 +229,10 @@ async fn list(
     if let Err(d) = reader(&api, &headers, cert) {
         return denied(d);
     }
-    let views: Vec<JobView> = api.shared.core().views(Instant::now());
+    let views: Vec<JobView> = api
+        .shared
+        .core()
+        .views_at(Instant::now(), crate::runtime::unix_ms());
     Json(views).into_response()
 }
 
@@ -205,7 +245,11 @@ async fn show(
     if let Err(d) = reader(&api, &headers, cert) {
         return denied(d);
     }
-    match api.shared.core().view(id, Instant::now()) {
+    match api
+        .shared
+        .core()
+        .view_at(id, Instant::now(), crate::runtime::unix_ms())
+    {
         Some(v) => Json(v).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no job {id}")),
     }
@@ -343,7 +387,7 @@ async fn metrics(
             secs / 3600.0
         );
     }
-    let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle outside any reservation while a waiting job could have started on them.");
+    let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle while a waiting job could have started on them (outside the reservation, or on it for a job that ends before it starts).");
     let _ = writeln!(
         out,
         "# TYPE gpu_queue_idle_while_eligible_gpu_seconds_total counter"

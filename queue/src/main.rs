@@ -172,6 +172,25 @@ struct Serve {
     /// How long an ended job's checkpoint directory is kept after its last write.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     checkpoint_keep: Duration,
+    /// The time limit of jobs submitted without one whose team has no default (N, Ns, Nm, Nh
+    /// or Nd); without it such jobs are unlimited (they never backfill on reserved GPUs).
+    #[arg(long)]
+    default_time_limit: Option<String>,
+    /// A job waiting this long (N, Ns, Nm, Nh or Nd) whose team is below its weighted share of
+    /// the GPUs preempts preemptible jobs of teams above theirs. Without it, never.
+    #[arg(long)]
+    fair_share_wait: Option<String>,
+    /// Fair-share usage decays with this half-life (N, Ns, Nm, Nh or Nd; Slurm's
+    /// PriorityDecayHalfLife): a team's past GPU-seconds count half after it. Without it,
+    /// usage since the start counts forever.
+    #[arg(long)]
+    usage_half_life: Option<String>,
+    /// The most GPUs a team may use beyond its quota: NAME=GPUS (repeatable).
+    #[arg(long = "team-borrow-limit")]
+    team_borrow_limits: Vec<String>,
+    /// A team's default time limit: NAME=DURATION (repeatable).
+    #[arg(long = "team-time-limit")]
+    team_time_limits: Vec<String>,
     /// The ACL file (TOML: declared teams, who may submit to which team up to which priority,
     /// team and queue administrators; see docs/queue.md). Without it the API is in dev mode:
     /// plain HTTP, and anyone who reaches the port may do anything.
@@ -219,9 +238,14 @@ struct Submit {
     /// Least GPU memory, MiB.
     #[arg(long)]
     gpu_min_memory: Option<u64>,
-    /// Deadline: Unix seconds, or +DURATION (e.g. +90s, +30m, +2h).
+    /// Deadline: Unix seconds, or +DURATION (e.g. +90s, +30m, +2h). The job should end by then
+    /// (see --deadline-policy).
     #[arg(long)]
     deadline: Option<String>,
+    /// What a deadline means: `cancel` (a job not started by its deadline minus its time
+    /// limit is cancelled with the reason `deadline`) or `best-effort` (it still runs).
+    #[arg(long, default_value = "cancel", value_parser = ["cancel", "best-effort"])]
+    deadline_policy: String,
     /// Seconds between the preemption warning (SIGTERM) and SIGKILL.
     #[arg(long, default_value_t = 10)]
     grace_secs: u32,
@@ -237,6 +261,10 @@ struct Submit {
     /// with the reason `time-limit`.
     #[arg(long)]
     time_limit: Option<String>,
+    /// Submit an array: one job per index (`0-99`, `0-9,20`), each named NAME[INDEX] with the
+    /// index in GANTRY_QUEUE_ARRAY_INDEX; prints the array's id (its first job's).
+    #[arg(long)]
+    array: Option<String>,
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
@@ -365,7 +393,7 @@ async fn call(
 
 fn table(jobs: &[JobView]) {
     println!(
-        "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>8}  WHERE / WHY",
+        "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>8} {:>9}  WHERE / WHY",
         "ID",
         "NAME",
         "TEAM",
@@ -376,8 +404,12 @@ fn table(jobs: &[JobView]) {
         "WORKERS",
         "GPUS",
         "PREEMPT",
-        "WAITED"
+        "WAITED",
+        "START"
     );
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     for j in jobs {
         let workers = if j.min_workers == j.max_workers {
             format!("{}/{}", j.workers, j.max_workers)
@@ -388,7 +420,7 @@ fn table(jobs: &[JobView]) {
             .position
             .map_or_else(|| "-".to_string(), |p| p.to_string());
         println!(
-            "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>7.0}s  {}",
+            "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>7.0}s {:>9}  {}",
             j.id,
             j.name,
             j.team,
@@ -400,8 +432,31 @@ fn table(jobs: &[JobView]) {
             j.gpus_per_worker,
             j.preemptions,
             j.waited_secs,
+            start_in(j, now_ms),
             where_(j)
         );
+    }
+}
+
+/// An array's jobs per state: `3 PENDING, 2 RUNNING, 95 FINISHED`.
+fn summary(sum: &BTreeMap<String, u32>) -> String {
+    let parts: Vec<String> = sum.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    parts.join(", ")
+}
+
+/// A pending job's estimated start from now (`now`, `in 90s`, `in 12m`, `in 3h`, `in 2d`), or
+/// `-` when unknown or not pending.
+fn start_in(j: &JobView, now_ms: u64) -> String {
+    let Some(at) = j.estimated_start_unix_ms else {
+        return "-".into();
+    };
+    let secs = at.saturating_sub(now_ms) / 1000;
+    match secs {
+        0 => "now".into(),
+        1..120 => format!("in {secs}s"),
+        120..7200 => format!("in {}m", secs / 60),
+        7200..172_800 => format!("in {}h", secs / 3600),
+        _ => format!("in {}d", secs / 86400),
     }
 }
 
@@ -437,8 +492,57 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         tracing::info!(framework_id = %id, jobs = loaded.jobs.len(), "resuming from the store");
     }
     let driver = Driver::new(config);
+    let mut team_time_limits = BTreeMap::new();
+    for t in &a.team_time_limits {
+        let (name, d) = t
+            .split_once('=')
+            .with_context(|| format!("--team-time-limit {t:?}: expected NAME=DURATION"))?;
+        let secs = parse_secs(d).with_context(|| format!("--team-time-limit {t:?}"))?;
+        if secs == 0 {
+            bail!("--team-time-limit {t:?}: the limit must be positive");
+        }
+        team_time_limits.insert(name.to_string(), Duration::from_secs(secs));
+    }
+    let default_time_limit = match &a.default_time_limit {
+        Some(d) => {
+            let secs = parse_secs(d).context("--default-time-limit")?;
+            if secs == 0 {
+                bail!("--default-time-limit: the limit must be positive");
+            }
+            Some(Duration::from_secs(secs))
+        }
+        None => None,
+    };
+    let usage_half_life = match &a.usage_half_life {
+        Some(d) => Some(Duration::from_secs(
+            parse_secs(d).context("--usage-half-life")?,
+        ))
+        .filter(|d| !d.is_zero()),
+        None => None,
+    };
+    let fair_share_wait = match &a.fair_share_wait {
+        Some(d) => Some(Duration::from_secs(
+            parse_secs(d).context("--fair-share-wait")?,
+        )),
+        None => None,
+    };
+    let mut team_borrow_limits = BTreeMap::new();
+    for t in &a.team_borrow_limits {
+        let (name, n) = t
+            .split_once('=')
+            .with_context(|| format!("--team-borrow-limit {t:?}: expected NAME=GPUS"))?;
+        let n: u64 = n
+            .parse()
+            .with_context(|| format!("--team-borrow-limit {t:?}: GPUS"))?;
+        team_borrow_limits.insert(name.to_string(), n);
+    }
     let mut core_config = CoreConfig {
+        team_borrow_limits,
+        fair_share_wait,
+        usage_half_life,
         teams,
+        team_time_limits,
+        default_time_limit,
         aging: Duration::from_secs(a.aging_secs),
         retry_backoff: Duration::from_secs(a.retry_backoff_secs),
         checkpoint_root: a.checkpoint_root.as_ref().map(|p| p.display().to_string()),
@@ -563,6 +667,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 min_workers: min,
                 max_workers: max,
                 deadline_unix: s.deadline.as_deref().map(parse_deadline).transpose()?,
+                deadline_best_effort: s.deadline_policy == "best-effort",
+                array: s.array,
+                array_job: None,
+                array_index: None,
                 grace_secs: s.grace_secs,
                 env: BTreeMap::new(),
                 after: s.after,
@@ -587,6 +695,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if s.json {
                 println!("{v}");
             } else {
+                if let Some(w) = v["warning"].as_str() {
+                    eprintln!("warning: {w}");
+                }
                 println!("{}", v["id"]);
             }
             Ok(())
@@ -596,7 +707,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                table(&serde_json::from_value::<Vec<JobView>>(v)?);
+                let jobs = serde_json::from_value::<Vec<JobView>>(v)?;
+                table(&jobs);
+                for j in &jobs {
+                    if let Some(sum) = &j.array_summary {
+                        println!("array {} ({}): {}", j.id, j.name, summary(sum));
+                    }
+                }
             }
             Ok(())
         }
@@ -607,6 +724,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 let j: JobView = serde_json::from_value(v)?;
                 table(std::slice::from_ref(&j));
+                if let Some(sum) = &j.array_summary {
+                    println!("  array {}: {}", j.id, summary(sum));
+                }
                 for m in &j.members {
                     println!(
                         "  {:<28} {:<9} {:<16} {}",

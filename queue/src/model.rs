@@ -166,9 +166,26 @@ pub struct JobSpec {
     /// Most workers (elastic when above `min_workers`).
     #[serde(default = "one_u32")]
     pub max_workers: u32,
-    /// Deadline, Unix seconds (earliest first among equals).
+    /// Deadline, Unix seconds: the job should end by then. Its priority rises as its latest
+    /// start (the deadline minus its time limit) approaches; a job still pending past its
+    /// latest start is cancelled with the reason `deadline` unless `deadline_best_effort`.
+    /// Earliest first among equals.
     #[serde(default)]
     pub deadline_unix: Option<u64>,
+    /// `--deadline-policy best-effort`: a job that misses its deadline still runs.
+    #[serde(default)]
+    pub deadline_best_effort: bool,
+    /// `--array 0-99` (ranges and single indexes, comma separated, e.g. `0-9,20`): one job per
+    /// index, each named `NAME[INDEX]` with the index in `GANTRY_QUEUE_ARRAY_INDEX`. Input
+    /// only: the jobs created carry `array_job` and `array_index` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<String>,
+    /// The array this job belongs to: the id of its first job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_job: Option<u64>,
+    /// Its index in the array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_index: Option<u32>,
     /// Seconds between the preemption warning (SIGTERM) and SIGKILL.
     #[serde(default = "grace")]
     pub grace_secs: u32,
@@ -208,10 +225,41 @@ pub const MAX_NAME: usize = 128;
 /// The most retries a job may ask for.
 pub const MAX_RETRIES: u32 = 100;
 
+/// At most this many jobs in one array.
+pub const MAX_ARRAY: usize = 1000;
+
 /// The most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 64;
 
 impl JobSpec {
+    /// The indexes of `array`, in order without repeats (`None` when it is not an array), or
+    /// why they are invalid.
+    pub fn array_indexes(&self) -> Result<Option<Vec<u32>>, String> {
+        let Some(a) = &self.array else {
+            return Ok(None);
+        };
+        let bad = || format!("--array {a:?}: expected ranges like 0-99 or 0-9,20");
+        let mut out = std::collections::BTreeSet::new();
+        for part in a.split(',') {
+            let (lo, hi) = match part.split_once('-') {
+                Some((lo, hi)) => (lo.trim(), hi.trim()),
+                None => (part.trim(), part.trim()),
+            };
+            let lo: u32 = lo.parse().map_err(|_| bad())?;
+            let hi: u32 = hi.parse().map_err(|_| bad())?;
+            if lo > hi || (hi - lo) as usize >= MAX_ARRAY {
+                return Err(bad());
+            }
+            out.extend(lo..=hi);
+            if out.len() > MAX_ARRAY {
+                return Err(format!(
+                    "--array {a:?}: at most {MAX_ARRAY} jobs in an array"
+                ));
+            }
+        }
+        Ok(Some(out.into_iter().collect()))
+    }
+
     /// Why the specification cannot run, if it cannot.
     pub fn problem(&self) -> Option<String> {
         if self.name.is_empty() || self.name.len() > MAX_NAME || self.name.contains('/') {
@@ -236,6 +284,9 @@ impl JobSpec {
         }
         if self.time_limit_secs == Some(0) {
             return Some("the time limit must be at least one second".into());
+        }
+        if let Err(e) = self.array_indexes() {
+            return Some(e);
         }
         if self.after.len() > MAX_DEPENDENCIES {
             return Some(format!("at most {MAX_DEPENDENCIES} dependencies (after)"));
@@ -347,6 +398,20 @@ pub struct JobView {
     /// The same among its team's jobs.
     #[serde(default)]
     pub team_position: Option<u32>,
+    /// The array it belongs to (the id of the array's first job).
+    #[serde(default)]
+    pub array_job: Option<u64>,
+    /// Its index in the array.
+    #[serde(default)]
+    pub array_index: Option<u32>,
+    /// On an array's first job: how many of the array's jobs are in each state.
+    #[serde(default)]
+    pub array_summary: Option<BTreeMap<String, u32>>,
+    /// A pending job's estimated start, Unix milliseconds: the queue simulated forward with
+    /// time limits (as `squeue --start`). `None` when unknown (it waits behind work without a
+    /// time limit, or is past the first jobs estimated).
+    #[serde(default)]
+    pub estimated_start_unix_ms: Option<u64>,
 }
 
 /// One worker of a job as the store keeps it.

@@ -123,6 +123,7 @@ impl Core {
     /// The records of the jobs that changed since the last call and the workers that ended
     /// meanwhile; `now` is `wall_ms` Unix milliseconds.
     pub fn take_changes(&mut self, now: Instant, wall_ms: u64) -> Changes {
+        self.set_wall_clock(now, wall_ms);
         let mut changed = Vec::new();
         for job in self.jobs.values() {
             let d = digest(job);
@@ -181,6 +182,7 @@ impl Core {
         now: Instant,
         wall_ms: u64,
     ) -> Vec<Action> {
+        self.set_wall_clock(now, wall_ms);
         let mut out = Vec::new();
         let mut max_id = 0;
         for r in records {

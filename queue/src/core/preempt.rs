@@ -1,7 +1,7 @@
 //! Preemption: which running workers to stop so that a blocked `critical`/`high` job fits
 //! (see the parent module's documentation, step 4).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use gantry_sdk::placement::gang;
@@ -13,24 +13,57 @@ use crate::model::Priority;
 
 impl Core {
     /// Chooses victims so that job `id` fits, and kills them (see the module documentation).
+    ///
+    /// With [`Victims::Borrowed`] (quota reclaim: `id`'s team is below its GPU quota), the
+    /// victims are instead jobs of other teams above their quota (a team without one counts as
+    /// quota 0) that they can lose without going below it, of any class but `critical`; with
+    /// [`Victims::OverShare`] (`--fair-share-wait`), `preemptible` jobs of other teams above
+    /// their weighted share of the GPUs that they can lose without going below it. Both take
+    /// the lowest class first, then the newest.
     pub(super) fn preempt(
         &mut self,
         id: u64,
         free: &[AgentView],
         started: &BTreeSet<u64>,
         now: Instant,
+        victims: Victims,
     ) -> Vec<Action> {
+        let reclaim = victims != Victims::LowerClass;
+        let fair = self.fair_gpus();
         let spec = self.jobs[&id].spec.clone();
         let member = request(&spec);
+        let used: HashMap<String, u64> = self
+            .usage(now)
+            .into_iter()
+            .map(|(t, u)| (t, u.gpus))
+            .collect();
+        let borrowed = |team: &str| {
+            let quota = self.team(team).gpu_quota.unwrap_or(0);
+            used.get(team).copied().unwrap_or(0).saturating_sub(quota)
+        };
         // Victim units: an elastic gang's members above its minimum one by one (highest index
         // first), else whole jobs. (job, members, priority).
         let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
         for j in self.jobs.values() {
-            if j.state != JobState::Running
-                || j.preempting
-                || j.spec.priority >= spec.priority
-                || started.contains(&j.id)
-            {
+            let gpus = u64::from(j.spec.gpus) * u64::from(j.running_members());
+            let allowed = match victims {
+                Victims::LowerClass => j.spec.priority < spec.priority,
+                Victims::Borrowed => {
+                    j.spec.team != spec.team
+                        && j.spec.priority < Priority::Critical
+                        && gpus <= borrowed(&j.spec.team)
+                }
+                Victims::OverShare => {
+                    let team = &j.spec.team;
+                    let over = (used.get(team).copied().unwrap_or(0) as f64
+                        - fair.get(team).copied().unwrap_or(0.0))
+                    .max(0.0);
+                    *team != spec.team
+                        && j.spec.priority == Priority::Preemptible
+                        && gpus as f64 <= over
+                }
+            };
+            if j.state != JobState::Running || j.preempting || !allowed || started.contains(&j.id) {
                 continue;
             }
             let n = j.running_members();
@@ -42,24 +75,24 @@ impl Core {
             }
             units.push((j.id, j.members.keys().copied().collect(), j.spec.priority));
         }
-        // Free views for every known agent (agents without offers have nothing free).
-        let mut work: Vec<AgentView> = self
-            .agents
-            .iter()
-            .map(|(aid, a)| {
+        // Free views for every known agent: what is offered, and for an agent without an
+        // offer in hand its capacity minus our workers (the master offers it again shortly:
+        // a declined remainder must not make killing a larger job there look cheaper).
+        let eventual = self.eventual_views(false);
+        let mut work: Vec<AgentView> = eventual
+            .into_iter()
+            .map(|e| {
                 free.iter()
-                    .find(|v| v.agent_id == *aid)
+                    .find(|v| v.agent_id == e.agent_id)
                     .cloned()
                     .unwrap_or(AgentView {
-                        agent_id: *aid,
-                        hostname: a.hostname.clone(),
                         offer_ids: Vec::new(),
-                        resources: Resources::new(),
-                        attributes: a.attributes.clone(),
-                        gpus: Vec::new(),
+                        ..e
                     })
             })
             .collect();
+        // Ties go by hostname, not by agent id.
+        work.sort_by(|a, b| (&a.hostname, a.agent_id).cmp(&(&b.hostname, b.agent_id)));
         let mut chosen: Vec<usize> = Vec::new();
         // Members already counted as freed (a whole-job unit after some of its members were
         // picked one by one adds only the rest).
@@ -92,9 +125,15 @@ impl Core {
                         !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0
                     })
                     .collect();
+                // Reclaim takes the newest first; a preemption the fewest GPUs.
+                let newest = |u: usize| {
+                    let started = self.jobs.get(&units[u].0).and_then(|j| j.attempt_started);
+                    std::cmp::Reverse(started.filter(|_| reclaim))
+                };
                 order.sort_by_key(|&u| {
                     (
                         units[u].2,
+                        newest(u),
                         self.unit_on(&units[u], view.agent_id).1.milli("gpus"),
                         units[u].1.len(),
                     )
@@ -206,6 +245,28 @@ impl Core {
         out
     }
 
+    /// Each team's weighted share of the cluster's GPUs, among the teams with work (running
+    /// or eligible): GPUs × weight / the weights' sum.
+    pub(super) fn fair_gpus(&self) -> HashMap<String, f64> {
+        let teams: BTreeSet<&str> = self
+            .jobs
+            .values()
+            .filter(|j| !j.members.is_empty() || Self::eligible(j))
+            .map(|j| j.spec.team.as_str())
+            .collect();
+        let weights: f64 = teams.iter().map(|t| self.team(t).weight.max(1e-6)).sum();
+        let total = self.totals().0 as f64;
+        teams
+            .iter()
+            .map(|t| {
+                (
+                    t.to_string(),
+                    total * self.team(t).weight.max(1e-6) / weights.max(1e-6),
+                )
+            })
+            .collect()
+    }
+
     /// A unit's members on `agent`: (count, resources, GPUs).
     fn unit_on(
         &self,
@@ -234,6 +295,17 @@ impl Core {
             .get(&unit.0)
             .map_or(0, |j| u64::from(j.spec.gpus) * unit.1.len() as u64)
     }
+}
+
+/// Who may be preempted for a blocked job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Victims {
+    /// Jobs of a lower class (a `critical` or `high` job's preemption).
+    LowerClass,
+    /// Borrowed GPUs: jobs of teams above their quota (quota reclaim).
+    Borrowed,
+    /// `preemptible` jobs of teams above their weighted share (`--fair-share-wait`).
+    OverShare,
 }
 
 /// A victim unit without the members already in `covered`.

@@ -75,6 +75,10 @@ pub(super) fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u
         after: Vec::new(),
         max_retries: 0,
         time_limit_secs: None,
+        deadline_best_effort: false,
+        array: None,
+        array_job: None,
+        array_index: None,
     }
 }
 

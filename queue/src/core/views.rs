@@ -22,12 +22,26 @@ struct Standings {
     free_gpus: u64,
     /// The job the reservation (or a preemption under way) is for.
     reserved_for: Option<u64>,
+    /// Estimated starts of the first eligible jobs, Unix milliseconds (with a wall clock).
+    starts: HashMap<u64, u64>,
+    /// Per array (its first job's id): jobs per state.
+    arrays: HashMap<u64, BTreeMap<String, u32>>,
 }
 
 impl Core {
-    /// Every job, for the API.
+    /// Every job, for the API (without estimated starts: see [`Core::views_at`]).
     pub fn views(&self, now: Instant) -> Vec<JobView> {
-        let st = self.standings(now);
+        let st = self.standings(now, None);
+        self.jobs
+            .values()
+            .map(|j| self.view_of(j, now, &st))
+            .collect()
+    }
+
+    /// Every job, for the API, with pending jobs' estimated starts (`wall_ms`: the wall clock
+    /// at `now`, Unix milliseconds).
+    pub fn views_at(&self, now: Instant, wall_ms: u64) -> Vec<JobView> {
+        let st = self.standings(now, Some(wall_ms));
         self.jobs
             .values()
             .map(|j| self.view_of(j, now, &st))
@@ -43,10 +57,16 @@ impl Core {
     /// One job, for the API.
     pub fn view(&self, id: u64, now: Instant) -> Option<JobView> {
         let job = self.jobs.get(&id)?;
-        Some(self.view_of(job, now, &self.standings(now)))
+        Some(self.view_of(job, now, &self.standings(now, None)))
     }
 
-    fn standings(&self, now: Instant) -> Standings {
+    /// One job, for the API, with its estimated start (see [`Core::views_at`]).
+    pub fn view_at(&self, id: u64, now: Instant, wall_ms: u64) -> Option<JobView> {
+        let job = self.jobs.get(&id)?;
+        Some(self.view_of(job, now, &self.standings(now, Some(wall_ms))))
+    }
+
+    fn standings(&self, now: Instant, wall_ms: Option<u64>) -> Standings {
         let order = self.order(now);
         let mut per_team: HashMap<&str, usize> = HashMap::new();
         let mut at = HashMap::new();
@@ -71,12 +91,35 @@ impl Core {
             .as_ref()
             .map(|p| p.0)
             .or_else(|| self.holds.holder().map(|(id, _)| *id));
+        let starts = match wall_ms {
+            Some(wall) => self
+                .estimated_starts(now, &order)
+                .into_iter()
+                .map(|(id, t)| {
+                    let ahead = t.saturating_duration_since(now).as_millis() as u64;
+                    (id, wall.saturating_add(ahead))
+                })
+                .collect(),
+            None => HashMap::new(),
+        };
+        let mut arrays: HashMap<u64, BTreeMap<String, u32>> = HashMap::new();
+        for j in self.jobs.values() {
+            if let Some(a) = j.spec.array_job {
+                *arrays
+                    .entry(a)
+                    .or_default()
+                    .entry(j.state.as_str().to_string())
+                    .or_default() += 1;
+            }
+        }
         Standings {
             order,
             at,
             team_gpus,
             free_gpus,
             reserved_for,
+            starts,
+            arrays,
         }
     }
 
@@ -155,6 +198,14 @@ impl Core {
         let team = &j.spec.team;
         if let Some(quota) = self.team(team).gpu_quota {
             let used = st.team_gpus.get(team).copied().unwrap_or(0);
+            let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+            if let Some(limit) = self.config.team_borrow_limits.get(team) {
+                if need > 0 && used + need > quota + limit {
+                    return format!(
+                        "team {team} at its borrowing limit: {used} GPUs used of {quota} + {limit}"
+                    );
+                }
+            }
             if used + u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1)) > quota {
                 return format!("team {team} at its quota {used}/{quota}");
             }
@@ -252,6 +303,14 @@ impl Core {
             pending_reason,
             position: st.at.get(&j.id).map(|a| a.0 as u32 + 1),
             team_position: st.at.get(&j.id).map(|a| a.1 as u32 + 1),
+            array_job: j.spec.array_job,
+            array_index: j.spec.array_index,
+            array_summary: (j.spec.array_job == Some(j.id))
+                .then(|| st.arrays.get(&j.id).cloned())
+                .flatten(),
+            estimated_start_unix_ms: (j.state == JobState::Pending)
+                .then(|| st.starts.get(&j.id).copied())
+                .flatten(),
         }
     }
 
