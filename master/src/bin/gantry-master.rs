@@ -90,6 +90,9 @@ struct ServeArgs {
     /// bound).
     #[arg(long, default_value_t = HttpLimits::default().max_event_subscribers_per_principal)]
     http_max_event_subscribers_per_principal: usize,
+    /// Exec sessions into tasks one operator or framework may run at once (0: no bound).
+    #[arg(long, default_value_t = HttpLimits::default().max_exec_sessions_per_principal)]
+    http_max_exec_sessions_per_principal: usize,
     /// Failed authentications (wrong token, dashboard login) an address may make at once
     /// before it is answered 429 (0: no limit).
     #[arg(long, default_value_t = HttpLimits::default().auth.burst)]
@@ -405,6 +408,7 @@ fn http_limits(args: &ServeArgs) -> anyhow::Result<HttpLimits> {
         max_connections_per_address: args.http_max_connections_per_address,
         send_buffer_bytes: args.http_send_buffer_kib.saturating_mul(1024),
         max_event_subscribers_per_principal: args.http_max_event_subscribers_per_principal,
+        max_exec_sessions_per_principal: args.http_max_exec_sessions_per_principal,
         auth: AuthLimits {
             burst: args.http_auth_failures_burst,
             per_minute: args.http_auth_failures_per_minute,

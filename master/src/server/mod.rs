@@ -169,6 +169,9 @@ struct Shell {
     metrics: metrics::ShellMetrics,
     /// Messages queued for one peer at most (`MasterConfig::peer_outbox`).
     outbox: usize,
+    /// The connected agents' connections by name: the operator API opens sandbox streams on
+    /// them (protocol v9).
+    agent_conns: Arc<DashMap<String, (ConnId, quinn::Connection)>>,
     /// How long a peer's stream may take no bytes of a pending write before the peer is closed
     /// as stalled (`MasterConfig::peer_write_timeout_ms`; `None`: never).
     write_timeout: Option<Duration>,
@@ -210,6 +213,7 @@ pub async fn run(
         events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
         metrics: metrics::ShellMetrics::default(),
         outbox: config.peer_outbox.max(64),
+        agent_conns: Arc::new(DashMap::new()),
         write_timeout: config.peer_write_timeout_ms.map(Duration::from_millis),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
@@ -528,6 +532,10 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     );
     match principal {
         PeerPrincipal::Agent(name) => {
+            shell
+                .agent_conns
+                .insert(name.clone(), (id, conn.clone()));
+            let agent_name = name.clone();
             let connected = Input::AgentConnected {
                 conn: id,
                 name,
@@ -546,6 +554,10 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 |conn| Input::AgentDisconnected { conn },
             )
             .await;
+            // Only this connection's entry (a newer one of the same agent may have replaced it).
+            shell
+                .agent_conns
+                .remove_if(&agent_name, |_, (conn_id, _)| *conn_id == id);
         }
         PeerPrincipal::Framework(principal) => {
             let connected = Input::FrameworkConnected {
