@@ -49,7 +49,8 @@ pub(crate) async fn run(
             return;
         }
         // The master's sandbox streams (logs, files, exec) on this connection.
-        let sandbox_streams = tokio::spawn(crate::sandbox_api::serve(conn.clone(), sandbox.clone()));
+        let sandbox_streams =
+            tokio::spawn(crate::sandbox_api::serve(conn.clone(), sandbox.clone()));
         let writer_conn = conn.clone();
         let writer = tokio::spawn(async move {
             // What is queued goes out as one write (QUIC then packs a burst of updates into as

@@ -48,18 +48,27 @@ impl TaskProcess {
             return Err(not_running());
         }
         let pid = launched.task_pgid;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .map_err(|_| not_running())?;
+        let status =
+            std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| not_running())?;
         let ids = |key: &str| -> Vec<u32> {
             status
                 .lines()
                 .find_map(|l| l.strip_prefix(key))
-                .map(|v| v.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+                .map(|v| {
+                    v.split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         let (uid, gid) = match (ids("Uid:").first(), ids("Gid:").first()) {
             (Some(u), Some(g)) => (*u, *g),
-            _ => return Err(refuse(SandboxErrorKind::Failed, "cannot read the task's user")),
+            _ => {
+                return Err(refuse(
+                    SandboxErrorKind::Failed,
+                    "cannot read the task's user",
+                ))
+            }
         };
         let groups = ids("Groups:");
         let env = std::fs::read(format!("/proc/{pid}/environ"))
@@ -142,14 +151,20 @@ pub async fn run(
     tx: &mut FrameSender,
 ) -> Result<(), ()> {
     if argv.is_empty() || argv[0].is_empty() {
-        return send_reply(tx, &refuse(SandboxErrorKind::BadRequest, "an empty command")).await;
+        return send_reply(
+            tx,
+            &refuse(SandboxErrorKind::BadRequest, "an empty command"),
+        )
+        .await;
     }
     let p = {
         let (meta, sandbox) = (meta.to_path_buf(), sandbox.to_path_buf());
         match tokio::task::spawn_blocking(move || TaskProcess::read(&meta, &sandbox)).await {
             Ok(Ok(p)) => p,
             Ok(Err(reply)) => return send_reply(tx, &reply).await,
-            Err(e) => return send_reply(tx, &refuse(SandboxErrorKind::Failed, e.to_string())).await,
+            Err(e) => {
+                return send_reply(tx, &refuse(SandboxErrorKind::Failed, e.to_string())).await
+            }
         }
     };
     // Opened here (as root), written in the child before exec: joining the task's cgroups.
@@ -294,7 +309,8 @@ mod tests {
             .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
             .collect(),
         };
-        let text = "12:memory:/gantry/slot-3\n4:cpu,cpuacct:/gantry/slot-3\n1:name=systemd:/user.slice\n";
+        let text =
+            "12:memory:/gantry/slot-3\n4:cpu,cpuacct:/gantry/slot-3\n1:name=systemd:/user.slice\n";
         assert_eq!(
             cgroup_procs(&layout, text),
             vec![

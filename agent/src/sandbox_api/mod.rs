@@ -96,9 +96,8 @@ pub(crate) fn refuse(kind: SandboxErrorKind, message: impl Into<String>) -> Sand
 /// per connection to the leading master).
 pub async fn serve(conn: quinn::Connection, api: Arc<SandboxApi>) {
     loop {
-        let (send, recv) = match conn.accept_bi().await {
-            Ok(s) => s,
-            Err(_) => return,
+        let Ok((send, recv)) = conn.accept_bi().await else {
+            return;
         };
         let api = api.clone();
         tokio::spawn(async move {
@@ -139,7 +138,11 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             tracing::warn!("sandbox stream: bad request: {e}");
-            let _ = send_reply(&mut tx, &refuse(SandboxErrorKind::BadRequest, e.to_string())).await;
+            let _ = send_reply(
+                &mut tx,
+                &refuse(SandboxErrorKind::BadRequest, e.to_string()),
+            )
+            .await;
             let _ = tx.0.finish();
             return;
         }
@@ -236,7 +239,11 @@ async fn read(
         None => size.saturating_sub(length),
     };
     // Without follow: at most `length` bytes from `pos`.
-    let end = if follow { u64::MAX } else { pos.saturating_add(length).min(size) };
+    let end = if follow {
+        u64::MAX
+    } else {
+        pos.saturating_add(length).min(size)
+    };
     let mut buf = vec![0u8; SANDBOX_CHUNK];
     loop {
         let size = file.metadata().await.map(|m| m.len()).unwrap_or(pos);

@@ -16,7 +16,10 @@ use super::refuse;
 /// would refuse it anyway).
 pub fn check_relative(path: &str) -> Result<&str, SandboxReply> {
     if path.contains('\0') {
-        return Err(refuse(SandboxErrorKind::BadRequest, "a path with a NUL byte"));
+        return Err(refuse(
+            SandboxErrorKind::BadRequest,
+            "a path with a NUL byte",
+        ));
     }
     let p = Path::new(path);
     for c in p.components() {
@@ -41,13 +44,22 @@ pub fn check_relative(path: &str) -> Result<&str, SandboxReply> {
 
 fn errno_reply(path: &str, e: Errno) -> SandboxReply {
     match e {
-        Errno::NOENT => refuse(SandboxErrorKind::NotFound, format!("{path:?}: no such file")),
+        Errno::NOENT => refuse(
+            SandboxErrorKind::NotFound,
+            format!("{path:?}: no such file"),
+        ),
         Errno::LOOP | Errno::XDEV => refuse(
             SandboxErrorKind::Forbidden,
             format!("{path:?} goes through a symlink or leaves the sandbox: refused"),
         ),
-        Errno::NOTDIR => refuse(SandboxErrorKind::BadRequest, format!("{path:?}: not a directory")),
-        Errno::ISDIR => refuse(SandboxErrorKind::BadRequest, format!("{path:?} is a directory")),
+        Errno::NOTDIR => refuse(
+            SandboxErrorKind::BadRequest,
+            format!("{path:?}: not a directory"),
+        ),
+        Errno::ISDIR => refuse(
+            SandboxErrorKind::BadRequest,
+            format!("{path:?} is a directory"),
+        ),
         e => refuse(SandboxErrorKind::Failed, format!("{path:?}: {e}")),
     }
 }
@@ -119,7 +131,8 @@ fn open_beneath(sandbox: &Path, path: &str, dir: bool) -> Result<OwnedFd, Sandbo
 pub fn open_file(sandbox: &Path, path: &str) -> Result<std::fs::File, SandboxReply> {
     let fd = open_beneath(sandbox, path, false)?;
     // Reads block again (the open was non-blocking only so a FIFO could not hang it).
-    let fl = rustix::fs::fcntl_getfl(&fd).map_err(|e| refuse(SandboxErrorKind::Failed, e.to_string()))?;
+    let fl = rustix::fs::fcntl_getfl(&fd)
+        .map_err(|e| refuse(SandboxErrorKind::Failed, e.to_string()))?;
     rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)
         .map_err(|e| refuse(SandboxErrorKind::Failed, e.to_string()))?;
     Ok(std::fs::File::from(fd))
@@ -168,7 +181,7 @@ pub fn list(
                 size: st.map_or(0, |s| s.st_size as u64),
                 mode: st.map_or(0, |s| s.st_mode & 0o7777),
                 mtime_ms: st.map_or(0, |s| {
-                    (s.st_mtime as u64).saturating_mul(1000) + (s.st_mtime_nsec as u64) / 1_000_000
+                    (s.st_mtime as u64).saturating_mul(1000) + s.st_mtime_nsec / 1_000_000
                 }),
             }
         })
@@ -197,11 +210,23 @@ mod tests {
         std::fs::create_dir(sb.join("sub")).unwrap();
         std::os::unix::fs::symlink(d.path().join("secret"), sb.join("link")).unwrap();
         std::os::unix::fs::symlink(d.path(), sb.join("up")).unwrap();
-        assert_eq!(kind(open_file(&sb, "../secret")), SandboxErrorKind::Forbidden);
-        assert_eq!(kind(open_file(&sb, "sub/../../secret")), SandboxErrorKind::Forbidden);
-        assert_eq!(kind(open_file(&sb, "/etc/passwd")), SandboxErrorKind::Forbidden);
+        assert_eq!(
+            kind(open_file(&sb, "../secret")),
+            SandboxErrorKind::Forbidden
+        );
+        assert_eq!(
+            kind(open_file(&sb, "sub/../../secret")),
+            SandboxErrorKind::Forbidden
+        );
+        assert_eq!(
+            kind(open_file(&sb, "/etc/passwd")),
+            SandboxErrorKind::Forbidden
+        );
         assert_eq!(kind(open_file(&sb, "link")), SandboxErrorKind::Forbidden);
-        assert_eq!(kind(open_file(&sb, "up/secret")), SandboxErrorKind::Forbidden);
+        assert_eq!(
+            kind(open_file(&sb, "up/secret")),
+            SandboxErrorKind::Forbidden
+        );
         assert_eq!(kind(open_file(&sb, "missing")), SandboxErrorKind::NotFound);
         assert_eq!(kind(open_file(&sb, "sub")), SandboxErrorKind::BadRequest);
         assert_eq!(kind(list(&sb, "up", 0, 10)), SandboxErrorKind::Forbidden);

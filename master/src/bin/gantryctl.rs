@@ -787,7 +787,11 @@ async fn sandbox_fs(
                 q.append_pair("length", &n.to_string());
             }
             let (_, bytes) = c
-                .get_bytes(&format!("/api/v1/tasks/{}/files/read?{}", seg(task), q.finish()))
+                .get_bytes(&format!(
+                    "/api/v1/tasks/{}/files/read?{}",
+                    seg(task),
+                    q.finish()
+                ))
                 .await?;
             use std::io::Write;
             std::io::stdout().write_all(&bytes)?;
@@ -830,7 +834,8 @@ async fn exec(
         if buf.len() > 256 * 1024 {
             return Err(Usage("exec -i: standard input is limited to 256 KiB".into()).into());
         }
-        stdin = String::from_utf8(buf).map_err(|_| Usage("exec -i: standard input must be UTF-8".into()))?;
+        stdin = String::from_utf8(buf)
+            .map_err(|_| Usage("exec -i: standard input must be UTF-8".into()))?;
     }
     let body = serde_json::json!({
         "command": command,
@@ -840,31 +845,37 @@ async fn exec(
     let mut pending = Vec::new();
     let mut status: Option<u8> = None;
     let mut failure: Option<String> = None;
-    c.stream(&format!("/api/v1/tasks/{}/exec", seg(task)), Some(&body), |chunk| {
-        pending.extend_from_slice(chunk);
-        while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=pos).collect();
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if let Some(data) = v["data"].as_str() {
-                let _ = if v["stream"] == "stderr" {
-                    std::io::stderr().write_all(data.as_bytes())
-                } else {
-                    std::io::stdout().write_all(data.as_bytes()).and_then(|()| std::io::stdout().flush())
+    c.stream(
+        &format!("/api/v1/tasks/{}/exec", seg(task)),
+        Some(&body),
+        |chunk| {
+            pending.extend_from_slice(chunk);
+            while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=pos).collect();
+                let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                    continue;
                 };
-            } else if let Some(e) = v["error"].as_str() {
-                failure = Some(e.to_string());
-            } else if !v["exit_code"].is_null() || !v["signal"].is_null() {
-                status = Some(match (v["exit_code"].as_i64(), v["signal"].as_i64()) {
-                    (Some(code), _) => (code & 0xff) as u8,
-                    (None, Some(sig)) => (128 + sig).min(255) as u8,
-                    _ => 1,
-                });
+                if let Some(data) = v["data"].as_str() {
+                    let _ = if v["stream"] == "stderr" {
+                        std::io::stderr().write_all(data.as_bytes())
+                    } else {
+                        std::io::stdout()
+                            .write_all(data.as_bytes())
+                            .and_then(|()| std::io::stdout().flush())
+                    };
+                } else if let Some(e) = v["error"].as_str() {
+                    failure = Some(e.to_string());
+                } else if !v["exit_code"].is_null() || !v["signal"].is_null() {
+                    status = Some(match (v["exit_code"].as_i64(), v["signal"].as_i64()) {
+                        (Some(code), _) => (code & 0xff) as u8,
+                        (None, Some(sig)) => (128 + sig).min(255) as u8,
+                        _ => 1,
+                    });
+                }
             }
-        }
-        true
-    })
+            true
+        },
+    )
     .await?;
     if let Some(e) = failure {
         anyhow::bail!("exec: {e}");

@@ -532,9 +532,7 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     );
     match principal {
         PeerPrincipal::Agent(name) => {
-            shell
-                .agent_conns
-                .insert(name.clone(), (id, conn.clone()));
+            shell.agent_conns.insert(name.clone(), (id, conn.clone()));
             let agent_name = name.clone();
             let connected = Input::AgentConnected {
                 conn: id,

@@ -188,12 +188,22 @@ async fn files(
     let Query(q) = query.map_err(bad_query)?;
     let caller = caller_of(caller);
     let info = info.map(|i| i.0);
-    let (target, _) = authorize(&app, &caller, info.as_ref(), OperatorAction::ReadSandbox, &id).await?;
+    let (target, _) = authorize(
+        &app,
+        &caller,
+        info.as_ref(),
+        OperatorAction::ReadSandbox,
+        &id,
+    )
+    .await?;
     let req = SandboxRequest::List {
         task_id: target.task_id,
         path: q.path.clone(),
         offset: q.offset,
-        limit: q.limit.unwrap_or(SANDBOX_MAX_ENTRIES).min(SANDBOX_MAX_ENTRIES),
+        limit: q
+            .limit
+            .unwrap_or(SANDBOX_MAX_ENTRIES)
+            .min(SANDBOX_MAX_ENTRIES),
     };
     match ask(&app, &target, &req).await?.0 {
         SandboxReply::Entries { entries, total } => Ok(Json(serde_json::json!({
@@ -232,7 +242,14 @@ async fn read_file(
     let Query(q) = query.map_err(bad_query)?;
     let caller = caller_of(caller);
     let info = info.map(|i| i.0);
-    let (target, _) = authorize(&app, &caller, info.as_ref(), OperatorAction::ReadSandbox, &id).await?;
+    let (target, _) = authorize(
+        &app,
+        &caller,
+        info.as_ref(),
+        OperatorAction::ReadSandbox,
+        &id,
+    )
+    .await?;
     let req = SandboxRequest::Read {
         task_id: target.task_id,
         path: q.path,
@@ -334,12 +351,23 @@ async fn logs(
     };
     let caller = caller_of(caller);
     let info = info.map(|i| i.0);
-    let (target, _) = authorize(&app, &caller, info.as_ref(), OperatorAction::ReadSandbox, &id).await?;
+    let (target, _) = authorize(
+        &app,
+        &caller,
+        info.as_ref(),
+        OperatorAction::ReadSandbox,
+        &id,
+    )
+    .await?;
     let req = SandboxRequest::Read {
         task_id: target.task_id,
         path: path.to_string(),
         // The whole log by default when following, else its last MiB.
-        offset: q.offset.or(if q.follow && q.length.is_none() { Some(0) } else { None }),
+        offset: q.offset.or(if q.follow && q.length.is_none() {
+            Some(0)
+        } else {
+            None
+        }),
         length: q.length.unwrap_or(SANDBOX_MAX_READ).min(SANDBOX_MAX_READ),
         follow: q.follow,
     };
@@ -401,7 +429,10 @@ async fn exec(
     let req: ExecBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("exec body: {e}")))?;
     if req.command.is_empty() || req.command[0].is_empty() {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "exec: an empty command"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "exec: an empty command",
+        ));
     }
     if req.stdin.len() > SANDBOX_MAX_STDIN {
         return Err(ApiError::new(
@@ -443,9 +474,10 @@ async fn exec(
                     }),
                     false,
                 ),
-                SandboxReply::Exited { code, signal } => {
-                    (serde_json::json!({"exit_code": code, "signal": signal}), true)
-                }
+                SandboxReply::Exited { code, signal } => (
+                    serde_json::json!({"exit_code": code, "signal": signal}),
+                    true,
+                ),
                 SandboxReply::Error { message, .. } => {
                     (serde_json::json!({"error": message}), true)
                 }

@@ -693,6 +693,40 @@ impl EventNames {
     }
 }
 
+/// `gantryctl fs TASK [PATH]`: a sandbox directory page.
+pub fn sandbox_listing(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let name = e["name"].as_str().unwrap_or_default();
+            let kind = e["kind"].as_str().unwrap_or_default();
+            vec![
+                e["mode"].as_str().unwrap_or_default().to_string(),
+                e["size"].as_u64().unwrap_or(0).to_string(),
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH
+                        + std::time::Duration::from_millis(e["mtime_ms"].as_u64().unwrap_or(0)),
+                )
+                .to_string(),
+                if kind == "dir" {
+                    format!("{name}/")
+                } else {
+                    name.to_string()
+                },
+            ]
+        })
+        .collect();
+    let mut out = table(&["MODE", "SIZE", "MODIFIED", "NAME"], &rows);
+    let shown = rows.len() as u64 + v["offset"].as_u64().unwrap_or(0);
+    let total = v["total"].as_u64().unwrap_or(0);
+    if shown < total {
+        out.push_str(&format!("({total} entries; {} shown)\n", rows.len()));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -787,38 +821,4 @@ mod tests {
             "{out}"
         );
     }
-}
-
-/// `gantryctl fs TASK [PATH]`: a sandbox directory page.
-pub fn sandbox_listing(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["entries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            let name = e["name"].as_str().unwrap_or_default();
-            let kind = e["kind"].as_str().unwrap_or_default();
-            vec![
-                e["mode"].as_str().unwrap_or_default().to_string(),
-                e["size"].as_u64().unwrap_or(0).to_string(),
-                humantime::format_rfc3339_seconds(
-                    std::time::UNIX_EPOCH
-                        + std::time::Duration::from_millis(e["mtime_ms"].as_u64().unwrap_or(0)),
-                )
-                .to_string(),
-                if kind == "dir" {
-                    format!("{name}/")
-                } else {
-                    name.to_string()
-                },
-            ]
-        })
-        .collect();
-    let mut out = table(&["MODE", "SIZE", "MODIFIED", "NAME"], &rows);
-    let shown = rows.len() as u64 + v["offset"].as_u64().unwrap_or(0);
-    let total = v["total"].as_u64().unwrap_or(0);
-    if shown < total {
-        out.push_str(&format!("({total} entries; {} shown)\n", rows.len()));
-    }
-    out
 }
