@@ -259,6 +259,10 @@ enum Cmd {
         /// Stop when the stream ends instead of reconnecting.
         #[arg(long)]
         no_reconnect: bool,
+        /// First print the history kept since then (a duration back from now such as `1h`, an
+        /// RFC 3339 time, or Unix milliseconds), each event with the time it happened.
+        #[arg(long)]
+        since: Option<String>,
     },
 }
 
@@ -742,7 +746,10 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             let path = format!("/api/v1/frameworks/{}/teardown", seg(&framework));
             write(&c, json, &path, none, format!("{framework} torn down")).await
         }
-        Cmd::Events { no_reconnect } => events(&c, json, no_reconnect).await,
+        Cmd::Events {
+            no_reconnect,
+            since,
+        } => events(&c, json, no_reconnect, since).await,
         Cmd::Maintenance(m) => maintenance::run(&c, m).await,
         Cmd::Certs(_) | Cmd::Token(_) | Cmd::Completion { .. } => {
             anyhow::bail!("offline commands do not reach the master")
@@ -887,23 +894,38 @@ async fn exec(
     }
 }
 
-async fn events(c: &OperatorClient, json: bool, no_reconnect: bool) -> anyhow::Result<()> {
+async fn events(
+    c: &OperatorClient,
+    json: bool,
+    no_reconnect: bool,
+    mut since: Option<String>,
+) -> anyhow::Result<()> {
     use std::io::Write;
     let mut names = print::EventNames::default();
     let mut backoff = std::time::Duration::from_secs(1);
     loop {
         let mut closed = false;
         let mut got_any = false;
+        let path = match &since {
+            Some(s) => {
+                let mut q = form_urlencoded::Serializer::new(String::new());
+                q.append_pair("since", s);
+                format!("/api/v1/events?{}", q.finish())
+            }
+            None => "/api/v1/events".to_string(),
+        };
         let result = c
-            .events("/api/v1/events", |data| {
+            .events(&path, |data| {
                 got_any = true;
                 let line = if json {
                     data.to_string()
                 } else {
                     match serde_json::from_str::<serde_json::Value>(data) {
+                        // History events carry when they happened; live ones are printed
+                        // with the time they arrive.
                         Ok(v) => format!(
                             "{}  {}",
-                            print::time(&serde_json::json!(unix_ms())),
+                            print::time(&v.get("at_ms").cloned().unwrap_or_else(|| serde_json::json!(unix_ms()))),
                             names.event(&v)
                         ),
                         Err(_) => data.to_string(),
@@ -926,6 +948,8 @@ async fn events(c: &OperatorClient, json: bool, no_reconnect: bool) -> anyhow::R
         if no_reconnect {
             anyhow::bail!("event stream: {why}");
         }
+        // Reconnected, the history since the stream was lost comes first: nothing is missed.
+        since = Some(unix_ms().saturating_sub(1000).to_string());
         if got_any {
             backoff = std::time::Duration::from_secs(1);
         }

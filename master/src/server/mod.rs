@@ -37,6 +37,7 @@
 
 mod conn_limits;
 mod core_loop;
+pub mod history;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -172,6 +173,9 @@ struct Shell {
     /// The connected agents' connections by name: the operator API opens sandbox streams on
     /// them (protocol v9).
     agent_conns: Arc<DashMap<String, (ConnId, quinn::Connection)>>,
+    /// The persistent event history (`history`): the core loop pushes, a task flushes it to the
+    /// registry, the operator API reads it.
+    history: Arc<std::sync::Mutex<history::History>>,
     /// How long a peer's stream may take no bytes of a pending write before the peer is closed
     /// as stalled (`MasterConfig::peer_write_timeout_ms`; `None`: never).
     write_timeout: Option<Duration>,
@@ -214,10 +218,32 @@ pub async fn run(
         metrics: metrics::ShellMetrics::default(),
         outbox: config.peer_outbox.max(64),
         agent_conns: Arc::new(DashMap::new()),
+        history: Arc::new(std::sync::Mutex::new(history::History::new(
+            config.history_events,
+        ))),
         write_timeout: config.peer_write_timeout_ms.map(Duration::from_millis),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
+    // The history's changed pages go to the registry once a second (and once more on stop).
+    let last_writer = writer.clone();
+    let history_flush = {
+        let (history, writer) = (shell.history.clone(), writer.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(history::FLUSH_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let mutations = history.lock().map(|mut h| h.flush()).unwrap_or_default();
+                if mutations.is_empty() {
+                    continue;
+                }
+                if let Err(e) = writer.submit(mutations).await {
+                    tracing::warn!("the event history was not written: {e}");
+                }
+            }
+        })
+    };
     // The core loop runs on a thread of its own: a busy core (a burst of 10,000 agents' updates)
     // then never holds up the QUIC endpoint and connection tasks on the shared runtime. They
     // keep reading the UDP socket, so a burst becomes a queue in front of the core (and QUIC
@@ -287,6 +313,17 @@ pub async fn run(
         }
     };
     let _ = core_stop.send(());
+    history_flush.abort();
+    if result.is_ok() {
+        let last = shell
+            .history
+            .lock()
+            .map(|mut h| h.flush())
+            .unwrap_or_default();
+        if !last.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), last_writer.submit(last)).await;
+        }
+    }
     let _ = stop_tx.send(true);
     endpoint.close(CLOSE_NORMAL.into(), b"master stopping");
     // Let go of the lease in etcd before the process ends, so another master is elected at

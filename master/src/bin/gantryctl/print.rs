@@ -183,6 +183,21 @@ pub fn task(t: &Value) -> String {
         ("started", time(&t["started_at_ms"])),
         ("ended", time(&t["ended_at_ms"])),
     ]);
+    let history: Vec<Vec<String>> = arr(&t["history"])
+        .iter()
+        .map(|h| {
+            vec![
+                time(&h["at_ms"]),
+                cell(&h["state"]),
+                h["reason"].as_str().unwrap_or("-").to_string(),
+                h["message"].as_str().unwrap_or_default().to_string(),
+            ]
+        })
+        .collect();
+    if !history.is_empty() {
+        out.push_str("\nhistory:\n");
+        out.push_str(&table(&["TIME", "STATE", "REASON", "MESSAGE"], &history));
+    }
     let gpus: Vec<Vec<String>> = arr(&t["gpu_devices"])
         .iter()
         .map(|g| {
