@@ -925,7 +925,11 @@ async fn events(
                         // with the time they arrive.
                         Ok(v) => format!(
                             "{}  {}",
-                            print::time(&v.get("at_ms").cloned().unwrap_or_else(|| serde_json::json!(unix_ms()))),
+                            print::time(
+                                &v.get("at_ms")
+                                    .cloned()
+                                    .unwrap_or_else(|| serde_json::json!(unix_ms()))
+                            ),
                             names.event(&v)
                         ),
                         Err(_) => data.to_string(),

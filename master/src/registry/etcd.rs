@@ -23,8 +23,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentRecord, Fence, FrameworkRecord, GoneRecord, HistoryPage, MaintenanceRecord, Mutation, Quota, Registry,
-    RegistryError, Reservation,
+    AgentRecord, Fence, FrameworkRecord, GoneRecord, HistoryPage, MaintenanceRecord, Mutation,
+    Quota, Registry, RegistryError, Reservation,
 };
 
 /// Most operations etcd accepts in one transaction (its `--max-txn-ops` default).
@@ -300,9 +300,9 @@ impl EtcdStore {
                 serde_json::from_slice::<MaintenanceRecord>(value).map_err(de)?,
             ),
             "gone" => Mutation::PutGone(serde_json::from_slice::<GoneRecord>(value).map_err(de)?),
-            "history" => Mutation::PutHistoryPage(
-                serde_json::from_slice::<HistoryPage>(value).map_err(de)?,
-            ),
+            "history" => {
+                Mutation::PutHistoryPage(serde_json::from_slice::<HistoryPage>(value).map_err(de)?)
+            }
             other => return Err(corrupt(format!("unknown record kind {other:?}"))),
         };
         // The value must be stored under its own key, or two records could shadow each other.

@@ -138,6 +138,9 @@ pub(super) async fn core_loop(
                     };
                     if let Some(obj) = view.as_object_mut() {
                         obj.insert("peers".into(), peer_stats(&shell));
+                        if let Ok(h) = shell.history.lock() {
+                            obj.insert("history".into(), h.figures());
+                        }
                     }
                     let _ = reply.send(view);
                 }

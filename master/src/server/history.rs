@@ -31,6 +31,10 @@ pub struct History {
     unflushed: BTreeSet<u64>,
     removed: BTreeSet<u64>,
     max_pages: usize,
+    /// Events pushed by this master, and how many of them the registry has (flushed and
+    /// written).
+    recorded: u64,
+    stored: u64,
 }
 
 impl History {
@@ -49,10 +53,7 @@ impl History {
 
     /// Takes the registry's pages (a new leader), dropping what this master held before.
     pub fn restore(&mut self, pages: &BTreeMap<u64, HistoryPage>) {
-        self.pages = pages
-            .iter()
-            .map(|(n, p)| (*n, p.events.clone()))
-            .collect();
+        self.pages = pages.iter().map(|(n, p)| (*n, p.events.clone())).collect();
         self.unflushed.clear();
         self.removed.clear();
         self.trim();
@@ -69,11 +70,12 @@ impl History {
             Some(n) => n + 1,
             None => 0,
         };
-        self.pages.entry(page).or_default().push(HistoryEvent {
-            at_unix_ms,
-            event,
-        });
+        self.pages
+            .entry(page)
+            .or_default()
+            .push(HistoryEvent { at_unix_ms, event });
         self.unflushed.insert(page);
+        self.recorded += 1;
         self.trim();
     }
 
@@ -85,6 +87,27 @@ impl History {
             self.unflushed.remove(&n);
             self.removed.insert(n);
         }
+    }
+
+    /// [`History::flush`], and the count to pass to [`History::stored`] once written.
+    pub fn flush_counted(&mut self) -> (Vec<Mutation>, u64) {
+        (self.flush(), self.recorded)
+    }
+
+    /// The registry has the events pushed up to `recorded` (a count from
+    /// [`History::flush_counted`]).
+    pub fn stored(&mut self, recorded: u64) {
+        self.stored = self.stored.max(recorded);
+    }
+
+    /// For `/state` (`history`): events held, pushed by this master, and stored of those.
+    pub fn figures(&self) -> Value {
+        serde_json::json!({
+            "events": self.len(),
+            "limit": self.max_pages * PAGE_EVENTS,
+            "recorded": self.recorded,
+            "stored": self.stored,
+        })
     }
 
     /// The registry writes that bring the stored history up to date (empty when it is).
@@ -159,7 +182,9 @@ mod tests {
         assert_eq!(first.len(), 2, "two pages written");
         assert!(h.flush().is_empty(), "nothing changed since");
         h.push(1000, ev(1000));
-        assert!(matches!(&h.flush()[..], [Mutation::PutHistoryPage(p)] if p.page == 1 && p.events.len() == 2));
+        assert!(
+            matches!(&h.flush()[..], [Mutation::PutHistoryPage(p)] if p.page == 1 && p.events.len() == 2)
+        );
         // A third page pushes the first out: removed in the registry too.
         for i in 0..2 * PAGE_EVENTS as u64 {
             h.push(2000 + i, ev(i));

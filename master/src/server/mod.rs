@@ -234,12 +234,20 @@ pub async fn run(
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
-                let mutations = history.lock().map(|mut h| h.flush()).unwrap_or_default();
+                let (mutations, upto) = history
+                    .lock()
+                    .map(|mut h| h.flush_counted())
+                    .unwrap_or_default();
                 if mutations.is_empty() {
                     continue;
                 }
-                if let Err(e) = writer.submit(mutations).await {
-                    tracing::warn!("the event history was not written: {e}");
+                match writer.submit(mutations).await {
+                    Ok(()) => {
+                        if let Ok(mut h) = history.lock() {
+                            h.stored(upto);
+                        }
+                    }
+                    Err(e) => tracing::warn!("the event history was not written: {e}"),
                 }
             }
         })
