@@ -3,7 +3,9 @@
 //! operator HTTPS API ([`http`]: authentication, ACLs and request bounds; `http_guard`: its
 //! connection slots, write deadline and failed-authentication limiter; [`api`]: `/api/v1` and
 //! its event stream; `ui`: the `/ui` dashboard and its login; `routes`: the route table every
-//! route goes through, checked against docs/api/openapi.yaml). Who a peer or caller is and what
+//! route goes through, checked against docs/api/openapi.yaml; `http`'s `sandbox.rs`: task logs,
+//! files and exec relayed to the task's agent on a sandbox stream of its QUIC connection;
+//! [`history`]: the persistent, bounded event history in the registry). Who a peer or caller is and what
 //! it may do are [`crate::security`]'s decisions (identities, ACLs, tokens, sessions, limits);
 //! this shell asks and enforces.
 //!
@@ -12,6 +14,8 @@
 //!                                 ^  State(/state), Metrics and Operator commands from axum
 //!                                 ^  LeaseUntil from the election, Tick at Master::next_deadline
 //!                                 |  cluster events --> broadcast --> /api/v1/events subscribers
+//!                                 |                 \--> history --(1 s)--> registry writer
+//! operator HTTPS --sandbox stream (master-opened QUIC stream)--> agent (logs, files, exec)
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's

@@ -8,7 +8,10 @@
 //!              /api/v1/agents/{id}/{reserve,unreserve,deactivate,reactivate,gone},
 //!              /api/v1/agents/{id}/gpus/{uuid}/clear, /api/v1/frameworks/{id}/teardown
 //!         (drain / undrain: /api/v1/agents/{id}/drain, in server/maintenance.rs)
-//! stream: GET  /api/v1/events   (server-sent events: a snapshot, then changes)
+//! stream: GET  /api/v1/events[?since=]   (server-sent events: the history since then, a
+//!                                        snapshot, then changes)
+//! sandboxes: GET /api/v1/tasks/{id}/{files,files/read,logs}, POST /api/v1/tasks/{id}/exec
+//!         (`super::http`'s `sandbox.rs`: relayed to the task's agent)
 //! ```
 //!
 //! Authentication and errors are the operator API's ([`super::http`]): reads need an
@@ -21,7 +24,8 @@
 //! are added through `super::routes::Routes`, whose table a test compares with
 //! docs/api/openapi.yaml.
 //!
-//! The event stream: each subscriber first gets `{"type":"snapshot","state":{/state}}`, then
+//! The event stream: with `?since=` a subscriber first gets the persistent history since then
+//! (`super::history`: each event with `at_ms`), then `{"type":"snapshot","state":{/state}}`, then
 //! one message per change ([`crate::state::ClusterEvent`]). The core never waits for a
 //! subscriber: events go through a bounded broadcast buffer, and a subscriber that falls
 //! behind it gets `{"type":"dropped"}` and the stream ends (reconnect for a new snapshot).
@@ -106,7 +110,9 @@ async fn index(State(app): State<App>, caller: CallerExt) -> ApiResult {
                    "agents/{id}/deactivate", "agents/{id}/reactivate", "agents/{id}/gone",
                    "agents/{id}/gpus/{uuid}/clear", "agents/{id}/drain", "agents/{id}/undrain",
                    "frameworks/{id}/teardown"],
-        "events": "events",
+        "sandboxes": ["tasks/{id}/files", "tasks/{id}/files/read", "tasks/{id}/logs",
+                      "tasks/{id}/exec"],
+        "events": "events?since=",
         "docs": "docs/api/openapi.yaml",
     })))
 }
