@@ -100,6 +100,21 @@ impl History {
         self.stored = self.stored.max(recorded);
     }
 
+    /// A flush whose write failed: its pages are written again with the next flush.
+    pub fn unflushed(&mut self, failed: &[Mutation]) {
+        for m in failed {
+            match m {
+                Mutation::PutHistoryPage(p) if self.pages.contains_key(&p.page) => {
+                    self.unflushed.insert(p.page);
+                }
+                Mutation::RemoveHistoryPage(n) => {
+                    self.removed.insert(*n);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// For `/state` (`history`): events held, pushed by this master, and stored of those.
     pub fn figures(&self) -> Value {
         serde_json::json!({
@@ -213,5 +228,15 @@ mod tests {
         assert_eq!(next.since(0, 3).first().map(|e| e.at_unix_ms), Some(8));
         assert_eq!(next.task("t1").len(), 4, "t1 is events 1, 4, 7, 10");
         assert!(History::new(0).flush().is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_is_written_again() {
+        let mut h = History::new(DEFAULT_EVENTS);
+        h.push(1, ev(1));
+        let failed = h.flush();
+        assert!(h.flush().is_empty());
+        h.unflushed(&failed);
+        assert_eq!(h.flush(), failed);
     }
 }

@@ -245,13 +245,18 @@ pub async fn run(
                 if mutations.is_empty() {
                     continue;
                 }
-                match writer.submit(mutations).await {
+                match writer.submit(mutations.clone()).await {
                     Ok(()) => {
                         if let Ok(mut h) = history.lock() {
                             h.stored(upto);
                         }
                     }
-                    Err(e) => tracing::warn!("the event history was not written: {e}"),
+                    Err(e) => {
+                        tracing::warn!("the event history was not written (retried): {e}");
+                        if let Ok(mut h) = history.lock() {
+                            h.unflushed(&mutations);
+                        }
+                    }
                 }
             }
         })
