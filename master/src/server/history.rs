@@ -5,7 +5,10 @@
 //!
 //! Events fill pages of [`PAGE_EVENTS`]; a page is written to the registry as one record,
 //! again each time it changed, at most once a second ([`FLUSH_EVERY`]: the last second of
-//! events can be lost in a crash, the price of not writing etcd per task update). Past the
+//! events can be lost in a crash, the price of not writing etcd per task update), at most
+//! [`MAX_PAGES_PER_FLUSH`] pages a time (under a sustained burst of more than about 500
+//! events a second the stored history lags, and pages trimmed before their turn are not
+//! written). Past the
 //! bound (`--history-events`, default 16,384 events) the oldest pages are removed. A new leader
 //! reads the pages with the rest of the registry and goes on after the last. PURE: the core
 //! loop pushes, a shell task flushes the mutations to the registry writer.
@@ -21,6 +24,8 @@ use crate::registry::{HistoryEvent, HistoryPage, Mutation};
 pub const PAGE_EVENTS: usize = 256;
 /// How often changed pages are written.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Pages written by one flush at most.
+pub const MAX_PAGES_PER_FLUSH: usize = 2;
 /// The default bound (`--history-events`).
 pub const DEFAULT_EVENTS: usize = 16_384;
 
@@ -131,7 +136,17 @@ impl History {
             .into_iter()
             .map(Mutation::RemoveHistoryPage)
             .collect();
-        for n in std::mem::take(&mut self.unflushed) {
+        // Oldest first, a few pages a write (a registry transaction stays far below etcd's
+        // request size even with the core's own mutations grouped in); the rest waits for the
+        // next flush, and pages trimmed meanwhile are never written.
+        let take: Vec<u64> = self
+            .unflushed
+            .iter()
+            .copied()
+            .take(MAX_PAGES_PER_FLUSH)
+            .collect();
+        for n in take {
+            self.unflushed.remove(&n);
             if let Some(events) = self.pages.get(&n) {
                 out.push(Mutation::PutHistoryPage(HistoryPage {
                     page: n,
