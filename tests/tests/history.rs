@@ -69,17 +69,31 @@ async fn history_survives_a_master_restart() {
     );
     let (_updates, _handle, _driver) = start_recorder(
         cluster.driver_config("hist-fw", &["eng"]),
-        vec![task("hist-1", "echo done", "cpus:1;mem:32")],
+        vec![
+            task("hist-1", "echo done", "cpus:1;mem:32"),
+            task("usage-1", "sleep 3", "cpus:0.5;mem:512"),
+        ],
     );
     cluster
         .master
-        .wait_state(T, "hist-1 finished", |s| {
-            s["completed_tasks"].as_array().is_some_and(|t| {
-                t.iter()
-                    .any(|t| t["name"] == "hist-1" && t["state"] == "FINISHED")
-            })
+        .wait_state(T, "both finished", |s| {
+            s["completed_tasks"]
+                .as_array()
+                .is_some_and(|t| t.iter().filter(|t| t["state"] == "FINISHED").count() == 2)
         })
         .unwrap();
+    // What each task held, by the master's own task records: cpu- and memory-hours.
+    let mut want = (0.0, 0.0);
+    for name in ["hist-1", "usage-1"] {
+        let t: Value =
+            serde_json::from_str(&api.get(&format!("/api/v1/tasks/{name}")).await.unwrap())
+                .unwrap();
+        let hours = (t["ended_at_ms"].as_u64().unwrap() - t["started_at_ms"].as_u64().unwrap())
+            as f64
+            / 3_600_000.0;
+        want.0 += t["resources"]["cpus"].as_f64().unwrap() * hours;
+        want.1 += t["resources"]["mem"].as_f64().unwrap() / 1024.0 * hours;
+    }
     // The task page shows its transitions with their times.
     let page: Value =
         serde_json::from_str(&api.get("/api/v1/tasks/hist-1").await.unwrap()).unwrap();
@@ -91,7 +105,7 @@ async fn history_survives_a_master_restart() {
         .collect();
     assert!(states.ends_with(&["RUNNING", "FINISHED"]), "{page:#}");
     assert!(page["history"][0]["at_ms"].as_u64().unwrap() > 1_600_000_000_000);
-    wait_stored(&cluster.master, 3);
+    wait_stored(&cluster.master, 6);
 
     // kill -9 and start again: the history is read back from the registry.
     cluster.master.restart().unwrap();
@@ -110,6 +124,46 @@ async fn history_survives_a_master_restart() {
         .iter()
         .any(|e| e["type"] == "agent_added" && e["name"] == "hist-a1"));
     assert!(events.iter().all(|e| e["at_ms"].as_u64().is_some()));
+    // Usage from the history read back: the role's hours agree with the task records.
+    let u: Value =
+        serde_json::from_str(&api.get("/api/v1/usage?since=1h&by=role").await.unwrap()).unwrap();
+    let eng = u["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "eng")
+        .unwrap();
+    assert_eq!(eng["tasks"], 2, "{u:#}");
+    let (cpu, mem) = (
+        eng["cpu_hours"].as_f64().unwrap(),
+        eng["mem_gib_hours"].as_f64().unwrap(),
+    );
+    assert!(
+        (cpu - want.0).abs() <= want.0 * 0.01,
+        "cpu-hours {cpu} vs {want:?}"
+    );
+    assert!(
+        (mem - want.1).abs() <= want.1 * 0.01,
+        "mem-GiB-hours {mem} vs {want:?}"
+    );
+    let out = Command::new(bin("gantryctl").unwrap())
+        .arg("--master")
+        .arg(format!("https://{}", cluster.master.http))
+        .arg("--tls-dir")
+        .arg(&cluster.tls_dir)
+        .args(["usage", "--since", "1h", "--by", "framework", "--csv"])
+        .output()
+        .unwrap();
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        csv.starts_with("key,tasks,cpu_hours") && csv.contains("\"hist-fw\",2,"),
+        "{csv}"
+    );
     // A bad `since` is refused with what it may be.
     let e = api.get("/api/v1/events?since=yesterday").await.unwrap_err();
     assert_eq!(e.status(), Some(400), "{e}");

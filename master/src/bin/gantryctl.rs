@@ -252,6 +252,22 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// CPU-, memory- and GPU-hours held by tasks (not offers) over a window, per role,
+    /// framework or user, from the master's persistent history.
+    Usage {
+        /// The window's start: a duration back from now (`30d`), an RFC 3339 time, or Unix ms.
+        #[arg(long, default_value = "30d")]
+        since: String,
+        /// The window's end (default: now).
+        #[arg(long)]
+        until: Option<String>,
+        /// role, framework or user.
+        #[arg(long, default_value = "role", value_parser = ["role", "framework", "user"])]
+        by: String,
+        /// Comma-separated values instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
     /// Follow the event stream: a snapshot, then task, agent and framework changes, each line
     /// with the time it arrived. Reconnects on its own when the master restarts or another
     /// master takes over (then a new snapshot).
@@ -581,6 +597,26 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             })
             .await?;
             Ok(())
+        }
+        Cmd::Usage {
+            since,
+            until,
+            by,
+            csv,
+        } => {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("since", &since).append_pair("by", &by);
+            if let Some(u) = &until {
+                q.append_pair("until", u);
+            }
+            let body = c.get(&format!("/api/v1/usage?{}", q.finish())).await?;
+            if csv && !json {
+                let v: serde_json::Value = serde_json::from_str(&body)?;
+                print!("{}", print::usage_csv(&v));
+                Ok(())
+            } else {
+                show(json, &body, print::usage)
+            }
         }
         Cmd::Fs {
             task,

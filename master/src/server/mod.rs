@@ -42,6 +42,7 @@
 mod conn_limits;
 mod core_loop;
 pub mod history;
+pub mod usage;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};

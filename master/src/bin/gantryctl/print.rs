@@ -742,6 +742,49 @@ pub fn sandbox_listing(v: &Value) -> String {
     out
 }
 
+/// `gantryctl usage`: hours per key, then the total.
+pub fn usage(v: &Value) -> String {
+    let row = |r: &Value| {
+        vec![
+            cell(&r["key"]),
+            cell(&r["tasks"]),
+            format!("{:.3}", r["cpu_hours"].as_f64().unwrap_or(0.0)),
+            format!("{:.3}", r["mem_gib_hours"].as_f64().unwrap_or(0.0)),
+            format!("{:.3}", r["gpu_hours"].as_f64().unwrap_or(0.0)),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = arr(&v["rows"]).iter().map(row).collect();
+    rows.push(row(&v["total"]));
+    let by = v["by"].as_str().unwrap_or("key").to_uppercase();
+    let mut out = format!(
+        "usage from {} to {} (history from {})\n",
+        time(&v["since_ms"]),
+        time(&v["until_ms"]),
+        time(&v["history_from_ms"])
+    );
+    out.push_str(&table(
+        &[&by, "TASKS", "CPU-HOURS", "MEM-GIB-HOURS", "GPU-HOURS"],
+        &rows,
+    ));
+    out
+}
+
+/// `gantryctl usage --csv`.
+pub fn usage_csv(v: &Value) -> String {
+    let mut out = String::from("key,tasks,cpu_hours,mem_gib_hours,gpu_hours\n");
+    for r in arr(&v["rows"]).iter().chain([&v["total"]]) {
+        let key = cell(&r["key"]).replace('"', "\"\"");
+        out.push_str(&format!(
+            "\"{key}\",{},{},{},{}\n",
+            cell(&r["tasks"]),
+            r["cpu_hours"].as_f64().unwrap_or(0.0),
+            r["mem_gib_hours"].as_f64().unwrap_or(0.0),
+            r["gpu_hours"].as_f64().unwrap_or(0.0)
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

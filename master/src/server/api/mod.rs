@@ -91,6 +91,44 @@ pub(super) fn routes() -> Routes<App> {
         .get("/api/v1/maintenance", maintenance)
         .get("/api/v1/demand", demand::demand)
         .get("/api/v1/events", events)
+        .get("/api/v1/usage", usage)
+}
+
+/// `?since=&until=&by=`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageQuery {
+    since: Option<String>,
+    until: Option<String>,
+    by: Option<String>,
+}
+
+/// `GET /api/v1/usage`: CPU-, memory- and GPU-hours held by tasks over a window, per role,
+/// framework or user, from the persistent history (`super::usage`).
+async fn usage(
+    State(app): State<App>,
+    caller: CallerExt,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    app.may_read(&caller_of(caller))?;
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, e);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let since = parse_since(q.since.as_deref().unwrap_or("30d"), now_ms).map_err(bad)?;
+    let until = match q.until.as_deref() {
+        Some(u) => parse_since(u, now_ms).map_err(bad)?,
+        None => now_ms,
+    };
+    let by = super::usage::UsageBy::parse(q.by.as_deref().unwrap_or("role")).map_err(bad)?;
+    let events = app
+        .shell
+        .history
+        .lock()
+        .map(|h| h.since(0, usize::MAX))
+        .unwrap_or_default();
+    Ok(Json(super::usage::report(&events, since, until, by)))
 }
 
 /// The state view for a read by an authenticated caller.
