@@ -26,6 +26,8 @@
 //! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
 //! - [`metrics`]: `GET /metrics` (`--metrics-listen`): dcgm-exporter GPU series with the task
 //!   holding each GPU, GPU health, per-task CPU and memory.
+//! - [`sandbox_api`]: a task's sandbox for operators over the master's connection (protocol v9
+//!   sandbox streams): list and read files beneath the sandbox, follow logs, exec in a task.
 //! - [`config`]: command-line parsing helpers (`--resources`, `--attributes`, `--reserve`).
 //! - [`termination`]: spot-termination notices (`gantry-agent notice-termination`) handed to
 //!   the running agent through its work dir.
@@ -41,6 +43,7 @@ pub mod gc;
 pub mod gpu;
 pub mod isolation;
 pub mod metrics;
+pub mod sandbox_api;
 pub mod session;
 pub mod termination;
 pub mod updates;

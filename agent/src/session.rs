@@ -22,6 +22,7 @@ pub(crate) async fn run(
     material: TlsMaterial,
     inputs: mpsc::UnboundedSender<Input>,
     outboxes: mpsc::UnboundedSender<Outbox>,
+    sandbox: std::sync::Arc<crate::sandbox_api::SandboxApi>,
 ) {
     let masters = quic::client_config(&material)
         .and_then(|client| Masters::start(MastersConfig::new(masters, PeerKind::Agent, client)));
@@ -47,6 +48,9 @@ pub(crate) async fn run(
         if outboxes.send(out_tx).is_err() || inputs.send(Input::Connected).is_err() {
             return;
         }
+        // The master's sandbox streams (logs, files, exec) on this connection.
+        let sandbox_streams =
+            tokio::spawn(crate::sandbox_api::serve(conn.clone(), sandbox.clone()));
         let writer_conn = conn.clone();
         let writer = tokio::spawn(async move {
             // What is queued goes out as one write (QUIC then packs a burst of updates into as
@@ -80,6 +84,7 @@ pub(crate) async fn run(
                     Ok(msg) => {
                         if inputs.send(Input::Master(msg)).is_err() {
                             writer.abort();
+                            sandbox_streams.abort();
                             return;
                         }
                     }
@@ -95,6 +100,7 @@ pub(crate) async fn run(
             }
         }
         writer.abort();
+        sandbox_streams.abort();
         conn.close(0u32.into(), b"reconnecting");
         if inputs.send(Input::Disconnected).is_err() {
             return;

@@ -211,6 +211,60 @@ impl OperatorClient {
         Ok(())
     }
 
+    /// `GET path` (or `POST` with `body`) and hands each chunk of a 2xx answer to `on_chunk`
+    /// as it arrives, until it returns false or the answer ends: the task logs followed, an
+    /// exec's output. No overall deadline (the stream lasts as long as the task writes).
+    pub async fn stream(
+        &self,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        mut on_chunk: impl FnMut(&[u8]) -> bool,
+    ) -> Result<(), ClientError> {
+        let mut req = match body {
+            Some(b) => self
+                .http
+                .post(self.url(path))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(b.to_string()),
+            None => self.http.get(self.url(path)),
+        }
+        .timeout(Duration::from_secs(100 * 365 * 86_400));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req.send().await?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await?;
+            return Err(status_error(path, status, &text));
+        }
+        while let Some(chunk) = resp.chunk().await? {
+            if !on_chunk(&chunk) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// `GET path` and the raw bytes of a 2xx answer with its headers.
+    pub async fn get_bytes(
+        &self,
+        path: &str,
+    ) -> Result<(reqwest::header::HeaderMap, Vec<u8>), ClientError> {
+        let mut req = self.http.get(self.url(path));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await?;
+        if status.is_success() {
+            return Ok((headers, bytes.to_vec()));
+        }
+        Err(status_error(path, status, &String::from_utf8_lossy(&bytes)))
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -190,6 +190,25 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 }],
             }),
         ),
+        (
+            "sandbox_exec",
+            enc(&SandboxRequest::Exec {
+                task_id: TaskId::from_u128(3),
+                command: vec!["sh".into(), "-c".into(), "id".into()],
+                stdin: b"in".to_vec(),
+                principal: "operator:admin".into(),
+                timeout_secs: 30,
+            }),
+        ),
+        (
+            "sandbox_data",
+            enc(&SandboxReply::Data {
+                offset: 7,
+                data: b"hello".to_vec(),
+                size: 12,
+                eof: false,
+            }),
+        ),
     ]
 }
 
@@ -216,11 +235,12 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v8 (`FrameworkToMaster::KillFor` and the kill reasons;
+/// `(sample, length, FNV-1a)` of protocol v9 (v9: the sandbox streams, `SandboxRequest` and
+/// `SandboxReply`; v8: `FrameworkToMaster::KillFor` and the kill reasons;
 /// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
 /// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x084db807b5028935),
+    ("hello", 2, 0x084a5207b4ffa60c),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 348, 0x0bec050edac8c923),
     ("run_task", 125, 0x21aa7bc0f243dfef),
@@ -232,6 +252,8 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("accept_group", 126, 0x017eaf48a26f7d20),
     ("set_demand", 38, 0xaf48506c6d009d19),
     ("run_task_group", 129, 0x2a007efef8b821cf),
+    ("sandbox_exec", 47, 0x42e724dc07550035),
+    ("sandbox_data", 10, 0x2f66684d55c96210),
 ];
 
 #[test]

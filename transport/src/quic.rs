@@ -61,6 +61,9 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// crashed master by its peers (when no election follows, e.g. a standalone master).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Streams the master may have open towards one agent at once (sandbox requests).
+pub const SANDBOX_STREAMS: u32 = 40;
+
 fn transport_config(keep_alive: Option<Duration>) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(keep_alive);
@@ -219,7 +222,11 @@ pub fn client_config(material: &TlsMaterial) -> Result<quinn::ClientConfig, Tran
     let crypto = QuicClientConfig::try_from(tls::client_config(material)?)
         .map_err(|e| TransportError::Config(e.to_string()))?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    cfg.transport_config(Arc::new(transport_config(Some(KEEP_ALIVE))));
+    let mut transport = transport_config(Some(KEEP_ALIVE));
+    // The master opens a stream per sandbox request on an agent's connection (logs, files,
+    // exec: protocol v9); the agent bounds them itself (`gantry_agent::sandbox_api`).
+    transport.max_concurrent_bidi_streams(SANDBOX_STREAMS.into());
+    cfg.transport_config(Arc::new(transport));
     Ok(cfg)
 }
 

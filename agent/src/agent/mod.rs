@@ -410,6 +410,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         material,
         tx.inputs.clone(),
         outboxes,
+        std::sync::Arc::new(crate::sandbox_api::SandboxApi::new(config.work_dir.clone())),
     ));
     tokio::pin!(shutdown);
     let result = loop {

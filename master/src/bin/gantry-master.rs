@@ -90,6 +90,9 @@ struct ServeArgs {
     /// bound).
     #[arg(long, default_value_t = HttpLimits::default().max_event_subscribers_per_principal)]
     http_max_event_subscribers_per_principal: usize,
+    /// Exec sessions into tasks one operator or framework may run at once (0: no bound).
+    #[arg(long, default_value_t = HttpLimits::default().max_exec_sessions_per_principal)]
+    http_max_exec_sessions_per_principal: usize,
     /// Failed authentications (wrong token, dashboard login) an address may make at once
     /// before it is answered 429 (0: no limit).
     #[arg(long, default_value_t = HttpLimits::default().auth.burst)]
@@ -172,6 +175,11 @@ struct ServeArgs {
     /// paced against it (docs/protocol.md, "Not reading"); an agent that lets it fill is closed.
     #[arg(long, default_value_t = MasterConfig::default().peer_outbox)]
     peer_outbox: usize,
+    /// Events the persistent history keeps (task state transitions, agent, framework and role
+    /// changes, with their times; in the registry, so they survive restarts and failovers);
+    /// 0 keeps none.
+    #[arg(long, default_value_t = MasterConfig::default().history_events)]
+    history_events: usize,
     /// Seconds a peer's stream may take none of the messages waiting for it (the peer does not
     /// read) before it is closed: a framework is then failed over (offers rescinded, its
     /// failover timeout running), an agent must re-register. `0` or `off`: never.
@@ -342,6 +350,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         frame_body_timeout_ms: secs_to_ms(args.frame_body_timeout, "--frame-body-timeout")?.max(1),
         frame_budget_bytes: args.frame_budget_mib.clamp(4, 1 << 20) << 20,
         peer_outbox: args.peer_outbox.max(64),
+        history_events: args.history_events,
         peer_write_timeout_ms: args.peer_write_timeout.ms(),
         max_completed_tasks_per_framework: args.max_completed_tasks_per_framework,
         max_completed_frameworks: args.max_completed_frameworks,
@@ -405,6 +414,7 @@ fn http_limits(args: &ServeArgs) -> anyhow::Result<HttpLimits> {
         max_connections_per_address: args.http_max_connections_per_address,
         send_buffer_bytes: args.http_send_buffer_kib.saturating_mul(1024),
         max_event_subscribers_per_principal: args.http_max_event_subscribers_per_principal,
+        max_exec_sessions_per_principal: args.http_max_exec_sessions_per_principal,
         auth: AuthLimits {
             burst: args.http_auth_failures_burst,
             per_minute: args.http_auth_failures_per_minute,

@@ -207,6 +207,67 @@ enum Cmd {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+    /// A task's standard output (or error): its last MiB, or all of it followed while the task
+    /// runs (`-f`, like `tail -f`; ends when the task has ended and all is printed). Works
+    /// for ended tasks until their agent collects the sandbox.
+    Logs {
+        task: String,
+        /// Keep printing what the task writes until it ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Standard error instead of standard output.
+        #[arg(long)]
+        stderr: bool,
+        /// Bytes from the end to start with (default: the last MiB; with -f: all of it).
+        #[arg(long)]
+        tail: Option<u64>,
+    },
+    /// A task's sandbox: list a directory (default: the sandbox itself) or print a file
+    /// (`--offset`, `--length`: a part of it, at most 1 MiB).
+    Fs {
+        task: String,
+        /// A path relative to the sandbox.
+        path: Option<String>,
+        /// Where to start reading a file (default: the last --length bytes).
+        #[arg(long)]
+        offset: Option<u64>,
+        /// Bytes to read at most.
+        #[arg(long)]
+        length: Option<u64>,
+    },
+    /// Run a command inside a running task (its user, cgroups, working directory and
+    /// environment); exits with the command's exit status.
+    Exec {
+        task: String,
+        /// Send this terminal's standard input (read to its end first, at most 256 KiB).
+        #[arg(short = 'i', long)]
+        interactive: bool,
+        /// An interactive terminal (not supported yet: refused).
+        #[arg(short = 't', long)]
+        tty: bool,
+        /// Kill the command after this long (default: the agent's limit, 1 h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// CPU-, memory- and GPU-hours held by tasks (not offers) over a window, per role,
+    /// framework or user, from the master's persistent history.
+    Usage {
+        /// The window's start: a duration back from now (`30d`), an RFC 3339 time, or Unix ms.
+        #[arg(long, default_value = "30d")]
+        since: String,
+        /// The window's end (default: now).
+        #[arg(long)]
+        until: Option<String>,
+        /// role, framework or user.
+        #[arg(long, default_value = "role", value_parser = ["role", "framework", "user"])]
+        by: String,
+        /// Comma-separated values instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
     /// Follow the event stream: a snapshot, then task, agent and framework changes, each line
     /// with the time it arrived. Reconnects on its own when the master restarts or another
     /// master takes over (then a new snapshot).
@@ -214,6 +275,10 @@ enum Cmd {
         /// Stop when the stream ends instead of reconnecting.
         #[arg(long)]
         no_reconnect: bool,
+        /// First print the history kept since then (a duration back from now such as `1h`, an
+        /// RFC 3339 time, or Unix milliseconds), each event with the time it happened.
+        #[arg(long)]
+        since: Option<String>,
     },
 }
 
@@ -532,6 +597,62 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             show(json, &body, print::task)
         }
         Cmd::Offers => show(json, &c.get("/api/v1/offers").await?, print::offers),
+        Cmd::Logs {
+            task,
+            follow,
+            stderr,
+            tail,
+        } => {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("stream", if stderr { "stderr" } else { "stdout" });
+            if follow {
+                q.append_pair("follow", "true");
+            }
+            if let Some(n) = tail {
+                q.append_pair("length", &n.to_string());
+            }
+            let path = format!("/api/v1/tasks/{}/logs?{}", seg(&task), q.finish());
+            let mut out = std::io::stdout();
+            c.stream(&path, None, |chunk| {
+                use std::io::Write;
+                out.write_all(chunk).and_then(|()| out.flush()).is_ok()
+            })
+            .await?;
+            Ok(())
+        }
+        Cmd::Usage {
+            since,
+            until,
+            by,
+            csv,
+        } => {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("since", &since).append_pair("by", &by);
+            if let Some(u) = &until {
+                q.append_pair("until", u);
+            }
+            let body = c.get(&format!("/api/v1/usage?{}", q.finish())).await?;
+            if csv && !json {
+                let v: serde_json::Value = serde_json::from_str(&body)?;
+                print!("{}", print::usage_csv(&v));
+                Ok(())
+            } else {
+                show(json, &body, print::usage)
+            }
+        }
+        Cmd::Fs {
+            task,
+            path,
+            offset,
+            length,
+        } => sandbox_fs(&c, json, &task, path.unwrap_or_default(), offset, length).await,
+        Cmd::Exec {
+            task,
+            interactive,
+            tty,
+            timeout,
+            command,
+        } => exec(&c, &task, interactive, tty, timeout, command).await,
         Cmd::Tasks {
             state,
             framework,
@@ -683,7 +804,10 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             let path = format!("/api/v1/frameworks/{}/teardown", seg(&framework));
             write(&c, json, &path, none, format!("{framework} torn down")).await
         }
-        Cmd::Events { no_reconnect } => events(&c, json, no_reconnect).await,
+        Cmd::Events {
+            no_reconnect,
+            since,
+        } => events(&c, json, no_reconnect, since).await,
         Cmd::Maintenance(m) => maintenance::run(&c, m).await,
         Cmd::Certs(_) | Cmd::Token(_) | Cmd::Completion { .. } => {
             anyhow::bail!("offline commands do not reach the master")
@@ -698,23 +822,172 @@ struct Usage(String);
 
 /// `gantryctl events`: follows the stream, reconnecting (1 s, doubling to 10 s between tries)
 /// when it ends or breaks, until stdout is closed. Authentication and ACL refusals end it.
-async fn events(c: &OperatorClient, json: bool, no_reconnect: bool) -> anyhow::Result<()> {
+/// `gantryctl fs`: a directory's listing, or a file's bytes when the path is a file.
+async fn sandbox_fs(
+    c: &OperatorClient,
+    json: bool,
+    task: &str,
+    path: String,
+    offset: Option<u64>,
+    length: Option<u64>,
+) -> anyhow::Result<()> {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    q.append_pair("path", &path);
+    let listing = c
+        .get(&format!("/api/v1/tasks/{}/files?{}", seg(task), q.finish()))
+        .await;
+    match listing {
+        Ok(body) => show(json, &body, print::sandbox_listing),
+        Err(ClientError::Status {
+            status: 400,
+            message,
+            ..
+        }) if message.contains("not a directory") => {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("path", &path);
+            if let Some(o) = offset {
+                q.append_pair("offset", &o.to_string());
+            }
+            if let Some(n) = length {
+                q.append_pair("length", &n.to_string());
+            }
+            let (_, bytes) = c
+                .get_bytes(&format!(
+                    "/api/v1/tasks/{}/files/read?{}",
+                    seg(task),
+                    q.finish()
+                ))
+                .await?;
+            use std::io::Write;
+            std::io::stdout().write_all(&bytes)?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The exit status of a command run by `gantryctl exec` (gantryctl exits with it).
+#[derive(Debug, thiserror::Error)]
+#[error("the command exited with status {0}")]
+struct ExecStatus(u8);
+
+/// `gantryctl exec`: runs the command in the task, prints its output as it comes, and exits
+/// with its status (128 + N for a signal).
+async fn exec(
+    c: &OperatorClient,
+    task: &str,
+    interactive: bool,
+    tty: bool,
+    timeout: Option<std::time::Duration>,
+    command: Vec<String>,
+) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    if tty {
+        return Err(Usage(
+            "exec -t: interactive terminals are not supported yet; use -i to send standard input"
+                .into(),
+        )
+        .into());
+    }
+    let mut stdin = String::new();
+    if interactive {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .take(256 * 1024 + 1)
+            .read_to_end(&mut buf)
+            .context("reading standard input")?;
+        if buf.len() > 256 * 1024 {
+            return Err(Usage("exec -i: standard input is limited to 256 KiB".into()).into());
+        }
+        stdin = String::from_utf8(buf)
+            .map_err(|_| Usage("exec -i: standard input must be UTF-8".into()))?;
+    }
+    let body = serde_json::json!({
+        "command": command,
+        "stdin": stdin,
+        "timeout_secs": timeout.map_or(0, |t| t.as_secs().max(1)),
+    });
+    let mut pending = Vec::new();
+    let mut status: Option<u8> = None;
+    let mut failure: Option<String> = None;
+    c.stream(
+        &format!("/api/v1/tasks/{}/exec", seg(task)),
+        Some(&body),
+        |chunk| {
+            pending.extend_from_slice(chunk);
+            while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=pos).collect();
+                let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if let Some(data) = v["data"].as_str() {
+                    let _ = if v["stream"] == "stderr" {
+                        std::io::stderr().write_all(data.as_bytes())
+                    } else {
+                        std::io::stdout()
+                            .write_all(data.as_bytes())
+                            .and_then(|()| std::io::stdout().flush())
+                    };
+                } else if let Some(e) = v["error"].as_str() {
+                    failure = Some(e.to_string());
+                } else if !v["exit_code"].is_null() || !v["signal"].is_null() {
+                    status = Some(match (v["exit_code"].as_i64(), v["signal"].as_i64()) {
+                        (Some(code), _) => (code & 0xff) as u8,
+                        (None, Some(sig)) => (128 + sig).min(255) as u8,
+                        _ => 1,
+                    });
+                }
+            }
+            true
+        },
+    )
+    .await?;
+    if let Some(e) = failure {
+        anyhow::bail!("exec: {e}");
+    }
+    match status {
+        Some(0) => Ok(()),
+        Some(n) => Err(ExecStatus(n).into()),
+        None => anyhow::bail!("exec: the stream ended without the command's exit status"),
+    }
+}
+
+async fn events(
+    c: &OperatorClient,
+    json: bool,
+    no_reconnect: bool,
+    mut since: Option<String>,
+) -> anyhow::Result<()> {
     use std::io::Write;
     let mut names = print::EventNames::default();
     let mut backoff = std::time::Duration::from_secs(1);
     loop {
         let mut closed = false;
         let mut got_any = false;
+        let path = match &since {
+            Some(s) => {
+                let mut q = form_urlencoded::Serializer::new(String::new());
+                q.append_pair("since", s);
+                format!("/api/v1/events?{}", q.finish())
+            }
+            None => "/api/v1/events".to_string(),
+        };
         let result = c
-            .events("/api/v1/events", |data| {
+            .events(&path, |data| {
                 got_any = true;
                 let line = if json {
                     data.to_string()
                 } else {
                     match serde_json::from_str::<serde_json::Value>(data) {
+                        // History events carry when they happened; live ones are printed
+                        // with the time they arrive.
                         Ok(v) => format!(
                             "{}  {}",
-                            print::time(&serde_json::json!(unix_ms())),
+                            print::time(
+                                &v.get("at_ms")
+                                    .cloned()
+                                    .unwrap_or_else(|| serde_json::json!(unix_ms()))
+                            ),
                             names.event(&v)
                         ),
                         Err(_) => data.to_string(),
@@ -737,6 +1010,8 @@ async fn events(c: &OperatorClient, json: bool, no_reconnect: bool) -> anyhow::R
         if no_reconnect {
             anyhow::bail!("event stream: {why}");
         }
+        // Reconnected, the history since the stream was lost comes first: nothing is missed.
+        since = Some(unix_ms().saturating_sub(1000).to_string());
         if got_any {
             backoff = std::time::Duration::from_secs(1);
         }
@@ -890,6 +1165,9 @@ fn run(
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(ExecStatus(n)) = e.downcast_ref::<ExecStatus>() {
+                return ExitCode::from(*n);
+            }
             eprintln!("error: {e:#}");
             if e.downcast_ref::<NotConfirmed>().is_some() {
                 return ExitCode::from(EXIT_NOT_CONFIRMED);

@@ -9,6 +9,7 @@
 //! | `{prefix}/registry/weights/{role}`          | `{"role","weight"}`  |
 //! | `{prefix}/registry/quotas/{role}`           | `{"role","quota"}`   |
 //! | `{prefix}/registry/reservations/{agent}/{role}` | [`Reservation`]  |
+//! | `{prefix}/registry/history/{page:020}`      | [`HistoryPage`]      |
 //!
 //! Every write is one transaction `IF create_revision(leader key) == fence revision THEN ops`.
 //! The leader key belongs to the writer's election lease, so once that lease expires or is revoked
@@ -22,8 +23,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentRecord, Fence, FrameworkRecord, GoneRecord, MaintenanceRecord, Mutation, Quota, Registry,
-    RegistryError, Reservation,
+    AgentRecord, Fence, FrameworkRecord, GoneRecord, HistoryPage, MaintenanceRecord, Mutation,
+    Quota, Registry, RegistryError, Reservation,
 };
 
 /// Most operations etcd accepts in one transaction (its `--max-txn-ops` default).
@@ -122,6 +123,8 @@ impl EtcdStore {
             Mutation::SetMaintenance(m) => format!("{r}maintenance/{}", m.agent_id),
             Mutation::RemoveMaintenance(id) => format!("{r}maintenance/{id}"),
             Mutation::PutGone(g) => format!("{r}gone/{}", g.agent_id),
+            Mutation::PutHistoryPage(p) => format!("{r}history/{:020}", p.page),
+            Mutation::RemoveHistoryPage(page) => format!("{r}history/{page:020}"),
         }
     }
 
@@ -154,7 +157,9 @@ impl EtcdStore {
             }
             Mutation::SetMaintenance(m) => TxnOp::put(key, json(serde_json::to_vec(m))?, None),
             Mutation::PutGone(g) => TxnOp::put(key, json(serde_json::to_vec(g))?, None),
+            Mutation::PutHistoryPage(p) => TxnOp::put(key, json(serde_json::to_vec(p))?, None),
             Mutation::SetReservation(_)
+            | Mutation::RemoveHistoryPage(_)
             | Mutation::RemoveMaintenance(_)
             | Mutation::RemoveAgent(_)
             | Mutation::RemoveFramework(_)
@@ -295,6 +300,9 @@ impl EtcdStore {
                 serde_json::from_slice::<MaintenanceRecord>(value).map_err(de)?,
             ),
             "gone" => Mutation::PutGone(serde_json::from_slice::<GoneRecord>(value).map_err(de)?),
+            "history" => {
+                Mutation::PutHistoryPage(serde_json::from_slice::<HistoryPage>(value).map_err(de)?)
+            }
             other => return Err(corrupt(format!("unknown record kind {other:?}"))),
         };
         // The value must be stored under its own key, or two records could shadow each other.

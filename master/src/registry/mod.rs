@@ -2,7 +2,8 @@
 //!
 //! Persisted: admitted agents (id, name, hostname), role weights, quotas, dynamic reservations,
 //! frameworks (id, name, roles, principal, failover timeout), agents under maintenance (drain
-//! state and deadline) and agents marked gone. Tasks, offers and usage are *not*
+//! state and deadline), agents marked gone, and the bounded event history (task state
+//! transitions and cluster events with their times, in pages). Tasks, offers and usage are *not*
 //! persisted: as in Mesos, a new leader rebuilds them from the agents' re-registration.
 //!
 //! - [`Registry`] is the plain in-memory value, [`Mutation`] one fine-grained change to it
@@ -116,6 +117,22 @@ pub struct GoneRecord {
     pub at_unix_ms: u64,
 }
 
+/// One event of the cluster's history: when the master recorded it, and the event as the
+/// event stream sends it (`{"type": "task_updated", ...}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEvent {
+    pub at_unix_ms: u64,
+    pub event: serde_json::Value,
+}
+
+/// A page of the event history (`crate::server::history`): pages are numbered in order and
+/// rewritten while they fill; the oldest are removed past the history's bound.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryPage {
+    pub page: u64,
+    pub events: Vec<HistoryEvent>,
+}
+
 /// Everything the master persists. Maps are ordered so snapshots are deterministic.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Registry {
@@ -132,6 +149,9 @@ pub struct Registry {
     /// Agents marked gone.
     #[serde(default)]
     pub gone: BTreeMap<AgentId, GoneRecord>,
+    /// The event history, by page number (bounded: `crate::server::history`).
+    #[serde(default)]
+    pub history: BTreeMap<u64, HistoryPage>,
 }
 
 impl Registry {
@@ -184,6 +204,12 @@ impl Registry {
             Mutation::PutGone(g) => {
                 self.gone.insert(g.agent_id, g.clone());
             }
+            Mutation::PutHistoryPage(p) => {
+                self.history.insert(p.page, p.clone());
+            }
+            Mutation::RemoveHistoryPage(page) => {
+                self.history.remove(page);
+            }
         }
     }
 
@@ -235,6 +261,7 @@ impl Registry {
                 .map(Mutation::SetMaintenance),
         );
         out.extend(self.gone.values().cloned().map(Mutation::PutGone));
+        out.extend(self.history.values().cloned().map(Mutation::PutHistoryPage));
         out
     }
 }
@@ -285,6 +312,10 @@ pub enum Mutation {
     RemoveMaintenance(AgentId),
     /// The agent was marked gone for good.
     PutGone(GoneRecord),
+    /// A page of the event history (written again while it fills).
+    PutHistoryPage(HistoryPage),
+    /// An old page of the event history, past the bound.
+    RemoveHistoryPage(u64),
 }
 
 impl Mutation {
@@ -318,7 +349,9 @@ impl Mutation {
             | Mutation::RemoveFramework(_)
             | Mutation::SetMaintenance(_)
             | Mutation::RemoveMaintenance(_)
-            | Mutation::PutGone(_) => None,
+            | Mutation::PutGone(_)
+            | Mutation::PutHistoryPage(_)
+            | Mutation::RemoveHistoryPage(_) => None,
         };
         match role {
             Some(r) if r.is_empty() => Err(RegistryError::Invalid("empty role name".into())),

@@ -62,11 +62,15 @@ pub enum OperatorAction {
     MarkGone,
     Teardown,
     ClearGpu,
+    /// Read a task's sandbox: list and read its files, follow its logs.
+    ReadSandbox,
+    /// Run a command inside a running task.
+    Exec,
 }
 
 impl OperatorAction {
     /// Every action, in a stable order.
-    pub const ALL: [OperatorAction; 11] = [
+    pub const ALL: [OperatorAction; 13] = [
         OperatorAction::SetWeight,
         OperatorAction::SetQuota,
         OperatorAction::Reserve,
@@ -78,6 +82,8 @@ impl OperatorAction {
         OperatorAction::MarkGone,
         OperatorAction::Teardown,
         OperatorAction::ClearGpu,
+        OperatorAction::ReadSandbox,
+        OperatorAction::Exec,
     ];
 
     /// The name used in ACL files and error messages.
@@ -94,6 +100,8 @@ impl OperatorAction {
             OperatorAction::MarkGone => "mark_gone",
             OperatorAction::Teardown => "teardown",
             OperatorAction::ClearGpu => "clear_gpu",
+            OperatorAction::ReadSandbox => "read_sandbox",
+            OperatorAction::Exec => "exec",
         }
     }
 

@@ -66,6 +66,9 @@ pub struct HttpLimits {
     pub send_buffer_bytes: usize,
     /// `/api/v1/events` subscribers one principal may hold at once; 0 = no bound.
     pub max_event_subscribers_per_principal: usize,
+    /// Exec sessions (`POST /api/v1/tasks/{id}/exec`) one principal may run at once; 0 = no
+    /// bound.
+    pub max_exec_sessions_per_principal: usize,
     /// Failed authentications allowed per address (and for all together).
     pub auth: AuthLimits,
     /// Dashboard sessions kept at most (the oldest is ended past it).
@@ -87,6 +90,7 @@ impl Default for HttpLimits {
             max_connections_per_address: 16,
             send_buffer_bytes: 256 * 1024,
             max_event_subscribers_per_principal: 16,
+            max_exec_sessions_per_principal: 4,
             auth: AuthLimits::default(),
             max_sessions: 1024,
             session_lifetime: Duration::from_secs(12 * 3600),

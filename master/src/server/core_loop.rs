@@ -35,6 +35,7 @@ pub(super) async fn core_loop(
     // Reconciliation answers wait for room in their peers' outboxes; retried at the next event.
     let mut backlog_blocked = false;
     let mut batch: Vec<CoreEvent> = Vec::with_capacity(1024);
+    let history_on = shell.history.lock().is_ok_and(|h| h.enabled());
     loop {
         let mut tick = false;
         let backlog = !backlog_blocked && master.as_ref().is_some_and(|m| m.has_backlog());
@@ -82,7 +83,7 @@ pub(super) async fn core_loop(
             }
         }
         if let Some(m) = master.as_mut() {
-            m.record_events(shell.events.receiver_count() > 0);
+            m.record_events(shell.events.receiver_count() > 0 || history_on);
         }
         for ev in batch.drain(..) {
             match (ev, master.as_mut()) {
@@ -92,6 +93,9 @@ pub(super) async fn core_loop(
                     let until = health::lease_until_ms(&lease.borrow_and_update(), start);
                     m.handle(Input::LeaseUntil { until }, now());
                     m.restore_maintenance(&registry, now(), unix_ms());
+                    if let Ok(mut h) = shell.history.lock() {
+                        h.restore(&registry.history);
+                    }
                     m.recover(registry, now());
                     for input in held.drain(..) {
                         m.handle_into(input, now(), &mut out);
@@ -134,6 +138,9 @@ pub(super) async fn core_loop(
                     };
                     if let Some(obj) = view.as_object_mut() {
                         obj.insert("peers".into(), peer_stats(&shell));
+                        if let Ok(h) = shell.history.lock() {
+                            obj.insert("history".into(), h.figures());
+                        }
                     }
                     let _ = reply.send(view);
                 }
@@ -200,10 +207,19 @@ pub(super) async fn core_loop(
         // serialized only for subscribers.
         if let Some(m) = master.as_mut() {
             let events = m.take_events();
-            if shell.events.receiver_count() > 0 {
+            let live = shell.events.receiver_count() > 0;
+            if !events.is_empty() && (live || history_on) {
+                let at = unix_ms();
+                let mut history = shell.history.lock().ok();
                 for e in events {
-                    if let Ok(json) = serde_json::to_string(&e) {
-                        let _ = shell.events.send(json.into());
+                    let Ok(json) = serde_json::to_value(&e) else {
+                        continue;
+                    };
+                    if live {
+                        let _ = shell.events.send(json.to_string().into());
+                    }
+                    if let Some(h) = history.as_mut() {
+                        h.push(at, json);
                     }
                 }
             }

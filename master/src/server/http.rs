@@ -52,6 +52,9 @@ use super::{CoreEvent, Shell};
 /// this file's authentication and error types.
 #[path = "maintenance.rs"]
 mod maintenance;
+/// Task sandboxes (`/api/v1/tasks/{id}/files`, `…/logs`, `…/exec`), proxied to the agent.
+#[path = "sandbox.rs"]
+mod sandbox;
 use crate::election::health;
 use crate::security::identity::{self, Denied};
 pub(super) use crate::security::Caller;
@@ -103,6 +106,8 @@ pub(super) struct App {
     pub(super) sessions: Arc<Sessions>,
     /// Open `/api/v1/events` subscribers per principal.
     subscribers: Arc<Mutex<HashMap<String, usize>>>,
+    /// Running exec sessions per principal.
+    execs: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// What the connection knows before any request: the operator named by its client certificate
@@ -196,6 +201,8 @@ pub(super) fn all_routes() -> super::routes::Routes<App> {
         .post("/api/v1/agents/{id}/drain", maintenance::drain_handler)
         .post("/api/v1/agents/{id}/undrain", maintenance::undrain_handler)
         .get("/api/v1/maintenance/drains", maintenance::view_handler)
+        // Task sandboxes (issue 30 item 1): server/sandbox.rs.
+        .merge(sandbox::routes())
         // Metrics (issue 14 item 1): Prometheus text exposition, a read.
         .get("/metrics", metrics_handler)
         // Operator API v1 and its event stream.
@@ -245,6 +252,7 @@ pub(super) async fn serve(
         auth_limiter: Arc::new(AuthLimiter::new(limits.auth)),
         sessions: Arc::new(Sessions::new(limits.max_sessions, limits.session_lifetime)),
         subscribers: Arc::default(),
+        execs: Arc::default(),
     };
     let router = router(app);
     let acceptor = config.tls.map(tokio_rustls::TlsAcceptor::from);

@@ -3,7 +3,9 @@
 //! operator HTTPS API ([`http`]: authentication, ACLs and request bounds; `http_guard`: its
 //! connection slots, write deadline and failed-authentication limiter; [`api`]: `/api/v1` and
 //! its event stream; `ui`: the `/ui` dashboard and its login; `routes`: the route table every
-//! route goes through, checked against docs/api/openapi.yaml). Who a peer or caller is and what
+//! route goes through, checked against docs/api/openapi.yaml; `http`'s `sandbox.rs`: task logs,
+//! files and exec relayed to the task's agent on a sandbox stream of its QUIC connection;
+//! [`history`]: the persistent, bounded event history in the registry). Who a peer or caller is and what
 //! it may do are [`crate::security`]'s decisions (identities, ACLs, tokens, sessions, limits);
 //! this shell asks and enforces.
 //!
@@ -12,6 +14,8 @@
 //!                                 ^  State(/state), Metrics and Operator commands from axum
 //!                                 ^  LeaseUntil from the election, Tick at Master::next_deadline
 //!                                 |  cluster events --> broadcast --> /api/v1/events subscribers
+//!                                 |                 \--> history --(1 s)--> registry writer
+//! operator HTTPS --sandbox stream (master-opened QUIC stream)--> agent (logs, files, exec)
 //! ```
 //! Every peer task reads frames, turns them into [`Input`]s and writes what the core sends it;
 //! a frame that fails to decode, is too large, or is out of place closes only that peer's
@@ -37,6 +41,8 @@
 
 mod conn_limits;
 mod core_loop;
+pub mod history;
+pub mod usage;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,6 +175,12 @@ struct Shell {
     metrics: metrics::ShellMetrics,
     /// Messages queued for one peer at most (`MasterConfig::peer_outbox`).
     outbox: usize,
+    /// The connected agents' connections by name: the operator API opens sandbox streams on
+    /// them (protocol v9).
+    agent_conns: Arc<DashMap<String, (ConnId, quinn::Connection)>>,
+    /// The persistent event history (`history`): the core loop pushes, a task flushes it to the
+    /// registry, the operator API reads it.
+    history: Arc<std::sync::Mutex<history::History>>,
     /// How long a peer's stream may take no bytes of a pending write before the peer is closed
     /// as stalled (`MasterConfig::peer_write_timeout_ms`; `None`: never).
     write_timeout: Option<Duration>,
@@ -210,10 +222,46 @@ pub async fn run(
         events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
         metrics: metrics::ShellMetrics::default(),
         outbox: config.peer_outbox.max(64),
+        agent_conns: Arc::new(DashMap::new()),
+        history: Arc::new(std::sync::Mutex::new(history::History::new(
+            config.history_events,
+        ))),
         write_timeout: config.peer_write_timeout_ms.map(Duration::from_millis),
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<String>();
     let writer = RegistryWriter::spawn(store.clone());
+    // The history's changed pages go to the registry once a second (and once more on stop).
+    let last_writer = writer.clone();
+    let history_flush = {
+        let (history, writer) = (shell.history.clone(), writer.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(history::FLUSH_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let (mutations, upto) = history
+                    .lock()
+                    .map(|mut h| h.flush_counted())
+                    .unwrap_or_default();
+                if mutations.is_empty() {
+                    continue;
+                }
+                match writer.submit(mutations.clone()).await {
+                    Ok(()) => {
+                        if let Ok(mut h) = history.lock() {
+                            h.stored(upto);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("the event history was not written (retried): {e}");
+                        if let Ok(mut h) = history.lock() {
+                            h.unflushed(&mutations);
+                        }
+                    }
+                }
+            }
+        })
+    };
     // The core loop runs on a thread of its own: a busy core (a burst of 10,000 agents' updates)
     // then never holds up the QUIC endpoint and connection tasks on the shared runtime. They
     // keep reading the UDP socket, so a burst becomes a queue in front of the core (and QUIC
@@ -283,6 +331,17 @@ pub async fn run(
         }
     };
     let _ = core_stop.send(());
+    history_flush.abort();
+    if result.is_ok() {
+        let last = shell
+            .history
+            .lock()
+            .map(|mut h| h.flush())
+            .unwrap_or_default();
+        if !last.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), last_writer.submit(last)).await;
+        }
+    }
     let _ = stop_tx.send(true);
     endpoint.close(CLOSE_NORMAL.into(), b"master stopping");
     // Let go of the lease in etcd before the process ends, so another master is elected at
@@ -528,6 +587,8 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
     );
     match principal {
         PeerPrincipal::Agent(name) => {
+            shell.agent_conns.insert(name.clone(), (id, conn.clone()));
+            let agent_name = name.clone();
             let connected = Input::AgentConnected {
                 conn: id,
                 name,
@@ -546,6 +607,10 @@ async fn serve_connection(shell: Shell, conn: quinn::Connection) {
                 |conn| Input::AgentDisconnected { conn },
             )
             .await;
+            // Only this connection's entry (a newer one of the same agent may have replaced it).
+            shell
+                .agent_conns
+                .remove_if(&agent_name, |_, (conn_id, _)| *conn_id == id);
         }
         PeerPrincipal::Framework(principal) => {
             let connected = Input::FrameworkConnected {

@@ -25,6 +25,11 @@ pub enum ClusterEvent {
         state: String,
         reason: Option<String>,
         message: String,
+        /// The role whose resources it holds, the user it runs as (when it names one) and
+        /// its resources: what usage reports add up (`crate::server::usage`).
+        role: String,
+        user: Option<String>,
+        resources: Resources,
     },
     /// An agent registered for the first time (or again after it was removed).
     AgentAdded { agent_id: String, name: String },
@@ -121,6 +126,9 @@ impl Master {
             state: t.state.as_str().to_string(),
             reason: t.reason.map(|r| r.as_str().to_string()),
             message: t.last_message.clone(),
+            role: t.role.clone(),
+            user: t.info.command.user.clone(),
+            resources: t.info.resources.clone(),
         };
         self.emit(e);
     }

@@ -187,6 +187,9 @@ pub struct MasterConfig {
     /// Resource kinds quotas and reservations may name besides the standard ones and those
     /// agents have (`--resource-kinds`; see [`Master::known_resource_kinds`]).
     pub resource_kinds: Vec<String>,
+    /// Events the persistent history keeps at most (`--history-events`; 0: none), see
+    /// `crate::server::history`.
+    pub history_events: usize,
 }
 
 /// At most `max` bytes of `s` (on a char boundary), for error messages about peer input.
@@ -219,6 +222,7 @@ impl Default for MasterConfig {
             limits: Limits::default(),
             gpu_placement: gantry_placement::Policy::FgdPack,
             resource_kinds: Vec::new(),
+            history_events: 16_384,
         }
     }
 }

@@ -88,6 +88,9 @@ impl Master {
             state: state.as_str().to_string(),
             reason: Some(reason.as_str().to_string()),
             message: super::kept_message(message),
+            role: role.to_string(),
+            user: task.command.user.clone(),
+            resources: task.resources.clone(),
         });
         self.remember_completed(TaskRecord {
             id: task.task_id,

@@ -8,7 +8,8 @@
 //! - [`task`]: what a task is and how its state is reported, shared by both families below;
 //! - [`gpu`]: GPUs as measured and as offered;
 //! - [`agent`]: agent <-> master;
-//! - [`framework`]: framework <-> master.
+//! - [`framework`]: framework <-> master;
+//! - [`sandbox`]: a task's sandbox (logs, files, exec), master -> agent on streams of their own.
 //!
 //! Operators do not use this wire: the operator API is HTTPS with JSON (`gantry-master`'s
 //! `server::api`). Every type is re-exported here, so `gantry_proto::TaskInfo` and
@@ -27,13 +28,15 @@ pub mod agent;
 pub mod framework;
 pub mod gpu;
 pub mod hello;
+pub mod sandbox;
 pub mod task;
 
 pub use agent::*;
 pub use framework::*;
 pub use gpu::*;
 pub use hello::*;
+pub use sandbox::*;
 pub use task::*;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;

@@ -183,6 +183,21 @@ pub fn task(t: &Value) -> String {
         ("started", time(&t["started_at_ms"])),
         ("ended", time(&t["ended_at_ms"])),
     ]);
+    let history: Vec<Vec<String>> = arr(&t["history"])
+        .iter()
+        .map(|h| {
+            vec![
+                time(&h["at_ms"]),
+                cell(&h["state"]),
+                h["reason"].as_str().unwrap_or("-").to_string(),
+                h["message"].as_str().unwrap_or_default().to_string(),
+            ]
+        })
+        .collect();
+    if !history.is_empty() {
+        out.push_str("\nhistory:\n");
+        out.push_str(&table(&["TIME", "STATE", "REASON", "MESSAGE"], &history));
+    }
     let gpus: Vec<Vec<String>> = arr(&t["gpu_devices"])
         .iter()
         .map(|g| {
@@ -691,6 +706,83 @@ impl EventNames {
             _ => e.to_string(),
         }
     }
+}
+
+/// `gantryctl fs TASK [PATH]`: a sandbox directory page.
+pub fn sandbox_listing(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let name = e["name"].as_str().unwrap_or_default();
+            let kind = e["kind"].as_str().unwrap_or_default();
+            vec![
+                e["mode"].as_str().unwrap_or_default().to_string(),
+                e["size"].as_u64().unwrap_or(0).to_string(),
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH
+                        + std::time::Duration::from_millis(e["mtime_ms"].as_u64().unwrap_or(0)),
+                )
+                .to_string(),
+                if kind == "dir" {
+                    format!("{name}/")
+                } else {
+                    name.to_string()
+                },
+            ]
+        })
+        .collect();
+    let mut out = table(&["MODE", "SIZE", "MODIFIED", "NAME"], &rows);
+    let shown = rows.len() as u64 + v["offset"].as_u64().unwrap_or(0);
+    let total = v["total"].as_u64().unwrap_or(0);
+    if shown < total {
+        out.push_str(&format!("({total} entries; {} shown)\n", rows.len()));
+    }
+    out
+}
+
+/// `gantryctl usage`: hours per key, then the total.
+pub fn usage(v: &Value) -> String {
+    let row = |r: &Value| {
+        vec![
+            cell(&r["key"]),
+            cell(&r["tasks"]),
+            format!("{:.3}", r["cpu_hours"].as_f64().unwrap_or(0.0)),
+            format!("{:.3}", r["mem_gib_hours"].as_f64().unwrap_or(0.0)),
+            format!("{:.3}", r["gpu_hours"].as_f64().unwrap_or(0.0)),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = arr(&v["rows"]).iter().map(row).collect();
+    rows.push(row(&v["total"]));
+    let by = v["by"].as_str().unwrap_or("key").to_uppercase();
+    let mut out = format!(
+        "usage from {} to {} (history from {})\n",
+        time(&v["since_ms"]),
+        time(&v["until_ms"]),
+        time(&v["history_from_ms"])
+    );
+    out.push_str(&table(
+        &[&by, "TASKS", "CPU-HOURS", "MEM-GIB-HOURS", "GPU-HOURS"],
+        &rows,
+    ));
+    out
+}
+
+/// `gantryctl usage --csv`.
+pub fn usage_csv(v: &Value) -> String {
+    let mut out = String::from("key,tasks,cpu_hours,mem_gib_hours,gpu_hours\n");
+    for r in arr(&v["rows"]).iter().chain([&v["total"]]) {
+        let key = cell(&r["key"]).replace('"', "\"\"");
+        out.push_str(&format!(
+            "\"{key}\",{},{},{},{}\n",
+            cell(&r["tasks"]),
+            r["cpu_hours"].as_f64().unwrap_or(0.0),
+            r["mem_gib_hours"].as_f64().unwrap_or(0.0),
+            r["gpu_hours"].as_f64().unwrap_or(0.0)
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -8,7 +8,10 @@
 //!              /api/v1/agents/{id}/{reserve,unreserve,deactivate,reactivate,gone},
 //!              /api/v1/agents/{id}/gpus/{uuid}/clear, /api/v1/frameworks/{id}/teardown
 //!         (drain / undrain: /api/v1/agents/{id}/drain, in server/maintenance.rs)
-//! stream: GET  /api/v1/events   (server-sent events: a snapshot, then changes)
+//! stream: GET  /api/v1/events[?since=]   (server-sent events: the history since then, a
+//!                                        snapshot, then changes)
+//! sandboxes: GET /api/v1/tasks/{id}/{files,files/read,logs}, POST /api/v1/tasks/{id}/exec
+//!         (`super::http`'s `sandbox.rs`: relayed to the task's agent)
 //! ```
 //!
 //! Authentication and errors are the operator API's ([`super::http`]): reads need an
@@ -21,7 +24,8 @@
 //! are added through `super::routes::Routes`, whose table a test compares with
 //! docs/api/openapi.yaml.
 //!
-//! The event stream: each subscriber first gets `{"type":"snapshot","state":{/state}}`, then
+//! The event stream: with `?since=` a subscriber first gets the persistent history since then
+//! (`super::history`: each event with `at_ms`), then `{"type":"snapshot","state":{/state}}`, then
 //! one message per change ([`crate::state::ClusterEvent`]). The core never waits for a
 //! subscriber: events go through a bounded broadcast buffer, and a subscriber that falls
 //! behind it gets `{"type":"dropped"}` and the stream ends (reconnect for a new snapshot).
@@ -87,6 +91,44 @@ pub(super) fn routes() -> Routes<App> {
         .get("/api/v1/maintenance", maintenance)
         .get("/api/v1/demand", demand::demand)
         .get("/api/v1/events", events)
+        .get("/api/v1/usage", usage)
+}
+
+/// `?since=&until=&by=`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageQuery {
+    since: Option<String>,
+    until: Option<String>,
+    by: Option<String>,
+}
+
+/// `GET /api/v1/usage`: CPU-, memory- and GPU-hours held by tasks over a window, per role,
+/// framework or user, from the persistent history (`super::usage`).
+async fn usage(
+    State(app): State<App>,
+    caller: CallerExt,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    app.may_read(&caller_of(caller))?;
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, e);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let since = parse_since(q.since.as_deref().unwrap_or("30d"), now_ms).map_err(bad)?;
+    let until = match q.until.as_deref() {
+        Some(u) => parse_since(u, now_ms).map_err(bad)?,
+        None => now_ms,
+    };
+    let by = super::usage::UsageBy::parse(q.by.as_deref().unwrap_or("role")).map_err(bad)?;
+    let events = app
+        .shell
+        .history
+        .lock()
+        .map(|h| h.since(0, usize::MAX))
+        .unwrap_or_default();
+    Ok(Json(super::usage::report(&events, since, until, by)))
 }
 
 /// The state view for a read by an authenticated caller.
@@ -106,7 +148,9 @@ async fn index(State(app): State<App>, caller: CallerExt) -> ApiResult {
                    "agents/{id}/deactivate", "agents/{id}/reactivate", "agents/{id}/gone",
                    "agents/{id}/gpus/{uuid}/clear", "agents/{id}/drain", "agents/{id}/undrain",
                    "frameworks/{id}/teardown"],
-        "events": "events",
+        "sandboxes": ["tasks/{id}/files", "tasks/{id}/files/read", "tasks/{id}/logs",
+                      "tasks/{id}/exec"],
+        "events": "events?since=",
         "docs": "docs/api/openapi.yaml",
     })))
 }
@@ -141,7 +185,28 @@ fn lookup_error(what: &str, key: &str, e: &views::Lookup) -> ApiError {
 async fn task(State(app): State<App>, caller: CallerExt, Path(id): Path<String>) -> ApiResult {
     let state = read(&app, caller).await?;
     let t = views::lookup_task(&state, &id).map_err(|e| lookup_error("task", &id, &e))?;
-    Ok(Json(views::task_page(&state, t)))
+    let mut page = views::task_page(&state, t);
+    // Its state transitions from the persistent history (super::history).
+    let task_id = t["id"].as_str().unwrap_or_default();
+    let history: Vec<Value> = app
+        .shell
+        .history
+        .lock()
+        .map(|h| h.task(task_id))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            serde_json::json!({
+                "at_ms": e.at_unix_ms,
+                "state": e.event["state"],
+                "reason": e.event["reason"],
+                "message": e.event["message"],
+                "agent_id": e.event["agent_id"],
+            })
+        })
+        .collect();
+    page["history"] = Value::Array(history);
+    Ok(Json(page))
 }
 
 async fn frameworks(State(app): State<App>, caller: CallerExt) -> ApiResult {
@@ -334,13 +399,53 @@ async fn teardown(State(app): State<App>, caller: CallerExt, Path(id): Path<Stri
 }
 
 /// `GET /api/v1/events`: server-sent events, a snapshot first (see the module docs).
+/// `?since=`: Unix milliseconds, an RFC 3339 time, or a duration back from now (`1h`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    since: Option<String>,
+}
+
+/// The most history events one subscription is sent before its snapshot.
+const MAX_HISTORY_SENT: usize = 100_000;
+
+/// The Unix milliseconds `since` names.
+fn parse_since(since: &str, now_ms: u64) -> Result<u64, String> {
+    let since = since.trim();
+    if let Ok(ms) = since.parse::<u64>() {
+        return Ok(ms);
+    }
+    if let Ok(d) = humantime::parse_duration(since) {
+        return Ok(now_ms.saturating_sub(d.as_millis() as u64));
+    }
+    if let Ok(t) = humantime::parse_rfc3339_weak(since) {
+        return Ok(t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64));
+    }
+    Err(format!(
+        "since={since:?}: Unix milliseconds, an RFC 3339 time (2026-01-02T03:04:05Z) or a duration back from now (1h)"
+    ))
+}
+
 async fn events(
     State(app): State<App>,
     caller: CallerExt,
     info: Option<axum::Extension<ConnInfo>>,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let caller = caller_of(caller);
     app.may_read(&caller)?;
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let since = q
+        .since
+        .as_deref()
+        .map(|s| parse_since(s, now_ms))
+        .transpose()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
     let principal = match &caller {
         Caller::Operator { name, .. } => format!("operator:{name}"),
         Caller::Anonymous { .. } => match &info {
@@ -354,9 +459,28 @@ async fn events(
     let slot = app.subscribe_slot(principal)?;
     // Subscribe before the snapshot: nothing between the two is missed.
     let rx = app.shell.events.subscribe();
+    // The history asked for first: each event as the stream sends it, with `at_ms` (when the
+    // master recorded it) and `"history": true`.
+    let mut first: Vec<String> = match since {
+        Some(since) => app
+            .shell
+            .history
+            .lock()
+            .map(|h| h.since(since, MAX_HISTORY_SENT))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| {
+                let mut v = e.event;
+                v["at_ms"] = Value::from(e.at_unix_ms);
+                v["history"] = Value::Bool(true);
+                v.to_string()
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let state = app.state().await?;
-    let snapshot = serde_json::json!({"type": "snapshot", "state": state}).to_string();
-    let stream = event_stream(snapshot, rx, slot);
+    first.push(serde_json::json!({"type": "snapshot", "state": state}).to_string());
+    let stream = event_stream(first, rx, slot);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
@@ -365,18 +489,17 @@ type Events = tokio::sync::broadcast::Receiver<std::sync::Arc<str>>;
 /// The data of each event a subscriber is sent: the snapshot, then the broadcast events until
 /// the subscriber falls behind the buffer (then one `dropped` and the end) or the master stops.
 fn event_data(
-    snapshot: String,
+    first: Vec<String>,
     rx: Events,
 ) -> impl futures_util::Stream<Item = String> + Send + 'static {
+    use futures_util::StreamExt;
     enum Step {
-        Snapshot(String, Events),
         Live(Events),
         Done,
     }
-    futures_util::stream::unfold(Step::Snapshot(snapshot, rx), |step| async move {
+    let live = futures_util::stream::unfold(Step::Live(rx), |step| async move {
         use tokio::sync::broadcast::error::RecvError;
         match step {
-            Step::Snapshot(s, rx) => Some((s, Step::Live(rx))),
             Step::Live(mut rx) => match rx.recv().await {
                 Ok(e) => Some((e.to_string(), Step::Live(rx))),
                 Err(RecvError::Lagged(n)) => {
@@ -391,18 +514,19 @@ fn event_data(
             },
             Step::Done => None,
         }
-    })
+    });
+    futures_util::stream::iter(first).chain(live)
 }
 
 /// The SSE events; the subscriber's slot is held until the stream is dropped (the connection
 /// closed or the stream ended).
 fn event_stream(
-    snapshot: String,
+    first: Vec<String>,
     rx: Events,
     slot: SubscriberSlot,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
     use futures_util::StreamExt;
-    event_data(snapshot, rx).map(move |d| {
+    event_data(first, rx).map(move |d| {
         let _held = &slot;
         Ok(Event::default().data(d))
     })
@@ -419,7 +543,7 @@ mod tests {
         tx.send("{\"n\":1}".into()).unwrap();
         tx.send("{\"n\":2}".into()).unwrap();
         drop(tx);
-        let got: Vec<String> = event_data("snap".into(), rx).collect().await;
+        let got: Vec<String> = event_data(vec!["snap".into()], rx).collect().await;
         assert_eq!(got, ["snap", "{\"n\":1}", "{\"n\":2}"]);
     }
 
@@ -430,7 +554,7 @@ mod tests {
         for i in 0..100 {
             tx.send(format!("{{\"n\":{i}}}").into()).unwrap();
         }
-        let got: Vec<String> = event_data("snap".into(), rx).collect().await;
+        let got: Vec<String> = event_data(vec!["snap".into()], rx).collect().await;
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(got[0], "snap");
         let last: Value = serde_json::from_str(&got[1]).unwrap();

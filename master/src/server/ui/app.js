@@ -75,14 +75,17 @@
     if (e.name) { what += " " + e.name; }
     if (e.state) { what += " " + e.state; }
     if (e.what) { what += " (" + e.what + ")"; }
-    li.textContent = new Date().toLocaleTimeString() + " " + what;
+    li.textContent = new Date(e.at_ms || Date.now()).toLocaleTimeString() + " " + what;
     ul.insertBefore(li, ul.firstChild);
     while (ul.children.length > 50) { ul.removeChild(ul.lastChild); }
   }
 
   var live = document.getElementById("live");
+  // The last hour from the master's persistent history fills the panel on load; after a
+  // reconnect (the same URL) only what is newer than the last event shown is added.
+  var lastSeen = 0;
   function connect() {
-    var es = new EventSource("/api/v1/events");
+    var es = new EventSource("/api/v1/events?since=1h");
     es.onopen = function () {
       if (live) { live.textContent = "live"; }
       document.body.dataset.live = "connected";
@@ -95,6 +98,11 @@
       var e;
       try { e = JSON.parse(m.data); } catch (_) { return; }
       if (e.type === "snapshot") { return; }
+      if (e.history) {
+        if (e.at_ms > lastSeen) { lastSeen = e.at_ms; log(e); }
+        return;
+      }
+      lastSeen = Date.now();
       log(e);
       schedule();
       if (e.type === "dropped") { es.close(); setTimeout(connect, 1000); }

@@ -1,0 +1,329 @@
+//! Exec inside a running task. The task's leader process (its process group id in the launch
+//! record, checked alive with its supervisor) is the model: the command gets its real user and
+//! group, its supplementary groups, its environment, its working directory and every cgroup it
+//! is in (written into each hierarchy's `cgroup.procs` before `exec`), in a process group of its
+//! own that is killed when the session ends (the client went away, or the time limit).
+//!
+//! [`exec_command`] builds the command from what was read ([`TaskProcess`]): the seam a
+//! container runtime replaces (a task in a container gets `runc exec CONTAINER CMD...`).
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use gantry_proto::{SandboxErrorKind, SandboxReply, SANDBOX_CHUNK};
+use gantry_transport::FrameSender;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{refuse, send_reply};
+use crate::isolation::layout::CgroupLayout;
+
+/// What a command run inside a task takes from the task's leader process.
+#[derive(Debug, Clone)]
+pub struct TaskProcess {
+    /// The leader's pid.
+    pub pid: i32,
+    /// Its real user and group, and its supplementary groups.
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    /// Its environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// Its working directory (the sandbox when it cannot be read).
+    pub cwd: PathBuf,
+    /// `cgroup.procs` of each cgroup it is in.
+    pub cgroup_procs: Vec<PathBuf>,
+}
+
+impl TaskProcess {
+    /// Reads the running task of `meta` (its launch record) from `/proc`; `NotRunning` when it
+    /// has ended or never started.
+    pub fn read(meta: &Path, sandbox: &Path) -> Result<TaskProcess, SandboxReply> {
+        let not_running = || refuse(SandboxErrorKind::NotRunning, "the task is not running");
+        let launched = crate::executor::find_launched(meta).ok_or_else(not_running)?;
+        if !crate::executor::still_running(&launched, meta) || launched.task_pgid <= 0 {
+            return Err(not_running());
+        }
+        let pid = launched.task_pgid;
+        let status =
+            std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| not_running())?;
+        let ids = |key: &str| -> Vec<u32> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| {
+                    v.split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let (uid, gid) = match (ids("Uid:").first(), ids("Gid:").first()) {
+            (Some(u), Some(g)) => (*u, *g),
+            _ => {
+                return Err(refuse(
+                    SandboxErrorKind::Failed,
+                    "cannot read the task's user",
+                ))
+            }
+        };
+        let groups = ids("Groups:");
+        let env = std::fs::read(format!("/proc/{pid}/environ"))
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .filter(|kv| !kv.is_empty())
+            .filter_map(|kv| {
+                let at = kv.iter().position(|b| *b == b'=')?;
+                Some((
+                    OsString::from_vec(kv[..at].to_vec()),
+                    OsString::from_vec(kv[at + 1..].to_vec()),
+                ))
+            })
+            .collect();
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
+            .unwrap_or_else(|_| sandbox.to_path_buf());
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let cgroup_procs = CgroupLayout::detect()
+            .map(|layout| cgroup_procs(&layout, &cgroups))
+            .unwrap_or_default();
+        Ok(TaskProcess {
+            pid,
+            uid,
+            gid,
+            groups,
+            env,
+            cwd,
+            cgroup_procs,
+        })
+    }
+}
+
+/// `cgroup.procs` of each hierarchy a process is in (its `/proc/PID/cgroup` text), where the
+/// layout has the hierarchy mounted (hierarchies gantry does not use are left alone).
+pub fn cgroup_procs(layout: &CgroupLayout, proc_cgroup: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        let mount = match layout {
+            CgroupLayout::V2 { mount } if controllers.is_empty() => Some(mount),
+            CgroupLayout::V1 { mounts } => controllers.split(',').find_map(|c| mounts.get(c)),
+            CgroupLayout::V2 { .. } => None,
+        };
+        if let Some(m) = mount {
+            let p = m.join(rel).join("cgroup.procs");
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The command that runs `argv` inside the task `p` (its environment, working directory;
+/// the user, groups and cgroups are applied by [`run`] just before `exec`). A container
+/// runtime replaces this with `runc exec` of the task's container.
+pub fn exec_command(p: &TaskProcess, argv: &[String]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .env_clear()
+        .envs(p.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&p.cwd);
+    cmd
+}
+
+/// Runs `argv` in the task of `meta` and streams its output as [`SandboxReply::Output`]
+/// frames, then [`SandboxReply::Exited`]. Err when the master's stream went away (the command
+/// is killed then).
+pub async fn run(
+    meta: &Path,
+    sandbox: &Path,
+    argv: Vec<String>,
+    stdin: Vec<u8>,
+    timeout: Duration,
+    tx: &mut FrameSender,
+) -> Result<(), ()> {
+    if argv.is_empty() || argv[0].is_empty() {
+        return send_reply(
+            tx,
+            &refuse(SandboxErrorKind::BadRequest, "an empty command"),
+        )
+        .await;
+    }
+    let p = {
+        let (meta, sandbox) = (meta.to_path_buf(), sandbox.to_path_buf());
+        match tokio::task::spawn_blocking(move || TaskProcess::read(&meta, &sandbox)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(reply)) => return send_reply(tx, &reply).await,
+            Err(e) => {
+                return send_reply(tx, &refuse(SandboxErrorKind::Failed, e.to_string())).await
+            }
+        }
+    };
+    // Opened here (as root), written in the child before exec: joining the task's cgroups.
+    let mut procs: Vec<OwnedFd> = Vec::new();
+    for path in &p.cgroup_procs {
+        match std::fs::OpenOptions::new().write(true).open(path) {
+            Ok(f) => procs.push(f.into()),
+            Err(e) => {
+                return send_reply(
+                    tx,
+                    &refuse(
+                        SandboxErrorKind::Failed,
+                        format!("cannot join the task's cgroup {}: {e}", path.display()),
+                    ),
+                )
+                .await
+            }
+        }
+    }
+    let fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let (uid, gid) = (p.uid, p.gid);
+    let groups: Vec<libc::gid_t> = p.groups.clone();
+    let mut cmd = exec_command(&p, &argv);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: only async-signal-safe calls (write, setgroups, setgid, setuid) on memory
+    // allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &fds {
+                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let kind = if e.kind() == std::io::ErrorKind::NotFound {
+                SandboxErrorKind::NotFound
+            } else {
+                SandboxErrorKind::Failed
+            };
+            return send_reply(tx, &refuse(kind, format!("{}: {e}", argv[0]))).await;
+        }
+    };
+    drop(procs);
+    let pgid = child.id().map(|id| id as i32);
+    let kill_group = || {
+        if let Some(g) = pgid {
+            // SAFETY: a signal to the command's own process group.
+            unsafe { libc::kill(-g, libc::SIGKILL) };
+        }
+    };
+    if let Some(mut input) = child.stdin.take() {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(super::WRITE_DEADLINE, input.write_all(&stdin)).await;
+        });
+    }
+    let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+        kill_group();
+        return send_reply(tx, &refuse(SandboxErrorKind::Failed, "no output pipes")).await;
+    };
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let (mut ob, mut eb) = (vec![0u8; SANDBOX_CHUNK], vec![0u8; SANDBOX_CHUNK]);
+    let (mut out_open, mut err_open) = (true, true);
+    let mut timed_out = false;
+    while out_open || err_open {
+        let (stream, n) = tokio::select! {
+            r = out.read(&mut ob), if out_open => (1u8, r.unwrap_or(0)),
+            r = err.read(&mut eb), if err_open => (2u8, r.unwrap_or(0)),
+            _ = &mut deadline, if !timed_out => {
+                timed_out = true;
+                kill_group();
+                continue;
+            }
+        };
+        if n == 0 {
+            if stream == 1 {
+                out_open = false;
+            } else {
+                err_open = false;
+            }
+            continue;
+        }
+        let data = if stream == 1 { &ob[..n] } else { &eb[..n] };
+        let frame = SandboxReply::Output {
+            stream,
+            data: data.to_vec(),
+        };
+        if send_reply(tx, &frame).await.is_err() {
+            kill_group();
+            return Err(());
+        }
+    }
+    let status = tokio::select! {
+        s = child.wait() => s,
+        _ = &mut deadline, if !timed_out => {
+            kill_group();
+            child.wait().await
+        }
+    };
+    kill_group();
+    let reply = match status {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            SandboxReply::Exited {
+                code: s.code(),
+                signal: s.signal(),
+            }
+        }
+        Err(e) => refuse(SandboxErrorKind::Failed, e.to_string()),
+    };
+    send_reply(tx, &reply).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_hierarchy_of_the_task_is_joined_once() {
+        let layout = CgroupLayout::V1 {
+            mounts: [
+                ("cpu", "/sys/fs/cgroup/cpu,cpuacct"),
+                ("cpuacct", "/sys/fs/cgroup/cpu,cpuacct"),
+                ("memory", "/sys/fs/cgroup/memory"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
+            .collect(),
+        };
+        let text =
+            "12:memory:/gantry/slot-3\n4:cpu,cpuacct:/gantry/slot-3\n1:name=systemd:/user.slice\n";
+        assert_eq!(
+            cgroup_procs(&layout, text),
+            vec![
+                PathBuf::from("/sys/fs/cgroup/memory/gantry/slot-3/cgroup.procs"),
+                PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/gantry/slot-3/cgroup.procs"),
+            ]
+        );
+        let v2 = CgroupLayout::V2 {
+            mount: PathBuf::from("/sys/fs/cgroup"),
+        };
+        assert_eq!(
+            cgroup_procs(&v2, "0::/gantry/t1\n"),
+            vec![PathBuf::from("/sys/fs/cgroup/gantry/t1/cgroup.procs")]
+        );
+    }
+}
