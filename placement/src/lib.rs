@@ -100,7 +100,7 @@ pub enum PlacementError {
         node: usize,
     },
     #[error(
-        "unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd, best-fit or random)"
+        "unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd, fgd-artifact, best-fit or random)"
     )]
     /// A policy name that is not known.
     UnknownPolicy(String),
@@ -376,6 +376,8 @@ pub enum Policy {
     FgdPack,
     /// Fragmentation Gradient Descent.
     Fgd,
+    /// Fragmentation Gradient Descent as the paper's artifact computes it (see [`fgd`]).
+    FgdArtifact,
     /// The node that leaves the least free after placing (classic best fit).
     BestFit,
     /// A uniformly random feasible node (the baseline).
@@ -384,10 +386,11 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy.
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 6] = [
         Policy::FgdFill,
         Policy::FgdPack,
         Policy::Fgd,
+        Policy::FgdArtifact,
         Policy::BestFit,
         Policy::Random,
     ];
@@ -411,6 +414,7 @@ impl Policy {
             Policy::FgdFill => "fgd-fill",
             Policy::FgdPack => "fgd-pack",
             Policy::Fgd => "fgd",
+            Policy::FgdArtifact => "fgd-artifact",
             Policy::BestFit => "best-fit",
             Policy::Random => "random",
         }
@@ -418,7 +422,10 @@ impl Policy {
 
     /// Whether the policy scores against a [`Workload`].
     pub fn needs_workload(self) -> bool {
-        matches!(self, Policy::Fgd | Policy::FgdPack | Policy::FgdFill)
+        matches!(
+            self,
+            Policy::Fgd | Policy::FgdArtifact | Policy::FgdPack | Policy::FgdFill
+        )
     }
 }
 
@@ -492,9 +499,14 @@ impl Placer {
         } else {
             Measure::Fgd
         };
+        let base = if policy == Policy::FgdArtifact {
+            Measure::Artifact
+        } else {
+            Measure::Fgd
+        };
         let frag = nodes
             .iter()
-            .map(|n| workload.fragmentation(Measure::Fgd, n))
+            .map(|n| workload.fragmentation(base, n))
             .collect();
         let fill = if measure == Measure::FgdFill {
             nodes
@@ -704,15 +716,20 @@ impl Placer {
     }
 
     fn measure(&self) -> Measure {
-        if self.policy == Policy::FgdFill {
-            Measure::FgdFill
-        } else {
-            Measure::Fgd
+        match self.policy {
+            Policy::FgdFill => Measure::FgdFill,
+            Policy::FgdArtifact => Measure::Artifact,
+            _ => Measure::Fgd,
         }
     }
 
     fn touched(&mut self, node: usize) {
-        self.frag[node] = self.workload.fragmentation(Measure::Fgd, &self.nodes[node]);
+        let base = if self.policy == Policy::FgdArtifact {
+            Measure::Artifact
+        } else {
+            Measure::Fgd
+        };
+        self.frag[node] = self.workload.fragmentation(base, &self.nodes[node]);
         if let Some(f) = self.fill.get_mut(node) {
             *f = self
                 .workload
@@ -736,6 +753,15 @@ impl Placer {
                 let gpu = tightest_gpu(node, task.gpu);
                 Some(Eval {
                     score: (0, best_fit(node, task)),
+                    gpu: gpu.unwrap_or(0),
+                })
+            }
+            Policy::FgdArtifact => {
+                let (delta, gpu) =
+                    self.workload
+                        .best_delta(Measure::Artifact, node, self.frag[i], task)?;
+                Some(Eval {
+                    score: (self.workload.artifact_score(delta), 0),
                     gpu: gpu.unwrap_or(0),
                 })
             }

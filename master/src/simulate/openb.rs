@@ -220,6 +220,14 @@ pub fn run_seed(
     policy: Policy,
     seed: u64,
 ) -> Result<SeedRun, SimError> {
+    let typical;
+    let workload = if policy == Policy::FgdArtifact {
+        // The artifact scores against its typical pods, not the whole list.
+        typical = Workload::typical(&trace.tasks);
+        &typical
+    } else {
+        workload
+    };
     let capacity = trace.capacity_milli();
     if capacity == 0 {
         return Err(SimError::Trace("the cluster has no GPU".into()));
