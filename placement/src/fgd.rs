@@ -192,6 +192,41 @@ impl Workload {
         Workload::new(groups.into_iter().chain(zero))
     }
 
+    /// This workload with each shape's count scaled by the scarcity of the nodes it can use:
+    /// `count · C / C_m`, where `C` is the cluster's GPU capacity and `C_m` the GPU capacity of
+    /// the nodes that could host shape `m` when idle (GPU model accepted, enough GPUs, CPU and
+    /// memory). A shape that only a tenth of the cluster can host weighs ten times its count:
+    /// fragmenting the few nodes that model-constrained or 8-GPU tasks need costs in proportion
+    /// to how few there are. No constant is fitted: the weights follow from the node list.
+    pub fn weighted_by_scarcity(&self, nodes: &[Node]) -> Workload {
+        // Counts are scaled by 100 so that the integer weights keep two digits.
+        const SCALE: u64 = 100;
+        let capacity = |n: &Node| n.gpu_free.len() as u64 * u64::from(GPU_MILLI);
+        let total: u64 = nodes.iter().map(capacity).sum();
+        Workload::new(self.shapes.iter().map(|&(shape, count)| {
+            let hosts = |n: &&Node| {
+                n.cpu_capacity >= shape.cpu_milli
+                    && n.memory_capacity >= shape.memory_mib
+                    && match shape.gpu {
+                        GpuDemand::None => true,
+                        GpuDemand::Fraction(_) => {
+                            !n.gpu_free.is_empty() && shape.models.accepts(n.model)
+                        }
+                        GpuDemand::Whole(k) => {
+                            n.gpu_free.len() >= k as usize && shape.models.accepts(n.model)
+                        }
+                    }
+            };
+            let usable: u64 = nodes.iter().filter(hosts).map(capacity).sum();
+            let weight = if usable == 0 || shape.gpu == GpuDemand::None {
+                count * SCALE
+            } else {
+                count * SCALE * total / usable
+            };
+            (shape, weight)
+        }))
+    }
+
     /// The sum of the shape counts (what the artifact's normalised frequencies divide by).
     pub fn total_count(&self) -> u64 {
         self.shapes.iter().map(|s| s.1).sum()

@@ -36,26 +36,29 @@ fn policies_parse_and_print() {
 }
 
 #[test]
-fn the_best_policy_depends_on_the_mix() {
+fn scarcity_weights_follow_the_node_list() {
     let mut models = Models::new();
     let a = model(&mut models, "A");
+    let b = model(&mut models, "B");
     let frac = task(1000, 1000, GpuDemand::Fraction(500));
     let eight = task(1000, 1000, GpuDemand::Whole(8));
+    let cpu = task(1000, 1000, GpuDemand::None);
     let only_a = TaskShape {
         models: ModelSet::ANY.with(a),
         ..frac
     };
-    let mix = |shapes: &[(TaskShape, u64)]| Workload::new(shapes.iter().copied());
-    assert_eq!(Policy::best_for(&mix(&[(frac, 100)])), Policy::FgdFill);
-    assert_eq!(Policy::best_for(&Workload::default()), Policy::FgdFill);
-    // 8 GPUs of 16 + 8 = 16.5 GPUs requested: multi-GPU heavy.
-    assert_eq!(
-        Policy::best_for(&mix(&[(frac, 1), (eight, 2)])),
-        Policy::FgdPack
-    );
-    let w = mix(&[(frac, 70), (only_a, 30)]);
-    assert!((w.constrained_share() - 0.3).abs() < 1e-9);
-    assert_eq!(Policy::best_for(&w), Policy::FgdPack);
+    // 8 GPUs of model A on one node, 2 × 4 of model B: 16 GPUs.
+    let nodes = vec![
+        Node::idle(a, 64_000, 256_000, 8),
+        Node::idle(b, 64_000, 256_000, 4),
+        Node::idle(b, 64_000, 256_000, 4),
+    ];
+    let w =
+        Workload::new([(frac, 1), (eight, 1), (cpu, 1), (only_a, 1)]).weighted_by_scarcity(&nodes);
+    // Any fraction: the whole cluster (weight 1); CPU-only: 1; 8 GPUs or model A: half of
+    // the cluster (weight 2). Counts are scaled by 100.
+    assert_eq!(w.total_count(), 100 + 200 + 100 + 200);
+    assert_eq!(Policy::DEFAULT, Policy::FgdScarce);
 }
 
 #[test]

@@ -277,9 +277,8 @@ pub fn compare(
             s.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&seed) = seeds.get(k) else { break };
-                let both = run_seed(trace, &workload, policies[0], seed).and_then(|a| {
-                    run_seed(trace, &workload, policies[1], seed).map(|b| (a, b))
-                });
+                let both = run_seed(trace, &workload, policies[0], seed)
+                    .and_then(|a| run_seed(trace, &workload, policies[1], seed).map(|b| (a, b)));
                 if let (Ok((a, b)), Ok(mut p)) = (&both, progress.lock()) {
                     // Progress is best effort: a closed stderr does not stop the replay.
                     let _ = writeln!(

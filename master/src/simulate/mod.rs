@@ -93,8 +93,8 @@ pub struct SimulateArgs {
     /// 95% interval, at 100% arrived and averaged over 50–130%.
     #[arg(long, num_args = 2, value_names = ["A", "B"], requires = "openb", conflicts_with = "policy")]
     pub openb_compare: Option<Vec<String>>,
-    /// openb replay: placement policy (fgd-fill, fgd-pack, fgd, best-fit, random); default:
-    /// the best for the pod list's task mix.
+    /// openb replay: placement policy (fgd-scarce, fgd-fill, fgd-pack, fgd, fgd-artifact,
+    /// best-fit, random); default: fgd-scarce.
     #[arg(long, requires = "openb")]
     pub policy: Option<String>,
     /// openb replay: seeds, e.g. 42-51, 42 or 1,5,9.
