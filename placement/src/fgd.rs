@@ -180,7 +180,7 @@ impl Workload {
         }
         // Most frequent first; the first seen first among equals (the artifact's order among
         // equal counts is Go's map order, i.e. random).
-        groups.sort_by(|a, b| b.1.cmp(&a.1));
+        groups.sort_by_key(|g| std::cmp::Reverse(g.1));
         let (mut taken, mut covered) = (0, 0u64);
         while covered * 100 < total * THRESHOLD_PERCENT && taken < groups.len() {
             let next = (taken + STEP).min(groups.len());
