@@ -12,8 +12,8 @@
 //!   GPU in milli-GPUs, or whole GPUs) and the acceptable GPU models ([`ModelSet`]).
 //! - [`Workload`]: the expected task mix (task shapes with their counts) that the
 //!   fragmentation-aware policies score against; [`fgd`] holds the fragmentation measure.
-//! - [`Policy`]: `fgd-fill` and `fgd-pack` (ours; [`Policy::best_for`] picks one for a task mix),
-//!   `fgd`, `best-fit`, `random`.
+//! - [`Policy`]: `fgd-scarce` ([`Policy::DEFAULT`]), `fgd-fill` and `fgd-pack` (ours), `fgd`,
+//!   `fgd-artifact` (FGD as the paper's artifact computes it), `best-fit`, `random`.
 //! - [`Placer`]: the cluster's nodes plus the policy; [`Placer::choose`] picks a node and GPUs,
 //!   [`Placer::commit`] / [`Placer::release`] keep the free amounts, and per-node results are
 //!   cached so that a decision at 1,000+ nodes stays well under a millisecond.
@@ -34,6 +34,11 @@
 //! - `fgd-fill`: like `fgd-pack`, with the fragmentation measure extended by the leftover of
 //!   filling the node with copies of each shape, CPU and memory included ([`fgd`] explains it):
 //!   it sees GPU slivers that repeated tasks strand and GPUs stranded by CPU running out.
+//! - `fgd-scarce`: `fgd-fill` against the workload weighted by the scarcity of the nodes each
+//!   shape can use ([`Workload::weighted_by_scarcity`]): model-constrained and many-GPU shapes
+//!   weigh in proportion to how little of the cluster can host them.
+//! - `fgd-artifact`: FGD with the artifact's fit test, task types and score quantisation
+//!   ([`fgd`] lists the differences).
 //!
 //! Offer-level building blocks for framework schedulers (whole GPUs, every resource kind):
 //! - [`offers`]: fit task requests into the offers held (selectors, attributes, NUMA locality;
@@ -100,7 +105,7 @@ pub enum PlacementError {
         node: usize,
     },
     #[error(
-        "unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd, best-fit or random)"
+        "unknown placement policy {0:?} (expected fgd-fill, fgd-pack, fgd-scarce, fgd, fgd-artifact, best-fit or random)"
     )]
     /// A policy name that is not known.
     UnknownPolicy(String),
@@ -374,8 +379,13 @@ pub enum Policy {
     FgdFill,
     /// FGD then best-fit on ties (ours).
     FgdPack,
+    /// `fgd-fill` against the workload weighted by node scarcity (ours, see
+    /// [`Workload::weighted_by_scarcity`]).
+    FgdScarce,
     /// Fragmentation Gradient Descent.
     Fgd,
+    /// Fragmentation Gradient Descent as the paper's artifact computes it (see [`fgd`]).
+    FgdArtifact,
     /// The node that leaves the least free after placing (classic best fit).
     BestFit,
     /// A uniformly random feasible node (the baseline).
@@ -384,33 +394,29 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy.
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 7] = [
         Policy::FgdFill,
         Policy::FgdPack,
+        Policy::FgdScarce,
         Policy::Fgd,
+        Policy::FgdArtifact,
         Policy::BestFit,
         Policy::Random,
     ];
 
-    /// The best policy we measured for a workload like `workload` (docs/benchmarks.md):
-    /// `fgd-fill`, except when more than a fifth of the GPU tasks constrain the GPU model or
-    /// more than 15% of the GPU request is multi-GPU tasks, where `fgd-pack` did better (the
-    /// fill term steers tasks toward CPU-rich nodes, which model-constrained and 8-GPU tasks
-    /// need whole).
-    pub fn best_for(workload: &Workload) -> Policy {
-        if workload.constrained_share() > 0.2 || workload.multi_gpu_share() > 0.15 {
-            Policy::FgdPack
-        } else {
-            Policy::FgdFill
-        }
-    }
+    /// The default for scheduling against a known workload: `fgd-scarce`. It replaces a
+    /// per-mix choice between `fgd-fill` and `fgd-pack` by thresholds fitted to the public
+    /// openb lists; the scarcity weights come from the node list instead.
+    pub const DEFAULT: Policy = Policy::FgdScarce;
 
     /// The policy's name on the command line (`fgd-fill`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Policy::FgdFill => "fgd-fill",
             Policy::FgdPack => "fgd-pack",
+            Policy::FgdScarce => "fgd-scarce",
             Policy::Fgd => "fgd",
+            Policy::FgdArtifact => "fgd-artifact",
             Policy::BestFit => "best-fit",
             Policy::Random => "random",
         }
@@ -418,7 +424,14 @@ impl Policy {
 
     /// Whether the policy scores against a [`Workload`].
     pub fn needs_workload(self) -> bool {
-        matches!(self, Policy::Fgd | Policy::FgdPack | Policy::FgdFill)
+        matches!(
+            self,
+            Policy::Fgd
+                | Policy::FgdArtifact
+                | Policy::FgdPack
+                | Policy::FgdFill
+                | Policy::FgdScarce
+        )
     }
 }
 
@@ -487,14 +500,24 @@ impl Placer {
         for (i, node) in nodes.iter().enumerate() {
             node.check(i)?;
         }
-        let measure = if policy == Policy::FgdFill {
+        let workload = if policy == Policy::FgdScarce {
+            workload.weighted_by_scarcity(&nodes)
+        } else {
+            workload
+        };
+        let measure = if matches!(policy, Policy::FgdFill | Policy::FgdScarce) {
             Measure::FgdFill
+        } else {
+            Measure::Fgd
+        };
+        let base = if policy == Policy::FgdArtifact {
+            Measure::Artifact
         } else {
             Measure::Fgd
         };
         let frag = nodes
             .iter()
-            .map(|n| workload.fragmentation(Measure::Fgd, n))
+            .map(|n| workload.fragmentation(base, n))
             .collect();
         let fill = if measure == Measure::FgdFill {
             nodes
@@ -704,15 +727,20 @@ impl Placer {
     }
 
     fn measure(&self) -> Measure {
-        if self.policy == Policy::FgdFill {
-            Measure::FgdFill
-        } else {
-            Measure::Fgd
+        match self.policy {
+            Policy::FgdFill | Policy::FgdScarce => Measure::FgdFill,
+            Policy::FgdArtifact => Measure::Artifact,
+            _ => Measure::Fgd,
         }
     }
 
     fn touched(&mut self, node: usize) {
-        self.frag[node] = self.workload.fragmentation(Measure::Fgd, &self.nodes[node]);
+        let base = if self.policy == Policy::FgdArtifact {
+            Measure::Artifact
+        } else {
+            Measure::Fgd
+        };
+        self.frag[node] = self.workload.fragmentation(base, &self.nodes[node]);
         if let Some(f) = self.fill.get_mut(node) {
             *f = self
                 .workload
@@ -739,7 +767,16 @@ impl Placer {
                     gpu: gpu.unwrap_or(0),
                 })
             }
-            Policy::Fgd | Policy::FgdPack | Policy::FgdFill => {
+            Policy::FgdArtifact => {
+                let (delta, gpu) =
+                    self.workload
+                        .best_delta(Measure::Artifact, node, self.frag[i], task)?;
+                Some(Eval {
+                    score: (self.workload.artifact_score(delta), 0),
+                    gpu: gpu.unwrap_or(0),
+                })
+            }
+            Policy::Fgd | Policy::FgdPack | Policy::FgdFill | Policy::FgdScarce => {
                 let (delta, gpu) = if self.measure() == Measure::FgdFill {
                     self.workload
                         .best_delta(Measure::FgdFill, node, self.fill[i], task)?

@@ -36,26 +36,29 @@ fn policies_parse_and_print() {
 }
 
 #[test]
-fn the_best_policy_depends_on_the_mix() {
+fn scarcity_weights_follow_the_node_list() {
     let mut models = Models::new();
     let a = model(&mut models, "A");
+    let b = model(&mut models, "B");
     let frac = task(1000, 1000, GpuDemand::Fraction(500));
     let eight = task(1000, 1000, GpuDemand::Whole(8));
+    let cpu = task(1000, 1000, GpuDemand::None);
     let only_a = TaskShape {
         models: ModelSet::ANY.with(a),
         ..frac
     };
-    let mix = |shapes: &[(TaskShape, u64)]| Workload::new(shapes.iter().copied());
-    assert_eq!(Policy::best_for(&mix(&[(frac, 100)])), Policy::FgdFill);
-    assert_eq!(Policy::best_for(&Workload::default()), Policy::FgdFill);
-    // 8 GPUs of 16 + 8 = 16.5 GPUs requested: multi-GPU heavy.
-    assert_eq!(
-        Policy::best_for(&mix(&[(frac, 1), (eight, 2)])),
-        Policy::FgdPack
-    );
-    let w = mix(&[(frac, 70), (only_a, 30)]);
-    assert!((w.constrained_share() - 0.3).abs() < 1e-9);
-    assert_eq!(Policy::best_for(&w), Policy::FgdPack);
+    // 8 GPUs of model A on one node, 2 × 4 of model B: 16 GPUs.
+    let nodes = vec![
+        Node::idle(a, 64_000, 256_000, 8),
+        Node::idle(b, 64_000, 256_000, 4),
+        Node::idle(b, 64_000, 256_000, 4),
+    ];
+    let w =
+        Workload::new([(frac, 1), (eight, 1), (cpu, 1), (only_a, 1)]).weighted_by_scarcity(&nodes);
+    // Any fraction: the whole cluster (weight 1); CPU-only: 1; 8 GPUs or model A: half of
+    // the cluster (weight 2). Counts are scaled by 100.
+    assert_eq!(w.total_count(), 100 + 200 + 100 + 200);
+    assert_eq!(Policy::DEFAULT, Policy::FgdScarce);
 }
 
 #[test]
@@ -486,4 +489,55 @@ fn cached_classes_still_honour_models() {
         assert_eq!(p.place(&only_a), None, "{policy}: A is full");
         assert_eq!(p.place(&base), None, "{policy}: both are full");
     }
+}
+
+#[test]
+fn typical_pods_ignore_memory_and_keep_every_shape_known() {
+    let frac = task(4000, 1000, GpuDemand::Fraction(500));
+    let frac_more_memory = TaskShape {
+        memory_mib: 9000,
+        ..frac
+    };
+    let whole = task(8000, 1000, GpuDemand::Whole(1));
+    let w = Workload::typical(&[frac, frac_more_memory, whole]);
+    // One group for both fractions (memory is not in the artifact's key), one for the whole
+    // GPU: three tasks in all, and each task's own shape has a class for the cache.
+    assert_eq!(w.total_count(), 3);
+    assert!(w.class_index(&frac).is_some());
+    assert!(w.class_index(&frac_more_memory).is_some());
+    assert!(w.class_index(&whole).is_some());
+}
+
+#[test]
+fn the_artifact_score_is_quantised_to_whole_points() {
+    let w = Workload::new([(task(1000, 1000, GpuDemand::Fraction(500)), 4)]);
+    // No change: σ(0) = 0.5, 50 points.
+    assert_eq!(w.artifact_score(0), -50);
+    // Changes of F within the same point tie: 4 tasks × 10 milli-GPU is 0.01 GPU normalised.
+    assert_eq!(w.artifact_score(40), -49);
+    assert_eq!(w.artifact_score(40), w.artifact_score(60));
+    // A whole GPU more fragmented (normalised): ⌊100 σ(−1)⌋ = 26.
+    assert_eq!(w.artifact_score(4000), -26);
+    // Less fragmentation scores higher.
+    assert!(w.artifact_score(-4000) < w.artifact_score(0));
+}
+
+#[test]
+fn the_artifact_ignores_memory_and_takes_the_first_gpu_among_equal_scores() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let quarter = task(1000, 1000, GpuDemand::Fraction(250));
+    let w = Workload::new([(quarter, 1)]);
+    // Memory exhausted: FGD counts all free GPU as fragmented, the artifact does not look.
+    let mut n = node_with(a, &[1000, 1000]);
+    n.memory_free = 0;
+    assert_eq!(w.fragmentation(Measure::Fgd, &n), 2000);
+    assert_eq!(w.fragmentation(Measure::Artifact, &n), 0);
+    // GPUs with 750 and 500 free: both leave no fragment for quarters, so their scores tie;
+    // FGD takes the fuller GPU (index 1), the artifact the first (index 0).
+    let nodes = vec![node_with(a, &[750, 500])];
+    let mut fgd = Placer::new(nodes.clone(), Policy::Fgd, w.clone(), 1).expect("placer");
+    let mut art = Placer::new(nodes, Policy::FgdArtifact, w, 1).expect("placer");
+    assert_eq!(fgd.choose(&quarter).map(|p| p.gpus[0].gpu), Some(1));
+    assert_eq!(art.choose(&quarter).map(|p| p.gpus[0].gpu), Some(0));
 }

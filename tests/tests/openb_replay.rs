@@ -1,6 +1,7 @@
 //! `gantry-master simulate --openb` on Alibaba's real openb trace (the FGD paper's experiment):
 //! the real binary replays the default pod list for one seed and prints one JSON object with
-//! the expected shape and sane values; a bad policy is a clear error.
+//! the expected shape and sane values; a bad policy is a clear error; `--openb-compare` on the
+//! smallest list gives a paired difference inside its own interval.
 //!
 //! The trace lives outside the repository (`shared/traces/alibaba-openb`, beside the clone or
 //! higher up, or `$GANTRY_OPENB_DIR`); without it the test prints a note and passes.
@@ -52,8 +53,8 @@ fn openb_default_one_seed() {
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        report["policy"], "fgd-fill",
-        "the best policy for this mix by default"
+        report["policy"], "fgd-scarce",
+        "the default policy (Policy::DEFAULT)"
     );
     assert_eq!(report["nodes"], 1213);
     assert_eq!(report["gpus"], 6212);
@@ -93,4 +94,61 @@ fn openb_default_one_seed() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown placement policy"), "{err}");
+
+    // The paired comparison: the same two seeds through both policies on the smallest list;
+    // per list one JSON object whose interval contains its mean difference.
+    let small = dir.join("openb_pod_list_multigpu40.csv");
+    let out = Command::new(&master)
+        .arg("simulate")
+        .arg("--openb")
+        .arg(&nodes)
+        .arg(&small)
+        .args([
+            "--openb-compare",
+            "fgd-scarce",
+            "fgd",
+            "--seeds",
+            "42-43",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(c["list"], "multigpu40");
+    assert_eq!(
+        (c["a"].as_str(), c["b"].as_str()),
+        (Some("fgd-scarce"), Some("fgd"))
+    );
+    assert_eq!(values(&c["seeds"]), [42.0, 43.0]);
+    for metric in ["at_100", "mean_50_130"] {
+        let row = &c[metric];
+        let (a, b, d) = (
+            row["a"].as_f64().unwrap(),
+            row["b"].as_f64().unwrap(),
+            row["diff"].as_f64().unwrap(),
+        );
+        assert!((a - b - d).abs() < 1e-9, "{metric}: {row}");
+        let ci = values(&row["ci95"]);
+        assert!(ci[0] <= d && d <= ci[1], "{metric}: {row}");
+        assert!(a > 90.0 || metric != "at_100", "{metric}: {row}");
+        let n = row["a_above_b"].as_u64().unwrap() + row["a_below_b"].as_u64().unwrap();
+        assert!(n <= 2);
+    }
+    // Progress goes to stderr, one line per seed.
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 2);
+    // One policy is not a comparison.
+    let out = Command::new(&master)
+        .arg("simulate")
+        .arg("--openb")
+        .arg(&nodes)
+        .arg(&small)
+        .args(["--openb-compare", "fgd"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
 }

@@ -9,8 +9,11 @@
 //! - [`bench`](mod@bench): `gantry-master bench`, the Mesos DeclineOffers and quota-roles setups.
 //! - [`openb`]: `gantry-master simulate --openb NODES.csv PODS.csv`, the FGD paper's experiment
 //!   on Alibaba's GPU trace, run on [`gantry_placement`].
+//! - [`compare`]: `--openb ... --openb-compare A B`, two policies on the same seeds' arrivals,
+//!   the paired mean difference with its 95% interval per pod list.
 
 pub mod bench;
+pub mod compare;
 pub mod openb;
 pub mod scenario;
 pub mod trace;
@@ -81,11 +84,17 @@ pub struct SimulateArgs {
     /// Synthetic trace: random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Replay the FGD paper's experiment on Alibaba's openb trace: node list and pod list (CSV).
-    #[arg(long, num_args = 2, value_names = ["NODES.csv", "PODS.csv"])]
+    /// Replay the FGD paper's experiment on Alibaba's openb trace: node list and pod list (CSV;
+    /// with --openb-compare, one or more pod lists).
+    #[arg(long, num_args = 2.., value_names = ["NODES.csv", "PODS.csv"])]
     pub openb: Option<Vec<PathBuf>>,
-    /// openb replay: placement policy (fgd-fill, fgd-pack, fgd, best-fit, random); default:
-    /// the best for the pod list's task mix.
+    /// openb replay: a paired comparison of two policies A and B (the same seeds' arrivals
+    /// through both): per pod list, the mean difference A − B of the allocation ratio with its
+    /// 95% interval, at 100% arrived and averaged over 50–130%.
+    #[arg(long, num_args = 2, value_names = ["A", "B"], requires = "openb", conflicts_with = "policy")]
+    pub openb_compare: Option<Vec<String>>,
+    /// openb replay: placement policy (fgd-scarce, fgd-fill, fgd-pack, fgd, fgd-artifact,
+    /// best-fit, random); default: fgd-scarce.
     #[arg(long, requires = "openb")]
     pub policy: Option<String>,
     /// openb replay: seeds, e.g. 42-51, 42 or 1,5,9.
@@ -115,8 +124,14 @@ pub fn run_to<W: Write>(args: &SimulateArgs, out: &mut W) -> Result<(), SimError
         });
     }
     if let Some(paths) = &args.openb {
+        if let Some(names) = &args.openb_compare {
+            return openb_compare(args, paths, names, out);
+        }
         let [nodes, pods] = paths.as_slice() else {
-            return Err(SimError::Args("--openb needs NODES.csv PODS.csv".into()));
+            return Err(SimError::Args(
+                "--openb needs NODES.csv PODS.csv (several pod lists only with --openb-compare)"
+                    .into(),
+            ));
         };
         let policy: Option<gantry_placement::Policy> = match &args.policy {
             Some(p) => Some(
@@ -163,6 +178,51 @@ pub fn run_to<W: Write>(args: &SimulateArgs, out: &mut W) -> Result<(), SimError
     let text = read(file)?;
     let scenario = scenario::Scenario::parse(&text)?;
     scenario::run_scenario(&scenario, out)?;
+    Ok(())
+}
+
+fn parse_policy(name: &str) -> Result<gantry_placement::Policy, SimError> {
+    name.parse()
+        .map_err(|e: gantry_placement::PlacementError| SimError::Args(e.to_string()))
+}
+
+/// `--openb NODES.csv PODS.csv... --openb-compare A B`: one table (or JSON line) per pod list,
+/// progress on stderr.
+fn openb_compare<W: Write>(
+    args: &SimulateArgs,
+    paths: &[PathBuf],
+    names: &[String],
+    out: &mut W,
+) -> Result<(), SimError> {
+    let [a, b] = names else {
+        return Err(SimError::Args("--openb-compare needs two policies".into()));
+    };
+    let policies = [parse_policy(a)?, parse_policy(b)?];
+    let Some((nodes, lists)) = paths.split_first() else {
+        return Err(SimError::Args("--openb needs NODES.csv PODS.csv".into()));
+    };
+    let seeds = openb::parse_seeds(&args.seeds)?;
+    let nodes = read(nodes)?;
+    for pods in lists {
+        let trace = openb::OpenbTrace::parse(&nodes, &read(pods)?)?;
+        let name = pods
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = name
+            .strip_prefix("openb_pod_list_")
+            .map(str::to_string)
+            .unwrap_or(name);
+        let mut progress = std::io::stderr();
+        let c = compare::compare(&trace, &name, policies, &seeds, &mut progress)?;
+        if args.json {
+            serde_json::to_writer(&mut *out, &c.to_json())?;
+            out.write_all(b"\n")?;
+        } else {
+            c.write_text(out)?;
+        }
+        out.flush()?;
+    }
     Ok(())
 }
 

@@ -220,6 +220,14 @@ pub fn run_seed(
     policy: Policy,
     seed: u64,
 ) -> Result<SeedRun, SimError> {
+    let typical;
+    let workload = if policy == Policy::FgdArtifact {
+        // The artifact scores against its typical pods, not the whole list.
+        typical = Workload::typical(&trace.tasks);
+        &typical
+    } else {
+        workload
+    };
     let capacity = trace.capacity_milli();
     if capacity == 0 {
         return Err(SimError::Trace("the cluster has no GPU".into()));
@@ -282,8 +290,8 @@ pub struct OpenbReport {
     pub wall_seconds: f64,
 }
 
-/// Runs every seed, spreading seeds over the machine's cores. Without a policy, the best one
-/// for the pod list's mix ([`Policy::best_for`]).
+/// Runs every seed, spreading seeds over the machine's cores. Without a policy,
+/// [`Policy::DEFAULT`].
 pub fn run(
     trace: &OpenbTrace,
     policy: Option<Policy>,
@@ -291,7 +299,7 @@ pub fn run(
 ) -> Result<OpenbReport, SimError> {
     let started = Instant::now();
     let workload = Workload::from_tasks(&trace.tasks);
-    let policy = policy.unwrap_or_else(|| Policy::best_for(&workload));
+    let policy = policy.unwrap_or(Policy::DEFAULT);
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
