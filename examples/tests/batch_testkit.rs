@@ -15,6 +15,7 @@ fn spec(count: u32) -> BatchSpec {
         env: Default::default(),
         verbose: false,
         gpu_selector: None,
+        container: None,
     }
 }
 

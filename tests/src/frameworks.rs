@@ -246,6 +246,7 @@ pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol:
         env: Default::default(),
         kill_grace_secs: None,
         gpu_selector: None,
+        container: None,
     }
 }
 
@@ -329,6 +330,7 @@ pub async fn run_batch_ha(
         env: Default::default(),
         verbose: false,
         gpu_selector: None,
+        container: None,
     };
     let (batch, progress) = Batch::new(spec);
     let config = crate::driver_config(masters, tls_dir.to_path_buf(), name, vec![role.to_string()]);

@@ -69,6 +69,7 @@ impl Core {
                     known.get(&agent_id).map(|k| &k.gpus),
                     &a.gpus,
                 ),
+                container: None,
             };
             job.members.insert(
                 index,
