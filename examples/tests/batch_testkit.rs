@@ -15,7 +15,6 @@ fn spec(count: u32) -> BatchSpec {
         env: Default::default(),
         verbose: false,
         gpu_selector: None,
-        container: None,
     }
 }
 

@@ -330,7 +330,6 @@ pub async fn run_batch_ha(
         env: Default::default(),
         verbose: false,
         gpu_selector: None,
-        container: None,
     };
     let (batch, progress) = Batch::new(spec);
     let config = crate::driver_config(masters, tls_dir.to_path_buf(), name, vec![role.to_string()]);

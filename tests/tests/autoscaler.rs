@@ -132,7 +132,6 @@ fn gpu_batch(
         env: Default::default(),
         verbose: false,
         gpu_selector: None,
-        container: None,
     };
     let (batch, progress) = Batch::new(spec);
     let mut config = cluster.driver_config(name, &["gpu"]);

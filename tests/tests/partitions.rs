@@ -49,7 +49,6 @@ fn start_batch(
         env: Default::default(),
         verbose: true,
         gpu_selector: None,
-        container: None,
     });
     let mut config = cluster.driver_config(name, &["part"]);
     config.info.capabilities.push(Capability::PartitionAware);
