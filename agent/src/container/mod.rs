@@ -458,6 +458,17 @@ pub fn prepare(cfg: &ContainerConfig, req: &Request<'_>) -> Result<Program, Cont
 
 fn prepare_bundle(cfg: &ContainerConfig, req: &Request<'_>) -> Result<PathBuf, ContainerError> {
     let image = resolve_image(cfg, &req.container.image)?;
+    // The sandbox belongs to the task's user (the supervisor starts the runtime as root).
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        let sb = req.sandbox;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(sb)
+            .and_then(|()| std::os::unix::fs::chown(sb, Some(req.uid), Some(req.gid)))
+            .map_err(|e| ContainerError::Rootfs(format!("sandbox {}: {e}", sb.display())))?;
+    }
     let mut mounts = vec![BindMount {
         source: req.sandbox.to_path_buf(),
         destination: SANDBOX_PATH.into(),
@@ -493,17 +504,34 @@ fn prepare_bundle(cfg: &ContainerConfig, req: &Request<'_>) -> Result<PathBuf, C
         program: req.program,
         image: &image,
         rootfs,
-        cgroup_path,
+        cgroup_path: cgroup_path.clone(),
         uid: req.uid,
         gid: req.gid,
         groups: req.groups.clone(),
         env: req.env,
         mounts,
         cdi,
-        nofile: 65_536,
+        nofile: nofile_limit(),
     })?;
     spec.save(bundle.join("config.json")).map_err(spec_err)?;
+    // For cleanup: the cgroups the runtime makes in hierarchies the agent does not use.
+    std::fs::write(bundle.join(CGROUP_FILE), &cgroup_path)
+        .map_err(|e| ContainerError::Rootfs(e.to_string()))?;
     Ok(bundle)
+}
+
+/// `RLIMIT_NOFILE` of container tasks: the agent's own hard limit (which a task without a
+/// container inherits), at most 65,536.
+fn nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 1024;
+    }
+    r.rlim_max.min(65_536)
 }
 
 /// Mounts the layers (lowest first) as an overlay at `BUNDLE/rootfs`, with the writable
@@ -601,6 +629,9 @@ pub fn cleanup(cfg: &ContainerConfig, meta: &Path, task: TaskId) {
                 .status();
         }
     }
+    if let Ok(path) = std::fs::read_to_string(bundle.join(CGROUP_FILE)) {
+        remove_runtime_cgroups(path.trim());
+    }
     let rootfs = bundle.join("rootfs");
     if is_mount_point(&rootfs) {
         use std::os::unix::ffi::OsStrExt;
@@ -615,6 +646,58 @@ pub fn cleanup(cfg: &ContainerConfig, meta: &Path, task: TaskId) {
     }
     if let Err(e) = std::fs::remove_dir_all(&bundle) {
         tracing::warn!(path = %bundle.display(), "removing the container bundle: {e}");
+    }
+}
+
+/// The bundle's record of the container's cgroup path.
+const CGROUP_FILE: &str = "cgroup";
+
+/// Removes the container's cgroup (`.../TASK/ctr`) from every hierarchy, and the empty
+/// directories the runtime made above it in hierarchies the agent does not use (cpuset,
+/// blkio, ...). Only empty directories are removed (`rmdir`).
+fn remove_runtime_cgroups(path: &str) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let rel = Path::new(path.trim_start_matches('/'));
+    if rel
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return;
+    }
+    for line in info.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let (Some(mount), Some(fstype)) = (pre.split(' ').nth(4), post.split(' ').next()) else {
+            continue;
+        };
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            continue;
+        }
+        let mount = Path::new(mount);
+        let mut dir = mount.join(rel);
+        if !dir.exists() {
+            continue;
+        }
+        // The agent's own controllers keep the task cgroup (the agent removes it).
+        let agents = fstype == "cgroup2"
+            || post.split(' ').nth(2).is_some_and(|opts| {
+                opts.split(',')
+                    .any(|o| crate::isolation::layout::V1_CONTROLLERS.contains(&o))
+            });
+        let _ = std::fs::remove_dir(&dir);
+        if agents {
+            continue;
+        }
+        // Up to (not including) the hierarchy's root.
+        while let Some(parent) = dir.parent().map(Path::to_path_buf) {
+            if parent == mount || std::fs::remove_dir(&parent).is_err() {
+                break;
+            }
+            dir = parent;
+        }
     }
 }
 

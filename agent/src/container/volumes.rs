@@ -83,7 +83,11 @@ fn create(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
             .mode(0o711)
             .create(parent)?;
     }
-    std::fs::DirBuilder::new().mode(0o750).create(dir)?;
+    match std::fs::DirBuilder::new().mode(0o750).create(dir) {
+        // Two tasks of the framework creating it at once: the first one did.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        r => r?,
+    }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
     std::os::unix::fs::chown(dir, Some(uid), Some(gid))
 }

@@ -341,15 +341,22 @@ impl AgentCore {
                     });
                 }
             }
-            Err(e) => self.terminal(
-                task,
-                TaskState::Failed,
-                Some(TaskReason::LaunchFailed),
-                format!("could not launch: {e}"),
-                None,
-                None,
-                now,
-            ),
+            Err(e) => {
+                // The container module marks errors getting the task's image.
+                let (reason, message) = match e.strip_prefix(crate::container::IMAGE_ERROR_PREFIX) {
+                    Some(rest) => (TaskReason::ImagePullFailed, rest.to_string()),
+                    None => (TaskReason::LaunchFailed, format!("could not launch: {e}")),
+                };
+                self.terminal(
+                    task,
+                    TaskState::Failed,
+                    Some(reason),
+                    message,
+                    None,
+                    None,
+                    now,
+                )
+            }
         }
     }
 
