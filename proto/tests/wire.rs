@@ -40,11 +40,11 @@ fn task() -> TaskInfo {
             mig_profile: None,
             uuids: vec!["GPU-1".into()],
         }),
-        container: Some(
+        container: Some(Box::new(
             ContainerInfo::new("reg:5000/img:1")
                 .with_volume(Volume::persistent("ckpt", "/ckpt"))
                 .with_volume(Volume::host("/data", "/data").read_only()),
-        ),
+        )),
     }
 }
 

@@ -43,7 +43,7 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
 
 fn in_container(name: &str, command: &str, image: &str) -> TaskInfo {
     let mut t = task(name, command, "cpus:0.2;mem:64");
-    t.container = Some(ContainerInfo::new(image));
+    t.container = Some(Box::new(ContainerInfo::new(image)));
     t
 }
 
@@ -111,22 +111,25 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
         image,
     );
     for t in [&mut writer, &mut reader] {
-        t.container =
-            Some(ContainerInfo::new(image).with_volume(Volume::persistent("ckpt", "/ckpt")));
+        t.container = Some(Box::new(
+            ContainerInfo::new(image).with_volume(Volume::persistent("ckpt", "/ckpt")),
+        ));
     }
     // Host volumes: refused outside the allow-list, read-only inside it.
     let mut refused = in_container("refused", "cat /host/passwd", image);
-    refused.container = Some(ContainerInfo::new(image).with_volume(Volume::host("/etc", "/host")));
+    refused.container = Some(Box::new(
+        ContainerInfo::new(image).with_volume(Volume::host("/etc", "/host")),
+    ));
     let mut dataset = in_container(
         "dataset",
         "cat /data/dataset.txt > $GANTRY_SANDBOX/data.txt; \
          if touch /data/new 2>/dev/null; then echo writable; else echo read-only; fi > $GANTRY_SANDBOX/ro.txt",
         image,
     );
-    dataset.container = Some(
+    dataset.container = Some(Box::new(
         ContainerInfo::new(image)
             .with_volume(Volume::host(allowed.to_str().unwrap(), "/data").read_only()),
-    );
+    ));
     let unknown = in_container("unknown-image", "true", "rootfs:nosuch");
     // Survives an agent restart, then killed.
     let mut sleeper = in_container("sleeper", "sleep 600", image);

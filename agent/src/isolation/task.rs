@@ -37,7 +37,7 @@ impl TaskCgroup {
         if !dir.is_dir() {
             return Err(IsolationError::NotFound(dir.display().to_string()));
         }
-        if !read_pids(&dir.join("cgroup.procs"))?.is_empty() || !descendants(&dir).is_empty() {
+        if !read_pids(&dir.join("cgroup.procs"))?.is_empty() || !descendants(dir).is_empty() {
             return Err(IsolationError::Busy {
                 path: dir.display().to_string(),
             });

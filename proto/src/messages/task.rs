@@ -151,8 +151,8 @@ pub struct TaskInfo {
     /// Which GPUs the task's `gpus` may be drawn from (any when `None`).
     pub gpu_selector: Option<GpuSelector>,
     /// Run the command in an OCI container (an image, namespaces, volumes; docs/containers.md);
-    /// `None`: on the host's filesystem as before (protocol 9).
-    pub container: Option<ContainerInfo>,
+    /// `None`: on the host's filesystem as before (protocol 9). Boxed: most tasks have none.
+    pub container: Option<Box<ContainerInfo>>,
 }
 
 impl TaskInfo {
@@ -219,7 +219,7 @@ impl TaskInfo {
 
     /// Run in this container.
     pub fn with_container(mut self, container: ContainerInfo) -> Self {
-        self.container = Some(container);
+        self.container = Some(Box::new(container));
         self
     }
 }

@@ -46,11 +46,12 @@ fn containers_are_validated_and_an_empty_command_runs_the_image_entrypoint() {
     let (_fw, offers) = h.framework(F, "f", "r");
     let mut good = task("cpus:1");
     good.command = "".into();
-    good.container =
-        Some(ContainerInfo::new("reg:5000/img:1").with_volume(Volume::persistent("ckpt", "/ckpt")));
+    good.container = Some(Box::new(
+        ContainerInfo::new("reg:5000/img:1").with_volume(Volume::persistent("ckpt", "/ckpt")),
+    ));
     let bad = |c: ContainerInfo| {
         let mut t = task("cpus:1");
-        t.container = Some(c);
+        t.container = Some(Box::new(c));
         t
     };
     let refused = [
