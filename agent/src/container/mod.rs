@@ -139,9 +139,20 @@ pub struct ImageParts {
     pub working_dir: Option<String>,
 }
 
-/// The image of a task: an agent-side root filesystem (`rootfs:NAME`). Registry images come
-/// from the image store (`gantry-image`) once it is wired in; until then they fail with a clear
-/// reason.
+impl From<&gantry_image::Image> for ImageParts {
+    fn from(i: &gantry_image::Image) -> Self {
+        Self {
+            layers: i.layers.clone(),
+            env: i.config.env.clone(),
+            entrypoint: i.config.entrypoint.clone(),
+            cmd: i.config.cmd.clone(),
+            working_dir: i.config.working_dir.clone(),
+        }
+    }
+}
+
+/// The image of a task when it is an agent-side root filesystem (`rootfs:NAME`); registry
+/// images are pulled by the image store before ([`Request::pulled`]).
 pub fn resolve_image(cfg: &ContainerConfig, image: &str) -> Result<ImageParts, ContainerError> {
     let err = |reason: String| ContainerError::Image {
         image: image.into(),
@@ -162,7 +173,7 @@ pub fn resolve_image(cfg: &ContainerConfig, image: &str) -> Result<ImageParts, C
         });
     }
     Err(err(
-        "this agent pulls no registry images yet (no image store): use rootfs:NAME".into(),
+        "this agent has no image store for registry images: use rootfs:NAME".into(),
     ))
 }
 
@@ -432,6 +443,8 @@ pub struct Request<'a> {
     pub env: &'a BTreeMap<String, String>,
     /// The UUIDs of the task's GPUs (CDI device names under `nvidia.com/gpu`).
     pub gpus: Vec<String>,
+    /// The registry image, already pulled by the image store (`None`: `rootfs:NAME`).
+    pub pulled: Option<ImageParts>,
 }
 
 /// Prepares a container task's bundle (root filesystem, volumes, spec) and returns the program
@@ -457,7 +470,10 @@ pub fn prepare(cfg: &ContainerConfig, req: &Request<'_>) -> Result<Program, Cont
 }
 
 fn prepare_bundle(cfg: &ContainerConfig, req: &Request<'_>) -> Result<PathBuf, ContainerError> {
-    let image = resolve_image(cfg, &req.container.image)?;
+    let image = match &req.pulled {
+        Some(p) => p.clone(),
+        None => resolve_image(cfg, &req.container.image)?,
+    };
     // The sandbox belongs to the task's user (the supervisor starts the runtime as root).
     {
         use std::os::unix::fs::DirBuilderExt;

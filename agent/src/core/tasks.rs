@@ -360,6 +360,26 @@ impl AgentCore {
         }
     }
 
+    /// A progress line of a starting task (its image pull), as a `STARTING` update.
+    pub(super) fn launch_progress(&mut self, task: TaskId, mut message: String, now: u64) {
+        let starting = self
+            .ckpt
+            .tasks
+            .get(&task)
+            .is_some_and(|r| r.state == TaskState::Starting);
+        if !starting {
+            return;
+        }
+        if message.len() > 1024 {
+            let mut cut = 1024;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        self.update(task, TaskState::Starting, None, message, None, None, now);
+    }
+
     pub(super) fn exited(&mut self, task: TaskId, status: ExitStatus, now: u64) {
         let Some(rec) = self.ckpt.tasks.get(&task) else {
             return;
