@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use gantry_sdk::protocol::{ContainerInfo, TaskInfo, TaskReason, TaskState, Volume};
 use gantry_test_support::registry::{Registry, RegistryOptions, TestImages};
-use gantry_tests::{start_recording, task, Cluster, TempDir};
+use gantry_tests::{standin_lib, start_recording, task, CgroupRoot, Cluster, Standin, TempDir};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -323,6 +323,74 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
     assert_eq!(
         std::fs::read_to_string(fw_dirs[0].path().join("ckpt/data")).unwrap(),
         "checkpoint-1\n"
+    );
+    rec.stop(T).await;
+}
+
+/// A container task with one stand-in GPU sees it through the CDI spec the stand-in writes:
+/// its device node and the spec's environment, and not the other GPUs' nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_sees_its_gpu_through_cdi() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "containers need root");
+    let scratch = TempDir::new("gantry-containers-gpu").unwrap();
+    let rootfs = busybox_rootfs(scratch.path());
+    let standin = Standin::four_gpus(scratch.path()).unwrap();
+    let cdi = standin.write_cdi(scratch.path()).unwrap();
+    let root = CgroupRoot::new("ctr-gpu");
+    let lib = standin_lib();
+    let local = format!("busybox={}", rootfs.display());
+    let cluster = Cluster::start_with(
+        &[("ctrgpu", "cpus:4;mem:2048")],
+        &[],
+        &[
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--cgroup-root",
+            &root.name,
+            "--local-rootfs",
+            &local,
+            "--cdi-dir",
+            cdi.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let mut t = task(
+        "gpu",
+        "cd $GANTRY_SANDBOX && ls /dev | grep nvidia > devs.txt; \
+         env | grep -E '^(GANTRY_CDI|NVIDIA_VISIBLE_DEVICES)' | sort > env.txt",
+        "cpus:0.5;mem:64;gpus:1",
+    );
+    t.container = Some(Box::new(ContainerInfo::new("rootfs:busybox")));
+    let mut rec = start_recording(
+        cluster.gpu_framework_config("gpu-test", &["ml"]),
+        vec![t.clone()],
+    );
+    let done = rec.expect(&cluster, &t, TaskState::Finished, T).await;
+    let uuid = done.gpus.first().cloned().expect("the task's GPU");
+    let g = standin
+        .config
+        .gpus
+        .iter()
+        .find(|g| g.uuid == uuid)
+        .expect("a stand-in GPU");
+    let agent = &cluster.agents[0];
+    let read = |name: &str| std::fs::read_to_string(agent.sandbox_file(t.task_id, name)).unwrap();
+    let devs: Vec<String> = read("devs.txt").lines().map(str::to_string).collect();
+    assert_eq!(
+        devs,
+        vec![format!("nvidia{}", g.minor), "nvidiactl".to_string()],
+        "its GPU's node and the control node only"
+    );
+    let env = read("env.txt");
+    assert!(env.contains("GANTRY_CDI=standin"), "{env}");
+    assert!(
+        env.contains(&format!("GANTRY_CDI_GPU_{}={uuid}", g.minor)),
+        "{env}"
+    );
+    assert!(
+        env.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")),
+        "{env}"
     );
     rec.stop(T).await;
 }
