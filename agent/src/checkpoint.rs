@@ -108,6 +108,7 @@ mod tests {
                     env: Default::default(),
                     kill_grace_secs: None,
                     gpu_selector: None,
+                    container: None,
                 },
                 state: TaskState::Running,
                 sandbox: dir.join("s"),

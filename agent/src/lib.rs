@@ -12,6 +12,8 @@
 //!   sandbox GC, MPS, `/metrics`). A task, forward: `RunTask` → core → commit → launch →
 //!   `Launched` → `Exited` (→ `Settled` with a cgroup) → terminal → acknowledged, forgotten.
 //! - [`session`]: the QUIC connection to the master (mutual TLS, redirects, reconnects).
+//! - [`container`]: tasks in OCI containers (`TaskInfo.container`): the runtime spec (oci-spec),
+//!   overlay root filesystems, volumes, GPUs through CDI, run under `runc`/`crun`.
 //! - [`executor`]: task launch through the agent's supervisor process (shell string or argv, as
 //!   the task's Unix user: [`executor::user`], looked up once per user per burst), the launch
 //!   record, exit status, kill.
@@ -35,6 +37,7 @@
 pub mod agent;
 pub mod checkpoint;
 pub mod config;
+pub mod container;
 pub mod core;
 pub mod discovery;
 pub mod disk;

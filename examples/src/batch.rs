@@ -168,6 +168,7 @@ impl Batch {
             env: self.spec.env.clone(),
             kill_grace_secs: None,
             gpu_selector: self.spec.gpu_selector.clone(),
+            container: None,
         }
     }
 }

@@ -349,6 +349,7 @@ impl ServiceCore {
             env,
             kill_grace_secs: Some(2),
             gpu_selector: None,
+            container: None,
         }
     }
 

@@ -22,6 +22,7 @@
 //!                 env: Default::default(),
 //!                 kill_grace_secs: None,
 //!                 gpu_selector: None,
+//!                 container: None,
 //!             };
 //!             driver.launch(offer.id, vec![task]);
 //!         }

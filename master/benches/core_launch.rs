@@ -186,6 +186,7 @@ fn main() {
                                     env: Default::default(),
                                     kill_grace_secs: None,
                                     gpu_selector: None,
+                                    container: None,
                                 }
                             })
                             .collect();

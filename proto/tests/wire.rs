@@ -40,6 +40,11 @@ fn task() -> TaskInfo {
             mig_profile: None,
             uuids: vec!["GPU-1".into()],
         }),
+        container: Some(Box::new(
+            ContainerInfo::new("reg:5000/img:1")
+                .with_volume(Volume::persistent("ckpt", "/ckpt"))
+                .with_volume(Volume::host("/data", "/data").read_only()),
+        )),
     }
 }
 
@@ -242,16 +247,16 @@ fn fnv(b: &[u8]) -> u64 {
 const EXPECTED: &[(&str, usize, u64)] = &[
     ("hello", 2, 0x084a5207b4ffa60c),
     ("role", 2, 0x08328407b4eb6921),
-    ("register", 348, 0x0bec050edac8c923),
-    ("run_task", 125, 0x21aa7bc0f243dfef),
+    ("register", 396, 0x801cbdf1b2defc40),
+    ("run_task", 173, 0xbf68fb3be82d20d8),
     ("subscribe", 48, 0xa220de7f1e3c47d6),
-    ("accept", 131, 0x1514d8a5711b7ac0),
+    ("accept", 179, 0x9cb255487cc244f3),
     ("offers", 163, 0xfcb3a39a21ef44f5),
     ("update", 100, 0x891e8c78f3d45229),
     ("kill_for", 19, 0xb203cdeeeb24b60c),
-    ("accept_group", 126, 0x017eaf48a26f7d20),
+    ("accept_group", 174, 0x76535a4c515695f9),
     ("set_demand", 38, 0xaf48506c6d009d19),
-    ("run_task_group", 129, 0x2a007efef8b821cf),
+    ("run_task_group", 177, 0x330a4dfc355079f8),
     ("sandbox_exec", 47, 0x42e724dc07550035),
     ("sandbox_data", 10, 0x2f66684d55c96210),
 ];

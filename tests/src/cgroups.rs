@@ -134,7 +134,23 @@ impl CgroupRoot {
     }
 
     fn kill_and_remove(&self) {
-        let tasks = self.all_cgroups();
+        // A container task's runtime makes its cgroup (`ctr`) below the task's: those first.
+        let tasks: Vec<PathBuf> = self
+            .all_cgroups()
+            .into_iter()
+            .flat_map(|t| {
+                let mut v: Vec<PathBuf> = std::fs::read_dir(&t)
+                    .map(|rd| {
+                        rd.flatten()
+                            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                            .map(|e| e.path())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                v.push(t);
+                v
+            })
+            .collect();
         for dir in &tasks {
             for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
                 .unwrap_or_default()

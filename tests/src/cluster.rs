@@ -294,6 +294,8 @@ impl Drop for AgentProc {
     fn drop(&mut self) {
         self.proc.kill9();
         self.kill_tasks();
+        // Container tasks' root filesystems (overlay mounts) a killed agent did not clean up.
+        unmount_below(&self.work_dir);
         // An agent with the default cgroup root (`gantry/NAME`) leaves it behind when killed:
         // remove it (and any task cgroup in it). Tests with their own root use `CgroupRoot`.
         if !self.args.iter().any(|a| a == "--cgroup-root") {
@@ -542,4 +544,24 @@ pub fn sandbox_count(agents: &[AgentProc]) -> usize {
                 .unwrap_or(0)
         })
         .sum()
+}
+
+/// Lazily unmounts every mount at or below `dir` (deepest first).
+fn unmount_below(dir: &Path) {
+    let want = dir.to_string_lossy().into_owned();
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut mounts: Vec<&str> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&want))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        if let Ok(c) = std::ffi::CString::new(m) {
+            // SAFETY: a valid NUL-terminated path; MNT_DETACH has no other preconditions.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }

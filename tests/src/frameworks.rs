@@ -246,6 +246,7 @@ pub fn task(name: &str, command: &str, resources: &str) -> gantry_sdk::protocol:
         env: Default::default(),
         kill_grace_secs: None,
         gpu_selector: None,
+        container: None,
     }
 }
 

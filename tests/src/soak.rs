@@ -341,6 +341,7 @@ impl SoakFramework {
             env,
             kill_grace_secs: None,
             gpu_selector: None,
+            container: None,
         }
     }
 }

@@ -23,6 +23,47 @@ pub struct Standin {
 }
 
 impl Standin {
+    /// Writes a CDI spec (`dir/gantry-standin.json`, kind `nvidia.com/gpu`) naming each
+    /// stand-in GPU by UUID, as `nvidia-ctk cdi generate --device-name-strategy=uuid` does for
+    /// real GPUs: its `/dev/nvidiaN` node (195:N) and `GANTRY_CDI_GPU_N=UUID`, plus the spec-wide
+    /// `nvidiactl` node (195:255) and `GANTRY_CDI=standin`. Returns the directory, for the
+    /// agent's `--cdi-dir`.
+    pub fn write_cdi(&self, dir: &Path) -> anyhow::Result<PathBuf> {
+        let cdi = dir.join("cdi");
+        std::fs::create_dir_all(&cdi)?;
+        let devices: Vec<serde_json::Value> = self
+            .config
+            .gpus
+            .iter()
+            .map(|g| {
+                serde_json::json!({
+                    "name": g.uuid,
+                    "containerEdits": {
+                        "deviceNodes": [{
+                            "path": format!("/dev/nvidia{}", g.minor),
+                            "type": "c", "major": 195, "minor": g.minor,
+                        }],
+                        "env": [format!("GANTRY_CDI_GPU_{}={}", g.minor, g.uuid)],
+                    },
+                })
+            })
+            .collect();
+        let spec = serde_json::json!({
+            "cdiVersion": "0.5.0",
+            "kind": "nvidia.com/gpu",
+            "devices": devices,
+            "containerEdits": {
+                "deviceNodes": [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}],
+                "env": ["GANTRY_CDI=standin"],
+            },
+        });
+        std::fs::write(
+            cdi.join("gantry-standin.json"),
+            serde_json::to_vec_pretty(&spec)?,
+        )?;
+        Ok(cdi)
+    }
+
     /// The shipped example (4 GPUs, two models, two NUMA nodes), written to `dir/gpus.toml`.
     /// Sets `GANTRY_NVML_STANDIN_CONFIG` for agents started afterwards by this process: use
     /// one stand-in per test binary (the variable is process-wide).

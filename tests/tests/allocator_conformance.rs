@@ -258,6 +258,7 @@ async fn an_accept_naming_a_rescinded_offer_drops_its_tasks_and_batch_still_fini
         env: Default::default(),
         kill_grace_secs: None,
         gpu_selector: None,
+        container: None,
     };
     h.accept(
         vec![c.id],

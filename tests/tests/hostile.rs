@@ -201,6 +201,7 @@ async fn hostile_peers_do_not_disturb_the_cluster() {
             env: Default::default(),
             kill_grace_secs: None,
             gpu_selector: None,
+            container: None,
         };
         tx.send(&FrameworkToMaster::Accept {
             offer_ids: vec![offer.id],

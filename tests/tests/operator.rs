@@ -71,6 +71,7 @@ impl Scheduler for Reserver {
                     env: Default::default(),
                     kill_grace_secs: None,
                     gpu_selector: None,
+                    container: None,
                 };
                 let reserve = Operation::Reserve {
                     role: self.role.clone(),

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use super::{Agent, Resource, BASE_FILE};
+use crate::container;
 use crate::core::{Input, LaunchPlan};
 use crate::executor::user::TaskUser;
 use crate::executor::{self, LaunchSpec};
@@ -24,11 +25,11 @@ impl Agent {
             sandbox,
             meta,
             cgroup_name,
-            limits,
             mut env,
+            mut limits,
             user,
             share,
-            ..
+            framework_id,
         } = plan;
         let id = task.task_id;
         // A fraction of one GPU: its sharing limits (and under MPS its GPU's daemon).
@@ -44,11 +45,58 @@ impl Agent {
                 env.insert(k.to_string(), v);
             }
         }
+        // runc always allows its default devices in a container's cgroup (`/dev/net/tun`
+        // among them); under cgroup v1 the task's own cgroup must allow them too.
+        if task.container.is_some() {
+            if let Some(rules) = limits.devices.as_mut() {
+                rules.push(crate::isolation::devices::DeviceRule::char_rwm(10, 200));
+            }
+        }
         let tx = self.tx.clone();
         let isolator = self.config.isolator.clone();
         let supervisor = self.supervisor.clone();
         let users = self.users.clone();
+        let containers = self.config.containers.clone();
+        let images = self.config.images.clone();
         self.launches.push(Box::pin(async move {
+            // A registry image: pulled (or found in the cache) first; its lease keeps its
+            // layers in the store while this future waits for the task's exit.
+            let mut pulled = None;
+            let mut _lease = None;
+            if let Some(c) = task
+                .container
+                .as_ref()
+                .filter(|c| !c.image.starts_with(container::LOCAL_ROOTFS))
+            {
+                let got = match &images {
+                    None => Err("this agent has no image store (--image-dir)".to_string()),
+                    Some(store) => {
+                        let progress = |line: String| {
+                            tx.input(Input::LaunchProgress {
+                                task: id,
+                                message: line,
+                            })
+                        };
+                        store
+                            .pull(&c.image, &progress)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                };
+                match got {
+                    Ok(image) => {
+                        pulled = Some(container::ImageParts::from(&image));
+                        _lease = Some(image.lease);
+                    }
+                    Err(e) => {
+                        tx.input(Input::Launched {
+                            task: id,
+                            result: Err(format!("{}{e}", container::IMAGE_ERROR_PREFIX)),
+                        });
+                        return;
+                    }
+                }
+            }
             let blocking_meta = meta.clone();
             let spawned = tokio::task::spawn_blocking(move || {
                 // The user first, so an unknown user costs no cgroup.
@@ -76,12 +124,43 @@ impl Agent {
                         return Err(format!("recording the cgroup's baseline: {e}"));
                     }
                 }
-                let procs: Vec<PathBuf> =
+                let mut procs: Vec<PathBuf> =
                     cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
+                let mut program = task.command.program.clone();
+                let mut user = user;
+                // A container task: the supervisor runs the OCI runtime (as root, outside the
+                // task cgroup: the runtime puts the container in a child of it).
+                if let Some(c) = &task.container {
+                    let fw = framework_id.to_string();
+                    let req = container_request(
+                        &task,
+                        c,
+                        &fw,
+                        &sandbox,
+                        &blocking_meta,
+                        isolator.hierarchy_path(cg.task_id()),
+                        user.as_ref(),
+                        &env,
+                        pulled,
+                    );
+                    match container::prepare(&containers, &req) {
+                        Ok(p) => program = p,
+                        Err(e) => {
+                            let _ = cg.destroy();
+                            return Err(if e.is_image() {
+                                format!("{}{e}", container::IMAGE_ERROR_PREFIX)
+                            } else {
+                                format!("container: {e}")
+                            });
+                        }
+                    }
+                    procs.clear();
+                    user = None;
+                }
                 let spec = LaunchSpec {
                     sandbox: &sandbox,
                     meta: &blocking_meta,
-                    program: &task.command.program,
+                    program: &program,
                     user: user.as_ref(),
                     env: &env,
                     cgroup_procs: &procs,
@@ -132,5 +211,50 @@ impl Agent {
                 }
             }
         }));
+    }
+}
+
+/// What the container module needs of a launch: the task's user (the agent's own without one)
+/// and its GPUs (`NVIDIA_VISIBLE_DEVICES`, the CDI device names).
+#[allow(clippy::too_many_arguments)]
+fn container_request<'a>(
+    task: &'a gantry_proto::TaskInfo,
+    c: &'a gantry_proto::ContainerInfo,
+    framework_id: &'a str,
+    sandbox: &'a std::path::Path,
+    meta: &'a std::path::Path,
+    task_cgroup: Option<String>,
+    user: Option<&TaskUser>,
+    env: &'a std::collections::BTreeMap<String, String>,
+    pulled: Option<container::ImageParts>,
+) -> container::Request<'a> {
+    // SAFETY: getuid and getgid cannot fail.
+    let (uid, gid, groups) = match user {
+        Some(u) => (u.uid, u.gid, u.groups.clone()),
+        None => unsafe { (libc::getuid(), libc::getgid(), Vec::new()) },
+    };
+    let gpus = env
+        .get("NVIDIA_VISIBLE_DEVICES")
+        .map(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    container::Request {
+        task_id: task.task_id,
+        framework_id,
+        container: c,
+        program: &task.command.program,
+        sandbox,
+        meta,
+        task_cgroup,
+        uid,
+        gid,
+        groups,
+        env,
+        gpus,
+        pulled,
     }
 }

@@ -120,6 +120,11 @@ pub struct AgentConfig {
     pub disk_enforcement: crate::disk::DiskEnforcement,
     /// How often the sandboxes of tasks with a `disk` are measured (`--disk-watch-interval`).
     pub disk_watch_interval: Duration,
+    /// Container tasks: the OCI runtime, local root filesystems, volumes, CDI directories
+    /// ([`crate::container`]).
+    pub containers: Arc<crate::container::ContainerConfig>,
+    /// The image store container tasks' registry images come from (`--image-dir`, ...).
+    pub images: Option<Arc<gantry_image::ImageStore>>,
 }
 
 /// What the session and the blocking helpers hand the runtime itself beside the core's
@@ -716,8 +721,11 @@ impl Agent {
                     });
                     let tx = self.tx.clone();
                     let gate = self.pool_gate.clone();
+                    let containers = self.config.containers.clone();
                     tokio::task::spawn_blocking(move || {
                         let outcome = settle_cgroup(cg.as_ref(), &meta, fresh);
+                        // A container's runtime state, root filesystem mount and bundle.
+                        crate::container::cleanup(&containers, &meta, task);
                         tx.input(Input::Settled {
                             task,
                             status,

@@ -158,6 +158,38 @@ struct RunArgs {
     /// (--disk-enforcement du); a task can write past its limit for about this long.
     #[arg(long, default_value_t = gantry_agent::disk::DEFAULT_WATCH_INTERVAL.as_secs_f64())]
     disk_watch_interval: f64,
+    /// The OCI runtime container tasks run under: a name on PATH or a path (runc, crun).
+    /// Default: runc, else crun, from PATH. See docs/containers.md.
+    #[arg(long, value_name = "PROGRAM")]
+    container_runtime: Option<String>,
+    /// An unpacked root filesystem container tasks may name as image `rootfs:NAME`
+    /// (repeatable).
+    #[arg(long, value_name = "NAME=DIR")]
+    local_rootfs: Vec<String>,
+    /// A host directory container tasks may mount as a volume, with what is below it
+    /// (repeatable; none by default: host volumes are refused).
+    #[arg(long, value_name = "DIR")]
+    volume_allow: Vec<PathBuf>,
+    /// A directory of CDI specs for the GPUs of container tasks (repeatable). Default:
+    /// /etc/cdi and /var/run/cdi.
+    #[arg(long, value_name = "DIR")]
+    cdi_dir: Vec<PathBuf>,
+    /// The image store of container tasks' registry images (layers and index). Default:
+    /// WORK_DIR/images. See docs/containers.md.
+    #[arg(long, value_name = "DIR")]
+    image_dir: Option<PathBuf>,
+    /// The bound on the unpacked layers in the image store, in MiB (images in use are kept).
+    #[arg(long, default_value_t = 20_480, value_name = "MIB")]
+    image_cache_mib: u64,
+    /// A registry (host:port) reached over plain HTTP (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    registry_insecure: Vec<String>,
+    /// A docker config.json with registry credentials.
+    #[arg(long, value_name = "FILE")]
+    registry_credentials: Option<PathBuf>,
+    /// A PEM CA file trusted for registries, besides the host's (repeatable).
+    #[arg(long, value_name = "FILE")]
+    registry_ca: Vec<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -360,6 +392,47 @@ fn main() -> anyhow::Result<()> {
     let usage_interval =
         seconds("usage-interval", args.usage_interval)?.max(Duration::from_millis(200));
     let task_user = resolve_task_user(args.task_user)?;
+    let mut containers = gantry_agent::container::ContainerConfig::new(&args.work_dir);
+    if let Some(rt) = &args.container_runtime {
+        containers.runtime = Some(
+            gantry_agent::container::find_on_path(rt)
+                .with_context(|| format!("--container-runtime {rt}: not found"))?,
+        );
+    }
+    for entry in &args.local_rootfs {
+        let (name, dir) = entry
+            .split_once('=')
+            .with_context(|| format!("--local-rootfs {entry:?}: give NAME=DIR"))?;
+        let dir = PathBuf::from(dir);
+        anyhow::ensure!(
+            dir.is_dir() && dir.is_absolute(),
+            "--local-rootfs {entry:?}: {} is not an absolute directory",
+            dir.display()
+        );
+        containers.local_rootfs.insert(name.to_string(), dir);
+    }
+    for dir in &args.volume_allow {
+        anyhow::ensure!(
+            dir.is_absolute(),
+            "--volume-allow {}: give an absolute path",
+            dir.display()
+        );
+    }
+    containers.volume_allow = args.volume_allow.clone();
+    if !args.cdi_dir.is_empty() {
+        containers.cdi_dirs = args.cdi_dir.clone();
+    }
+    let images = gantry_image::ImageStore::open(gantry_image::StoreConfig {
+        dir: args
+            .image_dir
+            .clone()
+            .unwrap_or_else(|| args.work_dir.join("images")),
+        max_bytes: args.image_cache_mib.saturating_mul(1 << 20),
+        insecure: args.registry_insecure.clone(),
+        credentials: args.registry_credentials.clone(),
+        extra_roots: args.registry_ca.clone(),
+    })
+    .context("--image-dir: opening the image store")?;
     let config = AgentConfig {
         masters: args.master,
         work_dir: args.work_dir,
@@ -403,6 +476,8 @@ fn main() -> anyhow::Result<()> {
         disk_enforcement: args.disk_enforcement,
         disk_watch_interval: seconds("disk-watch-interval", args.disk_watch_interval)?
             .max(Duration::from_millis(200)),
+        containers: std::sync::Arc::new(containers),
+        images: Some(std::sync::Arc::new(images)),
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_proto::register_limits::check(

@@ -139,6 +139,12 @@ pub enum Input {
         task: TaskId,
         result: Result<Launched, String>,
     },
+    /// A line of a launch's progress (an image pull): a `STARTING` update with it as the
+    /// message, while the task is still starting.
+    LaunchProgress {
+        task: TaskId,
+        message: String,
+    },
     Exited {
         task: TaskId,
         status: ExitStatus,
@@ -572,6 +578,7 @@ impl AgentCore {
                 now,
             ),
             Input::Launched { task, result } => self.launched(task, result, now),
+            Input::LaunchProgress { task, message } => self.launch_progress(task, message, now),
             Input::Exited { task, status } => self.exited(task, status, now),
             Input::Settled {
                 task,

@@ -341,16 +341,43 @@ impl AgentCore {
                     });
                 }
             }
-            Err(e) => self.terminal(
-                task,
-                TaskState::Failed,
-                Some(TaskReason::LaunchFailed),
-                format!("could not launch: {e}"),
-                None,
-                None,
-                now,
-            ),
+            Err(e) => {
+                // The container module marks errors getting the task's image.
+                let (reason, message) = match e.strip_prefix(crate::container::IMAGE_ERROR_PREFIX) {
+                    Some(rest) => (TaskReason::ImagePullFailed, rest.to_string()),
+                    None => (TaskReason::LaunchFailed, format!("could not launch: {e}")),
+                };
+                self.terminal(
+                    task,
+                    TaskState::Failed,
+                    Some(reason),
+                    message,
+                    None,
+                    None,
+                    now,
+                )
+            }
         }
+    }
+
+    /// A progress line of a starting task (its image pull), as a `STARTING` update.
+    pub(super) fn launch_progress(&mut self, task: TaskId, mut message: String, now: u64) {
+        let starting = self
+            .ckpt
+            .tasks
+            .get(&task)
+            .is_some_and(|r| r.state == TaskState::Starting);
+        if !starting {
+            return;
+        }
+        if message.len() > 1024 {
+            let mut cut = 1024;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        self.update(task, TaskState::Starting, None, message, None, None, now);
     }
 
     pub(super) fn exited(&mut self, task: TaskId, status: ExitStatus, now: u64) {

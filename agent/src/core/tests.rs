@@ -103,6 +103,7 @@ fn task(gpus: &str) -> TaskInfo {
         env: Default::default(),
         kill_grace_secs: None,
         gpu_selector: None,
+        container: None,
     }
 }
 

@@ -432,6 +432,13 @@ impl Isolator {
         })
     }
 
+    /// The path of the cgroup `name` inside each hierarchy (`/ROOT/NAME`), `None` without
+    /// isolation (a container's runtime makes its cgroup below it).
+    pub fn hierarchy_path(&self, name: &str) -> Option<String> {
+        self.layout.as_ref()?;
+        Some(format!("/{}/{name}", self.root.display()))
+    }
+
     /// The detected layout (`None` without isolation).
     pub fn layout(&self) -> Option<&CgroupLayout> {
         self.layout.as_ref()

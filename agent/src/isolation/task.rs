@@ -37,7 +37,7 @@ impl TaskCgroup {
         if !dir.is_dir() {
             return Err(IsolationError::NotFound(dir.display().to_string()));
         }
-        if !read_pids(&dir.join("cgroup.procs"))?.is_empty() {
+        if !read_pids(&dir.join("cgroup.procs"))?.is_empty() || !descendants(dir).is_empty() {
             return Err(IsolationError::Busy {
                 path: dir.display().to_string(),
             });
@@ -223,7 +223,19 @@ impl TaskCgroup {
         }
     }
 
+    /// SIGKILLs the processes listed in `procs` and in the same file of every cgroup below it
+    /// (a container's runtime makes its cgroup a child of the task's: docs/containers.md).
     fn kill_listed(&self, procs: &Path) -> Result<(), IsolationError> {
+        if let Some(dir) = procs.parent() {
+            for child in descendants(dir) {
+                for pid in read_pids(&child.join("cgroup.procs")).unwrap_or_default() {
+                    if let Ok(pid) = i32::try_from(pid) {
+                        // SAFETY: kill(2) with a pid read from the cgroup; ESRCH is fine.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            }
+        }
         for pid in read_pids(procs)? {
             let Ok(pid) = i32::try_from(pid) else {
                 continue;
@@ -248,7 +260,12 @@ impl TaskCgroup {
         loop {
             let mut busy = None;
             for d in &dirs {
-                if !read_pids(&d.join("cgroup.procs"))?.is_empty() {
+                let below = descendants(d).iter().any(|c| {
+                    !read_pids(&c.join("cgroup.procs"))
+                        .unwrap_or_default()
+                        .is_empty()
+                });
+                if below || !read_pids(&d.join("cgroup.procs"))?.is_empty() {
                     busy = Some(*d);
                 }
             }
@@ -268,6 +285,9 @@ impl TaskCgroup {
             std::thread::sleep(Duration::from_millis(10));
         }
         for d in dirs {
+            for child in descendants(d) {
+                rmdir(&child)?;
+            }
             rmdir(d)?;
         }
         if let Some(s) = &self.slots {
@@ -275,4 +295,20 @@ impl TaskCgroup {
         }
         Ok(())
     }
+}
+
+/// The cgroups below `dir`, deepest first (none for a plain task; a container's own cgroup
+/// when its runtime left one behind).
+fn descendants(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                let p = e.path();
+                out.extend(descendants(&p));
+                out.push(p);
+            }
+        }
+    }
+    out
 }

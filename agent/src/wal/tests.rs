@@ -17,6 +17,7 @@ fn task(state: TaskState) -> TaskRecord {
             env: Default::default(),
             kill_grace_secs: None,
             gpu_selector: None,
+            container: None,
         },
         state,
         sandbox: PathBuf::from("/s"),

@@ -658,7 +658,17 @@ pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
     if task.name.is_empty() || task.name.len() > 256 {
         return Err(TaskRejection::Name(tid));
     }
-    if let Some(problem) = task.command.problem() {
+    // In a container an empty shell command runs the image's entrypoint (and cmd).
+    let image_entrypoint = task.container.is_some()
+        && matches!(&task.command.program, gantry_proto::Program::Shell(s) if s.trim().is_empty());
+    let problem = if image_entrypoint {
+        let mut c = task.command.clone();
+        c.program = gantry_proto::Program::Shell("true".into());
+        c.problem()
+    } else {
+        task.command.problem()
+    };
+    if let Some(problem) = problem {
         return Err(TaskRejection::Command { task: tid, problem });
     }
     if task.resources.milli("cpus") == 0 && task.resources.milli("mem") == 0 {
@@ -681,6 +691,9 @@ pub(super) fn validate_task(task: &TaskInfo) -> Result<(), TaskRejection> {
         || task.env.values().any(|v| v.contains('\0'))
     {
         return Err(TaskRejection::Environment(tid));
+    }
+    if let Some(problem) = task.container.as_ref().and_then(|c| c.problem()) {
+        return Err(TaskRejection::Container { task: tid, problem });
     }
     Ok(())
 }

@@ -81,6 +81,8 @@ pub enum TaskRejection {
     Environment(TaskId),
     #[error("task {0}: ports are counted in whole ports (ports:K asks for K host ports)")]
     FractionalPorts(TaskId),
+    #[error("task {task}: container: {problem}")]
+    Container { task: TaskId, problem: String },
 }
 
 /// Why a RESERVE or UNRESERVE operation was not applied (`Master::reserve_op`); the

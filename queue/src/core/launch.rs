@@ -76,6 +76,7 @@ impl Core {
                     known.get(&agent_id).map(|k| &k.gpus),
                     &a.gpus,
                 ),
+                container: None,
             };
             job.members.insert(
                 index,

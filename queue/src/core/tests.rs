@@ -615,6 +615,7 @@ mod properties {
                     env: Default::default(),
                     kill_grace_secs: None,
                     gpu_selector: None,
+                    container: None,
                 },
                 state,
                 vec![],

@@ -195,6 +195,7 @@ impl LoadFramework {
             env: Default::default(),
             kill_grace_secs: None,
             gpu_selector: None,
+            container: None,
         }
     }
 }

@@ -17,6 +17,7 @@ fn register(tasks: usize, command_bytes: usize, updates: usize) -> AgentToMaster
                 env: Default::default(),
                 kill_grace_secs: None,
                 gpu_selector: None,
+                container: None,
             },
             state: TaskState::Running,
             gpus: vec![],

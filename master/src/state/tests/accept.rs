@@ -38,6 +38,67 @@ fn offers_are_single_use_and_must_fit() {
     assert_eq!(h.m.tasks[&t.task_id].state, TaskState::Staging);
 }
 
+#[test]
+fn containers_are_validated_and_an_empty_command_runs_the_image_entrypoint() {
+    use gantry_proto::{ContainerInfo, Volume};
+    let mut h = Harness::new();
+    h.agent(A, "a1", "cpus:4;mem:1024");
+    let (_fw, offers) = h.framework(F, "f", "r");
+    let mut good = task("cpus:1");
+    good.command = "".into();
+    good.container = Some(Box::new(
+        ContainerInfo::new("reg:5000/img:1").with_volume(Volume::persistent("ckpt", "/ckpt")),
+    ));
+    let bad = |c: ContainerInfo| {
+        let mut t = task("cpus:1");
+        t.container = Some(Box::new(c));
+        t
+    };
+    let refused = [
+        bad(ContainerInfo::new("")),
+        bad(ContainerInfo::new("reg/img:1").with_volume(Volume::host("data", "/data"))),
+        bad(ContainerInfo::new("reg/img:1").with_volume(Volume::host("/a/../etc", "/data"))),
+        bad(ContainerInfo::new("reg/img:1").with_volume(Volume::persistent("../x", "/x"))),
+        bad(ContainerInfo::new("reg/img:1")
+            .with_volume(Volume::persistent("a", "/x"))
+            .with_volume(Volume::persistent("b", "/x"))),
+        bad(ContainerInfo::new("rootfs:../../etc")),
+    ];
+    let mut tasks = vec![good.clone()];
+    tasks.extend(refused.iter().cloned());
+    let out = h.input(Input::Framework {
+        conn: F,
+        msg: launch(offers[0].id, tasks),
+    });
+    assert!(out.iter().any(|o| matches!(o, Output::ToAgent(A, MasterToAgent::RunTask { task, .. }) if task.task_id == good.task_id)));
+    let messages: Vec<String> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(_, MasterToFramework::Update(u)) if u.state == TaskState::Error => {
+                assert_eq!(u.reason, Some(TaskReason::InvalidTask));
+                Some(u.message.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(messages.len(), refused.len(), "{messages:?}");
+    for want in [
+        "image reference must be",
+        "not absolute",
+        "not normalized",
+        "persistent volume name",
+        "two volumes at",
+        "not a safe name",
+    ] {
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.contains("container: ") && m.contains(want)),
+            "{want}: {messages:?}"
+        );
+    }
+}
+
 fn offers_after_revive(h: &mut Harness) -> Vec<Offer> {
     let out = h.input(Input::Framework {
         conn: F,

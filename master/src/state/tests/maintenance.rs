@@ -141,6 +141,7 @@ fn running() -> (H, AgentId, FrameworkId, TaskId) {
                     env: Default::default(),
                     kill_grace_secs: Some(2),
                     gpu_selector: None,
+                    container: None,
                 }],
             }],
             refuse_seconds: Some(0.0),

@@ -194,6 +194,7 @@ fn task(r: &str) -> TaskInfo {
         env: Default::default(),
         kill_grace_secs: None,
         gpu_selector: None,
+        container: None,
     }
 }
 
