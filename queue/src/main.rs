@@ -12,6 +12,7 @@
 //! gantry-queue show --server URL ID [--json]
 //! gantry-queue cancel --server URL ID
 //! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
+//! gantry-queue simulate trace.csv --cluster 4x8:A100,2x8:H100 --policy queue,fifo,easy
 //! ```
 //!
 //! Exit codes as gantryctl's: 0 ok, 1 error (unreachable, 400), 2 usage, 3 not found (404),
@@ -102,6 +103,8 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Replay a job trace on emulated agents (see docs/queue.md, "Simulator").
+    Simulate(gantry_queue::sim::cli::SimulateArgs),
 }
 
 /// How to reach the queue's API and who the caller is.
@@ -613,6 +616,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Shutdown { conn } => {
             call(&conn, reqwest::Method::POST, "/shutdown", None).await?;
             println!("shutting down: the framework is torn down");
+            Ok(())
+        }
+        Cmd::Simulate(s) => {
+            let teams = s
+                .teams
+                .iter()
+                .map(|t| parse_team(t))
+                .collect::<anyhow::Result<_>>()?;
+            print!("{}", gantry_queue::sim::cli::run(&s, teams)?);
             Ok(())
         }
     }
