@@ -5,7 +5,10 @@
 //! The emulated master offers each agent's free resources (one offer per agent at a time, its
 //! free GPUs listed), honours `Decline` filters (until their time or a `Revive`) and
 //! `Suppress`, and rescinds an agent's outstanding offer when a task there ends so that a fresh
-//! offer carries what was freed. A `Launch` starts its tasks at once on the GPUs the core
+//! offer carries what was freed. Declined agents are offered again at the next step after their
+//! filter (a submission, a task's end, or a tick): no step is made for a filter's expiry alone,
+//! which in a waiting queue would tick the core every simulated second for nothing new (the
+//! core declines for a second while jobs wait), and a submission lifts every filter. A `Launch` starts its tasks at once on the GPUs the core
 //! pinned (or the first free ones) and reports them `RUNNING` with their GPUs. A worker ends
 //! `FINISHED` when its job's remaining work is done; a `Kill`/`KillFor` ends it `KILLED` (with
 //! the reason) after the job's grace period, or earlier if its work ends first. Work done
@@ -255,6 +258,11 @@ impl Sim<'_> {
     }
 
     fn submit(&mut self, i: usize) {
+        // Declined agents are offered again with the next step (the filters the core asks
+        // for are a second or a few: a real master's next offer comes about as soon).
+        for a in &mut self.agents {
+            a.filtered_until = 0;
+        }
         let j = &self.trace[i];
         let spec = JobSpec {
             name: j.name.clone(),
@@ -331,7 +339,6 @@ impl Sim<'_> {
                             let until = self.now + ms(secs_.max(0.0));
                             self.agents[a].offer = None;
                             self.agents[a].filtered_until = until;
-                            self.push(until, Ev::Wake);
                         }
                     }
                 }
