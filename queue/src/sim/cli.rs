@@ -50,8 +50,8 @@ pub enum TraceFormat {
 pub struct SimulateArgs {
     /// The trace (docs/queue.md, "Simulator").
     pub trace: PathBuf,
-    /// The emulated cluster: COUNTxGPUS[:MODEL],... (e.g. 4x8:A100,2x8:H100) or a TOML file
-    /// with [[agents]] tables (count, gpus, model, cpus, mem_mib).
+    /// The emulated cluster: `COUNTxGPUS[:MODEL],...` (e.g. `4x8:A100,2x8:H100`) or a TOML file
+    /// with `[[agents]]` tables (count, gpus, model, cpus, mem_mib).
     #[arg(long)]
     pub cluster: String,
     /// The trace's format.
