@@ -737,6 +737,11 @@ impl Core {
         RetryPolicy::new(max_retries, config.retry_backoff, MAX_RETRY_BACKOFF)
     }
 
+    /// A job's state (`None`: unknown or forgotten). For the simulator (`crate::sim`).
+    pub fn job_state(&self, id: u64) -> Option<JobState> {
+        self.jobs.get(&id).map(|j| j.state)
+    }
+
     /// Jobs not yet ended.
     pub fn active_jobs(&self) -> usize {
         self.jobs

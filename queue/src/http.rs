@@ -11,6 +11,7 @@
 //! | `GET /stats`          | counters as JSON (GPU-seconds per team, preemptions, jobs requeued after a lost worker, idle) |
 //! | `GET /metrics`        | Prometheus text: queue depth per team and priority, wait    |
 //! |                       | histogram, preemptions, GPU-hours per team, idle-while-waiting |
+//! | `GET /usage`          | GPU-hours per team (`?by=user`: per team and user) in `?since_unix_ms=..&until_unix_ms=..` ([`crate::usage`]) |
 //! | `POST /shutdown`      | tear the framework down (`gantry-queue shutdown`)            |
 //!
 //! Every change is committed to the store before the answer is sent.
@@ -61,6 +62,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/jobs/{id}", get(show).delete(cancel))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
+        .route("/usage", get(usage))
         .route("/shutdown", axum::routing::post(shutdown))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(api)
@@ -234,6 +236,37 @@ async fn list(
         .core()
         .views_at(Instant::now(), crate::runtime::unix_ms());
     Json(views).into_response()
+}
+
+/// `GET /usage` parameters.
+#[derive(Debug, serde::Deserialize)]
+struct UsageQuery {
+    since_unix_ms: Option<u64>,
+    until_unix_ms: Option<u64>,
+    #[serde(default)]
+    by: crate::usage::By,
+}
+
+async fn usage(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    axum::extract::Query(q): axum::extract::Query<UsageQuery>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    let until = q.until_unix_ms.unwrap_or_else(crate::runtime::unix_ms);
+    match api.shared.store().usage() {
+        Ok(history) => Json(crate::usage::summarize(
+            &history,
+            q.since_unix_ms.unwrap_or(0),
+            until,
+            q.by,
+        ))
+        .into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 async fn show(

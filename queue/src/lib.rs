@@ -24,6 +24,10 @@
 //!   actions are sent to the master.
 //! - [`auth`]: who may do what (pure): the ACL file (declared teams, who submits to which
 //!   team up to which priority, team and queue administrators), callers, 400/401/403.
+//! - [`sim`]: the simulator on the same core (`gantry-queue simulate`): a job trace on emulated
+//!   agents with emulated time, against FIFO and EASY-backfill baselines.
+//! - [`usage`]: GPU-hours per team and user from the store's usage history (`GET /usage`,
+//!   `gantry-queue usage`).
 //! - [`http`]: the API (`/jobs`, `/stats`, `/metrics`, `/shutdown`), in HTTPS with tokens and
 //!   client certificates when an ACL file is given.
 
@@ -32,4 +36,6 @@ pub mod core;
 pub mod http;
 pub mod model;
 pub mod runtime;
+pub mod sim;
 pub mod store;
+pub mod usage;

@@ -12,6 +12,8 @@
 //! gantry-queue show --server URL ID [--json]
 //! gantry-queue cancel --server URL ID
 //! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
+//! gantry-queue usage --server URL --since 7d [--by team|user] [--json|--csv]
+//! gantry-queue simulate trace.csv --cluster 4x8:A100,2x8:H100 --policy queue,fifo,easy
 //! ```
 //!
 //! Exit codes as gantryctl's: 0 ok, 1 error (unreachable, 400), 2 usage, 3 not found (404),
@@ -102,6 +104,25 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// GPU-hours per team (or per team and user) from the queue's usage history.
+    Usage {
+        #[command(flatten)]
+        conn: Conn,
+        /// The window: the last N, Ns, Nm, Nh or Nd.
+        #[arg(long, default_value = "7d")]
+        since: String,
+        /// team or user.
+        #[arg(long, default_value = "team")]
+        by: gantry_queue::usage::By,
+        /// JSON instead of a table.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// CSV instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
+    /// Replay a job trace on emulated agents (see docs/queue.md, "Simulator").
+    Simulate(gantry_queue::sim::cli::SimulateArgs),
 }
 
 /// How to reach the queue's API and who the caller is.
@@ -750,6 +771,43 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Shutdown { conn } => {
             call(&conn, reqwest::Method::POST, "/shutdown", None).await?;
             println!("shutting down: the framework is torn down");
+            Ok(())
+        }
+        Cmd::Usage {
+            conn,
+            since,
+            by,
+            json,
+            csv,
+        } => {
+            let window = parse_secs(&since).context("--since")?;
+            let since_ms = unix_ms().saturating_sub(window.saturating_mul(1000));
+            let by_name = if by == gantry_queue::usage::By::User {
+                "user"
+            } else {
+                "team"
+            };
+            let path = format!("/usage?since_unix_ms={since_ms}&by={by_name}");
+            let v = call(&conn, reqwest::Method::GET, &path, None).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let rows: Vec<gantry_queue::usage::UsageRow> = serde_json::from_value(v)?;
+                if csv {
+                    print!("{}", gantry_queue::usage::csv(&rows));
+                } else {
+                    print!("{}", gantry_queue::usage::table(&rows));
+                }
+            }
+            Ok(())
+        }
+        Cmd::Simulate(s) => {
+            let teams = s
+                .teams
+                .iter()
+                .map(|t| parse_team(t))
+                .collect::<anyhow::Result<_>>()?;
+            print!("{}", gantry_queue::sim::cli::run(&s, teams)?);
             Ok(())
         }
     }
