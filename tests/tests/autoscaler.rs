@@ -401,7 +401,7 @@ echo "done $n" > "$d/result""#;
     .trim()
     .parse()
     .unwrap();
-    let (driver, _progress) = gpu_batch(&cluster, "spot-batch", 1, "sleep 60");
+    let (driver, _progress) = gpu_batch(&cluster, "spot-batch", 1, "sleep 8");
     let busy = cluster
         .master
         .wait_state(Duration::from_secs(60), "2 tasks running", |s| {

@@ -98,7 +98,9 @@ pub fn report(events: &[HistoryEvent], since_ms: u64, until_ms: u64, by: UsageBy
     let mut total = Row::default();
     for (start, end, key, res) in spans {
         let (s, e) = (start.max(since_ms), end.min(until_ms));
-        if e <= s {
+        // A task that ran within the window counts, even for no time at all (a task that
+        // ends in the millisecond it started: the agent reports both in one batch).
+        if e < s {
             continue;
         }
         let hours = (e - s) as f64 / 3_600_000.0;
@@ -161,5 +163,16 @@ mod tests {
         assert_eq!(r["rows"][0]["key"], "etl");
         assert_eq!(r["rows"][0]["tasks"], 2);
         assert!(UsageBy::parse("team").is_err());
+        // A task that ended in the millisecond it started counts, for no time; one that ended
+        // before the window does not.
+        let quick = vec![
+            task(5 * h, "q", "RUNNING", "eng", res.clone()),
+            task(5 * h, "q", "FINISHED", "eng", res.clone()),
+            task(h, "old", "RUNNING", "eng", res.clone()),
+            task(h + 1, "old", "FINISHED", "eng", res.clone()),
+        ];
+        let r = report(&quick, 2 * h, 6 * h, UsageBy::Role);
+        assert_eq!(r["rows"][0]["tasks"], 1, "{r:#}");
+        assert_eq!(r["rows"][0]["cpu_hours"], 0.0);
     }
 }
