@@ -124,6 +124,34 @@ fn seconds(seen: &Seen) -> f64 {
         .sum()
 }
 
+/// `gantry-autoscaler run` as the dev operator `admin` with `pools`, its report in `status`,
+/// and the local provider starting agents on this host (no host ports each: ranges would
+/// overlap; every sandbox kept).
+fn autoscaler_cmd(cluster: &Cluster, pools: &std::path::Path, status: &std::path::Path) -> Command {
+    let mut cmd = Command::new(bin("gantry-autoscaler").unwrap());
+    cmd.arg("run")
+        .arg("--config")
+        .arg(pools)
+        .arg("--master")
+        .arg(format!("https://{}", cluster.master.http))
+        .arg("--tls-dir")
+        .arg(&cluster.tls_dir)
+        .args(["--operator", "admin", "--status-file"])
+        .arg(status)
+        .arg("--local-master")
+        .arg(cluster.master.quic.to_string())
+        .arg("--local-work-dir")
+        .arg(cluster.dir.path().join("nodes"))
+        .arg("--local-agent-bin")
+        .arg(bin("gantry-agent").unwrap())
+        .arg("--local-nvml-lib")
+        .arg(standin_lib());
+    for a in ["--ports", "none", "--gc-disk-headroom", "0"] {
+        cmd.arg(format!("--local-agent-arg={a}"));
+    }
+    cmd
+}
+
 /// The example batch framework `name` with `count` tasks of one GPU running `command`.
 fn gpu_batch(
     cluster: &Cluster,
@@ -184,32 +212,8 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     // The autoscaler, as the dev operator `admin`, with its report for Prometheus.
     let metrics = free_tcp();
     register_http(metrics, &cluster.tls_dir, true);
-    let mut cmd = Command::new(bin("gantry-autoscaler").unwrap());
-    cmd.arg("run")
-        .arg("--config")
-        .arg(&pools)
-        .arg("--master")
-        .arg(format!("https://{}", cluster.master.http))
-        .arg("--tls-dir")
-        .arg(&cluster.tls_dir)
-        .arg("--operator")
-        .arg("admin")
-        .arg("--status-file")
-        .arg(&status)
-        .arg("--metrics-listen")
-        .arg(metrics.to_string())
-        .arg("--local-master")
-        .arg(cluster.master.quic.to_string())
-        .arg("--local-work-dir")
-        .arg(dir.join("nodes"))
-        .arg("--local-agent-bin")
-        .arg(bin("gantry-agent").unwrap())
-        .arg("--local-nvml-lib")
-        .arg(standin_lib());
-    // Agents on one host: no host ports each (ranges would overlap); keep every sandbox.
-    for a in ["--ports", "none", "--gc-disk-headroom", "0"] {
-        cmd.arg(format!("--local-agent-arg={a}"));
-    }
+    let mut cmd = autoscaler_cmd(&cluster, &pools, &status);
+    cmd.arg("--metrics-listen").arg(metrics.to_string());
     let log = dir.join("autoscaler.log");
     let mut autoscaler = Proc::spawn("gantry-autoscaler", cmd, &log).unwrap();
 
@@ -547,27 +551,7 @@ provider = {{ kind = "local" }}
     )
     .unwrap();
     let status = dir.join("autoscaler-status-2.json");
-    let mut cmd = Command::new(bin("gantry-autoscaler").unwrap());
-    cmd.arg("run")
-        .arg("--config")
-        .arg(&pools)
-        .arg("--master")
-        .arg(format!("https://{}", cluster.master.http))
-        .arg("--tls-dir")
-        .arg(&cluster.tls_dir)
-        .args(["--operator", "admin", "--status-file"])
-        .arg(&status)
-        .arg("--local-master")
-        .arg(cluster.master.quic.to_string())
-        .arg("--local-work-dir")
-        .arg(dir.join("nodes"))
-        .arg("--local-agent-bin")
-        .arg(bin("gantry-agent").unwrap())
-        .arg("--local-nvml-lib")
-        .arg(standin_lib());
-    for a in ["--ports", "none", "--gc-disk-headroom", "0"] {
-        cmd.arg(format!("--local-agent-arg={a}"));
-    }
+    let cmd = autoscaler_cmd(&cluster, &pools, &status);
     let mut packer = Proc::spawn("gantry-autoscaler", cmd, &dir.join("autoscaler-2.log")).unwrap();
     let locks = dir.join("locks");
     std::fs::create_dir(&locks).unwrap();
