@@ -826,21 +826,24 @@ impl Core {
         });
         let unreserved: u64 = outside.iter().map(AgentView::gpu_count).sum();
         let held = free - unreserved;
-        let fits = |j: &&Job, within: &[AgentView]| {
-            gang::place_gang(&mut within.to_vec(), &gang_of(&j.spec)).is_some()
-        };
+        // Once per gang shape, whatever the number of jobs.
+        let (mut in_all, mut in_outside) = (ShapeCache::default(), ShapeCache::default());
         let eligible = || self.jobs.values().filter(|j| Self::eligible(j));
         let backfills = |j: &&Job| {
             self.last_reservation
                 .as_ref()
                 .is_some_and(|r| self.backfills(r, &j.spec, now))
         };
-        if eligible().any(|j| holder == Some(j.id) && fits(&j, &views)) {
+        if eligible().any(|j| holder == Some(j.id) && in_all.fits(&views, &gang_of(&j.spec))) {
             (free, 0)
-        } else if eligible().any(|j| holder != Some(j.id) && backfills(&j) && fits(&j, &views)) {
+        } else if eligible().any(|j| {
+            holder != Some(j.id) && backfills(&j) && in_all.fits(&views, &gang_of(&j.spec))
+        }) {
             // EASY backfill: a job that ends before the reservation starts may use its GPUs.
             (free, 0)
-        } else if eligible().any(|j| holder != Some(j.id) && fits(&j, &outside)) {
+        } else if eligible()
+            .any(|j| holder != Some(j.id) && in_outside.fits(&outside, &gang_of(&j.spec)))
+        {
             (unreserved, held)
         } else {
             (0, held)
@@ -1176,13 +1179,14 @@ impl Core {
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]).
         let usage_now = self.usage(now);
+        // Placement depends only on the gang's shape: tried once per shape (a queue holds
+        // thousands of jobs of a few shapes).
+        let mut fits_now = ShapeCache::default();
         let not_fitting: Vec<u64> = self
             .order(now)
             .into_iter()
             .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage_now))
-            .filter(|id| {
-                gang::place_gang(&mut views.clone(), &gang_of(&self.jobs[id].spec)).is_none()
-            })
+            .filter(|id| !fits_now.fits(&views, &gang_of(&self.jobs[id].spec)))
             .collect();
         let holder = self.holds.update(&not_fitting, now).holder;
         if let Some((id, _, since)) = &self.preempt_for {
@@ -1202,15 +1206,28 @@ impl Core {
                 start: None,
             });
         }
+        // The order of what is pending, computed again only after a launch (a launch changes
+        // the teams' usage, which the order depends on; a blocked job changes nothing).
+        let mut order: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+        let mut usage = usage_now;
+        let mut stale = true;
+        // Shapes (and whether they may backfill) that found no room outside the holder's
+        // reservation since the last launch or change of the reservation: what is free only
+        // shrinks meanwhile, so they would not fit again.
+        let mut no_room: Vec<(GangRequest, bool)> = Vec::new();
         while !pending.is_empty() {
             // Members launched earlier in this pass are already recorded in their jobs.
-            let usage = self.usage(now);
-            let level = self.level(&usage);
-            let Some(id) = pending
-                .iter()
-                .copied()
-                .min_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, level, now))
-            else {
+            if stale {
+                usage = self.usage(now);
+                let level = self.level(&usage);
+                let mut ids: Vec<u64> = pending.iter().copied().collect();
+                ids.sort_by_cached_key(|id| {
+                    self.order_key(&self.jobs[id], &usage, totals, level, now)
+                });
+                order = ids.into();
+                stale = false;
+            }
+            let Some(id) = order.pop_front() else {
                 break;
             };
             pending.remove(&id);
@@ -1220,6 +1237,19 @@ impl Core {
                 continue;
             }
             let gang = gang_of(&spec);
+            let holds_it = reservation.as_ref().is_some_and(|r| r.holder == id);
+            let may_backfill = reservation
+                .as_ref()
+                .is_some_and(|r| r.holder != id && self.backfills(r, &spec, now));
+            if !holds_it
+                && holder != Some(id)
+                && no_room
+                    .iter()
+                    .any(|(g, b)| *g == gang && *b == may_backfill)
+            {
+                blocked.push(id);
+                continue;
+            }
             let mut avail = views.clone();
             if let Some(r) = &reservation {
                 if r.holder != id {
@@ -1252,11 +1282,16 @@ impl Core {
                         reservation = None;
                     }
                     self.holds.done(&id);
+                    stale = true;
+                    no_room.clear();
                 }
                 None => {
                     blocked.push(id);
                     if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
                         reservation = self.reserve(id, &gang, now);
+                        no_room.clear();
+                    } else if !holds_it {
+                        no_room.push((gang, may_backfill));
                     }
                 }
             }
@@ -1518,6 +1553,23 @@ fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, uuids: &[Str
     if let Some(v) = views.iter_mut().find(|v| v.agent_id == agent) {
         v.resources = v.resources.saturating_sub(res);
         v.gpus.retain(|g| !uuids.contains(&g.uuid));
+    }
+}
+
+/// Whether each gang shape fits some views, placed once per shape.
+#[derive(Default)]
+struct ShapeCache {
+    known: Vec<(GangRequest, bool)>,
+}
+
+impl ShapeCache {
+    fn fits(&mut self, views: &[AgentView], gang: &GangRequest) -> bool {
+        if let Some((_, fits)) = self.known.iter().find(|(g, _)| g == gang) {
+            return *fits;
+        }
+        let fits = gang::place_gang(&mut views.to_vec(), gang).is_some();
+        self.known.push((gang.clone(), fits));
+        fits
     }
 }
 
