@@ -438,6 +438,7 @@ impl Core {
                     gpus: spec.gpus,
                     gpu_model: spec.gpu_model.clone().unwrap_or_default(),
                     price_per_hour: spec.price_per_hour,
+                    spot: spec.spot,
                     room: if cooling { 0 } else { self.room(p) },
                     provisioning: self
                         .nodes

@@ -72,6 +72,7 @@ pub fn demand_items(v: &Value) -> Vec<DemandItem> {
                 mem_mib: task.milli("mem") / 1000,
                 gpu,
                 models: Vec::new(),
+                on_demand: false,
                 count,
             })
         })

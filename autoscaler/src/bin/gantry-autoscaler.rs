@@ -4,6 +4,7 @@
 //! ```text
 //! gantry-autoscaler check --config pools.toml
 //! gantry-autoscaler simulate --config pools.toml --openb openb_pod_list_default.csv
+//!     [--spot-rate PER_NODE_HOUR --seed N --checkpoint CLASS=SECS... --on-demand-classes LS,..]
 //! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
 //!     [--operator NAME | --token-file FILE] [--status-file FILE] [--metrics-listen ADDR]
 //!     [--local-agent-bin PATH --local-master QUIC_ADDR --local-work-dir DIR
@@ -58,6 +59,20 @@ enum Command {
         /// Simulated seconds from a create to the node registering.
         #[arg(long, default_value_t = 180)]
         provision_secs: u64,
+        /// Spot notices per spot node-hour (a seeded Poisson process; 0: none).
+        #[arg(long, default_value_t = 0.0)]
+        spot_rate: f64,
+        /// The seed of the spot notices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A QoS class's checkpoint interval, `CLASS=SECS` (repeatable; 0: none). Defaults:
+        /// `BE=600`, `Burstable=600`; other classes do not checkpoint.
+        #[arg(long, value_parser = parse_class_secs)]
+        checkpoint: Vec<(String, u64)>,
+        /// QoS classes that prefer on-demand capacity (comma-separated; default
+        /// `LS,Guaranteed`; `none` for none).
+        #[arg(long)]
+        on_demand_classes: Option<String>,
     },
 }
 
@@ -143,37 +158,68 @@ fn main() -> anyhow::Result<()> {
             openb,
             tick_secs,
             provision_secs,
-        } => simulate(&config, &openb, tick_secs, provision_secs),
+            spot_rate,
+            seed,
+            checkpoint,
+            on_demand_classes,
+        } => {
+            let mut s = gantry_autoscaler::sim::SimSettings::new(tick_secs, provision_secs);
+            if !(spot_rate.is_finite() && spot_rate >= 0.0) {
+                bail!("--spot-rate must be 0 or more");
+            }
+            s.spot.rate_per_node_hour = spot_rate;
+            s.spot.seed = seed;
+            s.checkpoint_s.extend(checkpoint);
+            if let Some(c) = on_demand_classes {
+                s.on_demand_classes = c
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty() && *c != "none")
+                    .map(str::to_string)
+                    .collect();
+            }
+            simulate(&config, &openb, s)
+        }
     }
+}
+
+fn parse_class_secs(text: &str) -> Result<(String, u64), String> {
+    let (class, secs) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not CLASS=SECS"))?;
+    let secs = secs
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: {secs:?} is not a number of seconds"))?;
+    Ok((class.trim().to_string(), secs))
 }
 
 fn simulate(
     config: &std::path::Path,
     openb: &std::path::Path,
-    tick_s: u64,
-    provision_s: u64,
+    settings: gantry_autoscaler::sim::SimSettings,
 ) -> anyhow::Result<()> {
     use gantry_autoscaler::sim;
     let config = Config::load(config)?;
     let text =
         std::fs::read_to_string(openb).with_context(|| format!("reading {}", openb.display()))?;
     let tasks = sim::parse_openb(&text).with_context(|| format!("{}", openb.display()))?;
-    let settings = sim::SimSettings {
-        tick_s,
-        provision_s,
-    };
     let t0 = std::time::Instant::now();
-    let elastic = sim::simulate(&config, &tasks, settings);
+    let elastic = sim::simulate(&config, &tasks, &settings);
     let fixed = sim::simulate(
         &sim::static_fleet(&config, &elastic.peak_nodes),
         &tasks,
-        settings,
+        &settings,
     );
     let out = serde_json::json!({
         "trace": openb.display().to_string(),
         "tasks": tasks.len(),
-        "tick_secs": tick_s,
-        "provision_secs": provision_s,
+        "tick_secs": settings.tick_s,
+        "provision_secs": settings.provision_s,
+        "spot_rate_per_node_hour": settings.spot.rate_per_node_hour,
+        "seed": settings.spot.seed,
+        "checkpoint_secs": settings.checkpoint_s,
+        "on_demand_classes": settings.on_demand_classes,
         "elastic": elastic,
         "static_peak": fixed,
         "cost_ratio": if fixed.cost > 0.0 { elastic.cost / fixed.cost } else { 0.0 },
