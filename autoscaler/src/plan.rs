@@ -424,7 +424,7 @@ mod tests {
             ..gpu_task(1, 4, &[])
         };
         // Latency-sensitive: on demand, though spot is 4x cheaper.
-        let p = plan(&[spot.clone(), od.clone()], &[ls.clone()]);
+        let p = plan(&[spot.clone(), od.clone()], std::slice::from_ref(&ls));
         assert_eq!(p.add, BTreeMap::from([("od".to_string(), 1)]));
         // Best effort: spot.
         let p = plan(&[spot.clone(), od.clone()], &[gpu_task(1, 4, &[])]);
@@ -441,11 +441,11 @@ mod tests {
         // A provisioning spot node does not absorb them either.
         let mut busy_spot = spot.clone();
         busy_spot.provisioning = 1;
-        let p = plan(&[busy_spot, od.clone()], &[ls.clone()]);
+        let p = plan(&[busy_spot, od.clone()], std::slice::from_ref(&ls));
         assert_eq!(p.add, BTreeMap::from([("od".to_string(), 1)]));
         // The on-demand pool full: they wait (capped), never spill onto spot.
         let full = pool("od", 4, "A100", 4.0, 0);
-        let p = plan(&[spot.clone(), full], &[ls.clone()]);
+        let p = plan(&[spot.clone(), full], std::slice::from_ref(&ls));
         assert!(p.add.is_empty(), "{p:?}");
         assert_eq!(p.capped, 4);
         // No on-demand pool can hold them at all (only spot has H100s): spot it is.

@@ -7,6 +7,7 @@
 //!     [--spot-rate PER_NODE_HOUR --seed N --checkpoint CLASS=SECS... --on-demand-classes LS,..]
 //! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
 //!     [--operator NAME | --token-file FILE] [--status-file FILE] [--metrics-listen ADDR]
+//!     [--etcd URLS [--ha-id NAME] [--ha-prefix PREFIX] [--ha-lease-ttl 3s]]
 //!     [--local-agent-bin PATH --local-master QUIC_ADDR --local-work-dir DIR
 //!      --local-nvml-lib PATH --local-agent-arg ARG...]
 //! ```
@@ -23,6 +24,7 @@ use gantry_autoscaler::core::Core;
 use gantry_autoscaler::provider::{ExecProvider, LocalConfig, LocalProvider, Provider};
 use gantry_autoscaler::runtime::Runtime;
 use gantry_master::client::{BlockingClient, ClientConfig, Credentials};
+use gantry_master::election::{Election, EtcdElectionConfig};
 
 #[derive(Parser)]
 #[command(
@@ -100,6 +102,21 @@ struct RunArgs {
     /// loopback or a scrape network).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// HA: etcd endpoints (`URL[,URL...]`): copies of the autoscaler with the same
+    /// `--ha-prefix` elect one that acts; the others stand by and take over when its lease
+    /// lapses (the masters' election code).
+    #[arg(long)]
+    etcd: Option<String>,
+    /// HA: this copy's name in the election (default: `HOST-PID`).
+    #[arg(long)]
+    ha_id: Option<String>,
+    /// HA: the etcd key prefix of the election (`PREFIX/leader`).
+    #[arg(long, default_value = "/gantry/autoscaler")]
+    ha_prefix: String,
+    /// HA: the election's lease TTL (whole seconds; a standby takes over within about this
+    /// long of the leader dying).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    ha_lease_ttl: Duration,
     /// Local provider: the `gantry-agent` binary (default: next to this one).
     #[arg(long)]
     local_agent_bin: Option<PathBuf>,
@@ -300,15 +317,68 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let interval = config.autoscaler.interval;
     tracing::info!(pools = config.pools.len(), master = %args.master, "autoscaler running");
-    let mut rt = Runtime::new(Core::new(config), api, providers, args.status_file);
+    let mut rt = Runtime::new(Core::new(config), api, providers, args.status_file.clone());
+    let ha = match &args.etcd {
+        Some(list) => {
+            let (fence, ha) = elect(list, &args)?;
+            rt.fence = fence;
+            Some(ha)
+        }
+        None => None,
+    };
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr, rt.metrics.clone())?;
         tracing::info!(%addr, "serving /metrics");
     }
     rt.run(interval, &STOP);
     tracing::info!("stopping: local nodes are stopped, other providers' nodes stay");
+    if let Some((tokio_rt, mut election)) = ha {
+        // Resign at once, so a standby takes over without waiting for the lease.
+        if let Err(e) = tokio_rt.block_on(election.resign(Duration::from_secs(2))) {
+            tracing::warn!(error = %e, "resigning the election");
+        }
+    }
     drop(rt);
     Ok(())
+}
+
+/// Joins the etcd election of the autoscaler's copies (the masters' election code, under
+/// `--ha-prefix`): the fence that says whether this copy leads, and what keeps the election
+/// running (its runtime and handle).
+fn elect(
+    list: &str,
+    args: &RunArgs,
+) -> anyhow::Result<(
+    gantry_autoscaler::runtime::Fence,
+    (tokio::runtime::Runtime, Election),
+)> {
+    let endpoints = EtcdElectionConfig::parse_endpoints(list)?;
+    let id = match &args.ha_id {
+        Some(id) => id.clone(),
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "autoscaler".into());
+            format!("{host}-{}", std::process::id())
+        }
+    };
+    let mut cfg = EtcdElectionConfig::new(endpoints, id.clone());
+    cfg.prefix = args.ha_prefix.clone();
+    cfg.lease_ttl = args.ha_lease_ttl;
+    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("election")
+        .enable_all()
+        .build()?;
+    let election = {
+        let _in_runtime = tokio_rt.enter();
+        Election::etcd(cfg).context("starting the etcd election")?
+    };
+    let status = election.watch_status();
+    tracing::info!(%id, prefix = %args.ha_prefix, "HA: campaigning in etcd");
+    let fence: gantry_autoscaler::runtime::Fence =
+        std::sync::Arc::new(move || status.borrow().leads_at(std::time::Instant::now()));
+    Ok((fence, (tokio_rt, election)))
 }
 
 /// `GET /metrics` on `addr`: the latest round's report in Prometheus' text format.
