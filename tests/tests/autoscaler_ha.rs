@@ -131,6 +131,35 @@ fn kill_agents_under(nodes_dir: &Path) {
     }
 }
 
+/// On drop, even after a failed assertion: what is left of the agents under `nodes` killed, and
+/// every node's cgroup root of this test removed.
+struct Cleanup {
+    nodes: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        kill_agents_under(&self.nodes);
+        let prefix = cgroup_root("");
+        let mut roots = BTreeSet::new();
+        for h in std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for e in std::fs::read_dir(h.path()).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix) {
+                    roots.insert(name);
+                }
+            }
+        }
+        for name in roots {
+            drop(CgroupRoot { name });
+        }
+    }
+}
+
 #[test]
 fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
     if !cgroups_available("autoscaler_ha") {
@@ -139,6 +168,10 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
     let etcd = EtcdServer::start().unwrap();
     let cluster = Cluster::start_with(&[], &[], &[]).unwrap();
     let dir = cluster.dir.path().to_path_buf();
+    // Dropped after the copies (declared before them).
+    let _cleanup = Cleanup {
+        nodes: dir.join("nodes"),
+    };
     let pools = dir.join("pools.toml");
     std::fs::write(&pools, pools_toml()).unwrap();
     let names = ["a", "b"];
@@ -156,7 +189,6 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
             Some(Proc::spawn("gantry-autoscaler", cmd, &logs[i]).unwrap())
         })
         .collect();
-    let mut seen_nodes = BTreeSet::new();
     let dump = |why: &str| {
         cluster.dump_logs();
         for l in &logs {
@@ -184,7 +216,6 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    seen_nodes.insert(first.clone());
     let standby = 1 - active;
     // Several rounds later, still one node and one report: the standby never acted.
     let until = Instant::now() + Duration::from_millis(4 * INTERVAL_MS);
@@ -232,7 +263,6 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let (name, price, registered) = second.unwrap();
-    seen_nodes.insert(name.clone());
     let scaled = scaled
         .or_else(|| {
             read_status(&status[standby])
@@ -241,7 +271,7 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
         })
         .unwrap();
     eprintln!(
-        "takeover: the standby created its node {:.2} s after the kill (TTL {TTL_S} s, round \
+        "takeover: the standby created its node {name} {:.2} s after the kill (TTL {TTL_S} s, round \
          {INTERVAL_MS} ms); registered {:.2} s after the kill",
         scaled.as_secs_f64(),
         registered.as_secs_f64()
@@ -254,7 +284,7 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
     assert_eq!(r["pools"][0]["nodes_created"], 1, "{r:#}");
 
     // Clean up: the standby stops its node on SIGTERM; the killed copy's agent and both
-    // nodes' cgroups go.
+    // nodes' cgroups go ([`Cleanup`]).
     if let Some(mut p) = copies[standby].take() {
         // SAFETY: kill(2) on our own child.
         unsafe {
@@ -265,12 +295,6 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
             std::thread::sleep(Duration::from_millis(50));
         }
         p.kill9();
-    }
-    kill_agents_under(&dir.join("nodes"));
-    for n in &seen_nodes {
-        drop(CgroupRoot {
-            name: cgroup_root(n),
-        });
     }
     drop(etcd);
 }
