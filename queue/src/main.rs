@@ -226,6 +226,11 @@ struct Serve {
     /// Its key (PEM).
     #[arg(long, requires = "https_cert")]
     https_key: Option<PathBuf>,
+    /// Declare the eligible pending jobs' worker shapes to the master (`set_demand`, at most
+    /// 16 shapes) as they change: the master then offers tasks' worth of those shapes, and an
+    /// autoscaler reading `GET /api/v1/demand` adds nodes for what the fleet cannot place.
+    #[arg(long)]
+    declare_demand: bool,
 }
 
 #[derive(Parser, Debug)]
@@ -578,7 +583,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         Instant::now(),
         unix_ms(),
     );
-    let shared = Shared::new(core, store, driver.handle());
+    let shared = Shared::with_demand(core, store, driver.handle(), a.declare_demand);
     // Kills owed from before a restart: queued by the driver until it has subscribed.
     shared.resume(owed);
     let listener = tokio::net::TcpListener::bind(&a.listen)

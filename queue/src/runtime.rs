@@ -33,18 +33,59 @@ pub struct Shared {
     broken: AtomicBool,
     /// `gantry-queue shutdown` was asked for: the framework is being torn down.
     shutting_down: AtomicBool,
+    /// `--declare-demand`: the demand last declared to the master (`None`: to declare again),
+    /// or no declaring at all.
+    demand: Option<Mutex<Option<Vec<Demand>>>>,
 }
 
 impl Shared {
     /// Wraps `core` (already restored from `store`); actions go to `driver`.
     pub fn new(core: Core, store: Store, driver: DriverHandle) -> Arc<Self> {
+        Self::with_demand(core, store, driver, false)
+    }
+
+    /// As [`Shared::new`]; with `declare_demand`, the ticker declares the eligible pending
+    /// jobs' shapes to the master ([`Core::demand`], `set_demand`) whenever they change.
+    pub fn with_demand(
+        core: Core,
+        store: Store,
+        driver: DriverHandle,
+        declare_demand: bool,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             core: Mutex::new(core),
             store,
             driver,
             broken: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
+            demand: declare_demand.then(|| Mutex::new(None)),
         })
+    }
+
+    /// With `--declare-demand`: declares [`Core::demand`] to the master if it differs from
+    /// what was declared last (or a launch or a new subscription made the master's count
+    /// stale). Called by the ticker, so a burst of submissions declares once.
+    pub fn declare_demand(&self) {
+        let Some(last) = &self.demand else { return };
+        if self.is_broken() || self.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        // The core first, then the record of what was declared (the order `perform` uses).
+        let core = self.core();
+        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = core.demand();
+        if last.as_ref() != Some(&now) {
+            tracing::debug!(shapes = now.len(), "declaring demand");
+            self.driver.set_demand(now.clone());
+            *last = Some(now);
+        }
+    }
+
+    /// Forgets what was declared: the next [`Shared::declare_demand`] declares again.
+    fn demand_stale(&self) {
+        if let Some(last) = &self.demand {
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
     }
 
     /// The core, locked (a poisoned lock is taken over: the core has no invariants a panic
@@ -98,6 +139,8 @@ impl Shared {
         for a in actions {
             match a {
                 Action::Launch { offers, tasks } => {
+                    // The master lowers the declared counts by what this launches.
+                    self.demand_stale();
                     for t in &tasks {
                         tracing::info!(task = %t.name, id = %t.task_id, "launching");
                     }
@@ -143,6 +186,7 @@ impl Shared {
             loop {
                 every.tick().await;
                 me.with(|core, now| ((), core.tick(now)));
+                me.declare_demand();
             }
         })
     }
@@ -231,6 +275,9 @@ impl Scheduler for QueueScheduler {
             return;
         }
         driver.revive(vec![]);
+        // A new subscription (or another master) holds no demand of ours.
+        self.shared.demand_stale();
+        self.shared.declare_demand();
         let ids = self.shared.core().task_ids();
         for chunk in ids.chunks(MAX_RECONCILE_IDS) {
             driver.reconcile(chunk.to_vec());
