@@ -11,6 +11,7 @@
 //! gantry-queue list --server URL [--json]
 //! gantry-queue show --server URL ID [--json]
 //! gantry-queue cancel --server URL ID
+//! gantry-queue logs --server URL ID [--worker I] [-f] [--stderr]
 //! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
 //! gantry-queue usage --server URL --since 7d [--by team|user] [--json|--csv]
 //! gantry-queue simulate trace.csv --cluster 4x8:A100,2x8:H100 --policy queue,fifo,easy
@@ -103,6 +104,23 @@ enum Cmd {
     Shutdown {
         #[command(flatten)]
         conn: Conn,
+    },
+    /// A worker's output (standard output, or error), relayed from the master: the job's
+    /// user, its team's and the queue's administrators may read it.
+    Logs {
+        #[command(flatten)]
+        conn: Conn,
+        /// Job id.
+        id: u64,
+        /// The worker's index.
+        #[arg(long, default_value_t = 0)]
+        worker: u32,
+        /// Follow the output until the worker ends.
+        #[arg(short, long)]
+        follow: bool,
+        /// Standard error instead of standard output.
+        #[arg(long)]
+        stderr: bool,
     },
     /// GPU-hours per team (or per team and user) from the queue's usage history.
     Usage {
@@ -231,6 +249,11 @@ struct Serve {
     /// autoscaler reading `GET /api/v1/demand` adds nodes for what the fleet cannot place.
     #[arg(long)]
     declare_demand: bool,
+    /// The master's operator API, https://HOST:PORT (its --http-listen): `gantry-queue logs`
+    /// relays workers' output from there, asked with the framework's certificate
+    /// (framework-NAME.pem in --tls-dir). Without it the queue serves no logs.
+    #[arg(long)]
+    master_api: Option<String>,
 }
 
 #[derive(Parser, Debug)]
@@ -417,6 +440,45 @@ async fn call(
     Ok(value)
 }
 
+/// `gantry-queue logs`: the worker's output streamed to standard output as it comes.
+async fn logs(conn: &Conn, id: u64, worker: u32, follow: bool, stderr: bool) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let url = format!(
+        "{}/jobs/{id}/logs?worker={worker}&follow={follow}&stderr={stderr}",
+        conn.server.trim_end_matches('/')
+    );
+    // No overall deadline: a followed worker writes as long as it runs.
+    let mut req = client(conn)?
+        .get(&url)
+        .timeout(Duration::from_secs(100 * 365 * 86_400));
+    if let Some(token) = &conn.token {
+        req = req.bearer_auth(token);
+    }
+    let mut resp = req
+        .send()
+        .await
+        .with_context(|| format!("reaching {url}"))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await?;
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or(text);
+        return Err(ApiError {
+            status: status.as_u16(),
+            message,
+        }
+        .into());
+    }
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = resp.chunk().await? {
+        out.write_all(&chunk)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
 fn table(jobs: &[JobView]) {
     println!(
         "{:>5}  {:<20} {:<10} {:<10} {:<11} {:<9} {:>4} {:>7} {:>4} {:>7} {:>8} {:>9}  WHERE / WHY",
@@ -601,10 +663,18 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     if acl.is_none() {
         tracing::warn!("no --acl: dev mode, anyone who reaches the API may do anything");
     }
+    let master = match &a.master_api {
+        Some(url) => Some(
+            http::MasterApi::new(url, &a.tls_dir, &a.name)
+                .with_context(|| format!("--master-api {url}"))?,
+        ),
+        None => None,
+    };
     let app = http::router(Arc::new(Api {
         shared: Arc::clone(&shared),
         acl,
         tokens,
+        master,
     }));
     let local = listener.local_addr()?;
     let api = match tls {
@@ -768,6 +838,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Cmd::Logs {
+            conn,
+            id,
+            worker,
+            follow,
+            stderr,
+        } => logs(&conn, id, worker, follow, stderr).await,
         Cmd::Cancel { conn, id } => {
             call(&conn, reqwest::Method::DELETE, &format!("/jobs/{id}"), None).await?;
             println!("cancelled {id}");
