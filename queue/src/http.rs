@@ -231,7 +231,9 @@ async fn submit(
         };
     }
     let deadline = spec.deadline_unix;
-    let id = s.with(|core, now| core.submit_as(spec, user, now));
+    let id = s
+        .with_async(|core, now| core.submit_as(spec, user, now))
+        .await;
     // Say so when the estimated start already misses the deadline.
     let wall = crate::runtime::unix_ms();
     let warning = deadline.and_then(|d| {

@@ -14,6 +14,7 @@
 //! gantry-queue logs --server URL ID [--worker I] [-f] [--stderr]
 //! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
 //! gantry-queue usage --server URL --since 7d [--by team|user] [--json|--csv]
+//! gantry-queue bench-submit --server URL --jobs 10000 --concurrency 32
 //! gantry-queue simulate trace.csv --cluster 4x8:A100,2x8:H100 --policy queue,fifo,easy
 //! ```
 //!
@@ -138,6 +139,21 @@ enum Cmd {
         /// CSV instead of a table.
         #[arg(long)]
         csv: bool,
+    },
+    /// Benchmark: submit N small jobs through the API with C concurrent clients, and print
+    /// submissions/s and the latency percentiles (docs/benchmarks.md).
+    BenchSubmit {
+        #[command(flatten)]
+        conn: Conn,
+        /// Jobs to submit.
+        #[arg(long, default_value_t = 10_000)]
+        jobs: u32,
+        /// Concurrent clients (each submits one job at a time, on its own connection).
+        #[arg(long, default_value_t = 32)]
+        concurrency: u32,
+        /// The team to submit to.
+        #[arg(long, default_value = "default")]
+        team: String,
     },
     /// Replay a job trace on emulated agents (see docs/queue.md, "Simulator").
     Simulate(gantry_queue::sim::cli::SimulateArgs),
@@ -438,6 +454,64 @@ async fn call(
         .into());
     }
     Ok(value)
+}
+
+/// `gantry-queue bench-submit`: `jobs` submissions of a one-CPU job (`sleep 1`, no GPU) by
+/// `concurrency` clients; prints the rate and the latency percentiles.
+async fn bench_submit(conn: &Conn, jobs: u32, concurrency: u32, team: &str) -> anyhow::Result<()> {
+    let url = format!("{}/jobs", conn.server.trim_end_matches('/'));
+    let body = serde_json::json!({
+        "name": "bench", "team": team, "command": ["sleep 1"], "cpus": 0.1, "mem": 16,
+    })
+    .to_string();
+    let next = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (client, url, body, next) = (client(conn)?, url.clone(), body.clone(), next.clone());
+        let token = conn.token.clone();
+        clients.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < jobs {
+                let t = Instant::now();
+                let mut req = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body.clone());
+                if let Some(token) = &token {
+                    req = req.bearer_auth(token);
+                }
+                let resp = req.send().await?;
+                let status = resp.status();
+                let text = resp.text().await?;
+                if !status.is_success() {
+                    bail!("{status}: {text}");
+                }
+                lat.push(t.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut lat = Vec::new();
+    for c in clients {
+        lat.extend(c.await??);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    println!(
+        "{} submissions in {secs:.2} s: {:.0}/s with {concurrency} clients; latency p50 {:.2} ms, \
+         p99 {:.2} ms, max {:.2} ms",
+        lat.len(),
+        lat.len() as f64 / secs,
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    Ok(())
 }
 
 /// `gantry-queue logs`: the worker's output streamed to standard output as it comes.
@@ -838,6 +912,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Cmd::BenchSubmit {
+            conn,
+            jobs,
+            concurrency,
+            team,
+        } => bench_submit(&conn, jobs, concurrency, &team).await,
         Cmd::Logs {
             conn,
             id,

@@ -33,6 +33,11 @@ pub struct Shared {
     broken: AtomicBool,
     /// `gantry-queue shutdown` was asked for: the framework is being torn down.
     shutting_down: AtomicBool,
+    /// Action batches the core returned whose changes are not committed yet, in the core's
+    /// order, and the sequence number of the last one (locked while `core` is).
+    outbox: Mutex<Outbox>,
+    /// Held by whoever commits (group commit); the sequence number committed and performed.
+    committed: Mutex<u64>,
     /// `--declare-demand`: the demand last declared to the master (`None`: to declare again),
     /// or no declaring at all.
     demand: Option<Mutex<Option<Vec<Demand>>>>,
@@ -58,6 +63,8 @@ impl Shared {
             driver,
             broken: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
+            outbox: Mutex::new(Outbox::default()),
+            committed: Mutex::new(0),
             demand: declare_demand.then(|| Mutex::new(None)),
         })
     }
@@ -104,26 +111,70 @@ impl Shared {
         self.broken.load(Ordering::SeqCst)
     }
 
-    /// Runs `f` on the core, commits what changed, and performs the actions it returns.
+    /// Runs `f` on the core, commits what changed, and performs the actions it returns, in
+    /// that order, before returning.
     ///
-    /// The actions are sent while the core is still locked: the driver's calls only queue
-    /// messages, and sending outside the lock let two callers (an API submission and an offer
-    /// event) send in the other order than the core decided, e.g. a `Revive` overtaken by an
-    /// older `Suppress`, leaving the framework suppressed with work waiting.
+    /// Group commit: `f` runs under the core's lock, which is released before the store's
+    /// commit; whoever then commits takes every change made since the last commit (other
+    /// callers' too) into one transaction and performs every action batch they returned, in
+    /// the order the core returned them (sending in another order let a `Revive` be
+    /// overtaken by an older `Suppress`, leaving the framework suppressed with work waiting).
+    /// A caller whose changes someone else committed returns at once. So concurrent
+    /// submissions share one `fsync`, and nothing is sent before it is in the store.
     pub fn with<R>(&self, f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>)) -> R {
-        let mut core = self.core();
-        let now = Instant::now();
-        let (r, actions) = f(&mut core, now);
-        self.commit_and_perform(&mut core, now, actions);
-        drop(core);
+        let (r, seq) = self.apply(f);
+        self.flush(seq);
         r
     }
 
-    fn commit_and_perform(&self, core: &mut Core, now: Instant, actions: Vec<Action>) {
+    /// [`Shared::with`] for async callers (the API): the wait for the commit runs on a
+    /// blocking thread, so a burst of requests reaches the core while one commit is under way
+    /// and shares the next.
+    pub async fn with_async<R>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>),
+    ) -> R {
+        let (r, seq) = self.apply(f);
+        let me = Arc::clone(self);
+        if tokio::task::spawn_blocking(move || me.flush(seq))
+            .await
+            .is_err()
+        {
+            // The blocking pool is shutting down: commit here.
+            self.flush(seq);
+        }
+        r
+    }
+
+    /// Runs `f` on the locked core and queues its actions; returns their sequence number.
+    fn apply<R>(&self, f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>)) -> (R, u64) {
+        let mut core = self.core();
+        let (r, actions) = f(&mut core, Instant::now());
+        let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        out.seq += 1;
+        out.batches.push(actions);
+        (r, out.seq)
+    }
+
+    /// Returns once the changes and actions up to `seq` are committed and performed, by this
+    /// caller (with everyone else's so far) or by another.
+    fn flush(&self, seq: u64) {
+        let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        if *committed >= seq {
+            return;
+        }
+        // Every batch queued so far was queued under the core's lock: its changes are in
+        // what is taken now.
+        let (changes, batches, upto) = {
+            let mut core = self.core();
+            let changes = core.take_changes(Instant::now(), unix_ms());
+            let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            (changes, std::mem::take(&mut out.batches), out.seq)
+        };
+        *committed = upto;
         if self.is_broken() {
             return;
         }
-        let changes = core.take_changes(now, unix_ms());
         if !changes.is_empty() {
             if let Err(e) = self.store.commit(&changes) {
                 tracing::error!("{e}: stopping; the next run resumes from the store");
@@ -132,7 +183,9 @@ impl Shared {
                 return;
             }
         }
-        self.perform(actions);
+        for actions in batches {
+            self.perform(actions);
+        }
     }
 
     fn perform(&self, actions: Vec<Action>) {
@@ -159,8 +212,7 @@ impl Shared {
     /// Kills still owed from before a restart (see [`Core::restore`]); sent after the
     /// subscription.
     pub fn resume(&self, kills: Vec<Action>) {
-        let mut core = self.core();
-        self.commit_and_perform(&mut core, Instant::now(), kills);
+        self.with(|_, _| ((), kills));
     }
 
     /// Tears the framework down (`gantry-queue shutdown`): the master kills every worker;
@@ -168,9 +220,18 @@ impl Shared {
     /// framework id is forgotten.
     pub fn shutdown(&self) -> Result<(), crate::store::StoreError> {
         self.shutting_down.store(true, Ordering::SeqCst);
+        // The commit lock first (its order with the core's), so no older commit lands after.
+        let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         let mut core = self.core();
         core.shutdown();
         let changes = core.take_changes(Instant::now(), unix_ms());
+        {
+            // The teardown kills every worker: what was still to send is moot.
+            let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            out.batches.clear();
+            *committed = out.seq;
+        }
+        drop(core);
         self.store.commit(&changes)?;
         self.store.set_framework_id(None)?;
         self.driver.teardown();
@@ -248,6 +309,13 @@ pub fn sweep_checkpoints(
         }
     }
     out
+}
+
+/// Action batches awaiting the commit of their changes.
+#[derive(Default)]
+struct Outbox {
+    seq: u64,
+    batches: Vec<Vec<Action>>,
 }
 
 /// The scheduler the driver runs.
