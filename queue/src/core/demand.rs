@@ -55,7 +55,8 @@ pub fn shapes<'a>(pending: impl IntoIterator<Item = (u64, &'a JobSpec)>) -> Vec<
 }
 
 impl Core {
-    /// The demand to declare now: [`shapes`] of the eligible pending jobs.
+    /// The demand to declare now: the eligible pending jobs' worker shapes with their counts,
+    /// at most 16, the most urgent first (see docs/queue.md, "Demand").
     pub fn demand(&self) -> Vec<Demand> {
         shapes(
             self.jobs
