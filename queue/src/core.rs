@@ -1579,6 +1579,7 @@ fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]
     }
 }
 
+mod demand;
 mod estimate;
 mod launch;
 mod persist;
