@@ -10,7 +10,7 @@
 //! - [`agent`]: the thin tokio runtime around the core: performs its effects (the log's group
 //!   commit as the core's `end_batch` decides, launches off the loop, cgroups, sampling,
 //!   sandbox GC, MPS, `/metrics`). A task, forward: `RunTask` → core → commit → launch →
-//!   `Launched` → `Exited` (→ `Settled` with a cgroup) → terminal → acknowledged, forgotten.
+//!   `Launched` → `Exited` (with its cgroup's outcome) → terminal → acknowledged, forgotten.
 //! - [`session`]: the QUIC connection to the master (mutual TLS, redirects, reconnects).
 //! - [`container`]: tasks in OCI containers (`TaskInfo.container`): the runtime spec (oci-spec),
 //!   overlay root filesystems, volumes, GPUs through CDI, run under `runc`/`crun`.

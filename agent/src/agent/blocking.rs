@@ -59,22 +59,47 @@ pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path, fresh: bool) -
         destroy_cgroup(cg);
         return outcome;
     }
-    let outcome = CgroupOutcome {
+    let outcome = read_outcome(cg);
+    record_outcome(meta, cg, &outcome);
+    if cg.pids().map_or(true, |p| !p.is_empty()) {
+        destroy_cgroup(cg);
+    }
+    outcome
+}
+
+/// The OOM flag and final usage of the cgroup of a task this run launched, read where its
+/// exit is learned ([`crate::core::Input::Exited`], blocking). An empty cgroup is left as it
+/// is and nothing is written: it is released only after the task's terminal record is synced
+/// ([`crate::core::Effect::ReleaseCgroup`]), so until then a restarted agent reads the same
+/// counters from the cgroup itself. One with processes left in it is destroyed here (the
+/// terminal update, which frees the task's resources, follows their end), its outcome
+/// recorded first in the launch record, the only place a restarted agent could find it then.
+pub(super) fn exit_outcome(cg: &TaskCgroup, meta: &Path) -> CgroupOutcome {
+    let outcome = read_outcome(cg);
+    if cg.pids().map_or(true, |p| !p.is_empty()) {
+        record_outcome(meta, cg, &outcome);
+        destroy_cgroup(cg);
+    }
+    outcome
+}
+
+fn read_outcome(cg: &TaskCgroup) -> CgroupOutcome {
+    CgroupOutcome {
         oom_killed: cg.oom_killed().unwrap_or_else(|e| {
             tracing::warn!(task = cg.task_id(), "reading the OOM flag: {e}");
             false
         }),
         usage: cg.usage().ok(),
-    };
-    if let Ok(json) = serde_json::to_string(&outcome) {
+    }
+}
+
+/// Appends a cgroup's outcome to the task's launch record (before the cgroup is destroyed).
+fn record_outcome(meta: &Path, cg: &TaskCgroup, outcome: &CgroupOutcome) {
+    if let Ok(json) = serde_json::to_string(outcome) {
         if let Err(e) = executor::record::append(meta, "cgroup", &json, true) {
             tracing::warn!(task = cg.task_id(), "cannot record the cgroup outcome: {e}");
         }
     }
-    if cg.pids().map_or(true, |p| !p.is_empty()) {
-        destroy_cgroup(cg);
-    }
-    outcome
 }
 
 /// Destroys a task cgroup, retrying; a cgroup that cannot be removed is logged (the next

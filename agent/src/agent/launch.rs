@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use super::blocking::exit_outcome;
 use super::{Agent, Resource, BASE_FILE};
 use crate::container;
 use crate::core::{Input, LaunchPlan};
@@ -58,6 +59,7 @@ impl Agent {
         let users = self.users.clone();
         let containers = self.config.containers.clone();
         let images = self.config.images.clone();
+        let in_container = task.container.is_some();
         self.launches.push(Box::pin(async move {
             // A registry image: pulled (or found in the cache) first; its lease keeps its
             // layers in the store while this future waits for the task's exit.
@@ -188,13 +190,32 @@ impl Agent {
             };
             match supervisor.launch(prepared, &meta).await {
                 Ok((launched, exited)) => {
+                    // The task's own handle, for its outcome where its exit is learned (a
+                    // container's is settled by the core's `Settle`, with its runtime's state).
+                    let own = (!in_container && cg.is_isolated()).then(|| cg.clone());
                     tx.resource(Resource::Cgroup(id, Box::new(cg)));
                     tx.input(Input::Launched {
                         task: id,
                         result: Ok(launched),
                     });
                     match exited.await {
-                        Ok(status) => tx.input(Input::Exited { task: id, status }),
+                        Ok(status) => {
+                            // Its cgroup's OOM flag and final usage read now, so the exit and
+                            // the outcome are one input (the task settles in one batch).
+                            let outcome = match own {
+                                Some(cg) => {
+                                    tokio::task::spawn_blocking(move || exit_outcome(&cg, &meta))
+                                        .await
+                                        .ok()
+                                }
+                                None => None,
+                            };
+                            tx.input(Input::Exited {
+                                task: id,
+                                status,
+                                outcome,
+                            })
+                        }
                         // The supervisor died: what it recorded, if anything.
                         Err(_) => tx.input(Input::SupervisorLost {
                             task: id,

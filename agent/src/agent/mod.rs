@@ -23,10 +23,13 @@
 //! here) → the core records it with its GPUs, ports and cgroup name *before* the launch creates
 //! the cgroup, so a restarted agent knows everything it may have created → commit → `launch`
 //! (user, cgroup, directories on a blocking thread; the supervisor process starts it, the task
-//! joining its cgroups between `clone` and `exec`) → `Launched` → `Exited` → without a cgroup
-//! terminal at once; with one, `Settle` reads the OOM flag and final usage (recorded in the
-//! launch record) and `Settled` makes it terminal; an empty cgroup goes back to the pool or is
-//! destroyed after that (off the task's path), one with processes left in it before.
+//! joining its cgroups between `clone` and `exec`) → `Launched` → `Exited`, carrying the OOM
+//! flag and final usage the launch read from the task's cgroup where it learned the exit →
+//! terminal in that batch → after its synced commit the cgroup is released
+//! (`Effect::ReleaseCgroup`): an empty one goes back to the pool or is removed (one with
+//! processes left in it was removed before the exit was reported, its outcome in the launch
+//! record). A container task, or one re-adopted after a restart, settles through `Settle` (a
+//! blocking thread) and `Settled`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -176,6 +179,9 @@ struct Agent {
     launches: Vec<PendingLaunch>,
     /// Launches started by this run (for the log's syncs per task at shutdown).
     launches_started: u64,
+    /// Cgroups of settled tasks, released after the next commit ([`Effect::ReleaseCgroup`]):
+    /// the handle (if the task's cgroup could be found) and whether the pool takes it back.
+    releases: Vec<(Option<TaskCgroup>, bool)>,
     /// A background snapshot is being written.
     compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
@@ -359,6 +365,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         outbox: Vec::new(),
         launches: Vec::new(),
         launches_started: 0,
+        releases: Vec::new(),
         compacting: false,
         master: None,
         outboxes: outboxes_rx,
@@ -603,7 +610,9 @@ impl Agent {
         }
         match &input {
             Input::Launched { task, .. } => tracing::debug!(%task, "launched"),
-            Input::Exited { task, .. } => tracing::debug!(%task, "exited"),
+            Input::Exited { task, outcome, .. } => {
+                tracing::debug!(%task, settled = outcome.is_some(), "exited")
+            }
             Input::Settled { task, .. } => tracing::debug!(%task, "settled"),
             Input::Master(MasterToAgent::RunTask { task, .. }) => {
                 tracing::debug!(task = %task.task_id, "run task")
@@ -748,6 +757,18 @@ impl Agent {
                             tx.input(Input::CgroupRecycled(back));
                         }
                     });
+                }
+                Effect::ReleaseCgroup {
+                    task,
+                    cgroup,
+                    recycle,
+                } => {
+                    self.fresh_cgroups.remove(&task);
+                    let cg = self
+                        .cgroups
+                        .remove(&task)
+                        .or_else(|| self.config.isolator.reopen(&cgroup).ok());
+                    self.releases.push((cg, recycle));
                 }
                 Effect::RemoveCgroups(names) => {
                     let iso = self.config.isolator.clone();
@@ -908,6 +929,30 @@ impl Agent {
         for launch in self.launches.drain(..) {
             self.launches_started += 1;
             tokio::spawn(launch);
+        }
+        if !self.releases.is_empty() {
+            // The batch's settled cgroups, in one blocking job: each empty one goes back to the
+            // pool or is removed (one found busy is removed).
+            let releases = std::mem::take(&mut self.releases);
+            let tx = self.tx.clone();
+            let gate = self.pool_gate.clone();
+            tokio::task::spawn_blocking(move || {
+                for (cg, recycle) in releases {
+                    let cg = cg.filter(TaskCgroup::is_isolated);
+                    let back = match &cg {
+                        Some(cg) if recycle => recycle_cgroup(cg, &gate),
+                        _ => None,
+                    };
+                    if back.is_none() {
+                        if let Some(cg) = &cg {
+                            destroy_cgroup(cg);
+                        }
+                    }
+                    if recycle {
+                        tx.input(Input::CgroupRecycled(back));
+                    }
+                }
+            });
         }
         if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
             let gen = self.wal.rotate().context("starting a new log")?;

@@ -145,9 +145,15 @@ pub enum Input {
         task: TaskId,
         message: String,
     },
+    /// A launched task exited. `outcome`: its cgroup's OOM flag and final usage, read where
+    /// the exit was learned (a task this run launched, outside a container); the core then
+    /// settles it in this input's batch and releases the cgroup after the batch's commit
+    /// ([`Effect::ReleaseCgroup`]). Without it, a task with a cgroup is settled through
+    /// [`Effect::Settle`] and [`Input::Settled`].
     Exited {
         task: TaskId,
         status: ExitStatus,
+        outcome: Option<CgroupOutcome>,
     },
     /// The task's cgroup has been read and destroyed: the task can be reported terminal.
     Settled {
@@ -195,8 +201,8 @@ pub enum Input {
         asked: usize,
         ready: Vec<String>,
     },
-    /// An ended task's cgroup announced with `recycle` in [`Effect::Settle`] is back in the
-    /// pool (`Some`), or was removed instead (`None`).
+    /// An ended task's cgroup announced with `recycle` in [`Effect::Settle`] or
+    /// [`Effect::ReleaseCgroup`] is back in the pool (`Some`), or was removed instead (`None`).
     CgroupRecycled(Option<String>),
     /// A pass of [`Effect::MeasureDisk`] ended: what it read of each sandbox it could open.
     DiskMeasured(Vec<(TaskId, crate::disk::DiskReading)>),
@@ -285,6 +291,15 @@ pub enum Effect {
         status: ExitStatus,
         meta: PathBuf,
         cgroup: Option<String>,
+        recycle: bool,
+    },
+    /// A settled task's cgroup (its outcome came with [`Input::Exited`]): after the batch's
+    /// synced commit (the task's terminal record is durable before the cgroup's counters are
+    /// gone), remove it, or with `recycle` ready it for the pool and report
+    /// [`Input::CgroupRecycled`] (always, also when it had to be removed).
+    ReleaseCgroup {
+        task: TaskId,
+        cgroup: String,
         recycle: bool,
     },
     /// Make these empty pool cgroups, then report [`Input::CgroupsPrepared`].
@@ -380,6 +395,10 @@ pub struct AgentCore {
     last_clear_poll: u64,
     /// When a killed task's process group was last SIGKILLed.
     group_killed: HashMap<TaskId, u64>,
+    /// The index of kills: every task with a kill requested that is not known to have ended
+    /// (a superset: ended and forgotten ones leave it at the next escalation pass), so the
+    /// kill deadline and escalation look at these tasks, not at every task.
+    killing: BTreeSet<TaskId>,
     /// The MPS control daemons started.
     mps: mps::MpsDaemons,
     /// When the core was made (the start of this agent run).
@@ -410,7 +429,14 @@ impl AgentCore {
         let config_isolated = config.isolated;
         let config_pool = config.cgroup_pool.clone();
         let update_id_seed = config.update_id_seed;
+        let killing = ckpt
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.kill_requested_ms.is_some() && !t.state.is_terminal())
+            .map(|(id, _)| *id)
+            .collect();
         AgentCore {
+            killing,
             health: HealthTracker::new(config.gpu_recovery_after),
             config,
             ckpt,
@@ -523,7 +549,11 @@ impl AgentCore {
 
     fn emit(&mut self, effect: Effect) {
         match effect {
-            Effect::Send(_) | Effect::Launch(_) => self.batch.leaves = true,
+            // A released cgroup loses its counters: like a message or a launch, it waits for
+            // a synced commit.
+            Effect::Send(_) | Effect::Launch(_) | Effect::ReleaseCgroup { .. } => {
+                self.batch.leaves = true
+            }
             Effect::Persist(_) => self.batch.records = true,
             _ => {}
         }
@@ -579,7 +609,11 @@ impl AgentCore {
             ),
             Input::Launched { task, result } => self.launched(task, result, now),
             Input::LaunchProgress { task, message } => self.launch_progress(task, message, now),
-            Input::Exited { task, status } => self.exited(task, status, now),
+            Input::Exited {
+                task,
+                status,
+                outcome,
+            } => self.exited(task, status, outcome, now),
             Input::Settled {
                 task,
                 status,

@@ -88,7 +88,7 @@ impl AgentCore {
                         code: None,
                         signal: None,
                     });
-                    self.exited(id, status, now);
+                    self.exited(id, status, None, now);
                 }
                 None => {
                     // Never started: the launch died with the previous agent (its cgroup, and
@@ -171,7 +171,7 @@ impl AgentCore {
                 }
                 None => continue,
             };
-            self.exited(p.task, status, now);
+            self.exited(p.task, status, None, now);
         }
     }
 }

@@ -380,7 +380,13 @@ impl AgentCore {
         self.update(task, TaskState::Starting, None, message, None, None, now);
     }
 
-    pub(super) fn exited(&mut self, task: TaskId, status: ExitStatus, now: u64) {
+    pub(super) fn exited(
+        &mut self,
+        task: TaskId,
+        status: ExitStatus,
+        outcome: Option<CgroupOutcome>,
+        now: u64,
+    ) {
         let Some(rec) = self.ckpt.tasks.get(&task) else {
             return;
         };
@@ -389,15 +395,24 @@ impl AgentCore {
         }
         // A task without a cgroup (`--isolation none`) has no outcome to read: it is settled
         // at once, in the same batch as its exit (no round trip through a blocking thread).
-        if rec.cgroup.is_none() {
+        let Some(name) = rec.cgroup.clone() else {
             self.settled(task, status, CgroupOutcome::default(), now);
+            return;
+        };
+        let recycle = self.pool.recycle(&name);
+        // Its cgroup's outcome read with the exit: settled in this batch too, the cgroup
+        // released once the terminal record is synced (before that, a restarted agent still
+        // finds the counters in the cgroup).
+        if let Some(outcome) = outcome {
+            self.emit(Effect::ReleaseCgroup {
+                task,
+                cgroup: name,
+                recycle,
+            });
+            self.settled(task, status, outcome, now);
             return;
         }
         self.settling.insert(task);
-        let recycle = rec
-            .cgroup
-            .as_deref()
-            .is_some_and(|name| self.pool.recycle(name));
         let effect = Effect::Settle {
             task,
             status,
@@ -496,6 +511,7 @@ impl AgentCore {
             return;
         }
         rec.kill_requested_ms = Some(now);
+        self.killing.insert(task_id);
         if let Some(l) = rec.launched {
             tracing::info!(task = %task_id, pgid = l.task_pgid, "killing task (SIGTERM)");
             self.emit(Effect::Signal {
@@ -513,7 +529,15 @@ impl AgentCore {
     pub(super) fn escalate_kills(&mut self, now: u64) {
         let mut signals = Vec::new();
         let mut escalate = Vec::new();
-        for (id, rec) in &self.ckpt.tasks {
+        // (Ended and forgotten tasks leave the index here.)
+        let tasks = &self.ckpt.tasks;
+        self.killing
+            .retain(|id| tasks.get(id).is_some_and(|r| !r.state.is_terminal()));
+        for (id, rec) in self
+            .killing
+            .iter()
+            .filter_map(|id| Some((id, tasks.get(id)?)))
+        {
             let (Some(asked), Some(l)) = (rec.kill_requested_ms, rec.launched) else {
                 continue;
             };
@@ -556,9 +580,26 @@ impl AgentCore {
     /// When [`AgentCore::escalate_kills`] has something to do next: a kill's grace period ends,
     /// or the next SIGKILL of a group already past it ([`super::KILL_REPEAT_MS`]).
     pub(super) fn kill_deadline(&self) -> Option<u64> {
-        self.ckpt
-            .tasks
+        let tasks = &self.ckpt.tasks;
+        let indexed = self
+            .killing
             .iter()
+            .filter_map(|id| Some((id, tasks.get(id)?)));
+        self.kill_deadline_of(indexed)
+    }
+
+    /// [`AgentCore::kill_deadline`] by a scan of every task: what the index must agree with
+    /// (property test `core/tests/time.rs`).
+    #[cfg(test)]
+    pub(super) fn kill_deadline_scan(&self) -> Option<u64> {
+        self.kill_deadline_of(self.ckpt.tasks.iter())
+    }
+
+    fn kill_deadline_of<'a>(
+        &self,
+        tasks: impl Iterator<Item = (&'a TaskId, &'a super::TaskRecord)>,
+    ) -> Option<u64> {
+        tasks
             .filter(|(_, rec)| !rec.state.is_terminal() && rec.launched.is_some())
             .filter_map(|(id, rec)| {
                 let asked = rec.kill_requested_ms?;
@@ -603,7 +644,7 @@ impl AgentCore {
                 }
             }
         };
-        self.exited(task, status, now);
+        self.exited(task, status, None, now);
     }
 
     /// Sets each sampled task's GPU-memory share and acts on tasks above it: a non-terminal

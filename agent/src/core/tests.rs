@@ -244,6 +244,7 @@ fn lifecycle_launch_running_finished_acknowledged() {
         Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         },
         T0 + 20,
     );
@@ -253,7 +254,8 @@ fn lifecycle_launch_running_finished_acknowledged() {
         &mut c,
         Input::Exited {
             task: id,
-            status: exit(0)
+            status: exit(0),
+            outcome: None
         },
         T0 + 21
     )
@@ -354,6 +356,7 @@ fn pipelined_updates_ride_the_reregistration_and_are_retried_together() {
         Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         },
         T0 + 10,
     );
@@ -422,6 +425,7 @@ fn failures_oom_and_launch_errors_get_their_reasons() {
         Input::Exited {
             task: id,
             status: exit(137),
+            outcome: None,
         },
         T0,
     );
@@ -518,6 +522,7 @@ fn kill_escalates_to_sigkill_after_the_grace_period() {
         Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         },
         T0 + 5100,
     );
@@ -709,6 +714,7 @@ fn final_usages_of_a_batch_are_one_message_before_the_updates() {
             Input::Exited {
                 task: id,
                 status: exit(0),
+                outcome: None,
             },
             T0 + 10,
         );

@@ -48,6 +48,7 @@ fn a_burst_of_tasks_costs_one_sync_per_step_and_acknowledgements_none() {
         inputs.push(Input::Exited {
             task: t.task_id,
             status: exit(0),
+            outcome: None,
         });
     }
     let (fx, commit) = batch(&mut c, inputs, T0 + 5);
@@ -97,6 +98,7 @@ fn an_isolated_task_settles_its_cgroup_before_it_is_terminal() {
         vec![Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         }],
         T0 + 1,
     );
@@ -106,4 +108,103 @@ fn an_isolated_task_settles_its_cgroup_before_it_is_terminal() {
         Commit::None,
         "nothing changed or sent until it is settled"
     );
+}
+
+/// With its cgroup's outcome read where the exit was learned, an isolated task's end is one
+/// input: it is terminal in that batch (its final usage and terminal update in one synced
+/// commit), and its cgroup is released only after that commit; an OOM kill in the outcome
+/// still makes it FAILED.
+#[test]
+fn an_exit_with_its_cgroups_outcome_settles_in_one_batch_and_releases_after_the_commit() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let (t1, t2) = (task(""), task(""));
+    let (id1, id2) = (t1.task_id, t2.task_id);
+    start(&mut c, fw, t1, 100);
+    start(&mut c, fw, t2, 102);
+    let usage = TaskUsage {
+        cpu_time_secs: 1.5,
+        ..TaskUsage::default()
+    };
+    let (fx, commit) = batch(
+        &mut c,
+        vec![
+            Input::Exited {
+                task: id1,
+                status: exit(0),
+                outcome: Some(CgroupOutcome {
+                    oom_killed: false,
+                    usage: Some(usage.clone()),
+                }),
+            },
+            Input::Exited {
+                task: id2,
+                status: exit(137),
+                outcome: Some(CgroupOutcome {
+                    oom_killed: true,
+                    usage: None,
+                }),
+            },
+        ],
+        T0 + 1,
+    );
+    assert_eq!(commit, Commit::Sync, "the terminal updates leave");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Settle { .. })));
+    let released: Vec<TaskId> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::ReleaseCgroup { task, .. } => Some(*task),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, vec![id1, id2]);
+    let states: Vec<(TaskId, TaskState)> = sent(&fx).iter().map(|u| (u.task_id, u.state)).collect();
+    assert!(states.contains(&(id1, TaskState::Finished)), "{states:?}");
+    assert!(states.contains(&(id2, TaskState::Failed)), "{states:?}");
+    let oom = sent(&fx).into_iter().find(|u| u.task_id == id2).unwrap();
+    assert_eq!(oom.reason, Some(TaskReason::MemoryLimit));
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Send(AgentToMaster::Usage { tasks, .. }) if tasks.iter().any(|(t, u)| *t == id1 && u.cpu_time_secs == 1.5))),
+        "the final usage goes out with the batch: {fx:?}"
+    );
+    // A late exit of a task already settled changes nothing and releases nothing twice.
+    let (fx, commit) = batch(
+        &mut c,
+        vec![Input::Exited {
+            task: id1,
+            status: exit(0),
+            outcome: Some(CgroupOutcome::default()),
+        }],
+        T0 + 2,
+    );
+    assert!(fx.is_empty(), "{fx:?}");
+    assert_eq!(commit, Commit::None);
+}
+
+/// A release alone (nothing sent: the agent is disconnected) still waits for a synced
+/// commit: the cgroup's counters are the only copy of the outcome until the terminal record
+/// is durable.
+#[test]
+fn a_cgroup_release_waits_for_a_synced_commit_even_with_nothing_sent() {
+    let mut c = registered(0);
+    let fw = FrameworkId::random();
+    let t = task("");
+    let id = t.task_id;
+    start(&mut c, fw, t, 100);
+    c.handle(Input::Disconnected, T0 + 1);
+    c.end_batch(T0 + 1);
+    let (fx, commit) = batch(
+        &mut c,
+        vec![Input::Exited {
+            task: id,
+            status: exit(0),
+            outcome: Some(CgroupOutcome::default()),
+        }],
+        T0 + 2,
+    );
+    assert!(sent(&fx).is_empty(), "disconnected: {fx:?}");
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::ReleaseCgroup { task, .. } if *task == id)));
+    assert_eq!(commit, Commit::Sync);
 }

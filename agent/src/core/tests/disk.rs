@@ -79,6 +79,7 @@ fn a_task_past_its_disk_is_killed_and_fails_with_disk_limit() {
         Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         },
         T0 + 41_000,
     );
@@ -120,6 +121,7 @@ fn readings_of_tasks_that_ended_meanwhile_are_ignored() {
         Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         },
         T0 + 5_100,
     );

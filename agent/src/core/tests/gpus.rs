@@ -183,6 +183,7 @@ fn samples_are_taken_when_due_and_gpu_memory_over_the_share_is_reported_then_kil
         Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         },
         T0 + 27_000,
     );

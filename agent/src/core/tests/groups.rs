@@ -61,6 +61,7 @@ fn end(c: &mut AgentCore, id: TaskId, code: i32) -> Vec<Effect> {
         Input::Exited {
             task: id,
             status: exit(code),
+            outcome: None,
         },
         T0,
     );

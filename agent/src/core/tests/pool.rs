@@ -65,6 +65,7 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
         Input::Exited {
             task: id1,
             status: exit(0),
+            outcome: None,
         },
         T0 + 2,
     );
@@ -116,6 +117,7 @@ fn pooled_cgroups_are_prepared_taken_and_returned() {
             Input::Exited {
                 task: id,
                 status: exit(0),
+                outcome: None,
             },
             now + 1,
         );

@@ -121,6 +121,7 @@ fn deadlines_cover_kills_retries_samples_and_garbage() {
         Input::Exited {
             task: id,
             status: exit(0),
+            outcome: None,
         },
         T0 + 5_500,
     );
@@ -401,4 +402,89 @@ fn update_ids_count_up_from_the_seed() {
     assert_eq!(ids(7), vec![UpdateId::from_u128(7), UpdateId::from_u128(8)]);
     assert_eq!(ids(7), ids(7));
     assert_ne!(ids(7), ids(1_000));
+}
+
+/// One step of a random run of tasks for the kill index: start a task, kill one, tick, one
+/// exits (with or without its cgroup's outcome), its cgroup settles, the master acknowledges.
+#[derive(Debug, Clone)]
+enum KillStep {
+    Start,
+    Kill(usize),
+    Tick(u64),
+    Exit(usize, bool),
+    Settle(usize),
+    AckAll,
+}
+
+fn kill_step() -> impl proptest::strategy::Strategy<Value = KillStep> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(KillStep::Start),
+        (0usize..8).prop_map(KillStep::Kill),
+        (1u64..2500).prop_map(KillStep::Tick),
+        (0usize..8, any::<bool>()).prop_map(|(i, o)| KillStep::Exit(i, o)),
+        (0usize..8).prop_map(KillStep::Settle),
+        Just(KillStep::AckAll),
+    ]
+}
+
+proptest::proptest! {
+    /// The kill deadline from the index of killed tasks equals a scan of every task, after
+    /// every step of any run (kills before and after launch, grace periods passing, exits,
+    /// settlements, tasks forgotten), and a core rebuilt from the checkpoint agrees too.
+    #[test]
+    fn the_kill_index_gives_the_deadline_a_scan_of_every_task_gives(
+        steps in proptest::collection::vec(kill_step(), 1..60)
+    ) {
+        let mut c = registered(0);
+        let fw = FrameworkId::random();
+        let mut ids: Vec<TaskId> = Vec::new();
+        let mut now = T0;
+        for s in steps {
+            match s {
+                KillStep::Start => {
+                    let t = task("");
+                    ids.push(t.task_id);
+                    let id = t.task_id;
+                    step(&mut c, run_task(fw, t), now);
+                    step(&mut c, Input::Launched { task: id, result: Ok(launched(100 + ids.len() as i32)) }, now);
+                }
+                KillStep::Kill(i) => {
+                    let task_id = ids.get(i).copied().unwrap_or_else(TaskId::random);
+                    step(&mut c, Input::Master(MasterToAgent::KillTask { framework_id: fw, task_id }), now);
+                }
+                KillStep::Tick(ms) => {
+                    now += ms;
+                    step(&mut c, Input::Tick, now);
+                }
+                KillStep::Exit(i, with_outcome) => {
+                    if let Some(&task) = ids.get(i) {
+                        let outcome = with_outcome.then(CgroupOutcome::default);
+                        step(&mut c, Input::Exited { task, status: exit(0), outcome }, now);
+                    }
+                }
+                KillStep::Settle(i) => {
+                    if let Some(&task) = ids.get(i) {
+                        step(&mut c, Input::Settled { task, status: exit(0), outcome: CgroupOutcome::default() }, now);
+                    }
+                }
+                KillStep::AckAll => {
+                    let acks: Vec<Input> = c
+                        .checkpoint()
+                        .updates
+                        .in_window()
+                        .into_iter()
+                        .map(|u| Input::Master(MasterToAgent::Acknowledge { task_id: u.task_id, update_id: u.update_id }))
+                        .collect();
+                    for a in acks {
+                        step(&mut c, a, now);
+                    }
+                }
+            }
+            c.flush(now);
+            proptest::prop_assert_eq!(c.kill_deadline(), c.kill_deadline_scan());
+        }
+        let rebuilt = AgentCore::new(config(0), c.checkpoint().clone(), now, Instant::now());
+        proptest::prop_assert_eq!(rebuilt.kill_deadline(), rebuilt.kill_deadline_scan());
+    }
 }
