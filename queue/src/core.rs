@@ -52,6 +52,7 @@
 //! - `order`: the order of pending jobs and the teams' usage it is computed from;
 //! - `pass`: one scheduling pass, the reservation where GPUs free soonest, the agents' views
 //!   and the idle-GPU statistic;
+//! - `quota`: teams' nominal quotas (overall and per GPU model), borrowing and lending limits;
 //! - `timers`: dependencies, retry backoffs, time limits and deadlines;
 //! - `launch`: building a job's tasks, elastic growth;
 //! - `preempt`: victim choice (step 4: preemption, reclaim, fair-share wait);
@@ -59,7 +60,7 @@
 //! - `persist`: what the store keeps ([`Changes`]) and restoring from it;
 //! - `views`: what the API shows;
 //! - tests: `tests`, `backfill_tests` (reservation placement, EASY backfill, quotas),
-//!   `retry_tests`.
+//!   `quota_tests`, `retry_tests`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -116,6 +117,10 @@ pub struct CoreConfig {
     /// The most GPUs a team with a quota may use beyond it (`--team-borrow-limit`); absent:
     /// no limit.
     pub team_borrow_limits: BTreeMap<String, u64>,
+    /// The most of a team's idle nominal quota (in each of its quotas: overall and per
+    /// model) other teams may borrow (`--team-lend-limit`, Kueue's `lendingLimit`): the rest
+    /// stays free for the team. Absent: all of it.
+    pub team_lend_limits: BTreeMap<String, u64>,
     /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
     pub team_time_limits: BTreeMap<String, Duration>,
     /// A job waiting this long whose team is below its weighted share of the GPUs (with the
@@ -151,6 +156,7 @@ impl Default for CoreConfig {
             retry_backoff: Duration::from_secs(10),
             team_time_limits: BTreeMap::new(),
             team_borrow_limits: BTreeMap::new(),
+            team_lend_limits: BTreeMap::new(),
             default_time_limit: None,
             usage_half_life: None,
             fair_share_wait: None,
@@ -269,6 +275,10 @@ pub struct Core {
     /// With [`CoreConfig::usage_half_life`]: each team's decayed GPU-seconds, as of the last
     /// tick.
     decayed: BTreeMap<String, f64>,
+    /// The GPU models teams name in per-model quotas (see `quota`).
+    named: BTreeSet<String>,
+    /// Jobs the last pass could place but not launch by other teams' lending limits, and why.
+    lend_blocked: HashMap<u64, String>,
 }
 
 /// A worker that ended, for the usage history.
@@ -307,7 +317,14 @@ impl Core {
     /// An empty queue.
     pub fn new(config: CoreConfig) -> Self {
         let holds = Holds::new(config.hold);
+        let named = config
+            .teams
+            .values()
+            .flat_map(|t| t.model_quotas.keys().cloned())
+            .collect();
         Core {
+            named,
+            lend_blocked: HashMap::new(),
             config,
             jobs: BTreeMap::new(),
             next_id: 1,
@@ -705,6 +722,7 @@ mod order;
 mod pass;
 mod persist;
 mod preempt;
+mod quota;
 mod timers;
 mod views;
 
@@ -715,6 +733,8 @@ pub use persist::Changes;
 
 #[cfg(test)]
 mod backfill_tests;
+#[cfg(test)]
+mod quota_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]

@@ -2,13 +2,13 @@
 //! quota, the team's weighted dominant share with one unit counted, its GPU-seconds per weight,
 //! deadline and age; and the teams' usage it is computed from.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
-use super::{Core, Job, JobSpec, JobState, Priority, TeamConfig};
+use super::{Core, Job, JobState, Priority, TeamConfig};
 
 impl Core {
     pub(super) fn team(&self, team: &str) -> TeamConfig {
@@ -69,9 +69,17 @@ impl Core {
         for (team, secs) in history {
             u.entry(team.clone()).or_default().gpu_secs += secs;
         }
+        let named = self.named_models();
         for j in self.jobs.values() {
             let e = u.entry(j.spec.team.clone()).or_default();
             e.gpus += u64::from(j.spec.gpus) * j.members.len() as u64;
+            if !j.members.is_empty() && j.spec.gpus > 0 && !named.is_empty() {
+                for (b, n) in self.job_buckets(j, named) {
+                    if let Some(b) = b {
+                        *e.models.entry(b).or_default() += n;
+                    }
+                }
+            }
             e.cpus += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
             for m in j
                 .members
@@ -110,13 +118,10 @@ impl Core {
         level: f64,
         now: Instant,
     ) -> (u8, bool, u64, u64, u64, Instant, u64) {
-        let team = self.team(&job.spec.team);
-        let used = usage.get(&job.spec.team).cloned().unwrap_or_default();
-        let workers = u64::from(job.spec.min_workers.max(1));
-        let over_quota = team
-            .gpu_quota
-            .is_some_and(|q| used.gpus + u64::from(job.spec.gpus) * workers > q);
-        let weight = team.weight.max(1e-6);
+        let none = TeamUsage::default();
+        let used = usage.get(&job.spec.team).unwrap_or(&none);
+        let over_quota = self.over_quota(&job.spec, self.named_models(), used);
+        let weight = self.team(&job.spec.team).weight.max(1e-6);
         let share = |used: u64, total: u64| used as f64 / total.max(1) as f64;
         // One unit: a GPU's share of the cluster (a CPU's when it has no GPUs), the same for
         // every job of a team so that a team's own jobs keep their order.
@@ -186,24 +191,6 @@ impl Core {
             )
         })
     }
-
-    /// Whether `spec`'s job would take its team past its GPU quota plus its borrowing limit
-    /// ([`CoreConfig::team_borrow_limits`]).
-    pub(super) fn over_borrow_limit(
-        &self,
-        spec: &JobSpec,
-        usage: &HashMap<String, TeamUsage>,
-    ) -> bool {
-        let (Some(quota), Some(limit)) = (
-            self.team(&spec.team).gpu_quota,
-            self.config.team_borrow_limits.get(&spec.team),
-        ) else {
-            return false;
-        };
-        let used = usage.get(&spec.team).map_or(0, |u| u.gpus);
-        let need = u64::from(spec.gpus) * u64::from(spec.min_workers.max(1));
-        need > 0 && used + need > quota + limit
-    }
 }
 
 /// A team's usage, for ordering.
@@ -215,4 +202,16 @@ pub(super) struct TeamUsage {
     pub(super) cpus: u64,
     /// GPU-seconds used so far, running members included.
     pub(super) gpu_secs: f64,
+    /// GPUs its members hold of each model named in a per-model quota (see `quota`).
+    pub(super) models: BTreeMap<String, u64>,
+}
+
+impl TeamUsage {
+    /// The GPUs it holds in a quota bucket (a named model's, or every other GPU's).
+    pub(super) fn in_bucket(&self, bucket: Option<&str>) -> u64 {
+        match bucket {
+            Some(m) => self.models.get(m).copied().unwrap_or(0),
+            None => self.gpus - self.models.values().sum::<u64>().min(self.gpus),
+        }
+    }
 }

@@ -169,6 +169,7 @@ impl Core {
     /// One scheduling pass (see the module documentation).
     pub fn pass(&mut self, now: Instant) -> Vec<Action> {
         let kills = self.timers(now);
+        self.lend_blocked.clear();
         self.resolve_dependencies(now);
         self.learn_capacity();
         let busy = self.busy_gpus();
@@ -252,7 +253,15 @@ impl Core {
                 // Waits until its team uses less (it neither reserves nor preempts).
                 continue;
             }
-            let gang = gang_of(&spec);
+            let mut gang = gang_of(&spec);
+            if let Some(room) = self.borrow_room(&spec.team, &usage) {
+                // An elastic gang starts with no more workers than its borrowing limit allows.
+                let most = room / u64::from(spec.gpus.max(1));
+                gang.max = gang
+                    .max
+                    .min(most.min(u64::from(u32::MAX)) as u32)
+                    .max(gang.min);
+            }
             let holds_it = reservation.as_ref().is_some_and(|r| r.holder == id);
             let may_backfill = reservation
                 .as_ref()
@@ -282,6 +291,14 @@ impl Core {
                 // reserved GPUs without delaying the holder.
                 avail = views.clone();
                 plan = gang::place_gang(&mut avail, &gang);
+            }
+            if let Some(why) = plan
+                .as_ref()
+                .and_then(|p| self.lending_block(&spec, p, &views, &usage))
+            {
+                // Other teams' lending limits keep what it would take free for them.
+                self.lend_blocked.insert(id, why);
+                continue;
             }
             match plan {
                 Some(plan) => {
@@ -347,16 +364,8 @@ impl Core {
         // back borrowed GPUs, preempting jobs of teams above theirs.
         if !self.kills_in_flight() && self.preempt_for.is_none() {
             let usage = self.usage(now);
-            let within = |id: &u64| {
-                let j = &self.jobs[id];
-                let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
-                let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
-                need > 0
-                    && self
-                        .team(&j.spec.team)
-                        .gpu_quota
-                        .is_some_and(|q| used + need <= q)
-            };
+            let within =
+                |id: &u64| self.within_quota(&self.jobs[id].spec, self.named_models(), &usage);
             if let Some(&id) = blocked.iter().find(|id| within(id)) {
                 out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
             }
