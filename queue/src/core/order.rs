@@ -2,7 +2,7 @@
 //! quota, the team's weighted dominant share with one unit counted, its GPU-seconds per weight,
 //! deadline and age; and the teams' usage it is computed from.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::resources::MILLI;
@@ -11,8 +11,12 @@ use gantry_sdk::protocol::*;
 use super::{Core, Job, JobState, Priority, TeamConfig};
 
 impl Core {
-    pub(super) fn team(&self, team: &str) -> TeamConfig {
-        self.config.teams.get(team).cloned().unwrap_or_default()
+    pub(super) fn team(&self, team: &str) -> &TeamConfig {
+        static DEFAULT: std::sync::OnceLock<TeamConfig> = std::sync::OnceLock::new();
+        self.config
+            .teams
+            .get(team)
+            .unwrap_or_else(|| DEFAULT.get_or_init(TeamConfig::default))
     }
 
     /// Effective priority class: aging (one class per `aging` waited), and a deadline's
@@ -70,8 +74,12 @@ impl Core {
             u.entry(team.clone()).or_default().gpu_secs += secs;
         }
         let named = self.named_models();
-        for j in self.jobs.values() {
-            let e = u.entry(j.spec.team.clone()).or_default();
+        // Only jobs with workers use anything (a queue holds many pending jobs).
+        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
+            let e = match u.get_mut(j.spec.team.as_str()) {
+                Some(e) => e,
+                None => u.entry(j.spec.team.clone()).or_default(),
+            };
             e.gpus += u64::from(j.spec.gpus) * j.members.len() as u64;
             if !j.members.is_empty() && j.spec.gpus > 0 && !named.is_empty() {
                 for (b, n) in self.job_buckets(j, named) {
@@ -113,15 +121,31 @@ impl Core {
     pub(super) fn order_key(
         &self,
         job: &Job,
-        usage: &HashMap<String, TeamUsage>,
+        used: &TeamUsage,
+        team: (u64, u64),
+        now: Instant,
+    ) -> OrderKey {
+        (
+            u8::MAX - self.effective(job, now).rank(),
+            self.over_quota(&job.spec, self.named_models(), used),
+            team.0,
+            team.1,
+            job.spec.deadline_unix.unwrap_or(u64::MAX),
+            job.submitted,
+            job.id,
+        )
+    }
+
+    /// What every job of `team` has in its order key: its weighted dominant share with one
+    /// unit counted and its GPU-seconds per weight (see [`Core::order_key`]).
+    pub(super) fn team_key(
+        &self,
+        team: &str,
+        used: &TeamUsage,
         totals: (u64, u64),
         level: f64,
-        now: Instant,
-    ) -> (u8, bool, u64, u64, u64, Instant, u64) {
-        let none = TeamUsage::default();
-        let used = usage.get(&job.spec.team).unwrap_or(&none);
-        let over_quota = self.over_quota(&job.spec, self.named_models(), used);
-        let weight = self.team(&job.spec.team).weight.max(1e-6);
+    ) -> (u64, u64) {
+        let weight = self.team(team).weight.max(1e-6);
         let share = |used: u64, total: u64| used as f64 / total.max(1) as f64;
         // One unit: a GPU's share of the cluster (a CPU's when it has no GPUs), the same for
         // every job of a team so that a team's own jobs keep their order.
@@ -135,13 +159,8 @@ impl Core {
         };
         let dominant = (share(used.gpus, totals.0).max(share(used.cpus, totals.1)) + unit) / weight;
         (
-            u8::MAX - self.effective(job, now).rank(),
-            over_quota,
             (dominant * 1e9) as u64,
             (used.gpu_secs / weight * 1e3) as u64,
-            job.spec.deadline_unix.unwrap_or(u64::MAX),
-            job.submitted,
-            job.id,
         )
     }
 
@@ -149,18 +168,39 @@ impl Core {
     /// GPU-seconds over their weights' sum. A team below it has had less than its weight's
     /// share of their GPU time so far.
     pub(super) fn level(&self, usage: &HashMap<String, TeamUsage>) -> f64 {
-        let teams: BTreeSet<&str> = self
-            .jobs
-            .values()
-            .filter(|j| Self::eligible(j))
-            .map(|j| j.spec.team.as_str())
-            .collect();
-        let (secs, weights) = teams.iter().fold((0.0, 0.0), |(s, w), t| {
-            (
-                s + usage.get(*t).map_or(0.0, |u| u.gpu_secs),
-                w + self.team(t).weight.max(1e-6),
-            )
-        });
+        self.level_among(usage, &self.eligible_teams())
+    }
+
+    /// Per team, its jobs eligible to run.
+    pub(super) fn eligible_teams(&self) -> BTreeMap<String, usize> {
+        let mut teams: BTreeMap<String, usize> = BTreeMap::new();
+        for j in self.jobs.values().filter(|j| Self::eligible(j)) {
+            match teams.get_mut(j.spec.team.as_str()) {
+                Some(n) => *n += 1,
+                None => {
+                    teams.insert(j.spec.team.clone(), 1);
+                }
+            }
+        }
+        teams
+    }
+
+    /// [`Core::level`] among `teams` (those with a count above 0).
+    pub(super) fn level_among(
+        &self,
+        usage: &HashMap<String, TeamUsage>,
+        teams: &BTreeMap<String, usize>,
+    ) -> f64 {
+        let (secs, weights) =
+            teams
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .fold((0.0, 0.0), |(s, w), (t, _)| {
+                    (
+                        s + usage.get(t).map_or(0.0, |u| u.gpu_secs),
+                        w + self.team(t).weight.max(1e-6),
+                    )
+                });
         if weights > 0.0 {
             secs / weights
         } else {
@@ -168,19 +208,49 @@ impl Core {
         }
     }
 
+    /// Eligible jobs with their order keys and their team's index in `teams` (the names of
+    /// the teams with eligible jobs, as [`Core::eligible_teams`] orders them), in order.
+    pub(super) fn keyed_order(
+        &self,
+        usage: &HashMap<String, TeamUsage>,
+        teams: &[&str],
+        totals: (u64, u64),
+        level: f64,
+        now: Instant,
+    ) -> Vec<(OrderKey, u64, usize)> {
+        let none = TeamUsage::default();
+        let per_team: HashMap<&str, (usize, &TeamUsage, (u64, u64))> = teams
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let used = usage.get(*t).unwrap_or(&none);
+                (*t, (i, used, self.team_key(t, used, totals, level)))
+            })
+            .collect();
+        let mut keyed: Vec<(OrderKey, u64, usize)> = self
+            .jobs
+            .values()
+            .filter(|j| Self::eligible(j))
+            .filter_map(|j| {
+                let (i, used, team) = per_team.get(j.spec.team.as_str())?;
+                Some((self.order_key(j, used, *team, now), j.id, *i))
+            })
+            .collect();
+        keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        keyed
+    }
+
     /// Pending jobs in scheduling order, as of now (usage counted as is).
     pub fn order(&self, now: Instant) -> Vec<u64> {
         let usage = self.usage(now);
         let level = self.level(&usage);
         let totals = self.totals();
-        let mut ids: Vec<u64> = self
-            .jobs
-            .values()
-            .filter(|j| Self::eligible(j))
-            .map(|j| j.id)
-            .collect();
-        ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, level, now));
-        ids
+        let teams = self.eligible_teams();
+        let names: Vec<&str> = teams.keys().map(String::as_str).collect();
+        self.keyed_order(&usage, &names, totals, level, now)
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect()
     }
 
     pub(super) fn totals(&self) -> (u64, u64) {
@@ -205,6 +275,9 @@ pub(super) struct TeamUsage {
     /// GPUs its members hold of each model named in a per-model quota (see `quota`).
     pub(super) models: BTreeMap<String, u64>,
 }
+
+/// A pending job's place in the order (smaller first; see [`Core::order_key`]).
+pub(super) type OrderKey = (u8, bool, u64, u64, u64, Instant, u64);
 
 impl TeamUsage {
     /// The GPUs it holds in a quota bucket (a named model's, or every other GPU's).

@@ -4,13 +4,14 @@
 //! ends), and the idle-GPU statistic. The policy is described in the module documentation of
 //! [`crate::core`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::placement::gang::{self, GangRequest};
 use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
+use super::order::{OrderKey, TeamUsage};
 use super::preempt::Victims;
 use super::{
     member_resources, request, time_limit, Action, Core, Job, JobSpec, JobState, Priority,
@@ -42,16 +43,14 @@ impl Core {
                 .as_ref()
                 .is_some_and(|r| self.backfills(r, &j.spec, now))
         };
-        if eligible().any(|j| holder == Some(j.id) && in_all.fits(&views, &gang_of(&j.spec))) {
-            (free, 0)
-        } else if eligible().any(|j| {
-            holder != Some(j.id) && backfills(&j) && in_all.fits(&views, &gang_of(&j.spec))
-        }) {
-            // EASY backfill: a job that ends before the reservation starts may use its GPUs.
+        if eligible().any(|j| holder == Some(j.id) && in_all.fits(&views, &j.spec)) {
             (free, 0)
         } else if eligible()
-            .any(|j| holder != Some(j.id) && in_outside.fits(&outside, &gang_of(&j.spec)))
+            .any(|j| holder != Some(j.id) && backfills(&j) && in_all.fits(&views, &j.spec))
         {
+            // EASY backfill: a job that ends before the reservation starts may use its GPUs.
+            (free, 0)
+        } else if eligible().any(|j| holder != Some(j.id) && in_outside.fits(&outside, &j.spec)) {
             (unreserved, held)
         } else {
             (0, held)
@@ -80,7 +79,7 @@ impl Core {
         now: Instant,
     ) -> Vec<(AgentId, Resources, Vec<String>, Option<Instant>)> {
         let mut out = Vec::new();
-        for job in self.jobs.values() {
+        for job in self.jobs.values().filter(|j| !j.members.is_empty()) {
             let res = member_resources(&job.spec);
             let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
                 (Some(limit), Some(started)) => Some((started + limit).max(now)),
@@ -110,7 +109,11 @@ impl Core {
                 gpus: a.gpus.values().cloned().collect(),
             })
             .collect();
-        for job in self.jobs.values().filter(|_| !all_end) {
+        for job in self
+            .jobs
+            .values()
+            .filter(|j| !all_end && !j.members.is_empty())
+        {
             let res = member_resources(&job.spec);
             for m in job.members.values().filter(|m| !m.killing) {
                 if let Some(v) = views.iter_mut().find(|v| v.agent_id == m.agent_id) {
@@ -147,7 +150,7 @@ impl Core {
         for (o, _) in self.offers.values() {
             seen.entry(o.agent_id).or_default().add_assign(&o.total());
         }
-        for j in self.jobs.values() {
+        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
             let res = member_resources(&j.spec);
             for m in j.members.values() {
                 seen.entry(m.agent_id).or_default().add_assign(&res);
@@ -181,29 +184,32 @@ impl Core {
         views.sort_by(|a, b| (&a.hostname, a.agent_id).cmp(&(&b.hostname, b.agent_id)));
         let totals = self.totals();
         let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
-        let mut pending: BTreeSet<u64> = self
-            .jobs
-            .values()
-            .filter(|j| Self::eligible(j))
-            .map(|j| j.id)
-            .collect();
         // Reservation: per-agent amounts and GPUs subtracted for everyone else (but jobs that
         // end before it starts: EASY backfill).
         let mut reservation: Option<Reservation> = None;
         let mut blocked: Vec<u64> = Vec::new();
         // Jobs launched in this pass: never preempted in the same pass.
         let mut started: BTreeSet<u64> = BTreeSet::new();
+        // The order of the eligible jobs, with their keys: computed once, then again after a
+        // launch only for the launching team's jobs (a launch changes only that team's usage;
+        // the order of the others stays, unless the level changes: then all of it).
+        let mut usage = self.usage(now);
+        let mut teams = self.eligible_teams();
+        let names: Vec<String> = teams.keys().cloned().collect();
+        let mut level = self.level_among(&usage, &teams);
+        let keyed = {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            self.keyed_order(&usage, &names, totals, level, now)
+        };
         // Who may hold (the reservation): the first job, in order, that does not fit what is
-        // free now and is not backing off ([`Holds`]).
-        let usage_now = self.usage(now);
-        // Placement depends only on the gang's shape: tried once per shape (a queue holds
-        // thousands of jobs of a few shapes).
+        // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
+        // shape: tried once per shape (a queue holds thousands of jobs of a few shapes).
         let mut fits_now = ShapeCache::default();
-        let not_fitting: Vec<u64> = self
-            .order(now)
-            .into_iter()
-            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage_now))
-            .filter(|id| !fits_now.fits(&views, &gang_of(&self.jobs[id].spec)))
+        let not_fitting: Vec<u64> = keyed
+            .iter()
+            .map(|(_, id, _)| *id)
+            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage))
+            .filter(|id| !fits_now.fits(&views, &self.jobs[id].spec))
             .collect();
         let holder = self.holds.update(&not_fitting, now).holder;
         if let Some((id, _, since)) = &self.preempt_for {
@@ -223,58 +229,81 @@ impl Core {
                 start: None,
             });
         }
-        // The order of what is pending, computed again only after a launch (a launch changes
-        // the teams' usage, which the order depends on; a blocked job changes nothing).
-        let mut order: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
-        let mut usage = usage_now;
-        let mut stale = true;
+        // Per team, its eligible jobs in order: the pass takes the least head of all.
+        let mut lists: Vec<VecDeque<(OrderKey, u64)>> = vec![VecDeque::new(); names.len()];
+        for (key, id, t) in keyed {
+            lists[t].push_back((key, id));
+        }
+        // The team of the last launch, whose jobs' keys are stale.
+        let mut stale: Option<usize> = None;
         // Shapes (and whether they may backfill) that found no room outside the holder's
         // reservation since the last launch or change of the reservation: what is free only
         // shrinks meanwhile, so they would not fit again.
-        let mut no_room: Vec<(GangRequest, bool)> = Vec::new();
-        while !pending.is_empty() {
+        let mut no_room: Vec<(Shape, bool)> = Vec::new();
+        loop {
             // Members launched earlier in this pass are already recorded in their jobs.
-            if stale {
+            if let Some(t) = stale.take() {
                 usage = self.usage(now);
-                let level = self.level(&usage);
-                let mut ids: Vec<u64> = pending.iter().copied().collect();
-                ids.sort_by_cached_key(|id| {
-                    self.order_key(&self.jobs[id], &usage, totals, level, now)
-                });
-                order = ids.into();
-                stale = false;
+                let was = level;
+                level = self.level_among(&usage, &teams);
+                let none = TeamUsage::default();
+                let rekey = |list: &mut VecDeque<(OrderKey, u64)>, team: &str| {
+                    let used = usage.get(team).unwrap_or(&none);
+                    let tk = self.team_key(team, used, totals, level);
+                    for e in list.iter_mut() {
+                        e.0 = self.order_key(&self.jobs[&e.1], used, tk, now);
+                    }
+                    list.make_contiguous().sort_unstable();
+                };
+                if was.to_bits() == level.to_bits() {
+                    rekey(&mut lists[t], &names[t]);
+                } else {
+                    for (list, team) in lists.iter_mut().zip(&names) {
+                        rekey(list, team);
+                    }
+                }
             }
-            let Some(id) = order.pop_front() else {
+            let Some(t) = lists
+                .iter()
+                .enumerate()
+                .filter_map(|(t, l)| l.front().map(|e| (e, t)))
+                .min()
+                .map(|(_, t)| t)
+            else {
                 break;
             };
-            pending.remove(&id);
-            let spec = self.jobs[&id].spec.clone();
-            if self.over_borrow_limit(&spec, &usage) {
+            let Some((_, id)) = lists[t].pop_front() else {
+                break;
+            };
+            let spec = &self.jobs[&id].spec;
+            if self.over_borrow_limit(spec, &usage) {
                 // Waits until its team uses less (it neither reserves nor preempts).
                 continue;
             }
-            let mut gang = gang_of(&spec);
+            let mut shape = Shape::of(spec);
             if let Some(room) = self.borrow_room(&spec.team, &usage) {
                 // An elastic gang starts with no more workers than its borrowing limit allows.
                 let most = room / u64::from(spec.gpus.max(1));
-                gang.max = gang
+                shape.max = shape
                     .max
                     .min(most.min(u64::from(u32::MAX)) as u32)
-                    .max(gang.min);
+                    .max(shape.min);
             }
             let holds_it = reservation.as_ref().is_some_and(|r| r.holder == id);
             let may_backfill = reservation
                 .as_ref()
-                .is_some_and(|r| r.holder != id && self.backfills(r, &spec, now));
+                .is_some_and(|r| r.holder != id && self.backfills(r, spec, now));
             if !holds_it
                 && holder != Some(id)
                 && no_room
                     .iter()
-                    .any(|(g, b)| *g == gang && *b == may_backfill)
+                    .any(|(g, b)| *g == shape && *b == may_backfill)
             {
                 blocked.push(id);
                 continue;
             }
+            let mut gang = gang_of(spec);
+            gang.max = shape.max;
             let mut avail = views.clone();
             if let Some(r) = &reservation {
                 if r.holder != id {
@@ -285,7 +314,7 @@ impl Core {
             if plan.is_none()
                 && reservation
                     .as_ref()
-                    .is_some_and(|r| r.holder != id && self.backfills(r, &spec, now))
+                    .is_some_and(|r| r.holder != id && self.backfills(r, spec, now))
             {
                 // EASY backfill: it ends before the reservation starts, so it may use the
                 // reserved GPUs without delaying the holder.
@@ -294,7 +323,7 @@ impl Core {
             }
             if let Some(why) = plan
                 .as_ref()
-                .and_then(|p| self.lending_block(&spec, p, &views, &usage))
+                .and_then(|p| self.lending_block(spec, p, &views, &usage))
             {
                 // Other teams' lending limits keep what it would take free for them.
                 self.lend_blocked.insert(id, why);
@@ -315,7 +344,10 @@ impl Core {
                         reservation = None;
                     }
                     self.holds.done(&id);
-                    stale = true;
+                    if let Some(n) = teams.get_mut(&names[t]) {
+                        *n = n.saturating_sub(1);
+                    }
+                    stale = Some(t);
                     no_room.clear();
                 }
                 None => {
@@ -324,7 +356,7 @@ impl Core {
                         reservation = self.reserve(id, &gang, now);
                         no_room.clear();
                     } else if !holds_it {
-                        no_room.push((gang, may_backfill));
+                        no_room.push((shape, may_backfill));
                     }
                 }
             }
@@ -362,7 +394,8 @@ impl Core {
         }
         // Quota reclaim: the first blocked job whose team stays within its GPU quota takes
         // back borrowed GPUs, preempting jobs of teams above theirs.
-        if !self.kills_in_flight() && self.preempt_for.is_none() {
+        let quotas = self.config.teams.values().any(|t| t.has_quota());
+        if quotas && !self.kills_in_flight() && self.preempt_for.is_none() {
             let usage = self.usage(now);
             let within =
                 |id: &u64| self.within_quota(&self.jobs[id].spec, self.named_models(), &usage);
@@ -559,19 +592,48 @@ pub(super) fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, u
     }
 }
 
+/// A gang's shape: what placement depends on (a job's resources per worker, GPU selector and
+/// worker counts), compared without building the request.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Shape {
+    cpus: u64,
+    mem: u64,
+    gpus: u32,
+    model: Option<String>,
+    min_memory: Option<u64>,
+    pub(super) min: u32,
+    pub(super) max: u32,
+}
+
+impl Shape {
+    pub(super) fn of(spec: &JobSpec) -> Shape {
+        let min = spec.min_workers.max(1);
+        Shape {
+            cpus: spec.cpus.to_bits(),
+            mem: spec.mem.to_bits(),
+            gpus: spec.gpus,
+            model: spec.gpu_model.clone(),
+            min_memory: spec.gpu_min_memory,
+            min,
+            max: spec.max_workers.max(min),
+        }
+    }
+}
+
 /// Whether each gang shape fits some views, placed once per shape.
 #[derive(Default)]
 pub(super) struct ShapeCache {
-    pub(super) known: Vec<(GangRequest, bool)>,
+    known: Vec<(Shape, bool)>,
 }
 
 impl ShapeCache {
-    fn fits(&mut self, views: &[AgentView], gang: &GangRequest) -> bool {
-        if let Some((_, fits)) = self.known.iter().find(|(g, _)| g == gang) {
+    pub(super) fn fits(&mut self, views: &[AgentView], spec: &JobSpec) -> bool {
+        let shape = Shape::of(spec);
+        if let Some((_, fits)) = self.known.iter().find(|(s, _)| *s == shape) {
             return *fits;
         }
-        let fits = gang::place_gang(&mut views.to_vec(), gang).is_some();
-        self.known.push((gang.clone(), fits));
+        let fits = gang::place_gang(&mut views.to_vec(), &gang_of(spec)).is_some();
+        self.known.push((shape, fits));
         fits
     }
 }

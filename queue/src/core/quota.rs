@@ -158,8 +158,8 @@ impl Core {
         team: &str,
         usage: &HashMap<String, TeamUsage>,
     ) -> Option<u64> {
-        let t = self.team(team);
         let limit = self.config.team_borrow_limits.get(team)?;
+        let t = self.team(team);
         if !t.has_quota() {
             return None;
         }
