@@ -9,10 +9,15 @@
 //!    quota, then the team's weighted dominant share (DRF over GPUs and CPUs, with what this
 //!    pass launched and the job itself counted: see `Core::order_key`), then the team's
 //!    GPU-seconds per weight so far, then the earliest deadline, then submission order.
+//!    The order is keyed once per pass, in one list per team; after a launch only the
+//!    launching team's jobs are keyed again (a launch changes only its usage), unless the
+//!    level of GPU-seconds changes (then all are).
 //! 2. A job whose gang fits the free offered resources (minus the reservation below) launches:
-//!    every member in the same pass, one accept per agent ([`gang::place_gang`]).
+//!    every member in the same pass, one accept per agent
+//!    ([`gang::place_gang`](gantry_sdk::placement::gang::place_gang)).
 //! 3. The first job that does not fit gets the **reservation** (one at a time, through
-//!    [`gang::Holds`], so two gangs never hold halves of the cluster): the agents and amounts its
+//!    [`gang::Holds`](gantry_sdk::placement::gang::Holds), so two gangs never hold halves of
+//!    the cluster): the agents and amounts its
 //!    gang would take at the earliest time it fits by the running workers' time limits (launch
 //!    plus limit; `Core::reserve`), preferring agents with the fewest GPUs idle now, then by
 //!    hostname, are subtracted from what later jobs may use, and the offers of those agents are
@@ -28,9 +33,11 @@
 //!    period, then SIGKILL, and are requeued. Until the preemptor launches (at most a minute),
 //!    where it will go is reserved for it and no other preemption starts.
 //!    **Quota reclaim**: otherwise, the first blocked job whose team stays within its GPU
-//!    quota with it preempts the same way among jobs of other teams above their quota (a team
+//!    quota with it (in the job's quota bucket: per GPU model where teams name models; see
+//!    `quota`) preempts the same way among jobs of other teams above their quota there (a team
 //!    without one counts as 0), each of which they can lose without going below it: lowest
-//!    class, then newest first; never `critical` jobs. **Fair-share wait**: otherwise, the
+//!    class, then newest first; never `critical` jobs. A job that borrows launches only where
+//!    it leaves free what other teams keep by their lending limits. **Fair-share wait**: otherwise, the
 //!    first blocked job that waited `fair_share_wait` and whose team stays within its weighted
 //!    share of the GPUs preempts `preemptible` jobs of teams above theirs.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.

@@ -236,7 +236,7 @@ impl Core {
                 Some((self.order_key(j, used, *team, now), j.id, *i))
             })
             .collect();
-        keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        keyed.sort_unstable_by_key(|e| (e.0, e.1));
         keyed
     }
 
