@@ -24,6 +24,7 @@ fn main() {
                     models[(i % 4) as usize].to_string()
                 },
                 price_per_hour: 1.0 + f64::from(gpus) * (1.5 + f64::from(i % 4) * 0.5),
+                spot: false,
                 room: 1_000,
                 provisioning: 0,
             }
@@ -46,6 +47,7 @@ fn main() {
             } else {
                 Vec::new()
             },
+            on_demand: false,
             count: 200,
         })
         .collect();

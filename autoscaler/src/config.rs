@@ -272,13 +272,35 @@ impl Config {
                 }
             }
             for k in p.attributes.keys() {
-                if k == "pool" {
-                    return Err(bad(p, "the attribute `pool` is set by the autoscaler"));
+                if k == "pool" || k == PRICE_ATTRIBUTE {
+                    return Err(bad(
+                        p,
+                        &format!("the attribute `{k}` is set by the autoscaler"),
+                    ));
                 }
+                let key_ok = !k.is_empty() && !k.contains([':', ';']);
+                if !key_ok {
+                    return Err(bad(p, &format!("attribute key {k:?}: no `:` or `;`")));
+                }
+            }
+            if let Some((k, _)) = p.attributes.iter().find(|(_, v)| v.contains(';')) {
+                return Err(bad(p, &format!("attribute {k:?}: its value has a `;`")));
             }
         }
         Ok(())
     }
+}
+
+/// The agent attribute that carries a node's price per hour, as a decimal string (the
+/// contract between the autoscaler's pools, `gantry-agent --price-per-hour`, the master's
+/// usage and the queue's budgets).
+pub const PRICE_ATTRIBUTE: &str = "price_per_hour";
+
+/// A price as the attribute carries it: a plain decimal (`36`, `4.1`, `0.25`), never an
+/// exponent.
+pub fn price_text(price: f64) -> String {
+    // `Display` for f64 never uses an exponent and round-trips.
+    format!("{price}")
 }
 
 impl PoolSpec {
@@ -291,9 +313,15 @@ impl PoolSpec {
         r
     }
 
-    /// The node's `--attributes` for `gantry-agent` (`pool:NAME` first).
+    /// The node's `--attributes` for `gantry-agent`: `pool:NAME` and `price_per_hour:PRICE`
+    /// (the pool's price as a decimal string, the contract by which the master and the queue
+    /// price what runs on the node), then the pool's own attributes.
     pub fn agent_attributes(&self) -> String {
-        let mut a = format!("pool:{}", self.name);
+        let mut a = format!(
+            "pool:{};price_per_hour:{}",
+            self.name,
+            price_text(self.price_per_hour)
+        );
         for (k, v) in &self.attributes {
             a.push_str(&format!(";{k}:{v}"));
         }
@@ -347,7 +375,16 @@ mod tests {
             }
         );
         assert_eq!(c.pools[0].agent_resources(), "cpus:8;mem:32768");
-        assert_eq!(c.pools[0].agent_attributes(), "pool:a100-spot");
+        assert_eq!(
+            c.pools[0].agent_attributes(),
+            "pool:a100-spot;price_per_hour:4"
+        );
+        let mut p = c.pools[1].clone();
+        p.price_per_hour = 4.1;
+        p.attributes.insert("zone".into(), "a".into());
+        assert_eq!(p.agent_attributes(), "pool:a100;price_per_hour:4.1;zone:a");
+        assert_eq!(price_text(0.000001), "0.000001");
+        assert_eq!(price_text(1e9), "1000000000");
     }
 
     #[test]
@@ -366,6 +403,16 @@ mod tests {
                 "spot = true",
                 "spot = true\n        colour = 1",
                 "unknown field",
+            ),
+            (
+                "spot = true",
+                "spot = true\n        attributes = { price_per_hour = \"1\" }",
+                "set by the autoscaler",
+            ),
+            (
+                "spot = true",
+                "spot = true\n        attributes = { zone = \"a;b\" }",
+                "has a `;`",
             ),
         ];
         for (from, to, want) in cases {

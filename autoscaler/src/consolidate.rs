@@ -107,6 +107,30 @@ pub fn candidates(nodes: &[NodeLoad]) -> Vec<usize> {
     out
 }
 
+/// Whether one empty node of the shape (`cpu_milli`, `mem_mib`, `gpus` of one model) holds
+/// every task in `tasks` (best-fit, largest first: the live path's placer): a replacement
+/// node for them (Karpenter's "replace").
+pub fn holds_all(tasks: &[(u64, u64, GpuDemand)], cpu_milli: u64, mem_mib: u64, gpus: u32) -> bool {
+    let mut models = Models::new();
+    let Ok(model) = models.intern("") else {
+        return false;
+    };
+    let node = Node::idle(model, cpu_milli, mem_mib, gpus as usize);
+    let Ok(mut placer) = Placer::new(vec![node], Policy::BestFit, Workload::default(), 0) else {
+        return false;
+    };
+    largest_first(tasks).into_iter().all(|t| {
+        placer
+            .place(&TaskShape {
+                cpu_milli: t.0,
+                memory_mib: t.1,
+                gpu: t.2,
+                models: ModelSet::ANY,
+            })
+            .is_some()
+    })
+}
+
 fn largest_first(tasks: &[(u64, u64, GpuDemand)]) -> Vec<&(u64, u64, GpuDemand)> {
     let mut v: Vec<_> = tasks.iter().collect();
     v.sort_by_key(|t| std::cmp::Reverse((t.2.milli(), t.0, t.1)));

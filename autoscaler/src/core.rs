@@ -14,6 +14,9 @@
 //! 2. **Drained nodes** (draining, no tasks left) are deleted.
 //! 3. **Scale-down**: a registered node idle (no resources in use) for the pool's
 //!    `scale_down_cooldown`, whose pool keeps at least `min` nodes without it, is drained.
+//!    Then **consolidation** (`consolidation = true`): a busy node whose tasks fit the other
+//!    busy nodes' room is drained; else one whose tasks fit a single node of a cheaper pool
+//!    (same GPU model) gets that node asked for and is drained once it registers ("replace").
 //! 4. **Minimum**: a pool below `min` gets nodes up to `min`.
 //! 5. **Scale-up**: [`crate::plan::plan`] over the demand, with each pool's room (`max` minus
 //!    every node it has, provisioning and draining ones included; none while its
@@ -107,6 +110,22 @@ struct NodeRec {
     noticed: bool,
     /// Since when its tasks would fit in the other nodes' room (consolidation).
     removable_since: Option<Millis>,
+    /// Since when its tasks would fit one node of a cheaper pool (replacement).
+    replaceable_since: Option<Millis>,
+}
+
+/// A replacement under way (consolidation's "replace"): a cheaper node was asked for `old`'s
+/// tasks; once it registers, `old` is drained.
+#[derive(Debug, Clone)]
+struct Replacement {
+    /// The node being replaced.
+    old: String,
+    /// The cheaper pool.
+    pool: usize,
+    /// The new node, once the provider named it.
+    new: Option<String>,
+    /// When it was asked for.
+    at: Millis,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -118,6 +137,7 @@ struct PoolState {
     scale_ups: u64,
     scale_downs: u64,
     consolidations: u64,
+    replaced_by_cheaper: u64,
     nodes_created: u64,
     provision_failures: u64,
     /// Node-milliseconds of deleted nodes.
@@ -132,6 +152,7 @@ pub struct Core {
     pools: Vec<PoolState>,
     unfittable: Vec<Unfittable>,
     capped: u64,
+    replacement: Option<Replacement>,
 }
 
 /// Per-pool figures ([`Core::report`]).
@@ -163,8 +184,11 @@ pub struct PoolReport {
     pub scale_ups: u64,
     /// Nodes drained for being idle.
     pub scale_downs: u64,
-    /// Busy nodes drained because their tasks fit in the other nodes' room.
+    /// Busy nodes drained because their tasks fit in the other nodes' room, or on a cheaper
+    /// node asked for them.
     pub consolidations: u64,
+    /// Of those, nodes replaced by a node of a cheaper pool.
+    pub replaced_by_cheaper: u64,
     /// Nodes created since start.
     pub nodes_created: u64,
     /// Nodes deleted for not registering within `provision_timeout`.
@@ -214,6 +238,7 @@ impl Core {
             pools,
             unfittable: Vec::new(),
             capped: 0,
+            replacement: None,
         }
     }
 
@@ -238,6 +263,7 @@ impl Core {
             idle_since: None,
             noticed: false,
             removable_since: None,
+            replaceable_since: None,
         });
         true
     }
@@ -252,6 +278,11 @@ impl Core {
                 self.pools[p].nodes_created += 1;
             }
         }
+        if let Some(r) = &mut self.replacement {
+            if r.pool == p && r.new.is_none() {
+                r.new = nodes.first().cloned();
+            }
+        }
     }
 
     /// The provider could not create nodes in `pool`: the pool's scale-up cooldown starts
@@ -259,6 +290,13 @@ impl Core {
     pub fn create_failed(&mut self, pool: &str, now: Millis) {
         if let Some(p) = self.pool_index(pool) {
             self.pools[p].last_up = Some(now);
+            if self
+                .replacement
+                .as_ref()
+                .is_some_and(|r| r.pool == p && r.new.is_none())
+            {
+                self.replacement = None;
+            }
         }
     }
 
@@ -376,10 +414,11 @@ impl Core {
         }
 
         // 3. Scale-down of idle nodes, oldest idle first, keeping min.
+        let incoming = self.replacement.as_ref().and_then(|r| r.new.clone());
         let mut idle: Vec<(Millis, String, usize)> = self
             .nodes
             .iter()
-            .filter(|(_, n)| n.phase == Phase::Ready)
+            .filter(|(id, n)| n.phase == Phase::Ready && incoming.as_ref() != Some(*id))
             .filter_map(|(id, n)| {
                 let since = n.idle_since?;
                 let cooldown = ms(self.config.pools[n.pool].scale_down_cooldown);
@@ -438,11 +477,17 @@ impl Core {
                     gpus: spec.gpus,
                     gpu_model: spec.gpu_model.clone().unwrap_or_default(),
                     price_per_hour: spec.price_per_hour,
+                    spot: spec.spot,
                     room: if cooling { 0 } else { self.room(p) },
+                    // A replacement's node is for the tasks it replaces, not for demand.
                     provisioning: self
                         .nodes
-                        .values()
-                        .filter(|n| n.pool == p && n.phase == Phase::Provisioning)
+                        .iter()
+                        .filter(|(id, n)| {
+                            n.pool == p
+                                && n.phase == Phase::Provisioning
+                                && incoming.as_ref() != Some(*id)
+                        })
                         .count() as u32,
                 }
             })
@@ -469,6 +514,9 @@ impl Core {
     /// the other ready nodes' room for `consolidation_delay` (and whose pool keeps its `min`
     /// without it) is drained with `consolidation_deadline` ([`crate::consolidate`]).
     fn consolidate(&mut self, now: Millis, obs: &Observation) -> Option<Action> {
+        if self.replacement.is_some() {
+            return self.replacing(now);
+        }
         let leaving = self
             .nodes
             .values()
@@ -522,12 +570,14 @@ impl Core {
             return None;
         }
         let delay = ms(self.config.autoscaler.consolidation_delay);
-        let id = removable.into_iter().find(|id| {
+        let Some(id) = removable.into_iter().find(|id| {
             let rec = &self.nodes[id];
             rec.removable_since
                 .is_some_and(|t| now.saturating_sub(t) >= delay)
                 && self.staying(rec.pool) > self.config.pools[rec.pool].min
-        })?;
+        }) else {
+            return self.replace_cheaper(now, &loads);
+        };
         let rec = self.nodes.get_mut(&id)?;
         rec.phase = Phase::Draining;
         rec.removable_since = None;
@@ -536,6 +586,104 @@ impl Core {
             node: id,
             deadline_secs: Some(self.config.autoscaler.consolidation_deadline.as_secs()),
         })
+    }
+
+    /// Rule 3b, "replace" (Karpenter's): a busy node whose tasks all fit one empty node of a
+    /// cheaper pool — same GPU model, and not spot for an on-demand node — with room and not
+    /// cooling down, for `consolidation_delay`, and whose pool keeps its `min` without it: one
+    /// node of the cheapest such pool is asked for (biggest saving first); the old node is
+    /// drained once it registers ([`Core::replacing`]).
+    fn replace_cheaper(
+        &mut self,
+        now: Millis,
+        loads: &[crate::consolidate::NodeLoad],
+    ) -> Option<Action> {
+        let delay = ms(self.config.autoscaler.consolidation_delay);
+        let mut best: Option<(f64, String, usize)> = None;
+        for load in loads.iter().filter(|l| !l.tasks.is_empty()) {
+            let p = self.nodes.get(&load.id)?.pool;
+            let own = &self.config.pools[p];
+            let option = (0..self.config.pools.len())
+                .filter(|&q| {
+                    let c = &self.config.pools[q];
+                    let cooling = self.pools[q]
+                        .last_up
+                        .is_some_and(|t| now.saturating_sub(t) < ms(c.scale_up_cooldown));
+                    q != p
+                        && c.price_per_hour < own.price_per_hour
+                        && (own.spot || !c.spot)
+                        && c.gpu_model == own.gpu_model
+                        && self.room(q) > 0
+                        && !cooling
+                        && crate::consolidate::holds_all(
+                            &load.tasks,
+                            (c.cpus * 1000.0).round() as u64,
+                            c.mem,
+                            c.gpus,
+                        )
+                })
+                .min_by(|&a, &b| {
+                    self.config.pools[a]
+                        .price_per_hour
+                        .total_cmp(&self.config.pools[b].price_per_hour)
+                });
+            let rec = self.nodes.get_mut(&load.id)?;
+            rec.replaceable_since = option.map(|_| rec.replaceable_since.unwrap_or(now));
+            let Some(q) = option else { continue };
+            let saving = own.price_per_hour - self.config.pools[q].price_per_hour;
+            let ready = rec
+                .replaceable_since
+                .is_some_and(|t| now.saturating_sub(t) >= delay)
+                && self.staying(p) > own.min;
+            if ready && best.as_ref().is_none_or(|(s, _, _)| saving > *s) {
+                best = Some((saving, load.id.clone(), q));
+            }
+        }
+        let (_, old, q) = best?;
+        self.reserve(q, 1, now);
+        self.replacement = Some(Replacement {
+            old,
+            pool: q,
+            new: None,
+            at: now,
+        });
+        Some(Action::Create {
+            pool: self.config.pools[q].name.clone(),
+            count: 1,
+            reason: "replace-cheaper",
+        })
+    }
+
+    /// A replacement under way: once its node registers, the old node is drained with
+    /// `consolidation_deadline`; it ends when the old node is gone, or when the new node is
+    /// (a failed start), or when no node was named within the pool's `provision_timeout`.
+    fn replacing(&mut self, now: Millis) -> Option<Action> {
+        let r = self.replacement.clone()?;
+        let old_phase = self.nodes.get(&r.old).map(|n| n.phase);
+        let new_phase = r.new.as_ref().map(|n| self.nodes.get(n).map(|n| n.phase));
+        let timeout = ms(self.config.pools[r.pool].provision_timeout);
+        match (old_phase, new_phase) {
+            (None, _) | (_, Some(None)) => {
+                self.replacement = None;
+                None
+            }
+            (_, None) if now.saturating_sub(r.at) >= timeout => {
+                self.replacement = None;
+                None
+            }
+            (Some(Phase::Ready), Some(Some(Phase::Ready))) => {
+                let rec = self.nodes.get_mut(&r.old)?;
+                rec.phase = Phase::Draining;
+                let st = &mut self.pools[rec.pool];
+                st.consolidations += 1;
+                st.replaced_by_cheaper += 1;
+                Some(Action::Drain {
+                    node: r.old,
+                    deadline_secs: Some(self.config.autoscaler.consolidation_deadline.as_secs()),
+                })
+            }
+            _ => None,
+        }
     }
 
     /// Counts `count` nodes asked of pool `p` this round (until [`Core::created`] names them)
@@ -551,6 +699,7 @@ impl Core {
                     idle_since: None,
                     noticed: false,
                     removable_since: None,
+                    replaceable_since: None,
                 },
             );
         }
@@ -618,6 +767,7 @@ impl Core {
                     scale_ups: st.scale_ups,
                     scale_downs: st.scale_downs,
                     consolidations: st.consolidations,
+                    replaced_by_cheaper: st.replaced_by_cheaper,
                     nodes_created: st.nodes_created,
                     provision_failures: st.provision_failures,
                 }

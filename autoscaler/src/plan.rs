@@ -11,7 +11,10 @@
 //!   whose node, filled greedily with the remaining tasks, costs least per placed unit (per
 //!   milli-GPU placed when the task needs GPUs, else per milli-CPU); ties go to the cheaper
 //!   node, then the pool listed first;
-//! - a task that fits some pool but none with room left is counted in [`Plan::capped`].
+//! - a task that fits some pool but none with room left is counted in [`Plan::capped`];
+//! - demand that prefers on-demand capacity ([`DemandItem::on_demand`]) is never planned on a
+//!   spot pool while some on-demand pool's empty node can hold it (it waits for room there);
+//!   spot nodes are filled with the other demand only.
 //!
 //! Every node planned holds at least one task, so no more nodes are asked for than the demand
 //! needs. Identical consecutive nodes are planned at once (same fill while the tasks last).
@@ -35,6 +38,8 @@ pub struct PoolShape {
     pub gpu_model: String,
     /// Price per node-hour.
     pub price_per_hour: f64,
+    /// Spot (interruptible) capacity: demand that prefers on-demand avoids it.
+    pub spot: bool,
     /// How many nodes may be added now (max minus the nodes it has; 0 while cooling down).
     pub room: u32,
     /// Nodes asked for and not yet registered with the master.
@@ -54,6 +59,9 @@ pub struct DemandItem {
     pub gpu: GpuDemand,
     /// Accepted GPU models (empty: any).
     pub models: Vec<String>,
+    /// Prefers on-demand capacity (e.g. the openb trace's latency-sensitive `LS` class): never
+    /// planned on a spot pool while some on-demand pool's empty node can hold it.
+    pub on_demand: bool,
     /// How many tasks.
     pub count: u32,
 }
@@ -92,6 +100,8 @@ struct Want {
     shape: TaskShape,
     left: u64,
     item: usize,
+    /// Kept off spot pools (it prefers on-demand and an on-demand pool can hold it).
+    no_spot: bool,
 }
 
 impl DemandItem {
@@ -153,10 +163,16 @@ pub fn plan(pools: &[PoolShape], demand: &[DemandItem]) -> Plan {
         budget -= take;
         out.capped += u64::from(d.count) - take;
         if take > 0 {
+            let no_spot = d.on_demand
+                && pools
+                    .iter()
+                    .zip(&empty)
+                    .any(|(p, n)| !p.spot && n.as_ref().is_some_and(|n| n.fits(&shape)));
             wants.push(Want {
                 shape,
                 left: take,
                 item: i,
+                no_spot,
             });
         }
     }
@@ -175,7 +191,7 @@ pub fn plan(pools: &[PoolShape], demand: &[DemandItem]) -> Plan {
             if wants.iter().all(|w| w.left == 0) {
                 break;
             }
-            let fill = fill_node(node, &wants, &workload);
+            let fill = fill_node(node, pool.spot, &wants, &workload);
             out.placed += take(&mut wants, &fill, 1);
         }
     }
@@ -186,10 +202,10 @@ pub fn plan(pools: &[PoolShape], demand: &[DemandItem]) -> Plan {
         let mut best: Option<(f64, f64, usize, Vec<u64>)> = None;
         for (p, pool) in pools.iter().enumerate() {
             let Some(node) = &empty[p] else { continue };
-            if room[p] == 0 || !node.fits(&shape) {
+            if room[p] == 0 || !node.fits(&shape) || (pool.spot && wants[first].no_spot) {
                 continue;
             }
-            let fill = fill_node(node, &wants, &workload);
+            let fill = fill_node(node, pool.spot, &wants, &workload);
             let units: u64 = fill
                 .iter()
                 .zip(&wants)
@@ -249,14 +265,18 @@ fn take(wants: &mut [Want], fill: &[u64], times: u64) -> u64 {
 }
 
 /// How many copies of each want one empty `node` holds, largest wants first, placed with
-/// the live path's placer (best-fit on this one node).
-fn fill_node(node: &Node, wants: &[Want], workload: &Workload) -> Vec<u64> {
+/// the live path's placer (best-fit on this one node); a `spot` node takes no want kept off
+/// spot.
+fn fill_node(node: &Node, spot: bool, wants: &[Want], workload: &Workload) -> Vec<u64> {
     let mut fill = vec![0u64; wants.len()];
     let Ok(mut placer) = Placer::new(vec![node.clone()], Policy::BestFit, workload.clone(), 0)
     else {
         return fill;
     };
     for (i, w) in wants.iter().enumerate() {
+        if spot && w.no_spot {
+            continue;
+        }
         while fill[i] < w.left {
             let Some(at) = placer.choose(&w.shape) else {
                 break;
@@ -285,6 +305,7 @@ mod tests {
             gpus,
             gpu_model: model.into(),
             price_per_hour: price,
+            spot: false,
             room,
             provisioning: 0,
         }
@@ -297,6 +318,7 @@ mod tests {
             mem_mib: 1024,
             gpu: GpuDemand::whole(gpus),
             models: models.iter().map(|s| s.to_string()).collect(),
+            on_demand: false,
             count,
         }
     }
@@ -390,5 +412,50 @@ mod tests {
         };
         let p = plan(&pools, &[d]);
         assert_eq!(p.add, BTreeMap::from([("a".to_string(), 1)]));
+    }
+
+    #[test]
+    fn on_demand_demand_avoids_spot_pools_that_an_on_demand_pool_can_replace() {
+        let mut spot = pool("spot", 4, "A100", 1.0, 10);
+        spot.spot = true;
+        let od = pool("od", 4, "A100", 4.0, 10);
+        let ls = DemandItem {
+            on_demand: true,
+            ..gpu_task(1, 4, &[])
+        };
+        // Latency-sensitive: on demand, though spot is 4x cheaper.
+        let p = plan(&[spot.clone(), od.clone()], std::slice::from_ref(&ls));
+        assert_eq!(p.add, BTreeMap::from([("od".to_string(), 1)]));
+        // Best effort: spot.
+        let p = plan(&[spot.clone(), od.clone()], &[gpu_task(1, 4, &[])]);
+        assert_eq!(p.add, BTreeMap::from([("spot".to_string(), 1)]));
+        // Both: one node of each; the spot node is not filled with the LS tasks.
+        let p = plan(
+            &[spot.clone(), od.clone()],
+            &[ls.clone(), gpu_task(1, 2, &[])],
+        );
+        assert_eq!(
+            p.add,
+            BTreeMap::from([("od".to_string(), 1), ("spot".to_string(), 1)])
+        );
+        // A provisioning spot node does not absorb them either.
+        let mut busy_spot = spot.clone();
+        busy_spot.provisioning = 1;
+        let p = plan(&[busy_spot, od.clone()], std::slice::from_ref(&ls));
+        assert_eq!(p.add, BTreeMap::from([("od".to_string(), 1)]));
+        // The on-demand pool full: they wait (capped), never spill onto spot.
+        let full = pool("od", 4, "A100", 4.0, 0);
+        let p = plan(&[spot.clone(), full], std::slice::from_ref(&ls));
+        assert!(p.add.is_empty(), "{p:?}");
+        assert_eq!(p.capped, 4);
+        // No on-demand pool can hold them at all (only spot has H100s): spot it is.
+        let mut h = pool("h-spot", 4, "H100", 1.0, 10);
+        h.spot = true;
+        let ls_h = DemandItem {
+            on_demand: true,
+            ..gpu_task(1, 2, &["H100"])
+        };
+        let p = plan(&[h, od], &[ls_h]);
+        assert_eq!(p.add, BTreeMap::from([("h-spot".to_string(), 1)]));
     }
 }

@@ -8,6 +8,13 @@
 //! [`Report`] is written to the status file (atomically) and rendered for `/metrics`
 //! ([`metrics_text`]). Errors of a round are logged and the next round tries again; nothing
 //! here decides.
+//!
+//! HA: the loop acts only while its [`Fence`] says this copy leads (an etcd election, see the
+//! binary's `--etcd`). Each time it starts leading it starts from a fresh [`Core`] and adopts
+//! the nodes the providers `list` (the previous leader's, with a shared provider); while it
+//! does not lead it observes nothing and writes no report. The fence is checked again before
+//! every provider call and every write to the master, so a copy whose lease ran out between
+//! a round's start and an action never acts on it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -72,6 +79,7 @@ pub fn demand_items(v: &Value) -> Vec<DemandItem> {
                 mem_mib: task.milli("mem") / 1000,
                 gpu,
                 models: Vec::new(),
+                on_demand: false,
                 count,
             })
         })
@@ -238,6 +246,10 @@ pub fn metrics_text(r: &Report) -> String {
     out
 }
 
+/// Whether this copy may act now (checked before every provider call and every write to the
+/// master). Without HA it always may.
+pub type Fence = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// The loop's parts.
 pub struct Runtime {
     /// The decisions.
@@ -250,37 +262,51 @@ pub struct Runtime {
     pub status_file: Option<PathBuf>,
     /// The latest report in Prometheus' text format, for a `/metrics` endpoint.
     pub metrics: Arc<Mutex<String>>,
+    /// Whether this copy leads ([`Fence`]).
+    pub fence: Fence,
     started: Instant,
     costs: CostBook,
 }
 
 impl Runtime {
-    /// A runtime; adopts the nodes the providers list.
+    /// A runtime that always leads (no HA); [`Runtime::run`] adopts the nodes the providers
+    /// list before its first round.
     pub fn new(
         core: Core,
         api: BlockingClient,
         providers: BTreeMap<String, Box<dyn Provider>>,
         status_file: Option<PathBuf>,
     ) -> Runtime {
-        let mut rt = Runtime {
+        Runtime {
             core,
             api,
             providers,
             status_file,
             metrics: Arc::default(),
+            fence: Arc::new(|| true),
             started: Instant::now(),
             costs: CostBook::new(),
-        };
+        }
+    }
+
+    /// Starts from a fresh core (the configuration kept) and adopts the nodes the providers
+    /// list, billed from now (a node listed by several providers is adopted once).
+    pub fn reload(&mut self) {
+        self.core = Core::new(self.core.config().clone());
+        let now = self.now();
         let mut seen = std::collections::BTreeSet::new();
-        let pools: Vec<String> = rt.providers.keys().cloned().collect();
+        let pools: Vec<String> = self.providers.keys().cloned().collect();
         for pool in pools {
-            let Some(p) = rt.providers.get_mut(&pool) else {
+            if !(self.fence)() {
+                return;
+            }
+            let Some(p) = self.providers.get_mut(&pool) else {
                 continue;
             };
             match p.list() {
                 Ok(nodes) => {
                     for n in nodes {
-                        if seen.insert(n.id.clone()) && rt.core.adopt(&n.pool, &n.id, 0) {
+                        if seen.insert(n.id.clone()) && self.core.adopt(&n.pool, &n.id, now) {
                             tracing::info!(node = %n.id, pool = %n.pool, "adopted a listed node");
                         }
                     }
@@ -288,7 +314,6 @@ impl Runtime {
                 Err(e) => tracing::warn!(%pool, error = %e, "provider list failed"),
             }
         }
-        rt
     }
 
     fn now(&self) -> Millis {
@@ -392,6 +417,11 @@ impl Runtime {
     }
 
     fn act(&mut self, action: Action) {
+        // The fencing check: a copy that stopped leading since the round began does nothing.
+        if !(self.fence)() {
+            tracing::warn!(?action, "not leading any more: action dropped");
+            return;
+        }
         match action {
             Action::Create {
                 pool,
@@ -461,14 +491,33 @@ impl Runtime {
         }
     }
 
-    /// Rounds every `interval` until `stop` is set.
+    /// Rounds every `interval` until `stop` is set, while this copy leads (see the module
+    /// docs).
     pub fn run(&mut self, interval: Duration, stop: &AtomicBool) {
+        let mut leading = false;
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
-            if let Err(e) = self.round() {
-                tracing::warn!(error = %e, "round failed");
+            match ((self.fence)(), leading) {
+                (true, false) => {
+                    tracing::info!("leading: adopting the providers' nodes");
+                    self.reload();
+                    leading = true;
+                }
+                (false, true) => {
+                    tracing::warn!("not leading any more: standing by");
+                    leading = false;
+                }
+                _ => {}
+            }
+            if leading {
+                if let Err(e) = self.round() {
+                    tracing::warn!(error = %e, "round failed");
+                }
             }
             while started.elapsed() < interval && !stop.load(Ordering::Relaxed) {
+                if !leading && (self.fence)() {
+                    break; // elected: start at once
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }

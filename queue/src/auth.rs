@@ -192,6 +192,19 @@ impl Acl {
         )))
     }
 
+    /// Whether `caller` may read the logs of a job of `owner` in `team`: as for cancelling,
+    /// its owner, the team's administrators and the queue's.
+    pub fn may_read_logs(&self, caller: &Caller, team: &str, owner: &str) -> Result<(), Denied> {
+        self.may_cancel(caller, team, owner).map_err(|d| match d {
+            Denied::Forbidden(_) => Denied::Forbidden(format!(
+                "{} may not read the logs of a job of {owner} in team {team} (only its owner \
+                 and the team's administrators may)",
+                caller.name()
+            )),
+            other => other,
+        })
+    }
+
     /// Whether `caller` may shut the queue down (its administrators).
     pub fn may_shutdown(&self, caller: &Caller) -> Result<(), Denied> {
         let user = Self::user(caller)?;

@@ -63,6 +63,7 @@
 //! - `timers`: dependencies, retry backoffs, time limits and deadlines;
 //! - `launch`: building a job's tasks, elastic growth;
 //! - `preempt`: victim choice (step 4: preemption, reclaim, fair-share wait);
+//! - `demand`: what the queue asks the master for (its demand, for the autoscaler);
 //! - `estimate`: estimated start times;
 //! - `persist`: what the store keeps ([`Changes`]) and restoring from it;
 //! - `views`: what the API shows;
@@ -723,6 +724,7 @@ fn time_limit(config: &CoreConfig, spec: &JobSpec) -> Option<Duration> {
 /// Ended jobs kept for the API (the oldest are forgotten first).
 pub const MAX_ENDED_JOBS: usize = 10_000;
 
+mod demand;
 mod estimate;
 mod launch;
 mod order;

@@ -8,6 +8,7 @@
 //! | `GET /jobs`           | every job ([`JobView`]s)                                     |
 //! | `GET /jobs/{id}`      | one job                                                      |
 //! | `DELETE /jobs/{id}`   | cancel it (its workers are killed)                           |
+//! | `GET /jobs/{id}/logs` | a running worker's output (`?worker=I&follow=true&stderr=true`), relayed from the master ([`MasterApi`]); the job's user, its team's and the queue's administrators |
 //! | `GET /stats`          | counters as JSON (GPU-seconds per team, preemptions, jobs requeued after a lost worker, idle) |
 //! | `GET /metrics`        | Prometheus text: queue depth per team and priority, wait    |
 //! |                       | histogram, preemptions, GPU-hours per team, idle-while-waiting |
@@ -48,6 +49,55 @@ pub struct Api {
     pub acl: Option<Acl>,
     /// Users' tokens (the master's operator-token file format).
     pub tokens: OperatorTokens,
+    /// The master's operator API (`--master-api`), for workers' logs; `None`: no logs.
+    pub master: Option<MasterApi>,
+}
+
+/// Why the master's API client could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum MasterApiError {
+    /// The CA or the framework certificate.
+    #[error(transparent)]
+    Tls(#[from] gantry_transport::tls::TlsError),
+    /// The HTTP client.
+    #[error("the master's API client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+/// The master's operator API as the queue's framework principal (its `framework:NAME` client
+/// certificate): the master serves a task's logs to the framework that owns it
+/// (`GET /api/v1/tasks/{id}/logs`), and the queue relays them to the job's user.
+pub struct MasterApi {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl MasterApi {
+    /// `base` is `https://HOST:PORT` (the master's `--http-listen`; `http://` for a loopback
+    /// master with `--http-insecure`); the CA and the framework certificate
+    /// (`framework-PRINCIPAL.pem/.key`) come from `tls_dir`.
+    pub fn new(
+        base: &str,
+        tls_dir: &std::path::Path,
+        principal: &str,
+    ) -> Result<Self, MasterApiError> {
+        use gantry_transport::tls;
+        let base = base.trim_end_matches('/').to_string();
+        let (roots, identity) = if base.starts_with("https://") {
+            let id = tls::load_identity(tls_dir, &PeerIdentity::Framework(principal.into()))?;
+            (tls::load_roots(tls_dir)?, Some(id))
+        } else {
+            (rustls::RootCertStore::empty(), None)
+        };
+        let cfg = tls::https_client_config(roots, identity.as_ref())?;
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls(cfg)
+            .connect_timeout(Duration::from_secs(5))
+            .http1_only()
+            .no_proxy()
+            .build()?;
+        Ok(MasterApi { base, client })
+    }
 }
 
 /// The identity of the connection's client certificate, if it presented one (HTTPS).
@@ -60,6 +110,7 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/jobs", get(list).post(submit))
         .route("/jobs/{id}", get(show).delete(cancel))
+        .route("/jobs/{id}/logs", get(logs))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/usage", get(usage))
@@ -180,7 +231,9 @@ async fn submit(
         };
     }
     let deadline = spec.deadline_unix;
-    let id = s.with(|core, now| core.submit_as(spec, user, now));
+    let id = s
+        .with_async(|core, now| core.submit_as(spec, user, now))
+        .await;
     // Say so when the estimated start already misses the deadline.
     let wall = crate::runtime::unix_ms();
     let warning = deadline.and_then(|d| {
@@ -286,6 +339,108 @@ async fn show(
         Some(v) => Json(v).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no job {id}")),
     }
+}
+
+/// `GET /jobs/{id}/logs`'s query.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsQuery {
+    /// The worker (index; 0 by default).
+    #[serde(default)]
+    pub worker: u32,
+    /// Follow the output until the worker ends.
+    #[serde(default)]
+    pub follow: bool,
+    /// Standard error instead of standard output.
+    #[serde(default)]
+    pub stderr: bool,
+}
+
+async fn logs(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+    Path(id): Path<u64>,
+    query: Result<axum::extract::Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let who = match reader(&api, &headers, cert) {
+        Ok(w) => w,
+        Err(d) => return denied(d),
+    };
+    let q = match query {
+        Ok(q) => q.0,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let Some(job) = api.shared.core().view(id, Instant::now()) else {
+        return error(StatusCode::NOT_FOUND, format!("no job {id}"));
+    };
+    if let Some(acl) = &api.acl {
+        if let Err(d) = acl.may_read_logs(&who, &job.team, &job.user) {
+            return denied(d);
+        }
+    }
+    let Some(master) = &api.master else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this queue relays no logs: it was started without --master-api",
+        );
+    };
+    let Some(member) = job.members.iter().find(|m| m.index == q.worker) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "job {id} ({:?}) has no worker {} now: logs are relayed while a worker has a \
+                 task (an ended one's: gantryctl logs TASK_ID)",
+                job.state, q.worker
+            ),
+        );
+    };
+    let url = format!(
+        "{}/api/v1/tasks/{}/logs?stream={}&follow={}",
+        master.base,
+        member.task_id,
+        if q.stderr { "stderr" } else { "stdout" },
+        q.follow
+    );
+    let resp = match master.client.get(&url).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                format!("reaching the master's API: {e}"),
+            )
+        }
+    };
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        let why = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or(text);
+        // The master's 404 (the sandbox is gone) is the caller's; the rest is the queue's
+        // trouble with the master.
+        let to = if status == reqwest::StatusCode::NOT_FOUND {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::BAD_GATEWAY
+        };
+        return error(to, format!("the master answered {status}: {why}"));
+    }
+    let body = futures_util::stream::unfold(Some(resp), |resp| async move {
+        let mut resp = resp?;
+        match resp.chunk().await {
+            Ok(Some(chunk)) => Some((Ok::<_, reqwest::Error>(chunk), Some(resp))),
+            Ok(None) => None,
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    let mut out = axum::body::Body::from_stream(body).into_response();
+    out.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    out
 }
 
 async fn cancel(

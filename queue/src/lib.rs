@@ -29,7 +29,7 @@
 //!   agents with emulated time, against FIFO and EASY-backfill baselines.
 //! - [`usage`]: GPU-hours per team and user from the store's usage history (`GET /usage`,
 //!   `gantry-queue usage`).
-//! - [`http`]: the API (`/jobs`, `/stats`, `/metrics`, `/shutdown`), in HTTPS with tokens and
+//! - [`http`]: the API (`/jobs`, `/jobs/{id}/logs` relayed from the master, `/stats`, `/metrics`, `/shutdown`), in HTTPS with tokens and
 //!   client certificates when an ACL file is given.
 
 pub mod auth;

@@ -11,8 +11,10 @@
 //! gantry-queue list --server URL [--json]
 //! gantry-queue show --server URL ID [--json]
 //! gantry-queue cancel --server URL ID
+//! gantry-queue logs --server URL ID [--worker I] [-f] [--stderr]
 //! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
 //! gantry-queue usage --server URL --since 7d [--by team|user] [--json|--csv]
+//! gantry-queue bench-submit --server URL --jobs 10000 --concurrency 32
 //! gantry-queue simulate trace.csv --cluster 4x8:A100,2x8:H100 --policy queue,fifo,easy
 //! ```
 //!
@@ -104,6 +106,23 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// A worker's output (standard output, or error), relayed from the master: the job's
+    /// user, its team's and the queue's administrators may read it.
+    Logs {
+        #[command(flatten)]
+        conn: Conn,
+        /// Job id.
+        id: u64,
+        /// The worker's index.
+        #[arg(long, default_value_t = 0)]
+        worker: u32,
+        /// Follow the output until the worker ends.
+        #[arg(short, long)]
+        follow: bool,
+        /// Standard error instead of standard output.
+        #[arg(long)]
+        stderr: bool,
+    },
     /// GPU-hours per team (or per team and user) from the queue's usage history.
     Usage {
         #[command(flatten)]
@@ -120,6 +139,21 @@ enum Cmd {
         /// CSV instead of a table.
         #[arg(long)]
         csv: bool,
+    },
+    /// Benchmark: submit N small jobs through the API with C concurrent clients, and print
+    /// submissions/s and the latency percentiles (docs/benchmarks.md).
+    BenchSubmit {
+        #[command(flatten)]
+        conn: Conn,
+        /// Jobs to submit.
+        #[arg(long, default_value_t = 10_000)]
+        jobs: u32,
+        /// Concurrent clients (each submits one job at a time, on its own connection).
+        #[arg(long, default_value_t = 32)]
+        concurrency: u32,
+        /// The team to submit to.
+        #[arg(long, default_value = "default")]
+        team: String,
     },
     /// Replay a job trace on emulated agents (see docs/queue.md, "Simulator").
     Simulate(gantry_queue::sim::cli::SimulateArgs),
@@ -231,6 +265,16 @@ struct Serve {
     /// Its key (PEM).
     #[arg(long, requires = "https_cert")]
     https_key: Option<PathBuf>,
+    /// Declare the eligible pending jobs' worker shapes to the master (`set_demand`, at most
+    /// 16 shapes) as they change: the master then offers tasks' worth of those shapes, and an
+    /// autoscaler reading `GET /api/v1/demand` adds nodes for what the fleet cannot place.
+    #[arg(long)]
+    declare_demand: bool,
+    /// The master's operator API, https://HOST:PORT (its --http-listen): `gantry-queue logs`
+    /// relays workers' output from there, asked with the framework's certificate
+    /// (framework-NAME.pem in --tls-dir). Without it the queue serves no logs.
+    #[arg(long)]
+    master_api: Option<String>,
 }
 
 #[derive(Parser, Debug)]
@@ -398,6 +442,103 @@ async fn call(
         .into());
     }
     Ok(value)
+}
+
+/// `gantry-queue bench-submit`: `jobs` submissions of a one-CPU job (`sleep 1`, no GPU) by
+/// `concurrency` clients; prints the rate and the latency percentiles.
+async fn bench_submit(conn: &Conn, jobs: u32, concurrency: u32, team: &str) -> anyhow::Result<()> {
+    let url = format!("{}/jobs", conn.server.trim_end_matches('/'));
+    let body = serde_json::json!({
+        "name": "bench", "team": team, "command": ["sleep 1"], "cpus": 0.1, "mem": 16,
+    })
+    .to_string();
+    let next = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (client, url, body, next) = (client(conn)?, url.clone(), body.clone(), next.clone());
+        let token = conn.token.clone();
+        clients.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < jobs {
+                let t = Instant::now();
+                let mut req = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body.clone());
+                if let Some(token) = &token {
+                    req = req.bearer_auth(token);
+                }
+                let resp = req.send().await?;
+                let status = resp.status();
+                let text = resp.text().await?;
+                if !status.is_success() {
+                    bail!("{status}: {text}");
+                }
+                lat.push(t.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut lat = Vec::new();
+    for c in clients {
+        lat.extend(c.await??);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    println!(
+        "{} submissions in {secs:.2} s: {:.0}/s with {concurrency} clients; latency p50 {:.2} ms, \
+         p99 {:.2} ms, max {:.2} ms",
+        lat.len(),
+        lat.len() as f64 / secs,
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    Ok(())
+}
+
+/// `gantry-queue logs`: the worker's output streamed to standard output as it comes.
+async fn logs(conn: &Conn, id: u64, worker: u32, follow: bool, stderr: bool) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let url = format!(
+        "{}/jobs/{id}/logs?worker={worker}&follow={follow}&stderr={stderr}",
+        conn.server.trim_end_matches('/')
+    );
+    // No overall deadline: a followed worker writes as long as it runs.
+    let mut req = client(conn)?
+        .get(&url)
+        .timeout(Duration::from_secs(100 * 365 * 86_400));
+    if let Some(token) = &conn.token {
+        req = req.bearer_auth(token);
+    }
+    let mut resp = req
+        .send()
+        .await
+        .with_context(|| format!("reaching {url}"))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await?;
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or(text);
+        return Err(ApiError {
+            status: status.as_u16(),
+            message,
+        }
+        .into());
+    }
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = resp.chunk().await? {
+        out.write_all(&chunk)?;
+        out.flush()?;
+    }
+    Ok(())
 }
 
 fn table(jobs: &[JobView]) {
@@ -577,7 +718,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         Instant::now(),
         unix_ms(),
     );
-    let shared = Shared::new(core, store, driver.handle());
+    let shared = Shared::with_demand(core, store, driver.handle(), a.declare_demand);
     // Kills owed from before a restart: queued by the driver until it has subscribed.
     shared.resume(owed);
     let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -595,10 +736,18 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     if acl.is_none() {
         tracing::warn!("no --acl: dev mode, anyone who reaches the API may do anything");
     }
+    let master = match &a.master_api {
+        Some(url) => Some(
+            http::MasterApi::new(url, &a.tls_dir, &a.name)
+                .with_context(|| format!("--master-api {url}"))?,
+        ),
+        None => None,
+    };
     let app = http::router(Arc::new(Api {
         shared: Arc::clone(&shared),
         acl,
         tokens,
+        master,
     }));
     let local = listener.local_addr()?;
     let api = match tls {
@@ -762,6 +911,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Cmd::BenchSubmit {
+            conn,
+            jobs,
+            concurrency,
+            team,
+        } => bench_submit(&conn, jobs, concurrency, &team).await,
+        Cmd::Logs {
+            conn,
+            id,
+            worker,
+            follow,
+            stderr,
+        } => logs(&conn, id, worker, follow, stderr).await,
         Cmd::Cancel { conn, id } => {
             call(&conn, reqwest::Method::DELETE, &format!("/jobs/{id}"), None).await?;
             println!("cancelled {id}");

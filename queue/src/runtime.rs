@@ -33,18 +33,66 @@ pub struct Shared {
     broken: AtomicBool,
     /// `gantry-queue shutdown` was asked for: the framework is being torn down.
     shutting_down: AtomicBool,
+    /// Action batches the core returned whose changes are not committed yet, in the core's
+    /// order, and the sequence number of the last one (locked while `core` is).
+    outbox: Mutex<Outbox>,
+    /// Held by whoever commits (group commit); the sequence number committed and performed.
+    committed: Mutex<u64>,
+    /// `--declare-demand`: the demand last declared to the master (`None`: to declare again),
+    /// or no declaring at all.
+    demand: Option<Mutex<Option<Vec<Demand>>>>,
 }
 
 impl Shared {
     /// Wraps `core` (already restored from `store`); actions go to `driver`.
     pub fn new(core: Core, store: Store, driver: DriverHandle) -> Arc<Self> {
+        Self::with_demand(core, store, driver, false)
+    }
+
+    /// As [`Shared::new`]; with `declare_demand`, the ticker declares the eligible pending
+    /// jobs' shapes to the master ([`Core::demand`], `set_demand`) whenever they change.
+    pub fn with_demand(
+        core: Core,
+        store: Store,
+        driver: DriverHandle,
+        declare_demand: bool,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             core: Mutex::new(core),
             store,
             driver,
             broken: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
+            outbox: Mutex::new(Outbox::default()),
+            committed: Mutex::new(0),
+            demand: declare_demand.then(|| Mutex::new(None)),
         })
+    }
+
+    /// With `--declare-demand`: declares [`Core::demand`] to the master if it differs from
+    /// what was declared last (or a launch or a new subscription made the master's count
+    /// stale). Called by the ticker, so a burst of submissions declares once.
+    pub fn declare_demand(&self) {
+        let Some(last) = &self.demand else { return };
+        if self.is_broken() || self.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        // The core first, then the record of what was declared (the order `perform` uses).
+        let core = self.core();
+        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = core.demand();
+        if last.as_ref() != Some(&now) {
+            tracing::debug!(shapes = now.len(), "declaring demand");
+            self.driver.set_demand(now.clone());
+            *last = Some(now);
+        }
+    }
+
+    /// Forgets what was declared: the next [`Shared::declare_demand`] declares again.
+    fn demand_stale(&self) {
+        if let Some(last) = &self.demand {
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
     }
 
     /// The core, locked (a poisoned lock is taken over: the core has no invariants a panic
@@ -63,26 +111,70 @@ impl Shared {
         self.broken.load(Ordering::SeqCst)
     }
 
-    /// Runs `f` on the core, commits what changed, and performs the actions it returns.
+    /// Runs `f` on the core, commits what changed, and performs the actions it returns, in
+    /// that order, before returning.
     ///
-    /// The actions are sent while the core is still locked: the driver's calls only queue
-    /// messages, and sending outside the lock let two callers (an API submission and an offer
-    /// event) send in the other order than the core decided, e.g. a `Revive` overtaken by an
-    /// older `Suppress`, leaving the framework suppressed with work waiting.
+    /// Group commit: `f` runs under the core's lock, which is released before the store's
+    /// commit; whoever then commits takes every change made since the last commit (other
+    /// callers' too) into one transaction and performs every action batch they returned, in
+    /// the order the core returned them (sending in another order let a `Revive` be
+    /// overtaken by an older `Suppress`, leaving the framework suppressed with work waiting).
+    /// A caller whose changes someone else committed returns at once. So concurrent
+    /// submissions share one `fsync`, and nothing is sent before it is in the store.
     pub fn with<R>(&self, f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>)) -> R {
-        let mut core = self.core();
-        let now = Instant::now();
-        let (r, actions) = f(&mut core, now);
-        self.commit_and_perform(&mut core, now, actions);
-        drop(core);
+        let (r, seq) = self.apply(f);
+        self.flush(seq);
         r
     }
 
-    fn commit_and_perform(&self, core: &mut Core, now: Instant, actions: Vec<Action>) {
+    /// [`Shared::with`] for async callers (the API): the wait for the commit runs on a
+    /// blocking thread, so a burst of requests reaches the core while one commit is under way
+    /// and shares the next.
+    pub async fn with_async<R>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>),
+    ) -> R {
+        let (r, seq) = self.apply(f);
+        let me = Arc::clone(self);
+        if tokio::task::spawn_blocking(move || me.flush(seq))
+            .await
+            .is_err()
+        {
+            // The blocking pool is shutting down: commit here.
+            self.flush(seq);
+        }
+        r
+    }
+
+    /// Runs `f` on the locked core and queues its actions; returns their sequence number.
+    fn apply<R>(&self, f: impl FnOnce(&mut Core, Instant) -> (R, Vec<Action>)) -> (R, u64) {
+        let mut core = self.core();
+        let (r, actions) = f(&mut core, Instant::now());
+        let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        out.seq += 1;
+        out.batches.push(actions);
+        (r, out.seq)
+    }
+
+    /// Returns once the changes and actions up to `seq` are committed and performed, by this
+    /// caller (with everyone else's so far) or by another.
+    fn flush(&self, seq: u64) {
+        let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        if *committed >= seq {
+            return;
+        }
+        // Every batch queued so far was queued under the core's lock: its changes are in
+        // what is taken now.
+        let (changes, batches, upto) = {
+            let mut core = self.core();
+            let changes = core.take_changes(Instant::now(), unix_ms());
+            let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            (changes, std::mem::take(&mut out.batches), out.seq)
+        };
+        *committed = upto;
         if self.is_broken() {
             return;
         }
-        let changes = core.take_changes(now, unix_ms());
         if !changes.is_empty() {
             if let Err(e) = self.store.commit(&changes) {
                 tracing::error!("{e}: stopping; the next run resumes from the store");
@@ -91,13 +183,17 @@ impl Shared {
                 return;
             }
         }
-        self.perform(actions);
+        for actions in batches {
+            self.perform(actions);
+        }
     }
 
     fn perform(&self, actions: Vec<Action>) {
         for a in actions {
             match a {
                 Action::Launch { offers, tasks } => {
+                    // The master lowers the declared counts by what this launches.
+                    self.demand_stale();
                     for t in &tasks {
                         tracing::info!(task = %t.name, id = %t.task_id, "launching");
                     }
@@ -116,8 +212,7 @@ impl Shared {
     /// Kills still owed from before a restart (see [`Core::restore`]); sent after the
     /// subscription.
     pub fn resume(&self, kills: Vec<Action>) {
-        let mut core = self.core();
-        self.commit_and_perform(&mut core, Instant::now(), kills);
+        self.with(|_, _| ((), kills));
     }
 
     /// Tears the framework down (`gantry-queue shutdown`): the master kills every worker;
@@ -125,9 +220,18 @@ impl Shared {
     /// framework id is forgotten.
     pub fn shutdown(&self) -> Result<(), crate::store::StoreError> {
         self.shutting_down.store(true, Ordering::SeqCst);
+        // The commit lock first (its order with the core's), so no older commit lands after.
+        let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         let mut core = self.core();
         core.shutdown();
         let changes = core.take_changes(Instant::now(), unix_ms());
+        {
+            // The teardown kills every worker: what was still to send is moot.
+            let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            out.batches.clear();
+            *committed = out.seq;
+        }
+        drop(core);
         self.store.commit(&changes)?;
         self.store.set_framework_id(None)?;
         self.driver.teardown();
@@ -143,6 +247,7 @@ impl Shared {
             loop {
                 every.tick().await;
                 me.with(|core, now| ((), core.tick(now)));
+                me.declare_demand();
             }
         })
     }
@@ -206,6 +311,13 @@ pub fn sweep_checkpoints(
     out
 }
 
+/// Action batches awaiting the commit of their changes.
+#[derive(Default)]
+struct Outbox {
+    seq: u64,
+    batches: Vec<Vec<Action>>,
+}
+
 /// The scheduler the driver runs.
 pub struct QueueScheduler {
     shared: Arc<Shared>,
@@ -231,6 +343,9 @@ impl Scheduler for QueueScheduler {
             return;
         }
         driver.revive(vec![]);
+        // A new subscription (or another master) holds no demand of ours.
+        self.shared.demand_stale();
+        self.shared.declare_demand();
         let ids = self.shared.core().task_ids();
         for chunk in ids.chunks(MAX_RECONCILE_IDS) {
             driver.reconcile(chunk.to_vec());

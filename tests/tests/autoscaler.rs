@@ -339,8 +339,9 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     );
 
     // A spot notice on a busy node: a queue job that checkpoints and a batch task on one new
-    // spot node, then the notice. The queue declares no demand yet: the batch task's demand
-    // makes the node, and the queue's job takes its other GPU.
+    // spot node, then the notice. Only the queue's demand (`--declare-demand`: its pending
+    // job's worker shape) grows the empty pool: the job runs on the new node, and then the
+    // batch task takes the node's other GPU.
     let ckpt = dir.join("checkpoints");
     std::fs::create_dir(&ckpt).unwrap();
     std::fs::set_permissions(&ckpt, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
@@ -357,7 +358,8 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     .arg(dir.join("queue.redb"))
     .arg("--checkpoint-root")
     .arg(&ckpt)
-    .args(["--listen", &queue_api.to_string(), "--team", "ml=1"]);
+    .args(["--listen", &queue_api.to_string(), "--team", "ml=1"])
+    .arg("--declare-demand");
     let _queue = Proc::spawn("gantry-queue", qcmd, &dir.join("gantry-queue.log")).unwrap();
     let queue_url = format!("http://{queue_api}");
     let queue = |args: &[&str]| -> anyhow::Result<String> {
@@ -405,6 +407,27 @@ echo "done $n" > "$d/result""#;
     .trim()
     .parse()
     .unwrap();
+    // The queue's demand alone makes a spot node (the third), and the job runs there.
+    let running =
+        cluster
+            .master
+            .wait_state(Duration::from_secs(60), "the queue's job running", |s| {
+                running_tasks(s) == 1
+            });
+    let Ok(running) = running else {
+        logs();
+        panic!("{running:?}");
+    };
+    let report = read_status(&status).unwrap();
+    assert_eq!(report["pools"][0]["nodes_created"], 3, "{report:#}");
+    assert_eq!(report["pools"][1]["nodes_created"], 0, "{report:#}");
+    let on = running["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["state"] == "RUNNING")
+        .unwrap();
+    assert_eq!(on["name"], "resumable/0", "{running:#}");
     let (driver, _progress) = gpu_batch(&cluster, "spot-batch", 1, "sleep 8");
     let busy = cluster
         .master

@@ -121,7 +121,9 @@ async fn unauthenticated_and_cross_team_requests_are_refused_and_the_team_job_ru
     .arg("--https-cert")
     .arg(dir.join("queue-https.pem"))
     .arg("--https-key")
-    .arg(dir.join("queue-https.key"));
+    .arg(dir.join("queue-https.key"))
+    .arg("--master-api")
+    .arg(format!("https://{}", cluster.master.http));
     let log = dir.join("gantry-queue.log");
     let mut queue = Proc::spawn("gantry-queue", cmd, &log).unwrap();
 
@@ -321,6 +323,83 @@ async fn unauthenticated_and_cross_team_requests_are_refused_and_the_team_job_ru
     assert_eq!(user_of(ok), "alice");
     assert_eq!(user_of(cert_job), "dave");
     assert_eq!(user_of(long), "alice");
+
+    // Logs, relayed from the master: alice follows her running job's output to its end (the
+    // CLI); bob, of another team, is refused.
+    let (st, v) = api
+        .call(
+            c,
+            Method::POST,
+            "/jobs",
+            Some(&token["alice"]),
+            Some(job(
+                "chatty",
+                "nlp",
+                "normal",
+                "for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.5; done; echo bye >&2",
+            )),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let chatty = v["id"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = api
+            .call(
+                c,
+                Method::GET,
+                &format!("/jobs/{chatty}"),
+                Some(&token["alice"]),
+                None,
+            )
+            .await;
+        if v["state"] == "RUNNING" && v["members"][0]["state"] == "RUNNING" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not running: {v:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (st, v) = api
+        .call(
+            c,
+            Method::GET,
+            &format!("/jobs/{chatty}/logs?follow=true"),
+            Some(&token["bob"]),
+            None,
+        )
+        .await;
+    assert_eq!(st, 403, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("may not read the logs"),
+        "{v}"
+    );
+    let logs = |args: &[&str]| {
+        Command::new(bin("gantry-queue").unwrap())
+            .args(["logs", "--server", &api.base, "--ca"])
+            .arg(cluster.tls_dir.join("ca.pem"))
+            .args(args)
+            .arg(chatty.to_string())
+            .output()
+            .unwrap()
+    };
+    let out = logs(&["--token", &token["alice"], "-f"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected: String = (1..=6).map(|i| format!("tick {i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    let out = logs(&["--token", &token["bob"], "--stderr"]);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let (st, v) = api
         .call(

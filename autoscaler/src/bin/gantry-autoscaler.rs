@@ -4,8 +4,10 @@
 //! ```text
 //! gantry-autoscaler check --config pools.toml
 //! gantry-autoscaler simulate --config pools.toml --openb openb_pod_list_default.csv
+//!     [--spot-rate PER_NODE_HOUR --seed N --checkpoint CLASS=SECS... --on-demand-classes LS,..]
 //! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
 //!     [--operator NAME | --token-file FILE] [--status-file FILE] [--metrics-listen ADDR]
+//!     [--etcd URLS [--ha-id NAME] [--ha-prefix PREFIX] [--ha-lease-ttl 3s]]
 //!     [--local-agent-bin PATH --local-master QUIC_ADDR --local-work-dir DIR
 //!      --local-nvml-lib PATH --local-agent-arg ARG...]
 //! ```
@@ -22,6 +24,7 @@ use gantry_autoscaler::core::Core;
 use gantry_autoscaler::provider::{ExecProvider, LocalConfig, LocalProvider, Provider};
 use gantry_autoscaler::runtime::Runtime;
 use gantry_master::client::{BlockingClient, ClientConfig, Credentials};
+use gantry_master::election::{Election, EtcdElectionConfig};
 
 #[derive(Parser)]
 #[command(
@@ -58,6 +61,20 @@ enum Command {
         /// Simulated seconds from a create to the node registering.
         #[arg(long, default_value_t = 180)]
         provision_secs: u64,
+        /// Spot notices per spot node-hour (a seeded Poisson process; 0: none).
+        #[arg(long, default_value_t = 0.0)]
+        spot_rate: f64,
+        /// The seed of the spot notices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A QoS class's checkpoint interval, `CLASS=SECS` (repeatable; 0: none). Defaults:
+        /// `BE=600`, `Burstable=600`; other classes do not checkpoint.
+        #[arg(long, value_parser = parse_class_secs)]
+        checkpoint: Vec<(String, u64)>,
+        /// QoS classes that prefer on-demand capacity (comma-separated; default
+        /// `LS,Guaranteed`; `none` for none).
+        #[arg(long)]
+        on_demand_classes: Option<String>,
     },
 }
 
@@ -85,6 +102,21 @@ struct RunArgs {
     /// loopback or a scrape network).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// HA: etcd endpoints (`URL[,URL...]`): copies of the autoscaler with the same
+    /// `--ha-prefix` elect one that acts; the others stand by and take over when its lease
+    /// lapses (the masters' election code).
+    #[arg(long)]
+    etcd: Option<String>,
+    /// HA: this copy's name in the election (default: `HOST-PID`).
+    #[arg(long)]
+    ha_id: Option<String>,
+    /// HA: the etcd key prefix of the election (`PREFIX/leader`).
+    #[arg(long, default_value = "/gantry/autoscaler")]
+    ha_prefix: String,
+    /// HA: the election's lease TTL (whole seconds; a standby takes over within about this
+    /// long of the leader dying).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    ha_lease_ttl: Duration,
     /// Local provider: the `gantry-agent` binary (default: next to this one).
     #[arg(long)]
     local_agent_bin: Option<PathBuf>,
@@ -143,37 +175,68 @@ fn main() -> anyhow::Result<()> {
             openb,
             tick_secs,
             provision_secs,
-        } => simulate(&config, &openb, tick_secs, provision_secs),
+            spot_rate,
+            seed,
+            checkpoint,
+            on_demand_classes,
+        } => {
+            let mut s = gantry_autoscaler::sim::SimSettings::new(tick_secs, provision_secs);
+            if !(spot_rate.is_finite() && spot_rate >= 0.0) {
+                bail!("--spot-rate must be 0 or more");
+            }
+            s.spot.rate_per_node_hour = spot_rate;
+            s.spot.seed = seed;
+            s.checkpoint_s.extend(checkpoint);
+            if let Some(c) = on_demand_classes {
+                s.on_demand_classes = c
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty() && *c != "none")
+                    .map(str::to_string)
+                    .collect();
+            }
+            simulate(&config, &openb, s)
+        }
     }
+}
+
+fn parse_class_secs(text: &str) -> Result<(String, u64), String> {
+    let (class, secs) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not CLASS=SECS"))?;
+    let secs = secs
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: {secs:?} is not a number of seconds"))?;
+    Ok((class.trim().to_string(), secs))
 }
 
 fn simulate(
     config: &std::path::Path,
     openb: &std::path::Path,
-    tick_s: u64,
-    provision_s: u64,
+    settings: gantry_autoscaler::sim::SimSettings,
 ) -> anyhow::Result<()> {
     use gantry_autoscaler::sim;
     let config = Config::load(config)?;
     let text =
         std::fs::read_to_string(openb).with_context(|| format!("reading {}", openb.display()))?;
     let tasks = sim::parse_openb(&text).with_context(|| format!("{}", openb.display()))?;
-    let settings = sim::SimSettings {
-        tick_s,
-        provision_s,
-    };
     let t0 = std::time::Instant::now();
-    let elastic = sim::simulate(&config, &tasks, settings);
+    let elastic = sim::simulate(&config, &tasks, &settings);
     let fixed = sim::simulate(
         &sim::static_fleet(&config, &elastic.peak_nodes),
         &tasks,
-        settings,
+        &settings,
     );
     let out = serde_json::json!({
         "trace": openb.display().to_string(),
         "tasks": tasks.len(),
-        "tick_secs": tick_s,
-        "provision_secs": provision_s,
+        "tick_secs": settings.tick_s,
+        "provision_secs": settings.provision_s,
+        "spot_rate_per_node_hour": settings.spot.rate_per_node_hour,
+        "seed": settings.spot.seed,
+        "checkpoint_secs": settings.checkpoint_s,
+        "on_demand_classes": settings.on_demand_classes,
         "elastic": elastic,
         "static_peak": fixed,
         "cost_ratio": if fixed.cost > 0.0 { elastic.cost / fixed.cost } else { 0.0 },
@@ -254,15 +317,68 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let interval = config.autoscaler.interval;
     tracing::info!(pools = config.pools.len(), master = %args.master, "autoscaler running");
-    let mut rt = Runtime::new(Core::new(config), api, providers, args.status_file);
+    let mut rt = Runtime::new(Core::new(config), api, providers, args.status_file.clone());
+    let ha = match &args.etcd {
+        Some(list) => {
+            let (fence, ha) = elect(list, &args)?;
+            rt.fence = fence;
+            Some(ha)
+        }
+        None => None,
+    };
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr, rt.metrics.clone())?;
         tracing::info!(%addr, "serving /metrics");
     }
     rt.run(interval, &STOP);
     tracing::info!("stopping: local nodes are stopped, other providers' nodes stay");
+    if let Some((tokio_rt, mut election)) = ha {
+        // Resign at once, so a standby takes over without waiting for the lease.
+        if let Err(e) = tokio_rt.block_on(election.resign(Duration::from_secs(2))) {
+            tracing::warn!(error = %e, "resigning the election");
+        }
+    }
     drop(rt);
     Ok(())
+}
+
+/// Joins the etcd election of the autoscaler's copies (the masters' election code, under
+/// `--ha-prefix`): the fence that says whether this copy leads, and what keeps the election
+/// running (its runtime and handle).
+fn elect(
+    list: &str,
+    args: &RunArgs,
+) -> anyhow::Result<(
+    gantry_autoscaler::runtime::Fence,
+    (tokio::runtime::Runtime, Election),
+)> {
+    let endpoints = EtcdElectionConfig::parse_endpoints(list)?;
+    let id = match &args.ha_id {
+        Some(id) => id.clone(),
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "autoscaler".into());
+            format!("{host}-{}", std::process::id())
+        }
+    };
+    let mut cfg = EtcdElectionConfig::new(endpoints, id.clone());
+    cfg.prefix = args.ha_prefix.clone();
+    cfg.lease_ttl = args.ha_lease_ttl;
+    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("election")
+        .enable_all()
+        .build()?;
+    let election = {
+        let _in_runtime = tokio_rt.enter();
+        Election::etcd(cfg).context("starting the etcd election")?
+    };
+    let status = election.watch_status();
+    tracing::info!(%id, prefix = %args.ha_prefix, "HA: campaigning in etcd");
+    let fence: gantry_autoscaler::runtime::Fence =
+        std::sync::Arc::new(move || status.borrow().leads_at(std::time::Instant::now()));
+    Ok((fence, (tokio_rt, election)))
 }
 
 /// `GET /metrics` on `addr`: the latest round's report in Prometheus' text format.

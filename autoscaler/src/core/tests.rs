@@ -512,3 +512,124 @@ fn consolidation_keeps_the_pool_minimum_and_tasks_that_fit_nowhere() {
     // gpu-2's half GPU fits nowhere (gpu-1 is full); gpu-1's two GPUs do not fit gpu-2.
     assert!(a.is_empty(), "{a:?}");
 }
+
+#[test]
+fn consolidation_replaces_a_node_by_a_cheaper_one_that_holds_its_tasks() {
+    // A 4-GPU node at 10/h running two 1-GPU tasks: a 2-GPU node at 4/h holds them.
+    let mut c = config(vec![
+        spec("big", 4, 10.0, 0, 4),
+        spec("small", 2, 4.0, 0, 4),
+        PoolSpec {
+            spot: true,
+            ..spec("small-spot", 2, 1.0, 0, 4)
+        },
+    ]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::from_secs(30);
+    c.autoscaler.consolidation_deadline = Duration::from_secs(45);
+    let mut core = Core::new(c);
+    core.created("big", &["big-1".into()], 0);
+    let tasks = vec![task_on("big-1", "a", 1.0), task_on("big-1", "b", 1.0)];
+    let obs = |nodes: Vec<NodeObs>| Observation {
+        nodes,
+        tasks: tasks.clone(),
+        demand: Vec::new(),
+    };
+    assert!(core.step(0, &obs(vec![node("big-1", true)])).is_empty());
+    assert!(
+        core.step(29_000, &obs(vec![node("big-1", true)]))
+            .is_empty(),
+        "before the delay"
+    );
+    // One on-demand node of the cheaper pool (not the spot one: big-1 is on demand).
+    let a = core.step(30_000, &obs(vec![node("big-1", true)]));
+    assert_eq!(
+        a,
+        [Action::Create {
+            pool: "small".into(),
+            count: 1,
+            reason: "replace-cheaper"
+        }]
+    );
+    core.created("small", &["small-1".into()], 30_000);
+    // Until it registers, nothing more; then big-1 drains, with the deadline.
+    let starting = NodeObs {
+        registered: false,
+        ..node("small-1", false)
+    };
+    assert!(core
+        .step(40_000, &obs(vec![node("big-1", true), starting]))
+        .is_empty());
+    let both = |big_busy: bool| vec![node("big-1", big_busy), node("small-1", false)];
+    assert_eq!(
+        core.step(50_000, &obs(both(true))),
+        [Action::Drain {
+            node: "big-1".into(),
+            deadline_secs: Some(45)
+        }]
+    );
+    // The new node waits for the tasks, idle past its pool's cooldown (60 s): not drained.
+    assert!(core.step(120_000, &obs(both(true))).is_empty());
+    // The tasks moved: big-1 goes; the replacement is done, small-1 is busy.
+    let moved = Observation {
+        nodes: vec![node("big-1", false), node("small-1", true)],
+        tasks: vec![task_on("small-1", "a2", 1.0), task_on("small-1", "b2", 1.0)],
+        demand: Vec::new(),
+    };
+    assert_eq!(
+        core.step(121_000, &moved),
+        [Action::Delete {
+            node: "big-1".into()
+        }]
+    );
+    core.deleted("big-1", 122_000);
+    let r = core.report(122_000);
+    assert_eq!(
+        (r.pools[0].consolidations, r.pools[0].replaced_by_cheaper),
+        (1, 1)
+    );
+    // small-1 is the cheapest that holds two GPUs on demand: nothing more.
+    let after = Observation {
+        nodes: vec![node("small-1", true)],
+        ..moved
+    };
+    assert!(core.step(300_000, &after).is_empty());
+}
+
+#[test]
+fn no_replacement_for_tasks_a_cheaper_node_cannot_hold_or_of_another_model() {
+    let mut c = config(vec![
+        spec("big", 4, 10.0, 0, 4),
+        spec("small", 2, 4.0, 0, 4),
+        PoolSpec {
+            gpu_model: Some("T4".into()),
+            ..spec("t4", 4, 2.0, 0, 4)
+        },
+    ]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::ZERO;
+    let mut core = Core::new(c.clone());
+    core.created("big", &["big-1".into()], 0);
+    // Three GPUs in use: the 2-GPU pool cannot hold them; the T4 pool is another model.
+    let obs = Observation {
+        nodes: vec![node("big-1", true)],
+        tasks: vec![task_on("big-1", "a", 2.0), task_on("big-1", "b", 1.0)],
+        demand: Vec::new(),
+    };
+    assert!(core.step(1_000, &obs).is_empty());
+    assert!(core.step(100_000, &obs).is_empty());
+    // A failed start of the replacement ends it; big-1 stays and may be tried again.
+    let mut core = Core::new(c);
+    core.created("big", &["big-1".into()], 0);
+    let obs = Observation {
+        nodes: vec![node("big-1", true)],
+        tasks: vec![task_on("big-1", "a", 1.0)],
+        demand: Vec::new(),
+    };
+    assert_eq!(creates(&core.step(1_000, &obs)), [("small".to_string(), 1)]);
+    // Pending: no second one while it is under way.
+    assert!(core.step(1_500, &obs).is_empty());
+    core.create_failed("small", 1_500);
+    // Ended (the pool's scale-up cooldown is 0): asked for again.
+    assert_eq!(creates(&core.step(2_000, &obs)), [("small".to_string(), 1)]);
+}
