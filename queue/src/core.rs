@@ -3,19 +3,21 @@
 //! takes `now`. The shell ([`crate::runtime`]) feeds it driver events and a periodic tick and
 //! performs what it returns.
 //!
-//! One file over 800 lines: the scheduling pass reads as one ordered policy (order, place,
-//! backfill, preempt); launch, preempt and views are already split into `core/`.
-//!
 //! One pass:
 //! 1. Pending jobs are taken one at a time in [`Core::order`]: effective priority (aging raises
 //!    a waiting job one class per `aging` interval, up to `high`), then teams below their GPU
 //!    quota, then the team's weighted dominant share (DRF over GPUs and CPUs, with what this
 //!    pass launched and the job itself counted: see `Core::order_key`), then the team's
 //!    GPU-seconds per weight so far, then the earliest deadline, then submission order.
+//!    The order is keyed once per pass, in one list per team; after a launch only the
+//!    launching team's jobs are keyed again (a launch changes only its usage), unless the
+//!    level of GPU-seconds changes (then all are).
 //! 2. A job whose gang fits the free offered resources (minus the reservation below) launches:
-//!    every member in the same pass, one accept per agent ([`gang::place_gang`]).
+//!    every member in the same pass, one accept per agent
+//!    ([`gang::place_gang`](gantry_sdk::placement::gang::place_gang)).
 //! 3. The first job that does not fit gets the **reservation** (one at a time, through
-//!    [`gang::Holds`], so two gangs never hold halves of the cluster): the agents and amounts its
+//!    [`gang::Holds`](gantry_sdk::placement::gang::Holds), so two gangs never hold halves of
+//!    the cluster): the agents and amounts its
 //!    gang would take at the earliest time it fits by the running workers' time limits (launch
 //!    plus limit; `Core::reserve`), preferring agents with the fewest GPUs idle now, then by
 //!    hostname, are subtracted from what later jobs may use, and the offers of those agents are
@@ -31,9 +33,11 @@
 //!    period, then SIGKILL, and are requeued. Until the preemptor launches (at most a minute),
 //!    where it will go is reserved for it and no other preemption starts.
 //!    **Quota reclaim**: otherwise, the first blocked job whose team stays within its GPU
-//!    quota with it preempts the same way among jobs of other teams above their quota (a team
+//!    quota with it (in the job's quota bucket: per GPU model where teams name models; see
+//!    `quota`) preempts the same way among jobs of other teams above their quota there (a team
 //!    without one counts as 0), each of which they can lose without going below it: lowest
-//!    class, then newest first; never `critical` jobs. **Fair-share wait**: otherwise, the
+//!    class, then newest first; never `critical` jobs. A job that borrows launches only where
+//!    it leaves free what other teams keep by their lending limits. **Fair-share wait**: otherwise, the
 //!    first blocked job that waited `fair_share_wait` and whose team stays within its weighted
 //!    share of the GPUs preempts `preemptible` jobs of teams above theirs.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
@@ -49,17 +53,29 @@
 //! milliseconds, and its retries and backoff are what the store keeps in each job record
 //! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
 //!
-//! Submodules: `estimate` (estimated start times), `launch` (building a job's tasks, elastic growth), `preempt` (victim choice,
-//! step 4), `views` (what the API shows), `tests`, `backfill_tests` (reservation placement,
-//! EASY backfill).
+//! Module map (this file: the types, the configuration, events in — submit, cancel, offers,
+//! status updates, tick — and the retry rules):
+//!
+//! - `order`: the order of pending jobs and the teams' usage it is computed from;
+//! - `pass`: one scheduling pass, the reservation where GPUs free soonest, the agents' views
+//!   and the idle-GPU statistic;
+//! - `quota`: teams' nominal quotas (overall and per GPU model), borrowing and lending limits;
+//! - `timers`: dependencies, retry backoffs, time limits and deadlines;
+//! - `launch`: building a job's tasks, elastic growth;
+//! - `preempt`: victim choice (step 4: preemption, reclaim, fair-share wait);
+//! - `demand`: what the queue asks the master for (its demand, for the autoscaler);
+//! - `estimate`: estimated start times;
+//! - `persist`: what the store keeps ([`Changes`]) and restoring from it;
+//! - `views`: what the API shows;
+//! - tests: `tests`, `backfill_tests` (reservation placement, EASY backfill, quotas),
+//!   `quota_tests`, `retry_tests`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::attempts::{self, Ending, RetryPolicy};
-use gantry_sdk::placement::gang::{self, GangRequest, HoldPolicy, Holds};
-use gantry_sdk::placement::offers::{AgentView, FreeGpu, TaskRequest};
-use gantry_sdk::protocol::resources::MILLI;
+use gantry_sdk::placement::gang::{HoldPolicy, Holds};
+use gantry_sdk::placement::offers::{FreeGpu, TaskRequest};
 use gantry_sdk::protocol::*;
 
 use crate::model::{JobSpec, JobState, Priority, TeamConfig};
@@ -109,6 +125,10 @@ pub struct CoreConfig {
     /// The most GPUs a team with a quota may use beyond it (`--team-borrow-limit`); absent:
     /// no limit.
     pub team_borrow_limits: BTreeMap<String, u64>,
+    /// The most of a team's idle nominal quota (in each of its quotas: overall and per
+    /// model) other teams may borrow (`--team-lend-limit`, Kueue's `lendingLimit`): the rest
+    /// stays free for the team. Absent: all of it.
+    pub team_lend_limits: BTreeMap<String, u64>,
     /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
     pub team_time_limits: BTreeMap<String, Duration>,
     /// A job waiting this long whose team is below its weighted share of the GPUs (with the
@@ -144,6 +164,7 @@ impl Default for CoreConfig {
             retry_backoff: Duration::from_secs(10),
             team_time_limits: BTreeMap::new(),
             team_borrow_limits: BTreeMap::new(),
+            team_lend_limits: BTreeMap::new(),
             default_time_limit: None,
             usage_half_life: None,
             fair_share_wait: None,
@@ -262,6 +283,10 @@ pub struct Core {
     /// With [`CoreConfig::usage_half_life`]: each team's decayed GPU-seconds, as of the last
     /// tick.
     decayed: BTreeMap<String, f64>,
+    /// The GPU models teams name in per-model quotas (see `quota`).
+    named: BTreeSet<String>,
+    /// Jobs the last pass could place but not launch by other teams' lending limits, and why.
+    lend_blocked: HashMap<u64, String>,
 }
 
 /// A worker that ended, for the usage history.
@@ -300,7 +325,14 @@ impl Core {
     /// An empty queue.
     pub fn new(config: CoreConfig) -> Self {
         let holds = Holds::new(config.hold);
+        let named = config
+            .teams
+            .values()
+            .flat_map(|t| t.model_quotas.keys().cloned())
+            .collect();
         Core {
+            named,
+            lend_blocked: HashMap::new(),
             config,
             jobs: BTreeMap::new(),
             next_id: 1,
@@ -403,78 +435,6 @@ impl Core {
         id
     }
 
-    /// Why `spec`'s dependencies cannot be waited for, if they cannot: an unknown job id (or one
-    /// already forgotten), or a repeated one. A dependency that already ended `FAILED` or
-    /// `CANCELLED` is accepted: the job is then cancelled at once, with the reason.
-    pub fn dependency_problem(&self, spec: &JobSpec) -> Option<String> {
-        let mut seen = BTreeSet::new();
-        for d in &spec.after {
-            if !seen.insert(*d) {
-                return Some(format!("dependency {d} is listed twice"));
-            }
-            if !self.jobs.contains_key(d) {
-                return Some(format!("dependency {d} is not a known job"));
-            }
-        }
-        None
-    }
-
-    /// Dependencies (`afterok`): a pending job whose dependency ended `FAILED` or `CANCELLED`
-    /// (or is unknown) is cancelled with the reason, transitively; one whose dependencies all
-    /// `FINISHED` becomes eligible, and its wait (aging, `waited_secs`) starts then.
-    fn resolve_dependencies(&mut self, now: Instant) {
-        loop {
-            let mut changed = false;
-            let waiting: Vec<u64> = self
-                .jobs
-                .values()
-                .filter(|j| j.state == JobState::Pending && j.on_deps)
-                .map(|j| j.id)
-                .collect();
-            for id in waiting {
-                let broken =
-                    self.jobs[&id]
-                        .spec
-                        .after
-                        .iter()
-                        .find_map(|d| match self.jobs.get(d) {
-                            None => Some(format!("dependency {d} is unknown")),
-                            Some(j)
-                                if matches!(j.state, JobState::Failed | JobState::Cancelled) =>
-                            {
-                                Some(format!(
-                                    "dependency {d} ({}) ended {}",
-                                    j.spec.name,
-                                    j.state.as_str()
-                                ))
-                            }
-                            Some(_) => None,
-                        });
-                let met = self.jobs[&id].spec.after.iter().all(|d| {
-                    self.jobs
-                        .get(d)
-                        .is_some_and(|j| j.state == JobState::Finished)
-                });
-                let Some(job) = self.jobs.get_mut(&id) else {
-                    continue;
-                };
-                if let Some(why) = broken {
-                    job.state = JobState::Cancelled;
-                    job.on_deps = false;
-                    job.message = format!("{why}: cancelled (afterok: runs only after its dependencies finish successfully)");
-                    self.holds.done(&id);
-                    changed = true;
-                } else if met {
-                    job.on_deps = false;
-                    job.waiting_since = now;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
-    }
-
     /// Pending, not waiting on a dependency, and not backing off before a retry.
     fn eligible(job: &Job) -> bool {
         job.state == JobState::Pending && !job.on_deps && job.not_before.is_none()
@@ -485,73 +445,6 @@ impl Core {
     /// need it.
     pub fn set_wall_clock(&mut self, now: Instant, wall_ms: u64) {
         self.wall = Some((now, wall_ms));
-    }
-
-    /// The latest time `spec`'s job may start and still end by its deadline (the deadline
-    /// minus its time limit), as an instant; `None` without a deadline or a wall clock.
-    fn latest_start(&self, spec: &JobSpec) -> Option<Instant> {
-        let (at, wall) = self.wall?;
-        let deadline_ms = spec.deadline_unix?.saturating_mul(1000);
-        let limit = time_limit(&self.config, spec).unwrap_or(Duration::ZERO);
-        let deadline = if deadline_ms >= wall {
-            at + Duration::from_millis(deadline_ms - wall)
-        } else {
-            at.checked_sub(Duration::from_millis(wall - deadline_ms))
-                .unwrap_or(at)
-        };
-        Some(deadline.checked_sub(limit).unwrap_or(deadline.min(at)))
-    }
-
-    /// Retries whose backoff is over become eligible; attempts past their time limit are
-    /// killed and their jobs end `FAILED` (reason `time-limit`); pending jobs past their latest
-    /// start are cancelled (reason `deadline`) unless their deadline is best-effort.
-    fn timers(&mut self, now: Instant) -> Vec<Action> {
-        let mut out = Vec::new();
-        let missed: Vec<u64> = self
-            .jobs
-            .values()
-            .filter(|j| j.state == JobState::Pending && !j.spec.deadline_best_effort)
-            .filter(|j| j.members.is_empty())
-            .filter(|j| self.latest_start(&j.spec).is_some_and(|t| now > t))
-            .map(|j| j.id)
-            .collect();
-        for id in missed {
-            if let Some(job) = self.jobs.get_mut(&id) {
-                job.state = JobState::Cancelled;
-                job.message = "deadline: it could not start in time to end by its deadline \
-                               (deadline minus time limit); cancelled"
-                    .into();
-                self.holds.done(&id);
-            }
-        }
-        for job in self.jobs.values_mut() {
-            if job.not_before.is_some_and(|t| now >= t) {
-                job.not_before = None;
-                job.waiting_since = now;
-            }
-            let (Some(limit), Some(started)) =
-                (time_limit(&self.config, &job.spec), job.attempt_started)
-            else {
-                continue;
-            };
-            if job.state != JobState::Running
-                || job.preempting
-                || now.saturating_duration_since(started) < limit
-            {
-                continue;
-            }
-            job.state = JobState::Failed;
-            job.message = format!(
-                "time-limit: killed after its time limit of {} s",
-                limit.as_secs()
-            );
-            for m in job.members.values_mut() {
-                m.killing = true;
-                out.push(Action::KillFor(m.task_id, TaskReason::TimeLimit));
-            }
-            self.holds.done(&job.id);
-        }
-        out
     }
 
     /// Cancels a job (its tasks are killed). False when unknown or already ended.
@@ -809,70 +702,6 @@ impl Core {
         self.pass(now)
     }
 
-    /// Free GPUs (capacity minus ours, assuming the cluster is ours), split in two: those a
-    /// waiting job could start on now under the policy (outside the last pass's reservation,
-    /// while an eligible job's gang fits there; everything free when the reservation's holder
-    /// fits), 0 when no job could; and those free but held for the reservation.
-    fn idle_gpus(&self, now: Instant) -> (u64, u64) {
-        let views = self.eventual_views(false);
-        let free: u64 = views.iter().map(AgentView::gpu_count).sum();
-        if free == 0 {
-            return (0, 0);
-        }
-        let mut outside = views.clone();
-        let holder = self.last_reservation.as_ref().map(|r| {
-            subtract(&mut outside, &r.parts);
-            r.holder
-        });
-        let unreserved: u64 = outside.iter().map(AgentView::gpu_count).sum();
-        let held = free - unreserved;
-        // Once per gang shape, whatever the number of jobs.
-        let (mut in_all, mut in_outside) = (ShapeCache::default(), ShapeCache::default());
-        let eligible = || self.jobs.values().filter(|j| Self::eligible(j));
-        let backfills = |j: &&Job| {
-            self.last_reservation
-                .as_ref()
-                .is_some_and(|r| self.backfills(r, &j.spec, now))
-        };
-        if eligible().any(|j| holder == Some(j.id) && in_all.fits(&views, &gang_of(&j.spec))) {
-            (free, 0)
-        } else if eligible().any(|j| {
-            holder != Some(j.id) && backfills(&j) && in_all.fits(&views, &gang_of(&j.spec))
-        }) {
-            // EASY backfill: a job that ends before the reservation starts may use its GPUs.
-            (free, 0)
-        } else if eligible()
-            .any(|j| holder != Some(j.id) && in_outside.fits(&outside, &gang_of(&j.spec)))
-        {
-            (unreserved, held)
-        } else {
-            (0, held)
-        }
-    }
-
-    /// Whether a job of `spec` launched `now` may run on `reservation`'s GPUs (EASY backfill):
-    /// its time limit ends by the reservation's estimated start.
-    fn backfills(&self, reservation: &Reservation, spec: &JobSpec, now: Instant) -> bool {
-        match (reservation.start, time_limit(&self.config, spec)) {
-            (Some(start), Some(limit)) => now + limit <= start,
-            _ => false,
-        }
-    }
-
-    /// Whether `spec`'s job would take its team past its GPU quota plus its borrowing limit
-    /// ([`CoreConfig::team_borrow_limits`]).
-    fn over_borrow_limit(&self, spec: &JobSpec, usage: &HashMap<String, TeamUsage>) -> bool {
-        let (Some(quota), Some(limit)) = (
-            self.team(&spec.team).gpu_quota,
-            self.config.team_borrow_limits.get(&spec.team),
-        ) else {
-            return false;
-        };
-        let used = usage.get(&spec.team).map_or(0, |u| u.gpus);
-        let need = u64::from(spec.gpus) * u64::from(spec.min_workers.max(1));
-        need > 0 && used + need > quota + limit
-    }
-
     /// A job's specification, as submitted.
     pub fn spec(&self, id: u64) -> Option<&JobSpec> {
         self.jobs.get(&id).map(|j| &j.spec)
@@ -882,627 +711,6 @@ impl Core {
     pub fn time_limit(&self, spec: &JobSpec) -> Option<Duration> {
         time_limit(&self.config, spec)
     }
-
-    /// Every running member of ours: its agent, amount and GPUs, and when it is expected to
-    /// end: its attempt's launch plus the job's time limit (`now` when overdue or being killed
-    /// on purpose), `None` when the job has no time limit.
-    fn member_ends(&self, now: Instant) -> Vec<(AgentId, Resources, Vec<String>, Option<Instant>)> {
-        let mut out = Vec::new();
-        for job in self.jobs.values() {
-            let res = member_resources(&job.spec);
-            let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
-                (Some(limit), Some(started)) => Some((started + limit).max(now)),
-                _ => None,
-            };
-            for m in job.members.values() {
-                let end = if m.killing { Some(now) } else { end };
-                out.push((m.agent_id, res.clone(), m.gpus.clone(), end));
-            }
-        }
-        out
-    }
-
-    /// Per known agent: its capacity minus what our members use, members being killed on
-    /// purpose counted as ended (they are about to end); with `all_end`, every member counted
-    /// as ended (what the agent will have once running work ends).
-    fn eventual_views(&self, all_end: bool) -> Vec<AgentView> {
-        let mut views: Vec<AgentView> = self
-            .agents
-            .iter()
-            .map(|(id, a)| AgentView {
-                agent_id: *id,
-                hostname: a.hostname.clone(),
-                offer_ids: Vec::new(),
-                resources: a.capacity.clone(),
-                attributes: a.attributes.clone(),
-                gpus: a.gpus.values().cloned().collect(),
-            })
-            .collect();
-        for job in self.jobs.values().filter(|_| !all_end) {
-            let res = member_resources(&job.spec);
-            for m in job.members.values().filter(|m| !m.killing) {
-                if let Some(v) = views.iter_mut().find(|v| v.agent_id == m.agent_id) {
-                    v.resources = v.resources.saturating_sub(&res);
-                    v.gpus.retain(|g| !m.gpus.contains(&g.uuid));
-                }
-            }
-        }
-        for v in &mut views {
-            v.gpus
-                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
-        }
-        views
-    }
-
-    /// Whether members we killed on purpose (preemption, shrinking) have not ended yet.
-    fn kills_in_flight(&self) -> bool {
-        self.jobs
-            .values()
-            .any(|j| j.state == JobState::Running && j.members.values().any(|m| m.killing))
-    }
-
-    fn busy_gpus(&self) -> BTreeSet<(AgentId, String)> {
-        self.jobs
-            .values()
-            .flat_map(|j| j.members.values())
-            .flat_map(|m| m.gpus.iter().map(|g| (m.agent_id, g.clone())))
-            .collect()
-    }
-
-    fn team(&self, team: &str) -> TeamConfig {
-        self.config.teams.get(team).cloned().unwrap_or_default()
-    }
-
-    /// Effective priority class: aging (one class per `aging` waited), and a deadline's
-    /// urgency (one class within two aging intervals of its latest start, two within one; 5
-    /// minutes when aging is off); up to `high`.
-    fn effective(&self, job: &Job, now: Instant) -> Priority {
-        if job.spec.priority >= Priority::High {
-            return job.spec.priority;
-        }
-        let window = if self.config.aging.is_zero() {
-            Duration::from_secs(300)
-        } else {
-            self.config.aging
-        };
-        let urgency = match self.latest_start(&job.spec) {
-            Some(t) if job.state == JobState::Pending => {
-                let slack = t.saturating_duration_since(now);
-                if slack <= window {
-                    2
-                } else if slack <= 2 * window {
-                    1
-                } else {
-                    0
-                }
-            }
-            _ => 0,
-        };
-        let steps = if self.config.aging.is_zero() {
-            0
-        } else {
-            let waited = now.saturating_duration_since(job.waiting_since);
-            (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as u8
-        };
-        let steps = steps.max(urgency);
-        Priority::from_rank(
-            job.spec
-                .priority
-                .rank()
-                .saturating_add(steps)
-                .min(Priority::High.rank()),
-        )
-    }
-
-    /// Each team's usage now: GPUs and CPUs (milli) of its members, and its GPU-seconds so far
-    /// (decayed, as of the last tick, with [`CoreConfig::usage_half_life`]).
-    fn usage(&self, now: Instant) -> HashMap<String, TeamUsage> {
-        let mut u: HashMap<String, TeamUsage> = HashMap::new();
-        let decays = self.config.usage_half_life.is_some_and(|h| !h.is_zero());
-        let history = if decays {
-            &self.decayed
-        } else {
-            &self.stats.gpu_secs
-        };
-        for (team, secs) in history {
-            u.entry(team.clone()).or_default().gpu_secs += secs;
-        }
-        for j in self.jobs.values() {
-            let e = u.entry(j.spec.team.clone()).or_default();
-            e.gpus += u64::from(j.spec.gpus) * j.members.len() as u64;
-            e.cpus += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
-            for m in j
-                .members
-                .values()
-                .filter(|m| m.state == TaskState::Running && !decays)
-            {
-                e.gpu_secs +=
-                    m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
-            }
-        }
-        u
-    }
-
-    /// The order key of a pending job (smaller first); see the module documentation.
-    ///
-    /// The team's share is its weighted dominant share **with one more unit counted** (one
-    /// GPU's share of the cluster: the share a launch would leave it at, like a finish tag in
-    /// weighted fair queueing), not the share before it: ordering by the share before a launch
-    /// rounds every allocation up in favour of the lightest team (with weights 3:2:1 on 32 GPUs
-    /// of 1-GPU jobs it gives 16/10/6, the weight-1 team 12% over its sixth; counting the unit
-    /// gives 16/11/5). The unit is the same for all of a team's jobs, so a team's own large
-    /// jobs are not put behind its small ones.
-    ///
-    /// GPU time over the run decides the rounding: a team whose GPU-seconds per weight so far
-    /// are below `level` (the competing teams' GPU-seconds per weight, see [`Core::level`]) is
-    /// ordered by its share *before* the launch instead, so it gets the odd GPU until it has
-    /// caught up (with 3:2:1 on 32 GPUs the weight-1 team alternates between 5 and 6 GPUs and
-    /// averages its 5.3). This moves a team by at most one unit.
-    /// Equal shares go to the team with the fewest GPU-seconds per weight so far (GPU time
-    /// over the run), then by deadline and age.
-    fn order_key(
-        &self,
-        job: &Job,
-        usage: &HashMap<String, TeamUsage>,
-        totals: (u64, u64),
-        level: f64,
-        now: Instant,
-    ) -> (u8, bool, u64, u64, u64, Instant, u64) {
-        let team = self.team(&job.spec.team);
-        let used = usage.get(&job.spec.team).cloned().unwrap_or_default();
-        let workers = u64::from(job.spec.min_workers.max(1));
-        let over_quota = team
-            .gpu_quota
-            .is_some_and(|q| used.gpus + u64::from(job.spec.gpus) * workers > q);
-        let weight = team.weight.max(1e-6);
-        let share = |used: u64, total: u64| used as f64 / total.max(1) as f64;
-        // One unit: a GPU's share of the cluster (a CPU's when it has no GPUs), the same for
-        // every job of a team so that a team's own jobs keep their order.
-        let behind = used.gpu_secs / weight < level;
-        let unit = if behind {
-            0.0
-        } else if totals.0 > 0 {
-            share(1, totals.0)
-        } else {
-            share(MILLI, totals.1)
-        };
-        let dominant = (share(used.gpus, totals.0).max(share(used.cpus, totals.1)) + unit) / weight;
-        (
-            u8::MAX - self.effective(job, now).rank(),
-            over_quota,
-            (dominant * 1e9) as u64,
-            (used.gpu_secs / weight * 1e3) as u64,
-            job.spec.deadline_unix.unwrap_or(u64::MAX),
-            job.submitted,
-            job.id,
-        )
-    }
-
-    /// The competing teams' (those with a job eligible to run) GPU-seconds per weight: their
-    /// GPU-seconds over their weights' sum. A team below it has had less than its weight's
-    /// share of their GPU time so far.
-    fn level(&self, usage: &HashMap<String, TeamUsage>) -> f64 {
-        let teams: BTreeSet<&str> = self
-            .jobs
-            .values()
-            .filter(|j| Self::eligible(j))
-            .map(|j| j.spec.team.as_str())
-            .collect();
-        let (secs, weights) = teams.iter().fold((0.0, 0.0), |(s, w), t| {
-            (
-                s + usage.get(*t).map_or(0.0, |u| u.gpu_secs),
-                w + self.team(t).weight.max(1e-6),
-            )
-        });
-        if weights > 0.0 {
-            secs / weights
-        } else {
-            0.0
-        }
-    }
-
-    /// Pending jobs in scheduling order, as of now (usage counted as is).
-    pub fn order(&self, now: Instant) -> Vec<u64> {
-        let usage = self.usage(now);
-        let level = self.level(&usage);
-        let totals = self.totals();
-        let mut ids: Vec<u64> = self
-            .jobs
-            .values()
-            .filter(|j| Self::eligible(j))
-            .map(|j| j.id)
-            .collect();
-        ids.sort_by_key(|id| self.order_key(&self.jobs[id], &usage, totals, level, now));
-        ids
-    }
-
-    fn totals(&self) -> (u64, u64) {
-        self.agents.values().fold((0, 0), |(g, c), a| {
-            (
-                g + a.capacity.milli("gpus") / MILLI,
-                c + a.capacity.milli("cpus"),
-            )
-        })
-    }
-
-    /// Learns agent capacities: offered now plus our members there (kept at the maximum seen).
-    fn learn_capacity(&mut self) {
-        let mut seen: BTreeMap<AgentId, Resources> = BTreeMap::new();
-        for (o, _) in self.offers.values() {
-            seen.entry(o.agent_id).or_default().add_assign(&o.total());
-        }
-        for j in self.jobs.values() {
-            let res = member_resources(&j.spec);
-            for m in j.members.values() {
-                seen.entry(m.agent_id).or_default().add_assign(&res);
-            }
-        }
-        for (id, r) in seen {
-            if let Some(a) = self.agents.get_mut(&id) {
-                let mut cap = a.capacity.clone();
-                for (name, milli) in r.iter() {
-                    if milli > cap.milli(name) {
-                        cap.set_milli(name, milli);
-                    }
-                }
-                a.capacity = cap;
-            }
-        }
-    }
-
-    /// One scheduling pass (see the module documentation).
-    pub fn pass(&mut self, now: Instant) -> Vec<Action> {
-        let kills = self.timers(now);
-        self.resolve_dependencies(now);
-        self.learn_capacity();
-        let busy = self.busy_gpus();
-        let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
-        let mut views =
-            AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
-        // Placement ties go to the first agent: by hostname, so that where jobs go does not
-        // depend on random agent (or offer) ids.
-        views.sort_by(|a, b| (&a.hostname, a.agent_id).cmp(&(&b.hostname, b.agent_id)));
-        let totals = self.totals();
-        let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
-        let mut pending: BTreeSet<u64> = self
-            .jobs
-            .values()
-            .filter(|j| Self::eligible(j))
-            .map(|j| j.id)
-            .collect();
-        // Reservation: per-agent amounts and GPUs subtracted for everyone else (but jobs that
-        // end before it starts: EASY backfill).
-        let mut reservation: Option<Reservation> = None;
-        let mut blocked: Vec<u64> = Vec::new();
-        // Jobs launched in this pass: never preempted in the same pass.
-        let mut started: BTreeSet<u64> = BTreeSet::new();
-        // Who may hold (the reservation): the first job, in order, that does not fit what is
-        // free now and is not backing off ([`Holds`]).
-        let usage_now = self.usage(now);
-        // Placement depends only on the gang's shape: tried once per shape (a queue holds
-        // thousands of jobs of a few shapes).
-        let mut fits_now = ShapeCache::default();
-        let not_fitting: Vec<u64> = self
-            .order(now)
-            .into_iter()
-            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage_now))
-            .filter(|id| !fits_now.fits(&views, &gang_of(&self.jobs[id].spec)))
-            .collect();
-        let holder = self.holds.update(&not_fitting, now).holder;
-        if let Some((id, _, since)) = &self.preempt_for {
-            let pending = self
-                .jobs
-                .get(id)
-                .is_some_and(|j| j.state == JobState::Pending);
-            if !pending || now.saturating_duration_since(*since) > PREEMPT_RESERVATION {
-                self.preempt_for = None;
-            }
-        }
-        if let Some((id, parts, _)) = &self.preempt_for {
-            // Its victims end within their grace: nothing backfills there.
-            reservation = Some(Reservation {
-                holder: *id,
-                parts: parts.clone(),
-                start: None,
-            });
-        }
-        // The order of what is pending, computed again only after a launch (a launch changes
-        // the teams' usage, which the order depends on; a blocked job changes nothing).
-        let mut order: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
-        let mut usage = usage_now;
-        let mut stale = true;
-        // Shapes (and whether they may backfill) that found no room outside the holder's
-        // reservation since the last launch or change of the reservation: what is free only
-        // shrinks meanwhile, so they would not fit again.
-        let mut no_room: Vec<(GangRequest, bool)> = Vec::new();
-        while !pending.is_empty() {
-            // Members launched earlier in this pass are already recorded in their jobs.
-            if stale {
-                usage = self.usage(now);
-                let level = self.level(&usage);
-                let mut ids: Vec<u64> = pending.iter().copied().collect();
-                ids.sort_by_cached_key(|id| {
-                    self.order_key(&self.jobs[id], &usage, totals, level, now)
-                });
-                order = ids.into();
-                stale = false;
-            }
-            let Some(id) = order.pop_front() else {
-                break;
-            };
-            pending.remove(&id);
-            let spec = self.jobs[&id].spec.clone();
-            if self.over_borrow_limit(&spec, &usage) {
-                // Waits until its team uses less (it neither reserves nor preempts).
-                continue;
-            }
-            let gang = gang_of(&spec);
-            let holds_it = reservation.as_ref().is_some_and(|r| r.holder == id);
-            let may_backfill = reservation
-                .as_ref()
-                .is_some_and(|r| r.holder != id && self.backfills(r, &spec, now));
-            if !holds_it
-                && holder != Some(id)
-                && no_room
-                    .iter()
-                    .any(|(g, b)| *g == gang && *b == may_backfill)
-            {
-                blocked.push(id);
-                continue;
-            }
-            let mut avail = views.clone();
-            if let Some(r) = &reservation {
-                if r.holder != id {
-                    subtract(&mut avail, &r.parts);
-                }
-            }
-            let mut plan = gang::place_gang(&mut avail, &gang);
-            if plan.is_none()
-                && reservation
-                    .as_ref()
-                    .is_some_and(|r| r.holder != id && self.backfills(r, &spec, now))
-            {
-                // EASY backfill: it ends before the reservation starts, so it may use the
-                // reserved GPUs without delaying the holder.
-                avail = views.clone();
-                plan = gang::place_gang(&mut avail, &gang);
-            }
-            match plan {
-                Some(plan) => {
-                    for a in &plan.assignments {
-                        let agent = views[a.agent].agent_id;
-                        remove(&mut views, agent, &gang.member.resources, &a.gpus);
-                    }
-                    started.insert(id);
-                    let tasks = self.start(id, &plan, &avail_ids(&avail), now);
-                    for (agent, task) in tasks {
-                        launches.entry(agent).or_default().push(task);
-                    }
-                    if reservation.as_ref().is_some_and(|r| r.holder == id) {
-                        reservation = None;
-                    }
-                    self.holds.done(&id);
-                    stale = true;
-                    no_room.clear();
-                }
-                None => {
-                    blocked.push(id);
-                    if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
-                        reservation = self.reserve(id, &gang, now);
-                        no_room.clear();
-                    } else if !holds_it {
-                        no_room.push((gang, may_backfill));
-                    }
-                }
-            }
-        }
-        let mut out = kills;
-        // Launch: one accept per agent, every task of the pass on it.
-        let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
-        for (agent, tasks) in launches {
-            let Some(v) = views.get(agent) else { continue };
-            used_offers.extend(v.offer_ids.iter().copied());
-            out.push(Action::Launch {
-                offers: v.offer_ids.clone(),
-                tasks,
-            });
-        }
-        for id in &used_offers {
-            self.offers.remove(id);
-        }
-        // What was left on agents just accepted goes back to the master with the accept.
-        for v in &mut views {
-            if v.offer_ids.iter().any(|o| used_offers.contains(o)) {
-                v.resources = Resources::new();
-                v.gpus.clear();
-                v.offer_ids.clear();
-            }
-        }
-        // Preemption for the first blocked critical/high job, unless one is under way.
-        if !self.kills_in_flight() && self.preempt_for.is_none() {
-            if let Some(&id) = blocked
-                .iter()
-                .find(|id| self.jobs[id].spec.priority >= Priority::High)
-            {
-                out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
-            }
-        }
-        // Quota reclaim: the first blocked job whose team stays within its GPU quota takes
-        // back borrowed GPUs, preempting jobs of teams above theirs.
-        if !self.kills_in_flight() && self.preempt_for.is_none() {
-            let usage = self.usage(now);
-            let within = |id: &u64| {
-                let j = &self.jobs[id];
-                let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
-                let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
-                need > 0
-                    && self
-                        .team(&j.spec.team)
-                        .gpu_quota
-                        .is_some_and(|q| used + need <= q)
-            };
-            if let Some(&id) = blocked.iter().find(|id| within(id)) {
-                out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
-            }
-        }
-        // Fair-share wait: the first blocked job that has waited longer than
-        // `fair_share_wait` and whose team stays within its weighted share with it takes GPUs
-        // back from `preemptible` jobs of teams above theirs.
-        if let Some(wait) = self.config.fair_share_wait {
-            if !self.kills_in_flight() && self.preempt_for.is_none() {
-                let fair = self.fair_gpus();
-                let usage = self.usage(now);
-                let under = |id: &u64| {
-                    let j = &self.jobs[id];
-                    let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
-                    let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
-                    need > 0
-                        && now.saturating_duration_since(j.waiting_since) >= wait
-                        && (used + need) as f64 <= fair.get(&j.spec.team).copied().unwrap_or(0.0)
-                };
-                if let Some(&id) = blocked.iter().find(|id| under(id)) {
-                    out.extend(self.preempt(id, &views, &started, now, Victims::OverShare));
-                }
-            }
-        }
-        // Elastic growth when nothing waits.
-        if blocked.is_empty() {
-            out.extend(self.grow(&mut views, now));
-        }
-        // Offers: hold fresh ones (younger than `offer_hold`) of reserved agents while the
-        // hold lasts and of any agent while work waits; decline the rest. Never older: the
-        // master expires offers (30 s by default) and filters the agent for a while, and an
-        // accept naming an expired offer drops its tasks (a gang's launch would be partial).
-        let reserved: BTreeSet<AgentId> = reservation
-            .iter()
-            .flat_map(|r| r.parts.iter().map(|p| p.0))
-            .collect();
-        let waiting = !blocked.is_empty();
-        // Per agent: the master's accept and decline act on all of a framework's offers on an
-        // agent, so an agent's offers are kept or declined together (kept while its newest
-        // offer is fresh).
-        let mut fresh: BTreeMap<AgentId, bool> = BTreeMap::new();
-        for (o, at) in self.offers.values() {
-            let f = now.saturating_duration_since(*at) < self.config.offer_hold;
-            *fresh.entry(o.agent_id).or_default() |= f;
-        }
-        let mut decline = Vec::new();
-        for (id, (o, _)) in &self.offers {
-            if used_offers.contains(id) {
-                continue;
-            }
-            let keep = (reserved.contains(&o.agent_id) || waiting)
-                && fresh.get(&o.agent_id).copied().unwrap_or(false);
-            if !keep {
-                decline.push(*id);
-            }
-        }
-        for id in &decline {
-            self.offers.remove(id);
-        }
-        if !decline.is_empty() {
-            out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
-        }
-        let active = self.jobs.values().any(Self::eligible);
-        let growing = self.jobs.values().any(|j| {
-            j.state == JobState::Running
-                && !j.preempting
-                && j.finished_members == 0
-                && j.running_members() < j.spec.max_workers
-        });
-        if !active && !growing && !self.suppressed {
-            self.suppressed = true;
-            out.push(Action::Suppress);
-        } else if (active || growing) && self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        self.last_reservation = reservation;
-        out
-    }
-
-    /// The reservation for blocked job `id`: where its gang's fewest members go once running
-    /// work ends, at the earliest time they fit by the running members' expected ends (their
-    /// attempt's launch plus time limit; members being killed end now). At that time it prefers
-    /// agents with the fewest GPUs idle now (then by hostname: not by agent id), so it reserves
-    /// GPUs that are busy now rather than idle ones others could use. When it fits only once
-    /// members without a time limit end, it has no estimated start.
-    fn reserve(&self, id: u64, gang: &GangRequest, now: Instant) -> Option<Reservation> {
-        let rigid = GangRequest {
-            max: gang.min,
-            ..gang.clone()
-        };
-        let idle: HashMap<AgentId, usize> = self
-            .eventual_views(false)
-            .iter()
-            .map(|v| (v.agent_id, v.gpus.len()))
-            .collect();
-        let mut base = self.eventual_views(true);
-        base.sort_by(|a, b| {
-            (idle.get(&a.agent_id), &a.hostname, a.agent_id).cmp(&(
-                idle.get(&b.agent_id),
-                &b.hostname,
-                b.agent_id,
-            ))
-        });
-        let members = self.member_ends(now);
-        // What every agent has at `t` (`None`: once every member ended).
-        let at = |t: Option<Instant>| {
-            let mut v = base.clone();
-            for (agent, res, gpus, end) in &members {
-                let ended = match (t, end) {
-                    (None, _) => true,
-                    (Some(t), Some(end)) => *end <= t,
-                    (Some(_), None) => false,
-                };
-                if !ended {
-                    remove(&mut v, *agent, res, gpus);
-                }
-            }
-            v
-        };
-        let fits = |t: Option<Instant>| {
-            let v = at(t);
-            gang::place_gang(&mut v.clone(), &rigid).map(|plan| (plan, v))
-        };
-        let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
-        times.push(now);
-        times.sort();
-        times.dedup();
-        // What is free only grows with time: the earliest time it fits, by bisection.
-        let start = if fits(times.last().copied()).is_some() {
-            let i = times.partition_point(|t| fits(Some(*t)).is_none());
-            times.get(i).copied()
-        } else {
-            None
-        };
-        let (plan, eventual) = fits(start)?;
-        let mut parts: Vec<(AgentId, Resources, Vec<String>)> = Vec::new();
-        for a in &plan.assignments {
-            let agent = eventual[a.agent].agent_id;
-            match parts.iter_mut().find(|p| p.0 == agent) {
-                Some(p) => {
-                    p.1.add_assign(&gang.member.resources);
-                    p.2.extend(a.gpus.iter().cloned());
-                }
-                None => parts.push((agent, gang.member.resources.clone(), a.gpus.clone())),
-            }
-        }
-        Some(Reservation {
-            holder: id,
-            parts,
-            start,
-        })
-    }
-}
-
-/// A blocked job's reservation: per agent the amount and GPUs set aside for it, and when it is
-/// expected to start (by the running jobs' time limits; `None` when unknown).
-#[derive(Debug, Clone)]
-struct Reservation {
-    holder: u64,
-    parts: Parts,
-    start: Option<Instant>,
 }
 
 /// A job's time limit under `config`: its own, else its team's default, else the cluster's.
@@ -1513,86 +721,29 @@ fn time_limit(config: &CoreConfig, spec: &JobSpec) -> Option<Duration> {
         .or(config.default_time_limit)
 }
 
-/// A team's usage, for ordering.
-#[derive(Debug, Clone, Default)]
-struct TeamUsage {
-    /// GPUs its members hold.
-    gpus: u64,
-    /// CPUs (milli) its members hold.
-    cpus: u64,
-    /// GPU-seconds used so far, running members included.
-    gpu_secs: f64,
-}
-
-/// Per agent: the amount and GPUs reserved there.
-type Parts = Vec<(AgentId, Resources, Vec<String>)>;
-
 /// Ended jobs kept for the API (the oldest are forgotten first).
 pub const MAX_ENDED_JOBS: usize = 10_000;
-
-/// How long a preemption's reservation lasts at most.
-const PREEMPT_RESERVATION: Duration = Duration::from_secs(60);
-
-fn gang_of(spec: &JobSpec) -> GangRequest {
-    GangRequest {
-        member: request(spec),
-        min: spec.min_workers.max(1),
-        max: spec.max_workers.max(spec.min_workers.max(1)),
-    }
-}
-
-fn avail_ids(views: &[AgentView]) -> Vec<(AgentId, String)> {
-    views
-        .iter()
-        .map(|v| (v.agent_id, v.hostname.clone()))
-        .collect()
-}
-
-/// Removes `res` and the GPUs `uuids` from the view of `agent`.
-fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, uuids: &[String]) {
-    if let Some(v) = views.iter_mut().find(|v| v.agent_id == agent) {
-        v.resources = v.resources.saturating_sub(res);
-        v.gpus.retain(|g| !uuids.contains(&g.uuid));
-    }
-}
-
-/// Whether each gang shape fits some views, placed once per shape.
-#[derive(Default)]
-struct ShapeCache {
-    known: Vec<(GangRequest, bool)>,
-}
-
-impl ShapeCache {
-    fn fits(&mut self, views: &[AgentView], gang: &GangRequest) -> bool {
-        if let Some((_, fits)) = self.known.iter().find(|(g, _)| g == gang) {
-            return *fits;
-        }
-        let fits = gang::place_gang(&mut views.to_vec(), gang).is_some();
-        self.known.push((gang.clone(), fits));
-        fits
-    }
-}
-
-fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]) {
-    for (agent, res, gpus) in parts {
-        remove(views, *agent, res, gpus);
-    }
-}
 
 mod demand;
 mod estimate;
 mod launch;
+mod order;
+mod pass;
 mod persist;
 mod preempt;
-
-use preempt::Victims;
+mod quota;
+mod timers;
 mod views;
+
+use pass::{avail_ids, gang_of, remove, Parts, Reservation};
 
 pub use estimate::{MAX_ESTIMATED, MAX_START_TIMES};
 pub use persist::Changes;
 
 #[cfg(test)]
 mod backfill_tests;
+#[cfg(test)]
+mod quota_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]

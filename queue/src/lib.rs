@@ -4,8 +4,9 @@
 //! are gangs of identical workers (`min..max`, elastic when `min < max`) with a team, a
 //! priority class, an optional deadline and GPU selector, and optional dependencies on other
 //! jobs (`after`: Slurm's `afterok`). The queue orders eligible jobs by priority (with aging),
-//! teams' weighted dominant share (with per-team GPU quotas that may borrow; GPU time over the
-//! run decides the rounding), deadline and age; places them with `gantry_sdk::placement`
+//! teams' weighted dominant share (with per-team GPU quotas, overall and per GPU model, that
+//! borrow and lend within limits; GPU time over the run decides the rounding), deadline and
+//! age; places them with `gantry_sdk::placement`
 //! (offers, gangs); keeps a reservation for the first blocked job so backfill cannot delay it;
 //! and lets blocked `critical`/`high` jobs preempt lower classes where that actually makes
 //! room. Every pending job says why it waits and where it stands.

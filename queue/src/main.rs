@@ -199,7 +199,8 @@ struct Serve {
     /// The API's listen address.
     #[arg(long, default_value = "127.0.0.1:8700")]
     listen: String,
-    /// A team: NAME=WEIGHT or NAME=WEIGHT:GPU_QUOTA (repeatable). Unknown teams weigh 1.
+    /// A team: NAME=WEIGHT[:GPU_QUOTA][,MODEL:GPUS]... (repeatable; per-model quotas as
+    /// `nlp=1:8,A100:4`). Unknown teams weigh 1.
     #[arg(long = "team")]
     teams: Vec<String>,
     /// The role to run in.
@@ -243,6 +244,10 @@ struct Serve {
     /// The most GPUs a team may use beyond its quota: NAME=GPUS (repeatable).
     #[arg(long = "team-borrow-limit")]
     team_borrow_limits: Vec<String>,
+    /// The most of a team's idle nominal quota others may borrow: NAME=GPUS (repeatable;
+    /// Kueue's lendingLimit). Without it, all of it.
+    #[arg(long = "team-lend-limit")]
+    team_lend_limits: Vec<String>,
     /// A team's default time limit: NAME=DURATION (repeatable).
     #[arg(long = "team-time-limit")]
     team_time_limits: Vec<String>,
@@ -339,24 +344,7 @@ struct Submit {
 }
 
 fn parse_team(s: &str) -> anyhow::Result<(String, TeamConfig)> {
-    let (name, rest) = s
-        .split_once('=')
-        .with_context(|| format!("--team {s:?}: expected NAME=WEIGHT[:GPU_QUOTA]"))?;
-    let (w, q) = match rest.split_once(':') {
-        Some((w, q)) => (w, Some(q.parse::<u64>().context("GPU quota")?)),
-        None => (rest, None),
-    };
-    let weight: f64 = w.parse().with_context(|| format!("--team {s:?}: weight"))?;
-    if !(weight.is_finite() && weight > 0.0) {
-        bail!("--team {s:?}: the weight must be positive");
-    }
-    Ok((
-        name.to_string(),
-        TeamConfig {
-            weight,
-            gpu_quota: q,
-        },
-    ))
+    TeamConfig::parse(s).map_err(anyhow::Error::msg)
 }
 
 fn parse_workers(s: &str) -> anyhow::Result<(u32, u32)> {
@@ -698,8 +686,19 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
             .with_context(|| format!("--team-borrow-limit {t:?}: GPUS"))?;
         team_borrow_limits.insert(name.to_string(), n);
     }
+    let mut team_lend_limits = BTreeMap::new();
+    for t in &a.team_lend_limits {
+        let (name, n) = t
+            .split_once('=')
+            .with_context(|| format!("--team-lend-limit {t:?}: expected NAME=GPUS"))?;
+        let n: u64 = n
+            .parse()
+            .with_context(|| format!("--team-lend-limit {t:?}: GPUS"))?;
+        team_lend_limits.insert(name.to_string(), n);
+    }
     let mut core_config = CoreConfig {
         team_borrow_limits,
+        team_lend_limits,
         fair_share_wait,
         usage_half_life,
         teams,

@@ -28,6 +28,14 @@ use crate::model::{JobRecord, UsageRecord};
 /// The schema this build writes.
 pub const SCHEMA_VERSION: u64 = 1;
 
+/// What [`Store::load`] reads of a job record first: whether it ended.
+#[derive(serde::Deserialize)]
+struct Head {
+    state: crate::model::JobState,
+    #[serde(default)]
+    members: Vec<serde::de::IgnoredAny>,
+}
+
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_TEXT: TableDefinition<&str, &str> = TableDefinition::new("meta_text");
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
@@ -207,22 +215,30 @@ impl Store {
             loaded.framework_id = Some(id);
         }
         let jobs = tx.open_table(JOBS).map_err(|e| self.db(e))?;
-        let mut ended = std::collections::VecDeque::new();
-        for row in jobs.iter().map_err(|e| self.db(e))? {
+        // Newest first: every job not ended is loaded, and the newest `keep_ended` ended ones.
+        // Each record's state is read first without building the record (`Head`): a store of a
+        // million finished jobs parses only the ones it keeps in full.
+        let mut ended = 0;
+        for row in jobs.iter().map_err(|e| self.db(e))?.rev() {
             let (k, v) = row.map_err(|e| self.db(e))?;
-            let r: JobRecord = serde_json::from_slice(v.value())
-                .map_err(|e| self.corrupt(format!("job {}", k.value()), e))?;
-            loaded.next_id = loaded.next_id.max(r.id + 1);
-            if r.state.is_terminal() && r.members.is_empty() {
-                ended.push_back(r);
-                if ended.len() > keep_ended {
-                    ended.pop_front();
+            let id = k.value();
+            let head: Head = serde_json::from_slice(v.value())
+                .map_err(|e| self.corrupt(format!("job {id}"), e))?;
+            let is_ended = head.state.is_terminal() && head.members.is_empty();
+            if is_ended {
+                if ended >= keep_ended {
+                    continue;
                 }
-            } else {
-                loaded.jobs.push(r);
+                ended += 1;
             }
+            let r: JobRecord = serde_json::from_slice(v.value())
+                .map_err(|e| self.corrupt(format!("job {id}"), e))?;
+            loaded.next_id = loaded.next_id.max(r.id + 1);
+            loaded.jobs.push(r);
         }
-        loaded.jobs.extend(ended);
+        if let Some(last) = jobs.last().map_err(|e| self.db(e))? {
+            loaded.next_id = loaded.next_id.max(last.0.value() + 1);
+        }
         loaded.jobs.sort_by_key(|j| j.id);
         let teams = tx.open_table(TEAM_USAGE).map_err(|e| self.db(e))?;
         for row in teams.iter().map_err(|e| self.db(e))? {

@@ -307,6 +307,7 @@ fn a_team_within_its_quota_reclaims_borrowed_gpus_newest_first() {
     let quota = |q| TeamConfig {
         weight: 1.0,
         gpu_quota: Some(q),
+        model_quotas: Default::default(),
     };
     let c = Cluster::new(1);
     let mut q = Core::new(CoreConfig {
@@ -511,6 +512,7 @@ fn a_team_borrows_at_most_its_borrowing_limit() {
             TeamConfig {
                 weight: 1.0,
                 gpu_quota: Some(2),
+                model_quotas: Default::default(),
             },
         )]
         .into(),

@@ -110,13 +110,27 @@ impl Core {
             .map(|j| j.id)
             .collect();
         let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
+        // Growth, too, stays within the team's borrowing limit.
+        let usage = self.usage(now);
+        let mut grown: BTreeMap<String, u64> = BTreeMap::new();
         for id in ids {
             let job = &self.jobs[&id];
             let member = request(&job.spec);
-            let plan = gang::grow(views, &member, job.running_members(), job.spec.max_workers);
+            let mut max = job.spec.max_workers;
+            if let Some(room) = self.borrow_room(&job.spec.team, &usage) {
+                let room = room.saturating_sub(grown.get(&job.spec.team).copied().unwrap_or(0));
+                let extra = room / u64::from(job.spec.gpus.max(1));
+                max = max.min(
+                    job.running_members()
+                        .saturating_add(extra.min(u64::from(u32::MAX)) as u32),
+                );
+            }
+            let plan = gang::grow(views, &member, job.running_members(), max);
             if plan.assignments.is_empty() {
                 continue;
             }
+            *grown.entry(job.spec.team.clone()).or_default() +=
+                u64::from(job.spec.gpus) * plan.assignments.len() as u64;
             for (agent, task) in self.start(id, &plan, &avail_ids(views), now) {
                 launches.entry(agent).or_default().push(task);
             }

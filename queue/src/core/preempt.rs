@@ -32,14 +32,18 @@ impl Core {
         let fair = self.fair_gpus();
         let spec = self.jobs[&id].spec.clone();
         let member = request(&spec);
-        let used: HashMap<String, u64> = self
-            .usage(now)
-            .into_iter()
-            .map(|(t, u)| (t, u.gpus))
-            .collect();
+        let usage = self.usage(now);
+        let used: HashMap<String, u64> = usage.iter().map(|(t, u)| (t.clone(), u.gpus)).collect();
+        // Reclaim is per quota bucket (see `quota`): what each team borrows in the bucket the
+        // reclaiming job counts against, and what each victim holds there.
+        let named = self.named_models();
+        let bucket = Self::job_bucket(named, &spec);
         let borrowed = |team: &str| {
-            let quota = self.team(team).gpu_quota.unwrap_or(0);
-            used.get(team).copied().unwrap_or(0).saturating_sub(quota)
+            let quota = self.quota_in(team, bucket.as_deref()).unwrap_or(0);
+            usage
+                .get(team)
+                .map_or(0, |u| u.in_bucket(bucket.as_deref()))
+                .saturating_sub(quota)
         };
         // Victim units: an elastic gang's members above its minimum one by one (highest index
         // first), else whole jobs. (job, members, priority).
@@ -49,9 +53,18 @@ impl Core {
             let allowed = match victims {
                 Victims::LowerClass => j.spec.priority < spec.priority,
                 Victims::Borrowed => {
+                    let there = if named.is_empty() {
+                        gpus
+                    } else {
+                        self.job_buckets(j, named)
+                            .get(&bucket)
+                            .copied()
+                            .unwrap_or(0)
+                    };
                     j.spec.team != spec.team
                         && j.spec.priority < Priority::Critical
-                        && gpus <= borrowed(&j.spec.team)
+                        && there > 0
+                        && there <= borrowed(&j.spec.team)
                 }
                 Victims::OverShare => {
                     let team = &j.spec.team;

@@ -273,6 +273,7 @@ fn teams_are_ordered_by_weighted_share_and_priority_first() {
         TeamConfig {
             weight: 3.0,
             gpu_quota: None,
+            model_quotas: Default::default(),
         },
     );
     teams.insert(
@@ -280,6 +281,7 @@ fn teams_are_ordered_by_weighted_share_and_priority_first() {
         TeamConfig {
             weight: 1.0,
             gpu_quota: None,
+            model_quotas: Default::default(),
         },
     );
     let mut q = Core::new(CoreConfig {
@@ -337,6 +339,7 @@ fn teams_within_quota_go_before_borrowers() {
         TeamConfig {
             weight: 10.0,
             gpu_quota: Some(2),
+            model_quotas: Default::default(),
         },
     );
     teams.insert(
@@ -344,6 +347,7 @@ fn teams_within_quota_go_before_borrowers() {
         TeamConfig {
             weight: 1.0,
             gpu_quota: Some(8),
+            model_quotas: Default::default(),
         },
     );
     let c = Cluster::new(1);
@@ -803,6 +807,7 @@ fn weighted_shares_round_to_the_nearest_not_up_for_the_lightest_team() {
             TeamConfig {
                 weight: w,
                 gpu_quota: None,
+                model_quotas: Default::default(),
             },
         );
     }

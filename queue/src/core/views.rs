@@ -17,7 +17,7 @@ struct Standings {
     /// Per eligible job: its index in `order` and its position among its team's jobs (0-based).
     at: HashMap<u64, (usize, usize)>,
     /// GPUs per team its running workers hold.
-    team_gpus: HashMap<String, u64>,
+    team_gpus: HashMap<String, super::order::TeamUsage>,
     /// GPUs free now for the queue (capacity minus its workers).
     free_gpus: u64,
     /// The job the reservation (or a preemption under way) is for.
@@ -76,11 +76,7 @@ impl Core {
             at.insert(*id, (i, *n));
             *n += 1;
         }
-        let team_gpus = self
-            .usage(now)
-            .into_iter()
-            .map(|(t, u)| (t, u.gpus))
-            .collect();
+        let team_gpus = self.usage(now);
         let free_gpus = self
             .eventual_views(false)
             .iter()
@@ -196,19 +192,33 @@ impl Core {
             return format!("behind {higher} higher-priority job{s}");
         }
         let team = &j.spec.team;
-        if let Some(quota) = self.team(team).gpu_quota {
-            let used = st.team_gpus.get(team).copied().unwrap_or(0);
-            let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
-            if let Some(limit) = self.config.team_borrow_limits.get(team) {
-                if need > 0 && used + need > quota + limit {
-                    return format!(
-                        "team {team} at its borrowing limit: {used} GPUs used of {quota} + {limit}"
-                    );
-                }
+        let need = super::quota::need(&j.spec);
+        let none = super::order::TeamUsage::default();
+        let usage = st.team_gpus.get(team).unwrap_or(&none);
+        if self.over_borrow_limit(&j.spec, &st.team_gpus) {
+            let t = self.team(team);
+            let limit = self
+                .config
+                .team_borrow_limits
+                .get(team)
+                .copied()
+                .unwrap_or(0);
+            return format!(
+                "team {team} at its borrowing limit: {} GPUs used of {} + {limit}",
+                usage.gpus,
+                t.nominal_gpus()
+            );
+        }
+        let bucket = Self::job_bucket(self.named_models(), &j.spec);
+        if let Some(quota) = self.quota_in(team, bucket.as_deref()) {
+            let used = usage.in_bucket(bucket.as_deref());
+            if used + need > quota {
+                let model = bucket.as_ref().map_or(String::new(), |m| format!("{m} "));
+                return format!("team {team} at its {model}quota {used}/{quota}");
             }
-            if used + u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1)) > quota {
-                return format!("team {team} at its quota {used}/{quota}");
-            }
+        }
+        if let Some(why) = self.lend_blocked.get(&j.id) {
+            return why.clone();
         }
         let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
         if let Some(h) = st

@@ -69,7 +69,7 @@ pub struct SimulateArgs {
     /// Policies to run, comma separated: queue, fifo, easy.
     #[arg(long, value_delimiter = ',', default_value = "queue")]
     pub policy: Vec<Policy>,
-    /// A team: NAME=WEIGHT or NAME=WEIGHT:GPU_QUOTA (repeatable), as `serve --team`.
+    /// A team: `NAME=WEIGHT[:GPU_QUOTA][,MODEL:GPUS]...` (repeatable), as `serve --team`.
     #[arg(long = "team")]
     pub teams: Vec<String>,
     /// The queue's aging: one priority class per this many seconds (0: none).

@@ -118,6 +118,7 @@ fn a_team_over_its_quota_says_so() {
             TeamConfig {
                 weight: 1.0,
                 gpu_quota: Some(8),
+                model_quotas: Default::default(),
             },
         )]
         .into(),

@@ -1,0 +1,645 @@
+//! One scheduling pass ([`Core::pass`]: order, place, reserve, backfill, preempt, grow,
+//! decline) and what it places with: the reservation where GPUs free soonest
+//! ([`Core::reserve`]), the agents' views (offered now, or eventually once running work
+//! ends), and the idle-GPU statistic. The policy is described in the module documentation of
+//! [`crate::core`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use gantry_sdk::placement::gang::{self, GangRequest};
+use gantry_sdk::placement::offers::AgentView;
+use gantry_sdk::protocol::*;
+
+use super::order::{OrderKey, TeamUsage};
+use super::preempt::Victims;
+use super::{
+    member_resources, request, time_limit, Action, Core, Job, JobSpec, JobState, Priority,
+};
+
+impl Core {
+    /// Free GPUs (capacity minus ours, assuming the cluster is ours), split in two: those a
+    /// waiting job could start on now under the policy (outside the last pass's reservation,
+    /// while an eligible job's gang fits there; everything free when the reservation's holder
+    /// fits), 0 when no job could; and those free but held for the reservation.
+    pub(super) fn idle_gpus(&self, now: Instant) -> (u64, u64) {
+        let views = self.eventual_views(false);
+        let free: u64 = views.iter().map(AgentView::gpu_count).sum();
+        if free == 0 {
+            return (0, 0);
+        }
+        let mut outside = views.clone();
+        let holder = self.last_reservation.as_ref().map(|r| {
+            subtract(&mut outside, &r.parts);
+            r.holder
+        });
+        let unreserved: u64 = outside.iter().map(AgentView::gpu_count).sum();
+        let held = free - unreserved;
+        // Once per gang shape, whatever the number of jobs.
+        let (mut in_all, mut in_outside) = (ShapeCache::default(), ShapeCache::default());
+        let eligible = || self.jobs.values().filter(|j| Self::eligible(j));
+        let backfills = |j: &&Job| {
+            self.last_reservation
+                .as_ref()
+                .is_some_and(|r| self.backfills(r, &j.spec, now))
+        };
+        if eligible().any(|j| holder == Some(j.id) && in_all.fits(&views, &j.spec)) {
+            (free, 0)
+        } else if eligible()
+            .any(|j| holder != Some(j.id) && backfills(&j) && in_all.fits(&views, &j.spec))
+        {
+            // EASY backfill: a job that ends before the reservation starts may use its GPUs.
+            (free, 0)
+        } else if eligible().any(|j| holder != Some(j.id) && in_outside.fits(&outside, &j.spec)) {
+            (unreserved, held)
+        } else {
+            (0, held)
+        }
+    }
+
+    /// Whether a job of `spec` launched `now` may run on `reservation`'s GPUs (EASY backfill):
+    /// its time limit ends by the reservation's estimated start.
+    pub(super) fn backfills(
+        &self,
+        reservation: &Reservation,
+        spec: &JobSpec,
+        now: Instant,
+    ) -> bool {
+        match (reservation.start, time_limit(&self.config, spec)) {
+            (Some(start), Some(limit)) => now + limit <= start,
+            _ => false,
+        }
+    }
+
+    /// Every running member of ours: its agent, amount and GPUs, and when it is expected to
+    /// end: its attempt's launch plus the job's time limit (`now` when overdue or being killed
+    /// on purpose), `None` when the job has no time limit.
+    pub(super) fn member_ends(
+        &self,
+        now: Instant,
+    ) -> Vec<(AgentId, Resources, Vec<String>, Option<Instant>)> {
+        let mut out = Vec::new();
+        for job in self.jobs.values().filter(|j| !j.members.is_empty()) {
+            let res = member_resources(&job.spec);
+            let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
+                (Some(limit), Some(started)) => Some((started + limit).max(now)),
+                _ => None,
+            };
+            for m in job.members.values() {
+                let end = if m.killing { Some(now) } else { end };
+                out.push((m.agent_id, res.clone(), m.gpus.clone(), end));
+            }
+        }
+        out
+    }
+
+    /// Per known agent: its capacity minus what our members use, members being killed on
+    /// purpose counted as ended (they are about to end); with `all_end`, every member counted
+    /// as ended (what the agent will have once running work ends).
+    pub(super) fn eventual_views(&self, all_end: bool) -> Vec<AgentView> {
+        let mut views: Vec<AgentView> = self
+            .agents
+            .iter()
+            .map(|(id, a)| AgentView {
+                agent_id: *id,
+                hostname: a.hostname.clone(),
+                offer_ids: Vec::new(),
+                resources: a.capacity.clone(),
+                attributes: a.attributes.clone(),
+                gpus: a.gpus.values().cloned().collect(),
+            })
+            .collect();
+        for job in self
+            .jobs
+            .values()
+            .filter(|j| !all_end && !j.members.is_empty())
+        {
+            let res = member_resources(&job.spec);
+            for m in job.members.values().filter(|m| !m.killing) {
+                if let Some(v) = views.iter_mut().find(|v| v.agent_id == m.agent_id) {
+                    v.resources = v.resources.saturating_sub(&res);
+                    v.gpus.retain(|g| !m.gpus.contains(&g.uuid));
+                }
+            }
+        }
+        for v in &mut views {
+            v.gpus
+                .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
+        }
+        views
+    }
+
+    /// Whether members we killed on purpose (preemption, shrinking) have not ended yet.
+    pub(super) fn kills_in_flight(&self) -> bool {
+        self.jobs
+            .values()
+            .any(|j| j.state == JobState::Running && j.members.values().any(|m| m.killing))
+    }
+
+    pub(super) fn busy_gpus(&self) -> BTreeSet<(AgentId, String)> {
+        self.jobs
+            .values()
+            .flat_map(|j| j.members.values())
+            .flat_map(|m| m.gpus.iter().map(|g| (m.agent_id, g.clone())))
+            .collect()
+    }
+
+    /// Learns agent capacities: offered now plus our members there (kept at the maximum seen).
+    pub(super) fn learn_capacity(&mut self) {
+        let mut seen: BTreeMap<AgentId, Resources> = BTreeMap::new();
+        for (o, _) in self.offers.values() {
+            seen.entry(o.agent_id).or_default().add_assign(&o.total());
+        }
+        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
+            let res = member_resources(&j.spec);
+            for m in j.members.values() {
+                seen.entry(m.agent_id).or_default().add_assign(&res);
+            }
+        }
+        for (id, r) in seen {
+            if let Some(a) = self.agents.get_mut(&id) {
+                let mut cap = a.capacity.clone();
+                for (name, milli) in r.iter() {
+                    if milli > cap.milli(name) {
+                        cap.set_milli(name, milli);
+                    }
+                }
+                a.capacity = cap;
+            }
+        }
+    }
+
+    /// One scheduling pass (see the module documentation).
+    pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        let kills = self.timers(now);
+        self.lend_blocked.clear();
+        self.resolve_dependencies(now);
+        self.learn_capacity();
+        let busy = self.busy_gpus();
+        let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
+        let mut views =
+            AgentView::from_offers(&offers, &|a, u: &str| busy.contains(&(a, u.to_string())));
+        // Placement ties go to the first agent: by hostname, so that where jobs go does not
+        // depend on random agent (or offer) ids.
+        views.sort_by(|a, b| (&a.hostname, a.agent_id).cmp(&(&b.hostname, b.agent_id)));
+        let totals = self.totals();
+        let mut launches: BTreeMap<usize, Vec<TaskInfo>> = BTreeMap::new();
+        // Reservation: per-agent amounts and GPUs subtracted for everyone else (but jobs that
+        // end before it starts: EASY backfill).
+        let mut reservation: Option<Reservation> = None;
+        let mut blocked: Vec<u64> = Vec::new();
+        // Jobs launched in this pass: never preempted in the same pass.
+        let mut started: BTreeSet<u64> = BTreeSet::new();
+        // The order of the eligible jobs, with their keys: computed once, then again after a
+        // launch only for the launching team's jobs (a launch changes only that team's usage;
+        // the order of the others stays, unless the level changes: then all of it).
+        let mut usage = self.usage(now);
+        let mut teams = self.eligible_teams();
+        let names: Vec<String> = teams.keys().cloned().collect();
+        let mut level = self.level_among(&usage, &teams);
+        let keyed = {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            self.keyed_order(&usage, &names, totals, level, now)
+        };
+        // Who may hold (the reservation): the first job, in order, that does not fit what is
+        // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
+        // shape: tried once per shape (a queue holds thousands of jobs of a few shapes).
+        let mut fits_now = ShapeCache::default();
+        let not_fitting: Vec<u64> = keyed
+            .iter()
+            .map(|(_, id, _)| *id)
+            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage))
+            .filter(|id| !fits_now.fits(&views, &self.jobs[id].spec))
+            .collect();
+        let holder = self.holds.update(&not_fitting, now).holder;
+        if let Some((id, _, since)) = &self.preempt_for {
+            let pending = self
+                .jobs
+                .get(id)
+                .is_some_and(|j| j.state == JobState::Pending);
+            if !pending || now.saturating_duration_since(*since) > PREEMPT_RESERVATION {
+                self.preempt_for = None;
+            }
+        }
+        if let Some((id, parts, _)) = &self.preempt_for {
+            // Its victims end within their grace: nothing backfills there.
+            reservation = Some(Reservation {
+                holder: *id,
+                parts: parts.clone(),
+                start: None,
+            });
+        }
+        // Per team, its eligible jobs in order: the pass takes the least head of all.
+        let mut lists: Vec<VecDeque<(OrderKey, u64)>> = vec![VecDeque::new(); names.len()];
+        for (key, id, t) in keyed {
+            lists[t].push_back((key, id));
+        }
+        // The team of the last launch, whose jobs' keys are stale.
+        let mut stale: Option<usize> = None;
+        // Shapes (and whether they may backfill) that found no room outside the holder's
+        // reservation since the last launch or change of the reservation: what is free only
+        // shrinks meanwhile, so they would not fit again.
+        let mut no_room: Vec<(Shape, bool)> = Vec::new();
+        loop {
+            // Members launched earlier in this pass are already recorded in their jobs.
+            if let Some(t) = stale.take() {
+                usage = self.usage(now);
+                let was = level;
+                level = self.level_among(&usage, &teams);
+                let none = TeamUsage::default();
+                let rekey = |list: &mut VecDeque<(OrderKey, u64)>, team: &str| {
+                    let used = usage.get(team).unwrap_or(&none);
+                    let tk = self.team_key(team, used, totals, level);
+                    for e in list.iter_mut() {
+                        e.0 = self.order_key(&self.jobs[&e.1], used, tk, now);
+                    }
+                    list.make_contiguous().sort_unstable();
+                };
+                if was.to_bits() == level.to_bits() {
+                    rekey(&mut lists[t], &names[t]);
+                } else {
+                    for (list, team) in lists.iter_mut().zip(&names) {
+                        rekey(list, team);
+                    }
+                }
+            }
+            let Some(t) = lists
+                .iter()
+                .enumerate()
+                .filter_map(|(t, l)| l.front().map(|e| (e, t)))
+                .min()
+                .map(|(_, t)| t)
+            else {
+                break;
+            };
+            let Some((_, id)) = lists[t].pop_front() else {
+                break;
+            };
+            let spec = &self.jobs[&id].spec;
+            if self.over_borrow_limit(spec, &usage) {
+                // Waits until its team uses less (it neither reserves nor preempts).
+                continue;
+            }
+            let mut shape = Shape::of(spec);
+            if let Some(room) = self.borrow_room(&spec.team, &usage) {
+                // An elastic gang starts with no more workers than its borrowing limit allows.
+                let most = room / u64::from(spec.gpus.max(1));
+                shape.max = shape
+                    .max
+                    .min(most.min(u64::from(u32::MAX)) as u32)
+                    .max(shape.min);
+            }
+            let holds_it = reservation.as_ref().is_some_and(|r| r.holder == id);
+            let may_backfill = reservation
+                .as_ref()
+                .is_some_and(|r| r.holder != id && self.backfills(r, spec, now));
+            if !holds_it
+                && holder != Some(id)
+                && no_room
+                    .iter()
+                    .any(|(g, b)| *g == shape && *b == may_backfill)
+            {
+                blocked.push(id);
+                continue;
+            }
+            let mut gang = gang_of(spec);
+            gang.max = shape.max;
+            let mut avail = views.clone();
+            if let Some(r) = &reservation {
+                if r.holder != id {
+                    subtract(&mut avail, &r.parts);
+                }
+            }
+            let mut plan = gang::place_gang(&mut avail, &gang);
+            if plan.is_none()
+                && reservation
+                    .as_ref()
+                    .is_some_and(|r| r.holder != id && self.backfills(r, spec, now))
+            {
+                // EASY backfill: it ends before the reservation starts, so it may use the
+                // reserved GPUs without delaying the holder.
+                avail = views.clone();
+                plan = gang::place_gang(&mut avail, &gang);
+            }
+            if let Some(why) = plan
+                .as_ref()
+                .and_then(|p| self.lending_block(spec, p, &views, &usage))
+            {
+                // Other teams' lending limits keep what it would take free for them.
+                self.lend_blocked.insert(id, why);
+                continue;
+            }
+            match plan {
+                Some(plan) => {
+                    for a in &plan.assignments {
+                        let agent = views[a.agent].agent_id;
+                        remove(&mut views, agent, &gang.member.resources, &a.gpus);
+                    }
+                    started.insert(id);
+                    let tasks = self.start(id, &plan, &avail_ids(&avail), now);
+                    for (agent, task) in tasks {
+                        launches.entry(agent).or_default().push(task);
+                    }
+                    if reservation.as_ref().is_some_and(|r| r.holder == id) {
+                        reservation = None;
+                    }
+                    self.holds.done(&id);
+                    if let Some(n) = teams.get_mut(&names[t]) {
+                        *n = n.saturating_sub(1);
+                    }
+                    stale = Some(t);
+                    no_room.clear();
+                }
+                None => {
+                    blocked.push(id);
+                    if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
+                        reservation = self.reserve(id, &gang, now);
+                        no_room.clear();
+                    } else if !holds_it {
+                        no_room.push((shape, may_backfill));
+                    }
+                }
+            }
+        }
+        let mut out = kills;
+        // Launch: one accept per agent, every task of the pass on it.
+        let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
+        for (agent, tasks) in launches {
+            let Some(v) = views.get(agent) else { continue };
+            used_offers.extend(v.offer_ids.iter().copied());
+            out.push(Action::Launch {
+                offers: v.offer_ids.clone(),
+                tasks,
+            });
+        }
+        for id in &used_offers {
+            self.offers.remove(id);
+        }
+        // What was left on agents just accepted goes back to the master with the accept.
+        for v in &mut views {
+            if v.offer_ids.iter().any(|o| used_offers.contains(o)) {
+                v.resources = Resources::new();
+                v.gpus.clear();
+                v.offer_ids.clear();
+            }
+        }
+        // Preemption for the first blocked critical/high job, unless one is under way.
+        if !self.kills_in_flight() && self.preempt_for.is_none() {
+            if let Some(&id) = blocked
+                .iter()
+                .find(|id| self.jobs[id].spec.priority >= Priority::High)
+            {
+                out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
+            }
+        }
+        // Quota reclaim: the first blocked job whose team stays within its GPU quota takes
+        // back borrowed GPUs, preempting jobs of teams above theirs.
+        let quotas = self.config.teams.values().any(|t| t.has_quota());
+        if quotas && !self.kills_in_flight() && self.preempt_for.is_none() {
+            let usage = self.usage(now);
+            let within =
+                |id: &u64| self.within_quota(&self.jobs[id].spec, self.named_models(), &usage);
+            if let Some(&id) = blocked.iter().find(|id| within(id)) {
+                out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
+            }
+        }
+        // Fair-share wait: the first blocked job that has waited longer than
+        // `fair_share_wait` and whose team stays within its weighted share with it takes GPUs
+        // back from `preemptible` jobs of teams above theirs.
+        if let Some(wait) = self.config.fair_share_wait {
+            if !self.kills_in_flight() && self.preempt_for.is_none() {
+                let fair = self.fair_gpus();
+                let usage = self.usage(now);
+                let under = |id: &u64| {
+                    let j = &self.jobs[id];
+                    let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+                    let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
+                    need > 0
+                        && now.saturating_duration_since(j.waiting_since) >= wait
+                        && (used + need) as f64 <= fair.get(&j.spec.team).copied().unwrap_or(0.0)
+                };
+                if let Some(&id) = blocked.iter().find(|id| under(id)) {
+                    out.extend(self.preempt(id, &views, &started, now, Victims::OverShare));
+                }
+            }
+        }
+        // Elastic growth when nothing waits.
+        if blocked.is_empty() {
+            out.extend(self.grow(&mut views, now));
+        }
+        // Offers: hold fresh ones (younger than `offer_hold`) of reserved agents while the
+        // hold lasts and of any agent while work waits; decline the rest. Never older: the
+        // master expires offers (30 s by default) and filters the agent for a while, and an
+        // accept naming an expired offer drops its tasks (a gang's launch would be partial).
+        let reserved: BTreeSet<AgentId> = reservation
+            .iter()
+            .flat_map(|r| r.parts.iter().map(|p| p.0))
+            .collect();
+        let waiting = !blocked.is_empty();
+        // Per agent: the master's accept and decline act on all of a framework's offers on an
+        // agent, so an agent's offers are kept or declined together (kept while its newest
+        // offer is fresh).
+        let mut fresh: BTreeMap<AgentId, bool> = BTreeMap::new();
+        for (o, at) in self.offers.values() {
+            let f = now.saturating_duration_since(*at) < self.config.offer_hold;
+            *fresh.entry(o.agent_id).or_default() |= f;
+        }
+        let mut decline = Vec::new();
+        for (id, (o, _)) in &self.offers {
+            if used_offers.contains(id) {
+                continue;
+            }
+            let keep = (reserved.contains(&o.agent_id) || waiting)
+                && fresh.get(&o.agent_id).copied().unwrap_or(false);
+            if !keep {
+                decline.push(*id);
+            }
+        }
+        for id in &decline {
+            self.offers.remove(id);
+        }
+        if !decline.is_empty() {
+            out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
+        }
+        let active = self.jobs.values().any(Self::eligible);
+        let growing = self.jobs.values().any(|j| {
+            j.state == JobState::Running
+                && !j.preempting
+                && j.finished_members == 0
+                && j.running_members() < j.spec.max_workers
+        });
+        if !active && !growing && !self.suppressed {
+            self.suppressed = true;
+            out.push(Action::Suppress);
+        } else if (active || growing) && self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        self.last_reservation = reservation;
+        out
+    }
+
+    /// The reservation for blocked job `id`: where its gang's fewest members go once running
+    /// work ends, at the earliest time they fit by the running members' expected ends (their
+    /// attempt's launch plus time limit; members being killed end now). At that time it prefers
+    /// agents with the fewest GPUs idle now (then by hostname: not by agent id), so it reserves
+    /// GPUs that are busy now rather than idle ones others could use. When it fits only once
+    /// members without a time limit end, it has no estimated start.
+    pub(super) fn reserve(&self, id: u64, gang: &GangRequest, now: Instant) -> Option<Reservation> {
+        let rigid = GangRequest {
+            max: gang.min,
+            ..gang.clone()
+        };
+        let idle: HashMap<AgentId, usize> = self
+            .eventual_views(false)
+            .iter()
+            .map(|v| (v.agent_id, v.gpus.len()))
+            .collect();
+        let mut base = self.eventual_views(true);
+        base.sort_by(|a, b| {
+            (idle.get(&a.agent_id), &a.hostname, a.agent_id).cmp(&(
+                idle.get(&b.agent_id),
+                &b.hostname,
+                b.agent_id,
+            ))
+        });
+        let members = self.member_ends(now);
+        // What every agent has at `t` (`None`: once every member ended).
+        let at = |t: Option<Instant>| {
+            let mut v = base.clone();
+            for (agent, res, gpus, end) in &members {
+                let ended = match (t, end) {
+                    (None, _) => true,
+                    (Some(t), Some(end)) => *end <= t,
+                    (Some(_), None) => false,
+                };
+                if !ended {
+                    remove(&mut v, *agent, res, gpus);
+                }
+            }
+            v
+        };
+        let fits = |t: Option<Instant>| {
+            let v = at(t);
+            gang::place_gang(&mut v.clone(), &rigid).map(|plan| (plan, v))
+        };
+        let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
+        times.push(now);
+        times.sort();
+        times.dedup();
+        // What is free only grows with time: the earliest time it fits, by bisection.
+        let start = if fits(times.last().copied()).is_some() {
+            let i = times.partition_point(|t| fits(Some(*t)).is_none());
+            times.get(i).copied()
+        } else {
+            None
+        };
+        let (plan, eventual) = fits(start)?;
+        let mut parts: Vec<(AgentId, Resources, Vec<String>)> = Vec::new();
+        for a in &plan.assignments {
+            let agent = eventual[a.agent].agent_id;
+            match parts.iter_mut().find(|p| p.0 == agent) {
+                Some(p) => {
+                    p.1.add_assign(&gang.member.resources);
+                    p.2.extend(a.gpus.iter().cloned());
+                }
+                None => parts.push((agent, gang.member.resources.clone(), a.gpus.clone())),
+            }
+        }
+        Some(Reservation {
+            holder: id,
+            parts,
+            start,
+        })
+    }
+}
+
+/// A blocked job's reservation: per agent the amount and GPUs set aside for it, and when it is
+/// expected to start (by the running jobs' time limits; `None` when unknown).
+#[derive(Debug, Clone)]
+pub(super) struct Reservation {
+    pub(super) holder: u64,
+    pub(super) parts: Parts,
+    pub(super) start: Option<Instant>,
+}
+
+/// Per agent: the amount and GPUs reserved there.
+pub(super) type Parts = Vec<(AgentId, Resources, Vec<String>)>;
+
+/// How long a preemption's reservation lasts at most.
+pub(super) const PREEMPT_RESERVATION: Duration = Duration::from_secs(60);
+
+pub(super) fn gang_of(spec: &JobSpec) -> GangRequest {
+    GangRequest {
+        member: request(spec),
+        min: spec.min_workers.max(1),
+        max: spec.max_workers.max(spec.min_workers.max(1)),
+    }
+}
+
+pub(super) fn avail_ids(views: &[AgentView]) -> Vec<(AgentId, String)> {
+    views
+        .iter()
+        .map(|v| (v.agent_id, v.hostname.clone()))
+        .collect()
+}
+
+/// Removes `res` and the GPUs `uuids` from the view of `agent`.
+pub(super) fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, uuids: &[String]) {
+    if let Some(v) = views.iter_mut().find(|v| v.agent_id == agent) {
+        v.resources = v.resources.saturating_sub(res);
+        v.gpus.retain(|g| !uuids.contains(&g.uuid));
+    }
+}
+
+/// A gang's shape: what placement depends on (a job's resources per worker, GPU selector and
+/// worker counts), compared without building the request.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Shape {
+    cpus: u64,
+    mem: u64,
+    gpus: u32,
+    model: Option<String>,
+    min_memory: Option<u64>,
+    pub(super) min: u32,
+    pub(super) max: u32,
+}
+
+impl Shape {
+    pub(super) fn of(spec: &JobSpec) -> Shape {
+        let min = spec.min_workers.max(1);
+        Shape {
+            cpus: spec.cpus.to_bits(),
+            mem: spec.mem.to_bits(),
+            gpus: spec.gpus,
+            model: spec.gpu_model.clone(),
+            min_memory: spec.gpu_min_memory,
+            min,
+            max: spec.max_workers.max(min),
+        }
+    }
+}
+
+/// Whether each gang shape fits some views, placed once per shape.
+#[derive(Default)]
+pub(super) struct ShapeCache {
+    known: Vec<(Shape, bool)>,
+}
+
+impl ShapeCache {
+    pub(super) fn fits(&mut self, views: &[AgentView], spec: &JobSpec) -> bool {
+        let shape = Shape::of(spec);
+        if let Some((_, fits)) = self.known.iter().find(|(s, _)| *s == shape) {
+            return *fits;
+        }
+        let fits = gang::place_gang(&mut views.to_vec(), &gang_of(spec)).is_some();
+        self.known.push((shape, fits));
+        fits
+    }
+}
+
+pub(super) fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]) {
+    for (agent, res, gpus) in parts {
+        remove(views, *agent, res, gpus);
+    }
+}

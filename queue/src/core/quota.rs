@@ -1,0 +1,261 @@
+//! Teams' quotas: nominal GPU quotas, overall and per GPU model, borrowing limits and lending
+//! limits (Kueue's `nominalQuota`, `borrowingLimit` and `lendingLimit`).
+//!
+//! GPUs fall into **buckets**: one per GPU model some team names in a per-model quota (a GPU
+//! is in the first named model, in name order, its name contains, case-insensitively, as a
+//! job's `gpu_model` matches), and one for every other GPU. A team's overall quota
+//! (`gpu_quota`) is its nominal quota in that last bucket, and its per-model quotas in theirs;
+//! in a named model's bucket a team that has some quota but not that model's has 0 there (all
+//! it uses of that model is borrowed), and a team without any quota has none anywhere (as
+//! before per-model quotas: never ordered as over quota, all it uses counts as borrowed for
+//! reclaim). With no per-model quota anywhere there is one bucket, and the overall quota covers
+//! every GPU, as it always did.
+//!
+//! A team's use of a bucket counts the GPUs its workers hold there, by each GPU's model (a
+//! worker whose GPUs are not known yet counts in its job's bucket). A pending job counts
+//! against the bucket of the model it asks for (`gpu_model` equal to a named model), else
+//! the other bucket: a job that names no model and lands on another team's named model
+//! borrows those GPUs, and may be reclaimed.
+//!
+//! - **Borrowing limit** (`team_borrow_limits`): a team uses at most its nominal GPUs in all
+//!   plus its limit; jobs and elastic growth that would go past it wait.
+//! - **Lending limit** (`team_lend_limits`): of a team's idle nominal quota in a bucket, other
+//!   teams may borrow at most this much; the rest (`quota - used - limit`) stays free for it.
+//!   A job that borrows (its team is above its quota in the job's bucket with it, or has no
+//!   quota) launches only where the GPUs it takes leave every bucket they come from with at
+//!   least what other teams keep there.
+//! - **Reclaim** (the pass and `preempt`): a blocked job whose team stays within its quota in
+//!   the job's bucket preempts borrowed GPUs of that bucket: jobs of other teams above their
+//!   quota there, each no larger than what its team borrows there.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use gantry_sdk::placement::offers::AgentView;
+use gantry_sdk::placement::offers::Plan as GangPlan;
+
+use super::order::TeamUsage;
+use super::{Core, Job, JobSpec};
+
+/// A quota bucket: a GPU model some team names, or `None` for every other GPU.
+pub(super) type Bucket = Option<String>;
+
+/// The GPUs a job needs to start: its gang's fewest workers.
+pub(super) fn need(spec: &JobSpec) -> u64 {
+    u64::from(spec.gpus) * u64::from(spec.min_workers.max(1))
+}
+
+impl Core {
+    /// The models some team names in a per-model quota.
+    pub(super) fn named_models(&self) -> &BTreeSet<String> {
+        &self.named
+    }
+
+    /// The bucket of a GPU of model `model` (the GPU's name).
+    pub(super) fn gpu_bucket(named: &BTreeSet<String>, model: &str) -> Bucket {
+        let model = model.to_lowercase();
+        named
+            .iter()
+            .find(|n| model.contains(&n.to_lowercase()))
+            .cloned()
+    }
+
+    /// The bucket a job counts against before it runs: the named model it asks for, else the
+    /// other GPUs'.
+    pub(super) fn job_bucket(named: &BTreeSet<String>, spec: &JobSpec) -> Bucket {
+        let want = spec.gpu_model.as_deref()?;
+        named.iter().find(|n| n.eq_ignore_ascii_case(want)).cloned()
+    }
+
+    /// A team's nominal quota in `bucket` (`None`: the team has no quota at all, or no overall
+    /// quota for the other bucket).
+    pub(super) fn quota_in(&self, team: &str, bucket: Option<&str>) -> Option<u64> {
+        let t = self.team(team);
+        match bucket {
+            None => t.gpu_quota,
+            Some(m) if t.has_quota() => Some(t.model_quotas.get(m).copied().unwrap_or(0)),
+            Some(_) => None,
+        }
+    }
+
+    /// GPUs a job's workers hold, per bucket: by each GPU's model; a worker's GPUs not known
+    /// yet count in the job's bucket.
+    pub(super) fn job_buckets(&self, job: &Job, named: &BTreeSet<String>) -> BTreeMap<Bucket, u64> {
+        let mut out: BTreeMap<Bucket, u64> = BTreeMap::new();
+        let per = u64::from(job.spec.gpus);
+        if per == 0 {
+            return out;
+        }
+        if named.is_empty() {
+            out.insert(None, per * job.members.len() as u64);
+            return out;
+        }
+        let own = Self::job_bucket(named, &job.spec);
+        for m in job.members.values() {
+            let agent = self.agents.get(&m.agent_id);
+            let mut counted = 0;
+            for uuid in m.gpus.iter().take(per as usize) {
+                let Some(g) = agent.and_then(|a| a.gpus.get(uuid)) else {
+                    continue;
+                };
+                *out.entry(Self::gpu_bucket(named, &g.model)).or_default() += 1;
+                counted += 1;
+            }
+            if counted < per {
+                *out.entry(own.clone()).or_default() += per - counted;
+            }
+        }
+        out
+    }
+
+    /// Whether `spec`'s job keeps its team within its quota in the job's bucket (reclaim).
+    pub(super) fn within_quota(
+        &self,
+        spec: &JobSpec,
+        named: &BTreeSet<String>,
+        usage: &HashMap<String, TeamUsage>,
+    ) -> bool {
+        let bucket = Self::job_bucket(named, spec);
+        let used = usage
+            .get(&spec.team)
+            .map_or(0, |u| u.in_bucket(bucket.as_deref()));
+        let need = need(spec);
+        need > 0
+            && self
+                .quota_in(&spec.team, bucket.as_deref())
+                .is_some_and(|q| used + need <= q)
+    }
+
+    /// Whether `spec`'s job takes its team above its quota in the job's bucket (ordered after
+    /// jobs within their quotas). A team without any quota is never above it.
+    pub(super) fn over_quota(
+        &self,
+        spec: &JobSpec,
+        named: &BTreeSet<String>,
+        used: &TeamUsage,
+    ) -> bool {
+        let bucket = Self::job_bucket(named, spec);
+        self.quota_in(&spec.team, bucket.as_deref())
+            .is_some_and(|q| used.in_bucket(bucket.as_deref()) + need(spec) > q)
+    }
+
+    /// Whether `spec`'s job would take its team past its nominal GPUs plus its borrowing limit
+    /// ([`super::CoreConfig::team_borrow_limits`]).
+    pub(super) fn over_borrow_limit(
+        &self,
+        spec: &JobSpec,
+        usage: &HashMap<String, TeamUsage>,
+    ) -> bool {
+        let need = need(spec);
+        need > 0
+            && self
+                .borrow_room(&spec.team, usage)
+                .is_some_and(|room| need > room)
+    }
+
+    /// How many more GPUs `team` may take before its borrowing limit (`None`: no limit).
+    pub(super) fn borrow_room(
+        &self,
+        team: &str,
+        usage: &HashMap<String, TeamUsage>,
+    ) -> Option<u64> {
+        let limit = self.config.team_borrow_limits.get(team)?;
+        let t = self.team(team);
+        if !t.has_quota() {
+            return None;
+        }
+        let used = usage.get(team).map_or(0, |u| u.gpus);
+        Some((t.nominal_gpus() + limit).saturating_sub(used))
+    }
+
+    /// Per bucket: the GPUs other teams than `team` keep free by their lending limits (their
+    /// idle nominal quota there beyond what they lend).
+    fn kept_free(
+        &self,
+        team: &str,
+        named: &BTreeSet<String>,
+        usage: &HashMap<String, TeamUsage>,
+    ) -> BTreeMap<Bucket, (u64, Vec<String>)> {
+        let mut out: BTreeMap<Bucket, (u64, Vec<String>)> = BTreeMap::new();
+        let buckets: Vec<Bucket> = std::iter::once(None)
+            .chain(named.iter().cloned().map(Some))
+            .collect();
+        for (other, lend) in &self.config.team_lend_limits {
+            if other == team {
+                continue;
+            }
+            for b in &buckets {
+                let Some(q) = self.quota_in(other, b.as_deref()) else {
+                    continue;
+                };
+                let used = usage.get(other).map_or(0, |u| u.in_bucket(b.as_deref()));
+                let keep = q.saturating_sub(used).saturating_sub(*lend);
+                if keep > 0 {
+                    let e = out.entry(b.clone()).or_default();
+                    e.0 += keep;
+                    e.1.push(other.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Why `spec`'s job may not launch with `plan` on `views` (the free views before it) by
+    /// other teams' lending limits, if it may not: it borrows, and the GPUs it takes leave a
+    /// bucket they come from with fewer free GPUs than other teams keep there.
+    pub(super) fn lending_block(
+        &self,
+        spec: &JobSpec,
+        plan: &GangPlan,
+        views: &[AgentView],
+        usage: &HashMap<String, TeamUsage>,
+    ) -> Option<String> {
+        if self.config.team_lend_limits.is_empty() || spec.gpus == 0 {
+            return None;
+        }
+        let named = self.named_models();
+        let bucket = Self::job_bucket(named, spec);
+        let used = usage.get(&spec.team).cloned().unwrap_or_default();
+        let borrows = self
+            .quota_in(&spec.team, bucket.as_deref())
+            .is_none_or(|q| used.in_bucket(bucket.as_deref()) + need(spec) > q);
+        if !borrows {
+            return None;
+        }
+        let kept = self.kept_free(&spec.team, named, usage);
+        if kept.is_empty() {
+            return None;
+        }
+        let taken: BTreeSet<(usize, &str)> = plan
+            .assignments
+            .iter()
+            .flat_map(|a| a.gpus.iter().map(move |g| (a.agent, g.as_str())))
+            .collect();
+        let mut free: BTreeMap<Bucket, u64> = BTreeMap::new();
+        let mut takes: BTreeSet<Bucket> = BTreeSet::new();
+        for (i, v) in views.iter().enumerate() {
+            for g in &v.gpus {
+                let b = Self::gpu_bucket(named, &g.model);
+                if taken.contains(&(i, g.uuid.as_str())) {
+                    takes.insert(b);
+                } else {
+                    *free.entry(b).or_default() += 1;
+                }
+            }
+        }
+        for b in takes {
+            let Some((keep, teams)) = kept.get(&b) else {
+                continue;
+            };
+            let left = free.get(&b).copied().unwrap_or(0);
+            if left < *keep {
+                let what = b.map_or_else(|| "GPUs".to_string(), |m| format!("{m} GPUs"));
+                return Some(format!(
+                    "lending limits keep {keep} idle {what} for team {} ({left} would be left \
+                     free)",
+                    teams.join(", ")
+                ));
+            }
+        }
+        None
+    }
+}

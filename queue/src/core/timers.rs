@@ -1,0 +1,151 @@
+//! Time and dependencies: jobs waiting on others (`after`, Slurm's `afterok`), retries whose
+//! backoff ended, attempts past their time limit, and pending jobs past their deadline's latest
+//! start.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use gantry_sdk::protocol::*;
+
+use super::{time_limit, Action, Core, JobSpec, JobState};
+
+impl Core {
+    /// Why `spec`'s dependencies cannot be waited for, if they cannot: an unknown job id (or one
+    /// already forgotten), or a repeated one. A dependency that already ended `FAILED` or
+    /// `CANCELLED` is accepted: the job is then cancelled at once, with the reason.
+    pub fn dependency_problem(&self, spec: &JobSpec) -> Option<String> {
+        let mut seen = BTreeSet::new();
+        for d in &spec.after {
+            if !seen.insert(*d) {
+                return Some(format!("dependency {d} is listed twice"));
+            }
+            if !self.jobs.contains_key(d) {
+                return Some(format!("dependency {d} is not a known job"));
+            }
+        }
+        None
+    }
+
+    /// Dependencies (`afterok`): a pending job whose dependency ended `FAILED` or `CANCELLED`
+    /// (or is unknown) is cancelled with the reason, transitively; one whose dependencies all
+    /// `FINISHED` becomes eligible, and its wait (aging, `waited_secs`) starts then.
+    pub(super) fn resolve_dependencies(&mut self, now: Instant) {
+        loop {
+            let mut changed = false;
+            let waiting: Vec<u64> = self
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Pending && j.on_deps)
+                .map(|j| j.id)
+                .collect();
+            for id in waiting {
+                let broken =
+                    self.jobs[&id]
+                        .spec
+                        .after
+                        .iter()
+                        .find_map(|d| match self.jobs.get(d) {
+                            None => Some(format!("dependency {d} is unknown")),
+                            Some(j)
+                                if matches!(j.state, JobState::Failed | JobState::Cancelled) =>
+                            {
+                                Some(format!(
+                                    "dependency {d} ({}) ended {}",
+                                    j.spec.name,
+                                    j.state.as_str()
+                                ))
+                            }
+                            Some(_) => None,
+                        });
+                let met = self.jobs[&id].spec.after.iter().all(|d| {
+                    self.jobs
+                        .get(d)
+                        .is_some_and(|j| j.state == JobState::Finished)
+                });
+                let Some(job) = self.jobs.get_mut(&id) else {
+                    continue;
+                };
+                if let Some(why) = broken {
+                    job.state = JobState::Cancelled;
+                    job.on_deps = false;
+                    job.message = format!("{why}: cancelled (afterok: runs only after its dependencies finish successfully)");
+                    self.holds.done(&id);
+                    changed = true;
+                } else if met {
+                    job.on_deps = false;
+                    job.waiting_since = now;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+
+    /// The latest time `spec`'s job may start and still end by its deadline (the deadline
+    /// minus its time limit), as an instant; `None` without a deadline or a wall clock.
+    pub(super) fn latest_start(&self, spec: &JobSpec) -> Option<Instant> {
+        let (at, wall) = self.wall?;
+        let deadline_ms = spec.deadline_unix?.saturating_mul(1000);
+        let limit = time_limit(&self.config, spec).unwrap_or(Duration::ZERO);
+        let deadline = if deadline_ms >= wall {
+            at + Duration::from_millis(deadline_ms - wall)
+        } else {
+            at.checked_sub(Duration::from_millis(wall - deadline_ms))
+                .unwrap_or(at)
+        };
+        Some(deadline.checked_sub(limit).unwrap_or(deadline.min(at)))
+    }
+
+    /// Retries whose backoff is over become eligible; attempts past their time limit are
+    /// killed and their jobs end `FAILED` (reason `time-limit`); pending jobs past their latest
+    /// start are cancelled (reason `deadline`) unless their deadline is best-effort.
+    pub(super) fn timers(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        let missed: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending && !j.spec.deadline_best_effort)
+            .filter(|j| j.members.is_empty())
+            .filter(|j| self.latest_start(&j.spec).is_some_and(|t| now > t))
+            .map(|j| j.id)
+            .collect();
+        for id in missed {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.state = JobState::Cancelled;
+                job.message = "deadline: it could not start in time to end by its deadline \
+                               (deadline minus time limit); cancelled"
+                    .into();
+                self.holds.done(&id);
+            }
+        }
+        for job in self.jobs.values_mut() {
+            if job.not_before.is_some_and(|t| now >= t) {
+                job.not_before = None;
+                job.waiting_since = now;
+            }
+            let (Some(limit), Some(started)) =
+                (time_limit(&self.config, &job.spec), job.attempt_started)
+            else {
+                continue;
+            };
+            if job.state != JobState::Running
+                || job.preempting
+                || now.saturating_duration_since(started) < limit
+            {
+                continue;
+            }
+            job.state = JobState::Failed;
+            job.message = format!(
+                "time-limit: killed after its time limit of {} s",
+                limit.as_secs()
+            );
+            for m in job.members.values_mut() {
+                m.killing = true;
+                out.push(Action::KillFor(m.task_id, TaskReason::TimeLimit));
+            }
+            self.holds.done(&job.id);
+        }
+        out
+    }
+}
