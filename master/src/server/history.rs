@@ -40,6 +40,8 @@ pub struct History {
     /// written).
     recorded: u64,
     stored: u64,
+    /// Task use of every event recorded, added up for ever (`gantry_usage_*_total`).
+    usage: super::usage::Meter,
 }
 
 impl History {
@@ -59,6 +61,10 @@ impl History {
     /// Takes the registry's pages (a new leader), dropping what this master held before.
     pub fn restore(&mut self, pages: &BTreeMap<u64, HistoryPage>) {
         self.pages = pages.iter().map(|(n, p)| (*n, p.events.clone())).collect();
+        self.usage = super::usage::Meter::default();
+        for e in self.pages.values().flatten() {
+            self.usage.observe(e);
+        }
         self.unflushed.clear();
         self.removed.clear();
         self.trim();
@@ -75,10 +81,9 @@ impl History {
             Some(n) => n + 1,
             None => 0,
         };
-        self.pages
-            .entry(page)
-            .or_default()
-            .push(HistoryEvent { at_unix_ms, event });
+        let e = HistoryEvent { at_unix_ms, event };
+        self.usage.observe(&e);
+        self.pages.entry(page).or_default().push(e);
         self.unflushed.insert(page);
         self.recorded += 1;
         self.trim();
@@ -181,6 +186,11 @@ impl History {
             .filter(|e| e.event["type"] == "task_updated" && e.event["task_id"] == task_id)
             .cloned()
             .collect()
+    }
+
+    /// Task use since the history began (the `gantry_usage_*_total` counters).
+    pub fn usage(&self) -> &super::usage::Meter {
+        &self.usage
     }
 
     /// Events held.

@@ -103,8 +103,9 @@ struct UsageQuery {
     by: Option<String>,
 }
 
-/// `GET /api/v1/usage`: CPU-, memory- and GPU-hours held by tasks over a window, per role,
-/// framework or user, from the persistent history (`super::usage`).
+/// `GET /api/v1/usage`: CPU-, memory- and GPU-hours used by tasks over a window, per role,
+/// framework or user, and their cost where agents carry a price, from the persistent history
+/// (`super::usage`).
 async fn usage(
     State(app): State<App>,
     caller: CallerExt,
@@ -128,7 +129,20 @@ async fn usage(
         .lock()
         .map(|h| h.since(0, usize::MAX))
         .unwrap_or_default();
-    Ok(Json(super::usage::report(&events, since, until, by)))
+    // Agents the history no longer describes are priced from the live state.
+    let live: std::collections::HashMap<String, super::usage::AgentPrice> = app
+        .state()
+        .await
+        .ok()
+        .and_then(|s| s["agents"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| {
+            let id = a["id"].as_str()?.to_string();
+            Some((id, super::usage::AgentPrice::from_json(a)))
+        })
+        .collect();
+    Ok(Json(super::usage::report(&events, since, until, by, &live)))
 }
 
 /// The state view for a read by an authenticated caller.
