@@ -42,6 +42,8 @@ pub struct History {
     stored: u64,
     /// Task use of every event recorded, added up for ever (`gantry_usage_*_total`).
     usage: super::usage::Meter,
+    /// Resources held in outstanding offers (sampled by the core loop; not persisted).
+    pub held_offers: super::usage::HeldOffers,
 }
 
 impl History {
@@ -62,6 +64,7 @@ impl History {
     pub fn restore(&mut self, pages: &BTreeMap<u64, HistoryPage>) {
         self.pages = pages.iter().map(|(n, p)| (*n, p.events.clone())).collect();
         self.usage = super::usage::Meter::default();
+        self.held_offers = super::usage::HeldOffers::default();
         for e in self.pages.values().flatten() {
             self.usage.observe(e);
         }

@@ -123,11 +123,16 @@ async fn usage(
         None => now_ms,
     };
     let by = super::usage::UsageBy::parse(q.by.as_deref().unwrap_or("role")).map_err(bad)?;
-    let events = app
+    let (events, held) = app
         .shell
         .history
         .lock()
-        .map(|h| h.since(0, usize::MAX))
+        .map(|h| {
+            let held = h
+                .held_offers
+                .report(since, until, |id| h.usage().framework_name(id));
+            (h.since(0, usize::MAX), held)
+        })
         .unwrap_or_default();
     // Agents the history no longer describes are priced from the live state.
     let live: std::collections::HashMap<String, super::usage::AgentPrice> = app
@@ -142,7 +147,9 @@ async fn usage(
             Some((id, super::usage::AgentPrice::from_json(a)))
         })
         .collect();
-    Ok(Json(super::usage::report(&events, since, until, by, &live)))
+    let mut report = super::usage::report(&events, since, until, by, &live);
+    report["held_offers"] = held;
+    Ok(Json(report))
 }
 
 /// The state view for a read by an authenticated caller.
