@@ -12,7 +12,8 @@
 //! --price-per-hour`), carried with its total resources on the `agent_added` / `agent_updated`
 //! events. A task pays `price × share × time`, its share dominant over the agent's shape
 //! ([`gantry_placement::cost::dominant_share`], the autoscaler's attribution too), at the price
-//! and shape the agent had when the task ended (or at the report's time while it runs). An
+//! and shape the agent had when the task started running (the latest known when the history
+//! does not say). An
 //! agent's **idle cost** is its price × the time it was registered in the window (from its
 //! `agent_added`, or the history's start, to its `agent_removed`) less what its tasks paid for
 //! that time (never below 0). Agents the history does not describe (their events trimmed) are
@@ -98,6 +99,9 @@ struct OpenTask {
     user: String,
     res: Amounts,
     agent: String,
+    /// Its cost per millisecond, from the agent's price and shape when it started running
+    /// (`None`: not known then; the agent's latest are used).
+    rate: Option<f64>,
 }
 
 /// One task's use from `start` to `end` (Unix ms), with its cost per millisecond (`None` on
@@ -140,7 +144,7 @@ impl Walker {
         Span {
             start: task.start,
             end,
-            cost_per_ms: self.rate(&task),
+            cost_per_ms: task.rate.or_else(|| self.rate(&task)),
             task,
         }
     }
@@ -175,7 +179,7 @@ impl Walker {
                 let state = e["state"].as_str().unwrap_or_default();
                 if state == "RUNNING" && !self.open.contains_key(&tid) {
                     let fid = e["framework_id"].as_str().unwrap_or_default();
-                    let task = OpenTask {
+                    let mut task = OpenTask {
                         start: h.at_unix_ms,
                         role: e["role"].as_str().unwrap_or("-").to_string(),
                         framework: self
@@ -186,7 +190,9 @@ impl Walker {
                         user: e["user"].as_str().unwrap_or(AGENT_USER).to_string(),
                         res: amounts(&e["resources"]),
                         agent: id("agent_id"),
+                        rate: None,
                     };
+                    task.rate = self.agents.get(&task.agent).and(self.rate(&task));
                     self.open.insert(tid, task);
                 } else if TERMINAL.contains(&state) {
                     if let Some(task) = self.open.remove(&tid) {
@@ -481,7 +487,7 @@ impl Meter {
         let mut out = self.closed.clone();
         let mut priced = self.priced;
         for t in self.walker.open.values() {
-            let rate = self.walker.rate(t);
+            let rate = t.rate.or_else(|| self.walker.rate(t));
             priced |= rate.is_some();
             let key = fold(&out, key_of(t));
             out.entry(key)
