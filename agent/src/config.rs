@@ -14,7 +14,9 @@ pub enum ConfigError {
     Reservation(String),
     #[error("--price-per-hour / attribute price_per_hour: {0}")]
     Price(#[from] gantry_placement::cost::BadPrice),
-    #[error("--price-per-hour {flag} and the attribute price_per_hour:{attribute} disagree (give one)")]
+    #[error(
+        "--price-per-hour {flag} and the attribute price_per_hour:{attribute} disagree (give one)"
+    )]
     PriceTwice { flag: String, attribute: String },
     #[error("reservation for role {role:?}: {source}")]
     ReservationResources {

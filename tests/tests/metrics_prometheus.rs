@@ -215,7 +215,10 @@ fn usage_agrees_with_the_counters(
     // One GPU of four: a quarter of the agent's price for as long as it ran.
     if let Some(per_hour) = ml_cost_per_hour {
         let expected = per_hour * gpu_s / 3600.0;
-        assert!(within(cost, expected), "{cost} for {gpu_s} GPU-s, not {expected}");
+        assert!(
+            within(cost, expected),
+            "{cost} for {gpu_s} GPU-s, not {expected}"
+        );
     }
     // CPU and memory of both roles.
     for role in ["ml", "web"] {
@@ -225,9 +228,17 @@ fn usage_agrees_with_the_counters(
         let v = usage(at);
         let r = row(&v, role);
         let api = r["cpu_hours"].as_f64().unwrap() * 3600.0;
-        assert!(within(values[0], api), "{cpu}: {} vs {api}: {v:#}", values[0]);
+        assert!(
+            within(values[0], api),
+            "{cpu}: {} vs {api}: {v:#}",
+            values[0]
+        );
         let api = r["mem_gib_hours"].as_f64().unwrap() * 3600.0;
-        assert!(within(values[1], api), "{mem}: {} vs {api}: {v:#}", values[1]);
+        assert!(
+            within(values[1], api),
+            "{mem}: {} vs {api}: {v:#}",
+            values[1]
+        );
     }
     // The GPU agent's price, its cost and what is idle; offers held are apart.
     let v = usage(at);

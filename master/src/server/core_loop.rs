@@ -91,8 +91,9 @@ pub(super) async fn core_loop(
             let t = unix_ms();
             if let Ok(mut h) = shell.history.lock() {
                 if h.enabled() && h.held_offers.due(t) {
-                    h.held_offers
-                        .sample(t, m.allocator.outstanding_offers().map(|o| {
+                    h.held_offers.sample(
+                        t,
+                        m.allocator.outstanding_offers().map(|o| {
                             let r = o.resources.total();
                             let a = gantry_placement::cost::Amounts {
                                 cpus: r.get("cpus"),
@@ -100,7 +101,8 @@ pub(super) async fn core_loop(
                                 gpus: r.get("gpus"),
                             };
                             (o.framework.to_string(), o.role.clone(), a)
-                        }));
+                        }),
+                    );
                 }
             }
         }

@@ -150,7 +150,12 @@ impl Walker {
     }
 
     /// Takes one event; a task or an agent that ended is passed on.
-    fn feed(&mut self, h: &HistoryEvent, tasks: &mut impl FnMut(Span), agents: &mut impl FnMut(&str, u64, u64)) {
+    fn feed(
+        &mut self,
+        h: &HistoryEvent,
+        tasks: &mut impl FnMut(Span),
+        agents: &mut impl FnMut(&str, u64, u64),
+    ) {
         let e = &h.event;
         let first = *self.first_ms.get_or_insert(h.at_unix_ms);
         let id = |k: &str| e[k].as_str().unwrap_or_default().to_string();
@@ -166,7 +171,11 @@ impl Walker {
                 if e.get("total").is_some() {
                     self.agents.insert(aid.clone(), AgentPrice::from_json(e));
                 }
-                let since = if t == "agent_added" { h.at_unix_ms } else { first };
+                let since = if t == "agent_added" {
+                    h.at_unix_ms
+                } else {
+                    first
+                };
                 self.alive.entry(aid).or_insert(since);
             }
             Some("agent_removed") => {
@@ -290,7 +299,7 @@ pub fn report(
         entry.2 += ms as f64 / 3_600_000.0;
         entry.3 += price * ms as f64 / 3_600_000.0;
     }
-    let priced = idle.len() > 0 || spans.iter().any(|s| s.cost_per_ms.is_some());
+    let priced = !idle.is_empty() || spans.iter().any(|s| s.cost_per_ms.is_some());
     let row_json = |k: &str, r: &Row| {
         let mut v = json!({"key": k, "tasks": r.tasks, "cpu_hours": r.cpu_hours,
                "mem_gib_hours": r.mem_gib_hours, "gpu_hours": r.gpu_hours});
@@ -352,7 +361,11 @@ impl HeldOffers {
     }
 
     /// Counts `offers` (framework, role, what is offered) as held since the last sample.
-    pub fn sample(&mut self, now_ms: u64, offers: impl IntoIterator<Item = (String, String, Amounts)>) {
+    pub fn sample(
+        &mut self,
+        now_ms: u64,
+        offers: impl IntoIterator<Item = (String, String, Amounts)>,
+    ) {
         let last = self.last_ms.replace(now_ms);
         self.from_ms.get_or_insert(now_ms);
         let Some(last) = last else { return };
@@ -374,7 +387,12 @@ impl HeldOffers {
 
     /// Offer-hours per framework and role in `[since_ms, until_ms)` (a bucket partly in the
     /// window counts in proportion), `framework_name` naming framework ids.
-    pub fn report(&self, since_ms: u64, until_ms: u64, framework_name: impl Fn(&str) -> String) -> Value {
+    pub fn report(
+        &self,
+        since_ms: u64,
+        until_ms: u64,
+        framework_name: impl Fn(&str) -> String,
+    ) -> Value {
         let mut rows: BTreeMap<(String, String), Amounts> = BTreeMap::new();
         for (start, b) in &self.buckets {
             let end = start + HOUR_MS;
@@ -466,7 +484,11 @@ impl Meter {
             &mut |s: Span| {
                 let key = fold(closed, key_of(&s.task));
                 *priced |= s.cost_per_ms.is_some();
-                closed.entry(key).or_default().add(&s.task, s.end.saturating_sub(s.start), s.cost_per_ms);
+                closed.entry(key).or_default().add(
+                    &s.task,
+                    s.end.saturating_sub(s.start),
+                    s.cost_per_ms,
+                );
             },
             &mut |_, _, _| {},
         );
@@ -583,24 +605,36 @@ mod tests {
         let one_gpu = json!({"cpus": 1.0, "mem": 1024.0, "gpus": 1.0});
         let cpu_heavy = json!({"cpus": 6.0, "mem": 1024.0});
         let mut events = vec![
-            at(0, json!({"type": "agent_added", "agent_id": "a1", "name": "gpu-1",
-                         "total": gpu, "price_per_hour": 36.0})),
+            at(
+                0,
+                json!({"type": "agent_added", "agent_id": "a1", "name": "gpu-1",
+                         "total": gpu, "price_per_hour": 36.0}),
+            ),
             // An agent without a price: its tasks count, for no cost.
-            at(0, json!({"type": "agent_added", "agent_id": "a2", "name": "cpu-1",
-                         "total": {"cpus": 4.0, "mem": 4096.0}})),
+            at(
+                0,
+                json!({"type": "agent_added", "agent_id": "a2", "name": "cpu-1",
+                         "total": {"cpus": 4.0, "mem": 4096.0}}),
+            ),
         ];
         let t = |at_ms: u64, id: &str, state: &str, role: &str, agent: &str, res: &Value| {
-            at(at_ms, json!({"type": "task_updated", "task_id": id, "state": state,
+            at(
+                at_ms,
+                json!({"type": "task_updated", "task_id": id, "state": state,
                 "role": role, "framework_id": "f1", "user": "alice", "agent_id": agent,
-                "resources": res}))
+                "resources": res}),
+            )
         };
         events.extend([
             t(0, "g", "RUNNING", "ml", "a1", &one_gpu),
             t(2 * h, "g", "FINISHED", "ml", "a1", &one_gpu),
             t(h, "c", "RUNNING", "etl", "a1", &cpu_heavy),
             t(h, "x", "RUNNING", "etl", "a2", &one_gpu),
-            at(3 * h, json!({"type": "agent_removed", "agent_id": "a1",
-                             "name": "gpu-1", "reason": "gone"})),
+            at(
+                3 * h,
+                json!({"type": "agent_removed", "agent_id": "a1",
+                             "name": "gpu-1", "reason": "gone"}),
+            ),
             t(3 * h, "c", "LOST", "etl", "a1", &cpu_heavy),
         ]);
         let none = HashMap::new();
@@ -624,7 +658,10 @@ mod tests {
             .cloned()
             .collect();
         let r = report(&unpriced, 0, 4 * h, UsageBy::Role, &none);
-        assert!(r["total"].get("cost").is_none() && r.get("idle_cost").is_none(), "{r:#}");
+        assert!(
+            r["total"].get("cost").is_none() && r.get("idle_cost").is_none(),
+            "{r:#}"
+        );
         // ... unless the live state prices the agent (its events trimmed from the history):
         // it counts from the history's start.
         let live: HashMap<String, AgentPrice> = [(
@@ -634,27 +671,48 @@ mod tests {
         )]
         .into();
         let r = report(&unpriced, 0, 4 * h, UsageBy::Role, &live);
-        assert!(close(r["total"]["cost"].as_f64().unwrap(), 36.0 + 54.0), "{r:#}");
-        assert!(close(r["idle_cost"].as_f64().unwrap(), 4.0 * 36.0 - 90.0), "{r:#}");
+        assert!(
+            close(r["total"]["cost"].as_f64().unwrap(), 36.0 + 54.0),
+            "{r:#}"
+        );
+        assert!(
+            close(r["idle_cost"].as_f64().unwrap(), 4.0 * 36.0 - 90.0),
+            "{r:#}"
+        );
     }
 
     #[test]
     fn the_meter_agrees_with_a_report_over_the_whole_history() {
         let h = 3_600_000;
         let events = vec![
-            at(0, json!({"type": "framework_added", "framework_id": "f1", "name": "batch"})),
-            at(0, json!({"type": "agent_added", "agent_id": "a1", "name": "gpu-1",
+            at(
+                0,
+                json!({"type": "framework_added", "framework_id": "f1", "name": "batch"}),
+            ),
+            at(
+                0,
+                json!({"type": "agent_added", "agent_id": "a1", "name": "gpu-1",
                          "total": {"cpus": 8.0, "mem": 8192.0, "gpus": 4.0},
-                         "price_per_hour": 8.0})),
-            at(h, json!({"type": "task_updated", "task_id": "t", "state": "RUNNING",
+                         "price_per_hour": 8.0}),
+            ),
+            at(
+                h,
+                json!({"type": "task_updated", "task_id": "t", "state": "RUNNING",
                          "role": "ml", "framework_id": "f1", "user": null, "agent_id": "a1",
-                         "resources": {"cpus": 1.0, "mem": 1024.0, "gpus": 1.0}})),
-            at(h, json!({"type": "task_updated", "task_id": "u", "state": "RUNNING",
+                         "resources": {"cpus": 1.0, "mem": 1024.0, "gpus": 1.0}}),
+            ),
+            at(
+                h,
+                json!({"type": "task_updated", "task_id": "u", "state": "RUNNING",
                          "role": "ml", "framework_id": "f1", "user": "bob", "agent_id": "a1",
-                         "resources": {"cpus": 4.0, "mem": 1024.0}})),
-            at(2 * h, json!({"type": "task_updated", "task_id": "t", "state": "FINISHED",
+                         "resources": {"cpus": 4.0, "mem": 1024.0}}),
+            ),
+            at(
+                2 * h,
+                json!({"type": "task_updated", "task_id": "t", "state": "FINISHED",
                              "role": "ml", "framework_id": "f1", "user": null,
-                             "agent_id": "a1", "resources": {}})),
+                             "agent_id": "a1", "resources": {}}),
+            ),
         ];
         let mut m = Meter::default();
         for e in &events {
@@ -664,8 +722,14 @@ mod tests {
         assert!(priced);
         let r = report(&events, 0, 3 * h, UsageBy::Role, &HashMap::new());
         let sum = |f: fn(&UsageTotals) -> f64| c.values().map(f).sum::<f64>();
-        assert!(close(sum(|t| t.gpu_seconds) / 3600.0, r["total"]["gpu_hours"].as_f64().unwrap()));
-        assert!(close(sum(|t| t.cpu_seconds) / 3600.0, r["total"]["cpu_hours"].as_f64().unwrap()));
+        assert!(close(
+            sum(|t| t.gpu_seconds) / 3600.0,
+            r["total"]["gpu_hours"].as_f64().unwrap()
+        ));
+        assert!(close(
+            sum(|t| t.cpu_seconds) / 3600.0,
+            r["total"]["cpu_hours"].as_f64().unwrap()
+        ));
         assert!(close(sum(|t| t.cost), r["total"]["cost"].as_f64().unwrap()));
         // t: a quarter of the agent for 1 h = 2; u: half of its CPUs for 2 h = 8.
         let key = |user: &str| UsageKey {
@@ -685,9 +749,12 @@ mod tests {
         let mut m = Meter::default();
         for i in 0..MAX_SERIES + 10 {
             for (state, at_ms) in [("RUNNING", 0), ("FINISHED", 1000)] {
-                m.observe(&at(at_ms, json!({"type": "task_updated", "task_id": format!("t{i}"),
+                m.observe(&at(
+                    at_ms,
+                    json!({"type": "task_updated", "task_id": format!("t{i}"),
                     "state": state, "role": "r", "framework_id": "f", "user": format!("u{i}"),
-                    "agent_id": "a", "resources": {"cpus": 1.0}})));
+                    "agent_id": "a", "resources": {"cpus": 1.0}}),
+                ));
             }
         }
         let (c, priced) = m.counters(2000);
@@ -712,13 +779,28 @@ mod tests {
         for i in 1..=4 {
             held.sample(i * HOUR_MS / 2, offers());
         }
-        let name = |id: &str| if id == "f1" { "batch".into() } else { id.into() };
+        let name = |id: &str| {
+            if id == "f1" {
+                "batch".into()
+            } else {
+                id.into()
+            }
+        };
         let r = held.report(0, 4 * HOUR_MS, name);
         assert_eq!(r["rows"][0]["framework"], "batch");
-        assert!(close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 2.0), "{r:#}");
-        assert!(close(r["rows"][0]["cpu_hours"].as_f64().unwrap(), 4.0), "{r:#}");
+        assert!(
+            close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 2.0),
+            "{r:#}"
+        );
+        assert!(
+            close(r["rows"][0]["cpu_hours"].as_f64().unwrap(), 4.0),
+            "{r:#}"
+        );
         // Half of the second hour's bucket.
         let r = held.report(HOUR_MS + HOUR_MS / 2, 4 * HOUR_MS, name);
-        assert!(close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 0.5), "{r:#}");
+        assert!(
+            close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 0.5),
+            "{r:#}"
+        );
     }
 }

@@ -767,7 +767,13 @@ pub fn usage(v: &Value, cost: bool) -> String {
         time(&v["until_ms"]),
         time(&v["history_from_ms"])
     );
-    let mut head = vec![by.as_str(), "TASKS", "CPU-HOURS", "MEM-GIB-HOURS", "GPU-HOURS"];
+    let mut head = vec![
+        by.as_str(),
+        "TASKS",
+        "CPU-HOURS",
+        "MEM-GIB-HOURS",
+        "GPU-HOURS",
+    ];
     if cost {
         head.push("COST");
     }
@@ -818,7 +824,13 @@ pub fn usage(v: &Value, cost: bool) -> String {
             })
             .collect();
         out.push_str(&table(
-            &["FRAMEWORK", "ROLE", "CPU-HOURS", "MEM-GIB-HOURS", "GPU-HOURS"],
+            &[
+                "FRAMEWORK",
+                "ROLE",
+                "CPU-HOURS",
+                "MEM-GIB-HOURS",
+                "GPU-HOURS",
+            ],
             &rows,
         ));
     }
@@ -870,10 +882,19 @@ mod tests {
                 "cpu_hours": 0.5, "mem_gib_hours": 0.0, "gpu_hours": 0.25}]}});
         let out = usage(&v, true);
         assert!(out.contains("COST") && out.contains("12.25"), "{out}");
-        assert!(out.contains("idle cost 7.75") && out.contains("gpu-1"), "{out}");
-        assert!(out.contains("held in offers") && out.contains("batch"), "{out}");
+        assert!(
+            out.contains("idle cost 7.75") && out.contains("gpu-1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("held in offers") && out.contains("batch"),
+            "{out}"
+        );
         let plain = usage(&v, false);
-        assert!(!plain.contains("COST") && plain.contains("held in offers"), "{plain}");
+        assert!(
+            !plain.contains("COST") && plain.contains("held in offers"),
+            "{plain}"
+        );
         let csv = usage_csv(&v, true);
         assert!(csv.starts_with("key,tasks,cpu_hours,mem_gib_hours,gpu_hours,cost\n"));
         assert!(csv.contains("\"ml\",2,1,2,1.5,12.25\n"), "{csv}");
