@@ -624,9 +624,9 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         (p.value("gantry_quota{role=\"ml\",kind=\"gpus\",kind_of=\"limit\"}") == Some(2.0))
             .then_some(())
     });
-    // The usage counters go on from the stored history after the restart (the GPU agent has
-    // 3 healthy GPUs by now, after the XID above).
-    usage_agrees_with_the_counters(&prom, &operator, None);
+    // The usage counters go on from the stored history after the restart; the task still pays
+    // the share it started with (the GPU agent has 3 healthy GPUs by now, after the XID).
+    usage_agrees_with_the_counters(&prom, &operator, Some(0.25 * 36.0));
     prom.wait("the running task counted after the restart", |p| {
         (p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0)).then_some(())
     });
