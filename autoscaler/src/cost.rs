@@ -71,13 +71,22 @@ pub struct Costs {
     pub by_pool: BTreeMap<String, f64>,
 }
 
-/// The task's dominant share of a node of `shape`, at most 1.
+/// The task's dominant share of a node of `shape`, at most 1 (the attribution the master's
+/// usage reports use too: [`gantry_placement::cost::dominant_share`]).
 pub fn share(shape: &NodeShape, t: &TaskObs) -> f64 {
-    let part = |used: f64, total: f64| if total > 0.0 { used / total } else { 0.0 };
-    part(t.gpus, shape.gpus)
-        .max(part(t.cpus, shape.cpus))
-        .max(part(t.mem, shape.mem))
-        .clamp(0.0, 1.0)
+    use gantry_placement::cost::{dominant_share, Amounts};
+    dominant_share(
+        &Amounts {
+            cpus: t.cpus,
+            mem: t.mem,
+            gpus: t.gpus,
+        },
+        &Amounts {
+            cpus: shape.cpus,
+            mem: shape.mem,
+            gpus: shape.gpus,
+        },
+    )
 }
 
 #[derive(Debug, Clone)]

@@ -49,12 +49,16 @@
 //!   value of an attribute such as `rack`).
 //! - [`shares`]: a [`Node`] per offer with each offered GPU's free share (`offer.gpu_free`) and
 //!   a task's shape from its resources, fractions of one GPU included, for the [`Placer`].
+//! - [`cost`]: the share of an agent's price a task pays (dominant share over the agent's
+//!   shape) and the `price_per_hour` attribute, for the master's usage reports and the
+//!   autoscaler's cost book.
 //! - [`topology`]: which `k` idle GPUs of one host a whole-GPU task gets (fewest NUMA nodes and
 //!   PCI roots, best fit); the master chooses with it at accept time, the agent when the
 //!   master's choice no longer fits.
 
 #![warn(missing_docs)]
 
+pub mod cost;
 pub mod fgd;
 pub mod gang;
 pub mod offers;

@@ -11,7 +11,9 @@
 //! role, and that the quota set through the API shows; a critical XID shows in the XID and
 //! health series and fires the example `GantryGpuUnhealthy` alert. `/metrics` without
 //! credentials is 401. A killed task leaves the agent's series; the quota and the running task show again after a
-//! master restart.
+//! master restart. Agents carry prices (`--price-per-hour`, and the attribute): the usage
+//! counters (`gantry_usage_*_total`) agree with `/api/v1/usage` within 1%, before and after
+//! the restart.
 //!
 //! One test in this binary: the stand-in's configuration path is a process-wide variable.
 
@@ -160,6 +162,95 @@ scrape_configs:
     p
 }
 
+/// Issue 30 item 5, issue 31 item 6: per role, each scraped `gantry_usage_*_total` counter
+/// equals what `/api/v1/usage` reports up to the time of its scrape (within 1%); the `ml` task
+/// pays `ml_cost_per_hour` where given (its dominant share of the GPU agent's price), and the GPU agent's
+/// price shows with its idle cost.
+fn usage_agrees_with_the_counters(
+    prom: &Prometheus,
+    operator: &BlockingClient,
+    ml_cost_per_hour: Option<f64>,
+) {
+    let within = |a: f64, b: f64| (a - b).abs() <= 0.01 * a.abs().max(b.abs()).max(1e-6);
+    // Series' values from one scrape, and its time (Unix ms).
+    let scraped = |what: &str, qs: &[&str]| -> (Vec<f64>, u64) {
+        prom.wait(what, |p| {
+            let at = |q: &str| p.value(&format!("timestamp({q})"));
+            let before = at(qs[0])?;
+            let values: Option<Vec<f64>> = qs.iter().map(|q| p.value(q)).collect();
+            let same = qs.iter().all(|q| at(q) == Some(before));
+            same.then_some((values?, (before * 1000.0).round() as u64))
+        })
+    };
+    let usage = |until_ms: u64| -> serde_json::Value {
+        let body = operator
+            .get(&format!("/api/v1/usage?since=0&until={until_ms}&by=role"))
+            .unwrap();
+        serde_json::from_str(&body).unwrap()
+    };
+    let row = |v: &serde_json::Value, role: &str| -> serde_json::Value {
+        v["rows"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["key"] == role).cloned())
+            .unwrap_or_else(|| panic!("no {role} in {v:#}"))
+    };
+    // Some seconds of one GPU in ml.
+    prom.wait("GPU-seconds of ml", |p| {
+        p.value("gantry_usage_gpu_seconds_total{role=\"ml\"}")
+            .filter(|v| *v > 3.0)
+    });
+    let (ml, at) = scraped(
+        "ml's GPU-seconds and cost",
+        &[
+            "gantry_usage_gpu_seconds_total{role=\"ml\"}",
+            "gantry_usage_cost_total{role=\"ml\"}",
+        ],
+    );
+    let (gpu_s, cost) = (ml[0], ml[1]);
+    let v = usage(at);
+    let api = row(&v, "ml")["gpu_hours"].as_f64().unwrap() * 3600.0;
+    assert!(within(gpu_s, api), "GPU-seconds {gpu_s} vs {api}: {v:#}");
+    let api = row(&v, "ml")["cost"].as_f64().unwrap();
+    assert!(within(cost, api), "cost {cost} vs {api}: {v:#}");
+    // One GPU of four: a quarter of the agent's price for as long as it ran.
+    if let Some(per_hour) = ml_cost_per_hour {
+        let expected = per_hour * gpu_s / 3600.0;
+        assert!(
+            within(cost, expected),
+            "{cost} for {gpu_s} GPU-s, not {expected}"
+        );
+    }
+    // CPU and memory of both roles.
+    for role in ["ml", "web"] {
+        let cpu = format!("gantry_usage_cpu_seconds_total{{role=\"{role}\"}}");
+        let mem = format!("gantry_usage_mem_gib_seconds_total{{role=\"{role}\"}}");
+        let (values, at) = scraped(&cpu, &[&cpu, &mem]);
+        let v = usage(at);
+        let r = row(&v, role);
+        let api = r["cpu_hours"].as_f64().unwrap() * 3600.0;
+        assert!(
+            within(values[0], api),
+            "{cpu}: {} vs {api}: {v:#}",
+            values[0]
+        );
+        let api = r["mem_gib_hours"].as_f64().unwrap() * 3600.0;
+        assert!(
+            within(values[1], api),
+            "{mem}: {} vs {api}: {v:#}",
+            values[1]
+        );
+    }
+    // The GPU agent's price, its cost and what is idle; offers held are apart.
+    let v = usage(at);
+    let gpu_agent = v["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["name"] == "met-gpu").cloned())
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(gpu_agent["price_per_hour"], 36.0, "{v:#}");
+    assert!(gpu_agent["idle_cost"].as_f64().unwrap() > 0.0, "{v:#}");
+    assert!(v["held_offers"]["rows"].is_array(), "{v:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
     if !cgroups_available("metrics_prometheus") {
@@ -197,6 +288,8 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
             "0.5",
             "--metrics-listen",
             &gpu_metrics.to_string(),
+            "--price-per-hour",
+            "36",
         ],
     )
     .unwrap();
@@ -217,6 +310,9 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
             "0.5",
             "--metrics-listen",
             &cpu_metrics.to_string(),
+            // A price given as the attribute works as the flag does.
+            "--attributes",
+            "price_per_hour:2",
         ],
     )
     .unwrap();
@@ -378,20 +474,23 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
     assert!(prom.value("gantry_offers_total{result=\"accepted\"}") >= Some(2.0));
     assert!(prom.value("gantry_allocation_cycle_seconds_count") > Some(0.0));
 
-    // Cost accounting: the ml role's GPU-seconds grow (one GPU held).
+    // Allocation accounting: the ml role's allocated GPU-seconds grow (one GPU held).
     let first = prom.wait("GPU-seconds of ml", |p| {
-        p.value("gantry_role_resource_seconds_total{role=\"ml\",kind=\"gpus\"}")
+        p.value("gantry_role_allocated_seconds_total{role=\"ml\",kind=\"gpus\"}")
             .filter(|v| *v > 0.0)
     });
     prom.wait("GPU-seconds of ml to grow", |p| {
-        p.value("gantry_role_resource_seconds_total{role=\"ml\",kind=\"gpus\"}")
+        p.value("gantry_role_allocated_seconds_total{role=\"ml\",kind=\"gpus\"}")
             .filter(|v| *v > first)
     });
     assert!(
         prom.value(
-            "gantry_framework_resource_seconds_total{framework=\"metrics-ml\",kind=\"gpus\"}"
+            "gantry_framework_allocated_seconds_total{framework=\"metrics-ml\",kind=\"gpus\"}"
         ) > Some(0.0)
     );
+
+    // Usage and cost: the scraped counters agree with /api/v1/usage over the same time.
+    usage_agrees_with_the_counters(&prom, &operator, Some(0.25 * 36.0));
 
     // The agent: the task's GPU carries its task and framework, with dcgm-exporter labels.
     let ml_id = state["frameworks"]
@@ -525,6 +624,9 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         (p.value("gantry_quota{role=\"ml\",kind=\"gpus\",kind_of=\"limit\"}") == Some(2.0))
             .then_some(())
     });
+    // The usage counters go on from the stored history after the restart; the task still pays
+    // the share it started with (the GPU agent has 3 healthy GPUs by now, after the XID).
+    usage_agrees_with_the_counters(&prom, &operator, Some(0.25 * 36.0));
     prom.wait("the running task counted after the restart", |p| {
         (p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0)).then_some(())
     });

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use gantry_agent::agent::{self, AgentConfig, CLEAR_DIR};
-use gantry_agent::config::{parse_attributes, parse_reservation};
+use gantry_agent::config::{apply_price, parse_attributes, parse_reservation};
 use gantry_agent::core::PortRange;
 use gantry_agent::discovery::host::apply_overrides;
 use gantry_agent::discovery::{HostResources, NvmlGpus, DEFAULT_NVML_LIB};
@@ -70,6 +70,10 @@ struct RunArgs {
     /// Attributes, e.g. "rack:r1;zone:a".
     #[arg(long, default_value = "")]
     attributes: String,
+    /// What the agent costs, in currency units per hour (finite, ≥ 0): set as the attribute
+    /// `price_per_hour`, which usage reports attribute to the tasks that use the agent.
+    #[arg(long)]
+    price_per_hour: Option<String>,
     /// Seconds between SIGTERM and SIGKILL when a task is killed.
     #[arg(long, default_value_t = 3.0)]
     kill_grace: f64,
@@ -441,7 +445,11 @@ fn main() -> anyhow::Result<()> {
         hostname: hostname(),
         resources,
         reserved,
-        attributes: parse_attributes(&args.attributes)?,
+        attributes: {
+            let mut a = parse_attributes(&args.attributes)?;
+            apply_price(&mut a, args.price_per_hour.as_deref())?;
+            a
+        },
         kill_grace: seconds("kill-grace", args.kill_grace)?,
         agent_exe: std::env::current_exe().context("locating the agent binary")?,
         isolator,

@@ -1,5 +1,6 @@
 //! Cost accounting: allocated resources integrated over time (resource-seconds per role and
-//! per framework and role), the chargeback behind `gantry_role_resource_seconds_total`.
+//! per framework and role), behind `gantry_role_allocated_seconds_total` (formerly
+//! `gantry_role_resource_seconds_total`; offers plus use, not use: `gantry_usage_*` counts use).
 //!
 //! PURE like the rest of the allocator: the caller says what time it is
 //! ([`Allocator::accrue`]) before it changes allocations at that time; between two calls the

@@ -252,8 +252,9 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// CPU-, memory- and GPU-hours held by tasks (not offers) over a window, per role,
-    /// framework or user, from the master's persistent history.
+    /// CPU-, memory- and GPU-hours used by tasks over a window, per role, framework or user,
+    /// from the master's persistent history; resources held in offers are shown apart, and
+    /// `--cost` adds what the use cost (agents' `price_per_hour`) and each agent's idle cost.
     Usage {
         /// The window's start: a duration back from now (`30d`), an RFC 3339 time, or Unix ms.
         #[arg(long, default_value = "30d")]
@@ -267,6 +268,9 @@ enum Cmd {
         /// Comma-separated values instead of a table.
         #[arg(long)]
         csv: bool,
+        /// Add a COST column and the idle cost per agent.
+        #[arg(long)]
+        cost: bool,
     },
     /// Follow the event stream: a snapshot, then task, agent and framework changes, each line
     /// with the time it arrived. Reconnects on its own when the master restarts or another
@@ -625,6 +629,7 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             until,
             by,
             csv,
+            cost,
         } => {
             let mut q = form_urlencoded::Serializer::new(String::new());
             q.append_pair("since", &since).append_pair("by", &by);
@@ -634,10 +639,13 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             let body = c.get(&format!("/api/v1/usage?{}", q.finish())).await?;
             if csv && !json {
                 let v: serde_json::Value = serde_json::from_str(&body)?;
-                print!("{}", print::usage_csv(&v));
+                print!("{}", print::usage_csv(&v, cost));
                 Ok(())
             } else {
-                show(json, &body, print::usage)
+                match cost {
+                    true => show(json, &body, |v| print::usage(v, true)),
+                    false => show(json, &body, |v| print::usage(v, false)),
+                }
             }
         }
         Cmd::Fs {

@@ -85,6 +85,27 @@ pub(super) async fn core_loop(
         if let Some(m) = master.as_mut() {
             m.record_events(shell.events.receiver_count() > 0 || history_on);
         }
+        // Offers held since the last sample (they change only in the loop: sampled before
+        // this batch changes them), at most once a second (`usage::HeldOffers`).
+        if let Some(m) = master.as_ref() {
+            let t = unix_ms();
+            if let Ok(mut h) = shell.history.lock() {
+                if h.enabled() && h.held_offers.due(t) {
+                    h.held_offers.sample(
+                        t,
+                        m.allocator.outstanding_offers().map(|o| {
+                            let r = o.resources.total();
+                            let a = gantry_placement::cost::Amounts {
+                                cpus: r.get("cpus"),
+                                mem: r.get("mem"),
+                                gpus: r.get("gpus"),
+                            };
+                            (o.framework.to_string(), o.role.clone(), a)
+                        }),
+                    );
+                }
+            }
+        }
         for ev in batch.drain(..) {
             match (ev, master.as_mut()) {
                 (CoreEvent::Lead { epoch, registry }, None) => {

@@ -40,6 +40,10 @@ pub struct History {
     /// written).
     recorded: u64,
     stored: u64,
+    /// Task use of every event recorded, added up for ever (`gantry_usage_*_total`).
+    usage: super::usage::Meter,
+    /// Resources held in outstanding offers (sampled by the core loop; not persisted).
+    pub held_offers: super::usage::HeldOffers,
 }
 
 impl History {
@@ -59,6 +63,11 @@ impl History {
     /// Takes the registry's pages (a new leader), dropping what this master held before.
     pub fn restore(&mut self, pages: &BTreeMap<u64, HistoryPage>) {
         self.pages = pages.iter().map(|(n, p)| (*n, p.events.clone())).collect();
+        self.usage = super::usage::Meter::default();
+        self.held_offers = super::usage::HeldOffers::default();
+        for e in self.pages.values().flatten() {
+            self.usage.observe(e);
+        }
         self.unflushed.clear();
         self.removed.clear();
         self.trim();
@@ -75,10 +84,9 @@ impl History {
             Some(n) => n + 1,
             None => 0,
         };
-        self.pages
-            .entry(page)
-            .or_default()
-            .push(HistoryEvent { at_unix_ms, event });
+        let e = HistoryEvent { at_unix_ms, event };
+        self.usage.observe(&e);
+        self.pages.entry(page).or_default().push(e);
         self.unflushed.insert(page);
         self.recorded += 1;
         self.trim();
@@ -181,6 +189,11 @@ impl History {
             .filter(|e| e.event["type"] == "task_updated" && e.event["task_id"] == task_id)
             .cloned()
             .collect()
+    }
+
+    /// Task use since the history began (the `gantry_usage_*_total` counters).
+    pub fn usage(&self) -> &super::usage::Meter {
+        &self.usage
     }
 
     /// Events held.

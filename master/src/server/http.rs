@@ -709,7 +709,21 @@ async fn metrics_handler(
         .await
         .map_err(|_| unavailable())?;
     let snapshot = rx.await.map_err(|_| unavailable())?;
-    let text = super::metrics::render(&app.shell.metrics, snapshot.as_ref(), &app.port_figures());
+    let usage = match snapshot {
+        Some(_) => app.shell.history.lock().ok().and_then(|h| {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            h.enabled().then(|| h.usage().counters(now_ms))
+        }),
+        None => None,
+    };
+    let text = super::metrics::render(
+        &app.shell.metrics,
+        snapshot.as_ref(),
+        &app.port_figures(),
+        usage.as_ref(),
+    );
     Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
 }
 

@@ -113,11 +113,20 @@ fn register_port(reg: &mut Registry, p: &OperatorPortFigures) {
     );
 }
 
-/// Renders the exposition: `snapshot` is `None` when this master does not lead.
+/// The usage counters' values: per label set, and whether any use was priced
+/// ([`super::usage::Meter::counters`]).
+pub type UsageSeries = (
+    std::collections::BTreeMap<super::usage::UsageKey, super::usage::UsageTotals>,
+    bool,
+);
+
+/// Renders the exposition: `snapshot` is `None` when this master does not lead; `usage` is the
+/// history's task use (none when the history is off).
 pub fn render(
     shell: &ShellMetrics,
     snapshot: Option<&MetricsSnapshot>,
     port: &OperatorPortFigures,
+    usage: Option<&UsageSeries>,
 ) -> String {
     let mut reg = Registry::with_prefix("gantry");
     register_port(&mut reg, port);
@@ -131,12 +140,58 @@ pub fn render(
     reg.register("leader", "1 when this master leads the cluster", leader);
     if let Some(s) = snapshot {
         register_snapshot(&mut reg, s);
+        if let Some(u) = usage {
+            register_usage(&mut reg, u);
+        }
     }
     let mut text = String::new();
     if let Err(e) = encode(&mut text, &reg) {
         tracing::warn!("metrics encoding failed: {e}");
     }
     text
+}
+
+/// `gantry_usage_*_total{role,framework,user}`: resources used by tasks (from `RUNNING` to
+/// their end, never offers held) and their cost, the figures `/api/v1/usage` reports. At most
+/// [`super::usage::MAX_SERIES`] label sets, then `(other)`.
+fn register_usage(reg: &mut Registry, (series, priced): &UsageSeries) {
+    type Pick = fn(&super::usage::UsageTotals) -> f64;
+    let mut kinds: Vec<(&str, &str, Pick)> = vec![
+        (
+            "usage_gpu_seconds",
+            "GPUs used by tasks integrated over time (GPU-seconds), by role, framework and user",
+            |t| t.gpu_seconds,
+        ),
+        (
+            "usage_cpu_seconds",
+            "CPUs held by running tasks integrated over time (CPU-seconds), by role, framework and user",
+            |t| t.cpu_seconds,
+        ),
+        (
+            "usage_mem_gib_seconds",
+            "Memory held by running tasks integrated over time (GiB-seconds), by role, framework and user",
+            |t| t.mem_gib_seconds,
+        ),
+    ];
+    if *priced {
+        kinds.push((
+            "usage_cost",
+            "What tasks cost: their dominant share of their agent's price_per_hour × time, by role, framework and user",
+            |t| t.cost,
+        ));
+    }
+    for (name, help, pick) in kinds {
+        let fam = Family::<Labels, FloatCounter>::default();
+        for (k, t) in series {
+            fam.get_or_create(&labels(&[
+                ("role", &k.role),
+                ("framework", &k.framework),
+                ("user", &k.user),
+            ]))
+            .inc_by(pick(t));
+        }
+        reg.register(name, help, fam);
+    }
 }
 
 fn register_snapshot(reg: &mut Registry, s: &MetricsSnapshot) {
@@ -330,14 +385,16 @@ fn register_snapshot(reg: &mut Registry, s: &MetricsSnapshot) {
             }
         }
     }
+    // Allocated is offered + in use (what fairness counts), not use: named so, apart from
+    // the `usage_*` counters.
     reg.register(
-        "role_resource_seconds",
-        "Allocated resources of the role's subtree integrated over time (e.g. GPU-seconds)",
+        "role_allocated_seconds",
+        "Resources allocated to the role's subtree (offered + in use, not use alone) integrated over time (e.g. GPU-seconds)",
         by_role,
     );
     reg.register(
-        "framework_resource_seconds",
-        "Allocated resources of a framework in a role integrated over time",
+        "framework_allocated_seconds",
+        "Resources allocated to a framework in a role (offered + in use) integrated over time",
         by_fw,
     );
 }
@@ -359,7 +416,7 @@ mod tests {
             auth_refused: 3,
             ..OperatorPortFigures::default()
         };
-        let standby = render(&shell, None, &port);
+        let standby = render(&shell, None, &port, None);
         for line in [
             "gantry_operator_connections{state=\"authenticated\"} 3",
             "gantry_operator_connections{state=\"unauthenticated\"} 2",
@@ -397,7 +454,23 @@ mod tests {
             seconds: [("gpus".to_string(), 7200.0)].into(),
         });
         s.status_update_retries = 4;
-        let text = render(&shell, Some(&s), &port);
+        let usage: UsageSeries = (
+            [(
+                crate::server::usage::UsageKey {
+                    role: "ml".into(),
+                    framework: "train".into(),
+                    user: "alice".into(),
+                },
+                crate::server::usage::UsageTotals {
+                    gpu_seconds: 3600.0,
+                    cost: 2.5,
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            true,
+        );
+        let text = render(&shell, Some(&s), &port, Some(&usage));
         for line in [
             "gantry_leader 1",
             "gantry_offers_total{result=\"made\"} 3",
@@ -406,7 +479,9 @@ mod tests {
             "gantry_resources{kind=\"gpus\",state=\"total\"} 2.0",
             "gantry_resources{kind=\"gpus\",state=\"used\"} 0.0",
             "gantry_framework_dominant_share{framework=\"train\",framework_id=\"fw-1\",role=\"ml\"} 0.5",
-            "gantry_role_resource_seconds_total{role=\"ml\",kind=\"gpus\"} 7200.0",
+            "gantry_role_allocated_seconds_total{role=\"ml\",kind=\"gpus\"} 7200.0",
+            "gantry_usage_gpu_seconds_total{role=\"ml\",framework=\"train\",user=\"alice\"} 3600.0",
+            "gantry_usage_cost_total{role=\"ml\",framework=\"train\",user=\"alice\"} 2.5",
             "gantry_status_update_retries_total 4",
             "# TYPE gantry_allocation_cycle_seconds histogram",
         ] {

@@ -348,9 +348,12 @@ impl Master {
                 );
                 self.agents_by_name.insert(name.clone(), id);
                 self.agent_timers_changed();
+                let (total, price_per_hour) = self.agent_price(id);
                 self.emit(ClusterEvent::AgentAdded {
                     agent_id: id.to_string(),
                     name: name.clone(),
+                    total,
+                    price_per_hour,
                 });
                 let hostname = self
                     .agents

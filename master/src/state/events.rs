@@ -31,8 +31,16 @@ pub enum ClusterEvent {
         user: Option<String>,
         resources: Resources,
     },
-    /// An agent registered for the first time (or again after it was removed).
-    AgentAdded { agent_id: String, name: String },
+    /// An agent registered for the first time (or again after it was removed, or with a new
+    /// leader). Its total resources and price (the `price_per_hour` attribute, when valid) are
+    /// what usage reports attribute cost with (`crate::server::usage`).
+    AgentAdded {
+        agent_id: String,
+        name: String,
+        total: Resources,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        price_per_hour: Option<f64>,
+    },
     /// An agent changed: (re)connected, disconnected, deactivated, reactivated, a GPU's health.
     AgentUpdated {
         agent_id: String,
@@ -40,6 +48,9 @@ pub enum ClusterEvent {
         connected: bool,
         active: bool,
         what: String,
+        total: Resources,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        price_per_hour: Option<f64>,
     },
     /// An agent was removed (lost, or marked gone by an operator).
     AgentRemoved {
@@ -135,17 +146,40 @@ impl Master {
 
     /// Records the agent's current connection and activity.
     pub(super) fn emit_agent(&mut self, id: AgentId, what: &str) {
+        if self.events.unheard {
+            return;
+        }
         let Some(a) = self.agents.get(&id) else {
             return;
         };
+        let (total, price_per_hour) = self.agent_price(id);
         let e = ClusterEvent::AgentUpdated {
             agent_id: id.to_string(),
             name: a.name.clone(),
             connected: a.conn.is_some(),
             active: a.active,
             what: what.to_string(),
+            total,
+            price_per_hour,
         };
         self.emit(e);
+    }
+
+    /// The agent's total resources (unreserved plus reserved) and its price per hour (the
+    /// `price_per_hour` attribute; `None` when absent or not a finite number ≥ 0).
+    pub(super) fn agent_price(&self, id: AgentId) -> (Resources, Option<f64>) {
+        let Some(a) = self.agents.get(&id) else {
+            return (Resources::new(), None);
+        };
+        let mut total = a.resources.clone();
+        for r in a.reserved.values() {
+            total.add_assign(r);
+        }
+        let price = a
+            .attributes
+            .get(gantry_placement::cost::PRICE_ATTRIBUTE)
+            .and_then(|p| gantry_placement::cost::parse_price(p).ok());
+        (total, price)
     }
 
     /// Records the framework's current connection.

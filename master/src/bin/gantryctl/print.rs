@@ -743,15 +743,20 @@ pub fn sandbox_listing(v: &Value) -> String {
 }
 
 /// `gantryctl usage`: hours per key, then the total.
-pub fn usage(v: &Value) -> String {
+pub fn usage(v: &Value, cost: bool) -> String {
+    let hours = |x: &Value| format!("{:.3}", x.as_f64().unwrap_or(0.0));
     let row = |r: &Value| {
-        vec![
+        let mut row = vec![
             cell(&r["key"]),
             cell(&r["tasks"]),
-            format!("{:.3}", r["cpu_hours"].as_f64().unwrap_or(0.0)),
-            format!("{:.3}", r["mem_gib_hours"].as_f64().unwrap_or(0.0)),
-            format!("{:.3}", r["gpu_hours"].as_f64().unwrap_or(0.0)),
-        ]
+            hours(&r["cpu_hours"]),
+            hours(&r["mem_gib_hours"]),
+            hours(&r["gpu_hours"]),
+        ];
+        if cost {
+            row.push(money(&r["cost"]));
+        }
+        row
     };
     let mut rows: Vec<Vec<String>> = arr(&v["rows"]).iter().map(row).collect();
     rows.push(row(&v["total"]));
@@ -762,25 +767,97 @@ pub fn usage(v: &Value) -> String {
         time(&v["until_ms"]),
         time(&v["history_from_ms"])
     );
-    out.push_str(&table(
-        &[&by, "TASKS", "CPU-HOURS", "MEM-GIB-HOURS", "GPU-HOURS"],
-        &rows,
-    ));
+    let mut head = vec![
+        by.as_str(),
+        "TASKS",
+        "CPU-HOURS",
+        "MEM-GIB-HOURS",
+        "GPU-HOURS",
+    ];
+    if cost {
+        head.push("COST");
+    }
+    out.push_str(&table(&head, &rows));
+    if cost {
+        if v.get("agents").is_none() {
+            out.push_str("\nno agent carries a price (gantry-agent --price-per-hour)\n");
+        } else {
+            let agents: Vec<Vec<String>> = arr(&v["agents"])
+                .iter()
+                .map(|a| {
+                    vec![
+                        cell(&a["name"]),
+                        money(&a["price_per_hour"]),
+                        hours(&a["hours"]),
+                        money(&a["cost"]),
+                        money(&a["attributed"]),
+                        money(&a["idle_cost"]),
+                    ]
+                })
+                .collect();
+            out.push_str(&format!(
+                "\nagents (idle cost {}):\n",
+                money(&v["idle_cost"])
+            ));
+            out.push_str(&table(
+                &["AGENT", "PRICE/H", "HOURS", "COST", "USED", "IDLE"],
+                &agents,
+            ));
+        }
+    }
+    let held = arr(&v["held_offers"]["rows"]);
+    if !held.is_empty() {
+        out.push_str(&format!(
+            "\nheld in offers, not used (since {}):\n",
+            time(&v["held_offers"]["from_ms"])
+        ));
+        let rows: Vec<Vec<String>> = held
+            .iter()
+            .map(|r| {
+                vec![
+                    cell(&r["framework"]),
+                    cell(&r["role"]),
+                    hours(&r["cpu_hours"]),
+                    hours(&r["mem_gib_hours"]),
+                    hours(&r["gpu_hours"]),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "FRAMEWORK",
+                "ROLE",
+                "CPU-HOURS",
+                "MEM-GIB-HOURS",
+                "GPU-HOURS",
+            ],
+            &rows,
+        ));
+    }
     out
 }
 
-/// `gantryctl usage --csv`.
-pub fn usage_csv(v: &Value) -> String {
-    let mut out = String::from("key,tasks,cpu_hours,mem_gib_hours,gpu_hours\n");
+fn money(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.2}"))
+}
+
+/// `gantryctl usage --csv` (`--cost`: a `cost` column; the agents' idle cost is in `--json`).
+pub fn usage_csv(v: &Value, cost: bool) -> String {
+    let mut out = String::from("key,tasks,cpu_hours,mem_gib_hours,gpu_hours");
+    out.push_str(if cost { ",cost\n" } else { "\n" });
     for r in arr(&v["rows"]).iter().chain([&v["total"]]) {
         let key = cell(&r["key"]).replace('"', "\"\"");
         out.push_str(&format!(
-            "\"{key}\",{},{},{},{}\n",
+            "\"{key}\",{},{},{},{}",
             cell(&r["tasks"]),
             r["cpu_hours"].as_f64().unwrap_or(0.0),
             r["mem_gib_hours"].as_f64().unwrap_or(0.0),
             r["gpu_hours"].as_f64().unwrap_or(0.0)
         ));
+        if cost {
+            out.push_str(&format!(",{}", r["cost"].as_f64().unwrap_or(0.0)));
+        }
+        out.push('\n');
     }
     out
 }
@@ -789,6 +866,41 @@ pub fn usage_csv(v: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn usage_shows_cost_idle_agents_and_held_offers_apart() {
+        let v = json!({"by": "role", "since_ms": 0, "until_ms": 3_600_000,
+            "history_from_ms": 0,
+            "rows": [{"key": "ml", "tasks": 2, "cpu_hours": 1.0, "mem_gib_hours": 2.0,
+                      "gpu_hours": 1.5, "cost": 12.25}],
+            "total": {"key": "total", "tasks": 2, "cpu_hours": 1.0, "mem_gib_hours": 2.0,
+                      "gpu_hours": 1.5, "cost": 12.25},
+            "agents": [{"name": "gpu-1", "price_per_hour": 20.0, "hours": 1.0, "cost": 20.0,
+                        "attributed": 12.25, "idle_cost": 7.75}],
+            "idle_cost": 7.75,
+            "held_offers": {"from_ms": 0, "rows": [{"framework": "batch", "role": "ml",
+                "cpu_hours": 0.5, "mem_gib_hours": 0.0, "gpu_hours": 0.25}]}});
+        let out = usage(&v, true);
+        assert!(out.contains("COST") && out.contains("12.25"), "{out}");
+        assert!(
+            out.contains("idle cost 7.75") && out.contains("gpu-1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("held in offers") && out.contains("batch"),
+            "{out}"
+        );
+        let plain = usage(&v, false);
+        assert!(
+            !plain.contains("COST") && plain.contains("held in offers"),
+            "{plain}"
+        );
+        let csv = usage_csv(&v, true);
+        assert!(csv.starts_with("key,tasks,cpu_hours,mem_gib_hours,gpu_hours,cost\n"));
+        assert!(csv.contains("\"ml\",2,1,2,1.5,12.25\n"), "{csv}");
+        let none = json!({"rows": [], "total": {"key": "total"}});
+        assert!(usage(&none, true).contains("no agent carries a price"));
+    }
 
     #[test]
     fn tables_align_columns() {

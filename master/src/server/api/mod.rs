@@ -103,8 +103,9 @@ struct UsageQuery {
     by: Option<String>,
 }
 
-/// `GET /api/v1/usage`: CPU-, memory- and GPU-hours held by tasks over a window, per role,
-/// framework or user, from the persistent history (`super::usage`).
+/// `GET /api/v1/usage`: CPU-, memory- and GPU-hours used by tasks over a window, per role,
+/// framework or user, and their cost where agents carry a price, from the persistent history
+/// (`super::usage`).
 async fn usage(
     State(app): State<App>,
     caller: CallerExt,
@@ -122,13 +123,33 @@ async fn usage(
         None => now_ms,
     };
     let by = super::usage::UsageBy::parse(q.by.as_deref().unwrap_or("role")).map_err(bad)?;
-    let events = app
+    let (events, held) = app
         .shell
         .history
         .lock()
-        .map(|h| h.since(0, usize::MAX))
+        .map(|h| {
+            let held = h
+                .held_offers
+                .report(since, until, |id| h.usage().framework_name(id));
+            (h.since(0, usize::MAX), held)
+        })
         .unwrap_or_default();
-    Ok(Json(super::usage::report(&events, since, until, by)))
+    // Agents the history no longer describes are priced from the live state.
+    let live: std::collections::HashMap<String, super::usage::AgentPrice> = app
+        .state()
+        .await
+        .ok()
+        .and_then(|s| s["agents"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| {
+            let id = a["id"].as_str()?.to_string();
+            Some((id, super::usage::AgentPrice::from_json(a)))
+        })
+        .collect();
+    let mut report = super::usage::report(&events, since, until, by, &live);
+    report["held_offers"] = held;
+    Ok(Json(report))
 }
 
 /// The state view for a read by an authenticated caller.
