@@ -602,7 +602,10 @@ mod tests {
         let (_, mut b, _) = batch(2);
         b.spec.task = "cpus:1;mem:10;gpus:0.5".parse().unwrap_or_default();
         let (idle, half) = (AgentId::random(), AgentId::random());
-        let offers = vec![gpu_offer(idle, "GPU-idle", 1000), gpu_offer(half, "GPU-half", 500)];
+        let offers = vec![
+            gpu_offer(idle, "GPU-idle", 1000),
+            gpu_offer(half, "GPU-half", 500),
+        ];
         let groups = gantry_sdk::placement::offers::group_offers(&offers);
         let plan = b.plan_gpu_copies(&offers, &groups, 1).expect("a GPU task");
         assert_eq!(plan, vec![vec![], vec![Some("GPU-half".to_string())]]);

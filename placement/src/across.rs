@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use gantry_proto::{AgentId, GpuSelector, Offer, OfferId};
 
 use super::{
-    GpuDemand, GpuShare, ModelId, Models, Node, Placement, Placer, PlacementError, Policy,
+    GpuDemand, GpuShare, ModelId, Models, Node, Placement, PlacementError, Placer, Policy,
     TaskShape, Workload, GPU_MILLI,
 };
 
@@ -488,11 +488,17 @@ mod tests {
         p.add_offers(&[offer(30, agent, 7, &[500])]).unwrap();
         let third = p.place(&half).expect("fits");
         assert_eq!(third.agent_id, first.agent_id);
-        assert_eq!(third.gpu.as_deref(), Some(format!("GPU-{agent}-0").as_str()));
+        assert_eq!(
+            third.gpu.as_deref(),
+            Some(format!("GPU-{agent}-0").as_str())
+        );
         // Withdrawn agents are skipped; their offers stay held for the accept.
         p.withdraw(first.agent_id).unwrap();
         assert!(p.choose(&half).is_none());
-        assert_eq!(p.used(first.agent_id).unwrap(), vec![OfferId::from_u128(30)]);
+        assert_eq!(
+            p.used(first.agent_id).unwrap(),
+            vec![OfferId::from_u128(30)]
+        );
     }
 
     #[test]

@@ -22,8 +22,7 @@ use gantry_placement::across::OfferPlacer;
 use gantry_placement::{Policy, TaskShape, Workload};
 use gantry_proto::messages::{AgentToMaster, FrameworkToMaster, MasterToAgent, MasterToFramework};
 use gantry_proto::{
-    Capability, FrameworkInfo, GpuInfo, GpuSelector, Offer, Operation, Resources, TaskId,
-    TaskInfo,
+    Capability, FrameworkInfo, GpuInfo, GpuSelector, Offer, Operation, Resources, TaskId, TaskInfo,
 };
 
 use std::collections::BTreeMap;
@@ -192,9 +191,7 @@ pub fn run_seed(
     let mut placer = OfferPlacer::new(trace.models.clone(), policy, workload.clone(), seed);
     let first = offers_in(&out);
     let mut offers = first.len();
-    placer
-        .add_offers(&first)
-        .map_err(|e| sim(e.to_string()))?;
+    placer.add_offers(&first).map_err(|e| sim(e.to_string()))?;
     if placer.agents() != trace.nodes.len() {
         return Err(sim(format!(
             "offers came for {} of {} agents",
@@ -482,15 +479,21 @@ mod tests {
         let workload = Workload::from_tasks(&t.tasks);
         for seed in [1, 2, 3] {
             let live = run_seed(&t, &workload, Policy::FgdPack, seed).expect("runs");
-            let wide = super::super::openb::run_seed(&t, &workload, Policy::FgdPack, seed)
-                .expect("runs");
+            let wide =
+                super::super::openb::run_seed(&t, &workload, Policy::FgdPack, seed).expect("runs");
             assert_eq!(live.refused_accepts, 0);
             assert_eq!(live.allocation_percent.len(), MAX_PERCENT + 1);
             assert_eq!(live.arrived_tasks, wide.arrived_tasks);
-            assert!(live.offers > t.nodes.len(), "offers came back after accepts");
+            assert!(
+                live.offers > t.nodes.len(),
+                "offers came back after accepts"
+            );
             let (l, w) = (live.allocation_percent[100], wide.allocation_percent[100]);
             assert!(l > 50.0, "seed {seed}: live {l}");
-            assert!((l - w).abs() <= 15.0, "seed {seed}: live {l}, cluster-wide {w}");
+            assert!(
+                (l - w).abs() <= 15.0,
+                "seed {seed}: live {l}, cluster-wide {w}"
+            );
         }
     }
 }

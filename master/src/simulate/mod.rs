@@ -233,7 +233,11 @@ fn openb_compare<W: Write>(
 
 /// `--openb NODES.csv PODS.csv... --live`: per pod list, the live replay beside the
 /// cluster-wide one, progress on stderr.
-fn openb_live<W: Write>(args: &SimulateArgs, paths: &[PathBuf], out: &mut W) -> Result<(), SimError> {
+fn openb_live<W: Write>(
+    args: &SimulateArgs,
+    paths: &[PathBuf],
+    out: &mut W,
+) -> Result<(), SimError> {
     let policy = match &args.policy {
         Some(p) => parse_policy(p)?,
         None => gantry_placement::Policy::DEFAULT,
