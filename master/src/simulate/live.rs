@@ -471,8 +471,8 @@ mod tests {
         p4,2000,4096,1,250,\n";
 
     /// The live replay launches through the master exactly what the framework's view allows
-    /// (no accept refused) and lands on the cluster-wide replay's allocation on a small
-    /// cluster: same policy, same arrivals.
+    /// (no accept refused) and gives the cluster-wide replay's allocation on a small cluster:
+    /// same policy, same arrivals.
     #[test]
     fn the_live_replay_goes_through_the_master_and_matches_the_cluster_wide_one() {
         let t = OpenbTrace::parse(NODES, PODS).expect("parses");
@@ -488,12 +488,13 @@ mod tests {
                 live.offers > t.nodes.len(),
                 "offers came back after accepts"
             );
-            let (l, w) = (live.allocation_percent[100], wide.allocation_percent[100]);
-            assert!(l > 50.0, "seed {seed}: live {l}");
-            assert!(
-                (l - w).abs() <= 15.0,
-                "seed {seed}: live {l}, cluster-wide {w}"
+            // Here (14 GPUs, no ties the two replays break differently) the same curve.
+            assert_eq!(
+                live.allocation_percent, wide.allocation_percent,
+                "seed {seed}"
             );
+            assert_eq!(live.failed_tasks, wide.failed_tasks, "seed {seed}");
+            assert!(live.allocation_percent[100] > 90.0);
         }
     }
 }
