@@ -10,6 +10,12 @@
 //! [`gantry_sdk::attempts::ending`]). A task that failed by itself is not, unless [`Batch::with_retries`] gives a retry policy: then a failed
 //! copy is launched again after a backoff (a driver timer), at most that many times.
 //!
+//! Where copies go: a task with GPUs (a fraction of one GPU or whole GPUs) is placed across all
+//! the offers of a round with the fragmentation-aware policy
+//! (`gantry_sdk::placement::across::OfferPlacer`, `Batch::plan_gpu_copies`): a fraction goes
+//! to the agent and GPU it fragments least and pins that GPU; other tasks fill the offers in
+//! the order received.
+//!
 //! Which copy (a unit of work, `0..count`) each task is an attempt of, what an ending means for
 //! it and when it may run again is kept by an [`AttemptsBook`].
 
@@ -18,6 +24,10 @@ use std::time::{Duration, Instant};
 
 use gantry_sdk::attempts::{AttemptsBook, RetryPolicy, Verdict};
 
+use gantry_sdk::placement::across::OfferPlacer;
+use gantry_sdk::placement::offers::OfferGroup;
+use gantry_sdk::placement::shares::task_shape;
+use gantry_sdk::placement::{GpuDemand, ModelSet, Models, Policy, TaskShape, Workload};
 use gantry_sdk::protocol::*;
 use gantry_sdk::{DriverHandle, Scheduler};
 use tokio::sync::watch;
@@ -173,6 +183,63 @@ impl Batch {
     }
 }
 
+impl Batch {
+    /// For a GPU task (a fraction of one GPU or whole GPUs, no MIG profile): which agent each
+    /// of `copies` copies goes to, scored across all the offers held with the default
+    /// fragmentation-aware policy ([`OfferPlacer`], against this batch's own shape plus one
+    /// whole GPU, so that whole GPUs are not broken up while a partly used one has room),
+    /// instead of filling the offers in the order received. Per group of `groups`, the copies
+    /// placed there, each with the GPU a fraction pins (`None` for whole GPUs: the master
+    /// picks idle ones, topology-aware). `None` for other tasks (the offers are filled in
+    /// order).
+    fn plan_gpu_copies(
+        &self,
+        offers: &[Offer],
+        groups: &[OfferGroup],
+        copies: usize,
+    ) -> Option<Vec<Vec<Option<String>>>> {
+        let selector = self.spec.gpu_selector.as_ref();
+        if selector.is_some_and(|s| s.mig_profile.is_some()) {
+            return None;
+        }
+        let shape = task_shape(&self.spec.task, ModelSet::ANY)?;
+        if shape.gpu == GpuDemand::None {
+            return None;
+        }
+        let whole = TaskShape {
+            gpu: GpuDemand::Whole(1),
+            ..shape
+        };
+        let workload = Workload::new([(shape, copies.max(1) as u64), (whole, 1)]);
+        let mut placer = OfferPlacer::new(Models::new(), Policy::DEFAULT, workload, 0)
+            .with_selector(selector.cloned());
+        placer.add_offers(offers).ok()?;
+        // Offers only score CPU, memory and GPUs: an agent short of another kind the task asks
+        // for (disk, ports) is no candidate.
+        let mut available: Vec<Resources> = groups.iter().map(|g| g.resources.clone()).collect();
+        for g in groups {
+            if !g.resources.contains(&self.spec.task) {
+                placer.withdraw(g.agent_id).ok()?;
+            }
+        }
+        let mut plan = vec![Vec::new(); groups.len()];
+        for _ in 0..copies {
+            let Some(choice) = placer.place(&shape) else {
+                break;
+            };
+            let Some(gi) = groups.iter().position(|g| g.agent_id == choice.agent_id) else {
+                break;
+            };
+            plan[gi].push(choice.gpu);
+            let _ = available[gi].checked_sub_assign(&self.spec.task);
+            if !available[gi].contains(&self.spec.task) {
+                placer.withdraw(choice.agent_id).ok()?;
+            }
+        }
+        Some(plan)
+    }
+}
+
 impl Scheduler for Batch {
     async fn registered(&mut self, driver: &DriverHandle, framework_id: FrameworkId) {
         if self.spec.verbose {
@@ -202,16 +269,31 @@ impl Scheduler for Batch {
         // One accept per agent and role naming all its offers there: the master acts on all of
         // a framework's offers on an agent at once anyway (docs/allocator.md, rule 2).
         let groups = gantry_sdk::placement::offers::group_offers(&offers);
-        for g in groups {
+        let now = self.now();
+        // GPU tasks: the agents are scored across every offer held (fragmentation-aware);
+        // other tasks fill the offers in the order received.
+        let plan = self.plan_gpu_copies(&offers, &groups, self.attempts.ready(now).len());
+        for (gi, g) in groups.into_iter().enumerate() {
             let (ids, mut available) = (g.offer_ids, g.resources);
             let mut tasks = Vec::new();
-            let now = self.now();
             for unit in self.attempts.ready(now) {
+                let pinned = match &plan {
+                    Some(plan) => match plan.get(gi).and_then(|p| p.get(tasks.len())) {
+                        Some(pinned) => pinned.clone(),
+                        None => break,
+                    },
+                    None => None,
+                };
                 if !available.contains(&self.spec.task) {
                     break;
                 }
                 let _ = available.checked_sub_assign(&self.spec.task);
-                let task = self.next_task(tasks.len() as u32);
+                let mut task = self.next_task(tasks.len() as u32);
+                if let Some(uuid) = pinned {
+                    let mut selector = task.gpu_selector.take().unwrap_or_default();
+                    selector.uuids = vec![uuid];
+                    task.gpu_selector = Some(selector);
+                }
                 self.attempts.launched(&unit, task.task_id, now);
                 tasks.push(task);
             }
@@ -484,6 +566,60 @@ mod tests {
             gpu_selector: None,
         });
         (driver.handle(), b, rx)
+    }
+
+    fn gpu_offer(agent: AgentId, uuid: &str, free_milli: u32) -> Offer {
+        let gpu = GpuInfo {
+            uuid: uuid.into(),
+            name: "NVIDIA A100".into(),
+            memory_mib: 40_960,
+            compute_capability: (8, 0),
+            minor: 0,
+            pci_bus_id: String::new(),
+            numa_node: None,
+            pci_root: None,
+            healthy: true,
+            mig_profile: None,
+            parent_uuid: None,
+        };
+        let gpus = f64::from(free_milli) / 1000.0;
+        Offer {
+            gpus: vec![gpu].into(),
+            gpu_free: vec![GpuFree {
+                uuid: uuid.into(),
+                free_milli,
+                free_memory_mib: 0,
+            }],
+            ..offer(agent, &format!("cpus:8;mem:1000;gpus:{gpus}"))
+        }
+    }
+
+    /// Offers in arrival order: an idle GPU first, then a half-used one. Filling in order
+    /// would break the idle GPU; the plan puts the half GPU on the half-used one (pinned),
+    /// and the second copy, with that GPU full, on the idle one.
+    #[test]
+    fn gpu_copies_go_where_they_fragment_least_across_the_offers() {
+        let (_, mut b, _) = batch(2);
+        b.spec.task = "cpus:1;mem:10;gpus:0.5".parse().unwrap_or_default();
+        let (idle, half) = (AgentId::random(), AgentId::random());
+        let offers = vec![
+            gpu_offer(idle, "GPU-idle", 1000),
+            gpu_offer(half, "GPU-half", 500),
+        ];
+        let groups = gantry_sdk::placement::offers::group_offers(&offers);
+        let plan = b.plan_gpu_copies(&offers, &groups, 1).expect("a GPU task");
+        assert_eq!(plan, vec![vec![], vec![Some("GPU-half".to_string())]]);
+        let plan = b.plan_gpu_copies(&offers, &groups, 3).expect("a GPU task");
+        assert_eq!(
+            plan,
+            vec![
+                vec![Some("GPU-idle".to_string()), Some("GPU-idle".to_string())],
+                vec![Some("GPU-half".to_string())]
+            ]
+        );
+        // CPU tasks fill offers in order.
+        b.spec.task = "cpus:1;mem:10".parse().unwrap_or_default();
+        assert_eq!(b.plan_gpu_copies(&offers, &groups, 1), None);
     }
 
     #[tokio::test]

@@ -40,7 +40,11 @@
 //! - `fgd-artifact`: FGD with the artifact's fit test, task types and score quantisation
 //!   ([`fgd`] lists the differences).
 //!
-//! Offer-level building blocks for framework schedulers (whole GPUs, every resource kind):
+//! Offer-level building blocks for framework schedulers:
+//! - [`across`]: place across the offers held: [`across::OfferPlacer`] scores every agent a
+//!   framework holds offers on with the policy above (fractions and whole GPUs), the live
+//!   path of the cluster-wide [`Placer`] (`batch` uses it; `simulate --openb --live` measures
+//!   it through the master's state core).
 //! - [`offers`]: fit task requests into the offers held (selectors, attributes, NUMA locality;
 //!   least-unusable-leftover scoring).
 //! - [`gang`]: all-or-nothing gangs (elastic `min..max`) and which gang may hold offers.
@@ -58,6 +62,7 @@
 
 #![warn(missing_docs)]
 
+pub mod across;
 pub mod cost;
 pub mod fgd;
 pub mod gang;
@@ -655,6 +660,33 @@ impl Placer {
             GpuDemand::Whole(k) => self.nodes[node].first_idle(k),
         };
         Some(Placement { node, gpus })
+    }
+
+    /// Sets what is free on node `i` now (its capacity stays): how a caller whose view of a
+    /// node comes from outside (a new offer for the agent, an offer used or rescinded) keeps
+    /// the placer current; only that node is evaluated again. A node with nothing free fits
+    /// nothing. `gpu_free` must have one entry per GPU of the node.
+    pub fn set_free(
+        &mut self,
+        i: usize,
+        cpu_free: u64,
+        memory_free: u64,
+        gpu_free: &[u32],
+    ) -> Result<(), PlacementError> {
+        let node = self.nodes.get(i).ok_or(PlacementError::Mismatch(i))?;
+        if gpu_free.len() != node.gpu_free.len() {
+            return Err(PlacementError::Mismatch(i));
+        }
+        let mut next = node.clone();
+        next.cpu_free = cpu_free;
+        next.memory_free = memory_free;
+        next.gpu_free.copy_from_slice(gpu_free);
+        next.check(i)?;
+        if next != self.nodes[i] {
+            self.nodes[i] = next;
+            self.touched(i);
+        }
+        Ok(())
     }
 
     /// Chooses and commits; `None` when the task fits nowhere.

@@ -1,7 +1,8 @@
 //! `gantry-master simulate --openb` on Alibaba's real openb trace (the FGD paper's experiment):
 //! the real binary replays the default pod list for one seed and prints one JSON object with
 //! the expected shape and sane values; a bad policy is a clear error; `--openb-compare` on the
-//! smallest list gives a paired difference inside its own interval.
+//! smallest list gives a paired difference inside its own interval; `--live` replays it through
+//! the master's state core with no accept refused, within a point of the cluster-wide number.
 //!
 //! The trace lives outside the repository (`shared/traces/alibaba-openb`, beside the clone or
 //! higher up, or `$GANTRY_OPENB_DIR`); without it the test prints a note and passes.
@@ -148,6 +149,47 @@ fn openb_default_one_seed() {
         .arg(&nodes)
         .arg(&small)
         .args(["--openb-compare", "fgd"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+
+    // The live replay: the same seed through the master's state core and allocator, a
+    // framework placing across the offers it holds; no accept refused, and the allocation a
+    // user gets within a point of the cluster-wide one.
+    let out = Command::new(&master)
+        .arg("simulate")
+        .arg("--openb")
+        .arg(&nodes)
+        .arg(&small)
+        .args(["--live", "--seeds", "42", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(live["list"], "multigpu40");
+    assert_eq!(live["policy"], "fgd-scarce");
+    assert_eq!(live["seeds"][0]["refused_accepts"], 0, "{live}");
+    assert!(
+        live["seeds"][0]["offers"].as_u64().unwrap() > 1213,
+        "{live}"
+    );
+    let row = &live["at_100"];
+    let (l, w) = (
+        row["live"].as_f64().unwrap(),
+        row["cluster_wide"].as_f64().unwrap(),
+    );
+    assert!(w > 90.0 && (l - w).abs() <= 1.0, "{row}");
+    // --live is not a comparison.
+    let out = Command::new(&master)
+        .arg("simulate")
+        .arg("--openb")
+        .arg(&nodes)
+        .arg(&small)
+        .args(["--live", "--openb-compare", "fgd", "fgd-scarce"])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -11,9 +11,13 @@
 //!   on Alibaba's GPU trace, run on [`gantry_placement`].
 //! - [`compare`]: `--openb ... --openb-compare A B`, two policies on the same seeds' arrivals,
 //!   the paired mean difference with its 95% interval per pod list.
+//! - [`live`]: `--openb ... --live`, the same arrivals through the master's state core and
+//!   allocator with emulated agents and a framework placing across the offers it holds,
+//!   beside the cluster-wide number.
 
 pub mod bench;
 pub mod compare;
+pub mod live;
 pub mod openb;
 pub mod scenario;
 pub mod trace;
@@ -100,6 +104,11 @@ pub struct SimulateArgs {
     /// openb replay: seeds, e.g. 42-51, 42 or 1,5,9.
     #[arg(long, default_value = "42-51")]
     pub seeds: String,
+    /// openb replay: also replay through the master's state core and allocator (emulated
+    /// agents, one framework placing across the offers it holds) and report that allocation
+    /// beside the cluster-wide one, per pod list.
+    #[arg(long, requires = "openb", conflicts_with = "openb_compare")]
+    pub live: bool,
     /// openb replay: print one JSON object instead of the table.
     #[arg(long, requires = "openb")]
     pub json: bool,
@@ -127,9 +136,12 @@ pub fn run_to<W: Write>(args: &SimulateArgs, out: &mut W) -> Result<(), SimError
         if let Some(names) = &args.openb_compare {
             return openb_compare(args, paths, names, out);
         }
+        if args.live {
+            return openb_live(args, paths, out);
+        }
         let [nodes, pods] = paths.as_slice() else {
             return Err(SimError::Args(
-                "--openb needs NODES.csv PODS.csv (several pod lists only with --openb-compare)"
+                "--openb needs NODES.csv PODS.csv (several pod lists only with --openb-compare or --live)"
                     .into(),
             ));
         };
@@ -205,14 +217,7 @@ fn openb_compare<W: Write>(
     let nodes = read(nodes)?;
     for pods in lists {
         let trace = openb::OpenbTrace::parse(&nodes, &read(pods)?)?;
-        let name = pods
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let name = name
-            .strip_prefix("openb_pod_list_")
-            .map(str::to_string)
-            .unwrap_or(name);
+        let name = list_name(pods);
         let mut progress = std::io::stderr();
         let c = compare::compare(&trace, &name, policies, &seeds, &mut progress)?;
         if args.json {
@@ -224,6 +229,49 @@ fn openb_compare<W: Write>(
         out.flush()?;
     }
     Ok(())
+}
+
+/// `--openb NODES.csv PODS.csv... --live`: per pod list, the live replay beside the
+/// cluster-wide one, progress on stderr.
+fn openb_live<W: Write>(
+    args: &SimulateArgs,
+    paths: &[PathBuf],
+    out: &mut W,
+) -> Result<(), SimError> {
+    let policy = match &args.policy {
+        Some(p) => parse_policy(p)?,
+        None => gantry_placement::Policy::DEFAULT,
+    };
+    let Some((nodes, lists)) = paths.split_first() else {
+        return Err(SimError::Args("--openb needs NODES.csv PODS.csv".into()));
+    };
+    let seeds = openb::parse_seeds(&args.seeds)?;
+    let nodes = read(nodes)?;
+    for pods in lists {
+        let trace = openb::OpenbTrace::parse(&nodes, &read(pods)?)?;
+        let name = list_name(pods);
+        let mut progress = std::io::stderr();
+        let report = live::run(&trace, &name, policy, &seeds, &mut progress)?;
+        if args.json {
+            serde_json::to_writer(&mut *out, &report.to_json())?;
+            out.write_all(b"\n")?;
+        } else {
+            report.write_text(out)?;
+        }
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// A pod list's name: its file name without `openb_pod_list_` and `.csv`.
+fn list_name(pods: &std::path::Path) -> String {
+    let name = pods
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.strip_prefix("openb_pod_list_")
+        .map(str::to_string)
+        .unwrap_or(name)
 }
 
 fn read(path: &PathBuf) -> Result<String, SimError> {
