@@ -32,7 +32,7 @@ pub struct ClusterSettings {
     #[serde(default)]
     pub end_ms: Option<Millis>,
     /// Report resource-seconds (allocations integrated over simulated time, the master's
-    /// `gantry_role_resource_seconds_total`) in the summary.
+    /// `gantry_role_allocated_seconds_total`) in the summary.
     #[serde(default)]
     pub resource_seconds: bool,
 }
