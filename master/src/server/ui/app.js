@@ -50,7 +50,7 @@
       if (changes[k]) { p.set(k, changes[k]); } else { p.delete(k); }
     });
     var s = p.toString();
-    history.replaceState(null, "", location.pathname + (s ? "?" + s : ""));
+    window.history.replaceState(null, "", location.pathname + (s ? "?" + s : ""));
   }
 
   var box = document.getElementById("filter");
