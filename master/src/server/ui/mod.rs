@@ -1,12 +1,17 @@
 //! The web dashboard at `/ui`: server-rendered HTML (no JavaScript build toolchain) with a
 //! small vendored script (`app.js`, `include_str!`) that follows the event stream and
-//! re-renders, and a chart of the roles' dominant shares over time.
+//! re-renders, and a chart of the roles' dominant shares over time. Module map: `pages` (the
+//! pages of one task, agent or framework, and the usage view), `table` (tables filtered by
+//! `?q=` and sorted by `?sort=&dir=` on the server; app.js does the same in the page).
 //!
 //! ```text
 //! GET  /ui            the page (overview, roles + share chart, frameworks, agents with
 //!                     per-GPU utilization/health/drain state, tasks); 303 to /ui/login when
 //!                     the browser is not authenticated
 //! GET  /ui/fragment   the tables alone (what app.js swaps in on each event)
+//! GET  /ui/tasks/{id}, /ui/agents/{id}, /ui/frameworks/{id}, /ui/usage
+//!                     a page per task (with its logs followed live), agent and framework,
+//!                     and the usage view (`pages`)
 //! GET  /ui/login      the login form (sets the `gantry_csrf` cookie its hidden `csrf` field
 //!                     repeats); `?token=` is refused 400 (a token in a URL ends up in
 //!                     history and logs)
@@ -130,7 +135,7 @@ async fn page(
     }
     let view = match view_of(query, OVERVIEW_COLUMNS) {
         Ok(v) => v,
-        Err(resp) => return Ok(resp),
+        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
     };
     let csrf = logout_csrf(&app, &headers);
     let state = app.state().await?;
@@ -149,7 +154,7 @@ async fn fragment(
     app.may_read(&caller_of(caller))?;
     let view = match view_of(query, OVERVIEW_COLUMNS) {
         Ok(v) => v,
-        Err(resp) => return Ok(resp),
+        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
     };
     let state = app.state().await?;
     Ok(Html(render_main(&state, &view)).into_response())
@@ -450,20 +455,16 @@ pub(crate) fn error_page(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-/// The page's query, or a 400 page saying what is wrong with it.
+/// The page's query, or what is wrong with it (a 400 page, [`error_page`]).
 pub(crate) fn view_of(
     query: Result<Query<View>, axum::extract::rejection::QueryRejection>,
     columns: &[&str],
-) -> Result<View, Response> {
-    let Query(view) = query.map_err(|e| error_page(StatusCode::BAD_REQUEST, &e.body_text()))?;
-    view.check(columns)
-        .map_err(|e| error_page(StatusCode::BAD_REQUEST, &e))?;
+) -> Result<View, String> {
+    let Query(view) = query.map_err(|e| e.body_text())?;
+    view.check(columns)?;
     match view.part.as_deref() {
         None | Some("main") => Ok(view),
-        Some(p) => Err(error_page(
-            StatusCode::BAD_REQUEST,
-            &format!("part={p:?}: main, or none for the whole page"),
-        )),
+        Some(p) => Err(format!("part={p:?}: main, or none for the whole page")),
     }
 }
 

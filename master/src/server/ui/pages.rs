@@ -123,7 +123,7 @@ pub(super) async fn task(
     }
     let view = match view_of(query, DETAIL_COLUMNS) {
         Ok(v) => v,
-        Err(r) => return Ok(r),
+        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
     };
     let state = app.state().await?;
     let t = match views::lookup_task(&state, &id) {
@@ -243,7 +243,7 @@ pub(super) async fn agent(
     }
     let view = match view_of(query, DETAIL_COLUMNS) {
         Ok(v) => v,
-        Err(r) => return Ok(r),
+        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
     };
     let state = app.state().await?;
     let Some(a) = views::find_agent(&state, &id) else {
@@ -352,7 +352,7 @@ pub(super) async fn framework(
     }
     let view = match view_of(query, DETAIL_COLUMNS) {
         Ok(v) => v,
-        Err(r) => return Ok(r),
+        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
     };
     let state = app.state().await?;
     let f = match views::lookup_framework(&state, &id) {
