@@ -18,6 +18,8 @@ use gantry_tests::{driver_config, standin_lib, start_recorder, task, Cluster, St
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(60);
+/// The name of the task whose logs the task page follows.
+const WRITER: &str = "<script>alert(1)</script>";
 
 fn chromium() -> PathBuf {
     for c in ["chromium", "chromium-browser", "google-chrome"] {
@@ -293,6 +295,37 @@ impl Drop for Devtools {
     }
 }
 
+/// The table `id` of a page, up to its end.
+fn table_of<'a>(dom: &'a str, id: &str) -> &'a str {
+    let rest = &dom[dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no table {id} in:\n{dom}"))..];
+    &rest[..rest.find("</table>").unwrap_or(rest.len())]
+}
+
+/// Saves a screenshot of the page under the test's scratch target directory and prints its path.
+fn save_screenshot(dt: &mut Devtools, session: &str, name: &str) {
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_file(&shot);
+    let png = dt.call(
+        Some(session),
+        "Page.captureScreenshot",
+        serde_json::json!({"format": "png", "captureBeyondViewport": true}),
+    );
+    std::fs::write(
+        &shot,
+        base64_decode(png["data"].as_str().unwrap_or_default()),
+    )
+    .unwrap();
+    let meta = std::fs::metadata(&shot).expect("chromium saved no screenshot");
+    assert!(
+        meta.len() > 10_000,
+        "screenshot too small: {} bytes",
+        meta.len()
+    );
+    println!("dashboard screenshot: {}", shot.display());
+}
+
 /// The `<tr …>` row that carries `attr` (e.g. `data-name="x"`), up to its end.
 fn row<'a>(dom: &'a str, attr: &str) -> &'a str {
     let start = dom
@@ -353,12 +386,18 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         vec![
             task("short-train", "sleep 4", "cpus:1;mem:64;gpus:1"),
             task("long-train", "sleep 120", "cpus:1;mem:64;gpus:1"),
+            // A name a peer controls, shown escaped everywhere; its output is followed live.
+            task(
+                WRITER,
+                "i=0; while [ $i -lt 40 ]; do echo line-$i; i=$((i+1)); sleep 1; done; sleep 60",
+                "cpus:0.5;mem:32",
+            ),
         ],
     );
     cluster
         .master
-        .wait_state(T, "both tasks running", |s| {
-            gantry_tests::running_tasks(s) == 2
+        .wait_state(T, "the three tasks running", |s| {
+            gantry_tests::running_tasks(s) == 3
         })
         .unwrap();
 
@@ -446,7 +485,7 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
         &session,
         &ui,
         "the GPUs in use with their utilization",
-        |d| d.contains("class=\"gpu-task\">long-train") && d.contains("77%"),
+        |d| d.contains("class=\"gpu-task\"><a href=\"/ui/tasks/") && d.contains("77%"),
     );
     assert!(dom.contains("data-name=\"dash-gpu1\""), "{dom}");
     assert_eq!(dom.matches("<tr class=\"gpu\"").count(), 4, "{dom}");
@@ -461,6 +500,149 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     assert!(dom.contains("data-name=\"ml\""), "roles table: {dom}");
     assert!(dom.contains("id=\"shares\""), "share chart: {dom}");
     assert!(dom.contains("/ui/app.js"), "{dom}");
+
+    // Pages (issue 30 item 2): from the overview to the writer's page through its link; its
+    // output appears while it writes.
+    dt.dom(&session, &ui);
+    let js = |s: &str| serde_json::Value::from(s).to_string();
+    dt.eval(
+        &session,
+        &format!(
+            "[...document.querySelectorAll('#t-tasks tr.task a')].find(a => a.textContent === {}).click(); true",
+            js(WRITER)
+        ),
+    );
+    dt.wait_true(
+        &session,
+        "the task page",
+        "location.pathname.startsWith('/ui/tasks/') && document.readyState === 'complete'",
+    );
+    let shown = |dt: &mut Devtools| -> usize {
+        dt.eval(
+            &session,
+            "(document.getElementById('log-stdout').textContent.match(/line-/g) || []).length",
+        )
+        .as_u64()
+        .unwrap_or(0) as usize
+    };
+    dt.wait_true(
+        &session,
+        "the first lines of its output",
+        "document.getElementById('log-stdout').textContent.includes('line-1\\n')",
+    );
+    let first = shown(&mut dt);
+    dt.wait_true(
+        &session,
+        "more lines while it writes",
+        &format!(
+            "(document.getElementById('log-stdout').textContent.match(/line-/g) || []).length > {}",
+            first + 1
+        ),
+    );
+    assert_eq!(
+        dt.eval(
+            &session,
+            "document.getElementById('log-stdout').dataset.following"
+        ),
+        "true",
+        "the output is still being followed"
+    );
+    // The name is text, never markup: one script (the dashboard's) and the name as written.
+    assert_eq!(dt.eval(&session, "document.scripts.length"), 1);
+    assert_eq!(
+        dt.eval(
+            &session,
+            "document.querySelector('#task .name').textContent"
+        ),
+        WRITER
+    );
+    assert_eq!(
+        dt.eval(&session, "document.querySelector('#task').dataset.state"),
+        "RUNNING"
+    );
+    dt.wait_true(
+        &session,
+        "RUNNING in its state history",
+        "[...document.querySelectorAll('#history tr.transition')].some(r => r.textContent.includes('RUNNING'))",
+    );
+    save_screenshot(&mut dt, &session, "dashboard-task.png");
+    // Its agent's page (GPUs, drain state, tasks) and its framework's (roles, tasks, offers).
+    dt.eval(
+        &session,
+        "document.querySelector('#task a[href^=\"/ui/agents/\"]').click(); true",
+    );
+    dt.wait_true(
+        &session,
+        "the agent page",
+        "location.pathname.startsWith('/ui/agents/') && document.querySelectorAll('#gpus tr.gpu').length === 4 \
+         && document.querySelector('#agent .name').textContent === 'dash-gpu1' \
+         && [...document.querySelectorAll('#t-tasks tr.task')].some(r => r.textContent.includes('long-train'))",
+    );
+    assert_eq!(
+        dt.eval(
+            &session,
+            "document.querySelector('#agent .drain').textContent"
+        ),
+        "-"
+    );
+    dt.eval(
+        &session,
+        "document.querySelector('#t-tasks tr.task a[href^=\"/ui/frameworks/\"]').click(); true",
+    );
+    dt.wait_true(
+        &session,
+        "the framework page",
+        "location.pathname.startsWith('/ui/frameworks/') \
+         && document.querySelector('#framework .name').textContent === 'dash-fw' \
+         && !!document.querySelector('#t-roles tr.role[data-name=\"ml\"]') \
+         && [...document.querySelectorAll('#t-tasks tr.task')].some(r => r.textContent.includes('long-train'))",
+    );
+    // Filter and sort, on the server (no script needed) and in the page.
+    let dom = dt.dom(&session, &format!("{ui}?q=long-tr"));
+    let tasks_table = table_of(&dom, "t-tasks");
+    assert!(tasks_table.contains("long-train"), "{tasks_table}");
+    assert!(!tasks_table.contains("short-train"), "{tasks_table}");
+    let dom = dt.dom(&session, &format!("{ui}?sort=name&dir=desc"));
+    let tasks_table = table_of(&dom, "t-tasks");
+    let (s, l) = (
+        tasks_table.find(">short-train<").unwrap(),
+        tasks_table.find(">long-train<").unwrap(),
+    );
+    assert!(s < l, "name descending: short-train before long-train");
+    dt.eval(
+        &session,
+        "document.querySelector('#t-tasks th[data-col=name] a').click(); true",
+    );
+    dt.wait_true(
+        &session,
+        "the address sorted by name, ascending, after a header click",
+        "location.search.includes('sort=name&dir=asc')",
+    );
+    let asc = "(() => { const n = [...document.querySelectorAll('#t-tasks tr.task')].map(r => r.children[0].textContent); \
+               return n.indexOf('long-train') >= 0 && n.indexOf('long-train') < n.indexOf('short-train'); })()";
+    let deadline = Instant::now() + T;
+    while dt.eval(&session, asc) != true {
+        assert!(
+            Instant::now() < deadline,
+            "tasks not sorted by name after a header click: {}",
+            dt.eval(&session, "[...document.querySelectorAll('#t-tasks tr.task')].map(r => r.children[0].textContent).join(',') + ' ' + location.search")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    dt.eval(
+        &session,
+        "const b = document.getElementById('filter'); b.value = 'short-tr'; b.dispatchEvent(new Event('input')); true",
+    );
+    dt.wait_true(
+        &session,
+        "rows filtered as typed",
+        "[...document.querySelectorAll('#t-tasks tbody.item')].every(tb => tb.hidden === !tb.textContent.includes('short-train'))",
+    );
+    let bad = dt.dom(&session, &format!("{ui}?sort=colour"));
+    assert!(bad.contains("no column of that name"), "{bad}");
+    // The usage view renders the usage API.
+    let dom = dt.dom(&session, &format!("{base}/ui/usage?by=framework&since=1h"));
+    assert!(dom.contains("data-key=\"dash-fw\""), "{dom}");
 
     // Updates: the short task finishes, a GPU fails (XID 79).
     standin.inject_xid(0, 79).unwrap();
@@ -595,26 +777,8 @@ async fn dashboard_shows_agents_gpus_and_tasks_live_in_chromium() {
     let js = dt.dom(&session, &format!("{base}/ui/app.js"));
     assert!(js.contains("EventSource"), "{js}");
 
-    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
-    let _ = std::fs::remove_file(&shot);
     dt.dom(&session, &ui);
-    let png = dt.call(
-        Some(&session),
-        "Page.captureScreenshot",
-        serde_json::json!({"format": "png", "captureBeyondViewport": true}),
-    );
-    std::fs::write(
-        &shot,
-        base64_decode(png["data"].as_str().unwrap_or_default()),
-    )
-    .unwrap();
-    let meta = std::fs::metadata(&shot).expect("chromium saved no screenshot");
-    assert!(
-        meta.len() > 10_000,
-        "screenshot too small: {} bytes",
-        meta.len()
-    );
-    println!("dashboard screenshot: {}", shot.display());
+    save_screenshot(&mut dt, &session, "dashboard.png");
 
     // Logging out (the page's form) ends the session on the master: its cookie no longer reads.
     dt.eval(

@@ -208,9 +208,14 @@ async fn task(State(app): State<App>, caller: CallerExt, Path(id): Path<String>)
     let t = views::lookup_task(&state, &id).map_err(|e| lookup_error("task", &id, &e))?;
     let mut page = views::task_page(&state, t);
     // Its state transitions from the persistent history (super::history).
-    let task_id = t["id"].as_str().unwrap_or_default();
-    let history: Vec<Value> = app
-        .shell
+    page["history"] = Value::Array(task_history(&app, t["id"].as_str().unwrap_or_default()));
+    Ok(Json(page))
+}
+
+/// A task's state transitions from the persistent history (`super::history`), oldest first:
+/// `{at_ms, state, reason, message, agent_id}` (the task page of the API and the dashboard).
+pub(super) fn task_history(app: &App, task_id: &str) -> Vec<Value> {
+    app.shell
         .history
         .lock()
         .map(|h| h.task(task_id))
@@ -225,9 +230,19 @@ async fn task(State(app): State<App>, caller: CallerExt, Path(id): Path<String>)
                 "agent_id": e.event["agent_id"],
             })
         })
-        .collect();
-    page["history"] = Value::Array(history);
-    Ok(Json(page))
+        .collect()
+}
+
+/// The `/api/v1/usage` report for the query in `uri` (the dashboard's usage view renders the
+/// API's own answer, whatever fields it carries).
+pub(super) async fn usage_report(
+    app: &App,
+    caller: CallerExt,
+    uri: &axum::http::Uri,
+) -> Result<Value, ApiError> {
+    usage(State(app.clone()), caller, Query::try_from_uri(uri))
+        .await
+        .map(|Json(v)| v)
 }
 
 async fn frameworks(State(app): State<App>, caller: CallerExt) -> ApiResult {

@@ -1,6 +1,8 @@
 // Gantry dashboard, live part: follows /api/v1/events (server-sent events) and re-renders the
-// server-rendered tables from /ui/fragment when something changes; samples role dominant
-// shares from /api/v1/roles into a small SVG chart. Served by the master, no build step.
+// page's server-rendered <main> from its fragment URL (main's data-fragment plus the page's
+// query) when something changes; filters and sorts tables; follows a task's logs into its
+// <pre>s; samples role dominant shares from /api/v1/roles into a small SVG chart (overview).
+// Served by the master, no build step.
 (function () {
   "use strict";
   var MAX_POINTS = 180;
@@ -8,23 +10,110 @@
   var timer = null;
   var colors = ["#3f6ad8", "#d84f3f", "#2e9d58", "#b06fd8", "#d8a23f", "#3fb8d8", "#8a5a3a"];
 
+  // The page's <main> from its fragment URL plus the page's own query (filter and sort).
+  function fragmentUrl() {
+    var main = document.getElementById("main");
+    var src = main && main.dataset.fragment;
+    if (!src) { return null; }
+    var q = location.search.replace(/^\?/, "");
+    return q ? src + (src.indexOf("?") < 0 ? "?" : "&") + q : src;
+  }
+
   function refresh() {
     timer = null;
-    fetch("/ui/fragment", { credentials: "same-origin" })
+    var url = fragmentUrl();
+    if (!url) { return; }
+    fetch(url, { credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
       .then(function (html) {
         var main = document.getElementById("main");
         if (main) { main.innerHTML = html; }
+        filter();
         document.body.dataset.refreshed = String(Date.now());
       })
       .catch(function () {});
   }
+
+  // The filter box: hides the rows without the text at once (the server filters the next
+  // refresh the same way, from ?q= in the address).
+  function filter() {
+    var box = document.getElementById("filter");
+    var q = box ? box.value.trim().toLowerCase() : "";
+    document.querySelectorAll("table.sortable tbody.item").forEach(function (tb) {
+      tb.hidden = q !== "" && tb.firstElementChild.textContent.toLowerCase().indexOf(q) < 0;
+    });
+  }
+
+  function setQuery(changes) {
+    var p = new URLSearchParams(location.search);
+    Object.keys(changes).forEach(function (k) {
+      if (changes[k]) { p.set(k, changes[k]); } else { p.delete(k); }
+    });
+    var s = p.toString();
+    window.history.replaceState(null, "", location.pathname + (s ? "?" + s : ""));
+  }
+
+  var box = document.getElementById("filter");
+  if (box) {
+    box.addEventListener("input", function () {
+      setQuery({ q: box.value.trim() });
+      filter();
+    });
+  }
+
+  // A click on a column's header: the page sorted by it (the server sorts; the link works
+  // without script too).
+  document.addEventListener("click", function (ev) {
+    var a = ev.target.closest ? ev.target.closest("th[data-col] a") : null;
+    if (!a || !fragmentUrl()) { return; }
+    ev.preventDefault();
+    var p = new URLSearchParams(a.getAttribute("href").replace(/^\?/, ""));
+    setQuery({ sort: p.get("sort"), dir: p.get("dir") });
+    refresh();
+  });
+
+  // A task's output: each <pre data-follow> reads its URL as a stream (same origin) and
+  // appends what arrives, as text, until the task has ended and all is read.
+  var MAX_LOG = 1 << 20;
+  function follow(pre) {
+    fetch(pre.dataset.follow, { credentials: "same-origin" })
+      .then(function (r) {
+        if (!r.ok || !r.body) {
+          return r.text().then(function (t) {
+            var why = t;
+            try { why = JSON.parse(t).message || t; } catch (_) {}
+            pre.dataset.error = String(r.status);
+            pre.textContent = "(no output: " + why + ")";
+          });
+        }
+        var reader = r.body.getReader();
+        var dec = new TextDecoder();
+        pre.dataset.following = "true";
+        function step(res) {
+          if (res.done) {
+            pre.textContent += dec.decode();
+            pre.dataset.following = "ended";
+            return;
+          }
+          var atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+          var t = pre.textContent + dec.decode(res.value, { stream: true });
+          if (t.length > MAX_LOG) { t = t.slice(t.length - MAX_LOG); }
+          pre.textContent = t;
+          if (atEnd) { pre.scrollTop = pre.scrollHeight; }
+          return reader.read().then(step);
+        }
+        return reader.read().then(step);
+      })
+      .catch(function (e) { pre.dataset.following = "failed"; pre.textContent += "\n(" + e + ")"; });
+  }
+  document.querySelectorAll("pre[data-follow]").forEach(follow);
 
   function schedule() {
     if (!timer) { timer = setTimeout(refresh, 300); }
   }
 
   function sample() {
+    if (!document.getElementById("shares")) { return; }
     fetch("/api/v1/roles", { credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
       .then(function (roles) {
