@@ -203,6 +203,10 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 stdin: b"in".to_vec(),
                 principal: "operator:admin".into(),
                 timeout_secs: 30,
+                tty: Some(TtySize {
+                    rows: 33,
+                    cols: 101,
+                }),
             }),
         ),
         (
@@ -245,7 +249,7 @@ fn fnv(b: &[u8]) -> u64 {
 /// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
 /// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x084a5207b4ffa60c),
+    ("hello", 2, 0x08548407b5084f87),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 396, 0x801cbdf1b2defc40),
     ("run_task", 173, 0xbf68fb3be82d20d8),
@@ -257,7 +261,7 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("accept_group", 174, 0x76535a4c515695f9),
     ("set_demand", 38, 0xaf48506c6d009d19),
     ("run_task_group", 177, 0x330a4dfc355079f8),
-    ("sandbox_exec", 47, 0x42e724dc07550035),
+    ("sandbox_exec", 50, 0x537c9cf33b455766),
     ("sandbox_data", 10, 0x2f66684d55c96210),
 ];
 

@@ -8,7 +8,7 @@
 //! - paths leaving the sandbox (`../`, absolute, a symlink, a symlinked directory) are refused;
 //! - the task's own framework principal may read its logs, another framework's may not;
 //! - `gantryctl exec` runs in the running task: its output, its exit status, the task's user,
-//!   cgroups, working directory and environment; exec into an ended task is refused;
+//!   cgroups, working directory and environment; with `-t` on a terminal of the size asked; exec into an ended task is refused;
 //! - exec sessions past the per-principal limit are refused (429).
 
 use std::io::BufRead;
@@ -292,6 +292,24 @@ async fn logs_files_and_exec_through_the_master_as_a_non_root_operator() {
             "{line} not in {exec_cgroups:?}"
         );
     }
+    // Exec on a terminal (-t): the command's standard input is a tty of the size asked for,
+    // its output comes back as one stream, and its exit status is returned.
+    let (code, out, err) = ctl(&[
+        "exec",
+        "-t",
+        "--tty-size",
+        "33x101",
+        "sleeper",
+        "--",
+        "sh",
+        "-c",
+        "test -t 0 && echo tty; stty size; echo oops >&2; exit 5",
+    ]);
+    assert_eq!(code, 5, "{out} {err}");
+    let lines: Vec<&str> = out.lines().map(str::trim_end).collect();
+    assert_eq!(lines, ["tty", "33 101", "oops"], "{out} {err}");
+    let (code, _, err) = ctl(&["exec", "-t", "--tty-size", "0x80", "sleeper", "--", "true"]);
+    assert_eq!(code, 2, "{err}");
     let (code, _, err) = ctl(&["exec", "writer", "--", "true"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("not running"), "{err}");

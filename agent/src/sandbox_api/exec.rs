@@ -4,17 +4,25 @@
 //! is in (written into each hierarchy's `cgroup.procs` before `exec`), in a process group of its
 //! own that is killed when the session ends (the client went away, or the time limit).
 //!
+//! With a terminal (`tty` in the request, protocol v10) the command runs on a pseudo-terminal
+//! opened with `posix_openpt`/`grantpt`/`unlockpt`/`ptsname_r` from the `libc` crate (already
+//! the agent's; the workspace's `rustix` lacks its `pty` feature, and one more feature would
+//! rebuild every crate above it): the child calls `setsid` and takes the pty as its controlling
+//! terminal (`TIOCSCTTY`), the window size is set with `TIOCSWINSZ`, and everything it writes
+//! comes back as standard output (`stream` 1).
+//!
 //! [`exec_command`] builds the command from what was read ([`TaskProcess`]): the seam a
 //! container runtime replaces (a task in a container gets `runc exec CONTAINER CMD...`).
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use gantry_proto::{SandboxErrorKind, SandboxReply, SANDBOX_CHUNK};
+use gantry_proto::{SandboxErrorKind, SandboxReply, TtySize, SANDBOX_CHUNK};
 use gantry_transport::FrameSender;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -148,6 +156,7 @@ pub async fn run(
     argv: Vec<String>,
     stdin: Vec<u8>,
     timeout: Duration,
+    tty: Option<TtySize>,
     tx: &mut FrameSender,
 ) -> Result<(), ()> {
     if argv.is_empty() || argv[0].is_empty() {
@@ -188,6 +197,20 @@ pub async fn run(
     let (uid, gid) = (p.uid, p.gid);
     let groups: Vec<libc::gid_t> = p.groups.clone();
     let mut cmd = exec_command(&p, &argv);
+    if let Some(size) = tty {
+        let r = run_tty(
+            cmd,
+            procs,
+            fds,
+            (uid, gid, groups),
+            &argv,
+            stdin,
+            size,
+            timeout,
+            tx,
+        );
+        return r.await;
+    }
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -266,6 +289,180 @@ pub async fn run(
         let frame = SandboxReply::Output {
             stream,
             data: data.to_vec(),
+        };
+        if send_reply(tx, &frame).await.is_err() {
+            kill_group();
+            return Err(());
+        }
+    }
+    let status = tokio::select! {
+        s = child.wait() => s,
+        _ = &mut deadline, if !timed_out => {
+            kill_group();
+            child.wait().await
+        }
+    };
+    kill_group();
+    let reply = match status {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            SandboxReply::Exited {
+                code: s.code(),
+                signal: s.signal(),
+            }
+        }
+        Err(e) => refuse(SandboxErrorKind::Failed, e.to_string()),
+    };
+    send_reply(tx, &reply).await
+}
+
+/// Opens a pseudo-terminal of `size`: (the master side, the path of the terminal side).
+fn open_pty(size: TtySize) -> std::io::Result<(std::fs::File, PathBuf)> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain libc calls on a descriptor this function owns; the name buffer outlives
+    // `ptsname_r`, which NUL-terminates what it writes.
+    unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let master = std::fs::File::from_raw_fd(fd);
+        if libc::grantpt(fd) != 0 || libc::unlockpt(fd) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut name = [0 as libc::c_char; 128];
+        let rc = libc::ptsname_r(fd, name.as_mut_ptr(), name.len());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        let ws = libc::winsize {
+            ws_row: size.rows,
+            ws_col: size.cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        if libc::ioctl(fd, libc::TIOCSWINSZ, &ws) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let path = std::ffi::CStr::from_ptr(name.as_ptr());
+        Ok((
+            master,
+            PathBuf::from(std::ffi::OsStr::from_bytes(path.to_bytes())),
+        ))
+    }
+}
+
+/// [`run`] on a pseudo-terminal: the command in a session of its own with the pty as its
+/// controlling terminal; its output (standard output and error together) as `stream` 1.
+#[allow(clippy::too_many_arguments)]
+async fn run_tty(
+    mut cmd: tokio::process::Command,
+    procs: Vec<OwnedFd>,
+    fds: Vec<i32>,
+    (uid, gid, groups): (u32, u32, Vec<libc::gid_t>),
+    argv: &[String],
+    stdin: Vec<u8>,
+    size: TtySize,
+    timeout: Duration,
+    tx: &mut FrameSender,
+) -> Result<(), ()> {
+    let failed =
+        |what: &str, e: std::io::Error| refuse(SandboxErrorKind::Failed, format!("{what}: {e}"));
+    let (master, slave_path) = match open_pty(size) {
+        Ok(p) => p,
+        Err(e) => return send_reply(tx, &failed("cannot open a terminal", e)).await,
+    };
+    let slave = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&slave_path)
+    {
+        Ok(f) => f,
+        Err(e) => return send_reply(tx, &failed("cannot open the terminal", e)).await,
+    };
+    let ends = (slave.try_clone(), slave.try_clone(), master.try_clone());
+    let (Ok(out_end), Ok(err_end), Ok(writer)) = ends else {
+        return send_reply(
+            tx,
+            &refuse(SandboxErrorKind::Failed, "cannot dup the terminal"),
+        )
+        .await;
+    };
+    cmd.stdin(Stdio::from(slave))
+        .stdout(Stdio::from(out_end))
+        .stderr(Stdio::from(err_end))
+        .kill_on_drop(true);
+    // SAFETY: only async-signal-safe calls (setsid, ioctl, write, setgroups, setgid, setuid)
+    // on memory allocated before the fork. No process_group: setsid makes the child the
+    // leader of a new session and process group (and fails in a group leader).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for fd in &fds {
+                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let spawned = cmd.spawn();
+    // The parent's copies of the terminal side go with `cmd`: the master reads EIO once the
+    // command and whatever it left on the terminal are gone.
+    drop(cmd);
+    drop(procs);
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let kind = if e.kind() == std::io::ErrorKind::NotFound {
+                SandboxErrorKind::NotFound
+            } else {
+                SandboxErrorKind::Failed
+            };
+            return send_reply(tx, &refuse(kind, format!("{}: {e}", argv[0]))).await;
+        }
+    };
+    let pgid = child.id().map(|id| id as i32);
+    let kill_group = || {
+        if let Some(g) = pgid {
+            // SAFETY: a signal to the command's own process group.
+            unsafe { libc::kill(-g, libc::SIGKILL) };
+        }
+    };
+    let mut writer = tokio::fs::File::from_std(writer);
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(super::WRITE_DEADLINE, writer.write_all(&stdin)).await;
+    });
+    let mut reader = tokio::fs::File::from_std(master);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut buf = vec![0u8; SANDBOX_CHUNK];
+    let mut timed_out = false;
+    loop {
+        let n = tokio::select! {
+            // EIO: the terminal side is closed everywhere.
+            r = reader.read(&mut buf) => r.unwrap_or(0),
+            _ = &mut deadline, if !timed_out => {
+                timed_out = true;
+                kill_group();
+                continue;
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        let frame = SandboxReply::Output {
+            stream: 1,
+            data: buf[..n].to_vec(),
         };
         if send_reply(tx, &frame).await.is_err() {
             kill_group();

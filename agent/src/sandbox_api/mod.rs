@@ -176,6 +176,7 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
             stdin,
             principal,
             timeout_secs,
+            tty,
             ..
         } => {
             let Ok(_permit) = api.execs.clone().try_acquire_owned() else {
@@ -194,9 +195,9 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
                 0 => EXEC_TIMEOUT,
                 s => Duration::from_secs(u64::from(s)).min(EXEC_TIMEOUT),
             };
-            tracing::info!(%task, %principal, ?command, "exec in a task");
+            tracing::info!(%task, %principal, ?command, ?tty, "exec in a task");
             let meta = api.meta(&task);
-            exec::run(&meta, &sandbox, command, stdin, timeout, &mut tx).await
+            exec::run(&meta, &sandbox, command, stdin, timeout, tty, &mut tx).await
         }
     };
     if result.is_ok() {

@@ -242,9 +242,14 @@ enum Cmd {
         /// Send this terminal's standard input (read to its end first, at most 256 KiB).
         #[arg(short = 'i', long)]
         interactive: bool,
-        /// An interactive terminal (not supported yet: refused).
+        /// Run the command on a terminal (a pty on the agent): the window size of this terminal
+        /// (or `--tty-size`, or 24x80), this terminal in raw mode while it runs, its output as
+        /// one stream.
         #[arg(short = 't', long)]
         tty: bool,
+        /// With `-t`: the terminal's size, ROWSxCOLS (default: this terminal's, else 24x80).
+        #[arg(long, value_name = "ROWSxCOLS", value_parser = parse_tty_size)]
+        tty_size: Option<(u16, u16)>,
         /// Kill the command after this long (default: the agent's limit, 1 h).
         #[arg(long, value_parser = humantime::parse_duration)]
         timeout: Option<std::time::Duration>,
@@ -658,9 +663,13 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             task,
             interactive,
             tty,
+            tty_size,
             timeout,
             command,
-        } => exec(&c, &task, interactive, tty, timeout, command).await,
+        } => {
+            let tty = tty.then(|| tty_size.unwrap_or_else(local_tty_size));
+            exec(&c, &task, interactive, tty, timeout, command).await
+        }
         Cmd::Tasks {
             state,
             framework,
@@ -879,24 +888,75 @@ async fn sandbox_fs(
 #[error("the command exited with status {0}")]
 struct ExecStatus(u8);
 
+/// `--tty-size ROWSxCOLS`.
+fn parse_tty_size(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("{s:?}: expected ROWSxCOLS, e.g. 24x80");
+    let (r, c) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (r, c): (u16, u16) = (
+        r.trim().parse().map_err(|_| bad())?,
+        c.trim().parse().map_err(|_| bad())?,
+    );
+    if r == 0 || c == 0 {
+        return Err(bad());
+    }
+    Ok((r, c))
+}
+
+/// The window size of the terminal on standard output (else standard input), or 24x80.
+fn local_tty_size() -> (u16, u16) {
+    for fd in [libc::STDOUT_FILENO, libc::STDIN_FILENO] {
+        // SAFETY: TIOCGWINSZ writes one `winsize` into memory we own.
+        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0
+            && ws.ws_row > 0
+            && ws.ws_col > 0
+        {
+            return (ws.ws_row, ws.ws_col);
+        }
+    }
+    (24, 80)
+}
+
+/// This process's terminal (standard input) in raw mode until dropped.
+struct RawMode(libc::termios);
+
+impl RawMode {
+    /// `None` when standard input is not a terminal.
+    fn enter() -> Option<RawMode> {
+        // SAFETY: tcgetattr/tcsetattr on standard input with a `termios` we own.
+        unsafe {
+            let mut saved: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(libc::STDIN_FILENO, &mut saved) != 0 {
+                return None;
+            }
+            let mut raw = saved;
+            libc::cfmakeraw(&mut raw);
+            if libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw) != 0 {
+                return None;
+            }
+            Some(RawMode(saved))
+        }
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        // SAFETY: restores the settings read in `enter`.
+        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &self.0) };
+    }
+}
+
 /// `gantryctl exec`: runs the command in the task, prints its output as it comes, and exits
 /// with its status (128 + N for a signal).
 async fn exec(
     c: &OperatorClient,
     task: &str,
     interactive: bool,
-    tty: bool,
+    tty: Option<(u16, u16)>,
     timeout: Option<std::time::Duration>,
     command: Vec<String>,
 ) -> anyhow::Result<()> {
     use std::io::{Read, Write};
-    if tty {
-        return Err(Usage(
-            "exec -t: interactive terminals are not supported yet; use -i to send standard input"
-                .into(),
-        )
-        .into());
-    }
     let mut stdin = String::new();
     if interactive {
         let mut buf = Vec::new();
@@ -914,7 +974,15 @@ async fn exec(
         "command": command,
         "stdin": stdin,
         "timeout_secs": timeout.map_or(0, |t| t.as_secs().max(1)),
+        "tty": tty.map(|(rows, cols)| serde_json::json!({"rows": rows, "cols": cols})),
     });
+    // The local terminal in raw mode while the command runs (the remote pty does the line
+    // discipline); restored when `_raw` drops, on success and on error alike.
+    let _raw = if tty.is_some() {
+        RawMode::enter()
+    } else {
+        None
+    };
     let mut pending = Vec::new();
     let mut status: Option<u8> = None;
     let mut failure: Option<String> = None;

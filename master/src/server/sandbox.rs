@@ -8,7 +8,8 @@
 //!   1 MiB; without `offset`, the last `length` bytes.
 //! - `GET /api/v1/tasks/{id}/logs?stream=stdout|stderr&follow=&offset=&length=`: the task's
 //!   output, streamed; with `follow=true` until the task has ended and all is sent (`tail -f`).
-//! - `POST /api/v1/tasks/{id}/exec` `{"command": [..], "stdin": "..", "timeout_secs": N}`:
+//! - `POST /api/v1/tasks/{id}/exec` `{"command": [..], "stdin": "..", "timeout_secs": N,
+//!   "tty": {"rows": R, "cols": C}}` (`tty` optional: a pseudo-terminal, all output `stdout`):
 //!   newline-delimited JSON, `{"stream":"stdout"|"stderr","data":".."}` lines then
 //!   `{"exit_code":N,"signal":S}`.
 //!
@@ -27,8 +28,8 @@ use std::time::Duration;
 use axum::extract::{Path, Query};
 use axum::http::HeaderMap;
 use gantry_proto::{
-    SandboxErrorKind, SandboxReply, SandboxRequest, TaskId, SANDBOX_MAX_ENTRIES, SANDBOX_MAX_READ,
-    SANDBOX_MAX_STDIN,
+    SandboxErrorKind, SandboxReply, SandboxRequest, TaskId, TtySize, SANDBOX_MAX_ENTRIES,
+    SANDBOX_MAX_READ, SANDBOX_MAX_STDIN,
 };
 use gantry_transport::{FrameReceiver, FrameSender};
 
@@ -390,6 +391,9 @@ struct ExecBody {
     stdin: String,
     #[serde(default)]
     timeout_secs: u32,
+    /// Run on a terminal of this size (`{"rows": R, "cols": C}`).
+    #[serde(default)]
+    tty: Option<TtySize>,
 }
 
 impl App {
@@ -440,6 +444,14 @@ async fn exec(
             format!("exec: standard input is limited to {SANDBOX_MAX_STDIN} bytes"),
         ));
     }
+    if let Some(t) = req.tty {
+        if t.rows == 0 || t.cols == 0 {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "exec: a terminal needs rows and columns above 0",
+            ));
+        }
+    }
     let slot = app.exec_slot(who.clone())?;
     tracing::info!(principal = %who, task = %target.task_id, agent = %target.agent, command = ?req.command, "exec in a task");
     let sreq = SandboxRequest::Exec {
@@ -448,6 +460,7 @@ async fn exec(
         stdin: req.stdin.into_bytes(),
         principal: who,
         timeout_secs: req.timeout_secs,
+        tty: req.tty,
     };
     let (first, rx, tx) = ask(&app, &target, &sreq).await?;
     let stream = futures_util::stream::unfold(

@@ -1,4 +1,4 @@
-//! Task sandboxes, master -> agent (protocol v9): the master opens one more bidirectional QUIC
+//! Task sandboxes, master -> agent (protocol v9; v10: exec on a terminal): the master opens one more bidirectional QUIC
 //! stream on an agent's connection per operator request (logs, files, exec), sends one
 //! [`SandboxRequest`] frame, and reads [`SandboxReply`] frames until the agent finishes the
 //! stream. The agent trusts the request because the connection is the master's (mutual TLS);
@@ -62,7 +62,20 @@ pub enum SandboxRequest {
         principal: String,
         /// Killed after this many seconds (0: the agent's limit).
         timeout_secs: u32,
+        /// Run on a pseudo-terminal of this size (protocol v10): the command's controlling
+        /// terminal and its standard input, output and error; everything comes back as
+        /// `stream` 1. `None`: pipes, as before.
+        tty: Option<TtySize>,
     },
+}
+
+/// A terminal's window size, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtySize {
+    /// Rows (lines).
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
 }
 
 impl SandboxRequest {
