@@ -293,7 +293,8 @@ async fn logs_files_and_exec_through_the_master_as_a_non_root_operator() {
         );
     }
     // Exec on a terminal (-t): the command's standard input is a tty of the size asked for,
-    // its output comes back as one stream, and its exit status is returned.
+    // it runs as the task's user, its output comes back as one stream, and its exit status is
+    // returned; a zero size is a usage error.
     let (code, out, err) = ctl(&[
         "exec",
         "-t",
@@ -303,11 +304,12 @@ async fn logs_files_and_exec_through_the_master_as_a_non_root_operator() {
         "--",
         "sh",
         "-c",
-        "test -t 0 && echo tty; stty size; echo oops >&2; exit 5",
+        "test -t 0 && echo tty; stty size; id -u; echo oops >&2; exit 5",
     ]);
     assert_eq!(code, 5, "{out} {err}");
     let lines: Vec<&str> = out.lines().map(str::trim_end).collect();
-    assert_eq!(lines, ["tty", "33 101", "oops"], "{out} {err}");
+    let nobody = NOBODY.to_string();
+    assert_eq!(lines, ["tty", "33 101", &nobody, "oops"], "{out} {err}");
     let (code, _, err) = ctl(&["exec", "-t", "--tty-size", "0x80", "sleeper", "--", "true"]);
     assert_eq!(code, 2, "{err}");
     let (code, _, err) = ctl(&["exec", "writer", "--", "true"]);
