@@ -9,7 +9,8 @@
 //!            per address (--http-max-connections-per-address, unauthenticated ones only):
 //!              refused past it
 //!            unauthenticated share (max - reserved) or all slots (--http-max-connections)
-//!              taken: the OLDEST unauthenticated connection is closed to make room
+//!              taken: the OLDEST unauthenticated connection of the address holding the
+//!              most is closed to make room
 //!   TLS handshake with an operator certificate ─┐
 //!   or a request that authenticated ───────────┴─ ConnGuard::promote(): leaves the
 //!            unauthenticated share and its address's count; never closed for room, so
@@ -57,7 +58,7 @@ pub(crate) enum Refusal {
 
 /// The connection slots of the operator port (see the module docs). When the unauthenticated
 /// share (or every slot) is taken, a new connection takes the place of the OLDEST
-/// unauthenticated one, which is closed: a flood of connections that never authenticate can
+/// unauthenticated one of the address holding the most, which is closed: a flood of connections that never authenticate can
 /// delay a new operator by at most the time its handshake takes, never lock it out, and an
 /// authenticated connection is never closed for room.
 #[derive(Clone)]
@@ -84,6 +85,19 @@ struct Slots {
 impl Slots {
     fn open(&self) -> usize {
         self.pending.len() + self.authenticated.len()
+    }
+
+    /// The unauthenticated connection to close for room: the oldest of the address holding the
+    /// most of them (oldest overall between addresses holding as many). A flood from a few
+    /// addresses then closes its own connections, not the one handshake of an operator
+    /// connecting from elsewhere while it runs; a flood from as many addresses as there are
+    /// slots is closed oldest first.
+    fn victim(&self) -> Option<u64> {
+        let most = self.addresses.values().copied().max()?;
+        self.pending
+            .iter()
+            .find(|(_, (address, _))| self.addresses.get(address) == Some(&most))
+            .map(|(seq, _)| *seq)
     }
 
     /// Forgets pending connection `seq` (its address's count too); true if it was pending.
@@ -131,7 +145,7 @@ impl Admission {
             });
         }
         if st.pending.len() >= self.max_unauthenticated || st.open() >= self.max {
-            let Some(oldest) = st.pending.keys().next().copied() else {
+            let Some(oldest) = st.victim() else {
                 return Err(Refusal::Full(self.max));
             };
             if let Some((_, close)) = st.pending.get(&oldest) {
@@ -474,6 +488,30 @@ mod tests {
         let mut cx = Context::from_waker(waker);
         let fut = std::pin::pin!(g.evicted());
         fut.poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn a_flood_closes_its_own_connections_not_an_operators_handshake() {
+        // 6 unauthenticated slots; an operator connects first (oldest), then a flood from two
+        // addresses keeps coming: oldest-first would close the operator's handshake.
+        let adm = Admission::new(10, 4, 0);
+        let operator = adm.admit(ip("10.0.0.5")).unwrap();
+        let flood: Vec<_> = (0..40)
+            .map(|i| adm.admit(ip(&format!("10.0.1.{}", i % 2))).unwrap())
+            .collect();
+        assert_eq!(adm.counts(), (6, 6, 35));
+        assert!(
+            !closed_for_room(&operator),
+            "the operator's handshake survives"
+        );
+        assert!(closed_for_room(&flood[0]) && !closed_for_room(&flood[39]));
+        // Every address at one connection: the oldest goes.
+        drop(flood);
+        let one: Vec<_> = (0..6)
+            .map(|i| adm.admit(ip(&format!("10.0.2.{i}"))).unwrap())
+            .collect();
+        assert!(closed_for_room(&operator), "oldest of equals");
+        drop(one);
     }
 
     #[test]
