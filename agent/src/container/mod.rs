@@ -71,6 +71,9 @@ pub struct ContainerConfig {
     pub images: Option<Arc<gantry_image::ImageStore>>,
     /// The image leases of prepared containers, until their cleanup.
     pub leases: Leases,
+    /// Held from resolving a launch's volumes to writing its spec, and by
+    /// [`volumes::destroy_unused`] from its check to the removal.
+    pub volume_lock: Arc<Mutex<()>>,
 }
 
 /// The image-store leases of container tasks, by the task's meta directory: taken when a
@@ -167,6 +170,7 @@ impl ContainerConfig {
             cdi_dirs: CDI_DIRS.iter().map(PathBuf::from).collect(),
             images: None,
             leases: Leases::default(),
+            volume_lock: Arc::default(),
         }
     }
 }
@@ -580,6 +584,8 @@ fn prepare_bundle(cfg: &ContainerConfig, req: &Request<'_>) -> Result<PathBuf, C
             .and_then(|()| std::os::unix::fs::chown(sb, Some(req.uid), Some(req.gid)))
             .map_err(|e| ContainerError::Rootfs(format!("sandbox {}: {e}", sb.display())))?;
     }
+    // No volume of this launch is destroyed before its spec (which names it) is written.
+    let _volumes = cfg.volume_lock.lock().unwrap_or_else(|e| e.into_inner());
     let mut mounts = vec![BindMount {
         source: req.sandbox.to_path_buf(),
         destination: SANDBOX_PATH.into(),
