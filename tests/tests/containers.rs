@@ -12,7 +12,10 @@
 //!   images built with `umoci` and pushed with `skopeo`: gantry-image's harness) runs with its
 //!   layers stacked (a whiteout in the upper layer hides a lower file), with pull progress in
 //!   its `STARTING` updates; a missing tag and an unknown digest fail `image-pull-failed`;
-//! - a running container survives an agent restart and is killed through the new agent;
+//! - a running container survives an agent restart and is killed through the new agent; one
+//!   on a registry image keeps its layers through the restart and a collection forced by a
+//!   pull past the cache bound (`--image-cache-mib 1`: the restarted agent takes its image's
+//!   lease again);
 //! - nothing is left afterwards: no mount under the agent's work directory, no runtime state,
 //!   no bundle.
 
@@ -94,6 +97,9 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
             allowed.to_str().unwrap(),
             "--registry-insecure",
             &reg_host,
+            // Every pull collects what is not leased.
+            "--image-cache-mib",
+            "1",
         ],
     )
     .unwrap();
@@ -160,6 +166,12 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
     // Survives an agent restart, then killed.
     let mut sleeper = in_container("sleeper", "sleep 600", image);
     sleeper.kill_grace_secs = Some(1);
+    let mut reg_sleeper = in_container(
+        "reg-sleeper",
+        "sleep 600",
+        &format!("{reg_host}/busybox:v2"),
+    );
+    reg_sleeper.kill_grace_secs = Some(1);
 
     let tasks = vec![
         isolated.clone(),
@@ -172,6 +184,7 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
         missing_tag.clone(),
         bad_digest.clone(),
         sleeper.clone(),
+        reg_sleeper.clone(),
     ];
     let mut rec = start_recording(cluster.framework_config("tenant", &["containers"]), tasks);
     let agent = &cluster.agents[0];
@@ -245,7 +258,12 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
         .updates
         .seen
         .iter()
-        .filter(|u| u.task_id == pulled.task_id && u.state == TaskState::Starting)
+        // (The registry sleeper pulls the same image at the same time: one of the two pulls
+        // it, the other shares the result.)
+        .filter(|u| {
+            (u.task_id == pulled.task_id || u.task_id == reg_sleeper.task_id)
+                && u.state == TaskState::Starting
+        })
         .map(|u| u.message.clone())
         .collect();
     assert!(
@@ -269,6 +287,8 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
 
     // The sleeper runs; the agent restarts; it still runs, and the new agent kills it.
     rec.expect(&cluster, &sleeper, TaskState::Running, T).await;
+    rec.expect(&cluster, &reg_sleeper, TaskState::Running, T)
+        .await;
     let state_dir = work_dir
         .join("runtime")
         .join(format!("gantry-{}", sleeper.task_id));
@@ -290,6 +310,44 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
     let killed = rec.expect(&cluster, &sleeper, TaskState::Killed, T).await;
     assert_eq!(killed.reason, Some(TaskReason::KilledByRequest));
 
+    // A pull past the cache bound (1 MiB; busybox:v2 is 2 MB) collects every image not leased:
+    // the registry sleeper's image stays, its layers on disk, its container running.
+    registry.push(&images.layout(), "v1", "busybox:v1").unwrap();
+    let collector = in_container("collector", "true", &format!("{reg_host}/busybox:v1"));
+    let mut rec2 = start_recording(
+        cluster.framework_config("tenant2", &["containers"]),
+        vec![collector.clone()],
+    );
+    rec2.expect(&cluster, &collector, TaskState::Finished, T)
+        .await;
+    let layers_dir = work_dir.join("images").join("layers");
+    for digest in images.layers("v2").unwrap() {
+        let hex = digest.trim_start_matches("sha256:");
+        assert!(
+            layers_dir.join(hex).is_dir(),
+            "layer {digest} of the running container's image was collected; left: {:?}; agent log:\n{}",
+            std::fs::read_dir(&layers_dir)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+                .unwrap_or_default(),
+            std::fs::read_to_string(&cluster.agents[0].log).unwrap_or_default()
+        );
+    }
+    let state = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(work_dir.join("runtime"))
+        .args(["state", &format!("gantry-{}", reg_sleeper.task_id)])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&state.stdout).contains("\"running\""),
+        "the registry container runs after the restart and the collection: {}",
+        String::from_utf8_lossy(&state.stdout)
+    );
+    rec.handle.kill(reg_sleeper.task_id);
+    rec.expect(&cluster, &reg_sleeper, TaskState::Killed, T)
+        .await;
+    rec2.stop(T).await;
+
     // Nothing left: mounts, runtime state, bundles (cleaned when each task's cgroup settles).
     let deadline = std::time::Instant::now() + T;
     loop {
@@ -297,16 +355,25 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
         let states: Vec<_> = std::fs::read_dir(work_dir.join("runtime"))
             .map(|d| d.flatten().map(|e| e.file_name()).collect())
             .unwrap_or_default();
-        let bundles: Vec<_> = [&isolated, &writer, &reader, &dataset, &pulled, &sleeper]
-            .iter()
-            .map(|t| {
-                work_dir
-                    .join("meta")
-                    .join(t.task_id.to_string())
-                    .join("container")
-            })
-            .filter(|b| b.exists())
-            .collect();
+        let bundles: Vec<_> = [
+            &isolated,
+            &writer,
+            &reader,
+            &dataset,
+            &pulled,
+            &sleeper,
+            &reg_sleeper,
+            &collector,
+        ]
+        .iter()
+        .map(|t| {
+            work_dir
+                .join("meta")
+                .join(t.task_id.to_string())
+                .join("container")
+        })
+        .filter(|b| b.exists())
+        .collect();
         if mounts.is_empty() && states.is_empty() && bundles.is_empty() {
             break;
         }

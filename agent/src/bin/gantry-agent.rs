@@ -437,6 +437,16 @@ fn main() -> anyhow::Result<()> {
         extra_roots: args.registry_ca.clone(),
     })
     .context("--image-dir: opening the image store")?;
+    let images = std::sync::Arc::new(images);
+    containers.images = Some(images.clone());
+    // Before anything is pulled (a pull may collect): the leases of the containers still here.
+    let retaken = gantry_agent::container::retake_leases(&containers, &args.work_dir.join("meta"));
+    if retaken > 0 {
+        tracing::info!(
+            retaken,
+            "re-took the image leases of the containers from before"
+        );
+    }
     let config = AgentConfig {
         masters: args.master,
         work_dir: args.work_dir,
@@ -485,7 +495,7 @@ fn main() -> anyhow::Result<()> {
         disk_watch_interval: seconds("disk-watch-interval", args.disk_watch_interval)?
             .max(Duration::from_millis(200)),
         containers: std::sync::Arc::new(containers),
-        images: Some(std::sync::Arc::new(images)),
+        images: Some(images),
     };
     // The master refuses registrations past these bounds: say so now, not in a reconnect loop.
     gantry_proto::register_limits::check(

@@ -21,6 +21,12 @@
 //! (when the task's cgroup is settled) deletes the runtime's state, unmounts the root
 //! filesystem and removes the bundle.
 //!
+//! A container on a registry image holds a lease on it in the image store ([`Leases`]) from
+//! its bundle's preparation to its [`cleanup`], so collection never removes layers under a
+//! mounted root filesystem. The bundle records the image's digest (`image`): a restarted agent
+//! takes the leases of the containers it re-adopts again ([`retake_leases`]) before it pulls
+//! anything.
+//!
 //! - [`cdi`]: CDI spec parsing and device look-up.
 //! - [`seccomp`]: the default seccomp profile.
 //! - [`volumes`]: host volumes (allow-list) and persistent volumes.
@@ -29,8 +35,9 @@ pub mod cdi;
 pub mod seccomp;
 pub mod volumes;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use gantry_proto::{ContainerInfo, ContainerNetwork, Program, TaskId};
 use oci_spec::runtime::{
@@ -60,6 +67,92 @@ pub struct ContainerConfig {
     pub volumes_dir: PathBuf,
     /// Where CDI specs are read (`--cdi-dir`; `/etc/cdi` and `/var/run/cdi` by default).
     pub cdi_dirs: Vec<PathBuf>,
+    /// The image store registry images come from (leases are taken in it).
+    pub images: Option<Arc<gantry_image::ImageStore>>,
+    /// The image leases of prepared containers, until their cleanup.
+    pub leases: Leases,
+    /// Held from resolving a launch's volumes to writing its spec, and by
+    /// [`volumes::destroy_unused`] from its check to the removal.
+    pub volume_lock: Arc<Mutex<()>>,
+}
+
+/// The image-store leases of container tasks, by the task's meta directory: taken when a
+/// bundle is prepared (or again by [`retake_leases`] after a restart), dropped by [`cleanup`].
+#[derive(Clone, Default)]
+pub struct Leases(Arc<Mutex<HashMap<PathBuf, gantry_image::Lease>>>);
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases").field("held", &self.len()).finish()
+    }
+}
+
+impl Leases {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, gantry_image::Lease>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Holds `lease` for the container whose meta directory is `meta` (replacing any).
+    pub fn hold(&self, meta: &Path, lease: gantry_image::Lease) {
+        self.map().insert(meta.to_path_buf(), lease);
+    }
+
+    /// Drops the lease of `meta`'s container, if any.
+    pub fn release(&self, meta: &Path) {
+        self.map().remove(meta);
+    }
+
+    /// The digest leased for `meta`'s container.
+    pub fn digest(&self, meta: &Path) -> Option<String> {
+        self.map()
+            .get(meta)
+            .and_then(|l| l.digest().map(str::to_string))
+    }
+
+    /// How many leases are held.
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    /// True when none is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The bundle's record of the registry image's digest (for [`retake_leases`]).
+const IMAGE_FILE: &str = "image";
+
+/// Takes again, after an agent restart, the image leases of the containers whose bundles are
+/// still under `meta_root` (`WORK_DIR/meta/TASK/container`): call it before the agent pulls
+/// anything, so no collection removes a running container's layers. Returns how many were
+/// taken; an image the store no longer has is logged (its container keeps its mounted layers
+/// until cleanup, which needs nothing of the store). Blocking.
+pub fn retake_leases(cfg: &ContainerConfig, meta_root: &Path) -> usize {
+    let Some(store) = &cfg.images else {
+        return 0;
+    };
+    let Ok(dir) = std::fs::read_dir(meta_root) else {
+        return 0;
+    };
+    let mut taken = 0;
+    for entry in dir.flatten() {
+        let meta = entry.path();
+        let Ok(digest) = std::fs::read_to_string(meta.join("container").join(IMAGE_FILE)) else {
+            continue;
+        };
+        match store.lease(digest.trim()) {
+            Ok(image) => {
+                cfg.leases.hold(&meta, image.lease);
+                taken += 1;
+            }
+            Err(e) => tracing::warn!(
+                meta = %meta.display(),
+                "re-taking the image lease of a container: {e}"
+            ),
+        }
+    }
+    taken
 }
 
 /// The default CDI spec directories.
@@ -75,6 +168,9 @@ impl ContainerConfig {
             volume_allow: Vec::new(),
             volumes_dir: work_dir.join("volumes"),
             cdi_dirs: CDI_DIRS.iter().map(PathBuf::from).collect(),
+            images: None,
+            leases: Leases::default(),
+            volume_lock: Arc::default(),
         }
     }
 }
@@ -130,6 +226,8 @@ fn spec_err(e: impl std::fmt::Display) -> ContainerError {
 /// What an image gives a container.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ImageParts {
+    /// The manifest digest of a registry image (`None`: an agent-side root filesystem).
+    pub digest: Option<String>,
     /// Unpacked layers, lowest first.
     pub layers: Vec<PathBuf>,
     /// `KEY=VALUE`.
@@ -142,6 +240,7 @@ pub struct ImageParts {
 impl From<&gantry_image::Image> for ImageParts {
     fn from(i: &gantry_image::Image) -> Self {
         Self {
+            digest: Some(i.digest.clone()),
             layers: i.layers.clone(),
             env: i.config.env.clone(),
             entrypoint: i.config.entrypoint.clone(),
@@ -485,6 +584,8 @@ fn prepare_bundle(cfg: &ContainerConfig, req: &Request<'_>) -> Result<PathBuf, C
             .and_then(|()| std::os::unix::fs::chown(sb, Some(req.uid), Some(req.gid)))
             .map_err(|e| ContainerError::Rootfs(format!("sandbox {}: {e}", sb.display())))?;
     }
+    // No volume of this launch is destroyed before its spec (which names it) is written.
+    let _volumes = cfg.volume_lock.lock().unwrap_or_else(|e| e.into_inner());
     let mut mounts = vec![BindMount {
         source: req.sandbox.to_path_buf(),
         destination: SANDBOX_PATH.into(),
@@ -509,6 +610,16 @@ fn prepare_bundle(cfg: &ContainerConfig, req: &Request<'_>) -> Result<PathBuf, C
     std::fs::create_dir_all(&bundle).map_err(|e| ContainerError::Rootfs(e.to_string()))?;
     std::fs::create_dir_all(&cfg.state_root)
         .map_err(|e| ContainerError::Rootfs(format!("{}: {e}", cfg.state_root.display())))?;
+    // The image's lease, from before its layers are mounted until the cleanup.
+    if let (Some(digest), Some(store)) = (&image.digest, &cfg.images) {
+        std::fs::write(bundle.join(IMAGE_FILE), digest)
+            .map_err(|e| ContainerError::Rootfs(e.to_string()))?;
+        let leased = store.lease(digest).map_err(|e| ContainerError::Image {
+            image: req.container.image.clone(),
+            reason: e.to_string(),
+        })?;
+        cfg.leases.hold(req.meta, leased.lease);
+    }
     let rootfs = mount_rootfs(&image.layers, &bundle)?;
     let cgroup_path = match &req.task_cgroup {
         Some(p) => format!("{}/ctr", p.trim_end_matches('/')),
@@ -663,6 +774,8 @@ pub fn cleanup(cfg: &ContainerConfig, meta: &Path, task: TaskId) {
     if let Err(e) = std::fs::remove_dir_all(&bundle) {
         tracing::warn!(path = %bundle.display(), "removing the container bundle: {e}");
     }
+    // The root filesystem is unmounted: its layers may go.
+    cfg.leases.release(meta);
 }
 
 /// The bundle's record of the container's cgroup path.

@@ -199,3 +199,62 @@ fn host_volumes_outside_the_allow_list_are_refused_and_persistent_ones_are_made(
     assert!(volumes::destroy(&cfg, "fw", "ckpt").unwrap());
     assert!(!volumes::destroy(&cfg, "fw", "ckpt").unwrap());
 }
+
+/// A persistent volume a container's spec mounts is listed with its task and not destroyed;
+/// once the bundle is gone it is; names that are not names are refused.
+#[test]
+fn a_persistent_volume_in_use_is_not_destroyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ContainerConfig {
+        volumes_dir: dir.path().join("volumes"),
+        ..ContainerConfig::default()
+    };
+    let meta_root = dir.path().join("meta");
+    let ckpt = volumes::resolve(&cfg, "fw", &Volume::persistent("ckpt", "/ckpt"), 0, 0).unwrap();
+    volumes::resolve(&cfg, "fw", &Volume::persistent("other", "/o"), 0, 0).unwrap();
+    std::fs::write(ckpt.source.join("data"), "x").unwrap();
+    // A running task's bundle whose spec mounts the volume.
+    let bundle = meta_root.join("task-1").join("container");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let spec = serde_json::json!({
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/ckpt", "type": "bind", "source": ckpt.source},
+        ]
+    });
+    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+
+    let listed = volumes::list(&cfg, &meta_root);
+    let summary: Vec<(&str, &str, Vec<String>)> = listed
+        .iter()
+        .map(|v| (v.framework.as_str(), v.name.as_str(), v.used_by.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("fw", "ckpt", vec!["task-1".to_string()]),
+            ("fw", "other", vec![]),
+        ]
+    );
+    let e = volumes::destroy_unused(&cfg, &meta_root, "fw", "ckpt").unwrap_err();
+    assert!(
+        matches!(&e, volumes::DestroyError::InUse { tasks, .. } if tasks == &["task-1"]),
+        "{e}"
+    );
+    assert!(e.to_string().contains("in use by task(s) task-1"), "{e}");
+    assert!(ckpt.source.join("data").exists(), "nothing is lost");
+    assert!(volumes::destroy_unused(&cfg, &meta_root, "fw", "other").unwrap());
+
+    std::fs::remove_dir_all(meta_root.join("task-1")).unwrap();
+    assert!(volumes::destroy_unused(&cfg, &meta_root, "fw", "ckpt").unwrap());
+    assert!(!ckpt.source.exists());
+    assert!(!volumes::destroy_unused(&cfg, &meta_root, "fw", "ckpt").unwrap());
+    for (fw, name) in [("fw", "../x"), ("..", "ckpt"), ("fw", ""), ("a/b", "c")] {
+        let e = volumes::destroy_unused(&cfg, &meta_root, fw, name).unwrap_err();
+        assert!(
+            matches!(e, volumes::DestroyError::Name { .. }),
+            "{fw}/{name}: {e}"
+        );
+    }
+    assert!(dir.path().join("volumes").exists());
+}

@@ -1,7 +1,12 @@
 //! Container volumes: host directories under the agent's allow-list (`--volume-allow`), and
 //! per-framework persistent volumes `VOLUMES_DIR/FRAMEWORK/NAME`: created empty on first use
 //! (mode 0750, owned by the task's user), kept across attempts and agent restarts, removed
-//! only by [`destroy`] (an operator, or the framework through it).
+//! only by [`destroy_unused`] (an operator, or the framework through it), which refuses while
+//! a container of the agent mounts the volume ([`users`]: the bundles' specs) and takes the
+//! config's volume lock, as a launch does from resolving its volumes to writing its spec, so
+//! no launch can start using a volume between the check and the removal. [`list`] gives the
+//! volumes with their users. The operator API and the framework operation that reach these
+//! through the master are not wired yet (docs/containers.md, "Volumes").
 
 use std::path::{Path, PathBuf};
 
@@ -100,4 +105,134 @@ pub fn destroy(cfg: &ContainerConfig, framework: &str, name: &str) -> std::io::R
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(true)
+}
+
+/// Why a persistent volume was not destroyed.
+#[derive(Debug, thiserror::Error)]
+pub enum DestroyError {
+    /// The framework id or volume name cannot name a volume (no `/`, no leading `.`).
+    #[error("{what} {value:?}: 1 to 64 bytes of A-Z a-z 0-9 . _ -, not starting with '.'")]
+    Name { what: &'static str, value: String },
+    /// A container on this agent mounts it.
+    #[error("persistent volume {framework}/{name} is in use by task(s) {}", tasks.join(", "))]
+    InUse {
+        framework: String,
+        name: String,
+        tasks: Vec<String>,
+    },
+    #[error("removing {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A framework's persistent volume on this agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeEntry {
+    pub framework: String,
+    pub name: String,
+    pub path: PathBuf,
+    /// The tasks whose containers mount it (their bundles' specs), sorted.
+    pub used_by: Vec<String>,
+}
+
+/// `A-Z a-z 0-9 . _ -`, 1 to 64 bytes, not starting with `.` (the protocol's rule for names).
+fn safe_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The tasks (meta directory names under `meta_root`) whose container bundles bind-mount
+/// `dir`: the `mounts[].source` of each `META/TASK/container/config.json`. Blocking.
+pub fn users(meta_root: &Path, dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(meta_root) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = entries
+        .flatten()
+        .filter(|e| {
+            let Ok(text) = std::fs::read(e.path().join("container").join("config.json")) else {
+                return false;
+            };
+            let Ok(spec) = serde_json::from_slice::<serde_json::Value>(&text) else {
+                return false;
+            };
+            spec["mounts"].as_array().is_some_and(|mounts| {
+                mounts
+                    .iter()
+                    .filter_map(|m| m["source"].as_str())
+                    .any(|src| Path::new(src) == dir)
+            })
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every persistent volume on this agent (`VOLUMES_DIR/FRAMEWORK/NAME`) with its users, sorted
+/// by framework and name. Blocking.
+pub fn list(cfg: &ContainerConfig, meta_root: &Path) -> Vec<VolumeEntry> {
+    let names = |dir: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let mut out = Vec::new();
+    for framework in names(&cfg.volumes_dir) {
+        for name in names(&cfg.volumes_dir.join(&framework)) {
+            let path = persistent_dir(cfg, &framework, &name);
+            out.push(VolumeEntry {
+                used_by: users(meta_root, &path),
+                framework: framework.clone(),
+                name,
+                path,
+            });
+        }
+    }
+    out
+}
+
+/// Removes the framework's persistent volume `name` unless a container on this agent mounts
+/// it. `Ok(false)`: there was none. Holds the volume lock (see the module docs). Blocking.
+pub fn destroy_unused(
+    cfg: &ContainerConfig,
+    meta_root: &Path,
+    framework: &str,
+    name: &str,
+) -> Result<bool, DestroyError> {
+    for (what, value) in [("framework", framework), ("volume name", name)] {
+        if !safe_name(value) {
+            return Err(DestroyError::Name {
+                what,
+                value: value.to_string(),
+            });
+        }
+    }
+    let _guard = cfg.volume_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = persistent_dir(cfg, framework, name);
+    let tasks = users(meta_root, &dir);
+    if !tasks.is_empty() {
+        return Err(DestroyError::InUse {
+            framework: framework.to_string(),
+            name: name.to_string(),
+            tasks,
+        });
+    }
+    destroy(cfg, framework, name).map_err(|source| DestroyError::Io {
+        path: dir.display().to_string(),
+        source,
+    })
 }
