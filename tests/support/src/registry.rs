@@ -80,16 +80,28 @@ impl Registry {
             .prefix("gantry-registry-")
             .tempdir()
             .context("creating the registry directory")?;
-        let port = free_port()?;
         let mut reg = Registry {
             dir,
-            port,
+            port: free_port()?,
             opts,
             child: None,
         };
-        reg.write_config()?;
-        reg.launch()?;
-        Ok(reg)
+        // A free port can be taken by another test's server between the look-up and the
+        // registry's bind: the registry then exits at once; try another port.
+        let mut tries = 0;
+        loop {
+            reg.write_config()?;
+            match reg.launch() {
+                Ok(()) => return Ok(reg),
+                Err(e) if tries < 5 && reg.log().contains("address already in use") => {
+                    tries += 1;
+                    eprintln!("registry port {} was taken ({e:#}); another", reg.port);
+                    let _ = std::fs::remove_file(reg.log_path());
+                    reg.port = free_port()?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn write_config(&self) -> anyhow::Result<()> {
@@ -155,7 +167,11 @@ impl Registry {
                     self.log()
                 );
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            // Listening, and it is the registry (not another test's server that took the
+            // port: the registry then exits with "address already in use", seen above).
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                && self.log().contains("listening on")
+            {
                 return Ok(());
             }
             if Instant::now() > deadline {
