@@ -404,3 +404,36 @@ impl crate::Cluster {
         .expect("raw framework connection")
     }
 }
+
+/// `gantry-autoscaler run` on `cluster` as the dev operator `admin`, with the pools of
+/// `pools`, its report in `status`, and the local provider starting agents on this host with
+/// stand-in GPUs (no host ports each: ranges would overlap; every sandbox kept), their work
+/// directories under the cluster's `nodes/`.
+pub fn autoscaler_command(
+    cluster: &crate::Cluster,
+    pools: &Path,
+    status: &Path,
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(crate::bin("gantry-autoscaler").expect("built"));
+    cmd.arg("run")
+        .arg("--config")
+        .arg(pools)
+        .arg("--master")
+        .arg(format!("https://{}", cluster.master.http))
+        .arg("--tls-dir")
+        .arg(&cluster.tls_dir)
+        .args(["--operator", "admin", "--status-file"])
+        .arg(status)
+        .arg("--local-master")
+        .arg(cluster.master.quic.to_string())
+        .arg("--local-work-dir")
+        .arg(cluster.dir.path().join("nodes"))
+        .arg("--local-agent-bin")
+        .arg(crate::bin("gantry-agent").expect("built"))
+        .arg("--local-nvml-lib")
+        .arg(crate::standin_lib());
+    for a in ["--ports", "none", "--gc-disk-headroom", "0"] {
+        cmd.arg(format!("--local-agent-arg={a}"));
+    }
+    cmd
+}

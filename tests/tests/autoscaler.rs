@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 use gantry_examples::batch::{Batch, BatchSpec};
 use gantry_sdk::protocol::{Capability, CommandInfo};
 use gantry_tests::{
-    bin, cgroups_available, free_tcp, http_get, register_http, running_tasks, standin_lib, Cluster,
-    Proc,
+    bin, cgroups_available, free_tcp, http_get, register_http, running_tasks, Cluster, Proc,
 };
 
 const PRICE: f64 = 36.0;
@@ -124,32 +123,9 @@ fn seconds(seen: &Seen) -> f64 {
         .sum()
 }
 
-/// `gantry-autoscaler run` as the dev operator `admin` with `pools`, its report in `status`,
-/// and the local provider starting agents on this host (no host ports each: ranges would
-/// overlap; every sandbox kept).
+/// `gantry-autoscaler run` with `pools` (the harness's command), its report in `status`.
 fn autoscaler_cmd(cluster: &Cluster, pools: &std::path::Path, status: &std::path::Path) -> Command {
-    let mut cmd = Command::new(bin("gantry-autoscaler").unwrap());
-    cmd.arg("run")
-        .arg("--config")
-        .arg(pools)
-        .arg("--master")
-        .arg(format!("https://{}", cluster.master.http))
-        .arg("--tls-dir")
-        .arg(&cluster.tls_dir)
-        .args(["--operator", "admin", "--status-file"])
-        .arg(status)
-        .arg("--local-master")
-        .arg(cluster.master.quic.to_string())
-        .arg("--local-work-dir")
-        .arg(cluster.dir.path().join("nodes"))
-        .arg("--local-agent-bin")
-        .arg(bin("gantry-agent").unwrap())
-        .arg("--local-nvml-lib")
-        .arg(standin_lib());
-    for a in ["--ports", "none", "--gc-disk-headroom", "0"] {
-        cmd.arg(format!("--local-agent-arg={a}"));
-    }
-    cmd
+    gantry_tests::frameworks::autoscaler_command(cluster, pools, status)
 }
 
 /// The example batch framework `name` with `count` tasks of one GPU running `command`.

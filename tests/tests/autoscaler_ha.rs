@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gantry_tests::etcd::EtcdServer;
-use gantry_tests::{bin, cgroups_available, standin_lib, CgroupRoot, Cluster, Proc};
+use gantry_tests::{cgroups_available, CgroupRoot, Cluster, Proc};
 
 const PRICE: &str = "36";
 const TTL_S: u64 = 2;
@@ -76,38 +76,15 @@ fn cgroup_root(node: &str) -> String {
     format!("gantry-test-{}-asha-{node}", std::process::id())
 }
 
-/// One copy: `gantry-autoscaler run` in the election, as the dev operator `admin`.
+/// One copy: the harness's `gantry-autoscaler run` in the election, its agents in cgroups of
+/// their own (removed at the end).
 fn copy(cluster: &Cluster, etcd: &str, id: &str, pools: &Path, status: &Path) -> Command {
-    let mut cmd = Command::new(bin("gantry-autoscaler").unwrap());
-    cmd.arg("run")
-        .arg("--config")
-        .arg(pools)
-        .arg("--master")
-        .arg(format!("https://{}", cluster.master.http))
-        .arg("--tls-dir")
-        .arg(&cluster.tls_dir)
-        .args(["--operator", "admin", "--status-file"])
-        .arg(status)
-        .args(["--etcd", etcd, "--ha-id", id, "--ha-lease-ttl"])
-        .arg(format!("{TTL_S}s"))
-        .arg("--local-master")
-        .arg(cluster.master.quic.to_string())
-        // Shared: the node names of both copies never collide.
-        .arg("--local-work-dir")
-        .arg(cluster.dir.path().join("nodes"))
-        .arg("--local-agent-bin")
-        .arg(bin("gantry-agent").unwrap())
-        .arg("--local-nvml-lib")
-        .arg(standin_lib());
+    let mut cmd = gantry_tests::frameworks::autoscaler_command(cluster, pools, status);
+    cmd.args(["--etcd", etcd, "--ha-id", id, "--ha-lease-ttl"])
+        .arg(format!("{TTL_S}s"));
+    // The node names of both copies never collide: one cgroup root per node.
     let root = cgroup_root("{node}");
-    for a in [
-        "--ports",
-        "none",
-        "--gc-disk-headroom",
-        "0",
-        "--cgroup-root",
-        root.as_str(),
-    ] {
+    for a in ["--cgroup-root", root.as_str()] {
         cmd.arg(format!("--local-agent-arg={a}"));
     }
     cmd

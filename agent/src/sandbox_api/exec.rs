@@ -216,43 +216,16 @@ pub async fn run(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: only async-signal-safe calls (write, setgroups, setgid, setuid) on memory
-    // allocated before the fork.
+    // SAFETY: `enter_task` is async-signal-safe on memory allocated before the fork.
     unsafe {
-        cmd.pre_exec(move || {
-            for fd in &fds {
-                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                || libc::setgid(gid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || enter_task(&fds, &groups, gid, uid));
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => {
-            let kind = if e.kind() == std::io::ErrorKind::NotFound {
-                SandboxErrorKind::NotFound
-            } else {
-                SandboxErrorKind::Failed
-            };
-            return send_reply(tx, &refuse(kind, format!("{}: {e}", argv[0]))).await;
-        }
+        Err(e) => return send_reply(tx, &not_started(&argv[0], &e)).await,
     };
     drop(procs);
-    let pgid = child.id().map(|id| id as i32);
-    let kill_group = || {
-        if let Some(g) = pgid {
-            // SAFETY: a signal to the command's own process group.
-            unsafe { libc::kill(-g, libc::SIGKILL) };
-        }
-    };
+    let kill_group = group_killer(&child);
     if let Some(mut input) = child.stdin.take() {
         tokio::spawn(async move {
             let _ = tokio::time::timeout(super::WRITE_DEADLINE, input.write_all(&stdin)).await;
@@ -295,6 +268,59 @@ pub async fn run(
             return Err(());
         }
     }
+    exited(&mut child, deadline, timed_out, kill_group, tx).await
+}
+
+/// In the child between fork and exec: joins the task's cgroups (writes to the `cgroup.procs`
+/// files opened as `fds`) and becomes the task's user. Async-signal-safe: no allocation.
+fn enter_task(fds: &[i32], groups: &[libc::gid_t], gid: u32, uid: u32) -> std::io::Result<()> {
+    // SAFETY: plain system calls on descriptors and memory owned by the caller.
+    unsafe {
+        for fd in fds {
+            if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+            || libc::setgid(gid) != 0
+            || libc::setuid(uid) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of a command that could not be started.
+fn not_started(program: &str, e: &std::io::Error) -> SandboxReply {
+    let kind = if e.kind() == std::io::ErrorKind::NotFound {
+        SandboxErrorKind::NotFound
+    } else {
+        SandboxErrorKind::Failed
+    };
+    refuse(kind, format!("{program}: {e}"))
+}
+
+/// SIGKILL to the command's process group (its own group, or its session's).
+fn group_killer(child: &tokio::process::Child) -> impl Fn() {
+    let pgid = child.id().map(|id| id as i32);
+    move || {
+        if let Some(g) = pgid {
+            // SAFETY: a signal to the command's own process group.
+            unsafe { libc::kill(-g, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Waits for the command (killed at the deadline unless it was already), kills what it left in
+/// its group and sends [`SandboxReply::Exited`].
+async fn exited(
+    child: &mut tokio::process::Child,
+    mut deadline: std::pin::Pin<&mut tokio::time::Sleep>,
+    timed_out: bool,
+    kill_group: impl Fn(),
+    tx: &mut FrameSender,
+) -> Result<(), ()> {
     let status = tokio::select! {
         s = child.wait() => s,
         _ = &mut deadline, if !timed_out => {
@@ -401,18 +427,7 @@ async fn run_tty(
             if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            for fd in &fds {
-                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                || libc::setgid(gid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            enter_task(&fds, &groups, gid, uid)
         });
     }
     let spawned = cmd.spawn();
@@ -422,22 +437,9 @@ async fn run_tty(
     drop(procs);
     let mut child = match spawned {
         Ok(c) => c,
-        Err(e) => {
-            let kind = if e.kind() == std::io::ErrorKind::NotFound {
-                SandboxErrorKind::NotFound
-            } else {
-                SandboxErrorKind::Failed
-            };
-            return send_reply(tx, &refuse(kind, format!("{}: {e}", argv[0]))).await;
-        }
+        Err(e) => return send_reply(tx, &not_started(&argv[0], &e)).await,
     };
-    let pgid = child.id().map(|id| id as i32);
-    let kill_group = || {
-        if let Some(g) = pgid {
-            // SAFETY: a signal to the command's own process group.
-            unsafe { libc::kill(-g, libc::SIGKILL) };
-        }
-    };
+    let kill_group = group_killer(&child);
     let mut writer = tokio::fs::File::from_std(writer);
     tokio::spawn(async move {
         let _ = tokio::time::timeout(super::WRITE_DEADLINE, writer.write_all(&stdin)).await;
@@ -469,25 +471,7 @@ async fn run_tty(
             return Err(());
         }
     }
-    let status = tokio::select! {
-        s = child.wait() => s,
-        _ = &mut deadline, if !timed_out => {
-            kill_group();
-            child.wait().await
-        }
-    };
-    kill_group();
-    let reply = match status {
-        Ok(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            SandboxReply::Exited {
-                code: s.code(),
-                signal: s.signal(),
-            }
-        }
-        Err(e) => refuse(SandboxErrorKind::Failed, e.to_string()),
-    };
-    send_reply(tx, &reply).await
+    exited(&mut child, deadline, timed_out, kill_group, tx).await
 }
 
 #[cfg(test)]

@@ -427,6 +427,39 @@ pub fn render_page(state: &Value, logout_csrf: Option<&str>, view: &View) -> Str
     )
 }
 
+/// The roles table (the overview's, and a framework page's roles): share, weight, allocation
+/// and quota of each.
+pub(crate) fn roles_table(roles: &[Value], view: &View) -> String {
+    let rows: Vec<Row> = roles
+        .iter()
+        .map(|r| Row {
+            attrs: format!("class=\"role\" data-name=\"{}\"", text(&r["name"])),
+            cells: vec![
+                val(&r["name"]),
+                share_cell(r["dominant_share"].as_f64().unwrap_or(0.0)),
+                val(&r["weight"]),
+                res_cell(&r["allocated"]),
+                res_cell(&r["quota"]["guarantee"]),
+                res_cell(&r["quota"]["limit"]),
+            ],
+            after: String::new(),
+        })
+        .collect();
+    table::render(
+        "roles",
+        &[
+            Col("name", "role"),
+            Col("share", "dominant share (÷ weight)"),
+            Col("weight", "weight"),
+            Col("allocated", "allocated"),
+            Col("guarantee", "quota guarantee"),
+            Col("limit", "quota limit"),
+        ],
+        rows,
+        view,
+    )
+}
+
 /// A page's answer: the whole page, or its `<main>` alone with `?part=main`.
 pub(crate) fn html_page(
     view: &View,
@@ -747,35 +780,8 @@ pub fn render_main(state: &Value, view: &View) -> String {
         res(&s["resources"]["total"]),
     ));
 
-    let roles: Vec<Row> = arr(&s["roles"])
-        .iter()
-        .map(|r| Row {
-            attrs: format!("class=\"role\" data-name=\"{}\"", text(&r["name"])),
-            cells: vec![
-                val(&r["name"]),
-                share_cell(r["dominant_share"].as_f64().unwrap_or(0.0)),
-                val(&r["weight"]),
-                res_cell(&r["allocated"]),
-                res_cell(&r["quota"]["guarantee"]),
-                res_cell(&r["quota"]["limit"]),
-            ],
-            after: String::new(),
-        })
-        .collect();
     h.push_str("<section id=\"roles\"><h2>Roles</h2>");
-    h.push_str(&table::render(
-        "roles",
-        &[
-            Col("name", "role"),
-            Col("share", "dominant share (÷ weight)"),
-            Col("weight", "weight"),
-            Col("allocated", "allocated"),
-            Col("guarantee", "quota guarantee"),
-            Col("limit", "quota limit"),
-        ],
-        roles,
-        view,
-    ));
+    h.push_str(&roles_table(arr(&s["roles"]), view));
     h.push_str("</section>");
 
     let frameworks: Vec<Row> = arr(&state["frameworks"])

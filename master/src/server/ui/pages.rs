@@ -110,6 +110,15 @@ fn offer_table(offers: &[Value], names: &Names, by_framework: bool, view: &View)
     )
 }
 
+/// A detail page's view, or the answer instead of the page: to the login form for a browser
+/// that may not read, 400 for a view that is not understood.
+fn detail_view(app: &App, caller: CallerExt, query: ViewQuery) -> Result<View, Box<Response>> {
+    if app.may_read(&caller_of(caller)).is_err() {
+        return Err(Box::new(see_other("/ui/login")));
+    }
+    view_of(query, DETAIL_COLUMNS).map_err(|e| Box::new(error_page(StatusCode::BAD_REQUEST, &e)))
+}
+
 /// `GET /ui/tasks/{id}`.
 pub(super) async fn task(
     State(app): State<App>,
@@ -118,12 +127,9 @@ pub(super) async fn task(
     Path(id): Path<String>,
     query: ViewQuery,
 ) -> Result<Response, ApiError> {
-    if app.may_read(&caller_of(caller)).is_err() {
-        return Ok(see_other("/ui/login"));
-    }
-    let view = match view_of(query, DETAIL_COLUMNS) {
+    let view = match detail_view(&app, caller, query) {
         Ok(v) => v,
-        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
+        Err(answer) => return Ok(*answer),
     };
     let state = app.state().await?;
     let t = match views::lookup_task(&state, &id) {
@@ -238,12 +244,9 @@ pub(super) async fn agent(
     Path(id): Path<String>,
     query: ViewQuery,
 ) -> Result<Response, ApiError> {
-    if app.may_read(&caller_of(caller)).is_err() {
-        return Ok(see_other("/ui/login"));
-    }
-    let view = match view_of(query, DETAIL_COLUMNS) {
+    let view = match detail_view(&app, caller, query) {
         Ok(v) => v,
-        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
+        Err(answer) => return Ok(*answer),
     };
     let state = app.state().await?;
     let Some(a) = views::find_agent(&state, &id) else {
@@ -347,12 +350,9 @@ pub(super) async fn framework(
     Path(id): Path<String>,
     query: ViewQuery,
 ) -> Result<Response, ApiError> {
-    if app.may_read(&caller_of(caller)).is_err() {
-        return Ok(see_other("/ui/login"));
-    }
-    let view = match view_of(query, DETAIL_COLUMNS) {
+    let view = match detail_view(&app, caller, query) {
         Ok(v) => v,
-        Err(e) => return Ok(error_page(StatusCode::BAD_REQUEST, &e)),
+        Err(answer) => return Ok(*answer),
     };
     let state = app.state().await?;
     let f = match views::lookup_framework(&state, &id) {
@@ -411,35 +411,8 @@ pub fn render_framework(page: &Value, names: &Names, view: &View) -> String {
         ("allocated", res(&page["allocated"])),
     ]));
     h.push_str("</section>");
-    let role_rows: Vec<Row> = arr(&page["role_details"])
-        .iter()
-        .map(|r| Row {
-            attrs: format!("class=\"role\" data-name=\"{}\"", text(&r["name"])),
-            cells: vec![
-                val(&r["name"]),
-                share_cell(r["dominant_share"].as_f64().unwrap_or(0.0)),
-                val(&r["weight"]),
-                res_cell(&r["allocated"]),
-                res_cell(&r["quota"]["guarantee"]),
-                res_cell(&r["quota"]["limit"]),
-            ],
-            after: String::new(),
-        })
-        .collect();
     h.push_str("<section id=\"roles\"><h2>Roles</h2>");
-    h.push_str(&table::render(
-        "roles",
-        &[
-            Col("name", "role"),
-            Col("share", "dominant share (÷ weight)"),
-            Col("weight", "weight"),
-            Col("allocated", "allocated"),
-            Col("guarantee", "quota guarantee"),
-            Col("limit", "quota limit"),
-        ],
-        role_rows,
-        view,
-    ));
+    h.push_str(&roles_table(arr(&page["role_details"]), view));
     let tasks = task_rows(
         arr(&page["tasks"])
             .iter()
