@@ -275,6 +275,14 @@ pub struct Core {
     pub stats: Stats,
     /// What the store has of each job (a digest of its record; see `persist`).
     persisted: HashMap<u64, u64>,
+    /// Jobs changed (or possibly changed) since the last [`Core::take_changes`]: only these
+    /// are digested and compared with `persisted` (change tracking; see `persist`).
+    touched: BTreeSet<u64>,
+    /// Jobs were added without a pass ([`Core::enqueue_as`]): [`Core::pass_if_due`] runs one.
+    pass_due: bool,
+    /// Tests: passes run [`Core::pass_reference`] (the oracle) instead.
+    #[cfg(test)]
+    oracle: bool,
     /// Workers ended since the last [`Core::take_changes`] (the usage history).
     ended_members: Vec<EndedMember>,
     /// The wall clock last given (an instant and the Unix milliseconds then): deadlines are
@@ -346,6 +354,10 @@ impl Core {
             last_reservation: None,
             stats: Stats::default(),
             persisted: HashMap::new(),
+            touched: BTreeSet::new(),
+            pass_due: false,
+            #[cfg(test)]
+            oracle: false,
             ended_members: Vec::new(),
             wall: None,
             decayed: BTreeMap::new(),
@@ -382,6 +394,60 @@ impl Core {
             let (id, out) = self.submit_as(spec, user, now);
             return Ok((vec![id], out));
         };
+        let ids = self.insert_array(spec, indexes, user, now);
+        let mut out = Vec::new();
+        if self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out.extend(self.pass(now));
+        Ok((ids, out))
+    }
+
+    /// Adds a job submitted by `user` without running a pass: the next
+    /// [`Core::pass_if_due`] (or any pass) considers it. The runtime submits so, and runs one
+    /// pass per group commit, so a burst of submissions costs one pass, not one each.
+    pub fn enqueue_as(&mut self, spec: JobSpec, user: String, now: Instant) -> u64 {
+        self.pass_due = true;
+        self.insert(spec, user, now)
+    }
+
+    /// [`Core::submit_array`] without the pass (see [`Core::enqueue_as`]).
+    pub fn enqueue_array(
+        &mut self,
+        spec: JobSpec,
+        user: String,
+        now: Instant,
+    ) -> Result<Vec<u64>, String> {
+        let Some(indexes) = spec.array_indexes()? else {
+            return Ok(vec![self.enqueue_as(spec, user, now)]);
+        };
+        self.pass_due = true;
+        Ok(self.insert_array(spec, indexes, user, now))
+    }
+
+    /// The pass owed to jobs added by [`Core::enqueue_as`] since the last pass, if any
+    /// (with a `Revive` first when offers were suppressed).
+    pub fn pass_if_due(&mut self, now: Instant) -> Vec<Action> {
+        if !self.pass_due {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if self.suppressed {
+            self.suppressed = false;
+            out.push(Action::Revive);
+        }
+        out.extend(self.pass(now));
+        out
+    }
+
+    fn insert_array(
+        &mut self,
+        spec: JobSpec,
+        indexes: Vec<u32>,
+        user: String,
+        now: Instant,
+    ) -> Vec<u64> {
         let first = self.next_id;
         let mut ids = Vec::with_capacity(indexes.len());
         for i in indexes {
@@ -394,18 +460,13 @@ impl Core {
                 .insert("GANTRY_QUEUE_ARRAY_INDEX".into(), i.to_string());
             ids.push(self.insert(s, user.clone(), now));
         }
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        out.extend(self.pass(now));
-        Ok((ids, out))
+        ids
     }
 
     fn insert(&mut self, spec: JobSpec, user: String, now: Instant) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
+        self.touched.insert(id);
         let spec_after_empty = spec.after.is_empty();
         self.jobs.insert(
             id,
@@ -455,6 +516,7 @@ impl Core {
         }
         job.state = JobState::Cancelled;
         job.message = "cancelled".into();
+        self.touched.insert(id);
         let mut out: Vec<Action> = Vec::new();
         for m in job.members.values_mut() {
             m.killing = true;
@@ -504,6 +566,7 @@ impl Core {
             return Vec::new();
         };
         let mut out = Vec::new();
+        self.touched.insert(job_id);
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return out;
         };
@@ -729,6 +792,8 @@ mod estimate;
 mod launch;
 mod order;
 mod pass;
+#[cfg(test)]
+mod pass_oracle;
 mod persist;
 mod preempt;
 mod quota;
@@ -742,6 +807,8 @@ pub use persist::Changes;
 
 #[cfg(test)]
 mod backfill_tests;
+#[cfg(test)]
+mod pass_tests;
 #[cfg(test)]
 mod quota_tests;
 #[cfg(test)]

@@ -167,8 +167,15 @@ impl Shared {
         // what is taken now.
         let (changes, batches, upto) = {
             let mut core = self.core();
+            // Submissions since the last commit ([`Core::enqueue_as`]) share one pass, whose
+            // actions go after theirs.
+            let owed = core.pass_if_due(Instant::now());
             let changes = core.take_changes(Instant::now(), unix_ms());
             let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            if !owed.is_empty() {
+                out.seq += 1;
+                out.batches.push(owed);
+            }
             (changes, std::mem::take(&mut out.batches), out.seq)
         };
         *committed = upto;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
+use super::pass::Least;
 use super::{Core, Job, JobState, Priority, TeamConfig};
 
 impl Core {
@@ -208,6 +209,20 @@ impl Core {
         }
     }
 
+    /// [`Core::keyed_order`], and the least worker of those jobs ([`Least`]).
+    pub(super) fn keyed_least(
+        &self,
+        usage: &HashMap<String, TeamUsage>,
+        teams: &[&str],
+        totals: (u64, u64),
+        level: f64,
+        now: Instant,
+    ) -> (Vec<(OrderKey, u64, usize)>, Least) {
+        let mut least = Least::NONE;
+        let keyed = self.keyed_with(usage, teams, totals, level, now, |j| least.add(&j.spec));
+        (keyed, least)
+    }
+
     /// Eligible jobs with their order keys and their team's index in `teams` (the names of
     /// the teams with eligible jobs, as [`Core::eligible_teams`] orders them), in order.
     pub(super) fn keyed_order(
@@ -217,6 +232,19 @@ impl Core {
         totals: (u64, u64),
         level: f64,
         now: Instant,
+    ) -> Vec<(OrderKey, u64, usize)> {
+        self.keyed_with(usage, teams, totals, level, now, |_| ())
+    }
+
+    /// [`Core::keyed_order`], showing each keyed job to `each`.
+    fn keyed_with(
+        &self,
+        usage: &HashMap<String, TeamUsage>,
+        teams: &[&str],
+        totals: (u64, u64),
+        level: f64,
+        now: Instant,
+        mut each: impl FnMut(&Job),
     ) -> Vec<(OrderKey, u64, usize)> {
         let none = TeamUsage::default();
         let per_team: HashMap<&str, (usize, &TeamUsage, (u64, u64))> = teams
@@ -233,6 +261,7 @@ impl Core {
             .filter(|j| Self::eligible(j))
             .filter_map(|j| {
                 let (i, used, team) = per_team.get(j.spec.team.as_str())?;
+                each(j);
                 Some((self.order_key(j, used, *team, now), j.id, *i))
             })
             .collect();

@@ -171,6 +171,11 @@ impl Core {
 
     /// One scheduling pass (see the module documentation).
     pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        #[cfg(test)]
+        if self.oracle {
+            return self.pass_reference(now);
+        }
+        self.pass_due = false;
         let kills = self.timers(now);
         self.lend_blocked.clear();
         self.resolve_dependencies(now);
@@ -197,20 +202,39 @@ impl Core {
         let mut teams = self.eligible_teams();
         let names: Vec<String> = teams.keys().cloned().collect();
         let mut level = self.level_among(&usage, &teams);
-        let keyed = {
+        let (keyed, least) = {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            self.keyed_order(&usage, &names, totals, level, now)
+            self.keyed_least(&usage, &names, totals, level, now)
         };
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
         // shape: tried once per shape (a queue holds thousands of jobs of a few shapes).
+        // [`Holds::update`] needs only the jobs up to the first that does not fit and is not
+        // backing off (nor the current holder), and the current holder if it does not fit:
+        // the rest of the queue is not looked at.
         let mut fits_now = ShapeCache::default();
-        let not_fitting: Vec<u64> = keyed
-            .iter()
-            .map(|(_, id, _)| *id)
-            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage))
-            .filter(|id| !fits_now.fits(&views, &self.jobs[id].spec))
-            .collect();
+        let mut not_fits = |id: u64| {
+            let spec = &self.jobs[&id].spec;
+            !self.over_borrow_limit(spec, &usage) && !fits_now.fits(&views, spec)
+        };
+        let current = self.holds.holder().map(|(k, _)| *k);
+        let mut not_fitting: Vec<u64> = Vec::new();
+        for &(_, id, _) in &keyed {
+            if not_fits(id) {
+                not_fitting.push(id);
+                if current != Some(id) && !self.holds.backing_off(&id, now) {
+                    break;
+                }
+            }
+        }
+        if let Some(c) = current {
+            if !not_fitting.contains(&c)
+                && self.jobs.get(&c).is_some_and(Self::eligible)
+                && not_fits(c)
+            {
+                not_fitting.push(c);
+            }
+        }
         let holder = self.holds.update(&not_fitting, now).holder;
         if let Some((id, _, since)) = &self.preempt_for {
             let pending = self
@@ -240,6 +264,11 @@ impl Core {
         // reservation since the last launch or change of the reservation: what is free only
         // shrinks meanwhile, so they would not fit again.
         let mut no_room: Vec<(Shape, bool)> = Vec::new();
+        // Whether some offered agent could still host the least worker of any eligible job:
+        // once none can, no later job places, and the pass stops trying (the rest of the
+        // queue is blocked, taken lazily in order below).
+        let mut room = least.fits_some(&views);
+        let mut holder_tried = false;
         loop {
             // Members launched earlier in this pass are already recorded in their jobs.
             if let Some(t) = stale.take() {
@@ -263,6 +292,9 @@ impl Core {
                     }
                 }
             }
+            if !room {
+                break;
+            }
             let Some(t) = lists
                 .iter()
                 .enumerate()
@@ -275,6 +307,7 @@ impl Core {
             let Some((_, id)) = lists[t].pop_front() else {
                 break;
             };
+            holder_tried |= holder == Some(id);
             let spec = &self.jobs[&id].spec;
             if self.over_borrow_limit(spec, &usage) {
                 // Waits until its team uses less (it neither reserves nor preempts).
@@ -336,6 +369,7 @@ impl Core {
                         remove(&mut views, agent, &gang.member.resources, &a.gpus);
                     }
                     started.insert(id);
+                    self.touched.insert(id);
                     let tasks = self.start(id, &plan, &avail_ids(&avail), now);
                     for (agent, task) in tasks {
                         launches.entry(agent).or_default().push(task);
@@ -349,10 +383,12 @@ impl Core {
                     }
                     stale = Some(t);
                     no_room.clear();
+                    room = least.fits_some(&views);
                 }
                 None => {
                     blocked.push(id);
-                    if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
+                    // The holder is always one of `not_fitting`.
+                    if reservation.is_none() && holder == Some(id) {
                         reservation = self.reserve(id, &gang, now);
                         no_room.clear();
                     } else if !holds_it {
@@ -361,6 +397,29 @@ impl Core {
                 }
             }
         }
+        // The jobs the loop did not reach (nothing could place): blocked, in order, but those
+        // over their team's borrowing limit (skipped, as the loop would); the holder among
+        // them gets the reservation it would have got.
+        if let Some(h) = holder.filter(|_| !holder_tried && reservation.is_none()) {
+            // Not reached: still in `lists` (every holder is an eligible job).
+            let spec = &self.jobs[&h].spec;
+            if !self.over_borrow_limit(spec, &usage) {
+                reservation = self.reserve(h, &gang_of(spec), now);
+            }
+        }
+        let blocked_in_order = |this: &Core, pred: &dyn Fn(&Core, u64) -> bool| {
+            blocked
+                .iter()
+                .copied()
+                .chain(
+                    merged(&lists)
+                        .filter(|id| !this.over_borrow_limit(&this.jobs[id].spec, &usage)),
+                )
+                .find(|id| pred(this, *id))
+        };
+        let first_high =
+            blocked_in_order(self, &|c, id| c.jobs[&id].spec.priority >= Priority::High);
+        let first_blocked = blocked_in_order(self, &|_, _| true);
         let mut out = kills;
         // Launch: one accept per agent, every task of the pass on it.
         let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
@@ -385,10 +444,7 @@ impl Core {
         }
         // Preemption for the first blocked critical/high job, unless one is under way.
         if !self.kills_in_flight() && self.preempt_for.is_none() {
-            if let Some(&id) = blocked
-                .iter()
-                .find(|id| self.jobs[id].spec.priority >= Priority::High)
-            {
+            if let Some(id) = first_high {
                 out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
             }
         }
@@ -398,8 +454,8 @@ impl Core {
         if quotas && !self.kills_in_flight() && self.preempt_for.is_none() {
             let usage = self.usage(now);
             let within =
-                |id: &u64| self.within_quota(&self.jobs[id].spec, self.named_models(), &usage);
-            if let Some(&id) = blocked.iter().find(|id| within(id)) {
+                |c: &Core, id: u64| c.within_quota(&c.jobs[&id].spec, c.named_models(), &usage);
+            if let Some(id) = blocked_in_order(self, &within) {
                 out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
             }
         }
@@ -410,21 +466,25 @@ impl Core {
             if !self.kills_in_flight() && self.preempt_for.is_none() {
                 let fair = self.fair_gpus();
                 let usage = self.usage(now);
-                let under = |id: &u64| {
-                    let j = &self.jobs[id];
+                let under = |c: &Core, id: u64| {
+                    let j = &c.jobs[&id];
                     let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
                     let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
                     need > 0
                         && now.saturating_duration_since(j.waiting_since) >= wait
                         && (used + need) as f64 <= fair.get(&j.spec.team).copied().unwrap_or(0.0)
                 };
-                if let Some(&id) = blocked.iter().find(|id| under(id)) {
+                if let Some(id) = blocked_in_order(self, &under) {
                     out.extend(self.preempt(id, &views, &started, now, Victims::OverShare));
                 }
             }
         }
         // Elastic growth when nothing waits.
-        if blocked.is_empty() {
+        if first_blocked.is_none() {
+            // Growth changes the jobs it grows (`launch`): every running job may.
+            let running = self.jobs.values().filter(|j| !j.members.is_empty());
+            self.touched
+                .extend(running.map(|j| j.id).collect::<Vec<_>>());
             out.extend(self.grow(&mut views, now));
         }
         // Offers: hold fresh ones (younger than `offer_hold`) of reserved agents while the
@@ -435,7 +495,7 @@ impl Core {
             .iter()
             .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
-        let waiting = !blocked.is_empty();
+        let waiting = first_blocked.is_some();
         // Per agent: the master's accept and decline act on all of a framework's offers on an
         // agent, so an agent's offers are kept or declined together (kept while its newest
         // offer is fresh).
@@ -635,6 +695,58 @@ impl ShapeCache {
         let fits = gang::place_gang(&mut views.to_vec(), &gang_of(spec)).is_some();
         self.known.push((shape, fits));
         fits
+    }
+}
+
+/// The job ids of per-team lists, each in order, merged in order (the least head first).
+fn merged(lists: &[VecDeque<(OrderKey, u64)>]) -> impl Iterator<Item = u64> + '_ {
+    let mut at = vec![0usize; lists.len()];
+    std::iter::from_fn(move || {
+        let t = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(t, l)| l.get(at[t]).map(|e| (e, t)))
+            .min()
+            .map(|(_, t)| t)?;
+        at[t] += 1;
+        lists[t].get(at[t] - 1).map(|e| e.1)
+    })
+}
+
+/// The least worker of the eligible jobs, resource by resource (milli): a job's worker fits
+/// an agent only where it has at least its CPUs, memory and GPUs, so an agent without this
+/// much of each hosts none.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Least {
+    pub(super) cpus: u64,
+    pub(super) mem: u64,
+    pub(super) gpus: u64,
+}
+
+impl Least {
+    /// Nothing yet (no job): fits nowhere.
+    pub(super) const NONE: Least = Least {
+        cpus: u64::MAX,
+        mem: u64::MAX,
+        gpus: u64::MAX,
+    };
+
+    /// Counts `spec`'s worker in.
+    pub(super) fn add(&mut self, spec: &JobSpec) {
+        let r = member_resources(spec);
+        self.cpus = self.cpus.min(r.milli("cpus"));
+        self.mem = self.mem.min(r.milli("mem"));
+        self.gpus = self.gpus.min(r.milli("gpus"));
+    }
+
+    /// Whether some view has at least this much of each (a necessary condition for any
+    /// eligible job's worker to fit there).
+    pub(super) fn fits_some(&self, views: &[AgentView]) -> bool {
+        views.iter().any(|v| {
+            v.resources.milli("cpus") >= self.cpus
+                && v.resources.milli("mem") >= self.mem
+                && v.resources.milli("gpus") >= self.gpus
+        })
     }
 }
 

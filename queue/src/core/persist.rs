@@ -124,12 +124,24 @@ impl Core {
     /// meanwhile; `now` is `wall_ms` Unix milliseconds.
     pub fn take_changes(&mut self, now: Instant, wall_ms: u64) -> Changes {
         self.set_wall_clock(now, wall_ms);
+        // Change tracking: only the jobs touched since the last call can differ from what the
+        // store has (the digest then drops those that did not change after all).
+        let touched = std::mem::take(&mut self.touched);
         let mut changed = Vec::new();
-        for job in self.jobs.values() {
+        for job in touched.iter().filter_map(|id| self.jobs.get(id)) {
             let d = digest(job);
             if self.persisted.get(&job.id) != Some(&d) {
                 changed.push((job.id, d));
             }
+        }
+        // Tests check that every change was tracked: a full scan finds nothing more.
+        #[cfg(test)]
+        for job in self.jobs.values() {
+            assert!(
+                touched.contains(&job.id) || self.persisted.get(&job.id) == Some(&digest(job)),
+                "job {} changed without being tracked",
+                job.id
+            );
         }
         let mut jobs = Vec::with_capacity(changed.len());
         for (id, d) in changed {
@@ -246,6 +258,7 @@ impl Core {
             if job.members.is_empty() {
                 continue;
             }
+            self.touched.insert(job.id);
             for m in job.members.values() {
                 self.tasks.remove(&m.task_id);
             }

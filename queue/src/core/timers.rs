@@ -62,6 +62,9 @@ impl Core {
                         .get(d)
                         .is_some_and(|j| j.state == JobState::Finished)
                 });
+                if broken.is_some() || met {
+                    self.touched.insert(id);
+                }
                 let Some(job) = self.jobs.get_mut(&id) else {
                     continue;
                 };
@@ -111,6 +114,7 @@ impl Core {
             .map(|j| j.id)
             .collect();
         for id in missed {
+            self.touched.insert(id);
             if let Some(job) = self.jobs.get_mut(&id) {
                 job.state = JobState::Cancelled;
                 job.message = "deadline: it could not start in time to end by its deadline \
@@ -123,6 +127,7 @@ impl Core {
             if job.not_before.is_some_and(|t| now >= t) {
                 job.not_before = None;
                 job.waiting_since = now;
+                self.touched.insert(job.id);
             }
             let (Some(limit), Some(started)) =
                 (time_limit(&self.config, &job.spec), job.attempt_started)
@@ -135,6 +140,7 @@ impl Core {
             {
                 continue;
             }
+            self.touched.insert(job.id);
             job.state = JobState::Failed;
             job.message = format!(
                 "time-limit: killed after its time limit of {} s",
