@@ -496,6 +496,30 @@ impl Core {
         id
     }
 
+    /// The jobs with workers, in id order: found from `tasks`, which holds exactly our
+    /// members, so that work about running jobs does not walk a queue of pending ones.
+    fn with_members(&self) -> impl Iterator<Item = &Job> {
+        let ids: BTreeSet<u64> = self.tasks.values().map(|t| t.0).collect();
+        #[cfg(test)]
+        {
+            let scan: BTreeSet<u64> = self
+                .jobs
+                .values()
+                .filter(|j| !j.members.is_empty())
+                .map(|j| j.id)
+                .collect();
+            assert_eq!(ids, scan, "tasks and members disagree");
+            assert!(
+                !self
+                    .jobs
+                    .values()
+                    .any(|j| j.state == JobState::Running && j.members.is_empty()),
+                "a running job without workers"
+            );
+        }
+        ids.into_iter().filter_map(|id| self.jobs.get(&id))
+    }
+
     /// Pending, not waiting on a dependency, and not backing off before a retry.
     fn eligible(job: &Job) -> bool {
         job.state == JobState::Pending && !job.on_deps && job.not_before.is_none()

@@ -76,7 +76,7 @@ impl Core {
         }
         let named = self.named_models();
         // Only jobs with workers use anything (a queue holds many pending jobs).
-        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
+        for j in self.with_members() {
             let e = match u.get_mut(j.spec.team.as_str()) {
                 Some(e) => e,
                 None => u.entry(j.spec.team.clone()).or_default(),

@@ -79,7 +79,7 @@ impl Core {
         now: Instant,
     ) -> Vec<(AgentId, Resources, Vec<String>, Option<Instant>)> {
         let mut out = Vec::new();
-        for job in self.jobs.values().filter(|j| !j.members.is_empty()) {
+        for job in self.with_members() {
             let res = member_resources(&job.spec);
             let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
                 (Some(limit), Some(started)) => Some((started + limit).max(now)),
@@ -109,14 +109,15 @@ impl Core {
                 gpus: a.gpus.values().cloned().collect(),
             })
             .collect();
-        for job in self
-            .jobs
-            .values()
-            .filter(|j| !all_end && !j.members.is_empty())
-        {
+        let index: HashMap<AgentId, usize> = views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.agent_id, i))
+            .collect();
+        for job in self.with_members().filter(|_| !all_end) {
             let res = member_resources(&job.spec);
             for m in job.members.values().filter(|m| !m.killing) {
-                if let Some(v) = views.iter_mut().find(|v| v.agent_id == m.agent_id) {
+                if let Some(v) = index.get(&m.agent_id).map(|&i| &mut views[i]) {
                     v.resources = v.resources.saturating_sub(&res);
                     v.gpus.retain(|g| !m.gpus.contains(&g.uuid));
                 }
@@ -131,14 +132,12 @@ impl Core {
 
     /// Whether members we killed on purpose (preemption, shrinking) have not ended yet.
     pub(super) fn kills_in_flight(&self) -> bool {
-        self.jobs
-            .values()
+        self.with_members()
             .any(|j| j.state == JobState::Running && j.members.values().any(|m| m.killing))
     }
 
     pub(super) fn busy_gpus(&self) -> BTreeSet<(AgentId, String)> {
-        self.jobs
-            .values()
+        self.with_members()
             .flat_map(|j| j.members.values())
             .flat_map(|m| m.gpus.iter().map(|g| (m.agent_id, g.clone())))
             .collect()
@@ -150,7 +149,7 @@ impl Core {
         for (o, _) in self.offers.values() {
             seen.entry(o.agent_id).or_default().add_assign(&o.total());
         }
-        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
+        for j in self.with_members() {
             let res = member_resources(&j.spec);
             for m in j.members.values() {
                 seen.entry(m.agent_id).or_default().add_assign(&res);
@@ -417,8 +416,6 @@ impl Core {
                 )
                 .find(|id| pred(this, *id))
         };
-        let first_high =
-            blocked_in_order(self, &|c, id| c.jobs[&id].spec.priority >= Priority::High);
         let first_blocked = blocked_in_order(self, &|_, _| true);
         let mut out = kills;
         // Launch: one accept per agent, every task of the pass on it.
@@ -444,7 +441,9 @@ impl Core {
         }
         // Preemption for the first blocked critical/high job, unless one is under way.
         if !self.kills_in_flight() && self.preempt_for.is_none() {
-            if let Some(id) = first_high {
+            if let Some(id) =
+                blocked_in_order(self, &|c, id| c.jobs[&id].spec.priority >= Priority::High)
+            {
                 out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
             }
         }
@@ -482,7 +481,7 @@ impl Core {
         // Elastic growth when nothing waits.
         if first_blocked.is_none() {
             // Growth changes the jobs it grows (`launch`): every running job may.
-            let running = self.jobs.values().filter(|j| !j.members.is_empty());
+            let running = self.with_members();
             self.touched
                 .extend(running.map(|j| j.id).collect::<Vec<_>>());
             out.extend(self.grow(&mut views, now));
@@ -522,7 +521,8 @@ impl Core {
             out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
         }
         let active = self.jobs.values().any(Self::eligible);
-        let growing = self.jobs.values().any(|j| {
+        // A running job has workers (`with_members` checks it in tests).
+        let growing = self.with_members().any(|j| {
             j.state == JobState::Running
                 && !j.preempting
                 && j.finished_members == 0
@@ -564,6 +564,11 @@ impl Core {
             ))
         });
         let members = self.member_ends(now);
+        let index: HashMap<AgentId, usize> = base
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.agent_id, i))
+            .collect();
         // What every agent has at `t` (`None`: once every member ended).
         let at = |t: Option<Instant>| {
             let mut v = base.clone();
@@ -574,7 +579,9 @@ impl Core {
                     (Some(_), None) => false,
                 };
                 if !ended {
-                    remove(&mut v, *agent, res, gpus);
+                    if let Some(&i) = index.get(agent) {
+                        remove(&mut v[i..=i], *agent, res, gpus);
+                    }
                 }
             }
             v
@@ -713,40 +720,51 @@ fn merged(lists: &[VecDeque<(OrderKey, u64)>]) -> impl Iterator<Item = u64> + '_
     })
 }
 
-/// The least worker of the eligible jobs, resource by resource (milli): a job's worker fits
-/// an agent only where it has at least its CPUs, memory and GPUs, so an agent without this
-/// much of each hosts none.
+/// The least worker of the eligible jobs, resource by resource: a job's worker fits an agent
+/// only where it has at least its CPUs, memory and GPUs, so an agent without this much of
+/// each hosts none.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Least {
-    pub(super) cpus: u64,
-    pub(super) mem: u64,
-    pub(super) gpus: u64,
+    cpus: f64,
+    mem: f64,
+    gpus: u32,
 }
 
 impl Least {
     /// Nothing yet (no job): fits nowhere.
     pub(super) const NONE: Least = Least {
-        cpus: u64::MAX,
-        mem: u64::MAX,
-        gpus: u64::MAX,
+        cpus: f64::INFINITY,
+        mem: f64::INFINITY,
+        gpus: u32::MAX,
     };
 
-    /// Counts `spec`'s worker in.
+    /// Counts `spec`'s worker in (amounts the milli-unit conversion might not take count as
+    /// nothing: the bound only ever errs low).
     pub(super) fn add(&mut self, spec: &JobSpec) {
-        let r = member_resources(spec);
-        self.cpus = self.cpus.min(r.milli("cpus"));
-        self.mem = self.mem.min(r.milli("mem"));
-        self.gpus = self.gpus.min(r.milli("gpus"));
+        let amount = |v: f64| {
+            if v.is_finite() && v > 0.0 && v < 1e12 {
+                v
+            } else {
+                0.0
+            }
+        };
+        self.cpus = self.cpus.min(amount(spec.cpus));
+        self.mem = self.mem.min(amount(spec.mem));
+        self.gpus = self.gpus.min(spec.gpus);
     }
 
     /// Whether some view has at least this much of each (a necessary condition for any
     /// eligible job's worker to fit there).
     pub(super) fn fits_some(&self, views: &[AgentView]) -> bool {
-        views.iter().any(|v| {
-            v.resources.milli("cpus") >= self.cpus
-                && v.resources.milli("mem") >= self.mem
-                && v.resources.milli("gpus") >= self.gpus
-        })
+        if self.gpus == u32::MAX {
+            return false;
+        }
+        // Converted once: the milli-unit conversion keeps the order of amounts.
+        let least = Resources::new()
+            .with("cpus", self.cpus)
+            .with("mem", self.mem)
+            .with("gpus", f64::from(self.gpus));
+        views.iter().any(|v| v.resources.contains(&least))
     }
 }
 

@@ -54,7 +54,7 @@ impl Core {
         // first), else whole jobs. (job, members, priority).
         let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
         // Only running jobs are victims (a queue holds many pending ones).
-        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
+        for j in self.with_members() {
             let gpus = u64::from(j.spec.gpus) * u64::from(j.running_members());
             let allowed = match victims {
                 Victims::LowerClass => j.spec.priority < spec.priority,
