@@ -209,18 +209,59 @@ impl Core {
         }
     }
 
-    /// [`Core::keyed_order`], and the least worker of those jobs ([`Least`]).
+    /// In one walk of the queue: the teams with eligible jobs (and how many), their level
+    /// ([`Core::level_among`]), the eligible jobs with their order keys and their team's index
+    /// among those teams, in order ([`Core::keyed_order`]), and the least worker of those
+    /// jobs ([`Least`]).
     pub(super) fn keyed_least(
         &self,
         usage: &HashMap<String, TeamUsage>,
-        teams: &[&str],
         totals: (u64, u64),
-        level: f64,
         now: Instant,
-    ) -> (Vec<(OrderKey, u64, usize)>, Least) {
+    ) -> Keyed {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut counts: Vec<(&str, usize)> = Vec::new();
+        let mut eligible: Vec<(&Job, usize)> = Vec::new();
         let mut least = Least::NONE;
-        let keyed = self.keyed_with(usage, teams, totals, level, now, |j| least.add(&j.spec));
-        (keyed, least)
+        for j in self.jobs.values().filter(|j| Self::eligible(j)) {
+            let t = *seen.entry(j.spec.team.as_str()).or_insert_with(|| {
+                counts.push((j.spec.team.as_str(), 0));
+                counts.len() - 1
+            });
+            counts[t].1 += 1;
+            least.add(&j.spec);
+            eligible.push((j, t));
+        }
+        let teams: BTreeMap<String, usize> =
+            counts.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+        // Index in `teams` (by name) of each team in the order seen.
+        let at: Vec<usize> = counts
+            .iter()
+            .map(|(t, _)| teams.keys().take_while(|k| k.as_str() < *t).count())
+            .collect();
+        let level = self.level_among(usage, &teams);
+        let none = TeamUsage::default();
+        let per_team: Vec<(&TeamUsage, (u64, u64))> = counts
+            .iter()
+            .map(|(t, _)| {
+                let used = usage.get(*t).unwrap_or(&none);
+                (used, self.team_key(t, used, totals, level))
+            })
+            .collect();
+        let mut keyed: Vec<(OrderKey, u64, usize)> = eligible
+            .into_iter()
+            .map(|(j, t)| {
+                let (used, team) = per_team[t];
+                (self.order_key(j, used, team, now), j.id, at[t])
+            })
+            .collect();
+        keyed.sort_unstable_by_key(|e| (e.0, e.1));
+        Keyed {
+            teams,
+            level,
+            keyed,
+            least,
+        }
     }
 
     /// Eligible jobs with their order keys and their team's index in `teams` (the names of
@@ -232,19 +273,6 @@ impl Core {
         totals: (u64, u64),
         level: f64,
         now: Instant,
-    ) -> Vec<(OrderKey, u64, usize)> {
-        self.keyed_with(usage, teams, totals, level, now, |_| ())
-    }
-
-    /// [`Core::keyed_order`], showing each keyed job to `each`.
-    fn keyed_with(
-        &self,
-        usage: &HashMap<String, TeamUsage>,
-        teams: &[&str],
-        totals: (u64, u64),
-        level: f64,
-        now: Instant,
-        mut each: impl FnMut(&Job),
     ) -> Vec<(OrderKey, u64, usize)> {
         let none = TeamUsage::default();
         let per_team: HashMap<&str, (usize, &TeamUsage, (u64, u64))> = teams
@@ -261,7 +289,6 @@ impl Core {
             .filter(|j| Self::eligible(j))
             .filter_map(|j| {
                 let (i, used, team) = per_team.get(j.spec.team.as_str())?;
-                each(j);
                 Some((self.order_key(j, used, *team, now), j.id, *i))
             })
             .collect();
@@ -290,6 +317,18 @@ impl Core {
             )
         })
     }
+}
+
+/// What [`Core::keyed_least`] returns.
+pub(super) struct Keyed {
+    /// The teams with eligible jobs, and how many each has.
+    pub(super) teams: BTreeMap<String, usize>,
+    /// Their level ([`Core::level_among`]).
+    pub(super) level: f64,
+    /// The eligible jobs in order: key, id, team's index in `teams`.
+    pub(super) keyed: Vec<(OrderKey, u64, usize)>,
+    /// Their least worker.
+    pub(super) least: Least,
 }
 
 /// A team's usage, for ordering.

@@ -11,7 +11,7 @@ use gantry_sdk::placement::gang::{self, GangRequest};
 use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
-use super::order::{OrderKey, TeamUsage};
+use super::order::{Keyed, OrderKey, TeamUsage};
 use super::preempt::Victims;
 use super::{
     member_resources, request, time_limit, Action, Core, Job, JobSpec, JobState, Priority,
@@ -198,13 +198,13 @@ impl Core {
         // launch only for the launching team's jobs (a launch changes only that team's usage;
         // the order of the others stays, unless the level changes: then all of it).
         let mut usage = self.usage(now);
-        let mut teams = self.eligible_teams();
+        let Keyed {
+            mut teams,
+            mut level,
+            keyed,
+            least,
+        } = self.keyed_least(&usage, totals, now);
         let names: Vec<String> = teams.keys().cloned().collect();
-        let mut level = self.level_among(&usage, &teams);
-        let (keyed, least) = {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            self.keyed_least(&usage, &names, totals, level, now)
-        };
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
         // shape: tried once per shape (a queue holds thousands of jobs of a few shapes).
@@ -586,9 +586,10 @@ impl Core {
             }
             v
         };
+        // (Only the views' agent ids are read after a plan: placing on them in place is fine.)
         let fits = |t: Option<Instant>| {
-            let v = at(t);
-            gang::place_gang(&mut v.clone(), &rigid).map(|plan| (plan, v))
+            let mut v = at(t);
+            gang::place_gang(&mut v, &rigid).map(|plan| (plan, v))
         };
         let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
         times.push(now);
