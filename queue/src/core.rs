@@ -730,6 +730,18 @@ impl Core {
             .count()
     }
 
+    /// Whether at least `limit` jobs are not yet ended ([`Core::active_jobs`] `>= limit`),
+    /// without walking the queue while it holds fewer jobs than that in all.
+    pub fn holds_active(&self, limit: usize) -> bool {
+        self.jobs.len() >= limit
+            && self
+                .jobs
+                .values()
+                .filter(|j| !j.state.is_terminal())
+                .nth(limit.saturating_sub(1))
+                .is_some()
+    }
+
     /// Forgets the oldest ended jobs beyond [`MAX_ENDED_JOBS`].
     fn trim(&mut self) {
         // Jobs a waiting job depends on are kept.

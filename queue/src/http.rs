@@ -210,7 +210,7 @@ async fn submit(
             format!("no agent of the cluster can ever run it: {why}"),
         );
     }
-    if s.core().active_jobs() >= MAX_ACTIVE_JOBS {
+    if s.core().holds_active(MAX_ACTIVE_JOBS) {
         return error(
             StatusCode::TOO_MANY_REQUESTS,
             format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),

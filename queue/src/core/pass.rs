@@ -412,6 +412,7 @@ impl Core {
                 .copied()
                 .chain(
                     merged(&lists)
+                        .map(|(_, id)| id)
                         .filter(|id| !this.over_borrow_limit(&this.jobs[id].spec, &usage)),
                 )
                 .find(|id| pred(this, *id))
@@ -441,9 +442,21 @@ impl Core {
         }
         // Preemption for the first blocked critical/high job, unless one is under way.
         if !self.kills_in_flight() && self.preempt_for.is_none() {
-            if let Some(id) =
-                blocked_in_order(self, &|c, id| c.jobs[&id].spec.priority >= Priority::High)
-            {
+            // Only jobs ordered at `high` or above (the first keys of every list) can be.
+            let high = |c: &Core, id: u64| c.jobs[&id].spec.priority >= Priority::High;
+            let ranked_high = u8::MAX - Priority::High.rank();
+            let first_high = blocked
+                .iter()
+                .copied()
+                .find(|id| high(self, *id))
+                .or_else(|| {
+                    merged(&lists)
+                        .take_while(|(key, _)| key.0 <= ranked_high)
+                        .map(|(_, id)| id)
+                        .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage))
+                        .find(|id| high(self, *id))
+                });
+            if let Some(id) = first_high {
                 out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
             }
         }
@@ -706,8 +719,8 @@ impl ShapeCache {
     }
 }
 
-/// The job ids of per-team lists, each in order, merged in order (the least head first).
-fn merged(lists: &[VecDeque<(OrderKey, u64)>]) -> impl Iterator<Item = u64> + '_ {
+/// The entries of per-team lists, each in order, merged in order (the least head first).
+fn merged(lists: &[VecDeque<(OrderKey, u64)>]) -> impl Iterator<Item = (OrderKey, u64)> + '_ {
     let mut at = vec![0usize; lists.len()];
     std::iter::from_fn(move || {
         let t = lists
@@ -717,7 +730,7 @@ fn merged(lists: &[VecDeque<(OrderKey, u64)>]) -> impl Iterator<Item = u64> + '_
             .min()
             .map(|(_, t)| t)?;
         at[t] += 1;
-        lists[t].get(at[t] - 1).map(|e| e.1)
+        lists[t].get(at[t] - 1).copied()
     })
 }
 
