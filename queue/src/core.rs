@@ -68,7 +68,15 @@
 //! - `persist`: what the store keeps ([`Changes`]) and restoring from it;
 //! - `views`: what the API shows;
 //! - tests: `tests`, `backfill_tests` (reservation placement, EASY backfill, quotas),
-//!   `quota_tests`, `retry_tests`.
+//!   `quota_tests`, `retry_tests`, `pass_tests` (properties on random event sequences: gangs
+//!   whole and within offers; the pass deciding what `pass_oracle`, the full pass it
+//!   replaced, decides).
+//!
+//! Performance (100,000 queued jobs; docs/benchmarks.md): submissions through the API add jobs
+//! without a pass ([`Core::enqueue_as`]; the runtime runs one per group commit,
+//! [`Core::pass_if_due`]); a pass stops once no offered agent can host the least worker of any
+//! eligible job, the rest blocked lazily in order; work about running jobs walks the jobs with
+//! workers only; the store gets only the jobs touched since the last commit.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};

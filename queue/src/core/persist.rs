@@ -1,7 +1,8 @@
 //! What the store keeps of the core, and the core rebuilt from it.
 //!
 //! [`Core::take_changes`] returns the records of the jobs that changed since it was last
-//! called (a digest per job says which) and the workers that ended meanwhile (usage history);
+//! called (change tracking: every change to a job records its id in `touched`, and a digest of
+//! each touched job drops those that ended up as the store has them) and the workers that ended meanwhile (usage history);
 //! the runtime commits them before it sends the actions of the same step, so what the master
 //! is asked to do is always in the store first (a launched task is never unknown after a
 //! crash). [`Core::restore`] rebuilds the queue from the store's records. Times cross as Unix
