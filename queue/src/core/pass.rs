@@ -563,10 +563,25 @@ impl Core {
             max: gang.min,
             ..gang.clone()
         };
+        // GPUs idle now per agent (those of `eventual_views(false)`), counted without
+        // building the views: its GPUs less those of workers not being killed.
+        let mut busy: HashMap<AgentId, BTreeSet<&str>> = HashMap::new();
+        for job in self.with_members() {
+            for m in job.members.values().filter(|m| !m.killing) {
+                busy.entry(m.agent_id)
+                    .or_default()
+                    .extend(m.gpus.iter().map(String::as_str));
+            }
+        }
         let idle: HashMap<AgentId, usize> = self
-            .eventual_views(false)
+            .agents
             .iter()
-            .map(|v| (v.agent_id, v.gpus.len()))
+            .map(|(id, a)| {
+                let taken = busy.get(id).map_or(0, |b| {
+                    a.gpus.keys().filter(|u| b.contains(u.as_str())).count()
+                });
+                (*id, a.gpus.len() - taken)
+            })
             .collect();
         let mut base = self.eventual_views(true);
         base.sort_by(|a, b| {
