@@ -53,12 +53,15 @@
 //! milliseconds, and its retries and backoff are what the store keeps in each job record
 //! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
 //!
-//! Module map (this file: the types, the configuration, events in — submit, cancel, offers,
-//! status updates, tick — and the retry rules):
+//! Module map (this file: the types, the configuration, events in — cancel, offers, status
+//! updates, tick — and the retry rules):
 //!
 //! - `order`: the order of pending jobs and the teams' usage it is computed from;
 //! - `pass`: one scheduling pass, the reservation where GPUs free soonest, the agents' views
 //!   and the idle-GPU statistic;
+//! - `shape`: gang shapes (placement tried once per shape) and the least worker of the eligible
+//!   jobs (where a pass may stop);
+//! - `submit`: jobs and arrays added, with their pass or without (owed to the next commit);
 //! - `quota`: teams' nominal quotas (overall and per GPU model), borrowing and lending limits;
 //! - `timers`: dependencies, retry backoffs, time limits and deadlines;
 //! - `launch`: building a job's tasks, elastic growth;
@@ -370,138 +373,6 @@ impl Core {
             wall: None,
             decayed: BTreeMap::new(),
         }
-    }
-
-    /// Adds a job; returns its id.
-    pub fn submit(&mut self, spec: JobSpec, now: Instant) -> (u64, Vec<Action>) {
-        self.submit_as(spec, String::new(), now)
-    }
-
-    /// Adds a job submitted by `user`; returns its id.
-    pub fn submit_as(&mut self, spec: JobSpec, user: String, now: Instant) -> (u64, Vec<Action>) {
-        let id = self.insert(spec, user, now);
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        out.extend(self.pass(now));
-        (id, out)
-    }
-
-    /// Adds an array (`spec.array`): one job per index, named `NAME[INDEX]`, with the index in
-    /// `GANTRY_QUEUE_ARRAY_INDEX`; returns their ids (the first is the array's id). A spec
-    /// without `array` adds one job.
-    pub fn submit_array(
-        &mut self,
-        spec: JobSpec,
-        user: String,
-        now: Instant,
-    ) -> Result<(Vec<u64>, Vec<Action>), String> {
-        let Some(indexes) = spec.array_indexes()? else {
-            let (id, out) = self.submit_as(spec, user, now);
-            return Ok((vec![id], out));
-        };
-        let ids = self.insert_array(spec, indexes, user, now);
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        out.extend(self.pass(now));
-        Ok((ids, out))
-    }
-
-    /// Adds a job submitted by `user` without running a pass: the next
-    /// [`Core::pass_if_due`] (or any pass) considers it. The runtime submits so, and runs one
-    /// pass per group commit, so a burst of submissions costs one pass, not one each.
-    pub fn enqueue_as(&mut self, spec: JobSpec, user: String, now: Instant) -> u64 {
-        self.pass_due = true;
-        self.insert(spec, user, now)
-    }
-
-    /// [`Core::submit_array`] without the pass (see [`Core::enqueue_as`]).
-    pub fn enqueue_array(
-        &mut self,
-        spec: JobSpec,
-        user: String,
-        now: Instant,
-    ) -> Result<Vec<u64>, String> {
-        let Some(indexes) = spec.array_indexes()? else {
-            return Ok(vec![self.enqueue_as(spec, user, now)]);
-        };
-        self.pass_due = true;
-        Ok(self.insert_array(spec, indexes, user, now))
-    }
-
-    /// The pass owed to jobs added by [`Core::enqueue_as`] since the last pass, if any
-    /// (with a `Revive` first when offers were suppressed).
-    pub fn pass_if_due(&mut self, now: Instant) -> Vec<Action> {
-        if !self.pass_due {
-            return Vec::new();
-        }
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        out.extend(self.pass(now));
-        out
-    }
-
-    fn insert_array(
-        &mut self,
-        spec: JobSpec,
-        indexes: Vec<u32>,
-        user: String,
-        now: Instant,
-    ) -> Vec<u64> {
-        let first = self.next_id;
-        let mut ids = Vec::with_capacity(indexes.len());
-        for i in indexes {
-            let mut s = spec.clone();
-            s.array = None;
-            s.array_job = Some(first);
-            s.array_index = Some(i);
-            s.name = format!("{}[{i}]", spec.name);
-            s.env
-                .insert("GANTRY_QUEUE_ARRAY_INDEX".into(), i.to_string());
-            ids.push(self.insert(s, user.clone(), now));
-        }
-        ids
-    }
-
-    fn insert(&mut self, spec: JobSpec, user: String, now: Instant) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.touched.insert(id);
-        let spec_after_empty = spec.after.is_empty();
-        self.jobs.insert(
-            id,
-            Job {
-                id,
-                spec,
-                state: JobState::Pending,
-                submitted: now,
-                waiting_since: now,
-                waited: Duration::ZERO,
-                preemptions: 0,
-                preempting: false,
-                lost: false,
-                members: BTreeMap::new(),
-                finished_members: 0,
-                next_index: 0,
-                message: String::new(),
-                on_deps: !spec_after_empty,
-                user,
-                attempts: 0,
-                retries: 0,
-                retrying: false,
-                not_before: None,
-                attempt_started: None,
-            },
-        );
-        id
     }
 
     /// The jobs with workers, in id order: found from `tasks`, which holds exactly our
@@ -841,6 +712,8 @@ mod pass_oracle;
 mod persist;
 mod preempt;
 mod quota;
+mod shape;
+mod submit;
 mod timers;
 mod views;
 

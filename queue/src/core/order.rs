@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
-use super::pass::Least;
+use super::shape::Least;
 use super::{Core, Job, JobState, Priority, TeamConfig};
 
 impl Core {

@@ -10,8 +10,9 @@ use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
 use super::order::{OrderKey, TeamUsage};
-use super::pass::{subtract, Shape, ShapeCache, PREEMPT_RESERVATION};
+use super::pass::{subtract, PREEMPT_RESERVATION};
 use super::preempt::Victims;
+use super::shape::{Shape, ShapeCache};
 use super::{avail_ids, gang_of, remove, Action, Core, JobState, Priority, Reservation};
 
 impl Core {
