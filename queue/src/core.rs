@@ -53,12 +53,15 @@
 //! milliseconds, and its retries and backoff are what the store keeps in each job record
 //! (schema 1: `retries`, `retrying`, `not_before_unix_ms`), which a book does not hold.
 //!
-//! Module map (this file: the types, the configuration, events in — submit, cancel, offers,
-//! status updates, tick — and the retry rules):
+//! Module map (this file: the types, the configuration, events in — cancel, offers, status
+//! updates, tick — and the retry rules):
 //!
 //! - `order`: the order of pending jobs and the teams' usage it is computed from;
 //! - `pass`: one scheduling pass, the reservation where GPUs free soonest, the agents' views
 //!   and the idle-GPU statistic;
+//! - `shape`: gang shapes (placement tried once per shape) and the least worker of the eligible
+//!   jobs (where a pass may stop);
+//! - `submit`: jobs and arrays added, with their pass or without (owed to the next commit);
 //! - `quota`: teams' nominal quotas (overall and per GPU model), borrowing and lending limits;
 //! - `timers`: dependencies, retry backoffs, time limits and deadlines;
 //! - `launch`: building a job's tasks, elastic growth;
@@ -68,7 +71,15 @@
 //! - `persist`: what the store keeps ([`Changes`]) and restoring from it;
 //! - `views`: what the API shows;
 //! - tests: `tests`, `backfill_tests` (reservation placement, EASY backfill, quotas),
-//!   `quota_tests`, `retry_tests`.
+//!   `quota_tests`, `retry_tests`, `pass_tests` (properties on random event sequences: gangs
+//!   whole and within offers; the pass deciding what `pass_oracle`, the full pass it
+//!   replaced, decides).
+//!
+//! Performance (100,000 queued jobs; docs/benchmarks.md): submissions through the API add jobs
+//! without a pass ([`Core::enqueue_as`]; the runtime runs one per group commit,
+//! [`Core::pass_if_due`]); a pass stops once no offered agent can host the least worker of any
+//! eligible job, the rest blocked lazily in order; work about running jobs walks the jobs with
+//! workers only; the store gets only the jobs touched since the last commit.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -275,6 +286,14 @@ pub struct Core {
     pub stats: Stats,
     /// What the store has of each job (a digest of its record; see `persist`).
     persisted: HashMap<u64, u64>,
+    /// Jobs changed (or possibly changed) since the last [`Core::take_changes`]: only these
+    /// are digested and compared with `persisted` (change tracking; see `persist`).
+    touched: BTreeSet<u64>,
+    /// Jobs were added without a pass ([`Core::enqueue_as`]): [`Core::pass_if_due`] runs one.
+    pass_due: bool,
+    /// Tests: passes run [`Core::pass_reference`] (the oracle) instead.
+    #[cfg(test)]
+    oracle: bool,
     /// Workers ended since the last [`Core::take_changes`] (the usage history).
     ended_members: Vec<EndedMember>,
     /// The wall clock last given (an instant and the Unix milliseconds then): deadlines are
@@ -346,93 +365,38 @@ impl Core {
             last_reservation: None,
             stats: Stats::default(),
             persisted: HashMap::new(),
+            touched: BTreeSet::new(),
+            pass_due: false,
+            #[cfg(test)]
+            oracle: false,
             ended_members: Vec::new(),
             wall: None,
             decayed: BTreeMap::new(),
         }
     }
 
-    /// Adds a job; returns its id.
-    pub fn submit(&mut self, spec: JobSpec, now: Instant) -> (u64, Vec<Action>) {
-        self.submit_as(spec, String::new(), now)
-    }
-
-    /// Adds a job submitted by `user`; returns its id.
-    pub fn submit_as(&mut self, spec: JobSpec, user: String, now: Instant) -> (u64, Vec<Action>) {
-        let id = self.insert(spec, user, now);
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
+    /// The jobs with workers, in id order: found from `tasks`, which holds exactly our
+    /// members, so that work about running jobs does not walk a queue of pending ones.
+    fn with_members(&self) -> impl Iterator<Item = &Job> {
+        let ids: BTreeSet<u64> = self.tasks.values().map(|t| t.0).collect();
+        #[cfg(test)]
+        {
+            let scan: BTreeSet<u64> = self
+                .jobs
+                .values()
+                .filter(|j| !j.members.is_empty())
+                .map(|j| j.id)
+                .collect();
+            assert_eq!(ids, scan, "tasks and members disagree");
+            assert!(
+                !self
+                    .jobs
+                    .values()
+                    .any(|j| j.state == JobState::Running && j.members.is_empty()),
+                "a running job without workers"
+            );
         }
-        out.extend(self.pass(now));
-        (id, out)
-    }
-
-    /// Adds an array (`spec.array`): one job per index, named `NAME[INDEX]`, with the index in
-    /// `GANTRY_QUEUE_ARRAY_INDEX`; returns their ids (the first is the array's id). A spec
-    /// without `array` adds one job.
-    pub fn submit_array(
-        &mut self,
-        spec: JobSpec,
-        user: String,
-        now: Instant,
-    ) -> Result<(Vec<u64>, Vec<Action>), String> {
-        let Some(indexes) = spec.array_indexes()? else {
-            let (id, out) = self.submit_as(spec, user, now);
-            return Ok((vec![id], out));
-        };
-        let first = self.next_id;
-        let mut ids = Vec::with_capacity(indexes.len());
-        for i in indexes {
-            let mut s = spec.clone();
-            s.array = None;
-            s.array_job = Some(first);
-            s.array_index = Some(i);
-            s.name = format!("{}[{i}]", spec.name);
-            s.env
-                .insert("GANTRY_QUEUE_ARRAY_INDEX".into(), i.to_string());
-            ids.push(self.insert(s, user.clone(), now));
-        }
-        let mut out = Vec::new();
-        if self.suppressed {
-            self.suppressed = false;
-            out.push(Action::Revive);
-        }
-        out.extend(self.pass(now));
-        Ok((ids, out))
-    }
-
-    fn insert(&mut self, spec: JobSpec, user: String, now: Instant) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let spec_after_empty = spec.after.is_empty();
-        self.jobs.insert(
-            id,
-            Job {
-                id,
-                spec,
-                state: JobState::Pending,
-                submitted: now,
-                waiting_since: now,
-                waited: Duration::ZERO,
-                preemptions: 0,
-                preempting: false,
-                lost: false,
-                members: BTreeMap::new(),
-                finished_members: 0,
-                next_index: 0,
-                message: String::new(),
-                on_deps: !spec_after_empty,
-                user,
-                attempts: 0,
-                retries: 0,
-                retrying: false,
-                not_before: None,
-                attempt_started: None,
-            },
-        );
-        id
+        ids.into_iter().filter_map(|id| self.jobs.get(&id))
     }
 
     /// Pending, not waiting on a dependency, and not backing off before a retry.
@@ -455,6 +419,7 @@ impl Core {
         }
         job.state = JobState::Cancelled;
         job.message = "cancelled".into();
+        self.touched.insert(id);
         let mut out: Vec<Action> = Vec::new();
         for m in job.members.values_mut() {
             m.killing = true;
@@ -504,6 +469,7 @@ impl Core {
             return Vec::new();
         };
         let mut out = Vec::new();
+        self.touched.insert(job_id);
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return out;
         };
@@ -643,6 +609,18 @@ impl Core {
             .count()
     }
 
+    /// Whether at least `limit` jobs are not yet ended ([`Core::active_jobs`] `>= limit`),
+    /// without walking the queue while it holds fewer jobs than that in all.
+    pub fn holds_active(&self, limit: usize) -> bool {
+        self.jobs.len() >= limit
+            && self
+                .jobs
+                .values()
+                .filter(|j| !j.state.is_terminal())
+                .nth(limit.saturating_sub(1))
+                .is_some()
+    }
+
     /// Forgets the oldest ended jobs beyond [`MAX_ENDED_JOBS`].
     fn trim(&mut self) {
         // Jobs a waiting job depends on are kept.
@@ -729,9 +707,13 @@ mod estimate;
 mod launch;
 mod order;
 mod pass;
+#[cfg(test)]
+mod pass_oracle;
 mod persist;
 mod preempt;
 mod quota;
+mod shape;
+mod submit;
 mod timers;
 mod views;
 
@@ -742,6 +724,8 @@ pub use persist::Changes;
 
 #[cfg(test)]
 mod backfill_tests;
+#[cfg(test)]
+mod pass_tests;
 #[cfg(test)]
 mod quota_tests;
 #[cfg(test)]

@@ -210,17 +210,15 @@ async fn submit(
             format!("no agent of the cluster can ever run it: {why}"),
         );
     }
-    if s.core().active_jobs() >= MAX_ACTIVE_JOBS {
+    if s.core().holds_active(MAX_ACTIVE_JOBS) {
         return error(
             StatusCode::TOO_MANY_REQUESTS,
             format!("the queue holds {MAX_ACTIVE_JOBS} jobs not yet ended; try again later"),
         );
     }
     if spec.array.is_some() {
-        let ids = s.with(|core, now| match core.submit_array(spec, user, now) {
-            Ok((ids, out)) => (Ok(ids), out),
-            Err(e) => (Err(e), Vec::new()),
-        });
+        // No pass per submission: the commit runs one for every submission it takes.
+        let ids = s.with(|core, now| (core.enqueue_array(spec, user, now), Vec::new()));
         return match ids {
             Ok(ids) => (
                 StatusCode::CREATED,
@@ -232,7 +230,7 @@ async fn submit(
     }
     let deadline = spec.deadline_unix;
     let id = s
-        .with_async(|core, now| core.submit_as(spec, user, now))
+        .with_async(|core, now| (core.enqueue_as(spec, user, now), Vec::new()))
         .await;
     // Say so when the estimated start already misses the deadline.
     let wall = crate::runtime::unix_ms();

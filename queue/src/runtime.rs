@@ -1,7 +1,8 @@
 //! The thin runtime around [`Core`]: the [`Scheduler`] the driver calls, a ticker for
 //! time-driven decisions (hold timeouts, aging, statistics), and [`Shared`], the state the API
 //! uses. Every event locks the core, hands it the event, the time and the wall clock, commits
-//! what changed to the [`Store`], and only then performs the returned [`Action`]s with the
+//! what changed to the [`Store`] (submissions through the API run no pass of their own: the
+//! commit that takes them runs one for all, [`Core::pass_if_due`]), and only then performs the returned [`Action`]s with the
 //! driver handle: a task is in the store before the master is asked to launch it, and a
 //! status update is in the store before the driver acknowledges it (when the scheduler
 //! callback returns), so `kill -9` at any moment loses nothing.
@@ -167,8 +168,15 @@ impl Shared {
         // what is taken now.
         let (changes, batches, upto) = {
             let mut core = self.core();
+            // Submissions since the last commit ([`Core::enqueue_as`]) share one pass, whose
+            // actions go after theirs.
+            let owed = core.pass_if_due(Instant::now());
             let changes = core.take_changes(Instant::now(), unix_ms());
             let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            if !owed.is_empty() {
+                out.seq += 1;
+                out.batches.push(owed);
+            }
             (changes, std::mem::take(&mut out.batches), out.seq)
         };
         *committed = upto;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
+use super::shape::Least;
 use super::{Core, Job, JobState, Priority, TeamConfig};
 
 impl Core {
@@ -75,7 +76,7 @@ impl Core {
         }
         let named = self.named_models();
         // Only jobs with workers use anything (a queue holds many pending jobs).
-        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
+        for j in self.with_members() {
             let e = match u.get_mut(j.spec.team.as_str()) {
                 Some(e) => e,
                 None => u.entry(j.spec.team.clone()).or_default(),
@@ -208,6 +209,61 @@ impl Core {
         }
     }
 
+    /// In one walk of the queue: the teams with eligible jobs (and how many), their level
+    /// ([`Core::level_among`]), the eligible jobs with their order keys and their team's index
+    /// among those teams, in order ([`Core::keyed_order`]), and the least worker of those
+    /// jobs ([`Least`]).
+    pub(super) fn keyed_least(
+        &self,
+        usage: &HashMap<String, TeamUsage>,
+        totals: (u64, u64),
+        now: Instant,
+    ) -> Keyed {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut counts: Vec<(&str, usize)> = Vec::new();
+        let mut eligible: Vec<(&Job, usize)> = Vec::new();
+        let mut least = Least::NONE;
+        for j in self.jobs.values().filter(|j| Self::eligible(j)) {
+            let t = *seen.entry(j.spec.team.as_str()).or_insert_with(|| {
+                counts.push((j.spec.team.as_str(), 0));
+                counts.len() - 1
+            });
+            counts[t].1 += 1;
+            least.add(&j.spec);
+            eligible.push((j, t));
+        }
+        let teams: BTreeMap<String, usize> =
+            counts.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+        // Index in `teams` (by name) of each team in the order seen.
+        let at: Vec<usize> = counts
+            .iter()
+            .map(|(t, _)| teams.keys().take_while(|k| k.as_str() < *t).count())
+            .collect();
+        let level = self.level_among(usage, &teams);
+        let none = TeamUsage::default();
+        let per_team: Vec<(&TeamUsage, (u64, u64))> = counts
+            .iter()
+            .map(|(t, _)| {
+                let used = usage.get(*t).unwrap_or(&none);
+                (used, self.team_key(t, used, totals, level))
+            })
+            .collect();
+        let mut keyed: Vec<(OrderKey, u64, usize)> = eligible
+            .into_iter()
+            .map(|(j, t)| {
+                let (used, team) = per_team[t];
+                (self.order_key(j, used, team, now), j.id, at[t])
+            })
+            .collect();
+        keyed.sort_unstable_by_key(|e| (e.0, e.1));
+        Keyed {
+            teams,
+            level,
+            keyed,
+            least,
+        }
+    }
+
     /// Eligible jobs with their order keys and their team's index in `teams` (the names of
     /// the teams with eligible jobs, as [`Core::eligible_teams`] orders them), in order.
     pub(super) fn keyed_order(
@@ -261,6 +317,18 @@ impl Core {
             )
         })
     }
+}
+
+/// What [`Core::keyed_least`] returns.
+pub(super) struct Keyed {
+    /// The teams with eligible jobs, and how many each has.
+    pub(super) teams: BTreeMap<String, usize>,
+    /// Their level ([`Core::level_among`]).
+    pub(super) level: f64,
+    /// The eligible jobs in order: key, id, team's index in `teams`.
+    pub(super) keyed: Vec<(OrderKey, u64, usize)>,
+    /// Their least worker.
+    pub(super) least: Least,
 }
 
 /// A team's usage, for ordering.

@@ -11,8 +11,9 @@ use gantry_sdk::placement::gang::{self, GangRequest};
 use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
-use super::order::{OrderKey, TeamUsage};
+use super::order::{Keyed, OrderKey, TeamUsage};
 use super::preempt::Victims;
+use super::shape::{Shape, ShapeCache};
 use super::{
     member_resources, request, time_limit, Action, Core, Job, JobSpec, JobState, Priority,
 };
@@ -79,7 +80,7 @@ impl Core {
         now: Instant,
     ) -> Vec<(AgentId, Resources, Vec<String>, Option<Instant>)> {
         let mut out = Vec::new();
-        for job in self.jobs.values().filter(|j| !j.members.is_empty()) {
+        for job in self.with_members() {
             let res = member_resources(&job.spec);
             let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
                 (Some(limit), Some(started)) => Some((started + limit).max(now)),
@@ -109,14 +110,15 @@ impl Core {
                 gpus: a.gpus.values().cloned().collect(),
             })
             .collect();
-        for job in self
-            .jobs
-            .values()
-            .filter(|j| !all_end && !j.members.is_empty())
-        {
+        let index: HashMap<AgentId, usize> = views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.agent_id, i))
+            .collect();
+        for job in self.with_members().filter(|_| !all_end) {
             let res = member_resources(&job.spec);
             for m in job.members.values().filter(|m| !m.killing) {
-                if let Some(v) = views.iter_mut().find(|v| v.agent_id == m.agent_id) {
+                if let Some(v) = index.get(&m.agent_id).map(|&i| &mut views[i]) {
                     v.resources = v.resources.saturating_sub(&res);
                     v.gpus.retain(|g| !m.gpus.contains(&g.uuid));
                 }
@@ -131,14 +133,12 @@ impl Core {
 
     /// Whether members we killed on purpose (preemption, shrinking) have not ended yet.
     pub(super) fn kills_in_flight(&self) -> bool {
-        self.jobs
-            .values()
+        self.with_members()
             .any(|j| j.state == JobState::Running && j.members.values().any(|m| m.killing))
     }
 
     pub(super) fn busy_gpus(&self) -> BTreeSet<(AgentId, String)> {
-        self.jobs
-            .values()
+        self.with_members()
             .flat_map(|j| j.members.values())
             .flat_map(|m| m.gpus.iter().map(|g| (m.agent_id, g.clone())))
             .collect()
@@ -150,7 +150,7 @@ impl Core {
         for (o, _) in self.offers.values() {
             seen.entry(o.agent_id).or_default().add_assign(&o.total());
         }
-        for j in self.jobs.values().filter(|j| !j.members.is_empty()) {
+        for j in self.with_members() {
             let res = member_resources(&j.spec);
             for m in j.members.values() {
                 seen.entry(m.agent_id).or_default().add_assign(&res);
@@ -171,6 +171,11 @@ impl Core {
 
     /// One scheduling pass (see the module documentation).
     pub fn pass(&mut self, now: Instant) -> Vec<Action> {
+        #[cfg(test)]
+        if self.oracle {
+            return self.pass_reference(now);
+        }
+        self.pass_due = false;
         let kills = self.timers(now);
         self.lend_blocked.clear();
         self.resolve_dependencies(now);
@@ -194,23 +199,42 @@ impl Core {
         // launch only for the launching team's jobs (a launch changes only that team's usage;
         // the order of the others stays, unless the level changes: then all of it).
         let mut usage = self.usage(now);
-        let mut teams = self.eligible_teams();
+        let Keyed {
+            mut teams,
+            mut level,
+            keyed,
+            least,
+        } = self.keyed_least(&usage, totals, now);
         let names: Vec<String> = teams.keys().cloned().collect();
-        let mut level = self.level_among(&usage, &teams);
-        let keyed = {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            self.keyed_order(&usage, &names, totals, level, now)
-        };
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
         // shape: tried once per shape (a queue holds thousands of jobs of a few shapes).
+        // [`Holds::update`] needs only the jobs up to the first that does not fit and is not
+        // backing off (nor the current holder), and the current holder if it does not fit:
+        // the rest of the queue is not looked at.
         let mut fits_now = ShapeCache::default();
-        let not_fitting: Vec<u64> = keyed
-            .iter()
-            .map(|(_, id, _)| *id)
-            .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage))
-            .filter(|id| !fits_now.fits(&views, &self.jobs[id].spec))
-            .collect();
+        let mut not_fits = |id: u64| {
+            let spec = &self.jobs[&id].spec;
+            !self.over_borrow_limit(spec, &usage) && !fits_now.fits(&views, spec)
+        };
+        let current = self.holds.holder().map(|(k, _)| *k);
+        let mut not_fitting: Vec<u64> = Vec::new();
+        for &(_, id, _) in &keyed {
+            if not_fits(id) {
+                not_fitting.push(id);
+                if current != Some(id) && !self.holds.backing_off(&id, now) {
+                    break;
+                }
+            }
+        }
+        if let Some(c) = current {
+            if !not_fitting.contains(&c)
+                && self.jobs.get(&c).is_some_and(Self::eligible)
+                && not_fits(c)
+            {
+                not_fitting.push(c);
+            }
+        }
         let holder = self.holds.update(&not_fitting, now).holder;
         if let Some((id, _, since)) = &self.preempt_for {
             let pending = self
@@ -240,6 +264,11 @@ impl Core {
         // reservation since the last launch or change of the reservation: what is free only
         // shrinks meanwhile, so they would not fit again.
         let mut no_room: Vec<(Shape, bool)> = Vec::new();
+        // Whether some offered agent could still host the least worker of any eligible job:
+        // once none can, no later job places, and the pass stops trying (the rest of the
+        // queue is blocked, taken lazily in order below).
+        let mut room = least.fits_some(&views);
+        let mut holder_tried = false;
         loop {
             // Members launched earlier in this pass are already recorded in their jobs.
             if let Some(t) = stale.take() {
@@ -263,6 +292,9 @@ impl Core {
                     }
                 }
             }
+            if !room {
+                break;
+            }
             let Some(t) = lists
                 .iter()
                 .enumerate()
@@ -275,6 +307,7 @@ impl Core {
             let Some((_, id)) = lists[t].pop_front() else {
                 break;
             };
+            holder_tried |= holder == Some(id);
             let spec = &self.jobs[&id].spec;
             if self.over_borrow_limit(spec, &usage) {
                 // Waits until its team uses less (it neither reserves nor preempts).
@@ -336,6 +369,7 @@ impl Core {
                         remove(&mut views, agent, &gang.member.resources, &a.gpus);
                     }
                     started.insert(id);
+                    self.touched.insert(id);
                     let tasks = self.start(id, &plan, &avail_ids(&avail), now);
                     for (agent, task) in tasks {
                         launches.entry(agent).or_default().push(task);
@@ -349,10 +383,12 @@ impl Core {
                     }
                     stale = Some(t);
                     no_room.clear();
+                    room = least.fits_some(&views);
                 }
                 None => {
                     blocked.push(id);
-                    if reservation.is_none() && holder == Some(id) && not_fitting.contains(&id) {
+                    // The holder is always one of `not_fitting`.
+                    if reservation.is_none() && holder == Some(id) {
                         reservation = self.reserve(id, &gang, now);
                         no_room.clear();
                     } else if !holds_it {
@@ -361,6 +397,28 @@ impl Core {
                 }
             }
         }
+        // The jobs the loop did not reach (nothing could place): blocked, in order, but those
+        // over their team's borrowing limit (skipped, as the loop would); the holder among
+        // them gets the reservation it would have got.
+        if let Some(h) = holder.filter(|_| !holder_tried && reservation.is_none()) {
+            // Not reached: still in `lists` (every holder is an eligible job).
+            let spec = &self.jobs[&h].spec;
+            if !self.over_borrow_limit(spec, &usage) {
+                reservation = self.reserve(h, &gang_of(spec), now);
+            }
+        }
+        let blocked_in_order = |this: &Core, pred: &dyn Fn(&Core, u64) -> bool| {
+            blocked
+                .iter()
+                .copied()
+                .chain(
+                    merged(&lists)
+                        .map(|(_, id)| id)
+                        .filter(|id| !this.over_borrow_limit(&this.jobs[id].spec, &usage)),
+                )
+                .find(|id| pred(this, *id))
+        };
+        let first_blocked = blocked_in_order(self, &|_, _| true);
         let mut out = kills;
         // Launch: one accept per agent, every task of the pass on it.
         let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
@@ -385,10 +443,21 @@ impl Core {
         }
         // Preemption for the first blocked critical/high job, unless one is under way.
         if !self.kills_in_flight() && self.preempt_for.is_none() {
-            if let Some(&id) = blocked
+            // Only jobs ordered at `high` or above (the first keys of every list) can be.
+            let high = |c: &Core, id: u64| c.jobs[&id].spec.priority >= Priority::High;
+            let ranked_high = u8::MAX - Priority::High.rank();
+            let first_high = blocked
                 .iter()
-                .find(|id| self.jobs[id].spec.priority >= Priority::High)
-            {
+                .copied()
+                .find(|id| high(self, *id))
+                .or_else(|| {
+                    merged(&lists)
+                        .take_while(|(key, _)| key.0 <= ranked_high)
+                        .map(|(_, id)| id)
+                        .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage))
+                        .find(|id| high(self, *id))
+                });
+            if let Some(id) = first_high {
                 out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
             }
         }
@@ -398,8 +467,8 @@ impl Core {
         if quotas && !self.kills_in_flight() && self.preempt_for.is_none() {
             let usage = self.usage(now);
             let within =
-                |id: &u64| self.within_quota(&self.jobs[id].spec, self.named_models(), &usage);
-            if let Some(&id) = blocked.iter().find(|id| within(id)) {
+                |c: &Core, id: u64| c.within_quota(&c.jobs[&id].spec, c.named_models(), &usage);
+            if let Some(id) = blocked_in_order(self, &within) {
                 out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
             }
         }
@@ -410,21 +479,25 @@ impl Core {
             if !self.kills_in_flight() && self.preempt_for.is_none() {
                 let fair = self.fair_gpus();
                 let usage = self.usage(now);
-                let under = |id: &u64| {
-                    let j = &self.jobs[id];
+                let under = |c: &Core, id: u64| {
+                    let j = &c.jobs[&id];
                     let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
                     let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
                     need > 0
                         && now.saturating_duration_since(j.waiting_since) >= wait
                         && (used + need) as f64 <= fair.get(&j.spec.team).copied().unwrap_or(0.0)
                 };
-                if let Some(&id) = blocked.iter().find(|id| under(id)) {
+                if let Some(id) = blocked_in_order(self, &under) {
                     out.extend(self.preempt(id, &views, &started, now, Victims::OverShare));
                 }
             }
         }
         // Elastic growth when nothing waits.
-        if blocked.is_empty() {
+        if first_blocked.is_none() {
+            // Growth changes the jobs it grows (`launch`): every running job may.
+            let running = self.with_members();
+            self.touched
+                .extend(running.map(|j| j.id).collect::<Vec<_>>());
             out.extend(self.grow(&mut views, now));
         }
         // Offers: hold fresh ones (younger than `offer_hold`) of reserved agents while the
@@ -435,7 +508,7 @@ impl Core {
             .iter()
             .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
-        let waiting = !blocked.is_empty();
+        let waiting = first_blocked.is_some();
         // Per agent: the master's accept and decline act on all of a framework's offers on an
         // agent, so an agent's offers are kept or declined together (kept while its newest
         // offer is fresh).
@@ -462,7 +535,8 @@ impl Core {
             out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
         }
         let active = self.jobs.values().any(Self::eligible);
-        let growing = self.jobs.values().any(|j| {
+        // A running job has workers (`with_members` checks it in tests).
+        let growing = self.with_members().any(|j| {
             j.state == JobState::Running
                 && !j.preempting
                 && j.finished_members == 0
@@ -490,10 +564,25 @@ impl Core {
             max: gang.min,
             ..gang.clone()
         };
+        // GPUs idle now per agent (those of `eventual_views(false)`), counted without
+        // building the views: its GPUs less those of workers not being killed.
+        let mut busy: HashMap<AgentId, BTreeSet<&str>> = HashMap::new();
+        for job in self.with_members() {
+            for m in job.members.values().filter(|m| !m.killing) {
+                busy.entry(m.agent_id)
+                    .or_default()
+                    .extend(m.gpus.iter().map(String::as_str));
+            }
+        }
         let idle: HashMap<AgentId, usize> = self
-            .eventual_views(false)
+            .agents
             .iter()
-            .map(|v| (v.agent_id, v.gpus.len()))
+            .map(|(id, a)| {
+                let taken = busy.get(id).map_or(0, |b| {
+                    a.gpus.keys().filter(|u| b.contains(u.as_str())).count()
+                });
+                (*id, a.gpus.len() - taken)
+            })
             .collect();
         let mut base = self.eventual_views(true);
         base.sort_by(|a, b| {
@@ -504,6 +593,11 @@ impl Core {
             ))
         });
         let members = self.member_ends(now);
+        let index: HashMap<AgentId, usize> = base
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.agent_id, i))
+            .collect();
         // What every agent has at `t` (`None`: once every member ended).
         let at = |t: Option<Instant>| {
             let mut v = base.clone();
@@ -514,14 +608,17 @@ impl Core {
                     (Some(_), None) => false,
                 };
                 if !ended {
-                    remove(&mut v, *agent, res, gpus);
+                    if let Some(&i) = index.get(agent) {
+                        remove(&mut v[i..=i], *agent, res, gpus);
+                    }
                 }
             }
             v
         };
+        // (Only the views' agent ids are read after a plan: placing on them in place is fine.)
         let fits = |t: Option<Instant>| {
-            let v = at(t);
-            gang::place_gang(&mut v.clone(), &rigid).map(|plan| (plan, v))
+            let mut v = at(t);
+            gang::place_gang(&mut v, &rigid).map(|plan| (plan, v))
         };
         let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
         times.push(now);
@@ -592,50 +689,19 @@ pub(super) fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, u
     }
 }
 
-/// A gang's shape: what placement depends on (a job's resources per worker, GPU selector and
-/// worker counts), compared without building the request.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Shape {
-    cpus: u64,
-    mem: u64,
-    gpus: u32,
-    model: Option<String>,
-    min_memory: Option<u64>,
-    pub(super) min: u32,
-    pub(super) max: u32,
-}
-
-impl Shape {
-    pub(super) fn of(spec: &JobSpec) -> Shape {
-        let min = spec.min_workers.max(1);
-        Shape {
-            cpus: spec.cpus.to_bits(),
-            mem: spec.mem.to_bits(),
-            gpus: spec.gpus,
-            model: spec.gpu_model.clone(),
-            min_memory: spec.gpu_min_memory,
-            min,
-            max: spec.max_workers.max(min),
-        }
-    }
-}
-
-/// Whether each gang shape fits some views, placed once per shape.
-#[derive(Default)]
-pub(super) struct ShapeCache {
-    known: Vec<(Shape, bool)>,
-}
-
-impl ShapeCache {
-    pub(super) fn fits(&mut self, views: &[AgentView], spec: &JobSpec) -> bool {
-        let shape = Shape::of(spec);
-        if let Some((_, fits)) = self.known.iter().find(|(s, _)| *s == shape) {
-            return *fits;
-        }
-        let fits = gang::place_gang(&mut views.to_vec(), &gang_of(spec)).is_some();
-        self.known.push((shape, fits));
-        fits
-    }
+/// The entries of per-team lists, each in order, merged in order (the least head first).
+fn merged(lists: &[VecDeque<(OrderKey, u64)>]) -> impl Iterator<Item = (OrderKey, u64)> + '_ {
+    let mut at = vec![0usize; lists.len()];
+    std::iter::from_fn(move || {
+        let t = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(t, l)| l.get(at[t]).map(|e| (e, t)))
+            .min()
+            .map(|(_, t)| t)?;
+        at[t] += 1;
+        lists[t].get(at[t] - 1).copied()
+    })
 }
 
 pub(super) fn subtract(views: &mut [AgentView], parts: &[(AgentId, Resources, Vec<String>)]) {

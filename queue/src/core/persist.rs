@@ -1,7 +1,8 @@
 //! What the store keeps of the core, and the core rebuilt from it.
 //!
 //! [`Core::take_changes`] returns the records of the jobs that changed since it was last
-//! called (a digest per job says which) and the workers that ended meanwhile (usage history);
+//! called (change tracking: every change to a job records its id in `touched`, and a digest of
+//! each touched job drops those that ended up as the store has them) and the workers that ended meanwhile (usage history);
 //! the runtime commits them before it sends the actions of the same step, so what the master
 //! is asked to do is always in the store first (a launched task is never unknown after a
 //! crash). [`Core::restore`] rebuilds the queue from the store's records. Times cross as Unix
@@ -124,12 +125,24 @@ impl Core {
     /// meanwhile; `now` is `wall_ms` Unix milliseconds.
     pub fn take_changes(&mut self, now: Instant, wall_ms: u64) -> Changes {
         self.set_wall_clock(now, wall_ms);
+        // Change tracking: only the jobs touched since the last call can differ from what the
+        // store has (the digest then drops those that did not change after all).
+        let touched = std::mem::take(&mut self.touched);
         let mut changed = Vec::new();
-        for job in self.jobs.values() {
+        for job in touched.iter().filter_map(|id| self.jobs.get(id)) {
             let d = digest(job);
             if self.persisted.get(&job.id) != Some(&d) {
                 changed.push((job.id, d));
             }
+        }
+        // Tests check that every change was tracked: a full scan finds nothing more.
+        #[cfg(test)]
+        for job in self.jobs.values() {
+            assert!(
+                touched.contains(&job.id) || self.persisted.get(&job.id) == Some(&digest(job)),
+                "job {} changed without being tracked",
+                job.id
+            );
         }
         let mut jobs = Vec::with_capacity(changed.len());
         for (id, d) in changed {
@@ -246,6 +259,7 @@ impl Core {
             if job.members.is_empty() {
                 continue;
             }
+            self.touched.insert(job.id);
             for m in job.members.values() {
                 self.tasks.remove(&m.task_id);
             }

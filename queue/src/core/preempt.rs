@@ -29,7 +29,12 @@ impl Core {
         victims: Victims,
     ) -> Vec<Action> {
         let reclaim = victims != Victims::LowerClass;
-        let fair = self.fair_gpus();
+        // Only fair-share victims need the teams' fair shares (all jobs are looked at).
+        let fair = if victims == Victims::OverShare {
+            self.fair_gpus()
+        } else {
+            HashMap::new()
+        };
         let spec = self.jobs[&id].spec.clone();
         let member = request(&spec);
         let usage = self.usage(now);
@@ -48,7 +53,8 @@ impl Core {
         // Victim units: an elastic gang's members above its minimum one by one (highest index
         // first), else whole jobs. (job, members, priority).
         let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
-        for j in self.jobs.values() {
+        // Only running jobs are victims (a queue holds many pending ones).
+        for j in self.with_members() {
             let gpus = u64::from(j.spec.gpus) * u64::from(j.running_members());
             let allowed = match victims {
                 Victims::LowerClass => j.spec.priority < spec.priority,
@@ -227,6 +233,7 @@ impl Core {
         let mut whole: BTreeSet<u64> = BTreeSet::new();
         for &u in &chosen {
             let (job_id, members, _) = &units[u];
+            self.touched.insert(*job_id);
             let Some(job) = self.jobs.get_mut(job_id) else {
                 continue;
             };

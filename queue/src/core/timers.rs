@@ -62,6 +62,9 @@ impl Core {
                         .get(d)
                         .is_some_and(|j| j.state == JobState::Finished)
                 });
+                if broken.is_some() || met {
+                    self.touched.insert(id);
+                }
                 let Some(job) = self.jobs.get_mut(&id) else {
                     continue;
                 };
@@ -85,16 +88,7 @@ impl Core {
     /// The latest time `spec`'s job may start and still end by its deadline (the deadline
     /// minus its time limit), as an instant; `None` without a deadline or a wall clock.
     pub(super) fn latest_start(&self, spec: &JobSpec) -> Option<Instant> {
-        let (at, wall) = self.wall?;
-        let deadline_ms = spec.deadline_unix?.saturating_mul(1000);
-        let limit = time_limit(&self.config, spec).unwrap_or(Duration::ZERO);
-        let deadline = if deadline_ms >= wall {
-            at + Duration::from_millis(deadline_ms - wall)
-        } else {
-            at.checked_sub(Duration::from_millis(wall - deadline_ms))
-                .unwrap_or(at)
-        };
-        Some(deadline.checked_sub(limit).unwrap_or(deadline.min(at)))
+        latest_start(&self.config, self.wall, spec)
     }
 
     /// Retries whose backoff is over become eligible; attempts past their time limit are
@@ -102,30 +96,28 @@ impl Core {
     /// start are cancelled (reason `deadline`) unless their deadline is best-effort.
     pub(super) fn timers(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
-        let missed: Vec<u64> = self
-            .jobs
-            .values()
-            .filter(|j| j.state == JobState::Pending && !j.spec.deadline_best_effort)
-            .filter(|j| j.members.is_empty())
-            .filter(|j| self.latest_start(&j.spec).is_some_and(|t| now > t))
-            .map(|j| j.id)
-            .collect();
-        for id in missed {
-            if let Some(job) = self.jobs.get_mut(&id) {
+        // One walk of the queue; per job, in this order: a missed deadline, a backoff's end,
+        // the time limit.
+        let (config, wall) = (&self.config, self.wall);
+        for job in self.jobs.values_mut() {
+            if job.state == JobState::Pending
+                && !job.spec.deadline_best_effort
+                && job.members.is_empty()
+                && latest_start(config, wall, &job.spec).is_some_and(|t| now > t)
+            {
+                self.touched.insert(job.id);
                 job.state = JobState::Cancelled;
                 job.message = "deadline: it could not start in time to end by its deadline \
                                (deadline minus time limit); cancelled"
                     .into();
-                self.holds.done(&id);
+                self.holds.done(&job.id);
             }
-        }
-        for job in self.jobs.values_mut() {
             if job.not_before.is_some_and(|t| now >= t) {
                 job.not_before = None;
                 job.waiting_since = now;
+                self.touched.insert(job.id);
             }
-            let (Some(limit), Some(started)) =
-                (time_limit(&self.config, &job.spec), job.attempt_started)
+            let (Some(limit), Some(started)) = (time_limit(config, &job.spec), job.attempt_started)
             else {
                 continue;
             };
@@ -135,6 +127,7 @@ impl Core {
             {
                 continue;
             }
+            self.touched.insert(job.id);
             job.state = JobState::Failed;
             job.message = format!(
                 "time-limit: killed after its time limit of {} s",
@@ -148,4 +141,23 @@ impl Core {
         }
         out
     }
+}
+
+/// [`Core::latest_start`] under `config` with the wall clock `wall` (an instant and the Unix
+/// milliseconds then).
+fn latest_start(
+    config: &super::CoreConfig,
+    wall: Option<(Instant, u64)>,
+    spec: &JobSpec,
+) -> Option<Instant> {
+    let (at, wall) = wall?;
+    let deadline_ms = spec.deadline_unix?.saturating_mul(1000);
+    let limit = time_limit(config, spec).unwrap_or(Duration::ZERO);
+    let deadline = if deadline_ms >= wall {
+        at + Duration::from_millis(deadline_ms - wall)
+    } else {
+        at.checked_sub(Duration::from_millis(wall - deadline_ms))
+            .unwrap_or(at)
+    };
+    Some(deadline.checked_sub(limit).unwrap_or(deadline.min(at)))
 }

@@ -1,0 +1,104 @@
+//! Gang shapes, for placing once per shape rather than once per job ([`Shape`],
+//! [`ShapeCache`]), and the least worker of the eligible jobs ([`Least`]): the bound that lets
+//! a pass stop once no offered agent could host any of them.
+
+use gantry_sdk::placement::gang;
+use gantry_sdk::placement::offers::AgentView;
+use gantry_sdk::protocol::*;
+
+use super::pass::gang_of;
+use super::JobSpec;
+
+/// A gang's shape: what placement depends on (a job's resources per worker, GPU selector and
+/// worker counts), compared without building the request.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Shape {
+    cpus: u64,
+    mem: u64,
+    gpus: u32,
+    model: Option<String>,
+    min_memory: Option<u64>,
+    pub(super) min: u32,
+    pub(super) max: u32,
+}
+
+impl Shape {
+    pub(super) fn of(spec: &JobSpec) -> Shape {
+        let min = spec.min_workers.max(1);
+        Shape {
+            cpus: spec.cpus.to_bits(),
+            mem: spec.mem.to_bits(),
+            gpus: spec.gpus,
+            model: spec.gpu_model.clone(),
+            min_memory: spec.gpu_min_memory,
+            min,
+            max: spec.max_workers.max(min),
+        }
+    }
+}
+
+/// Whether each gang shape fits some views, placed once per shape.
+#[derive(Default)]
+pub(super) struct ShapeCache {
+    known: Vec<(Shape, bool)>,
+}
+
+impl ShapeCache {
+    pub(super) fn fits(&mut self, views: &[AgentView], spec: &JobSpec) -> bool {
+        let shape = Shape::of(spec);
+        if let Some((_, fits)) = self.known.iter().find(|(s, _)| *s == shape) {
+            return *fits;
+        }
+        let fits = gang::place_gang(&mut views.to_vec(), &gang_of(spec)).is_some();
+        self.known.push((shape, fits));
+        fits
+    }
+}
+
+/// The least worker of the eligible jobs, resource by resource: a job's worker fits an agent
+/// only where it has at least its CPUs, memory and GPUs, so an agent without this much of
+/// each hosts none.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Least {
+    cpus: f64,
+    mem: f64,
+    gpus: u32,
+}
+
+impl Least {
+    /// Nothing yet (no job): fits nowhere.
+    pub(super) const NONE: Least = Least {
+        cpus: f64::INFINITY,
+        mem: f64::INFINITY,
+        gpus: u32::MAX,
+    };
+
+    /// Counts `spec`'s worker in (amounts the milli-unit conversion might not take count as
+    /// nothing: the bound only ever errs low).
+    pub(super) fn add(&mut self, spec: &JobSpec) {
+        let amount = |v: f64| {
+            if v.is_finite() && v > 0.0 && v < 1e12 {
+                v
+            } else {
+                0.0
+            }
+        };
+        self.cpus = self.cpus.min(amount(spec.cpus));
+        self.mem = self.mem.min(amount(spec.mem));
+        self.gpus = self.gpus.min(spec.gpus);
+    }
+
+    /// Whether some view has at least this much of each (a necessary condition for any
+    /// eligible job's worker to fit there).
+    pub(super) fn fits_some(&self, views: &[AgentView]) -> bool {
+        if self.gpus == u32::MAX {
+            return false;
+        }
+        // Converted once: the milli-unit conversion keeps the order of amounts.
+        let least = Resources::new()
+            .with("cpus", self.cpus)
+            .with("mem", self.mem)
+            .with("gpus", f64::from(self.gpus));
+        views.iter().any(|v| v.resources.contains(&least))
+    }
+}
