@@ -78,12 +78,43 @@ pub fn demand_items(v: &Value) -> Vec<DemandItem> {
                 cpu_milli: task.milli("cpus"),
                 mem_mib: task.milli("mem") / 1000,
                 gpu,
-                models: Vec::new(),
+                // The GPU model the tasks ask for (protocol 11's `Demand::gpu_model`).
+                models: f["gpu_model"]
+                    .as_str()
+                    .filter(|m| !m.is_empty())
+                    .map(|m| vec![m.to_string()])
+                    .unwrap_or_default(),
                 on_demand: false,
                 count,
             })
         })
         .collect()
+}
+
+/// The demand's GPU models (as a task's selector: part of the GPU's name, case-insensitive,
+/// `"H100"`) spelled as the pools' `gpu_model`s that contain them, which the planner matches
+/// exactly; a model no pool has stays as it is (no pool fits it).
+pub fn with_pool_models(mut items: Vec<DemandItem>, pool_models: &[&str]) -> Vec<DemandItem> {
+    for d in &mut items {
+        if d.models.is_empty() {
+            continue;
+        }
+        let wanted: Vec<String> = d.models.iter().map(|m| m.to_lowercase()).collect();
+        let mut names: Vec<String> = pool_models
+            .iter()
+            .filter(|p| {
+                let p = p.to_lowercase();
+                wanted.iter().any(|m| p.contains(m.as_str()))
+            })
+            .map(|p| p.to_string())
+            .collect();
+        names.sort();
+        names.dedup();
+        if !names.is_empty() {
+            d.models = names;
+        }
+    }
+    items
 }
 
 /// What the master says of each node, from `GET /api/v1/agents` and
@@ -334,8 +365,11 @@ impl Runtime {
         let agents = self.get("/api/v1/agents")?;
         let drains = self.get("/api/v1/maintenance/drains")?;
         let tasks = self.active_tasks()?;
+        let pool_models: Vec<&str> = (self.core.config().pools.iter())
+            .filter_map(|p| p.gpu_model.as_deref())
+            .collect();
         let obs = Observation {
-            demand: demand_items(&demand),
+            demand: with_pool_models(demand_items(&demand), &pool_models),
             nodes: node_observations(&agents, &drains),
             tasks,
         };
@@ -562,6 +596,21 @@ mod tests {
         );
         assert_eq!(items[1].source, "f2");
         assert_eq!(items[1].gpu, GpuDemand::Fraction(250));
+        assert!(items[0].models.is_empty());
+        let v = json!({"frameworks": [
+            {"framework_id": "f1", "name": "queue", "task": {"cpus": 1.0, "gpus": 1.0},
+             "gpu_model": "H100", "unplaceable": 2},
+        ]});
+        assert_eq!(demand_items(&v)[0].models, ["H100"]);
+        let pools = [
+            "NVIDIA H100 80GB",
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA H100 80GB",
+        ];
+        let items = with_pool_models(demand_items(&v), &pools);
+        assert_eq!(items[0].models, ["NVIDIA H100 80GB"]);
+        let items = with_pool_models(demand_items(&v), &["NVIDIA L4"]);
+        assert_eq!(items[0].models, ["H100"], "no pool has it: nothing fits");
         assert!(demand_items(&json!({"error": "x"})).is_empty());
     }
 

@@ -248,6 +248,7 @@ impl Scheduler for Batch {
         driver.set_demand(Some(Demand {
             task: self.spec.task.clone(),
             count: self.remaining(),
+            gpu_model: None,
         }));
         if self.remaining() > 0 {
             driver.revive(vec![]);
@@ -321,6 +322,7 @@ impl Scheduler for Batch {
         driver.set_demand(Some(Demand {
             task: self.spec.task.clone(),
             count: self.remaining(),
+            gpu_model: None,
         }));
         self.publish();
     }
@@ -363,6 +365,7 @@ impl Scheduler for Batch {
             driver.set_demand(Some(Demand {
                 task: self.spec.task.clone(),
                 count: self.remaining(),
+                gpu_model: None,
             }));
             self.publish();
             return;
@@ -405,6 +408,7 @@ impl Scheduler for Batch {
             driver.set_demand(Some(Demand {
                 task: self.spec.task.clone(),
                 count: self.remaining(),
+                gpu_model: None,
             }));
             self.publish();
             return;
@@ -447,6 +451,7 @@ impl Scheduler for Batch {
                     driver.set_demand(Some(Demand {
                         task: self.spec.task.clone(),
                         count: self.remaining(),
+                        gpu_model: None,
                     }));
                     self.publish();
                     return;
@@ -507,6 +512,7 @@ impl Scheduler for Batch {
         driver.set_demand(Some(Demand {
             task: self.spec.task.clone(),
             count: self.remaining(),
+            gpu_model: None,
         }));
         driver.revive(vec![]);
         self.suppressed = false;

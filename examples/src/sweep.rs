@@ -102,10 +102,12 @@ impl Sweep {
             Demand {
                 task: self.spec.trial_resources.clone(),
                 count: self.book.pending() as u32,
+                gpu_model: None,
             },
             Demand {
                 task: self.spec.eval_resources.clone(),
                 count: eval,
+                gpu_model: None,
             },
         ]);
     }

@@ -174,6 +174,7 @@ impl Model {
                 let d = demand.map(|(c, m, n)| Demand {
                     task: cpus_mem(c, m),
                     count: n as u32,
+                    gpu_model: None,
                 });
                 self.alloc.add_framework(
                     id,

@@ -175,10 +175,12 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                     Demand {
                         task: "cpus:1;gpus:1".parse().unwrap(),
                         count: 12,
+                        gpu_model: None,
                     },
                     Demand {
                         task: "cpus:2;gpus:2".parse().unwrap(),
                         count: 2,
+                        gpu_model: Some("H100".into()),
                     },
                 ],
             }),
@@ -249,7 +251,7 @@ fn fnv(b: &[u8]) -> u64 {
 /// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
 /// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x08548407b5084f87),
+    ("hello", 2, 0x08511e07b5056c5e),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 396, 0x801cbdf1b2defc40),
     ("run_task", 173, 0xbf68fb3be82d20d8),
@@ -259,7 +261,7 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("update", 100, 0x891e8c78f3d45229),
     ("kill_for", 19, 0xb203cdeeeb24b60c),
     ("accept_group", 174, 0x76535a4c515695f9),
-    ("set_demand", 38, 0xaf48506c6d009d19),
+    ("set_demand", 45, 0x2e09ba9efbbc1011),
     ("run_task_group", 177, 0x330a4dfc355079f8),
     ("sandbox_exec", 50, 0x537c9cf33b455766),
     ("sandbox_data", 10, 0x2f66684d55c96210),

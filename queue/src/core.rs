@@ -125,6 +125,12 @@ pub struct CoreConfig {
     pub hold: HoldPolicy,
     /// Offers unused for this long are declined.
     pub offer_hold: Duration,
+    /// After an accept or decline on an agent, offers of that agent that arrive within this
+    /// long may be ones the master folded into it (its rule 2), rescinded on their way: a gang
+    /// spanning several agents is not launched on them until this passes (or the rescind
+    /// comes), since a lost accept there would launch it partially (`ZERO`: no wait, for the
+    /// simulator, whose emulated master has nothing in flight).
+    pub offer_settle: Duration,
     /// The file (in the task's sandbox) a preempted worker finds written at its warning.
     pub preempt_file: String,
     /// Where each job's checkpoint directory goes (`ROOT/job-ID`, in the workers'
@@ -170,6 +176,7 @@ impl Default for CoreConfig {
                 backoff_max: Duration::from_secs(30),
             },
             offer_hold: Duration::from_secs(20),
+            offer_settle: Duration::from_secs(1),
             preempt_file: "gpu-queue-preempted".into(),
             checkpoint_root: None,
             retry_backoff: Duration::from_secs(10),
@@ -269,6 +276,8 @@ pub struct Core {
     jobs: BTreeMap<u64, Job>,
     next_id: u64,
     offers: BTreeMap<OfferId, (Offer, Instant)>,
+    /// When we last accepted or declined offers on each agent ([`CoreConfig::offer_settle`]).
+    settled: BTreeMap<AgentId, Instant>,
     tasks: HashMap<TaskId, (u64, u32)>,
     /// What each agent has, as seen in offers plus our tasks there (for DRF and the
     /// reservation): its id → (hostname, attributes, every GPU seen, capacity).
@@ -356,6 +365,7 @@ impl Core {
             jobs: BTreeMap::new(),
             next_id: 1,
             offers: BTreeMap::new(),
+            settled: BTreeMap::new(),
             tasks: HashMap::new(),
             agents: BTreeMap::new(),
             holds,

@@ -268,8 +268,13 @@ struct Serve {
     /// Declare the eligible pending jobs' worker shapes to the master (`set_demand`, at most
     /// 16 shapes) as they change: the master then offers tasks' worth of those shapes, and an
     /// autoscaler reading `GET /api/v1/demand` adds nodes for what the fleet cannot place.
-    #[arg(long)]
+    /// On by default; kept for scripts that name it.
+    #[arg(long, hide = true, overrides_with = "no_declare_demand")]
     declare_demand: bool,
+    /// Declare no demand to the master (it then offers whole agents, and an autoscaler sees
+    /// none of the queue's pending work).
+    #[arg(long, overrides_with = "declare_demand")]
+    no_declare_demand: bool,
     /// The master's operator API, https://HOST:PORT (its --http-listen): `gantry-queue logs`
     /// relays workers' output from there, asked with the framework's certificate
     /// (framework-NAME.pem in --tls-dir). Without it the queue serves no logs.
@@ -718,7 +723,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         Instant::now(),
         unix_ms(),
     );
-    let shared = Shared::with_demand(core, store, driver.handle(), a.declare_demand);
+    let shared = Shared::with_demand(core, store, driver.handle(), !a.no_declare_demand);
     // Kills owed from before a restart: queued by the driver until it has subscribed.
     shared.resume(owed);
     let listener = tokio::net::TcpListener::bind(&a.listen)

@@ -322,6 +322,7 @@ impl SoakFramework {
         driver.set_demand(Some(Demand {
             task: self.spec.resources.clone(),
             count: owed as u32,
+            gpu_model: None,
         }));
     }
 
@@ -357,6 +358,7 @@ pub fn release(book: &Mutex<Book>, spec: &SoakSpec, driver: &DriverHandle, limit
     driver.set_demand(Some(Demand {
         task: spec.resources.clone(),
         count: launchable as u32,
+        gpu_model: None,
     }));
     driver.revive(vec![]);
 }

@@ -125,6 +125,7 @@ mod tests {
             Some(Demand {
                 task: res("cpus:1;gpus:0.5"),
                 count: 5,
+                gpu_model: None,
             }),
         );
         a.add_agent(agent, "h1", res("cpus:8;gpus:2"), BTreeMap::new());

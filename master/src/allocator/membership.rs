@@ -203,6 +203,7 @@ impl Allocator {
                     name: Arc::from(name),
                     gpu_capable,
                     demand: Vec::new(),
+                    demand_models: Vec::new(),
                     offered_tasks: ShapeCounts::new(),
                     roles: Vec::new(),
                     alloc: Bundle::default(),
@@ -322,11 +323,13 @@ impl Allocator {
     }
 
     pub(super) fn set_demand_inner(&mut self, f: u32, demands: Vec<Demand>) {
+        let demands: Vec<Demand> = demands.into_iter().filter(|d| !d.task.is_empty()).collect();
+        let models: Vec<Option<String>> = demands.iter().map(|d| d.gpu_model.clone()).collect();
         let d: Vec<(Rv, u64)> = demands
             .into_iter()
-            .filter(|d| !d.task.is_empty())
             .map(|d| (self.rv(&d.task), d.count as u64))
             .collect();
+        self.fw_mut(f).demand_models = models;
         let flag = if d.is_empty() { 0 } else { FW_DEMAND };
         let old = &self.fw(f).demand;
         let same_shape = old.len() == d.len() && old.iter().zip(&d).all(|((a, _), (b, _))| a == b);

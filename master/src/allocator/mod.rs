@@ -387,6 +387,8 @@ struct Framework {
     gpu_capable: bool,
     /// The declared task shapes with their remaining counts (empty: no demand).
     demand: Vec<(Rv, u64)>,
+    /// The GPU model of each declared shape (`Demand::gpu_model`), for the views only.
+    demand_models: Vec<Option<String>>,
     /// Tasks' worth of each shape currently sitting in outstanding offers.
     offered_tasks: ShapeCounts,
     roles: Vec<FwRole>,

@@ -531,12 +531,14 @@ impl Allocator {
         let Some(&f) = self.fw_ids.get(&framework) else {
             return Vec::new();
         };
-        self.fw(f)
-            .demand
+        let fw = self.fw(f);
+        fw.demand
             .iter()
-            .map(|(task, count)| Demand {
+            .enumerate()
+            .map(|(i, (task, count))| Demand {
                 task: self.names.res(task),
                 count: (*count).min(u32::MAX as u64) as u32,
+                gpu_model: fw.demand_models.get(i).cloned().flatten(),
             })
             .collect()
     }

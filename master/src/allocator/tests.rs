@@ -197,6 +197,7 @@ fn demand_aware_drf_paper_example() {
         Some(Demand {
             task: res("cpus:1;mem:4096"),
             count: 100,
+            gpu_model: None,
         }),
     );
     a.add_framework(
@@ -207,6 +208,7 @@ fn demand_aware_drf_paper_example() {
         Some(Demand {
             task: res("cpus:3;mem:1024"),
             count: 100,
+            gpu_model: None,
         }),
     );
     a.add_agent(aid(1), "host1", res("cpus:9;mem:18432"), BTreeMap::new());
@@ -232,6 +234,7 @@ fn demand_count_limits_offers_and_shrinks_on_accept() {
         Some(Demand {
             task: res("cpus:1"),
             count: 2,
+            gpu_model: None,
         }),
     );
     a.add_agent(aid(1), "h1", res("cpus:8"), BTreeMap::new());
@@ -245,6 +248,7 @@ fn demand_count_limits_offers_and_shrinks_on_accept() {
         Some(Demand {
             task: res("cpus:1"),
             count: 3,
+            gpu_model: None,
         }),
     );
     let o = a.allocate(10_001).remove(0);
@@ -262,13 +266,18 @@ fn several_demand_shapes_are_all_offered_and_counted_apart() {
             Demand {
                 task: res("cpus:1;gpus:1"),
                 count: 3,
+                gpu_model: None,
             },
             Demand {
                 task: res("cpus:2;gpus:2"),
                 count: 1,
+                gpu_model: Some("H100".into()),
             },
         ],
     );
+    // The views keep each shape's GPU model (GET /api/v1/demand reads it).
+    let models: Vec<Option<String>> = a.demands(fid(1)).into_iter().map(|d| d.gpu_model).collect();
+    assert_eq!(models, [None, Some("H100".to_string())]);
     a.add_agent(aid(1), "h1", res("cpus:16;gpus:8"), BTreeMap::new());
     let o = a.allocate(0).remove(0);
     // Every shape's tasks' worth, nothing more: 3 x (1, 1) + 1 x (2, 2).
@@ -685,6 +694,7 @@ fn demand_counts_whole_tasks_in_any_outstanding_offer() {
     let demand = |cpus: f64, count| Demand {
         task: Resources::new().with("cpus", cpus).with("mem", 1024.0),
         count,
+        gpu_model: None,
     };
     // The outstanding offer holds 2 tasks' worth: a demand of 2 gets nothing more.
     a.set_demand(fid(1), Some(demand(1.0, 2)));
@@ -812,6 +822,7 @@ fn a_cycle_visits_only_agents_a_wanted_task_fits_and_ends_when_nothing_is_wanted
         Some(Demand {
             task: Resources::new().with("cpus", cpus).with("mem", 1024.0),
             count,
+            gpu_model: None,
         })
     };
     // 999 agents with memory only, then ten with cpus.

@@ -541,6 +541,7 @@ impl<'w, W: Write> Replay<'w, W> {
                     Some(d) => Some(Demand {
                         task: parse_res(i, k, &d.task)?,
                         count: d.count,
+                        gpu_model: None,
                     }),
                     None => None,
                 };
@@ -692,6 +693,7 @@ impl<'w, W: Write> Replay<'w, W> {
                     Some(Demand {
                         task,
                         count: *count,
+                        gpu_model: None,
                     }),
                 );
             }

@@ -341,6 +341,7 @@ pub fn run_trace(jobs: &[Job], cluster: &TraceCluster) -> Result<TraceReport, Si
                 let want = f.queue.front().map(|j| Demand {
                     task: jobs[*j].task.clone(),
                     count: states[*j].to_launch,
+                    gpu_model: None,
                 });
                 if alloc.demand(f.id) != want {
                     alloc.set_demand(f.id, want);

@@ -179,6 +179,17 @@ impl Master {
                         ),
                     ));
                 }
+                if demands
+                    .iter()
+                    .filter_map(|d| d.gpu_model.as_ref())
+                    .any(|m| m.len() > MAX_DEMAND_MODEL_LEN)
+                {
+                    return out.push(err(
+                        conn,
+                        ErrorKind::InvalidRequest,
+                        format!("demand GPU model longer than {MAX_DEMAND_MODEL_LEN} bytes"),
+                    ));
+                }
                 if demands.iter().any(|d| d.task.is_empty()) {
                     return out.push(err(
                         conn,

@@ -12,6 +12,9 @@ pub const MAX_RECONCILE_IDS: usize = 10_000;
 /// more with an [`ErrorKind::InvalidRequest`] error.
 pub const MAX_DEMAND_SHAPES: usize = 16;
 
+/// The longest [`Demand::gpu_model`] (bytes) the master accepts.
+pub const MAX_DEMAND_MODEL_LEN: usize = 128;
+
 /// The shape of a framework's pending tasks (demand-aware offers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Demand {
@@ -19,6 +22,11 @@ pub struct Demand {
     pub task: Resources,
     /// How many such tasks are pending.
     pub count: u32,
+    /// The GPU model the tasks ask for, as their [`crate::GpuSelector::model`] (part of the
+    /// GPU's name, case-insensitive: `"A100"`), or `None`: any. The master's
+    /// `GET /api/v1/demand` places such tasks only on GPUs of that model, and autoscalers
+    /// scale a pool of it. At most [`MAX_DEMAND_MODEL_LEN`] bytes (protocol 11).
+    pub gpu_model: Option<String>,
 }
 
 /// Optional abilities a framework declares when subscribing.

@@ -3,13 +3,14 @@
 //! each shape, and `GET /api/v1/demand` shows what the fleet cannot place, which an autoscaler
 //! (`gantry-autoscaler`) scales for.
 //!
-//! A shape is one worker's resources (CPUs, memory, whole GPUs); its count is the workers of
-//! every eligible pending job of that shape (`max_workers` each: what the queue launches when
+//! A shape is one worker's resources (CPUs, memory, whole GPUs) and the GPU model its job asks
+//! for (`--gpu-model`, declared as the protocol's `Demand::gpu_model`, protocol 11); its count
+//! is the workers of every eligible pending job of that shape (`max_workers` each: what the queue launches when
 //! there is room). Jobs waiting for a dependency or a retry's backoff, running jobs and ended
 //! ones declare nothing. Shapes are ordered by the highest priority among their jobs, then by
-//! their oldest job, and at most [`MAX_DEMAND_SHAPES`] are declared (the most urgent); the
-//! protocol's `Demand` has no GPU model, so jobs that differ only in the model asked for share
-//! a shape.
+//! their oldest job, and at most [`MAX_DEMAND_SHAPES`] are declared (the most urgent). The
+//! GPU memory a job asks for (`--gpu-min-memory`) is not declared: jobs differing only in it
+//! share a shape.
 
 use std::collections::BTreeMap;
 
@@ -25,12 +26,19 @@ type Tally<'a> = (Priority, u64, u64, &'a JobSpec);
 /// The demand of `pending` jobs (each with its id, in any order): shapes with counts, in
 /// declaration order (see the module docs).
 pub fn shapes<'a>(pending: impl IntoIterator<Item = (u64, &'a JobSpec)>) -> Vec<Demand> {
-    // Key: (cpus, mem, gpus) in thousandths, exact as the resources the workers launch with.
-    let mut by_shape: BTreeMap<(u64, u64, u32), Tally<'a>> = BTreeMap::new();
+    // Key: (cpus, mem, gpus) in thousandths, exact as the resources the workers launch with,
+    // and the GPU model asked for.
+    type Key<'a> = (u64, u64, u32, Option<&'a str>);
+    let mut by_shape: BTreeMap<Key<'a>, Tally<'a>> = BTreeMap::new();
     for (id, spec) in pending {
         let workers = u64::from(spec.max_workers.max(spec.min_workers).max(1));
         let res = member_resources(spec);
-        let key = (res.milli("cpus"), res.milli("mem"), spec.gpus);
+        let model = spec
+            .gpu_model
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty() && spec.gpus > 0);
+        let key = (res.milli("cpus"), res.milli("mem"), spec.gpus, model);
         let e = by_shape.entry(key).or_insert((spec.priority, id, 0, spec));
         e.0 = e.0.max(spec.priority);
         if id < e.1 {
@@ -40,11 +48,12 @@ pub fn shapes<'a>(pending: impl IntoIterator<Item = (u64, &'a JobSpec)>) -> Vec<
         e.2 += workers;
     }
     let mut out: Vec<(Priority, u64, Demand)> = by_shape
-        .into_values()
-        .map(|(prio, first, count, spec)| {
+        .into_iter()
+        .map(|((.., model), (prio, first, count, spec))| {
             let demand = Demand {
                 task: member_resources(spec),
                 count: u32::try_from(count).unwrap_or(u32::MAX),
+                gpu_model: model.map(str::to_string),
             };
             (prio, first, demand)
         })
@@ -101,6 +110,28 @@ mod tests {
                 (1.0, 64.0, 1.0, 4),
                 (1.0, 64.0, 8.0, 2),
             ]
+        );
+    }
+
+    #[test]
+    fn jobs_differing_in_gpu_model_declare_shapes_of_their_model() {
+        let any = spec("any", "nlp", Priority::Normal, 1, 2);
+        let mut h100 = spec("h", "nlp", Priority::Normal, 1, 1);
+        h100.gpu_model = Some("H100".into());
+        let mut h100b = h100.clone();
+        h100b.min_workers = 3;
+        h100b.max_workers = 3;
+        let mut cpu = spec("c", "nlp", Priority::Normal, 0, 1);
+        cpu.gpu_model = Some("H100".into());
+        let d = shapes([(1, &any), (2, &h100), (3, &h100b), (4, &cpu)]);
+        let got: Vec<(f64, Option<&str>, u32)> = d
+            .iter()
+            .map(|d| (d.task.get("gpus"), d.gpu_model.as_deref(), d.count))
+            .collect();
+        // A job without GPUs declares no model.
+        assert_eq!(
+            got,
+            [(1.0, None, 2), (1.0, Some("H100"), 4), (0.0, None, 1)]
         );
     }
 

@@ -138,6 +138,7 @@ impl Core {
         let mut out = Vec::new();
         for (agent, tasks) in launches {
             let Some(v) = views.get(agent) else { continue };
+            self.note_settled(v.offer_ids.iter(), now);
             for o in &v.offer_ids {
                 self.offers.remove(o);
             }
@@ -147,6 +148,51 @@ impl Core {
             });
         }
         out
+    }
+}
+
+impl Core {
+    /// Records that we accept or decline these offers now: the master acts on all of our
+    /// offers on their agents (its rule 2, docs/allocator.md), including any already on their
+    /// way to us, which it rescinds.
+    pub(super) fn note_settled<'a>(
+        &mut self,
+        ids: impl Iterator<Item = &'a OfferId>,
+        now: Instant,
+    ) {
+        for id in ids {
+            if let Some((o, _)) = self.offers.get(id) {
+                self.settled.insert(o.agent_id, now);
+            }
+        }
+    }
+
+    /// Whether `plan` is a gang over several agents one of which has an offer that arrived
+    /// after our last accept or decline there, less than [`super::CoreConfig::offer_settle`]
+    /// ago: the master may have folded that offer into the accept or decline, and its rescind
+    /// may still be on the way. Launched on it, one agent's accept would be refused ("offer
+    /// ... is unknown") while the others' run: a partial gang. A single agent's launch is
+    /// not held back: a refused accept there drops the whole job, which launches again.
+    pub(super) fn unsettled(&self, plan: &Plan, views: &[AgentView], now: Instant) -> bool {
+        let agents: std::collections::BTreeSet<AgentId> = plan
+            .assignments
+            .iter()
+            .filter_map(|a| views.get(a.agent).map(|v| v.agent_id))
+            .collect();
+        if agents.len() < 2 {
+            return false;
+        }
+        let settle = self.config.offer_settle;
+        agents.iter().any(|agent| {
+            let Some(&at) = self.settled.get(agent) else {
+                return false;
+            };
+            now.saturating_duration_since(at) < settle
+                && self
+                    .offers
+                    .values()
+                    .any(|(o, got)| o.agent_id == *agent && *got > at)
+        })
     }
 }
 
@@ -227,6 +273,82 @@ mod tests {
                 pci_bus_id: String::new(),
             },
         )
+    }
+
+    /// The race behind gang `b`'s partial launch in tests/tests/gpu_queue.rs: the queue
+    /// declines its stale offers on both agents as the GPUs there free up; the offers of the
+    /// freed GPUs arrive after the decline left, and may have been folded into it by the
+    /// master and rescinded on their way. The gang launches only once they have settled, and
+    /// never on one agent alone when the other's offer is rescinded.
+    #[test]
+    fn a_gang_over_several_agents_waits_for_offers_that_may_be_rescinded() {
+        use crate::core::tests::{spec, Cluster};
+        use crate::core::CoreConfig;
+        use crate::model::Priority;
+        use std::time::Duration;
+
+        let c = Cluster::new(2);
+        let mut q = Core::new(CoreConfig::default());
+        let t0 = Instant::now();
+        q.submit(spec("b", "t", Priority::Normal, 8, 2), t0);
+        let a = q.offers(c.offers(&[4, 4]), t0);
+        assert!(
+            !a.iter().any(|a| matches!(a, Action::Launch { .. })),
+            "{a:?}"
+        );
+        // Held past the hold: declined (per agent, as the master acts on them).
+        let t1 = t0 + Duration::from_secs(21);
+        let a = q.tick(t1);
+        assert!(a.iter().any(|a| matches!(a, Action::Decline(..))), "{a:?}");
+        // The freed GPUs' offers arrive just after: not launched on yet, but kept.
+        let t2 = t1 + Duration::from_millis(50);
+        let fresh = c.offers(&[8, 8]);
+        let a = q.offers(fresh.clone(), t2);
+        assert!(
+            !a.iter()
+                .any(|a| matches!(a, Action::Launch { .. } | Action::Decline(..))),
+            "{a:?}"
+        );
+        // The master had folded agent 1's offer into the decline: its rescind comes. The gang
+        // never launches on agent 0 alone.
+        q.rescinded(fresh[1].id);
+        let t3 = t1 + Duration::from_millis(1500);
+        let a = q.tick(t3);
+        assert!(
+            !a.iter().any(|a| matches!(a, Action::Launch { .. })),
+            "{a:?}"
+        );
+        // The next offer of agent 1 comes once the decline has settled: both launch.
+        let t4 = t3 + Duration::from_millis(100);
+        let a = q.offers(vec![c.offers(&[8, 8]).remove(1)], t4);
+        assert_eq!(
+            a.iter()
+                .filter(|a| matches!(a, Action::Launch { .. }))
+                .count(),
+            2,
+            "{a:?}"
+        );
+    }
+
+    /// Without a decline or accept in between, a gang launches on fresh offers at once.
+    #[test]
+    fn a_gang_on_settled_offers_launches_at_once() {
+        use crate::core::tests::{spec, Cluster};
+        use crate::core::CoreConfig;
+        use crate::model::Priority;
+
+        let c = Cluster::new(2);
+        let mut q = Core::new(CoreConfig::default());
+        let t0 = Instant::now();
+        q.submit(spec("b", "t", Priority::Normal, 8, 2), t0);
+        let a = q.offers(c.offers(&[8, 8]), t0);
+        assert_eq!(
+            a.iter()
+                .filter(|a| matches!(a, Action::Launch { .. }))
+                .count(),
+            2,
+            "{a:?}"
+        );
     }
 
     #[test]

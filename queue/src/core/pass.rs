@@ -269,6 +269,8 @@ impl Core {
         // queue is blocked, taken lazily in order below).
         let mut room = least.fits_some(&views);
         let mut holder_tried = false;
+        // A gang waits for its offers to settle ([`CoreConfig::offer_settle`]).
+        let mut settling = false;
         loop {
             // Members launched earlier in this pass are already recorded in their jobs.
             if let Some(t) = stale.take() {
@@ -363,6 +365,15 @@ impl Core {
                 continue;
             }
             match plan {
+                Some(plan) if self.unsettled(&plan, &avail, now) => {
+                    // Its offers may be rescinded on their way: kept for it until they settle.
+                    for a in &plan.assignments {
+                        let agent = avail[a.agent].agent_id;
+                        remove(&mut views, agent, &gang.member.resources, &a.gpus);
+                    }
+                    settling = true;
+                    room = least.fits_some(&views);
+                }
                 Some(plan) => {
                     for a in &plan.assignments {
                         let agent = views[a.agent].agent_id;
@@ -430,6 +441,7 @@ impl Core {
                 tasks,
             });
         }
+        self.note_settled(used_offers.iter(), now);
         for id in &used_offers {
             self.offers.remove(id);
         }
@@ -508,7 +520,7 @@ impl Core {
             .iter()
             .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
-        let waiting = first_blocked.is_some();
+        let waiting = first_blocked.is_some() || settling;
         // Per agent: the master's accept and decline act on all of a framework's offers on an
         // agent, so an agent's offers are kept or declined together (kept while its newest
         // offer is fresh).
@@ -528,6 +540,7 @@ impl Core {
                 decline.push(*id);
             }
         }
+        self.note_settled(decline.iter(), now);
         for id in &decline {
             self.offers.remove(id);
         }

@@ -89,6 +89,7 @@ impl Core {
         // reservation since the last launch or change of the reservation: what is free only
         // shrinks meanwhile, so they would not fit again.
         let mut no_room: Vec<(Shape, bool)> = Vec::new();
+        let mut settling = false;
         loop {
             // Members launched earlier in this pass are already recorded in their jobs.
             if let Some(t) = stale.take() {
@@ -179,6 +180,14 @@ impl Core {
                 continue;
             }
             match plan {
+                Some(plan) if self.unsettled(&plan, &avail, now) => {
+                    // Its offers may be rescinded on their way: kept for it until they settle.
+                    for a in &plan.assignments {
+                        let agent = avail[a.agent].agent_id;
+                        remove(&mut views, agent, &gang.member.resources, &a.gpus);
+                    }
+                    settling = true;
+                }
                 Some(plan) => {
                     for a in &plan.assignments {
                         let agent = views[a.agent].agent_id;
@@ -222,6 +231,7 @@ impl Core {
                 tasks,
             });
         }
+        self.note_settled(used_offers.iter(), now);
         for id in &used_offers {
             self.offers.remove(id);
         }
@@ -289,7 +299,7 @@ impl Core {
             .iter()
             .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
-        let waiting = !blocked.is_empty();
+        let waiting = !blocked.is_empty() || settling;
         // Per agent: the master's accept and decline act on all of a framework's offers on an
         // agent, so an agent's offers are kept or declined together (kept while its newest
         // offer is fresh).
@@ -309,6 +319,7 @@ impl Core {
                 decline.push(*id);
             }
         }
+        self.note_settled(decline.iter(), now);
         for id in &decline {
             self.offers.remove(id);
         }

@@ -159,7 +159,11 @@ pub fn run(trace: &[TraceJob], cluster: &[AgentGroup], opts: &SimOptions) -> Rep
     let mut sim = Sim {
         trace,
         opts,
-        core: Core::new(opts.core.clone()),
+        core: Core::new(crate::core::CoreConfig {
+            // The emulated master has nothing in flight: no offer to wait for.
+            offer_settle: std::time::Duration::ZERO,
+            ..opts.core.clone()
+        }),
         base: Instant::now(),
         base_unix_ms: opts.base_unix_ms,
         framework: FrameworkId::random(),

@@ -108,6 +108,7 @@ impl Queue {
             driver.set_demand(Some(Demand {
                 task: task.clone(),
                 count: u32::try_from(n).unwrap_or(u32::MAX),
+                gpu_model: None,
             }));
         }
     }
@@ -219,6 +220,7 @@ impl gantry_sdk::Scheduler for LoadFramework {
             driver.set_demand(Some(Demand {
                 task: self.shape.task.clone(),
                 count: u32::try_from(q.declared).unwrap_or(u32::MAX),
+                gpu_model: None,
             }));
         }
         self.suppressed_in = None;

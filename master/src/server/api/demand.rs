@@ -78,7 +78,28 @@ fn agent_node(a: &Value, models: &mut Models) -> Option<Node> {
     })
 }
 
-fn shape(task: &Resources) -> Option<TaskShape> {
+/// The models a demand's `gpu_model` accepts: the fleet's models whose name contains it
+/// (case-insensitive, as a task's `GpuSelector::model`); when none does, a model no agent has
+/// (nothing fits). `None` when the models cannot be interned (more than the placer's limit).
+fn model_set(model: Option<&str>, fleet: &[String], models: &mut Models) -> Option<ModelSet> {
+    let Some(m) = model.map(str::trim).filter(|m| !m.is_empty()) else {
+        return Some(ModelSet::ANY);
+    };
+    let m = m.to_lowercase();
+    let names: Vec<&str> = fleet
+        .iter()
+        .filter(|n| n.to_lowercase().contains(&m))
+        .map(String::as_str)
+        .collect();
+    if names.is_empty() {
+        return models
+            .set([format!("(none of the fleet's: {m})").as_str()])
+            .ok();
+    }
+    models.set(names).ok()
+}
+
+fn shape(task: &Resources, models: Option<ModelSet>) -> Option<TaskShape> {
     let gpu = match task.gpu_amount().ok()? {
         GpuAmount::None => GpuDemand::None,
         GpuAmount::Fraction(m) => GpuDemand::Fraction(m),
@@ -88,7 +109,7 @@ fn shape(task: &Resources) -> Option<TaskShape> {
         cpu_milli: task.milli("cpus"),
         memory_mib: task.milli("mem") / 1000,
         gpu,
-        models: ModelSet::ANY,
+        models: models?,
     })
 }
 
@@ -104,7 +125,15 @@ pub fn unplaceable(state: &Value) -> Value {
         })
         .unwrap_or_default();
     let agents = nodes.len();
-    let mut wants: Vec<(String, String, Resources, u64)> = Vec::new();
+    // The fleet's GPU models (each node's, as interned above).
+    let fleet: Vec<String> = state["agents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["gpus"].as_array()?.first()?["name"].as_str())
+        .map(str::to_string)
+        .collect();
+    let mut wants: Vec<(String, String, Resources, Option<String>, u64)> = Vec::new();
     if let Some(fws) = state["allocator"]["frameworks"].as_object() {
         for (id, f) in fws {
             let name = f["name"].as_str().unwrap_or("");
@@ -113,24 +142,37 @@ pub fn unplaceable(state: &Value) -> Value {
                 if count == 0 {
                     continue;
                 }
-                wants.push((id.clone(), name.to_string(), resources(&d["task"]), count));
+                let model = d["gpu_model"].as_str().map(str::to_string);
+                wants.push((
+                    id.clone(),
+                    name.to_string(),
+                    resources(&d["task"]),
+                    model,
+                    count,
+                ));
             }
         }
     }
+    let shapes: Vec<Option<TaskShape>> = wants
+        .iter()
+        .map(|(_, _, t, m, _)| shape(t, model_set(m.as_deref(), &fleet, &mut models)))
+        .collect();
     let workload = Workload::new(
         wants
             .iter()
-            .filter_map(|(_, _, t, n)| Some((shape(t)?, *n))),
+            .zip(&shapes)
+            .filter_map(|((_, _, _, _, n), s)| Some(((*s)?, *n))),
     );
     let mut placer = Placer::new(nodes, Policy::BestFit, workload, 0).ok();
     let mut budget = MAX_SIMULATED;
     let mut total = 0u64;
     let frameworks: Vec<Value> = wants
         .into_iter()
-        .map(|(id, name, task, count)| {
+        .zip(shapes)
+        .map(|((id, name, task, gpu_model, count), s)| {
             let mut placed = 0u64;
             // A shape placement cannot read (a bad gpus amount) fits nowhere.
-            if let (Some(s), Some(p)) = (shape(&task), placer.as_mut()) {
+            if let (Some(s), Some(p)) = (s, placer.as_mut()) {
                 while placed < count && budget > 0 {
                     let Some(at) = p.choose(&s) else { break };
                     if p.commit(&at, &s).is_err() {
@@ -148,6 +190,7 @@ pub fn unplaceable(state: &Value) -> Value {
                 "framework_id": id,
                 "name": name,
                 "task": task,
+                "gpu_model": gpu_model,
                 "declared": count,
                 "placeable": placed,
                 "unplaceable": count - placed,
@@ -205,6 +248,26 @@ mod tests {
         assert_eq!(v["frameworks"][0]["placeable"], 1);
         assert_eq!(v["frameworks"][0]["name"], "fw-f1");
         assert_eq!(v["agents"], 1);
+    }
+
+    #[test]
+    fn a_demand_for_a_gpu_model_fits_only_gpus_of_that_model() {
+        // Two idle one-GPU agents, an A100 and an H100. Demand: 2 one-GPU tasks on H100s.
+        let mut h100 = agent(&[("h0", 1000)], json!({}));
+        h100["gpus"] = json!([gpu("h0", "NVIDIA H100")]);
+        let mut s = state(
+            vec![agent(&[("a0", 1000)], json!({})), h100],
+            vec![("f1", json!({"cpus": 1.0, "mem": 512.0, "gpus": 1.0}), 2)],
+        );
+        s["allocator"]["frameworks"]["f1"]["demands"][0]["gpu_model"] = json!("h100");
+        let v = unplaceable(&s);
+        assert_eq!(v["frameworks"][0]["placeable"], 1, "{v:#}");
+        assert_eq!(v["frameworks"][0]["gpu_model"], "h100");
+        // A model no agent has: nothing fits; no model: both fit.
+        s["allocator"]["frameworks"]["f1"]["demands"][0]["gpu_model"] = json!("B200");
+        assert_eq!(unplaceable(&s)["unplaceable_tasks"], 2);
+        s["allocator"]["frameworks"]["f1"]["demands"][0]["gpu_model"] = Value::Null;
+        assert_eq!(unplaceable(&s)["unplaceable_tasks"], 0);
     }
 
     #[test]
