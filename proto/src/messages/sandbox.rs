@@ -106,8 +106,8 @@ pub const ALLOWED_SIGNALS: [i32; 10] = [1, 2, 3, 9, 10, 12, 15, 18, 19, 28];
 
 /// The operator's side of a live exec (protocol v11): after `GET /api/v1/tasks/{id}/exec/attach`
 /// is upgraded (`Upgrade: gantry-exec`, `101 Switching Protocols`), both directions carry
-/// frames of one kind byte, a big-endian `u32` length and at most [`MAX_PAYLOAD`] bytes.
-/// A frame past the bound, or of an unknown kind, ends the session with an [`ERROR`] frame.
+/// frames of one kind byte, a big-endian `u32` length and at most [`exec_frame::MAX_PAYLOAD`] bytes.
+/// A frame past the bound, or of an unknown kind, ends the session with an [`exec_frame::ERROR`] frame.
 pub mod exec_frame {
     /// The most bytes one frame's payload has.
     pub const MAX_PAYLOAD: usize = super::SANDBOX_CHUNK;
