@@ -758,3 +758,20 @@ async fn attach(
         .insert(header::UPGRADE, HeaderValue::from_static("gantry-exec"));
     Ok(resp)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_exec_command_is_a_json_array_of_strings_not_empty() {
+        assert_eq!(
+            attach_command(r#"["sh","-c","echo hi"]"#).ok(),
+            Some(vec!["sh".to_string(), "-c".into(), "echo hi".into()])
+        );
+        for bad in ["sh", "[]", r#"[""]"#, "[1]", r#"{"a":1}"#] {
+            let e = attach_command(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+}

@@ -246,3 +246,23 @@ pub enum SandboxReply {
         message: String,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::exec_frame::*;
+
+    #[test]
+    fn exec_frames_round_trip_and_oversized_ones_are_refused() {
+        let f = encode(STDIN, b"ls\n");
+        assert_eq!(f, [STDIN, 0, 0, 0, 3, b'l', b's', b'\n']);
+        assert_eq!(header([f[0], f[1], f[2], f[3], f[4]]), Ok((STDIN, 3)));
+        let max = (MAX_PAYLOAD as u32).to_be_bytes();
+        assert_eq!(
+            header([STDOUT, max[0], max[1], max[2], max[3]]),
+            Ok((STDOUT, MAX_PAYLOAD))
+        );
+        let over = (MAX_PAYLOAD as u32 + 1).to_be_bytes();
+        let e = header([STDIN, over[0], over[1], over[2], over[3]]).unwrap_err();
+        assert!(e.contains("at most 65536 bytes"), "{e}");
+    }
+}
