@@ -246,6 +246,27 @@ impl OperatorClient {
         Ok(())
     }
 
+    /// `GET path` upgraded to the protocol `proto` (`Connection: Upgrade`): the connection
+    /// once the master has answered `101 Switching Protocols` (a live exec, `gantry-exec`).
+    pub async fn upgrade(&self, path: &str, proto: &str) -> Result<reqwest::Upgraded, ClientError> {
+        let mut req = self
+            .http
+            .get(self.url(path))
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, proto)
+            .timeout(Duration::from_secs(100 * 365 * 86_400));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        if status != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            let text = resp.text().await?;
+            return Err(status_error(path, status, &text));
+        }
+        Ok(resp.upgrade().await?)
+    }
+
     /// `GET path` and the raw bytes of a 2xx answer with its headers.
     pub async fn get_bytes(
         &self,

@@ -220,6 +220,23 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 eof: false,
             }),
         ),
+        (
+            "sandbox_exec_live",
+            enc(&SandboxRequest::ExecLive {
+                task_id: TaskId::from_u128(3),
+                command: vec!["sh".into()],
+                principal: "operator:admin".into(),
+                timeout_secs: 0,
+                tty: Some(TtySize { rows: 24, cols: 80 }),
+            }),
+        ),
+        (
+            "sandbox_input",
+            enc(&SandboxInput::Resize(TtySize {
+                rows: 40,
+                cols: 132,
+            })),
+        ),
     ]
 }
 
@@ -246,7 +263,8 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v9 (v9: the sandbox streams, `SandboxRequest` and
+/// `(sample, length, FNV-1a)` of protocol v11 (v11: `SandboxRequest::ExecLive` and
+/// `SandboxInput`; v9: the sandbox streams, `SandboxRequest` and
 /// `SandboxReply`; v8: `FrameworkToMaster::KillFor` and the kill reasons;
 /// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
 /// of shapes).
@@ -265,6 +283,8 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("run_task_group", 177, 0x330a4dfc355079f8),
     ("sandbox_exec", 50, 0x537c9cf33b455766),
     ("sandbox_data", 10, 0x2f66684d55c96210),
+    ("sandbox_exec_live", 41, 0xc6ad506733ef4a1d),
+    ("sandbox_input", 3, 0xeb28741876537e29),
 ];
 
 #[test]

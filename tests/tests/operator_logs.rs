@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gantry_master::client::{Credentials, OperatorClient};
+use gantry_sdk::protocol::exec_frame;
 use gantry_tests::{bin, https_client, start_recorder, task, Cluster};
 use gantry_transport::tls::{self, PeerIdentity};
 use serde_json::Value;
@@ -320,6 +321,83 @@ async fn logs_files_and_exec_through_the_master_as_a_non_root_operator() {
     let (code, _, err) = ctl(&["exec", "sleeper", "--", "no-such-program"]);
     assert!(code != 0 && err.contains("no-such-program"), "{err}");
 
+    // A live session on a terminal (gantryctl exec -it, standard input a pipe here): lines
+    // written after the shell started are run and echoed back as they come; its exit status
+    // arrives.
+    let mut live = home
+        .command(
+            &cluster,
+            &["exec", "-it", "--tty-size", "20x70", "sleeper", "--", "sh"],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut live_in = live.stdin.take().unwrap();
+    let mut live_out = live.stdout.take().unwrap();
+    let seen = tokio::task::block_in_place(|| {
+        use std::io::{Read, Write};
+        live_in.write_all(b"echo live-$((6*7))\n").unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("live-42") {
+            let n = live_out.read(&mut buf).unwrap();
+            assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        // The shell is still there: a second line, then its exit.
+        live_in.write_all(b"stty size; exit 3\n").unwrap();
+        live_out.read_to_end(&mut seen).unwrap();
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    let status = tokio::task::block_in_place(|| live.wait()).unwrap();
+    assert_eq!(status.code(), Some(3), "{seen}");
+    assert!(
+        seen.contains("echo live-$((6*7))"),
+        "the pty echoes: {seen}"
+    );
+    assert!(seen.contains("20 70"), "{seen}");
+
+    // The same session through a raw client of the upgraded connection: the window size
+    // changes while the shell runs (stty sees it), and the exit frame ends the session.
+    let attach = format!(
+        "/api/v1/tasks/sleeper/exec/attach?command={}&rows=24&cols=80",
+        urlenc("[\"sh\"]")
+    );
+    let mut io = api.upgrade(&attach, "gantry-exec").await.unwrap();
+    send_frame(&mut io, exec_frame::STDIN, b"stty size\n").await;
+    let out = frames_until(&mut io, |o, _| o.contains("24 80")).await;
+    assert!(out.0.contains("24 80"), "{out:?}");
+    let mut size = 40u16.to_be_bytes().to_vec();
+    size.extend_from_slice(&132u16.to_be_bytes());
+    send_frame(&mut io, exec_frame::RESIZE, &size).await;
+    send_frame(&mut io, exec_frame::STDIN, b"stty size; exit 4\n").await;
+    let (out, end) = frames_until(&mut io, |_, end| end.is_some()).await;
+    assert!(out.contains("40 132"), "{out}");
+    assert_eq!(
+        end.as_ref().map(|(k, v)| (*k, v["exit_code"].clone())),
+        Some((exec_frame::EXIT, Value::from(4))),
+        "{out} {end:?}"
+    );
+    // A raw client that sends an oversized frame gets a clear error and the session ends.
+    let mut io = api.upgrade(&attach, "gantry-exec").await.unwrap();
+    let mut header = vec![exec_frame::STDIN];
+    header.extend_from_slice(&((exec_frame::MAX_PAYLOAD as u32) + 1).to_be_bytes());
+    tokio::io::AsyncWriteExt::write_all(&mut io, &header)
+        .await
+        .unwrap();
+    let (_, end) = frames_until(&mut io, |_, end| end.is_some()).await;
+    let (kind, v) = end.unwrap();
+    assert_eq!(kind, exec_frame::ERROR, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("at most 65536 bytes"),
+        "{v}"
+    );
+    // Without the upgrade headers: 426.
+    let (status, body) = status_of(&api, &attach).await;
+    assert_eq!(status, 426, "{body}");
+
     // Exec sessions per principal: two at once (the master's flag), a third is refused.
     let mut long: Vec<std::process::Child> = (0..2)
         .map(|_| {
@@ -358,6 +436,45 @@ async fn logs_files_and_exec_through_the_master_as_a_non_root_operator() {
         log.contains("exec in a task") && log.contains("operator:admin"),
         "exec sessions are logged"
     );
+}
+
+/// Sends one frame of a live exec.
+async fn send_frame(io: &mut reqwest::Upgraded, kind: u8, payload: &[u8]) {
+    tokio::io::AsyncWriteExt::write_all(io, &exec_frame::encode(kind, payload))
+        .await
+        .unwrap();
+}
+
+/// Reads a live exec's frames until `done(output so far, last frame)` holds or the session
+/// ends: the output and the exit or error frame (kind, JSON) if one came.
+async fn frames_until(
+    io: &mut reqwest::Upgraded,
+    done: impl Fn(&str, &Option<(u8, Value)>) -> bool,
+) -> (String, Option<(u8, Value)>) {
+    use tokio::io::AsyncReadExt;
+    let mut out = String::new();
+    let mut end = None;
+    let read = async {
+        while !done(&out, &end) && end.is_none() {
+            let mut h = [0u8; 5];
+            if io.read_exact(&mut h).await.is_err() {
+                break;
+            }
+            let (kind, len) = exec_frame::header(h).unwrap();
+            let mut payload = vec![0u8; len];
+            io.read_exact(&mut payload).await.unwrap();
+            match kind {
+                exec_frame::STDOUT | exec_frame::STDERR => {
+                    out.push_str(&String::from_utf8_lossy(&payload))
+                }
+                k => end = Some((k, serde_json::from_slice(&payload).unwrap())),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .unwrap_or_else(|_| panic!("no end of session within 30 s: {out}"));
+    (out, end)
 }
 
 fn urlenc(s: &str) -> String {

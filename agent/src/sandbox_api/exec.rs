@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use gantry_proto::{SandboxErrorKind, SandboxReply, TtySize, SANDBOX_CHUNK};
+use gantry_proto::{
+    SandboxErrorKind, SandboxInput, SandboxReply, TtySize, ALLOWED_SIGNALS, SANDBOX_CHUNK,
+};
 use gantry_transport::FrameSender;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -147,6 +149,92 @@ pub fn exec_command(p: &TaskProcess, argv: &[String]) -> tokio::process::Command
     cmd
 }
 
+/// Where an exec's standard input comes from.
+pub enum Input {
+    /// All of it, in the request; then end of file.
+    Bytes(Vec<u8>),
+    /// [`SandboxInput`] frames on the master's stream while the command runs (protocol v11).
+    Live(quinn::RecvStream),
+}
+
+/// Feeds the command's input: the request's bytes, or the master's live frames (keystrokes,
+/// end of input, window size through `tty` with `TIOCSWINSZ`, signals to process group
+/// `pgid`). A live stream that fails (the master or its client went away) kills the group.
+async fn feed<W>(input: Input, mut writer: W, tty: Option<std::fs::File>, pgid: Option<i32>)
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut rx = match input {
+        Input::Bytes(bytes) => {
+            let _ = tokio::time::timeout(super::WRITE_DEADLINE, writer.write_all(&bytes)).await;
+            return;
+        }
+        Input::Live(rx) => rx,
+    };
+    let mut writer = Some(writer);
+    loop {
+        let frame =
+            gantry_transport::framing::read_frame_max::<_, SandboxInput>(&mut rx, super::MAX_INPUT)
+                .await;
+        match frame {
+            Ok(SandboxInput::Stdin(data)) => {
+                if let Some(w) = writer.as_mut() {
+                    let wrote = async {
+                        w.write_all(&data).await?;
+                        w.flush().await
+                    };
+                    if !matches!(
+                        tokio::time::timeout(super::WRITE_DEADLINE, wrote).await,
+                        Ok(Ok(()))
+                    ) {
+                        // The command stopped reading (or exited): drop what it does not take.
+                        writer = None;
+                    }
+                }
+            }
+            Ok(SandboxInput::StdinClose) => match &tty {
+                // A terminal stays open: its end of file is the EOF character (^D).
+                Some(_) => {
+                    if let Some(w) = writer.as_mut() {
+                        let _ = w.write_all(&[4]).await;
+                        let _ = w.flush().await;
+                    }
+                }
+                None => writer = None,
+            },
+            Ok(SandboxInput::Resize(size)) => {
+                if let (Some(t), true) = (&tty, size.rows > 0 && size.cols > 0) {
+                    let ws = libc::winsize {
+                        ws_row: size.rows,
+                        ws_col: size.cols,
+                        ws_xpixel: 0,
+                        ws_ypixel: 0,
+                    };
+                    // SAFETY: TIOCSWINSZ reads one `winsize` we own; the kernel sends SIGWINCH
+                    // to the terminal's foreground process group.
+                    unsafe { libc::ioctl(t.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+                }
+            }
+            Ok(SandboxInput::Signal(sig)) => {
+                if let (Some(g), true) = (pgid, ALLOWED_SIGNALS.contains(&sig)) {
+                    // SAFETY: a signal to the command's own process group.
+                    unsafe { libc::kill(-g, sig) };
+                } else {
+                    tracing::warn!(sig, "exec: a signal not allowed, ignored");
+                }
+            }
+            Err(e) => {
+                tracing::info!("live exec: the master's input ended: {e}");
+                if let Some(g) = pgid {
+                    // SAFETY: a signal to the command's own process group.
+                    unsafe { libc::kill(-g, libc::SIGKILL) };
+                }
+                return;
+            }
+        }
+    }
+}
+
 /// Runs `argv` in the task of `meta` and streams its output as [`SandboxReply::Output`]
 /// frames, then [`SandboxReply::Exited`]. Err when the master's stream went away (the command
 /// is killed then).
@@ -154,7 +242,7 @@ pub async fn run(
     meta: &Path,
     sandbox: &Path,
     argv: Vec<String>,
-    stdin: Vec<u8>,
+    stdin: Input,
     timeout: Duration,
     tty: Option<TtySize>,
     tx: &mut FrameSender,
@@ -226,11 +314,15 @@ pub async fn run(
     };
     drop(procs);
     let kill_group = group_killer(&child);
-    if let Some(mut input) = child.stdin.take() {
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(super::WRITE_DEADLINE, input.write_all(&stdin)).await;
-        });
+    if started(&stdin, tx).await.is_err() {
+        kill_group();
+        return Err(());
     }
+    let pgid = child.id().map(|id| id as i32);
+    let feeder = child
+        .stdin
+        .take()
+        .map(|input| AbortOnDrop(tokio::spawn(feed(stdin, input, None, pgid))));
     let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
         kill_group();
         return send_reply(tx, &refuse(SandboxErrorKind::Failed, "no output pipes")).await;
@@ -268,7 +360,33 @@ pub async fn run(
             return Err(());
         }
     }
-    exited(&mut child, deadline, timed_out, kill_group, tx).await
+    let r = exited(&mut child, deadline, timed_out, kill_group, tx).await;
+    drop(feeder);
+    r
+}
+
+/// A live exec's first answer once the command runs: an empty `Output` (the master has the
+/// agent's answer before any output, so its client can start typing).
+async fn started(input: &Input, tx: &mut FrameSender) -> Result<(), ()> {
+    match input {
+        Input::Live(_) => {
+            let frame = SandboxReply::Output {
+                stream: 1,
+                data: Vec::new(),
+            };
+            send_reply(tx, &frame).await
+        }
+        Input::Bytes(_) => Ok(()),
+    }
+}
+
+/// Aborts the input task when the session ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// In the child between fork and exec: joins the task's cgroups (writes to the `cgroup.procs`
@@ -387,7 +505,7 @@ async fn run_tty(
     fds: Vec<i32>,
     (uid, gid, groups): (u32, u32, Vec<libc::gid_t>),
     argv: &[String],
-    stdin: Vec<u8>,
+    stdin: Input,
     size: TtySize,
     timeout: Duration,
     tx: &mut FrameSender,
@@ -407,8 +525,13 @@ async fn run_tty(
         Ok(f) => f,
         Err(e) => return send_reply(tx, &failed("cannot open the terminal", e)).await,
     };
-    let ends = (slave.try_clone(), slave.try_clone(), master.try_clone());
-    let (Ok(out_end), Ok(err_end), Ok(writer)) = ends else {
+    let ends = (
+        slave.try_clone(),
+        slave.try_clone(),
+        master.try_clone(),
+        master.try_clone(),
+    );
+    let (Ok(out_end), Ok(err_end), Ok(writer), Ok(resizer)) = ends else {
         return send_reply(
             tx,
             &refuse(SandboxErrorKind::Failed, "cannot dup the terminal"),
@@ -440,10 +563,13 @@ async fn run_tty(
         Err(e) => return send_reply(tx, &not_started(&argv[0], &e)).await,
     };
     let kill_group = group_killer(&child);
-    let mut writer = tokio::fs::File::from_std(writer);
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(super::WRITE_DEADLINE, writer.write_all(&stdin)).await;
-    });
+    if started(&stdin, tx).await.is_err() {
+        kill_group();
+        return Err(());
+    }
+    let pgid = child.id().map(|id| id as i32);
+    let writer = tokio::fs::File::from_std(writer);
+    let feeder = AbortOnDrop(tokio::spawn(feed(stdin, writer, Some(resizer), pgid)));
     let mut reader = tokio::fs::File::from_std(master);
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
@@ -471,7 +597,9 @@ async fn run_tty(
             return Err(());
         }
     }
-    exited(&mut child, deadline, timed_out, kill_group, tx).await
+    let r = exited(&mut child, deadline, timed_out, kill_group, tx).await;
+    drop(feeder);
+    r
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! - [`exec`]: a command inside a running task: the task leader's user, groups, cgroups,
 //!   working directory and environment, read from `/proc` (the launch record names the
 //!   leader). [`exec::exec_command`] is the seam a container runtime replaces (`runc exec`).
+//!   A live exec (protocol v11, [`SandboxRequest::ExecLive`]) reads [`SandboxInput`] frames
+//!   (each at most [`MAX_INPUT`] bytes) from the same stream while the command runs.
 //!
 //! Sandboxes of ended tasks stay readable until the agent's garbage collection removes them
 //! (`--gc-delay`); exec needs a running task. Streams are bounded per agent
@@ -43,6 +45,8 @@ pub const WRITE_DEADLINE: Duration = Duration::from_secs(30);
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// The largest request frame (an exec with its standard input).
 const MAX_REQUEST: usize = SANDBOX_MAX_STDIN + 64 * 1024;
+/// The largest [`SandboxInput`] frame of a live exec.
+pub const MAX_INPUT: usize = SANDBOX_CHUNK + 64;
 /// How often a follow looks for appended bytes.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
 /// An exec's time limit when the request names none (and the most it may name).
@@ -197,7 +201,36 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
             };
             tracing::info!(%task, %principal, ?command, ?tty, "exec in a task");
             let meta = api.meta(&task);
-            exec::run(&meta, &sandbox, command, stdin, timeout, tty, &mut tx).await
+            let input = exec::Input::Bytes(stdin);
+            exec::run(&meta, &sandbox, command, input, timeout, tty, &mut tx).await
+        }
+        SandboxRequest::ExecLive {
+            command,
+            principal,
+            timeout_secs,
+            tty,
+            ..
+        } => {
+            let Ok(_permit) = api.execs.clone().try_acquire_owned() else {
+                let _ = send_reply(
+                    &mut tx,
+                    &refuse(
+                        SandboxErrorKind::Busy,
+                        format!("{MAX_EXECS} exec sessions are running on this agent"),
+                    ),
+                )
+                .await;
+                let _ = tx.0.finish();
+                return;
+            };
+            let timeout = match timeout_secs {
+                0 => EXEC_TIMEOUT,
+                s => Duration::from_secs(u64::from(s)).min(EXEC_TIMEOUT),
+            };
+            tracing::info!(%task, %principal, ?command, ?tty, "live exec in a task");
+            let meta = api.meta(&task);
+            let input = exec::Input::Live(rx);
+            exec::run(&meta, &sandbox, command, input, timeout, tty, &mut tx).await
         }
     };
     if result.is_ok() {

@@ -668,7 +668,11 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             command,
         } => {
             let tty = tty.then(|| tty_size.unwrap_or_else(local_tty_size));
-            exec(&c, &task, interactive, tty, timeout, command).await
+            match tty {
+                // A terminal: a live session (keystrokes and window size as they happen).
+                Some(size) => exec_live(&c, &task, interactive, size, timeout, command).await,
+                None => exec(&c, &task, interactive, None, timeout, command).await,
+            }
         }
         Cmd::Tasks {
             state,
@@ -943,6 +947,180 @@ impl Drop for RawMode {
     fn drop(&mut self) {
         // SAFETY: restores the settings read in `enter`.
         unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &self.0) };
+    }
+}
+
+/// What a live exec's loop waits for.
+enum LiveEvent {
+    /// A frame from the master: kind and payload.
+    Frame(u8, Vec<u8>),
+    /// The master's connection ended (with why, when a read failed).
+    Closed(Option<String>),
+    /// Keystrokes (standard input), `None` at its end.
+    Input(Option<Vec<u8>>),
+}
+
+/// `gantryctl exec -t`: a live session on a terminal (`GET .../exec/attach`, upgraded, the
+/// frames of `gantry_proto::exec_frame`). With `-i` this terminal's input goes as it is typed;
+/// the local terminal is in raw mode until the session ends (restored on every way out: the
+/// command's exit, an error, SIGTERM/SIGHUP/SIGINT to gantryctl); SIGWINCH sends the new
+/// window size. Exits with the command's status.
+async fn exec_live(
+    c: &OperatorClient,
+    task: &str,
+    interactive: bool,
+    (rows, cols): (u16, u16),
+    timeout: Option<std::time::Duration>,
+    command: Vec<String>,
+) -> anyhow::Result<()> {
+    use gantry_proto::exec_frame;
+    use std::io::Write;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    q.append_pair("command", &serde_json::to_string(&command)?);
+    q.append_pair("rows", &rows.to_string());
+    q.append_pair("cols", &cols.to_string());
+    if let Some(t) = timeout {
+        q.append_pair("timeout_secs", &t.as_secs().max(1).to_string());
+    }
+    let path = format!("/api/v1/tasks/{}/exec/attach?{}", seg(task), q.finish());
+    let io = c.upgrade(&path, "gantry-exec").await?;
+    let (mut r, mut w) = tokio::io::split(io);
+    let (events_tx, mut events) = tokio::sync::mpsc::channel::<LiveEvent>(16);
+    let frames = events_tx.clone();
+    let reader = tokio::spawn(async move {
+        loop {
+            let mut h = [0u8; 5];
+            if let Err(e) = r.read_exact(&mut h).await {
+                let why = (e.kind() != std::io::ErrorKind::UnexpectedEof).then(|| e.to_string());
+                let _ = frames.send(LiveEvent::Closed(why)).await;
+                return;
+            }
+            let (kind, len) = match exec_frame::header(h) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = frames.send(LiveEvent::Closed(Some(e))).await;
+                    return;
+                }
+            };
+            let mut payload = vec![0u8; len];
+            if let Err(e) = r.read_exact(&mut payload).await {
+                let _ = frames.send(LiveEvent::Closed(Some(e.to_string()))).await;
+                return;
+            }
+            if frames.send(LiveEvent::Frame(kind, payload)).await.is_err() {
+                return;
+            }
+        }
+    });
+    // The local terminal in raw mode (the remote pty does the line discipline) until `_raw`
+    // drops: when this function returns, whatever the way.
+    let _raw = if interactive { RawMode::enter() } else { None };
+    if interactive {
+        // A plain thread: a blocking read of standard input cannot be cancelled, and the
+        // process exits without waiting for it.
+        let input = events_tx.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        let _ = input.blocking_send(LiveEvent::Input(None));
+                        return;
+                    }
+                    Ok(n) => {
+                        if input
+                            .blocking_send(LiveEvent::Input(Some(buf[..n].to_vec())))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+    drop(events_tx);
+    let mut winch = signal(SignalKind::window_change()).context("SIGWINCH")?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM")?;
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT")?;
+    let mut status: Option<u8> = None;
+    let result: anyhow::Result<()> = loop {
+        let ev = tokio::select! {
+            ev = events.recv() => ev,
+            _ = winch.recv() => {
+                let (rows, cols) = local_tty_size();
+                let mut p = rows.to_be_bytes().to_vec();
+                p.extend_from_slice(&cols.to_be_bytes());
+                if w.write_all(&exec_frame::encode(exec_frame::RESIZE, &p)).await.is_err() {
+                    break Err(anyhow::anyhow!("exec: the master's connection ended"));
+                }
+                continue;
+            }
+            _ = term.recv() => break Err(anyhow::anyhow!("exec: terminated (SIGTERM)")),
+            _ = hup.recv() => break Err(anyhow::anyhow!("exec: hung up (SIGHUP)")),
+            _ = int.recv() => break Err(anyhow::anyhow!("exec: interrupted (SIGINT)")),
+        };
+        match ev {
+            None | Some(LiveEvent::Closed(None)) => {
+                break Err(anyhow::anyhow!(
+                    "exec: the connection ended without the command's exit status"
+                ))
+            }
+            Some(LiveEvent::Closed(Some(e))) => break Err(anyhow::anyhow!("exec: {e}")),
+            Some(LiveEvent::Input(Some(data))) => {
+                if w.write_all(&exec_frame::encode(exec_frame::STDIN, &data))
+                    .await
+                    .is_err()
+                {
+                    break Err(anyhow::anyhow!("exec: the master's connection ended"));
+                }
+            }
+            Some(LiveEvent::Input(None)) => {
+                let _ = w
+                    .write_all(&exec_frame::encode(exec_frame::STDIN_CLOSE, &[]))
+                    .await;
+            }
+            Some(LiveEvent::Frame(exec_frame::STDOUT, data)) => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&data).and_then(|()| out.flush());
+            }
+            Some(LiveEvent::Frame(exec_frame::STDERR, data)) => {
+                let _ = std::io::stderr().write_all(&data);
+            }
+            Some(LiveEvent::Frame(exec_frame::EXIT, data)) => {
+                let v: serde_json::Value = serde_json::from_slice(&data).unwrap_or_default();
+                status = Some(match (v["exit_code"].as_i64(), v["signal"].as_i64()) {
+                    (Some(code), _) => (code & 0xff) as u8,
+                    (None, Some(sig)) => (128 + sig).min(255) as u8,
+                    _ => 1,
+                });
+                break Ok(());
+            }
+            Some(LiveEvent::Frame(exec_frame::ERROR, data)) => {
+                let v: serde_json::Value = serde_json::from_slice(&data).unwrap_or_default();
+                let e = v["error"]
+                    .as_str()
+                    .unwrap_or("the session failed")
+                    .to_string();
+                break Err(anyhow::anyhow!("exec: {e}"));
+            }
+            Some(LiveEvent::Frame(kind, _)) => {
+                break Err(anyhow::anyhow!("exec: a frame of unknown kind {kind}"))
+            }
+        }
+    };
+    reader.abort();
+    drop(_raw);
+    result?;
+    match status {
+        Some(0) => Ok(()),
+        Some(n) => Err(ExecStatus(n).into()),
+        None => anyhow::bail!("exec: the stream ended without the command's exit status"),
     }
 }
 

@@ -396,6 +396,8 @@ where
             hyper_util::rt::TokioIo::new(WriteDeadline::new(stream, limits.write_timeout)),
             service,
         )
+        // A live exec (`GET /api/v1/tasks/{id}/exec/attach`) upgrades its connection.
+        .with_upgrades()
         .await;
     if let Err(e) = result {
         tracing::debug!(%remote, "operator API connection ended: {e}");

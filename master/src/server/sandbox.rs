@@ -12,6 +12,15 @@
 //!   "tty": {"rows": R, "cols": C}}` (`tty` optional: a pseudo-terminal, all output `stdout`):
 //!   newline-delimited JSON, `{"stream":"stdout"|"stderr","data":".."}` lines then
 //!   `{"exit_code":N,"signal":S}`.
+//! - `GET /api/v1/tasks/{id}/exec/attach?command=["sh"]&rows=R&cols=C&timeout_secs=N` with
+//!   `Connection: Upgrade` and `Upgrade: gantry-exec` (protocol v11): a live session. Once
+//!   the agent has started the command the master answers `101 Switching Protocols` and both
+//!   directions carry [`gantry_proto::exec_frame`] frames (stdin, end of input, window size,
+//!   signal; stdout, stderr, exit, error), relayed to and from the agent's stream as
+//!   [`SandboxInput`] and [`SandboxReply`] frames. Why our own frames on an HTTP/1.1 upgrade
+//!   rather than a WebSocket: the same bounded length-prefixed framing as everything else,
+//!   no new dependency (hyper already upgrades), and nothing a browser needs here. A session
+//!   with no frame either way for [`EXEC_IDLE`] ends.
 //!
 //! Who may: an operator the ACLs grant `read_sandbox` (files, logs) or `exec`, or a client
 //! certificate `framework:PRINCIPAL` of the framework that owns the task (its own tasks only).
@@ -28,8 +37,8 @@ use std::time::Duration;
 use axum::extract::{Path, Query};
 use axum::http::HeaderMap;
 use gantry_proto::{
-    SandboxErrorKind, SandboxReply, SandboxRequest, TaskId, TtySize, SANDBOX_MAX_ENTRIES,
-    SANDBOX_MAX_READ, SANDBOX_MAX_STDIN,
+    exec_frame, SandboxErrorKind, SandboxInput, SandboxReply, SandboxRequest, TaskId, TtySize,
+    SANDBOX_MAX_ENTRIES, SANDBOX_MAX_READ, SANDBOX_MAX_STDIN,
 };
 use gantry_transport::{FrameReceiver, FrameSender};
 
@@ -38,6 +47,8 @@ use crate::server::api::views;
 
 /// How long opening a stream and the agent's first answer may take.
 const AGENT_DEADLINE: Duration = Duration::from_secs(15);
+/// A live exec with no frame in either direction for this long ends.
+pub const EXEC_IDLE: Duration = Duration::from_secs(15 * 60);
 
 pub(super) fn routes() -> super::super::routes::Routes<App> {
     super::super::routes::Routes::new()
@@ -45,6 +56,7 @@ pub(super) fn routes() -> super::super::routes::Routes<App> {
         .get("/api/v1/tasks/{id}/files/read", read_file)
         .get("/api/v1/tasks/{id}/logs", logs)
         .post("/api/v1/tasks/{id}/exec", exec)
+        .get("/api/v1/tasks/{id}/exec/attach", attach)
 }
 
 /// The task a request is about: where it runs and whose it is.
@@ -513,4 +525,253 @@ async fn exec(
         HeaderValue::from_static("application/x-ndjson"),
     );
     Ok(resp)
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttachQuery {
+    /// The command as a JSON array of strings.
+    command: String,
+    rows: Option<u16>,
+    cols: Option<u16>,
+    #[serde(default)]
+    timeout_secs: u32,
+}
+
+/// The command of a live exec: a JSON array of strings, not empty.
+fn attach_command(text: &str) -> Result<Vec<String>, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, format!("exec: {m}"));
+    let command: Vec<String> = serde_json::from_str(text)
+        .map_err(|e| bad(format!("command must be a JSON array of strings: {e}")))?;
+    if command.first().is_none_or(|c| c.is_empty()) {
+        return Err(bad("an empty command".into()));
+    }
+    Ok(command)
+}
+
+/// What one relay direction reports to the session loop.
+enum Relay {
+    /// From the client: input for the agent.
+    Input(SandboxInput),
+    /// From the client: a refused frame (too large, unknown kind) or the connection's end.
+    ClientGone(Option<String>),
+    /// From the agent.
+    Reply(SandboxReply),
+}
+
+/// Reads the client's frames into `out` until its connection ends or a frame is refused.
+async fn read_client<R: tokio::io::AsyncRead + Unpin>(
+    mut r: R,
+    out: tokio::sync::mpsc::Sender<Relay>,
+) {
+    use tokio::io::AsyncReadExt;
+    loop {
+        let mut h = [0u8; 5];
+        if r.read_exact(&mut h).await.is_err() {
+            let _ = out.send(Relay::ClientGone(None)).await;
+            return;
+        }
+        let (kind, len) = match exec_frame::header(h) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = out.send(Relay::ClientGone(Some(e))).await;
+                return;
+            }
+        };
+        let mut payload = vec![0u8; len];
+        if r.read_exact(&mut payload).await.is_err() {
+            let _ = out.send(Relay::ClientGone(None)).await;
+            return;
+        }
+        let input = match (kind, len) {
+            (exec_frame::STDIN, _) => SandboxInput::Stdin(payload),
+            (exec_frame::STDIN_CLOSE, 0) => SandboxInput::StdinClose,
+            (exec_frame::RESIZE, 4) => SandboxInput::Resize(TtySize {
+                rows: u16::from_be_bytes([payload[0], payload[1]]),
+                cols: u16::from_be_bytes([payload[2], payload[3]]),
+            }),
+            (exec_frame::SIGNAL, 4) => SandboxInput::Signal(i32::from_be_bytes([
+                payload[0], payload[1], payload[2], payload[3],
+            ])),
+            (k, n) => {
+                let e =
+                    format!("a frame of kind {k} with {n} bytes: not a frame this session takes");
+                let _ = out.send(Relay::ClientGone(Some(e))).await;
+                return;
+            }
+        };
+        if out.send(Relay::Input(input)).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn attach(
+    State(app): State<App>,
+    caller: Option<axum::Extension<Caller>>,
+    info: Info,
+    Path(id): Path<String>,
+    query: Q<AttachQuery>,
+    mut req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(bad_query)?;
+    let command = attach_command(&q.command)?;
+    let tty = match (q.rows, q.cols) {
+        (None, None) => None,
+        (Some(rows), Some(cols)) if rows > 0 && cols > 0 => Some(TtySize { rows, cols }),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "exec: a terminal needs both rows and cols, above 0",
+            ))
+        }
+    };
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("gantry-exec"));
+    if !upgrade {
+        return Err(ApiError::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "exec/attach: send `Connection: Upgrade` and `Upgrade: gantry-exec`",
+        ));
+    }
+    let caller = caller_of(caller);
+    let info = info.map(|i| i.0);
+    let (target, who) = authorize(&app, &caller, info.as_ref(), OperatorAction::Exec, &id).await?;
+    let slot = app.exec_slot(who.clone())?;
+    tracing::info!(principal = %who, task = %target.task_id, agent = %target.agent, ?command, ?tty, "live exec in a task");
+    let sreq = SandboxRequest::ExecLive {
+        task_id: target.task_id,
+        command,
+        principal: who.clone(),
+        timeout_secs: q.timeout_secs,
+        tty,
+    };
+    let (first, mut rx, mut tx) = ask(&app, &target, &sreq).await?;
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _slot = slot;
+        let io = match on_upgrade.await {
+            Ok(io) => hyper_util::rt::TokioIo::new(io),
+            Err(e) => {
+                tracing::info!(principal = %who, "live exec: the upgrade failed: {e}");
+                return;
+            }
+        };
+        let (r, mut w) = tokio::io::split(io);
+        let (out, mut events) = tokio::sync::mpsc::channel::<Relay>(16);
+        let client = tokio::spawn(read_client(r, out.clone()));
+        let agent = tokio::spawn(async move {
+            let mut reply = Some(first);
+            loop {
+                let r = match reply.take() {
+                    Some(r) => r,
+                    None => match rx.recv::<SandboxReply>().await {
+                        Ok(r) => r,
+                        Err(e) => SandboxReply::Error {
+                            kind: SandboxErrorKind::Failed,
+                            message: format!("the agent's stream ended: {e}"),
+                        },
+                    },
+                };
+                let end = !matches!(r, SandboxReply::Output { .. });
+                if out.send(Relay::Reply(r)).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let frame =
+            |kind: u8, v: serde_json::Value| exec_frame::encode(kind, v.to_string().as_bytes());
+        let end: Option<Vec<u8>> = loop {
+            let ev = match tokio::time::timeout(EXEC_IDLE, events.recv()).await {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break None,
+                Err(_) => {
+                    break Some(frame(
+                        exec_frame::ERROR,
+                        serde_json::json!({"error": format!("no input or output for {EXEC_IDLE:?}: the session ends")}),
+                    ))
+                }
+            };
+            match ev {
+                Relay::Input(input) => {
+                    if tx.send(&input).await.is_err() {
+                        break Some(frame(
+                            exec_frame::ERROR,
+                            serde_json::json!({"error": "the agent's stream ended"}),
+                        ));
+                    }
+                }
+                Relay::ClientGone(None) => break None,
+                Relay::ClientGone(Some(e)) => {
+                    tracing::warn!(principal = %who, "live exec: {e}");
+                    break Some(frame(exec_frame::ERROR, serde_json::json!({"error": e})));
+                }
+                Relay::Reply(SandboxReply::Output { stream, data }) => {
+                    if data.is_empty() {
+                        continue;
+                    }
+                    let kind = if stream == 2 {
+                        exec_frame::STDERR
+                    } else {
+                        exec_frame::STDOUT
+                    };
+                    if w.write_all(&exec_frame::encode(kind, &data)).await.is_err() {
+                        break None;
+                    }
+                }
+                Relay::Reply(SandboxReply::Exited { code, signal }) => {
+                    break Some(frame(
+                        exec_frame::EXIT,
+                        serde_json::json!({"exit_code": code, "signal": signal}),
+                    ))
+                }
+                Relay::Reply(SandboxReply::Error { message, .. }) => {
+                    break Some(frame(
+                        exec_frame::ERROR,
+                        serde_json::json!({"error": message}),
+                    ))
+                }
+                Relay::Reply(other) => {
+                    break Some(frame(
+                        exec_frame::ERROR,
+                        serde_json::json!({"error": format!("unexpected answer: {other:?}")}),
+                    ))
+                }
+            }
+        };
+        if let Some(bytes) = end {
+            let _ = w.write_all(&bytes).await;
+        }
+        let _ = w.shutdown().await;
+        client.abort();
+        agent.abort();
+        tracing::info!(principal = %who, "live exec ended");
+    });
+    let mut resp = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    resp.headers_mut()
+        .insert(header::UPGRADE, HeaderValue::from_static("gantry-exec"));
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_exec_command_is_a_json_array_of_strings_not_empty() {
+        assert_eq!(
+            attach_command(r#"["sh","-c","echo hi"]"#).ok(),
+            Some(vec!["sh".to_string(), "-c".into(), "echo hi".into()])
+        );
+        for bad in ["sh", "[]", r#"[""]"#, "[1]", r#"{"a":1}"#] {
+            let e = attach_command(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
 }

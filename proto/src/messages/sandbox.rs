@@ -1,4 +1,6 @@
-//! Task sandboxes, master -> agent (protocol v9; v10: exec on a terminal): the master opens one more bidirectional QUIC
+//! Task sandboxes, master -> agent (protocol v9; v10: exec on a terminal; v11: live exec,
+//! [`SandboxRequest::ExecLive`] then [`SandboxInput`] frames, and the operator's
+//! [`exec_frame`] codec): the master opens one more bidirectional QUIC
 //! stream on an agent's connection per operator request (logs, files, exec), sends one
 //! [`SandboxRequest`] frame, and reads [`SandboxReply`] frames until the agent finishes the
 //! stream. The agent trusts the request because the connection is the master's (mutual TLS);
@@ -67,6 +69,84 @@ pub enum SandboxRequest {
         /// `stream` 1. `None`: pipes, as before.
         tty: Option<TtySize>,
     },
+    /// [`SandboxRequest::Exec`] with live input (protocol v11): after this frame the master
+    /// sends [`SandboxInput`] frames (keystrokes, end of input, window size, signals) on the
+    /// same stream while the agent answers as for `Exec`.
+    ExecLive {
+        /// The task.
+        task_id: TaskId,
+        /// The program and its arguments.
+        command: Vec<String>,
+        /// Who asked, for the agent's log.
+        principal: String,
+        /// Killed after this many seconds (0: the agent's limit).
+        timeout_secs: u32,
+        /// Run on a pseudo-terminal of this size; `None`: pipes.
+        tty: Option<TtySize>,
+    },
+}
+
+/// What the master sends after [`SandboxRequest::ExecLive`] (protocol v11), each frame at most
+/// [`SANDBOX_CHUNK`] bytes of data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum SandboxInput {
+    /// Bytes for the command's standard input (its terminal's input with a pty).
+    Stdin(Vec<u8>),
+    /// End of standard input (pipes: closed; a pty: the terminal's EOF character, `^D`).
+    StdinClose,
+    /// The terminal's new window size (`TIOCSWINSZ`; the command gets `SIGWINCH`).
+    Resize(TtySize),
+    /// A signal for the command's process group (one of [`ALLOWED_SIGNALS`]).
+    Signal(i32),
+}
+
+/// The signals an operator may send to an exec'd command: HUP, INT, QUIT, KILL, USR1, USR2,
+/// TERM, CONT, STOP, WINCH (Linux numbers).
+pub const ALLOWED_SIGNALS: [i32; 10] = [1, 2, 3, 9, 10, 12, 15, 18, 19, 28];
+
+/// The operator's side of a live exec (protocol v11): after `GET /api/v1/tasks/{id}/exec/attach`
+/// is upgraded (`Upgrade: gantry-exec`, `101 Switching Protocols`), both directions carry
+/// frames of one kind byte, a big-endian `u32` length and at most [`exec_frame::MAX_PAYLOAD`] bytes.
+/// A frame past the bound, or of an unknown kind, ends the session with an [`exec_frame::ERROR`] frame.
+pub mod exec_frame {
+    /// The most bytes one frame's payload has.
+    pub const MAX_PAYLOAD: usize = super::SANDBOX_CHUNK;
+    /// Client -> master: standard input bytes.
+    pub const STDIN: u8 = 1;
+    /// Client -> master: end of standard input (no payload).
+    pub const STDIN_CLOSE: u8 = 2;
+    /// Client -> master: window size, rows then columns, each a big-endian `u16`.
+    pub const RESIZE: u8 = 3;
+    /// Client -> master: a signal number, a big-endian `i32`.
+    pub const SIGNAL: u8 = 4;
+    /// Master -> client: standard output bytes (everything, on a terminal).
+    pub const STDOUT: u8 = 11;
+    /// Master -> client: standard error bytes.
+    pub const STDERR: u8 = 12;
+    /// Master -> client: the command ended; JSON `{"exit_code":N|null,"signal":S|null}`; last.
+    pub const EXIT: u8 = 13;
+    /// Master -> client: the session failed; JSON `{"error":"..."}`; last.
+    pub const ERROR: u8 = 14;
+
+    /// One frame's bytes (the payload cut to [`MAX_PAYLOAD`] by the caller).
+    pub fn encode(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5 + payload.len());
+        out.push(kind);
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A frame header's kind and length, or why it is refused (a length past [`MAX_PAYLOAD`]).
+    pub fn header(h: [u8; 5]) -> Result<(u8, usize), String> {
+        let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
+        if len > MAX_PAYLOAD {
+            return Err(format!(
+                "a frame of {len} bytes: frames carry at most {MAX_PAYLOAD} bytes"
+            ));
+        }
+        Ok((h[0], len))
+    }
 }
 
 /// A terminal's window size, in character cells.
@@ -84,7 +164,8 @@ impl SandboxRequest {
         match self {
             SandboxRequest::List { task_id, .. }
             | SandboxRequest::Read { task_id, .. }
-            | SandboxRequest::Exec { task_id, .. } => task_id,
+            | SandboxRequest::Exec { task_id, .. }
+            | SandboxRequest::ExecLive { task_id, .. } => task_id,
         }
     }
 }
@@ -164,4 +245,24 @@ pub enum SandboxReply {
         /// Why, in words.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exec_frame::*;
+
+    #[test]
+    fn exec_frames_round_trip_and_oversized_ones_are_refused() {
+        let f = encode(STDIN, b"ls\n");
+        assert_eq!(f, [STDIN, 0, 0, 0, 3, b'l', b's', b'\n']);
+        assert_eq!(header([f[0], f[1], f[2], f[3], f[4]]), Ok((STDIN, 3)));
+        let max = (MAX_PAYLOAD as u32).to_be_bytes();
+        assert_eq!(
+            header([STDOUT, max[0], max[1], max[2], max[3]]),
+            Ok((STDOUT, MAX_PAYLOAD))
+        );
+        let over = (MAX_PAYLOAD as u32 + 1).to_be_bytes();
+        let e = header([STDIN, over[0], over[1], over[2], over[3]]).unwrap_err();
+        assert!(e.contains("at most 65536 bytes"), "{e}");
+    }
 }
