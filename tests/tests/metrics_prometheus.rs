@@ -613,6 +613,21 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         .then_some(())
     });
 
+    // The offers held so far are in the registry (written every 10 s of sampled time; the
+    // frameworks have held offers for longer than that by now).
+    let held = |what: &str| -> serde_json::Value {
+        let body = operator.get("/api/v1/usage?since=0&by=role").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            v["held_offers"]["rows"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty()),
+            "{what}: {v:#}"
+        );
+        v["held_offers"].clone()
+    };
+    let held_before = held("offers held before the restart");
+
     // The quota survives a master restart (kill -9): the new master serves it from the
     // registry, and the agents' tasks are counted again once they re-register.
     cluster.master.restart().unwrap();
@@ -627,6 +642,13 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
     // The usage counters go on from the stored history after the restart; the task still pays
     // the share it started with (the GPU agent has 3 healthy GPUs by now, after the XID).
     usage_agrees_with_the_counters(&prom, &operator, Some(0.25 * 36.0));
+    // The held offers go on from the registry's buckets: the same start, not the new
+    // master's first sample.
+    let held_after = held("offers held after the restart");
+    assert_eq!(
+        held_after["from_ms"], held_before["from_ms"],
+        "held offers restored: {held_before:#} then {held_after:#}"
+    );
     prom.wait("the running task counted after the restart", |p| {
         (p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0)).then_some(())
     });

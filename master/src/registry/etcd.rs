@@ -10,6 +10,7 @@
 //! | `{prefix}/registry/quotas/{role}`           | `{"role","quota"}`   |
 //! | `{prefix}/registry/reservations/{agent}/{role}` | [`Reservation`]  |
 //! | `{prefix}/registry/history/{page:020}`      | [`HistoryPage`]      |
+//! | `{prefix}/registry/held-offers/{start:020}` | [`HeldOffersBucket`] |
 //!
 //! Every write is one transaction `IF create_revision(leader key) == fence revision THEN ops`.
 //! The leader key belongs to the writer's election lease, so once that lease expires or is revoked
@@ -23,7 +24,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentRecord, Fence, FrameworkRecord, GoneRecord, HistoryPage, MaintenanceRecord, Mutation,
+    AgentRecord, Fence, FrameworkRecord, GoneRecord, HeldOffersBucket, HistoryPage, MaintenanceRecord, Mutation,
     Quota, Registry, RegistryError, Reservation,
 };
 
@@ -125,6 +126,8 @@ impl EtcdStore {
             Mutation::PutGone(g) => format!("{r}gone/{}", g.agent_id),
             Mutation::PutHistoryPage(p) => format!("{r}history/{:020}", p.page),
             Mutation::RemoveHistoryPage(page) => format!("{r}history/{page:020}"),
+            Mutation::PutHeldOffers(b) => format!("{r}held-offers/{:020}", b.start_ms),
+            Mutation::RemoveHeldOffers(start) => format!("{r}held-offers/{start:020}"),
         }
     }
 
@@ -158,8 +161,10 @@ impl EtcdStore {
             Mutation::SetMaintenance(m) => TxnOp::put(key, json(serde_json::to_vec(m))?, None),
             Mutation::PutGone(g) => TxnOp::put(key, json(serde_json::to_vec(g))?, None),
             Mutation::PutHistoryPage(p) => TxnOp::put(key, json(serde_json::to_vec(p))?, None),
+            Mutation::PutHeldOffers(b) => TxnOp::put(key, json(serde_json::to_vec(b))?, None),
             Mutation::SetReservation(_)
             | Mutation::RemoveHistoryPage(_)
+            | Mutation::RemoveHeldOffers(_)
             | Mutation::RemoveMaintenance(_)
             | Mutation::RemoveAgent(_)
             | Mutation::RemoveFramework(_)
@@ -303,6 +308,9 @@ impl EtcdStore {
             "history" => {
                 Mutation::PutHistoryPage(serde_json::from_slice::<HistoryPage>(value).map_err(de)?)
             }
+            "held-offers" => Mutation::PutHeldOffers(
+                serde_json::from_slice::<HeldOffersBucket>(value).map_err(de)?,
+            ),
             other => return Err(corrupt(format!("unknown record kind {other:?}"))),
         };
         // The value must be stored under its own key, or two records could shadow each other.

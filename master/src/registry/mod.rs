@@ -133,6 +133,27 @@ pub struct HistoryPage {
     pub events: Vec<HistoryEvent>,
 }
 
+/// One framework and role's offer-seconds in a [`HeldOffersBucket`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldOffersRow {
+    pub framework: String,
+    pub role: String,
+    pub cpu_seconds: f64,
+    pub mem_mib_seconds: f64,
+    pub gpu_seconds: f64,
+}
+
+/// An hour of resources held in outstanding offers (`crate::server::held_offers`), rewritten
+/// while the hour lasts; the oldest are removed past 31 days.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldOffersBucket {
+    /// The hour's start (Unix ms).
+    pub start_ms: u64,
+    /// The first sample counted in it.
+    pub first_ms: u64,
+    pub rows: Vec<HeldOffersRow>,
+}
+
 /// Everything the master persists. Maps are ordered so snapshots are deterministic.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Registry {
@@ -152,6 +173,9 @@ pub struct Registry {
     /// The event history, by page number (bounded: `crate::server::history`).
     #[serde(default)]
     pub history: BTreeMap<u64, HistoryPage>,
+    /// Resources held in offers, by hour (`crate::server::held_offers`).
+    #[serde(default)]
+    pub held_offers: BTreeMap<u64, HeldOffersBucket>,
 }
 
 impl Registry {
@@ -210,6 +234,12 @@ impl Registry {
             Mutation::RemoveHistoryPage(page) => {
                 self.history.remove(page);
             }
+            Mutation::PutHeldOffers(b) => {
+                self.held_offers.insert(b.start_ms, b.clone());
+            }
+            Mutation::RemoveHeldOffers(start) => {
+                self.held_offers.remove(start);
+            }
         }
     }
 
@@ -262,6 +292,12 @@ impl Registry {
         );
         out.extend(self.gone.values().cloned().map(Mutation::PutGone));
         out.extend(self.history.values().cloned().map(Mutation::PutHistoryPage));
+        out.extend(
+            self.held_offers
+                .values()
+                .cloned()
+                .map(Mutation::PutHeldOffers),
+        );
         out
     }
 }
@@ -316,6 +352,10 @@ pub enum Mutation {
     PutHistoryPage(HistoryPage),
     /// An old page of the event history, past the bound.
     RemoveHistoryPage(u64),
+    /// An hour of held offers (written again while it changes).
+    PutHeldOffers(HeldOffersBucket),
+    /// An hour of held offers past the bound (by its start).
+    RemoveHeldOffers(u64),
 }
 
 impl Mutation {
@@ -351,7 +391,9 @@ impl Mutation {
             | Mutation::RemoveMaintenance(_)
             | Mutation::PutGone(_)
             | Mutation::PutHistoryPage(_)
-            | Mutation::RemoveHistoryPage(_) => None,
+            | Mutation::RemoveHistoryPage(_)
+            | Mutation::PutHeldOffers(_)
+            | Mutation::RemoveHeldOffers(_) => None,
         };
         match role {
             Some(r) if r.is_empty() => Err(RegistryError::Invalid("empty role name".into())),

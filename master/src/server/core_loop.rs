@@ -115,7 +115,7 @@ pub(super) async fn core_loop(
                     m.handle(Input::LeaseUntil { until }, now());
                     m.restore_maintenance(&registry, now(), unix_ms());
                     if let Ok(mut h) = shell.history.lock() {
-                        h.restore(&registry.history);
+                        h.restore(&registry.history, &registry.held_offers);
                     }
                     m.recover(registry, now());
                     for input in held.drain(..) {

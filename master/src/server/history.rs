@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::registry::{HistoryEvent, HistoryPage, Mutation};
+use crate::registry::{HeldOffersBucket, HistoryEvent, HistoryPage, Mutation};
 
 /// Events per page (one registry record).
 pub const PAGE_EVENTS: usize = 256;
@@ -42,7 +42,8 @@ pub struct History {
     stored: u64,
     /// Task use of every event recorded, added up for ever (`gantry_usage_*_total`).
     usage: super::usage::Meter,
-    /// Resources held in outstanding offers (sampled by the core loop; not persisted).
+    /// Resources held in outstanding offers (sampled by the core loop; written with the
+    /// history's flush).
     pub held_offers: super::usage::HeldOffers,
 }
 
@@ -60,11 +61,16 @@ impl History {
         self.max_pages > 0
     }
 
-    /// Takes the registry's pages (a new leader), dropping what this master held before.
-    pub fn restore(&mut self, pages: &BTreeMap<u64, HistoryPage>) {
+    /// Takes the registry's pages and held offers (a new leader), dropping what this master
+    /// held before.
+    pub fn restore(
+        &mut self,
+        pages: &BTreeMap<u64, HistoryPage>,
+        held_offers: &BTreeMap<u64, HeldOffersBucket>,
+    ) {
         self.pages = pages.iter().map(|(n, p)| (*n, p.events.clone())).collect();
         self.usage = super::usage::Meter::default();
-        self.held_offers = super::usage::HeldOffers::default();
+        self.held_offers = super::usage::HeldOffers::restore(held_offers);
         for e in self.pages.values().flatten() {
             self.usage.observe(e);
         }
@@ -126,6 +132,7 @@ impl History {
                 _ => {}
             }
         }
+        self.held_offers.unflushed(failed);
     }
 
     /// For `/state` (`history`): events held, pushed by this master, and stored of those.
@@ -162,6 +169,7 @@ impl History {
                 }));
             }
         }
+        out.extend(self.held_offers.flush());
         out
     }
 
@@ -250,7 +258,7 @@ mod tests {
             registry.apply(&m);
         }
         let mut next = History::new(DEFAULT_EVENTS);
-        next.restore(&registry.history);
+        next.restore(&registry.history, &registry.held_offers);
         next.push(10, ev(10));
         assert_eq!(next.since(5, usize::MAX).len(), 6);
         assert_eq!(next.since(0, 3).first().map(|e| e.at_unix_ms), Some(8));

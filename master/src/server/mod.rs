@@ -5,7 +5,8 @@
 //! its event stream; `ui`: the `/ui` dashboard and its login; `routes`: the route table every
 //! route goes through, checked against docs/api/openapi.yaml; `http`'s `sandbox.rs`: task logs,
 //! files and exec relayed to the task's agent on a sandbox stream of its QUIC connection;
-//! [`history`]: the persistent, bounded event history in the registry). Who a peer or caller is and what
+//! [`history`]: the persistent, bounded event history in the registry; [`held_offers`]: the
+//! resources held in offers by hour, kept in the registry beside it). Who a peer or caller is and what
 //! it may do are [`crate::security`]'s decisions (identities, ACLs, tokens, sessions, limits);
 //! this shell asks and enforces.
 //!
@@ -41,6 +42,7 @@
 
 mod conn_limits;
 mod core_loop;
+pub mod held_offers;
 pub mod history;
 pub mod usage;
 

@@ -334,90 +334,7 @@ pub fn report(
     out
 }
 
-/// How often the core loop samples the outstanding offers (at most).
-pub const OFFER_SAMPLE_MS: u64 = 1000;
-/// Hourly buckets of held offers kept (31 days).
-const HELD_BUCKETS: usize = 31 * 24;
-const HOUR_MS: u64 = 3_600_000;
-
-/// Resources held in outstanding offers (not use), integrated over time per framework and
-/// role in hourly buckets: the core loop samples the offers at most once a second
-/// ([`OFFER_SAMPLE_MS`]; between two samples the offers of the first are taken to be held),
-/// so offers that live less than a second are counted approximately. Kept in memory by the
-/// leading master for 31 days (a new leader starts afresh).
-#[derive(Debug, Default)]
-pub struct HeldOffers {
-    buckets: BTreeMap<u64, BTreeMap<(String, String), Amounts>>,
-    last_ms: Option<u64>,
-    /// The first sample's time (what the report covers).
-    from_ms: Option<u64>,
-}
-
-impl HeldOffers {
-    /// Whether a sample is due at `now_ms`.
-    pub fn due(&self, now_ms: u64) -> bool {
-        self.last_ms
-            .is_none_or(|l| now_ms >= l.saturating_add(OFFER_SAMPLE_MS))
-    }
-
-    /// Counts `offers` (framework, role, what is offered) as held since the last sample.
-    pub fn sample(
-        &mut self,
-        now_ms: u64,
-        offers: impl IntoIterator<Item = (String, String, Amounts)>,
-    ) {
-        let last = self.last_ms.replace(now_ms);
-        self.from_ms.get_or_insert(now_ms);
-        let Some(last) = last else { return };
-        let secs = now_ms.saturating_sub(last) as f64 / 1000.0;
-        if secs <= 0.0 {
-            return;
-        }
-        let bucket = self.buckets.entry(last / HOUR_MS * HOUR_MS).or_default();
-        for (fw, role, a) in offers {
-            let b = bucket.entry((fw, role)).or_default();
-            b.cpus += a.cpus * secs;
-            b.mem += a.mem * secs;
-            b.gpus += a.gpus * secs;
-        }
-        while self.buckets.len() > HELD_BUCKETS {
-            self.buckets.pop_first();
-        }
-    }
-
-    /// Offer-hours per framework and role in `[since_ms, until_ms)` (a bucket partly in the
-    /// window counts in proportion), `framework_name` naming framework ids.
-    pub fn report(
-        &self,
-        since_ms: u64,
-        until_ms: u64,
-        framework_name: impl Fn(&str) -> String,
-    ) -> Value {
-        let mut rows: BTreeMap<(String, String), Amounts> = BTreeMap::new();
-        for (start, b) in &self.buckets {
-            let end = start + HOUR_MS;
-            let (s, e) = ((*start).max(since_ms), end.min(until_ms));
-            if e <= s {
-                continue;
-            }
-            let part = (e - s) as f64 / HOUR_MS as f64;
-            for ((fw, role), a) in b {
-                let r = rows.entry((framework_name(fw), role.clone())).or_default();
-                r.cpus += a.cpus * part;
-                r.mem += a.mem * part;
-                r.gpus += a.gpus * part;
-            }
-        }
-        let rows: Vec<Value> = rows
-            .iter()
-            .map(|((fw, role), a)| {
-                json!({"framework": fw, "role": role, "cpu_hours": a.cpus / 3600.0,
-                       "mem_gib_hours": a.mem / 1024.0 / 3600.0, "gpu_hours": a.gpus / 3600.0})
-            })
-            .collect();
-        json!({"from_ms": self.from_ms, "rows": rows})
-    }
-}
+pub use super::held_offers::{HeldOffers, OFFER_SAMPLE_MS};
 
 /// Series the `gantry_usage_*` counters keep at most; use past them is counted under
 /// `role="(other)",framework="(other)",user="(other)"`.
@@ -761,46 +678,5 @@ mod tests {
         assert!(!priced);
         assert_eq!(c.len(), MAX_SERIES + 1);
         assert!(close(c[&UsageKey::other()].cpu_seconds, 10.0));
-    }
-
-    #[test]
-    fn held_offers_are_integrated_per_framework_and_role() {
-        let mut held = HeldOffers::default();
-        let gpu = Amounts {
-            cpus: 2.0,
-            mem: 1024.0,
-            gpus: 1.0,
-        };
-        let offers = || vec![("f1".to_string(), "ml".to_string(), gpu)];
-        assert!(held.due(0));
-        held.sample(0, offers());
-        assert!(!held.due(500) && held.due(1000));
-        // Held for 2 h, sampled every half hour, across the hour's bucket edge.
-        for i in 1..=4 {
-            held.sample(i * HOUR_MS / 2, offers());
-        }
-        let name = |id: &str| {
-            if id == "f1" {
-                "batch".into()
-            } else {
-                id.into()
-            }
-        };
-        let r = held.report(0, 4 * HOUR_MS, name);
-        assert_eq!(r["rows"][0]["framework"], "batch");
-        assert!(
-            close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 2.0),
-            "{r:#}"
-        );
-        assert!(
-            close(r["rows"][0]["cpu_hours"].as_f64().unwrap(), 4.0),
-            "{r:#}"
-        );
-        // Half of the second hour's bucket.
-        let r = held.report(HOUR_MS + HOUR_MS / 2, 4 * HOUR_MS, name);
-        assert!(
-            close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 0.5),
-            "{r:#}"
-        );
     }
 }
