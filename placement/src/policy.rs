@@ -13,11 +13,11 @@ pub enum Policy {
     /// FGD then best-fit on ties (ours).
     FgdPack,
     /// `fgd-fill` against the workload weighted by node scarcity (ours, see
-    /// [`Workload::weighted_by_scarcity`]).
+    /// [`Workload::weighted_by_scarcity`](crate::Workload::weighted_by_scarcity)).
     FgdScarce,
     /// Fragmentation Gradient Descent.
     Fgd,
-    /// Fragmentation Gradient Descent as the paper's artifact computes it (see [`fgd`]).
+    /// Fragmentation Gradient Descent as the paper's artifact computes it (see [`fgd`](crate::fgd)).
     FgdArtifact,
     /// The node that leaves the least free after placing (classic best fit).
     BestFit,
@@ -55,7 +55,7 @@ impl Policy {
         }
     }
 
-    /// Whether the policy scores against a [`Workload`].
+    /// Whether the policy scores against a [`Workload`](crate::Workload).
     pub fn needs_workload(self) -> bool {
         matches!(
             self,
