@@ -14,6 +14,12 @@
 //! the master launched (its `RunTask` messages), so the number includes every check the
 //! master makes; an accept the master refuses is a failed task and is reported.
 //!
+//! With `--frameworks N`, every seed runs once more with the arrivals split round-robin
+//! between N frameworks, each subscribed in its own role so that the allocator's DRF shares the
+//! agents between them; each holds the offers it is made and places only its own tasks across
+//! them (a task that fits none of its framework's offers fails even when another framework
+//! holds room), and the report puts that allocation beside the one-framework run.
+//!
 //! No I/O and no clock inside the core: the emulated agents never answer (tasks stay
 //! staging, which holds their resources as running would), and simulated time stands still
 //! (no timer fires; offers have no timeout).

@@ -13,7 +13,8 @@
 //!   the paired mean difference with its 95% interval per pod list.
 //! - [`live`]: `--openb ... --live`, the same arrivals through the master's state core and
 //!   allocator with emulated agents and a framework placing across the offers it holds,
-//!   beside the cluster-wide number.
+//!   beside the cluster-wide number; `--frameworks N` adds N frameworks competing for the
+//!   agents through the allocator's DRF offers.
 
 pub mod bench;
 pub mod compare;
