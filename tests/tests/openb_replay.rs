@@ -183,6 +183,43 @@ fn openb_default_one_seed() {
         row["cluster_wide"].as_f64().unwrap(),
     );
     assert!(w > 90.0 && (l - w).abs() <= 1.0, "{row}");
+    // Two frameworks competing for the agents through the allocator: both launch, no accept
+    // refused, reported beside the one-framework run of the same seed.
+    let out = Command::new(&master)
+        .arg("simulate")
+        .arg("--openb")
+        .arg(&nodes)
+        .arg(&small)
+        .args(["--live", "--frameworks", "2", "--seeds", "42", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let two: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let several = &two["several_frameworks"];
+    assert_eq!(several["frameworks"], 2, "{two}");
+    assert_eq!(several["seeds"][0]["refused_accepts"], 0, "{two}");
+    let s = several["at_100"]["several"].as_f64().unwrap();
+    assert!(s > 0.0 && s <= 100.0, "{several}");
+    assert_eq!(two["at_100"]["live"].as_f64().unwrap(), l, "{two}");
+    // --frameworks needs --live; 0 frameworks is refused.
+    for args in [
+        &["--frameworks", "2"][..],
+        &["--live", "--frameworks", "0"][..],
+    ] {
+        let out = Command::new(&master)
+            .arg("simulate")
+            .arg("--openb")
+            .arg(&nodes)
+            .arg(&small)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+    }
     // --live is not a comparison.
     let out = Command::new(&master)
         .arg("simulate")

@@ -14,6 +14,12 @@
 //! the master launched (its `RunTask` messages), so the number includes every check the
 //! master makes; an accept the master refuses is a failed task and is reported.
 //!
+//! With `--frameworks N`, every seed runs once more with the arrivals split round-robin
+//! between N frameworks, each subscribed in its own role so that the allocator's DRF shares the
+//! agents between them; each holds the offers it is made and places only its own tasks across
+//! them (a task that fits none of its framework's offers fails even when another framework
+//! holds room), and the report puts that allocation beside the one-framework run.
+//!
 //! No I/O and no clock inside the core: the emulated agents never answer (tasks stay
 //! staging, which holds their resources as running would), and simulated time stands still
 //! (no timer fires; offers have no timeout).
@@ -39,13 +45,24 @@ use super::SimError;
 use crate::allocator::Millis;
 use crate::state::{ConnId, Input, Master, MasterConfig, Output};
 
-/// The framework's connection id (agents use `1..=nodes`).
+/// The first framework's connection id (agents use `1..=nodes`; framework `k` is
+/// `FRAMEWORK - k`).
 const FRAMEWORK: ConnId = u64::MAX - 1;
+
+/// The most frameworks `--frameworks` takes.
+pub const MAX_FRAMEWORKS: usize = 64;
+
+/// Framework `k`'s connection id.
+fn framework_conn(k: usize) -> ConnId {
+    FRAMEWORK - k as ConnId
+}
 
 /// One seed through the master.
 #[derive(Debug, Clone)]
 pub struct LiveRun {
     pub seed: u64,
+    /// Frameworks the arrivals were split between.
+    pub frameworks: usize,
     /// Allocation ratio in percent at arrived request 0%, 1%, ..., 130% of capacity.
     pub allocation_percent: Vec<f64>,
     pub arrived_tasks: usize,
@@ -53,8 +70,10 @@ pub struct LiveRun {
     /// Accepts the master refused (a task ended in an error instead of launching): 0 when the
     /// framework's view of its offers is right.
     pub refused_accepts: usize,
-    /// Offers the framework received.
+    /// Offers the frameworks received.
     pub offers: usize,
+    /// Tasks each framework launched.
+    pub launched: Vec<usize>,
 }
 
 fn resources(cpu_milli: u64, memory_mib: u64, gpu_milli: u64) -> Resources {
@@ -67,11 +86,11 @@ fn resources(cpu_milli: u64, memory_mib: u64, gpu_milli: u64) -> Resources {
     r
 }
 
-/// The offers in `out` sent to the framework.
-fn offers_in(out: &[Output]) -> Vec<Offer> {
+/// The offers in `out` sent to framework `k`.
+fn offers_in(out: &[Output], k: usize) -> Vec<Offer> {
     out.iter()
         .filter_map(|o| match o {
-            Output::ToFramework(c, MasterToFramework::Offers(v)) if *c == FRAMEWORK => {
+            Output::ToFramework(c, MasterToFramework::Offers(v)) if *c == framework_conn(k) => {
                 Some(v.clone())
             }
             _ => None,
@@ -80,17 +99,26 @@ fn offers_in(out: &[Output]) -> Vec<Offer> {
         .collect()
 }
 
-/// Runs one seed of `trace` through the master with `policy`.
+/// Runs one seed of `trace` through the master with `policy`, the arrivals split round-robin
+/// between `frameworks` frameworks (each its own role, so that the allocator's DRF shares the
+/// agents between them); each holds the offers it is made and places its own tasks across
+/// them only.
 pub fn run_seed(
     trace: &OpenbTrace,
     workload: &Workload,
     policy: Policy,
     seed: u64,
+    frameworks: usize,
 ) -> Result<LiveRun, SimError> {
     let sim = |m: String| SimError::Trace(format!("live replay, seed {seed}: {m}"));
     let capacity = trace.capacity_milli();
     if capacity == 0 {
         return Err(SimError::Trace("the cluster has no GPU".into()));
+    }
+    if !(1..=MAX_FRAMEWORKS).contains(&frameworks) {
+        return Err(SimError::Args(format!(
+            "--frameworks must be 1 to {MAX_FRAMEWORKS}, not {frameworks}"
+        )));
     }
     let config = MasterConfig {
         allocation_min_gap_ms: 0,
@@ -162,40 +190,74 @@ pub fn run_seed(
         )));
     }
     out.clear();
-    // The framework.
-    master.handle_into(
-        Input::FrameworkConnected {
-            conn: FRAMEWORK,
-            principal: "openb".into(),
-        },
-        now,
-        &mut out,
-    );
-    master.handle_into(
-        Input::Framework {
-            conn: FRAMEWORK,
-            msg: FrameworkToMaster::Subscribe(FrameworkInfo {
-                framework_id: None,
-                name: "openb".into(),
-                roles: vec!["openb".into()],
-                capabilities: vec![Capability::GpuResources],
-                failover_timeout_secs: 3600.0,
-                min_allocatable: Vec::new(),
-                suppressed_roles: Vec::new(),
-            }),
-        },
-        now,
-        &mut out,
-    );
-    master.allocate(now, &mut out);
-    let mut placer = OfferPlacer::new(trace.models.clone(), policy, workload.clone(), seed);
-    let first = offers_in(&out);
-    let mut offers = first.len();
-    placer.add_offers(&first).map_err(|e| sim(e.to_string()))?;
-    if placer.agents() != trace.nodes.len() {
+    // The frameworks, one role each.
+    for k in 0..frameworks {
+        let name = if frameworks == 1 {
+            "openb".to_string()
+        } else {
+            format!("openb-{k}")
+        };
+        master.handle_into(
+            Input::FrameworkConnected {
+                conn: framework_conn(k),
+                principal: name.clone(),
+            },
+            now,
+            &mut out,
+        );
+        master.handle_into(
+            Input::Framework {
+                conn: framework_conn(k),
+                msg: FrameworkToMaster::Subscribe(FrameworkInfo {
+                    framework_id: None,
+                    name: name.clone(),
+                    roles: vec![name],
+                    capabilities: vec![Capability::GpuResources],
+                    failover_timeout_secs: 3600.0,
+                    min_allocatable: Vec::new(),
+                    suppressed_roles: Vec::new(),
+                }),
+            },
+            now,
+            &mut out,
+        );
+    }
+    let subscribed = out
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Output::ToFramework(_, MasterToFramework::Subscribed { .. })
+            )
+        })
+        .count();
+    if subscribed != frameworks {
         return Err(sim(format!(
-            "offers came for {} of {} agents",
-            placer.agents(),
+            "{subscribed} of {frameworks} frameworks subscribed"
+        )));
+    }
+    out.clear();
+    master.allocate(now, &mut out);
+    let mut placers: Vec<OfferPlacer> = (0..frameworks)
+        .map(|k| {
+            OfferPlacer::new(
+                trace.models.clone(),
+                policy,
+                workload.clone(),
+                seed.wrapping_add(k as u64),
+            )
+        })
+        .collect();
+    let mut offers = 0;
+    for (k, placer) in placers.iter_mut().enumerate() {
+        let first = offers_in(&out, k);
+        offers += first.len();
+        placer.add_offers(&first).map_err(|e| sim(e.to_string()))?;
+    }
+    let held: usize = placers.iter().map(OfferPlacer::agents).sum();
+    if held != trace.nodes.len() {
+        return Err(sim(format!(
+            "offers came for {held} of {} agents",
             trace.nodes.len()
         )));
     }
@@ -203,13 +265,16 @@ pub fn run_seed(
     allocation.push(0.0);
     let (mut arrived, mut allocated) = (0u64, 0u64);
     let (mut arrived_tasks, mut failed_tasks, mut refused_accepts) = (0, 0, 0);
+    let mut launched_by = vec![0; frameworks];
     for i in arrivals(trace, seed) {
         if allocation.len() > MAX_PERCENT {
             break;
         }
         let task: &TaskShape = &trace.tasks[i];
+        let owner = arrived_tasks % frameworks;
         arrived_tasks += 1;
         arrived += task.gpu.milli();
+        let placer = &mut placers[owner];
         let launched = match placer.place(task) {
             None => false,
             Some(choice) => {
@@ -232,7 +297,7 @@ pub fn run_seed(
                 out.clear();
                 master.handle_into(
                     Input::Framework {
-                        conn: FRAMEWORK,
+                        conn: framework_conn(owner),
                         msg: FrameworkToMaster::Accept {
                             offer_ids,
                             operations: vec![Operation::Launch { tasks: vec![info] }],
@@ -248,9 +313,11 @@ pub fn run_seed(
                 // The rest of the agent comes back in the next cycle.
                 out.clear();
                 master.allocate(now, &mut out);
-                let next = offers_in(&out);
-                offers += next.len();
-                placer.add_offers(&next).map_err(|e| sim(e.to_string()))?;
+                for (k, placer) in placers.iter_mut().enumerate() {
+                    let next = offers_in(&out, k);
+                    offers += next.len();
+                    placer.add_offers(&next).map_err(|e| sim(e.to_string()))?;
+                }
                 if !ran {
                     refused_accepts += 1;
                 }
@@ -258,6 +325,7 @@ pub fn run_seed(
             }
         };
         if launched {
+            launched_by[owner] += 1;
             allocated += task.gpu.milli();
         } else {
             failed_tasks += 1;
@@ -274,11 +342,13 @@ pub fn run_seed(
     }
     Ok(LiveRun {
         seed,
+        frameworks,
         allocation_percent: allocation,
         arrived_tasks,
         failed_tasks,
         refused_accepts,
         offers,
+        launched: launched_by,
     })
 }
 
@@ -298,20 +368,30 @@ fn points(curve: &[f64]) -> (f64, f64) {
 pub struct LiveReport {
     pub list: String,
     pub policy: Policy,
-    /// Per seed: the live run and the cluster-wide run of the same arrivals.
+    /// Per seed: the live run (one framework) and the cluster-wide run of the same arrivals.
     pub runs: Vec<(LiveRun, SeedRun)>,
+    /// With `--frameworks N` (N > 1), per seed: the same arrivals split between N frameworks
+    /// competing for offers (in `runs`' order); empty otherwise.
+    pub several: Vec<LiveRun>,
     pub wall_seconds: f64,
 }
 
-/// Runs every seed live and cluster-wide (seeds spread over the machine's cores), a progress
-/// line per seed on `progress`.
+/// Runs every seed live (one framework, and `frameworks` of them when more than one) and
+/// cluster-wide (seeds spread over the machine's cores), a progress line per seed on
+/// `progress`.
 pub fn run<P: Write + Send>(
     trace: &OpenbTrace,
     list: &str,
     policy: Policy,
     seeds: &[u64],
+    frameworks: usize,
     progress: &mut P,
 ) -> Result<LiveReport, SimError> {
+    if !(1..=MAX_FRAMEWORKS).contains(&frameworks) {
+        return Err(SimError::Args(format!(
+            "--frameworks must be 1 to {MAX_FRAMEWORKS}, not {frameworks}"
+        )));
+    }
     let started = Instant::now();
     let workload = Workload::from_tasks(&trace.tasks);
     let workers = std::thread::available_parallelism()
@@ -320,7 +400,7 @@ pub fn run<P: Write + Send>(
         .min(seeds.len())
         .max(1);
     let next = AtomicUsize::new(0);
-    type Pair = Result<(LiveRun, SeedRun), SimError>;
+    type Pair = Result<(LiveRun, SeedRun, Option<LiveRun>), SimError>;
     let results: Mutex<BTreeMap<usize, Pair>> = Mutex::new(BTreeMap::new());
     let progress = Mutex::new(progress);
     std::thread::scope(|s| {
@@ -329,15 +409,31 @@ pub fn run<P: Write + Send>(
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&seed) = seeds.get(k) else { break };
                 let t = Instant::now();
-                let pair = run_seed(trace, &workload, policy, seed).and_then(|live| {
-                    Ok((live, openb::run_seed(trace, &workload, policy, seed)?))
+                let pair = run_seed(trace, &workload, policy, seed, 1).and_then(|live| {
+                    let wide = openb::run_seed(trace, &workload, policy, seed)?;
+                    let several = if frameworks > 1 {
+                        Some(run_seed(trace, &workload, policy, seed, frameworks)?)
+                    } else {
+                        None
+                    };
+                    Ok((live, wide, several))
                 });
-                if let (Ok((l, w)), Ok(mut p)) = (&pair, progress.lock()) {
+                if let (Ok((l, w, m)), Ok(mut p)) = (&pair, progress.lock()) {
+                    let at100 = |c: &[f64]| c.get(100).copied().unwrap_or(0.0);
+                    let several = m
+                        .as_ref()
+                        .map(|m| {
+                            format!(
+                                ", {frameworks} frameworks {:.2}%",
+                                at100(&m.allocation_percent)
+                            )
+                        })
+                        .unwrap_or_default();
                     let _ = writeln!(
                         p,
-                        "{list} seed {seed}: live {:.2}%, cluster-wide {:.2}% at 100% arrived ({:.1} s)",
-                        l.allocation_percent.get(100).copied().unwrap_or(0.0),
-                        w.allocation_percent.get(100).copied().unwrap_or(0.0),
+                        "{list} seed {seed}: live {:.2}%{several}, cluster-wide {:.2}% at 100% arrived ({:.1} s)",
+                        at100(&l.allocation_percent),
+                        at100(&w.allocation_percent),
                         t.elapsed().as_secs_f64()
                     );
                 }
@@ -353,10 +449,18 @@ pub fn run<P: Write + Send>(
     if results.len() != seeds.len() {
         return Err(SimError::Trace("a replay thread panicked".into()));
     }
+    let mut runs = Vec::with_capacity(seeds.len());
+    let mut several = Vec::new();
+    for r in results.into_values() {
+        let (l, w, m) = r?;
+        runs.push((l, w));
+        several.extend(m);
+    }
     Ok(LiveReport {
         list: list.to_string(),
         policy,
-        runs: results.into_values().collect::<Result<Vec<_>, _>>()?,
+        runs,
+        several,
         wall_seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -391,6 +495,41 @@ impl LiveReport {
         [row(|p| p.0), row(|p| p.1)]
     }
 
+    /// With several frameworks: `(several mean, paired several − one framework)` at 100%
+    /// arrived, then over 50–130%; `None` with one framework.
+    pub fn several_rows(&self) -> Option<[(f64, Interval); 2]> {
+        if self.several.is_empty() || self.several.len() != self.runs.len() {
+            return None;
+        }
+        let n = self.several.len() as f64;
+        let row = |pick: fn((f64, f64)) -> f64| {
+            let many: Vec<f64> = self
+                .several
+                .iter()
+                .map(|m| pick(points(&m.allocation_percent)))
+                .collect();
+            let diffs: Vec<f64> = many
+                .iter()
+                .zip(&self.runs)
+                .map(|(m, (l, _))| m - pick(points(&l.allocation_percent)))
+                .collect();
+            (
+                many.iter().sum::<f64>() / n,
+                paired(&diffs).unwrap_or(Interval {
+                    mean: 0.0,
+                    half_width: 0.0,
+                    n: 0,
+                }),
+            )
+        };
+        Some([row(|p| p.0), row(|p| p.1)])
+    }
+
+    /// How many frameworks the `several` runs split the arrivals between (1 without them).
+    pub fn frameworks(&self) -> usize {
+        self.several.first().map_or(1, |m| m.frameworks)
+    }
+
     pub fn to_json(&self) -> Value {
         let [at100, window] = self.rows();
         let row = |r: (f64, f64, Interval)| {
@@ -399,9 +538,30 @@ impl LiveReport {
                 "diff": r.2.mean, "low": r.2.low(), "high": r.2.high(),
             })
         };
+        let several = self.several_rows().map(|[at100, window]| {
+            let row = |r: (f64, Interval)| {
+                json!({
+                    "several": r.0, "diff_from_one": r.1.mean,
+                    "low": r.1.low(), "high": r.1.high(),
+                })
+            };
+            json!({
+                "frameworks": self.frameworks(),
+                "at_100": row(at100),
+                "window_50_130": row(window),
+                "seeds": self.several.iter().map(|m| json!({
+                    "seed": m.seed,
+                    "at_100": points(&m.allocation_percent).0,
+                    "failed_tasks": m.failed_tasks,
+                    "refused_accepts": m.refused_accepts,
+                    "offers": m.offers,
+                })).collect::<Vec<_>>(),
+            })
+        });
         json!({
             "list": self.list,
             "policy": self.policy.name(),
+            "several_frameworks": several,
             "seeds": self.runs.iter().map(|(l, w)| json!({
                 "seed": l.seed,
                 "live_at_100": points(&l.allocation_percent).0,
@@ -450,6 +610,30 @@ impl LiveReport {
                 r.2.high()
             )?;
         }
+        if let Some(rows) = self.several_rows() {
+            let k = self.frameworks();
+            for m in &self.several {
+                writeln!(
+                    out,
+                    "seed {}: {k} frameworks {:.2}% at 100% arrived; failed tasks {}; {} accepts refused; {} offers",
+                    m.seed,
+                    points(&m.allocation_percent).0,
+                    m.failed_tasks,
+                    m.refused_accepts,
+                    m.offers
+                )?;
+            }
+            for (what, r) in [("at 100% arrived", rows[0]), ("mean 50-130%", rows[1])] {
+                writeln!(
+                    out,
+                    "{what}: {k} frameworks {:.2}, {k} frameworks - one framework {:+.2} [{:+.2}, {:+.2}]",
+                    r.0,
+                    r.1.mean,
+                    r.1.low(),
+                    r.1.high()
+                )?;
+            }
+        }
         writeln!(out, "wall time {:.1} s", self.wall_seconds)?;
         Ok(())
     }
@@ -478,7 +662,7 @@ mod tests {
         let t = OpenbTrace::parse(NODES, PODS).expect("parses");
         let workload = Workload::from_tasks(&t.tasks);
         for seed in [1, 2, 3] {
-            let live = run_seed(&t, &workload, Policy::FgdPack, seed).expect("runs");
+            let live = run_seed(&t, &workload, Policy::FgdPack, seed, 1).expect("runs");
             let wide =
                 super::super::openb::run_seed(&t, &workload, Policy::FgdPack, seed).expect("runs");
             assert_eq!(live.refused_accepts, 0);
@@ -496,5 +680,37 @@ mod tests {
             assert_eq!(live.failed_tasks, wide.failed_tasks, "seed {seed}");
             assert!(live.allocation_percent[100] > 90.0);
         }
+    }
+
+    /// Two frameworks, each its own role: the allocator's DRF shares the agents between them
+    /// (both get offers and both launch), every accept the master takes as the framework's view
+    /// allows, and the split never allocates more than the cluster has.
+    #[test]
+    fn several_frameworks_compete_for_offers_through_the_allocator() {
+        let t = OpenbTrace::parse(NODES, PODS).expect("parses");
+        let workload = Workload::from_tasks(&t.tasks);
+        for seed in [1, 2, 3] {
+            let one = run_seed(&t, &workload, Policy::FgdPack, seed, 1).expect("runs");
+            let two = run_seed(&t, &workload, Policy::FgdPack, seed, 2).expect("runs");
+            assert_eq!(two.frameworks, 2);
+            assert_eq!(two.refused_accepts, 0, "seed {seed}");
+            assert_eq!(two.arrived_tasks, one.arrived_tasks);
+            assert_eq!(two.launched.len(), 2);
+            assert!(
+                two.launched.iter().all(|&n| n > 0),
+                "both frameworks launched: {:?}",
+                two.launched
+            );
+            assert_eq!(
+                two.launched.iter().sum::<usize>() + two.failed_tasks,
+                two.arrived_tasks
+            );
+            assert_eq!(one.launched.len(), 1);
+            assert!(two.allocation_percent.iter().all(|&a| a <= 100.0 + 1e-9));
+        }
+        assert!(matches!(
+            run_seed(&t, &workload, Policy::FgdPack, 1, 0),
+            Err(SimError::Args(_))
+        ));
     }
 }

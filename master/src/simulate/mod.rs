@@ -13,7 +13,8 @@
 //!   the paired mean difference with its 95% interval per pod list.
 //! - [`live`]: `--openb ... --live`, the same arrivals through the master's state core and
 //!   allocator with emulated agents and a framework placing across the offers it holds,
-//!   beside the cluster-wide number.
+//!   beside the cluster-wide number; `--frameworks N` adds N frameworks competing for the
+//!   agents through the allocator's DRF offers.
 
 pub mod bench;
 pub mod compare;
@@ -109,6 +110,12 @@ pub struct SimulateArgs {
     /// beside the cluster-wide one, per pod list.
     #[arg(long, requires = "openb", conflicts_with = "openb_compare")]
     pub live: bool,
+    /// openb live replay: also split the arrivals round-robin between N frameworks (one role
+    /// each) that compete for the agents through the allocator's DRF offers, each placing its
+    /// own tasks across the offers it holds; reported beside the one-framework and
+    /// cluster-wide numbers (1 to 64; 1: one framework only).
+    #[arg(long, requires = "live", default_value_t = 1)]
+    pub frameworks: usize,
     /// openb replay: print one JSON object instead of the table.
     #[arg(long, requires = "openb")]
     pub json: bool,
@@ -251,7 +258,14 @@ fn openb_live<W: Write>(
         let trace = openb::OpenbTrace::parse(&nodes, &read(pods)?)?;
         let name = list_name(pods);
         let mut progress = std::io::stderr();
-        let report = live::run(&trace, &name, policy, &seeds, &mut progress)?;
+        let report = live::run(
+            &trace,
+            &name,
+            policy,
+            &seeds,
+            args.frameworks,
+            &mut progress,
+        )?;
         if args.json {
             serde_json::to_writer(&mut *out, &report.to_json())?;
             out.write_all(b"\n")?;

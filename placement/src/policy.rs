@@ -1,0 +1,86 @@
+//! [`Policy`]: the placement policies by name (the crate's documentation describes their
+//! scoring).
+
+use super::PlacementError;
+use std::fmt;
+use std::str::FromStr;
+
+/// A placement policy (see the module documentation for the scoring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// FGD plus the repeated-fill leftover, then best-fit on ties (ours).
+    FgdFill,
+    /// FGD then best-fit on ties (ours).
+    FgdPack,
+    /// `fgd-fill` against the workload weighted by node scarcity (ours, see
+    /// [`Workload::weighted_by_scarcity`](crate::Workload::weighted_by_scarcity)).
+    FgdScarce,
+    /// Fragmentation Gradient Descent.
+    Fgd,
+    /// Fragmentation Gradient Descent as the paper's artifact computes it (see [`fgd`](crate::fgd)).
+    FgdArtifact,
+    /// The node that leaves the least free after placing (classic best fit).
+    BestFit,
+    /// A uniformly random feasible node (the baseline).
+    Random,
+}
+
+impl Policy {
+    /// Every policy.
+    pub const ALL: [Policy; 7] = [
+        Policy::FgdFill,
+        Policy::FgdPack,
+        Policy::FgdScarce,
+        Policy::Fgd,
+        Policy::FgdArtifact,
+        Policy::BestFit,
+        Policy::Random,
+    ];
+
+    /// The default for scheduling against a known workload: `fgd-scarce`. It replaces a
+    /// per-mix choice between `fgd-fill` and `fgd-pack` by thresholds fitted to the public
+    /// openb lists; the scarcity weights come from the node list instead.
+    pub const DEFAULT: Policy = Policy::FgdScarce;
+
+    /// The policy's name on the command line (`fgd-fill`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::FgdFill => "fgd-fill",
+            Policy::FgdPack => "fgd-pack",
+            Policy::FgdScarce => "fgd-scarce",
+            Policy::Fgd => "fgd",
+            Policy::FgdArtifact => "fgd-artifact",
+            Policy::BestFit => "best-fit",
+            Policy::Random => "random",
+        }
+    }
+
+    /// Whether the policy scores against a [`Workload`](crate::Workload).
+    pub fn needs_workload(self) -> bool {
+        matches!(
+            self,
+            Policy::Fgd
+                | Policy::FgdArtifact
+                | Policy::FgdPack
+                | Policy::FgdFill
+                | Policy::FgdScarce
+        )
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = PlacementError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| PlacementError::UnknownPolicy(s.to_string()))
+    }
+}
