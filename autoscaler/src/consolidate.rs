@@ -111,23 +111,41 @@ pub fn candidates(nodes: &[NodeLoad]) -> Vec<usize> {
 /// every task in `tasks` (best-fit, largest first: the live path's placer): a replacement
 /// node for them (Karpenter's "replace").
 pub fn holds_all(tasks: &[(u64, u64, GpuDemand)], cpu_milli: u64, mem_mib: u64, gpus: u32) -> bool {
+    nodes_to_hold(tasks, cpu_milli, mem_mib, gpus, 1) == Some(1)
+}
+
+/// The fewest empty nodes of the shape (`cpu_milli`, `mem_mib`, `gpus` of one model), at most
+/// `max`, that hold every task in `tasks` between them (best-fit, largest first: the live
+/// path's placer); `None` when `max` of them do not (or `tasks` is empty). Replacing one node
+/// by several cheaper ones asks for this many.
+pub fn nodes_to_hold(
+    tasks: &[(u64, u64, GpuDemand)],
+    cpu_milli: u64,
+    mem_mib: u64,
+    gpus: u32,
+    max: u32,
+) -> Option<u32> {
+    if tasks.is_empty() {
+        return None;
+    }
     let mut models = Models::new();
-    let Ok(model) = models.intern("") else {
-        return false;
-    };
-    let node = Node::idle(model, cpu_milli, mem_mib, gpus as usize);
-    let Ok(mut placer) = Placer::new(vec![node], Policy::BestFit, Workload::default(), 0) else {
-        return false;
-    };
-    largest_first(tasks).into_iter().all(|t| {
-        placer
-            .place(&TaskShape {
-                cpu_milli: t.0,
-                memory_mib: t.1,
-                gpu: t.2,
-                models: ModelSet::ANY,
-            })
-            .is_some()
+    let model = models.intern("").ok()?;
+    let order = largest_first(tasks);
+    (1..=max).find(|&n| {
+        let nodes = vec![Node::idle(model, cpu_milli, mem_mib, gpus as usize); n as usize];
+        let Ok(mut placer) = Placer::new(nodes, Policy::BestFit, Workload::default(), 0) else {
+            return false;
+        };
+        order.iter().all(|t| {
+            placer
+                .place(&TaskShape {
+                    cpu_milli: t.0,
+                    memory_mib: t.1,
+                    gpu: t.2,
+                    models: ModelSet::ANY,
+                })
+                .is_some()
+        })
     })
 }
 
@@ -192,6 +210,26 @@ mod tests {
         nodes[0].tasks[0].0 = 6000;
         nodes[1].tasks[0].0 = 6000;
         assert!(candidates(&nodes).is_empty());
+    }
+
+    #[test]
+    fn the_fewest_nodes_that_hold_the_tasks() {
+        let tasks = [
+            (500, 64, GpuDemand::Whole(2)),
+            (500, 64, GpuDemand::Whole(1)),
+            (500, 64, GpuDemand::Whole(1)),
+        ];
+        // Four GPUs of work: one 4-GPU node, two 2-GPU nodes, four 1-GPU nodes (the 2-GPU
+        // task fits none of those: never).
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 4, 8), Some(1));
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 2, 8), Some(2));
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 1, 8), None);
+        // Bounded by max; memory counts too.
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 2, 1), None);
+        assert_eq!(nodes_to_hold(&tasks, 8000, 100, 2, 8), Some(3));
+        assert_eq!(nodes_to_hold(&[], 8000, 32768, 2, 8), None);
+        assert!(holds_all(&tasks, 8000, 32768, 4));
+        assert!(!holds_all(&tasks, 8000, 32768, 2));
     }
 
     #[test]
