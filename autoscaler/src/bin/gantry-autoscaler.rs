@@ -5,6 +5,7 @@
 //! gantry-autoscaler check --config pools.toml
 //! gantry-autoscaler simulate --config pools.toml --openb openb_pod_list_default.csv
 //!     [--spot-rate PER_NODE_HOUR --seed N --checkpoint CLASS=SECS... --on-demand-classes LS,..]
+//!     [--interruptions FILE --checkpoint-on-notice CLASS=SECS...]
 //! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
 //!     [--operator NAME | --token-file FILE] [--status-file FILE] [--metrics-listen ADDR]
 //!     [--etcd URLS [--ha-id NAME] [--ha-prefix PREFIX] [--ha-lease-ttl 3s]]
@@ -71,6 +72,14 @@ enum Command {
         /// `BE=600`, `Burstable=600`; other classes do not checkpoint.
         #[arg(long, value_parser = parse_class_secs)]
         checkpoint: Vec<(String, u64)>,
+        /// A QoS class that checkpoints at its node's notice (or a consolidation's drain),
+        /// with the seconds its checkpoint takes, `CLASS=SECS` (repeatable; none by default).
+        #[arg(long, value_parser = parse_class_secs)]
+        checkpoint_on_notice: Vec<(String, u64)>,
+        /// Interruption times, CSV `time_s,pool[,node]` (seconds after the first arrival;
+        /// docs/autoscaling.md), beside the `--spot-rate` notices.
+        #[arg(long)]
+        interruptions: Option<PathBuf>,
         /// QoS classes that prefer on-demand capacity (comma-separated; default
         /// `LS,Guaranteed`; `none` for none).
         #[arg(long)]
@@ -178,6 +187,8 @@ fn main() -> anyhow::Result<()> {
             spot_rate,
             seed,
             checkpoint,
+            checkpoint_on_notice,
+            interruptions,
             on_demand_classes,
         } => {
             let mut s = gantry_autoscaler::sim::SimSettings::new(tick_secs, provision_secs);
@@ -187,6 +198,13 @@ fn main() -> anyhow::Result<()> {
             s.spot.rate_per_node_hour = spot_rate;
             s.spot.seed = seed;
             s.checkpoint_s.extend(checkpoint);
+            s.checkpoint_on_notice.extend(checkpoint_on_notice);
+            if let Some(f) = interruptions {
+                let text = std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?;
+                s.interruptions = gantry_autoscaler::sim::parse_interruptions(&text)
+                    .with_context(|| format!("{}", f.display()))?;
+            }
             if let Some(c) = on_demand_classes {
                 s.on_demand_classes = c
                     .split(',')
@@ -222,7 +240,7 @@ fn simulate(
         std::fs::read_to_string(openb).with_context(|| format!("reading {}", openb.display()))?;
     let tasks = sim::parse_openb(&text).with_context(|| format!("{}", openb.display()))?;
     let t0 = std::time::Instant::now();
-    let elastic = sim::simulate(&config, &tasks, &settings);
+    let elastic = sim::simulate_consolidation(&config, &tasks, &settings);
     let fixed = sim::simulate(
         &sim::static_fleet(&config, &elastic.peak_nodes),
         &tasks,
@@ -236,6 +254,9 @@ fn simulate(
         "spot_rate_per_node_hour": settings.spot.rate_per_node_hour,
         "seed": settings.spot.seed,
         "checkpoint_secs": settings.checkpoint_s,
+        "checkpoint_on_notice_secs": settings.checkpoint_on_notice,
+        "file_interruptions": settings.interruptions.len(),
+        "consolidation": config.autoscaler.consolidation,
         "on_demand_classes": settings.on_demand_classes,
         "elastic": elastic,
         "static_peak": fixed,

@@ -29,8 +29,8 @@ mod run;
 mod spot;
 mod trace;
 
-pub use run::{simulate, static_fleet};
-pub use spot::{checkpoint_split, SpotModel};
+pub use run::{simulate, simulate_consolidation, static_fleet};
+pub use spot::{checkpoint_split, kill_split, parse_interruptions, Interruption, SpotModel};
 pub use trace::{parse_openb, TraceError};
 
 /// One task of a workload.
@@ -61,6 +61,11 @@ pub struct SimSettings {
     pub provision_s: u64,
     /// Spot notices.
     pub spot: SpotModel,
+    /// Notices read from a file ([`parse_interruptions`]), beside the seeded model's.
+    pub interruptions: Vec<Interruption>,
+    /// Classes that checkpoint when their node gets a notice (or a consolidation's drain),
+    /// with the seconds their checkpoint takes ([`kill_split`]).
+    pub checkpoint_on_notice: BTreeMap<String, u64>,
     /// Checkpoint interval per QoS class, seconds of run time (a class not listed, or 0:
     /// no checkpoints).
     pub checkpoint_s: BTreeMap<String, u64>,
@@ -77,6 +82,8 @@ impl SimSettings {
             tick_s,
             provision_s,
             spot: SpotModel::default(),
+            interruptions: Vec::new(),
+            checkpoint_on_notice: BTreeMap::new(),
             checkpoint_s: BTreeMap::from([("BE".into(), 600), ("Burstable".into(), 600)]),
             on_demand_classes: vec!["LS".into(), "Guaranteed".into()],
         }
@@ -128,6 +135,19 @@ pub struct SimResult {
     pub work_lost_task_s: u64,
     /// The same, weighted by the tasks' GPUs (GPU-seconds).
     pub work_lost_gpu_s: f64,
+    /// Notices from the interruption file that found no node to interrupt.
+    pub interruptions_missed: u64,
+    /// Busy nodes drained by consolidation (removed, or replaced by cheaper nodes).
+    pub consolidations: u64,
+    /// Of those, replaced by cheaper nodes.
+    pub replaced_by_cheaper: u64,
+    /// Tasks moved off nodes consolidation drained (each move counts).
+    pub moved_tasks: u64,
+    /// Their run time still to go when moved, seconds (the work consolidation moved).
+    pub moved_task_s: u64,
+    /// Cost of the same run without consolidation minus this run's, when the caller ran
+    /// both ([`simulate_consolidation`]); 0 otherwise.
+    pub consolidation_saved: f64,
     /// Simulated seconds.
     pub span_s: u64,
 }

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use gantry_placement::{GpuDemand, Models, Node, Placer, Policy, TaskShape, Workload, GPU_MILLI};
 
-use super::{checkpoint_split, SimResult, SimSettings, SimTask};
+use super::{checkpoint_split, kill_split, SimResult, SimSettings, SimTask};
 use crate::config::Config;
 use crate::core::{Action, Core, NodeObs, Observation};
+use crate::cost::TaskObs;
 use crate::plan::DemandItem;
 
 struct SimNode {
@@ -21,6 +22,8 @@ struct SimNode {
     notice_at: Option<u64>,
     /// When it is reclaimed (its notice's deadline), once noticed.
     reclaim_at: Option<u64>,
+    /// When its notice came.
+    noticed_at: Option<u64>,
     node: Node,
     tasks: u32,
 }
@@ -157,6 +160,9 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
     let mut killed = vec![false; tasks.len()];
     let mut placed_once = vec![false; tasks.len()];
     let mut live = 0usize;
+    // The tasks running (for consolidation's observation and moves).
+    let mut live_set: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
+    let mut next_notice = 0usize;
     // (end, task, attempt)
     let mut running: BinaryHeap<Reverse<(u64, usize, u32)>> = BinaryHeap::new();
     let mut placement: BTreeMap<usize, Vec<gantry_placement::GpuShare>> = BTreeMap::new();
@@ -190,11 +196,14 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
             );
             node_of[task] = None;
             live -= 1;
+            live_set.remove(&task);
             r.finished += 1;
             r.interrupted_tasks_finished += u64::from(killed[task]);
         }
         // Reclaims: interrupted nodes at their notice's deadline; what runs there is killed
         // and requeued, keeping the run time up to its last checkpoint.
+        let noticed: BTreeMap<String, Option<u64>> =
+            nodes.iter().map(|n| (n.id.clone(), n.noticed_at)).collect();
         let reclaimed: Vec<(String, u64)> = nodes
             .iter()
             .filter_map(|n| Some((n.id.clone(), n.reclaim_at.filter(|&x| x <= t)?)))
@@ -206,7 +215,13 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
                 }
                 let ran = at.saturating_sub(run_start[task]);
                 let every = s.checkpoint_s.get(&tasks[task].qos).copied().unwrap_or(0);
-                let (kept, lost) = checkpoint_split(ran, every);
+                let since_notice = noticed
+                    .get(&id)
+                    .copied()
+                    .flatten()
+                    .map(|n| at.saturating_sub(n.max(run_start[task])));
+                let grace = s.checkpoint_on_notice.get(&tasks[task].qos).copied();
+                let (kept, lost) = kill_split(ran, since_notice, every, grace);
                 left[task] = left[task].saturating_sub(kept).max(1);
                 r.work_lost_task_s += lost;
                 r.work_lost_gpu_s += lost as f64 * tasks[task].gpu.milli() as f64 / 1000.0;
@@ -216,6 +231,7 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
                 node_of[task] = None;
                 placement.remove(&task);
                 live -= 1;
+                live_set.remove(&task);
                 pending.push(task);
             }
             nodes.retain(|n| n.id != id);
@@ -238,8 +254,32 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
         pending.sort_by_key(|&i| (tasks[i].arrival, i));
         // Notices: the node drains itself (as `gantry-agent notice-termination` does) and is
         // reclaimed at the deadline.
+        // The file's notices: to the node named, or the pool's busiest registered node not
+        // already leaving.
+        while next_notice < s.interruptions.len()
+            && start.saturating_add(s.interruptions[next_notice].at_s) <= t
+        {
+            let x = &s.interruptions[next_notice];
+            next_notice += 1;
+            let at = start.saturating_add(x.at_s);
+            let target = nodes
+                .iter_mut()
+                .filter(|n| {
+                    config.pools[n.pool].name == x.pool
+                        && n.ready_at <= t
+                        && n.reclaim_at.is_none()
+                        && x.node.as_ref().is_none_or(|id| *id == n.id)
+                        && (x.node.is_some() || !n.draining)
+                })
+                .max_by_key(|n| (n.tasks, Reverse(n.ready_at)));
+            match target {
+                Some(n) => n.notice_at = Some(n.notice_at.map_or(at, |y| y.min(at))),
+                None => r.interruptions_missed += 1,
+            }
+        }
         for n in &mut nodes {
             if let Some(at) = n.notice_at.filter(|&x| x <= t && n.reclaim_at.is_none()) {
+                n.noticed_at = Some(at);
                 n.reclaim_at = Some(at + notice_s);
                 n.draining = true;
             }
@@ -257,6 +297,7 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
                     run_start[task] = t;
                     placement.insert(task, gpus);
                     live += 1;
+                    live_set.insert(task);
                     if !placed_once[task] {
                         placed_once[task] = true;
                         waits.push(t - tasks[task].arrival);
@@ -303,7 +344,27 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
                     notice: n.reclaim_at.is_some(),
                 })
                 .collect(),
-            tasks: Vec::new(),
+            // Consolidation looks at where tasks run.
+            tasks: if config.autoscaler.consolidation {
+                live_set
+                    .iter()
+                    .filter_map(|&task| {
+                        Some(TaskObs {
+                            id: task.to_string(),
+                            node: node_of[task].clone()?,
+                            cpus: tasks[task].cpu_milli as f64 / 1000.0,
+                            mem: tasks[task].mem_mib as f64,
+                            gpus: tasks[task].gpu.milli() as f64 / f64::from(GPU_MILLI),
+                            role: String::new(),
+                            framework: String::new(),
+                            user: String::new(),
+                            staged_ms: 0,
+                        })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         };
         let now_ms = (t - start) * 1000;
         for a in core.step(now_ms, &obs) {
@@ -342,6 +403,7 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
                             ready_at,
                             draining: false,
                             reclaim_at: None,
+                            noticed_at: None,
                             node: empty.clone(),
                             tasks: 0,
                         });
@@ -349,9 +411,52 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
                     }
                     core.created(&pool, &ids, now_ms);
                 }
-                Action::Drain { node, .. } => {
-                    if let Some(n) = nodes.iter_mut().find(|n| n.id == node) {
-                        n.draining = true;
+                Action::Drain {
+                    node,
+                    deadline_secs,
+                } => {
+                    let Some(i) = nodes.iter().position(|n| n.id == node) else {
+                        continue;
+                    };
+                    nodes[i].draining = true;
+                    // A consolidation's drain (a deadline, no notice): the frameworks move its
+                    // tasks now. A class that checkpoints on notice keeps all its run time;
+                    // a service class (on-demand) restarts elsewhere with the lifetime it has
+                    // left; others keep their periodic checkpoints.
+                    if deadline_secs.is_none() || nodes[i].reclaim_at.is_some() {
+                        continue;
+                    }
+                    let on: Vec<usize> = live_set
+                        .iter()
+                        .copied()
+                        .filter(|&task| node_of[task].as_deref() == Some(node.as_str()))
+                        .collect();
+                    for task in on {
+                        let x = &tasks[task];
+                        let ran = t.saturating_sub(run_start[task]);
+                        let every = s.checkpoint_s.get(&x.qos).copied().unwrap_or(0);
+                        let (kept, lost) = if s.checkpoint_on_notice.contains_key(&x.qos)
+                            || s.on_demand_classes.contains(&x.qos)
+                        {
+                            (ran, 0)
+                        } else {
+                            checkpoint_split(ran, every)
+                        };
+                        left[task] = left[task].saturating_sub(kept).max(1);
+                        r.work_lost_task_s += lost;
+                        r.work_lost_gpu_s += lost as f64 * x.gpu.milli() as f64 / 1000.0;
+                        r.moved_tasks += 1;
+                        r.moved_task_s += left[task];
+                        release(
+                            &mut nodes[i],
+                            &shapes[task],
+                            placement.remove(&task).unwrap_or_default(),
+                        );
+                        attempt[task] += 1;
+                        node_of[task] = None;
+                        live -= 1;
+                        live_set.remove(&task);
+                        pending.push(task);
                     }
                 }
                 Action::Delete { node } => {
@@ -403,6 +508,8 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
     r.scale_downs = report.pools.iter().map(|p| p.scale_downs).sum();
     r.nodes_created = report.pools.iter().map(|p| p.nodes_created).sum();
     r.interruptions = report.pools.iter().map(|p| p.interruptions).sum();
+    r.consolidations = report.pools.iter().map(|p| p.consolidations).sum();
+    r.replaced_by_cheaper = report.pools.iter().map(|p| p.replaced_by_cheaper).sum();
     r.gpu_hours = gpu_ms_provisioned as f64 / 1000.0 / 3600.0;
     r.gpu_utilization = if gpu_ms_provisioned == 0 {
         0.0
@@ -420,6 +527,19 @@ pub fn simulate(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResul
     r.pending_p50_s = pct(0.5);
     r.pending_p99_s = pct(0.99);
     r.span_s = t - start;
+    r
+}
+
+/// [`simulate`], and with consolidation on, the same run with it off too: the result's
+/// `consolidation_saved` is the cost difference (what consolidation saved; negative when it
+/// cost more).
+pub fn simulate_consolidation(config: &Config, tasks: &[SimTask], s: &SimSettings) -> SimResult {
+    let mut r = simulate(config, tasks, s);
+    if config.autoscaler.consolidation {
+        let mut off = config.clone();
+        off.autoscaler.consolidation = false;
+        r.consolidation_saved = simulate(&off, tasks, s).cost - r.cost;
+    }
     r
 }
 

@@ -52,3 +52,85 @@ pub fn checkpoint_split(ran: u64, interval: u64) -> (u64, u64) {
     let kept = ran / interval * interval;
     (kept, ran - kept)
 }
+
+/// One interruption read from a file ([`parse_interruptions`]): at `at_s` seconds after the
+/// workload's first arrival, a termination notice to `node` of `pool`, or, without a node, to
+/// the pool's registered node that is not already leaving with the most tasks (the oldest
+/// among equals). A notice that finds no such node is counted in
+/// [`super::SimResult::interruptions_missed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interruption {
+    /// Seconds after the first arrival.
+    pub at_s: u64,
+    /// The pool.
+    pub pool: String,
+    /// The node (the simulator names them `POOL-N`, N counting every node created).
+    pub node: Option<String>,
+}
+
+/// Reads interruption times: CSV lines `time_s,pool[,node]` (seconds after the workload's
+/// first arrival); blank lines, lines starting with `#` and a first line starting with
+/// `time_s` (a header) are skipped. Sorted by time on return.
+pub fn parse_interruptions(text: &str) -> Result<Vec<Interruption>, super::TraceError> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || (i == 0 && line.starts_with("time_s")) {
+            continue;
+        }
+        let err = |message: String| super::TraceError {
+            line: i + 1,
+            message,
+        };
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        if !(2..=3).contains(&fields.len()) {
+            return Err(err(format!(
+                "{} fields: want time_s,pool[,node]",
+                fields.len()
+            )));
+        }
+        let at_s = fields[0]
+            .parse()
+            .map_err(|_| err(format!("time_s {:?} is not a number of seconds", fields[0])))?;
+        if fields[1].is_empty() {
+            return Err(err("empty pool".into()));
+        }
+        out.push(Interruption {
+            at_s,
+            pool: fields[1].to_string(),
+            node: fields
+                .get(2)
+                .filter(|n| !n.is_empty())
+                .map(|n| n.to_string()),
+        });
+    }
+    out.sort_by_key(|x| x.at_s);
+    Ok(out)
+}
+
+/// What a killed task keeps and loses, seconds of run time: it ran `ran` seconds in this
+/// attempt, of which the last `since_notice` came after its node's notice (`None`: killed
+/// without one). A class that checkpoints on notice (`notice_grace`: the seconds its
+/// checkpoint takes) and had that long before the kill keeps its state at the notice and loses
+/// only the work since the notice minus the grace it spent checkpointing; otherwise it keeps
+/// its periodic checkpoints (`interval`, [`checkpoint_split`]), whichever keeps more.
+pub fn kill_split(
+    ran: u64,
+    since_notice: Option<u64>,
+    interval: u64,
+    notice_grace: Option<u64>,
+) -> (u64, u64) {
+    let periodic = checkpoint_split(ran, interval);
+    match (since_notice, notice_grace) {
+        (Some(d), Some(g)) if g <= d => {
+            let d = d.min(ran);
+            let kept = ran - d;
+            if kept >= periodic.0 {
+                (kept, d.saturating_sub(g))
+            } else {
+                periodic
+            }
+        }
+        _ => periodic,
+    }
+}

@@ -209,3 +209,134 @@ fn latency_sensitive_tasks_run_on_demand_and_best_effort_ones_on_spot() {
         ("od", 1)
     );
 }
+
+#[test]
+fn interruption_times_are_read_from_a_file() {
+    let x = parse_interruptions("time_s,pool,node\n# a comment\n\n30,spot\n10,od,od-3\n").unwrap();
+    assert_eq!(
+        x,
+        [
+            Interruption {
+                at_s: 10,
+                pool: "od".into(),
+                node: Some("od-3".into())
+            },
+            Interruption {
+                at_s: 30,
+                pool: "spot".into(),
+                node: None
+            },
+        ]
+    );
+    let e = parse_interruptions("10,spot\nsoon,spot\n").unwrap_err();
+    assert_eq!(e.line, 2);
+    assert!(e.message.contains("soon"), "{e}");
+    let e = parse_interruptions("10\n").unwrap_err();
+    assert!(e.message.contains("time_s,pool"), "{e}");
+    let e = parse_interruptions("10,,n\n").unwrap_err();
+    assert!(e.message.contains("pool"), "{e}");
+}
+
+#[test]
+fn a_checkpoint_at_the_notice_loses_only_the_work_since_it_minus_its_grace() {
+    // Ran 1,000 s, the last 120 after the notice; periodic checkpoints every 600 s.
+    assert_eq!(kill_split(1000, Some(120), 600, None), (600, 400));
+    assert_eq!(kill_split(1000, Some(120), 600, Some(30)), (880, 90));
+    // A checkpoint that needs more than the notice gave: the periodic one.
+    assert_eq!(kill_split(1000, Some(120), 600, Some(200)), (600, 400));
+    // No notice (killed outright): periodic only.
+    assert_eq!(kill_split(1000, None, 600, Some(30)), (600, 400));
+    // A periodic checkpoint after the notice keeps more.
+    assert_eq!(kill_split(1300, Some(120), 600, Some(30)), (1200, 100));
+}
+
+#[test]
+fn a_file_notice_interrupts_the_busiest_node_and_notice_checkpoints_cut_the_loss() {
+    let config = Config::parse(SPOT_POOLS).unwrap();
+    let header = TRACE.lines().next().unwrap();
+    let tasks = parse_openb(&format!(
+        "{header}\nbe,1000,1024,1,1000,,BE,Running,0,3600,0\n"
+    ))
+    .unwrap();
+    let mut s = SimSettings::new(60, 120);
+    // At 1,000 s a notice to the spot pool (its busiest node: spot-1, the task's, registered
+    // at 120 s); one to a node that does not exist and one to a pool without nodes miss.
+    s.interruptions = parse_interruptions("1000,spot\n1000,spot,spot-9\n1000,od\n").unwrap();
+    let r = simulate(&config, &tasks, &s);
+    // Reclaimed at 1,120 s: the task ran 1,000 s, keeps its 600 s checkpoint, loses 400.
+    assert_eq!(r.interruptions, 1, "{r:?}");
+    assert_eq!(r.interruptions_missed, 2, "{r:?}");
+    assert_eq!(r.tasks_interrupted, 1, "{r:?}");
+    assert_eq!(r.finished, 1);
+    assert_eq!(r.work_lost_task_s, 400, "{r:?}");
+    // Checkpointing at the notice (30 s of grace): only 120 − 30 s lost.
+    s.checkpoint_on_notice.insert("BE".into(), 30);
+    let r = simulate(&config, &tasks, &s);
+    assert_eq!((r.tasks_interrupted, r.work_lost_task_s), (1, 90), "{r:?}");
+}
+
+const CONSOLIDATING_POOLS: &str = r#"
+    [autoscaler]
+    consolidation = true
+    consolidation_delay = "5m"
+    consolidation_deadline = "5m"
+
+    [[pool]]
+    name = "big"
+    cpus = 16
+    mem = 65536
+    gpus = 4
+    gpu_model = "G2"
+    price_per_hour = 6.0
+    max = 10
+    scale_down_cooldown = "10m"
+    provider = { kind = "local" }
+
+    [[pool]]
+    name = "one"
+    cpus = 4
+    mem = 16384
+    gpus = 1
+    gpu_model = "G2"
+    price_per_hour = 2.0
+    max = 10
+    scale_down_cooldown = "10m"
+    provider = { kind = "local" }
+"#;
+
+#[test]
+fn the_simulator_consolidates_by_removal_and_by_replacement_with_several_cheaper_nodes() {
+    let config = Config::parse(CONSOLIDATING_POOLS).unwrap();
+    let header = TRACE.lines().next().unwrap();
+    // Eight 1-GPU tasks at 0 (two big nodes: 1.5/GPU-h beats 2); six end at 10 min, two run
+    // 10 h: one per big node, as best-fit fills the first node first.
+    let mut trace = header.to_string();
+    for i in 0..8 {
+        let end = if i == 0 || i == 4 { 36_000 } else { 600 };
+        trace.push_str(&format!("\nt{i},1000,1024,1,1000,,BE,Running,0,{end},0"));
+    }
+    let tasks = parse_openb(&trace).unwrap();
+    let mut s = SimSettings::new(60, 120);
+    s.checkpoint_on_notice.insert("BE".into(), 30);
+    let r = simulate_consolidation(&config, &tasks, &s);
+    assert_eq!((r.finished, r.never_placed), (8, 0), "{r:?}");
+    assert_eq!(r.peak_nodes["big"], 2, "{r:?}");
+    // One big node removed (its task fits the other), then the other replaced by two "one"
+    // nodes (4/h against 6/h).
+    assert_eq!((r.consolidations, r.replaced_by_cheaper), (2, 1), "{r:?}");
+    assert_eq!(r.peak_nodes["one"], 2, "{r:?}");
+    assert_eq!(r.moved_tasks, 3, "{r:?}");
+    assert!(r.moved_task_s > 3 * 30_000, "{r:?}");
+    // Checkpointed at the drain: nothing lost; and cheaper than without consolidation.
+    assert_eq!(r.work_lost_task_s, 0, "{r:?}");
+    assert!(r.consolidation_saved > 0.0, "{r:?}");
+    let mut off = config.clone();
+    off.autoscaler.consolidation = false;
+    let plain = simulate(&off, &tasks, &s);
+    assert_eq!(plain.consolidations, 0);
+    assert!((plain.cost - r.cost - r.consolidation_saved).abs() < 1e-9);
+    // Without notice checkpoints, a move keeps the periodic ones only: work is lost.
+    s.checkpoint_on_notice.clear();
+    let r2 = simulate(&config, &tasks, &s);
+    assert!(r2.work_lost_task_s > 0, "{r2:?}");
+}
