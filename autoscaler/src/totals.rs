@@ -291,9 +291,11 @@ mod tests {
             path: dir.path().join("totals.json"),
         };
         assert_eq!(store.load().unwrap(), None);
-        let mut t = Totals::default();
-        t.total_cost = 12.5;
-        t.pools.insert("gpu".into(), PoolTotals::default());
+        let t = Totals {
+            total_cost: 12.5,
+            pools: BTreeMap::from([("gpu".to_string(), PoolTotals::default())]),
+            ..Totals::default()
+        };
         store.save(&t).unwrap();
         assert_eq!(store.load().unwrap(), Some(t));
         std::fs::write(&store.path, b"{not json").unwrap();
