@@ -10,15 +10,19 @@
 //! draining; what is left is the unplaceable demand of a core round, whose actions create nodes
 //! (registering `provision_s` later), drain them (no more placements) and delete them. A task
 //! runs for its trace duration from when it is placed. Tasks no pool's empty node can hold are
-//! counted and skipped.
+//! counted and skipped. Spot notices (seeded or from a file) drain a node and kill what still
+//! runs at the deadline; with consolidation on, the core sees where tasks run and its drains
+//! move them (docs/autoscaling.md "The policy simulator").
 //!
 //! The Alibaba `openb` pod lists (shared/traces/alibaba-openb) are read by [`parse_openb`]:
 //! `creation_time` is the arrival, `deletion_time - creation_time` the duration (seconds).
 //!
 //! Module map:
-//! - [`trace`]: workload traces ([`parse_openb`]).
-//! - [`spot`]: spot interruptions: the seeded Poisson model ([`SpotModel`]) and checkpoints.
-//! - [`run`]: the replay loop ([`simulate`]) and the static peak fleet ([`static_fleet`]).
+//! - `trace`: workload traces ([`parse_openb`]).
+//! - `spot`: spot interruptions: the seeded Poisson model ([`SpotModel`]), notices from a file
+//!   ([`parse_interruptions`]) and what a kill keeps ([`checkpoint_split`], [`kill_split`]).
+//! - `run`: the replay loop ([`simulate`], [`simulate_consolidation`]) and the static peak
+//!   fleet ([`static_fleet`]).
 
 use std::collections::BTreeMap;
 
