@@ -73,9 +73,15 @@ pub struct Interruption {
 /// `time_s` (a header) are skipped. Sorted by time on return.
 pub fn parse_interruptions(text: &str) -> Result<Vec<Interruption>, super::TraceError> {
     let mut out = Vec::new();
+    let mut first = true;
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
-        if line.is_empty() || line.starts_with('#') || (i == 0 && line.starts_with("time_s")) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let header = first && line.starts_with("time_s");
+        first = false;
+        if header {
             continue;
         }
         let err = |message: String| super::TraceError {

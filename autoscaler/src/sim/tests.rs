@@ -212,7 +212,7 @@ fn latency_sensitive_tasks_run_on_demand_and_best_effort_ones_on_spot() {
 
 #[test]
 fn interruption_times_are_read_from_a_file() {
-    let x = parse_interruptions("time_s,pool,node\n# a comment\n\n30,spot\n10,od,od-3\n").unwrap();
+    let x = parse_interruptions("# a comment\ntime_s,pool,node\n\n30,spot\n10,od,od-3\n").unwrap();
     assert_eq!(
         x,
         [
@@ -227,6 +227,11 @@ fn interruption_times_are_read_from_a_file() {
                 node: None
             },
         ]
+    );
+    let e = parse_interruptions("10,spot\ntime_s,pool\n").unwrap_err();
+    assert!(
+        e.message.contains("time_s"),
+        "only a first line is a header: {e}"
     );
     let e = parse_interruptions("10,spot\nsoon,spot\n").unwrap_err();
     assert_eq!(e.line, 2);
