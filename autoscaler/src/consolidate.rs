@@ -78,8 +78,38 @@ pub fn candidates(nodes: &[NodeLoad]) -> Vec<usize> {
             alone.nodes().first().cloned()
         })
         .collect();
+    // The busy nodes' free room summed: a candidate whose tasks ask for more than the others
+    // have free in all cannot fit (a cheap bound before the placer's simulation).
+    let free = |n: &Node| {
+        (
+            u128::from(n.cpu_free),
+            u128::from(n.memory_free),
+            n.gpu_free_total() as u128,
+        )
+    };
+    let busy_free = loaded
+        .iter()
+        .zip(nodes)
+        .filter(|(_, n)| !n.tasks.is_empty())
+        .filter_map(|(l, _)| l.as_ref().map(free))
+        .fold((0u128, 0u128, 0u128), |a, b| {
+            (a.0 + b.0, a.1 + b.1, a.2 + b.2)
+        });
     let mut out: Vec<usize> = (0..nodes.len())
         .filter(|&c| !nodes[c].tasks.is_empty() && loaded[c].is_some())
+        .filter(|&c| {
+            let own = loaded[c].as_ref().map_or((0, 0, 0), free);
+            let need = nodes[c].tasks.iter().fold((0u128, 0u128, 0u128), |a, t| {
+                (
+                    a.0 + u128::from(t.0),
+                    a.1 + u128::from(t.1),
+                    a.2 + u128::from(t.2.milli()),
+                )
+            });
+            need.0 <= busy_free.0 - own.0
+                && need.1 <= busy_free.1 - own.1
+                && need.2 <= busy_free.2 - own.2
+        })
         .filter(|&c| {
             // Onto busy nodes only: an idle node is scale-down's, and moving work onto it
             // instead of letting it go saves nothing.
@@ -131,7 +161,21 @@ pub fn nodes_to_hold(
     let mut models = Models::new();
     let model = models.intern("").ok()?;
     let order = largest_first(tasks);
-    (1..=max).find(|&n| {
+    // At least as many nodes as the GPUs, CPU and memory asked for need.
+    let need = |total: u128, per: u64| total.div_ceil(u128::from(per.max(1))) as u32;
+    let gpu_milli: u128 = tasks.iter().map(|t| u128::from(t.2.milli())).sum();
+    let least = need(tasks.iter().map(|t| u128::from(t.0)).sum(), cpu_milli)
+        .max(need(tasks.iter().map(|t| u128::from(t.1)).sum(), mem_mib))
+        .max(if gpu_milli == 0 {
+            1
+        } else {
+            need(
+                gpu_milli,
+                u64::from(gpus) * u64::from(gantry_placement::GPU_MILLI),
+            )
+        })
+        .max(1);
+    (least..=max).find(|&n| {
         let nodes = vec![Node::idle(model, cpu_milli, mem_mib, gpus as usize); n as usize];
         let Ok(mut placer) = Placer::new(nodes, Policy::BestFit, Workload::default(), 0) else {
             return false;

@@ -629,7 +629,9 @@ impl Core {
                     {
                         return None;
                     }
-                    let most = self.room(q).min(MAX_REPLACEMENT_NODES);
+                    // Only as many as cost less than the node.
+                    let cheaper = (own.price_per_hour / c.price_per_hour).ceil() as u32 - 1;
+                    let most = self.room(q).min(MAX_REPLACEMENT_NODES).min(cheaper);
                     let n = crate::consolidate::nodes_to_hold(
                         &load.tasks,
                         (c.cpus * 1000.0).round() as u64,
