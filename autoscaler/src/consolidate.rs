@@ -78,8 +78,38 @@ pub fn candidates(nodes: &[NodeLoad]) -> Vec<usize> {
             alone.nodes().first().cloned()
         })
         .collect();
+    // The busy nodes' free room summed: a candidate whose tasks ask for more than the others
+    // have free in all cannot fit (a cheap bound before the placer's simulation).
+    let free = |n: &Node| {
+        (
+            u128::from(n.cpu_free),
+            u128::from(n.memory_free),
+            n.gpu_free_total() as u128,
+        )
+    };
+    let busy_free = loaded
+        .iter()
+        .zip(nodes)
+        .filter(|(_, n)| !n.tasks.is_empty())
+        .filter_map(|(l, _)| l.as_ref().map(free))
+        .fold((0u128, 0u128, 0u128), |a, b| {
+            (a.0 + b.0, a.1 + b.1, a.2 + b.2)
+        });
     let mut out: Vec<usize> = (0..nodes.len())
         .filter(|&c| !nodes[c].tasks.is_empty() && loaded[c].is_some())
+        .filter(|&c| {
+            let own = loaded[c].as_ref().map_or((0, 0, 0), free);
+            let need = nodes[c].tasks.iter().fold((0u128, 0u128, 0u128), |a, t| {
+                (
+                    a.0 + u128::from(t.0),
+                    a.1 + u128::from(t.1),
+                    a.2 + u128::from(t.2.milli()),
+                )
+            });
+            need.0 <= busy_free.0 - own.0
+                && need.1 <= busy_free.1 - own.1
+                && need.2 <= busy_free.2 - own.2
+        })
         .filter(|&c| {
             // Onto busy nodes only: an idle node is scale-down's, and moving work onto it
             // instead of letting it go saves nothing.
@@ -111,23 +141,55 @@ pub fn candidates(nodes: &[NodeLoad]) -> Vec<usize> {
 /// every task in `tasks` (best-fit, largest first: the live path's placer): a replacement
 /// node for them (Karpenter's "replace").
 pub fn holds_all(tasks: &[(u64, u64, GpuDemand)], cpu_milli: u64, mem_mib: u64, gpus: u32) -> bool {
+    nodes_to_hold(tasks, cpu_milli, mem_mib, gpus, 1) == Some(1)
+}
+
+/// The fewest empty nodes of the shape (`cpu_milli`, `mem_mib`, `gpus` of one model), at most
+/// `max`, that hold every task in `tasks` between them (best-fit, largest first: the live
+/// path's placer); `None` when `max` of them do not (or `tasks` is empty). Replacing one node
+/// by several cheaper ones asks for this many.
+pub fn nodes_to_hold(
+    tasks: &[(u64, u64, GpuDemand)],
+    cpu_milli: u64,
+    mem_mib: u64,
+    gpus: u32,
+    max: u32,
+) -> Option<u32> {
+    if tasks.is_empty() {
+        return None;
+    }
     let mut models = Models::new();
-    let Ok(model) = models.intern("") else {
-        return false;
-    };
-    let node = Node::idle(model, cpu_milli, mem_mib, gpus as usize);
-    let Ok(mut placer) = Placer::new(vec![node], Policy::BestFit, Workload::default(), 0) else {
-        return false;
-    };
-    largest_first(tasks).into_iter().all(|t| {
-        placer
-            .place(&TaskShape {
-                cpu_milli: t.0,
-                memory_mib: t.1,
-                gpu: t.2,
-                models: ModelSet::ANY,
-            })
-            .is_some()
+    let model = models.intern("").ok()?;
+    let order = largest_first(tasks);
+    // At least as many nodes as the GPUs, CPU and memory asked for need.
+    let need = |total: u128, per: u64| total.div_ceil(u128::from(per.max(1))) as u32;
+    let gpu_milli: u128 = tasks.iter().map(|t| u128::from(t.2.milli())).sum();
+    let least = need(tasks.iter().map(|t| u128::from(t.0)).sum(), cpu_milli)
+        .max(need(tasks.iter().map(|t| u128::from(t.1)).sum(), mem_mib))
+        .max(if gpu_milli == 0 {
+            1
+        } else {
+            need(
+                gpu_milli,
+                u64::from(gpus) * u64::from(gantry_placement::GPU_MILLI),
+            )
+        })
+        .max(1);
+    (least..=max).find(|&n| {
+        let nodes = vec![Node::idle(model, cpu_milli, mem_mib, gpus as usize); n as usize];
+        let Ok(mut placer) = Placer::new(nodes, Policy::BestFit, Workload::default(), 0) else {
+            return false;
+        };
+        order.iter().all(|t| {
+            placer
+                .place(&TaskShape {
+                    cpu_milli: t.0,
+                    memory_mib: t.1,
+                    gpu: t.2,
+                    models: ModelSet::ANY,
+                })
+                .is_some()
+        })
     })
 }
 
@@ -192,6 +254,26 @@ mod tests {
         nodes[0].tasks[0].0 = 6000;
         nodes[1].tasks[0].0 = 6000;
         assert!(candidates(&nodes).is_empty());
+    }
+
+    #[test]
+    fn the_fewest_nodes_that_hold_the_tasks() {
+        let tasks = [
+            (500, 64, GpuDemand::Whole(2)),
+            (500, 64, GpuDemand::Whole(1)),
+            (500, 64, GpuDemand::Whole(1)),
+        ];
+        // Four GPUs of work: one 4-GPU node, two 2-GPU nodes, four 1-GPU nodes (the 2-GPU
+        // task fits none of those: never).
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 4, 8), Some(1));
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 2, 8), Some(2));
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 1, 8), None);
+        // Bounded by max; memory counts too.
+        assert_eq!(nodes_to_hold(&tasks, 8000, 32768, 2, 1), None);
+        assert_eq!(nodes_to_hold(&tasks, 8000, 100, 2, 8), Some(3));
+        assert_eq!(nodes_to_hold(&[], 8000, 32768, 2, 8), None);
+        assert!(holds_all(&tasks, 8000, 32768, 4));
+        assert!(!holds_all(&tasks, 8000, 32768, 2));
     }
 
     #[test]

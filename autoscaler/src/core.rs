@@ -15,8 +15,9 @@
 //! 3. **Scale-down**: a registered node idle (no resources in use) for the pool's
 //!    `scale_down_cooldown`, whose pool keeps at least `min` nodes without it, is drained.
 //!    Then **consolidation** (`consolidation = true`): a busy node whose tasks fit the other
-//!    busy nodes' room is drained; else one whose tasks fit a single node of a cheaper pool
-//!    (same GPU model) gets that node asked for and is drained once it registers ("replace").
+//!    busy nodes' room is drained; else one whose tasks fit one node of a cheaper pool, or
+//!    several nodes of a pool (same GPU model) that together cost less per hour, gets those
+//!    nodes asked for (the biggest saving) and is drained once they register ("replace").
 //! 4. **Minimum**: a pool below `min` gets nodes up to `min`.
 //! 5. **Scale-up**: [`crate::plan::plan`] over the demand, with each pool's room (`max` minus
 //!    every node it has, provisioning and draining ones included; none while its
@@ -110,20 +111,23 @@ struct NodeRec {
     noticed: bool,
     /// Since when its tasks would fit in the other nodes' room (consolidation).
     removable_since: Option<Millis>,
-    /// Since when its tasks would fit one node of a cheaper pool (replacement).
+    /// Since when its tasks would fit cheaper nodes (replacement).
     replaceable_since: Option<Millis>,
 }
 
-/// A replacement under way (consolidation's "replace"): a cheaper node was asked for `old`'s
-/// tasks; once it registers, `old` is drained.
+/// A replacement under way (consolidation's "replace"): `count` nodes of a cheaper pool (or
+/// several of a pool whose nodes together cost less) were asked for `old`'s tasks; once they
+/// all register, `old` is drained.
 #[derive(Debug, Clone)]
 struct Replacement {
     /// The node being replaced.
     old: String,
     /// The cheaper pool.
     pool: usize,
-    /// The new node, once the provider named it.
-    new: Option<String>,
+    /// How many nodes were asked for.
+    count: u32,
+    /// The new nodes, as the provider names them.
+    new: Vec<String>,
     /// When it was asked for.
     at: Millis,
 }
@@ -187,7 +191,7 @@ pub struct PoolReport {
     /// Busy nodes drained because their tasks fit in the other nodes' room, or on a cheaper
     /// node asked for them.
     pub consolidations: u64,
-    /// Of those, nodes replaced by a node of a cheaper pool.
+    /// Of those, nodes replaced by cheaper nodes (one, or several that cost less together).
     pub replaced_by_cheaper: u64,
     /// Nodes created since start.
     pub nodes_created: u64,
@@ -223,6 +227,9 @@ impl Report {
         self.costs = costs.clone();
     }
 }
+
+/// The most nodes one node is replaced by (consolidation's "replace").
+pub const MAX_REPLACEMENT_NODES: u32 = 8;
 
 fn ms(d: std::time::Duration) -> Millis {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -279,8 +286,9 @@ impl Core {
             }
         }
         if let Some(r) = &mut self.replacement {
-            if r.pool == p && r.new.is_none() {
-                r.new = nodes.first().cloned();
+            if r.pool == p && (r.new.len() as u32) < r.count {
+                let want = (r.count as usize).saturating_sub(r.new.len());
+                r.new.extend(nodes.iter().take(want).cloned());
             }
         }
     }
@@ -293,7 +301,7 @@ impl Core {
             if self
                 .replacement
                 .as_ref()
-                .is_some_and(|r| r.pool == p && r.new.is_none())
+                .is_some_and(|r| r.pool == p && (r.new.len() as u32) < r.count)
             {
                 self.replacement = None;
             }
@@ -414,11 +422,15 @@ impl Core {
         }
 
         // 3. Scale-down of idle nodes, oldest idle first, keeping min.
-        let incoming = self.replacement.as_ref().and_then(|r| r.new.clone());
+        let incoming: Vec<String> = self
+            .replacement
+            .as_ref()
+            .map(|r| r.new.clone())
+            .unwrap_or_default();
         let mut idle: Vec<(Millis, String, usize)> = self
             .nodes
             .iter()
-            .filter(|(id, n)| n.phase == Phase::Ready && incoming.as_ref() != Some(*id))
+            .filter(|(id, n)| n.phase == Phase::Ready && !incoming.contains(*id))
             .filter_map(|(id, n)| {
                 let since = n.idle_since?;
                 let cooldown = ms(self.config.pools[n.pool].scale_down_cooldown);
@@ -484,9 +496,7 @@ impl Core {
                         .nodes
                         .iter()
                         .filter(|(id, n)| {
-                            n.pool == p
-                                && n.phase == Phase::Provisioning
-                                && incoming.as_ref() != Some(*id)
+                            n.pool == p && n.phase == Phase::Provisioning && !incoming.contains(*id)
                         })
                         .count() as u32,
                 }
@@ -588,102 +598,114 @@ impl Core {
         })
     }
 
-    /// Rule 3b, "replace" (Karpenter's): a busy node whose tasks all fit one empty node of a
-    /// cheaper pool — same GPU model, and not spot for an on-demand node — with room and not
-    /// cooling down, for `consolidation_delay`, and whose pool keeps its `min` without it: one
-    /// node of the cheapest such pool is asked for (biggest saving first); the old node is
-    /// drained once it registers ([`Core::replacing`]).
+    /// Rule 3b, "replace" (Karpenter's): a busy node whose tasks all fit on `n` empty nodes of
+    /// another pool (`n` up to [`MAX_REPLACEMENT_NODES`]) that together cost less per hour —
+    /// same GPU model, and not spot for an on-demand node — with room and not cooling down,
+    /// for `consolidation_delay`, and whose pool keeps its `min` without it: the `n` nodes of
+    /// the pool that saves most are asked for (biggest saving first over the nodes); the old
+    /// node is drained once they all register ([`Core::replacing`]).
     fn replace_cheaper(
         &mut self,
         now: Millis,
         loads: &[crate::consolidate::NodeLoad],
     ) -> Option<Action> {
         let delay = ms(self.config.autoscaler.consolidation_delay);
-        let mut best: Option<(f64, String, usize)> = None;
+        let mut best: Option<(f64, String, usize, u32)> = None;
         for load in loads.iter().filter(|l| !l.tasks.is_empty()) {
             let p = self.nodes.get(&load.id)?.pool;
             let own = &self.config.pools[p];
+            // Per pool: the fewest of its nodes that hold the tasks, when they cost less.
             let option = (0..self.config.pools.len())
-                .filter(|&q| {
+                .filter_map(|q| {
                     let c = &self.config.pools[q];
                     let cooling = self.pools[q]
                         .last_up
                         .is_some_and(|t| now.saturating_sub(t) < ms(c.scale_up_cooldown));
-                    q != p
-                        && c.price_per_hour < own.price_per_hour
-                        && (own.spot || !c.spot)
-                        && c.gpu_model == own.gpu_model
-                        && self.room(q) > 0
-                        && !cooling
-                        && crate::consolidate::holds_all(
-                            &load.tasks,
-                            (c.cpus * 1000.0).round() as u64,
-                            c.mem,
-                            c.gpus,
-                        )
+                    if q == p
+                        || c.price_per_hour >= own.price_per_hour
+                        || (c.spot && !own.spot)
+                        || c.gpu_model != own.gpu_model
+                        || cooling
+                    {
+                        return None;
+                    }
+                    // Only as many as cost less than the node.
+                    let cheaper = (own.price_per_hour / c.price_per_hour).ceil() as u32 - 1;
+                    let most = self.room(q).min(MAX_REPLACEMENT_NODES).min(cheaper);
+                    let n = crate::consolidate::nodes_to_hold(
+                        &load.tasks,
+                        (c.cpus * 1000.0).round() as u64,
+                        c.mem,
+                        c.gpus,
+                        most,
+                    )?;
+                    let saving = own.price_per_hour - f64::from(n) * c.price_per_hour;
+                    (saving > 0.0).then_some((saving, q, n))
                 })
-                .min_by(|&a, &b| {
-                    self.config.pools[a]
-                        .price_per_hour
-                        .total_cmp(&self.config.pools[b].price_per_hour)
-                });
+                .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
             let rec = self.nodes.get_mut(&load.id)?;
             rec.replaceable_since = option.map(|_| rec.replaceable_since.unwrap_or(now));
-            let Some(q) = option else { continue };
-            let saving = own.price_per_hour - self.config.pools[q].price_per_hour;
+            let Some((saving, q, n)) = option else {
+                continue;
+            };
             let ready = rec
                 .replaceable_since
                 .is_some_and(|t| now.saturating_sub(t) >= delay)
                 && self.staying(p) > own.min;
-            if ready && best.as_ref().is_none_or(|(s, _, _)| saving > *s) {
-                best = Some((saving, load.id.clone(), q));
+            if ready && best.as_ref().is_none_or(|(s, _, _, _)| saving > *s) {
+                best = Some((saving, load.id.clone(), q, n));
             }
         }
-        let (_, old, q) = best?;
-        self.reserve(q, 1, now);
+        let (_, old, q, count) = best?;
+        self.reserve(q, count, now);
         self.replacement = Some(Replacement {
             old,
             pool: q,
-            new: None,
+            count,
+            new: Vec::new(),
             at: now,
         });
         Some(Action::Create {
             pool: self.config.pools[q].name.clone(),
-            count: 1,
+            count,
             reason: "replace-cheaper",
         })
     }
 
-    /// A replacement under way: once its node registers, the old node is drained with
-    /// `consolidation_deadline`; it ends when the old node is gone, or when the new node is
-    /// (a failed start), or when no node was named within the pool's `provision_timeout`.
+    /// A replacement under way: once all its nodes register, the old node is drained with
+    /// `consolidation_deadline`; it ends when the old node is gone, or when one of the new
+    /// nodes is (a failed start), or when they were not all named within the pool's
+    /// `provision_timeout`.
     fn replacing(&mut self, now: Millis) -> Option<Action> {
         let r = self.replacement.clone()?;
         let old_phase = self.nodes.get(&r.old).map(|n| n.phase);
-        let new_phase = r.new.as_ref().map(|n| self.nodes.get(n).map(|n| n.phase));
+        let new_phases: Vec<Option<Phase>> = r
+            .new
+            .iter()
+            .map(|n| self.nodes.get(n).map(|n| n.phase))
+            .collect();
+        let all_named = r.new.len() as u32 >= r.count;
         let timeout = ms(self.config.pools[r.pool].provision_timeout);
-        match (old_phase, new_phase) {
-            (None, _) | (_, Some(None)) => {
-                self.replacement = None;
-                None
-            }
-            (_, None) if now.saturating_sub(r.at) >= timeout => {
-                self.replacement = None;
-                None
-            }
-            (Some(Phase::Ready), Some(Some(Phase::Ready))) => {
-                let rec = self.nodes.get_mut(&r.old)?;
-                rec.phase = Phase::Draining;
-                let st = &mut self.pools[rec.pool];
-                st.consolidations += 1;
-                st.replaced_by_cheaper += 1;
-                Some(Action::Drain {
-                    node: r.old,
-                    deadline_secs: Some(self.config.autoscaler.consolidation_deadline.as_secs()),
-                })
-            }
-            _ => None,
+        if old_phase.is_none()
+            || new_phases.iter().any(Option::is_none)
+            || (!all_named && now.saturating_sub(r.at) >= timeout)
+        {
+            self.replacement = None;
+            return None;
         }
+        let all_ready = new_phases.iter().all(|p| *p == Some(Phase::Ready));
+        if old_phase == Some(Phase::Ready) && all_named && all_ready {
+            let rec = self.nodes.get_mut(&r.old)?;
+            rec.phase = Phase::Draining;
+            let st = &mut self.pools[rec.pool];
+            st.consolidations += 1;
+            st.replaced_by_cheaper += 1;
+            return Some(Action::Drain {
+                node: r.old,
+                deadline_secs: Some(self.config.autoscaler.consolidation_deadline.as_secs()),
+            });
+        }
+        None
     }
 
     /// Counts `count` nodes asked of pool `p` this round (until [`Core::created`] names them)

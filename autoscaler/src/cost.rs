@@ -103,6 +103,8 @@ struct Tracked {
 pub struct CostBook {
     tracked: BTreeMap<String, Tracked>,
     costs: Costs,
+    /// Where an earlier book stopped charging tasks ([`CostBook::resume`]).
+    resume_from: BTreeMap<String, u64>,
 }
 
 impl CostBook {
@@ -135,7 +137,7 @@ impl CostBook {
                 rate: shape.price_per_hour / 3_600_000.0 * share(&shape, t),
                 pool: shape.pool.clone(),
                 task: t.clone(),
-                charged_until: t.staged_ms,
+                charged_until: t.staged_ms.max(self.resume_from.remove(&t.id).unwrap_or(0)),
             });
             let to = now_ms.max(tr.charged_until);
             charge(&mut self.costs, tr, to);
@@ -156,6 +158,23 @@ impl CostBook {
                 charge(&mut self.costs, &mut tr, to);
             }
         }
+    }
+
+    /// Continues an earlier book (another process's): each task in `charged` was charged up
+    /// to that time (Unix ms) and is charged from there when it is next observed.
+    pub fn resume(&mut self, charged: BTreeMap<String, u64>) {
+        self.resume_from = charged;
+    }
+
+    /// Up to when each tracked task was charged (Unix ms), for [`CostBook::resume`].
+    pub fn charged(&self) -> BTreeMap<String, u64> {
+        let mut out = self.resume_from.clone();
+        out.extend(
+            self.tracked
+                .iter()
+                .map(|(id, t)| (id.clone(), t.charged_until)),
+        );
+        out
     }
 
     /// Tasks being charged.

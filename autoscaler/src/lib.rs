@@ -19,8 +19,12 @@
 //!   (real `gantry-agent` processes on this host, stand-in GPUs for GPU pools).
 //! - [`runtime`]: the thin loop: `GET /api/v1/demand` and `/api/v1/agents`, a core round, the
 //!   actions (providers, `POST /api/v1/agents/{id}/drain`), a status file.
+//! - [`totals`]: the cost report's totals carried across restarts and HA failovers (etcd with
+//!   `--etcd`, a local file otherwise).
 //! - [`sim`]: the policy simulator on the same core: a workload (the Alibaba openb trace)
-//!   replayed against pools with prices, against a static fleet sized for the peak.
+//!   replayed against pools with prices, against a static fleet sized for the peak; with
+//!   consolidation, spot notices (seeded or from a file) and checkpoints (`sim/`: trace, spot,
+//!   run).
 //!
 //! Crates chosen: `gantry-placement` for the simulation (the same code the master and the
 //! schedulers place with), `gantry-master`'s operator client (reqwest + rustls on `ring`, as
@@ -37,3 +41,4 @@ pub mod plan;
 pub mod provider;
 pub mod runtime;
 pub mod sim;
+pub mod totals;

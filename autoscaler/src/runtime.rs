@@ -6,8 +6,9 @@
 //! the autoscaler's nodes (`GET /api/v1/tasks?completed=false`) for the [`CostBook`], and asks
 //! the master when each task that left ended (`GET /api/v1/tasks/{id}`). After each round the
 //! [`Report`] is written to the status file (atomically) and rendered for `/metrics`
-//! ([`metrics_text`]). Errors of a round are logged and the next round tries again; nothing
-//! here decides.
+//! ([`metrics_text`]), and its totals saved to the [`TotalsStore`] (they continue after a
+//! restart or failover: [`crate::totals`]). Errors of a round are logged and the next round
+//! tries again; nothing here decides.
 //!
 //! HA: the loop acts only while its [`Fence`] says this copy leads (an etcd election, see the
 //! binary's `--etcd`). Each time it starts leading it starts from a fresh [`Core`] and adopts
@@ -32,6 +33,7 @@ use crate::core::{Action, Core, Millis, NodeObs, Observation, Report};
 use crate::cost::{CostBook, NodeShape, TaskObs};
 use crate::plan::DemandItem;
 use crate::provider::Provider;
+use crate::totals::{Totals, TotalsStore};
 
 /// A round that could not run.
 #[derive(Debug, thiserror::Error)]
@@ -295,6 +297,12 @@ pub struct Runtime {
     pub metrics: Arc<Mutex<String>>,
     /// Whether this copy leads ([`Fence`]).
     pub fence: Fence,
+    /// Where the report's totals survive restarts and failovers ([`crate::totals`]; none:
+    /// in memory only).
+    pub totals: Option<Box<dyn TotalsStore>>,
+    /// The totals of earlier leaders, once loaded (`None`: not yet; nothing is saved until
+    /// they are).
+    base: Option<Totals>,
     started: Instant,
     costs: CostBook,
 }
@@ -315,6 +323,8 @@ impl Runtime {
             status_file,
             metrics: Arc::default(),
             fence: Arc::new(|| true),
+            totals: None,
+            base: None,
             started: Instant::now(),
             costs: CostBook::new(),
         }
@@ -324,6 +334,9 @@ impl Runtime {
     /// list, billed from now (a node listed by several providers is adopted once).
     pub fn reload(&mut self) {
         self.core = Core::new(self.core.config().clone());
+        self.costs = CostBook::new();
+        self.base = None;
+        self.load_totals();
         let now = self.now();
         let mut seen = std::collections::BTreeSet::new();
         let pools: Vec<String> = self.providers.keys().cloned().collect();
@@ -344,6 +357,27 @@ impl Runtime {
                 }
                 Err(e) => tracing::warn!(%pool, error = %e, "provider list failed"),
             }
+        }
+    }
+
+    /// Loads the earlier leaders' totals if not loaded yet (a failed load is logged and tried
+    /// again next round; the stored totals are left as they are).
+    fn load_totals(&mut self) {
+        if self.base.is_some() {
+            return;
+        }
+        let Some(store) = self.totals.as_mut() else {
+            self.base = Some(Totals::default());
+            return;
+        };
+        match store.load() {
+            Ok(t) => {
+                let mut t = t.unwrap_or_default();
+                tracing::info!(total_cost = t.total_cost, "continuing the saved totals");
+                self.costs.resume(std::mem::take(&mut t.charged_until));
+                self.base = Some(t);
+            }
+            Err(e) => tracing::error!(error = %e, "loading the saved totals (not overwritten)"),
         }
     }
 
@@ -379,8 +413,23 @@ impl Runtime {
             self.act(a);
         }
         self.charge_tasks(&obs.tasks);
+        self.load_totals();
         let mut report = self.core.report(self.now());
-        report.attribute(self.costs.costs());
+        let mut costs = self.costs.costs().clone();
+        if let Some(base) = &self.base {
+            base.carry(&mut report, &mut costs);
+        }
+        report.attribute(&costs);
+        if let (Some(store), Some(_)) = (self.totals.as_mut(), &self.base) {
+            // Fenced: a copy that stopped leading leaves the totals to the new leader.
+            if (self.fence)() {
+                let mut t = Totals::from_report(&report);
+                t.charged_until = self.costs.charged();
+                if let Err(e) = store.save(&t) {
+                    tracing::warn!(error = %e, "saving the totals");
+                }
+            }
+        }
         if let Ok(mut m) = self.metrics.lock() {
             *m = metrics_text(&report);
         }

@@ -8,6 +8,8 @@
 //! - `kill -9` of the acting copy (its agent goes with it): the standby scales the pool back
 //!   to its minimum within the lease TTL + a round (+ slack for the process starts), and the
 //!   new node registers.
+//! - The cost report continues across the failover (its totals are kept in etcd): the new
+//!   leader's report counts the killed leader's node and node-seconds beside its own.
 //!
 //! One test in this binary: the local provider's agents share the host's cgroups.
 
@@ -212,7 +214,9 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
     let report = read_status(&status[active]).unwrap();
     assert_eq!(report["pools"][0]["nodes_created"], 1, "{report:#}");
 
-    // kill -9 the acting copy: its agent goes with it; the standby takes over.
+    // kill -9 the acting copy: its agent goes with it; the standby takes over. Its last report
+    // (saved in etcd with the round that wrote it) is what the new leader continues.
+    let before = read_status(&status[active]).unwrap();
     let killed = Instant::now();
     if let Some(mut p) = copies[active].take() {
         p.kill9();
@@ -257,8 +261,19 @@ fn the_standby_autoscaler_takes_over_when_the_active_one_dies() {
     // The lease TTL + a round, and 1.5 s for a process start and the report's poll.
     let bound = Duration::from_millis(TTL_S * 1000 + INTERVAL_MS + 1500);
     assert!(scaled <= bound, "took {scaled:?} (bound {bound:?})");
+    // The totals continue: the killed leader's node and this one; node-seconds and cost at
+    // least what the killed leader last reported (the new node's seconds come on top).
     let r = read_status(&status[standby]).unwrap();
-    assert_eq!(r["pools"][0]["nodes_created"], 1, "{r:#}");
+    assert_eq!(r["pools"][0]["nodes_created"], 2, "{r:#}");
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(-1.0);
+    let seconds_before = f(&before["pools"][0]["node_seconds"]);
+    assert!(seconds_before > 0.0, "{before:#}");
+    assert!(
+        f(&r["pools"][0]["node_seconds"]) >= seconds_before,
+        "{r:#}\nbefore: {before:#}"
+    );
+    assert!(f(&r["total_cost"]) >= f(&before["total_cost"]), "{r:#}");
+    assert!(f(&r["total_cost"]) > 0.0);
 
     // Clean up: the standby stops its node on SIGTERM; the killed copy's agent and both
     // nodes' cgroups go ([`Cleanup`]).

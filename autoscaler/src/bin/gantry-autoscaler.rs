@@ -5,8 +5,10 @@
 //! gantry-autoscaler check --config pools.toml
 //! gantry-autoscaler simulate --config pools.toml --openb openb_pod_list_default.csv
 //!     [--spot-rate PER_NODE_HOUR --seed N --checkpoint CLASS=SECS... --on-demand-classes LS,..]
+//!     [--interruptions FILE --checkpoint-on-notice CLASS=SECS...]
 //! gantry-autoscaler run --config pools.toml --master https://HOST:PORT --tls-dir DIR
-//!     [--operator NAME | --token-file FILE] [--status-file FILE] [--metrics-listen ADDR]
+//!     [--operator NAME | --token-file FILE] [--status-file FILE] [--totals-file FILE]
+//!     [--metrics-listen ADDR]
 //!     [--etcd URLS [--ha-id NAME] [--ha-prefix PREFIX] [--ha-lease-ttl 3s]]
 //!     [--local-agent-bin PATH --local-master QUIC_ADDR --local-work-dir DIR
 //!      --local-nvml-lib PATH --local-agent-arg ARG...]
@@ -23,6 +25,7 @@ use gantry_autoscaler::config::{Config, ProviderSpec};
 use gantry_autoscaler::core::Core;
 use gantry_autoscaler::provider::{ExecProvider, LocalConfig, LocalProvider, Provider};
 use gantry_autoscaler::runtime::Runtime;
+use gantry_autoscaler::totals::{decode, FileStore, Totals, TotalsError, TotalsStore};
 use gantry_master::client::{BlockingClient, ClientConfig, Credentials};
 use gantry_master::election::{Election, EtcdElectionConfig};
 
@@ -71,6 +74,14 @@ enum Command {
         /// `BE=600`, `Burstable=600`; other classes do not checkpoint.
         #[arg(long, value_parser = parse_class_secs)]
         checkpoint: Vec<(String, u64)>,
+        /// A QoS class that checkpoints at its node's notice (or a consolidation's drain),
+        /// with the seconds its checkpoint takes, `CLASS=SECS` (repeatable; none by default).
+        #[arg(long, value_parser = parse_class_secs)]
+        checkpoint_on_notice: Vec<(String, u64)>,
+        /// Interruption times, CSV `time_s,pool[,node]` (seconds after the first arrival;
+        /// docs/autoscaling.md), beside the `--spot-rate` notices.
+        #[arg(long)]
+        interruptions: Option<PathBuf>,
         /// QoS classes that prefer on-demand capacity (comma-separated; default
         /// `LS,Guaranteed`; `none` for none).
         #[arg(long)]
@@ -98,6 +109,11 @@ struct RunArgs {
     /// Where each round's report (cost and nodes per pool) is written, as JSON.
     #[arg(long)]
     status_file: Option<PathBuf>,
+    /// Where the report's totals survive restarts (without `--etcd`; with it they are kept
+    /// in etcd at `PREFIX/totals`). Default: the status file's path with the extension
+    /// `totals.json`; without either, the totals start from zero at each start.
+    #[arg(long)]
+    totals_file: Option<PathBuf>,
     /// Serve the report for Prometheus at `http://ADDR/metrics` (plain HTTP: bind it to
     /// loopback or a scrape network).
     #[arg(long)]
@@ -178,6 +194,8 @@ fn main() -> anyhow::Result<()> {
             spot_rate,
             seed,
             checkpoint,
+            checkpoint_on_notice,
+            interruptions,
             on_demand_classes,
         } => {
             let mut s = gantry_autoscaler::sim::SimSettings::new(tick_secs, provision_secs);
@@ -187,6 +205,13 @@ fn main() -> anyhow::Result<()> {
             s.spot.rate_per_node_hour = spot_rate;
             s.spot.seed = seed;
             s.checkpoint_s.extend(checkpoint);
+            s.checkpoint_on_notice.extend(checkpoint_on_notice);
+            if let Some(f) = interruptions {
+                let text = std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?;
+                s.interruptions = gantry_autoscaler::sim::parse_interruptions(&text)
+                    .with_context(|| format!("{}", f.display()))?;
+            }
             if let Some(c) = on_demand_classes {
                 s.on_demand_classes = c
                     .split(',')
@@ -222,7 +247,7 @@ fn simulate(
         std::fs::read_to_string(openb).with_context(|| format!("reading {}", openb.display()))?;
     let tasks = sim::parse_openb(&text).with_context(|| format!("{}", openb.display()))?;
     let t0 = std::time::Instant::now();
-    let elastic = sim::simulate(&config, &tasks, &settings);
+    let elastic = sim::simulate_consolidation(&config, &tasks, &settings);
     let fixed = sim::simulate(
         &sim::static_fleet(&config, &elastic.peak_nodes),
         &tasks,
@@ -236,6 +261,9 @@ fn simulate(
         "spot_rate_per_node_hour": settings.spot.rate_per_node_hour,
         "seed": settings.spot.seed,
         "checkpoint_secs": settings.checkpoint_s,
+        "checkpoint_on_notice_secs": settings.checkpoint_on_notice,
+        "file_interruptions": settings.interruptions.len(),
+        "consolidation": config.autoscaler.consolidation,
         "on_demand_classes": settings.on_demand_classes,
         "elastic": elastic,
         "static_peak": fixed,
@@ -322,10 +350,30 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(list) => {
             let (fence, ha) = elect(list, &args)?;
             rt.fence = fence;
+            rt.totals = Some(Box::new(EtcdTotals::connect(
+                list,
+                &args.ha_prefix,
+                ha.0.handle().clone(),
+            )?));
             Some(ha)
         }
         None => None,
     };
+    if args.etcd.is_none() {
+        let file = args.totals_file.clone().or_else(|| {
+            args.status_file
+                .as_ref()
+                .map(|s| s.with_extension("totals.json"))
+        });
+        if let Some(path) = file {
+            let mut store = FileStore { path };
+            // Refuse to start on totals that cannot be read (rather than overwrite them).
+            store
+                .load()
+                .with_context(|| format!("reading the totals {}", store.path.display()))?;
+            rt.totals = Some(Box::new(store));
+        }
+    }
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr, rt.metrics.clone())?;
         tracing::info!(%addr, "serving /metrics");
@@ -340,6 +388,68 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     drop(rt);
     Ok(())
+}
+
+/// The totals in etcd (`PREFIX/totals`), beside the election ([`TotalsStore`]).
+struct EtcdTotals {
+    rt: tokio::runtime::Handle,
+    client: etcd_client::Client,
+    key: String,
+}
+
+const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl EtcdTotals {
+    fn connect(list: &str, prefix: &str, rt: tokio::runtime::Handle) -> anyhow::Result<Self> {
+        let endpoints = EtcdElectionConfig::parse_endpoints(list)?;
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(ETCD_TIMEOUT)
+            .with_timeout(ETCD_TIMEOUT);
+        let client = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    ETCD_TIMEOUT,
+                    etcd_client::Client::connect(endpoints, Some(opts)),
+                )
+                .await
+            })
+            .context("connecting to etcd for the totals: timed out")?
+            .context("connecting to etcd for the totals")?;
+        Ok(EtcdTotals {
+            rt,
+            client,
+            key: format!("{}/totals", prefix.trim_end_matches('/')),
+        })
+    }
+}
+
+impl TotalsStore for EtcdTotals {
+    fn load(&mut self) -> Result<Option<Totals>, TotalsError> {
+        let mut kv = self.client.kv_client();
+        let resp = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(ETCD_TIMEOUT, kv.get(self.key.clone(), None)).await
+            })
+            .map_err(|_| TotalsError::Io(format!("etcd get {}: timed out", self.key)))?
+            .map_err(|e| TotalsError::Io(format!("etcd get {}: {e}", self.key)))?;
+        match resp.kvs().first() {
+            Some(item) => decode(&self.key, item.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn save(&mut self, totals: &Totals) -> Result<(), TotalsError> {
+        let bytes = serde_json::to_vec(totals).map_err(|e| TotalsError::Io(e.to_string()))?;
+        let mut kv = self.client.kv_client();
+        self.rt
+            .block_on(async {
+                tokio::time::timeout(ETCD_TIMEOUT, kv.put(self.key.clone(), bytes, None)).await
+            })
+            .map_err(|_| TotalsError::Io(format!("etcd put {}: timed out", self.key)))?
+            .map_err(|e| TotalsError::Io(format!("etcd put {}: {e}", self.key)))?;
+        Ok(())
+    }
 }
 
 /// Joins the etcd election of the autoscaler's copies (the masters' election code, under

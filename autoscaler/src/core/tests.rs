@@ -600,7 +600,7 @@ fn consolidation_replaces_a_node_by_a_cheaper_one_that_holds_its_tasks() {
 fn no_replacement_for_tasks_a_cheaper_node_cannot_hold_or_of_another_model() {
     let mut c = config(vec![
         spec("big", 4, 10.0, 0, 4),
-        spec("small", 2, 4.0, 0, 4),
+        spec("small", 2, 6.0, 0, 4),
         PoolSpec {
             gpu_model: Some("T4".into()),
             ..spec("t4", 4, 2.0, 0, 4)
@@ -610,7 +610,8 @@ fn no_replacement_for_tasks_a_cheaper_node_cannot_hold_or_of_another_model() {
     c.autoscaler.consolidation_delay = Duration::ZERO;
     let mut core = Core::new(c.clone());
     core.created("big", &["big-1".into()], 0);
-    // Three GPUs in use: the 2-GPU pool cannot hold them; the T4 pool is another model.
+    // Three GPUs in use: one node of the 2-GPU pool cannot hold them, two cost more than
+    // big-1 (12/h against 10/h); the T4 pool is another model.
     let obs = Observation {
         nodes: vec![node("big-1", true)],
         tasks: vec![task_on("big-1", "a", 2.0), task_on("big-1", "b", 1.0)],
@@ -632,4 +633,133 @@ fn no_replacement_for_tasks_a_cheaper_node_cannot_hold_or_of_another_model() {
     core.create_failed("small", 1_500);
     // Ended (the pool's scale-up cooldown is 0): asked for again.
     assert_eq!(creates(&core.step(2_000, &obs)), [("small".to_string(), 1)]);
+}
+
+#[test]
+fn one_node_is_replaced_by_several_cheaper_ones_when_together_they_cost_less() {
+    // big: 4 GPUs at 10/h; one: 1 GPU at 2/h; two: 2 GPUs at 6/h (two of them: 12/h, more
+    // than big).
+    let mut c = config(vec![
+        spec("big", 4, 10.0, 0, 4),
+        spec("two", 2, 6.0, 0, 4),
+        spec("one", 1, 2.0, 0, 4),
+    ]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::ZERO;
+    c.autoscaler.consolidation_deadline = Duration::from_secs(45);
+    let mut core = Core::new(c);
+    core.created("big", &["big-1".into()], 0);
+    // Three 1-GPU tasks: three "one" nodes (6/h) save 4/h; one "two" node cannot hold them,
+    // two (12/h) would cost more.
+    let tasks = vec![
+        task_on("big-1", "a", 1.0),
+        task_on("big-1", "b", 1.0),
+        task_on("big-1", "c", 1.0),
+    ];
+    let obs = |nodes: Vec<NodeObs>| Observation {
+        nodes,
+        tasks: tasks.clone(),
+        demand: Vec::new(),
+    };
+    let a = core.step(1_000, &obs(vec![node("big-1", true)]));
+    assert_eq!(
+        a,
+        [Action::Create {
+            pool: "one".into(),
+            count: 3,
+            reason: "replace-cheaper"
+        }]
+    );
+    // Named one at a time: nothing until all three are named and registered.
+    core.created("one", &["one-1".into(), "one-2".into()], 2_000);
+    let mut nodes = vec![
+        node("big-1", true),
+        node("one-1", false),
+        node("one-2", false),
+    ];
+    assert!(core.step(3_000, &obs(nodes.clone())).is_empty());
+    core.created("one", &["one-3".into()], 3_500);
+    nodes.push(NodeObs {
+        registered: false,
+        ..node("one-3", false)
+    });
+    assert!(core.step(4_000, &obs(nodes.clone())).is_empty());
+    nodes[3] = node("one-3", false);
+    assert_eq!(
+        core.step(5_000, &obs(nodes.clone())),
+        [Action::Drain {
+            node: "big-1".into(),
+            deadline_secs: Some(45)
+        }]
+    );
+    // The new nodes wait for the tasks (idle past the cooldown, still not drained).
+    assert!(core.step(120_000, &obs(nodes)).is_empty());
+    let r = core.report(120_000);
+    assert_eq!(
+        (r.pools[0].consolidations, r.pools[0].replaced_by_cheaper),
+        (1, 1)
+    );
+}
+
+#[test]
+fn several_nodes_are_not_asked_for_when_they_cost_as_much_or_the_pool_lacks_room() {
+    let mut c = config(vec![
+        spec("big", 4, 10.0, 0, 4),
+        spec("two", 2, 5.0, 0, 4),
+        spec("one", 1, 2.0, 0, 2),
+    ]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::ZERO;
+    let mut core = Core::new(c);
+    core.created("big", &["big-1".into()], 0);
+    // Four GPUs of work: two "two" nodes cost 10/h (no saving); four "one" nodes would save
+    // but the pool's max is 2.
+    let obs = Observation {
+        nodes: vec![node("big-1", true)],
+        tasks: vec![
+            task_on("big-1", "a", 2.0),
+            task_on("big-1", "b", 1.0),
+            task_on("big-1", "c", 1.0),
+        ],
+        demand: Vec::new(),
+    };
+    assert!(core.step(1_000, &obs).is_empty());
+    // A failed start of one of them ends the replacement: with 3 GPUs of work on big-1 and
+    // room for 3 "one" nodes, they are asked for; one is deleted before registering.
+    let mut c = config(vec![spec("big", 4, 10.0, 0, 4), spec("one", 1, 2.0, 0, 4)]);
+    c.autoscaler.consolidation = true;
+    c.autoscaler.consolidation_delay = Duration::ZERO;
+    let mut core = Core::new(c);
+    core.created("big", &["big-1".into()], 0);
+    let obs = Observation {
+        nodes: vec![node("big-1", true)],
+        tasks: vec![
+            task_on("big-1", "a", 1.0),
+            task_on("big-1", "b", 1.0),
+            task_on("big-1", "c", 1.0),
+        ],
+        demand: Vec::new(),
+    };
+    assert_eq!(creates(&core.step(1_000, &obs)), [("one".to_string(), 3)]);
+    core.created(
+        "one",
+        &["one-1".into(), "one-2".into(), "one-3".into()],
+        1_500,
+    );
+    core.deleted("one-2", 1_800);
+    let nodes = vec![
+        node("big-1", true),
+        node("one-1", false),
+        node("one-3", false),
+    ];
+    let obs2 = Observation {
+        nodes,
+        tasks: obs.tasks.clone(),
+        demand: Vec::new(),
+    };
+    // Ended: big-1 is not drained.
+    assert!(!core
+        .step(2_000, &obs2)
+        .iter()
+        .any(|a| matches!(a, Action::Drain { node, .. } if node == "big-1")));
 }
