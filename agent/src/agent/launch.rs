@@ -126,8 +126,8 @@ impl Agent {
                         return Err(format!("recording the cgroup's baseline: {e}"));
                     }
                 }
-                let mut procs: Vec<PathBuf> =
-                    cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
+                // v1 `tasks`, not `cgroup.procs`: see `TaskCgroup::join_files`.
+                let mut procs: Vec<PathBuf> = cg.join_files();
                 let mut program = task.command.program.clone();
                 let mut user = user;
                 // A container task: the supervisor runs the OCI runtime (as root, outside the

@@ -18,6 +18,11 @@ fn limit_of(rec: &TaskRecord) -> u64 {
     disk::limit_bytes(rec.info.resources.milli("disk"))
 }
 
+/// Whether the task has a disk limit (fixed when it is accepted: the index [`super::Watched`]).
+pub(super) fn limited(rec: &TaskRecord) -> bool {
+    limit_of(rec) > 0
+}
+
 impl AgentCore {
     /// Whether the task's sandbox is watched: launched, not ended or being killed, with a
     /// `disk`.
@@ -40,9 +45,7 @@ impl AgentCore {
         }
         self.last_disk_pass = now;
         let tasks: Vec<(TaskId, PathBuf)> = self
-            .ckpt
-            .tasks
-            .iter()
+            .disk_indexed()
             .filter(|(id, rec)| self.disk_watched(id, rec))
             .map(|(id, rec)| (*id, rec.sandbox.clone()))
             .collect();
@@ -55,15 +58,33 @@ impl AgentCore {
 
     /// When the next pass is due: only while a sandbox is watched and no pass runs.
     pub(super) fn disk_deadline(&self) -> Option<u64> {
-        // (The cheap conditions first: the scan of every task runs after each batch.)
-        let watched = || {
-            self.ckpt
-                .tasks
-                .iter()
-                .any(|(id, rec)| self.disk_watched(id, rec))
-        };
-        (self.config.disk_enforcement != DiskEnforcement::None && !self.disk_measuring && watched())
-            .then(|| self.last_disk_pass + self.config.disk_watch_interval.as_millis() as u64)
+        self.disk_deadline_of(self.disk_indexed())
+    }
+
+    /// [`AgentCore::disk_deadline`] by a scan of every task: what the index must agree with
+    /// (property test `core/tests/disk.rs`).
+    #[cfg(test)]
+    pub(super) fn disk_deadline_scan(&self) -> Option<u64> {
+        self.disk_deadline_of(self.ckpt.tasks.iter())
+    }
+
+    fn disk_deadline_of<'a>(
+        &'a self,
+        mut tasks: impl Iterator<Item = (&'a TaskId, &'a TaskRecord)>,
+    ) -> Option<u64> {
+        (self.config.disk_enforcement != DiskEnforcement::None
+            && !self.disk_measuring
+            && tasks.any(|(id, rec)| self.disk_watched(id, rec)))
+        .then(|| self.last_disk_pass + self.config.disk_watch_interval.as_millis() as u64)
+    }
+
+    /// The tasks with a disk limit, from the index ([`super::Watched`]).
+    fn disk_indexed(&self) -> impl Iterator<Item = (&TaskId, &TaskRecord)> {
+        let tasks = &self.ckpt.tasks;
+        self.watched
+            .disk
+            .iter()
+            .filter_map(move |id| Some((id, tasks.get(id)?)))
     }
 
     /// A pass ended: kill the tasks past their limit.

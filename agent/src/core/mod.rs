@@ -10,9 +10,10 @@
 //! feeds back what they observed (a launch's supervisor, an exit status, a lost supervisor, a
 //! settled cgroup, a sample, a probe of re-adopted tasks, an MPS daemon's exit).
 //!
-//! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), kill and its
-//!   escalation, a dead supervisor's task killed, settlement into a terminal state (at once for
-//!   a task without a cgroup), status updates, GPU-memory shares.
+//! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), settlement into a
+//!   terminal state (at once for a task without a cgroup), status updates, GPU-memory shares.
+//! - `kill`: kills and their escalation (the index of killed tasks), a dead supervisor's task
+//!   killed.
 //! - `groups`: task groups: all members start or none, the group environment, and the
 //!   group's policy when a member ends.
 //! - `io`: the configuration, inputs, effects, the group-commit decision ([`Commit`]: sync
@@ -28,6 +29,8 @@
 //!   `ports:K` (`PORT`, `PORT0`.., `GANTRY_PORTS`).
 //! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed,
 //!   and watching them (probes of their supervisors; no exit record after 1 s).
+//! - `watched`: the index of tasks with a limit a deadline watches (a disk limit, a GPU
+//!   fraction), so `next_deadline` does not scan every task.
 //! - `types`: the core's own types (task records, the checkpoint, log records, launches, exit
 //!   statuses, limits), which the I/O modules store, fill in and apply.
 //! - `tests`: lifecycle, kill escalation, recovery, GPU health, disk limits, the batching
@@ -37,6 +40,7 @@ mod disk;
 pub mod groups;
 mod health;
 mod io;
+mod kill;
 pub mod mps;
 pub mod pool;
 pub mod ports;
@@ -45,6 +49,7 @@ mod tasks;
 #[cfg(test)]
 mod tests;
 pub mod types;
+mod watched;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -60,6 +65,7 @@ use crate::gc;
 use crate::gpu::{self, GpuFault, HealthTracker};
 use crate::isolation::NvidiaMajors;
 pub use types::{Checkpoint, ExitStatus, Launched, Limits, Record, TaskRecord};
+use watched::Watched;
 
 pub use io::*;
 pub use ports::PortRange;
@@ -113,6 +119,9 @@ pub struct AgentCore {
     /// (a superset: ended and forgotten ones leave it at the next escalation pass), so the
     /// kill deadline and escalation look at these tasks, not at every task.
     killing: BTreeSet<TaskId>,
+    /// The index of limits watched by deadlines ([`Watched`]): the disk-limit pass and the MPS
+    /// daemons look at these tasks, not at every task.
+    watched: Watched,
     /// The MPS control daemons started.
     mps: mps::MpsDaemons,
     /// When the core was made (the start of this agent run).
@@ -149,8 +158,10 @@ impl AgentCore {
             .filter(|(_, t)| t.kill_requested_ms.is_some() && !t.state.is_terminal())
             .map(|(id, _)| *id)
             .collect();
+        let watched = Watched::of(&ckpt);
         AgentCore {
             killing,
+            watched,
             health: HealthTracker::new(config.gpu_recovery_after),
             config,
             ckpt,
@@ -243,17 +254,6 @@ impl AgentCore {
             .filter(|id| !self.settling.contains(id))
             .filter_map(|id| self.ckpt.tasks.get(id).map(|t| (*id, t)))
             .filter(|(_, t)| !t.state.is_terminal())
-            .collect()
-    }
-
-    /// GPUs holding a live fractional task (each needs its MPS daemon).
-    pub fn shared_gpus(&self) -> Vec<String> {
-        self.ckpt
-            .tasks
-            .values()
-            .filter(|t| !t.state.is_terminal())
-            .filter(|t| matches!(t.info.resources.gpu_amount(), Ok(GpuAmount::Fraction(_))))
-            .flat_map(|t| t.gpus.iter().cloned())
             .collect()
     }
 
@@ -514,6 +514,7 @@ impl AgentCore {
                         && !self.ckpt.updates.has_pending(task_id);
                     if done {
                         self.ckpt.tasks.remove(&task_id);
+                        self.watched.remove(&task_id);
                         self.dirty.insert(task_id);
                         self.gc_queue.push_back(gc::Ended {
                             task: task_id,

@@ -212,16 +212,23 @@ pub struct PreExecAttach {
 }
 
 impl PreExecAttach {
-    /// Attaches to the given cgroup directories (normally obtained from a [`TaskCgroup`]).
+    /// Attaches to the given cgroup directories through their `cgroup.procs`.
     pub fn for_dirs(dirs: &[&Path]) -> PreExecAttach {
-        let procs_files = dirs
+        let files: Vec<PathBuf> = dirs.iter().map(|d| d.join("cgroup.procs")).collect();
+        Self::for_files(&files)
+    }
+
+    /// Attaches through the given files (`cgroup.procs` or v1 `tasks`: see
+    /// [`TaskCgroup::join_files`]).
+    pub fn for_files(files: &[PathBuf]) -> PreExecAttach {
+        let procs_files = files
             .iter()
-            .filter_map(|d| CString::new(d.join("cgroup.procs").as_os_str().as_bytes()).ok())
+            .filter_map(|f| CString::new(f.as_os_str().as_bytes()).ok())
             .collect();
         PreExecAttach { procs_files }
     }
 
-    /// Writes `0` (the caller) to each `cgroup.procs`. Async-signal-safe: no allocation, no locks.
+    /// Writes `0` (the caller) to each file. Async-signal-safe: no allocation, no locks.
     pub fn attach_current(&self) -> io::Result<()> {
         for f in &self.procs_files {
             // SAFETY: plain syscalls on a NUL-terminated path and a static buffer.

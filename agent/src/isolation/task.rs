@@ -108,7 +108,25 @@ impl TaskCgroup {
     /// For `CommandExt::pre_exec`: `let a = cg.pre_exec_attach(); unsafe { cmd.pre_exec(move ||
     /// a.attach_current()) };` — the child joins the cgroup before `exec`.
     pub fn pre_exec_attach(&self) -> PreExecAttach {
-        PreExecAttach::for_dirs(&self.dirs())
+        PreExecAttach::for_files(&self.join_files())
+    }
+
+    /// The files a new process joins the cgroup through by writing `0` (itself) between its
+    /// `clone` and `exec`: `tasks` in each v1 hierarchy, `cgroup.procs` in v2.
+    ///
+    /// v1's `tasks` moves the calling thread only, which for a freshly cloned process is the
+    /// whole process; unlike `cgroup.procs` the kernel then skips the global write lock on
+    /// every thread group (`cgroup_threadgroup_rwsem`, Linux ≥ 6.0 "cgroup: Optimize single
+    /// thread migration"), whose write side waits out an RCU grace period and holds off every
+    /// `fork` on the machine meanwhile. Six of those per task were what a task start into the
+    /// v1 hierarchies cost (docs/benchmarks.md, "One real agent"). v2 keeps `cgroup.procs`:
+    /// its `cgroup.threads` needs a threaded subtree.
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        let file = match &self.kind {
+            Kind::V1 { .. } => "tasks",
+            Kind::None | Kind::V2 { .. } => "cgroup.procs",
+        };
+        self.dirs().iter().map(|d| d.join(file)).collect()
     }
 
     /// Moves a running process into the cgroup.

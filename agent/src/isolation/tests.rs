@@ -353,3 +353,53 @@ fn v1_requires_core_controllers() {
     let err = Isolator::with_layout(CgroupLayout::V1 { mounts }, None).unwrap_err();
     assert!(matches!(err, IsolationError::ControllerMissing(_)));
 }
+
+/// Real cgroups (root): a process started with [`TaskCgroup::pre_exec_attach`] is in every
+/// hierarchy of its task cgroup (v1: joined through `tasks`, the single-thread move, which
+/// covers the whole of a freshly cloned process) and the starting process is in none.
+#[test]
+fn pre_exec_join_moves_the_whole_child_on_this_host() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: real cgroups not tried");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let root = PathBuf::from(format!("gantry-unit-join-{}", std::process::id()));
+    let iso = Isolator::new(IsolationMode::Cgroups, Some(root)).unwrap();
+    let limits = Limits {
+        cpus: 0.5,
+        mem_mib: Some(64),
+        pids_max: Some(20),
+        cpu_hard_limit: false,
+        devices: None,
+    };
+    let cg = iso.create("join-1", &limits).unwrap();
+    let v1 = matches!(iso.layout(), Some(CgroupLayout::V1 { .. }));
+    let want = if v1 { "tasks" } else { "cgroup.procs" };
+    assert!(!cg.join_files().is_empty());
+    for f in cg.join_files() {
+        assert_eq!(f.file_name().unwrap(), want, "{}", f.display());
+    }
+    let attach = cg.pre_exec_attach();
+    let mut cmd = std::process::Command::new("/bin/sleep");
+    cmd.arg("30");
+    // SAFETY: attach_current only makes open/write/close system calls.
+    unsafe { cmd.pre_exec(move || attach.attach_current()) };
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let me = std::process::id();
+    let mut seen = Vec::new();
+    for d in cg.dirs() {
+        let procs = read_pids(&d.join("cgroup.procs")).unwrap();
+        seen.push((d.to_path_buf(), procs.contains(&pid), procs.contains(&me)));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for (d, child_in, me_in) in seen {
+        assert!(child_in, "the child is not in {}", d.display());
+        assert!(!me_in, "the parent moved into {}", d.display());
+    }
+    cg.destroy().unwrap();
+    iso.remove_root().unwrap();
+}

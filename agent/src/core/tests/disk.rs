@@ -161,3 +161,99 @@ fn with_enforcement_none_sandboxes_are_not_measured() {
         assert!(measured(&step(&mut c, Input::Tick, T0 + s * 5_000)).is_none());
     }
 }
+
+#[derive(Debug, Clone)]
+enum WatchStep {
+    /// A task: 0 no limit, 1 a disk limit, 2 half a GPU, 3 both.
+    Start(u8),
+    Kill(usize),
+    Tick(u64),
+    Exit(usize),
+    Measured,
+    AckAll,
+}
+
+fn watch_step() -> impl proptest::strategy::Strategy<Value = WatchStep> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0u8..4).prop_map(WatchStep::Start),
+        (0usize..8).prop_map(WatchStep::Kill),
+        (1u64..7000).prop_map(WatchStep::Tick),
+        (0usize..8).prop_map(WatchStep::Exit),
+        Just(WatchStep::Measured),
+        Just(WatchStep::AckAll),
+    ]
+}
+
+proptest::proptest! {
+    /// The index of watched limits (disk, fractional GPU) equals a scan of every task after
+    /// every step of any run (tasks with and without limits started, killed, ended, measured,
+    /// acknowledged and forgotten), and so do the disk deadline and the shared GPUs the MPS
+    /// deadline reads; a core rebuilt from the checkpoint agrees too.
+    #[test]
+    fn the_watched_index_gives_what_a_scan_of_every_task_gives(
+        steps in proptest::collection::vec(watch_step(), 1..60)
+    ) {
+        let mut c = registered(2);
+        let fw = FrameworkId::random();
+        let mut ids: Vec<TaskId> = Vec::new();
+        let mut now = T0;
+        for s in steps {
+            match s {
+                WatchStep::Start(kind) => {
+                    let t = task(match kind {
+                        0 => "",
+                        1 => ";disk:10",
+                        2 => ";gpus:0.5",
+                        _ => ";gpus:0.5;disk:10",
+                    });
+                    ids.push(t.task_id);
+                    let id = t.task_id;
+                    step(&mut c, run_task(fw, t), now);
+                    step(&mut c, Input::Launched { task: id, result: Ok(launched(100 + ids.len() as i32)) }, now);
+                }
+                WatchStep::Kill(i) => {
+                    let task_id = ids.get(i).copied().unwrap_or_else(TaskId::random);
+                    step(&mut c, Input::Master(MasterToAgent::KillTask { framework_id: fw, task_id }), now);
+                }
+                WatchStep::Tick(ms) => {
+                    now += ms;
+                    step(&mut c, Input::Tick, now);
+                }
+                WatchStep::Exit(i) => {
+                    if let Some(&task) = ids.get(i) {
+                        step(&mut c, Input::Exited { task, status: exit(0), outcome: Some(CgroupOutcome::default()) }, now);
+                    }
+                }
+                WatchStep::Measured => {
+                    let readings = ids.iter().map(|id| (*id, reading(MIB, true))).collect();
+                    step(&mut c, Input::DiskMeasured(readings), now);
+                }
+                WatchStep::AckAll => {
+                    let acks: Vec<Input> = c
+                        .checkpoint()
+                        .updates
+                        .in_window()
+                        .into_iter()
+                        .map(|u| Input::Master(MasterToAgent::Acknowledge { task_id: u.task_id, update_id: u.update_id }))
+                        .collect();
+                    for a in acks {
+                        step(&mut c, a, now);
+                    }
+                }
+            }
+            c.flush(now);
+            let (index, scan) = c.watched_index();
+            proptest::prop_assert_eq!(index, &scan);
+            proptest::prop_assert_eq!(c.disk_deadline(), c.disk_deadline_scan());
+            let (mut a, mut b) = (c.shared_gpus(), c.shared_gpus_scan());
+            a.sort();
+            b.sort();
+            proptest::prop_assert_eq!(a, b);
+        }
+        let rebuilt = AgentCore::new(config(2), c.checkpoint().clone(), now, Instant::now());
+        proptest::prop_assert_eq!(rebuilt.disk_deadline(), rebuilt.disk_deadline_scan());
+        let (index, scan) = rebuilt.watched_index();
+        proptest::prop_assert_eq!(index, &scan);
+    }
+}
