@@ -613,8 +613,54 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         .then_some(())
     });
 
-    // The offers held so far are in the registry (written every 10 s of sampled time; the
-    // frameworks have held offers for longer than that by now).
+    // A framework that reads its offers and never answers holds what is left; the master
+    // samples held offers into hourly buckets and writes them to its registry (at most every
+    // 10 s of sampled time) so that they survive the restart below.
+    let (_hoard_ep, hoard_conn, mut hoard_tx, mut hoard_rx) = cluster.raw_framework("hoard").await;
+    hoard_tx
+        .send(&gantry_sdk::protocol::FrameworkToMaster::Subscribe(
+            gantry_sdk::protocol::FrameworkInfo {
+                framework_id: None,
+                name: "hoard".into(),
+                roles: vec!["hoard".into()],
+                capabilities: vec![],
+                failover_timeout_secs: 0.0,
+                min_allocatable: Vec::new(),
+                suppressed_roles: Vec::new(),
+            },
+        ))
+        .await
+        .unwrap();
+    let hoard_reader = tokio::spawn(async move {
+        while hoard_rx
+            .recv::<gantry_sdk::protocol::MasterToFramework>()
+            .await
+            .is_ok()
+        {}
+    });
+    let registry_has_held_offers = || {
+        ["registry.json", "registry.journal"].iter().any(|f| {
+            std::fs::read_to_string(cluster.master.work_dir.join(f))
+                .is_ok_and(|t| t.contains("\"framework\":") && t.contains("PutHeldOffers"))
+        }) || std::fs::read_to_string(cluster.master.work_dir.join("registry.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| {
+                v["registry"]["held_offers"].as_object().is_some_and(|b| {
+                    b.values()
+                        .any(|b| b["rows"].as_array().is_some_and(|r| !r.is_empty()))
+                })
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !registry_has_held_offers() {
+        assert!(
+            Instant::now() < deadline,
+            "held offers never written to the registry in {}",
+            cluster.master.work_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let held = |what: &str| -> serde_json::Value {
         let body = operator.get("/api/v1/usage?since=0&by=role").unwrap();
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -649,6 +695,8 @@ async fn prometheus_scrapes_master_and_agents_and_agrees_with_state() {
         held_after["from_ms"], held_before["from_ms"],
         "held offers restored: {held_before:#} then {held_after:#}"
     );
+    hoard_conn.close(0u32.into(), b"done");
+    hoard_reader.abort();
     prom.wait("the running task counted after the restart", |p| {
         (p.value("gantry_tasks{state=\"RUNNING\"}") == Some(1.0)).then_some(())
     });

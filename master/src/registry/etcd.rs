@@ -24,8 +24,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentRecord, Fence, FrameworkRecord, GoneRecord, HeldOffersBucket, HistoryPage, MaintenanceRecord, Mutation,
-    Quota, Registry, RegistryError, Reservation,
+    AgentRecord, Fence, FrameworkRecord, GoneRecord, HeldOffersBucket, HistoryPage,
+    MaintenanceRecord, Mutation, Quota, Registry, RegistryError, Reservation,
 };
 
 /// Most operations etcd accepts in one transaction (its `--max-txn-ops` default).

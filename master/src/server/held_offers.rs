@@ -294,17 +294,20 @@ mod tests {
         }
         let mut back = HeldOffers::restore(&registry.held_offers);
         let name = |id: &str| id.to_string();
-        assert_eq!(
-            back.report(0, HOUR_MS, name),
-            held.report(0, HOUR_MS, name)
-        );
+        assert_eq!(back.report(0, HOUR_MS, name), held.report(0, HOUR_MS, name));
         let r = back.report(0, HOUR_MS, name);
-        assert!(close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 10.0 / 3600.0));
+        assert!(close(
+            r["rows"][0]["gpu_hours"].as_f64().unwrap(),
+            10.0 / 3600.0
+        ));
         assert_eq!(r["from_ms"], 0);
         back.sample(30_000, offers());
         back.sample(40_000, offers());
         let r = back.report(0, HOUR_MS, name);
-        assert!(close(r["rows"][0]["gpu_hours"].as_f64().unwrap(), 20.0 / 3600.0));
+        assert!(close(
+            r["rows"][0]["gpu_hours"].as_f64().unwrap(),
+            20.0 / 3600.0
+        ));
     }
 
     #[test]
@@ -319,7 +322,11 @@ mod tests {
             held.sample(h * HOUR_MS, vec![("f".into(), "r".into(), one)]);
         }
         let out = held.flush();
-        assert!(out.contains(&Mutation::RemoveHeldOffers(0)), "{:?}", &out[..2]);
+        assert!(
+            out.contains(&Mutation::RemoveHeldOffers(0)),
+            "{:?}",
+            &out[..2]
+        );
         assert_eq!(held.buckets.len(), HELD_BUCKETS);
     }
 }
