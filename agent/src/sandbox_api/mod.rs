@@ -132,6 +132,29 @@ pub(crate) async fn send_reply(tx: &mut FrameSender, reply: &SandboxReply) -> Re
     }
 }
 
+/// A slot for one more exec session on this agent; `None` when [`MAX_EXECS`] run already (the
+/// refusal is sent and the stream finished).
+async fn exec_slot(
+    api: &SandboxApi,
+    tx: &mut FrameSender,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if let Ok(permit) = api.execs.clone().try_acquire_owned() {
+        return Some(permit);
+    }
+    let busy = format!("{MAX_EXECS} exec sessions are running on this agent");
+    let _ = send_reply(tx, &refuse(SandboxErrorKind::Busy, busy)).await;
+    let _ = tx.0.finish();
+    None
+}
+
+/// An exec's time limit: what it asks for (`0`: none), at most [`EXEC_TIMEOUT`].
+fn exec_timeout(secs: u32) -> Duration {
+    match secs {
+        0 => EXEC_TIMEOUT,
+        s => Duration::from_secs(u64::from(s)).min(EXEC_TIMEOUT),
+    }
+}
+
 async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream) {
     let req = match tokio::time::timeout(
         REQUEST_DEADLINE,
@@ -183,22 +206,10 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
             tty,
             ..
         } => {
-            let Ok(_permit) = api.execs.clone().try_acquire_owned() else {
-                let _ = send_reply(
-                    &mut tx,
-                    &refuse(
-                        SandboxErrorKind::Busy,
-                        format!("{MAX_EXECS} exec sessions are running on this agent"),
-                    ),
-                )
-                .await;
-                let _ = tx.0.finish();
+            let Some(_permit) = exec_slot(api, &mut tx).await else {
                 return;
             };
-            let timeout = match timeout_secs {
-                0 => EXEC_TIMEOUT,
-                s => Duration::from_secs(u64::from(s)).min(EXEC_TIMEOUT),
-            };
+            let timeout = exec_timeout(timeout_secs);
             tracing::info!(%task, %principal, ?command, ?tty, "exec in a task");
             let meta = api.meta(&task);
             let input = exec::Input::Bytes(stdin);
@@ -211,22 +222,10 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
             tty,
             ..
         } => {
-            let Ok(_permit) = api.execs.clone().try_acquire_owned() else {
-                let _ = send_reply(
-                    &mut tx,
-                    &refuse(
-                        SandboxErrorKind::Busy,
-                        format!("{MAX_EXECS} exec sessions are running on this agent"),
-                    ),
-                )
-                .await;
-                let _ = tx.0.finish();
+            let Some(_permit) = exec_slot(api, &mut tx).await else {
                 return;
             };
-            let timeout = match timeout_secs {
-                0 => EXEC_TIMEOUT,
-                s => Duration::from_secs(u64::from(s)).min(EXEC_TIMEOUT),
-            };
+            let timeout = exec_timeout(timeout_secs);
             tracing::info!(%task, %principal, ?command, ?tty, "live exec in a task");
             let meta = api.meta(&task);
             let input = exec::Input::Live(rx);
