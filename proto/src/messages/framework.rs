@@ -29,6 +29,30 @@ pub struct Demand {
     pub gpu_model: Option<String>,
 }
 
+impl Demand {
+    /// `count` pending tasks of `task`'s resources, any GPU model. Build demands this way (and
+    /// [`Demand::with_gpu_model`]) so a field added to the protocol later breaks no framework:
+    ///
+    /// ```
+    /// use gantry_proto::Demand;
+    /// let d = Demand::new("cpus:4;mem:16384;gpus:2".parse().unwrap(), 3).with_gpu_model("H100");
+    /// assert_eq!((d.count, d.gpu_model.as_deref()), (3, Some("H100")));
+    /// ```
+    pub fn new(task: Resources, count: u32) -> Demand {
+        Demand {
+            task,
+            count,
+            gpu_model: None,
+        }
+    }
+
+    /// The same demand, for GPUs of `model` only.
+    pub fn with_gpu_model(mut self, model: impl Into<String>) -> Demand {
+        self.gpu_model = Some(model.into());
+        self
+    }
+}
+
 /// Optional abilities a framework declares when subscribing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Capability {
