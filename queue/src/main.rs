@@ -13,7 +13,7 @@
 //! gantry-queue cancel --server URL ID
 //! gantry-queue logs --server URL ID [--worker I] [-f] [--stderr]
 //! gantry-queue shutdown --server URL         # tears the framework down (SIGTERM does not)
-//! gantry-queue usage --server URL --since 7d [--by team|user] [--json|--csv]
+//! gantry-queue usage --server URL --since 7d [--by team|user] [--json|--csv]   # GPU-hours, cost, budgets
 //! gantry-queue bench-submit --server URL --jobs 10000 --concurrency 32
 //! gantry-queue simulate trace.csv --cluster 4x8:A100,2x8:H100 --policy queue,fifo,easy
 //! ```
@@ -251,6 +251,17 @@ struct Serve {
     /// A team's default time limit: NAME=DURATION (repeatable).
     #[arg(long = "team-time-limit")]
     team_time_limits: Vec<String>,
+    /// A team's budget for one --budget-period, in the agents' price units: NAME=AMOUNT
+    /// (repeatable). Past --budget-warn of it submissions get a warning; at it they are
+    /// refused (403, `over-budget`) until the spending leaves the period.
+    #[arg(long = "team-budget")]
+    team_budgets: Vec<String>,
+    /// The rolling period budgets cover (N, Ns, Nm, Nh or Nd).
+    #[arg(long, default_value = "30d")]
+    budget_period: String,
+    /// The fraction of a budget from which submissions are warned.
+    #[arg(long, default_value_t = 0.8)]
+    budget_warn: f64,
     /// The ACL file (TOML: declared teams, who may submit to which team up to which priority,
     /// team and queue administrators; see docs/queue.md). Without it the API is in dev mode:
     /// plain HTTP, and anyone who reaches the port may do anything.
@@ -701,7 +712,22 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
             .with_context(|| format!("--team-lend-limit {t:?}: GPUS"))?;
         team_lend_limits.insert(name.to_string(), n);
     }
+    let mut budgets = gantry_queue::budget::BudgetConfig {
+        period: Duration::from_secs(parse_secs(&a.budget_period).context("--budget-period")?),
+        warn_at: a.budget_warn,
+        ..Default::default()
+    };
+    if budgets.period.is_zero() {
+        bail!("--budget-period: the period must be positive");
+    }
+    if !(0.0..=1.0).contains(&a.budget_warn) {
+        bail!("--budget-warn {}: a fraction from 0 to 1", a.budget_warn);
+    }
+    for b in &a.team_budgets {
+        budgets.add(b).context("--team-budget")?;
+    }
     let mut core_config = CoreConfig {
+        budgets,
         team_borrow_limits,
         team_lend_limits,
         fair_share_wait,
@@ -723,6 +749,9 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         Instant::now(),
         unix_ms(),
     );
+    if !a.team_budgets.is_empty() {
+        core.restore_spending(&store.usage()?, unix_ms());
+    }
     let shared = Shared::with_demand(core, store, driver.handle(), !a.no_declare_demand);
     // Kills owed from before a restart: queued by the driver until it has subscribed.
     shared.resume(owed);
@@ -963,6 +992,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     print!("{}", gantry_queue::usage::csv(&rows));
                 } else {
                     print!("{}", gantry_queue::usage::table(&rows));
+                    let b = call(&conn, reqwest::Method::GET, "/budgets", None).await?;
+                    let budgets: Vec<gantry_queue::budget::BudgetView> = serde_json::from_value(b)?;
+                    if !budgets.is_empty() {
+                        print!("\n{}", gantry_queue::budget::table(&budgets));
+                    }
                 }
             }
             Ok(())
