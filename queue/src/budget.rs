@@ -48,7 +48,9 @@ impl Default for BudgetConfig {
 
 /// A `--team-budget` that is not `NAME=AMOUNT` with a finite amount ≥ 0.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("team budget {0:?}: expected NAME=AMOUNT (a finite number ≥ 0, in the agents' price units)")]
+#[error(
+    "team budget {0:?}: expected NAME=AMOUNT (a finite number ≥ 0, in the agents' price units)"
+)]
 pub struct BadBudget(pub String);
 
 impl BudgetConfig {
@@ -244,7 +246,10 @@ mod tests {
         // Running workers count: 70 + 15 is past 80%.
         let v = b.view("nlp", t0, 15.0).unwrap();
         assert_eq!(v.state, BudgetState::Warn);
-        assert!(v.message().unwrap().contains("close to its budget"), "{v:?}");
+        assert!(
+            v.message().unwrap().contains("close to its budget"),
+            "{v:?}"
+        );
         b.record("nlp", t0 + HOUR_MS, 30.0, t0 + HOUR_MS);
         let v = b.view("nlp", t0 + HOUR_MS, 0.0).unwrap();
         assert_eq!((v.state, v.spent), (BudgetState::Over, 100.0));

@@ -8,10 +8,12 @@
 //! they end.
 //!
 //! **Cost.** A worker costs its agent's `price_per_hour` attribute (an autoscaler pool's
-//! price, or `gantry-agent --price-per-hour`) × its dominant share of the agent × its run
-//! time: the rule the master's usage reports and the autoscaler's cost book use
-//! (`gantry_placement::cost`). A 1-GPU worker on a 2-GPU node pays half the node's price
-//! while it runs. What no worker pays for (nodes idle, booting, draining) is the fleet's
+//! price, or `gantry-agent --price-per-hour`) × its share of the agent × its run time: a GPU
+//! worker's share is its GPUs over the agent's (GPU-dominant, as the master's usage reports
+//! and the autoscaler's cost book attribute on GPU nodes, `gantry_placement::cost`), a
+//! CPU-only worker's its dominant share of CPUs and memory (see `Core`'s `spend` module for
+//! how the queue learns an agent's shape). A 1-GPU worker on a 2-GPU node pays half the
+//! node's price while it runs. What no worker pays for (nodes idle, booting, draining) is the fleet's
 //! idle cost, which the autoscaler and the master report per node. `cost` is absent from a
 //! row none of whose workers ran on a priced agent.
 
@@ -94,14 +96,16 @@ pub fn summarize(records: &[UsageRecord], since_ms: u64, until_ms: u64, by: By) 
     }
     let mut out: Vec<UsageRow> = rows
         .into_iter()
-        .map(|((team, user), (gpu_hours, jobs, workers, cost))| UsageRow {
-            team,
-            user,
-            gpu_hours,
-            jobs: jobs.len() as u64,
-            workers,
-            cost,
-        })
+        .map(
+            |((team, user), (gpu_hours, jobs, workers, cost))| UsageRow {
+                team,
+                user,
+                gpu_hours,
+                jobs: jobs.len() as u64,
+                workers,
+                cost,
+            },
+        )
         .collect();
     out.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours));
     out

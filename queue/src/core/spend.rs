@@ -19,13 +19,15 @@ impl KnownAgent {
         cost::parse_price(p).ok()
     }
 
-    /// What a worker holding `res` here costs per second: the price × its dominant share of
-    /// the agent (`gantry_placement::cost`, as the master's usage reports and the
-    /// autoscaler attribute cost). The queue sees an agent's shape through its offers: the
-    /// most it was offered at once plus its own workers there ([`Core::learn_capacity`]),
-    /// and every GPU it has seen. Another framework's long-lived tasks can hide part of an
-    /// agent's CPUs or memory from it, which makes a CPU- or memory-dominant worker's share
-    /// larger, never smaller; a GPU-dominant worker's share is exact.
+    /// What a worker holding `res` here costs per second: the price × its share of the
+    /// agent. Offers carry every healthy GPU of an agent, so a GPU worker's share is exact:
+    /// its GPUs over the agent's (GPU-dominant, as `gantry_placement::cost` attributes on a
+    /// GPU node). A CPU-only worker pays its dominant share of the CPUs and memory the queue
+    /// has seen of the agent (the most it was offered at once plus its own workers there,
+    /// [`Core::learn_capacity`]): offers shaped to a declared demand show only part of an
+    /// agent, so that share can come out larger than the master's, never smaller. The
+    /// master's usage report divides by the agent's whole shape and also charges a GPU task
+    /// that holds more than its GPU share of CPUs or memory by that larger share.
     pub(super) fn cost_per_sec(&self, res: &Resources) -> Option<f64> {
         let price = self.price_per_hour()?;
         let amounts = |r: &Resources| cost::Amounts {
@@ -33,9 +35,13 @@ impl KnownAgent {
             mem: r.get("mem"),
             gpus: r.get("gpus"),
         };
-        let mut shape = amounts(&self.capacity);
-        shape.gpus = shape.gpus.max(self.gpus.len() as f64);
-        Some(price / 3600.0 * cost::dominant_share(&amounts(res), &shape))
+        let gpus = self.gpus.len() as f64;
+        let share = if res.get("gpus") > 0.0 && gpus > 0.0 {
+            (res.get("gpus") / gpus).min(1.0)
+        } else {
+            cost::dominant_share(&amounts(res), &amounts(&self.capacity))
+        };
+        Some(price / 3600.0 * share)
     }
 }
 

@@ -167,14 +167,20 @@ fn budgets_count_running_and_ended_workers_and_survive_a_restart() {
     q.update(&report(&tasks[0], TaskState::Finished, 4), at(60));
     store.commit(&q.take_changes(at(60), wall(at(60)))).unwrap();
     let v = spent(&q, at(90));
-    assert!((v.spent - 8.0).abs() < 1e-6 && v.state == BudgetState::Warn, "{v:?}");
+    assert!(
+        (v.spent - 8.0).abs() < 1e-6 && v.state == BudgetState::Warn,
+        "{v:?}"
+    );
     assert_eq!(q.budgets(at(90)).len(), 1);
     // A new queue from the store knows the 8.
     let mut q2 = Core::new(config);
     q2.set_wall_clock(at(90), wall(at(90)));
     q2.restore_spending(&store.usage().unwrap(), wall(at(90)));
     let v = q2.budget("vision", at(90)).unwrap();
-    assert!((v.spent - 8.0).abs() < 1e-6 && v.state == BudgetState::Warn, "{v:?}");
+    assert!(
+        (v.spent - 8.0).abs() < 1e-6 && v.state == BudgetState::Warn,
+        "{v:?}"
+    );
 }
 
 /// Records written before workers were priced read back without a cost.
