@@ -56,8 +56,10 @@
 //!
 //! Module map (one `Master`, its handlers split by concern; each `impl Master` block lives
 //! with its operation):
-//! - this file: the types (`Master`, `Input`, `Output`, config, records), ids, dispatch
-//!   ([`Master::handle`]) and the allocation cycle ([`Master::allocate`]);
+//! - this file: the types (`Master`, `Input`, `Output`, config, task records), ids and
+//!   dispatch ([`Master::handle`]);
+//! - `records`: what is kept of each agent, framework and live task;
+//! - `allocation`: the allocation cycle ([`Master::allocate`]: when it is due, offers out);
 //! - `agents`: registration, re-registration, agent updates, GPU health, disconnection and
 //!   removal;
 //! - `agent_tasks`: the tasks a re-registering agent reports, adopted or killed;
@@ -85,6 +87,7 @@
 mod accept;
 mod agent_tasks;
 mod agents;
+mod allocation;
 mod events;
 mod frameworks;
 pub mod gpus;
@@ -94,6 +97,7 @@ mod operator;
 mod pacing;
 mod partitions;
 mod reconcile;
+mod records;
 mod recovery;
 mod rejection;
 mod tasks;
@@ -114,6 +118,7 @@ pub use operator::{
 pub use pacing::{paced, HELD_MESSAGES, UPDATE_SLICE};
 use reconcile::Reconciling;
 pub use reconcile::{MAX_PENDING_RECONCILE_IDS, RECONCILE_SLICE};
+pub(crate) use records::{kept_ports, AgentRec, FrameworkRec, TaskRec};
 use recovery::{with_dynamic, RecoveredAgent, Unreachable};
 pub use rejection::{
     OperatorRejection, ReservationRejection, RoleRejection, SubscribeRejection, TaskRejection,
@@ -335,186 +340,6 @@ enum Claim {
     New,
 }
 
-/// An agent's attributes and healthy GPUs as offers carry them (shared, not copied per offer).
-#[derive(Debug, Clone)]
-pub(crate) struct OfferParts {
-    pub attributes: std::sync::Arc<Attributes>,
-    pub gpus: std::sync::Arc<[GpuInfo]>,
-}
-
-impl AgentRec {
-    /// Moves `resources` from unreserved into `role`'s dynamic reservation (`reserve`), or
-    /// back; the one bookkeeping of both the RESERVE operation and the operator's reserve.
-    pub(crate) fn apply_reservation(&mut self, role: &str, resources: &Resources, reserve: bool) {
-        if reserve {
-            self.resources = self.resources.saturating_sub(resources);
-            for map in [&mut self.reserved, &mut self.dynamic] {
-                map.entry(role.to_string())
-                    .or_default()
-                    .add_assign(resources);
-            }
-        } else {
-            for map in [&mut self.reserved, &mut self.dynamic] {
-                if let Some(r) = map.get_mut(role) {
-                    *r = r.saturating_sub(resources);
-                    if r.is_empty() {
-                        map.remove(role);
-                    }
-                }
-            }
-            self.resources.add_assign(resources);
-        }
-    }
-
-    /// The shared [`OfferParts`], built on first use after a change.
-    pub(crate) fn offer_parts(&self) -> &OfferParts {
-        self.offer_parts.get_or_init(|| OfferParts {
-            attributes: std::sync::Arc::new(self.attributes.clone()),
-            gpus: self.gpus.iter().filter(|g| g.healthy).cloned().collect(),
-        })
-    }
-}
-
-#[derive(Debug)]
-pub(crate) struct AgentRec {
-    pub id: AgentId,
-    pub name: String,
-    pub hostname: String,
-    pub address: String,
-    pub conn: Option<ConnId>,
-    pub resources: Resources,
-    pub reserved: BTreeMap<String, Resources>,
-    /// Dynamic reservations (RESERVE operations), included in `reserved` and taken out of
-    /// `resources`; persisted in the registry.
-    pub dynamic: BTreeMap<String, Resources>,
-    pub attributes: Attributes,
-    pub gpus: Vec<GpuInfo>,
-    /// What every offer of this agent carries besides resources (attributes, healthy GPUs),
-    /// built once and shared by its offers; reset whenever `attributes` or `gpus` change.
-    pub offer_parts: std::sync::OnceLock<OfferParts>,
-    pub gpu_samples: Vec<GpuSample>,
-    pub last_seen: Millis,
-    pub disconnected_at: Option<Millis>,
-    pub tasks: HashSet<TaskId>,
-    /// The user its tasks run as when their command names none (reported at registration).
-    pub task_user: String,
-    /// False while an operator has deactivated it: nothing of it is offered (its tasks run on).
-    pub active: bool,
-}
-
-#[derive(Debug)]
-pub(crate) struct FrameworkRec {
-    pub id: FrameworkId,
-    pub name: String,
-    pub principal: String,
-    pub roles: Vec<String>,
-    pub capabilities: Vec<Capability>,
-    pub failover_timeout_ms: u64,
-    pub conn: Option<ConnId>,
-    pub disconnected_at: Option<Millis>,
-    pub tasks: HashSet<TaskId>,
-}
-
-#[derive(Debug)]
-pub(crate) struct TaskRec {
-    pub info: TaskInfo,
-    pub framework: FrameworkId,
-    pub agent: AgentId,
-    pub state: TaskState,
-    /// What the task holds in the allocator (returned when it ends).
-    pub allocation: OfferResources,
-    /// True once `allocation` went back to the allocator.
-    pub recovered: bool,
-    /// The agent updates forwarded to the framework and not yet acknowledged by it, oldest
-    /// first (agents pipeline a task's updates; at most [`MAX_PENDING_UPDATES`]).
-    pub pending: VecDeque<StatusUpdate>,
-    /// Updates the framework acknowledged (so agent retransmissions are not redelivered).
-    pub acked: HashSet<UpdateId>,
-    pub last_message: String,
-    pub usage: Option<TaskUsage>,
-    /// The role whose resources the task holds.
-    pub role: String,
-    /// GPUs the agent gave the task (UUIDs).
-    pub gpus: Vec<String>,
-    /// Host ports the agent gave the task (for its `ports:K`).
-    pub ports: Vec<u16>,
-    pub reason: Option<TaskReason>,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    /// When the master sent the task to its agent (or adopted it).
-    pub staged_at: Millis,
-    /// When the task was first reported `RUNNING`.
-    pub started_at: Option<Millis>,
-    /// When the task first became terminal.
-    pub ended_at: Option<Millis>,
-    /// Why the master asked its agent to kill it (a framework's [`FrameworkToMaster::KillFor`],
-    /// a drain deadline, an operator's teardown): its `KILLED` update is given this reason and
-    /// a message saying it (the agent only knows it was asked). Not kept across a failover.
-    pub kill_reason: Option<TaskReason>,
-}
-
-impl TaskRec {
-    /// The operator's record of this task (what `/state` shows and history keeps).
-    pub(crate) fn record(&self) -> TaskRecord {
-        TaskRecord {
-            id: self.info.task_id,
-            name: self.info.name.clone(),
-            framework: self.framework,
-            agent: self.agent,
-            role: self.role.clone(),
-            user: self.info.command.user.clone(),
-            resources: self.info.resources.clone(),
-            gpus: self.gpus.clone(),
-            ports: self.ports.clone(),
-            state: self.state,
-            reason: self.reason,
-            message: self.last_message.clone(),
-            exit_code: self.exit_code,
-            signal: self.signal,
-            staged_at: self.staged_at,
-            started_at: self.started_at,
-            ended_at: self.ended_at,
-        }
-    }
-
-    /// Records what an update says about the task (state changes are the caller's). Messages
-    /// are kept up to [`MAX_KEPT_MESSAGE`] bytes (history is long; an agent's text is not
-    /// trusted to be short).
-    fn note(&mut self, state: TaskState, update: &StatusUpdate, now: Millis) {
-        self.last_message = kept_message(&update.message);
-        if update.reason.is_some() || state.is_terminal() {
-            self.reason = update.reason;
-        }
-        if update.exit_code.is_some() || update.signal.is_some() {
-            self.exit_code = update.exit_code;
-            self.signal = update.signal;
-        }
-        if !update.gpus.is_empty() && update.gpus.len() <= 1024 {
-            self.gpus = update.gpus.clone();
-        }
-        if !update.ports.is_empty() {
-            self.ports = kept_ports(&self.info, &update.ports);
-        }
-        if state == TaskState::Running && self.started_at.is_none() {
-            self.started_at = Some(now);
-        }
-        if state.is_terminal() && self.ended_at.is_none() {
-            self.ended_at = Some(now);
-        }
-    }
-}
-
-/// The ports an agent reports for a task as kept in records: at most as many as the task asked
-/// for (an agent's list is not trusted to be short), else none.
-pub(crate) fn kept_ports(info: &TaskInfo, ports: &[u16]) -> Vec<u16> {
-    let asked = info.resources.milli("ports") / gantry_proto::resources::MILLI;
-    if ports.len() as u64 <= asked {
-        ports.to_vec()
-    } else {
-        Vec::new()
-    }
-}
-
 /// Event-triggered allocation cycles are at least this many times the last cycle's duration
 /// apart ([`Master::allocation_gap_ms`]).
 pub const CYCLE_GAP_FACTOR: u64 = 4;
@@ -734,126 +559,6 @@ impl Master {
             conn,
             reason: message,
         });
-    }
-
-    /// The allocator (read-only), for views and metrics.
-    pub fn allocator(&self) -> &Allocator {
-        &self.allocator
-    }
-
-    /// True when an allocation should run now: after events that free or add resources (at
-    /// most once per [`Master::allocation_gap_ms`]), or when the batch interval has passed.
-    /// Never once the leadership lease has lapsed ([`Master::leads_at`]).
-    pub fn allocation_due(&self, now: Millis) -> bool {
-        if !self.leads_at(now) {
-            return false;
-        }
-        let since = now.saturating_sub(self.last_batch);
-        (self.allocation_pending && since >= self.allocation_gap_ms())
-            || since >= self.config.allocation_interval_ms
-    }
-
-    /// When an event-triggered allocation that is not due yet will be (for the shell's timer).
-    pub fn next_allocation_at(&self) -> Option<Millis> {
-        self.allocation_pending
-            .then(|| self.last_batch + self.allocation_gap_ms())
-    }
-
-    /// The least time between event-triggered cycles: `allocation_min_gap_ms`, or
-    /// [`CYCLE_GAP_FACTOR`] times the last cycle's duration when that is longer, so cycles
-    /// take at most about a fifth of the core loop whatever they cost (cheap cycles run often
-    /// and offers wait little; a cycle over every agent of a large cluster waits longer).
-    pub fn allocation_gap_ms(&self) -> Millis {
-        self.config
-            .allocation_min_gap_ms
-            .max(self.last_cycle_us.saturating_mul(CYCLE_GAP_FACTOR) / 1000)
-    }
-
-    /// Runs one allocation cycle and returns the offers to send.
-    pub fn allocate(&mut self, now: Millis, out: &mut Vec<Output>) {
-        self.allocator.accrue(now);
-        self.allocation_pending = false;
-        self.last_batch = now;
-        self.sync_gpu_views();
-        let offers = self.allocator.allocate(now);
-        let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
-        // Free shares per GPU, once per agent per cycle (an agent may be offered to several
-        // frameworks or roles in one cycle).
-        // The last offer of an agent takes its shares (most agents get one offer a cycle:
-        // no copy at all).
-        // An offer without GPUs (what is left of an agent whose GPUs are taken) lists none.
-        let mut offers_left: HashMap<AgentId, usize> = HashMap::new();
-        for rec in offers.iter().filter(|r| r.resources.has_gpus()) {
-            *offers_left.entry(rec.agent).or_default() += 1;
-        }
-        let mut gpu_free: HashMap<AgentId, Vec<GpuFree>> = HashMap::new();
-        for rec in offers {
-            let free = if !rec.resources.has_gpus() {
-                Vec::new()
-            } else {
-                let left = offers_left.get_mut(&rec.agent).map_or(0, |n| {
-                    *n -= 1;
-                    *n
-                });
-                if left == 0 {
-                    gpu_free
-                        .remove(&rec.agent)
-                        .unwrap_or_else(|| self.gpu_free(rec.agent))
-                } else {
-                    gpu_free
-                        .entry(rec.agent)
-                        .or_insert_with(|| self.gpu_free(rec.agent))
-                        .clone()
-                }
-            };
-            match self.offer_message(&rec, free) {
-                Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
-                None => {
-                    self.allocator.rescind(rec.id);
-                }
-            }
-        }
-        for (fw, offers) in by_framework {
-            if let Some(conn) = self.frameworks.get(&fw).and_then(|f| f.conn) {
-                // As many messages as the frame limit needs (many agents, large attributes).
-                let split = codec::split_batches(offers, MasterToFramework::Offers);
-                for o in split.oversized {
-                    // Registration bounds make this unreachable; never send what can not go.
-                    tracing::warn!(framework = %fw, agent = %o.agent_id, "an offer does not fit in a frame; rescinded");
-                    self.allocator.rescind(o.id);
-                }
-                for batch in split.batches {
-                    out.push(Output::ToFramework(conn, batch));
-                }
-            } else {
-                for o in offers {
-                    self.allocator.rescind(o.id);
-                }
-            }
-        }
-    }
-
-    /// The offer `rec` as sent; its GPU list (and `gpu_free`) only when it offers GPUs.
-    fn offer_message(&self, rec: &OfferRecord, gpu_free: Vec<GpuFree>) -> Option<Offer> {
-        let agent = self.agents.get(&rec.agent)?;
-        let gpus = if rec.resources.has_gpus() {
-            agent.offer_parts().gpus.clone()
-        } else {
-            std::sync::Arc::from([])
-        };
-        Some(Offer {
-            id: rec.id,
-            framework_id: rec.framework,
-            agent_id: rec.agent,
-            hostname: agent.hostname.clone(),
-            role: rec.role.clone(),
-            resources: rec.resources.unreserved.clone(),
-            reserved: rec.resources.reserved.clone(),
-            attributes: agent.offer_parts().attributes.clone(),
-            gpus,
-            gpu_free,
-            agent_name: agent.name.clone(),
-        })
     }
 
     /// Applies one input. Offers are not made here: call [`Master::allocate`] when
