@@ -34,7 +34,9 @@
 //! - `fgd-fill`: like `fgd-pack`, with the fragmentation measure extended by the leftover of
 //!   filling the node with copies of each shape, CPU and memory included ([`fgd`] explains it):
 //!   it sees GPU slivers that repeated tasks strand and GPUs stranded by CPU running out.
-//! - `fgd-scarce`: `fgd-fill` against the workload weighted by the scarcity of the nodes each
+//! - `fgd-scarce`: FGD's increase of fragmentation plus the repeated-fill leftover of the
+//!   fractional shapes only ([`fgd::Measure::ShareFill`]: whole-GPU shapes keep FGD's `frag`),
+//!   then best-fit on ties, against the workload weighted by the scarcity of the nodes each
 //!   shape can use ([`Workload::weighted_by_scarcity`]): model-constrained and many-GPU shapes
 //!   weigh in proportion to how little of the cluster can host them.
 //! - `fgd-artifact`: FGD with the artifact's fit test, task types and score quantisation

@@ -38,7 +38,8 @@ pub struct Placer {
     rng: Pcg64Mcg,
     /// Each node's expected fragmentation now ([`Workload::fragmentation`]).
     frag: Vec<i64>,
-    /// Each node's fragmentation under [`Measure::FgdFill`] (`fgd-fill` only).
+    /// Each node's fragmentation under [`Measure::FgdFill`] (`fgd-fill`) or
+    /// [`Measure::ShareFill`] (`fgd-scarce`); empty for the other policies.
     fill: Vec<i64>,
     /// Bumped whenever a node changes; cache entries of older stamps are stale.
     stamp: Vec<u32>,
@@ -63,11 +64,7 @@ impl Placer {
         } else {
             workload
         };
-        let measure = if matches!(policy, Policy::FgdFill | Policy::FgdScarce) {
-            Measure::FgdFill
-        } else {
-            Measure::Fgd
-        };
+        let measure = measure_of(policy);
         let base = if policy == Policy::FgdArtifact {
             Measure::Artifact
         } else {
@@ -77,10 +74,10 @@ impl Placer {
             .iter()
             .map(|n| workload.fragmentation(base, n))
             .collect();
-        let fill = if measure == Measure::FgdFill {
+        let fill = if matches!(measure, Measure::FgdFill | Measure::ShareFill) {
             nodes
                 .iter()
-                .map(|n| workload.fragmentation(Measure::FgdFill, n))
+                .map(|n| workload.fragmentation(measure, n))
                 .collect()
         } else {
             Vec::new()
@@ -312,11 +309,7 @@ impl Placer {
     }
 
     fn measure(&self) -> Measure {
-        match self.policy {
-            Policy::FgdFill | Policy::FgdScarce => Measure::FgdFill,
-            Policy::FgdArtifact => Measure::Artifact,
-            _ => Measure::Fgd,
-        }
+        measure_of(self.policy)
     }
 
     fn touched(&mut self, node: usize) {
@@ -326,10 +319,9 @@ impl Placer {
             Measure::Fgd
         };
         self.frag[node] = self.workload.fragmentation(base, &self.nodes[node]);
+        let measure = self.measure();
         if let Some(f) = self.fill.get_mut(node) {
-            *f = self
-                .workload
-                .fragmentation(Measure::FgdFill, &self.nodes[node]);
+            *f = self.workload.fragmentation(measure, &self.nodes[node]);
         }
         self.stamp[node] = self.stamp[node].wrapping_add(1).max(NO_STAMP + 1);
     }
@@ -362,9 +354,10 @@ impl Placer {
                 })
             }
             Policy::Fgd | Policy::FgdPack | Policy::FgdFill | Policy::FgdScarce => {
-                let (delta, gpu) = if self.measure() == Measure::FgdFill {
+                let measure = self.measure();
+                let (delta, gpu) = if matches!(measure, Measure::FgdFill | Measure::ShareFill) {
                     self.workload
-                        .best_delta(Measure::FgdFill, node, self.fill[i], task)?
+                        .best_delta(measure, node, self.fill[i], task)?
                 } else {
                     self.workload
                         .best_delta(Measure::Fgd, node, self.frag[i], task)?
@@ -380,6 +373,16 @@ impl Placer {
                 })
             }
         }
+    }
+}
+
+/// The fragmentation measure a policy scores with.
+fn measure_of(policy: Policy) -> Measure {
+    match policy {
+        Policy::FgdFill => Measure::FgdFill,
+        Policy::FgdScarce => Measure::ShareFill,
+        Policy::FgdArtifact => Measure::Artifact,
+        _ => Measure::Fgd,
     }
 }
 

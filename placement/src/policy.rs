@@ -12,7 +12,9 @@ pub enum Policy {
     FgdFill,
     /// FGD then best-fit on ties (ours).
     FgdPack,
-    /// `fgd-fill` against the workload weighted by node scarcity (ours, see
+    /// FGD plus the repeated-fill leftover of fractional shapes
+    /// ([`Measure::ShareFill`](crate::Measure::ShareFill)), then best-fit on ties, against the
+    /// workload weighted by node scarcity (ours, see
     /// [`Workload::weighted_by_scarcity`](crate::Workload::weighted_by_scarcity)).
     FgdScarce,
     /// Fragmentation Gradient Descent.

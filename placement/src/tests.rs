@@ -163,6 +163,60 @@ fn fill_by_hand() {
 }
 
 #[test]
+fn share_fill_leaves_whole_gpus_to_frag() {
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let whole = task(12_000, 1000, GpuDemand::Whole(1));
+    let frac = task(3000, 1000, GpuDemand::Fraction(470));
+    let cpu_only = task(1000, 1000, GpuDemand::None);
+    // Two idle GPUs and CPU for one 12-core copy: fgd-fill counts the second GPU as stranded
+    // for the whole-GPU shape; share-fill (fgd-scarce) leaves whole GPUs to FGD's frag (0).
+    let mut n = node_with(a, &[1000, 1000]);
+    n.cpu_capacity = 16_000;
+    n.cpu_free = 16_000;
+    let w = Workload::from_tasks(&[whole]);
+    assert_eq!(w.fragmentation(Measure::Fgd, &n), 0);
+    assert_eq!(w.fragmentation(Measure::FgdFill, &n), 1000);
+    assert_eq!(w.fragmentation(Measure::ShareFill, &n), 0);
+    // Fractions keep their fill: 4 copies of 0.47 by GPU room (2 × 0.06 left over), CPU for
+    // 5: 120 under both fill measures.
+    let w = Workload::from_tasks(&[frac]);
+    assert_eq!(w.fragmentation(Measure::FgdFill, &n), 120);
+    assert_eq!(w.fragmentation(Measure::ShareFill, &n), 120);
+    // A CPU-only shape: FGD's frag (all free GPU), not doubled.
+    let w = Workload::from_tasks(&[cpu_only]);
+    assert_eq!(w.fragmentation(Measure::ShareFill, &n), 2000);
+}
+
+#[test]
+fn fgd_scarce_finishes_a_used_node_where_fgd_fill_opens_a_cpu_poor_one() {
+    // The choice the per-placement traces on openb multigpu40 showed most (fgd-fill against
+    // fgd): a 0.81-GPU, 3-core task, two 2-GPU 16-core nodes, one idle, one with a 0.19 sliver
+    // and 12 cores free. fgd-fill sees the idle node's second GPU stranded for 12-core
+    // whole-GPU tasks and opens it (a second sliver on a second node); fgd-scarce ties on the
+    // fragmentation and fills the used node.
+    let mut models = Models::new();
+    let a = model(&mut models, "A");
+    let whole = task(12_000, 1000, GpuDemand::Whole(1));
+    let frac = task(3000, 1000, GpuDemand::Fraction(810));
+    let mut idle = node_with(a, &[1000, 1000]);
+    idle.cpu_capacity = 16_000;
+    idle.cpu_free = 16_000;
+    let mut used = node_with(a, &[190, 1000]);
+    used.cpu_capacity = 16_000;
+    used.cpu_free = 12_000;
+    let nodes = vec![idle, used];
+    for seed in 0..10 {
+        let w = Workload::from_tasks(&[whole, frac]);
+        let mut fill =
+            Placer::new(nodes.clone(), Policy::FgdFill, w.clone(), seed).expect("placer");
+        assert_eq!(fill.choose(&frac).map(|p| p.node), Some(0));
+        let mut scarce = Placer::new(nodes.clone(), Policy::FgdScarce, w, seed).expect("placer");
+        assert_eq!(scarce.choose(&frac).map(|p| p.node), Some(1));
+    }
+}
+
+#[test]
 fn shapes_that_reject_the_model_see_all_free_gpu_as_fragmented() {
     let mut models = Models::new();
     let a = model(&mut models, "A");
