@@ -423,7 +423,8 @@ impl Side {
             (
                 s.preemptions,
                 s.idle_while_eligible_gpu_secs,
-                s.reserved_idle_gpu_secs
+                s.reserved_idle_gpu_secs,
+                s.settling_idle_gpu_secs
             ),
             self.q
                 .last_reservation
