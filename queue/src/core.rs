@@ -9,9 +9,12 @@
 //!    quota, then the team's weighted dominant share (DRF over GPUs and CPUs, with what this
 //!    pass launched and the job itself counted: see `Core::order_key`), then the team's
 //!    GPU-seconds per weight so far, then the earliest deadline, then submission order.
-//!    The order is keyed once per pass, in one list per team; after a launch only the
-//!    launching team's jobs are keyed again (a launch changes only its usage), unless the
-//!    level of GPU-seconds changes (then all are).
+//!    The order is kept across passes, one ordered set per team by each job's own part of
+//!    its key (`order_cache`; re-keyed when a job is new or requeued, at its aging steps, and
+//!    every pass for jobs with a deadline); with team quotas it is keyed again every pass.
+//!    After a launch only the launching team's part of its jobs' keys changes (and with
+//!    quotas its jobs are keyed again), unless the level of GPU-seconds changes (then every
+//!    team's does).
 //! 2. A job whose gang fits the free offered resources (minus the reservation below) launches:
 //!    every member in the same pass, one accept per agent
 //!    ([`gang::place_gang`](gantry_sdk::placement::gang::place_gang)).
@@ -60,6 +63,7 @@
 //! updates, tick — and the retry rules):
 //!
 //! - `order`: the order of pending jobs and the teams' usage it is computed from;
+//! - `order_cache`: that order kept across passes (per team, by the jobs' own keys);
 //! - `pass`: one scheduling pass, the reservation where GPUs free soonest, the agents' views
 //!   and the idle-GPU statistic;
 //! - `shape`: gang shapes (placement tried once per shape) and the least worker of the eligible
@@ -327,6 +331,8 @@ pub struct Core {
     decayed: BTreeMap<String, f64>,
     /// The GPU models teams name in per-model quotas (see `quota`).
     named: BTreeSet<String>,
+    /// The order of the eligible jobs kept across passes (see `order_cache`).
+    order_cache: order_cache::OrderCache,
     /// Jobs the last pass could place but not launch by other teams' lending limits, and why.
     lend_blocked: HashMap<u64, String>,
 }
@@ -374,6 +380,7 @@ impl Core {
             .collect();
         Core {
             named,
+            order_cache: Default::default(),
             lend_blocked: HashMap::new(),
             config,
             jobs: BTreeMap::new(),
@@ -734,6 +741,7 @@ mod demand;
 mod estimate;
 mod launch;
 mod order;
+mod order_cache;
 mod pass;
 #[cfg(test)]
 mod pass_oracle;

@@ -226,12 +226,17 @@ impl Core {
         // launch only for the launching team's jobs (a launch changes only that team's usage;
         // the order of the others stays, unless the level changes: then all of it).
         let mut usage = self.usage(now);
+        let keyed = match self.keyed_cached(&usage, totals, now) {
+            Some(k) => k,
+            None => self.keyed_least(&usage, totals, now),
+        };
         let Keyed {
             mut teams,
             mut level,
-            keyed,
+            mut lists,
+            fixed,
             least,
-        } = self.keyed_least(&usage, totals, now);
+        } = keyed;
         let names: Vec<String> = teams.keys().cloned().collect();
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
@@ -246,7 +251,7 @@ impl Core {
         };
         let current = self.holds.holder().map(|(k, _)| *k);
         let mut not_fitting: Vec<u64> = Vec::new();
-        for &(_, id, _) in &keyed {
+        for (_, id) in merged(&lists) {
             if not_fits(id) {
                 not_fitting.push(id);
                 if current != Some(id) && !self.holds.backing_off(&id, now) {
@@ -280,11 +285,7 @@ impl Core {
                 start: None,
             });
         }
-        // Per team, its eligible jobs in order: the pass takes the least head of all.
-        let mut lists: Vec<VecDeque<(OrderKey, u64)>> = vec![VecDeque::new(); names.len()];
-        for (key, id, t) in keyed {
-            lists[t].push_back((key, id));
-        }
+        // Per team, its eligible jobs in order (`lists`): the pass takes the least head of all.
         // The team of the last launch, whose jobs' keys are stale.
         let mut stale: Option<usize> = None;
         // Shapes (and whether they may backfill) that found no room outside the holder's
@@ -309,6 +310,13 @@ impl Core {
                 let rekey = |list: &mut VecDeque<(OrderKey, u64)>, team: &str| {
                     let used = usage.get(team).unwrap_or(&none);
                     let tk = self.team_key(team, used, totals, level);
+                    if fixed {
+                        // Only the team's part changed: the same for all, the order stays.
+                        for e in list.iter_mut() {
+                            (e.0 .2, e.0 .3) = tk;
+                        }
+                        return;
+                    }
                     for e in list.iter_mut() {
                         e.0 = self.order_key(&self.jobs[&e.1], used, tk, now);
                     }
