@@ -9,9 +9,12 @@
 //!    quota, then the team's weighted dominant share (DRF over GPUs and CPUs, with what this
 //!    pass launched and the job itself counted: see `Core::order_key`), then the team's
 //!    GPU-seconds per weight so far, then the earliest deadline, then submission order.
-//!    The order is keyed once per pass, in one list per team; after a launch only the
-//!    launching team's jobs are keyed again (a launch changes only its usage), unless the
-//!    level of GPU-seconds changes (then all are).
+//!    The order is kept across passes, one ordered set per team by each job's own part of
+//!    its key (`order_cache`; re-keyed when a job is new or requeued, at its aging steps, and
+//!    every pass for jobs with a deadline); with team quotas it is keyed again every pass.
+//!    After a launch only the launching team's part of its jobs' keys changes (and with
+//!    quotas its jobs are keyed again), unless the level of GPU-seconds changes (then every
+//!    team's does).
 //! 2. A job whose gang fits the free offered resources (minus the reservation below) launches:
 //!    every member in the same pass, one accept per agent
 //!    ([`gang::place_gang`](gantry_sdk::placement::gang::place_gang)).
@@ -41,7 +44,10 @@
 //!    first blocked job that waited `fair_share_wait` and whose team stays within its weighted
 //!    share of the GPUs preempts `preemptible` jobs of teams above theirs.
 //! 5. Elastic gangs below `max` grow on what is still free when nothing waits.
-//! 6. Offers nobody can use are declined (offers held past the hold timeout too).
+//! 6. Offers nobody can use are declined (offers held past the hold timeout too), and so,
+//!    with no filter, are the kept offers of an agent where one of our workers ended after
+//!    they arrived: they lack what it freed, which the master does not add to them
+//!    (`Core::refresh_stale`).
 //!
 //! Retries follow the framework SDK's attempt rules, shared with `batch` and every framework
 //! using `gantry_sdk::attempts`: [`attempts::ending`] says how a worker's end counts (a failure,
@@ -57,6 +63,7 @@
 //! updates, tick — and the retry rules):
 //!
 //! - `order`: the order of pending jobs and the teams' usage it is computed from;
+//! - `order_cache`: that order kept across passes (per team, by the jobs' own keys);
 //! - `pass`: one scheduling pass, the reservation where GPUs free soonest, the agents' views
 //!   and the idle-GPU statistic;
 //! - `shape`: gang shapes (placement tried once per shape) and the least worker of the eligible
@@ -271,6 +278,11 @@ pub struct Stats {
     /// its remaining GPUs drain (no job may start there without delaying it): the price of
     /// never starving a large gang, reported apart from the idle time above.
     pub reserved_idle_gpu_secs: f64,
+    /// GPU-seconds during which free GPUs were kept for a gang over several agents whose
+    /// offers were settling ([`CoreConfig::offer_settle`]: launched there at once, a gang could
+    /// start partially): the price of whole gangs, a second or so per such launch, reported
+    /// apart from the idle time above (the gang is not counted as a job that could start).
+    pub settling_idle_gpu_secs: f64,
 }
 
 /// The queue.
@@ -281,6 +293,9 @@ pub struct Core {
     offers: BTreeMap<OfferId, (Offer, Instant)>,
     /// When we last accepted or declined offers on each agent ([`CoreConfig::offer_settle`]).
     settled: BTreeMap<AgentId, Instant>,
+    /// When a worker of ours last ended on each agent: offers of that agent that arrived
+    /// before lack what it freed (see `Core::refresh_stale`).
+    worker_ended: HashMap<AgentId, Instant>,
     tasks: HashMap<TaskId, (u64, u32)>,
     /// What each agent has, as seen in offers plus our tasks there (for DRF and the
     /// reservation): its id → (hostname, attributes, every GPU seen, capacity).
@@ -294,6 +309,9 @@ pub struct Core {
     last_tick: Option<Instant>,
     /// The reservation the last pass made, for the idle-time statistics and the views.
     last_reservation: Option<Reservation>,
+    /// The gangs the last pass kept GPUs for while their offers settle
+    /// ([`CoreConfig::offer_settle`]), and what it kept: for the idle-time statistics.
+    last_settling: Vec<(u64, Parts)>,
     /// Statistics.
     pub stats: Stats,
     /// What the store has of each job (a digest of its record; see `persist`).
@@ -316,6 +334,8 @@ pub struct Core {
     decayed: BTreeMap<String, f64>,
     /// The GPU models teams name in per-model quotas (see `quota`).
     named: BTreeSet<String>,
+    /// The order of the eligible jobs kept across passes (see `order_cache`).
+    order_cache: order_cache::OrderCache,
     /// Jobs the last pass could place but not launch by other teams' lending limits, and why.
     lend_blocked: HashMap<u64, String>,
     /// The teams' spending against their budgets (see `spend`).
@@ -367,6 +387,7 @@ impl Core {
             .collect();
         Core {
             named,
+            order_cache: Default::default(),
             lend_blocked: HashMap::new(),
             budgets: crate::budget::Budgets::new(config.budgets.clone()),
             config,
@@ -374,6 +395,7 @@ impl Core {
             next_id: 1,
             offers: BTreeMap::new(),
             settled: BTreeMap::new(),
+            worker_ended: HashMap::new(),
             tasks: HashMap::new(),
             agents: BTreeMap::new(),
             holds,
@@ -381,6 +403,7 @@ impl Core {
             suppressed: false,
             last_tick: None,
             last_reservation: None,
+            last_settling: Vec::new(),
             stats: Stats::default(),
             persisted: HashMap::new(),
             touched: BTreeSet::new(),
@@ -505,6 +528,7 @@ impl Core {
             return out;
         }
         let killing = m.killing;
+        self.worker_ended.insert(m.agent_id, now);
         let gpus = m.gpus.len() as f64;
         let ran = now.saturating_duration_since(m.started).as_secs_f64();
         let cost = self
@@ -676,13 +700,14 @@ impl Core {
             .last_tick
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         self.last_tick = Some(now);
-        let (idle, held) = self.idle_gpus(now);
+        let idle = self.idle_gpus(now);
         let secs = dt.as_secs_f64();
-        if idle > 0 {
-            self.stats.idle_while_eligible_gpu_secs += idle as f64 * secs;
+        if idle.eligible > 0 {
+            self.stats.idle_while_eligible_gpu_secs += idle.eligible as f64 * secs;
             self.stats.idle_while_eligible_secs += secs;
         }
-        self.stats.reserved_idle_gpu_secs += held as f64 * secs;
+        self.stats.reserved_idle_gpu_secs += idle.reserved as f64 * secs;
+        self.stats.settling_idle_gpu_secs += idle.settling as f64 * secs;
         if let Some(hl) = self.config.usage_half_life.filter(|h| !h.is_zero()) {
             // Decay what was, then add what ran since the last tick.
             let keep = 0.5f64.powf(secs / hl.as_secs_f64());
@@ -730,6 +755,7 @@ mod demand;
 mod estimate;
 mod launch;
 mod order;
+mod order_cache;
 mod pass;
 #[cfg(test)]
 mod pass_oracle;

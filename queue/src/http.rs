@@ -519,6 +519,7 @@ async fn stats(
         "idle_while_eligible_gpu_secs": core.stats.idle_while_eligible_gpu_secs,
         "idle_while_eligible_secs": core.stats.idle_while_eligible_secs,
         "reserved_idle_gpu_secs": core.stats.reserved_idle_gpu_secs,
+        "settling_idle_gpu_secs": core.stats.settling_idle_gpu_secs,
         "waits": core.stats.waits,
     }))
     .into_response()
@@ -654,6 +655,16 @@ async fn metrics(
         out,
         "gpu_queue_reserved_idle_gpu_seconds_total {}",
         core.stats.reserved_idle_gpu_secs
+    );
+    let _ = writeln!(out, "# HELP gpu_queue_settling_idle_gpu_seconds_total GPU-seconds free but kept for a gang over several agents while its offers settle (a second or so per such launch).");
+    let _ = writeln!(
+        out,
+        "# TYPE gpu_queue_settling_idle_gpu_seconds_total counter"
+    );
+    let _ = writeln!(
+        out,
+        "gpu_queue_settling_idle_gpu_seconds_total {}",
+        core.stats.settling_idle_gpu_secs
     );
     (
         [(

@@ -2,7 +2,7 @@
 //! quota, the team's weighted dominant share with one unit counted, its GPU-seconds per weight,
 //! deadline and age; and the teams' usage it is computed from.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::resources::MILLI;
@@ -210,9 +210,8 @@ impl Core {
     }
 
     /// In one walk of the queue: the teams with eligible jobs (and how many), their level
-    /// ([`Core::level_among`]), the eligible jobs with their order keys and their team's index
-    /// among those teams, in order ([`Core::keyed_order`]), and the least worker of those
-    /// jobs ([`Least`]).
+    /// ([`Core::level_among`]), per team its eligible jobs with their order keys, in order
+    /// ([`Core::keyed_order`]), and the least worker of those jobs ([`Least`]).
     pub(super) fn keyed_least(
         &self,
         usage: &HashMap<String, TeamUsage>,
@@ -256,10 +255,15 @@ impl Core {
             })
             .collect();
         keyed.sort_unstable_by_key(|e| (e.0, e.1));
+        let mut lists: Vec<VecDeque<(OrderKey, u64)>> = vec![VecDeque::new(); teams.len()];
+        for (key, id, t) in keyed {
+            lists[t].push_back((key, id));
+        }
         Keyed {
             teams,
             level,
-            keyed,
+            lists,
+            fixed: false,
             least,
         }
     }
@@ -325,8 +329,11 @@ pub(super) struct Keyed {
     pub(super) teams: BTreeMap<String, usize>,
     /// Their level ([`Core::level_among`]).
     pub(super) level: f64,
-    /// The eligible jobs in order: key, id, team's index in `teams`.
-    pub(super) keyed: Vec<(OrderKey, u64, usize)>,
+    /// Per team (as `teams` orders them), its eligible jobs in order, with their keys.
+    pub(super) lists: Vec<VecDeque<(OrderKey, u64)>>,
+    /// Whether a job's own part of its key does not depend on its team's usage (no quotas):
+    /// after a launch, only the team's part of its jobs' keys changes.
+    pub(super) fixed: bool,
     /// Their least worker.
     pub(super) least: Least,
 }

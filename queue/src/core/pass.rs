@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::placement::gang::{self, GangRequest};
-use gantry_sdk::placement::offers::AgentView;
+use gantry_sdk::placement::offers::{AgentView, Plan};
 use gantry_sdk::protocol::*;
 
 use super::order::{Keyed, OrderKey, TeamUsage};
@@ -19,32 +19,54 @@ use super::{
 };
 
 impl Core {
-    /// Free GPUs (capacity minus ours, assuming the cluster is ours), split in two: those a
-    /// waiting job could start on now under the policy (outside the last pass's reservation,
-    /// while an eligible job's gang fits there; everything free when the reservation's holder
-    /// fits), 0 when no job could; and those free but held for the reservation.
-    pub(super) fn idle_gpus(&self, now: Instant) -> (u64, u64) {
-        let views = self.eventual_views(false);
-        let free: u64 = views.iter().map(AgentView::gpu_count).sum();
+    /// Free GPUs (capacity minus ours, assuming the cluster is ours), split in three
+    /// ([`IdleGpus`]): those the last pass kept for gangs whose offers are settling; of the
+    /// rest, those a waiting job could start on now under the policy (outside the last pass's
+    /// reservation while an eligible job's gang fits there; all of them when the reservation's
+    /// holder, or a job that may backfill on it, fits), 0 when no job could; and those held for
+    /// the reservation.
+    pub(super) fn idle_gpus(&self, now: Instant) -> IdleGpus {
+        let mut views = self.eventual_views(false);
+        let count = |v: &[AgentView]| v.iter().map(AgentView::gpu_count).sum::<u64>();
+        let all = count(&views);
+        if all == 0 {
+            return IdleGpus::default();
+        }
+        // Kept for a gang until its offers settle: neither idle for others, nor is the gang a
+        // job that waits for GPUs (it launches there once they settle).
+        for (_, parts) in &self.last_settling {
+            subtract(&mut views, parts);
+        }
+        let free = count(&views);
+        let settling = all - free;
         if free == 0 {
-            return (0, 0);
+            return IdleGpus {
+                settling,
+                ..IdleGpus::default()
+            };
         }
         let mut outside = views.clone();
         let holder = self.last_reservation.as_ref().map(|r| {
             subtract(&mut outside, &r.parts);
             r.holder
         });
-        let unreserved: u64 = outside.iter().map(AgentView::gpu_count).sum();
+        let unreserved = count(&outside);
         let held = free - unreserved;
         // Once per gang shape, whatever the number of jobs.
         let (mut in_all, mut in_outside) = (ShapeCache::default(), ShapeCache::default());
-        let eligible = || self.jobs.values().filter(|j| Self::eligible(j));
+        let eligible = || {
+            self.jobs.values().filter(|j| {
+                Self::eligible(j) && !self.last_settling.iter().any(|(id, _)| *id == j.id)
+            })
+        };
         let backfills = |j: &&Job| {
             self.last_reservation
                 .as_ref()
                 .is_some_and(|r| self.backfills(r, &j.spec, now))
         };
-        if eligible().any(|j| holder == Some(j.id) && in_all.fits(&views, &j.spec)) {
+        let (eligible, reserved) = if eligible()
+            .any(|j| holder == Some(j.id) && in_all.fits(&views, &j.spec))
+        {
             (free, 0)
         } else if eligible()
             .any(|j| holder != Some(j.id) && backfills(&j) && in_all.fits(&views, &j.spec))
@@ -55,6 +77,11 @@ impl Core {
             (unreserved, held)
         } else {
             (0, held)
+        };
+        IdleGpus {
+            eligible,
+            reserved,
+            settling,
         }
     }
 
@@ -199,12 +226,17 @@ impl Core {
         // launch only for the launching team's jobs (a launch changes only that team's usage;
         // the order of the others stays, unless the level changes: then all of it).
         let mut usage = self.usage(now);
+        let keyed = match self.keyed_cached(&usage, totals, now) {
+            Some(k) => k,
+            None => self.keyed_least(&usage, totals, now),
+        };
         let Keyed {
             mut teams,
             mut level,
-            keyed,
+            mut lists,
+            fixed,
             least,
-        } = self.keyed_least(&usage, totals, now);
+        } = keyed;
         let names: Vec<String> = teams.keys().cloned().collect();
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
@@ -219,7 +251,7 @@ impl Core {
         };
         let current = self.holds.holder().map(|(k, _)| *k);
         let mut not_fitting: Vec<u64> = Vec::new();
-        for &(_, id, _) in &keyed {
+        for (_, id) in merged(&lists) {
             if not_fits(id) {
                 not_fitting.push(id);
                 if current != Some(id) && !self.holds.backing_off(&id, now) {
@@ -253,11 +285,7 @@ impl Core {
                 start: None,
             });
         }
-        // Per team, its eligible jobs in order: the pass takes the least head of all.
-        let mut lists: Vec<VecDeque<(OrderKey, u64)>> = vec![VecDeque::new(); names.len()];
-        for (key, id, t) in keyed {
-            lists[t].push_back((key, id));
-        }
+        // Per team, its eligible jobs in order (`lists`): the pass takes the least head of all.
         // The team of the last launch, whose jobs' keys are stale.
         let mut stale: Option<usize> = None;
         // Shapes (and whether they may backfill) that found no room outside the holder's
@@ -269,8 +297,9 @@ impl Core {
         // queue is blocked, taken lazily in order below).
         let mut room = least.fits_some(&views);
         let mut holder_tried = false;
-        // A gang waits for its offers to settle ([`CoreConfig::offer_settle`]).
-        let mut settling = false;
+        // Gangs waiting for their offers to settle ([`CoreConfig::offer_settle`]), with what
+        // is kept for them meanwhile.
+        let mut settling: Vec<(u64, Parts)> = Vec::new();
         loop {
             // Members launched earlier in this pass are already recorded in their jobs.
             if let Some(t) = stale.take() {
@@ -281,6 +310,13 @@ impl Core {
                 let rekey = |list: &mut VecDeque<(OrderKey, u64)>, team: &str| {
                     let used = usage.get(team).unwrap_or(&none);
                     let tk = self.team_key(team, used, totals, level);
+                    if fixed {
+                        // Only the team's part changed: the same for all, the order stays.
+                        for e in list.iter_mut() {
+                            (e.0 .2, e.0 .3) = tk;
+                        }
+                        return;
+                    }
                     for e in list.iter_mut() {
                         e.0 = self.order_key(&self.jobs[&e.1], used, tk, now);
                     }
@@ -367,11 +403,9 @@ impl Core {
             match plan {
                 Some(plan) if self.unsettled(&plan, &avail, now) => {
                     // Its offers may be rescinded on their way: kept for it until they settle.
-                    for a in &plan.assignments {
-                        let agent = avail[a.agent].agent_id;
-                        remove(&mut views, agent, &gang.member.resources, &a.gpus);
-                    }
-                    settling = true;
+                    let parts = settle_parts(&plan, &avail, &gang);
+                    subtract(&mut views, &parts);
+                    settling.push((id, parts));
                     room = least.fits_some(&views);
                 }
                 Some(plan) => {
@@ -520,7 +554,7 @@ impl Core {
             .iter()
             .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
-        let waiting = first_blocked.is_some() || settling;
+        let waiting = first_blocked.is_some() || !settling.is_empty();
         // Per agent: the master's accept and decline act on all of a framework's offers on an
         // agent, so an agent's offers are kept or declined together (kept while its newest
         // offer is fresh).
@@ -547,6 +581,7 @@ impl Core {
         if !decline.is_empty() {
             out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
         }
+        out.extend(self.refresh_stale(now));
         let active = self.jobs.values().any(Self::eligible);
         // A running job has workers (`with_members` checks it in tests).
         let growing = self.with_members().any(|j| {
@@ -563,7 +598,43 @@ impl Core {
             out.push(Action::Revive);
         }
         self.last_reservation = reservation;
+        self.last_settling = settling;
         out
+    }
+
+    /// Declines, with no filter, the offers kept on agents where a worker of ours ended after
+    /// the newest of them arrived, so that the master offers the agent again with what the
+    /// worker freed. The master does not add to an offer we hold: what a worker frees is
+    /// offered apart, and with a declared demand only as whole tasks of its shapes. An agent
+    /// offered 4 of its GPUs while our 4-GPU job ran there, then freed, stays offered as 4
+    /// (an 8-GPU worker never fits there, nor in the 4 freed beside it) until the offer is
+    /// declined: in tests/tests/gpu_queue.rs the whole cluster sat idle for the offer hold
+    /// (20 s) while a 4×8 gang waited.
+    pub(super) fn refresh_stale(&mut self, now: Instant) -> Option<Action> {
+        let mut newest: BTreeMap<AgentId, Instant> = BTreeMap::new();
+        for (o, at) in self.offers.values() {
+            let e = newest.entry(o.agent_id).or_insert(*at);
+            *e = (*e).max(*at);
+        }
+        let stale: BTreeSet<AgentId> = newest
+            .into_iter()
+            .filter(|(agent, at)| self.worker_ended.get(agent).is_some_and(|end| end > at))
+            .map(|(agent, _)| agent)
+            .collect();
+        if stale.is_empty() {
+            return None;
+        }
+        let ids: Vec<OfferId> = self
+            .offers
+            .iter()
+            .filter(|(_, (o, _))| stale.contains(&o.agent_id))
+            .map(|(id, _)| *id)
+            .collect();
+        self.note_settled(ids.iter(), now);
+        for id in &ids {
+            self.offers.remove(id);
+        }
+        Some(Action::Decline(ids, 0.0))
     }
 
     /// The reservation for blocked job `id`: where its gang's fewest members go once running
@@ -664,6 +735,17 @@ impl Core {
     }
 }
 
+/// Free GPUs by why they are free ([`Core::idle_gpus`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct IdleGpus {
+    /// Idle while a waiting job could start on them.
+    pub(super) eligible: u64,
+    /// Held for the reservation of a blocked job while the rest of its GPUs drain.
+    pub(super) reserved: u64,
+    /// Kept for gangs whose offers are settling.
+    pub(super) settling: u64,
+}
+
 /// A blocked job's reservation: per agent the amount and GPUs set aside for it, and when it is
 /// expected to start (by the running jobs' time limits; `None` when unknown).
 #[derive(Debug, Clone)]
@@ -692,6 +774,23 @@ pub(super) fn avail_ids(views: &[AgentView]) -> Vec<(AgentId, String)> {
         .iter()
         .map(|v| (v.agent_id, v.hostname.clone()))
         .collect()
+}
+
+/// What a gang whose offers are settling keeps ([`Core::unsettled`]): per agent of `plan`
+/// (indices into `views`), its members' amounts and GPUs.
+pub(super) fn settle_parts(plan: &Plan, views: &[AgentView], gang: &GangRequest) -> Parts {
+    let mut parts: Parts = Vec::new();
+    for a in &plan.assignments {
+        let agent = views[a.agent].agent_id;
+        match parts.iter_mut().find(|p| p.0 == agent) {
+            Some(p) => {
+                p.1.add_assign(&gang.member.resources);
+                p.2.extend(a.gpus.iter().cloned());
+            }
+            None => parts.push((agent, gang.member.resources.clone(), a.gpus.clone())),
+        }
+    }
+    parts
 }
 
 /// Removes `res` and the GPUs `uuids` from the view of `agent`.

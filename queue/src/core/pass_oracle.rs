@@ -10,7 +10,7 @@ use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
 use super::order::{OrderKey, TeamUsage};
-use super::pass::{subtract, PREEMPT_RESERVATION};
+use super::pass::{settle_parts, subtract, PREEMPT_RESERVATION};
 use super::preempt::Victims;
 use super::shape::{Shape, ShapeCache};
 use super::{avail_ids, gang_of, remove, Action, Core, JobState, Priority, Reservation};
@@ -89,7 +89,7 @@ impl Core {
         // reservation since the last launch or change of the reservation: what is free only
         // shrinks meanwhile, so they would not fit again.
         let mut no_room: Vec<(Shape, bool)> = Vec::new();
-        let mut settling = false;
+        let mut settling: Vec<(u64, super::Parts)> = Vec::new();
         loop {
             // Members launched earlier in this pass are already recorded in their jobs.
             if let Some(t) = stale.take() {
@@ -182,11 +182,9 @@ impl Core {
             match plan {
                 Some(plan) if self.unsettled(&plan, &avail, now) => {
                     // Its offers may be rescinded on their way: kept for it until they settle.
-                    for a in &plan.assignments {
-                        let agent = avail[a.agent].agent_id;
-                        remove(&mut views, agent, &gang.member.resources, &a.gpus);
-                    }
-                    settling = true;
+                    let parts = settle_parts(&plan, &avail, &gang);
+                    subtract(&mut views, &parts);
+                    settling.push((id, parts));
                 }
                 Some(plan) => {
                     for a in &plan.assignments {
@@ -299,7 +297,7 @@ impl Core {
             .iter()
             .flat_map(|r| r.parts.iter().map(|p| p.0))
             .collect();
-        let waiting = !blocked.is_empty() || settling;
+        let waiting = !blocked.is_empty() || !settling.is_empty();
         // Per agent: the master's accept and decline act on all of a framework's offers on an
         // agent, so an agent's offers are kept or declined together (kept while its newest
         // offer is fresh).
@@ -326,6 +324,7 @@ impl Core {
         if !decline.is_empty() {
             out.push(Action::Decline(decline, if waiting { 1.0 } else { 5.0 }));
         }
+        out.extend(self.refresh_stale(now));
         let active = self.jobs.values().any(Self::eligible);
         let growing = self.jobs.values().any(|j| {
             j.state == JobState::Running
@@ -341,6 +340,7 @@ impl Core {
             out.push(Action::Revive);
         }
         self.last_reservation = reservation;
+        self.last_settling = settling;
         out
     }
 }

@@ -233,6 +233,8 @@ enum Op {
         prio: u8,
         team: usize,
         limit: Option<u64>,
+        /// Seconds after the start (as Unix seconds from [`WALL0`]), and best-effort.
+        deadline: Option<(u64, bool)>,
     },
     Offer(usize),
     Finish(usize),
@@ -243,14 +245,19 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u32..=8, 1u32..=3, 0u32..=2, 0u8..5, 0usize..3, prop::option::of(10u64..400))
-            .prop_map(|(gpus, min, extra, prio, team, limit)| Op::Submit {
+        4 => (
+            (0u32..=8, 1u32..=3, 0u32..=2, 0u8..5, 0usize..3),
+            prop::option::of(10u64..400),
+            prop::option::weighted(0.3, (0u64..900, any::<bool>())),
+        )
+            .prop_map(|((gpus, min, extra, prio, team), limit, deadline)| Op::Submit {
                 gpus,
                 min,
                 extra,
                 prio,
                 team,
                 limit,
+                deadline,
             }),
         3 => (0usize..3).prop_map(Op::Offer),
         2 => (0usize..8).prop_map(Op::Finish),
@@ -266,7 +273,12 @@ struct Side {
     q: Core,
     sim: Sim,
     seq: HashMap<TaskId, usize>,
+    /// When the sequence started (the wall clock is [`WALL0`] then).
+    start: Instant,
 }
+
+/// The wall clock (Unix milliseconds) when a sequence starts.
+const WALL0: u64 = 1_900_000_000_000;
 
 impl Side {
     fn new(config: CoreConfig, oracle: bool, agents: &[AgentId], now: Instant) -> Side {
@@ -285,6 +297,7 @@ impl Side {
                 now,
             },
             seq: HashMap::new(),
+            start: now,
         }
     }
 
@@ -334,6 +347,12 @@ impl Side {
         out
     }
 
+    /// Gives the core the wall clock at `now`: [`WALL0`] at the start.
+    fn wall(&mut self, now: Instant) {
+        let ms = now.saturating_duration_since(self.start).as_millis() as u64;
+        self.q.set_wall_clock(now, WALL0 + ms);
+    }
+
     /// The `k`-th running task by launch number.
     fn running(&self, k: usize) -> Option<TaskId> {
         let mut ids: Vec<(usize, TaskId)> = self
@@ -350,6 +369,7 @@ impl Side {
     /// answered at once), normalized.
     fn run(&mut self, n: usize, op: &Op) -> Vec<String> {
         let now = self.sim.now;
+        self.wall(now);
         let actions = match op {
             Op::Submit {
                 gpus,
@@ -358,6 +378,7 @@ impl Side {
                 prio,
                 team,
                 limit,
+                deadline,
             } => {
                 let name = format!("j{n}");
                 let mut s = spec(
@@ -369,6 +390,10 @@ impl Side {
                 );
                 s.max_workers = min + extra;
                 s.time_limit_secs = *limit;
+                if let Some((secs, best_effort)) = deadline {
+                    s.deadline_unix = Some(WALL0 / 1000 + secs);
+                    s.deadline_best_effort = *best_effort;
+                }
                 self.sim.jobs.insert(name, (*min, min + extra));
                 self.q.submit(s, now).1
             }
@@ -390,6 +415,7 @@ impl Side {
             Op::Cancel(id) => self.q.cancel(*id, now).unwrap_or_default(),
             Op::Tick(secs) => {
                 self.sim.now += Duration::from_secs(*secs);
+                self.wall(self.sim.now);
                 self.q.tick(self.sim.now)
             }
         };
@@ -423,7 +449,8 @@ impl Side {
             (
                 s.preemptions,
                 s.idle_while_eligible_gpu_secs,
-                s.reserved_idle_gpu_secs
+                s.reserved_idle_gpu_secs,
+                s.settling_idle_gpu_secs
             ),
             self.q
                 .last_reservation
@@ -441,7 +468,10 @@ proptest! {
     /// The incremental pass decides exactly what the full pass decides: the same actions
     /// after every event, and the same jobs, order and reservations, on random queues (gangs,
     /// elastic gangs, CPU-only jobs, time limits for EASY backfill, priorities that preempt,
-    /// teams with quotas, fair-share wait, failures, cancels and time).
+    /// teams with quotas, fair-share wait, failures, cancels, deadlines (strict and
+    /// best-effort: urgency raises a job's class) and time jumps across aging steps (60 s)).
+    /// Without quotas the pass takes its order from the order kept across passes
+    /// (`order_cache`), which must match the oracle's full keying and sort after every jump.
     #[test]
     fn the_incremental_pass_decides_what_the_full_pass_decides(
         ops in prop::collection::vec(op(), 1..80),

@@ -659,3 +659,44 @@ fn a_job_whose_worker_the_cluster_lost_is_requeued_once_and_runs_again() {
         .iter()
         .all(|t| tasks.iter().all(|o| o.task_id != t.task_id)));
 }
+
+/// The flake of tests/tests/gpu_queue.rs `mixed_jobs_and_gangs_from_three_teams_all_finish`:
+/// an agent offered 4 GPUs while our 4-GPU job ran on the other 4 stays offered as 4 once the
+/// job ends (the master does not add to an offer we hold, and offers a declared demand only as
+/// whole tasks: an 8-GPU worker fits neither in the offer nor in the 4 freed beside it). The
+/// queue declines that stale offer with no filter as soon as the worker's end is known, so the
+/// master offers the agent whole; it kept it for the offer hold (20 s), every GPU idle.
+#[test]
+fn an_offer_older_than_a_workers_end_there_is_declined_to_be_offered_whole() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    q.submit(spec("a", "t", Priority::Normal, 4, 1), t0);
+    let a = q.offers(c.offers(&[8]), t0);
+    let tasks = launched(&a);
+    assert_eq!(tasks.len(), 1, "{a:?}");
+    let busy: Vec<String> = (0..4).map(|i| format!("GPU-0-{i}")).collect();
+    q.update(&update(&tasks[0], TaskState::Running, busy.clone()), t0);
+    // The rest of the agent is offered while `a` runs; `b` needs all of it.
+    let t1 = t0 + Duration::from_millis(100);
+    q.submit(spec("b", "t", Priority::Normal, 8, 1), t1);
+    let partial = c.offers(&[4]);
+    let a = q.offers(partial.clone(), t1);
+    assert!(
+        !a.iter()
+            .any(|a| matches!(a, Action::Launch { .. } | Action::Decline(..))),
+        "{a:?}"
+    );
+    // `a` ends: the offer lacks what it freed. Declined at once, with no filter.
+    let t2 = t1 + Duration::from_secs(2);
+    let a = q.update(&update(&tasks[0], TaskState::Finished, busy), t2);
+    assert!(
+        a.contains(&Action::Decline(vec![partial[0].id], 0.0)),
+        "{a:?}"
+    );
+    // Offered whole again: `b` launches.
+    let t3 = t2 + Duration::from_millis(100);
+    let a = q.offers(c.offers(&[8]), t3);
+    assert_eq!(launched(&a).len(), 1, "{a:?}");
+    assert!(!a.iter().any(|a| matches!(a, Action::Decline(..))), "{a:?}");
+}
