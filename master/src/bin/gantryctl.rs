@@ -1,7 +1,7 @@
 //! `gantryctl`: operator tool. Talks to the master's HTTPS operator API `/api/v1` (`status`,
 //! `agents`, `agent ID`, `frameworks`, `framework ID`, `tasks`, `task ID`, `offers`, `roles`,
 //! `weight`, `quota`, `reserve`, `unreserve`, `deactivate`, `reactivate`, `mark-gone`,
-//! `clear-gpu`, `teardown`, `drain`, `undrain`, `maintenance`, `events`; `state` is the raw
+//! `clear-gpu`, `teardown`, `drain`, `undrain`, `maintenance`, `volume list|destroy`, `events`; `state` is the raw
 //! `/state`) with an operator certificate or a bearer token, and issues certificates (`certs`)
 //! and tokens (`token`) offline, and prints shell completion scripts (`completion bash|zsh|fish`,
 //! made by `clap_complete` from the same command definitions, so they never drift). Tables by default, the API's JSON with `--json`. Agents,
@@ -35,6 +35,8 @@ use gantry_transport::tls::PeerIdentity;
 
 #[path = "gantryctl/maintenance.rs"]
 mod maintenance;
+#[path = "gantryctl/volume.rs"]
+mod volume;
 
 /// gantryctl: the operator's tool for Gantry clusters.
 ///
@@ -125,6 +127,9 @@ enum Cmd {
     /// Agent maintenance: drain, undrain, maintenance.
     #[command(flatten)]
     Maintenance(maintenance::MaintenanceCmd),
+    /// Persistent volumes on an agent: list, destroy.
+    #[command(subcommand)]
+    Volume(volume::VolumeCmd),
     /// Show the raw cluster view (`/state`): agents, frameworks with their dominant shares,
     /// tasks by state.
     State,
@@ -830,6 +835,7 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             since,
         } => events(&c, json, no_reconnect, since).await,
         Cmd::Maintenance(m) => maintenance::run(&c, m).await,
+        Cmd::Volume(v) => volume::run(&c, v).await,
         Cmd::Certs(_) | Cmd::Token(_) | Cmd::Completion { .. } => {
             anyhow::bail!("offline commands do not reach the master")
         }
@@ -839,7 +845,7 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
 /// A usage error found after parsing (exit 2).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct Usage(String);
+pub(crate) struct Usage(pub(crate) String);
 
 /// `gantryctl events`: follows the stream, reconnecting (1 s, doubling to 10 s between tries)
 /// when it ends or breaks, until stdout is closed. Authentication and ACL refusals end it.
