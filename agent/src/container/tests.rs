@@ -323,3 +323,36 @@ fn volume_requests_are_answered_with_the_protocol_outcomes() {
         }
     );
 }
+
+/// At startup, the bundles of containers that ended (an exit recorded, or a launch no
+/// supervisor claimed) are cleaned up; a running container's bundle is left alone.
+#[test]
+fn the_startup_sweep_cleans_up_only_ended_containers() {
+    use crate::executor::record;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ContainerConfig {
+        state_root: dir.path().join("runtime"),
+        ..ContainerConfig::default()
+    };
+    let meta_root = dir.path().join("meta");
+    let bundle = |task: TaskId| {
+        let meta = meta_root.join(task.to_string());
+        std::fs::create_dir_all(meta.join("container").join("rootfs")).unwrap();
+        meta
+    };
+    let (ended, unclaimed, running) = (TaskId::random(), TaskId::random(), TaskId::random());
+    let ended_meta = bundle(ended);
+    assert!(record::claim_for_supervisor(&ended_meta, "4242 1").unwrap());
+    record::append(&ended_meta, "exit", r#"{"code":0,"signal":null}"#, false).unwrap();
+    let unclaimed_meta = bundle(unclaimed);
+    let running_meta = bundle(running);
+    assert!(record::claim_for_supervisor(&running_meta, "4243 1").unwrap());
+
+    assert_eq!(sweep_ended(&cfg, &meta_root), 2);
+    assert!(!ended_meta.join("container").exists());
+    assert!(!unclaimed_meta.join("container").exists());
+    // The unclaimed launch is now the agent's: no supervisor will run it.
+    assert!(!record::claim_for_supervisor(&unclaimed_meta, "4244 1").unwrap());
+    assert!(running_meta.join("container").join("rootfs").is_dir());
+    assert_eq!(sweep_ended(&cfg, &meta_root), 0);
+}
