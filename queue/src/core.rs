@@ -152,6 +152,8 @@ pub struct CoreConfig {
     /// job) preempts `preemptible` jobs of teams above theirs (`--fair-share-wait`). `None`:
     /// never.
     pub fair_share_wait: Option<Duration>,
+    /// Team budgets (`--team-budget`; [`crate::budget`]): submissions warned, then held.
+    pub budgets: crate::budget::BudgetConfig,
     /// Fair-share usage decays with this half-life (Slurm's `PriorityDecayHalfLife`): a
     /// team's GPU-seconds in the ordering count half after one half-life. `None`: GPU-seconds
     /// since the start count forever.
@@ -186,6 +188,7 @@ impl Default for CoreConfig {
             default_time_limit: None,
             usage_half_life: None,
             fair_share_wait: None,
+            budgets: Default::default(),
         }
     }
 }
@@ -315,6 +318,8 @@ pub struct Core {
     named: BTreeSet<String>,
     /// Jobs the last pass could place but not launch by other teams' lending limits, and why.
     lend_blocked: HashMap<u64, String>,
+    /// The teams' spending against their budgets (see `spend`).
+    budgets: crate::budget::Budgets,
 }
 
 /// A worker that ended, for the usage history.
@@ -326,6 +331,8 @@ struct EndedMember {
     gpus: u32,
     secs: f64,
     at: Instant,
+    /// Its cost ([`KnownAgent::cost_per_sec`] × `secs`), when its agent has a price.
+    cost: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -361,6 +368,7 @@ impl Core {
         Core {
             named,
             lend_blocked: HashMap::new(),
+            budgets: crate::budget::Budgets::new(config.budgets.clone()),
             config,
             jobs: BTreeMap::new(),
             next_id: 1,
@@ -499,6 +507,11 @@ impl Core {
         let killing = m.killing;
         let gpus = m.gpus.len() as f64;
         let ran = now.saturating_duration_since(m.started).as_secs_f64();
+        let cost = self
+            .agents
+            .get(&m.agent_id)
+            .and_then(|a| a.cost_per_sec(&member_resources(&job.spec)))
+            .map(|per_sec| per_sec * ran);
         *self
             .stats
             .gpu_secs
@@ -511,6 +524,7 @@ impl Core {
             gpus: gpus as u32,
             secs: ran,
             at: now,
+            cost,
         });
         job.members.remove(&index);
         self.tasks.remove(&u.task_id);
@@ -723,6 +737,7 @@ mod persist;
 mod preempt;
 mod quota;
 mod shape;
+mod spend;
 mod submit;
 mod timers;
 mod views;

@@ -12,7 +12,8 @@
 //! | `GET /stats`          | counters as JSON (GPU-seconds per team, preemptions, jobs requeued after a lost worker, idle) |
 //! | `GET /metrics`        | Prometheus text: queue depth per team and priority, wait    |
 //! |                       | histogram, preemptions, GPU-hours per team, idle-while-waiting |
-//! | `GET /usage`          | GPU-hours per team (`?by=user`: per team and user) in `?since_unix_ms=..&until_unix_ms=..` ([`crate::usage`]) |
+//! | `GET /usage`          | GPU-hours and cost per team (`?by=user`: per team and user) in `?since_unix_ms=..&until_unix_ms=..` ([`crate::usage`]) |
+//! | `GET /budgets`        | each team with a budget: budget, spent in the period, `ok`/`warn`/`over` ([`crate::budget`]) |
 //! | `POST /shutdown`      | tear the framework down (`gantry-queue shutdown`)            |
 //!
 //! Every change is committed to the store before the answer is sent.
@@ -114,6 +115,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/usage", get(usage))
+        .route("/budgets", get(budgets))
         .route("/shutdown", axum::routing::post(shutdown))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(api)
@@ -210,6 +212,23 @@ async fn submit(
             format!("no agent of the cluster can ever run it: {why}"),
         );
     }
+    // A team at or past its budget submits nothing more until its spending falls back;
+    // close to it, the submission is accepted with a warning.
+    let mut budget_warning = None;
+    if let Some(b) = s.core().budget(&spec.team, Instant::now()) {
+        match b.state {
+            crate::budget::BudgetState::Over => {
+                let message = b.message().unwrap_or_default();
+                return (
+                    StatusCode::FORBIDDEN,
+                    Json(json!({ "error": message, "reason": "over-budget", "budget": b })),
+                )
+                    .into_response();
+            }
+            crate::budget::BudgetState::Warn => budget_warning = b.message(),
+            crate::budget::BudgetState::Ok => {}
+        }
+    }
     if s.core().holds_active(MAX_ACTIVE_JOBS) {
         return error(
             StatusCode::TOO_MANY_REQUESTS,
@@ -220,11 +239,13 @@ async fn submit(
         // No pass per submission: the commit runs one for every submission it takes.
         let ids = s.with(|core, now| (core.enqueue_array(spec, user, now), Vec::new()));
         return match ids {
-            Ok(ids) => (
-                StatusCode::CREATED,
-                Json(json!({ "id": ids.first(), "ids": ids })),
-            )
-                .into_response(),
+            Ok(ids) => {
+                let mut body = json!({ "id": ids.first(), "ids": ids });
+                if let Some(w) = budget_warning {
+                    body["warning"] = json!(w);
+                }
+                (StatusCode::CREATED, Json(body)).into_response()
+            }
             Err(e) => error(StatusCode::BAD_REQUEST, e),
         };
     }
@@ -251,8 +272,9 @@ async fn submit(
         })
     });
     let mut body = json!({ "id": id });
-    if let Some(w) = warning {
-        body["warning"] = json!(w);
+    let warnings: Vec<String> = budget_warning.into_iter().chain(warning).collect();
+    if !warnings.is_empty() {
+        body["warning"] = json!(warnings.join("; "));
     }
     (StatusCode::CREATED, Json(body)).into_response()
 }
@@ -318,6 +340,17 @@ async fn usage(
         .into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+async fn budgets(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    cert: Option<Extension<PeerCert>>,
+) -> Response {
+    if let Err(d) = reader(&api, &headers, cert) {
+        return denied(d);
+    }
+    Json(api.shared.core().budgets(Instant::now())).into_response()
 }
 
 async fn show(
@@ -572,6 +605,35 @@ async fn metrics(
             escape(&team),
             secs / 3600.0
         );
+    }
+    let budgets = core.budgets(now);
+    if !budgets.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP gpu_queue_budget A team's budget for one period (the agents' price units)."
+        );
+        let _ = writeln!(out, "# TYPE gpu_queue_budget gauge");
+        for b in &budgets {
+            let _ = writeln!(
+                out,
+                "gpu_queue_budget{{team=\"{}\"}} {}",
+                escape(&b.team),
+                b.budget
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gpu_queue_budget_spent What a team spent in its budget's period so far."
+        );
+        let _ = writeln!(out, "# TYPE gpu_queue_budget_spent gauge");
+        for b in &budgets {
+            let _ = writeln!(
+                out,
+                "gpu_queue_budget_spent{{team=\"{}\"}} {}",
+                escape(&b.team),
+                b.spent
+            );
+        }
     }
     let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle while a waiting job could have started on them (outside the reservation, or on it for a job that ends before it starts).");
     let _ = writeln!(

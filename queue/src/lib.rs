@@ -27,12 +27,15 @@
 //!   team up to which priority, team and queue administrators), callers, 400/401/403.
 //! - [`sim`]: the simulator on the same core (`gantry-queue simulate`): a job trace on emulated
 //!   agents with emulated time, against FIFO and EASY-backfill baselines.
-//! - [`usage`]: GPU-hours per team and user from the store's usage history (`GET /usage`,
-//!   `gantry-queue usage`).
+//! - [`usage`]: GPU-hours and cost per team and user from the store's usage history
+//!   (`GET /usage`, `gantry-queue usage`).
+//! - [`budget`]: team budgets over a rolling period (pure): spending from workers' costs,
+//!   submissions warned near a budget and held past it (`GET /budgets`).
 //! - [`http`]: the API (`/jobs`, `/jobs/{id}/logs` relayed from the master, `/stats`, `/metrics`, `/shutdown`), in HTTPS with tokens and
 //!   client certificates when an ACL file is given.
 
 pub mod auth;
+pub mod budget;
 pub mod core;
 pub mod http;
 pub mod model;

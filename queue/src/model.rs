@@ -579,4 +579,9 @@ pub struct UsageRecord {
     pub secs: f64,
     /// When it ended, Unix milliseconds.
     pub ended_unix_ms: u64,
+    /// What it cost: its agent's `price_per_hour` × its dominant share of the agent × its
+    /// run time (`crate::usage`, "Cost"); `None` on an agent without a price (and in
+    /// records written before the queue priced workers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
 }

@@ -1,9 +1,21 @@
-//! GPU-hours per team (or per team and user) from the store's usage history: every worker
-//! that ended is recorded with its GPUs and run time ([`UsageRecord`]). Pure: the records and
-//! the window in, rows out; served by `GET /usage` and printed by `gantry-queue usage`.
+//! GPU-hours and cost per team (or per team and user) from the store's usage history: every
+//! worker that ended is recorded with its GPUs, run time and cost ([`UsageRecord`]). Pure:
+//! the records and the window in, rows out; served by `GET /usage` and printed by
+//! `gantry-queue usage`.
 //!
 //! A worker's run is `[ended - secs, ended]`; only its part inside the window `[since, until]`
-//! counts. Workers still running are not in the history until they end.
+//! counts (and that part of its cost). Workers still running are not in the history until
+//! they end.
+//!
+//! **Cost.** A worker costs its agent's `price_per_hour` attribute (an autoscaler pool's
+//! price, or `gantry-agent --price-per-hour`) × its share of the agent × its run time: a GPU
+//! worker's share is its GPUs over the agent's (GPU-dominant, as the master's usage reports
+//! and the autoscaler's cost book attribute on GPU nodes, `gantry_placement::cost`), a
+//! CPU-only worker's its dominant share of CPUs and memory (see `Core`'s `spend` module for
+//! how the queue learns an agent's shape). A 1-GPU worker on a 2-GPU node pays half the
+//! node's price while it runs. What no worker pays for (nodes idle, booting, draining) is the fleet's
+//! idle cost, which the autoscaler and the master report per node. `cost` is absent from a
+//! row none of whose workers ran on a priced agent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -48,13 +60,17 @@ pub struct UsageRow {
     pub jobs: u64,
     /// Worker runs inside the window.
     pub workers: u64,
+    /// What those runs cost inside the window (currency units of the agents' prices);
+    /// `None` when none of them ran on a priced agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
 }
 
 /// GPU-hours of the runs inside `[since_ms, until_ms]` (Unix milliseconds), grouped `by`,
 /// most GPU-hours first.
 pub fn summarize(records: &[UsageRecord], since_ms: u64, until_ms: u64, by: By) -> Vec<UsageRow> {
-    // Per (team, user): GPU-hours, jobs, worker runs.
-    type Acc = (f64, BTreeSet<u64>, u64);
+    // Per (team, user): GPU-hours, jobs, worker runs, cost.
+    type Acc = (f64, BTreeSet<u64>, u64, Option<f64>);
     let mut rows: BTreeMap<(String, Option<String>), Acc> = BTreeMap::new();
     for r in records {
         let end = r.ended_unix_ms as f64;
@@ -68,34 +84,48 @@ pub fn summarize(records: &[UsageRecord], since_ms: u64, until_ms: u64, by: By) 
         row.0 += f64::from(r.gpus) * overlap.max(0.0) / 3_600_000.0;
         row.1.insert(r.job);
         row.2 += 1;
+        if let Some(c) = r.cost {
+            // The part of the run inside the window pays that part of the cost.
+            let part = if r.secs > 0.0 {
+                (overlap.max(0.0) / (r.secs * 1000.0)).min(1.0)
+            } else {
+                1.0
+            };
+            *row.3.get_or_insert(0.0) += c * part;
+        }
     }
     let mut out: Vec<UsageRow> = rows
         .into_iter()
-        .map(|((team, user), (gpu_hours, jobs, workers))| UsageRow {
-            team,
-            user,
-            gpu_hours,
-            jobs: jobs.len() as u64,
-            workers,
-        })
+        .map(
+            |((team, user), (gpu_hours, jobs, workers, cost))| UsageRow {
+                team,
+                user,
+                gpu_hours,
+                jobs: jobs.len() as u64,
+                workers,
+                cost,
+            },
+        )
         .collect();
     out.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours));
     out
 }
 
-/// The rows as a table.
+/// The rows as a table (`COST` is `-` for a row with no priced worker).
 pub fn table(rows: &[UsageRow]) -> String {
     let mut o = format!(
-        "{:<20} {:<20} {:>12} {:>8} {:>8}\n",
-        "TEAM", "USER", "GPU-HOURS", "JOBS", "WORKERS"
+        "{:<20} {:<20} {:>12} {:>12} {:>8} {:>8}\n",
+        "TEAM", "USER", "GPU-HOURS", "COST", "JOBS", "WORKERS"
     );
     for r in rows {
+        let cost = r.cost.map_or("-".to_string(), |c| format!("{c:.4}"));
         let _ = writeln!(
             o,
-            "{:<20} {:<20} {:>12.2} {:>8} {:>8}",
+            "{:<20} {:<20} {:>12.2} {:>12} {:>8} {:>8}",
             r.team,
             r.user.as_deref().unwrap_or("*"),
             r.gpu_hours,
+            cost,
             r.jobs,
             r.workers
         );
@@ -103,16 +133,18 @@ pub fn table(rows: &[UsageRow]) -> String {
     o
 }
 
-/// The rows as CSV (`team,user,gpu_hours,jobs,workers`; user empty grouping by team).
+/// The rows as CSV (`team,user,gpu_hours,cost,jobs,workers`; user empty grouping by team,
+/// cost empty with no priced worker).
 pub fn csv(rows: &[UsageRow]) -> String {
-    let mut o = "team,user,gpu_hours,jobs,workers\n".to_string();
+    let mut o = "team,user,gpu_hours,cost,jobs,workers\n".to_string();
     for r in rows {
         let _ = writeln!(
             o,
-            "{},{},{},{},{}",
+            "{},{},{},{},{},{}",
             r.team,
             r.user.as_deref().unwrap_or(""),
             r.gpu_hours,
+            r.cost.map(|c| c.to_string()).unwrap_or_default(),
             r.jobs,
             r.workers
         );

@@ -11,7 +11,9 @@
 //! interruption counted, and its capacity replaced in the on-demand fallback pool
 //! (`spot_failures_before_fallback = 1`); the job, killed at the notice's deadline, is requeued
 //! without counting as a failure and finishes on the replacement from its checkpoint
-//! (`GANTRY_QUEUE_CHECKPOINT_DIR`); the fallback pool scales down again. Last, consolidation:
+//! (`GANTRY_QUEUE_CHECKPOINT_DIR`); the fallback pool scales down again. The queue charged
+//! team ml its workers' share of each node's price for the time they ran (the master's records
+//! say the same within 1%), and its budget, now spent, holds the team's next submission. Last, consolidation:
 //! two half-busy nodes, one drained because its task fits the other, its task moved by the
 //! framework, the node deleted.
 //!
@@ -335,7 +337,9 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     .arg("--checkpoint-root")
     .arg(&ckpt)
     .args(["--listen", &queue_api.to_string(), "--team", "ml=1"])
-    .arg("--declare-demand");
+    .arg("--declare-demand")
+    // Team ml's budget: less than the job will cost (see the end of this phase).
+    .args(["--team-budget", "ml=0.02"]);
     let _queue = Proc::spawn("gantry-queue", qcmd, &dir.join("gantry-queue.log")).unwrap();
     let queue_url = format!("http://{queue_api}");
     let queue = |args: &[&str]| -> anyhow::Result<String> {
@@ -494,6 +498,54 @@ echo "done $n" > "$d/result""#;
             && ran_on.iter().any(|(a, _)| *a != noticed_agent),
         "{ran_on:?}"
     );
+    // Cost per team: the queue charged team ml its workers' share of their nodes (1 of 2
+    // GPUs: half) for the time they ran, at each node's price (the spot node, then the
+    // on-demand replacement), within 1% of the master's own records.
+    let expected_team: f64 = records["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let ran = t["ended_at_ms"].as_u64().unwrap() - t["started_at_ms"].as_u64().unwrap();
+            let price = if t["agent_id"] == noticed_agent.as_str() {
+                PRICE
+            } else {
+                OD_PRICE
+            };
+            ran as f64 / 3_600_000.0 * price * 0.5
+        })
+        .sum();
+    let usage: serde_json::Value =
+        serde_json::from_str(&queue(&["usage", "--since", "1h", "--json"]).unwrap()).unwrap();
+    let team_cost = usage[0]["cost"].as_f64().unwrap_or(-1.0);
+    assert!(
+        usage[0]["team"] == "ml" && (team_cost - expected_team).abs() <= 0.01 * expected_team,
+        "team ml charged {team_cost}, its workers ran for {expected_team}: {usage:#} {records:#}"
+    );
+    // Its budget (0.02) is spent: the next submission is held with the reason, nothing
+    // else changes.
+    let table = queue(&["usage", "--since", "1h"]).unwrap();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("ml ") && l.trim_end().ends_with("over")),
+        "{table}"
+    );
+    let held = Command::new(bin("gantry-queue").unwrap())
+        .args([
+            "submit", "--server", &queue_url, "--name", "more", "--team", "ml",
+        ])
+        .args(["--gpus", "1", "--", "true"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&held.stderr);
+    assert!(
+        held.status.code() == Some(4) && said.contains("over its budget"),
+        "{held:?}"
+    );
+    let jobs: serde_json::Value =
+        serde_json::from_str(&queue(&["list", "--json"]).unwrap()).unwrap();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs:#}");
     let stopped = autoscaler.terminate(Duration::from_secs(20));
     let Ok((seen2, _, report)) = watched else {
         logs();

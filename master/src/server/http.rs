@@ -52,6 +52,9 @@ use super::{CoreEvent, Shell};
 /// this file's authentication and error types.
 #[path = "maintenance.rs"]
 mod maintenance;
+/// Roles' weights and quotas (`/weights`, `/quota`).
+#[path = "http_roles.rs"]
+mod roles;
 /// Task sandboxes (`/api/v1/tasks/{id}/files`, `…/logs`, `…/exec`), proxied to the agent.
 #[path = "sandbox.rs"]
 mod sandbox;
@@ -64,6 +67,7 @@ pub(super) use crate::security::Caller;
 use crate::security::{Acls, OperatorAction, Sessions};
 pub use crate::security::{HttpLimits, SharedTokens};
 use crate::state::{OperatorCommand, OperatorRejection, QuotaPart};
+pub(super) use roles::{quota_handler, weights_handler};
 
 /// How the operator API is served.
 #[derive(Clone)]
@@ -733,38 +737,6 @@ async fn metrics_handler(
     Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
 }
 
-/// `POST /weights` with `{"role": "eng/ml", "weight": 2.0}`.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WeightRequest {
-    role: String,
-    weight: f64,
-}
-
-/// `POST /quota` (and `POST /api/v1/quotas`) with
-/// `{"role": "eng", "guarantee": "cpus:8;mem:16384", "limit": "cpus:16"}`: a part given as
-/// text is set, one given as `null` is removed, one left out is kept as it is (a change never
-/// drops a part silently); `cpus:0` in a limit is a limit of zero. Invalid quotas (bad syntax,
-/// a resource kind the cluster does not know, guarantee above limit, guarantees that do not
-/// nest) are answered 400 with the reason. A limit below what the role's tasks hold is
-/// accepted, with a warning in the answer (`{"ok": true, "warnings": [...]}`).
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct QuotaRequest {
-    role: String,
-    #[serde(default, deserialize_with = "present")]
-    guarantee: Option<Option<String>>,
-    #[serde(default, deserialize_with = "present")]
-    limit: Option<Option<String>>,
-}
-
-/// A field that is present: `Some(None)` for `null`, `Some(Some(..))` for a value (a missing
-/// field is `None` through `#[serde(default)]`).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
-    use serde::Deserialize;
-    Option::<String>::deserialize(d).map(Some)
-}
-
 pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))
@@ -797,162 +769,6 @@ pub(super) async fn operator(app: &App, who: String, cmd: OperatorCommand) -> Ap
     }
 }
 
-pub(super) async fn weights_handler(
-    State(app): State<App>,
-    caller: Option<axum::Extension<Caller>>,
-    body: Bytes,
-) -> ApiResult {
-    let who = app.may_write(&caller_of(caller), OperatorAction::SetWeight)?;
-    let req: WeightRequest = parse_json(&body)?;
-    operator(
-        &app,
-        who,
-        OperatorCommand::SetWeight {
-            role: req.role,
-            weight: req.weight,
-        },
-    )
-    .await
-}
-
-pub(super) async fn quota_handler(
-    State(app): State<App>,
-    caller: Option<axum::Extension<Caller>>,
-    body: Bytes,
-) -> ApiResult {
-    let who = app.may_write(&caller_of(caller), OperatorAction::SetQuota)?;
-    let req: QuotaRequest = parse_json(&body)?;
-    fn part<T: std::str::FromStr<Err = gantry_proto::ResourceParseError>>(
-        s: Option<Option<String>>,
-        what: &str,
-    ) -> Result<QuotaPart<T>, ApiError> {
-        Ok(match s {
-            None => QuotaPart::Keep,
-            Some(None) => QuotaPart::Remove,
-            Some(Some(s)) => QuotaPart::Set(
-                s.parse()
-                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}")))?,
-            ),
-        })
-    }
-    let guarantee: QuotaPart<gantry_proto::Resources> = part(req.guarantee, "guarantee")?;
-    // A limit keeps explicit zeros: "cpus:0" means no cpus at all.
-    let limit: QuotaPart<gantry_proto::ResourceLimits> = part(req.limit, "limit")?;
-    let new_limit = match &limit {
-        QuotaPart::Set(l) => Some(l.clone()),
-        _ => None,
-    };
-    let role = req.role.clone();
-    let Json(mut answer) = operator(
-        &app,
-        who,
-        OperatorCommand::ChangeQuota {
-            role: req.role,
-            guarantee,
-            limit,
-        },
-    )
-    .await?;
-    if let Some(limit) = new_limit {
-        // The state after the change: what the role's tasks hold now.
-        if let Ok(state) = app.state().await {
-            let warnings = super::api::views::limit_warnings(&state, &role, &limit);
-            if !warnings.is_empty() {
-                for w in &warnings {
-                    tracing::warn!(%role, "quota: {w}");
-                }
-                answer["warnings"] = serde_json::json!(warnings);
-            }
-        }
-    }
-    Ok(Json(answer))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_auth(value: &str) -> Request {
-        Request::builder()
-            .header(header::AUTHORIZATION, value)
-            .body(Body::empty())
-            .unwrap()
-    }
-
-    #[test]
-    fn bearer_tokens_are_read_strictly() {
-        assert_eq!(bearer(&with_auth("Bearer abc")), Some(Ok("abc")));
-        assert_eq!(bearer(&with_auth("bearer  abc ")), Some(Ok("abc")));
-        for bad in [
-            "Basic YWxhZGRpbjpvcGVuc2VzYW1l",
-            "Bearer",
-            "Bearer   ",
-            "abc",
-        ] {
-            assert!(matches!(bearer(&with_auth(bad)), Some(Err(_))), "{bad:?}");
-        }
-        let none = Request::builder().body(Body::empty()).unwrap();
-        assert_eq!(bearer(&none), None);
-    }
-
-    #[test]
-    fn the_dashboard_cookie_is_found_among_others() {
-        let req = |cookies: &[&str]| {
-            let mut b = Request::builder();
-            for c in cookies {
-                b = b.header(header::COOKIE, *c);
-            }
-            b.body(Body::empty()).unwrap()
-        };
-        let session = |r: &Request| cookie(r, SESSION_COOKIE);
-        assert_eq!(
-            session(&req(&["a=1; gantry_session=tok; b=2"])),
-            Some("tok".into())
-        );
-        assert_eq!(
-            session(&req(&["a=1", "gantry_session=t2"])),
-            Some("t2".into())
-        );
-        assert_eq!(session(&req(&["gantry_session="])), None);
-        assert_eq!(session(&req(&["xgantry_session=t"])), None);
-        assert_eq!(session(&req(&[])), None);
-    }
-
-    #[test]
-    fn errors_carry_a_code_and_the_right_headers() {
-        let e = ApiError::new(StatusCode::UNAUTHORIZED, "who?");
-        assert_eq!(e.code(), "unauthorized");
-        let resp = e.into_response();
-        assert!(resp.headers().contains_key(header::WWW_AUTHENTICATE));
-        let resp = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "big").into_response();
-        assert_eq!(resp.headers()[header::CONNECTION], "close");
-        assert_eq!(
-            ApiError::new(StatusCode::FORBIDDEN, "no").code(),
-            "forbidden"
-        );
-        let e = ApiError::too_many("slow down", Duration::from_millis(2500));
-        assert_eq!(e.code(), "too_many_requests");
-        let resp = e.into_response();
-        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
-    }
-
-    #[test]
-    fn the_openapi_spec_documents_exactly_the_routes_served() {
-        use super::super::routes::{normalize, spec_routes};
-        let spec = spec_routes(include_str!("../../../docs/api/openapi.yaml"));
-        assert!(spec.len() > 30, "the spec parsed to {spec:?}");
-        let served: std::collections::BTreeSet<(String, String)> = all_routes()
-            .table
-            .into_iter()
-            .map(|(m, p)| (m.to_string(), normalize(p)))
-            .collect();
-        let undocumented: Vec<_> = served.difference(&spec).collect();
-        let not_served: Vec<_> = spec.difference(&served).collect();
-        assert!(
-            undocumented.is_empty() && not_served.is_empty(),
-            "served but not in docs/api/openapi.yaml: {undocumented:?}\n\
-             in docs/api/openapi.yaml but not served: {not_served:?}"
-        );
-    }
-}
+#[path = "http_tests.rs"]
+mod tests;

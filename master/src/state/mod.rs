@@ -58,8 +58,9 @@
 //! with its operation):
 //! - this file: the types (`Master`, `Input`, `Output`, config, records), ids, dispatch
 //!   ([`Master::handle`]) and the allocation cycle ([`Master::allocate`]);
-//! - `agents`: registration, re-registration, task reconciliation, agent updates, GPU health,
-//!   disconnection and removal;
+//! - `agents`: registration, re-registration, agent updates, GPU health, disconnection and
+//!   removal;
+//! - `agent_tasks`: the tasks a re-registering agent reports, adopted or killed;
 //! - `partitions`: agents out of touch (unreachable, back in time, gone) and their tasks;
 //! - `frameworks`: subscription, failover, disconnection and removal;
 //! - `accept`: accepting offers (validation, carving resources out of offers, reservations);
@@ -82,6 +83,7 @@
 //! - `metrics`: the numbers behind `/metrics` (counts, resources, shares, resource-seconds).
 
 mod accept;
+mod agent_tasks;
 mod agents;
 mod events;
 mod frameworks;

@@ -6,6 +6,8 @@
 //!
 //! - [`hello`]: [`Hello`], [`MasterRole`], [`PeerKind`], and [`PROTOCOL_VERSION`] (here);
 //! - [`task`]: what a task is and how its state is reported, shared by both families below;
+//!   [`container`]: a task's container (image, network, volumes); [`group`]: tasks launched
+//!   together, all or none;
 //! - [`gpu`]: GPUs as measured and as offered;
 //! - [`agent`]: agent <-> master;
 //! - [`framework`]: framework <-> master;
@@ -27,16 +29,20 @@ use super::ids::{AgentId, FrameworkId, OfferId, TaskId, UpdateId};
 use super::resources::Resources;
 
 pub mod agent;
+pub mod container;
 pub mod framework;
 pub mod gpu;
+pub mod group;
 pub mod hello;
 pub mod sandbox;
 pub mod task;
 pub mod volume;
 
 pub use agent::*;
+pub use container::*;
 pub use framework::*;
 pub use gpu::*;
+pub use group::*;
 pub use hello::*;
 pub use sandbox::*;
 pub use task::*;

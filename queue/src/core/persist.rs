@@ -35,7 +35,7 @@ impl Changes {
 }
 
 /// `at` as Unix milliseconds, given that `now` is `wall_ms`.
-fn to_unix(at: Instant, now: Instant, wall_ms: u64) -> u64 {
+pub(super) fn to_unix(at: Instant, now: Instant, wall_ms: u64) -> u64 {
     let back = now.saturating_duration_since(at).as_millis() as u64;
     let ahead = at.saturating_duration_since(now).as_millis() as u64;
     wall_ms.saturating_sub(back).saturating_add(ahead)
@@ -156,7 +156,7 @@ impl Core {
             let jobs = &self.jobs;
             self.persisted.retain(|id, _| jobs.contains_key(id));
         }
-        let usage = std::mem::take(&mut self.ended_members)
+        let usage: Vec<UsageRecord> = std::mem::take(&mut self.ended_members)
             .into_iter()
             .map(|e| {
                 let (team, user) = self
@@ -173,9 +173,11 @@ impl Core {
                     gpus: e.gpus,
                     secs: e.secs,
                     ended_unix_ms: to_unix(e.at, now, wall_ms),
+                    cost: e.cost,
                 }
             })
             .collect();
+        self.spend(&usage, wall_ms);
         Changes {
             jobs,
             usage,

@@ -67,6 +67,7 @@ fn what_is_committed_is_loaded_after_reopening() {
                 gpus: 2,
                 secs: 10.0,
                 ended_unix_ms: 9_000,
+                cost: Some(0.25),
             }],
             next_id: 3,
         };

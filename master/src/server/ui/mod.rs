@@ -2,7 +2,8 @@
 //! small vendored script (`app.js`, `include_str!`) that follows the event stream and
 //! re-renders, and a chart of the roles' dominant shares over time. Module map: `pages` (the
 //! pages of one task, agent or framework, and the usage view), `table` (tables filtered by
-//! `?q=` and sorted by `?sort=&dir=` on the server; app.js does the same in the page).
+//! `?q=` and sorted by `?sort=&dir=` on the server; app.js does the same in the page),
+//! `login` (the token login form, sessions' cookies, logout).
 //!
 //! ```text
 //! GET  /ui            the page (overview, roles + share chart, frameworks, agents with
@@ -45,8 +46,11 @@ use super::api::views;
 use super::http::{caller_of, cookie_in, ApiError, App, Caller, ConnInfo, SESSION_COOKIE};
 use table::{Cell, Col, Row, View};
 
+mod login;
 mod pages;
 mod table;
+
+use login::*;
 
 const APP_JS: &str = include_str!("app.js");
 const STYLE_CSS: &str = include_str!("style.css");
@@ -160,126 +164,6 @@ async fn fragment(
     Ok(Html(render_main(&state, &view)).into_response())
 }
 
-#[derive(serde::Deserialize)]
-struct LoginQuery {
-    token: Option<String>,
-}
-
-async fn login_page(
-    query: Result<Query<LoginQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
-    if query.ok().and_then(|q| q.0.token).is_some() {
-        return ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "tokens in URLs are refused (they end up in browser history and logs): \
-             POST the login form",
-        )
-        .into_response();
-    }
-    login_form_page(StatusCode::OK, None)
-}
-
-/// The login form with a fresh CSRF token (cookie + hidden field).
-fn login_form_page(status: StatusCode, error: Option<&str>) -> Response {
-    let Ok(csrf) = crate::security::tokens::generate() else {
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no system randomness")
-            .into_response();
-    };
-    let mut resp = (status, Html(render_login(error, &csrf))).into_response();
-    set_cookie(
-        &mut resp,
-        &format!(
-            "{CSRF_COOKIE}={csrf}; Path=/ui/login; Max-Age={CSRF_SECONDS}; HttpOnly; Secure; SameSite=Strict"
-        ),
-    );
-    resp
-}
-
-fn set_cookie(resp: &mut Response, cookie: &str) {
-    if let Ok(v) = HeaderValue::from_str(cookie) {
-        resp.headers_mut().append(header::SET_COOKIE, v);
-    }
-}
-
-/// The value of form field `name` in an urlencoded body.
-fn form_field(body: &Bytes, name: &str) -> String {
-    form_urlencoded::parse(body)
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
-}
-
-/// `POST /ui/login`: checks the form's CSRF token, then the token under the address's
-/// failed-authentication limit; starts a session and sends the browser to the dashboard.
-async fn login_form(
-    State(app): State<App>,
-    info: Option<axum::Extension<ConnInfo>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let csrf = form_field(&body, "csrf");
-    let expected = cookie_in(&headers, CSRF_COOKIE).unwrap_or_default();
-    if expected.is_empty() || !bool::from(expected.as_bytes().ct_eq(csrf.as_bytes())) {
-        return login_form_page(
-            StatusCode::FORBIDDEN,
-            Some("the login form expired or was not sent by this dashboard; try again"),
-        );
-    }
-    let token = form_field(&body, "token");
-    let remote = info.map(|i| i.0.remote);
-    let name = match app.check_token(remote, token.trim()) {
-        Ok(name) => name,
-        Err(e) if e.status == StatusCode::UNAUTHORIZED => {
-            return login_form_page(StatusCode::UNAUTHORIZED, Some("unknown token"))
-        }
-        Err(e) => return e.into_response(),
-    };
-    let session = match app.sessions.create(token.trim(), Instant::now()) {
-        Ok(s) => s,
-        Err(e) => return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
-    };
-    tracing::info!(operator = %name, "dashboard login");
-    let mut resp = see_other("/ui");
-    set_cookie(
-        &mut resp,
-        &format!(
-            "{SESSION_COOKIE}={session}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=Strict",
-            app.sessions.lifetime().as_secs()
-        ),
-    );
-    set_cookie(
-        &mut resp,
-        &format!("{CSRF_COOKIE}=; Path=/ui/login; Max-Age=0; HttpOnly; Secure; SameSite=Strict"),
-    );
-    set_cookie(&mut resp, OLD_TOKEN_COOKIE_CLEARED);
-    resp
-}
-
-/// Earlier versions kept the token itself in the `gantry_token` cookie; logging in or out
-/// removes it from the browser (the master no longer reads it).
-const OLD_TOKEN_COOKIE_CLEARED: &str =
-    "gantry_token=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict";
-
-/// `POST /ui/logout` with the session's CSRF token: ends the session on the master.
-async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    let id = cookie_in(&headers, SESSION_COOKIE).unwrap_or_default();
-    let csrf = form_field(&body, "csrf");
-    if !app.sessions.end_with_csrf(&id, &csrf, Instant::now()) {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "no such session, or the logout form was not sent by this dashboard",
-        )
-        .into_response();
-    }
-    let mut resp = see_other("/ui/login");
-    set_cookie(
-        &mut resp,
-        &format!("{SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; Secure; SameSite=Strict"),
-    );
-    set_cookie(&mut resp, OLD_TOKEN_COOKIE_CLEARED);
-    resp
-}
-
 /// HTML-escapes text for element content and quoted attributes.
 fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -323,22 +207,6 @@ fn arr(v: &Value) -> &[Value] {
 fn share_bar(share: f64) -> String {
     let w = (share.clamp(0.0, 1.0) * 120.0).round();
     format!("<span class=\"bar\" style=\"width:{w}px\"></span> {share:.3}")
-}
-
-fn render_login(error: Option<&str>, csrf: &str) -> String {
-    let err = error
-        .map(|e| format!("<p class=\"bad\">{}</p>", esc(e)))
-        .unwrap_or_default();
-    format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Gantry login</title>\
-         <link rel=\"stylesheet\" href=\"/ui/style.css\"></head><body>\
-         <form class=\"login\" method=\"post\" action=\"/ui/login\"><h2>Gantry dashboard</h2>{err}\
-         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-         <label>Operator token (<code>gantryctl token create NAME</code>)\
-         <input type=\"password\" name=\"token\" autocomplete=\"off\" autofocus></label>\
-         <button type=\"submit\">Log in</button>\
-         <p class=\"muted\">A browser with an operator certificate needs no token.</p></form></body></html>"
-    )
 }
 
 /// The header: the name, links to the overview and the usage view, the master's epoch and
@@ -919,41 +787,4 @@ pub fn render_main(state: &Value, view: &View) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn pages_escape_what_peers_control() {
-        let state = json!({
-            "leader": true, "epoch": 1,
-            "agents": [{"id": "a1", "name": "<script>x</script>", "connected": true, "active": true,
-                        "hostname": "h\"", "total": {"gpus": 1.0}, "used": {}, "offered": {},
-                        "gpus": [{"uuid": "GPU-1", "name": "A100", "memory_mib": 40960, "healthy": false}],
-                        "gpu_samples": [{"uuid": "GPU-1", "util_percent": 87, "mem_used_bytes": 1048576,
-                                         "temperature_c": 60, "power_mw": 250000}]}],
-            "frameworks": [],
-            "tasks": [{"id": "t1", "name": "<b>train</b>", "state": "RUNNING", "framework_id": "f1",
-                       "agent_id": "a1", "gpus": ["GPU-1"], "resources": {"gpus": 1.0}, "message": "&",
-                       "ports": [31000, 31001]}],
-            "completed_tasks": [], "completed_frameworks": [], "offers": [],
-            "allocator": {"roles": {}}
-        });
-        let html = render_page(&state, Some("c\"sr<f"), &View::default());
-        assert!(
-            html.contains("name=\"csrf\" value=\"c&quot;sr&lt;f\""),
-            "logout form"
-        );
-        assert!(!render_page(&state, None, &View::default()).contains("/ui/logout"));
-        assert!(!html.contains("<script>x</script>"));
-        assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
-        assert!(!html.contains("<b>train</b>"));
-        assert!(html.contains("data-uuid=\"GPU-1\" data-healthy=\"false\""));
-        assert!(html.contains("87%"));
-        assert!(html
-            .contains("class=\"gpu-task\"><a href=\"/ui/tasks/t1\">&lt;b&gt;train&lt;/b&gt;</a>"));
-        assert!(html.contains("<a href=\"/ui/agents/a1\">&lt;script&gt;x&lt;/script&gt;</a>"));
-        assert!(html.contains("data-state=\"RUNNING\""));
-        assert!(html.contains("<td>31000 31001</td>"), "the task's ports");
-    }
-}
+mod tests;
