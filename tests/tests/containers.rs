@@ -44,7 +44,9 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    let out = std::process::Command::new(root.join("bin/busybox"))
+    // The host's binary, not the fresh copy: executing a file just written races with a fork
+    // in another test's thread holding it open for writing (ETXTBSY).
+    let out = std::process::Command::new("/bin/busybox")
         .arg("--list")
         .output()
         .unwrap();

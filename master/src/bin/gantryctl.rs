@@ -35,12 +35,12 @@ use gantry_transport::tls::PeerIdentity;
 
 #[path = "gantryctl/maintenance.rs"]
 mod maintenance;
-#[path = "gantryctl/volume.rs"]
-mod volume;
 #[path = "gantryctl/offline.rs"]
 mod offline;
 #[path = "gantryctl/sandbox.rs"]
 mod sandbox;
+#[path = "gantryctl/volume.rs"]
+mod volume;
 #[path = "gantryctl/watch.rs"]
 mod watch;
 
