@@ -55,6 +55,7 @@ pub(crate) enum Event {
     Update(StatusUpdate),
     Error(ErrorKind, String),
     Drain(DrainNotice),
+    Volume(VolumeDestroyed),
     Disconnected,
     Wake(u64),
 }
@@ -178,6 +179,7 @@ impl DriverCore {
             }
             MasterToFramework::Heartbeat => Vec::new(),
             MasterToFramework::DrainNotice(notice) => vec![Effect::Deliver(Event::Drain(notice))],
+            MasterToFramework::VolumeDestroyed(v) => vec![Effect::Deliver(Event::Volume(v))],
         }
     }
 

@@ -122,6 +122,19 @@ pub trait Scheduler: Send {
         async {}
     }
 
+    /// The answer to [`DriverHandle::destroy_volume`] (protocol v12): the volume is gone
+    /// ([`VolumeOutcome::Destroyed`]), was not there, is in use by containers on the agent (nothing
+    /// removed; try again once those tasks have ended), or the request failed. The default
+    /// does nothing.
+    fn volume_destroyed(
+        &mut self,
+        driver: &DriverHandle,
+        result: &VolumeDestroyed,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, result);
+        async {}
+    }
+
     /// The connection to the master dropped; the driver is reconnecting.
     fn disconnected(&mut self, driver: &DriverHandle) -> impl Future<Output = ()> + Send {
         let _ = driver;
@@ -437,6 +450,16 @@ impl DriverHandle {
     pub fn notify(&self, token: u64) {
         let _ = self.tx.send(Command::Notify(token));
     }
+    /// Destroys this framework's persistent volume `name` (`Volume::persistent(name, ..)`)
+    /// on `agent_id` and its data (protocol v12; docs/containers.md "Volumes"). The agent
+    /// refuses while a container there mounts it. The answer comes to
+    /// [`Scheduler::volume_destroyed`]; a request sent while disconnected is not retried.
+    pub fn destroy_volume(&self, agent_id: AgentId, name: impl Into<String>) {
+        self.send(FrameworkToMaster::DestroyVolume {
+            agent_id,
+            name: name.into(),
+        });
+    }
     /// Acknowledges a status update, under [`DriverConfig::explicit_acks`] (call it once what
     /// the update says is persisted; the master redelivers it until then, after a reconnect
     /// too). Without explicit acks the driver does this itself and this call is not needed.
@@ -743,6 +766,7 @@ impl Driver {
             Event::Update(update) => scheduler.status_update(d, &update).await,
             Event::Error(kind, message) => scheduler.error(d, kind, &message).await,
             Event::Drain(notice) => scheduler.drain_notice(d, &notice).await,
+            Event::Volume(v) => scheduler.volume_destroyed(d, &v).await,
             Event::Disconnected => scheduler.disconnected(d).await,
             Event::Wake(token) => scheduler.wake(d, token).await,
         }

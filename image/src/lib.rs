@@ -10,6 +10,8 @@
 //! - `store`: [`ImageStore`] (open, [`ImageStore::pull`], [`ImageStore::lease`], collection),
 //!   [`StoreConfig`], [`Image`], [`ImageConfig`], [`Lease`]. Single-flight: one pull per
 //!   reference and one download per blob at a time, the others wait and share the result.
+//!   A tag the registry resolved is trusted for [`DEFAULT_TAG_CACHE`] (10 s;
+//!   [`ImageStore::set_tag_cache`]): tag launches within it send no manifest request.
 //! - `index`: the crash-safe on-disk index (`index.json`, write-then-rename) and the pure
 //!   collection planner (least recently used unleased images first, shared layers kept).
 //! - `unpack`: a layer archive (tar, gzip or uncompressed) into a directory, with overlayfs
@@ -43,4 +45,6 @@ mod store;
 mod unpack;
 
 pub use error::{ImageError, REASON_PULL_FAILED, REASON_STORE_FAILED};
-pub use store::{human_bytes, Image, ImageConfig, ImageStore, Lease, StoreConfig, StoreUsage};
+pub use store::{
+    human_bytes, Image, ImageConfig, ImageStore, Lease, StoreConfig, StoreUsage, DEFAULT_TAG_CACHE,
+};

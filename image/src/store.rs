@@ -191,6 +191,11 @@ struct Inner {
     state: Mutex<State>,
     flights: Mutex<HashMap<String, Flight>>,
     downloads: Mutex<BTreeMap<String, u64>>,
+    /// Tag references the registry resolved, with the digest and when (see
+    /// [`ImageStore::set_tag_cache`]).
+    tags: Mutex<HashMap<String, (String, std::time::Instant)>>,
+    /// How long a resolved tag is trusted without asking the registry again.
+    tag_ttl: Mutex<std::time::Duration>,
 }
 
 impl Inner {
@@ -269,6 +274,9 @@ pub fn human_bytes(n: u64) -> String {
         format!("{v:.1} {}", UNITS[u])
     }
 }
+
+/// How long a tag the registry resolved is trusted by default ([`ImageStore::set_tag_cache`]).
+pub const DEFAULT_TAG_CACHE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One agent's image store: pulls, verifies, unpacks and caches images. Cheap to clone.
 #[derive(Clone)]
@@ -353,12 +361,58 @@ impl ImageStore {
             }),
             flights: Mutex::new(HashMap::new()),
             downloads: Mutex::new(BTreeMap::new()),
+            tags: Mutex::new(HashMap::new()),
+            tag_ttl: Mutex::new(DEFAULT_TAG_CACHE),
         });
         {
             let st = inner.lock();
             inner.save(&st)?;
         }
         Ok(ImageStore { inner })
+    }
+
+    /// Trusts a tag the registry resolved for `ttl` (default [`DEFAULT_TAG_CACHE`]): a pull of
+    /// the same tag within it leases the stored image without the manifest request (a burst of
+    /// launches of `repo:tag` costs one registry round trip), at the price of seeing a tag
+    /// moved on the registry up to `ttl` late. Zero: every tag pull asks the registry.
+    pub fn set_tag_cache(&self, ttl: std::time::Duration) {
+        *self.inner.tag_ttl.lock().unwrap_or_else(|p| p.into_inner()) = ttl;
+        if ttl.is_zero() {
+            self.inner
+                .tags
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+        }
+    }
+
+    /// The digest a tag reference resolved to less than the tag cache's time ago.
+    fn fresh_tag(&self, whole: &str) -> Option<String> {
+        let ttl = *self.inner.tag_ttl.lock().unwrap_or_else(|p| p.into_inner());
+        let tags = self.inner.tags.lock().unwrap_or_else(|p| p.into_inner());
+        let (digest, at) = tags.get(whole)?;
+        (at.elapsed() < ttl).then(|| digest.clone())
+    }
+
+    fn remember_tag(&self, whole: String, digest: &str) {
+        if self
+            .inner
+            .tag_ttl
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_zero()
+        {
+            return;
+        }
+        let mut tags = self.inner.tags.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded: entries past their time go when the map grows.
+        if tags.len() >= 1024 {
+            let ttl = *self.inner.tag_ttl.lock().unwrap_or_else(|p| p.into_inner());
+            tags.retain(|_, (_, at)| at.elapsed() < ttl);
+        }
+        if tags.len() < 4096 {
+            tags.insert(whole, (digest.to_string(), std::time::Instant::now()));
+        }
     }
 
     /// Takes a lease on an image already in the store (after an agent restart, for a container
@@ -464,6 +518,12 @@ impl ImageStore {
                 })?;
         if let Some(d) = r.digest() {
             check_digest(d)?;
+        } else if let Some(digest) = self.fresh_tag(&r.whole()) {
+            // A tag resolved moments ago (the tag cache): no registry round trip.
+            if let Some(image) = self.lease_stored(&digest)? {
+                progress(format!("image {reference} is cached ({digest})"));
+                return Ok(image);
+            }
         }
         let key = format!("ref:{}", r.whole());
         let flight = self.flight(key.clone());
@@ -518,6 +578,9 @@ impl ImageStore {
             .await
             .map_err(mapped)?;
         check_digest(&digest)?;
+        if r.digest().is_none() {
+            self.remember_tag(r.whole(), &digest);
+        }
         if let Some(img) = self.lease_stored(&digest)? {
             let mut st = self.inner.lock();
             st.index.refs.insert(r.whole(), digest.clone());

@@ -65,6 +65,8 @@ async fn pull_by_tag_and_digest_cache_restart_and_whiteouts() {
     let host = reg.host();
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path(), std::slice::from_ref(&host));
+    // Tags stay resolved for the whole test (the moved tag below).
+    s.set_tag_cache(std::time::Duration::from_secs(3600));
 
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink = lines.clone();
@@ -150,6 +152,19 @@ async fn pull_by_tag_and_digest_cache_restart_and_whiteouts() {
         .map(|l| s.blob_downloads().get(l).copied().unwrap_or(0))
         .sum();
     assert_eq!(layer_downloads, 2);
+
+    // The tag cache: busybox:v2 moved on the registry (to v1's manifest) is still v2 while the
+    // tag is trusted, with no registry request; without the cache the move is seen at once.
+    reg.push(&images.layout(), "v1", "busybox:v2")
+        .expect("move the tag");
+    let cached = s.pull(&format!("{host}/busybox:v2"), &quiet).await.unwrap();
+    assert_eq!(cached.digest, v2.digest, "a resolved tag is trusted");
+    s.set_tag_cache(std::time::Duration::ZERO);
+    let moved = s.pull(&format!("{host}/busybox:v2"), &quiet).await.unwrap();
+    assert_eq!(
+        moved.digest, v1_digest,
+        "the moved tag, asked of the registry"
+    );
 
     // After a restart (a new store on the same directory), the lease can be taken again with
     // no registry at all.

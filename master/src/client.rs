@@ -142,6 +142,11 @@ impl OperatorClient {
         self.send(path, self.http.get(self.url(path))).await
     }
 
+    /// `DELETE path` and return the body of a 2xx response.
+    pub async fn delete(&self, path: &str) -> Result<String, ClientError> {
+        self.send(path, self.http.delete(self.url(path))).await
+    }
+
     /// `POST path` with a JSON body and return the body of a 2xx response.
     pub async fn post_json(
         &self,

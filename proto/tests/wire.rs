@@ -237,6 +237,43 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 cols: 132,
             })),
         ),
+        (
+            "destroy_volume",
+            enc(&FrameworkToMaster::DestroyVolume {
+                agent_id: AgentId::from_u128(2),
+                name: "ckpt".into(),
+            }),
+        ),
+        (
+            "volume_destroyed",
+            enc(&MasterToFramework::VolumeDestroyed(VolumeDestroyed {
+                agent_id: AgentId::from_u128(2),
+                name: "ckpt".into(),
+                outcome: VolumeOutcome::InUse {
+                    tasks: vec!["t1".into()],
+                },
+            })),
+        ),
+        (
+            "sandbox_volume_destroy",
+            enc(&SandboxRequest::Volume(VolumeRequest::Destroy {
+                framework: "f".into(),
+                name: "ckpt".into(),
+                principal: "operator:admin".into(),
+            })),
+        ),
+        (
+            "sandbox_volume_list",
+            enc(&SandboxReply::Volume(VolumeReply::List {
+                volumes: vec![VolumeInfo {
+                    framework: "f".into(),
+                    name: "ckpt".into(),
+                    path: "/v/f/ckpt".into(),
+                    used_by: vec![],
+                }],
+                total: 1,
+            })),
+        ),
     ]
 }
 
@@ -263,13 +300,15 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v11 (v11: `SandboxRequest::ExecLive` and
+/// `(sample, length, FNV-1a)` of protocol v12 (v12: persistent volumes,
+/// `FrameworkToMaster::DestroyVolume`, `MasterToFramework::VolumeDestroyed`,
+/// `SandboxRequest::Volume`, `SandboxReply::Volume`; v11: `SandboxRequest::ExecLive` and
 /// `SandboxInput`; v9: the sandbox streams, `SandboxRequest` and
 /// `SandboxReply`; v8: `FrameworkToMaster::KillFor` and the kill reasons;
 /// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
 /// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x08511e07b5056c5e),
+    ("hello", 2, 0x08402007b4f6fc91),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 396, 0x801cbdf1b2defc40),
     ("run_task", 173, 0xbf68fb3be82d20d8),
@@ -285,6 +324,10 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("sandbox_data", 10, 0x2f66684d55c96210),
     ("sandbox_exec_live", 41, 0xc6ad506733ef4a1d),
     ("sandbox_input", 3, 0xeb28741876537e29),
+    ("destroy_volume", 23, 0x51dd456aea0a0aae),
+    ("volume_destroyed", 28, 0xf825c8ed1b0450c4),
+    ("sandbox_volume_destroy", 24, 0x45bc7fef61cb815c),
+    ("sandbox_volume_list", 22, 0xe6000f6be0776e6f),
 ];
 
 #[test]

@@ -17,14 +17,23 @@
 //!   pull past the cache bound (`--image-cache-mib 1`: the restarted agent takes its image's
 //!   lease again);
 //! - nothing is left afterwards: no mount under the agent's work directory, no runtime state,
-//!   no bundle.
+//!   no bundle;
+//! - persistent volume lifecycle (protocol v12): a framework's destroy is refused while its
+//!   task uses the volume, goes through after, and the next attempt finds the volume empty; a
+//!   framework reaches only its own volumes; `gantryctl volume list|destroy` (the operator
+//!   API) lists them with their users and destroys them, refused while in use.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gantry_sdk::protocol::{ContainerInfo, TaskInfo, TaskReason, TaskState, Volume};
+use gantry_sdk::protocol::{
+    ContainerInfo, Offer, Operation, StatusUpdate, TaskInfo, TaskReason, TaskState, Volume,
+    VolumeDestroyed, VolumeOutcome,
+};
 use gantry_test_support::registry::{Registry, RegistryOptions, TestImages};
-use gantry_tests::{standin_lib, start_recording, task, CgroupRoot, Cluster, Standin, TempDir};
+use gantry_tests::{
+    standin_lib, start_recording, task, CgroupRoot, Cluster, Standin, TempDir, Updates,
+};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -35,7 +44,9 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    let out = std::process::Command::new(root.join("bin/busybox"))
+    // The host's binary, not the fresh copy: executing a file just written races with a fork
+    // in another test's thread holding it open for writing (ETXTBSY).
+    let out = std::process::Command::new("/bin/busybox")
         .arg("--list")
         .output()
         .unwrap();
@@ -391,7 +402,266 @@ async fn tasks_run_isolated_in_containers_with_volumes_and_survive_an_agent_rest
         std::fs::read_to_string(fw_dirs[0].path().join("ckpt/data")).unwrap(),
         "checkpoint-1\n"
     );
+    let tenant_fw = rec.handle.framework_id().expect("subscribed").to_string();
+    volume_lifecycle(&cluster, image, &tenant_fw).await;
     rec.stop(T).await;
+}
+
+/// A framework that launches what is queued ([`VolumeFw::queue`]) as offers allow and forwards
+/// its status updates and its volume answers.
+struct VolumeFw {
+    queue: std::sync::Arc<std::sync::Mutex<Vec<TaskInfo>>>,
+    updates: tokio::sync::mpsc::UnboundedSender<StatusUpdate>,
+    volumes: tokio::sync::mpsc::UnboundedSender<VolumeDestroyed>,
+}
+
+impl gantry_sdk::Scheduler for VolumeFw {
+    async fn offers(&mut self, driver: &gantry_sdk::DriverHandle, offers: Vec<Offer>) {
+        let tasks: Vec<TaskInfo> = std::mem::take(&mut *self.queue.lock().unwrap());
+        let ids: Vec<_> = offers.iter().map(|o| o.id).collect();
+        let one_agent = offers.windows(2).all(|w| w[0].agent_id == w[1].agent_id);
+        if tasks.is_empty() || !one_agent {
+            self.queue.lock().unwrap().extend(tasks);
+            driver.decline(ids, Some(0.2));
+        } else {
+            driver.accept(ids, vec![Operation::Launch { tasks }], None);
+        }
+    }
+
+    async fn status_update(&mut self, _driver: &gantry_sdk::DriverHandle, update: &StatusUpdate) {
+        let _ = self.updates.send(update.clone());
+    }
+
+    async fn volume_destroyed(
+        &mut self,
+        _driver: &gantry_sdk::DriverHandle,
+        result: &VolumeDestroyed,
+    ) {
+        let _ = self.volumes.send(result.clone());
+    }
+}
+
+/// The framework's next volume answer.
+async fn answer(rx: &mut tokio::sync::mpsc::UnboundedReceiver<VolumeDestroyed>) -> VolumeDestroyed {
+    tokio::time::timeout(T, rx.recv())
+        .await
+        .expect("a volume answer")
+        .expect("the framework runs")
+}
+
+/// Persistent volume lifecycle (protocol v12) on the shared cluster: a framework's task
+/// writes its volume; the framework's destroy is refused while the task runs (and the
+/// operator's too), succeeds once it has ended, and the next attempt finds the volume empty;
+/// a framework cannot reach another framework's volume (`tenant_fw`'s `ckpt`); the operator
+/// lists and destroys volumes with `gantryctl volume`.
+async fn volume_lifecycle(cluster: &Cluster, image: &str, tenant_fw: &str) {
+    let work_dir = cluster.agents[0].work_dir.clone();
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (up_tx, up_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (vol_tx, mut vol_rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = gantry_sdk::Driver::new(cluster.framework_config("volumes", &["containers"]));
+    let handle = driver.handle();
+    let run = tokio::spawn(driver.run(VolumeFw {
+        queue: queue.clone(),
+        updates: up_tx,
+        volumes: vol_tx,
+    }));
+    let mut updates = Updates::new(up_rx);
+    let launch = |t: &TaskInfo| {
+        queue.lock().unwrap().push(t.clone());
+        handle.revive(vec![]);
+    };
+    let with_volume = |name: &str, command: &str| {
+        let mut t = in_container(name, command, image);
+        t.container = Some(Box::new(
+            ContainerInfo::new(image).with_volume(Volume::persistent("work", "/vol")),
+        ));
+        t.kill_grace_secs = Some(1);
+        t
+    };
+
+    // The first attempt writes its volume and keeps running.
+    let first = with_volume("attempt-1", "echo state-1 > /vol/data; sleep 600");
+    launch(&first);
+    let running = updates
+        .wait(first.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    assert_eq!(running.state, TaskState::Running, "{running:?}");
+    let agent_id = running.agent_id.expect("the agent");
+    let fw = handle.framework_id().expect("subscribed").to_string();
+    let vol_dir = work_dir.join("volumes").join(&fw).join("work");
+    let deadline = std::time::Instant::now() + T;
+    while std::fs::read_to_string(vol_dir.join("data")).unwrap_or_default() != "state-1\n" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "attempt-1 wrote its volume"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Destroy while the task uses it: refused, naming the task; nothing removed.
+    handle.destroy_volume(agent_id, "work");
+    let a = answer(&mut vol_rx).await;
+    assert_eq!((a.agent_id, a.name.as_str()), (agent_id, "work"));
+    assert_eq!(
+        a.outcome,
+        VolumeOutcome::InUse {
+            tasks: vec![first.task_id.to_string()]
+        }
+    );
+    assert!(vol_dir.join("data").exists());
+    // The operator's destroy is refused the same way (409); the list shows who uses what.
+    let out = cluster
+        .master
+        .gantryctl(&["volume", "destroy", "ctr1", &format!("{fw}/work")])
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("in use by task(s)"),
+        "{stderr}"
+    );
+    let out = cluster
+        .master
+        .gantryctl(&["volume", "list", "ctr1", "--json"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vols: Vec<(String, String, Vec<String>)> = list["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["framework"].as_str().unwrap().to_string(),
+                v["name"].as_str().unwrap().to_string(),
+                serde_json::from_value(v["used_by"].clone()).unwrap(),
+            )
+        })
+        .collect();
+    let mut want = vec![
+        (tenant_fw.to_string(), "ckpt".to_string(), vec![]),
+        (
+            fw.clone(),
+            "work".to_string(),
+            vec![first.task_id.to_string()],
+        ),
+    ];
+    want.sort();
+    assert_eq!(vols, want);
+
+    // A framework names only its own volumes: "ckpt" of this framework does not exist, and
+    // the other framework's ckpt stays.
+    handle.destroy_volume(agent_id, "ckpt");
+    assert_eq!(answer(&mut vol_rx).await.outcome, VolumeOutcome::NotFound);
+    let tenant_ckpt = work_dir.join("volumes").join(tenant_fw).join("ckpt");
+    assert!(tenant_ckpt.join("data").exists());
+    // A name the protocol refuses.
+    handle.destroy_volume(agent_id, "../x");
+    let a = answer(&mut vol_rx).await;
+    assert!(
+        matches!(&a.outcome, VolumeOutcome::Failed(m) if m.contains("1 to 64 bytes")),
+        "{a:?}"
+    );
+
+    // Once the task has ended (and its container is cleaned up), the destroy goes through.
+    handle.kill(first.task_id);
+    updates
+        .wait(first.task_id, TaskState::Killed, T)
+        .await
+        .unwrap();
+    let bundle = work_dir
+        .join("meta")
+        .join(first.task_id.to_string())
+        .join("container");
+    let deadline = std::time::Instant::now() + T;
+    while bundle.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "attempt-1's bundle is removed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    handle.destroy_volume(agent_id, "work");
+    assert_eq!(answer(&mut vol_rx).await.outcome, VolumeOutcome::Destroyed);
+    assert!(!vol_dir.exists());
+    handle.destroy_volume(agent_id, "work");
+    assert_eq!(answer(&mut vol_rx).await.outcome, VolumeOutcome::NotFound);
+
+    // The next attempt finds its volume empty.
+    let second = with_volume(
+        "attempt-2",
+        "ls -A /vol | wc -l > $GANTRY_SANDBOX/count.txt",
+    );
+    launch(&second);
+    let done = updates
+        .wait(second.task_id, TaskState::Finished, T)
+        .await
+        .unwrap();
+    assert_eq!(done.state, TaskState::Finished, "{done:?}");
+    let count =
+        std::fs::read_to_string(cluster.agents[0].sandbox_file(second.task_id, "count.txt"))
+            .unwrap();
+    assert_eq!(count.trim(), "0", "the next attempt sees an empty volume");
+
+    // The operator destroys both frameworks' volumes; a second destroy is not found (exit 3).
+    for v in [format!("{tenant_fw}/ckpt"), format!("{fw}/work")] {
+        let deadline = std::time::Instant::now() + T;
+        loop {
+            let out = cluster
+                .master
+                .gantryctl(&["volume", "destroy", "ctr1", &v])
+                .unwrap();
+            if out.status.success() {
+                break;
+            }
+            // attempt-2's container may not be cleaned up yet.
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(stderr.contains("in use"), "{v}: {stderr}");
+            assert!(std::time::Instant::now() < deadline, "{v}: {stderr}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert!(!tenant_ckpt.exists() && !vol_dir.exists());
+    let out = cluster
+        .master
+        .gantryctl(&["volume", "destroy", "ctr1", &format!("{fw}/work")])
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cluster
+        .master
+        .gantryctl(&["volume", "list", "ctr1"])
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no persistent volume on ctr1\n"
+    );
+
+    handle.stop();
+    tokio::time::timeout(T, run)
+        .await
+        .expect("the driver ends")
+        .unwrap()
+        .unwrap();
+    // Nothing of these tasks is left mounted.
+    let deadline = std::time::Instant::now() + T;
+    while !mounts_below(&work_dir).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            mounts_below(&work_dir)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A container task with one stand-in GPU sees it through the CDI spec the stand-in writes:

@@ -439,13 +439,16 @@ impl Agent {
                     let containers = self.config.containers.clone();
                     tokio::task::spawn_blocking(move || {
                         let outcome = settle_cgroup(cg.as_ref(), &meta, fresh);
-                        // A container's runtime state, root filesystem mount and bundle.
-                        crate::container::cleanup(&containers, &meta, task);
                         tx.input(Input::Settled {
                             task,
                             status,
                             outcome,
                         });
+                        // A container's runtime state, root filesystem mount and bundle, after
+                        // its terminal update is on its way (what a crash in between leaves is
+                        // swept at startup: `container::sweep_ended`); before its cgroup goes
+                        // back to the pool (the runtime's `ctr` child is removed here).
+                        crate::container::cleanup(&containers, &meta, task);
                         // After its task's terminal update is on its way, an empty cgroup goes
                         // back to the pool or is removed (one with processes left was removed
                         // before).

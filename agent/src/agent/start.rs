@@ -185,7 +185,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         material,
         tx.inputs.clone(),
         outboxes,
-        std::sync::Arc::new(crate::sandbox_api::SandboxApi::new(config.work_dir.clone())),
+        std::sync::Arc::new(
+            crate::sandbox_api::SandboxApi::new(config.work_dir.clone())
+                .with_containers(config.containers.clone()),
+        ),
     ));
     tokio::pin!(shutdown);
     let result = loop {

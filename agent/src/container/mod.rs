@@ -18,8 +18,10 @@
 //! the foreground under the supervisor: its exit status is the task's, and it forwards the
 //! SIGTERM of a kill to the container; the SIGKILL past the grace period is cgroup-wide. A
 //! restarted agent re-adopts the supervisor (and so the runtime) like any task. [`cleanup`]
-//! (when the task's cgroup is settled) deletes the runtime's state, unmounts the root
-//! filesystem and removes the bundle.
+//! (when the task's cgroup is settled, right after its terminal status is handed on, so the
+//! status does not wait for it) deletes the runtime's state, unmounts the root filesystem and
+//! removes the bundle; [`sweep_ended`] (at startup, from [`retake_leases`]) cleans up what a
+//! crash between the two left.
 //!
 //! A container on a registry image holds a lease on it in the image store ([`Leases`]) from
 //! its bundle's preparation to its [`cleanup`], so collection never removes layers under a
@@ -31,7 +33,7 @@
 //!   (pure) and [`container_id`].
 //! - `bundle` (re-exported): [`Request`], [`prepare`] (overlay root filesystem, volumes,
 //!   `config.json`), [`cleanup`] and [`is_mount_point`].
-//! - `leases` (re-exported): [`Leases`] and [`retake_leases`].
+//! - `leases` (re-exported): [`Leases`], [`retake_leases`] and [`sweep_ended`].
 //! - [`cdi`]: CDI spec parsing and device look-up.
 //! - [`seccomp`]: the default seccomp profile.
 //! - [`volumes`]: host volumes (allow-list) and persistent volumes.

@@ -258,3 +258,101 @@ fn a_persistent_volume_in_use_is_not_destroyed() {
     }
     assert!(dir.path().join("volumes").exists());
 }
+
+/// The master's volume requests get the protocol's answers: the list with users, and each
+/// destroy outcome (in use, destroyed, not found, a refused name).
+#[test]
+fn volume_requests_are_answered_with_the_protocol_outcomes() {
+    use gantry_proto::{VolumeInfo, VolumeOutcome, VolumeReply, VolumeRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ContainerConfig {
+        volumes_dir: dir.path().join("volumes"),
+        ..ContainerConfig::default()
+    };
+    let meta_root = dir.path().join("meta");
+    let ckpt = volumes::resolve(&cfg, "fw", &Volume::persistent("ckpt", "/ckpt"), 0, 0).unwrap();
+    let bundle = meta_root.join("task-1").join("container");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let spec = serde_json::json!({"mounts": [{"destination": "/ckpt", "source": ckpt.source}]});
+    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    let destroy = |name: &str| VolumeRequest::Destroy {
+        framework: "fw".into(),
+        name: name.into(),
+        principal: "operator:admin".into(),
+    };
+
+    assert_eq!(
+        volumes::answer(&cfg, &meta_root, VolumeRequest::List),
+        VolumeReply::List {
+            volumes: vec![VolumeInfo {
+                framework: "fw".into(),
+                name: "ckpt".into(),
+                path: ckpt.source.display().to_string(),
+                used_by: vec!["task-1".into()],
+            }],
+            total: 1,
+        }
+    );
+    assert_eq!(
+        volumes::answer(&cfg, &meta_root, destroy("ckpt")),
+        VolumeReply::Destroy(VolumeOutcome::InUse {
+            tasks: vec!["task-1".into()]
+        })
+    );
+    assert!(ckpt.source.exists());
+    std::fs::remove_dir_all(meta_root.join("task-1")).unwrap();
+    assert_eq!(
+        volumes::answer(&cfg, &meta_root, destroy("ckpt")),
+        VolumeReply::Destroy(VolumeOutcome::Destroyed)
+    );
+    assert_eq!(
+        volumes::answer(&cfg, &meta_root, destroy("ckpt")),
+        VolumeReply::Destroy(VolumeOutcome::NotFound)
+    );
+    match volumes::answer(&cfg, &meta_root, destroy("../x")) {
+        VolumeReply::Destroy(VolumeOutcome::Failed(m)) => {
+            assert!(m.contains("1 to 64 bytes"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        volumes::answer(&cfg, &meta_root, VolumeRequest::List),
+        VolumeReply::List {
+            volumes: vec![],
+            total: 0
+        }
+    );
+}
+
+/// At startup, the bundles of containers that ended (an exit recorded, or a launch no
+/// supervisor claimed) are cleaned up; a running container's bundle is left alone.
+#[test]
+fn the_startup_sweep_cleans_up_only_ended_containers() {
+    use crate::executor::record;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ContainerConfig {
+        state_root: dir.path().join("runtime"),
+        ..ContainerConfig::default()
+    };
+    let meta_root = dir.path().join("meta");
+    let bundle = |task: TaskId| {
+        let meta = meta_root.join(task.to_string());
+        std::fs::create_dir_all(meta.join("container").join("rootfs")).unwrap();
+        meta
+    };
+    let (ended, unclaimed, running) = (TaskId::random(), TaskId::random(), TaskId::random());
+    let ended_meta = bundle(ended);
+    assert!(record::claim_for_supervisor(&ended_meta, "4242 1").unwrap());
+    record::append(&ended_meta, "exit", r#"{"code":0,"signal":null}"#, false).unwrap();
+    let unclaimed_meta = bundle(unclaimed);
+    let running_meta = bundle(running);
+    assert!(record::claim_for_supervisor(&running_meta, "4243 1").unwrap());
+
+    assert_eq!(sweep_ended(&cfg, &meta_root), 2);
+    assert!(!ended_meta.join("container").exists());
+    assert!(!unclaimed_meta.join("container").exists());
+    // The unclaimed launch is now the agent's: no supervisor will run it.
+    assert!(!record::claim_for_supervisor(&unclaimed_meta, "4244 1").unwrap());
+    assert!(running_meta.join("container").join("rootfs").is_dir());
+    assert_eq!(sweep_ended(&cfg, &meta_root), 0);
+}

@@ -5,12 +5,14 @@
 //! a container of the agent mounts the volume ([`users`]: the bundles' specs) and takes the
 //! config's volume lock, as a launch does from resolving its volumes to writing its spec, so
 //! no launch can start using a volume between the check and the removal. [`list`] gives the
-//! volumes with their users. The operator API and the framework operation that reach these
-//! through the master are not wired yet (docs/containers.md, "Volumes").
+//! volumes with their users. [`answer`] serves the master's [`VolumeRequest`]s (protocol v12:
+//! a framework's `DestroyVolume`, the operator API's list and destroy) on a sandbox stream.
 
 use std::path::{Path, PathBuf};
 
-use gantry_proto::{Volume, VolumeSource};
+use gantry_proto::{
+    Volume, VolumeInfo, VolumeOutcome, VolumeReply, VolumeRequest, VolumeSource, MAX_VOLUMES_LISTED,
+};
 
 use super::{BindMount, ContainerConfig, ContainerError};
 
@@ -235,4 +237,41 @@ pub fn destroy_unused(
         path: dir.display().to_string(),
         source,
     })
+}
+
+/// The answer to one of the master's volume requests (the agent's meta directories under
+/// `meta_root` tell which containers mount what). Blocking.
+pub fn answer(cfg: &ContainerConfig, meta_root: &Path, req: VolumeRequest) -> VolumeReply {
+    match req {
+        VolumeRequest::List => {
+            let all = list(cfg, meta_root);
+            VolumeReply::List {
+                total: u32::try_from(all.len()).unwrap_or(u32::MAX),
+                volumes: all
+                    .into_iter()
+                    .take(MAX_VOLUMES_LISTED)
+                    .map(|v| VolumeInfo {
+                        framework: v.framework,
+                        name: v.name,
+                        path: v.path.display().to_string(),
+                        used_by: v.used_by,
+                    })
+                    .collect(),
+            }
+        }
+        VolumeRequest::Destroy {
+            framework,
+            name,
+            principal,
+        } => {
+            let outcome = match destroy_unused(cfg, meta_root, &framework, &name) {
+                Ok(true) => VolumeOutcome::Destroyed,
+                Ok(false) => VolumeOutcome::NotFound,
+                Err(DestroyError::InUse { tasks, .. }) => VolumeOutcome::InUse { tasks },
+                Err(e) => VolumeOutcome::Failed(e.to_string()),
+            };
+            tracing::info!(%principal, %framework, volume = %name, ?outcome, "destroy persistent volume");
+            VolumeReply::Destroy(outcome)
+        }
+    }
 }

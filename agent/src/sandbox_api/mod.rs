@@ -55,6 +55,9 @@ pub const EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
 /// What the handlers need: where sandboxes and meta directories are, and the bounds.
 pub struct SandboxApi {
     work_dir: PathBuf,
+    /// The agent's container settings: persistent volumes (protocol v12,
+    /// [`SandboxRequest::Volume`], answered by `crate::container::volumes::answer`).
+    containers: Option<Arc<crate::container::ContainerConfig>>,
     streams: Arc<Semaphore>,
     execs: Arc<Semaphore>,
 }
@@ -64,9 +67,16 @@ impl SandboxApi {
     pub fn new(work_dir: PathBuf) -> Self {
         Self {
             work_dir,
+            containers: None,
             streams: Arc::new(Semaphore::new(MAX_STREAMS)),
             execs: Arc::new(Semaphore::new(MAX_EXECS)),
         }
+    }
+
+    /// Persistent volumes are those of `containers` (its volume lock shared with launches).
+    pub fn with_containers(mut self, containers: Arc<crate::container::ContainerConfig>) -> Self {
+        self.containers = Some(containers);
+        self
     }
 
     fn sandbox(&self, task: &TaskId) -> PathBuf {
@@ -175,7 +185,33 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
         }
         Err(_) => return,
     };
-    let task = *req.task_id();
+    let req = match req {
+        SandboxRequest::Volume(vreq) => {
+            let reply = match api.containers.clone() {
+                Some(cfg) => {
+                    let meta = api.work_dir.join("meta");
+                    tokio::task::spawn_blocking(move || {
+                        SandboxReply::Volume(crate::container::volumes::answer(&cfg, &meta, vreq))
+                    })
+                    .await
+                    .unwrap_or_else(|e| refuse(SandboxErrorKind::Failed, e.to_string()))
+                }
+                None => refuse(
+                    SandboxErrorKind::Failed,
+                    "this agent serves no persistent volumes",
+                ),
+            };
+            if send_reply(&mut tx, &reply).await.is_ok() {
+                let _ = tx.0.finish();
+                let _ = tokio::time::timeout(WRITE_DEADLINE, tx.0.stopped()).await;
+            }
+            return;
+        }
+        r => r,
+    };
+    let Some(&task) = req.task_id() else {
+        return;
+    };
     let sandbox = api.sandbox(&task);
     let result = match req {
         SandboxRequest::List {
@@ -231,6 +267,8 @@ async fn handle(api: &SandboxApi, mut tx: FrameSender, mut rx: quinn::RecvStream
             let input = exec::Input::Live(rx);
             exec::run(&meta, &sandbox, command, input, timeout, tty, &mut tx).await
         }
+        // Answered above.
+        SandboxRequest::Volume(_) => return,
     };
     if result.is_ok() {
         let _ = tx.0.finish();

@@ -1,7 +1,7 @@
 //! `gantryctl`: operator tool. Talks to the master's HTTPS operator API `/api/v1` (`status`,
 //! `agents`, `agent ID`, `frameworks`, `framework ID`, `tasks`, `task ID`, `offers`, `roles`,
 //! `weight`, `quota`, `reserve`, `unreserve`, `deactivate`, `reactivate`, `mark-gone`,
-//! `clear-gpu`, `teardown`, `drain`, `undrain`, `maintenance`, `events`; `state` is the raw
+//! `clear-gpu`, `teardown`, `drain`, `undrain`, `maintenance`, `volume list|destroy`, `events`; `state` is the raw
 //! `/state`) with an operator certificate or a bearer token, and issues certificates (`certs`)
 //! and tokens (`token`) offline, and prints shell completion scripts (`completion bash|zsh|fish`,
 //! made by `clap_complete` from the same command definitions, so they never drift). Tables by default, the API's JSON with `--json`. Agents,
@@ -39,6 +39,8 @@ mod maintenance;
 mod offline;
 #[path = "gantryctl/sandbox.rs"]
 mod sandbox;
+#[path = "gantryctl/volume.rs"]
+mod volume;
 #[path = "gantryctl/watch.rs"]
 mod watch;
 
@@ -135,6 +137,9 @@ enum Cmd {
     /// Agent maintenance: drain, undrain, maintenance.
     #[command(flatten)]
     Maintenance(maintenance::MaintenanceCmd),
+    /// Persistent volumes on an agent: list, destroy.
+    #[command(subcommand)]
+    Volume(volume::VolumeCmd),
     /// Show the raw cluster view (`/state`): agents, frameworks with their dominant shares,
     /// tasks by state.
     State,
@@ -666,6 +671,7 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
             since,
         } => events(&c, json, no_reconnect, since).await,
         Cmd::Maintenance(m) => maintenance::run(&c, m).await,
+        Cmd::Volume(v) => volume::run(&c, v).await,
         Cmd::Certs(_) | Cmd::Token(_) | Cmd::Completion { .. } => {
             anyhow::bail!("offline commands do not reach the master")
         }
@@ -675,7 +681,7 @@ async fn remote(conn: &Connection, cmd: Cmd) -> anyhow::Result<()> {
 /// A usage error found after parsing (exit 2).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct Usage(String);
+pub(crate) struct Usage(pub(crate) String);
 
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()

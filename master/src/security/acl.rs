@@ -66,11 +66,13 @@ pub enum OperatorAction {
     ReadSandbox,
     /// Run a command inside a running task.
     Exec,
+    /// Destroy a framework's persistent volume on an agent (and its data).
+    DestroyVolume,
 }
 
 impl OperatorAction {
     /// Every action, in a stable order.
-    pub const ALL: [OperatorAction; 13] = [
+    pub const ALL: [OperatorAction; 14] = [
         OperatorAction::SetWeight,
         OperatorAction::SetQuota,
         OperatorAction::Reserve,
@@ -84,6 +86,7 @@ impl OperatorAction {
         OperatorAction::ClearGpu,
         OperatorAction::ReadSandbox,
         OperatorAction::Exec,
+        OperatorAction::DestroyVolume,
     ];
 
     /// The name used in ACL files and error messages.
@@ -102,6 +105,7 @@ impl OperatorAction {
             OperatorAction::ClearGpu => "clear_gpu",
             OperatorAction::ReadSandbox => "read_sandbox",
             OperatorAction::Exec => "exec",
+            OperatorAction::DestroyVolume => "destroy_volume",
         }
     }
 

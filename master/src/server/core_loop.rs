@@ -328,6 +328,21 @@ fn dispatch(
                     mutations.push(m);
                     continue;
                 }
+                Output::Volume {
+                    reply,
+                    agent,
+                    agent_id,
+                    request,
+                } => {
+                    tokio::spawn(super::http::volumes::for_framework(
+                        shell.clone(),
+                        reply,
+                        agent,
+                        agent_id,
+                        request,
+                    ));
+                    continue;
+                }
             };
             // A peer already gone: its disconnect is on its way to the core. (A read guard
             // of the map, not a clone of the handle: no reference counts per message.)

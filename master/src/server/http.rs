@@ -58,6 +58,9 @@ mod roles;
 /// Task sandboxes (`/api/v1/tasks/{id}/files`, `…/logs`, `…/exec`), proxied to the agent.
 #[path = "sandbox.rs"]
 mod sandbox;
+/// Persistent volumes (`/api/v1/agents/{id}/volumes`) and frameworks' destroys, asked of the agent.
+#[path = "volumes.rs"]
+pub(super) mod volumes;
 use crate::election::health;
 use crate::security::identity::{self, Denied};
 pub(super) use crate::security::Caller;
@@ -207,6 +210,7 @@ pub(super) fn all_routes() -> super::routes::Routes<App> {
         .get("/api/v1/maintenance/drains", maintenance::view_handler)
         // Task sandboxes (issue 30 item 1): server/sandbox.rs.
         .merge(sandbox::routes())
+        .merge(volumes::routes())
         // Metrics (issue 14 item 1): Prometheus text exposition, a read.
         .get("/metrics", metrics_handler)
         // Operator API v1 and its event stream.

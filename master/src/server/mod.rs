@@ -130,6 +130,7 @@ impl Outbound {
                 MasterToFramework::Error { .. } => "error",
                 MasterToFramework::Heartbeat => "heartbeat",
                 MasterToFramework::DrainNotice(_) => "drain notice",
+                MasterToFramework::VolumeDestroyed(_) => "volume destroyed",
             },
             Outbound::Close(_) => "close",
         }

@@ -35,6 +35,13 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
         self
     }
 
+    /// `DELETE path`.
+    pub(super) fn delete<H: Handler<T, S>, T: 'static>(mut self, path: &'static str, h: H) -> Self {
+        self.router = self.router.route(path, axum::routing::delete(h));
+        self.table.push(("delete", path));
+        self
+    }
+
     /// Both tables and routers.
     pub(super) fn merge(mut self, other: Routes<S>) -> Self {
         self.router = self.router.merge(other.router);

@@ -200,6 +200,37 @@ impl Master {
                 self.allocator.set_demands(fw, demands);
                 self.allocation_pending = true;
             }
+            FrameworkToMaster::DestroyVolume { agent_id, name } => {
+                // The framework is the connection's: it cannot name another framework's volume.
+                let principal = self.frameworks.get(&fw).map(|f| f.principal.clone());
+                match self.agents.get(&agent_id) {
+                    Some(a) if a.conn.is_some() => out.push(Output::Volume {
+                        reply: conn,
+                        agent: a.name.clone(),
+                        agent_id,
+                        request: VolumeRequest::Destroy {
+                            framework: fw.to_string(),
+                            name,
+                            principal: format!("framework:{}", principal.unwrap_or_default()),
+                        },
+                    }),
+                    known => {
+                        let why = if known.is_some() {
+                            format!("agent {agent_id} is not connected; try again when it is")
+                        } else {
+                            format!("no agent {agent_id}")
+                        };
+                        out.push(Output::ToFramework(
+                            conn,
+                            MasterToFramework::VolumeDestroyed(VolumeDestroyed {
+                                agent_id,
+                                name,
+                                outcome: VolumeOutcome::Failed(why),
+                            }),
+                        ));
+                    }
+                }
+            }
             FrameworkToMaster::Teardown => {
                 self.remove_framework(fw, "framework tore down", now, out);
                 self.conns.remove(&conn);

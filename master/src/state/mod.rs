@@ -314,6 +314,19 @@ pub enum Output {
     },
     /// Record a change in the persistent registry (in order).
     Persist(Mutation),
+    /// Ask the agent `agent` (connection name) about persistent volumes on a stream of its
+    /// own (protocol v12) and answer the framework on `reply` with
+    /// [`MasterToFramework::VolumeDestroyed`] (the shell's `server::volumes`).
+    Volume {
+        /// The framework's connection.
+        reply: ConnId,
+        /// The agent's name (its connection's key).
+        agent: String,
+        /// The agent's id, echoed in the answer.
+        agent_id: AgentId,
+        /// What to ask.
+        request: VolumeRequest,
+    },
 }
 
 #[derive(Debug, Clone)]

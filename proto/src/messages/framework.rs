@@ -201,6 +201,15 @@ pub enum FrameworkToMaster {
         /// Why it is killed.
         reason: TaskReason,
     },
+    /// Destroy this framework's persistent volume `name` on an agent (protocol v12,
+    /// [`super::volume`]): answered by [`MasterToFramework::VolumeDestroyed`]; refused there
+    /// while a container on the agent mounts it.
+    DestroyVolume {
+        /// The agent holding the volume.
+        agent_id: AgentId,
+        /// The volume's name (as in `Volume::persistent`).
+        name: String,
+    },
 }
 
 /// Resources offered on one agent.
@@ -332,6 +341,8 @@ pub enum MasterToFramework {
     /// left (each task with its grace period). Sent again after a re-subscription while the
     /// drain lasts.
     DrainNotice(DrainNotice),
+    /// The outcome of a [`FrameworkToMaster::DestroyVolume`] (protocol v12).
+    VolumeDestroyed(VolumeDestroyed),
 }
 
 /// Notice that an agent is being drained ([`MasterToFramework::DrainNotice`]).

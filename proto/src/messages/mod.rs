@@ -11,7 +11,9 @@
 //! - [`gpu`]: GPUs as measured and as offered;
 //! - [`agent`]: agent <-> master;
 //! - [`framework`]: framework <-> master;
-//! - [`sandbox`]: a task's sandbox (logs, files, exec), master -> agent on streams of their own.
+//! - [`sandbox`]: a task's sandbox (logs, files, exec), master -> agent on streams of their own;
+//! - [`volume`]: persistent volumes listed and destroyed (v12), on the sandbox streams and the
+//!   framework's stream.
 //!
 //! Operators do not use this wire: the operator API is HTTPS with JSON (`gantry-master`'s
 //! `server::api`). Every type is re-exported here, so `gantry_proto::TaskInfo` and
@@ -34,6 +36,7 @@ pub mod group;
 pub mod hello;
 pub mod sandbox;
 pub mod task;
+pub mod volume;
 
 pub use agent::*;
 pub use container::*;
@@ -43,6 +46,7 @@ pub use group::*;
 pub use hello::*;
 pub use sandbox::*;
 pub use task::*;
+pub use volume::*;
 
 /// Bumped on any incompatible change; checked in the [`Hello`] and by ALPN.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::super::ids::TaskId;
+use super::volume::{VolumeReply, VolumeRequest};
 
 /// The most bytes one [`SandboxReply::Data`] or [`SandboxReply::Output`] frame carries.
 pub const SANDBOX_CHUNK: usize = 64 * 1024;
@@ -84,6 +85,9 @@ pub enum SandboxRequest {
         /// Run on a pseudo-terminal of this size; `None`: pipes.
         tty: Option<TtySize>,
     },
+    /// About the agent's persistent volumes, not a task (protocol v12, [`super::volume`]):
+    /// answered by one [`SandboxReply::Volume`].
+    Volume(VolumeRequest),
 }
 
 /// What the master sends after [`SandboxRequest::ExecLive`] (protocol v11), each frame at most
@@ -159,13 +163,14 @@ pub struct TtySize {
 }
 
 impl SandboxRequest {
-    /// The task the request is about.
-    pub fn task_id(&self) -> &TaskId {
+    /// The task the request is about (`None`: [`SandboxRequest::Volume`]).
+    pub fn task_id(&self) -> Option<&TaskId> {
         match self {
             SandboxRequest::List { task_id, .. }
             | SandboxRequest::Read { task_id, .. }
             | SandboxRequest::Exec { task_id, .. }
-            | SandboxRequest::ExecLive { task_id, .. } => task_id,
+            | SandboxRequest::ExecLive { task_id, .. } => Some(task_id),
+            SandboxRequest::Volume(_) => None,
         }
     }
 }
@@ -245,6 +250,8 @@ pub enum SandboxReply {
         /// Why, in words.
         message: String,
     },
+    /// The answer to a [`SandboxRequest::Volume`] (protocol v12); the stream ends.
+    Volume(VolumeReply),
 }
 
 #[cfg(test)]
