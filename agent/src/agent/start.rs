@@ -63,12 +63,14 @@ fn probe(core: &AgentCore) -> RecoveryProbe {
                 launched = Some(l);
             }
         }
-        match launched {
-            Some(l) if executor::still_running(&l, rec.meta_dir()) => probe.alive.push(*id),
-            Some(_) => probe
-                .exited
-                .push((*id, executor::read_exit(rec.meta_dir()))),
-            None => {}
+        // The exit comes from the launch record alone (the log never holds it), read once,
+        // after the supervisor was seen alive or dead: a dead one's record is final.
+        if let Some(l) = launched {
+            let alive = executor::supervisor_alive(&l);
+            match executor::read_exit(rec.meta_dir()) {
+                None if alive => probe.alive.push(*id),
+                exit => probe.exited.push((*id, exit)),
+            }
         }
     }
     probe
