@@ -146,6 +146,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         pool_gate: Arc::new(PoolGate::default()),
         disk_walks: HashMap::new(),
     };
+    // The agent's tasks together weigh as the CPUs it offers against the host's other
+    // processes (`Isolator::weigh_root`).
+    let cpus =
+        config.resources.get("cpus") + config.reserved.values().map(|r| r.get("cpus")).sum::<f64>();
+    if let Err(e) = config.isolator.weigh_root(cpus) {
+        tracing::warn!("cannot weigh the agent's cgroup root by its {cpus} CPUs: {e}");
+    }
     let probed = probe(&agent.core);
     let effects = agent.core.recover(probed, unix_ms());
     agent.perform(effects)?;

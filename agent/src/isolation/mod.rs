@@ -654,6 +654,44 @@ impl Isolator {
         Ok(removed)
     }
 
+    /// Gives the agent's root cgroup the CPU weight of the CPUs the agent offers (`cpus`): v1
+    /// `cpu.shares` = 1024 × cpus (at most 262,144), v2 `cpu.weight` the same mapped to
+    /// 1..10000; each level above it below the mount (the `gantry` of the default
+    /// `gantry/<agent>`) is raised to at least that, never lowered (agents sharing it keep the
+    /// larger weight). Without it the agent's tasks together weigh as one process against every
+    /// other process of the host's root cgroup (the kernel's default 1024): on a busy host a
+    /// task joining its cgroup then waits for a CPU at a fraction of its entitlement, which
+    /// dominated task starts with cgroups (docs/benchmarks.md, "One real agent"). Kubernetes
+    /// weighs its `kubepods` cgroup by the node's allocatable CPUs the same way.
+    pub fn weigh_root(&self, cpus: f64) -> Result<(), IsolationError> {
+        let (mount, file, weight) = match &self.layout {
+            None => return Ok(()),
+            Some(CgroupLayout::V1 { mounts }) => {
+                let Some(m) = mounts.get("cpu") else {
+                    return Ok(());
+                };
+                (m.clone(), "cpu.shares", cpu_shares(cpus).min(262_144))
+            }
+            Some(CgroupLayout::V2 { mount }) => {
+                self.enable_v2(mount, &["cpu"])?;
+                (mount.clone(), "cpu.weight", cpu_weight(cpus))
+            }
+        };
+        let mut level = mount;
+        let depth = self.root.components().count();
+        for (i, c) in self.root.components().enumerate() {
+            level = level.join(c);
+            std::fs::create_dir_all(&level).map_err(io_err("mkdir", &level))?;
+            let path = level.join(file);
+            let leaf = i + 1 == depth;
+            // An ancestor is only raised (an unreadable value is treated as lower).
+            if leaf || read_u64(&path).map_or(true, |w| w < weight) {
+                write_file(&path, &weight.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
     /// Removes the (empty) root directories themselves, e.g. when tests finish.
     pub fn remove_root(&self) -> Result<(), IsolationError> {
         let dirs: Vec<PathBuf> = match &self.layout {
