@@ -16,7 +16,9 @@
 //!   overlay root filesystems, volumes, GPUs through CDI, run under `runc`/`crun`.
 //! - [`executor`]: task launch through the agent's supervisor process (shell string or argv, as
 //!   the task's Unix user: [`executor::user`], looked up once per user per burst), the launch
-//!   record, exit status, kill.
+//!   record ([`executor::record`]: what was observed of a launch — the claim, a reused
+//!   cgroup's baseline, the exit, the cgroup's outcome; the log holds what the agent decided),
+//!   exit status, kill.
 //! - [`updates`]: PURE status update manager (in-order, retried with backoff until acked).
 //! - [`checkpoint`]: the snapshot of the on-disk state for recovery after an agent restart.
 //! - [`wal`]: the write-ahead log of changes (group commit, background compaction, replay).
@@ -25,7 +27,8 @@
 //!   links once, allocated blocks, links not followed, bounded per pass) and the PURE verdict.
 //! - [`discovery`]: host resources and NVML GPUs (nvml-wrapper).
 //! - [`gpu`]: PURE GPU policy: topology-aware assignment, health, usage attribution.
-//! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF).
+//! - [`isolation`]: cgroups v1/v2 (cpu, memory, pids, devices; v2 devices via eBPF); the
+//!   agent's root weighed by the CPUs it offers.
 //! - [`metrics`]: `GET /metrics` (`--metrics-listen`): dcgm-exporter GPU series with the task
 //!   holding each GPU, GPU health, per-task CPU and memory.
 //! - [`sandbox_api`]: a task's sandbox for operators over the master's connection (protocol v9

@@ -32,6 +32,8 @@ impl Server {
             sandbox: sandbox.to_path_buf(),
             meta: meta.to_path_buf(),
             cgroup_procs: Vec::new(),
+            // The first task's cgroup, as if reused: its baseline goes into the claim.
+            cgroup_base: (id == 1).then(|| BASE.to_string()),
             program: gantry_proto::Program::Shell(shell.into()),
             identity: None,
         })
@@ -59,6 +61,9 @@ impl Server {
         serde_json::from_str(&line).unwrap()
     }
 }
+
+/// A reused cgroup's counters as the agent hands them over (`isolation::Baseline`, JSON).
+const BASE: &str = r#"{"oom_kills":1,"cpu_usec":250}"#;
 
 fn dirs(root: &Path, name: &str) -> (PathBuf, PathBuf) {
     let (sandbox, meta) = (root.join(name).join("s"), root.join(name).join("m"));
@@ -89,6 +94,8 @@ fn runs_tasks_records_pids_and_exits_and_reaps_a_burst() {
     );
     assert_eq!(executor::read_task_pgid(&meta), Some(pid));
     assert_eq!(executor::read_exit(&meta).unwrap().code, Some(4));
+    let record = executor::record::read(&meta).unwrap();
+    assert_eq!(record.base.as_deref(), Some(BASE), "written with the claim");
     assert_eq!(
         std::fs::read_to_string(sandbox.join("stdout")).unwrap(),
         "hi 1\n"
@@ -175,6 +182,7 @@ fn a_launch_claimed_by_a_restarted_agent_is_refused_and_bad_requests_too() {
         sandbox: sandbox.clone(),
         meta: meta.clone(),
         cgroup_procs: Vec::new(),
+        cgroup_base: None,
         program: gantry_proto::Program::Argv(vec!["/no/such/program".into()]),
         identity: None,
     })

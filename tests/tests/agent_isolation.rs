@@ -86,6 +86,8 @@ impl Setup {
 
 /// A pooled cgroup reused after an OOM kill: the next task in it is not blamed for the earlier
 /// kill (the kernel's OOM counter cannot be reset: it is a baseline), and its limit is its own.
+/// The agent is killed (`kill -9`) and restarted while that task runs: the restarted agent
+/// finds the baseline in the task's launch record, so the task still ends FINISHED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_cgroup_reused_after_an_oom_kill() {
     // Each takes the agent's two CPUs: one after the other. Each prints its memory cgroup.
@@ -96,7 +98,7 @@ async fn pooled_cgroup_reused_after_an_oom_kill() {
     );
     let next = task(
         "next",
-        "grep pool- /proc/self/cgroup | head -n 1; perl -e '$x = \"a\" x (96 * 1024 * 1024); print length($x), \"\\n\"'",
+        "grep pool- /proc/self/cgroup | head -n 1; perl -e '$x = \"a\" x (96 * 1024 * 1024); print length($x), \"\\n\"'; sleep 3",
         "cpus:2;mem:256",
     );
     // Two prepared cgroups once the hog's is back (the one made ahead, and the hog's in front:
@@ -139,6 +141,12 @@ async fn pooled_cgroup_reused_after_an_oom_kill() {
     }
     let (mut next_updates, next_handle, next_run) =
         framework(&s.cluster, "pool-next", vec![next.clone()]);
+    next_updates
+        .wait(next.task_id, TaskState::Running, T)
+        .await
+        .unwrap();
+    // `restart` kills the agent with SIGKILL first.
+    s.cluster.agents[0].restart().unwrap();
     if let Err(e) = next_updates
         .wait(next.task_id, TaskState::Finished, T)
         .await

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use gantry_proto::*;
 
-use super::{PoolGate, BASE_FILE};
+use super::PoolGate;
 use crate::core::CgroupOutcome;
 use crate::discovery::NvmlGpus;
 use crate::executor;
@@ -23,25 +23,28 @@ use crate::isolation::{Baseline, Isolator, TaskCgroup};
 /// is returned. `fresh`: this run's launch made the handle, so nothing was recorded before
 /// (neither an outcome nor a baseline: the handle has its own) and no file is read.
 pub(super) fn settle_cgroup(cg: Option<&TaskCgroup>, meta: &Path, fresh: bool) -> CgroupOutcome {
-    // The final OOM flag and usage, recorded in the launch record before the cgroup is
-    // destroyed (so a restarted agent still reports the real outcome).
-    let recorded: Option<CgroupOutcome> = if fresh {
+    // The launch record, read once: the final OOM flag and usage, recorded there before the
+    // cgroup was destroyed (so a restarted agent still reports the real outcome), and the
+    // reused cgroup's counters at the task's start, recorded with the supervisor's claim.
+    let record = if fresh {
         None
     } else {
         executor::record::read(meta)
-            .and_then(|r| r.cgroup)
-            .and_then(|j| serde_json::from_str(&j).ok())
     };
+    let recorded: Option<CgroupOutcome> = record
+        .as_ref()
+        .and_then(|r| r.cgroup.as_deref())
+        .and_then(|j| serde_json::from_str(j).ok());
     let Some(cg) = cg.filter(|c| c.is_isolated()) else {
         return recorded.unwrap_or_default();
     };
-    // A reused cgroup's counters at the task's start, recorded at launch (needed when this
-    // handle was reopened by a restarted agent).
+    // The baseline is needed when this handle was reopened by a restarted agent.
     let mut reopened;
     let cg = if !fresh && cg.baseline() == Baseline::default() {
-        match std::fs::read(meta.join(BASE_FILE))
-            .ok()
-            .and_then(|d| serde_json::from_slice::<Baseline>(&d).ok())
+        match record
+            .as_ref()
+            .and_then(|r| r.base.as_deref())
+            .and_then(|j| serde_json::from_str::<Baseline>(j).ok())
         {
             Some(base) => {
                 reopened = cg.clone();

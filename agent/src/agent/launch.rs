@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use super::blocking::exit_outcome;
-use super::{Agent, Resource, BASE_FILE};
+use super::{Agent, Resource};
 use crate::container;
 use crate::core::{Input, LaunchPlan};
 use crate::executor::user::TaskUser;
@@ -113,19 +113,11 @@ impl Agent {
                 let cg = isolator
                     .create(&cgroup_name, &limits)
                     .map_err(|e| format!("task cgroup: {e}"))?;
-                // A reused cgroup's counters, for the task's outcome after an agent restart.
-                if cg.baseline() != Baseline::default() {
-                    let written = std::fs::create_dir_all(&blocking_meta).and_then(|_| {
-                        std::fs::write(
-                            blocking_meta.join(BASE_FILE),
-                            serde_json::to_vec(&cg.baseline()).unwrap_or_default(),
-                        )
-                    });
-                    if let Err(e) = written {
-                        let _ = cg.destroy();
-                        return Err(format!("recording the cgroup's baseline: {e}"));
-                    }
-                }
+                // A reused cgroup's counters, for the task's outcome after an agent restart:
+                // the supervisor writes them into the launch record with its claim.
+                let cgroup_base = (cg.baseline() != Baseline::default())
+                    .then(|| serde_json::to_string(&cg.baseline()).ok())
+                    .flatten();
                 // v1 `tasks`, not `cgroup.procs`: see `TaskCgroup::join_files`.
                 let mut procs: Vec<PathBuf> = cg.join_files();
                 let mut program = task.command.program.clone();
@@ -166,6 +158,7 @@ impl Agent {
                     user: user.as_ref(),
                     env: &env,
                     cgroup_procs: &procs,
+                    cgroup_base,
                 };
                 match executor::prepare(&spec) {
                     Ok(request) => Ok((cg, request)),

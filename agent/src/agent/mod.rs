@@ -59,10 +59,6 @@ use crate::wal::{self, Wal};
 /// Directory (under the work dir) where `gantry-agent clear-gpu` drops clear requests.
 pub const CLEAR_DIR: &str = "gpu-clear";
 
-/// File in a task's meta directory recording the counters its (reused, pooled) cgroup held when
-/// the task took it ([`crate::isolation::Baseline`]); written only when not all zero.
-const BASE_FILE: &str = "cgroup-base.json";
-
 /// Everything the agent is configured with.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {

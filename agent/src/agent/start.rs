@@ -63,12 +63,14 @@ fn probe(core: &AgentCore) -> RecoveryProbe {
                 launched = Some(l);
             }
         }
-        match launched {
-            Some(l) if executor::still_running(&l, rec.meta_dir()) => probe.alive.push(*id),
-            Some(_) => probe
-                .exited
-                .push((*id, executor::read_exit(rec.meta_dir()))),
-            None => {}
+        // The exit comes from the launch record alone (the log never holds it), read once,
+        // after the supervisor was seen alive or dead: a dead one's record is final.
+        if let Some(l) = launched {
+            let alive = executor::supervisor_alive(&l);
+            match executor::read_exit(rec.meta_dir()) {
+                None if alive => probe.alive.push(*id),
+                exit => probe.exited.push((*id, exit)),
+            }
         }
     }
     probe
@@ -144,6 +146,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         pool_gate: Arc::new(PoolGate::default()),
         disk_walks: HashMap::new(),
     };
+    // The agent's tasks together weigh as the CPUs it offers against the host's other
+    // processes (`Isolator::weigh_root`).
+    let cpus =
+        config.resources.get("cpus") + config.reserved.values().map(|r| r.get("cpus")).sum::<f64>();
+    if let Err(e) = config.isolator.weigh_root(cpus) {
+        tracing::warn!("cannot weigh the agent's cgroup root by its {cpus} CPUs: {e}");
+    }
     let probed = probe(&agent.core);
     let effects = agent.core.recover(probed, unix_ms());
     agent.perform(effects)?;

@@ -10,27 +10,33 @@
 //! feeds back what they observed (a launch's supervisor, an exit status, a lost supervisor, a
 //! settled cgroup, a sample, a probe of re-adopted tasks, an MPS daemon's exit).
 //!
+//! Read in this order (a task's path through the core, then what it draws on):
+//!
+//! - `io`: what goes in and out — the configuration, [`Input`]s, [`Effect`]s, the group-commit
+//!   decision ([`Commit`]: sync only when something leaves the agent) and the rules' timing
+//!   constants.
+//! - this module: the state ([`AgentCore`]), the dispatch of each input to its handler
+//!   ([`AgentCore::handle`]) and the end of a batch ([`AgentCore::end_batch`]).
+//! - `master`: the master session: registration (fitted into one frame), the master's
+//!   messages (run, kill, acknowledge, refuse, clear a GPU), due status updates, what the agent
+//!   advertises.
 //! - `tasks`: task lifecycle: launch plans (GPU choice, user, env, limits), settlement into a
 //!   terminal state (at once for a task without a cgroup), status updates, GPU-memory shares.
-//! - `kill`: kills and their escalation (the index of killed tasks), a dead supervisor's task
-//!   killed.
 //! - `groups`: task groups: all members start or none, the group environment, and the
 //!   group's policy when a member ends.
-//! - `io`: the configuration, inputs, effects, the group-commit decision ([`Commit`]: sync
-//!   only when something leaves the agent) and the rules' timing constants.
-//! - this module: the state and its handlers, the end of a batch ([`AgentCore::end_batch`]),
-//!   sampling, deadlines and garbage collection.
-//! - `disk`: disk limits: which sandboxes to measure when (`--disk-watch-interval`), and the
-//!   kill of a task past its `disk` (`FAILED`, reason `disk-limit`).
-//! - `health`: GPU faults, recovery checks and operator clears, and the updates they send.
-//! - `mps`: which GPU's MPS control daemon to start when (restart back-off).
-//! - `pool`: the pool of prepared task cgroups (`--cgroup-pool`).
-//! - `ports`: the port range (`--ports`) and the host ports assigned to tasks asking
-//!   `ports:K` (`PORT`, `PORT0`.., `GANTRY_PORTS`).
+//! - `kill`: kills and their escalation (the index of killed tasks), a dead supervisor's task
+//!   killed.
+//! - `timers`: [`AgentCore::next_deadline`] and the `Tick` that acts on it (heartbeats,
+//!   samples, sandbox collection, the operator files' polls, each module's timed rule).
 //! - `recovery`: re-adopting checkpointed tasks after a restart from what the runtime probed,
 //!   and watching them (probes of their supervisors; no exit record after 1 s).
-//! - `watched`: the index of tasks with a limit a deadline watches (a disk limit, a GPU
-//!   fraction), so `next_deadline` does not scan every task.
+//! - What tasks hold and what watches them: `pool` (prepared task cgroups, `--cgroup-pool`),
+//!   `ports` (the port range, `--ports`, and the host ports of tasks asking `ports:K`:
+//!   `PORT`, `PORT0`.., `GANTRY_PORTS`), `disk` (which sandboxes to measure when and the kill
+//!   of a task past its `disk`: `FAILED`, reason `disk-limit`), `health` (GPU faults, recovery
+//!   checks, operator clears and the updates they send), `mps` (which GPU's MPS control daemon
+//!   to start when, with its restart back-off), `watched` (the index of tasks with a limit a
+//!   deadline watches, so `next_deadline` does not scan every task).
 //! - `types`: the core's own types (task records, the checkpoint, log records, launches, exit
 //!   statuses, limits), which the I/O modules store, fill in and apply.
 //! - `tests`: lifecycle, kill escalation, recovery, GPU health, disk limits, the batching
@@ -41,6 +47,7 @@ pub mod groups;
 mod health;
 mod io;
 mod kill;
+mod master;
 pub mod mps;
 pub mod pool;
 pub mod ports;
@@ -48,6 +55,7 @@ mod recovery;
 mod tasks;
 #[cfg(test)]
 mod tests;
+mod timers;
 pub mod types;
 mod watched;
 
@@ -55,8 +63,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gantry_proto::codec;
-use gantry_proto::resources::MILLI;
 use gantry_proto::*;
 use serde::{Deserialize, Serialize};
 
@@ -418,397 +424,4 @@ impl AgentCore {
         };
         (std::mem::take(&mut self.fx), commit)
     }
-
-    fn connected(&mut self) {
-        self.connected = true;
-        self.registered = false;
-        let running_tasks = self
-            .ckpt
-            .tasks
-            .values()
-            .map(|t| RunningTask {
-                framework_id: t.framework_id,
-                task: t.info.clone(),
-                state: t.state,
-                gpus: t.gpus.clone(),
-                ports: t.ports.clone(),
-            })
-            .collect();
-        let (register, left_out) = fit_register(AgentToMaster::Register {
-            agent_id: self.ckpt.agent_id,
-            hostname: self.config.hostname.clone(),
-            resources: self.advertised_resources(),
-            reserved: self.config.reserved.clone(),
-            attributes: self.config.attributes.clone(),
-            gpus: self.gpu_infos(),
-            running_tasks,
-            pending_updates: self.ckpt.updates.in_window(),
-            task_user: self.config.task_user.clone(),
-        });
-        self.updates_left_out = left_out;
-        self.send(register);
-    }
-
-    fn master_message(&mut self, msg: MasterToAgent, now: u64) {
-        match msg {
-            MasterToAgent::Registered {
-                agent_id,
-                heartbeat_interval_ms,
-                ..
-            } => {
-                if self.ckpt.agent_id != Some(agent_id) {
-                    self.ckpt.agent_id = Some(agent_id);
-                    self.persist(Record::AgentId(agent_id));
-                }
-                self.registered = true;
-                // A new master (or a new session) hears the termination notice again.
-                self.notice_sent = None;
-                if !self.accepted {
-                    self.accepted = true;
-                    self.emit(Effect::CleanupCgroups);
-                }
-                self.heartbeat_every = heartbeat_interval_ms.clamp(100, 60_000);
-                if std::mem::take(&mut self.updates_left_out) {
-                    // Not in the registration: send them now, one by one.
-                    self.ckpt.updates.reset_connection();
-                    self.flush_updates(now);
-                } else {
-                    self.ckpt.updates.mark_all_sent(now);
-                }
-                tracing::info!(%agent_id, "registered with the master");
-            }
-            MasterToAgent::RunTask {
-                framework_id,
-                task,
-                gpus,
-            } => self.run_task(framework_id, task, &gpus, &BTreeSet::new(), now),
-            MasterToAgent::RunTaskGroup {
-                framework_id,
-                group_id,
-                policy,
-                members,
-            } => self.run_group(
-                framework_id,
-                group_id,
-                policy,
-                members,
-                &BTreeSet::new(),
-                now,
-            ),
-            MasterToAgent::KillTask {
-                framework_id,
-                task_id,
-            } => self.kill(framework_id, task_id, now),
-            MasterToAgent::Acknowledge { task_id, update_id } => {
-                tracing::debug!(task = %task_id, "status update acknowledged");
-                if self.ckpt.updates.ack(task_id, update_id, now) {
-                    self.persist(Record::Acked {
-                        task: task_id,
-                        update: update_id,
-                    });
-                    let done = self
-                        .ckpt
-                        .tasks
-                        .get(&task_id)
-                        .is_some_and(|t| t.state.is_terminal())
-                        && !self.ckpt.updates.has_pending(task_id);
-                    if done {
-                        self.ckpt.tasks.remove(&task_id);
-                        self.watched.remove(&task_id);
-                        self.dirty.insert(task_id);
-                        self.gc_queue.push_back(gc::Ended {
-                            task: task_id,
-                            at_ms: now,
-                        });
-                    }
-                }
-            }
-            MasterToAgent::Error { message } => {
-                // A refusal (a name in use by another agent, an id of another agent, invalid
-                // reservations): retrying cannot help, so stop (non-zero) instead of flapping.
-                tracing::error!("the master refused this agent: {message}");
-                self.emit(Effect::Stop(format!(
-                    "the master refused this agent: {message}"
-                )));
-            }
-            MasterToAgent::ClearGpu { uuid } => match self.health.clear(&uuid) {
-                Some(change) => {
-                    tracing::info!(gpu = %uuid, "GPU cleared by an operator through the master");
-                    self.health_changed(change, now);
-                }
-                None => {
-                    tracing::warn!(gpu = %uuid, "clear request for a GPU that is not unhealthy (or unknown)")
-                }
-            },
-        }
-    }
-
-    fn run_task(
-        &mut self,
-        framework_id: FrameworkId,
-        task: TaskInfo,
-        gpus: &[String],
-        unbindable_ports: &BTreeSet<u16>,
-        now: u64,
-    ) {
-        if self.ckpt.tasks.contains_key(&task.task_id) {
-            tracing::warn!(task = %task.task_id, "duplicate launch ignored");
-            return;
-        }
-        self.launch(framework_id, task, gpus, unbindable_ports, now);
-    }
-
-    fn tick(&mut self, now: u64) {
-        self.escalate_kills(now);
-        let idle = self.pool.trim(now);
-        if !idle.is_empty() {
-            self.emit(Effect::RemoveCgroups(idle));
-        }
-        self.adopted.retain(|id| {
-            self.ckpt
-                .tasks
-                .get(id)
-                .is_some_and(|t| !t.state.is_terminal())
-        });
-        if self.registered && now.saturating_sub(self.last_heartbeat) >= self.heartbeat_every {
-            self.last_heartbeat = now;
-            self.send(AgentToMaster::Heartbeat);
-        }
-        self.sample_if_due(now);
-        self.measure_disk_if_due(now);
-        self.recovery_checks_due(now);
-        self.collect_garbage(now);
-        self.probe_adopted_if_due(now);
-        self.poll_files_if_due(now);
-        self.mps_ensure(now);
-        self.flush_updates(now);
-    }
-
-    /// Every [`FILE_POLL_MS`]: the termination notice (while registered: it is told to the
-    /// master) and, on a GPU agent, the operator's clear requests.
-    fn poll_files_if_due(&mut self, now: u64) {
-        if self.registered && now.saturating_sub(self.last_notice_poll) >= FILE_POLL_MS {
-            self.last_notice_poll = now;
-            self.emit(Effect::ReadTerminationNotice);
-        }
-        if self.config.gpu_agent && now.saturating_sub(self.last_clear_poll) >= FILE_POLL_MS {
-            self.last_clear_poll = now;
-            self.emit(Effect::ReadClearRequests);
-        }
-    }
-
-    /// The earliest time (Unix ms) at which [`Input::Tick`] has something to do, if any: the
-    /// runtime sleeps until then or the next input, whichever comes first. A time at or before
-    /// `now` means at once. Every timed rule of the core has its term here (the tests check
-    /// that a tick before the deadline does nothing and one at it moves the deadline on).
-    pub fn next_deadline(&self, now: u64) -> Option<u64> {
-        let mut at: Option<u64> = None;
-        let mut due = |t: Option<u64>| {
-            if let Some(t) = t {
-                at = Some(at.map_or(t, |a| a.min(t)));
-            }
-        };
-        if self.registered {
-            due(Some(self.last_heartbeat + self.heartbeat_every));
-            due(Some(self.last_notice_poll + FILE_POLL_MS));
-            if !self.sampling {
-                due(Some(
-                    self.last_sample + self.config.usage_interval.as_millis() as u64,
-                ));
-            }
-            if self.connected {
-                due(self.ckpt.updates.next_due(now));
-            }
-        }
-        if self.config.gpu_agent {
-            due(Some(self.last_clear_poll + FILE_POLL_MS));
-            due(self
-                .health
-                .next_recovery(|u| self.checking.contains(u))
-                .map(|i| {
-                    self.epoch_ms + i.saturating_duration_since(self.epoch).as_millis() as u64
-                }));
-        }
-        due(self.kill_deadline());
-        due(self.pool.next_deadline());
-        due(self.disk_deadline());
-        if !self.gc_busy {
-            let next = self
-                .config
-                .gc
-                .next_due(&self.gc_queue, self.disk_used)
-                .map(|t| t.max(self.last_gc + 1000));
-            due(Some(next.map_or(self.last_gc + 5000, |t| {
-                t.min(self.last_gc + 5000)
-            })));
-        }
-        if !self.probing_adopted && !self.adopted_live().is_empty() {
-            due(Some(self.last_adopted_probe + ADOPTED_PROBE_MS));
-        }
-        due(self.mps_deadline(now));
-        at
-    }
-
-    /// Sandboxes due for collection ([`gc`]), at most one pass a second; a pass with nothing
-    /// to remove still measures the disk every few seconds.
-    fn collect_garbage(&mut self, now: u64) {
-        let since = now.saturating_sub(self.last_gc);
-        if self.gc_busy || since < 1000 {
-            return;
-        }
-        let mut due = self.config.gc.due(&mut self.gc_queue, now, self.disk_used);
-        // A task id launched again meanwhile owns its directories.
-        due.retain(|t| !self.ckpt.tasks.contains_key(t));
-        if due.is_empty() && since < 5000 {
-            return;
-        }
-        self.gc_busy = true;
-        self.last_gc = now;
-        self.emit(Effect::CollectGarbage(due));
-    }
-
-    /// Every `--usage-interval`: sample GPUs and task cgroups.
-    fn sample_if_due(&mut self, now: u64) {
-        if self.sampling
-            || !self.registered
-            || now.saturating_sub(self.last_sample) < self.config.usage_interval.as_millis() as u64
-        {
-            return;
-        }
-        let snapshot: Vec<(TaskId, i32, Vec<String>)> = self
-            .ckpt
-            .tasks
-            .iter()
-            .filter(|(id, t)| !t.state.is_terminal() && !self.settling.contains(id))
-            .filter_map(|(id, t)| Some((*id, t.launched?.task_pgid, t.gpus.clone())))
-            .collect();
-        if snapshot.is_empty() && !self.config.gpu_agent {
-            self.last_sample = now;
-            // Nothing to sample: /metrics drops the tasks that ended.
-            self.emit(Effect::PublishMetrics(Vec::new()));
-            return;
-        }
-        self.sampling = true;
-        self.emit(Effect::Sample(snapshot));
-    }
-
-    fn sampled(&mut self, tasks: Vec<(TaskId, TaskUsage)>, gpus: Vec<GpuSample>, now: u64) {
-        self.sampling = false;
-        self.last_sample = now;
-        // Tasks that ended while sampling ran are not reported.
-        let tasks: Vec<(TaskId, TaskUsage)> = tasks
-            .into_iter()
-            .filter(|(id, _)| {
-                self.ckpt
-                    .tasks
-                    .get(id)
-                    .is_some_and(|t| !t.state.is_terminal())
-            })
-            .collect();
-        let tasks = self.gpu_memory_check(tasks, now);
-        self.last_gpu_samples = gpus.clone();
-        self.emit(Effect::PublishMetrics(tasks.clone()));
-        if !tasks.is_empty() || !gpus.is_empty() {
-            // Many tasks: as many messages as the frame limit needs.
-            let split = codec::split_batches(tasks, |tasks| AgentToMaster::Usage {
-                tasks,
-                gpus: gpus.clone(),
-            });
-            if !split.oversized.is_empty() {
-                tracing::warn!(
-                    n = split.oversized.len(),
-                    "usage samples too large to send; dropped"
-                );
-            }
-            for msg in split.batches {
-                self.send_registered(msg);
-            }
-        }
-    }
-
-    fn flush_updates(&mut self, now: u64) {
-        if !self.registered || !self.connected {
-            self.final_usage.clear();
-            return;
-        }
-        if !self.final_usage.is_empty() {
-            let tasks = std::mem::take(&mut self.final_usage);
-            let gpus = self.last_gpu_samples.clone();
-            self.send(AgentToMaster::Usage { tasks, gpus });
-        }
-        for u in self.ckpt.updates.due(now) {
-            tracing::debug!(task = %u.task_id, state = %u.state, "status update sent");
-            self.send(AgentToMaster::StatusUpdate(u));
-        }
-    }
-
-    fn inventory(&self) -> &[DiscoveredGpu] {
-        &self.config.inventory
-    }
-
-    /// What to advertise: `gpus` counts the healthy GPUs only.
-    fn advertised_resources(&self) -> Resources {
-        let mut r = self.config.resources.clone();
-        let base = r.milli("gpus");
-        if base > 0 {
-            let unhealthy = self
-                .inventory()
-                .iter()
-                .filter(|g| !self.health.is_healthy(&g.info.uuid))
-                .count() as u64;
-            r.set_milli("gpus", base.saturating_sub(unhealthy * MILLI));
-        }
-        r
-    }
-
-    fn gpu_infos(&self) -> Vec<GpuInfo> {
-        self.inventory()
-            .iter()
-            .map(|g| GpuInfo {
-                healthy: self.health.is_healthy(&g.info.uuid),
-                ..g.info.clone()
-            })
-            .collect()
-    }
-}
-
-/// Makes a `Register` fit in one frame: first without its pending updates (they are sent one
-/// by one after registering; returns true then), then, for thousands of tasks with long
-/// commands, without the tasks' commands and environments (the master needs their ids and
-/// resources to adopt them). Logs what it left out.
-pub(crate) fn fit_register(mut msg: AgentToMaster) -> (AgentToMaster, bool) {
-    let fits = |m: &AgentToMaster| codec::encoded_len(m).is_ok_and(|n| n <= codec::MAX_FRAME);
-    if fits(&msg) {
-        return (msg, false);
-    }
-    let AgentToMaster::Register {
-        running_tasks,
-        pending_updates,
-        ..
-    } = &mut msg
-    else {
-        return (msg, false);
-    };
-    tracing::warn!(
-        updates = pending_updates.len(),
-        "registration too large for one frame; pending status updates follow it one by one"
-    );
-    let left_out = !pending_updates.is_empty();
-    pending_updates.clear();
-    let tasks = running_tasks.len();
-    if fits(&msg) {
-        return (msg, left_out);
-    }
-    tracing::warn!(
-        tasks,
-        "registration still too large; reporting the tasks without their commands and environments"
-    );
-    if let AgentToMaster::Register { running_tasks, .. } = &mut msg {
-        for t in running_tasks {
-            // The program goes; the user stays (the master shows who the task runs as).
-            t.task.command.program = Program::Shell(String::new());
-            t.task.env.clear();
-        }
-    }
-    (msg, left_out)
 }

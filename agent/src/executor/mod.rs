@@ -83,7 +83,7 @@ impl SupervisorCommand {
 /// What the agent needs to launch one task.
 pub struct LaunchSpec<'a> {
     pub sandbox: &'a Path,
-    /// Root-owned directory for the supervisor's pid and exit files.
+    /// Root-owned directory for the task's launch record ([`record`]).
     pub meta: &'a Path,
     pub program: &'a Program,
     /// The user to switch to (`None`: run as the agent's own user, which is not root).
@@ -91,6 +91,8 @@ pub struct LaunchSpec<'a> {
     pub env: &'a BTreeMap<String, String>,
     /// `cgroup.procs` (v2) / `tasks` files the task must join before exec.
     pub cgroup_procs: &'a [PathBuf],
+    /// The baseline of the task's reused cgroup (JSON), recorded with the supervisor's claim.
+    pub cgroup_base: Option<String>,
 }
 
 /// A task ready for the supervisor ([`prepare`]).
@@ -111,6 +113,7 @@ pub fn prepare(spec: &LaunchSpec<'_>) -> Result<Prepared, ExecError> {
         sandbox: spec.sandbox.to_path_buf(),
         meta: spec.meta.to_path_buf(),
         cgroup_procs: spec.cgroup_procs.to_vec(),
+        cgroup_base: spec.cgroup_base.clone(),
         program: spec.program.clone(),
         identity: spec.user.map(|u| supervise::Identity {
             uid: u.uid,
@@ -311,7 +314,7 @@ mod tests {
         std::fs::create_dir_all(&meta).unwrap();
         let me = std::process::id() as i32;
         let start = process_start_time(me).unwrap();
-        assert!(record::claim_for_supervisor(&meta, &format!("{me} {start}")).unwrap());
+        assert!(record::claim_for_supervisor(&meta, &format!("{me} {start}"), None).unwrap());
         assert!(!claim(&meta));
         record::append(&meta, "task", "4242", false).unwrap();
         let found = find_launched(&meta).unwrap();

@@ -3,26 +3,37 @@
 //!
 //! ```text
 //! supervisor PID START    the supervisor that claimed the launch (pid, start time in ticks)
+//! base {...}              what a reused (pooled) cgroup's counters held when the task took it
 //! task PGID               the task's process group, once started
 //! exit {"code":0,...}     how the task ended
 //! cgroup {...}            the agent's reading of the task's cgroup once it ended
 //! ```
 //!
 //! **The claim.** Whoever creates the file first decides the launch's fate. The supervisor
-//! writes its `supervisor` line into a temporary file and links it into place, which fails if
-//! the file exists: the record appears with that line in it, never empty. A restarted agent that
-//! finds a launch it did not record creates the file empty: the launch was given up (reported
-//! FAILED) and a late supervisor backs off, so a task never runs unseen.
+//! writes its `supervisor` line (and the task cgroup's `base` line, when the agent handed one
+//! over) into a temporary file and links it into place, which fails if the file exists: the
+//! record appears with those lines in it, never empty. A restarted agent that finds a launch it
+//! did not record creates the file empty: the launch was given up (reported FAILED) and a late
+//! supervisor backs off, so a task never runs unseen.
 //!
 //! **The other lines** are appended (`O_APPEND`), each with one `write`, and count only once
 //! their newline is there. Unknown lines are skipped.
 //!
-//! One file instead of four (`supervisor.pid`, `launch.claim`, `task.pid`, `exit.json`, the
-//! agent's `cgroup-final.json`, four of them written through a temporary file and a rename):
-//! each new file is an inode to allocate and, once the sandbox is collected, to free, which is
-//! most of what the task path costs on some file systems (docs/benchmarks.md, "One real
-//! agent"). Agents before the record wrote those files; [`read`] still reads them where the
-//! record has no line, so an upgraded agent recovers the tasks of the old one.
+//! **One record of a task's facts.** The agent's write-ahead log ([`crate::wal`]) holds what the
+//! agent *decided* about a task (its state, GPUs, ports, cgroup name, status updates, and the
+//! supervisor's reply to its launch, which the running agent signals); this record holds what
+//! was *observed* of the launch, written by whoever observed it — the supervisor, which
+//! outlives the agent, or the agent reading the task's cgroup. It is the only source of those
+//! facts: a restarted agent reads the exit, the baseline and the cgroup's outcome from here
+//! alone, and the log never copies them.
+//!
+//! One file where there were six (`supervisor.pid`, an empty `launch.claim`, `task.pid`,
+//! `exit.json`, the agent's `cgroup-final.json` and `cgroup-base.json`, most of them written
+//! through a temporary file and a rename): each new file is an inode to allocate and, once the
+//! sandbox is collected, to free, which is most of what the task path costs on some file
+//! systems (docs/benchmarks.md, "One real agent"). Agents before the record wrote those files;
+//! [`read`] still reads them where the record has no line, so an upgraded agent recovers the
+//! tasks of the old one.
 
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -40,6 +51,8 @@ const LEGACY_SUPERVISOR: &str = "supervisor.pid";
 const LEGACY_TASK: &str = "task.pid";
 const LEGACY_EXIT: &str = "exit.json";
 const LEGACY_CGROUP: &str = "cgroup-final.json";
+/// The baseline's own file (agents before it moved into the claim).
+const LEGACY_BASE: &str = "cgroup-base.json";
 
 /// What a record says.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,6 +60,9 @@ pub struct Record {
     /// The supervisor that claimed the launch: its pid and start time (`None`: the agent
     /// claimed it, and it never runs).
     pub supervisor: Option<(i32, u64)>,
+    /// The counters the task's (reused, pooled) cgroup held when the task took it (JSON,
+    /// [`crate::isolation::Baseline`]); `None` when they were all zero.
+    pub base: Option<String>,
     /// The task's process group, once started.
     pub task_pgid: Option<i32>,
     /// How the task ended.
@@ -65,6 +81,7 @@ impl Record {
             let (key, value) = line.split_once(' ').unwrap_or((line, ""));
             match key {
                 "supervisor" => r.supervisor = parse_supervisor(value),
+                "base" => r.base = Some(value.to_string()),
                 "task" => r.task_pgid = parse_pgid(value),
                 "exit" => r.exit = serde_json::from_str(value).ok(),
                 "cgroup" => r.cgroup = Some(value.to_string()),
@@ -106,6 +123,9 @@ pub fn read(meta: &Path) -> Option<Record> {
     if r.cgroup.is_none() {
         r.cgroup = legacy(LEGACY_CGROUP);
     }
+    if r.base.is_none() {
+        r.base = legacy(LEGACY_BASE);
+    }
     Some(r)
 }
 
@@ -129,9 +149,20 @@ pub fn claim_for_agent(meta: &Path) -> bool {
         .is_ok()
 }
 
-/// The supervisor's claim, with its `supervisor` line (`me`: `PID START`): true when it
+/// The supervisor's claim, with its `supervisor` line (`me`: `PID START`) and, when the agent
+/// handed one over, the `base` line of the task's cgroup (JSON, one line): true when it
 /// claimed the launch, false when a restarted agent had given it up.
-pub fn claim_for_supervisor(meta: &Path, me: &str) -> std::io::Result<bool> {
+pub fn claim_for_supervisor(meta: &Path, me: &str, base: Option<&str>) -> std::io::Result<bool> {
+    let mut text = format!("supervisor {me}\n");
+    if let Some(base) = base {
+        if base.contains('\n') {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidInput,
+                "a record line must not contain a newline",
+            ));
+        }
+        text.push_str(&format!("base {base}\n"));
+    }
     let tmp = meta.join(RECORD_TMP);
     let written = std::fs::OpenOptions::new()
         .write(true)
@@ -139,7 +170,7 @@ pub fn claim_for_supervisor(meta: &Path, me: &str) -> std::io::Result<bool> {
         .truncate(true)
         .mode(0o600)
         .open(&tmp)
-        .and_then(|mut f| f.write_all(format!("supervisor {me}\n").as_bytes()));
+        .and_then(|mut f| f.write_all(text.as_bytes()));
     // A hard link fails if the record exists, and allocates no inode: the record *is* the
     // written file, under its final name.
     let linked = written.and_then(|()| std::fs::hard_link(&tmp, meta.join(RECORD_FILE)));
@@ -199,8 +230,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let meta = dir.path();
         assert_eq!(read(meta), None);
-        assert!(claim_for_supervisor(meta, "77 123").unwrap());
-        assert!(!claim_for_supervisor(meta, "78 124").unwrap());
+        assert!(claim_for_supervisor(meta, "77 123", None).unwrap());
+        assert!(!claim_for_supervisor(meta, "78 124", None).unwrap());
         assert!(!claim_for_agent(meta));
         append(meta, "task", "4242", false).unwrap();
         let r = read(meta).unwrap();
@@ -210,7 +241,7 @@ mod tests {
         let given_up = dir.path().join("given-up");
         std::fs::create_dir(&given_up).unwrap();
         assert!(claim_for_agent(&given_up));
-        assert!(!claim_for_supervisor(&given_up, "77 123").unwrap());
+        assert!(!claim_for_supervisor(&given_up, "77 123", None).unwrap());
         assert_eq!(read(&given_up), Some(Record::default()));
         assert!(append(&given_up, "exit", "{\n}", false).is_err());
         // The supervisor appends only to its own claim.
@@ -218,6 +249,29 @@ mod tests {
         std::fs::create_dir(&unclaimed).unwrap();
         assert!(append(&unclaimed, "task", "4242", false).is_err());
         assert!(!unclaimed.join(RECORD_FILE).exists());
+    }
+
+    #[test]
+    fn the_baseline_is_written_with_the_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path();
+        let base = r#"{"oom_kills":2,"cpu_usec":1500}"#;
+        assert!(claim_for_supervisor(meta, "77 123", Some(base)).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(meta.join(RECORD_FILE)).unwrap(),
+            format!("supervisor 77 123\nbase {base}\n"),
+            "the record appears with both lines"
+        );
+        append(meta, "exit", r#"{"code":0,"signal":null}"#, false).unwrap();
+        let r = read(meta).unwrap();
+        assert_eq!(r.supervisor, Some((77, 123)));
+        assert_eq!(r.base.as_deref(), Some(base));
+        assert_eq!(r.exit.and_then(|e| e.code), Some(0));
+        // A base line the record would misread is refused, and nothing is claimed.
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        assert!(claim_for_supervisor(&other, "77 123", Some("{\n}")).is_err());
+        assert_eq!(read(&other), None);
     }
 
     #[test]
@@ -232,6 +286,13 @@ mod tests {
         assert_eq!(r.supervisor, Some((77, 123)));
         assert_eq!(r.task_pgid, Some(4242));
         assert_eq!(r.exit.and_then(|e| e.code), Some(0));
+        // The baseline an agent before the record's `base` line wrote on its own.
+        assert_eq!(read(meta).unwrap().base, None);
+        std::fs::write(meta.join(LEGACY_BASE), "{\"oom_kills\":1,\"cpu_usec\":0}").unwrap();
+        assert_eq!(
+            read(meta).unwrap().base.as_deref(),
+            Some("{\"oom_kills\":1,\"cpu_usec\":0}")
+        );
         // Without the old supervisor's pid file, an empty record is the agent's claim.
         std::fs::remove_file(meta.join(LEGACY_SUPERVISOR)).unwrap();
         assert_eq!(read(meta).unwrap().supervisor, None);

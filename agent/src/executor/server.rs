@@ -189,11 +189,12 @@ fn start_task(shared: &Shared, request: Request) {
             return;
         }
     };
-    let refused = match record::claim_for_supervisor(&spec.meta, &shared.me) {
-        Ok(true) => None,
-        Ok(false) => Some("a restarted agent gave this launch up".to_string()),
-        Err(e) => Some(format!("writing the launch record: {e}")),
-    };
+    let refused =
+        match record::claim_for_supervisor(&spec.meta, &shared.me, spec.cgroup_base.as_deref()) {
+            Ok(true) => None,
+            Ok(false) => Some("a restarted agent gave this launch up".to_string()),
+            Err(e) => Some(format!("writing the launch record: {e}")),
+        };
     if let Some(reason) = refused {
         done(shared);
         shared.reply(&Reply::Refused { id, reason });

@@ -1,14 +1,15 @@
 //! What the supervisor (`gantry-supervise --server`, [`super::server`]) does for one task, and
 //! the task's arguments as the agent sends them ([`command_line`], read back by [`parse_args`]:
-//! `--sandbox DIR --meta DIR [--cgroup-procs FILE]... [--uid U --gid G --groups G,...]
-//! [--argv] -- COMMAND...`, one module for both sides).
+//! `--sandbox DIR --meta DIR [--cgroup-procs FILE]... [--cgroup-base JSON] [--uid U --gid G
+//! --groups G,...] [--argv] -- COMMAND...`, one module for both sides).
 //!
 //! The task — `/bin/sh -c COMMAND`, or with `--argv` the words after `--` executed directly —
 //! starts as the leader of a new process group, joined to the task's cgroups and switched to
 //! the task's user (supplementary groups, gid, then uid) between clone and `exec`, with stdout
 //! and stderr in `SANDBOX/stdout` and `SANDBOX/stderr` (`task_command`, started by [`super::spawn`]). The supervisor
-//! claims the launch in its record ([`super::record`], `META/launch.claim`) with its own pid,
-//! then records the task's pid and, once the task ended, its exit status there.
+//! claims the launch in its record ([`super::record`], `META/launch.claim`) with its own pid
+//! (and the task cgroup's baseline the agent handed over, `--cgroup-base`), then records the
+//! task's pid and, once the task ended, its exit status there.
 //!
 //! The record lives in META, a root-owned directory apart from the sandbox, because the
 //! sandbox belongs to the task's user: a task must not be able to forge its pid (the agent
@@ -36,6 +37,9 @@ pub struct Supervised {
     pub sandbox: PathBuf,
     pub meta: PathBuf,
     pub cgroup_procs: Vec<PathBuf>,
+    /// The counters the task's reused cgroup held when the agent gave it the task's limits
+    /// (JSON, one line; `None` when all zero): written with the claim, for a restarted agent.
+    pub cgroup_base: Option<String>,
     pub program: Program,
     pub identity: Option<Identity>,
 }
@@ -51,6 +55,10 @@ pub fn command_line(spec: &Supervised) -> Vec<OsString> {
     for p in &spec.cgroup_procs {
         args.push("--cgroup-procs".into());
         args.push(p.clone().into());
+    }
+    if let Some(base) = &spec.cgroup_base {
+        args.push("--cgroup-base".into());
+        args.push(base.into());
     }
     if let Some(id) = &spec.identity {
         let groups: Vec<String> = id.groups.iter().map(u32::to_string).collect();
@@ -85,6 +93,7 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Supervised
     let mut args = args.into_iter();
     let (mut sandbox, mut meta) = (None, None);
     let mut cgroup_procs = Vec::new();
+    let mut cgroup_base = None;
     let (mut uid, mut gid, mut groups) = (None, None, Vec::new());
     let mut argv = false;
     let text = |v: OsString, what: &str| {
@@ -112,6 +121,13 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Supervised
             "--sandbox" => sandbox = Some(PathBuf::from(value)),
             "--meta" => meta = Some(PathBuf::from(value)),
             "--cgroup-procs" => cgroup_procs.push(PathBuf::from(value)),
+            "--cgroup-base" => {
+                let v = text(value, "--cgroup-base")?;
+                if v.contains('\n') {
+                    return Err("--cgroup-base must be one line".into());
+                }
+                cgroup_base = Some(v);
+            }
             "--uid" => uid = Some(number(&text(value, "--uid")?, "--uid")?),
             "--gid" => gid = Some(number(&text(value, "--gid")?, "--gid")?),
             "--groups" => {
@@ -140,6 +156,7 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Supervised
         sandbox: sandbox.ok_or("missing --sandbox")?,
         meta: meta.ok_or("missing --meta")?,
         cgroup_procs,
+        cgroup_base,
         program: if argv {
             Program::Argv(words)
         } else {
@@ -274,6 +291,7 @@ mod tests {
             sandbox,
             meta,
             cgroup_procs: Vec::new(),
+            cgroup_base: None,
             program,
             identity: None,
         }
@@ -325,6 +343,9 @@ mod tests {
                 sandbox: "/w/sandboxes/t".into(),
                 meta: "/w/meta/t".into(),
                 cgroup_procs: vec!["/sys/fs/cgroup/g/t/cgroup.procs".into()],
+                cgroup_base: identity
+                    .as_ref()
+                    .map(|_| r#"{"oom_kills":1,"cpu_usec":7}"#.to_string()),
                 program,
                 identity,
             };
@@ -332,6 +353,7 @@ mod tests {
             assert_eq!(back.sandbox, spec.sandbox);
             assert_eq!(back.meta, spec.meta);
             assert_eq!(back.cgroup_procs, spec.cgroup_procs);
+            assert_eq!(back.cgroup_base, spec.cgroup_base);
             assert_eq!(back.program, spec.program);
             assert_eq!(back.identity, spec.identity);
         }
@@ -343,6 +365,7 @@ mod tests {
             bad(&["--uid", "1", "--sandbox", "s", "--meta", "m", "--", "t"]).contains("together")
         );
         assert!(bad(&["--frobnicate", "1", "--", "true"]).contains("unknown"));
+        assert!(bad(&["--cgroup-base", "{\n}", "--", "true"]).contains("one line"));
     }
 
     #[test]

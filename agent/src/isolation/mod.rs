@@ -18,16 +18,19 @@
 //! [`Isolator::reopen`] finds a task's cgroup again and [`Isolator::cleanup_except`] removes
 //! orphans.
 //!
-//! Modules: this file holds the `Isolator` (creating, reopening, pooling and cleaning task
-//! cgroups, v1 and v2 side by side in each method, so a change to one is seen next to the
-//! other; over 800 lines for that reason); `task` one task's [`TaskCgroup`]; [`devices`] the
-//! device rules; [`bpf`] the v2 eBPF device program; [`layout`] the paths; `tests` the unit
-//! tests.
+//! Modules, in reading order: this file holds the [`Isolator`] (detecting the hierarchy,
+//! creating, reopening, pooling and cleaning task cgroups, v1 and v2 side by side in each
+//! method) and the file helpers; `v1` and `v2` write a task's limits under each version;
+//! `task` is one task's [`TaskCgroup`] (attaching, usage and OOM read-back, signals, recycling,
+//! removal); [`devices`] the device rules; [`bpf`] the v2 eBPF device program; [`layout`] the
+//! paths; `tests` the unit tests.
 
 pub mod bpf;
 pub mod devices;
 pub mod layout;
 mod task;
+mod v1;
+mod v2;
 
 use std::ffi::CString;
 use std::io::{self, ErrorKind};
@@ -573,285 +576,6 @@ impl Isolator {
         Ok(())
     }
 
-    /// `prev`: what this process last wrote to this cgroup when it is a pool cgroup
-    /// (`Some(None)`: made empty).
-    fn setup_v1(
-        &self,
-        cg: &mut TaskCgroup,
-        limits: &Limits,
-        prev: Option<Option<Limits>>,
-    ) -> Result<(), IsolationError> {
-        let mut made = Vec::new();
-        let mut reused = false;
-        // A pool cgroup this process made or got back empty (checked when it came back:
-        // processes enter a cgroup only by a root's write) is there and empty: no `mkdir` and
-        // no look at its processes per hierarchy.
-        let known = prev.is_some() && cg.controller_dir("memory").is_some_and(Path::is_dir);
-        let dirs = if known { Vec::new() } else { cg.dirs() };
-        reused |= known;
-        for d in dirs {
-            match make_task_dir(d) {
-                Ok(existed) => {
-                    reused |= existed;
-                    if !existed {
-                        made.push(d);
-                    }
-                }
-                Err(e) => {
-                    // Remove only what this call created; a busy directory is someone else's.
-                    for m in made {
-                        let _ = rmdir(m);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        // A reused cgroup (a pool slot) holds its last task's settings: every limit is
-        // written, "unlimited" included (unless they are the very limits this task needs), and
-        // the counters that can be reset are. One made empty for the pool is as good as new.
-        let same = reused && prev.as_ref() == Some(&Some(limits.clone()));
-        let reused_limits = reused && !matches!(prev, Some(None));
-        // (A cgroup made empty for the pool has fresh counters too.)
-        let reset_counters = reused_limits;
-        let reused = reused_limits;
-        if reused {
-            if let Kind::V1 { memory, .. } = &cg.kind {
-                let left = read_u64(&memory.join("memory.usage_in_bytes")).unwrap_or(u64::MAX);
-                if left > leftover_allowance(limits) {
-                    // Best effort: under the limit the kernel reclaims it anyway.
-                    let _ = write_file(&memory.join("memory.force_empty"), "0");
-                }
-            }
-        }
-        if !same {
-            self.write_v1_limits(cg, limits, reused)?;
-        }
-        let Kind::V1 {
-            cpuacct, memory, ..
-        } = &cg.kind
-        else {
-            return Ok(());
-        };
-        if reset_counters {
-            write_file(&cpuacct.join("cpuacct.usage"), "0")?;
-            write_file(&memory.join("memory.max_usage_in_bytes"), "0")?;
-            write_file(&memory.join("memory.failcnt"), "0")?;
-            let ctl = read_file(&memory.join("memory.oom_control"))?;
-            cg.base = Baseline {
-                oom_kills: keyed(&ctl, "oom_kill").unwrap_or(0),
-                cpu_usec: 0,
-            };
-        }
-        Ok(())
-    }
-
-    fn write_v1_limits(
-        &self,
-        cg: &TaskCgroup,
-        limits: &Limits,
-        reused: bool,
-    ) -> Result<(), IsolationError> {
-        let Kind::V1 {
-            cpu,
-            memory,
-            pids,
-            devices,
-            ..
-        } = &cg.kind
-        else {
-            return Ok(());
-        };
-        write_file(
-            &cpu.join("cpu.shares"),
-            &cpu_shares(limits.cpus).to_string(),
-        )?;
-        if limits.cpu_hard_limit {
-            write_file(&cpu.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
-            write_file(
-                &cpu.join("cpu.cfs_quota_us"),
-                &cfs_quota_us(limits.cpus).to_string(),
-            )?;
-        } else if reused {
-            write_file(&cpu.join("cpu.cfs_quota_us"), "-1")?;
-        }
-        let memsw = memory.join("memory.memsw.limit_in_bytes");
-        let has_memsw = || memsw.exists();
-        if let Some(mib) = limits.mem_mib {
-            let bytes = mib.saturating_mul(1 << 20).to_string();
-            // memsw may never be below the limit: lift it first when raising the limit.
-            if reused && has_memsw() {
-                write_file(&memsw, "-1")?;
-            }
-            write_file(&memory.join("memory.limit_in_bytes"), &bytes)?;
-            if has_memsw() {
-                write_file(&memsw, &bytes)?;
-            }
-        } else if reused {
-            if has_memsw() {
-                write_file(&memsw, "-1")?;
-            }
-            write_file(&memory.join("memory.limit_in_bytes"), "-1")?;
-        }
-        if let Some(dir) = pids {
-            match limits.pids_max {
-                Some(max) => write_file(&dir.join("pids.max"), &max.to_string())?,
-                None if reused => write_file(&dir.join("pids.max"), "max")?,
-                None => {}
-            }
-        }
-        if let Some(dir) = devices {
-            match &limits.devices {
-                Some(rules) => {
-                    write_file(&dir.join("devices.deny"), "a")?;
-                    for r in rules {
-                        write_file(&dir.join("devices.allow"), &r.v1_line())?;
-                    }
-                }
-                None if reused => write_file(&dir.join("devices.allow"), "a")?,
-                None => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Enables `wanted` controllers from the mount down to the tasks' parent (v2), once per
-    /// controller and process.
-    fn enable_v2(&self, mount: &Path, wanted: &[&str]) -> Result<(), IsolationError> {
-        let mut done = self.v2_enabled.lock().unwrap_or_else(|e| e.into_inner());
-        if wanted.iter().all(|c| done.contains(*c)) {
-            return Ok(());
-        }
-        self.enable_v2_chain(mount, wanted)?;
-        done.extend(wanted.iter().map(|c| c.to_string()));
-        Ok(())
-    }
-
-    fn enable_v2_chain(&self, mount: &Path, wanted: &[&str]) -> Result<(), IsolationError> {
-        let parent = mount.join(&self.root);
-        std::fs::create_dir_all(&parent).map_err(io_err("mkdir", &parent))?;
-        let mut level = mount.to_path_buf();
-        let mut chain = vec![level.clone()];
-        for c in self.root.components() {
-            level = level.join(c);
-            chain.push(level.clone());
-        }
-        for d in &chain {
-            let available = read_file(&d.join("cgroup.controllers"))?;
-            for c in wanted {
-                if !available.split_whitespace().any(|a| a == *c) {
-                    return Err(IsolationError::V2ControllerMissing {
-                        controller: c.to_string(),
-                        path: d.display().to_string(),
-                    });
-                }
-            }
-            let enabled = read_file(&d.join("cgroup.subtree_control"))?;
-            for c in wanted {
-                if !enabled.split_whitespace().any(|a| a == *c) {
-                    write_file(&d.join("cgroup.subtree_control"), &format!("+{c}"))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn setup_v2(
-        &self,
-        mount: &Path,
-        cg: &mut TaskCgroup,
-        limits: &Limits,
-        prev: Option<Option<Limits>>,
-    ) -> Result<(), IsolationError> {
-        let Kind::V2 { dir } = &cg.kind else {
-            return Ok(());
-        };
-        let dir = dir.clone();
-        let mut wanted = vec!["cpu"];
-        if limits.mem_mib.is_some() {
-            wanted.push("memory");
-        }
-        if limits.pids_max.is_some() {
-            wanted.push("pids");
-        }
-        self.enable_v2(mount, &wanted)?;
-        // A pool cgroup this process made or got back empty: there and empty.
-        let reused = if prev.is_some() && dir.is_dir() {
-            true
-        } else {
-            make_task_dir(&dir)?
-        };
-        let exists = |f: &str| dir.join(f).exists();
-        if reused && !matches!(prev, Some(None)) {
-            let stat = read_file(&dir.join("cpu.stat"))?;
-            let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
-            cg.base = Baseline {
-                oom_kills: keyed(&events, "oom_kill").unwrap_or(0)
-                    + keyed(&events, "oom_group_kill").unwrap_or(0),
-                cpu_usec: keyed(&stat, "usage_usec").unwrap_or(0),
-            };
-            if let Ok(left) = read_u64(&dir.join("memory.current")) {
-                if left > leftover_allowance(limits) {
-                    // Best effort: under the limit the kernel reclaims it anyway.
-                    let _ = write_file(&dir.join("memory.reclaim"), &left.to_string());
-                }
-            }
-            cg.peak = reset_peak(&dir.join("memory.peak"));
-        }
-        // A pool cgroup's device program stays attached between tasks: replaced only when
-        // this task's rules differ.
-        let prev_rules = prev
-            .as_ref()
-            .and_then(|p| p.as_ref())
-            .and_then(|p| p.devices.clone());
-        let same = reused && prev.as_ref() == Some(&Some(limits.clone()));
-        let reused = reused && !matches!(prev, Some(None));
-        if same {
-            cg.bpf_rules = limits.devices.clone();
-            return Ok(());
-        }
-        write_file(
-            &dir.join("cpu.weight"),
-            &cpu_weight(limits.cpus).to_string(),
-        )?;
-        if limits.cpu_hard_limit {
-            write_file(
-                &dir.join("cpu.max"),
-                &format!("{} {CFS_PERIOD_US}", cfs_quota_us(limits.cpus)),
-            )?;
-        } else if reused {
-            write_file(&dir.join("cpu.max"), &format!("max {CFS_PERIOD_US}"))?;
-        }
-        if let Some(mib) = limits.mem_mib {
-            write_file(
-                &dir.join("memory.max"),
-                &mib.saturating_mul(1 << 20).to_string(),
-            )?;
-            if exists("memory.swap.max") {
-                write_file(&dir.join("memory.swap.max"), "0")?;
-            }
-        } else if reused && exists("memory.max") {
-            write_file(&dir.join("memory.max"), "max")?;
-            if exists("memory.swap.max") {
-                write_file(&dir.join("memory.swap.max"), "max")?;
-            }
-        }
-        match limits.pids_max {
-            Some(max) => write_file(&dir.join("pids.max"), &max.to_string())?,
-            None if reused && exists("pids.max") => write_file(&dir.join("pids.max"), "max")?,
-            None => {}
-        }
-        if prev_rules != limits.devices {
-            if let Some(old) = &prev_rules {
-                bpf::detach(&dir, old)?;
-            }
-            if let Some(rules) = &limits.devices {
-                bpf::install(&dir, rules)?;
-            }
-        }
-        cg.bpf_rules = limits.devices.clone();
-        Ok(())
-    }
-
     /// Finds an existing task cgroup (after an agent restart).
     pub fn reopen(&self, task_id: &str) -> Result<TaskCgroup, IsolationError> {
         validate_task_id(task_id)?;
@@ -928,6 +652,44 @@ impl Isolator {
             }
         }
         Ok(removed)
+    }
+
+    /// Gives the agent's root cgroup the CPU weight of the CPUs the agent offers (`cpus`): v1
+    /// `cpu.shares` = 1024 × cpus (at most 262,144), v2 `cpu.weight` the same mapped to
+    /// 1..10000; each level above it below the mount (the `gantry` of the default
+    /// `gantry/<agent>`) is raised to at least that, never lowered (agents sharing it keep the
+    /// larger weight). Without it the agent's tasks together weigh as one process against every
+    /// other process of the host's root cgroup (the kernel's default 1024): on a busy host a
+    /// task joining its cgroup then waits for a CPU at a fraction of its entitlement, which
+    /// dominated task starts with cgroups (docs/benchmarks.md, "One real agent"). Kubernetes
+    /// weighs its `kubepods` cgroup by the node's allocatable CPUs the same way.
+    pub fn weigh_root(&self, cpus: f64) -> Result<(), IsolationError> {
+        let (mount, file, weight) = match &self.layout {
+            None => return Ok(()),
+            Some(CgroupLayout::V1 { mounts }) => {
+                let Some(m) = mounts.get("cpu") else {
+                    return Ok(());
+                };
+                (m.clone(), "cpu.shares", cpu_shares(cpus).min(262_144))
+            }
+            Some(CgroupLayout::V2 { mount }) => {
+                self.enable_v2(mount, &["cpu"])?;
+                (mount.clone(), "cpu.weight", cpu_weight(cpus))
+            }
+        };
+        let mut level = mount;
+        let depth = self.root.components().count();
+        for (i, c) in self.root.components().enumerate() {
+            level = level.join(c);
+            std::fs::create_dir_all(&level).map_err(io_err("mkdir", &level))?;
+            let path = level.join(file);
+            let leaf = i + 1 == depth;
+            // An ancestor is only raised (an unreadable value is treated as lower).
+            if leaf || read_u64(&path).map_or(true, |w| w < weight) {
+                write_file(&path, &weight.to_string())?;
+            }
+        }
+        Ok(())
     }
 
     /// Removes the (empty) root directories themselves, e.g. when tests finish.

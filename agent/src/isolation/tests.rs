@@ -403,3 +403,56 @@ fn pre_exec_join_moves_the_whole_child_on_this_host() {
     cg.destroy().unwrap();
     iso.remove_root().unwrap();
 }
+
+#[test]
+fn the_root_weighs_the_agents_cpus_and_ancestors_are_only_raised() {
+    // v1: the `cpu` hierarchy only; `a` already heavier than asked, `b` lighter.
+    let dir = tempfile::tempdir().unwrap();
+    let mut mounts = std::collections::BTreeMap::new();
+    for c in ["cpu", "cpuacct", "memory"] {
+        std::fs::create_dir_all(dir.path().join(c)).unwrap();
+        mounts.insert(c.to_string(), dir.path().join(c));
+    }
+    let cpu = dir.path().join("cpu");
+    std::fs::create_dir_all(cpu.join("a/b/agent")).unwrap();
+    std::fs::write(cpu.join("a/cpu.shares"), "300000").unwrap();
+    std::fs::write(cpu.join("a/b/cpu.shares"), "1024").unwrap();
+    std::fs::write(cpu.join("a/b/agent/cpu.shares"), "99999").unwrap();
+    let iso = Isolator::with_layout(
+        CgroupLayout::V1 {
+            mounts: mounts.into_iter().collect(),
+        },
+        Some("a/b/agent".into()),
+    )
+    .unwrap();
+    iso.weigh_root(64.0).unwrap();
+    assert_eq!(read(&cpu.join("a/cpu.shares")), "300000", "never lowered");
+    assert_eq!(read(&cpu.join("a/b/cpu.shares")), "65536", "raised");
+    assert_eq!(
+        read(&cpu.join("a/b/agent/cpu.shares")),
+        "65536",
+        "the root: exact"
+    );
+    assert!(
+        !dir.path().join("memory/a").exists(),
+        "only the cpu hierarchy"
+    );
+    // 1,000 CPUs: the kernel's largest weight.
+    iso.weigh_root(1000.0).unwrap();
+    assert_eq!(read(&cpu.join("a/b/agent/cpu.shares")), "262144");
+
+    // v2: cpu.weight, the controller enabled down to the root.
+    let fake = FakeV2::new("cpuset cpu io memory pids");
+    let m = fake.dir.path();
+    // (What the kernel shows once the parent enables `cpu`.)
+    std::fs::write(m.join("gantry/cpu.weight"), "100").unwrap();
+    fake.isolator().weigh_root(8.0).unwrap();
+    assert_eq!(
+        read(&m.join("gantry/cpu.weight")),
+        cpu_weight(8.0).to_string()
+    );
+    assert!(read(&m.join("cgroup.subtree_control")).contains("+cpu"));
+    // Without isolation: nothing to weigh.
+    let none = Isolator::new(IsolationMode::None, None).unwrap();
+    none.weigh_root(8.0).unwrap();
+}

@@ -1,6 +1,6 @@
 //! The `Register` frame fits the frame bound whatever the agent has to report (`fit_register`).
 
-use super::super::fit_register;
+use super::super::master::fit_register;
 use gantry_proto::codec;
 use gantry_proto::*;
 
