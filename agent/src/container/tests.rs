@@ -342,17 +342,17 @@ fn the_startup_sweep_cleans_up_only_ended_containers() {
     };
     let (ended, unclaimed, running) = (TaskId::random(), TaskId::random(), TaskId::random());
     let ended_meta = bundle(ended);
-    assert!(record::claim_for_supervisor(&ended_meta, "4242 1").unwrap());
+    assert!(record::claim_for_supervisor(&ended_meta, "4242 1", None).unwrap());
     record::append(&ended_meta, "exit", r#"{"code":0,"signal":null}"#, false).unwrap();
     let unclaimed_meta = bundle(unclaimed);
     let running_meta = bundle(running);
-    assert!(record::claim_for_supervisor(&running_meta, "4243 1").unwrap());
+    assert!(record::claim_for_supervisor(&running_meta, "4243 1", None).unwrap());
 
     assert_eq!(sweep_ended(&cfg, &meta_root), 2);
     assert!(!ended_meta.join("container").exists());
     assert!(!unclaimed_meta.join("container").exists());
     // The unclaimed launch is now the agent's: no supervisor will run it.
-    assert!(!record::claim_for_supervisor(&unclaimed_meta, "4244 1").unwrap());
+    assert!(!record::claim_for_supervisor(&unclaimed_meta, "4244 1", None).unwrap());
     assert!(running_meta.join("container").join("rootfs").is_dir());
     assert_eq!(sweep_ended(&cfg, &meta_root), 0);
 }
