@@ -112,25 +112,37 @@ impl CgroupRoot {
 
     /// A running task's cgroup directory in a v1 controller's hierarchy (or the v2 directory
     /// when `controller` is `""`): the cgroup named after the task, or the pool cgroup holding
-    /// a process whose environment says `GANTRY_TASK_ID=<task>`. Panics when there is none.
+    /// a process whose environment says `GANTRY_TASK_ID=<task>`. Panics when there is none
+    /// within 10 s: one snapshot once found none right after `RUNNING` on a host loaded ~30
+    /// (cause not pinned down; the pool lookup reads `cgroup.procs` and `/proc/PID/environ`
+    /// while the task starts), so the lookup is repeated until the task is seen.
     pub fn task_dir(&self, controller: &str, task: gantry_sdk::protocol::TaskId) -> PathBuf {
         let parent = Path::new(CGROUP_MOUNT).join(controller).join(&self.name);
         let named = parent.join(task.to_string());
-        if named.is_dir() {
-            return named;
-        }
         let wanted = format!("GANTRY_TASK_ID={task}");
-        std::fs::read_dir(&parent)
-            .into_iter()
-            .flat_map(|rd| rd.flatten())
-            .map(|e| e.path())
-            .find(|d| {
-                procs(d).iter().any(|pid| {
-                    std::fs::read(format!("/proc/{pid}/environ"))
-                        .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == wanted.as_bytes()))
-                })
-            })
-            .unwrap_or_else(|| panic!("no cgroup of task {task} under {}", parent.display()))
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if named.is_dir() {
+                return named;
+            }
+            let pooled = std::fs::read_dir(&parent)
+                .into_iter()
+                .flat_map(|rd| rd.flatten())
+                .map(|e| e.path())
+                .find(|d| {
+                    procs(d).iter().any(|pid| {
+                        std::fs::read(format!("/proc/{pid}/environ"))
+                            .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == wanted.as_bytes()))
+                    })
+                });
+            match pooled {
+                Some(d) => return d,
+                None if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                None => panic!("no cgroup of task {task} under {}", parent.display()),
+            }
+        }
     }
 
     fn kill_and_remove(&self) {
