@@ -608,32 +608,28 @@ async fn metrics(
         );
     }
     let budgets = core.budgets(now);
-    if !budgets.is_empty() {
-        let _ = writeln!(
-            out,
-            "# HELP gpu_queue_budget A team's budget for one period (the agents' price units)."
-        );
-        let _ = writeln!(out, "# TYPE gpu_queue_budget gauge");
+    type Gauge = (
+        &'static str,
+        &'static str,
+        fn(&crate::budget::BudgetView) -> f64,
+    );
+    let gauges: [Gauge; 2] = [
+        (
+            "gpu_queue_budget",
+            "A team's budget for one period (the agents' price units).",
+            |b| b.budget,
+        ),
+        (
+            "gpu_queue_budget_spent",
+            "What a team spent in its budget's period so far.",
+            |b| b.spent,
+        ),
+    ];
+    for (name, help, value) in gauges.iter().filter(|_| !budgets.is_empty()) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
         for b in &budgets {
-            let _ = writeln!(
-                out,
-                "gpu_queue_budget{{team=\"{}\"}} {}",
-                escape(&b.team),
-                b.budget
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP gpu_queue_budget_spent What a team spent in its budget's period so far."
-        );
-        let _ = writeln!(out, "# TYPE gpu_queue_budget_spent gauge");
-        for b in &budgets {
-            let _ = writeln!(
-                out,
-                "gpu_queue_budget_spent{{team=\"{}\"}} {}",
-                escape(&b.team),
-                b.spent
-            );
+            let _ = writeln!(out, "{name}{{team=\"{}\"}} {}", escape(&b.team), value(b));
         }
     }
     let _ = writeln!(out, "# HELP gpu_queue_idle_while_eligible_gpu_seconds_total GPU-seconds idle while a waiting job could have started on them (outside the reservation, or on it for a job that ends before it starts).");

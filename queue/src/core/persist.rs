@@ -177,7 +177,7 @@ impl Core {
                 }
             })
             .collect();
-        self.spend(&usage, wall_ms);
+        self.count_spending(&usage, wall_ms);
         Changes {
             jobs,
             usage,

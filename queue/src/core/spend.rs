@@ -81,13 +81,16 @@ impl Core {
 
     /// Every team with a budget, where it stands at `now`.
     pub fn budgets(&self, now: Instant) -> Vec<BudgetView> {
-        let teams: Vec<String> = self.budgets.teams().cloned().collect();
-        teams.iter().filter_map(|t| self.budget(t, now)).collect()
+        self.budgets
+            .teams()
+            .filter_map(|t| self.budget(t, now))
+            .collect()
     }
 
-    /// Counts the usage history's costs toward the budgets (the store's records, when the
-    /// queue starts; `now_ms`: the wall clock). Records outside the period are skipped.
-    pub fn restore_spending(&mut self, records: &[UsageRecord], now_ms: u64) {
+    /// Counts workers' costs toward their teams' budgets: the store's whole usage history
+    /// when the queue starts, then each commit's newly ended workers (`now_ms`: the wall
+    /// clock). Records outside the period are skipped.
+    pub fn count_spending(&mut self, records: &[UsageRecord], now_ms: u64) {
         if self.budgets.is_empty() {
             return;
         }
@@ -96,10 +99,5 @@ impl Core {
                 self.budgets.record(&r.team, r.ended_unix_ms, c, now_ms);
             }
         }
-    }
-
-    /// Counts the workers that just ended toward their teams' budgets.
-    pub(super) fn spend(&mut self, records: &[UsageRecord], now_ms: u64) {
-        self.restore_spending(records, now_ms);
     }
 }

@@ -175,7 +175,7 @@ fn budgets_count_running_and_ended_workers_and_survive_a_restart() {
     // A new queue from the store knows the 8.
     let mut q2 = Core::new(config);
     q2.set_wall_clock(at(90), wall(at(90)));
-    q2.restore_spending(&store.usage().unwrap(), wall(at(90)));
+    q2.count_spending(&store.usage().unwrap(), wall(at(90)));
     let v = q2.budget("vision", at(90)).unwrap();
     assert!(
         (v.spent - 8.0).abs() < 1e-6 && v.state == BudgetState::Warn,

@@ -228,7 +228,7 @@ pub(super) async fn serve(a: Serve) -> anyhow::Result<()> {
         unix_ms(),
     );
     if !a.team_budgets.is_empty() {
-        core.restore_spending(&store.usage()?, unix_ms());
+        core.count_spending(&store.usage()?, unix_ms());
     }
     let shared = Shared::with_demand(core, store, driver.handle(), !a.no_declare_demand);
     // Kills owed from before a restart: queued by the driver until it has subscribed.
