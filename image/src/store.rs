@@ -10,6 +10,9 @@
 //!
 //! A layer is in the index only once its directory is complete and renamed into place, and an
 //! image only once all its layers are; a crash at any point leaves the store usable.
+//!
+//! (Over 800 lines since the tag cache: the pull, lease and collection paths share the store's
+//! one lock and index; splitting them by concern is left for the next change here.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -12,6 +12,9 @@
 //!
 //! The stand-in's configuration path is a process-wide variable read when an agent starts, and
 //! the clusters are large for this machine: the tests run one at a time (`SERIAL`).
+//!
+//! (Over 800 lines: the cases share this file's cluster set-up and helpers; moving those into
+//! `tests/src` and the gang and preemption scenarios into a file of their own is the split.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;

@@ -3,6 +3,9 @@
 //! ([`Core::reserve`]), the agents' views (offered now, or eventually once running work
 //! ends), and the idle-GPU statistic. The policy is described in the module documentation of
 //! [`crate::core`].
+//!
+//! (Over 800 lines since stale offers are declined here; the views and the reservation are
+//! the parts to move out next.)
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
