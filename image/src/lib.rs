@@ -12,6 +12,7 @@
 //!   reference and one download per blob at a time, the others wait and share the result.
 //!   A tag the registry resolved is trusted for [`DEFAULT_TAG_CACHE`] (10 s;
 //!   [`ImageStore::set_tag_cache`]): tag launches within it send no manifest request.
+//!   `store::pull` holds the pull path (downloads, digest checks, unpacking).
 //! - `index`: the crash-safe on-disk index (`index.json`, write-then-rename) and the pure
 //!   collection planner (least recently used unleased images first, shared layers kept).
 //! - `unpack`: a layer archive (tar, gzip or uncompressed) into a directory, with overlayfs
