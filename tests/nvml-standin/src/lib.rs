@@ -12,10 +12,17 @@
 //! configuration file, so tests inject XID events or change processes at run time.
 //!
 //! Build it with `cargo build -p gantry-nvml-standin`; [`config::library_path`] finds it.
+//!
+//! Modules: this one holds the ABI types, the state, initialisation and the device queries;
+//! [`config`] the configuration file; [`mig`] MIG devices; [`pci`] bus ids, PCI info and NUMA
+//! affinity; [`events`] event sets and waits.
 
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
 pub mod config;
+pub mod events;
+pub mod mig;
+pub mod pci;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_uint, c_ulong, c_ulonglong, c_void, CStr};
@@ -228,94 +235,6 @@ fn with_device(
             },
             None => NVML_ERROR_INVALID_ARGUMENT,
         }
-    })
-}
-
-/// `NVML_DEVICE_MIG_ENABLE`.
-pub const NVML_DEVICE_MIG_ENABLE: c_uint = 1;
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMigMode(
-    device: nvmlDevice_t,
-    current: *mut c_uint,
-    pending: *mut c_uint,
-) -> nvmlReturn_t {
-    with_device(device, |_, g| {
-        if current.is_null() || pending.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        let mode = c_uint::from(!g.mig_devices.is_empty()) * NVML_DEVICE_MIG_ENABLE;
-        unsafe {
-            *current = mode;
-            *pending = mode;
-        }
-        NVML_SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-) -> nvmlReturn_t {
-    with_device(device, |_, g| {
-        if count.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        if g.mig_devices.is_empty() {
-            return NVML_ERROR_NOT_SUPPORTED;
-        }
-        unsafe { *count = MAX_MIG_DEVICES as c_uint };
-        NVML_SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
-    device: nvmlDevice_t,
-    index: c_uint,
-    mig_device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    with_state(|s| {
-        let Some(g) = index_of(device) else {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        };
-        let Some(gpu) = s.config.gpus.get(g as usize) else {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        };
-        if mig_device.is_null() || index as usize >= MAX_MIG_DEVICES {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        if index as usize >= gpu.mig_devices.len() {
-            return NVML_ERROR_NOT_FOUND;
-        }
-        unsafe { *mig_device = mig_handle_of(g, index) };
-        NVML_SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
-    device: nvmlDevice_t,
-    is_mig: *mut c_uint,
-) -> nvmlReturn_t {
-    with_state(|_| unsafe { put(is_mig, c_uint::from(mig_index_of(device).is_some())) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
-    mig_device: nvmlDevice_t,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    with_state(|_| {
-        let Some((g, _)) = mig_index_of(mig_device) else {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        };
-        if device.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        unsafe { *device = handle_of(g) };
-        NVML_SUCCESS
     })
 }
 
@@ -670,92 +589,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-/// Parses `DDDDDDDD:BB:DD.F` (or `DDDD:BB:DD.F`) into (domain, bus, device).
-fn parse_bus_id(id: &str) -> Option<(u32, u32, u32)> {
-    let mut parts = id.split(':');
-    let domain = u32::from_str_radix(parts.next()?, 16).ok()?;
-    let bus = u32::from_str_radix(parts.next()?, 16).ok()?;
-    let dev = parts.next()?.split('.').next()?;
-    let device = u32::from_str_radix(dev, 16).ok()?;
-    Some((domain, bus, device))
-}
-
-unsafe fn pci_info(device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> nvmlReturn_t {
-    with_device(device, |_, g| {
-        if pci.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        let (domain, bus, dev) = parse_bus_id(&g.pci_bus_id).unwrap_or((0, 0, 0));
-        let legacy = format!("{:04X}:{:02X}:{:02X}.0", domain & 0xffff, bus, dev);
-        let out = unsafe { &mut *pci };
-        fill_array(&mut out.busIdLegacy, &legacy);
-        fill_array(&mut out.busId, &g.pci_bus_id);
-        out.domain = domain;
-        out.bus = bus;
-        out.device = dev;
-        out.pciDeviceId = 0x20B0_10DE;
-        out.pciSubSystemId = 0x1450_10DE;
-        NVML_SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
-    device: nvmlDevice_t,
-    pci: *mut nvmlPciInfo_t,
-) -> nvmlReturn_t {
-    pci_info(device, pci)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
-    device: nvmlDevice_t,
-    pci: *mut nvmlPciInfo_t,
-) -> nvmlReturn_t {
-    pci_info(device, pci)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryAffinity(
-    device: nvmlDevice_t,
-    node_set_size: c_uint,
-    node_set: *mut c_ulong,
-    _scope: c_uint,
-) -> nvmlReturn_t {
-    with_device(device, |_, g| {
-        let Some(node) = g.numa_node else {
-            return NVML_ERROR_NOT_SUPPORTED;
-        };
-        if node_set.is_null() || node_set_size == 0 {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        let bits = c_ulong::BITS;
-        let word = (node / bits) as usize;
-        if word >= node_set_size as usize {
-            return NVML_ERROR_INSUFFICIENT_SIZE;
-        }
-        let words = unsafe { std::slice::from_raw_parts_mut(node_set, node_set_size as usize) };
-        words.fill(0);
-        words[word] = 1 << (node % bits);
-        NVML_SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
-    device: nvmlDevice_t,
-    node: *mut c_uint,
-) -> nvmlReturn_t {
-    with_device(device, |_, g| match g.numa_node {
-        None => NVML_ERROR_NOT_SUPPORTED,
-        Some(_) if node.is_null() => NVML_ERROR_INVALID_ARGUMENT,
-        Some(n) => {
-            unsafe { *node = n };
-            NVML_SUCCESS
-        }
-    })
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
@@ -862,166 +695,15 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     processes(device, count, infos, true)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
-    device: nvmlDevice_t,
-    types: *mut c_ulonglong,
-) -> nvmlReturn_t {
-    with_device(device, |_, _| unsafe { put(types, SUPPORTED_EVENTS) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
-    with_state(|s| {
-        if set.is_null() {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        }
-        let id = s.next_set;
-        s.next_set += 1;
-        let delivered: HashSet<u64> = if s.config.replay_events {
-            HashSet::new()
-        } else {
-            s.config
-                .events
-                .iter()
-                .enumerate()
-                .map(|(pos, e)| e.key(pos))
-                .collect()
-        };
-        s.sets.insert(
-            id,
-            EventSetState {
-                registered: HashMap::new(),
-                delivered,
-            },
-        );
-        unsafe { *set = id as nvmlEventSet_t };
-        NVML_SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
-    device: nvmlDevice_t,
-    types: c_ulonglong,
-    set: nvmlEventSet_t,
-) -> nvmlReturn_t {
-    with_state(|s| {
-        let Some(i) = index_of(device).filter(|i| (*i as usize) < s.config.gpus.len()) else {
-            return NVML_ERROR_INVALID_ARGUMENT;
-        };
-        if types & !SUPPORTED_EVENTS != 0 {
-            return NVML_ERROR_NOT_SUPPORTED;
-        }
-        match s.sets.get_mut(&(set as usize)) {
-            Some(es) => {
-                *es.registered.entry(i).or_insert(0) |= types;
-                NVML_SUCCESS
-            }
-            None => NVML_ERROR_INVALID_ARGUMENT,
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
-    with_state(|s| match s.sets.remove(&(set as usize)) {
-        Some(_) => NVML_SUCCESS,
-        None => NVML_ERROR_INVALID_ARGUMENT,
-    })
-}
-
-/// Takes the next undelivered event for `set`, if any.
-fn next_event(s: &mut State, set: usize) -> Result<Option<(u32, u64, u64)>, nvmlReturn_t> {
-    let State { config, sets, .. } = s;
-    let es = sets.get_mut(&set).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    for (pos, ev) in config.events.iter().enumerate() {
-        let key = ev.key(pos);
-        if es.delivered.contains(&key) {
-            continue;
-        }
-        let bit = match ev.kind {
-            EventKind::Xid => EVENT_XID,
-            EventKind::DoubleBitEcc => EVENT_DOUBLE_BIT_ECC,
-            EventKind::SingleBitEcc => EVENT_SINGLE_BIT_ECC,
-        };
-        if es.registered.get(&ev.gpu).is_some_and(|m| m & bit != 0) {
-            es.delivered.insert(key);
-            let data = if ev.kind == EventKind::Xid { ev.xid } else { 0 };
-            return Ok(Some((ev.gpu, bit, data)));
-        }
-    }
-    Ok(None)
-}
-
-unsafe fn event_wait(
-    set: nvmlEventSet_t,
-    data: *mut nvmlEventData_t,
-    timeout_ms: c_uint,
-) -> nvmlReturn_t {
-    if data.is_null() {
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
-    loop {
-        let mut found = None;
-        let rc = with_state(|s| match next_event(s, set as usize) {
-            Ok(e) => {
-                found = e;
-                NVML_SUCCESS
-            }
-            Err(rc) => rc,
-        });
-        if rc != NVML_SUCCESS {
-            return rc;
-        }
-        if let Some((gpu, kind, value)) = found {
-            unsafe {
-                *data = nvmlEventData_t {
-                    device: handle_of(gpu),
-                    eventType: kind,
-                    eventData: value,
-                    gpuInstanceId: u32::MAX,
-                    computeInstanceId: u32::MAX,
-                };
-            }
-            return NVML_SUCCESS;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return NVML_ERROR_TIMEOUT;
-        }
-        std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetWait_v2(
-    set: nvmlEventSet_t,
-    data: *mut nvmlEventData_t,
-    timeout_ms: c_uint,
-) -> nvmlReturn_t {
-    guard(|| unsafe { event_wait(set, data, timeout_ms) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetWait(
-    set: nvmlEventSet_t,
-    data: *mut nvmlEventData_t,
-    timeout_ms: c_uint,
-) -> nvmlReturn_t {
-    guard(|| unsafe { event_wait(set, data, timeout_ms) })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn bus_ids_parse() {
-        assert_eq!(parse_bus_id("00000000:3B:00.0"), Some((0, 0x3b, 0)));
-        assert_eq!(parse_bus_id("0001:af:1f.0"), Some((1, 0xaf, 0x1f)));
-        assert_eq!(parse_bus_id("junk"), None);
+        assert_eq!(pci::parse_bus_id("00000000:3B:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(pci::parse_bus_id("0001:af:1f.0"), Some((1, 0xaf, 0x1f)));
+        assert_eq!(pci::parse_bus_id("junk"), None);
     }
 
     #[test]
