@@ -169,6 +169,10 @@ pub struct CoreConfig {
     /// (`--default-time-limit`); `None`: unlimited (they never backfill on reserved GPUs and a
     /// reservation behind them has no estimated start).
     pub default_time_limit: Option<Duration>,
+    /// The cluster grows with demand (`--elastic`: an autoscaler adds nodes for the declared
+    /// demand): a job that no agent seen so far could run is accepted and waits for one
+    /// ([`Core::refusal`] says nothing), instead of being refused as never fitting.
+    pub elastic: bool,
 }
 
 /// The longest backoff before a retry.
@@ -196,6 +200,7 @@ impl Default for CoreConfig {
             usage_half_life: None,
             fair_share_wait: None,
             budgets: Default::default(),
+            elastic: false,
         }
     }
 }

@@ -206,7 +206,7 @@ async fn submit(
     if let Some(problem) = s.core().dependency_problem(&spec) {
         return error(StatusCode::BAD_REQUEST, problem);
     }
-    if let Some(why) = s.core().never_fits(&spec) {
+    if let Some(why) = s.core().refusal(&spec) {
         return error(
             StatusCode::BAD_REQUEST,
             format!("no agent of the cluster can ever run it: {why}"),

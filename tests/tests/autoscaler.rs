@@ -15,7 +15,8 @@
 //! team ml its workers' share of each node's price for the time they ran (the master's records
 //! say the same within 1%), and its budget, now spent, holds the team's next submission. Last, consolidation:
 //! two half-busy nodes, one drained because its task fits the other, its task moved by the
-//! framework, the node deleted.
+//! framework, the node deleted. Then a model-constrained demand: a queue job asking for an H100
+//! is declared with its model, unplaceable on the A100 pool, and grows the H100 pool alone.
 //!
 //! One test in this binary: the local provider's agents share the host's cgroups and ports.
 
@@ -336,8 +337,17 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     .arg(dir.join("queue.redb"))
     .arg("--checkpoint-root")
     .arg(&ckpt)
-    .args(["--listen", &queue_api.to_string(), "--team", "ml=1"])
+    .args([
+        "--listen",
+        &queue_api.to_string(),
+        "--team",
+        "ml=1",
+        "--team",
+        "vision=1",
+    ])
     .arg("--declare-demand")
+    // The cluster grows: a job no node fits yet waits for one.
+    .arg("--elastic")
     // Team ml's budget: less than the job will cost (see the end of this phase).
     .args(["--team-budget", "ml=0.02"]);
     let _queue = Proc::spawn("gantry-queue", qcmd, &dir.join("gantry-queue.log")).unwrap();
@@ -597,6 +607,17 @@ price_per_hour = {PRICE}
 max = 3
 scale_down_cooldown = "3s"
 provider = {{ kind = "local" }}
+
+[[pool]]
+name = "h100"
+cpus = 2
+mem = 2048
+gpus = 1
+gpu_model = "NVIDIA H100 80GB HBM3"
+price_per_hour = {OD_PRICE}
+max = 2
+scale_down_cooldown = "2s"
+provider = {{ kind = "local" }}
 "#
         ),
     )
@@ -623,7 +644,6 @@ if mkdir "{}/$node" 2>/dev/null; then sleep 8; else sleep 2; fi"#,
     .await
     .unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(60), driver).await;
-    assert!(packer.terminate(Duration::from_secs(20)));
     let Ok((_, _, report)) = watched else {
         logs();
         panic!("consolidation: {watched:?}; batch: {ended:?}");
@@ -645,6 +665,84 @@ if mkdir "{}/$node" 2>/dev/null; then sleep 8; else sleep 2; fi"#,
         .filter(|t| t["reason"] == "drain-deadline")
         .count();
     assert_eq!(moved, 1, "{page:#}");
+    assert_eq!(report["pools"][1]["nodes_created"], 0, "{report:#}");
+
+    // A model-constrained demand, end to end: a queue job that asks for an H100
+    // (`--gpu-model H100`) is declared with its model (protocol 11), the master places that
+    // demand only on H100s (none yet: unplaceable, and the demand says which model), and the
+    // autoscaler grows the H100 pool, not the cheaper A100 pool that has room for a GPU task
+    // of any model; the job runs on the new H100 node, which is deleted once idle.
+    let ran_on = locks.join("on-h100");
+    let command = format!(
+        r#"basename "$(dirname "$(dirname "$(dirname "$GANTRY_SANDBOX")")")" > {}; sleep 1"#,
+        ran_on.display()
+    );
+    let job: u64 = queue(&[
+        "submit",
+        "--name",
+        "on-h100",
+        "--team",
+        "vision",
+        "--gpus",
+        "1",
+        "--cpus",
+        "0.5",
+        "--mem",
+        "64",
+        "--gpu-model",
+        "H100",
+        "--",
+        &command,
+    ])
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let demand = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v: serde_json::Value =
+                serde_json::from_str(&http_get(http, "/api/v1/demand").unwrap()).unwrap();
+            let found = v["frameworks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|f| f["gpu_model"] == "H100");
+            if found || Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+    let declared = demand["frameworks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| f["gpu_model"] == "H100")
+        .unwrap_or_else(|| panic!("no H100 demand: {demand:#}"));
+    assert_eq!(declared["name"], "gantry-queue", "{demand:#}");
+    let status_path = status.clone();
+    let watched = tokio::task::spawn_blocking(move || {
+        watch(http, status_path, |r| {
+            r["pools"][1]["nodes_created"].as_u64() > Some(0) && r["pools"][1]["nodes"] == 0
+        })
+    })
+    .await
+    .unwrap();
+    assert!(packer.terminate(Duration::from_secs(20)));
+    let Ok((_, _, report)) = watched else {
+        logs();
+        panic!("model-constrained demand: {watched:?}");
+    };
+    let shown: serde_json::Value =
+        serde_json::from_str(&queue(&["show", &job.to_string(), "--json"]).unwrap()).unwrap();
+    assert_eq!(shown["state"], "FINISHED", "{shown:#}");
+    assert_eq!(report["pools"][1]["nodes_created"], 1, "{report:#}");
+    assert_eq!(report["pools"][0]["nodes_created"], 2, "{report:#}");
+    let node = std::fs::read_to_string(&ran_on).unwrap_or_default();
+    assert!(node.starts_with("h100-"), "the job ran on {node:?}");
 
     // No agent left behind.
     assert!(

@@ -163,9 +163,21 @@ impl Core {
         None
     }
 
+    /// Why a submission of `spec` is refused as never fitting: [`Core::never_fits`], unless
+    /// the cluster is elastic (`CoreConfig::elastic`), where a node that fits may still come.
+    pub fn refusal(&self, spec: &JobSpec) -> Option<String> {
+        if self.config.elastic {
+            return None;
+        }
+        self.never_fits(spec)
+    }
+
     /// Why pending job `j` waits, in words.
     fn pending_reason(&self, j: &Job, now: Instant, st: &Standings) -> String {
         if let Some(why) = self.never_fits(&j.spec) {
+            if self.config.elastic {
+                return format!("no agent fits it yet ({why}): waiting for the cluster to grow");
+            }
             return why;
         }
         if let Some(t) = j.not_before {

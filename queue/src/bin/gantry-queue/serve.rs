@@ -109,6 +109,11 @@ pub(super) struct Serve {
     /// none of the queue's pending work).
     #[arg(long, overrides_with = "declare_demand")]
     pub(super) no_declare_demand: bool,
+    /// The cluster grows with demand (an autoscaler reads the demand this queue declares):
+    /// a job that no agent seen so far can run is accepted and waits for a node that can
+    /// (its pending reason says so), instead of being refused at submission.
+    #[arg(long, conflicts_with = "no_declare_demand")]
+    pub(super) elastic: bool,
     /// The master's operator API, https://HOST:PORT (its --http-listen): `gantry-queue logs`
     /// relays workers' output from there, asked with the framework's certificate
     /// (framework-NAME.pem in --tls-dir). Without it the queue serves no logs.
@@ -216,6 +221,7 @@ pub(super) async fn serve(a: Serve) -> anyhow::Result<()> {
         aging: Duration::from_secs(a.aging_secs),
         retry_backoff: Duration::from_secs(a.retry_backoff_secs),
         checkpoint_root: a.checkpoint_root.as_ref().map(|p| p.display().to_string()),
+        elastic: a.elastic,
         ..Default::default()
     };
     core_config.hold.timeout = Duration::from_secs(a.hold_secs.max(1));

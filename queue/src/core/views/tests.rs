@@ -52,6 +52,33 @@ fn a_job_no_agent_can_ever_fit_is_recognised_with_the_reason() {
 }
 
 #[test]
+fn an_elastic_queue_accepts_a_job_no_agent_fits_yet_and_says_it_waits_for_one() {
+    let c = Cluster::new(2);
+    let now = Instant::now();
+    let mut h100 = spec("h", "t", Priority::Normal, 1, 1);
+    h100.gpu_model = Some("B200".into());
+    for elastic in [false, true] {
+        let mut q = Core::new(CoreConfig {
+            elastic,
+            ..CoreConfig::default()
+        });
+        q.offers(c.offers(&[8, 8]), now);
+        let never = "needs 1 B200 GPUs on one agent; largest is 0";
+        assert_eq!(q.never_fits(&h100).as_deref(), Some(never));
+        if !elastic {
+            assert_eq!(q.refusal(&h100).as_deref(), Some(never));
+            continue;
+        }
+        assert_eq!(q.refusal(&h100), None);
+        let (id, _) = q.submit(h100.clone(), now);
+        assert_eq!(
+            reason(&q, id, now).0,
+            format!("no agent fits it yet ({never}): waiting for the cluster to grow")
+        );
+    }
+}
+
+#[test]
 fn pending_jobs_say_why_they_wait_and_where_they_stand() {
     let c = Cluster::new(1);
     let mut q = Core::new(CoreConfig::default());
