@@ -120,6 +120,20 @@ fn watch(
     }
 }
 
+/// [`watch`] in a blocking task until pool `pool` has made a node and has none again.
+fn watch_pool_emptied(
+    master: std::net::SocketAddr,
+    status: &std::path::Path,
+    pool: usize,
+) -> tokio::task::JoinHandle<Result<(Seen, u64, serde_json::Value), String>> {
+    let status = status.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        watch(master, status, |r| {
+            r["pools"][pool]["nodes_created"].as_u64() > Some(0) && r["pools"][pool]["nodes"] == 0
+        })
+    })
+}
+
 fn seconds(seen: &Seen) -> f64 {
     seen.values()
         .map(|(a, b, _)| b.duration_since(*a).as_secs_f64())
@@ -197,12 +211,7 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     let mut autoscaler = Proc::spawn("gantry-autoscaler", cmd, &log).unwrap();
 
     // Watch the master and the report until the pool is empty again after the work.
-    let status_path = status.clone();
-    let watcher = tokio::task::spawn_blocking(move || {
-        watch(http, status_path, |r| {
-            r["pools"][0]["nodes_created"].as_u64() > Some(0) && r["pools"][0]["nodes"] == 0
-        })
-    });
+    let watcher = watch_pool_emptied(http, &status, 0);
 
     let outcome = tokio::time::timeout(Duration::from_secs(90), driver).await;
     let p = progress.borrow().clone();
@@ -635,14 +644,7 @@ if mkdir "{}/$node" 2>/dev/null; then sleep 8; else sleep 2; fi"#,
         locks.display()
     );
     let (driver, progress) = gpu_batch(&cluster, "pack-batch", 4, &command);
-    let status_path = status.clone();
-    let watched = tokio::task::spawn_blocking(move || {
-        watch(http, status_path, |r| {
-            r["pools"][0]["nodes_created"].as_u64() > Some(0) && r["pools"][0]["nodes"] == 0
-        })
-    })
-    .await
-    .unwrap();
+    let watched = watch_pool_emptied(http, &status, 0).await.unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(60), driver).await;
     let Ok((_, _, report)) = watched else {
         logs();
@@ -723,14 +725,7 @@ if mkdir "{}/$node" 2>/dev/null; then sleep 8; else sleep 2; fi"#,
         .find(|f| f["gpu_model"] == "H100")
         .unwrap_or_else(|| panic!("no H100 demand: {demand:#}"));
     assert_eq!(declared["name"], "gantry-queue", "{demand:#}");
-    let status_path = status.clone();
-    let watched = tokio::task::spawn_blocking(move || {
-        watch(http, status_path, |r| {
-            r["pools"][1]["nodes_created"].as_u64() > Some(0) && r["pools"][1]["nodes"] == 0
-        })
-    })
-    .await
-    .unwrap();
+    let watched = watch_pool_emptied(http, &status, 1).await.unwrap();
     assert!(packer.terminate(Duration::from_secs(20)));
     let Ok((_, _, report)) = watched else {
         logs();
