@@ -56,6 +56,7 @@ pub(crate) enum Event {
     Error(ErrorKind, String),
     Drain(DrainNotice),
     Volume(VolumeDestroyed),
+    AgentRemoved(AgentRemoved),
     Disconnected,
     Wake(u64),
 }
@@ -180,6 +181,7 @@ impl DriverCore {
             MasterToFramework::Heartbeat => Vec::new(),
             MasterToFramework::DrainNotice(notice) => vec![Effect::Deliver(Event::Drain(notice))],
             MasterToFramework::VolumeDestroyed(v) => vec![Effect::Deliver(Event::Volume(v))],
+            MasterToFramework::AgentRemoved(a) => vec![Effect::Deliver(Event::AgentRemoved(a))],
         }
     }
 

@@ -135,6 +135,19 @@ pub trait Scheduler: Send {
         async {}
     }
 
+    /// An agent left the cluster for good (protocol v13; Mesos's `FAILURE` event): forget
+    /// what the scheduler knows of it (its GPUs, plans that count on it). Sent to every
+    /// subscribed framework; its tasks there get their own `LOST`/`GONE` updates. The default
+    /// does nothing.
+    fn agent_removed(
+        &mut self,
+        driver: &DriverHandle,
+        removed: &AgentRemoved,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, removed);
+        async {}
+    }
+
     /// The connection to the master dropped; the driver is reconnecting.
     fn disconnected(&mut self, driver: &DriverHandle) -> impl Future<Output = ()> + Send {
         let _ = driver;
@@ -767,6 +780,7 @@ impl Driver {
             Event::Error(kind, message) => scheduler.error(d, kind, &message).await,
             Event::Drain(notice) => scheduler.drain_notice(d, &notice).await,
             Event::Volume(v) => scheduler.volume_destroyed(d, &v).await,
+            Event::AgentRemoved(a) => scheduler.agent_removed(d, &a).await,
             Event::Disconnected => scheduler.disconnected(d).await,
             Event::Wake(token) => scheduler.wake(d, token).await,
         }

@@ -274,6 +274,14 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 total: 1,
             })),
         ),
+        (
+            "agent_removed",
+            enc(&MasterToFramework::AgentRemoved(AgentRemoved {
+                agent_id: AgentId::from_u128(2),
+                hostname: "h".into(),
+                reason: "marked gone".into(),
+            })),
+        ),
     ]
 }
 
@@ -300,7 +308,8 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v12 (v12: persistent volumes,
+/// `(sample, length, FNV-1a)` of protocol v13 (v13: `MasterToFramework::AgentRemoved`; v12:
+/// persistent volumes,
 /// `FrameworkToMaster::DestroyVolume`, `MasterToFramework::VolumeDestroyed`,
 /// `SandboxRequest::Volume`, `SandboxReply::Volume`; v11: `SandboxRequest::ExecLive` and
 /// `SandboxInput`; v9: the sandbox streams, `SandboxRequest` and
@@ -308,7 +317,7 @@ fn fnv(b: &[u8]) -> u64 {
 /// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
 /// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x08402007b4f6fc91),
+    ("hello", 2, 0x083cba07b4f41968),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 396, 0x801cbdf1b2defc40),
     ("run_task", 173, 0xbf68fb3be82d20d8),
@@ -328,6 +337,7 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("volume_destroyed", 28, 0xf825c8ed1b0450c4),
     ("sandbox_volume_destroy", 24, 0x45bc7fef61cb815c),
     ("sandbox_volume_list", 22, 0xe6000f6be0776e6f),
+    ("agent_removed", 32, 0x16c902535d0c09c2),
 ];
 
 #[test]

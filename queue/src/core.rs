@@ -498,6 +498,24 @@ impl Core {
         self.offers.remove(&id);
     }
 
+    /// An agent left the cluster for good (the master's `AgentRemoved`, protocol 13): it no
+    /// longer counts where the queue judges what fits (never-fit checks, reservations,
+    /// estimated starts). Its offers were rescinded; its workers get their own updates. A pass
+    /// follows, since a reservation may have counted on it.
+    pub fn agent_removed(&mut self, id: AgentId, now: Instant) -> Vec<Action> {
+        if self.agents.remove(&id).is_none() {
+            return Vec::new();
+        }
+        self.offers.retain(|_, (o, _)| o.agent_id != id);
+        self.pass(now)
+    }
+
+    /// The agents the queue knows of (seen in offers, not removed since), and their GPUs.
+    pub fn known_agents(&self) -> (usize, usize) {
+        let gpus = self.agents.values().map(|a| a.gpus.len()).sum();
+        (self.agents.len(), gpus)
+    }
+
     /// The connection dropped: the master rescinds our offers.
     pub fn disconnected(&mut self) {
         self.offers.clear();

@@ -512,7 +512,10 @@ async fn stats(
     }
     let core = api.shared.core();
     let now = Instant::now();
+    let (agents, gpus) = core.known_agents();
     Json(json!({
+        "agents": agents,
+        "gpus": gpus,
         "gpu_secs": core.gpu_secs(now),
         "preemptions": core.stats.preemptions,
         "requeued_lost": core.stats.requeued_lost,

@@ -377,6 +377,13 @@ impl Scheduler for QueueScheduler {
         tracing::warn!(?kind, "master error: {message}");
     }
 
+    async fn agent_removed(&mut self, _driver: &DriverHandle, removed: &AgentRemoved) {
+        tracing::info!(agent = %removed.hostname, "agent removed: {}", removed.reason);
+        let id = removed.agent_id;
+        self.shared
+            .with(|core, now| ((), core.agent_removed(id, now)));
+    }
+
     async fn disconnected(&mut self, _driver: &DriverHandle) {
         self.shared.core().disconnected();
     }

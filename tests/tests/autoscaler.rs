@@ -360,6 +360,7 @@ async fn an_empty_gpu_pool_scales_up_for_demand_down_when_idle_and_replaces_spot
     // Team ml's budget: less than the job will cost (see the end of this phase).
     .args(["--team-budget", "ml=0.02"]);
     let _queue = Proc::spawn("gantry-queue", qcmd, &dir.join("gantry-queue.log")).unwrap();
+    register_http(queue_api, &cluster.tls_dir, true);
     let queue_url = format!("http://{queue_api}");
     let queue = |args: &[&str]| -> anyhow::Result<String> {
         let out = Command::new(bin("gantry-queue")?)
@@ -738,6 +739,15 @@ if mkdir "{}/$node" 2>/dev/null; then sleep 8; else sleep 2; fi"#,
     assert_eq!(report["pools"][0]["nodes_created"], 2, "{report:#}");
     let node = std::fs::read_to_string(&ran_on).unwrap_or_default();
     assert!(node.starts_with("h100-"), "the job ran on {node:?}");
+    // Every node was deleted and its agent marked gone: the master told the queue
+    // (`AgentRemoved`, protocol 13), which no longer counts any of them as GPUs that fit.
+    let stats: serde_json::Value =
+        serde_json::from_str(&http_get(queue_api, "/stats").unwrap()).unwrap();
+    assert_eq!(
+        (&stats["agents"], &stats["gpus"]),
+        (&0.into(), &0.into()),
+        "{stats:#}"
+    );
 
     // No agent left behind.
     assert!(

@@ -131,6 +131,7 @@ impl Outbound {
                 MasterToFramework::Heartbeat => "heartbeat",
                 MasterToFramework::DrainNotice(_) => "drain notice",
                 MasterToFramework::VolumeDestroyed(_) => "volume destroyed",
+                MasterToFramework::AgentRemoved(_) => "agent removed",
             },
             Outbound::Close(_) => "close",
         }

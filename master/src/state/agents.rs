@@ -651,6 +651,7 @@ impl Master {
                 });
             }
             tracing::warn!(agent = %a.name, reason, "agent removed");
+            self.send_agent_removed(id, &a.name, reason, out);
             self.emit(ClusterEvent::AgentRemoved {
                 agent_id: id.to_string(),
                 name: a.name.clone(),

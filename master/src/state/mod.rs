@@ -661,6 +661,27 @@ impl Master {
         }
     }
 
+    /// Tells every connected framework that agent `id` left for good
+    /// ([`MasterToFramework::AgentRemoved`], protocol 13), in framework-id order.
+    fn send_agent_removed(&self, id: AgentId, name: &str, reason: &str, out: &mut Vec<Output>) {
+        let mut conns: Vec<(FrameworkId, ConnId)> = self
+            .frameworks
+            .iter()
+            .filter_map(|(fid, f)| f.conn.map(|c| (*fid, c)))
+            .collect();
+        conns.sort_unstable();
+        for (_, conn) in conns {
+            out.push(Output::ToFramework(
+                conn,
+                MasterToFramework::AgentRemoved(AgentRemoved {
+                    agent_id: id,
+                    hostname: name.to_string(),
+                    reason: reason.to_string(),
+                }),
+            ));
+        }
+    }
+
     fn send_rescind(&self, rec: &OfferRecord, out: &mut Vec<Output>) {
         if let Some(conn) = self.frameworks.get(&rec.framework).and_then(|f| f.conn) {
             out.push(Output::ToFramework(

@@ -162,6 +162,7 @@ impl Master {
             self.finish_task_if_done(tid);
         }
         tracing::warn!(agent = %rec.record.name, reason, "agent gone");
+        self.send_agent_removed(id, &rec.record.name, reason, out);
         for role in rec.dynamic.keys() {
             out.push(Output::Persist(Mutation::RemoveReservation {
                 agent_id: id,

@@ -343,6 +343,23 @@ pub enum MasterToFramework {
     DrainNotice(DrainNotice),
     /// The outcome of a [`FrameworkToMaster::DestroyVolume`] (protocol v12).
     VolumeDestroyed(VolumeDestroyed),
+    /// An agent left the cluster for good (protocol v13; Mesos's `FAILURE` event): removed,
+    /// or gone after being unreachable. Sent to every subscribed framework, whether or not it
+    /// had tasks there, so schedulers forget the agent (its GPUs, its place in their plans);
+    /// the framework's tasks there get their own `LOST`/`GONE` updates. Not redelivered to a
+    /// framework that was disconnected at the time.
+    AgentRemoved(AgentRemoved),
+}
+
+/// An agent left the cluster ([`MasterToFramework::AgentRemoved`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentRemoved {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// Its name (hostname), as in its offers.
+    pub hostname: String,
+    /// Why (`marked gone by an operator`, `unreachable timeout`, ...).
+    pub reason: String,
 }
 
 /// Notice that an agent is being drained ([`MasterToFramework::DrainNotice`]).

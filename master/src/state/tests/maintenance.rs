@@ -338,6 +338,19 @@ fn mark_gone_removes_the_agent_for_good() {
         .iter()
         .any(|m| matches!(m, Mutation::PutGone(g) if g.agent_id == agent)));
     assert!(h.m.agents.is_empty());
+    // Its framework is told the agent is gone for good (protocol 13), after the task's LOST.
+    let removed: Vec<&AgentRemoved> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ToFramework(F, MasterToFramework::AgentRemoved(r)) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed.len(), 1, "{out:?}");
+    assert_eq!(
+        (removed[0].agent_id, removed[0].hostname.as_str()),
+        (agent, "a1")
+    );
     // It may not come back with its id.
     let out = h.agent(7, "a1", Some(agent));
     assert!(out.iter().any(|o| matches!(o, Output::ToAgent(7, MasterToAgent::Error { message }) if message.contains("marked gone"))));

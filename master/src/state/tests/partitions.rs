@@ -305,6 +305,9 @@ fn an_agent_unreachable_past_its_timeout_is_gone_with_its_tasks() {
     assert!(!h.m.tasks.contains_key(&t.task_id));
     assert!(out.iter().any(|o| matches!(o,
         Output::Persist(Mutation::RemoveAgent(id)) if *id == agent)));
+    // Frameworks are told it is gone for good (protocol 13).
+    assert!(out.iter().any(|o| matches!(o,
+        Output::ToFramework(F, MasterToFramework::AgentRemoved(r)) if r.agent_id == agent)));
     // Back after that: a new agent, its old task killed.
     let out = come_back(
         &mut h,

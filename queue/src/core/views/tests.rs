@@ -79,6 +79,31 @@ fn an_elastic_queue_accepts_a_job_no_agent_fits_yet_and_says_it_waits_for_one() 
 }
 
 #[test]
+fn a_removed_agent_no_longer_counts_in_what_fits() {
+    let c = Cluster::new(2);
+    let mut q = Core::new(CoreConfig::default());
+    let now = Instant::now();
+    q.offers(c.offers(&[8, 8]), now);
+    assert_eq!(q.known_agents(), (2, 16));
+    let gang = spec("g", "t", Priority::Normal, 8, 2);
+    assert_eq!(q.never_fits(&gang), None);
+    // An agent the queue never saw: nothing changes.
+    assert!(q.agent_removed(AgentId::random(), now).is_empty());
+    assert_eq!(q.known_agents(), (2, 16));
+    // The master says the second agent left for good (its offer went with it).
+    q.agent_removed(c.agents[1], now);
+    assert_eq!(q.known_agents(), (1, 8));
+    assert_eq!(
+        q.never_fits(&gang).as_deref(),
+        Some("needs 2 workers of 8 GPUs (16 in all); the cluster has room for 1 such workers")
+    );
+    // A one-agent job still fits, and launches on the agent that is left.
+    q.submit(spec("one", "t", Priority::Normal, 8, 1), now);
+    let tasks = launched(&q.offers(c.offers(&[8])[..1].to_vec(), now));
+    assert_eq!(tasks.len(), 1);
+}
+
+#[test]
 fn pending_jobs_say_why_they_wait_and_where_they_stand() {
     let c = Cluster::new(1);
     let mut q = Core::new(CoreConfig::default());
