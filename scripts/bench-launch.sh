@@ -118,6 +118,7 @@ gantry() { # name isolation-args...
     local perf=
     if [ -n "${PERF:-}" ]; then
       mkdir -p "$PERF"
+      # shellcheck disable=SC2086 # PERF_ARGS: perf's options, split into words
       perf record -q -a ${PERF_ARGS:--F 1999} -o "$PERF/perf-$name-$run.data" >/dev/null 2>&1 &
       perf=$!
       sleep 0.5
