@@ -16,6 +16,9 @@
 #        CGROUP_ARGS: extra flags of the cgroups agent (e.g. "--cgroup-pool 0:0": no pool),
 #        BIN=DIR: use the binaries in DIR instead of building (to compare two builds),
 #        TMPDIR: where the run's files go (/tmp),
+#        PERF=DIR: record `perf record -a` (every CPU) during each Gantry batch into
+#        DIR/perf-MODE-RUN.data (read with `perf report -i FILE --sort comm,dso`); PERF_ARGS:
+#        its options (-F 1999; e.g. "-e sched:sched_switch" counts context switches),
 #        WORKFS=ext4: the agents' work directories on a fresh ext4 file system with a journal
 #        (a loop-mounted image in the run's directory; root only) instead of TMPDIR's. On an
 #        ext4 without a journal every new inode skips those freed in the last minutes, one
@@ -112,6 +115,14 @@ gantry() { # name isolation-args...
     c0=$(cpu_ticks "$agent")
     m0=$(cpu_ticks "$MASTER")
     b0=$(busy_ticks)
+    local perf=
+    if [ -n "${PERF:-}" ]; then
+      mkdir -p "$PERF"
+      # shellcheck disable=SC2086 # PERF_ARGS: perf's options, split into words
+      perf record -q -a ${PERF_ARGS:--F 1999} -o "$PERF/perf-$name-$run.data" >/dev/null 2>&1 &
+      perf=$!
+      sleep 0.5
+    fi
     t0=$(now)
     $BIN/batch --master "$QUIC" --tls-dir "$DIR/tls" --name "bench-$name-$run" --role "bench-$name" \
       --count "$N" --cpus 0.1 -- true >"$DIR/batch-$name-$run.log" 2>&1 &
@@ -119,6 +130,7 @@ gantry() { # name isolation-args...
     # (wait, unlike a foreground command, lets a signal stop the script at once)
     wait $! || { echo "batch failed, see $DIR/batch-$name-$run.log"; KEEP=1; exit 1; }
     t1=$(now)
+    if [ -n "$perf" ]; then kill -INT "$perf"; wait "$perf" 2>/dev/null || true; fi
     c1=$(cpu_ticks "$agent")
     m1=$(cpu_ticks "$MASTER")
     b1=$(busy_ticks)

@@ -18,7 +18,9 @@
 //! input already waiting, appends the records the core asked to persist, and commits the batch
 //! as the core decides ([`AgentCore::end_batch`]: one `fdatasync` when anything leaves, a plain
 //! write for acknowledgements), and only then sends the messages and starts the launches the
-//! batch produced (`Agent::commit`).
+//! batch produced (`Agent::commit`). The sync runs off the loop (the commit pipeline: one at a
+//! time, each covering the frames written before it began; `Resource::Synced` releases what
+//! its batches held back), so the loop handles the next inputs while the disk works.
 //!
 //! Task life, forward (docs/gpu-agent.md, "One task, walked through"): `RunTask` (ports probed
 //! here) → the core records it with its GPUs, ports and cgroup name *before* the launch creates
@@ -138,6 +140,9 @@ pub(crate) enum Resource {
     DiskWalks(Vec<(TaskId, crate::disk::DuWalk)>),
     /// A background snapshot of the state (log compaction) is written, or failed.
     Compacted(Result<(), String>),
+    /// The log's sync started by a commit is done ([`wal::SyncJob`]), or failed: what it
+    /// held back may leave.
+    Synced(Result<wal::Synced, String>),
 }
 
 /// The two ways into the runtime loop: the core's inputs and the runtime's own resources.
@@ -161,6 +166,17 @@ impl Senders {
 /// A launch waiting for the commit of the records that announce it.
 type PendingLaunch = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// What committed batches produced, held until a sync of the log covers their records: the
+/// messages to the master, the launches, the settled tasks' cgroups to release.
+#[derive(Default)]
+struct Held {
+    outbox: Vec<AgentToMaster>,
+    launches: Vec<PendingLaunch>,
+    releases: Vec<(Option<TaskCgroup>, bool)>,
+    /// A batch asked for a sync ([`Commit::Sync`]).
+    due: bool,
+}
+
 /// The core's clock: Unix milliseconds.
 fn unix_ms() -> u64 {
     gc::now_ms()
@@ -179,6 +195,11 @@ struct Agent {
     /// Cgroups of settled tasks, released after the next commit ([`Effect::ReleaseCgroup`]):
     /// the handle (if the task's cgroup could be found) and whether the pool takes it back.
     releases: Vec<(Option<TaskCgroup>, bool)>,
+    /// The commit pipeline: what the batches covered by the running sync of the log hold back
+    /// (`None`: no sync runs)...
+    syncing: Option<Held>,
+    /// ...and what later batches hold back, for the sync after it.
+    waiting: Held,
     /// A background snapshot is being written.
     compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
@@ -278,8 +299,18 @@ impl Agent {
     }
 
     /// Takes a resource the session or a helper handed over.
-    fn resource(&mut self, res: Resource) {
+    fn resource(&mut self, res: Resource) -> anyhow::Result<()> {
         match res {
+            Resource::Synced(result) => {
+                let done = result
+                    .map_err(|e| anyhow::anyhow!(e))
+                    .context("syncing the agent's write-ahead log")?;
+                self.wal.synced(done);
+                if let Some(held) = self.syncing.take() {
+                    self.release(held);
+                }
+                self.start_sync()?;
+            }
             Resource::Cgroup(task, cg) => {
                 self.fresh_cgroups.insert(task);
                 self.cgroups.insert(task, *cg);
@@ -297,6 +328,7 @@ impl Agent {
                 }
             }
         }
+        Ok(())
     }
 
     /// Handles one input: first the resources handed over before it, then what the runtime
@@ -308,7 +340,7 @@ impl Agent {
         resources: &mut mpsc::UnboundedReceiver<Resource>,
     ) -> anyhow::Result<()> {
         while let Ok(res) = resources.try_recv() {
-            self.resource(res);
+            self.resource(res)?;
         }
         match &input {
             Input::Launched { task, .. } => tracing::debug!(%task, "launched"),
@@ -322,11 +354,11 @@ impl Agent {
             Input::Connected => {
                 self.master = self.outboxes.try_recv().ok();
                 // Whatever was queued for the previous connection: Register goes first.
-                self.outbox.clear();
+                self.drop_queued_messages();
             }
             Input::Disconnected => {
                 self.master = None;
-                self.outbox.clear();
+                self.drop_queued_messages();
             }
             Input::GpuFault(fault) => {
                 if let gpu::FaultKind::Xid(x) = fault.kind {
@@ -602,43 +634,89 @@ impl Agent {
     }
 
     /// Commits the batch as the core decides ([`AgentCore::end_batch`]): the changed task
-    /// records and queued changes go to the log with one fsync; then the messages and launches
-    /// they protect go out. A batch that sends and starts nothing (acknowledgements) is only
-    /// written: the next synced commit makes it durable ([`wal::Wal::write`]). Starts a background compaction when the log has grown past
-    /// [`wal::COMPACT_BYTES`].
+    /// records and queued changes are written to the log as one frame; the messages, launches
+    /// and cgroup releases they protect are held until a sync of the log covers that frame.
+    /// The sync runs off the loop (the commit pipeline, [`wal::SyncJob`]): one at a time, each
+    /// covering every frame written before it started, so while one runs the loop goes on and
+    /// the batches handled meanwhile share the next. A batch that sends and starts nothing
+    /// (acknowledgements) is only written: a later sync makes it durable ([`wal::Wal::write`]).
+    /// Starts a background compaction when the log has grown past [`wal::COMPACT_BYTES`].
     fn commit(&mut self) -> anyhow::Result<()> {
         let (effects, commit) = self.core.end_batch(unix_ms());
         self.perform(effects)?;
         let started = Instant::now();
-        let sync = commit == Commit::Sync;
-        let records = match commit {
-            Commit::Sync => self.wal.commit(),
-            Commit::Write | Commit::None => self.wal.write(),
-        }
-        .context("writing the agent's write-ahead log")?;
+        let records = self
+            .wal
+            .write()
+            .context("writing the agent's write-ahead log")?;
+        // Whatever leaves waits for a sync, even from a batch that asked for none: it must not
+        // overtake what earlier batches hold back.
+        let leaving =
+            !self.outbox.is_empty() || !self.launches.is_empty() || !self.releases.is_empty();
         tracing::debug!(
             records,
-            synced = sync,
+            sync = commit == Commit::Sync,
             sent = self.outbox.len(),
             launches = self.launches.len(),
-            commit_us = started.elapsed().as_micros() as u64,
+            write_us = started.elapsed().as_micros() as u64,
             "committed"
         );
+        if commit == Commit::Sync || leaving {
+            self.waiting.outbox.append(&mut self.outbox);
+            self.waiting.launches.append(&mut self.launches);
+            self.waiting.releases.append(&mut self.releases);
+            self.waiting.due = true;
+            self.start_sync()?;
+        }
+        if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
+            let gen = self.wal.rotate().context("starting a new log")?;
+            let mut snapshot = self.core.checkpoint().clone();
+            snapshot.log_gen = gen;
+            self.core.checkpoint_mut().log_gen = gen;
+            self.compacting = true;
+            let dir = self.config.work_dir.clone();
+            let tx = self.tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let result = wal::write_snapshot(&dir, &snapshot).map_err(|e| e.to_string());
+                tx.resource(Resource::Compacted(result));
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a sync of the log for the held batches, unless one runs (its end starts the
+    /// next) or none is due.
+    fn start_sync(&mut self) -> anyhow::Result<()> {
+        if self.syncing.is_some() || !self.waiting.due {
+            return Ok(());
+        }
+        let job = self
+            .wal
+            .sync_job()
+            .context("syncing the agent's write-ahead log")?;
+        self.syncing = Some(std::mem::take(&mut self.waiting));
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            tx.resource(Resource::Synced(job.run().map_err(|e| e.to_string())));
+        });
+        Ok(())
+    }
+
+    /// What the synced batches held back leaves: the messages (in order, to the current
+    /// connection), the launches, the settled tasks' cgroups (one blocking job: each empty one
+    /// goes back to the pool or is removed; one found busy is removed).
+    fn release(&mut self, held: Held) {
         if let Some(m) = &self.master {
-            for msg in self.outbox.drain(..) {
+            for msg in held.outbox {
                 let _ = m.send(msg);
             }
-        } else {
-            self.outbox.clear();
         }
-        for launch in self.launches.drain(..) {
+        for launch in held.launches {
             self.launches_started += 1;
             tokio::spawn(launch);
         }
-        if !self.releases.is_empty() {
-            // The batch's settled cgroups, in one blocking job: each empty one goes back to the
-            // pool or is removed (one found busy is removed).
-            let releases = std::mem::take(&mut self.releases);
+        if !held.releases.is_empty() {
+            let releases = held.releases;
             let tx = self.tx.clone();
             let gate = self.pool_gate.clone();
             tokio::task::spawn_blocking(move || {
@@ -659,19 +737,26 @@ impl Agent {
                 }
             });
         }
-        if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
-            let gen = self.wal.rotate().context("starting a new log")?;
-            let mut snapshot = self.core.checkpoint().clone();
-            snapshot.log_gen = gen;
-            self.core.checkpoint_mut().log_gen = gen;
-            self.compacting = true;
-            let dir = self.config.work_dir.clone();
-            let tx = self.tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let result = wal::write_snapshot(&dir, &snapshot).map_err(|e| e.to_string());
-                tx.resource(Resource::Compacted(result));
-            });
+    }
+
+    /// A connection ended or a new one began: messages queued for the previous one are dropped
+    /// (the core sends its unacknowledged updates again after `Register`).
+    fn drop_queued_messages(&mut self) {
+        self.outbox.clear();
+        self.waiting.outbox.clear();
+        if let Some(held) = &mut self.syncing {
+            held.outbox.clear();
         }
+    }
+
+    /// At shutdown: the log synced in place; what it held back is dropped (a restarted agent
+    /// sends the updates again and gives up launches that never claimed their record).
+    fn finish_commits(&mut self) -> anyhow::Result<()> {
+        self.wal
+            .commit()
+            .context("syncing the agent's write-ahead log")?;
+        self.syncing = None;
+        self.waiting = Held::default();
         Ok(())
     }
 

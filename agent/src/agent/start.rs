@@ -131,6 +131,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         launches: Vec::new(),
         launches_started: 0,
         releases: Vec::new(),
+        syncing: None,
+        waiting: Default::default(),
         compacting: false,
         master: None,
         outboxes: outboxes_rx,
@@ -210,10 +212,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             _ = &mut shutdown => break Ok(()),
             res = resources_rx.recv() => {
                 if let Some(res) = res {
-                    agent.resource(res);
+                    let mut handled = agent.resource(res);
                     // A burst of launches hands over as many cgroups: one turn of the loop.
-                    while let Ok(res) = resources_rx.try_recv() {
-                        agent.resource(res);
+                    while handled.is_ok() {
+                        let Ok(res) = resources_rx.try_recv() else { break };
+                        handled = agent.resource(res);
+                    }
+                    if let Err(e) = handled {
+                        break Err(e);
                     }
                 }
             }
@@ -244,6 +250,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
         }
     };
+    let result = result.and_then(|()| agent.finish_commits());
     let stats = agent.wal.stats();
     tracing::info!(
         log_frames = stats.frames,

@@ -11,6 +11,12 @@
 //! batch ([`Wal::commit`]), before any message or launch the batch produced leaves the agent.
 //! A batch is one frame, so it is all or nothing on disk.
 //!
+//! **Commit pipeline**: the agent's loop does not wait for the `fdatasync`. It writes the frame
+//! ([`Wal::write`]) and hands a [`SyncJob`] ([`Wal::sync_job`]) to a blocking thread; what the
+//! batch produced is held until that sync is done ([`Wal::synced`]). While one sync runs the
+//! loop goes on handling inputs and writing frames; their messages and launches wait for the
+//! next sync, started when the running one ends, which covers every frame written meanwhile.
+//!
 //! **Compaction** runs in the background: the log rotates to a new generation
 //! ([`Wal::rotate`]), a copy of the state is written as the snapshot of that generation on a
 //! blocking thread ([`write_snapshot`]), and only then are the older logs deleted.
@@ -222,8 +228,8 @@ pub struct Wal {
     buf: Vec<u8>,
     /// Bytes in the current log.
     size: u64,
-    /// A frame was written by [`Wal::write`] and not synced since.
-    unsynced: bool,
+    /// Bytes of the current log known durable (synced); `size` beyond it is not yet.
+    synced_size: u64,
     /// Frames written and `fdatasync`s done by this agent run (all generations).
     stats: WalStats,
 }
@@ -329,7 +335,7 @@ impl Wal {
             pending: Vec::new(),
             buf: Vec::new(),
             size,
-            unsynced: false,
+            synced_size: size,
             stats: WalStats::default(),
         })
     }
@@ -348,7 +354,7 @@ impl Wal {
     /// also makes durable any frame [`Wal::write`] left unsynced).
     pub fn commit(&mut self) -> Result<usize, CheckpointError> {
         if self.pending.is_empty() {
-            if self.unsynced {
+            if self.size > self.synced_size {
                 self.sync()?;
             }
             return Ok(0);
@@ -375,7 +381,6 @@ impl Wal {
             source,
         };
         self.file.write_all(&self.buf).map_err(io)?;
-        self.unsynced = true;
         self.stats.frames += 1;
         self.size += self.buf.len() as u64;
         let n = self.pending.len();
@@ -395,9 +400,37 @@ impl Wal {
                 path: log_path(&self.dir, self.gen),
                 source,
             })?;
-        self.unsynced = false;
+        self.synced_size = self.size;
         self.stats.syncs += 1;
         Ok(())
+    }
+
+    /// A sync of everything written so far, to run off the agent's loop ([`SyncJob::run`],
+    /// blocking); [`Wal::synced`] takes its result.
+    pub fn sync_job(&self) -> Result<SyncJob, CheckpointError> {
+        let path = log_path(&self.dir, self.gen);
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|source| CheckpointError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(SyncJob {
+            file,
+            path,
+            gen: self.gen,
+            size: self.size,
+        })
+    }
+
+    /// A [`SyncJob`] finished: what it covered is durable. (A job of an earlier generation
+    /// covers nothing of this log: [`Wal::rotate`] synced the old one before starting this.)
+    pub fn synced(&mut self, done: Synced) {
+        self.stats.syncs += 1;
+        if done.gen == self.gen {
+            self.synced_size = self.synced_size.max(done.size);
+        }
     }
 
     /// Frames written and syncs done by this agent run.
@@ -419,7 +452,7 @@ impl Wal {
     /// state as of now is the snapshot of that generation ([`write_snapshot`]).
     pub fn rotate(&mut self) -> Result<u64, CheckpointError> {
         debug_assert!(self.pending.is_empty());
-        if self.unsynced {
+        if self.size > self.synced_size {
             self.sync()?;
         }
         let stats = self.stats;
@@ -427,6 +460,40 @@ impl Wal {
         *self = next;
         self.stats = stats;
         Ok(self.gen)
+    }
+}
+
+/// An `fdatasync` of the log up to where it was written when the job was made
+/// ([`Wal::sync_job`]), run on a thread of its own.
+#[derive(Debug)]
+pub struct SyncJob {
+    file: File,
+    path: PathBuf,
+    gen: u64,
+    size: u64,
+}
+
+/// What a finished [`SyncJob`] made durable: the log `gen` up to `size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Synced {
+    gen: u64,
+    size: u64,
+}
+
+impl SyncJob {
+    /// Syncs (blocking). Everything written to the log before [`Wal::sync_job`] is durable
+    /// once this returns `Ok`.
+    pub fn run(self) -> Result<Synced, CheckpointError> {
+        self.file
+            .sync_data()
+            .map_err(|source| CheckpointError::Io {
+                path: self.path,
+                source,
+            })?;
+        Ok(Synced {
+            gen: self.gen,
+            size: self.size,
+        })
     }
 }
 

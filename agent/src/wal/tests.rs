@@ -384,3 +384,47 @@ fn stats_count_frames_and_syncs_across_rotations() {
         "kept by a rotation"
     );
 }
+
+#[test]
+fn a_sync_job_covers_what_was_written_before_it_and_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut wal) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
+    let a = task(TaskState::Running);
+    wal.append(Record::Task(Box::new(a.clone())));
+    wal.write().unwrap();
+    let job = wal.sync_job().unwrap();
+    // Written while the job runs: not covered by it.
+    let b = task(TaskState::Running);
+    wal.append(Record::Task(Box::new(b.clone())));
+    wal.write().unwrap();
+    let done = job.run().unwrap();
+    wal.synced(done);
+    assert_eq!(wal.stats().syncs, 1);
+    // The second frame is still unsynced: a commit with nothing pending syncs it.
+    wal.commit().unwrap();
+    assert_eq!(wal.stats().syncs, 2);
+    // Now everything is durable: nothing to sync.
+    wal.commit().unwrap();
+    assert_eq!(wal.stats().syncs, 2);
+
+    // A job of the generation before a rotation: the rotation synced that log itself, and the
+    // job's result does not mark the new log durable.
+    wal.append(Record::TaskRemoved(a.info.task_id));
+    wal.write().unwrap();
+    let old = wal.sync_job().unwrap();
+    wal.rotate().unwrap();
+    assert_eq!(wal.stats().syncs, 3, "the rotation synced the old log");
+    wal.append(Record::TaskRemoved(b.info.task_id));
+    wal.write().unwrap();
+    wal.synced(old.run().unwrap());
+    wal.commit().unwrap();
+    assert_eq!(
+        wal.stats().syncs,
+        5,
+        "the new log's frame still needed its own sync"
+    );
+    // Both logs replay.
+    drop(wal);
+    let (back, _) = Wal::open(dir.path(), Recovery::Refuse).unwrap();
+    assert!(back.tasks.is_empty());
+}
