@@ -390,6 +390,40 @@ impl Workload {
         -((sigmoid * 100.0).floor() as i64)
     }
 
+    /// The change of `F` (whose value on `node` is `now`) from placing `task` on `node`, on
+    /// GPU `gpu` for a fraction (the first idle GPUs for whole GPUs). The caller checked that
+    /// the task fits there.
+    pub(super) fn delta_at(
+        &self,
+        measure: Measure,
+        node: &Node,
+        now: i64,
+        task: &TaskShape,
+        gpu: Option<usize>,
+    ) -> i64 {
+        let cpu = node.cpu_free.saturating_sub(task.cpu_milli);
+        let memory = node.memory_free.saturating_sub(task.memory_mib);
+        let mut after = node.gpu_free.clone();
+        match task.gpu {
+            GpuDemand::None => {}
+            GpuDemand::Whole(k) => {
+                for f in after
+                    .iter_mut()
+                    .filter(|f| **f == GPU_MILLI)
+                    .take(k as usize)
+                {
+                    *f = 0;
+                }
+            }
+            GpuDemand::Fraction(d) => {
+                if let Some(f) = gpu.and_then(|g| after.get_mut(g)) {
+                    *f = f.saturating_sub(d);
+                }
+            }
+        }
+        self.fragmentation_of(measure, node, cpu, memory, &after) - now
+    }
+
     /// The least increase of `F` from placing `task` on `node` (whose `F` is `now`), and for a
     /// fraction the GPU that achieves it (the fullest such GPU, then the lowest index).
     /// `None` when the task does not fit.

@@ -59,7 +59,7 @@ impl Placer {
         for (i, node) in nodes.iter().enumerate() {
             node.check(i)?;
         }
-        let workload = if policy == Policy::FgdScarce {
+        let workload = if matches!(policy, Policy::FgdScarce | Policy::FgdBlend) {
             workload.weighted_by_scarcity(&nodes)
         } else {
             workload
@@ -353,7 +353,11 @@ impl Placer {
                     gpu: gpu.unwrap_or(0),
                 })
             }
-            Policy::Fgd | Policy::FgdPack | Policy::FgdFill | Policy::FgdScarce => {
+            Policy::Fgd
+            | Policy::FgdPack
+            | Policy::FgdFill
+            | Policy::FgdScarce
+            | Policy::FgdBlend => {
                 let measure = self.measure();
                 let (delta, gpu) = if matches!(measure, Measure::FgdFill | Measure::ShareFill) {
                     self.workload
@@ -361,6 +365,15 @@ impl Placer {
                 } else {
                     self.workload
                         .best_delta(Measure::Fgd, node, self.frag[i], task)?
+                };
+                let delta = if self.policy == Policy::FgdBlend {
+                    // FGD's change for the same placement (the same GPU for a fraction).
+                    delta
+                        + self
+                            .workload
+                            .delta_at(Measure::Fgd, node, self.frag[i], task, gpu)
+                } else {
+                    delta
                 };
                 let pack = if self.policy != Policy::Fgd {
                     best_fit(node, task)
@@ -380,7 +393,7 @@ impl Placer {
 fn measure_of(policy: Policy) -> Measure {
     match policy {
         Policy::FgdFill => Measure::FgdFill,
-        Policy::FgdScarce => Measure::ShareFill,
+        Policy::FgdScarce | Policy::FgdBlend => Measure::ShareFill,
         Policy::FgdArtifact => Measure::Artifact,
         _ => Measure::Fgd,
     }

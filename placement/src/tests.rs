@@ -595,3 +595,35 @@ fn the_artifact_ignores_memory_and_takes_the_first_gpu_among_equal_scores() {
     assert_eq!(fgd.choose(&quarter).map(|p| p.gpus[0].gpu), Some(1));
     assert_eq!(art.choose(&quarter).map(|p| p.gpus[0].gpu), Some(0));
 }
+
+proptest! {
+    /// `delta_at` (what `fgd-blend` adds) gives the change `best_delta` found for the GPU it
+    /// chose, under both measures, for fractions, whole GPUs and CPU-only tasks.
+    #[test]
+    fn delta_at_agrees_with_best_delta(
+        gpus in prop::collection::vec(prop::sample::select(vec![0u32, 190, 470, 530, 1000]), 1..8),
+        demand in prop::sample::select(vec![
+            GpuDemand::Fraction(470), GpuDemand::Fraction(810), GpuDemand::Whole(1),
+            GpuDemand::Whole(2), GpuDemand::None,
+        ]),
+    ) {
+        let mut models = Models::new();
+        let m = model(&mut models, "G2");
+        let node = node_with(m, &gpus);
+        let mix = [
+            task(4_000, 8_000, GpuDemand::Fraction(470)),
+            task(3_000, 8_000, GpuDemand::Fraction(810)),
+            task(12_000, 16_000, GpuDemand::Whole(1)),
+            task(32_000, 64_000, GpuDemand::Whole(4)),
+            task(8_000, 8_000, GpuDemand::None),
+        ];
+        let w = Workload::from_tasks(&mix);
+        let t = task(4_000, 8_000, demand);
+        for measure in [Measure::Fgd, Measure::ShareFill] {
+            let now = w.fragmentation(measure, &node);
+            if let Some((delta, gpu)) = w.best_delta(measure, &node, now, &t) {
+                prop_assert_eq!(w.delta_at(measure, &node, now, &t, gpu), delta);
+            }
+        }
+    }
+}

@@ -98,7 +98,7 @@ pub struct SimulateArgs {
     /// 95% interval, at 100% arrived and averaged over 50–130%.
     #[arg(long, num_args = 2, value_names = ["A", "B"], requires = "openb", conflicts_with = "policy")]
     pub openb_compare: Option<Vec<String>>,
-    /// openb replay: placement policy (fgd-scarce, fgd-fill, fgd-pack, fgd, fgd-artifact,
+    /// openb replay: placement policy (fgd-scarce, fgd-fill, fgd-pack, fgd-blend, fgd, fgd-artifact,
     /// best-fit, random); default: fgd-scarce.
     #[arg(long, requires = "openb")]
     pub policy: Option<String>,
