@@ -31,12 +31,22 @@ pub(super) fn full(k: &JobKey, t: (u64, u64)) -> OrderKey {
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub(super) struct OrderCache {
+    /// Whether it holds every eligible job (false until the first pass keys them all, and
+    /// after a reset).
+    primed: bool,
     /// Per team, its cached jobs in order.
     teams: HashMap<String, BTreeSet<JobKey>>,
     /// Per cached job: its team, key, the start of the wait it was keyed for, when it must be
-    /// keyed again (`None`: never, while that wait lasts), and the last walk that saw it.
+    /// keyed again (`None`: never, while that wait lasts) and its least worker's amounts.
     jobs: HashMap<u64, Cached>,
-    walk: u64,
+    /// The cached jobs that must be keyed again by a time, by that time.
+    due: BTreeSet<(Instant, u64)>,
+    /// Per worker shape (CPUs and memory as bits, GPUs) of the cached jobs: how many jobs have
+    /// it (the least worker is taken over these).
+    shapes: HashMap<(u64, u64, u32), usize>,
+    /// Jobs changed since the last pass whose change the store commit took
+    /// ([`Core::take_changes`] drains `touched`): looked at again in the next pass.
+    dirty: BTreeSet<u64>,
 }
 
 #[derive(Debug)]
@@ -45,7 +55,61 @@ struct Cached {
     key: JobKey,
     waiting_since: Instant,
     due: Option<Instant>,
-    seen: u64,
+    shape: (u64, u64, u32),
+}
+
+impl OrderCache {
+    /// Notes jobs changed since the last pass (see `dirty`).
+    pub(super) fn note(&mut self, ids: &BTreeSet<u64>) {
+        if self.primed {
+            self.dirty.extend(ids.iter().copied());
+        }
+    }
+
+    /// Forgets job `id`.
+    fn remove(&mut self, id: u64) {
+        let Some(c) = self.jobs.remove(&id) else {
+            return;
+        };
+        if let Some(set) = self.teams.get_mut(&c.team) {
+            set.remove(&c.key);
+            if set.is_empty() {
+                self.teams.remove(&c.team);
+            }
+        }
+        if let Some(d) = c.due {
+            self.due.remove(&(d, id));
+        }
+        if let Some(n) = self.shapes.get_mut(&c.shape) {
+            *n -= 1;
+            if *n == 0 {
+                self.shapes.remove(&c.shape);
+            }
+        }
+    }
+
+    /// Caches eligible job `job` with own key `key`, to be keyed again at `due`.
+    fn insert(&mut self, job: &Job, key: JobKey, due: Option<Instant>) {
+        let shape = Least::parts(&job.spec);
+        self.teams
+            .entry(job.spec.team.clone())
+            .or_default()
+            .insert(key);
+        if let Some(d) = due {
+            self.due.insert((d, job.id));
+        }
+        *self.shapes.entry(shape).or_default() += 1;
+        self.jobs.insert(
+            job.id,
+            Cached {
+                team: job.spec.team.clone(),
+                key,
+                waiting_since: job.waiting_since,
+                due,
+                shape,
+            },
+        );
+    }
 }
 
 /// Aging steps are computed in floating point ([`Core::effective`]): a job is keyed again a
@@ -91,58 +155,50 @@ impl Core {
             return None;
         }
         let mut cache = std::mem::take(&mut self.order_cache);
-        cache.walk += 1;
-        let walk = cache.walk;
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        let mut least = Least::NONE;
-        let mut seen = 0usize;
-        for j in self.jobs.values().filter(|j| Self::eligible(j)) {
-            match counts.get_mut(j.spec.team.as_str()) {
-                Some(n) => *n += 1,
-                None => {
-                    counts.insert(j.spec.team.clone(), 1);
-                }
+        if !cache.primed {
+            // Every eligible job keyed (the first pass, or after a reset).
+            cache = OrderCache {
+                primed: true,
+                ..OrderCache::default()
+            };
+            for j in self.jobs.values().filter(|j| Self::eligible(j)) {
+                cache.insert(j, self.own_key(j, now), self.key_due(j, now));
             }
-            least.add(&j.spec);
-            seen += 1;
-            if let Some(c) = cache.jobs.get_mut(&j.id) {
-                if c.waiting_since == j.waiting_since && c.due.is_none_or(|d| now < d) {
-                    c.seen = walk;
-                    continue;
+        } else {
+            // Only the jobs changed since the last pass (`touched`, and those a store commit
+            // took meanwhile) and those due to be keyed again can differ: eligibility
+            // (state, dependencies, backoff) and the wait's start change only with a touch.
+            let mut ids = std::mem::take(&mut cache.dirty);
+            ids.extend(self.touched.iter().copied());
+            while let Some(&(d, id)) = cache.due.first() {
+                if now < d {
+                    break;
                 }
-                if let Some(set) = cache.teams.get_mut(&c.team) {
-                    set.remove(&c.key);
-                }
+                // (Its entry keeps `due`: the check below keys it again.)
+                cache.due.pop_first();
+                ids.insert(id);
             }
-            let key = self.own_key(j, now);
-            cache
-                .teams
-                .entry(j.spec.team.clone())
-                .or_default()
-                .insert(key);
-            cache.jobs.insert(
-                j.id,
-                Cached {
-                    team: j.spec.team.clone(),
-                    key,
-                    waiting_since: j.waiting_since,
-                    due: self.key_due(j, now),
-                    seen: walk,
-                },
-            );
-        }
-        if cache.jobs.len() > seen {
-            // Jobs no longer eligible (launched, cancelled, ended, forgotten).
-            let teams = &mut cache.teams;
-            cache.jobs.retain(|_, c| {
-                if c.seen != walk {
-                    if let Some(set) = teams.get_mut(&c.team) {
-                        set.remove(&c.key);
+            for id in ids {
+                let job = self.jobs.get(&id).filter(|j| Self::eligible(j));
+                if let (Some(j), Some(c)) = (job, cache.jobs.get(&id)) {
+                    if c.waiting_since == j.waiting_since && c.due.is_none_or(|d| now < d) {
+                        continue;
                     }
                 }
-                c.seen == walk
-            });
-            cache.teams.retain(|_, s| !s.is_empty());
+                cache.remove(id);
+                if let Some(j) = job {
+                    cache.insert(j, self.own_key(j, now), self.key_due(j, now));
+                }
+            }
+        }
+        let counts: BTreeMap<String, usize> = cache
+            .teams
+            .iter()
+            .map(|(t, s)| (t.clone(), s.len()))
+            .collect();
+        let mut least = Least::NONE;
+        for &(cpus, mem, gpus) in cache.shapes.keys() {
+            least.add_parts(f64::from_bits(cpus), f64::from_bits(mem), gpus);
         }
         let level = self.level_among(usage, &counts);
         let none = TeamUsage::default();
@@ -162,6 +218,7 @@ impl Core {
             // The kept order is the full keying's (`keyed_least`), job for job.
             let full = self.keyed_least(usage, totals, now);
             assert_eq!(full.teams, counts, "teams");
+            assert_eq!(full.least, least, "the least worker");
             assert_eq!(
                 full.lists, lists,
                 "the kept order differs from a full keying"
