@@ -4,7 +4,7 @@
 //! documentation of [`crate::core`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gantry_sdk::placement::gang;
 use gantry_sdk::placement::offers::AgentView;
@@ -15,8 +15,8 @@ use super::preempt::Victims;
 use super::reserve::{
     avail_ids, gang_of, remove, settle_parts, subtract, Parts, Reservation, PREEMPT_RESERVATION,
 };
-use super::shape::{Shape, ShapeCache};
-use super::{Action, Core, JobState, Priority};
+use super::shape::{Least, Shape, ShapeCache};
+use super::{time_limit, Action, Core, JobState, Priority};
 
 impl Core {
     /// One scheduling pass (see the module documentation).
@@ -118,7 +118,14 @@ impl Core {
         // Whether some offered agent could still host the least worker of any eligible job:
         // once none can, no later job places, and the pass stops trying (the rest of the
         // queue is blocked, taken lazily in order below).
+        // (A job other than the reservation's holder places outside the reservation, or in
+        // it only when it may backfill: once the holder has been tried, the bound is taken
+        // outside the reservation unless some eligible job's time limit ends before it starts.)
         let mut room = least.fits_some(&views);
+        let mut res_holder_seen = false;
+        // The shortest time limit of the eligible jobs, computed when first needed (only ever
+        // too short after launches in this pass: the bound stays necessary).
+        let mut shortest: Option<Option<Duration>> = None;
         let mut holder_tried = false;
         // Gangs waiting for their offers to settle ([`CoreConfig::offer_settle`]), with what
         // is kept for them meanwhile.
@@ -169,6 +176,7 @@ impl Core {
                 break;
             };
             holder_tried |= holder == Some(id);
+            res_holder_seen |= reservation.as_ref().is_some_and(|r| r.holder == id);
             let spec = &self.jobs[&id].spec;
             if self.over_borrow_limit(spec, &usage) {
                 // Waits until its team uses less (it neither reserves nor preempts).
@@ -229,7 +237,14 @@ impl Core {
                     let parts = settle_parts(&plan, &avail, &gang);
                     subtract(&mut views, &parts);
                     settling.push((id, parts));
-                    room = least.fits_some(&views);
+                    room = self.room(
+                        &least,
+                        &views,
+                        &reservation,
+                        res_holder_seen,
+                        &mut shortest,
+                        now,
+                    );
                 }
                 Some(plan) => {
                     for a in &plan.assignments {
@@ -251,7 +266,14 @@ impl Core {
                     }
                     stale = Some(t);
                     no_room.clear();
-                    room = least.fits_some(&views);
+                    room = self.room(
+                        &least,
+                        &views,
+                        &reservation,
+                        res_holder_seen,
+                        &mut shortest,
+                        now,
+                    );
                 }
                 None => {
                     blocked.push(id);
@@ -259,6 +281,16 @@ impl Core {
                     if reservation.is_none() && holder == Some(id) {
                         reservation = self.reserve(id, &gang, now);
                         no_room.clear();
+                        // Tried: others now place outside its reservation (or backfill).
+                        res_holder_seen = true;
+                        room = self.room(
+                            &least,
+                            &views,
+                            &reservation,
+                            res_holder_seen,
+                            &mut shortest,
+                            now,
+                        );
                     } else if !holds_it {
                         no_room.push((shape, may_backfill));
                     }
@@ -423,6 +455,39 @@ impl Core {
         self.last_reservation = reservation;
         self.last_settling = settling;
         out
+    }
+
+    /// Whether an eligible job not yet tried in this pass could still place on `views` (a
+    /// necessary condition, [`Least`]): with no `reservation`, or before its holder is tried
+    /// (`holder_seen`), anywhere; after, outside it, or in it for a job that may backfill
+    /// (some eligible job's time limit, `shortest`, ends before the reservation's start).
+    fn room(
+        &self,
+        least: &Least,
+        views: &[AgentView],
+        reservation: &Option<Reservation>,
+        holder_seen: bool,
+        shortest: &mut Option<Option<Duration>>,
+        now: Instant,
+    ) -> bool {
+        let Some(r) = reservation.as_ref().filter(|_| holder_seen) else {
+            return least.fits_some(views);
+        };
+        if least.fits_some_outside(views, &r.parts) {
+            return true;
+        }
+        let Some(start) = r.start else {
+            // No estimated start: nothing backfills.
+            return false;
+        };
+        let shortest = *shortest.get_or_insert_with(|| {
+            self.jobs
+                .values()
+                .filter(|j| Self::eligible(j))
+                .filter_map(|j| time_limit(&self.config, &j.spec))
+                .min()
+        });
+        shortest.is_some_and(|l| now + l <= start) && least.fits_some(views)
     }
 
     /// Declines, with no filter, the offers kept on agents where a worker of ours ended after

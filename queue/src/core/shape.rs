@@ -6,7 +6,7 @@ use gantry_sdk::placement::gang;
 use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
-use super::reserve::gang_of;
+use super::reserve::{gang_of, Parts};
 use super::JobSpec;
 
 /// A gang's shape: what placement depends on (a job's resources per worker, GPU selector and
@@ -107,14 +107,36 @@ impl Least {
     /// Whether some view has at least this much of each (a necessary condition for any
     /// eligible job's worker to fit there).
     pub(super) fn fits_some(&self, views: &[AgentView]) -> bool {
-        if self.gpus == u32::MAX {
+        self.amounts()
+            .is_some_and(|least| views.iter().any(|v| v.resources.contains(&least)))
+    }
+
+    /// As [`Least::fits_some`], with `parts` (a reservation's) taken off the views first.
+    pub(super) fn fits_some_outside(&self, views: &[AgentView], parts: &Parts) -> bool {
+        let Some(least) = self.amounts() else {
             return false;
+        };
+        views.iter().any(|v| {
+            let mut left = None;
+            for (_, res, _) in parts.iter().filter(|p| p.0 == v.agent_id) {
+                let r: &Resources = left.as_ref().unwrap_or(&v.resources);
+                left = Some(r.saturating_sub(res));
+            }
+            left.as_ref().unwrap_or(&v.resources).contains(&least)
+        })
+    }
+
+    /// The amounts as resources (converted once: the milli-unit conversion keeps the order
+    /// of amounts); `None` for [`Least::NONE`].
+    fn amounts(&self) -> Option<Resources> {
+        if self.gpus == u32::MAX {
+            return None;
         }
-        // Converted once: the milli-unit conversion keeps the order of amounts.
-        let least = Resources::new()
-            .with("cpus", self.cpus)
-            .with("mem", self.mem)
-            .with("gpus", f64::from(self.gpus));
-        views.iter().any(|v| v.resources.contains(&least))
+        Some(
+            Resources::new()
+                .with("cpus", self.cpus)
+                .with("mem", self.mem)
+                .with("gpus", f64::from(self.gpus)),
+        )
     }
 }
