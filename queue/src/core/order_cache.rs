@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::order::{Keyed, OrderKey, TeamUsage};
-use super::shape::Least;
-use super::{Core, Job, Priority};
+use super::shape::{Least, Shape};
+use super::{Core, Job, JobSpec, Priority};
 
 /// A job's own part of its order key: `u8::MAX` less its effective priority's rank, whether
 /// it is over its team's quota (always false here), its deadline, its submission, its id.
@@ -44,6 +44,9 @@ pub(super) struct OrderCache {
     /// Per worker shape (CPUs and memory as bits, GPUs) of the cached jobs: how many jobs have
     /// it (the least worker is taken over these).
     shapes: HashMap<(u64, u64, u32), usize>,
+    /// Per gang shape of the cached jobs: one job's specification (placement depends only on
+    /// the shape) and how many jobs have it.
+    gangs: Vec<(Shape, JobSpec, usize)>,
     /// Jobs changed since the last pass whose change the store commit took
     /// ([`Core::take_changes`] drains `touched`): looked at again in the next pass.
     dirty: BTreeSet<u64>,
@@ -56,6 +59,7 @@ struct Cached {
     waiting_since: Instant,
     due: Option<Instant>,
     shape: (u64, u64, u32),
+    gang: Shape,
 }
 
 impl OrderCache {
@@ -86,6 +90,12 @@ impl OrderCache {
                 self.shapes.remove(&c.shape);
             }
         }
+        if let Some(i) = self.gangs.iter().position(|g| g.0 == c.gang) {
+            self.gangs[i].2 -= 1;
+            if self.gangs[i].2 == 0 {
+                self.gangs.swap_remove(i);
+            }
+        }
     }
 
     /// Caches eligible job `job` with own key `key`, to be keyed again at `due`.
@@ -99,6 +109,11 @@ impl OrderCache {
             self.due.insert((d, job.id));
         }
         *self.shapes.entry(shape).or_default() += 1;
+        let gang = Shape::of(&job.spec);
+        match self.gangs.iter_mut().find(|g| g.0 == gang) {
+            Some(g) => g.2 += 1,
+            None => self.gangs.push((gang.clone(), job.spec.clone(), 1)),
+        }
         self.jobs.insert(
             job.id,
             Cached {
@@ -107,6 +122,7 @@ impl OrderCache {
                 waiting_since: job.waiting_since,
                 due,
                 shape,
+                gang,
             },
         );
     }
@@ -212,6 +228,29 @@ impl Core {
                 })
             })
             .collect();
+        let shapes: Vec<JobSpec> = cache.gangs.iter().map(|g| g.1.clone()).collect();
+        #[cfg(test)]
+        {
+            // The gang shapes kept are those of the eligible jobs, with their counts.
+            let mut walked: Vec<(Shape, usize)> = Vec::new();
+            for j in self.jobs.values().filter(|j| Self::eligible(j)) {
+                let g = Shape::of(&j.spec);
+                match walked.iter_mut().find(|w| w.0 == g) {
+                    Some(w) => w.1 += 1,
+                    None => walked.push((g, 1)),
+                }
+            }
+            assert_eq!(walked.len(), cache.gangs.len(), "gang shapes");
+            for (g, n) in &walked {
+                assert!(
+                    cache
+                        .gangs
+                        .iter()
+                        .any(|c| c.0 == *g && c.2 == *n && Shape::of(&c.1) == *g),
+                    "gang shape {g:?} x {n}"
+                );
+            }
+        }
         self.order_cache = cache;
         #[cfg(test)]
         {
@@ -230,6 +269,7 @@ impl Core {
             lists,
             fixed: true,
             least,
+            shapes: Some(shapes),
         })
     }
 

@@ -59,6 +59,7 @@ impl Core {
             mut lists,
             fixed,
             least,
+            shapes,
         } = keyed;
         let names: Vec<String> = teams.keys().cloned().collect();
         // Who may hold (the reservation): the first job, in order, that does not fit what is
@@ -68,13 +69,18 @@ impl Core {
         // backing off (nor the current holder), and the current holder if it does not fit:
         // the rest of the queue is not looked at.
         let mut fits_now = ShapeCache::default();
+        // When every eligible job's shape fits now, no job is `not_fitting` (the kept order
+        // knows the shapes: no walk of the queue to find that out).
+        let all_fit = shapes
+            .as_ref()
+            .is_some_and(|specs| specs.iter().all(|spec| fits_now.fits(&views, spec)));
         let mut not_fits = |id: u64| {
             let spec = &self.jobs[&id].spec;
             !self.over_borrow_limit(spec, &usage) && !fits_now.fits(&views, spec)
         };
         let current = self.holds.holder().map(|(k, _)| *k);
         let mut not_fitting: Vec<u64> = Vec::new();
-        for (_, id) in merged(&lists) {
+        for (_, id) in merged(&lists).filter(|_| !all_fit) {
             if not_fits(id) {
                 not_fitting.push(id);
                 if current != Some(id) && !self.holds.backing_off(&id, now) {
