@@ -1,16 +1,23 @@
 //! The order of the eligible jobs kept across passes ([`OrderCache`]): per team, an ordered
 //! set of its eligible jobs by the job's own part of the order key ([`JobKey`]: effective
 //! priority, quota, deadline, age), which the team's part (its share and GPU-seconds, the same
-//! for all its jobs) does not reorder. A pass walks the queue to find the eligible jobs (and
-//! the least worker) but keys again only the jobs that are new, requeued, or due: a job's
-//! effective priority changes at its next aging step (a timed re-key, [`Core::key_due`]), and
-//! a job with a deadline is keyed every pass (its urgency follows the wall clock). No sort of
-//! the whole queue: each team's list comes out of its set in order.
+//! for all its jobs) does not reorder. With it are kept what the pass needs of the eligible
+//! jobs as a whole: per team their number, their least worker ([`Least`], from a count per
+//! worker shape) and one job per gang shape. A pass does not walk the queue: it looks again
+//! only at the jobs touched since the last pass (`touched`, and those a store commit took
+//! meanwhile: [`OrderCache::note`]) and those due to be keyed again (a job's effective
+//! priority changes at its next aging step, [`Core::key_due`]; a job with a deadline is keyed
+//! every pass, its urgency following the wall clock). Eligibility (state, dependencies,
+//! retry backoff) and the start of a job's wait change only where the core touches the job
+//! (the store relies on the same). The first pass, and the first after a restore, keys every
+//! job.
 //!
 //! Used only while no team has a GPU quota: a job's "over its quota" changes with its team's
 //! usage (and per model with its bucket), so with quotas every pass keys every job
-//! ([`Core::keyed_least`]). The property test (`pass_tests`) checks the pass against the full
-//! pass of `pass_oracle`, with and without quotas, across aging steps and deadlines.
+//! ([`Core::keyed_least`]). In tests every pass checks the kept order, counts, least worker
+//! and gang shapes against a walk of the queue, and the property test (`pass_tests`) checks
+//! the pass against the full pass of `pass_oracle`, with and without quotas, across aging
+//! steps, deadlines, retries and store commits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};

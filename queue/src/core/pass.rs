@@ -246,7 +246,7 @@ impl Core {
                     room = self.room(
                         &least,
                         &views,
-                        &reservation,
+                        reservation.as_ref(),
                         res_holder_seen,
                         &mut shortest,
                         now,
@@ -275,7 +275,7 @@ impl Core {
                     room = self.room(
                         &least,
                         &views,
-                        &reservation,
+                        reservation.as_ref(),
                         res_holder_seen,
                         &mut shortest,
                         now,
@@ -292,7 +292,7 @@ impl Core {
                         room = self.room(
                             &least,
                             &views,
-                            &reservation,
+                            reservation.as_ref(),
                             res_holder_seen,
                             &mut shortest,
                             now,
@@ -471,12 +471,12 @@ impl Core {
         &self,
         least: &Least,
         views: &[AgentView],
-        reservation: &Option<Reservation>,
+        reservation: Option<&Reservation>,
         holder_seen: bool,
         shortest: &mut Option<Option<Duration>>,
         now: Instant,
     ) -> bool {
-        let Some(r) = reservation.as_ref().filter(|_| holder_seen) else {
+        let Some(r) = reservation.filter(|_| holder_seen) else {
             return least.fits_some(views);
         };
         if least.fits_some_outside(views, &r.parts) {

@@ -399,7 +399,7 @@ impl Side {
                 }
                 // Every third job retries once after a failure (a backoff: not eligible
                 // meanwhile).
-                s.max_retries = u32::from(n % 3 == 0);
+                s.max_retries = u32::from(n.is_multiple_of(3));
                 self.sim.jobs.insert(name, (*min, min + extra));
                 self.q.submit(s, now).1
             }
