@@ -64,8 +64,9 @@
 //!
 //! - `order`: the order of pending jobs and the teams' usage it is computed from;
 //! - `order_cache`: that order kept across passes (per team, by the jobs' own keys);
-//! - `pass`: one scheduling pass, the reservation where GPUs free soonest, the agents' views
-//!   and the idle-GPU statistic;
+//! - `pass`: one scheduling pass;
+//! - `reserve`: what a pass places with: the reservation where GPUs free soonest, the agents'
+//!   views and the idle-GPU statistic;
 //! - `shape`: gang shapes (placement tried once per shape) and the least worker of the eligible
 //!   jobs (where a pass may stop);
 //! - `submit`: jobs and arrays added, with their pass or without (owed to the next commit);
@@ -785,13 +786,14 @@ mod pass_oracle;
 mod persist;
 mod preempt;
 mod quota;
+mod reserve;
 mod shape;
 mod spend;
 mod submit;
 mod timers;
 mod views;
 
-use pass::{avail_ids, gang_of, remove, Parts, Reservation};
+use reserve::{avail_ids, gang_of, remove, Parts, Reservation};
 
 pub use estimate::{MAX_ESTIMATED, MAX_START_TIMES};
 pub use persist::Changes;

@@ -9,7 +9,7 @@ use gantry_sdk::protocol::resources::MILLI;
 use gantry_sdk::protocol::*;
 
 use super::shape::Least;
-use super::{Core, Job, JobState, Priority, TeamConfig};
+use super::{Core, Job, JobSpec, JobState, Priority, TeamConfig};
 
 impl Core {
     pub(super) fn team(&self, team: &str) -> &TeamConfig {
@@ -265,6 +265,7 @@ impl Core {
             lists,
             fixed: false,
             least,
+            shapes: None,
         }
     }
 
@@ -336,6 +337,9 @@ pub(super) struct Keyed {
     pub(super) fixed: bool,
     /// Their least worker.
     pub(super) least: Least,
+    /// One job's specification per gang shape among them ([`Shape`]), when known without a
+    /// walk (from the kept order).
+    pub(super) shapes: Option<Vec<JobSpec>>,
 }
 
 /// A team's usage, for ordering.

@@ -1,23 +1,30 @@
 //! The order of the eligible jobs kept across passes ([`OrderCache`]): per team, an ordered
 //! set of its eligible jobs by the job's own part of the order key ([`JobKey`]: effective
 //! priority, quota, deadline, age), which the team's part (its share and GPU-seconds, the same
-//! for all its jobs) does not reorder. A pass walks the queue to find the eligible jobs (and
-//! the least worker) but keys again only the jobs that are new, requeued, or due: a job's
-//! effective priority changes at its next aging step (a timed re-key, [`Core::key_due`]), and
-//! a job with a deadline is keyed every pass (its urgency follows the wall clock). No sort of
-//! the whole queue: each team's list comes out of its set in order.
+//! for all its jobs) does not reorder. With it are kept what the pass needs of the eligible
+//! jobs as a whole: per team their number, their least worker ([`Least`], from a count per
+//! worker shape) and one job per gang shape. A pass does not walk the queue: it looks again
+//! only at the jobs touched since the last pass (`touched`, and those a store commit took
+//! meanwhile: [`OrderCache::note`]) and those due to be keyed again (a job's effective
+//! priority changes at its next aging step, [`Core::key_due`]; a job with a deadline is keyed
+//! every pass, its urgency following the wall clock). Eligibility (state, dependencies,
+//! retry backoff) and the start of a job's wait change only where the core touches the job
+//! (the store relies on the same). The first pass, and the first after a restore, keys every
+//! job.
 //!
 //! Used only while no team has a GPU quota: a job's "over its quota" changes with its team's
 //! usage (and per model with its bucket), so with quotas every pass keys every job
-//! ([`Core::keyed_least`]). The property test (`pass_tests`) checks the pass against the full
-//! pass of `pass_oracle`, with and without quotas, across aging steps and deadlines.
+//! ([`Core::keyed_least`]). In tests every pass checks the kept order, counts, least worker
+//! and gang shapes against a walk of the queue, and the property test (`pass_tests`) checks
+//! the pass against the full pass of `pass_oracle`, with and without quotas, across aging
+//! steps, deadlines, retries and store commits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::order::{Keyed, OrderKey, TeamUsage};
-use super::shape::Least;
-use super::{Core, Job, Priority};
+use super::shape::{Least, Shape};
+use super::{Core, Job, JobSpec, Priority};
 
 /// A job's own part of its order key: `u8::MAX` less its effective priority's rank, whether
 /// it is over its team's quota (always false here), its deadline, its submission, its id.
@@ -31,12 +38,25 @@ pub(super) fn full(k: &JobKey, t: (u64, u64)) -> OrderKey {
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub(super) struct OrderCache {
+    /// Whether it holds every eligible job (false until the first pass keys them all, and
+    /// after a reset).
+    primed: bool,
     /// Per team, its cached jobs in order.
     teams: HashMap<String, BTreeSet<JobKey>>,
     /// Per cached job: its team, key, the start of the wait it was keyed for, when it must be
-    /// keyed again (`None`: never, while that wait lasts), and the last walk that saw it.
+    /// keyed again (`None`: never, while that wait lasts) and its least worker's amounts.
     jobs: HashMap<u64, Cached>,
-    walk: u64,
+    /// The cached jobs that must be keyed again by a time, by that time.
+    due: BTreeSet<(Instant, u64)>,
+    /// Per worker shape (CPUs and memory as bits, GPUs) of the cached jobs: how many jobs have
+    /// it (the least worker is taken over these).
+    shapes: HashMap<(u64, u64, u32), usize>,
+    /// Per gang shape of the cached jobs: one job's specification (placement depends only on
+    /// the shape) and how many jobs have it.
+    gangs: Vec<(Shape, JobSpec, usize)>,
+    /// Jobs changed since the last pass whose change the store commit took
+    /// ([`Core::take_changes`] drains `touched`): looked at again in the next pass.
+    dirty: BTreeSet<u64>,
 }
 
 #[derive(Debug)]
@@ -45,7 +65,74 @@ struct Cached {
     key: JobKey,
     waiting_since: Instant,
     due: Option<Instant>,
-    seen: u64,
+    shape: (u64, u64, u32),
+    gang: Shape,
+}
+
+impl OrderCache {
+    /// Notes jobs changed since the last pass (see `dirty`).
+    pub(super) fn note(&mut self, ids: &BTreeSet<u64>) {
+        if self.primed {
+            self.dirty.extend(ids.iter().copied());
+        }
+    }
+
+    /// Forgets job `id`.
+    fn remove(&mut self, id: u64) {
+        let Some(c) = self.jobs.remove(&id) else {
+            return;
+        };
+        if let Some(set) = self.teams.get_mut(&c.team) {
+            set.remove(&c.key);
+            if set.is_empty() {
+                self.teams.remove(&c.team);
+            }
+        }
+        if let Some(d) = c.due {
+            self.due.remove(&(d, id));
+        }
+        if let Some(n) = self.shapes.get_mut(&c.shape) {
+            *n -= 1;
+            if *n == 0 {
+                self.shapes.remove(&c.shape);
+            }
+        }
+        if let Some(i) = self.gangs.iter().position(|g| g.0 == c.gang) {
+            self.gangs[i].2 -= 1;
+            if self.gangs[i].2 == 0 {
+                self.gangs.swap_remove(i);
+            }
+        }
+    }
+
+    /// Caches eligible job `job` with own key `key`, to be keyed again at `due`.
+    fn insert(&mut self, job: &Job, key: JobKey, due: Option<Instant>) {
+        let shape = Least::parts(&job.spec);
+        self.teams
+            .entry(job.spec.team.clone())
+            .or_default()
+            .insert(key);
+        if let Some(d) = due {
+            self.due.insert((d, job.id));
+        }
+        *self.shapes.entry(shape).or_default() += 1;
+        let gang = Shape::of(&job.spec);
+        match self.gangs.iter_mut().find(|g| g.0 == gang) {
+            Some(g) => g.2 += 1,
+            None => self.gangs.push((gang.clone(), job.spec.clone(), 1)),
+        }
+        self.jobs.insert(
+            job.id,
+            Cached {
+                team: job.spec.team.clone(),
+                key,
+                waiting_since: job.waiting_since,
+                due,
+                shape,
+                gang,
+            },
+        );
+    }
 }
 
 /// Aging steps are computed in floating point ([`Core::effective`]): a job is keyed again a
@@ -91,58 +178,50 @@ impl Core {
             return None;
         }
         let mut cache = std::mem::take(&mut self.order_cache);
-        cache.walk += 1;
-        let walk = cache.walk;
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        let mut least = Least::NONE;
-        let mut seen = 0usize;
-        for j in self.jobs.values().filter(|j| Self::eligible(j)) {
-            match counts.get_mut(j.spec.team.as_str()) {
-                Some(n) => *n += 1,
-                None => {
-                    counts.insert(j.spec.team.clone(), 1);
-                }
+        if !cache.primed {
+            // Every eligible job keyed (the first pass, or after a reset).
+            cache = OrderCache {
+                primed: true,
+                ..OrderCache::default()
+            };
+            for j in self.jobs.values().filter(|j| Self::eligible(j)) {
+                cache.insert(j, self.own_key(j, now), self.key_due(j, now));
             }
-            least.add(&j.spec);
-            seen += 1;
-            if let Some(c) = cache.jobs.get_mut(&j.id) {
-                if c.waiting_since == j.waiting_since && c.due.is_none_or(|d| now < d) {
-                    c.seen = walk;
-                    continue;
+        } else {
+            // Only the jobs changed since the last pass (`touched`, and those a store commit
+            // took meanwhile) and those due to be keyed again can differ: eligibility
+            // (state, dependencies, backoff) and the wait's start change only with a touch.
+            let mut ids = std::mem::take(&mut cache.dirty);
+            ids.extend(self.touched.iter().copied());
+            while let Some(&(d, id)) = cache.due.first() {
+                if now < d {
+                    break;
                 }
-                if let Some(set) = cache.teams.get_mut(&c.team) {
-                    set.remove(&c.key);
-                }
+                // (Its entry keeps `due`: the check below keys it again.)
+                cache.due.pop_first();
+                ids.insert(id);
             }
-            let key = self.own_key(j, now);
-            cache
-                .teams
-                .entry(j.spec.team.clone())
-                .or_default()
-                .insert(key);
-            cache.jobs.insert(
-                j.id,
-                Cached {
-                    team: j.spec.team.clone(),
-                    key,
-                    waiting_since: j.waiting_since,
-                    due: self.key_due(j, now),
-                    seen: walk,
-                },
-            );
-        }
-        if cache.jobs.len() > seen {
-            // Jobs no longer eligible (launched, cancelled, ended, forgotten).
-            let teams = &mut cache.teams;
-            cache.jobs.retain(|_, c| {
-                if c.seen != walk {
-                    if let Some(set) = teams.get_mut(&c.team) {
-                        set.remove(&c.key);
+            for id in ids {
+                let job = self.jobs.get(&id).filter(|j| Self::eligible(j));
+                if let (Some(j), Some(c)) = (job, cache.jobs.get(&id)) {
+                    if c.waiting_since == j.waiting_since && c.due.is_none_or(|d| now < d) {
+                        continue;
                     }
                 }
-                c.seen == walk
-            });
-            cache.teams.retain(|_, s| !s.is_empty());
+                cache.remove(id);
+                if let Some(j) = job {
+                    cache.insert(j, self.own_key(j, now), self.key_due(j, now));
+                }
+            }
+        }
+        let counts: BTreeMap<String, usize> = cache
+            .teams
+            .iter()
+            .map(|(t, s)| (t.clone(), s.len()))
+            .collect();
+        let mut least = Least::NONE;
+        for &(cpus, mem, gpus) in cache.shapes.keys() {
+            least.add_parts(f64::from_bits(cpus), f64::from_bits(mem), gpus);
         }
         let level = self.level_among(usage, &counts);
         let none = TeamUsage::default();
@@ -156,12 +235,36 @@ impl Core {
                 })
             })
             .collect();
+        let shapes: Vec<JobSpec> = cache.gangs.iter().map(|g| g.1.clone()).collect();
+        #[cfg(test)]
+        {
+            // The gang shapes kept are those of the eligible jobs, with their counts.
+            let mut walked: Vec<(Shape, usize)> = Vec::new();
+            for j in self.jobs.values().filter(|j| Self::eligible(j)) {
+                let g = Shape::of(&j.spec);
+                match walked.iter_mut().find(|w| w.0 == g) {
+                    Some(w) => w.1 += 1,
+                    None => walked.push((g, 1)),
+                }
+            }
+            assert_eq!(walked.len(), cache.gangs.len(), "gang shapes");
+            for (g, n) in &walked {
+                assert!(
+                    cache
+                        .gangs
+                        .iter()
+                        .any(|c| c.0 == *g && c.2 == *n && Shape::of(&c.1) == *g),
+                    "gang shape {g:?} x {n}"
+                );
+            }
+        }
         self.order_cache = cache;
         #[cfg(test)]
         {
             // The kept order is the full keying's (`keyed_least`), job for job.
             let full = self.keyed_least(usage, totals, now);
             assert_eq!(full.teams, counts, "teams");
+            assert_eq!(full.least, least, "the least worker");
             assert_eq!(
                 full.lists, lists,
                 "the kept order differs from a full keying"
@@ -173,6 +276,7 @@ impl Core {
             lists,
             fixed: true,
             least,
+            shapes: Some(shapes),
         })
     }
 

@@ -10,8 +10,8 @@ use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
 use super::order::{OrderKey, TeamUsage};
-use super::pass::{settle_parts, subtract, PREEMPT_RESERVATION};
 use super::preempt::Victims;
+use super::reserve::{settle_parts, subtract, PREEMPT_RESERVATION};
 use super::shape::{Shape, ShapeCache};
 use super::{avail_ids, gang_of, remove, Action, Core, JobState, Priority, Reservation};
 

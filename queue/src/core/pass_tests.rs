@@ -241,6 +241,8 @@ enum Op {
     Fail(usize),
     Cancel(u64),
     Tick(u64),
+    /// A store commit ([`Core::take_changes`]: it takes the jobs touched since the last).
+    Commit,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -264,6 +266,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..8).prop_map(Op::Fail),
         1 => (1u64..30).prop_map(Op::Cancel),
         2 => (0u64..120).prop_map(Op::Tick),
+        2 => Just(Op::Commit),
     ]
 }
 
@@ -394,6 +397,9 @@ impl Side {
                     s.deadline_unix = Some(WALL0 / 1000 + secs);
                     s.deadline_best_effort = *best_effort;
                 }
+                // Every third job retries once after a failure (a backoff: not eligible
+                // meanwhile).
+                s.max_retries = u32::from(n.is_multiple_of(3));
                 self.sim.jobs.insert(name, (*min, min + extra));
                 self.q.submit(s, now).1
             }
@@ -417,6 +423,11 @@ impl Side {
                 self.sim.now += Duration::from_secs(*secs);
                 self.wall(self.sim.now);
                 self.q.tick(self.sim.now)
+            }
+            Op::Commit => {
+                let ms = now.saturating_duration_since(self.start).as_millis() as u64;
+                self.q.take_changes(now, WALL0 + ms);
+                Vec::new()
             }
         };
         let mut seen = self.normalize(&actions);
@@ -469,9 +480,11 @@ proptest! {
     /// after every event, and the same jobs, order and reservations, on random queues (gangs,
     /// elastic gangs, CPU-only jobs, time limits for EASY backfill, priorities that preempt,
     /// teams with quotas, fair-share wait, failures, cancels, deadlines (strict and
-    /// best-effort: urgency raises a job's class) and time jumps across aging steps (60 s)).
-    /// Without quotas the pass takes its order from the order kept across passes
-    /// (`order_cache`), which must match the oracle's full keying and sort after every jump.
+    /// best-effort: urgency raises a job's class), retries after a backoff, store commits
+    /// (which take the touched jobs the kept order also reads) and time jumps across aging
+    /// steps (60 s)). Without quotas the pass takes its order, eligible jobs and least worker
+    /// from what is kept across passes (`order_cache`, updated from touched and due jobs),
+    /// which must match the oracle's full keying and walk after every pass.
     #[test]
     fn the_incremental_pass_decides_what_the_full_pass_decides(
         ops in prop::collection::vec(op(), 1..80),

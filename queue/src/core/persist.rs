@@ -128,6 +128,8 @@ impl Core {
         // Change tracking: only the jobs touched since the last call can differ from what the
         // store has (the digest then drops those that did not change after all).
         let touched = std::mem::take(&mut self.touched);
+        // The kept order looks at them again in the next pass.
+        self.order_cache.note(&touched);
         let mut changed = Vec::new();
         for job in touched.iter().filter_map(|id| self.jobs.get(id)) {
             let d = digest(job);
@@ -198,6 +200,8 @@ impl Core {
         wall_ms: u64,
     ) -> Vec<Action> {
         self.set_wall_clock(now, wall_ms);
+        // Restored jobs are not touched: the next pass keys every job.
+        self.order_cache = Default::default();
         let mut out = Vec::new();
         let mut max_id = 0;
         for r in records {

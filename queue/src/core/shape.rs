@@ -6,7 +6,7 @@ use gantry_sdk::placement::gang;
 use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
-use super::pass::gang_of;
+use super::reserve::{gang_of, Parts};
 use super::JobSpec;
 
 /// A gang's shape: what placement depends on (a job's resources per worker, GPU selector and
@@ -58,7 +58,7 @@ impl ShapeCache {
 /// The least worker of the eligible jobs, resource by resource: a job's worker fits an agent
 /// only where it has at least its CPUs, memory and GPUs, so an agent without this much of
 /// each hosts none.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Least {
     cpus: f64,
     mem: f64,
@@ -76,6 +76,13 @@ impl Least {
     /// Counts `spec`'s worker in (amounts the milli-unit conversion might not take count as
     /// nothing: the bound only ever errs low).
     pub(super) fn add(&mut self, spec: &JobSpec) {
+        let (cpus, mem, gpus) = Self::parts(spec);
+        self.add_parts(f64::from_bits(cpus), f64::from_bits(mem), gpus);
+    }
+
+    /// What [`Least::add`] counts of `spec`'s worker: its CPUs and memory (as bits, so that
+    /// the triple can key a map) and GPUs.
+    pub(super) fn parts(spec: &JobSpec) -> (u64, u64, u32) {
         let amount = |v: f64| {
             if v.is_finite() && v > 0.0 && v < 1e12 {
                 v
@@ -83,22 +90,53 @@ impl Least {
                 0.0
             }
         };
-        self.cpus = self.cpus.min(amount(spec.cpus));
-        self.mem = self.mem.min(amount(spec.mem));
-        self.gpus = self.gpus.min(spec.gpus);
+        (
+            amount(spec.cpus).to_bits(),
+            amount(spec.mem).to_bits(),
+            spec.gpus,
+        )
+    }
+
+    /// Counts in a worker of these amounts (as [`Least::parts`] gives them).
+    pub(super) fn add_parts(&mut self, cpus: f64, mem: f64, gpus: u32) {
+        self.cpus = self.cpus.min(cpus);
+        self.mem = self.mem.min(mem);
+        self.gpus = self.gpus.min(gpus);
     }
 
     /// Whether some view has at least this much of each (a necessary condition for any
     /// eligible job's worker to fit there).
     pub(super) fn fits_some(&self, views: &[AgentView]) -> bool {
-        if self.gpus == u32::MAX {
+        self.amounts()
+            .is_some_and(|least| views.iter().any(|v| v.resources.contains(&least)))
+    }
+
+    /// As [`Least::fits_some`], with `parts` (a reservation's) taken off the views first.
+    pub(super) fn fits_some_outside(&self, views: &[AgentView], parts: &Parts) -> bool {
+        let Some(least) = self.amounts() else {
             return false;
+        };
+        views.iter().any(|v| {
+            let mut left = None;
+            for (_, res, _) in parts.iter().filter(|p| p.0 == v.agent_id) {
+                let r: &Resources = left.as_ref().unwrap_or(&v.resources);
+                left = Some(r.saturating_sub(res));
+            }
+            left.as_ref().unwrap_or(&v.resources).contains(&least)
+        })
+    }
+
+    /// The amounts as resources (converted once: the milli-unit conversion keeps the order
+    /// of amounts); `None` for [`Least::NONE`].
+    fn amounts(&self) -> Option<Resources> {
+        if self.gpus == u32::MAX {
+            return None;
         }
-        // Converted once: the milli-unit conversion keeps the order of amounts.
-        let least = Resources::new()
-            .with("cpus", self.cpus)
-            .with("mem", self.mem)
-            .with("gpus", f64::from(self.gpus));
-        views.iter().any(|v| v.resources.contains(&least))
+        Some(
+            Resources::new()
+                .with("cpus", self.cpus)
+                .with("mem", self.mem)
+                .with("gpus", f64::from(self.gpus)),
+        )
     }
 }
