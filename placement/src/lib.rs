@@ -12,7 +12,7 @@
 //!   GPU in milli-GPUs, or whole GPUs) and the acceptable GPU models ([`ModelSet`]).
 //! - [`Workload`]: the expected task mix (task shapes with their counts) that the
 //!   fragmentation-aware policies score against; [`fgd`] holds the fragmentation measure.
-//! - [`Policy`]: `fgd-scarce` ([`Policy::DEFAULT`]), `fgd-fill`, `fgd-pack` and `fgd-blend`
+//! - [`Policy`]: `fgd-blend` ([`Policy::DEFAULT`]), `fgd-scarce`, `fgd-fill`, `fgd-pack`
 //!   (ours), `fgd`, `fgd-artifact` (FGD as the paper's artifact computes it), `best-fit`, `random`.
 //! - [`Placer`]: the cluster's nodes plus the policy; [`Placer::choose`] picks a node and GPUs,
 //!   [`Placer::commit`] / [`Placer::release`] keep the free amounts, and per-node results are

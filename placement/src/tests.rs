@@ -58,7 +58,7 @@ fn scarcity_weights_follow_the_node_list() {
     // Any fraction: the whole cluster (weight 1); CPU-only: 1; 8 GPUs or model A: half of
     // the cluster (weight 2). Counts are scaled by 100.
     assert_eq!(w.total_count(), 100 + 200 + 100 + 200);
-    assert_eq!(Policy::DEFAULT, Policy::FgdScarce);
+    assert_eq!(Policy::DEFAULT, Policy::FgdBlend);
 }
 
 #[test]

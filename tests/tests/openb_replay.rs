@@ -54,7 +54,7 @@ fn openb_default_one_seed() {
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        report["policy"], "fgd-scarce",
+        report["policy"], "fgd-blend",
         "the default policy (Policy::DEFAULT)"
     );
     assert_eq!(report["nodes"], 1213);
@@ -107,7 +107,7 @@ fn openb_default_one_seed() {
         .arg(&small)
         .args([
             "--openb-compare",
-            "fgd-scarce",
+            "fgd-blend",
             "fgd",
             "--seeds",
             "42-43",
@@ -124,7 +124,7 @@ fn openb_default_one_seed() {
     assert_eq!(c["list"], "multigpu40");
     assert_eq!(
         (c["a"].as_str(), c["b"].as_str()),
-        (Some("fgd-scarce"), Some("fgd"))
+        (Some("fgd-blend"), Some("fgd"))
     );
     assert_eq!(values(&c["seeds"]), [42.0, 43.0]);
     for metric in ["at_100", "mean_50_130"] {
@@ -172,7 +172,7 @@ fn openb_default_one_seed() {
     );
     let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(live["list"], "multigpu40");
-    assert_eq!(live["policy"], "fgd-scarce");
+    assert_eq!(live["policy"], "fgd-blend");
     assert_eq!(live["seeds"][0]["refused_accepts"], 0, "{live}");
     assert!(
         live["seeds"][0]["offers"].as_u64().unwrap() > 1213,

@@ -99,7 +99,7 @@ pub struct SimulateArgs {
     #[arg(long, num_args = 2, value_names = ["A", "B"], requires = "openb", conflicts_with = "policy")]
     pub openb_compare: Option<Vec<String>>,
     /// openb replay: placement policy (fgd-scarce, fgd-fill, fgd-pack, fgd-blend, fgd, fgd-artifact,
-    /// best-fit, random); default: fgd-scarce.
+    /// best-fit, random); default: fgd-blend.
     #[arg(long, requires = "openb")]
     pub policy: Option<String>,
     /// openb replay: seeds, e.g. 42-51, 42 or 1,5,9.

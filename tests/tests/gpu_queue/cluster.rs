@@ -68,6 +68,17 @@ pub(super) fn start_with(tag: &str, teams: &[&str], agents: u32, extra: &[&str])
         })
         .unwrap();
     let queue = Queue::start(&cluster, teams, extra);
+    // Jobs are judged against the agents the queue has seen in offers (a job no agent seen so
+    // far can fit is refused): submit once it has seen them all.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while queue.stats()["agents"] != agents {
+        assert!(
+            Instant::now() < deadline,
+            "the queue saw only {} of {agents} agents",
+            queue.stats()["agents"]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     Some(Env {
         queue,
         cluster,
