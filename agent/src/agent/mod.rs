@@ -12,7 +12,8 @@
 //! about tasks: it only probes (the ports a task asks for, the re-adopted tasks' supervisors,
 //! the files operators drop) and reports. The one loop's turns and effect dispatch are
 //! here; the start (the core's configuration, the recovery probe, [`run`]) is in `start`,
-//! launching and the blocking helpers in `launch` and `blocking`.)
+//! the commit pipeline in `commit`, launching and the blocking helpers in `launch` and
+//! `blocking`.)
 //!
 //! Persistence is a write-ahead log with group commit ([`crate::wal`]): the loop handles every
 //! input already waiting, appends the records the core asked to persist, and commits the batch
@@ -166,17 +167,6 @@ impl Senders {
 /// A launch waiting for the commit of the records that announce it.
 type PendingLaunch = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// What committed batches produced, held until a sync of the log covers their records: the
-/// messages to the master, the launches, the settled tasks' cgroups to release.
-#[derive(Default)]
-struct Held {
-    outbox: Vec<AgentToMaster>,
-    launches: Vec<PendingLaunch>,
-    releases: Vec<(Option<TaskCgroup>, bool)>,
-    /// A batch asked for a sync ([`Commit::Sync`]).
-    due: bool,
-}
-
 /// The core's clock: Unix milliseconds.
 fn unix_ms() -> u64 {
     gc::now_ms()
@@ -266,8 +256,11 @@ const MAX_BATCH: usize = 4096;
 const MAX_SLEEP: Duration = Duration::from_secs(5);
 
 mod blocking;
+mod commit;
 mod launch;
 mod start;
+
+use commit::Held;
 
 pub use start::run;
 
@@ -630,133 +623,6 @@ impl Agent {
                 Effect::Stop(message) => anyhow::bail!(message),
             }
         }
-        Ok(())
-    }
-
-    /// Commits the batch as the core decides ([`AgentCore::end_batch`]): the changed task
-    /// records and queued changes are written to the log as one frame; the messages, launches
-    /// and cgroup releases they protect are held until a sync of the log covers that frame.
-    /// The sync runs off the loop (the commit pipeline, [`wal::SyncJob`]): one at a time, each
-    /// covering every frame written before it started, so while one runs the loop goes on and
-    /// the batches handled meanwhile share the next. A batch that sends and starts nothing
-    /// (acknowledgements) is only written: a later sync makes it durable ([`wal::Wal::write`]).
-    /// Starts a background compaction when the log has grown past [`wal::COMPACT_BYTES`].
-    fn commit(&mut self) -> anyhow::Result<()> {
-        let (effects, commit) = self.core.end_batch(unix_ms());
-        self.perform(effects)?;
-        let started = Instant::now();
-        let records = self
-            .wal
-            .write()
-            .context("writing the agent's write-ahead log")?;
-        // Whatever leaves waits for a sync, even from a batch that asked for none: it must not
-        // overtake what earlier batches hold back.
-        let leaving =
-            !self.outbox.is_empty() || !self.launches.is_empty() || !self.releases.is_empty();
-        tracing::debug!(
-            records,
-            sync = commit == Commit::Sync,
-            sent = self.outbox.len(),
-            launches = self.launches.len(),
-            write_us = started.elapsed().as_micros() as u64,
-            "committed"
-        );
-        if commit == Commit::Sync || leaving {
-            self.waiting.outbox.append(&mut self.outbox);
-            self.waiting.launches.append(&mut self.launches);
-            self.waiting.releases.append(&mut self.releases);
-            self.waiting.due = true;
-            self.start_sync()?;
-        }
-        if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
-            let gen = self.wal.rotate().context("starting a new log")?;
-            let mut snapshot = self.core.checkpoint().clone();
-            snapshot.log_gen = gen;
-            self.core.checkpoint_mut().log_gen = gen;
-            self.compacting = true;
-            let dir = self.config.work_dir.clone();
-            let tx = self.tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let result = wal::write_snapshot(&dir, &snapshot).map_err(|e| e.to_string());
-                tx.resource(Resource::Compacted(result));
-            });
-        }
-        Ok(())
-    }
-
-    /// Starts a sync of the log for the held batches, unless one runs (its end starts the
-    /// next) or none is due.
-    fn start_sync(&mut self) -> anyhow::Result<()> {
-        if self.syncing.is_some() || !self.waiting.due {
-            return Ok(());
-        }
-        let job = self
-            .wal
-            .sync_job()
-            .context("syncing the agent's write-ahead log")?;
-        self.syncing = Some(std::mem::take(&mut self.waiting));
-        let tx = self.tx.clone();
-        tokio::task::spawn_blocking(move || {
-            tx.resource(Resource::Synced(job.run().map_err(|e| e.to_string())));
-        });
-        Ok(())
-    }
-
-    /// What the synced batches held back leaves: the messages (in order, to the current
-    /// connection), the launches, the settled tasks' cgroups (one blocking job: each empty one
-    /// goes back to the pool or is removed; one found busy is removed).
-    fn release(&mut self, held: Held) {
-        if let Some(m) = &self.master {
-            for msg in held.outbox {
-                let _ = m.send(msg);
-            }
-        }
-        for launch in held.launches {
-            self.launches_started += 1;
-            tokio::spawn(launch);
-        }
-        if !held.releases.is_empty() {
-            let releases = held.releases;
-            let tx = self.tx.clone();
-            let gate = self.pool_gate.clone();
-            tokio::task::spawn_blocking(move || {
-                for (cg, recycle) in releases {
-                    let cg = cg.filter(TaskCgroup::is_isolated);
-                    let back = match &cg {
-                        Some(cg) if recycle => recycle_cgroup(cg, &gate),
-                        _ => None,
-                    };
-                    if back.is_none() {
-                        if let Some(cg) = &cg {
-                            destroy_cgroup(cg);
-                        }
-                    }
-                    if recycle {
-                        tx.input(Input::CgroupRecycled(back));
-                    }
-                }
-            });
-        }
-    }
-
-    /// A connection ended or a new one began: messages queued for the previous one are dropped
-    /// (the core sends its unacknowledged updates again after `Register`).
-    fn drop_queued_messages(&mut self) {
-        self.outbox.clear();
-        self.waiting.outbox.clear();
-        if let Some(held) = &mut self.syncing {
-            held.outbox.clear();
-        }
-    }
-
-    /// At shutdown: the log synced in place; what it held back is dropped (a restarted agent
-    /// sends the updates again and gives up launches that never claimed their record).
-    fn finish_commits(&mut self) -> anyhow::Result<()> {
-        self.wal
-            .commit()
-            .context("syncing the agent's write-ahead log")?;
-        self.syncing = None;
-        self.waiting = Held::default();
         Ok(())
     }
 
