@@ -152,6 +152,30 @@ pub(super) fn recycle_cgroup(cg: &TaskCgroup, gate: &PoolGate) -> Option<String>
     }
 }
 
+/// Releases a settled task's cgroup (blocking), after its terminal update is on its way: an
+/// empty one goes back to the pool when `recycle` and the pool takes it, or is removed (one
+/// with processes left was removed before); the pool hears which (`CgroupRecycled`).
+pub(super) fn release_cgroup(
+    cg: Option<TaskCgroup>,
+    recycle: bool,
+    gate: &PoolGate,
+    tx: &super::Senders,
+) {
+    let cg = cg.filter(TaskCgroup::is_isolated);
+    let back = match &cg {
+        Some(cg) if recycle => recycle_cgroup(cg, gate),
+        _ => None,
+    };
+    if back.is_none() {
+        if let Some(cg) = &cg {
+            destroy_cgroup(cg);
+        }
+    }
+    if recycle {
+        tx.input(crate::core::Input::CgroupRecycled(back));
+    }
+}
+
 /// One usage sample (blocking): GPU samples and processes from NVML, cpu/memory from each
 /// task's cgroup, GPU figures attributed to tasks through the pids of their cgroups (or process
 /// groups without isolation).

@@ -105,19 +105,7 @@ impl Agent {
             let gate = self.pool_gate.clone();
             tokio::task::spawn_blocking(move || {
                 for (cg, recycle) in releases {
-                    let cg = cg.filter(TaskCgroup::is_isolated);
-                    let back = match &cg {
-                        Some(cg) if recycle => recycle_cgroup(cg, &gate),
-                        _ => None,
-                    };
-                    if back.is_none() {
-                        if let Some(cg) = &cg {
-                            destroy_cgroup(cg);
-                        }
-                    }
-                    if recycle {
-                        tx.input(Input::CgroupRecycled(back));
-                    }
+                    release_cgroup(cg, recycle, &gate, &tx);
                 }
             });
         }

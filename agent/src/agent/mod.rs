@@ -265,7 +265,7 @@ use commit::Held;
 pub use start::run;
 
 use blocking::{
-    destroy_cgroup, measure_disk, prepare_cgroups, recycle_cgroup, sample, settle_cgroup,
+    destroy_cgroup, measure_disk, prepare_cgroups, release_cgroup, sample, settle_cgroup,
 };
 
 impl Agent {
@@ -470,22 +470,7 @@ impl Agent {
                         // swept at startup: `container::sweep_ended`); before its cgroup goes
                         // back to the pool (the runtime's `ctr` child is removed here).
                         crate::container::cleanup(&containers, &meta, task);
-                        // After its task's terminal update is on its way, an empty cgroup goes
-                        // back to the pool or is removed (one with processes left was removed
-                        // before).
-                        let cg = cg.filter(TaskCgroup::is_isolated);
-                        let back = match &cg {
-                            Some(cg) if recycle => recycle_cgroup(cg, &gate),
-                            _ => None,
-                        };
-                        if back.is_none() {
-                            if let Some(cg) = &cg {
-                                destroy_cgroup(cg);
-                            }
-                        }
-                        if recycle {
-                            tx.input(Input::CgroupRecycled(back));
-                        }
+                        release_cgroup(cg, recycle, &gate, &tx);
                     });
                 }
                 Effect::ReleaseCgroup {
