@@ -13,6 +13,9 @@
 //!   agent at once, docs/allocator.md rule 2). The simplest schedulers need only this.
 //! - [`place_one`] / [`place_all`]: where one task goes, or a set of tasks all together
 //!   (all-or-nothing: a [`Plan`] for every task or an error naming the first that did not fit).
+//!   Tasks ask for whole GPUs or a fraction of one GPU (`gpus` below 1, milli-GPU precision,
+//!   as the master reads it); a `gpus` above one that is not whole is refused
+//!   ([`PlaceError::BadGpuAmount`]).
 //!   [`Plan::launches`] groups the assignments per agent: one `accept` per agent, all sent in
 //!   one step.
 //!
@@ -31,6 +34,15 @@
 //!    summed (in millionths): the fullest agent wins, leaving emptier agents whole.
 //! 5. The agent's position in the input (deterministic).
 //!
+//! **Fractions of a GPU** are placed with the fragmentation-aware policy the SDK's
+//! [`crate::across::OfferPlacer`] uses ([`crate::Policy::DEFAULT`]): each agent that can host
+//! the task (constraints, every resource kind) becomes a [`crate::Node`] whose GPUs are the
+//! matching ones with their free share ([`FreeGpu::free_milli`], from the offers' `gpu_free`),
+//! scored against a workload of the task's own shape plus one whole GPU, so that fractions pack
+//! onto GPUs already shared and idle GPUs stay whole for whole-GPU tasks. The plan names the
+//! GPU the fraction shares (pin it: [`Assignment::pinned_selector`]). A whole-GPU task takes
+//! only idle GPUs (free share 1000).
+//!
 //! GPUs on an agent: those matching the selector, grouped by NUMA node. When one NUMA node has
 //! enough, the one with the fewest free matching GPUs that still fits (best fit within NUMA);
 //! else (only when [`Locality`] allows spanning) the largest groups first. Within a NUMA node,
@@ -40,8 +52,10 @@
 
 use std::collections::BTreeMap;
 
-use gantry_proto::resources::MILLI;
+use gantry_proto::resources::{GpuAmount, MILLI};
 use gantry_proto::{AgentId, Attributes, GpuInfo, GpuSelector, Offer, OfferId, Resources};
+
+use crate::{GpuDemand, ModelSet, Models, Node, Placer, Policy, TaskShape, Workload};
 
 /// A framework's offers on one agent in one role: accept or decline them together.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,9 +107,17 @@ pub struct FreeGpu {
     pub numa_node: Option<u32>,
     /// PCI bus id.
     pub pci_bus_id: String,
+    /// Free milli-GPUs (1000: idle; less: fractions of tasks already share it). Whole-GPU
+    /// tasks take only idle GPUs; a fraction needs at least its share free.
+    pub free_milli: u32,
 }
 
 impl FreeGpu {
+    /// Whether no fraction shares it.
+    pub fn is_idle(&self) -> bool {
+        self.free_milli >= MILLI as u32
+    }
+
     fn info(&self) -> GpuInfo {
         GpuInfo {
             uuid: self.uuid.clone(),
@@ -126,6 +148,7 @@ impl From<&GpuInfo> for FreeGpu {
             memory_mib: g.memory_mib,
             numa_node: g.numa_node,
             pci_bus_id: g.pci_bus_id.clone(),
+            free_milli: MILLI as u32,
         }
     }
 }
@@ -149,8 +172,11 @@ pub struct AgentView {
 
 impl AgentView {
     /// One view per agent from `offers` (several offers of one agent are merged, in the order
-    /// agents first appear). `busy(agent, uuid)` says which GPUs are known to be in use (e.g.
-    /// by the framework's own running tasks); they are left out of [`AgentView::gpus`]. When more GPUs
+    /// agents first appear). Each GPU's free share comes from the offer's `gpu_free` (idle
+    /// when it has none). `busy(agent, uuid)` says which GPUs are known to be in use (e.g. by
+    /// the framework's own running tasks); they are left out of [`AgentView::gpus`] unless the
+    /// offer shows them shared (a free share below a whole GPU: what the caller's fraction
+    /// there leaves is still free), and so are GPUs with nothing free. When more idle GPUs
     /// remain than the offered whole `gpus`, the list is kept whole (which of them are free is
     /// unknown) and only the count limits placements.
     pub fn from_offers<'a>(
@@ -158,26 +184,34 @@ impl AgentView {
         busy: &dyn Fn(AgentId, &str) -> bool,
     ) -> Vec<AgentView> {
         let mut views: Vec<AgentView> = Vec::new();
+        let usable = |offer: &Offer, g: &GpuInfo| -> Option<FreeGpu> {
+            if !g.healthy {
+                return None;
+            }
+            let free = offer
+                .gpu_free
+                .iter()
+                .find(|f| f.uuid == g.uuid)
+                .map_or(MILLI as u32, |f| f.free_milli.min(MILLI as u32));
+            let shared = free < MILLI as u32;
+            if free == 0 || (!shared && busy(offer.agent_id, &g.uuid)) {
+                return None;
+            }
+            let mut gpu = FreeGpu::from(g);
+            gpu.free_milli = free;
+            Some(gpu)
+        };
         for offer in offers {
             let at = match views.iter().position(|v| v.agent_id == offer.agent_id) {
                 Some(i) => i,
                 None => {
-                    let mut gpus: Vec<FreeGpu> = offer
-                        .gpus
-                        .iter()
-                        .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
-                        .map(FreeGpu::from)
-                        .collect();
-                    gpus.sort_by(|a, b| {
-                        (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id))
-                    });
                     views.push(AgentView {
                         agent_id: offer.agent_id,
                         hostname: offer.hostname.clone(),
                         offer_ids: Vec::new(),
                         resources: Resources::new(),
                         attributes: (*offer.attributes).clone(),
-                        gpus,
+                        gpus: Vec::new(),
                     });
                     views.len() - 1
                 }
@@ -185,14 +219,13 @@ impl AgentView {
             let v = &mut views[at];
             v.offer_ids.push(offer.id);
             v.resources.add_assign(&offer.total());
-            // Offers of one agent list the same GPUs; take the union all the same.
-            for g in offer
-                .gpus
-                .iter()
-                .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
-            {
-                if !v.gpus.iter().any(|x| x.uuid == g.uuid) {
-                    v.gpus.push(FreeGpu::from(g));
+            // Offers of one agent list the same GPUs; take the union all the same (the latest
+            // offer's free share wins).
+            for g in offer.gpus.iter().filter_map(|g| usable(offer, g)) {
+                match v.gpus.iter_mut().find(|x| x.uuid == g.uuid) {
+                    Some(x) if !offer.gpu_free.is_empty() => x.free_milli = g.free_milli,
+                    Some(_) => {}
+                    None => v.gpus.push(g),
                 }
             }
             v.gpus
@@ -204,6 +237,11 @@ impl AgentView {
     /// Whole GPUs offered.
     pub fn gpu_count(&self) -> u64 {
         self.resources.milli("gpus") / MILLI
+    }
+
+    /// GPUs of the list that are idle (no fraction shares them).
+    pub fn idle_gpus(&self) -> usize {
+        self.gpus.iter().filter(|g| g.is_idle()).count()
     }
 }
 
@@ -263,9 +301,17 @@ impl TaskRequest {
         }
     }
 
-    /// Whole GPUs asked for.
+    /// Whole GPUs asked for (0 for a fraction of one GPU).
     pub fn gpus(&self) -> u64 {
         self.resources.milli("gpus") / MILLI
+    }
+
+    /// The milli-GPUs of a fraction of one GPU (1..=999), or `None` (whole GPUs or none).
+    pub fn fraction(&self) -> Option<u32> {
+        match self.resources.gpu_amount() {
+            Ok(GpuAmount::Fraction(m)) => Some(m),
+            _ => None,
+        }
     }
 }
 
@@ -320,9 +366,10 @@ pub enum PlaceError {
     /// No agent can host this task (after the ones placed before it).
     #[error("task {0} fits on no agent")]
     NoFit(usize),
-    /// A request with a fractional GPU amount (offer placement deals in whole GPUs).
-    #[error("task {0} asks for a fraction of a GPU; use gantry_placement::Placer")]
-    FractionalGpu(usize),
+    /// A `gpus` amount above one that is not whole (`gpus:1.5`): a task gets a fraction of
+    /// one GPU or whole GPUs.
+    #[error("task {0}: gpus must be below 1 (a fraction of one GPU) or a whole number")]
+    BadGpuAmount(usize),
 }
 
 /// The score of placing a task on an agent (see the module documentation); lower is better.
@@ -350,7 +397,7 @@ fn pick_gpus(agent: &AgentView, task: &TaskRequest) -> Option<Vec<usize>> {
     }
     let mut groups: BTreeMap<Option<u32>, Vec<usize>> = BTreeMap::new();
     for (i, g) in agent.gpus.iter().enumerate() {
-        if g.matches(task.gpu_selector.as_ref()) {
+        if g.is_idle() && g.matches(task.gpu_selector.as_ref()) {
             groups.entry(g.numa_node).or_default().push(i);
         }
     }
@@ -382,7 +429,9 @@ fn numa_span(agent: &AgentView, gpus: &[usize]) -> u64 {
     nodes.len().saturating_sub(1) as u64
 }
 
-/// Scores `task` on `agent` (the `agent`-th view), or `None` when it does not fit.
+/// Scores `task` on `agent` (the `agent`-th view), or `None` when it does not fit. Whole GPUs
+/// and no GPU only: a fraction of one GPU is scored across agents ([`place_one`]), so this
+/// answers `None` for it.
 pub fn evaluate(index: usize, agent: &AgentView, task: &TaskRequest) -> Option<Candidate> {
     if !task.resources.milli("gpus").is_multiple_of(MILLI) {
         return None;
@@ -422,9 +471,9 @@ pub fn evaluate(index: usize, agent: &AgentView, task: &TaskRequest) -> Option<C
     let span = numa_span(agent, &gpus);
 
     // 3. NUMA nodes left partly free (only meaningful when the GPU list is exact).
-    let broken = if agent.gpus.len() as u64 == agent.gpu_count() {
+    let broken = if agent.idle_gpus() as u64 == agent.gpu_count() {
         let mut per_node: BTreeMap<Option<u32>, (u64, u64)> = BTreeMap::new();
-        for (i, g) in agent.gpus.iter().enumerate() {
+        for (i, g) in agent.gpus.iter().enumerate().filter(|(_, g)| g.is_idle()) {
             let e = per_node.entry(g.numa_node).or_default();
             e.0 += 1;
             if !gpus.contains(&i) {
@@ -457,8 +506,13 @@ pub fn evaluate(index: usize, agent: &AgentView, task: &TaskRequest) -> Option<C
     })
 }
 
-/// The best agent for `task`, or `None` when it fits nowhere.
+/// The best agent for `task`, or `None` when it fits nowhere. A fraction of one GPU is placed
+/// with the fragmentation-aware policy (module documentation); its candidate's score is
+/// `(0, 0, 0, 0, agent)`.
 pub fn place_one(agents: &[AgentView], task: &TaskRequest) -> Option<Candidate> {
+    if let Some(milli) = task.fraction() {
+        return place_fraction(agents, task, milli);
+    }
     agents
         .iter()
         .enumerate()
@@ -466,12 +520,85 @@ pub fn place_one(agents: &[AgentView], task: &TaskRequest) -> Option<Candidate> 
         .min_by_key(|c| c.score)
 }
 
-/// Takes what `candidate` gives `task` out of `agents` (after [`place_one`]).
+/// Where a fraction of `milli` milli-GPUs goes: the agents that can host it become placement
+/// nodes (their matching GPUs with a share free), scored by [`Policy::DEFAULT`] against the
+/// task's shape and one whole GPU of the same CPU and memory.
+fn place_fraction(agents: &[AgentView], task: &TaskRequest, milli: u32) -> Option<Candidate> {
+    let mut models = Models::new();
+    let model = models.intern("").ok()?;
+    // (agent index, indices of its GPUs on the node) per node.
+    let mut hosts: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut nodes: Vec<Node> = Vec::new();
+    for (i, agent) in agents.iter().enumerate() {
+        if !task.constraints.iter().all(|c| c.allows(&agent.attributes))
+            || !agent.resources.contains(&task.resources)
+        {
+            continue;
+        }
+        let gpus: Vec<usize> = agent
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.free_milli >= milli && g.matches(task.gpu_selector.as_ref()))
+            .map(|(k, _)| k)
+            .collect();
+        if gpus.is_empty() {
+            continue;
+        }
+        let cpu = agent.resources.milli("cpus");
+        let memory = agent.resources.milli("mem") / MILLI;
+        nodes.push(Node {
+            model,
+            cpu_capacity: cpu,
+            memory_capacity: memory,
+            cpu_free: cpu,
+            memory_free: memory,
+            gpu_free: gpus.iter().map(|&k| agent.gpus[k].free_milli).collect(),
+        });
+        hosts.push((i, gpus));
+    }
+    if nodes.is_empty() {
+        return None;
+    }
+    let shape = TaskShape {
+        cpu_milli: task.resources.milli("cpus"),
+        memory_mib: task.resources.milli("mem") / MILLI,
+        gpu: GpuDemand::Fraction(milli),
+        models: ModelSet::ANY,
+    };
+    let whole = TaskShape {
+        gpu: GpuDemand::Whole(1),
+        ..shape
+    };
+    let workload = Workload::new([(shape, 1), (whole, 1)]);
+    let mut placer = Placer::new(nodes, Policy::DEFAULT, workload, 0).ok()?;
+    let placement = placer.choose(&shape)?;
+    let (agent, gpus) = hosts.get(placement.node)?;
+    let gpu = *gpus.get(placement.gpus.first()?.gpu)?;
+    Some(Candidate {
+        agent: *agent,
+        gpus: vec![gpu],
+        score: (0, 0, 0, 0, *agent),
+    })
+}
+
+/// Takes what `candidate` gives `task` out of `agents` (after [`place_one`]): whole GPUs leave
+/// the agent's list; a fraction lowers its GPU's free share (the GPU leaves the list when
+/// nothing is left of it).
 pub fn take(agents: &mut [AgentView], task: &TaskRequest, candidate: &Candidate) -> Vec<String> {
     let Some(agent) = agents.get_mut(candidate.agent) else {
         return Vec::new();
     };
     let _ = agent.resources.checked_sub_assign(&task.resources);
+    if let Some(milli) = task.fraction() {
+        let Some(g) = candidate.gpus.first().and_then(|&i| agent.gpus.get_mut(i)) else {
+            return Vec::new();
+        };
+        g.free_milli = g.free_milli.saturating_sub(milli);
+        let uuid = g.uuid.clone();
+        agent.gpus.retain(|g| g.free_milli > 0);
+        return vec![uuid];
+    }
     let mut taken = Vec::new();
     let mut keep = Vec::new();
     for (i, g) in std::mem::take(&mut agent.gpus).into_iter().enumerate() {
@@ -486,12 +613,13 @@ pub fn take(agents: &mut [AgentView], task: &TaskRequest, candidate: &Candidate)
 }
 
 /// Places every task or none: larger tasks first (by GPUs, then CPU, then memory; ties keep
-/// request order), each on its best agent given the ones placed before it. On success `agents`
-/// has everything the plan takes removed; on failure it is unchanged.
+/// request order; whole GPUs before fractions, which then pack around them), each on its best
+/// agent given the ones placed before it. On success `agents` has everything the plan takes
+/// removed; on failure it is unchanged.
 pub fn place_all(agents: &mut Vec<AgentView>, tasks: &[TaskRequest]) -> Result<Plan, PlaceError> {
     for (i, t) in tasks.iter().enumerate() {
-        if !t.resources.milli("gpus").is_multiple_of(MILLI) {
-            return Err(PlaceError::FractionalGpu(i));
+        if t.resources.gpu_amount().is_err() {
+            return Err(PlaceError::BadGpuAmount(i));
         }
     }
     let mut order: Vec<usize> = (0..tasks.len()).collect();
@@ -527,6 +655,7 @@ pub(crate) mod tests {
             memory_mib: if model.contains("H100") { 81920 } else { 40960 },
             numa_node: Some(numa),
             pci_bus_id: format!("0000:{i:02x}:00.0"),
+            free_milli: 1000,
         }
     }
 
@@ -692,10 +821,10 @@ pub(crate) mod tests {
         let plan = place_all(&mut agents, &three[..2]).unwrap();
         assert_eq!(plan.launches().len(), 2);
         assert_eq!(agents[0].gpu_count() + agents[1].gpu_count(), 0);
-        let mut f = vec![agent("a", "cpus:1;mem:64;gpus:1")];
+        let mut f = vec![agent("a", "cpus:1;mem:64;gpus:2")];
         assert_eq!(
-            place_all(&mut f, &[req("gpus:0.5")]),
-            Err(PlaceError::FractionalGpu(0))
+            place_all(&mut f, &[req("gpus:1.5")]),
+            Err(PlaceError::BadGpuAmount(0))
         );
     }
 
@@ -736,6 +865,115 @@ pub(crate) mod tests {
         );
     }
 
+    /// Half-GPU tasks pack onto a GPU already shared, and two of them share one GPU, rather
+    /// than breaking idle GPUs a whole-GPU task could use.
+    #[test]
+    fn fractions_pack_onto_shared_gpus_and_keep_idle_ones_whole() {
+        let idle = agent("idle", "cpus:16;mem:65536;gpus:8");
+        let mut shared = agent("shared", "cpus:16;mem:65536;gpus:7.5");
+        shared.gpus[3].free_milli = 500;
+        let agents = vec![idle, shared];
+        let half = req("cpus:1;mem:64;gpus:0.5");
+        let c = place_one(&agents, &half).expect("fits");
+        assert_eq!((c.agent, c.gpus.clone()), (1, vec![3]), "the shared GPU");
+        // Two halves on an idle agent share one GPU; a whole GPU goes elsewhere.
+        let mut work = vec![agent("a", "cpus:16;mem:65536;gpus:2")];
+        work[0].gpus.truncate(2);
+        let plan = place_all(
+            &mut work,
+            &[half.clone(), req("cpus:1;mem:64;gpus:1"), half],
+        )
+        .expect("fits");
+        let (h0, w, h1) = (
+            &plan.assignments[0].gpus,
+            &plan.assignments[1].gpus,
+            &plan.assignments[2].gpus,
+        );
+        assert_eq!(h0, h1, "the halves share a GPU");
+        assert_ne!(h0, w);
+        assert_eq!(work[0].resources.milli("gpus"), 0);
+        assert!(work[0].gpus.is_empty(), "both GPUs used up");
+    }
+
+    #[test]
+    fn whole_gpus_skip_shared_ones_and_fractions_honour_the_selector() {
+        let mut a = agent("a", "cpus:16;mem:65536;gpus:7.25");
+        a.gpus[0].free_milli = 250;
+        let agents = vec![a];
+        // Seven idle GPUs: 7 whole fit, 8 do not; the shared GPU is never given whole.
+        let c = place_one(&agents, &req("cpus:1;mem:64;gpus:7")).expect("fits");
+        assert!(!c.gpus.contains(&0));
+        assert!(place_one(&agents, &req("cpus:1;mem:64;gpus:8")).is_none());
+        // A quarter fits the shared GPU; a half does not fit there.
+        let c = place_one(&agents, &req("cpus:1;mem:64;gpus:0.25")).expect("fits");
+        assert_eq!(c.gpus, vec![0]);
+        let c = place_one(&agents, &req("cpus:1;mem:64;gpus:0.5")).expect("fits");
+        assert_ne!(c.gpus, vec![0]);
+        // A fraction on an H100 only, of at least 80 GB.
+        let mut t = req("cpus:1;mem:64;gpus:0.5");
+        t.gpu_selector = Some(GpuSelector {
+            model: Some("h100".into()),
+            min_memory_mib: Some(80_000),
+            ..GpuSelector::default()
+        });
+        let c = place_one(&agents, &t).expect("fits");
+        assert!(agents[0].gpus[c.gpus[0]].model.contains("H100"));
+        t.gpu_selector = Some(GpuSelector {
+            min_memory_mib: Some(100_000),
+            ..GpuSelector::default()
+        });
+        assert!(place_one(&agents, &t).is_none());
+        // Constraints and CPU hold for fractions too.
+        let mut t = req("cpus:32;mem:64;gpus:0.5");
+        assert!(place_one(&agents, &t).is_none());
+        t = req("cpus:1;mem:64;gpus:0.5");
+        t.constraints = vec![Constraint::Equals("rack".into(), "r1".into())];
+        assert!(place_one(&agents, &t).is_none());
+    }
+
+    #[test]
+    fn views_read_each_gpus_free_share_from_the_offer() {
+        let agent_id = AgentId::random();
+        let gpus: Vec<GpuInfo> = (0..3).map(|i| gpu(i, "A100", 0).info()).collect();
+        let free = [1000u32, 500, 0];
+        let offer = Offer {
+            id: OfferId::random(),
+            framework_id: gantry_proto::FrameworkId::random(),
+            agent_id,
+            hostname: "h".into(),
+            role: "r".into(),
+            resources: "cpus:4;gpus:1.5".parse().unwrap(),
+            reserved: Default::default(),
+            attributes: Default::default(),
+            gpus: gpus.clone().into(),
+            gpu_free: gpus
+                .iter()
+                .zip(free)
+                .map(|(g, f)| gantry_proto::GpuFree {
+                    uuid: g.uuid.clone(),
+                    free_milli: f,
+                    free_memory_mib: 0,
+                })
+                .collect(),
+            agent_name: "a".into(),
+        };
+        // GPU-1 holds our own half-GPU task: still listed with its free half; GPU-2 is full.
+        let views = AgentView::from_offers([&offer], &|_, u: &str| u == "GPU-1" || u == "GPU-0");
+        let got: Vec<(&str, u32)> = views[0]
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.as_str(), g.free_milli))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("GPU-1", 500)],
+            "busy idle GPU-0 and full GPU-2 dropped"
+        );
+        let views = AgentView::from_offers([&offer], &|_, _| false);
+        assert_eq!(views[0].gpus.len(), 2);
+        assert_eq!(views[0].idle_gpus(), 1);
+    }
+
     fn arb_agents() -> impl Strategy<Value = Vec<AgentView>> {
         prop::collection::vec((1u64..32, 0u64..=8), 1..5).prop_map(|specs| {
             specs
@@ -754,15 +992,31 @@ pub(crate) mod tests {
     }
 
     proptest! {
-        /// A plan never gives out more than is offered, never a GPU twice, and respects
-        /// selectors; a failed plan leaves the agents untouched.
+        /// A plan never gives out more than is offered, never a whole GPU twice nor a shared
+        /// one whole, never more of a GPU than it has free, and respects selectors; a failed
+        /// plan leaves the agents untouched.
         #[test]
         fn plans_fit_what_is_offered(
             agents in arb_agents(),
-            tasks in prop::collection::vec((0u64..6, 0u64..=8, any::<bool>()), 1..8),
+            shared in prop::collection::vec(0u32..1000, 0..4),
+            tasks in prop::collection::vec((0u64..6, 0u64..=8, any::<bool>(), 0u32..4), 1..8),
         ) {
-            let tasks: Vec<TaskRequest> = tasks.into_iter().map(|(c, g, h100)| {
-                let mut t = req(&format!("cpus:{c};mem:128;gpus:{g}"));
+            // Some GPUs shared already (their free share below 1000), the offer's amount too.
+            let mut agents = agents;
+            for (k, &free) in shared.iter().enumerate() {
+                let a = k % agents.len();
+                let g = k / agents.len();
+                if let Some(gpu) = agents[a].gpus.get_mut(g) {
+                    if gpu.is_idle() && free > 0 {
+                        gpu.free_milli = free;
+                        let have = agents[a].resources.milli("gpus");
+                        agents[a].resources.set_milli("gpus", have - 1000 + u64::from(free));
+                    }
+                }
+            }
+            let tasks: Vec<TaskRequest> = tasks.into_iter().map(|(c, g, h100, quarter)| {
+                let gpus = if quarter > 0 { format!("0.{}", quarter * 25) } else { g.to_string() };
+                let mut t = req(&format!("cpus:{c};mem:128;gpus:{gpus}"));
                 if h100 {
                     t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None, mig_profile: None, uuids: Vec::new() });
                 }
@@ -774,21 +1028,40 @@ pub(crate) mod tests {
                     prop_assert_eq!(plan.assignments.len(), tasks.len());
                     for (ai, a) in agents.iter().enumerate() {
                         let mut used = Resources::new();
-                        let mut uuids = Vec::new();
+                        let mut whole = Vec::new();
+                        let mut shares: BTreeMap<String, u32> = BTreeMap::new();
                         for x in plan.assignments.iter().filter(|x| x.agent == ai) {
-                            used.add_assign(&tasks[x.task].resources);
-                            prop_assert_eq!(x.gpus.len() as u64, tasks[x.task].gpus());
+                            let t = &tasks[x.task];
+                            used.add_assign(&t.resources);
+                            match t.fraction() {
+                                Some(m) => {
+                                    prop_assert_eq!(x.gpus.len(), 1);
+                                    *shares.entry(x.gpus[0].clone()).or_default() += m;
+                                }
+                                None => {
+                                    prop_assert_eq!(x.gpus.len() as u64, t.gpus());
+                                    whole.extend(x.gpus.iter().cloned());
+                                }
+                            }
                             for u in &x.gpus {
                                 let g = a.gpus.iter().find(|g| &g.uuid == u).unwrap();
-                                prop_assert!(g.matches(tasks[x.task].gpu_selector.as_ref()));
-                                uuids.push(u.clone());
+                                prop_assert!(g.matches(t.gpu_selector.as_ref()));
                             }
                         }
                         prop_assert!(a.resources.contains(&used));
-                        let n = uuids.len();
-                        uuids.sort();
-                        uuids.dedup();
-                        prop_assert_eq!(uuids.len(), n);
+                        for u in &whole {
+                            let g = a.gpus.iter().find(|g| &g.uuid == u).unwrap();
+                            prop_assert!(g.is_idle(), "a shared GPU given whole");
+                            prop_assert!(!shares.contains_key(u), "a whole GPU also shared");
+                        }
+                        let n = whole.len();
+                        whole.sort();
+                        whole.dedup();
+                        prop_assert_eq!(whole.len(), n);
+                        for (u, m) in &shares {
+                            let g = a.gpus.iter().find(|g| &g.uuid == u).unwrap();
+                            prop_assert!(*m <= g.free_milli, "{} takes {} of {}", u, m, g.free_milli);
+                        }
                     }
                 }
                 Err(_) => prop_assert_eq!(work, agents),

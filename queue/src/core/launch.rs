@@ -271,6 +271,7 @@ mod tests {
                 memory_mib: 40960,
                 numa_node: Some(0),
                 pci_bus_id: String::new(),
+                free_milli: 1000,
             },
         )
     }
