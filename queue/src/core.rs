@@ -271,7 +271,7 @@ struct EndedMember {
     job: u64,
     attempt: u32,
     task_id: TaskId,
-    gpus: u32,
+    gpus: crate::model::Gpus,
     secs: f64,
     at: Instant,
     /// Its cost ([`KnownAgent::cost_per_sec`] × `secs`), when its agent has a price.
@@ -290,7 +290,7 @@ fn member_resources(spec: &JobSpec) -> Resources {
     Resources::new()
         .with("cpus", spec.cpus)
         .with("mem", spec.mem)
-        .with("gpus", f64::from(spec.gpus))
+        .with("gpus", spec.gpus.as_f64())
 }
 
 fn request(spec: &JobSpec) -> TaskRequest {
@@ -470,7 +470,7 @@ impl Core {
         }
         let killing = m.killing;
         self.worker_ended.insert(m.agent_id, now);
-        let gpus = m.gpus.len() as f64;
+        let gpus = job.spec.gpus;
         let ran = now.saturating_duration_since(m.started).as_secs_f64();
         let cost = self
             .agents
@@ -481,12 +481,12 @@ impl Core {
             .stats
             .gpu_secs
             .entry(job.spec.team.clone())
-            .or_default() += gpus * ran;
+            .or_default() += gpus.as_f64() * ran;
         self.ended_members.push(EndedMember {
             job: job_id,
             attempt: job.attempts,
             task_id: u.task_id,
-            gpus: gpus as u32,
+            gpus,
             secs: ran,
             at: now,
             cost,
@@ -656,14 +656,14 @@ impl Core {
                 *v *= keep;
             }
             for j in self.jobs.values() {
-                let gpus: usize = j
+                let running = j
                     .members
                     .values()
                     .filter(|m| m.state == TaskState::Running)
-                    .map(|m| m.gpus.len())
-                    .sum();
-                if gpus > 0 {
-                    *self.decayed.entry(j.spec.team.clone()).or_default() += gpus as f64 * secs;
+                    .count();
+                let gpus = j.spec.gpus.as_f64() * running as f64;
+                if gpus > 0.0 {
+                    *self.decayed.entry(j.spec.team.clone()).or_default() += gpus * secs;
                 }
             }
         }

@@ -140,9 +140,8 @@ impl Core {
         for job in self.with_members().filter(|_| !all_end) {
             let res = member_resources(&job.spec);
             for m in job.members.values().filter(|m| !m.killing) {
-                if let Some(v) = index.get(&m.agent_id).map(|&i| &mut views[i]) {
-                    v.resources = v.resources.saturating_sub(&res);
-                    v.gpus.retain(|g| !m.gpus.contains(&g.uuid));
+                if let Some(&i) = index.get(&m.agent_id) {
+                    remove(&mut views[i..=i], m.agent_id, &res, &m.gpus);
                 }
             }
         }
@@ -347,11 +346,24 @@ pub(super) fn settle_parts(plan: &Plan, views: &[AgentView], gang: &GangRequest)
     parts
 }
 
-/// Removes `res` and the GPUs `uuids` from the view of `agent`.
+/// Removes `res` and its share of the GPUs `uuids` from the view of `agent`: each listed GPU
+/// gives `res`'s GPUs over the list's length (a whole GPU each for whole-GPU workers, the
+/// fraction for a fractional one; a GPU listed twice gives twice), and leaves the view when
+/// nothing of it is left.
 pub(super) fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, uuids: &[String]) {
     if let Some(v) = views.iter_mut().find(|v| v.agent_id == agent) {
         v.resources = v.resources.saturating_sub(res);
-        v.gpus.retain(|g| !uuids.contains(&g.uuid));
+        if uuids.is_empty() {
+            return;
+        }
+        let each = res.milli("gpus") / uuids.len() as u64;
+        let each = u32::try_from(each).unwrap_or(u32::MAX);
+        for u in uuids {
+            if let Some(g) = v.gpus.iter_mut().find(|g| &g.uuid == u) {
+                g.free_milli = g.free_milli.saturating_sub(each);
+            }
+        }
+        v.gpus.retain(|g| g.free_milli > 0);
     }
 }
 

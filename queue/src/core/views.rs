@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gantry_sdk::protocol::*;
 
 use super::{Core, Job};
-use crate::model::{JobSpec, JobState, JobView, MemberView, Priority};
+use crate::model::{fmt_milli, JobSpec, JobState, JobView, MemberView, Priority};
 
 /// Where the pending jobs stand, computed once per listing.
 struct Standings {
@@ -18,7 +18,7 @@ struct Standings {
     at: HashMap<u64, (usize, usize)>,
     /// GPUs per team its running workers hold.
     team_gpus: HashMap<String, super::order::TeamUsage>,
-    /// GPUs free now for the queue (capacity minus its workers).
+    /// Milli-GPUs free now for the queue (capacity minus its workers).
     free_gpus: u64,
     /// The job the reservation (or a preemption under way) is for.
     reserved_for: Option<u64>,
@@ -80,7 +80,7 @@ impl Core {
         let free_gpus = self
             .eventual_views(false)
             .iter()
-            .map(|v| v.gpus.len() as u64)
+            .flat_map(|v| v.gpus.iter().map(|g| u64::from(g.free_milli)))
             .sum();
         let reserved_for = self
             .preempt_for
@@ -124,7 +124,7 @@ impl Core {
     /// workers do not fit all agents together. Judged on the GPUs the queue has seen in offers
     /// (every healthy GPU of each agent, in use or not); `None` while no agent is known yet.
     pub fn never_fits(&self, spec: &JobSpec) -> Option<String> {
-        if self.agents.is_empty() || spec.gpus == 0 {
+        if self.agents.is_empty() || spec.gpus.is_zero() {
             return None;
         }
         let selector = spec.selector();
@@ -145,7 +145,11 @@ impl Core {
             (None, Some(mem)) => format!("GPUs with {mem} MiB"),
             (None, None) => "GPUs".to_string(),
         };
-        let gpus = u64::from(spec.gpus);
+        let gpus = spec.gpus.devices();
+        if spec.gpus.is_fraction() {
+            // A fraction needs one GPU of the kind asked for.
+            return (largest == 0).then(|| format!("needs {} of a {kind} GPU; none has one", spec.gpus));
+        }
         if gpus > largest {
             return Some(format!(
                 "needs {gpus} {kind} on one agent; largest is {largest}"
@@ -217,7 +221,7 @@ impl Core {
                 .unwrap_or(0);
             return format!(
                 "team {team} at its borrowing limit: {} GPUs used of {} + {limit}",
-                usage.gpus,
+                fmt_milli(usage.gpus),
                 t.nominal_gpus()
             );
         }
@@ -226,13 +230,17 @@ impl Core {
             let used = usage.in_bucket(bucket.as_deref());
             if used + need > quota {
                 let model = bucket.as_ref().map_or(String::new(), |m| format!("{m} "));
-                return format!("team {team} at its {model}quota {used}/{quota}");
+                return format!(
+                    "team {team} at its {model}quota {}/{}",
+                    fmt_milli(used),
+                    fmt_milli(quota)
+                );
             }
         }
         if let Some(why) = self.lend_blocked.get(&j.id) {
             return why.clone();
         }
-        let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+        let need = super::quota::need(&j.spec);
         if let Some(h) = st
             .reserved_for
             .filter(|h| st.at.get(h).is_some_and(|a| a.0 < i))
@@ -246,7 +254,11 @@ impl Core {
             return format!("behind {i} job{s} of the same priority (fair share, then age)");
         }
         if need > 0 {
-            format!("waiting for {need} free GPUs ({} free now)", st.free_gpus)
+            format!(
+                "waiting for {} free GPUs ({} free now)",
+                fmt_milli(need),
+                fmt_milli(st.free_gpus)
+            )
         } else {
             "waiting for CPUs and memory".into()
         }
