@@ -720,6 +720,8 @@ pub use persist::Changes;
 #[cfg(test)]
 mod backfill_tests;
 #[cfg(test)]
+mod fraction_tests;
+#[cfg(test)]
 mod pass_tests;
 #[cfg(test)]
 mod quota_tests;

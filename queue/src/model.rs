@@ -532,14 +532,14 @@ impl JobSpec {
 
     /// The GPU selector, when a model or memory is asked for.
     pub fn selector(&self) -> Option<GpuSelector> {
-        (!self.gpus.is_zero() && (self.gpu_model.is_some() || self.gpu_min_memory.is_some())).then(|| {
-            GpuSelector {
+        (!self.gpus.is_zero() && (self.gpu_model.is_some() || self.gpu_min_memory.is_some())).then(
+            || GpuSelector {
                 model: self.gpu_model.clone(),
                 min_memory_mib: self.gpu_min_memory,
                 mig_profile: None,
                 uuids: Vec::new(),
-            }
-        })
+            },
+        )
     }
 }
 

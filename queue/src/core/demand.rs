@@ -38,7 +38,12 @@ pub fn shapes<'a>(pending: impl IntoIterator<Item = (u64, &'a JobSpec)>) -> Vec<
             .as_deref()
             .map(str::trim)
             .filter(|m| !m.is_empty() && !spec.gpus.is_zero());
-        let key = (res.milli("cpus"), res.milli("mem"), spec.gpus.milli(), model);
+        let key = (
+            res.milli("cpus"),
+            res.milli("mem"),
+            spec.gpus.milli(),
+            model,
+        );
         let e = by_shape.entry(key).or_insert((spec.priority, id, 0, spec));
         e.0 = e.0.max(spec.priority);
         if id < e.1 {

@@ -158,7 +158,8 @@ impl Core {
         } else {
             share(MILLI, totals.1)
         };
-        let dominant = (share(used.gpus, totals.0.saturating_mul(MILLI)).max(share(used.cpus, totals.1))
+        let dominant = (share(used.gpus, totals.0.saturating_mul(MILLI))
+            .max(share(used.cpus, totals.1))
             + unit)
             / weight;
         (

@@ -173,9 +173,11 @@ impl Core {
                     counted.extend(rest.1.iter().map(|&i| (rest.0, i)));
                     self.give_back(&mut trial, &res, &gpus);
                     picked.push(u);
-                    fits =
-                        gantry_sdk::placement::offers::place_one(std::slice::from_ref(&trial), &member)
-                            .is_some();
+                    fits = gantry_sdk::placement::offers::place_one(
+                        std::slice::from_ref(&trial),
+                        &member,
+                    )
+                    .is_some();
                 }
                 if !fits || picked.is_empty() {
                     continue;

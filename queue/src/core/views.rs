@@ -148,7 +148,8 @@ impl Core {
         let gpus = spec.gpus.devices();
         if spec.gpus.is_fraction() {
             // A fraction needs one GPU of the kind asked for.
-            return (largest == 0).then(|| format!("needs {} of a {kind} GPU; none has one", spec.gpus));
+            return (largest == 0)
+                .then(|| format!("needs {} of a {kind} GPU; none has one", spec.gpus));
         }
         if gpus > largest {
             return Some(format!(

@@ -224,7 +224,9 @@ fn a_version_1_store_opens_and_fractions_round_trip() {
             .unwrap();
     }
     assert_eq!(version(&path), Some(2));
-    assert!(serde_json::to_string(&half).unwrap().contains(r#""gpus":0.5,"#));
+    assert!(serde_json::to_string(&half)
+        .unwrap()
+        .contains(r#""gpus":0.5,"#));
     let store = Store::open(&path).unwrap();
     let loaded = store.load(10).unwrap();
     let got = loaded.jobs.iter().find(|j| j.id == 2).unwrap();
