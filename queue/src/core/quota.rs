@@ -17,6 +17,10 @@
 //! the other bucket: a job that names no model and lands on another team's named model
 //! borrows those GPUs, and may be reclaimed.
 //!
+//! Every amount here is in **milli-GPUs** (a worker of `gpus: 0.5` holds 500; quotas and
+//! limits, given in GPUs, count 1000 each): a team with a quota of 1 runs two half-GPU jobs
+//! within it.
+//!
 //! - **Borrowing limit** (`team_borrow_limits`): a team uses at most its nominal GPUs in all
 //!   plus its limit; jobs and elastic growth that would go past it wait.
 //! - **Lending limit** (`team_lend_limits`): of a team's idle nominal quota in a bucket, other
@@ -24,10 +28,6 @@
 //!   A job that borrows (its team is above its quota in the job's bucket with it, or has no
 //!   quota) launches only where the GPUs it takes leave every bucket they come from with at
 //!   least what other teams keep there.
-//! Every amount here is in **milli-GPUs** (a worker of `gpus: 0.5` holds 500; quotas and
-//! limits, given in GPUs, count 1000 each): a team with a quota of 1 runs two half-GPU jobs
-//! within it.
-//!
 //! - **Reclaim** (the pass and `preempt`): a blocked job whose team stays within its quota in
 //!   the job's bucket preempts borrowed GPUs of that bucket: jobs of other teams above their
 //!   quota there, each no larger than what its team borrows there.
