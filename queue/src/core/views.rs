@@ -148,8 +148,12 @@ impl Core {
         let gpus = spec.gpus.devices();
         if spec.gpus.is_fraction() {
             // A fraction needs one GPU of the kind asked for.
-            return (largest == 0)
-                .then(|| format!("needs {} of a {kind} GPU; none has one", spec.gpus));
+            return (largest == 0).then(|| {
+                format!(
+                    "needs {} of one of the {kind}; the cluster has none",
+                    spec.gpus
+                )
+            });
         }
         if gpus > largest {
             return Some(format!(
