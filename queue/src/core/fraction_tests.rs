@@ -186,3 +186,20 @@ fn demand_declares_a_fractions_shape() {
     assert_eq!(d.len(), 1);
     assert_eq!((d[0].task.milli("gpus"), d[0].count), (500, 2));
 }
+
+/// A gang of four quarter-GPU workers fills one GPU, not four.
+#[test]
+fn a_gang_of_fractions_packs_onto_one_gpu() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let mut s = frac("g", "t", 250);
+    s.min_workers = 4;
+    s.max_workers = 4;
+    q.submit(s, t0);
+    let a = q.offers(offers(&c, &[1000, 1000]), t0);
+    let tasks = launched(&a);
+    assert_eq!(tasks.len(), 4, "{a:?}");
+    let gpus: std::collections::BTreeSet<Vec<String>> = tasks.iter().map(pinned).collect();
+    assert_eq!(gpus.len(), 1, "{gpus:?}");
+}
