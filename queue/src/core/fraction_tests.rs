@@ -203,3 +203,54 @@ fn a_gang_of_fractions_packs_onto_one_gpu() {
     let gpus: std::collections::BTreeSet<Vec<String>> = tasks.iter().map(pinned).collect();
     assert_eq!(gpus.len(), 1, "{gpus:?}");
 }
+
+fn preempted(actions: &[Action]) -> Vec<TaskId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::KillFor(t, TaskReason::Preempted) => Some(*t),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A `critical` whole-GPU job on a GPU two preemptible halves share preempts both (together
+/// they give the GPU back); a `critical` half on a GPU a whole job holds preempts it.
+#[test]
+fn preemption_gives_back_a_fractions_share() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    for n in ["a", "b"] {
+        let mut s = frac(n, "t", 500);
+        s.priority = Priority::Preemptible;
+        q.submit(s, t0);
+    }
+    let tasks = launched(&q.offers(offers(&c, &[1000]), t0));
+    assert_eq!(tasks.len(), 2);
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, pinned(t)), t0);
+    }
+    let (_, a) = q.submit(spec("w", "u", Priority::Critical, 1, 1), t0);
+    let mut killed = preempted(&a);
+    killed.sort();
+    let mut want: Vec<TaskId> = tasks.iter().map(|t| t.task_id).collect();
+    want.sort();
+    assert_eq!(killed, want, "{a:?}");
+
+    // The other way round: a whole preemptible job, then a critical half.
+    let mut q = Core::new(CoreConfig::default());
+    let mut s = spec("w", "t", Priority::Preemptible, 1, 1);
+    s.cpus = 1.0;
+    q.submit(s, t0);
+    let tasks = launched(&q.offers(offers(&c, &[1000]), t0));
+    assert_eq!(tasks.len(), 1);
+    q.update(
+        &update(&tasks[0], TaskState::Running, vec!["GPU-0-0".into()]),
+        t0,
+    );
+    let mut s = frac("h", "u", 500);
+    s.priority = Priority::Critical;
+    let (_, a) = q.submit(s, t0);
+    assert_eq!(preempted(&a), vec![tasks[0].task_id], "{a:?}");
+}

@@ -368,7 +368,7 @@ impl Core {
         for j in self.jobs.values() {
             for m in j.members.values().filter(|m| m.state == TaskState::Running) {
                 *out.entry(j.spec.team.clone()).or_default() +=
-                    m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
+                    j.spec.gpus.as_f64() * now.saturating_duration_since(m.started).as_secs_f64();
             }
         }
         out
