@@ -67,7 +67,7 @@ pub enum Capability {
     /// each subscription the master lists the registered agents in
     /// [`MasterToFramework::Agents`] messages, then sends one for each agent that registers,
     /// re-registers or changes its GPUs' health; [`MasterToFramework::AgentRemoved`] says when
-    /// one leaves. Schedulers that judge whether work can ever fit (a job queue refusing a
+    /// one leaves (reservations changing also resend the agent). Schedulers that judge whether work can ever fit (a job queue refusing a
     /// 16-GPU gang on a cluster of 8-GPU agents) need the whole cluster, not the part the
     /// allocator has offered them.
     AgentInventory,
@@ -360,7 +360,7 @@ pub enum MasterToFramework {
     /// Agents of the cluster, to a framework subscribed with [`Capability::AgentInventory`]
     /// (protocol v14): after each subscription every registered agent (connected or not, in
     /// as many messages as the frame bound needs), then each agent again when it registers,
-    /// re-registers or a GPU's health changes. A summary replaces any earlier one of the same
+    /// re-registers, a GPU's health changes or its reservations change. A summary replaces any earlier one of the same
     /// agent. It says what the agent holds in total, not what is free: offers say that.
     Agents(Vec<AgentSummary>),
 }

@@ -92,6 +92,23 @@ fn a_framework_that_asks_hears_of_every_agent_offered_or_not() {
     assert_eq!(changed[0].resources.get("gpus"), 0.0);
     assert!(summaries(&out, F).is_empty());
 
+    // An operator reserves part of it for the framework's role: the summary again.
+    let a2 = added[0].agent_id;
+    let out =
+        h.m.operator_at(
+            OperatorCommand::Reserve {
+                agent_id: a2,
+                role: "ml".into(),
+                resources: res("cpus:2"),
+            },
+            h.now,
+        )
+        .unwrap();
+    let reserved = summaries(&out, 3);
+    assert_eq!(reserved.len(), 1, "{out:?}");
+    assert_eq!(reserved[0].reserved["ml"], res("cpus:2"));
+    assert_eq!(reserved[0].for_role("ml").get("cpus"), 8.0);
+
     // Re-subscribing (a failover of the framework) lists every agent again.
     let id =
         subscribed(&h.subscribe(3, "queue", inventory_info("queue", "ml"))).expect("subscribed");
