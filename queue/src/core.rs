@@ -284,6 +284,9 @@ struct KnownAgent {
     attributes: Attributes,
     gpus: BTreeMap<String, FreeGpu>,
     capacity: Resources,
+    /// Known from the master's inventory: `capacity` is exact, and at most its `gpus` of
+    /// `gpus` can ever be the queue's (the rest are reserved for other roles).
+    listed: bool,
 }
 
 fn member_resources(spec: &JobSpec) -> Resources {
@@ -402,6 +405,7 @@ impl Core {
                 attributes: (*o.attributes).clone(),
                 gpus: BTreeMap::new(),
                 capacity: Resources::new(),
+                listed: false,
             });
             for g in o.gpus.iter().filter(|g| g.healthy) {
                 known.gpus.insert(g.uuid.clone(), FreeGpu::from(g));
@@ -428,7 +432,37 @@ impl Core {
         self.pass(now)
     }
 
-    /// The agents the queue knows of (seen in offers, not removed since), and their GPUs.
+    /// Agents of the cluster, offered to the queue or not (the master's agent inventory,
+    /// protocol 14): each summary replaces what the queue knew of the agent's attributes and
+    /// GPUs (healthy ones, as offers carry them), and its capacity becomes what it could ever
+    /// give the queue's role. So the never-fit check, reservations and estimates judge the
+    /// whole cluster, not only the agents the declared demand has drawn offers from. No pass
+    /// runs here (thousands of agents may register one by one): what the queue can launch
+    /// comes with offers, and each offer's pass sees the new knowledge.
+    pub fn agents(&mut self, summaries: &[AgentSummary]) {
+        for s in summaries {
+            let known = self.agents.entry(s.agent_id).or_insert_with(|| KnownAgent {
+                hostname: String::new(),
+                attributes: Attributes::new(),
+                gpus: BTreeMap::new(),
+                capacity: Resources::new(),
+                listed: true,
+            });
+            known.listed = true;
+            known.hostname.clone_from(&s.hostname);
+            known.attributes.clone_from(&s.attributes);
+            known.gpus = s
+                .gpus
+                .iter()
+                .filter(|g| g.healthy)
+                .map(|g| (g.uuid.clone(), FreeGpu::from(g)))
+                .collect();
+            known.capacity = s.for_role(&self.config.role);
+        }
+    }
+
+    /// The agents the queue knows of (from the master's inventory or seen in offers, not
+    /// removed since), and their GPUs.
     pub fn known_agents(&self) -> (usize, usize) {
         let gpus = self.agents.values().map(|a| a.gpus.len()).sum();
         (self.agents.len(), gpus)

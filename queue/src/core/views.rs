@@ -121,8 +121,9 @@ impl Core {
 
     /// Why no agent of the cluster can ever run `spec`, if none can: a worker needs more GPUs
     /// (of the model and memory asked for) than the largest agent has, or the gang's fewest
-    /// workers do not fit all agents together. Judged on the GPUs the queue has seen in offers
-    /// (every healthy GPU of each agent, in use or not); `None` while no agent is known yet.
+    /// workers do not fit all agents together. Judged on every agent the master's inventory
+    /// lists (each healthy GPU, in use or not, up to what the queue's role could ever get
+    /// there) and any other seen in offers; `None` while no agent is known yet.
     pub fn never_fits(&self, spec: &JobSpec) -> Option<String> {
         if self.agents.is_empty() || spec.gpus.is_zero() {
             return None;
@@ -132,10 +133,18 @@ impl Core {
             .agents
             .values()
             .map(|a| {
-                a.gpus
+                let matching = a
+                    .gpus
                     .values()
                     .filter(|g| g.matches(selector.as_ref()))
-                    .count() as u64
+                    .count() as u64;
+                // From the inventory: other roles' reservations are not the queue's.
+                let ours = a.capacity.milli("gpus") / gantry_sdk::protocol::resources::MILLI;
+                if a.listed {
+                    matching.min(ours)
+                } else {
+                    matching
+                }
             })
             .collect();
         let largest = per_agent.iter().copied().max().unwrap_or(0);
