@@ -174,6 +174,15 @@ fn a_fraction_that_no_gpu_of_its_kind_can_host_is_refused() {
     assert!(why.contains("B200"), "{why}");
     s.gpu_model = Some("A100".into());
     assert_eq!(q.never_fits(&s), None);
+    // One GPU holds two halves: a gang of three does not fit the one-GPU cluster.
+    s.gpu_model = None;
+    s.min_workers = 3;
+    s.max_workers = 3;
+    let why = q.never_fits(&s).expect("room for two");
+    assert!(why.contains("room for 2 such workers"), "{why}");
+    s.min_workers = 2;
+    s.max_workers = 2;
+    assert_eq!(q.never_fits(&s), None);
 }
 
 #[test]

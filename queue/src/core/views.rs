@@ -156,10 +156,21 @@ impl Core {
         };
         let gpus = spec.gpus.devices();
         if spec.gpus.is_fraction() {
-            // A fraction needs one GPU of the kind asked for.
-            return (largest == 0).then(|| {
-                format!(
+            // A fraction needs one GPU of the kind asked for; a gang of them, room for its
+            // fewest workers on all such GPUs together.
+            if largest == 0 {
+                return Some(format!(
                     "needs {} of one of the {kind}; the cluster has none",
+                    spec.gpus
+                ));
+            }
+            let workers = u64::from(spec.min_workers.max(1));
+            let per_gpu = crate::model::GPU_MILLI / spec.gpus.milli();
+            let room: u64 = per_agent.iter().map(|n| n * per_gpu).sum();
+            return (room < workers).then(|| {
+                format!(
+                    "needs {workers} workers of {} of one of the {kind}; the cluster has room \
+                     for {room} such workers",
                     spec.gpus
                 )
             });
