@@ -531,3 +531,45 @@ fn a_team_borrows_at_most_its_borrowing_limit() {
         Some("team nlp at its borrowing limit: 4 GPUs used of 2 + 2")
     );
 }
+
+/// A reservation outlives the offer hold: a gang waiting an hour for a time-limited job to end
+/// keeps its hold (and so its reservation) until the expected start plus the hold timeout,
+/// not only the timeout (60 s) from when it began. Before, the hold timed out, the gang backed
+/// off, and an unlimited 1-GPU job took the free GPUs it was waiting for.
+#[test]
+fn a_reservation_lasts_until_its_expected_start_not_only_the_hold_timeout() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    q.submit(
+        limited(spec("run", "t", Priority::Normal, 4, 1), Some(3600)),
+        t0,
+    );
+    let run = launched(&q.offers(c.offers(&[8]), t0));
+    q.update(&update(&run[0], TaskState::Running, vec![]), t0);
+    q.submit(spec("big", "t", Priority::Normal, 8, 1), t0);
+    q.submit(spec("unlimited", "t", Priority::Normal, 1, 1), t0);
+    let a = q.offers(c.offers(&[4]), t0 + 10 * s);
+    assert!(launched(&a).is_empty(), "{a:?}");
+    assert_eq!(
+        q.last_reservation.as_ref().map(|r| (r.holder, r.start)),
+        Some((2, Some(t0 + 3600 * s)))
+    );
+    // Long past the hold timeout, fresh offers of the 4 free GPUs: still big's.
+    for t in [120, 600, 3000, 3650] {
+        let now = t0 + t * s;
+        q.tick(now);
+        let a = q.offers(c.offers(&[4]), now);
+        assert!(launched(&a).is_empty(), "at +{t} s: {a:?}");
+        assert_eq!(q.holds.holder().map(|(k, _)| *k), Some(2), "at +{t} s");
+    }
+    // The job ends at its limit: big runs, then the unlimited one.
+    let now = t0 + 3655 * s;
+    q.update(&update(&run[0], TaskState::Finished, vec![]), now);
+    let names: Vec<String> = launched(&q.offers(c.offers(&[8]), now))
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["big/0"]);
+}

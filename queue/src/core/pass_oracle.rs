@@ -339,6 +339,14 @@ impl Core {
             self.suppressed = false;
             out.push(Action::Revive);
         }
+        // The hold lasts until the reservation's expected start plus the hold timeout: a gang
+        // waiting hours for time-limited work to end keeps its reservation (`Holds::renew`).
+        if let Some((holder, start)) = reservation
+            .as_ref()
+            .and_then(|r| Some((r.holder, r.start?)))
+        {
+            self.holds.renew(&holder, start);
+        }
         self.last_reservation = reservation;
         self.last_settling = settling;
         out

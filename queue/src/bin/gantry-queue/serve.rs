@@ -35,7 +35,9 @@ pub(super) struct Serve {
     /// A waiting job rises one priority class per this many seconds (0: no aging).
     #[arg(long, default_value_t = 300)]
     pub(super) aging_secs: u64,
-    /// How long the first blocked job may hold offers before backing off.
+    /// How long the first blocked job may hold offers before backing off, counted from its
+    /// reservation's estimated start when it has one (docs/queue.md, "Reservations and EASY
+    /// backfill").
     #[arg(long, default_value_t = 60)]
     pub(super) hold_secs: u64,
     /// The backoff before a failed job's first retry, seconds; it doubles with each retry (up
