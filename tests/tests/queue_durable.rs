@@ -10,7 +10,8 @@
 //! failing job is retried (`--max-retries`) and reports its worker's real exit status; one
 //! past its `--time-limit` is killed with the reason. A queue started while an agent is
 //! deactivated (never offered to it) still counts that agent, from the master's agent
-//! inventory: a gang that needs it is accepted and runs once the agent is back.
+//! inventory: a gang that needs it is accepted and runs once the agent is back. A blocked
+//! gang's reservation outlives the offer hold (`--hold-secs`) until its estimated start.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,9 @@ impl Queue {
             .arg("--store")
             .arg(&self.store)
             .args(["--listen", &self.addr.to_string(), "--team", "nlp=1"])
-            .args(["--retry-backoff-secs", "1"]);
+            .args(["--retry-backoff-secs", "1"])
+            // Short holds: a reservation must outlive them (section 6).
+            .args(["--hold-secs", "2"]);
         let log = self.dir.join(format!("gantry-queue-{}.log", self.starts));
         self.proc = Some(Proc::spawn("gantry-queue", cmd, &log).unwrap());
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -545,6 +548,59 @@ fn kill9_sigterm_and_shutdown_lose_nothing_and_run_nothing_twice() {
     q.wait(&cluster, "wide finished on both agents", |j| {
         state_of(j, "wide") == "FINISHED"
     });
+
+    // ---- 6. A reservation outlives the offer hold (--hold-secs 2). ----
+    // `first` takes one agent until its 15 s time limit; gang `both` (2×4) is reserved on both
+    // agents from then, the idle one included. `free` (1 GPU, no time limit) may not backfill
+    // there: it waits although GPUs are idle, well past the 2 s hold, and runs only after the
+    // gang (which it would have delayed for good had the hold ended the reservation).
+    q.cli(&[
+        "submit",
+        "--name",
+        "first",
+        "--team",
+        "nlp",
+        "--gpus",
+        "4",
+        "--time-limit",
+        "15s",
+        "--",
+        "sleep 8",
+    ])
+    .unwrap();
+    q.wait(&cluster, "first running", |j| {
+        state_of(j, "first") == "RUNNING"
+    });
+    let both: u64 = q
+        .cli(&[
+            "submit",
+            "--name",
+            "both",
+            "--team",
+            "nlp",
+            "--gpus",
+            "4",
+            "--workers",
+            "2",
+            "--",
+            &job(1),
+        ])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let free = q.submit("free", &job(1));
+    std::thread::sleep(Duration::from_secs(5));
+    let jobs = q.try_jobs().unwrap();
+    assert_eq!(state_of(&jobs, "free"), "PENDING", "{jobs:#?}");
+    assert_eq!(state_of(&jobs, "both"), "PENDING", "{jobs:#?}");
+    q.wait(&cluster, "both and free finished", |j| {
+        state_of(j, "both") == "FINISHED" && state_of(j, "free") == "FINISHED"
+    });
+    // From the ledger (each worker appends its job id when it starts): the gang first.
+    let lines = ledger(&book);
+    let at = |id: u64| lines.iter().rposition(|l| *l == id.to_string());
+    assert!(at(both) < at(free), "the gang started first: {lines:?}");
     q.proc().terminate(Duration::from_secs(10));
     drop(roots);
 }
