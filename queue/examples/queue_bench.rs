@@ -242,7 +242,14 @@ fn pass(jobs: u64, agents: usize, steps: usize) {
         core.active_jobs(),
         percentiles(times)
     );
-    println!("the same passes in CPU time: {}", percentiles(cpu));
+    println!("the same passes in CPU time: {}", percentiles(cpu.clone()));
+    let (ends, offers): (Vec<_>, Vec<_>) = cpu.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let strip = |v: Vec<(usize, &Duration)>| v.into_iter().map(|(_, d)| *d).collect();
+    println!("  after a worker's end (CPU): {}", percentiles(strip(ends)));
+    println!(
+        "  after its agent's offer (CPU): {}",
+        percentiles(strip(offers))
+    );
 }
 
 fn store(n: u64, dir: &std::path::Path) -> anyhow::Result<()> {

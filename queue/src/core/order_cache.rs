@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::order::{Keyed, OrderKey, TeamUsage};
 use super::shape::{Least, Shape};
+use super::timers::Watch;
 use super::{Core, Job, JobSpec, Priority};
 
 /// A job's own part of its order key: `u8::MAX` less its effective priority's rank, whether
@@ -60,6 +61,9 @@ pub(super) struct OrderCache {
     /// Jobs changed since the last pass whose change the store commit took
     /// ([`Core::take_changes`] drains `touched`): looked at again in the next pass.
     dirty: BTreeSet<u64>,
+    /// The jobs the timers watch (kept here for the same feed of changed jobs; not reset
+    /// with the order while teams have quotas).
+    pub(super) watch: Watch,
 }
 
 #[derive(Debug)]
@@ -75,6 +79,7 @@ struct Cached {
 impl OrderCache {
     /// Notes jobs changed since the last pass (see `dirty`).
     pub(super) fn note(&mut self, ids: &BTreeSet<u64>) {
+        self.watch.note(ids);
         if self.primed {
             self.dirty.extend(ids.iter().copied());
         }
@@ -303,7 +308,10 @@ impl Core {
         now: Instant,
     ) -> Option<Keyed> {
         if self.config.teams.values().any(|t| t.has_quota()) {
-            self.order_cache = OrderCache::default();
+            self.order_cache = OrderCache {
+                watch: std::mem::take(&mut self.order_cache.watch),
+                ..OrderCache::default()
+            };
             return None;
         }
         let mut cache = std::mem::take(&mut self.order_cache);
@@ -311,6 +319,7 @@ impl Core {
             // Every eligible job keyed (the first pass, or after a reset).
             cache = OrderCache {
                 primed: true,
+                watch: std::mem::take(&mut cache.watch),
                 ..OrderCache::default()
             };
             for j in self.jobs.values().filter(|j| Self::eligible(j)) {
