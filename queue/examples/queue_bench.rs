@@ -2,7 +2,8 @@
 //!
 //! - `pass`: JOBS queued jobs (default 100,000, 1 to 8 GPUs each) over AGENTS 8-GPU agents
 //!   (default 1,250: 10,000 GPUs). The cluster is filled by one pass over every agent's offer,
-//!   then STEPS times a worker ends and its agent's freed GPUs are offered again: the passes
+//!   then STEPS times a worker ends (each worker once) and its agent's freed GPUs are offered
+//!   again (what that launches runs: its GPUs busy, reported `Running`): the passes
 //!   those two calls run (`Core::update`, `Core::offers`) are timed, p50/p99/max, in wall-clock
 //!   time and in the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`: what other processes on a
 //!   busy machine take is not counted, so runs on a shared machine compare better).
@@ -133,6 +134,52 @@ fn launched(actions: &[Action]) -> Vec<TaskInfo> {
         .collect()
 }
 
+/// Runs the workers `actions` launch (on the agents of their offers, `agent_of`): their GPUs
+/// become busy and each is reported `Running` to the core.
+fn started(
+    core: &mut Core,
+    cluster: &mut [Agent],
+    actions: &[Action],
+    agent_of: &BTreeMap<OfferId, usize>,
+    now: Instant,
+    running: &mut Vec<(TaskInfo, usize, Vec<usize>)>,
+) {
+    for a in actions {
+        if let Action::Launch { tasks, offers } = a {
+            let Some(&n) = offers.first().and_then(|o| agent_of.get(o)) else {
+                continue;
+            };
+            for t in tasks {
+                let want = t.resources.get("gpus") as usize;
+                let uuids = t
+                    .gpu_selector
+                    .as_ref()
+                    .map(|s| s.uuids.clone())
+                    .unwrap_or_default();
+                let agent = &mut cluster[n];
+                let mut gpus: Vec<usize> = uuids
+                    .iter()
+                    .filter_map(|u| agent.gpus.iter().position(|g| &g.uuid == u))
+                    .take(want)
+                    .collect();
+                if gpus.len() < want {
+                    gpus = (0..8).filter(|g| !agent.busy[*g]).take(want).collect();
+                }
+                let uuids = gpus.iter().map(|g| agent.gpus[*g].uuid.clone()).collect();
+                for g in &gpus {
+                    agent.busy[*g] = true;
+                }
+                let u = StatusUpdate {
+                    gpus: uuids,
+                    ..StatusUpdate::new(t.task_id, FrameworkId::random(), TaskState::Running)
+                };
+                core.update(&u, now);
+                running.push((t.clone(), n, gpus));
+            }
+        }
+    }
+}
+
 fn pass(jobs: u64, agents: usize, steps: usize) {
     let wall = 1_900_000_000_000;
     let now = Instant::now();
@@ -181,46 +228,16 @@ fn pass(jobs: u64, agents: usize, steps: usize) {
         t.elapsed()
     );
     let mut running: Vec<(TaskInfo, usize, Vec<usize>)> = Vec::new();
-    for a in &actions {
-        if let Action::Launch { tasks, offers } = a {
-            let Some(&n) = offers.first().and_then(|o| agent_of.get(o)) else {
-                continue;
-            };
-            for t in tasks {
-                let want = t.resources.get("gpus") as usize;
-                let uuids = t
-                    .gpu_selector
-                    .as_ref()
-                    .map(|s| s.uuids.clone())
-                    .unwrap_or_default();
-                let agent = &mut cluster[n];
-                let mut gpus: Vec<usize> = uuids
-                    .iter()
-                    .filter_map(|u| agent.gpus.iter().position(|g| &g.uuid == u))
-                    .take(want)
-                    .collect();
-                if gpus.len() < want {
-                    gpus = (0..8).filter(|g| !agent.busy[*g]).take(want).collect();
-                }
-                let uuids = gpus.iter().map(|g| agent.gpus[*g].uuid.clone()).collect();
-                for g in &gpus {
-                    agent.busy[*g] = true;
-                }
-                let u = StatusUpdate {
-                    gpus: uuids,
-                    ..StatusUpdate::new(t.task_id, FrameworkId::random(), TaskState::Running)
-                };
-                core.update(&u, now);
-                running.push((t.clone(), n, gpus));
-            }
-        }
-    }
+    started(&mut core, &mut cluster, &actions, &agent_of, now, &mut running);
     let mut times = Vec::new();
     let mut cpu = Vec::new();
     let mut at = now;
-    for step in 0..steps.min(running.len()) {
+    for step in 0..steps {
+        if running.is_empty() {
+            break;
+        }
         at += Duration::from_secs(1);
-        let (task, n, gpus) = running[step * 7 % running.len()].clone();
+        let (task, n, gpus) = running.swap_remove(step * 7 % running.len());
         for g in &gpus {
             cluster[n].busy[*g] = false;
         }
@@ -232,10 +249,13 @@ fn pass(jobs: u64, agents: usize, steps: usize) {
         times.push(t.elapsed());
         cpu.push(cpu_time().saturating_sub(c));
         let o = offer(&cluster[n], n);
+        let agent_of = BTreeMap::from([(o.id, n)]);
         let (t, c) = (Instant::now(), cpu_time());
-        core.offers(vec![o], at);
+        let actions = core.offers(vec![o], at);
         times.push(t.elapsed());
         cpu.push(cpu_time().saturating_sub(c));
+        // What it launched runs (its `Running` updates' passes are not timed).
+        started(&mut core, &mut cluster, &actions, &agent_of, at, &mut running);
     }
     println!(
         "steady-state passes with {} queued: {}",
