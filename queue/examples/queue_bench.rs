@@ -228,7 +228,14 @@ fn pass(jobs: u64, agents: usize, steps: usize) {
         t.elapsed()
     );
     let mut running: Vec<(TaskInfo, usize, Vec<usize>)> = Vec::new();
-    started(&mut core, &mut cluster, &actions, &agent_of, now, &mut running);
+    started(
+        &mut core,
+        &mut cluster,
+        &actions,
+        &agent_of,
+        now,
+        &mut running,
+    );
     let mut times = Vec::new();
     let mut cpu = Vec::new();
     let mut at = now;
@@ -255,7 +262,14 @@ fn pass(jobs: u64, agents: usize, steps: usize) {
         times.push(t.elapsed());
         cpu.push(cpu_time().saturating_sub(c));
         // What it launched runs (its `Running` updates' passes are not timed).
-        started(&mut core, &mut cluster, &actions, &agent_of, at, &mut running);
+        started(
+            &mut core,
+            &mut cluster,
+            &actions,
+            &agent_of,
+            at,
+            &mut running,
+        );
     }
     println!(
         "steady-state passes with {} queued: {}",
