@@ -12,6 +12,12 @@
 //! (the store relies on the same). The first pass, and the first after a restore, keys every
 //! job.
 //!
+//! A pass reads the kept order in place ([`TeamList`]: each team's set through an iterator,
+//! the team's part of the key applied as it reads). The jobs submitted at `high` or above are
+//! also kept apart per team, so that preemption finds the first blocked one without walking
+//! the others ([`first_high`]). The timers' [`Watch`] is kept here too, for the same feed of
+//! changed jobs.
+//!
 //! Used only while no team has a GPU quota: a job's "over its quota" changes with its team's
 //! usage (and per model with its bucket), so with quotas every pass keys every job
 //! ([`Core::keyed_least`]). In tests every pass checks the kept order, counts, least worker
