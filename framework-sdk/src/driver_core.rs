@@ -57,6 +57,7 @@ pub(crate) enum Event {
     Drain(DrainNotice),
     Volume(VolumeDestroyed),
     AgentRemoved(AgentRemoved),
+    Agents(Vec<AgentSummary>),
     Disconnected,
     Wake(u64),
 }
@@ -182,6 +183,7 @@ impl DriverCore {
             MasterToFramework::DrainNotice(notice) => vec![Effect::Deliver(Event::Drain(notice))],
             MasterToFramework::VolumeDestroyed(v) => vec![Effect::Deliver(Event::Volume(v))],
             MasterToFramework::AgentRemoved(a) => vec![Effect::Deliver(Event::AgentRemoved(a))],
+            MasterToFramework::Agents(a) => vec![Effect::Deliver(Event::Agents(a))],
         }
     }
 

@@ -29,6 +29,7 @@
 //!             memory_mib: 40_960,
 //!             numa_node: Some(0),
 //!             pci_bus_id: format!("0000:0{i}:00.0"),
+//!             free_milli: 1000,
 //!         })
 //!         .collect(),
 //! };
@@ -83,7 +84,7 @@ pub fn place_group(agents: &mut [AgentView], group: &TaskGroup) -> Option<GroupP
         let mut one = vec![view.clone()];
         let gpus = match place_all(&mut one, &requests) {
             Ok(plan) => plan.assignments.into_iter().map(|a| a.gpus).collect(),
-            Err(gantry_placement::offers::PlaceError::FractionalGpu(_)) => {
+            Err(gantry_placement::offers::PlaceError::BadGpuAmount(_)) => {
                 one[0].resources.checked_sub_assign(&need);
                 vec![Vec::new(); group.tasks.len()]
             }

@@ -150,6 +150,21 @@ pub trait Scheduler: Send {
         async {}
     }
 
+    /// Agents of the cluster, offered to this framework or not (protocol v14; only with
+    /// [`Capability::AgentInventory`] in the subscription): every agent after each
+    /// subscription, then each one again when it registers, re-registers or a GPU's health
+    /// changes. A summary replaces any earlier one of
+    /// the same agent; [`Scheduler::agent_removed`] says when one leaves. The default does
+    /// nothing.
+    fn agents(
+        &mut self,
+        driver: &DriverHandle,
+        agents: &[AgentSummary],
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (driver, agents);
+        async {}
+    }
+
     /// The connection to the master dropped; the driver is reconnecting.
     fn disconnected(&mut self, driver: &DriverHandle) -> impl Future<Output = ()> + Send {
         let _ = driver;
@@ -631,6 +646,7 @@ impl Driver {
             Event::Drain(notice) => scheduler.drain_notice(d, &notice).await,
             Event::Volume(v) => scheduler.volume_destroyed(d, &v).await,
             Event::AgentRemoved(a) => scheduler.agent_removed(d, &a).await,
+            Event::Agents(a) => scheduler.agents(d, &a).await,
             Event::Disconnected => scheduler.disconnected(d).await,
             Event::Wake(token) => scheduler.wake(d, token).await,
         }

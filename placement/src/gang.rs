@@ -186,6 +186,18 @@ impl<K: Ord + Clone + Hash> Holds<K> {
         }
     }
 
+    /// The holder `key` waits for resources expected to free at `from` (a reservation's
+    /// estimated start, from running work's time limits): its hold counts from then, so it
+    /// lasts until `from` plus the policy's timeout, not only the timeout from when it began.
+    /// A later `from` extends the hold; an earlier one, or another key, changes nothing.
+    pub fn renew(&mut self, key: &K, from: Instant) {
+        if let Some((k, since)) = self.holder.as_mut() {
+            if k == key && from > *since {
+                *since = from;
+            }
+        }
+    }
+
     /// The gang launched (or was cancelled): it holds nothing and its backoff is cleared.
     pub fn done(&mut self, key: &K) {
         if self.holder.as_ref().is_some_and(|(k, _)| k == key) {
@@ -229,6 +241,27 @@ mod tests {
 
     fn member(res: &str) -> TaskRequest {
         TaskRequest::new(res.parse().unwrap())
+    }
+
+    #[test]
+    fn a_renewed_hold_lasts_until_its_expected_start_plus_the_timeout() {
+        let policy = HoldPolicy {
+            timeout: Duration::from_secs(30),
+            ..HoldPolicy::default()
+        };
+        let mut h: Holds<u32> = Holds::new(policy);
+        let t0 = Instant::now();
+        assert_eq!(h.update(&[1, 2], t0).holder, Some(1));
+        // Resources expected to free in an hour: the hold lasts until then plus 30 s.
+        h.renew(&1, t0 + Duration::from_secs(3600));
+        h.renew(&2, t0 + Duration::from_secs(7200)); // not the holder: nothing
+        h.renew(&1, t0 + Duration::from_secs(60)); // earlier: nothing
+        let late = t0 + Duration::from_secs(3629);
+        assert_eq!(h.update(&[1, 2], late).holder, Some(1));
+        assert_eq!(h.next_deadline(), Some(t0 + Duration::from_secs(3630)));
+        // Past it, the hold times out as before and the next gang holds.
+        let d = h.update(&[1, 2], t0 + Duration::from_secs(3630));
+        assert_eq!((d.holder, d.released), (Some(2), Some(1)));
     }
 
     #[test]

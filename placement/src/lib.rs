@@ -58,7 +58,8 @@
 //!   path of the cluster-wide [`Placer`] (`batch` uses it; `simulate --openb --live` measures
 //!   it through the master's state core).
 //! - [`offers`]: fit task requests into the offers held (selectors, attributes, NUMA locality;
-//!   least-unusable-leftover scoring).
+//!   least-unusable-leftover scoring; fractions of a GPU by [`Policy::DEFAULT`], packed onto
+//!   GPUs already shared).
 //! - [`gang`]: all-or-nothing gangs (elastic `min..max`) and which gang may hold offers.
 //! - [`request`]: several task shapes placed together, all or nothing, each with a rule:
 //!   anywhere, `strict_pack` (every copy on one agent) or `spread` (at most N per agent or per

@@ -13,6 +13,9 @@
 //!   agent at once, docs/allocator.md rule 2). The simplest schedulers need only this.
 //! - [`place_one`] / [`place_all`]: where one task goes, or a set of tasks all together
 //!   (all-or-nothing: a [`Plan`] for every task or an error naming the first that did not fit).
+//!   Tasks ask for whole GPUs or a fraction of one GPU (`gpus` below 1, milli-GPU precision,
+//!   as the master reads it); a `gpus` above one that is not whole is refused
+//!   ([`PlaceError::BadGpuAmount`]).
 //!   [`Plan::launches`] groups the assignments per agent: one `accept` per agent, all sent in
 //!   one step.
 //!
@@ -31,6 +34,15 @@
 //!    summed (in millionths): the fullest agent wins, leaving emptier agents whole.
 //! 5. The agent's position in the input (deterministic).
 //!
+//! **Fractions of a GPU** are placed with the fragmentation-aware policy the SDK's
+//! [`crate::across::OfferPlacer`] uses ([`crate::Policy::DEFAULT`]): each agent that can host
+//! the task (constraints, every resource kind) becomes a [`crate::Node`] whose GPUs are the
+//! matching ones with their free share ([`FreeGpu::free_milli`], from the offers' `gpu_free`),
+//! scored against a workload of the task's own shape plus one whole GPU, so that fractions pack
+//! onto GPUs already shared and idle GPUs stay whole for whole-GPU tasks. The plan names the
+//! GPU the fraction shares (pin it: [`Assignment::pinned_selector`]). A whole-GPU task takes
+//! only idle GPUs (free share 1000).
+//!
 //! GPUs on an agent: those matching the selector, grouped by NUMA node. When one NUMA node has
 //! enough, the one with the fewest free matching GPUs that still fits (best fit within NUMA);
 //! else (only when [`Locality`] allows spanning) the largest groups first. Within a NUMA node,
@@ -40,8 +52,10 @@
 
 use std::collections::BTreeMap;
 
-use gantry_proto::resources::MILLI;
+use gantry_proto::resources::{GpuAmount, MILLI};
 use gantry_proto::{AgentId, Attributes, GpuInfo, GpuSelector, Offer, OfferId, Resources};
+
+use crate::{GpuDemand, ModelSet, Models, Node, Placer, Policy, TaskShape, Workload};
 
 /// A framework's offers on one agent in one role: accept or decline them together.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,9 +107,17 @@ pub struct FreeGpu {
     pub numa_node: Option<u32>,
     /// PCI bus id.
     pub pci_bus_id: String,
+    /// Free milli-GPUs (1000: idle; less: fractions of tasks already share it). Whole-GPU
+    /// tasks take only idle GPUs; a fraction needs at least its share free.
+    pub free_milli: u32,
 }
 
 impl FreeGpu {
+    /// Whether no fraction shares it.
+    pub fn is_idle(&self) -> bool {
+        self.free_milli >= MILLI as u32
+    }
+
     fn info(&self) -> GpuInfo {
         GpuInfo {
             uuid: self.uuid.clone(),
@@ -126,6 +148,7 @@ impl From<&GpuInfo> for FreeGpu {
             memory_mib: g.memory_mib,
             numa_node: g.numa_node,
             pci_bus_id: g.pci_bus_id.clone(),
+            free_milli: MILLI as u32,
         }
     }
 }
@@ -149,8 +172,11 @@ pub struct AgentView {
 
 impl AgentView {
     /// One view per agent from `offers` (several offers of one agent are merged, in the order
-    /// agents first appear). `busy(agent, uuid)` says which GPUs are known to be in use (e.g.
-    /// by the framework's own running tasks); they are left out of [`AgentView::gpus`]. When more GPUs
+    /// agents first appear). Each GPU's free share comes from the offer's `gpu_free` (idle
+    /// when it has none). `busy(agent, uuid)` says which GPUs are known to be in use (e.g. by
+    /// the framework's own running tasks); they are left out of [`AgentView::gpus`] unless the
+    /// offer shows them shared (a free share below a whole GPU: what the caller's fraction
+    /// there leaves is still free), and so are GPUs with nothing free. When more idle GPUs
     /// remain than the offered whole `gpus`, the list is kept whole (which of them are free is
     /// unknown) and only the count limits placements.
     pub fn from_offers<'a>(
@@ -158,26 +184,34 @@ impl AgentView {
         busy: &dyn Fn(AgentId, &str) -> bool,
     ) -> Vec<AgentView> {
         let mut views: Vec<AgentView> = Vec::new();
+        let usable = |offer: &Offer, g: &GpuInfo| -> Option<FreeGpu> {
+            if !g.healthy {
+                return None;
+            }
+            let free = offer
+                .gpu_free
+                .iter()
+                .find(|f| f.uuid == g.uuid)
+                .map_or(MILLI as u32, |f| f.free_milli.min(MILLI as u32));
+            let shared = free < MILLI as u32;
+            if free == 0 || (!shared && busy(offer.agent_id, &g.uuid)) {
+                return None;
+            }
+            let mut gpu = FreeGpu::from(g);
+            gpu.free_milli = free;
+            Some(gpu)
+        };
         for offer in offers {
             let at = match views.iter().position(|v| v.agent_id == offer.agent_id) {
                 Some(i) => i,
                 None => {
-                    let mut gpus: Vec<FreeGpu> = offer
-                        .gpus
-                        .iter()
-                        .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
-                        .map(FreeGpu::from)
-                        .collect();
-                    gpus.sort_by(|a, b| {
-                        (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id))
-                    });
                     views.push(AgentView {
                         agent_id: offer.agent_id,
                         hostname: offer.hostname.clone(),
                         offer_ids: Vec::new(),
                         resources: Resources::new(),
                         attributes: (*offer.attributes).clone(),
-                        gpus,
+                        gpus: Vec::new(),
                     });
                     views.len() - 1
                 }
@@ -185,14 +219,13 @@ impl AgentView {
             let v = &mut views[at];
             v.offer_ids.push(offer.id);
             v.resources.add_assign(&offer.total());
-            // Offers of one agent list the same GPUs; take the union all the same.
-            for g in offer
-                .gpus
-                .iter()
-                .filter(|g| g.healthy && !busy(offer.agent_id, &g.uuid))
-            {
-                if !v.gpus.iter().any(|x| x.uuid == g.uuid) {
-                    v.gpus.push(FreeGpu::from(g));
+            // Offers of one agent list the same GPUs; take the union all the same (the latest
+            // offer's free share wins).
+            for g in offer.gpus.iter().filter_map(|g| usable(offer, g)) {
+                match v.gpus.iter_mut().find(|x| x.uuid == g.uuid) {
+                    Some(x) if !offer.gpu_free.is_empty() => x.free_milli = g.free_milli,
+                    Some(_) => {}
+                    None => v.gpus.push(g),
                 }
             }
             v.gpus
@@ -204,6 +237,11 @@ impl AgentView {
     /// Whole GPUs offered.
     pub fn gpu_count(&self) -> u64 {
         self.resources.milli("gpus") / MILLI
+    }
+
+    /// GPUs of the list that are idle (no fraction shares them).
+    pub fn idle_gpus(&self) -> usize {
+        self.gpus.iter().filter(|g| g.is_idle()).count()
     }
 }
 
@@ -263,9 +301,17 @@ impl TaskRequest {
         }
     }
 
-    /// Whole GPUs asked for.
+    /// Whole GPUs asked for (0 for a fraction of one GPU).
     pub fn gpus(&self) -> u64 {
         self.resources.milli("gpus") / MILLI
+    }
+
+    /// The milli-GPUs of a fraction of one GPU (1..=999), or `None` (whole GPUs or none).
+    pub fn fraction(&self) -> Option<u32> {
+        match self.resources.gpu_amount() {
+            Ok(GpuAmount::Fraction(m)) => Some(m),
+            _ => None,
+        }
     }
 }
 
@@ -320,9 +366,10 @@ pub enum PlaceError {
     /// No agent can host this task (after the ones placed before it).
     #[error("task {0} fits on no agent")]
     NoFit(usize),
-    /// A request with a fractional GPU amount (offer placement deals in whole GPUs).
-    #[error("task {0} asks for a fraction of a GPU; use gantry_placement::Placer")]
-    FractionalGpu(usize),
+    /// A `gpus` amount above one that is not whole (`gpus:1.5`): a task gets a fraction of
+    /// one GPU or whole GPUs.
+    #[error("task {0}: gpus must be below 1 (a fraction of one GPU) or a whole number")]
+    BadGpuAmount(usize),
 }
 
 /// The score of placing a task on an agent (see the module documentation); lower is better.
@@ -350,7 +397,7 @@ fn pick_gpus(agent: &AgentView, task: &TaskRequest) -> Option<Vec<usize>> {
     }
     let mut groups: BTreeMap<Option<u32>, Vec<usize>> = BTreeMap::new();
     for (i, g) in agent.gpus.iter().enumerate() {
-        if g.matches(task.gpu_selector.as_ref()) {
+        if g.is_idle() && g.matches(task.gpu_selector.as_ref()) {
             groups.entry(g.numa_node).or_default().push(i);
         }
     }
@@ -382,7 +429,9 @@ fn numa_span(agent: &AgentView, gpus: &[usize]) -> u64 {
     nodes.len().saturating_sub(1) as u64
 }
 
-/// Scores `task` on `agent` (the `agent`-th view), or `None` when it does not fit.
+/// Scores `task` on `agent` (the `agent`-th view), or `None` when it does not fit. Whole GPUs
+/// and no GPU only: a fraction of one GPU is scored across agents ([`place_one`]), so this
+/// answers `None` for it.
 pub fn evaluate(index: usize, agent: &AgentView, task: &TaskRequest) -> Option<Candidate> {
     if !task.resources.milli("gpus").is_multiple_of(MILLI) {
         return None;
@@ -422,9 +471,9 @@ pub fn evaluate(index: usize, agent: &AgentView, task: &TaskRequest) -> Option<C
     let span = numa_span(agent, &gpus);
 
     // 3. NUMA nodes left partly free (only meaningful when the GPU list is exact).
-    let broken = if agent.gpus.len() as u64 == agent.gpu_count() {
+    let broken = if agent.idle_gpus() as u64 == agent.gpu_count() {
         let mut per_node: BTreeMap<Option<u32>, (u64, u64)> = BTreeMap::new();
-        for (i, g) in agent.gpus.iter().enumerate() {
+        for (i, g) in agent.gpus.iter().enumerate().filter(|(_, g)| g.is_idle()) {
             let e = per_node.entry(g.numa_node).or_default();
             e.0 += 1;
             if !gpus.contains(&i) {
@@ -457,8 +506,13 @@ pub fn evaluate(index: usize, agent: &AgentView, task: &TaskRequest) -> Option<C
     })
 }
 
-/// The best agent for `task`, or `None` when it fits nowhere.
+/// The best agent for `task`, or `None` when it fits nowhere. A fraction of one GPU is placed
+/// with the fragmentation-aware policy (module documentation); its candidate's score is
+/// `(0, 0, 0, 0, agent)`.
 pub fn place_one(agents: &[AgentView], task: &TaskRequest) -> Option<Candidate> {
+    if let Some(milli) = task.fraction() {
+        return place_fraction(agents, task, milli);
+    }
     agents
         .iter()
         .enumerate()
@@ -466,12 +520,85 @@ pub fn place_one(agents: &[AgentView], task: &TaskRequest) -> Option<Candidate> 
         .min_by_key(|c| c.score)
 }
 
-/// Takes what `candidate` gives `task` out of `agents` (after [`place_one`]).
+/// Where a fraction of `milli` milli-GPUs goes: the agents that can host it become placement
+/// nodes (their matching GPUs with a share free), scored by [`Policy::DEFAULT`] against the
+/// task's shape and one whole GPU of the same CPU and memory.
+fn place_fraction(agents: &[AgentView], task: &TaskRequest, milli: u32) -> Option<Candidate> {
+    let mut models = Models::new();
+    let model = models.intern("").ok()?;
+    // (agent index, indices of its GPUs on the node) per node.
+    let mut hosts: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut nodes: Vec<Node> = Vec::new();
+    for (i, agent) in agents.iter().enumerate() {
+        if !task.constraints.iter().all(|c| c.allows(&agent.attributes))
+            || !agent.resources.contains(&task.resources)
+        {
+            continue;
+        }
+        let gpus: Vec<usize> = agent
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.free_milli >= milli && g.matches(task.gpu_selector.as_ref()))
+            .map(|(k, _)| k)
+            .collect();
+        if gpus.is_empty() {
+            continue;
+        }
+        let cpu = agent.resources.milli("cpus");
+        let memory = agent.resources.milli("mem") / MILLI;
+        nodes.push(Node {
+            model,
+            cpu_capacity: cpu,
+            memory_capacity: memory,
+            cpu_free: cpu,
+            memory_free: memory,
+            gpu_free: gpus.iter().map(|&k| agent.gpus[k].free_milli).collect(),
+        });
+        hosts.push((i, gpus));
+    }
+    if nodes.is_empty() {
+        return None;
+    }
+    let shape = TaskShape {
+        cpu_milli: task.resources.milli("cpus"),
+        memory_mib: task.resources.milli("mem") / MILLI,
+        gpu: GpuDemand::Fraction(milli),
+        models: ModelSet::ANY,
+    };
+    let whole = TaskShape {
+        gpu: GpuDemand::Whole(1),
+        ..shape
+    };
+    let workload = Workload::new([(shape, 1), (whole, 1)]);
+    let mut placer = Placer::new(nodes, Policy::DEFAULT, workload, 0).ok()?;
+    let placement = placer.choose(&shape)?;
+    let (agent, gpus) = hosts.get(placement.node)?;
+    let gpu = *gpus.get(placement.gpus.first()?.gpu)?;
+    Some(Candidate {
+        agent: *agent,
+        gpus: vec![gpu],
+        score: (0, 0, 0, 0, *agent),
+    })
+}
+
+/// Takes what `candidate` gives `task` out of `agents` (after [`place_one`]): whole GPUs leave
+/// the agent's list; a fraction lowers its GPU's free share (the GPU leaves the list when
+/// nothing is left of it).
 pub fn take(agents: &mut [AgentView], task: &TaskRequest, candidate: &Candidate) -> Vec<String> {
     let Some(agent) = agents.get_mut(candidate.agent) else {
         return Vec::new();
     };
     let _ = agent.resources.checked_sub_assign(&task.resources);
+    if let Some(milli) = task.fraction() {
+        let Some(g) = candidate.gpus.first().and_then(|&i| agent.gpus.get_mut(i)) else {
+            return Vec::new();
+        };
+        g.free_milli = g.free_milli.saturating_sub(milli);
+        let uuid = g.uuid.clone();
+        agent.gpus.retain(|g| g.free_milli > 0);
+        return vec![uuid];
+    }
     let mut taken = Vec::new();
     let mut keep = Vec::new();
     for (i, g) in std::mem::take(&mut agent.gpus).into_iter().enumerate() {
@@ -486,12 +613,13 @@ pub fn take(agents: &mut [AgentView], task: &TaskRequest, candidate: &Candidate)
 }
 
 /// Places every task or none: larger tasks first (by GPUs, then CPU, then memory; ties keep
-/// request order), each on its best agent given the ones placed before it. On success `agents`
-/// has everything the plan takes removed; on failure it is unchanged.
+/// request order; whole GPUs before fractions, which then pack around them), each on its best
+/// agent given the ones placed before it. On success `agents` has everything the plan takes
+/// removed; on failure it is unchanged.
 pub fn place_all(agents: &mut Vec<AgentView>, tasks: &[TaskRequest]) -> Result<Plan, PlaceError> {
     for (i, t) in tasks.iter().enumerate() {
-        if !t.resources.milli("gpus").is_multiple_of(MILLI) {
-            return Err(PlaceError::FractionalGpu(i));
+        if t.resources.gpu_amount().is_err() {
+            return Err(PlaceError::BadGpuAmount(i));
         }
     }
     let mut order: Vec<usize> = (0..tasks.len()).collect();
@@ -516,283 +644,4 @@ pub fn place_all(agents: &mut Vec<AgentView>, tasks: &[TaskRequest]) -> Result<P
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    pub(crate) fn gpu(i: usize, model: &str, numa: u32) -> FreeGpu {
-        FreeGpu {
-            uuid: format!("GPU-{i}"),
-            model: model.into(),
-            memory_mib: if model.contains("H100") { 81920 } else { 40960 },
-            numa_node: Some(numa),
-            pci_bus_id: format!("0000:{i:02x}:00.0"),
-        }
-    }
-
-    /// An agent with 4 A100s on NUMA 0 and 4 H100s on NUMA 1.
-    pub(crate) fn agent(name: &str, res: &str) -> AgentView {
-        AgentView {
-            agent_id: AgentId::random(),
-            hostname: name.into(),
-            offer_ids: vec![OfferId::random()],
-            resources: res.parse().unwrap(),
-            attributes: Attributes::new(),
-            gpus: (0..8)
-                .map(|i| {
-                    gpu(
-                        i,
-                        if i < 4 { "NVIDIA A100" } else { "NVIDIA H100" },
-                        (i / 4) as u32,
-                    )
-                })
-                .collect(),
-        }
-    }
-
-    fn req(res: &str) -> TaskRequest {
-        TaskRequest::new(res.parse().unwrap())
-    }
-
-    #[test]
-    fn ports_are_placed_like_any_resource() {
-        // Two agents, one port each: two 1-port tasks land on both, a third does not fit.
-        let mut agents = vec![
-            agent("a", "cpus:8;mem:1024;ports:1"),
-            agent("b", "cpus:8;mem:1024;ports:1"),
-        ];
-        let t = req("cpus:1;mem:64;ports:1");
-        let plan = place_all(&mut agents, &[t.clone(), t.clone()]).unwrap();
-        let used: std::collections::BTreeSet<usize> =
-            plan.assignments.iter().map(|a| a.agent).collect();
-        assert_eq!(used.len(), 2, "one port per agent");
-        assert!(place_one(&agents, &t).is_none());
-    }
-
-    #[test]
-    fn multi_gpu_task_stays_in_one_numa_node() {
-        let agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
-        let c = place_one(&agents, &req("cpus:4;mem:1024;gpus:4")).unwrap();
-        assert_eq!(numa_span(&agents[0], &c.gpus), 0);
-        let mut spanning = req("cpus:4;mem:1024;gpus:5");
-        let c = place_one(&agents, &spanning).unwrap();
-        assert_eq!(c.score.1, 1, "five GPUs span two NUMA nodes");
-        spanning.locality = Locality::Require;
-        assert!(place_one(&agents, &spanning).is_none());
-    }
-
-    #[test]
-    fn selector_picks_the_model_and_memory() {
-        let agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
-        let mut t = req("cpus:1;mem:64;gpus:2");
-        t.gpu_selector = Some(GpuSelector {
-            model: Some("h100".into()),
-            min_memory_mib: None,
-            mig_profile: None,
-            uuids: Vec::new(),
-        });
-        let c = place_one(&agents, &t).unwrap();
-        assert!(c
-            .gpus
-            .iter()
-            .all(|&i| agents[0].gpus[i].model.contains("H100")));
-        t.gpu_selector = Some(GpuSelector {
-            model: None,
-            min_memory_mib: Some(80_000),
-            mig_profile: None,
-            uuids: Vec::new(),
-        });
-        t.resources = "cpus:1;mem:64;gpus:5".parse().unwrap();
-        assert!(
-            place_one(&agents, &t).is_none(),
-            "only four GPUs have 80 GB"
-        );
-    }
-
-    #[test]
-    fn a_plan_pins_its_gpus_and_placement_honours_pins() {
-        let mut agents = vec![agent("a", "cpus:32;mem:65536;gpus:8")];
-        let plan = place_all(&mut agents.clone(), &[req("cpus:1;mem:64;gpus:2")]).unwrap();
-        let a = &plan.assignments[0];
-        let sel = a.pinned_selector(None).unwrap();
-        assert_eq!(sel.uuids, a.gpus);
-        let model = GpuSelector {
-            model: Some("A100".into()),
-            ..GpuSelector::default()
-        };
-        assert_eq!(a.pinned_selector(Some(&model)).unwrap().model, model.model);
-        // A request pinned to two H100s on NUMA node 1 gets exactly those.
-        let want = [
-            agents[0].gpus[5].uuid.clone(),
-            agents[0].gpus[7].uuid.clone(),
-        ];
-        let mut t = req("cpus:1;mem:64;gpus:2");
-        t.gpu_selector = Some(GpuSelector::pinned(want.clone()));
-        let plan = place_all(&mut agents, &[t]).unwrap();
-        let mut got = plan.assignments[0].gpus.clone();
-        got.sort();
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn attributes_constrain_agents() {
-        let mut a = agent("a", "cpus:8;mem:4096;gpus:8");
-        a.attributes.insert("rack".into(), "r1".into());
-        let b = agent("b", "cpus:8;mem:4096;gpus:8");
-        let agents = vec![a, b];
-        let mut t = req("cpus:1;mem:64;gpus:1");
-        t.constraints = vec![Constraint::Equals("rack".into(), "r1".into())];
-        assert_eq!(place_one(&agents, &t).unwrap().agent, 0);
-        t.constraints = vec![Constraint::NotEquals("rack".into(), "r1".into())];
-        assert_eq!(place_one(&agents, &t).unwrap().agent, 1);
-        t.constraints = vec![Constraint::OneOf("rack".into(), vec!["r9".into()])];
-        assert!(place_one(&agents, &t).is_none());
-    }
-
-    #[test]
-    fn least_stranding_agent_wins() {
-        // Agent a has little CPU: a 1-GPU task there would leave GPUs no 1-GPU task can use.
-        let agents = vec![
-            agent("a", "cpus:2;mem:65536;gpus:8"),
-            agent("b", "cpus:16;mem:65536;gpus:8"),
-        ];
-        let c = place_one(&agents, &req("cpus:2;mem:1024;gpus:1")).unwrap();
-        assert_eq!(c.agent, 1);
-        // A CPU-only task avoids taking the CPU GPUs need.
-        let agents = vec![
-            agent("gpu", "cpus:8;mem:65536;gpus:8"),
-            agent("cpu", "cpus:8;mem:65536"),
-        ];
-        let c = place_one(&agents, &req("cpus:4;mem:1024")).unwrap();
-        assert_eq!(c.agent, 1);
-    }
-
-    #[test]
-    fn best_fit_prefers_the_fuller_agent_and_keeps_numa_nodes_whole() {
-        let mut busy = agent("busy", "cpus:16;mem:65536;gpus:4");
-        busy.gpus.truncate(4); // the A100s on NUMA 0 are free, the H100s busy
-        let idle = agent("idle", "cpus:32;mem:131072;gpus:8");
-        let agents = vec![idle, busy];
-        let c = place_one(&agents, &req("cpus:2;mem:1024;gpus:2")).unwrap();
-        assert_eq!(c.agent, 1, "fill the partly used agent first");
-        let c = place_one(&agents, &req("cpus:2;mem:1024;gpus:4")).unwrap();
-        assert_eq!(c.score.2, 0, "four GPUs fill one NUMA node on either agent");
-    }
-
-    #[test]
-    fn place_all_is_all_or_nothing() {
-        let mut agents = vec![
-            agent("a", "cpus:16;mem:65536;gpus:8"),
-            agent("b", "cpus:16;mem:65536;gpus:8"),
-        ];
-        let before = agents.clone();
-        let three = vec![req("cpus:1;mem:64;gpus:8"); 3];
-        assert_eq!(place_all(&mut agents, &three), Err(PlaceError::NoFit(2)));
-        assert_eq!(agents, before, "a failed plan takes nothing");
-        let plan = place_all(&mut agents, &three[..2]).unwrap();
-        assert_eq!(plan.launches().len(), 2);
-        assert_eq!(agents[0].gpu_count() + agents[1].gpu_count(), 0);
-        let mut f = vec![agent("a", "cpus:1;mem:64;gpus:1")];
-        assert_eq!(
-            place_all(&mut f, &[req("gpus:0.5")]),
-            Err(PlaceError::FractionalGpu(0))
-        );
-    }
-
-    #[test]
-    fn from_offers_merges_an_agents_offers_and_drops_busy_gpus() {
-        let agent_id = AgentId::random();
-        let gpus: Vec<GpuInfo> = (0..4).map(|i| gpu(i, "A100", 0).info()).collect();
-        let offer = |res: &str| Offer {
-            id: OfferId::random(),
-            framework_id: gantry_proto::FrameworkId::random(),
-            agent_id,
-            hostname: "h".into(),
-            role: "r".into(),
-            resources: res.parse().unwrap(),
-            reserved: Default::default(),
-            attributes: Default::default(),
-            gpus: gpus.clone().into(),
-            gpu_free: Vec::new(),
-            agent_name: "a".into(),
-        };
-        let offers = [offer("cpus:2;gpus:1"), offer("cpus:1;gpus:2")];
-        let views = AgentView::from_offers(&offers, &|_, u: &str| u == "GPU-0");
-        assert_eq!(views.len(), 1);
-        assert_eq!(views[0].offer_ids.len(), 2);
-        assert_eq!(views[0].resources.milli("cpus"), 3000);
-        assert_eq!(views[0].gpus.len(), 3);
-        // Grouped per agent and role: the two offers in role r, one more in role s.
-        let mut other_role = offer("cpus:4");
-        other_role.role = "s".into();
-        let all = [offers[0].clone(), other_role.clone(), offers[1].clone()];
-        let groups = group_offers(&all);
-        assert_eq!(groups.len(), 2);
-        assert_eq!(groups[0].offer_ids, vec![offers[0].id, offers[1].id]);
-        assert_eq!(groups[0].resources.milli("cpus"), 3000);
-        assert_eq!(
-            (groups[1].role.as_str(), groups[1].offer_ids.len()),
-            ("s", 1)
-        );
-    }
-
-    fn arb_agents() -> impl Strategy<Value = Vec<AgentView>> {
-        prop::collection::vec((1u64..32, 0u64..=8), 1..5).prop_map(|specs| {
-            specs
-                .into_iter()
-                .enumerate()
-                .map(|(i, (cpus, gpus))| {
-                    let mut a = agent(
-                        &format!("a{i}"),
-                        &format!("cpus:{cpus};mem:65536;gpus:{gpus}"),
-                    );
-                    a.gpus.truncate(gpus as usize);
-                    a
-                })
-                .collect()
-        })
-    }
-
-    proptest! {
-        /// A plan never gives out more than is offered, never a GPU twice, and respects
-        /// selectors; a failed plan leaves the agents untouched.
-        #[test]
-        fn plans_fit_what_is_offered(
-            agents in arb_agents(),
-            tasks in prop::collection::vec((0u64..6, 0u64..=8, any::<bool>()), 1..8),
-        ) {
-            let tasks: Vec<TaskRequest> = tasks.into_iter().map(|(c, g, h100)| {
-                let mut t = req(&format!("cpus:{c};mem:128;gpus:{g}"));
-                if h100 {
-                    t.gpu_selector = Some(GpuSelector { model: Some("H100".into()), min_memory_mib: None, mig_profile: None, uuids: Vec::new() });
-                }
-                t
-            }).collect();
-            let mut work = agents.clone();
-            match place_all(&mut work, &tasks) {
-                Ok(plan) => {
-                    prop_assert_eq!(plan.assignments.len(), tasks.len());
-                    for (ai, a) in agents.iter().enumerate() {
-                        let mut used = Resources::new();
-                        let mut uuids = Vec::new();
-                        for x in plan.assignments.iter().filter(|x| x.agent == ai) {
-                            used.add_assign(&tasks[x.task].resources);
-                            prop_assert_eq!(x.gpus.len() as u64, tasks[x.task].gpus());
-                            for u in &x.gpus {
-                                let g = a.gpus.iter().find(|g| &g.uuid == u).unwrap();
-                                prop_assert!(g.matches(tasks[x.task].gpu_selector.as_ref()));
-                                uuids.push(u.clone());
-                            }
-                        }
-                        prop_assert!(a.resources.contains(&used));
-                        let n = uuids.len();
-                        uuids.sort();
-                        uuids.dedup();
-                        prop_assert_eq!(uuids.len(), n);
-                    }
-                }
-                Err(_) => prop_assert_eq!(work, agents),
-            }
-        }
-    }
-}
+pub(crate) mod tests;

@@ -282,6 +282,30 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 reason: "marked gone".into(),
             })),
         ),
+        (
+            "agents",
+            enc(&MasterToFramework::Agents(vec![AgentSummary {
+                agent_id: AgentId::from_u128(2),
+                hostname: "h".into(),
+                agent_name: "a".into(),
+                resources: "cpus:8;gpus:1".parse().unwrap(),
+                reserved: BTreeMap::from([("r".to_string(), "cpus:1".parse().unwrap())]),
+                attributes: BTreeMap::from([("zone".to_string(), "z1".to_string())]),
+                gpus: vec![gpu()],
+            }])),
+        ),
+        (
+            "subscribe_inventory",
+            enc(&FrameworkToMaster::Subscribe(FrameworkInfo {
+                framework_id: None,
+                name: "q".into(),
+                roles: vec!["r".into()],
+                capabilities: vec![Capability::AgentInventory],
+                failover_timeout_secs: 60.0,
+                min_allocatable: vec![],
+                suppressed_roles: vec![],
+            })),
+        ),
     ]
 }
 
@@ -308,7 +332,8 @@ fn fnv(b: &[u8]) -> u64 {
     })
 }
 
-/// `(sample, length, FNV-1a)` of protocol v13 (v13: `MasterToFramework::AgentRemoved`; v12:
+/// `(sample, length, FNV-1a)` of protocol v14 (v14: `MasterToFramework::Agents` and
+/// `Capability::AgentInventory`; v13: `MasterToFramework::AgentRemoved`; v12:
 /// persistent volumes,
 /// `FrameworkToMaster::DestroyVolume`, `MasterToFramework::VolumeDestroyed`,
 /// `SandboxRequest::Volume`, `SandboxReply::Volume`; v11: `SandboxRequest::ExecLive` and
@@ -317,7 +342,7 @@ fn fnv(b: &[u8]) -> u64 {
 /// task groups: `Operation::LaunchGroup`, `MasterToAgent::RunTaskGroup`; `SetDemand` with a list
 /// of shapes).
 const EXPECTED: &[(&str, usize, u64)] = &[
-    ("hello", 2, 0x083cba07b4f41968),
+    ("hello", 2, 0x0846ec07b4fcc2e3),
     ("role", 2, 0x08328407b4eb6921),
     ("register", 396, 0x801cbdf1b2defc40),
     ("run_task", 173, 0xbf68fb3be82d20d8),
@@ -338,6 +363,8 @@ const EXPECTED: &[(&str, usize, u64)] = &[
     ("sandbox_volume_destroy", 24, 0x45bc7fef61cb815c),
     ("sandbox_volume_list", 22, 0xe6000f6be0776e6f),
     ("agent_removed", 32, 0x16c902535d0c09c2),
+    ("agents", 115, 0xba169dd3368b1b19),
+    ("subscribe_inventory", 19, 0x853e4099e745b980),
 ];
 
 #[test]

@@ -273,7 +273,7 @@ struct EndedMember {
     job: u64,
     attempt: u32,
     task_id: TaskId,
-    gpus: u32,
+    gpus: crate::model::Gpus,
     secs: f64,
     at: Instant,
     /// Its cost ([`KnownAgent::cost_per_sec`] × `secs`), when its agent has a price.
@@ -286,13 +286,16 @@ struct KnownAgent {
     attributes: Attributes,
     gpus: BTreeMap<String, FreeGpu>,
     capacity: Resources,
+    /// Known from the master's inventory: `capacity` is exact, and at most its `gpus` of
+    /// `gpus` can ever be the queue's (the rest are reserved for other roles).
+    listed: bool,
 }
 
 fn member_resources(spec: &JobSpec) -> Resources {
     Resources::new()
         .with("cpus", spec.cpus)
         .with("mem", spec.mem)
-        .with("gpus", f64::from(spec.gpus))
+        .with("gpus", spec.gpus.as_f64())
 }
 
 fn request(spec: &JobSpec) -> TaskRequest {
@@ -405,6 +408,7 @@ impl Core {
                 attributes: (*o.attributes).clone(),
                 gpus: BTreeMap::new(),
                 capacity: Resources::new(),
+                listed: false,
             });
             for g in o.gpus.iter().filter(|g| g.healthy) {
                 known.gpus.insert(g.uuid.clone(), FreeGpu::from(g));
@@ -431,7 +435,37 @@ impl Core {
         self.pass(now)
     }
 
-    /// The agents the queue knows of (seen in offers, not removed since), and their GPUs.
+    /// Agents of the cluster, offered to the queue or not (the master's agent inventory,
+    /// protocol 14): each summary replaces what the queue knew of the agent's attributes and
+    /// GPUs (healthy ones, as offers carry them), and its capacity becomes what it could ever
+    /// give the queue's role. So the never-fit check, reservations and estimates judge the
+    /// whole cluster, not only the agents the declared demand has drawn offers from. No pass
+    /// runs here (thousands of agents may register one by one): what the queue can launch
+    /// comes with offers, and each offer's pass sees the new knowledge.
+    pub fn agents(&mut self, summaries: &[AgentSummary]) {
+        for s in summaries {
+            let known = self.agents.entry(s.agent_id).or_insert_with(|| KnownAgent {
+                hostname: String::new(),
+                attributes: Attributes::new(),
+                gpus: BTreeMap::new(),
+                capacity: Resources::new(),
+                listed: true,
+            });
+            known.listed = true;
+            known.hostname.clone_from(&s.hostname);
+            known.attributes.clone_from(&s.attributes);
+            known.gpus = s
+                .gpus
+                .iter()
+                .filter(|g| g.healthy)
+                .map(|g| (g.uuid.clone(), FreeGpu::from(g)))
+                .collect();
+            known.capacity = s.for_role(&self.config.role);
+        }
+    }
+
+    /// The agents the queue knows of (from the master's inventory or seen in offers, not
+    /// removed since), and their GPUs.
     pub fn known_agents(&self) -> (usize, usize) {
         let gpus = self.agents.values().map(|a| a.gpus.len()).sum();
         (self.agents.len(), gpus)
@@ -473,7 +507,7 @@ impl Core {
         }
         let killing = m.killing;
         self.worker_ended.insert(m.agent_id, now);
-        let gpus = m.gpus.len() as f64;
+        let gpus = job.spec.gpus;
         let ran = now.saturating_duration_since(m.started).as_secs_f64();
         let cost = self
             .agents
@@ -484,12 +518,12 @@ impl Core {
             .stats
             .gpu_secs
             .entry(job.spec.team.clone())
-            .or_default() += gpus * ran;
+            .or_default() += gpus.as_f64() * ran;
         self.ended_members.push(EndedMember {
             job: job_id,
             attempt: job.attempts,
             task_id: u.task_id,
-            gpus: gpus as u32,
+            gpus,
             secs: ran,
             at: now,
             cost,
@@ -659,14 +693,14 @@ impl Core {
                 *v *= keep;
             }
             for j in self.jobs.values() {
-                let gpus: usize = j
+                let running = j
                     .members
                     .values()
                     .filter(|m| m.state == TaskState::Running)
-                    .map(|m| m.gpus.len())
-                    .sum();
-                if gpus > 0 {
-                    *self.decayed.entry(j.spec.team.clone()).or_default() += gpus as f64 * secs;
+                    .count();
+                let gpus = j.spec.gpus.as_f64() * running as f64;
+                if gpus > 0.0 {
+                    *self.decayed.entry(j.spec.team.clone()).or_default() += gpus * secs;
                 }
             }
         }
@@ -722,6 +756,8 @@ pub use persist::Changes;
 
 #[cfg(test)]
 mod backfill_tests;
+#[cfg(test)]
+mod fraction_tests;
 #[cfg(test)]
 mod pass_tests;
 #[cfg(test)]

@@ -205,6 +205,158 @@ impl TeamConfig {
     }
 }
 
+/// GPUs per worker, in milli-GPUs: a fraction of one GPU (1..=999) or whole GPUs (multiples
+/// of 1000), as the master reads a task's `gpus`. In JSON (the API and the store) a number:
+/// whole GPUs as an integer (`8`, what stores written before fractions hold), a fraction as a
+/// decimal (`0.5`); either form is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Gpus(u32);
+
+/// Milli-GPUs in one GPU.
+pub const GPU_MILLI: u64 = 1000;
+
+impl Gpus {
+    /// No GPU.
+    pub const ZERO: Gpus = Gpus(0);
+
+    /// `n` whole GPUs.
+    pub const fn whole(n: u32) -> Gpus {
+        Gpus(n.saturating_mul(GPU_MILLI as u32))
+    }
+
+    /// From milli-GPUs (not checked: see [`Gpus::problem`]).
+    pub const fn from_milli(milli: u32) -> Gpus {
+        Gpus(milli)
+    }
+
+    /// Milli-GPUs.
+    pub fn milli(self) -> u64 {
+        u64::from(self.0)
+    }
+
+    /// Whether it asks for no GPU.
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether it is a fraction of one GPU (below one, above zero).
+    pub fn is_fraction(self) -> bool {
+        self.0 > 0 && u64::from(self.0) < GPU_MILLI
+    }
+
+    /// How many GPUs (devices) a worker is given: 1 for a fraction.
+    pub fn devices(self) -> u64 {
+        if self.is_fraction() {
+            1
+        } else {
+            self.milli() / GPU_MILLI
+        }
+    }
+
+    /// As a number of GPUs (`0.5`, `8`).
+    pub fn as_f64(self) -> f64 {
+        f64::from(self.0) / GPU_MILLI as f64
+    }
+
+    /// Why it cannot be a worker's GPUs: above one and not whole (the master's rule), or
+    /// above [`MAX_GPUS`].
+    pub fn problem(self) -> Option<String> {
+        if self.milli() > GPU_MILLI && !self.milli().is_multiple_of(GPU_MILLI) {
+            return Some(format!(
+                "gpus must be below 1 (a fraction of one GPU) or a whole number, got {self}"
+            ));
+        }
+        if self.milli() > u64::from(MAX_GPUS) * GPU_MILLI {
+            return Some(format!("at most {MAX_GPUS} GPUs per worker"));
+        }
+        None
+    }
+
+    /// Reads a number of GPUs (`0.5`, `2`): non-negative, finite, in thousandths.
+    pub fn parse_f64(v: f64) -> Result<Gpus, String> {
+        if !v.is_finite() || v < 0.0 {
+            return Err(format!("gpus must be a non-negative number, got {v}"));
+        }
+        let milli = (v * GPU_MILLI as f64).round();
+        if (milli - v * GPU_MILLI as f64).abs() > 1e-6 {
+            return Err(format!(
+                "gpus {v}: at most three decimals (milli-GPU precision)"
+            ));
+        }
+        if milli > f64::from(u32::MAX) {
+            return Err(format!("at most {MAX_GPUS} GPUs per worker"));
+        }
+        Ok(Gpus(milli as u32))
+    }
+}
+
+/// At most this many GPUs per worker.
+pub const MAX_GPUS: u32 = 64;
+
+/// Milli-GPUs written as GPUs: `8`, `0.5`, `0.125`.
+pub fn fmt_milli(milli: u64) -> String {
+    if milli.is_multiple_of(GPU_MILLI) {
+        (milli / GPU_MILLI).to_string()
+    } else {
+        let s = format!("{}.{:03}", milli / GPU_MILLI, milli % GPU_MILLI);
+        s.trim_end_matches('0').to_string()
+    }
+}
+
+impl fmt::Display for Gpus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&fmt_milli(self.milli()))
+    }
+}
+
+impl FromStr for Gpus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("gpus {s:?}: expected a number such as 0.5 or 2"))?;
+        Gpus::parse_f64(v)
+    }
+}
+
+impl Serialize for Gpus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.milli().is_multiple_of(GPU_MILLI) {
+            s.serialize_u64(self.milli() / GPU_MILLI)
+        } else {
+            s.serialize_f64(self.as_f64())
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Gpus {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Gpus;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number of GPUs (0.5, 2)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Gpus, E> {
+                v.checked_mul(GPU_MILLI)
+                    .and_then(|m| u32::try_from(m).ok())
+                    .map(Gpus)
+                    .ok_or_else(|| E::custom(format!("at most {MAX_GPUS} GPUs per worker")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Gpus, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("gpus must be a non-negative number, got {v}")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Gpus, E> {
+                Gpus::parse_f64(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// A job as submitted (the body of `POST /jobs`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -223,9 +375,9 @@ pub struct JobSpec {
     /// Memory per worker, MiB.
     #[serde(default = "mem")]
     pub mem: f64,
-    /// Whole GPUs per worker.
+    /// GPUs per worker: a fraction of one GPU (`0.5`, milli-GPU precision) or whole GPUs.
     #[serde(default)]
-    pub gpus: u32,
+    pub gpus: Gpus,
     /// GPU model substring (case-insensitive).
     #[serde(default)]
     pub gpu_model: Option<String>,
@@ -348,8 +500,8 @@ impl JobSpec {
         if self.min_workers == 0 || self.max_workers < self.min_workers || self.max_workers > 1024 {
             return Some("workers must be MIN..MAX with 1 <= MIN <= MAX <= 1024".into());
         }
-        if self.gpus > 64 {
-            return Some("at most 64 GPUs per worker".into());
+        if let Some(p) = self.gpus.problem() {
+            return Some(p);
         }
         if self.max_retries > MAX_RETRIES {
             return Some(format!("at most {MAX_RETRIES} retries"));
@@ -380,14 +532,14 @@ impl JobSpec {
 
     /// The GPU selector, when a model or memory is asked for.
     pub fn selector(&self) -> Option<GpuSelector> {
-        (self.gpus > 0 && (self.gpu_model.is_some() || self.gpu_min_memory.is_some())).then(|| {
-            GpuSelector {
+        (!self.gpus.is_zero() && (self.gpu_model.is_some() || self.gpu_min_memory.is_some())).then(
+            || GpuSelector {
                 model: self.gpu_model.clone(),
                 min_memory_mib: self.gpu_min_memory,
                 mig_profile: None,
                 uuids: Vec::new(),
-            }
-        })
+            },
+        )
     }
 }
 
@@ -429,8 +581,8 @@ pub struct JobView {
     pub min_workers: u32,
     /// Most workers.
     pub max_workers: u32,
-    /// GPUs per worker.
-    pub gpus_per_worker: u32,
+    /// GPUs per worker (`0.5`: half a GPU each).
+    pub gpus_per_worker: Gpus,
     /// Times it was preempted.
     pub preemptions: u32,
     /// Seconds spent waiting (all waits, the current one included).
@@ -573,8 +725,8 @@ pub struct UsageRecord {
     pub attempt: u32,
     /// The worker's task.
     pub task_id: TaskId,
-    /// GPUs it held.
-    pub gpus: u32,
+    /// GPUs it held (`0.5` for half a GPU; records written before fractions hold integers).
+    pub gpus: Gpus,
     /// Seconds it ran.
     pub secs: f64,
     /// When it ended, Unix milliseconds.

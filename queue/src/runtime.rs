@@ -384,6 +384,11 @@ impl Scheduler for QueueScheduler {
             .with(|core, now| ((), core.agent_removed(id, now)));
     }
 
+    async fn agents(&mut self, _driver: &DriverHandle, agents: &[AgentSummary]) {
+        tracing::debug!(agents = agents.len(), "agent inventory");
+        self.shared.core().agents(agents);
+    }
+
     async fn disconnected(&mut self, _driver: &DriverHandle) {
         self.shared.core().disconnected();
     }

@@ -13,8 +13,11 @@
 //! | `team_usage` | team             | GPU-seconds so far (the sum of its usage records)   |
 //!
 //! The schema is versioned ([`SCHEMA_VERSION`]): a store written by a newer `gantry-queue` is
-//! refused with both versions named, one from an older schema is migrated on open (there is
-//! none yet: version 1 is the first) or refused when no migration exists.
+//! refused with both versions named, one from an older schema is migrated on open or refused
+//! when no migration exists. Version 2 (fractions of a GPU) writes a job's `gpus` and a usage
+//! record's `gpus` as a decimal when they are a fraction (`0.5`); version 1 wrote integers,
+//! which version 2 reads as they are, so a version-1 store is migrated by stamping it 2 (an
+//! older `gantry-queue` then refuses it rather than failing on a fraction).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +29,7 @@ use crate::core::Changes;
 use crate::model::{JobRecord, UsageRecord};
 
 /// The schema this build writes.
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;
 
 /// What [`Store::load`] reads of a job record first: whether it ended.
 #[derive(serde::Deserialize)]
@@ -180,6 +183,11 @@ impl Store {
                     })
                 }
                 // Migrations from older versions go here, one step at a time.
+                // 1 -> 2: whole GPUs as integers are read unchanged; only the stamp moves.
+                Some(1) => {
+                    meta.insert("schema_version", SCHEMA_VERSION)
+                        .map_err(|e| self.db(e))?;
+                }
                 Some(v) => {
                     return Err(StoreError::Older {
                         path: self.path.clone(),
@@ -279,7 +287,7 @@ impl Store {
                     .map_err(|e| self.db(e))?
                     .map_or(0.0, |v| v.value());
                 teams
-                    .insert(u.team.as_str(), before + f64::from(u.gpus) * u.secs)
+                    .insert(u.team.as_str(), before + u.gpus.as_f64() * u.secs)
                     .map_err(|e| self.db(e))?;
             }
         }

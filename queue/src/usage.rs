@@ -81,7 +81,7 @@ pub fn summarize(records: &[UsageRecord], since_ms: u64, until_ms: u64, by: By) 
         }
         let user = (by == By::User).then(|| r.user.clone());
         let row = rows.entry((r.team.clone(), user)).or_default();
-        row.0 += f64::from(r.gpus) * overlap.max(0.0) / 3_600_000.0;
+        row.0 += r.gpus.as_f64() * overlap.max(0.0) / 3_600_000.0;
         row.1.insert(r.job);
         row.2 += 1;
         if let Some(c) = r.cost {

@@ -13,7 +13,8 @@
 //! The stand-in's configuration path is a process-wide variable read when an agent starts, and
 //! the clusters are large for this machine: the tests run one at a time (`SERIAL`).
 //!
-//! The clusters and the queue's CLI driver are in `gpu_queue/cluster.rs`.
+//! The clusters and the queue's CLI driver are in `gpu_queue/cluster.rs`; the section on
+//! fractions of a GPU in `gpu_queue/fractions.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -23,6 +24,9 @@ use serde_json::Value;
 #[path = "gpu_queue/cluster.rs"]
 mod cluster;
 use cluster::*;
+#[path = "gpu_queue/fractions.rs"]
+mod fractions;
+use fractions::fractions_share_a_gpu_and_count_as_fractions;
 
 #[test]
 fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
@@ -177,7 +181,13 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
 #[test]
 fn two_large_gangs_submitted_together_both_finish() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(env) = start("gqbig", &["a=1", "b=1"]) else {
+    // Team `frac` (fractions of a GPU, at the end) has a quota of one GPU it may not exceed.
+    let Some(env) = start_with(
+        "gqbig",
+        &["a=1", "b=1", "frac=1:1"],
+        AGENTS,
+        &["--team-borrow-limit", "frac=0"],
+    ) else {
         return;
     };
     let q = &env.queue;
@@ -291,6 +301,8 @@ fn two_large_gangs_submitted_together_both_finish() {
             .is_err_and(|e| e.to_string().contains("99999")),
         "an unknown dependency is refused"
     );
+
+    fractions_share_a_gpu_and_count_as_fractions(&env);
 }
 
 #[test]

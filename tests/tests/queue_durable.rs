@@ -8,7 +8,9 @@
 //! and recorded CANCELLED; finished jobs stay FINISHED in the store). Pending jobs say why
 //! they wait and where they stand; a job no agent can ever fit is refused at submission. A
 //! failing job is retried (`--max-retries`) and reports its worker's real exit status; one
-//! past its `--time-limit` is killed with the reason.
+//! past its `--time-limit` is killed with the reason. A queue started while an agent is
+//! deactivated (never offered to it) still counts that agent, from the master's agent
+//! inventory: a gang that needs it is accepted and runs once the agent is back.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -496,6 +498,53 @@ fn kill9_sigterm_and_shutdown_lose_nothing_and_run_nothing_twice() {
         .map(|f| f["id"].clone())
         .unwrap();
     assert_ne!(new_id, framework_id);
+
+    // ---- 5. The whole cluster counts, offered or not (the agent inventory, protocol 14). ----
+    // With agent 1 deactivated, a queue started now is never offered it; the master's
+    // inventory still tells it the agent is there, so a gang that needs both agents is
+    // accepted (it would be refused as never fitting by a queue that knew only its offers)
+    // and runs once the agent is back.
+    let ctl = |args: &[&str]| {
+        let out = cluster.master.gantryctl(args).unwrap();
+        assert!(out.status.success(), "gantryctl {args:?}: {out:?}");
+    };
+    ctl(&["deactivate", &format!("{tag}1")]);
+    q.proc().kill9();
+    q.start();
+    let deadline = Instant::now() + T;
+    let stats = loop {
+        let body = gantry_tests::http_get(q.addr, "/stats").unwrap();
+        let stats: Value = serde_json::from_str(&body).unwrap();
+        if stats["agents"] == AGENTS && stats["gpus"] == AGENTS * GPUS {
+            break stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue counts every agent: {stats:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(stats["gpus"], AGENTS * GPUS, "{stats:#}");
+    q.cli(&[
+        "submit",
+        "--name",
+        "wide",
+        "--team",
+        "nlp",
+        "--gpus",
+        "4",
+        "--workers",
+        "2",
+        "--",
+        &job(1),
+    ])
+    .unwrap();
+    let jobs = q.try_jobs().unwrap();
+    assert_eq!(state_of(&jobs, "wide"), "PENDING", "{jobs:#?}");
+    ctl(&["reactivate", &format!("{tag}1")]);
+    q.wait(&cluster, "wide finished on both agents", |j| {
+        state_of(j, "wide") == "FINISHED"
+    });
     q.proc().terminate(Duration::from_secs(10));
     drop(roots);
 }

@@ -132,6 +132,7 @@ impl Outbound {
                 MasterToFramework::DrainNotice(_) => "drain notice",
                 MasterToFramework::VolumeDestroyed(_) => "volume destroyed",
                 MasterToFramework::AgentRemoved(_) => "agent removed",
+                MasterToFramework::Agents(_) => "agents",
             },
             Outbound::Close(_) => "close",
         }

@@ -619,6 +619,7 @@ impl Master {
                     resources: now_reserved,
                 })));
             }
+            self.send_agent_summary(agent, out);
             if !reserve {
                 self.forget_role(role);
             }

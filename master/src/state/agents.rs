@@ -425,6 +425,7 @@ impl Master {
             },
         ));
         self.maintenance_after_register(id, out);
+        self.send_agent_summary(id, out);
         // Updates the agent made while it was away.
         for update in pending_updates {
             self.agent_update(conn, id, update, now, out);
@@ -581,6 +582,7 @@ impl Master {
             format!("GPU {uuid} unhealthy: {reason}")
         };
         self.emit_agent(agent, &what);
+        self.send_agent_summary(agent, out);
     }
 
     pub(super) fn agent_disconnected(

@@ -368,6 +368,7 @@ impl Master {
         // the rest as its outbox drains (`pacing`).
         self.hold_pending(id);
         self.send_held(id, conn, UPDATE_SLICE, now, out);
+        self.send_inventory(id, conn, out);
         self.allocation_pending = true;
     }
 

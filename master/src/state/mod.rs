@@ -65,6 +65,7 @@
 //! - `agent_tasks`: the tasks a re-registering agent reports, adopted or killed;
 //! - `partitions`: agents out of touch (unreachable, back in time, gone) and their tasks;
 //! - `frameworks`: subscription, failover, disconnection and removal;
+//! - `inventory`: every agent told to the frameworks that ask for it (protocol v14);
 //! - `accept`: accepting offers (validation, carving resources out of offers, reservations);
 //! - `gpus`: GPU sharing: per-GPU shares held by tasks, free fractions in offers, the
 //!   fragmentation-aware choice of the GPU for a fractional task;
@@ -91,6 +92,7 @@ mod allocation;
 mod events;
 mod frameworks;
 pub mod gpus;
+mod inventory;
 mod maintenance;
 pub mod metrics;
 mod operator;

@@ -303,6 +303,7 @@ impl Master {
             role: role.to_string(),
             resources: now_reserved,
         })));
+        self.send_agent_summary(id, out);
         if !reserve {
             self.forget_role(role);
         }

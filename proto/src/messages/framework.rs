@@ -63,6 +63,14 @@ pub enum Capability {
     /// resume their real state if it comes back in time. Without it they are `LOST` (and
     /// killed if the agent comes back).
     PartitionAware,
+    /// Wants to know every agent of the cluster, offered to it or not (protocol v14): after
+    /// each subscription the master lists the registered agents in
+    /// [`MasterToFramework::Agents`] messages, then sends one for each agent that registers,
+    /// re-registers or changes its GPUs' health; [`MasterToFramework::AgentRemoved`] says when
+    /// one leaves (reservations changing also resend the agent). Schedulers that judge whether work can ever fit (a job queue refusing a
+    /// 16-GPU gang on a cluster of 8-GPU agents) need the whole cluster, not the part the
+    /// allocator has offered them.
+    AgentInventory,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -349,6 +357,43 @@ pub enum MasterToFramework {
     /// the framework's tasks there get their own `LOST`/`GONE` updates. Not redelivered to a
     /// framework that was disconnected at the time.
     AgentRemoved(AgentRemoved),
+    /// Agents of the cluster, to a framework subscribed with [`Capability::AgentInventory`]
+    /// (protocol v14): after each subscription every registered agent (connected or not, in
+    /// as many messages as the frame bound needs), then each agent again when it registers,
+    /// re-registers, a GPU's health changes or its reservations change. A summary replaces any earlier one of the same
+    /// agent. It says what the agent holds in total, not what is free: offers say that.
+    Agents(Vec<AgentSummary>),
+}
+
+/// One agent of the cluster ([`MasterToFramework::Agents`]): what it registered with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentSummary {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// Its hostname, as in its offers.
+    pub hostname: String,
+    /// Its name (certificate name), as in [`Offer::agent_name`].
+    pub agent_name: String,
+    /// Its unreserved resources, in use or not.
+    pub resources: Resources,
+    /// Its reservations (static and dynamic), per role.
+    pub reserved: BTreeMap<String, Resources>,
+    /// Its attributes.
+    pub attributes: Attributes,
+    /// Every GPU it reported, healthy or not (`healthy` says which).
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl AgentSummary {
+    /// What a framework in `role` could ever be offered of this agent: the unreserved
+    /// resources plus the role's reservation.
+    pub fn for_role(&self, role: &str) -> Resources {
+        let mut t = self.resources.clone();
+        if let Some(r) = self.reserved.get(role) {
+            t.add_assign(r);
+        }
+        t
+    }
 }
 
 /// An agent left the cluster ([`MasterToFramework::AgentRemoved`]).

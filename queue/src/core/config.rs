@@ -59,6 +59,10 @@ pub struct CoreConfig {
     /// demand): a job that no agent seen so far could run is accepted and waits for one
     /// ([`super::Core::refusal`] says nothing), instead of being refused as never fitting.
     pub elastic: bool,
+    /// The role the queue's framework subscribes in: what the master reserves for it on an
+    /// agent counts towards what the agent could ever give the queue (the agent inventory,
+    /// [`super::Core::agents`]); other roles' reservations do not.
+    pub role: String,
 }
 
 /// The longest backoff before a retry.
@@ -87,6 +91,7 @@ impl Default for CoreConfig {
             fair_share_wait: None,
             budgets: Default::default(),
             elastic: false,
+            role: "*".into(),
         }
     }
 }

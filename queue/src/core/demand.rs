@@ -28,7 +28,7 @@ type Tally<'a> = (Priority, u64, u64, &'a JobSpec);
 pub fn shapes<'a>(pending: impl IntoIterator<Item = (u64, &'a JobSpec)>) -> Vec<Demand> {
     // Key: (cpus, mem, gpus) in thousandths, exact as the resources the workers launch with,
     // and the GPU model asked for.
-    type Key<'a> = (u64, u64, u32, Option<&'a str>);
+    type Key<'a> = (u64, u64, u64, Option<&'a str>);
     let mut by_shape: BTreeMap<Key<'a>, Tally<'a>> = BTreeMap::new();
     for (id, spec) in pending {
         let workers = u64::from(spec.max_workers.max(spec.min_workers).max(1));
@@ -37,8 +37,13 @@ pub fn shapes<'a>(pending: impl IntoIterator<Item = (u64, &'a JobSpec)>) -> Vec<
             .gpu_model
             .as_deref()
             .map(str::trim)
-            .filter(|m| !m.is_empty() && spec.gpus > 0);
-        let key = (res.milli("cpus"), res.milli("mem"), spec.gpus, model);
+            .filter(|m| !m.is_empty() && !spec.gpus.is_zero());
+        let key = (
+            res.milli("cpus"),
+            res.milli("mem"),
+            spec.gpus.milli(),
+            model,
+        );
         let e = by_shape.entry(key).or_insert((spec.priority, id, 0, spec));
         e.0 = e.0.max(spec.priority);
         if id < e.1 {

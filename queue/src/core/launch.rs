@@ -71,11 +71,16 @@ impl Core {
                 resources: member_resources(&job.spec),
                 env,
                 kill_grace_secs: Some(job.spec.grace_secs),
-                gpu_selector: pinned_selector(
-                    job.spec.selector(),
-                    known.get(&agent_id).map(|k| &k.gpus),
-                    &a.gpus,
-                ),
+                gpu_selector: if job.spec.gpus.is_fraction() {
+                    // A fraction shares the GPU the plan chose (fragmentation-aware): pinned.
+                    a.pinned_selector(job.spec.selector().as_ref())
+                } else {
+                    pinned_selector(
+                        job.spec.selector(),
+                        known.get(&agent_id).map(|k| &k.gpus),
+                        &a.gpus,
+                    )
+                },
                 container: None,
             };
             job.members.insert(
@@ -119,7 +124,7 @@ impl Core {
             let mut max = job.spec.max_workers;
             if let Some(room) = self.borrow_room(&job.spec.team, &usage) {
                 let room = room.saturating_sub(grown.get(&job.spec.team).copied().unwrap_or(0));
-                let extra = room / u64::from(job.spec.gpus.max(1));
+                let extra = room / job.spec.gpus.milli().max(1);
                 max = max.min(
                     job.running_members()
                         .saturating_add(extra.min(u64::from(u32::MAX)) as u32),
@@ -130,7 +135,7 @@ impl Core {
                 continue;
             }
             *grown.entry(job.spec.team.clone()).or_default() +=
-                u64::from(job.spec.gpus) * plan.assignments.len() as u64;
+                job.spec.gpus.milli() * plan.assignments.len() as u64;
             for (agent, task) in self.start(id, &plan, &avail_ids(views), now) {
                 launches.entry(agent).or_default().push(task);
             }
@@ -271,6 +276,7 @@ mod tests {
                 memory_mib: 40960,
                 numa_node: Some(0),
                 pci_bus_id: String::new(),
+                free_milli: 1000,
             },
         )
     }

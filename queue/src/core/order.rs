@@ -81,8 +81,8 @@ impl Core {
                 Some(e) => e,
                 None => u.entry(j.spec.team.clone()).or_default(),
             };
-            e.gpus += u64::from(j.spec.gpus) * j.members.len() as u64;
-            if !j.members.is_empty() && j.spec.gpus > 0 && !named.is_empty() {
+            e.gpus += j.spec.gpus.milli() * j.members.len() as u64;
+            if !j.members.is_empty() && !j.spec.gpus.is_zero() && !named.is_empty() {
                 for (b, n) in self.job_buckets(j, named) {
                     if let Some(b) = b {
                         *e.models.entry(b).or_default() += n;
@@ -96,7 +96,7 @@ impl Core {
                 .filter(|m| m.state == TaskState::Running && !decays)
             {
                 e.gpu_secs +=
-                    m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
+                    j.spec.gpus.as_f64() * now.saturating_duration_since(m.started).as_secs_f64();
             }
         }
         u
@@ -158,7 +158,10 @@ impl Core {
         } else {
             share(MILLI, totals.1)
         };
-        let dominant = (share(used.gpus, totals.0).max(share(used.cpus, totals.1)) + unit) / weight;
+        let dominant = (share(used.gpus, totals.0.saturating_mul(MILLI))
+            .max(share(used.cpus, totals.1))
+            + unit)
+            / weight;
         (
             (dominant * 1e9) as u64,
             (used.gpu_secs / weight * 1e3) as u64,
@@ -345,13 +348,13 @@ pub(super) struct Keyed {
 /// A team's usage, for ordering.
 #[derive(Debug, Clone, Default)]
 pub(super) struct TeamUsage {
-    /// GPUs its members hold.
+    /// Milli-GPUs its members hold (a half-GPU worker holds 500).
     pub(super) gpus: u64,
     /// CPUs (milli) its members hold.
     pub(super) cpus: u64,
     /// GPU-seconds used so far, running members included.
     pub(super) gpu_secs: f64,
-    /// GPUs its members hold of each model named in a per-model quota (see `quota`).
+    /// Milli-GPUs its members hold of each model named in a per-model quota (see `quota`).
     pub(super) models: BTreeMap<String, u64>,
 }
 
@@ -359,7 +362,7 @@ pub(super) struct TeamUsage {
 pub(super) type OrderKey = (u8, bool, u64, u64, u64, Instant, u64);
 
 impl TeamUsage {
-    /// The GPUs it holds in a quota bucket (a named model's, or every other GPU's).
+    /// The milli-GPUs it holds in a quota bucket (a named model's, or every other GPU's).
     pub(super) fn in_bucket(&self, bucket: Option<&str>) -> u64 {
         match bucket {
             Some(m) => self.models.get(m).copied().unwrap_or(0),

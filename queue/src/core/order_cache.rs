@@ -60,7 +60,7 @@ pub(super) struct OrderCache {
     due: BTreeSet<(Instant, u64)>,
     /// Per worker shape (CPUs and memory as bits, GPUs) of the cached jobs: how many jobs have
     /// it (the least worker is taken over these).
-    shapes: HashMap<(u64, u64, u32), usize>,
+    shapes: HashMap<(u64, u64, crate::model::Gpus), usize>,
     /// Per gang shape of the cached jobs: one job's specification (placement depends only on
     /// the shape) and how many jobs have it.
     gangs: Vec<(Shape, JobSpec, usize)>,
@@ -78,7 +78,7 @@ struct Cached {
     key: JobKey,
     waiting_since: Instant,
     due: Option<Instant>,
-    shape: (u64, u64, u32),
+    shape: (u64, u64, crate::model::Gpus),
     gang: Shape,
 }
 

@@ -210,7 +210,7 @@ impl Core {
             let mut shape = Shape::of(spec);
             if let Some(room) = self.borrow_room(&spec.team, &usage) {
                 // An elastic gang starts with no more workers than its borrowing limit allows.
-                let most = room / u64::from(spec.gpus.max(1));
+                let most = room / spec.gpus.milli().max(1);
                 shape.max = shape
                     .max
                     .min(most.min(u64::from(u32::MAX)) as u32)
@@ -405,7 +405,7 @@ impl Core {
                 let usage = self.usage(now);
                 let under = |c: &Core, id: u64| {
                     let j = &c.jobs[&id];
-                    let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+                    let need = super::quota::need(&j.spec);
                     let used = usage.get(&j.spec.team).map_or(0, |u| u.gpus);
                     need > 0
                         && now.saturating_duration_since(j.waiting_since) >= wait

@@ -55,7 +55,7 @@ impl Core {
         let mut units: Vec<(u64, Vec<u32>, Priority)> = Vec::new();
         // Only running jobs are victims (a queue holds many pending ones).
         for j in self.with_members() {
-            let gpus = u64::from(j.spec.gpus) * u64::from(j.running_members());
+            let gpus = j.spec.gpus.milli() * u64::from(j.running_members());
             let allowed = match victims {
                 Victims::LowerClass => j.spec.priority < spec.priority,
                 Victims::Borrowed => {
@@ -158,7 +158,8 @@ impl Core {
                     )
                 });
                 let mut fits =
-                    gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                    gantry_sdk::placement::offers::place_one(std::slice::from_ref(&trial), &member)
+                        .is_some();
                 let mut counted = covered.clone();
                 for u in order {
                     if fits {
@@ -170,18 +171,13 @@ impl Core {
                         continue;
                     }
                     counted.extend(rest.1.iter().map(|&i| (rest.0, i)));
-                    trial.resources.add_assign(&res);
-                    for g in gpus {
-                        if let Some(info) =
-                            self.agents.get(&view.agent_id).and_then(|a| a.gpus.get(&g))
-                        {
-                            if !trial.gpus.iter().any(|x| x.uuid == g) {
-                                trial.gpus.push(info.clone());
-                            }
-                        }
-                    }
+                    self.give_back(&mut trial, &res, &gpus);
                     picked.push(u);
-                    fits = gantry_sdk::placement::offers::evaluate(0, &trial, &member).is_some();
+                    fits = gantry_sdk::placement::offers::place_one(
+                        std::slice::from_ref(&trial),
+                        &member,
+                    )
+                    .is_some();
                 }
                 if !fits || picked.is_empty() {
                     continue;
@@ -201,24 +197,17 @@ impl Core {
                 let rest = rest_of(&units[u], &covered);
                 let (_, res, gpus) = self.unit_on(&rest, work[ai].agent_id);
                 covered.extend(rest.1.iter().map(|&i| (rest.0, i)));
-                work[ai].resources.add_assign(&res);
-                for g in gpus {
-                    if let Some(info) = self
-                        .agents
-                        .get(&work[ai].agent_id)
-                        .and_then(|a| a.gpus.get(&g))
-                    {
-                        work[ai].gpus.push(info.clone());
-                    }
-                }
+                self.give_back(&mut work[ai], &res, &gpus);
                 chosen.push(u);
             }
             work[ai]
                 .gpus
                 .sort_by(|a, b| (a.numa_node, &a.pci_bus_id).cmp(&(b.numa_node, &b.pci_bus_id)));
-            let Some(c) = gantry_sdk::placement::offers::evaluate(ai, &work[ai], &member) else {
+            let Some(mut c) = gantry_sdk::placement::offers::place_one(&work[ai..=ai], &member)
+            else {
                 return Vec::new();
             };
+            c.agent = ai;
             let agent = work[ai].agent_id;
             let gpus = gantry_sdk::placement::offers::take(&mut work, &member, &c);
             reserve(&mut parts, agent, gpus);
@@ -275,7 +264,7 @@ impl Core {
             .map(|j| j.spec.team.as_str())
             .collect();
         let weights: f64 = teams.iter().map(|t| self.team(t).weight.max(1e-6)).sum();
-        let total = self.totals().0 as f64;
+        let total = self.totals().0 as f64 * crate::model::GPU_MILLI as f64;
         teams
             .iter()
             .map(|t| {
@@ -310,10 +299,31 @@ impl Core {
         (n, total, gpus)
     }
 
+    /// What victims free on `view`'s agent joins it: `res`, and each GPU of `gpus` its share
+    /// (`res`'s GPUs over their number: whole, or a fraction of a GPU it shared).
+    fn give_back(&self, view: &mut AgentView, res: &Resources, gpus: &[String]) {
+        view.resources.add_assign(res);
+        if gpus.is_empty() {
+            return;
+        }
+        let each = u32::try_from(res.milli("gpus") / gpus.len() as u64).unwrap_or(u32::MAX);
+        for g in gpus {
+            if let Some(x) = view.gpus.iter_mut().find(|x| &x.uuid == g) {
+                x.free_milli = x.free_milli.saturating_add(each).min(1000);
+                continue;
+            }
+            if let Some(info) = self.agents.get(&view.agent_id).and_then(|a| a.gpus.get(g)) {
+                let mut info = info.clone();
+                info.free_milli = each.min(1000);
+                view.gpus.push(info);
+            }
+        }
+    }
+
     fn unit_gpus(&self, unit: &(u64, Vec<u32>, Priority)) -> u64 {
         self.jobs
             .get(&unit.0)
-            .map_or(0, |j| u64::from(j.spec.gpus) * unit.1.len() as u64)
+            .map_or(0, |j| j.spec.gpus.milli() * unit.1.len() as u64)
     }
 }
 

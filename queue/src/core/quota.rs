@@ -17,6 +17,10 @@
 //! the other bucket: a job that names no model and lands on another team's named model
 //! borrows those GPUs, and may be reclaimed.
 //!
+//! Every amount here is in **milli-GPUs** (a worker of `gpus: 0.5` holds 500; quotas and
+//! limits, given in GPUs, count 1000 each): a team with a quota of 1 runs two half-GPU jobs
+//! within it.
+//!
 //! - **Borrowing limit** (`team_borrow_limits`): a team uses at most its nominal GPUs in all
 //!   plus its limit; jobs and elastic growth that would go past it wait.
 //! - **Lending limit** (`team_lend_limits`): of a team's idle nominal quota in a bucket, other
@@ -35,13 +39,19 @@ use gantry_sdk::placement::offers::Plan as GangPlan;
 
 use super::order::TeamUsage;
 use super::{Core, Job, JobSpec};
+use crate::model::{fmt_milli, GPU_MILLI};
 
 /// A quota bucket: a GPU model some team names, or `None` for every other GPU.
 pub(super) type Bucket = Option<String>;
 
-/// The GPUs a job needs to start: its gang's fewest workers.
+/// The milli-GPUs a job needs to start: its gang's fewest workers.
 pub(super) fn need(spec: &JobSpec) -> u64 {
-    u64::from(spec.gpus) * u64::from(spec.min_workers.max(1))
+    spec.gpus.milli() * u64::from(spec.min_workers.max(1))
+}
+
+/// GPUs (a quota, a limit) in milli-GPUs.
+pub(super) fn milli(gpus: u64) -> u64 {
+    gpus.saturating_mul(GPU_MILLI)
 }
 
 impl Core {
@@ -66,22 +76,22 @@ impl Core {
         named.iter().find(|n| n.eq_ignore_ascii_case(want)).cloned()
     }
 
-    /// A team's nominal quota in `bucket` (`None`: the team has no quota at all, or no overall
-    /// quota for the other bucket).
+    /// A team's nominal quota in `bucket`, milli-GPUs (`None`: the team has no quota at all,
+    /// or no overall quota for the other bucket).
     pub(super) fn quota_in(&self, team: &str, bucket: Option<&str>) -> Option<u64> {
         let t = self.team(team);
         match bucket {
-            None => t.gpu_quota,
-            Some(m) if t.has_quota() => Some(t.model_quotas.get(m).copied().unwrap_or(0)),
+            None => t.gpu_quota.map(milli),
+            Some(m) if t.has_quota() => Some(milli(t.model_quotas.get(m).copied().unwrap_or(0))),
             Some(_) => None,
         }
     }
 
-    /// GPUs a job's workers hold, per bucket: by each GPU's model; a worker's GPUs not known
-    /// yet count in the job's bucket.
+    /// Milli-GPUs a job's workers hold, per bucket: by each GPU's model; a worker's GPUs not
+    /// known yet count in the job's bucket.
     pub(super) fn job_buckets(&self, job: &Job, named: &BTreeSet<String>) -> BTreeMap<Bucket, u64> {
         let mut out: BTreeMap<Bucket, u64> = BTreeMap::new();
-        let per = u64::from(job.spec.gpus);
+        let per = job.spec.gpus.milli();
         if per == 0 {
             return out;
         }
@@ -89,16 +99,19 @@ impl Core {
             out.insert(None, per * job.members.len() as u64);
             return out;
         }
+        // Each device a worker holds: a whole GPU, or the fraction's share of one.
+        let devices = job.spec.gpus.devices();
+        let each = per / devices.max(1);
         let own = Self::job_bucket(named, &job.spec);
         for m in job.members.values() {
             let agent = self.agents.get(&m.agent_id);
             let mut counted = 0;
-            for uuid in m.gpus.iter().take(per as usize) {
+            for uuid in m.gpus.iter().take(devices as usize) {
                 let Some(g) = agent.and_then(|a| a.gpus.get(uuid)) else {
                     continue;
                 };
-                *out.entry(Self::gpu_bucket(named, &g.model)).or_default() += 1;
-                counted += 1;
+                *out.entry(Self::gpu_bucket(named, &g.model)).or_default() += each;
+                counted += each;
             }
             if counted < per {
                 *out.entry(own.clone()).or_default() += per - counted;
@@ -152,7 +165,7 @@ impl Core {
                 .is_some_and(|room| need > room)
     }
 
-    /// How many more GPUs `team` may take before its borrowing limit (`None`: no limit).
+    /// How many more milli-GPUs `team` may take before its borrowing limit (`None`: no limit).
     pub(super) fn borrow_room(
         &self,
         team: &str,
@@ -164,10 +177,10 @@ impl Core {
             return None;
         }
         let used = usage.get(team).map_or(0, |u| u.gpus);
-        Some((t.nominal_gpus() + limit).saturating_sub(used))
+        Some(milli(t.nominal_gpus() + limit).saturating_sub(used))
     }
 
-    /// Per bucket: the GPUs other teams than `team` keep free by their lending limits (their
+    /// Per bucket: the milli-GPUs other teams than `team` keep free by their lending limits (their
     /// idle nominal quota there beyond what they lend).
     fn kept_free(
         &self,
@@ -188,7 +201,7 @@ impl Core {
                     continue;
                 };
                 let used = usage.get(other).map_or(0, |u| u.in_bucket(b.as_deref()));
-                let keep = q.saturating_sub(used).saturating_sub(*lend);
+                let keep = q.saturating_sub(used).saturating_sub(milli(*lend));
                 if keep > 0 {
                     let e = out.entry(b.clone()).or_default();
                     e.0 += keep;
@@ -209,7 +222,7 @@ impl Core {
         views: &[AgentView],
         usage: &HashMap<String, TeamUsage>,
     ) -> Option<String> {
-        if self.config.team_lend_limits.is_empty() || spec.gpus == 0 {
+        if self.config.team_lend_limits.is_empty() || spec.gpus.is_zero() {
             return None;
         }
         let named = self.named_models();
@@ -230,16 +243,20 @@ impl Core {
             .iter()
             .flat_map(|a| a.gpus.iter().map(move |g| (a.agent, g.as_str())))
             .collect();
+        // Free milli-GPUs per bucket once the plan has taken its share (a whole GPU, or the
+        // fraction of a shared one).
+        let per_device = spec.gpus.milli() / spec.gpus.devices().max(1);
         let mut free: BTreeMap<Bucket, u64> = BTreeMap::new();
         let mut takes: BTreeSet<Bucket> = BTreeSet::new();
         for (i, v) in views.iter().enumerate() {
             for g in &v.gpus {
                 let b = Self::gpu_bucket(named, &g.model);
+                let mut left = u64::from(g.free_milli);
                 if taken.contains(&(i, g.uuid.as_str())) {
-                    takes.insert(b);
-                } else {
-                    *free.entry(b).or_default() += 1;
+                    takes.insert(b.clone());
+                    left = left.saturating_sub(per_device);
                 }
+                *free.entry(b).or_default() += left;
             }
         }
         for b in takes {
@@ -250,9 +267,10 @@ impl Core {
             if left < *keep {
                 let what = b.map_or_else(|| "GPUs".to_string(), |m| format!("{m} GPUs"));
                 return Some(format!(
-                    "lending limits keep {keep} idle {what} for team {} ({left} would be left \
-                     free)",
-                    teams.join(", ")
+                    "lending limits keep {} idle {what} for team {} ({} would be left free)",
+                    fmt_milli(*keep),
+                    teams.join(", "),
+                    fmt_milli(left)
                 ));
             }
         }

@@ -81,8 +81,8 @@ fn a_per_model_quota_reclaims_only_that_model_from_its_borrowers() {
         q.update(&update(t, TaskState::Running, g), t0 + s);
     }
     let usage = q.usage(t0 + s);
-    assert_eq!(usage["cv"].in_bucket(Some("A100")), 4);
-    assert_eq!(usage["cv"].in_bucket(None), 4);
+    assert_eq!(usage["cv"].in_bucket(Some("A100")), 4000, "milli-GPUs");
+    assert_eq!(usage["cv"].in_bucket(None), 4000);
     // An H100 job of nlp: no quota of nlp covers it, nothing is reclaimed.
     let mut h = spec("h", "nlp", Priority::Normal, 1, 1);
     h.gpu_model = Some("H100".into());

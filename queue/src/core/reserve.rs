@@ -141,9 +141,8 @@ impl Core {
         for job in self.with_members().filter(|_| !all_end) {
             let res = member_resources(&job.spec);
             for m in job.members.values().filter(|m| !m.killing) {
-                if let Some(v) = index.get(&m.agent_id).map(|&i| &mut views[i]) {
-                    v.resources = v.resources.saturating_sub(&res);
-                    v.gpus.retain(|g| !m.gpus.contains(&g.uuid));
+                if let Some(&i) = index.get(&m.agent_id) {
+                    remove(&mut views[i..=i], m.agent_id, &res, &m.gpus);
                 }
             }
         }
@@ -298,14 +297,21 @@ impl Core {
                 for &i in &left {
                     resources = resources.saturating_sub(&amounts[members[i].0]);
                 }
-                // (What `offers::evaluate` asks first of an agent.)
-                if !resources.contains(&task.resources) {
+                // (What `offers::evaluate` asks first of an agent; a fraction of a GPU is placed
+                // by a policy over every agent that can host it: no agent is left out then.)
+                if task.fraction().is_none() && !resources.contains(&task.resources) {
                     continue;
                 }
+                // (As `eventual_views` and the plain computation take them off.)
                 let mut v = v.clone();
-                v.resources = resources;
+                let agent = v.agent_id;
                 for &i in &left {
-                    v.gpus.retain(|g| !members[i].1.contains(&g.uuid));
+                    remove(
+                        std::slice::from_mut(&mut v),
+                        agent,
+                        &amounts[members[i].0],
+                        members[i].1,
+                    );
                 }
                 views.push(Cow::Owned(v));
             }
@@ -392,7 +398,14 @@ impl ViewCache {
 /// from an agent changes only that agent's score, so the `n`-th member goes to an agent
 /// already taken from or to the best of the others, among the `n` best scores at the start.
 /// The plan's indices refer to the views returned.
+///
+/// A gang of fractions of a GPU is placed by a policy that scores agents against each other
+/// (`offers::place_one`): on every view then.
 fn place_on_best(views: &[Cow<AgentView>], gang: &GangRequest) -> Option<(Plan, Vec<AgentView>)> {
+    if gang.member.fraction().is_some() {
+        let mut all: Vec<AgentView> = views.iter().map(|v| v.as_ref().clone()).collect();
+        return gang::place_gang(&mut all, gang).map(|plan| (plan, all));
+    }
     let mut scored: Vec<(Score, usize)> = views
         .iter()
         .enumerate()
@@ -467,11 +480,24 @@ pub(super) fn settle_parts(plan: &Plan, views: &[AgentView], gang: &GangRequest)
     parts
 }
 
-/// Removes `res` and the GPUs `uuids` from the view of `agent`.
+/// Removes `res` and its share of the GPUs `uuids` from the view of `agent`: each listed GPU
+/// gives `res`'s GPUs over the list's length (a whole GPU each for whole-GPU workers, the
+/// fraction for a fractional one; a GPU listed twice gives twice), and leaves the view when
+/// nothing of it is left.
 pub(super) fn remove(views: &mut [AgentView], agent: AgentId, res: &Resources, uuids: &[String]) {
     if let Some(v) = views.iter_mut().find(|v| v.agent_id == agent) {
         v.resources = v.resources.saturating_sub(res);
-        v.gpus.retain(|g| !uuids.contains(&g.uuid));
+        if uuids.is_empty() {
+            return;
+        }
+        let each = res.milli("gpus") / uuids.len() as u64;
+        let each = u32::try_from(each).unwrap_or(u32::MAX);
+        for u in uuids {
+            if let Some(g) = v.gpus.iter_mut().find(|g| &g.uuid == u) {
+                g.free_milli = g.free_milli.saturating_sub(each);
+            }
+        }
+        v.gpus.retain(|g| g.free_milli > 0);
     }
 }
 

@@ -8,6 +8,7 @@ use gantry_sdk::protocol::*;
 
 use super::reserve::{gang_of, Parts};
 use super::JobSpec;
+use crate::model::Gpus;
 
 /// A gang's shape: what placement depends on (a job's resources per worker, GPU selector and
 /// worker counts), compared without building the request.
@@ -15,7 +16,7 @@ use super::JobSpec;
 pub(super) struct Shape {
     cpus: u64,
     mem: u64,
-    gpus: u32,
+    gpus: Gpus,
     model: Option<String>,
     min_memory: Option<u64>,
     pub(super) min: u32,
@@ -62,7 +63,7 @@ impl ShapeCache {
 pub(super) struct Least {
     cpus: f64,
     mem: f64,
-    gpus: u32,
+    gpus: Gpus,
 }
 
 impl Least {
@@ -70,7 +71,7 @@ impl Least {
     pub(super) const NONE: Least = Least {
         cpus: f64::INFINITY,
         mem: f64::INFINITY,
-        gpus: u32::MAX,
+        gpus: Gpus::from_milli(u32::MAX),
     };
 
     /// Counts `spec`'s worker in (amounts the milli-unit conversion might not take count as
@@ -82,7 +83,7 @@ impl Least {
 
     /// What [`Least::add`] counts of `spec`'s worker: its CPUs and memory (as bits, so that
     /// the triple can key a map) and GPUs.
-    pub(super) fn parts(spec: &JobSpec) -> (u64, u64, u32) {
+    pub(super) fn parts(spec: &JobSpec) -> (u64, u64, Gpus) {
         let amount = |v: f64| {
             if v.is_finite() && v > 0.0 && v < 1e12 {
                 v
@@ -98,7 +99,7 @@ impl Least {
     }
 
     /// Counts in a worker of these amounts (as [`Least::parts`] gives them).
-    pub(super) fn add_parts(&mut self, cpus: f64, mem: f64, gpus: u32) {
+    pub(super) fn add_parts(&mut self, cpus: f64, mem: f64, gpus: Gpus) {
         self.cpus = self.cpus.min(cpus);
         self.mem = self.mem.min(mem);
         self.gpus = self.gpus.min(gpus);
@@ -129,14 +130,14 @@ impl Least {
     /// The amounts as resources (converted once: the milli-unit conversion keeps the order
     /// of amounts); `None` for [`Least::NONE`].
     fn amounts(&self) -> Option<Resources> {
-        if self.gpus == u32::MAX {
+        if self.gpus == Least::NONE.gpus {
             return None;
         }
         Some(
             Resources::new()
                 .with("cpus", self.cpus)
                 .with("mem", self.mem)
-                .with("gpus", f64::from(self.gpus)),
+                .with("gpus", self.gpus.as_f64()),
         )
     }
 }

@@ -64,7 +64,7 @@ pub(super) fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u
         command: vec!["sleep 1".into()],
         cpus: 1.0,
         mem: 64.0,
-        gpus,
+        gpus: crate::model::Gpus::whole(gpus),
         gpu_model: None,
         gpu_min_memory: None,
         min_workers: workers,

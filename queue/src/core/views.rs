@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gantry_sdk::protocol::*;
 
 use super::{Core, Job};
-use crate::model::{JobSpec, JobState, JobView, MemberView, Priority};
+use crate::model::{fmt_milli, JobSpec, JobState, JobView, MemberView, Priority};
 
 /// Where the pending jobs stand, computed once per listing.
 struct Standings {
@@ -18,7 +18,7 @@ struct Standings {
     at: HashMap<u64, (usize, usize)>,
     /// GPUs per team its running workers hold.
     team_gpus: HashMap<String, super::order::TeamUsage>,
-    /// GPUs free now for the queue (capacity minus its workers).
+    /// Milli-GPUs free now for the queue (capacity minus its workers).
     free_gpus: u64,
     /// The job the reservation (or a preemption under way) is for.
     reserved_for: Option<u64>,
@@ -80,7 +80,7 @@ impl Core {
         let free_gpus = self
             .eventual_views(false)
             .iter()
-            .map(|v| v.gpus.len() as u64)
+            .flat_map(|v| v.gpus.iter().map(|g| u64::from(g.free_milli)))
             .sum();
         let reserved_for = self
             .preempt_for
@@ -121,10 +121,11 @@ impl Core {
 
     /// Why no agent of the cluster can ever run `spec`, if none can: a worker needs more GPUs
     /// (of the model and memory asked for) than the largest agent has, or the gang's fewest
-    /// workers do not fit all agents together. Judged on the GPUs the queue has seen in offers
-    /// (every healthy GPU of each agent, in use or not); `None` while no agent is known yet.
+    /// workers do not fit all agents together. Judged on every agent the master's inventory
+    /// lists (each healthy GPU, in use or not, up to what the queue's role could ever get
+    /// there) and any other seen in offers; `None` while no agent is known yet.
     pub fn never_fits(&self, spec: &JobSpec) -> Option<String> {
-        if self.agents.is_empty() || spec.gpus == 0 {
+        if self.agents.is_empty() || spec.gpus.is_zero() {
             return None;
         }
         let selector = spec.selector();
@@ -132,10 +133,18 @@ impl Core {
             .agents
             .values()
             .map(|a| {
-                a.gpus
+                let matching = a
+                    .gpus
                     .values()
                     .filter(|g| g.matches(selector.as_ref()))
-                    .count() as u64
+                    .count() as u64;
+                // From the inventory: other roles' reservations are not the queue's.
+                let ours = a.capacity.milli("gpus") / gantry_sdk::protocol::resources::MILLI;
+                if a.listed {
+                    matching.min(ours)
+                } else {
+                    matching
+                }
             })
             .collect();
         let largest = per_agent.iter().copied().max().unwrap_or(0);
@@ -145,7 +154,27 @@ impl Core {
             (None, Some(mem)) => format!("GPUs with {mem} MiB"),
             (None, None) => "GPUs".to_string(),
         };
-        let gpus = u64::from(spec.gpus);
+        let gpus = spec.gpus.devices();
+        if spec.gpus.is_fraction() {
+            // A fraction needs one GPU of the kind asked for; a gang of them, room for its
+            // fewest workers on all such GPUs together.
+            if largest == 0 {
+                return Some(format!(
+                    "needs {} of one of the {kind}; the cluster has none",
+                    spec.gpus
+                ));
+            }
+            let workers = u64::from(spec.min_workers.max(1));
+            let per_gpu = crate::model::GPU_MILLI / spec.gpus.milli();
+            let room: u64 = per_agent.iter().map(|n| n * per_gpu).sum();
+            return (room < workers).then(|| {
+                format!(
+                    "needs {workers} workers of {} of one of the {kind}; the cluster has room \
+                     for {room} such workers",
+                    spec.gpus
+                )
+            });
+        }
         if gpus > largest {
             return Some(format!(
                 "needs {gpus} {kind} on one agent; largest is {largest}"
@@ -217,7 +246,7 @@ impl Core {
                 .unwrap_or(0);
             return format!(
                 "team {team} at its borrowing limit: {} GPUs used of {} + {limit}",
-                usage.gpus,
+                fmt_milli(usage.gpus),
                 t.nominal_gpus()
             );
         }
@@ -226,13 +255,17 @@ impl Core {
             let used = usage.in_bucket(bucket.as_deref());
             if used + need > quota {
                 let model = bucket.as_ref().map_or(String::new(), |m| format!("{m} "));
-                return format!("team {team} at its {model}quota {used}/{quota}");
+                return format!(
+                    "team {team} at its {model}quota {}/{}",
+                    fmt_milli(used),
+                    fmt_milli(quota)
+                );
             }
         }
         if let Some(why) = self.lend_blocked.get(&j.id) {
             return why.clone();
         }
-        let need = u64::from(j.spec.gpus) * u64::from(j.spec.min_workers.max(1));
+        let need = super::quota::need(&j.spec);
         if let Some(h) = st
             .reserved_for
             .filter(|h| st.at.get(h).is_some_and(|a| a.0 < i))
@@ -246,7 +279,11 @@ impl Core {
             return format!("behind {i} job{s} of the same priority (fair share, then age)");
         }
         if need > 0 {
-            format!("waiting for {need} free GPUs ({} free now)", st.free_gpus)
+            format!(
+                "waiting for {} free GPUs ({} free now)",
+                fmt_milli(need),
+                fmt_milli(st.free_gpus)
+            )
         } else {
             "waiting for CPUs and memory".into()
         }
@@ -351,7 +388,7 @@ impl Core {
         for j in self.jobs.values() {
             for m in j.members.values().filter(|m| m.state == TaskState::Running) {
                 *out.entry(j.spec.team.clone()).or_default() +=
-                    m.gpus.len() as f64 * now.saturating_duration_since(m.started).as_secs_f64();
+                    j.spec.gpus.as_f64() * now.saturating_duration_since(m.started).as_secs_f64();
             }
         }
         out

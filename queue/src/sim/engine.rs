@@ -275,7 +275,7 @@ impl Sim<'_> {
             command: vec!["true".into()],
             cpus: 1.0,
             mem: 256.0,
-            gpus: j.gpus,
+            gpus: crate::model::Gpus::whole(j.gpus),
             gpu_model: None,
             gpu_min_memory: None,
             min_workers: j.workers,

@@ -64,7 +64,7 @@ fn what_is_committed_is_loaded_after_reopening() {
                 user: "alice".into(),
                 attempt: 1,
                 task_id: TaskId::random(),
-                gpus: 2,
+                gpus: crate::model::Gpus::whole(2),
                 secs: 10.0,
                 ended_unix_ms: 9_000,
                 cost: Some(0.25),
@@ -126,7 +126,7 @@ fn a_store_from_a_newer_or_unknown_older_schema_is_refused_clearly() {
     Store::open(&path).unwrap().force_version(99).unwrap();
     let err = Store::open(&path).unwrap_err().to_string();
     assert!(
-        err.contains("schema version 99 is newer than this gantry-queue's (1)"),
+        err.contains("schema version 99 is newer than this gantry-queue's (2)"),
         "{err}"
     );
     // A version before the first has no migration.
@@ -173,4 +173,62 @@ fn a_record_that_does_not_decode_is_named() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("job 4 does not decode"), "{err}");
+}
+
+/// A version-1 store (whole GPUs as integers) opens unchanged and is stamped version 2; a job
+/// of half a GPU is written as `0.5` and read back as such.
+#[test]
+fn a_version_1_store_opens_and_fractions_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.redb");
+    // Version 1 wrote `"gpus": 2`: exactly what a whole-GPU job is written as now.
+    let whole = job(1, JobState::Running, 1);
+    let text = serde_json::to_string(&whole).unwrap();
+    assert!(text.contains(r#""gpus":2,"#), "{text}");
+    {
+        let store = Store::open(&path).unwrap();
+        store
+            .commit(&Changes {
+                jobs: vec![whole.clone()],
+                usage: Vec::new(),
+                next_id: 2,
+            })
+            .unwrap();
+        store.force_version(1).unwrap();
+    }
+    let version = |path: &std::path::Path| {
+        let db = Database::create(path).unwrap();
+        let tx = db.begin_read().unwrap();
+        let v = tx
+            .open_table(META)
+            .unwrap()
+            .get("schema_version")
+            .unwrap()
+            .map(|v| v.value());
+        v
+    };
+    assert_eq!(version(&path), Some(1));
+    let mut half = job(2, JobState::Pending, 0);
+    half.spec.gpus = crate::model::Gpus::from_milli(500);
+    {
+        let store = Store::open(&path).unwrap();
+        let loaded = store.load(10).unwrap();
+        assert_eq!(loaded.jobs, vec![whole.clone()]);
+        assert_eq!(loaded.jobs[0].spec.gpus, crate::model::Gpus::whole(2));
+        store
+            .commit(&Changes {
+                jobs: vec![half.clone()],
+                usage: Vec::new(),
+                next_id: 3,
+            })
+            .unwrap();
+    }
+    assert_eq!(version(&path), Some(2));
+    assert!(serde_json::to_string(&half)
+        .unwrap()
+        .contains(r#""gpus":0.5,"#));
+    let store = Store::open(&path).unwrap();
+    let loaded = store.load(10).unwrap();
+    let got = loaded.jobs.iter().find(|j| j.id == 2).unwrap();
+    assert_eq!(got.spec.gpus.milli(), 500);
 }

@@ -196,3 +196,30 @@ fn usage_records_without_a_cost_still_read() {
     assert_eq!(rows[0].cost, None);
     assert!(table(&rows).contains(" - "), "{}", table(&rows));
 }
+
+/// A gang of two half-GPU workers that ran an hour used one GPU-hour and paid for half a GPU
+/// each (a fraction's share of the agent is its fraction of one GPU over the agent's GPUs).
+#[test]
+fn fractions_count_their_share_in_gpu_hours_and_cost() {
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let wall0: u64 = 1_900_000_000_000;
+    let mut s = spec("h", "nlp", 0, 2);
+    s.gpus = crate::model::Gpus::from_milli(500);
+    q.submit_as(s, "alice".into(), t0);
+    let tasks = launched(&q.offers(vec![offer(AgentId::random())], t0));
+    assert_eq!(tasks.len(), 2);
+    for t in &tasks {
+        q.update(&report(t, TaskState::Running, 1), t0);
+    }
+    let at = t0 + Duration::from_secs(3600);
+    for t in &tasks {
+        q.update(&report(t, TaskState::Finished, 1), at);
+    }
+    let history = q.take_changes(at, wall0 + 3_600_000).usage;
+    assert_eq!(history.len(), 2);
+    let rows = summarize(&history, wall0, wall0 + 3_600_000, By::Team);
+    assert!((rows[0].gpu_hours - 1.0).abs() < 1e-9, "{rows:?}");
+    // 16 an hour for 8 GPUs: half a GPU is 1 an hour, two of them 2.
+    assert!((rows[0].cost.unwrap() - 2.0).abs() < 1e-6, "{rows:?}");
+}

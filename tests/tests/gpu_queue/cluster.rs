@@ -20,7 +20,8 @@ pub(super) struct Env {
     pub(super) _roots: Vec<CgroupRoot>,
 }
 
-/// A master, four 8-GPU agents and a gantry-queue with `teams`.
+/// A master, four 8-GPU agents (fractions of a GPU shared under MPS limits) and a
+/// gantry-queue with `teams`.
 pub(super) fn start(tag: &str, teams: &[&str]) -> Option<Env> {
     start_with(tag, teams, AGENTS, &[])
 }
@@ -48,6 +49,10 @@ pub(super) fn start_with(tag: &str, teams: &[&str], agents: u32, extra: &[&str])
                 lib.to_str().unwrap(),
                 "--cgroup-root",
                 &root.name,
+                // Fractions of a GPU get MPS limits in their environment (no MPS control
+                // daemon here: none is in PATH); whole-GPU tasks are unaffected.
+                "--gpu-sharing",
+                "mps",
             ],
         )
         .unwrap();

@@ -9,6 +9,7 @@ mod dispatch;
 mod frameworks;
 mod gpus;
 mod groups;
+mod inventory;
 mod maintenance;
 mod metrics;
 mod operator;

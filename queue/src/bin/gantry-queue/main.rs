@@ -33,7 +33,7 @@ use gantry_master::security::tokens::OperatorTokens;
 use gantry_queue::auth::Acl;
 use gantry_queue::core::{Core, CoreConfig, MAX_ENDED_JOBS};
 use gantry_queue::http::{self, Api};
-use gantry_queue::model::{JobSpec, JobView, Priority, TeamConfig};
+use gantry_queue::model::{Gpus, JobSpec, JobView, Priority, TeamConfig};
 use gantry_queue::runtime::{unix_ms, QueueScheduler, Shared};
 use gantry_queue::store::Store;
 use gantry_sdk::protocol::Capability;
@@ -178,9 +178,10 @@ struct Submit {
     /// critical, high, normal, low or preemptible.
     #[arg(long, default_value = "normal")]
     priority: Priority,
-    /// Whole GPUs per worker.
-    #[arg(long, default_value_t = 0)]
-    gpus: u32,
+    /// GPUs per worker: whole GPUs (`8`) or a fraction of one GPU (`0.5`, milli-GPU
+    /// precision; several workers share a GPU).
+    #[arg(long, default_value = "0")]
+    gpus: Gpus,
     /// Workers: N (a gang when above 1) or MIN..MAX (elastic).
     #[arg(long, default_value = "1")]
     workers: String,

@@ -133,8 +133,10 @@ pub(super) async fn serve(a: Serve) -> anyhow::Result<()> {
     }
     let store = Store::open(&a.store)?;
     let loaded = store.load(MAX_ENDED_JOBS)?;
-    let mut config = DriverConfig::new(a.master, a.tls_dir.clone(), &a.name, vec![a.role]);
+    let mut config = DriverConfig::new(a.master, a.tls_dir.clone(), &a.name, vec![a.role.clone()]);
     config.info.capabilities.push(Capability::GpuResources);
+    // Every agent, offered or not: the never-fit check and reservations judge the whole cluster.
+    config.info.capabilities.push(Capability::AgentInventory);
     config.info.failover_timeout_secs = a.failover_timeout_secs as f64;
     config.info.framework_id = loaded.framework_id;
     if let Some(id) = loaded.framework_id {
@@ -222,6 +224,7 @@ pub(super) async fn serve(a: Serve) -> anyhow::Result<()> {
         retry_backoff: Duration::from_secs(a.retry_backoff_secs),
         checkpoint_root: a.checkpoint_root.as_ref().map(|p| p.display().to_string()),
         elastic: a.elastic,
+        role: a.role.clone(),
         ..Default::default()
     };
     core_config.hold.timeout = Duration::from_secs(a.hold_secs.max(1));

@@ -33,7 +33,7 @@ fn a_core_rebuilt_from_its_records_goes_on_where_it_stopped() {
     q.update(&update(&tasks[0], TaskState::Finished, vec![]), t2);
     let changes = q.take_changes(t2, WALL + 5_000);
     assert_eq!(changes.usage.len(), 1);
-    assert_eq!(changes.usage[0].gpus, 4);
+    assert_eq!(changes.usage[0].gpus, crate::model::Gpus::whole(4));
     assert_eq!(changes.usage[0].user, "alice");
     assert!((changes.usage[0].secs - 3.0).abs() < 1e-9);
     let mut records = first.jobs.clone();

@@ -1,10 +1,11 @@
 //! Pending jobs explain themselves; jobs no agent can ever fit are recognised.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use gantry_sdk::protocol::*;
 
-use super::super::tests::{launched, spec, update, Cluster};
+use super::super::tests::{gpus, launched, spec, update, Cluster};
 use super::super::{Core, CoreConfig};
 use crate::model::{JobView, Priority, TeamConfig};
 
@@ -189,4 +190,62 @@ fn a_team_over_its_quota_says_so() {
         reason(&q, 3, now),
         ("team nlp at its quota 8/8".to_string(), Some(2), Some(1))
     );
+}
+
+/// The master's summary of agent `i` of `c`: 8 GPUs, `unhealthy` of them not.
+fn summary(c: &Cluster, i: usize, reserved_for: Option<&str>, unhealthy: usize) -> AgentSummary {
+    let mut g = gpus(i as u32);
+    for gpu in g.iter_mut().take(unhealthy) {
+        gpu.healthy = false;
+    }
+    let all: Resources = format!("cpus:8;mem:8192;gpus:{}", 8 - unhealthy)
+        .parse()
+        .unwrap();
+    let (resources, reserved) = match reserved_for {
+        Some(role) => (Resources::new(), BTreeMap::from([(role.to_string(), all)])),
+        None => (all, BTreeMap::new()),
+    };
+    AgentSummary {
+        agent_id: c.agents[i],
+        hostname: format!("h{i}"),
+        agent_name: format!("a{i}"),
+        resources,
+        reserved,
+        attributes: Default::default(),
+        gpus: g,
+    }
+}
+
+#[test]
+fn the_inventory_counts_agents_never_offered() {
+    let c = Cluster::new(3);
+    let mut q = Core::new(CoreConfig {
+        role: "ml".into(),
+        ..CoreConfig::default()
+    });
+    let now = Instant::now();
+    // Offers from one agent only (the declared demand drew nothing else yet).
+    q.offers(c.offers(&[8])[..1].to_vec(), now);
+    let gang = spec("g", "t", Priority::Normal, 8, 2);
+    assert_eq!(
+        q.never_fits(&gang).as_deref(),
+        Some("needs 2 workers of 8 GPUs (16 in all); the cluster has room for 1 such workers")
+    );
+    // The master's inventory: agent 1 is unreserved, agent 2 reserved for another role.
+    q.agents(&[summary(&c, 1, None, 0), summary(&c, 2, Some("other"), 0)]);
+    assert_eq!(q.known_agents(), (3, 24));
+    assert_eq!(q.never_fits(&gang), None);
+    let three = spec("g3", "t", Priority::Normal, 8, 3);
+    assert_eq!(
+        q.never_fits(&three).as_deref(),
+        Some("needs 3 workers of 8 GPUs (24 in all); the cluster has room for 2 such workers"),
+        "another role's reservation is not the queue's"
+    );
+    // Reserved for the queue's own role, it counts.
+    q.agents(&[summary(&c, 2, Some("ml"), 0)]);
+    assert_eq!(q.never_fits(&three), None);
+    // A GPU turns unhealthy: the summary replaces the agent's GPUs.
+    q.agents(&[summary(&c, 2, Some("ml"), 1)]);
+    assert_eq!(q.known_agents(), (3, 23));
+    assert!(q.never_fits(&three).is_some());
 }
