@@ -2,8 +2,11 @@
 //!
 //! - `pass`: JOBS queued jobs (default 100,000, 1 to 8 GPUs each) over AGENTS 8-GPU agents
 //!   (default 1,250: 10,000 GPUs). The cluster is filled by one pass over every agent's offer,
-//!   then STEPS times a worker ends and its agent's freed GPUs are offered again: the passes
-//!   those two calls run (`Core::update`, `Core::offers`) are timed, p50/p99/max.
+//!   then STEPS times a worker ends (each worker once) and its agent's freed GPUs are offered
+//!   again (what that launches runs: its GPUs busy, reported `Running`): the passes
+//!   those two calls run (`Core::update`, `Core::offers`) are timed, p50/p99/max, in wall-clock
+//!   time and in the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`: what other processes on a
+//!   busy machine take is not counted, so runs on a shared machine compare better).
 //! - `store`: a store of N finished jobs (default 1,000,000) is written, then reopened and
 //!   loaded as `serve` does (`Store::open`, `Store::load`): the reopen is timed.
 //!
@@ -107,6 +110,20 @@ fn percentiles(mut v: Vec<Duration>) -> String {
     )
 }
 
+/// The calling thread's CPU time so far.
+fn cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` writes the `timespec` it is given, which lives across the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 fn launched(actions: &[Action]) -> Vec<TaskInfo> {
     actions
         .iter()
@@ -115,6 +132,52 @@ fn launched(actions: &[Action]) -> Vec<TaskInfo> {
             _ => Vec::new(),
         })
         .collect()
+}
+
+/// Runs the workers `actions` launch (on the agents of their offers, `agent_of`): their GPUs
+/// become busy and each is reported `Running` to the core.
+fn started(
+    core: &mut Core,
+    cluster: &mut [Agent],
+    actions: &[Action],
+    agent_of: &BTreeMap<OfferId, usize>,
+    now: Instant,
+    running: &mut Vec<(TaskInfo, usize, Vec<usize>)>,
+) {
+    for a in actions {
+        if let Action::Launch { tasks, offers } = a {
+            let Some(&n) = offers.first().and_then(|o| agent_of.get(o)) else {
+                continue;
+            };
+            for t in tasks {
+                let want = t.resources.get("gpus") as usize;
+                let uuids = t
+                    .gpu_selector
+                    .as_ref()
+                    .map(|s| s.uuids.clone())
+                    .unwrap_or_default();
+                let agent = &mut cluster[n];
+                let mut gpus: Vec<usize> = uuids
+                    .iter()
+                    .filter_map(|u| agent.gpus.iter().position(|g| &g.uuid == u))
+                    .take(want)
+                    .collect();
+                if gpus.len() < want {
+                    gpus = (0..8).filter(|g| !agent.busy[*g]).take(want).collect();
+                }
+                let uuids = gpus.iter().map(|g| agent.gpus[*g].uuid.clone()).collect();
+                for g in &gpus {
+                    agent.busy[*g] = true;
+                }
+                let u = StatusUpdate {
+                    gpus: uuids,
+                    ..StatusUpdate::new(t.task_id, FrameworkId::random(), TaskState::Running)
+                };
+                core.update(&u, now);
+                running.push((t.clone(), n, gpus));
+            }
+        }
+    }
 }
 
 fn pass(jobs: u64, agents: usize, steps: usize) {
@@ -165,63 +228,61 @@ fn pass(jobs: u64, agents: usize, steps: usize) {
         t.elapsed()
     );
     let mut running: Vec<(TaskInfo, usize, Vec<usize>)> = Vec::new();
-    for a in &actions {
-        if let Action::Launch { tasks, offers } = a {
-            let Some(&n) = offers.first().and_then(|o| agent_of.get(o)) else {
-                continue;
-            };
-            for t in tasks {
-                let want = t.resources.get("gpus") as usize;
-                let uuids = t
-                    .gpu_selector
-                    .as_ref()
-                    .map(|s| s.uuids.clone())
-                    .unwrap_or_default();
-                let agent = &mut cluster[n];
-                let mut gpus: Vec<usize> = uuids
-                    .iter()
-                    .filter_map(|u| agent.gpus.iter().position(|g| &g.uuid == u))
-                    .take(want)
-                    .collect();
-                if gpus.len() < want {
-                    gpus = (0..8).filter(|g| !agent.busy[*g]).take(want).collect();
-                }
-                let uuids = gpus.iter().map(|g| agent.gpus[*g].uuid.clone()).collect();
-                for g in &gpus {
-                    agent.busy[*g] = true;
-                }
-                let u = StatusUpdate {
-                    gpus: uuids,
-                    ..StatusUpdate::new(t.task_id, FrameworkId::random(), TaskState::Running)
-                };
-                core.update(&u, now);
-                running.push((t.clone(), n, gpus));
-            }
-        }
-    }
+    started(
+        &mut core,
+        &mut cluster,
+        &actions,
+        &agent_of,
+        now,
+        &mut running,
+    );
     let mut times = Vec::new();
+    let mut cpu = Vec::new();
     let mut at = now;
-    for step in 0..steps.min(running.len()) {
+    for step in 0..steps {
+        if running.is_empty() {
+            break;
+        }
         at += Duration::from_secs(1);
-        let (task, n, gpus) = running[step * 7 % running.len()].clone();
+        let (task, n, gpus) = running.swap_remove(step * 7 % running.len());
         for g in &gpus {
             cluster[n].busy[*g] = false;
         }
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_time());
         core.update(
             &StatusUpdate::new(task.task_id, FrameworkId::random(), TaskState::Finished),
             at,
         );
         times.push(t.elapsed());
+        cpu.push(cpu_time().saturating_sub(c));
         let o = offer(&cluster[n], n);
-        let t = Instant::now();
-        core.offers(vec![o], at);
+        let agent_of = BTreeMap::from([(o.id, n)]);
+        let (t, c) = (Instant::now(), cpu_time());
+        let actions = core.offers(vec![o], at);
         times.push(t.elapsed());
+        cpu.push(cpu_time().saturating_sub(c));
+        // What it launched runs (its `Running` updates' passes are not timed).
+        started(
+            &mut core,
+            &mut cluster,
+            &actions,
+            &agent_of,
+            at,
+            &mut running,
+        );
     }
     println!(
         "steady-state passes with {} queued: {}",
         core.active_jobs(),
         percentiles(times)
+    );
+    println!("the same passes in CPU time: {}", percentiles(cpu.clone()));
+    let (ends, offers): (Vec<_>, Vec<_>) = cpu.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let strip = |v: Vec<(usize, &Duration)>| v.into_iter().map(|(_, d)| *d).collect();
+    println!("  after a worker's end (CPU): {}", percentiles(strip(ends)));
+    println!(
+        "  after its agent's offer (CPU): {}",
+        percentiles(strip(offers))
     );
 }
 

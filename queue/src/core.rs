@@ -259,6 +259,8 @@ pub struct Core {
     named: BTreeSet<String>,
     /// The order of the eligible jobs kept across passes (see `order_cache`).
     order_cache: order_cache::OrderCache,
+    /// The agents' views with every member ended, kept across passes (see `reserve`).
+    view_cache: reserve::ViewCache,
     /// Jobs the last pass could place but not launch by other teams' lending limits, and why.
     lend_blocked: HashMap<u64, String>,
     /// The teams' spending against their budgets (see `spend`).
@@ -314,6 +316,7 @@ impl Core {
         Core {
             named,
             order_cache: Default::default(),
+            view_cache: Default::default(),
             lend_blocked: HashMap::new(),
             budgets: crate::budget::Budgets::new(config.budgets.clone()),
             config,

@@ -12,6 +12,12 @@
 //! (the store relies on the same). The first pass, and the first after a restore, keys every
 //! job.
 //!
+//! A pass reads the kept order in place ([`TeamList`]: each team's set through an iterator,
+//! the team's part of the key applied as it reads). The jobs submitted at `high` or above are
+//! also kept apart per team, so that preemption finds the first blocked one without walking
+//! the others ([`first_high`]). The timers' [`Watch`] is kept here too, for the same feed of
+//! changed jobs.
+//!
 //! Used only while no team has a GPU quota: a job's "over its quota" changes with its team's
 //! usage (and per model with its bucket), so with quotas every pass keys every job
 //! ([`Core::keyed_least`]). In tests every pass checks the kept order, counts, least worker
@@ -19,11 +25,12 @@
 //! the pass against the full pass of `pass_oracle`, with and without quotas, across aging
 //! steps, deadlines, retries and store commits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{btree_set, vec_deque, BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::order::{Keyed, OrderKey, TeamUsage};
 use super::shape::{Least, Shape};
+use super::timers::Watch;
 use super::{Core, Job, JobSpec, Priority};
 
 /// A job's own part of its order key: `u8::MAX` less its effective priority's rank, whether
@@ -43,6 +50,9 @@ pub(super) struct OrderCache {
     primed: bool,
     /// Per team, its cached jobs in order.
     teams: HashMap<String, BTreeSet<JobKey>>,
+    /// Per team, those of its cached jobs submitted at `high` or above (the only ones that
+    /// preempt), in order: the pass finds the first without walking the rest.
+    high: HashMap<String, BTreeSet<JobKey>>,
     /// Per cached job: its team, key, the start of the wait it was keyed for, when it must be
     /// keyed again (`None`: never, while that wait lasts) and its least worker's amounts.
     jobs: HashMap<u64, Cached>,
@@ -57,6 +67,9 @@ pub(super) struct OrderCache {
     /// Jobs changed since the last pass whose change the store commit took
     /// ([`Core::take_changes`] drains `touched`): looked at again in the next pass.
     dirty: BTreeSet<u64>,
+    /// The jobs the timers watch (kept here for the same feed of changed jobs; not reset
+    /// with the order while teams have quotas).
+    pub(super) watch: Watch,
 }
 
 #[derive(Debug)]
@@ -72,9 +85,24 @@ struct Cached {
 impl OrderCache {
     /// Notes jobs changed since the last pass (see `dirty`).
     pub(super) fn note(&mut self, ids: &BTreeSet<u64>) {
+        self.watch.note(ids);
         if self.primed {
             self.dirty.extend(ids.iter().copied());
         }
+    }
+
+    /// Per team of `teams` (with the team part of its jobs' keys in `keys`), its kept jobs in
+    /// order, read in place.
+    pub(super) fn lists(&self, teams: &[String], keys: &[(u64, u64)]) -> Vec<TeamList<'_>> {
+        teams
+            .iter()
+            .zip(keys)
+            .map(|(team, tk)| TeamList::Kept {
+                team: *tk,
+                rest: self.teams.get(team).map(|s| s.iter()),
+                high: self.high.get(team),
+            })
+            .collect()
     }
 
     /// Forgets job `id`.
@@ -82,10 +110,12 @@ impl OrderCache {
         let Some(c) = self.jobs.remove(&id) else {
             return;
         };
-        if let Some(set) = self.teams.get_mut(&c.team) {
-            set.remove(&c.key);
-            if set.is_empty() {
-                self.teams.remove(&c.team);
+        for sets in [&mut self.teams, &mut self.high] {
+            if let Some(set) = sets.get_mut(&c.team) {
+                set.remove(&c.key);
+                if set.is_empty() {
+                    sets.remove(&c.team);
+                }
             }
         }
         if let Some(d) = c.due {
@@ -112,6 +142,12 @@ impl OrderCache {
             .entry(job.spec.team.clone())
             .or_default()
             .insert(key);
+        if job.spec.priority >= Priority::High {
+            self.high
+                .entry(job.spec.team.clone())
+                .or_default()
+                .insert(key);
+        }
         if let Some(d) = due {
             self.due.insert((d, job.id));
         }
@@ -132,6 +168,111 @@ impl OrderCache {
                 gang,
             },
         );
+    }
+}
+
+/// A team's eligible jobs in order, with their order keys, as a pass takes them (the least
+/// head of all teams first): read in place from the kept order, or keyed for this pass.
+#[derive(Debug, Clone)]
+pub(super) enum TeamList<'a> {
+    /// From the kept order ([`OrderCache::lists`]): the jobs' own keys not yet taken, and the
+    /// team's part of their keys.
+    Kept {
+        team: (u64, u64),
+        rest: Option<btree_set::Iter<'a, JobKey>>,
+        /// Those of its jobs submitted at `high` or above.
+        high: Option<&'a BTreeSet<JobKey>>,
+    },
+    /// Keyed for this pass ([`Core::keyed_least`]).
+    Keyed(VecDeque<(OrderKey, u64)>),
+}
+
+impl TeamList<'_> {
+    /// Its jobs not yet taken, in order.
+    pub(super) fn cursor(&self) -> Cursor<'_> {
+        match self {
+            TeamList::Kept { team, rest, .. } => Cursor::Kept(*team, rest.clone()),
+            TeamList::Keyed(list) => Cursor::Keyed(list.iter()),
+        }
+    }
+
+    /// Its next job.
+    pub(super) fn front(&self) -> Option<(OrderKey, u64)> {
+        self.cursor().next()
+    }
+
+    /// Takes its next job.
+    pub(super) fn pop_front(&mut self) -> Option<(OrderKey, u64)> {
+        match self {
+            TeamList::Kept { team, rest, .. } => {
+                rest.as_mut()?.next().map(|k| (full(k, *team), k.4))
+            }
+            TeamList::Keyed(list) => list.pop_front(),
+        }
+    }
+
+    /// Its first job not yet taken that was submitted at `high` or above and passes `ok`
+    /// (`high`: whether job `id` was), with its key. From the kept order only those jobs are
+    /// looked at; a keyed list is walked while its keys rank at `high` or above (those of such
+    /// jobs do, and they rank first).
+    fn first_high(
+        &self,
+        high: &dyn Fn(u64) -> bool,
+        ok: &dyn Fn(u64) -> bool,
+    ) -> Option<(OrderKey, u64)> {
+        match self {
+            TeamList::Kept {
+                team,
+                rest,
+                high: h,
+            } => {
+                let from = rest.clone()?.next()?;
+                h.and_then(|h| {
+                    h.range(from..)
+                        .map(|k| (full(k, *team), k.4))
+                        .find(|(_, id)| ok(*id))
+                })
+            }
+            TeamList::Keyed(list) => {
+                let ranked_high = u8::MAX - Priority::High.rank();
+                list.iter()
+                    .take_while(|(k, _)| k.0 <= ranked_high)
+                    .find(|(_, id)| high(*id) && ok(*id))
+                    .copied()
+            }
+        }
+    }
+}
+
+/// The first job in order among the jobs not yet taken of `lists` that was submitted at
+/// `high` or above and passes `ok` (see [`TeamList::first_high`]).
+pub(super) fn first_high(
+    lists: &[TeamList<'_>],
+    high: &dyn Fn(u64) -> bool,
+    ok: &dyn Fn(u64) -> bool,
+) -> Option<u64> {
+    lists
+        .iter()
+        .filter_map(|l| l.first_high(high, ok))
+        .min()
+        .map(|(_, id)| id)
+}
+
+/// A [`TeamList`]'s jobs from where it is, in order.
+#[derive(Clone)]
+pub(super) enum Cursor<'a> {
+    Kept((u64, u64), Option<btree_set::Iter<'a, JobKey>>),
+    Keyed(vec_deque::Iter<'a, (OrderKey, u64)>),
+}
+
+impl Iterator for Cursor<'_> {
+    type Item = (OrderKey, u64);
+
+    fn next(&mut self) -> Option<(OrderKey, u64)> {
+        match self {
+            Cursor::Kept(team, rest) => rest.as_mut()?.next().map(|k| (full(k, *team), k.4)),
+            Cursor::Keyed(list) => list.next().copied(),
+        }
     }
 }
 
@@ -170,11 +311,13 @@ impl Core {
     pub(super) fn keyed_cached(
         &mut self,
         usage: &HashMap<String, TeamUsage>,
-        totals: (u64, u64),
         now: Instant,
     ) -> Option<Keyed> {
         if self.config.teams.values().any(|t| t.has_quota()) {
-            self.order_cache = OrderCache::default();
+            self.order_cache = OrderCache {
+                watch: std::mem::take(&mut self.order_cache.watch),
+                ..OrderCache::default()
+            };
             return None;
         }
         let mut cache = std::mem::take(&mut self.order_cache);
@@ -182,6 +325,7 @@ impl Core {
             // Every eligible job keyed (the first pass, or after a reset).
             cache = OrderCache {
                 primed: true,
+                watch: std::mem::take(&mut cache.watch),
                 ..OrderCache::default()
             };
             for j in self.jobs.values().filter(|j| Self::eligible(j)) {
@@ -224,17 +368,6 @@ impl Core {
             least.add_parts(f64::from_bits(cpus), f64::from_bits(mem), gpus);
         }
         let level = self.level_among(usage, &counts);
-        let none = TeamUsage::default();
-        let lists: Vec<VecDeque<(OrderKey, u64)>> = counts
-            .keys()
-            .map(|team| {
-                let used = usage.get(team).unwrap_or(&none);
-                let tk = self.team_key(team, used, totals, level);
-                cache.teams.get(team).map_or_else(VecDeque::new, |set| {
-                    set.iter().map(|k| (full(k, tk), k.4)).collect()
-                })
-            })
-            .collect();
         let shapes: Vec<JobSpec> = cache.gangs.iter().map(|g| g.1.clone()).collect();
         #[cfg(test)]
         {
@@ -248,6 +381,17 @@ impl Core {
                 }
             }
             assert_eq!(walked.len(), cache.gangs.len(), "gang shapes");
+            // The jobs kept apart as submitted at `high` or above are exactly those.
+            for (team, set) in &cache.teams {
+                let high: BTreeSet<JobKey> = set
+                    .iter()
+                    .filter(|k| self.jobs[&k.4].spec.priority >= Priority::High)
+                    .copied()
+                    .collect();
+                let kept = cache.high.get(team).cloned().unwrap_or_default();
+                assert_eq!(high, kept, "high jobs of {team}");
+            }
+            assert!(cache.high.keys().all(|t| cache.teams.contains_key(t)));
             for (g, n) in &walked {
                 assert!(
                     cache
@@ -262,22 +406,46 @@ impl Core {
         #[cfg(test)]
         {
             // The kept order is the full keying's (`keyed_least`), job for job.
+            let totals = self.totals();
             let full = self.keyed_least(usage, totals, now);
             assert_eq!(full.teams, counts, "teams");
             assert_eq!(full.least, least, "the least worker");
+            let names: Vec<String> = counts.keys().cloned().collect();
+            let kept: Vec<VecDeque<(OrderKey, u64)>> = self
+                .order_cache
+                .lists(&names, &self.team_keys(&names, usage, totals, level))
+                .iter()
+                .map(|l| l.cursor().collect())
+                .collect();
             assert_eq!(
-                full.lists, lists,
+                full.lists, kept,
                 "the kept order differs from a full keying"
             );
         }
         Some(Keyed {
             teams: counts,
             level,
-            lists,
+            // Read in place from the kept order ([`OrderCache::lists`]).
+            lists: Vec::new(),
             fixed: true,
             least,
             shapes: Some(shapes),
         })
+    }
+
+    /// The team part of the order key ([`Core::team_key`]) of each of `teams`.
+    pub(super) fn team_keys(
+        &self,
+        teams: &[String],
+        usage: &HashMap<String, TeamUsage>,
+        totals: (u64, u64),
+        level: f64,
+    ) -> Vec<(u64, u64)> {
+        let none = TeamUsage::default();
+        teams
+            .iter()
+            .map(|team| self.team_key(team, usage.get(team).unwrap_or(&none), totals, level))
+            .collect()
     }
 
     /// A job's own part of its order key, with no quota (see [`Core::order_key`]).

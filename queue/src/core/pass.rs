@@ -3,7 +3,8 @@
 //! the idle-GPU statistic) is in [`super::reserve`]. The policy is described in the module
 //! documentation of [`crate::core`].
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
+use std::iter::Peekable;
 use std::time::{Duration, Instant};
 
 use gantry_sdk::placement::gang;
@@ -11,6 +12,7 @@ use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
 use super::order::{Keyed, OrderKey, TeamUsage};
+use super::order_cache::{first_high, Cursor, TeamList};
 use super::preempt::Victims;
 use super::reserve::{
     avail_ids, gang_of, remove, settle_parts, subtract, Parts, Reservation, PREEMPT_RESERVATION,
@@ -30,6 +32,7 @@ impl Core {
         self.lend_blocked.clear();
         self.resolve_dependencies(now);
         self.learn_capacity();
+        self.refresh_view_cache(false);
         let busy = self.busy_gpus();
         let offers: Vec<Offer> = self.offers.values().map(|(o, _)| o.clone()).collect();
         let mut views =
@@ -49,19 +52,27 @@ impl Core {
         // launch only for the launching team's jobs (a launch changes only that team's usage;
         // the order of the others stays, unless the level changes: then all of it).
         let mut usage = self.usage(now);
-        let keyed = match self.keyed_cached(&usage, totals, now) {
+        let keyed = match self.keyed_cached(&usage, now) {
             Some(k) => k,
             None => self.keyed_least(&usage, totals, now),
         };
         let Keyed {
             mut teams,
             mut level,
-            mut lists,
+            lists: keyed_lists,
             fixed,
             least,
             shapes,
         } = keyed;
         let names: Vec<String> = teams.keys().cloned().collect();
+        // The kept order is read in place (taken out of `self` for the pass: nothing in a pass
+        // changes it; it is brought up to date from the touched jobs at the next).
+        let cache = std::mem::take(&mut self.order_cache);
+        let mut lists: Vec<TeamList> = if fixed {
+            cache.lists(&names, &self.team_keys(&names, &usage, totals, level))
+        } else {
+            keyed_lists.into_iter().map(TeamList::Keyed).collect()
+        };
         // Who may hold (the reservation): the first job, in order, that does not fit what is
         // free now and is not backing off ([`Holds`]). Placement depends only on the gang's
         // shape: tried once per shape (a queue holds thousands of jobs of a few shapes).
@@ -143,9 +154,17 @@ impl Core {
                 let was = level;
                 level = self.level_among(&usage, &teams);
                 let none = TeamUsage::default();
-                let rekey = |list: &mut VecDeque<(OrderKey, u64)>, team: &str| {
+                let rekey = |list: &mut TeamList, team: &str| {
                     let used = usage.get(team).unwrap_or(&none);
                     let tk = self.team_key(team, used, totals, level);
+                    let list = match list {
+                        TeamList::Kept { team, .. } => {
+                            // Only the team's part changed: the same for all, the order stays.
+                            *team = tk;
+                            return;
+                        }
+                        TeamList::Keyed(list) => list,
+                    };
                     if fixed {
                         // Only the team's part changed: the same for all, the order stays.
                         for e in list.iter_mut() {
@@ -352,17 +371,15 @@ impl Core {
         if !self.kills_in_flight() && self.preempt_for.is_none() {
             // Only jobs ordered at `high` or above (the first keys of every list) can be.
             let high = |c: &Core, id: u64| c.jobs[&id].spec.priority >= Priority::High;
-            let ranked_high = u8::MAX - Priority::High.rank();
+            // (Only those of the jobs not reached: the kept order knows them apart.)
             let first_high = blocked
                 .iter()
                 .copied()
                 .find(|id| high(self, *id))
                 .or_else(|| {
-                    merged(&lists)
-                        .take_while(|(key, _)| key.0 <= ranked_high)
-                        .map(|(_, id)| id)
-                        .filter(|id| !self.over_borrow_limit(&self.jobs[id].spec, &usage))
-                        .find(|id| high(self, *id))
+                    first_high(&lists, &|id| high(self, id), &|id| {
+                        !self.over_borrow_limit(&self.jobs[&id].spec, &usage)
+                    })
                 });
             if let Some(id) = first_high {
                 out.extend(self.preempt(id, &views, &started, now, Victims::LowerClass));
@@ -399,6 +416,8 @@ impl Core {
                 }
             }
         }
+        drop(lists);
+        self.order_cache = cache;
         // Elastic growth when nothing waits.
         if first_blocked.is_none() {
             // Growth changes the jobs it grows (`launch`): every running job may.
@@ -468,6 +487,7 @@ impl Core {
         }
         self.last_reservation = reservation;
         self.last_settling = settling;
+        self.refresh_view_cache(true);
         out
     }
 
@@ -540,17 +560,18 @@ impl Core {
     }
 }
 
-/// The entries of per-team lists, each in order, merged in order (the least head first).
-fn merged(lists: &[VecDeque<(OrderKey, u64)>]) -> impl Iterator<Item = (OrderKey, u64)> + '_ {
-    let mut at = vec![0usize; lists.len()];
+/// The entries of per-team lists, each from where it is, merged in order (the least head
+/// first).
+fn merged<'a>(lists: &'a [TeamList<'_>]) -> impl Iterator<Item = (OrderKey, u64)> + 'a {
+    let mut heads: Vec<Peekable<Cursor<'a>>> =
+        lists.iter().map(|l| l.cursor().peekable()).collect();
     std::iter::from_fn(move || {
-        let t = lists
-            .iter()
+        let t = heads
+            .iter_mut()
             .enumerate()
-            .filter_map(|(t, l)| l.get(at[t]).map(|e| (e, t)))
+            .filter_map(|(t, h)| h.peek().map(|e| (*e, t)))
             .min()
             .map(|(_, t)| t)?;
-        at[t] += 1;
-        lists[t].get(at[t] - 1).copied()
+        heads[t].next()
     })
 }

@@ -2,10 +2,10 @@
 //! eligible job ordered and tried each pass), kept unchanged so that the property test in
 //! `pass_tests` can check that [`Core::pass`] decides exactly what it decides.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
-use gantry_sdk::placement::gang;
+use gantry_sdk::placement::gang::{self, GangRequest};
 use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
@@ -350,5 +350,112 @@ impl Core {
         self.last_reservation = reservation;
         self.last_settling = settling;
         out
+    }
+}
+
+impl Core {
+    /// [`Core::reserve`] as it was computed before (the views of the whole cluster copied
+    /// per probe): it checks the faster computation in tests.
+    ///
+    /// The reservation for blocked job `id`: where its gang's fewest members go once running
+    /// work ends, at the earliest time they fit by the running members' expected ends (their
+    /// attempt's launch plus time limit; members being killed end now). At that time it prefers
+    /// agents with the fewest GPUs idle now (then by hostname: not by agent id), so it reserves
+    /// GPUs that are busy now rather than idle ones others could use. When it fits only once
+    /// members without a time limit end, it has no estimated start.
+    pub(super) fn reserve_reference(
+        &self,
+        id: u64,
+        gang: &GangRequest,
+        now: Instant,
+    ) -> Option<Reservation> {
+        let rigid = GangRequest {
+            max: gang.min,
+            ..gang.clone()
+        };
+        // GPUs idle now per agent (those of `eventual_views(false)`), counted without
+        // building the views: its GPUs less those of workers not being killed.
+        let mut busy: HashMap<AgentId, BTreeSet<&str>> = HashMap::new();
+        for job in self.with_members() {
+            for m in job.members.values().filter(|m| !m.killing) {
+                busy.entry(m.agent_id)
+                    .or_default()
+                    .extend(m.gpus.iter().map(String::as_str));
+            }
+        }
+        let idle: HashMap<AgentId, usize> = self
+            .agents
+            .iter()
+            .map(|(id, a)| {
+                let taken = busy.get(id).map_or(0, |b| {
+                    a.gpus.keys().filter(|u| b.contains(u.as_str())).count()
+                });
+                (*id, a.gpus.len() - taken)
+            })
+            .collect();
+        let mut base = self.eventual_views(true);
+        base.sort_by(|a, b| {
+            (idle.get(&a.agent_id), &a.hostname, a.agent_id).cmp(&(
+                idle.get(&b.agent_id),
+                &b.hostname,
+                b.agent_id,
+            ))
+        });
+        let members = self.member_ends(now);
+        let index: HashMap<AgentId, usize> = base
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.agent_id, i))
+            .collect();
+        // What every agent has at `t` (`None`: once every member ended).
+        let at = |t: Option<Instant>| {
+            let mut v = base.clone();
+            for (agent, res, gpus, end) in &members {
+                let ended = match (t, end) {
+                    (None, _) => true,
+                    (Some(t), Some(end)) => *end <= t,
+                    (Some(_), None) => false,
+                };
+                if !ended {
+                    if let Some(&i) = index.get(agent) {
+                        remove(&mut v[i..=i], *agent, res, gpus);
+                    }
+                }
+            }
+            v
+        };
+        // (Only the views' agent ids are read after a plan: placing on them in place is fine.)
+        let fits = |t: Option<Instant>| {
+            let mut v = at(t);
+            gang::place_gang(&mut v, &rigid).map(|plan| (plan, v))
+        };
+        let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
+        times.push(now);
+        times.sort();
+        times.dedup();
+        // What is free only grows with time: the earliest time it fits, by bisection.
+        let start = if fits(times.last().copied()).is_some() {
+            let i = times.partition_point(|t| fits(Some(*t)).is_none());
+            times.get(i).copied()
+        } else {
+            None
+        };
+        let (plan, eventual) = fits(start)?;
+        let mut parts: Vec<(AgentId, Resources, Vec<String>)> = Vec::new();
+        for a in &plan.assignments {
+            let agent = eventual[a.agent].agent_id;
+            match parts.iter_mut().find(|p| p.0 == agent) {
+                Some(p) => {
+                    p.1.add_assign(&gang.member.resources);
+                    p.2.extend(a.gpus.iter().cloned());
+                }
+                None => parts.push((agent, gang.member.resources.clone(), a.gpus.clone())),
+            }
+        }
+        Some(Reservation {
+            holder: id,
+            parts,
+            start,
+        })
     }
 }

@@ -235,6 +235,8 @@ enum Op {
         limit: Option<u64>,
         /// Seconds after the start (as Unix seconds from [`WALL0`]), and best-effort.
         deadline: Option<(u64, bool)>,
+        /// A job it runs after (`afterok`; refused alike by both sides when unknown).
+        after: Option<u64>,
     },
     Offer(usize),
     Finish(usize),
@@ -251,16 +253,20 @@ fn op() -> impl Strategy<Value = Op> {
             (0u32..=8, 1u32..=3, 0u32..=2, 0u8..5, 0usize..3),
             prop::option::of(10u64..400),
             prop::option::weighted(0.3, (0u64..900, any::<bool>())),
+            prop::option::weighted(0.2, 1u64..30),
         )
-            .prop_map(|((gpus, min, extra, prio, team), limit, deadline)| Op::Submit {
-                gpus,
-                min,
-                extra,
-                prio,
-                team,
-                limit,
-                deadline,
-            }),
+            .prop_map(
+                |((gpus, min, extra, prio, team), limit, deadline, after)| Op::Submit {
+                    gpus,
+                    min,
+                    extra,
+                    prio,
+                    team,
+                    limit,
+                    deadline,
+                    after,
+                },
+            ),
         3 => (0usize..3).prop_map(Op::Offer),
         2 => (0usize..8).prop_map(Op::Finish),
         1 => (0usize..8).prop_map(Op::Fail),
@@ -382,6 +388,7 @@ impl Side {
                 team,
                 limit,
                 deadline,
+                after,
             } => {
                 let name = format!("j{n}");
                 let mut s = spec(
@@ -400,6 +407,7 @@ impl Side {
                 // Every third job retries once after a failure (a backoff: not eligible
                 // meanwhile).
                 s.max_retries = u32::from(n.is_multiple_of(3));
+                s.after = after.iter().copied().collect();
                 self.sim.jobs.insert(name, (*min, min + extra));
                 self.q.submit(s, now).1
             }

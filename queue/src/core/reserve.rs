@@ -3,15 +3,16 @@
 //! eventually once running work ends), learned capacities, and the idle-GPU statistic
 //! ([`Core::idle_gpus`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::placement::gang::{self, GangRequest};
-use gantry_sdk::placement::offers::{AgentView, Plan};
+use gantry_sdk::placement::offers::{self, AgentView, Plan, Score};
 use gantry_sdk::protocol::*;
 
 use super::shape::ShapeCache;
-use super::{member_resources, request, time_limit, Core, Job, JobSpec, JobState};
+use super::{member_resources, request, time_limit, Core, Job, JobSpec, JobState, KnownAgent};
 
 impl Core {
     /// Free GPUs (capacity minus ours, assuming the cluster is ours), split in three
@@ -196,10 +197,34 @@ impl Core {
     /// agents with the fewest GPUs idle now (then by hostname: not by agent id), so it reserves
     /// GPUs that are busy now rather than idle ones others could use. When it fits only once
     /// members without a time limit end, it has no estimated start.
+    ///
+    /// Computed without copying the cluster per probe: the agents' views with every member
+    /// ended are kept across passes ([`ViewCache`]), an agent's view at a time is built only
+    /// where members still run then and a member could fit, and the gang is placed on the
+    /// agents the first members would go to (see [`place_on_best`]). In tests every call is
+    /// checked against the plain computation (`reserve_reference`, in `pass_oracle`).
     pub(super) fn reserve(&self, id: u64, gang: &GangRequest, now: Instant) -> Option<Reservation> {
+        let r = self.reserve_fast(id, gang, now);
+        #[cfg(test)]
+        assert_eq!(
+            r,
+            self.reserve_reference(id, gang, now),
+            "the reservation differs from the plain computation"
+        );
+        r
+    }
+
+    fn reserve_fast(&self, id: u64, gang: &GangRequest, now: Instant) -> Option<Reservation> {
         let rigid = GangRequest {
             max: gang.min,
             ..gang.clone()
+        };
+        let built;
+        let base: &[AgentView] = if self.view_cache.checked || self.view_cache.fresh(&self.agents) {
+            &self.view_cache.views
+        } else {
+            built = self.eventual_views(true);
+            &built
         };
         // GPUs idle now per agent (those of `eventual_views(false)`), counted without
         // building the views: its GPUs less those of workers not being killed.
@@ -211,53 +236,88 @@ impl Core {
                     .extend(m.gpus.iter().map(String::as_str));
             }
         }
-        let idle: HashMap<AgentId, usize> = self
-            .agents
-            .iter()
-            .map(|(id, a)| {
-                let taken = busy.get(id).map_or(0, |b| {
-                    a.gpus.keys().filter(|u| b.contains(u.as_str())).count()
-                });
-                (*id, a.gpus.len() - taken)
-            })
-            .collect();
-        let mut base = self.eventual_views(true);
-        base.sort_by(|a, b| {
-            (idle.get(&a.agent_id), &a.hostname, a.agent_id).cmp(&(
-                idle.get(&b.agent_id),
-                &b.hostname,
-                b.agent_id,
-            ))
-        });
-        let members = self.member_ends(now);
-        let index: HashMap<AgentId, usize> = base
+        let idle = |v: &AgentView| {
+            let a = &self.agents[&v.agent_id];
+            let taken = busy.get(&v.agent_id).map_or(0, |b| {
+                a.gpus.keys().filter(|u| b.contains(u.as_str())).count()
+            });
+            a.gpus.len() - taken
+        };
+        // The agents in order of preference (`base` is in agent id order, as `agents`).
+        let mut order: Vec<(usize, &str, AgentId, usize)> = base
             .iter()
             .enumerate()
-            .map(|(i, v)| (v.agent_id, i))
+            .map(|(i, v)| (idle(v), v.hostname.as_str(), v.agent_id, i))
             .collect();
-        // What every agent has at `t` (`None`: once every member ended).
-        let at = |t: Option<Instant>| {
-            let mut v = base.clone();
-            for (agent, res, gpus, end) in &members {
-                let ended = match (t, end) {
-                    (None, _) => true,
-                    (Some(t), Some(end)) => *end <= t,
-                    (Some(_), None) => false,
-                };
-                if !ended {
-                    if let Some(&i) = index.get(agent) {
-                        remove(&mut v[i..=i], *agent, res, gpus);
-                    }
+        order.sort_unstable();
+        let index: HashMap<AgentId, usize> =
+            order.iter().enumerate().map(|(k, o)| (o.2, k)).collect();
+        // Every running member (in the order `member_ends` gives them), and per agent (by
+        // its place in `order`) its members.
+        let mut amounts: Vec<Resources> = Vec::new();
+        let mut members: Vec<(usize, &[String], Option<Instant>)> = Vec::new();
+        let mut on: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
+        for job in self.with_members() {
+            amounts.push(member_resources(&job.spec));
+            let end = match (time_limit(&self.config, &job.spec), job.attempt_started) {
+                (Some(limit), Some(started)) => Some((started + limit).max(now)),
+                _ => None,
+            };
+            for m in job.members.values() {
+                let end = if m.killing { Some(now) } else { end };
+                if let Some(&k) = index.get(&m.agent_id) {
+                    on[k].push(members.len());
                 }
+                members.push((amounts.len() - 1, &m.gpus, end));
             }
-            v
+        }
+        let ended = |t: Option<Instant>, end: Option<Instant>| match (t, end) {
+            (None, _) => true,
+            (Some(t), Some(end)) => end <= t,
+            (Some(_), None) => false,
         };
-        // (Only the views' agent ids are read after a plan: placing on them in place is fine.)
+        let task = &rigid.member;
+        // Where the gang goes at `t` (`None`: once every member ended), and the views its
+        // plan's indices refer to.
         let fits = |t: Option<Instant>| {
-            let mut v = at(t);
-            gang::place_gang(&mut v, &rigid).map(|plan| (plan, v))
+            // Per agent in order: its view at `t`, where a member could fit there.
+            let mut views: Vec<Cow<AgentView>> = Vec::new();
+            for (k, o) in order.iter().enumerate() {
+                let v = &base[o.3];
+                let left: Vec<usize> = on[k]
+                    .iter()
+                    .copied()
+                    .filter(|&i| !ended(t, members[i].2))
+                    .collect();
+                if left.is_empty() {
+                    views.push(Cow::Borrowed(v));
+                    continue;
+                }
+                let mut resources = v.resources.clone();
+                for &i in &left {
+                    resources = resources.saturating_sub(&amounts[members[i].0]);
+                }
+                // (What `offers::evaluate` asks first of an agent; a fraction of a GPU is placed
+                // by a policy over every agent that can host it: no agent is left out then.)
+                if task.fraction().is_none() && !resources.contains(&task.resources) {
+                    continue;
+                }
+                // (As `eventual_views` and the plain computation take them off.)
+                let mut v = v.clone();
+                let agent = v.agent_id;
+                for &i in &left {
+                    remove(
+                        std::slice::from_mut(&mut v),
+                        agent,
+                        &amounts[members[i].0],
+                        members[i].1,
+                    );
+                }
+                views.push(Cow::Owned(v));
+            }
+            place_on_best(&views, &rigid)
         };
-        let mut times: Vec<Instant> = members.iter().filter_map(|m| m.3).collect();
+        let mut times: Vec<Instant> = members.iter().filter_map(|m| m.2).collect();
         times.push(now);
         times.sort();
         times.dedup();
@@ -286,6 +346,80 @@ impl Core {
             start,
         })
     }
+
+    /// Brings the kept views ([`ViewCache`]) up to date with the known agents, for a pass
+    /// (`done`: the pass is over). The known agents change only between passes (offers,
+    /// removals) and where a pass starts ([`Core::learn_capacity`]): once checked at the
+    /// start of a pass, they are not compared again in it.
+    pub(super) fn refresh_view_cache(&mut self, done: bool) {
+        if done {
+            self.view_cache.checked = false;
+            return;
+        }
+        if !self.view_cache.fresh(&self.agents) {
+            self.view_cache = ViewCache {
+                from: self.agents.iter().map(|(id, a)| (*id, a.clone())).collect(),
+                views: self.eventual_views(true),
+                checked: false,
+            };
+        }
+        self.view_cache.checked = true;
+    }
+}
+
+/// The agents' views with every member ended ([`Core::eventual_views`]`(true)`), kept across
+/// passes with the known agents they were built from: valid while those are unchanged (the
+/// reservation places on them every pass; building them copies every GPU of the cluster).
+#[derive(Debug, Default)]
+pub(super) struct ViewCache {
+    from: Vec<(AgentId, KnownAgent)>,
+    views: Vec<AgentView>,
+    /// Whether it was found fresh at the start of the pass under way.
+    checked: bool,
+}
+
+impl ViewCache {
+    /// Whether it was built from `agents` as they are.
+    fn fresh(&self, agents: &BTreeMap<AgentId, KnownAgent>) -> bool {
+        agents.len() == self.from.len()
+            && agents.iter().zip(&self.from).all(|((id, a), (cid, c))| {
+                id == cid
+                    && a.hostname == c.hostname
+                    && a.capacity == c.capacity
+                    && a.attributes == c.attributes
+                    && a.gpus == c.gpus
+            })
+    }
+}
+
+/// [`gang::place_gang`] on `views`, copying only the views its members can go to: those
+/// with the best scores ([`offers::evaluate`]) for one member, as many as the gang's most
+/// members. Exact: [`offers::place_one`] takes the least score (the index last) and taking
+/// from an agent changes only that agent's score, so the `n`-th member goes to an agent
+/// already taken from or to the best of the others, among the `n` best scores at the start.
+/// The plan's indices refer to the views returned.
+///
+/// A gang of fractions of a GPU is placed by a policy that scores agents against each other
+/// (`offers::place_one`): on every view then.
+fn place_on_best(views: &[Cow<AgentView>], gang: &GangRequest) -> Option<(Plan, Vec<AgentView>)> {
+    if gang.member.fraction().is_some() {
+        let mut all: Vec<AgentView> = views.iter().map(|v| v.as_ref().clone()).collect();
+        return gang::place_gang(&mut all, gang).map(|plan| (plan, all));
+    }
+    let mut scored: Vec<(Score, usize)> = views
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| offers::evaluate(i, v, &gang.member).map(|c| (c.score, i)))
+        .collect();
+    let most = (gang.max.max(gang.min.max(1)) as usize).min(scored.len());
+    if most == 0 {
+        return None;
+    }
+    scored.select_nth_unstable(most - 1);
+    let mut best: Vec<usize> = scored[..most].iter().map(|s| s.1).collect();
+    best.sort_unstable();
+    let mut chosen: Vec<AgentView> = best.iter().map(|&i| views[i].as_ref().clone()).collect();
+    gang::place_gang(&mut chosen, gang).map(|plan| (plan, chosen))
 }
 
 /// Free GPUs by why they are free ([`Core::idle_gpus`]).
@@ -301,7 +435,7 @@ pub(super) struct IdleGpus {
 
 /// A blocked job's reservation: per agent the amount and GPUs set aside for it, and when it is
 /// expected to start (by the running jobs' time limits; `None` when unknown).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Reservation {
     pub(super) holder: u64,
     pub(super) parts: Parts,
