@@ -12,6 +12,7 @@
 //!
 //! ```text
 //! cargo run --release -p gantry-queue --example queue_bench -- pass [JOBS] [AGENTS] [STEPS]
+//! cargo run --release -p gantry-queue --example queue_bench -- pass-quotas [JOBS] [AGENTS] [STEPS]
 //! cargo run --release -p gantry-queue --example queue_bench -- store [N] [DIR]
 //! ```
 
@@ -180,10 +181,23 @@ fn started(
     }
 }
 
-fn pass(jobs: u64, agents: usize, steps: usize) {
+fn pass(jobs: u64, agents: usize, steps: usize, quotas: bool) {
     let wall = 1_900_000_000_000;
     let now = Instant::now();
-    let mut core = Core::new(CoreConfig::default());
+    let mut config = CoreConfig::default();
+    if quotas {
+        // The ten teams share the cluster's GPUs as nominal quotas (Kueue's nominal quota).
+        let each = (agents as u64 * 8 / 10).max(1);
+        for t in 0..10 {
+            let team = gantry_queue::model::TeamConfig {
+                gpu_quota: Some(each),
+                ..Default::default()
+            };
+            config.teams.insert(format!("team{t}"), team);
+        }
+        println!("ten teams with a quota of {each} GPUs each");
+    }
+    let mut core = Core::new(config);
     let records = (1..=jobs)
         .map(|i| record(i, JobState::Pending, wall))
         .collect();
@@ -330,16 +344,19 @@ fn main() -> anyhow::Result<()> {
         Ok(args.get(i).map(|s| s.parse()).transpose()?.unwrap_or(d))
     };
     match args.first().map(String::as_str) {
-        Some("pass") => pass(
+        Some(mode @ ("pass" | "pass-quotas")) => pass(
             num(1, 100_000)?,
             num(2, 1_250)? as usize,
             num(3, 200)? as usize,
+            mode == "pass-quotas",
         ),
         Some("store") => {
             let dir = args.get(2).map_or_else(std::env::temp_dir, Into::into);
             store(num(1, 1_000_000)?, &dir)?;
         }
-        _ => anyhow::bail!("usage: queue_bench pass [JOBS] [AGENTS] [STEPS] | store [N] [DIR]"),
+        _ => anyhow::bail!(
+            "usage: queue_bench pass|pass-quotas [JOBS] [AGENTS] [STEPS] | store [N] [DIR]"
+        ),
     }
     Ok(())
 }
