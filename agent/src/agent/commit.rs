@@ -69,11 +69,20 @@ impl Agent {
     }
 
     /// Starts a sync of the log for the held batches, unless one runs (its end starts the
-    /// next) or none is due.
+    /// next), none is due, or the last one started less than [`AgentConfig::commit_gap`] ago
+    /// (then the loop wakes at [`Agent::sync_at`] and starts it: the batches handled until then
+    /// share it).
     pub(super) fn start_sync(&mut self) -> anyhow::Result<()> {
         if self.syncing.is_some() || !self.waiting.due {
             return Ok(());
         }
+        let now = Instant::now();
+        if let Some(at) = sync_start_at(self.sync_started, self.config.commit_gap, now) {
+            self.sync_at = Some(at);
+            return Ok(());
+        }
+        self.sync_at = None;
+        self.sync_started = Some(now);
         let job = self
             .wal
             .sync_job()
@@ -84,6 +93,14 @@ impl Agent {
             tx.resource(Resource::Synced(job.run().map_err(|e| e.to_string())));
         });
         Ok(())
+    }
+
+    /// The loop's wake-up for a sync that waits for the commit gap: starts it if it is time.
+    pub(super) fn sync_due(&mut self) -> anyhow::Result<()> {
+        match self.sync_at {
+            Some(at) if at <= Instant::now() => self.start_sync(),
+            _ => Ok(()),
+        }
     }
 
     /// What the synced batches held back leaves: the messages (in order, to the current
@@ -129,6 +146,41 @@ impl Agent {
             .context("syncing the agent's write-ahead log")?;
         self.syncing = None;
         self.waiting = Held::default();
+        self.sync_at = None;
         Ok(())
+    }
+}
+
+/// When a due sync of the log must wait for the commit gap: the time it may start (`gap`
+/// after the last one started), or `None` when it may start `now`.
+pub(super) fn sync_start_at(
+    last_start: Option<Instant>,
+    gap: Duration,
+    now: Instant,
+) -> Option<Instant> {
+    let at = last_start? + gap;
+    (at > now).then_some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_waits_for_the_gap_after_the_last_start_only() {
+        let t0 = Instant::now();
+        let gap = Duration::from_millis(5);
+        // The first sync of a run does not wait.
+        assert_eq!(sync_start_at(None, gap, t0), None);
+        // One due before the gap has passed starts when it has.
+        assert_eq!(
+            sync_start_at(Some(t0), gap, t0 + Duration::from_millis(2)),
+            Some(t0 + gap)
+        );
+        // At the gap or past it: at once.
+        assert_eq!(sync_start_at(Some(t0), gap, t0 + gap), None);
+        assert_eq!(sync_start_at(Some(t0), gap, t0 + 2 * gap), None);
+        // No gap: never waits.
+        assert_eq!(sync_start_at(Some(t0), Duration::ZERO, t0), None);
     }
 }
