@@ -29,10 +29,18 @@ impl Agent {
         let (effects, commit) = self.core.end_batch(unix_ms());
         self.perform(effects)?;
         let started = Instant::now();
-        let records = self
-            .wal
-            .write()
-            .context("writing the agent's write-ahead log")?;
+        // While a sync is due (waiting for the running one or for the commit gap), the
+        // records stay in memory and go out as one frame just before that sync starts
+        // ([`Agent::start_sync`]): nothing they announce leaves before it anyway. Otherwise
+        // they are written now (acknowledgements: the page cache keeps them through the
+        // agent's own crash).
+        let records = if self.waiting.due {
+            0
+        } else {
+            self.wal
+                .write()
+                .context("writing the agent's write-ahead log")?
+        };
         // Whatever leaves waits for a sync, even from a batch that asked for none: it must not
         // overtake what earlier batches hold back.
         let leaving =
@@ -53,6 +61,10 @@ impl Agent {
             self.start_sync()?;
         }
         if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
+            // The snapshot holds the state as of now: every record of it goes to the old log.
+            self.wal
+                .write()
+                .context("writing the agent's write-ahead log")?;
             let gen = self.wal.rotate().context("starting a new log")?;
             let mut snapshot = self.core.checkpoint().clone();
             snapshot.log_gen = gen;
@@ -83,6 +95,10 @@ impl Agent {
         }
         self.sync_at = None;
         self.sync_started = Some(now);
+        // The records of the batches that waited for this sync, as one frame.
+        self.wal
+            .write()
+            .context("writing the agent's write-ahead log")?;
         let job = self
             .wal
             .sync_job()
