@@ -21,7 +21,9 @@
 //! write for acknowledgements), and only then sends the messages and starts the launches the
 //! batch produced (`Agent::commit`). The sync runs off the loop (the commit pipeline: one at a
 //! time, each covering the frames written before it began; `Resource::Synced` releases what
-//! its batches held back), so the loop handles the next inputs while the disk works.
+//! its batches held back), so the loop handles the next inputs while the disk works. Syncs
+//! start at least [`AgentConfig::commit_gap`] apart, and while one is due the batches'
+//! records wait in memory and are written as one frame just before it starts.
 //!
 //! Task life, forward (docs/gpu-agent.md, "One task, walked through"): `RunTask` (ports probed
 //! here) → the core records it with its GPUs, ports and cgroup name *before* the launch creates
