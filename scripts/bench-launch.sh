@@ -14,6 +14,7 @@
 # Env:   INFLIGHT (640: 0.1 cpus each on a 64-cpu agent, Slurm node of INFLIGHT cpus),
 #        PROFILE=release|debug (release), SLURM=auto|no (auto), KEEP=1 keeps the temp dir,
 #        CGROUP_ARGS: extra flags of the cgroups agent (e.g. "--cgroup-pool 0:0": no pool),
+#        AGENT_ARGS: extra flags of both agents (e.g. "--commit-gap-ms 0"),
 #        BIN=DIR: use the binaries in DIR instead of building (to compare two builds),
 #        TMPDIR: where the run's files go (/tmp),
 #        PERF=DIR: record `perf record -a` (every CPU) during each Gantry batch into
@@ -103,8 +104,9 @@ known_agents() {
 
 gantry() { # name isolation-args...
   local name=$1; shift
+  # shellcheck disable=SC2086 # AGENT_ARGS: extra agent flags
   $BIN/gantry-agent --master "$QUIC" --work-dir "$WORK/agent-$name" --tls-dir "$DIR/tls" \
-    --name "bench-$name" --resources "cpus:$CPUS;mem:$((INFLIGHT * 128));disk:1000;gpus:0" "$@" \
+    --name "bench-$name" --resources "cpus:$CPUS;mem:$((INFLIGHT * 128));disk:1000;gpus:0" "$@" ${AGENT_ARGS:-} \
     >"$DIR/agent-$name.log" 2>&1 &
   local agent=$!
   PIDS+=($agent)

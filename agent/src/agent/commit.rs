@@ -29,10 +29,18 @@ impl Agent {
         let (effects, commit) = self.core.end_batch(unix_ms());
         self.perform(effects)?;
         let started = Instant::now();
-        let records = self
-            .wal
-            .write()
-            .context("writing the agent's write-ahead log")?;
+        // While a sync is due (waiting for the running one or for the commit gap), the
+        // records stay in memory and go out as one frame just before that sync starts
+        // ([`Agent::start_sync`]): nothing they announce leaves before it anyway. Otherwise
+        // they are written now (acknowledgements: the page cache keeps them through the
+        // agent's own crash).
+        let records = if self.waiting.due {
+            0
+        } else {
+            self.wal
+                .write()
+                .context("writing the agent's write-ahead log")?
+        };
         // Whatever leaves waits for a sync, even from a batch that asked for none: it must not
         // overtake what earlier batches hold back.
         let leaving =
@@ -53,6 +61,10 @@ impl Agent {
             self.start_sync()?;
         }
         if !self.compacting && self.wal.size() > self.config.wal_compact_bytes {
+            // The snapshot holds the state as of now: every record of it goes to the old log.
+            self.wal
+                .write()
+                .context("writing the agent's write-ahead log")?;
             let gen = self.wal.rotate().context("starting a new log")?;
             let mut snapshot = self.core.checkpoint().clone();
             snapshot.log_gen = gen;
@@ -69,11 +81,24 @@ impl Agent {
     }
 
     /// Starts a sync of the log for the held batches, unless one runs (its end starts the
-    /// next) or none is due.
+    /// next), none is due, or the last one started less than [`AgentConfig::commit_gap`] ago
+    /// (then the loop wakes at [`Agent::sync_at`] and starts it: the batches handled until then
+    /// share it).
     pub(super) fn start_sync(&mut self) -> anyhow::Result<()> {
         if self.syncing.is_some() || !self.waiting.due {
             return Ok(());
         }
+        let now = Instant::now();
+        if let Some(at) = sync_start_at(self.sync_started, self.config.commit_gap, now) {
+            self.sync_at = Some(at);
+            return Ok(());
+        }
+        self.sync_at = None;
+        self.sync_started = Some(now);
+        // The records of the batches that waited for this sync, as one frame.
+        self.wal
+            .write()
+            .context("writing the agent's write-ahead log")?;
         let job = self
             .wal
             .sync_job()
@@ -84,6 +109,14 @@ impl Agent {
             tx.resource(Resource::Synced(job.run().map_err(|e| e.to_string())));
         });
         Ok(())
+    }
+
+    /// The loop's wake-up for a sync that waits for the commit gap: starts it if it is time.
+    pub(super) fn sync_due(&mut self) -> anyhow::Result<()> {
+        match self.sync_at {
+            Some(at) if at <= Instant::now() => self.start_sync(),
+            _ => Ok(()),
+        }
     }
 
     /// What the synced batches held back leaves: the messages (in order, to the current
@@ -129,6 +162,41 @@ impl Agent {
             .context("syncing the agent's write-ahead log")?;
         self.syncing = None;
         self.waiting = Held::default();
+        self.sync_at = None;
         Ok(())
+    }
+}
+
+/// When a due sync of the log must wait for the commit gap: the time it may start (`gap`
+/// after the last one started), or `None` when it may start `now`.
+pub(super) fn sync_start_at(
+    last_start: Option<Instant>,
+    gap: Duration,
+    now: Instant,
+) -> Option<Instant> {
+    let at = last_start? + gap;
+    (at > now).then_some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_waits_for_the_gap_after_the_last_start_only() {
+        let t0 = Instant::now();
+        let gap = Duration::from_millis(5);
+        // The first sync of a run does not wait.
+        assert_eq!(sync_start_at(None, gap, t0), None);
+        // One due before the gap has passed starts when it has.
+        assert_eq!(
+            sync_start_at(Some(t0), gap, t0 + Duration::from_millis(2)),
+            Some(t0 + gap)
+        );
+        // At the gap or past it: at once.
+        assert_eq!(sync_start_at(Some(t0), gap, t0 + gap), None);
+        assert_eq!(sync_start_at(Some(t0), gap, t0 + 2 * gap), None);
+        // No gap: never waits.
+        assert_eq!(sync_start_at(Some(t0), Duration::ZERO, t0), None);
     }
 }

@@ -21,7 +21,9 @@
 //! write for acknowledgements), and only then sends the messages and starts the launches the
 //! batch produced (`Agent::commit`). The sync runs off the loop (the commit pipeline: one at a
 //! time, each covering the frames written before it began; `Resource::Synced` releases what
-//! its batches held back), so the loop handles the next inputs while the disk works.
+//! its batches held back), so the loop handles the next inputs while the disk works. Syncs
+//! start at least [`AgentConfig::commit_gap`] apart, and while one is due the batches'
+//! records wait in memory and are written as one frame just before it starts.
 //!
 //! Task life, forward (docs/gpu-agent.md, "One task, walked through"): `RunTask` (ports probed
 //! here) → the core records it with its GPUs, ports and cgroup name *before* the launch creates
@@ -109,6 +111,11 @@ pub struct AgentConfig {
     /// Log size past which the write-ahead log is compacted into a snapshot
     /// (`--wal-compact-bytes`, default [`wal::COMPACT_BYTES`]).
     pub wal_compact_bytes: u64,
+    /// The least time between the starts of two syncs of the write-ahead log
+    /// (`--commit-gap-ms`, default [`COMMIT_GAP`]): the batches handled in between share the
+    /// later sync (group commit across batches), at the cost of holding what they send and
+    /// launch that much longer at most.
+    pub commit_gap: Duration,
     /// A corrupt frame in the middle of the write-ahead log drops everything from it on
     /// (`--recover-truncate`) instead of stopping the agent ([`wal::Recovery`]).
     pub recover_truncate: bool,
@@ -190,6 +197,12 @@ struct Agent {
     syncing: Option<Held>,
     /// ...and what later batches hold back, for the sync after it.
     waiting: Held,
+    /// When the running (or last) sync of the log started: the next starts
+    /// [`AgentConfig::commit_gap`] after it at the earliest...
+    sync_started: Option<Instant>,
+    /// ...and when a sync is due but waits for that gap, the time it starts (the loop wakes
+    /// for it).
+    sync_at: Option<Instant>,
     /// A background snapshot is being written.
     compacting: bool,
     master: Option<mpsc::UnboundedSender<AgentToMaster>>,
@@ -251,6 +264,9 @@ fn port_bindable(port: u16) -> bool {
 
 /// Inputs handled (at most) per commit.
 const MAX_BATCH: usize = 4096;
+
+/// The default least time between the starts of two syncs of the log ([`AgentConfig::commit_gap`]).
+pub const COMMIT_GAP: Duration = Duration::from_millis(5);
 
 /// The longest the loop sleeps without an input, whatever the core's deadline.
 const MAX_SLEEP: Duration = Duration::from_secs(5);

@@ -133,6 +133,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         releases: Vec::new(),
         syncing: None,
         waiting: Default::default(),
+        sync_started: None,
+        sync_at: None,
         compacting: false,
         master: None,
         outboxes: outboxes_rx,
@@ -205,9 +207,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let result = loop {
         // Sleep until the core's next deadline or an input, whichever comes first (capped, so
         // a wall clock set back does not stall the agent).
-        let sleep = agent.core.next_deadline(unix_ms()).map_or(MAX_SLEEP, |at| {
+        let core_sleep = agent.core.next_deadline(unix_ms()).map_or(MAX_SLEEP, |at| {
             Duration::from_millis(at.saturating_sub(unix_ms())).min(MAX_SLEEP)
         });
+        // A sync of the log waiting for the commit gap wakes the loop too (the core is not
+        // told: nothing of its is due).
+        let sync_sleep = agent
+            .sync_at
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .filter(|d| *d < core_sleep);
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
             res = resources_rx.recv() => {
@@ -243,8 +251,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 }
                 None => break Ok(()),
             },
-            _ = tokio::time::sleep(sleep) => {
-                if let Err(e) = agent.input(Input::Tick).and_then(|_| agent.commit()) {
+            _ = tokio::time::sleep(sync_sleep.unwrap_or(core_sleep)) => {
+                let done = if sync_sleep.is_some() {
+                    agent.sync_due()
+                } else {
+                    agent.input(Input::Tick).and_then(|_| agent.commit())
+                };
+                if let Err(e) = done {
                     break Err(e);
                 }
             }

@@ -131,6 +131,13 @@ struct RunArgs {
     /// past this many bytes (in the background).
     #[arg(long, default_value_t = gantry_agent::wal::COMPACT_BYTES)]
     wal_compact_bytes: u64,
+    /// The least time in milliseconds between the starts of two syncs (`fdatasync`) of the
+    /// write-ahead log: the batches handled in between share the later sync, so a busy agent
+    /// syncs at most 1000 / this many times a second, and a status update or launch waits at
+    /// most this long besides the sync itself. `0`: each sync starts as soon as the previous
+    /// one ends.
+    #[arg(long, default_value_t = gantry_agent::agent::COMMIT_GAP.as_millis() as u64)]
+    commit_gap_ms: u64,
     /// When the write-ahead log has a corrupt frame in its middle (valid frames after it: not
     /// a torn write), drop everything from that frame on and start from the state before it,
     /// instead of refusing to start. The agent logs the offset and what it dropped.
@@ -487,6 +494,7 @@ fn main() -> anyhow::Result<()> {
             keep: args.gc_keep,
         },
         wal_compact_bytes: args.wal_compact_bytes,
+        commit_gap: std::time::Duration::from_millis(args.commit_gap_ms),
         recover_truncate: args.recover_truncate,
         cgroup_pool: args.cgroup_pool,
         metrics_listen: args.metrics_listen,
