@@ -34,7 +34,8 @@ use super::timers::Watch;
 use super::{Core, Job, JobSpec, Priority};
 
 /// A job's own part of its order key: `u8::MAX` less its effective priority's rank, whether
-/// it is over its team's quota (always false here), its deadline, its submission, its id.
+/// it is over its team's quota (for its team's usage at the pass's start), its deadline, its
+/// submission, its id.
 pub(super) type JobKey = (u8, bool, u64, Instant, u64);
 
 /// The full order key of a job with own part `k` in a team with part `t`.
@@ -67,9 +68,11 @@ pub(super) struct OrderCache {
     /// Jobs changed since the last pass whose change the store commit took
     /// ([`Core::take_changes`] drains `touched`): looked at again in the next pass.
     dirty: BTreeSet<u64>,
-    /// The jobs the timers watch (kept here for the same feed of changed jobs; not reset
-    /// with the order while teams have quotas).
+    /// The jobs the timers watch (kept here for the same feed of changed jobs).
     pub(super) watch: Watch,
+    /// With quotas: per team, the usage its jobs' "over its quota" was keyed for (milli-GPUs
+    /// in all and per named model); a team whose usage moved is keyed again.
+    quota_used: HashMap<String, (u64, BTreeMap<String, u64>)>,
 }
 
 #[derive(Debug)]
@@ -307,19 +310,15 @@ impl Core {
     }
 
     /// As [`Core::keyed_least`], from the order kept across passes (see the module
-    /// documentation); `None` while a team has a GPU quota.
+    /// documentation).
     pub(super) fn keyed_cached(
         &mut self,
         usage: &HashMap<String, TeamUsage>,
         now: Instant,
     ) -> Option<Keyed> {
-        if self.config.teams.values().any(|t| t.has_quota()) {
-            self.order_cache = OrderCache {
-                watch: std::mem::take(&mut self.order_cache.watch),
-                ..OrderCache::default()
-            };
-            return None;
-        }
+        let quotas = self.config.teams.values().any(|t| t.has_quota());
+        let none = TeamUsage::default();
+        let used = |team: &str| usage.get(team).unwrap_or(&none);
         let mut cache = std::mem::take(&mut self.order_cache);
         if !cache.primed {
             // Every eligible job keyed (the first pass, or after a reset).
@@ -329,7 +328,8 @@ impl Core {
                 ..OrderCache::default()
             };
             for j in self.jobs.values().filter(|j| Self::eligible(j)) {
-                cache.insert(j, self.own_key(j, now), self.key_due(j, now));
+                let key = self.own_key(j, quotas.then(|| used(&j.spec.team)), now);
+                cache.insert(j, key, self.key_due(j, now));
             }
         } else {
             // Only the jobs changed since the last pass (`touched`, and those a store commit
@@ -337,6 +337,24 @@ impl Core {
             // (state, dependencies, backoff) and the wait's start change only with a touch.
             let mut ids = std::mem::take(&mut cache.dirty);
             ids.extend(self.touched.iter().copied());
+            // With quotas, a job's "over its quota" moves with its team's usage: every job of
+            // a team whose usage changed since the last pass is keyed again (only those).
+            // Only the jobs whose side of the quota moved are keyed again.
+            let mut forced: BTreeSet<u64> = BTreeSet::new();
+            if quotas {
+                for (team, set) in &cache.teams {
+                    let u = used(team);
+                    if cache.quota_used.get(team) != Some(&(u.gpus, u.models.clone())) {
+                        let over = self.over_quota_in(team, u);
+                        forced.extend(
+                            set.iter()
+                                .filter(|k| k.1 != over(&self.jobs[&k.4].spec))
+                                .map(|k| k.4),
+                        );
+                    }
+                }
+                ids.extend(forced.iter().copied());
+            }
             while let Some(&(d, id)) = cache.due.first() {
                 if now < d {
                     break;
@@ -348,16 +366,32 @@ impl Core {
             for id in ids {
                 let job = self.jobs.get(&id).filter(|j| Self::eligible(j));
                 if let (Some(j), Some(c)) = (job, cache.jobs.get(&id)) {
-                    if c.waiting_since == j.waiting_since && c.due.is_none_or(|d| now < d) {
+                    if c.waiting_since == j.waiting_since
+                        && c.due.is_none_or(|d| now < d)
+                        && !forced.contains(&id)
+                    {
                         continue;
                     }
                 }
                 cache.remove(id);
                 if let Some(j) = job {
-                    cache.insert(j, self.own_key(j, now), self.key_due(j, now));
+                    let key = self.own_key(j, quotas.then(|| used(&j.spec.team)), now);
+                    cache.insert(j, key, self.key_due(j, now));
                 }
             }
         }
+        cache.quota_used = if quotas {
+            cache
+                .teams
+                .keys()
+                .map(|t| {
+                    let u = used(t);
+                    (t.clone(), (u.gpus, u.models.clone()))
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
         let counts: BTreeMap<String, usize> = cache
             .teams
             .iter()
@@ -448,11 +482,12 @@ impl Core {
             .collect()
     }
 
-    /// A job's own part of its order key, with no quota (see [`Core::order_key`]).
-    fn own_key(&self, job: &Job, now: Instant) -> JobKey {
+    /// A job's own part of its order key (see [`Core::order_key`]); with quotas, `used` is its
+    /// team's usage (whether the job is over its quota).
+    fn own_key(&self, job: &Job, used: Option<&TeamUsage>, now: Instant) -> JobKey {
         (
             u8::MAX - self.effective(job, now).rank(),
-            false,
+            used.is_some_and(|u| self.over_quota(&job.spec, self.named_models(), u)),
             job.spec.deadline_unix.unwrap_or(u64::MAX),
             job.submitted,
             job.id,

@@ -3,7 +3,7 @@
 //! the idle-GPU statistic) is in [`super::reserve`]. The policy is described in the module
 //! documentation of [`crate::core`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::iter::Peekable;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
 use super::order::{Keyed, OrderKey, TeamUsage};
-use super::order_cache::{first_high, Cursor, TeamList};
+use super::order_cache::{first_high, full, Cursor, TeamList};
 use super::preempt::Victims;
 use super::reserve::{
     avail_ids, gang_of, remove, settle_parts, subtract, Parts, Reservation, PREEMPT_RESERVATION,
@@ -52,6 +52,7 @@ impl Core {
         // launch only for the launching team's jobs (a launch changes only that team's usage;
         // the order of the others stays, unless the level changes: then all of it).
         let mut usage = self.usage(now);
+        let quotas = self.config.teams.values().any(|t| t.has_quota());
         let keyed = match self.keyed_cached(&usage, now) {
             Some(k) => k,
             None => self.keyed_least(&usage, totals, now),
@@ -154,17 +155,55 @@ impl Core {
                 let was = level;
                 level = self.level_among(&usage, &teams);
                 let none = TeamUsage::default();
-                let rekey = |list: &mut TeamList, team: &str| {
+                // `own`: the launch was this team's, so with quotas its jobs' "over its quota"
+                // may have moved (other teams' usage did not change).
+                let rekey = |list: &mut TeamList, team: &str, own: bool| {
+                    let names_t = team;
                     let used = usage.get(team).unwrap_or(&none);
                     let tk = self.team_key(team, used, totals, level);
+                    let own = own && quotas;
                     let list = match list {
-                        TeamList::Kept { team, .. } => {
+                        TeamList::Kept { team, .. } if !own => {
                             // Only the team's part changed: the same for all, the order stays.
                             *team = tk;
                             return;
                         }
+                        TeamList::Kept { team, rest, .. } => {
+                            // With quotas, the launch may have moved some of the rest of the
+                            // team's jobs across its quota: only their bit changes (the rest
+                            // of their keys stands for this pass).
+                            let over = self.over_quota_in(names_t, used);
+                            let mut moved = false;
+                            let mut keyed: VecDeque<(OrderKey, u64)> = rest
+                                .clone()
+                                .into_iter()
+                                .flatten()
+                                .map(|k| {
+                                    let o = over(&self.jobs[&k.4].spec);
+                                    moved |= o != k.1;
+                                    (full(&(k.0, o, k.2, k.3, k.4), tk), k.4)
+                                })
+                                .collect();
+                            if !moved {
+                                *team = tk;
+                                return;
+                            }
+                            keyed.make_contiguous().sort_unstable();
+                            *list = TeamList::Keyed(keyed);
+                            return;
+                        }
                         TeamList::Keyed(list) => list,
                     };
+                    if fixed && own {
+                        // Only the quota bits and the team's part can have changed.
+                        let over = self.over_quota_in(names_t, used);
+                        for e in list.iter_mut() {
+                            e.0 .1 = over(&self.jobs[&e.1].spec);
+                            (e.0 .2, e.0 .3) = tk;
+                        }
+                        list.make_contiguous().sort_unstable();
+                        return;
+                    }
                     if fixed {
                         // Only the team's part changed: the same for all, the order stays.
                         for e in list.iter_mut() {
@@ -178,10 +217,10 @@ impl Core {
                     list.make_contiguous().sort_unstable();
                 };
                 if was.to_bits() == level.to_bits() {
-                    rekey(&mut lists[t], &names[t]);
+                    rekey(&mut lists[t], &names[t], true);
                 } else {
-                    for (list, team) in lists.iter_mut().zip(&names) {
-                        rekey(list, team);
+                    for (i, (list, team)) in lists.iter_mut().zip(&names).enumerate() {
+                        rekey(list, team, i == t);
                     }
                 }
             }
@@ -332,18 +371,22 @@ impl Core {
                 reservation = self.reserve(h, &gang_of(spec), now);
             }
         }
-        let blocked_in_order = |this: &Core, pred: &dyn Fn(&Core, u64) -> bool| {
-            blocked
-                .iter()
-                .copied()
-                .chain(
-                    merged(&lists)
-                        .map(|(_, id)| id)
-                        .filter(|id| !this.over_borrow_limit(&this.jobs[id].spec, &usage)),
-                )
-                .find(|id| pred(this, *id))
-        };
-        let first_blocked = blocked_in_order(self, &|_, _| true);
+        // The first blocked job in order that passes `pred`, among the teams that pass `team`
+        // (a team none of whose jobs can pass is not walked: with every team at its quota,
+        // quota reclaim would otherwise walk the whole queue every pass).
+        let blocked_in_order =
+            |this: &Core, team: &dyn Fn(&str) -> bool, pred: &dyn Fn(&Core, u64) -> bool| {
+                blocked
+                    .iter()
+                    .copied()
+                    .chain(
+                        merged_where(&lists, &|t| team(&names[t]))
+                            .map(|(_, id)| id)
+                            .filter(|id| !this.over_borrow_limit(&this.jobs[id].spec, &usage)),
+                    )
+                    .find(|id| pred(this, *id))
+            };
+        let first_blocked = blocked_in_order(self, &|_| true, &|_, _| true);
         let mut out = kills;
         // Launch: one accept per agent, every task of the pass on it.
         let mut used_offers: BTreeSet<OfferId> = BTreeSet::new();
@@ -387,12 +430,18 @@ impl Core {
         }
         // Quota reclaim: the first blocked job whose team stays within its GPU quota takes
         // back borrowed GPUs, preempting jobs of teams above theirs.
-        let quotas = self.config.teams.values().any(|t| t.has_quota());
         if quotas && !self.kills_in_flight() && self.preempt_for.is_none() {
             let usage = self.usage(now);
             let within =
                 |c: &Core, id: u64| c.within_quota(&c.jobs[&id].spec, c.named_models(), &usage);
-            if let Some(id) = blocked_in_order(self, &within) {
+            // A team below its quota in some bucket (only its jobs can be within).
+            let room = |team: &str| {
+                let used = |b: Option<&str>| usage.get(team).map_or(0, |u| u.in_bucket(b));
+                std::iter::once(None)
+                    .chain(self.named_models().iter().map(|m| Some(m.as_str())))
+                    .any(|b| self.quota_in(team, b).is_some_and(|q| used(b) < q))
+            };
+            if let Some(id) = blocked_in_order(self, &room, &within) {
                 out.extend(self.preempt(id, &views, &started, now, Victims::Borrowed));
             }
         }
@@ -411,7 +460,11 @@ impl Core {
                         && now.saturating_duration_since(j.waiting_since) >= wait
                         && (used + need) as f64 <= fair.get(&j.spec.team).copied().unwrap_or(0.0)
                 };
-                if let Some(id) = blocked_in_order(self, &under) {
+                let below = |team: &str| {
+                    let used = usage.get(team).map_or(0, |u| u.gpus);
+                    (used as f64) < fair.get(team).copied().unwrap_or(0.0)
+                };
+                if let Some(id) = blocked_in_order(self, &below, &under) {
                     out.extend(self.preempt(id, &views, &started, now, Victims::OverShare));
                 }
             }
@@ -563,8 +616,20 @@ impl Core {
 /// The entries of per-team lists, each from where it is, merged in order (the least head
 /// first).
 fn merged<'a>(lists: &'a [TeamList<'_>]) -> impl Iterator<Item = (OrderKey, u64)> + 'a {
-    let mut heads: Vec<Peekable<Cursor<'a>>> =
-        lists.iter().map(|l| l.cursor().peekable()).collect();
+    merged_where(lists, &|_| true)
+}
+
+/// [`merged`] over the lists whose index passes `keep` only.
+fn merged_where<'a>(
+    lists: &'a [TeamList<'_>],
+    keep: &dyn Fn(usize) -> bool,
+) -> impl Iterator<Item = (OrderKey, u64)> + 'a {
+    let mut heads: Vec<Peekable<Cursor<'a>>> = lists
+        .iter()
+        .enumerate()
+        .filter(|(t, _)| keep(*t))
+        .map(|(_, l)| l.cursor().peekable())
+        .collect();
     std::iter::from_fn(move || {
         let t = heads
             .iter_mut()

@@ -138,6 +138,32 @@ impl Core {
                 .is_some_and(|q| used + need <= q)
     }
 
+    /// [`Core::over_quota`] for the jobs of `team` at usage `used`, with the team's quotas and
+    /// usage per bucket looked up once (a team's thousands of jobs are checked in a row).
+    pub(super) fn over_quota_in<'a>(
+        &'a self,
+        team: &str,
+        used: &TeamUsage,
+    ) -> impl Fn(&JobSpec) -> bool + 'a {
+        let named = self.named_models();
+        let slot = |b: Option<&str>| self.quota_in(team, b).map(|q| (q, used.in_bucket(b)));
+        let other = slot(None);
+        let models: Vec<(&'a str, Option<(u64, u64)>)> = named
+            .iter()
+            .map(|m| (m.as_str(), slot(Some(m.as_str()))))
+            .collect();
+        move |spec: &JobSpec| {
+            let slot = match spec.gpu_model.as_deref() {
+                None => other,
+                Some(want) => match models.iter().find(|(m, _)| m.eq_ignore_ascii_case(want)) {
+                    Some((_, s)) => *s,
+                    None => other,
+                },
+            };
+            slot.is_some_and(|(q, u)| u + need(spec) > q)
+        }
+    }
+
     /// Whether `spec`'s job takes its team above its quota in the job's bucket (ordered after
     /// jobs within their quotas). A team without any quota is never above it.
     pub(super) fn over_quota(
