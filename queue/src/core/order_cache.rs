@@ -108,6 +108,23 @@ impl OrderCache {
             .collect()
     }
 
+    /// Flips the quota bit of the cached job whose key is `old` (its team's usage moved it
+    /// across its quota): only its place in its team's sets changes.
+    fn flip(&mut self, old: JobKey) {
+        let Some(c) = self.jobs.get_mut(&old.4) else {
+            return;
+        };
+        let new = (old.0, !old.1, old.2, old.3, old.4);
+        for sets in [&mut self.teams, &mut self.high] {
+            if let Some(set) = sets.get_mut(&c.team) {
+                if set.remove(&old) {
+                    set.insert(new);
+                }
+            }
+        }
+        c.key = new;
+    }
+
     /// Forgets job `id`.
     fn remove(&mut self, id: u64) {
         let Some(c) = self.jobs.remove(&id) else {
@@ -188,6 +205,12 @@ pub(super) enum TeamList<'a> {
     },
     /// Keyed for this pass ([`Core::keyed_least`]).
     Keyed(VecDeque<(OrderKey, u64)>),
+    /// The rest of a kept list whose quota bits a launch in this pass changed: its jobs' own
+    /// keys (bits updated), in order, and the team's part of their keys.
+    Owned {
+        team: (u64, u64),
+        list: VecDeque<JobKey>,
+    },
 }
 
 impl TeamList<'_> {
@@ -196,6 +219,7 @@ impl TeamList<'_> {
         match self {
             TeamList::Kept { team, rest, .. } => Cursor::Kept(*team, rest.clone()),
             TeamList::Keyed(list) => Cursor::Keyed(list.iter()),
+            TeamList::Owned { team, list } => Cursor::Owned(*team, list.iter()),
         }
     }
 
@@ -211,6 +235,7 @@ impl TeamList<'_> {
                 rest.as_mut()?.next().map(|k| (full(k, *team), k.4))
             }
             TeamList::Keyed(list) => list.pop_front(),
+            TeamList::Owned { team, list } => list.pop_front().map(|k| (full(&k, *team), k.4)),
         }
     }
 
@@ -243,6 +268,13 @@ impl TeamList<'_> {
                     .find(|(_, id)| high(*id) && ok(*id))
                     .copied()
             }
+            TeamList::Owned { team, list } => {
+                let ranked_high = u8::MAX - Priority::High.rank();
+                list.iter()
+                    .take_while(|k| k.0 <= ranked_high)
+                    .find(|k| high(k.4) && ok(k.4))
+                    .map(|k| (full(k, *team), k.4))
+            }
         }
     }
 }
@@ -266,6 +298,7 @@ pub(super) fn first_high(
 pub(super) enum Cursor<'a> {
     Kept((u64, u64), Option<btree_set::Iter<'a, JobKey>>),
     Keyed(vec_deque::Iter<'a, (OrderKey, u64)>),
+    Owned((u64, u64), vec_deque::Iter<'a, JobKey>),
 }
 
 impl Iterator for Cursor<'_> {
@@ -275,6 +308,7 @@ impl Iterator for Cursor<'_> {
         match self {
             Cursor::Kept(team, rest) => rest.as_mut()?.next().map(|k| (full(k, *team), k.4)),
             Cursor::Keyed(list) => list.next().copied(),
+            Cursor::Owned(team, list) => list.next().map(|k| (full(k, *team), k.4)),
         }
     }
 }
@@ -339,21 +373,21 @@ impl Core {
             ids.extend(self.touched.iter().copied());
             // With quotas, a job's "over its quota" moves with its team's usage: every job of
             // a team whose usage changed since the last pass is keyed again (only those).
-            // Only the jobs whose side of the quota moved are keyed again.
-            let mut forced: BTreeSet<u64> = BTreeSet::new();
+            // Of the teams whose usage moved, only the jobs whose side of the quota moved
+            // change: their bit is flipped in place (those changed otherwise are then keyed
+            // again below, with the same usage).
             if quotas {
+                let mut flips: Vec<JobKey> = Vec::new();
                 for (team, set) in &cache.teams {
                     let u = used(team);
                     if cache.quota_used.get(team) != Some(&(u.gpus, u.models.clone())) {
                         let over = self.over_quota_in(team, u);
-                        forced.extend(
-                            set.iter()
-                                .filter(|k| k.1 != over(&self.jobs[&k.4].spec))
-                                .map(|k| k.4),
-                        );
+                        flips.extend(set.iter().filter(|k| k.1 != over(&self.jobs[&k.4].spec)));
                     }
                 }
-                ids.extend(forced.iter().copied());
+                for k in flips {
+                    cache.flip(k);
+                }
             }
             while let Some(&(d, id)) = cache.due.first() {
                 if now < d {
@@ -366,10 +400,7 @@ impl Core {
             for id in ids {
                 let job = self.jobs.get(&id).filter(|j| Self::eligible(j));
                 if let (Some(j), Some(c)) = (job, cache.jobs.get(&id)) {
-                    if c.waiting_since == j.waiting_since
-                        && c.due.is_none_or(|d| now < d)
-                        && !forced.contains(&id)
-                    {
+                    if c.waiting_since == j.waiting_since && c.due.is_none_or(|d| now < d) {
                         continue;
                     }
                 }

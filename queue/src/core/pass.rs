@@ -12,7 +12,7 @@ use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::protocol::*;
 
 use super::order::{Keyed, OrderKey, TeamUsage};
-use super::order_cache::{first_high, full, Cursor, TeamList};
+use super::order_cache::{first_high, Cursor, JobKey, TeamList};
 use super::preempt::Victims;
 use super::reserve::{
     avail_ids, gang_of, remove, settle_parts, subtract, Parts, Reservation, PREEMPT_RESERVATION,
@@ -174,22 +174,41 @@ impl Core {
                             // of their keys stands for this pass).
                             let over = self.over_quota_in(names_t, used);
                             let mut moved = false;
-                            let mut keyed: VecDeque<(OrderKey, u64)> = rest
+                            let mut owned: VecDeque<JobKey> = rest
                                 .clone()
                                 .into_iter()
                                 .flatten()
                                 .map(|k| {
                                     let o = over(&self.jobs[&k.4].spec);
                                     moved |= o != k.1;
-                                    (full(&(k.0, o, k.2, k.3, k.4), tk), k.4)
+                                    (k.0, o, k.2, k.3, k.4)
                                 })
                                 .collect();
                             if !moved {
                                 *team = tk;
                                 return;
                             }
-                            keyed.make_contiguous().sort_unstable();
-                            *list = TeamList::Keyed(keyed);
+                            owned.make_contiguous().sort_unstable();
+                            *list = TeamList::Owned {
+                                team: tk,
+                                list: owned,
+                            };
+                            return;
+                        }
+                        TeamList::Owned { team, list } => {
+                            *team = tk;
+                            if own {
+                                let over = self.over_quota_in(names_t, used);
+                                let mut moved = false;
+                                for k in list.iter_mut() {
+                                    let o = over(&self.jobs[&k.4].spec);
+                                    moved |= o != k.1;
+                                    k.1 = o;
+                                }
+                                if moved {
+                                    list.make_contiguous().sort_unstable();
+                                }
+                            }
                             return;
                         }
                         TeamList::Keyed(list) => list,

@@ -94,6 +94,23 @@ impl Core {
             }
             units.push((j.id, j.members.keys().copied().collect(), j.spec.priority));
         }
+        // Per agent, the units with members there (an agent without any is never a place to
+        // make room: it is skipped without a look at every unit).
+        let mut units_on: HashMap<AgentId, Vec<usize>> = HashMap::new();
+        for (u, (job_id, members, _)) in units.iter().enumerate() {
+            let Some(job) = self.jobs.get(job_id) else {
+                continue;
+            };
+            let mut agents: Vec<AgentId> = members
+                .iter()
+                .filter_map(|i| job.members.get(i).map(|m| m.agent_id))
+                .collect();
+            agents.sort_unstable();
+            agents.dedup();
+            for a in agents {
+                units_on.entry(a).or_default().push(u);
+            }
+        }
         // Free views for every known agent: what is offered, and for an agent without an
         // offer in hand its capacity minus our workers (the master offers it again shortly:
         // a declined remainder must not make killing a larger job there look cheaper).
@@ -137,13 +154,17 @@ impl Core {
             // Per agent: add units (lowest class, then fewest GPUs) until the member fits.
             let mut best: Option<((u64, usize), usize, Vec<usize>)> = None;
             for (ai, view) in work.iter().enumerate() {
+                let mut order: Vec<usize> = units_on
+                    .get(&view.agent_id)
+                    .map(|us| us.iter().copied().filter(|u| !chosen.contains(u)).collect())
+                    .unwrap_or_default();
+                if order.is_empty() {
+                    // Nothing to preempt there (and it does not fit as it is: `place_one`
+                    // above found no agent).
+                    continue;
+                }
                 let mut trial = view.clone();
                 let mut picked = Vec::new();
-                let mut order: Vec<usize> = (0..units.len())
-                    .filter(|u| {
-                        !chosen.contains(u) && self.unit_on(&units[*u], view.agent_id).0 > 0
-                    })
-                    .collect();
                 // Reclaim takes the newest first; a preemption the fewest GPUs.
                 let newest = |u: usize| {
                     let started = self.jobs.get(&units[u].0).and_then(|j| j.attempt_started);
