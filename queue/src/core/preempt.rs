@@ -94,6 +94,11 @@ impl Core {
             }
             units.push((j.id, j.members.keys().copied().collect(), j.spec.priority));
         }
+        if units.is_empty() {
+            // Nobody may be preempted for it: nothing to look at (the views below cost a copy
+            // of every agent; with quotas, reclaim asks every pass).
+            return Vec::new();
+        }
         // Per agent, the units with members there (an agent without any is never a place to
         // make room: it is skipped without a look at every unit).
         let mut units_on: HashMap<AgentId, Vec<usize>> = HashMap::new();
