@@ -1,6 +1,6 @@
 //! The reservation where GPUs free soonest and EASY backfill, without a cluster.
 
-use super::tests::{launched, spec, update, Cluster};
+use super::tests::{kills_of, launched, spec, update, Cluster};
 use super::*;
 
 /// The agent index (in `c`) each launched task went to.
@@ -287,16 +287,6 @@ fn estimated_starts_follow_time_limits() {
         .views(now)
         .iter()
         .all(|v| v.estimated_start_unix_ms.is_none()));
-}
-
-fn kills_of(actions: &[Action]) -> Vec<TaskId> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::KillFor(t, TaskReason::Preempted) => Some(*t),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Quota reclaim: cv (quota 4) borrows nlp's idle quota on one 8-GPU agent; when nlp (quota

@@ -1,7 +1,7 @@
 //! Fractions of a GPU in the queue core: placement packs them onto shared GPUs, and quotas,
 //! usage and pending reasons count a fraction as its fraction.
 
-use super::tests::{gpus, launched, spec, update, Cluster};
+use super::tests::{gpus, kills_of, launched, spec, update, Cluster};
 use super::*;
 use crate::model::Gpus;
 
@@ -213,16 +213,6 @@ fn a_gang_of_fractions_packs_onto_one_gpu() {
     assert_eq!(gpus.len(), 1, "{gpus:?}");
 }
 
-fn preempted(actions: &[Action]) -> Vec<TaskId> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::KillFor(t, TaskReason::Preempted) => Some(*t),
-            _ => None,
-        })
-        .collect()
-}
-
 /// A `critical` whole-GPU job on a GPU two preemptible halves share preempts both (together
 /// they give the GPU back); a `critical` half on a GPU a whole job holds preempts it.
 #[test]
@@ -241,7 +231,7 @@ fn preemption_gives_back_a_fractions_share() {
         q.update(&update(t, TaskState::Running, pinned(t)), t0);
     }
     let (_, a) = q.submit(spec("w", "u", Priority::Critical, 1, 1), t0);
-    let mut killed = preempted(&a);
+    let mut killed = kills_of(&a);
     killed.sort();
     let mut want: Vec<TaskId> = tasks.iter().map(|t| t.task_id).collect();
     want.sort();
@@ -261,5 +251,5 @@ fn preemption_gives_back_a_fractions_share() {
     let mut s = frac("h", "u", 500);
     s.priority = Priority::Critical;
     let (_, a) = q.submit(s, t0);
-    assert_eq!(preempted(&a), vec![tasks[0].task_id], "{a:?}");
+    assert_eq!(kills_of(&a), vec![tasks[0].task_id], "{a:?}");
 }

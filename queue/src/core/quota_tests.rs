@@ -1,18 +1,8 @@
 //! Quotas per GPU model, lending limits, and borrowing limits on elastic growth (`quota`),
 //! without a cluster. The test agents have four A100s (GPUs 0–3) and four H100s (4–7).
 
-use super::tests::{launched, spec, update, Cluster};
+use super::tests::{kills_of, launched, spec, update, Cluster};
 use super::*;
-
-fn kills_of(actions: &[Action]) -> Vec<TaskId> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::KillFor(t, TaskReason::Preempted) => Some(*t),
-            _ => None,
-        })
-        .collect()
-}
 
 fn team(spec: &str) -> (String, TeamConfig) {
     TeamConfig::parse(spec).unwrap()

@@ -82,6 +82,17 @@ pub(super) fn spec(name: &str, team: &str, prio: Priority, gpus: u32, workers: u
     }
 }
 
+/// The tasks `actions` kill as preempted.
+pub(super) fn kills_of(actions: &[Action]) -> Vec<TaskId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::KillFor(t, TaskReason::Preempted) => Some(*t),
+            _ => None,
+        })
+        .collect()
+}
+
 pub(super) fn launched(actions: &[Action]) -> Vec<TaskInfo> {
     actions
         .iter()
