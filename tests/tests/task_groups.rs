@@ -32,14 +32,24 @@ const T: Duration = Duration::from_secs(60);
 /// `GANTRY_GROUP_ADDRS`, on loopback), appending what the peer answered to `DIR/NAME.peer`;
 /// exits with the code written to `DIR/NAME.exit` once that file exists.
 const MEMBER: &str = r#"
-import os, socket, sys, time
+import os, socket, sys, threading, time
 out, name = sys.argv[1], sys.argv[2]
 me = int(os.environ["GANTRY_GROUP_INDEX"])
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", int(os.environ["PORT"])))
 s.listen()
-s.settimeout(0.1)
+def serve():
+    # Answers on its own thread, so a member waiting on its peer's answer never keeps its
+    # own from being given (two members dialling each other in step would wait forever).
+    while True:
+        try:
+            c, _ = s.accept()
+            c.sendall(name.encode())
+            c.close()
+        except OSError:
+            pass
+threading.Thread(target=serve, daemon=True).start()
 keys = ["GANTRY_GROUP_ID", "GANTRY_GROUP_INDEX", "GANTRY_GROUP_SIZE", "GANTRY_GROUP_ADDRS",
         "GANTRY_GROUP_MEMBERS", "PORT", "CUDA_VISIBLE_DEVICES", "GANTRY_TASK_ID"]
 with open(f"{out}/{name}.env.tmp", "w") as f:
@@ -48,17 +58,11 @@ os.rename(f"{out}/{name}.env.tmp", f"{out}/{name}.env")
 peers = [a for i, a in enumerate(os.environ["GANTRY_GROUP_ADDRS"].split(",")) if i != me]
 reached = set()
 while True:
-    try:
-        c, _ = s.accept()
-        c.sendall(name.encode())
-        c.close()
-    except socket.timeout:
-        pass
     for p in peers:
         if p in reached:
             continue
         try:
-            c = socket.create_connection(("127.0.0.1", int(p.rsplit(":", 1)[1])), timeout=0.5)
+            c = socket.create_connection(("127.0.0.1", int(p.rsplit(":", 1)[1])), timeout=2)
             got = c.recv(100).decode()
             c.close()
             if got:
@@ -69,6 +73,7 @@ while True:
             pass
     if os.path.exists(f"{out}/{name}.exit"):
         sys.exit(int(open(f"{out}/{name}.exit").read()))
+    time.sleep(0.1)
 "#;
 
 /// Launches the groups pushed into `queue` (each on one agent, with `place_group`), declines
@@ -110,12 +115,19 @@ impl Scheduler for GroupLauncher {
 }
 
 fn wait_file(path: &Path) -> String {
+    try_wait_file(path).unwrap_or_else(|| panic!("timed out waiting for {path:?}"))
+}
+
+/// The file's text once it exists, or `None` after [`T`].
+fn try_wait_file(path: &Path) -> Option<String> {
     let deadline = Instant::now() + T;
     loop {
         if let Ok(s) = std::fs::read_to_string(path) {
-            return s;
+            return Some(s);
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {path:?}");
+        if Instant::now() >= deadline {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -304,8 +316,13 @@ async fn groups_start_whole_or_not_at_all_see_each_other_and_fail_together() {
     gpus.dedup();
     assert_eq!(gpus.len(), 4);
     // Each reached the other on the port it read from its environment.
-    assert_eq!(wait_file(&files.join("a0.peer")).trim(), "a1");
-    assert_eq!(wait_file(&files.join("a1.peer")).trim(), "a0");
+    for (me, peer) in [("a0", "a1"), ("a1", "a0")] {
+        let Some(got) = try_wait_file(&files.join(format!("{me}.peer"))) else {
+            cluster.dump_logs();
+            panic!("{me} never reached {peer}; updates: {:?}", updates.seen);
+        };
+        assert_eq!(got.trim(), peer);
+    }
     // a0 fails: a1 is killed for it.
     std::fs::write(files.join("a0.exit"), "3").unwrap();
     let f = updates
