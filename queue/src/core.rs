@@ -132,7 +132,17 @@ struct Member {
     state: TaskState,
     /// Killed on purpose (shrink or preemption).
     killing: bool,
+    /// When the queue launched it: its resources are its team's from then, so usage and cost
+    /// count from it (staging, an image pull say, included), as the master and the
+    /// autoscaler charge a task from when it was staged.
     started: Instant,
+}
+
+impl Member {
+    /// Seconds it has held its resources at `now`.
+    fn held_secs(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.started).as_secs_f64()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -498,9 +508,6 @@ impl Core {
         if !u.gpus.is_empty() {
             m.gpus = u.gpus.clone();
         }
-        if u.state == TaskState::Running && m.state != TaskState::Running {
-            m.started = now;
-        }
         m.state = u.state;
         if !u.state.is_terminal() {
             return out;
@@ -508,7 +515,7 @@ impl Core {
         let killing = m.killing;
         self.worker_ended.insert(m.agent_id, now);
         let gpus = job.spec.gpus;
-        let ran = now.saturating_duration_since(m.started).as_secs_f64();
+        let ran = m.held_secs(now);
         let cost = self
             .agents
             .get(&m.agent_id)

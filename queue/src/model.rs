@@ -655,7 +655,8 @@ pub struct MemberRecord {
     pub state: TaskState,
     /// Killed on purpose (cancel, preemption, shrink): its end is expected.
     pub killing: bool,
-    /// When it started running (or was launched), Unix milliseconds.
+    /// When it was launched, Unix milliseconds (usage and cost count from it; records written
+    /// before 2026-11-29 hold when it started running).
     pub started_unix_ms: u64,
 }
 
@@ -727,7 +728,7 @@ pub struct UsageRecord {
     pub task_id: TaskId,
     /// GPUs it held (`0.5` for half a GPU; records written before fractions hold integers).
     pub gpus: Gpus,
-    /// Seconds it ran.
+    /// Seconds it held its resources: from its launch (staging included) to its end.
     pub secs: f64,
     /// When it ended, Unix milliseconds.
     pub ended_unix_ms: u64,

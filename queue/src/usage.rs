@@ -1,5 +1,6 @@
 //! GPU-hours and cost per team (or per team and user) from the store's usage history: every
-//! worker that ended is recorded with its GPUs, run time and cost ([`UsageRecord`]). Pure:
+//! worker that ended is recorded with its GPUs, run time (from its launch: staging counts)
+//! and cost ([`UsageRecord`]). Pure:
 //! the records and the window in, rows out; served by `GET /usage` and printed by
 //! `gantry-queue usage`.
 //!

@@ -463,6 +463,39 @@ fn fair_share_usage_decays_with_its_half_life() {
     assert_eq!(q.stats.gpu_secs["a"], 80.0);
 }
 
+/// A worker's GPUs are its team's from its launch: usage and cost count the time it stages
+/// (an image pull, say) as well as the time it runs.
+#[test]
+fn usage_and_cost_count_from_the_launch_staging_included() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut offers = c.offers(&[8]);
+    // 3,600 an hour for the agent: one a second for all 8 GPUs.
+    offers[0].attributes = std::sync::Arc::new(
+        [(
+            gantry_sdk::placement::cost::PRICE_ATTRIBUTE.to_string(),
+            "3600".to_string(),
+        )]
+        .into(),
+    );
+    q.submit(spec("pull", "a", Priority::Normal, 4, 1), t0);
+    let tasks = launched(&q.offers(offers, t0));
+    assert_eq!(tasks.len(), 1);
+    // Staging for 10 s: already 40 GPU-seconds and half the agent's price for 10 s.
+    assert_eq!(q.gpu_secs(t0 + 10 * s)["a"], 40.0);
+    assert_eq!(q.usage(t0 + 10 * s)["a"].gpu_secs, 40.0);
+    assert!((q.running_cost("a", t0 + 10 * s) - 5.0).abs() < 1e-9);
+    q.update(&update(&tasks[0], TaskState::Running, vec![]), t0 + 10 * s);
+    q.update(&update(&tasks[0], TaskState::Finished, vec![]), t0 + 30 * s);
+    assert_eq!(q.stats.gpu_secs["a"], 120.0);
+    let changes = q.take_changes(t0 + 30 * s, 1_000_000);
+    let u = &changes.usage[0];
+    assert_eq!(u.secs, 30.0);
+    assert!((u.cost.unwrap() - 15.0).abs() < 1e-9, "{u:?}");
+}
+
 /// `--fair-share-wait`: a team below its weighted share whose job has waited that long takes
 /// GPUs back from `preemptible` jobs of a team above its share (newest first), and not before.
 #[test]

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use gantry_sdk::protocol::resources::MILLI;
-use gantry_sdk::protocol::*;
 
 use super::shape::Least;
 use super::{Core, Job, JobSpec, JobState, Priority, TeamConfig};
@@ -90,13 +89,10 @@ impl Core {
                 }
             }
             e.cpus += (j.spec.cpus * MILLI as f64) as u64 * j.members.len() as u64;
-            for m in j
-                .members
-                .values()
-                .filter(|m| m.state == TaskState::Running && !decays)
-            {
-                e.gpu_secs +=
-                    j.spec.gpus.as_f64() * now.saturating_duration_since(m.started).as_secs_f64();
+            if !decays {
+                for m in j.members.values() {
+                    e.gpu_secs += j.spec.gpus.as_f64() * m.held_secs(now);
+                }
             }
         }
         u

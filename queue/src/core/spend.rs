@@ -54,18 +54,17 @@ impl Core {
         }
     }
 
-    /// What `team`'s running workers have cost so far at `now`.
-    fn running_cost(&self, team: &str, now: Instant) -> f64 {
+    /// What `team`'s workers (staging or running) have cost so far at `now`.
+    pub(super) fn running_cost(&self, team: &str, now: Instant) -> f64 {
         self.with_members()
             .filter(|j| j.spec.team == team)
             .flat_map(|j| j.members.values().map(move |m| (j, m)))
-            .filter(|(_, m)| m.state == gantry_sdk::protocol::TaskState::Running)
             .filter_map(|(j, m)| {
                 let per_sec = self
                     .agents
                     .get(&m.agent_id)?
                     .cost_per_sec(&member_resources(&j.spec))?;
-                Some(per_sec * now.saturating_duration_since(m.started).as_secs_f64())
+                Some(per_sec * m.held_secs(now))
             })
             .sum()
     }

@@ -5,8 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use gantry_sdk::protocol::*;
-
 use super::{Core, Job};
 use crate::model::{fmt_milli, JobSpec, JobState, JobView, MemberView, Priority};
 
@@ -382,13 +380,13 @@ impl Core {
         d
     }
 
-    /// GPU-seconds per team so far, running members included.
+    /// GPU-seconds per team so far, the workers it holds now included (from their launch).
     pub fn gpu_secs(&self, now: Instant) -> BTreeMap<String, f64> {
         let mut out = self.stats.gpu_secs.clone();
         for j in self.jobs.values() {
-            for m in j.members.values().filter(|m| m.state == TaskState::Running) {
+            for m in j.members.values() {
                 *out.entry(j.spec.team.clone()).or_default() +=
-                    j.spec.gpus.as_f64() * now.saturating_duration_since(m.started).as_secs_f64();
+                    j.spec.gpus.as_f64() * m.held_secs(now);
             }
         }
         out
