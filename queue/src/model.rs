@@ -8,6 +8,9 @@ use std::str::FromStr;
 use gantry_sdk::protocol::{AgentId, CommandInfo, GpuSelector, Program, TaskId, TaskState};
 use serde::{Deserialize, Serialize};
 
+mod team;
+pub use team::{TeamConfig, TeamLimit};
+
 /// Priority classes, lowest first.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
@@ -111,97 +114,6 @@ impl JobState {
             JobState::Failed => "FAILED",
             JobState::Cancelled => "CANCELLED",
         }
-    }
-}
-
-/// A team's share settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TeamConfig {
-    /// Weight in the weighted DRF between teams.
-    pub weight: f64,
-    /// GPUs the team is guaranteed to be ordered first for; above it the team borrows idle
-    /// GPUs (ordered after teams within their quota). `None`: no quota. When some team has a
-    /// per-model quota, this one covers only GPUs of the models no team names.
-    pub gpu_quota: Option<u64>,
-    /// Per GPU model (matched as a job's `gpu_model` is, case-insensitively within the GPU's
-    /// name): the team's nominal quota of GPUs of that model (`--team nlp=1:8,A100:4`).
-    #[serde(default)]
-    pub model_quotas: BTreeMap<String, u64>,
-}
-
-impl Default for TeamConfig {
-    fn default() -> Self {
-        TeamConfig {
-            weight: 1.0,
-            gpu_quota: None,
-            model_quotas: BTreeMap::new(),
-        }
-    }
-}
-
-impl TeamConfig {
-    /// Parses `NAME=WEIGHT[:GPU_QUOTA][,MODEL:GPUS]...` (`--team`): `nlp=1` (weight 1, no
-    /// quota), `nlp=1:8` (8 GPUs), `nlp=2:8,A100:4,H100:2` (8 GPUs of models no team names,
-    /// 4 A100s and 2 H100s), `nlp=1,A100:4` (only A100s).
-    pub fn parse(s: &str) -> Result<(String, TeamConfig), String> {
-        let usage = "expected NAME=WEIGHT[:GPU_QUOTA][,MODEL:GPUS]...";
-        let (name, rest) = s
-            .split_once('=')
-            .ok_or_else(|| format!("--team {s:?}: {usage}"))?;
-        if name.is_empty() {
-            return Err(format!("--team {s:?}: no team name"));
-        }
-        let mut items = rest.split(',');
-        let first = items.next().unwrap_or_default();
-        let (w, q) = match first.split_once(':') {
-            Some((w, q)) => (
-                w,
-                Some(
-                    q.parse::<u64>()
-                        .map_err(|e| format!("--team {s:?}: GPU quota {q:?}: {e}"))?,
-                ),
-            ),
-            None => (first, None),
-        };
-        let weight: f64 = w
-            .parse()
-            .map_err(|e| format!("--team {s:?}: weight {w:?}: {e}"))?;
-        if !(weight.is_finite() && weight > 0.0) {
-            return Err(format!("--team {s:?}: the weight must be positive"));
-        }
-        let mut model_quotas = BTreeMap::new();
-        for item in items {
-            let (model, n) = item
-                .split_once(':')
-                .ok_or_else(|| format!("--team {s:?}: {item:?}: expected MODEL:GPUS"))?;
-            let n: u64 = n
-                .parse()
-                .map_err(|e| format!("--team {s:?}: {item:?}: GPUS: {e}"))?;
-            if model.is_empty() {
-                return Err(format!("--team {s:?}: {item:?}: no model"));
-            }
-            if model_quotas.insert(model.to_string(), n).is_some() {
-                return Err(format!("--team {s:?}: model {model} named twice"));
-            }
-        }
-        Ok((
-            name.to_string(),
-            TeamConfig {
-                weight,
-                gpu_quota: q,
-                model_quotas,
-            },
-        ))
-    }
-
-    /// Whether the team has any quota (overall or per model).
-    pub fn has_quota(&self) -> bool {
-        self.gpu_quota.is_some() || !self.model_quotas.is_empty()
-    }
-
-    /// Its nominal GPUs in all: the overall quota plus the per-model quotas.
-    pub fn nominal_gpus(&self) -> u64 {
-        self.gpu_quota.unwrap_or(0) + self.model_quotas.values().sum::<u64>()
     }
 }
 

@@ -14,7 +14,8 @@
 //! the clusters are large for this machine: the tests run one at a time (`SERIAL`).
 //!
 //! The clusters and the queue's CLI driver are in `gpu_queue/cluster.rs`; the section on
-//! fractions of a GPU in `gpu_queue/fractions.rs`.
+//! fractions of a GPU in `gpu_queue/fractions.rs`; a borrowing limit per GPU model in
+//! `gpu_queue/limits.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -27,6 +28,9 @@ use cluster::*;
 #[path = "gpu_queue/fractions.rs"]
 mod fractions;
 use fractions::fractions_share_a_gpu_and_count_as_fractions;
+#[path = "gpu_queue/limits.rs"]
+mod limits;
+use limits::a_models_borrowing_limit_holds_on_the_cluster;
 
 #[test]
 fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
@@ -181,12 +185,18 @@ fn mixed_jobs_and_gangs_from_three_teams_all_finish() {
 #[test]
 fn two_large_gangs_submitted_together_both_finish() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // Team `frac` (fractions of a GPU, at the end) has a quota of one GPU it may not exceed.
+    // Team `frac` (fractions of a GPU, at the end) has a quota of one GPU it may not exceed;
+    // team `m` (last) a quota of one A100 and may borrow one more.
     let Some(env) = start_with(
         "gqbig",
-        &["a=1", "b=1", "frac=1:1"],
+        &["a=1", "b=1", "frac=1:1", "m=1,A100:1"],
         AGENTS,
-        &["--team-borrow-limit", "frac=0"],
+        &[
+            "--team-borrow-limit",
+            "frac=0",
+            "--team-borrow-limit",
+            "m=A100:1",
+        ],
     ) else {
         return;
     };
@@ -303,6 +313,7 @@ fn two_large_gangs_submitted_together_both_finish() {
     );
 
     fractions_share_a_gpu_and_count_as_fractions(&env);
+    a_models_borrowing_limit_holds_on_the_cluster(&env);
 }
 
 #[test]

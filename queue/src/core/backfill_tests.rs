@@ -539,7 +539,7 @@ fn a_team_borrows_at_most_its_borrowing_limit() {
             },
         )]
         .into(),
-        team_borrow_limits: [("nlp".to_string(), 2)].into(),
+        team_borrow_limits: [("nlp".to_string(), crate::model::TeamLimit::all(2))].into(),
         ..Default::default()
     });
     let t0 = Instant::now();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use gantry_sdk::placement::gang::HoldPolicy;
 
-use crate::model::TeamConfig;
+use crate::model::{TeamConfig, TeamLimit};
 
 /// Tunables.
 #[derive(Debug, Clone)]
@@ -32,13 +32,14 @@ pub struct CoreConfig {
     pub checkpoint_root: Option<String>,
     /// The first retry's backoff; each further retry doubles it, up to [`MAX_RETRY_BACKOFF`].
     pub retry_backoff: Duration,
-    /// The most GPUs a team with a quota may use beyond it (`--team-borrow-limit`); absent:
-    /// no limit.
-    pub team_borrow_limits: BTreeMap<String, u64>,
-    /// The most of a team's idle nominal quota (in each of its quotas: overall and per
-    /// model) other teams may borrow (`--team-lend-limit`, Kueue's `lendingLimit`): the rest
-    /// stays free for the team. Absent: all of it.
-    pub team_lend_limits: BTreeMap<String, u64>,
+    /// The most GPUs a team with a quota may use beyond it (`--team-borrow-limit`): overall
+    /// (beyond its nominal GPUs in all) and per named GPU model (beyond its quota of that
+    /// model); absent: no limit.
+    pub team_borrow_limits: BTreeMap<String, TeamLimit>,
+    /// The most of a team's idle nominal quota other teams may borrow (`--team-lend-limit`,
+    /// Kueue's `lendingLimit`), per quota: a named model's own limit, else the overall one;
+    /// the rest stays free for the team. Absent: all of it.
+    pub team_lend_limits: BTreeMap<String, TeamLimit>,
     /// A team's time limit for its jobs submitted without one (`--team-time-limit`).
     pub team_time_limits: BTreeMap<String, Duration>,
     /// A job waiting this long whose team is below its weighted share of the GPUs (with the

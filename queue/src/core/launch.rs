@@ -122,7 +122,7 @@ impl Core {
             let job = &self.jobs[&id];
             let member = request(&job.spec);
             let mut max = job.spec.max_workers;
-            if let Some(room) = self.borrow_room(&job.spec.team, &usage) {
+            if let Some(room) = self.borrow_room(&job.spec, &usage) {
                 let room = room.saturating_sub(grown.get(&job.spec.team).copied().unwrap_or(0));
                 let extra = room / job.spec.gpus.milli().max(1);
                 max = max.min(

@@ -131,7 +131,7 @@ impl Core {
                 continue;
             }
             let mut shape = Shape::of(spec);
-            if let Some(room) = self.borrow_room(&spec.team, &usage) {
+            if let Some(room) = self.borrow_room(spec, &usage) {
                 // An elastic gang starts with no more workers than its borrowing limit allows.
                 let most = room / spec.gpus.milli().max(1);
                 shape.max = shape
@@ -161,6 +161,7 @@ impl Core {
                 }
             }
             let mut plan = gang::place_gang(&mut avail, &gang);
+            let mut backfilled = false;
             if plan.is_none()
                 && reservation
                     .as_ref()
@@ -170,14 +171,31 @@ impl Core {
                 // reserved GPUs without delaying the holder.
                 avail = views.clone();
                 plan = gang::place_gang(&mut avail, &gang);
+                backfilled = true;
             }
             if let Some(why) = plan
                 .as_ref()
-                .and_then(|p| self.lending_block(spec, p, &views, &usage))
+                .and_then(|p| self.plan_block(spec, p, &views, &usage))
             {
-                // Other teams' lending limits keep what it would take free for them.
-                self.lend_blocked.insert(id, why);
-                continue;
+                // A borrowing or lending limit refuses the GPUs it chose: placed again away
+                // from the buckets it may not take from, else it waits.
+                let mut base = views.clone();
+                if let Some(r) = reservation
+                    .as_ref()
+                    .filter(|r| r.holder != id && !backfilled)
+                {
+                    subtract(&mut base, &r.parts);
+                }
+                match self.replan_within_limits(spec, &gang, base, &views, &usage) {
+                    Some((p, a)) => {
+                        plan = Some(p);
+                        avail = a;
+                    }
+                    None => {
+                        self.lend_blocked.insert(id, why);
+                        continue;
+                    }
+                }
             }
             match plan {
                 Some(plan) if self.unsettled(&plan, &avail, now) => {

@@ -22,9 +22,13 @@
 //! within it.
 //!
 //! - **Borrowing limit** (`team_borrow_limits`): a team uses at most its nominal GPUs in all
-//!   plus its limit; jobs and elastic growth that would go past it wait.
+//!   plus its overall limit; jobs and elastic growth that would go past it wait. A limit for a
+//!   named model caps its use of that bucket at its quota there plus the limit: a job asking
+//!   for the model waits past it, and a plan that would put the team's GPUs there past it is
+//!   refused (a job naming no model may not borrow that model's GPUs beyond it either).
 //! - **Lending limit** (`team_lend_limits`): of a team's idle nominal quota in a bucket, other
-//!   teams may borrow at most this much; the rest (`quota - used - limit`) stays free for it.
+//!   teams may borrow at most this much (the bucket's own limit, else the team's overall
+//!   one); the rest (`quota - used - limit`) stays free for it.
 //!   A job that borrows (its team is above its quota in the job's bucket with it, or has no
 //!   quota) launches only where the GPUs it takes leave every bucket they come from with at
 //!   least what other teams keep there.
@@ -34,6 +38,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use gantry_sdk::placement::gang;
 use gantry_sdk::placement::offers::AgentView;
 use gantry_sdk::placement::offers::Plan as GangPlan;
 
@@ -177,33 +182,146 @@ impl Core {
             .is_some_and(|q| used.in_bucket(bucket.as_deref()) + need(spec) > q)
     }
 
-    /// Whether `spec`'s job would take its team past its nominal GPUs plus its borrowing limit
+    /// Whether `spec`'s job would take its team past a borrowing limit
     /// ([`super::CoreConfig::team_borrow_limits`]).
     pub(super) fn over_borrow_limit(
         &self,
         spec: &JobSpec,
         usage: &HashMap<String, TeamUsage>,
     ) -> bool {
-        let need = need(spec);
-        need > 0
-            && self
-                .borrow_room(&spec.team, usage)
-                .is_some_and(|room| need > room)
+        self.borrow_block(spec, usage).is_some()
     }
 
-    /// How many more milli-GPUs `team` may take before its borrowing limit (`None`: no limit).
-    pub(super) fn borrow_room(
+    /// The borrowing limit `spec`'s job would take its team past, if any: the overall one,
+    /// else that of the named model the job asks for.
+    pub(super) fn borrow_block(
         &self,
-        team: &str,
+        spec: &JobSpec,
         usage: &HashMap<String, TeamUsage>,
-    ) -> Option<u64> {
-        let limit = self.config.team_borrow_limits.get(team)?;
-        let t = self.team(team);
+    ) -> Option<BorrowBlock<'_>> {
+        let need = need(spec);
+        if need == 0 {
+            return None;
+        }
+        let limit = self.config.team_borrow_limits.get(&spec.team)?;
+        let t = self.team(&spec.team);
         if !t.has_quota() {
             return None;
         }
-        let used = usage.get(team).map_or(0, |u| u.gpus);
-        Some(milli(t.nominal_gpus() + limit).saturating_sub(used))
+        let used = usage.get(&spec.team);
+        if let Some(all) = limit.all {
+            let total = used.map_or(0, |u| u.gpus);
+            let nominal = t.nominal_gpus();
+            if total + need > milli(nominal + all) {
+                return Some(BorrowBlock {
+                    model: None,
+                    used: total,
+                    nominal: milli(nominal),
+                    limit: all,
+                });
+            }
+        }
+        if limit.models.is_empty() {
+            return None;
+        }
+        let bucket = Self::job_bucket(self.named_models(), spec)?;
+        self.model_borrow_block(&spec.team, &bucket, need, used)
+    }
+
+    /// How many more milli-GPUs `spec`'s team may take for it before a borrowing limit: the
+    /// overall one, and that of the named model the job asks for (`None`: no limit).
+    pub(super) fn borrow_room(
+        &self,
+        spec: &JobSpec,
+        usage: &HashMap<String, TeamUsage>,
+    ) -> Option<u64> {
+        let limit = self.config.team_borrow_limits.get(&spec.team)?;
+        let t = self.team(&spec.team);
+        if !t.has_quota() {
+            return None;
+        }
+        let used = usage.get(&spec.team);
+        let all = limit
+            .all
+            .map(|all| milli(t.nominal_gpus() + all).saturating_sub(used.map_or(0, |u| u.gpus)));
+        let model = Self::job_bucket(self.named_models(), spec).and_then(|m| {
+            let lim = limit.model(&m)?;
+            let quota = self.quota_in(&spec.team, Some(&m))?;
+            Some((quota + milli(lim)).saturating_sub(used.map_or(0, |u| u.in_bucket(Some(&m)))))
+        });
+        match (all, model) {
+            (Some(a), Some(m)) => Some(a.min(m)),
+            (a, m) => a.or(m),
+        }
+    }
+
+    /// The limit of `model`'s bucket that `more` milli-GPUs there would take `team` past.
+    fn model_borrow_block(
+        &self,
+        team: &str,
+        model: &str,
+        more: u64,
+        used: Option<&TeamUsage>,
+    ) -> Option<BorrowBlock<'_>> {
+        let (name, &limit) = self
+            .config
+            .team_borrow_limits
+            .get(team)?
+            .models
+            .iter()
+            .find(|(m, _)| m.eq_ignore_ascii_case(model))?;
+        let quota = self.quota_in(team, Some(model))?;
+        let there = used.map_or(0, |u| u.in_bucket(Some(model)));
+        (there + more > quota + milli(limit)).then_some(BorrowBlock {
+            model: Some(name),
+            used: there,
+            nominal: quota,
+            limit,
+        })
+    }
+
+    /// Why `spec`'s job may not launch with `plan` on `views` (the free views before it), if
+    /// it may not: the GPUs it takes would put its team past a named model's borrowing limit
+    /// (a job naming no model that lands on that model), or leave a bucket with fewer free
+    /// GPUs than other teams keep there by their lending limits.
+    pub(super) fn plan_block(
+        &self,
+        spec: &JobSpec,
+        plan: &GangPlan,
+        views: &[AgentView],
+        usage: &HashMap<String, TeamUsage>,
+    ) -> Option<String> {
+        if spec.gpus.is_zero() {
+            return None;
+        }
+        let models_limited = self
+            .config
+            .team_borrow_limits
+            .get(&spec.team)
+            .is_some_and(|l| !l.models.is_empty());
+        if models_limited {
+            let named = self.named_models();
+            let per_device = spec.gpus.milli() / spec.gpus.devices().max(1);
+            let mut taken: BTreeMap<String, u64> = BTreeMap::new();
+            for a in &plan.assignments {
+                let Some(v) = views.get(a.agent) else {
+                    continue;
+                };
+                for uuid in &a.gpus {
+                    let model = v.gpus.iter().find(|g| &g.uuid == uuid).map(|g| &g.model);
+                    if let Some(b) = model.and_then(|m| Self::gpu_bucket(named, m)) {
+                        *taken.entry(b).or_default() += per_device;
+                    }
+                }
+            }
+            let used = usage.get(&spec.team);
+            for (model, more) in taken {
+                if let Some(b) = self.model_borrow_block(&spec.team, &model, more, used) {
+                    return Some(b.reason(&spec.team));
+                }
+            }
+        }
+        self.lending_block(spec, plan, views, usage)
     }
 
     /// Per bucket: the milli-GPUs other teams than `team` keep free by their lending limits (their
@@ -223,11 +341,15 @@ impl Core {
                 continue;
             }
             for b in &buckets {
+                let own = b.as_deref().and_then(|m| lend.model(m));
+                let Some(lend) = own.or(lend.all) else {
+                    continue;
+                };
                 let Some(q) = self.quota_in(other, b.as_deref()) else {
                     continue;
                 };
                 let used = usage.get(other).map_or(0, |u| u.in_bucket(b.as_deref()));
-                let keep = q.saturating_sub(used).saturating_sub(milli(*lend));
+                let keep = q.saturating_sub(used).saturating_sub(milli(lend));
                 if keep > 0 {
                     let e = out.entry(b.clone()).or_default();
                     e.0 += keep;
@@ -238,10 +360,96 @@ impl Core {
         out
     }
 
+    /// After [`Core::plan_block`] refused a plan for `spec`'s job: a plan on `base` (what it
+    /// was placed on) without the GPUs of the buckets where the job may not take even one
+    /// more device (a named model's borrowing limit reached, or other teams' lending limits
+    /// keeping all that is free there), if one exists and passes; with `base` after it. A
+    /// borrower then takes the GPUs its limits leave it (Kueue's flavor fungibility) instead
+    /// of waiting on the first bucket its placement chose.
+    pub(super) fn replan_within_limits(
+        &self,
+        spec: &JobSpec,
+        gang: &gang::GangRequest,
+        mut base: Vec<AgentView>,
+        views: &[AgentView],
+        usage: &HashMap<String, TeamUsage>,
+    ) -> Option<(GangPlan, Vec<AgentView>)> {
+        let closed = self.closed_buckets(spec, views, usage);
+        if closed.is_empty() {
+            return None;
+        }
+        let named = self.named_models();
+        for v in &mut base {
+            v.gpus
+                .retain(|g| !closed.contains(&Self::gpu_bucket(named, &g.model)));
+        }
+        let plan = gang::place_gang(&mut base, gang)?;
+        self.plan_block(spec, &plan, views, usage)
+            .is_none()
+            .then_some((plan, base))
+    }
+
+    /// The buckets where `spec`'s job may not take one more device (see
+    /// [`Core::replan_within_limits`]).
+    fn closed_buckets(
+        &self,
+        spec: &JobSpec,
+        views: &[AgentView],
+        usage: &HashMap<String, TeamUsage>,
+    ) -> BTreeSet<Bucket> {
+        let named = self.named_models();
+        let per_device = spec.gpus.milli() / spec.gpus.devices().max(1);
+        let used = usage.get(&spec.team);
+        let mut closed = BTreeSet::new();
+        if let Some(limit) = self.config.team_borrow_limits.get(&spec.team) {
+            for model in limit.models.keys() {
+                let Some(b) = named.iter().find(|n| n.eq_ignore_ascii_case(model)) else {
+                    continue;
+                };
+                if self
+                    .model_borrow_block(&spec.team, b, per_device, used)
+                    .is_some()
+                {
+                    closed.insert(Some(b.clone()));
+                }
+            }
+        }
+        if self.borrows(spec, named, usage) {
+            let kept = self.kept_free(&spec.team, named, usage);
+            let mut free: BTreeMap<Bucket, u64> = BTreeMap::new();
+            for g in views.iter().flat_map(|v| &v.gpus) {
+                *free.entry(Self::gpu_bucket(named, &g.model)).or_default() +=
+                    u64::from(g.free_milli);
+            }
+            for (b, (keep, _)) in kept {
+                if free.get(&b).copied().unwrap_or(0) < keep + per_device {
+                    closed.insert(b);
+                }
+            }
+        }
+        closed
+    }
+
+    /// Whether `spec`'s job borrows: its team goes above its quota in the job's bucket with
+    /// it, or has no quota there.
+    fn borrows(
+        &self,
+        spec: &JobSpec,
+        named: &BTreeSet<String>,
+        usage: &HashMap<String, TeamUsage>,
+    ) -> bool {
+        let bucket = Self::job_bucket(named, spec);
+        let used = usage
+            .get(&spec.team)
+            .map_or(0, |u| u.in_bucket(bucket.as_deref()));
+        self.quota_in(&spec.team, bucket.as_deref())
+            .is_none_or(|q| used + need(spec) > q)
+    }
+
     /// Why `spec`'s job may not launch with `plan` on `views` (the free views before it) by
     /// other teams' lending limits, if it may not: it borrows, and the GPUs it takes leave a
     /// bucket they come from with fewer free GPUs than other teams keep there.
-    pub(super) fn lending_block(
+    fn lending_block(
         &self,
         spec: &JobSpec,
         plan: &GangPlan,
@@ -252,12 +460,7 @@ impl Core {
             return None;
         }
         let named = self.named_models();
-        let bucket = Self::job_bucket(named, spec);
-        let used = usage.get(&spec.team).cloned().unwrap_or_default();
-        let borrows = self
-            .quota_in(&spec.team, bucket.as_deref())
-            .is_none_or(|q| used.in_bucket(bucket.as_deref()) + need(spec) > q);
-        if !borrows {
+        if !self.borrows(spec, named, usage) {
             return None;
         }
         let kept = self.kept_free(&spec.team, named, usage);
@@ -301,5 +504,33 @@ impl Core {
             }
         }
         None
+    }
+}
+
+/// A borrowing limit a job would take its team past ([`Core::borrow_block`]), in milli-GPUs
+/// but for the limit (GPUs, as configured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct BorrowBlock<'a> {
+    /// The named model whose limit it is; `None`: the overall limit.
+    pub(super) model: Option<&'a str>,
+    /// What the team uses (overall, or of the model).
+    pub(super) used: u64,
+    /// Its nominal GPUs (in all, or its quota of the model).
+    pub(super) nominal: u64,
+    /// The limit, GPUs.
+    pub(super) limit: u64,
+}
+
+impl BorrowBlock<'_> {
+    /// The pending reason: `team nlp at its borrowing limit: 12 GPUs used of 8 + 4` (`at its
+    /// A100 borrowing limit` for a model's).
+    pub(super) fn reason(&self, team: &str) -> String {
+        let model = self.model.map_or(String::new(), |m| format!("{m} "));
+        format!(
+            "team {team} at its {model}borrowing limit: {} GPUs used of {} + {}",
+            fmt_milli(self.used),
+            fmt_milli(self.nominal),
+            self.limit
+        )
     }
 }

@@ -3,6 +3,7 @@
 
 use super::tests::{kills_of, launched, spec, update, Cluster};
 use super::*;
+use crate::model::TeamLimit;
 
 fn team(spec: &str) -> (String, TeamConfig) {
     TeamConfig::parse(spec).unwrap()
@@ -104,7 +105,7 @@ fn a_lending_limit_keeps_idle_quota_for_its_team_and_reclaim_takes_back_the_rest
     let config = |lend: bool| CoreConfig {
         teams: [team("nlp=1:8")].into(),
         team_lend_limits: if lend {
-            [("nlp".to_string(), 2)].into()
+            [("nlp".to_string(), TeamLimit::all(2))].into()
         } else {
             Default::default()
         },
@@ -167,7 +168,7 @@ fn elastic_growth_stays_within_the_borrowing_limit() {
     let c = Cluster::new(1);
     let mut q = Core::new(CoreConfig {
         teams: [team("nlp=1:2")].into(),
-        team_borrow_limits: [("nlp".to_string(), 2)].into(),
+        team_borrow_limits: [("nlp".to_string(), TeamLimit::all(2))].into(),
         ..Default::default()
     });
     let t0 = Instant::now();
@@ -177,4 +178,143 @@ fn elastic_growth_stays_within_the_borrowing_limit() {
     let mut n = launched(&q.offers(c.offers(&[8]), t0)).len();
     n += launched(&q.offers(c.offers(&[8 - n as u32]), t0 + Duration::from_secs(1))).len();
     assert_eq!(n, 4);
+}
+
+#[test]
+fn team_limits_parse_overall_and_per_model() {
+    let p = |s| TeamLimit::parse("--team-borrow-limit", s);
+    assert_eq!(p("nlp=4").unwrap(), ("nlp".into(), TeamLimit::all(4)));
+    let (_, l) = p("nlp=4,A100:2").unwrap();
+    assert_eq!(
+        (l.all, l.model("a100"), l.model("H100")),
+        (Some(4), Some(2), None)
+    );
+    let (_, l) = p("nlp=A100:2,H100:0").unwrap();
+    assert_eq!(
+        (l.all, l.model("A100"), l.model("h100")),
+        (None, Some(2), Some(0))
+    );
+    for bad in [
+        "nlp",
+        "=1",
+        "nlp=x",
+        "nlp=1,2",
+        "nlp=:2",
+        "nlp=A100:x",
+        "nlp=A100:1,A100:2",
+    ] {
+        let e = p(bad).unwrap_err();
+        assert!(e.starts_with("--team-borrow-limit"), "{bad}: {e}");
+    }
+}
+
+/// A per-model borrowing limit: nlp's quota is 2 A100s (and 8 other GPUs), and it may borrow
+/// at most 1 A100 beyond it. Its A100 jobs stop at 3 A100s, saying why; a job naming no model
+/// is not placed on a 4th A100 either (its plan is refused), while the overall quota still
+/// lets it run on H100s.
+#[test]
+fn a_per_model_borrowing_limit_caps_the_models_bucket() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        teams: [team("nlp=1:8,A100:2")].into(),
+        team_borrow_limits: [(
+            "nlp".to_string(),
+            TeamLimit::parse("--team-borrow-limit", "nlp=A100:1")
+                .unwrap()
+                .1,
+        )]
+        .into(),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    for i in 0..4 {
+        let mut a = spec(&format!("a{i}"), "nlp", Priority::Normal, 1, 1);
+        a.gpu_model = Some("A100".into());
+        q.submit(a, t0);
+    }
+    let a = launched(&q.offers(c.offers(&[8]), t0));
+    assert_eq!(a.len(), 3, "{a:?}");
+    for t in &a {
+        let g = gpus_of(&q, t);
+        assert!(
+            ["0", "1", "2", "3"].contains(&&g[0][g[0].len() - 1..]),
+            "{g:?}"
+        );
+        q.update(&update(t, TaskState::Running, g), t0 + s);
+    }
+    let v = q
+        .views(t0 + s)
+        .into_iter()
+        .find(|v| v.name == "a3")
+        .unwrap();
+    assert_eq!(
+        v.pending_reason.as_deref(),
+        Some("team nlp at its A100 borrowing limit: 3 GPUs used of 2 + 1")
+    );
+    q.cancel(4, t0 + s).unwrap();
+    // Only one A100 (GPU 3) is free: a job naming no model may not take it.
+    let offer = |free: &[&str]| {
+        let mut o = c.offers(&[8]);
+        let n = free.len();
+        o[0].resources = format!("cpus:{n};mem:{};gpus:{n}", n * 1024)
+            .parse()
+            .unwrap();
+        o[0].gpus = o[0]
+            .gpus
+            .iter()
+            .filter(|g| free.iter().any(|f| g.uuid.ends_with(f)))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
+        o
+    };
+    q.submit(spec("any", "nlp", Priority::Normal, 1, 1), t0 + 2 * s);
+    assert!(launched(&q.offers(offer(&["3"]), t0 + 2 * s)).is_empty());
+    let v = q
+        .views(t0 + 2 * s)
+        .into_iter()
+        .find(|v| v.name == "any")
+        .unwrap();
+    assert!(
+        v.pending_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("A100 borrowing limit")),
+        "{v:?}"
+    );
+    // With an H100 free beside it, it runs there.
+    let any = launched(&q.offers(offer(&["3", "4"]), t0 + 3 * s));
+    assert_eq!(any.len(), 1);
+    assert!(gpus_of(&q, &any[0])[0].ends_with('4'));
+}
+
+/// A per-model lending limit: nlp (quota 4 A100s and 4 other GPUs) lends at most 1 of its
+/// idle A100s and 3 of its other GPUs (the overall limit). cv, without a quota, borrows 1
+/// A100 and 3 H100s of an idle 8-GPU agent, no more.
+#[test]
+fn a_per_model_lending_limit_keeps_that_models_idle_quota() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig {
+        teams: [team("nlp=1:4,A100:4")].into(),
+        team_lend_limits: [(
+            "nlp".to_string(),
+            TeamLimit::parse("--team-lend-limit", "nlp=3,A100:1")
+                .unwrap()
+                .1,
+        )]
+        .into(),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    for i in 0..8 {
+        q.submit(spec(&format!("cv{i}"), "cv", Priority::Normal, 1, 1), t0);
+    }
+    let cv = launched(&q.offers(c.offers(&[8]), t0));
+    let mut got: Vec<String> = cv
+        .iter()
+        .map(|t| gpus_of(&q, t)[0].chars().last().unwrap().to_string())
+        .collect();
+    got.sort();
+    let a100s = got.iter().filter(|g| g.as_str() < "4").count();
+    assert_eq!((cv.len(), a100s), (4, 1), "{got:?}");
 }

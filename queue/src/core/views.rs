@@ -234,19 +234,8 @@ impl Core {
         let need = super::quota::need(&j.spec);
         let none = super::order::TeamUsage::default();
         let usage = st.team_gpus.get(team).unwrap_or(&none);
-        if self.over_borrow_limit(&j.spec, &st.team_gpus) {
-            let t = self.team(team);
-            let limit = self
-                .config
-                .team_borrow_limits
-                .get(team)
-                .copied()
-                .unwrap_or(0);
-            return format!(
-                "team {team} at its borrowing limit: {} GPUs used of {} + {limit}",
-                fmt_milli(usage.gpus),
-                t.nominal_gpus()
-            );
+        if let Some(b) = self.borrow_block(&j.spec, &st.team_gpus) {
+            return b.reason(team);
         }
         let bucket = Self::job_bucket(self.named_models(), &j.spec);
         if let Some(quota) = self.quota_in(team, bucket.as_deref()) {

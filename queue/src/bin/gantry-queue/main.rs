@@ -33,7 +33,7 @@ use gantry_master::security::tokens::OperatorTokens;
 use gantry_queue::auth::Acl;
 use gantry_queue::core::{Core, CoreConfig, MAX_ENDED_JOBS};
 use gantry_queue::http::{self, Api};
-use gantry_queue::model::{Gpus, JobSpec, JobView, Priority, TeamConfig};
+use gantry_queue::model::{Gpus, JobSpec, JobView, Priority, TeamConfig, TeamLimit};
 use gantry_queue::runtime::{unix_ms, QueueScheduler, Shared};
 use gantry_queue::store::Store;
 use gantry_sdk::protocol::Capability;

@@ -66,11 +66,14 @@ pub(super) struct Serve {
     /// usage since the start counts forever.
     #[arg(long)]
     pub(super) usage_half_life: Option<String>,
-    /// The most GPUs a team may use beyond its quota: NAME=GPUS (repeatable).
+    /// The most GPUs a team may use beyond its quota: NAME=GPUS[,MODEL:GPUS]... (overall
+    /// and per GPU model some team's quota names; NAME=MODEL:GPUS for a model only;
+    /// repeatable).
     #[arg(long = "team-borrow-limit")]
     pub(super) team_borrow_limits: Vec<String>,
-    /// The most of a team's idle nominal quota others may borrow: NAME=GPUS (repeatable;
-    /// Kueue's lendingLimit). Without it, all of it.
+    /// The most of a team's idle nominal quota others may borrow: NAME=GPUS[,MODEL:GPUS]...
+    /// (in each quota: a model's own limit, else the overall one; repeatable; Kueue's
+    /// lendingLimit). Without it, all of it.
     #[arg(long = "team-lend-limit")]
     pub(super) team_lend_limits: Vec<String>,
     /// A team's default time limit: NAME=DURATION (repeatable).
@@ -179,26 +182,8 @@ pub(super) async fn serve(a: Serve) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let mut team_borrow_limits = BTreeMap::new();
-    for t in &a.team_borrow_limits {
-        let (name, n) = t
-            .split_once('=')
-            .with_context(|| format!("--team-borrow-limit {t:?}: expected NAME=GPUS"))?;
-        let n: u64 = n
-            .parse()
-            .with_context(|| format!("--team-borrow-limit {t:?}: GPUS"))?;
-        team_borrow_limits.insert(name.to_string(), n);
-    }
-    let mut team_lend_limits = BTreeMap::new();
-    for t in &a.team_lend_limits {
-        let (name, n) = t
-            .split_once('=')
-            .with_context(|| format!("--team-lend-limit {t:?}: expected NAME=GPUS"))?;
-        let n: u64 = n
-            .parse()
-            .with_context(|| format!("--team-lend-limit {t:?}: GPUS"))?;
-        team_lend_limits.insert(name.to_string(), n);
-    }
+    let team_borrow_limits = team_limits("--team-borrow-limit", &a.team_borrow_limits, &teams)?;
+    let team_lend_limits = team_limits("--team-lend-limit", &a.team_lend_limits, &teams)?;
     let mut budgets = gantry_queue::budget::BudgetConfig {
         period: Duration::from_secs(parse_secs(&a.budget_period).context("--budget-period")?),
         warn_at: a.budget_warn,
@@ -304,4 +289,30 @@ pub(super) async fn serve(a: Serve) -> anyhow::Result<()> {
         bail!("the store failed (see the log); the next run resumes from what it holds");
     }
     result.context("running the gantry-queue framework")
+}
+
+/// Parses a team limit flag's values (`NAME=GPUS[,MODEL:GPUS]...`); a model must be one some
+/// team's quota names (only those have a bucket of their own).
+fn team_limits(
+    flag: &str,
+    values: &[String],
+    teams: &BTreeMap<String, TeamConfig>,
+) -> anyhow::Result<BTreeMap<String, TeamLimit>> {
+    let mut out = BTreeMap::new();
+    for v in values {
+        let (name, limit) = TeamLimit::parse(flag, v).map_err(anyhow::Error::msg)?;
+        for model in limit.models.keys() {
+            let named = teams
+                .values()
+                .flat_map(|t| t.model_quotas.keys())
+                .any(|m| m.eq_ignore_ascii_case(model));
+            if !named {
+                bail!("{flag} {v:?}: no team's --team quota names the model {model}");
+            }
+        }
+        if out.insert(name.clone(), limit).is_some() {
+            bail!("{flag}: team {name} given twice");
+        }
+    }
+    Ok(out)
 }
