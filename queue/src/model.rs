@@ -568,7 +568,7 @@ pub struct MemberRecord {
     /// Killed on purpose (cancel, preemption, shrink): its end is expected.
     pub killing: bool,
     /// When it was launched, Unix milliseconds (usage and cost count from it; records written
-    /// before 2026-11-29 hold when it started running).
+    /// by earlier versions hold when it started running, if it had).
     pub started_unix_ms: u64,
 }
 

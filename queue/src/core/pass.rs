@@ -139,11 +139,18 @@ impl Core {
         // (A job other than the reservation's holder places outside the reservation, or in
         // it only when it may backfill: once the holder has been tried, the bound is taken
         // outside the reservation unless some eligible job's time limit ends before it starts.)
-        let mut room = least.fits_some(&views);
         let mut res_holder_seen = false;
         // The shortest time limit of the eligible jobs, computed when first needed (only ever
         // too short after launches in this pass: the bound stays necessary).
         let mut shortest: Option<Option<Duration>> = None;
+        let mut room = self.room(
+            &least,
+            &views,
+            reservation.as_ref(),
+            res_holder_seen,
+            &mut shortest,
+            now,
+        );
         let mut holder_tried = false;
         // Gangs waiting for their offers to settle ([`CoreConfig::offer_settle`]), with what
         // is kept for them meanwhile.
@@ -259,7 +266,21 @@ impl Core {
                 break;
             };
             holder_tried |= holder == Some(id);
-            res_holder_seen |= reservation.as_ref().is_some_and(|r| r.holder == id);
+            if !res_holder_seen && reservation.as_ref().is_some_and(|r| r.holder == id) {
+                // Once the holder has been tried, others place outside its reservation (or
+                // backfill): the bound may close here (a reservation made for a preemption
+                // keeps its agent's free GPUs while the victims end; without this the pass
+                // walked the whole queue meanwhile).
+                res_holder_seen = true;
+                room = self.room(
+                    &least,
+                    &views,
+                    reservation.as_ref(),
+                    res_holder_seen,
+                    &mut shortest,
+                    now,
+                );
+            }
             let spec = &self.jobs[&id].spec;
             if self.over_borrow_limit(spec, &usage) {
                 // Waits until its team uses less (it neither reserves nor preempts).
@@ -582,9 +603,10 @@ impl Core {
     }
 
     /// Whether an eligible job not yet tried in this pass could still place on `views` (a
-    /// necessary condition, [`Least`]): with no `reservation`, or before its holder is tried
-    /// (`holder_seen`), anywhere; after, outside it, or in it for a job that may backfill
-    /// (some eligible job's time limit, `shortest`, ends before the reservation's start).
+    /// necessary condition, [`Least`]): with no `reservation`, anywhere; with one, outside
+    /// it, or in it for its holder while it has not been tried (`holder_seen`) and fits
+    /// there, or for a job that may backfill (some eligible job's time limit, `shortest`,
+    /// ends before the reservation's start).
     fn room(
         &self,
         least: &Least,
@@ -594,10 +616,22 @@ impl Core {
         shortest: &mut Option<Option<Duration>>,
         now: Instant,
     ) -> bool {
-        let Some(r) = reservation.filter(|_| holder_seen) else {
+        let Some(r) = reservation else {
             return least.fits_some(views);
         };
         if least.fits_some_outside(views, &r.parts) {
+            return true;
+        }
+        // Until the holder has been tried, it may still place in its reservation (others
+        // never do, but to backfill). One made for a preemption holds its agent's free GPUs
+        // while the victims end, and its holder need not come early in the order: without
+        // this the pass walked every job ahead of it (all of a higher class) meanwhile.
+        if !holder_seen
+            && self
+                .jobs
+                .get(&r.holder)
+                .is_some_and(|j| ShapeCache::default().fits(views, &j.spec))
+        {
             return true;
         }
         let Some(start) = r.start else {
