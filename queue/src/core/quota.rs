@@ -430,20 +430,15 @@ impl Core {
         closed
     }
 
-    /// Whether `spec`'s job borrows: its team goes above its quota in the job's bucket with
-    /// it, or has no quota there.
+    /// Whether `spec`'s job, which needs GPUs, borrows: its team goes above its quota in the
+    /// job's bucket with it, or has no quota there.
     fn borrows(
         &self,
         spec: &JobSpec,
         named: &BTreeSet<String>,
         usage: &HashMap<String, TeamUsage>,
     ) -> bool {
-        let bucket = Self::job_bucket(named, spec);
-        let used = usage
-            .get(&spec.team)
-            .map_or(0, |u| u.in_bucket(bucket.as_deref()));
-        self.quota_in(&spec.team, bucket.as_deref())
-            .is_none_or(|q| used + need(spec) > q)
+        !self.within_quota(spec, named, usage)
     }
 
     /// Why `spec`'s job may not launch with `plan` on `views` (the free views before it) by
