@@ -687,12 +687,13 @@ impl Core {
         self.last_tick = Some(now);
         let idle = self.idle_gpus(now);
         let secs = dt.as_secs_f64();
+        let gpus = |milli: u64| milli as f64 / crate::model::GPU_MILLI as f64;
         if idle.eligible > 0 {
-            self.stats.idle_while_eligible_gpu_secs += idle.eligible as f64 * secs;
+            self.stats.idle_while_eligible_gpu_secs += gpus(idle.eligible) * secs;
             self.stats.idle_while_eligible_secs += secs;
         }
-        self.stats.reserved_idle_gpu_secs += idle.reserved as f64 * secs;
-        self.stats.settling_idle_gpu_secs += idle.settling as f64 * secs;
+        self.stats.reserved_idle_gpu_secs += gpus(idle.reserved) * secs;
+        self.stats.settling_idle_gpu_secs += gpus(idle.settling) * secs;
         if let Some(hl) = self.config.usage_half_life.filter(|h| !h.is_zero()) {
             // Decay what was, then add what ran since the last tick.
             let keep = 0.5f64.powf(secs / hl.as_secs_f64());

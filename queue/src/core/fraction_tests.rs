@@ -253,3 +253,35 @@ fn preemption_gives_back_a_fractions_share() {
     let (_, a) = q.submit(s, t0);
     assert_eq!(kills_of(&a), vec![tasks[0].task_id], "{a:?}");
 }
+
+/// The idle-GPU statistic counts the free part of a shared GPU: when one of two halves on a
+/// GPU ends, a waiting half-GPU job could start on what it freed, and until the agent's offer
+/// brings it, half a GPU is idle while eligible work waits (0.5 GPU-seconds a second).
+#[test]
+fn the_free_half_of_a_shared_gpu_counts_as_idle_while_a_half_waits() {
+    let c = Cluster::new(1);
+    let mut q = Core::new(CoreConfig::default());
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    for n in ["a", "b", "c"] {
+        q.submit(frac(n, "t", 500), t0);
+    }
+    let tasks = launched(&q.offers(offers(&c, &[1000]), t0));
+    assert_eq!(tasks.len(), 2, "two halves fill the GPU");
+    for t in &tasks {
+        q.update(&update(t, TaskState::Running, pinned(t)), t0);
+    }
+    q.tick(t0);
+    q.tick(t0 + s);
+    assert_eq!(q.stats.idle_while_eligible_gpu_secs, 0.0, "nothing free");
+    q.update(
+        &update(&tasks[0], TaskState::Finished, pinned(&tasks[0])),
+        t0 + s,
+    );
+    q.tick(t0 + 3 * s);
+    assert!(
+        (q.stats.idle_while_eligible_gpu_secs - 1.0).abs() < 1e-9,
+        "half a GPU idle for 2 s: {}",
+        q.stats.idle_while_eligible_gpu_secs
+    );
+}

@@ -23,7 +23,8 @@ impl Core {
     /// the reservation.
     pub(super) fn idle_gpus(&self, now: Instant) -> IdleGpus {
         let mut views = self.eventual_views(false);
-        let count = |v: &[AgentView]| v.iter().map(AgentView::gpu_count).sum::<u64>();
+        // Milli-GPUs: the free part of a GPU that fractions share counts.
+        let count = |v: &[AgentView]| v.iter().map(|a| a.resources.milli("gpus")).sum::<u64>();
         let all = count(&views);
         if all == 0 {
             return IdleGpus::default();
@@ -422,7 +423,7 @@ fn place_on_best(views: &[Cow<AgentView>], gang: &GangRequest) -> Option<(Plan, 
     gang::place_gang(&mut chosen, gang).map(|plan| (plan, chosen))
 }
 
-/// Free GPUs by why they are free ([`Core::idle_gpus`]).
+/// Free milli-GPUs by why they are free ([`Core::idle_gpus`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct IdleGpus {
     /// Idle while a waiting job could start on them.
