@@ -139,6 +139,17 @@ mod tests {
         );
         let back = Checkpoint::load(&dir).unwrap().unwrap();
         assert_eq!(back.agent_id, c.agent_id);
+        // The supervisor's answer is the launch record's, never the checkpoint's...
+        let text = std::fs::read_to_string(dir.join(FILE)).unwrap();
+        assert!(!text.contains("supervisor_pid"), "{text}");
+        assert_eq!(back.tasks[&tid].launched, None);
+        assert_eq!(back.tasks[&tid].state, TaskState::Running);
+        // ...but a checkpoint of an agent from before that, which held it, still reads it.
+        let mut old = serde_json::to_value(&c).unwrap();
+        old["tasks"][tid.to_string()]["launched"] =
+            serde_json::json!({"supervisor_pid": 10, "task_pgid": 11, "supervisor_start": 5});
+        std::fs::write(dir.join(FILE), serde_json::to_vec(&old).unwrap()).unwrap();
+        let back = Checkpoint::load(&dir).unwrap().unwrap();
         assert_eq!(back.tasks[&tid].launched, c.tasks[&tid].launched);
         std::fs::write(dir.join(FILE), b"{not json").unwrap();
         assert!(matches!(

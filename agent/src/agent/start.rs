@@ -55,8 +55,10 @@ fn probe(core: &AgentCore) -> RecoveryProbe {
         if rec.state.is_terminal() {
             continue;
         }
+        // The launch comes from its record: the log does not hold it (logs of agents before
+        // that did, and were read). (Checkpoints from before the meta directory kept no claim:
+        // nothing to find.)
         let mut launched = rec.launched;
-        // (Checkpoints from before the meta directory kept no claim: nothing to find.)
         if launched.is_none() && !rec.meta.as_os_str().is_empty() {
             if let Some(l) = executor::find_launched(&rec.meta) {
                 probe.found.push((*id, l));

@@ -10,8 +10,9 @@ use super::{ExitStatus, Launched};
 /// What the runtime found on the host for the checkpointed tasks that are not terminal.
 #[derive(Debug, Default)]
 pub struct RecoveryProbe {
-    /// Launches the previous agent started but died before recording (their supervisors
-    /// said where they are).
+    /// The launches of the checkpointed tasks, read from their launch records (the log does
+    /// not hold them): a task the previous agent saw start, or one it asked for and died
+    /// before hearing from (its supervisor said where it is).
     pub found: Vec<(TaskId, Launched)>,
     /// Launched tasks whose supervisor is still alive.
     pub alive: Vec<TaskId>,
@@ -50,8 +51,12 @@ impl AgentCore {
             if rec.state.is_terminal() || rec.launched.is_some() {
                 continue;
             }
-            tracing::info!(task = %id, pid = l.supervisor_pid, "found the supervisor of a launch the previous agent did not record");
             rec.launched = Some(l);
+            if !matches!(rec.state, TaskState::Staging | TaskState::Starting) {
+                // The previous agent saw it start (and said so): nothing new to report.
+                continue;
+            }
+            tracing::info!(task = %id, pid = l.supervisor_pid, "found the supervisor of a launch the previous agent did not record");
             self.update(
                 id,
                 TaskState::Running,
@@ -153,8 +158,8 @@ impl AgentCore {
             }
             if let (Some(pgid), Some(l)) = (p.pgid, rec.launched.as_mut()) {
                 if l.task_pgid == 0 {
+                    // (In memory only, as the rest of the launch: the record holds it.)
                     l.task_pgid = pgid;
-                    self.dirty.insert(p.task);
                 }
             }
             if !p.gone {

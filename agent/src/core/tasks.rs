@@ -322,9 +322,9 @@ impl AgentCore {
         };
         match result {
             Ok(l) => {
+                // (In memory: the launch record holds it, and the log only the state.)
                 rec.launched = Some(l);
                 let kill = rec.kill_requested_ms.is_some();
-                self.dirty.insert(task);
                 self.update(
                     task,
                     TaskState::Running,

@@ -41,6 +41,11 @@ pub struct TaskRecord {
     /// existed: those kept the files in the sandbox).
     #[serde(default)]
     pub meta: PathBuf,
+    /// What the supervisor answered to the launch. Held in memory only: the launch record
+    /// (`executor::record`, `supervisor` and `task` lines) is its one record, and a restarted
+    /// agent reads it from there ([`super::recovery::RecoveryProbe::found`]). Logs of agents
+    /// before that held it too: it is still read from them, never written.
+    #[serde(default, skip_serializing)]
     pub launched: Option<Launched>,
     /// UUIDs of the GPUs assigned to the task.
     pub gpus: Vec<String>,

@@ -20,12 +20,13 @@
 //! their newline is there. Unknown lines are skipped.
 //!
 //! **One record of a task's facts.** The agent's write-ahead log ([`crate::wal`]) holds what the
-//! agent *decided* about a task (its state, GPUs, ports, cgroup name, status updates, and the
-//! supervisor's reply to its launch, which the running agent signals); this record holds what
-//! was *observed* of the launch, written by whoever observed it — the supervisor, which
-//! outlives the agent, or the agent reading the task's cgroup. It is the only source of those
-//! facts: a restarted agent reads the exit, the baseline and the cgroup's outcome from here
-//! alone, and the log never copies them.
+//! agent *decided* about a task (its state, GPUs, ports, cgroup name, status updates); this
+//! record holds what was *observed* of the launch, written by whoever observed it — the
+//! supervisor, which outlives the agent, or the agent reading the task's cgroup. It is the only
+//! source of those facts: a restarted agent reads the supervisor (pid and start time), the
+//! task's process group, the exit, the baseline and the cgroup's outcome from here alone, and
+//! the log never copies them (the running agent keeps the supervisor's answer to a launch in
+//! memory; logs of agents before that held it, and are still read).
 //!
 //! One file where there were six (`supervisor.pid`, an empty `launch.claim`, `task.pid`,
 //! `exit.json`, the agent's `cgroup-final.json` and `cgroup-base.json`, most of them written

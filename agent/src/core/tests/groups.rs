@@ -166,14 +166,20 @@ fn policies_finish_alone_stop_together_or_run_independently() {
 #[test]
 fn the_policy_survives_an_agent_restart() {
     let (c, _, ids) = started(GroupPolicy::KillOnFailure);
-    // The checkpoint as the log stores it (JSON), read back by a new agent run.
+    // The checkpoint as the log stores it (JSON), read back by a new agent run; the launches
+    // come from their records (the log does not hold them).
+    let found: Vec<(TaskId, Launched)> = ids
+        .iter()
+        .map(|id| (*id, c.checkpoint().tasks[id].launched.expect("launched")))
+        .collect();
     let json = serde_json::to_vec(c.checkpoint()).expect("encodes");
     let ckpt: Checkpoint = serde_json::from_slice(&json).expect("decodes");
     assert!(ckpt.tasks[&ids[0]].group.is_some());
+    assert!(ckpt.tasks[&ids[0]].launched.is_none(), "not in the log");
     let mut c = AgentCore::new(config(4), ckpt, T0, Instant::now());
     c.recover(
         RecoveryProbe {
-            found: vec![],
+            found,
             alive: ids.clone(),
             exited: vec![],
         },

@@ -66,3 +66,41 @@ fn recovery_readopts_live_tasks_settles_dead_ones_and_fails_unlaunched_ones() {
     assert!(sent(&fx).is_empty(), "not connected yet");
     assert_eq!(c.checkpoint().tasks[&dead].state, TaskState::Failed);
 }
+
+#[test]
+fn recovery_takes_a_running_tasks_launch_from_its_record_without_reporting_it_again() {
+    // The log holds a RUNNING task without its launch (the record holds that): the probe reads
+    // it back and the task is adopted as it was, with no second RUNNING update.
+    let (running, r) = checkpointed(TaskState::Running, None, vec![]);
+    let (gone, g) = checkpointed(TaskState::Running, None, vec![]);
+    let mut ckpt = Checkpoint::default();
+    ckpt.tasks.insert(running, r);
+    ckpt.tasks.insert(gone, g);
+    let mut c = AgentCore::new(config(0), ckpt, T0, Instant::now());
+    let probe = RecoveryProbe {
+        found: vec![(running, launched(50)), (gone, launched(60))],
+        alive: vec![running],
+        exited: vec![(gone, Some(exit(0)))],
+    };
+    let fx = c.recover(probe, T0);
+    let rec = &c.checkpoint().tasks[&running];
+    assert_eq!(
+        (rec.state, rec.launched),
+        (TaskState::Running, Some(launched(50)))
+    );
+    assert_eq!(
+        c.adopted_live()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect::<Vec<_>>(),
+        vec![running]
+    );
+    assert!(
+        c.checkpoint().updates.all().is_empty(),
+        "nothing new to report"
+    );
+    // The one whose supervisor is gone is settled from its record's exit.
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Settle { task, status, .. } if *task == gone && status.code == Some(0))
+    ));
+}
