@@ -36,6 +36,24 @@ impl ModelSet {
     pub fn is_any(self) -> bool {
         self.0 == 0
     }
+
+    /// The names of the models in this set, in `models`' order (none for [`ModelSet::ANY`]).
+    ///
+    /// ```
+    /// use gantry_placement::Models;
+    /// let mut models = Models::new();
+    /// let set = models.set(["T4", "V100M16"]).unwrap();
+    /// models.intern("A100").unwrap();
+    /// assert_eq!(set.names(&models).collect::<Vec<_>>(), ["T4", "V100M16"]);
+    /// ```
+    pub fn names(self, models: &Models) -> impl Iterator<Item = &str> {
+        models
+            .names
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| self.0 & (1u64 << i) != 0)
+            .map(|(_, n)| n.as_str())
+    }
 }
 
 /// Interns GPU model names.

@@ -12,8 +12,9 @@
 //! (`spot_failures_before_fallback = 1`); the job, killed at the notice's deadline, is requeued
 //! without counting as a failure and finishes on the replacement from its checkpoint
 //! (`GANTRY_QUEUE_CHECKPOINT_DIR`); the fallback pool scales down again. The queue charged
-//! team ml its workers' share of each node's price for the time they ran (the master's records
-//! say the same within 1%), and its budget, now spent, holds the team's next submission. Last, consolidation:
+//! team ml its workers' share of each node's price for the time they held them, from launch
+//! (the master's records say the same within 1%), and its budget, now spent, holds the team's
+//! next submission. Last, consolidation:
 //! two half-busy nodes, one drained because its task fits the other, its task moved by the
 //! framework, the node deleted. Then a model-constrained demand: a queue job asking for an H100
 //! is declared with its model, unplaceable on the A100 pool, and grows the H100 pool alone.
@@ -519,14 +520,15 @@ echo "done $n" > "$d/result""#;
         "{ran_on:?}"
     );
     // Cost per team: the queue charged team ml its workers' share of their nodes (1 of 2
-    // GPUs: half) for the time they ran, at each node's price (the spot node, then the
-    // on-demand replacement), within 1% of the master's own records.
+    // GPUs: half) for the time they held them (from their launch, staging included, as the
+    // master charges a task), at each node's price (the spot node, then the on-demand
+    // replacement), within 1% of the master's own records.
     let expected_team: f64 = records["tasks"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| {
-            let ran = t["ended_at_ms"].as_u64().unwrap() - t["started_at_ms"].as_u64().unwrap();
+            let ran = t["ended_at_ms"].as_u64().unwrap() - t["staged_at_ms"].as_u64().unwrap();
             let price = if t["agent_id"] == noticed_agent.as_str() {
                 PRICE
             } else {

@@ -17,6 +17,7 @@ impl Allocator {
         self.convert_min_allocatable();
         self.wanting = self.frameworks.values().filter(|fw| fw.wants()).count();
         self.needs = self.cycle_needs();
+        self.plan_model_first();
         let mut out = Vec::with_capacity(self.last_cycle_offers);
         // What the quota stage grants on an agent is held and merged with what the fair-share
         // stage grants there: one offer per (framework, agent, role) per cycle.
@@ -95,6 +96,15 @@ impl Allocator {
             }
         }
         self.counters.visits += 1;
+        // Model-constrained tasks' worth first, on an agent of a model they want (`models`).
+        if !stage1 && self.model_wanted != 0 {
+            while let Some(c) = self.find_model_first(a, now) {
+                self.grant(a, c, pending);
+                if self.ag(a).free.is_zero() {
+                    return;
+                }
+            }
+        }
         loop {
             let mut constrained = false;
             match self.find(0, a, stage1, false, now, pending, &mut constrained) {
@@ -357,36 +367,63 @@ impl Allocator {
                     role: r,
                     grant: avail,
                     shape: None,
-                    gpu: None,
+                    gpus: Vec::new(),
                 });
             }
-            // Each declared shape still wanted, in order: the first whose task's worth fits.
-            let fw = self.fw(f);
-            for (shape, (task, count)) in fw.demand.iter().enumerate() {
-                if fw.offered_tasks.get(shape).copied().unwrap_or(0) >= *count {
-                    continue;
-                }
-                let Some(grant) = split_task(&avail, task) else {
-                    continue;
-                };
-                if filtered(f, &grant) {
-                    continue;
-                }
-                if flags & FW_MIN != 0 && !self.holds_min(f, &grant) {
-                    continue;
-                }
-                // A fraction of one GPU needs one GPU with room (gpus.rs).
-                let Ok(gpu) = self.fraction_gpu(a, task) else {
-                    continue;
-                };
-                return Some(Candidate {
-                    fw: f,
-                    role: r,
-                    grant,
-                    shape: Some(shape),
-                    gpu,
-                });
+            if let Some(c) = self.demand_candidate(f, r, a, &avail, now, false) {
+                return Some(c);
             }
+        }
+        None
+    }
+
+    /// A task's worth for framework `f` (with a declared demand) in role `r` out of `avail` on
+    /// agent `a`: each declared shape still wanted, in order, the first whose task's worth
+    /// fits (a shape naming a GPU model only on an agent of that model; with
+    /// `constrained_only`, only such shapes).
+    pub(super) fn demand_candidate(
+        &self,
+        f: u32,
+        r: u32,
+        a: u32,
+        avail: &Bundle,
+        now: Millis,
+        constrained_only: bool,
+    ) -> Option<Candidate> {
+        let flags = self.fw_flags[f as usize];
+        let agent = self.ag(a);
+        let fw = self.fw(f);
+        for (shape, (task, count)) in fw.demand.iter().enumerate() {
+            if fw.offered_tasks.get(shape).copied().unwrap_or(0) >= *count {
+                continue;
+            }
+            let constrained = fw
+                .demand_masks
+                .get(shape)
+                .is_some_and(|m| *m != super::models::ANY_MODEL);
+            if (constrained_only && !constrained) || !self.shape_fits_model(f, shape, a) {
+                continue;
+            }
+            let Some(grant) = split_task(avail, task) else {
+                continue;
+            };
+            if agent.filters.blocks(f, &grant, now, &self.refused) {
+                continue;
+            }
+            if flags & FW_MIN != 0 && !self.holds_min(f, &grant) {
+                continue;
+            }
+            // A fraction of one GPU needs one GPU with room, whole GPUs idle ones (gpus.rs).
+            let Ok(gpus) = self.task_gpus(a, task) else {
+                continue;
+            };
+            return Some(Candidate {
+                fw: f,
+                role: r,
+                grant,
+                shape: Some(shape),
+                gpus,
+            });
         }
         None
     }
@@ -417,9 +454,7 @@ impl Allocator {
     }
 
     pub(super) fn grant(&mut self, a: u32, c: Candidate, pending: &mut Vec<Pending>) {
-        if let Some(g) = c.gpu {
-            self.earmark_gpus(a, &[g]);
-        }
+        self.earmark_gpus(a, &c.gpus);
         {
             dense::sub(&mut self.free_unres, &c.grant.unres);
             let agent = self.ag_mut(a);
@@ -433,7 +468,7 @@ impl Allocator {
             Some(p) => {
                 p.bundle.add(&c.grant);
                 add_shape(&mut p.tasks, c.shape);
-                p.gpus.extend(c.gpu);
+                p.gpus.extend_from_slice(&c.gpus);
                 false
             }
             None => {
@@ -444,7 +479,7 @@ impl Allocator {
                     role: c.role,
                     bundle: c.grant.clone(),
                     tasks,
-                    gpus: c.gpu.into_iter().collect(),
+                    gpus: c.gpus,
                 });
                 true
             }

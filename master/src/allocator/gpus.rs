@@ -1,12 +1,15 @@
-//! GPU fractions in demand-aware splitting: when a framework's declared task asks for a
-//! fraction of one GPU (`gpus` below 1), a task's worth is offered on an agent only when one of
-//! its GPUs has room for the fraction, and the GPU is chosen with the same fragmentation-aware
-//! scoring as the placement crate (`gantry_placement`, policy
-//! [`AllocatorConfig::gpu_placement`]). The chosen share is earmarked while the offer is
-//! outstanding (so two task-worths are not counted on the same room) and released when the
-//! offer ends (accepted, declined, rescinded, expired); the task's GPU is then the state's
-//! business (`state::gpus`), which tells the allocator each GPU's free share
-//! ([`Allocator::set_agent_gpus`]). Agents without a per-GPU view keep the scalar behaviour.
+//! GPU shares in demand-aware splitting: when a framework's declared task asks for a fraction
+//! of one GPU (`gpus` below 1), a task's worth is offered on an agent only when one of its GPUs
+//! has room for the fraction, and the GPU is chosen with the same fragmentation-aware scoring
+//! as the placement crate (`gantry_placement`, policy [`AllocatorConfig::gpu_placement`]); for
+//! whole GPUs, only where that many are idle (the first ones). The chosen shares are earmarked
+//! while the offer is outstanding (so two task-worths are not counted on the same room) and
+//! released when the offer ends (accepted, declined, rescinded, expired); the state reads them
+//! ([`Allocator::offer_earmarks`], [`Allocator::agent_earmarks`]) so that the offer lists, and
+//! its accept draws on, only its own shares, and other offers on the agent the rest. The
+//! task's GPU is then the state's business (`state::gpus`), which tells the allocator each
+//! GPU's free share ([`Allocator::set_agent_gpus`]). Agents without a per-GPU view keep the
+//! scalar behaviour.
 
 use gantry_placement::{GpuDemand, ModelSet, Models, Node, Placer, TaskShape, Workload, GPU_MILLI};
 
@@ -30,25 +33,35 @@ impl Allocator {
         ag.stable = None;
     }
 
-    /// For a task shape asking for a fraction of one GPU on agent `a` with a per-GPU view: the
-    /// GPU to earmark, `(index, milli)`; `Err(())` when no GPU has room (no task's worth here).
-    /// `Ok(None)` for other shapes or agents without a view.
-    pub(super) fn fraction_gpu(&self, a: u32, task: &[u64]) -> Result<Option<(u32, u32)>, ()> {
+    /// For a task shape asking for GPUs on agent `a` with a per-GPU view: the shares to
+    /// earmark, `(index, milli)` — for a fraction of one GPU the GPU chosen for it, for whole
+    /// GPUs that many idle ones (the first); `Err(())` when the GPUs have no room (no task's
+    /// worth here). Empty for shapes without GPUs or agents without a view.
+    pub(super) fn task_gpus(&self, a: u32, task: &[u64]) -> Result<Vec<(u32, u32)>, ()> {
         let Some(g) = self.names.lookup("gpus") else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let milli = dense::at(task, g);
         let ag = self.ag(a);
-        if milli == 0 || milli >= u64::from(GPU_MILLI) || ag.gpu_free.is_empty() {
-            return Ok(None);
+        if milli == 0 || ag.gpu_free.is_empty() {
+            return Ok(Vec::new());
         }
-        let milli = milli as u32;
         let free: Vec<u32> = ag
             .gpu_free
             .iter()
             .zip(ag.gpu_offered.iter().chain(std::iter::repeat(&0)))
             .map(|(f, o)| f.saturating_sub(*o).min(GPU_MILLI))
             .collect();
+        if milli >= u64::from(GPU_MILLI) {
+            let k = (milli / u64::from(GPU_MILLI)) as usize;
+            let idle: Vec<(u32, u32)> = (0..free.len() as u32)
+                .filter(|&i| free[i as usize] == GPU_MILLI)
+                .take(k)
+                .map(|i| (i, GPU_MILLI))
+                .collect();
+            return if idle.len() == k { Ok(idle) } else { Err(()) };
+        }
+        let milli = milli as u32;
         if !free.iter().any(|&f| f >= milli) {
             return Err(());
         }
@@ -76,7 +89,23 @@ impl Allocator {
             .filter(|&i| free.get(i).is_some_and(|&f| f >= milli))
             .or_else(|| free.iter().position(|&f| f >= milli))
             .ok_or(())?;
-        Ok(Some((chosen as u32, milli)))
+        Ok(vec![(chosen as u32, milli)])
+    }
+
+    /// The shares an outstanding offer earmarked, `(index, milli)` over the agent's per-GPU
+    /// view ([`Allocator::set_agent_gpus`]' order): a fraction's task's worth is offered on
+    /// that GPU only. Empty for other offers (and unknown ones).
+    pub fn offer_earmarks(&self, offer: OfferId) -> &[(u32, u32)] {
+        self.offers.get(&offer).map_or(&[], |st| st.gpus.as_slice())
+    }
+
+    /// The milli-GPUs of each of `agent`'s GPUs (per-GPU view order) earmarked by its
+    /// outstanding offers; empty when there are none.
+    pub fn agent_earmarks(&self, agent: AgentId) -> &[u32] {
+        match self.agent_ids.get(&agent) {
+            Some(&a) if self.ag(a).gpu_offered.iter().any(|m| *m > 0) => &self.ag(a).gpu_offered,
+            _ => &[],
+        }
     }
 
     /// Earmarks `gpus` on agent `a` (a task's worth was offered).

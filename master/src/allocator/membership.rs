@@ -42,6 +42,7 @@ impl Allocator {
             stable: None,
             gpu_free: Vec::new(),
             gpu_offered: Vec::new(),
+            models: 0,
             inactive: false,
         };
         let slot = self.agents.insert(agent);
@@ -204,6 +205,7 @@ impl Allocator {
                     gpu_capable,
                     demand: Vec::new(),
                     demand_models: Vec::new(),
+                    demand_masks: Vec::new(),
                     offered_tasks: ShapeCounts::new(),
                     roles: Vec::new(),
                     alloc: Bundle::default(),
@@ -329,7 +331,12 @@ impl Allocator {
             .into_iter()
             .map(|d| (self.rv(&d.task), d.count as u64))
             .collect();
+        let masks = models
+            .iter()
+            .map(|m| self.model_mask(m.as_deref()))
+            .collect();
         self.fw_mut(f).demand_models = models;
+        self.fw_mut(f).demand_masks = masks;
         let flag = if d.is_empty() { 0 } else { FW_DEMAND };
         let old = &self.fw(f).demand;
         let same_shape = old.len() == d.len() && old.iter().zip(&d).all(|((a, _), (b, _))| a == b);

@@ -28,8 +28,11 @@
 //! - `accounting`: allocations integrated over time (resource-seconds per role and framework).
 //! - `dense`: milli-unit vectors, `Bundle`s of unreserved and reserved pools, exact `Share`s.
 //! - `filters`: decline filters per agent, refusing bundles (pools kept apart).
-//! - `gpus`: GPU fractions in demand-aware splitting (a task's worth needs one GPU with room,
-//!   chosen with the SDK's fragmentation-aware scoring; earmarked while offered).
+//! - `gpus`: GPU shares in demand-aware splitting (a fraction's task's worth needs one GPU with
+//!   room, chosen with the fragmentation-aware scoring; whole GPUs idle ones; earmarked while
+//!   offered).
+//! - `models`: GPU models in declared demand (a shape naming a model is offered only on its
+//!   agents, first there, and may reclaim idle offers other frameworks hold on them).
 //! - `tests`: unit tests; the conformance rules of issue 11 are pinned by the scenarios in
 //!   `master/tests/conformance/` (see `docs/allocator.md`).
 
@@ -40,6 +43,7 @@ mod dense;
 mod filters;
 mod gpus;
 mod membership;
+mod models;
 mod offers;
 mod quota;
 mod slab;
@@ -60,6 +64,7 @@ pub use accounting::ResourceSeconds;
 use book::{OfferBook, OfferState};
 use dense::{Bundle, Names, Rv, Share};
 use filters::{AgentFilters, Filter, RefusedPool};
+pub use models::MAX_MODELS;
 use slab::Slab;
 
 /// Milliseconds of (real or simulated) time. Always an input, never read from a clock.
@@ -330,6 +335,8 @@ struct Agent {
     gpu_free: Vec<u32>,
     /// Milli-GPUs per GPU earmarked by outstanding demand-split offers.
     gpu_offered: Vec<u32>,
+    /// Its GPUs' models (`models`; none for agents without GPUs or not told).
+    models: models::ModelMask,
     /// Never offered (its allocations stay): deactivated by an operator, or draining for
     /// maintenance (the master decides; see `state::maintenance`).
     inactive: bool,
@@ -387,8 +394,10 @@ struct Framework {
     gpu_capable: bool,
     /// The declared task shapes with their remaining counts (empty: no demand).
     demand: Vec<(Rv, u64)>,
-    /// The GPU model of each declared shape (`Demand::gpu_model`), for the views only.
+    /// The GPU model of each declared shape (`Demand::gpu_model`) ...
     demand_models: Vec<Option<String>>,
+    /// ... and the interned models it accepts (`models::ANY_MODEL` when it names none).
+    demand_masks: Vec<models::ModelMask>,
     /// Tasks' worth of each shape currently sitting in outstanding offers.
     offered_tasks: ShapeCounts,
     roles: Vec<FwRole>,
@@ -478,7 +487,8 @@ struct Candidate {
     grant: Bundle,
     /// The demand shape the grant is a task's worth of (`None`: no demand).
     shape: Option<usize>,
-    gpu: Option<(u32, u32)>,
+    /// GPU shares earmarked for the task's worth (`gpus`).
+    gpus: Vec<(u32, u32)>,
 }
 
 #[derive(Default)]
@@ -542,6 +552,13 @@ pub struct Allocator {
     needs: Option<Vec<Rv>>,
     /// Reused per-visit buffer of offers being assembled on one agent.
     pending_buf: Vec<Pending>,
+    /// The GPU models agents reported, interned (lower case; `models`).
+    gpu_models: Vec<Arc<str>>,
+    /// The running cycle's frameworks with an unmet model-constrained shape, least share
+    /// first, served first on agents of those models ...
+    model_first: Vec<u32>,
+    /// ... and the models they want.
+    model_wanted: models::ModelMask,
     /// Last unreserved vector converted to named resources.
     res_cache: Option<(Rv, Resources)>,
     /// Allocations integrated over time (resource-seconds), see `accounting`.
@@ -594,6 +611,9 @@ impl Allocator {
             wanting: 0,
             needs: None,
             pending_buf: Vec::new(),
+            gpu_models: Vec::new(),
+            model_first: Vec::new(),
+            model_wanted: 0,
             res_cache: None,
             accounting: accounting::Accounting::default(),
         };

@@ -4,6 +4,7 @@
 use super::*;
 
 mod bookkeeping;
+mod models;
 
 fn res(s: &str) -> Resources {
     Resources::parse(s).unwrap()
@@ -282,6 +283,7 @@ fn several_demand_shapes_are_all_offered_and_counted_apart() {
     let models: Vec<Option<String>> = a.demands(fid(1)).into_iter().map(|d| d.gpu_model).collect();
     assert_eq!(models, [None, Some("H100".to_string())]);
     a.add_agent(aid(1), "h1", res("cpus:16;gpus:8"), BTreeMap::new());
+    a.set_agent_gpu_models(aid(1), &["NVIDIA H100 80GB HBM3".to_string()]);
     let o = a.allocate(0).remove(0);
     // Every shape's tasks' worth, nothing more: 3 x (1, 1) + 1 x (2, 2).
     assert_eq!(o.resources.unreserved, res("cpus:5;gpus:5"));

@@ -17,8 +17,11 @@
 //! With `--frameworks N`, every seed runs once more with the arrivals split round-robin
 //! between N frameworks, each subscribed in its own role so that the allocator's DRF shares the
 //! agents between them; each holds the offers it is made and places only its own tasks across
-//! them (a task that fits none of its framework's offers fails even when another framework
-//! holds room), and the report puts that allocation beside the one-framework run.
+//! them, and the report puts that allocation beside the one-framework run. A task needing a
+//! GPU model that fits none of its framework's offers is declared (`SetDemand` with its models,
+//! `|`-separated): the allocator reclaims an idle offer of that model from another framework
+//! (`allocator::models`) and the framework tries once more. Any other task that fits none of
+//! its framework's offers fails even when another framework holds room.
 //!
 //! No I/O and no clock inside the core: the emulated agents never answer (tasks stay
 //! staging, which holds their resources as running would), and simulated time stands still
@@ -28,7 +31,8 @@ use gantry_placement::across::OfferPlacer;
 use gantry_placement::{Policy, TaskShape, Workload};
 use gantry_proto::messages::{AgentToMaster, FrameworkToMaster, MasterToAgent, MasterToFramework};
 use gantry_proto::{
-    Capability, FrameworkInfo, GpuInfo, GpuSelector, Offer, Operation, Resources, TaskId, TaskInfo,
+    Capability, Demand, FrameworkInfo, GpuInfo, GpuSelector, Offer, Operation, Resources, TaskId,
+    TaskInfo,
 };
 
 use std::collections::BTreeMap;
@@ -72,6 +76,8 @@ pub struct LiveRun {
     pub refused_accepts: usize,
     /// Offers the frameworks received.
     pub offers: usize,
+    /// Offers rescinded from a framework (reclaimed for another's GPU-model demand).
+    pub rescinds: usize,
     /// Tasks each framework launched.
     pub launched: Vec<usize>,
 }
@@ -97,6 +103,44 @@ fn offers_in(out: &[Output], k: usize) -> Vec<Offer> {
         })
         .flatten()
         .collect()
+}
+
+/// Hands each framework's placer what `out` sent it: rescinds (forgotten), then offers.
+/// Returns the offers and the rescinds.
+fn deliver(out: &[Output], placers: &mut [OfferPlacer]) -> Result<(usize, usize), String> {
+    let mut rescinds = 0;
+    for o in out {
+        if let Output::ToFramework(c, MasterToFramework::Rescind { offer_id }) = o {
+            if let Some(placer) = (0..placers.len())
+                .find(|k| framework_conn(*k) == *c)
+                .and_then(|k| placers.get_mut(k))
+            {
+                placer.rescind(*offer_id).map_err(|e| e.to_string())?;
+                rescinds += 1;
+            }
+        }
+    }
+    let mut offers = 0;
+    for (k, placer) in placers.iter_mut().enumerate() {
+        let next = offers_in(out, k);
+        offers += next.len();
+        placer.add_offers(&next).map_err(|e| e.to_string())?;
+    }
+    Ok((offers, rescinds))
+}
+
+/// A demand for one task of `task`'s shape (with its GPU models, `|`-separated, when it
+/// names some), or none.
+fn demand_for(trace: &OpenbTrace, task: Option<&TaskShape>) -> FrameworkToMaster {
+    let demands = task
+        .map(|t| {
+            let d = Demand::new(resources(t.cpu_milli, t.memory_mib, t.gpu.milli()), 1);
+            let names: Vec<&str> = t.models.names(&trace.models).collect();
+            d.with_gpu_model(names.join("|"))
+        })
+        .into_iter()
+        .collect();
+    FrameworkToMaster::SetDemand { demands }
 }
 
 /// Runs one seed of `trace` through the master with `policy`, the arrivals split round-robin
@@ -248,12 +292,8 @@ pub fn run_seed(
             )
         })
         .collect();
-    let mut offers = 0;
-    for (k, placer) in placers.iter_mut().enumerate() {
-        let first = offers_in(&out, k);
-        offers += first.len();
-        placer.add_offers(&first).map_err(|e| sim(e.to_string()))?;
-    }
+    let (mut offers, first_rescinds) = deliver(&out, &mut placers).map_err(sim)?;
+    let mut rescinds = first_rescinds;
     let held: usize = placers.iter().map(OfferPlacer::agents).sum();
     if held != trace.nodes.len() {
         return Err(sim(format!(
@@ -274,8 +314,32 @@ pub fn run_seed(
         let owner = arrived_tasks % frameworks;
         arrived_tasks += 1;
         arrived += task.gpu.milli();
+        let mut choice = placers[owner].place(task);
+        if choice.is_none() && !task.models.is_any() {
+            // A task that needs a GPU model none of its offers has room on: the framework
+            // declares it (the allocator reclaims idle offers of that model others hold and
+            // offers one to it first), tries once more, and withdraws the demand.
+            for demand in [Some(task), None] {
+                out.clear();
+                master.handle_into(
+                    Input::Framework {
+                        conn: framework_conn(owner),
+                        msg: demand_for(trace, demand),
+                    },
+                    now,
+                    &mut out,
+                );
+                if demand.is_some() {
+                    master.allocate(now, &mut out);
+                    let (o, r) = deliver(&out, &mut placers).map_err(sim)?;
+                    offers += o;
+                    rescinds += r;
+                    choice = placers[owner].place(task);
+                }
+            }
+        }
         let placer = &mut placers[owner];
-        let launched = match placer.place(task) {
+        let launched = match choice {
             None => false,
             Some(choice) => {
                 let offer_ids = placer
@@ -313,11 +377,9 @@ pub fn run_seed(
                 // The rest of the agent comes back in the next cycle.
                 out.clear();
                 master.allocate(now, &mut out);
-                for (k, placer) in placers.iter_mut().enumerate() {
-                    let next = offers_in(&out, k);
-                    offers += next.len();
-                    placer.add_offers(&next).map_err(|e| sim(e.to_string()))?;
-                }
+                let (o, r) = deliver(&out, &mut placers).map_err(sim)?;
+                offers += o;
+                rescinds += r;
                 if !ran {
                     refused_accepts += 1;
                 }
@@ -348,6 +410,7 @@ pub fn run_seed(
         failed_tasks,
         refused_accepts,
         offers,
+        rescinds,
         launched: launched_by,
     })
 }
@@ -555,6 +618,7 @@ impl LiveReport {
                     "failed_tasks": m.failed_tasks,
                     "refused_accepts": m.refused_accepts,
                     "offers": m.offers,
+                    "rescinds": m.rescinds,
                 })).collect::<Vec<_>>(),
             })
         });
@@ -615,12 +679,13 @@ impl LiveReport {
             for m in &self.several {
                 writeln!(
                     out,
-                    "seed {}: {k} frameworks {:.2}% at 100% arrived; failed tasks {}; {} accepts refused; {} offers",
+                    "seed {}: {k} frameworks {:.2}% at 100% arrived; failed tasks {}; {} accepts refused; {} offers, {} rescinded for a GPU model",
                     m.seed,
                     points(&m.allocation_percent).0,
                     m.failed_tasks,
                     m.refused_accepts,
-                    m.offers
+                    m.offers,
+                    m.rescinds
                 )?;
             }
             for (what, r) in [("at 100% arrived", rows[0]), ("mean 50-130%", rows[1])] {

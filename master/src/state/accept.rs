@@ -143,7 +143,10 @@ impl Master {
         let mut launches: Vec<(TaskInfo, OfferResources, Vec<String>)> = Vec::new();
         // What the agent's live tasks hold of its GPUs plus the shares given to earlier tasks
         // of this accept: computed once, at the first task with GPUs.
-        let mut accept_gpus: Option<super::gpus::GpuLedger> = None;
+        // (Built now when offers on the agent earmarked GPU shares: those of other frameworks'
+        // offers are not this accept's.)
+        let mut accept_gpus: Option<super::gpus::GpuLedger> =
+            self.accept_gpu_ledger(agent_id, &offer_list);
         let mut seen_ids: HashSet<TaskId> = HashSet::new();
         // Task groups admitted whole: (group id, policy, members).
         let mut groups: Vec<(String, GroupPolicy, Vec<Admitted>)> = Vec::new();

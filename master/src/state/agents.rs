@@ -413,6 +413,15 @@ impl Master {
                 id
             }
         };
+        // The models of its GPUs, for demands that name one (allocator::models).
+        let models: Vec<String> = self
+            .agents
+            .get(&id)
+            .map(|a| a.gpus.iter().map(|g| g.name.clone()).collect())
+            .unwrap_or_default();
+        if !self.allocator.set_agent_gpu_models(id, &models) {
+            tracing::warn!(agent = %name, ?models, "more than {} GPU models: demands naming this agent's model are not offered here", crate::allocator::MAX_MODELS);
+        }
         if let Some(Peer::Agent { agent, .. }) = self.conns.get_mut(&conn) {
             *agent = Some(id);
         }

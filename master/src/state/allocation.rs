@@ -44,6 +44,11 @@ impl Master {
         self.allocation_pending = false;
         self.last_batch = now;
         self.sync_gpu_views();
+        // Idle offers on the agents of a GPU model that a framework's demand names and cannot
+        // otherwise be offered (allocator::models), then the cycle offers them to it first.
+        for rec in self.allocator.reclaim_for_models() {
+            self.send_rescind(&rec, out);
+        }
         let offers = self.allocator.allocate(now);
         let mut by_framework: HashMap<FrameworkId, Vec<Offer>> = HashMap::new();
         // Free shares per GPU, once per agent per cycle (an agent may be offered to several
@@ -75,6 +80,7 @@ impl Master {
                         .clone()
                 }
             };
+            let free = self.offer_gpu_free(rec.agent, rec.id, free);
             match self.offer_message(&rec, free) {
                 Some(offer) => by_framework.entry(rec.framework).or_default().push(offer),
                 None => {

@@ -120,15 +120,16 @@ impl Master {
     }
 
     /// Gives the allocator each GPU agent's free share per GPU, when some framework declared a
-    /// demand for fractions of one GPU (demand-aware splitting then counts a task's worth only
-    /// where one GPU has room; `allocator::gpus`). Without such a demand nothing is computed.
+    /// demand for GPUs (demand-aware splitting then counts a task's worth only where one GPU
+    /// has room for a fraction, or enough GPUs are idle for whole ones, and earmarks them;
+    /// `allocator::gpus`). Without such a demand nothing is computed.
     pub(crate) fn sync_gpu_views(&mut self) {
-        let fractional = self
+        let wants_gpus = self
             .frameworks
             .keys()
-            .filter_map(|f| self.allocator.demand(*f))
-            .any(|d| matches!(d.task.gpu_amount(), Ok(GpuAmount::Fraction(_))));
-        if !fractional {
+            .flat_map(|f| self.allocator.demands(*f))
+            .any(|d| !matches!(d.task.gpu_amount(), Ok(GpuAmount::None)));
+        if !wants_gpus {
             return;
         }
         let views: Vec<(AgentId, Vec<u32>)> = self
@@ -150,6 +151,106 @@ impl Master {
         for (id, free) in views {
             self.allocator.set_agent_gpus(id, free);
         }
+    }
+
+    /// What offer `offer` on `agent` may use of each GPU: `base` (what [`Master::gpu_free`]
+    /// says) net of the shares other outstanding offers earmarked there; an offer that
+    /// earmarked shares itself (a fraction's task's worth, `allocator::gpus`) lists only those.
+    /// Two frameworks holding offers on one agent then never count the same share: what one
+    /// launches is never what the other was told is free.
+    pub(crate) fn offer_gpu_free(
+        &self,
+        agent: AgentId,
+        offer: gantry_proto::OfferId,
+        mut base: Vec<GpuFree>,
+    ) -> Vec<GpuFree> {
+        let own = self.allocator.offer_earmarks(offer);
+        let marked = self.allocator.agent_earmarks(agent);
+        if own.is_empty() && marked.is_empty() {
+            return base;
+        }
+        let Some(a) = self.agents.get(&agent) else {
+            return base;
+        };
+        // The allocator's per-GPU view: healthy GPUs outside MIG, in order (sync_gpu_views).
+        let view: Vec<&GpuInfo> = a
+            .gpus
+            .iter()
+            .filter(|g| g.healthy && g.mig_profile.is_none())
+            .collect();
+        let earmark = |uuid: &str, marks: &mut dyn Iterator<Item = (usize, u32)>| -> u32 {
+            marks
+                .filter(|(i, _)| view.get(*i).is_some_and(|g| g.uuid == uuid))
+                .map(|(_, m)| m)
+                .sum()
+        };
+        let memory = |uuid: &str, milli: u32| {
+            view.iter().find(|g| g.uuid == uuid).map_or(0, |g| {
+                g.memory_mib * u64::from(milli) / u64::from(GPU_MILLI)
+            })
+        };
+        if !own.is_empty() {
+            base.retain_mut(|g| {
+                let m = earmark(&g.uuid, &mut own.iter().map(|(i, m)| (*i as usize, *m)));
+                g.free_milli = g.free_milli.min(m);
+                g.free_memory_mib = memory(&g.uuid, g.free_milli);
+                g.free_milli > 0
+            });
+            return base;
+        }
+        for g in &mut base {
+            let m = earmark(&g.uuid, &mut marked.iter().copied().enumerate());
+            if m > 0 {
+                g.free_milli = g.free_milli.saturating_sub(m);
+                g.free_memory_mib = memory(&g.uuid, g.free_milli);
+            }
+        }
+        base
+    }
+
+    /// The GPU ledger an accept of `accepted` (offers on `agent`) draws from: what the live
+    /// tasks hold ([`Master::gpu_ledger`]) plus the shares other outstanding offers earmarked;
+    /// when every accepted offer earmarked shares, only those are free (the tasks go where the
+    /// offers said, as [`Master::offer_gpu_free`] told the framework). `None` when nothing on
+    /// the agent is earmarked (the ledger is then built at the first task with GPUs).
+    pub(crate) fn accept_gpu_ledger(
+        &self,
+        agent: AgentId,
+        accepted: &[gantry_proto::OfferId],
+    ) -> Option<GpuLedger> {
+        let marked = self.allocator.agent_earmarks(agent);
+        if marked.is_empty() {
+            return None;
+        }
+        let a = self.agents.get(&agent)?;
+        let mut ledger = self.gpu_ledger(agent);
+        let own: Vec<(u32, u32)> = accepted
+            .iter()
+            .flat_map(|o| self.allocator.offer_earmarks(*o).iter().copied())
+            .collect();
+        let only_own = accepted
+            .iter()
+            .all(|o| !self.allocator.offer_earmarks(*o).is_empty());
+        let view = a
+            .gpus
+            .iter()
+            .filter(|g| g.healthy && g.mig_profile.is_none());
+        for (i, g) in view.enumerate() {
+            let free = ledger.free(&g.uuid);
+            let mine: u32 = own
+                .iter()
+                .filter(|(j, _)| *j as usize == i)
+                .map(|(_, m)| *m)
+                .sum();
+            let others = marked.get(i).copied().unwrap_or(0).saturating_sub(mine);
+            let keep = if only_own {
+                mine.min(free)
+            } else {
+                free.saturating_sub(others)
+            };
+            ledger.take(&g.uuid, free - keep);
+        }
+        Some(ledger)
     }
 
     /// Free share and memory of each healthy GPU of `agent`, for offers.

@@ -12,6 +12,7 @@ mod groups;
 mod inventory;
 mod maintenance;
 mod metrics;
+mod models;
 mod operator;
 mod operator_commands;
 mod pacing;
