@@ -2,7 +2,7 @@
 //! of one GPU (`gpus` below 1), a task's worth is offered on an agent only when one of its GPUs
 //! has room for the fraction, and the GPU is chosen with the same fragmentation-aware scoring
 //! as the placement crate (`gantry_placement`, policy [`AllocatorConfig::gpu_placement`]); for
-//! whole GPUs, only where that many are idle (the first ones). The chosen shares are earmarked
+//! whole GPUs, only where that many are idle (chosen with the master's topology rule). The chosen shares are earmarked
 //! while the offer is outstanding (so two task-worths are not counted on the same room) and
 //! released when the offer ends (accepted, declined, rescinded, expired); the state reads them
 //! ([`Allocator::offer_earmarks`], [`Allocator::agent_earmarks`]) so that the offer lists, and
@@ -11,11 +11,38 @@
 //! GPU's free share ([`Allocator::set_agent_gpus`]). Agents without a per-GPU view keep the
 //! scalar behaviour.
 
+use gantry_placement::topology::{self, GpuSlot};
 use gantry_placement::{GpuDemand, ModelSet, Models, Node, Placer, TaskShape, Workload, GPU_MILLI};
 
 use super::*;
 
 impl Allocator {
+    /// Sets where each GPU of `agent`'s per-GPU view sits (its NUMA node and PCI root, in
+    /// [`Allocator::set_agent_gpus`]' order): whole GPUs are earmarked with the master's own
+    /// topology rule ([`gantry_placement::topology::assign`]), so a demand offer's GPUs are
+    /// the ones its accept would be given. Without it, every GPU counts as one group.
+    pub fn set_agent_gpu_topology(
+        &mut self,
+        agent: AgentId,
+        topology: Vec<(Option<u32>, Option<String>)>,
+    ) {
+        let Some(&a) = self.agent_ids.get(&agent) else {
+            return;
+        };
+        let ag = self.ag_mut(a);
+        if ag.gpu_topology != topology {
+            ag.gpu_topology = topology;
+            ag.stable = None;
+        }
+    }
+
+    /// The length of `agent`'s per-GPU topology ([`Allocator::set_agent_gpu_topology`]).
+    pub fn gpu_topology_len(&self, agent: AgentId) -> usize {
+        self.agent_ids
+            .get(&agent)
+            .map_or(0, |&a| self.ag(a).gpu_topology.len())
+    }
+
     /// Sets the free milli-GPUs of each of `agent`'s GPUs (net of running tasks; GPUs in MIG
     /// mode and unhealthy GPUs left out). Earmarks of outstanding offers are kept.
     pub fn set_agent_gpus(&mut self, agent: AgentId, free: Vec<u32>) {
@@ -54,12 +81,21 @@ impl Allocator {
             .collect();
         if milli >= u64::from(GPU_MILLI) {
             let k = (milli / u64::from(GPU_MILLI)) as usize;
-            let idle: Vec<(u32, u32)> = (0..free.len() as u32)
-                .filter(|&i| free[i as usize] == GPU_MILLI)
-                .take(k)
-                .map(|i| (i, GPU_MILLI))
+            let slots: Vec<GpuSlot> = free
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let (numa_node, pci_root) = ag.gpu_topology.get(i).cloned().unwrap_or_default();
+                    GpuSlot {
+                        numa_node,
+                        pci_root,
+                        healthy: true,
+                        free: *f == GPU_MILLI,
+                    }
+                })
                 .collect();
-            return if idle.len() == k { Ok(idle) } else { Err(()) };
+            let chosen = topology::assign(&slots, k).ok_or(())?;
+            return Ok(chosen.into_iter().map(|i| (i as u32, GPU_MILLI)).collect());
         }
         let milli = milli as u32;
         if !free.iter().any(|&f| f >= milli) {
@@ -175,5 +211,38 @@ mod tests {
         a.set_agent_gpus(agent, vec![300, 300]);
         a.decline(o.id, Some(0), 2).unwrap();
         assert!(a.allocate(3).is_empty());
+    }
+
+    #[test]
+    fn whole_gpus_are_earmarked_with_the_topology_rule() {
+        let mut a = Allocator::new(AllocatorConfig::default());
+        let fw = FrameworkId::from_u128(1);
+        let agent = AgentId::from_u128(1);
+        a.add_framework(
+            fw,
+            "f",
+            &["r".to_string()],
+            true,
+            Some(Demand {
+                task: res("cpus:1;gpus:2"),
+                count: 1,
+                gpu_model: None,
+            }),
+        );
+        a.add_agent(agent, "h1", res("cpus:8;gpus:4"), BTreeMap::new());
+        // GPUs 0 and 1 on NUMA node 0 (GPU 0 half taken), 2 and 3 on node 1: the pair on
+        // node 1, not the first two idle ones (1 and 2, across nodes).
+        let numa = |n| (Some(n), None);
+        a.set_agent_gpu_topology(agent, vec![numa(0), numa(0), numa(1), numa(1)]);
+        a.set_agent_gpus(agent, vec![500, 1000, 1000, 1000]);
+        let o = a.allocate(0).remove(0);
+        assert_eq!(o.resources.unreserved, res("cpus:1;gpus:2"));
+        assert_eq!(a.offer_earmarks(o.id), [(2, 1000), (3, 1000)]);
+        assert_eq!(a.agent_earmarks(agent), [0, 0, 1000, 1000]);
+        // Too few idle GPUs: no task's worth.
+        a.decline(o.id, Some(0), 0).unwrap();
+        assert!(a.agent_earmarks(agent).is_empty());
+        a.set_agent_gpus(agent, vec![500, 1000, 500, 500]);
+        assert!(a.allocate(1).is_empty());
     }
 }

@@ -42,6 +42,7 @@ impl Allocator {
             stable: None,
             gpu_free: Vec::new(),
             gpu_offered: Vec::new(),
+            gpu_topology: Vec::new(),
             models: 0,
             inactive: false,
         };

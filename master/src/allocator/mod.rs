@@ -335,6 +335,8 @@ struct Agent {
     gpu_free: Vec<u32>,
     /// Milli-GPUs per GPU earmarked by outstanding demand-split offers.
     gpu_offered: Vec<u32>,
+    /// NUMA node and PCI root of each GPU of the per-GPU view (`set_agent_gpu_topology`).
+    gpu_topology: Vec<(Option<u32>, Option<String>)>,
     /// Its GPUs' models (`models`; none for agents without GPUs or not told).
     models: models::ModelMask,
     /// Never offered (its allocations stay): deactivated by an operator, or draining for

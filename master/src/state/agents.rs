@@ -413,12 +413,17 @@ impl Master {
                 id
             }
         };
-        // The models of its GPUs, for demands that name one (allocator::models).
-        let models: Vec<String> = self
+        // The models of its GPUs, for demands that name one (allocator::models), and where
+        // they sit, for whole GPUs earmarked by demand offers (allocator::gpus).
+        let (models, topology): (Vec<String>, _) = self
             .agents
             .get(&id)
-            .map(|a| a.gpus.iter().map(|g| g.name.clone()).collect())
+            .map(|a| {
+                let models = a.gpus.iter().map(|g| g.name.clone()).collect();
+                (models, super::gpus::gpu_view_topology(a))
+            })
             .unwrap_or_default();
+        self.allocator.set_agent_gpu_topology(id, topology);
         if !self.allocator.set_agent_gpu_models(id, &models) {
             tracing::warn!(agent = %name, ?models, "more than {} GPU models: demands naming this agent's model are not offered here", crate::allocator::MAX_MODELS);
         }

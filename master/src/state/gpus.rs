@@ -65,6 +65,16 @@ impl GpuLedger {
     }
 }
 
+/// The NUMA node and PCI root of each GPU in the allocator's per-GPU view of `a` (its healthy
+/// GPUs outside MIG, in order).
+pub(crate) fn gpu_view_topology(a: &super::AgentRec) -> Vec<(Option<u32>, Option<String>)> {
+    a.gpus
+        .iter()
+        .filter(|g| g.healthy && g.mig_profile.is_none())
+        .map(|g| (g.numa_node, g.pci_root.clone()))
+        .collect()
+}
+
 impl Master {
     /// What the live (non-terminal) tasks on `agent` hold of its GPUs.
     pub(crate) fn gpu_ledger(&self, agent: AgentId) -> GpuLedger {
@@ -132,24 +142,36 @@ impl Master {
         if !wants_gpus {
             return;
         }
-        let views: Vec<(AgentId, Vec<u32>)> = self
+        type View = (
+            AgentId,
+            Vec<u32>,
+            Option<Vec<(Option<u32>, Option<String>)>>,
+        );
+        let views: Vec<View> = self
             .agents
             .values()
             .filter(|a| !a.gpus.is_empty())
             .map(|a| {
                 let used = self.gpu_used(a);
-                let free = a
+                let free: Vec<u32> = a
                     .gpus
                     .iter()
                     .zip(&used)
                     .filter(|(g, _)| g.healthy && g.mig_profile.is_none())
                     .map(|(_, u)| GPU_MILLI.saturating_sub(*u))
                     .collect();
-                (a.id, free)
+                // The view's topology is set at registration; again only when the view
+                // changed size (a GPU's health or MIG mode).
+                let topology = (self.allocator.gpu_topology_len(a.id) != free.len())
+                    .then(|| gpu_view_topology(a));
+                (a.id, free, topology)
             })
             .collect();
-        for (id, free) in views {
+        for (id, free, topology) in views {
             self.allocator.set_agent_gpus(id, free);
+            if let Some(t) = topology {
+                self.allocator.set_agent_gpu_topology(id, t);
+            }
         }
     }
 
