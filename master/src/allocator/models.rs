@@ -198,7 +198,11 @@ impl Allocator {
     /// Rescinds offers that frameworks hold, without a use for the model, on agents whose
     /// model an unmet constrained shape wants and where nothing free fits it (see the module
     /// docs). Returns the rescinded offers (their holders must be told).
-    pub fn reclaim_for_models(&mut self) -> Vec<OfferRecord> {
+    ///
+    /// Nothing is taken for a framework that could not be given the agent after all (its
+    /// decline filter there, its role at its limit, no GPU capability where it is needed): the
+    /// holder would be offered it back every cycle.
+    pub fn reclaim_for_models(&mut self, now: Millis) -> Vec<OfferRecord> {
         let mut out = Vec::new();
         if self.gpu_models.is_empty() || self.offers.len() == 0 {
             return out;
@@ -207,6 +211,8 @@ impl Allocator {
         if unmet.is_empty() {
             return out;
         }
+        // (Expired filters go first, as in a cycle: one that ended no longer blocks.)
+        self.expire_filters(now);
         // Frameworks wanting some model themselves: their offers there are not taken.
         let mut wants_model: HashMap<u32, ModelMask> = HashMap::default();
         for (f, s, _) in &unmet {
@@ -215,6 +221,14 @@ impl Allocator {
         for (f, s, mut missing) in unmet {
             let mask = self.shape_mask(f, s);
             let task: Rv = self.fw(f).demand[s].0.clone();
+            if !self.within_limits(f, &task) {
+                continue;
+            }
+            let grant = Bundle {
+                unres: task.clone(),
+                resv: Vec::new(),
+            };
+            let gpu_capable = self.fw_flags[f as usize] & FW_GPU != 0;
             // Agents where a task's worth is free already: the cycle offers those first.
             for &a in &self.agent_order {
                 let ag = self.ag(a);
@@ -230,7 +244,11 @@ impl Allocator {
                 let mut best: Option<(u64, OfferId)> = None;
                 for &a in &self.agent_order {
                     let ag = self.ag(a);
-                    if ag.models & mask == 0 || ag.inactive {
+                    if ag.models & mask == 0
+                        || ag.inactive
+                        || (ag.gpu && self.config.filter_gpu_resources && !gpu_capable)
+                        || ag.filters.blocks(f, &grant, now, &self.refused)
+                    {
                         continue;
                     }
                     for id in &ag.offers {
@@ -265,6 +283,27 @@ impl Allocator {
             }
         }
         out
+    }
+
+    /// Whether one more task's worth of `task` stays within the limits of some role of
+    /// framework `f` that is in its fair order (and of the role's ancestors).
+    fn within_limits(&self, f: u32, task: &[u64]) -> bool {
+        self.fw(f)
+            .roles
+            .iter()
+            .filter(|r| !r.out_of_order())
+            .any(|r| {
+                self.chain(r.role).all(|n| {
+                    let Some(limit) = &self.roles[n as usize].limit else {
+                        return true;
+                    };
+                    let consumed = self.consumed(n);
+                    task.iter().enumerate().all(|(i, t)| {
+                        let l = limit.get(i).copied().unwrap_or(u64::MAX);
+                        l == u64::MAX || dense::at(&consumed, i).saturating_add(*t) <= l
+                    })
+                })
+            })
     }
 
     /// Whether a task's worth of `task` is free on agent `a` now (a fraction: on one GPU).

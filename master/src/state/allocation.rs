@@ -46,7 +46,7 @@ impl Master {
         self.sync_gpu_views();
         // Idle offers on the agents of a GPU model that a framework's demand names and cannot
         // otherwise be offered (allocator::models), then the cycle offers them to it first.
-        for rec in self.allocator.reclaim_for_models() {
+        for rec in self.allocator.reclaim_for_models(now) {
             self.send_rescind(&rec, out);
         }
         let offers = self.allocator.allocate(now);

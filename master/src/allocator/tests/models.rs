@@ -84,7 +84,7 @@ fn idle_offers_on_a_wanted_model_are_reclaimed_for_it() {
             "v100-sxm2-16gb|V100-SXM2-32GB",
         )],
     );
-    let taken = a.reclaim_for_models();
+    let taken = a.reclaim_for_models(0);
     assert_eq!(taken.len(), 1);
     assert_eq!((taken[0].framework, taken[0].agent), (fid(1), aid(2)));
     // The cycle offers that agent to f2 first (its task's worth), the rest back to f1.
@@ -96,16 +96,16 @@ fn idle_offers_on_a_wanted_model_are_reclaimed_for_it() {
         (aid(2), &res("cpus:2;gpus:1"))
     );
     // Covered: nothing more is reclaimed.
-    assert!(a.reclaim_for_models().is_empty());
+    assert!(a.reclaim_for_models(0).is_empty());
     // f2 wants one more: the best fit is what f1 was offered back of agent 2 (3 GPUs).
     a.set_demands(fid(2), vec![model_demand("cpus:2;gpus:1", 2, "V100")]);
-    let taken = a.reclaim_for_models();
+    let taken = a.reclaim_for_models(0);
     assert_eq!(taken.len(), 1);
     assert_eq!((taken[0].framework, taken[0].agent), (fid(1), aid(2)));
     // A framework wanting that model itself keeps its offers there.
     a.set_demands(fid(1), vec![model_demand("cpus:1;gpus:1", 100, "V100")]);
     a.set_demands(fid(2), vec![model_demand("cpus:2;gpus:1", 3, "V100")]);
-    assert!(a.reclaim_for_models().is_empty());
+    assert!(a.reclaim_for_models(0).is_empty());
     a.set_demands(fid(1), vec![]);
     // Only offers are reclaimed: accepted resources stay where they run.
     let offers = a.allocate(2);
@@ -117,7 +117,7 @@ fn idle_offers_on_a_wanted_model_are_reclaimed_for_it() {
         vec![model_demand("cpus:2;gpus:4", 1, "V100-SXM2-16GB")],
     );
     assert!(
-        a.reclaim_for_models().is_empty(),
+        a.reclaim_for_models(0).is_empty(),
         "a task runs on one of its 4 GPUs"
     );
     // On the 32 GB V100 all 4 are idle in f1's offer.
@@ -125,6 +125,29 @@ fn idle_offers_on_a_wanted_model_are_reclaimed_for_it() {
         fid(2),
         vec![model_demand("cpus:2;gpus:4", 1, "V100-SXM2-32GB")],
     );
-    let taken = a.reclaim_for_models();
+    let taken = a.reclaim_for_models(0);
     assert_eq!((taken.len(), taken[0].agent), (1, aid(3)));
+}
+
+#[test]
+fn nothing_is_reclaimed_for_a_framework_that_could_not_be_given_the_agent() {
+    let mut a = alloc();
+    gpu_agent(&mut a, 1, "H100");
+    // f2 was offered the agent first and declined it for a minute.
+    a.add_framework(fid(2), "f2", &roles(&["b"]), true, None);
+    let o = a.allocate(0).remove(0);
+    a.decline(o.id, Some(60_000), 0).unwrap();
+    a.add_framework(fid(1), "f1", &roles(&["a"]), true, None);
+    assert_eq!(a.allocate(1).len(), 1, "f1 holds the agent");
+    // Its demand takes nothing from f1 while its filter stands (f1 would get it back each
+    // cycle)...
+    a.set_demands(fid(2), vec![model_demand("cpus:1;gpus:1", 1, "H100")]);
+    assert!(a.reclaim_for_models(2).is_empty());
+    // ...nor while its role is at its GPU limit...
+    a.set_quota("b", None, Some(ResourceLimits::parse("gpus:0").unwrap()))
+        .unwrap();
+    assert!(a.reclaim_for_models(60_001).is_empty());
+    // ...and once both are gone, it does.
+    a.set_quota("b", None, None).unwrap();
+    assert_eq!(a.reclaim_for_models(60_001).len(), 1);
 }
