@@ -17,6 +17,8 @@
 //!   that model; a role limit still caps what the demander is given. Mesos rescinds offers for
 //!   quota the same way: an offer is a lease of idle resources, not an allocation.
 
+use gantry_placement::GPU_MILLI;
+
 use super::*;
 
 /// The most distinct GPU models the allocator tells apart (one bit each). A GPU name that
@@ -313,7 +315,27 @@ impl Allocator {
 
     /// Whether the agent's GPUs have room for the task's GPUs outside other offers' earmarks
     /// (a fraction: on one GPU; whole GPUs: idle ones; true without GPUs or a per-GPU view).
+    /// Only whether there is room, not where ([`Allocator::task_gpus`] chooses): this runs
+    /// over every agent of a model each cycle while a shape of it is unmet.
     fn gpu_room(&self, a: u32, task: &[u64]) -> bool {
-        self.task_gpus(a, task).is_ok()
+        let Some(g) = self.names.lookup("gpus") else {
+            return true;
+        };
+        let milli = dense::at(task, g);
+        let ag = self.ag(a);
+        if milli == 0 || ag.gpu_free.is_empty() {
+            return true;
+        }
+        let mut free = ag
+            .gpu_free
+            .iter()
+            .zip(ag.gpu_offered.iter().chain(std::iter::repeat(&0)))
+            .map(|(f, o)| u64::from(f.saturating_sub(*o).min(GPU_MILLI)));
+        let whole = u64::from(GPU_MILLI);
+        if milli >= whole {
+            free.filter(|f| *f == whole).count() as u64 >= milli / whole
+        } else {
+            free.any(|f| f >= milli)
+        }
     }
 }
