@@ -485,7 +485,14 @@ impl Master {
             Ok(Vec::new())
         } else {
             let ledger = draft.gpus.get_or_insert_with(|| self.gpu_ledger(agent_id));
-            self.choose_gpus(agent_id, &task, ledger)
+            match self.choose_gpus(agent_id, &task, ledger) {
+                // Nowhere the offers' earmarks leave it: where it would have run without them.
+                Err(e) => match ledger.fallback.as_deref() {
+                    Some(plain) => self.choose_gpus(agent_id, &task, plain).map_err(|_| e),
+                    None => Err(e),
+                },
+                ok => ok,
+            }
         };
         let chosen = match gpu_choice {
             Ok(c) => c,

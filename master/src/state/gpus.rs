@@ -37,6 +37,12 @@ pub(crate) struct GpuLedger {
     pub used: BTreeMap<String, u32>,
     /// Whole GPUs of tasks whose GPUs the agent has not reported yet, with their selectors.
     pub pending_whole: Vec<(u64, Option<GpuSelector>)>,
+    /// For an accept's ledger that keeps offers' earmarks apart
+    /// ([`Master::accept_gpu_ledger`]): the same ledger without them. A task that fits nowhere
+    /// the earmarks leave it is chosen from this one, as before earmarks existed: earmarks
+    /// steer an accept away from another offer's shares, they never refuse a task that would
+    /// have run.
+    pub fallback: Option<Box<GpuLedger>>,
 }
 
 impl GpuLedger {
@@ -62,6 +68,9 @@ impl GpuLedger {
     pub fn take(&mut self, uuid: &str, milli: u32) {
         let v = self.used.entry(uuid.to_string()).or_insert(0);
         *v = v.saturating_add(milli).min(GPU_MILLI);
+        if let Some(f) = self.fallback.as_mut() {
+            f.take(uuid, milli);
+        }
     }
 }
 
@@ -245,7 +254,8 @@ impl Master {
             return None;
         }
         let a = self.agents.get(&agent)?;
-        let mut ledger = self.gpu_ledger(agent);
+        let plain = self.gpu_ledger(agent);
+        let mut ledger = plain.clone();
         let own: Vec<(u32, u32)> = accepted
             .iter()
             .flat_map(|o| self.allocator.offer_earmarks(*o).iter().copied())
@@ -272,6 +282,7 @@ impl Master {
             };
             ledger.take(&g.uuid, free - keep);
         }
+        ledger.fallback = Some(Box::new(plain));
         Some(ledger)
     }
 

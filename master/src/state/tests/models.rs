@@ -81,20 +81,7 @@ fn a_model_demand_reclaims_idle_offers_and_the_gpu_shares_are_never_counted_twic
             .map(|g| g.free_milli)
     };
     assert_eq!(shown(&marked), Some(500));
-    // f1 pinning more than that on the earmarked GPU is refused; a whole GPU goes to the other.
-    let mut pinned = task("cpus:1;mem:512;gpus:0.6");
-    pinned.gpu_selector = Some(GpuSelector {
-        uuids: vec![marked.clone()],
-        ..Default::default()
-    });
-    let out = accept(&mut h, F, rest[0].id, pinned);
-    assert!(ran_on(&out).is_none(), "{out:?}");
-    let out = h.input(Input::Framework {
-        conn: F,
-        msg: FrameworkToMaster::Revive { roles: vec![] },
-    });
-    let rest = offers(&out, F);
-    assert_eq!(rest.len(), 1, "{out:?}");
+    // f1's whole GPU is steered to the other GPU.
     let out = accept(&mut h, F, rest[0].id, task("cpus:1;mem:512;gpus:1"));
     let whole = ran_on(&out).expect("the whole GPU runs");
     assert_eq!(whole.len(), 1);
