@@ -73,12 +73,7 @@ impl Allocator {
         if milli == 0 || ag.gpu_free.is_empty() {
             return Ok(Vec::new());
         }
-        let free: Vec<u32> = ag
-            .gpu_free
-            .iter()
-            .zip(ag.gpu_offered.iter().chain(std::iter::repeat(&0)))
-            .map(|(f, o)| f.saturating_sub(*o).min(GPU_MILLI))
-            .collect();
+        let free: Vec<u32> = self.unearmarked(a).collect();
         if milli >= u64::from(GPU_MILLI) {
             let k = (milli / u64::from(GPU_MILLI)) as usize;
             let slots: Vec<GpuSlot> = free
@@ -144,6 +139,16 @@ impl Allocator {
         }
     }
 
+    /// The milli-GPUs of each GPU of agent `a`'s per-GPU view that no outstanding offer
+    /// earmarked (empty without a view).
+    pub(super) fn unearmarked(&self, a: u32) -> impl Iterator<Item = u32> + '_ {
+        let ag = self.ag(a);
+        ag.gpu_free
+            .iter()
+            .zip(ag.gpu_offered.iter().chain(std::iter::repeat(&0)))
+            .map(|(f, o)| f.saturating_sub(*o).min(GPU_MILLI))
+    }
+
     /// Earmarks `gpus` on agent `a` (a task's worth was offered).
     pub(super) fn earmark_gpus(&mut self, a: u32, gpus: &[(u32, u32)]) {
         let ag = self.ag_mut(a);
@@ -177,22 +182,26 @@ mod tests {
         Resources::parse(s).unwrap()
     }
 
-    #[test]
-    fn a_fraction_is_offered_only_where_one_gpu_has_room() {
+    /// An allocator with one GPU framework declaring `count` tasks of `task`.
+    fn demanding(task: &str, count: u32) -> (Allocator, AgentId) {
         let mut a = Allocator::new(AllocatorConfig::default());
-        let fw = FrameworkId::from_u128(1);
-        let agent = AgentId::from_u128(1);
         a.add_framework(
-            fw,
+            FrameworkId::from_u128(1),
             "f",
             &["r".to_string()],
             true,
             Some(Demand {
-                task: res("cpus:1;gpus:0.5"),
-                count: 5,
+                task: res(task),
+                count,
                 gpu_model: None,
             }),
         );
+        (a, AgentId::from_u128(1))
+    }
+
+    #[test]
+    fn a_fraction_is_offered_only_where_one_gpu_has_room() {
+        let (mut a, agent) = demanding("cpus:1;gpus:0.5", 5);
         a.add_agent(agent, "h1", res("cpus:8;gpus:2"), BTreeMap::new());
         // 0.4 and 0.9 free: the scalar would hold two halves, one GPU holds one.
         a.set_agent_gpus(agent, vec![400, 900]);
@@ -215,20 +224,7 @@ mod tests {
 
     #[test]
     fn whole_gpus_are_earmarked_with_the_topology_rule() {
-        let mut a = Allocator::new(AllocatorConfig::default());
-        let fw = FrameworkId::from_u128(1);
-        let agent = AgentId::from_u128(1);
-        a.add_framework(
-            fw,
-            "f",
-            &["r".to_string()],
-            true,
-            Some(Demand {
-                task: res("cpus:1;gpus:2"),
-                count: 1,
-                gpu_model: None,
-            }),
-        );
+        let (mut a, agent) = demanding("cpus:1;gpus:2", 1);
         a.add_agent(agent, "h1", res("cpus:8;gpus:4"), BTreeMap::new());
         // GPUs 0 and 1 on NUMA node 0 (GPU 0 half taken), 2 and 3 on node 1: the pair on
         // node 1, not the first two idle ones (1 and 2, across nodes).

@@ -322,15 +322,10 @@ impl Allocator {
             return true;
         };
         let milli = dense::at(task, g);
-        let ag = self.ag(a);
-        if milli == 0 || ag.gpu_free.is_empty() {
+        if milli == 0 || self.ag(a).gpu_free.is_empty() {
             return true;
         }
-        let mut free = ag
-            .gpu_free
-            .iter()
-            .zip(ag.gpu_offered.iter().chain(std::iter::repeat(&0)))
-            .map(|(f, o)| u64::from(f.saturating_sub(*o).min(GPU_MILLI)));
+        let mut free = self.unearmarked(a).map(u64::from);
         let whole = u64::from(GPU_MILLI);
         if milli >= whole {
             free.filter(|f| *f == whole).count() as u64 >= milli / whole
